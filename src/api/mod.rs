@@ -1,0 +1,134 @@
+//! The HTTP API v1 (DESIGN §5): one module per resource, each with its `router()`, merged
+//! here with health, metrics, the OpenAPI document and bearer-token auth.
+
+pub mod clients;
+pub mod error;
+pub mod notifications;
+pub mod pagination;
+pub mod readings;
+pub mod sensors;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::config::Config;
+use crate::delivery::Dispatcher;
+use crate::engine::Engine;
+use crate::ingest::Ingest;
+use crate::store::Store;
+use error::ApiError;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Arc<dyn Store>,
+    pub engine: Engine,
+    pub ingest: Ingest,
+    pub dispatcher: Dispatcher,
+    pub metrics: PrometheusHandle,
+    /// False once shutdown began: load balancers should stop sending.
+    pub accepting: Arc<AtomicBool>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "latch", description = "Binary sensor state changes, delivered reliably as webhooks."),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The v1 routes and their OpenAPI document.
+fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(sensors::router())
+        .merge(clients::router())
+        .merge(readings::router())
+        .merge(notifications::router())
+        .split_for_parts()
+}
+
+/// The whole HTTP surface.
+pub fn router(state: AppState) -> Router {
+    let (v1, doc) = v1();
+    let doc = Arc::new(doc);
+    let v1 = v1
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        // 10,000 readings with long ids and timestamps fit in 2 MiB; leave room.
+        .layer(DefaultBodyLimit::max(4 * 1024 * 1024));
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("route") })
+        .with_state(state)
+}
+
+async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = &st.config.api_token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so the time taken tells nothing of the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if !st.accepting.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    }
+    match st.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")).into_response(),
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,173 @@
+//! `/v1/notifications`: the outbox, each notification's attempts, and replay of dead letters.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::pagination::{List, PageParams};
+use crate::domain::{Attempt, EventKind, Notification, Status, time};
+use crate::store::NotificationFilter;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_notifications))
+        .routes(routes!(get_notification))
+        .routes(routes!(retry_notification))
+}
+
+/// A notification and where it stands.
+#[derive(Serialize, ToSchema)]
+pub struct NotificationOut {
+    /// Also the `webhook-id` header of every attempt.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    pub client_id: String,
+    pub sensor_id: String,
+    pub status: Status,
+    pub data: Option<u8>,
+    pub previous: Option<u8>,
+    pub occurred_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<String>,
+    /// Attempts made in the current round (a replay starts a new round).
+    pub attempt_count: u32,
+    /// When the next attempt is due, while pending.
+    pub next_attempt_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// A notification with every attempt made.
+#[derive(Serialize, ToSchema)]
+pub struct NotificationDetail {
+    #[serde(flatten)]
+    pub notification: NotificationOut,
+    pub attempts: Vec<AttemptOut>,
+}
+
+/// One delivery attempt.
+#[derive(Serialize, ToSchema)]
+pub struct AttemptOut {
+    pub at: String,
+    /// HTTP status of the answer; `null` when none came (timeout, connection error).
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub duration_ms: u32,
+}
+
+fn out(n: Notification) -> NotificationOut {
+    NotificationOut {
+        id: n.id,
+        kind: n.kind,
+        client_id: n.client_id,
+        sensor_id: n.sensor_id.to_string(),
+        status: n.status,
+        data: n.data.map(u8::from),
+        previous: n.previous.map(u8::from),
+        occurred_at: time::format(n.occurred_at),
+        last_seen_at: n.last_seen_at.map(time::format),
+        attempt_count: n.attempts,
+        next_attempt_at: (n.status == Status::Pending)
+            .then_some(n.next_attempt_at)
+            .flatten()
+            .map(time::format),
+        created_at: time::format(n.created_at),
+        updated_at: time::format(n.updated_at),
+    }
+}
+
+fn attempt_out(a: Attempt) -> AttemptOut {
+    AttemptOut {
+        at: time::format(a.at),
+        status_code: a.status_code,
+        error: a.error,
+        duration_ms: a.duration_ms,
+    }
+}
+
+/// Filters of the notification list.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct NotificationParams {
+    pub client_id: Option<String>,
+    pub sensor_id: Option<String>,
+    /// `pending`, `delivered`, `failed`, `superseded` or `cancelled`.
+    pub status: Option<String>,
+}
+
+/// List notifications, oldest first.
+#[utoipa::path(get, path = "/v1/notifications", tag = "notifications",
+    params(NotificationParams, PageParams),
+    responses((status = 200, body = List<NotificationOut>), (status = 400, body = ErrorBody)))]
+async fn list_notifications(
+    State(st): State<AppState>,
+    ApiQuery(f): ApiQuery<NotificationParams>,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> ApiResult<ApiJson<List<NotificationOut>>> {
+    let filter = NotificationFilter {
+        client_id: f.client_id.filter(|s| !s.is_empty()),
+        sensor_id: match f.sensor_id.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(parse_sensor_id(s)?),
+        },
+        status: match f.status.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(Status::parse(s).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "status must be pending, delivered, failed, superseded or cancelled, got {s:?}"
+                ))
+            })?),
+        },
+    };
+    let page = st
+        .store
+        .list_notifications(filter, page.to_request()?)
+        .await?;
+    Ok(ApiJson(List::from_page(page, out)))
+}
+
+/// Read a notification with its attempts.
+#[utoipa::path(get, path = "/v1/notifications/{id}", tag = "notifications",
+    params(("id" = String, Path)),
+    responses((status = 200, body = NotificationDetail), (status = 404, body = ErrorBody)))]
+async fn get_notification(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<NotificationDetail>> {
+    let (n, attempts) = st
+        .store
+        .get_notification(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("notification"))?;
+    Ok(ApiJson(NotificationDetail {
+        notification: out(n),
+        attempts: attempts.into_iter().map(attempt_out).collect(),
+    }))
+}
+
+/// Send a failed (dead-lettered) notification again, with a fresh attempt budget.
+/// 409 when it is not failed, or when a newer state of its sensor reached the client since.
+#[utoipa::path(post, path = "/v1/notifications/{id}/retry", tag = "notifications",
+    params(("id" = String, Path)),
+    responses((status = 202, body = NotificationOut), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn retry_notification(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<(StatusCode, ApiJson<NotificationOut>)> {
+    let r = st
+        .store
+        .retry_notification(id.clone(), time::now_ms())
+        .await?;
+    st.dispatcher.enqueue(vec![r]);
+    let (n, _) = st
+        .store
+        .get_notification(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("notification"))?;
+    Ok((StatusCode::ACCEPTED, ApiJson(out(n))))
+}

@@ -1,0 +1,208 @@
+//! HTTP ingest (`POST /v1/readings`) and the history of a sensor: readings and events.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::pagination::{List, PageParams};
+use crate::domain::{EventKind, Millis, reading, time};
+use crate::store::TimeRange;
+
+/// Most readings one request may carry.
+pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(post_readings))
+        .routes(routes!(sensor_readings))
+        .routes(routes!(sensor_events))
+}
+
+/// A reading: `{"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}`.
+#[derive(ToSchema)]
+#[allow(dead_code)] // Documents the wire format; parsing is by hand for per-field reasons.
+pub struct ReadingIn {
+    #[schema(example = "xa7v9Dfadr7H")]
+    sensor_id: String,
+    /// 0 or 1.
+    data: u8,
+    /// Device time, RFC 3339; the receive time when absent.
+    ts: Option<String>,
+}
+
+/// What became of the posted readings.
+#[derive(Serialize, ToSchema)]
+pub struct Accepted {
+    /// Readings whose effects are now durable.
+    pub accepted: usize,
+    pub rejected: Vec<RejectedOut>,
+}
+
+/// A reading that was not applied, and why.
+#[derive(Serialize, ToSchema)]
+pub struct RejectedOut {
+    /// Position in the posted array (0 for a single reading).
+    pub index: usize,
+    /// Machine-readable reason: `invalid_sensor_id`, `invalid_data`, `invalid_ts`,
+    /// `ts_in_future`, `unknown_sensor`, `not_an_object`.
+    pub code: String,
+    pub error: String,
+}
+
+/// Post one reading or an array of up to 10,000. Answers 202 once the accepted ones are
+/// durable; each element is validated on its own.
+#[utoipa::path(post, path = "/v1/readings", tag = "readings",
+    request_body(content = Vec<ReadingIn>, description = "one reading, or an array of them"),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn post_readings(
+    State(st): State<AppState>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    let values = match value {
+        Value::Array(items) => items,
+        single => vec![single],
+    };
+    if values.len() > MAX_READINGS_PER_REQUEST {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_readings",
+            format!(
+                "at most {MAX_READINGS_PER_REQUEST} readings per request, got {}",
+                values.len()
+            ),
+        ));
+    }
+    let now = time::now_ms();
+    let items = values
+        .iter()
+        .map(|v| reading::parse_value(v, now))
+        .collect();
+    let report = st.ingest.submit("http", items).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        ApiJson(Accepted {
+            accepted: report.accepted,
+            rejected: report
+                .rejected
+                .into_iter()
+                .map(|(index, r)| RejectedOut {
+                    index,
+                    code: r.code.as_str().to_string(),
+                    error: r.message,
+                })
+                .collect(),
+        }),
+    ))
+}
+
+/// `?from=&to=`: a half-open RFC 3339 range `[from, to)`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RangeParams {
+    /// Inclusive lower bound, RFC 3339.
+    pub from: Option<String>,
+    /// Exclusive upper bound, RFC 3339.
+    pub to: Option<String>,
+}
+
+impl RangeParams {
+    fn range(&self) -> ApiResult<TimeRange> {
+        let parse = |name: &str, v: &Option<String>| -> ApiResult<Option<Millis>> {
+            match v.as_deref() {
+                None | Some("") => Ok(None),
+                Some(s) => time::parse(s).map(Some).ok_or_else(|| {
+                    ApiError::bad_request(format!("{name} must be an RFC 3339 time, got {s:?}"))
+                }),
+            }
+        };
+        Ok(TimeRange {
+            from: parse("from", &self.from)?,
+            to: parse("to", &self.to)?,
+        })
+    }
+}
+
+/// A reading in history.
+#[derive(Serialize, ToSchema)]
+pub struct ReadingOut {
+    pub data: u8,
+    /// Device time (receive time when the device sent none).
+    pub ts: String,
+    pub received_at: String,
+    /// Older than the state it arrived at: kept, but did not change state.
+    pub late: bool,
+}
+
+/// An event in history.
+#[derive(Serialize, ToSchema)]
+pub struct EventOut {
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    pub at: String,
+    pub data: Option<u8>,
+    pub previous: Option<u8>,
+    /// For lost/restored: when latch last heard from the sensor before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<String>,
+}
+
+async fn existing(st: &AppState, id: &str) -> ApiResult<crate::domain::SensorId> {
+    let id = parse_sensor_id(id)?;
+    st.store
+        .get_sensor(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sensor"))?;
+    Ok(id)
+}
+
+/// A sensor's readings, oldest first, by device time.
+#[utoipa::path(get, path = "/v1/sensors/{id}/readings", tag = "history",
+    params(("id" = String, Path), RangeParams, PageParams),
+    responses((status = 200, body = List<ReadingOut>), (status = 404, body = ErrorBody)))]
+async fn sensor_readings(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(range): ApiQuery<RangeParams>,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> ApiResult<ApiJson<List<ReadingOut>>> {
+    let (range, page) = (range.range()?, page.to_request()?);
+    let id = existing(&st, &id).await?;
+    let page = st.store.list_readings(id, range, page).await?;
+    Ok(ApiJson(List::from_page(page, |r| ReadingOut {
+        data: u8::from(r.data),
+        ts: time::format(r.ts),
+        received_at: time::format(r.received_at),
+        late: r.late,
+    })))
+}
+
+/// A sensor's events (state changes, connection lost and restored), oldest first.
+#[utoipa::path(get, path = "/v1/sensors/{id}/events", tag = "history",
+    params(("id" = String, Path), RangeParams, PageParams),
+    responses((status = 200, body = List<EventOut>), (status = 404, body = ErrorBody)))]
+async fn sensor_events(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(range): ApiQuery<RangeParams>,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> ApiResult<ApiJson<List<EventOut>>> {
+    let (range, page) = (range.range()?, page.to_request()?);
+    let id = existing(&st, &id).await?;
+    let page = st.store.list_events(id, range, page).await?;
+    Ok(ApiJson(List::from_page(page, |e| EventOut {
+        kind: e.kind,
+        at: time::format(e.at),
+        data: e.data.map(u8::from),
+        previous: e.previous.map(u8::from),
+        last_seen_at: e.last_seen_at.map(time::format),
+    })))
+}

@@ -1,0 +1,219 @@
+//! `/v1/sensors`: the sensor registry, with each sensor's current status.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::pagination::{List, PageParams};
+use crate::domain::{Connection, Sensor, SensorId, SensorStatus, sensor::validate_address, time};
+use crate::store::SensorView;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_sensor, list_sensors))
+        .routes(routes!(get_sensor, replace_sensor, delete_sensor))
+}
+
+/// Longest per-sensor heartbeat timeout: 30 days.
+const MAX_TIMEOUT_S: u32 = 30 * 24 * 3600;
+
+/// A sensor to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SensorCreate {
+    /// 1 to 16 ASCII letters and digits.
+    #[schema(example = "xa7v9Dfadr7H")]
+    pub id: String,
+    /// Where it is installed.
+    #[schema(example = "Moscow, Russia, Svobody st. 23 fl 1 room 16")]
+    pub address: String,
+    /// Silence, in seconds, after which it is "lost"; the service default when absent.
+    pub heartbeat_timeout_s: Option<u32>,
+}
+
+/// A sensor's new address and timeout.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SensorReplace {
+    /// Optional; must match the path when given.
+    pub id: Option<String>,
+    pub address: String,
+    pub heartbeat_timeout_s: Option<u32>,
+}
+
+/// A sensor with its current status.
+#[derive(Serialize, ToSchema)]
+pub struct SensorOut {
+    pub id: String,
+    pub address: String,
+    pub heartbeat_timeout_s: Option<u32>,
+    pub created_at: String,
+    pub status: StatusOut,
+}
+
+/// What latch knows of a sensor now.
+#[derive(Serialize, ToSchema)]
+pub struct StatusOut {
+    /// Current state, 0 or 1; `null` before the first reading.
+    pub data: Option<u8>,
+    /// When the state last changed (device time).
+    pub changed_at: Option<String>,
+    /// When latch last received a reading from it (latch's clock).
+    pub last_seen_at: Option<String>,
+    pub connection: Connection,
+}
+
+impl From<SensorStatus> for StatusOut {
+    fn from(s: SensorStatus) -> Self {
+        Self {
+            data: s.data.map(u8::from),
+            changed_at: s.changed_at.map(time::format),
+            last_seen_at: s.last_seen_at.map(time::format),
+            connection: s.connection,
+        }
+    }
+}
+
+pub fn sensor_out((s, status): SensorView) -> SensorOut {
+    SensorOut {
+        id: s.id.to_string(),
+        address: s.address,
+        heartbeat_timeout_s: s.heartbeat_timeout_s,
+        created_at: time::format(s.created_at),
+        status: status.into(),
+    }
+}
+
+fn check_fields(address: &str, timeout: Option<u32>) -> ApiResult<()> {
+    validate_address(address).map_err(ApiError::invalid)?;
+    if let Some(t) = timeout
+        && !(1..=MAX_TIMEOUT_S).contains(&t)
+    {
+        return Err(ApiError::invalid(format!(
+            "heartbeat_timeout_s must be between 1 and {MAX_TIMEOUT_S}, got {t}"
+        )));
+    }
+    Ok(())
+}
+
+/// `?connection=` filter of the sensor list.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SensorListParams {
+    /// `online`, `lost` or `unknown` (never reported).
+    pub connection: Option<String>,
+}
+
+/// Register a sensor.
+#[utoipa::path(post, path = "/v1/sensors", tag = "sensors", request_body = SensorCreate,
+    responses((status = 201, body = SensorOut), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn create_sensor(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<SensorCreate>,
+) -> ApiResult<(StatusCode, ApiJson<SensorOut>)> {
+    let id = SensorId::parse(&body.id)
+        .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
+    check_fields(&body.address, body.heartbeat_timeout_s)?;
+    let sensor = Sensor {
+        id,
+        address: body.address,
+        heartbeat_timeout_s: body.heartbeat_timeout_s,
+        created_at: time::now_ms(),
+    };
+    st.store.create_sensor(sensor.clone()).await?;
+    st.engine
+        .upsert_sensor(id, sensor.heartbeat_timeout_s)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        ApiJson(sensor_out((sensor, SensorStatus::default()))),
+    ))
+}
+
+/// List sensors, by id.
+#[utoipa::path(get, path = "/v1/sensors", tag = "sensors", params(PageParams, SensorListParams),
+    responses((status = 200, body = List<SensorOut>)))]
+async fn list_sensors(
+    State(st): State<AppState>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(filter): ApiQuery<SensorListParams>,
+) -> ApiResult<ApiJson<List<SensorOut>>> {
+    let connection = match filter.connection.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(Connection::parse(c).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "connection must be online, lost or unknown, got {c:?}"
+            ))
+        })?),
+    };
+    let page = st
+        .store
+        .list_sensors(connection, page.to_request()?)
+        .await?;
+    Ok(ApiJson(List::from_page(page, sensor_out)))
+}
+
+/// Read a sensor and its status.
+#[utoipa::path(get, path = "/v1/sensors/{id}", tag = "sensors", params(("id" = String, Path)),
+    responses((status = 200, body = SensorOut), (status = 404, body = ErrorBody)))]
+async fn get_sensor(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<SensorOut>> {
+    let id = parse_sensor_id(&id)?;
+    let view = st
+        .store
+        .get_sensor(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sensor"))?;
+    Ok(ApiJson(sensor_out(view)))
+}
+
+/// Replace a sensor's address and heartbeat timeout.
+#[utoipa::path(put, path = "/v1/sensors/{id}", tag = "sensors", params(("id" = String, Path)),
+    request_body = SensorReplace,
+    responses((status = 200, body = SensorOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn replace_sensor(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<SensorReplace>,
+) -> ApiResult<ApiJson<SensorOut>> {
+    let id = parse_sensor_id(&id)?;
+    if let Some(body_id) = &body.id
+        && body_id != &id.to_string()
+    {
+        return Err(ApiError::invalid(format!(
+            "id in the body ({body_id:?}) does not match the path ({id})"
+        )));
+    }
+    check_fields(&body.address, body.heartbeat_timeout_s)?;
+    let view = st
+        .store
+        .replace_sensor(id, body.address, body.heartbeat_timeout_s)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sensor"))?;
+    st.engine
+        .upsert_sensor(id, body.heartbeat_timeout_s)
+        .await?;
+    Ok(ApiJson(sensor_out(view)))
+}
+
+/// Delete a sensor with its links, state and history; its pending notifications are cancelled.
+#[utoipa::path(delete, path = "/v1/sensors/{id}", tag = "sensors", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn delete_sensor(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    let id = parse_sensor_id(&id)?;
+    // Stop accepting its readings first, so none lands after the delete.
+    st.engine.remove_sensor(id).await?;
+    if !st.store.delete_sensor(id, time::now_ms()).await? {
+        return Err(ApiError::not_found("sensor"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,57 @@
+//! The committer: merges the effect batches of all engine shards that are waiting into one
+//! store transaction (group commit), then hands the notifications it created to the
+//! dispatcher and answers the shards.
+//!
+//! One transaction for several shards' batches means one fsync for all of them, which is
+//! what makes durable acknowledgement cheap on a single SQLite writer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::delivery::Dispatcher;
+use crate::domain::time::now_ms;
+use crate::engine::CommitRequest;
+use crate::engine::effects::CommitBatch;
+use crate::store::Store;
+
+/// Runs until every shard has dropped its sender.
+pub async fn run(
+    store: Arc<dyn Store>,
+    dispatcher: Dispatcher,
+    mut rx: mpsc::Receiver<CommitRequest>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut requests = vec![first];
+        while let Ok(r) = rx.try_recv() {
+            requests.push(r);
+        }
+        let mut batch = CommitBatch::default();
+        let mut replies = Vec::with_capacity(requests.len());
+        for r in requests {
+            batch.append(r.batch);
+            replies.push(r.reply);
+        }
+        let rows = batch.readings.len();
+        let started = Instant::now();
+        let result = store.commit(batch, now_ms()).await;
+        metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!("latch_commit_readings").record(rows as f64);
+        match result {
+            Ok(created) => {
+                dispatcher.enqueue(created);
+                for r in replies {
+                    let _ = r.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                metrics::counter!("latch_commit_failures_total").increment(1);
+                let msg = e.to_string();
+                for r in replies {
+                    let _ = r.send(Err(msg.clone()));
+                }
+            }
+        }
+    }
+}

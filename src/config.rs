@@ -1,0 +1,342 @@
+//! Layered settings: embedded defaults (`config.default.toml`), then a TOML file, then
+//! `LATCH_*` environment variables; validated once at start, then shared as `Arc<Config>`.
+//!
+//! Every layer is checked for unknown keys, so a typo (`LATCH_RETRY_BSE`) is an error at
+//! start rather than a silently ignored setting.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Deserializer};
+
+use crate::store::sqlite::Synchronous;
+
+/// The embedded defaults, fully commented: `latch config` prints them.
+pub const DEFAULTS: &str = include_str!("config.default.toml");
+
+/// Variables with the `LATCH_` prefix that are not settings.
+const NOT_SETTINGS: &[&str] = &["LATCH_CONFIG"];
+
+/// Retry policies of the delivery schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RetryPolicyKind {
+    Log,
+    Exponential,
+    Fixed,
+}
+
+/// Every setting of latch. See `config.default.toml` for what each one means.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub sqlite_synchronous: Synchronous,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub database_url: Option<String>,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub amqp_url: Option<String>,
+    pub amqp_queue: String,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub mqtt_url: Option<String>,
+    pub mqtt_topic: String,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub clickhouse_url: Option<String>,
+    #[serde(deserialize_with = "duration")]
+    pub heartbeat_timeout: Duration,
+    pub retry_policy: RetryPolicyKind,
+    #[serde(deserialize_with = "duration")]
+    pub retry_base: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub retry_max_delay: Duration,
+    #[serde(deserialize_with = "number")]
+    pub retry_max_attempts: u32,
+    #[serde(deserialize_with = "durations")]
+    pub retry_fixed: Vec<Duration>,
+    #[serde(deserialize_with = "duration")]
+    pub delivery_timeout: Duration,
+    #[serde(deserialize_with = "number")]
+    pub delivery_concurrency: u32,
+    #[serde(deserialize_with = "number")]
+    pub delivery_client_concurrency: u32,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub api_token: Option<String>,
+    #[serde(deserialize_with = "number")]
+    pub engine_shards: u32,
+    #[serde(deserialize_with = "number")]
+    pub engine_batch_max: u32,
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    pub log: String,
+}
+
+impl Config {
+    /// Loads the defaults, the file (`path`, or `./latch.toml` when present) and the
+    /// process environment.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::load_from(path, &env)
+    }
+
+    /// As [`Config::load`], with the environment given (for tests).
+    pub fn load_from(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Self> {
+        let mut table = parse_table(DEFAULTS, "embedded defaults")?;
+        let known: Vec<String> = known_keys();
+        let file = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None => Some(PathBuf::from("latch.toml")).filter(|p| p.exists()),
+        };
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read config file {}", file.display()))?;
+            let layer = parse_table(&text, &file.display().to_string())?;
+            for (k, v) in layer {
+                if !known.contains(&k) {
+                    bail!("{}: unknown key `{k}`", file.display());
+                }
+                table.insert(k, v);
+            }
+        }
+        for (name, value) in env {
+            let Some(key) = name.strip_prefix("LATCH_") else {
+                continue;
+            };
+            if NOT_SETTINGS.contains(&name.as_str()) {
+                continue;
+            }
+            let key = key.to_ascii_lowercase();
+            if !known.contains(&key) {
+                bail!("environment: unknown setting {name}");
+            }
+            table.insert(key, toml::Value::String(value.clone()));
+        }
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table.into_iter().collect()))
+                .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.path(), e.inner()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Defaults only, with the data folder moved (tests and benchmarks).
+    pub fn for_data_dir(dir: &Path) -> Self {
+        let mut c = Self::load_from(None, &[]).expect("embedded defaults are valid");
+        c.data_dir = dir.to_path_buf();
+        c
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let positive = [
+            ("heartbeat_timeout", self.heartbeat_timeout),
+            ("retry_base", self.retry_base),
+            ("retry_max_delay", self.retry_max_delay),
+            ("delivery_timeout", self.delivery_timeout),
+        ];
+        for (key, d) in positive {
+            if d.is_zero() {
+                bail!("invalid setting `{key}`: must be longer than zero");
+            }
+        }
+        let counts = [
+            ("retry_max_attempts", self.retry_max_attempts, 1, 1000),
+            (
+                "delivery_concurrency",
+                self.delivery_concurrency,
+                1,
+                100_000,
+            ),
+            (
+                "delivery_client_concurrency",
+                self.delivery_client_concurrency,
+                1,
+                100_000,
+            ),
+            ("engine_shards", self.engine_shards, 1, 256),
+            ("engine_batch_max", self.engine_batch_max, 1, 1_000_000),
+        ];
+        for (key, v, lo, hi) in counts {
+            if !(lo..=hi).contains(&v) {
+                bail!("invalid setting `{key}`: {v} is not between {lo} and {hi}");
+            }
+        }
+        if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
+            bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");
+        }
+        if self.amqp_queue.trim().is_empty() {
+            bail!("invalid setting `amqp_queue`: must not be empty");
+        }
+        if self.mqtt_topic.trim().is_empty() {
+            bail!("invalid setting `mqtt_topic`: must not be empty");
+        }
+        Ok(())
+    }
+}
+
+fn known_keys() -> Vec<String> {
+    // The commented-out lines of the defaults name the optional keys.
+    let mut keys: Vec<String> = DEFAULTS
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start_matches("# ").trim();
+            let (k, _) = l.split_once(" = ")?;
+            k.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_')
+                .then(|| k.to_string())
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn parse_table(text: &str, origin: &str) -> anyhow::Result<BTreeMap<String, toml::Value>> {
+    let t: toml::Table =
+        toml::from_str(text).with_context(|| format!("{origin}: not valid TOML"))?;
+    Ok(t.into_iter().collect())
+}
+
+/// Parses "30s", "1h 30m", "500ms".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration like \"30s\" or \"1h\" ({e})"))
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match Raw::deserialize(d)? {
+        Raw::One(s) => s.split(',').map(str::to_string).collect(),
+        Raw::Many(v) => v,
+    };
+    items
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| parse_duration(s).map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// A whole number given as a TOML integer or, from the environment, as text.
+fn number<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Text(String),
+    }
+    let n = match Raw::deserialize(d)? {
+        Raw::Int(i) => i,
+        Raw::Text(s) => s
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a whole number")))?,
+    };
+    u32::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} is out of range")))
+}
+
+fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::load_from(None, &[]).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.data_dir, PathBuf::from("./latch-data"));
+        assert_eq!(c.amqp_queue, "latch.readings");
+        assert_eq!(c.mqtt_topic, "sensors/+/state");
+        assert_eq!(c.heartbeat_timeout, Duration::from_secs(3600));
+        assert_eq!(c.retry_base, Duration::from_secs(30));
+        assert_eq!(c.retry_max_delay, Duration::from_secs(3600));
+        assert_eq!(c.retry_max_attempts, 10);
+        assert_eq!(c.delivery_timeout, Duration::from_secs(10));
+        assert_eq!(c.database_url, None);
+        assert_eq!(c.api_token, None);
+    }
+
+    #[test]
+    fn environment_overrides_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("latch.toml");
+        std::fs::write(
+            &file,
+            "retry_base = \"5s\"\nretry_max_attempts = 3\nlisten = \"127.0.0.1:9000\"\n",
+        )
+        .unwrap();
+        let c = Config::load_from(
+            Some(&file),
+            &env(&[
+                ("LATCH_RETRY_MAX_ATTEMPTS", "7"),
+                ("LATCH_API_TOKEN", "12345"),
+                ("LATCH_CONFIG", "ignored"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.retry_base, Duration::from_secs(5));
+        assert_eq!(c.retry_max_attempts, 7);
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.api_token.as_deref(), Some("12345"));
+    }
+
+    #[test]
+    fn errors_name_the_bad_key() {
+        let err = |pairs: &[(&str, &str)]| {
+            Config::load_from(None, &env(pairs))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(&[("LATCH_RETRY_BASE", "soon")]).contains("retry_base"));
+        assert!(err(&[("LATCH_LISTEN", "nowhere")]).contains("listen"));
+        assert!(err(&[("LATCH_RETRY_MAX_ATTEMPTS", "ten")]).contains("retry_max_attempts"));
+        assert!(err(&[("LATCH_RETRY_MAX_ATTEMPTS", "0")]).contains("retry_max_attempts"));
+        assert!(err(&[("LATCH_RETRY_BSE", "1s")]).contains("LATCH_RETRY_BSE"));
+        assert!(err(&[("LATCH_RETRY_POLICY", "random")]).contains("retry_policy"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("latch.toml");
+        std::fs::write(&file, "lisen = \"x\"\n").unwrap();
+        let e = Config::load_from(Some(&file), &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown key `lisen`"), "{e}");
+    }
+
+    #[test]
+    fn fixed_delays_parse_from_text() {
+        let c = Config::load_from(None, &env(&[("LATCH_RETRY_FIXED", "1s, 2s,500ms")])).unwrap();
+        assert_eq!(
+            c.retry_fixed,
+            vec![
+                Duration::from_secs(1),
+                Duration::from_secs(2),
+                Duration::from_millis(500)
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_optional_values_mean_unset() {
+        let c = Config::load_from(None, &env(&[("LATCH_API_TOKEN", "")])).unwrap();
+        assert_eq!(c.api_token, None);
+    }
+}

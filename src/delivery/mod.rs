@@ -1,0 +1,530 @@
+//! Reliable, ordered webhook delivery from the durable outbox.
+//!
+//! The dispatcher keeps an in-memory index of pending notifications, rebuilt from the store
+//! at start. Notifications queue in *lanes*, one per (client, sensor); only a lane's head is
+//! ever in flight, which is what guarantees a client never sees an older state of a sensor
+//! after a newer one. A timer heap holds each idle lane's next due time. Due heads wait in
+//! `ready` until the global and per-client concurrency limits admit them, and are then
+//! claimed from the store in batches: the claim leases them, reads URL and secret from the
+//! registry *now*, and cancels those whose client is gone or no longer owns the sensor.
+//! Results go to a recorder task that writes attempts and verdicts in batches.
+
+pub mod retry;
+pub mod sender;
+pub mod signing;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::domain::{Attempt, EventKind, Millis, SensorId, Status, time::now_ms};
+use crate::store::{Claim, NotificationRef, Outcome, Store, Verdict};
+use retry::RetryPolicy;
+use sender::AttemptResult;
+
+/// Errors of the delivery layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// Settings of the dispatcher.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: RetryPolicy,
+    pub timeout: Duration,
+    pub concurrency: usize,
+    pub client_concurrency: u32,
+    /// This process's name on leases.
+    pub node: String,
+}
+
+impl Settings {
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            policy: RetryPolicy::from_config(c),
+            timeout: c.delivery_timeout,
+            concurrency: c.delivery_concurrency as usize,
+            client_concurrency: c.delivery_client_concurrency,
+            node: format!("latch-{}", ulid::Ulid::new()),
+        }
+    }
+
+    /// How long a claim holds a notification: the attempt's timeout and a margin, so a
+    /// lease only runs out when its holder is gone.
+    fn lease(&self) -> Millis {
+        self.timeout.as_millis() as Millis + 30_000
+    }
+}
+
+/// Handle to the dispatcher; cheap to clone.
+#[derive(Clone)]
+pub struct Dispatcher {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl Dispatcher {
+    /// Schedules notifications just made durable (or put back by a manual retry).
+    pub fn enqueue(&self, refs: Vec<NotificationRef>) {
+        if !refs.is_empty() {
+            let _ = self.tx.send(Cmd::Enqueue(refs));
+        }
+    }
+
+    /// Starts the dispatcher with the store's pending notifications. It stops when `stop`
+    /// is cancelled, letting in-flight attempts finish within `grace`.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        settings: Settings,
+        stop: CancellationToken,
+        grace: Duration,
+        tracker: &TaskTracker,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(settings.client_concurrency as usize)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(Error::Http)?;
+        let pending = store.load_pending().await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (rec_tx, rec_rx) = mpsc::unbounded_channel();
+        tracker.spawn(recorder(store.clone(), rec_rx));
+        let mut core = Core {
+            settings: Arc::new(settings),
+            store,
+            http,
+            tx: tx.clone(),
+            recorder: rec_tx,
+            lanes: HashMap::new(),
+            timers: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            inflight: 0,
+            client_inflight: HashMap::new(),
+            client_waiting: HashMap::new(),
+            pending: 0,
+            tracker: tracker.clone(),
+        };
+        tracing::info!(
+            pending = pending.len(),
+            "Dispatcher loaded pending notifications."
+        );
+        core.enqueue(pending, now_ms());
+        tracker.spawn(core.run(rx, stop, grace));
+        Ok(Self { tx })
+    }
+}
+
+type LaneKey = (Arc<str>, SensorId);
+
+enum Cmd {
+    Enqueue(Vec<NotificationRef>),
+    Done(Box<Done>),
+}
+
+/// What came of a claimed head.
+struct Done {
+    lane: LaneKey,
+    id: String,
+    result: Finished,
+}
+
+enum Finished {
+    Attempted(AttemptResult),
+    /// Not pending any more (superseded, cancelled, …).
+    Gone(Status),
+    /// Someone else holds it until then; or the store could not be reached.
+    Later(Millis),
+}
+
+struct Entry {
+    id: String,
+    seq: i64,
+    kind: EventKind,
+    due: Millis,
+    attempts: u32,
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Entry>,
+    /// Its head is ready or in flight: timers leave it alone.
+    busy: bool,
+}
+
+struct Core {
+    settings: Arc<Settings>,
+    store: Arc<dyn Store>,
+    http: reqwest::Client,
+    tx: mpsc::UnboundedSender<Cmd>,
+    recorder: mpsc::UnboundedSender<Outcome>,
+    lanes: HashMap<LaneKey, Lane>,
+    timers: BinaryHeap<Reverse<(Millis, LaneKey)>>,
+    ready: VecDeque<LaneKey>,
+    inflight: usize,
+    client_inflight: HashMap<Arc<str>, u32>,
+    client_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
+    pending: usize,
+    tracker: TaskTracker,
+}
+
+impl Core {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Cmd>,
+        stop: CancellationToken,
+        grace: Duration,
+    ) {
+        loop {
+            let next = self.timers.peek().map(|Reverse((due, _))| *due);
+            let sleep = async {
+                match next {
+                    Some(due) => {
+                        let wait = (due - now_ms()).max(0) as u64;
+                        tokio::time::sleep(Duration::from_millis(wait)).await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.handle(cmd),
+                    None => break,
+                },
+                _ = sleep => {}
+                _ = stop.cancelled() => break,
+            }
+            // Take whatever else is queued before dispatching, so claims batch up.
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd);
+            }
+            self.fire_timers(now_ms());
+            self.pump();
+            metrics::gauge!("latch_notifications_pending").set(self.pending as f64);
+        }
+        // Shutdown: dispatch nothing new; let in-flight attempts finish and be recorded.
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.inflight > 0 {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(Cmd::Done(d))) => self.finish(*d, now_ms()),
+                Ok(Some(Cmd::Enqueue(_))) => {} // durable; picked up at next start
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if self.inflight > 0 {
+            tracing::warn!(
+                inflight = self.inflight,
+                "Shutdown grace ran out with attempts in flight; their leases expire and they are sent again."
+            );
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Enqueue(refs) => self.enqueue(refs, now_ms()),
+            Cmd::Done(d) => self.finish(*d, now_ms()),
+        }
+    }
+
+    fn enqueue(&mut self, refs: Vec<NotificationRef>, now: Millis) {
+        for r in refs {
+            let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
+            let lane = self.lanes.entry(key.clone()).or_default();
+            if lane.queue.iter().any(|e| e.id == r.id) {
+                continue;
+            }
+            if r.kind == EventKind::StateChanged {
+                // The store superseded these in the commit; mirror it. A head in flight
+                // stays: it finishes first and the new one follows.
+                let skip = usize::from(lane.busy);
+                let before = lane.queue.len();
+                let mut i = 0;
+                lane.queue.retain(|e| {
+                    i += 1;
+                    i <= skip || e.kind != EventKind::StateChanged || e.seq > r.seq
+                });
+                self.pending -= before - lane.queue.len();
+            }
+            let pos = lane
+                .queue
+                .partition_point(|e| e.seq < r.seq)
+                .max(usize::from(lane.busy));
+            lane.queue.insert(
+                pos,
+                Entry {
+                    id: r.id,
+                    seq: r.seq,
+                    kind: r.kind,
+                    due: r.due_at,
+                    attempts: r.attempts,
+                },
+            );
+            self.pending += 1;
+            if !lane.busy && pos == 0 {
+                let due = r.due_at;
+                self.schedule(key, due, now);
+            }
+        }
+    }
+
+    fn schedule(&mut self, key: LaneKey, due: Millis, now: Millis) {
+        if due <= now {
+            if let Some(lane) = self.lanes.get_mut(&key) {
+                lane.busy = true;
+            }
+            self.ready.push_back(key);
+        } else {
+            self.timers.push(Reverse((due, key)));
+        }
+    }
+
+    fn fire_timers(&mut self, now: Millis) {
+        while let Some(Reverse((due, _))) = self.timers.peek() {
+            if *due > now {
+                break;
+            }
+            let Some(Reverse((_, key))) = self.timers.pop() else {
+                break;
+            };
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
+            // Stale timers (the lane moved on since) are skipped.
+            if lane.busy || lane.queue.front().is_none_or(|h| h.due > now) {
+                continue;
+            }
+            lane.busy = true;
+            self.ready.push_back(key);
+        }
+    }
+
+    fn pump(&mut self) {
+        let mut batch: Vec<(LaneKey, String)> = Vec::new();
+        while self.inflight < self.settings.concurrency {
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(head) = self.lanes.get(&key).and_then(|l| l.queue.front()) else {
+                continue;
+            };
+            let id = head.id.clone();
+            let count = self.client_inflight.entry(key.0.clone()).or_default();
+            if *count >= self.settings.client_concurrency {
+                self.client_waiting
+                    .entry(key.0.clone())
+                    .or_default()
+                    .push_back(key);
+                continue;
+            }
+            *count += 1;
+            self.inflight += 1;
+            batch.push((key, id));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let http = self.http.clone();
+        let settings = self.settings.clone();
+        let tx = self.tx.clone();
+        let tracker = self.tracker.clone();
+        self.tracker.spawn(async move {
+            let now = now_ms();
+            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
+            let claims = store
+                .claim(ids, settings.node.clone(), now, now + settings.lease())
+                .await;
+            let claims = match claims {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
+                    for (lane, id) in batch {
+                        let result = Finished::Later(now + 1000);
+                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    }
+                    return;
+                }
+            };
+            for ((lane, id), claim) in batch.into_iter().zip(claims) {
+                match claim {
+                    Claim::Send(s) => {
+                        let (http, settings, tx) = (http.clone(), settings.clone(), tx.clone());
+                        tracker.spawn(async move {
+                            let result = sender::send(&http, &s, settings.timeout).await;
+                            let result = Finished::Attempted(result);
+                            let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                        });
+                    }
+                    Claim::Done { status, .. } => {
+                        let result = Finished::Gone(status);
+                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    }
+                    Claim::Leased { until, .. } => {
+                        let result = Finished::Later(until);
+                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    }
+                }
+            }
+        });
+    }
+
+    fn finish(&mut self, d: Done, now: Millis) {
+        self.inflight -= 1;
+        if let Some(c) = self.client_inflight.get_mut(&d.lane.0) {
+            *c -= 1;
+            if *c == 0 {
+                self.client_inflight.remove(&d.lane.0);
+            }
+        }
+        if let Some(waiting) = self.client_waiting.get_mut(&d.lane.0) {
+            if let Some(k) = waiting.pop_front() {
+                self.ready.push_back(k);
+            }
+            if waiting.is_empty() {
+                self.client_waiting.remove(&d.lane.0);
+            }
+        }
+        let Some(lane) = self.lanes.get_mut(&d.lane) else {
+            return;
+        };
+        lane.busy = false;
+        let newer_state = lane
+            .queue
+            .iter()
+            .skip(1)
+            .any(|e| e.kind == EventKind::StateChanged);
+        let Some(head) = lane.queue.front_mut() else {
+            self.lanes.remove(&d.lane);
+            return;
+        };
+        if head.id != d.id {
+            // The head changed while this one was out (a manual retry of an older one).
+            let due = head.due;
+            self.schedule(d.lane, due, now);
+            return;
+        }
+        let pop = match d.result {
+            Finished::Gone(status) => {
+                metrics::counter!("latch_notifications_total", "status" => status.as_str())
+                    .increment(1);
+                true
+            }
+            Finished::Later(until) => {
+                head.due = until;
+                false
+            }
+            Finished::Attempted(result) => {
+                let attempts = head.attempts + 1;
+                let newer_state = newer_state && head.kind == EventKind::StateChanged;
+                let policy = &self.settings.policy;
+                let verdict = if result.delivered() {
+                    Verdict::Delivered
+                } else if result.gone() || attempts >= policy.max_attempts {
+                    Verdict::Failed
+                } else if newer_state {
+                    Verdict::Superseded
+                } else {
+                    let delay = match result.retry_after {
+                        Some(asked) => policy.retry_after(asked),
+                        None => policy.jittered(attempts, rand::thread_rng().r#gen()),
+                    };
+                    Verdict::Retry {
+                        next_at: now + delay.as_millis() as Millis,
+                    }
+                };
+                metrics::counter!("latch_delivery_attempts_total", "outcome" => result.label())
+                    .increment(1);
+                metrics::histogram!("latch_delivery_attempt_seconds")
+                    .record(result.duration.as_secs_f64());
+                let status = match verdict {
+                    Verdict::Delivered => Some(Status::Delivered),
+                    Verdict::Failed => Some(Status::Failed),
+                    Verdict::Superseded => Some(Status::Superseded),
+                    Verdict::Retry { .. } => None,
+                };
+                if let Some(s) = status {
+                    metrics::counter!("latch_notifications_total", "status" => s.as_str())
+                        .increment(1);
+                }
+                if verdict == Verdict::Delivered {
+                    let seq_ms = ulid::Ulid::from_string(&head.id)
+                        .map(|u| u.timestamp_ms() as Millis)
+                        .unwrap_or(now);
+                    metrics::histogram!("latch_delivery_latency_seconds")
+                        .record((now - seq_ms).max(0) as f64 / 1000.0);
+                }
+                let _ = self.recorder.send(Outcome {
+                    attempt: Attempt {
+                        notification_id: head.id.clone(),
+                        at: result.at,
+                        status_code: result.status_code,
+                        error: result.error.clone(),
+                        duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
+                    },
+                    attempts,
+                    verdict,
+                });
+                match verdict {
+                    Verdict::Retry { next_at } => {
+                        head.attempts = attempts;
+                        head.due = next_at;
+                        false
+                    }
+                    _ => true,
+                }
+            }
+        };
+        if pop {
+            lane.queue.pop_front();
+            self.pending -= 1;
+        }
+        match lane.queue.front().map(|h| h.due) {
+            Some(due) => self.schedule(d.lane, due, now),
+            None => {
+                self.lanes.remove(&d.lane);
+            }
+        }
+    }
+}
+
+/// Writes attempts and verdicts in batches. A failed write is tried again (the outcomes
+/// stay in memory); if latch dies first, the leases run out and the attempts are repeated,
+/// which at-least-once delivery allows.
+async fn recorder(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Outcome>) {
+    let mut batch = Vec::new();
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < 2048 {
+            match rx.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(_) => break,
+            }
+        }
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match store.record(batch.clone(), now_ms()).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, outcomes = batch.len(), "Recording delivery outcomes failed; retrying.");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    if rx.is_closed() && backoff >= Duration::from_secs(5) {
+                        tracing::error!(
+                            outcomes = batch.len(),
+                            "Giving up on recording outcomes at shutdown; they will be attempted again."
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        batch.clear();
+    }
+}

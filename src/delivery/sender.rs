@@ -1,0 +1,161 @@
+//! One webhook attempt: the payload of DESIGN §4, its Standard Webhooks headers, the POST.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::signing;
+use crate::domain::{Millis, client::secret_key, time};
+use crate::store::Sendable;
+
+/// The JSON body a client receives.
+#[derive(Serialize)]
+struct Payload<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    occurred_at: String,
+    sensor: SensorRef<'a>,
+    data: Option<u8>,
+    previous: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_seen_at: Option<String>,
+}
+
+#[derive(Serialize)]
+struct SensorRef<'a> {
+    id: String,
+    address: &'a str,
+}
+
+/// The body of a notification, as bytes to sign and send.
+pub fn payload(s: &Sendable) -> Vec<u8> {
+    let n = &s.notification;
+    let p = Payload {
+        id: &n.id,
+        kind: n.kind.as_str(),
+        occurred_at: time::format(n.occurred_at),
+        sensor: SensorRef {
+            id: n.sensor_id.to_string(),
+            address: &s.address,
+        },
+        data: n.data.map(u8::from),
+        previous: n.previous.map(u8::from),
+        last_seen_at: n.last_seen_at.map(time::format),
+    };
+    serde_json::to_vec(&p).expect("payload serializes")
+}
+
+/// What one attempt came to.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    pub at: Millis,
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub duration: Duration,
+    /// `Retry-After` of a 429 or 503 answer.
+    pub retry_after: Option<Duration>,
+}
+
+impl AttemptResult {
+    pub fn delivered(&self) -> bool {
+        self.status_code.is_some_and(|c| (200..300).contains(&c))
+    }
+
+    /// `410 Gone`: the receiver asks never to be tried again.
+    pub fn gone(&self) -> bool {
+        self.status_code == Some(410)
+    }
+
+    /// The `outcome` label of the attempts metric.
+    pub fn label(&self) -> &'static str {
+        match self.status_code {
+            Some(c) if (200..300).contains(&c) => "delivered",
+            Some(_) => "http_error",
+            None if self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("timed out")) =>
+            {
+                "timeout"
+            }
+            None => "connection_error",
+        }
+    }
+}
+
+/// Posts one notification. Never fails: every problem is an attempt result.
+pub async fn send(http: &reqwest::Client, s: &Sendable, timeout: Duration) -> AttemptResult {
+    let at = time::now_ms();
+    let started = Instant::now();
+    let body = payload(s);
+    let key = match secret_key(&s.secret) {
+        Ok(k) => k,
+        Err(e) => {
+            return AttemptResult {
+                at,
+                status_code: None,
+                error: Some(format!("client secret unusable: {e}")),
+                duration: started.elapsed(),
+                retry_after: None,
+            };
+        }
+    };
+    let ts = at / 1000;
+    let signature = signing::sign(&key, &s.notification.id, ts, &body);
+    let request = http
+        .post(&s.url)
+        .timeout(timeout)
+        .header("content-type", "application/json")
+        .header("user-agent", concat!("latch/", env!("CARGO_PKG_VERSION")))
+        .header("webhook-id", &s.notification.id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", signature)
+        .body(body);
+    match request.send().await {
+        Ok(resp) => {
+            let code = resp.status().as_u16();
+            let retry_after = if code == 429 || code == 503 {
+                resp.headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| super::retry::parse_retry_after(v, chrono::Utc::now()))
+            } else {
+                None
+            };
+            // Drain a little of the body so the connection can be reused.
+            let _ = tokio::time::timeout(Duration::from_millis(200), resp.bytes()).await;
+            AttemptResult {
+                at,
+                status_code: Some(code),
+                error: (!(200..300).contains(&code)).then(|| format!("HTTP {code}")),
+                duration: started.elapsed(),
+                retry_after,
+            }
+        }
+        Err(e) => {
+            let error = if e.is_timeout() {
+                format!("timed out after {timeout:?}")
+            } else if e.is_connect() {
+                format!("connection failed: {}", root_cause(&e))
+            } else {
+                format!("request failed: {}", root_cause(&e))
+            };
+            AttemptResult {
+                at,
+                status_code: None,
+                error: Some(error),
+                duration: started.elapsed(),
+                retry_after: None,
+            }
+        }
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}

@@ -1,0 +1,14 @@
+//! Pure types of latch's world: sensors, readings, clients, events and notifications.
+//! Nothing here does I/O; every other layer depends on these.
+
+pub mod client;
+pub mod notification;
+pub mod reading;
+pub mod sensor;
+pub mod time;
+
+pub use client::Client;
+pub use notification::{Attempt, Event, EventKind, Notification, Status};
+pub use reading::{Reading, RejectCode, Rejection};
+pub use sensor::{Connection, Sensor, SensorId, SensorStatus};
+pub use time::Millis;

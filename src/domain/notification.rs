@@ -1,0 +1,123 @@
+//! Events in a sensor's life and the notifications they cause.
+
+use serde::{Deserialize, Serialize};
+
+use super::sensor::SensorId;
+use super::time::Millis;
+
+/// What happened to a sensor. Also the notification `type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum EventKind {
+    #[serde(rename = "sensor.state_changed")]
+    StateChanged,
+    #[serde(rename = "sensor.connection_lost")]
+    ConnectionLost,
+    #[serde(rename = "sensor.connection_restored")]
+    ConnectionRestored,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::StateChanged => "sensor.state_changed",
+            EventKind::ConnectionLost => "sensor.connection_lost",
+            EventKind::ConnectionRestored => "sensor.connection_restored",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "sensor.state_changed" => Some(EventKind::StateChanged),
+            "sensor.connection_lost" => Some(EventKind::ConnectionLost),
+            "sensor.connection_restored" => Some(EventKind::ConnectionRestored),
+            _ => None,
+        }
+    }
+}
+
+/// An event as kept in a sensor's history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub sensor_id: SensorId,
+    pub kind: EventKind,
+    pub at: Millis,
+    pub data: Option<bool>,
+    pub previous: Option<bool>,
+    /// For lost/restored: when latch last heard from the sensor before this event.
+    pub last_seen_at: Option<Millis>,
+}
+
+/// Where a notification is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Waiting for its first or next attempt.
+    Pending,
+    Delivered,
+    /// Dead letter: out of attempts, or the receiver answered 410 Gone.
+    Failed,
+    /// A newer state of the sensor made it pointless.
+    Superseded,
+    /// Its client was deleted or no longer owns the sensor.
+    Cancelled,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Delivered => "delivered",
+            Status::Failed => "failed",
+            Status::Superseded => "superseded",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(Status::Pending),
+            "delivered" => Some(Status::Delivered),
+            "failed" => Some(Status::Failed),
+            "superseded" => Some(Status::Superseded),
+            "cancelled" => Some(Status::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+/// A notification as the outbox keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notification {
+    /// ULID; the `webhook-id` on every attempt.
+    pub id: String,
+    /// Outbox order: strictly increasing in creation order, which is the order a lane sends in.
+    pub seq: i64,
+    pub client_id: String,
+    pub sensor_id: SensorId,
+    pub kind: EventKind,
+    pub data: Option<bool>,
+    pub previous: Option<bool>,
+    pub occurred_at: Millis,
+    pub last_seen_at: Option<Millis>,
+    pub status: Status,
+    /// Attempts made so far (reset by a manual retry; the attempt log keeps them all).
+    pub attempts: u32,
+    pub next_attempt_at: Option<Millis>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// One delivery attempt, as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub notification_id: String,
+    pub at: Millis,
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub duration_ms: u32,
+}
+
+/// A new notification id.
+pub fn new_notification_id() -> String {
+    ulid::Ulid::new().to_string()
+}

@@ -1,0 +1,230 @@
+//! A reading as it arrives from a sensor, and the reasons one can be rejected.
+//!
+//! Every source (HTTP, AMQP, MQTT) parses through [`parse_value`], so a bad reading gets the
+//! same reason, metric label and message whichever way it came in.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::sensor::SensorId;
+use super::time::{self, Millis};
+
+/// How far a device clock may run ahead of ours before a reading is refused. A reading
+/// stamped far in the future would otherwise make every later real reading look "late"
+/// and freeze the sensor's state.
+pub const MAX_FUTURE_SKEW_MS: Millis = 5 * 60 * 1000;
+
+/// A validated reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub sensor_id: SensorId,
+    pub data: bool,
+    /// The device's own time, when it sent one.
+    pub ts: Option<Millis>,
+}
+
+/// Why a reading was not applied. The label names the metric series.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rejection {
+    pub code: RejectCode,
+    pub message: String,
+}
+
+/// Machine-readable rejection reasons; also the `reason` label of
+/// `latch_readings_rejected_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectCode {
+    MalformedJson,
+    NotAnObject,
+    InvalidSensorId,
+    InvalidData,
+    InvalidTs,
+    TsInFuture,
+    UnknownSensor,
+}
+
+impl RejectCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectCode::MalformedJson => "malformed_json",
+            RejectCode::NotAnObject => "not_an_object",
+            RejectCode::InvalidSensorId => "invalid_sensor_id",
+            RejectCode::InvalidData => "invalid_data",
+            RejectCode::InvalidTs => "invalid_ts",
+            RejectCode::TsInFuture => "ts_in_future",
+            RejectCode::UnknownSensor => "unknown_sensor",
+        }
+    }
+}
+
+impl Rejection {
+    pub fn new(code: RejectCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn unknown_sensor(id: SensorId) -> Self {
+        Self::new(
+            RejectCode::UnknownSensor,
+            format!("sensor \"{id}\" is not registered"),
+        )
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+/// Validates one reading given as JSON: `{"sensor_id": "...", "data": 0|1, "ts": "..."?}`.
+/// `now` bounds how far in the future `ts` may be.
+pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
+    let obj = v.as_object().ok_or_else(|| {
+        Rejection::new(RejectCode::NotAnObject, "a reading must be a JSON object")
+    })?;
+    let sensor_id = match obj.get("sensor_id") {
+        Some(Value::String(s)) => SensorId::parse(s)
+            .map_err(|e| Rejection::new(RejectCode::InvalidSensorId, e.to_string()))?,
+        Some(_) => {
+            return Err(Rejection::new(
+                RejectCode::InvalidSensorId,
+                "sensor_id must be a string",
+            ));
+        }
+        None => {
+            return Err(Rejection::new(
+                RejectCode::InvalidSensorId,
+                "sensor_id is missing",
+            ));
+        }
+    };
+    let data = match obj.get("data") {
+        Some(Value::Number(n)) if n.as_u64() == Some(0) => false,
+        Some(Value::Number(n)) if n.as_u64() == Some(1) => true,
+        Some(other) => {
+            return Err(Rejection::new(
+                RejectCode::InvalidData,
+                format!("data must be 0 or 1, got {other}"),
+            ));
+        }
+        None => return Err(Rejection::new(RejectCode::InvalidData, "data is missing")),
+    };
+    let ts = match obj.get("ts") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(time::parse(s).ok_or_else(|| {
+            Rejection::new(
+                RejectCode::InvalidTs,
+                format!("ts must be an RFC 3339 time, got {s:?}"),
+            )
+        })?),
+        Some(other) => {
+            return Err(Rejection::new(
+                RejectCode::InvalidTs,
+                format!("ts must be an RFC 3339 string, got {other}"),
+            ));
+        }
+    };
+    if let Some(ts) = ts
+        && ts > now + MAX_FUTURE_SKEW_MS
+    {
+        return Err(Rejection::new(
+            RejectCode::TsInFuture,
+            format!(
+                "ts {} is more than 5 minutes ahead of the server clock",
+                time::format(ts)
+            ),
+        ));
+    }
+    Ok(Reading {
+        sensor_id,
+        data,
+        ts,
+    })
+}
+
+/// Validates one reading given as raw JSON bytes (a broker message body).
+pub fn parse_bytes(body: &[u8], now: Millis) -> Result<Reading, Rejection> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| Rejection::new(RejectCode::MalformedJson, format!("malformed JSON: {e}")))?;
+    parse_value(&v, now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: Millis = 1_800_000_000_000;
+
+    #[test]
+    fn accepts_the_contract_shape() {
+        let r = parse_value(
+            &json!({"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}),
+            NOW,
+        )
+        .unwrap();
+        assert!(r.data);
+        assert_eq!(r.ts, time::parse("2026-11-22T10:00:00Z"));
+        let r = parse_value(&json!({"sensor_id": "0xA", "data": 0}), NOW).unwrap();
+        assert!(!r.data);
+        assert_eq!(r.ts, None);
+    }
+
+    #[test]
+    fn rejects_with_reasons() {
+        let code = |v: Value| parse_value(&v, NOW).unwrap_err().code;
+        assert_eq!(code(json!([1])), RejectCode::NotAnObject);
+        assert_eq!(code(json!({"data": 1})), RejectCode::InvalidSensorId);
+        assert_eq!(
+            code(json!({"sensor_id": "a b", "data": 1})),
+            RejectCode::InvalidSensorId
+        );
+        assert_eq!(
+            code(json!({"sensor_id": 7, "data": 1})),
+            RejectCode::InvalidSensorId
+        );
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": 2})),
+            RejectCode::InvalidData
+        );
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": "1"})),
+            RejectCode::InvalidData
+        );
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": true})),
+            RejectCode::InvalidData
+        );
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": 1.0})),
+            RejectCode::InvalidData
+        );
+        assert_eq!(code(json!({"sensor_id": "a"})), RejectCode::InvalidData);
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": 1, "ts": "noon"})),
+            RejectCode::InvalidTs
+        );
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": 1, "ts": 5})),
+            RejectCode::InvalidTs
+        );
+        assert_eq!(
+            code(json!({"sensor_id": "a", "data": 1, "ts": "2099-01-01T00:00:00Z"})),
+            RejectCode::TsInFuture
+        );
+        assert_eq!(
+            parse_bytes(b"{nope", NOW).unwrap_err().code,
+            RejectCode::MalformedJson
+        );
+    }
+
+    #[test]
+    fn unknown_sensor_message_names_the_id() {
+        let r = Rejection::unknown_sensor(SensorId::parse("abc").unwrap());
+        assert_eq!(r.message, "sensor \"abc\" is not registered");
+    }
+}

@@ -1,0 +1,261 @@
+//! Sensor identity and the registry record of a sensor.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Longest sensor id the contract allows.
+pub const MAX_ID_LEN: usize = 16;
+
+/// A validated sensor id: 1 to 16 ASCII letters and digits.
+///
+/// Packed into a `u128` (6 bits a character, first character in the highest bits, 0 marks
+/// the end) rather than held as a `String`: the engine keeps one per tracked sensor in
+/// memory, and a `Copy` 16-byte key with no heap allocation is what lets millions of sensors
+/// fit in a few dozen bytes each. The packing keeps the string's sort order (digits <
+/// upper case < lower case, a prefix before its extensions), so ordering by the packed value
+/// is ordering by the id text.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SensorId(u128);
+
+/// Why a string is not a sensor id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SensorIdError {
+    #[error("sensor id must not be empty")]
+    Empty,
+    #[error("sensor id must be at most 16 characters, got {0}")]
+    TooLong(usize),
+    #[error("sensor id may hold only ASCII letters and digits, found {0:?} at position {1}")]
+    BadChar(char, usize),
+}
+
+fn code(b: u8) -> Option<u128> {
+    match b {
+        b'0'..=b'9' => Some((b - b'0') as u128 + 1),
+        b'A'..=b'Z' => Some((b - b'A') as u128 + 11),
+        b'a'..=b'z' => Some((b - b'a') as u128 + 37),
+        _ => None,
+    }
+}
+
+fn letter(c: u8) -> u8 {
+    match c {
+        1..=10 => b'0' + c - 1,
+        11..=36 => b'A' + c - 11,
+        _ => b'a' + c - 37,
+    }
+}
+
+impl SensorId {
+    /// Parses and validates an id.
+    pub fn parse(s: &str) -> Result<Self, SensorIdError> {
+        if s.is_empty() {
+            return Err(SensorIdError::Empty);
+        }
+        let chars = s.chars().count();
+        if chars > MAX_ID_LEN {
+            return Err(SensorIdError::TooLong(chars));
+        }
+        let mut packed: u128 = 0;
+        for (i, ch) in s.chars().enumerate() {
+            let c = u8::try_from(ch)
+                .ok()
+                .and_then(code)
+                .ok_or(SensorIdError::BadChar(ch, i))?;
+            packed |= c << (6 * (MAX_ID_LEN - 1 - i));
+        }
+        Ok(Self(packed))
+    }
+
+    /// The raw packed value, for compact in-memory indexes and hashing.
+    pub fn packed(self) -> u128 {
+        self.0
+    }
+
+    /// Writes the id's characters into `buf` and returns the used part.
+    pub fn as_bytes(self, buf: &mut [u8; MAX_ID_LEN]) -> &[u8] {
+        let mut n = 0;
+        for i in 0..MAX_ID_LEN {
+            let c = ((self.0 >> (6 * (MAX_ID_LEN - 1 - i))) & 63) as u8;
+            if c == 0 {
+                break;
+            }
+            buf[i] = letter(c);
+            n += 1;
+        }
+        &buf[..n]
+    }
+}
+
+impl fmt::Display for SensorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut buf = [0u8; MAX_ID_LEN];
+        // The bytes are ASCII by construction.
+        f.write_str(std::str::from_utf8(self.as_bytes(&mut buf)).unwrap_or("?"))
+    }
+}
+
+impl fmt::Debug for SensorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SensorId({self})")
+    }
+}
+
+impl FromStr for SensorId {
+    type Err = SensorIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+impl Serialize for SensorId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for SensorId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Whether latch currently hears from a sensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Connection {
+    /// Never reported.
+    Unknown,
+    /// Reported within its heartbeat timeout.
+    Online,
+    /// Silent for longer than its heartbeat timeout.
+    Lost,
+}
+
+impl Connection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Connection::Unknown => "unknown",
+            Connection::Online => "online",
+            Connection::Lost => "lost",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "unknown" => Some(Connection::Unknown),
+            "online" => Some(Connection::Online),
+            "lost" => Some(Connection::Lost),
+            _ => None,
+        }
+    }
+}
+
+/// A registered sensor as the registry keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sensor {
+    pub id: SensorId,
+    pub address: String,
+    /// Overrides the service-wide heartbeat timeout for this sensor.
+    pub heartbeat_timeout_s: Option<u32>,
+    pub created_at: crate::domain::time::Millis,
+}
+
+/// The current state of a sensor, as the API reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SensorStatus {
+    pub data: Option<bool>,
+    pub changed_at: Option<crate::domain::time::Millis>,
+    pub last_seen_at: Option<crate::domain::time::Millis>,
+    pub connection: Connection,
+}
+
+impl Default for SensorStatus {
+    fn default() -> Self {
+        Self {
+            data: None,
+            changed_at: None,
+            last_seen_at: None,
+            connection: Connection::Unknown,
+        }
+    }
+}
+
+/// Checks an install address: non-empty after trimming, and of a sane length.
+pub fn validate_address(address: &str) -> Result<(), String> {
+    if address.trim().is_empty() {
+        return Err("address must not be empty".into());
+    }
+    if address.len() > 1024 {
+        return Err("address must be at most 1024 bytes".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_samples_are_valid_and_round_trip() {
+        for s in [
+            "xa7v9Dfadr7H",
+            "0xA",
+            "TestSensor",
+            "0123456789aBcDeF",
+            "z",
+            "0",
+        ] {
+            let id = SensorId::parse(s).unwrap();
+            assert_eq!(id.to_string(), s);
+        }
+    }
+
+    #[test]
+    fn bad_ids_are_rejected_with_a_reason() {
+        assert_eq!(SensorId::parse(""), Err(SensorIdError::Empty));
+        assert_eq!(
+            SensorId::parse("0123456789aBcDeFx"),
+            Err(SensorIdError::TooLong(17))
+        );
+        assert_eq!(
+            SensorId::parse("ab cd"),
+            Err(SensorIdError::BadChar(' ', 2))
+        );
+        assert_eq!(SensorId::parse("a-b"), Err(SensorIdError::BadChar('-', 1)));
+        assert_eq!(SensorId::parse("café"), Err(SensorIdError::BadChar('é', 3)));
+        assert_eq!(SensorId::parse("a_b"), Err(SensorIdError::BadChar('_', 1)));
+    }
+
+    #[test]
+    fn packed_order_is_string_order() {
+        let mut ids = vec![
+            "b",
+            "a",
+            "ab",
+            "B",
+            "9",
+            "0",
+            "aa",
+            "Z",
+            "z",
+            "a0",
+            "zzzzzzzzzzzzzzzz",
+        ];
+        let mut packed: Vec<SensorId> = ids.iter().map(|s| SensorId::parse(s).unwrap()).collect();
+        ids.sort();
+        packed.sort();
+        let back: Vec<String> = packed.iter().map(|p| p.to_string()).collect();
+        assert_eq!(back, ids);
+    }
+
+    #[test]
+    fn case_matters() {
+        assert_ne!(
+            SensorId::parse("abc").unwrap(),
+            SensorId::parse("ABC").unwrap()
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! The engine: change detection on in-memory shards, group-committed.
+//!
+//! Readings are routed by hash of sensor id to a shard task that owns those sensors'
+//! current state, so change detection is a map look-up, never a database round trip.
+//! A shard takes whatever readings have queued up, applies them to a scratch copy of the
+//! touched sensors, and hands the effects ([`effects::CommitBatch`]) to the committer; only
+//! when the commit is durable does it keep the new state and answer the callers. A failed
+//! commit therefore leaves memory exactly as the store is, and nothing is acknowledged.
+
+pub mod effects;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{Millis, Reading, Rejection, SensorId};
+use effects::{CommitBatch, ReadingRecord, StateUpdate};
+use rules::{Change, SensorState};
+
+/// Errors of the engine.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("the engine is shutting down")]
+    Closed,
+    #[error("could not make the readings durable: {0}")]
+    Commit(String),
+}
+
+/// A batch of effects waiting to be made durable; `reply` says whether it was.
+pub struct CommitRequest {
+    pub batch: CommitBatch,
+    pub reply: oneshot::Sender<Result<(), String>>,
+}
+
+/// Per-reading results: `None` accepted, `Some(reason)` rejected.
+pub type Verdicts = Vec<Option<Rejection>>;
+
+enum ShardMsg {
+    Readings {
+        readings: Vec<Reading>,
+        received_at: Millis,
+        reply: oneshot::Sender<Result<Verdicts, Error>>,
+    },
+    Upsert {
+        id: SensorId,
+        heartbeat_timeout_s: Option<u32>,
+    },
+    Remove {
+        id: SensorId,
+    },
+}
+
+/// Handle to the engine's shards; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    shards: Vec<mpsc::Sender<ShardMsg>>,
+    hasher: std::hash::RandomState,
+}
+
+impl Engine {
+    /// Starts `shards` shard tasks holding `sensors` and committing through `commits`.
+    /// The shards stop when `stop` is cancelled, after finishing what is queued.
+    pub fn start(
+        shards: usize,
+        batch_max: usize,
+        sensors: impl IntoIterator<Item = (SensorId, SensorState)>,
+        commits: mpsc::Sender<CommitRequest>,
+        stop: CancellationToken,
+        tracker: &tokio_util::task::TaskTracker,
+    ) -> Self {
+        let hasher = std::hash::RandomState::new();
+        let mut maps: Vec<HashMap<SensorId, SensorState>> =
+            (0..shards).map(|_| HashMap::new()).collect();
+        for (id, state) in sensors {
+            maps[shard_of(&hasher, id, shards)].insert(id, state);
+        }
+        let mut senders = Vec::with_capacity(shards);
+        for map in maps {
+            let (tx, rx) = mpsc::channel(1024);
+            senders.push(tx);
+            let shard = Shard {
+                map,
+                rx,
+                commits: commits.clone(),
+                batch_max,
+            };
+            tracker.spawn(shard.run(stop.clone()));
+        }
+        Self {
+            shards: senders,
+            hasher,
+        }
+    }
+
+    fn shard(&self, id: SensorId) -> usize {
+        shard_of(&self.hasher, id, self.shards.len())
+    }
+
+    /// Applies readings received at `received_at`; answers once their effects are durable,
+    /// with a verdict per reading in input order.
+    pub async fn submit(
+        &self,
+        readings: Vec<Reading>,
+        received_at: Millis,
+    ) -> Result<Verdicts, Error> {
+        let n = self.shards.len();
+        let mut parts: Vec<(Vec<usize>, Vec<Reading>)> = vec![(vec![], vec![]); n];
+        for (i, r) in readings.into_iter().enumerate() {
+            let s = self.shard(r.sensor_id);
+            parts[s].0.push(i);
+            parts[s].1.push(r);
+        }
+        let total: usize = parts.iter().map(|p| p.0.len()).sum();
+        let mut waits = Vec::new();
+        for (s, (idx, rs)) in parts.into_iter().enumerate() {
+            if rs.is_empty() {
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            self.shards[s]
+                .send(ShardMsg::Readings {
+                    readings: rs,
+                    received_at,
+                    reply: tx,
+                })
+                .await
+                .map_err(|_| Error::Closed)?;
+            waits.push((idx, rx));
+        }
+        let mut out = vec![None; total];
+        for (idx, rx) in waits {
+            let verdicts = rx.await.map_err(|_| Error::Closed)??;
+            for (i, v) in idx.into_iter().zip(verdicts) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Starts tracking a new sensor, or changes a tracked one's timeout.
+    pub async fn upsert_sensor(
+        &self,
+        id: SensorId,
+        heartbeat_timeout_s: Option<u32>,
+    ) -> Result<(), Error> {
+        self.shards[self.shard(id)]
+            .send(ShardMsg::Upsert {
+                id,
+                heartbeat_timeout_s,
+            })
+            .await
+            .map_err(|_| Error::Closed)
+    }
+
+    /// Stops tracking a deleted sensor; its later readings are rejected as unknown.
+    pub async fn remove_sensor(&self, id: SensorId) -> Result<(), Error> {
+        self.shards[self.shard(id)]
+            .send(ShardMsg::Remove { id })
+            .await
+            .map_err(|_| Error::Closed)
+    }
+}
+
+fn shard_of(hasher: &std::hash::RandomState, id: SensorId, n: usize) -> usize {
+    let mut h = hasher.build_hasher();
+    id.hash(&mut h);
+    (h.finish() % n as u64) as usize
+}
+
+struct Shard {
+    map: HashMap<SensorId, SensorState>,
+    rx: mpsc::Receiver<ShardMsg>,
+    commits: mpsc::Sender<CommitRequest>,
+    batch_max: usize,
+}
+
+/// Readings applied but not yet durable, with the callers waiting on them.
+#[derive(Default)]
+struct Pending {
+    scratch: HashMap<SensorId, SensorState>,
+    batch: CommitBatch,
+    replies: Vec<(oneshot::Sender<Result<Verdicts, Error>>, Verdicts)>,
+    readings: usize,
+}
+
+impl Shard {
+    async fn run(mut self, stop: CancellationToken) {
+        loop {
+            let first = tokio::select! {
+                m = self.rx.recv() => m,
+                _ = stop.cancelled() => {
+                    // Finish what callers already queued, then leave.
+                    self.rx.close();
+                    self.rx.recv().await
+                }
+            };
+            let Some(first) = first else { break };
+            let mut pending = Pending::default();
+            self.handle(first, &mut pending).await;
+            while pending.readings < self.batch_max {
+                match self.rx.try_recv() {
+                    Ok(m) => self.handle(m, &mut pending).await,
+                    Err(_) => break,
+                }
+            }
+            self.flush(pending).await;
+        }
+    }
+
+    async fn handle(&mut self, msg: ShardMsg, pending: &mut Pending) {
+        match msg {
+            ShardMsg::Readings {
+                readings,
+                received_at,
+                reply,
+            } => {
+                let verdicts = readings
+                    .iter()
+                    .map(|r| self.apply(r, received_at, pending))
+                    .collect();
+                pending.readings += readings.len();
+                pending.replies.push((reply, verdicts));
+            }
+            // Registry changes are rare: commit what came before them, so that readings
+            // queued before a delete or a timeout change see the registry they were sent to.
+            ShardMsg::Upsert {
+                id,
+                heartbeat_timeout_s,
+            } => {
+                self.flush(std::mem::take(pending)).await;
+                self.map
+                    .entry(id)
+                    .or_insert_with(|| SensorState::new(heartbeat_timeout_s))
+                    .heartbeat_timeout_s = heartbeat_timeout_s;
+            }
+            ShardMsg::Remove { id } => {
+                self.flush(std::mem::take(pending)).await;
+                self.map.remove(&id);
+            }
+        }
+    }
+
+    fn apply(&self, r: &Reading, received_at: Millis, p: &mut Pending) -> Option<Rejection> {
+        let state = match p.scratch.get_mut(&r.sensor_id) {
+            Some(s) => s,
+            None => {
+                let Some(current) = self.map.get(&r.sensor_id) else {
+                    return Some(Rejection::unknown_sensor(r.sensor_id));
+                };
+                p.scratch.entry(r.sensor_id).or_insert(*current)
+            }
+        };
+        let ts = r.ts.unwrap_or(received_at);
+        let change = rules::apply(
+            r.sensor_id,
+            state,
+            r.data,
+            ts,
+            received_at,
+            &mut p.batch.events,
+        );
+        p.batch.readings.push(ReadingRecord {
+            sensor_id: r.sensor_id,
+            data: r.data,
+            ts,
+            received_at,
+            late: change == Change::Late,
+        });
+        None
+    }
+
+    async fn flush(&mut self, mut p: Pending) {
+        if p.replies.is_empty() {
+            return;
+        }
+        p.batch.states = p
+            .scratch
+            .iter()
+            .map(|(id, s)| StateUpdate {
+                sensor_id: *id,
+                data: s.data,
+                changed_at: s.changed_at,
+                last_ts: s.last_ts,
+                last_seen_at: s.last_seen_at,
+                connection: s.connection,
+            })
+            .collect();
+        let result = if p.batch.is_empty() {
+            Ok(())
+        } else {
+            let (tx, rx) = oneshot::channel();
+            let sent = self
+                .commits
+                .send(CommitRequest {
+                    batch: p.batch,
+                    reply: tx,
+                })
+                .await;
+            match sent {
+                Ok(()) => rx
+                    .await
+                    .unwrap_or_else(|_| Err("the committer stopped".into()))
+                    .map_err(Error::Commit),
+                Err(_) => Err(Error::Closed),
+            }
+        };
+        match result {
+            Ok(()) => {
+                for (id, s) in p.scratch {
+                    if let Some(slot) = self.map.get_mut(&id) {
+                        *slot = s;
+                    }
+                }
+                for (reply, verdicts) in p.replies {
+                    let _ = reply.send(Ok(verdicts));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "Group commit failed; readings not acknowledged.");
+                for (reply, _) in p.replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}

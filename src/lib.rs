@@ -1,0 +1,141 @@
+//! latch watches fleets of binary sensors and tells their owners, reliably, when something
+//! changes.
+//!
+//! # Layout
+//!
+//! - [`domain`]: pure types — sensor ids, readings, clients, events, notifications.
+//! - [`engine`]: change detection on in-memory shards; produces effect batches.
+//! - [`committer`]: group-commits the shards' batches to the store, feeds the dispatcher.
+//! - [`store`]: the `Store` trait and its backends (SQLite embedded by default).
+//! - [`delivery`]: the dispatcher — lanes, retries, signing, webhook sending.
+//! - [`ingest`]: readings in from every source, acknowledged once durable.
+//! - [`api`]: the HTTP API v1, health, metrics, OpenAPI.
+//! - [`config`]: layered settings.
+//!
+//! A reading flows `ingest → engine shard → committer → store`, and a state change it causes
+//! flows on `committer → dispatcher → client URL`. [`run`] wires them together and takes
+//! them down in the reverse order: sources first, then the engine flushes, then the
+//! dispatcher finishes its in-flight attempts.
+
+pub mod api;
+pub mod committer;
+pub mod config;
+pub mod delivery;
+pub mod domain;
+pub mod engine;
+pub mod ingest;
+pub mod store;
+pub mod telemetry;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use config::Config;
+use engine::rules::SensorState;
+
+/// Runs latch on `listener` until `shutdown` completes, then stops gracefully.
+pub async fn run(
+    config: Arc<Config>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let metrics = telemetry::metrics_handle();
+    let store = store::connect(&config).await?;
+
+    let tasks = TaskTracker::new();
+    let dispatcher_stop = CancellationToken::new();
+    let dispatcher = delivery::Dispatcher::start(
+        store.clone(),
+        delivery::Settings::from_config(&config),
+        dispatcher_stop.clone(),
+        config.shutdown_grace,
+        &tasks,
+    )
+    .await?;
+
+    let (commit_tx, commit_rx) = mpsc::channel(64);
+    let committer = tokio::spawn(committer::run(store.clone(), dispatcher.clone(), commit_rx));
+
+    let runtime = store.load_runtime().await?;
+    let sensors = runtime.len();
+    let engine_stop = CancellationToken::new();
+    let engine_tasks = TaskTracker::new();
+    let engine = engine::Engine::start(
+        config.engine_shards as usize,
+        config.engine_batch_max as usize,
+        runtime.into_iter().map(|r| {
+            (
+                r.id,
+                SensorState {
+                    data: r.data,
+                    changed_at: r.changed_at,
+                    last_ts: r.last_ts,
+                    last_seen_at: r.last_seen_at,
+                    connection: r.connection,
+                    heartbeat_timeout_s: r.heartbeat_timeout_s,
+                },
+            )
+        }),
+        commit_tx,
+        engine_stop.clone(),
+        &engine_tasks,
+    );
+    engine_tasks.close();
+
+    let accepting = Arc::new(AtomicBool::new(true));
+    let state = api::AppState {
+        config: config.clone(),
+        store: store.clone(),
+        engine: engine.clone(),
+        ingest: ingest::Ingest::new(engine.clone()),
+        dispatcher,
+        metrics,
+        accepting: accepting.clone(),
+    };
+    let app = api::router(state);
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, sensors, "latch is serving.");
+
+    let stop = CancellationToken::new();
+    let stop_http = stop.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stop_http.cancel();
+    });
+    let accepting_flag = accepting.clone();
+    let stop_signal = stop.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            stop_signal.cancelled().await;
+            accepting_flag.store(false, Ordering::Relaxed);
+            tracing::info!("Shutting down: no new requests.");
+        })
+        .await?;
+
+    // Sources are closed: flush the engine, then let the committer drain.
+    drop(engine);
+    engine_stop.cancel();
+    engine_tasks.wait().await;
+    committer.await?;
+    tracing::info!("Engine flushed.");
+
+    dispatcher_stop.cancel();
+    tasks.close();
+    if tokio::time::timeout(
+        config.shutdown_grace + std::time::Duration::from_secs(5),
+        tasks.wait(),
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!("Delivery did not stop within the grace period.");
+    }
+    tracing::info!("latch stopped.");
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! The `latch` command: parses the CLI, loads settings, sets up logging, runs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "latch",
+    version,
+    about = "Watches binary sensors and notifies their owners, reliably, when something changes."
+)]
+struct Cli {
+    /// Settings file (TOML); ./latch.toml is read when present.
+    #[arg(long, global = true, env = "LATCH_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service.
+    Serve,
+    /// Create or upgrade the store's schema, then exit.
+    Migrate,
+    /// Print the default settings, with comments.
+    Config,
+    /// Print the version.
+    Version,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("latch {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::Config => {
+            print!("{}", latch::config::DEFAULTS);
+            Ok(())
+        }
+        Command::Migrate => {
+            let config = latch::config::Config::load(cli.config.as_deref())?;
+            latch::telemetry::init_tracing(&config.log);
+            tokio::runtime::Runtime::new()?.block_on(async {
+                latch::store::connect(&config).await?;
+                println!("store is up to date");
+                Ok(())
+            })
+        }
+        Command::Serve => {
+            let config = Arc::new(latch::config::Config::load(cli.config.as_deref())?);
+            latch::telemetry::init_tracing(&config.log);
+            tokio::runtime::Runtime::new()?.block_on(async {
+                let listener = tokio::net::TcpListener::bind(config.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {}", config.listen))?;
+                latch::run(config, listener, shutdown_signal()).await
+            })
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("Signal received.");
+}

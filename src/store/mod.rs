@@ -1,0 +1,261 @@
+//! Durable storage behind one trait, so the embedded SQLite default and PostgreSQL are
+//! interchangeable to every caller. SQL lives only below this module.
+//!
+//! The store is the truth; the engine's and dispatcher's in-memory indexes are rebuilt from
+//! it at start ([`Store::load_runtime`], [`Store::load_pending`]).
+
+use async_trait::async_trait;
+
+use crate::domain::{
+    Attempt, Client, Connection, Event, EventKind, Millis, Notification, Sensor, SensorId,
+    SensorStatus, Status,
+};
+pub use crate::engine::effects::{CommitBatch, ReadingRecord, StateUpdate};
+
+pub mod sqlite;
+
+#[cfg(test)]
+mod conformance;
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("invalid cursor")]
+    BadCursor,
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A page request: at most `limit` items after the (decoded) cursor `after`.
+#[derive(Debug, Clone, Default)]
+pub struct PageRequest {
+    pub limit: u32,
+    pub after: Option<String>,
+}
+
+/// A page of results; `next` is the raw cursor of the next page, if there is one.
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// Builds a page from up to `limit + 1` fetched rows: the extra row only proves there
+    /// is a next page, whose cursor is the key of the last row kept.
+    pub fn from_rows(mut rows: Vec<T>, limit: u32, key: impl Fn(&T) -> String) -> Self {
+        let limit = limit as usize;
+        let next = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(key)
+        } else {
+            None
+        };
+        Page { items: rows, next }
+    }
+}
+
+/// A half-open time range `[from, to)`; either end may be open.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TimeRange {
+    pub from: Option<Millis>,
+    pub to: Option<Millis>,
+}
+
+/// What the engine needs of a sensor at start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SensorRuntime {
+    pub id: SensorId,
+    pub heartbeat_timeout_s: Option<u32>,
+    pub data: Option<bool>,
+    pub changed_at: Option<Millis>,
+    pub last_ts: Option<Millis>,
+    pub last_seen_at: Option<Millis>,
+    pub connection: Connection,
+}
+
+/// What the dispatcher needs of a pending notification to schedule it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotificationRef {
+    pub id: String,
+    pub seq: i64,
+    pub client_id: String,
+    pub sensor_id: SensorId,
+    pub kind: EventKind,
+    pub due_at: Millis,
+    pub attempts: u32,
+}
+
+/// A claimed notification with what sending it needs, read from the registry now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sendable {
+    pub notification: Notification,
+    pub url: String,
+    pub secret: String,
+    pub address: String,
+}
+
+/// The answer of a claim for one notification.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// Leased to the caller: send it.
+    Send(Box<Sendable>),
+    /// No longer pending (delivered, superseded, failed, or now cancelled because its client
+    /// is gone or no longer owns the sensor).
+    Done { id: String, status: Status },
+    /// Leased by someone else until then.
+    Leased { id: String, until: Millis },
+}
+
+/// What became of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    Delivered,
+    Retry { next_at: Millis },
+    Failed,
+    Superseded,
+}
+
+/// An attempt and its verdict, recorded in batches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub attempt: Attempt,
+    /// Attempts made including this one.
+    pub attempts: u32,
+    pub verdict: Verdict,
+}
+
+/// Filters of the notification list.
+#[derive(Debug, Clone, Default)]
+pub struct NotificationFilter {
+    pub client_id: Option<String>,
+    pub sensor_id: Option<SensorId>,
+    pub status: Option<Status>,
+}
+
+/// Sensor with its current status, as the API shows it.
+pub type SensorView = (Sensor, SensorStatus);
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Cheap liveness check of the backend (readiness).
+    async fn ping(&self) -> Result<()>;
+
+    // --- registry: sensors
+    /// `Conflict` if the id exists.
+    async fn create_sensor(&self, sensor: Sensor) -> Result<()>;
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>>;
+    async fn list_sensors(
+        &self,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>>;
+    /// Replaces address and timeout; `None` if the sensor does not exist.
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        heartbeat_timeout_s: Option<u32>,
+    ) -> Result<Option<SensorView>>;
+    /// Deletes the sensor, its links, state and history; cancels its pending notifications.
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool>;
+
+    // --- registry: clients
+    async fn create_client(&self, client: Client) -> Result<()>;
+    async fn get_client(&self, id: String) -> Result<Option<Client>>;
+    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>>;
+    /// `false` if the client does not exist.
+    async fn replace_client(&self, client: Client) -> Result<bool>;
+    /// Deletes the client and its links; cancels its pending notifications.
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool>;
+
+    // --- registry: links
+    /// Idempotent; `NotFound("client")` or `NotFound("sensor")` when one is missing.
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()>;
+    /// Idempotent; `NotFound` as for `link`.
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()>;
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>>;
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>>;
+
+    // --- engine
+    /// Every registered sensor with its last committed state.
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>>;
+    /// Makes a batch durable in one transaction and returns the notifications it created,
+    /// in outbox order. Older pending, unleased state notifications of a sensor with a new
+    /// state change become `superseded` in the same transaction.
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>>;
+
+    // --- history
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<ReadingRecord>>;
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Event>>;
+
+    // --- delivery
+    /// Every pending notification, in outbox order.
+    async fn load_pending(&self) -> Result<Vec<NotificationRef>>;
+    /// Leases the given pending notifications to `node` until `lease_until`, reading each
+    /// one's URL, secret and address from the registry; cancels those whose client is gone
+    /// or no longer linked to the sensor.
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>>;
+    /// Records attempts and their verdicts, releasing the leases.
+    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()>;
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>>;
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>>;
+    /// Puts a `failed` notification back to `pending`, due now, with a fresh attempt budget.
+    /// `NotFound`, or `Conflict` when it is not failed or a newer state of its sensor was
+    /// notified to the client since.
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef>;
+    /// Pending notifications counted, for the gauge.
+    async fn count_pending(&self) -> Result<u64>;
+}
+
+/// Opens the store the configuration names.
+pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    match &config.database_url {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            anyhow::bail!(
+                "database_url: the PostgreSQL backend is not available in this build yet; unset LATCH_DATABASE_URL to use the embedded store"
+            )
+        }
+        Some(url) => anyhow::bail!(
+            "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"
+        ),
+        None => {
+            let store = sqlite::SqliteStore::open(&config.data_dir, config.sqlite_synchronous)?;
+            Ok(std::sync::Arc::new(store))
+        }
+    }
+}

@@ -1,0 +1,1068 @@
+//! The embedded store: SQLite in WAL mode, one writer connection and a few readers.
+//!
+//! SQLite allows one writer at a time, so writes share one connection behind a mutex and
+//! the engine makes them count by committing whole batches in one transaction. Readers get
+//! their own connections: in WAL mode they never block the writer nor wait for it. All
+//! calls run on Tokio's blocking pool, since rusqlite is synchronous.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+
+use super::{
+    Claim, CommitBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
+    ReadingRecord, Result, Sendable, SensorRuntime, SensorView, Store, TimeRange, Verdict,
+};
+use crate::domain::{
+    Attempt, Client, Connection as Conn, Event, EventKind, Millis, Notification, Sensor, SensorId,
+    SensorStatus, Status, notification::new_notification_id,
+};
+
+const READERS: usize = 4;
+
+/// Schema versions, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[include_str!("migrations/sqlite/0001_init.sql")];
+
+/// How hard SQLite syncs to disk at each commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync at every commit: survives power loss. The default.
+    Full,
+    /// fsync at checkpoints only: survives a crash of latch, not of the machine.
+    Normal,
+}
+
+struct Inner {
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+}
+
+/// SQLite implementation of [`Store`].
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+fn backend(e: rusqlite::Error) -> Error {
+    Error::Backend(e.to_string())
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        backend(e)
+    }
+}
+
+fn open_conn(path: &Path, sync: Synchronous) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        match sync {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        },
+    )?;
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `latch.db` in `dir` and brings its schema up to date.
+    pub fn open(dir: &Path, sync: Synchronous) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("data_dir: cannot create {}: {e}", dir.display()))?;
+        let path = dir.join("latch.db");
+        let mut writer = open_conn(&path, sync)?;
+        migrate(&mut writer)?;
+        let readers = (0..READERS)
+            .map(|_| open_conn(&path, sync).map(Mutex::new))
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                writer: Mutex::new(writer),
+                readers,
+                next_reader: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
+            let conn = inner.readers[i].lock().unwrap_or_else(|p| p.into_inner());
+            f(&conn)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+    }
+}
+
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+// --- row mapping -----------------------------------------------------------------------
+
+fn sensor_id(s: &str) -> rusqlite::Result<SensorId> {
+    SensorId::parse(s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+fn opt_bool(v: Option<i64>) -> Option<bool> {
+    v.map(|v| v != 0)
+}
+
+const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
+     st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown')";
+
+fn sensor_view(r: &Row) -> rusqlite::Result<SensorView> {
+    let id: String = r.get(0)?;
+    let conn: String = r.get(7)?;
+    Ok((
+        Sensor {
+            id: sensor_id(&id)?,
+            address: r.get(1)?,
+            heartbeat_timeout_s: r.get(2)?,
+            created_at: r.get(3)?,
+        },
+        SensorStatus {
+            data: opt_bool(r.get(4)?),
+            changed_at: r.get(5)?,
+            last_seen_at: r.get(6)?,
+            connection: Conn::parse(&conn).unwrap_or(Conn::Unknown),
+        },
+    ))
+}
+
+const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at";
+
+fn client(r: &Row) -> rusqlite::Result<Client> {
+    Ok(Client {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        url: r.get(2)?,
+        secret: r.get(3)?,
+        created_at: r.get(4)?,
+    })
+}
+
+const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, n.previous, \
+     n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, n.created_at, \
+     n.updated_at";
+
+fn notification(r: &Row) -> rusqlite::Result<Notification> {
+    let sensor: String = r.get(3)?;
+    let kind: String = r.get(4)?;
+    let status: String = r.get(9)?;
+    Ok(Notification {
+        id: r.get(0)?,
+        seq: r.get(1)?,
+        client_id: r.get(2)?,
+        sensor_id: sensor_id(&sensor)?,
+        kind: EventKind::parse(&kind).unwrap_or(EventKind::StateChanged),
+        data: opt_bool(r.get(5)?),
+        previous: opt_bool(r.get(6)?),
+        occurred_at: r.get(7)?,
+        last_seen_at: r.get(8)?,
+        status: Status::parse(&status).unwrap_or(Status::Pending),
+        attempts: r.get(10)?,
+        next_attempt_at: r.get(11)?,
+        created_at: r.get(12)?,
+        updated_at: r.get(13)?,
+    })
+}
+
+fn notification_ref(n: &Notification) -> NotificationRef {
+    NotificationRef {
+        id: n.id.clone(),
+        seq: n.seq,
+        client_id: n.client_id.clone(),
+        sensor_id: n.sensor_id,
+        kind: n.kind,
+        due_at: n.next_attempt_at.unwrap_or(n.created_at),
+        attempts: n.attempts,
+    }
+}
+
+/// A cursor made of a time and a row id, `"{ms}:{id}"`.
+fn split_cursor(c: &str) -> Result<(i64, i64)> {
+    let (a, b) = c.split_once(':').ok_or(Error::BadCursor)?;
+    Ok((
+        a.parse().map_err(|_| Error::BadCursor)?,
+        b.parse().map_err(|_| Error::BadCursor)?,
+    ))
+}
+
+fn limit_plus_one(p: &PageRequest) -> i64 {
+    p.limit as i64 + 1
+}
+
+/// Cancels pending notifications matching `cond` (a WHERE fragment over `notifications`).
+fn cancel_pending(tx: &Transaction, cond: &str, arg: &str, now: Millis) -> rusqlite::Result<usize> {
+    tx.execute(
+        &format!(
+            "UPDATE notifications SET status = 'cancelled', updated_at = ?2, lease_until = NULL, \
+             claimed_by = NULL WHERE status = 'pending' AND {cond} = ?1"
+        ),
+        params![arg, now],
+    )
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ping(&self) -> Result<()> {
+        self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
+    }
+
+    async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        self.write(move |c| {
+            let n = c.execute(
+                "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+                params![
+                    s.id.to_string(),
+                    s.address,
+                    s.heartbeat_timeout_s,
+                    s.created_at
+                ],
+            )?;
+            if n == 0 {
+                return Err(Error::Conflict(format!(
+                    "sensor \"{}\" already exists",
+                    s.id
+                )));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                 ON st.sensor_id = s.id WHERE s.id = ?1"
+            ))?
+            .query_row([id.to_string()], sensor_view)
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn list_sensors(
+        &self,
+        connection: Option<Conn>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| {
+            let after = page.after.clone().unwrap_or_default();
+            let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.id > ?1 \
+                     AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) \
+                     ORDER BY s.id LIMIT ?3"
+                ))?
+                .query_map(
+                    params![after, conn_filter, limit_plus_one(&page)],
+                    sensor_view,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+        })
+        .await
+    }
+
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        timeout: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        let n = self
+            .write(move |c| {
+                Ok(c.execute(
+                    "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3 WHERE id = ?1",
+                    params![id.to_string(), address, timeout],
+                )?)
+            })
+            .await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.get_sensor(id).await
+    }
+
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        self.write(move |c| {
+            let id = id.to_string();
+            let tx = c.transaction()?;
+            let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
+            if n > 0 {
+                for table in ["sensor_state", "links", "readings", "events"] {
+                    tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
+                }
+                cancel_pending(&tx, "sensor_id", &id, now)?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn create_client(&self, cl: Client) -> Result<()> {
+        self.write(move |c| {
+            let n = c.execute(
+                "INSERT INTO clients (id, name, url, secret, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (id) DO NOTHING",
+                params![cl.id, cl.name, cl.url, cl.secret, cl.created_at],
+            )?;
+            if n == 0 {
+                return Err(Error::Conflict(format!("client \"{}\" already exists", cl.id)));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_client(&self, id: String) -> Result<Option<Client>> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {CLIENT_COLS} FROM clients c WHERE c.id = ?1"
+            ))?
+            .query_row([id], client)
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
+        self.read(move |c| {
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > ?1 ORDER BY c.id LIMIT ?2"
+                ))?
+                .query_map(
+                    params![
+                        page.after.clone().unwrap_or_default(),
+                        limit_plus_one(&page)
+                    ],
+                    client,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+        })
+        .await
+    }
+
+    async fn replace_client(&self, cl: Client) -> Result<bool> {
+        self.write(move |c| {
+            Ok(c.execute(
+                "UPDATE clients SET name = ?2, url = ?3, secret = ?4 WHERE id = ?1",
+                params![cl.id, cl.name, cl.url, cl.secret],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let n = tx.execute("DELETE FROM clients WHERE id = ?1", [&id])?;
+            tx.execute("DELETE FROM links WHERE client_id = ?1", [&id])?;
+            cancel_pending(&tx, "client_id", &id, now)?;
+            tx.commit()?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            check_pair(&tx, &client_id, sensor_id)?;
+            tx.execute(
+                "INSERT INTO links (client_id, sensor_id, created_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT DO NOTHING",
+                params![client_id, sensor_id.to_string(), now],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            check_pair(&tx, &client_id, sensor_id)?;
+            tx.execute(
+                "DELETE FROM links WHERE client_id = ?1 AND sensor_id = ?2",
+                params![client_id, sensor_id.to_string()],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| {
+            if !exists(c, "SELECT 1 FROM clients WHERE id = ?1", &client_id)? {
+                return Err(Error::NotFound("client"));
+            }
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM links l JOIN sensors s ON s.id = l.sensor_id \
+                     LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+                     WHERE l.client_id = ?1 AND s.id > ?2 ORDER BY s.id LIMIT ?3"
+                ))?
+                .query_map(
+                    params![
+                        client_id,
+                        page.after.clone().unwrap_or_default(),
+                        limit_plus_one(&page)
+                    ],
+                    sensor_view,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+        })
+        .await
+    }
+
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>> {
+        self.read(move |c| {
+            let sid = sensor_id.to_string();
+            if !exists(c, "SELECT 1 FROM sensors WHERE id = ?1", &sid)? {
+                return Err(Error::NotFound("sensor"));
+            }
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {CLIENT_COLS} FROM links l JOIN clients c ON c.id = l.client_id \
+                     WHERE l.sensor_id = ?1 AND c.id > ?2 ORDER BY c.id LIMIT ?3"
+                ))?
+                .query_map(
+                    params![
+                        sid,
+                        page.after.clone().unwrap_or_default(),
+                        limit_plus_one(&page)
+                    ],
+                    client,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+        })
+        .await
+    }
+
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        self.read(|c| {
+            let rows = c
+                .prepare(
+                    "SELECT s.id, s.heartbeat_timeout_s, st.data, st.changed_at, st.last_ts, \
+                     st.last_seen_at, COALESCE(st.connection, 'unknown') \
+                     FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id",
+                )?
+                .query_map([], |r| {
+                    let id: String = r.get(0)?;
+                    let conn: String = r.get(6)?;
+                    Ok(SensorRuntime {
+                        id: sensor_id(&id)?,
+                        heartbeat_timeout_s: r.get(1)?,
+                        data: opt_bool(r.get(2)?),
+                        changed_at: r.get(3)?,
+                        last_ts: r.get(4)?,
+                        last_seen_at: r.get(5)?,
+                        connection: Conn::parse(&conn).unwrap_or(Conn::Unknown),
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let created = commit_batch(&tx, &batch, now)?;
+            tx.commit()?;
+            Ok(created)
+        })
+        .await
+    }
+
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<ReadingRecord>> {
+        self.read(move |c| {
+            let (after_ts, after_id) = match &page.after {
+                Some(cur) => split_cursor(cur)?,
+                None => (i64::MIN, i64::MIN),
+            };
+            let rows = c
+                .prepare_cached(
+                    "SELECT id, data, ts, received_at, late FROM readings \
+                     WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+                     ORDER BY ts, id LIMIT ?6",
+                )?
+                .query_map(
+                    params![
+                        sensor_id.to_string(),
+                        range.from.unwrap_or(i64::MIN),
+                        range.to.unwrap_or(i64::MAX),
+                        after_ts,
+                        after_id,
+                        limit_plus_one(&page)
+                    ],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            ReadingRecord {
+                                sensor_id,
+                                data: r.get::<_, i64>(1)? != 0,
+                                ts: r.get(2)?,
+                                received_at: r.get(3)?,
+                                late: r.get::<_, i64>(4)? != 0,
+                            },
+                        ))
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = Page::from_rows(rows, page.limit, |(id, r)| format!("{}:{id}", r.ts));
+            Ok(Page {
+                items: page.items.into_iter().map(|(_, r)| r).collect(),
+                next: page.next,
+            })
+        })
+        .await
+    }
+
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Event>> {
+        self.read(move |c| {
+            let (after_at, after_id) = match &page.after {
+                Some(cur) => split_cursor(cur)?,
+                None => (i64::MIN, i64::MIN),
+            };
+            let rows = c
+                .prepare_cached(
+                    "SELECT id, kind, at, data, previous, last_seen_at FROM events \
+                     WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
+                     ORDER BY at, id LIMIT ?6",
+                )?
+                .query_map(
+                    params![
+                        sensor_id.to_string(),
+                        range.from.unwrap_or(i64::MIN),
+                        range.to.unwrap_or(i64::MAX),
+                        after_at,
+                        after_id,
+                        limit_plus_one(&page)
+                    ],
+                    |r| {
+                        let kind: String = r.get(1)?;
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            Event {
+                                sensor_id,
+                                kind: EventKind::parse(&kind).unwrap_or(EventKind::StateChanged),
+                                at: r.get(2)?,
+                                data: opt_bool(r.get(3)?),
+                                previous: opt_bool(r.get(4)?),
+                                last_seen_at: r.get(5)?,
+                            },
+                        ))
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let page = Page::from_rows(rows, page.limit, |(id, e)| format!("{}:{id}", e.at));
+            Ok(Page {
+                items: page.items.into_iter().map(|(_, e)| e).collect(),
+                next: page.next,
+            })
+        })
+        .await
+    }
+
+    async fn load_pending(&self) -> Result<Vec<NotificationRef>> {
+        self.read(|c| {
+            let rows = c
+                .prepare(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.status = 'pending' \
+                     ORDER BY n.seq"
+                ))?
+                .query_map([], notification)?
+                .map(|n| n.map(|n| notification_ref(&n)))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let mut out = Vec::with_capacity(ids.len());
+            {
+                let mut select = tx.prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS}, n.lease_until, n.claimed_by, c.url, c.secret, s.address, \
+                     l.client_id IS NOT NULL \
+                     FROM notifications n \
+                     LEFT JOIN clients c ON c.id = n.client_id \
+                     LEFT JOIN sensors s ON s.id = n.sensor_id \
+                     LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
+                     WHERE n.id = ?1"
+                ))?;
+                let mut lease = tx.prepare_cached(
+                    "UPDATE notifications SET claimed_by = ?2, lease_until = ?3 WHERE id = ?1",
+                )?;
+                let mut cancel = tx.prepare_cached(
+                    "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
+                )?;
+                for id in ids {
+                    let row = select
+                        .query_row([&id], |r| {
+                            Ok((
+                                notification(r)?,
+                                r.get::<_, Option<i64>>(14)?,
+                                r.get::<_, Option<String>>(15)?,
+                                r.get::<_, Option<String>>(16)?,
+                                r.get::<_, Option<String>>(17)?,
+                                r.get::<_, Option<String>>(18)?,
+                                r.get::<_, bool>(19)?,
+                            ))
+                        })
+                        .optional()?;
+                    let Some((n, lease_at, holder, url, secret, address, linked)) = row else {
+                        out.push(Claim::Done {
+                            id,
+                            status: Status::Cancelled,
+                        });
+                        continue;
+                    };
+                    if n.status != Status::Pending {
+                        out.push(Claim::Done {
+                            id,
+                            status: n.status,
+                        });
+                        continue;
+                    }
+                    if let Some(until) = lease_at
+                        && until > now
+                        && holder.as_deref() != Some(node.as_str())
+                    {
+                        out.push(Claim::Leased { id, until });
+                        continue;
+                    }
+                    match (url, secret, address, linked) {
+                        (Some(url), Some(secret), Some(address), true) => {
+                            lease.execute(params![id, node, lease_until])?;
+                            out.push(Claim::Send(Box::new(Sendable {
+                                notification: n,
+                                url,
+                                secret,
+                                address,
+                            })));
+                        }
+                        _ => {
+                            cancel.execute(params![id, now])?;
+                            out.push(Claim::Done {
+                                id,
+                                status: Status::Cancelled,
+                            });
+                        }
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut attempt = tx.prepare_cached(
+                    "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                let mut update = tx.prepare_cached(
+                    "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
+                     updated_at = ?5, claimed_by = NULL, lease_until = NULL \
+                     WHERE id = ?1 AND status = 'pending'",
+                )?;
+                for o in &outcomes {
+                    let a = &o.attempt;
+                    attempt.execute(params![
+                        a.notification_id,
+                        a.at,
+                        a.status_code,
+                        a.error,
+                        a.duration_ms
+                    ])?;
+                    let (status, next) = match o.verdict {
+                        Verdict::Delivered => (Status::Delivered, None),
+                        Verdict::Retry { next_at } => (Status::Pending, Some(next_at)),
+                        Verdict::Failed => (Status::Failed, None),
+                        Verdict::Superseded => (Status::Superseded, None),
+                    };
+                    update.execute(params![
+                        a.notification_id,
+                        status.as_str(),
+                        o.attempts,
+                        next,
+                        now
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        self.read(move |c| {
+            let Some(n) = c
+                .prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
+                ))?
+                .query_row([&id], notification)
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let attempts = c
+                .prepare_cached(
+                    "SELECT notification_id, at, status_code, error, duration_ms FROM attempts \
+                     WHERE notification_id = ?1 ORDER BY id",
+                )?
+                .query_map([&id], |r| {
+                    Ok(Attempt {
+                        notification_id: r.get(0)?,
+                        at: r.get(1)?,
+                        status_code: r.get(2)?,
+                        error: r.get(3)?,
+                        duration_ms: r.get(4)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Some((n, attempts)))
+        })
+        .await
+    }
+
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        self.read(move |c| {
+            let after: i64 = match &page.after {
+                Some(cur) => cur.parse().map_err(|_| Error::BadCursor)?,
+                None => 0,
+            };
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.seq > ?1 \
+                     AND (?2 IS NULL OR n.client_id = ?2) AND (?3 IS NULL OR n.sensor_id = ?3) \
+                     AND (?4 IS NULL OR n.status = ?4) ORDER BY n.seq LIMIT ?5"
+                ))?
+                .query_map(
+                    params![
+                        after,
+                        filter.client_id,
+                        filter.sensor_id.map(|s| s.to_string()),
+                        filter.status.map(|s| s.as_str()),
+                        limit_plus_one(&page)
+                    ],
+                    notification,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+        })
+        .await
+    }
+
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let n = tx
+                .prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
+                ))?
+                .query_row([&id], notification)
+                .optional()?
+                .ok_or(Error::NotFound("notification"))?;
+            if n.status != Status::Failed {
+                return Err(Error::Conflict(format!(
+                    "only failed notifications can be retried; this one is {}",
+                    n.status.as_str()
+                )));
+            }
+            if n.kind == EventKind::StateChanged {
+                let newer: bool = tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
+                     AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
+                     AND status IN ('pending', 'delivered'))",
+                    params![n.client_id, n.sensor_id.to_string(), n.seq],
+                    |r| r.get(0),
+                )?;
+                if newer {
+                    return Err(Error::Conflict(
+                        "a newer state of this sensor was sent to this client since; \
+                         retrying would deliver an older state after a newer one"
+                            .into(),
+                    ));
+                }
+            }
+            tx.execute(
+                "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
+                 updated_at = ?2, claimed_by = NULL, lease_until = NULL WHERE id = ?1",
+                params![id, now],
+            )?;
+            tx.commit()?;
+            Ok(NotificationRef {
+                id: n.id,
+                seq: n.seq,
+                client_id: n.client_id,
+                sensor_id: n.sensor_id,
+                kind: n.kind,
+                due_at: now,
+                attempts: 0,
+            })
+        })
+        .await
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+}
+
+fn exists(c: &Connection, sql: &str, arg: &str) -> Result<bool> {
+    Ok(c.prepare_cached(sql)?.exists([arg])?)
+}
+
+fn check_pair(tx: &Transaction, client_id: &str, sensor_id: SensorId) -> Result<()> {
+    if !exists(tx, "SELECT 1 FROM clients WHERE id = ?1", client_id)? {
+        return Err(Error::NotFound("client"));
+    }
+    if !exists(
+        tx,
+        "SELECT 1 FROM sensors WHERE id = ?1",
+        &sensor_id.to_string(),
+    )? {
+        return Err(Error::NotFound("sensor"));
+    }
+    Ok(())
+}
+
+/// The body of a group commit. Rows of a sensor deleted meanwhile are skipped (the
+/// `EXISTS` guards), so a delete racing a batch never resurrects state.
+fn commit_batch(
+    tx: &Transaction,
+    batch: &CommitBatch,
+    now: Millis,
+) -> Result<Vec<NotificationRef>> {
+    let mut created = Vec::new();
+    {
+        let mut ins_reading = tx.prepare_cached(
+            "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
+             SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+        )?;
+        for r in &batch.readings {
+            ins_reading.execute(params![
+                r.sensor_id.to_string(),
+                r.ts,
+                r.received_at,
+                r.data as i64,
+                r.late as i64
+            ])?;
+        }
+        let mut upsert_state = tx.prepare_cached(
+            "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1) \
+             ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
+             changed_at = excluded.changed_at, last_ts = excluded.last_ts, \
+             last_seen_at = excluded.last_seen_at, connection = excluded.connection",
+        )?;
+        for s in &batch.states {
+            upsert_state.execute(params![
+                s.sensor_id.to_string(),
+                s.data.map(i64::from),
+                s.changed_at,
+                s.last_ts,
+                s.last_seen_at,
+                s.connection.as_str()
+            ])?;
+        }
+        let mut ins_event = tx.prepare_cached(
+            "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+        )?;
+        let mut linked = tx.prepare_cached("SELECT client_id FROM links WHERE sensor_id = ?1")?;
+        let mut supersede = tx.prepare_cached(
+            "UPDATE notifications SET status = 'superseded', updated_at = ?3 \
+             WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed' \
+             AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
+        )?;
+        let mut ins_notif = tx.prepare_cached(
+            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, occurred_at, \
+             last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?9, ?9, ?9)",
+        )?;
+        for e in &batch.events {
+            let sid = e.sensor_id.to_string();
+            ins_event.execute(params![
+                sid,
+                e.kind.as_str(),
+                e.at,
+                e.data.map(i64::from),
+                e.previous.map(i64::from),
+                e.last_seen_at
+            ])?;
+            let clients = linked
+                .query_map([&sid], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut first_seq = None;
+            for client_id in clients {
+                let id = new_notification_id();
+                ins_notif.execute(params![
+                    id,
+                    client_id,
+                    sid,
+                    e.kind.as_str(),
+                    e.data.map(i64::from),
+                    e.previous.map(i64::from),
+                    e.at,
+                    e.last_seen_at,
+                    now
+                ])?;
+                let seq = tx.last_insert_rowid();
+                first_seq.get_or_insert(seq);
+                created.push(NotificationRef {
+                    id,
+                    seq,
+                    client_id,
+                    sensor_id: e.sensor_id,
+                    kind: e.kind,
+                    due_at: now,
+                    attempts: 0,
+                });
+            }
+            if e.kind == EventKind::StateChanged
+                && let Some(seq) = first_seq
+            {
+                supersede.execute(params![sid, seq, now])?;
+            }
+        }
+    }
+    Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance;
+
+    #[tokio::test]
+    async fn conformance_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+        conformance::run_all(Arc::new(store)).await;
+    }
+
+    #[tokio::test]
+    async fn data_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SensorId::parse("keep").unwrap();
+        {
+            let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+            store
+                .create_sensor(Sensor {
+                    id,
+                    address: "here".into(),
+                    heartbeat_timeout_s: Some(5),
+                    created_at: 1,
+                })
+                .await
+                .unwrap();
+        }
+        let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+        let (s, _) = store.get_sensor(id).await.unwrap().unwrap();
+        assert_eq!(
+            (s.address.as_str(), s.heartbeat_timeout_s),
+            ("here", Some(5))
+        );
+    }
+}
