@@ -143,7 +143,7 @@ mod tests {
         assert_eq!(p.jittered(1, 0.0).as_millis(), 90_000);
         assert_eq!(p.jittered(1, 0.5).as_millis(), 100_000);
         assert!(p.jittered(1, 0.999) <= Duration::from_secs(110));
-        assert_eq!(p.jittered(100, 1.0), Duration::from_secs(3600));
+        assert_eq!(p.jittered(1000, 1.0), Duration::from_secs(3600));
     }
 
     #[test]
