@@ -165,6 +165,17 @@ impl Config {
         if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
             bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");
         }
+        // Settings of parts not built yet fail loudly rather than being ignored.
+        let pending = [
+            ("amqp_url", self.amqp_url.is_some()),
+            ("mqtt_url", self.mqtt_url.is_some()),
+            ("clickhouse_url", self.clickhouse_url.is_some()),
+        ];
+        for (key, set) in pending {
+            if set {
+                bail!("invalid setting `{key}`: this build of latch does not support it yet");
+            }
+        }
         if self.amqp_queue.trim().is_empty() {
             bail!("invalid setting `amqp_queue`: must not be empty");
         }
@@ -319,6 +330,14 @@ mod tests {
         std::fs::write(&file, "lisen = \"x\"\n").unwrap();
         let e = Config::load_from(Some(&file), &[]).unwrap_err().to_string();
         assert!(e.contains("unknown key `lisen`"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_sources_are_refused_not_ignored() {
+        let e = Config::load_from(None, &env(&[("LATCH_AMQP_URL", "amqp://127.0.0.1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("amqp_url"), "{e}");
     }
 
     #[test]

@@ -241,16 +241,27 @@ impl Core {
                 continue;
             }
             if r.kind == EventKind::StateChanged {
-                // The store superseded these in the commit; mirror it. A head in flight
-                // stays: it finishes first and the new one follows.
-                let skip = usize::from(lane.busy);
-                let before = lane.queue.len();
-                let mut i = 0;
-                lane.queue.retain(|e| {
-                    i += 1;
-                    i <= skip || e.kind != EventKind::StateChanged || e.seq > r.seq
-                });
-                self.pending -= before - lane.queue.len();
+                // Older waiting state notifications are superseded. The commit did it in
+                // the store for unleased ones; record it for all, so a head whose lease
+                // was not yet released agrees too. A head in flight stays: it finishes
+                // first and the new one follows.
+                let keep_head = usize::from(lane.busy).min(lane.queue.len());
+                let tail = lane.queue.split_off(keep_head);
+                for e in tail {
+                    if e.kind == EventKind::StateChanged && e.seq < r.seq {
+                        self.pending -= 1;
+                        metrics::counter!("latch_notifications_total", "status" => "superseded")
+                            .increment(1);
+                        let _ = self.recorder.send(Outcome {
+                            notification_id: e.id,
+                            attempt: None,
+                            attempts: e.attempts,
+                            verdict: Verdict::Superseded,
+                        });
+                    } else {
+                        lane.queue.push_back(e);
+                    }
+                }
             }
             let pos = lane
                 .queue
@@ -461,13 +472,14 @@ impl Core {
                         .record((now - seq_ms).max(0) as f64 / 1000.0);
                 }
                 let _ = self.recorder.send(Outcome {
-                    attempt: Attempt {
+                    notification_id: head.id.clone(),
+                    attempt: Some(Attempt {
                         notification_id: head.id.clone(),
                         at: result.at,
                         status_code: result.status_code,
                         error: result.error.clone(),
                         duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
-                    },
+                    }),
                     attempts,
                     verdict,
                 });

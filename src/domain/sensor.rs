@@ -76,12 +76,12 @@ impl SensorId {
     /// Writes the id's characters into `buf` and returns the used part.
     pub fn as_bytes(self, buf: &mut [u8; MAX_ID_LEN]) -> &[u8] {
         let mut n = 0;
-        for i in 0..MAX_ID_LEN {
+        for (i, slot) in buf.iter_mut().enumerate() {
             let c = ((self.0 >> (6 * (MAX_ID_LEN - 1 - i))) & 63) as u8;
             if c == 0 {
                 break;
             }
-            buf[i] = letter(c);
+            *slot = letter(c);
             n += 1;
         }
         &buf[..n]

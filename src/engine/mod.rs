@@ -11,7 +11,7 @@ pub mod effects;
 pub mod rules;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -165,9 +165,7 @@ impl Engine {
 }
 
 fn shard_of(hasher: &std::hash::RandomState, id: SensorId, n: usize) -> usize {
-    let mut h = hasher.build_hasher();
-    id.hash(&mut h);
-    (h.finish() % n as u64) as usize
+    (hasher.hash_one(id) % n as u64) as usize
 }
 
 struct Shard {

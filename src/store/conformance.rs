@@ -345,15 +345,18 @@ async fn record_and_retry(s: &dyn Store) {
         .await
         .unwrap()
         .remove(0);
-    let attempt = |code: Option<u16>| Attempt {
-        notification_id: n.id.clone(),
-        at: 5,
-        status_code: code,
-        error: code.is_none().then(|| "connection refused".to_string()),
-        duration_ms: 3,
+    let attempt = |code: Option<u16>| {
+        Some(Attempt {
+            notification_id: n.id.clone(),
+            at: 5,
+            status_code: code,
+            error: code.is_none().then(|| "connection refused".to_string()),
+            duration_ms: 3,
+        })
     };
     s.record(
         vec![Outcome {
+            notification_id: n.id.clone(),
             attempt: attempt(None),
             attempts: 1,
             verdict: Verdict::Retry { next_at: 99 },
@@ -375,6 +378,7 @@ async fn record_and_retry(s: &dyn Store) {
     ));
     s.record(
         vec![Outcome {
+            notification_id: n.id.clone(),
             attempt: attempt(Some(500)),
             attempts: 2,
             verdict: Verdict::Failed,
@@ -399,6 +403,7 @@ async fn record_and_retry(s: &dyn Store) {
     assert_eq!(attempts.len(), 2, "the attempt log keeps every round");
     s.record(
         vec![Outcome {
+            notification_id: n.id.clone(),
             attempt: attempt(Some(200)),
             attempts: 1,
             verdict: Verdict::Delivered,
@@ -429,13 +434,14 @@ async fn record_and_retry(s: &dyn Store) {
         .remove(0);
     s.record(
         vec![Outcome {
+            notification_id: n.id.clone(),
             attempt: attempt(Some(500)),
             attempts: 10,
             verdict: Verdict::Failed,
         }]
         .into_iter()
         .map(|mut o| {
-            o.attempt.notification_id = old.id.clone();
+            o.notification_id = old.id.clone();
             o
         })
         .collect(),

@@ -125,7 +125,9 @@ pub enum Verdict {
 /// An attempt and its verdict, recorded in batches.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
-    pub attempt: Attempt,
+    pub notification_id: String,
+    /// The attempt made; `None` when the verdict needed none (superseded while waiting).
+    pub attempt: Option<Attempt>,
     /// Attempts made including this one.
     pub attempts: u32,
     pub verdict: Verdict,

@@ -38,6 +38,8 @@ pub enum Synchronous {
 }
 
 struct Inner {
+    /// Held for the store's life: one process per data folder.
+    _lock: std::fs::File,
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
@@ -81,14 +83,33 @@ impl SqliteStore {
     pub fn open(dir: &Path, sync: Synchronous) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("data_dir: cannot create {}: {e}", dir.display()))?;
+        // The embedded store belongs to one process. The lock makes that a fact, which is
+        // what lets us release every lease at open: whoever held them is gone.
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("latch.lock"))?;
+        lock.try_lock().map_err(|_| {
+            anyhow::anyhow!(
+                "data_dir: {} is in use by another latch process",
+                dir.display()
+            )
+        })?;
         let path = dir.join("latch.db");
         let mut writer = open_conn(&path, sync)?;
         migrate(&mut writer)?;
+        writer.execute(
+            "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \
+             WHERE lease_until IS NOT NULL",
+            [],
+        )?;
         let readers = (0..READERS)
             .map(|_| open_conn(&path, sync).map(Mutex::new))
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
+                _lock: lock,
                 writer: Mutex::new(writer),
                 readers,
                 next_reader: AtomicUsize::new(0),
@@ -754,14 +775,15 @@ impl Store for SqliteStore {
                      WHERE id = ?1 AND status = 'pending'",
                 )?;
                 for o in &outcomes {
-                    let a = &o.attempt;
-                    attempt.execute(params![
-                        a.notification_id,
-                        a.at,
-                        a.status_code,
-                        a.error,
-                        a.duration_ms
-                    ])?;
+                    if let Some(a) = &o.attempt {
+                        attempt.execute(params![
+                            o.notification_id,
+                            a.at,
+                            a.status_code,
+                            a.error,
+                            a.duration_ms
+                        ])?;
+                    }
                     let (status, next) = match o.verdict {
                         Verdict::Delivered => (Status::Delivered, None),
                         Verdict::Retry { next_at } => (Status::Pending, Some(next_at)),
@@ -769,7 +791,7 @@ impl Store for SqliteStore {
                         Verdict::Superseded => (Status::Superseded, None),
                     };
                     update.execute(params![
-                        a.notification_id,
+                        o.notification_id,
                         status.as_str(),
                         o.attempts,
                         next,
@@ -1040,6 +1062,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
         conformance::run_all(Arc::new(store)).await;
+    }
+
+    #[test]
+    fn a_data_folder_serves_one_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+        let err = SqliteStore::open(dir.path(), Synchronous::Normal)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("in use by another latch"), "{err}");
     }
 
     #[tokio::test]

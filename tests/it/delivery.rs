@@ -1,0 +1,415 @@
+//! Webhook delivery against real local receivers: order, signatures, retries, dead letters,
+//! supersede, registry at send time, crash safety.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use crate::utils::{Answer, Receiver, TestServer, eventually, unique};
+
+/// Waits until the outbox has nothing pending for `sensor`.
+async fn settled(s: &TestServer, sensor: &str) {
+    eventually(10, "no pending notifications", || async {
+        s.notifications(&format!("sensor_id={sensor}&status=pending"))
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
+async fn setup(s: &TestServer, r: &Receiver) -> (String, String) {
+    let sensor = unique("d");
+    s.sensor(&sensor).await;
+    let client = s.client(&r.url).await;
+    s.link(&client, &sensor).await;
+    (sensor, client)
+}
+
+#[tokio::test]
+async fn linked_clients_get_every_change_in_order_and_nothing_else() {
+    let s = TestServer::start().await;
+    let linked = Receiver::start().await;
+    let other = Receiver::start().await;
+    let (sensor, _) = setup(&s, &linked).await;
+    let unlinked_sensor = unique("u");
+    s.sensor(&unlinked_sensor).await;
+    let other_client = s.client(&other.url).await;
+    let _ = other_client;
+    for d in [1, 1, 1, 0, 0, 1] {
+        s.readings(json!([{"sensor_id": sensor, "data": d}])).await;
+        s.readings(json!([{"sensor_id": unlinked_sensor, "data": d}]))
+            .await;
+        settled(&s, &sensor).await;
+    }
+    let got = linked.wait_for(3, 10).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(linked.count(), 3, "a repeated value notifies nobody");
+    let pairs: Vec<(Value, Value)> = got
+        .iter()
+        .map(|g| (g.body["previous"].clone(), g.body["data"].clone()))
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![
+            (Value::Null, json!(1)),
+            (json!(1), json!(0)),
+            (json!(0), json!(1))
+        ]
+    );
+    let first = &got[0].body;
+    assert_eq!(first["type"], "sensor.state_changed");
+    assert_eq!(first["sensor"]["id"], sensor.as_str());
+    assert_eq!(first["sensor"]["address"], format!("{sensor} street 1"));
+    assert!(first["occurred_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(got[0].headers["content-type"], "application/json");
+    assert_eq!(
+        other.count(),
+        0,
+        "a client not linked to the sensor gets nothing"
+    );
+    let delivered = s
+        .notifications(&format!("sensor_id={sensor}&status=delivered"))
+        .await;
+    assert_eq!(delivered.len(), 3);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn signatures_verify_with_an_independent_hmac() {
+    let s = TestServer::start().await;
+    let r = Receiver::start().await;
+    let (sensor, client) = setup(&s, &r).await;
+    let (_, c) = s.get(&format!("/v1/clients/{client}")).await;
+    let secret = c["secret"].as_str().unwrap().to_string();
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    let got = r.wait_for(1, 10).await;
+    let h = &got[0].headers;
+    let id = h["webhook-id"].to_str().unwrap();
+    let ts = h["webhook-timestamp"].to_str().unwrap();
+    assert_eq!(
+        id,
+        got[0].body["id"].as_str().unwrap(),
+        "webhook-id is the notification id"
+    );
+    let now = chrono::Utc::now().timestamp();
+    assert!((now - ts.parse::<i64>().unwrap()).abs() < 30);
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{ts}.").as_bytes());
+    mac.update(&got[0].raw);
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    );
+    assert_eq!(h["webhook-signature"].to_str().unwrap(), expected);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn failures_are_retried_with_one_id_and_growing_gaps() {
+    let s = TestServer::start().await;
+    let r = Receiver::start().await;
+    r.script([Answer::status(500), Answer::status(502)]);
+    let (sensor, _) = setup(&s, &r).await;
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    let got = r.wait_for(3, 15).await;
+    let ids: Vec<&str> = got
+        .iter()
+        .map(|g| g.headers["webhook-id"].to_str().unwrap())
+        .collect();
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    let gap1 = got[1].at - got[0].at;
+    let gap2 = got[2].at - got[1].at;
+    assert!(gap2 > gap1, "gaps grow: {gap1:?} then {gap2:?}");
+    settled(&s, &sensor).await;
+    let n = &s.notifications(&format!("sensor_id={sensor}")).await[0];
+    assert_eq!(n["status"], "delivered");
+    let (_, detail) = s
+        .get(&format!("/v1/notifications/{}", n["id"].as_str().unwrap()))
+        .await;
+    let codes: Vec<Value> = detail["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status_code"].clone())
+        .collect();
+    assert_eq!(codes, vec![json!(500), json!(502), json!(200)]);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn dead_letters_after_max_attempts_and_replay_delivers() {
+    let s = TestServer::start_with(|c| c.retry_max_attempts = 3).await;
+    let r = Receiver::start().await;
+    r.always(Answer::status(500));
+    let (sensor, _) = setup(&s, &r).await;
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    let failed = eventually(15, "a failed notification", || async {
+        s.notifications(&format!("sensor_id={sensor}&status=failed"))
+            .await
+            .pop()
+    })
+    .await;
+    assert_eq!(r.count(), 3);
+    assert_eq!(failed["attempt_count"], 3);
+    let id = failed["id"].as_str().unwrap().to_string();
+
+    r.always(Answer::status(204));
+    let (st, body) = s
+        .post(&format!("/v1/notifications/{id}/retry"), json!({}))
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], "pending");
+    settled(&s, &sensor).await;
+    let (_, detail) = s.get(&format!("/v1/notifications/{id}")).await;
+    assert_eq!(detail["status"], "delivered");
+    assert_eq!(detail["attempts"].as_array().unwrap().len(), 4);
+    let (st, body) = s
+        .post(&format!("/v1/notifications/{id}/retry"), json!({}))
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "only failed ones replay: {body}");
+    let (st, _) = s.post("/v1/notifications/nope/retry", json!({})).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn gone_stops_at_once() {
+    let s = TestServer::start().await;
+    let r = Receiver::start().await;
+    r.always(Answer::status(410));
+    let (sensor, _) = setup(&s, &r).await;
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    eventually(10, "failed", || async {
+        (!s.notifications(&format!("sensor_id={sensor}&status=failed"))
+            .await
+            .is_empty())
+        .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(r.count(), 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_receiver_never_sees_two_requests_for_one_sensor() {
+    let s = TestServer::start().await;
+    let r = Receiver::start().await;
+    r.always(Answer {
+        status: 200,
+        delay: Duration::from_millis(150),
+        retry_after: None,
+    });
+    let client = s.client(&r.url).await;
+    let sensors: Vec<String> = (0..4).map(|_| unique("slow")).collect();
+    for id in &sensors {
+        s.sensor(id).await;
+        s.link(&client, id).await;
+    }
+    for d in [1, 0, 1, 0, 1] {
+        let batch: Vec<Value> = sensors
+            .iter()
+            .map(|id| json!({"sensor_id": id, "data": d}))
+            .collect();
+        s.readings(Value::Array(batch)).await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for id in &sensors {
+        settled(&s, id).await;
+    }
+    assert_eq!(r.max_inflight_per_sensor(), 1);
+    // Whatever was superseded, each sensor's last delivery carries its final state.
+    let got = r.received();
+    for id in &sensors {
+        let last = got
+            .iter()
+            .rev()
+            .find(|g| g.body["sensor"]["id"] == id.as_str())
+            .unwrap();
+        assert_eq!(last.body["data"], 1, "{id}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_newer_state_supersedes_pending_ones() {
+    let s = TestServer::start_with(|c| c.retry_base = Duration::from_secs(2)).await;
+    let r = Receiver::start().await;
+    r.script([Answer::status(500)]);
+    let (sensor, _) = setup(&s, &r).await;
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    r.wait_for(1, 10).await; // the first attempt failed; a retry waits ~2 s
+    s.readings(json!({"sensor_id": sensor, "data": 0})).await;
+    settled(&s, &sensor).await;
+    let all = s.notifications(&format!("sensor_id={sensor}")).await;
+    let statuses: Vec<&str> = all.iter().map(|n| n["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, vec!["superseded", "delivered"]);
+    let got = r.received();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].body["data"], 0, "the newer state carries the truth");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_url_takes_the_next_attempt() {
+    let s = TestServer::start().await;
+    let old = Receiver::start().await;
+    let new = Receiver::start().await;
+    old.always(Answer::status(503));
+    let (sensor, client) = setup(&s, &old).await;
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    old.wait_for(1, 10).await;
+    let (st, _) = s
+        .put(
+            &format!("/v1/clients/{client}"),
+            json!({"name": "moved", "url": new.url}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let got = new.wait_for(1, 10).await;
+    assert_eq!(
+        got[0].headers["webhook-id"],
+        old.received()[0].headers["webhook-id"]
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn unlinking_cancels_pending_notifications() {
+    let s = TestServer::start().await;
+    let r = Receiver::start().await;
+    r.always(Answer::status(500));
+    let (sensor, client) = setup(&s, &r).await;
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    r.wait_for(1, 10).await;
+    let (st, _) = s
+        .delete(&format!("/v1/clients/{client}/sensors/{sensor}"))
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let n = eventually(10, "cancelled", || async {
+        s.notifications(&format!("sensor_id={sensor}&status=cancelled"))
+            .await
+            .pop()
+    })
+    .await;
+    let sent = r.count();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(r.count(), sent, "nothing is sent after the cancel");
+    assert_eq!(n["client_id"], client.as_str());
+    s.stop().await;
+}
+
+/// Runs the real binary, so it can be killed with SIGKILL.
+struct Process {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Process {
+    fn start(dir: &std::path::Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_latch"))
+            .arg("serve")
+            .env("LATCH_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LATCH_DATA_DIR", dir)
+            .env("LATCH_RETRY_BASE", "300ms")
+            .env("LATCH_RETRY_MAX_DELAY", "1s")
+            .env("LATCH_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    async fn ready(&self, http: &reqwest::Client) {
+        eventually(20, "latch process ready", || async {
+            http.get(format!("{}/readyz", self.base))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ())
+        })
+        .await;
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap(); // SIGKILL on Unix
+        self.child.wait().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn kill_9_with_pending_notifications_then_restart_delivers_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let r = Receiver::start().await;
+    r.always(Answer::status(503));
+    let p = Process::start(dir.path());
+    p.ready(&http).await;
+    let post = |path: &str, body: Value| {
+        let req = http.post(format!("{}{path}", p.base)).json(&body);
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let client = post("/v1/clients", json!({"name": "c", "url": r.url})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sensors: Vec<String> = (0..5).map(|_| unique("k")).collect();
+    for id in &sensors {
+        post("/v1/sensors", json!({"id": id, "address": "a"})).await;
+        http.put(format!("{}/v1/clients/{client}/sensors/{id}", p.base))
+            .send()
+            .await
+            .unwrap();
+    }
+    let batch: Vec<Value> = sensors
+        .iter()
+        .map(|id| json!({"sensor_id": id, "data": 1}))
+        .collect();
+    let ack = post("/v1/readings", Value::Array(batch)).await;
+    assert_eq!(ack["accepted"], 5);
+    r.wait_for(5, 10).await;
+    p.kill9();
+
+    r.always(Answer::status(200));
+    let p = Process::start(dir.path());
+    p.ready(&http).await;
+    let delivered = eventually(20, "all 5 delivered after restart", || async {
+        let body: Value = http
+            .get(format!("{}/v1/notifications?status=delivered", p.base))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let items = body["items"].as_array()?.clone();
+        (items.len() == 5).then_some(items)
+    })
+    .await;
+    let mut got: Vec<&str> = delivered
+        .iter()
+        .map(|n| n["sensor_id"].as_str().unwrap())
+        .collect();
+    let mut want: Vec<&str> = sensors.iter().map(String::as_str).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    p.kill9();
+}

@@ -1,0 +1,6 @@
+//! Integration tests: the real service, on a port-0 listener, used over HTTP like a user.
+
+mod delivery;
+mod readings;
+mod registry;
+mod utils;

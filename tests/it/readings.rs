@@ -1,0 +1,206 @@
+//! HTTP ingest, change detection, state, history, metrics and restart.
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::utils::{TestServer, unique};
+
+#[tokio::test]
+async fn each_reading_is_judged_on_its_own() {
+    let s = TestServer::start().await;
+    let id = unique("r");
+    s.sensor(&id).await;
+    let (st, body) = s
+        .post(
+            "/v1/readings",
+            json!([
+                {"sensor_id": id, "data": 1},
+                {"sensor_id": "neverRegistered", "data": 1},
+                {"sensor_id": id, "data": 2},
+                {"sensor_id": "bad id", "data": 0},
+                {"sensor_id": id, "data": 0, "ts": "last tuesday"},
+                "not an object",
+                {"sensor_id": id, "data": 0, "ts": "2026-01-01T00:00:00Z"},
+            ]),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["accepted"], 2);
+    let codes: Vec<(u64, &str)> = body["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["index"].as_u64().unwrap(), r["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            (1, "unknown_sensor"),
+            (2, "invalid_data"),
+            (3, "invalid_sensor_id"),
+            (4, "invalid_ts"),
+            (5, "not_an_object")
+        ]
+    );
+
+    let (st, body) = s
+        .post("/v1/readings", json!({"sensor_id": id, "data": 1}))
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "a single reading works too");
+    assert_eq!(body["accepted"], 1);
+
+    let r = s
+        .http
+        .post(format!("{}/v1/readings", s.base))
+        .body("{\"sensor_id\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "bad_request");
+
+    let too_many: Vec<Value> = (0..10_001)
+        .map(|_| json!({"sensor_id": id, "data": 1}))
+        .collect();
+    let (st, body) = s.post("/v1/readings", Value::Array(too_many)).await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+
+    let (_, metrics) = s.get("/metrics").await;
+    let metrics = metrics.as_str().unwrap().to_string();
+    assert!(
+        metrics
+            .contains("latch_readings_rejected_total{source=\"http\",reason=\"unknown_sensor\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("latch_readings_accepted_total{source=\"http\"}"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn state_follows_changes_and_ignores_repeats() {
+    let s = TestServer::start().await;
+    let id = unique("st");
+    s.sensor(&id).await;
+    for (d, ts) in [
+        (1, "2026-11-22T10:00:00Z"),
+        (1, "2026-11-22T10:01:00Z"),
+        (0, "2026-11-22T10:02:00Z"),
+    ] {
+        s.readings(json!([{"sensor_id": id, "data": d, "ts": ts}]))
+            .await;
+    }
+    let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(body["status"]["data"], 0);
+    assert_eq!(body["status"]["changed_at"], "2026-11-22T10:02:00.000Z");
+    assert_eq!(body["status"]["connection"], "online");
+    assert!(body["status"]["last_seen_at"].is_string());
+    let (_, events) = s.get(&format!("/v1/sensors/{id}/events")).await;
+    let kinds: Vec<(Value, Value)> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["data"].clone(), e["previous"].clone()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![(json!(1), Value::Null), (json!(0), json!(1))],
+        "{events}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn late_readings_are_kept_but_never_flip_state() {
+    let s = TestServer::start().await;
+    let id = unique("late");
+    s.sensor(&id).await;
+    s.readings(json!([{"sensor_id": id, "data": 1, "ts": "2026-11-22T10:00:00Z"}]))
+        .await;
+    s.readings(json!([{"sensor_id": id, "data": 0, "ts": "2026-11-22T09:00:00Z"}]))
+        .await;
+    let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(body["status"]["data"], 1);
+    let (_, hist) = s.get(&format!("/v1/sensors/{id}/readings")).await;
+    let items = hist["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["ts"], "2026-11-22T09:00:00.000Z");
+    assert_eq!(items[0]["late"], true);
+    assert_eq!(items[1]["late"], false);
+    let (_, events) = s.get(&format!("/v1/sensors/{id}/events")).await;
+    assert_eq!(events["items"].as_array().unwrap().len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn history_ranges_and_pages() {
+    let s = TestServer::start().await;
+    let id = unique("h");
+    s.sensor(&id).await;
+    let batch: Vec<Value> = (0..30)
+        .map(|m| json!({"sensor_id": id, "data": m % 2, "ts": format!("2026-11-22T10:{m:02}:00Z")}))
+        .collect();
+    s.readings(Value::Array(batch)).await;
+    let (st, body) = s
+        .get(&format!(
+            "/v1/sensors/{id}/readings?from=2026-11-22T10:10:00Z&to=2026-11-22T10:20:00Z"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let items = body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 10, "from inclusive, to exclusive");
+    assert_eq!(items[0]["ts"], "2026-11-22T10:10:00.000Z");
+    assert_eq!(items[9]["ts"], "2026-11-22T10:19:00.000Z");
+
+    let mut all = vec![];
+    let mut url = format!("/v1/sensors/{id}/events?limit=7");
+    loop {
+        let (_, body) = s.get(&url).await;
+        all.extend(body["items"].as_array().unwrap().clone());
+        match body["next_cursor"].as_str() {
+            Some(c) => url = format!("/v1/sensors/{id}/events?limit=7&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(
+        all.len(),
+        30,
+        "every reading alternates, so each is a change"
+    );
+    let (st, _) = s
+        .get(&format!("/v1/sensors/{id}/readings?from=yesterday"))
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let (st, _) = s.get("/v1/sensors/nosuchsensor/readings").await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn restart_keeps_registry_state_and_history() {
+    let s = TestServer::start().await;
+    let id = unique("rs");
+    s.sensor(&id).await;
+    let client = s.client("http://127.0.0.1:9/hook").await;
+    s.link(&client, &id).await;
+    s.readings(json!([{"sensor_id": id, "data": 1, "ts": "2026-11-22T10:00:00Z"}]))
+        .await;
+    let dir = s.dir.clone();
+    let keep = s.stop().await;
+
+    let s = TestServer::start_in(&dir, |_| {}).await;
+    let (st, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(body["status"]["data"], 1);
+    // The engine reloaded the state: a repeat is no change, a new value is.
+    s.readings(json!([{"sensor_id": id, "data": 1, "ts": "2026-11-22T10:05:00Z"}]))
+        .await;
+    let (_, events) = s.get(&format!("/v1/sensors/{id}/events")).await;
+    assert_eq!(events["items"].as_array().unwrap().len(), 1);
+    let (_, links) = s.get(&format!("/v1/sensors/{id}/clients")).await;
+    assert_eq!(links["items"][0]["id"], client.as_str());
+    let (_, hist) = s.get(&format!("/v1/sensors/{id}/readings")).await;
+    assert_eq!(hist["items"].as_array().unwrap().len(), 2);
+    s.stop().await;
+    drop(keep);
+}
