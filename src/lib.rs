@@ -69,6 +69,7 @@ pub async fn run(
     let engine = engine::Engine::start(
         config.engine_shards as usize,
         config.engine_batch_max as usize,
+        config.heartbeat_timeout,
         runtime.into_iter().map(|r| {
             (
                 r.id,

@@ -8,6 +8,7 @@
 //! commit therefore leaves memory exactly as the store is, and nothing is acknowledged.
 
 pub mod effects;
+pub mod fleet;
 pub mod rules;
 
 use std::collections::HashMap;
@@ -16,9 +17,16 @@ use std::hash::BuildHasher;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{Millis, Reading, Rejection, SensorId};
+use crate::domain::{
+    Connection, Event, EventKind, Millis, Reading, Rejection, SensorId, time::now_ms,
+};
 use effects::{CommitBatch, ReadingRecord, StateUpdate};
+use fleet::Fleet;
 use rules::{Change, SensorState};
+
+/// Most sensors declared lost in one group commit: a fleet-wide outage is worked off in
+/// batches of this size, interleaved with ingest, instead of one giant transaction.
+pub const EXPIRE_BATCH: usize = 10_000;
 
 /// Errors of the engine.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -63,17 +71,22 @@ pub struct Engine {
 impl Engine {
     /// Starts `shards` shard tasks holding `sensors` and committing through `commits`.
     /// The shards stop when `stop` is cancelled, after finishing what is queued.
+    /// `default_timeout` is the heartbeat timeout of sensors without their own.
     pub fn start(
         shards: usize,
         batch_max: usize,
+        default_timeout: std::time::Duration,
         sensors: impl IntoIterator<Item = (SensorId, SensorState)>,
         commits: mpsc::Sender<CommitRequest>,
         stop: CancellationToken,
         tracker: &tokio_util::task::TaskTracker,
     ) -> Self {
         let hasher = std::hash::RandomState::new();
-        let mut maps: Vec<HashMap<SensorId, SensorState>> =
-            (0..shards).map(|_| HashMap::new()).collect();
+        let resumed_at = now_ms();
+        let timeout_ms = default_timeout.as_millis() as Millis;
+        let mut maps: Vec<Fleet> = (0..shards)
+            .map(|_| Fleet::new(timeout_ms, resumed_at))
+            .collect();
         for (id, state) in sensors {
             maps[shard_of(&hasher, id, shards)].insert(id, state);
         }
@@ -169,7 +182,7 @@ fn shard_of(hasher: &std::hash::RandomState, id: SensorId, n: usize) -> usize {
 }
 
 struct Shard {
-    map: HashMap<SensorId, SensorState>,
+    map: Fleet,
     rx: mpsc::Receiver<ShardMsg>,
     commits: mpsc::Sender<CommitRequest>,
     batch_max: usize,
@@ -182,29 +195,82 @@ struct Pending {
     batch: CommitBatch,
     replies: Vec<(oneshot::Sender<Result<Verdicts, Error>>, Verdicts)>,
     readings: usize,
+    /// Sensors declared lost in this batch.
+    lost: usize,
 }
 
 impl Shard {
     async fn run(mut self, stop: CancellationToken) {
+        let mut stopping = false;
         loop {
-            let first = tokio::select! {
-                m = self.rx.recv() => m,
-                _ = stop.cancelled() => {
-                    // Finish what callers already queued, then leave.
-                    self.rx.close();
-                    self.rx.recv().await
+            let deadline = self.map.next_deadline();
+            let sleep = async {
+                match deadline {
+                    Some(d) => {
+                        let wait = (d - now_ms()).max(0) as u64;
+                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await
+                    }
+                    None => std::future::pending().await,
                 }
             };
-            let Some(first) = first else { break };
+            let first = tokio::select! {
+                m = self.rx.recv() => match m {
+                    Some(m) => Some(m),
+                    None => break,
+                },
+                _ = sleep, if !stopping => None,
+                _ = stop.cancelled(), if !stopping => {
+                    // Finish what callers already queued, then leave.
+                    stopping = true;
+                    self.rx.close();
+                    continue;
+                }
+            };
             let mut pending = Pending::default();
-            self.handle(first, &mut pending).await;
+            if let Some(first) = first {
+                self.handle(first, &mut pending).await;
+            }
             while pending.readings < self.batch_max {
                 match self.rx.try_recv() {
                     Ok(m) => self.handle(m, &mut pending).await,
                     Err(_) => break,
                 }
             }
-            self.flush(pending).await;
+            if !stopping {
+                self.expire(now_ms(), &mut pending);
+            }
+            if !self.flush(pending).await {
+                // The store is failing: do not spin on due sensors meanwhile.
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    }
+
+    /// Declares silent sensors lost, a bounded batch at a time. Sensors that readings in
+    /// this same batch just touched are not silent and are skipped.
+    fn expire(&self, now: Millis, p: &mut Pending) {
+        let expired = self.map.expired(now, EXPIRE_BATCH);
+        if expired.is_empty() {
+            return;
+        }
+        for (id, deadline) in expired {
+            if p.scratch.contains_key(&id) {
+                continue;
+            }
+            let Some(current) = self.map.get(id) else {
+                continue;
+            };
+            let state = p.scratch.entry(id).or_insert(*current);
+            state.connection = Connection::Lost;
+            p.batch.events.push(Event {
+                sensor_id: id,
+                kind: EventKind::ConnectionLost,
+                at: deadline,
+                data: state.data,
+                previous: None,
+                last_seen_at: state.last_seen_at,
+            });
+            p.lost += 1;
         }
     }
 
@@ -228,15 +294,22 @@ impl Shard {
                 id,
                 heartbeat_timeout_s,
             } => {
-                self.flush(std::mem::take(pending)).await;
-                self.map
-                    .entry(id)
-                    .or_insert_with(|| SensorState::new(heartbeat_timeout_s))
-                    .heartbeat_timeout_s = heartbeat_timeout_s;
+                let _ = self.flush(std::mem::take(pending)).await;
+                if self.map.get(id).is_some() {
+                    self.map.set_timeout(id, heartbeat_timeout_s);
+                } else {
+                    self.map.insert(id, SensorState::new(heartbeat_timeout_s));
+                }
             }
             ShardMsg::Remove { id } => {
-                self.flush(std::mem::take(pending)).await;
-                self.map.remove(&id);
+                let _ = self.flush(std::mem::take(pending)).await;
+                if self
+                    .map
+                    .remove(id)
+                    .is_some_and(|s| s.connection == Connection::Lost)
+                {
+                    fleet::lost_gauge(-1.0);
+                }
             }
         }
     }
@@ -245,7 +318,7 @@ impl Shard {
         let state = match p.scratch.get_mut(&r.sensor_id) {
             Some(s) => s,
             None => {
-                let Some(current) = self.map.get(&r.sensor_id) else {
+                let Some(current) = self.map.get(r.sensor_id) else {
                     return Some(Rejection::unknown_sensor(r.sensor_id));
                 };
                 p.scratch.entry(r.sensor_id).or_insert(*current)
@@ -270,9 +343,10 @@ impl Shard {
         None
     }
 
-    async fn flush(&mut self, mut p: Pending) {
-        if p.replies.is_empty() {
-            return;
+    /// Commits a pending batch; `false` when the commit failed.
+    async fn flush(&mut self, mut p: Pending) -> bool {
+        if p.replies.is_empty() && p.lost == 0 {
+            return true;
         }
         p.batch.states = p
             .scratch
@@ -308,19 +382,33 @@ impl Shard {
         match result {
             Ok(()) => {
                 for (id, s) in p.scratch {
-                    if let Some(slot) = self.map.get_mut(&id) {
-                        *slot = s;
+                    let was_lost = self
+                        .map
+                        .update(id, s)
+                        .is_some_and(|old| old.connection == Connection::Lost);
+                    match (was_lost, s.connection == Connection::Lost) {
+                        (false, true) => fleet::lost_gauge(1.0),
+                        (true, false) => fleet::lost_gauge(-1.0),
+                        _ => {}
                     }
+                }
+                if p.lost > 0 {
+                    metrics::counter!("latch_sensors_lost_total").increment(p.lost as u64);
+                    tracing::info!(sensors = p.lost, "Sensors went silent: connection lost.");
                 }
                 for (reply, verdicts) in p.replies {
                     let _ = reply.send(Ok(verdicts));
                 }
+                true
             }
             Err(e) => {
+                // Memory keeps the committed state: readings are refused (their senders
+                // try again) and silent sensors stay due, so the next round retries them.
                 tracing::error!(error = %e, "Group commit failed; readings not acknowledged.");
                 for (reply, _) in p.replies {
                     let _ = reply.send(Err(e.clone()));
                 }
+                false
             }
         }
     }

@@ -70,6 +70,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     record_and_retry(&*store).await;
     leases_exclude_other_nodes(&*store).await;
     deletes_cancel_pending(&*store).await;
+    lost_state_survives_and_filters(&*store).await;
 }
 
 async fn sensors_crud_and_pagination(s: &dyn Store) {
@@ -535,4 +536,57 @@ async fn deletes_cancel_pending(s: &dyn Store) {
             .iter()
             .all(|r| r.id != sid("dl1"))
     );
+}
+
+async fn lost_state_survives_and_filters(s: &dyn Store) {
+    s.create_sensor(sensor("lv1")).await.unwrap();
+    s.create_client(client("lv-a", "http://a/")).await.unwrap();
+    s.link("lv-a".into(), sid("lv1"), 1).await.unwrap();
+    s.commit(change("lv1", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    let lost = CommitBatch {
+        readings: vec![],
+        states: vec![StateUpdate {
+            sensor_id: sid("lv1"),
+            data: Some(true),
+            changed_at: Some(1_000),
+            last_ts: Some(1_000),
+            last_seen_at: Some(1_000),
+            connection: Connection::Lost,
+        }],
+        events: vec![Event {
+            sensor_id: sid("lv1"),
+            kind: EventKind::ConnectionLost,
+            at: 61_000,
+            data: Some(true),
+            previous: None,
+            last_seen_at: Some(1_000),
+        }],
+    };
+    let created = s.commit(lost, 61_000).await.unwrap();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].kind, EventKind::ConnectionLost);
+    let (n, _) = s
+        .get_notification(created[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((n.data, n.last_seen_at), (Some(true), Some(1_000)));
+    let rt = s.load_runtime().await.unwrap();
+    assert_eq!(
+        rt.iter().find(|r| r.id == sid("lv1")).unwrap().connection,
+        Connection::Lost
+    );
+    let lost = s
+        .list_sensors(Some(Connection::Lost), page(1000))
+        .await
+        .unwrap();
+    assert!(lost.items.iter().any(|(x, _)| x.id == sid("lv1")));
+    let events = s
+        .list_events(sid("lv1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(events.items.last().unwrap().kind, EventKind::ConnectionLost);
+    assert_eq!(events.items.last().unwrap().last_seen_at, Some(1_000));
 }

@@ -1,0 +1,374 @@
+//! A shard's sensors: their state, and the deadline index that finds silent ones.
+//!
+//! Sensors live in a slab (`Vec<Slot>`, reused through a free list) indexed by id. Every
+//! online sensor is also on an intrusive doubly-linked list, one list per distinct heartbeat
+//! timeout, ordered by when it was last seen. A reading moves its sensor to the back of its
+//! list (O(1)); the fronts are the next to expire (O(1) to find, O(1) to take). Nothing ever
+//! scans the fleet, and the index costs two `u32` links a sensor. We chose per-timeout lists
+//! over a timing wheel because nearly every sensor shares one timeout, so a list per value is
+//! exact (no tick granularity) and needs no cascading.
+//!
+//! A sensor's deadline is `max(last_seen, resumed_at) + timeout`, `resumed_at` being when
+//! this process started: latch's own downtime is not the sensor's silence. Since that is a
+//! monotone function of `last_seen`, a list ordered by `last_seen` is ordered by deadline.
+
+use std::collections::HashMap;
+
+use super::rules::SensorState;
+use crate::domain::{Connection, Millis, SensorId};
+
+const NIL: u32 = u32::MAX;
+
+/// Moves `latch_sensors_lost`, the number of sensors currently lost, across all shards.
+pub fn lost_gauge(delta: f64) {
+    metrics::gauge!("latch_sensors_lost").increment(delta);
+}
+
+struct Slot {
+    id: SensorId,
+    state: SensorState,
+    prev: u32,
+    next: u32,
+    /// Index in `groups` while on a list.
+    group: Option<u16>,
+}
+
+struct Group {
+    timeout_ms: Millis,
+    head: u32,
+    tail: u32,
+}
+
+/// The sensors of one shard.
+pub struct Fleet {
+    index: HashMap<SensorId, u32>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    groups: Vec<Group>,
+    default_timeout_ms: Millis,
+    resumed_at: Millis,
+}
+
+impl Fleet {
+    pub fn new(default_timeout_ms: Millis, resumed_at: Millis) -> Self {
+        Self {
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            groups: Vec::new(),
+            default_timeout_ms,
+            resumed_at,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn get(&self, id: SensorId) -> Option<&SensorState> {
+        self.index.get(&id).map(|&i| &self.slots[i as usize].state)
+    }
+
+    /// Adds a sensor (or replaces its state), listing it when online.
+    pub fn insert(&mut self, id: SensorId, state: SensorState) {
+        if self.index.contains_key(&id) {
+            self.update(id, state);
+            return;
+        }
+        if state.connection == Connection::Lost {
+            lost_gauge(1.0);
+        }
+        let slot = Slot {
+            id,
+            state,
+            prev: NIL,
+            next: NIL,
+            group: None,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(id, i);
+        if state.connection == Connection::Online {
+            self.link_ordered(i);
+        }
+    }
+
+    /// Forgets a sensor; returns its last state.
+    pub fn remove(&mut self, id: SensorId) -> Option<SensorState> {
+        let i = self.index.remove(&id)?;
+        self.unlink(i);
+        self.free.push(i);
+        Some(self.slots[i as usize].state)
+    }
+
+    /// Takes a committed new state: a sensor seen again moves to the back of its list; one
+    /// that is no longer online leaves it.
+    /// Returns the state it replaced (`None` for an unknown sensor).
+    pub fn update(&mut self, id: SensorId, new: SensorState) -> Option<SensorState> {
+        let &i = self.index.get(&id)?;
+        let old = std::mem::replace(&mut self.slots[i as usize].state, new);
+        if new.heartbeat_timeout_s != old.heartbeat_timeout_s {
+            self.unlink(i);
+            if new.connection == Connection::Online {
+                self.link_ordered(i);
+            }
+            return Some(old);
+        }
+        match new.connection {
+            Connection::Online
+                if old.connection != Connection::Online || new.last_seen_at != old.last_seen_at =>
+            {
+                self.unlink(i);
+                self.link_back(i);
+            }
+            Connection::Online => {}
+            _ => self.unlink(i),
+        }
+        Some(old)
+    }
+
+    /// Changes a sensor's own timeout (`None`: the service default).
+    pub fn set_timeout(&mut self, id: SensorId, timeout_s: Option<u32>) {
+        // The connection does not change here, so the lost gauge stays right.
+        if let Some(s) = self.get(id) {
+            let new = SensorState {
+                heartbeat_timeout_s: timeout_s,
+                ..*s
+            };
+            self.update(id, new);
+        }
+    }
+
+    fn timeout_ms(&self, s: &SensorState) -> Millis {
+        s.heartbeat_timeout_s
+            .map_or(self.default_timeout_ms, |t| t as Millis * 1000)
+    }
+
+    /// When a listed sensor goes lost.
+    fn deadline(&self, i: u32, g: &Group) -> Millis {
+        let s = &self.slots[i as usize].state;
+        s.last_seen_at
+            .unwrap_or(self.resumed_at)
+            .max(self.resumed_at)
+            + g.timeout_ms
+    }
+
+    /// The earliest deadline of all online sensors.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.groups
+            .iter()
+            .filter(|g| g.head != NIL)
+            .map(|g| self.deadline(g.head, g))
+            .min()
+    }
+
+    /// Up to `limit` sensors whose deadline is at or before `now`, oldest first, with
+    /// their deadlines. They stay listed until their lost state is committed.
+    pub fn expired(&self, now: Millis, limit: usize) -> Vec<(SensorId, Millis)> {
+        let mut out = Vec::new();
+        for g in &self.groups {
+            let mut i = g.head;
+            while i != NIL && out.len() < limit {
+                let d = self.deadline(i, g);
+                if d > now {
+                    break;
+                }
+                out.push((self.slots[i as usize].id, d));
+                i = self.slots[i as usize].next;
+            }
+        }
+        out
+    }
+
+    fn group_for(&mut self, timeout_ms: Millis) -> u16 {
+        if let Some(g) = self.groups.iter().position(|g| g.timeout_ms == timeout_ms) {
+            return g as u16;
+        }
+        self.groups.push(Group {
+            timeout_ms,
+            head: NIL,
+            tail: NIL,
+        });
+        (self.groups.len() - 1) as u16
+    }
+
+    fn link_back(&mut self, i: u32) {
+        let t = self.timeout_ms(&self.slots[i as usize].state);
+        let g = self.group_for(t);
+        let tail = self.groups[g as usize].tail;
+        self.link_after(i, g, tail);
+    }
+
+    /// Links in `last_seen` order, walking from the back: a sensor just seen lands at the
+    /// back at once; only a timeout change or a load moves one further in.
+    fn link_ordered(&mut self, i: u32) {
+        let t = self.timeout_ms(&self.slots[i as usize].state);
+        let g = self.group_for(t);
+        let seen = self.slots[i as usize].state.last_seen_at;
+        let mut after = self.groups[g as usize].tail;
+        while after != NIL && self.slots[after as usize].state.last_seen_at > seen {
+            after = self.slots[after as usize].prev;
+        }
+        self.link_after(i, g, after);
+    }
+
+    /// Links `i` into group `g` after node `after` (`NIL`: at the front).
+    fn link_after(&mut self, i: u32, g: u16, after: u32) {
+        let next = if after == NIL {
+            self.groups[g as usize].head
+        } else {
+            self.slots[after as usize].next
+        };
+        {
+            let s = &mut self.slots[i as usize];
+            s.prev = after;
+            s.next = next;
+            s.group = Some(g);
+        }
+        if after == NIL {
+            self.groups[g as usize].head = i;
+        } else {
+            self.slots[after as usize].next = i;
+        }
+        if next == NIL {
+            self.groups[g as usize].tail = i;
+        } else {
+            self.slots[next as usize].prev = i;
+        }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next, group) = {
+            let s = &mut self.slots[i as usize];
+            let r = (s.prev, s.next, s.group.take());
+            s.prev = NIL;
+            s.next = NIL;
+            r
+        };
+        let Some(g) = group else { return };
+        if prev == NIL {
+            self.groups[g as usize].head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.groups[g as usize].tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Millis = 60_000;
+
+    fn id(s: &str) -> SensorId {
+        SensorId::parse(s).unwrap()
+    }
+
+    fn online(seen: Millis, timeout_s: Option<u32>) -> SensorState {
+        SensorState {
+            data: Some(true),
+            changed_at: Some(seen),
+            last_ts: Some(seen),
+            last_seen_at: Some(seen),
+            connection: Connection::Online,
+            heartbeat_timeout_s: timeout_s,
+        }
+    }
+
+    fn names(v: Vec<(SensorId, Millis)>) -> Vec<String> {
+        v.into_iter().map(|(i, _)| i.to_string()).collect()
+    }
+
+    #[test]
+    fn expires_in_last_seen_order_at_the_exact_deadline() {
+        let mut f = Fleet::new(10 * MIN, 0);
+        f.insert(id("b"), online(2 * MIN, None));
+        f.insert(id("a"), online(MIN, None));
+        f.insert(id("c"), online(3 * MIN, None));
+        assert_eq!(f.next_deadline(), Some(11 * MIN));
+        assert!(f.expired(11 * MIN - 1, 10).is_empty());
+        assert_eq!(names(f.expired(12 * MIN, 10)), ["a", "b"]);
+        assert_eq!(f.expired(12 * MIN, 1).len(), 1, "bounded batches");
+    }
+
+    #[test]
+    fn a_reading_moves_a_sensor_to_the_back() {
+        let mut f = Fleet::new(10 * MIN, 0);
+        f.insert(id("a"), online(MIN, None));
+        f.insert(id("b"), online(2 * MIN, None));
+        f.update(id("a"), online(5 * MIN, None));
+        assert_eq!(f.next_deadline(), Some(12 * MIN));
+        assert_eq!(names(f.expired(16 * MIN, 10)), ["b", "a"]);
+    }
+
+    #[test]
+    fn lost_and_unknown_sensors_have_no_deadline() {
+        let mut f = Fleet::new(10 * MIN, 0);
+        f.insert(id("u"), SensorState::new(None));
+        f.insert(id("a"), online(MIN, None));
+        let lost = SensorState {
+            connection: Connection::Lost,
+            ..online(MIN, None)
+        };
+        f.update(id("a"), lost);
+        assert_eq!(f.next_deadline(), None);
+        assert!(f.expired(Millis::MAX / 2, 10).is_empty());
+        // The next reading brings it back on the list.
+        f.update(id("a"), online(30 * MIN, None));
+        assert_eq!(f.next_deadline(), Some(40 * MIN));
+    }
+
+    #[test]
+    fn own_timeouts_win_and_changing_one_keeps_order() {
+        let mut f = Fleet::new(10 * MIN, 0);
+        f.insert(id("def"), online(MIN, None));
+        f.insert(id("fast"), online(MIN + 1000, Some(60)));
+        assert_eq!(f.next_deadline(), Some(2 * MIN + 1000));
+        assert_eq!(names(f.expired(3 * MIN, 10)), ["fast"]);
+        f.insert(id("x"), online(5 * MIN, Some(60)));
+        f.set_timeout(id("def"), Some(60));
+        // "def" was seen before "x": it lands in front of it in the 60 s list.
+        assert_eq!(names(f.expired(7 * MIN, 10)), ["def", "fast", "x"]);
+        f.set_timeout(id("fast"), None);
+        assert_eq!(names(f.expired(7 * MIN, 10)), ["def", "x"]);
+    }
+
+    #[test]
+    fn our_downtime_is_not_the_sensors_silence() {
+        // Seen at minute 1, latch restarted at minute 50 with a 10 minute timeout.
+        let mut f = Fleet::new(10 * MIN, 50 * MIN);
+        f.insert(id("a"), online(MIN, None));
+        assert_eq!(f.next_deadline(), Some(60 * MIN));
+        assert!(f.expired(59 * MIN, 10).is_empty());
+    }
+
+    #[test]
+    fn removed_slots_are_reused_and_unlisted() {
+        let mut f = Fleet::new(10 * MIN, 0);
+        f.insert(id("a"), online(MIN, None));
+        f.insert(id("b"), online(2 * MIN, None));
+        f.remove(id("a"));
+        assert_eq!(f.len(), 1);
+        assert_eq!(names(f.expired(20 * MIN, 10)), ["b"]);
+        f.insert(id("c"), online(3 * MIN, None));
+        assert_eq!(f.slots.len(), 2, "the freed slot was reused");
+        assert_eq!(names(f.expired(20 * MIN, 10)), ["b", "c"]);
+    }
+}

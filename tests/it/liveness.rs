@@ -1,0 +1,223 @@
+//! Sensor liveness: connection lost after silence, restored by the next reading, exactly once
+//! per silence, across restarts.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::utils::{Receiver, TestServer, eventually, unique};
+
+fn ms(v: &Value) -> i64 {
+    latch::domain::time::parse(v.as_str().unwrap()).unwrap()
+}
+
+async fn connection(s: &TestServer, id: &str) -> String {
+    let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    body["status"]["connection"].as_str().unwrap().to_string()
+}
+
+fn of_type<'a>(got: &'a [crate::utils::Received], sensor: &str, kind: &str) -> Vec<&'a Value> {
+    got.iter()
+        .map(|g| &g.body)
+        .filter(|b| b["sensor"]["id"] == sensor && b["type"] == kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn silence_is_lost_once_and_a_reading_restores() {
+    let s = TestServer::start_with(|c| c.heartbeat_timeout = Duration::from_secs(2)).await;
+    let r = Receiver::start().await;
+    let client = s.client(&r.url).await;
+    let id = unique("lv");
+    s.sensor(&id).await;
+    s.link(&client, &id).await;
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    assert_eq!(connection(&s, &id).await, "online");
+
+    let lost = eventually(10, "connection_lost", || async {
+        of_type(&r.received(), &id, "sensor.connection_lost")
+            .first()
+            .map(|b| (*b).clone())
+    })
+    .await;
+    assert_eq!(lost["data"], 1, "the last known state");
+    assert!(lost["previous"].is_null());
+    let last_seen = ms(&lost["last_seen_at"]);
+    let n = s.notifications(&format!("sensor_id={id}")).await;
+    let n = n
+        .iter()
+        .find(|n| n["type"] == "sensor.connection_lost")
+        .unwrap();
+    let detected = ms(&n["created_at"]) - last_seen;
+    assert!(
+        (2000..3000).contains(&detected),
+        "lost {detected} ms after the last reading; timeout 2000 ms"
+    );
+    assert_eq!(connection(&s, &id).await, "lost");
+
+    // Silent on: no second announcement.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        of_type(&r.received(), &id, "sensor.connection_lost").len(),
+        1
+    );
+
+    // The next reading restores, and a different value is a change as well.
+    s.readings(json!({"sensor_id": id, "data": 0})).await;
+    let got = r.wait_for(4, 10).await;
+    let kinds: Vec<&str> = got
+        .iter()
+        .filter(|g| g.body["sensor"]["id"] == id.as_str())
+        .map(|g| g.body["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "sensor.state_changed",
+            "sensor.connection_lost",
+            "sensor.connection_restored",
+            "sensor.state_changed"
+        ]
+    );
+    let restored = of_type(&got, &id, "sensor.connection_restored")[0];
+    assert_eq!(
+        restored["data"], 1,
+        "restored carries the state known before"
+    );
+    assert_eq!(ms(&restored["last_seen_at"]), last_seen);
+    assert_eq!(connection(&s, &id).await, "online");
+    let (_, events) = s.get(&format!("/v1/sensors/{id}/events")).await;
+    let kinds: Vec<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "sensor.state_changed",
+            "sensor.connection_lost",
+            "sensor.connection_restored",
+            "sensor.state_changed"
+        ]
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_sensors_own_timeout_wins_and_the_filter_lists_the_right_ones() {
+    let s = TestServer::start_with(|c| c.heartbeat_timeout = Duration::from_secs(3600)).await;
+    let fast = unique("fast");
+    let slow = unique("slow");
+    let never = unique("never");
+    let (st, body) = s
+        .post(
+            "/v1/sensors",
+            json!({"id": fast, "address": "a", "heartbeat_timeout_s": 1}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    s.sensor(&slow).await;
+    s.sensor(&never).await;
+    s.readings(json!([{"sensor_id": fast, "data": 1}, {"sensor_id": slow, "data": 1}]))
+        .await;
+    eventually(10, "fast sensor lost", || async {
+        (connection(&s, &fast).await == "lost").then_some(())
+    })
+    .await;
+    assert_eq!(
+        connection(&s, &slow).await,
+        "online",
+        "the default hour has not passed"
+    );
+
+    let list = |c: &'static str| {
+        let s = &s;
+        async move {
+            let (st, body) = s
+                .get(&format!("/v1/sensors?connection={c}&limit=1000"))
+                .await;
+            assert_eq!(st, StatusCode::OK);
+            body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(list("lost").await.contains(&fast));
+    assert!(!list("lost").await.contains(&slow));
+    assert!(list("online").await.contains(&slow));
+    assert!(list("unknown").await.contains(&never));
+    assert!(!list("unknown").await.contains(&fast));
+    let (st, _) = s.get("/v1/sensors?connection=sleepy").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+
+    // Giving the slow one a short timeout of its own takes effect at once.
+    let (st, _) = s
+        .put(
+            &format!("/v1/sensors/{slow}"),
+            json!({"address": "a", "heartbeat_timeout_s": 1}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    eventually(10, "slow sensor lost after its timeout shrank", || async {
+        (connection(&s, &slow).await == "lost").then_some(())
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn our_downtime_causes_no_false_alarm_and_lost_stays_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let timeout = |c: &mut latch::config::Config| c.heartbeat_timeout = Duration::from_secs(2);
+    let s = TestServer::start_in(tmp.path(), timeout).await;
+    let r = Receiver::start().await;
+    let client = s.client(&r.url).await;
+    let reporting = unique("rep");
+    let silent = unique("sil");
+    for id in [&reporting, &silent] {
+        s.sensor(id).await;
+        s.link(&client, id).await;
+    }
+    s.readings(json!([{"sensor_id": silent, "data": 1}])).await;
+    eventually(10, "silent sensor lost", || async {
+        (of_type(&r.received(), &silent, "sensor.connection_lost").len() == 1).then_some(())
+    })
+    .await;
+    s.readings(json!([{"sensor_id": reporting, "data": 1}]))
+        .await;
+    s.stop().await;
+
+    // Down for longer than the timeout.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let s = TestServer::start_in(tmp.path(), timeout).await;
+    s.readings(json!([{"sensor_id": reporting, "data": 1}]))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        of_type(&r.received(), &reporting, "sensor.connection_lost").is_empty(),
+        "no false alarm for latch's own downtime"
+    );
+    assert_eq!(
+        connection(&s, &silent).await,
+        "lost",
+        "lost survives the restart"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        of_type(&r.received(), &silent, "sensor.connection_lost").len(),
+        1,
+        "and is not announced again"
+    );
+    // A sensor that stays silent after the restart is lost one timeout after it.
+    eventually(10, "reporting sensor lost after it went quiet", || async {
+        (of_type(&r.received(), &reporting, "sensor.connection_lost").len() == 1).then_some(())
+    })
+    .await;
+    s.stop().await;
+}
