@@ -11,6 +11,7 @@
 //! - [`ingest`]: readings in from every source, acknowledged once durable.
 //! - [`api`]: the HTTP API v1, health, metrics, OpenAPI.
 //! - [`config`]: layered settings.
+//! - [`bench`]: the load generator behind `latch bench`.
 //!
 //! A reading flows `ingest → engine shard → committer → store`, and a state change it causes
 //! flows on `committer → dispatcher → client URL`. [`run`] wires them together and takes
@@ -18,6 +19,7 @@
 //! dispatcher finishes its in-flight attempts.
 
 pub mod api;
+pub mod bench;
 pub mod committer;
 pub mod config;
 pub mod delivery;

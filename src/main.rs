@@ -30,6 +30,27 @@ enum Command {
     Config,
     /// Print the version.
     Version,
+    /// Measure: run a load scenario against an in-process latch.
+    Bench {
+        #[command(subcommand)]
+        scenario: Scenario,
+        /// Where to record the figures.
+        #[arg(long, default_value = "BENCHMARKS.md", global = true)]
+        record: PathBuf,
+        /// Print only; record nothing.
+        #[arg(long, global = true)]
+        no_record: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Readings over HTTP, accepted durably; baseline: raw SQLite inserts.
+    Ingest(latch::bench::ingest::Args),
+    /// State changes to webhooks; baseline: the receiver hammered directly.
+    Deliver(latch::bench::deliver::Args),
+    /// Memory per sensor, restart time, and a whole fleet going silent at once.
+    Fleet(latch::bench::fleet::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,6 +59,26 @@ fn main() -> anyhow::Result<()> {
         Command::Version => {
             println!("latch {}", env!("CARGO_PKG_VERSION"));
             Ok(())
+        }
+        Command::Bench {
+            scenario,
+            record,
+            no_record,
+        } => {
+            latch::telemetry::init_tracing("warn");
+            let command = std::env::args()
+                .enumerate()
+                .map(|(i, a)| if i == 0 { "latch".to_string() } else { a })
+                .collect::<Vec<_>>()
+                .join(" ");
+            tokio::runtime::Runtime::new()?.block_on(async {
+                let report = match scenario {
+                    Scenario::Ingest(a) => latch::bench::ingest::run(a).await?,
+                    Scenario::Deliver(a) => latch::bench::deliver::run(a).await?,
+                    Scenario::Fleet(a) => latch::bench::fleet::run(a).await?,
+                };
+                report.publish(&command, (!no_record).then_some(record.as_path()))
+            })
         }
         Command::Config => {
             print!("{}", latch::config::DEFAULTS);

@@ -71,6 +71,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     leases_exclude_other_nodes(&*store).await;
     deletes_cancel_pending(&*store).await;
     lost_state_survives_and_filters(&*store).await;
+    import_skips_what_exists(&*store).await;
 }
 
 async fn sensors_crud_and_pagination(s: &dyn Store) {
@@ -589,4 +590,30 @@ async fn lost_state_survives_and_filters(s: &dyn Store) {
         .unwrap();
     assert_eq!(events.items.last().unwrap().kind, EventKind::ConnectionLost);
     assert_eq!(events.items.last().unwrap().last_seen_at, Some(1_000));
+}
+
+async fn import_skips_what_exists(s: &dyn Store) {
+    s.create_client(client("im-a", "http://a/")).await.unwrap();
+    s.create_sensor(sensor("im0")).await.unwrap();
+    let sensors: Vec<Sensor> = (0..3).map(|i| sensor(&format!("im{i}"))).collect();
+    let links = vec![
+        ("im-a".to_string(), sid("im1")),
+        ("nobody".to_string(), sid("im2")),
+        ("im-a".to_string(), sid("imX")),
+    ];
+    s.import(sensors, links).await.unwrap();
+    for i in 0..3 {
+        assert!(
+            s.get_sensor(sid(&format!("im{i}")))
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    let linked = s
+        .list_client_sensors("im-a".into(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(linked.items.len(), 1);
+    assert_eq!(linked.items[0].0.id, sid("im1"));
 }

@@ -193,6 +193,10 @@ pub trait Store: Send + Sync + 'static {
         page: PageRequest,
     ) -> Result<Page<Client>>;
 
+    /// Bulk registration for preparing large fleets (benchmarks, imports): sensors that
+    /// exist already and links whose ends are missing are skipped.
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()>;
+
     // --- engine
     /// Every registered sensor with its last committed state.
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>>;

@@ -522,6 +522,38 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut ins = tx.prepare_cached(
+                    "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+                )?;
+                for s in &sensors {
+                    ins.execute(params![
+                        s.id.to_string(),
+                        s.address,
+                        s.heartbeat_timeout_s,
+                        s.created_at
+                    ])?;
+                }
+                let mut link = tx.prepare_cached(
+                    "INSERT INTO links (client_id, sensor_id, created_at) \
+                     SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM clients WHERE id = ?1) \
+                     AND EXISTS (SELECT 1 FROM sensors WHERE id = ?2) ON CONFLICT DO NOTHING",
+                )?;
+                let now = crate::domain::time::now_ms();
+                for (client, sensor) in &links {
+                    link.execute(params![client, sensor.to_string(), now])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
         self.read(|c| {
             let rows = c

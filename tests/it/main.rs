@@ -1,5 +1,6 @@
 //! Integration tests: the real service, on a port-0 listener, used over HTTP like a user.
 
+mod bench;
 mod delivery;
 mod liveness;
 mod readings;

@@ -1,0 +1,225 @@
+//! `latch bench deliver`: state changes in, webhooks out.
+//!
+//! Every reading flips its sensor, and the sensors are many, so each change is delivered
+//! rather than superseded. Latency is from `occurred_at` (the reading's receive time) to
+//! the receiver. Baseline: the same receiver hammered directly with the same payloads and
+//! concurrency — what the receiver and HTTP stack can take at all.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{Receiver, Report, Server, percentile};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Sensors changed in rotation.
+    #[arg(long, default_value_t = 10_000)]
+    pub sensors: usize,
+    /// Clients each sensor is linked to (each with its own receiver).
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
+    /// State changes to send.
+    #[arg(long, default_value_t = 50_000)]
+    pub changes: usize,
+    /// Changes per second to send at; 0 for as fast as accepted.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Share of webhook requests the receivers fail with 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_ratio: f64,
+    /// Requests of the direct-to-receiver baseline.
+    #[arg(long, default_value_t = 20_000)]
+    pub baseline_requests: usize,
+    /// How long to wait for the outbox to drain after the last change.
+    #[arg(long, default_value = "120s", value_parser = crate::config::parse_duration)]
+    pub drain: Duration,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Report> {
+    let (dir, _tmp) = super::data_dir(None)?;
+    let mut receivers = Vec::new();
+    for _ in 0..args.clients {
+        let r = Receiver::start().await?;
+        r.state
+            .fail_per_10k
+            .store((args.fail_ratio * 10_000.0) as u64, Ordering::Relaxed);
+        receivers.push(r);
+    }
+    let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
+    let ids = super::sensor_ids(args.sensors);
+    super::import(&dir, &ids, &clients, None).await?;
+    let mut config = super::config(&dir);
+    config.retry_base = Duration::from_millis(100);
+    config.retry_max_delay = Duration::from_secs(2);
+    let server = Server::start(config).await?;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/readings", server.base);
+
+    // Send: batches of 500 changes; every pass over the sensors flips each one.
+    let started = Instant::now();
+    let batch = 500usize.min(args.changes.max(1));
+    let mut sent = 0usize;
+    let mut pass = 0usize;
+    while sent < args.changes {
+        let n = batch.min(args.changes - sent);
+        let items: Vec<_> = (0..n)
+            .map(|i| {
+                let k = sent + i;
+                if k.is_multiple_of(args.sensors) && k > 0 {
+                    pass += 1;
+                }
+                let data = (k / args.sensors).is_multiple_of(2);
+                json!({"sensor_id": ids[k % args.sensors].to_string(), "data": u8::from(data)})
+            })
+            .collect();
+        let resp = http.post(&url).json(&items).send().await?;
+        anyhow::ensure!(
+            resp.status().as_u16() == 202,
+            "readings refused: {}",
+            resp.status()
+        );
+        sent += n;
+        if args.rate > 0 {
+            let due = started + Duration::from_secs_f64(sent as f64 / args.rate as f64);
+            tokio::time::sleep_until(due.into()).await;
+        }
+    }
+    let send_secs = started.elapsed().as_secs_f64();
+    let expected = (args.changes * args.clients) as u64;
+
+    // Drain: until every notification has ended (delivered, failed, superseded, cancelled).
+    let deadline = Instant::now() + args.drain;
+    let metrics_url = format!("{}/metrics", server.base);
+    loop {
+        let text = http.get(&metrics_url).send().await?.text().await?;
+        if super::metric_sum(&text, "latch_notifications_total") >= expected as f64
+            || Instant::now() >= deadline
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let total_secs = started.elapsed().as_secs_f64();
+    let delivered_n: u64 = receivers
+        .iter()
+        .map(|r| r.state.ok.load(Ordering::Relaxed))
+        .sum();
+    let requests: u64 = receivers
+        .iter()
+        .map(|r| r.state.requests.load(Ordering::Relaxed))
+        .sum();
+    let counts = outbox_counts(&server.base, &http).await?;
+    server.stop().await?;
+
+    let mut lat: Vec<f64> = receivers
+        .iter()
+        .flat_map(|r| r.state.latencies.lock().unwrap().clone())
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let duplicates: u64 = receivers
+        .iter()
+        .map(|r| {
+            r.state
+                .by_id
+                .lock()
+                .unwrap()
+                .values()
+                .map(|n| (*n as u64).saturating_sub(1))
+                .sum::<u64>()
+        })
+        .sum();
+    let baseline = hammer(&receivers[0], 256, args.baseline_requests).await?;
+    let rate = delivered_n as f64 / total_secs;
+
+    let mut r = Report::new("deliver");
+    r.add("changes_sent", args.changes as f64, "changes");
+    r.add("notifications_expected", expected as f64, "notifications");
+    r.add("delivered", delivered_n as f64, "notifications");
+    r.add("failed", counts.0 as f64, "notifications");
+    r.add("superseded", counts.1 as f64, "notifications");
+    r.add("pending_left", counts.2 as f64, "notifications");
+    r.add("webhook_requests", requests as f64, "requests");
+    r.add("duplicate_deliveries", duplicates as f64, "notifications");
+    r.add("send_seconds", send_secs, "s");
+    r.add("delivered_per_s", rate.round(), "webhooks/s");
+    r.add("latency_p50_ms", percentile(&lat, 50.0), "ms");
+    r.add("latency_p99_ms", percentile(&lat, 99.0), "ms");
+    r.add("latency_p999_ms", percentile(&lat, 99.9), "ms");
+    r.add(
+        "baseline_direct_requests_per_s",
+        baseline.round(),
+        "requests/s",
+    );
+    r.add("ratio_to_direct", rate / baseline, "x");
+    r.notes.push(format!(
+        "{} sensors x {} clients, {} changes, rate {}, fail ratio {}; latency from occurred_at \
+         (receive time of the reading) to the receiver; baseline: the receiver hammered \
+         directly by 256 concurrent requests. Passes over the fleet: {}.",
+        args.sensors,
+        args.clients,
+        args.changes,
+        if args.rate == 0 {
+            "max".to_string()
+        } else {
+            format!("{}/s", args.rate)
+        },
+        args.fail_ratio,
+        pass + 1
+    ));
+    Ok(r)
+}
+
+/// (failed, superseded, pending) notifications in the outbox.
+async fn outbox_counts(base: &str, http: &reqwest::Client) -> anyhow::Result<(u64, u64, u64)> {
+    let mut out = [0u64; 3];
+    for (i, status) in ["failed", "superseded", "pending"].iter().enumerate() {
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut u = format!("{base}/v1/notifications?status={status}&limit=1000");
+            if let Some(c) = &cursor {
+                u.push_str(&format!("&cursor={c}"));
+            }
+            let v: serde_json::Value = http.get(&u).send().await?.json().await?;
+            out[i] += v["items"].as_array().map_or(0, |a| a.len() as u64);
+            match v["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
+                None => break,
+            }
+        }
+    }
+    Ok((out[0], out[1], out[2]))
+}
+
+/// Requests/s the receiver takes when posted to directly.
+async fn hammer(r: &Receiver, concurrency: usize, total: usize) -> anyhow::Result<f64> {
+    r.state.fail_per_10k.store(0, Ordering::Relaxed);
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()?;
+    let body = Arc::new(
+        json!({"id": "01JD0Y3Q6T3S8W0KZ9X7M2V4QH", "type": "sensor.state_changed",
+               "occurred_at": crate::domain::time::format(crate::domain::time::now_ms()),
+               "sensor": {"id": "b0000000", "address": "bench street 1"}, "data": 1, "previous": 0})
+        .to_string(),
+    );
+    let started = Instant::now();
+    let per = total.div_ceil(concurrency);
+    super::workers(concurrency, |_| {
+        let (http, url, body) = (http.clone(), r.url.clone(), body.clone());
+        async move {
+            for _ in 0..per {
+                let _ = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.as_str().to_owned())
+                    .send()
+                    .await;
+            }
+        }
+    })
+    .await;
+    Ok((per * concurrency) as f64 / started.elapsed().as_secs_f64())
+}

@@ -1,0 +1,144 @@
+//! `latch bench fleet`: memory per tracked sensor, restart time, and a whole fleet going
+//! silent at once.
+//!
+//! 1. Import N sensors (linked to one client), start latch, feed each sensor one reading,
+//!    and measure RSS growth per sensor (after handing freed heap back to the OS).
+//! 2. Restart latch with a short heartbeat timeout: time to ready with N sensors is the
+//!    restart figure. Every sensor's deadline is now `resumed_at + timeout`, so all expire
+//!    together; the lag is from that deadline (the lost events' own `at`) to the moment the
+//!    last `connection_lost` notification is committed to the outbox.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{Receiver, Report, Server, rss_bytes, trim_heap};
+use crate::domain::time;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Sensors in the fleet.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub sensors: usize,
+    /// Heartbeat timeout after the restart.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub timeout: Duration,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Report> {
+    let (dir, _tmp) = super::data_dir(None)?;
+    let receiver = Receiver::start().await?;
+    let client = super::client(&receiver.url);
+    let ids = super::sensor_ids(args.sensors);
+    let t = Instant::now();
+    super::import(&dir, &ids, std::slice::from_ref(&client), None).await?;
+    let import_secs = t.elapsed().as_secs_f64();
+
+    // Phase 1: memory per tracked sensor.
+    let mut config = super::config(&dir);
+    config.heartbeat_timeout = Duration::from_secs(24 * 3600);
+    config.sqlite_synchronous = crate::store::sqlite::Synchronous::Normal;
+    trim_heap();
+    let rss_empty = {
+        let empty = tempfile::tempdir()?;
+        let s = Server::start(super::config(empty.path())).await?;
+        trim_heap();
+        let r = rss_bytes();
+        s.stop().await?;
+        r
+    };
+    let t = Instant::now();
+    let server = Server::start(config.clone()).await?;
+    let start_secs = t.elapsed().as_secs_f64();
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/readings", server.base);
+    let t = Instant::now();
+    let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    for chunk in names.chunks(10_000) {
+        let items: Vec<_> = chunk
+            .iter()
+            .map(|id| json!({"sensor_id": id, "data": 1}))
+            .collect();
+        let r = http.post(&url).json(&items).send().await?;
+        anyhow::ensure!(
+            r.status().as_u16() == 202,
+            "readings refused: {}",
+            r.status()
+        );
+    }
+    drop(names);
+    let feed_secs = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    trim_heap();
+    let rss_full = rss_bytes();
+    let per_sensor = (rss_full.saturating_sub(rss_empty)) as f64 / args.sensors as f64;
+    server.stop().await?;
+
+    // Phase 2: restart with a short timeout; all sensors expire together.
+    config.heartbeat_timeout = args.timeout;
+    let t = Instant::now();
+    let server = Server::start(config).await?;
+    let ready_secs = t.elapsed().as_secs_f64();
+    let metrics_url = format!("{}/metrics", server.base);
+    let lost_total = || async {
+        let text = http
+            .get(&metrics_url)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        Some(super::metric_sum(&text, "latch_sensors_lost_total"))
+    };
+    let before = lost_total().await.unwrap_or(0.0);
+    let wait_until = Instant::now() + args.timeout + Duration::from_secs(600);
+    let all_lost_at = loop {
+        let n = lost_total().await.unwrap_or(0.0) - before;
+        if n >= args.sensors as f64 {
+            break time::now_ms();
+        }
+        anyhow::ensure!(
+            Instant::now() < wait_until,
+            "only {n} of {} sensors went lost",
+            args.sensors
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let ev: serde_json::Value = http
+        .get(format!("{}/v1/sensors/{}/events", server.base, ids[0]))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let deadline = ev["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["type"] == "sensor.connection_lost"))
+        .and_then(|e| time::parse(e["at"].as_str()?))
+        .ok_or_else(|| anyhow::anyhow!("no connection_lost event found"))?;
+    let lag = (all_lost_at - deadline) as f64 / 1000.0;
+    server.stop().await?;
+
+    let mut r = Report::new("fleet");
+    r.add("sensors", args.sensors as f64, "sensors");
+    r.add("import_seconds", import_secs, "s");
+    r.add("start_seconds", start_secs, "s");
+    r.add("feed_seconds", feed_secs, "s");
+    r.add(
+        "feed_readings_per_s",
+        (args.sensors as f64 / feed_secs).round(),
+        "readings/s",
+    );
+    r.add("rss_empty_mib", rss_empty as f64 / 1048576.0, "MiB");
+    r.add("rss_tracking_mib", rss_full as f64 / 1048576.0, "MiB");
+    r.add("bytes_per_sensor", per_sensor.round(), "bytes");
+    r.add("restart_ready_seconds", ready_secs, "s");
+    r.add("all_lost_enqueued_after_deadline_s", lag, "s");
+    r.notes.push(format!(
+        "Every sensor linked to one client. bytes_per_sensor = (RSS with the fleet tracked − RSS \
+         of an empty latch) / sensors, measured in one process after malloc_trim; it includes \
+         SQLite's page cache. Restart: {} sensors with state; timeout after restart {:?}.",
+        args.sensors, args.timeout
+    ));
+    Ok(r)
+}

@@ -1,0 +1,186 @@
+//! `latch bench ingest`: readings over HTTP batches, accepted durably.
+//!
+//! Baseline: inserting the same history rows into SQLite directly, in transactions of the
+//! same size — the floor of what durable ingest into the embedded store can cost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{Report, Server, percentile};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Registered sensors readings are spread over.
+    #[arg(long, default_value_t = 10_000)]
+    pub sensors: usize,
+    /// Readings per HTTP request.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// Concurrent HTTP clients.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// How long to drive load.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub duration: Duration,
+    /// Share of readings that change their sensor's state.
+    #[arg(long, default_value_t = 0.1)]
+    pub change_ratio: f64,
+    /// SQLite sync mode: full or normal.
+    #[arg(long, default_value = "full")]
+    pub sync: String,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Report> {
+    let (dir, _tmp) = super::data_dir(None)?;
+    let ids = super::sensor_ids(args.sensors);
+    super::import(&dir, &ids, &[], None).await?;
+    let mut config = super::config(&dir);
+    config.sqlite_synchronous = match args.sync.as_str() {
+        "normal" => crate::store::sqlite::Synchronous::Normal,
+        _ => crate::store::sqlite::Synchronous::Full,
+    };
+    let server = Server::start(config).await?;
+    let url = format!("{}/v1/readings", server.base);
+    let http = reqwest::Client::new();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ids = Arc::new(ids);
+    let started = Instant::now();
+    let stopper = stop.clone();
+    let duration = args.duration;
+    tokio::spawn(async move {
+        tokio::time::sleep(duration).await;
+        stopper.store(true, Ordering::Relaxed);
+    });
+    let w = args.workers;
+    let results = super::workers(w, |worker| {
+        let (http, url, accepted, stop, ids) = (
+            http.clone(),
+            url.clone(),
+            accepted.clone(),
+            stop.clone(),
+            ids.clone(),
+        );
+        let (batch, ratio) = (args.batch, args.change_ratio);
+        async move {
+            // Each worker owns every w-th sensor, so it knows their states.
+            let mine: Vec<String> = ids
+                .iter()
+                .skip(worker)
+                .step_by(w)
+                .map(|i| i.to_string())
+                .collect();
+            let mut state = vec![false; mine.len()];
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let mut k = 0usize;
+            let mut rng_state = worker as u64 + 1;
+            while !stop.load(Ordering::Relaxed) {
+                let mut items = Vec::with_capacity(batch);
+                for _ in 0..batch {
+                    let i = k % mine.len().max(1);
+                    k += 1;
+                    rng_state ^= rng_state << 13;
+                    rng_state ^= rng_state >> 7;
+                    rng_state ^= rng_state << 17;
+                    if (rng_state % 10_000) as f64 / 10_000.0 < ratio {
+                        state[i] = !state[i];
+                    }
+                    items.push(json!({"sensor_id": mine[i], "data": u8::from(state[i])}));
+                }
+                let t = Instant::now();
+                match http.post(&url).json(&items).send().await {
+                    Ok(r) if r.status().as_u16() == 202 => {
+                        let body: serde_json::Value = r.json().await.unwrap_or_default();
+                        accepted
+                            .fetch_add(body["accepted"].as_u64().unwrap_or(0), Ordering::Relaxed);
+                        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        }
+    })
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    server.stop().await?;
+    let mut lat: Vec<f64> = results.iter().flat_map(|(l, _)| l.clone()).collect();
+    let errors: u64 = results.iter().map(|(_, e)| e).sum();
+    lat.sort_by(f64::total_cmp);
+    let total = accepted.load(Ordering::Relaxed);
+    let rate = total as f64 / elapsed;
+
+    let baseline = raw_sqlite_rate(
+        args.batch,
+        (total as usize).clamp(10_000, 2_000_000),
+        &args.sync,
+    )?;
+    let mut r = Report::new("ingest");
+    r.add("readings_accepted", total as f64, "readings");
+    r.add("readings_per_s", rate.round(), "readings/s");
+    r.add("request_p50_ms", percentile(&lat, 50.0), "ms");
+    r.add("request_p99_ms", percentile(&lat, 99.0), "ms");
+    r.add("request_errors", errors as f64, "requests");
+    r.add("baseline_raw_sqlite_rows_per_s", baseline.round(), "rows/s");
+    r.add("ratio_to_raw_sqlite", rate / baseline, "x");
+    r.notes.push(format!(
+        "{} sensors, batches of {}, {} workers, {:.0} % changes, sqlite synchronous={}; \
+         baseline: the same rows inserted into SQLite directly in transactions of {}.",
+        args.sensors,
+        args.batch,
+        args.workers,
+        args.change_ratio * 100.0,
+        args.sync,
+        args.batch
+    ));
+    Ok(r)
+}
+
+/// Rows/s of plain SQLite inserts of reading rows (same schema and index), one
+/// transaction per `batch`.
+fn raw_sqlite_rate(batch: usize, rows: usize, sync: &str) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let c = rusqlite::Connection::open(dir.path().join("raw.db"))?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(
+        None,
+        "synchronous",
+        if sync == "normal" { "NORMAL" } else { "FULL" },
+    )?;
+    c.execute_batch(
+        "CREATE TABLE readings (id INTEGER PRIMARY KEY, sensor_id TEXT NOT NULL, ts INTEGER NOT NULL, \
+         received_at INTEGER NOT NULL, data INTEGER NOT NULL, late INTEGER NOT NULL);
+         CREATE INDEX readings_by_sensor_ts ON readings (sensor_id, ts);",
+    )?;
+    let ids: Vec<String> = super::sensor_ids(10_000)
+        .iter()
+        .map(|i| i.to_string())
+        .collect();
+    let started = Instant::now();
+    let mut done = 0;
+    let mut c = c;
+    while done < rows {
+        let tx = c.transaction()?;
+        {
+            let mut st = tx.prepare_cached(
+                "INSERT INTO readings (sensor_id, ts, received_at, data, late) VALUES (?1, ?2, ?3, ?4, 0)",
+            )?;
+            for i in 0..batch {
+                let n = done + i;
+                st.execute(rusqlite::params![
+                    ids[n % ids.len()],
+                    n as i64,
+                    n as i64,
+                    (n % 2) as i64
+                ])?;
+            }
+        }
+        tx.commit()?;
+        done += batch;
+    }
+    Ok(done as f64 / started.elapsed().as_secs_f64())
+}

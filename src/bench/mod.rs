@@ -1,0 +1,351 @@
+//! `latch bench`: the load generator. Each scenario starts latch in-process on a fresh data
+//! folder, prepares the fleet through the store's bulk import, drives load over real HTTP,
+//! measures a baseline in the same run, prints a table and one JSON line, and records the
+//! figures with the command line in `BENCHMARKS.md`.
+
+pub mod deliver;
+pub mod fleet;
+pub mod ingest;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use tokio::sync::oneshot;
+
+use crate::config::Config;
+use crate::domain::{Client, Sensor, SensorId, time};
+
+/// A result row: name, value, unit.
+pub type Row = (String, f64, &'static str);
+
+/// What a scenario reports.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub scenario: &'static str,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn new(scenario: &'static str) -> Self {
+        Self {
+            scenario,
+            ..Default::default()
+        }
+    }
+
+    pub fn add(&mut self, name: impl Into<String>, value: f64, unit: &'static str) {
+        self.rows.push((name.into(), value, unit));
+    }
+
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.rows.iter().find(|r| r.0 == name).map(|r| r.1)
+    }
+
+    fn table(&self) -> String {
+        let mut s = String::from("| metric | value | unit |\n|---|---:|---|\n");
+        for (n, v, u) in &self.rows {
+            let v = if v.fract() == 0.0 && v.abs() < 1e15 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.3}")
+            };
+            s.push_str(&format!("| {n} | {v} | {u} |\n"));
+        }
+        s
+    }
+
+    fn json(&self) -> String {
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|(n, v, _)| (n.clone(), serde_json::json!(v)))
+            .collect();
+        serde_json::json!({"scenario": self.scenario, "results": map}).to_string()
+    }
+
+    /// Prints the table and the JSON line; records them in `file` unless `None`.
+    pub fn publish(&self, command: &str, file: Option<&Path>) -> anyhow::Result<()> {
+        println!("\n{}", self.table());
+        for n in &self.notes {
+            println!("{n}");
+        }
+        println!("{}", self.json());
+        if let Some(file) = file {
+            record(file, self, command)?;
+            println!("recorded in {}", file.display());
+        }
+        Ok(())
+    }
+}
+
+/// Cores and memory of this machine, for the record.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    format!("{cores} cores, {:.1} GiB", mem_kb as f64 / 1024.0 / 1024.0)
+}
+
+/// Replaces (or appends) the scenario's section of `BENCHMARKS.md`.
+fn record(file: &Path, r: &Report, command: &str) -> anyhow::Result<()> {
+    let begin = format!("<!-- bench:{} -->", r.scenario);
+    let end = format!("<!-- /bench:{} -->", r.scenario);
+    let mut section = format!(
+        "{begin}\n## {}\n\n`{command}` — {} — {} (debug assertions: {})\n\n{}",
+        r.scenario,
+        time::format(time::now_ms()),
+        machine(),
+        cfg!(debug_assertions),
+        r.table()
+    );
+    for n in &r.notes {
+        section.push_str(&format!("\n{n}\n"));
+    }
+    section.push_str(&format!("\n{end}"));
+    let current = std::fs::read_to_string(file).unwrap_or_else(|_| {
+        "# Benchmarks\n\nFigures measured by `latch bench`; each section says the command, \
+         when, and on what machine. Ratios compare with a baseline measured in the same run.\n"
+            .to_string()
+    });
+    let updated = match (current.find(&begin), current.find(&end)) {
+        (Some(a), Some(b)) if b > a => {
+            format!("{}{section}{}", &current[..a], &current[b + end.len()..])
+        }
+        _ => format!("{}\n{section}\n", current.trim_end()),
+    };
+    std::fs::write(file, updated)?;
+    Ok(())
+}
+
+/// Percentile `p` (0–100) of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Sum of every series of a Prometheus metric `name` in an exposition `text`.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Resident memory of this process, in bytes.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Hands freed heap back to the OS, so RSS measures what is live.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// latch running in this process.
+pub struct Server {
+    pub base: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    pub async fn start(config: Config) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(crate::run(Arc::new(config), listener, async {
+            let _ = rx.await;
+        }));
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if let Ok(r) = http.get(format!("{base}/readyz")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            if task.is_finished() {
+                anyhow::bail!("latch stopped during start");
+            }
+            anyhow::ensure!(Instant::now() < deadline, "latch did not become ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(Self {
+            base,
+            shutdown: Some(tx),
+            task,
+        })
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.await?
+    }
+}
+
+/// Bench settings of latch: a data folder of its own, quiet logs.
+pub fn config(dir: &Path) -> Config {
+    let mut c = Config::for_data_dir(dir);
+    c.log = "warn".into();
+    c
+}
+
+/// `n` sensor ids `b0000000`, `b0000001`, …
+pub fn sensor_ids(n: usize) -> Vec<SensorId> {
+    (0..n)
+        .map(|i| SensorId::parse(&format!("b{i:07}")).expect("valid id"))
+        .collect()
+}
+
+/// Registers sensors (and links each to `clients`) straight into the store, in chunks so
+/// the import's own memory stays small.
+pub async fn import(
+    dir: &Path,
+    ids: &[SensorId],
+    clients: &[Client],
+    timeout_s: Option<u32>,
+) -> anyhow::Result<()> {
+    let c = config(dir);
+    let store = crate::store::connect(&c).await?;
+    for cl in clients {
+        store.create_client(cl.clone()).await?;
+    }
+    for chunk in ids.chunks(20_000) {
+        let sensors = chunk
+            .iter()
+            .map(|id| Sensor {
+                id: *id,
+                address: "bench street 1".into(),
+                heartbeat_timeout_s: timeout_s,
+                created_at: time::now_ms(),
+            })
+            .collect();
+        let links = chunk
+            .iter()
+            .flat_map(|id| clients.iter().map(move |c| (c.id.clone(), *id)))
+            .collect();
+        store.import(sensors, links).await?;
+    }
+    Ok(())
+}
+
+/// A client of a bench receiver.
+pub fn client(url: &str) -> Client {
+    Client {
+        id: crate::domain::client::new_client_id(),
+        name: "bench".into(),
+        url: url.into(),
+        secret: crate::domain::client::generate_secret(),
+        created_at: time::now_ms(),
+    }
+}
+
+/// A local webhook receiver that counts requests and times each notification from its
+/// `occurred_at` to arrival; fails a share of requests when asked.
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    pub state: Arc<ReceiverState>,
+}
+
+#[derive(Default)]
+pub struct ReceiverState {
+    pub requests: AtomicU64,
+    pub ok: AtomicU64,
+    /// Milliseconds from `occurred_at` to arrival, of answered-2xx requests.
+    pub latencies: Mutex<Vec<f64>>,
+    /// Per 10,000 requests, how many to fail with 500.
+    pub fail_per_10k: AtomicU64,
+    pub by_id: Mutex<HashMap<String, u32>>,
+}
+
+impl Receiver {
+    pub async fn start() -> anyhow::Result<Self> {
+        let state = Arc::new(ReceiverState::default());
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(receive))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { url, state })
+    }
+}
+
+async fn receive(State(st): State<Arc<ReceiverState>>, body: Bytes) -> StatusCode {
+    let now = time::now_ms();
+    let n = st.requests.fetch_add(1, Ordering::Relaxed);
+    let fail = st.fail_per_10k.load(Ordering::Relaxed);
+    // Spread failures evenly over request numbers: deterministic, no RNG needed.
+    if fail > 0 && (n.wrapping_mul(7919) % 10_000) < fail {
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    st.ok.fetch_add(1, Ordering::Relaxed);
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
+        if let Some(at) = v["occurred_at"].as_str().and_then(time::parse) {
+            st.latencies.lock().unwrap().push((now - at) as f64);
+        }
+        if let Some(id) = v["id"].as_str() {
+            *st.by_id.lock().unwrap().entry(id.to_string()).or_default() += 1;
+        }
+    }
+    StatusCode::OK
+}
+
+/// Runs `f` on `workers` tasks until `until` passes; returns what each returned.
+pub async fn workers<T, F, Fut>(workers: usize, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let handles: Vec<_> = (0..workers).map(|w| tokio::spawn(f(w))).collect();
+    let mut out = Vec::with_capacity(workers);
+    for h in handles {
+        out.push(h.await.expect("bench worker panicked"));
+    }
+    out
+}
+
+/// A temp data folder for a run, removed afterwards; `--keep` leaves it.
+pub fn data_dir(base: Option<PathBuf>) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match base {
+        Some(p) => {
+            std::fs::create_dir_all(&p)?;
+            Ok((p, None))
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix("latch-bench-").tempdir()?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `latch bench` at tiny sizes: it runs end to end through the real binary, and its counts
+//! add up. Speeds are never asserted here; they live in BENCHMARKS.md.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Runs `latch bench <args> --no-record` and returns its JSON results line.
+fn bench(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_latch"))
+        .arg("bench")
+        .args(args)
+        .arg("--no-record")
+        .output()
+        .expect("latch bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "latch bench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in:\n{stdout}"));
+    let v: Value = serde_json::from_str(line).expect("JSON results");
+    v["results"].clone()
+}
+
+#[test]
+fn deliver_bench_accounts_for_every_notification() {
+    let r = bench(&[
+        "deliver",
+        "--sensors",
+        "50",
+        "--clients",
+        "2",
+        "--changes",
+        "300",
+        "--fail-ratio",
+        "0.2",
+        "--baseline-requests",
+        "256",
+        "--drain",
+        "60s",
+    ]);
+    let n = |k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing in {r}"))
+    };
+    assert_eq!(n("notifications_expected"), 600.0);
+    // Every notification ended one way or another, none twice.
+    assert_eq!(
+        n("delivered") + n("failed") + n("superseded") + n("pending_left"),
+        600.0,
+        "{r}"
+    );
+    assert_eq!(n("pending_left"), 0.0, "{r}");
+    assert_eq!(n("duplicate_deliveries"), 0.0, "{r}");
+    // A fifth of the requests failed, so there were retries beyond the deliveries.
+    assert!(n("webhook_requests") > n("delivered"), "{r}");
+}
+
+#[test]
+fn ingest_bench_counts_accepted_readings() {
+    let r = bench(&[
+        "ingest",
+        "--sensors",
+        "100",
+        "--batch",
+        "50",
+        "--workers",
+        "2",
+        "--duration",
+        "1s",
+    ]);
+    let n = |k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing in {r}"))
+    };
+    assert!(n("readings_accepted") >= 50.0, "{r}");
+    assert_eq!(n("readings_accepted") % 50.0, 0.0, "whole batches: {r}");
+    assert_eq!(n("request_errors"), 0.0, "{r}");
+}
+
+#[test]
+fn fleet_bench_sees_every_sensor_lost() {
+    let r = bench(&["fleet", "--sensors", "200", "--timeout", "1s"]);
+    let n = |k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing in {r}"))
+    };
+    assert_eq!(n("sensors"), 200.0);
+    assert!(n("all_lost_enqueued_after_deadline_s") >= 0.0, "{r}");
+}
