@@ -166,15 +166,19 @@ impl Config {
             bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");
         }
         // Settings of parts not built yet fail loudly rather than being ignored.
-        let pending = [
-            ("amqp_url", self.amqp_url.is_some()),
-            ("mqtt_url", self.mqtt_url.is_some()),
-            ("clickhouse_url", self.clickhouse_url.is_some()),
-        ];
+        let pending = [("clickhouse_url", self.clickhouse_url.is_some())];
         for (key, set) in pending {
             if set {
                 bail!("invalid setting `{key}`: this build of latch does not support it yet");
             }
+        }
+        if let Some(u) = &self.amqp_url
+            && !(u.starts_with("amqp://") || u.starts_with("amqps://"))
+        {
+            bail!("invalid setting `amqp_url`: must start with amqp:// or amqps://");
+        }
+        if let Some(u) = &self.mqtt_url {
+            crate::ingest::mqtt::options(u)?;
         }
         if self.amqp_queue.trim().is_empty() {
             bail!("invalid setting `amqp_queue`: must not be empty");
@@ -333,11 +337,17 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_sources_are_refused_not_ignored() {
-        let e = Config::load_from(None, &env(&[("LATCH_AMQP_URL", "amqp://127.0.0.1")]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("amqp_url"), "{e}");
+    fn unsupported_or_bad_source_urls_are_refused_not_ignored() {
+        let e = |k: &str, v: &str| {
+            Config::load_from(None, &env(&[(k, v)]))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e("LATCH_CLICKHOUSE_URL", "http://127.0.0.1:8123").contains("clickhouse_url"));
+        assert!(e("LATCH_AMQP_URL", "http://127.0.0.1").contains("amqp_url"));
+        assert!(e("LATCH_MQTT_URL", "http://127.0.0.1").contains("mqtt_url"));
+        let c = Config::load_from(None, &env(&[("LATCH_AMQP_URL", "amqp://127.0.0.1")])).unwrap();
+        assert_eq!(c.amqp_url.as_deref(), Some("amqp://127.0.0.1"));
     }
 
     #[test]

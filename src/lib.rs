@@ -91,12 +91,44 @@ pub async fn run(
     );
     engine_tasks.close();
 
+    // Broker sources stop first on shutdown, finishing and acknowledging what they hold.
+    let ingest = ingest::Ingest::new(engine.clone());
+    let sources = ingest::Sources::default();
+    let sources_stop = CancellationToken::new();
+    let source_tasks = TaskTracker::new();
+    if let Some(url) = &config.amqp_url {
+        let settings = ingest::amqp::Settings {
+            url: url.clone(),
+            queue: config.amqp_queue.clone(),
+        };
+        source_tasks.spawn(ingest::amqp::run(
+            ingest.clone(),
+            settings,
+            sources.clone(),
+            sources_stop.clone(),
+        ));
+    }
+    if let Some(url) = &config.mqtt_url {
+        let settings = ingest::mqtt::Settings {
+            url: url.clone(),
+            topic: config.mqtt_topic.clone(),
+        };
+        let (ingest, sources, stop) = (ingest.clone(), sources.clone(), sources_stop.clone());
+        source_tasks.spawn(async move {
+            if let Err(e) = ingest::mqtt::run(ingest, settings, sources, stop).await {
+                tracing::error!(error = %e, "MQTT ingest failed.");
+            }
+        });
+    }
+    source_tasks.close();
+
     let accepting = Arc::new(AtomicBool::new(true));
     let state = api::AppState {
         config: config.clone(),
         store: store.clone(),
         engine: engine.clone(),
-        ingest: ingest::Ingest::new(engine.clone()),
+        ingest,
+        sources,
         dispatcher,
         metrics,
         accepting: accepting.clone(),
@@ -107,9 +139,11 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let stop_http = stop.clone();
+    let stop_sources = sources_stop.clone();
     tokio::spawn(async move {
         shutdown.await;
         stop_http.cancel();
+        stop_sources.cancel();
     });
     let accepting_flag = accepting.clone();
     let stop_signal = stop.clone();
@@ -120,6 +154,9 @@ pub async fn run(
             tracing::info!("Shutting down: no new requests.");
         })
         .await?;
+
+    sources_stop.cancel();
+    source_tasks.wait().await;
 
     // Sources are closed: flush the engine, then let the committer drain.
     drop(engine);

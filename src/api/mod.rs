@@ -25,7 +25,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::config::Config;
 use crate::delivery::Dispatcher;
 use crate::engine::Engine;
-use crate::ingest::Ingest;
+use crate::ingest::{Ingest, Sources};
 use crate::store::Store;
 use error::ApiError;
 
@@ -36,6 +36,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub engine: Engine,
     pub ingest: Ingest,
+    /// Broker sources and whether each is consuming.
+    pub sources: Sources,
     pub dispatcher: Dispatcher,
     pub metrics: PrometheusHandle,
     /// False once shutdown began: load balancers should stop sending.
@@ -118,6 +120,14 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn readyz(State(st): State<AppState>) -> Response {
     if !st.accepting.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    }
+    let down = st.sources.down();
+    if !down.is_empty() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("ingest paused: {} not connected", down.join(", ")),
+        )
+            .into_response();
     }
     match st.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),

@@ -68,6 +68,29 @@ pub struct Engine {
     hasher: std::hash::RandomState,
 }
 
+type VerdictsRx = oneshot::Receiver<Result<Verdicts, Error>>;
+
+/// Readings handed to the shards; [`Submitted::wait`] resolves once they are durable.
+pub struct Submitted {
+    total: usize,
+    /// Per shard: input positions of its readings and its verdicts to come.
+    waits: Vec<(Vec<usize>, VerdictsRx)>,
+}
+
+impl Submitted {
+    /// Waits for the commit; one verdict per reading, in input order.
+    pub async fn wait(self) -> Result<Verdicts, Error> {
+        let mut out = vec![None; self.total];
+        for (idx, rx) in self.waits {
+            let verdicts = rx.await.map_err(|_| Error::Closed)??;
+            for (i, v) in idx.into_iter().zip(verdicts) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Engine {
     /// Starts `shards` shard tasks holding `sensors` and committing through `commits`.
     /// The shards stop when `stop` is cancelled, after finishing what is queued.
@@ -119,6 +142,17 @@ impl Engine {
         readings: Vec<Reading>,
         received_at: Millis,
     ) -> Result<Verdicts, Error> {
+        self.enqueue(readings, received_at).await?.wait().await
+    }
+
+    /// Hands readings to their shards and returns without waiting for the commit. Readings
+    /// enqueued by one caller are applied in the order of its calls, so a broker source can
+    /// pipeline batches and still keep each sensor's readings in order.
+    pub async fn enqueue(
+        &self,
+        readings: Vec<Reading>,
+        received_at: Millis,
+    ) -> Result<Submitted, Error> {
         let n = self.shards.len();
         let mut parts: Vec<(Vec<usize>, Vec<Reading>)> = vec![(vec![], vec![]); n];
         for (i, r) in readings.into_iter().enumerate() {
@@ -143,14 +177,7 @@ impl Engine {
                 .map_err(|_| Error::Closed)?;
             waits.push((idx, rx));
         }
-        let mut out = vec![None; total];
-        for (idx, rx) in waits {
-            let verdicts = rx.await.map_err(|_| Error::Closed)??;
-            for (i, v) in idx.into_iter().zip(verdicts) {
-                out[i] = v;
-            }
-        }
-        Ok(out)
+        Ok(Submitted { total, waits })
     }
 
     /// Starts tracking a new sensor, or changes a tracked one's timeout.

@@ -3,6 +3,9 @@
 //! [`Ingest::submit`], which answers only once the accepted ones are durable and counts
 //! each one in `latch_readings_accepted_total` / `latch_readings_rejected_total`.
 
+pub mod amqp;
+pub mod mqtt;
+
 use crate::domain::{Reading, Rejection, time::now_ms};
 use crate::engine::{self, Engine};
 
@@ -39,8 +42,18 @@ impl Ingest {
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
     ) -> Result<Report, Error> {
+        self.enqueue(source, items).await?.wait().await
+    }
+
+    /// Hands items to the engine without waiting for durability; batches enqueued one
+    /// after another are applied in that order. [`Ticket::wait`] gives the report.
+    pub async fn enqueue(
+        &self,
+        source: &'static str,
+        items: Vec<Result<Reading, Rejection>>,
+    ) -> Result<Ticket, Error> {
         let received_at = now_ms();
-        let mut report = Report::default();
+        let mut rejected = Vec::new();
         let mut valid = Vec::with_capacity(items.len());
         let mut valid_index = Vec::with_capacity(items.len());
         for (i, item) in items.into_iter().enumerate() {
@@ -49,12 +62,41 @@ impl Ingest {
                     valid.push(r);
                     valid_index.push(i);
                 }
-                Err(rej) => report.rejected.push((i, rej)),
+                Err(rej) => rejected.push((i, rej)),
             }
         }
-        if !valid.is_empty() {
-            let verdicts = self.engine.submit(valid, received_at).await?;
-            for (i, v) in valid_index.into_iter().zip(verdicts) {
+        let submitted = if valid.is_empty() {
+            None
+        } else {
+            Some(self.engine.enqueue(valid, received_at).await?)
+        };
+        Ok(Ticket {
+            source,
+            rejected,
+            valid_index,
+            submitted,
+        })
+    }
+}
+
+/// Items in the engine, not yet known durable.
+pub struct Ticket {
+    source: &'static str,
+    rejected: Vec<(usize, Rejection)>,
+    valid_index: Vec<usize>,
+    submitted: Option<engine::Submitted>,
+}
+
+impl Ticket {
+    /// Waits until the accepted items are durable; counts the outcome in the metrics.
+    pub async fn wait(self) -> Result<Report, Error> {
+        let mut report = Report {
+            accepted: 0,
+            rejected: self.rejected,
+        };
+        if let Some(submitted) = self.submitted {
+            let verdicts = submitted.wait().await?;
+            for (i, v) in self.valid_index.into_iter().zip(verdicts) {
                 match v {
                     None => report.accepted += 1,
                     Some(rej) => report.rejected.push((i, rej)),
@@ -62,6 +104,7 @@ impl Ingest {
             }
             report.rejected.sort_by_key(|(i, _)| *i);
         }
+        let source = self.source;
         metrics::counter!("latch_readings_accepted_total", "source" => source)
             .increment(report.accepted as u64);
         for (_, rej) in &report.rejected {
@@ -69,5 +112,107 @@ impl Ingest {
                 .increment(1);
         }
         Ok(report)
+    }
+}
+
+/// Whether each broker source is connected and consuming. A configured source that is
+/// down makes `/readyz` answer 503 and shows as `latch_source_up{source} 0`.
+#[derive(Clone, Default)]
+pub struct Sources {
+    up: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, bool>>>,
+}
+
+impl Sources {
+    /// Records a source's state.
+    pub fn set(&self, source: &'static str, up: bool) {
+        self.up.lock().expect("sources lock").insert(source, up);
+        metrics::gauge!("latch_source_up", "source" => source).set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// Names of configured sources that are not consuming.
+    pub fn down(&self) -> Vec<&'static str> {
+        let up = self.up.lock().expect("sources lock");
+        up.iter().filter(|(_, u)| !**u).map(|(s, _)| *s).collect()
+    }
+}
+
+/// Doubles a reconnect delay from 100 ms up to 10 s.
+pub(crate) fn next_backoff(d: std::time::Duration) -> std::time::Duration {
+    (d * 2).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(10),
+    )
+}
+
+/// Ids of recently applied broker messages, so a message redelivered (or published twice)
+/// with the same id is applied once. Bounded: the oldest ids are forgotten first.
+pub(crate) struct Dedup {
+    seen: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+    capacity: usize,
+}
+
+impl Dedup {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            seen: Default::default(),
+            order: Default::default(),
+            capacity,
+        }
+    }
+
+    pub(crate) fn contains(&self, id: &str) -> bool {
+        self.seen.contains(id)
+    }
+
+    /// Remembers an id once its message is durably applied.
+    pub(crate) fn insert(&mut self, id: String) {
+        if self.capacity == 0 || !self.seen.insert(id.clone()) {
+            return;
+        }
+        self.order.push_back(id);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_forgets_the_oldest_beyond_capacity() {
+        let mut d = Dedup::new(2);
+        d.insert("a".into());
+        d.insert("b".into());
+        d.insert("a".into());
+        assert!(d.contains("a") && d.contains("b"));
+        d.insert("c".into());
+        assert!(!d.contains("a"), "oldest forgotten");
+        assert!(d.contains("b") && d.contains("c"));
+    }
+
+    #[test]
+    fn backoff_grows_to_a_cap() {
+        let mut d = std::time::Duration::ZERO;
+        d = next_backoff(d);
+        assert_eq!(d, std::time::Duration::from_millis(100));
+        for _ in 0..20 {
+            d = next_backoff(d);
+        }
+        assert_eq!(d, std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn sources_report_the_down_ones() {
+        let s = Sources::default();
+        s.set("amqp", true);
+        s.set("mqtt", false);
+        assert_eq!(s.down(), vec!["mqtt"]);
+        s.set("mqtt", true);
+        assert!(s.down().is_empty());
     }
 }

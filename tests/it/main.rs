@@ -1,8 +1,10 @@
 //! Integration tests: the real service, on a port-0 listener, used over HTTP like a user.
 
+mod amqp;
 mod bench;
 mod delivery;
 mod liveness;
+mod mqtt;
 mod readings;
 mod registry;
 mod utils;

@@ -1,0 +1,287 @@
+//! RabbitMQ ingest against the real broker: readings become notifications as over HTTP,
+//! bad messages are dead-lettered with reasons, nothing is lost across latch restarts or a
+//! connection closed by the broker. Each test uses its own queue.
+
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use serde_json::{Value, json};
+
+use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
+
+fn url() -> String {
+    std::env::var("LATCH_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A confirming channel to the test broker, or `None` (outside CI) when there is none.
+async fn broker() -> Option<(Connection, Channel)> {
+    let conn = match Connection::connect(&url(), ConnectionProperties::default()).await {
+        Ok(c) => c,
+        Err(e) => {
+            service_missing("RabbitMQ", e);
+            return None;
+        }
+    };
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    Some((conn, ch))
+}
+
+async fn declare(ch: &Channel, queue: &str) -> u32 {
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap()
+    .message_count()
+}
+
+/// Publishes a body to `queue`, waiting for the broker's confirm.
+async fn publish(ch: &Channel, queue: &str, body: &[u8], message_id: Option<&str>) {
+    let mut props = BasicProperties::default().with_delivery_mode(2);
+    if let Some(id) = message_id {
+        props = props.with_message_id(id.into());
+    }
+    let confirm = ch
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(!confirm.is_nack());
+}
+
+async fn start(queue: &str) -> TestServer {
+    let (url, queue) = (url(), queue.to_string());
+    TestServer::start_with(move |c| {
+        c.amqp_url = Some(url);
+        c.amqp_queue = queue;
+    })
+    .await
+}
+
+async fn reading_count(s: &TestServer, id: &str) -> usize {
+    let (_, body) = s
+        .get(&format!("/v1/sensors/{id}/readings?limit=1000"))
+        .await;
+    body["items"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn amqp_readings_notify_like_http() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let s = start(&queue).await;
+    let r = Receiver::start().await;
+    let client = s.client(&r.url).await;
+    let id = unique("am");
+    s.sensor(&id).await;
+    s.link(&client, &id).await;
+    let send = |d: u8| json!({"sensor_id": id, "data": d}).to_string();
+    publish(&ch, &queue, send(1).as_bytes(), None).await;
+    publish(&ch, &queue, send(1).as_bytes(), None).await;
+    // Waited for, so the next change does not supersede this one before it is sent.
+    r.wait_for(1, 10).await;
+    publish(&ch, &queue, send(0).as_bytes(), None).await;
+    let got = r.wait_for(2, 10).await;
+    let data: Vec<Value> = got.iter().map(|g| g.body["data"].clone()).collect();
+    assert_eq!(
+        data,
+        vec![json!(1), json!(0)],
+        "one notification per change"
+    );
+    assert_eq!(reading_count(&s, &id).await, 3, "every reading kept");
+    s.stop().await;
+    assert_eq!(declare(&ch, &queue).await, 0, "every message acknowledged");
+}
+
+#[tokio::test]
+async fn bad_messages_are_dead_lettered_with_reasons() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let s = start(&queue).await;
+    let id = unique("am");
+    s.sensor(&id).await;
+    let bodies = [
+        b"not json".to_vec(),
+        json!({"sensor_id": "bad id!", "data": 1})
+            .to_string()
+            .into_bytes(),
+        json!({"sensor_id": id, "data": 2}).to_string().into_bytes(),
+        json!({"sensor_id": unique("nobody"), "data": 1})
+            .to_string()
+            .into_bytes(),
+        json!({"sensor_id": id, "data": 1}).to_string().into_bytes(),
+    ];
+    for b in &bodies {
+        publish(&ch, &queue, b, None).await;
+    }
+    let dlq = format!("{queue}.dlq");
+    eventually(10, "four dead letters", || async {
+        (declare(&ch, &dlq).await == 4).then_some(())
+    })
+    .await;
+    let mut reasons = Vec::new();
+    for _ in 0..4 {
+        let m = ch
+            .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("a dead letter");
+        let headers = m.properties.headers().clone().unwrap_or_default();
+        let reason = match headers.inner().get("x-latch-reason") {
+            Some(AMQPValue::LongString(s)) => s.to_string(),
+            other => panic!("no reason header: {other:?}"),
+        };
+        assert!(
+            headers.inner().contains_key("x-latch-error"),
+            "a readable error too"
+        );
+        reasons.push((reason, m.data.clone()));
+    }
+    let codes: Vec<&str> = reasons.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        codes,
+        vec![
+            "malformed_json",
+            "invalid_sensor_id",
+            "invalid_data",
+            "unknown_sensor"
+        ]
+    );
+    assert_eq!(reasons[0].1, bodies[0], "the original body is kept");
+    assert_eq!(reading_count(&s, &id).await, 1, "the good one applied");
+    s.stop().await;
+    assert_eq!(declare(&ch, &queue).await, 0, "the main queue ends empty");
+}
+
+#[tokio::test]
+async fn messages_waiting_while_latch_is_down_apply_once() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let s = start(&queue).await;
+    let ids: Vec<String> = (0..20).map(|_| unique("am")).collect();
+    for id in &ids {
+        s.sensor(id).await;
+    }
+    let dir = s.dir.clone();
+    let keep = s.stop().await;
+    for id in &ids {
+        for d in [1, 0] {
+            publish(
+                &ch,
+                &queue,
+                json!({"sensor_id": id, "data": d}).to_string().as_bytes(),
+                None,
+            )
+            .await;
+        }
+    }
+    assert_eq!(declare(&ch, &queue).await, 40, "waiting in the queue");
+    let (url, q) = (url(), queue.clone());
+    let s = TestServer::start_in(&dir, move |c| {
+        c.amqp_url = Some(url);
+        c.amqp_queue = q;
+    })
+    .await;
+    for id in &ids {
+        let s = &s;
+        eventually(10, "both readings applied", || async move {
+            (reading_count(s, id).await == 2).then_some(())
+        })
+        .await;
+        let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+        assert_eq!(body["status"]["data"], 0, "applied in order");
+    }
+    s.stop().await;
+    drop(keep);
+    assert_eq!(declare(&ch, &queue).await, 0);
+}
+
+#[tokio::test]
+async fn broker_closing_the_connection_loses_nothing() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let s = start(&queue).await;
+    let ids: Vec<String> = (0..300).map(|_| unique("am")).collect();
+    for id in &ids {
+        s.sensor(id).await;
+    }
+    // Half before the broker drops latch's connection, half after.
+    for id in &ids[..150] {
+        let body = json!({"sensor_id": id, "data": 1}).to_string();
+        publish(&ch, &queue, body.as_bytes(), Some(id)).await;
+    }
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_connections",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let pid = listing
+        .lines()
+        .find(|l| l.contains(&format!("latch {queue}")))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("latch's connection not listed:\n{listing}"))
+        .to_string();
+    let closed = tokio::process::Command::new("rabbitmqctl")
+        .args(["close_connection", &pid, "test closes latch's connection"])
+        .output()
+        .await
+        .unwrap();
+    assert!(closed.status.success(), "{closed:?}");
+    for id in &ids[150..] {
+        let body = json!({"sensor_id": id, "data": 1}).to_string();
+        publish(&ch, &queue, body.as_bytes(), Some(id)).await;
+    }
+    for id in &ids {
+        let s = &s;
+        eventually(20, "reading applied", || async move {
+            (reading_count(s, id).await >= 1).then_some(())
+        })
+        .await;
+    }
+    eventually(10, "queue drained", || async {
+        (declare(&ch, &queue).await == 0).then_some(())
+    })
+    .await;
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("latch_source_reconnects_total{source=\"amqp\"}"),
+        "the reconnect is counted"
+    );
+    s.stop().await;
+}

@@ -1,0 +1,151 @@
+//! MQTT ingest against the real broker: bare `0`/`1` payloads on `sensors/{id}/state` and
+//! JSON readings become notifications; bad payloads are rejected without stopping the
+//! subscription; readings published while latch is stopped arrive when it returns.
+
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use serde_json::{Value, json};
+
+use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
+
+const HOST: &str = "127.0.0.1";
+const PORT: u16 = 1883;
+
+/// Publishes each `(topic, payload)` at QoS 1 and waits for every PUBACK; `false` (outside
+/// CI) when there is no broker.
+async fn publish(messages: &[(String, Vec<u8>)]) -> bool {
+    let mut o = MqttOptions::new(unique("pub"), HOST, PORT);
+    o.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = AsyncClient::new(o, messages.len() + 10);
+    for (t, p) in messages {
+        client
+            .publish(t.clone(), QoS::AtLeastOnce, false, p.clone())
+            .await
+            .unwrap();
+    }
+    let mut acked = 0;
+    let done = tokio::time::timeout(Duration::from_secs(10), async {
+        while acked < messages.len() {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let _ = client.disconnect().await;
+        while let Ok(e) = events.poll().await {
+            if matches!(e, Event::Outgoing(Outgoing::Disconnect)) {
+                break;
+            }
+        }
+        Ok(())
+    })
+    .await;
+    match done {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => !service_missing("Mosquitto", e),
+        Err(_) => !service_missing("Mosquitto", "no PUBACK within 10 s"),
+    }
+}
+
+async fn broker_up() -> bool {
+    publish(&[]).await
+}
+
+async fn start_in(dir: Option<&std::path::Path>, prefix: &str, client_id: &str) -> TestServer {
+    let url = format!("mqtt://{HOST}:{PORT}?client_id={client_id}");
+    let topic = format!("{prefix}/+/state");
+    let tweak = move |c: &mut latch::config::Config| {
+        c.mqtt_url = Some(url);
+        c.mqtt_topic = topic;
+    };
+    match dir {
+        Some(d) => TestServer::start_in(d, tweak).await,
+        None => TestServer::start_with(tweak).await,
+    }
+}
+
+async fn reading_count(s: &TestServer, id: &str) -> usize {
+    let (_, body) = s
+        .get(&format!("/v1/sensors/{id}/readings?limit=1000"))
+        .await;
+    body["items"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn mqtt_readings_notify_and_bad_payloads_are_rejected() {
+    if !broker_up().await {
+        return;
+    }
+    let prefix = unique("t");
+    let s = start_in(None, &prefix, &unique("latch")).await;
+    let r = Receiver::start().await;
+    let client = s.client(&r.url).await;
+    let id = unique("mq");
+    s.sensor(&id).await;
+    s.link(&client, &id).await;
+    let topic = format!("{prefix}/{id}/state");
+    let msgs = vec![
+        (topic.clone(), b"1".to_vec()),
+        (topic.clone(), b"garbage".to_vec()),
+        (topic.clone(), b"7".to_vec()),
+        (topic.clone(), b"1".to_vec()),
+    ];
+    assert!(publish(&msgs).await);
+    // Waited for, so the next change does not supersede this one before it is sent.
+    r.wait_for(1, 10).await;
+    let json_reading = json!({"data": 0}).to_string().into_bytes();
+    assert!(publish(&[(topic.clone(), json_reading)]).await);
+    let got = r.wait_for(2, 10).await;
+    let data: Vec<Value> = got.iter().map(|g| g.body["data"].clone()).collect();
+    assert_eq!(data, vec![json!(1), json!(0)]);
+    assert_eq!(reading_count(&s, &id).await, 3, "the three good ones kept");
+    let (_, metrics) = s.get("/metrics").await;
+    let metrics = metrics.as_str().unwrap();
+    for reason in ["malformed_json", "invalid_data"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("latch_readings_rejected_total")
+                    && l.contains("source=\"mqtt\"")
+                    && l.contains(reason)),
+            "{reason} counted"
+        );
+    }
+    // The subscription still runs after the bad ones.
+    assert!(publish(&[(topic, b"1".to_vec())]).await);
+    r.wait_for(3, 10).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn readings_published_while_latch_is_stopped_arrive_after_start() {
+    if !broker_up().await {
+        return;
+    }
+    let prefix = unique("t");
+    let client_id = unique("latch");
+    let s = start_in(None, &prefix, &client_id).await;
+    let ids: Vec<String> = (0..10).map(|_| unique("mq")).collect();
+    for id in &ids {
+        s.sensor(id).await;
+    }
+    let dir = s.dir.clone();
+    let keep = s.stop().await;
+    let msgs: Vec<_> = ids
+        .iter()
+        .map(|id| (format!("{prefix}/{id}/state"), b"1".to_vec()))
+        .collect();
+    assert!(publish(&msgs).await);
+    let s = start_in(Some(&dir), &prefix, &client_id).await;
+    for id in &ids {
+        let s = &s;
+        eventually(10, "reading from the persistent session", || async move {
+            (reading_count(s, id).await == 1).then_some(())
+        })
+        .await;
+    }
+    s.stop().await;
+    drop(keep);
+}
