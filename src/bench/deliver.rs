@@ -15,8 +15,9 @@ use super::{Receiver, Report, Server, percentile};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Sensors changed in rotation.
-    #[arg(long, default_value_t = 10_000)]
+    /// Sensors changed in rotation (as many as changes: each change is its own lane, so
+    /// none is superseded).
+    #[arg(long, default_value_t = 50_000)]
     pub sensors: usize,
     /// Clients each sensor is linked to (each with its own receiver).
     #[arg(long, default_value_t = 1)]

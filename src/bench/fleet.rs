@@ -31,7 +31,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let client = super::client(&receiver.url);
     let ids = super::sensor_ids(args.sensors);
     let t = Instant::now();
-    super::import(&dir, &ids, std::slice::from_ref(&client), None).await?;
+    // Unlinked at first: phase 1 measures tracking alone, not a million pending webhooks.
+    super::import(&dir, &ids, &[], None).await?;
     let import_secs = t.elapsed().as_secs_f64();
 
     // Phase 1: memory per tracked sensor.
@@ -74,7 +75,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let per_sensor = (rss_full.saturating_sub(rss_empty)) as f64 / args.sensors as f64;
     server.stop().await?;
 
-    // Phase 2: restart with a short timeout; all sensors expire together.
+    // Phase 2: link every sensor, restart with a short timeout; all expire together.
+    super::import(&dir, &ids, std::slice::from_ref(&client), None).await?;
     config.heartbeat_timeout = args.timeout;
     let t = Instant::now();
     let server = Server::start(config).await?;
@@ -135,7 +137,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("restart_ready_seconds", ready_secs, "s");
     r.add("all_lost_enqueued_after_deadline_s", lag, "s");
     r.notes.push(format!(
-        "Every sensor linked to one client. bytes_per_sensor = (RSS with the fleet tracked − RSS \
+        "Sensors unlinked while memory is measured, then each linked to one client for the \
+         restart. bytes_per_sensor = (RSS with the fleet tracked − RSS \
          of an empty latch) / sensors, measured in one process after malloc_trim; it includes \
          SQLite's page cache. Restart: {} sensors with state; timeout after restart {:?}.",
         args.sensors, args.timeout

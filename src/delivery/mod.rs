@@ -97,11 +97,18 @@ impl Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
         let (rec_tx, rec_rx) = mpsc::unbounded_channel();
         tracker.spawn(recorder(store.clone(), rec_rx));
-        let mut core = Core {
-            settings: Arc::new(settings),
-            store,
+        let settings = Arc::new(settings);
+        let (claims, claims_rx) = mpsc::unbounded_channel();
+        tracker.spawn(claimer(
+            store.clone(),
             http,
-            tx: tx.clone(),
+            settings.clone(),
+            tx.clone(),
+            tracker.clone(),
+            claims_rx,
+        ));
+        let mut core = Core {
+            settings,
             recorder: rec_tx,
             lanes: HashMap::new(),
             timers: BinaryHeap::new(),
@@ -110,7 +117,7 @@ impl Dispatcher {
             client_inflight: HashMap::new(),
             client_waiting: HashMap::new(),
             pending: 0,
-            tracker: tracker.clone(),
+            claims,
         };
         tracing::info!(
             pending = pending.len(),
@@ -123,6 +130,9 @@ impl Dispatcher {
 }
 
 type LaneKey = (Arc<str>, SensorId);
+
+/// Most heads claimed in one store call.
+const CLAIM_BATCH_MAX: usize = 1024;
 
 enum Cmd {
     Enqueue(Vec<NotificationRef>),
@@ -161,9 +171,6 @@ struct Lane {
 
 struct Core {
     settings: Arc<Settings>,
-    store: Arc<dyn Store>,
-    http: reqwest::Client,
-    tx: mpsc::UnboundedSender<Cmd>,
     recorder: mpsc::UnboundedSender<Outcome>,
     lanes: HashMap<LaneKey, Lane>,
     timers: BinaryHeap<Reverse<(Millis, LaneKey)>>,
@@ -172,7 +179,8 @@ struct Core {
     client_inflight: HashMap<Arc<str>, u32>,
     client_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
     pending: usize,
-    tracker: TaskTracker,
+    /// Heads admitted by the limits, on their way to the [`claimer`].
+    claims: mpsc::UnboundedSender<(LaneKey, String)>,
 }
 
 impl Core {
@@ -341,49 +349,9 @@ impl Core {
         if batch.is_empty() {
             return;
         }
-        let store = self.store.clone();
-        let http = self.http.clone();
-        let settings = self.settings.clone();
-        let tx = self.tx.clone();
-        let tracker = self.tracker.clone();
-        self.tracker.spawn(async move {
-            let now = now_ms();
-            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
-            let claims = store
-                .claim(ids, settings.node.clone(), now, now + settings.lease())
-                .await;
-            let claims = match claims {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
-                    for (lane, id) in batch {
-                        let result = Finished::Later(now + 1000);
-                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                    }
-                    return;
-                }
-            };
-            for ((lane, id), claim) in batch.into_iter().zip(claims) {
-                match claim {
-                    Claim::Send(s) => {
-                        let (http, settings, tx) = (http.clone(), settings.clone(), tx.clone());
-                        tracker.spawn(async move {
-                            let result = sender::send(&http, &s, settings.timeout).await;
-                            let result = Finished::Attempted(result);
-                            let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                        });
-                    }
-                    Claim::Done { status, .. } => {
-                        let result = Finished::Gone(status);
-                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                    }
-                    Claim::Leased { until, .. } => {
-                        let result = Finished::Later(until);
-                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                    }
-                }
-            }
-        });
+        for item in batch {
+            let _ = self.claims.send(item);
+        }
     }
 
     fn finish(&mut self, d: Done, now: Millis) {
@@ -538,5 +506,65 @@ async fn recorder(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Outcome
             }
         }
         batch.clear();
+    }
+}
+
+/// Claims due heads in batches: whatever piled up while the previous claim ran is claimed
+/// in one store call, so claims cost one transaction per batch under load, and spawns each
+/// attempt.
+async fn claimer(
+    store: Arc<dyn Store>,
+    http: reqwest::Client,
+    settings: Arc<Settings>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    tracker: TaskTracker,
+    mut rx: mpsc::UnboundedReceiver<(LaneKey, String)>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < CLAIM_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        {
+            let now = now_ms();
+            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
+            let claims = store
+                .claim(ids, settings.node.clone(), now, now + settings.lease())
+                .await;
+            let claims = match claims {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
+                    for (lane, id) in batch {
+                        let result = Finished::Later(now + 1000);
+                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    }
+                    continue;
+                }
+            };
+            for ((lane, id), claim) in batch.into_iter().zip(claims) {
+                match claim {
+                    Claim::Send(s) => {
+                        let (http, settings, tx) = (http.clone(), settings.clone(), tx.clone());
+                        tracker.spawn(async move {
+                            let result = sender::send(&http, &s, settings.timeout).await;
+                            let result = Finished::Attempted(result);
+                            let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                        });
+                    }
+                    Claim::Done { status, .. } => {
+                        let result = Finished::Gone(status);
+                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    }
+                    Claim::Leased { until, .. } => {
+                        let result = Finished::Later(until);
+                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    }
+                }
+            }
+        }
     }
 }

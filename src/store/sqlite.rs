@@ -37,12 +37,22 @@ pub enum Synchronous {
     Normal,
 }
 
+impl Synchronous {
+    fn as_pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
 struct Inner {
     /// Held for the store's life: one process per data folder.
     _lock: std::fs::File,
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+    sync: Synchronous,
 }
 
 /// SQLite implementation of [`Store`].
@@ -65,14 +75,7 @@ fn open_conn(path: &Path, sync: Synchronous) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(
-        None,
-        "synchronous",
-        match sync {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
-        },
-    )?;
+    conn.pragma_update(None, "synchronous", sync.as_pragma())?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
@@ -113,6 +116,7 @@ impl SqliteStore {
                 writer: Mutex::new(writer),
                 readers,
                 next_reader: AtomicUsize::new(0),
+                sync,
             }),
         })
     }
@@ -251,6 +255,95 @@ fn split_cursor(c: &str) -> Result<(i64, i64)> {
 
 fn limit_plus_one(p: &PageRequest) -> i64 {
     p.limit as i64 + 1
+}
+
+/// The claim itself, in one transaction.
+fn claim_tx(
+    c: &mut Connection,
+    ids: Vec<String>,
+    node: &str,
+    now: Millis,
+    lease_until: Millis,
+) -> Result<Vec<Claim>> {
+    {
+        {
+            let tx = c.transaction()?;
+            let mut out = Vec::with_capacity(ids.len());
+            {
+                let mut select = tx.prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS}, n.lease_until, n.claimed_by, c.url, c.secret, s.address, \
+                     l.client_id IS NOT NULL \
+                     FROM notifications n \
+                     LEFT JOIN clients c ON c.id = n.client_id \
+                     LEFT JOIN sensors s ON s.id = n.sensor_id \
+                     LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
+                     WHERE n.id = ?1"
+                ))?;
+                let mut lease = tx.prepare_cached(
+                    "UPDATE notifications SET claimed_by = ?2, lease_until = ?3 WHERE id = ?1",
+                )?;
+                let mut cancel = tx.prepare_cached(
+                    "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
+                )?;
+                for id in ids {
+                    let row = select
+                        .query_row([&id], |r| {
+                            Ok((
+                                notification(r)?,
+                                r.get::<_, Option<i64>>(14)?,
+                                r.get::<_, Option<String>>(15)?,
+                                r.get::<_, Option<String>>(16)?,
+                                r.get::<_, Option<String>>(17)?,
+                                r.get::<_, Option<String>>(18)?,
+                                r.get::<_, bool>(19)?,
+                            ))
+                        })
+                        .optional()?;
+                    let Some((n, lease_at, holder, url, secret, address, linked)) = row else {
+                        out.push(Claim::Done {
+                            id,
+                            status: Status::Cancelled,
+                        });
+                        continue;
+                    };
+                    if n.status != Status::Pending {
+                        out.push(Claim::Done {
+                            id,
+                            status: n.status,
+                        });
+                        continue;
+                    }
+                    if let Some(until) = lease_at
+                        && until > now
+                        && holder.as_deref() != Some(node)
+                    {
+                        out.push(Claim::Leased { id, until });
+                        continue;
+                    }
+                    match (url, secret, address, linked) {
+                        (Some(url), Some(secret), Some(address), true) => {
+                            lease.execute(params![id, node, lease_until])?;
+                            out.push(Claim::Send(Box::new(Sendable {
+                                notification: n,
+                                url,
+                                secret,
+                                address,
+                            })));
+                        }
+                        _ => {
+                            cancel.execute(params![id, now])?;
+                            out.push(Claim::Done {
+                                id,
+                                status: Status::Cancelled,
+                            });
+                        }
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(out)
+        }
+    }
 }
 
 /// Cancels pending notifications matching `cond` (a WHERE fragment over `notifications`).
@@ -713,81 +806,16 @@ impl Store for SqliteStore {
         now: Millis,
         lease_until: Millis,
     ) -> Result<Vec<Claim>> {
+        let sync = self.inner.sync;
         self.write(move |c| {
-            let tx = c.transaction()?;
-            let mut out = Vec::with_capacity(ids.len());
-            {
-                let mut select = tx.prepare_cached(&format!(
-                    "SELECT {NOTIF_COLS}, n.lease_until, n.claimed_by, c.url, c.secret, s.address, \
-                     l.client_id IS NOT NULL \
-                     FROM notifications n \
-                     LEFT JOIN clients c ON c.id = n.client_id \
-                     LEFT JOIN sensors s ON s.id = n.sensor_id \
-                     LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
-                     WHERE n.id = ?1"
-                ))?;
-                let mut lease = tx.prepare_cached(
-                    "UPDATE notifications SET claimed_by = ?2, lease_until = ?3 WHERE id = ?1",
-                )?;
-                let mut cancel = tx.prepare_cached(
-                    "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
-                )?;
-                for id in ids {
-                    let row = select
-                        .query_row([&id], |r| {
-                            Ok((
-                                notification(r)?,
-                                r.get::<_, Option<i64>>(14)?,
-                                r.get::<_, Option<String>>(15)?,
-                                r.get::<_, Option<String>>(16)?,
-                                r.get::<_, Option<String>>(17)?,
-                                r.get::<_, Option<String>>(18)?,
-                                r.get::<_, bool>(19)?,
-                            ))
-                        })
-                        .optional()?;
-                    let Some((n, lease_at, holder, url, secret, address, linked)) = row else {
-                        out.push(Claim::Done {
-                            id,
-                            status: Status::Cancelled,
-                        });
-                        continue;
-                    };
-                    if n.status != Status::Pending {
-                        out.push(Claim::Done {
-                            id,
-                            status: n.status,
-                        });
-                        continue;
-                    }
-                    if let Some(until) = lease_at
-                        && until > now
-                        && holder.as_deref() != Some(node.as_str())
-                    {
-                        out.push(Claim::Leased { id, until });
-                        continue;
-                    }
-                    match (url, secret, address, linked) {
-                        (Some(url), Some(secret), Some(address), true) => {
-                            lease.execute(params![id, node, lease_until])?;
-                            out.push(Claim::Send(Box::new(Sendable {
-                                notification: n,
-                                url,
-                                secret,
-                                address,
-                            })));
-                        }
-                        _ => {
-                            cancel.execute(params![id, now])?;
-                            out.push(Claim::Done {
-                                id,
-                                status: Status::Cancelled,
-                            });
-                        }
-                    }
-                }
-            }
-            tx.commit()?;
+            // Leases need no durability: every lease is released at open (one process per
+            // data folder), and a lost cancel is found again at the next claim. Skipping
+            // the fsync keeps claims cheap; the next synced commit flushes them anyway.
+            c.pragma_update(None, "synchronous", "OFF")?;
+            let result = claim_tx(c, ids, &node, now, lease_until);
+            let restored = c.pragma_update(None, "synchronous", sync.as_pragma());
+            let out = result?;
+            restored?;
             Ok(out)
         })
         .await
