@@ -61,7 +61,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
     // Send: batches of 500 changes; every pass over the sensors flips each one.
     let started = Instant::now();
-    let batch = 500usize.min(args.changes.max(1));
+    // Paced runs send small batches (100 a second), so a batch's burst does not count as
+    // delivery latency.
+    let batch = if args.rate > 0 {
+        (args.rate as usize / 100).clamp(1, 500)
+    } else {
+        500
+    }
+    .min(args.changes.max(1));
     let mut sent = 0usize;
     let mut pass = 0usize;
     while sent < args.changes {
