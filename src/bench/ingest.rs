@@ -31,9 +31,43 @@ pub struct Args {
     /// SQLite sync mode: full or normal.
     #[arg(long, default_value = "full")]
     pub sync: String,
+    /// How readings arrive: http, amqp or mqtt.
+    #[arg(long, default_value = "http")]
+    pub via: String,
+    /// Messages to send through a broker (`--via amqp|mqtt`).
+    #[arg(long, default_value_t = 100_000)]
+    pub messages: usize,
+    /// RabbitMQ to use with `--via amqp`.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
+    /// MQTT broker to use with `--via mqtt`.
+    #[arg(long, default_value = "mqtt://127.0.0.1:1883")]
+    pub mqtt_url: String,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
+    match args.via.as_str() {
+        "http" => {}
+        "amqp" => {
+            return super::broker::amqp(
+                &args.amqp_url,
+                args.sensors,
+                args.messages,
+                args.change_ratio,
+            )
+            .await;
+        }
+        "mqtt" => {
+            return super::broker::mqtt(
+                &args.mqtt_url,
+                args.sensors,
+                args.messages,
+                args.change_ratio,
+            )
+            .await;
+        }
+        other => anyhow::bail!("--via must be http, amqp or mqtt, not {other:?}"),
+    }
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(args.sensors);
     super::import(&dir, &ids, &[], None).await?;

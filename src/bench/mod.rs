@@ -3,6 +3,7 @@
 //! measures a baseline in the same run, prints a table and one JSON line, and records the
 //! figures with the command line in `BENCHMARKS.md`.
 
+pub mod broker;
 pub mod deliver;
 pub mod fleet;
 pub mod ingest;
@@ -102,8 +103,14 @@ pub fn machine() -> String {
 
 /// Replaces (or appends) the scenario's section of `BENCHMARKS.md`.
 fn record(file: &Path, r: &Report, command: &str) -> anyhow::Result<()> {
-    let begin = format!("<!-- bench:{} -->", r.scenario);
-    let end = format!("<!-- /bench:{} -->", r.scenario);
+    // One section per distinct command: re-running a command replaces its figures.
+    let key = command
+        .split_whitespace()
+        .filter(|w| !w.starts_with("--record") && !w.ends_with(".md"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let begin = format!("<!-- bench:{key} -->");
+    let end = format!("<!-- /bench:{key} -->");
     let mut section = format!(
         "{begin}\n## {}\n\n`{command}` — {} — {} (debug assertions: {})\n\n{}",
         r.scenario,

@@ -94,3 +94,25 @@ fn fleet_bench_sees_every_sensor_lost() {
     assert_eq!(n("sensors"), 200.0);
     assert!(n("all_lost_enqueued_after_deadline_s") >= 0.0, "{r}");
 }
+
+#[test]
+fn broker_benches_take_every_message() {
+    // The bench itself fails unless latch accepted every message it published.
+    for via in ["amqp", "mqtt"] {
+        let r = bench(&[
+            "ingest",
+            "--via",
+            via,
+            "--messages",
+            "400",
+            "--sensors",
+            "50",
+        ]);
+        let n = |k: &str| {
+            r[k].as_f64()
+                .unwrap_or_else(|| panic!("{k} missing in {r}"))
+        };
+        assert_eq!(n("messages"), 400.0, "{via}: {r}");
+        assert!(n("readings_per_s") > 0.0, "{via}: {r}");
+    }
+}
