@@ -68,6 +68,11 @@ impl SensorId {
         Ok(Self(packed))
     }
 
+    /// Rebuilds an id from [`SensorId::packed`]; only for values that came from it.
+    pub(crate) fn from_packed(packed: u128) -> Self {
+        Self(packed)
+    }
+
     /// The raw packed value, for compact in-memory indexes and hashing.
     pub fn packed(self) -> u128 {
         self.0

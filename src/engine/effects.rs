@@ -19,6 +19,8 @@ pub struct ReadingRecord {
 pub struct StateUpdate {
     pub sensor_id: SensorId,
     pub data: Option<bool>,
+    /// Set only when this batch changed the state; `None` keeps the stored one (memory does
+    /// not hold it).
     pub changed_at: Option<Millis>,
     pub last_ts: Option<Millis>,
     pub last_seen_at: Option<Millis>,

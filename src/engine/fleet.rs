@@ -1,6 +1,7 @@
 //! A shard's sensors: their state, and the deadline index that finds silent ones.
 //!
-//! Sensors live in a slab (`Vec<Slot>`, reused through a free list) indexed by id. Every
+//! Sensors live in a slab (`Vec<Slot>`, reused through a free list); a hash table of slab
+//! positions, hashed by the sensor id kept in the slot itself, finds them by id. Every
 //! online sensor is also on an intrusive doubly-linked list, one list per distinct heartbeat
 //! timeout, ordered by when it was last seen. A reading moves its sensor to the back of its
 //! list (O(1)); the fronts are the next to expire (O(1) to find, O(1) to take). Nothing ever
@@ -11,13 +12,24 @@
 //! A sensor's deadline is `max(last_seen, resumed_at) + timeout`, `resumed_at` being when
 //! this process started: latch's own downtime is not the sensor's silence. Since that is a
 //! monotone function of `last_seen`, a list ordered by `last_seen` is ordered by deadline.
+//!
+//! Memory is the point at 10M sensors: a slot is 48 bytes (the id's 96 bits, two times,
+//! two links, the timeout, the list and a packed byte of data and connection) and the table
+//! 4 bytes a slot plus control bytes. `changed_at` is not kept: the store has it, and a
+//! commit only writes it when the state changed.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 
 use super::rules::SensorState;
 use crate::domain::{Connection, Millis, SensorId};
 
 const NIL: u32 = u32::MAX;
+/// `last_seen_at` / `last_ts` of a sensor that never sent one.
+const NEVER: Millis = Millis::MIN;
+/// `group` of a sensor on no list.
+const NO_GROUP: u16 = u16::MAX;
 
 /// Moves `latch_sensors_lost`, the number of sensors currently lost, across all shards.
 pub fn lost_gauge(delta: f64) {
@@ -25,12 +37,87 @@ pub fn lost_gauge(delta: f64) {
 }
 
 struct Slot {
-    id: SensorId,
-    state: SensorState,
+    last_seen_at: Millis,
+    last_ts: Millis,
+    /// Low 64 of the id's 96 packed bits.
+    id_lo: u64,
+    id_hi: u32,
     prev: u32,
     next: u32,
+    /// Own heartbeat timeout in seconds; 0 for the service default.
+    timeout_s: u32,
     /// Index in `groups` while on a list.
-    group: Option<u16>,
+    group: u16,
+    /// Bits 0–1: data (0 none, 1 false, 2 true); bits 2–3: connection.
+    flags: u8,
+}
+
+impl Slot {
+    fn new(id: SensorId, s: &SensorState) -> Self {
+        let packed = id.packed();
+        let mut slot = Self {
+            last_seen_at: NEVER,
+            last_ts: NEVER,
+            id_lo: packed as u64,
+            id_hi: (packed >> 64) as u32,
+            prev: NIL,
+            next: NIL,
+            timeout_s: 0,
+            group: NO_GROUP,
+            flags: 0,
+        };
+        slot.set_state(s);
+        slot
+    }
+
+    fn id(&self) -> SensorId {
+        SensorId::from_packed(((self.id_hi as u128) << 64) | self.id_lo as u128)
+    }
+
+    fn state(&self) -> SensorState {
+        let opt = |t: Millis| (t != NEVER).then_some(t);
+        SensorState {
+            data: match self.flags & 3 {
+                1 => Some(false),
+                2 => Some(true),
+                _ => None,
+            },
+            changed_at: None,
+            last_ts: opt(self.last_ts),
+            last_seen_at: opt(self.last_seen_at),
+            connection: match (self.flags >> 2) & 3 {
+                1 => Connection::Online,
+                2 => Connection::Lost,
+                _ => Connection::Unknown,
+            },
+            heartbeat_timeout_s: (self.timeout_s != 0).then_some(self.timeout_s),
+        }
+    }
+
+    fn set_state(&mut self, s: &SensorState) {
+        let data = match s.data {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        };
+        let conn = match s.connection {
+            Connection::Unknown => 0,
+            Connection::Online => 1,
+            Connection::Lost => 2,
+        };
+        self.flags = data | (conn << 2);
+        self.last_seen_at = s.last_seen_at.unwrap_or(NEVER);
+        self.last_ts = s.last_ts.unwrap_or(NEVER);
+        self.timeout_s = s.heartbeat_timeout_s.unwrap_or(0);
+    }
+
+    fn connection(&self) -> Connection {
+        match (self.flags >> 2) & 3 {
+            1 => Connection::Online,
+            2 => Connection::Lost,
+            _ => Connection::Unknown,
+        }
+    }
 }
 
 struct Group {
@@ -41,7 +128,8 @@ struct Group {
 
 /// The sensors of one shard.
 pub struct Fleet {
-    index: HashMap<SensorId, u32>,
+    index: HashTable<u32>,
+    hasher: RandomState,
     slots: Vec<Slot>,
     free: Vec<u32>,
     groups: Vec<Group>,
@@ -52,13 +140,24 @@ pub struct Fleet {
 impl Fleet {
     pub fn new(default_timeout_ms: Millis, resumed_at: Millis) -> Self {
         Self {
-            index: HashMap::new(),
+            index: HashTable::new(),
+            hasher: RandomState::new(),
             slots: Vec::new(),
             free: Vec::new(),
             groups: Vec::new(),
             default_timeout_ms,
             resumed_at,
         }
+    }
+
+    /// Makes room for `n` more sensors at once, so a load does not leave the slab and table
+    /// with doubling slack.
+    pub fn reserve(&mut self, n: usize) {
+        self.slots.reserve_exact(n);
+        let hasher = &self.hasher;
+        let slots = &self.slots;
+        self.index
+            .reserve(n, |&i| hasher.hash_one(slots[i as usize].id().packed()));
     }
 
     pub fn len(&self) -> usize {
@@ -69,26 +168,32 @@ impl Fleet {
         self.index.is_empty()
     }
 
-    pub fn get(&self, id: SensorId) -> Option<&SensorState> {
-        self.index.get(&id).map(|&i| &self.slots[i as usize].state)
+    fn find(&self, id: SensorId) -> Option<u32> {
+        let h = self.hasher.hash_one(id.packed());
+        let (lo, hi) = (id.packed() as u64, (id.packed() >> 64) as u32);
+        self.index
+            .find(h, |&i| {
+                let s = &self.slots[i as usize];
+                s.id_lo == lo && s.id_hi == hi
+            })
+            .copied()
+    }
+
+    /// A sensor's state (`changed_at` is not kept here: always `None`).
+    pub fn get(&self, id: SensorId) -> Option<SensorState> {
+        self.find(id).map(|i| self.slots[i as usize].state())
     }
 
     /// Adds a sensor (or replaces its state), listing it when online.
     pub fn insert(&mut self, id: SensorId, state: SensorState) {
-        if self.index.contains_key(&id) {
+        if self.find(id).is_some() {
             self.update(id, state);
             return;
         }
         if state.connection == Connection::Lost {
             lost_gauge(1.0);
         }
-        let slot = Slot {
-            id,
-            state,
-            prev: NIL,
-            next: NIL,
-            group: None,
-        };
+        let slot = Slot::new(id, &state);
         let i = match self.free.pop() {
             Some(i) => {
                 self.slots[i as usize] = slot;
@@ -99,7 +204,10 @@ impl Fleet {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.index.insert(id, i);
+        let h = self.hasher.hash_one(id.packed());
+        let (hasher, slots) = (&self.hasher, &self.slots);
+        self.index
+            .insert_unique(h, i, |&j| hasher.hash_one(slots[j as usize].id().packed()));
         if state.connection == Connection::Online {
             self.link_ordered(i);
         }
@@ -107,18 +215,29 @@ impl Fleet {
 
     /// Forgets a sensor; returns its last state.
     pub fn remove(&mut self, id: SensorId) -> Option<SensorState> {
-        let i = self.index.remove(&id)?;
+        let h = self.hasher.hash_one(id.packed());
+        let (lo, hi) = (id.packed() as u64, (id.packed() >> 64) as u32);
+        let slots = &self.slots;
+        let entry = self
+            .index
+            .find_entry(h, |&i| {
+                let s = &slots[i as usize];
+                s.id_lo == lo && s.id_hi == hi
+            })
+            .ok()?;
+        let (i, _) = entry.remove();
         self.unlink(i);
         self.free.push(i);
-        Some(self.slots[i as usize].state)
+        Some(self.slots[i as usize].state())
     }
 
     /// Takes a committed new state: a sensor seen again moves to the back of its list; one
     /// that is no longer online leaves it.
     /// Returns the state it replaced (`None` for an unknown sensor).
     pub fn update(&mut self, id: SensorId, new: SensorState) -> Option<SensorState> {
-        let &i = self.index.get(&id)?;
-        let old = std::mem::replace(&mut self.slots[i as usize].state, new);
+        let i = self.find(id)?;
+        let old = self.slots[i as usize].state();
+        self.slots[i as usize].set_state(&new);
         if new.heartbeat_timeout_s != old.heartbeat_timeout_s {
             self.unlink(i);
             if new.connection == Connection::Online {
@@ -145,24 +264,22 @@ impl Fleet {
         if let Some(s) = self.get(id) {
             let new = SensorState {
                 heartbeat_timeout_s: timeout_s,
-                ..*s
+                ..s
             };
             self.update(id, new);
         }
     }
 
-    fn timeout_ms(&self, s: &SensorState) -> Millis {
-        s.heartbeat_timeout_s
-            .map_or(self.default_timeout_ms, |t| t as Millis * 1000)
+    fn timeout_ms(&self, i: u32) -> Millis {
+        match self.slots[i as usize].timeout_s {
+            0 => self.default_timeout_ms,
+            t => t as Millis * 1000,
+        }
     }
 
     /// When a listed sensor goes lost.
     fn deadline(&self, i: u32, g: &Group) -> Millis {
-        let s = &self.slots[i as usize].state;
-        s.last_seen_at
-            .unwrap_or(self.resumed_at)
-            .max(self.resumed_at)
-            + g.timeout_ms
+        self.slots[i as usize].last_seen_at.max(self.resumed_at) + g.timeout_ms
     }
 
     /// The earliest deadline of all online sensors.
@@ -185,7 +302,7 @@ impl Fleet {
                 if d > now {
                     break;
                 }
-                out.push((self.slots[i as usize].id, d));
+                out.push((self.slots[i as usize].id(), d));
                 i = self.slots[i as usize].next;
             }
         }
@@ -205,8 +322,7 @@ impl Fleet {
     }
 
     fn link_back(&mut self, i: u32) {
-        let t = self.timeout_ms(&self.slots[i as usize].state);
-        let g = self.group_for(t);
+        let g = self.group_for(self.timeout_ms(i));
         let tail = self.groups[g as usize].tail;
         self.link_after(i, g, tail);
     }
@@ -214,11 +330,10 @@ impl Fleet {
     /// Links in `last_seen` order, walking from the back: a sensor just seen lands at the
     /// back at once; only a timeout change or a load moves one further in.
     fn link_ordered(&mut self, i: u32) {
-        let t = self.timeout_ms(&self.slots[i as usize].state);
-        let g = self.group_for(t);
-        let seen = self.slots[i as usize].state.last_seen_at;
+        let g = self.group_for(self.timeout_ms(i));
+        let seen = self.slots[i as usize].last_seen_at;
         let mut after = self.groups[g as usize].tail;
-        while after != NIL && self.slots[after as usize].state.last_seen_at > seen {
+        while after != NIL && self.slots[after as usize].last_seen_at > seen {
             after = self.slots[after as usize].prev;
         }
         self.link_after(i, g, after);
@@ -226,6 +341,7 @@ impl Fleet {
 
     /// Links `i` into group `g` after node `after` (`NIL`: at the front).
     fn link_after(&mut self, i: u32, g: u16, after: u32) {
+        debug_assert_eq!(self.slots[i as usize].connection(), Connection::Online);
         let next = if after == NIL {
             self.groups[g as usize].head
         } else {
@@ -235,7 +351,7 @@ impl Fleet {
             let s = &mut self.slots[i as usize];
             s.prev = after;
             s.next = next;
-            s.group = Some(g);
+            s.group = g;
         }
         if after == NIL {
             self.groups[g as usize].head = i;
@@ -252,19 +368,22 @@ impl Fleet {
     fn unlink(&mut self, i: u32) {
         let (prev, next, group) = {
             let s = &mut self.slots[i as usize];
-            let r = (s.prev, s.next, s.group.take());
+            let r = (s.prev, s.next, std::mem::replace(&mut s.group, NO_GROUP));
             s.prev = NIL;
             s.next = NIL;
             r
         };
-        let Some(g) = group else { return };
+        if group == NO_GROUP {
+            return;
+        }
+        let g = group as usize;
         if prev == NIL {
-            self.groups[g as usize].head = next;
+            self.groups[g].head = next;
         } else {
             self.slots[prev as usize].next = next;
         }
         if next == NIL {
-            self.groups[g as usize].tail = prev;
+            self.groups[g].tail = prev;
         } else {
             self.slots[next as usize].prev = prev;
         }
@@ -357,6 +476,26 @@ mod tests {
         f.insert(id("a"), online(MIN, None));
         assert_eq!(f.next_deadline(), Some(60 * MIN));
         assert!(f.expired(59 * MIN, 10).is_empty());
+    }
+
+    #[test]
+    fn a_slot_is_48_bytes_and_round_trips_the_state() {
+        assert_eq!(std::mem::size_of::<Slot>(), 48);
+        let mut f = Fleet::new(10 * MIN, 0);
+        let long = id("Zz09abcdefghijkl");
+        let s = SensorState {
+            data: Some(false),
+            changed_at: None,
+            last_ts: Some(-5),
+            last_seen_at: Some(7 * MIN),
+            connection: Connection::Lost,
+            heartbeat_timeout_s: Some(90),
+        };
+        f.insert(long, s);
+        assert_eq!(f.get(long), Some(s));
+        assert_eq!(f.get(id("Zz09abcdefghijk")), None, "a prefix is another id");
+        f.insert(id("n"), SensorState::new(None));
+        assert_eq!(f.get(id("n")), Some(SensorState::new(None)));
     }
 
     #[test]

@@ -110,6 +110,12 @@ impl Engine {
         let mut maps: Vec<Fleet> = (0..shards)
             .map(|_| Fleet::new(timeout_ms, resumed_at))
             .collect();
+        let sensors = sensors.into_iter();
+        let expected = sensors.size_hint().0 / shards.max(1);
+        for m in &mut maps {
+            // A little over the even share: hashing spreads sensors only about evenly.
+            m.reserve(expected + expected / 64 + 16);
+        }
         for (id, state) in sensors {
             maps[shard_of(&hasher, id, shards)].insert(id, state);
         }
@@ -287,7 +293,7 @@ impl Shard {
             let Some(current) = self.map.get(id) else {
                 continue;
             };
-            let state = p.scratch.entry(id).or_insert(*current);
+            let state = p.scratch.entry(id).or_insert(current);
             state.connection = Connection::Lost;
             p.batch.events.push(Event {
                 sensor_id: id,
@@ -348,7 +354,7 @@ impl Shard {
                 let Some(current) = self.map.get(r.sensor_id) else {
                     return Some(Rejection::unknown_sensor(r.sensor_id));
                 };
-                p.scratch.entry(r.sensor_id).or_insert(*current)
+                p.scratch.entry(r.sensor_id).or_insert(current)
             }
         };
         let ts = r.ts.unwrap_or(received_at);

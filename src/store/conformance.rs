@@ -206,6 +206,16 @@ async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
     assert_eq!(status.changed_at, Some(10_000));
     assert_eq!(status.connection, Connection::Online);
 
+    // A state write without a change leaves changed_at as stored.
+    let mut repeat = change("cm1", true, None, 10_500);
+    repeat.events.clear();
+    repeat.readings.clear();
+    repeat.states[0].changed_at = None;
+    s.commit(repeat, 10_500).await.unwrap();
+    let (_, status) = s.get_sensor(sid("cm1")).await.unwrap().unwrap();
+    assert_eq!(status.changed_at, Some(10_000), "kept when unchanged");
+    assert_eq!(status.last_seen_at, Some(10_500));
+
     // A newer change supersedes the older pending, unleased ones.
     let newer = s
         .commit(change("cm1", false, Some(true), 20_000), 20_000)

@@ -1035,7 +1035,7 @@ fn commit_batch(
             "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
              SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1) \
              ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
-             changed_at = excluded.changed_at, last_ts = excluded.last_ts, \
+             changed_at = COALESCE(excluded.changed_at, sensor_state.changed_at), last_ts = excluded.last_ts, \
              last_seen_at = excluded.last_seen_at, connection = excluded.connection",
         )?;
         for s in &batch.states {

@@ -86,13 +86,17 @@ async fn state_follows_changes_and_ignores_repeats() {
         (1, "2026-11-22T10:00:00Z"),
         (1, "2026-11-22T10:01:00Z"),
         (0, "2026-11-22T10:02:00Z"),
+        (0, "2026-11-22T10:03:00Z"),
     ] {
         s.readings(json!([{"sensor_id": id, "data": d, "ts": ts}]))
             .await;
     }
     let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
     assert_eq!(body["status"]["data"], 0);
-    assert_eq!(body["status"]["changed_at"], "2026-11-22T10:02:00.000Z");
+    assert_eq!(
+        body["status"]["changed_at"], "2026-11-22T10:02:00.000Z",
+        "a repeat is not a change"
+    );
     assert_eq!(body["status"]["connection"], "online");
     assert!(body["status"]["last_seen_at"].is_string());
     let (_, events) = s.get(&format!("/v1/sensors/{id}/events")).await;
