@@ -54,7 +54,10 @@ pub async fn run(
     let dispatcher_stop = CancellationToken::new();
     let dispatcher = delivery::Dispatcher::start(
         store.clone(),
-        delivery::Settings::from_config(&config),
+        delivery::Settings {
+            node: store::node_id(&config.data_dir)?,
+            ..delivery::Settings::from_config(&config)
+        },
         dispatcher_stop.clone(),
         config.shutdown_grace,
         &tasks,

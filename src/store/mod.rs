@@ -12,6 +12,7 @@ use crate::domain::{
 };
 pub use crate::engine::effects::{CommitBatch, ReadingRecord, StateUpdate};
 
+pub mod postgres;
 pub mod sqlite;
 
 #[cfg(test)]
@@ -248,13 +249,48 @@ pub trait Store: Send + Sync + 'static {
     async fn count_pending(&self) -> Result<u64>;
 }
 
+/// Locks a data folder for this process: one latch per folder, whatever the backend (the
+/// folder also holds the node id that leases are taken under).
+pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("data_dir: cannot create {}: {e}", dir.display()))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("latch.lock"))?;
+    lock.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "data_dir: {} is in use by another latch process",
+            dir.display()
+        )
+    })?;
+    Ok(lock)
+}
+
+/// This node's name on leases, kept in the data folder: a node restarted on the same folder
+/// takes its own unexpired leases back at once instead of waiting them out.
+pub fn node_id(dir: &std::path::Path) -> anyhow::Result<String> {
+    let path = dir.join("node-id");
+    if let Ok(id) = std::fs::read_to_string(&path)
+        && !id.trim().is_empty()
+    {
+        return Ok(id.trim().to_string());
+    }
+    let id = format!("latch-{}", ulid::Ulid::new());
+    std::fs::write(&path, &id)
+        .map_err(|e| anyhow::anyhow!("data_dir: cannot write {}: {e}", path.display()))?;
+    Ok(id)
+}
+
 /// Opens the store the configuration names.
 pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            anyhow::bail!(
-                "database_url: the PostgreSQL backend is not available in this build yet; unset LATCH_DATABASE_URL to use the embedded store"
-            )
+            let lock = lock_data_dir(&config.data_dir)?;
+            Ok(std::sync::Arc::new(
+                postgres::PgStore::connect(url).await?.holding(lock),
+            ))
         }
         Some(url) => anyhow::bail!(
             "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"

@@ -88,17 +88,7 @@ impl SqliteStore {
             .map_err(|e| anyhow::anyhow!("data_dir: cannot create {}: {e}", dir.display()))?;
         // The embedded store belongs to one process. The lock makes that a fact, which is
         // what lets us release every lease at open: whoever held them is gone.
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("latch.lock"))?;
-        lock.try_lock().map_err(|_| {
-            anyhow::anyhow!(
-                "data_dir: {} is in use by another latch process",
-                dir.display()
-            )
-        })?;
+        let lock = super::lock_data_dir(dir)?;
         let path = dir.join("latch.db");
         let mut writer = open_conn(&path, sync)?;
         migrate(&mut writer)?;

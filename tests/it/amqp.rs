@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
 
 fn url() -> String {
-    std::env::var("LATCH_TEST_AMQP_URL")
+    std::env::var("TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 

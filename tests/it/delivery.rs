@@ -314,13 +314,17 @@ struct Process {
 }
 
 impl Process {
-    fn start(dir: &std::path::Path) -> Self {
+    fn start(dir: &std::path::Path, database_url: Option<String>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_latch"))
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_latch"));
+        if let Some(url) = database_url {
+            cmd.env("LATCH_DATABASE_URL", url);
+        }
+        let child = cmd
             .arg("serve")
             .env("LATCH_LISTEN", format!("127.0.0.1:{port}"))
             .env("LATCH_DATA_DIR", dir)
@@ -360,7 +364,7 @@ async fn kill_9_with_pending_notifications_then_restart_delivers_all() {
     let http = reqwest::Client::new();
     let r = Receiver::start().await;
     r.always(Answer::status(503));
-    let p = Process::start(dir.path());
+    let p = Process::start(dir.path(), crate::utils::database_url(dir.path()).await);
     p.ready(&http).await;
     let post = |path: &str, body: Value| {
         let req = http.post(format!("{}{path}", p.base)).json(&body);
@@ -388,7 +392,7 @@ async fn kill_9_with_pending_notifications_then_restart_delivers_all() {
     p.kill9();
 
     r.always(Answer::status(200));
-    let p = Process::start(dir.path());
+    let p = Process::start(dir.path(), crate::utils::database_url(dir.path()).await);
     p.ready(&http).await;
     let delivered = eventually(20, "all 5 delivered after restart", || async {
         let body: Value = http

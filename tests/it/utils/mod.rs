@@ -51,6 +51,7 @@ impl TestServer {
     /// Starts on an existing data folder (restart tests).
     pub async fn start_in(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Self {
         let mut config = fast_config(dir);
+        config.database_url = database_url(dir).await;
         tweak(&mut config);
         let token = config.api_token.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -332,4 +333,29 @@ pub fn service_missing(service: &str, error: impl std::fmt::Display) -> bool {
     }
     eprintln!("SKIPPED: {service} not reachable ({error}); CI runs this test.");
     true
+}
+
+/// The PostgreSQL URL the integration tests run on when `TEST_STORE=postgres`:
+/// one schema per data folder (so a restart on the same folder finds its data), created
+/// on first use. `None`: the embedded SQLite store.
+pub async fn database_url(dir: &Path) -> Option<String> {
+    if std::env::var("TEST_STORE").ok().as_deref() != Some("postgres") {
+        return None;
+    }
+    let base = std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    let schema = format!("latch_it_{:016x}", h.finish());
+    let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("TEST_STORE=postgres but no PostgreSQL: {e}"));
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        .await
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
 }
