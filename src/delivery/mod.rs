@@ -57,10 +57,10 @@ impl Settings {
         }
     }
 
-    /// How long a claim holds a notification: the attempt's timeout and a margin, so a
-    /// lease only runs out when its holder is gone.
+    /// How long a claim holds a notification: twice the attempt's timeout and a margin
+    /// for recording the result, so a lease only runs out when its holder is gone.
     fn lease(&self) -> Millis {
-        self.timeout.as_millis() as Millis + 30_000
+        2 * self.timeout.as_millis() as Millis + 5_000
     }
 }
 
@@ -94,6 +94,7 @@ impl Dispatcher {
             .build()
             .map_err(Error::Http)?;
         let pending = store.load_pending().await?;
+        let core_store = store.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let (rec_tx, rec_rx) = mpsc::unbounded_channel();
         tracker.spawn(recorder(store.clone(), rec_rx));
@@ -124,6 +125,9 @@ impl Dispatcher {
             "Dispatcher loaded pending notifications."
         );
         core.enqueue(pending, now_ms());
+        if core_store.shared() {
+            tracker.spawn(sweeper(core_store, tx.clone(), stop.clone()));
+        }
         tracker.spawn(core.run(rx, stop, grace));
         Ok(Self { tx })
     }
@@ -565,6 +569,29 @@ async fn claimer(
                     }
                 }
             }
+        }
+    }
+}
+
+/// How often a node sharing its store with others looks for pending notifications it was
+/// not told about: written by another node, or left by one that died.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// On a shared store, feeds every pending notification to the dispatcher now and then; the
+/// dispatcher skips the ones it knows, and claims (with leases) settle who sends what.
+async fn sweeper(store: Arc<dyn Store>, tx: mpsc::UnboundedSender<Cmd>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+        match store.load_pending().await {
+            Ok(refs) => {
+                if tx.send(Cmd::Enqueue(refs)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "Looking for pending notifications failed."),
         }
     }
 }

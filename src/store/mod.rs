@@ -247,6 +247,11 @@ pub trait Store: Send + Sync + 'static {
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef>;
     /// Pending notifications counted, for the gauge.
     async fn count_pending(&self) -> Result<u64>;
+    /// Whether other latch nodes may write this store too (so the dispatcher must look
+    /// for work it was not handed).
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Locks a data folder for this process: one latch per folder, whatever the backend (the

@@ -314,6 +314,10 @@ async fn check_pair(
 
 #[async_trait]
 impl Store for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
     async fn ping(&self) -> Result<()> {
         self.pool.get().await?.query_one("SELECT 1", &[]).await?;
         Ok(())

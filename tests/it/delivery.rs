@@ -308,13 +308,13 @@ async fn unlinking_cancels_pending_notifications() {
 }
 
 /// Runs the real binary, so it can be killed with SIGKILL.
-struct Process {
+pub(crate) struct Process {
     child: std::process::Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Process {
-    fn start(dir: &std::path::Path, database_url: Option<String>) -> Self {
+    pub(crate) fn start(dir: &std::path::Path, database_url: Option<String>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -330,6 +330,7 @@ impl Process {
             .env("LATCH_DATA_DIR", dir)
             .env("LATCH_RETRY_BASE", "300ms")
             .env("LATCH_RETRY_MAX_DELAY", "1s")
+            .env("LATCH_DELIVERY_TIMEOUT", "1s")
             .env("LATCH_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -340,7 +341,7 @@ impl Process {
         }
     }
 
-    async fn ready(&self, http: &reqwest::Client) {
+    pub(crate) async fn ready(&self, http: &reqwest::Client) {
         eventually(20, "latch process ready", || async {
             http.get(format!("{}/readyz", self.base))
                 .send()
@@ -352,7 +353,7 @@ impl Process {
         .await;
     }
 
-    fn kill9(mut self) {
+    pub(crate) fn kill9(mut self) {
         self.child.kill().unwrap(); // SIGKILL on Unix
         self.child.wait().unwrap();
     }

@@ -5,6 +5,7 @@ mod bench;
 mod delivery;
 mod liveness;
 mod mqtt;
+mod nodes;
 mod readings;
 mod registry;
 mod utils;

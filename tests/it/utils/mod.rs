@@ -316,8 +316,17 @@ async fn receive(
             .or(st.default)
             .unwrap_or(Answer::status(200))
     };
+    // Counted out even when the sender hangs up mid-answer (a killed node): the handler is
+    // then dropped, and the guard still runs.
+    struct Out(Arc<Mutex<ReceiverState>>, String);
+    impl Drop for Out {
+        fn drop(&mut self) {
+            let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            *st.inflight.entry(std::mem::take(&mut self.1)).or_default() -= 1;
+        }
+    }
+    let _out = Out(state.clone(), sensor);
     tokio::time::sleep(answer.delay).await;
-    *state.lock().unwrap().inflight.entry(sensor).or_default() -= 1;
     let mut h = HeaderMap::new();
     if let Some(s) = answer.retry_after {
         h.insert("retry-after", s.to_string().parse().unwrap());
@@ -335,27 +344,33 @@ pub fn service_missing(service: &str, error: impl std::fmt::Display) -> bool {
     true
 }
 
-/// The PostgreSQL URL the integration tests run on when `TEST_STORE=postgres`:
-/// one schema per data folder (so a restart on the same folder finds its data), created
-/// on first use. `None`: the embedded SQLite store.
+/// The PostgreSQL URL the integration tests run on when `TEST_STORE=postgres`. `None`:
+/// the embedded SQLite store.
 pub async fn database_url(dir: &Path) -> Option<String> {
     if std::env::var("TEST_STORE").ok().as_deref() != Some("postgres") {
         return None;
     }
+    Some(
+        postgres_url(dir)
+            .await
+            .unwrap_or_else(|e| panic!("TEST_STORE=postgres but no PostgreSQL: {e}")),
+    )
+}
+
+/// A PostgreSQL URL with one schema per data folder (so a restart on the same folder finds
+/// its data), created on first use.
+pub async fn postgres_url(dir: &Path) -> Result<String, tokio_postgres::Error> {
     let base = std::env::var("TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);
     let schema = format!("latch_it_{:016x}", h.finish());
-    let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("TEST_STORE=postgres but no PostgreSQL: {e}"));
+    let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-        .await
-        .unwrap();
+        .await?;
     let sep = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+    Ok(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
 }
