@@ -33,7 +33,7 @@ enum Command {
     /// Measure: run a load scenario against an in-process latch.
     Bench {
         #[command(subcommand)]
-        scenario: Scenario,
+        scenario: Box<Scenario>,
         /// Where to record the figures.
         #[arg(long, default_value = "BENCHMARKS.md", global = true)]
         record: PathBuf,
@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join(" ");
             tokio::runtime::Runtime::new()?.block_on(async {
-                let report = match scenario {
+                let report = match *scenario {
                     Scenario::Ingest(a) => latch::bench::ingest::run(a).await?,
                     Scenario::Deliver(a) => latch::bench::deliver::run(a).await?,
                     Scenario::Fleet(a) => latch::bench::fleet::run(a).await?,

@@ -166,7 +166,7 @@ pub async fn amqp(
 ) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(sensors);
-    super::import(&dir, &ids, &[], None).await?;
+    super::import(&super::config(&dir), &ids, &[], None).await?;
     let bodies = bodies(&ids, messages, ratio);
     let tag = ulid::Ulid::new().to_string().to_lowercase();
     let (queue, bare) = (format!("bench.{tag}"), format!("bench.{tag}.bare"));
@@ -288,7 +288,7 @@ pub async fn mqtt(
     let (host, port) = opts.broker_address();
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(sensors);
-    super::import(&dir, &ids, &[], None).await?;
+    super::import(&super::config(&dir), &ids, &[], None).await?;
     let prefix = format!("bench{}", ulid::Ulid::new());
     let filter = format!("{prefix}/+/state");
     let bodies = bodies(&ids, messages, ratio);

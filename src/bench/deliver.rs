@@ -31,6 +31,9 @@ pub struct Args {
     /// Share of webhook requests the receivers fail with 500.
     #[arg(long, default_value_t = 0.0)]
     pub fail_ratio: f64,
+    /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
+    #[arg(long)]
+    pub database_url: Option<String>,
     /// Requests of the direct-to-receiver baseline.
     #[arg(long, default_value_t = 20_000)]
     pub baseline_requests: usize,
@@ -51,8 +54,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
     let ids = super::sensor_ids(args.sensors);
-    super::import(&dir, &ids, &clients, None).await?;
+    let pg = match &args.database_url {
+        Some(base) => Some(super::PgSchema::create(base).await?),
+        None => None,
+    };
     let mut config = super::config(&dir);
+    config.database_url = pg.as_ref().map(|p| p.url.clone());
+    super::import(&config, &ids, &clients, None).await?;
     config.retry_base = Duration::from_millis(100);
     config.retry_max_delay = Duration::from_secs(2);
     let server = Server::start(config).await?;
@@ -121,6 +129,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         .sum();
     let counts = outbox_counts(&server.base, &http).await?;
     server.stop().await?;
+    if let Some(pg) = pg {
+        pg.drop().await?;
+    }
 
     let mut lat: Vec<f64> = receivers
         .iter()
@@ -163,9 +174,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     );
     r.add("ratio_to_direct", rate / baseline, "x");
     r.notes.push(format!(
-        "{} sensors x {} clients, {} changes, rate {}, fail ratio {}; latency from occurred_at \
+        "Store: {}. {} sensors x {} clients, {} changes, rate {}, fail ratio {}; latency from occurred_at \
          (receive time of the reading) to the receiver; baseline: the receiver hammered \
          directly by 256 concurrent requests. Passes over the fleet: {}.",
+        if args.database_url.is_some() {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        },
         args.sensors,
         args.clients,
         args.changes,

@@ -32,7 +32,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let ids = super::sensor_ids(args.sensors);
     let t = Instant::now();
     // Unlinked at first: phase 1 measures tracking alone, not a million pending webhooks.
-    super::import(&dir, &ids, &[], None).await?;
+    super::import(&super::config(&dir), &ids, &[], None).await?;
     let import_secs = t.elapsed().as_secs_f64();
 
     // Phase 1: memory per tracked sensor.
@@ -76,7 +76,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     server.stop().await?;
 
     // Phase 2: link every sensor, restart with a short timeout; all expire together.
-    super::import(&dir, &ids, std::slice::from_ref(&client), None).await?;
+    super::import(
+        &super::config(&dir),
+        &ids,
+        std::slice::from_ref(&client),
+        None,
+    )
+    .await?;
     config.heartbeat_timeout = args.timeout;
     let t = Instant::now();
     let server = Server::start(config).await?;

@@ -31,6 +31,9 @@ pub struct Args {
     /// SQLite sync mode: full or normal.
     #[arg(long, default_value = "full")]
     pub sync: String,
+    /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
+    #[arg(long)]
+    pub database_url: Option<String>,
     /// How readings arrive: http, amqp or mqtt.
     #[arg(long, default_value = "http")]
     pub via: String,
@@ -70,8 +73,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(args.sensors);
-    super::import(&dir, &ids, &[], None).await?;
+    let pg = match &args.database_url {
+        Some(base) => Some(super::PgSchema::create(base).await?),
+        None => None,
+    };
     let mut config = super::config(&dir);
+    config.database_url = pg.as_ref().map(|p| p.url.clone());
+    super::import(&config, &ids, &[], None).await?;
     config.sqlite_synchronous = match args.sync.as_str() {
         "normal" => crate::store::sqlite::Synchronous::Normal,
         _ => crate::store::sqlite::Synchronous::Full,
@@ -148,22 +156,34 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let total = accepted.load(Ordering::Relaxed);
     let rate = total as f64 / elapsed;
 
-    let baseline = raw_sqlite_rate(
-        args.batch,
-        (total as usize).clamp(10_000, 2_000_000),
-        &args.sync,
-    )?;
+    let rows = (total as usize).clamp(10_000, 2_000_000);
     let mut r = Report::new("ingest");
     r.add("readings_accepted", total as f64, "readings");
     r.add("readings_per_s", rate.round(), "readings/s");
     r.add("request_p50_ms", percentile(&lat, 50.0), "ms");
     r.add("request_p99_ms", percentile(&lat, 99.0), "ms");
     r.add("request_errors", errors as f64, "requests");
-    r.add("baseline_raw_sqlite_rows_per_s", baseline.round(), "rows/s");
-    r.add("ratio_to_raw_sqlite", rate / baseline, "x");
+    match &pg {
+        Some(pg) => {
+            let baseline = raw_postgres_rate(&pg.url, args.batch, rows).await?;
+            r.add(
+                "baseline_raw_postgres_rows_per_s",
+                baseline.round(),
+                "rows/s",
+            );
+            r.add("ratio_to_raw_postgres", rate / baseline, "x");
+        }
+        None => {
+            let baseline = raw_sqlite_rate(args.batch, rows, &args.sync)?;
+            r.add("baseline_raw_sqlite_rows_per_s", baseline.round(), "rows/s");
+            r.add("ratio_to_raw_sqlite", rate / baseline, "x");
+        }
+    }
     r.notes.push(format!(
-        "{} sensors, batches of {}, {} workers, {:.0} % changes, sqlite synchronous={}; \
-         baseline: the same rows inserted into SQLite directly in transactions of {}.",
+        "Store: {}. {} sensors, batches of {}, {} workers, {:.0} % changes, sqlite \
+         synchronous={}; baseline: the same rows inserted into the same database directly, \
+         one transaction (one multi-row statement on PostgreSQL) per {} rows.",
+        if pg.is_some() { "PostgreSQL" } else { "SQLite" },
         args.sensors,
         args.batch,
         args.workers,
@@ -171,6 +191,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         args.sync,
         args.batch
     ));
+    if let Some(pg) = pg {
+        pg.drop().await?;
+    }
     Ok(r)
 }
 
@@ -214,6 +237,42 @@ fn raw_sqlite_rate(batch: usize, rows: usize, sync: &str) -> anyhow::Result<f64>
             }
         }
         tx.commit()?;
+        done += batch;
+    }
+    Ok(done as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Rows/s of plain PostgreSQL inserts of reading rows into a table like latch's (same
+/// columns and index, unpartitioned), one `UNNEST` statement and transaction per `batch`.
+async fn raw_postgres_rate(url: &str, batch: usize, rows: usize) -> anyhow::Result<f64> {
+    let (mut c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    c.batch_execute(
+        "CREATE TABLE raw_readings (id BIGINT GENERATED ALWAYS AS IDENTITY, sensor_id TEXT NOT NULL, \
+         ts BIGINT NOT NULL, received_at BIGINT NOT NULL, data BOOLEAN NOT NULL, late BOOLEAN NOT NULL); \
+         CREATE INDEX ON raw_readings (sensor_id, ts, id);",
+    )
+    .await?;
+    let ids: Vec<String> = super::sensor_ids(10_000)
+        .iter()
+        .map(|i| i.to_string())
+        .collect();
+    let started = Instant::now();
+    let mut done = 0;
+    while done < rows {
+        let n: Vec<usize> = (done..done + batch).collect();
+        let sid: Vec<&str> = n.iter().map(|k| ids[k % ids.len()].as_str()).collect();
+        let ts: Vec<i64> = n.iter().map(|&k| k as i64).collect();
+        let data: Vec<bool> = n.iter().map(|k| k % 2 == 0).collect();
+        let late = vec![false; batch];
+        let tx = c.transaction().await?;
+        tx.execute(
+            "INSERT INTO raw_readings (sensor_id, ts, received_at, data, late) \
+             SELECT * FROM UNNEST($1::text[], $2::int8[], $2::int8[], $3::bool[], $4::bool[])",
+            &[&sid, &ts, &data, &late],
+        )
+        .await?;
+        tx.commit().await?;
         done += batch;
     }
     Ok(done as f64 / started.elapsed().as_secs_f64())

@@ -233,16 +233,15 @@ pub fn sensor_ids(n: usize) -> Vec<SensorId> {
         .collect()
 }
 
-/// Registers sensors (and links each to `clients`) straight into the store, in chunks so
-/// the import's own memory stays small.
+/// Registers sensors (and links each to `clients`) straight into the store `config`
+/// names, in chunks so the import's own memory stays small.
 pub async fn import(
-    dir: &Path,
+    config: &Config,
     ids: &[SensorId],
     clients: &[Client],
     timeout_s: Option<u32>,
 ) -> anyhow::Result<()> {
-    let c = config(dir);
-    let store = crate::store::connect(&c).await?;
+    let store = crate::store::connect(config).await?;
     for cl in clients {
         store.create_client(cl.clone()).await?;
     }
@@ -263,6 +262,39 @@ pub async fn import(
         store.import(sensors, links).await?;
     }
     Ok(())
+}
+
+/// A fresh schema in the PostgreSQL database at `base`, dropped when the guard goes.
+pub struct PgSchema {
+    pub url: String,
+    base: String,
+    schema: String,
+}
+
+impl PgSchema {
+    pub async fn create(base: &str) -> anyhow::Result<Self> {
+        let schema = format!(
+            "latch_bench_{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        let (c, conn) = tokio_postgres::connect(base, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        c.batch_execute(&format!("CREATE SCHEMA {schema}")).await?;
+        let sep = if base.contains('?') { '&' } else { '?' };
+        Ok(Self {
+            url: format!("{base}{sep}options=-c%20search_path%3D{schema}"),
+            base: base.to_string(),
+            schema,
+        })
+    }
+
+    pub async fn drop(self) -> anyhow::Result<()> {
+        let (c, conn) = tokio_postgres::connect(&self.base, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        c.batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema))
+            .await?;
+        Ok(())
+    }
 }
 
 /// A client of a bench receiver.
