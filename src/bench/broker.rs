@@ -208,7 +208,7 @@ pub async fn amqp(
 
 /// Most messages published ahead of what the consumer has taken: Mosquitto drops QoS 1
 /// messages queued for a subscriber beyond `max_queued_messages` (1000 by default).
-const MQTT_WINDOW: usize = 800;
+const MQTT_WINDOW: usize = 200;
 
 /// Publishes every message at QoS 1, staying at most [`MQTT_WINDOW`] ahead of `taken`.
 async fn mqtt_publish(

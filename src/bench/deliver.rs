@@ -54,12 +54,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
     let ids = super::sensor_ids(args.sensors);
-    let pg = match &args.database_url {
-        Some(base) => Some(super::PgSchema::create(base).await?),
-        None => None,
-    };
-    let mut config = super::config(&dir);
-    config.database_url = pg.as_ref().map(|p| p.url.clone());
+    let (mut config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
     super::import(&config, &ids, &clients, None).await?;
     config.retry_base = Duration::from_millis(100);
     config.retry_max_delay = Duration::from_secs(2);

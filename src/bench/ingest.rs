@@ -73,12 +73,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(args.sensors);
-    let pg = match &args.database_url {
-        Some(base) => Some(super::PgSchema::create(base).await?),
-        None => None,
-    };
-    let mut config = super::config(&dir);
-    config.database_url = pg.as_ref().map(|p| p.url.clone());
+    let (mut config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
     super::import(&config, &ids, &[], None).await?;
     config.sqlite_synchronous = match args.sync.as_str() {
         "normal" => crate::store::sqlite::Synchronous::Normal,

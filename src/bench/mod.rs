@@ -264,7 +264,22 @@ pub async fn import(
     Ok(())
 }
 
-/// A fresh schema in the PostgreSQL database at `base`, dropped when the guard goes.
+/// Bench settings on `dir`, on a fresh schema of the PostgreSQL database at `database_url`
+/// when one is given (drop it with [`PgSchema::drop`] at the end).
+pub async fn store_config(
+    dir: &Path,
+    database_url: Option<&str>,
+) -> anyhow::Result<(Config, Option<PgSchema>)> {
+    let pg = match database_url {
+        Some(base) => Some(PgSchema::create(base).await?),
+        None => None,
+    };
+    let mut c = config(dir);
+    c.database_url = pg.as_ref().map(|p| p.url.clone());
+    Ok((c, pg))
+}
+
+/// A fresh schema in the PostgreSQL database at `base`, dropped by [`PgSchema::drop`].
 pub struct PgSchema {
     pub url: String,
     base: String,

@@ -65,7 +65,10 @@ pub async fn run(
     // Bumped at every connection: acks for publishes of an earlier connection are skipped
     // (the broker resends those), since packet ids are only meaningful per connection.
     let generation = Arc::new(AtomicU64::new(0));
-    let (tx, rx) = mpsc::channel::<(u64, Publish)>(BATCH_MAX * PIPELINE);
+    // Unbounded on purpose: the event loop must never wait on the applier, or the applier's
+    // acks (which only the event loop sends) could never drain. What the broker sends us
+    // unacknowledged is bounded by its in-flight window anyway.
+    let (tx, rx) = mpsc::unbounded_channel::<(u64, Publish)>();
     let applier = tokio::spawn(apply(
         ingest,
         settings.topic.clone(),
@@ -83,16 +86,18 @@ pub async fn run(
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 generation.fetch_add(1, Ordering::SeqCst);
                 // Resubscribing is harmless on a resumed session and needed on a new one.
-                client
-                    .subscribe(settings.topic.clone(), QoS::AtLeastOnce)
-                    .await?;
+                // Never awaited here: only this loop drains the client's requests.
+                client.try_subscribe(settings.topic.clone(), QoS::AtLeastOnce)?;
+            }
+            // Ready only once subscribed: what is published before that is not ours.
+            Ok(Event::Incoming(Packet::SubAck(_))) => {
                 sources.set(SOURCE, true);
                 backoff = Duration::ZERO;
                 tracing::info!(topic = %settings.topic, "MQTT ingest subscribed.");
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 let g = generation.load(Ordering::SeqCst);
-                if tx.send((g, p)).await.is_err() {
+                if tx.send((g, p)).is_err() {
                     break;
                 }
             }
@@ -133,7 +138,7 @@ async fn apply(
     filter: String,
     client: AsyncClient,
     generation: Arc<AtomicU64>,
-    mut rx: mpsc::Receiver<(u64, Publish)>,
+    mut rx: mpsc::UnboundedReceiver<(u64, Publish)>,
 ) {
     let mut waiting = FuturesOrdered::new();
     let mut last_log = Instant::now() - Duration::from_secs(2);

@@ -254,6 +254,33 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// The dispatcher's view of a stored notification.
+pub(crate) fn notification_ref(n: &Notification) -> NotificationRef {
+    NotificationRef {
+        id: n.id.clone(),
+        seq: n.seq,
+        client_id: n.client_id.clone(),
+        sensor_id: n.sensor_id,
+        kind: n.kind,
+        due_at: n.next_attempt_at.unwrap_or(n.created_at),
+        attempts: n.attempts,
+    }
+}
+
+/// A history cursor made of a time and a row id, `"{ms}:{id}"`.
+pub(crate) fn split_cursor(c: &str) -> Result<(i64, i64)> {
+    let (a, b) = c.split_once(':').ok_or(Error::BadCursor)?;
+    Ok((
+        a.parse().map_err(|_| Error::BadCursor)?,
+        b.parse().map_err(|_| Error::BadCursor)?,
+    ))
+}
+
+/// Rows to fetch for a page: one more than asked proves there is a next page.
+pub(crate) fn limit_plus_one(p: &PageRequest) -> i64 {
+    p.limit as i64 + 1
+}
+
 /// Locks a data folder for this process: one latch per folder, whatever the backend (the
 /// folder also holds the node id that leases are taken under).
 pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {

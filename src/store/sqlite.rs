@@ -16,6 +16,7 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use super::{
     Claim, CommitBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
     ReadingRecord, Result, Sendable, SensorRuntime, SensorView, Store, TimeRange, Verdict,
+    limit_plus_one, notification_ref, split_cursor,
 };
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, EventKind, Millis, Notification, Sensor, SensorId,
@@ -220,31 +221,6 @@ fn notification(r: &Row) -> rusqlite::Result<Notification> {
         created_at: r.get(12)?,
         updated_at: r.get(13)?,
     })
-}
-
-fn notification_ref(n: &Notification) -> NotificationRef {
-    NotificationRef {
-        id: n.id.clone(),
-        seq: n.seq,
-        client_id: n.client_id.clone(),
-        sensor_id: n.sensor_id,
-        kind: n.kind,
-        due_at: n.next_attempt_at.unwrap_or(n.created_at),
-        attempts: n.attempts,
-    }
-}
-
-/// A cursor made of a time and a row id, `"{ms}:{id}"`.
-fn split_cursor(c: &str) -> Result<(i64, i64)> {
-    let (a, b) = c.split_once(':').ok_or(Error::BadCursor)?;
-    Ok((
-        a.parse().map_err(|_| Error::BadCursor)?,
-        b.parse().map_err(|_| Error::BadCursor)?,
-    ))
-}
-
-fn limit_plus_one(p: &PageRequest) -> i64 {
-    p.limit as i64 + 1
 }
 
 /// The claim itself, in one transaction.

@@ -76,13 +76,6 @@ async fn start(queue: &str) -> TestServer {
     .await
 }
 
-async fn reading_count(s: &TestServer, id: &str) -> usize {
-    let (_, body) = s
-        .get(&format!("/v1/sensors/{id}/readings?limit=1000"))
-        .await;
-    body["items"].as_array().map_or(0, Vec::len)
-}
-
 #[tokio::test]
 async fn amqp_readings_notify_like_http() {
     let Some((_conn, ch)) = broker().await else {
@@ -108,7 +101,7 @@ async fn amqp_readings_notify_like_http() {
         vec![json!(1), json!(0)],
         "one notification per change"
     );
-    assert_eq!(reading_count(&s, &id).await, 3, "every reading kept");
+    assert_eq!(s.reading_count(&id).await, 3, "every reading kept");
     s.stop().await;
     assert_eq!(declare(&ch, &queue).await, 0, "every message acknowledged");
 }
@@ -170,7 +163,7 @@ async fn bad_messages_are_dead_lettered_with_reasons() {
         ]
     );
     assert_eq!(reasons[0].1, bodies[0], "the original body is kept");
-    assert_eq!(reading_count(&s, &id).await, 1, "the good one applied");
+    assert_eq!(s.reading_count(&id).await, 1, "the good one applied");
     s.stop().await;
     assert_eq!(declare(&ch, &queue).await, 0, "the main queue ends empty");
 }
@@ -209,7 +202,7 @@ async fn messages_waiting_while_latch_is_down_apply_once() {
     for id in &ids {
         let s = &s;
         eventually(10, "both readings applied", || async move {
-            (reading_count(s, id).await == 2).then_some(())
+            (s.reading_count(id).await == 2).then_some(())
         })
         .await;
         let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
@@ -267,7 +260,7 @@ async fn broker_closing_the_connection_loses_nothing() {
     for id in &ids {
         let s = &s;
         eventually(20, "reading applied", || async move {
-            (reading_count(s, id).await >= 1).then_some(())
+            (s.reading_count(id).await >= 1).then_some(())
         })
         .await;
     }

@@ -66,13 +66,6 @@ async fn start_in(dir: Option<&std::path::Path>, prefix: &str, client_id: &str) 
     }
 }
 
-async fn reading_count(s: &TestServer, id: &str) -> usize {
-    let (_, body) = s
-        .get(&format!("/v1/sensors/{id}/readings?limit=1000"))
-        .await;
-    body["items"].as_array().map_or(0, Vec::len)
-}
-
 #[tokio::test]
 async fn mqtt_readings_notify_and_bad_payloads_are_rejected() {
     if !broker_up().await {
@@ -100,7 +93,7 @@ async fn mqtt_readings_notify_and_bad_payloads_are_rejected() {
     let got = r.wait_for(2, 10).await;
     let data: Vec<Value> = got.iter().map(|g| g.body["data"].clone()).collect();
     assert_eq!(data, vec![json!(1), json!(0)]);
-    assert_eq!(reading_count(&s, &id).await, 3, "the three good ones kept");
+    assert_eq!(s.reading_count(&id).await, 3, "the three good ones kept");
     let (_, metrics) = s.get("/metrics").await;
     let metrics = metrics.as_str().unwrap();
     for reason in ["malformed_json", "invalid_data"] {
@@ -142,7 +135,7 @@ async fn readings_published_while_latch_is_stopped_arrive_after_start() {
     for id in &ids {
         let s = &s;
         eventually(10, "reading from the persistent session", || async move {
-            (reading_count(s, id).await == 1).then_some(())
+            (s.reading_count(id).await == 1).then_some(())
         })
         .await;
     }

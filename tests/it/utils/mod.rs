@@ -137,6 +137,14 @@ impl TestServer {
         self.request(reqwest::Method::DELETE, path, None).await
     }
 
+    /// How many readings a sensor's history holds (up to 1000).
+    pub async fn reading_count(&self, id: &str) -> usize {
+        let (_, body) = self
+            .get(&format!("/v1/sensors/{id}/readings?limit=1000"))
+            .await;
+        body["items"].as_array().map_or(0, Vec::len)
+    }
+
     /// Registers a sensor and asserts it worked.
     pub async fn sensor(&self, id: &str) {
         let (s, body) = self
