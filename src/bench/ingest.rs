@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use super::{Report, Server, percentile};
+
+/// Request bodies each worker prepares and sends in turn.
+const PRESET_BODIES: usize = 32;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -85,21 +86,27 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let accepted = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let ids = Arc::new(ids);
-    let started = Instant::now();
+    let w = args.workers;
+    // Workers build their bodies, then all start together with the clock.
+    let ready = Arc::new(tokio::sync::Barrier::new(w + 1));
     let stopper = stop.clone();
     let duration = args.duration;
-    tokio::spawn(async move {
+    let go = ready.clone();
+    let clock = tokio::spawn(async move {
+        go.wait().await;
+        let started = Instant::now();
         tokio::time::sleep(duration).await;
         stopper.store(true, Ordering::Relaxed);
+        started
     });
-    let w = args.workers;
     let results = super::workers(w, |worker| {
-        let (http, url, accepted, stop, ids) = (
+        let (http, url, accepted, stop, ids, ready) = (
             http.clone(),
             url.clone(),
             accepted.clone(),
             stop.clone(),
             ids.clone(),
+            ready.clone(),
         );
         let (batch, ratio) = (args.batch, args.change_ratio);
         async move {
@@ -110,26 +117,50 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 .step_by(w)
                 .map(|i| i.to_string())
                 .collect();
+            // Request bodies are made before the clock starts and sent in turn, so the
+            // load generator's own JSON work does not eat the cores latch is measured on.
             let mut state = vec![false; mine.len()];
-            let mut lat = Vec::new();
-            let mut errors = 0u64;
             let mut k = 0usize;
             let mut rng_state = worker as u64 + 1;
-            while !stop.load(Ordering::Relaxed) {
-                let mut items = Vec::with_capacity(batch);
-                for _ in 0..batch {
-                    let i = k % mine.len().max(1);
-                    k += 1;
-                    rng_state ^= rng_state << 13;
-                    rng_state ^= rng_state >> 7;
-                    rng_state ^= rng_state << 17;
-                    if (rng_state % 10_000) as f64 / 10_000.0 < ratio {
-                        state[i] = !state[i];
+            let bodies: Vec<String> = (0..PRESET_BODIES)
+                .map(|_| {
+                    let mut body = String::with_capacity(batch * 40);
+                    body.push('[');
+                    for n in 0..batch {
+                        let i = k % mine.len().max(1);
+                        k += 1;
+                        rng_state ^= rng_state << 13;
+                        rng_state ^= rng_state >> 7;
+                        rng_state ^= rng_state << 17;
+                        if (rng_state % 10_000) as f64 / 10_000.0 < ratio {
+                            state[i] = !state[i];
+                        }
+                        if n > 0 {
+                            body.push(',');
+                        }
+                        body.push_str(&format!(
+                            r#"{{"sensor_id":"{}","data":{}}}"#,
+                            mine[i],
+                            u8::from(state[i])
+                        ));
                     }
-                    items.push(json!({"sensor_id": mine[i], "data": u8::from(state[i])}));
-                }
+                    body.push(']');
+                    body
+                })
+                .collect();
+            ready.wait().await;
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let mut turn = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let body = bodies[turn % bodies.len()].clone();
+                turn += 1;
                 let t = Instant::now();
-                match http.post(&url).json(&items).send().await {
+                let req = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body);
+                match req.send().await {
                     Ok(r) if r.status().as_u16() == 202 => {
                         let body: serde_json::Value = r.json().await.unwrap_or_default();
                         accepted
@@ -143,7 +174,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         }
     })
     .await;
-    let elapsed = started.elapsed().as_secs_f64();
+    let elapsed = clock.await?.elapsed().as_secs_f64();
     server.stop().await?;
     let mut lat: Vec<f64> = results.iter().flat_map(|(l, _)| l.clone()).collect();
     let errors: u64 = results.iter().map(|(_, e)| e).sum();

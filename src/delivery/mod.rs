@@ -137,6 +137,8 @@ type LaneKey = (Arc<str>, SensorId);
 
 /// Most heads claimed in one store call.
 const CLAIM_BATCH_MAX: usize = 1024;
+/// Claims running at once on a shared (server) store.
+const CLAIMS_IN_FLIGHT: usize = 4;
 
 enum Cmd {
     Enqueue(Vec<NotificationRef>),
@@ -524,7 +526,14 @@ async fn claimer(
     tracker: TaskTracker,
     mut rx: mpsc::UnboundedReceiver<(LaneKey, String)>,
 ) {
+    // A server database takes several claims at once (each its own transaction and
+    // connection); the embedded one has a single writer, so one at a time is as fast.
+    let parallel = if store.shared() { CLAIMS_IN_FLIGHT } else { 1 };
+    let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     while let Some(first) = rx.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
         let mut batch = vec![first];
         while batch.len() < CLAIM_BATCH_MAX {
             match rx.try_recv() {
@@ -532,44 +541,60 @@ async fn claimer(
                 Err(_) => break,
             }
         }
-        {
-            let now = now_ms();
-            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
-            let claims = store
-                .claim(ids, settings.node.clone(), now, now + settings.lease())
-                .await;
-            let claims = match claims {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
-                    for (lane, id) in batch {
-                        let result = Finished::Later(now + 1000);
-                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                    }
-                    continue;
-                }
-            };
-            for ((lane, id), claim) in batch.into_iter().zip(claims) {
-                match claim {
-                    Claim::Send(s) => {
-                        let (http, settings, tx) = (http.clone(), settings.clone(), tx.clone());
-                        tracker.spawn(async move {
-                            let result = sender::send(&http, &s, settings.timeout).await;
-                            let result = Finished::Attempted(result);
-                            let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                        });
-                    }
-                    Claim::Done { status, .. } => {
-                        let result = Finished::Gone(status);
-                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                    }
-                    Claim::Leased { until, .. } => {
-                        let result = Finished::Later(until);
-                        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
-                    }
-                }
+        let (store, http, settings, tx, spawner) = (
+            store.clone(),
+            http.clone(),
+            settings.clone(),
+            tx.clone(),
+            tracker.clone(),
+        );
+        tracker.spawn(async move {
+            claim_and_send(store, http, settings, tx, spawner, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Claims one batch of heads and starts an attempt for each one leased to us.
+async fn claim_and_send(
+    store: Arc<dyn Store>,
+    http: reqwest::Client,
+    settings: Arc<Settings>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    tracker: TaskTracker,
+    batch: Vec<(LaneKey, String)>,
+) {
+    let now = now_ms();
+    let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
+    let claims = store
+        .claim(ids, settings.node.clone(), now, now + settings.lease())
+        .await;
+    let claims = match claims {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
+            for (lane, id) in batch {
+                let result = Finished::Later(now + 1000);
+                let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
             }
+            return;
         }
+    };
+    for ((lane, id), claim) in batch.into_iter().zip(claims) {
+        let result = match claim {
+            Claim::Send(s) => {
+                let (http, settings, tx) = (http.clone(), settings.clone(), tx.clone());
+                tracker.spawn(async move {
+                    let result = sender::send(&http, &s, settings.timeout).await;
+                    let result = Finished::Attempted(result);
+                    let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                });
+                continue;
+            }
+            Claim::Done { status, .. } => Finished::Gone(status),
+            Claim::Leased { until, .. } => Finished::Later(until),
+        };
+        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
     }
 }
 
