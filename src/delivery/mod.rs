@@ -118,6 +118,7 @@ impl Dispatcher {
             client_inflight: HashMap::new(),
             client_waiting: HashMap::new(),
             pending: 0,
+            finished: HashMap::new(),
             claims,
         };
         tracing::info!(
@@ -137,11 +138,16 @@ type LaneKey = (Arc<str>, SensorId);
 
 /// Most heads claimed in one store call.
 const CLAIM_BATCH_MAX: usize = 1024;
+/// How long a finished notification is not taken up again from a sweep: well beyond the
+/// time its result takes to be recorded.
+const FINISHED_MEMORY_MS: Millis = 30_000;
 /// Claims running at once on a shared (server) store.
 const CLAIMS_IN_FLIGHT: usize = 4;
 
 enum Cmd {
     Enqueue(Vec<NotificationRef>),
+    /// What a sweep of a shared store found pending.
+    Sweep(Vec<NotificationRef>),
     Done(Box<Done>),
 }
 
@@ -185,6 +191,8 @@ struct Core {
     client_inflight: HashMap<Arc<str>, u32>,
     client_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
     pending: usize,
+    /// Ids that left their lane lately, with when (only kept on a shared store).
+    finished: HashMap<String, Millis>,
     /// Heads admitted by the limits, on their way to the [`claimer`].
     claims: mpsc::UnboundedSender<(LaneKey, String)>,
 }
@@ -228,7 +236,7 @@ impl Core {
         while self.inflight > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, now_ms()),
-                Ok(Some(Cmd::Enqueue(_))) => {} // durable; picked up at next start
+                Ok(Some(Cmd::Enqueue(_) | Cmd::Sweep(_))) => {} // durable; picked up at next start
                 Ok(None) | Err(_) => break,
             }
         }
@@ -243,6 +251,17 @@ impl Core {
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Enqueue(refs) => self.enqueue(refs, now_ms()),
+            Cmd::Sweep(refs) => {
+                // A sweep may read a notification as pending just before our own result
+                // for it is recorded: ones we finished lately are not taken up again.
+                let now = now_ms();
+                self.finished.retain(|_, at| now - *at < FINISHED_MEMORY_MS);
+                let refs = refs
+                    .into_iter()
+                    .filter(|r| !self.finished.contains_key(&r.id))
+                    .collect();
+                self.enqueue(refs, now);
+            }
             Cmd::Done(d) => self.finish(*d, now_ms()),
         }
     }
@@ -468,7 +487,9 @@ impl Core {
             }
         };
         if pop {
-            lane.queue.pop_front();
+            if let Some(done) = lane.queue.pop_front() {
+                self.finished.insert(done.id, now);
+            }
             self.pending -= 1;
         }
         match lane.queue.front().map(|h| h.due) {
@@ -612,7 +633,7 @@ async fn sweeper(store: Arc<dyn Store>, tx: mpsc::UnboundedSender<Cmd>, stop: Ca
         }
         match store.load_pending().await {
             Ok(refs) => {
-                if tx.send(Cmd::Enqueue(refs)).is_err() {
+                if tx.send(Cmd::Sweep(refs)).is_err() {
                     return;
                 }
             }

@@ -1192,10 +1192,14 @@ async fn commit_batch(
     if !newest.is_empty() {
         let (s, q): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
         tx.execute(
+            // Per sensor through the partial index of pending ones (a plain join of the
+            // arrays with the outbox scans it).
             "UPDATE notifications n SET status = 'superseded', updated_at = $3 \
-             FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
-             WHERE n.sensor_id = u.sensor_id AND n.status = 'pending' \
-             AND n.kind = 'sensor.state_changed' AND n.seq < u.seq \
+             FROM (SELECT p.seq FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
+             CROSS JOIN LATERAL (SELECT q.seq FROM notifications q WHERE q.sensor_id = u.sensor_id \
+             AND q.status = 'pending' AND q.seq < u.seq OFFSET 0) p) older \
+             WHERE n.seq = older.seq AND n.status = 'pending' \
+             AND n.kind = 'sensor.state_changed' \
              AND (n.lease_until IS NULL OR n.lease_until < $3)",
             &[&s, &q, &now],
         )
