@@ -254,6 +254,71 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// A notification as a claim reads it: the row, its lease, and the registry now.
+pub(crate) struct ClaimRow {
+    pub notification: Notification,
+    pub lease_until: Option<Millis>,
+    pub claimed_by: Option<String>,
+    pub url: Option<String>,
+    pub secret: Option<String>,
+    pub address: Option<String>,
+    pub linked: bool,
+}
+
+/// What a claim does with one notification, the same on every backend.
+pub(crate) enum ClaimStep {
+    /// Lease it to the claiming node and send it.
+    Lease(Box<Sendable>),
+    /// Its client is gone or no longer owns the sensor: mark it cancelled.
+    Cancel,
+    /// Nothing to write: answer this.
+    Answer(Claim),
+}
+
+/// The claim rule: only pending notifications, not leased by another node, whose client
+/// still exists and still owns the sensor, are sent.
+pub(crate) fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
+    let n = row.notification;
+    if n.status != Status::Pending {
+        return ClaimStep::Answer(Claim::Done {
+            id: n.id,
+            status: n.status,
+        });
+    }
+    if let Some(until) = row.lease_until
+        && until > now
+        && row.claimed_by.as_deref() != Some(node)
+    {
+        return ClaimStep::Answer(Claim::Leased { id: n.id, until });
+    }
+    match (row.url, row.secret, row.address, row.linked) {
+        (Some(url), Some(secret), Some(address), true) => ClaimStep::Lease(Box::new(Sendable {
+            notification: n,
+            url,
+            secret,
+            address,
+        })),
+        _ => ClaimStep::Cancel,
+    }
+}
+
+/// Why a notification cannot be retried, when it cannot (the same on every backend).
+pub(crate) fn retry_refusal(n: &Notification, newer_state_sent: bool) -> Option<Error> {
+    if n.status != Status::Failed {
+        return Some(Error::Conflict(format!(
+            "only failed notifications can be retried; this one is {}",
+            n.status.as_str()
+        )));
+    }
+    newer_state_sent.then(|| {
+        Error::Conflict(
+            "a newer state of this sensor was sent to this client since; \
+             retrying would deliver an older state after a newer one"
+                .into(),
+        )
+    })
+}
+
 /// The dispatcher's view of a stored notification.
 pub(crate) fn notification_ref(n: &Notification) -> NotificationRef {
     NotificationRef {

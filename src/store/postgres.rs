@@ -21,9 +21,10 @@ use tokio_postgres::types::ToSql;
 
 use super::{
     Claim, CommitBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    ReadingRecord, Result, Sendable, SensorRuntime, SensorView, Store, TimeRange, Verdict,
-    limit_plus_one, notification_ref, split_cursor,
+    ReadingRecord, Result, SensorRuntime, SensorView, Store, TimeRange, Verdict, limit_plus_one,
+    notification_ref, split_cursor,
 };
+use super::{ClaimRow, ClaimStep, claim_step, retry_refusal};
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, EventKind, Millis, Notification, Sensor, SensorId,
     SensorStatus, Status, notification::new_notification_id,
@@ -794,46 +795,28 @@ impl Store for PgStore {
                 });
                 continue;
             };
-            let n = notification(r)?;
-            if n.status != Status::Pending {
-                out.push(Claim::Done {
-                    id,
-                    status: n.status,
-                });
-                continue;
-            }
-            let lease_at: Option<i64> = r.get(14);
-            let holder: Option<String> = r.get(15);
-            if let Some(until) = lease_at
-                && until > now
-                && holder.as_deref() != Some(node.as_str())
-            {
-                out.push(Claim::Leased { id, until });
-                continue;
-            }
-            let (url, secret, address, linked): (
-                Option<String>,
-                Option<String>,
-                Option<String>,
-                bool,
-            ) = (r.get(16), r.get(17), r.get(18), r.get(19));
-            match (url, secret, address, linked) {
-                (Some(url), Some(secret), Some(address), true) => {
+            let row = ClaimRow {
+                notification: notification(r)?,
+                lease_until: r.get(14),
+                claimed_by: r.get(15),
+                url: r.get(16),
+                secret: r.get(17),
+                address: r.get(18),
+                linked: r.get(19),
+            };
+            match claim_step(row, &node, now) {
+                ClaimStep::Lease(s) => {
                     lease.push(id);
-                    out.push(Claim::Send(Box::new(Sendable {
-                        notification: n,
-                        url,
-                        secret,
-                        address,
-                    })));
+                    out.push(Claim::Send(s));
                 }
-                _ => {
+                ClaimStep::Cancel => {
                     cancel.push(id.clone());
                     out.push(Claim::Done {
                         id,
                         status: Status::Cancelled,
                     });
                 }
+                ClaimStep::Answer(c) => out.push(c),
             }
         }
         if !lease.is_empty() {
@@ -975,14 +958,8 @@ impl Store for PgStore {
             .await?
             .ok_or(Error::NotFound("notification"))?;
         let n = notification(&row)?;
-        if n.status != Status::Failed {
-            return Err(Error::Conflict(format!(
-                "only failed notifications can be retried; this one is {}",
-                n.status.as_str()
-            )));
-        }
-        if n.kind == EventKind::StateChanged {
-            let newer: bool = tx
+        let newer = n.kind == EventKind::StateChanged
+            && tx
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
                      AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
@@ -990,14 +967,9 @@ impl Store for PgStore {
                     &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
                 )
                 .await?
-                .get(0);
-            if newer {
-                return Err(Error::Conflict(
-                    "a newer state of this sensor was sent to this client since; \
-                     retrying would deliver an older state after a newer one"
-                        .into(),
-                ));
-            }
+                .get::<_, bool>(0);
+        if let Some(e) = retry_refusal(&n, newer) {
+            return Err(e);
         }
         tx.execute(
             "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = $2, \

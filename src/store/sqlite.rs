@@ -15,9 +15,10 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::{
     Claim, CommitBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    ReadingRecord, Result, Sendable, SensorRuntime, SensorView, Store, TimeRange, Verdict,
-    limit_plus_one, notification_ref, split_cursor,
+    ReadingRecord, Result, SensorRuntime, SensorView, Store, TimeRange, Verdict, limit_plus_one,
+    notification_ref, split_cursor,
 };
+use super::{ClaimRow, ClaimStep, claim_step, retry_refusal};
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, EventKind, Millis, Notification, Sensor, SensorId,
     SensorStatus, Status, notification::new_notification_id,
@@ -254,55 +255,37 @@ fn claim_tx(
                 for id in ids {
                     let row = select
                         .query_row([&id], |r| {
-                            Ok((
-                                notification(r)?,
-                                r.get::<_, Option<i64>>(14)?,
-                                r.get::<_, Option<String>>(15)?,
-                                r.get::<_, Option<String>>(16)?,
-                                r.get::<_, Option<String>>(17)?,
-                                r.get::<_, Option<String>>(18)?,
-                                r.get::<_, bool>(19)?,
-                            ))
+                            Ok(ClaimRow {
+                                notification: notification(r)?,
+                                lease_until: r.get(14)?,
+                                claimed_by: r.get(15)?,
+                                url: r.get(16)?,
+                                secret: r.get(17)?,
+                                address: r.get(18)?,
+                                linked: r.get(19)?,
+                            })
                         })
                         .optional()?;
-                    let Some((n, lease_at, holder, url, secret, address, linked)) = row else {
+                    let Some(row) = row else {
                         out.push(Claim::Done {
                             id,
                             status: Status::Cancelled,
                         });
                         continue;
                     };
-                    if n.status != Status::Pending {
-                        out.push(Claim::Done {
-                            id,
-                            status: n.status,
-                        });
-                        continue;
-                    }
-                    if let Some(until) = lease_at
-                        && until > now
-                        && holder.as_deref() != Some(node)
-                    {
-                        out.push(Claim::Leased { id, until });
-                        continue;
-                    }
-                    match (url, secret, address, linked) {
-                        (Some(url), Some(secret), Some(address), true) => {
+                    match claim_step(row, node, now) {
+                        ClaimStep::Lease(s) => {
                             lease.execute(params![id, node, lease_until])?;
-                            out.push(Claim::Send(Box::new(Sendable {
-                                notification: n,
-                                url,
-                                secret,
-                                address,
-                            })));
+                            out.push(Claim::Send(s));
                         }
-                        _ => {
+                        ClaimStep::Cancel => {
                             cancel.execute(params![id, now])?;
                             out.push(Claim::Done {
                                 id,
                                 status: Status::Cancelled,
                             });
                         }
+                        ClaimStep::Answer(c) => out.push(c),
                     }
                 }
             }
@@ -904,27 +887,16 @@ impl Store for SqliteStore {
                 .query_row([&id], notification)
                 .optional()?
                 .ok_or(Error::NotFound("notification"))?;
-            if n.status != Status::Failed {
-                return Err(Error::Conflict(format!(
-                    "only failed notifications can be retried; this one is {}",
-                    n.status.as_str()
-                )));
-            }
-            if n.kind == EventKind::StateChanged {
-                let newer: bool = tx.query_row(
+            let newer = n.kind == EventKind::StateChanged
+                && tx.query_row(
                     "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
                      AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
                      AND status IN ('pending', 'delivered'))",
                     params![n.client_id, n.sensor_id.to_string(), n.seq],
-                    |r| r.get(0),
+                    |r| r.get::<_, bool>(0),
                 )?;
-                if newer {
-                    return Err(Error::Conflict(
-                        "a newer state of this sensor was sent to this client since; \
-                         retrying would deliver an older state after a newer one"
-                            .into(),
-                    ));
-                }
+            if let Some(e) = retry_refusal(&n, newer) {
+                return Err(e);
             }
             tx.execute(
                 "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
