@@ -4,7 +4,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -65,27 +64,18 @@ async fn post_readings(
     State(st): State<AppState>,
     body: Bytes,
 ) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
-    let value: Value = serde_json::from_slice(&body)
+    let items = reading::parse_many(&body, time::now_ms())
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
-    let values = match value {
-        Value::Array(items) => items,
-        single => vec![single],
-    };
-    if values.len() > MAX_READINGS_PER_REQUEST {
+    if items.len() > MAX_READINGS_PER_REQUEST {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_many_readings",
             format!(
                 "at most {MAX_READINGS_PER_REQUEST} readings per request, got {}",
-                values.len()
+                items.len()
             ),
         ));
     }
-    let now = time::now_ms();
-    let items = values
-        .iter()
-        .map(|v| reading::parse_value(v, now))
-        .collect();
     let report = st.ingest.submit("http", items).await?;
     Ok((
         StatusCode::ACCEPTED,

@@ -146,6 +146,62 @@ pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
     })
 }
 
+/// Parses a request body holding one reading or an array of them, each judged on its own.
+/// `Err` only when the body is not JSON at all.
+///
+/// The common case, a well-formed reading, is read straight into borrowed fields; only an
+/// element that fails that goes through a full `Value`, for the exact rejection reason.
+pub fn parse_many(
+    body: &[u8],
+    now: Millis,
+) -> Result<Vec<Result<Reading, Rejection>>, serde_json::Error> {
+    use serde_json::value::RawValue;
+    if body.trim_ascii_start().first() == Some(&b'[') {
+        let raws: Vec<&RawValue> = serde_json::from_slice(body)?;
+        Ok(raws.iter().map(|r| parse_raw(r.get(), now)).collect())
+    } else {
+        let raw: &RawValue = serde_json::from_slice(body)?;
+        Ok(vec![parse_raw(raw.get(), now)])
+    }
+}
+
+/// One element of [`parse_many`]: valid JSON text.
+fn parse_raw(json: &str, now: Millis) -> Result<Reading, Rejection> {
+    #[derive(serde::Deserialize)]
+    struct Fast<'a> {
+        #[serde(borrow)]
+        sensor_id: &'a str,
+        data: u8,
+        #[serde(default, borrow)]
+        ts: Option<&'a str>,
+    }
+    if let Ok(f) = serde_json::from_str::<Fast>(json)
+        && f.data <= 1
+        && let Ok(sensor_id) = SensorId::parse(f.sensor_id)
+    {
+        let ts = match f.ts {
+            None => Some(None),
+            Some(t) => time::parse(t).map(Some),
+        };
+        if let Some(ts) = ts
+            && ts.is_none_or(|t| t <= now + MAX_FUTURE_SKEW_MS)
+        {
+            return Ok(Reading {
+                sensor_id,
+                data: f.data == 1,
+                ts,
+            });
+        }
+    }
+    match serde_json::from_str::<Value>(json) {
+        Ok(v) => parse_value(&v, now),
+        Err(e) => Err(Rejection::new(
+            RejectCode::MalformedJson,
+            format!("malformed JSON: {e}"),
+        )),
+    }
+}
+
 /// Validates one reading given as raw JSON bytes (a broker message body).
 pub fn parse_bytes(body: &[u8], now: Millis) -> Result<Reading, Rejection> {
     let v: Value = serde_json::from_slice(body)
@@ -172,6 +228,38 @@ mod tests {
         let r = parse_value(&json!({"sensor_id": "0xA", "data": 0}), NOW).unwrap();
         assert!(!r.data);
         assert_eq!(r.ts, None);
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_the_full_one() {
+        let cases = [
+            r#"{"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}"#,
+            r#"{"sensor_id": "a", "data": 0, "ts": null, "extra": [1, 2]}"#,
+            r#"{"sensor_id": "\u0061b", "data": 1}"#,
+            r#"{"sensor_id": "a", "data": 2}"#,
+            r#"{"sensor_id": "a", "data": 1.0}"#,
+            r#"{"sensor_id": "a", "data": true}"#,
+            r#"{"sensor_id": "a b", "data": 1}"#,
+            r#"{"sensor_id": "a", "data": 1, "ts": "yesterday"}"#,
+            r#"{"sensor_id": "a", "data": 1, "ts": "2099-01-01T00:00:00Z"}"#,
+            r#"{"sensor_id": "a", "data": 1, "data": 0}"#,
+            r#"{"data": 1}"#,
+            r#"[1]"#,
+            r#""a""#,
+        ];
+        for c in cases {
+            let v: Value = serde_json::from_str(c).unwrap();
+            assert_eq!(parse_raw(c, NOW), parse_value(&v, NOW), "{c}");
+        }
+        let many = parse_many(br#" [{"sensor_id": "a", "data": 1}, {"data": 7}]"#, NOW).unwrap();
+        assert!(many[0].is_ok() && many[1].is_err());
+        assert_eq!(
+            parse_many(br#"{"sensor_id": "a", "data": 0}"#, NOW)
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(parse_many(b"[1,", NOW).is_err());
     }
 
     #[test]
