@@ -51,6 +51,8 @@ enum Scenario {
     Deliver(latch::bench::deliver::Args),
     /// Memory per sensor, restart time, and a whole fleet going silent at once.
     Fleet(latch::bench::fleet::Args),
+    /// Time to ready with N sensors and P pending notifications.
+    Restart(latch::bench::restart::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -76,6 +78,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Ingest(a) => latch::bench::ingest::run(a).await?,
                     Scenario::Deliver(a) => latch::bench::deliver::run(a).await?,
                     Scenario::Fleet(a) => latch::bench::fleet::run(a).await?,
+                    Scenario::Restart(a) => latch::bench::restart::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

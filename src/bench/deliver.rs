@@ -192,7 +192,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 }
 
 /// (failed, superseded, pending) notifications in the outbox.
-async fn outbox_counts(base: &str, http: &reqwest::Client) -> anyhow::Result<(u64, u64, u64)> {
+pub(super) async fn outbox_counts(
+    base: &str,
+    http: &reqwest::Client,
+) -> anyhow::Result<(u64, u64, u64)> {
     let mut out = [0u64; 3];
     for (i, status) in ["failed", "superseded", "pending"].iter().enumerate() {
         let mut cursor: Option<String> = None;

@@ -7,6 +7,7 @@ pub mod broker;
 pub mod deliver;
 pub mod fleet;
 pub mod ingest;
+pub mod restart;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -121,3 +121,15 @@ fn broker_benches_take_every_message() {
         assert!(n("readings_per_s") > 0.0, "{via}: {r}");
     }
 }
+
+#[test]
+fn restart_bench_restarts_with_the_pending_outbox() {
+    let r = bench(&["restart", "--sensors", "300", "--pending", "120"]);
+    let n = |k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing in {r}"))
+    };
+    assert_eq!(n("sensors"), 300.0);
+    assert_eq!(n("pending_notifications"), 120.0, "{r}");
+    assert!(n("ready_seconds") > 0.0, "{r}");
+}
