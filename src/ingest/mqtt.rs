@@ -87,7 +87,10 @@ pub async fn run(
                 generation.fetch_add(1, Ordering::SeqCst);
                 // Resubscribing is harmless on a resumed session and needed on a new one.
                 // Never awaited here: only this loop drains the client's requests.
-                client.try_subscribe(settings.topic.clone(), QoS::AtLeastOnce)?;
+                if let Err(e) = client.try_subscribe(settings.topic.clone(), QoS::AtLeastOnce) {
+                    // Not ready without the subscription; the next connection tries again.
+                    tracing::error!(error = %e, "MQTT subscribe could not be sent.");
+                }
             }
             // Ready only once subscribed: what is published before that is not ours.
             Ok(Event::Incoming(Packet::SubAck(_))) => {
