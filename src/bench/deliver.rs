@@ -62,6 +62,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let http = reqwest::Client::new();
     let url = format!("{}/v1/readings", server.base);
 
+    let states: Vec<_> = receivers.iter().map(|r| r.state.clone()).collect();
+    let progress = super::progress("deliver", "webhooks delivered", move || {
+        states.iter().map(|s| s.ok.load(Ordering::Relaxed)).sum()
+    });
     // Send: batches of 500 changes; every pass over the sensors flips each one.
     let started = Instant::now();
     // Paced runs send small batches (100 a second), so a batch's burst does not count as
@@ -114,6 +118,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let total_secs = started.elapsed().as_secs_f64();
+    progress.abort();
     let delivered_n: u64 = receivers
         .iter()
         .map(|r| r.state.ok.load(Ordering::Relaxed))

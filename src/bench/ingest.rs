@@ -35,6 +35,10 @@ pub struct Args {
     /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Drive a latch already running here (e.g. `http://127.0.0.1:8080`) instead of one
+    /// in process; the bench's sensors are registered through its API first.
+    #[arg(long)]
+    pub url: Option<String>,
     /// How readings arrive: http, amqp or mqtt.
     #[arg(long, default_value = "http")]
     pub via: String,
@@ -75,13 +79,24 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(args.sensors);
     let (mut config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
-    super::import(&config, &ids, &[], None).await?;
-    config.sqlite_synchronous = match args.sync.as_str() {
-        "normal" => crate::store::sqlite::Synchronous::Normal,
-        _ => crate::store::sqlite::Synchronous::Full,
+    // In process, or a latch already running at --url (its sensors registered over the API).
+    let (server, base) = match &args.url {
+        Some(base) => {
+            register(base, &ids).await?;
+            (None, base.trim_end_matches('/').to_string())
+        }
+        None => {
+            super::import(&config, &ids, &[], None).await?;
+            config.sqlite_synchronous = match args.sync.as_str() {
+                "normal" => crate::store::sqlite::Synchronous::Normal,
+                _ => crate::store::sqlite::Synchronous::Full,
+            };
+            let server = Server::start(config).await?;
+            let base = server.base.clone();
+            (Some(server), base)
+        }
     };
-    let server = Server::start(config).await?;
-    let url = format!("{}/v1/readings", server.base);
+    let url = format!("{base}/v1/readings");
     let http = reqwest::Client::new();
     let accepted = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -98,6 +113,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         tokio::time::sleep(duration).await;
         stopper.store(true, Ordering::Relaxed);
         started
+    });
+    let counted = accepted.clone();
+    let progress = super::progress("ingest", "readings accepted", move || {
+        counted.load(Ordering::Relaxed)
     });
     let results = super::workers(w, |worker| {
         let (http, url, accepted, stop, ids, ready) = (
@@ -175,7 +194,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     })
     .await;
     let elapsed = clock.await?.elapsed().as_secs_f64();
-    server.stop().await?;
+    progress.abort();
+    if let Some(server) = server {
+        server.stop().await?;
+    }
     let mut lat: Vec<f64> = results.iter().flat_map(|(l, _)| l.clone()).collect();
     let errors: u64 = results.iter().map(|(_, e)| e).sum();
     lat.sort_by(f64::total_cmp);
@@ -302,4 +324,35 @@ async fn raw_postgres_rate(url: &str, batch: usize, rows: usize) -> anyhow::Resu
         done += batch;
     }
     Ok(done as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Registers `ids` on a running latch through its API (existing ones are fine).
+async fn register(base: &str, ids: &[crate::domain::SensorId]) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let base = base.trim_end_matches('/').to_string();
+    let per = ids.len().div_ceil(16).max(1);
+    let chunks: Vec<Vec<String>> = ids
+        .chunks(per)
+        .map(|c| c.iter().map(|i| i.to_string()).collect())
+        .collect();
+    let results = super::workers(chunks.len(), |k| {
+        let (http, base, chunk) = (http.clone(), base.clone(), chunks[k].clone());
+        async move {
+            for id in chunk {
+                let r = http
+                    .post(format!("{base}/v1/sensors"))
+                    .json(&serde_json::json!({"id": id, "address": "bench street 1"}))
+                    .send()
+                    .await?;
+                anyhow::ensure!(
+                    r.status().is_success() || r.status().as_u16() == 409,
+                    "registering {id} failed: {}",
+                    r.status()
+                );
+            }
+            Ok(())
+        }
+    })
+    .await;
+    results.into_iter().collect()
 }

@@ -139,6 +139,28 @@ fn record(file: &Path, r: &Report, command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints `count` once a second to stderr while a scenario runs (abort the task to stop).
+pub fn progress(
+    scenario: &'static str,
+    what: &'static str,
+    count: impl Fn() -> u64 + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut last = 0u64;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = count();
+            eprintln!(
+                "{scenario}: {now} {what} ({}/s now, {:.0}/s overall)",
+                now - last,
+                now as f64 / started.elapsed().as_secs_f64()
+            );
+            last = now;
+        }
+    })
+}
+
 /// Percentile `p` (0–100) of sorted values.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
