@@ -23,7 +23,13 @@ pub struct Args {
     /// Concurrent HTTP clients.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
-    /// How long to drive load.
+    /// Readings to send in all; 0 for as many as `--duration` allows.
+    #[arg(long, default_value_t = 0)]
+    pub count: u64,
+    /// Readings per second to send at; 0 for as fast as accepted.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// How long to drive load (at most, with `--count`).
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     pub duration: Duration,
     /// Share of readings that change their sensor's state.
@@ -107,14 +113,15 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let stopper = stop.clone();
     let duration = args.duration;
     let go = ready.clone();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let clock = tokio::spawn(async move {
         go.wait().await;
-        let started = Instant::now();
+        let _ = started_tx.send(Instant::now());
         tokio::time::sleep(duration).await;
         stopper.store(true, Ordering::Relaxed);
-        started
     });
     let counted = accepted.clone();
+    let sent = Arc::new(AtomicU64::new(0));
     let progress = super::progress("ingest", "readings accepted", move || {
         counted.load(Ordering::Relaxed)
     });
@@ -128,6 +135,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             ready.clone(),
         );
         let (batch, ratio) = (args.batch, args.change_ratio);
+        let (count, rate, sent) = (args.count, args.rate as f64 / w as f64, sent.clone());
         async move {
             // Each worker owns every w-th sensor, so it knows their states.
             let mine: Vec<String> = ids
@@ -171,7 +179,17 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             let mut lat = Vec::new();
             let mut errors = 0u64;
             let mut turn = 0usize;
+            let t0 = Instant::now();
             while !stop.load(Ordering::Relaxed) {
+                if count > 0 && sent.fetch_add(batch as u64, Ordering::Relaxed) >= count {
+                    break;
+                }
+                if rate > 0.0 {
+                    // This worker's share of the rate: a request once its `batch` readings
+                    // are due, as a device fleet would have produced them.
+                    let due = t0 + Duration::from_secs_f64((turn + 1) as f64 * batch as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                }
                 let body = bodies[turn % bodies.len()].clone();
                 turn += 1;
                 let t = Instant::now();
@@ -193,7 +211,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         }
     })
     .await;
-    let elapsed = clock.await?.elapsed().as_secs_f64();
+    // Workers end at the duration or, with --count, when all is sent.
+    let elapsed = started_rx.await?.elapsed().as_secs_f64();
+    clock.abort();
     progress.abort();
     if let Some(server) = server {
         server.stop().await?;

@@ -85,6 +85,24 @@ fn ingest_bench_counts_accepted_readings() {
 }
 
 #[test]
+fn ingest_bench_stops_at_its_count() {
+    let r = bench(&[
+        "ingest",
+        "--sensors",
+        "100",
+        "--batch",
+        "50",
+        "--workers",
+        "3",
+        "--count",
+        "500",
+        "--duration",
+        "60s",
+    ]);
+    assert_eq!(r["readings_accepted"].as_f64(), Some(500.0), "{r}");
+}
+
+#[test]
 fn fleet_bench_sees_every_sensor_lost() {
     let r = bench(&["fleet", "--sensors", "200", "--timeout", "1s"]);
     let n = |k: &str| {
