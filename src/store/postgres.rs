@@ -979,13 +979,9 @@ impl Store for PgStore {
         .await?;
         tx.commit().await?;
         Ok(NotificationRef {
-            id: n.id,
-            seq: n.seq,
-            client_id: n.client_id,
-            sensor_id: n.sensor_id,
-            kind: n.kind,
             due_at: now,
             attempts: 0,
+            ..notification_ref(&n)
         })
     }
 
