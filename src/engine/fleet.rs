@@ -85,11 +85,7 @@ impl Slot {
             changed_at: None,
             last_ts: opt(self.last_ts),
             last_seen_at: opt(self.last_seen_at),
-            connection: match (self.flags >> 2) & 3 {
-                1 => Connection::Online,
-                2 => Connection::Lost,
-                _ => Connection::Unknown,
-            },
+            connection: self.connection(),
             heartbeat_timeout_s: (self.timeout_s != 0).then_some(self.timeout_s),
         }
     }
