@@ -95,6 +95,14 @@ impl From<store::Error> for ApiError {
                     "the store is unavailable; try again",
                 )
             }
+            store::Error::Sink(cause) => {
+                tracing::error!(error = %cause, "History store failed while serving a request.");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "history_unavailable",
+                    "the history store (ClickHouse) is unavailable; try again",
+                )
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use crate::domain::{EventKind, Millis, reading, time};
-use crate::store::TimeRange;
+use crate::store::{Stored, TimeRange};
 
 /// Most readings one request may carry.
 pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
@@ -167,12 +167,15 @@ async fn sensor_readings(
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
     let page = st.store.list_readings(id, range, page).await?;
-    Ok(ApiJson(List::from_page(page, |r| ReadingOut {
-        data: u8::from(r.data),
-        ts: time::format(r.ts),
-        received_at: time::format(r.received_at),
-        late: r.late,
-    })))
+    Ok(ApiJson(List::from_page(
+        page,
+        |Stored { row: r, .. }| ReadingOut {
+            data: u8::from(r.data),
+            ts: time::format(r.ts),
+            received_at: time::format(r.received_at),
+            late: r.late,
+        },
+    )))
 }
 
 /// A sensor's events (state changes, connection lost and restored), oldest first.
@@ -188,11 +191,14 @@ async fn sensor_events(
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
     let page = st.store.list_events(id, range, page).await?;
-    Ok(ApiJson(List::from_page(page, |e| EventOut {
-        kind: e.kind,
-        at: time::format(e.at),
-        data: e.data.map(u8::from),
-        previous: e.previous.map(u8::from),
-        last_seen_at: e.last_seen_at.map(time::format),
-    })))
+    Ok(ApiJson(List::from_page(
+        page,
+        |Stored { row: e, .. }| EventOut {
+            kind: e.kind,
+            at: time::format(e.at),
+            data: e.data.map(u8::from),
+            previous: e.previous.map(u8::from),
+            last_seen_at: e.last_seen_at.map(time::format),
+        },
+    )))
 }

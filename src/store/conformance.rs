@@ -72,6 +72,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     deletes_cancel_pending(&*store).await;
     lost_state_survives_and_filters(&*store).await;
     import_skips_what_exists(&*store).await;
+    spool_ships_only_what_the_sink_took(&*store).await;
 }
 
 async fn sensors_crud_and_pagination(s: &dyn Store) {
@@ -254,7 +255,7 @@ async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(ranged.items.len(), 1);
-    assert!(!ranged.items[0].data);
+    assert!(!ranged.items[0].row.data);
     let events = s
         .list_events(sid("cm1"), TimeRange::default(), page(1))
         .await
@@ -271,7 +272,7 @@ async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
         )
         .await
         .unwrap();
-    assert_eq!(rest.items[0].previous, Some(true));
+    assert_eq!(rest.items[0].row.previous, Some(true));
     assert_eq!(rest.next, None);
 
     // Filters of the notification list.
@@ -598,8 +599,11 @@ async fn lost_state_survives_and_filters(s: &dyn Store) {
         .list_events(sid("lv1"), TimeRange::default(), page(10))
         .await
         .unwrap();
-    assert_eq!(events.items.last().unwrap().kind, EventKind::ConnectionLost);
-    assert_eq!(events.items.last().unwrap().last_seen_at, Some(1_000));
+    assert_eq!(
+        events.items.last().unwrap().row.kind,
+        EventKind::ConnectionLost
+    );
+    assert_eq!(events.items.last().unwrap().row.last_seen_at, Some(1_000));
 }
 
 async fn import_skips_what_exists(s: &dyn Store) {
@@ -626,4 +630,114 @@ async fn import_skips_what_exists(s: &dyn Store) {
         .unwrap();
     assert_eq!(linked.items.len(), 1);
     assert_eq!(linked.items[0].0.id, sid("im1"));
+}
+
+/// A sink that keeps what it is given, or refuses while `fail` is set.
+#[derive(Default)]
+struct Collect {
+    fail: std::sync::atomic::AtomicBool,
+    got: std::sync::Mutex<Vec<HistoryBatch>>,
+}
+
+#[async_trait]
+impl HistorySink for Collect {
+    async fn insert(&self, batch: &HistoryBatch) -> std::result::Result<(), String> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("refused".into());
+        }
+        self.got.lock().unwrap().push(batch.clone());
+        Ok(())
+    }
+}
+
+/// Runs last: it drains the spool of everything the earlier checks wrote.
+async fn spool_ships_only_what_the_sink_took(s: &dyn Store) {
+    s.create_sensor(sensor("sp1")).await.unwrap();
+    s.commit(change("sp1", true, None, 50_000), 50_000)
+        .await
+        .unwrap();
+    s.commit(change("sp1", false, Some(true), 51_000), 51_000)
+        .await
+        .unwrap();
+    let depth = s.spool_depth().await.unwrap();
+    assert!(depth >= 4, "two readings and two events wait, got {depth}");
+
+    let sink = Collect::default();
+    sink.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(matches!(
+        s.ship_history(100_000, &sink).await,
+        Err(Error::Sink(_))
+    ));
+    assert_eq!(s.spool_depth().await.unwrap(), depth, "a refusal keeps all");
+    let before = s
+        .list_readings(sid("sp1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(before.items.len(), 2);
+
+    // A small limit takes the oldest rows of each kind first.
+    sink.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    let first = s.ship_history(1, &sink).await.unwrap();
+    assert!(
+        (1..=3).contains(&first),
+        "one row of each kind at most, got {first}"
+    );
+    let shipped = first + s.ship_history(100_000, &sink).await.unwrap();
+    assert_eq!(shipped as u64, depth);
+    assert_eq!(s.spool_depth().await.unwrap(), 0);
+    assert_eq!(s.ship_history(100_000, &sink).await.unwrap(), 0);
+
+    let got = sink.got.lock().unwrap().clone();
+    let readings: Vec<&Stored<ReadingRecord>> = got.iter().flat_map(|b| &b.readings).collect();
+    let ids: Vec<i64> = readings.iter().map(|r| r.id).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "readings ship once each, oldest first");
+    let ours: Vec<&Stored<ReadingRecord>> = readings
+        .iter()
+        .copied()
+        .filter(|r| r.row.sensor_id == sid("sp1"))
+        .collect();
+    assert_eq!(ours.len(), 2);
+    assert_eq!(
+        ours.iter().map(|r| r.id).collect::<Vec<_>>(),
+        before.items.iter().map(|r| r.id).collect::<Vec<_>>(),
+        "a row keeps its id in the sink"
+    );
+    assert!(
+        got.iter()
+            .flat_map(|b| &b.events)
+            .any(|e| e.row.sensor_id == sid("sp1") && e.row.previous == Some(true))
+    );
+    // Attempts recorded earlier ship with what they were about, and stay in the outbox.
+    let attempt = got
+        .iter()
+        .flat_map(|b| &b.attempts)
+        .next()
+        .expect("earlier checks recorded attempts");
+    assert!(!attempt.client_id.is_empty() && !attempt.sensor_id.is_empty());
+    let (_, kept) = s
+        .get_notification(attempt.attempt.notification_id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(kept.contains(&attempt.attempt));
+
+    // Shipped rows left the store; new ones never reuse their ids.
+    assert!(
+        s.list_readings(sid("sp1"), TimeRange::default(), page(10))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    s.commit(change("sp1", true, Some(false), 52_000), 52_000)
+        .await
+        .unwrap();
+    let fresh = s
+        .list_readings(sid("sp1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert!(fresh.items[0].id > *ids.last().unwrap());
 }

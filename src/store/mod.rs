@@ -29,6 +29,9 @@ pub enum Error {
     BadCursor,
     #[error("database error: {0}")]
     Backend(String),
+    /// The history sink refused a batch; it stays in the spool.
+    #[error("history sink: {0}")]
+    Sink(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -67,6 +70,52 @@ impl<T> Page<T> {
 pub struct TimeRange {
     pub from: Option<Millis>,
     pub to: Option<Millis>,
+}
+
+/// A history row with the id the store gave it. Ids are never reused, so a row keeps its
+/// identity when it ships to ClickHouse: the id orders ties and removes duplicates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored<T> {
+    pub id: i64,
+    pub row: T,
+}
+
+/// A webhook attempt as history keeps it: with what it was about, so it can be queried by
+/// sensor or client without the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub id: i64,
+    pub client_id: String,
+    pub sensor_id: String,
+    /// The event kind the notification carried.
+    pub kind: String,
+    pub attempt: Attempt,
+}
+
+/// History rows taken from the spool for one shipment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryBatch {
+    pub readings: Vec<Stored<ReadingRecord>>,
+    pub events: Vec<Stored<Event>>,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl HistoryBatch {
+    pub fn len(&self) -> usize {
+        self.readings.len() + self.events.len() + self.attempts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where shipped history goes (ClickHouse). The store calls it between taking rows from the
+/// spool and letting go of them, so a row leaves the spool only once the sink has it.
+#[async_trait]
+pub trait HistorySink: Send + Sync {
+    /// Keeps the batch durably, or fails and leaves it to be shipped again.
+    async fn insert(&self, batch: &HistoryBatch) -> std::result::Result<(), String>;
 }
 
 /// What the engine needs of a sensor at start.
@@ -207,18 +256,29 @@ pub trait Store: Send + Sync + 'static {
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>>;
 
     // --- history
+    /// A sensor's readings by `(ts, id)`; with ClickHouse configured, the unshipped ones.
     async fn list_readings(
         &self,
         sensor_id: SensorId,
         range: TimeRange,
         page: PageRequest,
-    ) -> Result<Page<ReadingRecord>>;
+    ) -> Result<Page<Stored<ReadingRecord>>>;
+    /// A sensor's events by `(at, id)`; with ClickHouse configured, the unshipped ones.
     async fn list_events(
         &self,
         sensor_id: SensorId,
         range: TimeRange,
         page: PageRequest,
-    ) -> Result<Page<Event>>;
+    ) -> Result<Page<Stored<Event>>>;
+
+    // --- history spool (only drained when ClickHouse is configured)
+    /// Takes up to `limit` of the oldest unshipped readings, events and attempts each, hands
+    /// them to `sink`, and once it accepted them deletes the readings and events (ClickHouse
+    /// holds them now) and marks the attempts shipped (the outbox still shows them). A sink
+    /// failure leaves every row in place. Returns the rows shipped.
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize>;
+    /// Unshipped history rows (readings, events, attempts).
+    async fn spool_depth(&self) -> Result<u64>;
 
     // --- delivery
     /// Every pending notification, in outbox order.

@@ -20,18 +20,24 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::{
+    AttemptRecord, ClaimRow, ClaimStep, HistoryBatch, HistorySink, Stored, claim_step,
+    retry_refusal,
+};
+use super::{
     Claim, CommitBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
     ReadingRecord, Result, SensorRuntime, SensorView, Store, TimeRange, Verdict, limit_plus_one,
     notification_ref, split_cursor,
 };
-use super::{ClaimRow, ClaimStep, claim_step, retry_refusal};
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, EventKind, Millis, Notification, Sensor, SensorId,
     SensorStatus, Status, notification::new_notification_id,
 };
 
 /// Schema versions, applied in order; `latch_migrations` records which ran.
-const MIGRATIONS: &[&str] = &[include_str!("migrations/postgres/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/postgres/0001_init.sql"),
+    include_str!("migrations/postgres/0002_history_spool.sql"),
+];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
 const MIGRATION_LOCK: i64 = 0x006c_6174_6368;
@@ -627,7 +633,7 @@ impl Store for PgStore {
         sensor_id: SensorId,
         range: TimeRange,
         page: PageRequest,
-    ) -> Result<Page<ReadingRecord>> {
+    ) -> Result<Page<Stored<ReadingRecord>>> {
         let (after_ts, after_id) = match &page.after {
             Some(cur) => split_cursor(cur)?,
             None => (i64::MIN, i64::MIN),
@@ -648,26 +654,10 @@ impl Store for PgStore {
                 ],
             )
             .await?;
-        let rows: Vec<(i64, ReadingRecord)> = rows
-            .iter()
-            .map(|r| {
-                (
-                    r.get(0),
-                    ReadingRecord {
-                        sensor_id,
-                        data: r.get(1),
-                        ts: r.get(2),
-                        received_at: r.get(3),
-                        late: r.get(4),
-                    },
-                )
-            })
-            .collect();
-        let page = Page::from_rows(rows, page.limit, |(id, r)| format!("{}:{id}", r.ts));
-        Ok(Page {
-            items: page.items.into_iter().map(|(_, r)| r).collect(),
-            next: page.next,
-        })
+        let rows = rows.iter().map(|r| reading_row(r, sensor_id)).collect();
+        Ok(Page::from_rows(rows, page.limit, |r| {
+            format!("{}:{}", r.row.ts, r.id)
+        }))
     }
 
     async fn list_events(
@@ -675,7 +665,7 @@ impl Store for PgStore {
         sensor_id: SensorId,
         range: TimeRange,
         page: PageRequest,
-    ) -> Result<Page<Event>> {
+    ) -> Result<Page<Stored<Event>>> {
         let (after_at, after_id) = match &page.after {
             Some(cur) => split_cursor(cur)?,
             None => (i64::MIN, i64::MIN),
@@ -696,28 +686,10 @@ impl Store for PgStore {
                 ],
             )
             .await?;
-        let rows: Vec<(i64, Event)> = rows
-            .iter()
-            .map(|r| {
-                let kind: String = r.get(1);
-                (
-                    r.get(0),
-                    Event {
-                        sensor_id,
-                        kind: EventKind::parse(&kind).unwrap_or(EventKind::StateChanged),
-                        at: r.get(2),
-                        data: r.get(3),
-                        previous: r.get(4),
-                        last_seen_at: r.get(5),
-                    },
-                )
-            })
-            .collect();
-        let page = Page::from_rows(rows, page.limit, |(id, e)| format!("{}:{id}", e.at));
-        Ok(Page {
-            items: page.items.into_iter().map(|(_, e)| e).collect(),
-            next: page.next,
-        })
+        let rows = rows.iter().map(|r| event_row(r, sensor_id)).collect();
+        Ok(Page::from_rows(rows, page.limit, |e| {
+            format!("{}:{}", e.row.at, e.id)
+        }))
     }
 
     async fn load_pending(&self) -> Result<Vec<NotificationRef>> {
@@ -995,6 +967,132 @@ impl Store for PgStore {
             .await?
             .get(0);
         Ok(n as u64)
+    }
+
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        let limit = limit as i64;
+        let mut c = self.pool.get().await?;
+        // Rows are deleted (or marked) and locked in a transaction that commits only once
+        // the sink has them: a failure rolls back, other nodes skip the locked rows, and
+        // readers keep seeing them in the spool until ClickHouse has them too.
+        let tx = c.transaction().await?;
+        let readings = tx
+            .query(
+                "DELETE FROM readings WHERE id = ANY(ARRAY(\
+                   SELECT id FROM readings ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, data, ts, received_at, late, sensor_id",
+                &[&limit],
+            )
+            .await?
+            .iter()
+            .map(|r| Ok(reading_row(r, sensor_id(r.get(5))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let events = tx
+            .query(
+                "DELETE FROM events WHERE id = ANY(ARRAY(\
+                   SELECT id FROM events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, kind, at, data, previous, last_seen_at, sensor_id",
+                &[&limit],
+            )
+            .await?
+            .iter()
+            .map(|r| Ok(event_row(r, sensor_id(r.get(6))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let attempts = tx
+            .query(
+                "UPDATE attempts SET shipped = true WHERE id = ANY(ARRAY(\
+                   SELECT id FROM attempts WHERE NOT shipped ORDER BY id LIMIT $1 \
+                   FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, notification_id, at, status_code, error, duration_ms",
+                &[&limit],
+            )
+            .await?;
+        let ids: Vec<String> = attempts.iter().map(|r| r.get(1)).collect();
+        let about: std::collections::HashMap<String, (String, String, String)> = tx
+            .query(
+                "SELECT id, client_id, sensor_id, kind FROM notifications WHERE id = ANY($1)",
+                &[&ids],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+            .collect();
+        let mut attempts: Vec<AttemptRecord> = attempts
+            .iter()
+            .map(|r| {
+                let notification_id: String = r.get(1);
+                let (client_id, sensor_id, kind) =
+                    about.get(&notification_id).cloned().unwrap_or_default();
+                AttemptRecord {
+                    id: r.get(0),
+                    client_id,
+                    sensor_id,
+                    kind,
+                    attempt: Attempt {
+                        notification_id,
+                        at: r.get(2),
+                        status_code: r.get::<_, Option<i32>>(3).map(|c| c as u16),
+                        error: r.get(4),
+                        duration_ms: r.get::<_, i64>(5) as u32,
+                    },
+                }
+            })
+            .collect();
+        attempts.sort_by_key(|a| a.id);
+        let batch = HistoryBatch {
+            readings,
+            events,
+            attempts,
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        sink.insert(&batch).await.map_err(Error::Sink)?;
+        tx.commit().await?;
+        Ok(batch.len())
+    }
+
+    async fn spool_depth(&self) -> Result<u64> {
+        let c = self.pool.get().await?;
+        let n: i64 = c
+            .query_one(
+                "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                 + (SELECT COUNT(*) FROM attempts WHERE NOT shipped)",
+                &[],
+            )
+            .await?
+            .get(0);
+        Ok(n as u64)
+    }
+}
+
+/// `id, data, ts, received_at, late` of a reading of `sensor_id`.
+fn reading_row(r: &tokio_postgres::Row, sensor_id: SensorId) -> Stored<ReadingRecord> {
+    Stored {
+        id: r.get(0),
+        row: ReadingRecord {
+            sensor_id,
+            data: r.get(1),
+            ts: r.get(2),
+            received_at: r.get(3),
+            late: r.get(4),
+        },
+    }
+}
+
+/// `id, kind, at, data, previous, last_seen_at` of an event of `sensor_id`.
+fn event_row(r: &tokio_postgres::Row, sensor_id: SensorId) -> Stored<Event> {
+    let kind: String = r.get(1);
+    Stored {
+        id: r.get(0),
+        row: Event {
+            sensor_id,
+            kind: EventKind::parse(&kind).unwrap_or(EventKind::StateChanged),
+            at: r.get(2),
+            data: r.get(3),
+            previous: r.get(4),
+            last_seen_at: r.get(5),
+        },
     }
 }
 

@@ -14,11 +14,14 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::{
+    AttemptRecord, ClaimRow, ClaimStep, HistoryBatch, HistorySink, Stored, claim_step,
+    retry_refusal,
+};
+use super::{
     Claim, CommitBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
     ReadingRecord, Result, SensorRuntime, SensorView, Store, TimeRange, Verdict, limit_plus_one,
     notification_ref, split_cursor,
 };
-use super::{ClaimRow, ClaimStep, claim_step, retry_refusal};
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, EventKind, Millis, Notification, Sensor, SensorId,
     SensorStatus, Status, notification::new_notification_id,
@@ -27,7 +30,10 @@ use crate::domain::{
 const READERS: usize = 4;
 
 /// Schema versions, applied in order; `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &[include_str!("migrations/sqlite/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/sqlite/0001_init.sql"),
+    include_str!("migrations/sqlite/0002_history_spool.sql"),
+];
 
 /// How hard SQLite syncs to disk at each commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -184,6 +190,36 @@ fn sensor_view(r: &Row) -> rusqlite::Result<SensorView> {
             connection: Conn::parse(&conn).unwrap_or(Conn::Unknown),
         },
     ))
+}
+
+/// `id, data, ts, received_at, late` of a reading of `sensor_id`.
+fn reading_row(r: &Row, sensor_id: SensorId) -> rusqlite::Result<Stored<ReadingRecord>> {
+    Ok(Stored {
+        id: r.get(0)?,
+        row: ReadingRecord {
+            sensor_id,
+            data: r.get::<_, i64>(1)? != 0,
+            ts: r.get(2)?,
+            received_at: r.get(3)?,
+            late: r.get::<_, i64>(4)? != 0,
+        },
+    })
+}
+
+/// `id, kind, at, data, previous, last_seen_at` of an event of `sensor_id`.
+fn event_row(r: &Row, sensor_id: SensorId) -> rusqlite::Result<Stored<Event>> {
+    let kind: String = r.get(1)?;
+    Ok(Stored {
+        id: r.get(0)?,
+        row: Event {
+            sensor_id,
+            kind: EventKind::parse(&kind).unwrap_or(EventKind::StateChanged),
+            at: r.get(2)?,
+            data: opt_bool(r.get(3)?),
+            previous: opt_bool(r.get(4)?),
+            last_seen_at: r.get(5)?,
+        },
+    })
 }
 
 const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at";
@@ -638,7 +674,7 @@ impl Store for SqliteStore {
         sensor_id: SensorId,
         range: TimeRange,
         page: PageRequest,
-    ) -> Result<Page<ReadingRecord>> {
+    ) -> Result<Page<Stored<ReadingRecord>>> {
         self.read(move |c| {
             let (after_ts, after_id) = match &page.after {
                 Some(cur) => split_cursor(cur)?,
@@ -659,25 +695,12 @@ impl Store for SqliteStore {
                         after_id,
                         limit_plus_one(&page)
                     ],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            ReadingRecord {
-                                sensor_id,
-                                data: r.get::<_, i64>(1)? != 0,
-                                ts: r.get(2)?,
-                                received_at: r.get(3)?,
-                                late: r.get::<_, i64>(4)? != 0,
-                            },
-                        ))
-                    },
+                    |r| reading_row(r, sensor_id),
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = Page::from_rows(rows, page.limit, |(id, r)| format!("{}:{id}", r.ts));
-            Ok(Page {
-                items: page.items.into_iter().map(|(_, r)| r).collect(),
-                next: page.next,
-            })
+            Ok(Page::from_rows(rows, page.limit, |r| {
+                format!("{}:{}", r.row.ts, r.id)
+            }))
         })
         .await
     }
@@ -687,7 +710,7 @@ impl Store for SqliteStore {
         sensor_id: SensorId,
         range: TimeRange,
         page: PageRequest,
-    ) -> Result<Page<Event>> {
+    ) -> Result<Page<Stored<Event>>> {
         self.read(move |c| {
             let (after_at, after_id) = match &page.after {
                 Some(cur) => split_cursor(cur)?,
@@ -708,27 +731,12 @@ impl Store for SqliteStore {
                         after_id,
                         limit_plus_one(&page)
                     ],
-                    |r| {
-                        let kind: String = r.get(1)?;
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            Event {
-                                sensor_id,
-                                kind: EventKind::parse(&kind).unwrap_or(EventKind::StateChanged),
-                                at: r.get(2)?,
-                                data: opt_bool(r.get(3)?),
-                                previous: opt_bool(r.get(4)?),
-                                last_seen_at: r.get(5)?,
-                            },
-                        ))
-                    },
+                    |r| event_row(r, sensor_id),
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            let page = Page::from_rows(rows, page.limit, |(id, e)| format!("{}:{id}", e.at));
-            Ok(Page {
-                items: page.items.into_iter().map(|(_, e)| e).collect(),
-                next: page.next,
-            })
+            Ok(Page::from_rows(rows, page.limit, |e| {
+                format!("{}:{}", e.row.at, e.id)
+            }))
         })
         .await
     }
@@ -923,6 +931,94 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        let batch = self.read(move |c| spooled(c, limit as i64)).await?;
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        sink.insert(&batch).await.map_err(Error::Sink)?;
+        // One writer hands out ids in commit order, so every row at or below the highest id
+        // read was in the batch: a range delete lets go of exactly what shipped.
+        let last = |ids: &mut dyn Iterator<Item = i64>| ids.max().unwrap_or(0);
+        let last_reading = last(&mut batch.readings.iter().map(|r| r.id));
+        let last_event = last(&mut batch.events.iter().map(|e| e.id));
+        let attempts: Vec<i64> = batch.attempts.iter().map(|a| a.id).collect();
+        let shipped = batch.len();
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            tx.execute("DELETE FROM readings WHERE id <= ?1", [last_reading])?;
+            tx.execute("DELETE FROM events WHERE id <= ?1", [last_event])?;
+            {
+                let mut mark =
+                    tx.prepare_cached("UPDATE attempts SET shipped = 1 WHERE id = ?1")?;
+                for id in attempts {
+                    mark.execute([id])?;
+                }
+            }
+            tx.commit()?;
+            Ok(shipped)
+        })
+        .await
+    }
+
+    async fn spool_depth(&self) -> Result<u64> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                 + (SELECT COUNT(*) FROM attempts WHERE shipped = 0)",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+}
+
+/// The oldest `limit` unshipped rows of each kind.
+fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
+    let sid = |r: &Row, i: usize| sensor_id(&r.get::<_, String>(i)?);
+    let readings = c
+        .prepare_cached(
+            "SELECT id, data, ts, received_at, late, sensor_id FROM readings ORDER BY id LIMIT ?1",
+        )?
+        .query_map([limit], |r| reading_row(r, sid(r, 5)?))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let events = c
+        .prepare_cached(
+            "SELECT id, kind, at, data, previous, last_seen_at, sensor_id FROM events \
+             ORDER BY id LIMIT ?1",
+        )?
+        .query_map([limit], |r| event_row(r, sid(r, 6)?))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let attempts = c
+        .prepare_cached(
+            "SELECT a.id, a.notification_id, a.at, a.status_code, a.error, a.duration_ms, \
+             COALESCE(n.client_id, ''), COALESCE(n.sensor_id, ''), COALESCE(n.kind, '') \
+             FROM attempts a LEFT JOIN notifications n ON n.id = a.notification_id \
+             WHERE a.shipped = 0 ORDER BY a.id LIMIT ?1",
+        )?
+        .query_map([limit], |r| {
+            Ok(AttemptRecord {
+                id: r.get(0)?,
+                attempt: Attempt {
+                    notification_id: r.get(1)?,
+                    at: r.get(2)?,
+                    status_code: r.get(3)?,
+                    error: r.get(4)?,
+                    duration_ms: r.get(5)?,
+                },
+                client_id: r.get(6)?,
+                sensor_id: r.get(7)?,
+                kind: r.get(8)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(HistoryBatch {
+        readings,
+        events,
+        attempts,
+    })
 }
 
 fn exists(c: &Connection, sql: &str, arg: &str) -> Result<bool> {
