@@ -14,6 +14,7 @@ use crate::delivery::Dispatcher;
 use crate::domain::time::now_ms;
 use crate::engine::CommitRequest;
 use crate::engine::effects::CommitBatch;
+use crate::history::shipper::Spooled;
 use crate::store::Store;
 
 /// Runs until every shard has dropped its sender.
@@ -21,6 +22,7 @@ pub async fn run(
     store: Arc<dyn Store>,
     dispatcher: Dispatcher,
     mut rx: mpsc::Receiver<CommitRequest>,
+    spooled: Option<Arc<Spooled>>,
 ) {
     while let Some(first) = rx.recv().await {
         let mut requests = vec![first];
@@ -34,12 +36,16 @@ pub async fn run(
             replies.push(r.reply);
         }
         let rows = batch.readings.len();
+        let history_rows = rows + batch.events.len();
         let started = Instant::now();
         let result = store.commit(batch, now_ms()).await;
         metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("latch_commit_readings").record(rows as f64);
         match result {
             Ok(created) => {
+                if let Some(s) = &spooled {
+                    s.add(history_rows);
+                }
                 dispatcher.enqueue(created);
                 for r in replies {
                     let _ = r.send(Ok(()));

@@ -46,6 +46,9 @@ pub struct Config {
     pub mqtt_topic: String,
     #[serde(default, deserialize_with = "non_empty")]
     pub clickhouse_url: Option<String>,
+    pub clickhouse_database: String,
+    #[serde(deserialize_with = "duration")]
+    pub clickhouse_flush: Duration,
     #[serde(deserialize_with = "duration")]
     pub heartbeat_timeout: Duration,
     pub retry_policy: RetryPolicyKind,
@@ -134,6 +137,7 @@ impl Config {
             ("retry_base", self.retry_base),
             ("retry_max_delay", self.retry_max_delay),
             ("delivery_timeout", self.delivery_timeout),
+            ("clickhouse_flush", self.clickhouse_flush),
         ];
         for (key, d) in positive {
             if d.is_zero() {
@@ -165,12 +169,10 @@ impl Config {
         if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
             bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");
         }
-        // Settings of parts not built yet fail loudly rather than being ignored.
-        let pending = [("clickhouse_url", self.clickhouse_url.is_some())];
-        for (key, set) in pending {
-            if set {
-                bail!("invalid setting `{key}`: this build of latch does not support it yet");
-            }
+        if let Some(u) = &self.clickhouse_url {
+            crate::history::clickhouse::Target::parse(u, &self.clickhouse_database)?;
+        } else {
+            crate::history::clickhouse::check_database(&self.clickhouse_database)?;
         }
         if let Some(u) = &self.amqp_url
             && !(u.starts_with("amqp://") || u.starts_with("amqps://"))
@@ -343,11 +345,18 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        assert!(e("LATCH_CLICKHOUSE_URL", "http://127.0.0.1:8123").contains("clickhouse_url"));
+        assert!(e("LATCH_CLICKHOUSE_URL", "tcp://127.0.0.1:9000").contains("clickhouse_url"));
+        assert!(e("LATCH_CLICKHOUSE_DATABASE", "no-dashes").contains("clickhouse_database"));
         assert!(e("LATCH_AMQP_URL", "http://127.0.0.1").contains("amqp_url"));
         assert!(e("LATCH_MQTT_URL", "http://127.0.0.1").contains("mqtt_url"));
         let c = Config::load_from(None, &env(&[("LATCH_AMQP_URL", "amqp://127.0.0.1")])).unwrap();
         assert_eq!(c.amqp_url.as_deref(), Some("amqp://127.0.0.1"));
+        let c = Config::load_from(
+            None,
+            &env(&[("LATCH_CLICKHOUSE_URL", "http://u:p@127.0.0.1:8123")]),
+        )
+        .unwrap();
+        assert_eq!(c.clickhouse_flush, Duration::from_secs(1));
     }
 
     #[test]

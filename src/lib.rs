@@ -7,6 +7,7 @@
 //! - [`engine`]: change detection on in-memory shards; produces effect batches.
 //! - [`committer`]: group-commits the shards' batches to the store, feeds the dispatcher.
 //! - [`store`]: the `Store` trait and its backends (SQLite embedded by default).
+//! - [`history`]: history reads, and the shipper that moves it to ClickHouse when set.
 //! - [`delivery`]: the dispatcher — lanes, retries, signing, webhook sending.
 //! - [`ingest`]: readings in from every source, acknowledged once durable.
 //! - [`api`]: the HTTP API v1, health, metrics, OpenAPI.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod delivery;
 pub mod domain;
 pub mod engine;
+pub mod history;
 pub mod ingest;
 pub mod store;
 pub mod telemetry;
@@ -64,8 +66,36 @@ pub async fn run(
     )
     .await?;
 
+    // With ClickHouse, the store's history tables are a spool the shipper drains.
+    let clickhouse = match &config.clickhouse_url {
+        Some(url) => Some(history::clickhouse::ClickHouse::new(
+            &history::clickhouse::Target::parse(url, &config.clickhouse_database)?,
+        )),
+        None => None,
+    };
+    let history = history::History::new(store.clone(), clickhouse.clone());
+    let spooled = clickhouse
+        .as_ref()
+        .map(|_| Arc::new(history::shipper::Spooled::default()));
+    let shipper_stop = CancellationToken::new();
+    let shipper = match (&clickhouse, &spooled) {
+        (Some(ch), Some(spooled)) => Some(tokio::spawn(history::shipper::run(
+            store.clone(),
+            ch.clone(),
+            config.clickhouse_flush,
+            spooled.clone(),
+            shipper_stop.clone(),
+        ))),
+        _ => None,
+    };
+
     let (commit_tx, commit_rx) = mpsc::channel(64);
-    let committer = tokio::spawn(committer::run(store.clone(), dispatcher.clone(), commit_rx));
+    let committer = tokio::spawn(committer::run(
+        store.clone(),
+        dispatcher.clone(),
+        commit_rx,
+        spooled,
+    ));
 
     let runtime = store.load_runtime().await?;
     let sensors = runtime.len();
@@ -133,6 +163,7 @@ pub async fn run(
         ingest,
         sources,
         dispatcher,
+        history,
         metrics,
         accepting: accepting.clone(),
     };
@@ -167,6 +198,12 @@ pub async fn run(
     engine_tasks.wait().await;
     committer.await?;
     tracing::info!("Engine flushed.");
+
+    // Everything committed is in the spool: one last shipment, bounded.
+    shipper_stop.cancel();
+    if let Some(shipper) = shipper {
+        let _ = shipper.await;
+    }
 
     dispatcher_stop.cancel();
     tasks.close();

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::{engine, ingest, store};
+use crate::{engine, history, ingest, store};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -95,8 +95,17 @@ impl From<store::Error> for ApiError {
                     "the store is unavailable; try again",
                 )
             }
-            store::Error::Sink(cause) => {
-                tracing::error!(error = %cause, "History store failed while serving a request.");
+            store::Error::Sink(cause) => history::Error::ClickHouse(cause).into(),
+        }
+    }
+}
+
+impl From<history::Error> for ApiError {
+    fn from(e: history::Error) -> Self {
+        match e {
+            history::Error::Store(e) => e.into(),
+            history::Error::ClickHouse(cause) => {
+                tracing::error!(error = %cause, "ClickHouse failed while serving a request.");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "history_unavailable",

@@ -25,6 +25,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::config::Config;
 use crate::delivery::Dispatcher;
 use crate::engine::Engine;
+use crate::history::History;
 use crate::ingest::{Ingest, Sources};
 use crate::store::Store;
 use error::ApiError;
@@ -39,6 +40,8 @@ pub struct AppState {
     /// Broker sources and whether each is consuming.
     pub sources: Sources,
     pub dispatcher: Dispatcher,
+    /// History reads: the store, or ClickHouse plus the store's spool.
+    pub history: History,
     pub metrics: PrometheusHandle,
     /// False once shutdown began: load balancers should stop sending.
     pub accepting: Arc<AtomicBool>,

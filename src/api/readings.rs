@@ -166,7 +166,7 @@ async fn sensor_readings(
 ) -> ApiResult<ApiJson<List<ReadingOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
-    let page = st.store.list_readings(id, range, page).await?;
+    let page = st.history.readings(id, range, page).await?;
     Ok(ApiJson(List::from_page(
         page,
         |Stored { row: r, .. }| ReadingOut {
@@ -190,7 +190,7 @@ async fn sensor_events(
 ) -> ApiResult<ApiJson<List<EventOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
-    let page = st.store.list_events(id, range, page).await?;
+    let page = st.history.events(id, range, page).await?;
     Ok(ApiJson(List::from_page(
         page,
         |Stored { row: e, .. }| EventOut {

@@ -215,5 +215,6 @@ async fn delete_sensor(
     if !st.store.delete_sensor(id, time::now_ms()).await? {
         return Err(ApiError::not_found("sensor"));
     }
+    st.history.forget(id).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,0 +1,139 @@
+//! The shipper: moves the spool to ClickHouse in batches, every `clickhouse_flush` or as
+//! soon as [`BATCH`] rows wait, and keeps at it through ClickHouse outages.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::clickhouse::ClickHouse;
+use crate::store::{self, HistoryBatch, HistorySink, Store};
+
+/// Most rows of each kind in one shipment; this many waiting ships at once.
+pub const BATCH: usize = 100_000;
+/// Longest wait between attempts while ClickHouse is failing.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often the spool is counted for the gauge.
+const DEPTH_EVERY: Duration = Duration::from_secs(5);
+/// How long a stop waits for a last shipment.
+const LAST_SHIPMENT: Duration = Duration::from_secs(5);
+
+/// Rows committed since the last shipment: the committer counts, the shipper listens.
+#[derive(Default)]
+pub struct Spooled {
+    rows: AtomicU64,
+    full: Notify,
+}
+
+impl Spooled {
+    /// Called after a commit with the history rows it wrote.
+    pub fn add(&self, rows: usize) {
+        let before = self.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        if before < BATCH as u64 && before + rows as u64 >= BATCH as u64 {
+            self.full.notify_one();
+        }
+    }
+
+    fn reset(&self) {
+        self.rows.store(0, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl HistorySink for ClickHouse {
+    async fn insert(&self, batch: &HistoryBatch) -> Result<(), String> {
+        ClickHouse::insert(self, batch)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs until `stop`, then tries one last shipment.
+pub async fn run(
+    store: Arc<dyn Store>,
+    clickhouse: ClickHouse,
+    flush: Duration,
+    spooled: Arc<Spooled>,
+    stop: CancellationToken,
+) {
+    let mut schema_ready = false;
+    let mut failing_since: Option<Instant> = None;
+    let mut backoff = flush;
+    let mut last_depth = Instant::now() - DEPTH_EVERY;
+    loop {
+        let ok = if schema_ready {
+            ship_all(&*store, &clickhouse, &spooled).await
+        } else {
+            match clickhouse.ensure_schema().await {
+                Ok(()) => {
+                    schema_ready = true;
+                    ship_all(&*store, &clickhouse, &spooled).await
+                }
+                Err(e) => Err(store::Error::Sink(e.to_string())),
+            }
+        };
+        match ok {
+            Ok(()) => {
+                metrics::gauge!("latch_clickhouse_up").set(1.0);
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(after = ?since.elapsed(), "ClickHouse is back; history ships again.");
+                }
+                backoff = flush;
+            }
+            Err(e) => {
+                metrics::gauge!("latch_clickhouse_up").set(0.0);
+                metrics::counter!("latch_history_ship_failures_total").increment(1);
+                if failing_since.is_none() {
+                    failing_since = Some(Instant::now());
+                    tracing::warn!(error = %e,
+                        "History cannot ship to ClickHouse; it waits in the spool, ingest goes on.");
+                } else {
+                    tracing::debug!(error = %e, "History shipment failed again.");
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF.max(flush));
+            }
+        }
+        if last_depth.elapsed() >= DEPTH_EVERY {
+            last_depth = Instant::now();
+            if let Ok(depth) = store.spool_depth().await {
+                metrics::gauge!("latch_history_spool_rows").set(depth as f64);
+            }
+        }
+        let wait = if failing_since.is_some() {
+            backoff
+        } else {
+            flush
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = spooled.full.notified(), if failing_since.is_none() => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    if schema_ready && failing_since.is_none() {
+        let last = tokio::time::timeout(LAST_SHIPMENT, ship_all(&*store, &clickhouse, &spooled));
+        if !matches!(last.await, Ok(Ok(()))) {
+            tracing::info!("History left in the spool ships at the next start.");
+        }
+    }
+}
+
+/// Ships batches until the spool is (nearly) empty.
+async fn ship_all(store: &dyn Store, ch: &ClickHouse, spooled: &Spooled) -> store::Result<()> {
+    loop {
+        spooled.reset();
+        let started = Instant::now();
+        let shipped = store.ship_history(BATCH, ch).await?;
+        if shipped > 0 {
+            metrics::counter!("latch_history_shipped_rows_total").increment(shipped as u64);
+            metrics::histogram!("latch_history_ship_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
+        if shipped < BATCH {
+            return Ok(());
+        }
+    }
+}
