@@ -4,6 +4,7 @@
 //! figures with the command line in `BENCHMARKS.md`.
 
 pub mod broker;
+pub mod clickhouse_server;
 pub mod deliver;
 pub mod fleet;
 pub mod ingest;

@@ -315,6 +315,15 @@ pub(crate) struct Process {
 
 impl Process {
     pub(crate) fn start(dir: &std::path::Path, database_url: Option<String>) -> Self {
+        Self::start_env(dir, database_url, &[])
+    }
+
+    /// As [`Process::start`], with more `LATCH_*` settings.
+    pub(crate) fn start_env(
+        dir: &std::path::Path,
+        database_url: Option<String>,
+        env: &[(&str, String)],
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -324,6 +333,7 @@ impl Process {
         if let Some(url) = database_url {
             cmd.env("LATCH_DATABASE_URL", url);
         }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("serve")
             .env("LATCH_LISTEN", format!("127.0.0.1:{port}"))

@@ -3,6 +3,7 @@
 mod amqp;
 mod bench;
 mod delivery;
+mod history;
 mod liveness;
 mod mqtt;
 mod nodes;
