@@ -53,6 +53,8 @@ enum Scenario {
     Fleet(latch::bench::fleet::Args),
     /// Time to ready with N sensors and P pending notifications.
     Restart(latch::bench::restart::Args),
+    /// History shipped to ClickHouse: drain rate, and catch-up after an outage.
+    History(latch::bench::history::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -79,6 +81,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Deliver(a) => latch::bench::deliver::run(a).await?,
                     Scenario::Fleet(a) => latch::bench::fleet::run(a).await?,
                     Scenario::Restart(a) => latch::bench::restart::run(a).await?,
+                    Scenario::History(a) => latch::bench::history::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

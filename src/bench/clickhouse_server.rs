@@ -10,12 +10,20 @@ fn binary() -> Option<(PathBuf, Vec<&'static str>)> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let dirs = std::env::split_paths(&path).chain(["/usr/sbin".into(), "/usr/bin".into()]);
     let dirs: Vec<PathBuf> = dirs.collect();
-    for (name, args) in [("clickhouse-server", vec![]), ("clickhouse", vec!["server"])] {
+    for (name, args) in [
+        ("clickhouse-server", vec![]),
+        ("clickhouse", vec!["server"]),
+    ] {
         if let Some(p) = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
             return Some((p, args));
         }
     }
     None
+}
+
+/// Whether a ClickHouse server binary is installed here.
+pub fn installed() -> bool {
+    binary().is_some()
 }
 
 fn free_port() -> u16 {
@@ -73,11 +81,16 @@ impl LocalClickHouse {
     /// Starts the stopped server again, on the same ports and data.
     pub async fn resume(&mut self) -> anyhow::Result<()> {
         let (bin, args) = binary().ok_or_else(|| {
-            anyhow::anyhow!("clickhouse-server is not installed (apt-get install clickhouse-server)")
+            anyhow::anyhow!(
+                "clickhouse-server is not installed (apt-get install clickhouse-server)"
+            )
         })?;
         let child = Command::new(bin)
             .args(args)
-            .arg(format!("--config-file={}", self.dir.join("config.xml").display()))
+            .arg(format!(
+                "--config-file={}",
+                self.dir.join("config.xml").display()
+            ))
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -94,7 +107,8 @@ impl LocalClickHouse {
                 return Ok(());
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                let log = std::fs::read_to_string(self.dir.join("server.err.log")).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.dir.join("server.err.log")).unwrap_or_default();
                 anyhow::bail!("ClickHouse exited at start ({status}): {}", tail(&log));
             }
             if Instant::now() > deadline {
@@ -142,6 +156,8 @@ pub async fn query(url: &str, sql: &str) -> anyhow::Result<String> {
 
 fn tail(s: &str) -> &str {
     let start = s.len().saturating_sub(2000);
-    let start = (start..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
+    let start = (start..s.len())
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(s.len());
     &s[start..]
 }

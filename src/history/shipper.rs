@@ -15,7 +15,7 @@ use crate::store::{self, HistoryBatch, HistorySink, Store};
 /// Most rows of each kind in one shipment; this many waiting ships at once.
 pub const BATCH: usize = 100_000;
 /// Longest wait between attempts while ClickHouse is failing.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often the spool is counted for the gauge.
 const DEPTH_EVERY: Duration = Duration::from_secs(5);
 /// How long a stop waits for a last shipment.

@@ -151,3 +151,37 @@ fn restart_bench_restarts_with_the_pending_outbox() {
     assert_eq!(n("pending_notifications"), 120.0, "{r}");
     assert!(n("ready_seconds") > 0.0, "{r}");
 }
+
+#[test]
+fn history_bench_ships_the_whole_backlog_and_catches_up() {
+    if !latch::bench::clickhouse_server::installed()
+        && crate::utils::service_missing("clickhouse-server", "not installed")
+    {
+        return;
+    }
+    let r = bench(&[
+        "history",
+        "--sensors",
+        "100",
+        "--backlog",
+        "5000",
+        "--rate",
+        "2000",
+        "--before",
+        "1s",
+        "--outage",
+        "2s",
+    ]);
+    let n = |k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing in {r}"))
+    };
+    assert_eq!(n("backlog_readings"), 5000.0, "{r}");
+    // Every backlog reading, plus the events its state changes made, is in ClickHouse.
+    assert!(n("backlog_history_rows") > 5000.0, "{r}");
+    assert!(
+        n("shipped_rows_per_s") > 0.0 && n("catch_up_s") > 0.0,
+        "{r}"
+    );
+    assert!(n("spool_readings_at_restart") > 0.0, "{r}");
+}

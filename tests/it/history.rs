@@ -134,7 +134,9 @@ async fn readings_events_and_attempts_ship_and_read_back_by_range() {
         .get(&format!("/v1/sensors/{sensor}/readings?from={}", at(29)))
         .await;
     assert_eq!(body["items"].as_array().unwrap().len(), 2, "{body}");
-    let (_, body) = s.get(&format!("/v1/sensors/{sensor}/events?limit=1000")).await;
+    let (_, body) = s
+        .get(&format!("/v1/sensors/{sensor}/events?limit=1000"))
+        .await;
     assert_eq!(body["items"].as_array().unwrap().len(), 30, "{body}");
 
     // Webhook attempts ship with the client and sensor they were for.
@@ -344,12 +346,17 @@ async fn latch_killed_with_rows_in_the_spool_ships_them_after_restart() {
     let p = Process::start_env(&dir, db, &env);
     p.ready(&http).await;
     let in_ch = format!("SELECT count() FROM latch.readings WHERE sensor_id = '{sensor}'");
-    eventually(30, "the 40 spooled readings shipped after the restart", || async {
-        (count(&url, &in_ch).await? == 40).then_some(())
-    })
+    eventually(
+        30,
+        "the 40 spooled readings shipped after the restart",
+        || async { (count(&url, &in_ch).await? == 40).then_some(()) },
+    )
     .await;
     let body: Value = http
-        .get(format!("{}/v1/sensors/{sensor}/readings?limit=1000", p.base))
+        .get(format!(
+            "{}/v1/sensors/{sensor}/readings?limit=1000",
+            p.base
+        ))
         .send()
         .await
         .unwrap()
