@@ -157,7 +157,8 @@ async fn existing(st: &AppState, id: &str) -> ApiResult<crate::domain::SensorId>
 /// A sensor's readings, oldest first, by device time.
 #[utoipa::path(get, path = "/v1/sensors/{id}/readings", tag = "history",
     params(("id" = String, Path), RangeParams, PageParams),
-    responses((status = 200, body = List<ReadingOut>), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = List<ReadingOut>), (status = 404, body = ErrorBody),
+        (status = 503, description = "the store or ClickHouse is unavailable", body = ErrorBody)))]
 async fn sensor_readings(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -181,7 +182,8 @@ async fn sensor_readings(
 /// A sensor's events (state changes, connection lost and restored), oldest first.
 #[utoipa::path(get, path = "/v1/sensors/{id}/events", tag = "history",
     params(("id" = String, Path), RangeParams, PageParams),
-    responses((status = 200, body = List<EventOut>), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = List<EventOut>), (status = 404, body = ErrorBody),
+        (status = 503, description = "the store or ClickHouse is unavailable", body = ErrorBody)))]
 async fn sensor_events(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
