@@ -118,6 +118,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     };
     tokio::time::sleep(args.before).await;
     let a0 = feed.accepted();
+    let shipped_at_stop = shipped().await;
     ch.stop();
     let down = Instant::now();
     eprintln!(
@@ -127,7 +128,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     tokio::time::sleep(args.outage).await;
     let during = (feed.accepted() - a0) as f64 / down.elapsed().as_secs_f64();
     let owed = feed.accepted() - before_accepted + base;
-    let spool_at_restart = owed.saturating_sub(shipped().await);
+    let spool_at_restart = owed.saturating_sub(shipped_at_stop);
     ch.resume().await?;
     let up = Instant::now();
     eprintln!("history: ClickHouse up; {spool_at_restart} readings to catch up");
