@@ -255,8 +255,7 @@ impl Feed {
                     .step_by(SENDERS)
                     .map(|i| i.to_string())
                     .collect();
-                let mut state = vec![false; mine.len()];
-                let mut k = 0usize;
+                let mut bodies = super::Bodies::new(mine, worker as u64 + 1, 0.1);
                 let per_worker = rate as f64 / SENDERS as f64;
                 let t0 = Instant::now();
                 let mut turn = 0u64;
@@ -275,24 +274,7 @@ impl Feed {
                         tokio::time::sleep_until(due.into()).await;
                     }
                     turn += 1;
-                    let mut body = String::with_capacity(REQUEST * 40);
-                    body.push('[');
-                    for n in 0..REQUEST {
-                        let i = k % mine.len();
-                        k += 1;
-                        if k.is_multiple_of(10) {
-                            state[i] = !state[i];
-                        }
-                        if n > 0 {
-                            body.push(',');
-                        }
-                        body.push_str(&format!(
-                            r#"{{"sensor_id":"{}","data":{}}}"#,
-                            mine[i],
-                            u8::from(state[i])
-                        ));
-                    }
-                    body.push(']');
+                    let body = bodies.body(REQUEST);
                     let resp = this
                         .http
                         .post(&this.url)

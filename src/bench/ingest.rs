@@ -146,35 +146,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 .collect();
             // Request bodies are made before the clock starts and sent in turn, so the
             // load generator's own JSON work does not eat the cores latch is measured on.
-            let mut state = vec![false; mine.len()];
-            let mut k = 0usize;
-            let mut rng_state = worker as u64 + 1;
-            let bodies: Vec<String> = (0..PRESET_BODIES)
-                .map(|_| {
-                    let mut body = String::with_capacity(batch * 40);
-                    body.push('[');
-                    for n in 0..batch {
-                        let i = k % mine.len().max(1);
-                        k += 1;
-                        rng_state ^= rng_state << 13;
-                        rng_state ^= rng_state >> 7;
-                        rng_state ^= rng_state << 17;
-                        if (rng_state % 10_000) as f64 / 10_000.0 < ratio {
-                            state[i] = !state[i];
-                        }
-                        if n > 0 {
-                            body.push(',');
-                        }
-                        body.push_str(&format!(
-                            r#"{{"sensor_id":"{}","data":{}}}"#,
-                            mine[i],
-                            u8::from(state[i])
-                        ));
-                    }
-                    body.push(']');
-                    body
-                })
-                .collect();
+            let mut maker = super::Bodies::new(mine, worker as u64 + 1, ratio);
+            let bodies: Vec<String> = (0..PRESET_BODIES).map(|_| maker.body(batch)).collect();
             ready.wait().await;
             let mut lat = Vec::new();
             let mut errors = 0u64;

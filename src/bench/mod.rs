@@ -141,6 +141,54 @@ fn record(file: &Path, r: &Report, command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// JSON bodies of readings for one load worker: its sensors in turn, a share of the
+/// readings flipping their sensor's state (a fixed xorshift sequence, so runs compare).
+pub struct Bodies {
+    ids: Vec<String>,
+    state: Vec<bool>,
+    next: usize,
+    rng: u64,
+    change_ratio: f64,
+}
+
+impl Bodies {
+    pub fn new(ids: Vec<String>, seed: u64, change_ratio: f64) -> Self {
+        Self {
+            state: vec![false; ids.len()],
+            ids,
+            next: 0,
+            rng: seed.max(1),
+            change_ratio,
+        }
+    }
+
+    /// A JSON array of `n` readings.
+    pub fn body(&mut self, n: usize) -> String {
+        let mut body = String::with_capacity(n * 40);
+        body.push('[');
+        for j in 0..n {
+            let i = self.next % self.ids.len().max(1);
+            self.next += 1;
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            if (self.rng % 10_000) as f64 / 10_000.0 < self.change_ratio {
+                self.state[i] = !self.state[i];
+            }
+            if j > 0 {
+                body.push(',');
+            }
+            body.push_str(&format!(
+                r#"{{"sensor_id":"{}","data":{}}}"#,
+                self.ids[i],
+                u8::from(self.state[i])
+            ));
+        }
+        body.push(']');
+        body
+    }
+}
+
 /// Prints `count` once a second to stderr while a scenario runs (abort the task to stop).
 pub fn progress(
     scenario: &'static str,

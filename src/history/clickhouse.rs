@@ -254,20 +254,29 @@ impl ClickHouse {
             .with_timeouts(Some(INSERT_TIMEOUT), Some(INSERT_TIMEOUT)))
     }
 
-    /// Up to `limit` readings of a sensor in `range` after the `(ts, id)` cursor, by `(ts, id)`.
-    pub async fn readings(
+    /// One page of a sensor's rows of `table` whose time column is `time`: in `range`,
+    /// after the `(time, id)` cursor, by `(time, id)`, each row once.
+    async fn page<T>(
         &self,
+        table: &str,
+        time: &str,
         sensor_id: SensorId,
         range: TimeRange,
         after: (Millis, i64),
         limit: u64,
-    ) -> Result<Vec<Stored<ReadingRecord>>, Error> {
-        let sql = "SELECT DISTINCT ?fields FROM readings \
-             WHERE sensor_id = ? AND ts >= ? AND ts < ? AND (ts > ? OR (ts = ? AND id > ?)) \
-             ORDER BY ts, id LIMIT ?";
+    ) -> Result<Vec<T>, Error>
+    where
+        T: clickhouse::RowOwned + clickhouse::RowRead,
+    {
+        let sql = format!(
+            "SELECT DISTINCT ?fields FROM {table} \
+             WHERE sensor_id = ? AND {time} >= ? AND {time} < ? \
+               AND ({time} > ? OR ({time} = ? AND id > ?)) \
+             ORDER BY {time}, id LIMIT ?"
+        );
         let query = self
             .client
-            .query(sql)
+            .query(&sql)
             .bind(sensor_id.to_string())
             .bind(range.from.unwrap_or(i64::MIN))
             .bind(range.to.unwrap_or(i64::MAX))
@@ -275,7 +284,20 @@ impl ClickHouse {
             .bind(after.0)
             .bind(after.1)
             .bind(limit);
-        let rows: Vec<ReadingRow> = timed(query.fetch_all()).await?;
+        timed(query.fetch_all()).await
+    }
+
+    /// Up to `limit` readings of a sensor in `range` after the `(ts, id)` cursor.
+    pub async fn readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        after: (Millis, i64),
+        limit: u64,
+    ) -> Result<Vec<Stored<ReadingRecord>>, Error> {
+        let rows: Vec<ReadingRow> = self
+            .page("readings", "ts", sensor_id, range, after, limit)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|r| Stored {
@@ -291,7 +313,7 @@ impl ClickHouse {
             .collect())
     }
 
-    /// Up to `limit` events of a sensor in `range` after the `(at, id)` cursor, by `(at, id)`.
+    /// Up to `limit` events of a sensor in `range` after the `(at, id)` cursor.
     pub async fn events(
         &self,
         sensor_id: SensorId,
@@ -299,20 +321,9 @@ impl ClickHouse {
         after: (Millis, i64),
         limit: u64,
     ) -> Result<Vec<Stored<Event>>, Error> {
-        let sql = "SELECT DISTINCT ?fields FROM events \
-             WHERE sensor_id = ? AND at >= ? AND at < ? AND (at > ? OR (at = ? AND id > ?)) \
-             ORDER BY at, id LIMIT ?";
-        let query = self
-            .client
-            .query(sql)
-            .bind(sensor_id.to_string())
-            .bind(range.from.unwrap_or(i64::MIN))
-            .bind(range.to.unwrap_or(i64::MAX))
-            .bind(after.0)
-            .bind(after.0)
-            .bind(after.1)
-            .bind(limit);
-        let rows: Vec<EventRow> = timed(query.fetch_all()).await?;
+        let rows: Vec<EventRow> = self
+            .page("events", "at", sensor_id, range, after, limit)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|e| Stored {
