@@ -84,6 +84,7 @@ pub async fn run(
             ch.clone(),
             config.clickhouse_flush,
             spooled.clone(),
+            history.shipping(),
             shipper_stop.clone(),
         ))),
         _ => None,

@@ -212,9 +212,8 @@ async fn delete_sensor(
     let id = parse_sensor_id(&id)?;
     // Stop accepting its readings first, so none lands after the delete.
     st.engine.remove_sensor(id).await?;
-    if !st.store.delete_sensor(id, time::now_ms()).await? {
+    if !st.history.delete_sensor(id, time::now_ms()).await? {
         return Err(ApiError::not_found("sensor"));
     }
-    st.history.forget(id).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -35,11 +35,25 @@ impl From<::clickhouse::error::Error> for Error {
 pub struct History {
     store: Arc<dyn Store>,
     clickhouse: Option<ClickHouse>,
+    /// Held by the shipper through each shipment and by sensor deletion, so a deletion
+    /// never falls between a shipment's read of the spool and its insert into ClickHouse
+    /// (which would bring the deleted rows back). Across nodes, PostgreSQL's row locks do
+    /// the same.
+    shipping: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl History {
     pub fn new(store: Arc<dyn Store>, clickhouse: Option<ClickHouse>) -> Self {
-        Self { store, clickhouse }
+        Self {
+            store,
+            clickhouse,
+            shipping: Arc::default(),
+        }
+    }
+
+    /// The lock the shipper holds through each shipment.
+    pub fn shipping(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.shipping.clone()
     }
 
     /// A sensor's readings by `(ts, id)`.
@@ -87,15 +101,21 @@ impl History {
         Ok(merge(spooled, shipped, page.limit, |e| e.row.at))
     }
 
-    /// Forgets a deleted sensor's shipped history. The store already dropped its spooled
-    /// rows; ClickHouse deletes in the background, and a failure is only logged.
-    pub async fn forget(&self, sensor_id: SensorId) {
+    /// Deletes a sensor from the store (with its spooled history) and its shipped history
+    /// from ClickHouse, which deletes in the background; a ClickHouse failure is only
+    /// logged. `false` if there was no such sensor.
+    pub async fn delete_sensor(&self, sensor_id: SensorId, now: i64) -> Result<bool, Error> {
+        let _no_shipment = self.shipping.lock().await;
+        if !self.store.delete_sensor(sensor_id, now).await? {
+            return Ok(false);
+        }
         if let Some(ch) = &self.clickhouse
             && let Err(e) = ch.delete_sensor(sensor_id).await
         {
             tracing::warn!(sensor = %sensor_id, error = %e,
                 "Could not delete the sensor's history in ClickHouse.");
         }
+        Ok(true)
     }
 }
 

@@ -57,6 +57,7 @@ pub async fn run(
     clickhouse: ClickHouse,
     flush: Duration,
     spooled: Arc<Spooled>,
+    shipping: Arc<tokio::sync::Mutex<()>>,
     stop: CancellationToken,
 ) {
     let mut schema_ready = false;
@@ -65,12 +66,12 @@ pub async fn run(
     let mut last_depth = Instant::now() - DEPTH_EVERY;
     loop {
         let ok = if schema_ready {
-            ship_all(&*store, &clickhouse, &spooled).await
+            ship_all(&*store, &clickhouse, &spooled, &shipping).await
         } else {
             match clickhouse.ensure_schema().await {
                 Ok(()) => {
                     schema_ready = true;
-                    ship_all(&*store, &clickhouse, &spooled).await
+                    ship_all(&*store, &clickhouse, &spooled, &shipping).await
                 }
                 Err(e) => Err(store::Error::Sink(e.to_string())),
             }
@@ -114,7 +115,10 @@ pub async fn run(
         }
     }
     if schema_ready && failing_since.is_none() {
-        let last = tokio::time::timeout(LAST_SHIPMENT, ship_all(&*store, &clickhouse, &spooled));
+        let last = tokio::time::timeout(
+            LAST_SHIPMENT,
+            ship_all(&*store, &clickhouse, &spooled, &shipping),
+        );
         if !matches!(last.await, Ok(Ok(()))) {
             tracing::info!("History left in the spool ships at the next start.");
         }
@@ -122,11 +126,19 @@ pub async fn run(
 }
 
 /// Ships batches until the spool is (nearly) empty.
-async fn ship_all(store: &dyn Store, ch: &ClickHouse, spooled: &Spooled) -> store::Result<()> {
+async fn ship_all(
+    store: &dyn Store,
+    ch: &ClickHouse,
+    spooled: &Spooled,
+    shipping: &tokio::sync::Mutex<()>,
+) -> store::Result<()> {
     loop {
         spooled.reset();
         let started = Instant::now();
-        let shipped = store.ship_history(BATCH, ch).await?;
+        let shipped = {
+            let _shipment = shipping.lock().await;
+            store.ship_history(BATCH, ch).await?
+        };
         if shipped > 0 {
             metrics::counter!("latch_history_shipped_rows_total").increment(shipped as u64);
             metrics::histogram!("latch_history_ship_seconds")
