@@ -229,7 +229,13 @@ async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
         .unwrap()
         .0;
     assert_eq!(first.status, Status::Superseded);
-    let pending = s.load_pending().await.unwrap();
+    let pending = s.load_pending(i64::MIN).await.unwrap();
+    let newest = s.load_pending(newer[0].seq).await.unwrap();
+    assert_eq!(
+        newest.iter().map(|p| p.seq).collect::<Vec<_>>(),
+        vec![newer[1].seq],
+        "a sweep after a seq sees only what came later"
+    );
     let ids: Vec<&str> = pending.iter().map(|p| p.id.as_str()).collect();
     assert!(ids.contains(&newer[0].id.as_str()) && !ids.contains(&created[0].id.as_str()));
 

@@ -281,8 +281,8 @@ pub trait Store: Send + Sync + 'static {
     async fn spool_depth(&self) -> Result<u64>;
 
     // --- delivery
-    /// Every pending notification, in outbox order.
-    async fn load_pending(&self) -> Result<Vec<NotificationRef>>;
+    /// Pending notifications with `seq > after_seq` (`i64::MIN`: all), in outbox order.
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>>;
     /// Leases the given pending notifications to `node` until `lease_until`, reading each
     /// one's URL, secret and address from the registry; cancels those whose client is gone
     /// or no longer linked to the sensor.

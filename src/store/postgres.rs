@@ -692,15 +692,15 @@ impl Store for PgStore {
         }))
     }
 
-    async fn load_pending(&self) -> Result<Vec<NotificationRef>> {
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
         let c = self.pool.get().await?;
         let rows = c
             .query(
                 &format!(
-                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.status = 'pending' \
-                     ORDER BY n.seq"
+                    "SELECT {NOTIF_COLS} FROM notifications n \
+                     WHERE n.status = 'pending' AND n.seq > $1 ORDER BY n.seq"
                 ),
-                &[],
+                &[&after_seq],
             )
             .await?;
         rows.iter()

@@ -741,14 +741,14 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn load_pending(&self) -> Result<Vec<NotificationRef>> {
-        self.read(|c| {
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        self.read(move |c| {
             let rows = c
                 .prepare(&format!(
-                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.status = 'pending' \
-                     ORDER BY n.seq"
+                    "SELECT {NOTIF_COLS} FROM notifications n \
+                     WHERE n.status = 'pending' AND n.seq > ?1 ORDER BY n.seq"
                 ))?
-                .query_map([], notification)?
+                .query_map([after_seq], notification)?
                 .map(|n| n.map(|n| notification_ref(&n)))
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(rows)
