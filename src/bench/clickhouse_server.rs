@@ -26,11 +26,18 @@ pub fn installed() -> bool {
     binary().is_some()
 }
 
+/// A free port below Linux's ephemeral range (32768–60999), so no outgoing connection or
+/// port-0 listener takes it between a stop and a restart of the server.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port")
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free local port between 20000 and 32000");
 }
 
 /// A ClickHouse server this process started; killed when dropped.
