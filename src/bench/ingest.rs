@@ -45,6 +45,9 @@ pub struct Args {
     /// in process; the bench's sensors are registered through its API first.
     #[arg(long)]
     pub url: Option<String>,
+    /// Ship history to a private ClickHouse server this bench starts (in-process latch).
+    #[arg(long)]
+    pub clickhouse: bool,
     /// How readings arrive: http, amqp or mqtt.
     #[arg(long, default_value = "http")]
     pub via: String,
@@ -85,6 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(args.sensors);
     let (mut config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
+    let mut clickhouse = None;
     // In process, or a latch already running at --url (its sensors registered over the API).
     let (server, base) = match &args.url {
         Some(base) => {
@@ -93,6 +97,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         }
         None => {
             super::import(&config, &ids, &[], None).await?;
+            if args.clickhouse {
+                let ch = super::clickhouse_server::LocalClickHouse::start(&dir.join("ch")).await?;
+                config.clickhouse_url = Some(ch.url());
+                clickhouse = Some(ch);
+            }
             config.sqlite_synchronous = match args.sync.as_str() {
                 "normal" => crate::store::sqlite::Synchronous::Normal,
                 _ => crate::store::sqlite::Synchronous::Full,
@@ -191,6 +200,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if let Some(server) = server {
         server.stop().await?;
     }
+    // Counted after the stop's last shipment; the server then goes, so the baseline below
+    // has the machine to itself.
+    let in_clickhouse = match clickhouse.take() {
+        Some(ch) => Some(
+            ch.query("SELECT count() FROM latch.readings")
+                .await?
+                .parse()?,
+        ),
+        None => None,
+    };
     let mut lat: Vec<f64> = results.iter().flat_map(|(l, _)| l.clone()).collect();
     let errors: u64 = results.iter().map(|(_, e)| e).sum();
     lat.sort_by(f64::total_cmp);
@@ -199,6 +218,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
     let rows = (total as usize).clamp(10_000, 2_000_000);
     let mut r = Report::new("ingest");
+    if let Some(n) = in_clickhouse {
+        r.add("readings_in_clickhouse_at_stop", n, "readings");
+    }
     r.add("readings_accepted", total as f64, "readings");
     r.add("readings_per_s", rate.round(), "readings/s");
     r.add("request_p50_ms", percentile(&lat, 50.0), "ms");
@@ -221,10 +243,15 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         }
     }
     r.notes.push(format!(
-        "Store: {}. {} sensors, batches of {}, {} workers, {:.0} % changes, sqlite \
+        "Store: {}{}. {} sensors, batches of {}, {} workers, {:.0} % changes, sqlite \
          synchronous={}; baseline: the same rows inserted into the same database directly, \
          one transaction (one multi-row statement on PostgreSQL) per {} rows.",
         if pg.is_some() { "PostgreSQL" } else { "SQLite" },
+        if in_clickhouse.is_some() {
+            ", history shipped to ClickHouse (a private server) as it arrives"
+        } else {
+            ""
+        },
         args.sensors,
         args.batch,
         args.workers,

@@ -103,6 +103,36 @@ fn ingest_bench_stops_at_its_count() {
 }
 
 #[test]
+fn ingest_with_clickhouse_ships_everything_by_the_stop() {
+    if !latch::bench::clickhouse_server::installed()
+        && crate::utils::service_missing("clickhouse-server", "not installed")
+    {
+        return;
+    }
+    let r = bench(&[
+        "ingest",
+        "--clickhouse",
+        "--sensors",
+        "100",
+        "--batch",
+        "50",
+        "--workers",
+        "2",
+        "--count",
+        "2000",
+        "--duration",
+        "60s",
+    ]);
+    assert_eq!(r["readings_accepted"].as_f64(), Some(2000.0), "{r}");
+    // A graceful stop makes one last shipment: nothing accepted waits for the next start.
+    assert_eq!(
+        r["readings_in_clickhouse_at_stop"].as_f64(),
+        Some(2000.0),
+        "{r}"
+    );
+}
+
+#[test]
 fn fleet_bench_sees_every_sensor_lost() {
     let r = bench(&["fleet", "--sensors", "200", "--timeout", "1s"]);
     let n = |k: &str| {
