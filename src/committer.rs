@@ -22,7 +22,7 @@ pub async fn run(
     store: Arc<dyn Store>,
     dispatcher: Dispatcher,
     mut rx: mpsc::Receiver<CommitRequest>,
-    spooled: Option<Arc<Spooled>>,
+    spooled: Arc<Spooled>,
 ) {
     while let Some(first) = rx.recv().await {
         let mut requests = vec![first];
@@ -43,9 +43,7 @@ pub async fn run(
         metrics::histogram!("latch_commit_readings").record(rows as f64);
         match result {
             Ok(created) => {
-                if let Some(s) = &spooled {
-                    s.add(history_rows);
-                }
+                spooled.add(history_rows);
                 dispatcher.enqueue(created);
                 for r in replies {
                     let _ = r.send(Ok(()));

@@ -74,20 +74,23 @@ pub async fn run(
         None => None,
     };
     let history = history::History::new(store.clone(), clickhouse.clone());
-    let spooled = clickhouse
-        .as_ref()
-        .map(|_| Arc::new(history::shipper::Spooled::default()));
+    // The committer counts history rows, so a full batch moves before the next tick.
+    let spooled = Arc::new(history::shipper::Spooled::default());
     let shipper_stop = CancellationToken::new();
-    let shipper = match (&clickhouse, &spooled) {
-        (Some(ch), Some(spooled)) => Some(tokio::spawn(history::shipper::run(
+    let shipper = match &clickhouse {
+        Some(ch) => tokio::spawn(history::shipper::run(
             store.clone(),
             ch.clone(),
             config.clickhouse_flush,
             spooled.clone(),
             history.shipping(),
             shipper_stop.clone(),
-        ))),
-        _ => None,
+        )),
+        None => tokio::spawn(history::archiver::run(
+            store.clone(),
+            spooled.clone(),
+            shipper_stop.clone(),
+        )),
     };
 
     let (commit_tx, commit_rx) = mpsc::channel(64);
@@ -202,9 +205,7 @@ pub async fn run(
 
     // Everything committed is in the spool: one last shipment, bounded.
     shipper_stop.cancel();
-    if let Some(shipper) = shipper {
-        let _ = shipper.await;
-    }
+    let _ = shipper.await;
 
     dispatcher_stop.cancel();
     tasks.close();

@@ -6,6 +6,7 @@
 //! durable), the [`shipper`] moves them to ClickHouse in batches, and reads merge both, so a
 //! reading is visible the moment it is accepted.
 
+pub mod archiver;
 pub mod clickhouse;
 pub mod shipper;
 

@@ -25,7 +25,7 @@ const LAST_SHIPMENT: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub struct Spooled {
     rows: AtomicU64,
-    full: Notify,
+    pub(super) full: Notify,
 }
 
 impl Spooled {
@@ -37,7 +37,7 @@ impl Spooled {
         }
     }
 
-    fn reset(&self) {
+    pub(super) fn reset(&self) {
         self.rows.store(0, Ordering::Relaxed);
     }
 }

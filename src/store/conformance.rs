@@ -72,6 +72,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     deletes_cancel_pending(&*store).await;
     lost_state_survives_and_filters(&*store).await;
     import_skips_what_exists(&*store).await;
+    archive_keeps_reads_whole(&*store).await;
     spool_ships_only_what_the_sink_took(&*store).await;
 }
 
@@ -636,6 +637,69 @@ async fn import_skips_what_exists(s: &dyn Store) {
         .unwrap();
     assert_eq!(linked.items.len(), 1);
     assert_eq!(linked.items[0].0.id, sid("im1"));
+}
+
+/// Every reading of a sensor, `limit` per page.
+async fn every_reading(s: &dyn Store, id: &str, limit: u32) -> Vec<Stored<ReadingRecord>> {
+    let mut out = Vec::new();
+    let mut req = page(limit);
+    loop {
+        let p = s
+            .list_readings(sid(id), TimeRange::default(), req.clone())
+            .await
+            .unwrap();
+        out.extend(p.items);
+        match p.next {
+            Some(n) => req.after = Some(n),
+            None => return out,
+        }
+    }
+}
+
+async fn archive_keeps_reads_whole(s: &dyn Store) {
+    s.create_sensor(sensor("ar1")).await.unwrap();
+    for i in 0..5 {
+        let at = 60_000 + i * 1_000;
+        s.commit(change("ar1", i % 2 == 0, None, at), at)
+            .await
+            .unwrap();
+    }
+    let before = every_reading(s, "ar1", 2).await;
+    assert_eq!(before.len(), 5);
+    // Moved in two steps, then two more arrive in the journal: pages run across both.
+    s.archive_history(3).await.unwrap();
+    s.archive_history(1_000_000).await.unwrap();
+    assert_eq!(
+        every_reading(s, "ar1", 2).await,
+        before,
+        "moving changes no answer"
+    );
+    for i in 5..7 {
+        let at = 60_000 + i * 1_000;
+        s.commit(change("ar1", i % 2 == 0, None, at), at)
+            .await
+            .unwrap();
+    }
+    let after = every_reading(s, "ar1", 3).await;
+    assert_eq!(after.len(), 7);
+    assert_eq!(&after[..5], &before[..]);
+    let ranged = s
+        .list_readings(
+            sid("ar1"),
+            TimeRange {
+                from: Some(63_000),
+                to: Some(66_000),
+            },
+            page(10),
+        )
+        .await
+        .unwrap();
+    let ts: Vec<i64> = ranged.items.iter().map(|r| r.row.ts).collect();
+    assert_eq!(ts, vec![63_000, 64_000, 65_000]);
+    // A deleted sensor takes its archived readings along.
+    assert!(s.delete_sensor(sid("ar1"), 70_000).await.unwrap());
+    s.create_sensor(sensor("ar1")).await.unwrap();
+    assert!(every_reading(s, "ar1", 10).await.is_empty());
 }
 
 /// A sink that keeps what it is given, or refuses while `fail` is set.

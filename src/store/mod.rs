@@ -279,6 +279,12 @@ pub trait Store: Send + Sync + 'static {
     async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize>;
     /// Unshipped history rows (readings, events, attempts).
     async fn spool_depth(&self) -> Result<u64>;
+    /// Without ClickHouse: moves up to `limit` of the oldest readings from the journal
+    /// they are committed to into the store's own archive, returning how many moved.
+    /// Backends that index readings as they come have nothing to move.
+    async fn archive_history(&self, _limit: usize) -> Result<usize> {
+        Ok(0)
+    }
 
     // --- delivery
     /// Pending notifications with `seq > after_seq` (`i64::MIN`: all), in outbox order.

@@ -33,6 +33,7 @@ const READERS: usize = 4;
 const MIGRATIONS: &[&str] = &[
     include_str!("migrations/sqlite/0001_init.sql"),
     include_str!("migrations/sqlite/0002_history_spool.sql"),
+    include_str!("migrations/sqlite/0003_readings_archive.sql"),
 ];
 
 /// How hard SQLite syncs to disk at each commit.
@@ -435,7 +436,13 @@ impl Store for SqliteStore {
             let tx = c.transaction()?;
             let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
             if n > 0 {
-                for table in ["sensor_state", "links", "readings", "events"] {
+                for table in [
+                    "sensor_state",
+                    "links",
+                    "readings",
+                    "readings_archive",
+                    "events",
+                ] {
                     tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
                 }
                 cancel_pending(&tx, "sensor_id", &id, now)?;
@@ -682,8 +689,15 @@ impl Store for SqliteStore {
             };
             let rows = c
                 .prepare_cached(
-                    "SELECT id, data, ts, received_at, late FROM readings \
-                     WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+                    // The archive by its key, the (small) journal by a scan; a move between
+                    // them is one transaction, so this one statement sees each row once.
+                    "SELECT * FROM (SELECT id, data, ts, received_at, late FROM readings_archive \
+                       WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+                       ORDER BY ts, id LIMIT ?6) \
+                     UNION ALL \
+                     SELECT * FROM (SELECT id, data, ts, received_at, late FROM readings \
+                       WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+                       ORDER BY ts, id LIMIT ?6) \
                      ORDER BY ts, id LIMIT ?6",
                 )?
                 .query_map(
@@ -962,6 +976,39 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn archive_history(&self, limit: usize) -> Result<usize> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let nth: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM readings ORDER BY id LIMIT 1 OFFSET ?1",
+                    [limit.clamp(1, 1 << 40) as i64 - 1],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let last = match nth {
+                Some(id) => id,
+                None => match tx.query_row("SELECT MAX(id) FROM readings", [], |r| {
+                    r.get::<_, Option<i64>>(0)
+                })? {
+                    Some(id) => id,
+                    None => return Ok(0),
+                },
+            };
+            // Sorted by the archive's key: each of its pages is written once per move.
+            let moved = tx.execute(
+                "INSERT INTO readings_archive (sensor_id, ts, id, received_at, data, late) \
+                 SELECT sensor_id, ts, id, received_at, data, late FROM readings \
+                 WHERE id <= ?1 ORDER BY sensor_id, ts, id",
+                [last],
+            )?;
+            tx.execute("DELETE FROM readings WHERE id <= ?1", [last])?;
+            tx.commit()?;
+            Ok(moved)
+        })
+        .await
+    }
+
     async fn spool_depth(&self) -> Result<u64> {
         self.read(|c| {
             Ok(c.query_row(
@@ -1186,6 +1233,72 @@ mod tests {
         assert_eq!(
             (s.address.as_str(), s.heartbeat_timeout_s),
             ("here", Some(5))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_version_1_database_keeps_its_history_through_the_migrations() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let c = Connection::open(dir.path().join("latch.db")).unwrap();
+            c.execute_batch(MIGRATIONS[0]).unwrap();
+            c.pragma_update(None, "user_version", 1).unwrap();
+            c.execute_batch(
+                "INSERT INTO sensors VALUES ('old', 'here', NULL, 1);
+                 INSERT INTO readings (id, sensor_id, ts, received_at, data, late)
+                   VALUES (7, 'old', 1000, 1000, 1, 0), (8, 'old', 2000, 2000, 0, 0);
+                 INSERT INTO events (id, sensor_id, kind, at, data, previous, last_seen_at)
+                   VALUES (3, 'old', 'sensor.state_changed', 2000, 0, 1, NULL);",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+        let id = SensorId::parse("old").unwrap();
+        let all = |store: SqliteStore| async move {
+            store
+                .list_readings(
+                    id,
+                    TimeRange::default(),
+                    PageRequest {
+                        limit: 10,
+                        after: None,
+                    },
+                )
+                .await
+                .unwrap()
+                .items
+        };
+        let kept = all(store.clone()).await;
+        assert_eq!(kept.iter().map(|r| r.id).collect::<Vec<_>>(), vec![7, 8]);
+        let events = store
+            .list_events(
+                id,
+                TimeRange::default(),
+                PageRequest {
+                    limit: 10,
+                    after: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(events.items[0].id, 3);
+        // New rows continue after the old ids, and moving to the archive changes nothing.
+        let batch = CommitBatch {
+            readings: vec![ReadingRecord {
+                sensor_id: id,
+                data: true,
+                ts: 3000,
+                received_at: 3000,
+                late: false,
+            }],
+            ..Default::default()
+        };
+        store.commit(batch, 3000).await.unwrap();
+        store.archive_history(100).await.unwrap();
+        let after = all(store).await;
+        assert_eq!(
+            after.iter().map(|r| r.id).collect::<Vec<_>>(),
+            vec![7, 8, 9]
         );
     }
 }
