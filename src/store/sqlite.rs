@@ -223,6 +223,17 @@ fn event_row(r: &Row, sensor_id: SensorId) -> rusqlite::Result<Stored<Event>> {
     })
 }
 
+/// `notification_id, at, status_code, error, duration_ms` from column `first` on.
+fn attempt_row(r: &Row, first: usize) -> rusqlite::Result<Attempt> {
+    Ok(Attempt {
+        notification_id: r.get(first)?,
+        at: r.get(first + 1)?,
+        status_code: r.get(first + 2)?,
+        error: r.get(first + 3)?,
+        duration_ms: r.get(first + 4)?,
+    })
+}
+
 const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at";
 
 fn client(r: &Row) -> rusqlite::Result<Client> {
@@ -852,15 +863,7 @@ impl Store for SqliteStore {
                     "SELECT notification_id, at, status_code, error, duration_ms FROM attempts \
                      WHERE notification_id = ?1 ORDER BY id",
                 )?
-                .query_map([&id], |r| {
-                    Ok(Attempt {
-                        notification_id: r.get(0)?,
-                        at: r.get(1)?,
-                        status_code: r.get(2)?,
-                        error: r.get(3)?,
-                        duration_ms: r.get(4)?,
-                    })
-                })?
+                .query_map([&id], |r| attempt_row(r, 0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(Some((n, attempts)))
         })
@@ -1048,13 +1051,7 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
         .query_map([limit], |r| {
             Ok(AttemptRecord {
                 id: r.get(0)?,
-                attempt: Attempt {
-                    notification_id: r.get(1)?,
-                    at: r.get(2)?,
-                    status_code: r.get(3)?,
-                    error: r.get(4)?,
-                    duration_ms: r.get(5)?,
-                },
+                attempt: attempt_row(r, 1)?,
                 client_id: r.get(6)?,
                 sensor_id: r.get(7)?,
                 kind: r.get(8)?,

@@ -28,6 +28,12 @@ fn bench(args: &[&str]) -> Value {
     v["results"].clone()
 }
 
+/// A figure of the results, which must be there.
+fn num(r: &Value, k: &str) -> f64 {
+    r[k].as_f64()
+        .unwrap_or_else(|| panic!("{k} missing in {r}"))
+}
+
 #[test]
 fn deliver_bench_accounts_for_every_notification() {
     let r = bench(&[
@@ -45,10 +51,7 @@ fn deliver_bench_accounts_for_every_notification() {
         "--drain",
         "60s",
     ]);
-    let n = |k: &str| {
-        r[k].as_f64()
-            .unwrap_or_else(|| panic!("{k} missing in {r}"))
-    };
+    let n = |k: &str| num(&r, k);
     assert_eq!(n("notifications_expected"), 600.0);
     // Every notification ended one way or another, none twice.
     assert_eq!(
@@ -75,10 +78,7 @@ fn ingest_bench_counts_accepted_readings() {
         "--duration",
         "1s",
     ]);
-    let n = |k: &str| {
-        r[k].as_f64()
-            .unwrap_or_else(|| panic!("{k} missing in {r}"))
-    };
+    let n = |k: &str| num(&r, k);
     assert!(n("readings_accepted") >= 50.0, "{r}");
     assert_eq!(n("readings_accepted") % 50.0, 0.0, "whole batches: {r}");
     assert_eq!(n("request_errors"), 0.0, "{r}");
@@ -135,10 +135,7 @@ fn ingest_with_clickhouse_ships_everything_by_the_stop() {
 #[test]
 fn fleet_bench_sees_every_sensor_lost() {
     let r = bench(&["fleet", "--sensors", "200", "--timeout", "1s"]);
-    let n = |k: &str| {
-        r[k].as_f64()
-            .unwrap_or_else(|| panic!("{k} missing in {r}"))
-    };
+    let n = |k: &str| num(&r, k);
     assert_eq!(n("sensors"), 200.0);
     assert!(n("all_lost_enqueued_after_deadline_s") >= 0.0, "{r}");
 }
@@ -161,10 +158,7 @@ fn broker_benches_take_every_message() {
             "--sensors",
             "50",
         ]);
-        let n = |k: &str| {
-            r[k].as_f64()
-                .unwrap_or_else(|| panic!("{k} missing in {r}"))
-        };
+        let n = |k: &str| num(&r, k);
         assert_eq!(n("messages"), 400.0, "{via}: {r}");
         assert!(n("readings_per_s") > 0.0, "{via}: {r}");
     }
@@ -173,10 +167,7 @@ fn broker_benches_take_every_message() {
 #[test]
 fn restart_bench_restarts_with_the_pending_outbox() {
     let r = bench(&["restart", "--sensors", "300", "--pending", "120"]);
-    let n = |k: &str| {
-        r[k].as_f64()
-            .unwrap_or_else(|| panic!("{k} missing in {r}"))
-    };
+    let n = |k: &str| num(&r, k);
     assert_eq!(n("sensors"), 300.0);
     assert_eq!(n("pending_notifications"), 120.0, "{r}");
     assert!(n("ready_seconds") > 0.0, "{r}");
@@ -202,10 +193,7 @@ fn history_bench_ships_the_whole_backlog_and_catches_up() {
         "--outage",
         "2s",
     ]);
-    let n = |k: &str| {
-        r[k].as_f64()
-            .unwrap_or_else(|| panic!("{k} missing in {r}"))
-    };
+    let n = |k: &str| num(&r, k);
     assert_eq!(n("backlog_readings"), 5000.0, "{r}");
     // Every backlog reading, plus the events its state changes made, is in ClickHouse.
     assert!(n("backlog_history_rows") > 5000.0, "{r}");
