@@ -4,9 +4,12 @@
 //! at start. Notifications queue in *lanes*, one per (client, sensor); only a lane's head is
 //! ever in flight, which is what guarantees a client never sees an older state of a sensor
 //! after a newer one. A timer heap holds each idle lane's next due time. Due heads wait in
-//! `ready` until the global and per-client concurrency limits admit them, and are then
-//! claimed from the store in batches: the claim leases them, reads URL and secret from the
-//! registry *now*, and cancels those whose client is gone or no longer owns the sensor.
+//! `ready` until the global and per-client limits admit them, and are then claimed from
+//! the store in batches: the claim leases them, reads URL and secret from the registry
+//! *now*, and cancels those whose client is gone or no longer owns the sensor. Heads are
+//! admitted up to [`CLAIM_AHEAD`] times the concurrency limits, so the next claimed head
+//! is ready the moment a request ends; semaphores hold the requests themselves to the
+//! limits.
 //! Results go to a recorder task that writes attempts and verdicts in batches.
 
 pub mod retry;
@@ -19,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -57,10 +60,11 @@ impl Settings {
         }
     }
 
-    /// How long a claim holds a notification: twice the attempt's timeout and a margin
-    /// for recording the result, so a lease only runs out when its holder is gone.
+    /// How long a claim holds a notification: a claimed-ahead head waits for at most one
+    /// attempt before its own, so three attempts' timeouts and a margin for recording the
+    /// result; a lease only runs out when its holder is gone.
     fn lease(&self) -> Millis {
-        2 * self.timeout.as_millis() as Millis + 5_000
+        3 * self.timeout.as_millis() as Millis + 5_000
     }
 }
 
@@ -100,12 +104,16 @@ impl Dispatcher {
         tracker.spawn(recorder(store.clone(), rec_rx));
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
+        let sends = Arc::new(Semaphore::new(settings.concurrency));
         tracker.spawn(claimer(
             store.clone(),
-            http,
-            settings.clone(),
-            tx.clone(),
-            tracker.clone(),
+            Sending {
+                http,
+                settings: settings.clone(),
+                sends,
+                tx: tx.clone(),
+                tracker: tracker.clone(),
+            },
             claims_rx,
         ));
         let mut core = Core {
@@ -119,6 +127,7 @@ impl Dispatcher {
             client_waiting: HashMap::new(),
             pending: 0,
             finished: HashMap::new(),
+            client_sends: HashMap::new(),
             claims,
         };
         tracing::info!(
@@ -143,6 +152,16 @@ const CLAIM_BATCH_MAX: usize = 1024;
 const FINISHED_MEMORY_MS: Millis = 30_000;
 /// Claims running at once on a shared (server) store.
 const CLAIMS_IN_FLIGHT: usize = 4;
+/// Heads admitted (claimed or sending) per request the limits allow.
+const CLAIM_AHEAD: u32 = 2;
+
+/// A head admitted by the limits, on its way to be claimed and sent.
+struct Admitted {
+    lane: LaneKey,
+    id: String,
+    /// Requests in flight to its client.
+    client_sends: Arc<Semaphore>,
+}
 
 enum Cmd {
     Enqueue(Vec<NotificationRef>),
@@ -193,8 +212,10 @@ struct Core {
     pending: usize,
     /// Ids that left their lane lately, with when (only kept on a shared store).
     finished: HashMap<String, Millis>,
+    /// Per client, the requests it may have in flight (`client_concurrency` permits).
+    client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
     /// Heads admitted by the limits, on their way to the [`claimer`].
-    claims: mpsc::UnboundedSender<(LaneKey, String)>,
+    claims: mpsc::UnboundedSender<Admitted>,
 }
 
 impl Core {
@@ -350,8 +371,10 @@ impl Core {
     }
 
     fn pump(&mut self) {
-        let mut batch: Vec<(LaneKey, String)> = Vec::new();
-        while self.inflight < self.settings.concurrency {
+        let mut batch: Vec<Admitted> = Vec::new();
+        let admit = self.settings.concurrency * CLAIM_AHEAD as usize;
+        let admit_client = self.settings.client_concurrency * CLAIM_AHEAD;
+        while self.inflight < admit {
             let Some(key) = self.ready.pop_front() else {
                 break;
             };
@@ -360,7 +383,7 @@ impl Core {
             };
             let id = head.id.clone();
             let count = self.client_inflight.entry(key.0.clone()).or_default();
-            if *count >= self.settings.client_concurrency {
+            if *count >= admit_client {
                 self.client_waiting
                     .entry(key.0.clone())
                     .or_default()
@@ -369,7 +392,17 @@ impl Core {
             }
             *count += 1;
             self.inflight += 1;
-            batch.push((key, id));
+            let limit = self.settings.client_concurrency as usize;
+            let client_sends = self
+                .client_sends
+                .entry(key.0.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(limit)))
+                .clone();
+            batch.push(Admitted {
+                lane: key,
+                id,
+                client_sends,
+            });
         }
         if batch.is_empty() {
             return;
@@ -384,7 +417,9 @@ impl Core {
         if let Some(c) = self.client_inflight.get_mut(&d.lane.0) {
             *c -= 1;
             if *c == 0 {
+                // Nothing of this client is claimed or sending: no permit is held.
                 self.client_inflight.remove(&d.lane.0);
+                self.client_sends.remove(&d.lane.0);
             }
         }
         if let Some(waiting) = self.client_waiting.get_mut(&d.lane.0) {
@@ -536,21 +571,29 @@ async fn recorder(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Outcome
     }
 }
 
+/// What sending a claimed head needs.
+#[derive(Clone)]
+struct Sending {
+    http: reqwest::Client,
+    settings: Arc<Settings>,
+    /// Requests in flight in all (`concurrency` permits).
+    sends: Arc<Semaphore>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    tracker: TaskTracker,
+}
+
 /// Claims due heads in batches: whatever piled up while the previous claim ran is claimed
 /// in one store call, so claims cost one transaction per batch under load, and spawns each
 /// attempt.
 async fn claimer(
     store: Arc<dyn Store>,
-    http: reqwest::Client,
-    settings: Arc<Settings>,
-    tx: mpsc::UnboundedSender<Cmd>,
-    tracker: TaskTracker,
-    mut rx: mpsc::UnboundedReceiver<(LaneKey, String)>,
+    sending: Sending,
+    mut rx: mpsc::UnboundedReceiver<Admitted>,
 ) {
     // A server database takes several claims at once (each its own transaction and
     // connection); the embedded one has a single writer, so one at a time is as fast.
     let parallel = if store.shared() { CLAIMS_IN_FLIGHT } else { 1 };
-    let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let permits = Arc::new(Semaphore::new(parallel));
     while let Some(first) = rx.recv().await {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
@@ -562,53 +605,63 @@ async fn claimer(
                 Err(_) => break,
             }
         }
-        let (store, http, settings, tx, spawner) = (
-            store.clone(),
-            http.clone(),
-            settings.clone(),
-            tx.clone(),
-            tracker.clone(),
-        );
-        tracker.spawn(async move {
-            claim_and_send(store, http, settings, tx, spawner, batch).await;
+        let (store, sending) = (store.clone(), sending.clone());
+        sending.tracker.clone().spawn(async move {
+            claim_and_send(store, sending, batch).await;
             drop(permit);
         });
     }
 }
 
-/// Claims one batch of heads and starts an attempt for each one leased to us.
-async fn claim_and_send(
-    store: Arc<dyn Store>,
-    http: reqwest::Client,
-    settings: Arc<Settings>,
-    tx: mpsc::UnboundedSender<Cmd>,
-    tracker: TaskTracker,
-    batch: Vec<(LaneKey, String)>,
-) {
+/// Claims one batch of heads and starts an attempt for each one leased to us; an attempt
+/// waits for a request slot of its client and of the whole dispatcher.
+async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
     let now = now_ms();
-    let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
+    let ids: Vec<String> = batch.iter().map(|a| a.id.clone()).collect();
     let claims = store
-        .claim(ids, settings.node.clone(), now, now + settings.lease())
+        .claim(
+            ids,
+            sending.settings.node.clone(),
+            now,
+            now + sending.settings.lease(),
+        )
         .await;
+    let tx = &sending.tx;
     let claims = match claims {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
-            for (lane, id) in batch {
+            for Admitted { lane, id, .. } in batch {
                 let result = Finished::Later(now + 1000);
                 let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
             }
             return;
         }
     };
-    for ((lane, id), claim) in batch.into_iter().zip(claims) {
+    for (admitted, claim) in batch.into_iter().zip(claims) {
+        let Admitted {
+            lane,
+            id,
+            client_sends,
+        } = admitted;
         let result = match claim {
             Claim::Send(s) => {
-                let (http, settings, tx) = (http.clone(), settings.clone(), tx.clone());
-                tracker.spawn(async move {
-                    let result = sender::send(&http, &s, settings.timeout).await;
+                let sending = sending.clone();
+                sending.tracker.clone().spawn(async move {
+                    let result = {
+                        // The client's slot first: a global one is held only while sending.
+                        let Ok(_client) = client_sends.acquire().await else {
+                            return;
+                        };
+                        let Ok(_all) = sending.sends.acquire().await else {
+                            return;
+                        };
+                        sender::send(&sending.http, &s, sending.settings.timeout).await
+                    };
                     let result = Finished::Attempted(result);
-                    let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                    let _ = sending
+                        .tx
+                        .send(Cmd::Done(Box::new(Done { lane, id, result })));
                 });
                 continue;
             }

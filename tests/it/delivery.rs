@@ -200,6 +200,32 @@ async fn gone_stops_at_once() {
 }
 
 #[tokio::test]
+async fn a_client_never_has_more_requests_in_flight_than_its_limit() {
+    let s = TestServer::start_with(|c| c.delivery_client_concurrency = 3).await;
+    let r = Receiver::start().await;
+    r.always(Answer {
+        status: 200,
+        delay: Duration::from_millis(100),
+        retry_after: None,
+    });
+    let client = s.client(&r.url).await;
+    let sensors: Vec<String> = (0..20).map(|_| unique("lim")).collect();
+    for id in &sensors {
+        s.sensor(id).await;
+        s.link(&client, id).await;
+    }
+    let batch: Vec<Value> = sensors
+        .iter()
+        .map(|id| json!({"sensor_id": id, "data": 1}))
+        .collect();
+    s.readings(Value::Array(batch)).await;
+    // Heads are claimed ahead of the limit, but requests never exceed it.
+    r.wait_for(20, 20).await;
+    assert_eq!(r.max_inflight(), 3, "exactly the limit, used in full");
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn a_slow_receiver_never_sees_two_requests_for_one_sensor() {
     let s = TestServer::start().await;
     let r = Receiver::start().await;

@@ -246,6 +246,8 @@ struct ReceiverState {
     default: Option<Answer>,
     inflight: HashMap<String, u32>,
     max_inflight_per_sensor: u32,
+    inflight_total: u32,
+    max_inflight_total: u32,
 }
 
 /// A local webhook receiver: records every request, answers from a script, then with a
@@ -290,6 +292,11 @@ impl Receiver {
         self.state.lock().unwrap().max_inflight_per_sensor
     }
 
+    /// Most requests it was answering at once.
+    pub fn max_inflight(&self) -> u32 {
+        self.state.lock().unwrap().max_inflight_total
+    }
+
     /// Waits until at least `n` requests arrived.
     pub async fn wait_for(&self, n: usize, secs: u64) -> Vec<Received> {
         eventually(secs, &format!("{n} webhook requests"), || async {
@@ -319,6 +326,8 @@ async fn receive(
         *n += 1;
         let n = *n;
         st.max_inflight_per_sensor = st.max_inflight_per_sensor.max(n);
+        st.inflight_total += 1;
+        st.max_inflight_total = st.max_inflight_total.max(st.inflight_total);
         st.script
             .pop_front()
             .or(st.default)
@@ -331,6 +340,7 @@ async fn receive(
         fn drop(&mut self) {
             let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());
             *st.inflight.entry(std::mem::take(&mut self.1)).or_default() -= 1;
+            st.inflight_total -= 1;
         }
     }
     let _out = Out(state.clone(), sensor);
