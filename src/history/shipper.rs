@@ -84,6 +84,10 @@ pub async fn run(
                 }
                 backoff = flush;
             }
+            Err(e) if !matches!(e, store::Error::Sink(_)) => {
+                // The store, not ClickHouse: the rows wait where they are; next flush.
+                tracing::warn!(error = %e, "Reading the history spool failed.");
+            }
             Err(e) => {
                 metrics::gauge!("latch_clickhouse_up").set(0.0);
                 metrics::counter!("latch_history_ship_failures_total").increment(1);
