@@ -41,7 +41,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use config::Config;
-use engine::rules::SensorState;
 
 /// Runs latch on `listener` until `shutdown` completes, then stops gracefully.
 pub async fn run(
@@ -101,6 +100,9 @@ pub async fn run(
         spooled,
     ));
 
+    // Where following other nodes' registry changes begins: taken before the load, so a
+    // change racing the load is applied again (harmlessly) rather than missed.
+    let registry_seen = store.newest_registry_change().await?;
     let runtime = store.load_runtime().await?;
     let sensors = runtime.len();
     let engine_stop = CancellationToken::new();
@@ -109,23 +111,19 @@ pub async fn run(
         config.engine_shards as usize,
         config.engine_batch_max as usize,
         config.heartbeat_timeout,
-        runtime.into_iter().map(|r| {
-            (
-                r.id,
-                SensorState {
-                    data: r.data,
-                    changed_at: r.changed_at,
-                    last_ts: r.last_ts,
-                    last_seen_at: r.last_seen_at,
-                    connection: r.connection,
-                    heartbeat_timeout_s: r.heartbeat_timeout_s,
-                },
-            )
-        }),
+        runtime.into_iter().map(|r| (r.id, r.state())),
         commit_tx,
         engine_stop.clone(),
         &engine_tasks,
     );
+    if store.shared() {
+        engine_tasks.spawn(engine::follow::run(
+            store.clone(),
+            engine.clone(),
+            registry_seen,
+            engine_stop.clone(),
+        ));
+    }
     engine_tasks.close();
 
     // Broker sources stop first on shutdown, finishing and acknowledging what they hold.

@@ -9,6 +9,7 @@
 
 pub mod effects;
 pub mod fleet;
+pub mod follow;
 pub mod rules;
 
 use std::collections::HashMap;
@@ -55,6 +56,8 @@ enum ShardMsg {
     Upsert {
         id: SensorId,
         heartbeat_timeout_s: Option<u32>,
+        /// State to start from when the sensor is new here (else: never reported).
+        initial: Option<SensorState>,
     },
     Remove {
         id: SensorId,
@@ -196,6 +199,21 @@ impl Engine {
             .send(ShardMsg::Upsert {
                 id,
                 heartbeat_timeout_s,
+                initial: None,
+            })
+            .await
+            .map_err(|_| Error::Closed)
+    }
+
+    /// Follows a registry change made elsewhere (another node's API): a sensor new here
+    /// starts from its stored `state`; a tracked one keeps its own, fresher state and only
+    /// takes the timeout.
+    pub async fn track(&self, id: SensorId, state: SensorState) -> Result<(), Error> {
+        self.shards[self.shard(id)]
+            .send(ShardMsg::Upsert {
+                id,
+                heartbeat_timeout_s: state.heartbeat_timeout_s,
+                initial: Some(state),
             })
             .await
             .map_err(|_| Error::Closed)
@@ -326,12 +344,14 @@ impl Shard {
             ShardMsg::Upsert {
                 id,
                 heartbeat_timeout_s,
+                initial,
             } => {
                 let _ = self.flush(std::mem::take(pending)).await;
                 if self.map.get(id).is_some() {
                     self.map.set_timeout(id, heartbeat_timeout_s);
                 } else {
-                    self.map.insert(id, SensorState::new(heartbeat_timeout_s));
+                    let state = initial.unwrap_or_else(|| SensorState::new(heartbeat_timeout_s));
+                    self.map.insert(id, state);
                 }
             }
             ShardMsg::Remove { id } => {

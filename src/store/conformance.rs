@@ -73,6 +73,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     lost_state_survives_and_filters(&*store).await;
     import_skips_what_exists(&*store).await;
     archive_keeps_reads_whole(&*store).await;
+    registry_changes_follow_create_change_delete(&*store).await;
     spool_ships_only_what_the_sink_took(&*store).await;
 }
 
@@ -700,6 +701,36 @@ async fn archive_keeps_reads_whole(s: &dyn Store) {
     assert!(s.delete_sensor(sid("ar1"), 70_000).await.unwrap());
     s.create_sensor(sensor("ar1")).await.unwrap();
     assert!(every_reading(s, "ar1", 10).await.is_empty());
+}
+
+async fn registry_changes_follow_create_change_delete(s: &dyn Store) {
+    let start = s.newest_registry_change().await.unwrap();
+    s.create_sensor(sensor("rg1")).await.unwrap();
+    s.replace_sensor(sid("rg1"), "moved".into(), Some(90))
+        .await
+        .unwrap();
+    s.create_sensor(sensor("rg2")).await.unwrap();
+    s.delete_sensor(sid("rg2"), 1).await.unwrap();
+    let (newest, changes) = s.registry_changes(start).await.unwrap();
+    if !s.shared() {
+        // One process per store: its engine saw every change itself.
+        assert!(changes.is_empty());
+        return;
+    }
+    assert!(newest > start);
+    let rg1 = changes.iter().find(|(id, _)| *id == sid("rg1")).unwrap();
+    assert_eq!(
+        rg1.1.unwrap().heartbeat_timeout_s,
+        Some(90),
+        "its state now"
+    );
+    let rg2 = changes.iter().find(|(id, _)| *id == sid("rg2")).unwrap();
+    assert_eq!(rg2.1, None, "deleted");
+    assert_eq!(changes.len(), 2, "one entry per sensor");
+    let (same, none) = s.registry_changes(newest).await.unwrap();
+    assert_eq!((same, none.len()), (newest, 0));
+    s.prune_registry_changes(i64::MAX).await.unwrap();
+    assert!(s.registry_changes(start).await.unwrap().1.is_empty());
 }
 
 /// A sink that keeps what it is given, or refuses while `fail` is set.

@@ -130,6 +130,20 @@ pub struct SensorRuntime {
     pub connection: Connection,
 }
 
+impl SensorRuntime {
+    /// The engine's in-memory state of the sensor.
+    pub fn state(&self) -> crate::engine::rules::SensorState {
+        crate::engine::rules::SensorState {
+            data: self.data,
+            changed_at: self.changed_at,
+            last_ts: self.last_ts,
+            last_seen_at: self.last_seen_at,
+            connection: self.connection,
+            heartbeat_timeout_s: self.heartbeat_timeout_s,
+        }
+    }
+}
+
 /// What the dispatcher needs of a pending notification to schedule it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NotificationRef {
@@ -250,6 +264,24 @@ pub trait Store: Send + Sync + 'static {
     // --- engine
     /// Every registered sensor with its last committed state.
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>>;
+    /// On a shared store: sensors created, changed or deleted after registry change
+    /// `after`, each with its state now (`None`: deleted), and the newest change seen; so
+    /// each node's engine follows what other nodes' APIs did. A store with one process has
+    /// nothing to follow.
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        Ok((after, Vec::new()))
+    }
+    /// The newest registry change (where a node starting now begins to follow).
+    async fn newest_registry_change(&self) -> Result<i64> {
+        Ok(0)
+    }
+    /// Forgets registry changes made before `before`.
+    async fn prune_registry_changes(&self, _before: Millis) -> Result<()> {
+        Ok(())
+    }
     /// Makes a batch durable in one transaction and returns the notifications it created,
     /// in outbox order. Older pending, unleased state notifications of a sensor with a new
     /// state change become `superseded` in the same transaction.

@@ -37,6 +37,7 @@ use crate::domain::{
 const MIGRATIONS: &[&str] = &[
     include_str!("migrations/postgres/0001_init.sql"),
     include_str!("migrations/postgres/0002_history_spool.sql"),
+    include_str!("migrations/postgres/0003_sensor_changes.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
@@ -185,6 +186,24 @@ impl PgStore {
 
 // --- row mapping -----------------------------------------------------------------------
 
+const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.changed_at, st.last_ts, \
+     st.last_seen_at, COALESCE(st.connection, 'unknown')";
+const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
+
+fn runtime_row(r: &tokio_postgres::Row) -> Result<SensorRuntime> {
+    let id: String = r.get(0);
+    let conn: String = r.get(6);
+    Ok(SensorRuntime {
+        id: sensor_id(&id)?,
+        heartbeat_timeout_s: opt_u32(r.get(1)),
+        data: r.get(2),
+        changed_at: r.get(3),
+        last_ts: r.get(4),
+        last_seen_at: r.get(5),
+        connection: Conn::parse(&conn).unwrap_or(Conn::Unknown),
+    })
+}
+
 fn sensor_id(s: &str) -> Result<SensorId> {
     SensorId::parse(s).map_err(|e| backend(format!("stored sensor id {s:?}: {e}")))
 }
@@ -310,8 +329,9 @@ impl Store for PgStore {
         let c = self.pool.get().await?;
         let n = c
             .execute(
-                "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+                "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+                   VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING RETURNING id) \
+                 INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
                 &[
                     &s.id.to_string(),
                     &s.address,
@@ -378,7 +398,9 @@ impl Store for PgStore {
             .get()
             .await?
             .execute(
-                "UPDATE sensors SET address = $2, heartbeat_timeout_s = $3 WHERE id = $1",
+                "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3 \
+                   WHERE id = $1 RETURNING id) \
+                 INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
                 &[&id.to_string(), &address, &timeout.map(|t| t as i32)],
             )
             .await?;
@@ -401,6 +423,8 @@ impl Store for PgStore {
                     .await?;
             }
             cancel_pending(&tx, "sensor_id", &id, now).await?;
+            tx.execute("INSERT INTO sensor_changes (sensor_id) VALUES ($1)", &[&id])
+                .await?;
         }
         tx.commit().await?;
         Ok(n > 0)
@@ -597,27 +621,71 @@ impl Store for PgStore {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT s.id, s.heartbeat_timeout_s, st.data, st.changed_at, st.last_ts, \
-                 st.last_seen_at, COALESCE(st.connection, 'unknown') \
-                 FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id",
+                &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"),
                 &[],
             )
             .await?;
-        rows.iter()
-            .map(|r| {
-                let id: String = r.get(0);
-                let conn: String = r.get(6);
-                Ok(SensorRuntime {
-                    id: sensor_id(&id)?,
-                    heartbeat_timeout_s: opt_u32(r.get(1)),
-                    data: r.get(2),
-                    changed_at: r.get(3),
-                    last_ts: r.get(4),
-                    last_seen_at: r.get(5),
-                    connection: Conn::parse(&conn).unwrap_or(Conn::Unknown),
-                })
+        rows.iter().map(runtime_row).collect()
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        let c = self.pool.get().await?;
+        let changes = c
+            .query(
+                "SELECT seq, sensor_id FROM sensor_changes WHERE seq > $1 ORDER BY seq",
+                &[&after],
+            )
+            .await?;
+        let newest = changes
+            .iter()
+            .map(|r| r.get::<_, i64>(0))
+            .max()
+            .unwrap_or(after);
+        let mut ids: Vec<String> = changes.iter().map(|r| r.get(1)).collect();
+        ids.sort();
+        ids.dedup();
+        if ids.is_empty() {
+            return Ok((newest, vec![]));
+        }
+        let now: std::collections::HashMap<SensorId, SensorRuntime> = c
+            .query(
+                &format!(
+                    "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ANY($1)"
+                ),
+                &[&ids],
+            )
+            .await?
+            .iter()
+            .map(|r| runtime_row(r).map(|rt| (rt.id, rt)))
+            .collect::<Result<_>>()?;
+        let changed = ids
+            .iter()
+            .map(|id| {
+                let id = sensor_id(id)?;
+                Ok((id, now.get(&id).copied()))
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok((newest, changed))
+    }
+
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        self.pool
+            .get()
+            .await?
+            .execute("DELETE FROM sensor_changes WHERE at < $1", &[&before])
+            .await?;
+        Ok(())
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_one("SELECT COALESCE(MAX(seq), 0) FROM sensor_changes", &[])
+            .await?;
+        Ok(row.get(0))
     }
 
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {

@@ -106,3 +106,46 @@ async fn a_second_node_finishes_what_a_killed_node_left() {
     );
     b.stop().await;
 }
+
+#[tokio::test]
+async fn a_sensor_registered_through_one_node_is_known_to_the_other() {
+    if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
+        return; // Runs once, in the first pass (it always uses PostgreSQL).
+    }
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let url = match crate::utils::postgres_url(dir_a.path()).await {
+        Ok(u) => u,
+        Err(e) => {
+            service_missing("PostgreSQL", e);
+            return;
+        }
+    };
+    let u = url.clone();
+    let a = TestServer::start_in(dir_a.path(), move |c| c.database_url = Some(u)).await;
+    let b = TestServer::start_in(dir_b.path(), move |c| c.database_url = Some(url)).await;
+    let id = unique("x");
+    let reading = json!({"sensor_id": id, "data": 1});
+
+    // Registered on A after B started: B takes its readings within a few seconds.
+    a.sensor(&id).await;
+    eventually(10, "node B accepts the new sensor's readings", || async {
+        let (_, body) = b.post("/v1/readings", reading.clone()).await;
+        (body["accepted"] == 1).then_some(())
+    })
+    .await;
+    // A reading B applied is the state A's API shows (one store).
+    let (_, sensor) = a.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(sensor["status"]["data"], 1, "{sensor}");
+
+    // Deleted on A: B refuses its readings again.
+    let (status, _) = a.delete(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(status, 204);
+    eventually(10, "node B refuses the deleted sensor", || async {
+        let (_, body) = b.post("/v1/readings", reading.clone()).await;
+        (body["rejected"][0]["code"] == "unknown_sensor").then_some(())
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+}

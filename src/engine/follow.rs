@@ -1,0 +1,61 @@
+//! On a shared store, the engine follows registry changes other nodes' APIs made: a sensor
+//! created through node A is accepted by node B within a second, a deleted one refused,
+//! a changed timeout applied.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use crate::domain::time::now_ms;
+use crate::store::Store;
+
+/// How often the change log is read.
+const EVERY: Duration = Duration::from_secs(1);
+/// How many reads back the watermark lies: a change committed by a transaction that began
+/// before then may carry a lower seq than the newest one seen (changes apply idempotently).
+const LOOKBACK: usize = 3;
+/// How often, and how old, changes are pruned from the log.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+const KEEP_MS: i64 = 3_600_000;
+
+/// Runs until `stop`, starting after registry change `seen`.
+pub async fn run(store: Arc<dyn Store>, engine: Engine, seen: i64, stop: CancellationToken) {
+    let mut marks: VecDeque<i64> = VecDeque::from([seen]);
+    let mut last_prune = Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+        let after = marks.front().copied().unwrap_or(seen);
+        let (newest, changes) = match store.registry_changes(after).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "Reading registry changes failed.");
+                continue;
+            }
+        };
+        for (id, now) in changes {
+            let applied = match now {
+                Some(runtime) => engine.track(id, runtime.state()).await,
+                None => engine.remove_sensor(id).await,
+            };
+            if applied.is_err() {
+                return; // The engine stopped.
+            }
+        }
+        marks.push_back(newest.max(marks.back().copied().unwrap_or(seen)));
+        if marks.len() > LOOKBACK {
+            marks.pop_front();
+        }
+        if last_prune.elapsed() >= PRUNE_EVERY {
+            last_prune = Instant::now();
+            if let Err(e) = store.prune_registry_changes(now_ms() - KEEP_MS).await {
+                tracing::warn!(error = %e, "Pruning registry changes failed.");
+            }
+        }
+    }
+}
