@@ -10,19 +10,28 @@ use serde_json::{Value, json};
 use crate::delivery::Process;
 use crate::utils::{Answer, Receiver, TestServer, eventually, service_missing, unique};
 
-#[tokio::test]
-async fn a_second_node_finishes_what_a_killed_node_left() {
+/// The PostgreSQL database both nodes share; `None` when the test does not run here: in
+/// the PostgreSQL pass (it always uses PostgreSQL, so it runs once, in the first pass), or
+/// without PostgreSQL outside CI.
+async fn shared_database(dir: &std::path::Path) -> Option<String> {
     if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
-        return; // Runs once, in the first pass (it always uses PostgreSQL).
+        return None;
     }
-    let dir_a = tempfile::tempdir().unwrap();
-    let dir_b = tempfile::tempdir().unwrap();
-    let url = match crate::utils::postgres_url(dir_a.path()).await {
-        Ok(u) => u,
+    match crate::utils::postgres_url(dir).await {
+        Ok(u) => Some(u),
         Err(e) => {
             service_missing("PostgreSQL", e);
-            return;
+            None
         }
+    }
+}
+
+#[tokio::test]
+async fn a_second_node_finishes_what_a_killed_node_left() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let Some(url) = shared_database(dir_a.path()).await else {
+        return;
     };
     let http = reqwest::Client::new();
     let r = Receiver::start().await;
@@ -109,17 +118,10 @@ async fn a_second_node_finishes_what_a_killed_node_left() {
 
 #[tokio::test]
 async fn a_sensor_registered_through_one_node_is_known_to_the_other() {
-    if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
-        return; // Runs once, in the first pass (it always uses PostgreSQL).
-    }
     let dir_a = tempfile::tempdir().unwrap();
     let dir_b = tempfile::tempdir().unwrap();
-    let url = match crate::utils::postgres_url(dir_a.path()).await {
-        Ok(u) => u,
-        Err(e) => {
-            service_missing("PostgreSQL", e);
-            return;
-        }
+    let Some(url) = shared_database(dir_a.path()).await else {
+        return;
     };
     let u = url.clone();
     let a = TestServer::start_in(dir_a.path(), move |c| c.database_url = Some(u)).await;
