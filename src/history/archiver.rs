@@ -1,7 +1,8 @@
 //! Without ClickHouse, the embedded store commits readings to an append-only journal and
 //! the archiver moves them into its indexed archive every second (or as soon as
-//! [`super::shipper::BATCH`] rows were committed), in bulk and sorted, which is far cheaper than indexing each group
-//! commit's readings as they come (see the SQLite migration 0003).
+//! [`super::shipper::BATCH`] rows were committed), in bulk and sorted: far cheaper than
+//! indexing each group commit's readings as they come (see the SQLite migration 0003).
+//! Stores that index readings on insert (PostgreSQL) have nothing to move.
 
 use std::sync::Arc;
 use std::time::Duration;
