@@ -1267,6 +1267,11 @@ mod tests {
         };
         let kept = all(store.clone()).await;
         assert_eq!(kept.iter().map(|r| r.id).collect::<Vec<_>>(), vec![7, 8]);
+        assert_eq!(
+            store.spool_depth().await.unwrap(),
+            1,
+            "old readings moved to the archive at the upgrade (the event stays)"
+        );
         let events = store
             .list_events(
                 id,
