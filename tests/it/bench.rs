@@ -28,6 +28,12 @@ fn bench(args: &[&str]) -> Value {
     v["results"].clone()
 }
 
+/// Whether the ClickHouse benches cannot run here (outside CI only: in CI it fails).
+fn clickhouse_server_missing() -> bool {
+    !latch::bench::clickhouse_server::installed()
+        && crate::utils::service_missing("clickhouse-server", "not installed")
+}
+
 /// A figure of the results, which must be there.
 fn num(r: &Value, k: &str) -> f64 {
     r[k].as_f64()
@@ -104,9 +110,7 @@ fn ingest_bench_stops_at_its_count() {
 
 #[test]
 fn ingest_with_clickhouse_ships_everything_by_the_stop() {
-    if !latch::bench::clickhouse_server::installed()
-        && crate::utils::service_missing("clickhouse-server", "not installed")
-    {
+    if clickhouse_server_missing() {
         return;
     }
     let r = bench(&[
@@ -175,9 +179,7 @@ fn restart_bench_restarts_with_the_pending_outbox() {
 
 #[test]
 fn history_bench_ships_the_whole_backlog_and_catches_up() {
-    if !latch::bench::clickhouse_server::installed()
-        && crate::utils::service_missing("clickhouse-server", "not installed")
-    {
+    if clickhouse_server_missing() {
         return;
     }
     let r = bench(&[
