@@ -957,9 +957,8 @@ impl Store for SqliteStore {
         sink.insert(&batch).await.map_err(Error::Sink)?;
         // One writer hands out ids in commit order, so every row at or below the highest id
         // read was in the batch: a range delete lets go of exactly what shipped.
-        let last = |ids: &mut dyn Iterator<Item = i64>| ids.max().unwrap_or(0);
-        let last_reading = last(&mut batch.readings.iter().map(|r| r.id));
-        let last_event = last(&mut batch.events.iter().map(|e| e.id));
+        let last_reading = batch.readings.iter().map(|r| r.id).max().unwrap_or(0);
+        let last_event = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
         let attempts: Vec<i64> = batch.attempts.iter().map(|a| a.id).collect();
         let shipped = batch.len();
         self.write(move |c| {
@@ -982,21 +981,14 @@ impl Store for SqliteStore {
     async fn archive_history(&self, limit: usize) -> Result<usize> {
         self.write(move |c| {
             let tx = c.transaction()?;
-            let nth: Option<i64> = tx
-                .query_row(
-                    "SELECT id FROM readings ORDER BY id LIMIT 1 OFFSET ?1",
-                    [limit.clamp(1, 1 << 40) as i64 - 1],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            let last = match nth {
-                Some(id) => id,
-                None => match tx.query_row("SELECT MAX(id) FROM readings", [], |r| {
-                    r.get::<_, Option<i64>>(0)
-                })? {
-                    Some(id) => id,
-                    None => return Ok(0),
-                },
+            // The id of the `limit`-th oldest reading, or of the newest when fewer wait.
+            let last: Option<i64> = tx.query_row(
+                "SELECT MAX(id) FROM (SELECT id FROM readings ORDER BY id LIMIT ?1)",
+                [limit.clamp(1, 1 << 40) as i64],
+                |r| r.get(0),
+            )?;
+            let Some(last) = last else {
+                return Ok(0);
             };
             // Sorted by the archive's key: each of its pages is written once per move.
             let moved = tx.execute(
