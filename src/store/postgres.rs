@@ -1068,45 +1068,31 @@ impl Store for PgStore {
             .collect::<Result<Vec<_>>>()?;
         let attempts = tx
             .query(
-                "UPDATE attempts SET shipped = true WHERE id = ANY(ARRAY(\
+                "WITH a AS (UPDATE attempts SET shipped = true WHERE id = ANY(ARRAY(\
                    SELECT id FROM attempts WHERE NOT shipped ORDER BY id LIMIT $1 \
                    FOR UPDATE SKIP LOCKED)) \
-                 RETURNING id, notification_id, at, status_code, error, duration_ms",
+                 RETURNING id, notification_id, at, status_code, error, duration_ms) \
+                 SELECT a.id, a.notification_id, a.at, a.status_code, a.error, a.duration_ms, \
+                   COALESCE(n.client_id, ''), COALESCE(n.sensor_id, ''), COALESCE(n.kind, '') \
+                 FROM a LEFT JOIN notifications n ON n.id = a.notification_id ORDER BY a.id",
                 &[&limit],
-            )
-            .await?;
-        let ids: Vec<String> = attempts.iter().map(|r| r.get(1)).collect();
-        let about: std::collections::HashMap<String, (String, String, String)> = tx
-            .query(
-                "SELECT id, client_id, sensor_id, kind FROM notifications WHERE id = ANY($1)",
-                &[&ids],
             )
             .await?
             .iter()
-            .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
-            .collect();
-        let mut attempts: Vec<AttemptRecord> = attempts
-            .iter()
-            .map(|r| {
-                let notification_id: String = r.get(1);
-                let (client_id, sensor_id, kind) =
-                    about.get(&notification_id).cloned().unwrap_or_default();
-                AttemptRecord {
-                    id: r.get(0),
-                    client_id,
-                    sensor_id,
-                    kind,
-                    attempt: Attempt {
-                        notification_id,
-                        at: r.get(2),
-                        status_code: r.get::<_, Option<i32>>(3).map(|c| c as u16),
-                        error: r.get(4),
-                        duration_ms: r.get::<_, i64>(5) as u32,
-                    },
-                }
+            .map(|r| AttemptRecord {
+                id: r.get(0),
+                attempt: Attempt {
+                    notification_id: r.get(1),
+                    at: r.get(2),
+                    status_code: r.get::<_, Option<i32>>(3).map(|c| c as u16),
+                    error: r.get(4),
+                    duration_ms: r.get::<_, i64>(5) as u32,
+                },
+                client_id: r.get(6),
+                sensor_id: r.get(7),
+                kind: r.get(8),
             })
             .collect();
-        attempts.sort_by_key(|a| a.id);
         let batch = HistoryBatch {
             readings,
             events,
