@@ -1,0 +1,408 @@
+//! The OpenAPI document as served at `/openapi.json`.
+//!
+//! utoipa derives operations and schemas from the handlers; this module adds what the derive
+//! cannot see, so that a generic client (schemathesis, a generated SDK) can trust the
+//! document: every constraint the validators enforce — written here from the very constants
+//! they use, so code and document cannot drift —, the statuses every operation can answer,
+//! security as configured (no token, no security), and links from the operations that create
+//! ids to the ones that take them.
+
+use serde_json::{Map, Value, json};
+
+use super::pagination::MAX_LIMIT;
+use super::readings::MAX_READINGS_PER_REQUEST;
+use super::sensors::MAX_TIMEOUT_S;
+use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS, URL_PATTERN};
+use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
+
+/// A sensor id, as [`crate::domain::SensorId::parse`] accepts it.
+fn sensor_id_pattern() -> String {
+    format!("^[A-Za-z0-9]{{1,{MAX_ID_LEN}}}$")
+}
+
+/// Text that is not only white space (the validators trim before checking emptiness).
+const NOT_BLANK: &str = "\\S";
+
+/// `whsec_` + canonical base64 of a 16 to 64 byte key (`domain::client::secret_key`):
+/// 3g + r bytes are g groups of four and a tail of r + 1 characters padded with `=`.
+fn secret_pattern() -> String {
+    let g = "[A-Za-z0-9+/]{4}";
+    // The unused low bits of the last character are zero in canonical base64.
+    let one = "[A-Za-z0-9+/][AQgw]==";
+    let two = "[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=";
+    format!(
+        "^whsec_(?:(?:{g}){{5}}(?:{one}|{two})|(?:{g}){{6,20}}(?:{one}|{two})?|(?:{g}){{21}}(?:{one})?)$"
+    )
+}
+
+/// Builds the document for a service that does (or does not) require a bearer token.
+pub fn document(derived: utoipa::openapi::OpenApi, token_required: bool) -> Value {
+    let mut doc = serde_json::to_value(derived).expect("the derived document is JSON");
+    constrain_schemas(&mut doc);
+    constrain_parameters(&mut doc);
+    readings_body(&mut doc);
+    add_statuses(&mut doc, token_required);
+    add_links(&mut doc);
+    if !token_required {
+        if let Some(o) = doc.as_object_mut() {
+            o.remove("security");
+        }
+        if let Some(schemes) = doc.pointer_mut("/components/securitySchemes") {
+            *schemes = json!({});
+        }
+    }
+    doc
+}
+
+/// Merges `patch` into the object at `pointer`; a missing pointer is a bug in this table.
+fn merge(doc: &mut Value, pointer: &str, patch: Value) {
+    let target = doc
+        .pointer_mut(pointer)
+        .and_then(Value::as_object_mut)
+        .unwrap_or_else(|| panic!("the OpenAPI document has no {pointer}"));
+    if let Value::Object(p) = patch {
+        target.extend(p);
+    }
+}
+
+fn constrain_schemas(doc: &mut Value) {
+    let s = "/components/schemas";
+    let id = json!({"pattern": sensor_id_pattern(), "minLength": 1, "maxLength": MAX_ID_LEN});
+    let address = json!({"minLength": 1, "maxLength": ADDRESS_MAX_CHARS, "pattern": NOT_BLANK});
+    let timeout = json!({"minimum": 1, "maximum": MAX_TIMEOUT_S});
+    for schema in ["SensorCreate", "SensorReplace"] {
+        merge(
+            doc,
+            &format!("{s}/{schema}/properties/address"),
+            address.clone(),
+        );
+        merge(
+            doc,
+            &format!("{s}/{schema}/properties/heartbeat_timeout_s"),
+            timeout.clone(),
+        );
+        merge(doc, &format!("{s}/{schema}/properties/id"), id.clone());
+    }
+    merge(
+        doc,
+        &format!("{s}/ClientIn/properties/name"),
+        json!({"minLength": 1, "maxLength": NAME_MAX_CHARS, "pattern": NOT_BLANK}),
+    );
+    merge(
+        doc,
+        &format!("{s}/ClientIn/properties/url"),
+        json!({"format": "uri", "maxLength": URL_MAX_CHARS, "pattern": URL_PATTERN}),
+    );
+    merge(
+        doc,
+        &format!("{s}/ClientIn/properties/secret"),
+        json!({"pattern": secret_pattern()}),
+    );
+    merge(
+        doc,
+        &format!("{s}/ReadingIn/properties/sensor_id"),
+        id.clone(),
+    );
+    merge(
+        doc,
+        &format!("{s}/ReadingIn/properties/data"),
+        json!({"enum": [0, 1]}),
+    );
+    merge(
+        doc,
+        &format!("{s}/ReadingIn/properties/ts"),
+        json!({"format": "date-time"}),
+    );
+}
+
+/// Query and path parameters: ranges, patterns, enums and formats per operation.
+fn constrain_parameters(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (path, ops) in paths.iter_mut() {
+        let Some(ops) = ops.as_object_mut() else {
+            continue;
+        };
+        for op in ops.values_mut() {
+            let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for p in params {
+                let name = p["name"].as_str().unwrap_or_default().to_string();
+                let sensor_path = path.starts_with("/v1/sensors/");
+                let patch = match name.as_str() {
+                    "limit" => json!({"minimum": 1, "maximum": MAX_LIMIT}),
+                    "cursor" => match cursor_pattern(path) {
+                        Some(pattern) => json!({ "pattern": pattern }),
+                        None => continue,
+                    },
+                    "connection" => json!({"enum": ["online", "lost", "unknown"]}),
+                    "status" => {
+                        json!({"enum": ["pending", "delivered", "failed", "superseded", "cancelled"]})
+                    }
+                    "from" | "to" => json!({"format": "date-time"}),
+                    "sensor_id" => json!({"pattern": sensor_id_pattern()}),
+                    "id" if sensor_path => json!({"pattern": sensor_id_pattern()}),
+                    _ => continue,
+                };
+                if let (Some(schema), Value::Object(patch)) =
+                    (p.get_mut("schema").and_then(Value::as_object_mut), patch)
+                {
+                    schema.extend(patch);
+                }
+            }
+        }
+    }
+}
+
+/// What a cursor of each list looks like: the key of the last item of the page before
+/// (empty means the first page). See `pagination`. Lists keyed by an id take any string,
+/// since any string has its place among ids.
+fn cursor_pattern(path: &str) -> Option<&'static str> {
+    if path.ends_with("/readings") || path.ends_with("/events") {
+        Some("^(?:-?[0-9]{1,18}:[0-9]{1,18})?$")
+    } else if path == "/v1/notifications" {
+        Some("^[0-9]{0,18}$")
+    } else {
+        None
+    }
+}
+
+/// `POST /v1/readings` takes one reading or an array; each element is judged on its own and
+/// a bad one is listed in `rejected` (a 202), so the array's items are any JSON value.
+fn readings_body(doc: &mut Value) {
+    let schema = json!({
+        "oneOf": [
+            {
+                "type": "object",
+                "description": "One reading (`ReadingIn`); if it is not a valid one it is \
+                    listed in `rejected` with its reason."
+            },
+            {
+                "type": "array",
+                "maxItems": MAX_READINGS_PER_REQUEST,
+                "items": {
+                    "description": "A reading (`ReadingIn`); an element that is not one is \
+                        listed in `rejected` with its reason, the others still apply."
+                }
+            }
+        ]
+    });
+    merge(
+        doc,
+        "/paths/~1v1~1readings/post/requestBody/content/application~1json",
+        json!({ "schema": schema }),
+    );
+}
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    })
+}
+
+/// The statuses the shared layers answer on any operation: bad input (400), a body not
+/// JSON (415) or too large (413), a missing token (401), the store away (503).
+fn add_statuses(doc: &mut Value, token_required: bool) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for ops in paths.values_mut() {
+        let Some(ops) = ops.as_object_mut() else {
+            continue;
+        };
+        for op in ops.values_mut() {
+            let has_body = op.get("requestBody").is_some();
+            let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            let mut add = |code: &str, what: &str| {
+                responses
+                    .entry(code.to_string())
+                    .or_insert_with(|| error_response(what));
+            };
+            add("400", "malformed: a bad id, query parameter or JSON body");
+            add(
+                "503",
+                "the store is unavailable; nothing was changed, try again",
+            );
+            if token_required {
+                add("401", "no valid `Authorization: Bearer <token>`");
+            }
+            if has_body {
+                add("413", "the body is too large");
+                add("415", "the body is not `application/json`");
+            }
+        }
+    }
+}
+
+/// Links from the operations that make ids to those that use them.
+fn add_links(doc: &mut Value) {
+    let from_body = |param: &str, pointer: &str, ops: &[&str]| -> Value {
+        let mut links = Map::new();
+        for op in ops {
+            links.insert(
+                (*op).to_string(),
+                json!({"operationId": op, "parameters": {param: format!("$response.body#{pointer}")}}),
+            );
+        }
+        Value::Object(links)
+    };
+    let sensor_ops = [
+        "get_sensor",
+        "replace_sensor",
+        "delete_sensor",
+        "sensor_readings",
+        "sensor_events",
+        "sensor_clients",
+    ];
+    merge(
+        doc,
+        "/paths/~1v1~1sensors/post/responses/201",
+        json!({"links": from_body("id", "/id", &sensor_ops)}),
+    );
+    let client_ops = [
+        "get_client",
+        "replace_client",
+        "delete_client",
+        "client_sensors",
+        "link",
+        "unlink",
+    ];
+    merge(
+        doc,
+        "/paths/~1v1~1clients/post/responses/201",
+        json!({"links": from_body("id", "/id", &client_ops)}),
+    );
+    merge(
+        doc,
+        "/paths/~1v1~1notifications/get/responses/200",
+        json!({"links": from_body("id", "/items/0/id", &["get_notification", "retry_notification"])}),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(token: bool) -> Value {
+        let (_, derived) = super::super::v1();
+        document(derived, token)
+    }
+
+    #[test]
+    fn security_follows_the_configuration() {
+        let open = doc(false);
+        assert!(open.get("security").is_none());
+        assert!(
+            open.pointer("/paths/~1v1~1sensors/get/responses/401")
+                .is_none()
+        );
+        let locked = doc(true);
+        assert_eq!(locked["security"], json!([{"bearer": []}]));
+        assert!(
+            locked
+                .pointer("/paths/~1v1~1sensors/get/responses/401")
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn every_operation_documents_the_shared_statuses() {
+        let d = doc(true);
+        for (path, ops) in d["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                for code in ["400", "401", "503"] {
+                    assert!(
+                        op["responses"].get(code).is_some(),
+                        "{method} {path} {code}"
+                    );
+                }
+                if op.get("requestBody").is_some() {
+                    assert!(op["responses"].get("415").is_some(), "{method} {path}");
+                }
+            }
+        }
+    }
+
+    fn matches(pattern: &str, text: &str) -> bool {
+        regex::Regex::new(pattern).unwrap().is_match(text)
+    }
+
+    #[test]
+    fn secret_pattern_matches_what_the_code_accepts() {
+        use base64::Engine as _;
+        let re = secret_pattern();
+        for len in 12..=68usize {
+            for seed in 0..4 {
+                let key: Vec<u8> = (0..len)
+                    .map(|i| (i * 37 + len + seed * 101) as u8)
+                    .collect();
+                let secret = format!(
+                    "whsec_{}",
+                    base64::engine::general_purpose::STANDARD.encode(&key)
+                );
+                let accepted = crate::domain::client::secret_key(&secret).is_ok();
+                assert_eq!(matches(&re, &secret), accepted, "{len} bytes: {secret}");
+            }
+        }
+        // Non-canonical tails decode nowhere and match nothing.
+        assert!(!matches(&re, "whsec_AAAAAAAAAAAAAAAAAAAAAB=="));
+        assert!(crate::domain::client::secret_key("whsec_AAAAAAAAAAAAAAAAAAAAAB==").is_err());
+    }
+
+    #[test]
+    fn url_pattern_is_what_the_code_accepts() {
+        let ok = [
+            "https://example.com/hooks/latch",
+            "http://a/",
+            "HTTP://x1.y-2.com:8080/a/b_c~d.e?x=1&y=/z",
+            "https://example.com",
+            "http://127.0.0.1:9000/hook",
+            "http://localhost:65535",
+        ];
+        let bad = [
+            "ftp://a.com/",
+            "http://1234/",
+            "http://-a.com/",
+            "http://a.com:0/",
+            "http://a.com:65536/",
+            "https://rp4ahkjd.info*",
+            "http://256.1.1.1/",
+            "http://[::1]/",
+            "http://a b/",
+        ];
+        for u in ok {
+            assert!(matches(URL_PATTERN, u), "{u}");
+            assert!(crate::domain::client::validate_url(u).is_ok(), "{u}");
+            assert!(reqwest::Url::parse(u).is_ok(), "{u}");
+        }
+        for u in bad {
+            assert!(!matches(URL_PATTERN, u), "{u}");
+            assert!(crate::domain::client::validate_url(u).is_err(), "{u}");
+        }
+    }
+
+    #[test]
+    fn sensor_id_pattern_matches_what_the_code_accepts() {
+        let re = sensor_id_pattern();
+        for id in [
+            "a",
+            "0xA",
+            "0123456789aBcDeF",
+            "",
+            "0123456789aBcDeF0",
+            "a b",
+            "ä",
+        ] {
+            assert_eq!(
+                matches(&re, id),
+                crate::domain::SensorId::parse(id).is_ok(),
+                "{id:?}"
+            );
+        }
+    }
+}
