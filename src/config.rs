@@ -38,6 +38,10 @@ pub struct Config {
     pub sqlite_synchronous: Synchronous,
     #[serde(default, deserialize_with = "non_empty")]
     pub database_url: Option<String>,
+    /// Bound on every PostgreSQL call: waiting for a pooled connection, connecting, and
+    /// each store operation. A database that stops answering costs a 503, never a hang.
+    #[serde(deserialize_with = "duration")]
+    pub database_timeout: Duration,
     #[serde(default, deserialize_with = "non_empty")]
     pub amqp_url: Option<String>,
     pub amqp_queue: String,
@@ -120,7 +124,10 @@ impl Config {
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(table.into_iter().collect()))
                 .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.path(), e.inner()))?;
-        config.validate()?;
+        // A validation message may quote a URL with its password.
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!(config.redact(&format!("{e:#}"))))?;
         Ok(config)
     }
 
@@ -138,6 +145,7 @@ impl Config {
             ("retry_max_delay", self.retry_max_delay),
             ("delivery_timeout", self.delivery_timeout),
             ("clickhouse_flush", self.clickhouse_flush),
+            ("database_timeout", self.database_timeout),
         ];
         for (key, d) in positive {
             if d.is_zero() {
@@ -174,10 +182,8 @@ impl Config {
         } else {
             crate::history::clickhouse::check_database(&self.clickhouse_database)?;
         }
-        if let Some(u) = &self.amqp_url
-            && !(u.starts_with("amqp://") || u.starts_with("amqps://"))
-        {
-            bail!("invalid setting `amqp_url`: must start with amqp:// or amqps://");
+        if let Some(u) = &self.amqp_url {
+            crate::ingest::amqp::check_url(u)?;
         }
         if let Some(u) = &self.mqtt_url {
             crate::ingest::mqtt::options(u)?;
@@ -266,6 +272,70 @@ fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error
     Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
 }
 
+impl Config {
+    /// `text` with every secret of these settings masked: the password of each configured
+    /// URL, the API token, and the password part of any other `scheme://user:pass@` in it.
+    /// For messages that may quote a URL, such as a failed start.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = redact_userinfo(text);
+        let urls = [
+            &self.database_url,
+            &self.amqp_url,
+            &self.mqtt_url,
+            &self.clickhouse_url,
+        ];
+        let passwords = urls
+            .into_iter()
+            .flatten()
+            .filter_map(|u| reqwest::Url::parse(u).ok())
+            .filter_map(|u| u.password().map(str::to_string))
+            .flat_map(|p| {
+                let decoded = percent_encoding::percent_decode_str(&p)
+                    .decode_utf8_lossy()
+                    .into_owned();
+                [p, decoded]
+            });
+        for secret in passwords.chain(self.api_token.clone()) {
+            // Short secrets would mask ordinary words; they are not worth the noise.
+            if secret.len() >= 4 {
+                out = out.replace(&secret, "***");
+            }
+        }
+        out
+    }
+}
+
+/// Masks the password in every `scheme://user:password@host` of `text`.
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                match userinfo.split_once(':') {
+                    Some((user, _)) => {
+                        out.push_str(user);
+                        out.push_str(":***");
+                    }
+                    None => out.push_str(userinfo),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +361,18 @@ mod tests {
         assert_eq!(c.delivery_timeout, Duration::from_secs(10));
         assert_eq!(c.database_url, None);
         assert_eq!(c.api_token, None);
+    }
+
+    #[test]
+    fn database_timeout_is_a_positive_duration() {
+        let c = Config::load_from(None, &[]).unwrap();
+        assert_eq!(c.database_timeout, Duration::from_secs(5));
+        let c = Config::load_from(None, &env(&[("LATCH_DATABASE_TIMEOUT", "750ms")])).unwrap();
+        assert_eq!(c.database_timeout, Duration::from_millis(750));
+        let e = Config::load_from(None, &env(&[("LATCH_DATABASE_TIMEOUT", "0s")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("database_timeout"), "{e}");
     }
 
     #[test]
@@ -351,6 +433,19 @@ mod tests {
         assert!(e("LATCH_MQTT_URL", "http://127.0.0.1").contains("mqtt_url"));
         let c = Config::load_from(None, &env(&[("LATCH_AMQP_URL", "amqp://127.0.0.1")])).unwrap();
         assert_eq!(c.amqp_url.as_deref(), Some("amqp://127.0.0.1"));
+        // No TLS in this build: a TLS URL is refused, never reached in plain text.
+        for (k, v) in [
+            ("LATCH_AMQP_URL", "amqps://u:p@127.0.0.1:5671/%2f"),
+            ("LATCH_MQTT_URL", "mqtts://127.0.0.1:8883"),
+            ("LATCH_MQTT_URL", "ssl://127.0.0.1:8883"),
+        ] {
+            let msg = e(k, v);
+            assert!(msg.contains(&k[6..].to_lowercase()), "{msg}");
+            assert!(msg.contains("TLS"), "{msg}");
+        }
+        let c =
+            Config::load_from(None, &env(&[("LATCH_MQTT_URL", "mqtt://127.0.0.1:1883")])).unwrap();
+        assert_eq!(c.mqtt_url.as_deref(), Some("mqtt://127.0.0.1:1883"));
         let c = Config::load_from(
             None,
             &env(&[("LATCH_CLICKHOUSE_URL", "http://u:p@127.0.0.1:8123")]),
@@ -376,5 +471,29 @@ mod tests {
     fn empty_optional_values_mean_unset() {
         let c = Config::load_from(None, &env(&[("LATCH_API_TOKEN", "")])).unwrap();
         assert_eq!(c.api_token, None);
+    }
+
+    #[test]
+    fn redact_masks_url_passwords_and_the_token() {
+        let mut c = Config::for_data_dir(Path::new("/tmp"));
+        c.database_url = Some("postgres://latch:pg%2Fsecret@db:5432/latch".into());
+        c.amqp_url = Some("amqps://guest:rabbitpass@mq/%2f".into());
+        c.api_token = Some("tok-123456".into());
+        let text = "cannot connect to postgres://latch:pg%2Fsecret@db:5432/latch (pg/secret); \
+                    amqps://guest:rabbitpass@mq/%2f refused; token tok-123456; \
+                    http://u:p@ch:8123?x=1 and http://plain:8123/";
+        let r = c.redact(text);
+        for secret in [
+            "pg%2Fsecret",
+            "pg/secret",
+            "rabbitpass",
+            "tok-123456",
+            "u:p@",
+        ] {
+            assert!(!r.contains(secret), "{secret} leaked in {r}");
+        }
+        assert!(r.contains("postgres://latch:***@db:5432/latch"), "{r}");
+        assert!(r.contains("http://u:***@ch:8123?x=1"), "{r}");
+        assert!(r.contains("http://plain:8123/"), "{r}");
     }
 }

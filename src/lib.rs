@@ -49,6 +49,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let metrics = telemetry::metrics_handle();
+    telemetry::register_families(&config);
     let store = store::connect(&config).await?;
 
     let tasks = TaskTracker::new();
@@ -172,6 +173,13 @@ pub async fn run(
     let app = api::router(state);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, sensors, "latch is serving.");
+    if exposed_without_token(&config, addr) {
+        tracing::warn!(
+            %addr,
+            "Listening beyond loopback without an API token: anyone who reaches this address \
+             can read and change everything. Set LATCH_API_TOKEN."
+        );
+    }
 
     let stop = CancellationToken::new();
     let stop_http = stop.clone();
@@ -218,4 +226,26 @@ pub async fn run(
     }
     tracing::info!("latch stopped.");
     Ok(())
+}
+
+/// Whether the API is open to other machines: a non-loopback address and no token.
+fn exposed_without_token(config: &Config, addr: std::net::SocketAddr) -> bool {
+    config.api_token.is_none() && !addr.ip().is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_api_beyond_loopback_is_flagged() {
+        let mut c = Config::for_data_dir(std::path::Path::new("/tmp"));
+        let addr = |s: &str| s.parse().unwrap();
+        assert!(!exposed_without_token(&c, addr("127.0.0.1:8080")));
+        assert!(!exposed_without_token(&c, addr("[::1]:8080")));
+        assert!(exposed_without_token(&c, addr("0.0.0.0:8080")));
+        assert!(exposed_without_token(&c, addr("10.1.2.3:8080")));
+        c.api_token = Some("secret-token".into());
+        assert!(!exposed_without_token(&c, addr("0.0.0.0:8080")));
+    }
 }

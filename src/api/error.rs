@@ -2,9 +2,12 @@
 //! fitting status. Server-side causes are logged and answered with a generic message.
 
 use axum::Json;
+use axum::body::Bytes;
 use axum::extract::FromRequest;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::Request;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::http::StatusCode;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -53,6 +56,20 @@ impl ApiError {
             StatusCode::NOT_FOUND,
             "not_found",
             format!("{what} not found"),
+        )
+    }
+
+    /// The contract's answer to a body over the size limit.
+    pub fn payload_too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    /// A body that is not declared as JSON.
+    pub fn unsupported_media_type() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send JSON with `Content-Type: application/json`",
         )
     }
 
@@ -142,14 +159,60 @@ impl From<JsonRejection> for ApiError {
             JsonRejection::JsonSyntaxError(e) => {
                 ApiError::bad_request(format!("malformed JSON: {}", e.body_text()))
             }
-            JsonRejection::MissingJsonContentType(_) => ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "send JSON with `Content-Type: application/json`",
-            ),
+            JsonRejection::MissingJsonContentType(_) => ApiError::unsupported_media_type(),
+            JsonRejection::BytesRejection(e) => e.into(),
             other => ApiError::bad_request(other.body_text()),
         }
     }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(r: BytesRejection) -> Self {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(format!(
+                "the body is larger than this endpoint takes ({} MiB for readings, {} MiB \
+                 elsewhere)",
+                super::readings::MAX_READINGS_BODY_BYTES >> 20,
+                super::MAX_BODY_BYTES >> 20
+            ))
+        } else {
+            ApiError::bad_request(r.body_text())
+        }
+    }
+}
+
+/// A JSON request body as raw bytes, for handlers that parse it themselves (readings):
+/// the same content-type rule as [`ApiJson`], so no page in a browser can post one as a
+/// `text/plain` form without a CORS preflight.
+pub struct JsonBytes(pub Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        if !is_json(req.headers()) {
+            return Err(ApiError::unsupported_media_type());
+        }
+        Ok(Self(Bytes::from_request(req, state).await?))
+    }
+}
+
+/// `application/json` or any `application/*+json`, parameters (charset) allowed — the
+/// types axum's `Json` accepts too.
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let Some((kind, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    kind.eq_ignore_ascii_case("application")
+        && (sub.eq_ignore_ascii_case("json")
+            || sub.len() > 5 && sub[sub.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
 /// `Json` whose rejections are contract errors.
@@ -196,4 +259,27 @@ pub fn parse_sensor_id(s: &str) -> ApiResult<crate::domain::SensorId> {
             format!("{e} (got {s:?})"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_content_types() {
+        let ok = |v: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, v.parse().unwrap());
+            is_json(&h)
+        };
+        assert!(ok("application/json"));
+        assert!(ok("Application/JSON; charset=utf-8"));
+        assert!(ok("application/vnd.latch+json"));
+        assert!(!ok("text/plain"));
+        assert!(!ok("application/x-www-form-urlencoded"));
+        assert!(!ok("multipart/form-data; boundary=x"));
+        assert!(!ok("application/jsonp"));
+        assert!(!ok("+json"));
+        assert!(!is_json(&axum::http::HeaderMap::new()));
+    }
 }

@@ -2,6 +2,7 @@
 //! here with health, metrics, the OpenAPI document and bearer-token auth.
 
 pub mod clients;
+pub mod contract;
 pub mod error;
 pub mod notifications;
 pub mod pagination;
@@ -29,6 +30,9 @@ use crate::history::History;
 use crate::ingest::{Ingest, Sources};
 use crate::store::Store;
 use error::ApiError;
+
+/// Largest request body but for readings (`readings::MAX_READINGS_BODY_BYTES`).
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -67,8 +71,8 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// The v1 routes and their OpenAPI document.
-fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+/// The v1 routes and the OpenAPI document utoipa derives for them.
+pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(sensors::router())
         .merge(clients::router())
@@ -79,12 +83,14 @@ fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {
-    let (v1, doc) = v1();
-    let doc = Arc::new(doc);
+    let (v1, derived) = v1();
+    let doc = Arc::new(contract::document(
+        derived,
+        state.config.api_token.is_some(),
+    ));
     let v1 = v1
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
-        // 10,000 readings with long ids and timestamps fit in 2 MiB; leave room.
-        .layer(DefaultBodyLimit::max(4 * 1024 * 1024));
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     Router::new()
         .merge(v1)
         .route("/healthz", get(|| async { "ok" }))
@@ -107,12 +113,18 @@ async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> 
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(req).await
+}
+
+/// The token of an `Authorization` value; the scheme is case-insensitive (RFC 9110).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compares without an early exit, so the time taken tells nothing of the token.
@@ -132,9 +144,13 @@ async fn readyz(State(st): State<AppState>) -> Response {
         )
             .into_response();
     }
+    // Open to anyone: the cause goes to the log, not to the answer.
     match st.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "Not ready: the store does not answer.");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()
+        }
     }
 }
 
@@ -144,4 +160,18 @@ async fn metrics(State(st): State<AppState>) -> Response {
         st.metrics.render(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer abc"), Some("abc"));
+        assert_eq!(bearer("BEARER  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearerabc"), None);
+    }
 }

@@ -112,11 +112,11 @@ async fn list_notifications(
     let filter = NotificationFilter {
         client_id: f.client_id.filter(|s| !s.is_empty()),
         sensor_id: match f.sensor_id.as_deref() {
-            None | Some("") => None,
+            None => None,
             Some(s) => Some(parse_sensor_id(s)?),
         },
         status: match f.status.as_deref() {
-            None | Some("") => None,
+            None => None,
             Some(s) => Some(Status::parse(s).ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "status must be pending, delivered, failed, superseded or cancelled, got {s:?}"

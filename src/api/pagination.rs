@@ -1,10 +1,11 @@
 //! Cursor pagination shared by every list: `?limit=` (default 100, at most 1000) and
 //! `?cursor=`, answered as `{"items": [...], "next_cursor": "..."|null}`.
 //!
-//! Cursors are the store's raw keys in URL-safe base64, so clients treat them as opaque.
+//! A cursor is the store's key of the last item of the previous page (a sensor or client
+//! id, a sequence number, or `time:id` in history), which clients treat as opaque. Plain
+//! keys rather than an encoding of them, so the OpenAPI document can say exactly which
+//! cursors are valid (`contract::cursor_pattern`): any key is a position in its list.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -32,23 +33,7 @@ impl PageParams {
                 "limit must be between 1 and {MAX_LIMIT}, got {limit}"
             )));
         }
-        let after = match &self.cursor {
-            None => None,
-            Some(c) if c.is_empty() => None,
-            Some(c) => Some(
-                URL_SAFE_NO_PAD
-                    .decode(c)
-                    .ok()
-                    .and_then(|b| String::from_utf8(b).ok())
-                    .ok_or_else(|| {
-                        ApiError::new(
-                            axum::http::StatusCode::BAD_REQUEST,
-                            "invalid_cursor",
-                            "cursor is not one this API returned",
-                        )
-                    })?,
-            ),
-        };
+        let after = self.cursor.clone().filter(|c| !c.is_empty());
         Ok(PageRequest { limit, after })
     }
 }
@@ -65,7 +50,7 @@ impl<T> List<T> {
     pub fn from_page<S>(page: Page<S>, f: impl FnMut(S) -> T) -> Self {
         List {
             items: page.items.into_iter().map(f).collect(),
-            next_cursor: page.next.map(|n| URL_SAFE_NO_PAD.encode(n)),
+            next_cursor: page.next,
         }
     }
 }

@@ -1,6 +1,5 @@
 //! HTTP ingest (`POST /v1/readings`) and the history of a sensor: readings and events.
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -8,7 +7,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::error::{
+    ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, JsonBytes, parse_sensor_id,
+};
 use super::pagination::{List, PageParams};
 use crate::domain::{EventKind, Millis, reading, time};
 use crate::store::{Stored, TimeRange};
@@ -16,11 +17,18 @@ use crate::store::{Stored, TimeRange};
 /// Most readings one request may carry.
 pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
 
+/// Largest body of `POST /v1/readings`: room for 10,000 readings written generously, so
+/// that an array over the count limit is answered for its count (422) rather than its size.
+pub const MAX_READINGS_BODY_BYTES: usize = 16 * 1024 * 1024;
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(post_readings))
         .routes(routes!(sensor_readings))
         .routes(routes!(sensor_events))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_READINGS_BODY_BYTES,
+        ))
 }
 
 /// A reading: `{"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}`.
@@ -49,33 +57,38 @@ pub struct RejectedOut {
     /// Position in the posted array (0 for a single reading).
     pub index: usize,
     /// Machine-readable reason: `invalid_sensor_id`, `invalid_data`, `invalid_ts`,
-    /// `ts_in_future`, `unknown_sensor`, `not_an_object`.
+    /// `ts_in_future`, `unknown_sensor`, `not_an_object`; or `store_unavailable`: valid but
+    /// not stored (part of the request could not be committed), send it again.
     pub code: String,
     pub error: String,
 }
 
 /// Post one reading or an array of up to 10,000. Answers 202 once the accepted ones are
-/// durable; each element is validated on its own.
+/// durable; each element is validated on its own. If only part of them could be committed,
+/// the rest are listed as `store_unavailable` (send those again); 503 when none could.
 #[utoipa::path(post, path = "/v1/readings", tag = "readings",
     request_body(content = Vec<ReadingIn>, description = "one reading, or an array of them"),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, description = "more than 10,000 readings", body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
 async fn post_readings(
     State(st): State<AppState>,
-    body: Bytes,
+    JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
-    let items = reading::parse_many(&body, time::now_ms())
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
-    if items.len() > MAX_READINGS_PER_REQUEST {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_many_readings",
-            format!(
-                "at most {MAX_READINGS_PER_REQUEST} readings per request, got {}",
-                items.len()
+    let items = reading::parse_many(&body, time::now_ms(), MAX_READINGS_PER_REQUEST).map_err(
+        |e| match e {
+            reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
+                ApiError::bad_request(e.to_string())
+            }
+            // 422 rather than 413: the body is not too large, it breaks `maxItems`.
+            reading::BodyError::TooMany { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_readings",
+                e.to_string(),
             ),
-        ));
-    }
+        },
+    )?;
     let report = st.ingest.submit("http", items).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -108,7 +121,7 @@ impl RangeParams {
     fn range(&self) -> ApiResult<TimeRange> {
         let parse = |name: &str, v: &Option<String>| -> ApiResult<Option<Millis>> {
             match v.as_deref() {
-                None | Some("") => Ok(None),
+                None => Ok(None),
                 Some(s) => time::parse(s).map(Some).ok_or_else(|| {
                     ApiError::bad_request(format!("{name} must be an RFC 3339 time, got {s:?}"))
                 }),

@@ -19,7 +19,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Longest per-sensor heartbeat timeout: 30 days.
-const MAX_TIMEOUT_S: u32 = 30 * 24 * 3600;
+pub const MAX_TIMEOUT_S: u32 = 30 * 24 * 3600;
 
 /// A sensor to create.
 #[derive(Deserialize, ToSchema)]
@@ -32,6 +32,7 @@ pub struct SensorCreate {
     #[schema(example = "Moscow, Russia, Svobody st. 23 fl 1 room 16")]
     pub address: String,
     /// Silence, in seconds, after which it is "lost"; the service default when absent.
+    #[serde(default, deserialize_with = "whole_seconds")]
     pub heartbeat_timeout_s: Option<u32>,
 }
 
@@ -42,7 +43,26 @@ pub struct SensorReplace {
     /// Optional; must match the path when given.
     pub id: Option<String>,
     pub address: String,
+    #[serde(default, deserialize_with = "whole_seconds")]
     pub heartbeat_timeout_s: Option<u32>,
+}
+
+/// A whole number of seconds; `30.0` counts as one, as JSON Schema's `integer` says.
+fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let whole = match (n.as_u64(), n.as_f64()) {
+        (Some(u), _) => Some(u),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&f) => {
+            Some(f as u64)
+        }
+        _ => None,
+    };
+    whole
+        .and_then(|u| u32::try_from(u).ok())
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom(format!("expected whole seconds, got {n}")))
 }
 
 /// A sensor with its current status.
@@ -143,7 +163,7 @@ async fn list_sensors(
     ApiQuery(filter): ApiQuery<SensorListParams>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
     let connection = match filter.connection.as_deref() {
-        None | Some("") => None,
+        None => None,
         Some(c) => Some(Connection::parse(c).ok_or_else(|| {
             ApiError::bad_request(format!(
                 "connection must be online, lost or unknown, got {c:?}"
@@ -176,7 +196,9 @@ async fn get_sensor(
 /// Replace a sensor's address and heartbeat timeout.
 #[utoipa::path(put, path = "/v1/sensors/{id}", tag = "sensors", params(("id" = String, Path)),
     request_body = SensorReplace,
-    responses((status = 200, body = SensorOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 200, body = SensorOut), (status = 404, body = ErrorBody),
+        (status = 409, description = "an id in the body differs from the path", body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
 async fn replace_sensor(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -186,9 +208,11 @@ async fn replace_sensor(
     if let Some(body_id) = &body.id
         && body_id != &id.to_string()
     {
-        return Err(ApiError::invalid(format!(
-            "id in the body ({body_id:?}) does not match the path ({id})"
-        )));
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("id in the body ({body_id:?}) does not match the path ({id})"),
+        ));
     }
     check_fields(&body.address, body.heartbeat_timeout_s)?;
     let view = st
@@ -204,16 +228,23 @@ async fn replace_sensor(
 
 /// Delete a sensor with its links, state and history; its pending notifications are cancelled.
 #[utoipa::path(delete, path = "/v1/sensors/{id}", tag = "sensors", params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 404, body = ErrorBody),
+        (status = 503, description = "the store is unavailable; nothing was deleted", body = ErrorBody)))]
 async fn delete_sensor(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_sensor_id(&id)?;
-    // Stop accepting its readings first, so none lands after the delete.
-    st.engine.remove_sensor(id).await?;
+    // The store first: when it fails, the sensor is still whole (registered, tracked, its
+    // readings accepted) and the caller can simply try again. A reading the engine applies
+    // between the two steps is kept nowhere: a commit stores rows of registered sensors only.
     if !st.history.delete_sensor(id, time::now_ms()).await? {
         return Err(ApiError::not_found("sensor"));
+    }
+    // From here on its readings are rejected as unknown: they queue behind this removal.
+    if let Err(e) = st.engine.remove_sensor(id).await {
+        // Only when the engine is stopping, and then it takes no readings at all.
+        tracing::warn!(sensor = %id, error = %e, "Deleted sensor not removed from the engine.");
     }
     Ok(StatusCode::NO_CONTENT)
 }

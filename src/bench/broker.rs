@@ -220,10 +220,18 @@ async fn mqtt_publish(
     let mut o = MqttOptions::new(format!("bench-pub-{}", ulid::Ulid::new()), host, port);
     o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
     let (client, mut events) = AsyncClient::new(o, 10_000);
-    let driver = tokio::spawn(async move {
+    // The event loop reconnects on the poll after an error; a driver that stopped at the
+    // first one would leave every later publish unsent and the run waiting for nothing.
+    let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let closed = closing.clone();
+    let mut driver = tokio::spawn(async move {
         loop {
-            if events.poll().await.is_err() {
-                break;
+            if let Err(e) = events.poll().await {
+                if closed.load(Ordering::Relaxed) {
+                    break;
+                }
+                eprintln!("bench: MQTT publisher connection: {e}; reconnecting");
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     });
@@ -238,8 +246,11 @@ async fn mqtt_publish(
     while taken.load(Ordering::Relaxed) < msgs.len() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    closing.store(true, Ordering::Relaxed);
     let _ = client.disconnect().await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), driver).await;
+    // Time for the disconnect to go out; then the driver would only reconnect.
+    let _ = tokio::time::timeout(Duration::from_secs(1), &mut driver).await;
+    driver.abort();
     Ok(())
 }
 

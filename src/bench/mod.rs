@@ -10,6 +10,7 @@ pub mod fleet;
 pub mod history;
 pub mod ingest;
 pub mod restart;
+pub mod soak;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -413,6 +414,9 @@ pub struct ReceiverState {
     /// Per 10,000 requests, how many to fail with 500.
     pub fail_per_10k: AtomicU64,
     pub by_id: Mutex<HashMap<String, u32>>,
+    /// Only count: keep no latency and no id. A soak measures this process's memory, so
+    /// its receiver must not grow with every request itself.
+    pub count_only: std::sync::atomic::AtomicBool,
 }
 
 impl Receiver {
@@ -437,6 +441,9 @@ async fn receive(State(st): State<Arc<ReceiverState>>, body: Bytes) -> StatusCod
         return StatusCode::INTERNAL_SERVER_ERROR;
     }
     st.ok.fetch_add(1, Ordering::Relaxed);
+    if st.count_only.load(Ordering::Relaxed) {
+        return StatusCode::OK;
+    }
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
         if let Some(at) = v["occurred_at"].as_str().and_then(time::parse) {
             st.latencies.lock().unwrap().push((now - at) as f64);

@@ -11,6 +11,12 @@
 //! is ready the moment a request ends; semaphores hold the requests themselves to the
 //! limits.
 //! Results go to a recorder task that writes attempts and verdicts in batches.
+//!
+//! Memory follows the work *pending*, never the work done: a lane is dropped when its queue
+//! empties, a client's counters when nothing of it is out, stale timers are dropped once
+//! they outnumber the lanes, and finished ids are remembered only where sweeps need them
+//! (a shared store), for [`FINISHED_MEMORY_MS`]. A week of deliveries leaves the
+//! dispatcher as small as it started (`latch bench soak` measures it).
 
 pub mod retry;
 pub mod sender;
@@ -18,6 +24,7 @@ pub mod signing;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,6 +99,10 @@ impl Dispatcher {
         tracker: &TaskTracker,
     ) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
+            // A redirect is never followed: a 303 would turn the POST into a GET, and any
+            // redirect would carry the signed headers to a host the client never gave us.
+            // A 3xx is a failed attempt with its status recorded, like any other non-2xx.
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(settings.client_concurrency as usize)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
@@ -116,25 +127,14 @@ impl Dispatcher {
             },
             claims_rx,
         ));
-        let mut core = Core {
-            settings,
-            recorder: rec_tx,
-            lanes: HashMap::new(),
-            timers: BinaryHeap::new(),
-            ready: VecDeque::new(),
-            inflight: 0,
-            client_inflight: HashMap::new(),
-            client_waiting: HashMap::new(),
-            pending: 0,
-            finished: HashMap::new(),
-            client_sends: HashMap::new(),
-            claims,
-        };
+        let mut core = Core::new(settings, rec_tx, claims, core_store.shared());
         tracing::info!(
             pending = pending.len(),
             "Dispatcher loaded pending notifications."
         );
         core.enqueue(pending, now_ms());
+        // Right away, not at the first event: a restart with a backlog shows it at once.
+        metrics::gauge!("latch_notifications_pending").set(core.pending as f64);
         if core_store.shared() {
             tracker.spawn(sweeper(core_store, tx.clone(), stop.clone()));
         }
@@ -154,6 +154,8 @@ const FINISHED_MEMORY_MS: Millis = 30_000;
 const CLAIMS_IN_FLIGHT: usize = 4;
 /// Heads admitted (claimed or sending) per request the limits allow.
 const CLAIM_AHEAD: u32 = 2;
+/// Stale timer entries tolerated beyond two per lane before the heap is compacted.
+const TIMER_SLACK: usize = 1024;
 
 /// A head admitted by the limits, on its way to be claimed and sent.
 struct Admitted {
@@ -198,6 +200,63 @@ struct Lane {
     queue: VecDeque<Entry>,
     /// Its head is ready or in flight: timers leave it alone.
     busy: bool,
+    /// When its one live timer fires. Other entries of the heap for this lane are stale.
+    timer: Option<Millis>,
+}
+
+/// Ids of notifications that left their lane lately, with when. Only a shared store's
+/// sweeps need them: a sweep may read a notification as pending just before our result
+/// for it is recorded. Forgotten after [`FINISHED_MEMORY_MS`], so this holds half a
+/// minute's worth of deliveries, not all of them.
+#[derive(Default)]
+struct RecentlyFinished {
+    at: HashMap<String, Millis>,
+    /// The same ids in the order they finished (an id finished twice is here twice).
+    order: VecDeque<(Millis, String)>,
+}
+
+impl RecentlyFinished {
+    fn insert(&mut self, id: String, now: Millis) {
+        self.forget(now);
+        self.at.insert(id.clone(), now);
+        self.order.push_back((now, id));
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.at.contains_key(id)
+    }
+
+    fn forget(&mut self, now: Millis) {
+        while let Some((at, _)) = self.order.front() {
+            if now - *at < FINISHED_MEMORY_MS {
+                break;
+            }
+            let Some((at, id)) = self.order.pop_front() else {
+                break;
+            };
+            // Only if it did not finish again since.
+            if self.at.get(&id) == Some(&at) {
+                self.at.remove(&id);
+            }
+        }
+        shrink(&mut self.at);
+        if self.order.capacity() > 64 && self.order.len() < self.order.capacity() / 4 {
+            self.order.shrink_to(self.order.len() * 2);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.at.len()
+    }
+}
+
+/// Gives a map's room back after a burst: a map keeps the capacity of its largest size,
+/// and the dispatcher's maps peak with a backlog (a restart with a million pending).
+fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
+    }
 }
 
 struct Core {
@@ -210,8 +269,9 @@ struct Core {
     client_inflight: HashMap<Arc<str>, u32>,
     client_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
     pending: usize,
-    /// Ids that left their lane lately, with when (only kept on a shared store).
-    finished: HashMap<String, Millis>,
+    /// Ids that left their lane lately; `None` unless the store is shared (nothing but a
+    /// sweep asks, and only a shared store is swept).
+    finished: Option<RecentlyFinished>,
     /// Per client, the requests it may have in flight (`client_concurrency` permits).
     client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
     /// Heads admitted by the limits, on their way to the [`claimer`].
@@ -219,6 +279,28 @@ struct Core {
 }
 
 impl Core {
+    fn new(
+        settings: Arc<Settings>,
+        recorder: mpsc::UnboundedSender<Outcome>,
+        claims: mpsc::UnboundedSender<Admitted>,
+        shared: bool,
+    ) -> Self {
+        Self {
+            settings,
+            recorder,
+            lanes: HashMap::new(),
+            timers: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            inflight: 0,
+            client_inflight: HashMap::new(),
+            client_waiting: HashMap::new(),
+            pending: 0,
+            finished: shared.then(RecentlyFinished::default),
+            client_sends: HashMap::new(),
+            claims,
+        }
+    }
+
     async fn run(
         mut self,
         mut rx: mpsc::UnboundedReceiver<Cmd>,
@@ -276,11 +358,15 @@ impl Core {
                 // A sweep may read a notification as pending just before our own result
                 // for it is recorded: ones we finished lately are not taken up again.
                 let now = now_ms();
-                self.finished.retain(|_, at| now - *at < FINISHED_MEMORY_MS);
-                let refs = refs
-                    .into_iter()
-                    .filter(|r| !self.finished.contains_key(&r.id))
-                    .collect();
+                let refs = match &mut self.finished {
+                    Some(finished) => {
+                        finished.forget(now);
+                        refs.into_iter()
+                            .filter(|r| !finished.contains(&r.id))
+                            .collect()
+                    }
+                    None => refs,
+                };
                 self.enqueue(refs, now);
             }
             Cmd::Done(d) => self.finish(*d, now_ms()),
@@ -340,14 +426,33 @@ impl Core {
     }
 
     fn schedule(&mut self, key: LaneKey, due: Millis, now: Millis) {
+        let Some(lane) = self.lanes.get_mut(&key) else {
+            return;
+        };
         if due <= now {
-            if let Some(lane) = self.lanes.get_mut(&key) {
-                lane.busy = true;
-            }
+            lane.busy = true;
+            lane.timer = None;
             self.ready.push_back(key);
-        } else {
+        } else if lane.timer != Some(due) {
+            lane.timer = Some(due);
             self.timers.push(Reverse((due, key)));
+            self.compact_timers();
         }
+    }
+
+    /// Drops stale timers once they outnumber the lanes. A stale one is skipped when it
+    /// comes due, but that can be an hour out (a retry's delay, then a newer state
+    /// superseded the retry): a sensor flapping for a dead client would leave one per
+    /// change. Each lane has at most one live timer, so a compaction leaves at most one
+    /// per lane, and the next one is at least as many pushes away: O(1) a push.
+    fn compact_timers(&mut self) {
+        if self.timers.len() <= 2 * self.lanes.len() + TIMER_SLACK {
+            return;
+        }
+        let lanes = &self.lanes;
+        self.timers
+            .retain(|Reverse((due, key))| lanes.get(key).is_some_and(|l| l.timer == Some(*due)));
+        self.timers.shrink_to(2 * self.timers.len() + TIMER_SLACK);
     }
 
     fn fire_timers(&mut self, now: Millis) {
@@ -355,18 +460,31 @@ impl Core {
             if *due > now {
                 break;
             }
-            let Some(Reverse((_, key))) = self.timers.pop() else {
+            let Some(Reverse((due, key))) = self.timers.pop() else {
                 break;
             };
             let Some(lane) = self.lanes.get_mut(&key) else {
                 continue;
             };
             // Stale timers (the lane moved on since) are skipped.
-            if lane.busy || lane.queue.front().is_none_or(|h| h.due > now) {
+            if lane.timer != Some(due) {
                 continue;
             }
-            lane.busy = true;
-            self.ready.push_back(key);
+            lane.timer = None;
+            if lane.busy {
+                continue;
+            }
+            match lane.queue.front().map(|h| h.due) {
+                None => {}
+                Some(head_due) if head_due > now => {
+                    lane.timer = Some(head_due);
+                    self.timers.push(Reverse((head_due, key)));
+                }
+                Some(_) => {
+                    lane.busy = true;
+                    self.ready.push_back(key);
+                }
+            }
         }
     }
 
@@ -522,8 +640,10 @@ impl Core {
             }
         };
         if pop {
-            if let Some(done) = lane.queue.pop_front() {
-                self.finished.insert(done.id, now);
+            if let Some(done) = lane.queue.pop_front()
+                && let Some(finished) = &mut self.finished
+            {
+                finished.insert(done.id, now);
             }
             self.pending -= 1;
         }
@@ -531,6 +651,7 @@ impl Core {
             Some(due) => self.schedule(d.lane, due, now),
             None => {
                 self.lanes.remove(&d.lane);
+                shrink(&mut self.lanes);
             }
         }
     }
@@ -718,3 +839,6 @@ async fn sweeper(store: Arc<dyn Store>, tx: mpsc::UnboundedSender<Cmd>, stop: Ca
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

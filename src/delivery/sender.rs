@@ -128,7 +128,11 @@ pub async fn send(http: &reqwest::Client, s: &Sendable, timeout: Duration) -> At
             AttemptResult {
                 at,
                 status_code: Some(code),
-                error: (!(200..300).contains(&code)).then(|| format!("HTTP {code}")),
+                error: match code {
+                    200..300 => None,
+                    300..400 => Some(format!("HTTP {code} (redirects are not followed)")),
+                    _ => Some(format!("HTTP {code}")),
+                },
                 duration: started.elapsed(),
                 retry_after,
             }

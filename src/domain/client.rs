@@ -9,6 +9,11 @@ use super::time::Millis;
 /// Prefix of Standard Webhooks secrets.
 pub const SECRET_PREFIX: &str = "whsec_";
 
+/// Longest client name, in characters (as JSON Schema's `maxLength` counts).
+pub const NAME_MAX_CHARS: usize = 256;
+/// Longest webhook URL, in characters.
+pub const URL_MAX_CHARS: usize = 2048;
+
 /// A registered client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Client {
@@ -55,14 +60,35 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if name.trim().is_empty() {
         return Err("name must not be empty".into());
     }
-    if name.len() > 256 {
-        return Err("name must be at most 256 bytes".into());
+    if name.chars().count() > NAME_MAX_CHARS {
+        return Err(format!("name must be at most {NAME_MAX_CHARS} characters"));
     }
     Ok(())
 }
 
-/// Checks a webhook URL: absolute, `http` or `https`, with a host.
+/// The shape of a webhook URL: `http(s)://`, a DNS name (its last label starting with a
+/// letter, so it is never read as a number) or a dotted IPv4 address, an optional port,
+/// path and query. Stricter than URL parsers in general, so the OpenAPI document can state
+/// exactly what is accepted (`api::contract` publishes this very pattern).
+pub const URL_PATTERN: &str = concat!(
+    "^[hH][tT][tT][pP][sS]?://",
+    "(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
+    "|(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))",
+    "(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?",
+    "(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]*)*",
+    "(?:\\?[A-Za-z0-9._~!$&'()*+,;=:@/?-]*)?$",
+);
+
+/// Checks a webhook URL against [`URL_PATTERN`] and its length.
 pub fn validate_url(url: &str) -> Result<(), String> {
+    static SHAPE: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(URL_PATTERN).expect("a valid pattern"));
+    if !SHAPE.is_match(url) {
+        return Err(
+            "url must be http(s)://, a DNS name or IPv4 address, an optional port, path and query"
+                .into(),
+        );
+    }
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("url is not a valid URL: {e}"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!(
@@ -73,8 +99,8 @@ pub fn validate_url(url: &str) -> Result<(), String> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err("url must name a host".into());
     }
-    if url.len() > 2048 {
-        return Err("url must be at most 2048 bytes".into());
+    if url.chars().count() > URL_MAX_CHARS {
+        return Err(format!("url must be at most {URL_MAX_CHARS} characters"));
     }
     Ok(())
 }

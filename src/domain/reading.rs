@@ -42,6 +42,10 @@ pub enum RejectCode {
     InvalidTs,
     TsInFuture,
     UnknownSensor,
+    /// Valid, but its shard's commit failed: nothing of it is durable. Unlike the others this
+    /// is not a verdict on the reading — the sender should send it again (a broker source
+    /// leaves it unacknowledged, never dead-letters it).
+    StoreUnavailable,
 }
 
 impl RejectCode {
@@ -54,7 +58,14 @@ impl RejectCode {
             RejectCode::InvalidTs => "invalid_ts",
             RejectCode::TsInFuture => "ts_in_future",
             RejectCode::UnknownSensor => "unknown_sensor",
+            RejectCode::StoreUnavailable => "store_unavailable",
         }
+    }
+
+    /// Whether the reading itself is fine and only its commit failed, so sending it again
+    /// can succeed.
+    pub fn is_transient(self) -> bool {
+        self == RejectCode::StoreUnavailable
     }
 }
 
@@ -146,21 +157,80 @@ pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
     })
 }
 
-/// Parses a request body holding one reading or an array of them, each judged on its own.
-/// `Err` only when the body is not JSON at all.
+/// Why a body of readings could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("malformed JSON: {0}")]
+    Malformed(serde_json::Error),
+    /// More elements than allowed; parsing stopped at the first one too many.
+    #[error("at most {max} readings per request")]
+    TooMany { max: usize },
+    /// Valid JSON, but neither one reading (an object) nor an array of them.
+    #[error("the body must be a reading object or an array of readings")]
+    NotReadings,
+}
+
+/// Parses a request body holding one reading or an array of at most `max`, each judged on
+/// its own. `Err` when the body is not JSON at all, or holds more than `max` readings —
+/// found at element `max + 1`, so an oversize array is never parsed whole.
 ///
 /// The common case, a well-formed reading, is read straight into borrowed fields; only an
 /// element that fails that goes through a full `Value`, for the exact rejection reason.
 pub fn parse_many(
     body: &[u8],
     now: Millis,
-) -> Result<Vec<Result<Reading, Rejection>>, serde_json::Error> {
+    max: usize,
+) -> Result<Vec<Result<Reading, Rejection>>, BodyError> {
+    use serde::Deserializer as _;
     use serde_json::value::RawValue;
-    if body.trim_ascii_start().first() == Some(&b'[') {
-        let raws: Vec<&RawValue> = serde_json::from_slice(body)?;
-        Ok(raws.iter().map(|r| parse_raw(r.get(), now)).collect())
+
+    /// Judges elements as the parser reaches them and stops one past `max`.
+    struct Capped<'c> {
+        now: Millis,
+        max: usize,
+        too_many: &'c std::cell::Cell<bool>,
+    }
+    impl<'de> serde::de::Visitor<'de> for Capped<'_> {
+        type Value = Vec<Result<Reading, Rejection>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of readings")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+                if out.len() == self.max {
+                    self.too_many.set(true);
+                    return Err(serde::de::Error::custom("too many readings"));
+                }
+                out.push(parse_raw(raw.get(), self.now));
+            }
+            Ok(out)
+        }
+    }
+
+    let first = body.trim_ascii_start().first().copied();
+    if first == Some(b'[') {
+        let too_many = std::cell::Cell::new(false);
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let items = de
+            .deserialize_seq(Capped {
+                now,
+                max,
+                too_many: &too_many,
+            })
+            .and_then(|items| de.end().map(|()| items));
+        items.map_err(|e| match too_many.get() {
+            true => BodyError::TooMany { max },
+            false => BodyError::Malformed(e),
+        })
     } else {
-        let raw: &RawValue = serde_json::from_slice(body)?;
+        let raw: &RawValue = serde_json::from_slice(body).map_err(BodyError::Malformed)?;
+        if first != Some(b'{') {
+            return Err(BodyError::NotReadings);
+        }
         Ok(vec![parse_raw(raw.get(), now)])
     }
 }
@@ -251,15 +321,48 @@ mod tests {
             let v: Value = serde_json::from_str(c).unwrap();
             assert_eq!(parse_raw(c, NOW), parse_value(&v, NOW), "{c}");
         }
-        let many = parse_many(br#" [{"sensor_id": "a", "data": 1}, {"data": 7}]"#, NOW).unwrap();
+        let many =
+            parse_many(br#" [{"sensor_id": "a", "data": 1}, {"data": 7}]"#, NOW, 10).unwrap();
         assert!(many[0].is_ok() && many[1].is_err());
         assert_eq!(
-            parse_many(br#"{"sensor_id": "a", "data": 0}"#, NOW)
+            parse_many(br#"{"sensor_id": "a", "data": 0}"#, NOW, 10)
                 .unwrap()
                 .len(),
             1
         );
-        assert!(parse_many(b"[1,", NOW).is_err());
+        assert!(matches!(
+            parse_many(b"[1,", NOW, 10),
+            Err(BodyError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_many(b"[1] x", NOW, 10),
+            Err(BodyError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_many(b" 5", NOW, 10),
+            Err(BodyError::NotReadings)
+        ));
+        assert!(matches!(
+            parse_many(br#""a""#, NOW, 10),
+            Err(BodyError::NotReadings)
+        ));
+    }
+
+    #[test]
+    fn parse_many_stops_one_past_the_cap() {
+        let r = r#"{"sensor_id": "a", "data": 1}"#;
+        let three = format!("[{r},{r},{r}]");
+        assert_eq!(parse_many(three.as_bytes(), NOW, 3).unwrap().len(), 3);
+        assert!(matches!(
+            parse_many(three.as_bytes(), NOW, 2),
+            Err(BodyError::TooMany { max: 2 })
+        ));
+        // Past the cap nothing more is read: what follows may be anything.
+        let cut = format!("[{r},{r},{r}, this is never parsed");
+        assert!(matches!(
+            parse_many(cut.as_bytes(), NOW, 2),
+            Err(BodyError::TooMany { max: 2 })
+        ));
     }
 
     #[test]

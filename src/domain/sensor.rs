@@ -188,13 +188,18 @@ impl Default for SensorStatus {
     }
 }
 
+/// Longest install address, in characters (as JSON Schema's `maxLength` counts).
+pub const ADDRESS_MAX_CHARS: usize = 1024;
+
 /// Checks an install address: non-empty after trimming, and of a sane length.
 pub fn validate_address(address: &str) -> Result<(), String> {
     if address.trim().is_empty() {
         return Err("address must not be empty".into());
     }
-    if address.len() > 1024 {
-        return Err("address must be at most 1024 bytes".into());
+    if address.chars().count() > ADDRESS_MAX_CHARS {
+        return Err(format!(
+            "address must be at most {ADDRESS_MAX_CHARS} characters"
+        ));
     }
     Ok(())
 }

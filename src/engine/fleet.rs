@@ -13,11 +13,17 @@
 //! this process started: latch's own downtime is not the sensor's silence. Since that is a
 //! monotone function of `last_seen`, a list ordered by `last_seen` is ordered by deadline.
 //!
+//! A map from timeout to list finds a sensor's list in O(1), however many distinct timeouts
+//! there are; list ids are `u32`, like slab positions. A list that empties is dropped from
+//! that map and its id reused, so the lists follow the live distinct timeouts. Finding the
+//! next deadline looks at each list's front: per round of the shard, not per reading.
+//!
 //! Memory is the point at 10M sensors: a slot is 48 bytes (the id's 96 bits, two times,
 //! two links, the timeout, the list and a packed byte of data and connection) and the table
 //! 4 bytes a slot plus control bytes. `changed_at` is not kept: the store has it, and a
 //! commit only writes it when the state changed.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
@@ -29,7 +35,7 @@ const NIL: u32 = u32::MAX;
 /// `last_seen_at` / `last_ts` of a sensor that never sent one.
 const NEVER: Millis = Millis::MIN;
 /// `group` of a sensor on no list.
-const NO_GROUP: u16 = u16::MAX;
+const NO_GROUP: u32 = u32::MAX;
 
 /// Moves `latch_sensors_lost`, the number of sensors currently lost, across all shards.
 pub fn lost_gauge(delta: f64) {
@@ -47,7 +53,7 @@ struct Slot {
     /// Own heartbeat timeout in seconds; 0 for the service default.
     timeout_s: u32,
     /// Index in `groups` while on a list.
-    group: u16,
+    group: u32,
     /// Bits 0–1: data (0 none, 1 false, 2 true); bits 2–3: connection.
     flags: u8,
 }
@@ -129,6 +135,10 @@ pub struct Fleet {
     slots: Vec<Slot>,
     free: Vec<u32>,
     groups: Vec<Group>,
+    /// The group of each timeout that has listed sensors.
+    group_of: HashMap<Millis, u32>,
+    /// Groups emptied, to be reused for the next new timeout.
+    free_groups: Vec<u32>,
     default_timeout_ms: Millis,
     resumed_at: Millis,
 }
@@ -141,6 +151,8 @@ impl Fleet {
             slots: Vec::new(),
             free: Vec::new(),
             groups: Vec::new(),
+            group_of: HashMap::new(),
+            free_groups: Vec::new(),
             default_timeout_ms,
             resumed_at,
         }
@@ -245,8 +257,15 @@ impl Fleet {
             Connection::Online
                 if old.connection != Connection::Online || new.last_seen_at != old.last_seen_at =>
             {
-                self.unlink(i);
-                self.link_back(i);
+                // Same timeout, same list: move it to the back without freeing the list
+                // when it was alone on it.
+                match self.detach(i) {
+                    NO_GROUP => self.link_back(i),
+                    g => {
+                        let tail = self.groups[g as usize].tail;
+                        self.link_after(i, g, tail);
+                    }
+                }
             }
             Connection::Online => {}
             _ => self.unlink(i),
@@ -305,16 +324,27 @@ impl Fleet {
         out
     }
 
-    fn group_for(&mut self, timeout_ms: Millis) -> u16 {
-        if let Some(g) = self.groups.iter().position(|g| g.timeout_ms == timeout_ms) {
-            return g as u16;
+    fn group_for(&mut self, timeout_ms: Millis) -> u32 {
+        if let Some(&g) = self.group_of.get(&timeout_ms) {
+            return g;
         }
-        self.groups.push(Group {
+        let group = Group {
             timeout_ms,
             head: NIL,
             tail: NIL,
-        });
-        (self.groups.len() - 1) as u16
+        };
+        let g = match self.free_groups.pop() {
+            Some(g) => {
+                self.groups[g as usize] = group;
+                g
+            }
+            None => {
+                self.groups.push(group);
+                (self.groups.len() - 1) as u32
+            }
+        };
+        self.group_of.insert(timeout_ms, g);
+        g
     }
 
     fn link_back(&mut self, i: u32) {
@@ -336,7 +366,7 @@ impl Fleet {
     }
 
     /// Links `i` into group `g` after node `after` (`NIL`: at the front).
-    fn link_after(&mut self, i: u32, g: u16, after: u32) {
+    fn link_after(&mut self, i: u32, g: u32, after: u32) {
         debug_assert_eq!(self.slots[i as usize].connection(), Connection::Online);
         let next = if after == NIL {
             self.groups[g as usize].head
@@ -361,7 +391,18 @@ impl Fleet {
         }
     }
 
+    /// Takes `i` off its list; a list left empty is freed for another timeout.
     fn unlink(&mut self, i: u32) {
+        let group = self.detach(i);
+        if group != NO_GROUP && self.groups[group as usize].head == NIL {
+            self.group_of
+                .remove(&self.groups[group as usize].timeout_ms);
+            self.free_groups.push(group);
+        }
+    }
+
+    /// Takes `i` off its list, returning the list (`NO_GROUP`: it was on none).
+    fn detach(&mut self, i: u32) -> u32 {
         let (prev, next, group) = {
             let s = &mut self.slots[i as usize];
             let r = (s.prev, s.next, std::mem::replace(&mut s.group, NO_GROUP));
@@ -370,7 +411,7 @@ impl Fleet {
             r
         };
         if group == NO_GROUP {
-            return;
+            return NO_GROUP;
         }
         let g = group as usize;
         if prev == NIL {
@@ -383,6 +424,7 @@ impl Fleet {
         } else {
             self.slots[next as usize].prev = prev;
         }
+        group
     }
 }
 
@@ -492,6 +534,38 @@ mod tests {
         assert_eq!(f.get(id("Zz09abcdefghijk")), None, "a prefix is another id");
         f.insert(id("n"), SensorState::new(None));
         assert_eq!(f.get(id("n")), Some(SensorState::new(None)));
+    }
+
+    #[test]
+    fn any_number_of_distinct_timeouts_expire_each_at_its_own_deadline() {
+        // More distinct timeouts than a u16 can number.
+        const N: u32 = 70_000;
+        let mut f = Fleet::new(10 * MIN, 0);
+        for t in 1..=N {
+            f.insert(id(&format!("s{t}")), online(0, Some(t)));
+        }
+        assert_eq!(f.next_deadline(), Some(1000));
+        let due = f.expired(Millis::from(N) * 1000, usize::MAX);
+        assert_eq!(due.len(), N as usize);
+        for (sensor, deadline) in &due {
+            let t: Millis = sensor.to_string()[1..].parse().unwrap();
+            assert_eq!(*deadline, t * 1000, "{sensor}");
+        }
+        let half = f.expired(Millis::from(N / 2) * 1000, usize::MAX);
+        assert_eq!(half.len(), (N / 2) as usize);
+
+        // Lists that empty are reused: memory follows the live distinct timeouts.
+        for t in 1..=N {
+            f.remove(id(&format!("s{t}")));
+        }
+        assert!(f.group_of.is_empty());
+        f.insert(id("late"), online(0, Some(N + 1)));
+        assert_eq!(f.groups.len(), N as usize, "an emptied list was reused");
+        assert_eq!(f.next_deadline(), Some(Millis::from(N + 1) * 1000));
+        // Seen again, alone on its list: it stays listed with its new deadline.
+        f.update(id("late"), online(5_000, Some(N + 1)));
+        assert_eq!(f.next_deadline(), Some(5_000 + Millis::from(N + 1) * 1000));
+        assert_eq!((f.group_of.len(), f.groups.len()), (1, N as usize));
     }
 
     #[test]

@@ -6,6 +6,15 @@
 //! touched sensors, and hands the effects ([`effects::CommitBatch`]) to the committer; only
 //! when the commit is durable does it keep the new state and answer the callers. A failed
 //! commit therefore leaves memory exactly as the store is, and nothing is acknowledged.
+//!
+//! Each shard commits on its own, so a request spread over several shards can come out
+//! partly durable: one shard's batch in a commit that succeeded, another's in one that
+//! failed. [`Submitted::wait`] says exactly that: the failed shard's readings are rejected
+//! with `store_unavailable` (send again), the others keep their verdicts; only when no
+//! shard committed is the whole request an error.
+//!
+//! Deadlines are read from a [`Clock`]: the wall clock in service, one moved by hand in
+//! tests.
 
 pub mod effects;
 pub mod fleet;
@@ -14,12 +23,15 @@ pub mod rules;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{
-    Connection, Event, EventKind, Millis, Reading, Rejection, SensorId, time::now_ms,
+    Connection, Event, EventKind, Millis, Reading, Rejection, SensorId, reading::RejectCode,
+    time::now_ms,
 };
 use effects::{CommitBatch, ReadingRecord, StateUpdate};
 use fleet::Fleet;
@@ -36,6 +48,47 @@ pub enum Error {
     Closed,
     #[error("could not make the readings durable: {0}")]
     Commit(String),
+}
+
+/// Where the engine reads the time. Cheap to clone; clones share one time.
+#[derive(Clone, Debug, Default)]
+pub struct Clock(Option<Arc<AtomicI64>>);
+
+impl Clock {
+    /// The wall clock.
+    pub fn wall() -> Self {
+        Self(None)
+    }
+
+    /// A clock that shows `at` until [`Clock::set`] moves it.
+    pub fn manual(at: Millis) -> Self {
+        Self(Some(Arc::new(AtomicI64::new(at))))
+    }
+
+    pub fn now(&self) -> Millis {
+        match &self.0 {
+            None => now_ms(),
+            Some(t) => t.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Moves a manual clock; the wall clock cannot be moved and ignores this.
+    pub fn set(&self, at: Millis) {
+        if let Some(t) = &self.0 {
+            t.store(at, Ordering::SeqCst);
+        }
+    }
+}
+
+/// How the engine's shards run.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    pub shards: usize,
+    /// Most readings a shard applies in one round (one commit).
+    pub batch_max: usize,
+    /// The heartbeat timeout of sensors without their own.
+    pub default_timeout: std::time::Duration,
+    pub clock: Clock,
 }
 
 /// A batch of effects waiting to be made durable; `reply` says whether it was.
@@ -81,16 +134,37 @@ pub struct Submitted {
 }
 
 impl Submitted {
-    /// Waits for the commit; one verdict per reading, in input order.
+    /// Waits for the commits; one verdict per reading, in input order. The readings of a
+    /// shard whose commit failed are rejected with `store_unavailable` while the other
+    /// shards' stand; `Err` only when no shard committed, so nothing was accepted.
     pub async fn wait(self) -> Result<Verdicts, Error> {
         let mut out = vec![None; self.total];
+        let mut failed = None;
+        let mut committed = false;
         for (idx, rx) in self.waits {
-            let verdicts = rx.await.map_err(|_| Error::Closed)??;
-            for (i, v) in idx.into_iter().zip(verdicts) {
-                out[i] = v;
+            match rx.await.unwrap_or(Err(Error::Closed)) {
+                Ok(verdicts) => {
+                    committed = true;
+                    for (i, v) in idx.into_iter().zip(verdicts) {
+                        out[i] = v;
+                    }
+                }
+                Err(e) => {
+                    let rejection = Rejection::new(
+                        RejectCode::StoreUnavailable,
+                        format!("not stored ({e}); send it again"),
+                    );
+                    for i in idx {
+                        out[i] = Some(rejection.clone());
+                    }
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(out)
+        match failed {
+            Some(e) if !committed => Err(e),
+            _ => Ok(out),
+        }
     }
 }
 
@@ -107,8 +181,31 @@ impl Engine {
         stop: CancellationToken,
         tracker: &tokio_util::task::TaskTracker,
     ) -> Self {
+        let tuning = Tuning {
+            shards,
+            batch_max,
+            default_timeout,
+            clock: Clock::wall(),
+        };
+        Self::launch(tuning, sensors, commits, stop, tracker)
+    }
+
+    /// [`Engine::start`] with every setting, the clock among them.
+    pub fn launch(
+        tuning: Tuning,
+        sensors: impl IntoIterator<Item = (SensorId, SensorState)>,
+        commits: mpsc::Sender<CommitRequest>,
+        stop: CancellationToken,
+        tracker: &tokio_util::task::TaskTracker,
+    ) -> Self {
+        let Tuning {
+            shards,
+            batch_max,
+            default_timeout,
+            clock,
+        } = tuning;
         let hasher = std::hash::RandomState::new();
-        let resumed_at = now_ms();
+        let resumed_at = clock.now();
         let timeout_ms = default_timeout.as_millis() as Millis;
         let mut maps: Vec<Fleet> = (0..shards)
             .map(|_| Fleet::new(timeout_ms, resumed_at))
@@ -131,6 +228,7 @@ impl Engine {
                 rx,
                 commits: commits.clone(),
                 batch_max,
+                clock: clock.clone(),
             };
             tracker.spawn(shard.run(stop.clone()));
         }
@@ -171,20 +269,31 @@ impl Engine {
         }
         let total: usize = parts.iter().map(|p| p.0.len()).sum();
         let mut waits = Vec::new();
+        let mut sent = false;
         for (s, (idx, rs)) in parts.into_iter().enumerate() {
             if rs.is_empty() {
                 continue;
             }
             let (tx, rx) = oneshot::channel();
-            self.shards[s]
-                .send(ShardMsg::Readings {
-                    readings: rs,
-                    received_at,
-                    reply: tx,
-                })
-                .await
-                .map_err(|_| Error::Closed)?;
+            let msg = ShardMsg::Readings {
+                readings: rs,
+                received_at,
+                reply: tx,
+            };
+            match self.shards[s].send(msg).await {
+                Ok(()) => sent = true,
+                // Shutting down. Once another shard has the request's other readings, this
+                // part's failure is a verdict on its readings, not on the whole request.
+                Err(mpsc::error::SendError(msg)) => {
+                    if let ShardMsg::Readings { reply, .. } = msg {
+                        let _ = reply.send(Err(Error::Closed));
+                    }
+                }
+            }
             waits.push((idx, rx));
+        }
+        if !sent && !waits.is_empty() {
+            return Err(Error::Closed);
         }
         Ok(Submitted { total, waits })
     }
@@ -237,6 +346,7 @@ struct Shard {
     rx: mpsc::Receiver<ShardMsg>,
     commits: mpsc::Sender<CommitRequest>,
     batch_max: usize,
+    clock: Clock,
 }
 
 /// Readings applied but not yet durable, with the callers waiting on them.
@@ -246,6 +356,8 @@ struct Pending {
     batch: CommitBatch,
     replies: Vec<(oneshot::Sender<Result<Verdicts, Error>>, Verdicts)>,
     readings: usize,
+    /// When the last readings applied in this batch were received.
+    last_received_at: Option<Millis>,
     /// Sensors declared lost in this batch.
     lost: usize,
 }
@@ -258,7 +370,7 @@ impl Shard {
             let sleep = async {
                 match deadline {
                     Some(d) => {
-                        let wait = (d - now_ms()).max(0) as u64;
+                        let wait = (d - self.clock.now()).max(0) as u64;
                         tokio::time::sleep(std::time::Duration::from_millis(wait)).await
                     }
                     None => std::future::pending().await,
@@ -281,14 +393,30 @@ impl Shard {
             if let Some(first) = first {
                 self.handle(first, &mut pending).await;
             }
+            let mut drained = false;
             while pending.readings < self.batch_max {
                 match self.rx.try_recv() {
                     Ok(m) => self.handle(m, &mut pending).await,
-                    Err(_) => break,
+                    Err(_) => {
+                        drained = true;
+                        break;
+                    }
                 }
             }
             if !stopping {
-                self.expire(now_ms(), &mut pending);
+                // A round cut short by `batch_max` leaves readings queued, and one of them
+                // may be a reading that arrived before a deadline that has passed since.
+                // The queue is in arrival order, so what waits in it arrived after the last
+                // reading applied: only deadlines before that one are surely silence.
+                let now = self.clock.now();
+                let upto = if drained {
+                    Some(now)
+                } else {
+                    pending.last_received_at.map(|r| r.min(now))
+                };
+                if let Some(upto) = upto {
+                    self.expire(upto, &mut pending);
+                }
             }
             if !self.flush(pending).await {
                 // The store is failing: do not spin on due sensors meanwhile.
@@ -337,6 +465,7 @@ impl Shard {
                     .map(|r| self.apply(r, received_at, pending))
                     .collect();
                 pending.readings += readings.len();
+                pending.last_received_at = Some(received_at);
                 pending.replies.push((reply, verdicts));
             }
             // Registry changes are rare: commit what came before them, so that readings
@@ -464,5 +593,175 @@ impl Shard {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+
+    fn sid(s: &str) -> SensorId {
+        SensorId::parse(s).unwrap()
+    }
+
+    fn online(seen: Millis) -> SensorState {
+        SensorState {
+            data: Some(true),
+            changed_at: Some(seen),
+            last_ts: Some(seen),
+            last_seen_at: Some(seen),
+            connection: Connection::Online,
+            heartbeat_timeout_s: None,
+        }
+    }
+
+    fn reading(id: SensorId) -> Reading {
+        Reading {
+            sensor_id: id,
+            data: true,
+            ts: None,
+        }
+    }
+
+    /// An engine with a 10 s default timeout whose commits the test answers.
+    fn engine(
+        shards: usize,
+        batch_max: usize,
+        clock: Clock,
+        sensors: Vec<(SensorId, SensorState)>,
+    ) -> (Engine, mpsc::Receiver<CommitRequest>, CancellationToken) {
+        let (tx, rx) = mpsc::channel(16);
+        let stop = CancellationToken::new();
+        let tuning = Tuning {
+            shards,
+            batch_max,
+            default_timeout: Duration::from_secs(10),
+            clock,
+        };
+        let engine = Engine::launch(tuning, sensors, tx, stop.clone(), &TaskTracker::new());
+        (engine, rx, stop)
+    }
+
+    /// Answers every commit as `answer` says, keeping the batches it was given.
+    fn committer(
+        mut rx: mpsc::Receiver<CommitRequest>,
+        answer: impl Fn(&CommitBatch) -> Result<(), String> + Send + 'static,
+    ) -> Arc<std::sync::Mutex<Vec<CommitBatch>>> {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = log.clone();
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                let _ = r.reply.send(answer(&r.batch));
+                kept.lock().unwrap().push(r.batch);
+            }
+        });
+        log
+    }
+
+    #[tokio::test]
+    async fn a_failed_shard_rejects_its_own_readings_and_the_others_stand() {
+        let ids: Vec<SensorId> = (0..32).map(|i| sid(&format!("p{i}"))).collect();
+        let sensors = ids.iter().map(|&i| (i, SensorState::new(None))).collect();
+        let (engine, rx, stop) = engine(2, 100, Clock::manual(0), sensors);
+        let ok = ids[0];
+        let bad = *ids[1..]
+            .iter()
+            .find(|&&i| engine.shard(i) != engine.shard(ok))
+            .expect("32 sensors over 2 shards");
+        // The shard of `bad` commits in a round of its own that fails; `ok`'s succeeds.
+        committer(rx, move |b| {
+            if b.readings.iter().any(|r| r.sensor_id == bad) {
+                Err("disk full".into())
+            } else {
+                Ok(())
+            }
+        });
+
+        let verdicts = engine
+            .submit(vec![reading(ok), reading(bad), reading(ok)], 1000)
+            .await
+            .expect("one shard committed: the request is answered reading by reading");
+        assert_eq!(verdicts[0], None);
+        assert_eq!(verdicts[2], None);
+        let rejected = verdicts[1].as_ref().expect("not stored");
+        assert_eq!(rejected.code, RejectCode::StoreUnavailable);
+        assert!(rejected.message.contains("disk full"), "{rejected}");
+
+        // Nothing committed at all: the whole request failed, as before.
+        let all_failed = engine.submit(vec![reading(bad)], 2000).await;
+        assert!(
+            matches!(all_failed, Err(Error::Commit(_))),
+            "{all_failed:?}"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn readings_queued_behind_a_full_round_come_before_silence() {
+        let clock = Clock::manual(0);
+        let (s, o) = (sid("silent"), sid("other"));
+        // `s` is due at 10 s; `o` at 18 s.
+        let sensors = vec![(s, online(0)), (o, online(8_000))];
+        let (engine, mut rx, stop) = engine(1, 1, clock.clone(), sensors);
+
+        // The shard waits on a slow commit while readings queue up behind it: one of `o`
+        // that fills the next round, then `s`'s, which arrived before its deadline.
+        let slow = engine.enqueue(vec![reading(o)], 9_000).await.unwrap();
+        let held = rx.recv().await.unwrap();
+        let fills = engine.enqueue(vec![reading(o)], 9_100).await.unwrap();
+        let in_time = engine.enqueue(vec![reading(s)], 9_200).await.unwrap();
+        clock.set(15_000);
+        held.reply.send(Ok(())).unwrap();
+        let log = committer(rx, |_| Ok(()));
+        for sub in [slow, fills, in_time] {
+            assert!(sub.wait().await.unwrap().iter().all(Option::is_none));
+        }
+
+        let events: Vec<(SensorId, EventKind)> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b.events.iter().map(|e| (e.sensor_id, e.kind)))
+            .collect();
+        assert!(
+            !events.iter().any(|(id, _)| *id == s),
+            "its reading came in time, so it was never lost: {events:?}"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_full_round_still_declares_sensors_silent_before_its_readings() {
+        let clock = Clock::manual(0);
+        let (s, o) = (sid("silent"), sid("other"));
+        let sensors = vec![(s, online(0)), (o, online(8_000))];
+        let (engine, mut rx, stop) = engine(1, 1, clock.clone(), sensors);
+
+        // As above, but the readings waiting came after `s`'s deadline: it is lost in the
+        // round they fill, however busy the shard stays.
+        let slow = engine.enqueue(vec![reading(o)], 9_000).await.unwrap();
+        let held = rx.recv().await.unwrap();
+        let fills = engine.enqueue(vec![reading(o)], 12_000).await.unwrap();
+        let more = engine.enqueue(vec![reading(o)], 12_100).await.unwrap();
+        clock.set(15_000);
+        held.reply.send(Ok(())).unwrap();
+        let log = committer(rx, |_| Ok(()));
+        for sub in [slow, fills, more] {
+            sub.wait().await.unwrap();
+        }
+        let batches = log.lock().unwrap();
+        let lost = &batches[0].events;
+        assert_eq!(lost.len(), 1, "{batches:?}");
+        assert_eq!(
+            (lost[0].sensor_id, lost[0].kind),
+            (s, EventKind::ConnectionLost)
+        );
+        assert_eq!(lost[0].at, 10_000);
+        assert_eq!(batches[0].readings[0].received_at, 12_000);
+        stop.cancel();
     }
 }

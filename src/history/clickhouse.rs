@@ -1,4 +1,4 @@
-//! ClickHouse over its HTTP interface (the `clickhouse` crate, RowBinary): the tables, the
+//! ClickHouse over its HTTP interface, plain or TLS (the `clickhouse` crate, RowBinary): the tables, the
 //! batched inserts the shipper makes, and the range reads the history endpoints make.
 //!
 //! The schema works on Debian's ClickHouse 18.16 as on current releases: times are `Int64`
@@ -31,13 +31,17 @@ pub struct Target {
 }
 
 impl Target {
-    /// Checks `http://[user[:password]@]host:port` and the database name.
+    /// Checks `http[s]://[user[:password]@]host:port` and the database name. `https://`
+    /// is TLS (rustls, certificates checked against the Web PKI roots), never plaintext.
     pub fn parse(url: &str, database: &str) -> anyhow::Result<Self> {
         check_database(database)?;
-        let Some(rest) = url.strip_prefix("http://") else {
+        let Some((scheme, rest)) = ["http", "https"]
+            .into_iter()
+            .find_map(|s| Some((s, url.strip_prefix(s)?.strip_prefix("://")?)))
+        else {
             anyhow::bail!(
-                "invalid setting `clickhouse_url`: must start with http:// (ClickHouse's HTTP \
-                 interface, port 8123 by default), got {url:?}"
+                "invalid setting `clickhouse_url`: must start with http:// or https:// \
+                 (ClickHouse's HTTP interface, port 8123, or 8443 with TLS), got {url:?}"
             );
         };
         let (auth, host) = match rest.rsplit_once('@') {
@@ -59,7 +63,7 @@ impl Target {
             },
         };
         Ok(Self {
-            url: format!("http://{host}"),
+            url: format!("{scheme}://{host}"),
             user,
             password,
             database: database.to_string(),
@@ -185,10 +189,16 @@ impl ClickHouse {
     }
 
     /// Inserts a shipment; `Ok` once ClickHouse acknowledged every row of it.
+    ///
+    /// Rows go in one insert per table and per [`MAX_MONTHS_PER_INSERT`] months of their
+    /// time: current ClickHouse refuses an insert that touches more than 100 partitions
+    /// (`max_partitions_per_insert_block`), and a backfill of years of readings would fail
+    /// at every try while the spool grows. If a later insert fails, the earlier ones are
+    /// shipped again with the rest; the tables fold such duplicates.
     pub async fn insert(&self, batch: &HistoryBatch) -> Result<(), Error> {
-        if !batch.readings.is_empty() {
+        for part in by_months(&batch.readings, |r| r.row.ts) {
             let mut insert = self.table_insert::<ReadingRow>("readings").await?;
-            for r in &batch.readings {
+            for r in part {
                 insert
                     .write(&ReadingRow {
                         id: r.id,
@@ -202,9 +212,9 @@ impl ClickHouse {
             }
             insert.end().await?;
         }
-        if !batch.events.is_empty() {
+        for part in by_months(&batch.events, |e| e.row.at) {
             let mut insert = self.table_insert::<EventRow>("events").await?;
-            for e in &batch.events {
+            for e in part {
                 insert
                     .write(&EventRow {
                         id: e.id,
@@ -219,11 +229,11 @@ impl ClickHouse {
             }
             insert.end().await?;
         }
-        if !batch.attempts.is_empty() {
+        for part in by_months(&batch.attempts, |a| a.attempt.at) {
             let mut insert = self
                 .table_insert::<AttemptRow>("notification_attempts")
                 .await?;
-            for a in &batch.attempts {
+            for a in part {
                 insert
                     .write(&AttemptRow {
                         id: a.id,
@@ -356,6 +366,46 @@ impl ClickHouse {
     }
 }
 
+/// Most calendar months one insert may span. The tables are partitioned by month, and
+/// ClickHouse refuses an insert touching more than 100 partitions; the margin covers the
+/// server's time zone, which may put a row near a month's edge into the next partition.
+pub const MAX_MONTHS_PER_INSERT: usize = 90;
+
+/// A UTC calendar month as one number (`year * 12 + month0`).
+fn month(ms: Millis) -> i64 {
+    use chrono::Datelike;
+    match chrono::DateTime::from_timestamp_millis(ms) {
+        Some(t) => i64::from(t.year()) * 12 + i64::from(t.month0()),
+        // Out of chrono's range: roughly a month of 31 days, still one partition per value.
+        None => ms.div_euclid(31 * 24 * 3600 * 1000),
+    }
+}
+
+/// The rows in groups spanning at most [`MAX_MONTHS_PER_INSERT`] months each, by month;
+/// within a month, rows keep their order.
+fn by_months<T>(rows: &[T], time: impl Fn(&T) -> Millis) -> Vec<Vec<&T>> {
+    let mut sorted: Vec<(i64, &T)> = rows.iter().map(|r| (month(time(r)), r)).collect();
+    sorted.sort_by_key(|(m, _)| *m);
+    let mut groups = Vec::new();
+    let mut group: Vec<&T> = Vec::new();
+    let (mut months, mut last) = (0, None);
+    for (m, row) in sorted {
+        if last != Some(m) {
+            if months == MAX_MONTHS_PER_INSERT {
+                groups.push(std::mem::take(&mut group));
+                months = 0;
+            }
+            months += 1;
+            last = Some(m);
+        }
+        group.push(row);
+    }
+    if !group.is_empty() {
+        groups.push(group);
+    }
+    groups
+}
+
 async fn timed<T>(f: impl Future<Output = clickhouse::error::Result<T>>) -> Result<T, Error> {
     tokio::time::timeout(QUERY_TIMEOUT, f)
         .await
@@ -368,12 +418,70 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_insert_spans_more_than_90_months() {
+        // Ten years of daily rows, shuffled as a spool of late backfills might hold them.
+        let day = 24 * 3600 * 1000;
+        let start = crate::domain::time::parse("2016-01-01T00:00:00Z").unwrap();
+        let mut rows: Vec<Millis> = (0..3653).map(|d| start + d * day).collect();
+        rows.reverse();
+        rows.rotate_left(1000);
+        let groups = by_months(&rows, |t| *t);
+        let mut seen = 0;
+        for g in &groups {
+            let mut months: Vec<i64> = g.iter().map(|t| month(**t)).collect();
+            months.dedup();
+            let distinct: std::collections::BTreeSet<i64> = months.into_iter().collect();
+            assert!(
+                distinct.len() <= MAX_MONTHS_PER_INSERT,
+                "{}",
+                distinct.len()
+            );
+            seen += g.len();
+        }
+        assert_eq!(seen, rows.len(), "every row in exactly one insert");
+        assert_eq!(groups.len(), 2, "121 months: two inserts");
+        assert!(by_months(&[] as &[Millis], |t| *t).is_empty());
+        assert_eq!(by_months(&[5, 6, 7], |t| *t).len(), 1);
+    }
+
+    /// An `https://` URL speaks TLS from the first byte: no plaintext request is ever sent,
+    /// even to a server that only speaks plaintext.
+    #[tokio::test]
+    async fn https_urls_speak_tls() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut b = [0u8; 1];
+            sock.read_exact(&mut b).await.unwrap();
+            b[0]
+        });
+        let target = Target::parse(&format!("https://{addr}"), "latch").unwrap();
+        let ch = ClickHouse::new(&target);
+        let sent = tokio::spawn(async move { ch.ensure_schema().await });
+        let byte = tokio::time::timeout(Duration::from_secs(30), first)
+            .await
+            .expect("latch connected")
+            .unwrap();
+        assert_eq!(
+            byte, 0x16,
+            "a TLS handshake record, not a plaintext request"
+        );
+        sent.abort();
+    }
+
+    #[test]
     fn urls_carry_credentials_but_not_databases() {
         let t = Target::parse("http://reader:s3cret@ch.local:8123/", "latch").unwrap();
         assert_eq!(t.url, "http://ch.local:8123");
         assert_eq!(t.user.as_deref(), Some("reader"));
         assert_eq!(t.password.as_deref(), Some("s3cret"));
-        assert!(Target::parse("https://ch:8443", "latch").is_err());
+        let tls = Target::parse("https://u:p@ch.example:8443", "latch").unwrap();
+        assert_eq!(tls.url, "https://ch.example:8443", "TLS stays TLS");
+        assert_eq!(tls.user.as_deref(), Some("u"));
+        assert!(Target::parse("ftp://ch:8443", "latch").is_err());
+        assert!(Target::parse("httpss://ch:8443", "latch").is_err());
         assert!(Target::parse("http://ch:8123/latch", "latch").is_err());
         assert!(Target::parse("http://ch:8123", "1abc").is_err());
         assert!(Target::parse("http://ch:8123", "a; DROP").is_err());

@@ -4,11 +4,15 @@
 //!
 //! Deliveries are taken in batches of what has arrived (up to [`BATCH_MAX`]) and handed to
 //! the engine in arrival order; up to [`PIPELINE`] batches wait for their group commit at
-//! once, and each is acknowledged with one `basic.ack multiple` in order. A failed commit
-//! or a lost connection ends the session without acknowledging: RabbitMQ redelivers, and a
-//! redelivered reading repeats a known value, so it changes nothing.
+//! once, and each is acknowledged with one `basic.ack multiple` in order. When a commit
+//! fails (the whole batch, or only some readings of it, rejected as transient), the
+//! messages before the first uncommitted one are acknowledged and the session ends: the
+//! connection closes, RabbitMQ requeues everything else in its original order, and latch
+//! reconnects. A transient rejection is never dead-lettered. Redelivering in order keeps
+//! per-sensor order: a later reading that was already applied is applied again after the
+//! earlier one, so the state ends where the publisher left it.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, stream::FuturesOrdered};
@@ -20,7 +24,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
-use super::{Dedup, Ingest, Report, Sources, next_backoff};
+use super::{Dedup, Ingest, Report, Sources, next_backoff, settled};
 use crate::domain::{RejectCode, Rejection, reading, time::now_ms};
 
 /// Unacknowledged deliveries RabbitMQ may push ahead of our commits.
@@ -38,6 +42,39 @@ const SOURCE: &str = "amqp";
 pub const REASON_HEADER: &str = "x-latch-reason";
 /// Header with the human-readable rejection message.
 pub const ERROR_HEADER: &str = "x-latch-error";
+/// Most bytes of [`ERROR_HEADER`]. A rejection message can quote a field of the message
+/// (`data must be 0 or 1, got …`), and all headers must fit in one AMQP frame
+/// (`frame_max`, 128 KiB on RabbitMQ): an unbounded one makes the dead-letter publish
+/// fail, and the message would be redelivered forever.
+pub const ERROR_HEADER_MAX: usize = 1024;
+
+/// Refuses what this build cannot connect to. There is no TLS here: an `amqps://` URL is
+/// refused at start rather than silently reached in plain text.
+pub fn check_url(url: &str) -> anyhow::Result<()> {
+    if url.starts_with("amqps://") {
+        anyhow::bail!(
+            "invalid setting `amqp_url`: amqps:// (TLS) is not supported by this build; \
+             use amqp:// on a trusted network or behind a TLS-terminating tunnel"
+        );
+    }
+    if !url.starts_with("amqp://") {
+        anyhow::bail!("invalid setting `amqp_url`: must start with amqp://");
+    }
+    Ok(())
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, with `…` marking the cut.
+pub fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    const MARK: &str = "…";
+    let mut end = max.saturating_sub(MARK.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &text[..end])
+}
 
 /// Where to consume from.
 #[derive(Debug, Clone)]
@@ -85,18 +122,26 @@ pub async fn run(ingest: Ingest, settings: Settings, sources: Sources, stop: Can
     tracing::info!("RabbitMQ ingest stopped.");
 }
 
+/// A delivery handed to the engine, kept to acknowledge or dead-letter it.
+struct Message {
+    tag: u64,
+    body: Vec<u8>,
+    props: BasicProperties,
+    /// Its AMQP `message_id`, remembered for dedup once it is durably applied.
+    id: Option<String>,
+}
+
 /// A batch handed to the engine, waiting for its commit.
 struct Batch {
     last_tag: u64,
-    /// Bodies and properties, kept to dead-letter the rejected ones.
-    messages: Vec<(Vec<u8>, BasicProperties)>,
-    /// Dedup ids of the messages, applied once the batch is durable.
-    ids: Vec<String>,
-    /// Input positions that were duplicates (acked, not applied).
+    /// One per item handed to the engine, in the same order.
+    messages: Vec<Message>,
+    /// Duplicates skipped (acknowledged with the batch, not applied).
     dup_count: usize,
 }
 
-/// One connection's life: declare, consume, apply, acknowledge.
+/// One connection's life: declare, consume, apply, acknowledge. The connection is closed
+/// on every way out, so what was not acknowledged goes back to the queue at once.
 async fn session(
     ingest: &Ingest,
     settings: &Settings,
@@ -109,6 +154,25 @@ async fn session(
     let props = ConnectionProperties::default()
         .with_connection_name(LongString::from(format!("latch {}", settings.queue)));
     let conn = Connection::connect(&settings.url, props).await?;
+    let result = consume(&conn, ingest, settings, sources, stop, dedup, backoff).await;
+    let reason = if result.is_ok() {
+        "latch stopping"
+    } else {
+        "latch reconnects"
+    };
+    let _ = conn.close(200, reason.into()).await;
+    result
+}
+
+async fn consume(
+    conn: &Connection,
+    ingest: &Ingest,
+    settings: &Settings,
+    sources: &Sources,
+    stop: &CancellationToken,
+    dedup: &mut Dedup,
+    backoff: &mut Duration,
+) -> anyhow::Result<()> {
     let ch = conn.create_channel().await?;
     let durable = QueueDeclareOptions {
         durable: true,
@@ -134,9 +198,11 @@ async fn session(
         )
         .await?;
     sources.set(SOURCE, true);
-    *backoff = Duration::ZERO;
     tracing::info!(queue = %settings.queue, "RabbitMQ ingest consuming.");
 
+    // Message ids of batches still waiting for their commit: a copy arriving meanwhile is
+    // a duplicate too. Per session, since a new session gets every unacknowledged one again.
+    let mut in_flight = HashSet::new();
     let mut waiting = FuturesOrdered::new();
     let mut stopping = false;
     loop {
@@ -149,7 +215,10 @@ async fn session(
             done = waiting.next(), if !waiting.is_empty() => {
                 let (batch, result): (Batch, Result<Report, super::Error>) =
                     done.expect("non-empty");
-                finish(&ch, settings, dedup, batch, result?).await?;
+                finish(&ch, settings, dedup, &mut in_flight, batch, result).await?;
+                // Reset only by a commit that went through, so a store that keeps failing
+                // meets a growing delay rather than a reconnect every 100 ms.
+                *backoff = Duration::ZERO;
                 if stopping && waiting.is_empty() { break; }
             }
             first = consumer.next(), if !stopping && waiting.len() < PIPELINE => {
@@ -164,86 +233,98 @@ async fn session(
                         None => break,
                     }
                 }
-                let (batch, items) = prepare(deliveries, dedup);
+                let (batch, items) = prepare(deliveries, dedup, &mut in_flight);
                 let ticket = ingest.enqueue(SOURCE, items).await?;
                 waiting.push_back(async move { (batch, ticket.wait().await) });
             }
         }
     }
-    // Unacknowledged deliveries go back to the queue when the channel closes.
-    let _ = conn.close(200, "latch stopping".into()).await;
     Ok(())
 }
 
-/// Parses deliveries into readings; duplicates of recently applied ids are skipped.
+/// Parses deliveries into readings. A message whose AMQP `message_id` was recently applied
+/// (or waits in an earlier batch) is skipped. Only `message_id` counts: the body's fields
+/// are the reading contract, and a JSON `"id"` is not part of it.
 fn prepare(
     deliveries: VecDeque<lapin::message::Delivery>,
     dedup: &Dedup,
+    in_flight: &mut HashSet<String>,
 ) -> (Batch, Vec<Result<crate::domain::Reading, Rejection>>) {
     let now = now_ms();
     let mut batch = Batch {
         last_tag: 0,
         messages: Vec::with_capacity(deliveries.len()),
-        ids: Vec::new(),
         dup_count: 0,
     };
     let mut items = Vec::with_capacity(deliveries.len());
     for d in deliveries {
         batch.last_tag = d.delivery_tag;
-        let value: Result<serde_json::Value, _> = serde_json::from_slice(&d.data);
         let id = d
             .properties
             .message_id()
             .as_ref()
-            .map(|s| s.as_str().to_string())
-            .or_else(|| value.as_ref().ok()?.get("id")?.as_str().map(str::to_string));
-        if let Some(id) = &id {
-            if dedup.contains(id) {
-                batch.dup_count += 1;
-                continue;
-            }
-            batch.ids.push(id.clone());
+            .map(|s| s.as_str().to_string());
+        if let Some(id) = &id
+            && (dedup.contains(id) || !in_flight.insert(id.clone()))
+        {
+            batch.dup_count += 1;
+            continue;
         }
-        items.push(match value {
+        items.push(match serde_json::from_slice::<serde_json::Value>(&d.data) {
             Ok(v) => reading::parse_value(&v, now),
             Err(e) => Err(Rejection::new(
                 RejectCode::MalformedJson,
                 format!("malformed JSON: {e}"),
             )),
         });
-        batch.messages.push((d.data, d.properties));
+        batch.messages.push(Message {
+            tag: d.delivery_tag,
+            body: d.data,
+            props: d.properties,
+            id,
+        });
     }
     (batch, items)
 }
 
-/// Dead-letters the batch's rejected messages (waiting for the broker's confirms), then
-/// acknowledges the whole batch at once.
+/// Dead-letters the settled part's rejected messages (waiting for the broker's confirms),
+/// then acknowledges that part at once. Errs, ending the session, when some of the batch
+/// did not commit: the rest comes back in order on the next session.
 async fn finish(
     ch: &Channel,
     settings: &Settings,
     dedup: &mut Dedup,
+    in_flight: &mut HashSet<String>,
     batch: Batch,
-    report: Report,
+    result: Result<Report, super::Error>,
 ) -> anyhow::Result<()> {
-    let mut confirms = Vec::with_capacity(report.rejected.len());
-    for (i, rej) in &report.rejected {
-        let (body, props) = &batch.messages[*i];
-        let mut headers = props.headers().clone().unwrap_or_default();
+    for id in batch.messages.iter().filter_map(|m| m.id.as_ref()) {
+        in_flight.remove(id);
+    }
+    let settled = settled(batch.messages.len(), &result);
+    let rejected = match &result {
+        Ok(report) => &report.rejected[..],
+        Err(_) => &[],
+    };
+    let mut confirms = Vec::new();
+    for (i, rej) in rejected.iter().filter(|(i, _)| *i < settled) {
+        let m = &batch.messages[*i];
+        let mut headers = m.props.headers().clone().unwrap_or_default();
         headers.insert(
             ShortString::from(REASON_HEADER),
             AMQPValue::LongString(LongString::from(rej.code.as_str())),
         );
         headers.insert(
             ShortString::from(ERROR_HEADER),
-            AMQPValue::LongString(LongString::from(rej.message.as_str())),
+            AMQPValue::LongString(LongString::from(bounded(&rej.message, ERROR_HEADER_MAX))),
         );
-        let props = props.clone().with_headers(headers).with_delivery_mode(2);
+        let props = m.props.clone().with_headers(headers).with_delivery_mode(2);
         confirms.push(
             ch.basic_publish(
                 "".into(),
                 settings.dlq().into(),
                 BasicPublishOptions::default(),
-                body,
+                &m.body,
                 props,
             )
             .await?,
@@ -258,20 +339,64 @@ async fn finish(
             "RabbitMQ refused a dead-lettered message"
         );
     }
-    if !report.rejected.is_empty() {
+    if !rejected.is_empty() {
         tracing::debug!(
-            count = report.rejected.len(),
+            count = rejected.len(),
             dlq = %settings.dlq(),
             "Dead-lettered readings that cannot apply."
         );
     }
-    ch.basic_ack(batch.last_tag, BasicAckOptions { multiple: true })
-        .await?;
+    // Acknowledges through the last settled message; when all are settled, through the
+    // batch's last delivery, so trailing duplicates go too.
+    let ack_through = if settled == batch.messages.len() {
+        Some(batch.last_tag)
+    } else {
+        settled.checked_sub(1).map(|i| batch.messages[i].tag)
+    };
+    if let Some(tag) = ack_through {
+        ch.basic_ack(tag, BasicAckOptions { multiple: true })
+            .await?;
+    }
     if batch.dup_count > 0 {
         metrics::counter!("latch_amqp_duplicates_total").increment(batch.dup_count as u64);
     }
-    for id in batch.ids {
+    for id in batch.messages[..settled]
+        .iter()
+        .filter_map(|m| m.id.clone())
+    {
         dedup.insert(id);
     }
-    Ok(())
+    match result {
+        Err(e) => {
+            Err(anyhow::Error::new(e).context("readings not committed; RabbitMQ redelivers them"))
+        }
+        Ok(_) if settled < batch.messages.len() => anyhow::bail!(
+            "{} of {} readings not committed; RabbitMQ redelivers them",
+            batch.messages.len() - settled,
+            batch.messages.len()
+        ),
+        Ok(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_texts_are_cut_at_a_char_boundary() {
+        assert_eq!(bounded("short", 10), "short");
+        let cut = bounded(&"é".repeat(1000), 101);
+        assert!(cut.len() <= 101, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn only_plain_amqp_urls_are_accepted() {
+        assert!(check_url("amqp://guest:guest@127.0.0.1:5672/%2f").is_ok());
+        let e = check_url("amqps://127.0.0.1").unwrap_err().to_string();
+        assert!(e.contains("amqp_url") && e.contains("TLS"), "{e}");
+        assert!(check_url("http://127.0.0.1").is_err());
+    }
 }

@@ -16,9 +16,13 @@ pub enum Error {
     Engine(#[from] engine::Error),
 }
 
-/// What became of a submitted batch.
+/// What became of a submitted batch. The engine's shards commit separately, so a batch can
+/// come out partly durable: its readings whose shard failed to commit are rejected with
+/// `store_unavailable` ([`RejectCode::is_transient`](crate::domain::reading::RejectCode::is_transient)):
+/// valid, not stored, to be sent again. The rest were accepted or rejected for good.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Readings now durable.
     pub accepted: usize,
     /// Input index and reason of every rejected reading.
     pub rejected: Vec<(usize, Rejection)>,
@@ -89,6 +93,8 @@ pub struct Ticket {
 
 impl Ticket {
     /// Waits until the accepted items are durable; counts the outcome in the metrics.
+    /// `Err` when nothing could be made durable; a partial failure is a [`Report`] whose
+    /// failed readings are `store_unavailable` rejections.
     pub async fn wait(self) -> Result<Report, Error> {
         let mut report = Report {
             accepted: 0,
@@ -144,6 +150,24 @@ pub(crate) fn next_backoff(d: std::time::Duration) -> std::time::Duration {
     )
 }
 
+/// How many of a broker batch's messages, from the start, are settled: committed, or
+/// rejected for good. The first transient rejection (or a commit of the whole batch that
+/// failed) ends the run. The broker sources acknowledge exactly that prefix and get the
+/// rest redelivered in order, since acknowledging a later reading of a sensor while an
+/// earlier one is still to come would let the earlier one land last.
+pub(crate) fn settled(len: usize, result: &Result<Report, Error>) -> usize {
+    match result {
+        Ok(report) => report
+            .rejected
+            .iter()
+            .filter(|(_, rej)| rej.code.is_transient())
+            .map(|(i, _)| *i)
+            .min()
+            .unwrap_or(len),
+        Err(_) => 0,
+    }
+}
+
 /// Ids of recently applied broker messages, so a message redelivered (or published twice)
 /// with the same id is applied once. Bounded: the oldest ids are forgotten first.
 pub(crate) struct Dedup {
@@ -193,6 +217,33 @@ mod tests {
         d.insert("c".into());
         assert!(!d.contains("a"), "oldest forgotten");
         assert!(d.contains("b") && d.contains("c"));
+    }
+
+    #[test]
+    fn the_first_transient_rejection_ends_what_is_settled() {
+        use crate::domain::RejectCode::*;
+        let rej = |c| Rejection::new(c, "x");
+        let report = |r: Vec<(usize, Rejection)>| {
+            Ok(Report {
+                accepted: 0,
+                rejected: r,
+            })
+        };
+        assert_eq!(settled(4, &report(vec![])), 4);
+        assert_eq!(settled(4, &report(vec![(1, rej(InvalidData))])), 4);
+        assert_eq!(
+            settled(
+                4,
+                &report(vec![
+                    (0, rej(InvalidData)),
+                    (2, rej(StoreUnavailable)),
+                    (3, rej(StoreUnavailable))
+                ])
+            ),
+            2
+        );
+        let failed: Result<Report, Error> = Err(crate::engine::Error::Closed.into());
+        assert_eq!(settled(4, &failed), 0);
     }
 
     #[test]

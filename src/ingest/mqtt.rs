@@ -6,9 +6,22 @@
 //! level where the subscription has its first `+`. Any other payload is the JSON reading.
 //! Bad payloads are acknowledged (a broker would resend them forever otherwise), counted in
 //! `latch_readings_rejected_total{source="mqtt"}` and logged at most once a second.
+//!
+//! A failed commit must not leave the publishes unacknowledged on a live connection: the
+//! broker only resends on a new one, and meanwhile its in-flight window fills and it stops
+//! delivering. So the first uncommitted publish ends the connection: what came before it
+//! is acknowledged, nothing after it is, no further publish of that connection is applied,
+//! and latch reconnects after a growing delay; the broker then resends the rest in order.
+//! (Batches already in the engine may still commit; their readings are applied again, in
+//! order, when resent, so a sensor ends in the state it was last sent.) Until a commit goes
+//! through again the source counts as down, so `/readyz` shows the stall.
+//!
+//! Publishes with the retain flag are the broker's stored last value, sent again at every
+//! subscribe (so after every reconnect): not a reading the sensor just sent. They are
+//! acknowledged and ignored, counted in `latch_mqtt_retained_ignored_total`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, stream::FuturesOrdered};
@@ -16,7 +29,7 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, Publish, QoS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Ingest, Sources, next_backoff};
+use super::{Ingest, Report, Sources, next_backoff, settled};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading, time::now_ms};
 
 const SOURCE: &str = "mqtt";
@@ -37,6 +50,13 @@ pub struct Settings {
 
 /// Broker options from the URL, with our session semantics forced on.
 pub fn options(url: &str) -> anyhow::Result<MqttOptions> {
+    // No TLS in this build: refused at start rather than silently reached in plain text.
+    if url.starts_with("mqtts://") || url.starts_with("ssl://") {
+        anyhow::bail!(
+            "invalid setting `mqtt_url`: mqtts:// and ssl:// (TLS) are not supported by this \
+             build; use mqtt:// on a trusted network or behind a TLS-terminating tunnel"
+        );
+    }
     let url = if url.contains("client_id=") {
         url.to_string()
     } else if url.contains('?') {
@@ -53,38 +73,109 @@ pub fn options(url: &str) -> anyhow::Result<MqttOptions> {
     Ok(o)
 }
 
-/// Subscribes until `stop`; the event loop reconnects with backoff on its own.
+/// What the event loop hands the applier, in arrival order.
+enum Inbound {
+    /// A publish that came on connection number `.0`.
+    Publish(u64, Publish),
+    /// The broker acknowledged our subscription on connection number `.0`.
+    Subscribed(u64),
+}
+
+/// The connection state the event loop and the applier share, and the readiness that
+/// follows from it: up when subscribed on the current connection with no commit failure
+/// left unresolved.
+struct Link {
+    sources: Sources,
+    state: Mutex<LinkState>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// Bumped at every connection and every loss of one. A PUBACK is only sent for a
+    /// publish of the current connection: packet ids mean nothing on another one, and the
+    /// broker resends what a lost connection left unacknowledged.
+    generation: u64,
+    subscribed: bool,
+    /// A commit failed and none has gone through since.
+    stalled: bool,
+}
+
+impl Link {
+    /// Changes the state and publishes the readiness that results, under one lock, so an
+    /// update from one task cannot overwrite a newer one from the other.
+    fn update(&self, f: impl FnOnce(&mut LinkState)) -> u64 {
+        let mut st = self.state.lock().expect("mqtt link lock");
+        f(&mut st);
+        self.sources.set(SOURCE, st.subscribed && !st.stalled);
+        st.generation
+    }
+
+    /// A new connection, or the loss of one: nothing of the old one is acknowledged.
+    fn next_connection(&self) -> u64 {
+        self.update(|st| {
+            st.generation += 1;
+            st.subscribed = false;
+        })
+    }
+
+    fn generation(&self) -> u64 {
+        self.state.lock().expect("mqtt link lock").generation
+    }
+}
+
+/// Subscribes until `stop`; the event loop reconnects with backoff on its own, and when
+/// the applier asks for it after a failed commit.
 pub async fn run(
     ingest: Ingest,
     settings: Settings,
     sources: Sources,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    sources.set(SOURCE, false);
+    let link = Arc::new(Link {
+        sources,
+        state: Mutex::default(),
+    });
+    link.update(|_| {});
     let (client, mut events) = AsyncClient::new(options(&settings.url)?, 1024);
-    // Bumped at every connection: acks for publishes of an earlier connection are skipped
-    // (the broker resends those), since packet ids are only meaningful per connection.
-    let generation = Arc::new(AtomicU64::new(0));
     // Unbounded on purpose: the event loop must never wait on the applier, or the applier's
     // acks (which only the event loop sends) could never drain. What the broker sends us
     // unacknowledged is bounded by its in-flight window anyway.
-    let (tx, rx) = mpsc::unbounded_channel::<(u64, Publish)>();
+    let (tx, rx) = mpsc::unbounded_channel::<Inbound>();
+    // The applier's requests to drop connection number `.0`, with the delay before the next.
+    let (reconnect_tx, mut reconnect_rx) = mpsc::unbounded_channel::<(u64, Duration)>();
     let applier = tokio::spawn(apply(
         ingest,
         settings.topic.clone(),
         client.clone(),
-        generation.clone(),
+        link.clone(),
         rx,
+        reconnect_tx,
     ));
     let mut backoff = Duration::ZERO;
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => break,
+            Some((g, delay)) = reconnect_rx.recv() => {
+                if g != link.generation() {
+                    continue; // That connection is gone already.
+                }
+                // Dropping the network makes the next poll connect again; the session
+                // stays on the broker, which resends every unacknowledged publish.
+                events.clean();
+                link.next_connection();
+                metrics::counter!("latch_source_reconnects_total", "source" => SOURCE).increment(1);
+                tracing::warn!(retry_in = ?delay, "MQTT ingest reconnects to get unapplied readings again.");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                continue;
+            }
             e = events.poll() => e,
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                generation.fetch_add(1, Ordering::SeqCst);
+                link.next_connection();
                 // Resubscribing is harmless on a resumed session and needed on a new one.
                 // Never awaited here: only this loop drains the client's requests.
                 if let Err(e) = client.try_subscribe(settings.topic.clone(), QoS::AtLeastOnce) {
@@ -92,21 +183,23 @@ pub async fn run(
                     tracing::error!(error = %e, "MQTT subscribe could not be sent.");
                 }
             }
-            // Ready only once subscribed: what is published before that is not ours.
+            // Ready only once subscribed: what is published before that is not ours. The
+            // applier decides, after the publishes the broker resent ahead of this.
             Ok(Event::Incoming(Packet::SubAck(_))) => {
-                sources.set(SOURCE, true);
                 backoff = Duration::ZERO;
                 tracing::info!(topic = %settings.topic, "MQTT ingest subscribed.");
+                if tx.send(Inbound::Subscribed(link.generation())).is_err() {
+                    break;
+                }
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
-                let g = generation.load(Ordering::SeqCst);
-                if tx.send((g, p)).is_err() {
+                if tx.send(Inbound::Publish(link.generation(), p)).is_err() {
                     break;
                 }
             }
             Ok(_) => {}
             Err(e) => {
-                sources.set(SOURCE, false);
+                link.next_connection();
                 backoff = next_backoff(backoff);
                 tracing::warn!(error = %e, retry_in = ?backoff, "MQTT ingest paused.");
                 metrics::counter!("latch_source_reconnects_total", "source" => SOURCE).increment(1);
@@ -118,8 +211,19 @@ pub async fn run(
         }
     }
     // Let the applier finish and acknowledge what it has, then leave the session as is.
+    // Polled meanwhile, since only the event loop sends the acks the applier queues.
     drop(tx);
-    let _ = applier.await;
+    let drain = async {
+        loop {
+            if events.poll().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = applier => {}
+        _ = drain => {}
+    }
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         let _ = client.disconnect().await;
         while let Ok(e) = events.poll().await {
@@ -129,65 +233,132 @@ pub async fn run(
         }
     })
     .await;
-    sources.set(SOURCE, false);
+    link.update(|st| st.subscribed = false);
     tracing::info!("MQTT ingest stopped.");
     Ok(())
 }
 
-/// Batches publishes into the engine in arrival order and acknowledges each batch, in order,
-/// once durable.
+/// Batches publishes into the engine in arrival order and acknowledges, in order, what is
+/// durable; see the module doc for what a failed commit does.
 async fn apply(
     ingest: Ingest,
     filter: String,
     client: AsyncClient,
-    generation: Arc<AtomicU64>,
-    mut rx: mpsc::UnboundedReceiver<(u64, Publish)>,
+    link: Arc<Link>,
+    mut rx: mpsc::UnboundedReceiver<Inbound>,
+    reconnect: mpsc::UnboundedSender<(u64, Duration)>,
 ) {
+    // Batches waiting for their commit, and (in the same order) their connection numbers.
     let mut waiting = FuturesOrdered::new();
+    let mut waiting_gen = VecDeque::new();
+    // Publishes of this connection number or older are neither applied nor acknowledged:
+    // a commit failed on it, and the broker resends them on the next one.
+    let mut poisoned = 0u64;
+    let mut fail_backoff = Duration::ZERO;
     let mut last_log = Instant::now() - Duration::from_secs(2);
     let mut open = true;
     while open || !waiting.is_empty() {
         tokio::select! {
             biased;
             done = waiting.next(), if !waiting.is_empty() => {
-                let (publishes, result): (Vec<(u64, Publish)>, Result<super::Report, super::Error>) =
+                let (g, publishes, result): (u64, Vec<Publish>, Result<Report, super::Error>) =
                     done.expect("non-empty");
-                match result {
-                    Ok(report) => {
-                        if let Some((_, rej)) = report.rejected.first()
-                            && last_log.elapsed() >= Duration::from_secs(1)
-                        {
-                            last_log = Instant::now();
-                            tracing::warn!(count = report.rejected.len(), first = %rej,
-                                "MQTT readings rejected.");
-                        }
-                        let current = generation.load(Ordering::SeqCst);
-                        for (g, p) in publishes.iter().filter(|(g, _)| *g == current) {
-                            let _ = g;
-                            let _ = client.ack(p).await;
-                        }
+                waiting_gen.pop_front();
+                let settled = settled(publishes.len(), &result);
+                let current = g == link.generation() && g > poisoned;
+                if let Ok(report) = &result
+                    && let Some((_, rej)) = report.rejected.iter().find(|(_, r)| !r.code.is_transient())
+                    && last_log.elapsed() >= Duration::from_secs(1)
+                {
+                    last_log = Instant::now();
+                    tracing::warn!(count = report.rejected.len(), first = %rej,
+                        "MQTT readings rejected.");
+                }
+                if current {
+                    for p in &publishes[..settled] {
+                        let _ = client.ack(p).await;
                     }
-                    // Not acknowledged: the broker resends them on the next connection.
-                    Err(e) => tracing::error!(error = %e, "MQTT readings not applied."),
+                }
+                if settled < publishes.len() {
+                    match &result {
+                        Err(e) => tracing::error!(error = %e, "MQTT readings not applied."),
+                        Ok(_) => tracing::error!(count = publishes.len() - settled,
+                            "MQTT readings not committed."),
+                    }
+                    if current {
+                        poisoned = g;
+                        fail_backoff = next_backoff(fail_backoff);
+                        link.update(|st| st.stalled = true);
+                        let _ = reconnect.send((g, fail_backoff));
+                    }
+                } else if current {
+                    fail_backoff = Duration::ZERO;
+                    link.update(|st| st.stalled = false);
                 }
             }
             first = rx.recv(), if open && waiting.len() < PIPELINE => {
                 let Some(first) = first else { open = false; continue; };
-                let mut publishes = vec![first];
-                while publishes.len() < BATCH_MAX {
-                    match rx.recv().now_or_never() {
-                        Some(Some(p)) => publishes.push(p),
-                        _ => break,
+                let mut next = Some(first);
+                let mut batch = Vec::new();
+                let mut g_batch = 0;
+                let mut subscribed = None;
+                while let Some(inbound) = next.take() {
+                    match inbound {
+                        Inbound::Subscribed(g) => {
+                            subscribed = Some(g);
+                            break;
+                        }
+                        Inbound::Publish(g, p) => {
+                            let current = g == link.generation() && g > poisoned;
+                            if !current {
+                                // The broker resends it on the current connection.
+                            } else if p.retain {
+                                metrics::counter!("latch_mqtt_retained_ignored_total").increment(1);
+                                let _ = client.ack(&p).await;
+                            } else {
+                                if g != g_batch {
+                                    // A newer connection began: the broker resends what the
+                                    // older one left unacknowledged, so none of it is applied.
+                                    batch.clear();
+                                }
+                                g_batch = g;
+                                batch.push(p);
+                            }
+                        }
+                    }
+                    if batch.len() < BATCH_MAX {
+                        next = rx.recv().now_or_never().flatten();
                     }
                 }
-                let now = now_ms();
-                let items = publishes
-                    .iter()
-                    .map(|(_, p)| parse_publish(&filter, &p.topic, &p.payload, now))
-                    .collect();
-                match ingest.enqueue(SOURCE, items).await {
-                    Ok(ticket) => waiting.push_back(async move { (publishes, ticket.wait().await) }),
-                    Err(e) => tracing::error!(error = %e, "MQTT readings not applied."),
+                if !batch.is_empty() {
+                    let now = now_ms();
+                    let items = batch
+                        .iter()
+                        .map(|p| parse_publish(&filter, &p.topic, &p.payload, now))
+                        .collect();
+                    match ingest.enqueue(SOURCE, items).await {
+                        Ok(ticket) => {
+                            waiting_gen.push_back(g_batch);
+                            waiting.push_back(async move { (g_batch, batch, ticket.wait().await) });
+                        }
+                        Err(e) => {
+                            // Only when the engine is closing; nothing acknowledged.
+                            tracing::error!(error = %e, "MQTT readings not applied.");
+                        }
+                    }
+                }
+                if let Some(g) = subscribed {
+                    // Nothing of this connection waiting: whatever failed before was
+                    // not resent, so nothing is left to retry.
+                    let idle = !waiting_gen.contains(&g);
+                    link.update(|st| {
+                        if st.generation == g {
+                            st.subscribed = true;
+                            if idle {
+                                st.stalled = false;
+                            }
+                        }
+                    });
                 }
             }
         }
@@ -293,5 +464,13 @@ mod tests {
         let o = options("mqtt://127.0.0.1:1883?client_id=node2").unwrap();
         assert_eq!(o.client_id(), "node2");
         assert!(options("http://127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn tls_urls_are_refused_not_reached_in_plain_text() {
+        for url in ["mqtts://127.0.0.1:8883", "ssl://127.0.0.1:8883"] {
+            let e = options(url).unwrap_err().to_string();
+            assert!(e.contains("mqtt_url") && e.contains("TLS"), "{e}");
+        }
     }
 }

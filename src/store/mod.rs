@@ -12,6 +12,7 @@ use crate::domain::{
 };
 pub use crate::engine::effects::{CommitBatch, ReadingRecord, StateUpdate};
 
+pub mod deadline;
 pub mod postgres;
 pub mod sqlite;
 
@@ -483,9 +484,11 @@ pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let lock = lock_data_dir(&config.data_dir)?;
-            Ok(std::sync::Arc::new(
-                postgres::PgStore::connect(url).await?.holding(lock),
-            ))
+            let store = postgres::PgStore::connect(url, config.database_timeout).await?;
+            Ok(std::sync::Arc::new(deadline::Deadline::new(
+                store.holding(lock),
+                config.database_timeout,
+            )))
         }
         Some(url) => anyhow::bail!(
             "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"

@@ -9,10 +9,14 @@
 //!   (`claimed_by`, `lease_until`), so two nodes never send the same attempt at once and a
 //!   dead node's leases run out and are taken over.
 //! - Migrations run under an advisory lock, so nodes starting together apply them once.
-//! - History is partitioned by month; [`PgStore::ensure_partitions`] creates the current
-//!   and next months' partitions at start.
+//! - History is partitioned by month; the current and next months' partitions are created
+//!   at start, under the migration lock.
+//! - Every connection has a connect timeout and TCP keepalive, and the pool bounds its
+//!   waits; [`super::deadline::Deadline`] bounds each call on top, since a server that stops
+//!   answering enforces none of its own timeouts.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -42,6 +46,12 @@ const MIGRATIONS: &[&str] = &[
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
 const MIGRATION_LOCK: i64 = 0x006c_6174_6368;
+/// Class of the advisory lock (with the schema as the other half of the key) that every
+/// group commit holds shared and a sensor delete exclusive. Without it a commit in flight
+/// when the delete runs (its rows not yet visible to the delete) lands after it, leaving
+/// readings and state of a deleted sensor behind, which a sensor re-created under that id
+/// would inherit. Deletes are rare, so commits almost never wait.
+const DELETE_LOCK: i32 = 0x6c74_6364;
 
 /// Most pooled connections.
 const POOL_SIZE: usize = 16;
@@ -61,25 +71,95 @@ fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
 
+/// A PostgreSQL error in the server's own words: message, SQLSTATE, detail and hint when
+/// the server answered; otherwise the client's description with its cause (`error
+/// connecting to server: Connection refused …`). tokio-postgres alone says "db error".
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut text = format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!("; detail: {detail}"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!("; hint: {hint}"));
+        }
+        return text;
+    }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
-        backend(e)
+        Error::Backend(describe(&e))
     }
 }
 
 impl From<deadpool_postgres::PoolError> for Error {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        backend(e)
+        use deadpool_postgres::PoolError;
+        match e {
+            PoolError::Backend(e) => e.into(),
+            PoolError::Timeout(kind) => Error::Backend(format!(
+                "no database connection within the timeout ({kind:?}); the database is not \
+                 answering"
+            )),
+            e => backend(e),
+        }
     }
+}
+
+/// TCP keepalive probes start after this long idle, so a connection to a host that vanished
+/// is noticed and replaced rather than kept in the pool.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+
+/// The connection settings of `url` with latch's bounds: `timeout` to connect and for TCP
+/// to see its data acknowledged, keepalive probes, and plaintext only where the URL does not
+/// ask for TLS (`sslmode` require or verify-* is refused: this build speaks no TLS to
+/// PostgreSQL, and falling back to plaintext would send credentials and data in the clear).
+pub fn settings(url: &str, timeout: Duration) -> anyhow::Result<tokio_postgres::Config> {
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
+    for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        if key == "sslmode" && !matches!(value, "disable" | "allow" | "prefer") {
+            anyhow::bail!(
+                "invalid setting `database_url`: sslmode={value} asks for TLS, which latch does \
+                 not speak to PostgreSQL; use sslmode=disable on a trusted network, or reach \
+                 the database through a TLS tunnel (stunnel, a sidecar proxy)"
+            );
+        }
+    }
+    // `allow` is libpq's "plaintext first"; tokio-postgres does not know it.
+    let url = url.replace("sslmode=allow", "sslmode=disable");
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("invalid setting `database_url`: {e}"))?;
+    // Without TLS support, `prefer` (tokio-postgres's default) means plaintext: say so.
+    pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(timeout);
+    }
+    pg.keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .tcp_user_timeout(timeout.max(Duration::from_secs(1)));
+    Ok(pg)
 }
 
 impl PgStore {
     /// Connects to `url` (`postgres://…`), applies pending migrations and creates the
-    /// history partitions around now.
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let pg: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| anyhow::anyhow!("database_url: {e}"))?;
+    /// history partitions around now. Waiting for a pooled connection, opening one and
+    /// checking one out again each take at most `timeout`.
+    pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let pg = settings(url, timeout)?;
         let manager = Manager::from_config(
             pg,
             tokio_postgres::NoTls,
@@ -89,6 +169,12 @@ impl PgStore {
         );
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .timeouts(deadpool_postgres::Timeouts {
+                wait: Some(timeout),
+                create: Some(timeout),
+                recycle: Some(timeout),
+            })
             .build()
             .map_err(|e| anyhow::anyhow!("database_url: {e}"))?;
         let store = Self { pool, _lock: None };
@@ -96,9 +182,6 @@ impl PgStore {
             .migrate()
             .await
             .map_err(|e| anyhow::anyhow!("database_url: cannot prepare the database: {e}"))?;
-        store
-            .ensure_partitions(crate::domain::time::now_ms())
-            .await?;
         Ok(store)
     }
 
@@ -136,52 +219,53 @@ impl PgStore {
                 .await?;
                 tx.commit().await?;
             }
-            Ok::<_, Error>(())
+            // Under the same lock: two nodes creating one partition at once would race
+            // (`CREATE TABLE IF NOT EXISTS` checks, then one of them fails on the catalog).
+            ensure_partitions(&c, crate::domain::time::now_ms()).await
         }
         .await;
         c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
             .await?;
         result
     }
+}
 
-    /// Creates the monthly partitions of `readings` and `events` for the month of `now`
-    /// and the next few, if they are missing.
-    pub async fn ensure_partitions(&self, now: Millis) -> Result<()> {
-        use chrono::{Datelike, TimeZone, Utc};
-        let c = self.pool.get().await?;
-        let t = Utc
-            .timestamp_millis_opt(now)
-            .single()
-            .ok_or_else(|| backend("time out of range"))?;
-        for k in 0..=MONTHS_AHEAD {
-            let month0 = t.year() * 12 + t.month0() as i32 + k;
-            let start = |m: i32| {
-                Utc.with_ymd_and_hms(m.div_euclid(12), m.rem_euclid(12) as u32 + 1, 1, 0, 0, 0)
-                    .single()
-                    .map(|d| d.timestamp_millis())
-                    .unwrap_or(0)
-            };
-            let (from, to) = (start(month0), start(month0 + 1));
-            let name = format!(
-                "{:04}_{:02}",
-                month0.div_euclid(12),
-                month0.rem_euclid(12) + 1
-            );
-            for table in ["readings", "events"] {
-                let sql = format!(
-                    "CREATE TABLE IF NOT EXISTS {table}_{name} PARTITION OF {table} \
+/// Creates the monthly partitions of `readings` and `events` for the month of `now` and the
+/// next few, if they are missing. Runs under the migration lock.
+async fn ensure_partitions(c: &tokio_postgres::Client, now: Millis) -> Result<()> {
+    use chrono::{Datelike, TimeZone, Utc};
+    let t = Utc
+        .timestamp_millis_opt(now)
+        .single()
+        .ok_or_else(|| backend("time out of range"))?;
+    for k in 0..=MONTHS_AHEAD {
+        let month0 = t.year() * 12 + t.month0() as i32 + k;
+        let start = |m: i32| {
+            Utc.with_ymd_and_hms(m.div_euclid(12), m.rem_euclid(12) as u32 + 1, 1, 0, 0, 0)
+                .single()
+                .map(|d| d.timestamp_millis())
+                .unwrap_or(0)
+        };
+        let (from, to) = (start(month0), start(month0 + 1));
+        let name = format!(
+            "{:04}_{:02}",
+            month0.div_euclid(12),
+            month0.rem_euclid(12) + 1
+        );
+        for table in ["readings", "events"] {
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS {table}_{name} PARTITION OF {table} \
                      FOR VALUES FROM ({from}) TO ({to})"
-                );
-                if let Err(e) = c.batch_execute(&sql).await {
-                    // Rows of that month already in the default partition block it; they
-                    // stay queryable there, so this is worth a warning, not a failure.
-                    tracing::warn!(error = %e, table, month = %name,
+            );
+            if let Err(e) = c.batch_execute(&sql).await {
+                // Rows of that month already in the default partition block it; they
+                // stay queryable there, so this is worth a warning, not a failure.
+                tracing::warn!(error = %describe(&e), table, month = %name,
                         "Could not create a history partition.");
-                }
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 // --- row mapping -----------------------------------------------------------------------
@@ -414,6 +498,12 @@ impl Store for PgStore {
         let mut c = self.pool.get().await?;
         let id = id.to_string();
         let tx = c.transaction().await?;
+        // Waits for the commits in flight; every statement after it sees their rows.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))",
+            &[&DELETE_LOCK],
+        )
+        .await?;
         let n = tx
             .execute("DELETE FROM sensors WHERE id = $1", &[&id])
             .await?;
@@ -691,6 +781,11 @@ impl Store for PgStore {
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))",
+            &[&DELETE_LOCK],
+        )
+        .await?;
         let created = commit_batch(&tx, &batch, now).await?;
         tx.commit().await?;
         Ok(created)
@@ -1357,7 +1452,53 @@ mod tests {
             .unwrap();
         let sep = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
-        Some((PgStore::connect(&url).await.unwrap(), schema))
+        Some((
+            PgStore::connect(&url, Duration::from_secs(5))
+                .await
+                .unwrap(),
+            schema,
+        ))
+    }
+
+    #[tokio::test]
+    async fn errors_carry_the_servers_message_and_sqlstate() {
+        let Some((store, _)) = fresh().await else {
+            return;
+        };
+        let c = store.pool.get().await.unwrap();
+        let e = c
+            .execute("INSERT INTO no_such_table VALUES (1)", &[])
+            .await
+            .unwrap_err();
+        let shown = Error::from(e).to_string();
+        assert!(shown.contains("SQLSTATE 42P01"), "{shown}");
+        assert!(shown.contains("no_such_table"), "{shown}");
+    }
+
+    #[test]
+    fn urls_asking_for_tls_are_refused_not_sent_in_plaintext() {
+        let t = Duration::from_secs(5);
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let err = settings(&format!("postgres://u@db/x?sslmode={mode}"), t)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("database_url") && err.contains("TLS"), "{err}");
+        }
+        for url in [
+            "postgres://u@db/x",
+            "postgres://u@db/x?sslmode=disable",
+            "postgres://u@db/x?sslmode=prefer",
+            "postgresql://u@db/x?application_name=a&sslmode=allow",
+        ] {
+            let pg = settings(url, t).unwrap();
+            assert_eq!(
+                pg.get_ssl_mode(),
+                tokio_postgres::config::SslMode::Disable,
+                "{url}"
+            );
+            assert_eq!(pg.get_connect_timeout(), Some(&t));
+            assert!(pg.get_keepalives());
+        }
     }
 
     #[tokio::test]

@@ -61,7 +61,6 @@ struct Inner {
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
-    sync: Synchronous,
 }
 
 /// SQLite implementation of [`Store`].
@@ -115,7 +114,6 @@ impl SqliteStore {
                 writer: Mutex::new(writer),
                 readers,
                 next_reader: AtomicUsize::new(0),
-                sync,
             }),
         })
     }
@@ -788,19 +786,12 @@ impl Store for SqliteStore {
         now: Millis,
         lease_until: Millis,
     ) -> Result<Vec<Claim>> {
-        let sync = self.inner.sync;
-        self.write(move |c| {
-            // Leases need no durability: every lease is released at open (one process per
-            // data folder), and a lost cancel is found again at the next claim. Skipping
-            // the fsync keeps claims cheap; the next synced commit flushes them anyway.
-            c.pragma_update(None, "synchronous", "OFF")?;
-            let result = claim_tx(c, ids, &node, now, lease_until);
-            let restored = c.pragma_update(None, "synchronous", sync.as_pragma());
-            let out = result?;
-            restored?;
-            Ok(out)
-        })
-        .await
+        // Claims commit on the writer at its configured durability. Leases would not need
+        // it (every lease is released at open), but switching `synchronous` off around a
+        // claim would leave the connection that commits readings unsynced whenever the
+        // switch back failed or a panic cut it short; an fsync per claim is the safer cost.
+        self.write(move |c| claim_tx(c, ids, &node, now, lease_until))
+            .await
     }
 
     async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
@@ -1188,6 +1179,85 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
         conformance::run_all(Arc::new(store)).await;
+    }
+
+    /// A claim commits on the writer, whose durability is the configured one all along:
+    /// a trigger records `PRAGMA synchronous` as the claim's lease update runs.
+    #[tokio::test]
+    async fn claims_keep_the_writers_durability() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+        let id = SensorId::parse("durable").unwrap();
+        store
+            .create_sensor(Sensor {
+                id,
+                address: "here".into(),
+                heartbeat_timeout_s: None,
+                created_at: 1,
+            })
+            .await
+            .unwrap();
+        store
+            .create_client(Client {
+                id: "c".into(),
+                name: "c".into(),
+                url: "http://127.0.0.1:9/".into(),
+                secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+                created_at: 1,
+            })
+            .await
+            .unwrap();
+        store.link("c".into(), id, 1).await.unwrap();
+        let batch = CommitBatch {
+            readings: vec![],
+            states: vec![crate::store::StateUpdate {
+                sensor_id: id,
+                data: Some(true),
+                changed_at: Some(1),
+                last_ts: Some(1),
+                last_seen_at: Some(1),
+                connection: Conn::Online,
+            }],
+            events: vec![Event {
+                sensor_id: id,
+                kind: EventKind::StateChanged,
+                at: 1,
+                data: Some(true),
+                previous: None,
+                last_seen_at: None,
+            }],
+        };
+        let n = store.commit(batch, 1).await.unwrap().remove(0);
+        {
+            let c = Connection::open(dir.path().join("latch.db")).unwrap();
+            c.execute_batch(
+                "CREATE TABLE probe (synchronous INTEGER);
+                 CREATE TRIGGER probe_sync AFTER UPDATE ON notifications BEGIN
+                   INSERT INTO probe SELECT synchronous FROM pragma_synchronous;
+                 END;",
+            )
+            .unwrap();
+        }
+        let claimed = store
+            .claim(vec![n.id.clone()], "node".into(), 2, 10_000)
+            .await
+            .unwrap();
+        assert!(matches!(claimed[0], Claim::Send(_)), "{claimed:?}");
+        let seen: Vec<i64> = store
+            .write(|c| {
+                let mut s = c.prepare("SELECT synchronous FROM probe")?;
+                let seen = s
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                Ok(seen)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            seen,
+            vec![2],
+            "PRAGMA synchronous of the writer during the claim (FULL = 2)"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
+use crate::utils::fault::{CommitFault, counter};
 use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
 
 fn url() -> String {
@@ -163,7 +164,13 @@ async fn bad_messages_are_dead_lettered_with_reasons() {
         ]
     );
     assert_eq!(reasons[0].1, bodies[0], "the original body is kept");
-    assert_eq!(s.reading_count(&id).await, 1, "the good one applied");
+    // It may be in a later batch than the bad ones, so committed after they were moved.
+    let (server, id) = (&s, id.as_str());
+    eventually(10, "the good one applied", || async move {
+        (server.reading_count(id).await >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(s.reading_count(id).await, 1, "the good one applied once");
     s.stop().await;
     assert_eq!(declare(&ch, &queue).await, 0, "the main queue ends empty");
 }
@@ -277,4 +284,165 @@ async fn broker_closing_the_connection_loses_nothing() {
         "the reconnect is counted"
     );
     s.stop().await;
+}
+
+#[tokio::test]
+async fn a_huge_bad_message_is_dead_lettered_and_the_rest_applies() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let server = start(&queue).await;
+    let s = &server;
+    let id = unique("am");
+    s.sensor(&id).await;
+    // The rejection quotes `data`: 200 KB of it, more than one AMQP frame holds.
+    let huge = json!({"sensor_id": id, "data": "x".repeat(200_000)})
+        .to_string()
+        .into_bytes();
+    publish(&ch, &queue, &huge, None).await;
+    for d in [1, 0] {
+        let body = json!({"sensor_id": id, "data": d}).to_string();
+        publish(&ch, &queue, body.as_bytes(), None).await;
+    }
+    let id = id.as_str();
+    eventually(20, "the good readings applied", || async move {
+        let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+        (s.reading_count(id).await == 2 && body["status"]["data"] == 0).then_some(())
+    })
+    .await;
+    let dlq = format!("{queue}.dlq");
+    let m = ch
+        .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the huge message dead-lettered");
+    assert_eq!(m.data, huge, "the original body is kept");
+    let headers = m.properties.headers().clone().unwrap_or_default();
+    match headers.inner().get("x-latch-reason") {
+        Some(AMQPValue::LongString(r)) => assert_eq!(r.to_string(), "invalid_data"),
+        other => panic!("no reason header: {other:?}"),
+    }
+    match headers.inner().get("x-latch-error") {
+        Some(AMQPValue::LongString(e)) => {
+            let e = e.to_string();
+            assert!(e.len() <= 1024, "bounded: {} bytes", e.len());
+            assert!(e.starts_with("data must be 0 or 1"), "{e}");
+        }
+        other => panic!("no error header: {other:?}"),
+    }
+    assert_eq!(declare(&ch, &dlq).await, 0, "dead-lettered once");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn dedup_uses_the_amqp_message_id_only() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let server = start(&queue).await;
+    let s = &server;
+    let (a, b, c) = (unique("am"), unique("am"), unique("am"));
+    for id in [&a, &b, &c] {
+        s.sensor(id).await;
+    }
+    // Two sensors' readings that happen to carry the same JSON "id": not part of the
+    // reading contract, so both apply.
+    let shared = unique("id");
+    for id in [&a, &b] {
+        let body = json!({"id": shared, "sensor_id": id, "data": 1}).to_string();
+        publish(&ch, &queue, body.as_bytes(), None).await;
+        eventually(10, "each reading applied", || async move {
+            (s.reading_count(id).await == 1).then_some(())
+        })
+        .await;
+    }
+    // One message published twice with the same message_id applies once, whether the
+    // copies arrive together or one after the other was applied.
+    let mid = unique("m");
+    let one = json!({"sensor_id": c, "data": 1}).to_string();
+    publish(&ch, &queue, one.as_bytes(), Some(&mid)).await;
+    publish(&ch, &queue, one.as_bytes(), Some(&mid)).await;
+    let c = c.as_str();
+    eventually(10, "the first copy applied", || async move {
+        (s.reading_count(c).await >= 1).then_some(())
+    })
+    .await;
+    publish(&ch, &queue, one.as_bytes(), Some(&mid)).await;
+    // A later reading of the same sensor: once it is applied, every copy before it was
+    // handled (one sensor's readings apply in order).
+    let after = json!({"sensor_id": c, "data": 0}).to_string();
+    publish(&ch, &queue, after.as_bytes(), Some(&unique("m"))).await;
+    eventually(10, "the later reading applied", || async move {
+        let (_, body) = s.get(&format!("/v1/sensors/{c}")).await;
+        (body["status"]["data"] == 0).then_some(())
+    })
+    .await;
+    assert_eq!(s.reading_count(c).await, 2, "the copies applied once");
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("latch_amqp_duplicates_total"),
+        "duplicates counted"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn readings_whose_commit_failed_are_redelivered_never_dead_lettered() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let server = start(&queue).await;
+    let s = &server;
+    // Commits fail only for the "fx" sensors: with shards, a batch may then commit in
+    // part, and the rest must come again in order.
+    let failing: Vec<String> = (0..5).map(|_| unique("fx")).collect();
+    let fine: Vec<String> = (0..5).map(|_| unique("ok")).collect();
+    for id in failing.iter().chain(&fine) {
+        s.sensor(id).await;
+    }
+    let fault = CommitFault::new(&s.dir);
+    let failures = counter(s, "latch_commit_failures_total").await;
+    fault.fail("fx").await;
+    for d in [1, 0] {
+        for id in failing.iter().chain(&fine) {
+            let body = json!({"sensor_id": id, "data": d}).to_string();
+            publish(&ch, &queue, body.as_bytes(), None).await;
+        }
+    }
+    eventually(20, "commits failing, and tried again", || async move {
+        (counter(s, "latch_commit_failures_total").await >= failures + 2.0).then_some(())
+    })
+    .await;
+    for id in &failing {
+        assert_eq!(
+            s.reading_count(id).await,
+            0,
+            "nothing of {id} committed yet"
+        );
+    }
+    fault.heal().await;
+    for id in failing.iter().chain(&fine) {
+        eventually(30, "both readings applied, in order", || async move {
+            let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+            (s.reading_count(id).await >= 2 && body["status"]["data"] == 0).then_some(())
+        })
+        .await;
+    }
+    eventually(20, "queue drained", || async {
+        (declare(&ch, &queue).await == 0).then_some(())
+    })
+    .await;
+    let dlq = format!("{queue}.dlq");
+    assert_eq!(
+        declare(&ch, &dlq).await,
+        0,
+        "a store failure is no dead letter"
+    );
+    server.stop().await;
 }

@@ -72,6 +72,62 @@ fn deliver_bench_accounts_for_every_notification() {
 }
 
 #[test]
+fn soak_bench_delivers_everything_and_reads_rss_three_times() {
+    let r = bench(&[
+        "soak",
+        "--notifications",
+        "2000",
+        "--warmup",
+        "400",
+        "--sensors",
+        "500",
+        "--clients",
+        "2",
+        "--window",
+        "200",
+        "--batch",
+        "50",
+        "--drain",
+        "60s",
+    ]);
+    let n = |k: &str| num(&r, k);
+    assert_eq!(n("notifications"), 2000.0, "{r}");
+    // Every notification ended, and each request was a delivery: none sent twice.
+    assert_eq!(n("delivered") + n("ended_otherwise"), 2000.0, "{r}");
+    assert_eq!(n("pending_left"), 0.0, "{r}");
+    assert_eq!(n("webhook_requests"), n("delivered"), "{r}");
+    // The readings are where they were asked for: after the warm-up, halfway through the
+    // rest, at the end.
+    assert_eq!(n("warmup_notifications"), 400.0, "{r}");
+    assert_eq!(n("middle_at_notifications"), 1200.0, "{r}");
+    assert_eq!(n("end_at_notifications"), 2000.0, "{r}");
+    let (start, middle, end) = (n("rss_start_mib"), n("rss_middle_mib"), n("rss_end_mib"));
+    assert!(start > 0.0 && middle > 0.0 && end > 0.0, "{r}");
+    // The growth figures are the readings' own, to the rounding of the MiB figures (each
+    // printed to 0.05 MiB, which moves a ratio of small figures by more than a point).
+    assert_growth_matches(start, end, n("rss_growth_start_to_end_pct"), &r);
+    assert_growth_matches(middle, end, n("rss_growth_middle_to_end_pct"), &r);
+    let (start, end) = (n("rss_anon_start_mib"), n("rss_anon_end_mib"));
+    assert!(start > 0.0 && start < n("rss_start_mib"), "{r}");
+    assert_growth_matches(start, end, n("rss_anon_growth_start_to_end_pct"), &r);
+    assert!(n("heap_in_use_start_mib") > 0.0, "{r}");
+    assert!(n("delivered_per_s") > 0.0, "{r}");
+}
+
+/// Checks that `reported` (a percentage from unrounded figures) lies within what the
+/// MiB figures, each rounded to one decimal, allow.
+fn assert_growth_matches(from: f64, to: f64, reported: f64, r: &Value) {
+    let half = 0.05;
+    let low = ((to - half) / (from + half) - 1.0) * 100.0;
+    let high = ((to + half) / (from - half) - 1.0) * 100.0;
+    // The reported percentage is itself printed to one decimal.
+    assert!(
+        reported >= low - 0.05 && reported <= high + 0.05,
+        "{reported} outside [{low:.2}, {high:.2}] for {from} -> {to}: {r}"
+    );
+}
+
+#[test]
 fn ingest_bench_counts_accepted_readings() {
     let r = bench(&[
         "ingest",

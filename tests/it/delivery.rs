@@ -1,6 +1,8 @@
 //! Webhook delivery against real local receivers: order, signatures, retries, dead letters,
 //! supersede, registry at send time, crash safety.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -333,6 +335,83 @@ async fn unlinking_cancels_pending_notifications() {
     s.stop().await;
 }
 
+/// A server answering every request with `status` and `Location: location`.
+async fn redirecting(status: u16, location: &str) -> String {
+    let location = location.to_string();
+    let app = axum::Router::new().fallback(move || {
+        let location = location.clone();
+        async move {
+            (
+                StatusCode::from_u16(status).unwrap(),
+                [(axum::http::header::LOCATION, location)],
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// A server that counts every request it gets, whatever its method, and answers 200.
+async fn counting() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        let seen = seen.clone();
+        async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+            StatusCode::OK
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/elsewhere", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, hits)
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed_and_fail_the_attempt() {
+    let s = TestServer::start_with(|c| c.retry_max_attempts = 2).await;
+    let (elsewhere, hits) = counting().await;
+    for status in [303u16, 307, 308] {
+        let sensor = unique("rd");
+        s.sensor(&sensor).await;
+        let client = s.client(&redirecting(status, &elsewhere).await).await;
+        s.link(&client, &sensor).await;
+        s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+        let failed = eventually(15, "a failed notification", || async {
+            s.notifications(&format!("sensor_id={sensor}&status=failed"))
+                .await
+                .pop()
+        })
+        .await;
+        let (_, detail) = s
+            .get(&format!(
+                "/v1/notifications/{}",
+                failed["id"].as_str().unwrap()
+            ))
+            .await;
+        let codes: Vec<Value> = detail["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["status_code"].clone())
+            .collect();
+        assert_eq!(
+            codes,
+            vec![json!(status), json!(status)],
+            "each {status} is a failed attempt, retried, then dead-lettered: {detail}"
+        );
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "nothing (no POST, no GET, no signature) reaches the redirect target"
+    );
+    s.stop().await;
+}
+
 /// Runs the real binary, so it can be killed with SIGKILL.
 pub(crate) struct Process {
     child: std::process::Child,
@@ -389,9 +468,30 @@ impl Process {
         .await;
     }
 
+    /// Waits until it answers `/healthz` (it may not be ready: a broker it cannot reach).
+    pub(crate) async fn alive(&self, http: &reqwest::Client) {
+        eventually(20, "latch process alive", || async {
+            http.get(format!("{}/healthz", self.base))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ())
+        })
+        .await;
+    }
+
     pub(crate) fn kill9(mut self) {
         self.child.kill().unwrap(); // SIGKILL on Unix
         self.child.wait().unwrap();
+    }
+}
+
+/// A test that fails midway leaves no latch running.
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -380,3 +380,55 @@ async fn latch_killed_with_rows_in_the_spool_ships_them_after_restart() {
     );
     p.kill9();
 }
+
+#[tokio::test]
+async fn ten_years_of_backfilled_readings_ship() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = private(&tmp.path().join("clickhouse")).await else {
+        return;
+    };
+    let url = ch.url();
+    let s = TestServer::start_with(|c| {
+        c.clickhouse_url = Some(url.clone());
+        c.clickhouse_flush = Duration::from_millis(100);
+    })
+    .await;
+    let sensor = unique("y");
+    s.sensor(&sensor).await;
+    // One reading every month for ten years, sent in one request: one shipment whose rows
+    // fall into 120 monthly partitions (ClickHouse takes at most 100 per insert).
+    let start = time::parse("2016-01-15T12:00:00Z").unwrap();
+    let month = 30 * 24 * 3600 * 1000_i64 + 10 * 3600 * 1000;
+    let ts: Vec<String> = (0..122).map(|i| time::format(start + i * month)).collect();
+    let batch: Vec<Value> = ts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"sensor_id": sensor, "data": i % 2, "ts": t}))
+        .collect();
+    s.readings(Value::Array(batch)).await;
+    let in_ch = format!("SELECT count() FROM latch.readings WHERE sensor_id = '{sensor}'");
+    eventually(30, "ten years of readings in ClickHouse", || async {
+        (count(&url, &in_ch).await? == 122).then_some(())
+    })
+    .await;
+    let months = format!(
+        "SELECT uniqExact(toYYYYMM(toDateTime(intDiv(ts, 1000)))) FROM latch.readings \
+         WHERE sensor_id = '{sensor}'"
+    );
+    assert!(count(&url, &months).await.unwrap() > 100);
+    eventually(30, "the spool emptied", || async {
+        let (_, m) = s.get("/metrics").await;
+        let m = m.as_str().unwrap_or("").to_string();
+        m.lines()
+            .any(|l| l == "latch_history_spool_rows 0")
+            .then_some(())
+    })
+    .await;
+    let read: Vec<String> = all_readings(&s, &sensor, 1000)
+        .await
+        .iter()
+        .map(|r| r["ts"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(read, ts);
+    s.stop().await;
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 use serde_json::{Value, json};
 
+use crate::utils::fault::{CommitFault, counter};
 use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
 
 const HOST: &str = "127.0.0.1";
@@ -15,12 +16,17 @@ const PORT: u16 = 1883;
 /// Publishes each `(topic, payload)` at QoS 1 and waits for every PUBACK; `false` (outside
 /// CI) when there is no broker.
 async fn publish(messages: &[(String, Vec<u8>)]) -> bool {
+    publish_with(messages, false).await
+}
+
+/// [`publish`], with the retain flag as given.
+async fn publish_with(messages: &[(String, Vec<u8>)], retain: bool) -> bool {
     let mut o = MqttOptions::new(unique("pub"), HOST, PORT);
     o.set_keep_alive(Duration::from_secs(5));
     let (client, mut events) = AsyncClient::new(o, messages.len() + 10);
     for (t, p) in messages {
         client
-            .publish(t.clone(), QoS::AtLeastOnce, false, p.clone())
+            .publish(t.clone(), QoS::AtLeastOnce, retain, p.clone())
             .await
             .unwrap();
     }
@@ -140,5 +146,90 @@ async fn readings_published_while_latch_is_stopped_arrive_after_start() {
         .await;
     }
     s.stop().await;
+    drop(keep);
+}
+
+async fn ready(s: &TestServer) -> bool {
+    s.get("/readyz").await.0.is_success()
+}
+
+#[tokio::test]
+async fn readings_whose_commit_failed_are_resent_by_the_broker() {
+    if !broker_up().await {
+        return;
+    }
+    let prefix = unique("t");
+    let s = start_in(None, &prefix, &unique("latch")).await;
+    let ids: Vec<String> = (0..5).map(|_| unique("mq")).collect();
+    for id in &ids {
+        s.sensor(id).await;
+    }
+    let fault = CommitFault::new(&s.dir);
+    fault.fail("").await;
+    let msgs: Vec<_> = ids
+        .iter()
+        .flat_map(|id| {
+            let topic = format!("{prefix}/{id}/state");
+            [(topic.clone(), b"1".to_vec()), (topic, b"0".to_vec())]
+        })
+        .collect();
+    assert!(publish(&msgs).await);
+    eventually(20, "/readyz 503 while commits fail", || async {
+        (!ready(&s).await).then_some(())
+    })
+    .await;
+    // The broker resent them at least once more, and that failed too.
+    eventually(30, "a second reconnect for the failed readings", || async {
+        (counter(&s, "latch_source_reconnects_total{source=\"mqtt\"}").await >= 2.0).then_some(())
+    })
+    .await;
+    assert!(!ready(&s).await, "still not ready while commits fail");
+    for id in &ids {
+        assert_eq!(s.reading_count(id).await, 0, "nothing applied yet");
+    }
+    fault.heal().await;
+    for id in &ids {
+        let s = &s;
+        eventually(30, "both readings applied after recovery", || async move {
+            let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+            (s.reading_count(id).await >= 2 && body["status"]["data"] == 0).then_some(())
+        })
+        .await;
+    }
+    eventually(20, "/readyz 200 after recovery", || async {
+        ready(&s).await.then_some(())
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn retained_messages_are_not_readings() {
+    if !broker_up().await {
+        return;
+    }
+    let prefix = unique("t");
+    let s = start_in(None, &prefix, &unique("latch")).await;
+    let id = unique("mq");
+    s.sensor(&id).await;
+    let dir = s.dir.clone();
+    let keep = s.stop().await;
+    let topic = format!("{prefix}/{id}/state");
+    // The broker's stored value, sent again to every new subscription.
+    assert!(publish_with(&[(topic.clone(), b"1".to_vec())], true).await);
+    // A new session subscribes, so the broker sends the retained message.
+    let server = start_in(Some(&dir), &prefix, &unique("latch")).await;
+    assert!(publish(&[(topic.clone(), b"0".to_vec())]).await);
+    let (s, id) = (&server, id.as_str());
+    eventually(10, "the live reading applied", || async move {
+        let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+        (body["status"]["data"] == 0).then_some(())
+    })
+    .await;
+    assert_eq!(s.reading_count(id).await, 1, "only the live reading kept");
+    assert!(counter(s, "latch_mqtt_retained_ignored_total").await >= 1.0);
+    // Clears the retained message from the broker.
+    assert!(publish_with(&[(topic, Vec::new())], true).await);
+    server.stop().await;
     drop(keep);
 }

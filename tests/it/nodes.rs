@@ -151,3 +151,72 @@ async fn a_sensor_registered_through_one_node_is_known_to_the_other() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn two_nodes_starting_together_on_a_new_database_both_start() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let Some(url) = shared_database(dir_a.path()).await else {
+        return;
+    };
+    let u = url.clone();
+    // What the nodes log (both run on this test's thread).
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    // Both prepare the empty schema at the same moment: migrations and the monthly
+    // partitions of the history tables are made once, by whichever node comes first.
+    let (a, b) = tokio::join!(
+        TestServer::start_in(dir_a.path(), move |c| c.database_url = Some(u)),
+        TestServer::start_in(dir_b.path(), move |c| c.database_url = Some(url.clone())),
+    );
+    let id = unique("j");
+    a.sensor(&id).await;
+    let reading = json!({"sensor_id": id, "data": 1});
+    eventually(10, "node B accepts a sensor registered on A", || async {
+        let (_, body) = b.post("/v1/readings", reading.clone()).await;
+        (body["accepted"] == 1).then_some(())
+    })
+    .await;
+    let (status, hist) = a.get(&format!("/v1/sensors/{id}/readings")).await;
+    assert_eq!(status, 200, "{hist}");
+    assert_eq!(hist["items"].as_array().map(Vec::len), Some(1), "{hist}");
+    let logged = logs.text();
+    assert!(
+        !logged.contains("partition"),
+        "no node failed on a history partition:\n{logged}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Log lines written by a test's subscriber.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}

@@ -52,6 +52,7 @@ async fn each_reading_is_judged_on_its_own() {
     let r = s
         .http
         .post(format!("{}/v1/readings", s.base))
+        .header("content-type", "application/json")
         .body("{\"sensor_id\": ")
         .send()
         .await
@@ -64,7 +65,8 @@ async fn each_reading_is_judged_on_its_own() {
         .map(|_| json!({"sensor_id": id, "data": 1}))
         .collect();
     let (st, body) = s.post("/v1/readings", Value::Array(too_many)).await;
-    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_readings", "{body}");
 
     let (_, metrics) = s.get("/metrics").await;
     let metrics = metrics.as_str().unwrap().to_string();

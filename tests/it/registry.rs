@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use serde_json::json;
 
-use crate::utils::{TestServer, unique};
+use crate::utils::{TestServer, database_url, eventually, unique};
 
 #[tokio::test]
 async fn contract_sample_ids_are_accepted() {
@@ -100,7 +100,11 @@ async fn sensor_lifecycle() {
             json!({"id": "other", "address": "x"}),
         )
         .await;
-    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(
+        st,
+        StatusCode::CONFLICT,
+        "an id differing from the path: {body}"
+    );
     let (st, _) = s.put("/v1/sensors/missing1", json!({"address": "x"})).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
 
@@ -116,6 +120,113 @@ async fn sensor_lifecycle() {
         .post("/v1/readings", json!({"sensor_id": id, "data": 1}))
         .await;
     assert_eq!(body["rejected"][0]["code"], "unknown_sensor");
+    s.stop().await;
+}
+
+/// Makes the service's store refuse (or allow again) deleting sensors, as a failing disk or a
+/// lost database would: a trigger in the test's own SQLite file or PostgreSQL schema.
+async fn refuse_sensor_deletes(s: &TestServer, refuse: bool) {
+    match database_url(&s.dir).await {
+        Some(url) => {
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            c.batch_execute(if refuse {
+                "CREATE OR REPLACE FUNCTION latch_test_refuse() RETURNS trigger \
+                 LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected: deletes refused'; END $$; \
+                 CREATE TRIGGER latch_test_refuse BEFORE DELETE ON sensors \
+                 FOR EACH ROW EXECUTE FUNCTION latch_test_refuse()"
+            } else {
+                "DROP TRIGGER latch_test_refuse ON sensors"
+            })
+            .await
+            .unwrap();
+        }
+        None => {
+            let c = rusqlite::Connection::open(s.dir.join("latch.db")).unwrap();
+            c.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+            c.execute_batch(if refuse {
+                "CREATE TRIGGER latch_test_refuse BEFORE DELETE ON sensors \
+                 BEGIN SELECT RAISE(ABORT, 'injected: deletes refused'); END"
+            } else {
+                "DROP TRIGGER latch_test_refuse"
+            })
+            .unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_delete_the_store_refuses_leaves_the_sensor_whole() {
+    let s = TestServer::start().await;
+    let id = unique("dl");
+    s.sensor(&id).await;
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+
+    refuse_sensor_deletes(&s, true).await;
+    let (st, body) = s.delete(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (st, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(st, StatusCode::OK, "still registered: {body}");
+    // Still tracked: its readings are accepted and change its state.
+    s.readings(json!({"sensor_id": id, "data": 0})).await;
+    let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(body["status"]["data"], 0, "{body}");
+    assert_eq!(s.reading_count(&id).await, 2);
+
+    // Once the store takes the delete, it is gone everywhere.
+    refuse_sensor_deletes(&s, false).await;
+    let (st, body) = s.delete(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+    let (_, body) = s
+        .post("/v1/readings", json!({"sensor_id": id, "data": 1}))
+        .await;
+    assert_eq!(body["rejected"][0]["code"], "unknown_sensor", "{body}");
+    s.sensor(&id).await;
+    assert_eq!(s.reading_count(&id).await, 0, "nothing of it was left");
+    let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(body["status"]["connection"], "unknown", "{body}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_delete_racing_readings_leaves_nothing_of_the_sensor() {
+    let s = TestServer::start().await;
+    for _ in 0..10 {
+        let id = unique("rc");
+        s.sensor(&id).await;
+        // Readings keep coming while the sensor is deleted, so commits are in flight.
+        let poster = {
+            let (base, http, id) = (s.base.clone(), s.http.clone(), id.clone());
+            tokio::spawn(async move {
+                for _ in 0..40 {
+                    let pair = json!([{"sensor_id": id, "data": 1}, {"sensor_id": id, "data": 0}]);
+                    let r = http.post(format!("{base}/v1/readings")).json(&pair);
+                    let _ = r.send().await;
+                }
+            })
+        };
+        eventually(10, "the first readings stored", || async {
+            (s.reading_count(&id).await > 0).then_some(())
+        })
+        .await;
+        let (st, body) = s.delete(&format!("/v1/sensors/{id}")).await;
+        assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+        let (_, body) = s
+            .post("/v1/readings", json!({"sensor_id": id, "data": 1}))
+            .await;
+        assert_eq!(body["rejected"][0]["code"], "unknown_sensor", "{body}");
+        poster.await.unwrap();
+
+        // A sensor registered again under the id starts from nothing.
+        s.sensor(&id).await;
+        assert_eq!(s.reading_count(&id).await, 0, "readings of {id} were left");
+        let (_, body) = s.get(&format!("/v1/sensors/{id}")).await;
+        assert_eq!(body["status"]["connection"], "unknown", "{body}");
+        let (_, events) = s.get(&format!("/v1/sensors/{id}/events")).await;
+        assert_eq!(events["items"], json!([]), "{events}");
+    }
     s.stop().await;
 }
 
@@ -150,8 +261,13 @@ async fn pagination_walks_every_item_once() {
     assert_eq!(seen, ids);
     let (st, _) = s.get("/v1/sensors?limit=1001").await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
-    let (st, body) = s.get("/v1/sensors?cursor=%%%").await;
+    // A cursor is a position among keys: for ids any text has one; a sequence number
+    // must be a number.
+    let (st, body) = s.get("/v1/sensors?cursor=zzzz").await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let (st, body) = s.get("/v1/notifications?cursor=abc").await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_cursor", "{body}");
     let (_, body) = s.get("/v1/sensors").await;
     assert_eq!(
         body["items"].as_array().unwrap().len(),

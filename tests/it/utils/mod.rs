@@ -14,6 +14,8 @@ use latch::config::Config;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+pub mod fault;
+
 /// A running latch, stopped gracefully by [`TestServer::stop`].
 pub struct TestServer {
     pub base: String,

@@ -1,0 +1,355 @@
+//! `latch bench soak`: memory over millions of deliveries.
+//!
+//! Every reading flips its sensor, so each one makes a notification per linked client,
+//! and each is delivered to a local receiver that only counts (it keeps nothing, so the
+//! process's memory is latch's). Load is paced by a window of undelivered notifications:
+//! pending work stays bounded, so memory may grow only with the work *done* — which is the
+//! defect this looks for. RSS is read three times, each with the outbox drained (the same
+//! pending work, none) and freed heap handed back to the OS: after a warm-up, halfway
+//! through the rest, and at the end. The goal is flat after warm-up: under 5 % growth.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{Receiver, Report, Server};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Notifications to deliver in all, warm-up included.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub notifications: u64,
+    /// Notifications delivered before the first reading, for caches, pools and the
+    /// allocator to reach their working size; 10 % of `--notifications` by default.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Sensors changed in rotation.
+    #[arg(long, default_value_t = 20_000)]
+    pub sensors: usize,
+    /// Clients each sensor is linked to (each with its own receiver).
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
+    /// Most notifications sent and not yet delivered. Kept below sensors × clients, so a
+    /// sensor's next change is mostly sent after its previous one went out; one whose lane
+    /// waited (a claim that came back later) is superseded instead, as latch should.
+    #[arg(long, default_value_t = 10_000)]
+    pub window: u64,
+    /// Readings per request.
+    #[arg(long, default_value_t = 500)]
+    pub batch: usize,
+    /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Longest wait for the outbox to drain at each reading.
+    #[arg(long, default_value = "300s", value_parser = crate::config::parse_duration)]
+    pub drain: Duration,
+}
+
+/// One RSS reading.
+struct Reading {
+    delivered: u64,
+    /// `VmRSS`: all resident memory, the binary's own pages included.
+    rss: u64,
+    /// `RssAnon`: resident memory not backed by a file — the heap and stacks, where a
+    /// leak shows. The rest is mostly code of the binary, paged in as it first runs.
+    anon: u64,
+    /// Held by SQLite's allocator (its page caches, mostly): bounded by `cache_size` per
+    /// connection, so it grows during a warm-up and then stays.
+    sqlite: u64,
+    /// Bytes the Rust heap has handed out and not freed (glibc's `mallinfo2`): flat with
+    /// a growing RSS means fragmentation, growing with it means something is kept.
+    heap: u64,
+}
+
+/// Bytes in use in the C heap (the Rust one too: it is the system allocator).
+fn heap_in_use() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: a read of the allocator's statistics, no arguments.
+        let info = unsafe { libc::mallinfo2() };
+        (info.uordblks + info.hblkhd) as u64
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        0
+    }
+}
+
+/// Bytes SQLite's allocator holds in this process.
+fn sqlite_bytes() -> u64 {
+    // SAFETY: a read of SQLite's global memory statistic; thread-safe, no arguments.
+    let used = unsafe { rusqlite::ffi::sqlite3_memory_used() };
+    used.max(0) as u64
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub async fn run(args: Args) -> anyhow::Result<Report> {
+    let clients_n = args.clients.max(1) as u64;
+    let changes = args.notifications / clients_n;
+    let total = changes * clients_n;
+    let warmup = args.warmup.unwrap_or(total / 10).min(total);
+    anyhow::ensure!(changes > 0, "--notifications must be at least --clients");
+    anyhow::ensure!(
+        args.window < (args.sensors as u64) * clients_n,
+        "--window must be below sensors × clients, or newer changes would supersede pending ones"
+    );
+    // Whole batches fit the window.
+    let batch = args
+        .batch
+        .clamp(1, (args.window / clients_n).max(1) as usize);
+
+    let (dir, _tmp) = super::data_dir(None)?;
+    let mut receivers = Vec::new();
+    for _ in 0..clients_n {
+        let r = Receiver::start().await?;
+        r.state.count_only.store(true, Ordering::Relaxed);
+        receivers.push(r);
+    }
+    let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
+    let ids = super::sensor_ids(args.sensors);
+    let (config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
+    super::import(&config, &ids, &clients, None).await?;
+    let server = Server::start(config).await?;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/readings", server.base);
+    let metrics_url = format!("{}/metrics", server.base);
+    let states: Vec<_> = receivers.iter().map(|r| r.state.clone()).collect();
+    let requests = move || -> u64 { states.iter().map(|s| s.ok.load(Ordering::Relaxed)).sum() };
+    let progress = super::progress("soak", "webhooks delivered", requests.clone());
+
+    // Where to read RSS, by notifications sent (and then all delivered).
+    let marks = [warmup, warmup + (total - warmup) / 2, total];
+    let mut readings: Vec<Reading> = Vec::new();
+    let started = Instant::now();
+    let mut paused = Duration::ZERO;
+    let mut sent_changes = 0u64;
+    let mut body = String::with_capacity(batch * 40);
+    for mark in marks {
+        while sent_changes * clients_n < mark {
+            let n = (batch as u64).min(mark.div_ceil(clients_n) - sent_changes);
+            // Pace: wait for room in the window.
+            let wait_until = Instant::now() + args.drain;
+            while (sent_changes + n) * clients_n > requests() + args.window {
+                anyhow::ensure!(
+                    Instant::now() < wait_until,
+                    "deliveries stalled: {} sent, {} delivered",
+                    sent_changes * clients_n,
+                    requests()
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            body.clear();
+            body.push('[');
+            for k in sent_changes..sent_changes + n {
+                let sensor = &ids[(k % args.sensors as u64) as usize];
+                let data = u8::from((k / args.sensors as u64).is_multiple_of(2));
+                if k > sent_changes {
+                    body.push(',');
+                }
+                body.push_str(&format!(r#"{{"sensor_id":"{sensor}","data":{data}}}"#));
+            }
+            body.push(']');
+            let resp = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await?;
+            anyhow::ensure!(
+                resp.status().as_u16() == 202,
+                "readings refused: {}",
+                resp.status()
+            );
+            sent_changes += n;
+        }
+        // Drain, so every reading is taken with the same pending work: none. Watched at
+        // the receivers only: a scrape of `/metrics` would fold the histograms (a latch
+        // nobody scrapes is the case to measure), and an API read would fill the store's
+        // reader caches, which nothing else in this run uses.
+        let drain_started = Instant::now();
+        let sent = sent_changes * clients_n;
+        let deadline = drain_started + args.drain;
+        let mut last = (requests(), Instant::now());
+        while requests() < sent {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the outbox did not drain within {:?} ({sent} sent, {} delivered)",
+                args.drain,
+                requests()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            // A change may supersede an older one whose lane waited (a retry, a claim
+            // that came back later): the receivers never see that one. When they have
+            // seen nothing new for a second, the store's own pending count decides.
+            let now = (requests(), Instant::now());
+            if now.0 != last.0 {
+                last = now;
+            } else if now.1 - last.1 >= Duration::from_secs(1) {
+                let text = http.get(&metrics_url).send().await?.text().await?;
+                if super::metric_sum(&text, "latch_notifications_pending") == 0.0 {
+                    break;
+                }
+                last = now;
+            }
+        }
+        // Idle a little longer than one metrics upkeep: the last results are recorded,
+        // and what the upkeep folds away is gone at every reading alike.
+        tokio::time::sleep(SETTLE).await;
+        paused += drain_started.elapsed();
+        super::trim_heap();
+        let (rss, anon) = (status_bytes("VmRSS:"), status_bytes("RssAnon:"));
+        let (sqlite, heap) = (sqlite_bytes(), heap_in_use());
+        eprintln!(
+            "soak: RSS {:.1} MiB ({:.1} MiB anonymous; heap in use {:.1} MiB, {:.1} MiB of it SQLite's) after {sent} notifications",
+            rss as f64 / MIB,
+            anon as f64 / MIB,
+            heap as f64 / MIB,
+            sqlite as f64 / MIB
+        );
+        readings.push(Reading {
+            delivered: sent,
+            rss,
+            anon,
+            sqlite,
+            heap,
+        });
+    }
+    let secs = started.elapsed().as_secs_f64();
+    progress.abort();
+    let text = http.get(&metrics_url).send().await?.text().await?;
+    let ended = super::metric_sum(&text, "latch_notifications_total");
+    let delivered = status_sum(&text, "delivered");
+    let pending = super::metric_sum(&text, "latch_notifications_pending");
+    let webhook_requests = requests();
+    server.stop().await?;
+    if let Some(pg) = pg {
+        pg.drop().await?;
+    }
+
+    let [start, middle, end] = [&readings[0], &readings[1], &readings[2]];
+    let growth = |a: u64, b: u64| (b as f64 / a as f64 - 1.0) * 100.0;
+    let mut r = Report::new("soak");
+    r.add("notifications", total as f64, "notifications");
+    r.add("delivered", delivered, "notifications");
+    r.add("ended_otherwise", ended - delivered, "notifications");
+    r.add("pending_left", pending, "notifications");
+    r.add("webhook_requests", webhook_requests as f64, "requests");
+    r.add(
+        "warmup_notifications",
+        start.delivered as f64,
+        "notifications",
+    );
+    r.add("rss_start_mib", round1(start.rss as f64 / MIB), "MiB");
+    r.add(
+        "middle_at_notifications",
+        middle.delivered as f64,
+        "notifications",
+    );
+    r.add("rss_middle_mib", round1(middle.rss as f64 / MIB), "MiB");
+    r.add(
+        "end_at_notifications",
+        end.delivered as f64,
+        "notifications",
+    );
+    r.add("rss_end_mib", round1(end.rss as f64 / MIB), "MiB");
+    r.add(
+        "rss_growth_start_to_end_pct",
+        round1(growth(start.rss, end.rss)),
+        "%",
+    );
+    r.add(
+        "rss_growth_middle_to_end_pct",
+        round1(growth(middle.rss, end.rss)),
+        "%",
+    );
+    r.add("rss_anon_start_mib", round1(start.anon as f64 / MIB), "MiB");
+    r.add(
+        "rss_anon_middle_mib",
+        round1(middle.anon as f64 / MIB),
+        "MiB",
+    );
+    r.add("rss_anon_end_mib", round1(end.anon as f64 / MIB), "MiB");
+    r.add(
+        "rss_anon_growth_start_to_end_pct",
+        round1(growth(start.anon, end.anon)),
+        "%",
+    );
+    r.add(
+        "heap_in_use_start_mib",
+        round1(start.heap as f64 / MIB),
+        "MiB",
+    );
+    r.add(
+        "heap_in_use_middle_mib",
+        round1(middle.heap as f64 / MIB),
+        "MiB",
+    );
+    r.add("heap_in_use_end_mib", round1(end.heap as f64 / MIB), "MiB");
+    r.add("sqlite_start_mib", round1(start.sqlite as f64 / MIB), "MiB");
+    r.add("sqlite_end_mib", round1(end.sqlite as f64 / MIB), "MiB");
+    let own = |x: &Reading| x.anon as f64 - x.sqlite as f64;
+    r.add(
+        "rss_anon_without_sqlite_growth_start_to_end_pct",
+        round1((own(end) / own(start) - 1.0) * 100.0),
+        "%",
+    );
+    let per_delivery =
+        (end.anon as f64 - start.anon as f64) / (end.delivered - start.delivered).max(1) as f64;
+    r.add(
+        "rss_anon_bytes_per_delivery_after_warmup",
+        round1(per_delivery),
+        "B",
+    );
+    r.add("seconds", round1(secs), "s");
+    r.add(
+        "delivered_per_s",
+        (delivered / (secs - paused.as_secs_f64()).max(1e-3)).round(),
+        "webhooks/s",
+    );
+    r.notes.push(format!(
+        "Store: {}. {} sensors x {} clients, window {} undelivered, {} readings a request; \
+         every reading flips its sensor. RSS (VmRSS, and RssAnon without the binary's own pages; after malloc_trim) is read with the \
+         outbox drained after {} (warm-up), {} and {} notifications; the receiver only \
+         counts. Goal: growth after warm-up under 5 %. delivered_per_s leaves out the \
+         three pauses (drain, then 6 s idle) for the readings.",
+        if args.database_url.is_some() {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        },
+        args.sensors,
+        clients_n,
+        args.window,
+        batch,
+        start.delivered,
+        middle.delivered,
+        end.delivered,
+    ));
+    Ok(r)
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+/// Longer than the metrics upkeep interval (5 s).
+const SETTLE: Duration = Duration::from_secs(6);
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+/// `latch_notifications_total` of one status in an exposition `text`.
+fn status_sum(text: &str, status: &str) -> f64 {
+    let series = format!("latch_notifications_total{{status=\"{status}\"}}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok())
+        .sum()
+}

@@ -1,0 +1,244 @@
+//! A time bound on every call to a networked store.
+//!
+//! A database that stops answering without refusing (a frozen host, a network that drops
+//! packets, a proxy that hangs) never enforces its own `statement_timeout`, and TCP may
+//! take many minutes to notice. So the caller keeps the clock: each call either finishes
+//! within the bound or fails with a backend error, which the API answers with 503 and
+//! `/readyz` reports, instead of a request that hangs.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
+    PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
+};
+use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
+
+/// Time a shipment may spend in the history sink on top of the store's own bound: the
+/// sink (ClickHouse) has its own timeouts per insert, and a shipment makes a few inserts.
+const SINK_ALLOWANCE: Duration = Duration::from_secs(300);
+
+/// How many times the bound the start-time loads may take: they read every sensor or every
+/// pending notification at once, which on a large fleet is much more than one request's
+/// work.
+const BULK_FACTOR: u32 = 12;
+
+/// A store whose every call finishes within `limit` (bulk loads and shipments: longer).
+pub struct Deadline<S> {
+    inner: S,
+    limit: Duration,
+}
+
+impl<S: Store> Deadline<S> {
+    pub fn new(inner: S, limit: Duration) -> Self {
+        Self { inner, limit }
+    }
+
+    async fn within<T>(
+        &self,
+        limit: Duration,
+        what: &'static str,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                metrics::counter!("latch_store_timeouts_total", "call" => what).increment(1);
+                Err(Error::Backend(format!(
+                    "the database did not answer within {limit:?} ({what})"
+                )))
+            }
+        }
+    }
+
+    async fn bound<T>(
+        &self,
+        what: &'static str,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.within(self.limit, what, call).await
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Deadline<S> {
+    async fn ping(&self) -> Result<()> {
+        self.bound("ping", self.inner.ping()).await
+    }
+    async fn create_sensor(&self, sensor: Sensor) -> Result<()> {
+        self.bound("create_sensor", self.inner.create_sensor(sensor))
+            .await
+    }
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
+        self.bound("get_sensor", self.inner.get_sensor(id)).await
+    }
+    async fn list_sensors(
+        &self,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.bound("list_sensors", self.inner.list_sensors(connection, page))
+            .await
+    }
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        heartbeat_timeout_s: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        let call = self.inner.replace_sensor(id, address, heartbeat_timeout_s);
+        self.bound("replace_sensor", call).await
+    }
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        self.bound("delete_sensor", self.inner.delete_sensor(id, now))
+            .await
+    }
+    async fn create_client(&self, client: Client) -> Result<()> {
+        self.bound("create_client", self.inner.create_client(client))
+            .await
+    }
+    async fn get_client(&self, id: String) -> Result<Option<Client>> {
+        self.bound("get_client", self.inner.get_client(id)).await
+    }
+    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
+        self.bound("list_clients", self.inner.list_clients(page))
+            .await
+    }
+    async fn replace_client(&self, client: Client) -> Result<bool> {
+        self.bound("replace_client", self.inner.replace_client(client))
+            .await
+    }
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        self.bound("delete_client", self.inner.delete_client(id, now))
+            .await
+    }
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        self.bound("link", self.inner.link(client_id, sensor_id, now))
+            .await
+    }
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        self.bound("unlink", self.inner.unlink(client_id, sensor_id))
+            .await
+    }
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        let call = self.inner.list_client_sensors(client_id, page);
+        self.bound("list_client_sensors", call).await
+    }
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>> {
+        let call = self.inner.list_sensor_clients(sensor_id, page);
+        self.bound("list_sensor_clients", call).await
+    }
+    /// Not bounded: a bulk import of a large fleet takes as long as it takes, and only
+    /// `latch bench` makes one.
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+        self.inner.import(sensors, links).await
+    }
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        let call = self.inner.load_runtime();
+        self.within(self.limit * BULK_FACTOR, "load_runtime", call)
+            .await
+    }
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        self.bound("registry_changes", self.inner.registry_changes(after))
+            .await
+    }
+    async fn newest_registry_change(&self) -> Result<i64> {
+        let call = self.inner.newest_registry_change();
+        self.bound("newest_registry_change", call).await
+    }
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        let call = self.inner.prune_registry_changes(before);
+        self.bound("prune_registry_changes", call).await
+    }
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.bound("commit", self.inner.commit(batch, now)).await
+    }
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<ReadingRecord>>> {
+        let call = self.inner.list_readings(sensor_id, range, page);
+        self.bound("list_readings", call).await
+    }
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<Event>>> {
+        let call = self.inner.list_events(sensor_id, range, page);
+        self.bound("list_events", call).await
+    }
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        let call = self.inner.ship_history(limit, sink);
+        self.within(
+            self.limit * BULK_FACTOR + SINK_ALLOWANCE,
+            "ship_history",
+            call,
+        )
+        .await
+    }
+    async fn spool_depth(&self) -> Result<u64> {
+        self.bound("spool_depth", self.inner.spool_depth()).await
+    }
+    async fn archive_history(&self, limit: usize) -> Result<usize> {
+        self.bound("archive_history", self.inner.archive_history(limit))
+            .await
+    }
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        let call = self.inner.load_pending(after_seq);
+        self.within(self.limit * BULK_FACTOR, "load_pending", call)
+            .await
+    }
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>> {
+        let call = self.inner.claim(ids, node, now, lease_until);
+        self.bound("claim", call).await
+    }
+    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+        self.bound("record", self.inner.record(outcomes, now)).await
+    }
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        self.bound("get_notification", self.inner.get_notification(id))
+            .await
+    }
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        let call = self.inner.list_notifications(filter, page);
+        self.bound("list_notifications", call).await
+    }
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        let call = self.inner.retry_notification(id, now);
+        self.bound("retry_notification", call).await
+    }
+    async fn count_pending(&self) -> Result<u64> {
+        self.bound("count_pending", self.inner.count_pending())
+            .await
+    }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+}
