@@ -30,6 +30,7 @@ pub mod history;
 pub mod ingest;
 pub mod store;
 pub mod telemetry;
+pub mod testkit;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -22,7 +22,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
-use super::{Report, Server};
+use super::Report;
 use crate::domain::SensorId;
 
 /// Bodies of `n` readings over `ids`, `ratio` of them changing their sensor's state.
@@ -179,7 +179,7 @@ pub async fn amqp(
     config.amqp_url = Some(url.to_string());
     config.amqp_queue = queue.clone();
     let started = Instant::now();
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     wait_accepted(&server.base, "amqp", messages, Duration::from_secs(600)).await?;
     let secs = started.elapsed().as_secs_f64();
     server.stop().await?;
@@ -322,7 +322,7 @@ pub async fn mqtt(
         ulid::Ulid::new()
     ));
     config.mqtt_topic = filter;
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     let taken = Arc::new(AtomicUsize::new(0));
     let watcher = {
         let (taken, base) = (taken.clone(), server.base.clone());

@@ -6,12 +6,11 @@
 //! concurrency — what the receiver and HTTP stack can take at all.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Receiver, Report, Server, percentile};
+use super::{Keep, Receiver, Report, percentile};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -46,10 +45,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let mut receivers = Vec::new();
     for _ in 0..args.clients {
-        let r = Receiver::start().await?;
-        r.state
-            .fail_per_10k
-            .store((args.fail_ratio * 10_000.0) as u64, Ordering::Relaxed);
+        let r = Receiver::start_keeping(Keep::Stats).await?;
+        r.fail_per_10k((args.fail_ratio * 10_000.0) as u64);
         receivers.push(r);
     }
     let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
@@ -58,13 +55,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     super::import(&config, &ids, &clients, None).await?;
     config.retry_base = Duration::from_millis(100);
     config.retry_max_delay = Duration::from_secs(2);
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/readings", server.base);
 
-    let states: Vec<_> = receivers.iter().map(|r| r.state.clone()).collect();
+    let states = receivers.clone();
     let progress = super::progress("deliver", "webhooks delivered", move || {
-        states.iter().map(|s| s.ok.load(Ordering::Relaxed)).sum()
+        states.iter().map(Receiver::ok).sum()
     });
     // Send: batches of 500 changes; every pass over the sensors flips each one.
     let started = Instant::now();
@@ -119,37 +116,17 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let total_secs = started.elapsed().as_secs_f64();
     progress.abort();
-    let delivered_n: u64 = receivers
-        .iter()
-        .map(|r| r.state.ok.load(Ordering::Relaxed))
-        .sum();
-    let requests: u64 = receivers
-        .iter()
-        .map(|r| r.state.requests.load(Ordering::Relaxed))
-        .sum();
+    let delivered_n: u64 = receivers.iter().map(Receiver::ok).sum();
+    let requests: u64 = receivers.iter().map(Receiver::requests).sum();
     let counts = outbox_counts(&server.base, &http).await?;
     server.stop().await?;
     if let Some(pg) = pg {
         pg.drop().await?;
     }
 
-    let mut lat: Vec<f64> = receivers
-        .iter()
-        .flat_map(|r| r.state.latencies.lock().unwrap().clone())
-        .collect();
+    let mut lat: Vec<f64> = receivers.iter().flat_map(Receiver::latencies).collect();
     lat.sort_by(f64::total_cmp);
-    let duplicates: u64 = receivers
-        .iter()
-        .map(|r| {
-            r.state
-                .by_id
-                .lock()
-                .unwrap()
-                .values()
-                .map(|n| (*n as u64).saturating_sub(1))
-                .sum::<u64>()
-        })
-        .sum();
+    let duplicates: u64 = receivers.iter().map(Receiver::duplicates).sum();
     let baseline = hammer(&receivers[0], 256, args.baseline_requests).await?;
     let rate = delivered_n as f64 / total_secs;
 
@@ -222,7 +199,7 @@ pub(super) async fn outbox_counts(
 
 /// Requests/s the receiver takes when posted to directly.
 async fn hammer(r: &Receiver, concurrency: usize, total: usize) -> anyhow::Result<f64> {
-    r.state.fail_per_10k.store(0, Ordering::Relaxed);
+    r.fail_per_10k(0);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Receiver, Report, Server, rss_bytes, trim_heap};
+use super::{Keep, Receiver, Report, rss_bytes, trim_heap};
 use crate::domain::time;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -27,7 +27,7 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
-    let receiver = Receiver::start().await?;
+    let receiver = Receiver::start_keeping(Keep::Stats).await?;
     let client = super::client(&receiver.url);
     let ids = super::sensor_ids(args.sensors);
     let t = Instant::now();
@@ -42,14 +42,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     trim_heap();
     let rss_empty = {
         let empty = tempfile::tempdir()?;
-        let s = Server::start(super::config(empty.path())).await?;
+        let s = super::start(super::config(empty.path())).await?;
         trim_heap();
         let r = rss_bytes();
         s.stop().await?;
         r
     };
     let t = Instant::now();
-    let server = Server::start(config.clone()).await?;
+    let server = super::start(config.clone()).await?;
     let start_secs = t.elapsed().as_secs_f64();
     let http = reqwest::Client::new();
     let url = format!("{}/v1/readings", server.base);
@@ -85,7 +85,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     .await?;
     config.heartbeat_timeout = args.timeout;
     let t = Instant::now();
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
     let metrics_url = format!("{}/metrics", server.base);
     let lost_total = || async {

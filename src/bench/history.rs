@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::Report;
 use super::clickhouse_server::LocalClickHouse;
-use super::{Report, Server};
 use crate::domain::{SensorId, time};
 use crate::history::clickhouse::{ClickHouse, Target};
 use crate::history::shipper::BATCH;
@@ -55,7 +55,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     super::import(&config, &ids, &[], None).await?;
     config.clickhouse_url = Some(ch.url());
     let flush = config.clickhouse_flush;
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     let feed = Feed::new(&server.base, &ids);
     let ch_url = ch.url();
     let shipped = || async { ch_count(&ch_url, "readings").await.unwrap_or(0) };

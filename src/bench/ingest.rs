@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Report, Server, percentile};
+use super::{Report, percentile};
 
 /// Request bodies each worker prepares and sends in turn.
 const PRESET_BODIES: usize = 32;
@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 "normal" => crate::store::sqlite::Synchronous::Normal,
                 _ => crate::store::sqlite::Synchronous::Full,
             };
-            let server = Server::start(config).await?;
+            let server = super::start(config).await?;
             let base = server.base.clone();
             (Some(server), base)
         }

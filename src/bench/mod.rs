@@ -12,20 +12,13 @@ pub mod ingest;
 pub mod restart;
 pub mod soak;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
-use tokio::sync::oneshot;
 
 use crate::config::Config;
 use crate::domain::{Client, Sensor, SensorId, time};
+pub use crate::testkit::{Keep, PgSchema, Receiver, Server};
 
 /// A result row: name, value, unit.
 pub type Row = (String, f64, &'static str);
@@ -249,48 +242,9 @@ pub fn trim_heap() {
     }
 }
 
-/// latch running in this process.
-pub struct Server {
-    pub base: String,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Server {
-    pub async fn start(config: Config) -> anyhow::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(crate::run(Arc::new(config), listener, async {
-            let _ = rx.await;
-        }));
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            if let Ok(r) = http.get(format!("{base}/readyz")).send().await
-                && r.status().is_success()
-            {
-                break;
-            }
-            if task.is_finished() {
-                anyhow::bail!("latch stopped during start");
-            }
-            anyhow::ensure!(Instant::now() < deadline, "latch did not become ready");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Ok(Self {
-            base,
-            shutdown: Some(tx),
-            task,
-        })
-    }
-
-    pub async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        self.task.await?
-    }
+/// Starts latch in this process; a start on a large fleet may take minutes.
+pub async fn start(config: Config) -> anyhow::Result<Server> {
+    Server::start(config, Duration::from_secs(600)).await
 }
 
 /// Bench settings of latch: a data folder of its own, quiet logs.
@@ -345,45 +299,12 @@ pub async fn store_config(
     database_url: Option<&str>,
 ) -> anyhow::Result<(Config, Option<PgSchema>)> {
     let pg = match database_url {
-        Some(base) => Some(PgSchema::create(base).await?),
+        Some(base) => Some(PgSchema::create(base, "latch_bench").await?),
         None => None,
     };
     let mut c = config(dir);
     c.database_url = pg.as_ref().map(|p| p.url.clone());
     Ok((c, pg))
-}
-
-/// A fresh schema in the PostgreSQL database at `base`, dropped by [`PgSchema::drop`].
-pub struct PgSchema {
-    pub url: String,
-    base: String,
-    schema: String,
-}
-
-impl PgSchema {
-    pub async fn create(base: &str) -> anyhow::Result<Self> {
-        let schema = format!(
-            "latch_bench_{}",
-            ulid::Ulid::new().to_string().to_lowercase()
-        );
-        let (c, conn) = tokio_postgres::connect(base, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
-        c.batch_execute(&format!("CREATE SCHEMA {schema}")).await?;
-        let sep = if base.contains('?') { '&' } else { '?' };
-        Ok(Self {
-            url: format!("{base}{sep}options=-c%20search_path%3D{schema}"),
-            base: base.to_string(),
-            schema,
-        })
-    }
-
-    pub async fn drop(self) -> anyhow::Result<()> {
-        let (c, conn) = tokio_postgres::connect(&self.base, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
-        c.batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema))
-            .await?;
-        Ok(())
-    }
 }
 
 /// A client of a bench receiver.
@@ -395,64 +316,6 @@ pub fn client(url: &str) -> Client {
         secret: crate::domain::client::generate_secret(),
         created_at: time::now_ms(),
     }
-}
-
-/// A local webhook receiver that counts requests and times each notification from its
-/// `occurred_at` to arrival; fails a share of requests when asked.
-#[derive(Clone)]
-pub struct Receiver {
-    pub url: String,
-    pub state: Arc<ReceiverState>,
-}
-
-#[derive(Default)]
-pub struct ReceiverState {
-    pub requests: AtomicU64,
-    pub ok: AtomicU64,
-    /// Milliseconds from `occurred_at` to arrival, of answered-2xx requests.
-    pub latencies: Mutex<Vec<f64>>,
-    /// Per 10,000 requests, how many to fail with 500.
-    pub fail_per_10k: AtomicU64,
-    pub by_id: Mutex<HashMap<String, u32>>,
-    /// Only count: keep no latency and no id. A soak measures this process's memory, so
-    /// its receiver must not grow with every request itself.
-    pub count_only: std::sync::atomic::AtomicBool,
-}
-
-impl Receiver {
-    pub async fn start() -> anyhow::Result<Self> {
-        let state = Arc::new(ReceiverState::default());
-        let app = axum::Router::new()
-            .route("/hook", axum::routing::post(receive))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}/hook", listener.local_addr()?);
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Ok(Self { url, state })
-    }
-}
-
-async fn receive(State(st): State<Arc<ReceiverState>>, body: Bytes) -> StatusCode {
-    let now = time::now_ms();
-    let n = st.requests.fetch_add(1, Ordering::Relaxed);
-    let fail = st.fail_per_10k.load(Ordering::Relaxed);
-    // Spread failures evenly over request numbers: deterministic, no RNG needed.
-    if fail > 0 && (n.wrapping_mul(7919) % 10_000) < fail {
-        return StatusCode::INTERNAL_SERVER_ERROR;
-    }
-    st.ok.fetch_add(1, Ordering::Relaxed);
-    if st.count_only.load(Ordering::Relaxed) {
-        return StatusCode::OK;
-    }
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
-        if let Some(at) = v["occurred_at"].as_str().and_then(time::parse) {
-            st.latencies.lock().unwrap().push((now - at) as f64);
-        }
-        if let Some(id) = v["id"].as_str() {
-            *st.by_id.lock().unwrap().entry(id.to_string()).or_default() += 1;
-        }
-    }
-    StatusCode::OK
 }
 
 /// Runs `f` on `workers` tasks until `until` passes; returns what each returned.

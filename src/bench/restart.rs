@@ -5,12 +5,11 @@
 //! fails (503), so they wait in the outbox for their retry when latch stops. Baseline: the
 //! start of an empty latch in the same run.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Receiver, Report, Server};
+use super::{Keep, Receiver, Report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -28,8 +27,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         "--pending is at most --sensors (one state change per sensor)"
     );
     let (dir, _tmp) = super::data_dir(None)?;
-    let receiver = Receiver::start().await?;
-    receiver.state.fail_per_10k.store(10_000, Ordering::Relaxed);
+    let receiver = Receiver::start_keeping(Keep::Stats).await?;
+    receiver.fail_per_10k(10_000);
     let client = super::client(&receiver.url);
     let ids = super::sensor_ids(args.sensors);
     let mut config = super::config(&dir);
@@ -45,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     .await?;
     super::import(&config, &ids[args.pending..], &[], None).await?;
 
-    let server = Server::start(config.clone()).await?;
+    let server = super::start(config.clone()).await?;
     let http = reqwest::Client::new();
     for chunk in ids[..args.pending].chunks(10_000) {
         let items: Vec<_> = chunk
@@ -67,14 +66,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
     let empty = tempfile::tempdir()?;
     let t = Instant::now();
-    Server::start(super::config(empty.path()))
+    super::start(super::config(empty.path()))
         .await?
         .stop()
         .await?;
     let empty_secs = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
     let (_, _, pending) = super::deliver::outbox_counts(&server.base, &http).await?;
     server.stop().await?;

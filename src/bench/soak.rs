@@ -8,10 +8,9 @@
 //! pending work, none) and freed heap handed back to the OS: after a warm-up, halfway
 //! through the rest, and at the end. The goal is flat after warm-up: under 5 % growth.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Receiver, Report, Server};
+use super::{Keep, Receiver, Report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -111,20 +110,19 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let mut receivers = Vec::new();
     for _ in 0..clients_n {
-        let r = Receiver::start().await?;
-        r.state.count_only.store(true, Ordering::Relaxed);
+        let r = Receiver::start_keeping(Keep::Counts).await?;
         receivers.push(r);
     }
     let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
     let ids = super::sensor_ids(args.sensors);
     let (config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
     super::import(&config, &ids, &clients, None).await?;
-    let server = Server::start(config).await?;
+    let server = super::start(config).await?;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/readings", server.base);
     let metrics_url = format!("{}/metrics", server.base);
-    let states: Vec<_> = receivers.iter().map(|r| r.state.clone()).collect();
-    let requests = move || -> u64 { states.iter().map(|s| s.ok.load(Ordering::Relaxed)).sum() };
+    let states = receivers.clone();
+    let requests = move || -> u64 { states.iter().map(Receiver::ok).sum() };
     let progress = super::progress("soak", "webhooks delivered", requests.clone());
 
     // Where to read RSS, by notifications sent (and then all delivered).

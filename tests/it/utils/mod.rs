@@ -1,18 +1,17 @@
-//! Test harness: the real latch service on a port-0 listener, a JSON HTTP client, and
-//! webhook receivers that record what they get and answer as told.
+//! Test harness: the real latch service on a port-0 listener with a JSON HTTP client, on
+//! the kit `latch bench` shares ([`latch::testkit`]: the in-process server, webhook
+//! receivers that record what they get and answer as told, PostgreSQL schemas).
 
-use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use latch::config::Config;
+use latch::testkit::{PgSchema, Server};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+
+pub use latch::testkit::{Answer, Received, Receiver, eventually};
 
 pub mod fault;
 
@@ -23,8 +22,7 @@ pub struct TestServer {
     pub dir: PathBuf,
     _tmp: Option<Arc<tempfile::TempDir>>,
     token: Option<String>,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    server: Option<Server>,
 }
 
 /// Settings most tests want: quick retries, quick timeouts.
@@ -56,45 +54,23 @@ impl TestServer {
         config.database_url = database_url(dir).await;
         tweak(&mut config);
         let token = config.api_token.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(latch::run(Arc::new(config), listener, async {
-            let _ = rx.await;
-        }));
-        let s = Self {
-            base,
+        let server = Server::start(config, Duration::from_secs(10))
+            .await
+            .expect("latch starts");
+        Self {
+            base: server.base.clone(),
             http: reqwest::Client::new(),
             dir: dir.to_path_buf(),
             _tmp: None,
             token,
-            shutdown: Some(tx),
-            task: Some(task),
-        };
-        s.wait_ready().await;
-        s
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "latch did not become ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            server: Some(server),
         }
     }
 
     /// Graceful stop; returns the data folder's owner so a restart can reuse it.
     pub async fn stop(mut self) -> Option<Arc<tempfile::TempDir>> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
+        if let Some(server) = self.server.take() {
+            server.stop().await.expect("latch stops cleanly");
         }
         self._tmp.take()
     }
@@ -198,162 +174,6 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}", &u[u.len() - 10..])
 }
 
-/// Polls `f` until it returns `Some`, or fails the test after `secs`.
-pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// One request a receiver got.
-#[derive(Debug, Clone)]
-pub struct Received {
-    pub headers: HeaderMap,
-    pub body: Value,
-    pub raw: Bytes,
-    pub at: Instant,
-}
-
-/// What a receiver answers.
-#[derive(Debug, Clone, Copy)]
-pub struct Answer {
-    pub status: u16,
-    pub delay: Duration,
-    pub retry_after: Option<u64>,
-}
-
-impl Answer {
-    pub fn status(status: u16) -> Self {
-        Self {
-            status,
-            delay: Duration::ZERO,
-            retry_after: None,
-        }
-    }
-}
-
-#[derive(Default)]
-struct ReceiverState {
-    got: Vec<Received>,
-    script: VecDeque<Answer>,
-    default: Option<Answer>,
-    inflight: HashMap<String, u32>,
-    max_inflight_per_sensor: u32,
-    inflight_total: u32,
-    max_inflight_total: u32,
-}
-
-/// A local webhook receiver: records every request, answers from a script, then with a
-/// default (200 unless changed).
-#[derive(Clone)]
-pub struct Receiver {
-    pub url: String,
-    state: Arc<Mutex<ReceiverState>>,
-}
-
-impl Receiver {
-    pub async fn start() -> Self {
-        let state = Arc::new(Mutex::new(ReceiverState::default()));
-        let app = axum::Router::new()
-            .route("/hook", axum::routing::post(receive))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { url, state }
-    }
-
-    /// Answers these first, in order.
-    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
-        self.state.lock().unwrap().script.extend(answers);
-    }
-
-    /// Answers this once the script is used up.
-    pub fn always(&self, answer: Answer) {
-        self.state.lock().unwrap().default = Some(answer);
-    }
-
-    pub fn received(&self) -> Vec<Received> {
-        self.state.lock().unwrap().got.clone()
-    }
-
-    pub fn count(&self) -> usize {
-        self.state.lock().unwrap().got.len()
-    }
-
-    pub fn max_inflight_per_sensor(&self) -> u32 {
-        self.state.lock().unwrap().max_inflight_per_sensor
-    }
-
-    /// Most requests it was answering at once.
-    pub fn max_inflight(&self) -> u32 {
-        self.state.lock().unwrap().max_inflight_total
-    }
-
-    /// Waits until at least `n` requests arrived.
-    pub async fn wait_for(&self, n: usize, secs: u64) -> Vec<Received> {
-        eventually(secs, &format!("{n} webhook requests"), || async {
-            let got = self.received();
-            (got.len() >= n).then_some(got)
-        })
-        .await
-    }
-}
-
-async fn receive(
-    State(state): State<Arc<Mutex<ReceiverState>>>,
-    headers: HeaderMap,
-    raw: Bytes,
-) -> (StatusCode, HeaderMap) {
-    let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-    let sensor = body["sensor"]["id"].as_str().unwrap_or("").to_string();
-    let answer = {
-        let mut st = state.lock().unwrap();
-        st.got.push(Received {
-            headers: headers.clone(),
-            body,
-            raw,
-            at: Instant::now(),
-        });
-        let n = st.inflight.entry(sensor.clone()).or_default();
-        *n += 1;
-        let n = *n;
-        st.max_inflight_per_sensor = st.max_inflight_per_sensor.max(n);
-        st.inflight_total += 1;
-        st.max_inflight_total = st.max_inflight_total.max(st.inflight_total);
-        st.script
-            .pop_front()
-            .or(st.default)
-            .unwrap_or(Answer::status(200))
-    };
-    // Counted out even when the sender hangs up mid-answer (a killed node): the handler is
-    // then dropped, and the guard still runs.
-    struct Out(Arc<Mutex<ReceiverState>>, String);
-    impl Drop for Out {
-        fn drop(&mut self) {
-            let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            *st.inflight.entry(std::mem::take(&mut self.1)).or_default() -= 1;
-            st.inflight_total -= 1;
-        }
-    }
-    let _out = Out(state.clone(), sensor);
-    tokio::time::sleep(answer.delay).await;
-    let mut h = HeaderMap::new();
-    if let Some(s) = answer.retry_after {
-        h.insert("retry-after", s.to_string().parse().unwrap());
-    }
-    (StatusCode::from_u16(answer.status).unwrap(), h)
-}
-
 /// Whether a test may skip for want of a local service: never in CI, where every service
 /// the tests need must be running and a missing one fails the run.
 pub fn service_missing(service: &str, error: impl std::fmt::Display) -> bool {
@@ -385,12 +205,9 @@ pub async fn postgres_url(dir: &Path) -> Result<String, tokio_postgres::Error> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);
-    let schema = format!("latch_it_{:016x}", h.finish());
-    let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-        .await?;
-    let sep = if base.contains('?') { '&' } else { '?' };
-    Ok(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+    Ok(
+        PgSchema::ensure(&base, &format!("latch_it_{:016x}", h.finish()))
+            .await?
+            .url,
+    )
 }

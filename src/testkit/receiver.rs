@@ -1,0 +1,258 @@
+//! A local webhook receiver: answers as told and keeps what a test or a bench needs of
+//! what it got.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
+
+use crate::domain::time;
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub raw: Bytes,
+    pub at: Instant,
+}
+
+/// What a receiver answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer {
+    pub status: u16,
+    pub delay: Duration,
+    pub retry_after: Option<u64>,
+}
+
+impl Answer {
+    pub fn status(status: u16) -> Self {
+        Self {
+            status,
+            delay: Duration::ZERO,
+            retry_after: None,
+        }
+    }
+}
+
+/// How much a receiver keeps of each request. A bench of millions of requests measures
+/// latch's memory, so its receiver must not grow with every request itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Every request whole, in order, and how many were in flight at once (tests).
+    Everything,
+    /// Per answered request its latency from `occurred_at`, and how often each
+    /// notification id came (`latch bench deliver`).
+    Stats,
+    /// Only the counts (`latch bench soak`).
+    Counts,
+}
+
+#[derive(Default)]
+struct Kept {
+    got: Vec<Received>,
+    script: VecDeque<Answer>,
+    default: Option<Answer>,
+    inflight: HashMap<String, u32>,
+    max_inflight_per_sensor: u32,
+    inflight_total: u32,
+    max_inflight_total: u32,
+    latencies: Vec<f64>,
+    by_id: HashMap<String, u32>,
+}
+
+struct Shared {
+    keep: Keep,
+    requests: AtomicU64,
+    ok: AtomicU64,
+    /// Per 10,000 requests, how many to fail with 500 (spread evenly, no RNG).
+    fail_per_10k: AtomicU64,
+    kept: Mutex<Kept>,
+}
+
+/// A receiver on `127.0.0.1:0` at `url`; answers from its script, then its default (200
+/// unless changed).
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    shared: Arc<Shared>,
+}
+
+impl Receiver {
+    /// A receiver that keeps every request (what tests want).
+    pub async fn start() -> Self {
+        Self::start_keeping(Keep::Everything)
+            .await
+            .expect("a local receiver starts")
+    }
+
+    pub async fn start_keeping(keep: Keep) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            keep,
+            requests: AtomicU64::new(0),
+            ok: AtomicU64::new(0),
+            fail_per_10k: AtomicU64::new(0),
+            kept: Mutex::new(Kept::default()),
+        });
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(receive))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { url, shared })
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.shared.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Answers these first, in order.
+    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
+        self.kept().script.extend(answers);
+    }
+
+    /// Answers this once the script is used up.
+    pub fn always(&self, answer: Answer) {
+        self.kept().default = Some(answer);
+    }
+
+    /// Fails this many of every 10,000 requests with 500.
+    pub fn fail_per_10k(&self, n: u64) {
+        self.shared.fail_per_10k.store(n, Ordering::Relaxed);
+    }
+
+    /// Every request so far ([`Keep::Everything`] only).
+    pub fn received(&self) -> Vec<Received> {
+        self.kept().got.clone()
+    }
+
+    /// Requests so far, answered or not.
+    pub fn count(&self) -> usize {
+        self.requests() as usize
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered with a 2xx.
+    pub fn ok(&self) -> u64 {
+        self.shared.ok.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds from `occurred_at` to arrival of each 2xx-answered request.
+    pub fn latencies(&self) -> Vec<f64> {
+        self.kept().latencies.clone()
+    }
+
+    /// Answered requests beyond the first of each notification id.
+    pub fn duplicates(&self) -> u64 {
+        self.kept()
+            .by_id
+            .values()
+            .map(|n| u64::from(n.saturating_sub(1)))
+            .sum()
+    }
+
+    pub fn max_inflight_per_sensor(&self) -> u32 {
+        self.kept().max_inflight_per_sensor
+    }
+
+    /// Most requests it was answering at once.
+    pub fn max_inflight(&self) -> u32 {
+        self.kept().max_inflight_total
+    }
+
+    /// Waits until at least `n` requests arrived; panics after `secs` (tests).
+    pub async fn wait_for(&self, n: usize, secs: u64) -> Vec<Received> {
+        super::eventually(secs, &format!("{n} webhook requests"), || async {
+            let got = self.received();
+            (got.len() >= n).then_some(got)
+        })
+        .await
+    }
+}
+
+async fn receive(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> (StatusCode, HeaderMap) {
+    let now = time::now_ms();
+    let n = shared.requests.fetch_add(1, Ordering::Relaxed);
+    let fail = shared.fail_per_10k.load(Ordering::Relaxed);
+    let fail = fail > 0 && (n.wrapping_mul(7919) % 10_000) < fail;
+    if shared.keep == Keep::Counts {
+        if fail {
+            return (StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new());
+        }
+        shared.ok.fetch_add(1, Ordering::Relaxed);
+        return (StatusCode::OK, HeaderMap::new());
+    }
+    let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let sensor = body["sensor"]["id"].as_str().unwrap_or("").to_string();
+    let everything = shared.keep == Keep::Everything;
+    let answer = {
+        let mut k = shared.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let answer = if fail {
+            Answer::status(500)
+        } else {
+            k.script
+                .pop_front()
+                .or(k.default)
+                .unwrap_or(Answer::status(200))
+        };
+        if (200..300).contains(&answer.status) {
+            shared.ok.fetch_add(1, Ordering::Relaxed);
+            if let Some(at) = body["occurred_at"].as_str().and_then(time::parse) {
+                k.latencies.push((now - at) as f64);
+            }
+            if let Some(id) = body["id"].as_str() {
+                *k.by_id.entry(id.to_string()).or_default() += 1;
+            }
+        }
+        if everything {
+            let n = k.inflight.entry(sensor.clone()).or_default();
+            *n += 1;
+            let n = *n;
+            k.max_inflight_per_sensor = k.max_inflight_per_sensor.max(n);
+            k.inflight_total += 1;
+            k.max_inflight_total = k.max_inflight_total.max(k.inflight_total);
+            k.got.push(Received {
+                headers: headers.clone(),
+                body,
+                raw,
+                at: Instant::now(),
+            });
+        }
+        answer
+    };
+    // Counted out even when the sender hangs up mid-answer (a killed node): the handler is
+    // then dropped, and the guard still runs.
+    struct Out(Option<(Arc<Shared>, String)>);
+    impl Drop for Out {
+        fn drop(&mut self) {
+            if let Some((shared, sensor)) = self.0.take() {
+                let mut k = shared.kept.lock().unwrap_or_else(|p| p.into_inner());
+                *k.inflight.entry(sensor).or_default() -= 1;
+                k.inflight_total -= 1;
+            }
+        }
+    }
+    let _out = Out(everything.then(|| (shared.clone(), sensor)));
+    tokio::time::sleep(answer.delay).await;
+    let mut h = HeaderMap::new();
+    if let Some(s) = answer.retry_after {
+        h.insert("retry-after", s.into());
+    }
+    (
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        h,
+    )
+}
