@@ -229,6 +229,33 @@ pub async fn run(
     Ok(())
 }
 
+/// Loads the settings ([`Config::load`]) and has each adapter check the URL it will use,
+/// so a bad or unsupported URL stops the start with a message naming its key.
+pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    check_urls(Config::load(path)?)
+}
+
+fn check_urls(config: Config) -> anyhow::Result<Config> {
+    let check = || -> anyhow::Result<()> {
+        match &config.clickhouse_url {
+            Some(u) => {
+                history::clickhouse::Target::parse(u, &config.clickhouse_database)?;
+            }
+            None => history::clickhouse::check_database(&config.clickhouse_database)?,
+        }
+        if let Some(u) = &config.amqp_url {
+            ingest::amqp::check_url(u)?;
+        }
+        if let Some(u) = &config.mqtt_url {
+            ingest::mqtt::options(u)?;
+        }
+        Ok(())
+    };
+    // A message may quote a URL with its password.
+    check().map_err(|e| anyhow::anyhow!(config.redact(&format!("{e:#}"))))?;
+    Ok(config)
+}
+
 /// Whether the API is open to other machines: a non-loopback address and no token.
 fn exposed_without_token(config: &Config, addr: std::net::SocketAddr) -> bool {
     config.api_token.is_none() && !addr.ip().is_loopback()
@@ -248,5 +275,37 @@ mod tests {
         assert!(exposed_without_token(&c, addr("10.1.2.3:8080")));
         c.api_token = Some("secret-token".into());
         assert!(!exposed_without_token(&c, addr("0.0.0.0:8080")));
+    }
+
+    #[test]
+    fn unsupported_or_bad_source_urls_are_refused_not_ignored() {
+        let load = |pairs: &[(&str, &str)]| {
+            let env: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::load_from(None, &env).and_then(check_urls)
+        };
+        let e = |k: &str, v: &str| load(&[(k, v)]).unwrap_err().to_string();
+        assert!(e("LATCH_CLICKHOUSE_URL", "tcp://127.0.0.1:9000").contains("clickhouse_url"));
+        assert!(e("LATCH_CLICKHOUSE_DATABASE", "no-dashes").contains("clickhouse_database"));
+        assert!(e("LATCH_AMQP_URL", "http://127.0.0.1").contains("amqp_url"));
+        assert!(e("LATCH_MQTT_URL", "http://127.0.0.1").contains("mqtt_url"));
+        let c = load(&[("LATCH_AMQP_URL", "amqp://127.0.0.1")]).unwrap();
+        assert_eq!(c.amqp_url.as_deref(), Some("amqp://127.0.0.1"));
+        // No TLS in this build: a TLS URL is refused, never reached in plain text.
+        for (k, v) in [
+            ("LATCH_AMQP_URL", "amqps://u:p@127.0.0.1:5671/%2f"),
+            ("LATCH_MQTT_URL", "mqtts://127.0.0.1:8883"),
+            ("LATCH_MQTT_URL", "ssl://127.0.0.1:8883"),
+        ] {
+            let msg = e(k, v);
+            assert!(msg.contains(&k[6..].to_lowercase()), "{msg}");
+            assert!(msg.contains("TLS"), "{msg}");
+        }
+        let c = load(&[("LATCH_MQTT_URL", "mqtt://127.0.0.1:1883")]).unwrap();
+        assert_eq!(c.mqtt_url.as_deref(), Some("mqtt://127.0.0.1:1883"));
+        let c = load(&[("LATCH_CLICKHOUSE_URL", "http://u:p@127.0.0.1:8123")]).unwrap();
+        assert_eq!(c.clickhouse_flush, std::time::Duration::from_secs(1));
     }
 }

@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate => {
-            let config = latch::config::Config::load(cli.config.as_deref())?;
+            let config = latch::load_config(cli.config.as_deref())?;
             latch::telemetry::init_tracing(&config.log);
             tokio::runtime::Runtime::new()?
                 .block_on(async {
@@ -106,7 +106,7 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| redacted(&config, e))
         }
         Command::Serve => {
-            let config = Arc::new(latch::config::Config::load(cli.config.as_deref())?);
+            let config = Arc::new(latch::load_config(cli.config.as_deref())?);
             latch::telemetry::init_tracing(&config.log);
             tokio::runtime::Runtime::new()?
                 .block_on(async {
