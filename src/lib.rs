@@ -20,6 +20,7 @@
 //! dispatcher finishes its in-flight attempts.
 
 pub mod api;
+pub mod clock;
 pub mod bench;
 pub mod committer;
 pub mod config;
