@@ -33,8 +33,12 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::domain::{Attempt, EventKind, Millis, SensorId, Status, time::now_ms};
-use crate::store::{Claim, NotificationRef, Outcome, Store, Verdict};
+use crate::domain::policy::{self, Attempted, Queued};
+use crate::domain::{
+    Attempt, Claim, EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict,
+    time::now_ms,
+};
+use crate::store::Store;
 use retry::RetryPolicy;
 use sender::AttemptResult;
 
@@ -193,6 +197,15 @@ struct Entry {
     kind: EventKind,
     due: Millis,
     attempts: u32,
+}
+
+impl Entry {
+    fn queued(&self) -> Queued {
+        Queued {
+            seq: self.seq,
+            kind: self.kind,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -380,15 +393,21 @@ impl Core {
             if lane.queue.iter().any(|e| e.id == r.id) {
                 continue;
             }
-            if r.kind == EventKind::StateChanged {
-                // Older waiting state notifications are superseded. The commit did it in
-                // the store for unleased ones; record it for all, so a head whose lease
-                // was not yet released agrees too. A head in flight stays: it finishes
-                // first and the new one follows.
-                let keep_head = usize::from(lane.busy).min(lane.queue.len());
-                let tail = lane.queue.split_off(keep_head);
-                for e in tail {
-                    if e.kind == EventKind::StateChanged && e.seq < r.seq {
+            // Older waiting state notifications are superseded. The commit did it in the
+            // store for unleased ones; record it for all, so a head whose lease was not yet
+            // released agrees too. A head in flight stays: it finishes first and the new
+            // one follows.
+            let newer = Queued {
+                seq: r.seq,
+                kind: r.kind,
+            };
+            let busy = lane.busy;
+            let superseded =
+                |i: usize, e: &Entry| policy::supersedes(newer, e.queued(), busy && i == 0);
+            if lane.queue.iter().enumerate().any(|(i, e)| superseded(i, e)) {
+                let queue = std::mem::take(&mut lane.queue);
+                for (i, e) in queue.into_iter().enumerate() {
+                    if superseded(i, &e) {
                         self.pending -= 1;
                         metrics::counter!("latch_notifications_total", "status" => "superseded")
                             .increment(1);
@@ -552,7 +571,9 @@ impl Core {
             return;
         };
         lane.busy = false;
-        let newer_state = lane
+        // A state notification waits behind the head: an attempt that failed is then
+        // superseded rather than retried (the policy decides).
+        let state_behind = lane
             .queue
             .iter()
             .skip(1)
@@ -579,35 +600,31 @@ impl Core {
             }
             Finished::Attempted(result) => {
                 let attempts = head.attempts + 1;
-                let newer_state = newer_state && head.kind == EventKind::StateChanged;
                 let policy = &self.settings.policy;
-                let verdict = if result.delivered() {
-                    Verdict::Delivered
-                } else if result.gone() || attempts >= policy.max_attempts {
-                    Verdict::Failed
-                } else if newer_state {
-                    Verdict::Superseded
-                } else {
-                    let delay = match result.retry_after {
-                        Some(asked) => policy.retry_after(asked),
-                        None => policy.jittered(attempts, rand::thread_rng().r#gen()),
-                    };
-                    Verdict::Retry {
-                        next_at: now + delay.as_millis() as Millis,
-                    }
-                };
+                let verdict = policy::verdict(
+                    Attempted {
+                        delivered: result.delivered(),
+                        gone: result.gone(),
+                        attempts,
+                        max_attempts: policy.max_attempts,
+                        kind: head.kind,
+                        state_behind,
+                    },
+                    || {
+                        let delay = match result.retry_after {
+                            Some(asked) => policy.retry_after(asked),
+                            None => policy.jittered(attempts, rand::thread_rng().r#gen()),
+                        };
+                        now + delay.as_millis() as Millis
+                    },
+                );
                 metrics::counter!("latch_delivery_attempts_total", "outcome" => result.label())
                     .increment(1);
                 metrics::histogram!("latch_delivery_attempt_seconds")
                     .record(result.duration.as_secs_f64());
-                let status = match verdict {
-                    Verdict::Delivered => Some(Status::Delivered),
-                    Verdict::Failed => Some(Status::Failed),
-                    Verdict::Superseded => Some(Status::Superseded),
-                    Verdict::Retry { .. } => None,
-                };
-                if let Some(s) = status {
-                    metrics::counter!("latch_notifications_total", "status" => s.as_str())
+                let status = policy::status_after(verdict);
+                if status != Status::Pending {
+                    metrics::counter!("latch_notifications_total", "status" => status.as_str())
                         .increment(1);
                 }
                 if verdict == Verdict::Delivered {
