@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::signing;
-use crate::domain::{Millis, client::secret_key, time};
-use crate::store::Sendable;
+use crate::domain::{Millis, Sendable, client::secret_key, time};
 
 /// The JSON body a client receives.
 #[derive(Serialize)]

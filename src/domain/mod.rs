@@ -1,14 +1,18 @@
 //! Pure types of latch's world: sensors, readings, clients, events and notifications.
-//! Nothing here does I/O; every other layer depends on these.
+//! Nothing here does I/O; every other layer depends on these. [`policy`] holds the rules
+//! over notifications that the store and the dispatcher both carry out.
 
 pub mod client;
 pub mod notification;
+pub mod outbox;
+pub mod policy;
 pub mod reading;
 pub mod sensor;
 pub mod time;
 
 pub use client::Client;
 pub use notification::{Attempt, Event, EventKind, Notification, Status};
+pub use outbox::{Claim, NotificationRef, Outcome, Sendable, Verdict};
 pub use reading::{Reading, RejectCode, Rejection};
 pub use sensor::{Connection, Sensor, SensorId, SensorStatus};
 pub use time::Millis;

@@ -6,10 +6,18 @@
 
 use async_trait::async_trait;
 
+use crate::domain::policy;
 use crate::domain::{
-    Attempt, Client, Connection, Event, EventKind, Millis, Notification, Sensor, SensorId,
-    SensorStatus, Status,
+    Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId, SensorStatus,
+    Status,
 };
+// The outbox types and the claim rule live in the domain now; named here too, so the
+// backends keep reaching them through `super::`.
+pub(crate) use crate::domain::policy::{ClaimRow, ClaimStep, claim_step};
+pub use crate::domain::{Claim, NotificationRef, Outcome, Sendable, Verdict};
+// The conformance suite reaches it through `super::*`.
+#[cfg(test)]
+use crate::domain::EventKind;
 pub use crate::engine::effects::{CommitBatch, ReadingRecord, StateUpdate};
 
 pub mod deadline;
@@ -143,59 +151,6 @@ impl SensorRuntime {
             heartbeat_timeout_s: self.heartbeat_timeout_s,
         }
     }
-}
-
-/// What the dispatcher needs of a pending notification to schedule it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NotificationRef {
-    pub id: String,
-    pub seq: i64,
-    pub client_id: String,
-    pub sensor_id: SensorId,
-    pub kind: EventKind,
-    pub due_at: Millis,
-    pub attempts: u32,
-}
-
-/// A claimed notification with what sending it needs, read from the registry now.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sendable {
-    pub notification: Notification,
-    pub url: String,
-    pub secret: String,
-    pub address: String,
-}
-
-/// The answer of a claim for one notification.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Claim {
-    /// Leased to the caller: send it.
-    Send(Box<Sendable>),
-    /// No longer pending (delivered, superseded, failed, or now cancelled because its client
-    /// is gone or no longer owns the sensor).
-    Done { id: String, status: Status },
-    /// Leased by someone else until then.
-    Leased { id: String, until: Millis },
-}
-
-/// What became of an attempt.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Verdict {
-    Delivered,
-    Retry { next_at: Millis },
-    Failed,
-    Superseded,
-}
-
-/// An attempt and its verdict, recorded in batches.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    pub notification_id: String,
-    /// The attempt made; `None` when the verdict needed none (superseded while waiting).
-    pub attempt: Option<Attempt>,
-    /// Attempts made including this one.
-    pub attempts: u32,
-    pub verdict: Verdict,
 }
 
 /// Filters of the notification list.
@@ -353,82 +308,15 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-/// A notification as a claim reads it: the row, its lease, and the registry now.
-pub(crate) struct ClaimRow {
-    pub notification: Notification,
-    pub lease_until: Option<Millis>,
-    pub claimed_by: Option<String>,
-    pub url: Option<String>,
-    pub secret: Option<String>,
-    pub address: Option<String>,
-    pub linked: bool,
-}
-
-/// What a claim does with one notification, the same on every backend.
-pub(crate) enum ClaimStep {
-    /// Lease it to the claiming node and send it.
-    Lease(Box<Sendable>),
-    /// Its client is gone or no longer owns the sensor: mark it cancelled.
-    Cancel,
-    /// Nothing to write: answer this.
-    Answer(Claim),
-}
-
-/// The claim rule: only pending notifications, not leased by another node, whose client
-/// still exists and still owns the sensor, are sent.
-pub(crate) fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
-    let n = row.notification;
-    if n.status != Status::Pending {
-        return ClaimStep::Answer(Claim::Done {
-            id: n.id,
-            status: n.status,
-        });
-    }
-    if let Some(until) = row.lease_until
-        && until > now
-        && row.claimed_by.as_deref() != Some(node)
-    {
-        return ClaimStep::Answer(Claim::Leased { id: n.id, until });
-    }
-    match (row.url, row.secret, row.address, row.linked) {
-        (Some(url), Some(secret), Some(address), true) => ClaimStep::Lease(Box::new(Sendable {
-            notification: n,
-            url,
-            secret,
-            address,
-        })),
-        _ => ClaimStep::Cancel,
-    }
-}
-
-/// Why a notification cannot be retried, when it cannot (the same on every backend).
+/// Why a notification cannot be retried, when it cannot ([`policy::retry_refusal`], as the
+/// store's error).
 pub(crate) fn retry_refusal(n: &Notification, newer_state_sent: bool) -> Option<Error> {
-    if n.status != Status::Failed {
-        return Some(Error::Conflict(format!(
-            "only failed notifications can be retried; this one is {}",
-            n.status.as_str()
-        )));
-    }
-    newer_state_sent.then(|| {
-        Error::Conflict(
-            "a newer state of this sensor was sent to this client since; \
-             retrying would deliver an older state after a newer one"
-                .into(),
-        )
-    })
+    policy::retry_refusal(n, newer_state_sent).map(|r| Error::Conflict(r.to_string()))
 }
 
 /// The dispatcher's view of a stored notification.
 pub(crate) fn notification_ref(n: &Notification) -> NotificationRef {
-    NotificationRef {
-        id: n.id.clone(),
-        seq: n.seq,
-        client_id: n.client_id.clone(),
-        sensor_id: n.sensor_id,
-        kind: n.kind,
-        due_at: n.next_attempt_at.unwrap_or(n.created_at),
-        attempts: n.attempts,
-    }
+    NotificationRef::of(n)
 }
 
 /// A history cursor made of a time and a row id, `"{ms}:{id}"`.

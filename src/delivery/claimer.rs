@@ -1,0 +1,127 @@
+//! The claimer: leases admitted heads from the store in batches and starts an attempt for
+//! each one leased to us. The claim reads URL and secret from the registry *now*, and
+//! cancels those whose client is gone or no longer owns the sensor.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::task::TaskTracker;
+
+use super::lanes::{Done, Finished, LaneKey};
+use super::{Cmd, Settings, sender};
+use crate::domain::{Claim, time::now_ms};
+use crate::store::Store;
+
+/// Most heads claimed in one store call.
+const CLAIM_BATCH_MAX: usize = 1024;
+/// Claims running at once on a shared (server) store.
+const CLAIMS_IN_FLIGHT: usize = 4;
+
+/// A head admitted by the limits, on its way to be claimed and sent.
+pub(super) struct Admitted {
+    pub lane: LaneKey,
+    pub id: String,
+    /// Requests in flight to its client.
+    pub client_sends: Arc<Semaphore>,
+}
+
+/// What sending a claimed head needs.
+#[derive(Clone)]
+pub(super) struct Sending {
+    pub http: reqwest::Client,
+    pub settings: Arc<Settings>,
+    /// Requests in flight in all (`concurrency` permits).
+    pub sends: Arc<Semaphore>,
+    pub tx: mpsc::UnboundedSender<Cmd>,
+    pub tracker: TaskTracker,
+}
+
+/// Claims due heads in batches: whatever piled up while the previous claim ran is claimed
+/// in one store call, so claims cost one transaction per batch under load, and spawns each
+/// attempt.
+pub(super) async fn claimer(
+    store: Arc<dyn Store>,
+    sending: Sending,
+    mut rx: mpsc::UnboundedReceiver<Admitted>,
+) {
+    // A server database takes several claims at once (each its own transaction and
+    // connection); the embedded one has a single writer, so one at a time is as fast.
+    let parallel = if store.shared() { CLAIMS_IN_FLIGHT } else { 1 };
+    let permits = Arc::new(Semaphore::new(parallel));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < CLAIM_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let (store, sending) = (store.clone(), sending.clone());
+        sending.tracker.clone().spawn(async move {
+            claim_and_send(store, sending, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Claims one batch of heads and starts an attempt for each one leased to us; an attempt
+/// waits for a request slot of its client and of the whole dispatcher.
+async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
+    let now = now_ms();
+    let ids: Vec<String> = batch.iter().map(|a| a.id.clone()).collect();
+    let claims = store
+        .claim(
+            ids,
+            sending.settings.node.clone(),
+            now,
+            now + sending.settings.lease(),
+        )
+        .await;
+    let tx = &sending.tx;
+    let claims = match claims {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
+            for Admitted { lane, id, .. } in batch {
+                let result = Finished::Later(now + 1000);
+                let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+            }
+            return;
+        }
+    };
+    for (admitted, claim) in batch.into_iter().zip(claims) {
+        let Admitted {
+            lane,
+            id,
+            client_sends,
+        } = admitted;
+        let result = match claim {
+            Claim::Send(s) => {
+                let sending = sending.clone();
+                sending.tracker.clone().spawn(async move {
+                    let result = {
+                        // The client's slot first: a global one is held only while sending.
+                        let Ok(_client) = client_sends.acquire().await else {
+                            return;
+                        };
+                        let Ok(_all) = sending.sends.acquire().await else {
+                            return;
+                        };
+                        sender::send(&sending.http, &s, sending.settings.timeout).await
+                    };
+                    let result = Finished::Attempted(result);
+                    let _ = sending
+                        .tx
+                        .send(Cmd::Done(Box::new(Done { lane, id, result })));
+                });
+                continue;
+            }
+            Claim::Done { status, .. } => Finished::Gone(status),
+            Claim::Leased { until, .. } => Finished::Later(until),
+        };
+        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+    }
+}

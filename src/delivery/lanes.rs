@@ -1,0 +1,500 @@
+//! Lanes, timers and the ready queue: the dispatcher's ordering as a state machine. It is
+//! told what arrived, what time it is and what came of each claimed head, and answers with
+//! what to do: the heads to claim now, the outcomes to record. No tokio, no store, no
+//! clock of its own, so it is tested by moving `now` by hand.
+//!
+//! Notifications queue in *lanes*, one per (client, sensor), in outbox order; only a
+//! lane's head is ever out (claimed or sending), which is what guarantees a client never
+//! sees an older state of a sensor after a newer one. A timer heap holds each idle lane's
+//! next due time. Due heads wait in `ready` until the global and per-client limits admit
+//! them, up to [`CLAIM_AHEAD`] times those limits, so the next claimed head is ready the
+//! moment a request ends.
+//!
+//! Memory follows the work *pending*, never the work done: a lane is dropped when its queue
+//! empties, a client's counters when nothing of it is out, stale timers are dropped once
+//! they outnumber the lanes, and finished ids are remembered only where sweeps need them
+//! (a shared store), for [`FINISHED_MEMORY_MS`]. A week of deliveries leaves the
+//! dispatcher as small as it started (`latch bench soak` measures it).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::Hash;
+use std::sync::Arc;
+
+use super::retry::RetryPolicy;
+use super::sender::AttemptResult;
+use crate::domain::policy::{self, Attempted, Queued};
+use crate::domain::{
+    Attempt, EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict,
+};
+
+/// A lane's name: its client and sensor.
+pub(super) type LaneKey = (Arc<str>, SensorId);
+
+/// How long a finished notification is not taken up again from a sweep: well beyond the
+/// time its result takes to be recorded.
+pub(super) const FINISHED_MEMORY_MS: Millis = 30_000;
+/// Heads admitted (claimed or sending) per request the limits allow.
+pub(super) const CLAIM_AHEAD: u32 = 2;
+/// Stale timer entries tolerated beyond two per lane before the heap is compacted.
+const TIMER_SLACK: usize = 1024;
+
+/// What came of a claimed head.
+pub(super) struct Done {
+    pub lane: LaneKey,
+    pub id: String,
+    pub result: Finished,
+}
+
+pub(super) enum Finished {
+    Attempted(AttemptResult),
+    /// Not pending any more (superseded, cancelled, …).
+    Gone(Status),
+    /// Someone else holds it until then; or the store could not be reached.
+    Later(Millis),
+}
+
+struct Entry {
+    id: String,
+    seq: i64,
+    kind: EventKind,
+    due: Millis,
+    attempts: u32,
+}
+
+impl Entry {
+    fn queued(&self) -> Queued {
+        Queued {
+            seq: self.seq,
+            kind: self.kind,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Entry>,
+    /// Its head is ready or in flight: timers leave it alone.
+    busy: bool,
+    /// When its one live timer fires. Other entries of the heap for this lane are stale.
+    timer: Option<Millis>,
+}
+
+/// Ids of notifications that left their lane lately, with when. Only a shared store's
+/// sweeps need them: a sweep may read a notification as pending just before our result
+/// for it is recorded. Forgotten after [`FINISHED_MEMORY_MS`], so this holds half a
+/// minute's worth of deliveries, not all of them.
+#[derive(Default)]
+struct RecentlyFinished {
+    at: HashMap<String, Millis>,
+    /// The same ids in the order they finished (an id finished twice is here twice).
+    order: VecDeque<(Millis, String)>,
+}
+
+impl RecentlyFinished {
+    fn insert(&mut self, id: String, now: Millis) {
+        self.forget(now);
+        self.at.insert(id.clone(), now);
+        self.order.push_back((now, id));
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.at.contains_key(id)
+    }
+
+    fn forget(&mut self, now: Millis) {
+        while let Some((at, _)) = self.order.front() {
+            if now - *at < FINISHED_MEMORY_MS {
+                break;
+            }
+            let Some((at, id)) = self.order.pop_front() else {
+                break;
+            };
+            // Only if it did not finish again since.
+            if self.at.get(&id) == Some(&at) {
+                self.at.remove(&id);
+            }
+        }
+        shrink(&mut self.at);
+        if self.order.capacity() > 64 && self.order.len() < self.order.capacity() / 4 {
+            self.order.shrink_to(self.order.len() * 2);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.at.len()
+    }
+}
+
+/// Gives a map's room back after a burst: a map keeps the capacity of its largest size,
+/// and the dispatcher's maps peak with a backlog (a restart with a million pending).
+fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
+/// Every pending notification the dispatcher knows, by lane, with what is due and what is
+/// out.
+pub(super) struct Lanes {
+    policy: RetryPolicy,
+    /// Heads out (claimed or sending) at most, in all and per client.
+    admit: usize,
+    admit_client: u32,
+    lanes: HashMap<LaneKey, Lane>,
+    timers: BinaryHeap<Reverse<(Millis, LaneKey)>>,
+    ready: VecDeque<LaneKey>,
+    inflight: usize,
+    client_inflight: HashMap<Arc<str>, u32>,
+    client_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
+    pending: usize,
+    /// Ids that left their lane lately; `None` unless the store is shared (nothing but a
+    /// sweep asks, and only a shared store is swept).
+    finished: Option<RecentlyFinished>,
+}
+
+impl Lanes {
+    /// Lanes for `concurrency` requests in all and `client_concurrency` per client, on a
+    /// store `shared` with other nodes or not.
+    pub(super) fn new(
+        policy: RetryPolicy,
+        concurrency: usize,
+        client_concurrency: u32,
+        shared: bool,
+    ) -> Self {
+        Self {
+            policy,
+            admit: concurrency * CLAIM_AHEAD as usize,
+            admit_client: client_concurrency * CLAIM_AHEAD,
+            lanes: HashMap::new(),
+            timers: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            inflight: 0,
+            client_inflight: HashMap::new(),
+            client_waiting: HashMap::new(),
+            pending: 0,
+            finished: shared.then(RecentlyFinished::default),
+        }
+    }
+
+    /// Notifications pending, in lanes or out.
+    pub(super) fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// Heads claimed or sending.
+    pub(super) fn inflight(&self) -> usize {
+        self.inflight
+    }
+
+    /// When the earliest timer fires (it may be stale: firing it then does nothing).
+    pub(super) fn next_timer(&self) -> Option<Millis> {
+        self.timers.peek().map(|Reverse((due, _))| *due)
+    }
+
+    /// Whether anything of the client is claimed or sending.
+    pub(super) fn client_busy(&self, client: &str) -> bool {
+        self.client_inflight.contains_key(client)
+    }
+
+    /// What a sweep of a shared store found pending. A sweep may read a notification as
+    /// pending just before our own result for it is recorded: ones we finished lately are
+    /// not taken up again.
+    pub(super) fn sweep(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
+        let refs = match &mut self.finished {
+            Some(finished) => {
+                finished.forget(now);
+                refs.into_iter()
+                    .filter(|r| !finished.contains(&r.id))
+                    .collect()
+            }
+            None => refs,
+        };
+        self.enqueue(refs, now)
+    }
+
+    /// Queues pending notifications in their lanes (ones already queued are skipped), and
+    /// returns the outcomes to record for the older ones they supersede.
+    pub(super) fn enqueue(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
+        let mut outcomes = Vec::new();
+        for r in refs {
+            let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
+            let lane = self.lanes.entry(key.clone()).or_default();
+            if lane.queue.iter().any(|e| e.id == r.id) {
+                continue;
+            }
+            // Older waiting state notifications are superseded. The commit did it in the
+            // store for unleased ones; record it for all, so a head whose lease was not yet
+            // released agrees too. A head in flight stays: it finishes first and the new
+            // one follows.
+            let newer = Queued {
+                seq: r.seq,
+                kind: r.kind,
+            };
+            let busy = lane.busy;
+            let superseded =
+                |i: usize, e: &Entry| policy::supersedes(newer, e.queued(), busy && i == 0);
+            if lane.queue.iter().enumerate().any(|(i, e)| superseded(i, e)) {
+                let queue = std::mem::take(&mut lane.queue);
+                for (i, e) in queue.into_iter().enumerate() {
+                    if superseded(i, &e) {
+                        self.pending -= 1;
+                        metrics::counter!("latch_notifications_total", "status" => "superseded")
+                            .increment(1);
+                        outcomes.push(Outcome {
+                            notification_id: e.id,
+                            attempt: None,
+                            attempts: e.attempts,
+                            verdict: Verdict::Superseded,
+                        });
+                    } else {
+                        lane.queue.push_back(e);
+                    }
+                }
+            }
+            let pos = lane
+                .queue
+                .partition_point(|e| e.seq < r.seq)
+                .max(usize::from(lane.busy));
+            lane.queue.insert(
+                pos,
+                Entry {
+                    id: r.id,
+                    seq: r.seq,
+                    kind: r.kind,
+                    due: r.due_at,
+                    attempts: r.attempts,
+                },
+            );
+            self.pending += 1;
+            if !lane.busy && pos == 0 {
+                let due = r.due_at;
+                self.schedule(key, due, now);
+            }
+        }
+        outcomes
+    }
+
+    fn schedule(&mut self, key: LaneKey, due: Millis, now: Millis) {
+        let Some(lane) = self.lanes.get_mut(&key) else {
+            return;
+        };
+        if due <= now {
+            lane.busy = true;
+            lane.timer = None;
+            self.ready.push_back(key);
+        } else if lane.timer != Some(due) {
+            lane.timer = Some(due);
+            self.timers.push(Reverse((due, key)));
+            self.compact_timers();
+        }
+    }
+
+    /// Drops stale timers once they outnumber the lanes. A stale one is skipped when it
+    /// comes due, but that can be an hour out (a retry's delay, then a newer state
+    /// superseded the retry): a sensor flapping for a dead client would leave one per
+    /// change. Each lane has at most one live timer, so a compaction leaves at most one
+    /// per lane, and the next one is at least as many pushes away: O(1) a push.
+    fn compact_timers(&mut self) {
+        if self.timers.len() <= 2 * self.lanes.len() + TIMER_SLACK {
+            return;
+        }
+        let lanes = &self.lanes;
+        self.timers
+            .retain(|Reverse((due, key))| lanes.get(key).is_some_and(|l| l.timer == Some(*due)));
+        self.timers.shrink_to(2 * self.timers.len() + TIMER_SLACK);
+    }
+
+    /// Moves the heads due by `now` to the ready queue.
+    pub(super) fn fire_timers(&mut self, now: Millis) {
+        while let Some(Reverse((due, _))) = self.timers.peek() {
+            if *due > now {
+                break;
+            }
+            let Some(Reverse((due, key))) = self.timers.pop() else {
+                break;
+            };
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
+            // Stale timers (the lane moved on since) are skipped.
+            if lane.timer != Some(due) {
+                continue;
+            }
+            lane.timer = None;
+            if lane.busy {
+                continue;
+            }
+            match lane.queue.front().map(|h| h.due) {
+                None => {}
+                Some(head_due) if head_due > now => {
+                    lane.timer = Some(head_due);
+                    self.timers.push(Reverse((head_due, key)));
+                }
+                Some(_) => {
+                    lane.busy = true;
+                    self.ready.push_back(key);
+                }
+            }
+        }
+    }
+
+    /// The ready heads the limits admit now, each with its lane: to be claimed and sent.
+    /// A head whose client is at its limit waits for one of that client's to finish.
+    pub(super) fn admit(&mut self) -> Vec<(LaneKey, String)> {
+        let mut batch = Vec::new();
+        while self.inflight < self.admit {
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(head) = self.lanes.get(&key).and_then(|l| l.queue.front()) else {
+                continue;
+            };
+            let id = head.id.clone();
+            let count = self.client_inflight.entry(key.0.clone()).or_default();
+            if *count >= self.admit_client {
+                self.client_waiting
+                    .entry(key.0.clone())
+                    .or_default()
+                    .push_back(key);
+                continue;
+            }
+            *count += 1;
+            self.inflight += 1;
+            batch.push((key, id));
+        }
+        batch
+    }
+
+    /// Takes what came of an admitted head: the head leaves its lane, waits for a retry,
+    /// or waits for a lease to run out, and the lane's next head is scheduled. Returns the
+    /// outcome to record, if an attempt was made; `jitter` (in `[0, 1)`) spreads a retry.
+    pub(super) fn finish(&mut self, d: Done, now: Millis, jitter: f64) -> Option<Outcome> {
+        self.inflight -= 1;
+        if let Some(c) = self.client_inflight.get_mut(&d.lane.0) {
+            *c -= 1;
+            if *c == 0 {
+                self.client_inflight.remove(&d.lane.0);
+            }
+        }
+        if let Some(waiting) = self.client_waiting.get_mut(&d.lane.0) {
+            if let Some(k) = waiting.pop_front() {
+                self.ready.push_back(k);
+            }
+            if waiting.is_empty() {
+                self.client_waiting.remove(&d.lane.0);
+            }
+        }
+        let lane = self.lanes.get_mut(&d.lane)?;
+        lane.busy = false;
+        // A state notification waits behind the head: an attempt that failed is then
+        // superseded rather than retried (the policy decides).
+        let state_behind = lane
+            .queue
+            .iter()
+            .skip(1)
+            .any(|e| e.kind == EventKind::StateChanged);
+        let Some(head) = lane.queue.front_mut() else {
+            self.lanes.remove(&d.lane);
+            return None;
+        };
+        if head.id != d.id {
+            // The head changed while this one was out (a manual retry of an older one).
+            let due = head.due;
+            self.schedule(d.lane, due, now);
+            return None;
+        }
+        let mut outcome = None;
+        let pop = match d.result {
+            Finished::Gone(status) => {
+                metrics::counter!("latch_notifications_total", "status" => status.as_str())
+                    .increment(1);
+                true
+            }
+            Finished::Later(until) => {
+                head.due = until;
+                false
+            }
+            Finished::Attempted(result) => {
+                let attempts = head.attempts + 1;
+                let retry = &self.policy;
+                let verdict = policy::verdict(
+                    Attempted {
+                        delivered: result.delivered(),
+                        gone: result.gone(),
+                        attempts,
+                        max_attempts: retry.max_attempts,
+                        kind: head.kind,
+                        state_behind,
+                    },
+                    || {
+                        let delay = match result.retry_after {
+                            Some(asked) => retry.retry_after(asked),
+                            None => retry.jittered(attempts, jitter),
+                        };
+                        now + delay.as_millis() as Millis
+                    },
+                );
+                attempt_metrics(&result, verdict, &head.id, now);
+                outcome = Some(Outcome {
+                    notification_id: head.id.clone(),
+                    attempt: Some(Attempt {
+                        notification_id: head.id.clone(),
+                        at: result.at,
+                        status_code: result.status_code,
+                        error: result.error,
+                        duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
+                    }),
+                    attempts,
+                    verdict,
+                });
+                match verdict {
+                    Verdict::Retry { next_at } => {
+                        head.attempts = attempts;
+                        head.due = next_at;
+                        false
+                    }
+                    _ => true,
+                }
+            }
+        };
+        if pop {
+            if let Some(done) = lane.queue.pop_front()
+                && let Some(finished) = &mut self.finished
+            {
+                finished.insert(done.id, now);
+            }
+            self.pending -= 1;
+        }
+        match lane.queue.front().map(|h| h.due) {
+            Some(due) => self.schedule(d.lane, due, now),
+            None => {
+                self.lanes.remove(&d.lane);
+                shrink(&mut self.lanes);
+            }
+        }
+        outcome
+    }
+}
+
+/// Counts an attempt, its duration, the status it left its notification in and, once
+/// delivered, how long after it was created (the id is a ULID: its time is the creation).
+fn attempt_metrics(result: &AttemptResult, verdict: Verdict, id: &str, now: Millis) {
+    metrics::counter!("latch_delivery_attempts_total", "outcome" => result.label()).increment(1);
+    metrics::histogram!("latch_delivery_attempt_seconds").record(result.duration.as_secs_f64());
+    let status = policy::status_after(verdict);
+    if status != Status::Pending {
+        metrics::counter!("latch_notifications_total", "status" => status.as_str()).increment(1);
+    }
+    if verdict == Verdict::Delivered {
+        let created = ulid::Ulid::from_string(id)
+            .map(|u| u.timestamp_ms() as Millis)
+            .unwrap_or(now);
+        metrics::histogram!("latch_delivery_latency_seconds")
+            .record((now - created).max(0) as f64 / 1000.0);
+    }
+}
+
+#[cfg(test)]
+mod tests;

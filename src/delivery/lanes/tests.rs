@@ -1,0 +1,352 @@
+//! The lanes driven by hand: notifications in, attempts answered, time moved by the test.
+//! What matters here is the order heads go out in, what the limits let through, and what
+//! the lanes keep in memory once the work is done.
+
+use std::time::Duration;
+
+use super::*;
+use crate::delivery::retry::Kind;
+
+/// How much the core holds, map by map.
+#[derive(Debug, Default, PartialEq)]
+struct Sizes {
+    lanes: usize,
+    timers: usize,
+    ready: usize,
+    client_inflight: usize,
+    client_waiting: usize,
+    finished: usize,
+    inflight: usize,
+    pending: usize,
+}
+
+impl Lanes {
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            lanes: self.lanes.len(),
+            timers: self.timers.len(),
+            ready: self.ready.len(),
+            client_inflight: self.client_inflight.len(),
+            client_waiting: self.client_waiting.len(),
+            finished: self.finished.as_ref().map_or(0, RecentlyFinished::len),
+            inflight: self.inflight,
+            pending: self.pending,
+        }
+    }
+}
+
+struct Harness {
+    core: Lanes,
+    /// Outcomes the lanes asked to record, in order.
+    outcomes: Vec<Outcome>,
+    seq: i64,
+    now: Millis,
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+/// A jitter draw that leaves a delay as it is.
+const NO_JITTER: f64 = 0.5;
+
+fn sensor(n: usize) -> SensorId {
+    SensorId::parse(&format!("s{n:07}")).unwrap()
+}
+
+fn answer(status: u16, now: Millis) -> Finished {
+    Finished::Attempted(AttemptResult {
+        at: now,
+        status_code: Some(status),
+        error: None,
+        duration: Duration::ZERO,
+        retry_after: None,
+    })
+}
+
+impl Harness {
+    /// Lanes on a shared store or not; retries wait `retry` (capped there), up to 100; 8
+    /// requests in all, 2 per client.
+    fn new(shared: bool, retry: Duration) -> Self {
+        let policy = RetryPolicy {
+            kind: Kind::Exponential { base: retry },
+            max_delay: retry,
+            max_attempts: 100,
+        };
+        Self {
+            core: Lanes::new(policy, 8, 2, shared),
+            outcomes: Vec::new(),
+            seq: 0,
+            now: 1_800_000_000_000,
+        }
+    }
+
+    /// One notification of `kind` about `sensor` for `client`, due now; returns its id.
+    fn notify(&mut self, client: usize, sensor_n: usize, kind: EventKind) -> String {
+        self.seq += 1;
+        let id = ulid::Ulid::new().to_string();
+        let r = NotificationRef {
+            id: id.clone(),
+            seq: self.seq,
+            client_id: format!("client{client}"),
+            sensor_id: sensor(sensor_n),
+            kind,
+            due_at: self.now,
+            attempts: 0,
+        };
+        let outcomes = self.core.enqueue(vec![r], self.now);
+        self.outcomes.extend(outcomes);
+        id
+    }
+
+    /// One state change of `sensor` for `client`, due now.
+    fn change(&mut self, client: usize, sensor: usize) {
+        self.notify(client, sensor, EventKind::StateChanged);
+    }
+
+    /// The heads due now that the limits admit.
+    fn admit(&mut self) -> Vec<(LaneKey, String)> {
+        self.core.fire_timers(self.now);
+        self.core.admit()
+    }
+
+    /// Tells the lanes what came of an admitted head.
+    fn finish(&mut self, (lane, id): (LaneKey, String), result: Finished) {
+        let done = Done { lane, id, result };
+        let outcome = self.core.finish(done, self.now, NO_JITTER);
+        self.outcomes.extend(outcome);
+    }
+
+    /// Sends what the limits admit and answers every attempt with `status`, until nothing
+    /// more is ready now. Returns the attempts made.
+    fn answer_all(&mut self, status: u16) -> usize {
+        let mut attempts = 0;
+        for _ in 0..1_000_000 {
+            let admitted = self.admit();
+            if admitted.is_empty() {
+                return attempts;
+            }
+            for head in admitted {
+                attempts += 1;
+                self.finish(head, answer(status, self.now));
+            }
+        }
+        panic!("the lanes never ran out of ready heads");
+    }
+
+    /// The verdicts recorded for `id`, oldest first.
+    fn verdicts(&self, id: &str) -> Vec<Verdict> {
+        self.outcomes
+            .iter()
+            .filter(|o| o.notification_id == id)
+            .map(|o| o.verdict)
+            .collect()
+    }
+}
+
+#[test]
+fn delivered_notifications_leave_nothing_behind_on_an_embedded_store() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let mut delivered = 0;
+    for _ in 0..50 {
+        for client in 0..4 {
+            for sensor in 0..50 {
+                h.change(client, sensor);
+            }
+        }
+        delivered += h.answer_all(200);
+        h.now += 10;
+    }
+    assert_eq!(delivered, 10_000);
+    // Nothing grows with the work done: all of it is over, so all of it is forgotten.
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
+#[test]
+fn on_a_shared_store_finished_ids_are_forgotten_after_a_while() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    for sensor in 0..100 {
+        h.change(0, sensor);
+    }
+    assert_eq!(h.answer_all(200), 100);
+    // Kept, for the sweeps that may still read them as pending.
+    assert_eq!(h.core.sizes().finished, 100);
+    h.now += FINISHED_MEMORY_MS + 1;
+    for sensor in 0..10 {
+        h.change(0, sensor);
+    }
+    assert_eq!(h.answer_all(200), 10);
+    assert_eq!(
+        h.core.sizes(),
+        Sizes {
+            finished: 10,
+            ..Sizes::default()
+        },
+        "only the ones of the last {FINISHED_MEMORY_MS} ms are remembered"
+    );
+}
+
+#[test]
+fn superseded_retries_leave_no_pile_of_stale_timers() {
+    // A dead client, a flapping sensor: every change fails once, waits an hour for its
+    // retry, and the next change supersedes it. Each leaves a timer an hour out.
+    let mut h = Harness::new(false, HOUR);
+    for _ in 0..5_000 {
+        h.change(0, 0);
+        assert_eq!(h.answer_all(500), 1);
+        h.now += 1;
+    }
+    let sizes = h.core.sizes();
+    assert_eq!((sizes.lanes, sizes.pending), (1, 1));
+    assert!(
+        sizes.timers <= 2 * sizes.lanes + TIMER_SLACK,
+        "stale timers are dropped: {sizes:?}"
+    );
+    // The last one's retry still comes, and then nothing is left.
+    h.now += 2 * HOUR.as_millis() as Millis;
+    assert_eq!(h.answer_all(200), 1);
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
+#[test]
+fn a_due_head_behind_a_stale_timer_is_still_sent() {
+    // The head's retry timer goes stale when a newer state replaces it; the replacement
+    // is sent at once and, failing too, gets a timer of its own that does fire.
+    let mut h = Harness::new(false, Duration::from_millis(50));
+    h.change(0, 0);
+    assert_eq!(h.answer_all(500), 1);
+    h.change(0, 0);
+    assert_eq!(h.answer_all(500), 1);
+    h.now += 1_000;
+    assert_eq!(h.answer_all(200), 1);
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
+#[test]
+fn only_a_lanes_head_is_out_and_the_lane_keeps_outbox_order() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let lost = h.notify(0, 0, EventKind::ConnectionLost);
+    let restored = h.notify(0, 0, EventKind::ConnectionRestored);
+    let out = h.admit();
+    assert_eq!(out.len(), 1, "one head per lane");
+    assert_eq!(out[0].1, lost);
+    assert!(h.admit().is_empty(), "nothing more while the head is out");
+    h.finish(out[0].clone(), answer(200, h.now));
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&restored]);
+    h.finish(out[0].clone(), answer(200, h.now));
+    assert_eq!(h.verdicts(&lost), [Verdict::Delivered]);
+    assert_eq!(h.verdicts(&restored), [Verdict::Delivered]);
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
+#[test]
+fn a_newer_state_supersedes_waiting_ones_but_not_the_one_in_flight() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let first = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    assert_eq!(out[0].1, first);
+    let second = h.notify(0, 0, EventKind::StateChanged);
+    let lost = h.notify(0, 0, EventKind::ConnectionLost);
+    let third = h.notify(0, 0, EventKind::StateChanged);
+    assert_eq!(h.verdicts(&second), [Verdict::Superseded]);
+    assert!(
+        h.verdicts(&first).is_empty(),
+        "in flight: it finishes first"
+    );
+    assert_eq!(h.core.pending(), 3);
+    // The head fails with a newer state behind it: superseded, not retried.
+    h.finish(out[0].clone(), answer(500, h.now));
+    assert_eq!(h.verdicts(&first), [Verdict::Superseded]);
+    let out = h.admit();
+    assert_eq!(out[0].1, lost, "lost/restored are never superseded");
+    h.finish(out[0].clone(), answer(200, h.now));
+    let out = h.admit();
+    assert_eq!(out[0].1, third);
+    h.finish(out[0].clone(), answer(200, h.now));
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
+#[test]
+fn a_failed_head_waits_for_its_retry_time() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    h.finish(out[0].clone(), answer(500, h.now));
+    let retry_at = h.now + 1_000;
+    assert_eq!(h.verdicts(&id), [Verdict::Retry { next_at: retry_at }]);
+    assert_eq!(h.core.next_timer(), Some(retry_at));
+    h.now = retry_at - 1;
+    assert!(h.admit().is_empty());
+    h.now = retry_at;
+    let out = h.admit();
+    assert_eq!(out[0].1, id);
+    h.finish(out[0].clone(), answer(200, h.now));
+    assert_eq!(
+        h.outcomes.last().map(|o| (o.attempts, o.verdict)),
+        Some((2, Verdict::Delivered))
+    );
+}
+
+#[test]
+fn gone_answers_leave_the_lane_without_an_outcome() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    h.finish(out[0].clone(), Finished::Gone(Status::Cancelled));
+    assert!(h.outcomes.is_empty(), "the store already knows");
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
+#[test]
+fn a_head_leased_elsewhere_is_tried_again_when_the_lease_runs_out() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    let until = h.now + 5_000;
+    h.finish(out[0].clone(), Finished::Later(until));
+    assert!(h.admit().is_empty());
+    h.now = until;
+    assert_eq!(h.admit().iter().map(|o| &o.1).collect::<Vec<_>>(), [&id]);
+}
+
+#[test]
+fn a_client_at_its_limit_waits_and_others_go_ahead() {
+    // 2 requests per client, claimed ahead twice over: 4 heads of a client out at most.
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    for sensor in 0..6 {
+        h.change(0, sensor);
+    }
+    h.change(1, 0);
+    let out = h.admit();
+    let per_client =
+        |out: &[(LaneKey, String)], c: &str| out.iter().filter(|(lane, _)| &*lane.0 == c).count();
+    assert_eq!(per_client(&out, "client0"), 4);
+    assert_eq!(per_client(&out, "client1"), 1);
+    assert_eq!(h.core.inflight(), 5);
+    assert!(h.core.client_busy("client1"));
+    // One of client0's ends: one of its waiting lanes goes.
+    let first = out.iter().find(|(lane, _)| &*lane.0 == "client0").cloned();
+    h.finish(first.unwrap(), answer(200, h.now));
+    assert_eq!(per_client(&h.admit(), "client0"), 1);
+}
+
+#[test]
+fn on_a_shared_store_a_sweep_skips_what_finished_lately() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    assert_eq!(h.answer_all(200), 1);
+    // The sweep read it as pending just before its result was recorded.
+    let stale = NotificationRef {
+        id: id.clone(),
+        seq: 1,
+        client_id: "client0".into(),
+        sensor_id: sensor(0),
+        kind: EventKind::StateChanged,
+        due_at: h.now,
+        attempts: 0,
+    };
+    h.core.sweep(vec![stale.clone()], h.now);
+    assert_eq!(h.core.pending(), 0);
+    // Long after, it would be taken up again (a sweep then reads the store's truth).
+    h.now += FINISHED_MEMORY_MS;
+    h.core.sweep(vec![stale], h.now);
+    assert_eq!(h.core.pending(), 1);
+}

@@ -1,0 +1,48 @@
+//! The recorder: writes attempts and verdicts to the store in batches, off the
+//! dispatcher's loop, so a slow write never holds up sending.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::domain::{Outcome, time::now_ms};
+use crate::store::Store;
+
+/// Most outcomes written in one store call.
+const RECORD_BATCH_MAX: usize = 2048;
+
+/// Writes attempts and verdicts in batches. A failed write is tried again (the outcomes
+/// stay in memory); if latch dies first, the leases run out and the attempts are repeated,
+/// which at-least-once delivery allows.
+pub(super) async fn recorder(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Outcome>) {
+    let mut batch = Vec::new();
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < RECORD_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(_) => break,
+            }
+        }
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match store.record(batch.clone(), now_ms()).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, outcomes = batch.len(), "Recording delivery outcomes failed; retrying.");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    if rx.is_closed() && backoff >= Duration::from_secs(5) {
+                        tracing::error!(
+                            outcomes = batch.len(),
+                            "Giving up on recording outcomes at shutdown; they will be attempted again."
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        batch.clear();
+    }
+}

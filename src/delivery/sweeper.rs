@@ -1,0 +1,63 @@
+//! The sweeper: on a store shared with other nodes, finds pending notifications this node
+//! was not told about (written by another node, or left by one that died).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::Cmd;
+use crate::store::Store;
+
+/// How often a node sharing its store with others looks for pending notifications it was
+/// not told about: written by another node, or left by one that died.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// How many sweeps back the watermark of a sweep lies: a notification committed by a
+/// transaction that began before that sweep may carry a lower seq than the newest one seen.
+const SWEEP_LOOKBACK: usize = 3;
+/// How often a sweep reads every pending notification, for transactions slower than the
+/// lookback.
+const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// On a shared store, feeds pending notifications to the dispatcher now and then; the
+/// dispatcher skips the ones it knows, and claims (with leases) settle who sends what. Most
+/// sweeps read only what came after the newest seq seen a few sweeps ago, so a large
+/// outbox is not read in full every 2 s.
+pub(super) async fn sweeper(
+    store: Arc<dyn Store>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    stop: CancellationToken,
+) {
+    let mut marks: VecDeque<i64> = VecDeque::new();
+    let mut last_full = Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+        let full = last_full.elapsed() >= FULL_SWEEP_EVERY;
+        let after = match marks.front() {
+            Some(&mark) if !full => mark,
+            _ => i64::MIN,
+        };
+        match store.load_pending(after).await {
+            Ok(refs) => {
+                if full {
+                    last_full = Instant::now();
+                }
+                let newest = refs.iter().map(|r| r.seq).max();
+                let mark = newest.max(marks.back().copied()).unwrap_or(i64::MIN);
+                marks.push_back(mark);
+                if marks.len() > SWEEP_LOOKBACK {
+                    marks.pop_front();
+                }
+                if tx.send(Cmd::Sweep(refs)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "Looking for pending notifications failed."),
+        }
+    }
+}

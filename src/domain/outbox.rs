@@ -1,0 +1,76 @@
+//! The outbox as the dispatcher and the store pass it between them: what is pending, what
+//! a claim answered, what an attempt came to. Plain data; the rules over it are in
+//! [`super::policy`].
+
+use super::notification::{Attempt, EventKind, Notification, Status};
+use super::sensor::SensorId;
+use super::time::Millis;
+
+/// What the dispatcher needs of a pending notification to schedule it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotificationRef {
+    pub id: String,
+    pub seq: i64,
+    pub client_id: String,
+    pub sensor_id: SensorId,
+    pub kind: EventKind,
+    pub due_at: Millis,
+    pub attempts: u32,
+}
+
+impl NotificationRef {
+    /// The dispatcher's view of a stored notification: due at its next attempt, or at once
+    /// if it never had one.
+    pub fn of(n: &Notification) -> Self {
+        Self {
+            id: n.id.clone(),
+            seq: n.seq,
+            client_id: n.client_id.clone(),
+            sensor_id: n.sensor_id,
+            kind: n.kind,
+            due_at: n.next_attempt_at.unwrap_or(n.created_at),
+            attempts: n.attempts,
+        }
+    }
+}
+
+/// A claimed notification with what sending it needs, read from the registry now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sendable {
+    pub notification: Notification,
+    pub url: String,
+    pub secret: String,
+    pub address: String,
+}
+
+/// The answer of a claim for one notification.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// Leased to the caller: send it.
+    Send(Box<Sendable>),
+    /// No longer pending (delivered, superseded, failed, or now cancelled because its client
+    /// is gone or no longer owns the sensor).
+    Done { id: String, status: Status },
+    /// Leased by someone else until then.
+    Leased { id: String, until: Millis },
+}
+
+/// What became of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    Delivered,
+    Retry { next_at: Millis },
+    Failed,
+    Superseded,
+}
+
+/// An attempt and its verdict, recorded in batches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub notification_id: String,
+    /// The attempt made; `None` when the verdict needed none (superseded while waiting).
+    pub attempt: Option<Attempt>,
+    /// Attempts made including this one.
+    pub attempts: u32,
+    pub verdict: Verdict,
+}
