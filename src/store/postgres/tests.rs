@@ -105,11 +105,3 @@ async fn migrations_are_idempotent_and_partitions_exist() {
         .get(0);
     assert_eq!(v as usize, MIGRATIONS.len());
 }
-
-#[tokio::test]
-async fn conformance_suite() {
-    let Some((store, _)) = fresh().await else {
-        return;
-    };
-    crate::store::conformance::run_all(std::sync::Arc::new(store)).await;
-}

@@ -190,10 +190,3 @@ async fn a_version_1_database_keeps_its_history_through_the_migrations() {
         vec![7, 8, 9]
     );
 }
-
-#[tokio::test]
-async fn conformance_suite() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
-    crate::store::conformance::run_all(Arc::new(store)).await;
-}
