@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, params};
 
-use super::super::rows::{self as row, EVENT_COLS, READING_COLS};
+use super::super::rows::{self as row, Cols, EVENT_COLS, READING_COLS};
 use super::super::{
     Error, HistoryBatch, HistorySink, Page, PageRequest, ReadingRecord, Result, Stored, TimeRange,
     limit_plus_one, split_cursor,
@@ -125,13 +125,13 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
         .prepare_cached(&format!(
             "SELECT {READING_COLS}, sensor_id FROM readings ORDER BY id LIMIT ?1"
         ))?
-        .query_map([limit], |r| row::reading(r, row::Cols::sensor_id(r, 5)?))?
+        .query_map([limit], |r| row::reading(r, r.sensor_id(5)?))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let events = c
         .prepare_cached(&format!(
             "SELECT {EVENT_COLS}, sensor_id FROM events ORDER BY id LIMIT ?1"
         ))?
-        .query_map([limit], |r| row::event(r, row::Cols::sensor_id(r, 6)?))?
+        .query_map([limit], |r| row::event(r, r.sensor_id(6)?))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let attempts = c
         .prepare_cached(
