@@ -22,6 +22,7 @@ pub use crate::engine::effects::{CommitBatch, ReadingRecord, StateUpdate};
 
 pub mod deadline;
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 #[cfg(test)]

@@ -1,0 +1,162 @@
+//! Checks of the group commit: state, history and the notifications a batch creates.
+
+use super::*;
+
+pub(super) async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
+    s.create_sensor(sensor("cm1")).await.unwrap();
+    s.create_client(client("cm-a", "http://a/")).await.unwrap();
+    s.create_client(client("cm-b", "http://b/")).await.unwrap();
+    s.link("cm-a".into(), sid("cm1"), 1).await.unwrap();
+    s.link("cm-b".into(), sid("cm1"), 1).await.unwrap();
+
+    let created = s
+        .commit(change("cm1", true, None, 10_000), 10_000)
+        .await
+        .unwrap();
+    assert_eq!(created.len(), 2, "one notification per linked client");
+    assert!(created[0].seq < created[1].seq);
+    let (_, status) = s.get_sensor(sid("cm1")).await.unwrap().unwrap();
+    assert_eq!(status.data, Some(true));
+    assert_eq!(status.changed_at, Some(10_000));
+    assert_eq!(status.connection, Connection::Online);
+
+    // A state write without a change leaves changed_at as stored.
+    let mut repeat = change("cm1", true, None, 10_500);
+    repeat.events.clear();
+    repeat.readings.clear();
+    repeat.states[0].changed_at = None;
+    s.commit(repeat, 10_500).await.unwrap();
+    let (_, status) = s.get_sensor(sid("cm1")).await.unwrap().unwrap();
+    assert_eq!(status.changed_at, Some(10_000), "kept when unchanged");
+    assert_eq!(status.last_seen_at, Some(10_500));
+
+    // A newer change supersedes the older pending, unleased ones.
+    let newer = s
+        .commit(change("cm1", false, Some(true), 20_000), 20_000)
+        .await
+        .unwrap();
+    let first = s
+        .get_notification(created[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap()
+        .0;
+    assert_eq!(first.status, Status::Superseded);
+    let pending = s.load_pending(i64::MIN).await.unwrap();
+    let newest = s.load_pending(newer[0].seq).await.unwrap();
+    assert_eq!(
+        newest.iter().map(|p| p.seq).collect::<Vec<_>>(),
+        vec![newer[1].seq],
+        "a sweep after a seq sees only what came later"
+    );
+    let ids: Vec<&str> = pending.iter().map(|p| p.id.as_str()).collect();
+    assert!(ids.contains(&newer[0].id.as_str()) && !ids.contains(&created[0].id.as_str()));
+
+    let rt = s.load_runtime().await.unwrap();
+    let cm = rt.iter().find(|r| r.id == sid("cm1")).unwrap();
+    assert_eq!(cm.data, Some(false));
+    assert_eq!(cm.last_ts, Some(20_000));
+
+    let readings = s
+        .list_readings(sid("cm1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(readings.items.len(), 2);
+    let ranged = s
+        .list_readings(
+            sid("cm1"),
+            TimeRange {
+                from: Some(15_000),
+                to: None,
+            },
+            page(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ranged.items.len(), 1);
+    assert!(!ranged.items[0].row.data);
+    let events = s
+        .list_events(sid("cm1"), TimeRange::default(), page(1))
+        .await
+        .unwrap();
+    assert_eq!(events.items.len(), 1);
+    let rest = s
+        .list_events(
+            sid("cm1"),
+            TimeRange::default(),
+            PageRequest {
+                limit: 1,
+                after: events.next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(rest.items[0].row.previous, Some(true));
+    assert_eq!(rest.next, None);
+
+    // Filters of the notification list.
+    let f = NotificationFilter {
+        client_id: Some("cm-a".into()),
+        sensor_id: Some(sid("cm1")),
+        status: Some(Status::Superseded),
+    };
+    let listed = s.list_notifications(f, page(10)).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].id, created[0].id);
+}
+
+pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
+    s.create_sensor(sensor("lv1")).await.unwrap();
+    s.create_client(client("lv-a", "http://a/")).await.unwrap();
+    s.link("lv-a".into(), sid("lv1"), 1).await.unwrap();
+    s.commit(change("lv1", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    let lost = CommitBatch {
+        readings: vec![],
+        states: vec![StateUpdate {
+            sensor_id: sid("lv1"),
+            data: Some(true),
+            changed_at: Some(1_000),
+            last_ts: Some(1_000),
+            last_seen_at: Some(1_000),
+            connection: Connection::Lost,
+        }],
+        events: vec![Event {
+            sensor_id: sid("lv1"),
+            kind: EventKind::ConnectionLost,
+            at: 61_000,
+            data: Some(true),
+            previous: None,
+            last_seen_at: Some(1_000),
+        }],
+    };
+    let created = s.commit(lost, 61_000).await.unwrap();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].kind, EventKind::ConnectionLost);
+    let (n, _) = s
+        .get_notification(created[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((n.data, n.last_seen_at), (Some(true), Some(1_000)));
+    let rt = s.load_runtime().await.unwrap();
+    assert_eq!(
+        rt.iter().find(|r| r.id == sid("lv1")).unwrap().connection,
+        Connection::Lost
+    );
+    let lost = s
+        .list_sensors(Some(Connection::Lost), page(1000))
+        .await
+        .unwrap();
+    assert!(lost.items.iter().any(|(x, _)| x.id == sid("lv1")));
+    let events = s
+        .list_events(sid("lv1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        events.items.last().unwrap().row.kind,
+        EventKind::ConnectionLost
+    );
+    assert_eq!(events.items.last().unwrap().row.last_seen_at, Some(1_000));
+}

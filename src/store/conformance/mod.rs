@@ -1,0 +1,137 @@
+//! One conformance suite for every `Store` backend: each check states a behaviour callers
+//! rely on. Every check is its own test on a fresh, empty store, for SQLite and for
+//! PostgreSQL, so one failure hides no other and the checks pass in any order.
+//!
+//! A check is an `async fn(&dyn Store)` in the module of its concern; [`suite!`] lists
+//! them all once and emits a `#[tokio::test]` per check and backend.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::domain::{Event, time::now_ms};
+
+mod commit;
+mod history;
+mod outbox;
+mod registry;
+
+/// An empty store for one check, with what has to live as long as it.
+struct Fresh {
+    store: Arc<dyn Store>,
+    /// The SQLite store's folder, removed after the store (fields drop in order).
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn fresh_sqlite() -> Option<Fresh> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::sqlite::SqliteStore::open(
+        dir.path(),
+        crate::store::sqlite::Synchronous::Normal,
+    )
+    .unwrap();
+    Some(Fresh {
+        store: Arc::new(store),
+        _dir: Some(dir),
+    })
+}
+
+/// A store on a fresh schema of the test database; `None` (SKIPPED) without one outside CI.
+async fn fresh_postgres() -> Option<Fresh> {
+    let (store, _schema) = crate::store::postgres::tests::fresh().await?;
+    Some(Fresh {
+        store: Arc::new(store),
+        _dir: None,
+    })
+}
+
+/// Emits, in a module named after the backend, one test per check, each on the store
+/// `$fresh()` opens (`None`: skipped).
+macro_rules! suite {
+    ($backend:ident, $fresh:path) => {
+        mod $backend {
+            suite!(@checks $fresh;
+                registry::sensors_crud_and_pagination,
+                registry::clients_and_links,
+                registry::import_skips_what_exists,
+                registry::deletes_cancel_pending,
+                registry::registry_changes_follow_create_change_delete,
+                commit::commit_creates_state_history_and_outbox,
+                commit::lost_state_survives_and_filters,
+                outbox::claim_reads_registry_and_cancels_orphans,
+                outbox::record_and_retry,
+                outbox::leases_exclude_other_nodes,
+                history::archive_keeps_reads_whole,
+                history::spool_ships_only_what_the_sink_took,
+            );
+        }
+    };
+    (@checks $fresh:path; $($concern:ident::$check:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let Some(fresh) = $fresh().await else {
+                    return;
+                };
+                super::$concern::$check(&*fresh.store).await;
+            }
+        )*
+    };
+}
+
+suite!(sqlite, super::fresh_sqlite);
+suite!(postgres, super::fresh_postgres);
+
+fn sid(s: &str) -> SensorId {
+    SensorId::parse(s).unwrap()
+}
+
+fn page(limit: u32) -> PageRequest {
+    PageRequest { limit, after: None }
+}
+
+fn sensor(id: &str) -> Sensor {
+    Sensor {
+        id: sid(id),
+        address: format!("address of {id}"),
+        heartbeat_timeout_s: None,
+        created_at: 1_000,
+    }
+}
+
+fn client(id: &str, url: &str) -> Client {
+    Client {
+        id: id.into(),
+        name: format!("client {id}"),
+        url: url.into(),
+        secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        created_at: 2_000,
+    }
+}
+
+fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBatch {
+    CommitBatch {
+        readings: vec![ReadingRecord {
+            sensor_id: sid(id),
+            data,
+            ts: at,
+            received_at: at,
+            late: false,
+        }],
+        states: vec![StateUpdate {
+            sensor_id: sid(id),
+            data: Some(data),
+            changed_at: Some(at),
+            last_ts: Some(at),
+            last_seen_at: Some(at),
+            connection: Connection::Online,
+        }],
+        events: vec![Event {
+            sensor_id: sid(id),
+            kind: EventKind::StateChanged,
+            at,
+            data: Some(data),
+            previous,
+            last_seen_at: None,
+        }],
+    }
+}

@@ -1,0 +1,162 @@
+//! History: readings and events listed, and the spool shipped to a sink.
+
+use deadpool_postgres::Pool;
+
+use super::super::rows::{self as row, Cols, EVENT_COLS, READING_COLS};
+use super::super::{
+    Error, HistoryBatch, HistorySink, Page, PageRequest, ReadingRecord, Result, Stored, TimeRange,
+    limit_plus_one, split_cursor,
+};
+use crate::domain::{Event, SensorId};
+
+pub(super) async fn list_readings(
+    pool: &Pool,
+    sensor_id: SensorId,
+    range: TimeRange,
+    page: PageRequest,
+) -> Result<Page<Stored<ReadingRecord>>> {
+    let (after_ts, after_id) = match &page.after {
+        Some(cur) => split_cursor(cur)?,
+        None => (i64::MIN, i64::MIN),
+    };
+    let c = pool.get().await?;
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {READING_COLS} FROM readings \
+             WHERE sensor_id = $1 AND ts >= $2 AND ts < $3 AND (ts, id) > ($4, $5) \
+             ORDER BY ts, id LIMIT $6"
+            ),
+            &[
+                &sensor_id.to_string(),
+                &range.from.unwrap_or(i64::MIN),
+                &range.to.unwrap_or(i64::MAX),
+                &after_ts,
+                &after_id,
+                &limit_plus_one(&page),
+            ],
+        )
+        .await?;
+    let rows = rows
+        .iter()
+        .map(|r| row::reading(r, sensor_id))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |r| {
+        format!("{}:{}", r.row.ts, r.id)
+    }))
+}
+
+pub(super) async fn list_events(
+    pool: &Pool,
+    sensor_id: SensorId,
+    range: TimeRange,
+    page: PageRequest,
+) -> Result<Page<Stored<Event>>> {
+    let (after_at, after_id) = match &page.after {
+        Some(cur) => split_cursor(cur)?,
+        None => (i64::MIN, i64::MIN),
+    };
+    let c = pool.get().await?;
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {EVENT_COLS} FROM events \
+             WHERE sensor_id = $1 AND at >= $2 AND at < $3 AND (at, id) > ($4, $5) \
+             ORDER BY at, id LIMIT $6"
+            ),
+            &[
+                &sensor_id.to_string(),
+                &range.from.unwrap_or(i64::MIN),
+                &range.to.unwrap_or(i64::MAX),
+                &after_at,
+                &after_id,
+                &limit_plus_one(&page),
+            ],
+        )
+        .await?;
+    let rows = rows
+        .iter()
+        .map(|r| row::event(r, sensor_id))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |e| {
+        format!("{}:{}", e.row.at, e.id)
+    }))
+}
+
+pub(super) async fn ship_history(
+    pool: &Pool,
+    limit: usize,
+    sink: &dyn HistorySink,
+) -> Result<usize> {
+    let limit = limit as i64;
+    let mut c = pool.get().await?;
+    // Rows are deleted (or marked) and locked in a transaction that commits only once
+    // the sink has them: a failure rolls back, other nodes skip the locked rows, and
+    // readers keep seeing them in the spool until ClickHouse has them too.
+    let tx = c.transaction().await?;
+    let readings = tx
+        .query(
+            &format!(
+                "DELETE FROM readings WHERE id = ANY(ARRAY(\
+               SELECT id FROM readings ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+             RETURNING {READING_COLS}, sensor_id"
+            ),
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(|r| row::reading(r, r.sensor_id(5)?))
+        .collect::<Result<Vec<_>>>()?;
+    let events = tx
+        .query(
+            &format!(
+                "DELETE FROM events WHERE id = ANY(ARRAY(\
+               SELECT id FROM events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+             RETURNING {EVENT_COLS}, sensor_id"
+            ),
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(|r| row::event(r, r.sensor_id(6)?))
+        .collect::<Result<Vec<_>>>()?;
+    let attempts = tx
+        .query(
+            "WITH a AS (UPDATE attempts SET shipped = true WHERE id = ANY(ARRAY(\
+               SELECT id FROM attempts WHERE NOT shipped ORDER BY id LIMIT $1 \
+               FOR UPDATE SKIP LOCKED)) \
+             RETURNING id, notification_id, at, status_code, error, duration_ms) \
+             SELECT a.id, a.notification_id, a.at, a.status_code, a.error, a.duration_ms, \
+               COALESCE(n.client_id, ''), COALESCE(n.sensor_id, ''), COALESCE(n.kind, '') \
+             FROM a LEFT JOIN notifications n ON n.id = a.notification_id ORDER BY a.id",
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(row::attempt_record)
+        .collect::<Result<Vec<_>>>()?;
+    let batch = HistoryBatch {
+        readings,
+        events,
+        attempts,
+    };
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    sink.insert(&batch).await.map_err(Error::Sink)?;
+    tx.commit().await?;
+    Ok(batch.len())
+}
+
+pub(super) async fn spool_depth(pool: &Pool) -> Result<u64> {
+    let c = pool.get().await?;
+    let n: i64 = c
+        .query_one(
+            "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+             + (SELECT COUNT(*) FROM attempts WHERE NOT shipped)",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(n as u64)
+}

@@ -1,0 +1,448 @@
+//! The PostgreSQL store: for deployments that outgrow one machine's SQLite, and for several
+//! latch nodes sharing one database.
+//!
+//! - A pool of connections (deadpool); every call takes one for its statement or
+//!   transaction.
+//! - Group commit writes each kind of row of a batch with one statement over `UNNEST`ed
+//!   arrays, not one statement per row.
+//! - Claims lock the rows they take with `FOR UPDATE SKIP LOCKED` and lease them
+//!   (`claimed_by`, `lease_until`), so two nodes never send the same attempt at once and a
+//!   dead node's leases run out and are taken over.
+//! - Migrations run under an advisory lock, so nodes starting together apply them once.
+//! - History is partitioned by month; the current and next months' partitions are created
+//!   at start, under the migration lock.
+//! - Every connection has a connect timeout and TCP keepalive, and the pool bounds its
+//!   waits; [`super::deadline::Deadline`] bounds each call on top, since a server that stops
+//!   answering enforces none of its own timeouts.
+//!
+//! This file connects, migrates and hands each call to the module of its concern
+//! (`registry`, `commit`, `outbox`, `history`), with the column lists and row mappers of
+//! `store::rows`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+use super::{
+    Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
+    PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
+};
+use crate::domain::{
+    Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
+};
+
+mod commit;
+mod history;
+mod outbox;
+mod registry;
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// Schema versions, applied in order; `latch_migrations` records which ran.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/postgres/0001_init.sql"),
+    include_str!("../migrations/postgres/0002_history_spool.sql"),
+    include_str!("../migrations/postgres/0003_sensor_changes.sql"),
+];
+
+/// Key of the advisory lock migrations run under ("latch" in ASCII).
+const MIGRATION_LOCK: i64 = 0x006c_6174_6368;
+/// Class of the advisory lock (with the schema as the other half of the key) that every
+/// group commit holds shared and a sensor delete exclusive. Without it a commit in flight
+/// when the delete runs (its rows not yet visible to the delete) lands after it, leaving
+/// readings and state of a deleted sensor behind, which a sensor re-created under that id
+/// would inherit. Deletes are rare, so commits almost never wait.
+const DELETE_LOCK: i32 = 0x6c74_6364;
+
+/// Most pooled connections.
+const POOL_SIZE: usize = 16;
+
+/// Months of history partitions created ahead of the current one.
+const MONTHS_AHEAD: i32 = 3;
+
+/// PostgreSQL implementation of [`Store`].
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    /// The data folder's lock, held for the store's life (see `store::lock_data_dir`).
+    _lock: Option<std::sync::Arc<std::fs::File>>,
+}
+
+fn backend(e: impl std::fmt::Display) -> Error {
+    Error::Backend(e.to_string())
+}
+
+/// A PostgreSQL error in the server's own words: message, SQLSTATE, detail and hint when
+/// the server answered; otherwise the client's description with its cause (`error
+/// connecting to server: Connection refused …`). tokio-postgres alone says "db error".
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut text = format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!("; detail: {detail}"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!("; hint: {hint}"));
+        }
+        return text;
+    }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Error::Backend(describe(&e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        use deadpool_postgres::PoolError;
+        match e {
+            PoolError::Backend(e) => e.into(),
+            PoolError::Timeout(kind) => Error::Backend(format!(
+                "no database connection within the timeout ({kind:?}); the database is not \
+                 answering"
+            )),
+            e => backend(e),
+        }
+    }
+}
+
+/// TCP keepalive probes start after this long idle, so a connection to a host that vanished
+/// is noticed and replaced rather than kept in the pool.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+
+/// The connection settings of `url` with latch's bounds: `timeout` to connect and for TCP
+/// to see its data acknowledged, keepalive probes, and plaintext only where the URL does not
+/// ask for TLS (`sslmode` require or verify-* is refused: this build speaks no TLS to
+/// PostgreSQL, and falling back to plaintext would send credentials and data in the clear).
+pub fn settings(url: &str, timeout: Duration) -> anyhow::Result<tokio_postgres::Config> {
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
+    for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        if key == "sslmode" && !matches!(value, "disable" | "allow" | "prefer") {
+            anyhow::bail!(
+                "invalid setting `database_url`: sslmode={value} asks for TLS, which latch does \
+                 not speak to PostgreSQL; use sslmode=disable on a trusted network, or reach \
+                 the database through a TLS tunnel (stunnel, a sidecar proxy)"
+            );
+        }
+    }
+    // `allow` is libpq's "plaintext first"; tokio-postgres does not know it.
+    let url = url.replace("sslmode=allow", "sslmode=disable");
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("invalid setting `database_url`: {e}"))?;
+    // Without TLS support, `prefer` (tokio-postgres's default) means plaintext: say so.
+    pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(timeout);
+    }
+    pg.keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .tcp_user_timeout(timeout.max(Duration::from_secs(1)));
+    Ok(pg)
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://…`), applies pending migrations and creates the
+    /// history partitions around now. Waiting for a pooled connection, opening one and
+    /// checking one out again each take at most `timeout`.
+    pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let pg = settings(url, timeout)?;
+        let manager = Manager::from_config(
+            pg,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .timeouts(deadpool_postgres::Timeouts {
+                wait: Some(timeout),
+                create: Some(timeout),
+                recycle: Some(timeout),
+            })
+            .build()
+            .map_err(|e| anyhow::anyhow!("database_url: {e}"))?;
+        let store = Self { pool, _lock: None };
+        store
+            .migrate()
+            .await
+            .map_err(|e| anyhow::anyhow!("database_url: cannot prepare the database: {e}"))?;
+        Ok(store)
+    }
+
+    /// Keeps the data folder's lock for as long as the store lives.
+    pub fn holding(mut self, lock: std::fs::File) -> Self {
+        self._lock = Some(std::sync::Arc::new(lock));
+        self
+    }
+
+    /// Applies pending migrations, one node at a time.
+    pub async fn migrate(&self) -> Result<()> {
+        let mut c = self.pool.get().await?;
+        c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        let result = async {
+            c.batch_execute(
+                "CREATE TABLE IF NOT EXISTS latch_migrations (version INTEGER PRIMARY KEY, \
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            )
+            .await?;
+            let done: i32 = c
+                .query_one(
+                    "SELECT COALESCE(MAX(version), 0) FROM latch_migrations",
+                    &[],
+                )
+                .await?
+                .get(0);
+            for (i, sql) in MIGRATIONS.iter().enumerate().skip(done as usize) {
+                let tx = c.transaction().await?;
+                tx.batch_execute(sql).await?;
+                tx.execute(
+                    "INSERT INTO latch_migrations (version) VALUES ($1)",
+                    &[&(i as i32 + 1)],
+                )
+                .await?;
+                tx.commit().await?;
+            }
+            // Under the same lock: two nodes creating one partition at once would race
+            // (`CREATE TABLE IF NOT EXISTS` checks, then one of them fails on the catalog).
+            ensure_partitions(&c, crate::domain::time::now_ms()).await
+        }
+        .await;
+        c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        result
+    }
+}
+
+/// Creates the monthly partitions of `readings` and `events` for the month of `now` and the
+/// next few, if they are missing. Runs under the migration lock.
+async fn ensure_partitions(c: &tokio_postgres::Client, now: Millis) -> Result<()> {
+    use chrono::{Datelike, TimeZone, Utc};
+    let t = Utc
+        .timestamp_millis_opt(now)
+        .single()
+        .ok_or_else(|| backend("time out of range"))?;
+    for k in 0..=MONTHS_AHEAD {
+        let month0 = t.year() * 12 + t.month0() as i32 + k;
+        let start = |m: i32| {
+            Utc.with_ymd_and_hms(m.div_euclid(12), m.rem_euclid(12) as u32 + 1, 1, 0, 0, 0)
+                .single()
+                .map(|d| d.timestamp_millis())
+                .unwrap_or(0)
+        };
+        let (from, to) = (start(month0), start(month0 + 1));
+        let name = format!(
+            "{:04}_{:02}",
+            month0.div_euclid(12),
+            month0.rem_euclid(12) + 1
+        );
+        for table in ["readings", "events"] {
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS {table}_{name} PARTITION OF {table} \
+                     FOR VALUES FROM ({from}) TO ({to})"
+            );
+            if let Err(e) = c.batch_execute(&sql).await {
+                // Rows of that month already in the default partition block it; they
+                // stay queryable there, so this is worth a warning, not a failure.
+                tracing::warn!(error = %describe(&e), table, month = %name,
+                        "Could not create a history partition.");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each call takes a pooled connection in the module of its concern.
+#[async_trait]
+impl Store for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.pool.get().await?.query_one("SELECT 1", &[]).await?;
+        Ok(())
+    }
+
+    async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        registry::create_sensor(&self.pool, s).await
+    }
+
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
+        registry::get_sensor(&self.pool, id).await
+    }
+
+    async fn list_sensors(
+        &self,
+        connection: Option<Conn>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        registry::list_sensors(&self.pool, connection, page).await
+    }
+
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        timeout: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        registry::replace_sensor(&self.pool, id, address, timeout).await
+    }
+
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        registry::delete_sensor(&self.pool, id, now).await
+    }
+
+    async fn create_client(&self, cl: Client) -> Result<()> {
+        registry::create_client(&self.pool, cl).await
+    }
+
+    async fn get_client(&self, id: String) -> Result<Option<Client>> {
+        registry::get_client(&self.pool, id).await
+    }
+
+    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
+        registry::list_clients(&self.pool, page).await
+    }
+
+    async fn replace_client(&self, cl: Client) -> Result<bool> {
+        registry::replace_client(&self.pool, cl).await
+    }
+
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        registry::delete_client(&self.pool, id, now).await
+    }
+
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        registry::link(&self.pool, client_id, sensor_id, now).await
+    }
+
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        registry::unlink(&self.pool, client_id, sensor_id).await
+    }
+
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        registry::list_client_sensors(&self.pool, client_id, page).await
+    }
+
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>> {
+        registry::list_sensor_clients(&self.pool, sensor_id, page).await
+    }
+
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+        registry::import(&self.pool, sensors, links).await
+    }
+
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        registry::load_runtime(&self.pool).await
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        registry::registry_changes(&self.pool, after).await
+    }
+
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        registry::prune_registry_changes(&self.pool, before).await
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        registry::newest_registry_change(&self.pool).await
+    }
+
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        commit::commit(&self.pool, batch, now).await
+    }
+
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<ReadingRecord>>> {
+        history::list_readings(&self.pool, sensor_id, range, page).await
+    }
+
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<Event>>> {
+        history::list_events(&self.pool, sensor_id, range, page).await
+    }
+
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        outbox::load_pending(&self.pool, after_seq).await
+    }
+
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>> {
+        outbox::claim(&self.pool, ids, node, now, lease_until).await
+    }
+
+    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+        outbox::record(&self.pool, outcomes, now).await
+    }
+
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        outbox::get_notification(&self.pool, id).await
+    }
+
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        outbox::list_notifications(&self.pool, filter, page).await
+    }
+
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        outbox::retry_notification(&self.pool, id, now).await
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        outbox::count_pending(&self.pool).await
+    }
+
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        history::ship_history(&self.pool, limit, sink).await
+    }
+
+    async fn spool_depth(&self) -> Result<u64> {
+        history::spool_depth(&self.pool).await
+    }
+}

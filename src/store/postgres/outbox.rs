@@ -1,0 +1,280 @@
+//! The outbox: pending notifications loaded, claimed under `FOR UPDATE SKIP LOCKED`,
+//! their attempts recorded, listed and retried.
+
+use std::collections::HashMap;
+
+use deadpool_postgres::Pool;
+use tokio_postgres::Row;
+
+use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
+use super::super::{
+    Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
+    Result, Verdict, claim_step, limit_plus_one, notification_ref, retry_refusal,
+};
+use crate::domain::{Attempt, EventKind, Millis, Notification, Status};
+
+pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<NotificationRef>> {
+    let c = pool.get().await?;
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {NOTIF_COLS} FROM notifications n \
+                 WHERE n.status = 'pending' AND n.seq > $1 ORDER BY n.seq"
+            ),
+            &[&after_seq],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| row::notification(r).map(|n| notification_ref(&n)))
+        .collect()
+}
+
+pub(super) async fn claim(
+    pool: &Pool,
+    ids: Vec<String>,
+    node: String,
+    now: Millis,
+    lease_until: Millis,
+) -> Result<Vec<Claim>> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    // Rows another node is claiming right now are skipped, not waited for.
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} \
+                 WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
+            ),
+            &[&ids],
+        )
+        .await?;
+    let mut found: HashMap<String, &Row> = HashMap::with_capacity(rows.len());
+    for r in &rows {
+        found.insert(r.get(0), r);
+    }
+    let locked: Vec<String> = if found.len() < ids.len() {
+        // Absent from the locked rows: either gone or locked by another node.
+        let missing: Vec<&String> = ids.iter().filter(|i| !found.contains_key(*i)).collect();
+        tx.query(
+            "SELECT id FROM notifications WHERE id = ANY($1)",
+            &[&missing],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    } else {
+        Vec::new()
+    };
+    let mut out = Vec::with_capacity(ids.len());
+    let (mut lease, mut cancel) = (Vec::new(), Vec::new());
+    for id in ids {
+        let Some(r) = found.get(&id) else {
+            out.push(if locked.contains(&id) {
+                Claim::Leased {
+                    id,
+                    until: now + 1000,
+                }
+            } else {
+                Claim::Done {
+                    id,
+                    status: Status::Cancelled,
+                }
+            });
+            continue;
+        };
+        match claim_step(row::claim_row(*r)?, &node, now) {
+            ClaimStep::Lease(s) => {
+                lease.push(id);
+                out.push(Claim::Send(s));
+            }
+            ClaimStep::Cancel => {
+                cancel.push(id.clone());
+                out.push(Claim::Done {
+                    id,
+                    status: Status::Cancelled,
+                });
+            }
+            ClaimStep::Answer(c) => out.push(c),
+        }
+    }
+    if !lease.is_empty() {
+        tx.execute(
+            "UPDATE notifications SET claimed_by = $2, lease_until = $3 WHERE id = ANY($1)",
+            &[&lease, &node, &lease_until],
+        )
+        .await?;
+    }
+    if !cancel.is_empty() {
+        tx.execute(
+            "UPDATE notifications SET status = 'cancelled', updated_at = $2 WHERE id = ANY($1)",
+            &[&cancel, &now],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+pub(super) async fn record(pool: &Pool, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
+    for o in &outcomes {
+        if let Some(a) = &o.attempt {
+            a_id.push(o.notification_id.as_str());
+            a_at.push(a.at);
+            a_code.push(a.status_code.map(i32::from));
+            a_err.push(a.error.as_deref());
+            a_dur.push(a.duration_ms as i64);
+        }
+        let (status, next) = match o.verdict {
+            Verdict::Delivered => (Status::Delivered, None),
+            Verdict::Retry { next_at } => (Status::Pending, Some(next_at)),
+            Verdict::Failed => (Status::Failed, None),
+            Verdict::Superseded => (Status::Superseded, None),
+        };
+        u_id.push(o.notification_id.as_str());
+        u_status.push(status.as_str());
+        u_attempts.push(o.attempts as i32);
+        u_next.push(next);
+    }
+    if !a_id.is_empty() {
+        tx.execute(
+            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
+             SELECT u.n, u.a, u.c, u.e, u.d FROM UNNEST($1::text[], $2::int8[], $3::int4[], \
+             $4::text[], $5::int8[]) WITH ORDINALITY AS u(n, a, c, e, d, o) ORDER BY u.o",
+            &[&a_id, &a_at, &a_code, &a_err, &a_dur],
+        )
+        .await?;
+    }
+    if !u_id.is_empty() {
+        tx.execute(
+            "UPDATE notifications n SET status = u.status, attempts = u.attempts, \
+             next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL \
+             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
+             AS u(id, status, attempts, next) WHERE n.id = u.id AND n.status = 'pending'",
+            &[&u_id, &u_status, &u_attempts, &u_next, &now],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn get_notification(
+    pool: &Pool,
+    id: String,
+) -> Result<Option<(Notification, Vec<Attempt>)>> {
+    let c = pool.get().await?;
+    let Some(found) = c
+        .query_opt(
+            &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1"),
+            &[&id],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let n = row::notification(&found)?;
+    let attempts = c
+        .query(
+            &format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE notification_id = $1 ORDER BY id"),
+            &[&id],
+        )
+        .await?
+        .iter()
+        .map(|r| row::attempt(r, 0))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some((n, attempts)))
+}
+
+pub(super) async fn list_notifications(
+    pool: &Pool,
+    filter: NotificationFilter,
+    page: PageRequest,
+) -> Result<Page<Notification>> {
+    let after: i64 = match &page.after {
+        Some(cur) => cur.parse().map_err(|_| Error::BadCursor)?,
+        None => 0,
+    };
+    let c = pool.get().await?;
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {NOTIF_COLS} FROM notifications n WHERE n.seq > $1 \
+                 AND ($2::text IS NULL OR n.client_id = $2) \
+                 AND ($3::text IS NULL OR n.sensor_id = $3) \
+                 AND ($4::text IS NULL OR n.status = $4) ORDER BY n.seq LIMIT $5"
+            ),
+            &[
+                &after,
+                &filter.client_id,
+                &filter.sensor_id.map(|s| s.to_string()),
+                &filter.status.map(|s| s.as_str().to_string()),
+                &limit_plus_one(&page),
+            ],
+        )
+        .await?;
+    let rows = rows
+        .iter()
+        .map(row::notification)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+}
+
+pub(super) async fn retry_notification(
+    pool: &Pool,
+    id: String,
+    now: Millis,
+) -> Result<NotificationRef> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    let found = tx
+        .query_opt(
+            &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1 FOR UPDATE"),
+            &[&id],
+        )
+        .await?
+        .ok_or(Error::NotFound("notification"))?;
+    let n = row::notification(&found)?;
+    let newer = n.kind == EventKind::StateChanged
+        && tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
+                 AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
+                 AND status IN ('pending', 'delivered'))",
+                &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
+            )
+            .await?
+            .get::<_, bool>(0);
+    if let Some(e) = retry_refusal(&n, newer) {
+        return Err(e);
+    }
+    tx.execute(
+        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = $2, \
+         updated_at = $2, claimed_by = NULL, lease_until = NULL WHERE id = $1",
+        &[&id, &now],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(NotificationRef {
+        due_at: now,
+        attempts: 0,
+        ..notification_ref(&n)
+    })
+}
+
+pub(super) async fn count_pending(pool: &Pool) -> Result<u64> {
+    let c = pool.get().await?;
+    let n: i64 = c
+        .query_one(
+            "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(n as u64)
+}

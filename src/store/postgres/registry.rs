@@ -1,0 +1,431 @@
+//! Sensors, clients, the links between them, bulk import, and the registry changes other
+//! nodes follow.
+
+use deadpool_postgres::Pool;
+
+use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
+use super::super::{Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one};
+use super::DELETE_LOCK;
+use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+
+pub(super) async fn create_sensor(pool: &Pool, s: Sensor) -> Result<()> {
+    let c = pool.get().await?;
+    let n = c
+        .execute(
+            "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+               VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING RETURNING id) \
+             INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
+            &[
+                &s.id.to_string(),
+                &s.address,
+                &s.heartbeat_timeout_s.map(|t| t as i32),
+                &s.created_at,
+            ],
+        )
+        .await?;
+    if n == 0 {
+        return Err(Error::Conflict(format!(
+            "sensor \"{}\" already exists",
+            s.id
+        )));
+    }
+    Ok(())
+}
+
+pub(super) async fn get_sensor(pool: &Pool, id: SensorId) -> Result<Option<SensorView>> {
+    let c = pool.get().await?;
+    c.query_opt(
+        &format!(
+            "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+             ON st.sensor_id = s.id WHERE s.id = $1"
+        ),
+        &[&id.to_string()],
+    )
+    .await?
+    .as_ref()
+    .map(row::sensor_view)
+    .transpose()
+}
+
+pub(super) async fn list_sensors(
+    pool: &Pool,
+    connection: Option<Conn>,
+    page: PageRequest,
+) -> Result<Page<SensorView>> {
+    let c = pool.get().await?;
+    let after = page.after.clone().unwrap_or_default();
+    let conn_filter = connection.map(|c| c.as_str().to_string());
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                 ON st.sensor_id = s.id WHERE s.id > $1 \
+                 AND ($2::text IS NULL OR COALESCE(st.connection, 'unknown') = $2) \
+                 ORDER BY s.id LIMIT $3"
+            ),
+            &[&after, &conn_filter, &limit_plus_one(&page)],
+        )
+        .await?;
+    let rows = rows
+        .iter()
+        .map(row::sensor_view)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+}
+
+pub(super) async fn replace_sensor(
+    pool: &Pool,
+    id: SensorId,
+    address: String,
+    timeout: Option<u32>,
+) -> Result<Option<SensorView>> {
+    let n = pool
+        .get()
+        .await?
+        .execute(
+            "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3 \
+               WHERE id = $1 RETURNING id) \
+             INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
+            &[&id.to_string(), &address, &timeout.map(|t| t as i32)],
+        )
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    get_sensor(pool, id).await
+}
+
+pub(super) async fn delete_sensor(pool: &Pool, id: SensorId, now: Millis) -> Result<bool> {
+    let mut c = pool.get().await?;
+    let id = id.to_string();
+    let tx = c.transaction().await?;
+    // Waits for the commits in flight; every statement after it sees their rows.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))",
+        &[&DELETE_LOCK],
+    )
+    .await?;
+    let n = tx
+        .execute("DELETE FROM sensors WHERE id = $1", &[&id])
+        .await?;
+    if n > 0 {
+        for table in ["sensor_state", "links", "readings", "events"] {
+            tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = $1"), &[&id])
+                .await?;
+        }
+        cancel_pending(&tx, "sensor_id", &id, now).await?;
+        tx.execute("INSERT INTO sensor_changes (sensor_id) VALUES ($1)", &[&id])
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(n > 0)
+}
+
+pub(super) async fn create_client(pool: &Pool, cl: Client) -> Result<()> {
+    let n = pool
+        .get()
+        .await?
+        .execute(
+            "INSERT INTO clients (id, name, url, secret, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+            &[&cl.id, &cl.name, &cl.url, &cl.secret, &cl.created_at],
+        )
+        .await?;
+    if n == 0 {
+        return Err(Error::Conflict(format!(
+            "client \"{}\" already exists",
+            cl.id
+        )));
+    }
+    Ok(())
+}
+
+pub(super) async fn get_client(pool: &Pool, id: String) -> Result<Option<Client>> {
+    let c = pool.get().await?;
+    c.query_opt(
+        &format!("SELECT {CLIENT_COLS} FROM clients c WHERE c.id = $1"),
+        &[&id],
+    )
+    .await?
+    .as_ref()
+    .map(row::client)
+    .transpose()
+}
+
+pub(super) async fn list_clients(pool: &Pool, page: PageRequest) -> Result<Page<Client>> {
+    let c = pool.get().await?;
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > $1 \
+                 ORDER BY c.id LIMIT $2"
+            ),
+            &[
+                &page.after.clone().unwrap_or_default(),
+                &limit_plus_one(&page),
+            ],
+        )
+        .await?;
+    let rows = rows.iter().map(row::client).collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+}
+
+pub(super) async fn replace_client(pool: &Pool, cl: Client) -> Result<bool> {
+    Ok(pool
+        .get()
+        .await?
+        .execute(
+            "UPDATE clients SET name = $2, url = $3, secret = $4 WHERE id = $1",
+            &[&cl.id, &cl.name, &cl.url, &cl.secret],
+        )
+        .await?
+        > 0)
+}
+
+pub(super) async fn delete_client(pool: &Pool, id: String, now: Millis) -> Result<bool> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    let n = tx
+        .execute("DELETE FROM clients WHERE id = $1", &[&id])
+        .await?;
+    tx.execute("DELETE FROM links WHERE client_id = $1", &[&id])
+        .await?;
+    cancel_pending(&tx, "client_id", &id, now).await?;
+    tx.commit().await?;
+    Ok(n > 0)
+}
+
+pub(super) async fn link(
+    pool: &Pool,
+    client_id: String,
+    sensor_id: SensorId,
+    now: Millis,
+) -> Result<()> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    check_pair(&tx, &client_id, sensor_id).await?;
+    tx.execute(
+        "INSERT INTO links (client_id, sensor_id, created_at) VALUES ($1, $2, $3) \
+         ON CONFLICT DO NOTHING",
+        &[&client_id, &sensor_id.to_string(), &now],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn unlink(pool: &Pool, client_id: String, sensor_id: SensorId) -> Result<()> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    check_pair(&tx, &client_id, sensor_id).await?;
+    tx.execute(
+        "DELETE FROM links WHERE client_id = $1 AND sensor_id = $2",
+        &[&client_id, &sensor_id.to_string()],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn list_client_sensors(
+    pool: &Pool,
+    client_id: String,
+    page: PageRequest,
+) -> Result<Page<SensorView>> {
+    let c = pool.get().await?;
+    if !exists(&c, "SELECT 1 FROM clients WHERE id = $1", &client_id).await? {
+        return Err(Error::NotFound("client"));
+    }
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {SENSOR_COLS} FROM links l JOIN sensors s ON s.id = l.sensor_id \
+                 LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+                 WHERE l.client_id = $1 AND s.id > $2 ORDER BY s.id LIMIT $3"
+            ),
+            &[
+                &client_id,
+                &page.after.clone().unwrap_or_default(),
+                &limit_plus_one(&page),
+            ],
+        )
+        .await?;
+    let rows = rows
+        .iter()
+        .map(row::sensor_view)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+}
+
+pub(super) async fn list_sensor_clients(
+    pool: &Pool,
+    sensor_id: SensorId,
+    page: PageRequest,
+) -> Result<Page<Client>> {
+    let c = pool.get().await?;
+    let sid = sensor_id.to_string();
+    if !exists(&c, "SELECT 1 FROM sensors WHERE id = $1", &sid).await? {
+        return Err(Error::NotFound("sensor"));
+    }
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {CLIENT_COLS} FROM links l JOIN clients c ON c.id = l.client_id \
+                 WHERE l.sensor_id = $1 AND c.id > $2 ORDER BY c.id LIMIT $3"
+            ),
+            &[
+                &sid,
+                &page.after.clone().unwrap_or_default(),
+                &limit_plus_one(&page),
+            ],
+        )
+        .await?;
+    let rows = rows.iter().map(row::client).collect::<Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+}
+
+pub(super) async fn import(
+    pool: &Pool,
+    sensors: Vec<Sensor>,
+    links: Vec<(String, SensorId)>,
+) -> Result<()> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    let ids: Vec<String> = sensors.iter().map(|s| s.id.to_string()).collect();
+    let addresses: Vec<&str> = sensors.iter().map(|s| s.address.as_str()).collect();
+    let timeouts: Vec<Option<i32>> = sensors
+        .iter()
+        .map(|s| s.heartbeat_timeout_s.map(|t| t as i32))
+        .collect();
+    let created: Vec<i64> = sensors.iter().map(|s| s.created_at).collect();
+    tx.execute(
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
+         ON CONFLICT (id) DO NOTHING",
+        &[&ids, &addresses, &timeouts, &created],
+    )
+    .await?;
+    let clients: Vec<&str> = links.iter().map(|(c, _)| c.as_str()).collect();
+    let sensors: Vec<String> = links.iter().map(|(_, s)| s.to_string()).collect();
+    tx.execute(
+        "INSERT INTO links (client_id, sensor_id, created_at) \
+         SELECT u.c, u.s, $3 FROM UNNEST($1::text[], $2::text[]) AS u(c, s) \
+         WHERE EXISTS (SELECT 1 FROM clients WHERE id = u.c) \
+         AND EXISTS (SELECT 1 FROM sensors WHERE id = u.s) ON CONFLICT DO NOTHING",
+        &[&clients, &sensors, &crate::domain::time::now_ms()],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn load_runtime(pool: &Pool) -> Result<Vec<SensorRuntime>> {
+    let c = pool.get().await?;
+    let rows = c
+        .query(
+            &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"),
+            &[],
+        )
+        .await?;
+    rows.iter().map(row::runtime).collect()
+}
+
+pub(super) async fn registry_changes(
+    pool: &Pool,
+    after: i64,
+) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+    let c = pool.get().await?;
+    let changes = c
+        .query(
+            "SELECT seq, sensor_id FROM sensor_changes WHERE seq > $1 ORDER BY seq",
+            &[&after],
+        )
+        .await?;
+    let newest = changes
+        .iter()
+        .map(|r| r.get::<_, i64>(0))
+        .max()
+        .unwrap_or(after);
+    let mut ids: Vec<String> = changes.iter().map(|r| r.get(1)).collect();
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok((newest, vec![]));
+    }
+    let now: std::collections::HashMap<SensorId, SensorRuntime> = c
+        .query(
+            &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ANY($1)"),
+            &[&ids],
+        )
+        .await?
+        .iter()
+        .map(|r| row::runtime(r).map(|rt| (rt.id, rt)))
+        .collect::<Result<_>>()?;
+    let changed = ids
+        .iter()
+        .map(|id| {
+            let id = SensorId::parse(id)
+                .map_err(|e| Error::Backend(format!("stored sensor id {id:?}: {e}")))?;
+            Ok((id, now.get(&id).copied()))
+        })
+        .collect::<Result<_>>()?;
+    Ok((newest, changed))
+}
+
+pub(super) async fn prune_registry_changes(pool: &Pool, before: Millis) -> Result<()> {
+    pool.get()
+        .await?
+        .execute("DELETE FROM sensor_changes WHERE at < $1", &[&before])
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn newest_registry_change(pool: &Pool) -> Result<i64> {
+    let c = pool.get().await?;
+    let row = c
+        .query_one("SELECT COALESCE(MAX(seq), 0) FROM sensor_changes", &[])
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Cancels pending notifications whose `column` is `value`.
+async fn cancel_pending(
+    tx: &deadpool_postgres::Transaction<'_>,
+    column: &str,
+    value: &str,
+    now: Millis,
+) -> Result<()> {
+    tx.execute(
+        &format!(
+            "UPDATE notifications SET status = 'cancelled', updated_at = $2, lease_until = NULL, \
+             claimed_by = NULL WHERE status = 'pending' AND {column} = $1"
+        ),
+        &[&value, &now],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn exists(c: &impl deadpool_postgres::GenericClient, sql: &str, arg: &str) -> Result<bool> {
+    Ok(c.query_opt(sql, &[&arg]).await?.is_some())
+}
+
+async fn check_pair(
+    c: &impl deadpool_postgres::GenericClient,
+    client_id: &str,
+    sensor_id: SensorId,
+) -> Result<()> {
+    if !exists(c, "SELECT 1 FROM clients WHERE id = $1", client_id).await? {
+        return Err(Error::NotFound("client"));
+    }
+    if !exists(
+        c,
+        "SELECT 1 FROM sensors WHERE id = $1",
+        &sensor_id.to_string(),
+    )
+    .await?
+    {
+        return Err(Error::NotFound("sensor"));
+    }
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! The column lists and row → domain mappers both backends share, so a column added to a
+//! query is mapped once. The SQL around the lists stays in each backend: the dialects differ
+//! in placeholders and arrays, not in which columns a sensor or a notification has.
+//!
+//! The mappers read through [`Cols`], which each backend's row type implements with its own
+//! column types (SQLite stores booleans and counts as `INTEGER`; PostgreSQL as `bool`,
+//! `int4` and `int8`).
+
+use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
+use crate::domain::{
+    Attempt, Client, Connection, Event, EventKind, Notification, Sensor, SensorId, SensorStatus,
+    Status,
+};
+
+/// A sensor with its status: [`sensor_view`].
+pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
+     st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown')";
+
+/// What the engine keeps of a sensor: [`runtime`], over `sensors s` and [`RUNTIME_JOIN`].
+pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.changed_at, \
+     st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown')";
+pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
+
+/// A client: [`client`].
+pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at";
+
+/// A notification: [`notification`].
+pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
+     n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
+     n.created_at, n.updated_at";
+
+/// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
+/// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
+pub(crate) const CLAIM_COLS: &str =
+    "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL";
+pub(crate) const CLAIM_FROM: &str = "notifications n \
+     LEFT JOIN clients c ON c.id = n.client_id \
+     LEFT JOIN sensors s ON s.id = n.sensor_id \
+     LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id";
+
+/// A reading of a known sensor: [`reading`].
+pub(crate) const READING_COLS: &str = "id, data, ts, received_at, late";
+
+/// An event of a known sensor: [`event`].
+pub(crate) const EVENT_COLS: &str = "id, kind, at, data, previous, last_seen_at";
+
+/// An attempt: [`attempt`].
+pub(crate) const ATTEMPT_COLS: &str = "notification_id, at, status_code, error, duration_ms";
+
+/// Typed access to the columns of one result row, by position.
+pub(crate) trait Cols {
+    type Error;
+    fn text(&self, i: usize) -> Result<String, Self::Error>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Self::Error>;
+    fn int(&self, i: usize) -> Result<i64, Self::Error>;
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Self::Error>;
+    fn flag(&self, i: usize) -> Result<bool, Self::Error>;
+    fn opt_flag(&self, i: usize) -> Result<Option<bool>, Self::Error>;
+    /// An attempt count (`int4` in PostgreSQL).
+    fn count(&self, i: usize) -> Result<u32, Self::Error>;
+    /// A number of seconds, if set (`int4` in PostgreSQL).
+    fn opt_count(&self, i: usize) -> Result<Option<u32>, Self::Error>;
+    /// An HTTP status, if one came back (`int4` in PostgreSQL).
+    fn opt_status_code(&self, i: usize) -> Result<Option<u16>, Self::Error>;
+    /// A duration in milliseconds (`int8` in PostgreSQL).
+    fn duration_ms(&self, i: usize) -> Result<u32, Self::Error>;
+    /// A stored sensor id; one that no longer parses is a backend error.
+    fn sensor_id(&self, i: usize) -> Result<SensorId, Self::Error>;
+}
+
+fn connection(s: &str) -> Connection {
+    Connection::parse(s).unwrap_or(Connection::Unknown)
+}
+
+fn kind(s: &str) -> EventKind {
+    EventKind::parse(s).unwrap_or(EventKind::StateChanged)
+}
+
+/// [`SENSOR_COLS`] from column 0.
+pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
+    Ok((
+        Sensor {
+            id: r.sensor_id(0)?,
+            address: r.text(1)?,
+            heartbeat_timeout_s: r.opt_count(2)?,
+            created_at: r.int(3)?,
+        },
+        SensorStatus {
+            data: r.opt_flag(4)?,
+            changed_at: r.opt_int(5)?,
+            last_seen_at: r.opt_int(6)?,
+            connection: connection(&r.text(7)?),
+        },
+    ))
+}
+
+/// [`RUNTIME_COLS`] from column 0.
+pub(crate) fn runtime<R: Cols>(r: &R) -> Result<SensorRuntime, R::Error> {
+    Ok(SensorRuntime {
+        id: r.sensor_id(0)?,
+        heartbeat_timeout_s: r.opt_count(1)?,
+        data: r.opt_flag(2)?,
+        changed_at: r.opt_int(3)?,
+        last_ts: r.opt_int(4)?,
+        last_seen_at: r.opt_int(5)?,
+        connection: connection(&r.text(6)?),
+    })
+}
+
+/// [`CLIENT_COLS`] from column 0.
+pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
+    Ok(Client {
+        id: r.text(0)?,
+        name: r.text(1)?,
+        url: r.text(2)?,
+        secret: r.text(3)?,
+        created_at: r.int(4)?,
+    })
+}
+
+/// [`NOTIF_COLS`] from column 0.
+pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
+    Ok(Notification {
+        id: r.text(0)?,
+        seq: r.int(1)?,
+        client_id: r.text(2)?,
+        sensor_id: r.sensor_id(3)?,
+        kind: kind(&r.text(4)?),
+        data: r.opt_flag(5)?,
+        previous: r.opt_flag(6)?,
+        occurred_at: r.int(7)?,
+        last_seen_at: r.opt_int(8)?,
+        status: Status::parse(&r.text(9)?).unwrap_or(Status::Pending),
+        attempts: r.count(10)?,
+        next_attempt_at: r.opt_int(11)?,
+        created_at: r.int(12)?,
+        updated_at: r.int(13)?,
+    })
+}
+
+/// [`NOTIF_COLS`] then [`CLAIM_COLS`], from column 0.
+pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
+    Ok(ClaimRow {
+        notification: notification(r)?,
+        lease_until: r.opt_int(14)?,
+        claimed_by: r.opt_text(15)?,
+        url: r.opt_text(16)?,
+        secret: r.opt_text(17)?,
+        address: r.opt_text(18)?,
+        linked: r.flag(19)?,
+    })
+}
+
+/// [`READING_COLS`] from column 0, of `sensor_id`.
+pub(crate) fn reading<R: Cols>(
+    r: &R,
+    sensor_id: SensorId,
+) -> Result<Stored<ReadingRecord>, R::Error> {
+    Ok(Stored {
+        id: r.int(0)?,
+        row: ReadingRecord {
+            sensor_id,
+            data: r.flag(1)?,
+            ts: r.int(2)?,
+            received_at: r.int(3)?,
+            late: r.flag(4)?,
+        },
+    })
+}
+
+/// [`EVENT_COLS`] from column 0, of `sensor_id`.
+pub(crate) fn event<R: Cols>(r: &R, sensor_id: SensorId) -> Result<Stored<Event>, R::Error> {
+    Ok(Stored {
+        id: r.int(0)?,
+        row: Event {
+            sensor_id,
+            kind: kind(&r.text(1)?),
+            at: r.int(2)?,
+            data: r.opt_flag(3)?,
+            previous: r.opt_flag(4)?,
+            last_seen_at: r.opt_int(5)?,
+        },
+    })
+}
+
+/// [`ATTEMPT_COLS`] from column `first` on.
+pub(crate) fn attempt<R: Cols>(r: &R, first: usize) -> Result<Attempt, R::Error> {
+    Ok(Attempt {
+        notification_id: r.text(first)?,
+        at: r.int(first + 1)?,
+        status_code: r.opt_status_code(first + 2)?,
+        error: r.opt_text(first + 3)?,
+        duration_ms: r.duration_ms(first + 4)?,
+    })
+}
+
+/// A spooled attempt: its id, [`ATTEMPT_COLS`], then the client, sensor and kind of its
+/// notification.
+pub(crate) fn attempt_record<R: Cols>(r: &R) -> Result<AttemptRecord, R::Error> {
+    Ok(AttemptRecord {
+        id: r.int(0)?,
+        attempt: attempt(r, 1)?,
+        client_id: r.text(6)?,
+        sensor_id: r.text(7)?,
+        kind: r.text(8)?,
+    })
+}
+
+/// SQLite keeps booleans as integers and range-checks what it narrows.
+impl Cols for rusqlite::Row<'_> {
+    type Error = rusqlite::Error;
+    fn text(&self, i: usize) -> rusqlite::Result<String> {
+        self.get(i)
+    }
+    fn opt_text(&self, i: usize) -> rusqlite::Result<Option<String>> {
+        self.get(i)
+    }
+    fn int(&self, i: usize) -> rusqlite::Result<i64> {
+        self.get(i)
+    }
+    fn opt_int(&self, i: usize) -> rusqlite::Result<Option<i64>> {
+        self.get(i)
+    }
+    fn flag(&self, i: usize) -> rusqlite::Result<bool> {
+        Ok(self.get::<_, i64>(i)? != 0)
+    }
+    fn opt_flag(&self, i: usize) -> rusqlite::Result<Option<bool>> {
+        Ok(self.get::<_, Option<i64>>(i)?.map(|v| v != 0))
+    }
+    fn count(&self, i: usize) -> rusqlite::Result<u32> {
+        self.get(i)
+    }
+    fn opt_count(&self, i: usize) -> rusqlite::Result<Option<u32>> {
+        self.get(i)
+    }
+    fn opt_status_code(&self, i: usize) -> rusqlite::Result<Option<u16>> {
+        self.get(i)
+    }
+    fn duration_ms(&self, i: usize) -> rusqlite::Result<u32> {
+        self.get(i)
+    }
+    fn sensor_id(&self, i: usize) -> rusqlite::Result<SensorId> {
+        let s: String = self.get(i)?;
+        SensorId::parse(&s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+    }
+}
+
+/// PostgreSQL has the types; a column of another type than asked is a bug in our SQL, so
+/// these use `get`, which panics on it, as the mappers always did.
+impl Cols for tokio_postgres::Row {
+    type Error = super::Error;
+    fn text(&self, i: usize) -> super::Result<String> {
+        Ok(self.get(i))
+    }
+    fn opt_text(&self, i: usize) -> super::Result<Option<String>> {
+        Ok(self.get(i))
+    }
+    fn int(&self, i: usize) -> super::Result<i64> {
+        Ok(self.get(i))
+    }
+    fn opt_int(&self, i: usize) -> super::Result<Option<i64>> {
+        Ok(self.get(i))
+    }
+    fn flag(&self, i: usize) -> super::Result<bool> {
+        Ok(self.get(i))
+    }
+    fn opt_flag(&self, i: usize) -> super::Result<Option<bool>> {
+        Ok(self.get(i))
+    }
+    fn count(&self, i: usize) -> super::Result<u32> {
+        Ok(self.get::<_, i32>(i) as u32)
+    }
+    fn opt_count(&self, i: usize) -> super::Result<Option<u32>> {
+        Ok(self.get::<_, Option<i32>>(i).map(|v| v as u32))
+    }
+    fn opt_status_code(&self, i: usize) -> super::Result<Option<u16>> {
+        Ok(self.get::<_, Option<i32>>(i).map(|c| c as u16))
+    }
+    fn duration_ms(&self, i: usize) -> super::Result<u32> {
+        Ok(self.get::<_, i64>(i) as u32)
+    }
+    fn sensor_id(&self, i: usize) -> super::Result<SensorId> {
+        let s: String = self.get(i);
+        SensorId::parse(&s)
+            .map_err(|e| super::Error::Backend(format!("stored sensor id {s:?}: {e}")))
+    }
+}

@@ -1,0 +1,351 @@
+//! The embedded store: SQLite in WAL mode, one writer connection and a few readers.
+//!
+//! SQLite allows one writer at a time, so writes share one connection behind a mutex and
+//! the engine makes them count by committing whole batches in one transaction. Readers get
+//! their own connections: in WAL mode they never block the writer nor wait for it. All
+//! calls run on Tokio's blocking pool, since rusqlite is synchronous.
+//!
+//! This file opens the database and says, for each call, whether it reads or writes; the SQL
+//! is in the module of its concern (`registry`, `commit`, `outbox`, `history`), as plain
+//! functions over a connection, with the column lists and row mappers of `store::rows`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use rusqlite::Connection;
+
+use super::{
+    Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
+    PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
+};
+use crate::domain::{
+    Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
+};
+
+mod commit;
+mod history;
+mod outbox;
+mod registry;
+#[cfg(test)]
+mod tests;
+
+const READERS: usize = 4;
+
+/// Schema versions, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/sqlite/0001_init.sql"),
+    include_str!("../migrations/sqlite/0002_history_spool.sql"),
+    include_str!("../migrations/sqlite/0003_readings_archive.sql"),
+];
+
+/// How hard SQLite syncs to disk at each commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync at every commit: survives power loss. The default.
+    Full,
+    /// fsync at checkpoints only: survives a crash of latch, not of the machine.
+    Normal,
+}
+
+impl Synchronous {
+    fn as_pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+struct Inner {
+    /// Held for the store's life: one process per data folder.
+    _lock: std::fs::File,
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+}
+
+/// SQLite implementation of [`Store`].
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+fn backend(e: rusqlite::Error) -> Error {
+    Error::Backend(e.to_string())
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        backend(e)
+    }
+}
+
+fn open_conn(path: &Path, sync: Synchronous) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", sync.as_pragma())?;
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `latch.db` in `dir` and brings its schema up to date.
+    pub fn open(dir: &Path, sync: Synchronous) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("data_dir: cannot create {}: {e}", dir.display()))?;
+        // The embedded store belongs to one process. The lock makes that a fact, which is
+        // what lets us release every lease at open: whoever held them is gone.
+        let lock = super::lock_data_dir(dir)?;
+        let path = dir.join("latch.db");
+        let mut writer = open_conn(&path, sync)?;
+        migrate(&mut writer)?;
+        writer.execute(
+            "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \
+             WHERE lease_until IS NOT NULL",
+            [],
+        )?;
+        let readers = (0..READERS)
+            .map(|_| open_conn(&path, sync).map(Mutex::new))
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                _lock: lock,
+                writer: Mutex::new(writer),
+                readers,
+                next_reader: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
+            let conn = inner.readers[i].lock().unwrap_or_else(|p| p.into_inner());
+            f(&conn)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+    }
+}
+
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// Each call is a read on a reader or a write on the writer; the SQL is in the module of
+/// its concern.
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ping(&self) -> Result<()> {
+        self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
+    }
+
+    async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        self.write(move |c| registry::create_sensor(c, s)).await
+    }
+
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
+        self.read(move |c| registry::get_sensor(c, id)).await
+    }
+
+    async fn list_sensors(
+        &self,
+        connection: Option<Conn>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| registry::list_sensors(c, connection, page))
+            .await
+    }
+
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        timeout: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        let n = self
+            .write(move |c| registry::replace_sensor(c, id, address, timeout))
+            .await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.get_sensor(id).await
+    }
+
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        self.write(move |c| registry::delete_sensor(c, id, now))
+            .await
+    }
+
+    async fn create_client(&self, cl: Client) -> Result<()> {
+        self.write(move |c| registry::create_client(c, cl)).await
+    }
+
+    async fn get_client(&self, id: String) -> Result<Option<Client>> {
+        self.read(move |c| registry::get_client(c, id)).await
+    }
+
+    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
+        self.read(move |c| registry::list_clients(c, page)).await
+    }
+
+    async fn replace_client(&self, cl: Client) -> Result<bool> {
+        self.write(move |c| registry::replace_client(c, cl)).await
+    }
+
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        self.write(move |c| registry::delete_client(c, id, now))
+            .await
+    }
+
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        self.write(move |c| registry::link(c, client_id, sensor_id, now))
+            .await
+    }
+
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        self.write(move |c| registry::unlink(c, client_id, sensor_id))
+            .await
+    }
+
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| registry::list_client_sensors(c, client_id, page))
+            .await
+    }
+
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>> {
+        self.read(move |c| registry::list_sensor_clients(c, sensor_id, page))
+            .await
+    }
+
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+        self.write(move |c| registry::import(c, sensors, links))
+            .await
+    }
+
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        self.read(registry::load_runtime).await
+    }
+
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| commit::commit(c, &batch, now)).await
+    }
+
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<ReadingRecord>>> {
+        self.read(move |c| history::list_readings(c, sensor_id, range, page))
+            .await
+    }
+
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<Event>>> {
+        self.read(move |c| history::list_events(c, sensor_id, range, page))
+            .await
+    }
+
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        self.read(move |c| outbox::load_pending(c, after_seq)).await
+    }
+
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>> {
+        // Claims commit on the writer at its configured durability. Leases would not need
+        // it (every lease is released at open), but switching `synchronous` off around a
+        // claim would leave the connection that commits readings unsynced whenever the
+        // switch back failed or a panic cut it short; an fsync per claim is the safer cost.
+        self.write(move |c| outbox::claim(c, ids, &node, now, lease_until))
+            .await
+    }
+
+    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+        self.write(move |c| outbox::record(c, outcomes, now)).await
+    }
+
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        self.read(move |c| outbox::get_notification(c, id)).await
+    }
+
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        self.read(move |c| outbox::list_notifications(c, filter, page))
+            .await
+    }
+
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        self.write(move |c| outbox::retry_notification(c, id, now))
+            .await
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        self.read(outbox::count_pending).await
+    }
+
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        history::ship(self, limit, sink).await
+    }
+
+    async fn archive_history(&self, limit: usize) -> Result<usize> {
+        self.write(move |c| history::archive(c, limit)).await
+    }
+
+    async fn spool_depth(&self) -> Result<u64> {
+        self.read(history::spool_depth).await
+    }
+}

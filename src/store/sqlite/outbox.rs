@@ -1,0 +1,209 @@
+//! The outbox: pending notifications loaded, claimed, their attempts recorded, listed and
+//! retried.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
+use super::super::{
+    Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
+    Result, Verdict, claim_step, limit_plus_one, notification_ref, retry_refusal,
+};
+use crate::domain::{Attempt, EventKind, Millis, Notification, Status};
+
+pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
+    let rows = c
+        .prepare(&format!(
+            "SELECT {NOTIF_COLS} FROM notifications n \
+             WHERE n.status = 'pending' AND n.seq > ?1 ORDER BY n.seq"
+        ))?
+        .query_map([after_seq], |r| row::notification(r))?
+        .map(|n| n.map(|n| notification_ref(&n)))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// The claim itself, in one transaction.
+pub(super) fn claim(
+    c: &mut Connection,
+    ids: Vec<String>,
+    node: &str,
+    now: Millis,
+    lease_until: Millis,
+) -> Result<Vec<Claim>> {
+    let tx = c.transaction()?;
+    let mut out = Vec::with_capacity(ids.len());
+    {
+        let mut select = tx.prepare_cached(&format!(
+            "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
+        ))?;
+        let mut lease = tx.prepare_cached(
+            "UPDATE notifications SET claimed_by = ?2, lease_until = ?3 WHERE id = ?1",
+        )?;
+        let mut cancel = tx.prepare_cached(
+            "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
+        )?;
+        for id in ids {
+            let row = select.query_row([&id], |r| row::claim_row(r)).optional()?;
+            let Some(row) = row else {
+                out.push(Claim::Done {
+                    id,
+                    status: Status::Cancelled,
+                });
+                continue;
+            };
+            match claim_step(row, node, now) {
+                ClaimStep::Lease(s) => {
+                    lease.execute(params![id, node, lease_until])?;
+                    out.push(Claim::Send(s));
+                }
+                ClaimStep::Cancel => {
+                    cancel.execute(params![id, now])?;
+                    out.push(Claim::Done {
+                        id,
+                        status: Status::Cancelled,
+                    });
+                }
+                ClaimStep::Answer(c) => out.push(c),
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+pub(super) fn record(c: &mut Connection, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+    let tx = c.transaction()?;
+    {
+        let mut attempt = tx.prepare_cached(
+            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        let mut update = tx.prepare_cached(
+            "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
+             updated_at = ?5, claimed_by = NULL, lease_until = NULL \
+             WHERE id = ?1 AND status = 'pending'",
+        )?;
+        for o in &outcomes {
+            if let Some(a) = &o.attempt {
+                attempt.execute(params![
+                    o.notification_id,
+                    a.at,
+                    a.status_code,
+                    a.error,
+                    a.duration_ms
+                ])?;
+            }
+            let (status, next) = match o.verdict {
+                Verdict::Delivered => (Status::Delivered, None),
+                Verdict::Retry { next_at } => (Status::Pending, Some(next_at)),
+                Verdict::Failed => (Status::Failed, None),
+                Verdict::Superseded => (Status::Superseded, None),
+            };
+            update.execute(params![
+                o.notification_id,
+                status.as_str(),
+                o.attempts,
+                next,
+                now
+            ])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+pub(super) fn get_notification(
+    c: &Connection,
+    id: String,
+) -> Result<Option<(Notification, Vec<Attempt>)>> {
+    let Some(n) = c
+        .prepare_cached(&format!(
+            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
+        ))?
+        .query_row([&id], |r| row::notification(r))
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    let attempts = c
+        .prepare_cached(&format!(
+            "SELECT {ATTEMPT_COLS} FROM attempts WHERE notification_id = ?1 ORDER BY id"
+        ))?
+        .query_map([&id], |r| row::attempt(r, 0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Some((n, attempts)))
+}
+
+pub(super) fn list_notifications(
+    c: &Connection,
+    filter: NotificationFilter,
+    page: PageRequest,
+) -> Result<Page<Notification>> {
+    let after: i64 = match &page.after {
+        Some(cur) => cur.parse().map_err(|_| Error::BadCursor)?,
+        None => 0,
+    };
+    let rows = c
+        .prepare_cached(&format!(
+            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.seq > ?1 \
+             AND (?2 IS NULL OR n.client_id = ?2) AND (?3 IS NULL OR n.sensor_id = ?3) \
+             AND (?4 IS NULL OR n.status = ?4) ORDER BY n.seq LIMIT ?5"
+        ))?
+        .query_map(
+            params![
+                after,
+                filter.client_id,
+                filter.sensor_id.map(|s| s.to_string()),
+                filter.status.map(|s| s.as_str()),
+                limit_plus_one(&page)
+            ],
+            |r| row::notification(r),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+}
+
+pub(super) fn retry_notification(
+    c: &mut Connection,
+    id: String,
+    now: Millis,
+) -> Result<NotificationRef> {
+    let tx = c.transaction()?;
+    let n = tx
+        .prepare_cached(&format!(
+            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
+        ))?
+        .query_row([&id], |r| row::notification(r))
+        .optional()?
+        .ok_or(Error::NotFound("notification"))?;
+    let newer = n.kind == EventKind::StateChanged
+        && tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
+             AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
+             AND status IN ('pending', 'delivered'))",
+            params![n.client_id, n.sensor_id.to_string(), n.seq],
+            |r| r.get::<_, bool>(0),
+        )?;
+    if let Some(e) = retry_refusal(&n, newer) {
+        return Err(e);
+    }
+    tx.execute(
+        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
+         updated_at = ?2, claimed_by = NULL, lease_until = NULL WHERE id = ?1",
+        params![id, now],
+    )?;
+    tx.commit()?;
+    Ok(NotificationRef {
+        due_at: now,
+        attempts: 0,
+        ..notification_ref(&n)
+    })
+}
+
+pub(super) fn count_pending(c: &Connection) -> Result<u64> {
+    Ok(c.query_row(
+        "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
+        [],
+        |r| r.get(0),
+    )?)
+}

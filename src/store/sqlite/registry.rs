@@ -1,0 +1,298 @@
+//! Sensors, clients, the links between them and bulk import, over one connection.
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
+use super::super::{Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one};
+use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+
+/// `Conflict` if the id exists.
+pub(super) fn create_sensor(c: &Connection, s: Sensor) -> Result<()> {
+    let n = c.execute(
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+        params![
+            s.id.to_string(),
+            s.address,
+            s.heartbeat_timeout_s,
+            s.created_at
+        ],
+    )?;
+    if n == 0 {
+        return Err(Error::Conflict(format!(
+            "sensor \"{}\" already exists",
+            s.id
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn get_sensor(c: &Connection, id: SensorId) -> Result<Option<SensorView>> {
+    Ok(c.prepare_cached(&format!(
+        "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+         ON st.sensor_id = s.id WHERE s.id = ?1"
+    ))?
+    .query_row([id.to_string()], |r| row::sensor_view(r))
+    .optional()?)
+}
+
+pub(super) fn list_sensors(
+    c: &Connection,
+    connection: Option<Conn>,
+    page: PageRequest,
+) -> Result<Page<SensorView>> {
+    let after = page.after.clone().unwrap_or_default();
+    let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
+    let rows = c
+        .prepare_cached(&format!(
+            "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+             ON st.sensor_id = s.id WHERE s.id > ?1 \
+             AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) \
+             ORDER BY s.id LIMIT ?3"
+        ))?
+        .query_map(params![after, conn_filter, limit_plus_one(&page)], |r| {
+            row::sensor_view(r)
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+}
+
+/// How many sensors were updated (0 or 1).
+pub(super) fn replace_sensor(
+    c: &Connection,
+    id: SensorId,
+    address: String,
+    timeout: Option<u32>,
+) -> Result<usize> {
+    Ok(c.execute(
+        "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3 WHERE id = ?1",
+        params![id.to_string(), address, timeout],
+    )?)
+}
+
+pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Result<bool> {
+    let id = id.to_string();
+    let tx = c.transaction()?;
+    let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
+    if n > 0 {
+        for table in [
+            "sensor_state",
+            "links",
+            "readings",
+            "readings_archive",
+            "events",
+        ] {
+            tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
+        }
+        cancel_pending(&tx, "sensor_id", &id, now)?;
+    }
+    tx.commit()?;
+    Ok(n > 0)
+}
+
+pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
+    let n = c.execute(
+        "INSERT INTO clients (id, name, url, secret, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (id) DO NOTHING",
+        params![cl.id, cl.name, cl.url, cl.secret, cl.created_at],
+    )?;
+    if n == 0 {
+        return Err(Error::Conflict(format!(
+            "client \"{}\" already exists",
+            cl.id
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn get_client(c: &Connection, id: String) -> Result<Option<Client>> {
+    Ok(c.prepare_cached(&format!(
+        "SELECT {CLIENT_COLS} FROM clients c WHERE c.id = ?1"
+    ))?
+    .query_row([id], |r| row::client(r))
+    .optional()?)
+}
+
+pub(super) fn list_clients(c: &Connection, page: PageRequest) -> Result<Page<Client>> {
+    let rows = c
+        .prepare_cached(&format!(
+            "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > ?1 ORDER BY c.id LIMIT ?2"
+        ))?
+        .query_map(
+            params![
+                page.after.clone().unwrap_or_default(),
+                limit_plus_one(&page)
+            ],
+            |r| row::client(r),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+}
+
+pub(super) fn replace_client(c: &Connection, cl: Client) -> Result<bool> {
+    Ok(c.execute(
+        "UPDATE clients SET name = ?2, url = ?3, secret = ?4 WHERE id = ?1",
+        params![cl.id, cl.name, cl.url, cl.secret],
+    )? > 0)
+}
+
+pub(super) fn delete_client(c: &mut Connection, id: String, now: Millis) -> Result<bool> {
+    let tx = c.transaction()?;
+    let n = tx.execute("DELETE FROM clients WHERE id = ?1", [&id])?;
+    tx.execute("DELETE FROM links WHERE client_id = ?1", [&id])?;
+    cancel_pending(&tx, "client_id", &id, now)?;
+    tx.commit()?;
+    Ok(n > 0)
+}
+
+pub(super) fn link(
+    c: &mut Connection,
+    client_id: String,
+    sensor_id: SensorId,
+    now: Millis,
+) -> Result<()> {
+    let tx = c.transaction()?;
+    check_pair(&tx, &client_id, sensor_id)?;
+    tx.execute(
+        "INSERT INTO links (client_id, sensor_id, created_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT DO NOTHING",
+        params![client_id, sensor_id.to_string(), now],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+pub(super) fn unlink(c: &mut Connection, client_id: String, sensor_id: SensorId) -> Result<()> {
+    let tx = c.transaction()?;
+    check_pair(&tx, &client_id, sensor_id)?;
+    tx.execute(
+        "DELETE FROM links WHERE client_id = ?1 AND sensor_id = ?2",
+        params![client_id, sensor_id.to_string()],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+pub(super) fn list_client_sensors(
+    c: &Connection,
+    client_id: String,
+    page: PageRequest,
+) -> Result<Page<SensorView>> {
+    if !exists(c, "SELECT 1 FROM clients WHERE id = ?1", &client_id)? {
+        return Err(Error::NotFound("client"));
+    }
+    let rows = c
+        .prepare_cached(&format!(
+            "SELECT {SENSOR_COLS} FROM links l JOIN sensors s ON s.id = l.sensor_id \
+             LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+             WHERE l.client_id = ?1 AND s.id > ?2 ORDER BY s.id LIMIT ?3"
+        ))?
+        .query_map(
+            params![
+                client_id,
+                page.after.clone().unwrap_or_default(),
+                limit_plus_one(&page)
+            ],
+            |r| row::sensor_view(r),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+}
+
+pub(super) fn list_sensor_clients(
+    c: &Connection,
+    sensor_id: SensorId,
+    page: PageRequest,
+) -> Result<Page<Client>> {
+    let sid = sensor_id.to_string();
+    if !exists(c, "SELECT 1 FROM sensors WHERE id = ?1", &sid)? {
+        return Err(Error::NotFound("sensor"));
+    }
+    let rows = c
+        .prepare_cached(&format!(
+            "SELECT {CLIENT_COLS} FROM links l JOIN clients c ON c.id = l.client_id \
+             WHERE l.sensor_id = ?1 AND c.id > ?2 ORDER BY c.id LIMIT ?3"
+        ))?
+        .query_map(
+            params![
+                sid,
+                page.after.clone().unwrap_or_default(),
+                limit_plus_one(&page)
+            ],
+            |r| row::client(r),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+}
+
+pub(super) fn import(
+    c: &mut Connection,
+    sensors: Vec<Sensor>,
+    links: Vec<(String, SensorId)>,
+) -> Result<()> {
+    let tx = c.transaction()?;
+    {
+        let mut ins = tx.prepare_cached(
+            "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+        )?;
+        for s in &sensors {
+            ins.execute(params![
+                s.id.to_string(),
+                s.address,
+                s.heartbeat_timeout_s,
+                s.created_at
+            ])?;
+        }
+        let mut link = tx.prepare_cached(
+            "INSERT INTO links (client_id, sensor_id, created_at) \
+             SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM clients WHERE id = ?1) \
+             AND EXISTS (SELECT 1 FROM sensors WHERE id = ?2) ON CONFLICT DO NOTHING",
+        )?;
+        let now = crate::domain::time::now_ms();
+        for (client, sensor) in &links {
+            link.execute(params![client, sensor.to_string(), now])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+pub(super) fn load_runtime(c: &Connection) -> Result<Vec<SensorRuntime>> {
+    let rows = c
+        .prepare(&format!(
+            "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"
+        ))?
+        .query_map([], |r| row::runtime(r))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// Cancels pending notifications matching `cond` (a WHERE fragment over `notifications`).
+fn cancel_pending(tx: &Transaction, cond: &str, arg: &str, now: Millis) -> rusqlite::Result<usize> {
+    tx.execute(
+        &format!(
+            "UPDATE notifications SET status = 'cancelled', updated_at = ?2, lease_until = NULL, \
+             claimed_by = NULL WHERE status = 'pending' AND {cond} = ?1"
+        ),
+        params![arg, now],
+    )
+}
+
+fn exists(c: &Connection, sql: &str, arg: &str) -> Result<bool> {
+    Ok(c.prepare_cached(sql)?.exists([arg])?)
+}
+
+fn check_pair(tx: &Transaction, client_id: &str, sensor_id: SensorId) -> Result<()> {
+    if !exists(tx, "SELECT 1 FROM clients WHERE id = ?1", client_id)? {
+        return Err(Error::NotFound("client"));
+    }
+    if !exists(
+        tx,
+        "SELECT 1 FROM sensors WHERE id = ?1",
+        &sensor_id.to_string(),
+    )? {
+        return Err(Error::NotFound("sensor"));
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! Tests of what is particular to the SQLite store; the conformance suite covers the rest.
+
+use rusqlite::Connection;
+
+use super::*;
+use crate::domain::{Client, Connection as Conn, Event, EventKind, Sensor, SensorId};
+use crate::store::{Claim, CommitBatch, PageRequest, ReadingRecord, Store, TimeRange};
+
+/// A claim commits on the writer, whose durability is the configured one all along:
+/// a trigger records `PRAGMA synchronous` as the claim's lease update runs.
+#[tokio::test]
+async fn claims_keep_the_writers_durability() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+    let id = SensorId::parse("durable").unwrap();
+    store
+        .create_sensor(Sensor {
+            id,
+            address: "here".into(),
+            heartbeat_timeout_s: None,
+            created_at: 1,
+        })
+        .await
+        .unwrap();
+    store
+        .create_client(Client {
+            id: "c".into(),
+            name: "c".into(),
+            url: "http://127.0.0.1:9/".into(),
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+            created_at: 1,
+        })
+        .await
+        .unwrap();
+    store.link("c".into(), id, 1).await.unwrap();
+    let batch = CommitBatch {
+        readings: vec![],
+        states: vec![crate::store::StateUpdate {
+            sensor_id: id,
+            data: Some(true),
+            changed_at: Some(1),
+            last_ts: Some(1),
+            last_seen_at: Some(1),
+            connection: Conn::Online,
+        }],
+        events: vec![Event {
+            sensor_id: id,
+            kind: EventKind::StateChanged,
+            at: 1,
+            data: Some(true),
+            previous: None,
+            last_seen_at: None,
+        }],
+    };
+    let n = store.commit(batch, 1).await.unwrap().remove(0);
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        c.execute_batch(
+            "CREATE TABLE probe (synchronous INTEGER);
+             CREATE TRIGGER probe_sync AFTER UPDATE ON notifications BEGIN
+               INSERT INTO probe SELECT synchronous FROM pragma_synchronous;
+             END;",
+        )
+        .unwrap();
+    }
+    let claimed = store
+        .claim(vec![n.id.clone()], "node".into(), 2, 10_000)
+        .await
+        .unwrap();
+    assert!(matches!(claimed[0], Claim::Send(_)), "{claimed:?}");
+    let seen: Vec<i64> = store
+        .write(|c| {
+            let mut s = c.prepare("SELECT synchronous FROM probe")?;
+            let seen = s
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<i64>>>()?;
+            Ok(seen)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        vec![2],
+        "PRAGMA synchronous of the writer during the claim (FULL = 2)"
+    );
+}
+
+#[test]
+fn a_data_folder_serves_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let err = SqliteStore::open(dir.path(), Synchronous::Normal)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("in use by another latch"), "{err}");
+}
+
+#[tokio::test]
+async fn data_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SensorId::parse("keep").unwrap();
+    {
+        let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+        store
+            .create_sensor(Sensor {
+                id,
+                address: "here".into(),
+                heartbeat_timeout_s: Some(5),
+                created_at: 1,
+            })
+            .await
+            .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+    let (s, _) = store.get_sensor(id).await.unwrap().unwrap();
+    assert_eq!(
+        (s.address.as_str(), s.heartbeat_timeout_s),
+        ("here", Some(5))
+    );
+}
+
+#[tokio::test]
+async fn a_version_1_database_keeps_its_history_through_the_migrations() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        c.execute_batch(MIGRATIONS[0]).unwrap();
+        c.pragma_update(None, "user_version", 1).unwrap();
+        c.execute_batch(
+            "INSERT INTO sensors VALUES ('old', 'here', NULL, 1);
+             INSERT INTO readings (id, sensor_id, ts, received_at, data, late)
+               VALUES (7, 'old', 1000, 1000, 1, 0), (8, 'old', 2000, 2000, 0, 0);
+             INSERT INTO events (id, sensor_id, kind, at, data, previous, last_seen_at)
+               VALUES (3, 'old', 'sensor.state_changed', 2000, 0, 1, NULL);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("old").unwrap();
+    let all = |store: SqliteStore| async move {
+        store
+            .list_readings(
+                id,
+                TimeRange::default(),
+                PageRequest {
+                    limit: 10,
+                    after: None,
+                },
+            )
+            .await
+            .unwrap()
+            .items
+    };
+    let kept = all(store.clone()).await;
+    assert_eq!(kept.iter().map(|r| r.id).collect::<Vec<_>>(), vec![7, 8]);
+    assert_eq!(
+        store.spool_depth().await.unwrap(),
+        1,
+        "old readings moved to the archive at the upgrade (the event stays)"
+    );
+    let events = store
+        .list_events(
+            id,
+            TimeRange::default(),
+            PageRequest {
+                limit: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(events.items[0].id, 3);
+    // New rows continue after the old ids, and moving to the archive changes nothing.
+    let batch = CommitBatch {
+        readings: vec![ReadingRecord {
+            sensor_id: id,
+            data: true,
+            ts: 3000,
+            received_at: 3000,
+            late: false,
+        }],
+        ..Default::default()
+    };
+    store.commit(batch, 3000).await.unwrap();
+    store.archive_history(100).await.unwrap();
+    let after = all(store).await;
+    assert_eq!(
+        after.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![7, 8, 9]
+    );
+}
