@@ -20,8 +20,8 @@
 //! dispatcher finishes its in-flight attempts.
 
 pub mod api;
-pub mod clock;
 pub mod bench;
+pub mod clock;
 pub mod committer;
 pub mod config;
 pub mod delivery;

@@ -64,6 +64,16 @@ pub enum Verdict {
     Superseded,
 }
 
+impl Verdict {
+    /// When the next attempt is due: only a retry has one.
+    pub fn next_at(self) -> Option<Millis> {
+        match self {
+            Verdict::Retry { next_at } => Some(next_at),
+            _ => None,
+        }
+    }
+}
+
 /// An attempt and its verdict, recorded in batches.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {

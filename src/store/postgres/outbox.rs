@@ -9,9 +9,9 @@ use tokio_postgres::Row;
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
 use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    Result, Verdict, claim_step, limit_plus_one, notification_ref, retry_refusal,
+    Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
 };
-use crate::domain::{Attempt, EventKind, Millis, Notification, Status};
+use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
 
 pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let c = pool.get().await?;
@@ -130,12 +130,7 @@ pub(super) async fn record(pool: &Pool, outcomes: Vec<Outcome>, now: Millis) -> 
             a_err.push(a.error.as_deref());
             a_dur.push(a.duration_ms as i64);
         }
-        let (status, next) = match o.verdict {
-            Verdict::Delivered => (Status::Delivered, None),
-            Verdict::Retry { next_at } => (Status::Pending, Some(next_at)),
-            Verdict::Failed => (Status::Failed, None),
-            Verdict::Superseded => (Status::Superseded, None),
-        };
+        let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
         u_id.push(o.notification_id.as_str());
         u_status.push(status.as_str());
         u_attempts.push(o.attempts as i32);

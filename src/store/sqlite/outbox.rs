@@ -6,9 +6,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
 use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    Result, Verdict, claim_step, limit_plus_one, notification_ref, retry_refusal,
+    Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
 };
-use crate::domain::{Attempt, EventKind, Millis, Notification, Status};
+use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
 
 pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let rows = c
@@ -93,12 +93,7 @@ pub(super) fn record(c: &mut Connection, outcomes: Vec<Outcome>, now: Millis) ->
                     a.duration_ms
                 ])?;
             }
-            let (status, next) = match o.verdict {
-                Verdict::Delivered => (Status::Delivered, None),
-                Verdict::Retry { next_at } => (Status::Pending, Some(next_at)),
-                Verdict::Failed => (Status::Failed, None),
-                Verdict::Superseded => (Status::Superseded, None),
-            };
+            let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
             update.execute(params![
                 o.notification_id,
                 status.as_str(),
