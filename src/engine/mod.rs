@@ -3,7 +3,7 @@
 //! Readings are routed by hash of sensor id to a shard task that owns those sensors'
 //! current state, so change detection is a map look-up, never a database round trip.
 //! A shard takes whatever readings have queued up, applies them to a scratch copy of the
-//! touched sensors, and hands the effects ([`effects::CommitBatch`]) to the committer; only
+//! touched sensors, and hands the effects ([`CommitBatch`]) to the committer; only
 //! when the commit is durable does it keep the new state and answer the callers. A failed
 //! commit therefore leaves memory exactly as the store is, and nothing is acknowledged.
 //!
@@ -16,7 +16,6 @@
 //! Deadlines are read from a [`Clock`]: the wall clock in service, one moved by hand in
 //! tests.
 
-pub mod effects;
 pub mod fleet;
 pub mod follow;
 pub mod rules;
@@ -29,13 +28,14 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::sensor::SensorState;
 use crate::domain::{
     Connection, Event, EventKind, Millis, Reading, Rejection, SensorId, reading::RejectCode,
     time::now_ms,
 };
-use effects::{CommitBatch, ReadingRecord, StateUpdate};
+use crate::store::{CommitBatch, ReadingRecord, StateUpdate};
 use fleet::Fleet;
-use rules::{Change, SensorState};
+use rules::Change;
 
 /// Most sensors declared lost in one group commit: a fleet-wide outage is worked off in
 /// batches of this size, interleaved with ingest, instead of one giant transaction.
