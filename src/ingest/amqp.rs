@@ -235,7 +235,7 @@ async fn consume(
                 }
                 let (batch, items) = prepare(deliveries, dedup, &mut in_flight);
                 let ticket = ingest.enqueue(SOURCE, items).await?;
-                waiting.push_back(async move { (batch, ticket.wait().await) });
+                waiting.push_back(async move { (batch, ticket.await) });
             }
         }
     }

@@ -6,6 +6,8 @@
 pub mod amqp;
 pub mod mqtt;
 
+use futures::future::BoxFuture;
+
 use crate::domain::{Reading, Rejection, time::now_ms};
 use crate::engine::{self, Engine};
 
@@ -16,17 +18,13 @@ pub enum Error {
     Engine(#[from] engine::Error),
 }
 
-/// What became of a submitted batch. The engine's shards commit separately, so a batch can
-/// come out partly durable: its readings whose shard failed to commit are rejected with
-/// `store_unavailable` ([`RejectCode::is_transient`](crate::domain::reading::RejectCode::is_transient)):
-/// valid, not stored, to be sent again. The rest were accepted or rejected for good.
-#[derive(Debug, Default)]
-pub struct Report {
-    /// Readings now durable.
-    pub accepted: usize,
-    /// Input index and reason of every rejected reading.
-    pub rejected: Vec<(usize, Rejection)>,
-}
+/// What became of a submitted batch: accepted, or rejected with a reason and its index.
+pub use crate::engine::Report;
+
+/// Items in the engine, not yet known durable; resolves, once they are, to their report,
+/// counted in the metrics. `Err` when nothing could be made durable; a partial failure is
+/// a [`Report`] whose failed readings are `store_unavailable` rejections.
+pub type Durable = BoxFuture<'static, Result<Report, Error>>;
 
 /// The shared entry point of all sources.
 #[derive(Clone)]
@@ -46,78 +44,32 @@ impl Ingest {
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
     ) -> Result<Report, Error> {
-        self.enqueue(source, items).await?.wait().await
+        self.enqueue(source, items).await?.await
     }
 
     /// Hands items to the engine without waiting for durability; batches enqueued one
-    /// after another are applied in that order. [`Ticket::wait`] gives the report.
+    /// after another are applied in that order.
     pub async fn enqueue(
         &self,
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
-    ) -> Result<Ticket, Error> {
-        let received_at = now_ms();
-        let mut rejected = Vec::new();
-        let mut valid = Vec::with_capacity(items.len());
-        let mut valid_index = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            match item {
-                Ok(r) => {
-                    valid.push(r);
-                    valid_index.push(i);
-                }
-                Err(rej) => rejected.push((i, rej)),
-            }
-        }
-        let submitted = if valid.is_empty() {
-            None
-        } else {
-            Some(self.engine.enqueue(valid, received_at).await?)
-        };
-        Ok(Ticket {
-            source,
-            rejected,
-            valid_index,
-            submitted,
-        })
+    ) -> Result<Durable, Error> {
+        let ticket = self.engine.enqueue(items, now_ms()).await?;
+        Ok(Box::pin(async move {
+            let report = ticket.wait().await?;
+            count(source, &report);
+            Ok(report)
+        }))
     }
 }
 
-/// Items in the engine, not yet known durable.
-pub struct Ticket {
-    source: &'static str,
-    rejected: Vec<(usize, Rejection)>,
-    valid_index: Vec<usize>,
-    submitted: Option<engine::Submitted>,
-}
-
-impl Ticket {
-    /// Waits until the accepted items are durable; counts the outcome in the metrics.
-    /// `Err` when nothing could be made durable; a partial failure is a [`Report`] whose
-    /// failed readings are `store_unavailable` rejections.
-    pub async fn wait(self) -> Result<Report, Error> {
-        let mut report = Report {
-            accepted: 0,
-            rejected: self.rejected,
-        };
-        if let Some(submitted) = self.submitted {
-            let verdicts = submitted.wait().await?;
-            for (i, v) in self.valid_index.into_iter().zip(verdicts) {
-                match v {
-                    None => report.accepted += 1,
-                    Some(rej) => report.rejected.push((i, rej)),
-                }
-            }
-            report.rejected.sort_by_key(|(i, _)| *i);
-        }
-        let source = self.source;
-        metrics::counter!("latch_readings_accepted_total", "source" => source)
-            .increment(report.accepted as u64);
-        for (_, rej) in &report.rejected {
-            metrics::counter!("latch_readings_rejected_total", "source" => source, "reason" => rej.code.as_str())
-                .increment(1);
-        }
-        Ok(report)
+/// Counts a durable batch's outcome, per reading, in the metrics.
+fn count(source: &'static str, report: &Report) {
+    metrics::counter!("latch_readings_accepted_total", "source" => source)
+        .increment(report.accepted as u64);
+    for (_, rej) in &report.rejected {
+        metrics::counter!("latch_readings_rejected_total", "source" => source, "reason" => rej.code.as_str())
+            .increment(1);
     }
 }
 

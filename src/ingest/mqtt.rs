@@ -339,7 +339,7 @@ async fn apply(
                     match ingest.enqueue(SOURCE, items).await {
                         Ok(ticket) => {
                             waiting_gen.push_back(g_batch);
-                            waiting.push_back(async move { (g_batch, batch, ticket.wait().await) });
+                            waiting.push_back(async move { (g_batch, batch, ticket.await) });
                         }
                         Err(e) => {
                             // Only when the engine is closing; nothing acknowledged.
