@@ -1,9 +1,10 @@
-//! Readings in, acknowledgements out. Every source (HTTP here; AMQP and MQTT beside it)
+//! Readings in, acknowledgements out. Every source ([`http`], [`amqp`], [`mqtt`])
 //! turns its messages into validated readings or rejections and submits them through
 //! [`Ingest::submit`], which answers only once the accepted ones are durable and counts
 //! each one in `latch_readings_accepted_total` / `latch_readings_rejected_total`.
 
 pub mod amqp;
+pub mod http;
 pub mod mqtt;
 
 use futures::future::BoxFuture;
