@@ -2,10 +2,14 @@
 //! turns its messages into validated readings or rejections and submits them through
 //! [`Ingest::submit`], which answers only once the accepted ones are durable and counts
 //! each one in `latch_readings_accepted_total` / `latch_readings_rejected_total`.
+//! The broker sources run their batches through one acknowledge-after-durable
+//! `pipeline`: acknowledge exactly the committed prefix, and on a failure end the session
+//! so the broker redelivers the rest in order.
 
 pub mod amqp;
 pub mod http;
 pub mod mqtt;
+mod pipeline;
 
 use futures::future::BoxFuture;
 
@@ -103,24 +107,6 @@ pub(crate) fn next_backoff(d: std::time::Duration) -> std::time::Duration {
     )
 }
 
-/// How many of a broker batch's messages, from the start, are settled: committed, or
-/// rejected for good. The first transient rejection (or a commit of the whole batch that
-/// failed) ends the run. The broker sources acknowledge exactly that prefix and get the
-/// rest redelivered in order, since acknowledging a later reading of a sensor while an
-/// earlier one is still to come would let the earlier one land last.
-pub(crate) fn settled(len: usize, result: &Result<Report, Error>) -> usize {
-    match result {
-        Ok(report) => report
-            .rejected
-            .iter()
-            .filter(|(_, rej)| rej.code.is_transient())
-            .map(|(i, _)| *i)
-            .min()
-            .unwrap_or(len),
-        Err(_) => 0,
-    }
-}
-
 /// Ids of recently applied broker messages, so a message redelivered (or published twice)
 /// with the same id is applied once. Bounded: the oldest ids are forgotten first.
 pub(crate) struct Dedup {
@@ -170,33 +156,6 @@ mod tests {
         d.insert("c".into());
         assert!(!d.contains("a"), "oldest forgotten");
         assert!(d.contains("b") && d.contains("c"));
-    }
-
-    #[test]
-    fn the_first_transient_rejection_ends_what_is_settled() {
-        use crate::domain::RejectCode::*;
-        let rej = |c| Rejection::new(c, "x");
-        let report = |r: Vec<(usize, Rejection)>| {
-            Ok(Report {
-                accepted: 0,
-                rejected: r,
-            })
-        };
-        assert_eq!(settled(4, &report(vec![])), 4);
-        assert_eq!(settled(4, &report(vec![(1, rej(InvalidData))])), 4);
-        assert_eq!(
-            settled(
-                4,
-                &report(vec![
-                    (0, rej(InvalidData)),
-                    (2, rej(StoreUnavailable)),
-                    (3, rej(StoreUnavailable))
-                ])
-            ),
-            2
-        );
-        let failed: Result<Report, Error> = Err(crate::engine::Error::Closed.into());
-        assert_eq!(settled(4, &failed), 0);
     }
 
     #[test]
