@@ -2,6 +2,7 @@
 //! turns its messages into validated readings or rejections and submits them through
 //! [`Ingest::submit`], which answers only once the accepted ones are durable and counts
 //! each one in `latch_readings_accepted_total` / `latch_readings_rejected_total`.
+//!
 //! The broker sources run their batches through one acknowledge-after-durable
 //! `pipeline`: acknowledge exactly the committed prefix, and on a failure end the session
 //! so the broker redelivers the rest in order.
@@ -14,6 +15,8 @@ mod pipeline;
 use futures::future::BoxFuture;
 
 use crate::domain::{Reading, Rejection, time::now_ms};
+/// What became of a submitted batch: accepted, or rejected with a reason and its index.
+pub use crate::engine::Report;
 use crate::engine::{self, Engine};
 
 /// Errors of ingest.
@@ -22,9 +25,6 @@ pub enum Error {
     #[error(transparent)]
     Engine(#[from] engine::Error),
 }
-
-/// What became of a submitted batch: accepted, or rejected with a reason and its index.
-pub use crate::engine::Report;
 
 /// Items in the engine, not yet known durable; resolves, once they are, to their report,
 /// counted in the metrics. `Err` when nothing could be made durable; a partial failure is
