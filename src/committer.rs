@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use crate::delivery::Dispatcher;
 use crate::domain::time::now_ms;
 use crate::engine::CommitRequest;
-use crate::engine::effects::CommitBatch;
 use crate::history::shipper::Spooled;
+use crate::store::CommitBatch;
 use crate::store::Store;
 
 /// Runs until every shard has dropped its sender.

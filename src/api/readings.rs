@@ -1,4 +1,5 @@
-//! HTTP ingest (`POST /v1/readings`) and the history of a sensor: readings and events.
+//! The route of HTTP ingest (`POST /v1/readings`), a thin handler over [`crate::ingest::http`],
+//! and the history of a sensor: readings and events.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -12,14 +13,10 @@ use super::error::{
 };
 use super::pagination::{List, PageParams};
 use crate::domain::{EventKind, Millis, reading, time};
+use crate::ingest::http::{self, Accepted, ReadingIn};
 use crate::store::{Stored, TimeRange};
 
-/// Most readings one request may carry.
-pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
-
-/// Largest body of `POST /v1/readings`: room for 10,000 readings written generously, so
-/// that an array over the count limit is answered for its count (422) rather than its size.
-pub const MAX_READINGS_BODY_BYTES: usize = 16 * 1024 * 1024;
+pub use crate::ingest::http::{MAX_READINGS_BODY_BYTES, MAX_READINGS_PER_REQUEST};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -29,38 +26,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(axum::extract::DefaultBodyLimit::max(
             MAX_READINGS_BODY_BYTES,
         ))
-}
-
-/// A reading: `{"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}`.
-#[derive(ToSchema)]
-#[allow(dead_code)] // Documents the wire format; parsing is by hand for per-field reasons.
-pub struct ReadingIn {
-    #[schema(example = "xa7v9Dfadr7H")]
-    sensor_id: String,
-    /// 0 or 1.
-    data: u8,
-    /// Device time, RFC 3339; the receive time when absent.
-    ts: Option<String>,
-}
-
-/// What became of the posted readings.
-#[derive(Serialize, ToSchema)]
-pub struct Accepted {
-    /// Readings whose effects are now durable.
-    pub accepted: usize,
-    pub rejected: Vec<RejectedOut>,
-}
-
-/// A reading that was not applied, and why.
-#[derive(Serialize, ToSchema)]
-pub struct RejectedOut {
-    /// Position in the posted array (0 for a single reading).
-    pub index: usize,
-    /// Machine-readable reason: `invalid_sensor_id`, `invalid_data`, `invalid_ts`,
-    /// `ts_in_future`, `unknown_sensor`, `not_an_object`; or `store_unavailable`: valid but
-    /// not stored (part of the request could not be committed), send it again.
-    pub code: String,
-    pub error: String,
 }
 
 /// Post one reading or an array of up to 10,000. Answers 202 once the accepted ones are
@@ -76,35 +41,19 @@ async fn post_readings(
     State(st): State<AppState>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
-    let items = reading::parse_many(&body, time::now_ms(), MAX_READINGS_PER_REQUEST).map_err(
-        |e| match e {
-            reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
-                ApiError::bad_request(e.to_string())
-            }
-            // 422 rather than 413: the body is not too large, it breaks `maxItems`.
-            reading::BodyError::TooMany { .. } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "too_many_readings",
-                e.to_string(),
-            ),
-        },
-    )?;
-    let report = st.ingest.submit("http", items).await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        ApiJson(Accepted {
-            accepted: report.accepted,
-            rejected: report
-                .rejected
-                .into_iter()
-                .map(|(index, r)| RejectedOut {
-                    index,
-                    code: r.code.as_str().to_string(),
-                    error: r.message,
-                })
-                .collect(),
-        }),
-    ))
+    let items = http::parse(&body).map_err(|e| match e {
+        reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
+            ApiError::bad_request(e.to_string())
+        }
+        // 422 rather than 413: the body is not too large, it breaks `maxItems`.
+        reading::BodyError::TooMany { .. } => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "too_many_readings",
+            e.to_string(),
+        ),
+    })?;
+    let accepted = http::submit(&st.ingest, items).await?;
+    Ok((StatusCode::ACCEPTED, ApiJson(accepted)))
 }
 
 /// `?from=&to=`: a half-open RFC 3339 range `[from, to)`.

@@ -188,6 +188,33 @@ impl Default for SensorStatus {
     }
 }
 
+/// A sensor's state as the engine holds it in memory and the store hands it back at start.
+/// Here, below both, so that neither depends on the other for it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SensorState {
+    pub data: Option<bool>,
+    pub changed_at: Option<crate::domain::time::Millis>,
+    /// Device time of the last applied (not late) reading.
+    pub last_ts: Option<crate::domain::time::Millis>,
+    /// Our clock when the last reading arrived: liveness counts this, not the device's.
+    pub last_seen_at: Option<crate::domain::time::Millis>,
+    pub connection: Connection,
+    pub heartbeat_timeout_s: Option<u32>,
+}
+
+impl SensorState {
+    pub fn new(heartbeat_timeout_s: Option<u32>) -> Self {
+        Self {
+            data: None,
+            changed_at: None,
+            last_ts: None,
+            last_seen_at: None,
+            connection: Connection::Unknown,
+            heartbeat_timeout_s,
+        }
+    }
+}
+
 /// Longest install address, in characters (as JSON Schema's `maxLength` counts).
 pub const ADDRESS_MAX_CHARS: usize = 1024;
 

@@ -28,7 +28,7 @@ use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
 
-use super::rules::SensorState;
+use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Millis, SensorId};
 
 const NIL: u32 = u32::MAX;

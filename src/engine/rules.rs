@@ -1,33 +1,8 @@
 //! The change rule: what one reading does to a sensor's state. Pure, so it is tested hard
 //! without any I/O.
 
+use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Event, EventKind, Millis, SensorId};
-
-/// A sensor's state as the engine holds it in memory.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SensorState {
-    pub data: Option<bool>,
-    pub changed_at: Option<Millis>,
-    /// Device time of the last applied (not late) reading.
-    pub last_ts: Option<Millis>,
-    /// Our clock when the last reading arrived: liveness counts this, not the device's.
-    pub last_seen_at: Option<Millis>,
-    pub connection: Connection,
-    pub heartbeat_timeout_s: Option<u32>,
-}
-
-impl SensorState {
-    pub fn new(heartbeat_timeout_s: Option<u32>) -> Self {
-        Self {
-            data: None,
-            changed_at: None,
-            last_ts: None,
-            last_seen_at: None,
-            connection: Connection::Unknown,
-            heartbeat_timeout_s,
-        }
-    }
-}
 
 /// What a reading did to the state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

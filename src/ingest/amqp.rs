@@ -3,8 +3,9 @@
 //! header.
 //!
 //! Deliveries are taken in batches of what has arrived (up to [`BATCH_MAX`]) and handed to
-//! the engine in arrival order; up to [`PIPELINE`] batches wait for their group commit at
-//! once, and each is acknowledged with one `basic.ack multiple` in order. When a commit
+//! the engine in arrival order through the shared `Pipeline`; up to [`PIPELINE`] batches
+//! wait for their group commit at once, and each is acknowledged with one
+//! `basic.ack multiple` in order. When a commit
 //! fails (the whole batch, or only some readings of it, rejected as transient), the
 //! messages before the first uncommitted one are acknowledged and the session ends: the
 //! connection closes, RabbitMQ requeues everything else in its original order, and latch
@@ -15,7 +16,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, stream::FuturesOrdered};
+use futures::{FutureExt, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions,
@@ -24,7 +25,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
-use super::{Dedup, Ingest, Report, Sources, next_backoff, settled};
+use super::pipeline::{Done, Pipeline};
+use super::{Dedup, Ingest, Sources, next_backoff};
 use crate::domain::{RejectCode, Rejection, reading, time::now_ms};
 
 /// Unacknowledged deliveries RabbitMQ may push ahead of our commits.
@@ -203,25 +205,24 @@ async fn consume(
     // Message ids of batches still waiting for their commit: a copy arriving meanwhile is
     // a duplicate too. Per session, since a new session gets every unacknowledged one again.
     let mut in_flight = HashSet::new();
-    let mut waiting = FuturesOrdered::new();
+    let mut pipeline = Pipeline::new(ingest.clone(), SOURCE, PIPELINE);
     let mut stopping = false;
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled(), if !stopping => {
                 stopping = true;
-                if waiting.is_empty() { break; }
+                if pipeline.is_empty() { break; }
             }
-            done = waiting.next(), if !waiting.is_empty() => {
-                let (batch, result): (Batch, Result<Report, super::Error>) =
-                    done.expect("non-empty");
-                finish(&ch, settings, dedup, &mut in_flight, batch, result).await?;
+            done = pipeline.next(), if !pipeline.is_empty() => {
+                let done: Done<Batch> = done.expect("non-empty");
+                finish(&ch, settings, dedup, &mut in_flight, done).await?;
                 // Reset only by a commit that went through, so a store that keeps failing
                 // meets a growing delay rather than a reconnect every 100 ms.
                 *backoff = Duration::ZERO;
-                if stopping && waiting.is_empty() { break; }
+                if stopping && pipeline.is_empty() { break; }
             }
-            first = consumer.next(), if !stopping && waiting.len() < PIPELINE => {
+            first = consumer.next(), if !stopping && pipeline.has_room() => {
                 let Some(first) = first else {
                     anyhow::bail!("the broker cancelled the consumer");
                 };
@@ -234,8 +235,7 @@ async fn consume(
                     }
                 }
                 let (batch, items) = prepare(deliveries, dedup, &mut in_flight);
-                let ticket = ingest.enqueue(SOURCE, items).await?;
-                waiting.push_back(async move { (batch, ticket.wait().await) });
+                pipeline.push(batch, items).await?;
             }
         }
     }
@@ -295,19 +295,15 @@ async fn finish(
     settings: &Settings,
     dedup: &mut Dedup,
     in_flight: &mut HashSet<String>,
-    batch: Batch,
-    result: Result<Report, super::Error>,
+    done: Done<Batch>,
 ) -> anyhow::Result<()> {
+    let batch = &done.batch;
     for id in batch.messages.iter().filter_map(|m| m.id.as_ref()) {
         in_flight.remove(id);
     }
-    let settled = settled(batch.messages.len(), &result);
-    let rejected = match &result {
-        Ok(report) => &report.rejected[..],
-        Err(_) => &[],
-    };
+    let (settled, all_settled) = (done.settled, done.all_settled());
     let mut confirms = Vec::new();
-    for (i, rej) in rejected.iter().filter(|(i, _)| *i < settled) {
+    for (i, rej) in done.settled_rejections() {
         let m = &batch.messages[*i];
         let mut headers = m.props.headers().clone().unwrap_or_default();
         headers.insert(
@@ -339,16 +335,20 @@ async fn finish(
             "RabbitMQ refused a dead-lettered message"
         );
     }
-    if !rejected.is_empty() {
+    let rejected = done
+        .result
+        .as_ref()
+        .map_or(0, |report| report.rejected.len());
+    if rejected > 0 {
         tracing::debug!(
-            count = rejected.len(),
+            count = rejected,
             dlq = %settings.dlq(),
             "Dead-lettered readings that cannot apply."
         );
     }
     // Acknowledges through the last settled message; when all are settled, through the
     // batch's last delivery, so trailing duplicates go too.
-    let ack_through = if settled == batch.messages.len() {
+    let ack_through = if all_settled {
         Some(batch.last_tag)
     } else {
         settled.checked_sub(1).map(|i| batch.messages[i].tag)
@@ -366,11 +366,11 @@ async fn finish(
     {
         dedup.insert(id);
     }
-    match result {
+    match done.result {
         Err(e) => {
             Err(anyhow::Error::new(e).context("readings not committed; RabbitMQ redelivers them"))
         }
-        Ok(_) if settled < batch.messages.len() => anyhow::bail!(
+        Ok(_) if !all_settled => anyhow::bail!(
             "{} of {} readings not committed; RabbitMQ redelivers them",
             batch.messages.len() - settled,
             batch.messages.len()

@@ -1,12 +1,22 @@
-//! Readings in, acknowledgements out. Every source (HTTP here; AMQP and MQTT beside it)
+//! Readings in, acknowledgements out. Every source ([`http`], [`amqp`], [`mqtt`])
 //! turns its messages into validated readings or rejections and submits them through
 //! [`Ingest::submit`], which answers only once the accepted ones are durable and counts
 //! each one in `latch_readings_accepted_total` / `latch_readings_rejected_total`.
+//!
+//! The broker sources run their batches through one acknowledge-after-durable
+//! `pipeline`: acknowledge exactly the committed prefix, and on a failure end the session
+//! so the broker redelivers the rest in order.
 
 pub mod amqp;
+pub mod http;
 pub mod mqtt;
+mod pipeline;
+
+use futures::future::BoxFuture;
 
 use crate::domain::{Reading, Rejection, time::now_ms};
+/// What became of a submitted batch: accepted, or rejected with a reason and its index.
+pub use crate::engine::Report;
 use crate::engine::{self, Engine};
 
 /// Errors of ingest.
@@ -16,17 +26,10 @@ pub enum Error {
     Engine(#[from] engine::Error),
 }
 
-/// What became of a submitted batch. The engine's shards commit separately, so a batch can
-/// come out partly durable: its readings whose shard failed to commit are rejected with
-/// `store_unavailable` ([`RejectCode::is_transient`](crate::domain::reading::RejectCode::is_transient)):
-/// valid, not stored, to be sent again. The rest were accepted or rejected for good.
-#[derive(Debug, Default)]
-pub struct Report {
-    /// Readings now durable.
-    pub accepted: usize,
-    /// Input index and reason of every rejected reading.
-    pub rejected: Vec<(usize, Rejection)>,
-}
+/// Items in the engine, not yet known durable; resolves, once they are, to their report,
+/// counted in the metrics. `Err` when nothing could be made durable; a partial failure is
+/// a [`Report`] whose failed readings are `store_unavailable` rejections.
+pub type Durable = BoxFuture<'static, Result<Report, Error>>;
 
 /// The shared entry point of all sources.
 #[derive(Clone)]
@@ -46,78 +49,32 @@ impl Ingest {
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
     ) -> Result<Report, Error> {
-        self.enqueue(source, items).await?.wait().await
+        self.enqueue(source, items).await?.await
     }
 
     /// Hands items to the engine without waiting for durability; batches enqueued one
-    /// after another are applied in that order. [`Ticket::wait`] gives the report.
+    /// after another are applied in that order.
     pub async fn enqueue(
         &self,
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
-    ) -> Result<Ticket, Error> {
-        let received_at = now_ms();
-        let mut rejected = Vec::new();
-        let mut valid = Vec::with_capacity(items.len());
-        let mut valid_index = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            match item {
-                Ok(r) => {
-                    valid.push(r);
-                    valid_index.push(i);
-                }
-                Err(rej) => rejected.push((i, rej)),
-            }
-        }
-        let submitted = if valid.is_empty() {
-            None
-        } else {
-            Some(self.engine.enqueue(valid, received_at).await?)
-        };
-        Ok(Ticket {
-            source,
-            rejected,
-            valid_index,
-            submitted,
-        })
+    ) -> Result<Durable, Error> {
+        let ticket = self.engine.enqueue(items, now_ms()).await?;
+        Ok(Box::pin(async move {
+            let report = ticket.wait().await?;
+            count(source, &report);
+            Ok(report)
+        }))
     }
 }
 
-/// Items in the engine, not yet known durable.
-pub struct Ticket {
-    source: &'static str,
-    rejected: Vec<(usize, Rejection)>,
-    valid_index: Vec<usize>,
-    submitted: Option<engine::Submitted>,
-}
-
-impl Ticket {
-    /// Waits until the accepted items are durable; counts the outcome in the metrics.
-    /// `Err` when nothing could be made durable; a partial failure is a [`Report`] whose
-    /// failed readings are `store_unavailable` rejections.
-    pub async fn wait(self) -> Result<Report, Error> {
-        let mut report = Report {
-            accepted: 0,
-            rejected: self.rejected,
-        };
-        if let Some(submitted) = self.submitted {
-            let verdicts = submitted.wait().await?;
-            for (i, v) in self.valid_index.into_iter().zip(verdicts) {
-                match v {
-                    None => report.accepted += 1,
-                    Some(rej) => report.rejected.push((i, rej)),
-                }
-            }
-            report.rejected.sort_by_key(|(i, _)| *i);
-        }
-        let source = self.source;
-        metrics::counter!("latch_readings_accepted_total", "source" => source)
-            .increment(report.accepted as u64);
-        for (_, rej) in &report.rejected {
-            metrics::counter!("latch_readings_rejected_total", "source" => source, "reason" => rej.code.as_str())
-                .increment(1);
-        }
-        Ok(report)
+/// Counts a durable batch's outcome, per reading, in the metrics.
+fn count(source: &'static str, report: &Report) {
+    metrics::counter!("latch_readings_accepted_total", "source" => source)
+        .increment(report.accepted as u64);
+    for (_, rej) in &report.rejected {
+        metrics::counter!("latch_readings_rejected_total", "source" => source, "reason" => rej.code.as_str())
+            .increment(1);
     }
 }
 
@@ -148,24 +105,6 @@ pub(crate) fn next_backoff(d: std::time::Duration) -> std::time::Duration {
         std::time::Duration::from_millis(100),
         std::time::Duration::from_secs(10),
     )
-}
-
-/// How many of a broker batch's messages, from the start, are settled: committed, or
-/// rejected for good. The first transient rejection (or a commit of the whole batch that
-/// failed) ends the run. The broker sources acknowledge exactly that prefix and get the
-/// rest redelivered in order, since acknowledging a later reading of a sensor while an
-/// earlier one is still to come would let the earlier one land last.
-pub(crate) fn settled(len: usize, result: &Result<Report, Error>) -> usize {
-    match result {
-        Ok(report) => report
-            .rejected
-            .iter()
-            .filter(|(_, rej)| rej.code.is_transient())
-            .map(|(i, _)| *i)
-            .min()
-            .unwrap_or(len),
-        Err(_) => 0,
-    }
 }
 
 /// Ids of recently applied broker messages, so a message redelivered (or published twice)
@@ -217,33 +156,6 @@ mod tests {
         d.insert("c".into());
         assert!(!d.contains("a"), "oldest forgotten");
         assert!(d.contains("b") && d.contains("c"));
-    }
-
-    #[test]
-    fn the_first_transient_rejection_ends_what_is_settled() {
-        use crate::domain::RejectCode::*;
-        let rej = |c| Rejection::new(c, "x");
-        let report = |r: Vec<(usize, Rejection)>| {
-            Ok(Report {
-                accepted: 0,
-                rejected: r,
-            })
-        };
-        assert_eq!(settled(4, &report(vec![])), 4);
-        assert_eq!(settled(4, &report(vec![(1, rej(InvalidData))])), 4);
-        assert_eq!(
-            settled(
-                4,
-                &report(vec![
-                    (0, rej(InvalidData)),
-                    (2, rej(StoreUnavailable)),
-                    (3, rej(StoreUnavailable))
-                ])
-            ),
-            2
-        );
-        let failed: Result<Report, Error> = Err(crate::engine::Error::Closed.into());
-        assert_eq!(settled(4, &failed), 0);
     }
 
     #[test]

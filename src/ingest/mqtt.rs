@@ -24,12 +24,13 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt, stream::FuturesOrdered};
+use futures::FutureExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, Publish, QoS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Ingest, Report, Sources, next_backoff, settled};
+use super::pipeline::{Done, Pipeline};
+use super::{Ingest, Sources, next_backoff};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading, time::now_ms};
 
 const SOURCE: &str = "mqtt";
@@ -238,8 +239,9 @@ pub async fn run(
     Ok(())
 }
 
-/// Batches publishes into the engine in arrival order and acknowledges, in order, what is
-/// durable; see the module doc for what a failed commit does.
+/// Batches publishes into the engine in arrival order through the shared
+/// [`Pipeline`] and acknowledges, in order, what is durable; see the module doc for what a
+/// failed commit does.
 async fn apply(
     ingest: Ingest,
     filter: String,
@@ -249,7 +251,7 @@ async fn apply(
     reconnect: mpsc::UnboundedSender<(u64, Duration)>,
 ) {
     // Batches waiting for their commit, and (in the same order) their connection numbers.
-    let mut waiting = FuturesOrdered::new();
+    let mut pipeline = Pipeline::new(ingest, SOURCE, PIPELINE);
     let mut waiting_gen = VecDeque::new();
     // Publishes of this connection number or older are neither applied nor acknowledged:
     // a commit failed on it, and the broker resends them on the next one.
@@ -257,16 +259,16 @@ async fn apply(
     let mut fail_backoff = Duration::ZERO;
     let mut last_log = Instant::now() - Duration::from_secs(2);
     let mut open = true;
-    while open || !waiting.is_empty() {
+    while open || !pipeline.is_empty() {
         tokio::select! {
             biased;
-            done = waiting.next(), if !waiting.is_empty() => {
-                let (g, publishes, result): (u64, Vec<Publish>, Result<Report, super::Error>) =
-                    done.expect("non-empty");
+            done = pipeline.next(), if !pipeline.is_empty() => {
+                let done: Done<(u64, Vec<Publish>)> = done.expect("non-empty");
+                let (g, publishes) = (done.batch.0, &done.batch.1);
                 waiting_gen.pop_front();
-                let settled = settled(publishes.len(), &result);
+                let settled = done.settled;
                 let current = g == link.generation() && g > poisoned;
-                if let Ok(report) = &result
+                if let Ok(report) = &done.result
                     && let Some((_, rej)) = report.rejected.iter().find(|(_, r)| !r.code.is_transient())
                     && last_log.elapsed() >= Duration::from_secs(1)
                 {
@@ -279,8 +281,8 @@ async fn apply(
                         let _ = client.ack(p).await;
                     }
                 }
-                if settled < publishes.len() {
-                    match &result {
+                if !done.all_settled() {
+                    match &done.result {
                         Err(e) => tracing::error!(error = %e, "MQTT readings not applied."),
                         Ok(_) => tracing::error!(count = publishes.len() - settled,
                             "MQTT readings not committed."),
@@ -296,7 +298,7 @@ async fn apply(
                     link.update(|st| st.stalled = false);
                 }
             }
-            first = rx.recv(), if open && waiting.len() < PIPELINE => {
+            first = rx.recv(), if open && pipeline.has_room() => {
                 let Some(first) = first else { open = false; continue; };
                 let mut next = Some(first);
                 let mut batch = Vec::new();
@@ -336,11 +338,8 @@ async fn apply(
                         .iter()
                         .map(|p| parse_publish(&filter, &p.topic, &p.payload, now))
                         .collect();
-                    match ingest.enqueue(SOURCE, items).await {
-                        Ok(ticket) => {
-                            waiting_gen.push_back(g_batch);
-                            waiting.push_back(async move { (g_batch, batch, ticket.wait().await) });
-                        }
+                    match pipeline.push((g_batch, batch), items).await {
+                        Ok(()) => waiting_gen.push_back(g_batch),
                         Err(e) => {
                             // Only when the engine is closing; nothing acknowledged.
                             tracing::error!(error = %e, "MQTT readings not applied.");

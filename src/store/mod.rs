@@ -18,8 +18,9 @@ pub use crate::domain::{Claim, NotificationRef, Outcome, Sendable, Verdict};
 // The conformance suite reaches it through `super::*`.
 #[cfg(test)]
 use crate::domain::EventKind;
-pub use crate::engine::effects::{CommitBatch, ReadingRecord, StateUpdate};
+pub use batch::{CommitBatch, ReadingRecord, StateUpdate};
 
+mod batch;
 pub mod deadline;
 pub mod postgres;
 mod rows;
@@ -141,9 +142,9 @@ pub struct SensorRuntime {
 }
 
 impl SensorRuntime {
-    /// The engine's in-memory state of the sensor.
-    pub fn state(&self) -> crate::engine::rules::SensorState {
-        crate::engine::rules::SensorState {
+    /// The sensor's state as the engine holds it in memory.
+    pub fn state(&self) -> crate::domain::sensor::SensorState {
+        crate::domain::sensor::SensorState {
             data: self.data,
             changed_at: self.changed_at,
             last_ts: self.last_ts,

@@ -1,4 +1,6 @@
-//! What applying readings produces: the rows one group commit makes durable.
+//! The rows one group commit makes durable: what the engine produces from readings and
+//! the backends write in one transaction. Defined here, beside the trait that takes them,
+//! so the store depends on nothing above it.
 
 use crate::domain::{Connection, Event, Millis, SensorId};
 
