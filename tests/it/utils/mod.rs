@@ -11,6 +11,8 @@ use latch::config::Config;
 use latch::testkit::{PgSchema, Server};
 use serde_json::{Value, json};
 
+// tests/pg_restart.rs shares this module and uses none of these.
+#[allow(unused_imports)]
 pub use latch::testkit::{Answer, Received, Receiver, eventually};
 
 pub mod fault;
