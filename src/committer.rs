@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use crate::clock::Clock;
 use crate::delivery::Dispatcher;
-use crate::domain::time::now_ms;
 use crate::engine::CommitRequest;
 use crate::history::shipper::Spooled;
 use crate::store::CommitBatch;
@@ -23,6 +23,7 @@ pub async fn run(
     dispatcher: Dispatcher,
     mut rx: mpsc::Receiver<CommitRequest>,
     spooled: Arc<Spooled>,
+    clock: Clock,
 ) {
     while let Some(first) = rx.recv().await {
         let mut requests = vec![first];
@@ -38,7 +39,7 @@ pub async fn run(
         let rows = batch.readings.len();
         let history_rows = rows + batch.events.len();
         let started = Instant::now();
-        let result = store.commit(batch, now_ms()).await;
+        let result = store.commit(batch, clock.now()).await;
         metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("latch_commit_readings").record(rows as f64);
         match result {

@@ -50,6 +50,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_with_clock(config, listener, shutdown, clock::Clock::wall()).await
+}
+
+/// [`run`] on a given clock: tests move a manual one to cross liveness deadlines and retry
+/// delays without waiting for them.
+pub async fn run_with_clock(
+    config: Arc<Config>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    clock: clock::Clock,
+) -> anyhow::Result<()> {
     let metrics = telemetry::metrics_handle();
     telemetry::register_families(&config);
     let store = store::connect(&config).await?;
@@ -60,6 +71,7 @@ pub async fn run(
         store.clone(),
         delivery::Settings {
             node: store::node_id(&config.data_dir)?,
+            clock: clock.clone(),
             ..delivery::Settings::from_config(&config)
         },
         dispatcher_stop.clone(),
@@ -101,6 +113,7 @@ pub async fn run(
         dispatcher.clone(),
         commit_rx,
         spooled,
+        clock.clone(),
     ));
 
     // Where following other nodes' registry changes begins: taken before the load, so a
@@ -110,10 +123,13 @@ pub async fn run(
     let sensors = runtime.len();
     let engine_stop = CancellationToken::new();
     let engine_tasks = TaskTracker::new();
-    let engine = engine::Engine::start(
-        config.engine_shards as usize,
-        config.engine_batch_max as usize,
-        config.heartbeat_timeout,
+    let engine = engine::Engine::launch(
+        engine::Tuning {
+            shards: config.engine_shards as usize,
+            batch_max: config.engine_batch_max as usize,
+            default_timeout: config.heartbeat_timeout,
+            clock,
+        },
         runtime.into_iter().map(|r| (r.id, r.state())),
         commit_tx,
         engine_stop.clone(),

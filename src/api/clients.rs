@@ -147,7 +147,7 @@ async fn delete_client(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    if !st.store.delete_client(id, time::now_ms()).await? {
+    if !st.store.delete_client(id, st.engine.now()).await? {
         return Err(ApiError::not_found("client"));
     }
     Ok(StatusCode::NO_CONTENT)
@@ -162,7 +162,7 @@ async fn link(
     ApiPath((client_id, sensor_id)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let sensor_id = parse_sensor_id(&sensor_id)?;
-    st.store.link(client_id, sensor_id, time::now_ms()).await?;
+    st.store.link(client_id, sensor_id, st.engine.now()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -161,7 +161,7 @@ async fn retry_notification(
 ) -> ApiResult<(StatusCode, ApiJson<NotificationOut>)> {
     let r = st
         .store
-        .retry_notification(id.clone(), time::now_ms())
+        .retry_notification(id.clone(), st.engine.now())
         .await?;
     st.dispatcher.enqueue(vec![r]);
     let (n, _) = st

@@ -41,7 +41,7 @@ async fn post_readings(
     State(st): State<AppState>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
-    let items = http::parse(&body).map_err(|e| match e {
+    let items = http::parse(&body, st.ingest.now()).map_err(|e| match e {
         reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
             ApiError::bad_request(e.to_string())
         }

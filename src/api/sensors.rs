@@ -238,7 +238,7 @@ async fn delete_sensor(
     // The store first: when it fails, the sensor is still whole (registered, tracked, its
     // readings accepted) and the caller can simply try again. A reading the engine applies
     // between the two steps is kept nowhere: a commit stores rows of registered sensors only.
-    if !st.history.delete_sensor(id, time::now_ms()).await? {
+    if !st.history.delete_sensor(id, st.engine.now()).await? {
         return Err(ApiError::not_found("sensor"));
     }
     // From here on its readings are rejected as unknown: they queue behind this removal.

@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use super::lanes::{Done, Finished, LaneKey};
 use super::{Cmd, Settings, sender};
-use crate::domain::{Claim, time::now_ms};
+use crate::domain::Claim;
 use crate::store::Store;
 
 /// Most heads claimed in one store call.
@@ -70,7 +70,7 @@ pub(super) async fn claimer(
 /// Claims one batch of heads and starts an attempt for each one leased to us; an attempt
 /// waits for a request slot of its client and of the whole dispatcher.
 async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
-    let now = now_ms();
+    let now = sending.settings.clock.now();
     let ids: Vec<String> = batch.iter().map(|a| a.id.clone()).collect();
     let claims = store
         .claim(
@@ -110,7 +110,13 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                         let Ok(_all) = sending.sends.acquire().await else {
                             return;
                         };
-                        sender::send(&sending.http, &s, sending.settings.timeout).await
+                        sender::send(
+                            &sending.http,
+                            &s,
+                            sending.settings.timeout,
+                            sending.settings.clock.now(),
+                        )
+                        .await
                     };
                     let result = Finished::Attempted(result);
                     let _ = sending

@@ -39,7 +39,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::domain::{Millis, NotificationRef, Outcome, time::now_ms};
+use crate::clock::Clock;
+use crate::domain::{Millis, NotificationRef, Outcome};
 use crate::store::Store;
 use claimer::{Admitted, Sending, claimer};
 use lanes::{Done, Lanes};
@@ -63,6 +64,8 @@ pub struct Settings {
     pub client_concurrency: u32,
     /// This process's name on leases.
     pub node: String,
+    /// Where due times, leases and attempts read the time.
+    pub clock: Clock,
 }
 
 impl Settings {
@@ -73,6 +76,7 @@ impl Settings {
             concurrency: c.delivery_concurrency as usize,
             client_concurrency: c.delivery_client_concurrency,
             node: format!("latch-{}", ulid::Ulid::new()),
+            clock: Clock::wall(),
         }
     }
 
@@ -121,7 +125,7 @@ impl Dispatcher {
         let core_store = store.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let (rec_tx, rec_rx) = mpsc::unbounded_channel();
-        tracker.spawn(recorder(store.clone(), rec_rx));
+        tracker.spawn(recorder(store.clone(), rec_rx, settings.clock.clone()));
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
         let sends = Arc::new(Semaphore::new(settings.concurrency));
@@ -141,7 +145,7 @@ impl Dispatcher {
             pending = pending.len(),
             "Dispatcher loaded pending notifications."
         );
-        core.enqueue(pending, now_ms());
+        core.enqueue(pending, core.clock.now());
         // Right away, not at the first event: a restart with a backlog shows it at once.
         metrics::gauge!("latch_notifications_pending").set(core.lanes.pending() as f64);
         if core_store.shared() {
@@ -170,6 +174,7 @@ struct Core {
     /// dropped when nothing of the client is out, so no permit is held then.
     client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
     client_concurrency: usize,
+    clock: Clock,
 }
 
 impl Core {
@@ -190,6 +195,7 @@ impl Core {
             claims,
             client_sends: HashMap::new(),
             client_concurrency: settings.client_concurrency as usize,
+            clock: settings.clock.clone(),
         }
     }
 
@@ -203,10 +209,7 @@ impl Core {
             let next = self.lanes.next_timer();
             let sleep = async {
                 match next {
-                    Some(due) => {
-                        let wait = (due - now_ms()).max(0) as u64;
-                        tokio::time::sleep(Duration::from_millis(wait)).await
-                    }
+                    Some(due) => self.clock.sleep_until(due).await,
                     None => std::future::pending().await,
                 }
             };
@@ -222,7 +225,7 @@ impl Core {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
-            self.lanes.fire_timers(now_ms());
+            self.lanes.fire_timers(self.clock.now());
             self.pump();
             metrics::gauge!("latch_notifications_pending").set(self.lanes.pending() as f64);
         }
@@ -230,7 +233,7 @@ impl Core {
         let deadline = tokio::time::Instant::now() + grace;
         while self.lanes.inflight() > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(Cmd::Done(d))) => self.finish(*d, now_ms()),
+                Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
                 Ok(Some(Cmd::Enqueue(_) | Cmd::Sweep(_))) => {} // durable; picked up at next start
                 Ok(None) | Err(_) => break,
             }
@@ -245,12 +248,12 @@ impl Core {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Enqueue(refs) => self.enqueue(refs, now_ms()),
+            Cmd::Enqueue(refs) => self.enqueue(refs, self.clock.now()),
             Cmd::Sweep(refs) => {
-                let outcomes = self.lanes.sweep(refs, now_ms());
+                let outcomes = self.lanes.sweep(refs, self.clock.now());
                 self.record(outcomes);
             }
-            Cmd::Done(d) => self.finish(*d, now_ms()),
+            Cmd::Done(d) => self.finish(*d, self.clock.now()),
         }
     }
 
@@ -311,6 +314,7 @@ mod tests {
             concurrency: 8,
             client_concurrency: 2,
             node: "test".into(),
+            clock: Clock::manual(0),
         };
         let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
         let (claims_tx, mut claims) = mpsc::unbounded_channel();

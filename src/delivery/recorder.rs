@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::domain::{Outcome, time::now_ms};
+use crate::clock::Clock;
+use crate::domain::Outcome;
 use crate::store::Store;
 
 /// Most outcomes written in one store call.
@@ -15,7 +16,11 @@ const RECORD_BATCH_MAX: usize = 2048;
 /// Writes attempts and verdicts in batches. A failed write is tried again (the outcomes
 /// stay in memory); if latch dies first, the leases run out and the attempts are repeated,
 /// which at-least-once delivery allows.
-pub(super) async fn recorder(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Outcome>) {
+pub(super) async fn recorder(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::UnboundedReceiver<Outcome>,
+    clock: Clock,
+) {
     let mut batch = Vec::new();
     while let Some(first) = rx.recv().await {
         batch.push(first);
@@ -27,7 +32,7 @@ pub(super) async fn recorder(store: Arc<dyn Store>, mut rx: mpsc::UnboundedRecei
         }
         let mut backoff = Duration::from_millis(100);
         loop {
-            match store.record(batch.clone(), now_ms()).await {
+            match store.record(batch.clone(), clock.now()).await {
                 Ok(()) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, outcomes = batch.len(), "Recording delivery outcomes failed; retrying.");

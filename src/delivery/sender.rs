@@ -84,8 +84,13 @@ impl AttemptResult {
 }
 
 /// Posts one notification. Never fails: every problem is an attempt result.
-pub async fn send(http: &reqwest::Client, s: &Sendable, timeout: Duration) -> AttemptResult {
-    let at = time::now_ms();
+/// `at` is when the attempt starts, by the dispatcher's clock.
+pub async fn send(
+    http: &reqwest::Client,
+    s: &Sendable,
+    timeout: Duration,
+    at: Millis,
+) -> AttemptResult {
     let started = Instant::now();
     let body = payload(s);
     let key = match secret_key(&s.secret) {

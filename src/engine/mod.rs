@@ -18,7 +18,6 @@
 //! Deadlines are read from a [`Clock`]: the wall clock in service, one moved by hand in
 //! tests.
 
-pub mod clock;
 pub mod fleet;
 pub mod follow;
 pub mod rules;
@@ -30,10 +29,10 @@ use std::hash::BuildHasher;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::clock::Clock;
 use crate::domain::sensor::SensorState;
 use crate::domain::{Millis, Reading, Rejection, SensorId};
 use crate::store::CommitBatch;
-pub use clock::Clock;
 use fleet::Fleet;
 use shard::{Shard, ShardMsg};
 pub use ticket::{Report, Ticket};
@@ -76,31 +75,12 @@ type Verdicts = Vec<Option<Rejection>>;
 pub struct Engine {
     shards: Vec<mpsc::Sender<ShardMsg>>,
     hasher: std::hash::RandomState,
+    clock: Clock,
 }
 
 impl Engine {
-    /// Starts `shards` shard tasks holding `sensors` and committing through `commits`.
-    /// The shards stop when `stop` is cancelled, after finishing what is queued.
-    /// `default_timeout` is the heartbeat timeout of sensors without their own.
-    pub fn start(
-        shards: usize,
-        batch_max: usize,
-        default_timeout: std::time::Duration,
-        sensors: impl IntoIterator<Item = (SensorId, SensorState)>,
-        commits: mpsc::Sender<CommitRequest>,
-        stop: CancellationToken,
-        tracker: &tokio_util::task::TaskTracker,
-    ) -> Self {
-        let tuning = Tuning {
-            shards,
-            batch_max,
-            default_timeout,
-            clock: Clock::wall(),
-        };
-        Self::launch(tuning, sensors, commits, stop, tracker)
-    }
-
-    /// [`Engine::start`] with every setting, the clock among them.
+    /// Starts `tuning.shards` shard tasks holding `sensors` and committing through
+    /// `commits`. The shards stop when `stop` is cancelled, after finishing what is queued.
     pub fn launch(
         tuning: Tuning,
         sensors: impl IntoIterator<Item = (SensorId, SensorState)>,
@@ -145,7 +125,13 @@ impl Engine {
         Self {
             shards: senders,
             hasher,
+            clock,
         }
+    }
+
+    /// The engine's time: what readings are stamped with when they arrive.
+    pub fn now(&self) -> Millis {
+        self.clock.now()
     }
 
     fn shard(&self, id: SensorId) -> usize {

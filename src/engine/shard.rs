@@ -63,10 +63,7 @@ impl Shard {
             let deadline = self.map.next_deadline();
             let sleep = async {
                 match deadline {
-                    Some(d) => {
-                        let wait = (d - self.clock.now()).max(0) as u64;
-                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await
-                    }
+                    Some(d) => self.clock.sleep_until(d).await,
                     None => std::future::pending().await,
                 }
             };

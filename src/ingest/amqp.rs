@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::pipeline::{Done, Pipeline};
 use super::{Dedup, Ingest, Sources, next_backoff};
-use crate::domain::{RejectCode, Rejection, reading, time::now_ms};
+use crate::domain::{Millis, RejectCode, Rejection, reading};
 
 /// Unacknowledged deliveries RabbitMQ may push ahead of our commits.
 pub const PREFETCH: u16 = 8192;
@@ -234,7 +234,7 @@ async fn consume(
                         None => break,
                     }
                 }
-                let (batch, items) = prepare(deliveries, dedup, &mut in_flight);
+                let (batch, items) = prepare(deliveries, dedup, &mut in_flight, ingest.now());
                 pipeline.push(batch, items).await?;
             }
         }
@@ -249,8 +249,8 @@ fn prepare(
     deliveries: VecDeque<lapin::message::Delivery>,
     dedup: &Dedup,
     in_flight: &mut HashSet<String>,
+    now: Millis,
 ) -> (Batch, Vec<Result<crate::domain::Reading, Rejection>>) {
-    let now = now_ms();
     let mut batch = Batch {
         last_tag: 0,
         messages: Vec::with_capacity(deliveries.len()),

@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{Error, Ingest};
-use crate::domain::{Reading, Rejection, reading, time};
+use crate::domain::{Millis, Reading, Rejection, reading};
 
 /// Most readings one request may carry.
 pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
@@ -51,8 +51,11 @@ pub struct RejectedOut {
 
 /// Parses a body of one reading or an array of them, each element on its own. `Err` only
 /// for a body that is not readings at all, or carries too many.
-pub fn parse(body: &[u8]) -> Result<Vec<Result<Reading, Rejection>>, reading::BodyError> {
-    reading::parse_many(body, time::now_ms(), MAX_READINGS_PER_REQUEST)
+pub fn parse(
+    body: &[u8],
+    now: Millis,
+) -> Result<Vec<Result<Reading, Rejection>>, reading::BodyError> {
+    reading::parse_many(body, now, MAX_READINGS_PER_REQUEST)
 }
 
 /// Submits parsed readings; answers once the accepted ones are durable. `Err` when none

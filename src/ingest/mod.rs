@@ -14,7 +14,7 @@ mod pipeline;
 
 use futures::future::BoxFuture;
 
-use crate::domain::{Reading, Rejection, time::now_ms};
+use crate::domain::{Millis, Reading, Rejection};
 /// What became of a submitted batch: accepted, or rejected with a reason and its index.
 pub use crate::engine::Report;
 use crate::engine::{self, Engine};
@@ -38,6 +38,11 @@ pub struct Ingest {
 }
 
 impl Ingest {
+    /// The time a reading arriving now is stamped with (the engine's clock).
+    pub fn now(&self) -> Millis {
+        self.engine.now()
+    }
+
     pub fn new(engine: Engine) -> Self {
         Self { engine }
     }
@@ -59,7 +64,7 @@ impl Ingest {
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
     ) -> Result<Durable, Error> {
-        let ticket = self.engine.enqueue(items, now_ms()).await?;
+        let ticket = self.engine.enqueue(items, self.engine.now()).await?;
         Ok(Box::pin(async move {
             let report = ticket.wait().await?;
             count(source, &report);

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::pipeline::{Done, Pipeline};
 use super::{Ingest, Sources, next_backoff};
-use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading, time::now_ms};
+use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
 
 const SOURCE: &str = "mqtt";
 /// Most publishes handed to the engine as one batch.
@@ -333,7 +333,7 @@ async fn apply(
                     }
                 }
                 if !batch.is_empty() {
-                    let now = now_ms();
+                    let now = pipeline.now();
                     let items = batch
                         .iter()
                         .map(|p| parse_publish(&filter, &p.topic, &p.payload, now))

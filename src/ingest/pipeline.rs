@@ -35,6 +35,11 @@ pub(crate) struct Done<T> {
 }
 
 impl<T: Send + 'static> Pipeline<T> {
+    /// The time readings arriving now are stamped with.
+    pub(crate) fn now(&self) -> crate::domain::Millis {
+        self.ingest.now()
+    }
+
     pub(crate) fn new(ingest: Ingest, source: &'static str, depth: usize) -> Self {
         Self {
             ingest,

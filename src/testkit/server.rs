@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::clock::Clock;
 use crate::config::Config;
 
 /// A running latch on `127.0.0.1:0`, stopped gracefully by [`Server::stop`].
@@ -19,12 +20,27 @@ impl Server {
     /// Starts latch and waits until `/readyz` answers 200, for at most `ready_within` (a
     /// bench's import of a million sensors takes minutes, a test's start a moment).
     pub async fn start(config: Config, ready_within: Duration) -> anyhow::Result<Self> {
+        Self::start_on(config, ready_within, Clock::wall()).await
+    }
+
+    /// [`Server::start`] on `clock` (a manual one lets a test move time).
+    pub async fn start_on(
+        config: Config,
+        ready_within: Duration,
+        clock: Clock,
+    ) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(crate::run(Arc::new(config), listener, async {
+        let shutdown = async {
             let _ = rx.await;
-        }));
+        };
+        let task = tokio::spawn(crate::run_with_clock(
+            Arc::new(config),
+            listener,
+            shutdown,
+            clock,
+        ));
         let http = reqwest::Client::new();
         let deadline = Instant::now() + ready_within;
         loop {

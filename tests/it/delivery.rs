@@ -11,7 +11,15 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
+use latch::clock::Clock;
+use latch::delivery::retry::RetryPolicy;
+use latch::domain::time::now_ms;
+
 use crate::utils::{Answer, Receiver, TestServer, eventually, unique};
+
+fn ms(v: &Value) -> i64 {
+    latch::domain::time::parse(v.as_str().unwrap()).unwrap()
+}
 
 /// Waits until the outbox has nothing pending for `sensor`.
 async fn settled(s: &TestServer, sensor: &str) {
@@ -114,22 +122,52 @@ async fn signatures_verify_with_an_independent_hmac() {
     s.stop().await;
 }
 
+/// On a manual clock: each retry waits exactly its scheduled delay (the policy's, within
+/// its jitter), not a millisecond less, and the delays grow.
 #[tokio::test]
 async fn failures_are_retried_with_one_id_and_growing_gaps() {
-    let s = TestServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = Clock::manual(now_ms());
+    let s = TestServer::start_clocked(tmp.path(), |_| {}, clock.clone()).await;
+    let policy = RetryPolicy::from_config(&crate::utils::fast_config(tmp.path()));
     let r = Receiver::start().await;
     r.script([Answer::status(500), Answer::status(502)]);
     let (sensor, _) = setup(&s, &r).await;
     s.readings(json!({"sensor_id": sensor, "data": 1})).await;
-    let got = r.wait_for(3, 15).await;
+    let mut gaps = Vec::new();
+    for n in 1..=2u32 {
+        let (id, next) = eventually(10, &format!("attempt {n} failed"), || async {
+            let ns = s.notifications(&format!("sensor_id={sensor}")).await;
+            let x = ns.first()?;
+            let next = x["next_attempt_at"].as_str()?;
+            (x["attempt_count"] == n).then(|| {
+                let next = latch::domain::time::parse(next).unwrap();
+                (x["id"].as_str().unwrap().to_string(), next)
+            })
+        })
+        .await;
+        let (_, detail) = s.get(&format!("/v1/notifications/{id}")).await;
+        let tried = ms(&detail["attempts"][n as usize - 1]["at"]);
+        let gap = next - tried;
+        let d = policy.delay(n).as_millis() as i64;
+        assert!(
+            (d * 9 / 10..=d * 11 / 10).contains(&gap),
+            "retry {n} due {gap} ms after the attempt; the policy says {d} ms ± 10 %"
+        );
+        gaps.push(gap);
+        clock.set(next - 1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(r.count(), n as usize, "nothing before the retry is due");
+        clock.set(next);
+        r.wait_for(n as usize + 1, 10).await;
+    }
+    assert!(gaps[1] > gaps[0], "gaps grow: {gaps:?}");
+    let got = r.received();
     let ids: Vec<&str> = got
         .iter()
         .map(|g| g.headers["webhook-id"].to_str().unwrap())
         .collect();
     assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
-    let gap1 = got[1].at - got[0].at;
-    let gap2 = got[2].at - got[1].at;
-    assert!(gap2 > gap1, "gaps grow: {gap1:?} then {gap2:?}");
     settled(&s, &sensor).await;
     let n = &s.notifications(&format!("sensor_id={sensor}")).await[0];
     assert_eq!(n["status"], "delivered");

@@ -1,12 +1,28 @@
 //! Sensor liveness: connection lost after silence, restored by the next reading, exactly once
-//! per silence, across restarts.
+//! per silence, across restarts. Where the exact moment matters the tests run latch on a
+//! manual clock and move it across the deadline, so they neither sleep through timeouts
+//! nor depend on how busy the machine is.
 
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
+use latch::clock::Clock;
+use latch::domain::time::now_ms;
+
 use crate::utils::{Receiver, TestServer, eventually, unique};
+
+/// Long enough for latch to act on a moved clock if it were going to: only used before
+/// asserting that something did *not* happen.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// A manual clock a little past the wall clock's now.
+fn manual_clock() -> Clock {
+    Clock::manual(now_ms())
+}
 
 fn ms(v: &Value) -> i64 {
     latch::domain::time::parse(v.as_str().unwrap()).unwrap()
@@ -26,15 +42,26 @@ fn of_type<'a>(got: &'a [crate::utils::Received], sensor: &str, kind: &str) -> V
 
 #[tokio::test]
 async fn silence_is_lost_once_and_a_reading_restores() {
-    let s = TestServer::start_with(|c| c.heartbeat_timeout = Duration::from_secs(2)).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let timeout = |c: &mut latch::config::Config| c.heartbeat_timeout = Duration::from_secs(2);
+    let s = TestServer::start_clocked(tmp.path(), timeout, clock.clone()).await;
     let r = Receiver::start().await;
     let client = s.client(&r.url).await;
     let id = unique("lv");
     s.sensor(&id).await;
     s.link(&client, &id).await;
+    let t0 = clock.now();
     s.readings(json!({"sensor_id": id, "data": 1})).await;
     assert_eq!(connection(&s, &id).await, "online");
 
+    // A millisecond before the deadline it is still online.
+    clock.set(t0 + 1_999);
+    settle().await;
+    assert_eq!(connection(&s, &id).await, "online");
+    assert!(of_type(&r.received(), &id, "sensor.connection_lost").is_empty());
+
+    clock.set(t0 + 2_000);
     let lost = eventually(10, "connection_lost", || async {
         of_type(&r.received(), &id, "sensor.connection_lost")
             .first()
@@ -44,20 +71,20 @@ async fn silence_is_lost_once_and_a_reading_restores() {
     assert_eq!(lost["data"], 1, "the last known state");
     assert!(lost["previous"].is_null());
     let last_seen = ms(&lost["last_seen_at"]);
-    let n = s.notifications(&format!("sensor_id={id}")).await;
-    let n = n
-        .iter()
-        .find(|n| n["type"] == "sensor.connection_lost")
-        .unwrap();
-    let detected = ms(&n["created_at"]) - last_seen;
-    assert!(
-        (2000..3000).contains(&detected),
-        "lost {detected} ms after the last reading; timeout 2000 ms"
+    assert_eq!(
+        last_seen, t0,
+        "latch's own receive time of the last reading"
+    );
+    assert_eq!(
+        ms(&lost["occurred_at"]),
+        t0 + 2_000,
+        "lost exactly one timeout after the last reading"
     );
     assert_eq!(connection(&s, &id).await, "lost");
 
-    // Silent on: no second announcement.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Silent on, for many timeouts: no second announcement.
+    clock.set(t0 + 60_000);
+    settle().await;
     assert_eq!(
         of_type(&r.received(), &id, "sensor.connection_lost").len(),
         1
@@ -174,8 +201,9 @@ async fn a_sensors_own_timeout_wins_and_the_filter_lists_the_right_ones() {
 #[tokio::test]
 async fn our_downtime_causes_no_false_alarm_and_lost_stays_lost() {
     let tmp = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
     let timeout = |c: &mut latch::config::Config| c.heartbeat_timeout = Duration::from_secs(2);
-    let s = TestServer::start_in(tmp.path(), timeout).await;
+    let s = TestServer::start_clocked(tmp.path(), timeout, clock.clone()).await;
     let r = Receiver::start().await;
     let client = s.client(&r.url).await;
     let reporting = unique("rep");
@@ -184,7 +212,9 @@ async fn our_downtime_causes_no_false_alarm_and_lost_stays_lost() {
         s.sensor(id).await;
         s.link(&client, id).await;
     }
+    let t0 = clock.now();
     s.readings(json!([{"sensor_id": silent, "data": 1}])).await;
+    clock.set(t0 + 2_000);
     eventually(10, "silent sensor lost", || async {
         (of_type(&r.received(), &silent, "sensor.connection_lost").len() == 1).then_some(())
     })
@@ -193,31 +223,38 @@ async fn our_downtime_causes_no_false_alarm_and_lost_stays_lost() {
         .await;
     s.stop().await;
 
-    // Down for longer than the timeout.
-    tokio::time::sleep(Duration::from_millis(3000)).await;
-    let s = TestServer::start_in(tmp.path(), timeout).await;
-    s.readings(json!([{"sensor_id": reporting, "data": 1}]))
-        .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // latch is down past `reporting`'s deadline (t0 + 4 s) and back at t0 + 5 s. Its own
+    // downtime is not the sensor's silence: the deadline counts from the restart.
+    clock.set(t0 + 5_000);
+    let s = TestServer::start_clocked(tmp.path(), timeout, clock.clone()).await;
+    clock.set(t0 + 6_999);
+    settle().await;
     assert!(
         of_type(&r.received(), &reporting, "sensor.connection_lost").is_empty(),
         "no false alarm for latch's own downtime"
     );
+    assert_eq!(connection(&s, &reporting).await, "online");
     assert_eq!(
         connection(&s, &silent).await,
         "lost",
         "lost survives the restart"
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // A sensor that stays silent after the restart is lost one timeout after it.
+    clock.set(t0 + 7_000);
+    let lost = eventually(10, "reporting sensor lost after the restart", || async {
+        of_type(&r.received(), &reporting, "sensor.connection_lost")
+            .first()
+            .map(|b| (*b).clone())
+    })
+    .await;
+    assert_eq!(ms(&lost["occurred_at"]), t0 + 7_000);
+    assert_eq!(ms(&lost["last_seen_at"]), t0 + 2_000);
+    settle().await;
     assert_eq!(
         of_type(&r.received(), &silent, "sensor.connection_lost").len(),
         1,
-        "and is not announced again"
+        "and the one lost before is not announced again"
     );
-    // A sensor that stays silent after the restart is lost one timeout after it.
-    eventually(10, "reporting sensor lost after it went quiet", || async {
-        (of_type(&r.received(), &reporting, "sensor.connection_lost").len() == 1).then_some(())
-    })
-    .await;
     s.stop().await;
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use latch::clock::Clock;
 use latch::config::Config;
 use latch::testkit::{PgSchema, Server};
 use serde_json::{Value, json};
@@ -52,11 +53,17 @@ impl TestServer {
 
     /// Starts on an existing data folder (restart tests).
     pub async fn start_in(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Self {
+        Self::start_clocked(dir, tweak, Clock::wall()).await
+    }
+
+    /// Starts on `dir` with `clock`: a test holding a manual clock moves time itself
+    /// ([`Clock::advance`]) instead of sleeping through timeouts and retry delays.
+    pub async fn start_clocked(dir: &Path, tweak: impl FnOnce(&mut Config), clock: Clock) -> Self {
         let mut config = fast_config(dir);
         config.database_url = database_url(dir).await;
         tweak(&mut config);
         let token = config.api_token.clone();
-        let server = Server::start(config, Duration::from_secs(10))
+        let server = Server::start_on(config, Duration::from_secs(10), clock)
             .await
             .expect("latch starts");
         Self {
