@@ -45,7 +45,7 @@ pub async fn run(
         match result {
             Ok(created) => {
                 spooled.add(history_rows);
-                dispatcher.enqueue(created);
+                dispatcher.deliver(created);
                 for r in replies {
                     let _ = r.send(Ok(()));
                 }

@@ -130,7 +130,7 @@ pub async fn run_with_clock(
             default_timeout: config.heartbeat_timeout,
             clock,
         },
-        runtime.into_iter().map(|r| (r.id, r.state())),
+        runtime,
         commit_tx,
         engine_stop.clone(),
         &engine_tasks,

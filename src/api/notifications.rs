@@ -163,7 +163,7 @@ async fn retry_notification(
         .store
         .retry_notification(id.clone(), st.engine.now())
         .await?;
-    st.dispatcher.enqueue(vec![r]);
+    st.dispatcher.deliver(vec![r]);
     let (n, _) = st
         .store
         .get_notification(id)

@@ -211,12 +211,12 @@ impl Lanes {
             }
             None => refs,
         };
-        self.enqueue(refs, now)
+        self.add(refs, now)
     }
 
     /// Queues pending notifications in their lanes (ones already queued are skipped), and
     /// returns the outcomes to record for the older ones they supersede.
-    pub(super) fn enqueue(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
+    pub(super) fn add(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
         let mut outcomes = Vec::new();
         for r in refs {
             let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);

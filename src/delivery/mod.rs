@@ -96,9 +96,9 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     /// Schedules notifications just made durable (or put back by a manual retry).
-    pub fn enqueue(&self, refs: Vec<NotificationRef>) {
+    pub fn deliver(&self, refs: Vec<NotificationRef>) {
         if !refs.is_empty() {
-            let _ = self.tx.send(Cmd::Enqueue(refs));
+            let _ = self.tx.send(Cmd::Deliver(refs));
         }
     }
 
@@ -145,7 +145,7 @@ impl Dispatcher {
             pending = pending.len(),
             "Dispatcher loaded pending notifications."
         );
-        core.enqueue(pending, core.clock.now());
+        core.add(pending, core.clock.now());
         // Right away, not at the first event: a restart with a backlog shows it at once.
         metrics::gauge!("latch_notifications_pending").set(core.lanes.pending() as f64);
         if core_store.shared() {
@@ -157,7 +157,7 @@ impl Dispatcher {
 }
 
 enum Cmd {
-    Enqueue(Vec<NotificationRef>),
+    Deliver(Vec<NotificationRef>),
     /// What a sweep of a shared store found pending.
     Sweep(Vec<NotificationRef>),
     Done(Box<Done>),
@@ -234,7 +234,7 @@ impl Core {
         while self.lanes.inflight() > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
-                Ok(Some(Cmd::Enqueue(_) | Cmd::Sweep(_))) => {} // durable; picked up at next start
+                Ok(Some(Cmd::Deliver(_) | Cmd::Sweep(_))) => {} // durable; picked up at next start
                 Ok(None) | Err(_) => break,
             }
         }
@@ -248,7 +248,7 @@ impl Core {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Enqueue(refs) => self.enqueue(refs, self.clock.now()),
+            Cmd::Deliver(refs) => self.add(refs, self.clock.now()),
             Cmd::Sweep(refs) => {
                 let outcomes = self.lanes.sweep(refs, self.clock.now());
                 self.record(outcomes);
@@ -257,8 +257,8 @@ impl Core {
         }
     }
 
-    fn enqueue(&mut self, refs: Vec<NotificationRef>, now: Millis) {
-        let outcomes = self.lanes.enqueue(refs, now);
+    fn add(&mut self, refs: Vec<NotificationRef>, now: Millis) {
+        let outcomes = self.lanes.add(refs, now);
         self.record(outcomes);
     }
 
@@ -331,7 +331,7 @@ mod tests {
                 attempts: 0,
             })
             .collect();
-        core.enqueue(refs, now);
+        core.add(refs, now);
         core.lanes.fire_timers(now);
         core.pump();
         assert_eq!(core.client_sends.len(), 1);

@@ -40,7 +40,7 @@ pub async fn run(store: Arc<dyn Store>, engine: Engine, seen: i64, stop: Cancell
         };
         for (id, now) in changes {
             let applied = match now {
-                Some(runtime) => engine.track(id, runtime.state()).await,
+                Some((_, state)) => engine.track(id, state).await,
                 None => engine.remove_sensor(id).await,
             };
             if applied.is_err() {

@@ -6,6 +6,8 @@
 
 use async_trait::async_trait;
 
+use crate::domain::sensor::SensorState;
+
 use crate::domain::policy;
 use crate::domain::{
     Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId, SensorStatus,
@@ -129,31 +131,9 @@ pub trait HistorySink: Send + Sync {
     async fn insert(&self, batch: &HistoryBatch) -> std::result::Result<(), String>;
 }
 
-/// What the engine needs of a sensor at start.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SensorRuntime {
-    pub id: SensorId,
-    pub heartbeat_timeout_s: Option<u32>,
-    pub data: Option<bool>,
-    pub changed_at: Option<Millis>,
-    pub last_ts: Option<Millis>,
-    pub last_seen_at: Option<Millis>,
-    pub connection: Connection,
-}
-
-impl SensorRuntime {
-    /// The sensor's state as the engine holds it in memory.
-    pub fn state(&self) -> crate::domain::sensor::SensorState {
-        crate::domain::sensor::SensorState {
-            data: self.data,
-            changed_at: self.changed_at,
-            last_ts: self.last_ts,
-            last_seen_at: self.last_seen_at,
-            connection: self.connection,
-            heartbeat_timeout_s: self.heartbeat_timeout_s,
-        }
-    }
-}
+/// What the engine needs of a sensor at start: its id and its state (the one type for a
+/// sensor's state in memory, [`SensorState`]).
+pub type SensorRuntime = (SensorId, SensorState);
 
 /// Filters of the notification list.
 #[derive(Debug, Clone, Default)]

@@ -7,6 +7,7 @@
 //! `int4` and `int8`).
 
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
+use crate::domain::sensor::SensorState;
 use crate::domain::{
     Attempt, Client, Connection, Event, EventKind, Notification, Sensor, SensorId, SensorStatus,
     Status,
@@ -96,15 +97,17 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
 
 /// [`RUNTIME_COLS`] from column 0.
 pub(crate) fn runtime<R: Cols>(r: &R) -> Result<SensorRuntime, R::Error> {
-    Ok(SensorRuntime {
-        id: r.sensor_id(0)?,
-        heartbeat_timeout_s: r.opt_count(1)?,
-        data: r.opt_flag(2)?,
-        changed_at: r.opt_int(3)?,
-        last_ts: r.opt_int(4)?,
-        last_seen_at: r.opt_int(5)?,
-        connection: connection(&r.text(6)?),
-    })
+    Ok((
+        r.sensor_id(0)?,
+        SensorState {
+            heartbeat_timeout_s: r.opt_count(1)?,
+            data: r.opt_flag(2)?,
+            changed_at: r.opt_int(3)?,
+            last_ts: r.opt_int(4)?,
+            last_seen_at: r.opt_int(5)?,
+            connection: connection(&r.text(6)?),
+        },
+    ))
 }
 
 /// [`CLIENT_COLS`] from column 0.

@@ -91,7 +91,7 @@ impl Harness {
             due_at: self.now,
             attempts: 0,
         };
-        let outcomes = self.core.enqueue(vec![r], self.now);
+        let outcomes = self.core.add(vec![r], self.now);
         self.outcomes.extend(outcomes);
         id
     }

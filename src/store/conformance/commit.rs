@@ -53,7 +53,7 @@ pub(super) async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
     assert!(ids.contains(&newer[0].id.as_str()) && !ids.contains(&created[0].id.as_str()));
 
     let rt = s.load_runtime().await.unwrap();
-    let cm = rt.iter().find(|r| r.id == sid("cm1")).unwrap();
+    let cm = &rt.iter().find(|r| r.0 == sid("cm1")).unwrap().1;
     assert_eq!(cm.data, Some(false));
     assert_eq!(cm.last_ts, Some(20_000));
 
@@ -142,7 +142,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
     assert_eq!((n.data, n.last_seen_at), (Some(true), Some(1_000)));
     let rt = s.load_runtime().await.unwrap();
     assert_eq!(
-        rt.iter().find(|r| r.id == sid("lv1")).unwrap().connection,
+        rt.iter().find(|r| r.0 == sid("lv1")).unwrap().1.connection,
         Connection::Lost
     );
     let lost = s

@@ -185,7 +185,7 @@ pub(super) async fn deletes_cancel_pending(s: &dyn Store) {
             .await
             .unwrap()
             .iter()
-            .all(|r| r.id != sid("dl1"))
+            .all(|r| r.0 != sid("dl1"))
     );
 }
 
@@ -206,7 +206,7 @@ pub(super) async fn registry_changes_follow_create_change_delete(s: &dyn Store) 
     assert!(newest > start);
     let rg1 = changes.iter().find(|(id, _)| *id == sid("rg1")).unwrap();
     assert_eq!(
-        rg1.1.unwrap().heartbeat_timeout_s,
+        rg1.1.unwrap().1.heartbeat_timeout_s,
         Some(90),
         "its state now"
     );

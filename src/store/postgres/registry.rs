@@ -359,7 +359,7 @@ pub(super) async fn registry_changes(
         )
         .await?
         .iter()
-        .map(|r| row::runtime(r).map(|rt| (rt.id, rt)))
+        .map(|r| row::runtime(r).map(|rt| (rt.0, rt)))
         .collect::<Result<_>>()?;
     let changed = ids
         .iter()
