@@ -14,8 +14,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Deserializer};
 
-use crate::store::sqlite::Synchronous;
-
 /// The embedded defaults, fully commented: `latch config` prints them.
 pub const DEFAULTS: &str = include_str!("config.default.toml");
 
@@ -81,6 +79,16 @@ pub struct Config {
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
     pub log: String,
+}
+
+/// How hard SQLite syncs to disk at each commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync at every commit: survives power loss. The default.
+    Full,
+    /// fsync at checkpoints only: survives a crash of latch, not of the machine.
+    Normal,
 }
 
 impl Config {

@@ -41,22 +41,13 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0003_readings_archive.sql"),
 ];
 
-/// How hard SQLite syncs to disk at each commit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Synchronous {
-    /// fsync at every commit: survives power loss. The default.
-    Full,
-    /// fsync at checkpoints only: survives a crash of latch, not of the machine.
-    Normal,
-}
+/// The setting lives with the other settings; the store only maps it to its pragma.
+pub use crate::config::Synchronous;
 
-impl Synchronous {
-    fn as_pragma(self) -> &'static str {
-        match self {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
-        }
+fn pragma(sync: Synchronous) -> &'static str {
+    match sync {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
     }
 }
 
@@ -88,7 +79,7 @@ fn open_conn(path: &Path, sync: Synchronous) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", sync.as_pragma())?;
+    conn.pragma_update(None, "synchronous", pragma(sync))?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
