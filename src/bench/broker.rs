@@ -337,12 +337,25 @@ pub async fn mqtt(
         })
     };
     let started = Instant::now();
-    tokio::time::timeout(
-        Duration::from_secs(600),
-        mqtt_publish(&host, port, &msgs, taken),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("latch did not take all {messages} readings"))??;
+    // Generous: a loaded machine takes a few hundred readings a second at worst.
+    let limit = Duration::from_secs(60 + messages as u64 / 50);
+    let published = tokio::time::timeout(limit, mqtt_publish(&host, port, &msgs, taken.clone()));
+    if published.await.is_err() {
+        // What latch saw, so a stall can be told from a loss.
+        let text = reqwest::get(format!("{}/metrics", server.base))
+            .await?
+            .text()
+            .await?;
+        let seen: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("latch_") && l.contains("mqtt"))
+            .collect();
+        anyhow::bail!(
+            "latch took {} of {messages} readings within {limit:?}; its MQTT metrics:\n{}",
+            taken.load(Ordering::Relaxed),
+            seen.join("\n")
+        );
+    }
     watcher.await?;
     let secs = started.elapsed().as_secs_f64();
     server.stop().await?;
