@@ -523,12 +523,19 @@ mod tests {
         let c = Config::load_from(
             None,
             &env(&[
-                ("LATCH_DELIVERY_ALLOW_NETS", "127.0.0.0/8, 10.0.0.0/8,fd00::/8"),
+                (
+                    "LATCH_DELIVERY_ALLOW_NETS",
+                    "127.0.0.0/8, 10.0.0.0/8,fd00::/8",
+                ),
                 ("LATCH_DELIVERY_HTTPS_ONLY", "true"),
             ]),
         )
         .unwrap();
-        let nets: Vec<String> = c.delivery_allow_nets.iter().map(|n| n.to_string()).collect();
+        let nets: Vec<String> = c
+            .delivery_allow_nets
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
         assert_eq!(nets, ["127.0.0.0/8", "10.0.0.0/8", "fd00::/8"]);
         assert!(c.delivery_https_only);
         let e = Config::load_from(None, &env(&[("LATCH_DELIVERY_ALLOW_NETS", "10.0.0.0")]))

@@ -10,10 +10,10 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
+use crate::delivery::guard::Guard;
 use crate::domain::client::{
     generate_secret, new_client_id, secret_key, validate_name, validate_url,
 };
-use crate::delivery::guard::Guard;
 use crate::domain::{Client, time};
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -145,10 +145,19 @@ impl Guard {
     }
 
     pub fn from_config(c: &crate::config::Config) -> Self {
-        Self::new(
-            c.delivery_allow_nets.clone(),
-            c.delivery_https_only,
-        )
+        Self::new(c.delivery_allow_nets.clone(), c.delivery_https_only)
+    }
+
+    /// The allow list holds every address (`0.0.0.0/0` and `::/0`): the guard is off.
+    fn allows_everything(&self) -> bool {
+        let all = |n: &IpNet| n.prefix_len() == 0;
+        self.allow
+            .iter()
+            .any(|n| all(n) && matches!(n, IpNet::V4(_)))
+            && self
+                .allow
+                .iter()
+                .any(|n| all(n) && matches!(n, IpNet::V6(_)))
     }
 
     /// Whether a webhook may go to `ip`: it is global, or the allow list holds it (or the
@@ -222,6 +231,9 @@ impl Guard {
         let Some(host) = self.check_url(&parsed)? else {
             return Ok(());
         };
+        if self.allows_everything() {
+            return Ok(()); // nothing a lookup finds could be refused
+        }
         let lookup = tokio::net::lookup_host((host, 0));
         match tokio::time::timeout(VET_RESOLVE_TIMEOUT, lookup).await {
             Ok(Ok(addrs)) => self.filter(host, addrs).map(drop),
@@ -355,7 +367,11 @@ mod tests {
 
     #[test]
     fn global_ipv6_addresses_pass() {
-        for addr in ["2606:4700:4700::1111", "2a00:1450:4001::200e", "2001:4860::1"] {
+        for addr in [
+            "2606:4700:4700::1111",
+            "2a00:1450:4001::200e",
+            "2001:4860::1",
+        ] {
             assert_eq!(non_global(ip(addr)), None, "{addr}");
         }
     }
@@ -392,13 +408,26 @@ mod tests {
         assert_eq!(g.check_ip(ip("127.0.0.1")), Ok(()));
         assert_eq!(g.check_ip(ip("10.20.30.40")), Ok(()));
         assert_eq!(g.check_ip(ip("fd00::5")), Ok(()));
-        assert_eq!(g.check_ip(ip("::ffff:127.0.0.1")), Ok(()), "mapped form too");
+        assert_eq!(
+            g.check_ip(ip("::ffff:127.0.0.1")),
+            Ok(()),
+            "mapped form too"
+        );
         assert_eq!(g.check_ip(ip("8.8.8.8")), Ok(()), "global always passes");
         let refused = g.check_ip(ip("169.254.169.254")).unwrap_err();
-        assert!(refused.to_string().contains("169.254.169.254 is a link-local"));
+        assert!(
+            refused
+                .to_string()
+                .contains("169.254.169.254 is a link-local")
+        );
         assert!(refused.to_string().contains("LATCH_DELIVERY_ALLOW_NETS"));
         assert!(g.check_ip(ip("192.168.0.1")).is_err());
         assert!(g.check_ip(ip("::1")).is_err());
+        assert!(!g.allows_everything());
+        let all = Guard::new(nets(&["0.0.0.0/0", "::/0"]), false);
+        assert!(all.allows_everything());
+        assert_eq!(all.check_ip(ip("::1")), Ok(()));
+        assert_eq!(all.check_ip(ip("169.254.169.254")), Ok(()));
     }
 
     #[test]

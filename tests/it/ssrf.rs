@@ -181,7 +181,12 @@ async fn redirecting_to(location: &str) -> String {
     let location = location.to_string();
     let app = axum::Router::new().fallback(move || {
         let location = location.clone();
-        async move { (StatusCode::FOUND, [(axum::http::header::LOCATION, location)]) }
+        async move {
+            (
+                StatusCode::FOUND,
+                [(axum::http::header::LOCATION, location)],
+            )
+        }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
@@ -201,7 +206,10 @@ async fn counting() -> (String, Arc<AtomicUsize>) {
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/latest/meta-data/", listener.local_addr().unwrap());
+    let url = format!(
+        "http://{}/latest/meta-data/",
+        listener.local_addr().unwrap()
+    );
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, hits)
 }
