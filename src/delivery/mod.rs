@@ -126,6 +126,9 @@ impl Dispatcher {
             .dns_resolver(Arc::new(guard::GuardedResolver::new(
                 settings.guard.clone(),
             )))
+            // No proxy from HTTP_PROXY and the like: through one, the address judged would
+            // be the proxy's, and the proxy would resolve the webhook's name unguarded.
+            .no_proxy()
             .pool_max_idle_per_host(settings.client_concurrency as usize)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)

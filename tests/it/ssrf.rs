@@ -94,14 +94,37 @@ async fn a_name_that_resolves_only_to_blocked_addresses_is_refused() {
 
 #[tokio::test]
 async fn https_only_refuses_http_urls() {
-    let s = TestServer::start_with(|c| c.delivery_https_only = true).await;
+    // A client registered before https_only was turned on.
+    let receiver = Receiver::start().await;
+    let s = TestServer::start().await;
+    let sensor = unique("hs");
+    s.sensor(&sensor).await;
+    let client = s.client(&receiver.url).await;
+    s.link(&client, &sensor).await;
+    let dir = s.dir.clone();
+    let tmp = s.stop().await;
+
+    let s = TestServer::start_in(&dir, |c| c.delivery_https_only = true).await;
     let (st, body) = create(&s, "http://127.0.0.1:9/hook").await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("https"), "{message}");
+    assert!(message.contains("url must use https"), "{message}");
     let (st, body) = create(&s, "https://127.0.0.1:9/hook").await;
     assert_eq!(st, StatusCode::CREATED, "{body}");
+
+    // Its attempts are refused, not sent in plaintext.
+    s.readings(json!({"sensor_id": sensor, "data": 1})).await;
+    let detail = failed_one(&s, &sensor).await;
+    let attempts = detail["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{detail}");
+    let error = attempts[0]["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("destination_not_allowed: url must use https"),
+        "{error}"
+    );
+    assert_eq!(receiver.count(), 0);
     s.stop().await;
+    drop(tmp);
 }
 
 /// The notification of `sensor` once it failed, with its attempts.
