@@ -79,6 +79,13 @@ pub struct Config {
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
     pub log: String,
+    /// Networks webhooks may go to although they are not globally routable (loopback,
+    /// private, link-local, …): the SSRF guard refuses those by default.
+    #[serde(deserialize_with = "nets")]
+    pub delivery_allow_nets: Vec<ipnet::IpNet>,
+    /// Refuse `http://` webhook URLs.
+    #[serde(deserialize_with = "flag")]
+    pub delivery_https_only: bool,
 }
 
 /// How hard SQLite syncs to disk at each commit.
@@ -265,6 +272,52 @@ fn number<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
             .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a whole number")))?,
     };
     u32::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} is out of range")))
+}
+
+/// A list of CIDR networks, given as a TOML array or as comma-separated text.
+fn nets<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match Raw::deserialize(d)? {
+        Raw::One(s) => s.split(',').map(str::to_string).collect(),
+        Raw::Many(v) => v,
+    };
+    items
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse().map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "{s:?} is not a network like \"10.0.0.0/8\" or \"fd00::/8\""
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A TOML boolean or, from the environment, `true`/`false` (also `1`/`0`).
+fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bool(bool),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Bool(b) => Ok(b),
+        Raw::Text(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(serde::de::Error::custom(format!(
+                "{s:?} is neither true nor false"
+            ))),
+        },
+    }
 }
 
 fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
@@ -460,5 +513,38 @@ mod tests {
         assert!(r.contains("postgres://latch:***@db:5432/latch"), "{r}");
         assert!(r.contains("http://u:***@ch:8123?x=1"), "{r}");
         assert!(r.contains("http://plain:8123/"), "{r}");
+    }
+
+    #[test]
+    fn the_ssrf_guard_settings_parse() {
+        let c = Config::load_from(None, &[]).unwrap();
+        assert!(c.delivery_allow_nets.is_empty());
+        assert!(!c.delivery_https_only);
+        let c = Config::load_from(
+            None,
+            &env(&[
+                (
+                    "LATCH_DELIVERY_ALLOW_NETS",
+                    "127.0.0.0/8, 10.0.0.0/8,fd00::/8",
+                ),
+                ("LATCH_DELIVERY_HTTPS_ONLY", "true"),
+            ]),
+        )
+        .unwrap();
+        let nets: Vec<String> = c
+            .delivery_allow_nets
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(nets, ["127.0.0.0/8", "10.0.0.0/8", "fd00::/8"]);
+        assert!(c.delivery_https_only);
+        let e = Config::load_from(None, &env(&[("LATCH_DELIVERY_ALLOW_NETS", "10.0.0.0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("delivery_allow_nets"), "{e}");
+        let e = Config::load_from(None, &env(&[("LATCH_DELIVERY_HTTPS_ONLY", "yes")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("delivery_https_only"), "{e}");
     }
 }

@@ -8,7 +8,7 @@
 //! - [`committer`]: group-commits the shards' batches to the store, feeds the dispatcher.
 //! - [`store`]: the `Store` trait and its backends (SQLite embedded by default).
 //! - [`history`]: history reads, and the shipper that moves it to ClickHouse when set.
-//! - [`delivery`]: the dispatcher — lanes, retries, signing, webhook sending.
+//! - [`delivery`]: the dispatcher — lanes, retries, signing, webhook sending, the SSRF guard.
 //! - [`ingest`]: readings in from every source, acknowledged once durable.
 //! - [`api`]: the HTTP API v1, health, metrics, OpenAPI.
 //! - [`config`]: layered settings.

@@ -75,7 +75,13 @@ const ENDINGS: [Status; 4] = [
 ];
 
 /// Every `outcome` of an attempt (see `AttemptResult::label`).
-const OUTCOMES: [&str; 4] = ["delivered", "http_error", "timeout", "connection_error"];
+const OUTCOMES: [&str; 5] = [
+    "delivered",
+    "http_error",
+    "timeout",
+    "connection_error",
+    crate::delivery::guard::NOT_ALLOWED,
+];
 
 /// Fails to build when a reason or a status is added without being listed above.
 #[allow(dead_code)]

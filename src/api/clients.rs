@@ -10,6 +10,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
+use crate::delivery::guard::Guard;
 use crate::domain::client::{
     generate_secret, new_client_id, secret_key, validate_name, validate_url,
 };
@@ -29,7 +30,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct ClientIn {
     pub name: String,
-    /// Webhook URL, http or https.
+    /// Webhook URL, http or https (only https when `LATCH_DELIVERY_HTTPS_ONLY` is set). Its
+    /// address, or every address its name resolves to, must be globally routable unless
+    /// `LATCH_DELIVERY_ALLOW_NETS` lets it through: otherwise 422.
     #[schema(example = "https://example.com/hooks/latch")]
     pub url: String,
     /// `whsec_` + base64 of a 16 to 64 byte key. Generated on create when absent; kept on
@@ -67,7 +70,20 @@ fn check(body: &ClientIn) -> ApiResult<()> {
     Ok(())
 }
 
-/// Register a client; its id (and secret, unless given) are generated.
+/// The SSRF guard's verdict on a client's URL: its scheme when only https is allowed, its
+/// literal address, or the addresses its name resolves to now. Every attempt is checked
+/// again at connect time; this is so a user hears why at once.
+async fn vet_url(st: &AppState, url: &str) -> ApiResult<()> {
+    Guard::from_config(&st.config)
+        .vet(url)
+        .await
+        .map_err(|r| ApiError::invalid(format!("url is not allowed: {r}")))
+}
+
+/// Register a client; its id (and secret, unless given) are generated. A URL whose address
+/// is not globally routable (loopback, private, link-local, …; or a name resolving only to
+/// such addresses) is refused with 422 unless `LATCH_DELIVERY_ALLOW_NETS` lets it through,
+/// and so is an `http://` URL under `LATCH_DELIVERY_HTTPS_ONLY`.
 #[utoipa::path(post, path = "/v1/clients", tag = "clients", request_body = ClientIn,
     responses((status = 201, body = ClientOut), (status = 422, body = ErrorBody)))]
 async fn create_client(
@@ -75,6 +91,7 @@ async fn create_client(
     ApiJson(body): ApiJson<ClientIn>,
 ) -> ApiResult<(StatusCode, ApiJson<ClientOut>)> {
     check(&body)?;
+    vet_url(&st, &body.url).await?;
     let client = Client {
         id: new_client_id(),
         name: body.name,
@@ -113,7 +130,8 @@ async fn get_client(
 }
 
 /// Replace a client's name, URL and (when given) secret. Pending notifications go to the
-/// new URL from their next attempt on.
+/// new URL from their next attempt on. The URL is checked as on create (422 when not
+/// allowed).
 #[utoipa::path(put, path = "/v1/clients/{id}", tag = "clients", params(("id" = String, Path)),
     request_body = ClientIn,
     responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -123,6 +141,7 @@ async fn replace_client(
     ApiJson(body): ApiJson<ClientIn>,
 ) -> ApiResult<ApiJson<ClientOut>> {
     check(&body)?;
+    vet_url(&st, &body.url).await?;
     let current = st
         .store
         .get_client(id)

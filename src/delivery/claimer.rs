@@ -112,6 +112,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                         };
                         sender::send(
                             &sending.http,
+                            &sending.settings.guard,
                             &s,
                             sending.settings.timeout,
                             sending.settings.clock.now(),

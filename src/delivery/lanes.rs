@@ -423,6 +423,7 @@ impl Lanes {
                     Attempted {
                         delivered: result.delivered(),
                         gone: result.gone(),
+                        not_allowed: result.not_allowed(),
                         attempts,
                         max_attempts: retry.max_attempts,
                         kind: head.kind,

@@ -23,6 +23,7 @@
 //! shared store).
 
 mod claimer;
+pub mod guard;
 mod lanes;
 mod recorder;
 pub mod retry;
@@ -66,6 +67,8 @@ pub struct Settings {
     pub node: String,
     /// Where due times, leases and attempts read the time.
     pub clock: Clock,
+    /// Which destinations webhooks may go to (the SSRF guard).
+    pub guard: Arc<guard::Guard>,
 }
 
 impl Settings {
@@ -77,6 +80,7 @@ impl Settings {
             client_concurrency: c.delivery_client_concurrency,
             node: format!("latch-{}", ulid::Ulid::new()),
             clock: Clock::wall(),
+            guard: Arc::new(guard::Guard::from_config(c)),
         }
     }
 
@@ -116,6 +120,15 @@ impl Dispatcher {
             // redirect would carry the signed headers to a host the client never gave us.
             // A 3xx is a failed attempt with its status recorded, like any other non-2xx.
             .redirect(reqwest::redirect::Policy::none())
+            // Every name is resolved through the SSRF guard, at connect time, so what a
+            // name resolves to when the client was created does not matter (DNS
+            // rebinding); IP literals never reach a resolver, and the sender checks them.
+            .dns_resolver(Arc::new(guard::GuardedResolver::new(
+                settings.guard.clone(),
+            )))
+            // No proxy from HTTP_PROXY and the like: through one, the address judged would
+            // be the proxy's, and the proxy would resolve the webhook's name unguarded.
+            .no_proxy()
             .pool_max_idle_per_host(settings.client_concurrency as usize)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
@@ -315,6 +328,7 @@ mod tests {
             client_concurrency: 2,
             node: "test".into(),
             clock: Clock::manual(0),
+            guard: Arc::default(),
         };
         let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
         let (claims_tx, mut claims) = mpsc::unbounded_channel();

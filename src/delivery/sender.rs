@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::guard::{self, Guard, Refusal};
 use super::signing;
 use crate::domain::{Millis, Sendable, client::secret_key, time};
 
@@ -66,11 +67,22 @@ impl AttemptResult {
         self.status_code == Some(410)
     }
 
+    /// The SSRF guard refused the destination: nothing was sent, and trying again cannot
+    /// change that until the client's URL or the allow list does.
+    pub fn not_allowed(&self) -> bool {
+        self.status_code.is_none()
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(guard::NOT_ALLOWED))
+    }
+
     /// The `outcome` label of the attempts metric.
     pub fn label(&self) -> &'static str {
         match self.status_code {
             Some(c) if (200..300).contains(&c) => "delivered",
             Some(_) => "http_error",
+            None if self.not_allowed() => guard::NOT_ALLOWED,
             None if self
                 .error
                 .as_deref()
@@ -84,31 +96,40 @@ impl AttemptResult {
 }
 
 /// Posts one notification. Never fails: every problem is an attempt result.
-/// `at` is when the attempt starts, by the dispatcher's clock.
+/// `at` is when the attempt starts, by the dispatcher's clock. `http` resolves names
+/// through the guard ([`guard::GuardedResolver`]); an IP literal, which it does not
+/// resolve, is checked here.
 pub async fn send(
     http: &reqwest::Client,
+    guard: &Guard,
     s: &Sendable,
     timeout: Duration,
     at: Millis,
 ) -> AttemptResult {
     let started = Instant::now();
+    let failed = |error: String| AttemptResult {
+        at,
+        status_code: None,
+        error: Some(error),
+        duration: started.elapsed(),
+        retry_after: None,
+    };
+    let url = match reqwest::Url::parse(&s.url) {
+        Ok(u) => u,
+        Err(e) => return failed(format!("url unusable: {e}")),
+    };
+    if let Err(r) = guard.check_url(&url) {
+        return failed(not_allowed(&r));
+    }
     let body = payload(s);
     let key = match secret_key(&s.secret) {
         Ok(k) => k,
-        Err(e) => {
-            return AttemptResult {
-                at,
-                status_code: None,
-                error: Some(format!("client secret unusable: {e}")),
-                duration: started.elapsed(),
-                retry_after: None,
-            };
-        }
+        Err(e) => return failed(format!("client secret unusable: {e}")),
     };
     let ts = at / 1000;
     let signature = signing::sign(&key, &s.notification.id, ts, &body);
     let request = http
-        .post(&s.url)
+        .post(url)
         .timeout(timeout)
         .header("content-type", "application/json")
         .header("user-agent", concat!("latch/", env!("CARGO_PKG_VERSION")))
@@ -142,22 +163,23 @@ pub async fn send(
             }
         }
         Err(e) => {
-            let error = if e.is_timeout() {
+            let error = if let Some(r) = guard::refusal_in(&e) {
+                not_allowed(r)
+            } else if e.is_timeout() {
                 format!("timed out after {timeout:?}")
             } else if e.is_connect() {
                 format!("connection failed: {}", root_cause(&e))
             } else {
                 format!("request failed: {}", root_cause(&e))
             };
-            AttemptResult {
-                at,
-                status_code: None,
-                error: Some(error),
-                duration: started.elapsed(),
-                retry_after: None,
-            }
+            failed(error)
         }
     }
+}
+
+/// The recorded error of an attempt the guard refused: its code, then why.
+fn not_allowed(r: &Refusal) -> String {
+    format!("{}: {r}", guard::NOT_ALLOWED)
 }
 
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {

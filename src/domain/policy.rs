@@ -46,6 +46,9 @@ pub struct Attempted {
     pub delivered: bool,
     /// The receiver answered `410 Gone`: it asks never to be tried again.
     pub gone: bool,
+    /// latch refused the destination (the SSRF guard): nothing was sent, and another try
+    /// would be refused the same way.
+    pub not_allowed: bool,
     /// Attempts made, including this one.
     pub attempts: u32,
     /// The attempt budget of the retry policy.
@@ -57,13 +60,13 @@ pub struct Attempted {
 }
 
 /// What an answered attempt makes of its notification: delivered; failed when the
-/// receiver is gone or the budget is spent; superseded rather than retried when a newer
+/// receiver is gone, the destination is not allowed, or the budget is spent; superseded rather than retried when a newer
 /// state waits behind it (the supersede rule, now that it is no longer in flight);
 /// otherwise retried at `retry_at()`, asked only then (it draws the jitter).
 pub fn verdict(a: Attempted, retry_at: impl FnOnce() -> Millis) -> Verdict {
     if a.delivered {
         Verdict::Delivered
-    } else if a.gone || a.attempts >= a.max_attempts {
+    } else if a.gone || a.not_allowed || a.attempts >= a.max_attempts {
         Verdict::Failed
     } else if a.kind == EventKind::StateChanged && a.state_behind {
         Verdict::Superseded
@@ -234,6 +237,7 @@ mod tests {
         Attempted {
             delivered: false,
             gone: false,
+            not_allowed: false,
             attempts: 1,
             max_attempts: 10,
             kind: STATE,
@@ -270,6 +274,19 @@ mod tests {
             ..attempted()
         };
         for a in [gone, spent] {
+            assert_eq!(verdict(a, || panic!("no retry")), Verdict::Failed);
+        }
+    }
+
+    #[test]
+    fn a_destination_not_allowed_fails_at_once_whatever_waits_behind() {
+        for kind in [STATE, LOST] {
+            let a = Attempted {
+                not_allowed: true,
+                kind,
+                state_behind: true,
+                ..attempted()
+            };
             assert_eq!(verdict(a, || panic!("no retry")), Verdict::Failed);
         }
     }

@@ -11,5 +11,6 @@ mod mqtt;
 mod nodes;
 mod readings;
 mod registry;
+mod ssrf;
 mod store_faults;
 mod utils;

@@ -5,6 +5,8 @@ Run by scripts/contract: `python3 tests/sdk/flow.py BASE_URL [TOKEN]`, with the 
 `latch_client`. It registers a sensor and a client whose webhook is a receiver in this
 process, links them, posts readings, and reads back state, notifications, attempts and
 history — only through the generated, typed functions. Prints `N passed, N failed`.
+The receiver is on 127.0.0.1, so the latch under test must let loopback through its SSRF
+guard (`LATCH_DELIVERY_ALLOW_NETS`; scripts/contract starts it so).
 """
 
 import json

@@ -28,9 +28,11 @@ pub struct TestServer {
     server: Option<Server>,
 }
 
-/// Settings most tests want: quick retries, quick timeouts.
+/// Settings most tests want: quick retries, quick timeouts, and the receivers (all on
+/// 127.0.0.1) let through the SSRF guard. Tests of the guard itself clear the allow list.
 pub fn fast_config(dir: &Path) -> Config {
     let mut c = Config::for_data_dir(dir);
+    c.delivery_allow_nets = vec!["127.0.0.0/8".parse().unwrap()];
     c.sqlite_synchronous = latch::store::sqlite::Synchronous::Normal;
     c.retry_base = Duration::from_millis(200);
     c.retry_max_delay = Duration::from_secs(5);
