@@ -93,8 +93,9 @@ pub async fn send(
 ) -> AttemptResult {
     let started = Instant::now();
     let body = payload(s);
-    let key = match secret_key(&s.secret) {
-        Ok(k) => k,
+    let ts = at / 1000;
+    let signature = match signatures(s, ts, &body) {
+        Ok(sig) => sig,
         Err(e) => {
             return AttemptResult {
                 at,
@@ -105,8 +106,6 @@ pub async fn send(
             };
         }
     };
-    let ts = at / 1000;
-    let signature = signing::sign(&key, &s.notification.id, ts, &body);
     let request = http
         .post(&s.url)
         .timeout(timeout)
@@ -158,6 +157,21 @@ pub async fn send(
             }
         }
     }
+}
+
+/// The `webhook-signature` value: the signature with the client's secret, then, while a
+/// rotation's grace lasts, the one with the secret it replaced, space-separated as
+/// Standard Webhooks specifies, so a receiver holding either key verifies the request.
+pub fn signatures(s: &Sendable, ts: i64, body: &[u8]) -> Result<String, String> {
+    let id = &s.notification.id;
+    let mut value = signing::sign(&secret_key(&s.secret)?, id, ts, body);
+    if let Some(old) = s.previous_secret.as_deref()
+        && let Ok(key) = secret_key(old)
+    {
+        value.push(' ');
+        value.push_str(&signing::sign(&key, id, ts, body));
+    }
+    Ok(value)
 }
 
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {

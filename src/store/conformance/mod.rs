@@ -15,6 +15,9 @@ mod history;
 mod outbox;
 mod registry;
 
+/// A `disable_after` no check reaches.
+const NEVER: Millis = Millis::MAX / 2;
+
 /// An empty store for one check, with what has to live as long as it.
 struct Fresh {
     store: Arc<dyn Store>,
@@ -105,6 +108,7 @@ fn client(id: &str, url: &str) -> Client {
         url: url.into(),
         secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
         created_at: 2_000,
+        ..Client::default()
     }
 }
 
