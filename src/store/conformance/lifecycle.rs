@@ -54,17 +54,35 @@ pub(super) async fn rotated_secret_signs_during_its_grace(s: &dyn Store) {
         Some(Claim::Send(x)) => x,
         other => panic!("expected a send, got {other:?}"),
     };
-    let x = send(s.claim(vec![n.id.clone()], "n".into(), 999, 2_000).await.unwrap());
-    assert_eq!((x.secret.as_str(), x.previous_secret), (new.as_str(), Some(old)));
-    let x = send(s.claim(vec![n.id.clone()], "n".into(), 1_000, 2_000).await.unwrap());
-    assert_eq!(x.previous_secret, None, "only the new one once the grace ran out");
+    let x = send(
+        s.claim(vec![n.id.clone()], "n".into(), 999, 2_000)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (x.secret.as_str(), x.previous_secret),
+        (new.as_str(), Some(old))
+    );
+    let x = send(
+        s.claim(vec![n.id.clone()], "n".into(), 1_000, 2_000)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        x.previous_secret, None,
+        "only the new one once the grace ran out"
+    );
 }
 
 pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
     let n = one_notification(s, "gd-a", "gd1").await;
     s.create_client(client("gd-b", "http://b/")).await.unwrap();
     let disabled = s
-        .record(vec![answered(&n, 30, Some(410), Verdict::Failed)], 31, NEVER)
+        .record(
+            vec![answered(&n, 30, Some(410), Verdict::Failed)],
+            31,
+            NEVER,
+        )
         .await
         .unwrap();
     // It waits while the client is disabled.
@@ -87,8 +105,14 @@ pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
     );
     assert_eq!(s.count_disabled_clients().await.unwrap(), 1);
     let ids = |p: Page<Client>| p.items.into_iter().map(|c| c.id).collect::<Vec<_>>();
-    assert_eq!(ids(s.list_clients(page(10), Some(true)).await.unwrap()), ["gd-a"]);
-    assert_eq!(ids(s.list_clients(page(10), Some(false)).await.unwrap()), ["gd-b"]);
+    assert_eq!(
+        ids(s.list_clients(page(10), Some(true)).await.unwrap()),
+        ["gd-a"]
+    );
+    assert_eq!(
+        ids(s.list_clients(page(10), Some(false)).await.unwrap()),
+        ["gd-b"]
+    );
     assert_eq!(ids(s.list_clients(page(10), None).await.unwrap()).len(), 2);
     // A claim leaves the disabled client's notification pending and unleased.
     let claims = s
@@ -156,7 +180,11 @@ pub(super) async fn bulk_replay_keeps_order_and_skips_refusals(s: &dyn Store) {
         s.create_sensor(sensor(sensor_id)).await.unwrap();
         s.link("br-a".into(), sid(sensor_id), 1).await.unwrap();
         s.link("br-b".into(), sid(sensor_id), 1).await.unwrap();
-        made.extend(s.commit(change(sensor_id, true, None, at), at).await.unwrap());
+        made.extend(
+            s.commit(change(sensor_id, true, None, at), at)
+                .await
+                .unwrap(),
+        );
     }
     let failed: Vec<Outcome> = made
         .iter()
@@ -239,7 +267,10 @@ pub(super) async fn health_sums_up_attempts(s: &dyn Store) {
     assert_eq!(h.consecutive_failures, 2);
     assert_eq!(h.success_ratio_1h, Some(1.0 / 3.0));
     // Durations are the attempt times' milliseconds: 0, 900 and 800.
-    assert_eq!((h.latency_p50_ms_1h, h.latency_p99_ms_1h), (Some(800), Some(900)));
+    assert_eq!(
+        (h.latency_p50_ms_1h, h.latency_p99_ms_1h),
+        (Some(800), Some(900))
+    );
     assert_eq!((h.pending, h.failed), (1, 0));
 }
 
@@ -248,13 +279,21 @@ pub(super) async fn rate_limit_is_kept(s: &dyn Store) {
     c.rate_limit = Some(5);
     s.create_client(c.clone()).await.unwrap();
     assert_eq!(
-        s.get_client("rl-a".into()).await.unwrap().unwrap().rate_limit,
+        s.get_client("rl-a".into())
+            .await
+            .unwrap()
+            .unwrap()
+            .rate_limit,
         Some(5)
     );
     c.rate_limit = None;
     s.replace_client(c).await.unwrap();
     assert_eq!(
-        s.get_client("rl-a".into()).await.unwrap().unwrap().rate_limit,
+        s.get_client("rl-a".into())
+            .await
+            .unwrap()
+            .unwrap()
+            .rate_limit,
         None
     );
 }
