@@ -2,13 +2,15 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::error::{
+    ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, is_json, parse_sensor_id,
+};
 use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
 use crate::domain::client::{
@@ -308,10 +310,14 @@ pub struct RotateIn {
 async fn rotate_secret(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<ApiJson<ClientOut>> {
     let body: RotateIn = if body.iter().all(u8::is_ascii_whitespace) {
         RotateIn::default()
+    } else if !is_json(&headers) {
+        // As for every JSON body: no browser form posts one without a CORS preflight.
+        return Err(ApiError::unsupported_media_type());
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?

@@ -8,7 +8,9 @@
 //! sees an older state of a sensor after a newer one. A timer heap holds each idle lane's
 //! next due time. Due heads wait in `ready` until the global and per-client limits admit
 //! them, up to [`CLAIM_AHEAD`] times those limits, so the next claimed head is ready the
-//! moment a request ends.
+//! moment a request ends. A client with a `rate_limit` is admitted one head per token
+//! (evenly spaced requests); a disabled client's heads park in their lanes until
+//! [`Lanes::resume`].
 //!
 //! Memory follows the work *pending*, never the work done: a lane is dropped when its queue
 //! empties, a client's counters when nothing of it is out, stale timers are dropped once

@@ -103,6 +103,17 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     let got = r.wait_for(2, 10).await;
     assert_eq!(verifies(given, &got[1]), vec![true]);
 
+    // A body must be JSON, as everywhere.
+    let resp = s
+        .http
+        .post(format!("{}/v1/clients/{client}/secret/rotate", s.base))
+        .header("content-type", "text/plain")
+        .body(r#"{"secret": null}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 415);
+
     // Without a body, latch generates the new secret.
     let resp = s
         .http
@@ -379,5 +390,26 @@ async fn a_rate_limited_client_gets_evenly_spaced_requests() {
         .collect();
     s.readings(Value::Array(batch)).await;
     r.wait_for(8, 10).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_lifecycle_operations_are_in_the_openapi_document() {
+    let s = TestServer::start().await;
+    let (_, doc) = s.get("/openapi.json").await;
+    for (path, method) in [
+        ("/v1/clients/{id}/secret/rotate", "post"),
+        ("/v1/clients/{id}/enable", "post"),
+        ("/v1/notifications/retry", "post"),
+    ] {
+        assert!(
+            doc["paths"][path].get(method).is_some(),
+            "missing {method} {path}"
+        );
+    }
+    let client = &doc["components"]["schemas"]["ClientOut"]["properties"];
+    for field in ["rate_limit", "disabled_at", "disabled_reason", "health"] {
+        assert!(client.get(field).is_some(), "ClientOut has no {field}");
+    }
     s.stop().await;
 }

@@ -6,7 +6,8 @@
 //! calls run on Tokio's blocking pool, since rusqlite is synchronous.
 //!
 //! This file opens the database and says, for each call, whether it reads or writes; the SQL
-//! is in the module of its concern (`registry`, `commit`, `outbox`, `history`), as plain
+//! is in the module of its concern (`registry`, `commit`, `outbox`, `history`,
+//! `lifecycle`), as plain
 //! functions over a connection, with the column lists and row mappers of `store::rows`.
 
 use std::path::Path;
