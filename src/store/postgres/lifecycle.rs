@@ -66,19 +66,27 @@ pub(super) async fn note_attempts(
 ) -> Result<Vec<Disabled>> {
     let mut disabled = Vec::new();
     for c in policy::client_attempts(outcomes) {
+        let Some(failed_at) = c.failing_since else {
+            // Delivered last: the streak ends. A write (and a row lock other nodes'
+            // recorders would wait for) only when there was one.
+            tx.execute(
+                "UPDATE clients SET failing_since = NULL \
+                 WHERE id = $1 AND failing_since IS NOT NULL",
+                &[&c.client_id],
+            )
+            .await?;
+            continue;
+        };
         let found = tx
             .query_opt(
                 "UPDATE clients SET failing_since = \
                  CASE WHEN $2 THEN $3::int8 ELSE COALESCE(failing_since, $3::int8) END \
-                 WHERE id = $1 RETURNING failing_since, disabled_at",
-                &[&c.client_id, &c.succeeded, &c.failing_since],
+                 WHERE id = $1 AND disabled_at IS NULL RETURNING failing_since",
+                &[&c.client_id, &c.succeeded, &failed_at],
             )
             .await?;
         let Some(found) = found else { continue };
-        let (failing_since, disabled_at): (Option<i64>, Option<i64>) = (found.get(0), found.get(1));
-        if disabled_at.is_some() {
-            continue;
-        }
+        let failing_since: Option<i64> = found.get(0);
         if let Some(reason) = policy::disable_reason(c.gone, failing_since, now, disable_after) {
             tx.execute(
                 "UPDATE clients SET disabled_at = $2, disabled_reason = $3 WHERE id = $1",

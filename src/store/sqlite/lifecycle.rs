@@ -63,16 +63,25 @@ pub(super) fn note_attempts(
 ) -> Result<Vec<Disabled>> {
     let mut disabled = Vec::new();
     for c in policy::client_attempts(outcomes) {
+        let Some(failed_at) = c.failing_since else {
+            // Delivered last: the streak ends (a write only when there was one).
+            tx.execute(
+                "UPDATE clients SET failing_since = NULL \
+                 WHERE id = ?1 AND failing_since IS NOT NULL",
+                [&c.client_id],
+            )?;
+            continue;
+        };
         let found = tx
             .query_row(
                 "UPDATE clients SET failing_since = \
                  CASE WHEN ?2 THEN ?3 ELSE COALESCE(failing_since, ?3) END \
-                 WHERE id = ?1 RETURNING failing_since, disabled_at",
-                params![c.client_id, c.succeeded, c.failing_since],
-                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?)),
+                 WHERE id = ?1 AND disabled_at IS NULL RETURNING failing_since",
+                params![c.client_id, c.succeeded, failed_at],
+                |r| r.get::<_, Option<i64>>(0),
             )
             .optional()?;
-        let Some((failing_since, None)) = found else {
+        let Some(failing_since) = found else {
             continue;
         };
         if let Some(reason) = policy::disable_reason(c.gone, failing_since, now, disable_after) {
