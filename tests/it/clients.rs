@@ -365,8 +365,16 @@ async fn a_rate_limited_client_gets_evenly_spaced_requests() {
         clock.set(t0 + 500 * k as i64);
         r.wait_for(k + 1, 10).await;
     }
+    // Attempts are recorded after the answer: wait until all four are.
+    let delivered = eventually(10, "four delivered", || async {
+        let d = s
+            .notifications(&format!("client_id={client}&status=delivered"))
+            .await;
+        (d.len() == 4).then_some(d)
+    })
+    .await;
     let mut at = Vec::new();
-    for n in s.notifications(&format!("client_id={client}")).await {
+    for n in delivered {
         let (_, d) = s
             .get(&format!("/v1/notifications/{}", n["id"].as_str().unwrap()))
             .await;
