@@ -86,6 +86,13 @@ pub struct Config {
     /// Refuse `http://` webhook URLs.
     #[serde(deserialize_with = "flag")]
     pub delivery_https_only: bool,
+    /// How long a rotated-out secret keeps signing beside the new one, so receivers can
+    /// switch keys without rejecting a request.
+    #[serde(deserialize_with = "duration")]
+    pub secret_rotation_grace: Duration,
+    /// A client whose every attempt failed for this long is disabled.
+    #[serde(deserialize_with = "duration")]
+    pub endpoint_disable_after: Duration,
 }
 
 /// How hard SQLite syncs to disk at each commit.
@@ -163,6 +170,7 @@ impl Config {
             ("delivery_timeout", self.delivery_timeout),
             ("clickhouse_flush", self.clickhouse_flush),
             ("database_timeout", self.database_timeout),
+            ("endpoint_disable_after", self.endpoint_disable_after),
         ];
         for (key, d) in positive {
             if d.is_zero() {
@@ -411,6 +419,8 @@ mod tests {
         assert_eq!(c.retry_max_delay, Duration::from_secs(3600));
         assert_eq!(c.retry_max_attempts, 10);
         assert_eq!(c.delivery_timeout, Duration::from_secs(10));
+        assert_eq!(c.secret_rotation_grace, Duration::from_secs(24 * 3600));
+        assert_eq!(c.endpoint_disable_after, Duration::from_secs(5 * 24 * 3600));
         assert_eq!(c.database_url, None);
         assert_eq!(c.api_token, None);
     }

@@ -154,6 +154,11 @@ pub fn register_families(config: &Config) {
         "Notifications waiting to be delivered."
     );
     gauge!("latch_notifications_pending").increment(0.0);
+    describe_gauge!(
+        "latch_clients_disabled",
+        "Clients disabled (410 Gone, or failing for endpoint_disable_after)."
+    );
+    gauge!("latch_clients_disabled").increment(0.0);
     describe_histogram!(
         "latch_delivery_latency_seconds",
         "From a notification's creation to its delivery, in seconds."

@@ -1,20 +1,24 @@
 //! `/v1/clients` and the links between clients and sensors.
 
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::error::{
+    ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, is_json, parse_sensor_id,
+};
 use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
-    generate_secret, new_client_id, secret_key, validate_name, validate_url,
+    DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_name,
+    validate_rate_limit, validate_url,
 };
-use crate::domain::{Client, time};
+use crate::domain::{Client, Millis, time};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -23,6 +27,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(link, unlink))
         .routes(routes!(client_sensors))
         .routes(routes!(sensor_clients))
+        .routes(routes!(rotate_secret))
+        .routes(routes!(enable_client))
 }
 
 /// A client to create, or a client's replacement.
@@ -38,6 +44,10 @@ pub struct ClientIn {
     /// `whsec_` + base64 of a 16 to 64 byte key. Generated on create when absent; kept on
     /// replace when absent.
     pub secret: Option<String>,
+    /// Most webhook requests per second latch sends this client (evenly spaced, per
+    /// node); absent: only the concurrency limits.
+    #[schema(minimum = 1, maximum = 10000)]
+    pub rate_limit: Option<u32>,
 }
 
 /// A client. `secret` is shown when reading one client, not in lists.
@@ -49,15 +59,69 @@ pub struct ClientOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
     pub created_at: String,
+    pub rate_limit: Option<u32>,
+    /// Until when requests also carry a signature with the secret the last rotation
+    /// replaced.
+    pub previous_secret_expires_at: Option<String>,
+    /// When latch stopped sending to it; `POST /v1/clients/{id}/enable` resumes.
+    pub disabled_at: Option<String>,
+    pub disabled_reason: Option<DisabledReason>,
+    /// How its endpoint has been answering; only when reading one client.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthOut>,
+}
+
+/// A client's endpoint health, from its attempts and notifications.
+#[derive(Serialize, ToSchema)]
+pub struct HealthOut {
+    pub last_success_at: Option<String>,
+    pub last_failure_at: Option<String>,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// Failed attempts since the last delivered one.
+    pub consecutive_failures: u64,
+    /// Delivered attempts / attempts over the last hour; `null` without attempts.
+    pub success_ratio_1h: Option<f64>,
+    /// Attempt duration percentiles over the last hour.
+    pub latency_p50_ms_1h: Option<u32>,
+    pub latency_p99_ms_1h: Option<u32>,
+    /// Its notifications pending, and failed (dead letters).
+    pub pending: u64,
+    pub failed: u64,
+}
+
+impl From<Health> for HealthOut {
+    fn from(h: Health) -> Self {
+        Self {
+            last_success_at: h.last_success_at.map(time::format),
+            last_failure_at: h.last_failure_at.map(time::format),
+            last_error: h.last_error,
+            consecutive_failures: h.consecutive_failures,
+            success_ratio_1h: h.success_ratio_1h,
+            latency_p50_ms_1h: h.latency_p50_ms_1h,
+            latency_p99_ms_1h: h.latency_p99_ms_1h,
+            pending: h.pending,
+            failed: h.failed,
+        }
+    }
 }
 
 fn client_out(c: Client, with_secret: bool) -> ClientOut {
+    let now = time::now_ms();
     ClientOut {
         id: c.id,
         name: c.name,
         url: c.url,
         secret: with_secret.then_some(c.secret),
         created_at: time::format(c.created_at),
+        rate_limit: c.rate_limit,
+        previous_secret_expires_at: c
+            .previous_secret_until
+            .filter(|until| *until > now && c.previous_secret.is_some())
+            .map(time::format),
+        disabled_at: c.disabled_at.map(time::format),
+        disabled_reason: c.disabled_reason,
+        health: None,
     }
 }
 
@@ -67,6 +131,7 @@ fn check(body: &ClientIn) -> ApiResult<()> {
     if let Some(s) = &body.secret {
         secret_key(s).map_err(ApiError::invalid)?;
     }
+    validate_rate_limit(body.rate_limit).map_err(ApiError::invalid)?;
     Ok(())
 }
 
@@ -98,23 +163,38 @@ async fn create_client(
         url: body.url,
         secret: body.secret.unwrap_or_else(generate_secret),
         created_at: time::now_ms(),
+        rate_limit: body.rate_limit,
+        ..Client::default()
     };
     st.store.create_client(client.clone()).await?;
+    st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
     Ok((StatusCode::CREATED, ApiJson(client_out(client, true))))
 }
 
+/// Filters of the client list.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ClientParams {
+    /// `true`: only disabled clients; `false`: only enabled ones.
+    pub disabled: Option<bool>,
+}
+
 /// List clients, oldest first.
-#[utoipa::path(get, path = "/v1/clients", tag = "clients", params(PageParams),
+#[utoipa::path(get, path = "/v1/clients", tag = "clients", params(ClientParams, PageParams),
     responses((status = 200, body = List<ClientOut>)))]
 async fn list_clients(
     State(st): State<AppState>,
+    ApiQuery(f): ApiQuery<ClientParams>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
-    let page = st.store.list_clients(page.to_request()?).await?;
+    let page = st
+        .store
+        .list_clients(page.to_request()?, f.disabled)
+        .await?;
     Ok(ApiJson(List::from_page(page, |c| client_out(c, false))))
 }
 
-/// Read a client, with its secret.
+/// Read a client, with its secret and its endpoint's health.
 #[utoipa::path(get, path = "/v1/clients/{id}", tag = "clients", params(("id" = String, Path)),
     responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody)))]
 async fn get_client(
@@ -123,10 +203,14 @@ async fn get_client(
 ) -> ApiResult<ApiJson<ClientOut>> {
     let c = st
         .store
-        .get_client(id)
+        .get_client(id.clone())
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
-    Ok(ApiJson(client_out(c, true)))
+    let health = st.store.client_health(id, st.engine.now()).await?;
+    Ok(ApiJson(ClientOut {
+        health: health.map(HealthOut::from),
+        ..client_out(c, true)
+    }))
 }
 
 /// Replace a client's name, URL and (when given) secret. Pending notifications go to the
@@ -151,11 +235,13 @@ async fn replace_client(
         name: body.name,
         url: body.url,
         secret: body.secret.unwrap_or(current.secret),
+        rate_limit: body.rate_limit,
         ..current
     };
     if !st.store.replace_client(client.clone()).await? {
         return Err(ApiError::not_found("client"));
     }
+    st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
     Ok(ApiJson(client_out(client, true)))
 }
 
@@ -224,4 +310,76 @@ async fn sensor_clients(
     let id = parse_sensor_id(&id)?;
     let page = st.store.list_sensor_clients(id, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, |c| client_out(c, false))))
+}
+
+/// A secret rotation: the new secret, or none to have one generated.
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RotateIn {
+    /// `whsec_` + base64 of a 16 to 64 byte key.
+    pub secret: Option<String>,
+}
+
+/// Rotate a client's secret (the body is optional). For `secret_rotation_grace` every
+/// request carries two signatures in `webhook-signature`, `v1,<new> v1,<old>`, then only
+/// the new one.
+#[utoipa::path(post, path = "/v1/clients/{id}/secret/rotate", tag = "clients",
+    params(("id" = String, Path)), request_body(content = Option<RotateIn>),
+    responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn rotate_secret(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<ApiJson<ClientOut>> {
+    let body: RotateIn = if body.iter().all(u8::is_ascii_whitespace) {
+        RotateIn::default()
+    } else if !is_json(&headers) {
+        // As for every JSON body: no browser form posts one without a CORS preflight.
+        return Err(ApiError::unsupported_media_type());
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    if let Some(s) = &body.secret {
+        secret_key(s).map_err(ApiError::invalid)?;
+    }
+    let grace = st.config.secret_rotation_grace.as_millis() as Millis;
+    let secret = body.secret.unwrap_or_else(generate_secret);
+    let c = st
+        .store
+        .rotate_secret(id, secret, st.engine.now() + grace)
+        .await?
+        .ok_or_else(|| ApiError::not_found("client"))?;
+    tracing::info!(client_id = %c.id, "Rotated a client's secret.");
+    Ok(ApiJson(client_out(c, true)))
+}
+
+/// Enable a disabled client: its pending notifications go out, in order per sensor.
+#[utoipa::path(post, path = "/v1/clients/{id}/enable", tag = "clients",
+    params(("id" = String, Path)),
+    responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody)))]
+async fn enable_client(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<ClientOut>> {
+    let was_disabled = st
+        .store
+        .enable_client(id.clone())
+        .await?
+        .ok_or_else(|| ApiError::not_found("client"))?;
+    let pending = st.store.load_client_pending(id.clone()).await?;
+    if was_disabled {
+        tracing::info!(client_id = %id, pending = pending.len(), "Enabled a client.");
+        if let Ok(n) = st.store.count_disabled_clients().await {
+            metrics::gauge!("latch_clients_disabled").set(n as f64);
+        }
+    }
+    st.dispatcher.resume(&id, pending);
+    let c = st
+        .store
+        .get_client(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("client"))?;
+    Ok(ApiJson(client_out(c, true)))
 }

@@ -100,6 +100,21 @@ fn constrain_schemas(doc: &mut Value) {
     );
     merge(
         doc,
+        &format!("{s}/RotateIn/properties/secret"),
+        json!({"pattern": secret_pattern()}),
+    );
+    merge(
+        doc,
+        &format!("{s}/ReplayIn/properties/sensor_id"),
+        id.clone(),
+    );
+    merge(
+        doc,
+        &format!("{s}/ReplayIn/properties/since"),
+        json!({"format": "date-time"}),
+    );
+    merge(
+        doc,
         &format!("{s}/ReadingIn/properties/sensor_id"),
         id.clone(),
     );
@@ -271,6 +286,8 @@ fn add_links(doc: &mut Value) {
         "client_sensors",
         "link",
         "unlink",
+        "rotate_secret",
+        "enable_client",
     ];
     merge(
         doc,

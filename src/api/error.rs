@@ -199,7 +199,7 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for JsonBytes {
 
 /// `application/json` or any `application/*+json`, parameters (charset) allowed — the
 /// types axum's `Json` accepts too.
-fn is_json(headers: &axum::http::HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &axum::http::HeaderMap) -> bool {
     let Some(value) = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -10,13 +10,14 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use crate::domain::{Attempt, EventKind, Notification, Status, time};
-use crate::store::NotificationFilter;
+use crate::store::{NotificationFilter, ReplayFilter};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_notifications))
         .routes(routes!(get_notification))
         .routes(routes!(retry_notification))
+        .routes(routes!(retry_notifications))
 }
 
 /// A notification and where it stands.
@@ -170,4 +171,53 @@ async fn retry_notification(
         .await?
         .ok_or_else(|| ApiError::not_found("notification"))?;
     Ok((StatusCode::ACCEPTED, ApiJson(out(n))))
+}
+
+/// Which failed notifications to send again.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayIn {
+    pub client_id: String,
+    /// Only this sensor's.
+    pub sensor_id: Option<String>,
+    /// Only those created at or after this time (RFC 3339).
+    pub since: Option<String>,
+}
+
+/// How many went back to pending.
+#[derive(Serialize, ToSchema)]
+pub struct ReplayOut {
+    pub retried: usize,
+}
+
+/// Send every failed notification of a client (optionally of one sensor, created since a
+/// time) again, in order per sensor, each with a fresh attempt budget. One that a single
+/// retry would refuse (a newer state of its sensor reached the client since) is skipped.
+#[utoipa::path(post, path = "/v1/notifications/retry", tag = "notifications",
+    request_body = ReplayIn,
+    responses((status = 202, body = ReplayOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn retry_notifications(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<ReplayIn>,
+) -> ApiResult<(StatusCode, ApiJson<ReplayOut>)> {
+    let filter = ReplayFilter {
+        client_id: body.client_id,
+        sensor_id: match body.sensor_id.as_deref() {
+            None => None,
+            Some(s) => Some(parse_sensor_id(s)?),
+        },
+        since: match body.since.as_deref() {
+            None => None,
+            Some(s) => Some(time::parse(s).ok_or_else(|| {
+                ApiError::invalid(format!("since must be an RFC 3339 time, got {s:?}"))
+            })?),
+        },
+    };
+    let refs = st
+        .store
+        .retry_notifications(filter, st.engine.now())
+        .await?;
+    let retried = refs.len();
+    st.dispatcher.deliver(refs);
+    Ok((StatusCode::ACCEPTED, ApiJson(ReplayOut { retried })))
 }

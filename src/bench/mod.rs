@@ -317,6 +317,7 @@ pub fn client(url: &str) -> Client {
         url: url.into(),
         secret: crate::domain::client::generate_secret(),
         created_at: time::now_ms(),
+        ..Client::default()
     }
 }
 

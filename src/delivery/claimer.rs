@@ -100,6 +100,8 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
         } = admitted;
         let result = match claim {
             Claim::Send(s) => {
+                // The registry as the claim read it: a rate limit set on another node.
+                let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
                 let sending = sending.clone();
                 sending.tracker.clone().spawn(async move {
                     let result = {
@@ -128,6 +130,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
             }
             Claim::Done { status, .. } => Finished::Gone(status),
             Claim::Leased { until, .. } => Finished::Later(until),
+            Claim::Disabled { .. } => Finished::Parked,
         };
         let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
     }

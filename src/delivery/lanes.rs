@@ -8,7 +8,9 @@
 //! sees an older state of a sensor after a newer one. A timer heap holds each idle lane's
 //! next due time. Due heads wait in `ready` until the global and per-client limits admit
 //! them, up to [`CLAIM_AHEAD`] times those limits, so the next claimed head is ready the
-//! moment a request ends.
+//! moment a request ends. A client with a `rate_limit` is admitted one head per token
+//! (evenly spaced requests); a disabled client's heads park in their lanes until
+//! [`Lanes::resume`].
 //!
 //! Memory follows the work *pending*, never the work done: a lane is dropped when its queue
 //! empties, a client's counters when nothing of it is out, stale timers are dropped once
@@ -52,7 +54,14 @@ pub(super) enum Finished {
     Gone(Status),
     /// Someone else holds it until then; or the store could not be reached.
     Later(Millis),
+    /// Its client is disabled: the lane waits for [`Lanes::resume`], looking again only
+    /// every [`PARK_RECHECK_MS`] (another node may have enabled the client).
+    Parked,
 }
+
+/// How often a lane of a disabled client asks the store again whether it was enabled
+/// elsewhere; enabling it through this node resumes it at once.
+pub(super) const PARK_RECHECK_MS: Millis = 60_000;
 
 struct Entry {
     id: String,
@@ -78,6 +87,8 @@ struct Lane {
     busy: bool,
     /// When its one live timer fires. Other entries of the heap for this lane are stale.
     timer: Option<Millis>,
+    /// Its client is disabled: its head waits for [`Lanes::resume`].
+    parked: bool,
 }
 
 /// Ids of notifications that left their lane lately, with when. Only a shared store's
@@ -152,6 +163,18 @@ pub(super) struct Lanes {
     /// Ids that left their lane lately; `None` unless the store is shared (nothing but a
     /// sweep asks, and only a shared store is swept).
     finished: Option<RecentlyFinished>,
+    /// Clients with a `rate_limit`, and when (in microseconds) each may be sent its next
+    /// request: a token bucket holding one token, so requests are evenly spaced.
+    rates: HashMap<Arc<str>, RateLimit>,
+}
+
+/// One client's rate limit as admission applies it.
+#[derive(Debug, Clone, Copy)]
+struct RateLimit {
+    /// Microseconds between two requests.
+    interval_us: i64,
+    /// When the next request may go, in microseconds since the epoch.
+    next_us: i64,
 }
 
 impl Lanes {
@@ -175,7 +198,58 @@ impl Lanes {
             client_waiting: HashMap::new(),
             pending: 0,
             finished: shared.then(RecentlyFinished::default),
+            rates: HashMap::new(),
         }
+    }
+
+    /// Sets (or with `None` lifts) a client's limit of requests per second.
+    pub(super) fn set_rate(&mut self, client: &str, per_second: Option<u32>) {
+        match per_second.filter(|r| *r > 0) {
+            Some(r) => {
+                let interval_us = 1_000_000 / i64::from(r);
+                self.rates
+                    .entry(Arc::from(client))
+                    .and_modify(|l| l.interval_us = interval_us)
+                    .or_insert(RateLimit {
+                        interval_us,
+                        next_us: i64::MIN,
+                    });
+            }
+            None => {
+                self.rates.remove(client);
+            }
+        }
+    }
+
+    /// A client was enabled: its parked lanes go again at once, and `refs` (its pending
+    /// notifications, as the store has them) are queued where they are missing.
+    pub(super) fn resume(
+        &mut self,
+        client: &str,
+        refs: Vec<NotificationRef>,
+        now: Millis,
+    ) -> Vec<Outcome> {
+        let outcomes = self.add(refs, now);
+        let parked: Vec<LaneKey> = self
+            .lanes
+            .iter()
+            .filter(|(k, l)| &*k.0 == client && l.parked)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in parked {
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
+            lane.parked = false;
+            if lane.busy {
+                continue;
+            }
+            if let Some(head) = lane.queue.front_mut() {
+                head.due = now;
+                self.schedule(key, now, now);
+            }
+        }
+        outcomes
     }
 
     /// Notifications pending, in lanes or out.
@@ -244,6 +318,7 @@ impl Lanes {
                             .increment(1);
                         outcomes.push(Outcome {
                             notification_id: e.id,
+                            client_id: r.client_id.clone(),
                             attempt: None,
                             attempts: e.attempts,
                             verdict: Verdict::Superseded,
@@ -268,7 +343,8 @@ impl Lanes {
                 },
             );
             self.pending += 1;
-            if !lane.busy && pos == 0 {
+            // A parked lane waits for its client to be enabled.
+            if !lane.busy && !lane.parked && pos == 0 {
                 let due = r.due_at;
                 self.schedule(key, due, now);
             }
@@ -340,9 +416,11 @@ impl Lanes {
         }
     }
 
-    /// The ready heads the limits admit now, each with its lane: to be claimed and sent.
-    /// A head whose client is at its limit waits for one of that client's to finish.
-    pub(super) fn admit(&mut self) -> Vec<(LaneKey, String)> {
+    /// The ready heads the limits admit at `now`, each with its lane: to be claimed and
+    /// sent. A head whose client is at its concurrency limit waits for one of that
+    /// client's to finish; one whose client's rate limit has no token yet waits on a timer
+    /// for the next token.
+    pub(super) fn admit(&mut self, now: Millis) -> Vec<(LaneKey, String)> {
         let mut batch = Vec::new();
         while self.inflight < self.admit {
             let Some(key) = self.ready.pop_front() else {
@@ -352,15 +430,28 @@ impl Lanes {
                 continue;
             };
             let id = head.id.clone();
-            let count = self.client_inflight.entry(key.0.clone()).or_default();
-            if *count >= self.admit_client {
+            let count = self.client_inflight.get(&key.0).copied().unwrap_or(0);
+            if count >= self.admit_client {
                 self.client_waiting
                     .entry(key.0.clone())
                     .or_default()
                     .push_back(key);
                 continue;
             }
-            *count += 1;
+            if let Some(rate) = self.rates.get_mut(&key.0) {
+                let now_us = now.saturating_mul(1000);
+                if rate.next_us > now_us {
+                    // No token yet: the head waits on a timer for the next one.
+                    let due = (rate.next_us + 999).div_euclid(1000);
+                    if let Some(lane) = self.lanes.get_mut(&key) {
+                        lane.busy = false;
+                    }
+                    self.schedule(key, due, now);
+                    continue;
+                }
+                rate.next_us = rate.next_us.max(now_us) + rate.interval_us;
+            }
+            *self.client_inflight.entry(key.0.clone()).or_default() += 1;
             self.inflight += 1;
             batch.push((key, id));
         }
@@ -388,6 +479,7 @@ impl Lanes {
         }
         let lane = self.lanes.get_mut(&d.lane)?;
         lane.busy = false;
+        lane.parked = false;
         // A state notification waits behind the head: an attempt that failed is then
         // superseded rather than retried (the policy decides).
         let state_behind = lane
@@ -416,6 +508,11 @@ impl Lanes {
                 head.due = until;
                 false
             }
+            Finished::Parked => {
+                head.due = now + PARK_RECHECK_MS;
+                lane.parked = true;
+                false
+            }
             Finished::Attempted(result) => {
                 let attempts = head.attempts + 1;
                 let retry = &self.policy;
@@ -440,6 +537,7 @@ impl Lanes {
                 attempt_metrics(&result, verdict, &head.id, now);
                 outcome = Some(Outcome {
                     notification_id: head.id.clone(),
+                    client_id: d.lane.0.to_string(),
                     attempt: Some(Attempt {
                         notification_id: head.id.clone(),
                         at: result.at,

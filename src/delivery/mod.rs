@@ -69,6 +69,8 @@ pub struct Settings {
     pub clock: Clock,
     /// Which destinations webhooks may go to (the SSRF guard).
     pub guard: Arc<guard::Guard>,
+    /// A client whose every attempt failed for this long is disabled.
+    pub disable_after: Duration,
 }
 
 impl Settings {
@@ -81,6 +83,7 @@ impl Settings {
             node: format!("latch-{}", ulid::Ulid::new()),
             clock: Clock::wall(),
             guard: Arc::new(guard::Guard::from_config(c)),
+            disable_after: c.endpoint_disable_after,
         }
     }
 
@@ -104,6 +107,17 @@ impl Dispatcher {
         if !refs.is_empty() {
             let _ = self.tx.send(Cmd::Deliver(refs));
         }
+    }
+
+    /// A client was enabled: its lanes parked while it was disabled go again, with its
+    /// `pending` notifications as the store has them (queued where missing).
+    pub fn resume(&self, client_id: &str, pending: Vec<NotificationRef>) {
+        let _ = self.tx.send(Cmd::Resume(Arc::from(client_id), pending));
+    }
+
+    /// A client's `rate_limit` was set or changed (`None`: lifted).
+    pub fn set_rate_limit(&self, client_id: &str, per_second: Option<u32>) {
+        let _ = self.tx.send(Cmd::Rate(Arc::from(client_id), per_second));
     }
 
     /// Starts the dispatcher with the store's pending notifications. It stops when `stop`
@@ -138,7 +152,12 @@ impl Dispatcher {
         let core_store = store.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let (rec_tx, rec_rx) = mpsc::unbounded_channel();
-        tracker.spawn(recorder(store.clone(), rec_rx, settings.clock.clone()));
+        tracker.spawn(recorder(
+            store.clone(),
+            rec_rx,
+            settings.clock.clone(),
+            settings.disable_after.as_millis() as Millis,
+        ));
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
         let sends = Arc::new(Semaphore::new(settings.concurrency));
@@ -154,11 +173,15 @@ impl Dispatcher {
             claims_rx,
         ));
         let mut core = Core::new(&settings, rec_tx, claims, core_store.shared());
+        for (client, rate) in rate_limits(store.as_ref()).await? {
+            core.lanes.set_rate(&client, Some(rate));
+        }
         tracing::info!(
             pending = pending.len(),
             "Dispatcher loaded pending notifications."
         );
         core.add(pending, core.clock.now());
+        metrics::gauge!("latch_clients_disabled").set(store.count_disabled_clients().await? as f64);
         // Right away, not at the first event: a restart with a backlog shows it at once.
         metrics::gauge!("latch_notifications_pending").set(core.lanes.pending() as f64);
         if core_store.shared() {
@@ -169,8 +192,33 @@ impl Dispatcher {
     }
 }
 
+/// Every client's `rate_limit`, so the first requests after a start respect them too.
+async fn rate_limits(store: &dyn Store) -> crate::store::Result<Vec<(String, u32)>> {
+    let mut out = Vec::new();
+    let mut page = crate::store::PageRequest {
+        limit: 1000,
+        after: None,
+    };
+    loop {
+        let p = store.list_clients(page.clone(), None).await?;
+        out.extend(
+            p.items
+                .into_iter()
+                .filter_map(|c| c.rate_limit.map(|r| (c.id, r))),
+        );
+        match p.next {
+            Some(next) => page.after = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
 enum Cmd {
     Deliver(Vec<NotificationRef>),
+    /// A client was enabled: its pending notifications.
+    Resume(Arc<str>, Vec<NotificationRef>),
+    /// A client's rate limit, from the API or read by a claim.
+    Rate(Arc<str>, Option<u32>),
     /// What a sweep of a shared store found pending.
     Sweep(Vec<NotificationRef>),
     Done(Box<Done>),
@@ -247,7 +295,8 @@ impl Core {
         while self.lanes.inflight() > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
-                Ok(Some(Cmd::Deliver(_) | Cmd::Sweep(_))) => {} // durable; picked up at next start
+                // Durable; picked up at next start.
+                Ok(Some(Cmd::Deliver(_) | Cmd::Sweep(_) | Cmd::Resume(..) | Cmd::Rate(..))) => {}
                 Ok(None) | Err(_) => break,
             }
         }
@@ -267,6 +316,11 @@ impl Core {
                 self.record(outcomes);
             }
             Cmd::Done(d) => self.finish(*d, self.clock.now()),
+            Cmd::Resume(client, refs) => {
+                let outcomes = self.lanes.resume(&client, refs, self.clock.now());
+                self.record(outcomes);
+            }
+            Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
         }
     }
 
@@ -283,7 +337,7 @@ impl Core {
 
     /// Hands the heads the limits admit to the claimer, each with its client's permits.
     fn pump(&mut self) {
-        for (lane, id) in self.lanes.admit() {
+        for (lane, id) in self.lanes.admit(self.clock.now()) {
             let limit = self.client_concurrency;
             let client_sends = self
                 .client_sends
@@ -329,6 +383,7 @@ mod tests {
             node: "test".into(),
             clock: Clock::manual(0),
             guard: Arc::default(),
+            disable_after: Duration::from_secs(3600),
         };
         let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
         let (claims_tx, mut claims) = mpsc::unbounded_channel();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
-use crate::domain::Outcome;
+use crate::domain::{Millis, Outcome};
 use crate::store::Store;
 
 /// Most outcomes written in one store call.
@@ -20,6 +20,7 @@ pub(super) async fn recorder(
     store: Arc<dyn Store>,
     mut rx: mpsc::UnboundedReceiver<Outcome>,
     clock: Clock,
+    disable_after: Millis,
 ) {
     let mut batch = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -32,8 +33,22 @@ pub(super) async fn recorder(
         }
         let mut backoff = Duration::from_millis(100);
         loop {
-            match store.record(batch.clone(), clock.now()).await {
-                Ok(()) => break,
+            match store
+                .record(batch.clone(), clock.now(), disable_after)
+                .await
+            {
+                Ok(disabled) => {
+                    if !disabled.is_empty() {
+                        for d in &disabled {
+                            tracing::warn!(client_id = %d.client_id, reason = d.reason.as_str(),
+                                "Disabled a client: no more attempts until it is enabled.");
+                        }
+                        if let Ok(n) = store.count_disabled_clients().await {
+                            metrics::gauge!("latch_clients_disabled").set(n as f64);
+                        }
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, outcomes = batch.len(), "Recording delivery outcomes failed; retrying.");
                     tokio::time::sleep(backoff).await;

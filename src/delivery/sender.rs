@@ -122,12 +122,11 @@ pub async fn send(
         return failed(not_allowed(&r));
     }
     let body = payload(s);
-    let key = match secret_key(&s.secret) {
-        Ok(k) => k,
+    let ts = at / 1000;
+    let signature = match signatures(s, ts, &body) {
+        Ok(sig) => sig,
         Err(e) => return failed(format!("client secret unusable: {e}")),
     };
-    let ts = at / 1000;
-    let signature = signing::sign(&key, &s.notification.id, ts, &body);
     let request = http
         .post(url)
         .timeout(timeout)
@@ -180,6 +179,21 @@ pub async fn send(
 /// The recorded error of an attempt the guard refused: its code, then why.
 fn not_allowed(r: &Refusal) -> String {
     format!("{}: {r}", guard::NOT_ALLOWED)
+}
+
+/// The `webhook-signature` value: the signature with the client's secret, then, while a
+/// rotation's grace lasts, the one with the secret it replaced, space-separated as
+/// Standard Webhooks specifies, so a receiver holding either key verifies the request.
+pub fn signatures(s: &Sendable, ts: i64, body: &[u8]) -> Result<String, String> {
+    let id = &s.notification.id;
+    let mut value = signing::sign(&secret_key(&s.secret)?, id, ts, body);
+    if let Some(old) = s.previous_secret.as_deref()
+        && let Ok(key) = secret_key(old)
+    {
+        value.push(' ');
+        value.push_str(&signing::sign(&key, id, ts, body));
+    }
+    Ok(value)
 }
 
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {

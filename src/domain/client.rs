@@ -15,7 +15,7 @@ pub const NAME_MAX_CHARS: usize = 256;
 pub const URL_MAX_CHARS: usize = 2048;
 
 /// A registered client.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Client {
     /// Generated ULID: sortable by creation time, safe in URLs.
     pub id: String,
@@ -24,6 +24,105 @@ pub struct Client {
     /// `whsec_<base64 key>`, the key being what HMAC-SHA256 signs with.
     pub secret: String,
     pub created_at: Millis,
+    /// The secret a rotation replaced: requests are signed with it too until
+    /// `previous_secret_until`, so receivers can switch keys without dropping any.
+    pub previous_secret: Option<String>,
+    pub previous_secret_until: Option<Millis>,
+    /// Set when latch stopped sending to the client ([`DisabledReason`]); its pending
+    /// notifications wait until it is enabled again.
+    pub disabled_at: Option<Millis>,
+    pub disabled_reason: Option<DisabledReason>,
+    /// Requests per second latch sends it at most; `None`: only the concurrency limits.
+    pub rate_limit: Option<u32>,
+}
+
+/// Why a client was disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DisabledReason {
+    /// It answered `410 Gone`: the receiver asked never to be tried again.
+    Gone,
+    /// Every attempt failed for `endpoint_disable_after`.
+    Failing,
+}
+
+impl DisabledReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DisabledReason::Gone => "gone",
+            DisabledReason::Failing => "failing",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "gone" => Some(DisabledReason::Gone),
+            "failing" => Some(DisabledReason::Failing),
+            _ => None,
+        }
+    }
+}
+
+/// A client disabled by recording attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disabled {
+    pub client_id: String,
+    pub reason: DisabledReason,
+}
+
+/// How a client's endpoint has been answering, from its attempts and notifications.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Health {
+    pub last_success_at: Option<Millis>,
+    pub last_failure_at: Option<Millis>,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// Failed attempts since the last delivered one.
+    pub consecutive_failures: u64,
+    /// Over the last hour: delivered attempts / attempts; `None` without attempts.
+    pub success_ratio_1h: Option<f64>,
+    pub latency_p50_ms_1h: Option<u32>,
+    pub latency_p99_ms_1h: Option<u32>,
+    /// Its notifications pending and failed (dead letters).
+    pub pending: u64,
+    pub failed: u64,
+}
+
+/// The window of the ratio and latency figures of [`Health`].
+pub const HEALTH_WINDOW_MS: Millis = 3_600_000;
+
+impl Health {
+    /// Fills the last hour's figures from its attempts, each `(delivered, duration_ms)`.
+    pub fn set_window(&mut self, attempts: &[(bool, u32)]) {
+        if attempts.is_empty() {
+            return;
+        }
+        let ok = attempts.iter().filter(|(ok, _)| *ok).count();
+        self.success_ratio_1h = Some(ok as f64 / attempts.len() as f64);
+        let mut ms: Vec<u32> = attempts.iter().map(|(_, d)| *d).collect();
+        ms.sort_unstable();
+        self.latency_p50_ms_1h = Some(percentile(&ms, 50));
+        self.latency_p99_ms_1h = Some(percentile(&ms, 99));
+    }
+}
+
+/// The nearest-rank percentile `p` of sorted, non-empty `values`.
+fn percentile(values: &[u32], p: usize) -> u32 {
+    let rank = (p * values.len()).div_ceil(100).max(1);
+    values[rank.min(values.len()) - 1]
+}
+
+/// Highest `rate_limit`, requests per second.
+pub const RATE_LIMIT_MAX: u32 = 10_000;
+
+/// Checks a client's rate limit.
+pub fn validate_rate_limit(rate: Option<u32>) -> Result<(), String> {
+    match rate {
+        Some(r) if !(1..=RATE_LIMIT_MAX).contains(&r) => Err(format!(
+            "rate_limit must be 1 to {RATE_LIMIT_MAX} requests per second, got {r}"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A new client id.
@@ -122,6 +221,31 @@ mod tests {
         assert!(secret_key("abc").unwrap_err().contains("whsec_"));
         assert!(secret_key("whsec_!!!").unwrap_err().contains("base64"));
         assert!(secret_key("whsec_AAAA").unwrap_err().contains("16 to 64"));
+    }
+
+    #[test]
+    fn health_window_figures() {
+        let mut h = Health::default();
+        h.set_window(&[]);
+        assert_eq!(h.success_ratio_1h, None);
+        let attempts: Vec<(bool, u32)> = (1..=100).map(|d| (d % 4 != 0, d)).collect();
+        h.set_window(&attempts);
+        assert_eq!(h.success_ratio_1h, Some(0.75));
+        assert_eq!(h.latency_p50_ms_1h, Some(50));
+        assert_eq!(h.latency_p99_ms_1h, Some(99));
+        h.set_window(&[(true, 7)]);
+        assert_eq!(
+            (h.latency_p50_ms_1h, h.latency_p99_ms_1h),
+            (Some(7), Some(7))
+        );
+    }
+
+    #[test]
+    fn rate_limits() {
+        assert!(validate_rate_limit(None).is_ok());
+        assert!(validate_rate_limit(Some(1)).is_ok());
+        assert!(validate_rate_limit(Some(0)).is_err());
+        assert!(validate_rate_limit(Some(RATE_LIMIT_MAX + 1)).is_err());
     }
 
     #[test]

@@ -40,7 +40,12 @@ pub struct Sendable {
     pub notification: Notification,
     pub url: String,
     pub secret: String,
+    /// The secret a rotation replaced, while its grace lasts: the request carries both
+    /// signatures.
+    pub previous_secret: Option<String>,
     pub address: String,
+    /// The client's `rate_limit`, so the dispatcher follows changes made on other nodes.
+    pub rate_limit: Option<u32>,
 }
 
 /// The answer of a claim for one notification.
@@ -53,6 +58,8 @@ pub enum Claim {
     Done { id: String, status: Status },
     /// Leased by someone else until then.
     Leased { id: String, until: Millis },
+    /// Its client is disabled: left pending and unleased until the client is enabled.
+    Disabled { id: String },
 }
 
 /// What became of an attempt.
@@ -78,6 +85,8 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub notification_id: String,
+    /// Its client, whose health (and whether it is disabled) the attempt changes.
+    pub client_id: String,
     /// The attempt made; `None` when the verdict needed none (superseded while waiting).
     pub attempt: Option<Attempt>,
     /// Attempts made including this one.

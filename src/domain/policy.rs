@@ -7,8 +7,9 @@
 //! commit's transaction; those statements mirror the functions here and must change with
 //! them (see [`supersedes`] and [`retry_refusal`]).
 
+use super::client::DisabledReason;
 use super::notification::{EventKind, Notification, Status};
-use super::outbox::{Claim, Sendable, Verdict};
+use super::outbox::{Claim, Outcome, Sendable, Verdict};
 use super::time::Millis;
 
 /// A notification as the supersede rule sees it.
@@ -99,6 +100,12 @@ pub struct ClaimRow {
     pub address: Option<String>,
     /// The client still owns the sensor.
     pub linked: bool,
+    /// The secret a rotation replaced and until when it still signs.
+    pub previous_secret: Option<String>,
+    pub previous_secret_until: Option<Millis>,
+    /// The client is disabled.
+    pub disabled: bool,
+    pub rate_limit: Option<u32>,
 }
 
 /// What a claim does with one notification, the same on every backend.
@@ -113,7 +120,8 @@ pub enum ClaimStep {
 
 /// Which head may be claimed: only a pending notification, not leased by another node
 /// (a node takes its own unexpired leases back, after a restart), whose client still
-/// exists and still owns the sensor, is sent.
+/// exists, still owns the sensor and is not disabled, is sent. A disabled client's
+/// notification is left as it is: it waits for the client to be enabled.
 pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     let n = row.notification;
     if n.status != Status::Pending {
@@ -129,13 +137,82 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
         return ClaimStep::Answer(Claim::Leased { id: n.id, until });
     }
     match (row.url, row.secret, row.address, row.linked) {
+        (Some(_), Some(_), Some(_), true) if row.disabled => {
+            ClaimStep::Answer(Claim::Disabled { id: n.id })
+        }
         (Some(url), Some(secret), Some(address), true) => ClaimStep::Lease(Box::new(Sendable {
             notification: n,
             url,
             secret,
+            // Only while its grace lasts.
+            previous_secret: row
+                .previous_secret
+                .filter(|_| row.previous_secret_until.is_some_and(|until| until > now)),
             address,
+            rate_limit: row.rate_limit,
         })),
         _ => ClaimStep::Cancel,
+    }
+}
+
+/// What one batch of recorded attempts says of one client, in the order they were made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAttempts {
+    pub client_id: String,
+    /// An attempt was delivered: the client is healthy again from then on.
+    pub succeeded: bool,
+    /// The first failed attempt after the last delivered one, if any.
+    pub failing_since: Option<Millis>,
+    /// A failed attempt after the last delivered one answered `410 Gone`.
+    pub gone: bool,
+}
+
+/// Sums up a batch of outcomes per client, for [`disable_reason`]. Outcomes without an
+/// attempt (superseded while waiting) say nothing of the client.
+pub fn client_attempts(outcomes: &[Outcome]) -> Vec<ClientAttempts> {
+    let mut out: Vec<ClientAttempts> = Vec::new();
+    for o in outcomes {
+        let Some(a) = &o.attempt else { continue };
+        let i = match out.iter().position(|c| c.client_id == o.client_id) {
+            Some(i) => i,
+            None => {
+                out.push(ClientAttempts {
+                    client_id: o.client_id.clone(),
+                    succeeded: false,
+                    failing_since: None,
+                    gone: false,
+                });
+                out.len() - 1
+            }
+        };
+        let c = &mut out[i];
+        if a.status_code.is_some_and(|s| (200..300).contains(&s)) {
+            c.succeeded = true;
+            c.failing_since = None;
+            c.gone = false;
+        } else {
+            c.failing_since = Some(c.failing_since.map_or(a.at, |f| f.min(a.at)));
+            c.gone |= a.status_code == Some(410);
+        }
+    }
+    out
+}
+
+/// When a client is disabled: it answered `410 Gone`, or every attempt since
+/// `failing_since` failed and that is `disable_after` ago or more. `failing_since` is the
+/// client's first failure since its last delivery, as the store keeps it across batches.
+pub fn disable_reason(
+    gone: bool,
+    failing_since: Option<Millis>,
+    now: Millis,
+    disable_after: Millis,
+) -> Option<DisabledReason> {
+    if gone {
+        Some(DisabledReason::Gone)
+    } else if failing_since.is_some_and(|since| now - since >= disable_after) {
+        Some(DisabledReason::Failing)
+    } else {
+        None
     }
 }
 
@@ -205,6 +282,10 @@ mod tests {
             secret: Some("whsec_x".into()),
             address: Some("hall".into()),
             linked: true,
+            previous_secret: None,
+            previous_secret_until: None,
+            disabled: false,
+            rate_limit: None,
         }
     }
 
@@ -414,5 +495,92 @@ mod tests {
             "a newer state of this sensor was sent to this client since; \
              retrying would deliver an older state after a newer one"
         );
+    }
+
+    #[test]
+    fn a_disabled_clients_notification_is_left_waiting() {
+        let r = ClaimRow {
+            disabled: true,
+            ..row(Status::Pending)
+        };
+        assert!(matches!(
+            claim_step(r, "me", 100),
+            ClaimStep::Answer(Claim::Disabled { .. })
+        ));
+    }
+
+    #[test]
+    fn the_previous_secret_signs_only_while_its_grace_lasts() {
+        let r = |until| ClaimRow {
+            previous_secret: Some("whsec_old".into()),
+            previous_secret_until: Some(until),
+            ..row(Status::Pending)
+        };
+        match claim_step(r(101), "me", 100) {
+            ClaimStep::Lease(s) => assert_eq!(s.previous_secret.as_deref(), Some("whsec_old")),
+            _ => panic!("expected a lease"),
+        }
+        match claim_step(r(100), "me", 100) {
+            ClaimStep::Lease(s) => assert_eq!(s.previous_secret, None),
+            _ => panic!("expected a lease"),
+        }
+    }
+
+    fn outcome(client: &str, at: Millis, code: Option<u16>) -> Outcome {
+        Outcome {
+            notification_id: "n".into(),
+            client_id: client.into(),
+            attempt: Some(crate::domain::Attempt {
+                notification_id: "n".into(),
+                at,
+                status_code: code,
+                error: None,
+                duration_ms: 1,
+            }),
+            attempts: 1,
+            verdict: Verdict::Failed,
+        }
+    }
+
+    #[test]
+    fn attempts_are_summed_up_per_client_in_order() {
+        let sums = client_attempts(&[
+            outcome("a", 10, Some(500)),
+            outcome("b", 11, Some(410)),
+            outcome("a", 12, Some(200)),
+            outcome("a", 13, None),
+            outcome("a", 14, Some(503)),
+        ]);
+        assert_eq!(
+            sums,
+            vec![
+                ClientAttempts {
+                    client_id: "a".into(),
+                    succeeded: true,
+                    failing_since: Some(13),
+                    gone: false,
+                },
+                ClientAttempts {
+                    client_id: "b".into(),
+                    succeeded: false,
+                    failing_since: Some(11),
+                    gone: true,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_client_is_disabled_when_gone_or_failing_long_enough() {
+        assert_eq!(
+            disable_reason(true, Some(99), 100, 1000),
+            Some(DisabledReason::Gone)
+        );
+        assert_eq!(disable_reason(false, Some(0), 999, 1000), None);
+        assert_eq!(
+            disable_reason(false, Some(0), 1000, 1000),
+            Some(DisabledReason::Failing)
+        );
+        assert_eq!(disable_reason(false, None, 5000, 1000), None);
     }
 }

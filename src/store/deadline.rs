@@ -12,8 +12,10 @@ use async_trait::async_trait;
 
 use super::{
     Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
+    PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored,
+    TimeRange,
 };
+use crate::domain::client::{Disabled, Health};
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
 
 /// Time a shipment may spend in the history sink on top of the store's own bound: the
@@ -102,8 +104,12 @@ impl<S: Store> Store for Deadline<S> {
     async fn get_client(&self, id: String) -> Result<Option<Client>> {
         self.bound("get_client", self.inner.get_client(id)).await
     }
-    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
-        self.bound("list_clients", self.inner.list_clients(page))
+    async fn list_clients(
+        &self,
+        page: PageRequest,
+        disabled: Option<bool>,
+    ) -> Result<Page<Client>> {
+        self.bound("list_clients", self.inner.list_clients(page, disabled))
             .await
     }
     async fn replace_client(&self, client: Client) -> Result<bool> {
@@ -112,6 +118,27 @@ impl<S: Store> Store for Deadline<S> {
     }
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
         self.bound("delete_client", self.inner.delete_client(id, now))
+            .await
+    }
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        previous_until: Millis,
+    ) -> Result<Option<Client>> {
+        let call = self.inner.rotate_secret(id, secret, previous_until);
+        self.bound("rotate_secret", call).await
+    }
+    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
+        self.bound("enable_client", self.inner.enable_client(id))
+            .await
+    }
+    async fn count_disabled_clients(&self) -> Result<u64> {
+        let call = self.inner.count_disabled_clients();
+        self.bound("count_disabled_clients", call).await
+    }
+    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
+        self.bound("client_health", self.inner.client_health(id, now))
             .await
     }
     async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
@@ -215,8 +242,28 @@ impl<S: Store> Store for Deadline<S> {
         let call = self.inner.claim(ids, node, now, lease_until);
         self.bound("claim", call).await
     }
-    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
-        self.bound("record", self.inner.record(outcomes, now)).await
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>> {
+        let call = self.inner.record(outcomes, now, disable_after);
+        self.bound("record", call).await
+    }
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
+        let call = self.inner.load_client_pending(client_id);
+        self.within(self.limit * BULK_FACTOR, "load_client_pending", call)
+            .await
+    }
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        let call = self.inner.retry_notifications(filter, now);
+        self.within(self.limit * BULK_FACTOR, "retry_notifications", call)
+            .await
     }
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
         self.bound("get_notification", self.inner.get_notification(id))

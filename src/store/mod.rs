@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use crate::domain::sensor::SensorState;
 
+use crate::domain::client::{Disabled, Health};
 use crate::domain::policy;
 use crate::domain::{
     Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId, SensorStatus,
@@ -143,6 +144,15 @@ pub struct NotificationFilter {
     pub status: Option<Status>,
 }
 
+/// Which failed notifications a bulk replay sends again.
+#[derive(Debug, Clone)]
+pub struct ReplayFilter {
+    pub client_id: String,
+    pub sensor_id: Option<SensorId>,
+    /// Only those created at or after this time.
+    pub since: Option<Millis>,
+}
+
 /// Sensor with its current status, as the API shows it.
 pub type SensorView = (Sensor, SensorStatus);
 
@@ -173,11 +183,30 @@ pub trait Store: Send + Sync + 'static {
     // --- registry: clients
     async fn create_client(&self, client: Client) -> Result<()>;
     async fn get_client(&self, id: String) -> Result<Option<Client>>;
-    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>>;
-    /// `false` if the client does not exist.
+    /// Clients by id; only disabled ones (`Some(true)`) or enabled ones (`Some(false)`).
+    async fn list_clients(&self, page: PageRequest, disabled: Option<bool>)
+    -> Result<Page<Client>>;
+    /// Replaces name, URL, secret and rate limit. `false` if the client does not exist.
     async fn replace_client(&self, client: Client) -> Result<bool>;
     /// Deletes the client and its links; cancels its pending notifications.
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool>;
+
+    // --- registry: a client's lifecycle
+    /// Makes `secret` the client's secret; the one it replaces keeps signing until
+    /// `previous_until`. `None` if the client does not exist.
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        previous_until: Millis,
+    ) -> Result<Option<Client>>;
+    /// Clears `disabled_at` and the failure streak. `None` if the client does not exist,
+    /// else whether it was disabled.
+    async fn enable_client(&self, id: String) -> Result<Option<bool>>;
+    /// Clients disabled now, for the gauge.
+    async fn count_disabled_clients(&self) -> Result<u64>;
+    /// The client's endpoint health at `now`; `None` if the client does not exist.
+    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>>;
 
     // --- registry: links
     /// Idempotent; `NotFound("client")` or `NotFound("sensor")` when one is missing.
@@ -269,8 +298,18 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         lease_until: Millis,
     ) -> Result<Vec<Claim>>;
-    /// Records attempts and their verdicts, releasing the leases.
-    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()>;
+    /// Records attempts and their verdicts, releasing the leases, and keeps each client's
+    /// failure streak: a client that answered `410 Gone`, or whose every attempt failed for
+    /// `disable_after`, is disabled ([`policy::disable_reason`]). Returns the clients it
+    /// disabled.
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>>;
+    /// A client's pending notifications in outbox order (what an enabled client resumes).
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>>;
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>>;
     async fn list_notifications(
         &self,
@@ -281,6 +320,14 @@ pub trait Store: Send + Sync + 'static {
     /// `NotFound`, or `Conflict` when it is not failed or a newer state of its sensor was
     /// notified to the client since.
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef>;
+    /// Puts every `failed` notification matching `filter` back to `pending` in outbox
+    /// order, as [`Store::retry_notification`] does one; those it would refuse (a newer
+    /// state was sent since) are skipped. `NotFound("client")` if the client does not exist.
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>>;
     /// Pending notifications counted, for the gauge.
     async fn count_pending(&self) -> Result<u64>;
     /// Whether other latch nodes may write this store too (so the dispatcher must look

@@ -7,6 +7,7 @@
 //! `int4` and `int8`).
 
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
+use crate::domain::client::DisabledReason;
 use crate::domain::sensor::SensorState;
 use crate::domain::{
     Attempt, Client, Connection, Event, EventKind, Notification, Sensor, SensorId, SensorStatus,
@@ -23,7 +24,8 @@ pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.
 pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
 
 /// A client: [`client`].
-pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at";
+pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at, \
+     c.previous_secret, c.previous_secret_until, c.disabled_at, c.disabled_reason, c.rate_limit";
 
 /// A notification: [`notification`].
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
@@ -32,8 +34,8 @@ pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.ki
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
-pub(crate) const CLAIM_COLS: &str =
-    "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL";
+pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
+     c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit";
 pub(crate) const CLAIM_FROM: &str = "notifications n \
      LEFT JOIN clients c ON c.id = n.client_id \
      LEFT JOIN sensors s ON s.id = n.sensor_id \
@@ -118,6 +120,11 @@ pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
         url: r.text(2)?,
         secret: r.text(3)?,
         created_at: r.int(4)?,
+        previous_secret: r.opt_text(5)?,
+        previous_secret_until: r.opt_int(6)?,
+        disabled_at: r.opt_int(7)?,
+        disabled_reason: r.opt_text(8)?.as_deref().and_then(DisabledReason::parse),
+        rate_limit: r.opt_count(9)?,
     })
 }
 
@@ -151,6 +158,10 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         secret: r.opt_text(17)?,
         address: r.opt_text(18)?,
         linked: r.flag(19)?,
+        previous_secret: r.opt_text(20)?,
+        previous_secret_until: r.opt_int(21)?,
+        disabled: r.opt_flag(22)?.unwrap_or(false),
+        rate_limit: r.opt_count(23)?,
     })
 }
 

@@ -2,6 +2,7 @@
 
 mod amqp;
 mod bench;
+mod clients;
 mod delivery;
 mod history;
 mod http_edges;

@@ -32,6 +32,7 @@ const FAMILIES: &[&str] = &[
     "latch_history_ship_failures_total",
     "latch_history_ship_seconds",
     "latch_clickhouse_up",
+    "latch_clients_disabled",
 ];
 
 /// `latch_*` names in `text`.

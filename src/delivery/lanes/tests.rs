@@ -104,7 +104,7 @@ impl Harness {
     /// The heads due now that the limits admit.
     fn admit(&mut self) -> Vec<(LaneKey, String)> {
         self.core.fire_timers(self.now);
-        self.core.admit()
+        self.core.admit(self.now)
     }
 
     /// Tells the lanes what came of an admitted head.
@@ -349,4 +349,78 @@ fn on_a_shared_store_a_sweep_skips_what_finished_lately() {
     h.now += FINISHED_MEMORY_MS;
     h.core.sweep(vec![stale], h.now);
     assert_eq!(h.core.pending(), 1);
+}
+
+#[test]
+fn a_rate_limited_client_is_sent_evenly_spaced_requests() {
+    let mut h = Harness::new(false, HOUR);
+    h.core.set_rate(&format!("client{}", 1), Some(4));
+    for sensor in 0..3 {
+        h.change(1, sensor);
+    }
+    h.change(2, 9);
+    let first = h.admit();
+    // One of client 1 (one token) and client 2's, which has no limit.
+    assert_eq!(first.len(), 2);
+    assert!(h.admit().is_empty(), "no token before 250 ms");
+    for head in first {
+        h.finish(head, answer(200, h.now));
+    }
+    let start = h.now;
+    let mut sent = Vec::new();
+    while sent.len() < 2 {
+        h.now += 1;
+        for head in h.admit() {
+            sent.push(h.now - start);
+            h.finish(head, answer(200, h.now));
+        }
+    }
+    assert_eq!(sent, vec![250, 500]);
+    h.core.set_rate("client1", None);
+    h.change(1, 5);
+    h.change(1, 6);
+    assert_eq!(h.admit().len(), 2, "no limit once lifted");
+}
+
+#[test]
+fn a_disabled_clients_lanes_park_until_it_is_resumed() {
+    let mut h = Harness::new(false, HOUR);
+    let a = h.notify(1, 0, EventKind::ConnectionLost);
+    let b = h.notify(1, 0, EventKind::ConnectionRestored);
+    let out = h.admit();
+    assert_eq!(out.len(), 1);
+    h.finish(out.into_iter().next().unwrap(), Finished::Parked);
+    h.now += 1000;
+    assert!(h.admit().is_empty(), "parked: no claim again soon");
+    let pending: Vec<NotificationRef> = [(&a, 1), (&b, 2)]
+        .into_iter()
+        .map(|(id, seq)| NotificationRef {
+            id: id.clone(),
+            seq,
+            client_id: "client1".into(),
+            sensor_id: sensor(0),
+            kind: EventKind::ConnectionLost,
+            due_at: h.now,
+            attempts: 0,
+        })
+        .collect();
+    assert!(h.core.resume("client1", pending, h.now).is_empty());
+    assert_eq!(h.core.pending(), 2, "nothing queued twice");
+    let out = h.admit();
+    assert_eq!(out.iter().map(|(_, id)| id).collect::<Vec<_>>(), vec![&a]);
+    h.finish(out.into_iter().next().unwrap(), answer(200, h.now));
+    let out = h.admit();
+    assert_eq!(out.iter().map(|(_, id)| id).collect::<Vec<_>>(), vec![&b]);
+}
+
+#[test]
+fn a_parked_lane_asks_again_after_a_while() {
+    let mut h = Harness::new(false, HOUR);
+    h.change(1, 0);
+    let out = h.admit();
+    h.finish(out.into_iter().next().unwrap(), Finished::Parked);
+    h.now += PARK_RECHECK_MS - 1;
+    assert!(h.admit().is_empty());
+    h.now += 1;
+    assert_eq!(h.admit().len(), 1);
 }

@@ -96,6 +96,7 @@ pub(super) async fn spool_ships_only_what_the_sink_took(s: &dyn Store) {
     s.record(
         vec![Outcome {
             notification_id: n.id.clone(),
+            client_id: n.client_id.clone(),
             attempt: Some(Attempt {
                 notification_id: n.id,
                 at: 50_500,
@@ -107,6 +108,7 @@ pub(super) async fn spool_ships_only_what_the_sink_took(s: &dyn Store) {
             verdict: Verdict::Retry { next_at: 60_000 },
         }],
         50_500,
+        NEVER,
     )
     .await
     .unwrap();

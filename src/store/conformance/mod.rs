@@ -12,8 +12,12 @@ use crate::domain::{Event, time::now_ms};
 
 mod commit;
 mod history;
+mod lifecycle;
 mod outbox;
 mod registry;
+
+/// A `disable_after` no check reaches.
+const NEVER: Millis = Millis::MAX / 2;
 
 /// An empty store for one check, with what has to live as long as it.
 struct Fresh {
@@ -62,6 +66,12 @@ macro_rules! suite {
                 outbox::leases_exclude_other_nodes,
                 history::archive_keeps_reads_whole,
                 history::spool_ships_only_what_the_sink_took,
+                lifecycle::rotated_secret_signs_during_its_grace,
+                lifecycle::gone_disables_until_enabled,
+                lifecycle::a_long_failure_streak_disables,
+                lifecycle::bulk_replay_keeps_order_and_skips_refusals,
+                lifecycle::health_sums_up_attempts,
+                lifecycle::rate_limit_is_kept,
             );
         }
     };
@@ -105,6 +115,7 @@ fn client(id: &str, url: &str) -> Client {
         url: url.into(),
         secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
         created_at: 2_000,
+        ..Client::default()
     }
 }
 

@@ -86,11 +86,13 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
     s.record(
         vec![Outcome {
             notification_id: n.id.clone(),
+            client_id: n.client_id.clone(),
             attempt: attempt(None),
             attempts: 1,
             verdict: Verdict::Retry { next_at: 99 },
         }],
         5,
+        NEVER,
     )
     .await
     .unwrap();
@@ -108,11 +110,13 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
     s.record(
         vec![Outcome {
             notification_id: n.id.clone(),
+            client_id: n.client_id.clone(),
             attempt: attempt(Some(500)),
             attempts: 2,
             verdict: Verdict::Failed,
         }],
         7,
+        NEVER,
     )
     .await
     .unwrap();
@@ -133,11 +137,13 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
     s.record(
         vec![Outcome {
             notification_id: n.id.clone(),
+            client_id: n.client_id.clone(),
             attempt: attempt(Some(200)),
             attempts: 1,
             verdict: Verdict::Delivered,
         }],
         9,
+        NEVER,
     )
     .await
     .unwrap();
@@ -164,6 +170,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
     s.record(
         vec![Outcome {
             notification_id: n.id.clone(),
+            client_id: n.client_id.clone(),
             attempt: attempt(Some(500)),
             attempts: 10,
             verdict: Verdict::Failed,
@@ -175,6 +182,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
         })
         .collect(),
         11,
+        NEVER,
     )
     .await
     .unwrap();

@@ -26,14 +26,17 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
 use super::{
     Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
+    PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored,
+    TimeRange,
 };
+use crate::domain::client::{Disabled, Health};
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
 };
 
 mod commit;
 mod history;
+mod lifecycle;
 mod outbox;
 mod registry;
 #[cfg(test)]
@@ -44,6 +47,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0001_init.sql"),
     include_str!("../migrations/postgres/0002_history_spool.sql"),
     include_str!("../migrations/postgres/0003_sensor_changes.sql"),
+    include_str!("../migrations/postgres/0004_client_lifecycle.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
@@ -319,8 +323,12 @@ impl Store for PgStore {
         registry::get_client(&self.pool, id).await
     }
 
-    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
-        registry::list_clients(&self.pool, page).await
+    async fn list_clients(
+        &self,
+        page: PageRequest,
+        disabled: Option<bool>,
+    ) -> Result<Page<Client>> {
+        registry::list_clients(&self.pool, page, disabled).await
     }
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
@@ -329,6 +337,27 @@ impl Store for PgStore {
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
         registry::delete_client(&self.pool, id, now).await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        previous_until: Millis,
+    ) -> Result<Option<Client>> {
+        lifecycle::rotate_secret(&self.pool, id, secret, previous_until).await
+    }
+
+    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
+        lifecycle::enable_client(&self.pool, id).await
+    }
+
+    async fn count_disabled_clients(&self) -> Result<u64> {
+        lifecycle::count_disabled(&self.pool).await
+    }
+
+    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
+        lifecycle::client_health(&self.pool, id, now).await
     }
 
     async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
@@ -414,8 +443,25 @@ impl Store for PgStore {
         outbox::claim(&self.pool, ids, node, now, lease_until).await
     }
 
-    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
-        outbox::record(&self.pool, outcomes, now).await
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>> {
+        outbox::record(&self.pool, outcomes, now, disable_after).await
+    }
+
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
+        lifecycle::load_client_pending(&self.pool, client_id).await
+    }
+
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        lifecycle::retry_notifications(&self.pool, filter, now).await
     }
 
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::Row;
 
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
@@ -11,6 +11,7 @@ use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
     Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
 };
+use crate::domain::client::Disabled;
 use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
 
 pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<NotificationRef>> {
@@ -116,7 +117,12 @@ pub(super) async fn claim(
     Ok(out)
 }
 
-pub(super) async fn record(pool: &Pool, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+pub(super) async fn record(
+    pool: &Pool,
+    outcomes: Vec<Outcome>,
+    now: Millis,
+    disable_after: Millis,
+) -> Result<Vec<Disabled>> {
     let mut c = pool.get().await?;
     let tx = c.transaction().await?;
     let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
@@ -155,8 +161,9 @@ pub(super) async fn record(pool: &Pool, outcomes: Vec<Outcome>, now: Millis) -> 
         )
         .await?;
     }
+    let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after).await?;
     tx.commit().await?;
-    Ok(())
+    Ok(disabled)
 }
 
 pub(super) async fn get_notification(
@@ -235,31 +242,42 @@ pub(super) async fn retry_notification(
         .await?
         .ok_or(Error::NotFound("notification"))?;
     let n = row::notification(&found)?;
-    let newer = n.kind == EventKind::StateChanged
-        && tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
-                 AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
-                 AND status IN ('pending', 'delivered'))",
-                &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
-            )
-            .await?
-            .get::<_, bool>(0);
-    if let Some(e) = retry_refusal(&n, newer) {
+    if let Some(e) = refused(&tx, &n).await? {
         return Err(e);
     }
-    tx.execute(
-        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = $2, \
-         updated_at = $2, claimed_by = NULL, lease_until = NULL WHERE id = $1",
-        &[&id, &now],
-    )
-    .await?;
+    back_to_pending(&tx, &id, now).await?;
     tx.commit().await?;
     Ok(NotificationRef {
         due_at: now,
         attempts: 0,
         ..notification_ref(&n)
     })
+}
+
+/// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
+/// whether a newer state of its sensor was sent to its client since.
+pub(super) async fn refused(c: &impl GenericClient, n: &Notification) -> Result<Option<Error>> {
+    let newer = n.kind == EventKind::StateChanged
+        && c.query_one(
+            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
+             AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
+             AND status IN ('pending', 'delivered'))",
+            &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
+        )
+        .await?
+        .get::<_, bool>(0);
+    Ok(retry_refusal(n, newer))
+}
+
+/// A retried notification: pending, due now, with a fresh attempt budget.
+pub(super) async fn back_to_pending(c: &impl GenericClient, id: &str, now: Millis) -> Result<()> {
+    c.execute(
+        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = $2, \
+         updated_at = $2, claimed_by = NULL, lease_until = NULL WHERE id = $1",
+        &[&id, &now],
+    )
+    .await?;
+    Ok(())
 }
 
 pub(super) async fn count_pending(pool: &Pool) -> Result<u64> {

@@ -126,9 +126,16 @@ pub(super) async fn create_client(pool: &Pool, cl: Client) -> Result<()> {
         .get()
         .await?
         .execute(
-            "INSERT INTO clients (id, name, url, secret, created_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
-            &[&cl.id, &cl.name, &cl.url, &cl.secret, &cl.created_at],
+            "INSERT INTO clients (id, name, url, secret, created_at, rate_limit) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+            &[
+                &cl.id,
+                &cl.name,
+                &cl.url,
+                &cl.secret,
+                &cl.created_at,
+                &cl.rate_limit.map(|r| r as i32),
+            ],
         )
         .await?;
     if n == 0 {
@@ -152,17 +159,23 @@ pub(super) async fn get_client(pool: &Pool, id: String) -> Result<Option<Client>
     .transpose()
 }
 
-pub(super) async fn list_clients(pool: &Pool, page: PageRequest) -> Result<Page<Client>> {
+pub(super) async fn list_clients(
+    pool: &Pool,
+    page: PageRequest,
+    disabled: Option<bool>,
+) -> Result<Page<Client>> {
     let c = pool.get().await?;
     let rows = c
         .query(
             &format!(
                 "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > $1 \
+                 AND ($3::bool IS NULL OR (c.disabled_at IS NOT NULL) = $3) \
                  ORDER BY c.id LIMIT $2"
             ),
             &[
                 &page.after.clone().unwrap_or_default(),
                 &limit_plus_one(&page),
+                &disabled,
             ],
         )
         .await?;
@@ -175,8 +188,15 @@ pub(super) async fn replace_client(pool: &Pool, cl: Client) -> Result<bool> {
         .get()
         .await?
         .execute(
-            "UPDATE clients SET name = $2, url = $3, secret = $4 WHERE id = $1",
-            &[&cl.id, &cl.name, &cl.url, &cl.secret],
+            "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5 \
+             WHERE id = $1",
+            &[
+                &cl.id,
+                &cl.name,
+                &cl.url,
+                &cl.secret,
+                &cl.rate_limit.map(|r| r as i32),
+            ],
         )
         .await?
         > 0)

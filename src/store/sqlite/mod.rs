@@ -6,7 +6,8 @@
 //! calls run on Tokio's blocking pool, since rusqlite is synchronous.
 //!
 //! This file opens the database and says, for each call, whether it reads or writes; the SQL
-//! is in the module of its concern (`registry`, `commit`, `outbox`, `history`), as plain
+//! is in the module of its concern (`registry`, `commit`, `outbox`, `history`,
+//! `lifecycle`), as plain
 //! functions over a connection, with the column lists and row mappers of `store::rows`.
 
 use std::path::Path;
@@ -19,14 +20,17 @@ use rusqlite::Connection;
 
 use super::{
     Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
+    PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored,
+    TimeRange,
 };
+use crate::domain::client::{Disabled, Health};
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
 };
 
 mod commit;
 mod history;
+mod lifecycle;
 mod outbox;
 mod registry;
 #[cfg(test)]
@@ -39,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_init.sql"),
     include_str!("../migrations/sqlite/0002_history_spool.sql"),
     include_str!("../migrations/sqlite/0003_readings_archive.sql"),
+    include_str!("../migrations/sqlite/0004_client_lifecycle.sql"),
 ];
 
 /// The setting lives with the other settings; the store only maps it to its pragma.
@@ -209,8 +214,13 @@ impl Store for SqliteStore {
         self.read(move |c| registry::get_client(c, id)).await
     }
 
-    async fn list_clients(&self, page: PageRequest) -> Result<Page<Client>> {
-        self.read(move |c| registry::list_clients(c, page)).await
+    async fn list_clients(
+        &self,
+        page: PageRequest,
+        disabled: Option<bool>,
+    ) -> Result<Page<Client>> {
+        self.read(move |c| registry::list_clients(c, page, disabled))
+            .await
     }
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
@@ -219,6 +229,29 @@ impl Store for SqliteStore {
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
         self.write(move |c| registry::delete_client(c, id, now))
+            .await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        previous_until: Millis,
+    ) -> Result<Option<Client>> {
+        self.write(move |c| lifecycle::rotate_secret(c, id, secret, previous_until))
+            .await
+    }
+
+    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
+        self.write(move |c| lifecycle::enable_client(c, id)).await
+    }
+
+    async fn count_disabled_clients(&self) -> Result<u64> {
+        self.read(lifecycle::count_disabled).await
+    }
+
+    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
+        self.read(move |c| lifecycle::client_health(c, id, now))
             .await
     }
 
@@ -302,8 +335,28 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn record(&self, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
-        self.write(move |c| outbox::record(c, outcomes, now)).await
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>> {
+        self.write(move |c| outbox::record(c, outcomes, now, disable_after))
+            .await
+    }
+
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
+        self.read(move |c| lifecycle::load_client_pending(c, client_id))
+            .await
+    }
+
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| lifecycle::retry_notifications(c, filter, now))
+            .await
     }
 
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {

@@ -8,6 +8,7 @@ use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
     Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
 };
+use crate::domain::client::Disabled;
 use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
 
 pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
@@ -71,7 +72,12 @@ pub(super) fn claim(
     Ok(out)
 }
 
-pub(super) fn record(c: &mut Connection, outcomes: Vec<Outcome>, now: Millis) -> Result<()> {
+pub(super) fn record(
+    c: &mut Connection,
+    outcomes: Vec<Outcome>,
+    now: Millis,
+    disable_after: Millis,
+) -> Result<Vec<Disabled>> {
     let tx = c.transaction()?;
     {
         let mut attempt = tx.prepare_cached(
@@ -103,8 +109,9 @@ pub(super) fn record(c: &mut Connection, outcomes: Vec<Outcome>, now: Millis) ->
             ])?;
         }
     }
+    let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after)?;
     tx.commit()?;
-    Ok(())
+    Ok(disabled)
 }
 
 pub(super) fn get_notification(
@@ -171,28 +178,40 @@ pub(super) fn retry_notification(
         .query_row([&id], |r| row::notification(r))
         .optional()?
         .ok_or(Error::NotFound("notification"))?;
-    let newer = n.kind == EventKind::StateChanged
-        && tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
-             AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
-             AND status IN ('pending', 'delivered'))",
-            params![n.client_id, n.sensor_id.to_string(), n.seq],
-            |r| r.get::<_, bool>(0),
-        )?;
-    if let Some(e) = retry_refusal(&n, newer) {
+    if let Some(e) = refused(&tx, &n)? {
         return Err(e);
     }
-    tx.execute(
-        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
-         updated_at = ?2, claimed_by = NULL, lease_until = NULL WHERE id = ?1",
-        params![id, now],
-    )?;
+    back_to_pending(&tx, &id, now)?;
     tx.commit()?;
     Ok(NotificationRef {
         due_at: now,
         attempts: 0,
         ..notification_ref(&n)
     })
+}
+
+/// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
+/// whether a newer state of its sensor was sent to its client since.
+pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>> {
+    let newer = n.kind == EventKind::StateChanged
+        && c.query_row(
+            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
+             AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
+             AND status IN ('pending', 'delivered'))",
+            params![n.client_id, n.sensor_id.to_string(), n.seq],
+            |r| r.get::<_, bool>(0),
+        )?;
+    Ok(retry_refusal(n, newer))
+}
+
+/// A retried notification: pending, due now, with a fresh attempt budget.
+pub(super) fn back_to_pending(c: &Connection, id: &str, now: Millis) -> Result<()> {
+    c.execute(
+        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
+         updated_at = ?2, claimed_by = NULL, lease_until = NULL WHERE id = ?1",
+        params![id, now],
+    )?;
+    Ok(())
 }
 
 pub(super) fn count_pending(c: &Connection) -> Result<u64> {

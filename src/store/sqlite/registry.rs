@@ -92,9 +92,16 @@ pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Re
 
 pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
     let n = c.execute(
-        "INSERT INTO clients (id, name, url, secret, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-         ON CONFLICT (id) DO NOTHING",
-        params![cl.id, cl.name, cl.url, cl.secret, cl.created_at],
+        "INSERT INTO clients (id, name, url, secret, created_at, rate_limit) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+        params![
+            cl.id,
+            cl.name,
+            cl.url,
+            cl.secret,
+            cl.created_at,
+            cl.rate_limit
+        ],
     )?;
     if n == 0 {
         return Err(Error::Conflict(format!(
@@ -113,15 +120,21 @@ pub(super) fn get_client(c: &Connection, id: String) -> Result<Option<Client>> {
     .optional()?)
 }
 
-pub(super) fn list_clients(c: &Connection, page: PageRequest) -> Result<Page<Client>> {
+pub(super) fn list_clients(
+    c: &Connection,
+    page: PageRequest,
+    disabled: Option<bool>,
+) -> Result<Page<Client>> {
     let rows = c
         .prepare_cached(&format!(
-            "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > ?1 ORDER BY c.id LIMIT ?2"
+            "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > ?1 \
+             AND (?3 IS NULL OR (c.disabled_at IS NOT NULL) = ?3) ORDER BY c.id LIMIT ?2"
         ))?
         .query_map(
             params![
                 page.after.clone().unwrap_or_default(),
-                limit_plus_one(&page)
+                limit_plus_one(&page),
+                disabled
             ],
             |r| row::client(r),
         )?
@@ -131,8 +144,8 @@ pub(super) fn list_clients(c: &Connection, page: PageRequest) -> Result<Page<Cli
 
 pub(super) fn replace_client(c: &Connection, cl: Client) -> Result<bool> {
     Ok(c.execute(
-        "UPDATE clients SET name = ?2, url = ?3, secret = ?4 WHERE id = ?1",
-        params![cl.id, cl.name, cl.url, cl.secret],
+        "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5 WHERE id = ?1",
+        params![cl.id, cl.name, cl.url, cl.secret, cl.rate_limit],
     )? > 0)
 }
 

@@ -29,6 +29,7 @@ async fn claims_keep_the_writers_durability() {
             url: "http://127.0.0.1:9/".into(),
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
             created_at: 1,
+            ..Client::default()
         })
         .await
         .unwrap();

@@ -1,0 +1,235 @@
+//! A client's lifecycle: secret rotation, the failure streak that disables it, enabling it
+//! again, its endpoint health, and the bulk replay of its dead letters.
+
+use deadpool_postgres::{Pool, Transaction};
+
+use super::super::rows::{self as row, CLIENT_COLS, NOTIF_COLS};
+use super::super::{Error, NotificationRef, Outcome, ReplayFilter, Result, notification_ref};
+use super::outbox;
+use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
+use crate::domain::{Client, Millis, policy};
+
+pub(super) async fn rotate_secret(
+    pool: &Pool,
+    id: String,
+    secret: String,
+    previous_until: Millis,
+) -> Result<Option<Client>> {
+    let c = pool.get().await?;
+    // The right-hand sides read the row as it was, so `previous_secret = secret` keeps the
+    // old one.
+    c.query_opt(
+        &format!(
+            "UPDATE clients c SET previous_secret = c.secret, previous_secret_until = $3, \
+             secret = $2 WHERE c.id = $1 RETURNING {CLIENT_COLS}"
+        ),
+        &[&id, &secret, &previous_until],
+    )
+    .await?
+    .as_ref()
+    .map(row::client)
+    .transpose()
+}
+
+pub(super) async fn enable_client(pool: &Pool, id: String) -> Result<Option<bool>> {
+    let c = pool.get().await?;
+    let was = c
+        .query_opt(
+            "UPDATE clients c SET disabled_at = NULL, disabled_reason = NULL, \
+             failing_since = NULL FROM clients old WHERE c.id = $1 AND old.id = c.id \
+             RETURNING old.disabled_at IS NOT NULL",
+            &[&id],
+        )
+        .await?;
+    Ok(was.map(|r| r.get(0)))
+}
+
+pub(super) async fn count_disabled(pool: &Pool) -> Result<u64> {
+    let c = pool.get().await?;
+    let n: i64 = c
+        .query_one(
+            "SELECT COUNT(*) FROM clients WHERE disabled_at IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(n as u64)
+}
+
+/// Keeps each client's failure streak from a batch of attempts and disables the clients
+/// the policy says to, in the recording transaction.
+pub(super) async fn note_attempts(
+    tx: &Transaction<'_>,
+    outcomes: &[Outcome],
+    now: Millis,
+    disable_after: Millis,
+) -> Result<Vec<Disabled>> {
+    let mut disabled = Vec::new();
+    for c in policy::client_attempts(outcomes) {
+        let Some(failed_at) = c.failing_since else {
+            // Delivered last: the streak ends. A write (and a row lock other nodes'
+            // recorders would wait for) only when there was one.
+            tx.execute(
+                "UPDATE clients SET failing_since = NULL \
+                 WHERE id = $1 AND failing_since IS NOT NULL",
+                &[&c.client_id],
+            )
+            .await?;
+            continue;
+        };
+        let found = tx
+            .query_opt(
+                "UPDATE clients SET failing_since = \
+                 CASE WHEN $2 THEN $3::int8 ELSE COALESCE(failing_since, $3::int8) END \
+                 WHERE id = $1 AND disabled_at IS NULL RETURNING failing_since",
+                &[&c.client_id, &c.succeeded, &failed_at],
+            )
+            .await?;
+        let Some(found) = found else { continue };
+        let failing_since: Option<i64> = found.get(0);
+        if let Some(reason) = policy::disable_reason(c.gone, failing_since, now, disable_after) {
+            tx.execute(
+                "UPDATE clients SET disabled_at = $2, disabled_reason = $3 WHERE id = $1",
+                &[&c.client_id, &now, &reason.as_str()],
+            )
+            .await?;
+            disabled.push(Disabled {
+                client_id: c.client_id,
+                reason,
+            });
+        }
+    }
+    Ok(disabled)
+}
+
+/// The attempts of one client, for the queries below.
+const CLIENT_ATTEMPTS: &str =
+    "attempts a JOIN notifications n ON n.id = a.notification_id WHERE n.client_id = $1";
+const DELIVERED: &str = "a.status_code BETWEEN 200 AND 299";
+
+pub(super) async fn client_health(pool: &Pool, id: String, now: Millis) -> Result<Option<Health>> {
+    let c = pool.get().await?;
+    if c.query_opt("SELECT 1 FROM clients WHERE id = $1", &[&id])
+        .await?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let mut h = Health {
+        last_success_at: c
+            .query_one(
+                &format!("SELECT MAX(a.at) FROM {CLIENT_ATTEMPTS} AND {DELIVERED}"),
+                &[&id],
+            )
+            .await?
+            .get(0),
+        ..Health::default()
+    };
+    if let Some(r) = c
+        .query_opt(
+            &format!(
+                "SELECT a.at, a.error FROM {CLIENT_ATTEMPTS} AND NOT \
+                 COALESCE({DELIVERED}, false) ORDER BY a.at DESC, a.id DESC LIMIT 1"
+            ),
+            &[&id],
+        )
+        .await?
+    {
+        h.last_failure_at = Some(r.get(0));
+        h.last_error = r.get(1);
+    }
+    let streak: i64 = c
+        .query_one(
+            &format!("SELECT COUNT(*) FROM {CLIENT_ATTEMPTS} AND a.at > $2"),
+            &[&id, &h.last_success_at.unwrap_or(i64::MIN)],
+        )
+        .await?
+        .get(0);
+    h.consecutive_failures = streak as u64;
+    let window: Vec<(bool, u32)> = c
+        .query(
+            &format!(
+                "SELECT COALESCE({DELIVERED}, false), a.duration_ms FROM {CLIENT_ATTEMPTS} \
+                 AND a.at >= $2"
+            ),
+            &[&id, &(now - HEALTH_WINDOW_MS)],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
+        .collect();
+    h.set_window(&window);
+    let counts = c
+        .query_one(
+            "SELECT COUNT(*) FILTER (WHERE status = 'pending'), \
+             COUNT(*) FILTER (WHERE status = 'failed') FROM notifications WHERE client_id = $1",
+            &[&id],
+        )
+        .await?;
+    h.pending = counts.get::<_, i64>(0) as u64;
+    h.failed = counts.get::<_, i64>(1) as u64;
+    Ok(Some(h))
+}
+
+pub(super) async fn load_client_pending(
+    pool: &Pool,
+    client_id: String,
+) -> Result<Vec<NotificationRef>> {
+    let c = pool.get().await?;
+    c.query(
+        &format!(
+            "SELECT {NOTIF_COLS} FROM notifications n \
+             WHERE n.status = 'pending' AND n.client_id = $1 ORDER BY n.seq"
+        ),
+        &[&client_id],
+    )
+    .await?
+    .iter()
+    .map(|r| row::notification(r).map(|n| notification_ref(&n)))
+    .collect()
+}
+
+/// The bulk replay, in one transaction, oldest first: each one is judged as a single
+/// retry would judge it once the older ones went back to pending.
+pub(super) async fn retry_notifications(
+    pool: &Pool,
+    f: ReplayFilter,
+    now: Millis,
+) -> Result<Vec<NotificationRef>> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    if tx
+        .query_opt("SELECT 1 FROM clients WHERE id = $1", &[&f.client_id])
+        .await?
+        .is_none()
+    {
+        return Err(Error::NotFound("client"));
+    }
+    let failed = tx
+        .query(
+            &format!(
+                "SELECT {NOTIF_COLS} FROM notifications n WHERE n.client_id = $1 \
+                 AND n.status = 'failed' AND ($2::text IS NULL OR n.sensor_id = $2) \
+                 AND ($3::int8 IS NULL OR n.created_at >= $3) ORDER BY n.seq FOR UPDATE"
+            ),
+            &[&f.client_id, &f.sensor_id.map(|s| s.to_string()), &f.since],
+        )
+        .await?
+        .iter()
+        .map(row::notification)
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::new();
+    for n in failed {
+        if outbox::refused(&tx, &n).await?.is_some() {
+            continue;
+        }
+        outbox::back_to_pending(&tx, &n.id, now).await?;
+        out.push(NotificationRef {
+            due_at: now,
+            attempts: 0,
+            ..notification_ref(&n)
+        });
+    }
+    tx.commit().await?;
+    Ok(out)
+}
