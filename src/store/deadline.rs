@@ -14,6 +14,7 @@ use super::{
     Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
     PageRequest, ReadingRecord, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
 };
+use crate::domain::token::ApiToken;
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
 
 /// Time a shipment may spend in the history sink on top of the store's own bound: the
@@ -240,5 +241,16 @@ impl<S: Store> Store for Deadline<S> {
     }
     fn shared(&self) -> bool {
         self.inner.shared()
+    }
+    async fn create_token(&self, token: ApiToken) -> Result<()> {
+        self.bound("create_token", self.inner.create_token(token))
+            .await
+    }
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
+        self.bound("list_tokens", self.inner.list_tokens()).await
+    }
+    async fn delete_token(&self, id: String) -> Result<bool> {
+        self.bound("delete_token", self.inner.delete_token(id))
+            .await
     }
 }

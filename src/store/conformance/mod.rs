@@ -14,6 +14,7 @@ mod commit;
 mod history;
 mod outbox;
 mod registry;
+mod tokens;
 
 /// An empty store for one check, with what has to live as long as it.
 struct Fresh {
@@ -62,6 +63,8 @@ macro_rules! suite {
                 outbox::leases_exclude_other_nodes,
                 history::archive_keeps_reads_whole,
                 history::spool_ships_only_what_the_sink_took,
+                tokens::tokens_keep_hash_and_scopes,
+                tokens::deleted_tokens_are_gone,
             );
         }
     };
