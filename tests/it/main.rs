@@ -12,4 +12,5 @@ mod nodes;
 mod readings;
 mod registry;
 mod store_faults;
+mod tokens;
 mod utils;
