@@ -97,9 +97,8 @@ impl RateLimit {
     /// Parses `"200/s"`, `"200/s burst 400"` or `"30/m burst 10"`. Without a burst, one
     /// second's worth (at least 1).
     pub fn parse(text: &str) -> Result<RateLimit, String> {
-        let bad = || {
-            format!("{text:?} is not a rate like \"200/s\", \"200/s burst 400\" or \"30/m\"")
-        };
+        let bad =
+            || format!("{text:?} is not a rate like \"200/s\", \"200/s burst 400\" or \"30/m\"");
         let words: Vec<&str> = text.split_whitespace().collect();
         let (rate, burst) = match words.as_slice() {
             [rate] => (*rate, None),
@@ -118,7 +117,9 @@ impl RateLimit {
             None => (per_second.ceil() as u32).max(1),
         };
         if n == 0 || burst == 0 {
-            return Err(format!("{text:?}: the rate and the burst must be above zero"));
+            return Err(format!(
+                "{text:?}: the rate and the burst must be above zero"
+            ));
         }
         Ok(RateLimit { per_second, burst })
     }
@@ -507,7 +508,14 @@ mod tests {
         assert_eq!((slow.per_second, slow.burst), (0.5, 1));
         let c = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", "")])).unwrap();
         assert_eq!(c.rate_limit, None);
-        for bad in ["fast", "0/s", "10/h", "10/s burst", "10/s burst 0", "10/s bust 5"] {
+        for bad in [
+            "fast",
+            "0/s",
+            "10/h",
+            "10/s burst",
+            "10/s burst 0",
+            "10/s bust 5",
+        ] {
             let e = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", bad)]))
                 .unwrap_err()
                 .to_string();

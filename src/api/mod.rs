@@ -154,8 +154,7 @@ async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> 
             Caller::Token(grant) => limits::Key::Token(grant.id.clone()),
         };
         if let Err(wait) = limiter.check(key, std::time::Instant::now()) {
-            metrics::counter!("latch_http_rate_limit_total", "outcome" => "limited")
-                .increment(1);
+            metrics::counter!("latch_http_rate_limit_total", "outcome" => "limited").increment(1);
             return error::rate_limited(wait);
         }
         metrics::counter!("latch_http_rate_limit_total", "outcome" => "allowed").increment(1);

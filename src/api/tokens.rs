@@ -21,8 +21,8 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
 use super::pagination::List;
 use crate::domain::client::validate_name;
-use crate::domain::token::{self, ApiToken, Scope};
 use crate::domain::time;
+use crate::domain::token::{self, ApiToken, Scope};
 use crate::store::{self, Store};
 
 /// How often a node on a shared store reloads the token table: the longest a token

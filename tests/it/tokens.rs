@@ -98,11 +98,22 @@ async fn each_scope_allows_its_requests_and_refuses_the_rest() {
     let again = json!({"sensor_id": id, "data": 0});
     let (st, body) = as_token(&s, &read, Method::POST, "/v1/readings", Some(again)).await;
     assert_forbidden(st, &body);
-    let (st, body) = as_token(&s, &read, Method::DELETE, &format!("/v1/sensors/{id}"), None).await;
+    let (st, body) = as_token(
+        &s,
+        &read,
+        Method::DELETE,
+        &format!("/v1/sensors/{id}"),
+        None,
+    )
+    .await;
     assert_forbidden(st, &body);
     let (st, body) = as_token(&s, &read, Method::GET, "/v1/tokens", None).await;
     assert_forbidden(st, &body);
-    assert_eq!(s.reading_count(&id).await, 1, "the refused reading was not applied");
+    assert_eq!(
+        s.reading_count(&id).await,
+        1,
+        "the refused reading was not applied"
+    );
 
     // admin: everything, tokens included.
     let new = json!({"name": "made by admin", "scopes": ["read"]});
@@ -249,15 +260,8 @@ async fn past_the_burst_429_with_retry_after_and_a_batch_counts_once() {
     s.readings(Value::Array(batch)).await; // 3: fifty readings, one request
     let (st, _) = s.get(&format!("/v1/sensors/{id}")).await; // 4
     assert_eq!(st, 200);
-    let (st, retry_after, body) = call(
-        &s,
-        &s.http,
-        Some(&token),
-        Method::GET,
-        "/v1/sensors",
-        None,
-    )
-    .await;
+    let (st, retry_after, body) =
+        call(&s, &s.http, Some(&token), Method::GET, "/v1/sensors", None).await;
     assert_eq!(st, 429, "{body}");
     assert_eq!(body["error"]["code"], "rate_limited", "{body}");
     let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();

@@ -22,7 +22,10 @@ pub(super) async fn create(pool: &Pool, t: ApiToken) -> Result<()> {
         )
         .await?;
     if n == 0 {
-        return Err(Error::Conflict(format!("token \"{}\" already exists", t.id)));
+        return Err(Error::Conflict(format!(
+            "token \"{}\" already exists",
+            t.id
+        )));
     }
     Ok(())
 }

@@ -10,19 +10,26 @@ pub(super) fn create(c: &Connection, t: ApiToken) -> Result<()> {
     let n = c.execute(
         "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
          VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
-        params![t.id, t.name, scopes_to_text(&t.scopes), t.hash, t.created_at],
+        params![
+            t.id,
+            t.name,
+            scopes_to_text(&t.scopes),
+            t.hash,
+            t.created_at
+        ],
     )?;
     if n == 0 {
-        return Err(Error::Conflict(format!("token \"{}\" already exists", t.id)));
+        return Err(Error::Conflict(format!(
+            "token \"{}\" already exists",
+            t.id
+        )));
     }
     Ok(())
 }
 
 pub(super) fn list(c: &Connection) -> Result<Vec<ApiToken>> {
     let rows = c
-        .prepare_cached(
-            "SELECT id, name, scopes, hash, created_at FROM api_tokens ORDER BY id",
-        )?
+        .prepare_cached("SELECT id, name, scopes, hash, created_at FROM api_tokens ORDER BY id")?
         .query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
