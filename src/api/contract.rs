@@ -21,8 +21,10 @@ fn sensor_id_pattern() -> String {
     format!("^[A-Za-z0-9]{{1,{MAX_ID_LEN}}}$")
 }
 
-/// Text that is not only white space (the validators trim before checking emptiness).
-const NOT_BLANK: &str = "\\S";
+/// Text that is not only white space (the validators trim before checking emptiness): one
+/// character outside Rust's `char::is_whitespace`, spelled out because a schema's `\\s` is
+/// ECMA-262's, which leaves out U+0085 and takes in U+FEFF.
+const NOT_BLANK: &str = "[^\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]";
 
 /// `whsec_` + canonical base64 of a 16 to 64 byte key (`domain::client::secret_key`):
 /// 3g + r bytes are g groups of four and a tail of r + 1 characters padded with `=`.
@@ -433,6 +435,19 @@ mod tests {
         for u in bad {
             assert!(!matches(URL_PATTERN, u), "{u}");
             assert!(crate::domain::client::validate_url(u).is_err(), "{u}");
+        }
+    }
+
+    #[test]
+    fn not_blank_is_what_trimming_leaves() {
+        let re = regex::Regex::new(NOT_BLANK).unwrap();
+        for c in (0..0x3100u32).chain([0xFEFF, 0x1F600]).filter_map(char::from_u32) {
+            assert_eq!(
+                re.is_match(&c.to_string()),
+                !c.is_whitespace(),
+                "U+{:04X}",
+                c as u32
+            );
         }
     }
 
