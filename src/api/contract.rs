@@ -441,7 +441,10 @@ mod tests {
     #[test]
     fn not_blank_is_what_trimming_leaves() {
         let re = regex::Regex::new(NOT_BLANK).unwrap();
-        for c in (0..0x3100u32).chain([0xFEFF, 0x1F600]).filter_map(char::from_u32) {
+        for c in (0..0x3100u32)
+            .chain([0xFEFF, 0x1F600])
+            .filter_map(char::from_u32)
+        {
             assert_eq!(
                 re.is_match(&c.to_string()),
                 !c.is_whitespace(),

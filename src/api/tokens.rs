@@ -2,9 +2,9 @@
 //!
 //! A token's secret is answered once, on create; the store keeps its SHA-256. Every
 //! request is checked against [`Tokens`], a copy of the table in memory, so auth costs no
-//! database round trip on the ingest path. The copy is reloaded after each create and
-//! delete on this node and, on a shared store, every [`REFRESH_EVERY`] for what other
-//! nodes did.
+//! database round trip on the ingest path. A create or delete on this node changes the copy
+//! once the store has it; on a shared store the copy is also reloaded every
+//! [`REFRESH_EVERY`] for what other nodes did.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -42,7 +42,8 @@ pub struct Grant {
     pub scopes: Vec<Scope>,
 }
 
-/// The token table in memory, by hash of the secret.
+/// The token table in memory, by hash of the secret. A `std::sync::RwLock`: every request
+/// reads it, a create or delete writes it, and no `.await` happens while it is held.
 #[derive(Clone, Default)]
 pub struct Tokens {
     by_hash: Arc<RwLock<HashMap<String, Grant>>>,
@@ -70,8 +71,27 @@ impl Tokens {
                 (t.hash, grant)
             })
             .collect();
-        *self.by_hash.write().unwrap_or_else(|p| p.into_inner()) = table;
+        *self.write() = table;
         Ok(())
+    }
+
+    /// Adds a token the store now holds. In memory only, so that a created token's secret,
+    /// already kept, is always answered.
+    fn insert(&self, t: &ApiToken) {
+        let grant = Grant {
+            id: t.id.clone(),
+            scopes: t.scopes.clone(),
+        };
+        self.write().insert(t.hash.clone(), grant);
+    }
+
+    /// Forgets a token the store deleted.
+    fn remove(&self, id: &str) {
+        self.write().retain(|_, g| g.id != id);
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Grant>> {
+        self.by_hash.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The grant of a secret. A lookup by hash and not a comparison of secrets: what its
@@ -215,7 +235,7 @@ async fn create_token(
         created_at: time::now_ms(),
     };
     st.store.create_token(t.clone()).await?;
-    st.tokens.refresh(st.store.as_ref()).await?;
+    st.tokens.insert(&t);
     tracing::info!(token_id = %t.id, name = %t.name, "API token created.");
     Ok((StatusCode::CREATED, ApiJson(token_out(t, Some(secret)))))
 }
@@ -242,7 +262,7 @@ async fn delete_token(
     if !st.store.delete_token(id.clone()).await? {
         return Err(ApiError::not_found("token"));
     }
-    st.tokens.refresh(st.store.as_ref()).await?;
+    st.tokens.remove(&id);
     tracing::info!(token_id = %id, "API token deleted.");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -301,3 +301,41 @@ async fn without_a_token_the_limit_is_per_peer_address() {
     assert_eq!(st, 200, "{body}");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn nodes_on_one_database_follow_each_others_tokens() {
+    let shared = tempfile::tempdir().unwrap();
+    let url = match crate::utils::postgres_url(shared.path()).await {
+        Ok(u) => u,
+        Err(e) => {
+            crate::utils::service_missing("PostgreSQL", e);
+            return;
+        }
+    };
+    let token = bootstrap();
+    let start = || {
+        let (token, url) = (token.clone(), url.clone());
+        TestServer::start_with(move |c| {
+            c.api_token = Some(token);
+            c.database_url = Some(url);
+        })
+    };
+    let a = start().await;
+    let b = start().await;
+    let (id, read) = make_token(&a, &["read"]).await;
+    // Node B knows it within its refresh period (5 s), without a restart.
+    crate::utils::eventually(15, "node B accepts a token node A made", || async {
+        let (st, _) = as_token(&b, &read, Method::GET, "/v1/sensors", None).await;
+        (st == 200).then_some(())
+    })
+    .await;
+    let (st, _) = a.delete(&format!("/v1/tokens/{id}")).await;
+    assert_eq!(st, 204);
+    crate::utils::eventually(15, "node B refuses a token node A deleted", || async {
+        let (st, _) = as_token(&b, &read, Method::GET, "/v1/sensors", None).await;
+        (st == 401).then_some(())
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+}
