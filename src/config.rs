@@ -93,6 +93,59 @@ pub struct Config {
     /// A client whose every attempt failed for this long is disabled.
     #[serde(deserialize_with = "duration")]
     pub endpoint_disable_after: Duration,
+    /// Requests each token (or, without one, each peer address) may make to `/v1`, on
+    /// this node. `None`: no limit.
+    #[serde(default, deserialize_with = "rate_limit")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A request rate with a burst: a token bucket of `burst` requests refilled at
+/// `per_second`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// Parses `"200/s"`, `"200/s burst 400"` or `"30/m burst 10"`. Without a burst, one
+    /// second's worth (at least 1).
+    pub fn parse(text: &str) -> Result<RateLimit, String> {
+        let bad =
+            || format!("{text:?} is not a rate like \"200/s\", \"200/s burst 400\" or \"30/m\"");
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let (rate, burst) = match words.as_slice() {
+            [rate] => (*rate, None),
+            [rate, kw, burst] if kw.eq_ignore_ascii_case("burst") => (*rate, Some(*burst)),
+            _ => return Err(bad()),
+        };
+        let (n, unit) = rate.split_once('/').ok_or_else(bad)?;
+        let n: u32 = n.parse().map_err(|_| bad())?;
+        let per_second = match unit {
+            "s" => n as f64,
+            "m" => n as f64 / 60.0,
+            _ => return Err(bad()),
+        };
+        let burst = match burst {
+            Some(b) => b.parse::<u32>().map_err(|_| bad())?,
+            None => (per_second.ceil() as u32).max(1),
+        };
+        if n == 0 || burst == 0 {
+            return Err(format!(
+                "{text:?}: the rate and the burst must be above zero"
+            ));
+        }
+        Ok(RateLimit { per_second, burst })
+    }
+}
+
+fn rate_limit<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RateLimit>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(s) if !s.trim().is_empty() => RateLimit::parse(&s)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        _ => Ok(None),
+    }
 }
 
 /// How hard SQLite syncs to disk at each commit.
@@ -499,6 +552,38 @@ mod tests {
     fn empty_optional_values_mean_unset() {
         let c = Config::load_from(None, &env(&[("LATCH_API_TOKEN", "")])).unwrap();
         assert_eq!(c.api_token, None);
+    }
+
+    #[test]
+    fn rate_limits_parse_with_and_without_burst() {
+        let c = Config::load_from(None, &[]).unwrap();
+        assert_eq!(c.rate_limit, None);
+        let c = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", "200/s burst 400")])).unwrap();
+        assert_eq!(
+            c.rate_limit,
+            Some(RateLimit {
+                per_second: 200.0,
+                burst: 400
+            })
+        );
+        assert_eq!(RateLimit::parse("5/s").unwrap().burst, 5);
+        let slow = RateLimit::parse("30/m").unwrap();
+        assert_eq!((slow.per_second, slow.burst), (0.5, 1));
+        let c = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", "")])).unwrap();
+        assert_eq!(c.rate_limit, None);
+        for bad in [
+            "fast",
+            "0/s",
+            "10/h",
+            "10/s burst",
+            "10/s burst 0",
+            "10/s bust 5",
+        ] {
+            let e = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("rate_limit"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -176,6 +176,17 @@ pub async fn run_with_clock(
     }
     source_tasks.close();
 
+    // Auth reads the token table from memory; on a shared store it follows other nodes.
+    let tokens = api::tokens::Tokens::load(store.as_ref()).await?;
+    let tokens_stop = CancellationToken::new();
+    let tokens_follower = store.shared().then(|| {
+        tokio::spawn(api::tokens::follow(
+            store.clone(),
+            tokens.clone(),
+            tokens_stop.clone(),
+        ))
+    });
+
     let accepting = Arc::new(AtomicBool::new(true));
     let state = api::AppState {
         config: config.clone(),
@@ -187,11 +198,15 @@ pub async fn run_with_clock(
         history,
         metrics,
         accepting: accepting.clone(),
+        tokens: tokens.clone(),
+        limiter: config
+            .rate_limit
+            .map(|limit| Arc::new(api::limits::Limiter::new(limit))),
     };
     let app = api::router(state);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, sensors, "latch is serving.");
-    if exposed_without_token(&config, addr) {
+    if exposed_without_token(&config, tokens.any(), addr) {
         tracing::warn!(
             %addr,
             "Listening beyond loopback without an API token: anyone who reaches this address \
@@ -209,13 +224,21 @@ pub async fn run_with_clock(
     });
     let accepting_flag = accepting.clone();
     let stop_signal = stop.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            stop_signal.cancelled().await;
-            accepting_flag.store(false, Ordering::Relaxed);
-            tracing::info!("Shutting down: no new requests.");
-        })
-        .await?;
+    // With each connection's peer address: the rate limit of an open API is per address.
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        stop_signal.cancelled().await;
+        accepting_flag.store(false, Ordering::Relaxed);
+        tracing::info!("Shutting down: no new requests.");
+    })
+    .await?;
+    tokens_stop.cancel();
+    if let Some(follower) = tokens_follower {
+        let _ = follower.await;
+    }
 
     sources_stop.cancel();
     source_tasks.wait().await;
@@ -273,9 +296,10 @@ fn check_urls(config: Config) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// Whether the API is open to other machines: a non-loopback address and no token.
-fn exposed_without_token(config: &Config, addr: std::net::SocketAddr) -> bool {
-    config.api_token.is_none() && !addr.ip().is_loopback()
+/// Whether the API is open to other machines: a non-loopback address, no bootstrap token
+/// and no token made.
+fn exposed_without_token(config: &Config, tokens_exist: bool, addr: std::net::SocketAddr) -> bool {
+    config.api_token.is_none() && !tokens_exist && !addr.ip().is_loopback()
 }
 
 #[cfg(test)]
@@ -286,12 +310,13 @@ mod tests {
     fn open_api_beyond_loopback_is_flagged() {
         let mut c = Config::for_data_dir(std::path::Path::new("/tmp"));
         let addr = |s: &str| s.parse().unwrap();
-        assert!(!exposed_without_token(&c, addr("127.0.0.1:8080")));
-        assert!(!exposed_without_token(&c, addr("[::1]:8080")));
-        assert!(exposed_without_token(&c, addr("0.0.0.0:8080")));
-        assert!(exposed_without_token(&c, addr("10.1.2.3:8080")));
+        assert!(!exposed_without_token(&c, false, addr("127.0.0.1:8080")));
+        assert!(!exposed_without_token(&c, false, addr("[::1]:8080")));
+        assert!(exposed_without_token(&c, false, addr("0.0.0.0:8080")));
+        assert!(exposed_without_token(&c, false, addr("10.1.2.3:8080")));
+        assert!(!exposed_without_token(&c, true, addr("0.0.0.0:8080")));
         c.api_token = Some("secret-token".into());
-        assert!(!exposed_without_token(&c, addr("0.0.0.0:8080")));
+        assert!(!exposed_without_token(&c, false, addr("0.0.0.0:8080")));
     }
 
     #[test]

@@ -268,4 +268,14 @@ pub fn register_families(config: &Config) {
         );
         gauge!("latch_clickhouse_up").increment(0.0);
     }
+
+    if config.rate_limit.is_some() {
+        describe_counter!(
+            "latch_http_rate_limit_total",
+            "Requests to /v1 the rate limit let through (allowed) or answered 429 (limited)."
+        );
+        for outcome in ["allowed", "limited"] {
+            counter!("latch_http_rate_limit_total", "outcome" => outcome).increment(0);
+        }
+    }
 }

@@ -4,8 +4,9 @@
 //! cannot see, so that a generic client (schemathesis, a generated SDK) can trust the
 //! document: every constraint the validators enforce — written here from the very constants
 //! they use, so code and document cannot drift —, the statuses every operation can answer,
-//! security as configured (no token, no security), and links from the operations that create
-//! ids to the ones that take them.
+//! security as it stands (an open API, no security; with a token, 401 and 403 everywhere),
+//! 429 where a rate limit is set, and links from the operations that create ids to the ones
+//! that take them.
 
 use serde_json::{Map, Value, json};
 
@@ -20,8 +21,10 @@ fn sensor_id_pattern() -> String {
     format!("^[A-Za-z0-9]{{1,{MAX_ID_LEN}}}$")
 }
 
-/// Text that is not only white space (the validators trim before checking emptiness).
-const NOT_BLANK: &str = "\\S";
+/// Text that is not only white space (the validators trim before checking emptiness): one
+/// character outside Rust's `char::is_whitespace`, spelled out because a schema's `\\s` is
+/// ECMA-262's, which leaves out U+0085 and takes in U+FEFF.
+const NOT_BLANK: &str = "[^\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]";
 
 /// `whsec_` + canonical base64 of a 16 to 64 byte key (`domain::client::secret_key`):
 /// 3g + r bytes are g groups of four and a tail of r + 1 characters padded with `=`.
@@ -35,13 +38,18 @@ fn secret_pattern() -> String {
     )
 }
 
-/// Builds the document for a service that does (or does not) require a bearer token.
-pub fn document(derived: utoipa::openapi::OpenApi, token_required: bool) -> Value {
+/// Builds the document for a service that does (or does not) require a bearer token, and
+/// does (or does not) limit request rates.
+pub fn document(
+    derived: utoipa::openapi::OpenApi,
+    token_required: bool,
+    rate_limited: bool,
+) -> Value {
     let mut doc = serde_json::to_value(derived).expect("the derived document is JSON");
     constrain_schemas(&mut doc);
     constrain_parameters(&mut doc);
     readings_body(&mut doc);
-    add_statuses(&mut doc, token_required);
+    add_statuses(&mut doc, token_required, rate_limited);
     add_links(&mut doc);
     if !token_required {
         if let Some(o) = doc.as_object_mut() {
@@ -127,6 +135,16 @@ fn constrain_schemas(doc: &mut Value) {
         doc,
         &format!("{s}/ReadingIn/properties/ts"),
         json!({"format": "date-time"}),
+    );
+    merge(
+        doc,
+        &format!("{s}/TokenIn/properties/name"),
+        json!({"minLength": 1, "maxLength": NAME_MAX_CHARS, "pattern": NOT_BLANK}),
+    );
+    merge(
+        doc,
+        &format!("{s}/TokenIn/properties/scopes"),
+        json!({"minItems": 1}),
     );
 }
 
@@ -219,8 +237,9 @@ fn error_response(description: &str) -> Value {
 }
 
 /// The statuses the shared layers answer on any operation: bad input (400), a body not
-/// JSON (415) or too large (413), a missing token (401), the store away (503).
-fn add_statuses(doc: &mut Value, token_required: bool) {
+/// JSON (415) or too large (413), a missing token (401) or one without the scope (403),
+/// past the rate limit (429), the store away (503).
+fn add_statuses(doc: &mut Value, token_required: bool, rate_limited: bool) {
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
@@ -245,6 +264,13 @@ fn add_statuses(doc: &mut Value, token_required: bool) {
             );
             if token_required {
                 add("401", "no valid `Authorization: Bearer <token>`");
+                add("403", "the token's scopes do not allow this operation");
+            }
+            if rate_limited {
+                add(
+                    "429",
+                    "past the rate limit; `Retry-After` says when to try again",
+                );
             }
             if has_body {
                 add("413", "the body is too large");
@@ -296,6 +322,11 @@ fn add_links(doc: &mut Value) {
     );
     merge(
         doc,
+        "/paths/~1v1~1tokens/post/responses/201",
+        json!({"links": from_body("id", "/id", &["delete_token"])}),
+    );
+    merge(
+        doc,
         "/paths/~1v1~1notifications/get/responses/200",
         json!({"links": from_body("id", "/items/0/id", &["get_notification", "retry_notification"])}),
     );
@@ -307,7 +338,7 @@ mod tests {
 
     fn doc(token: bool) -> Value {
         let (_, derived) = super::super::v1();
-        document(derived, token)
+        document(derived, token, false)
     }
 
     #[test]
@@ -325,6 +356,27 @@ mod tests {
                 .pointer("/paths/~1v1~1sensors/get/responses/401")
                 .is_some()
         );
+        assert!(
+            locked
+                .pointer("/paths/~1v1~1readings/post/responses/403")
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn rate_limits_add_429() {
+        let (_, derived) = super::super::v1();
+        assert!(
+            doc(true)
+                .pointer("/paths/~1v1~1readings/post/responses/429")
+                .is_none()
+        );
+        let limited = document(derived, false, true);
+        for (path, ops) in limited["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                assert!(op["responses"].get("429").is_some(), "{method} {path}");
+            }
+        }
     }
 
     #[test]
@@ -400,6 +452,22 @@ mod tests {
         for u in bad {
             assert!(!matches(URL_PATTERN, u), "{u}");
             assert!(crate::domain::client::validate_url(u).is_err(), "{u}");
+        }
+    }
+
+    #[test]
+    fn not_blank_is_what_trimming_leaves() {
+        let re = regex::Regex::new(NOT_BLANK).unwrap();
+        for c in (0..0x3100u32)
+            .chain([0xFEFF, 0x1F600])
+            .filter_map(char::from_u32)
+        {
+            assert_eq!(
+                re.is_match(&c.to_string()),
+                !c.is_whitespace(),
+                "U+{:04X}",
+                c as u32
+            );
         }
     }
 

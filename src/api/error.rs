@@ -80,6 +80,26 @@ impl ApiError {
             "a valid `Authorization: Bearer <token>` header is required",
         )
     }
+
+    /// A known token asking for what its scopes do not allow.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+}
+
+/// The contract's 429: the error body and `Retry-After` in whole seconds (at least 1), when
+/// the caller's bucket holds a request again.
+pub fn rate_limited(wait: std::time::Duration) -> Response {
+    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+    let mut resp = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!("too many requests; try again in {secs} s"),
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    resp
 }
 
 impl IntoResponse for ApiError {

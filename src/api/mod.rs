@@ -1,19 +1,26 @@
 //! The HTTP API v1 (DESIGN §5): one module per resource, each with its `router()`, merged
-//! here with health, metrics, the OpenAPI document and bearer-token auth.
+//! here with health, metrics, the OpenAPI document, bearer-token auth with scopes and the
+//! request rate limit.
+//!
+//! Auth: the API is open while no `LATCH_API_TOKEN` is set and no token exists; otherwise
+//! every `/v1` request needs the bootstrap token (admin) or a token from `/v1/tokens`,
+//! whose scopes must allow it. Health, readiness, metrics and the document stay open.
 
 pub mod clients;
 pub mod contract;
 pub mod error;
+pub mod limits;
 pub mod notifications;
 pub mod pagination;
 pub mod readings;
 pub mod sensors;
+pub mod tokens;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -49,6 +56,17 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// False once shutdown began: load balancers should stop sending.
     pub accepting: Arc<AtomicBool>,
+    /// The API tokens in memory, read on every request.
+    pub tokens: tokens::Tokens,
+    /// The per-caller request limit, when `rate_limit` is set.
+    pub limiter: Option<Arc<limits::Limiter>>,
+}
+
+impl AppState {
+    /// Whether `/v1` requires a token now: a bootstrap token is set, or tokens exist.
+    pub fn auth_required(&self) -> bool {
+        self.config.api_token.is_some() || self.tokens.any()
+    }
 }
 
 #[derive(OpenApi)]
@@ -78,16 +96,18 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(clients::router())
         .merge(readings::router())
         .merge(notifications::router())
+        .merge(tokens::router())
         .split_for_parts()
 }
 
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {
     let (v1, derived) = v1();
-    let doc = Arc::new(contract::document(
-        derived,
-        state.config.api_token.is_some(),
-    ));
+    // Whether a token is required changes when the first token is made or the last one
+    // deleted, so both documents are ready and each request gets the one true now.
+    let limited = state.config.rate_limit.is_some();
+    let open_doc = Arc::new(contract::document(derived.clone(), false, limited));
+    let locked_doc = Arc::new(contract::document(derived, true, limited));
     let v1 = v1
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
@@ -98,8 +118,12 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route(
             "/openapi.json",
-            get(move || {
-                let doc = doc.clone();
+            get(move |State(st): State<AppState>| {
+                let doc = if st.auth_required() {
+                    locked_doc.clone()
+                } else {
+                    open_doc.clone()
+                };
                 async move { axum::Json(doc.as_ref().clone()) }
             }),
         )
@@ -107,18 +131,75 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Who is calling, as far as auth goes.
+enum Caller {
+    /// The API is open: no token is set or made.
+    Anyone,
+    /// `LATCH_API_TOKEN`: admin.
+    Bootstrap,
+    Token(tokens::Grant),
+}
+
+/// Auth, then the rate limit, then the scope: 401 for a missing or unknown token, 429 past
+/// the caller's rate, 403 for what the token's scopes do not allow.
 async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &st.config.api_token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer);
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            return ApiError::unauthorized().into_response();
+    let caller = match identify(&st, &req) {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(limiter) = &st.limiter {
+        let key = match &caller {
+            Caller::Anyone => limits::Key::Peer(peer(&req)),
+            Caller::Bootstrap => limits::Key::Bootstrap,
+            Caller::Token(grant) => limits::Key::Token(grant.id.clone()),
+        };
+        if let Err(wait) = limiter.check(key, std::time::Instant::now()) {
+            metrics::counter!("latch_http_rate_limit_total", "outcome" => "limited").increment(1);
+            return error::rate_limited(wait);
         }
+        metrics::counter!("latch_http_rate_limit_total", "outcome" => "allowed").increment(1);
+    }
+    if let Caller::Token(grant) = &caller
+        && !tokens::permits(&grant.scopes, req.method(), req.uri().path())
+    {
+        let scopes: Vec<&str> = grant.scopes.iter().map(|s| s.as_str()).collect();
+        return ApiError::forbidden(format!(
+            "this token's scopes ({}) do not allow {} {}",
+            scopes.join(", "),
+            req.method(),
+            req.uri().path()
+        ))
+        .into_response();
     }
     next.run(req).await
+}
+
+fn identify(st: &AppState, req: &Request) -> Result<Caller, ApiError> {
+    if !st.auth_required() {
+        return Ok(Caller::Anyone);
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .ok_or_else(ApiError::unauthorized)?;
+    if let Some(bootstrap) = &st.config.api_token
+        && constant_time_eq(given.as_bytes(), bootstrap.as_bytes())
+    {
+        return Ok(Caller::Bootstrap);
+    }
+    st.tokens
+        .lookup(given)
+        .map(Caller::Token)
+        .ok_or_else(ApiError::unauthorized)
+}
+
+/// The peer's address; unspecified when served without connection info (never by `run`).
+fn peer(req: &Request) -> std::net::IpAddr {
+    req.extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |c| c.0.ip())
 }
 
 /// The token of an `Authorization` value; the scheme is case-insensitive (RFC 9110).

@@ -9,6 +9,7 @@ pub mod policy;
 pub mod reading;
 pub mod sensor;
 pub mod time;
+pub mod token;
 
 pub use client::Client;
 pub use notification::{Attempt, Event, EventKind, Notification, Status};

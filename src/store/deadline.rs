@@ -16,6 +16,7 @@ use super::{
     TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
+use crate::domain::token::ApiToken;
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
 
 /// Time a shipment may spend in the history sink on top of the store's own bound: the
@@ -287,5 +288,16 @@ impl<S: Store> Store for Deadline<S> {
     }
     fn shared(&self) -> bool {
         self.inner.shared()
+    }
+    async fn create_token(&self, token: ApiToken) -> Result<()> {
+        self.bound("create_token", self.inner.create_token(token))
+            .await
+    }
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
+        self.bound("list_tokens", self.inner.list_tokens()).await
+    }
+    async fn delete_token(&self, id: String) -> Result<bool> {
+        self.bound("delete_token", self.inner.delete_token(id))
+            .await
     }
 }

@@ -10,6 +10,7 @@ use crate::domain::sensor::SensorState;
 
 use crate::domain::client::{Disabled, Health};
 use crate::domain::policy;
+use crate::domain::token::ApiToken;
 use crate::domain::{
     Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId, SensorStatus,
     Status,
@@ -335,6 +336,14 @@ pub trait Store: Send + Sync + 'static {
     fn shared(&self) -> bool {
         false
     }
+
+    // --- API tokens
+    /// Keeps a token (its hash, never its secret); `Conflict` if the id exists.
+    async fn create_token(&self, token: ApiToken) -> Result<()>;
+    /// Every token, oldest first: few enough to hold in memory, as the API's cache does.
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>>;
+    /// `false` if there was no such token.
+    async fn delete_token(&self, id: String) -> Result<bool>;
 }
 
 /// Why a notification cannot be retried, when it cannot ([`policy::retry_refusal`], as the

@@ -14,4 +14,5 @@ mod readings;
 mod registry;
 mod ssrf;
 mod store_faults;
+mod tokens;
 mod utils;

@@ -33,6 +33,7 @@ const FAMILIES: &[&str] = &[
     "latch_history_ship_seconds",
     "latch_clickhouse_up",
     "latch_clients_disabled",
+    "latch_http_rate_limit_total",
 ];
 
 /// `latch_*` names in `text`.
@@ -128,6 +129,7 @@ async fn a_fresh_latch_shows_every_family_at_its_first_scrape() {
                 "LATCH_CLICKHOUSE_URL",
                 format!("http://127.0.0.1:{}", closed_port()),
             ),
+            ("LATCH_RATE_LIMIT", "200/s burst 400".to_string()),
         ],
     );
     let http = reqwest::Client::new();
@@ -157,6 +159,7 @@ async fn a_fresh_latch_shows_every_family_at_its_first_scrape() {
         r#"latch_amqp_dead_lettered_total{reason="invalid_data"} 0"#,
         "latch_notifications_pending 0",
         "latch_delivery_latency_seconds_count 0",
+        r#"latch_http_rate_limit_total{outcome="limited"} 0"#,
     ] {
         assert!(text.contains(series), "no `{series}` in:\n{text}");
     }

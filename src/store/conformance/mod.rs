@@ -15,6 +15,7 @@ mod history;
 mod lifecycle;
 mod outbox;
 mod registry;
+mod tokens;
 
 /// A `disable_after` no check reaches.
 const NEVER: Millis = Millis::MAX / 2;
@@ -72,6 +73,8 @@ macro_rules! suite {
                 lifecycle::bulk_replay_keeps_order_and_skips_refusals,
                 lifecycle::health_sums_up_attempts,
                 lifecycle::rate_limit_is_kept,
+                tokens::tokens_keep_hash_and_scopes,
+                tokens::deleted_tokens_are_gone,
             );
         }
     };

@@ -30,6 +30,7 @@ use super::{
     TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
+use crate::domain::token::ApiToken;
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
 };
@@ -41,6 +42,7 @@ mod outbox;
 mod registry;
 #[cfg(test)]
 pub(crate) mod tests;
+mod tokens;
 
 /// Schema versions, applied in order; `latch_migrations` records which ran.
 const MIGRATIONS: &[&str] = &[
@@ -48,6 +50,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0002_history_spool.sql"),
     include_str!("../migrations/postgres/0003_sensor_changes.sql"),
     include_str!("../migrations/postgres/0004_client_lifecycle.sql"),
+    include_str!("../migrations/postgres/0005_api_tokens.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
@@ -490,5 +493,17 @@ impl Store for PgStore {
 
     async fn spool_depth(&self) -> Result<u64> {
         history::spool_depth(&self.pool).await
+    }
+
+    async fn create_token(&self, token: ApiToken) -> Result<()> {
+        tokens::create(&self.pool, token).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
+        tokens::list(&self.pool).await
+    }
+
+    async fn delete_token(&self, id: String) -> Result<bool> {
+        tokens::delete(&self.pool, id).await
     }
 }

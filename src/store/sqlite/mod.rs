@@ -24,6 +24,7 @@ use super::{
     TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
+use crate::domain::token::ApiToken;
 use crate::domain::{
     Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
 };
@@ -35,6 +36,7 @@ mod outbox;
 mod registry;
 #[cfg(test)]
 mod tests;
+mod tokens;
 
 const READERS: usize = 4;
 
@@ -44,6 +46,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0002_history_spool.sql"),
     include_str!("../migrations/sqlite/0003_readings_archive.sql"),
     include_str!("../migrations/sqlite/0004_client_lifecycle.sql"),
+    include_str!("../migrations/sqlite/0005_api_tokens.sql"),
 ];
 
 /// The setting lives with the other settings; the store only maps it to its pragma.
@@ -391,5 +394,17 @@ impl Store for SqliteStore {
 
     async fn spool_depth(&self) -> Result<u64> {
         self.read(history::spool_depth).await
+    }
+
+    async fn create_token(&self, token: ApiToken) -> Result<()> {
+        self.write(move |c| tokens::create(c, token)).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
+        self.read(tokens::list).await
+    }
+
+    async fn delete_token(&self, id: String) -> Result<bool> {
+        self.write(move |c| tokens::delete(c, id)).await
     }
 }

@@ -1,0 +1,297 @@
+//! `/v1/tokens`: scoped API tokens, and the in-memory table the auth middleware reads.
+//!
+//! A token's secret is answered once, on create; the store keeps its SHA-256. Every
+//! request is checked against [`Tokens`], a copy of the table in memory, so auth costs no
+//! database round trip on the ingest path. A create or delete on this node changes the copy
+//! once the store has it; on a shared store the copy is also reloaded every
+//! [`REFRESH_EVERY`] for what other nodes did.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
+use super::pagination::List;
+use crate::domain::client::validate_name;
+use crate::domain::time;
+use crate::domain::token::{self, ApiToken, Scope};
+use crate::store::{self, Store};
+
+/// How often a node on a shared store reloads the token table: the longest a token
+/// created or deleted through another node stays unknown, or valid, here.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(5);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_token, list_tokens))
+        .routes(routes!(delete_token))
+}
+
+/// What a known token may do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    pub id: String,
+    pub scopes: Vec<Scope>,
+}
+
+/// The token table in memory, by hash of the secret. A `std::sync::RwLock`: every request
+/// reads it, a create or delete writes it, and no `.await` happens while it is held.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    by_hash: Arc<RwLock<HashMap<String, Grant>>>,
+}
+
+impl Tokens {
+    /// Reads the table from the store.
+    pub async fn load(store: &dyn Store) -> store::Result<Self> {
+        let tokens = Self::default();
+        tokens.refresh(store).await?;
+        Ok(tokens)
+    }
+
+    /// Replaces the copy with the store's table.
+    pub async fn refresh(&self, store: &dyn Store) -> store::Result<()> {
+        let table = store
+            .list_tokens()
+            .await?
+            .into_iter()
+            .map(|t| {
+                let grant = Grant {
+                    id: t.id,
+                    scopes: t.scopes,
+                };
+                (t.hash, grant)
+            })
+            .collect();
+        *self.write() = table;
+        Ok(())
+    }
+
+    /// Adds a token the store now holds. In memory only, so that a created token's secret,
+    /// already kept, is always answered.
+    fn insert(&self, t: &ApiToken) {
+        let grant = Grant {
+            id: t.id.clone(),
+            scopes: t.scopes.clone(),
+        };
+        self.write().insert(t.hash.clone(), grant);
+    }
+
+    /// Forgets a token the store deleted.
+    fn remove(&self, id: &str) {
+        self.write().retain(|_, g| g.id != id);
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Grant>> {
+        self.by_hash.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The grant of a secret. A lookup by hash and not a comparison of secrets: what its
+    /// timing could reveal is a prefix of a SHA-256, which says nothing of any secret.
+    pub fn lookup(&self, secret: &str) -> Option<Grant> {
+        let hash = token::hash(secret);
+        self.by_hash
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&hash)
+            .cloned()
+    }
+
+    /// Whether any token exists: once one does, the API requires one.
+    pub fn any(&self) -> bool {
+        !self
+            .by_hash
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+}
+
+/// Keeps `tokens` following the store's table until `stop`, for nodes sharing a store.
+pub async fn follow(store: Arc<dyn Store>, tokens: Tokens, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(REFRESH_EVERY) => {}
+        }
+        if let Err(e) = tokens.refresh(store.as_ref()).await {
+            tracing::warn!(error = %e, "Could not reload the API tokens; keeping the last ones.");
+        }
+    }
+}
+
+/// Whether `scopes` allow `method` on `path` (a `/v1` path): `admin` everything, `ingest`
+/// posting readings, `read` every `GET` but the token list.
+pub fn permits(scopes: &[Scope], method: &Method, path: &str) -> bool {
+    scopes.iter().any(|s| match s {
+        Scope::Admin => true,
+        Scope::Ingest => method == Method::POST && path == "/v1/readings",
+        Scope::Read => {
+            (method == Method::GET || method == Method::HEAD)
+                && path != "/v1/tokens"
+                && !path.starts_with("/v1/tokens/")
+        }
+    })
+}
+
+/// A scope of a token.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeName {
+    /// Everything, tokens included.
+    Admin,
+    /// `POST /v1/readings` only.
+    Ingest,
+    /// Every `GET` but `/v1/tokens`.
+    Read,
+}
+
+impl From<ScopeName> for Scope {
+    fn from(s: ScopeName) -> Self {
+        match s {
+            ScopeName::Admin => Scope::Admin,
+            ScopeName::Ingest => Scope::Ingest,
+            ScopeName::Read => Scope::Read,
+        }
+    }
+}
+
+impl From<Scope> for ScopeName {
+    fn from(s: Scope) -> Self {
+        match s {
+            Scope::Admin => ScopeName::Admin,
+            Scope::Ingest => ScopeName::Ingest,
+            Scope::Read => ScopeName::Read,
+        }
+    }
+}
+
+/// A token to make.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenIn {
+    /// What the token is for, to recognise it in the list.
+    pub name: String,
+    /// At least one; repeats are ignored.
+    pub scopes: Vec<ScopeName>,
+}
+
+/// A token. `token`, the secret, is answered once, on create; lists never show it.
+#[derive(Serialize, ToSchema)]
+pub struct TokenOut {
+    pub id: String,
+    pub name: String,
+    pub scopes: Vec<ScopeName>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    pub created_at: String,
+}
+
+fn token_out(t: ApiToken, secret: Option<String>) -> TokenOut {
+    TokenOut {
+        id: t.id,
+        name: t.name,
+        scopes: t.scopes.into_iter().map(ScopeName::from).collect(),
+        token: secret,
+        created_at: time::format(t.created_at),
+    }
+}
+
+/// Make a token; its secret is in this answer and nowhere else. Needs an admin token:
+/// while no `LATCH_API_TOKEN` is set and no token exists, the API is open and answers 403.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = TokenIn,
+    responses((status = 201, body = TokenOut), (status = 403, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn create_token(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<TokenIn>,
+) -> ApiResult<(StatusCode, ApiJson<TokenOut>)> {
+    if !st.auth_required() {
+        return Err(ApiError::forbidden(
+            "the API is open (no LATCH_API_TOKEN): set LATCH_API_TOKEN to make tokens",
+        ));
+    }
+    validate_name(&body.name).map_err(ApiError::invalid)?;
+    if body.scopes.is_empty() {
+        return Err(ApiError::invalid("scopes: give at least one"));
+    }
+    let mut scopes: Vec<Scope> = body.scopes.into_iter().map(Scope::from).collect();
+    scopes.sort();
+    scopes.dedup();
+    let secret = token::generate_secret();
+    let t = ApiToken {
+        id: ulid::Ulid::new().to_string(),
+        name: body.name,
+        scopes,
+        hash: token::hash(&secret),
+        created_at: time::now_ms(),
+    };
+    st.store.create_token(t.clone()).await?;
+    st.tokens.insert(&t);
+    tracing::info!(token_id = %t.id, name = %t.name, "API token created.");
+    Ok((StatusCode::CREATED, ApiJson(token_out(t, Some(secret)))))
+}
+
+/// List tokens, oldest first, without their secrets.
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
+    responses((status = 200, body = List<TokenOut>)))]
+async fn list_tokens(State(st): State<AppState>) -> ApiResult<ApiJson<List<TokenOut>>> {
+    let items = st.store.list_tokens().await?;
+    Ok(ApiJson(List::from_page(
+        store::Page { items, next: None },
+        |t| token_out(t, None),
+    )))
+}
+
+/// Delete a token: it is refused from the next request on (on other nodes of a shared
+/// store, within 5 s).
+#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn delete_token(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    if !st.store.delete_token(id.clone()).await? {
+        return Err(ApiError::not_found("token"));
+    }
+    st.tokens.remove(&id);
+    tracing::info!(token_id = %id, "API token deleted.");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_allow_what_they_say() {
+        let get = Method::GET;
+        let post = Method::POST;
+        let ingest = [Scope::Ingest];
+        assert!(permits(&ingest, &post, "/v1/readings"));
+        assert!(!permits(&ingest, &get, "/v1/sensors"));
+        assert!(!permits(&ingest, &post, "/v1/sensors"));
+        let read = [Scope::Read];
+        assert!(permits(&read, &get, "/v1/sensors/a1"));
+        assert!(permits(&read, &get, "/v1/notifications"));
+        assert!(!permits(&read, &post, "/v1/readings"));
+        assert!(!permits(&read, &Method::DELETE, "/v1/sensors/a1"));
+        assert!(!permits(&read, &get, "/v1/tokens"));
+        assert!(!permits(&read, &get, "/v1/tokens/x"));
+        let both = [Scope::Ingest, Scope::Read];
+        assert!(permits(&both, &post, "/v1/readings"));
+        assert!(permits(&both, &get, "/v1/sensors"));
+        assert!(!permits(&both, &Method::PUT, "/v1/sensors/a1"));
+        let admin = [Scope::Admin];
+        assert!(permits(&admin, &Method::DELETE, "/v1/tokens/x"));
+        assert!(!permits(&[], &get, "/v1/sensors"));
+    }
+}

@@ -1,0 +1,58 @@
+//! API tokens: their hashes, names and scopes.
+
+use deadpool_postgres::Pool;
+
+use super::super::{Error, Result};
+use crate::domain::token::{ApiToken, scopes_from_text, scopes_to_text};
+
+/// `Conflict` if the id (or, against all odds, the hash) exists.
+pub(super) async fn create(pool: &Pool, t: ApiToken) -> Result<()> {
+    let c = pool.get().await?;
+    let n = c
+        .execute(
+            "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            &[
+                &t.id,
+                &t.name,
+                &scopes_to_text(&t.scopes),
+                &t.hash,
+                &t.created_at,
+            ],
+        )
+        .await?;
+    if n == 0 {
+        return Err(Error::Conflict(format!(
+            "token \"{}\" already exists",
+            t.id
+        )));
+    }
+    Ok(())
+}
+
+pub(super) async fn list(pool: &Pool) -> Result<Vec<ApiToken>> {
+    let c = pool.get().await?;
+    c.query(
+        "SELECT id, name, scopes, hash, created_at FROM api_tokens ORDER BY id",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(ApiToken {
+            id: r.get(0),
+            name: r.get(1),
+            scopes: scopes_from_text(r.get(2)).map_err(Error::Backend)?,
+            hash: r.get(3),
+            created_at: r.get(4),
+        })
+    })
+    .collect()
+}
+
+pub(super) async fn delete(pool: &Pool, id: String) -> Result<bool> {
+    let c = pool.get().await?;
+    Ok(c.execute("DELETE FROM api_tokens WHERE id = $1", &[&id])
+        .await?
+        > 0)
+}
