@@ -47,6 +47,7 @@ pub struct ClientIn {
     /// Most webhook requests per second latch sends this client (evenly spaced, per
     /// node); absent: only the concurrency limits.
     #[schema(minimum = 1, maximum = 10000)]
+    #[serde(default, deserialize_with = "super::whole_number")]
     pub rate_limit: Option<u32>,
 }
 
@@ -332,14 +333,16 @@ async fn rotate_secret(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<ApiJson<ClientOut>> {
+    // No body, or JSON `null`: a generated secret.
     let body: RotateIn = if body.iter().all(u8::is_ascii_whitespace) {
         RotateIn::default()
     } else if !is_json(&headers) {
         // As for every JSON body: no browser form posts one without a CORS preflight.
         return Err(ApiError::unsupported_media_type());
     } else {
-        serde_json::from_slice(&body)
+        serde_json::from_slice::<Option<RotateIn>>(&body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+            .unwrap_or_default()
     };
     if let Some(s) = &body.secret {
         secret_key(s).map_err(ApiError::invalid)?;

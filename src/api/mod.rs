@@ -243,6 +243,28 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
+/// An optional whole number; `30.0` counts as one, as JSON Schema's `integer` says (so a
+/// generic client sending it is not refused).
+pub(crate) fn whole_number<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u32>, D::Error> {
+    use serde::Deserialize;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let whole = match (n.as_u64(), n.as_f64()) {
+        (Some(u), _) => Some(u),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&f) => {
+            Some(f as u64)
+        }
+        _ => None,
+    };
+    whole
+        .and_then(|u| u32::try_from(u).ok())
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, got {n}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::bearer;

@@ -32,7 +32,7 @@ pub struct SensorCreate {
     #[schema(example = "Moscow, Russia, Svobody st. 23 fl 1 room 16")]
     pub address: String,
     /// Silence, in seconds, after which it is "lost"; the service default when absent.
-    #[serde(default, deserialize_with = "whole_seconds")]
+    #[serde(default, deserialize_with = "super::whole_number")]
     pub heartbeat_timeout_s: Option<u32>,
 }
 
@@ -43,26 +43,8 @@ pub struct SensorReplace {
     /// Optional; must match the path when given.
     pub id: Option<String>,
     pub address: String,
-    #[serde(default, deserialize_with = "whole_seconds")]
+    #[serde(default, deserialize_with = "super::whole_number")]
     pub heartbeat_timeout_s: Option<u32>,
-}
-
-/// A whole number of seconds; `30.0` counts as one, as JSON Schema's `integer` says.
-fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
-        return Ok(None);
-    };
-    let whole = match (n.as_u64(), n.as_f64()) {
-        (Some(u), _) => Some(u),
-        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&f) => {
-            Some(f as u64)
-        }
-        _ => None,
-    };
-    whole
-        .and_then(|u| u32::try_from(u).ok())
-        .map(Some)
-        .ok_or_else(|| serde::de::Error::custom(format!("expected whole seconds, got {n}")))
 }
 
 /// A sensor with its current status.

@@ -421,3 +421,37 @@ async fn the_lifecycle_operations_are_in_the_openapi_document() {
     }
     s.stop().await;
 }
+
+/// What a generic client may send, as the OpenAPI document allows it: a whole number
+/// written `5.0`, a `null` body for the optional rotation body.
+#[tokio::test]
+async fn schema_valid_forms_of_the_lifecycle_bodies_are_accepted() {
+    let s = TestServer::start().await;
+    let (st, body) = s
+        .post(
+            "/v1/clients",
+            json!({"name": "n", "url": "http://127.0.0.1:9/hook", "rate_limit": 5.0}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(body["rate_limit"], 5);
+    let id = body["id"].as_str().unwrap().to_string();
+    let (st, body) = s
+        .post(
+            "/v1/clients",
+            json!({"name": "n", "url": "http://127.0.0.1:9/hook", "rate_limit": 5.5}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (st, before) = s.get(&format!("/v1/clients/{id}")).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, after) = s
+        .post(&format!("/v1/clients/{id}/secret/rotate"), Value::Null)
+        .await;
+    assert_eq!(st, StatusCode::OK, "{after}");
+    assert_ne!(
+        after["secret"], before["secret"],
+        "a new secret was generated"
+    );
+    s.stop().await;
+}
