@@ -1,8 +1,7 @@
 //! Webhook delivery against real local receivers: order, signatures, retries, dead letters,
 //! supersede, registry at send time, crash safety.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -15,7 +14,7 @@ use latch::clock::Clock;
 use latch::delivery::retry::RetryPolicy;
 use latch::domain::time::now_ms;
 
-use crate::utils::{Answer, Receiver, TestServer, eventually, unique};
+use crate::utils::{Answer, Receiver, TestServer, counting, eventually, redirecting, unique};
 
 fn ms(v: &Value) -> i64 {
     latch::domain::time::parse(v.as_str().unwrap()).unwrap()
@@ -373,45 +372,10 @@ async fn unlinking_cancels_pending_notifications() {
     s.stop().await;
 }
 
-/// A server answering every request with `status` and `Location: location`.
-async fn redirecting(status: u16, location: &str) -> String {
-    let location = location.to_string();
-    let app = axum::Router::new().fallback(move || {
-        let location = location.clone();
-        async move {
-            (
-                StatusCode::from_u16(status).unwrap(),
-                [(axum::http::header::LOCATION, location)],
-            )
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
-}
-
-/// A server that counts every request it gets, whatever its method, and answers 200.
-async fn counting() -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let seen = hits.clone();
-    let app = axum::Router::new().fallback(move || {
-        let seen = seen.clone();
-        async move {
-            seen.fetch_add(1, Ordering::SeqCst);
-            StatusCode::OK
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/elsewhere", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, hits)
-}
-
 #[tokio::test]
 async fn redirects_are_not_followed_and_fail_the_attempt() {
     let s = TestServer::start_with(|c| c.retry_max_attempts = 2).await;
-    let (elsewhere, hits) = counting().await;
+    let (elsewhere, hits) = counting("/elsewhere").await;
     for status in [303u16, 307, 308] {
         let sensor = unique("rd");
         s.sensor(&sensor).await;

@@ -2,13 +2,12 @@
 //! refuses clients whose URL points inside the network, refuses at connect time what
 //! resolves there when an attempt is made, and never follows a redirect there.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::utils::{Receiver, TestServer, eventually, unique};
+use crate::utils::{Receiver, TestServer, counting, eventually, redirecting, unique};
 
 /// A latch with the guard as shipped: no network let through.
 async fn guarded() -> TestServer {
@@ -199,57 +198,19 @@ async fn an_address_refused_at_connect_time_fails_the_notification_without_retry
     drop(tmp);
 }
 
-/// A server on loopback answering every request `302 Found` to `location`.
-async fn redirecting_to(location: &str) -> String {
-    let location = location.to_string();
-    let app = axum::Router::new().fallback(move || {
-        let location = location.clone();
-        async move {
-            (
-                StatusCode::FOUND,
-                [(axum::http::header::LOCATION, location)],
-            )
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
-}
-
-/// A server on loopback counting every request it gets, whatever its method.
-async fn counting() -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let seen = hits.clone();
-    let app = axum::Router::new().fallback(move || {
-        let seen = seen.clone();
-        async move {
-            seen.fetch_add(1, Ordering::SeqCst);
-            StatusCode::OK
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/latest/meta-data/",
-        listener.local_addr().unwrap()
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, hits)
-}
-
 /// A receiver on an allowed address cannot bounce latch to the metadata service (or to
 /// anything else) with a redirect: it is never followed.
 #[tokio::test]
 async fn a_redirect_to_the_metadata_address_is_not_followed() {
     let s = TestServer::start_with(|c| c.retry_max_attempts = 1).await;
-    let (target, hits) = counting().await;
+    let (target, hits) = counting("/latest/meta-data/").await;
     for location in [
         "http://169.254.169.254/latest/meta-data/".to_string(),
         target,
     ] {
         let sensor = unique("rm");
         s.sensor(&sensor).await;
-        let client = s.client(&redirecting_to(&location).await).await;
+        let client = s.client(&redirecting(302, &location).await).await;
         s.link(&client, &sensor).await;
         s.readings(json!({"sensor_id": sensor, "data": 1})).await;
         let detail = failed_one(&s, &sensor).await;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -221,4 +222,40 @@ pub async fn postgres_url(dir: &Path) -> Result<String, tokio_postgres::Error> {
             .await?
             .url,
     )
+}
+
+/// A server on loopback answering every request with `status` and `Location: location`.
+pub async fn redirecting(status: u16, location: &str) -> String {
+    let location = location.to_string();
+    let app = axum::Router::new().fallback(move || {
+        let location = location.clone();
+        async move {
+            (
+                StatusCode::from_u16(status).unwrap(),
+                [(axum::http::header::LOCATION, location)],
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// A server on loopback counting every request it gets, whatever its method, answering
+/// 200; its URL ends in `path`.
+pub async fn counting(path: &str) -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        let seen = seen.clone();
+        async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+            StatusCode::OK
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}{path}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, hits)
 }
