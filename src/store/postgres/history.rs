@@ -15,35 +15,12 @@ pub(super) async fn list_readings(
     range: TimeRange,
     page: PageRequest,
 ) -> Result<Page<Stored<ReadingRecord>>> {
-    let (after_ts, after_id) = match &page.after {
-        Some(cur) => split_cursor(cur)?,
-        None => (i64::MIN, i64::MIN),
-    };
-    let c = pool.get().await?;
-    let rows = c
-        .query(
-            &format!(
-                "SELECT {READING_COLS} FROM readings \
-             WHERE sensor_id = $1 AND ts >= $2 AND ts < $3 AND (ts, id) > ($4, $5) \
-             ORDER BY ts, id LIMIT $6"
-            ),
-            &[
-                &sensor_id.to_string(),
-                &range.from.unwrap_or(i64::MIN),
-                &range.to.unwrap_or(i64::MAX),
-                &after_ts,
-                &after_id,
-                &limit_plus_one(&page),
-            ],
-        )
-        .await?;
-    let rows = rows
-        .iter()
-        .map(|r| row::reading(r, sensor_id))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |r| {
-        format!("{}:{}", r.row.ts, r.id)
-    }))
+    let sql = format!(
+        "SELECT {READING_COLS} FROM readings \
+         WHERE sensor_id = $1 AND ts >= $2 AND ts < $3 AND (ts, id) > ($4, $5) \
+         ORDER BY ts, id LIMIT $6"
+    );
+    page_by_time(pool, &sql, sensor_id, range, page, row::reading, |r| r.ts).await
 }
 
 pub(super) async fn list_events(
@@ -52,23 +29,39 @@ pub(super) async fn list_events(
     range: TimeRange,
     page: PageRequest,
 ) -> Result<Page<Stored<Event>>> {
-    let (after_at, after_id) = match &page.after {
+    let sql = format!(
+        "SELECT {EVENT_COLS} FROM events \
+         WHERE sensor_id = $1 AND at >= $2 AND at < $3 AND (at, id) > ($4, $5) \
+         ORDER BY at, id LIMIT $6"
+    );
+    page_by_time(pool, &sql, sensor_id, range, page, row::event, |e| e.at).await
+}
+
+/// One page of a sensor's history rows in time order. `sql` takes the sensor (`$1`), the
+/// range (`$2`, `$3`), the cursor's time and id (`$4`, `$5`) and the limit (`$6`); the
+/// next cursor is the last row's `time` and id.
+async fn page_by_time<T>(
+    pool: &Pool,
+    sql: &str,
+    sensor_id: SensorId,
+    range: TimeRange,
+    page: PageRequest,
+    map: impl Fn(&tokio_postgres::Row, SensorId) -> Result<Stored<T>>,
+    time: impl Fn(&T) -> i64,
+) -> Result<Page<Stored<T>>> {
+    let (after_time, after_id) = match &page.after {
         Some(cur) => split_cursor(cur)?,
         None => (i64::MIN, i64::MIN),
     };
     let c = pool.get().await?;
     let rows = c
         .query(
-            &format!(
-                "SELECT {EVENT_COLS} FROM events \
-             WHERE sensor_id = $1 AND at >= $2 AND at < $3 AND (at, id) > ($4, $5) \
-             ORDER BY at, id LIMIT $6"
-            ),
+            sql,
             &[
                 &sensor_id.to_string(),
                 &range.from.unwrap_or(i64::MIN),
                 &range.to.unwrap_or(i64::MAX),
-                &after_at,
+                &after_time,
                 &after_id,
                 &limit_plus_one(&page),
             ],
@@ -76,10 +69,10 @@ pub(super) async fn list_events(
         .await?;
     let rows = rows
         .iter()
-        .map(|r| row::event(r, sensor_id))
+        .map(|r| map(r, sensor_id))
         .collect::<Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |e| {
-        format!("{}:{}", e.row.at, e.id)
+    Ok(Page::from_rows(rows, page.limit, |r| {
+        format!("{}:{}", time(&r.row), r.id)
     }))
 }
 

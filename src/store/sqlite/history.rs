@@ -17,38 +17,27 @@ pub(super) fn list_readings(
     range: TimeRange,
     page: PageRequest,
 ) -> Result<Page<Stored<ReadingRecord>>> {
-    let (after_ts, after_id) = match &page.after {
-        Some(cur) => split_cursor(cur)?,
-        None => (i64::MIN, i64::MIN),
-    };
-    let rows = c
-        .prepare_cached(&format!(
-            // The archive by its key, the (small) journal by a scan; a move between
-            // them is one transaction, so this one statement sees each row once.
-            "SELECT * FROM (SELECT {READING_COLS} FROM readings_archive \
-               WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
-               ORDER BY ts, id LIMIT ?6) \
-             UNION ALL \
-             SELECT * FROM (SELECT {READING_COLS} FROM readings \
-               WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
-               ORDER BY ts, id LIMIT ?6) \
-             ORDER BY ts, id LIMIT ?6"
-        ))?
-        .query_map(
-            params![
-                sensor_id.to_string(),
-                range.from.unwrap_or(i64::MIN),
-                range.to.unwrap_or(i64::MAX),
-                after_ts,
-                after_id,
-                limit_plus_one(&page)
-            ],
-            |r| row::reading(r, sensor_id),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |r| {
-        format!("{}:{}", r.row.ts, r.id)
-    }))
+    let sql = format!(
+        // The archive by its key, the (small) journal by a scan; a move between them is
+        // one transaction, so this one statement sees each row once.
+        "SELECT * FROM (SELECT {READING_COLS} FROM readings_archive \
+           WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+           ORDER BY ts, id LIMIT ?6) \
+         UNION ALL \
+         SELECT * FROM (SELECT {READING_COLS} FROM readings \
+           WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+           ORDER BY ts, id LIMIT ?6) \
+         ORDER BY ts, id LIMIT ?6"
+    );
+    page_by_time(
+        c,
+        &sql,
+        sensor_id,
+        range,
+        page,
+        |r, s| row::reading(r, s),
+        |r| r.ts,
+    )
 }
 
 pub(super) fn list_events(
@@ -57,30 +46,54 @@ pub(super) fn list_events(
     range: TimeRange,
     page: PageRequest,
 ) -> Result<Page<Stored<Event>>> {
-    let (after_at, after_id) = match &page.after {
+    let sql = format!(
+        "SELECT {EVENT_COLS} FROM events \
+         WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
+         ORDER BY at, id LIMIT ?6"
+    );
+    page_by_time(
+        c,
+        &sql,
+        sensor_id,
+        range,
+        page,
+        |r, s| row::event(r, s),
+        |e| e.at,
+    )
+}
+
+/// One page of a sensor's history rows in time order. `sql` takes the sensor (`?1`), the
+/// range (`?2`, `?3`), the cursor's time and id (`?4`, `?5`) and the limit (`?6`); the
+/// next cursor is the last row's `time` and id.
+fn page_by_time<T>(
+    c: &Connection,
+    sql: &str,
+    sensor_id: SensorId,
+    range: TimeRange,
+    page: PageRequest,
+    map: impl Fn(&rusqlite::Row<'_>, SensorId) -> rusqlite::Result<Stored<T>>,
+    time: impl Fn(&T) -> i64,
+) -> Result<Page<Stored<T>>> {
+    let (after_time, after_id) = match &page.after {
         Some(cur) => split_cursor(cur)?,
         None => (i64::MIN, i64::MIN),
     };
     let rows = c
-        .prepare_cached(&format!(
-            "SELECT {EVENT_COLS} FROM events \
-             WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
-             ORDER BY at, id LIMIT ?6"
-        ))?
+        .prepare_cached(sql)?
         .query_map(
             params![
                 sensor_id.to_string(),
                 range.from.unwrap_or(i64::MIN),
                 range.to.unwrap_or(i64::MAX),
-                after_at,
+                after_time,
                 after_id,
                 limit_plus_one(&page)
             ],
-            |r| row::event(r, sensor_id),
+            |r| map(r, sensor_id),
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |e| {
-        format!("{}:{}", e.row.at, e.id)
+    Ok(Page::from_rows(rows, page.limit, |r| {
+        format!("{}:{}", time(&r.row), r.id)
     }))
 }
 
