@@ -87,7 +87,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let drained = up.elapsed();
     let first = first.unwrap_or(drained);
-    // Events ship in the same shipments as the readings that made them.
+    // Events ship in the same shipments as the readings that made them, and before them
+    // (`ClickHouse::insert`), so every reading in means every event in.
     let rows = shipped().await + ch_count(&ch_url, "events").await.unwrap_or(0);
     let drain_rate = rows as f64 / (drained - first).as_secs_f64().max(1e-3);
     r.add("backlog_readings", backlog as f64, "readings");

@@ -194,24 +194,10 @@ impl ClickHouse {
     /// time: current ClickHouse refuses an insert that touches more than 100 partitions
     /// (`max_partitions_per_insert_block`), and a backfill of years of readings would fail
     /// at every try while the spool grows. If a later insert fails, the earlier ones are
-    /// shipped again with the rest; the tables fold such duplicates.
+    /// shipped again with the rest; the tables fold such duplicates. Readings go last, so
+    /// whoever sees a shipment's readings sees its events and attempts too (the history
+    /// bench takes "every reading is in" as "the backlog has drained").
     pub async fn insert(&self, batch: &HistoryBatch) -> Result<(), Error> {
-        for part in by_months(&batch.readings, |r| r.row.ts) {
-            let mut insert = self.table_insert::<ReadingRow>("readings").await?;
-            for r in part {
-                insert
-                    .write(&ReadingRow {
-                        id: r.id,
-                        sensor_id: r.row.sensor_id.to_string(),
-                        ts: r.row.ts,
-                        received_at: r.row.received_at,
-                        data: u8::from(r.row.data),
-                        late: u8::from(r.row.late),
-                    })
-                    .await?;
-            }
-            insert.end().await?;
-        }
         for part in by_months(&batch.events, |e| e.row.at) {
             let mut insert = self.table_insert::<EventRow>("events").await?;
             for e in part {
@@ -245,6 +231,22 @@ impl ClickHouse {
                         status_code: a.attempt.status_code,
                         error: a.attempt.error.clone(),
                         duration_ms: a.attempt.duration_ms,
+                    })
+                    .await?;
+            }
+            insert.end().await?;
+        }
+        for part in by_months(&batch.readings, |r| r.row.ts) {
+            let mut insert = self.table_insert::<ReadingRow>("readings").await?;
+            for r in part {
+                insert
+                    .write(&ReadingRow {
+                        id: r.id,
+                        sensor_id: r.row.sensor_id.to_string(),
+                        ts: r.row.ts,
+                        received_at: r.row.received_at,
+                        data: u8::from(r.row.data),
+                        late: u8::from(r.row.late),
                     })
                     .await?;
             }
