@@ -340,9 +340,19 @@ async fn rotate_secret(
         // As for every JSON body: no browser form posts one without a CORS preflight.
         return Err(ApiError::unsupported_media_type());
     } else {
-        serde_json::from_slice::<Option<RotateIn>>(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
-            .unwrap_or_default()
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+        match value {
+            serde_json::Value::Null => RotateIn::default(),
+            // Not an array: serde would read one as the struct's fields in order.
+            serde_json::Value::Object(_) => serde_json::from_value(value)
+                .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "the body must be a JSON object (or empty)",
+                ));
+            }
+        }
     };
     if let Some(s) = &body.secret {
         secret_key(s).map_err(ApiError::invalid)?;

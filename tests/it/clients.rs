@@ -453,5 +453,9 @@ async fn schema_valid_forms_of_the_lifecycle_bodies_are_accepted() {
         after["secret"], before["secret"],
         "a new secret was generated"
     );
+    let (st, body) = s
+        .post(&format!("/v1/clients/{id}/secret/rotate"), json!([null]))
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "not an object: {body}");
     s.stop().await;
 }
