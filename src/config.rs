@@ -97,6 +97,20 @@ pub struct Config {
     /// this node. `None`: no limit.
     #[serde(default, deserialize_with = "rate_limit")]
     pub rate_limit: Option<RateLimit>,
+    /// Cluster mode (PostgreSQL only): the URL other nodes reach this node at. Unset:
+    /// `http://` + `listen` when that is not a wildcard address.
+    #[serde(default, deserialize_with = "non_empty")]
+    pub node_advertise: Option<String>,
+    /// Authenticates node-to-node requests (forwarded readings, registry pokes).
+    #[serde(default, deserialize_with = "non_empty")]
+    pub cluster_secret: Option<String>,
+    /// How long a partition lease lasts without renewal; a dead node's partitions move
+    /// after it. Unset: 10 s.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub cluster_lease: Option<Duration>,
+    /// Partitions of the fleet, fixed when the database is first used. Unset: 128.
+    #[serde(default, deserialize_with = "opt_number")]
+    pub cluster_partitions: Option<u32>,
 }
 
 /// A request rate with a burst: a token bucket of `burst` requests refilled at
@@ -261,7 +275,68 @@ impl Config {
         if self.mqtt_topic.trim().is_empty() {
             bail!("invalid setting `mqtt_topic`: must not be empty");
         }
+        self.validate_cluster()
+    }
+
+    /// Cluster settings need PostgreSQL: the embedded SQLite store is one node.
+    fn validate_cluster(&self) -> anyhow::Result<()> {
+        let set: Vec<&str> = [
+            ("node_advertise", self.node_advertise.is_some()),
+            ("cluster_secret", self.cluster_secret.is_some()),
+            ("cluster_lease", self.cluster_lease.is_some()),
+            ("cluster_partitions", self.cluster_partitions.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, on)| on.then_some(k))
+        .collect();
+        if self.database_url.is_none() && !set.is_empty() {
+            bail!(
+                "invalid setting `{}`: cluster mode needs database_url = postgres://…; the \
+                 embedded SQLite store is one node",
+                set.join("`, `")
+            );
+        }
+        if let Some(p) = self.cluster_partitions {
+            let max = crate::domain::partition::MAX_PARTITIONS;
+            if !(1..=max).contains(&p) {
+                bail!("invalid setting `cluster_partitions`: {p} is not between 1 and {max}");
+            }
+        }
+        if let Some(l) = self.cluster_lease
+            && l < Duration::from_secs(1)
+        {
+            bail!("invalid setting `cluster_lease`: must be at least 1s");
+        }
+        if let Some(a) = &self.node_advertise {
+            let ok = reqwest::Url::parse(a)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+            if !ok {
+                bail!(
+                    "invalid setting `node_advertise`: {a:?} is not a URL like \
+                     \"http://10.0.0.5:8080\""
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Partitions wanted when the database is first used.
+    pub fn partitions(&self) -> u32 {
+        self.cluster_partitions
+            .unwrap_or(crate::domain::partition::DEFAULT_PARTITIONS)
+    }
+
+    /// How long a partition lease lasts.
+    pub fn lease(&self) -> Duration {
+        self.cluster_lease.unwrap_or(Duration::from_secs(10))
+    }
+
+    /// The URL other nodes reach this node at, given the address it listens on.
+    pub fn advertise(&self, bound: SocketAddr) -> Option<String> {
+        if let Some(a) = &self.node_advertise {
+            return Some(a.trim_end_matches('/').to_string());
+        }
+        (!bound.ip().is_unspecified()).then(|| format!("http://{bound}"))
     }
 }
 
@@ -381,6 +456,36 @@ fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     }
 }
 
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(s) if !s.trim().is_empty() => parse_duration(&s)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        _ => Ok(None),
+    }
+}
+
+fn opt_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Text(String),
+    }
+    let n = match Option::<Raw>::deserialize(d)? {
+        None => return Ok(None),
+        Some(Raw::Int(i)) => i,
+        Some(Raw::Text(s)) if s.trim().is_empty() => return Ok(None),
+        Some(Raw::Text(s)) => s
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a whole number")))?,
+    };
+    u32::try_from(n)
+        .map(Some)
+        .map_err(|_| serde::de::Error::custom(format!("{n} is out of range")))
+}
+
 fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
 }
@@ -408,7 +513,10 @@ impl Config {
                     .into_owned();
                 [p, decoded]
             });
-        for secret in passwords.chain(self.api_token.clone()) {
+        for secret in passwords
+            .chain(self.api_token.clone())
+            .chain(self.cluster_secret.clone())
+        {
             // Short secrets would mask ordinary words; they are not worth the noise.
             if secret.len() >= 4 {
                 out = out.replace(&secret, "***");

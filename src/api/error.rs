@@ -133,6 +133,11 @@ impl From<store::Error> for ApiError {
                 )
             }
             store::Error::Sink(cause) => history::Error::ClickHouse(cause).into(),
+            store::Error::Fenced(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the partition moved to another node; try again",
+            ),
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod notification;
 pub mod outbox;
+pub mod partition;
 pub mod policy;
 pub mod reading;
 pub mod sensor;

@@ -36,6 +36,19 @@ pub struct CommitBatch {
     pub readings: Vec<ReadingRecord>,
     pub states: Vec<StateUpdate>,
     pub events: Vec<Event>,
+    /// Cluster mode: the partitions whose sensors this batch writes, each with the epoch
+    /// of this node's lease. The commit checks them in its transaction and writes nothing
+    /// when one is no longer held at that epoch ([`super::Error::Fenced`]). Empty on one
+    /// node.
+    pub fence: Vec<Fence>,
+}
+
+/// A partition as this node holds it: the lease's epoch grows at every change of owner,
+/// so `(partition, epoch)` names one holding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fence {
+    pub partition: u32,
+    pub epoch: i64,
 }
 
 impl CommitBatch {
@@ -47,5 +60,10 @@ impl CommitBatch {
         self.readings.extend(other.readings);
         self.states.extend(other.states);
         self.events.extend(other.events);
+        for f in other.fence {
+            if !self.fence.contains(&f) {
+                self.fence.push(f);
+            }
+        }
     }
 }

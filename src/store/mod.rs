@@ -22,9 +22,11 @@ pub use crate::domain::{Claim, NotificationRef, Outcome, Sendable, Verdict};
 // The conformance suite reaches it through `super::*`.
 #[cfg(test)]
 use crate::domain::EventKind;
-pub use batch::{CommitBatch, ReadingRecord, StateUpdate};
+pub use batch::{CommitBatch, Fence, ReadingRecord, StateUpdate};
+pub use cluster::{ClusterStore, Lease, NodeRow, Owner};
 
 mod batch;
+pub mod cluster;
 pub mod deadline;
 pub mod postgres;
 mod rows;
@@ -44,6 +46,10 @@ pub enum Error {
     BadCursor,
     #[error("database error: {0}")]
     Backend(String),
+    /// Cluster mode: the batch names partitions this node no longer holds at those epochs
+    /// (another node took them over); nothing of it was written.
+    #[error("partitions {0:?} are no longer held by this node (fenced); nothing written")]
+    Fenced(Vec<u32>),
     /// The history sink refused a batch; it stays in the spool.
     #[error("history sink: {0}")]
     Sink(String),

@@ -130,6 +130,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
             previous: None,
             last_seen_at: Some(1_000),
         }],
+        ..Default::default()
     };
     let created = s.commit(lost, 61_000).await.unwrap();
     assert_eq!(created.len(), 1);

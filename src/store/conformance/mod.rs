@@ -147,5 +147,6 @@ fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBat
             previous,
             last_seen_at: None,
         }],
+        ..Default::default()
     }
 }

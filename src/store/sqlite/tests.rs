@@ -52,6 +52,7 @@ async fn claims_keep_the_writers_durability() {
             previous: None,
             last_seen_at: None,
         }],
+        ..Default::default()
     };
     let n = store.commit(batch, 1).await.unwrap().remove(0);
     {

@@ -1,0 +1,73 @@
+//! What cluster mode needs of the database (PostgreSQL only): node registration, partition
+//! leases judged by the database's clock, and loading the sensors of the partitions a node
+//! takes over. The fencing half — every commit checks its partitions' epochs in its own
+//! transaction — is in [`super::Store::commit`] through [`super::CommitBatch::fence`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Result, SensorRuntime};
+use crate::domain::Millis;
+
+/// A partition lease this node holds.
+pub type Lease = super::Fence;
+
+/// A registered node, as `GET /v1/cluster` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRow {
+    pub id: String,
+    pub address: String,
+    /// Last heartbeat, by the database's clock (ms since the epoch).
+    pub heartbeat_at: Millis,
+    /// Partitions whose lease it holds now.
+    pub partitions: u32,
+}
+
+/// Who serves a partition now: a node whose lease has not run out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owner {
+    pub partition: u32,
+    pub node: String,
+    pub address: String,
+    pub epoch: i64,
+}
+
+#[async_trait]
+pub trait ClusterStore: Send + Sync + 'static {
+    /// The cluster's partition count: `wanted` when the database is used for the first
+    /// time (and the leases created), else what was fixed then.
+    async fn partitions(&self, wanted: u32) -> Result<u32>;
+    /// Registers this node or refreshes its heartbeat and address (database time), and
+    /// returns the ids of the live nodes — heartbeat within `live_within` — sorted.
+    async fn heartbeat(
+        &self,
+        node: &str,
+        address: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>>;
+    /// Extends every lease `node` holds to the database's now + `lease` and returns them.
+    async fn renew(&self, node: &str, lease: Duration) -> Result<Vec<Lease>>;
+    /// Takes up to `max` partitions whose lease is free or has run out (and, with
+    /// `reclaim_own`, those still leased to `node` by an earlier process on the same data
+    /// folder), each under a new epoch, leased until now + `lease`. Lowest partitions
+    /// first; partitions another node is taking at the same moment are skipped.
+    async fn acquire(
+        &self,
+        node: &str,
+        max: u32,
+        lease: Duration,
+        reclaim_own: bool,
+    ) -> Result<Vec<Lease>>;
+    /// Gives up these leases (owner cleared, epoch bumped) where `node` still holds them
+    /// at those epochs, so another node can take them at once.
+    async fn release(&self, node: &str, leases: &[Lease]) -> Result<()>;
+    /// Deletes the node's registration (a clean stop, after releasing its leases).
+    async fn leave(&self, node: &str) -> Result<()>;
+    /// The current owner of every partition that has one (lease not run out).
+    async fn owners(&self) -> Result<Vec<Owner>>;
+    /// Nodes with a heartbeat within `live_within`, by id, with their lease counts.
+    async fn nodes(&self, live_within: Duration) -> Result<Vec<NodeRow>>;
+    /// The sensors of `parts` (of `partitions`) with their committed state.
+    async fn load_partitions(&self, parts: &[u32], partitions: u32) -> Result<Vec<SensorRuntime>>;
+}
