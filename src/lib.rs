@@ -129,6 +129,7 @@ pub async fn run_with_clock(
             batch_max: config.engine_batch_max as usize,
             default_timeout: config.heartbeat_timeout,
             clock,
+            partitions: config.partitions(),
         },
         runtime,
         commit_tx,
