@@ -35,6 +35,7 @@ use crate::domain::{
     Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
 };
 
+mod cluster;
 mod commit;
 mod history;
 mod lifecycle;
@@ -51,6 +52,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0003_sensor_changes.sql"),
     include_str!("../migrations/postgres/0004_client_lifecycle.sql"),
     include_str!("../migrations/postgres/0005_api_tokens.sql"),
+    include_str!("../migrations/postgres/0006_cluster.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
