@@ -15,6 +15,9 @@ use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime};
 use super::PgStore;
 use crate::domain::partition;
 
+#[cfg(test)]
+mod tests;
+
 /// A duration as whole milliseconds, which SQL turns into an interval
 /// (`$n * interval '1 millisecond'`).
 fn ms(d: Duration) -> i64 {
