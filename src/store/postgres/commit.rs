@@ -36,7 +36,10 @@ pub(super) async fn commit(
 /// locked `FOR SHARE` until the transaction ends: an `acquire` or `release` of one of them
 /// cannot change its owner while this commit writes (nor this commit write after one did).
 /// Locked in partition order, as renew and release lock them, so they never deadlock.
-async fn fenced(tx: &deadpool_postgres::Transaction<'_>, fence: &[Fence]) -> Result<Vec<u32>> {
+pub(super) async fn fenced(
+    tx: &deadpool_postgres::Transaction<'_>,
+    fence: &[Fence],
+) -> Result<Vec<u32>> {
     if fence.is_empty() {
         return Ok(Vec::new());
     }

@@ -3,10 +3,15 @@
 
 use super::*;
 
+/// The test database (`TEST_DATABASE_URL`, else the local one).
+pub(crate) fn base_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
 /// A store on a fresh schema of the test database, or `None` (outside CI) without one.
 pub(crate) async fn fresh() -> Option<(PgStore, String)> {
-    let base = std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let base = base_url();
     let schema = format!("latch_t_{}", ulid::Ulid::new().to_string().to_lowercase());
     let admin = match tokio_postgres::connect(&base, tokio_postgres::NoTls).await {
         Ok((client, conn)) => {

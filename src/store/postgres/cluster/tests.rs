@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::super::tests::fresh;
+use super::super::tests::{base_url, fresh};
 use super::*;
 use crate::domain::{Client, Connection, Event, EventKind, Sensor, SensorId};
 use crate::store::{
@@ -385,4 +385,73 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
         (Some(true), Some(30))
     );
     assert!(store.load_partitions(&[], 8).await.unwrap().is_empty());
+}
+
+/// A commit in flight holds its partitions' rows `FOR SHARE` (as `commit` does, through the
+/// same function): a release waits for it to end, an acquire passes them over, and every
+/// cluster call is bounded by the database timeout like the store's own calls.
+#[tokio::test]
+async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded() {
+    let Some((_, schema)) = fresh().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = crate::config::Config::load_from(None, &[]).unwrap();
+    config.database_url = Some(crate::testkit::schema_url(&base_url(), &schema));
+    config.data_dir = dir.path().to_path_buf();
+    config.database_timeout = Duration::from_secs(1);
+    let (store, cluster) = crate::store::connect_cluster(&config).await.unwrap();
+    let cluster = cluster.expect("PostgreSQL has a cluster side");
+    assert_eq!(cluster.partitions(4).await.unwrap(), 4);
+    let held = cluster.acquire("a", 4, LONG, false).await.unwrap();
+
+    let pg = PgStore::connect(config.database_url.as_deref().unwrap(), LONG)
+        .await
+        .unwrap();
+    let mut c = pg.pool.get().await.unwrap();
+    let tx = c.transaction().await.unwrap();
+    let lost = super::super::commit::fenced(&tx, &held[..2]).await.unwrap();
+    assert!(lost.is_empty());
+
+    // On a pool of its own: a call that ran out of time still waits in the server, and
+    // a pooled connection handed out next would queue behind it.
+    let release = {
+        let pg = pg.clone();
+        let lease = held[0];
+        tokio::spawn(async move { pg.release("a", &[lease]).await })
+    };
+    let err = cluster.renew("a", LONG).await.unwrap_err();
+    assert!(err.to_string().contains("did not answer within"), "{err}");
+    assert!(
+        !release.is_finished(),
+        "a release waits for the commit holding its partition"
+    );
+    let taken = pg.acquire("a", 4, LONG, true).await.unwrap();
+    assert_eq!(
+        parts(&taken),
+        vec![2, 3],
+        "an acquire passes held rows over"
+    );
+    tx.commit().await.unwrap();
+    drop(c);
+    release.await.unwrap().unwrap();
+    let fenced = store
+        .commit(
+            CommitBatch {
+                fence: vec![held[1], held[0]],
+                ..Default::default()
+            },
+            1,
+        )
+        .await;
+    assert!(
+        matches!(&fenced, Err(Error::Fenced(f)) if f == &vec![0]),
+        "{fenced:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = crate::config::Config::load_from(None, &[]).unwrap();
+    config.data_dir = dir.path().to_path_buf();
+    let (_, cluster) = crate::store::connect_cluster(&config).await.unwrap();
+    assert!(cluster.is_none(), "SQLite stays one node");
 }
