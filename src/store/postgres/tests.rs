@@ -110,3 +110,51 @@ async fn migrations_are_idempotent_and_partitions_exist() {
         .get(0);
     assert_eq!(v as usize, MIGRATIONS.len());
 }
+
+/// Sensors registered before cluster mode get their hash when the column is added, so a
+/// node loads them by partition like new ones.
+#[tokio::test]
+async fn a_version_5_database_gains_the_hash_of_its_sensors() {
+    let Some((_, schema)) = fresh().await else {
+        return;
+    };
+    let url = crate::testkit::schema_url(&base_url(), &schema);
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Back to version 5: the fresh schema's tables go, the first five migrations return.
+    c.batch_execute(&format!(
+        "DROP SCHEMA {schema} CASCADE; CREATE SCHEMA {schema}; \
+         CREATE TABLE latch_migrations (version INTEGER PRIMARY KEY, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    ))
+    .await
+    .unwrap();
+    for (i, sql) in MIGRATIONS[..5].iter().enumerate() {
+        c.batch_execute(sql).await.unwrap();
+        c.execute(
+            "INSERT INTO latch_migrations (version) VALUES ($1)",
+            &[&(i as i32 + 1)],
+        )
+        .await
+        .unwrap();
+    }
+    c.execute(
+        "INSERT INTO sensors (id, address, created_at) VALUES ('old1', 'here', 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    PgStore::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let hash: i64 = c
+        .query_one("SELECT hash FROM sensors WHERE id = 'old1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let id = crate::domain::SensorId::parse("old1").unwrap();
+    assert_eq!(hash, crate::domain::partition::hash32(id) as i64);
+}
