@@ -411,17 +411,6 @@ pub fn node_id(dir: &std::path::Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
-/// Opens the store the configuration names, with its cluster side on PostgreSQL.
-/// PROVISIONAL: replaced by the PostgreSQL cluster store.
-pub async fn connect_cluster(
-    config: &crate::config::Config,
-) -> anyhow::Result<(
-    std::sync::Arc<dyn Store>,
-    Option<std::sync::Arc<dyn ClusterStore>>,
-)> {
-    Ok((connect(config).await?, None))
-}
-
 /// Opens the store the configuration names.
 pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     Ok(connect_cluster(config).await?.0)
