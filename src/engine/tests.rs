@@ -354,3 +354,27 @@ async fn eventually_events(
     }
     Vec::new()
 }
+
+#[tokio::test]
+async fn right_after_a_takeover_an_unknown_sensor_is_send_again_not_unknown() {
+    let (engine, routing, _fwd, rx, stop) = leased(Clock::manual(10_000));
+    let [(known, p), ..] = three_partitions(&engine);
+    let mut routes = vec![Route::Nobody; 16];
+    routes[p as usize] = Route::Here;
+    routing.set(routes);
+    // Another sensor of the same partition, registered while its sensors were loading.
+    let late = (0..)
+        .map(|i| sid(&format!("late{i}")))
+        .find(|&id| engine.partition(id) == p)
+        .unwrap();
+    engine
+        .acquire(p, Some(3), vec![(known, SensorState::new(None))], 10_000)
+        .await
+        .unwrap();
+    committer(rx, |_| Ok(()));
+    let soon = submit(&engine, vec![reading(late)], 12_000).await.unwrap();
+    assert!(soon.rejected[0].1.code.is_transient(), "{soon:?}");
+    let later = submit(&engine, vec![reading(late)], 16_000).await.unwrap();
+    assert_eq!(later.rejected[0].1.code, RejectCode::UnknownSensor);
+    stop.cancel();
+}
