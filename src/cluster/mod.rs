@@ -224,10 +224,8 @@ impl Membership {
         dispatcher: &Dispatcher,
         first: bool,
     ) -> Result<(), Error> {
-        let live = self
-            .store
-            .heartbeat(&self.node, &self.address, self.lease)
-            .await?;
+        // Renewal first: it is what keeps the partitions here; a slow round must not
+        // make it late.
         let renewed: BTreeMap<u32, i64> = self
             .store
             .renew(&self.node, self.lease)
@@ -235,6 +233,10 @@ impl Membership {
             .into_iter()
             .map(|l| (l.partition, l.epoch))
             .collect();
+        let live = self
+            .store
+            .heartbeat(&self.node, &self.address, self.lease)
+            .await?;
         // Served here but no longer ours at that epoch: another node has it.
         let held = self.held.lock().expect("held").clone();
         let lost: Vec<u32> = held

@@ -427,7 +427,10 @@ pub async fn connect_cluster(
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let lock = lock_data_dir(&config.data_dir)?;
-            let store = postgres::PgStore::connect(url, config.database_timeout).await?;
+            // A commit's fence locks its partitions' lease rows: a node stopped in the middle
+            // of one must not keep them past its lease.
+            let idle = config.database_timeout.min(config.lease());
+            let store = postgres::PgStore::connect_with(url, config.database_timeout, idle).await?;
             let store = std::sync::Arc::new(deadline::Deadline::new(
                 store.holding(lock),
                 config.database_timeout,

@@ -141,7 +141,11 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 /// to see its data acknowledged, keepalive probes, and plaintext only where the URL does not
 /// ask for TLS (`sslmode` require or verify-* is refused: this build speaks no TLS to
 /// PostgreSQL, and falling back to plaintext would send credentials and data in the clear).
-pub fn settings(url: &str, timeout: Duration) -> anyhow::Result<tokio_postgres::Config> {
+pub fn settings(
+    url: &str,
+    timeout: Duration,
+    idle_in_transaction: Duration,
+) -> anyhow::Result<tokio_postgres::Config> {
     let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
     for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
         if key == "sslmode" && !matches!(value, "disable" | "allow" | "prefer") {
@@ -165,6 +169,16 @@ pub fn settings(url: &str, timeout: Duration) -> anyhow::Result<tokio_postgres::
     pg.keepalives(true)
         .keepalives_idle(KEEPALIVE_IDLE)
         .tcp_user_timeout(timeout.max(Duration::from_secs(1)));
+    // A transaction left open by a process that stopped in the middle of it (SIGSTOP, a
+    // hung VM, a call cut off by its deadline) is ended by the server: its row locks —
+    // a commit's fence on partition leases among them — would otherwise hold up a
+    // takeover for as long as that process stays stopped.
+    let options = format!(
+        "{} -c idle_in_transaction_session_timeout={}",
+        pg.get_options().unwrap_or(""),
+        idle_in_transaction.as_millis().max(1)
+    );
+    pg.options(options.trim_start());
     Ok(pg)
 }
 
@@ -173,7 +187,17 @@ impl PgStore {
     /// history partitions around now. Waiting for a pooled connection, opening one and
     /// checking one out again each take at most `timeout`.
     pub async fn connect(url: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let pg = settings(url, timeout)?;
+        Self::connect_with(url, timeout, timeout).await
+    }
+
+    /// As [`PgStore::connect`]; the server ends a transaction of ours left idle for
+    /// `idle_in_transaction` (cluster mode: within a partition lease).
+    pub async fn connect_with(
+        url: &str,
+        timeout: Duration,
+        idle_in_transaction: Duration,
+    ) -> anyhow::Result<Self> {
+        let pg = settings(url, timeout, idle_in_transaction)?;
         let manager = Manager::from_config(
             pg,
             tokio_postgres::NoTls,

@@ -59,7 +59,7 @@ async fn errors_carry_the_servers_message_and_sqlstate() {
 fn urls_asking_for_tls_are_refused_not_sent_in_plaintext() {
     let t = Duration::from_secs(5);
     for mode in ["require", "verify-ca", "verify-full"] {
-        let err = settings(&format!("postgres://u@db/x?sslmode={mode}"), t)
+        let err = settings(&format!("postgres://u@db/x?sslmode={mode}"), t, t)
             .unwrap_err()
             .to_string();
         assert!(err.contains("database_url") && err.contains("TLS"), "{err}");
@@ -70,7 +70,7 @@ fn urls_asking_for_tls_are_refused_not_sent_in_plaintext() {
         "postgres://u@db/x?sslmode=prefer",
         "postgresql://u@db/x?application_name=a&sslmode=allow",
     ] {
-        let pg = settings(url, t).unwrap();
+        let pg = settings(url, t, t).unwrap();
         assert_eq!(
             pg.get_ssl_mode(),
             tokio_postgres::config::SslMode::Disable,
@@ -79,6 +79,34 @@ fn urls_asking_for_tls_are_refused_not_sent_in_plaintext() {
         assert_eq!(pg.get_connect_timeout(), Some(&t));
         assert!(pg.get_keepalives());
     }
+}
+
+/// A transaction left idle (its process stopped mid-commit) is ended by the server, so
+/// the lease rows a commit's fence locks never outlive the lease.
+#[tokio::test]
+async fn a_transaction_left_idle_is_ended_by_the_server() {
+    let Some((_, schema)) = fresh().await else {
+        return;
+    };
+    let url = format!(
+        "{}{}options=-c%20search_path%3D{schema}",
+        base_url(),
+        if base_url().contains('?') { '&' } else { '?' }
+    );
+    let store = PgStore::connect_with(&url, Duration::from_secs(5), Duration::from_millis(300))
+        .await
+        .unwrap();
+    let mut c = store.pool.get().await.unwrap();
+    let path: String = c.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+    assert_eq!(path, schema, "the URL's own options are kept");
+    let tx = c.transaction().await.unwrap();
+    tx.execute("SELECT 1", &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let err = tx.execute("SELECT 1", &[]).await.unwrap_err();
+    assert!(
+        err.is_closed() || Error::from(err).to_string().contains("25P03"),
+        "the server ended the idle transaction"
+    );
 }
 
 #[tokio::test]

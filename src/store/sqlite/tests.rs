@@ -3,7 +3,8 @@
 use rusqlite::Connection;
 
 use super::*;
-use crate::domain::{Client, Connection as Conn, Event, EventKind, Sensor, SensorId};
+use crate::domain::{Connection as Conn, Event, EventKind, Sensor, SensorId};
+use crate::store::conformance;
 use crate::store::{Claim, CommitBatch, PageRequest, ReadingRecord, Store, TimeRange};
 
 /// A claim commits on the writer, whose durability is the configured one all along:
@@ -14,23 +15,11 @@ async fn claims_keep_the_writers_durability() {
     let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
     let id = SensorId::parse("durable").unwrap();
     store
-        .create_sensor(Sensor {
-            id,
-            address: "here".into(),
-            heartbeat_timeout_s: None,
-            created_at: 1,
-        })
+        .create_sensor(conformance::sensor(&id.to_string()))
         .await
         .unwrap();
     store
-        .create_client(Client {
-            id: "c".into(),
-            name: "c".into(),
-            url: "http://127.0.0.1:9/".into(),
-            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
-            created_at: 1,
-            ..Client::default()
-        })
+        .create_client(conformance::client("c", "http://127.0.0.1:9/"))
         .await
         .unwrap();
     store.link("c".into(), id, 1).await.unwrap();
@@ -200,12 +189,7 @@ async fn a_fenced_batch_is_refused_and_writes_nothing() {
     let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
     let id = SensorId::parse("nofence").unwrap();
     store
-        .create_sensor(Sensor {
-            id,
-            address: "here".into(),
-            heartbeat_timeout_s: None,
-            created_at: 1,
-        })
+        .create_sensor(conformance::sensor(&id.to_string()))
         .await
         .unwrap();
     let batch = CommitBatch {

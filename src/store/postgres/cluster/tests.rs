@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::super::tests::{base_url, fresh};
 use super::*;
-use crate::domain::{Client, Connection, Event, EventKind, Sensor, SensorId};
+use crate::domain::{Connection, Event, EventKind, Sensor, SensorId};
+use crate::store::conformance;
 use crate::store::{
     CommitBatch, Error, Fence, NotificationFilter, PageRequest, ReadingRecord, StateUpdate, Store,
     TimeRange,
@@ -260,23 +261,11 @@ async fn a_stale_fence_writes_nothing_and_the_current_one_commits() {
     };
     let id = sid("fenced1");
     store
-        .create_sensor(Sensor {
-            id,
-            address: "here".into(),
-            heartbeat_timeout_s: None,
-            created_at: 1,
-        })
+        .create_sensor(conformance::sensor(&id.to_string()))
         .await
         .unwrap();
     store
-        .create_client(Client {
-            id: "c".into(),
-            name: "c".into(),
-            url: "http://c/".into(),
-            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
-            created_at: 1,
-            ..Client::default()
-        })
+        .create_client(conformance::client("c", "http://c/"))
         .await
         .unwrap();
     store.link("c".into(), id, 1).await.unwrap();
