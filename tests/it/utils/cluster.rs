@@ -175,19 +175,21 @@ impl Cluster {
     pub async fn balanced(&self, n: usize, secs: u64) -> Value {
         let live = self.live();
         assert_eq!(live.len(), n, "{n} nodes running");
-        eventually(secs, &format!("partitions spread over {n} nodes"), || {
-            let live = live.clone();
-            async move {
-                let mut last = None;
-                for via in &live {
-                    let v = self.view(via).await?;
-                    spread_over(&v, &live).then_some(())?;
-                    last = Some(v);
-                }
-                last
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let mut views = Vec::new();
+            for via in &live {
+                views.push(self.view(via).await.unwrap_or(Value::Null));
             }
-        })
-        .await
+            if views.iter().all(|v| spread_over(v, &live)) {
+                return views.swap_remove(0);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "partitions not spread over {live:?} within {secs}s; the nodes see {views:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Sum of a metric over the running nodes.
@@ -247,25 +249,31 @@ impl Cluster {
     }
 }
 
-/// Whether a `GET /v1/cluster` answer lists exactly `live`, with all partitions held and
-/// spread evenly.
+/// Whether a `GET /v1/cluster` answer lists every node of `live`, all partitions held by
+/// them and spread evenly (`floor(P/n)` or `ceil(P/n)` each). A node gone may still be
+/// listed until its heartbeat is older than the lease, but holding nothing.
 pub fn spread_over(view: &Value, live: &[String]) -> bool {
     let Some(nodes) = view["nodes"].as_array() else {
         return false;
     };
     let n = live.len() as u64;
     let p = u64::from(PARTITIONS);
-    let mut addresses: Vec<&str> = nodes.iter().filter_map(|n| n["address"].as_str()).collect();
-    addresses.sort();
-    let mut want: Vec<&str> = live.iter().map(String::as_str).collect();
-    want.sort();
-    let counts: Vec<u64> = nodes
+    let held = |base: &str| {
+        nodes
+            .iter()
+            .find(|node| node["address"] == base)
+            .and_then(|node| node["partitions"].as_u64())
+    };
+    let counts: Option<Vec<u64>> = live.iter().map(|b| held(b)).collect();
+    let Some(counts) = counts else {
+        return false;
+    };
+    let gone_hold_nothing = nodes
         .iter()
-        .filter_map(|n| n["partitions"].as_u64())
-        .collect();
+        .filter(|node| !live.iter().any(|b| node["address"] == b.as_str()))
+        .all(|node| node["partitions"] == 0);
     view["partitions"] == p
-        && addresses == want
-        && counts.len() == live.len()
+        && gone_hold_nothing
         && counts.iter().sum::<u64>() == p
         && counts.iter().all(|&c| c == p / n || c == p.div_ceil(n))
 }
