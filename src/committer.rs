@@ -24,6 +24,7 @@ pub async fn run(
     mut rx: mpsc::Receiver<CommitRequest>,
     spooled: Arc<Spooled>,
     clock: Clock,
+    fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
 ) {
     while let Some(first) = rx.recv().await {
         let mut requests = vec![first];
@@ -52,6 +53,12 @@ pub async fn run(
             }
             Err(e) => {
                 metrics::counter!("latch_commit_failures_total").increment(1);
+                // Cluster mode: partitions another node took over; stop serving them now
+                // rather than at the next lease round.
+                if let (crate::store::Error::Fenced(parts), Some(tx)) = (&e, &fenced) {
+                    metrics::counter!("latch_cluster_fenced_commits_total").increment(1);
+                    let _ = tx.send(parts.clone());
+                }
                 let msg = e.to_string();
                 for r in replies {
                     let _ = r.send(Err(msg.clone()));

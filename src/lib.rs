@@ -22,6 +22,7 @@
 pub mod api;
 pub mod bench;
 pub mod clock;
+pub mod cluster;
 pub mod committer;
 pub mod config;
 pub mod delivery;
@@ -63,15 +64,30 @@ pub async fn run_with_clock(
 ) -> anyhow::Result<()> {
     let metrics = telemetry::metrics_handle();
     telemetry::register_families(&config);
-    let store = store::connect(&config).await?;
+    let (store, cluster_store) = store::connect_cluster(&config).await?;
+    let node = store::node_id(&config.data_dir)?;
+    let bound = listener.local_addr()?;
+    let address = config.advertise(bound);
+    // PostgreSQL: this node is one of a cluster (perhaps of one) and serves the partitions
+    // it leases; the embedded store is one node serving them all.
+    let membership = match cluster_store {
+        Some(cs) => {
+            Some(cluster::Membership::join(cs, node.clone(), address.clone(), &config).await?)
+        }
+        None => None,
+    };
+    let partitions = membership
+        .as_ref()
+        .map_or(config.partitions(), |m| m.partitions());
 
     let tasks = TaskTracker::new();
     let dispatcher_stop = CancellationToken::new();
     let dispatcher = delivery::Dispatcher::start(
         store.clone(),
         delivery::Settings {
-            node: store::node_id(&config.data_dir)?,
+            node: node.clone(),
             clock: clock.clone(),
+            serves: membership.as_ref().map(|m| m.serves()),
             ..delivery::Settings::from_config(&config)
         },
         dispatcher_stop.clone(),
@@ -108,71 +124,99 @@ pub async fn run_with_clock(
     };
 
     let (commit_tx, commit_rx) = mpsc::channel(64);
+    let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
     let committer = tokio::spawn(committer::run(
         store.clone(),
         dispatcher.clone(),
         commit_rx,
         spooled,
         clock.clone(),
+        membership.is_some().then_some(fenced_tx),
     ));
 
     // Where following other nodes' registry changes begins: taken before the load, so a
     // change racing the load is applied again (harmlessly) rather than missed.
     let registry_seen = store.newest_registry_change().await?;
-    let runtime = store.load_runtime().await?;
-    let sensors = runtime.len();
     let engine_stop = CancellationToken::new();
     let engine_tasks = TaskTracker::new();
-    let engine = engine::Engine::launch(
-        engine::Tuning {
-            shards: config.engine_shards as usize,
-            batch_max: config.engine_batch_max as usize,
-            default_timeout: config.heartbeat_timeout,
-            clock,
-        },
-        runtime,
-        commit_tx,
-        engine_stop.clone(),
-        &engine_tasks,
-    );
-    if store.shared() {
+    let tuning = engine::Tuning {
+        shards: config.engine_shards as usize,
+        batch_max: config.engine_batch_max as usize,
+        default_timeout: config.heartbeat_timeout,
+        clock,
+        partitions,
+    };
+    let (engine, sensors) = match &membership {
+        // Partitions come with their leases, each with its sensors.
+        Some(m) => (
+            engine::Engine::launch_leased(
+                tuning,
+                commit_tx,
+                engine_stop.clone(),
+                &engine_tasks,
+                m.routing(),
+            ),
+            None,
+        ),
+        None => {
+            let runtime = store.load_runtime().await?;
+            let n = runtime.len();
+            let engine = engine::Engine::launch(
+                tuning,
+                runtime,
+                commit_tx,
+                engine_stop.clone(),
+                &engine_tasks,
+            );
+            (engine, Some(n))
+        }
+    };
+    let follow = store.shared().then(|| {
+        let (pokes, rx) = mpsc::channel(64);
         engine_tasks.spawn(engine::follow::run(
             store.clone(),
             engine.clone(),
             registry_seen,
+            rx,
             engine_stop.clone(),
         ));
-    }
+        pokes
+    });
     engine_tasks.close();
 
+    // The first lease round before serving: a node that starts alone serves every
+    // partition from its first request.
+    let cluster_stop = CancellationToken::new();
+    let cluster_loop = match &membership {
+        Some(m) => {
+            m.round(&engine, &dispatcher, true).await?;
+            Some(tokio::spawn(m.clone().run(
+                engine.clone(),
+                dispatcher.clone(),
+                fenced_rx,
+                cluster_stop.clone(),
+            )))
+        }
+        None => None,
+    };
+
     // Broker sources stop first on shutdown, finishing and acknowledging what they hold.
+    // In a cluster they run on the node holding partition 0 only.
     let ingest = ingest::Ingest::new(engine.clone());
     let sources = ingest::Sources::default();
     let sources_stop = CancellationToken::new();
     let source_tasks = TaskTracker::new();
-    if let Some(url) = &config.amqp_url {
-        let settings = ingest::amqp::Settings {
-            url: url.clone(),
-            queue: config.amqp_queue.clone(),
-        };
-        source_tasks.spawn(ingest::amqp::run(
-            ingest.clone(),
-            settings,
-            sources.clone(),
-            sources_stop.clone(),
-        ));
-    }
-    if let Some(url) = &config.mqtt_url {
-        let settings = ingest::mqtt::Settings {
-            url: url.clone(),
-            topic: config.mqtt_topic.clone(),
-        };
-        let (ingest, sources, stop) = (ingest.clone(), sources.clone(), sources_stop.clone());
-        source_tasks.spawn(async move {
-            if let Err(e) = ingest::mqtt::run(ingest, settings, sources, stop).await {
-                tracing::error!(error = %e, "MQTT ingest failed.");
-            }
-        });
+    match &membership {
+        Some(m) => {
+            source_tasks.spawn(lead_sources(
+                m.leads(),
+                config.clone(),
+                ingest.clone(),
+                sources.clone(),
+                sources_stop.clone(),
+            ));
+        }
+        None => start_sources(&config, &ingest, &sources, &sources_stop, &source_tasks),
     }
     source_tasks.close();
 
@@ -202,10 +246,20 @@ pub async fn run_with_clock(
         limiter: config
             .rate_limit
             .map(|limit| Arc::new(api::limits::Limiter::new(limit))),
+        cluster: membership.clone(),
+        follow,
+        node: node.clone(),
+        address: address.clone().unwrap_or_else(|| format!("http://{bound}")),
     };
     let app = api::router(state);
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, sensors, "latch is serving.");
+    match (sensors, &membership) {
+        (Some(sensors), _) => tracing::info!(%addr, sensors, "latch is serving."),
+        (None, Some(m)) => {
+            tracing::info!(%addr, node = m.node(), partitions = m.partitions(), "latch is serving as a cluster node.")
+        }
+        (None, None) => {}
+    }
     if exposed_without_token(&config, tokens.any(), addr) {
         tracing::warn!(
             %addr,
@@ -243,12 +297,22 @@ pub async fn run_with_clock(
     sources_stop.cancel();
     source_tasks.wait().await;
 
+    // No lease moves while the engine flushes.
+    cluster_stop.cancel();
+    if let Some(l) = cluster_loop {
+        let _ = l.await;
+    }
+
     // Sources are closed: flush the engine, then let the committer drain.
     drop(engine);
     engine_stop.cancel();
     engine_tasks.wait().await;
     committer.await?;
     tracing::info!("Engine flushed.");
+    // Everything of its partitions is durable: hand them over at once.
+    if let Some(m) = &membership {
+        m.leave().await;
+    }
 
     // Everything committed is in the spool: one last shipment, bounded.
     shipper_stop.cancel();
@@ -267,6 +331,86 @@ pub async fn run_with_clock(
     }
     tracing::info!("latch stopped.");
     Ok(())
+}
+
+/// Starts the configured broker sources on `tracker`, stopping at `stop`.
+fn start_sources(
+    config: &Config,
+    ingest: &ingest::Ingest,
+    sources: &ingest::Sources,
+    stop: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    if let Some(url) = &config.amqp_url {
+        let settings = ingest::amqp::Settings {
+            url: url.clone(),
+            queue: config.amqp_queue.clone(),
+        };
+        tracker.spawn(ingest::amqp::run(
+            ingest.clone(),
+            settings,
+            sources.clone(),
+            stop.clone(),
+        ));
+    }
+    if let Some(url) = &config.mqtt_url {
+        let settings = ingest::mqtt::Settings {
+            url: url.clone(),
+            topic: config.mqtt_topic.clone(),
+        };
+        let (ingest, sources, stop) = (ingest.clone(), sources.clone(), stop.clone());
+        tracker.spawn(async move {
+            if let Err(e) = ingest::mqtt::run(ingest, settings, sources, stop).await {
+                tracing::error!(error = %e, "MQTT ingest failed.");
+            }
+        });
+    }
+}
+
+/// Cluster mode: runs the broker sources while this node holds partition 0, so a queue or
+/// topic is consumed by one node, in order. Handing them over finishes and acknowledges
+/// what they hold first; the broker keeps the rest for the next holder (the MQTT session
+/// is the cluster's, under one client id).
+async fn lead_sources(
+    mut leads: tokio::sync::watch::Receiver<bool>,
+    config: Arc<Config>,
+    ingest: ingest::Ingest,
+    sources: ingest::Sources,
+    stop: CancellationToken,
+) {
+    if config.amqp_url.is_none() && config.mqtt_url.is_none() {
+        return;
+    }
+    loop {
+        while !*leads.borrow_and_update() {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = leads.changed() => if changed.is_err() { return },
+            }
+        }
+        let running = stop.child_token();
+        let tasks = TaskTracker::new();
+        start_sources(&config, &ingest, &sources, &running, &tasks);
+        tasks.close();
+        tracing::info!("This node holds partition 0: running the broker sources.");
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                changed = leads.changed() => {
+                    if changed.is_err() || !*leads.borrow_and_update() {
+                        break;
+                    }
+                }
+            }
+        }
+        running.cancel();
+        tasks.wait().await;
+        if stop.is_cancelled() {
+            return;
+        }
+        sources.clear();
+        tracing::info!("Partition 0 moved to another node: broker sources stopped here.");
+    }
 }
 
 /// Loads the settings ([`Config::load`]) and has each adapter check the URL it will use,

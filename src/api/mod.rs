@@ -7,6 +7,7 @@
 //! whose scopes must allow it. Health, readiness, metrics and the document stay open.
 
 pub mod clients;
+pub mod cluster;
 pub mod contract;
 pub mod error;
 pub mod limits;
@@ -60,6 +61,13 @@ pub struct AppState {
     pub tokens: tokens::Tokens,
     /// The per-caller request limit, when `rate_limit` is set.
     pub limiter: Option<Arc<limits::Limiter>>,
+    /// Cluster mode (PostgreSQL): this node's membership.
+    pub cluster: Option<Arc<crate::cluster::Membership>>,
+    /// Asks the engine's registry follower for a round now (on a shared store).
+    pub follow: Option<crate::engine::follow::Pokes>,
+    /// This node's id and the address other nodes reach it at (`GET /v1/cluster`).
+    pub node: String,
+    pub address: String,
 }
 
 impl AppState {
@@ -97,6 +105,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(readings::router())
         .merge(notifications::router())
         .merge(tokens::router())
+        .merge(cluster::router())
         .split_for_parts()
 }
 
@@ -113,6 +122,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     Router::new()
         .merge(v1)
+        .merge(cluster::internal())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -216,6 +226,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn readyz(State(st): State<AppState>) -> Response {
     if !st.accepting.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
+    }
+    if let Some(c) = &st.cluster
+        && !c.ready()
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, "joining the cluster").into_response();
     }
     let down = st.sources.down();
     if !down.is_empty() {

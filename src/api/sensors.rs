@@ -130,6 +130,9 @@ async fn create_sensor(
     st.engine
         .upsert_sensor(id, sensor.heartbeat_timeout_s)
         .await?;
+    if let Some(c) = &st.cluster {
+        c.registry_changed(id).await;
+    }
     Ok((
         StatusCode::CREATED,
         ApiJson(sensor_out((sensor, SensorStatus::default()))),
@@ -205,6 +208,9 @@ async fn replace_sensor(
     st.engine
         .upsert_sensor(id, body.heartbeat_timeout_s)
         .await?;
+    if let Some(c) = &st.cluster {
+        c.registry_changed(id).await;
+    }
     Ok(ApiJson(sensor_out(view)))
 }
 
@@ -227,6 +233,9 @@ async fn delete_sensor(
     if let Err(e) = st.engine.remove_sensor(id).await {
         // Only when the engine is stopping, and then it takes no readings at all.
         tracing::warn!(sensor = %id, error = %e, "Deleted sensor not removed from the engine.");
+    }
+    if let Some(c) = &st.cluster {
+        c.registry_changed(id).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }

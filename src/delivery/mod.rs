@@ -71,6 +71,20 @@ pub struct Settings {
     pub guard: Arc<guard::Guard>,
     /// A client whose every attempt failed for this long is disabled.
     pub disable_after: Duration,
+    /// Cluster mode: which sensors' notifications this node delivers (those of the
+    /// partitions it serves). `None`: all.
+    pub serves: Option<Serves>,
+}
+
+/// Whether this node delivers a sensor's notifications (cluster mode: it serves the
+/// sensor's partition). Sweeps of the shared store keep only those.
+#[derive(Clone)]
+pub struct Serves(pub Arc<dyn Fn(crate::domain::SensorId) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Serves {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Serves(..)")
+    }
 }
 
 impl Settings {
@@ -84,6 +98,7 @@ impl Settings {
             clock: Clock::wall(),
             guard: Arc::new(guard::Guard::from_config(c)),
             disable_after: c.endpoint_disable_after,
+            serves: None,
         }
     }
 
@@ -99,6 +114,8 @@ impl Settings {
 #[derive(Clone)]
 pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Cmd>,
+    /// Asks the sweeper for a full sweep now (a partition was taken over).
+    sweep: Arc<tokio::sync::Notify>,
 }
 
 impl Dispatcher {
@@ -113,6 +130,13 @@ impl Dispatcher {
     /// `pending` notifications as the store has them (queued where missing).
     pub fn resume(&self, client_id: &str, pending: Vec<NotificationRef>) {
         let _ = self.tx.send(Cmd::Resume(Arc::from(client_id), pending));
+    }
+
+    /// Looks for every pending notification of the sensors this node serves now, at once:
+    /// after taking partitions over, their backlog is delivered without waiting for the
+    /// next full sweep.
+    pub fn sweep_now(&self) {
+        self.sweep.notify_one();
     }
 
     /// A client's `rate_limit` was set or changed (`None`: lifted).
@@ -148,7 +172,10 @@ impl Dispatcher {
             .tcp_nodelay(true)
             .build()
             .map_err(Error::Http)?;
-        let pending = store.load_pending(i64::MIN).await?;
+        let mut pending = store.load_pending(i64::MIN).await?;
+        if let Some(Serves(serves)) = &settings.serves {
+            pending.retain(|r| serves(r.sensor_id));
+        }
         let core_store = store.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let (rec_tx, rec_rx) = mpsc::unbounded_channel();
@@ -184,11 +211,18 @@ impl Dispatcher {
         metrics::gauge!("latch_clients_disabled").set(store.count_disabled_clients().await? as f64);
         // Right away, not at the first event: a restart with a backlog shows it at once.
         metrics::gauge!("latch_notifications_pending").set(core.lanes.pending() as f64);
+        let sweep = Arc::new(tokio::sync::Notify::new());
         if core_store.shared() {
-            tracker.spawn(sweeper(core_store, tx.clone(), stop.clone()));
+            tracker.spawn(sweeper(
+                core_store,
+                tx.clone(),
+                settings.serves.clone(),
+                sweep.clone(),
+                stop.clone(),
+            ));
         }
         tracker.spawn(core.run(rx, stop, grace));
-        Ok(Self { tx })
+        Ok(Self { tx, sweep })
     }
 }
 
@@ -384,6 +418,7 @@ mod tests {
             clock: Clock::manual(0),
             guard: Arc::default(),
             disable_after: Duration::from_secs(3600),
+            serves: None,
         };
         let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
         let (claims_tx, mut claims) = mpsc::unbounded_channel();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::Cmd;
+use super::{Cmd, Serves};
 use crate::store::Store;
 
 /// How often a node sharing its store with others looks for pending notifications it was
@@ -25,25 +25,33 @@ const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// dispatcher skips the ones it knows, and claims (with leases) settle who sends what. Most
 /// sweeps read only what came after the newest seq seen a few sweeps ago, so a large
 /// outbox is not read in full every 2 s.
+/// In cluster mode only the notifications of sensors this node serves are kept; `now`
+/// asks for a full sweep at once (partitions were taken over).
 pub(super) async fn sweeper(
     store: Arc<dyn Store>,
     tx: mpsc::UnboundedSender<Cmd>,
+    serves: Option<Serves>,
+    now: Arc<tokio::sync::Notify>,
     stop: CancellationToken,
 ) {
     let mut marks: VecDeque<i64> = VecDeque::new();
     let mut last_full = Instant::now();
     loop {
-        tokio::select! {
+        let asked = tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(SWEEP_EVERY) => {}
-        }
-        let full = last_full.elapsed() >= FULL_SWEEP_EVERY;
+            _ = tokio::time::sleep(SWEEP_EVERY) => false,
+            _ = now.notified() => true,
+        };
+        let full = asked || last_full.elapsed() >= FULL_SWEEP_EVERY;
         let after = match marks.front() {
             Some(&mark) if !full => mark,
             _ => i64::MIN,
         };
         match store.load_pending(after).await {
-            Ok(refs) => {
+            Ok(mut refs) => {
+                if let Some(Serves(serves)) = &serves {
+                    refs.retain(|r| serves(r.sensor_id));
+                }
                 if full {
                     last_full = Instant::now();
                 }

@@ -3,7 +3,7 @@
 //! Every source (HTTP, AMQP, MQTT) parses through [`parse_value`], so a bad reading gets the
 //! same reason, metric label and message whichever way it came in.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::sensor::SensorId;
@@ -14,8 +14,8 @@ use super::time::{self, Millis};
 /// and freeze the sensor's state.
 pub const MAX_FUTURE_SKEW_MS: Millis = 5 * 60 * 1000;
 
-/// A validated reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A validated reading (serialized only between cluster nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reading {
     pub sensor_id: SensorId,
     pub data: bool,
@@ -24,7 +24,7 @@ pub struct Reading {
 }
 
 /// Why a reading was not applied. The label names the metric series.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
     pub code: RejectCode,
     pub message: String,
@@ -32,7 +32,7 @@ pub struct Rejection {
 
 /// Machine-readable rejection reasons; also the `reason` label of
 /// `latch_readings_rejected_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectCode {
     MalformedJson,

@@ -221,6 +221,15 @@ impl Fleet {
         }
     }
 
+    /// How many of its sensors are lost (for the gauge when a partition leaves a node).
+    pub fn count_lost(&self) -> usize {
+        let slots = &self.slots;
+        self.index
+            .iter()
+            .filter(|&&i| slots[i as usize].connection() == Connection::Lost)
+            .count()
+    }
+
     /// Forgets a sensor; returns its last state.
     pub fn remove(&mut self, id: SensorId) -> Option<SensorState> {
         let h = self.hasher.hash_one(id.packed());

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
@@ -21,14 +22,32 @@ const LOOKBACK: usize = 3;
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 const KEEP_MS: i64 = 3_600_000;
 
-/// Runs until `stop`, starting after registry change `seen`.
-pub async fn run(store: Arc<dyn Store>, engine: Engine, seen: i64, stop: CancellationToken) {
+/// Asks for a round now and waits until it is done: a node whose API changed a sensor of
+/// a partition served here says so, and the sensor's next reading meets the change.
+pub type Pokes = mpsc::Sender<oneshot::Sender<()>>;
+
+/// Runs until `stop`, starting after registry change `seen`; `pokes` ask for a round now.
+pub async fn run(
+    store: Arc<dyn Store>,
+    engine: Engine,
+    seen: i64,
+    mut pokes: mpsc::Receiver<oneshot::Sender<()>>,
+    stop: CancellationToken,
+) {
     let mut marks: VecDeque<i64> = VecDeque::from([seen]);
     let mut last_prune = Instant::now();
+    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
+        for done in waiting.drain(..) {
+            let _ = done.send(());
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(EVERY) => {}
+            Some(poke) = pokes.recv() => waiting.push(poke),
+        }
+        while let Ok(poke) = pokes.try_recv() {
+            waiting.push(poke);
         }
         let after = marks.front().copied().unwrap_or(seen);
         let (newest, changes) = match store.registry_changes(after).await {

@@ -17,6 +17,13 @@
 //!
 //! Deadlines are read from a [`Clock`]: the wall clock in service, one moved by hand in
 //! tests.
+//!
+//! Sensors belong to partitions ([`crate::domain::partition`]); partition `p` lives on
+//! shard `p % shards`. On one node the engine serves every partition from the start
+//! ([`Engine::launch`]). In a cluster ([`Engine::launch_leased`]) it serves the partitions
+//! whose leases this node holds ([`Engine::acquire`], [`Engine::release`]), stamps each
+//! commit with their epochs (the fence), and hands readings of other partitions to their
+//! owners through a [`Forwarder`] by the [`Routing`] table the cluster layer keeps.
 
 pub mod fleet;
 pub mod follow;
@@ -24,18 +31,20 @@ pub mod rules;
 mod shard;
 mod ticket;
 
-use std::hash::BuildHasher;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::clock::Clock;
+use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
-use crate::domain::{Millis, Reading, Rejection, SensorId};
-use crate::store::CommitBatch;
+use crate::domain::{Millis, Reading, Rejection, SensorId, partition};
+use crate::store::{CommitBatch, SensorRuntime};
 use fleet::Fleet;
-use shard::{Shard, ShardMsg};
-pub use ticket::{Report, Ticket};
+use shard::{Part, Shard, ShardMsg};
+pub use ticket::{Report, Ticket, VerdictsRx};
 
 /// Most sensors declared lost in one group commit: a fleet-wide outage is worked off in
 /// batches of this size, interleaved with ingest, instead of one giant transaction.
@@ -59,6 +68,8 @@ pub struct Tuning {
     /// The heartbeat timeout of sensors without their own.
     pub default_timeout: std::time::Duration,
     pub clock: Clock,
+    /// Partitions of the fleet (the cluster's count; any fixed number on one node).
+    pub partitions: u32,
 }
 
 /// A batch of effects waiting to be made durable; `reply` says whether it was.
@@ -68,19 +79,62 @@ pub struct CommitRequest {
 }
 
 /// One shard's results: `None` accepted, `Some(reason)` rejected, in its input order.
-type Verdicts = Vec<Option<Rejection>>;
+pub type Verdicts = Vec<Option<Rejection>>;
+
+/// Where the readings of a partition go.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Route {
+    Here,
+    /// The owner's address.
+    Node(Arc<str>),
+    /// Nobody serves it right now (its lease is moving).
+    Nobody,
+}
+
+/// Hands readings to the node that serves their partition and answers with its verdicts
+/// once that node made them durable (the cluster layer implements it over HTTP).
+pub trait Forwarder: Send + Sync + 'static {
+    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, received_at: Millis) -> VerdictsRx;
+}
+
+/// The route of every partition, replaced whole by the cluster layer as leases move.
+pub struct Routing {
+    routes: std::sync::RwLock<Arc<Vec<Route>>>,
+    forwarder: Arc<dyn Forwarder>,
+}
+
+impl Routing {
+    /// Nobody serves anything until the first [`Routing::set`].
+    pub fn new(partitions: u32, forwarder: Arc<dyn Forwarder>) -> Self {
+        Self {
+            routes: std::sync::RwLock::new(Arc::new(vec![Route::Nobody; partitions as usize])),
+            forwarder,
+        }
+    }
+
+    pub fn set(&self, routes: Vec<Route>) {
+        *self.routes.write().expect("routing lock") = Arc::new(routes);
+    }
+
+    pub fn get(&self) -> Arc<Vec<Route>> {
+        self.routes.read().expect("routing lock").clone()
+    }
+}
 
 /// Handle to the engine's shards; cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
     shards: Vec<mpsc::Sender<ShardMsg>>,
-    hasher: std::hash::RandomState,
+    partitions: u32,
     clock: Clock,
+    /// Cluster mode: where other partitions' readings go.
+    routing: Option<Arc<Routing>>,
 }
 
 impl Engine {
-    /// Starts `tuning.shards` shard tasks holding `sensors` and committing through
-    /// `commits`. The shards stop when `stop` is cancelled, after finishing what is queued.
+    /// Starts `tuning.shards` shard tasks serving every partition with `sensors` (one
+    /// node), committing through `commits`. The shards stop when `stop` is cancelled,
+    /// after finishing what is queued.
     pub fn launch(
         tuning: Tuning,
         sensors: impl IntoIterator<Item = (SensorId, SensorState)>,
@@ -88,33 +142,74 @@ impl Engine {
         stop: CancellationToken,
         tracker: &tokio_util::task::TaskTracker,
     ) -> Self {
+        let resumed_at = tuning.clock.now();
+        let timeout_ms = tuning.default_timeout.as_millis() as Millis;
+        let sensors = sensors.into_iter();
+        let expected = sensors.size_hint().0 / tuning.partitions.max(1) as usize;
+        let mut parts: Vec<Option<Part>> = (0..tuning.partitions)
+            .map(|_| {
+                let mut fleet = Fleet::new(timeout_ms, resumed_at);
+                // A little over the even share: hashing spreads sensors only about evenly.
+                fleet.reserve(expected + expected / 16 + 16);
+                Some(Part { fleet, epoch: None })
+            })
+            .collect();
+        for (id, state) in sensors {
+            let p = partition::of(id, tuning.partitions) as usize;
+            if let Some(part) = parts[p].as_mut() {
+                part.fleet.insert(id, state);
+            }
+        }
+        Self::start(tuning, parts, commits, stop, tracker, None)
+    }
+
+    /// Starts the shards serving no partition yet (cluster mode): partitions come with
+    /// [`Engine::acquire`], readings of the others go where `routing` says.
+    pub fn launch_leased(
+        tuning: Tuning,
+        commits: mpsc::Sender<CommitRequest>,
+        stop: CancellationToken,
+        tracker: &tokio_util::task::TaskTracker,
+        routing: Arc<Routing>,
+    ) -> Self {
+        let parts = (0..tuning.partitions).map(|_| None).collect();
+        Self::start(tuning, parts, commits, stop, tracker, Some(routing))
+    }
+
+    fn start(
+        tuning: Tuning,
+        mut parts: Vec<Option<Part>>,
+        commits: mpsc::Sender<CommitRequest>,
+        stop: CancellationToken,
+        tracker: &tokio_util::task::TaskTracker,
+        routing: Option<Arc<Routing>>,
+    ) -> Self {
         let Tuning {
             shards,
             batch_max,
             default_timeout,
             clock,
+            partitions,
         } = tuning;
-        let hasher = std::hash::RandomState::new();
-        let resumed_at = clock.now();
-        let timeout_ms = default_timeout.as_millis() as Millis;
-        let mut maps: Vec<Fleet> = (0..shards)
-            .map(|_| Fleet::new(timeout_ms, resumed_at))
-            .collect();
-        let sensors = sensors.into_iter();
-        let expected = sensors.size_hint().0 / shards.max(1);
-        for m in &mut maps {
-            // A little over the even share: hashing spreads sensors only about evenly.
-            m.reserve(expected + expected / 64 + 16);
-        }
-        for (id, state) in sensors {
-            maps[shard_of(&hasher, id, shards)].insert(id, state);
-        }
+        let shards = shards.max(1);
         let mut senders = Vec::with_capacity(shards);
-        for map in maps {
+        for s in 0..shards {
+            // This shard's partitions (`p % shards == s`); the others stay `None` here.
+            let mine: Vec<Option<Part>> = (0..partitions as usize)
+                .map(|p| {
+                    if p % shards == s {
+                        parts[p].take()
+                    } else {
+                        None
+                    }
+                })
+                .collect();
             let (tx, rx) = mpsc::channel(1024);
             senders.push(tx);
             let shard = Shard {
-                map,
+                parts: mine,
+                partitions,
+                default_timeout_ms: default_timeout.as_millis() as Millis,
                 rx,
                 commits: commits.clone(),
                 batch_max,
@@ -124,8 +219,9 @@ impl Engine {
         }
         Self {
             shards: senders,
-            hasher,
+            partitions,
             clock,
+            routing,
         }
     }
 
@@ -134,8 +230,21 @@ impl Engine {
         self.clock.now()
     }
 
+    /// The partition of a sensor.
+    pub fn partition(&self, id: SensorId) -> u32 {
+        partition::of(id, self.partitions)
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
     fn shard(&self, id: SensorId) -> usize {
-        shard_of(&self.hasher, id, self.shards.len())
+        self.partition(id) as usize % self.shards.len()
+    }
+
+    fn shard_of_partition(&self, p: u32) -> usize {
+        p as usize % self.shards.len()
     }
 
     /// Hands items received at `received_at` to their shards and returns without waiting
@@ -147,27 +256,68 @@ impl Engine {
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
     ) -> Result<Ticket, Error> {
+        let routes = self.routing.as_ref().map(|r| r.get());
+        self.split(items, received_at, routes.as_deref()).await
+    }
+
+    /// As [`Engine::enqueue`] for readings another node forwarded here: applied here or
+    /// refused (`store_unavailable`), never forwarded again.
+    pub async fn enqueue_here(
+        &self,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+    ) -> Result<Ticket, Error> {
+        self.split(items, received_at, None).await
+    }
+
+    async fn split(
+        &self,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+        routes: Option<&Vec<Route>>,
+    ) -> Result<Ticket, Error> {
+        type Part = (Vec<usize>, Vec<Reading>, Vec<u32>);
         let mut rejected = Vec::new();
-        let mut parts: Vec<(Vec<usize>, Vec<Reading>)> = vec![(vec![], vec![]); self.shards.len()];
+        let mut parts: Vec<Part> = vec![(vec![], vec![], vec![]); self.shards.len()];
+        let mut away: HashMap<Arc<str>, (Vec<usize>, Vec<Reading>)> = HashMap::new();
         for (i, item) in items.into_iter().enumerate() {
             match item {
                 Ok(r) => {
-                    let s = self.shard(r.sensor_id);
-                    parts[s].0.push(i);
-                    parts[s].1.push(r);
+                    let p = self.partition(r.sensor_id);
+                    match routes.map(|t| &t[p as usize]) {
+                        None | Some(Route::Here) => {
+                            let s = &mut parts[self.shard_of_partition(p)];
+                            s.0.push(i);
+                            s.1.push(r);
+                            s.2.push(p);
+                        }
+                        Some(Route::Node(to)) => {
+                            let e = away.entry(to.clone()).or_default();
+                            e.0.push(i);
+                            e.1.push(r);
+                        }
+                        Some(Route::Nobody) => rejected.push((
+                            i,
+                            Rejection::new(
+                                RejectCode::StoreUnavailable,
+                                format!("partition {p} is moving between nodes; send it again"),
+                            ),
+                        )),
+                    }
                 }
                 Err(rej) => rejected.push((i, rej)),
             }
         }
         let mut waits = Vec::new();
         let mut sent = false;
-        for (s, (idx, rs)) in parts.into_iter().enumerate() {
+        for (s, (idx, rs, ps)) in parts.into_iter().enumerate() {
             if rs.is_empty() {
                 continue;
             }
             let (tx, rx) = oneshot::channel();
             let msg = ShardMsg::Readings {
                 readings: rs,
+                parts: ps,
                 received_at,
                 reply: tx,
             };
@@ -183,10 +333,57 @@ impl Engine {
             }
             waits.push((idx, rx));
         }
+        if let Some(routing) = &self.routing {
+            for (to, (idx, rs)) in away {
+                metrics::counter!("latch_cluster_forwarded_readings_total")
+                    .increment(rs.len() as u64);
+                waits.push((idx, routing.forwarder.forward(to, rs, received_at)));
+                sent = true;
+            }
+        }
         if !sent && !waits.is_empty() {
             return Err(Error::Closed);
         }
         Ok(Ticket { rejected, waits })
+    }
+
+    /// Starts serving `partition` with its `sensors` as the store has them, under lease
+    /// `epoch`; their deadlines count from `since` at the earliest (the takeover), so a
+    /// sensor is not declared lost for the time nobody served it.
+    pub async fn acquire(
+        &self,
+        partition: u32,
+        epoch: Option<i64>,
+        sensors: Vec<SensorRuntime>,
+        since: Millis,
+    ) -> Result<(), Error> {
+        let (reply, done) = oneshot::channel();
+        self.shards[self.shard_of_partition(partition)]
+            .send(ShardMsg::Acquire {
+                partition,
+                epoch,
+                sensors,
+                since,
+                reply,
+            })
+            .await
+            .map_err(|_| Error::Closed)?;
+        done.await.map_err(|_| Error::Closed)
+    }
+
+    /// Stops serving `partition`: with `flush`, after committing what is pending for it
+    /// (a handover); without, at once (its lease is lost, nothing of it can commit).
+    pub async fn release(&self, partition: u32, flush: bool) -> Result<(), Error> {
+        let (reply, done) = oneshot::channel();
+        self.shards[self.shard_of_partition(partition)]
+            .send(ShardMsg::Release {
+                partition,
+                flush,
+                reply,
+            })
+            .await
+            .map_err(|_| Error::Closed)?;
+        done.await.map_err(|_| Error::Closed)
     }
 
     /// Starts tracking a new sensor, or changes a tracked one's timeout.
@@ -226,10 +423,6 @@ impl Engine {
             .await
             .map_err(|_| Error::Closed)
     }
-}
-
-fn shard_of(hasher: &std::hash::RandomState, id: SensorId, n: usize) -> usize {
-    (hasher.hash_one(id) % n as u64) as usize
 }
 
 #[cfg(test)]

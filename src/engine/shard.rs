@@ -2,6 +2,10 @@
 //! sensors, declare the silent ones lost, and hand the effects to the committer. Only a
 //! durable commit moves the scratch state into memory and answers the callers, so a failed
 //! commit leaves memory exactly as the store is.
+//!
+//! A shard holds the partitions `p` with `p % shards == its index` that this node serves,
+//! each with its own [`Fleet`]: a partition arrives whole (taken over, with its deadlines
+//! counted from the takeover) and leaves whole (flushed first when handed over).
 
 use std::collections::HashMap;
 
@@ -11,14 +15,19 @@ use tokio_util::sync::CancellationToken;
 use super::fleet::{self, Fleet};
 use super::rules::{self, Change};
 use super::{Clock, CommitRequest, EXPIRE_BATCH, Error, Verdicts};
+use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
-use crate::domain::{Connection, Event, EventKind, Millis, Reading, Rejection, SensorId};
-use crate::store::{CommitBatch, ReadingRecord, StateUpdate};
+use crate::domain::{
+    Connection, Event, EventKind, Millis, Reading, Rejection, SensorId, partition,
+};
+use crate::store::{CommitBatch, Fence, ReadingRecord, SensorRuntime, StateUpdate};
 
 /// What a shard is asked to do, in the order it was asked.
 pub(super) enum ShardMsg {
     Readings {
         readings: Vec<Reading>,
+        /// The partition of each reading.
+        parts: Vec<u32>,
         received_at: Millis,
         reply: oneshot::Sender<Result<Verdicts, Error>>,
     },
@@ -31,11 +40,36 @@ pub(super) enum ShardMsg {
     Remove {
         id: SensorId,
     },
+    /// Starts serving a partition with these sensors; deadlines count from `since`.
+    Acquire {
+        partition: u32,
+        epoch: Option<i64>,
+        sensors: Vec<SensorRuntime>,
+        since: Millis,
+        reply: oneshot::Sender<()>,
+    },
+    /// Stops serving a partition: after committing what is pending (`flush`), or at once
+    /// when its lease is already lost.
+    Release {
+        partition: u32,
+        flush: bool,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A partition this shard serves.
+pub(super) struct Part {
+    pub(super) fleet: Fleet,
+    /// The lease's epoch in cluster mode (the commit's fence); `None` on one node.
+    pub(super) epoch: Option<i64>,
 }
 
 /// One shard task: owns its sensors' state and applies their readings in arrival order.
 pub(super) struct Shard {
-    pub(super) map: Fleet,
+    /// Indexed by partition; `Some` for the partitions served here.
+    pub(super) parts: Vec<Option<Part>>,
+    pub(super) partitions: u32,
+    pub(super) default_timeout_ms: Millis,
     pub(super) rx: mpsc::Receiver<ShardMsg>,
     pub(super) commits: mpsc::Sender<CommitRequest>,
     pub(super) batch_max: usize,
@@ -45,7 +79,8 @@ pub(super) struct Shard {
 /// Readings applied but not yet durable, with the callers waiting on them.
 #[derive(Default)]
 struct Pending {
-    scratch: HashMap<SensorId, SensorState>,
+    /// Touched sensors: partition and new state.
+    scratch: HashMap<SensorId, (u32, SensorState)>,
     batch: CommitBatch,
     replies: Vec<(oneshot::Sender<Result<Verdicts, Error>>, Verdicts)>,
     readings: usize,
@@ -60,7 +95,7 @@ impl Shard {
     pub(super) async fn run(mut self, stop: CancellationToken) {
         let mut stopping = false;
         loop {
-            let deadline = self.map.next_deadline();
+            let deadline = self.next_deadline();
             let sleep = async {
                 match deadline {
                     Some(d) => self.clock.sleep_until(d).await,
@@ -116,31 +151,52 @@ impl Shard {
         }
     }
 
+    fn next_deadline(&self) -> Option<Millis> {
+        self.parts
+            .iter()
+            .flatten()
+            .filter_map(|p| p.fleet.next_deadline())
+            .min()
+    }
+
+    fn part(&self, p: u32) -> Option<&Part> {
+        self.parts.get(p as usize).and_then(Option::as_ref)
+    }
+
+    fn partition_of(&self, id: SensorId) -> u32 {
+        partition::of(id, self.partitions)
+    }
+
     /// Declares silent sensors lost, a bounded batch at a time. Sensors that readings in
     /// this same batch just touched are not silent and are skipped.
     fn expire(&self, now: Millis, p: &mut Pending) {
-        let expired = self.map.expired(now, EXPIRE_BATCH);
-        if expired.is_empty() {
-            return;
-        }
-        for (id, deadline) in expired {
-            if p.scratch.contains_key(&id) {
-                continue;
+        let mut budget = EXPIRE_BATCH;
+        for (n, part) in self.parts.iter().enumerate() {
+            let Some(part) = part else { continue };
+            if budget == 0 {
+                break;
             }
-            let Some(current) = self.map.get(id) else {
-                continue;
-            };
-            let state = p.scratch.entry(id).or_insert(current);
-            state.connection = Connection::Lost;
-            p.batch.events.push(Event {
-                sensor_id: id,
-                kind: EventKind::ConnectionLost,
-                at: deadline,
-                data: state.data,
-                previous: None,
-                last_seen_at: state.last_seen_at,
-            });
-            p.lost += 1;
+            let expired = part.fleet.expired(now, budget);
+            budget -= expired.len();
+            for (id, deadline) in expired {
+                if p.scratch.contains_key(&id) {
+                    continue;
+                }
+                let Some(current) = part.fleet.get(id) else {
+                    continue;
+                };
+                let (_, state) = p.scratch.entry(id).or_insert((n as u32, current));
+                state.connection = Connection::Lost;
+                p.batch.events.push(Event {
+                    sensor_id: id,
+                    kind: EventKind::ConnectionLost,
+                    at: deadline,
+                    data: state.data,
+                    previous: None,
+                    last_seen_at: state.last_seen_at,
+                });
+                p.lost += 1;
+            }
         }
     }
 
@@ -148,12 +204,14 @@ impl Shard {
         match msg {
             ShardMsg::Readings {
                 readings,
+                parts,
                 received_at,
                 reply,
             } => {
                 let verdicts = readings
                     .iter()
-                    .map(|r| self.apply(r, received_at, pending))
+                    .zip(parts)
+                    .map(|(r, p)| self.apply(r, p, received_at, pending))
                     .collect();
                 pending.readings += readings.len();
                 pending.last_received_at = Some(received_at);
@@ -167,34 +225,92 @@ impl Shard {
                 initial,
             } => {
                 let _ = self.flush(std::mem::take(pending)).await;
-                if self.map.get(id).is_some() {
-                    self.map.set_timeout(id, heartbeat_timeout_s);
+                let p = self.partition_of(id);
+                // A partition another node serves: that node follows the change.
+                let Some(part) = self.parts.get_mut(p as usize).and_then(Option::as_mut) else {
+                    return;
+                };
+                if part.fleet.get(id).is_some() {
+                    part.fleet.set_timeout(id, heartbeat_timeout_s);
                 } else {
                     let state = initial.unwrap_or_else(|| SensorState::new(heartbeat_timeout_s));
-                    self.map.insert(id, state);
+                    part.fleet.insert(id, state);
                 }
             }
             ShardMsg::Remove { id } => {
                 let _ = self.flush(std::mem::take(pending)).await;
-                if self
-                    .map
-                    .remove(id)
-                    .is_some_and(|s| s.connection == Connection::Lost)
+                let p = self.partition_of(id);
+                if let Some(part) = self.parts.get_mut(p as usize).and_then(Option::as_mut)
+                    && part
+                        .fleet
+                        .remove(id)
+                        .is_some_and(|s| s.connection == Connection::Lost)
                 {
                     fleet::lost_gauge(-1.0);
                 }
             }
+            ShardMsg::Acquire {
+                partition,
+                epoch,
+                sensors,
+                since,
+                reply,
+            } => {
+                let mut fleet = Fleet::new(self.default_timeout_ms, since);
+                fleet.reserve(sensors.len());
+                for (id, state) in sensors {
+                    fleet.insert(id, state);
+                }
+                let old = self.parts[partition as usize].replace(Part { fleet, epoch });
+                if let Some(old) = old {
+                    fleet::lost_gauge(-(old.fleet.count_lost() as f64));
+                }
+                let _ = reply.send(());
+            }
+            ShardMsg::Release {
+                partition,
+                flush,
+                reply,
+            } => {
+                if flush {
+                    let _ = self.flush(std::mem::take(pending)).await;
+                } else {
+                    // Its lease is gone: what is pending for it can no longer commit, and
+                    // would fence the rest of the batch with it.
+                    self.discard(partition, pending);
+                }
+                if let Some(old) = self.parts[partition as usize].take() {
+                    fleet::lost_gauge(-(old.fleet.count_lost() as f64));
+                }
+                let _ = reply.send(());
+            }
         }
     }
 
-    fn apply(&self, r: &Reading, received_at: Millis, p: &mut Pending) -> Option<Rejection> {
+    fn apply(
+        &self,
+        r: &Reading,
+        partition: u32,
+        received_at: Millis,
+        p: &mut Pending,
+    ) -> Option<Rejection> {
         let state = match p.scratch.get_mut(&r.sensor_id) {
-            Some(s) => s,
+            Some((_, s)) => s,
             None => {
-                let Some(current) = self.map.get(r.sensor_id) else {
+                let Some(part) = self.part(partition) else {
+                    return Some(Rejection::new(
+                        RejectCode::StoreUnavailable,
+                        format!("partition {partition} is moving between nodes; send it again"),
+                    ));
+                };
+                let Some(current) = part.fleet.get(r.sensor_id) else {
                     return Some(Rejection::unknown_sensor(r.sensor_id));
                 };
-                p.scratch.entry(r.sensor_id).or_insert(current)
+                &mut p
+                    .scratch
+                    .entry(r.sensor_id)
+                    .or_insert((partition, current))
+                    .1
             }
         };
         let ts = r.ts.unwrap_or(received_at);
@@ -216,15 +332,45 @@ impl Shard {
         None
     }
 
+    /// Drops what is pending for a partition whose lease is lost: its callers are told to
+    /// send again, the rest of the batch stays.
+    fn discard(&self, partition: u32, p: &mut Pending) {
+        if !p.scratch.values().any(|(n, _)| *n == partition) {
+            return;
+        }
+        // A caller's readings get one answer, so the whole round is refused (its callers
+        // send again; sensors due to expire stay due) and starts over empty.
+        for (reply, _) in std::mem::take(&mut p.replies) {
+            let _ = reply.send(Err(Error::Commit(format!(
+                "partition {partition} moved to another node"
+            ))));
+        }
+        *p = Pending::default();
+    }
+
     /// Commits a pending batch; `false` when the commit failed.
     async fn flush(&mut self, mut p: Pending) -> bool {
         if p.replies.is_empty() && p.lost == 0 {
             return true;
         }
+        let mut fence: Vec<Fence> = p
+            .scratch
+            .values()
+            .filter_map(|(n, _)| {
+                let epoch = self.part(*n)?.epoch?;
+                Some(Fence {
+                    partition: *n,
+                    epoch,
+                })
+            })
+            .collect();
+        fence.sort_unstable();
+        fence.dedup();
+        p.batch.fence = fence;
         p.batch.states = p
             .scratch
             .iter()
-            .map(|(id, s)| StateUpdate {
+            .map(|(id, (_, s))| StateUpdate {
                 sensor_id: *id,
                 data: s.data,
                 changed_at: s.changed_at,
@@ -254,9 +400,14 @@ impl Shard {
         };
         match result {
             Ok(()) => {
-                for (id, s) in p.scratch {
-                    let was_lost = self
-                        .map
+                for (id, (n, s)) in p.scratch {
+                    // A partition released meanwhile (flushed first, so only on shutdown
+                    // paths) has nothing to update.
+                    let Some(part) = self.parts[n as usize].as_mut() else {
+                        continue;
+                    };
+                    let was_lost = part
+                        .fleet
                         .update(id, s)
                         .is_some_and(|old| old.connection == Connection::Lost);
                     match (was_lost, s.connection == Connection::Lost) {

@@ -52,6 +52,7 @@ fn engine(
         batch_max,
         default_timeout: Duration::from_secs(10),
         clock,
+        partitions: 16,
     };
     let engine = Engine::launch(tuning, sensors, tx, stop.clone(), &TaskTracker::new());
     (engine, rx, stop)

@@ -18,7 +18,7 @@ pub struct Report {
     pub rejected: Vec<(usize, Rejection)>,
 }
 
-pub(super) type VerdictsRx = oneshot::Receiver<Result<Verdicts, Error>>;
+pub type VerdictsRx = oneshot::Receiver<Result<Verdicts, Error>>;
 
 /// Items handed to the engine ([`Engine::enqueue`](super::Engine::enqueue)), not yet known
 /// durable; [`Ticket::wait`] resolves once they are.

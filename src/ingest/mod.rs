@@ -97,6 +97,16 @@ impl Sources {
         metrics::gauge!("latch_source_up", "source" => source).set(if up { 1.0 } else { 0.0 });
     }
 
+    /// Forgets every source: they were stopped on purpose (cluster mode: another node
+    /// holds partition 0 and runs them now), so none counts as down.
+    pub fn clear(&self) {
+        let mut up = self.up.lock().expect("sources lock");
+        for source in up.keys() {
+            metrics::gauge!("latch_source_up", "source" => *source).set(0.0);
+        }
+        up.clear();
+    }
+
     /// Names of configured sources that are not consuming.
     pub fn down(&self) -> Vec<&'static str> {
         let up = self.up.lock().expect("sources lock");

@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored,
-    TimeRange,
+    Claim, ClusterStore, CommitBatch, Error, HistorySink, Lease, NodeRow, NotificationFilter,
+    NotificationRef, Outcome, Owner, Page, PageRequest, ReadingRecord, ReplayFilter, Result,
+    SensorRuntime, SensorView, Store, Stored, TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
 use crate::domain::token::ApiToken;
@@ -298,6 +298,59 @@ impl<S: Store> Store for Deadline<S> {
     }
     async fn delete_token(&self, id: String) -> Result<bool> {
         self.bound("delete_token", self.inner.delete_token(id))
+            .await
+    }
+}
+
+/// The cluster calls under the same bound: a renew that hangs past the lease would let
+/// another node take partitions this one still thinks it serves (the fence keeps that
+/// safe, but the node should learn it early).
+#[async_trait]
+impl<S: Store + ClusterStore> ClusterStore for Deadline<S> {
+    async fn partitions(&self, wanted: u32) -> Result<u32> {
+        self.bound("partitions", self.inner.partitions(wanted))
+            .await
+    }
+    async fn heartbeat(
+        &self,
+        node: &str,
+        address: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>> {
+        let call = self.inner.heartbeat(node, address, live_within);
+        self.bound("heartbeat", call).await
+    }
+    async fn renew(&self, node: &str, lease: Duration) -> Result<Vec<Lease>> {
+        self.bound("renew", self.inner.renew(node, lease)).await
+    }
+    async fn acquire(
+        &self,
+        node: &str,
+        max: u32,
+        lease: Duration,
+        reclaim_own: bool,
+    ) -> Result<Vec<Lease>> {
+        let call = self.inner.acquire(node, max, lease, reclaim_own);
+        self.bound("acquire", call).await
+    }
+    async fn release(&self, node: &str, leases: &[Lease]) -> Result<()> {
+        self.bound("release", self.inner.release(node, leases))
+            .await
+    }
+    async fn leave(&self, node: &str) -> Result<()> {
+        self.bound("leave", self.inner.leave(node)).await
+    }
+    async fn owners(&self) -> Result<Vec<Owner>> {
+        self.bound("owners", self.inner.owners()).await
+    }
+    async fn nodes(&self, live_within: Duration) -> Result<Vec<NodeRow>> {
+        self.bound("nodes", self.inner.nodes(live_within)).await
+    }
+    /// A bulk load, like [`Store::load_runtime`]: a node taking over many partitions reads
+    /// a large part of the fleet at once.
+    async fn load_partitions(&self, parts: &[u32], partitions: u32) -> Result<Vec<SensorRuntime>> {
+        let call = self.inner.load_partitions(parts, partitions);
+        self.within(self.limit * BULK_FACTOR, "load_partitions", call)
             .await
     }
 }

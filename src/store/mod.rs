@@ -413,21 +413,33 @@ pub fn node_id(dir: &std::path::Path) -> anyhow::Result<String> {
 
 /// Opens the store the configuration names.
 pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    Ok(connect_cluster(config).await?.0)
+}
+
+/// Opens the store the configuration names and, on PostgreSQL, its cluster side: one
+/// object behind both handles, so they share one pool and one time bound per call.
+pub async fn connect_cluster(
+    config: &crate::config::Config,
+) -> anyhow::Result<(
+    std::sync::Arc<dyn Store>,
+    Option<std::sync::Arc<dyn ClusterStore>>,
+)> {
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let lock = lock_data_dir(&config.data_dir)?;
             let store = postgres::PgStore::connect(url, config.database_timeout).await?;
-            Ok(std::sync::Arc::new(deadline::Deadline::new(
+            let store = std::sync::Arc::new(deadline::Deadline::new(
                 store.holding(lock),
                 config.database_timeout,
-            )))
+            ));
+            Ok((store.clone(), Some(store)))
         }
         Some(url) => anyhow::bail!(
             "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"
         ),
         None => {
             let store = sqlite::SqliteStore::open(&config.data_dir, config.sqlite_synchronous)?;
-            Ok(std::sync::Arc::new(store))
+            Ok((std::sync::Arc::new(store), None))
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
 
-use super::super::{CommitBatch, NotificationRef, Result};
+use super::super::{CommitBatch, Error, Fence, NotificationRef, Result};
 use super::{DELETE_LOCK, backend};
 use crate::domain::{EventKind, Millis, SensorId, notification::new_notification_id};
 
@@ -22,9 +22,46 @@ pub(super) async fn commit(
         &[&DELETE_LOCK],
     )
     .await?;
+    let fenced = fenced(&tx, &batch.fence).await?;
+    if !fenced.is_empty() {
+        tx.rollback().await?;
+        return Err(Error::Fenced(fenced));
+    }
     let created = commit_batch(&tx, &batch, now).await?;
     tx.commit().await?;
     Ok(created)
+}
+
+/// The partitions of `fence` this node no longer holds at its epoch, sorted. The rows stay
+/// locked `FOR SHARE` until the transaction ends: an `acquire` or `release` of one of them
+/// cannot change its owner while this commit writes (nor this commit write after one did).
+/// Locked in partition order, as renew and release lock them, so they never deadlock.
+pub(super) async fn fenced(
+    tx: &deadpool_postgres::Transaction<'_>,
+    fence: &[Fence],
+) -> Result<Vec<u32>> {
+    if fence.is_empty() {
+        return Ok(Vec::new());
+    }
+    let parts: Vec<i32> = fence.iter().map(|f| f.partition as i32).collect();
+    let held: HashMap<u32, i64> = tx
+        .query(
+            "SELECT partition, epoch FROM latch_partitions \
+             WHERE partition = ANY($1) AND owner IS NOT NULL ORDER BY partition FOR SHARE",
+            &[&parts],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get::<_, i32>(0) as u32, r.get(1)))
+        .collect();
+    let mut lost: Vec<u32> = fence
+        .iter()
+        .filter(|f| held.get(&f.partition) != Some(&f.epoch))
+        .map(|f| f.partition)
+        .collect();
+    lost.sort_unstable();
+    lost.dedup();
+    Ok(lost)
 }
 
 /// The body of a group commit: one statement per kind of row. Rows of a sensor deleted

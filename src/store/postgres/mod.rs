@@ -8,6 +8,9 @@
 //! - Claims lock the rows they take with `FOR UPDATE SKIP LOCKED` and lease them
 //!   (`claimed_by`, `lease_until`), so two nodes never send the same attempt at once and a
 //!   dead node's leases run out and are taken over.
+//! - Cluster mode (`cluster`): partition leases judged by the database's clock, and a
+//!   fence in every commit that holds the batch's partition rows `FOR SHARE` and checks
+//!   their epochs, so a node that lost a partition writes nothing for it.
 //! - Migrations run under an advisory lock, so nodes starting together apply them once.
 //! - History is partitioned by month; the current and next months' partitions are created
 //!   at start, under the migration lock.
@@ -16,8 +19,8 @@
 //!   answering enforces none of its own timeouts.
 //!
 //! This file connects, migrates and hands each call to the module of its concern
-//! (`registry`, `commit`, `outbox`, `history`), with the column lists and row mappers of
-//! `store::rows`.
+//! (`registry`, `commit`, `outbox`, `history`, `cluster`), with the column lists and row
+//! mappers of `store::rows`.
 
 use std::time::Duration;
 
@@ -35,6 +38,7 @@ use crate::domain::{
     Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
 };
 
+mod cluster;
 mod commit;
 mod history;
 mod lifecycle;
@@ -51,6 +55,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0003_sensor_changes.sql"),
     include_str!("../migrations/postgres/0004_client_lifecycle.sql"),
     include_str!("../migrations/postgres/0005_api_tokens.sql"),
+    include_str!("../migrations/postgres/0006_cluster.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

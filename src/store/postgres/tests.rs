@@ -3,10 +3,15 @@
 
 use super::*;
 
+/// The test database (`TEST_DATABASE_URL`, else the local one).
+pub(crate) fn base_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
 /// A store on a fresh schema of the test database, or `None` (outside CI) without one.
 pub(crate) async fn fresh() -> Option<(PgStore, String)> {
-    let base = std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let base = base_url();
     let schema = format!("latch_t_{}", ulid::Ulid::new().to_string().to_lowercase());
     let admin = match tokio_postgres::connect(&base, tokio_postgres::NoTls).await {
         Ok((client, conn)) => {
@@ -104,4 +109,52 @@ async fn migrations_are_idempotent_and_partitions_exist() {
         .unwrap()
         .get(0);
     assert_eq!(v as usize, MIGRATIONS.len());
+}
+
+/// Sensors registered before cluster mode get their hash when the column is added, so a
+/// node loads them by partition like new ones.
+#[tokio::test]
+async fn a_version_5_database_gains_the_hash_of_its_sensors() {
+    let Some((_, schema)) = fresh().await else {
+        return;
+    };
+    let url = crate::testkit::schema_url(&base_url(), &schema);
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Back to version 5: the fresh schema's tables go, the first five migrations return.
+    c.batch_execute(&format!(
+        "DROP SCHEMA {schema} CASCADE; CREATE SCHEMA {schema}; \
+         CREATE TABLE latch_migrations (version INTEGER PRIMARY KEY, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    ))
+    .await
+    .unwrap();
+    for (i, sql) in MIGRATIONS[..5].iter().enumerate() {
+        c.batch_execute(sql).await.unwrap();
+        c.execute(
+            "INSERT INTO latch_migrations (version) VALUES ($1)",
+            &[&(i as i32 + 1)],
+        )
+        .await
+        .unwrap();
+    }
+    c.execute(
+        "INSERT INTO sensors (id, address, created_at) VALUES ('old1', 'here', 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    PgStore::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let hash: i64 = c
+        .query_one("SELECT hash FROM sensors WHERE id = 'old1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let id = crate::domain::SensorId::parse("old1").unwrap();
+    assert_eq!(hash, crate::domain::partition::hash32(id) as i64);
 }

@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, Transaction, params};
 
-use super::super::{CommitBatch, NotificationRef, Result};
+use super::super::{CommitBatch, Error, NotificationRef, Result};
 use crate::domain::{EventKind, Millis, notification::new_notification_id};
 
 /// Commits `batch` in one transaction, returning the notifications it created.
@@ -12,6 +12,10 @@ pub(super) fn commit(
     batch: &CommitBatch,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
+    // SQLite stays one node: no leases to check a fence against.
+    if !batch.fence.is_empty() {
+        return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
+    }
     let tx = c.transaction()?;
     let created = commit_batch(&tx, batch, now)?;
     tx.commit()?;

@@ -192,3 +192,48 @@ async fn a_version_1_database_keeps_its_history_through_the_migrations() {
         vec![7, 8, 9]
     );
 }
+
+/// SQLite has no leases to check a fence against, so a fenced batch is refused whole.
+#[tokio::test]
+async fn a_fenced_batch_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("nofence").unwrap();
+    store
+        .create_sensor(Sensor {
+            id,
+            address: "here".into(),
+            heartbeat_timeout_s: None,
+            created_at: 1,
+        })
+        .await
+        .unwrap();
+    let batch = CommitBatch {
+        readings: vec![ReadingRecord {
+            sensor_id: id,
+            data: true,
+            ts: 1,
+            received_at: 1,
+            late: false,
+        }],
+        fence: vec![crate::store::Fence {
+            partition: 0,
+            epoch: 1,
+        }],
+        ..Default::default()
+    };
+    let err = store.commit(batch, 1).await.unwrap_err().to_string();
+    assert!(err.contains("needs PostgreSQL"), "{err}");
+    let readings = store
+        .list_readings(
+            id,
+            TimeRange::default(),
+            PageRequest {
+                limit: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(readings.items.is_empty());
+}

@@ -1,0 +1,169 @@
+//! `GET /v1/cluster`, and the node-to-node endpoints of cluster mode (not part of the
+//! public API: authenticated by `cluster_secret`, absent from the OpenAPI document).
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiResult, ErrorBody};
+use crate::cluster::forward::{ForwardRequest, ForwardResponse, READINGS_PATH};
+use crate::cluster::{FOLLOW_PATH, SECRET_HEADER};
+use crate::domain::reading::RejectCode;
+use crate::domain::{Rejection, time};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get_cluster))
+}
+
+/// Most bytes of one forwarded request (the forwarder sends at most 20,000 readings).
+const MAX_FORWARD_BYTES: usize = 16 << 20;
+
+/// The node-to-node routes.
+pub fn internal() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route(READINGS_PATH, post(forwarded))
+        .route(FOLLOW_PATH, post(follow))
+        .layer(DefaultBodyLimit::max(MAX_FORWARD_BYTES))
+}
+
+/// The nodes of the cluster and how the partitions are spread over them.
+#[derive(Serialize, ToSchema)]
+pub struct ClusterOut {
+    /// Partitions of the fleet, fixed when the database was first used.
+    pub partitions: u32,
+    /// Live nodes (a heartbeat within the lease), by id.
+    pub nodes: Vec<NodeOut>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct NodeOut {
+    pub id: String,
+    /// Where other nodes reach it; empty when it listens on a wildcard address without
+    /// `node_advertise`.
+    pub address: String,
+    /// Its last heartbeat (the database's clock).
+    pub heartbeat_at: String,
+    /// Partitions whose lease it holds.
+    pub partitions: u32,
+}
+
+/// The cluster: partitions and live nodes. On the embedded store, this one node serving
+/// every partition.
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
+    responses((status = 200, body = ClusterOut),
+        (status = 503, description = "the store is unavailable", body = ErrorBody)))]
+async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut>> {
+    let Some(c) = &st.cluster else {
+        let partitions = st.engine.partitions();
+        return Ok(ApiJson(ClusterOut {
+            partitions,
+            nodes: vec![NodeOut {
+                id: st.node.clone(),
+                address: st.address.clone(),
+                heartbeat_at: time::format(st.engine.now()),
+                partitions,
+            }],
+        }));
+    };
+    let nodes = c.nodes().await.map_err(|e| match e {
+        crate::cluster::Error::Store(e) => ApiError::from(e),
+        other => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            other.to_string(),
+        ),
+    })?;
+    Ok(ApiJson(ClusterOut {
+        partitions: c.partitions(),
+        nodes: nodes
+            .into_iter()
+            .map(|n| NodeOut {
+                id: n.id,
+                address: n.address,
+                heartbeat_at: time::format(n.heartbeat_at),
+                partitions: n.partitions,
+            })
+            .collect(),
+    }))
+}
+
+/// Refuses a node-to-node request without the cluster secret (or on a single node).
+fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(c) = &st.cluster else {
+        return Err(ApiError::not_found("route"));
+    };
+    let given = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok());
+    if c.admits(given) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+/// Readings another node took in for partitions served here: applied here, in the order
+/// of the batches, answered per reading once durable. Never forwarded again: a reading
+/// of a partition not served here is refused as `store_unavailable` (send again).
+async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = admit(&st, &headers) {
+        return e.into_response();
+    }
+    let req: ForwardRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", e.to_string())
+                .into_response();
+        }
+    };
+    let mut tickets = Vec::with_capacity(req.batches.len());
+    for b in req.batches {
+        let n = b.readings.len();
+        let items = b.readings.into_iter().map(Ok).collect();
+        tickets.push((n, st.engine.enqueue_here(items, b.received_at).await));
+    }
+    let mut verdicts = Vec::with_capacity(tickets.len());
+    for (n, ticket) in tickets {
+        let report = match ticket {
+            Ok(t) => t.wait().await,
+            Err(e) => Err(e),
+        };
+        verdicts.push(match report {
+            Ok(report) => {
+                let mut v: Vec<Option<Rejection>> = vec![None; n];
+                for (i, rej) in report.rejected {
+                    v[i] = Some(rej);
+                }
+                v
+            }
+            Err(e) => vec![
+                Some(Rejection::new(
+                    RejectCode::StoreUnavailable,
+                    format!("not stored ({e}); send it again"),
+                ));
+                n
+            ],
+        });
+    }
+    Json(ForwardResponse { verdicts }).into_response()
+}
+
+/// Another node changed the registry: read the changes now.
+async fn follow(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = admit(&st, &headers) {
+        return e.into_response();
+    }
+    let Some(pokes) = &st.follow else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    let (done, wait) = tokio::sync::oneshot::channel();
+    if pokes.send(done).await.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), wait).await;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}

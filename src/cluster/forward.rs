@@ -1,0 +1,170 @@
+//! Readings handed to the node that serves their partition, over HTTP.
+//!
+//! One queue and one request in flight per destination: whatever queued while a request
+//! was out goes in the next one, in order (a group forward, as the committer groups
+//! commits). So batches a source enqueued one after another reach the owner, and are
+//! applied there, in that order, and a flood costs few requests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::domain::{Millis, Reading, Rejection};
+use crate::engine::{self, Forwarder, Verdicts, VerdictsRx};
+
+/// Path of the owner's endpoint for forwarded readings.
+pub const READINGS_PATH: &str = "/internal/v1/readings";
+/// Header carrying `cluster_secret` on node-to-node requests.
+pub const SECRET_HEADER: &str = "x-latch-cluster-secret";
+/// Most readings in one forwarded request.
+const MAX_READINGS: usize = 20_000;
+
+/// Body of a forward: batches in the order they were enqueued.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardRequest {
+    pub batches: Vec<ForwardBatch>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardBatch {
+    /// When the entry node received them (their stamp, as if they arrived at the owner).
+    pub received_at: Millis,
+    pub readings: Vec<Reading>,
+}
+
+/// Per batch, per reading: `null` accepted, else why not.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardResponse {
+    pub verdicts: Vec<Vec<Option<Rejection>>>,
+}
+
+struct Job {
+    readings: Vec<Reading>,
+    received_at: Millis,
+    reply: oneshot::Sender<Result<Verdicts, engine::Error>>,
+}
+
+/// The [`Forwarder`] of a cluster node.
+pub struct HttpForwarder {
+    http: reqwest::Client,
+    secret: Option<Arc<str>>,
+    timeout: Duration,
+    queues: Mutex<HashMap<Arc<str>, mpsc::UnboundedSender<Job>>>,
+}
+
+impl HttpForwarder {
+    pub fn new(secret: Option<String>, timeout: Duration) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .tcp_nodelay(true)
+                .build()
+                .expect("a plain HTTP client builds"),
+            secret: secret.map(Arc::from),
+            timeout,
+            queues: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn queue(&self, to: &Arc<str>) -> mpsc::UnboundedSender<Job> {
+        let mut queues = self.queues.lock().expect("forward queues");
+        if let Some(q) = queues.get(to).filter(|q| !q.is_closed()) {
+            return q.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(send_loop(
+            self.http.clone(),
+            format!("{to}{READINGS_PATH}"),
+            self.secret.clone(),
+            self.timeout,
+            rx,
+        ));
+        queues.insert(to.clone(), tx.clone());
+        tx
+    }
+}
+
+impl Forwarder for HttpForwarder {
+    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, received_at: Millis) -> VerdictsRx {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            readings,
+            received_at,
+            reply,
+        };
+        if let Err(mpsc::error::SendError(job)) = self.queue(&to).send(job) {
+            let _ = job.reply.send(Err(engine::Error::Closed));
+        }
+        rx
+    }
+}
+
+/// Sends what queued for one destination, one request at a time, until every sender is
+/// gone.
+async fn send_loop(
+    http: reqwest::Client,
+    url: String,
+    secret: Option<Arc<str>>,
+    timeout: Duration,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        let mut count = jobs[0].readings.len();
+        while count < MAX_READINGS {
+            match rx.try_recv() {
+                Ok(j) => {
+                    count += j.readings.len();
+                    jobs.push(j);
+                }
+                Err(_) => break,
+            }
+        }
+        let body = ForwardRequest {
+            batches: jobs
+                .iter()
+                .map(|j| ForwardBatch {
+                    received_at: j.received_at,
+                    readings: j.readings.clone(),
+                })
+                .collect(),
+        };
+        let mut req = http.post(&url).json(&body).timeout(timeout);
+        if let Some(s) = &secret {
+            req = req.header(SECRET_HEADER, s.as_ref());
+        }
+        let answer = async {
+            let resp = req.send().await.map_err(|e| e.to_string())?;
+            let status = resp.status();
+            if !status.is_success() {
+                let text = resp.text().await.unwrap_or_default();
+                return Err(format!("{status}: {text}"));
+            }
+            let r: ForwardResponse = resp.json().await.map_err(|e| e.to_string())?;
+            if r.verdicts.len() != jobs.len() {
+                return Err("the owner answered for another number of batches".into());
+            }
+            Ok(r.verdicts)
+        }
+        .await;
+        match answer {
+            Ok(verdicts) => {
+                for (job, v) in jobs.into_iter().zip(verdicts) {
+                    let _ = job.reply.send(Ok(v));
+                }
+            }
+            Err(e) => {
+                metrics::counter!("latch_cluster_forward_failures_total").increment(1);
+                tracing::warn!(%url, error = %e, "Forwarding readings to their partition's owner failed.");
+                for job in jobs {
+                    let _ = job.reply.send(Err(engine::Error::Commit(format!(
+                        "the node serving these sensors did not take them ({e})"
+                    ))));
+                }
+            }
+        }
+    }
+}

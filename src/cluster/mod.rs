@@ -1,0 +1,464 @@
+//! Cluster mode: any number of latch nodes over one PostgreSQL behave like one node.
+//!
+//! The fleet is divided into a fixed number of partitions (a stable hash of the sensor id,
+//! [`crate::domain::partition`]). Each partition is leased in the database by one node at
+//! a time, with an epoch that grows at every change of owner ([`ClusterStore`]); the
+//! database's clock judges when a lease ran out. The owner holds its partitions' sensors
+//! and deadlines in its engine and delivers their notifications, so order per (client,
+//! sensor) needs no coordination between nodes; every commit checks, in its transaction,
+//! that the node still holds each partition it writes at its epoch (the fence), so a node
+//! that was paused past its lease commits nothing for partitions it lost.
+//!
+//! [`Membership::run`] is each node's loop, once per tick (a third of the lease, at most a
+//! second): heartbeat; renew its leases and drop those it lost; work out its fair share
+//! (`P / live nodes`, the first `P % n` nodes by id taking one more); hand surplus
+//! partitions over (flush, then release) or take free and expired ones (load their
+//! sensors, serve them with deadlines counted from the takeover, look for their pending
+//! notifications at once); and publish who serves what, so readings entering this node
+//! for other partitions are forwarded to their owners ([`forward`]).
+//!
+//! Broker sources run on the node that holds partition 0 ([`Membership::leads`]), so a
+//! queue or topic is consumed in one place, in order, as on one node.
+
+pub mod forward;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::{Dispatcher, Serves};
+use crate::domain::{Millis, SensorId, partition};
+use crate::engine::{Engine, Route, Routing};
+use crate::store::{ClusterStore, Lease, NodeRow, SensorRuntime};
+
+pub use forward::{HttpForwarder, SECRET_HEADER};
+
+/// Errors of the cluster layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    #[error(transparent)]
+    Engine(#[from] crate::engine::Error),
+}
+
+/// Path of a node's endpoint that makes it read the registry changes now.
+pub const FOLLOW_PATH: &str = "/internal/v1/follow";
+
+/// This node's part in the cluster; shared by the lease loop, the API and the dispatcher.
+pub struct Membership {
+    store: Arc<dyn ClusterStore>,
+    node: String,
+    /// Where other nodes reach this one; empty when unknown (a wildcard listen address
+    /// and no `node_advertise`): nothing is forwarded here then.
+    address: String,
+    partitions: u32,
+    lease: Duration,
+    /// The partitions this node serves, with their lease epochs.
+    held: Mutex<BTreeMap<u32, i64>>,
+    /// `held` as flags, read by the dispatcher's filter for every notification it sweeps.
+    serving: Arc<Vec<AtomicBool>>,
+    routing: Arc<Routing>,
+    leads: watch::Sender<bool>,
+    ready: AtomicBool,
+    http: reqwest::Client,
+    secret: Option<String>,
+}
+
+impl Membership {
+    /// Registers this node and fixes the partition count (at the database's first use).
+    pub async fn join(
+        store: Arc<dyn ClusterStore>,
+        node: String,
+        address: Option<String>,
+        config: &crate::config::Config,
+    ) -> Result<Arc<Self>, Error> {
+        let partitions = store.partitions(config.partitions()).await?;
+        if let Some(wanted) = config.cluster_partitions
+            && wanted != partitions
+        {
+            tracing::warn!(
+                wanted,
+                partitions,
+                "cluster_partitions differs from the count fixed when the database was first \
+                 used; keeping the database's."
+            );
+        }
+        let address = address.unwrap_or_default();
+        if address.is_empty() {
+            tracing::warn!(
+                "Listening on a wildcard address without node_advertise: other nodes cannot \
+                 hand readings to this one. Set LATCH_NODE_ADVERTISE when running several nodes."
+            );
+        }
+        let forwarder = Arc::new(HttpForwarder::new(
+            config.cluster_secret.clone(),
+            config.database_timeout + Duration::from_secs(5),
+        ));
+        let (leads, _) = watch::channel(false);
+        let me = Arc::new(Self {
+            store,
+            node,
+            address,
+            partitions,
+            lease: config.lease(),
+            held: Mutex::new(BTreeMap::new()),
+            serving: Arc::new((0..partitions).map(|_| AtomicBool::new(false)).collect()),
+            routing: Arc::new(Routing::new(partitions, forwarder)),
+            leads,
+            ready: AtomicBool::new(false),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("a plain HTTP client builds"),
+            secret: config.cluster_secret.clone(),
+        });
+        me.store.heartbeat(&me.node, &me.address, me.lease).await?;
+        Ok(me)
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The routing table the engine forwards by.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.clone()
+    }
+
+    /// The dispatcher's filter: notifications of sensors in partitions served here.
+    pub fn serves(&self) -> Serves {
+        let serving = self.serving.clone();
+        let partitions = self.partitions;
+        Serves(Arc::new(move |id: SensorId| {
+            serving[partition::of(id, partitions) as usize].load(Ordering::Relaxed)
+        }))
+    }
+
+    /// Whether this node runs the broker sources (it holds partition 0).
+    pub fn leads(&self) -> watch::Receiver<bool> {
+        self.leads.subscribe()
+    }
+
+    /// Whether the first lease round is done.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Live nodes and their lease counts, for `GET /v1/cluster`.
+    pub async fn nodes(&self) -> Result<Vec<NodeRow>, Error> {
+        Ok(self.store.nodes(self.lease).await?)
+    }
+
+    fn tick(&self) -> Duration {
+        (self.lease / 3).min(Duration::from_secs(1))
+    }
+
+    /// The lease loop, until `stop`. `fenced` brings partitions a commit found lost.
+    pub async fn run(
+        self: Arc<Self>,
+        engine: Engine,
+        dispatcher: Dispatcher,
+        mut fenced: mpsc::UnboundedReceiver<Vec<u32>>,
+        stop: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.tick()) => {}
+                Some(parts) = fenced.recv() => {
+                    self.drop_lost(&engine, &parts).await;
+                }
+            }
+            if let Err(e) = self.round(&engine, &dispatcher, false).await {
+                tracing::warn!(error = %e, "Cluster lease round failed; trying again.");
+            }
+        }
+    }
+
+    /// Stops serving partitions whose lease is gone, without committing anything more.
+    async fn drop_lost(&self, engine: &Engine, parts: &[u32]) {
+        let mut lost = Vec::new();
+        {
+            let mut held = self.held.lock().expect("held");
+            for p in parts {
+                if held.remove(p).is_some() {
+                    lost.push(*p);
+                }
+            }
+        }
+        for p in &lost {
+            self.serving[*p as usize].store(false, Ordering::Relaxed);
+            let _ = engine.release(*p, false).await;
+        }
+        if !lost.is_empty() {
+            tracing::warn!(partitions = ?lost, "Partitions lost to another node (fenced).");
+            self.publish_held();
+        }
+    }
+
+    /// One round: heartbeat, renew, rebalance, publish the routes.
+    pub async fn round(
+        &self,
+        engine: &Engine,
+        dispatcher: &Dispatcher,
+        first: bool,
+    ) -> Result<(), Error> {
+        let live = self
+            .store
+            .heartbeat(&self.node, &self.address, self.lease)
+            .await?;
+        let renewed: BTreeMap<u32, i64> = self
+            .store
+            .renew(&self.node, self.lease)
+            .await?
+            .into_iter()
+            .map(|l| (l.partition, l.epoch))
+            .collect();
+        // Served here but no longer ours at that epoch: another node has it.
+        let held = self.held.lock().expect("held").clone();
+        let lost: Vec<u32> = held
+            .iter()
+            .filter(|(p, e)| renewed.get(p) != Some(e))
+            .map(|(p, _)| *p)
+            .collect();
+        self.drop_lost(engine, &lost).await;
+        // Leased to this node but not served: left by an earlier process on this data
+        // folder (taken back with a new epoch below), or a takeover that failed halfway.
+        let strays: Vec<Lease> = renewed
+            .iter()
+            .filter(|(p, _)| !held.contains_key(p))
+            .map(|(p, e)| Lease {
+                partition: *p,
+                epoch: *e,
+            })
+            .collect();
+        if !first && !strays.is_empty() {
+            self.store.release(&self.node, &strays).await?;
+        }
+
+        let target = fair_share(self.partitions, &live, &self.node);
+        let serving = self.held.lock().expect("held").len() as u32;
+        if serving > target {
+            self.hand_over(engine, serving - target).await?;
+        } else if serving < target || (first && !strays.is_empty()) {
+            let want =
+                (target - serving.min(target)).max(if first { strays.len() as u32 } else { 0 });
+            self.take(engine, dispatcher, want, first).await?;
+        }
+        self.publish_routes().await?;
+        self.ready.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Hands `n` partitions over (the highest first, so partition 0 and the sources it
+    /// carries move least): each is flushed by the engine, then its lease released.
+    async fn hand_over(&self, engine: &Engine, n: u32) -> Result<(), Error> {
+        let give: Vec<Lease> = {
+            let held = self.held.lock().expect("held");
+            held.iter()
+                .rev()
+                .take(n as usize)
+                .map(|(p, e)| Lease {
+                    partition: *p,
+                    epoch: *e,
+                })
+                .collect()
+        };
+        for l in &give {
+            // Stop routing here first, so nothing new queues behind the flush.
+            self.serving[l.partition as usize].store(false, Ordering::Relaxed);
+            self.held.lock().expect("held").remove(&l.partition);
+            engine.release(l.partition, true).await?;
+        }
+        self.store.release(&self.node, &give).await?;
+        tracing::info!(partitions = give.len(), "Handed partitions over.");
+        self.publish_held();
+        Ok(())
+    }
+
+    /// Takes up to `n` free or expired partitions and starts serving them.
+    async fn take(
+        &self,
+        engine: &Engine,
+        dispatcher: &Dispatcher,
+        n: u32,
+        reclaim_own: bool,
+    ) -> Result<(), Error> {
+        if n == 0 {
+            return Ok(());
+        }
+        let got = self
+            .store
+            .acquire(&self.node, n, self.lease, reclaim_own)
+            .await?;
+        if got.is_empty() {
+            return Ok(());
+        }
+        let parts: Vec<u32> = got.iter().map(|l| l.partition).collect();
+        let sensors = match self.store.load_partitions(&parts, self.partitions).await {
+            Ok(s) => s,
+            Err(e) => {
+                // Not served: give them back rather than hold them idle.
+                let _ = self.store.release(&self.node, &got).await;
+                return Err(e.into());
+            }
+        };
+        let mut by_part: HashMap<u32, Vec<SensorRuntime>> = HashMap::new();
+        for s in sensors {
+            by_part
+                .entry(partition::of(s.0, self.partitions))
+                .or_default()
+                .push(s);
+        }
+        let since: Millis = engine.now();
+        for l in &got {
+            let sensors = by_part.remove(&l.partition).unwrap_or_default();
+            engine
+                .acquire(l.partition, Some(l.epoch), sensors, since)
+                .await?;
+            self.held.lock().expect("held").insert(l.partition, l.epoch);
+            self.serving[l.partition as usize].store(true, Ordering::Relaxed);
+        }
+        metrics::counter!("latch_cluster_takeovers_total").increment(got.len() as u64);
+        tracing::info!(partitions = ?parts, "Took partitions over.");
+        // Their backlog of notifications is delivered from here now.
+        dispatcher.sweep_now();
+        self.publish_held();
+        Ok(())
+    }
+
+    fn publish_held(&self) {
+        let held = self.held.lock().expect("held");
+        metrics::gauge!("latch_cluster_partitions_owned").set(held.len() as f64);
+        self.leads.send_if_modified(|leads| {
+            let now = held.contains_key(&0);
+            std::mem::replace(leads, now) != now
+        });
+    }
+
+    /// Reads who serves what and replaces the routing table.
+    async fn publish_routes(&self) -> Result<(), Error> {
+        let owners = self.store.owners().await?;
+        let mut routes = vec![Route::Nobody; self.partitions as usize];
+        let mut addresses: HashMap<String, Arc<str>> = HashMap::new();
+        for o in owners {
+            if o.node == self.node || o.address.is_empty() {
+                continue;
+            }
+            let Some(r) = routes.get_mut(o.partition as usize) else {
+                continue;
+            };
+            let addr = addresses
+                .entry(o.address.clone())
+                .or_insert_with(|| Arc::from(o.address.trim_end_matches('/')));
+            *r = Route::Node(addr.clone());
+        }
+        for p in self.held.lock().expect("held").keys() {
+            routes[*p as usize] = Route::Here;
+        }
+        self.routing.set(routes);
+        Ok(())
+    }
+
+    /// A sensor was created, changed or deleted through this node: the node serving its
+    /// partition reads the change now rather than at its next follow round, so the
+    /// sensor's next reading meets the registry it was registered in.
+    pub async fn registry_changed(&self, id: SensorId) {
+        let p = partition::of(id, self.partitions);
+        let Route::Node(to) = &self.routing.get()[p as usize] else {
+            return;
+        };
+        let mut req = self
+            .http
+            .post(format!("{to}{FOLLOW_PATH}"))
+            .timeout(Duration::from_secs(3));
+        if let Some(s) = &self.secret {
+            req = req.header(SECRET_HEADER, s);
+        }
+        match req.send().await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => {
+                tracing::warn!(node = %to, status = %r.status(), "Registry poke refused; the node follows within a second.")
+            }
+            Err(e) => {
+                tracing::warn!(node = %to, error = %e, "Registry poke failed; the node follows within a second.")
+            }
+        }
+    }
+
+    /// Whether a node-to-node request carries the cluster secret (any request does when
+    /// none is set).
+    pub fn admits(&self, given: Option<&str>) -> bool {
+        match &self.secret {
+            None => true,
+            Some(s) => given.is_some_and(|g| {
+                g.len() == s.len()
+                    && g.bytes()
+                        .zip(s.bytes())
+                        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+                        == 0
+            }),
+        }
+    }
+
+    /// A clean stop, once the engine has flushed: every lease given up at once (the other
+    /// nodes take the partitions at their next round) and the registration removed.
+    pub async fn leave(&self) {
+        let held: Vec<Lease> = std::mem::take(&mut *self.held.lock().expect("held"))
+            .into_iter()
+            .map(|(partition, epoch)| Lease { partition, epoch })
+            .collect();
+        if let Err(e) = self.store.release(&self.node, &held).await {
+            tracing::warn!(error = %e, "Releasing partitions failed; they move when their leases run out.");
+        }
+        if let Err(e) = self.store.leave(&self.node).await {
+            tracing::warn!(error = %e, "Leaving the cluster failed.");
+        }
+        metrics::gauge!("latch_cluster_partitions_owned").set(0.0);
+        tracing::info!(partitions = held.len(), "Left the cluster.");
+    }
+}
+
+/// This node's fair share of `partitions` among the `live` nodes (sorted ids): an even
+/// split, the first `partitions % n` nodes taking one more. A node not yet seen live
+/// counts itself in.
+pub fn fair_share(partitions: u32, live: &[String], node: &str) -> u32 {
+    let mut ids: Vec<&str> = live.iter().map(String::as_str).collect();
+    if !ids.contains(&node) {
+        ids.push(node);
+    }
+    ids.sort_unstable();
+    let n = ids.len() as u32;
+    let idx = ids.iter().position(|i| *i == node).unwrap_or(0) as u32;
+    partitions / n + u32::from(idx < partitions % n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fair_shares_add_up_and_differ_by_at_most_one() {
+        for n in 1..=7u32 {
+            let live: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+            for p in [1u32, 16, 128, 1000] {
+                let shares: Vec<u32> = live.iter().map(|id| fair_share(p, &live, id)).collect();
+                assert_eq!(shares.iter().sum::<u32>(), p, "n={n} p={p}");
+                let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+                assert!(hi - lo <= 1, "n={n} p={p}: {shares:?}");
+            }
+        }
+        // A node not yet in the live list counts itself.
+        assert_eq!(fair_share(128, &[], "a"), 128);
+        assert_eq!(fair_share(128, &["a".into()], "b"), 64);
+    }
+}

@@ -1,0 +1,245 @@
+//! Cluster mode's tables: the fixed partition count, one lease row per partition, and the
+//! registered nodes. Every time is the database's `now()`, so nodes whose clocks disagree
+//! still agree on when a lease runs out.
+//!
+//! Rows of `latch_partitions` are locked in partition order wherever several are locked
+//! at once (renew, release, and the commit's fence in `commit.rs`), so a commit holding
+//! some of them `FOR SHARE` and a renew or release waiting for it never deadlock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
+use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime};
+use super::PgStore;
+use crate::domain::partition;
+
+#[cfg(test)]
+mod tests;
+
+/// A duration as whole milliseconds, which SQL turns into an interval
+/// (`$n * interval '1 millisecond'`).
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+fn leases(rows: &[tokio_postgres::Row]) -> Vec<Lease> {
+    let mut leases: Vec<Lease> = rows
+        .iter()
+        .map(|r| Lease {
+            partition: r.get::<_, i32>(0) as u32,
+            epoch: r.get(1),
+        })
+        .collect();
+    leases.sort_unstable();
+    leases
+}
+
+#[async_trait]
+impl ClusterStore for PgStore {
+    async fn partitions(&self, wanted: u32) -> Result<u32> {
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        // A second node starting at the same moment waits on the key, then finds the row.
+        tx.execute(
+            "INSERT INTO latch_cluster (id, partitions) VALUES (1, $1) ON CONFLICT DO NOTHING",
+            &[&(wanted as i32)],
+        )
+        .await?;
+        let fixed: i32 = tx
+            .query_one("SELECT partitions FROM latch_cluster WHERE id = 1", &[])
+            .await?
+            .get(0);
+        // Both nodes insert in the same order, so neither waits on a row the other waits
+        // for.
+        tx.execute(
+            "INSERT INTO latch_partitions (partition) \
+             SELECT generate_series(0, $1::int4 - 1) ORDER BY 1 ON CONFLICT DO NOTHING",
+            &[&fixed],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(fixed as u32)
+    }
+
+    async fn heartbeat(
+        &self,
+        node: &str,
+        address: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>> {
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        tx.execute(
+            "INSERT INTO latch_nodes (id, address, heartbeat_at) VALUES ($1, $2, now()) \
+             ON CONFLICT (id) DO UPDATE SET address = excluded.address, \
+             heartbeat_at = excluded.heartbeat_at",
+            &[&node, &address],
+        )
+        .await?;
+        let live = tx
+            .query(
+                "SELECT id FROM latch_nodes \
+                 WHERE heartbeat_at > now() - $1::int8 * interval '1 millisecond' ORDER BY id",
+                &[&ms(live_within)],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(live.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn renew(&self, node: &str, lease: Duration) -> Result<Vec<Lease>> {
+        // A lease that ran out but that nobody took is still this node's at its epoch
+        // (taking it bumps the epoch), so it is extended too.
+        let rows = self
+            .pool
+            .get()
+            .await?
+            .query(
+                "UPDATE latch_partitions SET expires_at = now() + $2::int8 * interval '1 millisecond' \
+                 WHERE partition IN (SELECT partition FROM latch_partitions WHERE owner = $1 \
+                 ORDER BY partition FOR UPDATE) \
+                 RETURNING partition, epoch",
+                &[&node, &ms(lease)],
+            )
+            .await?;
+        Ok(leases(&rows))
+    }
+
+    async fn acquire(
+        &self,
+        node: &str,
+        max: u32,
+        lease: Duration,
+        reclaim_own: bool,
+    ) -> Result<Vec<Lease>> {
+        // SKIP LOCKED: rows another node is taking, or a commit holds for its fence, are
+        // left for a later round; the re-check of the condition on the newest row version
+        // (READ COMMITTED) keeps a row just taken by another node out.
+        let rows = self
+            .pool
+            .get()
+            .await?
+            .query(
+                "UPDATE latch_partitions SET owner = $1, epoch = epoch + 1, \
+                 expires_at = now() + $3::int8 * interval '1 millisecond' \
+                 WHERE partition IN (SELECT partition FROM latch_partitions \
+                 WHERE owner IS NULL OR expires_at < now() OR ($4 AND owner = $1) \
+                 ORDER BY partition LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 RETURNING partition, epoch",
+                &[&node, &(max as i64), &ms(lease), &reclaim_own],
+            )
+            .await?;
+        Ok(leases(&rows))
+    }
+
+    async fn release(&self, node: &str, leases: &[Lease]) -> Result<()> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        let parts: Vec<i32> = leases.iter().map(|l| l.partition as i32).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+        // The epoch is bumped too, so a commit of this node still in flight with the old
+        // one is fenced.
+        self.pool
+            .get()
+            .await?
+            .execute(
+                "UPDATE latch_partitions p SET owner = NULL, epoch = p.epoch + 1, \
+                 expires_at = '-infinity' \
+                 FROM (SELECT q.partition FROM latch_partitions q \
+                 JOIN UNNEST($2::int4[], $3::int8[]) AS u(partition, epoch) \
+                 ON q.partition = u.partition AND q.epoch = u.epoch \
+                 WHERE q.owner = $1 ORDER BY q.partition FOR UPDATE OF q) mine \
+                 WHERE p.partition = mine.partition",
+                &[&node, &parts, &epochs],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn leave(&self, node: &str) -> Result<()> {
+        self.pool
+            .get()
+            .await?
+            .execute("DELETE FROM latch_nodes WHERE id = $1", &[&node])
+            .await?;
+        Ok(())
+    }
+
+    async fn owners(&self) -> Result<Vec<Owner>> {
+        // An owner without a registration cannot be reached, so it is not shown as one.
+        let rows = self
+            .pool
+            .get()
+            .await?
+            .query(
+                "SELECT p.partition, p.owner, n.address, p.epoch FROM latch_partitions p \
+                 JOIN latch_nodes n ON n.id = p.owner \
+                 WHERE p.expires_at > now() ORDER BY p.partition",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Owner {
+                partition: r.get::<_, i32>(0) as u32,
+                node: r.get(1),
+                address: r.get(2),
+                epoch: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn nodes(&self, live_within: Duration) -> Result<Vec<NodeRow>> {
+        let rows = self
+            .pool
+            .get()
+            .await?
+            .query(
+                "SELECT n.id, n.address, \
+                 (extract(epoch FROM n.heartbeat_at) * 1000)::int8, \
+                 (SELECT count(*) FROM latch_partitions p \
+                  WHERE p.owner = n.id AND p.expires_at > now()) \
+                 FROM latch_nodes n \
+                 WHERE n.heartbeat_at > now() - $1::int8 * interval '1 millisecond' \
+                 ORDER BY n.id",
+                &[&ms(live_within)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| NodeRow {
+                id: r.get(0),
+                address: r.get(1),
+                heartbeat_at: r.get(2),
+                partitions: r.get::<_, i64>(3) as u32,
+            })
+            .collect())
+    }
+
+    async fn load_partitions(&self, parts: &[u32], partitions: u32) -> Result<Vec<SensorRuntime>> {
+        let mut parts = parts.to_vec();
+        parts.sort_unstable();
+        parts.dedup();
+        let (lo, hi): (Vec<i64>, Vec<i64>) = parts
+            .iter()
+            .map(|&p| partition::hash_range(p, partitions))
+            .unzip();
+        // One index range scan of `sensors.hash` per partition.
+        let rows = self
+            .pool
+            .get()
+            .await?
+            .query(
+                &format!(
+                    "SELECT {RUNTIME_COLS} FROM UNNEST($1::int8[], $2::int8[]) AS r(lo, hi) \
+                     JOIN sensors s ON s.hash >= r.lo AND s.hash < r.hi {RUNTIME_JOIN}"
+                ),
+                &[&lo, &hi],
+            )
+            .await?;
+        rows.iter().map(row::runtime).collect()
+    }
+}
