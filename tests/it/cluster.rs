@@ -61,6 +61,64 @@ async fn readings_through_every_node_give_what_one_node_gives() {
 }
 
 #[tokio::test]
+async fn a_sensor_registered_through_one_node_takes_readings_through_every_node_at_once() {
+    // Right as the partitions are spread: readings of a partition still being taken up may
+    // be refused with `store_unavailable` (sent again here), but a registered sensor is
+    // never unknown.
+    let Some(c) = Cluster::start_spread(3, &[]).await else {
+        return;
+    };
+    let live = c.live();
+    let mut refused = Vec::new();
+    for i in 0..30 {
+        let id = crate::utils::unique("r");
+        let made = &live[i % 3];
+        c.post(made, "/v1/sensors", json!({"id": id, "address": "a"}))
+            .await;
+        for k in 1..3 {
+            let via = &live[(i + k) % 3];
+            let one = [json!({"sensor_id": id, "data": k % 2})];
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (status, body) = post_raw(&c, via, &one).await;
+                if body["accepted"] == 1 {
+                    break;
+                }
+                let moving = status == 503 || body["rejected"][0]["code"] == "store_unavailable";
+                if !moving || Instant::now() > deadline {
+                    refused.push(format!(
+                        "{id} made on {made}, then to {via} at {}: {status} {body}",
+                        time::format(time::now_ms())
+                    ));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "refused right after registration:\n{}",
+        refused.join("\n")
+    );
+}
+
+/// Posts readings and returns the answer as it is.
+async fn post_raw(c: &Cluster, base: &str, readings: &[Value]) -> (u16, Value) {
+    let resp = c
+        .http
+        .post(format!("{base}/v1/readings"))
+        .json(&readings)
+        .send()
+        .await
+        .unwrap();
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
 async fn a_killed_nodes_partitions_move_and_nothing_accepted_is_lost() {
     let Some(mut c) = Cluster::start(3).await else {
         return;
@@ -76,6 +134,7 @@ async fn a_killed_nodes_partitions_move_and_nothing_accepted_is_lost() {
             .await;
 
     let killed = Instant::now();
+    eprintln!("kill -9 {} at {}", c.base(2), time::format(time::now_ms()));
     c.kill9(2);
     *load.targets.lock().unwrap() = c.live();
     let limit = LEASE + Duration::from_secs(5);

@@ -44,6 +44,16 @@ impl Cluster {
 
     /// As [`Cluster::start`], with more `LATCH_*` settings on every node.
     pub async fn start_env(n: usize, env: &[(&'static str, String)]) -> Option<Self> {
+        let c = Self::start_spread(n, env).await?;
+        // `GET /v1/cluster` reads the leases; each node routes by them from its next round
+        // (a third of the lease). A lease later every node has, and nothing is moving.
+        tokio::time::sleep(LEASE).await;
+        Some(c)
+    }
+
+    /// As [`Cluster::start_env`], but back as soon as `GET /v1/cluster` shows the spread,
+    /// while the nodes may still be taking their partitions up.
+    pub async fn start_spread(n: usize, env: &[(&'static str, String)]) -> Option<Self> {
         if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
             return None;
         }
@@ -307,8 +317,10 @@ pub async fn post_readings(http: &reqwest::Client, base: &str, readings: &[Value
             let mut out = vec![Outcome::Accepted; readings.len()];
             for r in body["rejected"].as_array().into_iter().flatten() {
                 assert_eq!(
-                    r["code"], "store_unavailable",
-                    "only a move refuses: {body}"
+                    r["code"],
+                    "store_unavailable",
+                    "only a move refuses; {base} answered at {}: {body}",
+                    time::format(time::now_ms())
                 );
                 out[r["index"].as_u64().unwrap() as usize] = Outcome::Again;
             }
