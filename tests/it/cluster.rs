@@ -103,6 +103,28 @@ async fn a_sensor_registered_through_one_node_takes_readings_through_every_node_
     );
 }
 
+/// Sessions of the test database idle in a transaction, with their last statement: a
+/// paused node's, if it was paused inside one.
+async fn open_transactions() -> Vec<String> {
+    let base = std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let Ok((client, conn)) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await else {
+        return Vec::new();
+    };
+    tokio::spawn(conn);
+    let rows = client
+        .query(
+            "SELECT extract(epoch FROM now() - state_change)::float8, left(query, 160) \
+             FROM pg_stat_activity WHERE state = 'idle in transaction'",
+            &[],
+        )
+        .await
+        .unwrap_or_default();
+    rows.iter()
+        .map(|r| format!("{:.1}s: {}", r.get::<_, f64>(0), r.get::<_, String>(1)))
+        .collect()
+}
+
 /// Posts readings and returns the answer as it is.
 async fn post_raw(c: &Cluster, base: &str, readings: &[Value]) -> (u16, Value) {
     let resp = c
@@ -183,21 +205,46 @@ async fn a_node_paused_past_its_lease_commits_nothing_for_what_it_lost() {
     let paused = Instant::now();
     c.pause(2);
     // The other two see it gone and hold every partition.
-    eventually(
-        LEASE.as_secs() + 5,
-        "the paused node's partitions moved",
-        || async {
-            let v = c.view(&n0).await?;
-            let held: u64 = v["nodes"]
-                .as_array()?
-                .iter()
-                .filter(|n| n["address"] != n2.as_str())
-                .filter_map(|n| n["partitions"].as_u64())
-                .sum();
-            (held == u64::from(PARTITIONS)).then_some(())
-        },
-    )
-    .await;
+    let deadline = paused + LEASE + Duration::from_secs(5);
+    loop {
+        let v = c.view(&n0).await.unwrap_or(Value::Null);
+        let held: u64 = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["address"] != n2.as_str())
+            .filter_map(|n| n["partitions"].as_u64())
+            .sum();
+        if held == u64::from(PARTITIONS) {
+            break;
+        }
+        if Instant::now() > deadline {
+            // How late, for the report: keep looking a while.
+            let mut last = v.clone();
+            while paused.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                last = c.view(&n0).await.unwrap_or(Value::Null);
+                let held: u64 = last["nodes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["address"] != n2.as_str())
+                    .filter_map(|n| n["partitions"].as_u64())
+                    .sum();
+                if held == u64::from(PARTITIONS) {
+                    break;
+                }
+            }
+            panic!(
+                "the paused node's partitions were not all held by the others within lease + \
+                 5 s; at lease + 5 s: {v:#}; {:?} after the pause: {last:#}; open transactions: \
+                 {:#?}",
+                paused.elapsed(),
+                open_transactions().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The new owners apply 1; then the paused node is sent 0, a second later. It answers
     // once resumed, and must not commit it on the state it still remembers (0: no change).
     post_until_accepted(&c.http, &others, probe_round(1, 1), 20).await;

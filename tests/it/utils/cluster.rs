@@ -22,7 +22,7 @@ pub const PARTITIONS: u32 = 16;
 pub struct Node {
     pub base: String,
     pub process: Option<Process>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// Nodes on one schema. Processes are killed when it is dropped.
@@ -96,7 +96,7 @@ impl Cluster {
         self.nodes.push(Node {
             base: p.base.clone(),
             process: Some(p),
-            _dir: dir,
+            dir,
         });
         self.nodes.len() - 1
     }
@@ -256,6 +256,21 @@ impl Cluster {
             ids.push(id);
         }
         (client, ids)
+    }
+}
+
+/// A failing test shows the end of each node's log.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for n in &self.nodes {
+            let log = std::fs::read_to_string(n.dir.path().join("latch.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            eprintln!("--- log of {} (last 40 lines) ---\n{tail}", n.base);
+        }
     }
 }
 

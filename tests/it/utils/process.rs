@@ -38,7 +38,8 @@ impl Process {
             .arg("serve")
             .env("LATCH_LISTEN", format!("127.0.0.1:{port}"))
             .env("LATCH_DATA_DIR", dir)
-            .stdout(std::process::Stdio::null())
+            // Its log, for a test that fails to show (`Process::log`).
+            .stdout(std::fs::File::create(dir.join("latch.log")).unwrap())
             .spawn()
             .unwrap();
         Self {
