@@ -139,11 +139,49 @@ impl Group {
         for node in &nodes {
             node.ready(http).await?;
         }
-        Ok(Self {
+        let group = Self {
             nodes,
             schema,
             _dir: dir,
-        })
+        };
+        group.spread(args, http).await?;
+        Ok(group)
+    }
+
+    /// Waits until every partition is held and spread evenly over the nodes, then one lease
+    /// more: the nodes route by the leases from their next round, and nothing is moving
+    /// while the figures are taken.
+    async fn spread(&self, args: &Args, http: &reqwest::Client) -> anyhow::Result<()> {
+        let (n, p) = (self.nodes.len() as u64, u64::from(args.partitions));
+        let deadline = Instant::now() + args.drain;
+        loop {
+            let v: Value = http
+                .get(format!("{}/v1/cluster", self.nodes[0].base))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let counts: Vec<u64> = v["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n["partitions"].as_u64())
+                .filter(|&c| c > 0)
+                .collect();
+            if counts.len() as u64 == n
+                && counts.iter().sum::<u64>() == p
+                && counts.iter().all(|&c| c == p / n || c == p.div_ceil(n))
+            {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "partitions not spread over {n} nodes: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(args.lease).await;
+        Ok(())
     }
 
     fn bases(&self) -> Vec<String> {
