@@ -9,6 +9,7 @@
 //!
 //! The nodes are real processes (this binary, `serve`), so a kill is a kill; on 127.0.0.1.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,6 +199,45 @@ impl Group {
     }
 }
 
+/// The figures of one group (one node, or the cluster).
+#[derive(Default)]
+struct Run {
+    /// Readings of the ingest phase accepted, refused, and accepted per second.
+    accepted: u64,
+    refused: u64,
+    ingest_rate: f64,
+    /// State changes of the delivery phase accepted; webhooks received, and per second.
+    changes: u64,
+    delivered: u64,
+    webhook_rate: f64,
+    forwarded: f64,
+    /// Refusals by code (`503` for a whole request), both phases.
+    refusals: BTreeMap<String, u64>,
+    /// The first message of each refusal code.
+    samples: BTreeMap<String, String>,
+}
+
+impl Run {
+    /// Counts what a `POST /v1/readings` answer accepted and refused.
+    fn answer(&mut self, status: u16, body: &Value, sent: usize) -> u64 {
+        if status != 202 {
+            *self.refusals.entry(status.to_string()).or_default() += sent as u64;
+            self.samples
+                .entry(status.to_string())
+                .or_insert_with(|| body["error"]["message"].as_str().unwrap_or("").to_string());
+            return 0;
+        }
+        for r in body["rejected"].as_array().into_iter().flatten() {
+            let code = r["code"].as_str().unwrap_or("?").to_string();
+            *self.refusals.entry(code.clone()).or_default() += 1;
+            self.samples
+                .entry(code)
+                .or_insert_with(|| r["error"].as_str().unwrap_or("").to_string());
+        }
+        body["accepted"].as_u64().unwrap_or(0)
+    }
+}
+
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     anyhow::ensure!(args.nodes >= 2, "--nodes is at least 2");
     let http = reqwest::Client::builder()
@@ -209,51 +249,82 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("nodes", args.nodes as f64, "nodes");
     r.add("partitions", f64::from(args.partitions), "partitions");
 
-    let mut figures = Vec::new();
+    let mut runs = Vec::new();
     for n in [1, args.nodes] {
         let receiver = Receiver::start_keeping(Keep::Counts).await?;
         let group = Group::start(n, &args, ingest_ids, deliver_ids, &receiver, &http).await?;
         eprintln!("cluster: {n} node(s) ready");
-        let (accepted, refused, ingest_rate) =
-            ingest(&args, &group.bases(), ingest_ids, &http).await?;
-        let webhook_rate = deliver(&args, &group.bases(), deliver_ids, &receiver, &http).await?;
-        let forwarded = sum_metric(
+        let mut run = Run::default();
+        ingest(&args, &group.bases(), ingest_ids, &http, &mut run).await?;
+        deliver(
+            &args,
+            &group.bases(),
+            deliver_ids,
+            &receiver,
+            &http,
+            &mut run,
+        )
+        .await?;
+        run.forwarded = sum_metric(
             &http,
             &group.bases(),
             "latch_cluster_forwarded_readings_total",
         )
         .await;
-        figures.push((
-            n,
-            accepted,
-            refused,
-            ingest_rate,
-            webhook_rate,
-            forwarded,
-            receiver.ok(),
-        ));
         if n == args.nodes {
             let (owned, accepted) = takeover(&args, &group, ingest_ids, &http).await?;
             r.add("takeover_owned_seconds", owned, "s");
             r.add("takeover_reading_accepted_seconds", accepted, "s");
         }
         group.stop().await?;
+        runs.push(run);
     }
-    let (one, many) = (&figures[0], &figures[1]);
+    let (one, many) = (&runs[0], &runs[1]);
     for (label, f) in [("single", one), ("cluster", many)] {
-        r.add(format!("{label}_readings_accepted"), f.1 as f64, "readings");
-        r.add(format!("{label}_readings_refused"), f.2 as f64, "readings");
-        r.add(format!("{label}_ingest_per_s"), f.3.round(), "readings/s");
+        r.add(
+            format!("{label}_readings_accepted"),
+            f.accepted as f64,
+            "readings",
+        );
+        r.add(
+            format!("{label}_readings_refused"),
+            f.refused as f64,
+            "readings",
+        );
+        r.add(
+            format!("{label}_ingest_per_s"),
+            f.ingest_rate.round(),
+            "readings/s",
+        );
+        r.add(
+            format!("{label}_changes_accepted"),
+            f.changes as f64,
+            "readings",
+        );
         r.add(
             format!("{label}_webhooks_delivered"),
-            f.6 as f64,
+            f.delivered as f64,
             "webhooks",
         );
-        r.add(format!("{label}_webhooks_per_s"), f.4.round(), "webhooks/s");
-        r.add(format!("{label}_forwarded_readings"), f.5, "readings");
+        r.add(
+            format!("{label}_webhooks_per_s"),
+            f.webhook_rate.round(),
+            "webhooks/s",
+        );
+        r.add(
+            format!("{label}_forwarded_readings"),
+            f.forwarded,
+            "readings",
+        );
+        if !f.refusals.is_empty() {
+            r.notes.push(format!(
+                "{label}: refused {:?}, e.g. {:?}",
+                f.refusals, f.samples
+            ));
+        }
     }
-    r.add("ingest_ratio", many.3 / one.3, "x");
-    r.add("delivery_ratio", many.4 / one.4, "x");
+    r.add("ingest_ratio", many.ingest_rate / one.ingest_rate, "x");
+    r.add("delivery_ratio", many.webhook_rate / one.webhook_rate, "x");
     r.notes.push(format!(
         "PostgreSQL, {} latch serve processes on one schema against 1 on another, same \
          run and fleet: {} sensors for ingest ({} readings, {} per request, {} workers, \
@@ -266,17 +337,17 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     Ok(r)
 }
 
-/// Sends `args.readings` readings through `bases` in turn; (accepted, refused, accepted/s).
+/// Sends `args.readings` readings through `bases` in turn, each request to the next node.
 async fn ingest(
     args: &Args,
     bases: &[String],
     ids: &[SensorId],
     http: &reqwest::Client,
-) -> anyhow::Result<(u64, u64, f64)> {
+    run: &mut Run,
+) -> anyhow::Result<()> {
     let requests = args.readings.div_ceil(args.batch.max(1));
     let next = Arc::new(AtomicU64::new(0));
     let accepted = Arc::new(AtomicU64::new(0));
-    let refused = Arc::new(AtomicU64::new(0));
     let count = accepted.clone();
     let progress = super::progress("cluster", "readings accepted", move || {
         count.load(Ordering::Relaxed)
@@ -292,13 +363,14 @@ async fn ingest(
             .map(ToString::to_string)
             .collect();
         let (http, bases, next) = (http.clone(), bases.to_vec(), next.clone());
-        let (accepted, refused, batch) = (accepted.clone(), refused.clone(), args.batch);
+        let (accepted, batch) = (accepted.clone(), args.batch);
         async move {
             let mut bodies = Bodies::new(mine, w as u64 + 1, 0.1);
+            let mut part = Run::default();
             loop {
                 let k = next.fetch_add(1, Ordering::Relaxed) as usize;
                 if k >= requests {
-                    return Ok::<_, anyhow::Error>(());
+                    return Ok::<_, anyhow::Error>(part);
                 }
                 let resp = http
                     .post(format!("{}/v1/readings", bases[k % bases.len()]))
@@ -308,36 +380,48 @@ async fn ingest(
                     .await?;
                 let status = resp.status().as_u16();
                 let body: Value = resp.json().await.unwrap_or(Value::Null);
-                let ok = match status {
-                    202 => body["accepted"].as_u64().unwrap_or(0),
-                    503 => 0,
-                    s => anyhow::bail!("readings answered {s}: {body}"),
-                };
+                anyhow::ensure!(
+                    status == 202 || status == 503,
+                    "readings answered {status}: {body}"
+                );
+                let ok = part.answer(status, &body, batch);
                 accepted.fetch_add(ok, Ordering::Relaxed);
-                refused.fetch_add(batch as u64 - ok, Ordering::Relaxed);
+                part.accepted += ok;
+                part.refused += batch as u64 - ok;
             }
         }
     })
     .await;
     progress.abort();
     let secs = started.elapsed().as_secs_f64();
-    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    let ok = accepted.load(Ordering::Relaxed);
-    Ok((ok, refused.load(Ordering::Relaxed), ok as f64 / secs))
+    for part in results {
+        let part = part?;
+        run.accepted += part.accepted;
+        run.refused += part.refused;
+        for (code, n) in part.refusals {
+            *run.refusals.entry(code).or_default() += n;
+        }
+        for (code, m) in part.samples {
+            run.samples.entry(code).or_insert(m);
+        }
+    }
+    run.ingest_rate = run.accepted as f64 / secs;
+    Ok(())
 }
 
 /// One state change per sensor of `ids`, through `bases` in turn, 500 to a request; the
-/// webhooks per second until the receiver has them all (or `args.drain` passed).
+/// webhooks per second until the receiver has one per accepted change (or `args.drain`
+/// passed).
 async fn deliver(
     args: &Args,
     bases: &[String],
     ids: &[SensorId],
     receiver: &Receiver,
     http: &reqwest::Client,
-) -> anyhow::Result<f64> {
+    run: &mut Run,
+) -> anyhow::Result<()> {
     let before = receiver.ok();
     let started = Instant::now();
-    let mut accepted = 0u64;
     for (k, chunk) in ids.chunks(500).enumerate() {
         let items: Vec<Value> = chunk
             .iter()
@@ -348,16 +432,17 @@ async fn deliver(
             .json(&items)
             .send()
             .await?;
-        if resp.status().as_u16() == 202 {
-            let body: Value = resp.json().await?;
-            accepted += body["accepted"].as_u64().unwrap_or(0);
-        }
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        run.changes += run.answer(status, &body, items.len());
     }
     let deadline = Instant::now() + args.drain;
-    while receiver.ok() - before < accepted && Instant::now() < deadline {
+    while receiver.ok() - before < run.changes && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok((receiver.ok() - before) as f64 / started.elapsed().as_secs_f64())
+    run.delivered = receiver.ok() - before;
+    run.webhook_rate = run.delivered as f64 / started.elapsed().as_secs_f64();
+    Ok(())
 }
 
 /// Kills the last node; seconds until every partition is held by a survivor, and until a
