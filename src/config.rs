@@ -663,6 +663,52 @@ mod tests {
     }
 
     #[test]
+    fn cluster_settings_need_postgresql_and_sane_values() {
+        let load = |pairs: &[(&str, &str)]| Config::load_from(None, &env(pairs));
+        for key in [
+            "LATCH_CLUSTER_LEASE",
+            "LATCH_CLUSTER_PARTITIONS",
+            "LATCH_CLUSTER_SECRET",
+            "LATCH_NODE_ADVERTISE",
+        ] {
+            let value = match key {
+                "LATCH_CLUSTER_LEASE" => "5s",
+                "LATCH_CLUSTER_PARTITIONS" => "64",
+                "LATCH_NODE_ADVERTISE" => "http://10.0.0.5:8080",
+                _ => "s3cret-value",
+            };
+            let e = load(&[(key, value)]).unwrap_err().to_string();
+            assert!(e.contains(&key[6..].to_lowercase()), "{e}");
+            assert!(e.contains("one node"), "{e}");
+        }
+        let pg = ("LATCH_DATABASE_URL", "postgres://u@127.0.0.1/db");
+        let c = load(&[pg]).unwrap();
+        assert_eq!((c.partitions(), c.lease()), (128, Duration::from_secs(10)));
+        let c = load(&[
+            pg,
+            ("LATCH_CLUSTER_LEASE", "3s"),
+            ("LATCH_CLUSTER_PARTITIONS", "16"),
+        ])
+        .unwrap();
+        assert_eq!((c.partitions(), c.lease()), (16, Duration::from_secs(3)));
+        for (k, v) in [
+            ("LATCH_CLUSTER_PARTITIONS", "0"),
+            ("LATCH_CLUSTER_PARTITIONS", "5000"),
+            ("LATCH_CLUSTER_LEASE", "200ms"),
+            ("LATCH_NODE_ADVERTISE", "10.0.0.5:8080"),
+        ] {
+            let e = load(&[pg, (k, v)]).unwrap_err().to_string();
+            assert!(e.contains(&k[6..].to_lowercase()), "{k}={v}: {e}");
+        }
+        let c = load(&[pg, ("LATCH_CLUSTER_SECRET", "s3cret-value")]).unwrap();
+        assert_eq!(c.redact("key s3cret-value"), "key ***");
+        let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let one: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(c.advertise(any), None, "a wildcard is no address");
+        assert_eq!(c.advertise(one).as_deref(), Some("http://127.0.0.1:8080"));
+    }
+
+    #[test]
     fn rate_limits_parse_with_and_without_burst() {
         let c = Config::load_from(None, &[]).unwrap();
         assert_eq!(c.rate_limit, None);

@@ -239,6 +239,33 @@ pub fn register_families(config: &Config) {
         for call in ["commit", "claim", "record", "ping"] {
             counter!("latch_store_timeouts_total", "call" => call).increment(0);
         }
+        // PostgreSQL means cluster mode (a cluster of one when alone).
+        describe_gauge!(
+            "latch_cluster_partitions_owned",
+            "Partitions whose lease this node holds and serves."
+        );
+        gauge!("latch_cluster_partitions_owned").set(0.0);
+        for (name, help) in [
+            (
+                "latch_cluster_takeovers_total",
+                "Partitions this node took over (free, released or expired leases).",
+            ),
+            (
+                "latch_cluster_forwarded_readings_total",
+                "Readings handed to the node serving their partition.",
+            ),
+            (
+                "latch_cluster_forward_failures_total",
+                "Forwarded requests the owner did not answer (their readings: send again).",
+            ),
+            (
+                "latch_cluster_fenced_commits_total",
+                "Commits refused because a partition had moved to another node.",
+            ),
+        ] {
+            describe_counter!(name, help);
+            counter!(name).increment(0);
+        }
     }
 
     if config.clickhouse_url.is_some() {

@@ -195,11 +195,13 @@ async fn list_clients(
     Ok(ApiJson(List::from_page(page, |c| client_out(c, false))))
 }
 
-/// Read a client, with its secret and its endpoint's health.
+/// Read a client, with its endpoint's health and (to an admin, or on an open API) its
+/// secret.
 #[utoipa::path(get, path = "/v1/clients/{id}", tag = "clients", params(("id" = String, Path)),
     responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody)))]
 async fn get_client(
     State(st): State<AppState>,
+    axum::Extension(sees): axum::Extension<super::SeesSecrets>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<ClientOut>> {
     let c = st
@@ -210,7 +212,7 @@ async fn get_client(
     let health = st.store.client_health(id, st.engine.now()).await?;
     Ok(ApiJson(ClientOut {
         health: health.map(HealthOut::from),
-        ..client_out(c, true)
+        ..client_out(c, sees.0)
     }))
 }
 

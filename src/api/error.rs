@@ -240,10 +240,24 @@ pub(crate) fn is_json(headers: &axum::http::HeaderMap) -> bool {
             || sub.len() > 5 && sub[sub.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
-/// `Json` whose rejections are contract errors.
-#[derive(FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
+/// `Json` whose rejections are contract errors. Every body it takes is a JSON object:
+/// serde would otherwise read an array as a struct's fields in order (`["a", "b"]` as
+/// `{"id": "a", "address": "b"}`), which no schema allows.
 pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::Json(value) = axum::Json::<serde_json::Value>::from_request(req, state).await?;
+        if !value.is_object() {
+            return Err(ApiError::invalid("the body must be a JSON object"));
+        }
+        serde_json::from_value(value)
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid(format!("invalid body: {e}")))
+    }
+}
 
 impl<T: Serialize> IntoResponse for ApiJson<T> {
     fn into_response(self) -> Response {

@@ -152,7 +152,12 @@ enum Caller {
 
 /// Auth, then the rate limit, then the scope: 401 for a missing or unknown token, 429 past
 /// the caller's rate, 403 for what the token's scopes do not allow.
-async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
+/// Whether the caller may see signing secrets: an open API, the bootstrap token or an
+/// `admin` token. A `read` token reads clients without them.
+#[derive(Clone, Copy, Debug)]
+pub struct SeesSecrets(pub bool);
+
+async fn require_token(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     let caller = match identify(&st, &req) {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
@@ -181,6 +186,11 @@ async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> 
         ))
         .into_response();
     }
+    let sees = match &caller {
+        Caller::Anyone | Caller::Bootstrap => true,
+        Caller::Token(grant) => grant.scopes.contains(&crate::domain::token::Scope::Admin),
+    };
+    req.extensions_mut().insert(SeesSecrets(sees));
     next.run(req).await
 }
 

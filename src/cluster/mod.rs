@@ -95,8 +95,20 @@ impl Membership {
                  hand readings to this one. Set LATCH_NODE_ADVERTISE when running several nodes."
             );
         }
+        // Without a cluster secret, nodes prove themselves with the bootstrap API token
+        // when there is one: the node-to-node endpoints never open a way around the API's.
+        let secret = config
+            .cluster_secret
+            .clone()
+            .or_else(|| config.api_token.clone());
+        if secret.is_none() && !address.is_empty() && !is_loopback(&address) {
+            tracing::warn!(
+                "Cluster node reachable beyond loopback without LATCH_CLUSTER_SECRET: node-to-node \
+                 requests are not authenticated. Set the same LATCH_CLUSTER_SECRET on every node."
+            );
+        }
         let forwarder = Arc::new(HttpForwarder::new(
-            config.cluster_secret.clone(),
+            secret.clone(),
             config.database_timeout + Duration::from_secs(5),
         ));
         let (leads, _) = watch::channel(false);
@@ -115,7 +127,7 @@ impl Membership {
                 .no_proxy()
                 .build()
                 .expect("a plain HTTP client builds"),
-            secret: config.cluster_secret.clone(),
+            secret,
         });
         me.store.heartbeat(&me.node, &me.address, me.lease).await?;
         Ok(me)
@@ -395,11 +407,12 @@ impl Membership {
         }
     }
 
-    /// Whether a node-to-node request carries the cluster secret (any request does when
-    /// none is set).
-    pub fn admits(&self, given: Option<&str>) -> bool {
+    /// Whether a node-to-node request carries the cluster secret (or, without one, the
+    /// bootstrap API token). With neither, only while the API itself is `open` (no token
+    /// made), so these endpoints are never a way around the API's tokens.
+    pub fn admits(&self, given: Option<&str>, open: bool) -> bool {
         match &self.secret {
-            None => true,
+            None => open,
             Some(s) => given.is_some_and(|g| {
                 g.len() == s.len()
                     && g.bytes()
@@ -426,6 +439,18 @@ impl Membership {
         metrics::gauge!("latch_cluster_partitions_owned").set(0.0);
         tracing::info!(partitions = held.len(), "Left the cluster.");
     }
+}
+
+fn is_loopback(address: &str) -> bool {
+    reqwest::Url::parse(address)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .is_some_and(|h| {
+            h == "localhost"
+                || h.trim_matches(['[', ']'])
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        })
 }
 
 /// This node's fair share of `partitions` among the `live` nodes (sorted ids): an even
@@ -457,6 +482,8 @@ mod tests {
                 assert!(hi - lo <= 1, "n={n} p={p}: {shares:?}");
             }
         }
+        assert!(is_loopback("http://127.0.0.1:8080") && is_loopback("http://[::1]:1"));
+        assert!(!is_loopback("http://10.0.0.5:8080"));
         // A node not yet in the live list counts itself.
         assert_eq!(fair_share(128, &[], "a"), 128);
         assert_eq!(fair_share(128, &["a".into()], "b"), 64);

@@ -498,6 +498,9 @@ impl Lanes {
             return None;
         }
         let mut outcome = None;
+        // Told to wait: perhaps behind an older notification of the lane that a sweep
+        // has queued behind this head meanwhile; the lane is put back in order.
+        let later = matches!(d.result, Finished::Later(_));
         let pop = match d.result {
             Finished::Gone(status) => {
                 metrics::counter!("latch_notifications_total", "status" => status.as_str())
@@ -565,6 +568,9 @@ impl Lanes {
                 finished.insert(done.id, now);
             }
             self.pending -= 1;
+        }
+        if later {
+            lane.queue.make_contiguous().sort_by_key(|e| e.seq);
         }
         match lane.queue.front().map(|h| h.due) {
             Some(due) => self.schedule(d.lane, due, now),

@@ -106,7 +106,24 @@ pub struct ClaimRow {
     /// The client is disabled.
     pub disabled: bool,
     pub rate_limit: Option<u32>,
+    /// Where it stands in its (client, sensor) lane in the store; read on a store shared by
+    /// several nodes, whose lanes may each hold part of one lane around a takeover.
+    pub lane: LaneInStore,
 }
+
+/// What the store holds of a notification's lane besides it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LaneInStore {
+    /// Older notifications of the lane still pending (another node's, or not yet swept).
+    pub older_pending: u32,
+    /// The latest lease among those, if any is leased.
+    pub older_lease_until: Option<Millis>,
+    /// A newer state of the sensor was delivered to the client already.
+    pub newer_state_delivered: bool,
+}
+
+/// How soon a head waiting behind older pending notifications of its lane asks again.
+pub const BEHIND_RECHECK_MS: Millis = 1_000;
 
 /// What a claim does with one notification, the same on every backend.
 pub enum ClaimStep {
@@ -114,6 +131,8 @@ pub enum ClaimStep {
     Lease(Box<Sendable>),
     /// Its client is gone or no longer owns the sensor: mark it cancelled.
     Cancel,
+    /// A newer state of its sensor reached the client already: mark it superseded.
+    Supersede,
     /// Nothing to write: answer this.
     Answer(Claim),
 }
@@ -122,6 +141,11 @@ pub enum ClaimStep {
 /// (a node takes its own unexpired leases back, after a restart), whose client still
 /// exists, still owns the sensor and is not disabled, is sent. A disabled client's
 /// notification is left as it is: it waits for the client to be enabled.
+///
+/// Order across nodes: a head with older notifications of its lane still pending in the
+/// store waits for them (until the latest of their leases, or a second: the node serving
+/// the sensor has them in its lanes, or sweeps them up); a state older than one the client
+/// already got is superseded, never sent after it.
 pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     let n = row.notification;
     if n.status != Status::Pending {
@@ -134,6 +158,17 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
         && until > now
         && row.claimed_by.as_deref() != Some(node)
     {
+        return ClaimStep::Answer(Claim::Leased { id: n.id, until });
+    }
+    if row.lane.newer_state_delivered && n.kind == EventKind::StateChanged {
+        return ClaimStep::Supersede;
+    }
+    if row.lane.older_pending > 0 {
+        let until = row
+            .lane
+            .older_lease_until
+            .filter(|&u| u > now)
+            .unwrap_or(now + BEHIND_RECHECK_MS);
         return ClaimStep::Answer(Claim::Leased { id: n.id, until });
     }
     match (row.url, row.secret, row.address, row.linked) {
@@ -286,6 +321,7 @@ mod tests {
             previous_secret_until: None,
             disabled: false,
             rate_limit: None,
+            lane: LaneInStore::default(),
         }
     }
 
@@ -582,5 +618,54 @@ mod tests {
             Some(DisabledReason::Failing)
         );
         assert_eq!(disable_reason(false, None, 5000, 1000), None);
+    }
+
+    #[test]
+    fn a_head_behind_older_pending_ones_of_its_lane_waits_for_them() {
+        let behind = |older_lease_until| ClaimRow {
+            lane: LaneInStore {
+                older_pending: 1,
+                older_lease_until,
+                newer_state_delivered: false,
+            },
+            ..row(Status::Pending)
+        };
+        // Another node sends the older one now: until its lease ends.
+        match claim_step(behind(Some(5_000)), "me", 100) {
+            ClaimStep::Answer(Claim::Leased { until, .. }) => assert_eq!(until, 5_000),
+            _ => panic!("expected to wait"),
+        }
+        // Not in flight (or its lease ran out): ask again shortly.
+        for lease in [None, Some(50)] {
+            match claim_step(behind(lease), "me", 100) {
+                ClaimStep::Answer(Claim::Leased { until, .. }) => {
+                    assert_eq!(until, 100 + BEHIND_RECHECK_MS)
+                }
+                _ => panic!("expected to wait"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_state_older_than_one_delivered_is_superseded_a_liveness_one_is_sent() {
+        let stale = |kind| ClaimRow {
+            lane: LaneInStore {
+                newer_state_delivered: true,
+                ..LaneInStore::default()
+            },
+            notification: Notification {
+                kind,
+                ..notification(Status::Pending)
+            },
+            ..row(Status::Pending)
+        };
+        assert!(matches!(
+            claim_step(stale(STATE), "me", 100),
+            ClaimStep::Supersede
+        ));
+        assert!(matches!(
+            claim_step(stale(LOST), "me", 100),
+            ClaimStep::Lease(_)
+        ));
     }
 }

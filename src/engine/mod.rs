@@ -150,8 +150,12 @@ impl Engine {
             .map(|_| {
                 let mut fleet = Fleet::new(timeout_ms, resumed_at);
                 // A little over the even share: hashing spreads sensors only about evenly.
-                fleet.reserve(expected + expected / 16 + 16);
-                Some(Part { fleet, epoch: None })
+                fleet.reserve(expected + expected / 32 + 16);
+                Some(Part {
+                    fleet,
+                    epoch: None,
+                    since: resumed_at,
+                })
             })
             .collect();
         for (id, state) in sensors {

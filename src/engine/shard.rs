@@ -62,7 +62,15 @@ pub(super) struct Part {
     pub(super) fleet: Fleet,
     /// The lease's epoch in cluster mode (the commit's fence); `None` on one node.
     pub(super) epoch: Option<i64>,
+    /// When it was taken over (cluster mode).
+    pub(super) since: Millis,
 }
+
+/// How long after a takeover a sensor unknown here may still be one registered while the
+/// partition's sensors were loading: its registration reaches this node within the
+/// registry follower's lookback, so its readings are refused as "send again" meanwhile,
+/// not as unknown.
+const TAKEOVER_GRACE_MS: Millis = 5_000;
 
 /// One shard task: owns its sensors' state and applies their readings in arrival order.
 pub(super) struct Shard {
@@ -261,7 +269,11 @@ impl Shard {
                 for (id, state) in sensors {
                     fleet.insert(id, state);
                 }
-                let old = self.parts[partition as usize].replace(Part { fleet, epoch });
+                let old = self.parts[partition as usize].replace(Part {
+                    fleet,
+                    epoch,
+                    since,
+                });
                 if let Some(old) = old {
                     fleet::lost_gauge(-(old.fleet.count_lost() as f64));
                 }
@@ -304,6 +316,16 @@ impl Shard {
                     ));
                 };
                 let Some(current) = part.fleet.get(r.sensor_id) else {
+                    if part.epoch.is_some() && received_at < part.since + TAKEOVER_GRACE_MS {
+                        return Some(Rejection::new(
+                            RejectCode::StoreUnavailable,
+                            format!(
+                                "sensor \"{}\" is not known to this node yet (its partition \
+                                 was just taken over); send it again",
+                                r.sensor_id
+                            ),
+                        ));
+                    }
                     return Some(Rejection::unknown_sensor(r.sensor_id));
                 };
                 &mut p

@@ -176,3 +176,205 @@ async fn a_full_round_still_declares_sensors_silent_before_its_readings() {
     assert_eq!(batches[0].readings[0].received_at, 12_000);
     stop.cancel();
 }
+
+/// Answers every forward as accepted, keeping where each went.
+#[derive(Default)]
+struct Forwarded(std::sync::Mutex<Vec<(Arc<str>, Vec<Reading>)>>);
+
+impl Forwarder for Forwarded {
+    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, _at: Millis) -> VerdictsRx {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Ok(vec![None; readings.len()]));
+        self.0.lock().unwrap().push((to, readings));
+        rx
+    }
+}
+
+/// A cluster node's engine serving nothing yet, with 16 partitions.
+fn leased(
+    clock: Clock,
+) -> (
+    Engine,
+    Arc<Routing>,
+    Arc<Forwarded>,
+    mpsc::Receiver<CommitRequest>,
+    CancellationToken,
+) {
+    let (tx, rx) = mpsc::channel(16);
+    let stop = CancellationToken::new();
+    let forwarded = Arc::new(Forwarded::default());
+    let routing = Arc::new(Routing::new(16, forwarded.clone()));
+    let tuning = Tuning {
+        shards: 2,
+        batch_max: 100,
+        default_timeout: Duration::from_secs(10),
+        clock,
+        partitions: 16,
+    };
+    let engine = Engine::launch_leased(
+        tuning,
+        tx,
+        stop.clone(),
+        &TaskTracker::new(),
+        routing.clone(),
+    );
+    (engine, routing, forwarded, rx, stop)
+}
+
+/// Three sensors in three different partitions.
+fn three_partitions(engine: &Engine) -> [(SensorId, u32); 3] {
+    let mut found: Vec<(SensorId, u32)> = Vec::new();
+    for i in 0.. {
+        let id = sid(&format!("c{i}"));
+        let p = engine.partition(id);
+        if found.iter().all(|(_, q)| *q != p) {
+            found.push((id, p));
+        }
+        if found.len() == 3 {
+            break;
+        }
+    }
+    [found[0], found[1], found[2]]
+}
+
+#[tokio::test]
+async fn a_cluster_node_applies_its_partitions_forwards_others_and_fences_its_commits() {
+    let (engine, routing, forwarded, rx, stop) = leased(Clock::manual(1_000));
+    let [(here, p_here), (away, p_away), (moving, _)] = three_partitions(&engine);
+    engine
+        .acquire(p_here, Some(7), vec![(here, SensorState::new(None))], 1_000)
+        .await
+        .unwrap();
+    let mut routes = vec![Route::Nobody; 16];
+    routes[p_here as usize] = Route::Here;
+    routes[p_away as usize] = Route::Node(Arc::from("http://other:8080"));
+    routing.set(routes);
+    let log = committer(rx, |_| Ok(()));
+
+    let report = submit(
+        &engine,
+        vec![reading(here), reading(away), reading(moving)],
+        2_000,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.accepted, 2, "{report:?}");
+    let [(2, rej)] = &report.rejected[..] else {
+        panic!("the reading of a partition nobody serves is refused: {report:?}");
+    };
+    assert!(rej.code.is_transient(), "send it again: {rej}");
+
+    let sent = forwarded.0.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(&*sent[0].0, "http://other:8080");
+    assert_eq!(sent[0].1, vec![reading(away)]);
+
+    let batches = log.lock().unwrap();
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].readings[0].sensor_id, here);
+    assert_eq!(
+        batches[0].fence,
+        vec![crate::store::Fence {
+            partition: p_here,
+            epoch: 7
+        }],
+        "the commit names the partition it writes and the lease's epoch"
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn after_a_takeover_silence_counts_from_the_takeover() {
+    let clock = Clock::manual(50_000);
+    let (engine, _routing, _fwd, rx, stop) = leased(clock.clone());
+    let [(s, p), ..] = three_partitions(&engine);
+    // Last seen at 0 under the old owner: by its own deadline (10 s) long silent, but
+    // nobody served it since; the new owner gives it a full timeout from the takeover.
+    engine
+        .acquire(p, Some(2), vec![(s, online(0))], 50_000)
+        .await
+        .unwrap();
+    let log = committer(rx, |_| Ok(()));
+    clock.set(59_999);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "not lost before takeover + timeout"
+    );
+    clock.set(60_000);
+    let lost = eventually_events(&log).await;
+    assert_eq!(lost, vec![(s, EventKind::ConnectionLost, 60_000)]);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_released_partition_is_flushed_first_then_refused() {
+    let (engine, _routing, _fwd, rx, stop) = leased(Clock::manual(1_000));
+    let [(s, p), ..] = three_partitions(&engine);
+    engine
+        .acquire(p, Some(1), vec![(s, SensorState::new(None))], 1_000)
+        .await
+        .unwrap();
+    let log = committer(rx, |_| Ok(()));
+    let queued = engine
+        .enqueue_here(vec![Ok(reading(s))], 1_500)
+        .await
+        .unwrap();
+    engine.release(p, true).await.unwrap();
+    assert!(
+        queued.wait().await.unwrap().rejected.is_empty(),
+        "queued before: committed"
+    );
+    assert_eq!(log.lock().unwrap().len(), 1);
+    let after = submit(&engine, vec![reading(s)], 2_000).await;
+    let rejected = match after {
+        Ok(r) => r.rejected,
+        Err(e) => panic!("answered per reading: {e}"),
+    };
+    assert_eq!(rejected.len(), 1);
+    assert!(rejected[0].1.code.is_transient(), "{:?}", rejected[0].1);
+    stop.cancel();
+}
+
+/// The events committed so far, waiting up to a second for the first.
+async fn eventually_events(
+    log: &Arc<std::sync::Mutex<Vec<CommitBatch>>>,
+) -> Vec<(SensorId, EventKind, Millis)> {
+    for _ in 0..100 {
+        let events: Vec<_> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b.events.iter().map(|e| (e.sensor_id, e.kind, e.at)))
+            .collect();
+        if !events.is_empty() {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Vec::new()
+}
+
+#[tokio::test]
+async fn right_after_a_takeover_an_unknown_sensor_is_send_again_not_unknown() {
+    let (engine, routing, _fwd, rx, stop) = leased(Clock::manual(10_000));
+    let [(known, p), ..] = three_partitions(&engine);
+    let mut routes = vec![Route::Nobody; 16];
+    routes[p as usize] = Route::Here;
+    routing.set(routes);
+    // Another sensor of the same partition, registered while its sensors were loading.
+    let late = (0..)
+        .map(|i| sid(&format!("late{i}")))
+        .find(|&id| engine.partition(id) == p)
+        .unwrap();
+    engine
+        .acquire(p, Some(3), vec![(known, SensorState::new(None))], 10_000)
+        .await
+        .unwrap();
+    committer(rx, |_| Ok(()));
+    let soon = submit(&engine, vec![reading(late)], 12_000).await.unwrap();
+    assert!(soon.rejected[0].1.code.is_transient(), "{soon:?}");
+    let later = submit(&engine, vec![reading(late)], 16_000).await.unwrap();
+    assert_eq!(later.rejected[0].1.code, RejectCode::UnknownSensor);
+    stop.cancel();
+}

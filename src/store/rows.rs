@@ -36,6 +36,21 @@ pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.ki
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
 pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
      c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit";
+/// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`]: the
+/// notification's lane in the store ([`claim_lane`]), so a claim keeps order across nodes
+/// ([`crate::domain::policy::claim_step`]). Older ones this node leased are its own lane's,
+/// already ordered (their results may not be recorded yet), so they do not count.
+pub(crate) const CLAIM_LANE_COLS: &str = "\
+     (SELECT count(*) FROM notifications o WHERE o.sensor_id = n.sensor_id \
+      AND o.client_id = n.client_id AND o.status = 'pending' AND o.seq < n.seq \
+      AND o.claimed_by IS DISTINCT FROM $2), \
+     (SELECT max(o.lease_until) FROM notifications o WHERE o.sensor_id = n.sensor_id \
+      AND o.client_id = n.client_id AND o.status = 'pending' AND o.seq < n.seq \
+      AND o.claimed_by IS DISTINCT FROM $2), \
+     EXISTS (SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
+      AND o.client_id = n.client_id AND o.kind = 'sensor.state_changed' \
+      AND o.status = 'delivered' AND o.seq > n.seq)";
+
 pub(crate) const CLAIM_FROM: &str = "notifications n \
      LEFT JOIN clients c ON c.id = n.client_id \
      LEFT JOIN sensors s ON s.id = n.sensor_id \
@@ -162,6 +177,17 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         previous_secret_until: r.opt_int(21)?,
         disabled: r.opt_flag(22)?.unwrap_or(false),
         rate_limit: r.opt_count(23)?,
+        // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
+        lane: Default::default(),
+    })
+}
+
+/// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
+pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
+    Ok(crate::domain::policy::LaneInStore {
+        older_pending: r.int(24)? as u32,
+        older_lease_until: r.opt_int(25)?,
+        newer_state_delivered: r.flag(26)?,
     })
 }
 

@@ -71,6 +71,57 @@ async fn a_form_post_from_a_web_page_cannot_forge_readings() {
 }
 
 #[tokio::test]
+async fn a_body_that_is_not_an_object_is_refused_not_read_as_fields() {
+    let s = TestServer::start().await;
+    let id = unique("arr");
+    // serde alone would read this array as `{"id": …, "address": …}`.
+    let (status, body) = raw_post(
+        &s,
+        "/v1/sensors",
+        Some("application/json"),
+        json!([id, "hall"]).to_string(),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "invalid");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("JSON object"),
+        "{body}"
+    );
+    let (status, _) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(status, 404, "nothing was created");
+    for (path, bad) in [
+        ("/v1/clients", json!(["c", "http://127.0.0.1:9/"])),
+        ("/v1/tokens", json!(["t", ["admin"]])),
+        ("/v1/sensors", json!("hall")),
+        ("/v1/sensors", json!(null)),
+    ] {
+        let (status, body) = raw_post(&s, path, Some("application/json"), bad.to_string()).await;
+        assert_eq!(status, 422, "{path} {bad}: {body}");
+    }
+    // An object still goes through, and its field errors read as before.
+    let (status, body) = raw_post(
+        &s,
+        "/v1/sensors",
+        Some("application/json"),
+        json!({"id": id}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("address"),
+        "{body}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn oversize_bodies_get_the_contracts_json_413() {
     let s = TestServer::start().await;
     // Over the byte limit, on the readings endpoint and on one with a typed body.

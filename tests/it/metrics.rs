@@ -34,6 +34,11 @@ const FAMILIES: &[&str] = &[
     "latch_clickhouse_up",
     "latch_clients_disabled",
     "latch_http_rate_limit_total",
+    "latch_cluster_partitions_owned",
+    "latch_cluster_takeovers_total",
+    "latch_cluster_forwarded_readings_total",
+    "latch_cluster_forward_failures_total",
+    "latch_cluster_fenced_commits_total",
 ];
 
 /// `latch_*` names in `text`.

@@ -220,3 +220,63 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
         self.clone()
     }
 }
+
+#[tokio::test]
+async fn node_to_node_endpoints_want_the_cluster_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = shared_database(dir.path()).await else {
+        return;
+    };
+    let s = TestServer::start_in(dir.path(), move |c| {
+        c.database_url = Some(url);
+        c.cluster_secret = Some("node-secret-1".into());
+    })
+    .await;
+    let id = unique("ns");
+    s.sensor(&id).await;
+    let body = json!({"batches": [{"received_at": 1_700_000_000_000i64,
+        "readings": [{"sensor_id": id, "data": true, "ts": null}]}]});
+    let post = |secret: Option<&str>| {
+        let mut req = s
+            .http
+            .post(format!("{}/internal/v1/readings", s.base))
+            .json(&body);
+        if let Some(v) = secret {
+            req = req.header("x-latch-cluster-secret", v);
+        }
+        req.send()
+    };
+    assert_eq!(post(None).await.unwrap().status(), 401);
+    assert_eq!(post(Some("guess")).await.unwrap().status(), 401);
+    let ok = post(Some("node-secret-1")).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let answer: Value = ok.json().await.unwrap();
+    assert_eq!(
+        answer,
+        json!({"verdicts": [[null]]}),
+        "accepted, as the owner"
+    );
+    assert_eq!(s.reading_count(&id).await, 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_embedded_store_is_one_node_and_has_no_node_to_node_endpoints() {
+    if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
+        return;
+    }
+    let s = TestServer::start().await;
+    let r = s
+        .http
+        .post(format!("{}/internal/v1/readings", s.base))
+        .json(&json!({"batches": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let (status, cluster) = s.get("/v1/cluster").await;
+    assert_eq!(status, 200);
+    assert_eq!(cluster["nodes"].as_array().unwrap().len(), 1);
+    assert_eq!(cluster["nodes"][0]["partitions"], cluster["partitions"]);
+    s.stop().await;
+}

@@ -109,6 +109,18 @@ async fn each_scope_allows_its_requests_and_refuses_the_rest() {
     assert_forbidden(st, &body);
     let (st, body) = as_token(&s, &read, Method::GET, "/v1/tokens", None).await;
     assert_forbidden(st, &body);
+    // A client's signing secret is an admin's to see, not a reader's.
+    let client = s.client("http://127.0.0.1:9/hook").await;
+    let path = format!("/v1/clients/{client}");
+    let (st, body) = as_token(&s, &read, Method::GET, &path, None).await;
+    assert_eq!(st, 200, "{body}");
+    assert!(body["secret"].is_null(), "hidden from a read token: {body}");
+    let (st, body) = as_token(&s, &admin, Method::GET, &path, None).await;
+    assert_eq!(st, 200, "{body}");
+    assert!(
+        body["secret"].as_str().unwrap().starts_with("whsec_"),
+        "{body}"
+    );
     assert_eq!(
         s.reading_count(&id).await,
         1,

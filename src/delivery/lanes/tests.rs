@@ -424,3 +424,36 @@ fn a_parked_lane_asks_again_after_a_while() {
     h.now += 1;
     assert_eq!(h.admit().len(), 1);
 }
+
+#[test]
+fn a_head_told_to_wait_lets_an_older_one_swept_meanwhile_go_first() {
+    // Around a takeover: the new owner's lane has only the newer notification when a sweep
+    // brings the older one, still pending in the store, while the newer is out.
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    h.seq = 10;
+    let newer = h.notify(0, 0, EventKind::ConnectionRestored);
+    let out = h.admit();
+    assert_eq!(out[0].1, newer);
+    let older = NotificationRef {
+        id: ulid::Ulid::new().to_string(),
+        seq: 3,
+        client_id: "client0".into(),
+        sensor_id: sensor(0),
+        kind: EventKind::ConnectionLost,
+        due_at: h.now,
+        attempts: 0,
+    };
+    h.core.sweep(vec![older.clone()], h.now);
+    // The store answers the newer: wait, an older one of its lane is pending.
+    h.finish(out[0].clone(), Finished::Later(h.now + 1_000));
+    let out = h.admit();
+    assert_eq!(
+        out.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(),
+        [older.id.as_str()],
+        "the older one goes first"
+    );
+    h.finish(out[0].clone(), answer(200, h.now));
+    h.now += 1_000;
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&newer]);
+}

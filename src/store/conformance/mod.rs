@@ -94,7 +94,7 @@ macro_rules! suite {
 suite!(sqlite, super::fresh_sqlite);
 suite!(postgres, super::fresh_postgres);
 
-fn sid(s: &str) -> SensorId {
+pub(crate) fn sid(s: &str) -> SensorId {
     SensorId::parse(s).unwrap()
 }
 
@@ -102,7 +102,7 @@ fn page(limit: u32) -> PageRequest {
     PageRequest { limit, after: None }
 }
 
-fn sensor(id: &str) -> Sensor {
+pub(crate) fn sensor(id: &str) -> Sensor {
     Sensor {
         id: sid(id),
         address: format!("address of {id}"),
@@ -111,7 +111,7 @@ fn sensor(id: &str) -> Sensor {
     }
 }
 
-fn client(id: &str, url: &str) -> Client {
+pub(crate) fn client(id: &str, url: &str) -> Client {
     Client {
         id: id.into(),
         name: format!("client {id}"),
@@ -122,7 +122,7 @@ fn client(id: &str, url: &str) -> Client {
     }
 }
 
-fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBatch {
+pub(crate) fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBatch {
     CommitBatch {
         readings: vec![ReadingRecord {
             sensor_id: sid(id),

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::Row;
 
-use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
+use super::super::rows::{
+    self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, NOTIF_COLS,
+};
 use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
     Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
@@ -43,10 +45,10 @@ pub(super) async fn claim(
     let rows = tx
         .query(
             &format!(
-                "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} \
+                "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS} FROM {CLAIM_FROM} \
                  WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
             ),
-            &[&ids],
+            &[&ids, &node],
         )
         .await?;
     let mut found: HashMap<String, &Row> = HashMap::with_capacity(rows.len());
@@ -68,7 +70,7 @@ pub(super) async fn claim(
         Vec::new()
     };
     let mut out = Vec::with_capacity(ids.len());
-    let (mut lease, mut cancel) = (Vec::new(), Vec::new());
+    let (mut lease, mut cancel, mut supersede) = (Vec::new(), Vec::new(), Vec::new());
     for id in ids {
         let Some(r) = found.get(&id) else {
             out.push(if locked.contains(&id) {
@@ -84,7 +86,9 @@ pub(super) async fn claim(
             });
             continue;
         };
-        match claim_step(row::claim_row(*r)?, &node, now) {
+        let mut claim_row = row::claim_row(*r)?;
+        claim_row.lane = row::claim_lane(*r)?;
+        match claim_step(claim_row, &node, now) {
             ClaimStep::Lease(s) => {
                 lease.push(id);
                 out.push(Claim::Send(s));
@@ -96,8 +100,22 @@ pub(super) async fn claim(
                     status: Status::Cancelled,
                 });
             }
+            ClaimStep::Supersede => {
+                supersede.push(id.clone());
+                out.push(Claim::Done {
+                    id,
+                    status: Status::Superseded,
+                });
+            }
             ClaimStep::Answer(c) => out.push(c),
         }
+    }
+    if !supersede.is_empty() {
+        tx.execute(
+            "UPDATE notifications SET status = 'superseded', updated_at = $2 WHERE id = ANY($1)",
+            &[&supersede, &now],
+        )
+        .await?;
     }
     if !lease.is_empty() {
         tx.execute(

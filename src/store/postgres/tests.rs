@@ -158,3 +158,73 @@ async fn a_version_5_database_gains_the_hash_of_its_sensors() {
     let id = crate::domain::SensorId::parse("old1").unwrap();
     assert_eq!(hash, crate::domain::partition::hash32(id) as i64);
 }
+
+/// Two nodes' lanes may each hold part of one (client, sensor) lane around a takeover:
+/// the claim keeps the order the lanes alone keep on one node.
+#[tokio::test]
+async fn claims_keep_a_lanes_order_across_nodes() {
+    use crate::domain::{Claim, Outcome, Status, Verdict};
+    use crate::store::conformance::{change, client, sensor};
+    let Some((s, _)) = fresh().await else {
+        return;
+    };
+    s.create_sensor(sensor("ord1")).await.unwrap();
+    s.create_client(client("ord-c", "http://a/")).await.unwrap();
+    s.link("ord-c".into(), sensor("ord1").id, 1).await.unwrap();
+    let n1 = s
+        .commit(change("ord1", true, None, 1_000), 1_000)
+        .await
+        .unwrap()[0]
+        .clone();
+    // Node A sends the first state (its lease runs to 90 s) when the sensor's partition
+    // moves to node B, which commits the next state: the first, leased, is not superseded.
+    let claimed = s
+        .claim(vec![n1.id.clone()], "a".into(), 1_000, 90_000)
+        .await
+        .unwrap();
+    assert!(matches!(claimed[0], Claim::Send(_)));
+    let n2 = s
+        .commit(change("ord1", false, Some(true), 2_000), 2_000)
+        .await
+        .unwrap()[0]
+        .clone();
+
+    // B waits for A's attempt rather than overtake it…
+    match &s
+        .claim(vec![n2.id.clone()], "b".into(), 2_000, 60_000)
+        .await
+        .unwrap()[0]
+    {
+        Claim::Leased { until, .. } => assert_eq!(*until, 90_000),
+        other => panic!("expected to wait behind A's attempt: {other:?}"),
+    }
+    // …while A's own lane, which holds both in order, goes on.
+    assert!(matches!(
+        s.claim(vec![n2.id.clone()], "a".into(), 2_000, 60_000)
+            .await
+            .unwrap()[0],
+        Claim::Send(_)
+    ));
+    let delivered = |n: &crate::domain::NotificationRef| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: None,
+        attempts: 1,
+        verdict: Verdict::Delivered,
+    };
+    s.record(vec![delivered(&n2)], 3_000, i64::MAX / 2)
+        .await
+        .unwrap();
+    // A died before recording the first: once its lease ran out, the older state is
+    // superseded, never sent after the newer one the client has.
+    match &s
+        .claim(vec![n1.id.clone()], "b".into(), 95_000, 150_000)
+        .await
+        .unwrap()[0]
+    {
+        Claim::Done { status, .. } => assert_eq!(*status, Status::Superseded),
+        other => panic!("expected superseded: {other:?}"),
+    }
+    let (n, _) = s.get_notification(n1.id.clone()).await.unwrap().unwrap();
+    assert_eq!(n.status, Status::Superseded);
+}

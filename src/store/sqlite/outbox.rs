@@ -64,6 +64,18 @@ pub(super) fn claim(
                         status: Status::Cancelled,
                     });
                 }
+                // One node: its lanes hold every lane whole, so the store never finds one
+                // behind (`ClaimRow::lane` is not read here).
+                ClaimStep::Supersede => {
+                    tx.execute(
+                        "UPDATE notifications SET status = 'superseded', updated_at = ?2 WHERE id = ?1",
+                        params![id, now],
+                    )?;
+                    out.push(Claim::Done {
+                        id,
+                        status: Status::Superseded,
+                    });
+                }
                 ClaimStep::Answer(c) => out.push(c),
             }
         }
