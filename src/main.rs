@@ -57,6 +57,9 @@ enum Scenario {
     History(latch::bench::history::Args),
     /// Memory over millions of deliveries: RSS after a warm-up, halfway and at the end.
     Soak(latch::bench::soak::Args),
+    /// N `latch serve` processes on one PostgreSQL: ingest and delivery against one node,
+    /// and the takeover time after `kill -9` of one.
+    Cluster(latch::bench::cluster::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,6 +89,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Restart(a) => latch::bench::restart::run(a).await?,
                     Scenario::History(a) => latch::bench::history::run(a).await?,
                     Scenario::Soak(a) => latch::bench::soak::run(a).await?,
+                    Scenario::Cluster(a) => latch::bench::cluster::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

@@ -5,6 +5,7 @@
 
 pub mod broker;
 pub mod clickhouse_server;
+pub mod cluster;
 pub mod deliver;
 pub mod fleet;
 pub mod history;

@@ -261,3 +261,65 @@ fn history_bench_ships_the_whole_backlog_and_catches_up() {
     );
     assert!(n("spool_readings_at_restart") > 0.0, "{r}");
 }
+
+/// The PostgreSQL database the cluster bench may use; `None` when the test does not run
+/// here: in the PostgreSQL pass (it always uses PostgreSQL, so it runs in the first), or
+/// without PostgreSQL outside CI.
+fn cluster_database() -> Option<String> {
+    if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
+        return None;
+    }
+    let base = std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    match rt.block_on(tokio_postgres::connect(&base, tokio_postgres::NoTls)) {
+        Ok(_) => Some(base),
+        Err(e) => {
+            crate::utils::service_missing("PostgreSQL", e);
+            None
+        }
+    }
+}
+
+#[test]
+fn cluster_bench_measures_both_runs_and_the_takeover() {
+    let Some(url) = cluster_database() else {
+        return;
+    };
+    let r = bench(&[
+        "cluster",
+        "--nodes",
+        "2",
+        "--database-url",
+        &url,
+        "--partitions",
+        "8",
+        "--lease",
+        "2s",
+        "--sensors",
+        "40",
+        "--readings",
+        "400",
+        "--batch",
+        "20",
+        "--workers",
+        "2",
+        "--changes",
+        "50",
+        "--drain",
+        "30s",
+    ]);
+    let n = |k: &str| num(&r, k);
+    for run in ["single", "cluster"] {
+        // Nothing moves while the nodes stay up: every reading sent is accepted, and each
+        // change is one webhook.
+        assert_eq!(n(&format!("{run}_readings_accepted")), 400.0, "{r}");
+        assert_eq!(n(&format!("{run}_readings_refused")), 0.0, "{r}");
+        assert_eq!(n(&format!("{run}_webhooks_delivered")), 50.0, "{r}");
+    }
+    assert_eq!(n("single_forwarded_readings"), 0.0, "{r}");
+    assert!(n("cluster_forwarded_readings") > 0.0, "{r}");
+    assert!(n("takeover_owned_seconds") > 0.0, "{r}");
+    assert!(n("takeover_reading_accepted_seconds") > 0.0, "{r}");
+    assert!(n("ingest_ratio") > 0.0 && n("delivery_ratio") > 0.0, "{r}");
+}

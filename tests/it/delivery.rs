@@ -14,7 +14,9 @@ use latch::clock::Clock;
 use latch::delivery::retry::RetryPolicy;
 use latch::domain::time::now_ms;
 
-use crate::utils::{Answer, Receiver, TestServer, counting, eventually, redirecting, unique};
+use crate::utils::{
+    Answer, Process, Receiver, TestServer, counting, eventually, redirecting, unique,
+};
 
 fn ms(v: &Value) -> i64 {
     latch::domain::time::parse(v.as_str().unwrap()).unwrap()
@@ -412,91 +414,6 @@ async fn redirects_are_not_followed_and_fail_the_attempt() {
         "nothing (no POST, no GET, no signature) reaches the redirect target"
     );
     s.stop().await;
-}
-
-/// Runs the real binary, so it can be killed with SIGKILL.
-pub(crate) struct Process {
-    child: std::process::Child,
-    pub(crate) base: String,
-}
-
-impl Process {
-    pub(crate) fn start(dir: &std::path::Path, database_url: Option<String>) -> Self {
-        Self::start_env(dir, database_url, &[])
-    }
-
-    /// As [`Process::start`], with more `LATCH_*` settings.
-    pub(crate) fn start_env(
-        dir: &std::path::Path,
-        database_url: Option<String>,
-        env: &[(&str, String)],
-    ) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_latch"));
-        // Its receivers are on loopback, which the SSRF guard refuses by default.
-        cmd.env("LATCH_DELIVERY_ALLOW_NETS", "127.0.0.0/8");
-        if let Some(url) = database_url {
-            cmd.env("LATCH_DATABASE_URL", url);
-        }
-        cmd.envs(env.iter().map(|(k, v)| (k, v)));
-        let child = cmd
-            .arg("serve")
-            .env("LATCH_LISTEN", format!("127.0.0.1:{port}"))
-            .env("LATCH_DATA_DIR", dir)
-            .env("LATCH_RETRY_BASE", "300ms")
-            .env("LATCH_RETRY_MAX_DELAY", "1s")
-            .env("LATCH_DELIVERY_TIMEOUT", "1s")
-            .env("LATCH_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    pub(crate) async fn ready(&self, http: &reqwest::Client) {
-        eventually(20, "latch process ready", || async {
-            http.get(format!("{}/readyz", self.base))
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status().is_success())
-                .map(|_| ())
-        })
-        .await;
-    }
-
-    /// Waits until it answers `/healthz` (it may not be ready: a broker it cannot reach).
-    pub(crate) async fn alive(&self, http: &reqwest::Client) {
-        eventually(20, "latch process alive", || async {
-            http.get(format!("{}/healthz", self.base))
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status().is_success())
-                .map(|_| ())
-        })
-        .await;
-    }
-
-    pub(crate) fn kill9(mut self) {
-        self.child.kill().unwrap(); // SIGKILL on Unix
-        self.child.wait().unwrap();
-    }
-}
-
-/// A test that fails midway leaves no latch running.
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test]

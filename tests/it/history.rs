@@ -11,7 +11,7 @@ use latch::history::clickhouse::{ClickHouse, Target};
 use latch::store::{HistoryBatch, PageRequest, ReadingRecord, Stored, TimeRange};
 use serde_json::{Value, json};
 
-use crate::delivery::Process;
+use crate::utils::Process;
 use crate::utils::{Answer, Receiver, TestServer, eventually, service_missing, unique};
 
 /// The shared ClickHouse the tests use (`TEST_CLICKHOUSE_URL`, default 127.0.0.1:8123).

@@ -3,6 +3,7 @@
 mod amqp;
 mod bench;
 mod clients;
+mod cluster;
 mod delivery;
 mod history;
 mod http_edges;

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::delivery::Process;
+use crate::utils::Process;
 use crate::utils::{database_url, unique};
 
 /// The families of the README's Metrics list, with every part configured.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::delivery::Process;
+use crate::utils::Process;
 use crate::utils::{Answer, Receiver, TestServer, eventually, service_missing, unique};
 
 /// The PostgreSQL database both nodes share; `None` when the test does not run here: in

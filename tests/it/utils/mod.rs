@@ -17,7 +17,12 @@ use serde_json::{Value, json};
 #[allow(unused_imports)]
 pub use latch::testkit::{Answer, Received, Receiver, eventually};
 
+pub mod cluster;
 pub mod fault;
+mod process;
+
+#[allow(unused_imports)]
+pub use process::Process;
 
 /// A running latch, stopped gracefully by [`TestServer::stop`].
 pub struct TestServer {
