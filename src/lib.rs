@@ -124,6 +124,7 @@ pub async fn run_with_clock(
     };
 
     let (commit_tx, commit_rx) = mpsc::channel(64);
+    let live = api::stream::channel();
     let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
     let committer = tokio::spawn(committer::run(
         store.clone(),
@@ -132,6 +133,7 @@ pub async fn run_with_clock(
         spooled,
         clock.clone(),
         membership.is_some().then_some(fenced_tx),
+        Some(live.clone()),
     ));
 
     // Where following other nodes' registry changes begins: taken before the load, so a
@@ -250,6 +252,7 @@ pub async fn run_with_clock(
         follow,
         node: node.clone(),
         address: address.clone().unwrap_or_else(|| format!("http://{bound}")),
+        live,
     };
     let app = api::router(state);
     let addr = listener.local_addr()?;
