@@ -234,6 +234,7 @@ pub async fn run_with_clock(
     });
 
     let accepting = Arc::new(AtomicBool::new(true));
+    let streams_stop = CancellationToken::new();
     let state = api::AppState {
         config: config.clone(),
         store: store.clone(),
@@ -253,6 +254,7 @@ pub async fn run_with_clock(
         node: node.clone(),
         address: address.clone().unwrap_or_else(|| format!("http://{bound}")),
         live,
+        streams_stop: streams_stop.clone(),
     };
     let app = api::router(state);
     let addr = listener.local_addr()?;
@@ -276,6 +278,8 @@ pub async fn run_with_clock(
     let stop_sources = sources_stop.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Open event streams never end by themselves; the graceful stop waits for them.
+        streams_stop.cancel();
         stop_http.cancel();
         stop_sources.cancel();
     });

@@ -73,6 +73,9 @@ pub struct AppState {
     pub address: String,
     /// Events as they are committed here, for `GET /v1/stream`.
     pub live: tokio::sync::broadcast::Sender<crate::domain::Event>,
+    /// Cancelled when shutdown begins: ends the event streams, which the HTTP server's
+    /// graceful stop would otherwise wait for forever.
+    pub streams_stop: tokio_util::sync::CancellationToken,
 }
 
 impl AppState {

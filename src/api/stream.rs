@@ -74,8 +74,13 @@ async fn stream(
     State(st): State<AppState>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let rx = st.live.subscribe();
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        let event = match rx.recv().await {
+    let stop = st.streams_stop.clone();
+    let events = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
+        let received = tokio::select! {
+            r = rx.recv() => r,
+            () = stop.cancelled() => return None,
+        };
+        let event = match received {
             Ok(e) => {
                 let name = e.kind.as_str();
                 SseEvent::default()
@@ -88,7 +93,7 @@ async fn stream(
                 .data(format!("{{\"missed\":{missed}}}")),
             Err(broadcast::error::RecvError::Closed) => return None,
         };
-        Some((Ok(event), rx))
+        Some((Ok(event), (rx, stop)))
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }

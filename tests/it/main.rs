@@ -3,6 +3,7 @@
 mod amqp;
 mod bench;
 mod clients;
+mod console;
 mod delivery;
 mod history;
 mod http_edges;

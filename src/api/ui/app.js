@@ -496,7 +496,7 @@ async function notificationsPage(params) {
     field("Sensor id", h("input", { name: "sensor_id", value: filter.sensor_id, maxlength: 16 })),
     field("Status", h("select", { name: "status" }, STATUSES.map((s) => h("option", { value: s, selected: s === filter.status }, s || "any")))),
   ], async (d) => {
-    location.hash = `#/notifications${q(Object.fromEntries(d.entries()))}`;
+    navigate(`#/notifications${q(Object.fromEntries(d.entries()))}`);
   }, "Filter");
   const replay = filter.client_id ? actionButton("Replay the failed ones of this filter", async () => {
     const body = { client_id: filter.client_id };
@@ -534,6 +534,12 @@ async function notificationPage(id) {
 }
 
 // --- routing ---------------------------------------------------------------------------
+
+/** Goes to `hash`; the same hash again reloads the page (the browser fires no event then). */
+function navigate(hash) {
+  if (location.hash === hash) route();
+  else location.hash = hash;
+}
 
 const routes = [
   [/^\/fleet$/, fleetPage, "fleet"],
@@ -575,7 +581,7 @@ async function route() {
 
 window.addEventListener("hashchange", () => {
   // A message said just before navigating (e.g. "created") stays for the next page.
-  if (Date.now() - Number(notice.dataset.at ?? 0) > 1000) say("");
+  if (Date.now() - Number(notice.dataset.at ?? 0) > 300) say("");
   route();
 });
 route();
