@@ -11,6 +11,10 @@ replays the dead letter once it answers again. Saves a screenshot of each page.
 latch must run with short retries (scripts/ui sets them) so a failing notification
 becomes a dead letter within seconds. Environment: LATCH_URL (required), CHROMIUM
 (default /usr/bin/chromium), SCREENSHOTS (default docs).
+
+With LATCH_TOKEN set, latch runs with that API token, and the script checks instead that
+the console asks for it once: a wrong one is asked again, the right one is kept for the
+tab's session (a reload does not ask), and the live stream runs with it.
 """
 
 import http.server
@@ -71,6 +75,29 @@ def until_rows(page, n):
         page.wait_for_timeout(300)
         page.get_by_role("button", name="Filter", exact=True).click()
     raise AssertionError(f"the notifications list never showed {n} rows")
+
+
+def token_flow(token):
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.set_default_timeout(WAIT_MS)
+        expect.set_options(timeout=WAIT_MS)
+        page.goto(f"{BASE}/ui/")
+        dialog = page.get_by_role("dialog", name="API token")
+        expect(dialog).to_be_visible()
+        page.get_by_label("Bearer token").fill("not-the-token")
+        page.get_by_label("Bearer token").press("Enter")
+        expect(dialog).to_be_visible()
+        page.get_by_label("Bearer token").fill(token)
+        page.get_by_role("button", name="Use token").click()
+        expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        expect(page.locator("#live")).to_have_text("Live")
+        page.reload()
+        expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        expect(dialog).to_be_hidden()
+        browser.close()
+    print("console: ok (asks for the token once)")
 
 
 def main():
@@ -180,7 +207,10 @@ def main():
 
 if __name__ == "__main__":
     try:
-        main()
+        if os.environ.get("LATCH_TOKEN"):
+            token_flow(os.environ["LATCH_TOKEN"])
+        else:
+            main()
     except AssertionError as e:
         print(f"console: FAILED: {e}", file=sys.stderr)
         sys.exit(1)

@@ -25,6 +25,8 @@ function askToken() {
       tokenAsked = null;
       resolve();
     };
+    // Escape would leave every request waiting for a token that never comes.
+    dialog.oncancel = (e) => e.preventDefault();
     dialog.showModal();
     input.focus();
   });
