@@ -123,9 +123,18 @@ def main():
         # A sensor, through the form on the sensors page (keyboard only).
         page.get_by_role("link", name="Sensors", exact=True).click()
         page.get_by_label("Sensor id").fill(sensor)
-        page.get_by_label("Address").fill("Svobody st. 23, back door")
-        page.get_by_label("Address").press("Enter")
+        page.get_by_label("Address", exact=True).fill("Svobody st. 23, back door")
+        page.get_by_label("Address", exact=True).press("Enter")
         expect(page.get_by_role("heading", name=f"Sensor {sensor}")).to_be_visible()
+
+        # A CSV import with a per-row report: a new sensor, and one that exists.
+        page.get_by_role("link", name="Sensors", exact=True).click()
+        page.get_by_label("CSV").fill(f"id,address\nimp{suffix},\"Import st. 1, hall\",60\n{sensor},again\n")
+        page.get_by_role("button", name="Import").click()
+        expect(page.locator("#notice")).to_contain_text("1 of 2 row(s) created")
+        expect(page.get_by_role("cell", name="created")).to_be_visible()
+        expect(page.get_by_role("cell", name="already exists")).to_be_visible()
+        expect(page.get_by_role("link", name=f"imp{suffix}")).to_be_visible()
 
         # A client, then the link, from the client's page.
         page.get_by_role("link", name="Clients", exact=True).click()
@@ -146,12 +155,14 @@ def main():
         expect(page.locator("dl.props")).to_contain_text("online")
         expect(page.get_by_text("state — → 1")).to_be_visible()
         expect(page.get_by_role("link", name="ops receiver")).to_be_visible()
+        expect(page.get_by_role("img", name=f"Readings of {sensor}")).to_be_visible()
 
         # The fleet page too: counts and the feed.
         page.get_by_role("link", name="Fleet", exact=True).click()
         expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
         post_reading(sensor, 0)
         expect(page.locator(".feed")).to_contain_text(f"{sensor} state 1 → 0")
+        expect(page.get_by_role("img", name="Readings accepted per second")).to_be_visible()
         shot(page, "fleet")
 
         # The notification of the first change, delivered, and its attempt.

@@ -99,7 +99,6 @@ function h(tag, attrs = {}, ...children) {
 function say(text, ok = false) {
   notice.className = ok ? "ok" : "";
   notice.textContent = text;
-  notice.dataset.at = String(Date.now());
 }
 
 const when = (t) => (t ? new Date(t).toLocaleString() : "—");
@@ -237,6 +236,72 @@ function debounce(f, ms) {
   return () => { clearTimeout(t); t = setTimeout(f, ms); };
 }
 
+// --- charts and rates ------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs = {}, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  el.append(...children);
+  return el;
+}
+
+/** A line of `points` ({t, v}) over [from, to] in ms; `step` draws a state (held until the next). */
+function chart(points, from, to, label, { step = false, max = null } = {}) {
+  const W = 600, H = 90, pad = 4;
+  const top = max ?? Math.max(1, ...points.map((p) => p.v));
+  const x = (t) => pad + ((t - from) / (to - from)) * (W - 2 * pad);
+  const y = (v) => H - pad - (v / top) * (H - 2 * pad);
+  const coords = [];
+  points.forEach((p, i) => {
+    if (step && i > 0) coords.push(`${x(p.t)},${y(points[i - 1].v)}`);
+    coords.push(`${x(p.t)},${y(p.v)}`);
+  });
+  if (step && points.length) coords.push(`${x(to)},${y(points[points.length - 1].v)}`);
+  return svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", class: "chart", role: "img", "aria-label": label },
+    svg("title", {}, label),
+    svg("line", { x1: pad, x2: W - pad, y1: H - pad, y2: H - pad, class: "axis" }),
+    svg("polyline", { points: coords.join(" "), class: "line" }));
+}
+
+/** Samples of this node's counters from /metrics (open, like the page), for rates. */
+const samples = [];
+const RATE_WINDOW = 5 * 60e3;
+
+function total(text, family, label = "") {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(family) || !"{ ".includes(line[family.length])) continue;
+    if (label && !line.includes(label)) continue;
+    sum += Number(line.slice(line.lastIndexOf(" ") + 1)) || 0;
+  }
+  return sum;
+}
+
+async function sample() {
+  const res = await fetch("/metrics");
+  if (!res.ok) throw new ApiError(`GET /metrics: ${res.status}`);
+  const text = await res.text();
+  samples.push({
+    t: Date.now(),
+    readings: total(text, "latch_readings_accepted_total"),
+    attempts: total(text, "latch_delivery_attempts_total"),
+    delivered: total(text, "latch_delivery_attempts_total", 'outcome="delivered"'),
+  });
+  while (samples[0].t < Date.now() - RATE_WINDOW - 10e3) samples.shift();
+}
+
+/** Per-second rates of a sampled counter between consecutive samples. */
+function rates(key) {
+  const out = [];
+  for (let i = 1; i < samples.length; i++) {
+    const [a, b] = [samples[i - 1], samples[i]];
+    out.push({ t: b.t, v: Math.max(0, (b[key] - a[key]) / ((b.t - a.t) / 1000)) });
+  }
+  return out;
+}
+
 // --- pages -----------------------------------------------------------------------------
 
 async function fleetPage() {
@@ -254,6 +319,25 @@ async function fleetPage() {
     );
   };
   await draw();
+  const lost = await api("GET", `/v1/sensors${q({ connection: "lost", limit: 10 })}`);
+  const lostList = table(["Lost sensor", "Address", "Last seen"], lost.items.map((s) => h("tr", {},
+    h("td", {}, h("a", { href: `#/sensors/${enc(s.id)}` }, s.id)), h("td", {}, s.address),
+    h("td", {}, when(s.status.last_seen_at)))), "No sensor is lost.");
+  const rateBox = h("div", { class: "cols" });
+  const drawRates = () => {
+    const now = Date.now();
+    const panel = (key, name) => {
+      const r = rates(key);
+      const last = r.length ? r[r.length - 1].v : 0;
+      return h("section", { class: "card" }, h("div", { class: "k" }, `${name}, last 5 minutes (this node)`),
+        h("div", { class: "n" }, `${last.toFixed(1)}/s`), chart(r, now - RATE_WINDOW, now, `${name} per second`));
+    };
+    rateBox.replaceChildren(panel("readings", "Readings accepted"), panel("delivered", "Webhooks delivered"));
+  };
+  const tick = () => sample().then(drawRates).catch((e) => say(e.message));
+  await sample().catch(() => {});
+  drawRates();
+  const timer = setInterval(() => { if (!document.body.contains(rateBox)) clearInterval(timer); else tick(); }, 5000);
   feed.replaceChildren(...(recent.length ? recent.map((e) => feedItem(e)) : [h("li", { class: "muted" }, "No events since this page opened.")]));
   const redraw = debounce(() => draw().catch((e) => say(e.message)), 300);
   onLive((e) => {
@@ -263,7 +347,11 @@ async function fleetPage() {
     }
     redraw();
   });
-  return [h("h1", {}, "Fleet"), cards, h("h2", {}, "Live events"), feed];
+  return [h("h1", {}, "Fleet"), cards, h("h2", {}, "Rates"), rateBox,
+    h("div", { class: "cols" },
+      h("section", {}, h("h2", {}, "Live events"), feed),
+      h("section", {}, h("h2", {}, "Lost sensors"), lostList,
+        lost.next_cursor ? h("p", {}, h("a", { href: "#/sensors?connection=lost" }, "All lost sensors")) : ""))];
 }
 
 async function sensorsPage(params) {
@@ -309,11 +397,52 @@ async function sensorsPage(params) {
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
     const s = await api("POST", "/v1/sensors", body);
     say(`Sensor ${s.id} created.`, true);
-    location.hash = `#/sensors/${enc(s.id)}`;
+    navigate(`#/sensors/${enc(s.id)}`, true);
   }, "Create sensor");
+  const report = h("div");
+  const importForm = form([
+    field("CSV: id,address[,heartbeat_timeout_s] per line", h("textarea", { name: "csv", rows: 4, cols: 60, required: true })),
+  ], async (d) => {
+    const rows = parseCsv(d.get("csv"));
+    const results = [];
+    for (const [i, row] of rows.entries()) {
+      const [id, address, timeout] = row;
+      if (i === 0 && id === "id") continue;
+      const body = { id: id ?? "", address: address ?? "" };
+      if (timeout) body.heartbeat_timeout_s = Number(timeout);
+      try {
+        await api("POST", "/v1/sensors", body);
+        results.push([i + 1, id, "created"]);
+      } catch (err) {
+        results.push([i + 1, id, err.message]);
+      }
+    }
+    const ok = results.filter((r) => r[2] === "created").length;
+    say(`Import: ${ok} of ${results.length} row(s) created.`, ok === results.length);
+    report.replaceChildren(table(["Line", "Sensor", "Result"], results.map(([n, id, r]) =>
+      h("tr", {}, h("td", { class: "num" }, n), h("td", {}, id), h("td", {}, r)))));
+    await list.go();
+  }, "Import");
   return [h("h1", {}, "Sensors"),
     h("div", { class: "toolbar" }, field("Connection", select)), list.box,
-    h("h2", {}, "New sensor"), create];
+    h("h2", {}, "New sensor"), create, h("h2", {}, "Import from CSV"), importForm, report];
+}
+
+/** CSV rows: fields split on commas, double quotes around a field that holds one. */
+function parseCsv(text) {
+  return text.split(/\r?\n/).filter((l) => l.trim()).map((line) => {
+    const fields = [];
+    let cur = "", quoted = false;
+    for (let i = 0; i < line.length; i++) {
+      const c = line[i];
+      if (quoted) {
+        if (c === '"' && line[i + 1] === '"') { cur += '"'; i++; } else if (c === '"') quoted = false; else cur += c;
+      } else if (c === '"') quoted = true;
+      else if (c === ",") { fields.push(cur.trim()); cur = ""; } else cur += c;
+    }
+    fields.push(cur.trim());
+    return fields;
+  });
 }
 
 const RANGES = { "1h": 3600e3, "24h": 86400e3, "7d": 7 * 86400e3, "30d": 30 * 86400e3 };
@@ -338,7 +467,17 @@ async function sensorPage(id, params) {
       api("GET", `/v1/sensors/${enc(id)}/events${q({ from, limit: 1000 })}`),
       api("GET", `/v1/sensors/${enc(id)}/readings${q({ from, limit: 1000 })}`),
     ]);
-    history.replaceChildren(h("div", { class: "cols" },
+    const to = Date.now();
+    const points = readings.items.map((r) => ({ t: Date.parse(r.ts), v: r.data }));
+    const lostAt = events.items.filter((e) => e.type === "sensor.connection_lost").map((e) => Date.parse(e.at));
+    const timeline = chart(points, to - RANGES[range], to, `Readings of ${id} over the last ${range}`, { step: true, max: 1 });
+    for (const t of lostAt) {
+      const x = 4 + ((t - (to - RANGES[range])) / RANGES[range]) * 592;
+      timeline.append(svg("line", { x1: x, x2: x, y1: 0, y2: 90, class: "lost" }));
+    }
+    history.replaceChildren(h("figure", {}, timeline,
+      h("figcaption", { class: "muted" }, `State over the last ${range}; red lines: connection lost.${readings.next_cursor ? " First 1000 readings of the range." : ""}`)),
+      h("div", { class: "cols" },
       h("section", { "aria-label": "Events" }, h("h2", {}, "Events (newest first)"),
         table(["At", "Event"], events.items.slice().reverse().map((e) =>
           h("tr", {}, h("td", {}, when(e.at)), h("td", {}, describe(e)))), "No events in this range.")),
@@ -389,7 +528,7 @@ async function sensorPage(id, params) {
     if (!confirm(`Delete sensor ${id} with its links, state and history?`)) return;
     await api("DELETE", `/v1/sensors/${enc(id)}`);
     say(`Sensor ${id} deleted.`, true);
-    location.hash = "#/sensors";
+    navigate("#/sensors", true);
   }, "danger");
   return [h("h1", {}, `Sensor ${id}`), props,
     h("p", {}, h("a", { href: `#/notifications${q({ sensor_id: id })}` }, "Its notifications")),
@@ -412,7 +551,7 @@ async function clientsPage() {
   ], async (d) => {
     const c = await api("POST", "/v1/clients", { name: d.get("name"), url: d.get("url") });
     say(`Client ${c.name} created; its signing secret is shown on its page.`, true);
-    location.hash = `#/clients/${enc(c.id)}`;
+    navigate(`#/clients/${enc(c.id)}`, true);
   }, "Create client");
   return [h("h1", {}, "Clients"), list.box, h("h2", {}, "New client"), create];
 }
@@ -459,7 +598,7 @@ async function clientPage(id) {
         if (!confirm(`Delete client ${c.name}? Its pending notifications are cancelled.`)) return;
         await api("DELETE", `/v1/clients/${enc(id)}`);
         say(`Client ${c.name} deleted.`, true);
-        location.hash = "#/clients";
+        navigate("#/clients", true);
       }, "danger"));
     return c;
   };
@@ -537,8 +676,12 @@ async function notificationPage(id) {
 
 // --- routing ---------------------------------------------------------------------------
 
-/** Goes to `hash`; the same hash again reloads the page (the browser fires no event then). */
-function navigate(hash) {
+let carryNotice = false;
+
+/** Goes to `hash`, keeping the message just said when `carry`; the same hash again reloads
+ * the page (the browser fires no event then). */
+function navigate(hash, carry = false) {
+  carryNotice = carry;
   if (location.hash === hash) route();
   else location.hash = hash;
 }
@@ -583,7 +726,8 @@ async function route() {
 
 window.addEventListener("hashchange", () => {
   // A message said just before navigating (e.g. "created") stays for the next page.
-  if (Date.now() - Number(notice.dataset.at ?? 0) > 300) say("");
+  if (!carryNotice) say("");
+  carryNotice = false;
   route();
 });
 route();
