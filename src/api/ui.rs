@@ -4,11 +4,12 @@
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
 use super::AppState;
+use super::error::ApiError;
 
 /// The console's files: name, media type, content.
 const ASSETS: &[(&str, &str, &str)] = &[
@@ -57,6 +58,6 @@ fn asset(name: &str) -> Response {
             *body,
         )
             .into_response(),
-        None => (StatusCode::NOT_FOUND, "no such file in the console").into_response(),
+        None => ApiError::not_found("file").into_response(),
     }
 }
