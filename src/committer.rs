@@ -8,10 +8,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::clock::Clock;
 use crate::delivery::Dispatcher;
+use crate::domain::Event;
 use crate::engine::CommitRequest;
 use crate::history::shipper::Spooled;
 use crate::store::CommitBatch;
@@ -25,6 +26,7 @@ pub async fn run(
     spooled: Arc<Spooled>,
     clock: Clock,
     fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
+    live: Option<broadcast::Sender<Event>>,
 ) {
     while let Some(first) = rx.recv().await {
         let mut requests = vec![first];
@@ -39,6 +41,9 @@ pub async fn run(
         }
         let rows = batch.readings.len();
         let history_rows = rows + batch.events.len();
+        // `GET /v1/stream`: events are copied only while someone listens.
+        let live_events = live.as_ref().filter(|tx| tx.receiver_count() > 0);
+        let events = live_events.map(|_| batch.events.clone());
         let started = Instant::now();
         let result = store.commit(batch, clock.now()).await;
         metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
@@ -47,6 +52,12 @@ pub async fn run(
             Ok(created) => {
                 spooled.add(history_rows);
                 dispatcher.deliver(created);
+                if let (Some(tx), Some(events)) = (live_events, events) {
+                    for e in events {
+                        // Only fails when the last listener just left.
+                        let _ = tx.send(e);
+                    }
+                }
                 for r in replies {
                     let _ = r.send(Ok(()));
                 }

@@ -124,6 +124,7 @@ pub async fn run_with_clock(
     };
 
     let (commit_tx, commit_rx) = mpsc::channel(64);
+    let live = api::stream::channel();
     let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
     let committer = tokio::spawn(committer::run(
         store.clone(),
@@ -132,6 +133,7 @@ pub async fn run_with_clock(
         spooled,
         clock.clone(),
         membership.is_some().then_some(fenced_tx),
+        Some(live.clone()),
     ));
 
     // Where following other nodes' registry changes begins: taken before the load, so a
@@ -232,6 +234,7 @@ pub async fn run_with_clock(
     });
 
     let accepting = Arc::new(AtomicBool::new(true));
+    let streams_stop = CancellationToken::new();
     let state = api::AppState {
         config: config.clone(),
         store: store.clone(),
@@ -250,6 +253,8 @@ pub async fn run_with_clock(
         follow,
         node: node.clone(),
         address: address.clone().unwrap_or_else(|| format!("http://{bound}")),
+        live,
+        streams_stop: streams_stop.clone(),
     };
     let app = api::router(state);
     let addr = listener.local_addr()?;
@@ -273,6 +278,8 @@ pub async fn run_with_clock(
     let stop_sources = sources_stop.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Open event streams never end by themselves; the graceful stop waits for them.
+        streams_stop.cancel();
         stop_http.cancel();
         stop_sources.cancel();
     });

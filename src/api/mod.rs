@@ -10,12 +10,15 @@ pub mod clients;
 pub mod cluster;
 pub mod contract;
 pub mod error;
+pub mod fleet;
 pub mod limits;
 pub mod notifications;
 pub mod pagination;
 pub mod readings;
 pub mod sensors;
+pub mod stream;
 pub mod tokens;
+pub mod ui;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,6 +71,11 @@ pub struct AppState {
     /// This node's id and the address other nodes reach it at (`GET /v1/cluster`).
     pub node: String,
     pub address: String,
+    /// Events as they are committed here, for `GET /v1/stream`.
+    pub live: tokio::sync::broadcast::Sender<crate::domain::Event>,
+    /// Cancelled when shutdown begins: ends the event streams, which the HTTP server's
+    /// graceful stop would otherwise wait for forever.
+    pub streams_stop: tokio_util::sync::CancellationToken,
 }
 
 impl AppState {
@@ -106,6 +114,8 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(notifications::router())
         .merge(tokens::router())
         .merge(cluster::router())
+        .merge(fleet::router())
+        .merge(stream::router())
         .split_for_parts()
 }
 
@@ -123,6 +133,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .merge(cluster::internal())
+        .merge(ui::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

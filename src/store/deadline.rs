@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Claim, ClusterStore, CommitBatch, Error, HistorySink, Lease, NodeRow, NotificationFilter,
-    NotificationRef, Outcome, Owner, Page, PageRequest, ReadingRecord, ReplayFilter, Result,
-    SensorRuntime, SensorView, Store, Stored, TimeRange,
+    Claim, ClusterStore, CommitBatch, ConnectionCounts, Error, HistorySink, Lease, NodeRow,
+    NotificationFilter, NotificationRef, Outcome, Owner, Page, PageRequest, ReadingRecord,
+    ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored, TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
 use crate::domain::token::ApiToken;
@@ -132,6 +132,10 @@ impl<S: Store> Store for Deadline<S> {
     }
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
         self.bound("enable_client", self.inner.enable_client(id))
+            .await
+    }
+    async fn count_sensors(&self) -> Result<ConnectionCounts> {
+        self.bound("count_sensors", self.inner.count_sensors())
             .await
     }
     async fn count_disabled_clients(&self) -> Result<u64> {

@@ -163,6 +163,15 @@ pub struct ReplayFilter {
 /// Sensor with its current status, as the API shows it.
 pub type SensorView = (Sensor, SensorStatus);
 
+/// How many registered sensors are in each connection state (the console's fleet page).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionCounts {
+    pub online: u64,
+    pub lost: u64,
+    /// Registered, never reported.
+    pub unknown: u64,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Cheap liveness check of the backend (readiness).
@@ -177,6 +186,8 @@ pub trait Store: Send + Sync + 'static {
         connection: Option<Connection>,
         page: PageRequest,
     ) -> Result<Page<SensorView>>;
+    /// Registered sensors counted by connection: one aggregate query, no rows returned.
+    async fn count_sensors(&self) -> Result<ConnectionCounts>;
     /// Replaces address and timeout; `None` if the sensor does not exist.
     async fn replace_sensor(
         &self,

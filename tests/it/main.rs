@@ -4,6 +4,7 @@ mod amqp;
 mod bench;
 mod clients;
 mod cluster;
+mod console;
 mod delivery;
 mod history;
 mod http_edges;

@@ -60,6 +60,7 @@ macro_rules! suite {
                 registry::import_skips_what_exists,
                 registry::deletes_cancel_pending,
                 registry::registry_changes_follow_create_change_delete,
+                registry::counts_by_connection,
                 commit::commit_creates_state_history_and_outbox,
                 commit::lost_state_survives_and_filters,
                 outbox::claim_reads_registry_and_cancels_orphans,

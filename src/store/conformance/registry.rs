@@ -218,3 +218,41 @@ pub(super) async fn registry_changes_follow_create_change_delete(s: &dyn Store) 
     s.prune_registry_changes(i64::MAX).await.unwrap();
     assert!(s.registry_changes(start).await.unwrap().1.is_empty());
 }
+
+pub(super) async fn counts_by_connection(s: &dyn Store) {
+    assert_eq!(
+        s.count_sensors().await.unwrap(),
+        ConnectionCounts::default()
+    );
+    for id in ["fc1", "fc2", "fc3", "fc4"] {
+        s.create_sensor(sensor(id)).await.unwrap();
+    }
+    let state = |id: &str, connection| StateUpdate {
+        sensor_id: sid(id),
+        data: Some(true),
+        changed_at: Some(1_000),
+        last_ts: Some(1_000),
+        last_seen_at: Some(1_000),
+        connection,
+    };
+    let batch = CommitBatch {
+        states: vec![
+            state("fc1", Connection::Online),
+            state("fc2", Connection::Online),
+            state("fc3", Connection::Lost),
+        ],
+        ..Default::default()
+    };
+    s.commit(batch, 1_000).await.unwrap();
+    let counts = ConnectionCounts {
+        online: 2,
+        lost: 1,
+        unknown: 1,
+    };
+    assert_eq!(s.count_sensors().await.unwrap(), counts);
+    assert!(s.delete_sensor(sid("fc3"), 2_000).await.unwrap());
+    assert_eq!(
+        s.count_sensors().await.unwrap(),
+        ConnectionCounts { lost: 0, ..counts }
+    );
+}

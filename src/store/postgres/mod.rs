@@ -28,9 +28,9 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
 use super::{
-    Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored,
-    TimeRange,
+    Claim, CommitBatch, ConnectionCounts, Error, HistorySink, NotificationFilter, NotificationRef,
+    Outcome, Page, PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView,
+    Store, Stored, TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
 use crate::domain::token::ApiToken;
@@ -382,6 +382,10 @@ impl Store for PgStore {
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
         lifecycle::enable_client(&self.pool, id).await
+    }
+
+    async fn count_sensors(&self) -> Result<ConnectionCounts> {
+        registry::count_sensors(&self.pool).await
     }
 
     async fn count_disabled_clients(&self) -> Result<u64> {

@@ -4,7 +4,9 @@
 use deadpool_postgres::Pool;
 
 use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
-use super::super::{Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one};
+use super::super::{
+    ConnectionCounts, Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one,
+};
 use super::DELETE_LOCK;
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
 
@@ -71,6 +73,35 @@ pub(super) async fn list_sensors(
         .map(row::sensor_view)
         .collect::<Result<Vec<_>>>()?;
     Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+}
+
+/// Sensors with a state row counted by connection; the rest never reported.
+pub(super) async fn count_sensors(pool: &Pool) -> Result<ConnectionCounts> {
+    let c = pool.get().await?;
+    let total: i64 = c
+        .query_one("SELECT COUNT(*) FROM sensors", &[])
+        .await?
+        .get(0);
+    let rows = c
+        .query(
+            "SELECT st.connection, COUNT(*) FROM sensor_state st \
+             JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
+            &[],
+        )
+        .await?;
+    let mut counts = ConnectionCounts::default();
+    let mut reported = 0;
+    for r in rows {
+        let (conn, n): (String, i64) = (r.get(0), r.get(1));
+        match Conn::parse(&conn) {
+            Some(Conn::Online) => counts.online = n as u64,
+            Some(Conn::Lost) => counts.lost = n as u64,
+            _ => continue,
+        }
+        reported += n;
+    }
+    counts.unknown = (total - reported).max(0) as u64;
+    Ok(counts)
 }
 
 pub(super) async fn replace_sensor(

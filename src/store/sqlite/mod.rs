@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use rusqlite::Connection;
 
 use super::{
-    Claim, CommitBatch, Error, HistorySink, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView, Store, Stored,
-    TimeRange,
+    Claim, CommitBatch, ConnectionCounts, Error, HistorySink, NotificationFilter, NotificationRef,
+    Outcome, Page, PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView,
+    Store, Stored, TimeRange,
 };
 use crate::domain::client::{Disabled, Health};
 use crate::domain::token::ApiToken;
@@ -247,6 +247,10 @@ impl Store for SqliteStore {
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
         self.write(move |c| lifecycle::enable_client(c, id)).await
+    }
+
+    async fn count_sensors(&self) -> Result<ConnectionCounts> {
+        self.read(registry::count_sensors).await
     }
 
     async fn count_disabled_clients(&self) -> Result<u64> {

@@ -3,7 +3,9 @@
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
-use super::super::{Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one};
+use super::super::{
+    ConnectionCounts, Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one,
+};
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
 
 /// `Conflict` if the id exists.
@@ -55,6 +57,30 @@ pub(super) fn list_sensors(
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+}
+
+/// Sensors with a state row counted by connection; the rest never reported. A sensor's
+/// state row goes with it (`delete_sensor`), so the two counts add up.
+pub(super) fn count_sensors(c: &Connection) -> Result<ConnectionCounts> {
+    let total: i64 = c.query_row("SELECT COUNT(*) FROM sensors", [], |r| r.get(0))?;
+    let mut counts = ConnectionCounts::default();
+    let mut stmt = c.prepare_cached(
+        "SELECT st.connection, COUNT(*) FROM sensor_state st \
+         JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut reported = 0;
+    while let Some(r) = rows.next()? {
+        let (conn, n): (String, i64) = (r.get(0)?, r.get(1)?);
+        match Conn::parse(&conn) {
+            Some(Conn::Online) => counts.online = n as u64,
+            Some(Conn::Lost) => counts.lost = n as u64,
+            _ => continue,
+        }
+        reported += n;
+    }
+    counts.unknown = (total - reported).max(0) as u64;
+    Ok(counts)
 }
 
 /// How many sensors were updated (0 or 1).

@@ -1,0 +1,44 @@
+//! `GET /v1/fleet`: the fleet at a glance (the console's first page), from aggregate
+//! queries, so it costs the same on ten sensors as on a million.
+
+use axum::extract::State;
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiJson, ApiResult};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get_fleet))
+}
+
+/// Registered sensors by connection, and the notifications waiting to go out.
+#[derive(Serialize, ToSchema)]
+pub struct FleetOut {
+    /// Every registered sensor.
+    pub sensors: u64,
+    /// Reporting within their heartbeat timeout.
+    pub online: u64,
+    /// Silent past their heartbeat timeout.
+    pub lost: u64,
+    /// Registered, never reported.
+    pub unknown: u64,
+    /// Notifications not yet delivered (nor failed, superseded or cancelled).
+    pub notifications_pending: u64,
+}
+
+/// Counts of the fleet: sensors by connection, pending notifications.
+#[utoipa::path(get, path = "/v1/fleet", tag = "sensors",
+    responses((status = 200, body = FleetOut)))]
+async fn get_fleet(State(st): State<AppState>) -> ApiResult<ApiJson<FleetOut>> {
+    let counts = st.store.count_sensors().await?;
+    let pending = st.store.count_pending().await?;
+    Ok(ApiJson(FleetOut {
+        sensors: counts.online + counts.lost + counts.unknown,
+        online: counts.online,
+        lost: counts.lost,
+        unknown: counts.unknown,
+        notifications_pending: pending,
+    }))
+}

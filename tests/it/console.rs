@@ -1,0 +1,191 @@
+//! The operator console and the API it adds: the embedded pages, `GET /v1/fleet`, and the
+//! live stream `GET /v1/stream` (server-sent events as commits happen).
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use latch::clock::Clock;
+use latch::domain::time::now_ms;
+
+use crate::utils::{TestServer, unique};
+
+/// An open `GET /v1/stream`, read event by event.
+struct Stream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Stream {
+    async fn open(s: &TestServer, token: Option<&str>) -> reqwest::Response {
+        let mut req = s.http.get(format!("{}/v1/stream", s.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn start(s: &TestServer) -> Self {
+        let response = Self::open(s, None).await;
+        assert_eq!(response.status().as_u16(), 200);
+        assert_eq!(
+            response.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        Self {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event that is not a keep-alive: its name and data. The bound only keeps a
+    /// broken stream from hanging the test.
+    async fn next(&mut self) -> (String, Value) {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                while let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let mut name = None;
+                    let mut data = String::new();
+                    for line in block.lines() {
+                        if let Some(n) = line.strip_prefix("event:") {
+                            name = Some(n.trim().to_string());
+                        } else if let Some(d) = line.strip_prefix("data:") {
+                            data.push_str(d.trim());
+                        }
+                    }
+                    if let Some(name) = name {
+                        return (name, serde_json::from_str(&data).unwrap());
+                    }
+                }
+                let chunk = self.response.chunk().await.unwrap().expect("stream ended");
+                self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+            }
+        })
+        .await
+        .expect("an event within 20 s")
+    }
+}
+
+#[tokio::test]
+async fn the_stream_carries_committed_changes_lost_and_restored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = Clock::manual(now_ms());
+    let s = TestServer::start_clocked(
+        tmp.path(),
+        |c| c.heartbeat_timeout = Duration::from_secs(2),
+        clock.clone(),
+    )
+    .await;
+    let id = unique("st");
+    s.sensor(&id).await;
+    let mut stream = Stream::start(&s).await;
+
+    let t0 = clock.now();
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    let (name, data) = stream.next().await;
+    assert_eq!(name, "sensor.state_changed");
+    assert_eq!(data["type"], "sensor.state_changed");
+    assert_eq!(data["sensor_id"], id.as_str());
+    assert_eq!(
+        (data["data"].clone(), data["previous"].clone()),
+        (json!(1), Value::Null)
+    );
+
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    s.readings(json!({"sensor_id": id, "data": 0})).await;
+    let (_, data) = stream.next().await;
+    assert_eq!(
+        (data["data"].clone(), data["previous"].clone()),
+        (json!(0), json!(1)),
+        "a repeat is no event: the next one is the change to 0"
+    );
+
+    clock.set(t0 + 2_000);
+    let (name, data) = stream.next().await;
+    assert_eq!(name, "sensor.connection_lost");
+    assert_eq!(data["sensor_id"], id.as_str());
+    assert!(data["last_seen_at"].is_string());
+    s.readings(json!({"sensor_id": id, "data": 0})).await;
+    let (name, _) = stream.next().await;
+    assert_eq!(name, "sensor.connection_restored");
+
+    // Shutdown ends open streams (the graceful stop waits for every response to end).
+    s.stop().await;
+    let end = stream.response.chunk().await;
+    assert!(!matches!(end, Ok(Some(_))), "{end:?}");
+}
+
+#[tokio::test]
+async fn the_stream_asks_for_the_token() {
+    let token = format!("t-{}", unique("tok"));
+    let s = TestServer::start_with(|c| c.api_token = Some(token.clone())).await;
+    assert_eq!(Stream::open(&s, None).await.status().as_u16(), 401);
+    assert_eq!(Stream::open(&s, Some("wrong")).await.status().as_u16(), 401);
+    assert_eq!(Stream::open(&s, Some(&token)).await.status().as_u16(), 200);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn fleet_counts_sensors_by_connection() {
+    let s = TestServer::start().await;
+    let (st, body) = s.get("/v1/fleet").await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"sensors": 0, "online": 0, "lost": 0, "unknown": 0, "notifications_pending": 0})
+    );
+    let (a, b) = (unique("fa"), unique("fb"));
+    s.sensor(&a).await;
+    s.sensor(&b).await;
+    s.readings(json!({"sensor_id": a, "data": 1})).await;
+    let (_, body) = s.get("/v1/fleet").await;
+    assert_eq!(
+        (&body["sensors"], &body["online"], &body["unknown"]),
+        (&json!(2), &json!(1), &json!(1))
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_console_is_served_from_the_binary() {
+    let s = TestServer::start().await;
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for from in ["/", "/ui"] {
+        let r = plain.get(format!("{}{from}", s.base)).send().await.unwrap();
+        assert!(r.status().is_redirection(), "{from}: {}", r.status());
+        assert_eq!(r.headers()["location"], "/ui/");
+    }
+    for (path, media, needle) in [
+        (
+            "/ui/",
+            "text/html",
+            "<script type=\"module\" src=\"/ui/app.js\">",
+        ),
+        ("/ui/app.js", "text/javascript", "/v1/stream"),
+        ("/ui/style.css", "text/css", ":root"),
+    ] {
+        let r = plain.get(format!("{}{path}", s.base)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with(media), "{path}: {ct}");
+        assert!(
+            r.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .starts_with("default-src 'self'")
+        );
+        assert!(r.text().await.unwrap().contains(needle), "{path}");
+    }
+    let r = plain
+        .get(format!("{}/ui/secret.txt", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    s.stop().await;
+}

@@ -1,0 +1,227 @@
+"""The operator console in a real browser (issue #18), against a running latch.
+
+Debian's chromium driven by Playwright for Python, never a downloaded browser:
+opens the fleet page, creates a sensor and a client through the forms, links them,
+posts readings through the API and waits for the page to show the change without a
+reload, opens the notification and its attempts, makes the endpoint answer 500 and
+replays the dead letter once it answers again. Saves a screenshot of each page.
+
+    LATCH_URL=http://127.0.0.1:8080 python3 tests/ui/console.py
+
+latch must run with short retries (scripts/ui sets them) so a failing notification
+becomes a dead letter within seconds. Environment: LATCH_URL (required), CHROMIUM
+(default /usr/bin/chromium), SCREENSHOTS (default docs).
+
+With LATCH_TOKEN set, latch runs with that API token, and the script checks instead that
+the console asks for it once: a wrong one is asked again, the right one is kept for the
+tab's session (a reload does not ask), and the live stream runs with it.
+"""
+
+import http.server
+import json
+import os
+import random
+import string
+import sys
+import threading
+import urllib.request
+
+from playwright.sync_api import expect, sync_playwright
+
+BASE = os.environ["LATCH_URL"].rstrip("/")
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SHOTS = os.environ.get("SCREENSHOTS", "docs")
+WAIT_MS = 20_000
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    """A webhook endpoint that answers `status` (200, or 500 while failing)."""
+
+    status = 200
+    received = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        Receiver.received.append((Receiver.status, json.loads(body)))
+        self.send_response(Receiver.status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def post_reading(sensor, data):
+    req = urllib.request.Request(
+        f"{BASE}/v1/readings",
+        data=json.dumps({"sensor_id": sensor, "data": data}).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req) as r:
+        answer = json.load(r)
+    assert answer["accepted"] == 1, answer
+
+
+def shot(page, name):
+    os.makedirs(SHOTS, exist_ok=True)
+    page.screenshot(path=os.path.join(SHOTS, f"console-{name}.png"), full_page=True)
+
+
+def until_rows(page, n):
+    """Filters the notifications list again until it shows `n` rows (it is not live)."""
+    for _ in range(60):
+        if page.locator("tbody tr").count() >= n:
+            return
+        page.wait_for_timeout(300)
+        page.get_by_role("button", name="Filter", exact=True).click()
+    raise AssertionError(f"the notifications list never showed {n} rows")
+
+
+def token_flow(token):
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.set_default_timeout(WAIT_MS)
+        expect.set_options(timeout=WAIT_MS)
+        page.goto(f"{BASE}/ui/")
+        dialog = page.get_by_role("dialog", name="API token")
+        expect(dialog).to_be_visible()
+        page.get_by_label("Bearer token").fill("not-the-token")
+        page.get_by_label("Bearer token").press("Enter")
+        expect(dialog).to_be_visible()
+        page.get_by_label("Bearer token").fill(token)
+        page.get_by_role("button", name="Use token").click()
+        expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        expect(page.locator("#live")).to_have_text("Live")
+        page.reload()
+        expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        expect(dialog).to_be_hidden()
+        browser.close()
+    print("console: ok (asks for the token once)")
+
+
+def main():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    sensor = f"door{suffix}"
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        page.set_default_timeout(WAIT_MS)
+        expect.set_options(timeout=WAIT_MS)
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+
+        # Fleet, reached from / (a redirect to /ui/).
+        page.goto(f"{BASE}/")
+        expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        expect(page.locator("#live")).to_have_text("Live")
+
+        # A sensor, through the form on the sensors page (keyboard only).
+        page.get_by_role("link", name="Sensors", exact=True).click()
+        page.get_by_label("Sensor id").fill(sensor)
+        page.get_by_label("Address", exact=True).fill("Svobody st. 23, back door")
+        page.get_by_label("Address", exact=True).press("Enter")
+        expect(page.get_by_role("heading", name=f"Sensor {sensor}")).to_be_visible()
+
+        # A CSV import with a per-row report: a new sensor, and one that exists.
+        page.get_by_role("link", name="Sensors", exact=True).click()
+        page.get_by_label("CSV").fill(f"id,address\nimp{suffix},\"Import st. 1, hall\",60\n{sensor},again\n")
+        page.get_by_role("button", name="Import").click()
+        expect(page.locator("#notice")).to_contain_text("1 of 2 row(s) created")
+        expect(page.get_by_role("cell", name="created")).to_be_visible()
+        expect(page.get_by_role("cell", name="already exists")).to_be_visible()
+        expect(page.get_by_role("link", name=f"imp{suffix}")).to_be_visible()
+
+        # A client, then the link, from the client's page.
+        page.get_by_role("link", name="Clients", exact=True).click()
+        page.get_by_label("Name").fill("ops receiver")
+        page.get_by_label("Webhook URL").fill(hook)
+        page.get_by_role("button", name="Create client").click()
+        expect(page.get_by_role("heading", name="Client ops receiver")).to_be_visible()
+        client = page.url.rsplit("/", 1)[1]
+        page.get_by_label("Sensor id").fill(sensor)
+        page.get_by_role("button", name="Link sensor").click()
+        expect(page.get_by_role("link", name=sensor)).to_be_visible()
+
+        # The sensor page follows readings live: no reload between them.
+        page.get_by_role("link", name=sensor).click()
+        expect(page.get_by_role("heading", name=f"Sensor {sensor}")).to_be_visible()
+        expect(page.locator("dl.props")).to_contain_text("unknown")
+        post_reading(sensor, 1)
+        expect(page.locator("dl.props")).to_contain_text("online")
+        expect(page.get_by_text("state — → 1")).to_be_visible()
+        expect(page.get_by_role("link", name="ops receiver")).to_be_visible()
+        expect(page.get_by_role("img", name=f"Readings of {sensor}")).to_be_visible()
+
+        # The fleet page too: counts and the feed.
+        page.get_by_role("link", name="Fleet", exact=True).click()
+        expect(page.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        post_reading(sensor, 0)
+        expect(page.locator(".feed")).to_contain_text(f"{sensor} state 1 → 0")
+        expect(page.get_by_role("img", name="Readings accepted per second")).to_be_visible()
+        shot(page, "fleet")
+
+        # The notification of the first change, delivered, and its attempt.
+        page.goto(f"{BASE}/ui/#/notifications?client_id={client}&sensor_id={sensor}&status=delivered")
+        expect(page.get_by_role("heading", name="Notifications")).to_be_visible()
+        until_rows(page, 2)
+        shot(page, "notifications")
+        page.locator("tbody tr").first.get_by_role("link").first.click()
+        expect(page.get_by_role("heading", name="Notification")).to_be_visible()
+        expect(page.locator("dl.props")).to_contain_text("delivered")
+        expect(page.get_by_role("cell", name="200", exact=True)).to_be_visible()
+
+        # The endpoint fails: the next change becomes a dead letter.
+        Receiver.status = 500
+        post_reading(sensor, 1)
+        page.goto(f"{BASE}/ui/#/notifications?client_id={client}&status=failed")
+        expect(page.get_by_role("heading", name="Notifications")).to_be_visible()
+        until_rows(page, 1)
+        page.locator("tbody tr").first.get_by_role("link").first.click()
+        expect(page.locator("dl.props")).to_contain_text("failed")
+        expect(page.get_by_role("cell", name="500", exact=True).first).to_be_visible()
+        shot(page, "notification")
+
+        # It answers again: replay the dead letter from its page.
+        Receiver.status = 200
+        page.get_by_role("button", name="Replay").click()
+        expect(page.locator("#notice")).to_contain_text("Sent again")
+        for _ in range(60):
+            page.get_by_role("button", name="Refresh").click()
+            if "delivered" in page.locator("dl.props").inner_text():
+                break
+            page.wait_for_timeout(300)
+        expect(page.locator("dl.props")).to_contain_text("delivered")
+        assert any(s == 200 and b["data"] == 1 for s, b in Receiver.received), Receiver.received
+
+        # The remaining pages, for the screenshots.
+        page.goto(f"{BASE}/ui/#/sensors/{sensor}")
+        expect(page.get_by_role("heading", name=f"Sensor {sensor}")).to_be_visible()
+        shot(page, "sensor")
+        page.goto(f"{BASE}/ui/#/sensors")
+        expect(page.get_by_role("link", name=sensor)).to_be_visible()
+        shot(page, "sensors")
+        page.goto(f"{BASE}/ui/#/clients/{client}")
+        expect(page.get_by_text("Endpoint health")).to_be_visible()
+        expect(page.locator("dl.props").nth(1)).to_contain_text("%")
+        shot(page, "client")
+
+        assert not errors, f"errors in the page: {errors}"
+        browser.close()
+    server.shutdown()
+    print(f"console: ok (sensor {sensor}, client {client}); screenshots in {SHOTS}/")
+
+
+if __name__ == "__main__":
+    try:
+        if os.environ.get("LATCH_TOKEN"):
+            token_flow(os.environ["LATCH_TOKEN"])
+        else:
+            main()
+    except AssertionError as e:
+        print(f"console: FAILED: {e}", file=sys.stderr)
+        sys.exit(1)
