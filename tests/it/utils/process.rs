@@ -34,6 +34,8 @@ impl Process {
             .env("LATCH_DELIVERY_TIMEOUT", "1s")
             .env("LATCH_LOG", "warn");
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        // Latch makes its data folder itself; the log goes there before it does.
+        std::fs::create_dir_all(dir).unwrap();
         let child = cmd
             .arg("serve")
             .env("LATCH_LISTEN", format!("127.0.0.1:{port}"))
