@@ -398,12 +398,18 @@ pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .truncate(false)
         .write(true)
         .open(dir.join("latch.lock"))?;
-    lock.try_lock().map_err(|_| {
-        anyhow::anyhow!(
-            "data_dir: {} is in use by another latch process",
-            dir.display()
-        )
-    })?;
+    // A latch that just stopped in this folder (in this process too: a restart in a test
+    // or a bench) lets go within moments, once its last blocking store call returns.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while lock.try_lock().is_err() {
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "data_dir: {} is in use by another latch process",
+                dir.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     Ok(lock)
 }
 

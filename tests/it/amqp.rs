@@ -446,3 +446,48 @@ async fn readings_whose_commit_failed_are_redelivered_never_dead_lettered() {
     );
     server.stop().await;
 }
+
+/// In a cluster one node consumes the queue — the one holding partition 0 — and hands the
+/// readings of other nodes' partitions to them: every message applied once, in one place.
+#[tokio::test]
+async fn a_cluster_consumes_the_queue_on_one_node_and_applies_every_reading_once() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let queue = unique("lq");
+    declare(&ch, &queue).await;
+    let env = [
+        ("LATCH_AMQP_URL", url()),
+        ("LATCH_AMQP_QUEUE", queue.clone()),
+    ];
+    let Some(c) = crate::utils::cluster::Cluster::start_env(2, &env).await else {
+        return;
+    };
+    let r = Receiver::start().await;
+    let (_, sensors) = c.fleet("aq", 24, &r.url, json!({})).await;
+    for id in &sensors {
+        let body = json!({"sensor_id": id, "data": 1}).to_string();
+        publish(&ch, &queue, body.as_bytes(), None).await;
+    }
+    r.wait_for(sensors.len(), 30).await;
+    let live = c.live();
+    for id in &sensors {
+        let readings = c.get(&live[1], &format!("/v1/sensors/{id}/readings")).await;
+        assert_eq!(
+            readings["items"].as_array().unwrap().len(),
+            1,
+            "{id}: applied once: {readings}"
+        );
+    }
+    let mut up = Vec::new();
+    for base in &live {
+        up.push(c.node_metric(base, "latch_source_up").await);
+    }
+    up.sort_by(f64::total_cmp);
+    assert_eq!(up, vec![0.0, 1.0], "one node consumes");
+    assert!(
+        c.metric("latch_cluster_forwarded_readings_total").await > 0.0,
+        "the other node's sensors were handed to it"
+    );
+    assert_eq!(r.received().len(), sensors.len(), "one notification each");
+}
