@@ -334,10 +334,17 @@ impl Membership {
                 .push(s);
         }
         let since: Millis = engine.now();
+        // The first round runs before this node serves its API: nothing can have been
+        // registered through it meanwhile, and other nodes route nothing here yet.
+        let unsure_until = if reclaim_own {
+            since
+        } else {
+            since + crate::engine::TAKEOVER_GRACE_MS
+        };
         for l in &got {
             let sensors = by_part.remove(&l.partition).unwrap_or_default();
             engine
-                .acquire(l.partition, Some(l.epoch), sensors, since)
+                .acquire(l.partition, Some(l.epoch), sensors, since, unsure_until)
                 .await?;
             self.held.lock().expect("held").insert(l.partition, l.epoch);
             self.serving[l.partition as usize].store(true, Ordering::Relaxed);

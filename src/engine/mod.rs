@@ -46,6 +46,11 @@ use fleet::Fleet;
 use shard::{Part, Shard, ShardMsg};
 pub use ticket::{Report, Ticket, VerdictsRx};
 
+/// How long after taking a partition over, while serving, a sensor unknown here may still
+/// be one registered through another node while the partition's sensors were loading: its
+/// registration reaches this node within the registry follower's lookback.
+pub const TAKEOVER_GRACE_MS: Millis = 5_000;
+
 /// Most sensors declared lost in one group commit: a fleet-wide outage is worked off in
 /// batches of this size, interleaved with ingest, instead of one giant transaction.
 pub const EXPIRE_BATCH: usize = 10_000;
@@ -154,7 +159,7 @@ impl Engine {
                 Some(Part {
                     fleet,
                     epoch: None,
-                    since: resumed_at,
+                    unsure_until: resumed_at,
                 })
             })
             .collect();
@@ -353,13 +358,15 @@ impl Engine {
 
     /// Starts serving `partition` with its `sensors` as the store has them, under lease
     /// `epoch`; their deadlines count from `since` at the earliest (the takeover), so a
-    /// sensor is not declared lost for the time nobody served it.
+    /// sensor is not declared lost for the time nobody served it. Until `unsure_until` a
+    /// sensor unknown here is "send again" rather than unknown ([`TAKEOVER_GRACE_MS`]).
     pub async fn acquire(
         &self,
         partition: u32,
         epoch: Option<i64>,
         sensors: Vec<SensorRuntime>,
         since: Millis,
+        unsure_until: Millis,
     ) -> Result<(), Error> {
         let (reply, done) = oneshot::channel();
         self.shards[self.shard_of_partition(partition)]
@@ -368,6 +375,7 @@ impl Engine {
                 epoch,
                 sensors,
                 since,
+                unsure_until,
                 reply,
             })
             .await

@@ -46,6 +46,7 @@ pub(super) enum ShardMsg {
         epoch: Option<i64>,
         sensors: Vec<SensorRuntime>,
         since: Millis,
+        unsure_until: Millis,
         reply: oneshot::Sender<()>,
     },
     /// Stops serving a partition: after committing what is pending (`flush`), or at once
@@ -62,15 +63,11 @@ pub(super) struct Part {
     pub(super) fleet: Fleet,
     /// The lease's epoch in cluster mode (the commit's fence); `None` on one node.
     pub(super) epoch: Option<i64>,
-    /// When it was taken over (cluster mode).
-    pub(super) since: Millis,
+    /// Until then a sensor unknown here may be one registered through another node while
+    /// the partition's sensors were loading ([`super::TAKEOVER_GRACE_MS`]): its readings are
+    /// refused as "send again", not as unknown.
+    pub(super) unsure_until: Millis,
 }
-
-/// How long after a takeover a sensor unknown here may still be one registered while the
-/// partition's sensors were loading: its registration reaches this node within the
-/// registry follower's lookback, so its readings are refused as "send again" meanwhile,
-/// not as unknown.
-const TAKEOVER_GRACE_MS: Millis = 5_000;
 
 /// One shard task: owns its sensors' state and applies their readings in arrival order.
 pub(super) struct Shard {
@@ -262,6 +259,7 @@ impl Shard {
                 epoch,
                 sensors,
                 since,
+                unsure_until,
                 reply,
             } => {
                 let mut fleet = Fleet::new(self.default_timeout_ms, since);
@@ -272,7 +270,7 @@ impl Shard {
                 let old = self.parts[partition as usize].replace(Part {
                     fleet,
                     epoch,
-                    since,
+                    unsure_until,
                 });
                 if let Some(old) = old {
                     fleet::lost_gauge(-(old.fleet.count_lost() as f64));
@@ -316,7 +314,7 @@ impl Shard {
                     ));
                 };
                 let Some(current) = part.fleet.get(r.sensor_id) else {
-                    if part.epoch.is_some() && received_at < part.since + TAKEOVER_GRACE_MS {
+                    if received_at < part.unsure_until {
                         return Some(Rejection::new(
                             RejectCode::StoreUnavailable,
                             format!(

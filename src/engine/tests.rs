@@ -242,7 +242,13 @@ async fn a_cluster_node_applies_its_partitions_forwards_others_and_fences_its_co
     let (engine, routing, forwarded, rx, stop) = leased(Clock::manual(1_000));
     let [(here, p_here), (away, p_away), (moving, _)] = three_partitions(&engine);
     engine
-        .acquire(p_here, Some(7), vec![(here, SensorState::new(None))], 1_000)
+        .acquire(
+            p_here,
+            Some(7),
+            vec![(here, SensorState::new(None))],
+            1_000,
+            1_000,
+        )
         .await
         .unwrap();
     let mut routes = vec![Route::Nobody; 16];
@@ -291,7 +297,7 @@ async fn after_a_takeover_silence_counts_from_the_takeover() {
     // Last seen at 0 under the old owner: by its own deadline (10 s) long silent, but
     // nobody served it since; the new owner gives it a full timeout from the takeover.
     engine
-        .acquire(p, Some(2), vec![(s, online(0))], 50_000)
+        .acquire(p, Some(2), vec![(s, online(0))], 50_000, 50_000)
         .await
         .unwrap();
     let log = committer(rx, |_| Ok(()));
@@ -312,7 +318,7 @@ async fn a_released_partition_is_flushed_first_then_refused() {
     let (engine, _routing, _fwd, rx, stop) = leased(Clock::manual(1_000));
     let [(s, p), ..] = three_partitions(&engine);
     engine
-        .acquire(p, Some(1), vec![(s, SensorState::new(None))], 1_000)
+        .acquire(p, Some(1), vec![(s, SensorState::new(None))], 1_000, 1_000)
         .await
         .unwrap();
     let log = committer(rx, |_| Ok(()));
@@ -368,7 +374,13 @@ async fn right_after_a_takeover_an_unknown_sensor_is_send_again_not_unknown() {
         .find(|&id| engine.partition(id) == p)
         .unwrap();
     engine
-        .acquire(p, Some(3), vec![(known, SensorState::new(None))], 10_000)
+        .acquire(
+            p,
+            Some(3),
+            vec![(known, SensorState::new(None))],
+            10_000,
+            10_000 + TAKEOVER_GRACE_MS,
+        )
         .await
         .unwrap();
     committer(rx, |_| Ok(()));
