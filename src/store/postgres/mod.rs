@@ -56,6 +56,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0004_client_lifecycle.sql"),
     include_str!("../migrations/postgres/0005_api_tokens.sql"),
     include_str!("../migrations/postgres/0006_cluster.sql"),
+    include_str!("../migrations/postgres/0007_lane_index.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
