@@ -1,0 +1,391 @@
+//! Layered settings: embedded defaults (`config.default.toml`), then a TOML file, then
+//! `LATCH_*` environment variables; validated once at start, then shared as `Arc<Config>`.
+//! The URLs of sources and sinks are checked by the adapters that use them
+//! ([`crate::load_config`]), so this layer depends on nothing above it.
+//!
+//! Every layer is checked for unknown keys, so a typo (`LATCH_RETRY_BSE`) is an error at
+//! start rather than a silently ignored setting.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+mod values;
+pub use values::{RateLimit, parse_duration};
+use values::{
+    duration, durations, flag, nets, non_empty, number, opt_duration, opt_number, rate_limit,
+};
+
+/// The embedded defaults, fully commented: `latch config` prints them.
+pub const DEFAULTS: &str = include_str!("../config.default.toml");
+
+/// Variables with the `LATCH_` prefix that are not settings.
+const NOT_SETTINGS: &[&str] = &["LATCH_CONFIG"];
+
+/// Retry policies of the delivery schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RetryPolicyKind {
+    Log,
+    Exponential,
+    Fixed,
+}
+
+/// Every setting of latch. See `config.default.toml` for what each one means.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub sqlite_synchronous: Synchronous,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub database_url: Option<String>,
+    /// Bound on every PostgreSQL call: waiting for a pooled connection, connecting, and
+    /// each store operation. A database that stops answering costs a 503, never a hang.
+    #[serde(deserialize_with = "duration")]
+    pub database_timeout: Duration,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub amqp_url: Option<String>,
+    pub amqp_queue: String,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub mqtt_url: Option<String>,
+    pub mqtt_topic: String,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub clickhouse_url: Option<String>,
+    pub clickhouse_database: String,
+    #[serde(deserialize_with = "duration")]
+    pub clickhouse_flush: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub heartbeat_timeout: Duration,
+    pub retry_policy: RetryPolicyKind,
+    #[serde(deserialize_with = "duration")]
+    pub retry_base: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub retry_max_delay: Duration,
+    #[serde(deserialize_with = "number")]
+    pub retry_max_attempts: u32,
+    #[serde(deserialize_with = "durations")]
+    pub retry_fixed: Vec<Duration>,
+    #[serde(deserialize_with = "duration")]
+    pub delivery_timeout: Duration,
+    #[serde(deserialize_with = "number")]
+    pub delivery_concurrency: u32,
+    #[serde(deserialize_with = "number")]
+    pub delivery_client_concurrency: u32,
+    #[serde(default, deserialize_with = "non_empty")]
+    pub api_token: Option<String>,
+    #[serde(deserialize_with = "number")]
+    pub engine_shards: u32,
+    #[serde(deserialize_with = "number")]
+    pub engine_batch_max: u32,
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    pub log: String,
+    /// Networks webhooks may go to although they are not globally routable (loopback,
+    /// private, link-local, …): the SSRF guard refuses those by default.
+    #[serde(deserialize_with = "nets")]
+    pub delivery_allow_nets: Vec<ipnet::IpNet>,
+    /// Refuse `http://` webhook URLs.
+    #[serde(deserialize_with = "flag")]
+    pub delivery_https_only: bool,
+    /// How long a rotated-out secret keeps signing beside the new one, so receivers can
+    /// switch keys without rejecting a request.
+    #[serde(deserialize_with = "duration")]
+    pub secret_rotation_grace: Duration,
+    /// A client whose every attempt failed for this long is disabled.
+    #[serde(deserialize_with = "duration")]
+    pub endpoint_disable_after: Duration,
+    /// Requests each token (or, without one, each peer address) may make to `/v1`, on
+    /// this node. `None`: no limit.
+    #[serde(default, deserialize_with = "rate_limit")]
+    pub rate_limit: Option<RateLimit>,
+    /// Cluster mode (PostgreSQL only): the URL other nodes reach this node at. Unset:
+    /// `http://` + `listen` when that is not a wildcard address.
+    #[serde(default, deserialize_with = "non_empty")]
+    pub node_advertise: Option<String>,
+    /// Authenticates node-to-node requests (forwarded readings, registry pokes).
+    #[serde(default, deserialize_with = "non_empty")]
+    pub cluster_secret: Option<String>,
+    /// How long a partition lease lasts without renewal; a dead node's partitions move
+    /// after it. Unset: 10 s.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub cluster_lease: Option<Duration>,
+    /// Partitions of the fleet, fixed when the database is first used. Unset: 128.
+    #[serde(default, deserialize_with = "opt_number")]
+    pub cluster_partitions: Option<u32>,
+}
+
+/// How hard SQLite syncs to disk at each commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync at every commit: survives power loss. The default.
+    Full,
+    /// fsync at checkpoints only: survives a crash of latch, not of the machine.
+    Normal,
+}
+
+impl Config {
+    /// Loads the defaults, the file (`path`, or `./latch.toml` when present) and the
+    /// process environment.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::load_from(path, &env)
+    }
+
+    /// As [`Config::load`], with the environment given (for tests).
+    pub fn load_from(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Self> {
+        let mut table = parse_table(DEFAULTS, "embedded defaults")?;
+        let known: Vec<String> = known_keys();
+        let file = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None => Some(PathBuf::from("latch.toml")).filter(|p| p.exists()),
+        };
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read config file {}", file.display()))?;
+            let layer = parse_table(&text, &file.display().to_string())?;
+            for (k, v) in layer {
+                if !known.contains(&k) {
+                    bail!("{}: unknown key `{k}`", file.display());
+                }
+                table.insert(k, v);
+            }
+        }
+        for (name, value) in env {
+            let Some(key) = name.strip_prefix("LATCH_") else {
+                continue;
+            };
+            if NOT_SETTINGS.contains(&name.as_str()) {
+                continue;
+            }
+            let key = key.to_ascii_lowercase();
+            if !known.contains(&key) {
+                bail!("environment: unknown setting {name}");
+            }
+            table.insert(key, toml::Value::String(value.clone()));
+        }
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table.into_iter().collect()))
+                .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.path(), e.inner()))?;
+        // A validation message may quote a URL with its password.
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!(config.redact(&format!("{e:#}"))))?;
+        Ok(config)
+    }
+
+    /// Defaults only, with the data folder moved (tests and benchmarks).
+    pub fn for_data_dir(dir: &Path) -> Self {
+        let mut c = Self::load_from(None, &[]).expect("embedded defaults are valid");
+        c.data_dir = dir.to_path_buf();
+        c
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let positive = [
+            ("heartbeat_timeout", self.heartbeat_timeout),
+            ("retry_base", self.retry_base),
+            ("retry_max_delay", self.retry_max_delay),
+            ("delivery_timeout", self.delivery_timeout),
+            ("clickhouse_flush", self.clickhouse_flush),
+            ("database_timeout", self.database_timeout),
+            ("endpoint_disable_after", self.endpoint_disable_after),
+        ];
+        for (key, d) in positive {
+            if d.is_zero() {
+                bail!("invalid setting `{key}`: must be longer than zero");
+            }
+        }
+        let counts = [
+            ("retry_max_attempts", self.retry_max_attempts, 1, 1000),
+            (
+                "delivery_concurrency",
+                self.delivery_concurrency,
+                1,
+                100_000,
+            ),
+            (
+                "delivery_client_concurrency",
+                self.delivery_client_concurrency,
+                1,
+                100_000,
+            ),
+            ("engine_shards", self.engine_shards, 1, 256),
+            ("engine_batch_max", self.engine_batch_max, 1, 1_000_000),
+        ];
+        for (key, v, lo, hi) in counts {
+            if !(lo..=hi).contains(&v) {
+                bail!("invalid setting `{key}`: {v} is not between {lo} and {hi}");
+            }
+        }
+        if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
+            bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");
+        }
+        if self.amqp_queue.trim().is_empty() {
+            bail!("invalid setting `amqp_queue`: must not be empty");
+        }
+        if self.mqtt_topic.trim().is_empty() {
+            bail!("invalid setting `mqtt_topic`: must not be empty");
+        }
+        self.validate_cluster()
+    }
+
+    /// Cluster settings need PostgreSQL: the embedded SQLite store is one node.
+    fn validate_cluster(&self) -> anyhow::Result<()> {
+        let set: Vec<&str> = [
+            ("node_advertise", self.node_advertise.is_some()),
+            ("cluster_secret", self.cluster_secret.is_some()),
+            ("cluster_lease", self.cluster_lease.is_some()),
+            ("cluster_partitions", self.cluster_partitions.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, on)| on.then_some(k))
+        .collect();
+        if self.database_url.is_none() && !set.is_empty() {
+            bail!(
+                "invalid setting `{}`: cluster mode needs database_url = postgres://…; the \
+                 embedded SQLite store is one node",
+                set.join("`, `")
+            );
+        }
+        if let Some(p) = self.cluster_partitions {
+            let max = crate::domain::partition::MAX_PARTITIONS;
+            if !(1..=max).contains(&p) {
+                bail!("invalid setting `cluster_partitions`: {p} is not between 1 and {max}");
+            }
+        }
+        if let Some(l) = self.cluster_lease
+            && l < Duration::from_secs(1)
+        {
+            bail!("invalid setting `cluster_lease`: must be at least 1s");
+        }
+        if let Some(a) = &self.node_advertise {
+            let ok = reqwest::Url::parse(a)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+            if !ok {
+                bail!(
+                    "invalid setting `node_advertise`: {a:?} is not a URL like \
+                     \"http://10.0.0.5:8080\""
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Partitions wanted when the database is first used.
+    pub fn partitions(&self) -> u32 {
+        self.cluster_partitions
+            .unwrap_or(crate::domain::partition::DEFAULT_PARTITIONS)
+    }
+
+    /// How long a partition lease lasts.
+    pub fn lease(&self) -> Duration {
+        self.cluster_lease.unwrap_or(Duration::from_secs(10))
+    }
+
+    /// The URL other nodes reach this node at, given the address it listens on.
+    pub fn advertise(&self, bound: SocketAddr) -> Option<String> {
+        if let Some(a) = &self.node_advertise {
+            return Some(a.trim_end_matches('/').to_string());
+        }
+        (!bound.ip().is_unspecified()).then(|| format!("http://{bound}"))
+    }
+}
+
+fn known_keys() -> Vec<String> {
+    // The commented-out lines of the defaults name the optional keys.
+    let mut keys: Vec<String> = DEFAULTS
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start_matches("# ").trim();
+            let (k, _) = l.split_once(" = ")?;
+            k.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_')
+                .then(|| k.to_string())
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn parse_table(text: &str, origin: &str) -> anyhow::Result<BTreeMap<String, toml::Value>> {
+    let t: toml::Table =
+        toml::from_str(text).with_context(|| format!("{origin}: not valid TOML"))?;
+    Ok(t.into_iter().collect())
+}
+
+impl Config {
+    /// `text` with every secret of these settings masked: the password of each configured
+    /// URL, the API token, and the password part of any other `scheme://user:pass@` in it.
+    /// For messages that may quote a URL, such as a failed start.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = redact_userinfo(text);
+        let urls = [
+            &self.database_url,
+            &self.amqp_url,
+            &self.mqtt_url,
+            &self.clickhouse_url,
+        ];
+        let passwords = urls
+            .into_iter()
+            .flatten()
+            .filter_map(|u| reqwest::Url::parse(u).ok())
+            .filter_map(|u| u.password().map(str::to_string))
+            .flat_map(|p| {
+                let decoded = percent_encoding::percent_decode_str(&p)
+                    .decode_utf8_lossy()
+                    .into_owned();
+                [p, decoded]
+            });
+        for secret in passwords
+            .chain(self.api_token.clone())
+            .chain(self.cluster_secret.clone())
+        {
+            // Short secrets would mask ordinary words; they are not worth the noise.
+            if secret.len() >= 4 {
+                out = out.replace(&secret, "***");
+            }
+        }
+        out
+    }
+}
+
+/// Masks the password in every `scheme://user:password@host` of `text`.
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                match userinfo.split_once(':') {
+                    Some((user, _)) => {
+                        out.push_str(user);
+                        out.push_str(":***");
+                    }
+                    None => out.push_str(userinfo),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests;

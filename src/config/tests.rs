@@ -1,0 +1,239 @@
+//! The settings' layers, checks and messages.
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn defaults_match_the_contract() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.data_dir, PathBuf::from("./latch-data"));
+    assert_eq!(c.amqp_queue, "latch.readings");
+    assert_eq!(c.mqtt_topic, "sensors/+/state");
+    assert_eq!(c.heartbeat_timeout, Duration::from_secs(3600));
+    assert_eq!(c.retry_base, Duration::from_secs(30));
+    assert_eq!(c.retry_max_delay, Duration::from_secs(3600));
+    assert_eq!(c.retry_max_attempts, 10);
+    assert_eq!(c.delivery_timeout, Duration::from_secs(10));
+    assert_eq!(c.secret_rotation_grace, Duration::from_secs(24 * 3600));
+    assert_eq!(c.endpoint_disable_after, Duration::from_secs(5 * 24 * 3600));
+    assert_eq!(c.database_url, None);
+    assert_eq!(c.api_token, None);
+}
+
+#[test]
+fn database_timeout_is_a_positive_duration() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!(c.database_timeout, Duration::from_secs(5));
+    let c = Config::load_from(None, &env(&[("LATCH_DATABASE_TIMEOUT", "750ms")])).unwrap();
+    assert_eq!(c.database_timeout, Duration::from_millis(750));
+    let e = Config::load_from(None, &env(&[("LATCH_DATABASE_TIMEOUT", "0s")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("database_timeout"), "{e}");
+}
+
+#[test]
+fn environment_overrides_file_overrides_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("latch.toml");
+    std::fs::write(
+        &file,
+        "retry_base = \"5s\"\nretry_max_attempts = 3\nlisten = \"127.0.0.1:9000\"\n",
+    )
+    .unwrap();
+    let c = Config::load_from(
+        Some(&file),
+        &env(&[
+            ("LATCH_RETRY_MAX_ATTEMPTS", "7"),
+            ("LATCH_API_TOKEN", "12345"),
+            ("LATCH_CONFIG", "ignored"),
+            ("PATH", "/bin"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.retry_base, Duration::from_secs(5));
+    assert_eq!(c.retry_max_attempts, 7);
+    assert_eq!(c.listen.port(), 9000);
+    assert_eq!(c.api_token.as_deref(), Some("12345"));
+}
+
+#[test]
+fn errors_name_the_bad_key() {
+    let err = |pairs: &[(&str, &str)]| {
+        Config::load_from(None, &env(pairs))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(&[("LATCH_RETRY_BASE", "soon")]).contains("retry_base"));
+    assert!(err(&[("LATCH_LISTEN", "nowhere")]).contains("listen"));
+    assert!(err(&[("LATCH_RETRY_MAX_ATTEMPTS", "ten")]).contains("retry_max_attempts"));
+    assert!(err(&[("LATCH_RETRY_MAX_ATTEMPTS", "0")]).contains("retry_max_attempts"));
+    assert!(err(&[("LATCH_RETRY_BSE", "1s")]).contains("LATCH_RETRY_BSE"));
+    assert!(err(&[("LATCH_RETRY_POLICY", "random")]).contains("retry_policy"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("latch.toml");
+    std::fs::write(&file, "lisen = \"x\"\n").unwrap();
+    let e = Config::load_from(Some(&file), &[]).unwrap_err().to_string();
+    assert!(e.contains("unknown key `lisen`"), "{e}");
+}
+
+#[test]
+fn fixed_delays_parse_from_text() {
+    let c = Config::load_from(None, &env(&[("LATCH_RETRY_FIXED", "1s, 2s,500ms")])).unwrap();
+    assert_eq!(
+        c.retry_fixed,
+        vec![
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Duration::from_millis(500)
+        ]
+    );
+}
+
+#[test]
+fn empty_optional_values_mean_unset() {
+    let c = Config::load_from(None, &env(&[("LATCH_API_TOKEN", "")])).unwrap();
+    assert_eq!(c.api_token, None);
+}
+
+#[test]
+fn cluster_settings_need_postgresql_and_sane_values() {
+    let load = |pairs: &[(&str, &str)]| Config::load_from(None, &env(pairs));
+    for key in [
+        "LATCH_CLUSTER_LEASE",
+        "LATCH_CLUSTER_PARTITIONS",
+        "LATCH_CLUSTER_SECRET",
+        "LATCH_NODE_ADVERTISE",
+    ] {
+        let value = match key {
+            "LATCH_CLUSTER_LEASE" => "5s",
+            "LATCH_CLUSTER_PARTITIONS" => "64",
+            "LATCH_NODE_ADVERTISE" => "http://10.0.0.5:8080",
+            _ => "s3cret-value",
+        };
+        let e = load(&[(key, value)]).unwrap_err().to_string();
+        assert!(e.contains(&key[6..].to_lowercase()), "{e}");
+        assert!(e.contains("one node"), "{e}");
+    }
+    let pg = ("LATCH_DATABASE_URL", "postgres://u@127.0.0.1/db");
+    let c = load(&[pg]).unwrap();
+    assert_eq!((c.partitions(), c.lease()), (128, Duration::from_secs(10)));
+    let c = load(&[
+        pg,
+        ("LATCH_CLUSTER_LEASE", "3s"),
+        ("LATCH_CLUSTER_PARTITIONS", "16"),
+    ])
+    .unwrap();
+    assert_eq!((c.partitions(), c.lease()), (16, Duration::from_secs(3)));
+    for (k, v) in [
+        ("LATCH_CLUSTER_PARTITIONS", "0"),
+        ("LATCH_CLUSTER_PARTITIONS", "5000"),
+        ("LATCH_CLUSTER_LEASE", "200ms"),
+        ("LATCH_NODE_ADVERTISE", "10.0.0.5:8080"),
+    ] {
+        let e = load(&[pg, (k, v)]).unwrap_err().to_string();
+        assert!(e.contains(&k[6..].to_lowercase()), "{k}={v}: {e}");
+    }
+    let c = load(&[pg, ("LATCH_CLUSTER_SECRET", "s3cret-value")]).unwrap();
+    assert_eq!(c.redact("key s3cret-value"), "key ***");
+    let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+    let one: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+    assert_eq!(c.advertise(any), None, "a wildcard is no address");
+    assert_eq!(c.advertise(one).as_deref(), Some("http://127.0.0.1:8080"));
+}
+
+#[test]
+fn rate_limits_parse_with_and_without_burst() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!(c.rate_limit, None);
+    let c = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", "200/s burst 400")])).unwrap();
+    assert_eq!(
+        c.rate_limit,
+        Some(RateLimit {
+            per_second: 200.0,
+            burst: 400
+        })
+    );
+    assert_eq!(RateLimit::parse("5/s").unwrap().burst, 5);
+    let slow = RateLimit::parse("30/m").unwrap();
+    assert_eq!((slow.per_second, slow.burst), (0.5, 1));
+    let c = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", "")])).unwrap();
+    assert_eq!(c.rate_limit, None);
+    for bad in [
+        "fast",
+        "0/s",
+        "10/h",
+        "10/s burst",
+        "10/s burst 0",
+        "10/s bust 5",
+    ] {
+        let e = Config::load_from(None, &env(&[("LATCH_RATE_LIMIT", bad)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rate_limit"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn redact_masks_url_passwords_and_the_token() {
+    let mut c = Config::for_data_dir(Path::new("/tmp"));
+    c.database_url = Some("postgres://latch:pg%2Fsecret@db:5432/latch".into());
+    c.amqp_url = Some("amqps://guest:rabbitpass@mq/%2f".into());
+    c.api_token = Some("tok-123456".into());
+    let text = "cannot connect to postgres://latch:pg%2Fsecret@db:5432/latch (pg/secret); \
+                amqps://guest:rabbitpass@mq/%2f refused; token tok-123456; \
+                http://u:p@ch:8123?x=1 and http://plain:8123/";
+    let r = c.redact(text);
+    for secret in [
+        "pg%2Fsecret",
+        "pg/secret",
+        "rabbitpass",
+        "tok-123456",
+        "u:p@",
+    ] {
+        assert!(!r.contains(secret), "{secret} leaked in {r}");
+    }
+    assert!(r.contains("postgres://latch:***@db:5432/latch"), "{r}");
+    assert!(r.contains("http://u:***@ch:8123?x=1"), "{r}");
+    assert!(r.contains("http://plain:8123/"), "{r}");
+}
+
+#[test]
+fn the_ssrf_guard_settings_parse() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert!(c.delivery_allow_nets.is_empty());
+    assert!(!c.delivery_https_only);
+    let c = Config::load_from(
+        None,
+        &env(&[
+            (
+                "LATCH_DELIVERY_ALLOW_NETS",
+                "127.0.0.0/8, 10.0.0.0/8,fd00::/8",
+            ),
+            ("LATCH_DELIVERY_HTTPS_ONLY", "true"),
+        ]),
+    )
+    .unwrap();
+    let nets: Vec<String> = c
+        .delivery_allow_nets
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(nets, ["127.0.0.0/8", "10.0.0.0/8", "fd00::/8"]);
+    assert!(c.delivery_https_only);
+    let e = Config::load_from(None, &env(&[("LATCH_DELIVERY_ALLOW_NETS", "10.0.0.0")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("delivery_allow_nets"), "{e}");
+    let e = Config::load_from(None, &env(&[("LATCH_DELIVERY_HTTPS_ONLY", "yes")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("delivery_https_only"), "{e}");
+}
