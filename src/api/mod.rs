@@ -216,7 +216,7 @@ fn identify(st: &AppState, req: &Request) -> Result<Caller, ApiError> {
         .and_then(bearer)
         .ok_or_else(ApiError::unauthorized)?;
     if let Some(bootstrap) = &st.config.api_token
-        && constant_time_eq(given.as_bytes(), bootstrap.as_bytes())
+        && crate::domain::token::constant_time_eq(given, bootstrap)
     {
         return Ok(Caller::Bootstrap);
     }
@@ -237,11 +237,6 @@ fn peer(req: &Request) -> std::net::IpAddr {
 fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// Compares without an early exit, so the time taken tells nothing of the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn readyz(State(st): State<AppState>) -> Response {

@@ -422,13 +422,7 @@ impl Membership {
     pub fn admits(&self, given: Option<&str>, open: bool) -> bool {
         match &self.secret {
             None => open,
-            Some(s) => given.is_some_and(|g| {
-                g.len() == s.len()
-                    && g.bytes()
-                        .zip(s.bytes())
-                        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-                        == 0
-            }),
+            Some(s) => given.is_some_and(|g| crate::domain::token::constant_time_eq(g, s)),
         }
     }
 
