@@ -51,21 +51,18 @@ impl Process {
     }
 
     pub async fn ready(&self, http: &reqwest::Client) {
-        eventually(20, "latch process ready", || async {
-            http.get(format!("{}/readyz", self.base))
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status().is_success())
-                .map(|_| ())
-        })
-        .await;
+        self.answers(http, "/readyz", "latch process ready").await;
     }
 
     /// Waits until it answers `/healthz` (it may not be ready: a broker it cannot reach).
     pub async fn alive(&self, http: &reqwest::Client) {
-        eventually(20, "latch process alive", || async {
-            http.get(format!("{}/healthz", self.base))
+        self.answers(http, "/healthz", "latch process alive").await;
+    }
+
+    /// Waits until `path` answers 2xx.
+    async fn answers(&self, http: &reqwest::Client, path: &str, what: &str) {
+        eventually(20, what, || async {
+            http.get(format!("{}{path}", self.base))
                 .send()
                 .await
                 .ok()
