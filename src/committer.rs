@@ -3,12 +3,16 @@
 //! dispatcher and answers the shards.
 //!
 //! One transaction for several shards' batches means one fsync for all of them, which is
-//! what makes durable acknowledgement cheap on a single SQLite writer.
+//! what makes durable acknowledgement cheap on a single SQLite writer. A server database
+//! (PostgreSQL) takes several transactions at once: there, a commit starts while others
+//! are in flight, up to [`COMMITS_IN_FLIGHT`]. Each shard waits for its batch's answer
+//! before it sends the next, so commits in flight never hold the same sensor and a
+//! sensor's rows are still written in order.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{Semaphore, broadcast, mpsc};
 
 use crate::clock::Clock;
 use crate::delivery::Dispatcher;
@@ -18,7 +22,23 @@ use crate::history::shipper::Spooled;
 use crate::store::CommitBatch;
 use crate::store::Store;
 
-/// Runs until every shard has dropped its sender.
+/// Group commits in flight at once on a shared (server) store. One at a time waited for
+/// each transaction's round trips with both cores mostly idle: 3.3k state changes/s from
+/// four senders on PostgreSQL, one commit of ~500 changes every 150 ms.
+const COMMITS_IN_FLIGHT: usize = 4;
+
+/// What every commit needs besides its batch.
+#[derive(Clone)]
+struct Committing {
+    store: Arc<dyn Store>,
+    dispatcher: Dispatcher,
+    spooled: Arc<Spooled>,
+    clock: Clock,
+    fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
+    live: Option<broadcast::Sender<Event>>,
+}
+
+/// Runs until every shard has dropped its sender and the commits in flight are done.
 pub async fn run(
     store: Arc<dyn Store>,
     dispatcher: Dispatcher,
@@ -28,11 +48,39 @@ pub async fn run(
     fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
     live: Option<broadcast::Sender<Event>>,
 ) {
+    let parallel = if store.shared() { COMMITS_IN_FLIGHT } else { 1 };
+    let permits = Arc::new(Semaphore::new(parallel));
+    let committing = Committing {
+        store,
+        dispatcher,
+        spooled,
+        clock,
+        fenced,
+        live,
+    };
+    let tracker = tokio_util::task::TaskTracker::new();
     while let Some(first) = rx.recv().await {
+        // Whatever queued while waiting for a slot joins this commit.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
         let mut requests = vec![first];
         while let Ok(r) = rx.try_recv() {
             requests.push(r);
         }
+        let committing = committing.clone();
+        tracker.spawn(async move {
+            committing.commit(requests).await;
+            drop(permit);
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+impl Committing {
+    /// One group commit of `requests`, answered each.
+    async fn commit(&self, requests: Vec<CommitRequest>) {
         let mut batch = CommitBatch::default();
         let mut replies = Vec::with_capacity(requests.len());
         for r in requests {
@@ -42,16 +90,16 @@ pub async fn run(
         let rows = batch.readings.len();
         let history_rows = rows + batch.events.len();
         // `GET /v1/stream`: events are copied only while someone listens.
-        let live_events = live.as_ref().filter(|tx| tx.receiver_count() > 0);
+        let live_events = self.live.as_ref().filter(|tx| tx.receiver_count() > 0);
         let events = live_events.map(|_| batch.events.clone());
         let started = Instant::now();
-        let result = store.commit(batch, clock.now()).await;
+        let result = self.store.commit(batch, self.clock.now()).await;
         metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("latch_commit_readings").record(rows as f64);
         match result {
             Ok(created) => {
-                spooled.add(history_rows);
-                dispatcher.deliver(created);
+                self.spooled.add(history_rows);
+                self.dispatcher.deliver(created);
                 if let (Some(tx), Some(events)) = (live_events, events) {
                     for e in events {
                         // Only fails when the last listener just left.
@@ -66,7 +114,7 @@ pub async fn run(
                 metrics::counter!("latch_commit_failures_total").increment(1);
                 // Cluster mode: partitions another node took over; stop serving them now
                 // rather than at the next lease round.
-                if let (crate::store::Error::Fenced(parts), Some(tx)) = (&e, &fenced) {
+                if let (crate::store::Error::Fenced(parts), Some(tx)) = (&e, &self.fenced) {
                     metrics::counter!("latch_cluster_fenced_commits_total").increment(1);
                     let _ = tx.send(parts.clone());
                 }

@@ -33,6 +33,11 @@ pub struct Args {
     /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Requests of changes in flight at once (each sender owns a share of the sensors, so
+    /// a sensor's changes stay in order). With one, delivery cannot outrun one request's
+    /// commit at a time.
+    #[arg(long, default_value_t = 1)]
+    pub senders: usize,
     /// Requests of the direct-to-receiver baseline.
     #[arg(long, default_value_t = 20_000)]
     pub baseline_requests: usize,
@@ -63,7 +68,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let progress = super::progress("deliver", "webhooks delivered", move || {
         states.iter().map(Receiver::ok).sum()
     });
-    // Send: batches of 500 changes; every pass over the sensors flips each one.
+    // Send: batches of 500 changes; every pass over the sensors flips each one. Each
+    // sender owns every `senders`-th sensor, so a sensor's changes stay in order.
     let started = Instant::now();
     // Paced runs send small batches (100 a second), so a batch's burst does not count as
     // delivery latency.
@@ -73,32 +79,44 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         500
     }
     .min(args.changes.max(1));
-    let mut sent = 0usize;
-    let mut pass = 0usize;
-    while sent < args.changes {
-        let n = batch.min(args.changes - sent);
-        let items: Vec<_> = (0..n)
-            .map(|i| {
-                let k = sent + i;
-                if k.is_multiple_of(args.sensors) && k > 0 {
-                    pass += 1;
+    let senders = args.senders.max(1);
+    let ids = Arc::new(ids);
+    let sent = super::workers(senders, |w| {
+        let (http, url, ids, args) = (http.clone(), url.clone(), ids.clone(), args.clone());
+        async move {
+            let mine: Vec<usize> = (0..args.changes)
+                .filter(|k| (k % args.sensors) % senders == w)
+                .collect();
+            let rate = args.rate as f64 / senders as f64;
+            let mut sent = 0usize;
+            for chunk in mine.chunks(batch) {
+                let items: Vec<_> = chunk
+                    .iter()
+                    .map(|&k| {
+                        let data = (k / args.sensors).is_multiple_of(2);
+                        json!({"sensor_id": ids[k % args.sensors].to_string(), "data": u8::from(data)})
+                    })
+                    .collect();
+                let resp = http.post(&url).json(&items).send().await?;
+                anyhow::ensure!(
+                    resp.status().as_u16() == 202,
+                    "readings refused: {}",
+                    resp.status()
+                );
+                sent += chunk.len();
+                if args.rate > 0 {
+                    let due = started + Duration::from_secs_f64(sent as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
                 }
-                let data = (k / args.sensors).is_multiple_of(2);
-                json!({"sensor_id": ids[k % args.sensors].to_string(), "data": u8::from(data)})
-            })
-            .collect();
-        let resp = http.post(&url).json(&items).send().await?;
-        anyhow::ensure!(
-            resp.status().as_u16() == 202,
-            "readings refused: {}",
-            resp.status()
-        );
-        sent += n;
-        if args.rate > 0 {
-            let due = started + Duration::from_secs_f64(sent as f64 / args.rate as f64);
-            tokio::time::sleep_until(due.into()).await;
+            }
+            anyhow::Ok(sent)
         }
+    })
+    .await;
+    for s in sent {
+        s?;
     }
+    let pass = args.changes.saturating_sub(1) / args.sensors.max(1);
     let send_secs = started.elapsed().as_secs_f64();
     let expected = (args.changes * args.clients) as u64;
 
@@ -116,6 +134,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let total_secs = started.elapsed().as_secs_f64();
     progress.abort();
+    // What bounds ingest of changes: each group commit's time and size.
+    let text = http.get(&metrics_url).send().await?.text().await?;
+    let commits = super::metric_sum(&text, "latch_commit_seconds_count");
+    let commit_ms =
+        1000.0 * super::metric_sum(&text, "latch_commit_seconds_sum") / commits.max(1.0);
     let delivered_n: u64 = receivers.iter().map(Receiver::ok).sum();
     let requests: u64 = receivers.iter().map(Receiver::requests).sum();
     let counts = outbox_counts(&server.base, &http).await?;
@@ -140,6 +163,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("webhook_requests", requests as f64, "requests");
     r.add("duplicate_deliveries", duplicates as f64, "notifications");
     r.add("send_seconds", send_secs, "s");
+    // Delivery cannot outrun this: the changes as fast as latch accepted them.
+    r.add(
+        "changes_accepted_per_s",
+        (args.changes as f64 / send_secs).round(),
+        "changes/s",
+    );
+    r.add("group_commits", commits, "commits");
+    r.add("commit_mean_ms", (commit_ms * 10.0).round() / 10.0, "ms");
     r.add("delivered_per_s", rate.round(), "webhooks/s");
     r.add("latency_p50_ms", percentile(&lat, 50.0), "ms");
     r.add("latency_p99_ms", percentile(&lat, 99.0), "ms");
@@ -151,7 +182,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     );
     r.add("ratio_to_direct", rate / baseline, "x");
     r.notes.push(format!(
-        "Store: {}. {} sensors x {} clients, {} changes, rate {}, fail ratio {}; latency from occurred_at \
+        "Store: {}. {} sensors x {} clients, {} changes from {} senders, rate {}, fail ratio {}; latency from occurred_at \
          (receive time of the reading) to the receiver; baseline: the receiver hammered \
          directly by 256 concurrent requests. Passes over the fleet: {}.",
         if args.database_url.is_some() {
@@ -162,6 +193,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         args.sensors,
         args.clients,
         args.changes,
+        args.senders.max(1),
         if args.rate == 0 {
             "max".to_string()
         } else {

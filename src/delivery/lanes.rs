@@ -7,7 +7,8 @@
 //! lane's head is ever out (claimed or sending), which is what guarantees a client never
 //! sees an older state of a sensor after a newer one. A timer heap holds each idle lane's
 //! next due time. Due heads wait in `ready` until the global and per-client limits admit
-//! them, up to [`CLAIM_AHEAD`] times those limits, so the next claimed head is ready the
+//! them, up to [`CLAIM_AHEAD`] times those limits ([`CLAIM_AHEAD_SHARED`] on a server
+//! database, whose claims take longer), so the next claimed head is ready the
 //! moment a request ends. A client with a `rate_limit` is admitted one head per token
 //! (evenly spaced requests); a disabled client's heads park in their lanes until
 //! [`Lanes::resume`].
@@ -38,6 +39,11 @@ pub(super) type LaneKey = (Arc<str>, SensorId);
 pub(super) const FINISHED_MEMORY_MS: Millis = 30_000;
 /// Heads admitted (claimed or sending) per request the limits allow.
 pub(super) const CLAIM_AHEAD: u32 = 2;
+/// The same on a shared (server) store, whose claims take a network transaction: each
+/// admitted head waits a claim round trip or two, so more are claimed ahead to keep the
+/// request slots busy. At 2 the claim's latency bound PostgreSQL delivery to one client
+/// to about `2 × client concurrency / claim time` (2.5k/s).
+pub(super) const CLAIM_AHEAD_SHARED: u32 = 8;
 /// Stale timer entries tolerated beyond two per lane before the heap is compacted.
 const TIMER_SLACK: usize = 1024;
 
@@ -186,10 +192,15 @@ impl Lanes {
         client_concurrency: u32,
         shared: bool,
     ) -> Self {
+        let ahead = if shared {
+            CLAIM_AHEAD_SHARED
+        } else {
+            CLAIM_AHEAD
+        };
         Self {
             policy,
-            admit: concurrency * CLAIM_AHEAD as usize,
-            admit_client: client_concurrency * CLAIM_AHEAD,
+            admit: concurrency * ahead as usize,
+            admit_client: client_concurrency * ahead,
             lanes: HashMap::new(),
             timers: BinaryHeap::new(),
             ready: VecDeque::new(),

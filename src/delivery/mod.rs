@@ -7,7 +7,8 @@
 //! `ready` until the global and per-client limits admit them, and are then claimed from
 //! the store in batches: the claim leases them, reads URL and secret from the registry
 //! *now*, and cancels those whose client is gone or no longer owns the sensor. Heads are
-//! admitted up to [`lanes::CLAIM_AHEAD`] times the concurrency limits, so the next claimed
+//! admitted up to [`lanes::CLAIM_AHEAD`] times the concurrency limits (more on a server
+//! database), so the next claimed
 //! head is ready the moment a request ends; semaphores hold the requests themselves to the
 //! limits.
 //! Results go to a recorder task that writes attempts and verdicts in batches.

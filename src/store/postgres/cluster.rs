@@ -2,9 +2,10 @@
 //! registered nodes. Every time is the database's `now()`, so nodes whose clocks disagree
 //! still agree on when a lease runs out.
 //!
-//! Rows of `latch_partitions` are locked in partition order wherever several are locked
-//! at once (renew, release, and the commit's fence in `commit.rs`), so a commit holding
-//! some of them `FOR SHARE` and a renew or release waiting for it never deadlock.
+//! A partition's owner and epoch change only under its advisory lock ([`PARTITION_LOCK`])
+//! held exclusive, which every commit writing to it holds shared (the fence in
+//! `commit.rs`). Release and the commit wait for those locks in partition order, acquire
+//! only tries them, so they never deadlock; rows are locked in partition order too.
 
 use std::time::Duration;
 
@@ -23,6 +24,10 @@ mod tests;
 fn ms(d: Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
+
+/// The advisory lock key of partition `u.p` (or `p`) in this schema, as SQL: the schema's
+/// hash in the high half, so two latch deployments in one database never share one.
+pub(super) const PARTITION_LOCK: &str = "((hashtext(current_schema())::int8 << 32) | u.p::int8)";
 
 fn leases(rows: &[tokio_postgres::Row]) -> Vec<Lease> {
     let mut leases: Vec<Lease> = rows
@@ -114,20 +119,27 @@ impl ClusterStore for PgStore {
         lease: Duration,
         reclaim_own: bool,
     ) -> Result<Vec<Lease>> {
-        // SKIP LOCKED: rows another node is taking, or a commit holds for its fence, are
-        // left for a later round; the re-check of the condition on the newest row version
-        // (READ COMMITTED) keeps a row just taken by another node out.
+        // SKIP LOCKED: rows another node is taking are left for a later round, as are
+        // partitions a commit is writing (their advisory lock held shared: a dead node's
+        // commit stuck in the server ends with its session). The re-check of the condition
+        // on the newest row version (READ COMMITTED) keeps a row just taken out.
         let rows = self
             .pool
             .get()
             .await?
             .query(
-                "UPDATE latch_partitions SET owner = $1, epoch = epoch + 1, \
-                 expires_at = now() + $3::int8 * interval '1 millisecond' \
-                 WHERE partition IN (SELECT partition FROM latch_partitions \
-                 WHERE owner IS NULL OR expires_at < now() OR ($4 AND owner = $1) \
-                 ORDER BY partition LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 RETURNING partition, epoch",
+                &format!(
+                    "WITH free AS (SELECT partition FROM latch_partitions \
+                     WHERE owner IS NULL OR expires_at < now() OR ($4 AND owner = $1) \
+                     ORDER BY partition LIMIT $2 FOR UPDATE SKIP LOCKED), \
+                     got AS (SELECT u.p FROM free AS u(p) \
+                     WHERE pg_try_advisory_xact_lock({key})) \
+                     UPDATE latch_partitions SET owner = $1, epoch = epoch + 1, \
+                     expires_at = now() + $3::int8 * interval '1 millisecond' \
+                     WHERE partition IN (SELECT p FROM got) \
+                     RETURNING partition, epoch",
+                    key = PARTITION_LOCK
+                ),
                 &[&node, &(max as i64), &ms(lease), &reclaim_own],
             )
             .await?;
@@ -141,21 +153,30 @@ impl ClusterStore for PgStore {
         let parts: Vec<i32> = leases.iter().map(|l| l.partition as i32).collect();
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         // The epoch is bumped too, so a commit of this node still in flight with the old
-        // one is fenced.
-        self.pool
-            .get()
-            .await?
-            .execute(
-                "UPDATE latch_partitions p SET owner = NULL, epoch = p.epoch + 1, \
-                 expires_at = '-infinity' \
-                 FROM (SELECT q.partition FROM latch_partitions q \
-                 JOIN UNNEST($2::int4[], $3::int8[]) AS u(partition, epoch) \
-                 ON q.partition = u.partition AND q.epoch = u.epoch \
-                 WHERE q.owner = $1 ORDER BY q.partition FOR UPDATE OF q) mine \
-                 WHERE p.partition = mine.partition",
-                &[&node, &parts, &epochs],
-            )
-            .await?;
+        // one is fenced; one that is writing is waited for (its advisory locks).
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        tx.execute(
+            &format!(
+                "SELECT count(pg_advisory_xact_lock(k.key)) FROM \
+                 (SELECT {key} AS key FROM UNNEST($1::int4[]) AS u(p) ORDER BY u.p) k",
+                key = PARTITION_LOCK
+            ),
+            &[&parts],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE latch_partitions p SET owner = NULL, epoch = p.epoch + 1, \
+             expires_at = '-infinity' \
+             FROM (SELECT q.partition FROM latch_partitions q \
+             JOIN UNNEST($2::int4[], $3::int8[]) AS u(partition, epoch) \
+             ON q.partition = u.partition AND q.epoch = u.epoch \
+             WHERE q.owner = $1 ORDER BY q.partition FOR UPDATE OF q) mine \
+             WHERE p.partition = mine.partition",
+            &[&node, &parts, &epochs],
+        )
+        .await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -9,8 +9,8 @@
 //!   (`claimed_by`, `lease_until`), so two nodes never send the same attempt at once and a
 //!   dead node's leases run out and are taken over.
 //! - Cluster mode (`cluster`): partition leases judged by the database's clock, and a
-//!   fence in every commit that holds the batch's partition rows `FOR SHARE` and checks
-//!   their epochs, so a node that lost a partition writes nothing for it.
+//!   fence in every commit that holds the batch's partitions' advisory locks shared and
+//!   checks their epochs, so a node that lost a partition writes nothing for it.
 //! - Migrations run under an advisory lock, so nodes starting together apply them once.
 //! - History is partitioned by month; the current and next months' partitions are created
 //!   at start, under the migration lock.
@@ -57,6 +57,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0005_api_tokens.sql"),
     include_str!("../migrations/postgres/0006_cluster.sql"),
     include_str!("../migrations/postgres/0007_lane_index.sql"),
+    include_str!("../migrations/postgres/0008_outbox_fillfactor.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

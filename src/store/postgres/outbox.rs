@@ -32,6 +32,19 @@ pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<Noti
         .collect()
 }
 
+/// Commits the transaction without waiting for its WAL to reach the disk: for claims and
+/// recorded attempts, which a crash of the database may lose without harm. A lost lease
+/// lets the notification be claimed again, a lost result sends it again (at least once,
+/// same `webhook-id`); WAL order still holds, so a later result is never kept without an
+/// earlier one. The notifications themselves are committed durably before any is sent.
+/// Each wait for the disk took a claim or a record batch's whole round; without them the
+/// dispatcher's writes share the flushes the ingest commits make anyway.
+async fn relaxed(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
+    tx.batch_execute("SET LOCAL synchronous_commit = off")
+        .await?;
+    Ok(())
+}
+
 pub(super) async fn claim(
     pool: &Pool,
     ids: Vec<String>,
@@ -41,13 +54,15 @@ pub(super) async fn claim(
 ) -> Result<Vec<Claim>> {
     let mut c = pool.get().await?;
     let tx = c.transaction().await?;
+    relaxed(&tx).await?;
     // Rows another node is claiming right now are skipped, not waited for.
     let rows = tx
         .query(
-            &format!(
+            &tx.prepare_cached(&format!(
                 "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS} FROM {CLAIM_FROM} \
                  WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
-            ),
+            ))
+            .await?,
             &[&ids, &node],
         )
         .await?;
@@ -59,7 +74,8 @@ pub(super) async fn claim(
         // Absent from the locked rows: either gone or locked by another node.
         let missing: Vec<&String> = ids.iter().filter(|i| !found.contains_key(*i)).collect();
         tx.query(
-            "SELECT id FROM notifications WHERE id = ANY($1)",
+            &tx.prepare_cached("SELECT id FROM notifications WHERE id = ANY($1)")
+                .await?,
             &[&missing],
         )
         .await?
@@ -112,21 +128,27 @@ pub(super) async fn claim(
     }
     if !supersede.is_empty() {
         tx.execute(
-            "UPDATE notifications SET status = 'superseded', updated_at = $2 WHERE id = ANY($1)",
+            &tx.prepare_cached("UPDATE notifications SET status = 'superseded', updated_at = $2 WHERE id = ANY($1)").await?,
             &[&supersede, &now],
         )
         .await?;
     }
     if !lease.is_empty() {
         tx.execute(
-            "UPDATE notifications SET claimed_by = $2, lease_until = $3 WHERE id = ANY($1)",
+            &tx.prepare_cached(
+                "UPDATE notifications SET claimed_by = $2, lease_until = $3 WHERE id = ANY($1)",
+            )
+            .await?,
             &[&lease, &node, &lease_until],
         )
         .await?;
     }
     if !cancel.is_empty() {
         tx.execute(
-            "UPDATE notifications SET status = 'cancelled', updated_at = $2 WHERE id = ANY($1)",
+            &tx.prepare_cached(
+                "UPDATE notifications SET status = 'cancelled', updated_at = $2 WHERE id = ANY($1)",
+            )
+            .await?,
             &[&cancel, &now],
         )
         .await?;
@@ -143,6 +165,7 @@ pub(super) async fn record(
 ) -> Result<Vec<Disabled>> {
     let mut c = pool.get().await?;
     let tx = c.transaction().await?;
+    relaxed(&tx).await?;
     let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
@@ -162,19 +185,25 @@ pub(super) async fn record(
     }
     if !a_id.is_empty() {
         tx.execute(
-            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
+            &tx.prepare_cached(
+                "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
              SELECT u.n, u.a, u.c, u.e, u.d FROM UNNEST($1::text[], $2::int8[], $3::int4[], \
              $4::text[], $5::int8[]) WITH ORDINALITY AS u(n, a, c, e, d, o) ORDER BY u.o",
+            )
+            .await?,
             &[&a_id, &a_at, &a_code, &a_err, &a_dur],
         )
         .await?;
     }
     if !u_id.is_empty() {
         tx.execute(
-            "UPDATE notifications n SET status = u.status, attempts = u.attempts, \
+            &tx.prepare_cached(
+                "UPDATE notifications n SET status = u.status, attempts = u.attempts, \
              next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL \
              FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
              AS u(id, status, attempts, next) WHERE n.id = u.id AND n.status = 'pending'",
+            )
+            .await?,
             &[&u_id, &u_status, &u_attempts, &u_next, &now],
         )
         .await?;

@@ -376,9 +376,10 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
     assert!(store.load_partitions(&[], 8).await.unwrap().is_empty());
 }
 
-/// A commit in flight holds its partitions' rows `FOR SHARE` (as `commit` does, through the
-/// same function): a release waits for it to end, an acquire passes them over, and every
-/// cluster call is bounded by the database timeout like the store's own calls.
+/// A commit in flight holds its partitions' advisory locks shared (as `commit` does,
+/// through the same function): a release waits for it to end, an acquire passes them over,
+/// a renew does not wait for it, and every cluster call is bounded by the database timeout
+/// like the store's own calls.
 #[tokio::test]
 async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded() {
     let Some((_, schema)) = fresh().await else {
@@ -401,6 +402,16 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     let tx = c.transaction().await.unwrap();
     let lost = super::super::commit::fenced(&tx, &held[..2]).await.unwrap();
     assert!(lost.is_empty());
+    let renewed = cluster.renew("a", LONG).await.unwrap();
+    assert_eq!(renewed, held, "a commit in flight holds up no renew");
+    // A row lock on partition 0's lease (as another node's acquire or release holds one
+    // for a moment) is what a renew waits for.
+    tx.execute(
+        "SELECT 1 FROM latch_partitions WHERE partition = 0 FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
 
     // On a pool of its own: a call that ran out of time still waits in the server, and
     // a pooled connection handed out next would queue behind it.
@@ -419,7 +430,7 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     assert_eq!(
         parts(&taken),
         vec![2, 3],
-        "an acquire passes held rows over"
+        "an acquire passes partitions being written over"
     );
     tx.commit().await.unwrap();
     drop(c);
