@@ -68,6 +68,26 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let progress = super::progress("deliver", "webhooks delivered", move || {
         states.iter().map(Receiver::ok).sum()
     });
+    // The dispatcher's backlog: notifications held in its lanes, sampled while it runs.
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let (http, url, peak) = (
+            http.clone(),
+            format!("{}/metrics", server.base),
+            peak.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                if let Ok(r) = http.get(&url).send().await
+                    && let Ok(text) = r.text().await
+                {
+                    let n = super::metric_sum(&text, "latch_notifications_pending") as u64;
+                    peak.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
     // Send: batches of 500 changes; every pass over the sensors flips each one. Each
     // sender owns every `senders`-th sensor, so a sensor's changes stay in order.
     let started = Instant::now();
@@ -134,6 +154,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let total_secs = started.elapsed().as_secs_f64();
     progress.abort();
+    sampler.abort();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let lanes = (args.sensors.min(args.changes) * args.clients) as f64;
     // What bounds ingest of changes: each group commit's time and size.
     let text = http.get(&metrics_url).send().await?.text().await?;
     let commits = super::metric_sum(&text, "latch_commit_seconds_count");
@@ -172,6 +195,12 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("group_commits", commits, "commits");
     r.add("commit_mean_ms", (commit_ms * 10.0).round() / 10.0, "ms");
     r.add("delivered_per_s", rate.round(), "webhooks/s");
+    r.add("pending_peak", peak as f64, "notifications");
+    r.add(
+        "pending_peak_per_lane",
+        (100.0 * peak as f64 / lanes).round() / 100.0,
+        "notifications",
+    );
     r.add("latency_p50_ms", percentile(&lat, 50.0), "ms");
     r.add("latency_p99_ms", percentile(&lat, 99.0), "ms");
     r.add("latency_p999_ms", percentile(&lat, 99.9), "ms");

@@ -71,14 +71,10 @@ pub(super) async fn claimer(
 /// waits for a request slot of its client and of the whole dispatcher.
 async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
     let now = sending.settings.clock.now();
+    let lease_until = now + sending.settings.lease();
     let ids: Vec<String> = batch.iter().map(|a| a.id.clone()).collect();
     let claims = store
-        .claim(
-            ids,
-            sending.settings.node.clone(),
-            now,
-            now + sending.settings.lease(),
-        )
+        .claim(ids, sending.settings.node.clone(), now, lease_until)
         .await;
     let tx = &sending.tx;
     let claims = match claims {
@@ -112,6 +108,17 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                         let Ok(_all) = sending.sends.acquire().await else {
                             return;
                         };
+                        // Waited for a slot behind heads claimed ahead until the lease could
+                        // run out mid-attempt (a slow endpoint): claim it again instead, so
+                        // no other node may take it while it is being sent.
+                        let now = sending.settings.clock.now();
+                        if now + sending.settings.attempt_span() > lease_until {
+                            let result = Finished::Later(now);
+                            let _ = sending
+                                .tx
+                                .send(Cmd::Done(Box::new(Done { lane, id, result })));
+                            return;
+                        }
                         sender::send(
                             &sending.http,
                             &sending.settings.guard,

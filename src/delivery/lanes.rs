@@ -44,6 +44,15 @@ pub(super) const CLAIM_AHEAD: u32 = 2;
 /// request slots busy. At 2 the claim's latency bound PostgreSQL delivery to one client
 /// to about `2 × client concurrency / claim time` (2.5k/s).
 pub(super) const CLAIM_AHEAD_SHARED: u32 = 8;
+
+/// Heads admitted per request the limits allow, on a shared store or not.
+pub(super) fn claim_ahead(shared: bool) -> u32 {
+    if shared {
+        CLAIM_AHEAD_SHARED
+    } else {
+        CLAIM_AHEAD
+    }
+}
 /// Stale timer entries tolerated beyond two per lane before the heap is compacted.
 const TIMER_SLACK: usize = 1024;
 
@@ -192,11 +201,7 @@ impl Lanes {
         client_concurrency: u32,
         shared: bool,
     ) -> Self {
-        let ahead = if shared {
-            CLAIM_AHEAD_SHARED
-        } else {
-            CLAIM_AHEAD
-        };
+        let ahead = claim_ahead(shared);
         Self {
             policy,
             admit: concurrency * ahead as usize,

@@ -103,11 +103,18 @@ impl Settings {
         }
     }
 
-    /// How long a claim holds a notification: a claimed-ahead head waits for at most one
-    /// attempt before its own, so three attempts' timeouts and a margin for recording the
-    /// result; a lease only runs out when its holder is gone.
+    /// How long a claim holds a notification: three attempts' timeouts and a margin for
+    /// recording the result; a lease only runs out when its holder is gone. A head claimed
+    /// ahead that waited for a request slot until too little of it is left is claimed
+    /// again rather than sent (`claimer`).
     fn lease(&self) -> Millis {
         3 * self.timeout.as_millis() as Millis + 5_000
+    }
+
+    /// Lease an attempt needs left when it starts: its timeout and the margin for
+    /// recording its result.
+    fn attempt_span(&self) -> Millis {
+        self.timeout.as_millis() as Millis + 5_000
     }
 }
 
