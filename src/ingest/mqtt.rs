@@ -1,6 +1,13 @@
 //! MQTT ingest: subscribes `mqtt_topic` at QoS 1 on a persistent session (fixed client id,
-//! clean session off), so readings published while latch is down arrive when it returns.
-//! Each PUBACK is sent only after the reading's effects are durable (manual acks).
+//! clean start off, a session that never expires), so readings published while latch is
+//! down arrive when it returns. Each PUBACK is sent only after the reading's effects are
+//! durable (manual acks).
+//!
+//! latch connects as an MQTT 5 client to ask for a receive window ([`RECEIVE_MAXIMUM`]) of
+//! its own: the broker sends no more unacknowledged publishes than that, and since a PUBACK
+//! waits for the commit, the window over the commit latency is the most latch can take. A
+//! 3.1.1 client gets the broker's default instead (Mosquitto's `max_inflight_messages`,
+//! 20), which held ingest to a few hundred readings per commit-second.
 //!
 //! A publish on `sensors/{id}/state` may carry just `0` or `1`: the sensor id is the topic
 //! level where the subscription has its first `+`. Any other payload is the JSON reading.
@@ -25,7 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, Publish, QoS};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +49,9 @@ pub const BATCH_MAX: usize = 2000;
 pub const PIPELINE: usize = 4;
 /// Client id when the URL names none; fixed, so the broker keeps our session.
 pub const DEFAULT_CLIENT_ID: &str = "latch";
+/// Unacknowledged publishes the broker may send us at once (MQTT 5 receive maximum):
+/// what the pipeline can hold, so that batches are not cut short by the window.
+pub const RECEIVE_MAXIMUM: u16 = (BATCH_MAX * PIPELINE) as u16;
 
 /// Where to subscribe.
 #[derive(Debug, Clone)]
@@ -67,17 +79,23 @@ pub fn options(url: &str) -> anyhow::Result<MqttOptions> {
     };
     let mut o = MqttOptions::parse_url(&url)
         .map_err(|e| anyhow::anyhow!("invalid setting `mqtt_url`: {e}"))?;
-    o.set_clean_session(false)
+    // A window given in the URL (`inflight_num`) is the user's to choose.
+    let window = o.receive_maximum().unwrap_or(RECEIVE_MAXIMUM);
+    o.set_clean_start(false)
+        // Never expires, as a 3.1.1 session without clean-session does not.
+        .set_session_expiry_interval(Some(u32::MAX))
+        .set_receive_maximum(Some(window))
         .set_manual_acks(true)
         .set_keep_alive(Duration::from_secs(30))
-        .set_max_packet_size(64 * 1024, 64 * 1024);
+        .set_max_packet_size(Some(64 * 1024));
     Ok(o)
 }
 
 /// What the event loop hands the applier, in arrival order.
 enum Inbound {
-    /// A publish that came on connection number `.0`.
-    Publish(u64, Publish),
+    /// A publish that came on connection number `.0` (boxed: an MQTT 5 publish is large
+    /// beside the other variant).
+    Publish(u64, Box<Publish>),
     /// The broker acknowledged our subscription on connection number `.0`.
     Subscribed(u64),
 }
@@ -194,7 +212,10 @@ pub async fn run(
                 }
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
-                if tx.send(Inbound::Publish(link.generation(), p)).is_err() {
+                if tx
+                    .send(Inbound::Publish(link.generation(), Box::new(p)))
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -324,7 +345,7 @@ async fn apply(
                                     batch.clear();
                                 }
                                 g_batch = g;
-                                batch.push(p);
+                                batch.push(*p);
                             }
                         }
                     }
@@ -336,7 +357,9 @@ async fn apply(
                     let now = pipeline.now();
                     let items = batch
                         .iter()
-                        .map(|p| parse_publish(&filter, &p.topic, &p.payload, now))
+                        .map(|p| {
+                            parse_publish(&filter, &String::from_utf8_lossy(&p.topic), &p.payload, now)
+                        })
                         .collect();
                     match pipeline.push((g_batch, batch), items).await {
                         Ok(()) => waiting_gen.push_back(g_batch),
@@ -459,7 +482,12 @@ mod tests {
     fn client_id_defaults_and_session_persists() {
         let o = options("mqtt://127.0.0.1:1883").unwrap();
         assert_eq!(o.client_id(), DEFAULT_CLIENT_ID);
-        assert!(!o.clean_session());
+        assert!(!o.clean_start());
+        assert_eq!(o.session_expiry_interval(), Some(u32::MAX));
+        assert_eq!(o.receive_maximum(), Some(RECEIVE_MAXIMUM));
+        assert!(o.manual_acks());
+        let o = options("mqtt://127.0.0.1:1883?inflight_num=100").unwrap();
+        assert_eq!(o.receive_maximum(), Some(100));
         let o = options("mqtt://127.0.0.1:1883?client_id=node2").unwrap();
         assert_eq!(o.client_id(), "node2");
         assert!(options("http://127.0.0.1").is_err());
