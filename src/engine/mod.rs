@@ -55,6 +55,10 @@ pub const TAKEOVER_GRACE_MS: Millis = 5_000;
 /// batches of this size, interleaved with ingest, instead of one giant transaction.
 pub const EXPIRE_BATCH: usize = 10_000;
 
+/// Most due sensors a shard queues at once to declare lost in id order (16 bytes each):
+/// enough that each batch of an outage of millions covers a narrow range of ids.
+pub const DUE_MAX: usize = 1_000_000;
+
 /// Errors of the engine.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
@@ -223,6 +227,7 @@ impl Engine {
                 commits: commits.clone(),
                 batch_max,
                 clock: clock.clone(),
+                due: Vec::new(),
             };
             tracker.spawn(shard.run(stop.clone()));
         }
