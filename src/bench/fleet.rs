@@ -6,14 +6,16 @@
 //! 2. Restart latch with a short heartbeat timeout: time to ready with N sensors is the
 //!    restart figure. Every sensor's deadline is now `resumed_at + timeout`, so all expire
 //!    together; the lag is from that deadline (the lost events' own `at`) to the moment the
-//!    last `connection_lost` notification is committed to the outbox.
+//!    last `connection_lost` notification is committed to the outbox. Meanwhile a feed of
+//!    other sensors (`--ingest-rate`, with a long timeout of their own) goes on, and its
+//!    requests' latency during the outage says what the expiry costs ingest.
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Keep, Receiver, Report, rss_bytes, trim_heap};
-use crate::domain::time;
+use super::{Keep, Receiver, Report, percentile, rss_bytes, trim_heap};
+use crate::domain::{SensorId, time};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -23,6 +25,62 @@ pub struct Args {
     /// Heartbeat timeout after the restart.
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     pub timeout: Duration,
+    /// Readings a second fed to other sensors during phase 2 (0: none).
+    #[arg(long, default_value_t = 10_000)]
+    pub ingest_rate: u32,
+}
+
+/// Sensors the phase-2 feed reports for, in requests of [`FEED_BATCH`].
+const FEED_SENSORS: usize = 10_000;
+const FEED_BATCH: usize = 1_000;
+
+/// This process's CPU time so far (latch, receiver and bench clients alike), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Posts `rate` readings a second over [`FEED_SENSORS`] sensors until `stop`, each
+/// request on its own (a slow answer does not slow the offered rate), returning each
+/// request's start (ms since the epoch), latency (ms) and whether it was accepted.
+async fn feed(
+    http: reqwest::Client,
+    url: String,
+    rate: u32,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<(i64, f64, bool)> {
+    let names: Vec<String> = (0..FEED_SENSORS).map(|i| format!("i{i:07}")).collect();
+    let period = Duration::from_secs_f64(FEED_BATCH as f64 / rate as f64);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut requests = Vec::new();
+    for chunk in names.chunks(FEED_BATCH).cycle() {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => break,
+        }
+        let items: Vec<_> = chunk
+            .iter()
+            .map(|id| json!({"sensor_id": id, "data": 1}))
+            .collect();
+        let post = http.post(&url).json(&items);
+        requests.push(tokio::spawn(async move {
+            let (at, t) = (time::now_ms(), Instant::now());
+            let ok = post.send().await.is_ok_and(|r| r.status().as_u16() == 202);
+            (at, t.elapsed().as_secs_f64() * 1000.0, ok)
+        }));
+    }
+    let mut out = Vec::with_capacity(requests.len());
+    for r in requests {
+        if let Ok(done) = r.await {
+            out.push(done);
+        }
+    }
+    out
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
@@ -83,10 +141,27 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         None,
     )
     .await?;
+    let feed_ids: Vec<SensorId> = (0..FEED_SENSORS)
+        .map(|i| SensorId::parse(&format!("i{i:07}")).expect("valid id"))
+        .collect();
+    if args.ingest_rate > 0 {
+        // An hour of their own: the feed's sensors are never part of the outage.
+        super::import(&super::config(&dir), &feed_ids, &[], Some(3600)).await?;
+    }
     config.heartbeat_timeout = args.timeout;
     let t = Instant::now();
     let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
+    let cpu_at_ready = cpu_seconds();
+    let stop_feed = tokio_util::sync::CancellationToken::new();
+    let feeding = (args.ingest_rate > 0).then(|| {
+        tokio::spawn(feed(
+            http.clone(),
+            format!("{}/v1/readings", server.base),
+            args.ingest_rate,
+            stop_feed.clone(),
+        ))
+    });
     let metrics_url = format!("{}/metrics", server.base);
     let lost_total = || async {
         let text = http
@@ -101,10 +176,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     };
     let before = lost_total().await.unwrap_or(0.0);
     let wait_until = Instant::now() + args.timeout + Duration::from_secs(600);
-    let all_lost_at = loop {
+    let (all_lost_at, cpu_at_all_lost) = loop {
         let n = lost_total().await.unwrap_or(0.0) - before;
         if n >= args.sensors as f64 {
-            break time::now_ms();
+            break (time::now_ms(), cpu_seconds());
         }
         anyhow::ensure!(
             Instant::now() < wait_until,
@@ -125,7 +200,21 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         .and_then(|e| time::parse(e["at"].as_str()?))
         .ok_or_else(|| anyhow::anyhow!("no connection_lost event found"))?;
     let lag = (all_lost_at - deadline) as f64 / 1000.0;
+    stop_feed.cancel();
+    let fed = match feeding {
+        Some(task) => task.await?,
+        None => Vec::new(),
+    };
     server.stop().await?;
+    // The feed while the outage was worked off: from the deadline to the last lost.
+    let during: Vec<&(i64, f64, bool)> = fed
+        .iter()
+        .filter(|(at, _, _)| (deadline..all_lost_at).contains(at))
+        .collect();
+    let mut lat: Vec<f64> = during.iter().map(|(_, ms, _)| *ms).collect();
+    lat.sort_by(f64::total_cmp);
+    let accepted = during.iter().filter(|(_, _, ok)| *ok).count() * FEED_BATCH;
+    let window_s = (all_lost_at - deadline) as f64 / 1000.0;
 
     let mut r = Report::new("fleet");
     r.add("sensors", args.sensors as f64, "sensors");
@@ -142,12 +231,40 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("bytes_per_sensor", per_sensor.round(), "bytes");
     r.add("restart_ready_seconds", ready_secs, "s");
     r.add("all_lost_enqueued_after_deadline_s", lag, "s");
+    r.add(
+        "cpu_seconds_ready_to_all_lost",
+        cpu_at_all_lost - cpu_at_ready,
+        "s",
+    );
+    if args.ingest_rate > 0 {
+        r.add(
+            "ingest_during_outage_per_s",
+            (accepted as f64 / window_s).round(),
+            "readings/s",
+        );
+        r.add(
+            "ingest_during_outage_failed",
+            during.iter().filter(|(_, _, ok)| !ok).count() as f64,
+            "requests",
+        );
+        r.add("ingest_during_outage_p50_ms", percentile(&lat, 50.0), "ms");
+        r.add("ingest_during_outage_p99_ms", percentile(&lat, 99.0), "ms");
+        r.add(
+            "ingest_during_outage_max_ms",
+            lat.last().copied().unwrap_or(f64::NAN),
+            "ms",
+        );
+    }
     r.notes.push(format!(
         "Sensors unlinked while memory is measured, then each linked to one client for the \
          restart. bytes_per_sensor = (RSS with the fleet tracked − RSS \
          of an empty latch) / sensors, measured in one process after malloc_trim; it includes \
-         SQLite's page cache. Restart: {} sensors with state; timeout after restart {:?}.",
-        args.sensors, args.timeout
+         SQLite's page cache. Restart: {} sensors with state; timeout after restart {:?}. \
+         cpu_seconds_ready_to_all_lost: this process's CPU time (latch, the receiver and the \
+         bench's clients) from ready to the last lost. Ingest during the outage: {} readings/s \
+         offered to {} other sensors in requests of {} (0: none), counted from the deadline \
+         to the last lost.",
+        args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH
     ));
     Ok(r)
 }

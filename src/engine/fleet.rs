@@ -315,6 +315,13 @@ impl Fleet {
             .min()
     }
 
+    /// A listed (online) sensor's deadline now; `None` for one not listed.
+    pub fn deadline_of(&self, id: SensorId) -> Option<Millis> {
+        let i = self.find(id)?;
+        let g = self.groups.get(self.slots[i as usize].group as usize)?;
+        Some(self.deadline(i, g))
+    }
+
     /// Up to `limit` sensors whose deadline is at or before `now`, oldest first, with
     /// their deadlines. They stay listed until their lost state is committed.
     pub fn expired(&self, now: Millis, limit: usize) -> Vec<(SensorId, Millis)> {

@@ -390,3 +390,33 @@ async fn right_after_a_takeover_an_unknown_sensor_is_send_again_not_unknown() {
     assert_eq!(later.rejected[0].1.code, RejectCode::UnknownSensor);
     stop.cancel();
 }
+
+#[tokio::test]
+async fn an_outage_is_declared_lost_in_sensor_id_order() {
+    let clock = Clock::manual(0);
+    // Last seen in the reverse of id order, and spread over the partitions: a batch in
+    // deadline or partition order would be scattered over the ids the store is keyed by.
+    let ids: Vec<SensorId> = (0..40).map(|i| sid(&format!("s{i:02}"))).collect();
+    let sensors = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, online(1_000 - 10 * i as Millis)))
+        .collect();
+    let (_engine, rx, stop) = engine(1, 100, clock.clone(), sensors);
+    let log = committer(rx, |_| Ok(()));
+    clock.set(20_000);
+    let mut lost = eventually_events(&log).await;
+    for _ in 0..100 {
+        if lost.len() == ids.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        lost = eventually_events(&log).await;
+    }
+    assert_eq!(lost.iter().map(|e| e.0).collect::<Vec<_>>(), ids);
+    for (i, (_, kind, at)) in lost.iter().enumerate() {
+        assert_eq!(*kind, EventKind::ConnectionLost);
+        assert_eq!(*at, 11_000 - 10 * i as Millis, "each at its own deadline");
+    }
+    stop.cancel();
+}

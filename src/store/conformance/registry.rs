@@ -187,6 +187,14 @@ pub(super) async fn deletes_cancel_pending(s: &dyn Store) {
             .iter()
             .all(|r| r.0 != sid("dl1"))
     );
+    // Nor its history, with or without a state row in the batch.
+    let mut no_state = change("dl1", true, Some(false), 4);
+    no_state.states.clear();
+    s.commit(no_state, 4).await.unwrap();
+    let readings = s.list_readings(sid("dl1"), TimeRange::default(), page(10));
+    assert!(readings.await.unwrap().items.is_empty());
+    let events = s.list_events(sid("dl1"), TimeRange::default(), page(10));
+    assert!(events.await.unwrap().items.is_empty());
 }
 
 pub(super) async fn registry_changes_follow_create_change_delete(s: &dyn Store) {

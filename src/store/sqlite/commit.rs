@@ -1,10 +1,12 @@
 //! The group commit: a batch's readings, state, events and notifications in one
 //! transaction on the writer.
 
+use std::collections::HashMap;
+
 use rusqlite::{Connection, Transaction, params};
 
 use super::super::{CommitBatch, Error, NotificationRef, Result};
-use crate::domain::{EventKind, Millis, notification::new_notification_id};
+use crate::domain::{EventKind, Millis, SensorId, notification::new_notification_id};
 
 /// Commits `batch` in one transaction, returning the notifications it created.
 pub(super) fn commit(
@@ -22,8 +24,9 @@ pub(super) fn commit(
     Ok(created)
 }
 
-/// The body of a group commit. Rows of a sensor deleted meanwhile are skipped (the
-/// `EXISTS` guards), so a delete racing a batch never resurrects state.
+/// The body of a group commit. Rows of a sensor deleted meanwhile are skipped, so a delete
+/// racing a batch never resurrects state: whether a sensor is still registered is looked
+/// up once per sensor (the guard of its state upsert, most often), not once per row.
 fn commit_batch(
     tx: &Transaction,
     batch: &CommitBatch,
@@ -31,19 +34,7 @@ fn commit_batch(
 ) -> Result<Vec<NotificationRef>> {
     let mut created = Vec::new();
     {
-        let mut ins_reading = tx.prepare_cached(
-            "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
-             SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
-        )?;
-        for r in &batch.readings {
-            ins_reading.execute(params![
-                r.sensor_id.to_string(),
-                r.ts,
-                r.received_at,
-                r.data as i64,
-                r.late as i64
-            ])?;
-        }
+        let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
         let mut upsert_state = tx.prepare_cached(
             "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
              SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1) \
@@ -52,7 +43,7 @@ fn commit_batch(
              last_seen_at = excluded.last_seen_at, connection = excluded.connection",
         )?;
         for s in &batch.states {
-            upsert_state.execute(params![
+            let n = upsert_state.execute(params![
                 s.sensor_id.to_string(),
                 s.data.map(i64::from),
                 s.changed_at,
@@ -60,10 +51,37 @@ fn commit_batch(
                 s.last_seen_at,
                 s.connection.as_str()
             ])?;
+            known.insert(s.sensor_id, n > 0);
+        }
+        let mut exists =
+            tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensors WHERE id = ?1)")?;
+        let mut registered = |id: SensorId| -> Result<bool> {
+            if let Some(&k) = known.get(&id) {
+                return Ok(k);
+            }
+            let k = exists.query_row([id.to_string()], |r| r.get::<_, bool>(0))?;
+            known.insert(id, k);
+            Ok(k)
+        };
+        let mut ins_reading = tx.prepare_cached(
+            "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for r in &batch.readings {
+            if !registered(r.sensor_id)? {
+                continue;
+            }
+            ins_reading.execute(params![
+                r.sensor_id.to_string(),
+                r.ts,
+                r.received_at,
+                r.data as i64,
+                r.late as i64
+            ])?;
         }
         let mut ins_event = tx.prepare_cached(
             "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
         let mut linked = tx.prepare_cached("SELECT client_id FROM links WHERE sensor_id = ?1")?;
         let mut supersede = tx.prepare_cached(
@@ -77,6 +95,9 @@ fn commit_batch(
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?9, ?9, ?9)",
         )?;
         for e in &batch.events {
+            if !registered(e.sensor_id)? {
+                continue;
+            }
             let sid = e.sensor_id.to_string();
             ins_event.execute(params![
                 sid,
