@@ -117,12 +117,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                         json!({"sensor_id": ids[k % args.sensors].to_string(), "data": u8::from(data)})
                     })
                     .collect();
-                let resp = http.post(&url).json(&items).send().await?;
-                anyhow::ensure!(
-                    resp.status().as_u16() == 202,
-                    "readings refused: {}",
-                    resp.status()
-                );
+                super::post_readings(&http, &url, &items).await?;
                 sent += chunk.len();
                 if args.rate > 0 {
                     let due = started + Duration::from_secs_f64(sent as f64 / rate);

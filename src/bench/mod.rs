@@ -206,6 +206,21 @@ pub fn progress(
     })
 }
 
+/// Posts readings to `url` (`/v1/readings`) and fails unless latch accepted them (202).
+pub async fn post_readings(
+    http: &reqwest::Client,
+    url: &str,
+    items: &[serde_json::Value],
+) -> anyhow::Result<()> {
+    let r = http.post(url).json(items).send().await?;
+    anyhow::ensure!(
+        r.status().as_u16() == 202,
+        "readings refused: {}",
+        r.status()
+    );
+    Ok(())
+}
+
 /// Percentile `p` (0–100) of sorted values.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

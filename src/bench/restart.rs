@@ -51,16 +51,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .iter()
             .map(|id| json!({"sensor_id": id.to_string(), "data": 1}))
             .collect();
-        let r = http
-            .post(format!("{}/v1/readings", server.base))
-            .json(&items)
-            .send()
-            .await?;
-        anyhow::ensure!(
-            r.status().as_u16() == 202,
-            "readings refused: {}",
-            r.status()
-        );
+        super::post_readings(&http, &format!("{}/v1/readings", server.base), &items).await?;
     }
     server.stop().await?;
 

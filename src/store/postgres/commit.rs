@@ -86,6 +86,19 @@ pub(super) async fn fenced(
     Ok(lost)
 }
 
+/// Runs an `UNNEST` insert of `rows` rows, unless there are none.
+async fn execute_rows(
+    tx: &deadpool_postgres::Transaction<'_>,
+    st: &tokio_postgres::Statement,
+    params: &[&(dyn ToSql + Sync)],
+    rows: usize,
+) -> std::result::Result<u64, tokio_postgres::Error> {
+    if rows == 0 {
+        return Ok(0);
+    }
+    tx.execute(st, params).await
+}
+
 /// The body of a group commit: one statement per kind of row, in three round trips —
 /// which of the batch's sensors are registered and their links; then readings, state,
 /// events and notifications together (pipelined on the connection); then the supersede,
@@ -246,42 +259,25 @@ async fn commit_batch(
     // Sent together: the server runs them in this order, without a round trip between.
     let (_, _, _, rows) = futures::try_join!(
         async {
-            if r_ids.is_empty() {
-                return Ok(0);
-            }
-            tx.execute(&readings_sql, &[&r_ids, &r_ts, &r_recv, &r_data, &r_late])
+            let p: [&(dyn ToSql + Sync); 5] = [&r_ids, &r_ts, &r_recv, &r_data, &r_late];
+            execute_rows(tx, &readings_sql, &p, r_ids.len())
                 .await
                 .map_err(backend)
         },
         async {
-            if s_ids.is_empty() {
-                return Ok(0);
-            }
-            tx.execute(
-                &state_sql,
-                &[&s_ids, &s_data, &s_changed, &s_last_ts, &s_seen, &s_conn],
-            )
-            .await
-            .map_err(Error::from)
+            let p: [&(dyn ToSql + Sync); 6] =
+                [&s_ids, &s_data, &s_changed, &s_last_ts, &s_seen, &s_conn];
+            Ok::<_, Error>(execute_rows(tx, &state_sql, &p, s_ids.len()).await?)
         },
         async {
-            if e_ids.is_empty() {
-                return Ok(0);
-            }
-            tx.execute(
-                &events_sql,
-                &[&e_ids, &e_kinds, &e_at, &e_data, &e_prev, &e_seen],
-            )
-            .await
-            .map_err(Error::from)
+            let p: [&(dyn ToSql + Sync); 6] = [&e_ids, &e_kinds, &e_at, &e_data, &e_prev, &e_seen];
+            Ok::<_, Error>(execute_rows(tx, &events_sql, &p, e_ids.len()).await?)
         },
         async {
             if n_id.is_empty() {
                 return Ok(Vec::new());
             }
-            tx.query(&notifications_sql, &n_params)
-                .await
-                .map_err(Error::from)
+            Ok::<_, Error>(tx.query(&notifications_sql, &n_params).await?)
         }
     )?;
     if n_id.is_empty() {
