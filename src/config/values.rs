@@ -65,7 +65,9 @@ pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
     parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
-pub(super) fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+/// The items of a list given as a TOML array or as comma-separated text (the
+/// environment's form), trimmed, blank ones left out.
+fn list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {
@@ -76,9 +78,17 @@ pub(super) fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>
         Raw::One(s) => s.split(',').map(str::to_string).collect(),
         Raw::Many(v) => v,
     };
-    items
+    Ok(items
         .iter()
-        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
+pub(super) fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    list(d)?
+        .iter()
         .map(|s| parse_duration(s).map_err(serde::de::Error::custom))
         .collect()
 }
@@ -113,20 +123,8 @@ impl WholeNumber {
 
 /// A list of CIDR networks, given as a TOML array or as comma-separated text.
 pub(super) fn nets<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        One(String),
-        Many(Vec<String>),
-    }
-    let items = match Raw::deserialize(d)? {
-        Raw::One(s) => s.split(',').map(str::to_string).collect(),
-        Raw::Many(v) => v,
-    };
-    items
+    list(d)?
         .iter()
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse().map_err(|_| {
                 serde::de::Error::custom(format!(

@@ -172,6 +172,25 @@ pub struct ConnectionCounts {
     pub unknown: u64,
 }
 
+impl ConnectionCounts {
+    /// From the count of registered sensors and the counts of their state rows by
+    /// connection (as stored): whatever has no state row never reported.
+    pub(crate) fn from_rows(total: i64, rows: impl IntoIterator<Item = (String, i64)>) -> Self {
+        let mut counts = Self::default();
+        let mut reported = 0;
+        for (conn, n) in rows {
+            match crate::domain::Connection::parse(&conn) {
+                Some(crate::domain::Connection::Online) => counts.online = n as u64,
+                Some(crate::domain::Connection::Lost) => counts.lost = n as u64,
+                _ => continue,
+            }
+            reported += n;
+        }
+        counts.unknown = (total - reported).max(0) as u64;
+        counts
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Cheap liveness check of the backend (readiness).

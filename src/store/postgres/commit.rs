@@ -149,12 +149,16 @@ async fn commit_batch(
             }
         }
     )?;
-    let registered: HashSet<String> = registered.iter().map(|r| r.get(0)).collect();
+    // As ids, so the per-row checks below allocate nothing.
+    let registered: HashSet<SensorId> = registered
+        .iter()
+        .filter_map(|r| SensorId::parse(r.get(0)).ok())
+        .collect();
     let mut linked: HashMap<String, Vec<String>> = HashMap::new();
     for r in links {
         linked.entry(r.get(0)).or_default().push(r.get(1));
     }
-    let known = |id: &SensorId| registered.contains(id.to_string().as_str());
+    let known = |id: &SensorId| registered.contains(id);
 
     // Readings, in order.
     let r: Vec<_> = batch

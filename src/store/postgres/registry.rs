@@ -89,19 +89,10 @@ pub(super) async fn count_sensors(pool: &Pool) -> Result<ConnectionCounts> {
             &[],
         )
         .await?;
-    let mut counts = ConnectionCounts::default();
-    let mut reported = 0;
-    for r in rows {
-        let (conn, n): (String, i64) = (r.get(0), r.get(1));
-        match Conn::parse(&conn) {
-            Some(Conn::Online) => counts.online = n as u64,
-            Some(Conn::Lost) => counts.lost = n as u64,
-            _ => continue,
-        }
-        reported += n;
-    }
-    counts.unknown = (total - reported).max(0) as u64;
-    Ok(counts)
+    Ok(ConnectionCounts::from_rows(
+        total,
+        rows.iter().map(|r| (r.get(0), r.get(1))),
+    ))
 }
 
 pub(super) async fn replace_sensor(

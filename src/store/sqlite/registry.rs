@@ -63,24 +63,14 @@ pub(super) fn list_sensors(
 /// state row goes with it (`delete_sensor`), so the two counts add up.
 pub(super) fn count_sensors(c: &Connection) -> Result<ConnectionCounts> {
     let total: i64 = c.query_row("SELECT COUNT(*) FROM sensors", [], |r| r.get(0))?;
-    let mut counts = ConnectionCounts::default();
     let mut stmt = c.prepare_cached(
         "SELECT st.connection, COUNT(*) FROM sensor_state st \
          JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
     )?;
-    let mut rows = stmt.query([])?;
-    let mut reported = 0;
-    while let Some(r) = rows.next()? {
-        let (conn, n): (String, i64) = (r.get(0)?, r.get(1)?);
-        match Conn::parse(&conn) {
-            Some(Conn::Online) => counts.online = n as u64,
-            Some(Conn::Lost) => counts.lost = n as u64,
-            _ => continue,
-        }
-        reported += n;
-    }
-    counts.unknown = (total - reported).max(0) as u64;
-    Ok(counts)
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<(String, i64)>>>()?;
+    Ok(ConnectionCounts::from_rows(total, rows))
 }
 
 /// How many sensors were updated (0 or 1).
