@@ -62,7 +62,7 @@ fn pragma(sync: Synchronous) -> &'static str {
 struct Inner {
     /// Held for the store's life: one process per data folder.
     _lock: std::fs::File,
-    writer: Mutex<Connection>,
+    writer: Mutex<Writer>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
 }
@@ -80,6 +80,41 @@ fn backend(e: rusqlite::Error) -> Error {
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
         backend(e)
+    }
+}
+
+/// The writer connection and the durability it is at.
+///
+/// Claims and recorded results commit without waiting for the disk (a lost lease or
+/// result means sending again: at least once, as on PostgreSQL); everything else waits
+/// for it at the configured level. `relaxed` is set before the switch down and cleared
+/// only after the switch back succeeded, so a failed switch or a panic in between leaves
+/// it set, and the next durable write restores the level or is refused.
+struct Writer {
+    conn: Connection,
+    configured: Synchronous,
+    relaxed: bool,
+}
+
+impl Writer {
+    /// The connection at the configured durability.
+    fn durable(&mut self) -> Result<&mut Connection> {
+        if self.relaxed {
+            self.conn
+                .pragma_update(None, "synchronous", pragma(self.configured))?;
+            self.relaxed = false;
+        }
+        Ok(&mut self.conn)
+    }
+
+    /// The connection without a wait for the disk at commit (WAL frames still go in
+    /// order, so the next durable commit's sync covers these too).
+    fn relaxed(&mut self) -> Result<&mut Connection> {
+        if self.configured == Synchronous::Full && !self.relaxed {
+            self.relaxed = true;
+            self.conn.pragma_update(None, "synchronous", "NORMAL")?;
+        }
+        Ok(&mut self.conn)
     }
 }
 
@@ -115,22 +150,45 @@ impl SqliteStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 _lock: lock,
-                writer: Mutex::new(writer),
+                writer: Mutex::new(Writer {
+                    conn: writer,
+                    configured: sync,
+                    relaxed: false,
+                }),
                 readers,
                 next_reader: AtomicUsize::new(0),
             }),
         })
     }
 
+    /// A write at the configured durability.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
+        self.on_writer(move |w| f(w.durable()?)).await
+    }
+
+    /// A write whose loss in a crash of the machine only means sending again: claims and
+    /// recorded results.
+    async fn write_relaxed<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        self.on_writer(move |w| f(w.relaxed()?)).await
+    }
+
+    async fn on_writer<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Writer) -> Result<T> + Send + 'static,
+    {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
+            let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut w)
         })
         .await
         .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
@@ -334,11 +392,8 @@ impl Store for SqliteStore {
         now: Millis,
         lease_until: Millis,
     ) -> Result<Vec<Claim>> {
-        // Claims commit on the writer at its configured durability. Leases would not need
-        // it (every lease is released at open), but switching `synchronous` off around a
-        // claim would leave the connection that commits readings unsynced whenever the
-        // switch back failed or a panic cut it short; an fsync per claim is the safer cost.
-        self.write(move |c| outbox::claim(c, ids, &node, now, lease_until))
+        // Every lease is released at open: a lost one costs nothing.
+        self.write_relaxed(move |c| outbox::claim(c, ids, &node, now, lease_until))
             .await
     }
 
@@ -348,7 +403,7 @@ impl Store for SqliteStore {
         now: Millis,
         disable_after: Millis,
     ) -> Result<Vec<Disabled>> {
-        self.write(move |c| outbox::record(c, outcomes, now, disable_after))
+        self.write_relaxed(move |c| outbox::record(c, outcomes, now, disable_after))
             .await
     }
 

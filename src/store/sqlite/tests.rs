@@ -7,10 +7,11 @@ use crate::domain::{Connection as Conn, Event, EventKind, Sensor, SensorId};
 use crate::store::conformance;
 use crate::store::{Claim, CommitBatch, PageRequest, ReadingRecord, Store, TimeRange};
 
-/// A claim commits on the writer, whose durability is the configured one all along:
-/// a trigger records `PRAGMA synchronous` as the claim's lease update runs.
+/// Claims skip the wait for the disk (a lost lease only means sending again), and the
+/// commit after one is back at the configured durability: triggers record
+/// `PRAGMA synchronous` as the claim's lease update and the next commit's state upsert run.
 #[tokio::test]
-async fn claims_keep_the_writers_durability() {
+async fn claims_skip_the_disk_wait_and_commits_keep_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
     let id = SensorId::parse("durable").unwrap();
@@ -23,33 +24,36 @@ async fn claims_keep_the_writers_durability() {
         .await
         .unwrap();
     store.link("c".into(), id, 1).await.unwrap();
-    let batch = CommitBatch {
+    let batch = |at: i64, data: bool| CommitBatch {
         readings: vec![],
         states: vec![crate::store::StateUpdate {
             sensor_id: id,
-            data: Some(true),
-            changed_at: Some(1),
-            last_ts: Some(1),
-            last_seen_at: Some(1),
+            data: Some(data),
+            changed_at: Some(at),
+            last_ts: Some(at),
+            last_seen_at: Some(at),
             connection: Conn::Online,
         }],
         events: vec![Event {
             sensor_id: id,
             kind: EventKind::StateChanged,
-            at: 1,
-            data: Some(true),
+            at,
+            data: Some(data),
             previous: None,
             last_seen_at: None,
         }],
         ..Default::default()
     };
-    let n = store.commit(batch, 1).await.unwrap().remove(0);
+    let n = store.commit(batch(1, true), 1).await.unwrap().remove(0);
     {
         let c = Connection::open(dir.path().join("latch.db")).unwrap();
         c.execute_batch(
-            "CREATE TABLE probe (synchronous INTEGER);
-             CREATE TRIGGER probe_sync AFTER UPDATE ON notifications BEGIN
-               INSERT INTO probe SELECT synchronous FROM pragma_synchronous;
+            "CREATE TABLE probe (what TEXT, synchronous INTEGER);
+             CREATE TRIGGER probe_claim AFTER UPDATE OF lease_until ON notifications BEGIN
+               INSERT INTO probe SELECT 'claim', synchronous FROM pragma_synchronous;
+             END;
+             CREATE TRIGGER probe_commit AFTER UPDATE ON sensor_state BEGIN
+               INSERT INTO probe SELECT 'commit', synchronous FROM pragma_synchronous;
              END;",
         )
         .unwrap();
@@ -59,20 +63,21 @@ async fn claims_keep_the_writers_durability() {
         .await
         .unwrap();
     assert!(matches!(claimed[0], Claim::Send(_)), "{claimed:?}");
-    let seen: Vec<i64> = store
+    store.commit(batch(3, false), 3).await.unwrap();
+    let seen: Vec<(String, i64)> = store
         .write(|c| {
-            let mut s = c.prepare("SELECT synchronous FROM probe")?;
+            let mut s = c.prepare("SELECT what, synchronous FROM probe ORDER BY rowid")?;
             let seen = s
-                .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<i64>>>()?;
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(seen)
         })
         .await
         .unwrap();
     assert_eq!(
         seen,
-        vec![2],
-        "PRAGMA synchronous of the writer during the claim (FULL = 2)"
+        vec![("claim".to_string(), 1), ("commit".to_string(), 2)],
+        "PRAGMA synchronous of the writer (NORMAL = 1, FULL = 2)"
     );
 }
 
