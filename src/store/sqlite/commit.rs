@@ -26,7 +26,7 @@ pub(super) fn commit(
 
 /// The body of a group commit. Rows of a sensor deleted meanwhile are skipped, so a delete
 /// racing a batch never resurrects state: whether a sensor is still registered is looked
-/// up once per sensor (the guard of its state upsert, most often), not once per row.
+/// up once per sensor (its state update, most often), not once per row.
 fn commit_batch(
     tx: &Transaction,
     batch: &CommitBatch,
@@ -35,22 +35,30 @@ fn commit_batch(
     let mut created = Vec::new();
     {
         let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
-        let mut upsert_state = tx.prepare_cached(
+        // A state row exists only for a registered sensor (a delete takes it along), so
+        // updating it is the registration check; only a sensor's first state is inserted,
+        // guarded by a look at `sensors`.
+        let mut update_state = tx.prepare_cached(
+            "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at), \
+             last_ts = ?4, last_seen_at = ?5, connection = ?6 WHERE sensor_id = ?1",
+        )?;
+        let mut insert_state = tx.prepare_cached(
             "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1) \
-             ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
-             changed_at = COALESCE(excluded.changed_at, sensor_state.changed_at), last_ts = excluded.last_ts, \
-             last_seen_at = excluded.last_seen_at, connection = excluded.connection",
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
         )?;
         for s in &batch.states {
-            let n = upsert_state.execute(params![
+            let values = params![
                 s.sensor_id.to_string(),
                 s.data.map(i64::from),
                 s.changed_at,
                 s.last_ts,
                 s.last_seen_at,
                 s.connection.as_str()
-            ])?;
+            ];
+            let n = match update_state.execute(values)? {
+                0 => insert_state.execute(values)?,
+                n => n,
+            };
             known.insert(s.sensor_id, n > 0);
         }
         let mut exists =
