@@ -58,6 +58,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0006_cluster.sql"),
     include_str!("../migrations/postgres/0007_lane_index.sql"),
     include_str!("../migrations/postgres/0008_outbox_fillfactor.sql"),
+    include_str!("../migrations/postgres/0009_state_fillfactor.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
