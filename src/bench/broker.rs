@@ -79,6 +79,8 @@ struct Rate {
     /// same in both runs, so the difference is what latch costs over a bare client. A
     /// figure that a busy machine disturbs far less than the rate.
     cpu_us: f64,
+    /// Share of the run the publisher waited on the consumer (MQTT; 0 for AMQP).
+    waited: f64,
 }
 
 /// Group commits latch made so far and the readings in them, from its metrics (read once
@@ -173,6 +175,7 @@ async fn amqp_bare_rate(url: &str, queue: &str, n: usize) -> anyhow::Result<Rate
     let rate = Rate {
         per_s: n as f64 / started.elapsed().as_secs_f64(),
         cpu_us: (super::cpu_seconds() - cpu) * 1e6 / n as f64,
+        waited: 0.0,
     };
     conn.close(200, "done".into()).await?;
     Ok(rate)
@@ -269,15 +272,24 @@ pub async fn amqp(
 /// `max_queued_messages`, 1000 by default).
 const MQTT_WINDOW: usize = 1000;
 
+/// What a publisher run saw.
+struct Published {
+    /// When the consumer had taken every message: the end of the timed run for latch and
+    /// the bare subscriber alike.
+    done: Instant,
+    /// How long the publisher waited on the consumer, [`MQTT_WINDOW`] ahead: near 0, the
+    /// consumer kept up and the publisher and broker set the pace.
+    waited: Duration,
+}
+
 /// Publishes every message at QoS 1, staying at most [`MQTT_WINDOW`] ahead of what the
-/// consumer has `taken`; returns when it had taken them all, the end of the timed run for
-/// latch and the bare subscriber alike.
+/// consumer has `taken`, until it has taken them all.
 async fn mqtt_publish(
     host: &str,
     port: u16,
     msgs: &[(String, Vec<u8>)],
     taken: impl Fn() -> usize,
-) -> anyhow::Result<Instant> {
+) -> anyhow::Result<Published> {
     let mut o = MqttOptions::new(format!("bench-pub-{}", ulid::Ulid::new()), host, port);
     o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
     let (client, mut events) = AsyncClient::new(o, 10_000);
@@ -296,9 +308,14 @@ async fn mqtt_publish(
             }
         }
     });
+    let mut waited = Duration::ZERO;
     for (k, (t, b)) in msgs.iter().enumerate() {
-        while k >= taken() + MQTT_WINDOW {
-            tokio::time::sleep(Duration::from_micros(500)).await;
+        if k >= taken() + MQTT_WINDOW {
+            let since = Instant::now();
+            while k >= taken() + MQTT_WINDOW {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+            waited += since.elapsed();
         }
         client
             .publish(t.clone(), QoS::AtLeastOnce, false, b.clone())
@@ -312,7 +329,10 @@ async fn mqtt_publish(
     // Time for the disconnect to go out; then the driver would only reconnect.
     let _ = tokio::time::timeout(Duration::from_secs(1), &mut driver).await;
     driver.abort();
-    done
+    Ok(Published {
+        done: done?,
+        waited,
+    })
 }
 
 /// How fast a bare subscriber (acking each at once) receives while `msgs` are published.
@@ -351,10 +371,12 @@ async fn mqtt_bare_rate(
             client.ack(&p).await?;
         }
     }
-    let done = publisher.await??;
+    let published = publisher.await??;
+    let secs = (published.done - started).as_secs_f64();
     Ok(Rate {
-        per_s: n as f64 / (done - started).as_secs_f64(),
+        per_s: n as f64 / secs,
         cpu_us: (super::cpu_seconds() - cpu) * 1e6 / n as f64,
+        waited: published.waited.as_secs_f64() / secs,
     })
 }
 
@@ -395,8 +417,8 @@ pub async fn mqtt(
     let base = crate::ingest::accepted_total("mqtt");
     let (started, cpu) = (Instant::now(), super::cpu_seconds());
     let published = mqtt_publish(&host, port, &msgs, || accepted_since("mqtt", base)).await;
-    let done = match published {
-        Ok(done) => done,
+    let published = match published {
+        Ok(p) => p,
         Err(e) => {
             // What latch saw, so a stall can be told from a loss.
             let text = reqwest::get(format!("{}/metrics", server.base))
@@ -410,7 +432,7 @@ pub async fn mqtt(
             anyhow::bail!("{e}; latch's MQTT metrics:\n{}", seen.join("\n"));
         }
     };
-    let secs = (done - started).as_secs_f64();
+    let secs = (published.done - started).as_secs_f64();
     let cpu = super::cpu_seconds() - cpu;
     let (commits, committed) = commits(&server.base).await?;
     server.stop().await?;
@@ -427,6 +449,12 @@ pub async fn mqtt(
     r.add("ratio_to_bare_subscriber", rate / bare_rate.per_s, "x");
     r.add("cpu_us_per_reading", cpu * 1e6 / messages as f64, "µs");
     r.add("baseline_cpu_us_per_message", bare_rate.cpu_us, "µs");
+    r.add(
+        "publisher_waited_share",
+        published.waited.as_secs_f64() / secs,
+        "x",
+    );
+    r.add("baseline_publisher_waited_share", bare_rate.waited, "x");
     r.add("commits", commits, "commits");
     r.add(
         "readings_per_commit",
@@ -444,7 +472,9 @@ pub async fn mqtt(
          max_queued_messages). Both runs end when the publisher sees the last message taken; \
          latch's count is read in-process (an atomic load), not scraped. cpu_us_per_reading and \
          baseline_cpu_us_per_message: this process's CPU time over each timed run per message \
-         (the broker's own CPU is not in it).",
+         (the broker's own CPU is not in it). publisher_waited_share: the share of the run \
+         the publisher waited, {MQTT_WINDOW} ahead of the consumer (near 0: the consumer kept \
+         up, and the publisher and the broker set the pace).",
         ratio * 100.0,
         crate::ingest::mqtt::RECEIVE_MAXIMUM
     ));
