@@ -83,17 +83,39 @@ struct Rate {
     waited: f64,
 }
 
-/// Group commits latch made so far and the readings in them, from its metrics (read once
-/// at the end of a run, not while it is timed).
-async fn commits(base: &str) -> anyhow::Result<(f64, f64)> {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await?
-        .text()
-        .await?;
-    Ok((
-        super::metric_sum(&text, "latch_commit_readings_count"),
-        super::metric_sum(&text, "latch_commit_readings_sum"),
-    ))
+/// Group commits latch made so far, from its metrics (read once at the end of a run, not
+/// while it is timed).
+struct Commits {
+    count: f64,
+    readings: f64,
+    /// Seconds spent committing.
+    seconds: f64,
+}
+
+impl Commits {
+    async fn read(base: &str) -> anyhow::Result<Self> {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await?
+            .text()
+            .await?;
+        Ok(Self {
+            count: super::metric_sum(&text, "latch_commit_readings_count"),
+            readings: super::metric_sum(&text, "latch_commit_readings_sum"),
+            seconds: super::metric_sum(&text, "latch_commit_seconds_sum"),
+        })
+    }
+
+    /// Adds the commits, readings a commit, and the share of the run's `secs` spent in
+    /// one (near 1: the commits ran back to back, and bound the run).
+    fn report(&self, r: &mut Report, secs: f64) {
+        r.add("commits", self.count, "commits");
+        r.add(
+            "readings_per_commit",
+            (self.readings / self.count.max(1.0)).round(),
+            "readings",
+        );
+        r.add("commit_busy_share", self.seconds / secs, "x");
+    }
 }
 
 async fn amqp_fill(url: &str, queue: &str, bodies: &[Vec<u8>]) -> anyhow::Result<()> {
@@ -213,7 +235,7 @@ pub async fn amqp(
     .await?;
     let (secs, with_start) = ((done - ready).as_secs_f64(), (done - started).as_secs_f64());
     let cpu = super::cpu_seconds() - cpu;
-    let (commits, committed) = commits(&server.base).await?;
+    let commits = Commits::read(&server.base).await?;
     server.stop().await?;
     amqp_delete(url, &[queue.clone(), format!("{queue}.dlq"), bare]).await?;
 
@@ -243,12 +265,7 @@ pub async fn amqp(
         "µs",
     );
     r.add("baseline_cpu_us_per_message", bare_rate.cpu_us, "µs");
-    r.add("commits", commits, "commits");
-    r.add(
-        "readings_per_commit",
-        (committed / commits.max(1.0)).round(),
-        "readings",
-    );
+    commits.report(&mut r, with_start);
     r.notes.push(format!(
         "{messages} persistent messages (one reading each, {:.0} % changes, {sensors} sensors) \
          waiting in a queue; latch started and drained it, acknowledging after durable commit, \
@@ -434,7 +451,7 @@ pub async fn mqtt(
     };
     let secs = (published.done - started).as_secs_f64();
     let cpu = super::cpu_seconds() - cpu;
-    let (commits, committed) = commits(&server.base).await?;
+    let commits = Commits::read(&server.base).await?;
     server.stop().await?;
 
     let rate = messages as f64 / secs;
@@ -455,12 +472,7 @@ pub async fn mqtt(
         "x",
     );
     r.add("baseline_publisher_waited_share", bare_rate.waited, "x");
-    r.add("commits", commits, "commits");
-    r.add(
-        "readings_per_commit",
-        (committed / commits.max(1.0)).round(),
-        "readings",
-    );
+    commits.report(&mut r, secs);
     r.notes.push(format!(
         "{messages} QoS 1 publishes (JSON readings, {:.0} % changes, {sensors} sensors) sent as \
          fast as the broker acknowledges while latch is subscribed; latch PUBACKs after \
