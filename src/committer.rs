@@ -14,10 +14,10 @@
 //! moment after its answer, waits for the commit after that. Every commit then held one
 //! shard's readings, and SQLite paid twice the fsyncs and page writes (MQTT ingest: ~55
 //! readings a commit). So a commit that had to wait for a slot also waits, at most
-//! [`GATHER`], for the shards the last commit answered, and takes them along.
+//! [`GATHER`], for the shards the last commit answered that have not sent yet, and takes
+//! them along. A lone busy shard waits for nobody.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, broadcast, mpsc};
@@ -51,11 +51,8 @@ struct Committing {
     live: Option<broadcast::Sender<Event>>,
 }
 
-/// Runs until every shard (of `shards`) has dropped its sender and the commits in flight
-/// are done.
-#[allow(clippy::too_many_arguments)]
+/// Runs until every shard has dropped its sender and the commits in flight are done.
 pub async fn run(
-    shards: usize,
     store: Arc<dyn Store>,
     dispatcher: Dispatcher,
     mut rx: mpsc::Receiver<CommitRequest>,
@@ -75,8 +72,9 @@ pub async fn run(
         live,
     };
     let tracker = tokio_util::task::TaskTracker::new();
-    // Shards the last finished commit answered.
-    let answered = Arc::new(AtomicUsize::new(0));
+    // Shards the last finished commit answered. A `std` mutex: held for a copy, never
+    // across an `.await`.
+    let answered = Arc::new(Mutex::new(Vec::new()));
     while let Some(first) = rx.recv().await {
         let busy = permits.available_permits() == 0;
         // Whatever queued while waiting for a slot joins this commit.
@@ -88,21 +86,25 @@ pub async fn run(
             requests.push(r);
         }
         if busy {
-            // Each shard has at most one request out, so this many can still come.
-            let want = (requests.len() + answered.load(Ordering::Relaxed)).min(shards);
+            let mut awaited: Vec<usize> = answered.lock().expect("answered lock").clone();
+            awaited.retain(|s| !requests.iter().any(|r| r.shard == *s));
             let until = tokio::time::Instant::now() + GATHER;
-            while requests.len() < want {
+            while !awaited.is_empty() {
                 match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(Some(r)) => requests.push(r),
+                    Ok(Some(r)) => {
+                        awaited.retain(|s| *s != r.shard);
+                        requests.push(r);
+                    }
                     _ => break,
                 }
             }
         }
         let (committing, answered) = (committing.clone(), answered.clone());
         tracker.spawn(async move {
-            let n = requests.len();
+            let shards = requests.iter().map(|r| r.shard).collect();
             committing.commit(requests).await;
-            answered.store(n, Ordering::Relaxed);
+            // Before the slot is free: the next commit looks at it once it has the slot.
+            *answered.lock().expect("answered lock") = shards;
             drop(permit);
         });
     }

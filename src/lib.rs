@@ -127,7 +127,6 @@ pub async fn run_with_clock(
     let live = api::stream::channel();
     let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
     let committer = tokio::spawn(committer::run(
-        config.engine_shards as usize,
         store.clone(),
         dispatcher.clone(),
         commit_rx,
