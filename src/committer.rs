@@ -9,13 +9,13 @@
 //! before it sends the next, so commits in flight never hold the same sensor and a
 //! sensor's rows are still written in order.
 //!
-//! Under load, shards would take turns: while one shard's batch commits, the other's
+//! Under load, shards can take turns: while one shard's batch commits, the other's
 //! queues up and goes alone in the next commit, and the first one's next batch, sent a
-//! moment after its answer, waits for the commit after that. Every commit then held one
-//! shard's readings, and SQLite paid twice the fsyncs and page writes (MQTT ingest: ~55
-//! readings a commit). So a commit that had to wait for a slot also waits, at most
-//! [`GATHER`], for the shards the last commit answered that have not sent yet, and takes
-//! them along. A lone busy shard waits for nobody.
+//! moment after its answer, waits for the commit after that. A commit then holds one
+//! shard's readings, and on SQLite's one slot that is an fsync and a set of page writes
+//! for half the batch it could carry. So a commit that had to wait for a slot also waits,
+//! at most [`GATHER`], for the shards the last commit answered that have not sent yet, and
+//! takes them along. A lone busy shard waits for nobody, and an idle store for no one.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
