@@ -8,9 +8,17 @@
 //! are in flight, up to [`COMMITS_IN_FLIGHT`]. Each shard waits for its batch's answer
 //! before it sends the next, so commits in flight never hold the same sensor and a
 //! sensor's rows are still written in order.
+//!
+//! Under load, shards can take turns: while one shard's batch commits, the other's
+//! queues up and goes alone in the next commit, and the first one's next batch, sent a
+//! moment after its answer, waits for the commit after that. A commit then holds one
+//! shard's readings, and on SQLite's one slot that is an fsync and a set of page writes
+//! for half the batch it could carry. So a commit that had to wait for a slot also waits,
+//! at most [`GATHER`], for the shards the last commit answered that have not sent yet, and
+//! takes them along. A lone busy shard waits for nobody, and an idle store for no one.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, broadcast, mpsc};
 
@@ -26,6 +34,11 @@ use crate::store::Store;
 /// each transaction's round trips with both cores mostly idle: 3.3k state changes/s from
 /// four senders on PostgreSQL, one commit of ~500 changes every 150 ms.
 const COMMITS_IN_FLIGHT: usize = 4;
+
+/// Longest a commit that waited for a slot waits for the shards just answered: they send
+/// their next batch within tens of microseconds when they have one, so this bounds only
+/// the wait for a shard that has none.
+const GATHER: Duration = Duration::from_millis(1);
 
 /// What every commit needs besides its batch.
 #[derive(Clone)]
@@ -59,7 +72,11 @@ pub async fn run(
         live,
     };
     let tracker = tokio_util::task::TaskTracker::new();
+    // Shards the last finished commit answered. A `std` mutex: held for a copy, never
+    // across an `.await`.
+    let answered = Arc::new(Mutex::new(Vec::new()));
     while let Some(first) = rx.recv().await {
+        let busy = permits.available_permits() == 0;
         // Whatever queued while waiting for a slot joins this commit.
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
@@ -68,9 +85,26 @@ pub async fn run(
         while let Ok(r) = rx.try_recv() {
             requests.push(r);
         }
-        let committing = committing.clone();
+        if busy {
+            let mut awaited: Vec<usize> = answered.lock().expect("answered lock").clone();
+            awaited.retain(|s| !requests.iter().any(|r| r.shard == *s));
+            let until = tokio::time::Instant::now() + GATHER;
+            while !awaited.is_empty() {
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(r)) => {
+                        awaited.retain(|s| *s != r.shard);
+                        requests.push(r);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let (committing, answered) = (committing.clone(), answered.clone());
         tracker.spawn(async move {
+            let shards = requests.iter().map(|r| r.shard).collect();
             committing.commit(requests).await;
+            // Before the slot is free: the next commit looks at it once it has the slot.
+            *answered.lock().expect("answered lock") = shards;
             drop(permit);
         });
     }

@@ -50,33 +50,72 @@ fn bodies(ids: &[SensorId], n: usize, ratio: f64) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Accepted readings of `source` so far, from latch's metrics.
-async fn accepted(http: &reqwest::Client, base: &str, source: &str) -> anyhow::Result<f64> {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
-    let needle = format!("source=\"{source}\"");
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("latch_readings_accepted_total") && l.contains(&needle))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum())
+/// Readings latch accepted from `source` since `base` (a reading of the count before).
+/// An atomic load in this process, where latch runs: watching its progress costs latch
+/// nothing, unlike a `/metrics` scrape, which renders every family in latch's process.
+fn accepted_since(source: &str, base: u64) -> usize {
+    (crate::ingest::accepted_total(source) - base) as usize
 }
 
-async fn wait_accepted(base: &str, source: &str, n: usize, limit: Duration) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
+/// Waits until `taken()` reaches `n`, looking every millisecond; when it did.
+async fn taken_at(n: usize, limit: Duration, taken: impl Fn() -> usize) -> anyhow::Result<Instant> {
     let deadline = Instant::now() + limit;
-    while accepted(&http, base, source).await? < n as f64 {
+    while taken() < n {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "latch did not take all {n} readings"
+            "only {} of {n} readings taken within {limit:?}",
+            taken()
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    Ok(())
+    Ok(Instant::now())
+}
+
+/// A consumer's pace over a timed run.
+struct Rate {
+    /// Messages (readings) a second.
+    per_s: f64,
+    /// CPU time of this whole process per message, in µs: the publisher's part is the
+    /// same in both runs, so the difference is what latch costs over a bare client. A
+    /// figure that a busy machine disturbs far less than the rate.
+    cpu_us: f64,
+    /// Share of the run the publisher waited on the consumer (MQTT; 0 for AMQP).
+    waited: f64,
+}
+
+/// Group commits latch made so far, from its metrics (read once at the end of a run, not
+/// while it is timed).
+struct Commits {
+    count: f64,
+    readings: f64,
+    /// Seconds spent committing.
+    seconds: f64,
+}
+
+impl Commits {
+    async fn read(base: &str) -> anyhow::Result<Self> {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await?
+            .text()
+            .await?;
+        Ok(Self {
+            count: super::metric_sum(&text, "latch_commit_readings_count"),
+            readings: super::metric_sum(&text, "latch_commit_readings_sum"),
+            seconds: super::metric_sum(&text, "latch_commit_seconds_sum"),
+        })
+    }
+
+    /// Adds the commits, readings a commit, and the share of the run's `secs` spent in
+    /// one (near 1: the commits ran back to back, and bound the run).
+    fn report(&self, r: &mut Report, secs: f64) {
+        r.add("commits", self.count, "commits");
+        r.add(
+            "readings_per_commit",
+            (self.readings / self.count.max(1.0)).round(),
+            "readings",
+        );
+        r.add("commit_busy_share", self.seconds / secs, "x");
+    }
 }
 
 async fn amqp_fill(url: &str, queue: &str, bodies: &[Vec<u8>]) -> anyhow::Result<()> {
@@ -122,8 +161,8 @@ async fn amqp_delete(url: &str, queues: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Messages/s a bare consumer drains from a queue holding `n`.
-async fn amqp_bare_rate(url: &str, queue: &str, n: usize) -> anyhow::Result<f64> {
+/// How fast a bare consumer drains a queue holding `n`.
+async fn amqp_bare_rate(url: &str, queue: &str, n: usize) -> anyhow::Result<Rate> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(crate::ingest::amqp::PREFETCH, BasicQosOptions::default())
@@ -136,7 +175,7 @@ async fn amqp_bare_rate(url: &str, queue: &str, n: usize) -> anyhow::Result<f64>
             FieldTable::default(),
         )
         .await?;
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), super::cpu_seconds());
     let mut got = 0usize;
     while got < n {
         let d = consumer
@@ -155,7 +194,11 @@ async fn amqp_bare_rate(url: &str, queue: &str, n: usize) -> anyhow::Result<f64>
         ch.basic_ack(last, BasicAckOptions { multiple: true })
             .await?;
     }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let rate = Rate {
+        per_s: n as f64 / started.elapsed().as_secs_f64(),
+        cpu_us: (super::cpu_seconds() - cpu) * 1e6 / n as f64,
+        waited: 0.0,
+    };
     conn.close(200, "done".into()).await?;
     Ok(rate)
 }
@@ -180,16 +223,19 @@ pub async fn amqp(
     let mut config = super::config(&dir);
     config.amqp_url = Some(url.to_string());
     config.amqp_queue = queue.clone();
+    let base = crate::ingest::accepted_total("amqp");
     let started = Instant::now();
     let server = super::start(config).await?;
     // Ready means consuming; what latch took before this is left out of its rate.
-    let ready = Instant::now();
-    let before_ready = accepted(&reqwest::Client::new(), &server.base, "amqp").await?;
-    wait_accepted(&server.base, "amqp", messages, Duration::from_secs(600)).await?;
-    let (secs, with_start) = (
-        ready.elapsed().as_secs_f64(),
-        started.elapsed().as_secs_f64(),
-    );
+    let (ready, cpu) = (Instant::now(), super::cpu_seconds());
+    let before_ready = accepted_since("amqp", base) as f64;
+    let done = taken_at(messages, Duration::from_secs(600), || {
+        accepted_since("amqp", base)
+    })
+    .await?;
+    let (secs, with_start) = ((done - ready).as_secs_f64(), (done - started).as_secs_f64());
+    let cpu = super::cpu_seconds() - cpu;
+    let commits = Commits::read(&server.base).await?;
     server.stop().await?;
     amqp_delete(url, &[queue.clone(), format!("{queue}.dlq"), bare]).await?;
 
@@ -209,17 +255,27 @@ pub async fn amqp(
     );
     r.add(
         "baseline_bare_consumer_per_s",
-        bare_rate.round(),
+        bare_rate.per_s.round(),
         "messages/s",
     );
-    r.add("ratio_to_bare_consumer", rate / bare_rate, "x");
+    r.add("ratio_to_bare_consumer", rate / bare_rate.per_s, "x");
+    r.add(
+        "cpu_us_per_reading",
+        cpu * 1e6 / (messages as f64 - before_ready).max(1.0),
+        "µs",
+    );
+    r.add("baseline_cpu_us_per_message", bare_rate.cpu_us, "µs");
+    commits.report(&mut r, with_start);
     r.notes.push(format!(
         "{messages} persistent messages (one reading each, {:.0} % changes, {sensors} sensors) \
          waiting in a queue; latch started and drained it, acknowledging after durable commit, \
          timed from when it was consuming (ready; {before_ready} readings taken before that \
          are left out); readings_per_s_with_start times the whole run from latch's start. \
          Baseline: a bare lapin consumer draining the same messages with the same prefetch \
-         ({}), acking each batch at once, timed from its consume.",
+         ({}), acking each batch at once, timed from its consume. latch's count is read \
+         in-process (an atomic load), not scraped. cpu_us_per_reading and \
+         baseline_cpu_us_per_message: this process's CPU time over each timed run per message \
+         (the broker's own CPU is not in it).",
         ratio * 100.0,
         crate::ingest::amqp::PREFETCH
     ));
@@ -233,13 +289,24 @@ pub async fn amqp(
 /// `max_queued_messages`, 1000 by default).
 const MQTT_WINDOW: usize = 1000;
 
-/// Publishes every message at QoS 1, staying at most [`MQTT_WINDOW`] ahead of `taken`.
+/// What a publisher run saw.
+struct Published {
+    /// When the consumer had taken every message: the end of the timed run for latch and
+    /// the bare subscriber alike.
+    done: Instant,
+    /// How long the publisher waited on the consumer, [`MQTT_WINDOW`] ahead: near 0, the
+    /// consumer kept up and the publisher and broker set the pace.
+    waited: Duration,
+}
+
+/// Publishes every message at QoS 1, staying at most [`MQTT_WINDOW`] ahead of what the
+/// consumer has `taken`, until it has taken them all.
 async fn mqtt_publish(
     host: &str,
     port: u16,
     msgs: &[(String, Vec<u8>)],
-    taken: Arc<AtomicUsize>,
-) -> anyhow::Result<()> {
+    taken: impl Fn() -> usize,
+) -> anyhow::Result<Published> {
     let mut o = MqttOptions::new(format!("bench-pub-{}", ulid::Ulid::new()), host, port);
     o.set_keep_alive(Duration::from_secs(30)).set_inflight(1000);
     let (client, mut events) = AsyncClient::new(o, 10_000);
@@ -258,32 +325,40 @@ async fn mqtt_publish(
             }
         }
     });
+    let mut waited = Duration::ZERO;
     for (k, (t, b)) in msgs.iter().enumerate() {
-        while k >= taken.load(Ordering::Relaxed) + MQTT_WINDOW {
-            tokio::time::sleep(Duration::from_micros(500)).await;
+        if k >= taken() + MQTT_WINDOW {
+            let since = Instant::now();
+            while k >= taken() + MQTT_WINDOW {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+            waited += since.elapsed();
         }
         client
             .publish(t.clone(), QoS::AtLeastOnce, false, b.clone())
             .await?;
     }
-    while taken.load(Ordering::Relaxed) < msgs.len() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    // Generous: a loaded machine takes a few hundred readings a second at worst.
+    let limit = Duration::from_secs(60 + msgs.len() as u64 / 50);
+    let done = taken_at(msgs.len(), limit, &taken).await;
     closing.store(true, Ordering::Relaxed);
     let _ = client.disconnect().await;
     // Time for the disconnect to go out; then the driver would only reconnect.
     let _ = tokio::time::timeout(Duration::from_secs(1), &mut driver).await;
     driver.abort();
-    Ok(())
+    Ok(Published {
+        done: done?,
+        waited,
+    })
 }
 
-/// Messages/s a bare subscriber (acking each at once) receives while `msgs` are published.
+/// How fast a bare subscriber (acking each at once) receives while `msgs` are published.
 async fn mqtt_bare_rate(
     host: &str,
     port: u16,
     filter: &str,
     msgs: &[(String, Vec<u8>)],
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Rate> {
     use rumqttc::v5::mqttbytes::v5::Packet;
     use rumqttc::v5::{AsyncClient, Event, MqttOptions};
     let mut o = MqttOptions::new(format!("bench-bare-{}", ulid::Ulid::new()), host, port);
@@ -302,8 +377,9 @@ async fn mqtt_bare_rate(
     let n = msgs.len();
     let taken = Arc::new(AtomicUsize::new(0));
     let (h, p, m, t) = (host.to_string(), port, msgs.to_vec(), taken.clone());
-    let started = Instant::now();
-    let publisher = tokio::spawn(async move { mqtt_publish(&h, p, &m, t).await });
+    let (started, cpu) = (Instant::now(), super::cpu_seconds());
+    let publisher =
+        tokio::spawn(async move { mqtt_publish(&h, p, &m, || t.load(Ordering::Relaxed)).await });
     let mut got = 0;
     while got < n {
         if let Event::Incoming(Packet::Publish(p)) = events.poll().await? {
@@ -312,9 +388,13 @@ async fn mqtt_bare_rate(
             client.ack(&p).await?;
         }
     }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
-    publisher.await??;
-    Ok(rate)
+    let published = publisher.await??;
+    let secs = (published.done - started).as_secs_f64();
+    Ok(Rate {
+        per_s: n as f64 / secs,
+        cpu_us: (super::cpu_seconds() - cpu) * 1e6 / n as f64,
+        waited: published.waited.as_secs_f64() / secs,
+    })
 }
 
 pub async fn mqtt(
@@ -351,43 +431,27 @@ pub async fn mqtt(
     ));
     config.mqtt_topic = filter;
     let server = super::start(config).await?;
-    let taken = Arc::new(AtomicUsize::new(0));
-    let watcher = {
-        let (taken, base) = (taken.clone(), server.base.clone());
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            while taken.load(Ordering::Relaxed) < messages {
-                if let Ok(n) = accepted(&http, &base, "mqtt").await {
-                    taken.store(n as usize, Ordering::Relaxed);
-                }
-                // Each look renders all of latch's metrics in its process; the window is
-                // wide enough that a few milliseconds of lag do not hold the publisher.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
+    let base = crate::ingest::accepted_total("mqtt");
+    let (started, cpu) = (Instant::now(), super::cpu_seconds());
+    let published = mqtt_publish(&host, port, &msgs, || accepted_since("mqtt", base)).await;
+    let published = match published {
+        Ok(p) => p,
+        Err(e) => {
+            // What latch saw, so a stall can be told from a loss.
+            let text = reqwest::get(format!("{}/metrics", server.base))
+                .await?
+                .text()
+                .await?;
+            let seen: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("latch_") && l.contains("mqtt"))
+                .collect();
+            anyhow::bail!("{e}; latch's MQTT metrics:\n{}", seen.join("\n"));
+        }
     };
-    let started = Instant::now();
-    // Generous: a loaded machine takes a few hundred readings a second at worst.
-    let limit = Duration::from_secs(60 + messages as u64 / 50);
-    let published = tokio::time::timeout(limit, mqtt_publish(&host, port, &msgs, taken.clone()));
-    if published.await.is_err() {
-        // What latch saw, so a stall can be told from a loss.
-        let text = reqwest::get(format!("{}/metrics", server.base))
-            .await?
-            .text()
-            .await?;
-        let seen: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("latch_") && l.contains("mqtt"))
-            .collect();
-        anyhow::bail!(
-            "latch took {} of {messages} readings within {limit:?}; its MQTT metrics:\n{}",
-            taken.load(Ordering::Relaxed),
-            seen.join("\n")
-        );
-    }
-    watcher.await?;
-    let secs = started.elapsed().as_secs_f64();
+    let secs = (published.done - started).as_secs_f64();
+    let cpu = super::cpu_seconds() - cpu;
+    let commits = Commits::read(&server.base).await?;
     server.stop().await?;
 
     let rate = messages as f64 / secs;
@@ -396,10 +460,19 @@ pub async fn mqtt(
     r.add("readings_per_s", rate.round(), "readings/s");
     r.add(
         "baseline_bare_subscriber_per_s",
-        bare_rate.round(),
+        bare_rate.per_s.round(),
         "messages/s",
     );
-    r.add("ratio_to_bare_subscriber", rate / bare_rate, "x");
+    r.add("ratio_to_bare_subscriber", rate / bare_rate.per_s, "x");
+    r.add("cpu_us_per_reading", cpu * 1e6 / messages as f64, "µs");
+    r.add("baseline_cpu_us_per_message", bare_rate.cpu_us, "µs");
+    r.add(
+        "publisher_waited_share",
+        published.waited.as_secs_f64() / secs,
+        "x",
+    );
+    r.add("baseline_publisher_waited_share", bare_rate.waited, "x");
+    commits.report(&mut r, secs);
     r.notes.push(format!(
         "{messages} QoS 1 publishes (JSON readings, {:.0} % changes, {sensors} sensors) sent as \
          fast as the broker acknowledges while latch is subscribed; latch PUBACKs after \
@@ -408,7 +481,12 @@ pub async fn mqtt(
          {} (Mosquitto honours it over max_inflight_messages); the publisher stays at most \
          {MQTT_WINDOW} messages ahead of what the consumer has taken (committed, for latch), \
          so the broker queues nothing (it drops QoS 1 messages queued beyond \
-         max_queued_messages).",
+         max_queued_messages). Both runs end when the publisher sees the last message taken; \
+         latch's count is read in-process (an atomic load), not scraped. cpu_us_per_reading and \
+         baseline_cpu_us_per_message: this process's CPU time over each timed run per message \
+         (the broker's own CPU is not in it). publisher_waited_share: the share of the run \
+         the publisher waited, {MQTT_WINDOW} ahead of the consumer (near 0: the consumer kept \
+         up, and the publisher and the broker set the pace).",
         ratio * 100.0,
         crate::ingest::mqtt::RECEIVE_MAXIMUM
     ));

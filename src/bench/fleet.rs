@@ -34,16 +34,6 @@ pub struct Args {
 const FEED_SENSORS: usize = 10_000;
 const FEED_BATCH: usize = 1_000;
 
-/// This process's CPU time so far (latch, receiver and bench clients alike), in seconds.
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_SELF is always valid.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
 /// Posts `rate` readings a second over [`FEED_SENSORS`] sensors until `stop`, each
 /// request on its own (a slow answer does not slow the offered rate), returning each
 /// request's start (ms since the epoch), latency (ms) and whether it was accepted.
@@ -147,7 +137,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let t = Instant::now();
     let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
-    let cpu_at_ready = cpu_seconds();
+    let cpu_at_ready = super::cpu_seconds();
     let stop_feed = tokio_util::sync::CancellationToken::new();
     let feeding = (args.ingest_rate > 0).then(|| {
         tokio::spawn(feed(
@@ -174,7 +164,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (all_lost_at, cpu_at_all_lost) = loop {
         let n = lost_total().await.unwrap_or(0.0) - before;
         if n >= args.sensors as f64 {
-            break (time::now_ms(), cpu_seconds());
+            break (time::now_ms(), super::cpu_seconds());
         }
         anyhow::ensure!(
             Instant::now() < wait_until,

@@ -241,6 +241,16 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// This process's CPU time so far (latch, receiver and bench clients alike), in seconds.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 /// Resident memory of this process, in bytes.
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")

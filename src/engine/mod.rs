@@ -85,6 +85,8 @@ pub struct Tuning {
 
 /// A batch of effects waiting to be made durable; `reply` says whether it was.
 pub struct CommitRequest {
+    /// The shard that sent it (each has at most one out at a time).
+    pub shard: usize,
     pub batch: CommitBatch,
     pub reply: oneshot::Sender<Result<(), String>>,
 }
@@ -222,6 +224,7 @@ impl Engine {
             let (tx, rx) = mpsc::channel(1024);
             senders.push(tx);
             let shard = Shard {
+                index: s,
                 parts: mine,
                 partitions,
                 default_timeout_ms: default_timeout.as_millis() as Millis,

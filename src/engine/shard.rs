@@ -71,6 +71,8 @@ pub(super) struct Part {
 
 /// One shard task: owns its sensors' state and applies their readings in arrival order.
 pub(super) struct Shard {
+    /// Its place among the shards, named in its commit requests.
+    pub(super) index: usize,
     /// Indexed by partition; `Some` for the partitions served here.
     pub(super) parts: Vec<Option<Part>>,
     pub(super) partitions: u32,
@@ -468,6 +470,7 @@ impl Shard {
             let sent = self
                 .commits
                 .send(CommitRequest {
+                    shard: self.index,
                     batch: p.batch,
                     reply: tx,
                 })
