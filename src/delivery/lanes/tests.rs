@@ -309,18 +309,20 @@ fn a_head_leased_elsewhere_is_tried_again_when_the_lease_runs_out() {
 
 #[test]
 fn a_client_at_its_limit_waits_and_others_go_ahead() {
-    // 2 requests per client, claimed ahead twice over: 4 heads of a client out at most.
+    // 2 requests per client, claimed ahead CLAIM_AHEAD times over: that many heads of a
+    // client out at most.
+    let ahead = 2 * super::CLAIM_AHEAD as usize;
     let mut h = Harness::new(false, Duration::from_secs(1));
-    for sensor in 0..6 {
+    for sensor in 0..ahead + 2 {
         h.change(0, sensor);
     }
     h.change(1, 0);
     let out = h.admit();
     let per_client =
         |out: &[(LaneKey, String)], c: &str| out.iter().filter(|(lane, _)| &*lane.0 == c).count();
-    assert_eq!(per_client(&out, "client0"), 4);
+    assert_eq!(per_client(&out, "client0"), ahead);
     assert_eq!(per_client(&out, "client1"), 1);
-    assert_eq!(h.core.inflight(), 5);
+    assert_eq!(h.core.inflight(), ahead + 1);
     assert!(h.core.client_busy("client1"));
     // One of client0's ends: one of its waiting lanes goes.
     let first = out.iter().find(|(lane, _)| &*lane.0 == "client0").cloned();
