@@ -83,41 +83,6 @@ struct Rate {
     waited: f64,
 }
 
-/// Group commits latch made so far, from its metrics (read once at the end of a run, not
-/// while it is timed).
-struct Commits {
-    count: f64,
-    readings: f64,
-    /// Seconds spent committing.
-    seconds: f64,
-}
-
-impl Commits {
-    async fn read(base: &str) -> anyhow::Result<Self> {
-        let text = reqwest::get(format!("{base}/metrics"))
-            .await?
-            .text()
-            .await?;
-        Ok(Self {
-            count: super::metric_sum(&text, "latch_commit_readings_count"),
-            readings: super::metric_sum(&text, "latch_commit_readings_sum"),
-            seconds: super::metric_sum(&text, "latch_commit_seconds_sum"),
-        })
-    }
-
-    /// Adds the commits, readings a commit, and the share of the run's `secs` spent in
-    /// one (near 1: the commits ran back to back, and bound the run).
-    fn report(&self, r: &mut Report, secs: f64) {
-        r.add("commits", self.count, "commits");
-        r.add(
-            "readings_per_commit",
-            (self.readings / self.count.max(1.0)).round(),
-            "readings",
-        );
-        r.add("commit_busy_share", self.seconds / secs, "x");
-    }
-}
-
 async fn amqp_fill(url: &str, queue: &str, bodies: &[Vec<u8>]) -> anyhow::Result<()> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
@@ -235,7 +200,7 @@ pub async fn amqp(
     .await?;
     let (secs, with_start) = ((done - ready).as_secs_f64(), (done - started).as_secs_f64());
     let cpu = super::cpu_seconds() - cpu;
-    let commits = Commits::read(&server.base).await?;
+    let commits = super::Commits::read(&server.base).await?;
     server.stop().await?;
     amqp_delete(url, &[queue.clone(), format!("{queue}.dlq"), bare]).await?;
 
@@ -451,7 +416,7 @@ pub async fn mqtt(
     };
     let secs = (published.done - started).as_secs_f64();
     let cpu = super::cpu_seconds() - cpu;
-    let commits = Commits::read(&server.base).await?;
+    let commits = super::Commits::read(&server.base).await?;
     server.stop().await?;
 
     let rate = messages as f64 / secs;

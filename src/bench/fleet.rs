@@ -138,6 +138,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
     let cpu_at_ready = super::cpu_seconds();
+    let commits_at_ready = super::Commits::read(&server.base).await?;
     let stop_feed = tokio_util::sync::CancellationToken::new();
     let feeding = (args.ingest_rate > 0).then(|| {
         tokio::spawn(feed(
@@ -147,23 +148,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             stop_feed.clone(),
         ))
     });
-    let metrics_url = format!("{}/metrics", server.base);
-    let lost_total = || async {
-        let text = http
-            .get(&metrics_url)
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        Some(super::metric_sum(&text, "latch_sensors_lost_total"))
-    };
-    let before = lost_total().await.unwrap_or(0.0);
+    let before = crate::engine::lost_total();
     let wait_until = Instant::now() + args.timeout + Duration::from_secs(600);
     let (all_lost_at, cpu_at_all_lost) = loop {
-        let n = lost_total().await.unwrap_or(0.0) - before;
-        if n >= args.sensors as f64 {
+        let n = crate::engine::lost_total() - before;
+        if n >= args.sensors as u64 {
             break (time::now_ms(), super::cpu_seconds());
         }
         anyhow::ensure!(
@@ -173,6 +162,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    let commits_at_all_lost = super::Commits::read(&server.base).await?;
     let ev: serde_json::Value = http
         .get(format!("{}/v1/sensors/{}/events", server.base, ids[0]))
         .send()
@@ -221,6 +211,18 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         cpu_at_all_lost - cpu_at_ready,
         "s",
     );
+    // Near 1: the group commits ran back to back from the deadline on, and bound the
+    // lag (the feed's small commits before the deadline count too, a few percent).
+    r.add(
+        "commit_busy_share_after_deadline",
+        (commits_at_all_lost.seconds - commits_at_ready.seconds) / window_s.max(1e-3),
+        "x",
+    );
+    r.add(
+        "commits_ready_to_all_lost",
+        commits_at_all_lost.count - commits_at_ready.count,
+        "commits",
+    );
     if args.ingest_rate > 0 {
         r.add(
             "ingest_during_outage_per_s",
@@ -246,7 +248,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
          of an empty latch) / sensors, measured in one process after malloc_trim; it includes \
          SQLite's page cache. Restart: {} sensors with state; timeout after restart {:?}. \
          cpu_seconds_ready_to_all_lost: this process's CPU time (latch, the receiver and the \
-         bench's clients) from ready to the last lost. Ingest during the outage: {} readings/s \
+         bench's clients) from ready to the last lost. commit_busy_share_after_deadline: \
+         seconds in group commits from ready to the last lost over the seconds from the \
+         deadline to it (claims and recorded results use the same writer and are not \
+         counted). Ingest during the outage: {} readings/s \
          offered to {} other sensors in requests of {} (0: none), counted from the deadline \
          to the last lost.",
         args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH

@@ -375,3 +375,38 @@ pub fn data_dir(base: Option<PathBuf>) -> anyhow::Result<(PathBuf, Option<tempfi
         }
     }
 }
+
+/// Group commits latch made so far, from its metrics (read once at the end of a run, not
+/// while it is timed).
+pub struct Commits {
+    pub count: f64,
+    pub readings: f64,
+    /// Seconds spent committing.
+    pub seconds: f64,
+}
+
+impl Commits {
+    pub async fn read(base: &str) -> anyhow::Result<Self> {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await?
+            .text()
+            .await?;
+        Ok(Self {
+            count: metric_sum(&text, "latch_commit_readings_count"),
+            readings: metric_sum(&text, "latch_commit_readings_sum"),
+            seconds: metric_sum(&text, "latch_commit_seconds_sum"),
+        })
+    }
+
+    /// Adds the commits, readings a commit, and the share of the run's `secs` spent in
+    /// one (near 1: the commits ran back to back, and bound the run).
+    pub fn report(&self, r: &mut Report, secs: f64) {
+        r.add("commits", self.count, "commits");
+        r.add(
+            "readings_per_commit",
+            (self.readings / self.count.max(1.0)).round(),
+            "readings",
+        );
+        r.add("commit_busy_share", self.seconds / secs, "x");
+    }
+}

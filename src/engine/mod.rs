@@ -57,6 +57,23 @@ pub const TAKEOVER_GRACE_MS: Millis = 5_000;
 /// halved that wait against 10,000 for about the same time to work off 1M sensors.
 pub const EXPIRE_BATCH: usize = 5_000;
 
+/// Sensors declared lost since this process started (every engine in it), as
+/// `latch_sensors_lost_total` counts them: `latch bench fleet` watches its in-process
+/// latch with one atomic load, where a `/metrics` scrape every few milliseconds renders
+/// every family in the process it measures.
+static LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// See [`LOST`].
+pub fn lost_total() -> u64 {
+    LOST.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts sensors a commit declared lost, in the metrics and in [`LOST`].
+fn count_lost(n: usize) {
+    metrics::counter!("latch_sensors_lost_total").increment(n as u64);
+    LOST.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Most due sensors a shard queues at once to declare lost in id order (16 bytes each):
 /// enough that each batch of an outage of millions covers a narrow range of ids.
 pub const DUE_MAX: usize = 1_000_000;

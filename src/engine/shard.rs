@@ -502,7 +502,7 @@ impl Shard {
                     }
                 }
                 if p.lost > 0 {
-                    metrics::counter!("latch_sensors_lost_total").increment(p.lost as u64);
+                    super::count_lost(p.lost);
                     tracing::info!(sensors = p.lost, "Sensors went silent: connection lost.");
                 }
                 for (reply, verdicts) in p.replies {

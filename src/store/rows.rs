@@ -36,20 +36,22 @@ pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.ki
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
 pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
      c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit";
-/// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`]: the
-/// notification's lane in the store ([`claim_lane`]), so a claim keeps order across nodes
+/// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
+/// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
+/// ([`claim_lane`]), so a claim keeps order across nodes
 /// ([`crate::domain::policy::claim_step`]). Older ones this node leased are its own lane's,
 /// already ordered (their results may not be recorded yet), so they do not count.
-pub(crate) const CLAIM_LANE_COLS: &str = "\
-     (SELECT count(*) FROM notifications o WHERE o.sensor_id = n.sensor_id \
-      AND o.client_id = n.client_id AND o.status = 'pending' AND o.seq < n.seq \
-      AND o.claimed_by IS DISTINCT FROM $2), \
-     (SELECT max(o.lease_until) FROM notifications o WHERE o.sensor_id = n.sensor_id \
-      AND o.client_id = n.client_id AND o.status = 'pending' AND o.seq < n.seq \
-      AND o.claimed_by IS DISTINCT FROM $2), \
+pub(crate) const CLAIM_LANE_COLS: &str = "lane.older_pending, lane.older_lease_until, \
      EXISTS (SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
       AND o.client_id = n.client_id AND o.kind = 'sensor.state_changed' \
       AND o.status = 'delivered' AND o.seq > n.seq)";
+
+/// The older pending notifications of each claimed one's lane, counted and their latest
+/// lease read in one pass over the lane's index (two subqueries walked it twice).
+pub(crate) const CLAIM_LANE_FROM: &str = "CROSS JOIN LATERAL (SELECT count(*) AS older_pending, \
+     max(o.lease_until) AS older_lease_until FROM notifications o \
+     WHERE o.sensor_id = n.sensor_id AND o.client_id = n.client_id AND o.status = 'pending' \
+     AND o.seq < n.seq AND o.claimed_by IS DISTINCT FROM $2) lane";
 
 pub(crate) const CLAIM_FROM: &str = "notifications n \
      LEFT JOIN clients c ON c.id = n.client_id \

@@ -7,7 +7,7 @@ use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::Row;
 
 use super::super::rows::{
-    self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, NOTIF_COLS,
+    self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, CLAIM_LANE_FROM, NOTIF_COLS,
 };
 use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
@@ -60,7 +60,7 @@ pub(super) async fn claim(
         .query(
             &tx.prepare_cached(&format!(
                 "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS} FROM {CLAIM_FROM} \
-                 WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
+                 {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
             ))
             .await?,
             &[&ids, &node],
