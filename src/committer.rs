@@ -81,24 +81,12 @@ pub async fn run(
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
         };
-        let mut requests = vec![first];
-        while let Ok(r) = rx.try_recv() {
-            requests.push(r);
-        }
-        if busy {
-            let mut awaited: Vec<usize> = answered.lock().expect("answered lock").clone();
-            awaited.retain(|s| !requests.iter().any(|r| r.shard == *s));
-            let until = tokio::time::Instant::now() + GATHER;
-            while !awaited.is_empty() {
-                match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(Some(r)) => {
-                        awaited.retain(|s| *s != r.shard);
-                        requests.push(r);
-                    }
-                    _ => break,
-                }
-            }
-        }
+        let awaited = if busy {
+            answered.lock().expect("answered lock").clone()
+        } else {
+            Vec::new()
+        };
+        let requests = gather(&mut rx, first, awaited).await;
         let (committing, answered) = (committing.clone(), answered.clone());
         tracker.spawn(async move {
             let shards = requests.iter().map(|r| r.shard).collect();
@@ -110,6 +98,32 @@ pub async fn run(
     }
     tracker.close();
     tracker.wait().await;
+}
+
+/// The requests of the next commit: `first`, whatever queued meanwhile, and, of the shards
+/// in `awaited` (those the last commit answered, when this one had to wait for a slot),
+/// each that has not sent yet, if it sends within [`GATHER`].
+async fn gather(
+    rx: &mut mpsc::Receiver<CommitRequest>,
+    first: CommitRequest,
+    mut awaited: Vec<usize>,
+) -> Vec<CommitRequest> {
+    let mut requests = vec![first];
+    while let Ok(r) = rx.try_recv() {
+        requests.push(r);
+    }
+    awaited.retain(|s| !requests.iter().any(|r| r.shard == *s));
+    let until = tokio::time::Instant::now() + GATHER;
+    while !awaited.is_empty() {
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(r)) => {
+                awaited.retain(|s| *s != r.shard);
+                requests.push(r);
+            }
+            _ => break,
+        }
+    }
+    requests
 }
 
 impl Committing {
@@ -158,5 +172,72 @@ impl Committing {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(shard: usize) -> CommitRequest {
+        let (reply, _) = tokio::sync::oneshot::channel();
+        CommitRequest {
+            shard,
+            batch: CommitBatch::default(),
+            reply,
+        }
+    }
+
+    fn shards(requests: &[CommitRequest]) -> Vec<usize> {
+        requests.iter().map(|r| r.shard).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_that_waited_takes_along_the_shard_answered_last() {
+        let (tx, mut rx) = mpsc::channel(8);
+        // Runs once `gather` waits (one thread: nothing else runs before it yields).
+        let later = tokio::spawn(async move {
+            tx.send(request(1)).await.ok();
+            tx
+        });
+        let got = gather(&mut rx, request(0), vec![0, 1]).await;
+        assert_eq!(shards(&got), [0, 1], "shard 1 sent within the gather");
+        drop(later.await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_that_did_not_wait_goes_alone() {
+        let (tx, mut rx) = mpsc::channel(8);
+        // Runs once `gather` waits (one thread: nothing else runs before it yields).
+        let later = tokio::spawn(async move {
+            tx.send(request(1)).await.ok();
+            tx
+        });
+        let got = gather(&mut rx, request(0), Vec::new()).await;
+        assert_eq!(shards(&got), [0]);
+        let _tx = later.await.expect("sender");
+        assert_eq!(
+            rx.recv().await.map(|r| r.shard),
+            Some(1),
+            "it goes in the next commit"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_with_nothing_to_send_is_waited_for_at_most_the_gather() {
+        let (tx, mut rx) = mpsc::channel(8);
+        tx.send(request(2)).await.expect("queued");
+        let started = tokio::time::Instant::now();
+        let got = gather(&mut rx, request(0), vec![0, 1, 2]).await;
+        assert_eq!(
+            shards(&got),
+            [0, 2],
+            "what queued joins; shard 1 never sent"
+        );
+        assert_eq!(
+            started.elapsed(),
+            GATHER,
+            "gave up on shard 1 at the gather's end"
+        );
     }
 }

@@ -376,8 +376,8 @@ pub fn data_dir(base: Option<PathBuf>) -> anyhow::Result<(PathBuf, Option<tempfi
     }
 }
 
-/// Group commits latch made so far, from its metrics (read once at the end of a run, not
-/// while it is timed).
+/// Group commits latch made so far, from its metrics (read outside the timed part of a run:
+/// a scrape renders every family in the measured process).
 pub struct Commits {
     pub count: f64,
     pub readings: f64,

@@ -18,7 +18,7 @@ const CLAIM_BATCH_MAX: usize = 1024;
 /// while the others ran, so fewer in flight means fewer, larger claims: at 4, a one-client
 /// burst on PostgreSQL ran ~1,300 claims of ~15 heads for 20,000 notifications; at 2, ~470
 /// of ~40, with less of PostgreSQL's time in claims and more deliveries a second (1 was no
-/// better than 2). Two keep a claim waiting on a lock from stalling the others.
+/// better than 2). Two, so one claim slow to come back does not stall the dispatcher.
 const CLAIMS_IN_FLIGHT: usize = 2;
 
 /// A head admitted by the limits, on its way to be claimed and sent.
