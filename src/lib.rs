@@ -233,6 +233,12 @@ pub async fn run_with_clock(
         ))
     });
 
+    // A shared store's upkeep (history partitions ahead of time).
+    let upkeep_stop = CancellationToken::new();
+    let upkeep = store
+        .shared()
+        .then(|| tokio::spawn(store::upkeep(store.clone(), upkeep_stop.clone())));
+
     let accepting = Arc::new(AtomicBool::new(true));
     let streams_stop = CancellationToken::new();
     let state = api::AppState {
@@ -299,6 +305,10 @@ pub async fn run_with_clock(
     tokens_stop.cancel();
     if let Some(follower) = tokens_follower {
         let _ = follower.await;
+    }
+    upkeep_stop.cancel();
+    if let Some(u) = upkeep {
+        let _ = u.await;
     }
 
     sources_stop.cancel();

@@ -286,6 +286,12 @@ pub trait Store: Send + Sync + 'static {
     async fn prune_registry_changes(&self, _before: Millis) -> Result<()> {
         Ok(())
     }
+    /// Periodic upkeep of a shared store ([`upkeep`]): on PostgreSQL, the history
+    /// partitions of `now`'s month and the next few, so a node that runs for months keeps
+    /// writing history into monthly partitions rather than the default one.
+    async fn maintain(&self, _now: Millis) -> Result<()> {
+        Ok(())
+    }
     /// Makes a batch durable in one transaction and returns the notifications it created,
     /// in outbox order. Older pending, unleased state notifications of a sensor with a new
     /// state change become `superseded` in the same transaction.
@@ -479,6 +485,23 @@ pub async fn connect_cluster(
         None => {
             let store = sqlite::SqliteStore::open(&config.data_dir, config.sqlite_synchronous)?;
             Ok((std::sync::Arc::new(store), None))
+        }
+    }
+}
+
+/// How often [`upkeep`] runs [`Store::maintain`]: a few times a day, far ahead of a month's
+/// end (start runs it too).
+pub const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
+/// Runs [`Store::maintain`] every [`UPKEEP_EVERY`] until `stop`.
+pub async fn upkeep(store: std::sync::Arc<dyn Store>, stop: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(UPKEEP_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = store.maintain(crate::domain::time::now_ms()).await {
+            tracing::warn!(error = %e, "Store upkeep failed; it runs again later.");
         }
     }
 }

@@ -442,6 +442,17 @@ impl Store for PgStore {
         registry::prune_registry_changes(&self.pool, before).await
     }
 
+    async fn maintain(&self, now: Millis) -> Result<()> {
+        let c = self.pool.get().await?;
+        // The migration lock, as at start: two nodes creating one partition would race.
+        c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        let result = ensure_partitions(&c, now).await;
+        c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        result
+    }
+
     async fn newest_registry_change(&self) -> Result<i64> {
         registry::newest_registry_change(&self.pool).await
     }

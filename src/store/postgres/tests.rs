@@ -109,6 +109,50 @@ async fn a_transaction_left_idle_is_ended_by_the_server() {
     );
 }
 
+/// Whether `schema` has the table `name`.
+async fn has_table(store: &PgStore, schema: &str, name: &str) -> bool {
+    let c = store.pool.get().await.unwrap();
+    c.query_one(
+        "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
+        &[&schema, &name],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test]
+async fn upkeep_creates_the_partitions_of_months_the_start_did_not_reach() {
+    use chrono::{Datelike, TimeZone, Utc};
+    let Some((store, schema)) = fresh().await else {
+        return;
+    };
+    store.migrate().await.unwrap();
+    // Two months past the last one the start created: a node running that long.
+    let now = Utc::now();
+    let month0 = now.year() * 12 + now.month0() as i32 + MONTHS_AHEAD + 2;
+    let (year, month) = (month0.div_euclid(12), month0.rem_euclid(12) as u32 + 1);
+    let then = Utc
+        .with_ymd_and_hms(year, month, 15, 0, 0, 0)
+        .single()
+        .unwrap()
+        .timestamp_millis();
+    let name = format!("{year:04}_{month:02}");
+    for table in ["readings", "events"] {
+        let part = format!("{table}_{name}");
+        assert!(!has_table(&store, &schema, &part).await, "{part} before");
+    }
+    store.maintain(then).await.unwrap();
+    store.maintain(then).await.unwrap();
+    for table in ["readings", "events"] {
+        let part = format!("{table}_{name}");
+        assert!(
+            has_table(&store, &schema, &part).await,
+            "{part} after upkeep"
+        );
+    }
+}
+
 #[tokio::test]
 async fn migrations_are_idempotent_and_partitions_exist() {
     let Some((store, schema)) = fresh().await else {
