@@ -59,6 +59,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0007_lane_index.sql"),
     include_str!("../migrations/postgres/0008_outbox_fillfactor.sql"),
     include_str!("../migrations/postgres/0009_state_fillfactor.sql"),
+    include_str!("../migrations/postgres/0010_outbox_room.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
