@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rusqlite::{Connection, Transaction, params};
 
 use super::super::{CommitBatch, Error, NotificationRef, Result};
-use crate::domain::{EventKind, Millis, SensorId, notification::new_notification_id};
+use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
 
 /// Commits `batch` in one transaction, returning the notifications it created.
 pub(super) fn commit(
@@ -33,7 +33,7 @@ fn commit_batch(
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
     let mut created = Vec::new();
-    {
+    let events: Vec<&Event> = {
         let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
         // A state row exists only for a registered sensor (a delete takes it along), so
         // updating it is the registration check; only a sensor's first state is inserted,
@@ -87,69 +87,140 @@ fn commit_batch(
                 r.late as i64
             ])?;
         }
-        let mut ins_event = tx.prepare_cached(
-            "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        let mut linked = tx.prepare_cached("SELECT client_id FROM links WHERE sensor_id = ?1")?;
-        let mut supersede = tx.prepare_cached(
-            "UPDATE notifications SET status = 'superseded', updated_at = ?3 \
-             WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed' \
-             AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
-        )?;
-        let mut ins_notif = tx.prepare_cached(
-            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, occurred_at, \
-             last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?9, ?9, ?9)",
-        )?;
+        let mut kept = Vec::with_capacity(batch.events.len());
         for e in &batch.events {
-            if !registered(e.sensor_id)? {
-                continue;
+            if registered(e.sensor_id)? {
+                kept.push(e);
             }
-            let sid = e.sensor_id.to_string();
-            ins_event.execute(params![
-                sid,
-                e.kind.as_str(),
-                e.at,
-                e.data.map(i64::from),
-                e.previous.map(i64::from),
-                e.last_seen_at
-            ])?;
-            let clients = linked
-                .query_map([&sid], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut first_seq = None;
+        }
+        kept
+    };
+    if events.is_empty() {
+        return Ok(created);
+    }
+    insert_events(tx, &events)?;
+    // One notification per event and linked client, in event order, clients in id order.
+    let mut rows = Vec::new();
+    {
+        let mut linked = tx.prepare_cached("SELECT client_id FROM links WHERE sensor_id = ?1")?;
+        for (k, e) in events.iter().enumerate() {
+            let clients = linked.query_map([e.sensor_id.to_string()], |r| r.get::<_, String>(0))?;
             for client_id in clients {
-                let id = new_notification_id();
-                ins_notif.execute(params![
-                    id,
-                    client_id,
-                    sid,
-                    e.kind.as_str(),
-                    e.data.map(i64::from),
-                    e.previous.map(i64::from),
-                    e.at,
-                    e.last_seen_at,
-                    now
-                ])?;
-                let seq = tx.last_insert_rowid();
-                first_seq.get_or_insert(seq);
-                created.push(NotificationRef {
-                    id,
-                    seq,
-                    client_id,
-                    sensor_id: e.sensor_id,
-                    kind: e.kind,
-                    due_at: now,
-                    attempts: 0,
-                });
-            }
-            if e.kind == EventKind::StateChanged
-                && let Some(seq) = first_seq
-            {
-                supersede.execute(params![sid, seq, now])?;
+                rows.push((k, new_notification_id(), client_id?));
             }
         }
     }
+    let seqs = insert_notifications(tx, &events, &rows, now)?;
+    let mut supersede = tx.prepare_cached(
+        "UPDATE notifications SET status = 'superseded', updated_at = ?3 \
+         WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed' \
+         AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
+    )?;
+    let mut first_of_event = usize::MAX;
+    for (k, id, client_id) in rows {
+        let e = events[k];
+        let seq = *seqs
+            .get(&id)
+            .ok_or_else(|| Error::Backend("a new notification's seq was not returned".into()))?;
+        // The first notification of a state change supersedes the sensor's older pending,
+        // unleased state notifications (as it did when each was inserted on its own).
+        if k != first_of_event {
+            first_of_event = k;
+            if e.kind == EventKind::StateChanged {
+                supersede.execute(params![e.sensor_id.to_string(), seq, now])?;
+            }
+        }
+        created.push(NotificationRef {
+            id,
+            seq,
+            client_id,
+            sensor_id: e.sensor_id,
+            kind: e.kind,
+            due_at: now,
+            attempts: 0,
+        });
+    }
     Ok(created)
+}
+
+/// The writer's staging tables (`TEMP`, in memory, without indexes): a batch's events and
+/// notifications are staged row by row there and inserted with one `INSERT … SELECT` each,
+/// which keeps the big tables' cursors open across the batch where a statement per row
+/// opened and positioned one per index for every row.
+pub(super) const STAGING: &str = "PRAGMA temp_store = MEMORY; \
+    CREATE TEMP TABLE IF NOT EXISTS stage_events (sensor_id TEXT, kind TEXT, at INTEGER, \
+      data INTEGER, previous INTEGER, last_seen_at INTEGER); \
+    CREATE TEMP TABLE IF NOT EXISTS stage_notifications (id TEXT, client_id TEXT, \
+      sensor_id TEXT, kind TEXT, data INTEGER, previous INTEGER, occurred_at INTEGER, \
+      last_seen_at INTEGER);";
+
+/// Inserts `events` in order, through [`STAGING`].
+fn insert_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
+    let mut stage =
+        tx.prepare_cached("INSERT INTO temp.stage_events VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
+    for e in events {
+        stage.execute(params![
+            e.sensor_id.to_string(),
+            e.kind.as_str(),
+            e.at,
+            e.data.map(i64::from),
+            e.previous.map(i64::from),
+            e.last_seen_at
+        ])?;
+    }
+    tx.prepare_cached(
+        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
+         SELECT sensor_id, kind, at, data, previous, last_seen_at FROM temp.stage_events \
+         ORDER BY rowid",
+    )?
+    .execute([])?;
+    tx.prepare_cached("DELETE FROM temp.stage_events")?
+        .execute([])?;
+    Ok(())
+}
+
+/// Inserts the notifications `rows` (event index, id, client) in order, through
+/// [`STAGING`], returning each one's seq by id.
+fn insert_notifications(
+    tx: &Transaction,
+    events: &[&Event],
+    rows: &[(usize, String, String)],
+    now: Millis,
+) -> Result<HashMap<String, i64>> {
+    if rows.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut stage = tx.prepare_cached(
+        "INSERT INTO temp.stage_notifications VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for (k, id, client_id) in rows {
+        let e = events[*k];
+        stage.execute(params![
+            id,
+            client_id,
+            e.sensor_id.to_string(),
+            e.kind.as_str(),
+            e.data.map(i64::from),
+            e.previous.map(i64::from),
+            e.at,
+            e.last_seen_at
+        ])?;
+    }
+    let mut seqs = HashMap::with_capacity(rows.len());
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
+             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
+             SELECT id, client_id, sensor_id, kind, data, previous, occurred_at, last_seen_at, \
+             'pending', 0, ?1, ?1, ?1 FROM temp.stage_notifications ORDER BY rowid \
+             RETURNING id, seq",
+        )?;
+        let mut returned = insert.query([now])?;
+        while let Some(r) = returned.next()? {
+            seqs.insert(r.get(0)?, r.get(1)?);
+        }
+    }
+    tx.prepare_cached("DELETE FROM temp.stage_notifications")?
+        .execute([])?;
+    Ok(seqs)
 }
