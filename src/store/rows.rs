@@ -49,9 +49,10 @@ pub(crate) const CLAIM_LANE_COLS: &str = "lane.older_pending, lane.older_lease_u
 /// The older pending notifications of each claimed one's lane, counted and their latest
 /// lease read in one pass over the lane's index (two subqueries walked it twice).
 pub(crate) const CLAIM_LANE_FROM: &str = "CROSS JOIN LATERAL (SELECT count(*) AS older_pending, \
-     max(o.lease_until) AS older_lease_until FROM notifications o \
-     WHERE o.sensor_id = n.sensor_id AND o.client_id = n.client_id AND o.status = 'pending' \
-     AND o.seq < n.seq AND o.claimed_by IS DISTINCT FROM $2) lane";
+     max(o.lease_until) AS older_lease_until FROM notifications_pending q \
+     JOIN notifications o ON o.seq = q.seq \
+     WHERE q.sensor_id = n.sensor_id AND q.client_id = n.client_id AND q.seq < n.seq \
+     AND o.status = 'pending' AND o.claimed_by IS DISTINCT FROM $2) lane";
 
 pub(crate) const CLAIM_FROM: &str = "notifications n \
      LEFT JOIN clients c ON c.id = n.client_id \

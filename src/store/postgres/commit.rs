@@ -248,13 +248,18 @@ async fn commit_batch(
     }
     let notifications_sql = tx
         .prepare_cached(
-            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
+            // Listed as pending in the same statement (migration 0011).
+            "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
              occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
              SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, u.occurred_at, \
              u.last_seen_at, 'pending', 0, $9, $9, $9 \
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[], \
              $7::int8[], $8::int8[]) WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, \
-             previous, occurred_at, last_seen_at, o) ORDER BY u.o RETURNING id, seq",
+             previous, occurred_at, last_seen_at, o) ORDER BY u.o \
+             RETURNING id, seq, sensor_id, client_id), \
+             listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
+             SELECT seq, sensor_id, client_id FROM ins) \
+             SELECT id, seq FROM ins",
         )
         .await?;
     let n_params: [&(dyn ToSql + Sync); 9] = [
@@ -316,18 +321,19 @@ async fn commit_batch(
         let (s, q): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
         tx.execute(
             &tx.prepare_cached(
-                // Per sensor through the partial index of pending ones (`OFFSET 0` keeps the
+                // Per sensor through the list of pending ones (`OFFSET 0` keeps the
                 // lookups per sensor: a plain join of the arrays with the outbox scans it), the
                 // seqs gathered once, then the rows by seq. As a join with the outbox, a
                 // planner without statistics yet (a new table) ran the lookups once per pending
                 // row: 3 s for one commit of 500 changes.
-                "UPDATE notifications n SET status = 'superseded', updated_at = $3 \
+                "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
              WHERE n.seq = ANY (ARRAY(SELECT p.seq \
              FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
-             CROSS JOIN LATERAL (SELECT q.seq FROM notifications q WHERE q.sensor_id = u.sensor_id \
-             AND q.status = 'pending' AND q.seq < u.seq OFFSET 0) p)) \
+             CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
+             WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq OFFSET 0) p)) \
              AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
-             AND (n.lease_until IS NULL OR n.lease_until < $3)",
+             AND (n.lease_until IS NULL OR n.lease_until < $3) RETURNING n.seq) \
+             DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
             )
             .await?,
             &[&s, &q, &now],

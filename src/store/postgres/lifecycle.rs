@@ -178,8 +178,9 @@ pub(super) async fn load_client_pending(
     let c = pool.get().await?;
     c.query(
         &format!(
-            "SELECT {NOTIF_COLS} FROM notifications n \
-             WHERE n.status = 'pending' AND n.client_id = $1 ORDER BY n.seq"
+            "SELECT {NOTIF_COLS} FROM notifications_pending p \
+             JOIN notifications n ON n.seq = p.seq \
+             WHERE n.status = 'pending' AND p.client_id = $1 ORDER BY p.seq"
         ),
         &[&client_id],
     )

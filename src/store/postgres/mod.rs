@@ -60,6 +60,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0008_outbox_fillfactor.sql"),
     include_str!("../migrations/postgres/0009_state_fillfactor.sql"),
     include_str!("../migrations/postgres/0010_outbox_room.sql"),
+    include_str!("../migrations/postgres/0011_pending_table.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
@@ -251,6 +252,15 @@ impl PgStore {
                 )
                 .await?
                 .get(0);
+            // A node older than the schema would write rows the newer schema keeps
+            // differently (v11: pending notifications listed in a table of their own).
+            if done as usize > MIGRATIONS.len() {
+                return Err(Error::Backend(format!(
+                    "the schema is at version {done}, newer than this latch knows ({}): \
+                     run the newer latch on every node",
+                    MIGRATIONS.len()
+                )));
+            }
             for (i, sql) in MIGRATIONS.iter().enumerate().skip(done as usize) {
                 let tx = c.transaction().await?;
                 tx.batch_execute(sql).await?;

@@ -21,8 +21,9 @@ pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<Noti
     let rows = c
         .query(
             &format!(
-                "SELECT {NOTIF_COLS} FROM notifications n \
-                 WHERE n.status = 'pending' AND n.seq > $1 ORDER BY n.seq"
+                "SELECT {NOTIF_COLS} FROM notifications_pending p \
+                 JOIN notifications n ON n.seq = p.seq \
+                 WHERE n.status = 'pending' AND p.seq > $1 ORDER BY p.seq"
             ),
             &[&after_seq],
         )
@@ -128,7 +129,11 @@ pub(super) async fn claim(
     }
     if !supersede.is_empty() {
         tx.execute(
-            &tx.prepare_cached("UPDATE notifications SET status = 'superseded', updated_at = $2 WHERE id = ANY($1)").await?,
+            &tx.prepare_cached(&unlist(
+                "status = 'superseded', updated_at = $2",
+                "id = ANY($1)",
+            ))
+            .await?,
             &[&supersede, &now],
         )
         .await?;
@@ -145,9 +150,10 @@ pub(super) async fn claim(
     }
     if !cancel.is_empty() {
         tx.execute(
-            &tx.prepare_cached(
-                "UPDATE notifications SET status = 'cancelled', updated_at = $2 WHERE id = ANY($1)",
-            )
+            &tx.prepare_cached(&unlist(
+                "status = 'cancelled', updated_at = $2",
+                "id = ANY($1)",
+            ))
             .await?,
             &[&cancel, &now],
         )
@@ -198,10 +204,14 @@ pub(super) async fn record(
     if !u_id.is_empty() {
         tx.execute(
             &tx.prepare_cached(
-                "UPDATE notifications n SET status = u.status, attempts = u.attempts, \
+                // A retry stays pending, and listed; a final result leaves the list.
+                "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
              next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL \
              FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
-             AS u(id, status, attempts, next) WHERE n.id = u.id AND n.status = 'pending'",
+             AS u(id, status, attempts, next) WHERE n.id = u.id AND n.status = 'pending' \
+             RETURNING n.seq, n.status) \
+             DELETE FROM notifications_pending WHERE seq IN \
+             (SELECT seq FROM r WHERE status <> 'pending')",
             )
             .await?,
             &[&u_id, &u_status, &u_attempts, &u_next, &now],
@@ -316,24 +326,34 @@ pub(super) async fn refused(c: &impl GenericClient, n: &Notification) -> Result<
     Ok(retry_refusal(n, newer))
 }
 
-/// A retried notification: pending, due now, with a fresh attempt budget.
+/// A retried notification: pending (and listed so), due now, with a fresh attempt budget.
 pub(super) async fn back_to_pending(c: &impl GenericClient, id: &str, now: Millis) -> Result<()> {
     c.execute(
-        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = $2, \
-         updated_at = $2, claimed_by = NULL, lease_until = NULL WHERE id = $1",
+        "WITH b AS (UPDATE notifications SET status = 'pending', attempts = 0, \
+         next_attempt_at = $2, updated_at = $2, claimed_by = NULL, lease_until = NULL \
+         WHERE id = $1 RETURNING seq, sensor_id, client_id) \
+         INSERT INTO notifications_pending (seq, sensor_id, client_id) \
+         SELECT seq, sensor_id, client_id FROM b ON CONFLICT (seq) DO NOTHING",
         &[&id, &now],
     )
     .await?;
     Ok(())
 }
 
+/// An `UPDATE` of the notifications `filter` selects that ends their pending state
+/// (`set` gives the new status), taking them off `notifications_pending` in the same
+/// statement, as every change of status out of pending must (migration 0011).
+pub(super) fn unlist(set: &str, filter: &str) -> String {
+    format!(
+        "WITH done AS (UPDATE notifications SET {set} WHERE {filter} RETURNING seq) \
+         DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM done)"
+    )
+}
+
 pub(super) async fn count_pending(pool: &Pool) -> Result<u64> {
     let c = pool.get().await?;
     let n: i64 = c
-        .query_one(
-            "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
-            &[],
-        )
+        .query_one("SELECT COUNT(*) FROM notifications_pending", &[])
         .await?
         .get(0);
     Ok(n as u64)

@@ -438,9 +438,12 @@ async fn cancel_pending(
     now: Millis,
 ) -> Result<()> {
     tx.execute(
-        &format!(
-            "UPDATE notifications SET status = 'cancelled', updated_at = $2, lease_until = NULL, \
-             claimed_by = NULL WHERE status = 'pending' AND {column} = $1"
+        &super::outbox::unlist(
+            "status = 'cancelled', updated_at = $2, lease_until = NULL, claimed_by = NULL",
+            &format!(
+                "status = 'pending' AND seq IN \
+                 (SELECT seq FROM notifications_pending WHERE {column} = $1)"
+            ),
         ),
         &[&value, &now],
     )

@@ -300,3 +300,203 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     let (n, _) = s.get_notification(n1.id.clone()).await.unwrap().unwrap();
     assert_eq!(n.status, Status::Superseded);
 }
+
+/// Fails unless `notifications_pending` lists exactly the pending notifications.
+async fn assert_pending_listed(s: &PgStore, step: &str) {
+    let c = s.pool.get().await.unwrap();
+    let odd: i64 = c
+        .query_one(
+            "SELECT count(*) FROM notifications_pending p FULL JOIN \
+             (SELECT seq FROM notifications WHERE status = 'pending') n USING (seq) \
+             WHERE p.seq IS NULL OR n.seq IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        odd, 0,
+        "after {step}: the list differs from the pending notifications"
+    );
+}
+
+/// Every change of status into or out of pending keeps `notifications_pending` — which
+/// claims, the commit's supersede and a restart read — the same as the outbox.
+#[tokio::test]
+async fn the_pending_list_follows_every_change_of_status() {
+    use crate::domain::{Claim, Outcome, Status, Verdict};
+    use crate::store::conformance::{change, client, sensor};
+    let Some((s, _)) = fresh().await else {
+        return;
+    };
+    for id in ["pl1", "pl2"] {
+        s.create_sensor(sensor(id)).await.unwrap();
+    }
+    for c in ["pl-a", "pl-b"] {
+        s.create_client(client(c, "http://a/")).await.unwrap();
+        for id in ["pl1", "pl2"] {
+            s.link(c.into(), sensor(id).id, 1).await.unwrap();
+        }
+    }
+    let outcome = |n: &crate::domain::NotificationRef, verdict| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: None,
+        attempts: 1,
+        verdict,
+    };
+    let ids = |ns: &[crate::domain::NotificationRef]| ns.iter().map(|n| n.id.clone()).collect();
+
+    let first = s
+        .commit(change("pl1", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 2);
+    assert_pending_listed(&s, "a commit").await;
+    let second = s
+        .commit(change("pl1", false, Some(true), 2_000), 2_000)
+        .await
+        .unwrap();
+    assert_pending_listed(&s, "a supersede").await;
+    assert_eq!(
+        s.count_pending().await.unwrap(),
+        2,
+        "the first two superseded"
+    );
+
+    // A retry stays listed; delivered leaves.
+    s.claim(ids(&second), "n".into(), 3_000, 60_000)
+        .await
+        .unwrap();
+    s.record(
+        vec![
+            outcome(&second[0], Verdict::Retry { next_at: 4_000 }),
+            outcome(&second[1], Verdict::Delivered),
+        ],
+        3_000,
+        i64::MAX / 2,
+    )
+    .await
+    .unwrap();
+    assert_pending_listed(&s, "a retry and a delivery").await;
+    assert_eq!(s.count_pending().await.unwrap(), 1);
+    // Failed leaves; a replay brings it back.
+    s.claim(vec![second[0].id.clone()], "n".into(), 4_000, 60_000)
+        .await
+        .unwrap();
+    s.record(
+        vec![outcome(&second[0], Verdict::Failed)],
+        4_000,
+        i64::MAX / 2,
+    )
+    .await
+    .unwrap();
+    assert_pending_listed(&s, "a failure").await;
+    assert_eq!(s.count_pending().await.unwrap(), 0);
+    s.retry_notification(second[0].id.clone(), 5_000)
+        .await
+        .unwrap();
+    assert_pending_listed(&s, "a replay").await;
+    let back = s.load_pending(0).await.unwrap();
+    assert_eq!(ids(&back), vec![second[0].id.clone()] as Vec<String>);
+    // A claim cancels it once its client no longer owns the sensor.
+    s.unlink(second[0].client_id.clone(), sensor("pl1").id)
+        .await
+        .unwrap();
+    let done = s
+        .claim(vec![second[0].id.clone()], "n".into(), 6_000, 60_000)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            &done[0],
+            Claim::Done {
+                status: Status::Cancelled,
+                ..
+            }
+        ),
+        "{done:?}"
+    );
+    assert_pending_listed(&s, "a cancelled claim").await;
+    // Deleting a client, then a sensor, cancels theirs.
+    let third = s
+        .commit(change("pl2", true, None, 7_000), 7_000)
+        .await
+        .unwrap();
+    assert_eq!(third.len(), 2);
+    s.delete_client("pl-b".into(), 8_000).await.unwrap();
+    assert_pending_listed(&s, "a client's delete").await;
+    assert_eq!(s.count_pending().await.unwrap(), 1);
+    s.delete_sensor(sensor("pl2").id, 9_000).await.unwrap();
+    assert_pending_listed(&s, "a sensor's delete").await;
+    assert_eq!(s.count_pending().await.unwrap(), 0);
+}
+
+/// A database of schema v10 keeps its pending notifications through the move to their
+/// own list: they are loaded and counted after the upgrade, the finished ones are not.
+#[tokio::test]
+async fn a_version_10_outbox_lists_its_pending_notifications() {
+    let Some((_, schema)) = fresh().await else {
+        return;
+    };
+    let url = crate::testkit::schema_url(&base_url(), &schema);
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c.batch_execute(&format!(
+        "DROP SCHEMA {schema} CASCADE; CREATE SCHEMA {schema}; \
+         CREATE TABLE latch_migrations (version INTEGER PRIMARY KEY, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    ))
+    .await
+    .unwrap();
+    for (i, sql) in MIGRATIONS[..10].iter().enumerate() {
+        c.batch_execute(sql).await.unwrap();
+        c.execute(
+            "INSERT INTO latch_migrations (version) VALUES ($1)",
+            &[&(i as i32 + 1)],
+        )
+        .await
+        .unwrap();
+    }
+    for (id, status) in [("old-pending", "pending"), ("old-done", "delivered")] {
+        c.execute(
+            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, occurred_at, \
+             status, next_attempt_at, created_at, updated_at) \
+             VALUES ($1, 'c1', 's1', 'sensor.state_changed', true, 1, $2, 1, 1, 1)",
+            &[&id, &status],
+        )
+        .await
+        .unwrap();
+    }
+
+    let store = PgStore::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let pending = store.load_pending(0).await.unwrap();
+    assert_eq!(
+        pending.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        ["old-pending"]
+    );
+    assert_eq!(store.count_pending().await.unwrap(), 1);
+    assert_pending_listed(&store, "the upgrade").await;
+}
+
+/// A latch older than the schema would write rows the newer schema keeps differently; it
+/// refuses to start instead.
+#[tokio::test]
+async fn a_schema_newer_than_this_latch_is_refused() {
+    let Some((store, _)) = fresh().await else {
+        return;
+    };
+    let c = store.pool.get().await.unwrap();
+    c.execute(
+        "INSERT INTO latch_migrations (version) VALUES ($1)",
+        &[&(MIGRATIONS.len() as i32 + 1)],
+    )
+    .await
+    .unwrap();
+    let err = store.migrate().await.unwrap_err().to_string();
+    assert!(err.contains("newer than this latch"), "{err}");
+}
