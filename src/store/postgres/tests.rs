@@ -183,19 +183,16 @@ async fn migrations_are_idempotent_and_partitions_exist() {
     assert_eq!(v as usize, MIGRATIONS.len());
 }
 
-/// Sensors registered before cluster mode get their hash when the column is added, so a
-/// node loads them by partition like new ones.
-#[tokio::test]
-async fn a_version_5_database_gains_the_hash_of_its_sensors() {
-    let Some((_, schema)) = fresh().await else {
-        return;
-    };
+/// A fresh schema brought back to `version`: its tables go, the first `version`
+/// migrations return. A connection to it and its URL, or `None` (outside CI) without a
+/// database.
+async fn schema_at(version: usize) -> Option<(tokio_postgres::Client, String)> {
+    let (_, schema) = fresh().await?;
     let url = crate::testkit::schema_url(&base_url(), &schema);
     let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
-    // Back to version 5: the fresh schema's tables go, the first five migrations return.
     c.batch_execute(&format!(
         "DROP SCHEMA {schema} CASCADE; CREATE SCHEMA {schema}; \
          CREATE TABLE latch_migrations (version INTEGER PRIMARY KEY, \
@@ -203,7 +200,7 @@ async fn a_version_5_database_gains_the_hash_of_its_sensors() {
     ))
     .await
     .unwrap();
-    for (i, sql) in MIGRATIONS[..5].iter().enumerate() {
+    for (i, sql) in MIGRATIONS[..version].iter().enumerate() {
         c.batch_execute(sql).await.unwrap();
         c.execute(
             "INSERT INTO latch_migrations (version) VALUES ($1)",
@@ -212,6 +209,16 @@ async fn a_version_5_database_gains_the_hash_of_its_sensors() {
         .await
         .unwrap();
     }
+    Some((c, url))
+}
+
+/// Sensors registered before cluster mode get their hash when the column is added, so a
+/// node loads them by partition like new ones.
+#[tokio::test]
+async fn a_version_5_database_gains_the_hash_of_its_sensors() {
+    let Some((c, url)) = schema_at(5).await else {
+        return;
+    };
     c.execute(
         "INSERT INTO sensors (id, address, created_at) VALUES ('old1', 'here', 1)",
         &[],
@@ -436,30 +443,9 @@ async fn the_pending_list_follows_every_change_of_status() {
 /// own list: they are loaded and counted after the upgrade, the finished ones are not.
 #[tokio::test]
 async fn a_version_10_outbox_lists_its_pending_notifications() {
-    let Some((_, schema)) = fresh().await else {
+    let Some((c, url)) = schema_at(10).await else {
         return;
     };
-    let url = crate::testkit::schema_url(&base_url(), &schema);
-    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    c.batch_execute(&format!(
-        "DROP SCHEMA {schema} CASCADE; CREATE SCHEMA {schema}; \
-         CREATE TABLE latch_migrations (version INTEGER PRIMARY KEY, \
-         applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    ))
-    .await
-    .unwrap();
-    for (i, sql) in MIGRATIONS[..10].iter().enumerate() {
-        c.batch_execute(sql).await.unwrap();
-        c.execute(
-            "INSERT INTO latch_migrations (version) VALUES ($1)",
-            &[&(i as i32 + 1)],
-        )
-        .await
-        .unwrap();
-    }
     for (id, status) in [("old-pending", "pending"), ("old-done", "delivered")] {
         c.execute(
             "INSERT INTO notifications (id, client_id, sensor_id, kind, data, occurred_at, \
