@@ -215,8 +215,16 @@ impl SqliteStore {
     }
 }
 
-fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+/// Brings the schema up to date. A data folder a newer latch has written is refused: this
+/// latch would write rows that schema keeps differently, and a downgrade has no way back.
+fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
     let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    anyhow::ensure!(
+        version <= MIGRATIONS.len(),
+        "the data folder's schema is at version {version}, newer than this latch knows ({}): \
+         run the newer latch, or restore a backup taken before the upgrade",
+        MIGRATIONS.len()
+    );
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;

@@ -92,6 +92,26 @@ fn a_data_folder_serves_one_process() {
     assert!(err.contains("in use by another latch"), "{err}");
 }
 
+#[test]
+fn a_data_folder_a_newer_latch_wrote_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SqliteStore::open(dir.path(), Synchronous::Normal).unwrap());
+    let newer = MIGRATIONS.len() + 1;
+    let db = Connection::open(dir.path().join("latch.db")).unwrap();
+    db.pragma_update(None, "user_version", newer).unwrap();
+    drop(db);
+    let err = SqliteStore::open(dir.path(), Synchronous::Normal)
+        .err()
+        .expect("a newer schema is refused")
+        .to_string();
+    assert!(err.contains("newer than this latch"), "{err}");
+    let db = Connection::open(dir.path().join("latch.db")).unwrap();
+    let version: usize = db
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, newer, "the refused folder keeps its version");
+}
+
 #[tokio::test]
 async fn data_survives_reopening() {
     let dir = tempfile::tempdir().unwrap();
