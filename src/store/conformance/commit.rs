@@ -161,3 +161,80 @@ pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
     );
     assert_eq!(events.items.last().unwrap().row.last_seen_at, Some(1_000));
 }
+
+/// A batch of several events: one notification per event and linked client, in event
+/// order and clients in id order, each returned as stored; an unregistered sensor's event
+/// notifies nobody; and of one sensor's two changes in a batch, the later supersedes the
+/// earlier's notifications.
+pub(super) async fn a_batch_notifies_in_event_then_client_order(s: &dyn Store) {
+    for id in ["bo1", "bo2"] {
+        s.create_sensor(sensor(id)).await.unwrap();
+    }
+    for c in ["bo-b", "bo-a", "bo-c"] {
+        s.create_client(client(c, "http://x/")).await.unwrap();
+    }
+    for (c, id) in [("bo-b", "bo1"), ("bo-a", "bo1"), ("bo-c", "bo2")] {
+        s.link(c.into(), sid(id), 1).await.unwrap();
+    }
+    let earlier = s
+        .commit(change("bo2", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    let mut batch = change("bo1", true, None, 2_000);
+    batch.append(change("ghost", true, None, 2_000));
+    let mut again = change("bo1", false, Some(true), 2_001);
+    batch.readings.append(&mut again.readings);
+    batch.events.append(&mut again.events);
+    batch.states[0] = again.states.remove(0);
+    batch.append(change("bo2", false, Some(true), 2_002));
+    let created = s.commit(batch, 2_002).await.unwrap();
+
+    let order: Vec<(&str, String, EventKind)> = created
+        .iter()
+        .map(|n| (n.client_id.as_str(), n.sensor_id.to_string(), n.kind))
+        .collect();
+    let changed = EventKind::StateChanged;
+    assert_eq!(
+        order,
+        [
+            ("bo-a", "bo1".to_string(), changed),
+            ("bo-b", "bo1".to_string(), changed),
+            ("bo-a", "bo1".to_string(), changed),
+            ("bo-b", "bo1".to_string(), changed),
+            ("bo-c", "bo2".to_string(), changed),
+        ],
+        "event order, then client id order; the unregistered sensor notifies nobody"
+    );
+    assert!(
+        created.windows(2).all(|w| w[0].seq < w[1].seq) && earlier[0].seq < created[0].seq,
+        "seqs grow across and within commits"
+    );
+    let mut statuses = Vec::new();
+    for n in &created {
+        let (stored, _) = s.get_notification(n.id.clone()).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.seq, stored.client_id.as_str(), stored.sensor_id),
+            (n.seq, n.client_id.as_str(), n.sensor_id),
+            "returned as stored"
+        );
+        statuses.push((stored.status, stored.data));
+    }
+    use Status::{Pending, Superseded};
+    assert_eq!(
+        statuses,
+        [
+            (Superseded, Some(true)),
+            (Superseded, Some(true)),
+            (Pending, Some(false)),
+            (Pending, Some(false)),
+            (Pending, Some(false)),
+        ],
+        "bo1's second change supersedes its first"
+    );
+    let (first, _) = s
+        .get_notification(earlier[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, Superseded, "bo2's older change too");
+}

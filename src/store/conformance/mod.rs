@@ -63,6 +63,7 @@ macro_rules! suite {
                 registry::counts_by_connection,
                 commit::commit_creates_state_history_and_outbox,
                 commit::lost_state_survives_and_filters,
+                commit::a_batch_notifies_in_event_then_client_order,
                 outbox::claim_reads_registry_and_cancels_orphans,
                 outbox::record_and_retry,
                 outbox::leases_exclude_other_nodes,

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, Transaction, params};
 
 use super::super::{CommitBatch, Error, NotificationRef, Result};
@@ -98,30 +99,33 @@ fn commit_batch(
     if events.is_empty() {
         return Ok(created);
     }
-    insert_events(tx, &events)?;
+    stage_events(tx, &events)?;
+    tx.prepare_cached(
+        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
+         SELECT sensor_id, kind, at, data, previous, last_seen_at FROM temp.stage_events \
+         ORDER BY k",
+    )?
+    .execute([])?;
     // One notification per event and linked client, in event order, clients in id order.
-    let mut rows = Vec::new();
-    {
-        let mut linked = tx.prepare_cached("SELECT client_id FROM links WHERE sensor_id = ?1")?;
-        for (k, e) in events.iter().enumerate() {
-            let clients = linked.query_map([e.sensor_id.to_string()], |r| r.get::<_, String>(0))?;
-            for client_id in clients {
-                rows.push((k, new_notification_id(), client_id?));
-            }
-        }
-    }
-    let seqs = insert_notifications(tx, &events, &rows, now)?;
+    let rows = insert_notifications(tx, now)?;
+    tx.prepare_cached("DELETE FROM temp.stage_events")?
+        .execute([])?;
     let mut supersede = tx.prepare_cached(
         "UPDATE notifications SET status = 'superseded', updated_at = ?3 \
          WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed' \
          AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
     )?;
     let mut first_of_event = usize::MAX;
-    for (k, id, client_id) in rows {
-        let e = events[k];
-        let seq = *seqs
-            .get(&id)
-            .ok_or_else(|| Error::Backend("a new notification's seq was not returned".into()))?;
+    for Staged {
+        event: k,
+        seq,
+        id,
+        client_id,
+    } in rows
+    {
+        let e = events
+            .get(k)
+            .ok_or_else(|| Error::Backend("a staged notification names no event".into()))?;
         // The first notification of a state change supersedes the sensor's older pending,
         // unleased state notifications (as it did when each was inserted on its own).
         if k != first_of_event {
@@ -143,23 +147,36 @@ fn commit_batch(
     Ok(created)
 }
 
-/// The writer's staging tables (`TEMP`, in memory, without indexes): a batch's events and
-/// notifications are staged row by row there and inserted with one `INSERT … SELECT` each,
-/// which keeps the big tables' cursors open across the batch where a statement per row
-/// opened and positioned one per index for every row.
-pub(super) const STAGING: &str = "PRAGMA temp_store = MEMORY; \
-    CREATE TEMP TABLE IF NOT EXISTS stage_events (sensor_id TEXT, kind TEXT, at INTEGER, \
-      data INTEGER, previous INTEGER, last_seen_at INTEGER); \
-    CREATE TEMP TABLE IF NOT EXISTS stage_notifications (id TEXT, client_id TEXT, \
-      sensor_id TEXT, kind TEXT, data INTEGER, previous INTEGER, occurred_at INTEGER, \
-      last_seen_at INTEGER);";
+/// The writer's staging tables (`TEMP`, in memory, without indexes): a batch's events are
+/// staged row by row there, then inserted, joined with `links` into the batch's
+/// notifications and those inserted, one `INSERT … SELECT` each. That keeps the big
+/// tables' cursors open across the batch where a statement per row opened and positioned
+/// one per index for every row, and reads a batch's links in one pass.
+const STAGING: &str = "PRAGMA temp_store = MEMORY; \
+    CREATE TEMP TABLE IF NOT EXISTS stage_events (k INTEGER PRIMARY KEY, sensor_id TEXT, \
+      kind TEXT, at INTEGER, data INTEGER, previous INTEGER, last_seen_at INTEGER); \
+    CREATE TEMP TABLE IF NOT EXISTS stage_notifications (n INTEGER PRIMARY KEY, \
+      event INTEGER, id TEXT, client_id TEXT);";
 
-/// Inserts `events` in order, through [`STAGING`].
-fn insert_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
+/// Readies the writer connection for [`commit`]: the staging tables, and
+/// `latch_notification_id()` for the notifications SQL creates.
+pub(super) fn prepare(c: &Connection) -> rusqlite::Result<()> {
+    c.execute_batch(STAGING)?;
+    c.create_scalar_function(
+        "latch_notification_id",
+        0,
+        FunctionFlags::SQLITE_UTF8,
+        |_| Ok(new_notification_id()),
+    )
+}
+
+/// Stages `events`, each with its index in the batch, through [`STAGING`].
+fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
     let mut stage =
-        tx.prepare_cached("INSERT INTO temp.stage_events VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
-    for e in events {
+        tx.prepare_cached("INSERT INTO temp.stage_events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
+    for (k, e) in events.iter().enumerate() {
         stage.execute(params![
+            k as i64,
             e.sensor_id.to_string(),
             e.kind.as_str(),
             e.at,
@@ -168,59 +185,63 @@ fn insert_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
             e.last_seen_at
         ])?;
     }
-    tx.prepare_cached(
-        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
-         SELECT sensor_id, kind, at, data, previous, last_seen_at FROM temp.stage_events \
-         ORDER BY rowid",
-    )?
-    .execute([])?;
-    tx.prepare_cached("DELETE FROM temp.stage_events")?
-        .execute([])?;
     Ok(())
 }
 
-/// Inserts the notifications `rows` (event index, id, client) in order, through
-/// [`STAGING`], returning each one's seq by id.
-fn insert_notifications(
-    tx: &Transaction,
-    events: &[&Event],
-    rows: &[(usize, String, String)],
-    now: Millis,
-) -> Result<HashMap<String, i64>> {
-    if rows.is_empty() {
-        return Ok(HashMap::new());
+/// A notification the commit created: its event's index in the batch, seq, id and client.
+struct Staged {
+    event: usize,
+    seq: i64,
+    id: String,
+    client_id: String,
+}
+
+/// Creates the notifications of the staged events, one per event and linked client in
+/// event order, clients in id order, and returns them in that (seq) order.
+///
+/// Seqs are given here rather than by `AUTOINCREMENT`, which this one writer can do
+/// exactly: after the highest seq ever used, in the order of the staging, so nothing has
+/// to be matched back by id.
+fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
+    let staged = tx
+        .prepare_cached(
+            "INSERT INTO temp.stage_notifications (n, event, id, client_id) \
+             SELECT row_number() OVER (ORDER BY e.k, l.client_id), e.k, \
+             latch_notification_id(), l.client_id \
+             FROM temp.stage_events e JOIN links l ON l.sensor_id = e.sensor_id",
+        )?
+        .execute([])?;
+    if staged == 0 {
+        return Ok(Vec::new());
     }
-    let mut stage = tx.prepare_cached(
-        "INSERT INTO temp.stage_notifications VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?;
-    for (k, id, client_id) in rows {
-        let e = events[*k];
-        stage.execute(params![
-            id,
-            client_id,
-            e.sensor_id.to_string(),
-            e.kind.as_str(),
-            e.data.map(i64::from),
-            e.previous.map(i64::from),
-            e.at,
-            e.last_seen_at
-        ])?;
-    }
-    let mut seqs = HashMap::with_capacity(rows.len());
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
-             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
-             SELECT id, client_id, sensor_id, kind, data, previous, occurred_at, last_seen_at, \
-             'pending', 0, ?1, ?1, ?1 FROM temp.stage_notifications ORDER BY rowid \
-             RETURNING id, seq",
-        )?;
-        let mut returned = insert.query([now])?;
-        while let Some(r) = returned.next()? {
-            seqs.insert(r.get(0)?, r.get(1)?);
-        }
-    }
+    // `AUTOINCREMENT` never reuses a seq, not even a deleted row's: it goes on from the
+    // larger of the last one it gave and the table's highest.
+    let base: i64 = tx
+        .prepare_cached(
+            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'notifications'), 0), \
+             COALESCE((SELECT MAX(seq) FROM notifications), 0))",
+        )?
+        .query_row([], |r| r.get(0))?;
+    tx.prepare_cached(
+        "INSERT INTO notifications (seq, id, client_id, sensor_id, kind, data, previous, \
+         occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
+         SELECT ?1 + s.n, s.id, s.client_id, e.sensor_id, e.kind, e.data, e.previous, e.at, \
+         e.last_seen_at, 'pending', 0, ?2, ?2, ?2 \
+         FROM temp.stage_notifications s JOIN temp.stage_events e ON e.k = s.event ORDER BY s.n",
+    )?
+    .execute(params![base, now])?;
+    let rows = tx
+        .prepare_cached("SELECT n, event, id, client_id FROM temp.stage_notifications ORDER BY n")?
+        .query_map([], |r| {
+            Ok(Staged {
+                seq: base + r.get::<_, i64>(0)?,
+                event: r.get::<_, i64>(1)? as usize,
+                id: r.get(2)?,
+                client_id: r.get(3)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     tx.prepare_cached("DELETE FROM temp.stage_notifications")?
         .execute([])?;
-    Ok(seqs)
+    Ok(rows)
 }

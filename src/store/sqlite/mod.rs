@@ -143,7 +143,7 @@ impl SqliteStore {
         // in between (an index's right edge, a hot leaf) goes to the database file once.
         writer.pragma_update(None, "wal_autocheckpoint", 10_000)?;
         migrate(&mut writer)?;
-        writer.execute_batch(commit::STAGING)?;
+        commit::prepare(&writer)?;
         writer.execute(
             "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \
              WHERE lease_until IS NOT NULL",
