@@ -86,18 +86,23 @@ static ACCEPTED: [AtomicU64; SOURCES.len()] = [const { AtomicU64::new(0) }; SOUR
 /// Readings accepted from `source` since this process started (every latch in it, as the
 /// metrics count them too); 0 for a source that is not counted.
 pub fn accepted_total(source: &str) -> u64 {
+    accepted(source).map_or(0, |n| n.load(Ordering::Relaxed))
+}
+
+/// The in-process count of `source`, if it is one of [`SOURCES`].
+fn accepted(source: &str) -> Option<&'static AtomicU64> {
     SOURCES
         .iter()
         .position(|s| *s == source)
-        .map_or(0, |i| ACCEPTED[i].load(Ordering::Relaxed))
+        .map(|i| &ACCEPTED[i])
 }
 
 /// Counts a durable batch's outcome, per reading, in the metrics.
 fn count(source: &'static str, report: &Report) {
     metrics::counter!("latch_readings_accepted_total", "source" => source)
         .increment(report.accepted as u64);
-    if let Some(i) = SOURCES.iter().position(|s| *s == source) {
-        ACCEPTED[i].fetch_add(report.accepted as u64, Ordering::Relaxed);
+    if let Some(n) = accepted(source) {
+        n.fetch_add(report.accepted as u64, Ordering::Relaxed);
     }
     for (_, rej) in &report.rejected {
         metrics::counter!("latch_readings_rejected_total", "source" => source, "reason" => rej.code.as_str())
