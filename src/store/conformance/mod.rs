@@ -12,6 +12,7 @@ use crate::domain::{Event, time::now_ms};
 
 mod commit;
 mod history;
+pub(crate) use history::Collect;
 mod lifecycle;
 mod outbox;
 mod registry;

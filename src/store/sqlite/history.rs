@@ -112,19 +112,19 @@ pub(super) async fn ship(
     // read was in the batch: a range delete lets go of exactly what shipped.
     let last_reading = batch.readings.iter().map(|r| r.id).max().unwrap_or(0);
     let last_event = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
-    let attempts: Vec<i64> = batch.attempts.iter().map(|a| a.id).collect();
+    let last_attempt = batch.attempts.iter().map(|a| a.id).max();
     let shipped = batch.len();
     store
         .write(move |c| {
             let tx = c.transaction()?;
             tx.execute("DELETE FROM readings WHERE id <= ?1", [last_reading])?;
             tx.execute("DELETE FROM events WHERE id <= ?1", [last_event])?;
-            {
-                let mut mark =
-                    tx.prepare_cached("UPDATE attempts SET shipped = 1 WHERE id = ?1")?;
-                for id in attempts {
-                    mark.execute([id])?;
-                }
+            // Attempts stay (the API shows them with their notification): the mark moves.
+            if let Some(last) = last_attempt {
+                tx.execute(
+                    "UPDATE ship_marks SET last_id = ?1 WHERE what = 'attempts' AND last_id < ?1",
+                    [last],
+                )?;
             }
             tx.commit()?;
             Ok(shipped)
@@ -151,7 +151,8 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
             "SELECT a.id, a.notification_id, a.at, a.status_code, a.error, a.duration_ms, \
              COALESCE(n.client_id, ''), COALESCE(n.sensor_id, ''), COALESCE(n.kind, '') \
              FROM attempts a LEFT JOIN notifications n ON n.id = a.notification_id \
-             WHERE a.shipped = 0 ORDER BY a.id LIMIT ?1",
+             WHERE a.id > (SELECT last_id FROM ship_marks WHERE what = 'attempts') \
+             ORDER BY a.id LIMIT ?1",
         )?
         .query_map([limit], |r| row::attempt_record(r))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -188,7 +189,8 @@ pub(super) fn archive(c: &mut Connection, limit: usize) -> Result<usize> {
 pub(super) fn spool_depth(c: &Connection) -> Result<u64> {
     Ok(c.query_row(
         "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
-         + (SELECT COUNT(*) FROM attempts WHERE shipped = 0)",
+         + (SELECT COUNT(*) FROM attempts \
+            WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'attempts'))",
         [],
         |r| r.get(0),
     )?)

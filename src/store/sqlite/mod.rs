@@ -48,6 +48,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0004_client_lifecycle.sql"),
     include_str!("../migrations/sqlite/0005_api_tokens.sql"),
     include_str!("../migrations/sqlite/0006_supersede_index.sql"),
+    include_str!("../migrations/sqlite/0007_attempts_ship_mark.sql"),
 ];
 
 /// The setting lives with the other settings; the store only maps it to its pragma.

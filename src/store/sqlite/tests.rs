@@ -246,3 +246,49 @@ async fn a_fenced_batch_is_refused_and_writes_nothing() {
         .unwrap();
     assert!(readings.items.is_empty());
 }
+
+/// At the upgrade to the ship mark, the attempts that had not reached ClickHouse still wait
+/// and those that had do not go again; then each ship takes what came since.
+#[tokio::test]
+async fn attempts_unshipped_before_the_upgrade_still_ship_once() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        for sql in &MIGRATIONS[..6] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 6).unwrap();
+        c.execute_batch(
+            "INSERT INTO attempts (id, notification_id, at, status_code, error, duration_ms, shipped)
+               VALUES (1, 'n1', 10, 500, NULL, 3, 1), (2, 'n1', 20, 500, NULL, 3, 1),
+                      (3, 'n1', 30, 500, NULL, 3, 0), (4, 'n1', 40, 200, NULL, 3, 0);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    assert_eq!(store.spool_depth().await.unwrap(), 2);
+    let sink = conformance::Collect::default();
+    assert_eq!(store.ship_history(100, &sink).await.unwrap(), 2);
+    assert_eq!(store.ship_history(100, &sink).await.unwrap(), 0);
+    let shipped: Vec<i64> = sink
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b.attempts.iter().map(|a| a.id))
+        .collect();
+    assert_eq!(shipped, vec![3, 4]);
+    assert_eq!(store.spool_depth().await.unwrap(), 0);
+    let index: Option<String> = store
+        .read(|c| {
+            Ok(c.query_row(
+                "SELECT name FROM sqlite_master WHERE name = 'attempts_unshipped'",
+                [],
+                |r| r.get(0),
+            )
+            .ok())
+        })
+        .await
+        .unwrap();
+    assert_eq!(index, None, "no index of unshipped attempts is kept");
+}
