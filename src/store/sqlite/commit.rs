@@ -203,12 +203,17 @@ struct Staged {
 /// exactly: after the highest seq ever used, in the order of the staging, so nothing has
 /// to be matched back by id.
 fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
+    // Rows are inserted in the `ORDER BY`'s order, and the staging table is empty here (it
+    // is emptied after each use, and a failed commit rolls it back), so `n` counts 1, 2, …
+    // in that order. The join yields that order already (events by `k`, each sensor's
+    // links by client from `links_by_sensor`): no sort, where `row_number()` cost a
+    // co-routine pass over every row, about half this statement's time.
     let staged = tx
         .prepare_cached(
-            "INSERT INTO temp.stage_notifications (n, event, id, client_id) \
-             SELECT row_number() OVER (ORDER BY e.k, l.client_id), e.k, \
-             latch_notification_id(), l.client_id \
-             FROM temp.stage_events e JOIN links l ON l.sensor_id = e.sensor_id",
+            "INSERT INTO temp.stage_notifications (event, id, client_id) \
+             SELECT e.k, latch_notification_id(), l.client_id \
+             FROM temp.stage_events e JOIN links l ON l.sensor_id = e.sensor_id \
+             ORDER BY e.k, l.client_id",
         )?
         .execute([])?;
     if staged == 0 {
