@@ -248,7 +248,8 @@ async fn a_fenced_batch_is_refused_and_writes_nothing() {
 }
 
 /// At the upgrade to the ship mark, the attempts that had not reached ClickHouse still wait
-/// and those that had do not go again; then each ship takes what came since.
+/// and those that had do not go again; once shipped, nothing waits. (New attempts shipping
+/// past the mark: the conformance suite's spool check.)
 #[tokio::test]
 async fn attempts_unshipped_before_the_upgrade_still_ship_once() {
     let dir = tempfile::tempdir().unwrap();
