@@ -12,7 +12,7 @@ use super::error::{
     ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, JsonBytes, parse_sensor_id,
 };
 use super::pagination::{List, PageParams};
-use crate::domain::{EventKind, Millis, reading, time};
+use crate::domain::{Event, EventKind, Millis, reading, time};
 use crate::ingest::http::{self, Accepted, ReadingIn};
 use crate::store::{Stored, TimeRange};
 
@@ -99,12 +99,26 @@ pub struct ReadingOut {
 pub struct EventOut {
     #[serde(rename = "type")]
     pub kind: EventKind,
+    /// When it happened: the reading's time for a change, latch's for lost/restored.
     pub at: String,
+    /// The state now, 0 or 1.
     pub data: Option<u8>,
     pub previous: Option<u8>,
     /// For lost/restored: when latch last heard from the sensor before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen_at: Option<String>,
+}
+
+impl From<&Event> for EventOut {
+    fn from(e: &Event) -> Self {
+        Self {
+            kind: e.kind,
+            at: time::format(e.at),
+            data: e.data.map(u8::from),
+            previous: e.previous.map(u8::from),
+            last_seen_at: e.last_seen_at.map(time::format),
+        }
+    }
 }
 
 async fn existing(st: &AppState, id: &str) -> ApiResult<crate::domain::SensorId> {
@@ -157,12 +171,6 @@ async fn sensor_events(
     let page = st.history.events(id, range, page).await?;
     Ok(ApiJson(List::from_page(
         page,
-        |Stored { row: e, .. }| EventOut {
-            kind: e.kind,
-            at: time::format(e.at),
-            data: e.data.map(u8::from),
-            previous: e.previous.map(u8::from),
-            last_seen_at: e.last_seen_at.map(time::format),
-        },
+        |Stored { row: e, .. }| EventOut::from(&e),
     )))
 }

@@ -19,7 +19,8 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use crate::domain::{Event, EventKind, time};
+use super::readings::EventOut;
+use crate::domain::Event;
 
 /// Events buffered per listener before it lags.
 const BUFFER: usize = 4096;
@@ -36,30 +37,19 @@ pub fn channel() -> broadcast::Sender<Event> {
     broadcast::channel(BUFFER).0
 }
 
-/// The `data` of one stream event; its SSE `event` name is `type`.
+/// The `data` of one stream event (its SSE `event` name is `type`): the event as history
+/// lists it, with the sensor it belongs to.
 #[derive(Serialize, ToSchema)]
 pub struct StreamEventOut {
-    #[serde(rename = "type")]
-    pub kind: EventKind,
     pub sensor_id: String,
-    /// When it happened: the reading's time for a change, latch's for lost/restored.
-    pub at: String,
-    /// The state now, 0 or 1.
-    pub data: Option<u8>,
-    pub previous: Option<u8>,
-    /// For lost/restored: when latch last heard from the sensor before.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_seen_at: Option<String>,
+    #[serde(flatten)]
+    pub event: EventOut,
 }
 
-fn out(e: Event) -> StreamEventOut {
+fn out(e: &Event) -> StreamEventOut {
     StreamEventOut {
-        kind: e.kind,
         sensor_id: e.sensor_id.to_string(),
-        at: time::format(e.at),
-        data: e.data.map(u8::from),
-        previous: e.previous.map(u8::from),
-        last_seen_at: e.last_seen_at.map(time::format),
+        event: EventOut::from(e),
     }
 }
 
@@ -85,7 +75,7 @@ async fn stream(
                 let name = e.kind.as_str();
                 SseEvent::default()
                     .event(name)
-                    .json_data(out(e))
+                    .json_data(out(&e))
                     .unwrap_or_else(|_| SseEvent::default().comment("unserializable"))
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => SseEvent::default()
