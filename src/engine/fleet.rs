@@ -326,18 +326,33 @@ impl Fleet {
     /// their deadlines. They stay listed until their lost state is committed.
     pub fn expired(&self, now: Millis, limit: usize) -> Vec<(SensorId, Millis)> {
         let mut out = Vec::new();
+        if limit == 0 {
+            return out;
+        }
+        self.each_expired(now, |id, deadline| {
+            out.push((id, deadline));
+            out.len() < limit
+        });
+        out
+    }
+
+    /// Calls `f` with each sensor whose deadline is at or before `now`, and the deadline
+    /// (each timeout's in deadline order), until it returns false: a walk that allocates
+    /// nothing.
+    pub fn each_expired(&self, now: Millis, mut f: impl FnMut(SensorId, Millis) -> bool) {
         for g in &self.groups {
             let mut i = g.head;
-            while i != NIL && out.len() < limit {
+            while i != NIL {
                 let d = self.deadline(i, g);
                 if d > now {
                     break;
                 }
-                out.push((self.slots[i as usize].id(), d));
+                if !f(self.slots[i as usize].id(), d) {
+                    return;
+                }
                 i = self.slots[i as usize].next;
             }
         }
-        out
     }
 
     fn group_for(&mut self, timeout_ms: Millis) -> u32 {

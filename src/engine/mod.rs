@@ -25,6 +25,7 @@
 //! commit with their epochs (the fence), and hands readings of other partitions to their
 //! owners through a [`Forwarder`] by the [`Routing`] table the cluster layer keeps.
 
+mod due;
 pub mod fleet;
 pub mod follow;
 pub mod rules;
@@ -74,8 +75,8 @@ fn count_lost(n: usize) {
     LOST.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Most due sensors a shard queues at once to declare lost in id order (16 bytes each):
-/// enough that each batch of an outage of millions covers a narrow range of ids.
+/// Most due sensors a shard queues at once to declare lost in id order (16 bytes each);
+/// a larger outage is taken a range of ids at a time ([`due`]).
 pub const DUE_MAX: usize = 1_000_000;
 
 /// Errors of the engine.
@@ -249,7 +250,7 @@ impl Engine {
                 commits: commits.clone(),
                 batch_max,
                 clock: clock.clone(),
-                due: Vec::new(),
+                due: due::DueQueue::new(DUE_MAX),
             };
             tracker.spawn(shard.run(stop.clone()));
         }

@@ -12,9 +12,10 @@ use std::collections::HashMap;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::due::DueQueue;
 use super::fleet::{self, Fleet};
 use super::rules::{self, Change};
-use super::{Clock, CommitRequest, DUE_MAX, EXPIRE_BATCH, Error, Verdicts};
+use super::{Clock, CommitRequest, EXPIRE_BATCH, Error, Verdicts};
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{
@@ -81,34 +82,8 @@ pub(super) struct Shard {
     pub(super) commits: mpsc::Sender<CommitRequest>,
     pub(super) batch_max: usize,
     pub(super) clock: Clock,
-    /// Sensors found due and not yet declared lost, in descending id order (the next at
-    /// the end): see [`Shard::expire`].
-    pub(super) due: Vec<Due>,
-}
-
-/// A sensor found due: 16 bytes where `(SensorId, u32)` takes 32, since a fleet-wide
-/// outage queues up to [`DUE_MAX`] of them.
-#[derive(Clone, Copy)]
-pub(super) struct Due {
-    /// The packed id's low 64 and high 32 bits (ids pack into 96).
-    lo: u64,
-    hi: u32,
-    partition: u32,
-}
-
-impl Due {
-    fn new(id: SensorId, partition: u32) -> Self {
-        let packed = id.packed();
-        Self {
-            lo: packed as u64,
-            hi: (packed >> 64) as u32,
-            partition,
-        }
-    }
-
-    fn id(self) -> SensorId {
-        SensorId::from_packed(((self.hi as u128) << 64) | self.lo as u128)
-    }
+    /// Sensors found due and not yet declared lost, in id order: see [`Shard::expire`].
+    pub(super) due: DueQueue,
 }
 
 /// Readings applied but not yet durable, with the callers waiting on them.
@@ -205,15 +180,12 @@ impl Shard {
     /// Declares silent sensors lost, a bounded batch at a time. Sensors that readings in
     /// this same batch just touched are not silent and are skipped.
     ///
-    /// Batches go in sensor-id order, not deadline order: every table and index the commit
-    /// writes is keyed by sensor, so a batch of neighbouring ids dirties a few pages where
-    /// one scattered over the id space (as partitions by hash and last-seen order both
-    /// scatter them) rewrites a page per sensor. So the due sensors are gathered at once
-    /// (up to [`DUE_MAX`]), sorted, and taken from that queue; each is checked again when
+    /// Batches go in sensor-id order, not deadline order (partitions by hash and last-seen
+    /// order both scatter ids), taken from the [`DueQueue`]; each is checked again when
     /// taken, since a reading may have moved its deadline meanwhile.
     fn expire(&mut self, upto: Millis, p: &mut Pending) {
         if self.due.is_empty() {
-            self.gather_due(upto);
+            self.due.refill(&self.parts, upto);
         }
         let mut taken = 0;
         while taken < EXPIRE_BATCH {
@@ -247,26 +219,7 @@ impl Shard {
             p.lost += 1;
             taken += 1;
         }
-        if self.due.is_empty() && self.due.capacity() > EXPIRE_BATCH {
-            // An outage's queue is not kept for the quiet times after it.
-            self.due = Vec::new();
-        }
-    }
-
-    /// Fills the queue with the sensors due at `upto`, in descending id order.
-    fn gather_due(&mut self, upto: Millis) {
-        for (n, part) in self.parts.iter().enumerate() {
-            let Some(part) = part else { continue };
-            let room = DUE_MAX - self.due.len();
-            if room == 0 {
-                break;
-            }
-            let expired = part.fleet.expired(upto, room);
-            self.due
-                .extend(expired.into_iter().map(|(id, _)| Due::new(id, n as u32)));
-        }
-        self.due
-            .sort_unstable_by_key(|d| std::cmp::Reverse((d.hi, d.lo)));
+        self.due.shrink(EXPIRE_BATCH);
     }
 
     async fn handle(&mut self, msg: ShardMsg, pending: &mut Pending) {

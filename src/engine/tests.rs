@@ -13,7 +13,8 @@ fn sid(s: &str) -> SensorId {
     SensorId::parse(s).unwrap()
 }
 
-fn online(seen: Millis) -> SensorState {
+/// A sensor online since `seen`, with the default timeout.
+pub(super) fn online(seen: Millis) -> SensorState {
     SensorState {
         data: Some(true),
         changed_at: Some(seen),
