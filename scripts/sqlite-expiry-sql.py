@@ -10,6 +10,10 @@ ratios between groups of the same run: the machine's speed varies between runs.
 
     scripts/sqlite-expiry-sql.py [variant ...]      # N=1000000 by default
 
+Environment: N (sensors), BATCH (sensors per commit, latch's EXPIRE_BATCH by default),
+PAGE_SIZE and CACHE (the `page_size` and `cache_size` pragmas, SQLite's defaults if unset),
+SPREAD (k: the outage is worked off as k queues of every k-th id, each in id order, as a
+shard whose due queue holds 1/k of its due sensors takes them; 1 by default).
 Variants: base (latch's SQL), row_number (the notifications numbered by a window function,
 as before #19's seventh pass), no-<index> (without one index: events_by_sensor_at,
 notifications_by_sensor, notifications_pending_by_client, notifications_id).
@@ -24,13 +28,20 @@ import tempfile
 import time
 
 N = int(os.environ.get("N", "1000000"))
-BATCH = 5000
+BATCH = int(os.environ.get("BATCH", "5000"))
+PAGE_SIZE = os.environ.get("PAGE_SIZE")
+CACHE = os.environ.get("CACHE")
+SPREAD = int(os.environ.get("SPREAD", "1"))
 MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "src", "store", "migrations", "sqlite")
 CLIENT = "01KAAAAAAAAAAAAAAAAAAAAAAA"
 
 
 def open_db(path, variant):
     c = sqlite3.connect(path, isolation_level=None)
+    if PAGE_SIZE:
+        c.execute(f"PRAGMA page_size={PAGE_SIZE}")
+    if CACHE:
+        c.execute(f"PRAGMA cache_size={CACHE}")
     c.execute("PRAGMA journal_mode=WAL")
     c.execute("PRAGMA synchronous=NORMAL")
     c.execute("PRAGMA wal_autocheckpoint=10000")
@@ -136,7 +147,8 @@ def main():
             c = open_db(os.path.join(d, "latch.db"), variant)
             fill(c, ids)
             t = time.perf_counter()
-            spent = expire(c, ids, variant)
+            order = [i for j in range(SPREAD) for i in ids[j::SPREAD]]
+            spent = expire(c, order, variant)
             total = time.perf_counter() - t
             c.close()
         groups = " ".join(f"{k}={v:.2f}" for k, v in spent.items())
