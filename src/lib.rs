@@ -358,6 +358,15 @@ fn start_sources(
     stop: &CancellationToken,
     tracker: &TaskTracker,
 ) {
+    // Down until each task says otherwise, before either runs: `/readyz` must not answer
+    // ready while a source has yet to subscribe, or what is published meanwhile to a new
+    // MQTT session (or a queue not yet declared) is lost.
+    if config.amqp_url.is_some() {
+        sources.set(ingest::amqp::SOURCE, false);
+    }
+    if config.mqtt_url.is_some() {
+        sources.set(ingest::mqtt::SOURCE, false);
+    }
     if let Some(url) = &config.amqp_url {
         let settings = ingest::amqp::Settings {
             url: url.clone(),
@@ -510,5 +519,31 @@ mod tests {
         assert_eq!(c.mqtt_url.as_deref(), Some("mqtt://127.0.0.1:1883"));
         let c = load(&[("LATCH_CLICKHOUSE_URL", "http://u:p@127.0.0.1:8123")]).unwrap();
         assert_eq!(c.clickhouse_flush, std::time::Duration::from_secs(1));
+    }
+
+    /// On one thread no spawned task runs before the test awaits: what `/readyz` reads
+    /// right after the start is what a probe could see before the sources ever ran.
+    #[tokio::test]
+    async fn configured_sources_are_down_before_their_tasks_first_run() {
+        let mut c = Config::for_data_dir(std::path::Path::new("/tmp"));
+        // Closed ports: the tasks never connect.
+        c.amqp_url = Some("amqp://127.0.0.1:1/%2f".into());
+        c.mqtt_url = Some("mqtt://127.0.0.1:1".into());
+        let (commits, _rx) = tokio::sync::mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let tuning = engine::Tuning {
+            shards: 1,
+            batch_max: 16,
+            default_timeout: std::time::Duration::from_secs(10),
+            clock: clock::Clock::wall(),
+            partitions: 1,
+        };
+        let engine = engine::Engine::launch(tuning, [], commits, stop.clone(), &TaskTracker::new());
+        let (sources, tasks) = (ingest::Sources::default(), TaskTracker::new());
+        start_sources(&c, &ingest::Ingest::new(engine), &sources, &stop, &tasks);
+        assert_eq!(sources.down(), vec!["amqp", "mqtt"]);
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
     }
 }

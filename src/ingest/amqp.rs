@@ -38,7 +38,7 @@ pub const PIPELINE: usize = 4;
 /// Message ids remembered for dedup.
 pub const DEDUP_WINDOW: usize = 100_000;
 
-const SOURCE: &str = "amqp";
+pub(crate) const SOURCE: &str = "amqp";
 
 /// Header naming why a message was dead-lettered (the rejection code).
 pub const REASON_HEADER: &str = "x-latch-reason";

@@ -42,7 +42,7 @@ use super::pipeline::{Done, Pipeline};
 use super::{Ingest, Sources, next_backoff};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
 
-const SOURCE: &str = "mqtt";
+pub(crate) const SOURCE: &str = "mqtt";
 /// Most publishes handed to the engine as one batch.
 pub const BATCH_MAX: usize = 2000;
 /// Batches waiting for their commit at once.
