@@ -309,6 +309,12 @@ impl Core {
         grace: Duration,
     ) {
         loop {
+            // Dispatch first, then wait: what was added before the loop (the pending
+            // notifications loaded at start) may be due already, with nothing else coming
+            // to wake the loop.
+            self.lanes.fire_timers(self.clock.now());
+            self.pump();
+            metrics::gauge!("latch_notifications_pending").set(self.lanes.pending() as f64);
             let next = self.lanes.next_timer();
             let sleep = async {
                 match next {
@@ -328,9 +334,6 @@ impl Core {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
-            self.lanes.fire_timers(self.clock.now());
-            self.pump();
-            metrics::gauge!("latch_notifications_pending").set(self.lanes.pending() as f64);
         }
         // Shutdown: dispatch nothing new; let in-flight attempts finish and be recorded.
         let deadline = tokio::time::Instant::now() + grace;
@@ -464,5 +467,51 @@ mod tests {
             outcomes.try_recv().is_err(),
             "nothing to record for gone ones"
         );
+    }
+
+    /// A restart after a crash loads notifications that are due already (never tried, or
+    /// a retry overdue): they are sent at once, not when the next reading wakes the loop.
+    #[tokio::test]
+    async fn notifications_due_at_start_are_sent_without_anything_else_arriving() {
+        let settings = Settings {
+            policy: RetryPolicy {
+                kind: retry::Kind::Fixed(vec![Duration::from_secs(1)]),
+                max_delay: Duration::from_secs(1),
+                max_attempts: 3,
+            },
+            timeout: Duration::from_secs(1),
+            concurrency: 8,
+            client_concurrency: 2,
+            node: "test".into(),
+            clock: Clock::wall(),
+            guard: Arc::default(),
+            disable_after: Duration::from_secs(3600),
+            serves: None,
+        };
+        let (rec_tx, _outcomes) = mpsc::unbounded_channel();
+        let (claims_tx, mut claims) = mpsc::unbounded_channel();
+        let mut core = Core::new(&settings, rec_tx, claims_tx, false);
+        let now = settings.clock.now();
+        core.add(
+            vec![NotificationRef {
+                id: ulid::Ulid::new().to_string(),
+                seq: 1,
+                client_id: "c".into(),
+                sensor_id: SensorId::parse("s1").unwrap(),
+                kind: EventKind::StateChanged,
+                due_at: now - 5_000,
+                attempts: 0,
+            }],
+            now,
+        );
+        // The command channel stays open and silent.
+        let (_cmds, rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(core.run(rx, stop.clone(), Duration::ZERO));
+        let admitted = tokio::time::timeout(Duration::from_secs(10), claims.recv()).await;
+        stop.cancel();
+        let _ = run.await;
+        let admitted = admitted.expect("the due head was never handed to the claimer");
+        assert_eq!(admitted.map(|a| a.lane.1.to_string()), Some("s1".into()));
     }
 }
