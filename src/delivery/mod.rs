@@ -414,9 +414,9 @@ mod tests {
     use crate::domain::{EventKind, SensorId};
     use lanes::Finished;
 
-    #[test]
-    fn a_clients_permits_are_dropped_once_nothing_of_it_is_out() {
-        let settings = Settings {
+    /// Three tries a second apart, two requests at a time per client.
+    fn settings(clock: Clock) -> Settings {
+        Settings {
             policy: RetryPolicy {
                 kind: retry::Kind::Fixed(vec![Duration::from_secs(1)]),
                 max_delay: Duration::from_secs(1),
@@ -426,11 +426,16 @@ mod tests {
             concurrency: 8,
             client_concurrency: 2,
             node: "test".into(),
-            clock: Clock::manual(0),
+            clock,
             guard: Arc::default(),
             disable_after: Duration::from_secs(3600),
             serves: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_clients_permits_are_dropped_once_nothing_of_it_is_out() {
+        let settings = settings(Clock::manual(0));
         let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
         let (claims_tx, mut claims) = mpsc::unbounded_channel();
         let mut core = Core::new(&settings, rec_tx, claims_tx, false);
@@ -473,21 +478,7 @@ mod tests {
     /// a retry overdue): they are sent at once, not when the next reading wakes the loop.
     #[tokio::test]
     async fn notifications_due_at_start_are_sent_without_anything_else_arriving() {
-        let settings = Settings {
-            policy: RetryPolicy {
-                kind: retry::Kind::Fixed(vec![Duration::from_secs(1)]),
-                max_delay: Duration::from_secs(1),
-                max_attempts: 3,
-            },
-            timeout: Duration::from_secs(1),
-            concurrency: 8,
-            client_concurrency: 2,
-            node: "test".into(),
-            clock: Clock::wall(),
-            guard: Arc::default(),
-            disable_after: Duration::from_secs(3600),
-            serves: None,
-        };
+        let settings = settings(Clock::wall());
         let (rec_tx, _outcomes) = mpsc::unbounded_channel();
         let (claims_tx, mut claims) = mpsc::unbounded_channel();
         let mut core = Core::new(&settings, rec_tx, claims_tx, false);
