@@ -277,6 +277,8 @@ mod tests {
         assert!(q.windows.is_none(), "the plan is let go once used up");
     }
 
+    /// A sensor seen before its range is gathered is not queued; one seen while already
+    /// queued is the shard's check when taken (`engine::tests`, a queued sensor seen).
     #[test]
     fn a_sensor_seen_during_the_outage_is_skipped_and_one_missed_is_found_later() {
         let (mut parts, ids) = parts(100);

@@ -421,3 +421,49 @@ async fn an_outage_is_declared_lost_in_sensor_id_order() {
     }
     stop.cancel();
 }
+
+/// A sensor waiting in the due queue whose reading arrives before its turn is not declared
+/// lost when its turn comes: each queued sensor is checked again when taken.
+#[tokio::test]
+async fn a_queued_sensor_seen_before_its_turn_is_not_declared_lost() {
+    let clock = Clock::manual(0);
+    let n = 2 * EXPIRE_BATCH + 1;
+    let ids: Vec<SensorId> = (0..n).map(|i| sid(&format!("q{i:06}"))).collect();
+    let last = ids[n - 1];
+    let sensors = ids.iter().map(|&id| (id, online(1_000))).collect();
+    let (engine, mut rx, stop) = engine(1, 100, clock.clone(), sensors);
+    let mut lost = Vec::new();
+    let mut answer = |r: CommitRequest| {
+        let events = r.batch.events.iter();
+        lost.extend(
+            events
+                .filter(|e| e.kind == EventKind::ConnectionLost)
+                .map(|e| e.sensor_id),
+        );
+        let _ = r.reply.send(Ok(()));
+    };
+    clock.set(20_000);
+    // Round one declares the first batch lost. While it commits, `last` (two batches on in
+    // the queue) reports, so round two applies its reading and takes the second batch.
+    let first = rx.recv().await.unwrap();
+    let seen = engine
+        .enqueue(vec![Ok(reading(last))], 20_000)
+        .await
+        .unwrap();
+    answer(first);
+    answer(rx.recv().await.unwrap());
+    seen.wait().await.unwrap();
+    // Round three, at the same time: `last`'s turn in the queue comes.
+    let other = engine
+        .enqueue(vec![Ok(reading(ids[0]))], 20_000)
+        .await
+        .unwrap();
+    answer(rx.recv().await.unwrap());
+    other.wait().await.unwrap();
+    assert_eq!(lost.len(), n - 1, "all but the one that reported");
+    assert!(
+        !lost.contains(&last),
+        "seen while queued, yet declared lost"
+    );
+    stop.cancel();
+}
