@@ -358,16 +358,11 @@ fn start_sources(
     stop: &CancellationToken,
     tracker: &TaskTracker,
 ) {
-    // Down until each task says otherwise, before either runs: `/readyz` must not answer
-    // ready while a source has yet to subscribe, or what is published meanwhile to a new
-    // MQTT session (or a queue not yet declared) is lost.
-    if config.amqp_url.is_some() {
-        sources.set(ingest::amqp::SOURCE, false);
-    }
-    if config.mqtt_url.is_some() {
-        sources.set(ingest::mqtt::SOURCE, false);
-    }
+    // Each source is down from here until its task says otherwise, not from when the task
+    // first runs: `/readyz` must not answer ready while a source has yet to subscribe, or
+    // what is published meanwhile to a new MQTT session (or a queue not yet declared) is lost.
     if let Some(url) = &config.amqp_url {
+        sources.set(ingest::amqp::SOURCE, false);
         let settings = ingest::amqp::Settings {
             url: url.clone(),
             queue: config.amqp_queue.clone(),
@@ -380,6 +375,7 @@ fn start_sources(
         ));
     }
     if let Some(url) = &config.mqtt_url {
+        sources.set(ingest::mqtt::SOURCE, false);
         let settings = ingest::mqtt::Settings {
             url: url.clone(),
             topic: config.mqtt_topic.clone(),

@@ -92,8 +92,9 @@ impl Settings {
 }
 
 /// Consumes until `stop`; reconnects with backoff whenever the session ends on an error.
+/// The source counts as down until the first session consumes (the caller marks it so
+/// before spawning this).
 pub async fn run(ingest: Ingest, settings: Settings, sources: Sources, stop: CancellationToken) {
-    sources.set(SOURCE, false);
     let mut dedup = Dedup::new(DEDUP_WINDOW);
     let mut backoff = Duration::ZERO;
     loop {

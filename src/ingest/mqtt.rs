@@ -143,7 +143,8 @@ impl Link {
 }
 
 /// Subscribes until `stop`; the event loop reconnects with backoff on its own, and when
-/// the applier asks for it after a failed commit.
+/// the applier asks for it after a failed commit. The source counts as down until the
+/// first subscription (the caller marks it so before spawning this).
 pub async fn run(
     ingest: Ingest,
     settings: Settings,
@@ -154,7 +155,6 @@ pub async fn run(
         sources,
         state: Mutex::default(),
     });
-    link.update(|_| {});
     let (client, mut events) = AsyncClient::new(options(&settings.url)?, 1024);
     // Unbounded on purpose: the event loop must never wait on the applier, or the applier's
     // acks (which only the event loop sends) could never drain. What the broker sends us
