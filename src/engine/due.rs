@@ -50,10 +50,6 @@ struct Windows {
 }
 
 impl Windows {
-    fn bucket(&self, id: SensorId) -> usize {
-        bucket(id.packed(), self.min, self.span)
-    }
-
     /// Cuts the buckets into ranges of at most `cap` sensors (a bucket holding more than
     /// `cap` is a range of its own, and the queue takes `cap` of it).
     fn cut(min: u128, span: u128, counts: &[usize], cap: usize) -> Self {
@@ -148,14 +144,14 @@ impl DueQueue {
     pub(super) fn refill(&mut self, parts: &[Option<Part>], upto: Millis) {
         debug_assert!(self.items.is_empty());
         while let Some(w) = self.windows.as_mut() {
-            let Some((start, end)) = w.take() else {
+            let Some(range) = w.take() else {
                 self.windows = None;
                 break;
             };
-            let w = self.windows.as_ref().expect("just taken from");
+            let (min, span) = (w.min, w.span);
             let (items, cap) = (&mut self.items, self.cap);
             each_due(parts, upto, |id, n| {
-                if (start..end).contains(&w.bucket(id)) {
+                if (range.0..range.1).contains(&bucket(id.packed(), min, span)) {
                     items.push(Due::new(id, n));
                 }
                 items.len() < cap

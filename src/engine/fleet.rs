@@ -323,7 +323,9 @@ impl Fleet {
     }
 
     /// Up to `limit` sensors whose deadline is at or before `now`, oldest first, with
-    /// their deadlines. They stay listed until their lost state is committed.
+    /// their deadlines. They stay listed until their lost state is committed. The tests'
+    /// view of [`Fleet::each_expired`], which the shards walk.
+    #[cfg(test)]
     pub fn expired(&self, now: Millis, limit: usize) -> Vec<(SensorId, Millis)> {
         let mut out = Vec::new();
         if limit == 0 {
