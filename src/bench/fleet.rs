@@ -8,7 +8,8 @@
 //!    together; the lag is from that deadline (the lost events' own `at`) to the moment the
 //!    last `connection_lost` notification is committed to the outbox. Meanwhile a feed of
 //!    other sensors (`--ingest-rate`, with a long timeout of their own) goes on, and its
-//!    requests' latency during the outage says what the expiry costs ingest.
+//!    requests' latency during the outage says what the expiry costs ingest. Then it waits
+//!    for the receiver to answer every `connection_lost` webhook: what the client sees.
 
 use std::time::{Duration, Instant};
 
@@ -175,6 +176,22 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         .and_then(|e| time::parse(e["at"].as_str()?))
         .ok_or_else(|| anyhow::anyhow!("no connection_lost event found"))?;
     let lag = (all_lost_at - deadline) as f64 / 1000.0;
+    // What a client notices: every lost webhook answered. Delivery runs while the outage is
+    // enqueued (its claims and results share the writer) and after it.
+    let delivered_at_all_lost = receiver.ok();
+    let wait_until = Instant::now() + Duration::from_secs(600 + args.sensors as u64 / 2_000);
+    let all_delivered_at = loop {
+        let n = receiver.ok();
+        if n >= args.sensors as u64 {
+            break time::now_ms();
+        }
+        anyhow::ensure!(
+            Instant::now() < wait_until,
+            "only {n} of {} connection_lost webhooks answered",
+            args.sensors
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     stop_feed.cancel();
     let fed = match feeding {
         Some(task) => task.await?,
@@ -206,6 +223,25 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("bytes_per_sensor", per_sensor.round(), "bytes");
     r.add("restart_ready_seconds", ready_secs, "s");
     r.add("all_lost_enqueued_after_deadline_s", lag, "s");
+    let delivered_s = (all_delivered_at - deadline) as f64 / 1000.0;
+    r.add("all_lost_delivered_after_deadline_s", delivered_s, "s");
+    r.add(
+        "delivered_per_s_while_enqueuing",
+        (delivered_at_all_lost as f64 / window_s.max(1e-3)).round(),
+        "webhooks/s",
+    );
+    r.add(
+        "delivered_per_s_after_enqueued",
+        ((args.sensors as u64 - delivered_at_all_lost) as f64
+            / ((all_delivered_at - all_lost_at) as f64 / 1000.0).max(1e-3))
+        .round(),
+        "webhooks/s",
+    );
+    r.add(
+        "duplicate_webhooks",
+        receiver.duplicates() as f64,
+        "requests",
+    );
     r.add(
         "cpu_seconds_ready_to_all_lost",
         cpu_at_all_lost - cpu_at_ready,
@@ -253,7 +289,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
          deadline to it (claims and recorded results use the same writer and are not \
          counted). Ingest during the outage: {} readings/s \
          offered to {} other sensors in requests of {} (0: none), counted from the deadline \
-         to the last lost.",
+         to the last lost. all_lost_delivered_after_deadline_s: from the deadline to the \
+         receiver's answer to the last lost webhook (one client, in this process); the \
+         delivered_per_s figures split that delivery at the last lost enqueued.",
         args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH
     ));
     Ok(r)

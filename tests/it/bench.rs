@@ -193,11 +193,15 @@ fn ingest_with_clickhouse_ships_everything_by_the_stop() {
 }
 
 #[test]
-fn fleet_bench_sees_every_sensor_lost() {
+fn fleet_bench_sees_every_sensor_lost_and_every_lost_webhook_answered() {
+    // The bench itself fails unless all 200 went lost and the receiver answered 200
+    // webhooks.
     let r = bench(&["fleet", "--sensors", "200", "--timeout", "1s"]);
     let n = |k: &str| num(&r, k);
     assert_eq!(n("sensors"), 200.0);
     assert!(n("all_lost_enqueued_after_deadline_s") >= 0.0, "{r}");
+    assert!(n("all_lost_delivered_after_deadline_s") > 0.0, "{r}");
+    assert_eq!(n("duplicate_webhooks"), 0.0, "{r}");
 }
 
 #[test]
