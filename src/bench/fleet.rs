@@ -74,6 +74,25 @@ async fn feed(
     out
 }
 
+/// Polls `count` until it reaches `target`, returning when (ms since the epoch); fails
+/// with "only n of target {what}" after `patience`.
+async fn reached(
+    count: impl Fn() -> u64,
+    target: usize,
+    patience: Duration,
+    what: &str,
+) -> anyhow::Result<i64> {
+    let give_up = Instant::now() + patience;
+    loop {
+        let n = count();
+        if n >= target as u64 {
+            return Ok(time::now_ms());
+        }
+        anyhow::ensure!(Instant::now() < give_up, "only {n} of {target} {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let receiver = Receiver::start_keeping(Keep::Stats).await?;
@@ -150,19 +169,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         ))
     });
     let before = crate::engine::lost_total();
-    let wait_until = Instant::now() + args.timeout + Duration::from_secs(600);
-    let (all_lost_at, cpu_at_all_lost) = loop {
-        let n = crate::engine::lost_total() - before;
-        if n >= args.sensors as u64 {
-            break (time::now_ms(), super::cpu_seconds());
-        }
-        anyhow::ensure!(
-            Instant::now() < wait_until,
-            "only {n} of {} sensors went lost",
-            args.sensors
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let all_lost_at = reached(
+        || crate::engine::lost_total() - before,
+        args.sensors,
+        args.timeout + Duration::from_secs(600),
+        "sensors went lost",
+    )
+    .await?;
+    let cpu_at_all_lost = super::cpu_seconds();
     let commits_at_all_lost = super::Commits::read(&server.base).await?;
     let ev: serde_json::Value = http
         .get(format!("{}/v1/sensors/{}/events", server.base, ids[0]))
@@ -179,19 +193,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     // What a client notices: every lost webhook answered. Delivery runs while the outage is
     // enqueued (its claims and results share the writer) and after it.
     let delivered_at_all_lost = receiver.ok();
-    let wait_until = Instant::now() + Duration::from_secs(600 + args.sensors as u64 / 2_000);
-    let all_delivered_at = loop {
-        let n = receiver.ok();
-        if n >= args.sensors as u64 {
-            break time::now_ms();
-        }
-        anyhow::ensure!(
-            Instant::now() < wait_until,
-            "only {n} of {} connection_lost webhooks answered",
-            args.sensors
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let all_delivered_at = reached(
+        || receiver.ok(),
+        args.sensors,
+        Duration::from_secs(600 + args.sensors as u64 / 2_000),
+        "connection_lost webhooks answered",
+    )
+    .await?;
     stop_feed.cancel();
     let fed = match feeding {
         Some(task) => task.await?,
