@@ -12,7 +12,9 @@
 //! - [`ingest`]: readings in from every source, acknowledged once durable.
 //! - [`api`]: the HTTP API v1, health, metrics, OpenAPI.
 //! - [`config`]: layered settings.
-//! - [`bench`]: the load generator behind `latch bench`.
+//!
+//! The `latch` command is `crates/cli`; `latch bench` and the test kit are crates of their
+//! own (`crates/bench`, `crates/testkit`), so nothing of theirs is part of the service.
 //!
 //! A reading flows `ingest → engine shard → committer → store`, and a state change it causes
 //! flows on `committer → dispatcher → client URL`. [`run`] wires them together and takes
@@ -20,7 +22,6 @@
 //! dispatcher finishes its in-flight attempts.
 
 pub mod api;
-pub mod bench;
 pub mod clock;
 pub mod cluster;
 pub mod committer;
@@ -32,7 +33,6 @@ pub mod history;
 pub mod ingest;
 pub mod store;
 pub mod telemetry;
-pub mod testkit;
 
 use std::future::Future;
 use std::sync::Arc;

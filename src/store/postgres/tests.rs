@@ -9,6 +9,12 @@ pub(crate) fn base_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// `base` with its `search_path` set to `schema`.
+pub(crate) fn schema_url(base: &str, schema: &str) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}options=-c%20search_path%3D{schema}")
+}
+
 /// A store on a fresh schema of the test database, or `None` (outside CI) without one.
 pub(crate) async fn fresh() -> Option<(PgStore, String)> {
     let base = base_url();
@@ -30,8 +36,7 @@ pub(crate) async fn fresh() -> Option<(PgStore, String)> {
         .batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
         .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+    let url = schema_url(&base, &schema);
     Some((
         PgStore::connect(&url, Duration::from_secs(5))
             .await
@@ -188,7 +193,7 @@ async fn migrations_are_idempotent_and_partitions_exist() {
 /// database.
 async fn schema_at(version: usize) -> Option<(tokio_postgres::Client, String)> {
     let (_, schema) = fresh().await?;
-    let url = crate::testkit::schema_url(&base_url(), &schema);
+    let url = schema_url(&base_url(), &schema);
     let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .unwrap();

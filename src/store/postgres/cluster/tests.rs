@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::super::tests::{base_url, fresh};
+use super::super::tests::{base_url, fresh, schema_url};
 use super::*;
 use crate::domain::{Connection, Event, EventKind, Sensor, SensorId};
 use crate::store::conformance;
@@ -387,7 +387,7 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     };
     let dir = tempfile::tempdir().unwrap();
     let mut config = crate::config::Config::load_from(None, &[]).unwrap();
-    config.database_url = Some(crate::testkit::schema_url(&base_url(), &schema));
+    config.database_url = Some(schema_url(&base_url(), &schema));
     config.data_dir = dir.path().to_path_buf();
     config.database_timeout = Duration::from_secs(1);
     let (store, cluster) = crate::store::connect_cluster(&config).await.unwrap();

@@ -42,7 +42,7 @@ pub struct Args {
     #[arg(long, default_value_t = 20_000)]
     pub baseline_requests: usize,
     /// How long to wait for the outbox to drain after the last change.
-    #[arg(long, default_value = "120s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
 }
 
@@ -274,7 +274,7 @@ async fn hammer(r: &Receiver, concurrency: usize, total: usize) -> anyhow::Resul
         .build()?;
     let body = Arc::new(
         json!({"id": "01JD0Y3Q6T3S8W0KZ9X7M2V4QH", "type": "sensor.state_changed",
-               "occurred_at": crate::domain::time::format(crate::domain::time::now_ms()),
+               "occurred_at": latch::domain::time::format(latch::domain::time::now_ms()),
                "sensor": {"id": "b0000000", "address": "bench street 1"}, "data": 1, "previous": 0})
         .to_string(),
     );

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
-use crate::domain::time;
+use latch::domain::time;
 
 /// One request a receiver got.
 #[derive(Debug, Clone)]

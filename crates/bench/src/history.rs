@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use super::Report;
 use super::clickhouse_server::LocalClickHouse;
-use crate::domain::{SensorId, time};
-use crate::history::clickhouse::{ClickHouse, Target};
-use crate::history::shipper::BATCH;
-use crate::store::{HistoryBatch, ReadingRecord, Stored};
+use latch::domain::{SensorId, time};
+use latch::history::clickhouse::{ClickHouse, Target};
+use latch::history::shipper::BATCH;
+use latch::store::{HistoryBatch, ReadingRecord, Stored};
 
 /// Readings per HTTP request.
 const REQUEST: usize = 1000;
@@ -36,10 +36,10 @@ pub struct Args {
     #[arg(long, default_value_t = 10_000)]
     pub rate: u64,
     /// Steady load before ClickHouse goes down.
-    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = latch::config::parse_duration)]
     pub before: Duration,
     /// How long ClickHouse stays down.
-    #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = latch::config::parse_duration)]
     pub outage: Duration,
     /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
     #[arg(long)]

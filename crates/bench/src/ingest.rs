@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
     /// How long to drive load (at most, with `--count`).
-    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = latch::config::parse_duration)]
     pub duration: Duration,
     /// Share of readings that change their sensor's state.
     #[arg(long, default_value_t = 0.1)]
@@ -103,8 +103,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 clickhouse = Some(ch);
             }
             config.sqlite_synchronous = match args.sync.as_str() {
-                "normal" => crate::store::sqlite::Synchronous::Normal,
-                _ => crate::store::sqlite::Synchronous::Full,
+                "normal" => latch::store::sqlite::Synchronous::Normal,
+                _ => latch::store::sqlite::Synchronous::Full,
             };
             let server = super::start(config).await?;
             let base = server.base.clone();
@@ -347,7 +347,7 @@ async fn raw_postgres_rate(url: &str, batch: usize, rows: usize) -> anyhow::Resu
 }
 
 /// Registers `ids` on a running latch through its API (existing ones are fine).
-async fn register(base: &str, ids: &[crate::domain::SensorId]) -> anyhow::Result<()> {
+async fn register(base: &str, ids: &[latch::domain::SensorId]) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let base = base.trim_end_matches('/').to_string();
     let per = ids.len().div_ceil(16).max(1);

@@ -1,5 +1,5 @@
 //! Test harness: the real latch service on a port-0 listener with a JSON HTTP client, on
-//! the kit `latch bench` shares ([`latch::testkit`]: the in-process server, webhook
+//! the kit `latch bench` shares ([`latch_testkit`]: the in-process server, webhook
 //! receivers that record what they get and answer as told, PostgreSQL schemas).
 
 use std::path::{Path, PathBuf};
@@ -10,12 +10,12 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use latch::clock::Clock;
 use latch::config::Config;
-use latch::testkit::{PgSchema, Server};
+use latch_testkit::{PgSchema, Server};
 use serde_json::{Value, json};
 
 // tests/pg_restart.rs shares this module and uses none of these.
 #[allow(unused_imports)]
-pub use latch::testkit::{Answer, Received, Receiver, eventually};
+pub use latch_testkit::{Answer, Received, Receiver, eventually};
 
 pub mod cluster;
 pub mod fault;

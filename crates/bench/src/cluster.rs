@@ -19,7 +19,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::{Bodies, Keep, PgSchema, Receiver, Report};
-use crate::domain::SensorId;
+use latch::domain::SensorId;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub partitions: u32,
     /// The nodes' partition lease (the takeover waits for it to run out).
-    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = latch::config::parse_duration)]
     pub lease: Duration,
     /// Sensors the ingest phase reports for (no client linked).
     #[arg(long, default_value_t = 10_000)]
@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10_000)]
     pub changes: usize,
     /// Longest wait for the webhooks of a delivery phase, and for a takeover.
-    #[arg(long, default_value = "120s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
 }
 

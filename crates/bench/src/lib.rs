@@ -17,9 +17,9 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
-use crate::domain::{Client, Sensor, SensorId, time};
-pub use crate::testkit::{Keep, PgSchema, Receiver, Server};
+use latch::config::Config;
+use latch::domain::{Client, Sensor, SensorId, time};
+pub use latch_testkit::{Keep, PgSchema, Receiver, Server};
 
 /// A result row: name, value, unit.
 pub type Row = (String, f64, &'static str);
@@ -297,7 +297,7 @@ pub async fn import(
     clients: &[Client],
     timeout_s: Option<u32>,
 ) -> anyhow::Result<()> {
-    let store = crate::store::connect(config).await?;
+    let store = latch::store::connect(config).await?;
     for cl in clients {
         store.create_client(cl.clone()).await?;
     }
@@ -338,10 +338,10 @@ pub async fn store_config(
 /// A client of a bench receiver.
 pub fn client(url: &str) -> Client {
     Client {
-        id: crate::domain::client::new_client_id(),
+        id: latch::domain::client::new_client_id(),
         name: "bench".into(),
         url: url.into(),
-        secret: crate::domain::client::generate_secret(),
+        secret: latch::domain::client::generate_secret(),
         created_at: time::now_ms(),
         ..Client::default()
     }

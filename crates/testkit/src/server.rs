@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::clock::Clock;
-use crate::config::Config;
+use latch::clock::Clock;
+use latch::config::Config;
 
 /// A running latch on `127.0.0.1:0`, stopped gracefully by [`Server::stop`].
 pub struct Server {
@@ -35,7 +35,7 @@ impl Server {
         let shutdown = async {
             let _ = rx.await;
         };
-        let task = tokio::spawn(crate::run_with_clock(
+        let task = tokio::spawn(latch::run_with_clock(
             Arc::new(config),
             listener,
             shutdown,

@@ -25,7 +25,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use rumqttc::{AsyncClient, MqttOptions, QoS};
 
 use super::Report;
-use crate::domain::SensorId;
+use latch::domain::SensorId;
 
 /// Bodies of `n` readings over `ids`, `ratio` of them changing their sensor's state.
 fn bodies(ids: &[SensorId], n: usize, ratio: f64) -> Vec<Vec<u8>> {
@@ -54,7 +54,7 @@ fn bodies(ids: &[SensorId], n: usize, ratio: f64) -> Vec<Vec<u8>> {
 /// An atomic load in this process, where latch runs: watching its progress costs latch
 /// nothing, unlike a `/metrics` scrape, which renders every family in latch's process.
 fn accepted_since(source: &str, base: u64) -> usize {
-    (crate::ingest::accepted_total(source) - base) as usize
+    (latch::ingest::accepted_total(source) - base) as usize
 }
 
 /// Waits until `taken()` reaches `n`, looking every millisecond; when it did.
@@ -130,7 +130,7 @@ async fn amqp_delete(url: &str, queues: &[String]) -> anyhow::Result<()> {
 async fn amqp_bare_rate(url: &str, queue: &str, n: usize) -> anyhow::Result<Rate> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
-    ch.basic_qos(crate::ingest::amqp::PREFETCH, BasicQosOptions::default())
+    ch.basic_qos(latch::ingest::amqp::PREFETCH, BasicQosOptions::default())
         .await?;
     let mut consumer = ch
         .basic_consume(
@@ -188,7 +188,7 @@ pub async fn amqp(
     let mut config = super::config(&dir);
     config.amqp_url = Some(url.to_string());
     config.amqp_queue = queue.clone();
-    let base = crate::ingest::accepted_total("amqp");
+    let base = latch::ingest::accepted_total("amqp");
     let started = Instant::now();
     let server = super::start(config).await?;
     // Ready means consuming; what latch took before this is left out of its rate.
@@ -242,14 +242,14 @@ pub async fn amqp(
          baseline_cpu_us_per_message: this process's CPU time over each timed run per message \
          (the broker's own CPU is not in it).",
         ratio * 100.0,
-        crate::ingest::amqp::PREFETCH
+        latch::ingest::amqp::PREFETCH
     ));
     Ok(r)
 }
 
 /// Most messages published ahead of what the consumer has taken (received by the bare
 /// subscriber, committed by latch). Both ask for a receive window of
-/// [`crate::ingest::mqtt::RECEIVE_MAXIMUM`], larger than this, so the broker sends on at once
+/// [`latch::ingest::mqtt::RECEIVE_MAXIMUM`], larger than this, so the broker sends on at once
 /// and queues nothing (Mosquitto drops QoS 1 messages queued for a subscriber beyond
 /// `max_queued_messages`, 1000 by default).
 const MQTT_WINDOW: usize = 1000;
@@ -328,7 +328,7 @@ async fn mqtt_bare_rate(
     use rumqttc::v5::{AsyncClient, Event, MqttOptions};
     let mut o = MqttOptions::new(format!("bench-bare-{}", ulid::Ulid::new()), host, port);
     o.set_keep_alive(Duration::from_secs(30))
-        .set_receive_maximum(Some(crate::ingest::mqtt::RECEIVE_MAXIMUM))
+        .set_receive_maximum(Some(latch::ingest::mqtt::RECEIVE_MAXIMUM))
         .set_manual_acks(true);
     let (client, mut events) = AsyncClient::new(o, 10_000);
     client
@@ -368,7 +368,7 @@ pub async fn mqtt(
     messages: usize,
     ratio: f64,
 ) -> anyhow::Result<Report> {
-    let opts = crate::ingest::mqtt::options(url)?;
+    let opts = latch::ingest::mqtt::options(url)?;
     let (host, port) = opts.broker_address();
     let (dir, _tmp) = super::data_dir(None)?;
     let ids = super::sensor_ids(sensors);
@@ -396,7 +396,7 @@ pub async fn mqtt(
     ));
     config.mqtt_topic = filter;
     let server = super::start(config).await?;
-    let base = crate::ingest::accepted_total("mqtt");
+    let base = latch::ingest::accepted_total("mqtt");
     let (started, cpu) = (Instant::now(), super::cpu_seconds());
     let published = mqtt_publish(&host, port, &msgs, || accepted_since("mqtt", base)).await;
     let published = match published {
@@ -453,7 +453,7 @@ pub async fn mqtt(
          the publisher waited, {MQTT_WINDOW} ahead of the consumer (near 0: the consumer kept \
          up, and the publisher and the broker set the pace).",
         ratio * 100.0,
-        crate::ingest::mqtt::RECEIVE_MAXIMUM
+        latch::ingest::mqtt::RECEIVE_MAXIMUM
     ));
     Ok(r)
 }

@@ -46,20 +46,20 @@ enum Command {
 #[derive(Subcommand)]
 enum Scenario {
     /// Readings over HTTP, accepted durably; baseline: raw SQLite inserts.
-    Ingest(latch::bench::ingest::Args),
+    Ingest(latch_bench::ingest::Args),
     /// State changes to webhooks; baseline: the receiver hammered directly.
-    Deliver(latch::bench::deliver::Args),
+    Deliver(latch_bench::deliver::Args),
     /// Memory per sensor, restart time, and a whole fleet going silent at once.
-    Fleet(latch::bench::fleet::Args),
+    Fleet(latch_bench::fleet::Args),
     /// Time to ready with N sensors and P pending notifications.
-    Restart(latch::bench::restart::Args),
+    Restart(latch_bench::restart::Args),
     /// History shipped to ClickHouse: drain rate, and catch-up after an outage.
-    History(latch::bench::history::Args),
+    History(latch_bench::history::Args),
     /// Memory over millions of deliveries: RSS after a warm-up, halfway and at the end.
-    Soak(latch::bench::soak::Args),
+    Soak(latch_bench::soak::Args),
     /// N `latch serve` processes on one PostgreSQL: ingest and delivery against one node,
     /// and the takeover time after `kill -9` of one.
-    Cluster(latch::bench::cluster::Args),
+    Cluster(latch_bench::cluster::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -83,13 +83,13 @@ fn main() -> anyhow::Result<()> {
                 .join(" ");
             tokio::runtime::Runtime::new()?.block_on(async {
                 let report = match *scenario {
-                    Scenario::Ingest(a) => latch::bench::ingest::run(a).await?,
-                    Scenario::Deliver(a) => latch::bench::deliver::run(a).await?,
-                    Scenario::Fleet(a) => latch::bench::fleet::run(a).await?,
-                    Scenario::Restart(a) => latch::bench::restart::run(a).await?,
-                    Scenario::History(a) => latch::bench::history::run(a).await?,
-                    Scenario::Soak(a) => latch::bench::soak::run(a).await?,
-                    Scenario::Cluster(a) => latch::bench::cluster::run(a).await?,
+                    Scenario::Ingest(a) => latch_bench::ingest::run(a).await?,
+                    Scenario::Deliver(a) => latch_bench::deliver::run(a).await?,
+                    Scenario::Fleet(a) => latch_bench::fleet::run(a).await?,
+                    Scenario::Restart(a) => latch_bench::restart::run(a).await?,
+                    Scenario::History(a) => latch_bench::history::run(a).await?,
+                    Scenario::Soak(a) => latch_bench::soak::run(a).await?,
+                    Scenario::Cluster(a) => latch_bench::cluster::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

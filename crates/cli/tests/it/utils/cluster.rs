@@ -221,7 +221,7 @@ impl Cluster {
             .text()
             .await
             .unwrap();
-        latch::bench::metric_sum(&text, name)
+        latch_bench::metric_sum(&text, name)
     }
 
     /// A client for `url` and `n` sensors, each registered and linked through a different

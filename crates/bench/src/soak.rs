@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long)]
     pub database_url: Option<String>,
     /// Longest wait for the outbox to drain at each reading.
-    #[arg(long, default_value = "300s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
 }
 

@@ -30,7 +30,7 @@ fn bench(args: &[&str]) -> Value {
 
 /// Whether the ClickHouse benches cannot run here (outside CI only: in CI it fails).
 fn clickhouse_server_missing() -> bool {
-    !latch::bench::clickhouse_server::installed()
+    !latch_bench::clickhouse_server::installed()
         && crate::utils::service_missing("clickhouse-server", "not installed")
 }
 

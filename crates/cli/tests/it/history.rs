@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use latch::bench::clickhouse_server::{LocalClickHouse, query};
 use latch::domain::{SensorId, time};
 use latch::history::History;
 use latch::history::clickhouse::{ClickHouse, Target};
 use latch::store::{HistoryBatch, PageRequest, ReadingRecord, Stored, TimeRange};
+use latch_bench::clickhouse_server::{LocalClickHouse, query};
 use serde_json::{Value, json};
 
 use crate::utils::Process;

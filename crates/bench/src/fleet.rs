@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{Keep, Receiver, Report, percentile, rss_bytes, trim_heap};
-use crate::domain::{SensorId, time};
+use latch::domain::{SensorId, time};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     pub sensors: usize,
     /// Heartbeat timeout after the restart.
-    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = latch::config::parse_duration)]
     pub timeout: Duration,
     /// Readings a second fed to other sensors during phase 2 (0: none).
     #[arg(long, default_value_t = 10_000)]
@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     // Phase 1: memory per tracked sensor.
     let mut config = super::config(&dir);
     config.heartbeat_timeout = Duration::from_secs(24 * 3600);
-    config.sqlite_synchronous = crate::store::sqlite::Synchronous::Normal;
+    config.sqlite_synchronous = latch::store::sqlite::Synchronous::Normal;
     trim_heap();
     let rss_empty = {
         let empty = tempfile::tempdir()?;
@@ -168,9 +168,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             stop_feed.clone(),
         ))
     });
-    let before = crate::engine::lost_total();
+    let before = latch::engine::lost_total();
     let all_lost_at = reached(
-        || crate::engine::lost_total() - before,
+        || latch::engine::lost_total() - before,
         args.sensors,
         args.timeout + Duration::from_secs(600),
         "sensors went lost",
