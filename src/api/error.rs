@@ -124,7 +124,7 @@ impl From<store::Error> for ApiError {
                 "invalid_cursor",
                 "cursor is not one this API returned",
             ),
-            store::Error::Backend(cause) => {
+            store::Error::Backend(cause) | store::Error::Indeterminate(cause) => {
                 tracing::error!(error = %cause, "Store failed while serving a request.");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -24,30 +24,34 @@ const NEVER: Millis = Millis::MAX / 2;
 /// An empty store for one check, with what has to live as long as it.
 struct Fresh {
     store: Arc<dyn Store>,
-    /// The SQLite store's folder, removed after the store (fields drop in order).
-    _dir: Option<tempfile::TempDir>,
+    /// The store's data folder, removed after the store (fields drop in order).
+    _dir: tempfile::TempDir,
+}
+
+/// The store as a server opens it ([`crate::store::connect`]), on `database_url`: what a
+/// backend's wiring adds (or forgets) is part of what the checks see.
+async fn open(database_url: Option<String>) -> Fresh {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = crate::config::Config::load_from(None, &[]).unwrap();
+    config.data_dir = dir.path().to_path_buf();
+    config.database_url = database_url;
+    config.sqlite_synchronous = crate::store::sqlite::Synchronous::Normal;
+    let store = crate::store::connect(&config).await.unwrap();
+    Fresh { store, _dir: dir }
 }
 
 async fn fresh_sqlite() -> Option<Fresh> {
-    let dir = tempfile::tempdir().unwrap();
-    let store = crate::store::sqlite::SqliteStore::open(
-        dir.path(),
-        crate::store::sqlite::Synchronous::Normal,
-    )
-    .unwrap();
-    Some(Fresh {
-        store: Arc::new(store),
-        _dir: Some(dir),
-    })
+    Some(open(None).await)
 }
 
 /// A store on a fresh schema of the test database; `None` (SKIPPED) without one outside CI.
 async fn fresh_postgres() -> Option<Fresh> {
-    let (store, _schema) = crate::store::postgres::tests::fresh().await?;
-    Some(Fresh {
-        store: Arc::new(store),
-        _dir: None,
-    })
+    let schema = crate::store::postgres::tests::fresh_schema().await?;
+    let url = crate::store::postgres::tests::schema_url(
+        &crate::store::postgres::tests::base_url(),
+        &schema,
+    );
+    Some(open(Some(url)).await)
 }
 
 /// Emits, in a module named after the backend, one test per check, each on the store

@@ -7,6 +7,7 @@
 //! `commit.rs`). Release and the commit wait for those locks in partition order, acquire
 //! only tries them, so they never deadlock; rows are locked in partition order too.
 
+use super::db::{Bound, Sql};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -44,7 +45,7 @@ fn leases(rows: &[tokio_postgres::Row]) -> Vec<Lease> {
 #[async_trait]
 impl ClusterStore for PgStore {
     async fn partitions(&self, wanted: u32) -> Result<u32> {
-        let mut c = self.pool.get().await?;
+        let mut c = self.db.get("partitions").await?;
         let tx = c.transaction().await?;
         // A second node starting at the same moment waits on the key, then finds the row.
         tx.execute(
@@ -74,7 +75,7 @@ impl ClusterStore for PgStore {
         address: &str,
         live_within: Duration,
     ) -> Result<Vec<String>> {
-        let mut c = self.pool.get().await?;
+        let mut c = self.db.get("heartbeat").await?;
         let tx = c.transaction().await?;
         tx.execute(
             "INSERT INTO latch_nodes (id, address, heartbeat_at) VALUES ($1, $2, now()) \
@@ -97,10 +98,7 @@ impl ClusterStore for PgStore {
     async fn renew(&self, node: &str, lease: Duration) -> Result<Vec<Lease>> {
         // A lease that ran out but that nobody took is still this node's at its epoch
         // (taking it bumps the epoch), so it is extended too.
-        let rows = self
-            .pool
-            .get()
-            .await?
+        let rows = self.db.get("renew").await?
             .query(
                 "UPDATE latch_partitions SET expires_at = now() + $2::int8 * interval '1 millisecond' \
                  WHERE partition IN (SELECT partition FROM latch_partitions WHERE owner = $1 \
@@ -124,8 +122,8 @@ impl ClusterStore for PgStore {
         // commit stuck in the server ends with its session). The re-check of the condition
         // on the newest row version (READ COMMITTED) keeps a row just taken out.
         let rows = self
-            .pool
-            .get()
+            .db
+            .get("acquire")
             .await?
             .query(
                 &format!(
@@ -154,7 +152,7 @@ impl ClusterStore for PgStore {
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         // The epoch is bumped too, so a commit of this node still in flight with the old
         // one is fenced; one that is writing is waited for (its advisory locks).
-        let mut c = self.pool.get().await?;
+        let mut c = self.db.get("release").await?;
         let tx = c.transaction().await?;
         tx.execute(
             &format!(
@@ -181,8 +179,8 @@ impl ClusterStore for PgStore {
     }
 
     async fn leave(&self, node: &str) -> Result<()> {
-        self.pool
-            .get()
+        self.db
+            .get("leave")
             .await?
             .execute("DELETE FROM latch_nodes WHERE id = $1", &[&node])
             .await?;
@@ -192,8 +190,8 @@ impl ClusterStore for PgStore {
     async fn owners(&self) -> Result<Vec<Owner>> {
         // An owner without a registration cannot be reached, so it is not shown as one.
         let rows = self
-            .pool
-            .get()
+            .db
+            .get("owners")
             .await?
             .query(
                 "SELECT p.partition, p.owner, n.address, p.epoch FROM latch_partitions p \
@@ -215,8 +213,8 @@ impl ClusterStore for PgStore {
 
     async fn nodes(&self, live_within: Duration) -> Result<Vec<NodeRow>> {
         let rows = self
-            .pool
-            .get()
+            .db
+            .get("nodes")
             .await?
             .query(
                 "SELECT n.id, n.address, \
@@ -250,8 +248,8 @@ impl ClusterStore for PgStore {
             .unzip();
         // One index range scan of `sensors.hash` per partition.
         let rows = self
-            .pool
-            .get()
+            .db
+            .get_for("load_partitions", Bound::Bulk)
             .await?
             .query(
                 &format!(

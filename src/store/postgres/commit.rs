@@ -1,21 +1,25 @@
 //! The group commit: a batch's readings, state, events and notifications in one
 //! transaction, one statement per kind of row.
 
+use async_trait::async_trait;
+
+use super::PgStore;
+use super::db::{Db, Sql, Tx};
+use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
 
-use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
 
 use super::super::{CommitBatch, Error, Fence, NotificationRef, Result};
-use super::{DELETE_LOCK, backend};
+use super::DELETE_LOCK;
 use crate::domain::{EventKind, Millis, SensorId, notification::new_notification_id};
 
 pub(super) async fn commit(
-    pool: &Pool,
+    db: &Db,
     batch: CommitBatch,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
-    let mut c = pool.get().await?;
+    let mut c = db.get("commit").await?;
     let tx = c.transaction().await?;
     tx.execute(
         &tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))")
@@ -40,10 +44,7 @@ pub(super) async fn commit(
 /// write one after either did. Shared advisory locks write nothing; the row locks `FOR
 /// SHARE` they replace wrote every lease row on every commit (multixacts when commits
 /// overlapped), about a quarter of PostgreSQL's delivery throughput.
-pub(super) async fn fenced(
-    tx: &deadpool_postgres::Transaction<'_>,
-    fence: &[Fence],
-) -> Result<Vec<u32>> {
+pub(super) async fn fenced(tx: &Tx<'_>, fence: &[Fence]) -> Result<Vec<u32>> {
     if fence.is_empty() {
         return Ok(Vec::new());
     }
@@ -88,11 +89,11 @@ pub(super) async fn fenced(
 
 /// Runs an `UNNEST` insert of `rows` rows, unless there are none.
 async fn execute_rows(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     st: &tokio_postgres::Statement,
     params: &[&(dyn ToSql + Sync)],
     rows: usize,
-) -> std::result::Result<u64, tokio_postgres::Error> {
+) -> Result<u64> {
     if rows == 0 {
         return Ok(0);
     }
@@ -109,7 +110,7 @@ async fn execute_rows(
 /// replaced an `EXISTS` probe per row in four statements, and the pipelining a round trip
 /// per statement.
 async fn commit_batch(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     batch: &CommitBatch,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
@@ -269,24 +270,22 @@ async fn commit_batch(
     let (_, _, _, rows) = futures::try_join!(
         async {
             let p: [&(dyn ToSql + Sync); 5] = [&r_ids, &r_ts, &r_recv, &r_data, &r_late];
-            execute_rows(tx, &readings_sql, &p, r_ids.len())
-                .await
-                .map_err(backend)
+            execute_rows(tx, &readings_sql, &p, r_ids.len()).await
         },
         async {
             let p: [&(dyn ToSql + Sync); 6] =
                 [&s_ids, &s_data, &s_changed, &s_last_ts, &s_seen, &s_conn];
-            Ok::<_, Error>(execute_rows(tx, &state_sql, &p, s_ids.len()).await?)
+            execute_rows(tx, &state_sql, &p, s_ids.len()).await
         },
         async {
             let p: [&(dyn ToSql + Sync); 6] = [&e_ids, &e_kinds, &e_at, &e_data, &e_prev, &e_seen];
-            Ok::<_, Error>(execute_rows(tx, &events_sql, &p, e_ids.len()).await?)
+            execute_rows(tx, &events_sql, &p, e_ids.len()).await
         },
         async {
             if n_id.is_empty() {
                 return Ok(Vec::new());
             }
-            Ok::<_, Error>(tx.query(&notifications_sql, &n_params).await?)
+            tx.query(&notifications_sql, &n_params).await
         }
     )?;
     if n_id.is_empty() {
@@ -341,4 +340,34 @@ async fn commit_batch(
         .await?;
     }
     Ok(created)
+}
+
+#[async_trait]
+impl Runtime for PgStore {
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        super::registry::load_runtime(&self.db).await
+    }
+
+    async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
+        super::registry::load_states(&self.db, ids).await
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        super::registry::registry_changes(&self.db, after).await
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        super::registry::newest_registry_change(&self.db).await
+    }
+
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        super::registry::prune_registry_changes(&self.db, before).await
+    }
+
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        commit(&self.db, batch, now).await
+    }
 }

@@ -1,16 +1,19 @@
 //! History: readings and events listed, and the spool shipped to a sink.
 
-use deadpool_postgres::Pool;
+use async_trait::async_trait;
 
 use super::super::rows::{self as row, Cols, EVENT_COLS, READING_COLS};
 use super::super::{
     Error, HistoryBatch, HistorySink, Page, PageRequest, ReadingRecord, Result, Stored, TimeRange,
     limit_plus_one, split_cursor,
 };
+use super::PgStore;
+use super::db::{Bound, Db, Sql};
 use crate::domain::{Event, SensorId};
+use crate::store::HistoryStore;
 
 pub(super) async fn list_readings(
-    pool: &Pool,
+    db: &Db,
     sensor_id: SensorId,
     range: TimeRange,
     page: PageRequest,
@@ -20,11 +23,11 @@ pub(super) async fn list_readings(
          WHERE sensor_id = $1 AND ts >= $2 AND ts < $3 AND (ts, id) > ($4, $5) \
          ORDER BY ts, id LIMIT $6"
     );
-    page_by_time(pool, &sql, sensor_id, range, page, row::reading, |r| r.ts).await
+    page_by_time(db, &sql, sensor_id, range, page, row::reading, |r| r.ts).await
 }
 
 pub(super) async fn list_events(
-    pool: &Pool,
+    db: &Db,
     sensor_id: SensorId,
     range: TimeRange,
     page: PageRequest,
@@ -34,14 +37,14 @@ pub(super) async fn list_events(
          WHERE sensor_id = $1 AND at >= $2 AND at < $3 AND (at, id) > ($4, $5) \
          ORDER BY at, id LIMIT $6"
     );
-    page_by_time(pool, &sql, sensor_id, range, page, row::event, |e| e.at).await
+    page_by_time(db, &sql, sensor_id, range, page, row::event, |e| e.at).await
 }
 
 /// One page of a sensor's history rows in time order. `sql` takes the sensor (`$1`), the
 /// range (`$2`, `$3`), the cursor's time and id (`$4`, `$5`) and the limit (`$6`); the
 /// next cursor is the last row's `time` and id.
 async fn page_by_time<T>(
-    pool: &Pool,
+    db: &Db,
     sql: &str,
     sensor_id: SensorId,
     range: TimeRange,
@@ -53,7 +56,7 @@ async fn page_by_time<T>(
         Some(cur) => split_cursor(cur)?,
         None => (i64::MIN, i64::MIN),
     };
-    let c = pool.get().await?;
+    let c = db.get("page_by_time").await?;
     let rows = c
         .query(
             sql,
@@ -76,13 +79,9 @@ async fn page_by_time<T>(
     }))
 }
 
-pub(super) async fn ship_history(
-    pool: &Pool,
-    limit: usize,
-    sink: &dyn HistorySink,
-) -> Result<usize> {
+pub(super) async fn ship_history(db: &Db, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
     let limit = limit as i64;
-    let mut c = pool.get().await?;
+    let mut c = db.get_for("ship_history", Bound::Shipment).await?;
     // Rows are deleted (or marked) and locked in a transaction that commits only once
     // the sink has them: a failure rolls back, other nodes skip the locked rows, and
     // readers keep seeing them in the spool until ClickHouse has them too.
@@ -141,8 +140,8 @@ pub(super) async fn ship_history(
     Ok(batch.len())
 }
 
-pub(super) async fn spool_depth(pool: &Pool) -> Result<u64> {
-    let c = pool.get().await?;
+pub(super) async fn spool_depth(db: &Db) -> Result<u64> {
+    let c = db.get("spool_depth").await?;
     let n: i64 = c
         .query_one(
             "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
@@ -152,4 +151,38 @@ pub(super) async fn spool_depth(pool: &Pool) -> Result<u64> {
         .await?
         .get(0);
     Ok(n as u64)
+}
+
+#[async_trait]
+impl HistoryStore for PgStore {
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<ReadingRecord>>> {
+        list_readings(&self.db, sensor_id, range, page).await
+    }
+
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<Event>>> {
+        list_events(&self.db, sensor_id, range, page).await
+    }
+
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        ship_history(&self.db, limit, sink).await
+    }
+
+    async fn spool_depth(&self) -> Result<u64> {
+        spool_depth(&self.db).await
+    }
+
+    /// Readings are indexed as they are committed: there is no journal to move.
+    async fn archive_history(&self, _limit: usize) -> Result<usize> {
+        Ok(0)
+    }
 }

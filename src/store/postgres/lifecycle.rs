@@ -1,21 +1,20 @@
 //! A client's lifecycle: secret rotation, the failure streak that disables it, enabling it
 //! again, its endpoint health, and the bulk replay of its dead letters.
 
-use deadpool_postgres::{Pool, Transaction};
-
 use super::super::rows::{self as row, CLIENT_COLS, NOTIF_COLS};
 use super::super::{Error, NotificationRef, Outcome, ReplayFilter, Result, notification_ref};
+use super::db::{Bound, Db, Sql, Tx};
 use super::outbox;
 use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
 use crate::domain::{Client, Millis, policy};
 
 pub(super) async fn rotate_secret(
-    pool: &Pool,
+    db: &Db,
     id: String,
     secret: String,
     previous_until: Millis,
 ) -> Result<Option<Client>> {
-    let c = pool.get().await?;
+    let c = db.get("rotate_secret").await?;
     // The right-hand sides read the row as it was, so `previous_secret = secret` keeps the
     // old one.
     c.query_opt(
@@ -31,8 +30,8 @@ pub(super) async fn rotate_secret(
     .transpose()
 }
 
-pub(super) async fn enable_client(pool: &Pool, id: String) -> Result<Option<bool>> {
-    let c = pool.get().await?;
+pub(super) async fn enable_client(db: &Db, id: String) -> Result<Option<bool>> {
+    let c = db.get("enable_client").await?;
     let was = c
         .query_opt(
             "UPDATE clients c SET disabled_at = NULL, disabled_reason = NULL, \
@@ -44,8 +43,8 @@ pub(super) async fn enable_client(pool: &Pool, id: String) -> Result<Option<bool
     Ok(was.map(|r| r.get(0)))
 }
 
-pub(super) async fn count_disabled(pool: &Pool) -> Result<u64> {
-    let c = pool.get().await?;
+pub(super) async fn count_disabled(db: &Db) -> Result<u64> {
+    let c = db.get("count_disabled").await?;
     let n: i64 = c
         .query_one(
             "SELECT COUNT(*) FROM clients WHERE disabled_at IS NOT NULL",
@@ -59,7 +58,7 @@ pub(super) async fn count_disabled(pool: &Pool) -> Result<u64> {
 /// Keeps each client's failure streak from a batch of attempts and disables the clients
 /// the policy says to, in the recording transaction.
 pub(super) async fn note_attempts(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     outcomes: &[Outcome],
     now: Millis,
     disable_after: Millis,
@@ -107,8 +106,8 @@ const CLIENT_ATTEMPTS: &str =
     "attempts a JOIN notifications n ON n.id = a.notification_id WHERE n.client_id = $1";
 const DELIVERED: &str = "a.status_code BETWEEN 200 AND 299";
 
-pub(super) async fn client_health(pool: &Pool, id: String, now: Millis) -> Result<Option<Health>> {
-    let c = pool.get().await?;
+pub(super) async fn client_health(db: &Db, id: String, now: Millis) -> Result<Option<Health>> {
+    let c = db.get("client_health").await?;
     if c.query_opt("SELECT 1 FROM clients WHERE id = $1", &[&id])
         .await?
         .is_none()
@@ -172,10 +171,10 @@ pub(super) async fn client_health(pool: &Pool, id: String, now: Millis) -> Resul
 }
 
 pub(super) async fn load_client_pending(
-    pool: &Pool,
+    db: &Db,
     client_id: String,
 ) -> Result<Vec<NotificationRef>> {
-    let c = pool.get().await?;
+    let c = db.get_for("load_client_pending", Bound::Bulk).await?;
     c.query(
         &format!(
             "SELECT {NOTIF_COLS} FROM notifications_pending p \
@@ -193,11 +192,11 @@ pub(super) async fn load_client_pending(
 /// The bulk replay, in one transaction, oldest first: each one is judged as a single
 /// retry would judge it once the older ones went back to pending.
 pub(super) async fn retry_notifications(
-    pool: &Pool,
+    db: &Db,
     f: ReplayFilter,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
-    let mut c = pool.get().await?;
+    let mut c = db.get_for("retry_notifications", Bound::Bulk).await?;
     let tx = c.transaction().await?;
     if tx
         .query_opt("SELECT 1 FROM clients WHERE id = $1", &[&f.client_id])

@@ -15,31 +15,25 @@
 //! - History is partitioned by month; the current and next months' partitions are created
 //!   at start, under the migration lock.
 //! - Every connection has a connect timeout and TCP keepalive, and the pool bounds its
-//!   waits; [`super::deadline::Deadline`] bounds each call on top, since a server that stops
-//!   answering enforces none of its own timeouts.
+//!   waits; `db.rs` bounds each call on top, where it takes its connection, since a server
+//!   that stops answering enforces none of its own timeouts.
 //!
-//! This file connects, migrates and hands each call to the module of its concern
-//! (`registry`, `commit`, `outbox`, `history`, `cluster`), with the column lists and row
-//! mappers of `store::rows`.
+//! This file connects and migrates; each store trait is implemented in the module of its
+//! concern (`registry`, `commit`, `outbox`, `history`, `tokens`, `cluster`), with the
+//! column lists and row mappers of `store::rows`.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
-use super::{
-    Claim, CommitBatch, ConnectionCounts, Error, HistorySink, NotificationFilter, NotificationRef,
-    Outcome, Page, PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView,
-    Store, Stored, TimeRange,
-};
-use crate::domain::client::{Disabled, Health};
-use crate::domain::token::ApiToken;
-use crate::domain::{
-    Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
-};
+use super::{Backend, Error, Result};
+use crate::domain::Millis;
+use db::{Db, Sql};
 
 mod cluster;
 mod commit;
+mod db;
 mod history;
 mod lifecycle;
 mod outbox;
@@ -81,7 +75,8 @@ const MONTHS_AHEAD: i32 = 3;
 /// PostgreSQL implementation of [`Store`].
 #[derive(Clone)]
 pub struct PgStore {
-    pool: Pool,
+    /// The pool, and the time bound every call is held to.
+    db: Db,
     /// The data folder's lock, held for the store's life (see `store::lock_data_dir`).
     _lock: Option<std::sync::Arc<std::fs::File>>,
 }
@@ -220,7 +215,10 @@ impl PgStore {
             })
             .build()
             .map_err(|e| anyhow::anyhow!("database_url: {e}"))?;
-        let store = Self { pool, _lock: None };
+        let store = Self {
+            db: Db::new(pool, timeout),
+            _lock: None,
+        };
         store
             .migrate()
             .await
@@ -236,7 +234,7 @@ impl PgStore {
 
     /// Applies pending migrations, one node at a time.
     pub async fn migrate(&self) -> Result<()> {
-        let mut c = self.pool.get().await?;
+        let mut c = self.db.unbounded().await?;
         c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
             .await?;
         let result = async {
@@ -320,248 +318,30 @@ async fn ensure_partitions(c: &tokio_postgres::Client, now: Millis) -> Result<()
     Ok(())
 }
 
-/// Each call takes a pooled connection in the module of its concern.
+/// Each trait is implemented in the file of its concern; this one is the backend's own.
 #[async_trait]
-impl Store for PgStore {
+impl Backend for PgStore {
+    async fn ping(&self) -> Result<()> {
+        self.db
+            .get("ping")
+            .await?
+            .query_one("SELECT 1", &[])
+            .await?;
+        Ok(())
+    }
+
     fn shared(&self) -> bool {
         true
     }
 
-    async fn ping(&self) -> Result<()> {
-        self.pool.get().await?.query_one("SELECT 1", &[]).await?;
-        Ok(())
-    }
-
-    async fn create_sensor(&self, s: Sensor) -> Result<()> {
-        registry::create_sensor(&self.pool, s).await
-    }
-
-    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
-        registry::get_sensor(&self.pool, id).await
-    }
-
-    async fn list_sensors(
-        &self,
-        connection: Option<Conn>,
-        page: PageRequest,
-    ) -> Result<Page<SensorView>> {
-        registry::list_sensors(&self.pool, connection, page).await
-    }
-
-    async fn replace_sensor(
-        &self,
-        id: SensorId,
-        address: String,
-        timeout: Option<u32>,
-    ) -> Result<Option<SensorView>> {
-        registry::replace_sensor(&self.pool, id, address, timeout).await
-    }
-
-    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
-        registry::delete_sensor(&self.pool, id, now).await
-    }
-
-    async fn create_client(&self, cl: Client) -> Result<()> {
-        registry::create_client(&self.pool, cl).await
-    }
-
-    async fn get_client(&self, id: String) -> Result<Option<Client>> {
-        registry::get_client(&self.pool, id).await
-    }
-
-    async fn list_clients(
-        &self,
-        page: PageRequest,
-        disabled: Option<bool>,
-    ) -> Result<Page<Client>> {
-        registry::list_clients(&self.pool, page, disabled).await
-    }
-
-    async fn replace_client(&self, cl: Client) -> Result<bool> {
-        registry::replace_client(&self.pool, cl).await
-    }
-
-    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
-        registry::delete_client(&self.pool, id, now).await
-    }
-
-    async fn rotate_secret(
-        &self,
-        id: String,
-        secret: String,
-        previous_until: Millis,
-    ) -> Result<Option<Client>> {
-        lifecycle::rotate_secret(&self.pool, id, secret, previous_until).await
-    }
-
-    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
-        lifecycle::enable_client(&self.pool, id).await
-    }
-
-    async fn count_sensors(&self) -> Result<ConnectionCounts> {
-        registry::count_sensors(&self.pool).await
-    }
-
-    async fn count_disabled_clients(&self) -> Result<u64> {
-        lifecycle::count_disabled(&self.pool).await
-    }
-
-    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
-        lifecycle::client_health(&self.pool, id, now).await
-    }
-
-    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
-        registry::link(&self.pool, client_id, sensor_id, now).await
-    }
-
-    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        registry::unlink(&self.pool, client_id, sensor_id).await
-    }
-
-    async fn list_client_sensors(
-        &self,
-        client_id: String,
-        page: PageRequest,
-    ) -> Result<Page<SensorView>> {
-        registry::list_client_sensors(&self.pool, client_id, page).await
-    }
-
-    async fn list_sensor_clients(
-        &self,
-        sensor_id: SensorId,
-        page: PageRequest,
-    ) -> Result<Page<Client>> {
-        registry::list_sensor_clients(&self.pool, sensor_id, page).await
-    }
-
-    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
-        registry::import(&self.pool, sensors, links).await
-    }
-
-    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        registry::load_runtime(&self.pool).await
-    }
-
-    async fn registry_changes(
-        &self,
-        after: i64,
-    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
-        registry::registry_changes(&self.pool, after).await
-    }
-
-    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
-        registry::prune_registry_changes(&self.pool, before).await
-    }
-
     async fn maintain(&self, now: Millis) -> Result<()> {
-        let c = self.pool.get().await?;
+        let c = self.db.get("maintain").await?;
         // The migration lock, as at start: two nodes creating one partition would race.
         c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
             .await?;
-        let result = ensure_partitions(&c, now).await;
+        let result = ensure_partitions(c.client(), now).await;
         c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
             .await?;
         result
-    }
-
-    async fn newest_registry_change(&self) -> Result<i64> {
-        registry::newest_registry_change(&self.pool).await
-    }
-
-    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        commit::commit(&self.pool, batch, now).await
-    }
-
-    async fn list_readings(
-        &self,
-        sensor_id: SensorId,
-        range: TimeRange,
-        page: PageRequest,
-    ) -> Result<Page<Stored<ReadingRecord>>> {
-        history::list_readings(&self.pool, sensor_id, range, page).await
-    }
-
-    async fn list_events(
-        &self,
-        sensor_id: SensorId,
-        range: TimeRange,
-        page: PageRequest,
-    ) -> Result<Page<Stored<Event>>> {
-        history::list_events(&self.pool, sensor_id, range, page).await
-    }
-
-    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
-        outbox::load_pending(&self.pool, after_seq).await
-    }
-
-    async fn claim(
-        &self,
-        ids: Vec<String>,
-        node: String,
-        now: Millis,
-        lease_until: Millis,
-    ) -> Result<Vec<Claim>> {
-        outbox::claim(&self.pool, ids, node, now, lease_until).await
-    }
-
-    async fn record(
-        &self,
-        outcomes: Vec<Outcome>,
-        now: Millis,
-        disable_after: Millis,
-    ) -> Result<Vec<Disabled>> {
-        outbox::record(&self.pool, outcomes, now, disable_after).await
-    }
-
-    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
-        lifecycle::load_client_pending(&self.pool, client_id).await
-    }
-
-    async fn retry_notifications(
-        &self,
-        filter: ReplayFilter,
-        now: Millis,
-    ) -> Result<Vec<NotificationRef>> {
-        lifecycle::retry_notifications(&self.pool, filter, now).await
-    }
-
-    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
-        outbox::get_notification(&self.pool, id).await
-    }
-
-    async fn list_notifications(
-        &self,
-        filter: NotificationFilter,
-        page: PageRequest,
-    ) -> Result<Page<Notification>> {
-        outbox::list_notifications(&self.pool, filter, page).await
-    }
-
-    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        outbox::retry_notification(&self.pool, id, now).await
-    }
-
-    async fn count_pending(&self) -> Result<u64> {
-        outbox::count_pending(&self.pool).await
-    }
-
-    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
-        history::ship_history(&self.pool, limit, sink).await
-    }
-
-    async fn spool_depth(&self) -> Result<u64> {
-        history::spool_depth(&self.pool).await
-    }
-
-    async fn create_token(&self, token: ApiToken) -> Result<()> {
-        tokens::create(&self.pool, token).await
-    }
-
-    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
-        tokens::list(&self.pool).await
-    }
-
-    async fn delete_token(&self, id: String) -> Result<bool> {
-        tokens::delete(&self.pool, id).await
     }
 }

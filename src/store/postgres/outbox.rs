@@ -1,9 +1,13 @@
 //! The outbox: pending notifications loaded, claimed under `FOR UPDATE SKIP LOCKED`,
 //! their attempts recorded, listed and retried.
 
+use async_trait::async_trait;
+
+use super::PgStore;
+use super::db::{Bound, Db, Sql, Tx};
+use crate::store::{Outbox, ReplayFilter};
 use std::collections::HashMap;
 
-use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::Row;
 
 use super::super::rows::{
@@ -16,8 +20,8 @@ use super::super::{
 use crate::domain::client::Disabled;
 use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
 
-pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<NotificationRef>> {
-    let c = pool.get().await?;
+pub(super) async fn load_pending(db: &Db, after_seq: i64) -> Result<Vec<NotificationRef>> {
+    let c = db.get_for("load_pending", Bound::Bulk).await?;
     let rows = c
         .query(
             &format!(
@@ -40,20 +44,20 @@ pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<Noti
 /// earlier one. The notifications themselves are committed durably before any is sent.
 /// Each wait for the disk took a claim or a record batch's whole round; without them the
 /// dispatcher's writes share the flushes the ingest commits make anyway.
-async fn relaxed(tx: &deadpool_postgres::Transaction<'_>) -> Result<()> {
+async fn relaxed(tx: &Tx<'_>) -> Result<()> {
     tx.batch_execute("SET LOCAL synchronous_commit = off")
         .await?;
     Ok(())
 }
 
 pub(super) async fn claim(
-    pool: &Pool,
+    db: &Db,
     ids: Vec<String>,
     node: String,
     now: Millis,
     lease_until: Millis,
 ) -> Result<Vec<Claim>> {
-    let mut c = pool.get().await?;
+    let mut c = db.get("claim").await?;
     let tx = c.transaction().await?;
     relaxed(&tx).await?;
     // Rows another node is claiming right now are skipped, not waited for.
@@ -164,12 +168,12 @@ pub(super) async fn claim(
 }
 
 pub(super) async fn record(
-    pool: &Pool,
+    db: &Db,
     outcomes: Vec<Outcome>,
     now: Millis,
     disable_after: Millis,
 ) -> Result<Vec<Disabled>> {
-    let mut c = pool.get().await?;
+    let mut c = db.get("record").await?;
     let tx = c.transaction().await?;
     relaxed(&tx).await?;
     let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
@@ -224,10 +228,10 @@ pub(super) async fn record(
 }
 
 pub(super) async fn get_notification(
-    pool: &Pool,
+    db: &Db,
     id: String,
 ) -> Result<Option<(Notification, Vec<Attempt>)>> {
-    let c = pool.get().await?;
+    let c = db.get("get_notification").await?;
     let Some(found) = c
         .query_opt(
             &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1"),
@@ -251,7 +255,7 @@ pub(super) async fn get_notification(
 }
 
 pub(super) async fn list_notifications(
-    pool: &Pool,
+    db: &Db,
     filter: NotificationFilter,
     page: PageRequest,
 ) -> Result<Page<Notification>> {
@@ -259,7 +263,7 @@ pub(super) async fn list_notifications(
         Some(cur) => cur.parse().map_err(|_| Error::BadCursor)?,
         None => 0,
     };
-    let c = pool.get().await?;
+    let c = db.get("list_notifications").await?;
     let rows = c
         .query(
             &format!(
@@ -285,11 +289,11 @@ pub(super) async fn list_notifications(
 }
 
 pub(super) async fn retry_notification(
-    pool: &Pool,
+    db: &Db,
     id: String,
     now: Millis,
 ) -> Result<NotificationRef> {
-    let mut c = pool.get().await?;
+    let mut c = db.get("retry_notification").await?;
     let tx = c.transaction().await?;
     let found = tx
         .query_opt(
@@ -313,7 +317,7 @@ pub(super) async fn retry_notification(
 
 /// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
 /// whether a newer state of its sensor was sent to its client since.
-pub(super) async fn refused(c: &impl GenericClient, n: &Notification) -> Result<Option<Error>> {
+pub(super) async fn refused(c: &impl Sql, n: &Notification) -> Result<Option<Error>> {
     let newer = n.kind == EventKind::StateChanged
         && c.query_one(
             "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
@@ -327,7 +331,7 @@ pub(super) async fn refused(c: &impl GenericClient, n: &Notification) -> Result<
 }
 
 /// A retried notification: pending (and listed so), due now, with a fresh attempt budget.
-pub(super) async fn back_to_pending(c: &impl GenericClient, id: &str, now: Millis) -> Result<()> {
+pub(super) async fn back_to_pending(c: &impl Sql, id: &str, now: Millis) -> Result<()> {
     c.execute(
         "WITH b AS (UPDATE notifications SET status = 'pending', attempts = 0, \
          next_attempt_at = $2, updated_at = $2, claimed_by = NULL, lease_until = NULL \
@@ -350,11 +354,69 @@ pub(super) fn unlist(set: &str, filter: &str) -> String {
     )
 }
 
-pub(super) async fn count_pending(pool: &Pool) -> Result<u64> {
-    let c = pool.get().await?;
+pub(super) async fn count_pending(db: &Db) -> Result<u64> {
+    let c = db.get("count_pending").await?;
     let n: i64 = c
         .query_one("SELECT COUNT(*) FROM notifications_pending", &[])
         .await?
         .get(0);
     Ok(n as u64)
+}
+
+#[async_trait]
+impl Outbox for PgStore {
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        load_pending(&self.db, after_seq).await
+    }
+
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>> {
+        claim(&self.db, ids, node, now, lease_until).await
+    }
+
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>> {
+        record(&self.db, outcomes, now, disable_after).await
+    }
+
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
+        super::lifecycle::load_client_pending(&self.db, client_id).await
+    }
+
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        get_notification(&self.db, id).await
+    }
+
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        list_notifications(&self.db, filter, page).await
+    }
+
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        retry_notification(&self.db, id, now).await
+    }
+
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        super::lifecycle::retry_notifications(&self.db, filter, now).await
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        count_pending(&self.db).await
+    }
 }

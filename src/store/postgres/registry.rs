@@ -1,17 +1,21 @@
 //! Sensors, clients, the links between them, bulk import, and the registry changes other
 //! nodes follow.
 
-use deadpool_postgres::Pool;
+use async_trait::async_trait;
 
 use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
 use super::super::{
     ConnectionCounts, Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one,
 };
 use super::DELETE_LOCK;
+use super::PgStore;
+use super::db::{Bound, Db, Sql, Tx};
+use crate::domain::client::Health;
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+use crate::store::Registry;
 
-pub(super) async fn create_sensor(pool: &Pool, s: Sensor) -> Result<()> {
-    let c = pool.get().await?;
+pub(super) async fn create_sensor(db: &Db, s: Sensor) -> Result<()> {
+    let c = db.get("create_sensor").await?;
     let n = c
         .execute(
             "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
@@ -34,8 +38,8 @@ pub(super) async fn create_sensor(pool: &Pool, s: Sensor) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn get_sensor(pool: &Pool, id: SensorId) -> Result<Option<SensorView>> {
-    let c = pool.get().await?;
+pub(super) async fn get_sensor(db: &Db, id: SensorId) -> Result<Option<SensorView>> {
+    let c = db.get("get_sensor").await?;
     c.query_opt(
         &format!(
             "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
@@ -50,11 +54,11 @@ pub(super) async fn get_sensor(pool: &Pool, id: SensorId) -> Result<Option<Senso
 }
 
 pub(super) async fn list_sensors(
-    pool: &Pool,
+    db: &Db,
     connection: Option<Conn>,
     page: PageRequest,
 ) -> Result<Page<SensorView>> {
-    let c = pool.get().await?;
+    let c = db.get("list_sensors").await?;
     let after = page.after.clone().unwrap_or_default();
     let conn_filter = connection.map(|c| c.as_str().to_string());
     let rows = c
@@ -76,8 +80,8 @@ pub(super) async fn list_sensors(
 }
 
 /// Sensors with a state row counted by connection; the rest never reported.
-pub(super) async fn count_sensors(pool: &Pool) -> Result<ConnectionCounts> {
-    let c = pool.get().await?;
+pub(super) async fn count_sensors(db: &Db) -> Result<ConnectionCounts> {
+    let c = db.get("count_sensors").await?;
     let total: i64 = c
         .query_one("SELECT COUNT(*) FROM sensors", &[])
         .await?
@@ -96,13 +100,13 @@ pub(super) async fn count_sensors(pool: &Pool) -> Result<ConnectionCounts> {
 }
 
 pub(super) async fn replace_sensor(
-    pool: &Pool,
+    db: &Db,
     id: SensorId,
     address: String,
     timeout: Option<u32>,
 ) -> Result<Option<SensorView>> {
-    let n = pool
-        .get()
+    let n = db
+        .get("replace_sensor")
         .await?
         .execute(
             "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3 \
@@ -114,11 +118,11 @@ pub(super) async fn replace_sensor(
     if n == 0 {
         return Ok(None);
     }
-    get_sensor(pool, id).await
+    get_sensor(db, id).await
 }
 
-pub(super) async fn delete_sensor(pool: &Pool, id: SensorId, now: Millis) -> Result<bool> {
-    let mut c = pool.get().await?;
+pub(super) async fn delete_sensor(db: &Db, id: SensorId, now: Millis) -> Result<bool> {
+    let mut c = db.get("delete_sensor").await?;
     let id = id.to_string();
     let tx = c.transaction().await?;
     // Waits for the commits in flight; every statement after it sees their rows.
@@ -143,9 +147,9 @@ pub(super) async fn delete_sensor(pool: &Pool, id: SensorId, now: Millis) -> Res
     Ok(n > 0)
 }
 
-pub(super) async fn create_client(pool: &Pool, cl: Client) -> Result<()> {
-    let n = pool
-        .get()
+pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
+    let n = db
+        .get("create_client")
         .await?
         .execute(
             "INSERT INTO clients (id, name, url, secret, created_at, rate_limit) \
@@ -169,8 +173,8 @@ pub(super) async fn create_client(pool: &Pool, cl: Client) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn get_client(pool: &Pool, id: String) -> Result<Option<Client>> {
-    let c = pool.get().await?;
+pub(super) async fn get_client(db: &Db, id: String) -> Result<Option<Client>> {
+    let c = db.get("get_client").await?;
     c.query_opt(
         &format!("SELECT {CLIENT_COLS} FROM clients c WHERE c.id = $1"),
         &[&id],
@@ -182,11 +186,11 @@ pub(super) async fn get_client(pool: &Pool, id: String) -> Result<Option<Client>
 }
 
 pub(super) async fn list_clients(
-    pool: &Pool,
+    db: &Db,
     page: PageRequest,
     disabled: Option<bool>,
 ) -> Result<Page<Client>> {
-    let c = pool.get().await?;
+    let c = db.get("list_clients").await?;
     let rows = c
         .query(
             &format!(
@@ -205,9 +209,9 @@ pub(super) async fn list_clients(
     Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
 }
 
-pub(super) async fn replace_client(pool: &Pool, cl: Client) -> Result<bool> {
-    Ok(pool
-        .get()
+pub(super) async fn replace_client(db: &Db, cl: Client) -> Result<bool> {
+    Ok(db
+        .get("replace_client")
         .await?
         .execute(
             "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5 \
@@ -224,8 +228,8 @@ pub(super) async fn replace_client(pool: &Pool, cl: Client) -> Result<bool> {
         > 0)
 }
 
-pub(super) async fn delete_client(pool: &Pool, id: String, now: Millis) -> Result<bool> {
-    let mut c = pool.get().await?;
+pub(super) async fn delete_client(db: &Db, id: String, now: Millis) -> Result<bool> {
+    let mut c = db.get("delete_client").await?;
     let tx = c.transaction().await?;
     let n = tx
         .execute("DELETE FROM clients WHERE id = $1", &[&id])
@@ -238,12 +242,12 @@ pub(super) async fn delete_client(pool: &Pool, id: String, now: Millis) -> Resul
 }
 
 pub(super) async fn link(
-    pool: &Pool,
+    db: &Db,
     client_id: String,
     sensor_id: SensorId,
     now: Millis,
 ) -> Result<()> {
-    let mut c = pool.get().await?;
+    let mut c = db.get("link").await?;
     let tx = c.transaction().await?;
     check_pair(&tx, &client_id, sensor_id).await?;
     tx.execute(
@@ -256,8 +260,8 @@ pub(super) async fn link(
     Ok(())
 }
 
-pub(super) async fn unlink(pool: &Pool, client_id: String, sensor_id: SensorId) -> Result<()> {
-    let mut c = pool.get().await?;
+pub(super) async fn unlink(db: &Db, client_id: String, sensor_id: SensorId) -> Result<()> {
+    let mut c = db.get("unlink").await?;
     let tx = c.transaction().await?;
     check_pair(&tx, &client_id, sensor_id).await?;
     tx.execute(
@@ -270,11 +274,11 @@ pub(super) async fn unlink(pool: &Pool, client_id: String, sensor_id: SensorId) 
 }
 
 pub(super) async fn list_client_sensors(
-    pool: &Pool,
+    db: &Db,
     client_id: String,
     page: PageRequest,
 ) -> Result<Page<SensorView>> {
-    let c = pool.get().await?;
+    let c = db.get("list_client_sensors").await?;
     if !exists(&c, "SELECT 1 FROM clients WHERE id = $1", &client_id).await? {
         return Err(Error::NotFound("client"));
     }
@@ -300,11 +304,11 @@ pub(super) async fn list_client_sensors(
 }
 
 pub(super) async fn list_sensor_clients(
-    pool: &Pool,
+    db: &Db,
     sensor_id: SensorId,
     page: PageRequest,
 ) -> Result<Page<Client>> {
-    let c = pool.get().await?;
+    let c = db.get("list_sensor_clients").await?;
     let sid = sensor_id.to_string();
     if !exists(&c, "SELECT 1 FROM sensors WHERE id = $1", &sid).await? {
         return Err(Error::NotFound("sensor"));
@@ -327,11 +331,11 @@ pub(super) async fn list_sensor_clients(
 }
 
 pub(super) async fn import(
-    pool: &Pool,
+    db: &Db,
     sensors: Vec<Sensor>,
     links: Vec<(String, SensorId)>,
 ) -> Result<()> {
-    let mut c = pool.get().await?;
+    let mut c = db.get("import").await?;
     let tx = c.transaction().await?;
     let ids: Vec<String> = sensors.iter().map(|s| s.id.to_string()).collect();
     let addresses: Vec<&str> = sensors.iter().map(|s| s.address.as_str()).collect();
@@ -361,8 +365,8 @@ pub(super) async fn import(
     Ok(())
 }
 
-pub(super) async fn load_runtime(pool: &Pool) -> Result<Vec<SensorRuntime>> {
-    let c = pool.get().await?;
+pub(super) async fn load_runtime(db: &Db) -> Result<Vec<SensorRuntime>> {
+    let c = db.get_for("load_runtime", Bound::Bulk).await?;
     let rows = c
         .query(
             &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"),
@@ -372,11 +376,24 @@ pub(super) async fn load_runtime(pool: &Pool) -> Result<Vec<SensorRuntime>> {
     rows.iter().map(row::runtime).collect()
 }
 
+/// The committed state of those of `ids` that are registered.
+pub(super) async fn load_states(db: &Db, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
+    let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    let c = db.get("load_states").await?;
+    let rows = c
+        .query(
+            &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ANY($1)"),
+            &[&ids],
+        )
+        .await?;
+    rows.iter().map(row::runtime).collect()
+}
+
 pub(super) async fn registry_changes(
-    pool: &Pool,
+    db: &Db,
     after: i64,
 ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
-    let c = pool.get().await?;
+    let c = db.get("registry_changes").await?;
     let changes = c
         .query(
             "SELECT seq, sensor_id FROM sensor_changes WHERE seq > $1 ORDER BY seq",
@@ -414,16 +431,16 @@ pub(super) async fn registry_changes(
     Ok((newest, changed))
 }
 
-pub(super) async fn prune_registry_changes(pool: &Pool, before: Millis) -> Result<()> {
-    pool.get()
+pub(super) async fn prune_registry_changes(db: &Db, before: Millis) -> Result<()> {
+    db.get("prune_registry_changes")
         .await?
         .execute("DELETE FROM sensor_changes WHERE at < $1", &[&before])
         .await?;
     Ok(())
 }
 
-pub(super) async fn newest_registry_change(pool: &Pool) -> Result<i64> {
-    let c = pool.get().await?;
+pub(super) async fn newest_registry_change(db: &Db) -> Result<i64> {
+    let c = db.get("newest_registry_change").await?;
     let row = c
         .query_one("SELECT COALESCE(MAX(seq), 0) FROM sensor_changes", &[])
         .await?;
@@ -431,12 +448,7 @@ pub(super) async fn newest_registry_change(pool: &Pool) -> Result<i64> {
 }
 
 /// Cancels pending notifications whose `column` is `value`.
-async fn cancel_pending(
-    tx: &deadpool_postgres::Transaction<'_>,
-    column: &str,
-    value: &str,
-    now: Millis,
-) -> Result<()> {
+async fn cancel_pending(tx: &Tx<'_>, column: &str, value: &str, now: Millis) -> Result<()> {
     tx.execute(
         &super::outbox::unlist(
             "status = 'cancelled', updated_at = $2, lease_until = NULL, claimed_by = NULL",
@@ -451,15 +463,11 @@ async fn cancel_pending(
     Ok(())
 }
 
-async fn exists(c: &impl deadpool_postgres::GenericClient, sql: &str, arg: &str) -> Result<bool> {
+async fn exists(c: &impl Sql, sql: &str, arg: &str) -> Result<bool> {
     Ok(c.query_opt(sql, &[&arg]).await?.is_some())
 }
 
-async fn check_pair(
-    c: &impl deadpool_postgres::GenericClient,
-    client_id: &str,
-    sensor_id: SensorId,
-) -> Result<()> {
+async fn check_pair(c: &impl Sql, client_id: &str, sensor_id: SensorId) -> Result<()> {
     if !exists(c, "SELECT 1 FROM clients WHERE id = $1", client_id).await? {
         return Err(Error::NotFound("client"));
     }
@@ -473,4 +481,113 @@ async fn check_pair(
         return Err(Error::NotFound("sensor"));
     }
     Ok(())
+}
+
+#[async_trait]
+impl Registry for PgStore {
+    async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        create_sensor(&self.db, s).await
+    }
+
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
+        get_sensor(&self.db, id).await
+    }
+
+    async fn list_sensors(
+        &self,
+        connection: Option<Conn>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        list_sensors(&self.db, connection, page).await
+    }
+
+    async fn count_sensors(&self) -> Result<ConnectionCounts> {
+        count_sensors(&self.db).await
+    }
+
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        timeout: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        replace_sensor(&self.db, id, address, timeout).await
+    }
+
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        delete_sensor(&self.db, id, now).await
+    }
+
+    async fn create_client(&self, cl: Client) -> Result<()> {
+        create_client(&self.db, cl).await
+    }
+
+    async fn get_client(&self, id: String) -> Result<Option<Client>> {
+        get_client(&self.db, id).await
+    }
+
+    async fn list_clients(
+        &self,
+        page: PageRequest,
+        disabled: Option<bool>,
+    ) -> Result<Page<Client>> {
+        list_clients(&self.db, page, disabled).await
+    }
+
+    async fn replace_client(&self, cl: Client) -> Result<bool> {
+        replace_client(&self.db, cl).await
+    }
+
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        delete_client(&self.db, id, now).await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        previous_until: Millis,
+    ) -> Result<Option<Client>> {
+        super::lifecycle::rotate_secret(&self.db, id, secret, previous_until).await
+    }
+
+    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
+        super::lifecycle::enable_client(&self.db, id).await
+    }
+
+    async fn count_disabled_clients(&self) -> Result<u64> {
+        super::lifecycle::count_disabled(&self.db).await
+    }
+
+    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
+        super::lifecycle::client_health(&self.db, id, now).await
+    }
+
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        link(&self.db, client_id, sensor_id, now).await
+    }
+
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        unlink(&self.db, client_id, sensor_id).await
+    }
+
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        list_client_sensors(&self.db, client_id, page).await
+    }
+
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>> {
+        list_sensor_clients(&self.db, sensor_id, page).await
+    }
+
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+        import(&self.db, sensors, links).await
+    }
 }

@@ -1,13 +1,16 @@
 //! API tokens: their hashes, names and scopes.
 
-use deadpool_postgres::Pool;
+use async_trait::async_trait;
 
 use super::super::{Error, Result};
+use super::PgStore;
+use super::db::{Db, Sql};
 use crate::domain::token::{ApiToken, scopes_from_text, scopes_to_text};
+use crate::store::Tokens;
 
 /// `Conflict` if the id (or, against all odds, the hash) exists.
-pub(super) async fn create(pool: &Pool, t: ApiToken) -> Result<()> {
-    let c = pool.get().await?;
+pub(super) async fn create(db: &Db, t: ApiToken) -> Result<()> {
+    let c = db.get("create").await?;
     let n = c
         .execute(
             "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
@@ -30,8 +33,8 @@ pub(super) async fn create(pool: &Pool, t: ApiToken) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn list(pool: &Pool) -> Result<Vec<ApiToken>> {
-    let c = pool.get().await?;
+pub(super) async fn list(db: &Db) -> Result<Vec<ApiToken>> {
+    let c = db.get("list").await?;
     c.query(
         "SELECT id, name, scopes, hash, created_at FROM api_tokens ORDER BY id",
         &[],
@@ -50,9 +53,24 @@ pub(super) async fn list(pool: &Pool) -> Result<Vec<ApiToken>> {
     .collect()
 }
 
-pub(super) async fn delete(pool: &Pool, id: String) -> Result<bool> {
-    let c = pool.get().await?;
+pub(super) async fn delete(db: &Db, id: String) -> Result<bool> {
+    let c = db.get("delete").await?;
     Ok(c.execute("DELETE FROM api_tokens WHERE id = $1", &[&id])
         .await?
         > 0)
+}
+
+#[async_trait]
+impl Tokens for PgStore {
+    async fn create_token(&self, token: ApiToken) -> Result<()> {
+        create(&self.db, token).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
+        list(&self.db).await
+    }
+
+    async fn delete_token(&self, id: String) -> Result<bool> {
+        delete(&self.db, id).await
+    }
 }

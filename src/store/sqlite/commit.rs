@@ -1,6 +1,10 @@
 //! The group commit: a batch's readings, state, events and notifications in one
 //! transaction on the writer.
 
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::store::{Runtime, SensorRuntime};
 use std::collections::HashMap;
 
 use rusqlite::functions::FunctionFlags;
@@ -249,4 +253,36 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
     tx.prepare_cached("DELETE FROM temp.stage_notifications")?
         .execute([])?;
     Ok(rows)
+}
+
+#[async_trait]
+impl Runtime for SqliteStore {
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        self.read(super::registry::load_runtime).await
+    }
+
+    /// One process writes this store: there are no other nodes' changes to follow.
+    async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
+        self.read(move |c| super::registry::load_states(c, &ids))
+            .await
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        Ok((after, Vec::new()))
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        Ok(0)
+    }
+
+    async fn prune_registry_changes(&self, _before: Millis) -> Result<()> {
+        Ok(())
+    }
+
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| commit(c, &batch, now)).await
+    }
 }

@@ -1,6 +1,7 @@
 //! History: readings and events listed, the spool shipped to a sink, the journal moved
 //! into the archive.
 
+use async_trait::async_trait;
 use rusqlite::{Connection, params};
 
 use super::super::rows::{self as row, Cols, EVENT_COLS, READING_COLS};
@@ -10,6 +11,7 @@ use super::super::{
 };
 use super::SqliteStore;
 use crate::domain::{Event, SensorId};
+use crate::store::HistoryStore;
 
 pub(super) fn list_readings(
     c: &Connection,
@@ -194,4 +196,39 @@ pub(super) fn spool_depth(c: &Connection) -> Result<u64> {
         [],
         |r| r.get(0),
     )?)
+}
+
+#[async_trait]
+impl HistoryStore for SqliteStore {
+    async fn list_readings(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<ReadingRecord>>> {
+        self.read(move |c| list_readings(c, sensor_id, range, page))
+            .await
+    }
+
+    async fn list_events(
+        &self,
+        sensor_id: SensorId,
+        range: TimeRange,
+        page: PageRequest,
+    ) -> Result<Page<Stored<Event>>> {
+        self.read(move |c| list_events(c, sensor_id, range, page))
+            .await
+    }
+
+    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
+        ship(self, limit, sink).await
+    }
+
+    async fn spool_depth(&self) -> Result<u64> {
+        self.read(spool_depth).await
+    }
+
+    async fn archive_history(&self, limit: usize) -> Result<usize> {
+        self.write(move |c| archive(c, limit)).await
+    }
 }

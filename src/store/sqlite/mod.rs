@@ -18,16 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use rusqlite::Connection;
 
-use super::{
-    Claim, CommitBatch, ConnectionCounts, Error, HistorySink, NotificationFilter, NotificationRef,
-    Outcome, Page, PageRequest, ReadingRecord, ReplayFilter, Result, SensorRuntime, SensorView,
-    Store, Stored, TimeRange,
-};
-use crate::domain::client::{Disabled, Health};
-use crate::domain::token::ApiToken;
-use crate::domain::{
-    Attempt, Client, Connection as Conn, Event, Millis, Notification, Sensor, SensorId,
-};
+use super::{Backend, Error, Result};
+use crate::domain::Millis;
 
 mod commit;
 mod history;
@@ -235,249 +227,21 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each call is a read on a reader or a write on the writer; the SQL is in the module of
-/// its concern.
+/// Each trait is implemented in the file of its concern, as a read on a reader or a write
+/// on the writer; this one is the backend's own.
 #[async_trait]
-impl Store for SqliteStore {
+impl Backend for SqliteStore {
     async fn ping(&self) -> Result<()> {
         self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
             .await
     }
 
-    async fn create_sensor(&self, s: Sensor) -> Result<()> {
-        self.write(move |c| registry::create_sensor(c, s)).await
+    fn shared(&self) -> bool {
+        false
     }
 
-    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
-        self.read(move |c| registry::get_sensor(c, id)).await
-    }
-
-    async fn list_sensors(
-        &self,
-        connection: Option<Conn>,
-        page: PageRequest,
-    ) -> Result<Page<SensorView>> {
-        self.read(move |c| registry::list_sensors(c, connection, page))
-            .await
-    }
-
-    async fn replace_sensor(
-        &self,
-        id: SensorId,
-        address: String,
-        timeout: Option<u32>,
-    ) -> Result<Option<SensorView>> {
-        let n = self
-            .write(move |c| registry::replace_sensor(c, id, address, timeout))
-            .await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        self.get_sensor(id).await
-    }
-
-    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
-        self.write(move |c| registry::delete_sensor(c, id, now))
-            .await
-    }
-
-    async fn create_client(&self, cl: Client) -> Result<()> {
-        self.write(move |c| registry::create_client(c, cl)).await
-    }
-
-    async fn get_client(&self, id: String) -> Result<Option<Client>> {
-        self.read(move |c| registry::get_client(c, id)).await
-    }
-
-    async fn list_clients(
-        &self,
-        page: PageRequest,
-        disabled: Option<bool>,
-    ) -> Result<Page<Client>> {
-        self.read(move |c| registry::list_clients(c, page, disabled))
-            .await
-    }
-
-    async fn replace_client(&self, cl: Client) -> Result<bool> {
-        self.write(move |c| registry::replace_client(c, cl)).await
-    }
-
-    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
-        self.write(move |c| registry::delete_client(c, id, now))
-            .await
-    }
-
-    async fn rotate_secret(
-        &self,
-        id: String,
-        secret: String,
-        previous_until: Millis,
-    ) -> Result<Option<Client>> {
-        self.write(move |c| lifecycle::rotate_secret(c, id, secret, previous_until))
-            .await
-    }
-
-    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
-        self.write(move |c| lifecycle::enable_client(c, id)).await
-    }
-
-    async fn count_sensors(&self) -> Result<ConnectionCounts> {
-        self.read(registry::count_sensors).await
-    }
-
-    async fn count_disabled_clients(&self) -> Result<u64> {
-        self.read(lifecycle::count_disabled).await
-    }
-
-    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
-        self.read(move |c| lifecycle::client_health(c, id, now))
-            .await
-    }
-
-    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
-        self.write(move |c| registry::link(c, client_id, sensor_id, now))
-            .await
-    }
-
-    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        self.write(move |c| registry::unlink(c, client_id, sensor_id))
-            .await
-    }
-
-    async fn list_client_sensors(
-        &self,
-        client_id: String,
-        page: PageRequest,
-    ) -> Result<Page<SensorView>> {
-        self.read(move |c| registry::list_client_sensors(c, client_id, page))
-            .await
-    }
-
-    async fn list_sensor_clients(
-        &self,
-        sensor_id: SensorId,
-        page: PageRequest,
-    ) -> Result<Page<Client>> {
-        self.read(move |c| registry::list_sensor_clients(c, sensor_id, page))
-            .await
-    }
-
-    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
-        self.write(move |c| registry::import(c, sensors, links))
-            .await
-    }
-
-    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        self.read(registry::load_runtime).await
-    }
-
-    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        self.write(move |c| commit::commit(c, &batch, now)).await
-    }
-
-    async fn list_readings(
-        &self,
-        sensor_id: SensorId,
-        range: TimeRange,
-        page: PageRequest,
-    ) -> Result<Page<Stored<ReadingRecord>>> {
-        self.read(move |c| history::list_readings(c, sensor_id, range, page))
-            .await
-    }
-
-    async fn list_events(
-        &self,
-        sensor_id: SensorId,
-        range: TimeRange,
-        page: PageRequest,
-    ) -> Result<Page<Stored<Event>>> {
-        self.read(move |c| history::list_events(c, sensor_id, range, page))
-            .await
-    }
-
-    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
-        self.read(move |c| outbox::load_pending(c, after_seq)).await
-    }
-
-    async fn claim(
-        &self,
-        ids: Vec<String>,
-        node: String,
-        now: Millis,
-        lease_until: Millis,
-    ) -> Result<Vec<Claim>> {
-        // Every lease is released at open: a lost one costs nothing.
-        self.write_relaxed(move |c| outbox::claim(c, ids, &node, now, lease_until))
-            .await
-    }
-
-    async fn record(
-        &self,
-        outcomes: Vec<Outcome>,
-        now: Millis,
-        disable_after: Millis,
-    ) -> Result<Vec<Disabled>> {
-        self.write_relaxed(move |c| outbox::record(c, outcomes, now, disable_after))
-            .await
-    }
-
-    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
-        self.read(move |c| lifecycle::load_client_pending(c, client_id))
-            .await
-    }
-
-    async fn retry_notifications(
-        &self,
-        filter: ReplayFilter,
-        now: Millis,
-    ) -> Result<Vec<NotificationRef>> {
-        self.write(move |c| lifecycle::retry_notifications(c, filter, now))
-            .await
-    }
-
-    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
-        self.read(move |c| outbox::get_notification(c, id)).await
-    }
-
-    async fn list_notifications(
-        &self,
-        filter: NotificationFilter,
-        page: PageRequest,
-    ) -> Result<Page<Notification>> {
-        self.read(move |c| outbox::list_notifications(c, filter, page))
-            .await
-    }
-
-    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        self.write(move |c| outbox::retry_notification(c, id, now))
-            .await
-    }
-
-    async fn count_pending(&self) -> Result<u64> {
-        self.read(outbox::count_pending).await
-    }
-
-    async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
-        history::ship(self, limit, sink).await
-    }
-
-    async fn archive_history(&self, limit: usize) -> Result<usize> {
-        self.write(move |c| history::archive(c, limit)).await
-    }
-
-    async fn spool_depth(&self) -> Result<u64> {
-        self.read(history::spool_depth).await
-    }
-
-    async fn create_token(&self, token: ApiToken) -> Result<()> {
-        self.write(move |c| tokens::create(c, token)).await
-    }
-
-    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
-        self.read(tokens::list).await
-    }
-
-    async fn delete_token(&self, id: String) -> Result<bool> {
-        self.write(move |c| tokens::delete(c, id)).await
+    /// Nothing to keep up: one file, no partitions.
+    async fn maintain(&self, _now: Millis) -> Result<()> {
+        Ok(())
     }
 }

@@ -1,6 +1,10 @@
 //! The outbox: pending notifications loaded, claimed, their attempts recorded, listed and
 //! retried.
 
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::store::{Outbox, ReplayFilter};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
@@ -232,4 +236,68 @@ pub(super) fn count_pending(c: &Connection) -> Result<u64> {
         [],
         |r| r.get(0),
     )?)
+}
+
+#[async_trait]
+impl Outbox for SqliteStore {
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        self.read(move |c| load_pending(c, after_seq)).await
+    }
+
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Vec<Claim>> {
+        // Every lease is released at open: a lost one costs nothing.
+        self.write_relaxed(move |c| claim(c, ids, &node, now, lease_until))
+            .await
+    }
+
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>> {
+        self.write_relaxed(move |c| record(c, outcomes, now, disable_after))
+            .await
+    }
+
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
+        self.read(move |c| super::lifecycle::load_client_pending(c, client_id))
+            .await
+    }
+
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        self.read(move |c| get_notification(c, id)).await
+    }
+
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        self.read(move |c| list_notifications(c, filter, page))
+            .await
+    }
+
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        self.write(move |c| retry_notification(c, id, now)).await
+    }
+
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| super::lifecycle::retry_notifications(c, filter, now))
+            .await
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        self.read(count_pending).await
+    }
 }

@@ -1,5 +1,10 @@
 //! Sensors, clients, the links between them and bulk import, over one connection.
 
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::domain::client::Health;
+use crate::store::Registry;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
@@ -297,6 +302,20 @@ pub(super) fn load_runtime(c: &Connection) -> Result<Vec<SensorRuntime>> {
     Ok(rows)
 }
 
+/// The committed state of those of `ids` that are registered.
+pub(super) fn load_states(c: &Connection, ids: &[SensorId]) -> Result<Vec<SensorRuntime>> {
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ?1"
+    ))?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(r) = st.query_map([id.to_string()], |r| row::runtime(r))?.next() {
+            out.push(r?);
+        }
+    }
+    Ok(out)
+}
+
 /// Cancels pending notifications matching `cond` (a WHERE fragment over `notifications`).
 fn cancel_pending(tx: &Transaction, cond: &str, arg: &str, now: Millis) -> rusqlite::Result<usize> {
     tx.execute(
@@ -324,4 +343,125 @@ fn check_pair(tx: &Transaction, client_id: &str, sensor_id: SensorId) -> Result<
         return Err(Error::NotFound("sensor"));
     }
     Ok(())
+}
+
+#[async_trait]
+impl Registry for SqliteStore {
+    async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        self.write(move |c| create_sensor(c, s)).await
+    }
+
+    async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
+        self.read(move |c| get_sensor(c, id)).await
+    }
+
+    async fn list_sensors(
+        &self,
+        connection: Option<Conn>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| list_sensors(c, connection, page)).await
+    }
+
+    async fn count_sensors(&self) -> Result<ConnectionCounts> {
+        self.read(count_sensors).await
+    }
+
+    async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        timeout: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        let n = self
+            .write(move |c| replace_sensor(c, id, address, timeout))
+            .await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.get_sensor(id).await
+    }
+
+    async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        self.write(move |c| delete_sensor(c, id, now)).await
+    }
+
+    async fn create_client(&self, cl: Client) -> Result<()> {
+        self.write(move |c| create_client(c, cl)).await
+    }
+
+    async fn get_client(&self, id: String) -> Result<Option<Client>> {
+        self.read(move |c| get_client(c, id)).await
+    }
+
+    async fn list_clients(
+        &self,
+        page: PageRequest,
+        disabled: Option<bool>,
+    ) -> Result<Page<Client>> {
+        self.read(move |c| list_clients(c, page, disabled)).await
+    }
+
+    async fn replace_client(&self, cl: Client) -> Result<bool> {
+        self.write(move |c| replace_client(c, cl)).await
+    }
+
+    async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        self.write(move |c| delete_client(c, id, now)).await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        previous_until: Millis,
+    ) -> Result<Option<Client>> {
+        self.write(move |c| super::lifecycle::rotate_secret(c, id, secret, previous_until))
+            .await
+    }
+
+    async fn enable_client(&self, id: String) -> Result<Option<bool>> {
+        self.write(move |c| super::lifecycle::enable_client(c, id))
+            .await
+    }
+
+    async fn count_disabled_clients(&self) -> Result<u64> {
+        self.read(super::lifecycle::count_disabled).await
+    }
+
+    async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
+        self.read(move |c| super::lifecycle::client_health(c, id, now))
+            .await
+    }
+
+    async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        self.write(move |c| link(c, client_id, sensor_id, now))
+            .await
+    }
+
+    async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        self.write(move |c| unlink(c, client_id, sensor_id)).await
+    }
+
+    async fn list_client_sensors(
+        &self,
+        client_id: String,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| list_client_sensors(c, client_id, page))
+            .await
+    }
+
+    async fn list_sensor_clients(
+        &self,
+        sensor_id: SensorId,
+        page: PageRequest,
+    ) -> Result<Page<Client>> {
+        self.read(move |c| list_sensor_clients(c, sensor_id, page))
+            .await
+    }
+
+    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+        self.write(move |c| import(c, sensors, links)).await
+    }
 }

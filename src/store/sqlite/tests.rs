@@ -1,11 +1,12 @@
 //! Tests of what is particular to the SQLite store; the conformance suite covers the rest.
 
+use crate::store::prelude::*;
 use rusqlite::Connection;
 
 use super::*;
 use crate::domain::{Connection as Conn, Event, EventKind, Sensor, SensorId};
 use crate::store::conformance;
-use crate::store::{Claim, CommitBatch, PageRequest, ReadingRecord, Store, TimeRange};
+use crate::store::{Claim, CommitBatch, PageRequest, ReadingRecord, TimeRange};
 
 /// Claims skip the wait for the disk (a lost lease only means sending again), and the
 /// commit after one is back at the configured durability: triggers record

@@ -1,5 +1,9 @@
 //! API tokens over one connection: their hashes, names and scopes.
 
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::store::Tokens;
 use rusqlite::{Connection, params};
 
 use super::super::{Error, Result};
@@ -55,4 +59,19 @@ pub(super) fn list(c: &Connection) -> Result<Vec<ApiToken>> {
 
 pub(super) fn delete(c: &Connection, id: String) -> Result<bool> {
     Ok(c.execute("DELETE FROM api_tokens WHERE id = ?1", [id])? > 0)
+}
+
+#[async_trait]
+impl Tokens for SqliteStore {
+    async fn create_token(&self, token: ApiToken) -> Result<()> {
+        self.write(move |c| create(c, token)).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
+        self.read(list).await
+    }
+
+    async fn delete_token(&self, id: String) -> Result<bool> {
+        self.write(move |c| delete(c, id)).await
+    }
 }

@@ -1,6 +1,7 @@
 //! Leases, fencing and partition loads against a real PostgreSQL, each test on its own
 //! schema. Lease expiry is judged by the database's clock; the tests sleep past it.
 
+use crate::store::prelude::*;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use super::*;
 use crate::domain::{Connection, Event, EventKind, Sensor, SensorId};
 use crate::store::conformance;
 use crate::store::{
-    CommitBatch, Error, Fence, NotificationFilter, PageRequest, ReadingRecord, StateUpdate, Store,
+    CommitBatch, Error, Fence, NotificationFilter, PageRequest, ReadingRecord, StateUpdate,
     TimeRange,
 };
 
@@ -43,7 +44,7 @@ async fn partitions_are_fixed_by_the_first_caller() {
     assert_eq!(a, b);
     assert!(a == 8 || a == 16);
     assert_eq!(store.partitions(32).await.unwrap(), a, "fixed at first use");
-    let c = store.pool.get().await.unwrap();
+    let c = store.db.unbounded().await.unwrap();
     let rows: Vec<i32> = c
         .query(
             "SELECT partition FROM latch_partitions ORDER BY partition",
@@ -162,7 +163,7 @@ async fn nodes_and_owners_show_heartbeats_leases_and_addresses() {
     let Some(store) = cluster(4).await else {
         return;
     };
-    let c = store.pool.get().await.unwrap();
+    let c = store.db.unbounded().await.unwrap();
     let db_now = || async {
         c.query_one("SELECT (extract(epoch FROM now()) * 1000)::int8", &[])
             .await
@@ -342,7 +343,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
     store.import(sensors, Vec::new()).await.unwrap();
 
     // The database's hash is the one the nodes compute.
-    let c = store.pool.get().await.unwrap();
+    let c = store.db.unbounded().await.unwrap();
     for r in c.query("SELECT id, hash FROM sensors", &[]).await.unwrap() {
         let id = sid(r.get(0));
         assert_eq!(r.get::<_, i64>(1), partition::hash32(id) as i64, "{id}");
@@ -398,7 +399,11 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     let pg = PgStore::connect(config.database_url.as_deref().unwrap(), LONG)
         .await
         .unwrap();
-    let mut c = pg.pool.get().await.unwrap();
+    let mut c = pg
+        .db
+        .get_for("test", super::super::db::Bound::Bulk)
+        .await
+        .unwrap();
     let tx = c.transaction().await.unwrap();
     let lost = super::super::commit::fenced(&tx, &held[..2]).await.unwrap();
     assert!(lost.is_empty());

@@ -1,0 +1,167 @@
+//! The values the store traits take and give: pages, time ranges, history rows, filters.
+
+use async_trait::async_trait;
+
+use super::{Error, ReadingRecord, Result};
+use crate::domain::sensor::SensorState;
+use crate::domain::{Attempt, Event, Millis, Notification, NotificationRef, SensorId, Status};
+use crate::domain::{Sensor, SensorStatus, policy};
+
+/// A page request: at most `limit` items after the (decoded) cursor `after`.
+#[derive(Debug, Clone, Default)]
+pub struct PageRequest {
+    pub limit: u32,
+    pub after: Option<String>,
+}
+
+/// A page of results; `next` is the raw cursor of the next page, if there is one.
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// Builds a page from up to `limit + 1` fetched rows: the extra row only proves there
+    /// is a next page, whose cursor is the key of the last row kept.
+    pub fn from_rows(mut rows: Vec<T>, limit: u32, key: impl Fn(&T) -> String) -> Self {
+        let limit = limit as usize;
+        let next = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(key)
+        } else {
+            None
+        };
+        Page { items: rows, next }
+    }
+}
+
+/// A half-open time range `[from, to)`; either end may be open.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TimeRange {
+    pub from: Option<Millis>,
+    pub to: Option<Millis>,
+}
+
+/// A history row with the id the store gave it. Ids are never reused, so a row keeps its
+/// identity when it ships to ClickHouse: the id orders ties and removes duplicates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored<T> {
+    pub id: i64,
+    pub row: T,
+}
+
+/// A webhook attempt as history keeps it: with what it was about, so it can be queried by
+/// sensor or client without the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub id: i64,
+    pub client_id: String,
+    pub sensor_id: String,
+    /// The event kind the notification carried.
+    pub kind: String,
+    pub attempt: Attempt,
+}
+
+/// History rows taken from the spool for one shipment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryBatch {
+    pub readings: Vec<Stored<ReadingRecord>>,
+    pub events: Vec<Stored<Event>>,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl HistoryBatch {
+    pub fn len(&self) -> usize {
+        self.readings.len() + self.events.len() + self.attempts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where shipped history goes (ClickHouse). The store calls it between taking rows from the
+/// spool and letting go of them, so a row leaves the spool only once the sink has it.
+#[async_trait]
+pub trait HistorySink: Send + Sync {
+    /// Keeps the batch durably, or fails and leaves it to be shipped again.
+    async fn insert(&self, batch: &HistoryBatch) -> std::result::Result<(), String>;
+}
+
+/// What the engine needs of a sensor at start: its id and its state (the one type for a
+/// sensor's state in memory, [`SensorState`]).
+pub type SensorRuntime = (SensorId, SensorState);
+
+/// Filters of the notification list.
+#[derive(Debug, Clone, Default)]
+pub struct NotificationFilter {
+    pub client_id: Option<String>,
+    pub sensor_id: Option<SensorId>,
+    pub status: Option<Status>,
+}
+
+/// Which failed notifications a bulk replay sends again.
+#[derive(Debug, Clone)]
+pub struct ReplayFilter {
+    pub client_id: String,
+    pub sensor_id: Option<SensorId>,
+    /// Only those created at or after this time.
+    pub since: Option<Millis>,
+}
+
+/// Sensor with its current status, as the API shows it.
+pub type SensorView = (Sensor, SensorStatus);
+
+/// How many registered sensors are in each connection state (the console's fleet page).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionCounts {
+    pub online: u64,
+    pub lost: u64,
+    /// Registered, never reported.
+    pub unknown: u64,
+}
+
+impl ConnectionCounts {
+    /// From the count of registered sensors and the counts of their state rows by
+    /// connection (as stored): whatever has no state row never reported.
+    pub(crate) fn from_rows(total: i64, rows: impl IntoIterator<Item = (String, i64)>) -> Self {
+        let mut counts = Self::default();
+        let mut reported = 0;
+        for (conn, n) in rows {
+            match crate::domain::Connection::parse(&conn) {
+                Some(crate::domain::Connection::Online) => counts.online = n as u64,
+                Some(crate::domain::Connection::Lost) => counts.lost = n as u64,
+                _ => continue,
+            }
+            reported += n;
+        }
+        counts.unknown = (total - reported).max(0) as u64;
+        counts
+    }
+}
+
+/// Why a notification cannot be retried, when it cannot ([`policy::retry_refusal`], as the
+/// store's error).
+pub(crate) fn retry_refusal(n: &Notification, newer_state_sent: bool) -> Option<Error> {
+    policy::retry_refusal(n, newer_state_sent).map(|r| Error::Conflict(r.to_string()))
+}
+
+/// The dispatcher's view of a stored notification.
+pub(crate) fn notification_ref(n: &Notification) -> NotificationRef {
+    NotificationRef::of(n)
+}
+
+/// A history cursor made of a time and a row id, `"{ms}:{id}"`.
+pub(crate) fn split_cursor(c: &str) -> Result<(i64, i64)> {
+    let (a, b) = c.split_once(':').ok_or(Error::BadCursor)?;
+    Ok((
+        a.parse().map_err(|_| Error::BadCursor)?,
+        b.parse().map_err(|_| Error::BadCursor)?,
+    ))
+}
+
+/// Rows to fetch for a page: one more than asked proves there is a next page.
+pub(crate) fn limit_plus_one(p: &PageRequest) -> i64 {
+    p.limit as i64 + 1
+}
