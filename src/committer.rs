@@ -20,15 +20,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::clock::Clock;
-use crate::delivery::Dispatcher;
-use crate::domain::Event;
-use crate::engine::CommitRequest;
-use crate::history::shipper::Spooled;
-use crate::store::CommitBatch;
-use crate::store::Store;
+use crate::domain::{Event, NotificationRef, SensorId};
+use crate::engine::{CommitFailure, CommitRequest};
+use crate::store::{CommitBatch, Runtime, SensorRuntime};
+use crate::telemetry::families;
 
 /// Group commits in flight at once on a shared (server) store. One at a time waited for
 /// each transaction's round trips with both cores mostly idle: 3.3k state changes/s from
@@ -40,36 +38,56 @@ const COMMITS_IN_FLIGHT: usize = 4;
 /// the wait for a shard that has none.
 const GATHER: Duration = Duration::from_millis(1);
 
+/// How many times a commit whose outcome is unknown reads its sensors back before giving
+/// up, and the longest wait between two tries.
+const READ_BACK_TRIES: u32 = 20;
+const READ_BACK_MAX_WAIT: Duration = Duration::from_secs(3);
+
+/// What one group commit made durable, for whoever the wiring connects.
+pub struct Committed {
+    /// The notifications it created, in outbox order.
+    pub notifications: Vec<NotificationRef>,
+    /// Readings and events it added to history.
+    pub history_rows: usize,
+    /// Its events, when [`Listener::wants_events`] said so before the commit: copying
+    /// them costs, and only a live stream's listeners need them.
+    pub events: Option<Vec<Event>>,
+}
+
+/// Who hears of commits: the wiring connects the dispatcher, the history shipper and the
+/// live stream here, so the committer imports none of them.
+pub trait Listener: Send + Sync + 'static {
+    /// Whether the next commit's events should be copied into [`Committed::events`].
+    fn wants_events(&self) -> bool;
+    /// A commit succeeded.
+    fn committed(&self, committed: Committed);
+    /// Cluster mode: a commit was refused because these partitions moved to another node.
+    fn fenced(&self, partitions: Vec<u32>);
+}
+
 /// What every commit needs besides its batch.
 #[derive(Clone)]
 struct Committing {
-    store: Arc<dyn Store>,
-    dispatcher: Dispatcher,
-    spooled: Arc<Spooled>,
+    store: Arc<dyn Runtime>,
     clock: Clock,
-    fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
-    live: Option<broadcast::Sender<Event>>,
+    listener: Arc<dyn Listener>,
 }
 
 /// Runs until every shard has dropped its sender and the commits in flight are done.
+/// `parallel`: how many commits may be in flight at once (1 for a single-writer store).
 pub async fn run(
-    store: Arc<dyn Store>,
-    dispatcher: Dispatcher,
+    store: Arc<dyn Runtime>,
+    shared: bool,
     mut rx: mpsc::Receiver<CommitRequest>,
-    spooled: Arc<Spooled>,
     clock: Clock,
-    fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
-    live: Option<broadcast::Sender<Event>>,
+    listener: Arc<dyn Listener>,
 ) {
-    let parallel = if store.shared() { COMMITS_IN_FLIGHT } else { 1 };
+    let parallel = if shared { COMMITS_IN_FLIGHT } else { 1 };
     let permits = Arc::new(Semaphore::new(parallel));
     let committing = Committing {
         store,
-        dispatcher,
-        spooled,
         clock,
-        fenced,
-        live,
+        listener,
     };
     let tracker = tokio_util::task::TaskTracker::new();
     // Shards the last finished commit answered. A `std` mutex: held for a copy, never
@@ -128,50 +146,82 @@ async fn gather(
 
 impl Committing {
     /// One group commit of `requests`, answered each.
+    #[tracing::instrument(name = "commit", skip_all, fields(shards = requests.len()))]
     async fn commit(&self, requests: Vec<CommitRequest>) {
         let mut batch = CommitBatch::default();
         let mut replies = Vec::with_capacity(requests.len());
+        // The sensors a commit writes state for, should its outcome have to be read back.
+        let mut touched: Vec<SensorId> = Vec::new();
         for r in requests {
+            touched.extend(r.batch.states.iter().map(|s| s.sensor_id));
             batch.append(r.batch);
             replies.push(r.reply);
         }
         let rows = batch.readings.len();
         let history_rows = rows + batch.events.len();
-        // `GET /v1/stream`: events are copied only while someone listens.
-        let live_events = self.live.as_ref().filter(|tx| tx.receiver_count() > 0);
-        let events = live_events.map(|_| batch.events.clone());
+        let events = self.listener.wants_events().then(|| batch.events.clone());
         let started = Instant::now();
         let result = self.store.commit(batch, self.clock.now()).await;
-        metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
-        metrics::histogram!("latch_commit_readings").record(rows as f64);
+        families::COMMIT_SECONDS
+            .histogram()
+            .record(started.elapsed().as_secs_f64());
+        families::COMMIT_READINGS.histogram().record(rows as f64);
         match result {
-            Ok(created) => {
-                self.spooled.add(history_rows);
-                self.dispatcher.deliver(created);
-                if let (Some(tx), Some(events)) = (live_events, events) {
-                    for e in events {
-                        // Only fails when the last listener just left.
-                        let _ = tx.send(e);
-                    }
-                }
+            Ok(notifications) => {
+                self.listener.committed(Committed {
+                    notifications,
+                    history_rows,
+                    events,
+                });
                 for r in replies {
                     let _ = r.send(Ok(()));
                 }
             }
             Err(e) => {
-                metrics::counter!("latch_commit_failures_total").increment(1);
+                families::COMMIT_FAILURES.counter().increment(1);
                 // Cluster mode: partitions another node took over; stop serving them now
                 // rather than at the next lease round.
-                if let (crate::store::Error::Fenced(parts), Some(tx)) = (&e, &self.fenced) {
-                    metrics::counter!("latch_cluster_fenced_commits_total").increment(1);
-                    let _ = tx.send(parts.clone());
+                if let crate::store::Error::Fenced(parts) = &e {
+                    families::CLUSTER_FENCED_COMMITS.counter().increment(1);
+                    self.listener.fenced(parts.clone());
                 }
-                let msg = e.to_string();
+                let failure = if e.maybe_written() {
+                    // What the shards hold must follow the store, not the guess that
+                    // nothing landed: read the batch's sensors back.
+                    CommitFailure::Unknown {
+                        message: e.to_string(),
+                        landed: self.read_back(touched).await,
+                    }
+                } else {
+                    CommitFailure::Refused(e.to_string())
+                };
                 for r in replies {
-                    let _ = r.send(Err(msg.clone()));
+                    let _ = r.send(Err(failure.clone()));
                 }
             }
         }
+    }
+
+    /// The committed state of `ids`, asked until the store answers (a few minutes at most):
+    /// `None` if it never did.
+    async fn read_back(&self, ids: Vec<SensorId>) -> Option<Vec<SensorRuntime>> {
+        let mut wait = Duration::from_millis(50);
+        for _ in 0..READ_BACK_TRIES {
+            match self.store.load_states(ids.clone()).await {
+                Ok(states) => return Some(states),
+                Err(e) => {
+                    tracing::warn!(error = %e, sensors = ids.len(),
+                        "Could not read back the sensors of a commit whose outcome is unknown; trying again.");
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(READ_BACK_MAX_WAIT);
+        }
+        tracing::error!(
+            sensors = ids.len(),
+            "Gave up reading back a commit whose outcome is unknown; its sensors keep the state from before it."
+        );
+        None
     }
 }
 

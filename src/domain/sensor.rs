@@ -213,6 +213,17 @@ impl SensorState {
             heartbeat_timeout_s,
         }
     }
+
+    /// Whether `other` holds what a commit writes of this state (everything but the
+    /// timeout, which is registry data): how a commit whose answer was lost is found to
+    /// have landed.
+    pub fn same_committed(&self, other: &SensorState) -> bool {
+        self.data == other.data
+            && self.changed_at == other.changed_at
+            && self.last_ts == other.last_ts
+            && self.last_seen_at == other.last_seen_at
+            && self.connection == other.connection
+    }
 }
 
 /// Longest install address, in characters (as JSON Schema's `maxLength` counts).

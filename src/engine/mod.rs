@@ -28,6 +28,7 @@
 mod due;
 pub mod fleet;
 pub mod follow;
+mod part;
 pub mod rules;
 mod shard;
 mod ticket;
@@ -43,8 +44,10 @@ use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{Millis, Reading, Rejection, SensorId, partition};
 use crate::store::{CommitBatch, SensorRuntime};
+use crate::telemetry::families;
 use fleet::Fleet;
-use shard::{Part, Shard, ShardMsg};
+use part::Part;
+use shard::{Shard, ShardMsg};
 pub use ticket::{Report, Ticket, VerdictsRx};
 
 /// How long after taking a partition over, while serving, a sensor unknown here may still
@@ -71,7 +74,7 @@ pub fn lost_total() -> u64 {
 
 /// Counts sensors a commit declared lost, in the metrics and in [`LOST`].
 fn count_lost(n: usize) {
-    metrics::counter!("latch_sensors_lost_total").increment(n as u64);
+    families::SENSORS_LOST_TOTAL.counter().increment(n as u64);
     LOST.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -106,7 +109,30 @@ pub struct CommitRequest {
     /// The shard that sent it (each has at most one out at a time).
     pub shard: usize,
     pub batch: CommitBatch,
-    pub reply: oneshot::Sender<Result<(), String>>,
+    pub reply: oneshot::Sender<Result<(), CommitFailure>>,
+}
+
+/// Why a group commit did not succeed.
+#[derive(Debug, Clone)]
+pub enum CommitFailure {
+    /// Nothing of the batch was written.
+    Refused(String),
+    /// The batch may have been written (its answer was lost). `landed`: the committed state
+    /// of its sensors, read back since (`None`: the store never answered), so memory
+    /// follows what the store holds rather than a guess.
+    Unknown {
+        message: String,
+        landed: Option<Vec<SensorRuntime>>,
+    },
+}
+
+impl std::fmt::Display for CommitFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommitFailure::Refused(m) => f.write_str(m),
+            CommitFailure::Unknown { message, .. } => write!(f, "{message} (outcome unknown)"),
+        }
+    }
 }
 
 /// One shard's results: `None` accepted, `Some(reason)` rejected, in its input order.
@@ -372,7 +398,8 @@ impl Engine {
         }
         if let Some(routing) = &self.routing {
             for (to, (idx, rs)) in away {
-                metrics::counter!("latch_cluster_forwarded_readings_total")
+                families::CLUSTER_FORWARDED
+                    .counter()
                     .increment(rs.len() as u64);
                 waits.push((idx, routing.forwarder.forward(to, rs, received_at)));
                 sent = true;

@@ -14,8 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::due::DueQueue;
 use super::fleet::{self, Fleet};
+use super::part::Part;
 use super::rules::{self, Change};
-use super::{Clock, CommitRequest, EXPIRE_BATCH, Error, Verdicts};
+use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Verdicts};
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{
@@ -57,17 +58,6 @@ pub(super) enum ShardMsg {
         flush: bool,
         reply: oneshot::Sender<()>,
     },
-}
-
-/// A partition this shard serves.
-pub(super) struct Part {
-    pub(super) fleet: Fleet,
-    /// The lease's epoch in cluster mode (the commit's fence); `None` on one node.
-    pub(super) epoch: Option<i64>,
-    /// Until then a sensor unknown here may be one registered through another node while
-    /// the partition's sensors were loading ([`super::TAKEOVER_GRACE_MS`]): its readings are
-    /// refused as "send again", not as unknown.
-    pub(super) unsure_until: Millis,
 }
 
 /// One shard task: owns its sensors' state and applies their readings in arrival order.
@@ -429,31 +419,15 @@ impl Shard {
                 })
                 .await;
             match sent {
-                Ok(()) => rx
-                    .await
-                    .unwrap_or_else(|_| Err("the committer stopped".into()))
-                    .map_err(Error::Commit),
-                Err(_) => Err(Error::Closed),
+                Ok(()) => rx.await.unwrap_or_else(|_| {
+                    Err(CommitFailure::Refused("the committer stopped".into()))
+                }),
+                Err(_) => Err(CommitFailure::Refused("the engine is shutting down".into())),
             }
         };
         match result {
             Ok(()) => {
-                for (id, (n, s)) in p.scratch {
-                    // A partition released meanwhile (flushed first, so only on shutdown
-                    // paths) has nothing to update.
-                    let Some(part) = self.parts[n as usize].as_mut() else {
-                        continue;
-                    };
-                    let was_lost = part
-                        .fleet
-                        .update(id, s)
-                        .is_some_and(|old| old.connection == Connection::Lost);
-                    match (was_lost, s.connection == Connection::Lost) {
-                        (false, true) => fleet::lost_gauge(1.0),
-                        (true, false) => fleet::lost_gauge(-1.0),
-                        _ => {}
-                    }
-                }
+                self.adopt(p.scratch);
                 if p.lost > 0 {
                     super::count_lost(p.lost);
                     tracing::info!(sensors = p.lost, "Sensors went silent: connection lost.");
@@ -463,10 +437,26 @@ impl Shard {
                 }
                 true
             }
-            Err(e) => {
+            Err(failure) => {
                 // Memory keeps the committed state: readings are refused (their senders
                 // try again) and silent sensors stay due, so the next round retries them.
-                tracing::error!(error = %e, "Group commit failed; readings not acknowledged.");
+                tracing::error!(error = %failure, "Group commit failed; readings not acknowledged.");
+                if let CommitFailure::Unknown {
+                    landed: Some(landed),
+                    ..
+                } = &failure
+                {
+                    // It may have landed: the sensors whose state the store now holds are
+                    // taken as committed, so a resent reading is a repeat and a sensor
+                    // declared lost is not declared lost again.
+                    let landed = landed_states(p.scratch, landed);
+                    tracing::info!(
+                        sensors = landed.len(),
+                        "The commit had landed for these sensors after all."
+                    );
+                    self.adopt(landed);
+                }
+                let e = Error::Commit(failure.to_string());
                 for (reply, _) in p.replies {
                     let _ = reply.send(Err(e.clone()));
                 }
@@ -474,4 +464,37 @@ impl Shard {
             }
         }
     }
+
+    /// Takes committed states into memory.
+    fn adopt(&mut self, committed: HashMap<SensorId, (u32, SensorState)>) {
+        for (id, (n, s)) in committed {
+            // A partition released meanwhile (flushed first, so only on shutdown paths) has
+            // nothing to update.
+            let Some(part) = self.parts[n as usize].as_mut() else {
+                continue;
+            };
+            let was_lost = part
+                .fleet
+                .update(id, s)
+                .is_some_and(|old| old.connection == Connection::Lost);
+            match (was_lost, s.connection == Connection::Lost) {
+                (false, true) => fleet::lost_gauge(1.0),
+                (true, false) => fleet::lost_gauge(-1.0),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Of a failed commit's scratch states, those the store holds now (read back after the
+/// failure): the commit landed for them.
+fn landed_states(
+    scratch: HashMap<SensorId, (u32, SensorState)>,
+    stored: &[SensorRuntime],
+) -> HashMap<SensorId, (u32, SensorState)> {
+    let stored: HashMap<SensorId, &SensorState> = stored.iter().map(|(id, s)| (*id, s)).collect();
+    scratch
+        .into_iter()
+        .filter(|(id, (_, s))| stored.get(id).is_some_and(|st| st.same_committed(s)))
+        .collect()
 }

@@ -62,7 +62,7 @@ fn engine(
 /// Answers every commit as `answer` says, keeping the batches it was given.
 fn committer(
     mut rx: mpsc::Receiver<CommitRequest>,
-    answer: impl Fn(&CommitBatch) -> Result<(), String> + Send + 'static,
+    answer: impl Fn(&CommitBatch) -> Result<(), CommitFailure> + Send + 'static,
 ) -> Arc<std::sync::Mutex<Vec<CommitBatch>>> {
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let kept = log.clone();
@@ -88,7 +88,7 @@ async fn a_failed_shard_rejects_its_own_readings_and_the_others_stand() {
     // The shard of `bad` commits in a round of its own that fails; `ok`'s succeeds.
     committer(rx, move |b| {
         if b.readings.iter().any(|r| r.sensor_id == bad) {
-            Err("disk full".into())
+            Err(CommitFailure::Refused("disk full".into()))
         } else {
             Ok(())
         }
@@ -111,6 +111,68 @@ async fn a_failed_shard_rejects_its_own_readings_and_the_others_stand() {
         "{all_failed:?}"
     );
     stop.cancel();
+}
+
+/// The state a batch wrote for `id`, as the store would read it back.
+fn written(b: &CommitBatch, id: SensorId) -> SensorRuntime {
+    let u = b.states.iter().find(|u| u.sensor_id == id).expect("state");
+    let state = SensorState {
+        data: u.data,
+        changed_at: u.changed_at,
+        last_ts: u.last_ts,
+        last_seen_at: u.last_seen_at,
+        connection: u.connection,
+        heartbeat_timeout_s: None,
+    };
+    (id, state)
+}
+
+/// A commit whose answer was lost (PostgreSQL timed out after sending `COMMIT`): when the
+/// read-back shows it landed, the resent reading is a repeat and notifies nobody again;
+/// when it shows it did not, the resent reading is the change it always was.
+#[tokio::test]
+async fn a_commit_whose_answer_was_lost_follows_what_the_store_read_back() {
+    for landed in [true, false] {
+        let id = sid("door");
+        let (engine, rx, stop) =
+            engine(1, 100, Clock::manual(0), vec![(id, SensorState::new(None))]);
+        let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let log = committer(rx, move |b| {
+            if !first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
+            let back = if landed {
+                written(b, id)
+            } else {
+                (id, SensorState::new(None))
+            };
+            Err(CommitFailure::Unknown {
+                message: "the database did not answer (commit)".into(),
+                landed: Some(vec![back]),
+            })
+        });
+        let lost_answer = submit(&engine, vec![reading(id)], 1_000).await;
+        assert!(
+            matches!(lost_answer, Err(Error::Commit(_))),
+            "{lost_answer:?}"
+        );
+        // The sender was told to try again, and does.
+        let again = submit(&engine, vec![reading(id)], 2_000).await.unwrap();
+        assert!(again.rejected.is_empty());
+        let batches = log.lock().unwrap();
+        let changes = batches[1]
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::StateChanged)
+            .count();
+        assert_eq!(
+            changes,
+            usize::from(!landed),
+            "landed = {landed}: the resent reading changes state only if the first did not land"
+        );
+        drop(batches);
+        stop.cancel();
+    }
 }
 
 #[tokio::test]

@@ -24,6 +24,7 @@ use tokio_postgres::{Row, Statement, ToStatement};
 
 use super::describe;
 use crate::store::{Error, Result};
+use crate::telemetry::families;
 
 /// Time a shipment may spend in the history sink on top of the store's own bound: the
 /// sink (ClickHouse) has its own timeouts per insert, and a shipment makes a few inserts.
@@ -98,7 +99,9 @@ struct Deadline {
 
 impl Deadline {
     fn expired(&self, maybe_written: bool) -> Error {
-        metrics::counter!("latch_store_timeouts_total", "call" => self.what).increment(1);
+        families::STORE_TIMEOUTS
+            .counter_with(&[("call", self.what)])
+            .increment(1);
         let msg = format!(
             "the database did not answer within {:?} ({})",
             self.limit, self.what
@@ -275,5 +278,32 @@ impl Sql for Tx<'_> {
     }
     async fn batch_execute(&self, sql: &str) -> Result<()> {
         self.deadline.run(false, self.tx.batch_execute(sql)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deadline() -> Deadline {
+        Deadline {
+            at: Instant::now() + Duration::from_millis(10),
+            limit: Duration::from_millis(10),
+            what: "commit",
+        }
+    }
+
+    /// A statement that never answers: before `COMMIT` nothing was written; a `COMMIT` (or
+    /// a statement that commits by itself) may have landed.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_answer_is_indeterminate_only_for_what_commits() {
+        let never = || std::future::pending::<Result<(), tokio_postgres::Error>>();
+        let inside = deadline().run(false, never()).await.unwrap_err();
+        assert!(matches!(inside, Error::Backend(_)), "{inside:?}");
+        assert!(!inside.maybe_written());
+        let commit = deadline().run(true, never()).await.unwrap_err();
+        assert!(matches!(commit, Error::Indeterminate(_)), "{commit:?}");
+        assert!(commit.maybe_written());
+        assert!(commit.to_string().contains("commit"), "{commit}");
     }
 }
