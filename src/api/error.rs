@@ -197,7 +197,7 @@ impl From<BytesRejection> for ApiError {
             ApiError::payload_too_large(format!(
                 "the body is larger than this endpoint takes ({} MiB for readings, {} MiB \
                  elsewhere)",
-                super::readings::MAX_READINGS_BODY_BYTES >> 20,
+                crate::ingest::http::MAX_READINGS_BODY_BYTES >> 20,
                 super::MAX_BODY_BYTES >> 20
             ))
         } else {

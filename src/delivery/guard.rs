@@ -22,7 +22,7 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv6Net};
 
 /// The error an attempt refused by the guard is recorded with (and its metric outcome).
-pub const NOT_ALLOWED: &str = "destination_not_allowed";
+pub use crate::domain::outbox::outcome::NOT_ALLOWED;
 
 /// How long the API waits for a name to resolve when vetting a URL. Past it, or when the
 /// name does not resolve, the URL is taken: the connect-time check still guards it.

@@ -6,6 +6,28 @@ use super::notification::{Attempt, EventKind, Notification, Status};
 use super::sensor::SensorId;
 use super::time::Millis;
 
+/// How an attempt ended, as the attempts metric labels it (`outcome`).
+pub mod outcome {
+    /// A 2xx answer.
+    pub const DELIVERED: &str = "delivered";
+    /// Any other answer.
+    pub const HTTP_ERROR: &str = "http_error";
+    /// No answer within the delivery timeout.
+    pub const TIMEOUT: &str = "timeout";
+    /// No connection, or one cut off.
+    pub const CONNECTION_ERROR: &str = "connection_error";
+    /// The SSRF guard refused the destination (also the start of the attempt's error).
+    pub const NOT_ALLOWED: &str = "destination_not_allowed";
+    /// Every outcome, for the metric's series at start.
+    pub const ALL: [&str; 5] = [
+        DELIVERED,
+        HTTP_ERROR,
+        TIMEOUT,
+        CONNECTION_ERROR,
+        NOT_ALLOWED,
+    ];
+}
+
 /// What the dispatcher needs of a pending notification to schedule it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NotificationRef {

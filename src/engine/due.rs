@@ -7,7 +7,7 @@
 //! narrow as if the whole outage had been sorted at once: taking the first `cap` sensors
 //! in deadline order instead would spread each batch over the whole id space.
 
-use super::shard::Part;
+use super::part::Part;
 use crate::domain::{Millis, SensorId};
 
 /// Buckets of the id range an outage's plan counts sensors in.

@@ -1,10 +1,9 @@
 //! A client's lifecycle: secret rotation, the failure streak that disables it, enabling it
-//! again, its endpoint health, and the bulk replay of its dead letters.
+//! again, its endpoint health.
 
-use super::super::rows::{self as row, CLIENT_COLS, NOTIF_COLS};
-use super::super::{Error, NotificationRef, Outcome, ReplayFilter, Result, notification_ref};
-use super::db::{Bound, Db, Sql, Tx};
-use super::outbox;
+use super::super::rows::{self as row, CLIENT_COLS};
+use super::super::{Outcome, Result};
+use super::db::{Db, Sql, Tx};
 use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
 use crate::domain::{Client, Millis, policy};
 
@@ -168,68 +167,4 @@ pub(super) async fn client_health(db: &Db, id: String, now: Millis) -> Result<Op
     h.pending = counts.get::<_, i64>(0) as u64;
     h.failed = counts.get::<_, i64>(1) as u64;
     Ok(Some(h))
-}
-
-pub(super) async fn load_client_pending(
-    db: &Db,
-    client_id: String,
-) -> Result<Vec<NotificationRef>> {
-    let c = db.get_for("load_client_pending", Bound::Bulk).await?;
-    c.query(
-        &format!(
-            "SELECT {NOTIF_COLS} FROM notifications_pending p \
-             JOIN notifications n ON n.seq = p.seq \
-             WHERE n.status = 'pending' AND p.client_id = $1 ORDER BY p.seq"
-        ),
-        &[&client_id],
-    )
-    .await?
-    .iter()
-    .map(|r| row::notification(r).map(|n| notification_ref(&n)))
-    .collect()
-}
-
-/// The bulk replay, in one transaction, oldest first: each one is judged as a single
-/// retry would judge it once the older ones went back to pending.
-pub(super) async fn retry_notifications(
-    db: &Db,
-    f: ReplayFilter,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
-    let mut c = db.get_for("retry_notifications", Bound::Bulk).await?;
-    let tx = c.transaction().await?;
-    if tx
-        .query_opt("SELECT 1 FROM clients WHERE id = $1", &[&f.client_id])
-        .await?
-        .is_none()
-    {
-        return Err(Error::NotFound("client"));
-    }
-    let failed = tx
-        .query(
-            &format!(
-                "SELECT {NOTIF_COLS} FROM notifications n WHERE n.client_id = $1 \
-                 AND n.status = 'failed' AND ($2::text IS NULL OR n.sensor_id = $2) \
-                 AND ($3::int8 IS NULL OR n.created_at >= $3) ORDER BY n.seq FOR UPDATE"
-            ),
-            &[&f.client_id, &f.sensor_id.map(|s| s.to_string()), &f.since],
-        )
-        .await?
-        .iter()
-        .map(row::notification)
-        .collect::<Result<Vec<_>>>()?;
-    let mut out = Vec::new();
-    for n in failed {
-        if outbox::refused(&tx, &n).await?.is_some() {
-            continue;
-        }
-        outbox::back_to_pending(&tx, &n.id, now).await?;
-        out.push(NotificationRef {
-            due_at: now,
-            attempts: 0,
-            ..notification_ref(&n)
-        });
-    }
-    tx.commit().await?;
-    Ok(out)
 }

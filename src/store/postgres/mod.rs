@@ -38,6 +38,7 @@ mod history;
 mod lifecycle;
 mod outbox;
 mod registry;
+mod replay;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tokens;

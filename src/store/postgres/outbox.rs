@@ -15,10 +15,10 @@ use super::super::rows::{
 };
 use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
+    Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
+use crate::domain::{Attempt, Millis, Notification, Status, policy};
 
 pub(super) async fn load_pending(db: &Db, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let c = db.get_for("load_pending", Bound::Bulk).await?;
@@ -288,62 +288,6 @@ pub(super) async fn list_notifications(
     Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
 }
 
-pub(super) async fn retry_notification(
-    db: &Db,
-    id: String,
-    now: Millis,
-) -> Result<NotificationRef> {
-    let mut c = db.get("retry_notification").await?;
-    let tx = c.transaction().await?;
-    let found = tx
-        .query_opt(
-            &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1 FOR UPDATE"),
-            &[&id],
-        )
-        .await?
-        .ok_or(Error::NotFound("notification"))?;
-    let n = row::notification(&found)?;
-    if let Some(e) = refused(&tx, &n).await? {
-        return Err(e);
-    }
-    back_to_pending(&tx, &id, now).await?;
-    tx.commit().await?;
-    Ok(NotificationRef {
-        due_at: now,
-        attempts: 0,
-        ..notification_ref(&n)
-    })
-}
-
-/// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
-/// whether a newer state of its sensor was sent to its client since.
-pub(super) async fn refused(c: &impl Sql, n: &Notification) -> Result<Option<Error>> {
-    let newer = n.kind == EventKind::StateChanged
-        && c.query_one(
-            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
-             AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
-             AND status IN ('pending', 'delivered'))",
-            &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
-        )
-        .await?
-        .get::<_, bool>(0);
-    Ok(retry_refusal(n, newer))
-}
-
-/// A retried notification: pending (and listed so), due now, with a fresh attempt budget.
-pub(super) async fn back_to_pending(c: &impl Sql, id: &str, now: Millis) -> Result<()> {
-    c.execute(
-        "WITH b AS (UPDATE notifications SET status = 'pending', attempts = 0, \
-         next_attempt_at = $2, updated_at = $2, claimed_by = NULL, lease_until = NULL \
-         WHERE id = $1 RETURNING seq, sensor_id, client_id) \
-         INSERT INTO notifications_pending (seq, sensor_id, client_id) \
-         SELECT seq, sensor_id, client_id FROM b ON CONFLICT (seq) DO NOTHING",
-        &[&id, &now],
-    )
-    .await?;
-    Ok(())
-}
-
 /// An `UPDATE` of the notifications `filter` selects that ends their pending state
 /// (`set` gives the new status), taking them off `notifications_pending` in the same
 /// statement, as every change of status out of pending must (migration 0011).
@@ -389,7 +333,7 @@ impl Outbox for PgStore {
     }
 
     async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
-        super::lifecycle::load_client_pending(&self.db, client_id).await
+        super::replay::load_client_pending(&self.db, client_id).await
     }
 
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
@@ -405,7 +349,7 @@ impl Outbox for PgStore {
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        retry_notification(&self.db, id, now).await
+        super::replay::retry_notification(&self.db, id, now).await
     }
 
     async fn retry_notifications(
@@ -413,7 +357,7 @@ impl Outbox for PgStore {
         filter: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
-        super::lifecycle::retry_notifications(&self.db, filter, now).await
+        super::replay::retry_notifications(&self.db, filter, now).await
     }
 
     async fn count_pending(&self) -> Result<u64> {

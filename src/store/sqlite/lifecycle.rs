@@ -1,29 +1,33 @@
 //! A client's lifecycle: secret rotation, the failure streak that disables it, enabling it
-//! again, its endpoint health, and the bulk replay of its dead letters.
+//! again, its endpoint health.
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
-use super::super::rows::{self as row, NOTIF_COLS};
-use super::super::{Error, NotificationRef, Outcome, ReplayFilter, Result, notification_ref};
-use super::{outbox, registry};
+use super::super::{Outcome, Result};
 use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
-use crate::domain::{Client, Millis, policy};
+use crate::domain::{Millis, policy};
 
 pub(super) fn rotate_secret(
     c: &Connection,
-    id: String,
+    id: &str,
     secret: String,
     previous_until: Millis,
-) -> Result<Option<Client>> {
+) -> Result<bool> {
     let n = c.execute(
         "UPDATE clients SET previous_secret = secret, previous_secret_until = ?3, secret = ?2 \
          WHERE id = ?1",
         params![id, secret, previous_until],
     )?;
-    if n == 0 {
-        return Ok(None);
-    }
-    registry::get_client(c, id)
+    Ok(n > 0)
+}
+
+/// Whether the client exists.
+pub(super) fn client_exists(c: &Connection, id: &str) -> Result<bool> {
+    Ok(c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM clients WHERE id = ?1)",
+        [id],
+        |r| r.get(0),
+    )?)
 }
 
 pub(super) fn enable_client(c: &Connection, id: String) -> Result<Option<bool>> {
@@ -104,7 +108,7 @@ const CLIENT_ATTEMPTS: &str =
 const DELIVERED: &str = "a.status_code BETWEEN 200 AND 299";
 
 pub(super) fn client_health(c: &Connection, id: String, now: Millis) -> Result<Option<Health>> {
-    if registry::get_client(c, id.clone())?.is_none() {
+    if !client_exists(c, &id)? {
         return Ok(None);
     }
     let mut h = Health {
@@ -150,57 +154,4 @@ pub(super) fn client_health(c: &Connection, id: String, now: Millis) -> Result<O
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
     Ok(Some(h))
-}
-
-pub(super) fn load_client_pending(
-    c: &Connection,
-    client_id: String,
-) -> Result<Vec<NotificationRef>> {
-    let rows = c
-        .prepare(&format!(
-            "SELECT {NOTIF_COLS} FROM notifications n \
-             WHERE n.status = 'pending' AND n.client_id = ?1 ORDER BY n.seq"
-        ))?
-        .query_map([client_id], |r| row::notification(r))?
-        .map(|n| n.map(|n| notification_ref(&n)))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// The bulk replay, in one transaction, oldest first: each one is judged as a single
-/// retry would judge it once the older ones went back to pending.
-pub(super) fn retry_notifications(
-    c: &mut Connection,
-    f: ReplayFilter,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
-    let tx = c.transaction()?;
-    if registry::get_client(&tx, f.client_id.clone())?.is_none() {
-        return Err(Error::NotFound("client"));
-    }
-    let failed = tx
-        .prepare(&format!(
-            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.client_id = ?1 \
-             AND n.status = 'failed' AND (?2 IS NULL OR n.sensor_id = ?2) \
-             AND (?3 IS NULL OR n.created_at >= ?3) ORDER BY n.seq"
-        ))?
-        .query_map(
-            params![f.client_id, f.sensor_id.map(|s| s.to_string()), f.since],
-            |r| row::notification(r),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut out = Vec::new();
-    for n in failed {
-        if outbox::refused(&tx, &n)?.is_some() {
-            continue;
-        }
-        outbox::back_to_pending(&tx, &n.id, now)?;
-        out.push(NotificationRef {
-            due_at: now,
-            attempts: 0,
-            ..notification_ref(&n)
-        });
-    }
-    tx.commit()?;
-    Ok(out)
 }

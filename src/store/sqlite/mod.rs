@@ -26,6 +26,7 @@ mod history;
 mod lifecycle;
 mod outbox;
 mod registry;
+mod replay;
 #[cfg(test)]
 mod tests;
 mod tokens;

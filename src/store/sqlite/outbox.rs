@@ -10,10 +10,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
 use super::super::{
     Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
+    Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
+use crate::domain::{Attempt, Millis, Notification, Status, policy};
 
 pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let rows = c
@@ -181,55 +181,6 @@ pub(super) fn list_notifications(
     Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
 }
 
-pub(super) fn retry_notification(
-    c: &mut Connection,
-    id: String,
-    now: Millis,
-) -> Result<NotificationRef> {
-    let tx = c.transaction()?;
-    let n = tx
-        .prepare_cached(&format!(
-            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
-        ))?
-        .query_row([&id], |r| row::notification(r))
-        .optional()?
-        .ok_or(Error::NotFound("notification"))?;
-    if let Some(e) = refused(&tx, &n)? {
-        return Err(e);
-    }
-    back_to_pending(&tx, &id, now)?;
-    tx.commit()?;
-    Ok(NotificationRef {
-        due_at: now,
-        attempts: 0,
-        ..notification_ref(&n)
-    })
-}
-
-/// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
-/// whether a newer state of its sensor was sent to its client since.
-pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>> {
-    let newer = n.kind == EventKind::StateChanged
-        && c.query_row(
-            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
-             AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
-             AND status IN ('pending', 'delivered'))",
-            params![n.client_id, n.sensor_id.to_string(), n.seq],
-            |r| r.get::<_, bool>(0),
-        )?;
-    Ok(retry_refusal(n, newer))
-}
-
-/// A retried notification: pending, due now, with a fresh attempt budget.
-pub(super) fn back_to_pending(c: &Connection, id: &str, now: Millis) -> Result<()> {
-    c.execute(
-        "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
-         updated_at = ?2, claimed_by = NULL, lease_until = NULL WHERE id = ?1",
-        params![id, now],
-    )?;
-    Ok(())
-}
-
 pub(super) fn count_pending(c: &Connection) -> Result<u64> {
     Ok(c.query_row(
         "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
@@ -267,7 +218,7 @@ impl Outbox for SqliteStore {
     }
 
     async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
-        self.read(move |c| super::lifecycle::load_client_pending(c, client_id))
+        self.read(move |c| super::replay::load_client_pending(c, client_id))
             .await
     }
 
@@ -285,7 +236,8 @@ impl Outbox for SqliteStore {
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        self.write(move |c| retry_notification(c, id, now)).await
+        self.write(move |c| super::replay::retry_notification(c, id, now))
+            .await
     }
 
     async fn retry_notifications(
@@ -293,7 +245,7 @@ impl Outbox for SqliteStore {
         filter: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
-        self.write(move |c| super::lifecycle::retry_notifications(c, filter, now))
+        self.write(move |c| super::replay::retry_notifications(c, filter, now))
             .await
     }
 

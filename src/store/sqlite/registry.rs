@@ -416,8 +416,14 @@ impl Registry for SqliteStore {
         secret: String,
         previous_until: Millis,
     ) -> Result<Option<Client>> {
-        self.write(move |c| super::lifecycle::rotate_secret(c, id, secret, previous_until))
-            .await
+        let key = id.clone();
+        let rotated = self
+            .write(move |c| super::lifecycle::rotate_secret(c, &key, secret, previous_until))
+            .await?;
+        if !rotated {
+            return Ok(None);
+        }
+        self.get_client(id).await
     }
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
