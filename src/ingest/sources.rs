@@ -1,0 +1,127 @@
+//! Starting the configured broker sources, on one node or, in a cluster, on the node that
+//! holds partition 0.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{Ingest, Sources};
+use crate::config::Config;
+
+/// Starts the configured broker sources on `tracker`, stopping at `stop`.
+pub fn start(
+    config: &Config,
+    ingest: &Ingest,
+    sources: &Sources,
+    stop: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    // Each source is down from here until its task says otherwise, not from when the task
+    // first runs: `/readyz` must not answer ready while a source has yet to subscribe, or
+    // what is published meanwhile to a new MQTT session (or a queue not yet declared) is lost.
+    if let Some(url) = &config.amqp_url {
+        sources.set(super::amqp::SOURCE, false);
+        let settings = super::amqp::Settings {
+            url: url.clone(),
+            queue: config.amqp_queue.clone(),
+        };
+        tracker.spawn(super::amqp::run(
+            ingest.clone(),
+            settings,
+            sources.clone(),
+            stop.clone(),
+        ));
+    }
+    if let Some(url) = &config.mqtt_url {
+        sources.set(super::mqtt::SOURCE, false);
+        let settings = super::mqtt::Settings {
+            url: url.clone(),
+            topic: config.mqtt_topic.clone(),
+        };
+        let (ingest, sources, stop) = (ingest.clone(), sources.clone(), stop.clone());
+        tracker.spawn(async move {
+            if let Err(e) = super::mqtt::run(ingest, settings, sources, stop).await {
+                tracing::error!(error = %e, "MQTT ingest failed.");
+            }
+        });
+    }
+}
+
+/// Cluster mode: runs the broker sources while this node holds partition 0, so a queue or
+/// topic is consumed by one node, in order. Handing them over finishes and acknowledges
+/// what they hold first; the broker keeps the rest for the next holder (the MQTT session
+/// is the cluster's, under one client id).
+pub async fn lead(
+    mut leads: tokio::sync::watch::Receiver<bool>,
+    config: Arc<Config>,
+    ingest: Ingest,
+    sources: Sources,
+    stop: CancellationToken,
+) {
+    if config.amqp_url.is_none() && config.mqtt_url.is_none() {
+        return;
+    }
+    loop {
+        while !*leads.borrow_and_update() {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = leads.changed() => if changed.is_err() { return },
+            }
+        }
+        let running = stop.child_token();
+        let tasks = TaskTracker::new();
+        start(&config, &ingest, &sources, &running, &tasks);
+        tasks.close();
+        tracing::info!("This node holds partition 0: running the broker sources.");
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                changed = leads.changed() => {
+                    if changed.is_err() || !*leads.borrow_and_update() {
+                        break;
+                    }
+                }
+            }
+        }
+        running.cancel();
+        tasks.wait().await;
+        if stop.is_cancelled() {
+            return;
+        }
+        sources.clear();
+        tracing::info!("Partition 0 moved to another node: broker sources stopped here.");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On one thread no spawned task runs before the test awaits: what `/readyz` reads
+    /// right after the start is what a probe could see before the sources ever ran.
+    #[tokio::test]
+    async fn configured_sources_are_down_before_their_tasks_first_run() {
+        let mut c = Config::for_data_dir(std::path::Path::new("/tmp"));
+        // Closed ports: the tasks never connect.
+        c.amqp_url = Some("amqp://127.0.0.1:1/%2f".into());
+        c.mqtt_url = Some("mqtt://127.0.0.1:1".into());
+        let (commits, _rx) = tokio::sync::mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let tuning = crate::engine::Tuning {
+            shards: 1,
+            batch_max: 16,
+            default_timeout: std::time::Duration::from_secs(10),
+            clock: crate::clock::Clock::wall(),
+            partitions: 1,
+        };
+        let engine =
+            crate::engine::Engine::launch(tuning, [], commits, stop.clone(), &TaskTracker::new());
+        let (sources, tasks) = (Sources::default(), TaskTracker::new());
+        start(&c, &Ingest::new(engine), &sources, &stop, &tasks);
+        assert_eq!(sources.down(), vec!["amqp", "mqtt"]);
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+}

@@ -1,0 +1,75 @@
+//! Start-up and shutdown as stages. Each stage's `start` returns a handle whose `stop`
+//! ends what it started; [`run_with_clock`] starts them in order, waits for the signal (or
+//! for a task to panic), and stops them in reverse:
+//!
+//! 1. [`Base`]: the store, this node's id and, on PostgreSQL, its cluster membership.
+//! 2. [`Delivery`]: the dispatcher with the pending notifications.
+//! 3. [`Archive`]: the history shipper (ClickHouse) or archiver (SQLite).
+//! 4. [`Core`]: the committer and the engine's shards, with the registry follower.
+//! 5. [`Leases`]: the cluster's lease rounds (cluster mode).
+//! 6. [`Sources`]: the broker sources.
+//! 7. [`Followers`]: API tokens followed across nodes, the store's upkeep.
+//! 8. [`Http`]: the API.
+//!
+//! Stopping in reverse is what makes the shutdown lose nothing: the API and the sources
+//! stop taking readings first, the engine flushes, its partitions are handed over, the
+//! last history ships, and the dispatcher finishes in-flight attempts within the grace.
+
+mod stages;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::tasks::Supervisor;
+use crate::telemetry;
+pub use stages::exposed_without_token;
+use stages::{Archive, Base, Core, Delivery, Followers, Http, Leases, Sources};
+
+/// Runs latch on `listener` until `shutdown` completes, then stops gracefully. Fails when
+/// a start stage fails or a task of the service panicked.
+pub async fn run_with_clock(
+    config: Arc<Config>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    clock: Clock,
+) -> anyhow::Result<()> {
+    let sup = Supervisor::default();
+    // The recorder first: families registered before it exists would go nowhere.
+    let metrics = telemetry::metrics_handle();
+    telemetry::register_families(&config);
+    let base = Base::open(&config, &listener).await?;
+    let delivery = Delivery::start(&config, &base, &clock, &sup).await?;
+    let archive = Archive::start(&config, &base, &sup)?;
+    let core = Core::start(&config, &base, &clock, &delivery, &archive, &sup).await?;
+    let leases = Leases::start(&base, &core, &delivery, &sup).await?;
+    let sources = Sources::start(&config, &base, &core, &sup);
+    let followers = Followers::start(&base, &sup).await?;
+    let http = Http::start(
+        &config, listener, &base, &delivery, &archive, &core, &sources, &followers, metrics, &sup,
+    )?;
+
+    tokio::select! {
+        _ = shutdown => {}
+        _ = sup.failed() => {}
+        _ = http.ended() => {}
+    }
+    // The API and the sources stop taking readings at the same moment.
+    sources.stopping();
+    http.stop().await?;
+    followers.stop().await;
+    sources.stop().await;
+    leases.stop().await;
+    core.stop().await;
+    base.leave().await;
+    archive.stop().await;
+    delivery.stop(config.shutdown_grace).await;
+    tracing::info!("latch stopped.");
+    match sup.failure() {
+        Some(failure) => anyhow::bail!("{failure}"),
+        None => Ok(()),
+    }
+}

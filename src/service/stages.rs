@@ -1,0 +1,560 @@
+//! The stages of [`super::run_with_clock`], each a `start` and a `stop`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::cluster::Membership;
+use crate::committer::{self, Committed};
+use crate::config::Config;
+use crate::delivery::Dispatcher;
+use crate::domain::Event;
+use crate::engine::{self, Engine};
+use crate::history::{self, History, shipper::Spooled};
+use crate::store::{self, ClusterStore, Store};
+use crate::tasks::{Supervisor, join};
+use crate::{api, delivery, ingest};
+
+/// The store, this node's id and address, and its cluster membership on PostgreSQL.
+pub(super) struct Base {
+    store: Arc<dyn Store>,
+    node: String,
+    /// The address other nodes reach this one at, when one is configured or derived.
+    address: Option<String>,
+    bound: std::net::SocketAddr,
+    membership: Option<Arc<Membership>>,
+    partitions: u32,
+}
+
+impl Base {
+    pub(super) async fn open(config: &Config, listener: &TcpListener) -> anyhow::Result<Self> {
+        let (store, cluster_store): (Arc<dyn Store>, Option<Arc<dyn ClusterStore>>) =
+            store::connect_cluster(config).await?;
+        let node = store::node_id(&config.data_dir)?;
+        let bound = listener.local_addr()?;
+        let address = config.advertise(bound);
+        // PostgreSQL: this node is one of a cluster (perhaps of one) and serves the
+        // partitions it leases; the embedded store is one node serving them all.
+        let membership = match cluster_store {
+            Some(cs) => Some(Membership::join(cs, node.clone(), address.clone(), config).await?),
+            None => None,
+        };
+        let partitions = membership
+            .as_ref()
+            .map_or(config.partitions(), |m| m.partitions());
+        Ok(Self {
+            store,
+            node,
+            address,
+            bound,
+            membership,
+            partitions,
+        })
+    }
+
+    /// A cluster node hands its partitions over and leaves, once everything of them is
+    /// durable (after [`Core::stop`]).
+    pub(super) async fn leave(&self) {
+        if let Some(m) = &self.membership {
+            m.leave().await;
+        }
+    }
+}
+
+/// The dispatcher, delivering notifications until stopped.
+pub(super) struct Delivery {
+    dispatcher: Dispatcher,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Delivery {
+    pub(super) async fn start(
+        config: &Config,
+        base: &Base,
+        clock: &Clock,
+        _sup: &Supervisor,
+    ) -> anyhow::Result<Self> {
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let dispatcher = delivery::Dispatcher::start(
+            base.store.clone(),
+            delivery::Settings {
+                node: base.node.clone(),
+                clock: clock.clone(),
+                serves: base.membership.as_ref().map(|m| m.serves()),
+                ..delivery::Settings::from_config(config)
+            },
+            stop.clone(),
+            config.shutdown_grace,
+            &tasks,
+        )
+        .await?;
+        Ok(Self {
+            dispatcher,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Lets in-flight attempts finish within `grace`; what is still pending stays in the
+    /// store for the next start.
+    pub(super) async fn stop(self, grace: Duration) {
+        self.stop.cancel();
+        self.tasks.close();
+        let waited = tokio::time::timeout(grace + Duration::from_secs(5), self.tasks.wait());
+        if waited.await.is_err() {
+            tracing::warn!("Delivery did not stop within the grace period.");
+        }
+    }
+}
+
+/// History reads, and the task that drains the store's history tables: the shipper to
+/// ClickHouse, or the archiver that moves SQLite's journal into its archive.
+pub(super) struct Archive {
+    history: History,
+    /// History rows committed since the last shipment, so a full batch moves early.
+    spooled: Arc<Spooled>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Archive {
+    pub(super) fn start(config: &Config, base: &Base, sup: &Supervisor) -> anyhow::Result<Self> {
+        let clickhouse = match &config.clickhouse_url {
+            Some(url) => Some(history::clickhouse::ClickHouse::new(
+                &history::clickhouse::Target::parse(url, &config.clickhouse_database)?,
+            )),
+            None => None,
+        };
+        let history = History::new(base.store.clone(), clickhouse.clone());
+        let spooled = Arc::new(Spooled::default());
+        let stop = CancellationToken::new();
+        let task = match clickhouse {
+            Some(ch) => sup.spawn(
+                "history shipper",
+                history::shipper::run(
+                    base.store.clone(),
+                    ch,
+                    config.clickhouse_flush,
+                    spooled.clone(),
+                    history.shipping(),
+                    stop.clone(),
+                ),
+            ),
+            None => sup.spawn(
+                "history archiver",
+                history::archiver::run(base.store.clone(), spooled.clone(), stop.clone()),
+            ),
+        };
+        Ok(Self {
+            history,
+            spooled,
+            stop,
+            task,
+        })
+    }
+
+    /// One last bounded shipment of everything committed, then stops.
+    pub(super) async fn stop(self) {
+        self.stop.cancel();
+        join(self.task).await;
+    }
+}
+
+/// Where each successful commit goes: the dispatcher, the history counter, the live
+/// stream; and a fenced commit's partitions to the lease loop.
+struct Wiring {
+    dispatcher: Dispatcher,
+    spooled: Arc<Spooled>,
+    live: broadcast::Sender<Event>,
+    fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
+}
+
+impl committer::Listener for Wiring {
+    fn wants_events(&self) -> bool {
+        self.live.receiver_count() > 0
+    }
+
+    fn committed(&self, c: Committed) {
+        self.spooled.add(c.history_rows);
+        self.dispatcher.deliver(c.notifications);
+        for e in c.events.into_iter().flatten() {
+            // Only fails when the last listener just left.
+            let _ = self.live.send(e);
+        }
+    }
+
+    fn fenced(&self, partitions: Vec<u32>) {
+        if let Some(tx) = &self.fenced {
+            let _ = tx.send(partitions);
+        }
+    }
+}
+
+/// The engine's shards and the committer behind them.
+pub(super) struct Core {
+    engine: Engine,
+    /// The sensors loaded at start (one node; a cluster node loads per partition).
+    sensors: Option<usize>,
+    follow: Option<engine::follow::Pokes>,
+    live: broadcast::Sender<Event>,
+    fenced: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Vec<u32>>>>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+    committer: JoinHandle<()>,
+}
+
+impl Core {
+    pub(super) async fn start(
+        config: &Config,
+        base: &Base,
+        clock: &Clock,
+        delivery: &Delivery,
+        archive: &Archive,
+        sup: &Supervisor,
+    ) -> anyhow::Result<Self> {
+        let store = &base.store;
+        let (commit_tx, commit_rx) = mpsc::channel(64);
+        let live = api::stream::channel();
+        let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
+        let wiring = Wiring {
+            dispatcher: delivery.dispatcher.clone(),
+            spooled: archive.spooled.clone(),
+            live: live.clone(),
+            fenced: base.membership.is_some().then_some(fenced_tx),
+        };
+        let committer = sup.spawn(
+            "committer",
+            committer::run(
+                store.clone(),
+                store.shared(),
+                commit_rx,
+                clock.clone(),
+                Arc::new(wiring),
+            ),
+        );
+        // Where following other nodes' registry changes begins: taken before the load,
+        // so a change racing the load is applied again (harmlessly) rather than missed.
+        let registry_seen = store.newest_registry_change().await?;
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let tuning = engine::Tuning {
+            shards: config.engine_shards as usize,
+            batch_max: config.engine_batch_max as usize,
+            default_timeout: config.heartbeat_timeout,
+            clock: clock.clone(),
+            partitions: base.partitions,
+        };
+        let (engine, sensors) = match &base.membership {
+            // Partitions come with their leases, each with its sensors.
+            Some(m) => (
+                Engine::launch_leased(tuning, commit_tx, stop.clone(), &tasks, m.routing()),
+                None,
+            ),
+            None => {
+                let runtime = store.load_runtime().await?;
+                let n = runtime.len();
+                let engine = Engine::launch(tuning, runtime, commit_tx, stop.clone(), &tasks);
+                (engine, Some(n))
+            }
+        };
+        let follow = store.shared().then(|| {
+            let (pokes, rx) = mpsc::channel(64);
+            tasks.spawn(sup.watch(
+                "registry follower",
+                engine::follow::run(
+                    store.clone(),
+                    engine.clone(),
+                    registry_seen,
+                    rx,
+                    stop.clone(),
+                ),
+            ));
+            pokes
+        });
+        tasks.close();
+        Ok(Self {
+            engine,
+            sensors,
+            follow,
+            live,
+            fenced: std::sync::Mutex::new(Some(fenced_rx)),
+            stop,
+            tasks,
+            committer,
+        })
+    }
+
+    /// Flushes the shards' queues and lets the committer drain: once this returns,
+    /// everything the engine accepted is durable.
+    pub(super) async fn stop(self) {
+        drop(self.engine);
+        self.stop.cancel();
+        self.tasks.wait().await;
+        join(self.committer).await;
+        tracing::info!("Engine flushed.");
+    }
+}
+
+/// Cluster mode: the lease rounds that keep this node's partitions and take its share.
+pub(super) struct Leases {
+    running: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl Leases {
+    /// Runs the first round before the API serves: a node that starts alone serves every
+    /// partition from its first request.
+    pub(super) async fn start(
+        base: &Base,
+        core: &Core,
+        delivery: &Delivery,
+        sup: &Supervisor,
+    ) -> anyhow::Result<Self> {
+        let Some(m) = &base.membership else {
+            return Ok(Self { running: None });
+        };
+        m.round(&core.engine, &delivery.dispatcher, true).await?;
+        let stop = CancellationToken::new();
+        let fenced = core
+            .fenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("the lease loop starts once");
+        let task = sup.spawn(
+            "cluster leases",
+            m.clone().run(
+                core.engine.clone(),
+                delivery.dispatcher.clone(),
+                fenced,
+                stop.clone(),
+            ),
+        );
+        Ok(Self {
+            running: Some((stop, task)),
+        })
+    }
+
+    /// No lease moves while the engine flushes.
+    pub(super) async fn stop(self) {
+        if let Some((stop, task)) = self.running {
+            stop.cancel();
+            join(task).await;
+        }
+    }
+}
+
+/// The broker sources (AMQP, MQTT). In a cluster they run on the node holding partition 0.
+pub(super) struct Sources {
+    ingest: ingest::Ingest,
+    sources: ingest::Sources,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Sources {
+    pub(super) fn start(config: &Arc<Config>, base: &Base, core: &Core, sup: &Supervisor) -> Self {
+        let ingest = ingest::Ingest::new(core.engine.clone());
+        let sources = ingest::Sources::default();
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        match &base.membership {
+            Some(m) => {
+                tasks.spawn(sup.watch(
+                    "broker sources",
+                    ingest::sources::lead(
+                        m.leads(),
+                        config.clone(),
+                        ingest.clone(),
+                        sources.clone(),
+                        stop.clone(),
+                    ),
+                ));
+            }
+            None => ingest::sources::start(config, &ingest, &sources, &stop, &tasks),
+        }
+        tasks.close();
+        Self {
+            ingest,
+            sources,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Stops taking messages (without waiting): shutdown begins here.
+    pub(super) fn stopping(&self) {
+        self.stop.cancel();
+    }
+
+    /// Waits for the sources to finish and acknowledge what they hold.
+    pub(super) async fn stop(self) {
+        self.stop.cancel();
+        self.tasks.wait().await;
+    }
+}
+
+/// What follows the shared store in the background: the API tokens other nodes make, and
+/// the store's upkeep.
+pub(super) struct Followers {
+    tokens: api::tokens::Tokens,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Followers {
+    pub(super) async fn start(base: &Base, sup: &Supervisor) -> anyhow::Result<Self> {
+        let store = &base.store;
+        // Auth reads the token table from memory; on a shared store it follows other nodes.
+        let tokens = api::tokens::Tokens::load(store.as_ref()).await?;
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        if store.shared() {
+            tasks.push(sup.spawn(
+                "token follower",
+                api::tokens::follow(store.clone(), tokens.clone(), stop.clone()),
+            ));
+            tasks.push(sup.spawn("store upkeep", store::upkeep(store.clone(), stop.clone())));
+        }
+        Ok(Self {
+            tokens,
+            stop,
+            tasks,
+        })
+    }
+
+    pub(super) async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            join(t).await;
+        }
+    }
+}
+
+/// The HTTP API, serving until stopped.
+pub(super) struct Http {
+    stop: CancellationToken,
+    streams_stop: CancellationToken,
+    /// Cancelled when the server ends by itself (its listener failed).
+    ended: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Http {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start(
+        config: &Arc<Config>,
+        listener: TcpListener,
+        base: &Base,
+        delivery: &Delivery,
+        archive: &Archive,
+        core: &Core,
+        sources: &Sources,
+        followers: &Followers,
+        metrics: metrics_exporter_prometheus::PrometheusHandle,
+        sup: &Supervisor,
+    ) -> anyhow::Result<Self> {
+        let accepting = Arc::new(AtomicBool::new(true));
+        let streams_stop = CancellationToken::new();
+        let state = api::AppState {
+            config: config.clone(),
+            store: base.store.clone(),
+            engine: core.engine.clone(),
+            ingest: sources.ingest.clone(),
+            sources: sources.sources.clone(),
+            dispatcher: delivery.dispatcher.clone(),
+            history: archive.history.clone(),
+            metrics,
+            accepting: accepting.clone(),
+            tokens: followers.tokens.clone(),
+            limiter: config
+                .rate_limit
+                .map(|limit| Arc::new(api::limits::Limiter::new(limit))),
+            cluster: base.membership.clone(),
+            follow: core.follow.clone(),
+            node: base.node.clone(),
+            address: base
+                .address
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", base.bound)),
+            live: core.live.clone(),
+            streams_stop: streams_stop.clone(),
+        };
+        let addr = listener.local_addr()?;
+        match (core.sensors, &base.membership) {
+            (Some(sensors), _) => tracing::info!(%addr, sensors, "latch is serving."),
+            (None, Some(m)) => tracing::info!(%addr, node = m.node(), partitions = m.partitions(),
+                "latch is serving as a cluster node."),
+            (None, None) => {}
+        }
+        if exposed_without_token(config, followers.tokens.any(), addr) {
+            tracing::warn!(
+                %addr,
+                "Listening beyond loopback without an API token: anyone who reaches this \
+                 address can read and change everything. Set LATCH_API_TOKEN."
+            );
+        }
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        // With each connection's peer address: the rate limit of an open API is per address.
+        let serve = axum::serve(
+            listener,
+            api::router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            stopped.cancelled().await;
+            accepting.store(false, Ordering::Relaxed);
+            tracing::info!("Shutting down: no new requests.");
+        });
+        let sup = sup.clone();
+        let ended = CancellationToken::new();
+        let done = ended.clone();
+        let task = tokio::spawn(async move {
+            let mut result = Ok(());
+            sup.watch("http", async { result = serve.await }).await;
+            done.cancel();
+            result
+        });
+        Ok(Self {
+            stop,
+            streams_stop,
+            ended,
+            task,
+        })
+    }
+
+    /// Completes if the server ends without being stopped.
+    pub(super) async fn ended(&self) {
+        self.ended.cancelled().await
+    }
+
+    /// Stops taking requests and waits for those in progress.
+    pub(super) async fn stop(self) -> anyhow::Result<()> {
+        // Open event streams never end by themselves; the graceful stop waits for them.
+        self.streams_stop.cancel();
+        self.stop.cancel();
+        match self.task.await {
+            Ok(result) => Ok(result?),
+            // The supervisor has logged the panic and fails the run.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Whether the API is open to other machines: a non-loopback address, no bootstrap token
+/// and no token made.
+pub fn exposed_without_token(
+    config: &Config,
+    tokens_exist: bool,
+    addr: std::net::SocketAddr,
+) -> bool {
+    config.api_token.is_none() && !tokens_exist && !addr.ip().is_loopback()
+}
