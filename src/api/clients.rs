@@ -19,6 +19,7 @@ use crate::domain::client::{
     validate_rate_limit, validate_url,
 };
 use crate::domain::{Client, Millis, time};
+use crate::telemetry::families;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -387,7 +388,7 @@ async fn enable_client(
     if was_disabled {
         tracing::info!(client_id = %id, pending = pending.len(), "Enabled a client.");
         if let Ok(n) = st.store.count_disabled_clients().await {
-            metrics::gauge!("latch_clients_disabled").set(n as f64);
+            families::CLIENTS_DISABLED.gauge().set(n as f64);
         }
     }
     st.dispatcher.resume(&id, pending);

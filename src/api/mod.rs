@@ -40,6 +40,7 @@ use crate::engine::Engine;
 use crate::history::History;
 use crate::ingest::{Ingest, Sources};
 use crate::store::Store;
+use crate::telemetry::families;
 use error::ApiError;
 
 /// Largest request body but for readings (`readings::MAX_READINGS_BODY_BYTES`).
@@ -180,10 +181,14 @@ async fn require_token(State(st): State<AppState>, mut req: Request, next: Next)
             Caller::Token(grant) => limits::Key::Token(grant.id.clone()),
         };
         if let Err(wait) = limiter.check(key, std::time::Instant::now()) {
-            metrics::counter!("latch_http_rate_limit_total", "outcome" => "limited").increment(1);
+            families::HTTP_RATE_LIMIT
+                .counter_with(&[("outcome", "limited")])
+                .increment(1);
             return error::rate_limited(wait);
         }
-        metrics::counter!("latch_http_rate_limit_total", "outcome" => "allowed").increment(1);
+        families::HTTP_RATE_LIMIT
+            .counter_with(&[("outcome", "allowed")])
+            .increment(1);
     }
     if let Caller::Token(grant) = &caller
         && !tokens::permits(&grant.scopes, req.method(), req.uri().path())

@@ -41,7 +41,10 @@ async fn post_readings(
     State(st): State<AppState>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
-    let items = http::parse(&body, st.ingest.now()).map_err(|e| match e {
+    // One stamp for the request: what its readings' `ts` is judged by and what they are
+    // received at.
+    let received_at = st.ingest.now();
+    let items = http::parse(&body, received_at).map_err(|e| match e {
         reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
             ApiError::bad_request(e.to_string())
         }
@@ -52,7 +55,7 @@ async fn post_readings(
             e.to_string(),
         ),
     })?;
-    let accepted = http::submit(&st.ingest, items).await?;
+    let accepted = http::submit(&st.ingest, items, received_at).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(accepted)))
 }
 

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::{Millis, Reading, Rejection};
 use crate::engine::{self, Forwarder, Verdicts, VerdictsRx};
+use crate::telemetry::families;
 
 /// Path of the owner's endpoint for forwarded readings.
 pub const READINGS_PATH: &str = "/internal/v1/readings";
@@ -157,7 +158,7 @@ async fn send_loop(
                 }
             }
             Err(e) => {
-                metrics::counter!("latch_cluster_forward_failures_total").increment(1);
+                families::CLUSTER_FORWARD_FAILURES.counter().increment(1);
                 tracing::warn!(%url, error = %e, "Forwarding readings to their partition's owner failed.");
                 for job in jobs {
                     let _ = job.reply.send(Err(engine::Error::Commit(format!(

@@ -34,6 +34,7 @@ use crate::delivery::{Dispatcher, Serves};
 use crate::domain::{Millis, SensorId, partition};
 use crate::engine::{Engine, Route, Routing};
 use crate::store::{ClusterStore, Lease, NodeRow, SensorRuntime};
+use crate::telemetry::families;
 
 pub use forward::{HttpForwarder, SECRET_HEADER};
 
@@ -349,7 +350,9 @@ impl Membership {
             self.held.lock().expect("held").insert(l.partition, l.epoch);
             self.serving[l.partition as usize].store(true, Ordering::Relaxed);
         }
-        metrics::counter!("latch_cluster_takeovers_total").increment(got.len() as u64);
+        families::CLUSTER_TAKEOVERS
+            .counter()
+            .increment(got.len() as u64);
         tracing::info!(partitions = ?parts, "Took partitions over.");
         // Their backlog of notifications is delivered from here now.
         dispatcher.sweep_now();
@@ -359,7 +362,9 @@ impl Membership {
 
     fn publish_held(&self) {
         let held = self.held.lock().expect("held");
-        metrics::gauge!("latch_cluster_partitions_owned").set(held.len() as f64);
+        families::CLUSTER_PARTITIONS_OWNED
+            .gauge()
+            .set(held.len() as f64);
         self.leads.send_if_modified(|leads| {
             let now = held.contains_key(&0);
             std::mem::replace(leads, now) != now
@@ -439,7 +444,7 @@ impl Membership {
         if let Err(e) = self.store.leave(&self.node).await {
             tracing::warn!(error = %e, "Leaving the cluster failed.");
         }
-        metrics::gauge!("latch_cluster_partitions_owned").set(0.0);
+        families::CLUSTER_PARTITIONS_OWNED.gauge().set(0.0);
         tracing::info!(partitions = held.len(), "Left the cluster.");
     }
 }

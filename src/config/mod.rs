@@ -85,6 +85,8 @@ pub struct Config {
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
     pub log: String,
+    /// How log lines are written: for a person (`text`) or for a log shipper (`json`).
+    pub log_format: LogFormat,
     /// Networks webhooks may go to although they are not globally routable (loopback,
     /// private, link-local, …): the SSRF guard refuses those by default.
     #[serde(deserialize_with = "nets")]
@@ -117,6 +119,16 @@ pub struct Config {
     /// Partitions of the fleet, fixed when the database is first used. Unset: 128.
     #[serde(default, deserialize_with = "opt_number")]
     pub cluster_partitions: Option<u32>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One line a record for a person; colours only when stdout is a terminal.
+    Text,
+    /// One JSON object a line, with the span fields, for log shippers.
+    Json,
 }
 
 /// How hard SQLite syncs to disk at each commit.

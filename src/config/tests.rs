@@ -237,3 +237,15 @@ fn the_ssrf_guard_settings_parse() {
         .to_string();
     assert!(e.contains("delivery_https_only"), "{e}");
 }
+
+#[test]
+fn logs_are_text_unless_json_is_asked_for() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!(c.log_format, LogFormat::Text);
+    let c = Config::load_from(None, &env(&[("LATCH_LOG_FORMAT", "json")])).unwrap();
+    assert_eq!(c.log_format, LogFormat::Json);
+    let e = Config::load_from(None, &env(&[("LATCH_LOG_FORMAT", "xml")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("log_format"), "{e}");
+}

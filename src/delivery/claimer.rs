@@ -73,6 +73,7 @@ pub(super) async fn claimer(
 
 /// Claims one batch of heads and starts an attempt for each one leased to us; an attempt
 /// waits for a request slot of its client and of the whole dispatcher.
+#[tracing::instrument(name = "claim", skip_all, fields(notifications = batch.len()))]
 async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
     let now = sending.settings.clock.now();
     let lease_until = now + sending.settings.lease();

@@ -30,6 +30,7 @@ use crate::domain::policy::{self, Attempted, Queued};
 use crate::domain::{
     Attempt, EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict,
 };
+use crate::telemetry::families;
 
 /// A lane's name: its client and sensor.
 pub(super) type LaneKey = (Arc<str>, SensorId);
@@ -333,7 +334,8 @@ impl Lanes {
                 for (i, e) in queue.into_iter().enumerate() {
                     if superseded(i, &e) {
                         self.pending -= 1;
-                        metrics::counter!("latch_notifications_total", "status" => "superseded")
+                        families::NOTIFICATIONS
+                            .counter_with(&[("status", "superseded")])
                             .increment(1);
                         outcomes.push(Outcome {
                             notification_id: e.id,
@@ -522,7 +524,8 @@ impl Lanes {
         let later = matches!(d.result, Finished::Later(_));
         let pop = match d.result {
             Finished::Gone(status) => {
-                metrics::counter!("latch_notifications_total", "status" => status.as_str())
+                families::NOTIFICATIONS
+                    .counter_with(&[("status", status.as_str())])
                     .increment(1);
                 true
             }
@@ -605,17 +608,24 @@ impl Lanes {
 /// Counts an attempt, its duration, the status it left its notification in and, once
 /// delivered, how long after it was created (the id is a ULID: its time is the creation).
 fn attempt_metrics(result: &AttemptResult, verdict: Verdict, id: &str, now: Millis) {
-    metrics::counter!("latch_delivery_attempts_total", "outcome" => result.label()).increment(1);
-    metrics::histogram!("latch_delivery_attempt_seconds").record(result.duration.as_secs_f64());
+    families::DELIVERY_ATTEMPTS
+        .counter_with(&[("outcome", result.label())])
+        .increment(1);
+    families::DELIVERY_ATTEMPT_SECONDS
+        .histogram()
+        .record(result.duration.as_secs_f64());
     let status = policy::status_after(verdict);
     if status != Status::Pending {
-        metrics::counter!("latch_notifications_total", "status" => status.as_str()).increment(1);
+        families::NOTIFICATIONS
+            .counter_with(&[("status", status.as_str())])
+            .increment(1);
     }
     if verdict == Verdict::Delivered {
         let created = ulid::Ulid::from_string(id)
             .map(|u| u.timestamp_ms() as Millis)
             .unwrap_or(now);
-        metrics::histogram!("latch_delivery_latency_seconds")
+        families::DELIVERY_LATENCY
+            .histogram()
             .record((now - created).max(0) as f64 / 1000.0);
     }
 }

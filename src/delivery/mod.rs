@@ -44,6 +44,7 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::domain::{Millis, NotificationRef, Outcome};
 use crate::store::Store;
+use crate::telemetry::families;
 use claimer::{Admitted, Sending, claimer};
 use lanes::{Done, Lanes};
 use recorder::recorder;
@@ -216,9 +217,13 @@ impl Dispatcher {
             "Dispatcher loaded pending notifications."
         );
         core.add(pending, core.clock.now());
-        metrics::gauge!("latch_clients_disabled").set(store.count_disabled_clients().await? as f64);
+        families::CLIENTS_DISABLED
+            .gauge()
+            .set(store.count_disabled_clients().await? as f64);
         // Right away, not at the first event: a restart with a backlog shows it at once.
-        metrics::gauge!("latch_notifications_pending").set(core.lanes.pending() as f64);
+        families::NOTIFICATIONS_PENDING
+            .gauge()
+            .set(core.lanes.pending() as f64);
         let sweep = Arc::new(tokio::sync::Notify::new());
         if core_store.shared() {
             tracker.spawn(sweeper(
@@ -314,7 +319,9 @@ impl Core {
             // to wake the loop.
             self.lanes.fire_timers(self.clock.now());
             self.pump();
-            metrics::gauge!("latch_notifications_pending").set(self.lanes.pending() as f64);
+            families::NOTIFICATIONS_PENDING
+                .gauge()
+                .set(self.lanes.pending() as f64);
             let next = self.lanes.next_timer();
             let sleep = async {
                 match next {

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use crate::clock::Clock;
 use crate::domain::{Millis, Outcome};
 use crate::store::Store;
+use crate::telemetry::families;
 
 /// Most outcomes written in one store call.
 const RECORD_BATCH_MAX: usize = 2048;
@@ -44,7 +45,7 @@ pub(super) async fn recorder(
                                 "Disabled a client: no more attempts until it is enabled.");
                         }
                         if let Ok(n) = store.count_disabled_clients().await {
-                            metrics::gauge!("latch_clients_disabled").set(n as f64);
+                            families::CLIENTS_DISABLED.gauge().set(n as f64);
                         }
                     }
                     break;

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::guard::{self, Guard, Refusal};
 use super::signing;
+use crate::domain::outbox::outcome;
 use crate::domain::{Millis, Sendable, client::secret_key, time};
 
 /// The JSON body a client receives.
@@ -80,17 +81,17 @@ impl AttemptResult {
     /// The `outcome` label of the attempts metric.
     pub fn label(&self) -> &'static str {
         match self.status_code {
-            Some(c) if (200..300).contains(&c) => "delivered",
-            Some(_) => "http_error",
-            None if self.not_allowed() => guard::NOT_ALLOWED,
+            Some(c) if (200..300).contains(&c) => outcome::DELIVERED,
+            Some(_) => outcome::HTTP_ERROR,
+            None if self.not_allowed() => outcome::NOT_ALLOWED,
             None if self
                 .error
                 .as_deref()
                 .is_some_and(|e| e.contains("timed out")) =>
             {
-                "timeout"
+                outcome::TIMEOUT
             }
-            None => "connection_error",
+            None => outcome::CONNECTION_ERROR,
         }
     }
 }
@@ -99,7 +100,34 @@ impl AttemptResult {
 /// `at` is when the attempt starts, by the dispatcher's clock. `http` resolves names
 /// through the guard ([`guard::GuardedResolver`]); an IP literal, which it does not
 /// resolve, is checked here.
+///
+/// Each attempt is a `debug` span naming its notification, client, sensor and number, so
+/// `LATCH_LOG=latch=debug` shows every attempt and what came of it; off (the default),
+/// it costs one level check.
+#[tracing::instrument(name = "attempt", level = "debug", skip_all, fields(
+    notification = %s.notification.id,
+    client = %s.notification.client_id,
+    sensor = %s.notification.sensor_id,
+    attempt = s.notification.attempts + 1,
+))]
 pub async fn send(
+    http: &reqwest::Client,
+    guard: &Guard,
+    s: &Sendable,
+    timeout: Duration,
+    at: Millis,
+) -> AttemptResult {
+    let result = attempt(http, guard, s, timeout, at).await;
+    tracing::debug!(
+        status = result.status_code,
+        error = result.error.as_deref(),
+        ms = result.duration.as_millis() as u64,
+        "Attempt made."
+    );
+    result
+}
+
+async fn attempt(
     http: &reqwest::Client,
     guard: &Guard,
     s: &Sendable,

@@ -30,6 +30,7 @@ use hashbrown::HashTable;
 
 use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Millis, SensorId};
+use crate::telemetry::families;
 
 const NIL: u32 = u32::MAX;
 /// `last_seen_at` / `last_ts` of a sensor that never sent one.
@@ -39,7 +40,7 @@ const NO_GROUP: u32 = u32::MAX;
 
 /// Moves `latch_sensors_lost`, the number of sensors currently lost, across all shards.
 pub fn lost_gauge(delta: f64) {
-    metrics::gauge!("latch_sensors_lost").increment(delta);
+    families::SENSORS_LOST.gauge().increment(delta);
 }
 
 struct Slot {

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::clickhouse::ClickHouse;
 use crate::store::{self, HistoryBatch, HistorySink, Store};
+use crate::telemetry::families;
 
 /// Most rows of each kind in one shipment; this many waiting ships at once.
 pub const BATCH: usize = 100_000;
@@ -78,7 +79,7 @@ pub async fn run(
         };
         match ok {
             Ok(()) => {
-                metrics::gauge!("latch_clickhouse_up").set(1.0);
+                families::CLICKHOUSE_UP.gauge().set(1.0);
                 if let Some(since) = failing_since.take() {
                     tracing::info!(after = ?since.elapsed(), "ClickHouse is back; history ships again.");
                 }
@@ -89,8 +90,8 @@ pub async fn run(
                 tracing::warn!(error = %e, "Reading the history spool failed.");
             }
             Err(e) => {
-                metrics::gauge!("latch_clickhouse_up").set(0.0);
-                metrics::counter!("latch_history_ship_failures_total").increment(1);
+                families::CLICKHOUSE_UP.gauge().set(0.0);
+                families::HISTORY_SHIP_FAILURES.counter().increment(1);
                 if failing_since.is_none() {
                     failing_since = Some(Instant::now());
                     tracing::warn!(error = %e,
@@ -104,7 +105,7 @@ pub async fn run(
         if last_depth.elapsed() >= DEPTH_EVERY {
             last_depth = Instant::now();
             if let Ok(depth) = store.spool_depth().await {
-                metrics::gauge!("latch_history_spool_rows").set(depth as f64);
+                families::HISTORY_SPOOL_ROWS.gauge().set(depth as f64);
             }
         }
         let wait = if failing_since.is_some() {
@@ -144,8 +145,11 @@ async fn ship_all(
             store.ship_history(BATCH, ch).await?
         };
         if shipped > 0 {
-            metrics::counter!("latch_history_shipped_rows_total").increment(shipped as u64);
-            metrics::histogram!("latch_history_ship_seconds")
+            families::HISTORY_SHIPPED
+                .counter()
+                .increment(shipped as u64);
+            families::HISTORY_SHIP_SECONDS
+                .histogram()
                 .record(started.elapsed().as_secs_f64());
         }
         if shipped < BATCH {

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::pipeline::{Done, Pipeline};
 use super::{Dedup, Ingest, Sources, next_backoff};
 use crate::domain::{Millis, RejectCode, Rejection, reading};
+use crate::telemetry::families;
 
 /// Unacknowledged deliveries RabbitMQ may push ahead of our commits.
 pub const PREFETCH: u16 = 8192;
@@ -114,7 +115,9 @@ pub async fn run(ingest: Ingest, settings: Settings, sources: Sources, stop: Can
                 backoff = next_backoff(backoff);
                 tracing::warn!(error = %e, retry_in = ?backoff, queue = %settings.queue,
                     "RabbitMQ ingest paused.");
-                metrics::counter!("latch_source_reconnects_total", "source" => SOURCE).increment(1);
+                families::SOURCE_RECONNECTS
+                    .counter_with(&[("source", SOURCE)])
+                    .increment(1);
             }
         }
         tokio::select! {
@@ -235,8 +238,9 @@ async fn consume(
                         None => break,
                     }
                 }
-                let (batch, items) = prepare(deliveries, dedup, &mut in_flight, ingest.now());
-                pipeline.push(batch, items).await?;
+                let now = ingest.now();
+                let (batch, items) = prepare(deliveries, dedup, &mut in_flight, now);
+                pipeline.push(batch, items, now).await?;
             }
         }
     }
@@ -326,7 +330,8 @@ async fn finish(
             )
             .await?,
         );
-        metrics::counter!("latch_amqp_dead_lettered_total", "reason" => rej.code.as_str())
+        families::AMQP_DEAD_LETTERED
+            .counter_with(&[("reason", rej.code.as_str())])
             .increment(1);
     }
     for c in confirms {
@@ -359,7 +364,9 @@ async fn finish(
             .await?;
     }
     if batch.dup_count > 0 {
-        metrics::counter!("latch_amqp_duplicates_total").increment(batch.dup_count as u64);
+        families::AMQP_DUPLICATES
+            .counter()
+            .increment(batch.dup_count as u64);
     }
     for id in batch.messages[..settled]
         .iter()

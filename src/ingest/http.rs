@@ -63,8 +63,9 @@ pub fn parse(
 pub async fn submit(
     ingest: &Ingest,
     items: Vec<Result<Reading, Rejection>>,
+    received_at: Millis,
 ) -> Result<Accepted, Error> {
-    let report = ingest.submit(SOURCE, items).await?;
+    let report = ingest.submit(SOURCE, items, received_at).await?;
     Ok(Accepted {
         accepted: report.accepted,
         rejected: report

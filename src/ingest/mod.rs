@@ -11,6 +11,7 @@ pub mod amqp;
 pub mod http;
 pub mod mqtt;
 mod pipeline;
+pub mod sources;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,6 +21,7 @@ use crate::domain::{Millis, Reading, Rejection};
 /// What became of a submitted batch: accepted, or rejected with a reason and its index.
 pub use crate::engine::Report;
 use crate::engine::{self, Engine};
+use crate::telemetry::families;
 
 /// Errors of ingest.
 #[derive(Debug, thiserror::Error)]
@@ -50,13 +52,16 @@ impl Ingest {
     }
 
     /// Submits already-parsed items; `Err` items are rejections found by the source.
-    /// `source` labels the metrics (`http`, `amqp`, `mqtt`).
+    /// `source` labels the metrics (`http`, `amqp`, `mqtt`); `received_at` is the stamp the
+    /// source took when the items arrived (the one it judged their `ts` by), so a reading
+    /// is stamped once, at the edge.
     pub async fn submit(
         &self,
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
     ) -> Result<Report, Error> {
-        self.enqueue(source, items).await?.await
+        self.enqueue(source, items, received_at).await?.await
     }
 
     /// Hands items to the engine without waiting for durability; batches enqueued one
@@ -65,8 +70,9 @@ impl Ingest {
         &self,
         source: &'static str,
         items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
     ) -> Result<Durable, Error> {
-        let ticket = self.engine.enqueue(items, self.engine.now()).await?;
+        let ticket = self.engine.enqueue(items, received_at).await?;
         Ok(Box::pin(async move {
             let report = ticket.wait().await?;
             count(source, &report);
@@ -99,13 +105,15 @@ fn accepted(source: &str) -> Option<&'static AtomicU64> {
 
 /// Counts a durable batch's outcome, per reading, in the metrics.
 fn count(source: &'static str, report: &Report) {
-    metrics::counter!("latch_readings_accepted_total", "source" => source)
+    families::READINGS_ACCEPTED
+        .counter_with(&[("source", source)])
         .increment(report.accepted as u64);
     if let Some(n) = accepted(source) {
         n.fetch_add(report.accepted as u64, Ordering::Relaxed);
     }
     for (_, rej) in &report.rejected {
-        metrics::counter!("latch_readings_rejected_total", "source" => source, "reason" => rej.code.as_str())
+        families::READINGS_REJECTED
+            .counter_with(&[("source", source), ("reason", rej.code.as_str())])
             .increment(1);
     }
 }
@@ -121,7 +129,9 @@ impl Sources {
     /// Records a source's state.
     pub fn set(&self, source: &'static str, up: bool) {
         self.up.lock().expect("sources lock").insert(source, up);
-        metrics::gauge!("latch_source_up", "source" => source).set(if up { 1.0 } else { 0.0 });
+        families::SOURCE_UP
+            .gauge_with(&[("source", source)])
+            .set(if up { 1.0 } else { 0.0 });
     }
 
     /// Forgets every source: they were stopped on purpose (cluster mode: another node
@@ -129,7 +139,9 @@ impl Sources {
     pub fn clear(&self) {
         let mut up = self.up.lock().expect("sources lock");
         for source in up.keys() {
-            metrics::gauge!("latch_source_up", "source" => *source).set(0.0);
+            families::SOURCE_UP
+                .gauge_with(&[("source", *source)])
+                .set(0.0);
         }
         up.clear();
     }

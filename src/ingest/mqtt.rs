@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use super::pipeline::{Done, Pipeline};
 use super::{Ingest, Sources, next_backoff};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
+use crate::telemetry::families;
 
 pub(crate) const SOURCE: &str = "mqtt";
 /// Most publishes handed to the engine as one batch.
@@ -182,7 +183,7 @@ pub async fn run(
                 // stays on the broker, which resends every unacknowledged publish.
                 events.clean();
                 link.next_connection();
-                metrics::counter!("latch_source_reconnects_total", "source" => SOURCE).increment(1);
+                families::SOURCE_RECONNECTS.counter_with(&[("source", SOURCE)]).increment(1);
                 tracing::warn!(retry_in = ?delay, "MQTT ingest reconnects to get unapplied readings again.");
                 tokio::select! {
                     _ = stop.cancelled() => break,
@@ -224,7 +225,9 @@ pub async fn run(
                 link.next_connection();
                 backoff = next_backoff(backoff);
                 tracing::warn!(error = %e, retry_in = ?backoff, "MQTT ingest paused.");
-                metrics::counter!("latch_source_reconnects_total", "source" => SOURCE).increment(1);
+                families::SOURCE_RECONNECTS
+                    .counter_with(&[("source", SOURCE)])
+                    .increment(1);
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
@@ -336,7 +339,7 @@ async fn apply(
                             if !current {
                                 // The broker resends it on the current connection.
                             } else if p.retain {
-                                metrics::counter!("latch_mqtt_retained_ignored_total").increment(1);
+                                families::MQTT_RETAINED_IGNORED.counter().increment(1);
                                 let _ = client.ack(&p).await;
                             } else {
                                 if g != g_batch {
@@ -361,7 +364,7 @@ async fn apply(
                             parse_publish(&filter, &String::from_utf8_lossy(&p.topic), &p.payload, now)
                         })
                         .collect();
-                    match pipeline.push((g_batch, batch), items).await {
+                    match pipeline.push((g_batch, batch), items, now).await {
                         Ok(()) => waiting_gen.push_back(g_batch),
                         Err(e) => {
                             // Only when the engine is closing; nothing acknowledged.

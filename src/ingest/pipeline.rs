@@ -64,9 +64,10 @@ impl<T: Send + 'static> Pipeline<T> {
         &mut self,
         batch: T,
         items: Vec<Result<Reading, Rejection>>,
+        received_at: crate::domain::Millis,
     ) -> Result<(), Error> {
         let len = items.len();
-        let durable = self.ingest.enqueue(self.source, items).await?;
+        let durable = self.ingest.enqueue(self.source, items, received_at).await?;
         self.waiting.push_back(Box::pin(async move {
             let result = durable.await;
             let settled = settled(len, &result);

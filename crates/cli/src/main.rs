@@ -75,7 +75,7 @@ fn main() -> anyhow::Result<()> {
             record,
             no_record,
         } => {
-            latch::telemetry::init_tracing("warn");
+            latch::telemetry::init_tracing("warn", latch::config::LogFormat::Text);
             let command = std::env::args()
                 .enumerate()
                 .map(|(i, a)| if i == 0 { "latch".to_string() } else { a })
@@ -100,7 +100,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Migrate => {
             let config = latch::load_config(cli.config.as_deref())?;
-            latch::telemetry::init_tracing(&config.log);
+            latch::telemetry::init_tracing(&config.log, config.log_format);
             tokio::runtime::Runtime::new()?
                 .block_on(async {
                     latch::store::connect(&config).await?;
@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve => {
             let config = Arc::new(latch::load_config(cli.config.as_deref())?);
-            latch::telemetry::init_tracing(&config.log);
+            latch::telemetry::init_tracing(&config.log, config.log_format);
             tokio::runtime::Runtime::new()?
                 .block_on(async {
                     let listener = tokio::net::TcpListener::bind(config.listen)

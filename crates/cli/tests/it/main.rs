@@ -9,6 +9,7 @@ mod delivery;
 mod history;
 mod http_edges;
 mod liveness;
+mod logs;
 mod metrics;
 mod mqtt;
 mod nodes;

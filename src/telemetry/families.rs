@@ -1,0 +1,141 @@
+//! Every metric family latch records, named and described once. Call sites take a handle
+//! from a family (`families::COMMIT_FAILURES.counter().increment(1)`), never a string, so
+//! a name lives in one place and the README's list is checked against [`ALL`].
+//!
+//! Label values are `&'static str`: every label latch uses has a closed set of values
+//! (sources, reasons, outcomes, statuses, call names), and static parts cost no
+//! allocation on the paths that count every reading and every attempt.
+
+use metrics::{Counter, Gauge, Histogram, Label};
+
+/// What a family measures over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric family: its name, kind, help text and label names.
+#[derive(Debug)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    pub labels: &'static [&'static str],
+}
+
+fn labels(values: &[(&'static str, &'static str)]) -> Vec<Label> {
+    values
+        .iter()
+        .map(|(k, v)| Label::from_static_parts(k, v))
+        .collect()
+}
+
+impl Family {
+    pub fn counter(&self) -> Counter {
+        metrics::counter!(self.name)
+    }
+    pub fn counter_with(&self, values: &[(&'static str, &'static str)]) -> Counter {
+        metrics::counter!(self.name, labels(values))
+    }
+    pub fn gauge(&self) -> Gauge {
+        metrics::gauge!(self.name)
+    }
+    pub fn gauge_with(&self, values: &[(&'static str, &'static str)]) -> Gauge {
+        metrics::gauge!(self.name, labels(values))
+    }
+    pub fn histogram(&self) -> Histogram {
+        metrics::histogram!(self.name)
+    }
+
+    /// Gives the family its help text (the exporter's `# HELP`).
+    pub fn describe(&self) {
+        match self.kind {
+            Kind::Counter => metrics::describe_counter!(self.name, self.help),
+            Kind::Gauge => metrics::describe_gauge!(self.name, self.help),
+            Kind::Histogram => metrics::describe_histogram!(self.name, self.help),
+        }
+    }
+}
+
+macro_rules! families {
+    ($($id:ident: $kind:ident $name:literal [$($label:literal),*] $help:literal;)*) => {
+        $(
+            #[doc = $help]
+            pub const $id: Family = Family {
+                name: $name,
+                kind: Kind::$kind,
+                help: $help,
+                labels: &[$($label),*],
+            };
+        )*
+        /// Every family, in the README's order.
+        pub const ALL: &[&Family] = &[$(&$id),*];
+    };
+}
+
+families! {
+    READINGS_ACCEPTED: Counter "latch_readings_accepted_total" ["source"]
+        "Readings accepted (durable), by source.";
+    READINGS_REJECTED: Counter "latch_readings_rejected_total" ["source", "reason"]
+        "Readings rejected, by source and reason.";
+    DELIVERY_ATTEMPTS: Counter "latch_delivery_attempts_total" ["outcome"]
+        "Webhook attempts, by outcome.";
+    NOTIFICATIONS: Counter "latch_notifications_total" ["status"]
+        "Notifications that reached a final status, by status.";
+    NOTIFICATIONS_PENDING: Gauge "latch_notifications_pending" []
+        "Notifications waiting to be delivered.";
+    DELIVERY_LATENCY: Histogram "latch_delivery_latency_seconds" []
+        "Time from a notification's creation to its delivery, in seconds.";
+    DELIVERY_ATTEMPT_SECONDS: Histogram "latch_delivery_attempt_seconds" []
+        "Duration of one webhook attempt, in seconds.";
+    COMMIT_SECONDS: Histogram "latch_commit_seconds" []
+        "Duration of one group commit, in seconds.";
+    COMMIT_READINGS: Histogram "latch_commit_readings" []
+        "Readings in one group commit.";
+    COMMIT_FAILURES: Counter "latch_commit_failures_total" []
+        "Group commits that failed (their readings were refused).";
+    SENSORS_LOST: Gauge "latch_sensors_lost" []
+        "Sensors whose connection is lost now.";
+    SENSORS_LOST_TOTAL: Counter "latch_sensors_lost_total" []
+        "Sensors declared lost (connection_lost events).";
+    SOURCE_UP: Gauge "latch_source_up" ["source"]
+        "1 while a broker source is connected and consuming, else 0.";
+    SOURCE_RECONNECTS: Counter "latch_source_reconnects_total" ["source"]
+        "Times a broker source lost its connection and reconnected.";
+    AMQP_DEAD_LETTERED: Counter "latch_amqp_dead_lettered_total" ["reason"]
+        "AMQP messages moved to the dead-letter queue, by reason.";
+    AMQP_DUPLICATES: Counter "latch_amqp_duplicates_total" []
+        "AMQP redeliveries of a message already committed, acknowledged without applying.";
+    MQTT_RETAINED_IGNORED: Counter "latch_mqtt_retained_ignored_total" []
+        "MQTT publishes ignored because they carried the retain flag (stale, not readings).";
+    STORE_TIMEOUTS: Counter "latch_store_timeouts_total" ["call"]
+        "Store calls PostgreSQL did not answer within `database_timeout`, by call.";
+    HISTORY_SPOOL_ROWS: Gauge "latch_history_spool_rows" []
+        "History rows waiting in the store for ClickHouse (counted every 5 s).";
+    HISTORY_SHIPPED: Counter "latch_history_shipped_rows_total" []
+        "History rows shipped to ClickHouse.";
+    HISTORY_SHIP_FAILURES: Counter "latch_history_ship_failures_total" []
+        "History shipments ClickHouse did not take.";
+    HISTORY_SHIP_SECONDS: Histogram "latch_history_ship_seconds" []
+        "Duration of one shipment to ClickHouse, in seconds.";
+    CLICKHOUSE_UP: Gauge "latch_clickhouse_up" []
+        "1 after a shipment ClickHouse took, 0 after one it did not (0 until the first).";
+    CLIENTS_DISABLED: Gauge "latch_clients_disabled" []
+        "Clients disabled now (410 Gone, or failing for `endpoint_disable_after`).";
+    HTTP_RATE_LIMIT: Counter "latch_http_rate_limit_total" ["outcome"]
+        "Requests to /v1 the rate limit let through (allowed) or answered 429 (limited).";
+    CLUSTER_PARTITIONS_OWNED: Gauge "latch_cluster_partitions_owned" []
+        "Partitions whose lease this node holds and serves.";
+    CLUSTER_TAKEOVERS: Counter "latch_cluster_takeovers_total" []
+        "Partitions this node took over (free, released or expired leases).";
+    CLUSTER_FORWARDED: Counter "latch_cluster_forwarded_readings_total" []
+        "Readings handed to the node serving their partition.";
+    CLUSTER_FORWARD_FAILURES: Counter "latch_cluster_forward_failures_total" []
+        "Forwarded requests the owner did not answer (their readings: send again).";
+    CLUSTER_FENCED_COMMITS: Counter "latch_cluster_fenced_commits_total" []
+        "Commits refused because a partition had moved to another node.";
+    TASK_PANICS: Counter "latch_task_panics_total" []
+        "Tasks of the service that panicked (the log names them; the process stops after the first).";
+}
