@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, broadcast, mpsc};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::clock::Clock;
 use crate::delivery::Dispatcher;
@@ -29,6 +31,7 @@ use crate::engine::CommitRequest;
 use crate::history::shipper::Spooled;
 use crate::store::CommitBatch;
 use crate::store::Store;
+use crate::telemetry::SPANS;
 
 /// Group commits in flight at once on a shared (server) store. One at a time waited for
 /// each transaction's round trips with both cores mostly idle: 3.3k state changes/s from
@@ -140,10 +143,22 @@ impl Committing {
         // `GET /v1/stream`: events are copied only while someone listens.
         let live_events = self.live.as_ref().filter(|tx| tx.receiver_count() > 0);
         let events = live_events.map(|_| batch.events.clone());
+        // Traces (when on): one group commit; see `telemetry`.
+        let span = tracing::info_span!(target: SPANS, "commit", readings = rows,
+            events = batch.events.len(), notifications = Empty, otel.status_code = Empty);
         let started = Instant::now();
-        let result = self.store.commit(batch, self.clock.now()).await;
+        let result = self
+            .store
+            .commit(batch, self.clock.now())
+            .instrument(span.clone())
+            .await;
         metrics::histogram!("latch_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("latch_commit_readings").record(rows as f64);
+        match &result {
+            Ok(created) => span.record("notifications", created.len()),
+            Err(_) => span.record("otel.status_code", "ERROR"),
+        };
+        drop(span);
         match result {
             Ok(created) => {
                 self.spooled.add(history_rows);

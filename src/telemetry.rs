@@ -1,10 +1,19 @@
-//! Logs and metrics setup.
+//! Logs, traces and metrics setup.
+//!
+//! Logs go to stdout. Traces are optional ([`otlp`]): the spans of a reading's path —
+//! `readings.accept` (an HTTP request of readings, until they are durable), `commit` (one
+//! group commit), `delivery.attempt` (one webhook request, with the notification id) —
+//! are `tracing` spans of target [`SPANS`], which only the OTLP layer listens to. Without
+//! an OTLP endpoint no subscriber is interested in them, so `tracing` never builds them:
+//! each costs a check of its callsite's cached interest, and the log is unchanged.
 //!
 //! Every `latch_*` family is registered when latch starts — counters and gauges at 0,
 //! histograms empty — with the label values known in advance, so a dashboard has its
 //! series and an `absent()` alert its family from the first scrape, not from the first
 //! event. Families of parts that are not configured (a broker source, ClickHouse) stay
 //! out: a `latch_clickhouse_up 0` without ClickHouse would be a false alarm.
+
+pub mod otlp;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -47,11 +56,69 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Sets up `tracing` with `filter` (EnvFilter syntax); `RUST_LOG` wins when set.
+/// The target of the spans exported over OTLP (see the module docs).
+pub const SPANS: &str = "latch::spans";
+
+/// Sets up logs with `filter` (EnvFilter syntax; `RUST_LOG` wins when set), without traces.
 pub fn init_tracing(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = subscriber(filter, None).try_init();
+}
+
+/// Sets up logs and, with `otlp_endpoint`, traces over OTLP. Call it before starting a
+/// Tokio runtime, and keep the answer until the end: dropping it sends the spans still
+/// waiting in the batch.
+pub fn init(filter: &str, otlp_endpoint: Option<&str>) -> Result<Traces, otlp::Error> {
+    let Some(endpoint) = otlp_endpoint else {
+        init_tracing(filter);
+        return Ok(Traces(None));
+    };
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (provider, tracer) = otlp::provider(endpoint)?;
+    let _ = subscriber(filter, Some(tracer)).try_init();
+    tracing::info!(endpoint, "Sending traces over OTLP.");
+    Ok(Traces(Some(provider)))
+}
+
+/// The log layer, filtered by `filter` with [`SPANS`] left out, and with a tracer the
+/// OTLP layer, which takes only [`SPANS`]. Per-layer filters: each layer sees only what it
+/// asked for. Two types rather than an `Option` layer: a `None` layer counts as one that
+/// wants everything, and would have every span built.
+fn subscriber(
+    filter: &str,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    use tracing_subscriber::prelude::*;
+    let logs = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter))
+        .add_directive(format!("{SPANS}=off").parse().expect("a valid directive"));
+    let logs = tracing_subscriber::fmt::layer().with_filter(logs);
+    match tracer {
+        None => Box::new(tracing_subscriber::registry().with(logs)),
+        Some(tracer) => Box::new(
+            tracing_subscriber::registry().with(logs).with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_filter(
+                        tracing_subscriber::filter::Targets::new()
+                            .with_target(SPANS, tracing::Level::TRACE),
+                    ),
+            ),
+        ),
+    }
+}
+
+/// The trace exporter, flushed and stopped when dropped.
+pub struct Traces(Option<opentelemetry_sdk::trace::SdkTracerProvider>);
+
+impl Drop for Traces {
+    fn drop(&mut self) {
+        if let Some(provider) = self.0.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("Sending the last traces failed: {e}");
+        }
+    }
 }
 
 /// Every `reason` a reading can be rejected with.
@@ -245,6 +312,11 @@ pub fn register_families(config: &Config) {
             "Partitions whose lease this node holds and serves."
         );
         gauge!("latch_cluster_partitions_owned").set(0.0);
+        describe_gauge!(
+            "latch_cluster_partitions",
+            "Partitions of the cluster (fixed when the database was first used)."
+        );
+        gauge!("latch_cluster_partitions").increment(0.0);
         for (name, help) in [
             (
                 "latch_cluster_takeovers_total",
@@ -304,5 +376,34 @@ pub fn register_families(config: &Config) {
         for outcome in ["allowed", "limited"] {
             counter!("latch_http_rate_limit_total", "outcome" => outcome).increment(0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+
+    use super::*;
+
+    /// One test, not two: `tracing` caches each callsite's interest over every subscriber
+    /// alive, so subscribers set up at once on two test threads could see each other's.
+    #[test]
+    fn the_spans_are_built_for_the_otlp_layer_only() {
+        let attempt = || tracing::info_span!(target: SPANS, "delivery.attempt", attempt = 1);
+        tracing::subscriber::with_default(subscriber("trace", None), || {
+            assert!(
+                attempt().is_disabled(),
+                "without OTLP: not even at log level trace"
+            );
+            assert!(
+                !tracing::info_span!("other").is_disabled(),
+                "the log's own spans"
+            );
+        });
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let both = subscriber("warn", Some(provider.tracer("latch")));
+        tracing::subscriber::with_default(both, || {
+            assert!(!attempt().is_disabled(), "with OTLP, below the log's level");
+        });
     }
 }

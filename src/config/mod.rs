@@ -85,6 +85,10 @@ pub struct Config {
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
     pub log: String,
+    /// OpenTelemetry traces over OTLP/HTTP to this collector URL. `None`: no traces, and
+    /// the spans are never built (see `telemetry`).
+    #[serde(default, deserialize_with = "non_empty")]
+    pub otlp_endpoint: Option<String>,
     /// Networks webhooks may go to although they are not globally routable (loopback,
     /// private, link-local, …): the SSRF guard refuses those by default.
     #[serde(deserialize_with = "nets")]

@@ -3,10 +3,13 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::guard::{self, Guard, Refusal};
 use super::signing;
 use crate::domain::{Millis, Sendable, client::secret_key, time};
+use crate::telemetry::SPANS;
 
 /// The JSON body a client receives.
 #[derive(Serialize)]
@@ -100,6 +103,35 @@ impl AttemptResult {
 /// through the guard ([`guard::GuardedResolver`]); an IP literal, which it does not
 /// resolve, is checked here.
 pub async fn send(
+    http: &reqwest::Client,
+    guard: &Guard,
+    s: &Sendable,
+    timeout: Duration,
+    at: Millis,
+) -> AttemptResult {
+    // Traces (when on): one attempt, named by its notification; see `telemetry`.
+    let n = &s.notification;
+    let span = tracing::info_span!(target: SPANS, "delivery.attempt",
+        notification_id = %n.id, client_id = %n.client_id, sensor_id = %n.sensor_id,
+        event = n.kind.as_str(), attempt = n.attempts + 1, outcome = Empty,
+        http.response.status_code = Empty, otel.status_code = Empty);
+    let result = post(http, guard, s, timeout, at)
+        .instrument(span.clone())
+        .await;
+    if !span.is_disabled() {
+        span.record("outcome", result.label());
+        if let Some(code) = result.status_code {
+            span.record("http.response.status_code", code);
+        }
+        if !result.delivered() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    result
+}
+
+/// [`send`], without the span.
+async fn post(
     http: &reqwest::Client,
     guard: &Guard,
     s: &Sendable,
