@@ -35,6 +35,7 @@ const FAMILIES: &[&str] = &[
     "latch_clients_disabled",
     "latch_http_rate_limit_total",
     "latch_cluster_partitions_owned",
+    "latch_cluster_partitions",
     "latch_cluster_takeovers_total",
     "latch_cluster_forwarded_readings_total",
     "latch_cluster_forward_failures_total",
