@@ -21,12 +21,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::clock::Clock;
 use crate::domain::{Event, NotificationRef, SensorId};
 use crate::engine::{CommitFailure, CommitRequest};
 use crate::store::{CommitBatch, Runtime, SensorRuntime};
-use crate::telemetry::families;
+use crate::telemetry::{SPANS, families};
 
 /// Group commits in flight at once on a shared (server) store. One at a time waited for
 /// each transaction's round trips with both cores mostly idle: 3.3k state changes/s from
@@ -146,7 +148,6 @@ async fn gather(
 
 impl Committing {
     /// One group commit of `requests`, answered each.
-    #[tracing::instrument(name = "commit", skip_all, fields(shards = requests.len()))]
     async fn commit(&self, requests: Vec<CommitRequest>) {
         let mut batch = CommitBatch::default();
         let mut replies = Vec::with_capacity(requests.len());
@@ -160,12 +161,25 @@ impl Committing {
         let rows = batch.readings.len();
         let history_rows = rows + batch.events.len();
         let events = self.listener.wants_events().then(|| batch.events.clone());
+        // One group commit: a span for the log (its failures say which commit) and, when
+        // traces are on, for OTLP; see `telemetry`.
+        let span = tracing::info_span!(target: SPANS, "commit", readings = rows,
+            events = batch.events.len(), notifications = Empty, otel.status_code = Empty);
         let started = Instant::now();
-        let result = self.store.commit(batch, self.clock.now()).await;
+        let result = self
+            .store
+            .commit(batch, self.clock.now())
+            .instrument(span.clone())
+            .await;
         families::COMMIT_SECONDS
             .histogram()
             .record(started.elapsed().as_secs_f64());
         families::COMMIT_READINGS.histogram().record(rows as f64);
+        match &result {
+            Ok(created) => span.record("notifications", created.len()),
+            Err(_) => span.record("otel.status_code", "ERROR"),
+        };
+        drop(span);
         match result {
             Ok(notifications) => {
                 self.listener.committed(Committed {

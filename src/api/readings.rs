@@ -4,6 +4,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
+use tracing::field::Empty;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -15,6 +17,7 @@ use super::pagination::{List, PageParams};
 use crate::domain::{Event, EventKind, Millis, reading, time};
 use crate::ingest::http::{self, Accepted, ReadingIn};
 use crate::store::{Stored, TimeRange};
+use crate::telemetry::SPANS;
 
 pub use crate::ingest::http::{MAX_READINGS_BODY_BYTES, MAX_READINGS_PER_REQUEST};
 
@@ -55,8 +58,22 @@ async fn post_readings(
             e.to_string(),
         ),
     })?;
-    let accepted = http::submit(&st.ingest, items, received_at).await?;
-    Ok((StatusCode::ACCEPTED, ApiJson(accepted)))
+    // Traces (when on): the request from parsed to durable; see `telemetry`.
+    let span = tracing::info_span!(target: SPANS, "readings.accept", source = "http",
+        readings = items.len(), accepted = Empty, rejected = Empty, otel.status_code = Empty);
+    let result = http::submit(&st.ingest, items, received_at)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(a) => {
+            span.record("accepted", a.accepted);
+            span.record("rejected", a.rejected.len());
+        }
+        Err(_) => {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    Ok((StatusCode::ACCEPTED, ApiJson(result?)))
 }
 
 /// `?from=&to=`: a half-open RFC 3339 range `[from, to)`.

@@ -79,6 +79,10 @@ impl Membership {
         config: &crate::config::Config,
     ) -> Result<Arc<Self>, Error> {
         let partitions = store.partitions(config.partitions()).await?;
+        // Beside each node's share, so an alert can tell partitions nobody serves.
+        families::CLUSTER_PARTITIONS
+            .gauge()
+            .set(f64::from(partitions));
         if let Some(wanted) = config.cluster_partitions
             && wanted != partitions
         {

@@ -87,6 +87,10 @@ pub struct Config {
     pub log: String,
     /// How log lines are written: for a person (`text`) or for a log shipper (`json`).
     pub log_format: LogFormat,
+    /// OpenTelemetry traces over OTLP/HTTP to this collector URL. `None`: no traces, and
+    /// the spans are never built (see `telemetry`).
+    #[serde(default, deserialize_with = "non_empty")]
+    pub otlp_endpoint: Option<String>,
     /// Networks webhooks may go to although they are not globally routable (loopback,
     /// private, link-local, …): the SSRF guard refuses those by default.
     #[serde(deserialize_with = "nets")]

@@ -3,11 +3,14 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::guard::{self, Guard, Refusal};
 use super::signing;
 use crate::domain::outbox::outcome;
 use crate::domain::{Millis, Sendable, client::secret_key, time};
+use crate::telemetry::SPANS;
 
 /// The JSON body a client receives.
 #[derive(Serialize)]
@@ -100,16 +103,6 @@ impl AttemptResult {
 /// `at` is when the attempt starts, by the dispatcher's clock. `http` resolves names
 /// through the guard ([`guard::GuardedResolver`]); an IP literal, which it does not
 /// resolve, is checked here.
-///
-/// Each attempt is a `debug` span naming its notification, client, sensor and number, so
-/// `LATCH_LOG=latch=debug` shows every attempt and what came of it; off (the default),
-/// it costs one level check.
-#[tracing::instrument(name = "attempt", level = "debug", skip_all, fields(
-    notification = %s.notification.id,
-    client = %s.notification.client_id,
-    sensor = %s.notification.sensor_id,
-    attempt = s.notification.attempts + 1,
-))]
 pub async fn send(
     http: &reqwest::Client,
     guard: &Guard,
@@ -117,17 +110,37 @@ pub async fn send(
     timeout: Duration,
     at: Millis,
 ) -> AttemptResult {
-    let result = attempt(http, guard, s, timeout, at).await;
-    tracing::debug!(
-        status = result.status_code,
-        error = result.error.as_deref(),
-        ms = result.duration.as_millis() as u64,
-        "Attempt made."
-    );
+    // One attempt, named by its notification: a debug span for the log, and for OTLP
+    // when traces are on (see `telemetry`); off, it costs a check of the callsite.
+    let n = &s.notification;
+    let span = tracing::debug_span!(target: SPANS, "delivery.attempt",
+        notification_id = %n.id, client_id = %n.client_id, sensor_id = %n.sensor_id,
+        event = n.kind.as_str(), attempt = n.attempts + 1, outcome = Empty,
+        http.response.status_code = Empty, otel.status_code = Empty);
+    let result = post(http, guard, s, timeout, at)
+        .instrument(span.clone())
+        .await;
+    if !span.is_disabled() {
+        span.record("outcome", result.label());
+        if let Some(code) = result.status_code {
+            span.record("http.response.status_code", code);
+        }
+        if !result.delivered() {
+            span.record("otel.status_code", "ERROR");
+        }
+        let _in = span.enter();
+        tracing::debug!(
+            status = result.status_code,
+            error = result.error.as_deref(),
+            ms = result.duration.as_millis() as u64,
+            "Attempt made."
+        );
+    }
     result
 }
 
-async fn attempt(
+/// [`send`], without the span.
+async fn post(
     http: &reqwest::Client,
     guard: &Guard,
     s: &Sendable,

@@ -128,6 +128,8 @@ families! {
         "Requests to /v1 the rate limit let through (allowed) or answered 429 (limited).";
     CLUSTER_PARTITIONS_OWNED: Gauge "latch_cluster_partitions_owned" []
         "Partitions whose lease this node holds and serves.";
+    CLUSTER_PARTITIONS: Gauge "latch_cluster_partitions" []
+        "Partitions of the cluster (fixed when the database was first used).";
     CLUSTER_TAKEOVERS: Counter "latch_cluster_takeovers_total" []
         "Partitions this node took over (free, released or expired leases).";
     CLUSTER_FORWARDED: Counter "latch_cluster_forwarded_readings_total" []

@@ -1,4 +1,12 @@
-//! Logs and metrics setup; every metric family is named in [`families`].
+//! Logs, traces and metrics setup; every metric family is named in [`families`].
+//!
+//! Logs go to stdout, as text or JSON. The spans of a reading's path — `readings.accept`
+//! (an HTTP request of readings, until they are durable), `commit` (one group commit),
+//! `delivery.attempt` (one webhook request, a `debug` span naming its notification,
+//! client, sensor and attempt number) — are `tracing` spans of target [`SPANS`]: the log
+//! shows them around its lines when its level takes them in, and traces are optional
+//! ([`otlp`]), exported only when an OTLP endpoint is set. A span no layer wants is never
+//! built: it costs a check of its callsite's cached interest.
 //!
 //! Every `latch_*` family is registered when latch starts — counters and gauges at 0,
 //! histograms empty — with the label values known in advance, so a dashboard has its
@@ -12,6 +20,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 pub mod families;
+pub mod otlp;
 
 use crate::config::{Config, LogFormat};
 use crate::domain::{RejectCode, Status};
@@ -48,25 +57,89 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Sets up `tracing` with `filter` (EnvFilter syntax; `RUST_LOG` wins when set) and
-/// `format`. Text has colour codes only when stdout is a terminal: in a file or a journal
-/// they are noise.
+/// The target of the spans of a reading's path (see the module docs).
+pub const SPANS: &str = "latch::spans";
+
+/// Sets up logs with `filter` (EnvFilter syntax; `RUST_LOG` wins when set) in `format`,
+/// without traces.
 pub fn init_tracing(filter: &str, format: LogFormat) {
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = subscriber(filter, format, None).try_init();
+}
+
+/// Sets up logs and, with `otlp_endpoint`, traces over OTLP. Call it before starting a
+/// Tokio runtime, and keep the answer until the end: dropping it sends the spans still
+/// waiting in the batch.
+pub fn init(
+    filter: &str,
+    format: LogFormat,
+    otlp_endpoint: Option<&str>,
+) -> Result<Traces, otlp::Error> {
+    let Some(endpoint) = otlp_endpoint else {
+        init_tracing(filter, format);
+        return Ok(Traces(None));
+    };
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (provider, tracer) = otlp::provider(endpoint)?;
+    let _ = subscriber(filter, format, Some(tracer)).try_init();
+    tracing::info!(endpoint, "Sending traces over OTLP.");
+    Ok(Traces(Some(provider)))
+}
+
+/// The log layer, filtered by `filter`, and with a tracer the OTLP layer, which takes only
+/// [`SPANS`]. Per-layer filters: each layer sees only what it asked for, so a span is
+/// built only when the log's level or the OTLP layer wants it. Text has colour codes only
+/// when stdout is a terminal: in a file or a journal they are noise. Two subscriber types
+/// rather than an `Option` layer: a `None` layer counts as one that wants everything, and
+/// would have every span built.
+fn subscriber(
+    filter: &str,
+    format: LogFormat,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
     use std::io::IsTerminal;
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder
+    let logs = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(std::io::stdout().is_terminal())
-            .try_init(),
-        LogFormat::Json => builder
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .try_init(),
+            .with_filter(filter)
+            .boxed(),
     };
+    match tracer {
+        None => Box::new(tracing_subscriber::registry().with(logs)),
+        Some(tracer) => Box::new(
+            tracing_subscriber::registry().with(logs).with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_filter(
+                        tracing_subscriber::filter::Targets::new()
+                            .with_target(SPANS, tracing::Level::TRACE),
+                    ),
+            ),
+        ),
+    }
+}
+
+/// The trace exporter, flushed and stopped when dropped.
+pub struct Traces(Option<opentelemetry_sdk::trace::SdkTracerProvider>);
+
+impl Drop for Traces {
+    fn drop(&mut self) {
+        if let Some(provider) = self.0.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("Sending the last traces failed: {e}");
+        }
+    }
 }
 
 /// Every `reason` a reading can be rejected with.
@@ -202,6 +275,7 @@ pub fn register_families(config: &Config) {
         // PostgreSQL means cluster mode (a cluster of one when alone).
         for family in [
             &f::CLUSTER_PARTITIONS_OWNED,
+            &f::CLUSTER_PARTITIONS,
             &f::CLUSTER_TAKEOVERS,
             &f::CLUSTER_FORWARDED,
             &f::CLUSTER_FORWARD_FAILURES,
@@ -238,5 +312,38 @@ fn show(family: &families::Family) {
         families::Kind::Counter => family.counter().increment(0),
         families::Kind::Gauge => family.gauge().increment(0.0),
         families::Kind::Histogram => drop(family.histogram()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+
+    use super::*;
+
+    /// One test, not two: `tracing` caches each callsite's interest over every subscriber
+    /// alive, so subscribers set up at once on two test threads could see each other's.
+    #[test]
+    fn an_attempts_span_is_built_only_for_a_layer_that_wants_it() {
+        let attempt = || tracing::debug_span!(target: SPANS, "delivery.attempt", attempt = 1);
+        tracing::subscriber::with_default(subscriber("info", LogFormat::Text, None), || {
+            assert!(attempt().is_disabled(), "log at info, no OTLP: never built");
+            assert!(
+                !tracing::info_span!("other").is_disabled(),
+                "the log's own spans"
+            );
+        });
+        let debug = subscriber("latch=debug", LogFormat::Json, None);
+        tracing::subscriber::with_default(debug, || {
+            assert!(
+                !attempt().is_disabled(),
+                "the log at debug names each attempt"
+            );
+        });
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let both = subscriber("warn", LogFormat::Text, Some(provider.tracer("latch")));
+        tracing::subscriber::with_default(both, || {
+            assert!(!attempt().is_disabled(), "with OTLP, below the log's level");
+        });
     }
 }

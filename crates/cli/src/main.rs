@@ -111,7 +111,12 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve => {
             let config = Arc::new(latch::load_config(cli.config.as_deref())?);
-            latch::telemetry::init_tracing(&config.log, config.log_format);
+            // Kept to the end: dropping it sends the last spans.
+            let _traces = latch::telemetry::init(
+                &config.log,
+                config.log_format,
+                config.otlp_endpoint.as_deref(),
+            )?;
             tokio::runtime::Runtime::new()?
                 .block_on(async {
                     let listener = tokio::net::TcpListener::bind(config.listen)
