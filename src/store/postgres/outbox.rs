@@ -14,7 +14,7 @@ use super::super::{
     Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
+use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
 
 pub(super) async fn load_pending(pool: &Pool, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let c = pool.get().await?;
@@ -175,6 +175,7 @@ pub(super) async fn record(
     let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
+    let (mut u_delivered, mut u_node) = (vec![], vec![]);
     for o in &outcomes {
         if let Some(a) = &o.attempt {
             a_id.push(o.notification_id.as_str());
@@ -188,6 +189,8 @@ pub(super) async fn record(
         u_status.push(status.as_str());
         u_attempts.push(o.attempts as i32);
         u_next.push(next);
+        u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
+        u_node.push(&*o.node);
     }
     if !a_id.is_empty() {
         tx.execute(
@@ -205,16 +208,28 @@ pub(super) async fn record(
         tx.execute(
             &tx.prepare_cached(
                 // A retry stays pending, and listed; a final result leaves the list.
+                // Another node's live lease is kept unless this was delivered
+                // (`policy::recorded`).
                 "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
              next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL \
-             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
-             AS u(id, status, attempts, next) WHERE n.id = u.id AND n.status = 'pending' \
+             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[]) \
+             AS u(id, status, attempts, next, delivered, node) \
+             WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
+             OR n.lease_until IS NULL OR n.lease_until < $5 OR n.claimed_by = u.node) \
              RETURNING n.seq, n.status) \
              DELETE FROM notifications_pending WHERE seq IN \
              (SELECT seq FROM r WHERE status <> 'pending')",
             )
             .await?,
-            &[&u_id, &u_status, &u_attempts, &u_next, &now],
+            &[
+                &u_id,
+                &u_status,
+                &u_attempts,
+                &u_next,
+                &now,
+                &u_delivered,
+                &u_node,
+            ],
         )
         .await?;
     }
@@ -312,14 +327,18 @@ pub(super) async fn retry_notification(
 }
 
 /// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
-/// whether a newer state of its sensor was sent to its client since.
+/// whether a newer one of its lane that outranks it was sent, or waits to be.
 pub(super) async fn refused(c: &impl GenericClient, n: &Notification) -> Result<Option<Error>> {
-    let newer = n.kind == EventKind::StateChanged
-        && c.query_one(
+    let kinds: Vec<&str> = policy::outranked_by(n.kind)
+        .iter()
+        .map(|k| k.as_str())
+        .collect();
+    let newer = c
+        .query_one(
             "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
-             AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
+             AND sensor_id = $2 AND kind = ANY($4) AND seq > $3 \
              AND status IN ('pending', 'delivered'))",
-            &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
+            &[&n.client_id, &n.sensor_id.to_string(), &n.seq, &kinds],
         )
         .await?
         .get::<_, bool>(0);

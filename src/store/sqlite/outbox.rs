@@ -9,7 +9,7 @@ use super::super::{
     Result, claim_step, limit_plus_one, notification_ref, retry_refusal,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, EventKind, Millis, Notification, Status, policy};
+use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
 
 pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let rows = c
@@ -96,10 +96,12 @@ pub(super) fn record(
             "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
+        // Another node's live lease is kept unless this was delivered (`policy::recorded`).
         let mut update = tx.prepare_cached(
             "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
              updated_at = ?5, claimed_by = NULL, lease_until = NULL \
-             WHERE id = ?1 AND status = 'pending'",
+             WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
+             OR lease_until < ?5 OR claimed_by = ?7)",
         )?;
         for o in &outcomes {
             if let Some(a) = &o.attempt {
@@ -117,7 +119,9 @@ pub(super) fn record(
                 status.as_str(),
                 o.attempts,
                 next,
-                now
+                now,
+                o.attempt.is_some() && o.verdict == Verdict::Delivered,
+                &*o.node
             ])?;
         }
     }
@@ -203,16 +207,24 @@ pub(super) fn retry_notification(
 }
 
 /// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
-/// whether a newer state of its sensor was sent to its client since.
+/// whether a newer one of its lane that outranks it was sent, or waits to be.
 pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>> {
-    let newer = n.kind == EventKind::StateChanged
-        && c.query_row(
-            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
-             AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
-             AND status IN ('pending', 'delivered'))",
-            params![n.client_id, n.sensor_id.to_string(), n.seq],
-            |r| r.get::<_, bool>(0),
-        )?;
+    let kinds = policy::outranked_by(n.kind);
+    // At most two kinds: the second repeats the first when there is one.
+    let kind = |i: usize| kinds.get(i).unwrap_or(&kinds[0]).as_str();
+    let newer = c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
+         AND sensor_id = ?2 AND kind IN (?4, ?5) AND seq > ?3 \
+         AND status IN ('pending', 'delivered'))",
+        params![
+            n.client_id,
+            n.sensor_id.to_string(),
+            n.seq,
+            kind(0),
+            kind(1)
+        ],
+        |r| r.get::<_, bool>(0),
+    )?;
     Ok(retry_refusal(n, newer))
 }
 
