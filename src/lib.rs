@@ -247,7 +247,7 @@ pub async fn run_with_clock(
         engine: engine.clone(),
         ingest,
         sources,
-        dispatcher,
+        dispatcher: dispatcher.clone(),
         history,
         metrics,
         accepting: accepting.clone(),
@@ -328,7 +328,7 @@ pub async fn run_with_clock(
     tracing::info!("Engine flushed.");
     // Everything of its partitions is durable: hand them over at once.
     if let Some(m) = &membership {
-        m.leave().await;
+        m.leave(&dispatcher).await;
     }
 
     // Everything committed is in the spool: one last shipment, bounded.

@@ -12,10 +12,12 @@
 //! [`Membership::run`] is each node's loop, once per tick (a third of the lease, at most a
 //! second): heartbeat; renew its leases and drop those it lost; work out its fair share
 //! (`P / live nodes`, the first `P % n` nodes by id taking one more); hand surplus
-//! partitions over (flush, then release) or take free and expired ones (load their
-//! sensors, serve them with deadlines counted from the takeover, look for their pending
-//! notifications at once); and publish who serves what, so readings entering this node
-//! for other partitions are forwarded to their owners ([`forward`]).
+//! partitions over (flush, release, and drop their lanes from the dispatcher: attempts in
+//! flight finish and are recorded, nothing new starts) or take free and expired ones (load
+//! their sensors, serve them with the deadlines a live previous owner handed over, or
+//! counted from the takeover after a crash, look for their pending notifications at
+//! once); and publish who serves what, so readings entering this node for other
+//! partitions are forwarded to their owners ([`forward`]).
 //!
 //! Broker sources run on the node that holds partition 0 ([`Membership::leads`]), so a
 //! queue or topic is consumed in one place, in order, as on one node.
@@ -187,7 +189,7 @@ impl Membership {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.tick()) => {}
                 Some(parts) = fenced.recv() => {
-                    self.drop_lost(&engine, &parts).await;
+                    self.drop_lost(&engine, &dispatcher, &parts).await;
                 }
             }
             if let Err(e) = self.round(&engine, &dispatcher, false).await {
@@ -196,8 +198,9 @@ impl Membership {
         }
     }
 
-    /// Stops serving partitions whose lease is gone, without committing anything more.
-    async fn drop_lost(&self, engine: &Engine, parts: &[u32]) {
+    /// Stops serving partitions whose lease is gone, without committing anything more or
+    /// starting any attempt for them.
+    async fn drop_lost(&self, engine: &Engine, dispatcher: &Dispatcher, parts: &[u32]) {
         let mut lost = Vec::new();
         {
             let mut held = self.held.lock().expect("held");
@@ -212,6 +215,7 @@ impl Membership {
             let _ = engine.release(*p, false).await;
         }
         if !lost.is_empty() {
+            dispatcher.moved(self.sensors_of(&lost));
             tracing::warn!(partitions = ?lost, "Partitions lost to another node (fenced).");
             self.publish_held();
         }
@@ -244,7 +248,7 @@ impl Membership {
             .filter(|(p, e)| renewed.get(p) != Some(e))
             .map(|(p, _)| *p)
             .collect();
-        self.drop_lost(engine, &lost).await;
+        self.drop_lost(engine, dispatcher, &lost).await;
         // Leased to this node but not served: left by an earlier process on this data
         // folder (taken back with a new epoch below), or a takeover that failed halfway.
         let strays: Vec<Lease> = renewed
@@ -262,7 +266,7 @@ impl Membership {
         let target = fair_share(self.partitions, &live, &self.node);
         let serving = self.held.lock().expect("held").len() as u32;
         if serving > target {
-            self.hand_over(engine, serving - target).await?;
+            self.hand_over(engine, dispatcher, serving - target).await?;
         } else if serving < target || (first && !strays.is_empty()) {
             let want =
                 (target - serving.min(target)).max(if first { strays.len() as u32 } else { 0 });
@@ -274,8 +278,15 @@ impl Membership {
     }
 
     /// Hands `n` partitions over (the highest first, so partition 0 and the sources it
-    /// carries move least): each is flushed by the engine, then its lease released.
-    async fn hand_over(&self, engine: &Engine, n: u32) -> Result<(), Error> {
+    /// carries move least): each is flushed by the engine, then its lease released, and
+    /// the dispatcher drops their lanes (attempts in flight finish and are recorded; the
+    /// new owner waits for them).
+    async fn hand_over(
+        &self,
+        engine: &Engine,
+        dispatcher: &Dispatcher,
+        n: u32,
+    ) -> Result<(), Error> {
         let give: Vec<Lease> = {
             let held = self.held.lock().expect("held");
             held.iter()
@@ -293,10 +304,28 @@ impl Membership {
             self.held.lock().expect("held").remove(&l.partition);
             engine.release(l.partition, true).await?;
         }
-        self.store.release(&self.node, &give).await?;
+        let released = self.store.release(&self.node, &give).await;
+        // Whatever the release answered: these are not served here any more.
+        let parts: Vec<u32> = give.iter().map(|l| l.partition).collect();
+        dispatcher.moved(self.sensors_of(&parts));
+        released?;
         tracing::info!(partitions = give.len(), "Handed partitions over.");
         self.publish_held();
         Ok(())
+    }
+
+    /// The sensors of `parts`, for the dispatcher to drop their lanes.
+    fn sensors_of(&self, parts: &[u32]) -> Serves {
+        let partitions = self.partitions;
+        let mut moved = vec![false; partitions as usize];
+        for &p in parts {
+            if let Some(m) = moved.get_mut(p as usize) {
+                *m = true;
+            }
+        }
+        Serves(Arc::new(move |id: SensorId| {
+            moved[partition::of(id, partitions) as usize]
+        }))
     }
 
     /// Takes up to `n` free or expired partitions and starts serving them.
@@ -334,6 +363,18 @@ impl Membership {
                 .push(s);
         }
         let since: Millis = engine.now();
+        // Handed over by a live node: the deadlines it had; else counted from now.
+        let floors: HashMap<u32, Millis> = match self
+            .store
+            .deadline_floors(&self.node, &got, since, self.lease)
+            .await
+        {
+            Ok(f) => f.into_iter().collect(),
+            Err(e) => {
+                let _ = self.store.release(&self.node, &got).await;
+                return Err(e.into());
+            }
+        };
         // The first round runs before this node serves its API: nothing can have been
         // registered through it meanwhile, and other nodes route nothing here yet.
         let unsure_until = if reclaim_own {
@@ -343,8 +384,9 @@ impl Membership {
         };
         for l in &got {
             let sensors = by_part.remove(&l.partition).unwrap_or_default();
+            let floor = floors.get(&l.partition).copied().unwrap_or(since);
             engine
-                .acquire(l.partition, Some(l.epoch), sensors, since, unsure_until)
+                .acquire(l.partition, Some(l.epoch), sensors, floor, unsure_until)
                 .await?;
             self.held.lock().expect("held").insert(l.partition, l.epoch);
             self.serving[l.partition as usize].store(true, Ordering::Relaxed);
@@ -427,15 +469,20 @@ impl Membership {
     }
 
     /// A clean stop, once the engine has flushed: every lease given up at once (the other
-    /// nodes take the partitions at their next round) and the registration removed.
-    pub async fn leave(&self) {
+    /// nodes take the partitions at their next round), the dispatcher told to start
+    /// nothing more for them, and the registration removed.
+    pub async fn leave(&self, dispatcher: &Dispatcher) {
         let held: Vec<Lease> = std::mem::take(&mut *self.held.lock().expect("held"))
             .into_iter()
             .map(|(partition, epoch)| Lease { partition, epoch })
             .collect();
+        for l in &held {
+            self.serving[l.partition as usize].store(false, Ordering::Relaxed);
+        }
         if let Err(e) = self.store.release(&self.node, &held).await {
             tracing::warn!(error = %e, "Releasing partitions failed; they move when their leases run out.");
         }
+        dispatcher.moved(Serves(Arc::new(|_| true)));
         if let Err(e) = self.store.leave(&self.node).await {
             tracing::warn!(error = %e, "Leaving the cluster failed.");
         }

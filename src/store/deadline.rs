@@ -341,6 +341,16 @@ impl<S: Store + ClusterStore> ClusterStore for Deadline<S> {
         self.bound("release", self.inner.release(node, leases))
             .await
     }
+    async fn deadline_floors(
+        &self,
+        node: &str,
+        leases: &[Lease],
+        since: Millis,
+        within: Duration,
+    ) -> Result<Vec<(u32, Millis)>> {
+        let call = self.inner.deadline_floors(node, leases, since, within);
+        self.bound("deadline_floors", call).await
+    }
     async fn leave(&self, node: &str) -> Result<()> {
         self.bound("leave", self.inner.leave(node)).await
     }
