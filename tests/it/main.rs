@@ -10,6 +10,7 @@ mod history;
 mod http_edges;
 mod liveness;
 mod metrics;
+mod moves;
 mod mqtt;
 mod nodes;
 mod readings;
