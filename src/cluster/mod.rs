@@ -298,16 +298,23 @@ impl Membership {
                 })
                 .collect()
         };
+        // Stop routing here first, so nothing new queues behind the flush, and start no
+        // attempt for them any more.
         for l in &give {
-            // Stop routing here first, so nothing new queues behind the flush.
             self.serving[l.partition as usize].store(false, Ordering::Relaxed);
             self.held.lock().expect("held").remove(&l.partition);
-            engine.release(l.partition, true).await?;
         }
-        let released = self.store.release(&self.node, &give).await;
-        // Whatever the release answered: these are not served here any more.
         let parts: Vec<u32> = give.iter().map(|l| l.partition).collect();
         dispatcher.moved(self.sensors_of(&parts));
+        let mut flushed = Ok(());
+        for l in &give {
+            flushed = flushed.and(engine.release(l.partition, true).await);
+        }
+        let released = self.store.release(&self.node, &give).await;
+        // Again for what the flush committed (the committer hands it to the dispatcher
+        // before the flush returns), whatever the release answered.
+        dispatcher.moved(self.sensors_of(&parts));
+        flushed?;
         released?;
         tracing::info!(partitions = give.len(), "Handed partitions over.");
         self.publish_held();

@@ -13,6 +13,12 @@
 //! (evenly spaced requests); a disabled client's heads park in their lanes until
 //! [`Lanes::resume`].
 //!
+//! On a store shared with other nodes, a notification another node may be sending (a
+//! sweep brought it, or a claim said so) is *held*: nothing of its lane passes it, no rule
+//! drops it here, and it is claimed again within [`policy::RECHECK_MS`] until its outcome
+//! is known. The lanes of a partition that moved to another node go at once
+//! ([`Lanes::leave`]).
+//!
 //! Memory follows the work *pending*, never the work done: a lane is dropped when its queue
 //! empties, a client's counters when nothing of it is out, stale timers are dropped once
 //! they outnumber the lanes, and finished ids are remembered only where sweeps need them
