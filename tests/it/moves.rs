@@ -114,6 +114,10 @@ async fn a_join_waits_for_the_old_owners_attempts_and_goes_on_when_they_end() {
     let left = SLOW.saturating_sub(in_flight.elapsed());
     r.wait_for(2 * SENSORS, (left + Duration::from_secs(10)).as_secs())
         .await;
+    eprintln!(
+        "every new state received {:?} after the slow answers ended",
+        in_flight.elapsed().saturating_sub(SLOW)
+    );
     check_received(&r);
     // Answered 204, so delivered: whichever node owns the partition now.
     all_delivered(&c, c.base(1), &client, 2 * SENSORS).await;
@@ -145,6 +149,10 @@ async fn a_stopped_nodes_attempts_finish_and_the_lane_goes_on_when_they_end() {
     let left = SLOW.saturating_sub(in_flight.elapsed());
     r.wait_for(2 * SENSORS, (left + Duration::from_secs(10)).as_secs())
         .await;
+    eprintln!(
+        "every new state received {:?} after the slow answers ended",
+        in_flight.elapsed().saturating_sub(SLOW)
+    );
     assert!(stopped.await.unwrap(), "the stopped node exits cleanly");
     check_received(&r);
     all_delivered(&c, c.base(1), &client, 2 * SENSORS).await;
