@@ -357,7 +357,13 @@ impl Membership {
         let sensors = match self.store.load_partitions(&parts, self.partitions).await {
             Ok(s) => s,
             Err(e) => {
-                // Not served: give them back rather than hold them idle.
+                // Not served: give them back rather than hold them idle, with the floor
+                // the next owner is to carry on (a crash's grace is not lost by this).
+                let now = engine.now();
+                let _ = self
+                    .store
+                    .deadline_floors(&self.node, &got, now, self.lease)
+                    .await;
                 let _ = self.store.release(&self.node, &got).await;
                 return Err(e.into());
             }
