@@ -152,7 +152,8 @@ async fn get_notification(
 }
 
 /// Send a failed (dead-lettered) notification again, with a fresh attempt budget.
-/// 409 when it is not failed, or when a newer state of its sensor reached the client since.
+/// 409 when it is not failed, or when a newer one of its kind (a state for a state, a lost
+/// or restored for a lost or restored) of its sensor was sent to the client since, or waits.
 #[utoipa::path(post, path = "/v1/notifications/{id}/retry", tag = "notifications",
     params(("id" = String, Path)),
     responses((status = 202, body = NotificationOut), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -192,7 +193,7 @@ pub struct ReplayOut {
 
 /// Send every failed notification of a client (optionally of one sensor, created since a
 /// time) again, in order per sensor, each with a fresh attempt budget. One that a single
-/// retry would refuse (a newer state of its sensor reached the client since) is skipped.
+/// retry would refuse (a newer one of its kind was sent to the client since) is skipped.
 #[utoipa::path(post, path = "/v1/notifications/retry", tag = "notifications",
     request_body = ReplayIn,
     responses((status = 202, body = ReplayOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]

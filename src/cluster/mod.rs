@@ -12,10 +12,12 @@
 //! [`Membership::run`] is each node's loop, once per tick (a third of the lease, at most a
 //! second): heartbeat; renew its leases and drop those it lost; work out its fair share
 //! (`P / live nodes`, the first `P % n` nodes by id taking one more); hand surplus
-//! partitions over (flush, then release) or take free and expired ones (load their
-//! sensors, serve them with deadlines counted from the takeover, look for their pending
-//! notifications at once); and publish who serves what, so readings entering this node
-//! for other partitions are forwarded to their owners ([`forward`]).
+//! partitions over (flush, release, and drop their lanes from the dispatcher: attempts in
+//! flight finish and are recorded, nothing new starts) or take free and expired ones (load
+//! their sensors, serve them with the deadlines a live previous owner handed over, or
+//! counted from the takeover after a crash, look for their pending notifications at
+//! once); and publish who serves what, so readings entering this node for other
+//! partitions are forwarded to their owners ([`forward`]).
 //!
 //! Broker sources run on the node that holds partition 0 ([`Membership::leads`]), so a
 //! queue or topic is consumed in one place, in order, as on one node.
@@ -192,7 +194,7 @@ impl Membership {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.tick()) => {}
                 Some(parts) = fenced.recv() => {
-                    self.drop_lost(&engine, &parts).await;
+                    self.drop_lost(&engine, &dispatcher, &parts).await;
                 }
             }
             if let Err(e) = self.round(&engine, &dispatcher, false).await {
@@ -201,8 +203,9 @@ impl Membership {
         }
     }
 
-    /// Stops serving partitions whose lease is gone, without committing anything more.
-    async fn drop_lost(&self, engine: &Engine, parts: &[u32]) {
+    /// Stops serving partitions whose lease is gone, without committing anything more or
+    /// starting any attempt for them.
+    async fn drop_lost(&self, engine: &Engine, dispatcher: &Dispatcher, parts: &[u32]) {
         let mut lost = Vec::new();
         {
             let mut held = self.held.lock().expect("held");
@@ -217,6 +220,7 @@ impl Membership {
             let _ = engine.release(*p, false).await;
         }
         if !lost.is_empty() {
+            dispatcher.moved(self.sensors_of(&lost));
             tracing::warn!(partitions = ?lost, "Partitions lost to another node (fenced).");
             self.publish_held();
         }
@@ -249,7 +253,7 @@ impl Membership {
             .filter(|(p, e)| renewed.get(p) != Some(e))
             .map(|(p, _)| *p)
             .collect();
-        self.drop_lost(engine, &lost).await;
+        self.drop_lost(engine, dispatcher, &lost).await;
         // Leased to this node but not served: left by an earlier process on this data
         // folder (taken back with a new epoch below), or a takeover that failed halfway.
         let strays: Vec<Lease> = renewed
@@ -267,7 +271,7 @@ impl Membership {
         let target = fair_share(self.partitions, &live, &self.node);
         let serving = self.held.lock().expect("held").len() as u32;
         if serving > target {
-            self.hand_over(engine, serving - target).await?;
+            self.hand_over(engine, dispatcher, serving - target).await?;
         } else if serving < target || (first && !strays.is_empty()) {
             let want =
                 (target - serving.min(target)).max(if first { strays.len() as u32 } else { 0 });
@@ -279,8 +283,15 @@ impl Membership {
     }
 
     /// Hands `n` partitions over (the highest first, so partition 0 and the sources it
-    /// carries move least): each is flushed by the engine, then its lease released.
-    async fn hand_over(&self, engine: &Engine, n: u32) -> Result<(), Error> {
+    /// carries move least): each is flushed by the engine, then its lease released, and
+    /// the dispatcher drops their lanes (attempts in flight finish and are recorded; the
+    /// new owner waits for them).
+    async fn hand_over(
+        &self,
+        engine: &Engine,
+        dispatcher: &Dispatcher,
+        n: u32,
+    ) -> Result<(), Error> {
         let give: Vec<Lease> = {
             let held = self.held.lock().expect("held");
             held.iter()
@@ -292,16 +303,41 @@ impl Membership {
                 })
                 .collect()
         };
+        // Stop routing here first, so nothing new queues behind the flush, and start no
+        // attempt for them any more.
         for l in &give {
-            // Stop routing here first, so nothing new queues behind the flush.
             self.serving[l.partition as usize].store(false, Ordering::Relaxed);
             self.held.lock().expect("held").remove(&l.partition);
-            engine.release(l.partition, true).await?;
         }
-        self.store.release(&self.node, &give).await?;
+        let parts: Vec<u32> = give.iter().map(|l| l.partition).collect();
+        dispatcher.moved(self.sensors_of(&parts));
+        let mut flushed = Ok(());
+        for l in &give {
+            flushed = flushed.and(engine.release(l.partition, true).await);
+        }
+        let released = self.store.release(&self.node, &give).await;
+        // Again for what the flush committed (the committer hands it to the dispatcher
+        // before the flush returns), whatever the release answered.
+        dispatcher.moved(self.sensors_of(&parts));
+        flushed?;
+        released?;
         tracing::info!(partitions = give.len(), "Handed partitions over.");
         self.publish_held();
         Ok(())
+    }
+
+    /// The sensors of `parts`, for the dispatcher to drop their lanes.
+    fn sensors_of(&self, parts: &[u32]) -> Serves {
+        let partitions = self.partitions;
+        let mut moved = vec![false; partitions as usize];
+        for &p in parts {
+            if let Some(m) = moved.get_mut(p as usize) {
+                *m = true;
+            }
+        }
+        Serves(Arc::new(move |id: SensorId| {
+            moved[partition::of(id, partitions) as usize]
+        }))
     }
 
     /// Takes up to `n` free or expired partitions and starts serving them.
@@ -326,7 +362,13 @@ impl Membership {
         let sensors = match self.store.load_partitions(&parts, self.partitions).await {
             Ok(s) => s,
             Err(e) => {
-                // Not served: give them back rather than hold them idle.
+                // Not served: give them back rather than hold them idle, with the floor
+                // the next owner is to carry on (a crash's grace is not lost by this).
+                let now = engine.now();
+                let _ = self
+                    .store
+                    .deadline_floors(&self.node, &got, now, self.lease)
+                    .await;
                 let _ = self.store.release(&self.node, &got).await;
                 return Err(e.into());
             }
@@ -339,6 +381,18 @@ impl Membership {
                 .push(s);
         }
         let since: Millis = engine.now();
+        // Handed over by a live node: the deadlines it had; else counted from now.
+        let floors: HashMap<u32, Millis> = match self
+            .store
+            .deadline_floors(&self.node, &got, since, self.lease)
+            .await
+        {
+            Ok(f) => f.into_iter().collect(),
+            Err(e) => {
+                let _ = self.store.release(&self.node, &got).await;
+                return Err(e.into());
+            }
+        };
         // The first round runs before this node serves its API: nothing can have been
         // registered through it meanwhile, and other nodes route nothing here yet.
         let unsure_until = if reclaim_own {
@@ -348,8 +402,9 @@ impl Membership {
         };
         for l in &got {
             let sensors = by_part.remove(&l.partition).unwrap_or_default();
+            let floor = floors.get(&l.partition).copied().unwrap_or(since);
             engine
-                .acquire(l.partition, Some(l.epoch), sensors, since, unsure_until)
+                .acquire(l.partition, Some(l.epoch), sensors, floor, unsure_until)
                 .await?;
             self.held.lock().expect("held").insert(l.partition, l.epoch);
             self.serving[l.partition as usize].store(true, Ordering::Relaxed);
@@ -436,15 +491,20 @@ impl Membership {
     }
 
     /// A clean stop, once the engine has flushed: every lease given up at once (the other
-    /// nodes take the partitions at their next round) and the registration removed.
-    pub async fn leave(&self) {
+    /// nodes take the partitions at their next round), the dispatcher told to start
+    /// nothing more for them, and the registration removed.
+    pub async fn leave(&self, dispatcher: &Dispatcher) {
         let held: Vec<Lease> = std::mem::take(&mut *self.held.lock().expect("held"))
             .into_iter()
             .map(|(partition, epoch)| Lease { partition, epoch })
             .collect();
+        for l in &held {
+            self.serving[l.partition as usize].store(false, Ordering::Relaxed);
+        }
         if let Err(e) = self.store.release(&self.node, &held).await {
             tracing::warn!(error = %e, "Releasing partitions failed; they move when their leases run out.");
         }
+        dispatcher.moved(Serves(Arc::new(|_| true)));
         if let Err(e) = self.store.leave(&self.node).await {
             tracing::warn!(error = %e, "Leaving the cluster failed.");
         }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::lanes::{Done, Finished, LaneKey};
@@ -27,6 +28,9 @@ pub(super) struct Admitted {
     pub id: String,
     /// Requests in flight to its client.
     pub client_sends: Arc<Semaphore>,
+    /// Cancelled when it is not to be sent any more (its lane left this node, or the
+    /// dispatcher stops): given back unsent if it was claimed.
+    pub withdrawn: CancellationToken,
 }
 
 /// What sending a claimed head needs.
@@ -72,23 +76,34 @@ pub(super) async fn claimer(
 }
 
 /// Claims one batch of heads and starts an attempt for each one leased to us; an attempt
-/// waits for a request slot of its client and of the whole dispatcher.
+/// waits for a request slot of its client and of the whole dispatcher. A head withdrawn
+/// before it is sent is not claimed, or is given back.
 #[tracing::instrument(name = "claim", skip_all, fields(notifications = batch.len()))]
 async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
     let now = sending.settings.clock.now();
+    let tx = &sending.tx;
+    let done = |lane, id, result| {
+        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+    };
+    let (batch, withdrawn): (Vec<Admitted>, Vec<Admitted>) =
+        batch.into_iter().partition(|a| !a.withdrawn.is_cancelled());
+    for a in withdrawn {
+        done(a.lane, a.id, Finished::Later(now));
+    }
+    if batch.is_empty() {
+        return;
+    }
     let lease_until = now + sending.settings.lease();
     let ids: Vec<String> = batch.iter().map(|a| a.id.clone()).collect();
     let claims = store
         .claim(ids, sending.settings.node.clone(), now, lease_until)
         .await;
-    let tx = &sending.tx;
     let claims = match claims {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
             for Admitted { lane, id, .. } in batch {
-                let result = Finished::Later(now + 1000);
-                let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+                done(lane, id, Finished::Held(now + 1000));
             }
             return;
         }
@@ -98,6 +113,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
             lane,
             id,
             client_sends,
+            withdrawn,
         } = admitted;
         let result = match claim {
             Claim::Send(s) => {
@@ -107,10 +123,28 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                 sending.tracker.clone().spawn(async move {
                     let result = {
                         // The client's slot first: a global one is held only while sending.
-                        let Ok(_client) = client_sends.acquire().await else {
+                        let slots = async {
+                            let client = client_sends.acquire().await.ok()?;
+                            let all = sending.sends.acquire().await.ok()?;
+                            Some((client, all))
+                        };
+                        let slots = tokio::select! {
+                            biased;
+                            _ = withdrawn.cancelled() => None,
+                            slots = slots => Some(slots),
+                        };
+                        let Some(slots) = slots.filter(|_| !withdrawn.is_cancelled()) else {
+                            // Not ours to send any more: the lease goes back at once, so
+                            // the node serving its lane now need not wait for it.
+                            let result = Finished::Released {
+                                attempts: s.notification.attempts,
+                            };
+                            let _ = sending
+                                .tx
+                                .send(Cmd::Done(Box::new(Done { lane, id, result })));
                             return;
                         };
-                        let Ok(_all) = sending.sends.acquire().await else {
+                        let Some(_slots) = slots else {
                             return;
                         };
                         // Waited for a slot behind heads claimed ahead until the lease could
@@ -141,9 +175,10 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                 continue;
             }
             Claim::Done { status, .. } => Finished::Gone(status),
-            Claim::Leased { until, .. } => Finished::Later(until),
+            Claim::Leased { until, .. } => Finished::Held(until),
+            Claim::Later { at, .. } => Finished::Later(at),
             Claim::Disabled { .. } => Finished::Parked,
         };
-        let _ = tx.send(Cmd::Done(Box::new(Done { lane, id, result })));
+        done(lane, id, result);
     }
 }

@@ -13,24 +13,33 @@
 //! (evenly spaced requests); a disabled client's heads park in their lanes until
 //! [`Lanes::resume`].
 //!
+//! On a store shared with other nodes, a notification another node may be sending (a
+//! sweep brought it, or a claim said so) is *held*: nothing of its lane passes it, no rule
+//! drops it here, and it is claimed again within [`policy::RECHECK_MS`] until its outcome
+//! is known. The lanes of a partition that moved to another node go at once
+//! ([`Lanes::leave`]).
+//!
 //! Memory follows the work *pending*, never the work done: a lane is dropped when its queue
 //! empties, a client's counters when nothing of it is out, stale timers are dropped once
 //! they outnumber the lanes, and finished ids are remembered only where sweeps need them
 //! (a shared store), for [`FINISHED_MEMORY_MS`]. A week of deliveries leaves the
 //! dispatcher as small as it started (`latch bench soak` measures it).
 
+mod finished;
+mod moves;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::Hash;
 use std::sync::Arc;
 
 use super::retry::RetryPolicy;
 use super::sender::AttemptResult;
-use crate::domain::policy::{self, Attempted, Queued};
+use crate::domain::policy::{self, Attempted, Queued, Waiting};
 use crate::domain::{
     Attempt, EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict,
 };
 use crate::telemetry::families;
+use finished::{RecentlyFinished, shrink};
 
 /// A lane's name: its client and sensor.
 pub(super) type LaneKey = (Arc<str>, SensorId);
@@ -71,11 +80,20 @@ pub(super) enum Finished {
     Attempted(AttemptResult),
     /// Not pending any more (superseded, cancelled, …).
     Gone(Status),
-    /// Someone else holds it until then; or the store could not be reached.
+    /// Another node holds it until then (its attempt may be in flight), or the store
+    /// could not be reached: nothing in this lane may pass it, and it is asked about again
+    /// soon ([`policy::look_again`]).
+    Held(Millis),
+    /// Free, but not to be sent before then.
     Later(Millis),
     /// Its client is disabled: the lane waits for [`Lanes::resume`], looking again only
     /// every [`PARK_RECHECK_MS`] (another node may have enabled the client).
     Parked,
+    /// Claimed but not sent: its lane left this node meanwhile ([`Lanes::leave`]). Its
+    /// lease is given back, with its `attempts` as they were.
+    Released {
+        attempts: u32,
+    },
 }
 
 /// How often a lane of a disabled client asks the store again whether it was enabled
@@ -88,6 +106,9 @@ struct Entry {
     kind: EventKind,
     due: Millis,
     attempts: u32,
+    /// Another node may hold its lease (read from a shared store by a sweep, or a claim
+    /// said so): no rule drops it here until a claim of ours settles it.
+    held: bool,
 }
 
 impl Entry {
@@ -108,61 +129,11 @@ struct Lane {
     timer: Option<Millis>,
     /// Its client is disabled: its head waits for [`Lanes::resume`].
     parked: bool,
-}
-
-/// Ids of notifications that left their lane lately, with when. Only a shared store's
-/// sweeps need them: a sweep may read a notification as pending just before our result
-/// for it is recorded. Forgotten after [`FINISHED_MEMORY_MS`], so this holds half a
-/// minute's worth of deliveries, not all of them.
-#[derive(Default)]
-struct RecentlyFinished {
-    at: HashMap<String, Millis>,
-    /// The same ids in the order they finished (an id finished twice is here twice).
-    order: VecDeque<(Millis, String)>,
-}
-
-impl RecentlyFinished {
-    fn insert(&mut self, id: String, now: Millis) {
-        self.forget(now);
-        self.at.insert(id.clone(), now);
-        self.order.push_back((now, id));
-    }
-
-    fn contains(&self, id: &str) -> bool {
-        self.at.contains_key(id)
-    }
-
-    fn forget(&mut self, now: Millis) {
-        while let Some((at, _)) = self.order.front() {
-            if now - *at < FINISHED_MEMORY_MS {
-                break;
-            }
-            let Some((at, id)) = self.order.pop_front() else {
-                break;
-            };
-            // Only if it did not finish again since.
-            if self.at.get(&id) == Some(&at) {
-                self.at.remove(&id);
-            }
-        }
-        shrink(&mut self.at);
-        if self.order.capacity() > 64 && self.order.len() < self.order.capacity() / 4 {
-            self.order.shrink_to(self.order.len() * 2);
-        }
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.at.len()
-    }
-}
-
-/// Gives a map's room back after a burst: a map keeps the capacity of its largest size,
-/// and the dispatcher's maps peak with a backlog (a restart with a million pending).
-fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
-    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
-        map.shrink_to(map.len() * 2);
-    }
+    /// Its head is out: admitted, claimed or sending.
+    out: bool,
+    /// Its sensor's partition left this node while its head was out: once that head is
+    /// answered, the lane is dropped ([`Lanes::leave`]).
+    leaving: bool,
 }
 
 /// Every pending notification the dispatcher knows, by lane, with what is due and what is
@@ -185,6 +156,8 @@ pub(super) struct Lanes {
     /// Clients with a `rate_limit`, and when (in microseconds) each may be sent its next
     /// request: a token bucket holding one token, so requests are evenly spaced.
     rates: HashMap<Arc<str>, RateLimit>,
+    /// This node, on every outcome ([`Outcome::node`]).
+    node: Arc<str>,
 }
 
 /// One client's rate limit as admission applies it.
@@ -197,9 +170,10 @@ struct RateLimit {
 }
 
 impl Lanes {
-    /// Lanes for `concurrency` requests in all and `client_concurrency` per client, on a
-    /// store `shared` with other nodes or not.
+    /// Lanes of `node` for `concurrency` requests in all and `client_concurrency` per
+    /// client, on a store `shared` with other nodes or not.
     pub(super) fn new(
+        node: Arc<str>,
         policy: RetryPolicy,
         concurrency: usize,
         client_concurrency: u32,
@@ -219,6 +193,7 @@ impl Lanes {
             pending: 0,
             finished: shared.then(RecentlyFinished::default),
             rates: HashMap::new(),
+            node,
         }
     }
 
@@ -249,7 +224,8 @@ impl Lanes {
         refs: Vec<NotificationRef>,
         now: Millis,
     ) -> Vec<Outcome> {
-        let outcomes = self.add(refs, now);
+        let shared = self.finished.is_some();
+        let outcomes = self.queue(refs, now, shared);
         let parked: Vec<LaneKey> = self
             .lanes
             .iter()
@@ -294,7 +270,8 @@ impl Lanes {
 
     /// What a sweep of a shared store found pending. A sweep may read a notification as
     /// pending just before our own result for it is recorded: ones we finished lately are
-    /// not taken up again.
+    /// not taken up again. Another node may hold what it brings (its attempt in flight
+    /// around a partition move), so nothing of it is dropped here before a claim of ours.
     pub(super) fn sweep(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
         let refs = match &mut self.finished {
             Some(finished) => {
@@ -305,34 +282,51 @@ impl Lanes {
             }
             None => refs,
         };
-        self.add(refs, now)
+        self.queue(refs, now, true)
     }
 
-    /// Queues pending notifications in their lanes (ones already queued are skipped), and
-    /// returns the outcomes to record for the older ones they supersede.
+    /// Queues notifications just made durable in their lanes (ones already queued are
+    /// skipped), and returns the outcomes to record for the older ones they make pointless.
     pub(super) fn add(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
+        self.queue(refs, now, false)
+    }
+
+    /// [`Lanes::add`], of notifications another node may hold (`held`) or not.
+    fn queue(&mut self, refs: Vec<NotificationRef>, now: Millis, held: bool) -> Vec<Outcome> {
         let mut outcomes = Vec::new();
         for r in refs {
             let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
             let lane = self.lanes.entry(key.clone()).or_default();
+            // Its partition is served here again.
+            lane.leaving = false;
             if lane.queue.iter().any(|e| e.id == r.id) {
                 continue;
             }
-            // Older waiting state notifications are superseded. The commit did it in the
-            // store for unleased ones; record it for all, so a head whose lease was not yet
-            // released agrees too. A head in flight stays: it finishes first and the new
-            // one follows.
+            let head_before = lane.queue.front().map(|e| e.seq);
+            // Older waiting notifications it makes pointless are superseded
+            // ([`policy::made_pointless`]). The commit did it in the store for unleased
+            // states; record it for all, so a head whose lease was not yet released agrees
+            // too. A head in flight stays, and so does one another node may hold: it
+            // finishes first and the new one follows.
             let newer = Queued {
                 seq: r.seq,
                 kind: r.kind,
             };
             let busy = lane.busy;
-            let superseded =
-                |i: usize, e: &Entry| policy::supersedes(newer, e.queued(), busy && i == 0);
-            if lane.queue.iter().enumerate().any(|(i, e)| superseded(i, e)) {
+            let waiting: Vec<Waiting> = lane
+                .queue
+                .iter()
+                .enumerate()
+                .map(|(i, e)| Waiting {
+                    queued: e.queued(),
+                    out: e.held || (busy && i == 0),
+                })
+                .collect();
+            let pointless = policy::made_pointless(&waiting, newer);
+            if !pointless.is_empty() {
                 let queue = std::mem::take(&mut lane.queue);
                 for (i, e) in queue.into_iter().enumerate() {
-                    if superseded(i, &e) {
+                    if pointless.binary_search(&i).is_ok() {
                         self.pending -= 1;
                         families::NOTIFICATIONS
                             .counter_with(&[("status", "superseded")])
@@ -343,6 +337,7 @@ impl Lanes {
                             attempt: None,
                             attempts: e.attempts,
                             verdict: Verdict::Superseded,
+                            node: self.node.clone(),
                         });
                     } else {
                         lane.queue.push_back(e);
@@ -361,12 +356,19 @@ impl Lanes {
                     kind: r.kind,
                     due: r.due_at,
                     attempts: r.attempts,
+                    held,
                 },
             );
             self.pending += 1;
-            // A parked lane waits for its client to be enabled.
-            if !lane.busy && !lane.parked && pos == 0 {
-                let due = r.due_at;
+            // A new head (this one, or the one after a superseded head) is due at its own
+            // time, not at the time of the head it replaced. A parked lane waits for its
+            // client to be enabled.
+            let head = lane.queue.front().map(|e| (e.seq, e.due));
+            if !lane.busy
+                && !lane.parked
+                && let Some((seq, due)) = head
+                && head_before != Some(seq)
+            {
                 self.schedule(key, due, now);
             }
         }
@@ -474,6 +476,9 @@ impl Lanes {
             }
             *self.client_inflight.entry(key.0.clone()).or_default() += 1;
             self.inflight += 1;
+            if let Some(lane) = self.lanes.get_mut(&key) {
+                lane.out = true;
+            }
             batch.push((key, id));
         }
         batch
@@ -481,7 +486,9 @@ impl Lanes {
 
     /// Takes what came of an admitted head: the head leaves its lane, waits for a retry,
     /// or waits for a lease to run out, and the lane's next head is scheduled. Returns the
-    /// outcome to record, if an attempt was made; `jitter` (in `[0, 1)`) spreads a retry.
+    /// outcome to record, if an attempt was made (or a lease is given back); `jitter` (in
+    /// `[0, 1)`) spreads a retry. A lane that left this node meanwhile is dropped: no
+    /// retry waits here for it, the node serving it now takes it from the store.
     pub(super) fn finish(&mut self, d: Done, now: Millis, jitter: f64) -> Option<Outcome> {
         self.inflight -= 1;
         if let Some(c) = self.client_inflight.get_mut(&d.lane.0) {
@@ -498,9 +505,25 @@ impl Lanes {
                 self.client_waiting.remove(&d.lane.0);
             }
         }
-        let lane = self.lanes.get_mut(&d.lane)?;
+        // Given back whatever became of the lane: the lease is ours, and must not hold up
+        // the node that serves the lane now.
+        let mut outcome = match d.result {
+            Finished::Released { attempts } => Some(Outcome {
+                notification_id: d.id.clone(),
+                client_id: d.lane.0.to_string(),
+                attempt: None,
+                attempts,
+                verdict: Verdict::Retry { next_at: now },
+                node: self.node.clone(),
+            }),
+            _ => None,
+        };
+        let Some(lane) = self.lanes.get_mut(&d.lane) else {
+            return outcome;
+        };
         lane.busy = false;
         lane.parked = false;
+        lane.out = false;
         // A state notification waits behind the head: an attempt that failed is then
         // superseded rather than retried (the policy decides).
         let state_behind = lane
@@ -510,18 +533,17 @@ impl Lanes {
             .any(|e| e.kind == EventKind::StateChanged);
         let Some(head) = lane.queue.front_mut() else {
             self.lanes.remove(&d.lane);
-            return None;
+            return outcome;
         };
         if head.id != d.id {
             // The head changed while this one was out (a manual retry of an older one).
             let due = head.due;
-            self.schedule(d.lane, due, now);
-            return None;
+            self.reschedule(d.lane, due, now);
+            return outcome;
         }
-        let mut outcome = None;
         // Told to wait: perhaps behind an older notification of the lane that a sweep
         // has queued behind this head meanwhile; the lane is put back in order.
-        let later = matches!(d.result, Finished::Later(_));
+        let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
         let pop = match d.result {
             Finished::Gone(status) => {
                 families::NOTIFICATIONS
@@ -529,16 +551,29 @@ impl Lanes {
                     .increment(1);
                 true
             }
-            Finished::Later(until) => {
-                head.due = until;
+            Finished::Held(until) => {
+                head.held = true;
+                head.due = policy::look_again(until, now);
+                false
+            }
+            Finished::Later(at) => {
+                head.held = false;
+                head.due = at;
+                false
+            }
+            Finished::Released { .. } => {
+                head.held = false;
+                head.due = now;
                 false
             }
             Finished::Parked => {
+                head.held = false;
                 head.due = now + PARK_RECHECK_MS;
                 lane.parked = true;
                 false
             }
             Finished::Attempted(result) => {
+                head.held = false;
                 let attempts = head.attempts + 1;
                 let retry = &self.policy;
                 let verdict = policy::verdict(
@@ -572,6 +607,7 @@ impl Lanes {
                     }),
                     attempts,
                     verdict,
+                    node: self.node.clone(),
                 });
                 match verdict {
                     Verdict::Retry { next_at } => {
@@ -594,8 +630,9 @@ impl Lanes {
         if later {
             lane.queue.make_contiguous().sort_by_key(|e| e.seq);
         }
-        match lane.queue.front().map(|h| h.due) {
-            Some(due) => self.schedule(d.lane, due, now),
+        let due = lane.queue.front().map(|h| h.due);
+        match due {
+            Some(due) => self.reschedule(d.lane, due, now),
             None => {
                 self.lanes.remove(&d.lane);
                 shrink(&mut self.lanes);

@@ -46,7 +46,7 @@ use crate::domain::{Millis, NotificationRef, Outcome};
 use crate::store::Store;
 use crate::telemetry::families;
 use claimer::{Admitted, Sending, claimer};
-use lanes::{Done, Lanes};
+use lanes::{Done, LaneKey, Lanes};
 use recorder::recorder;
 use retry::RetryPolicy;
 use sweeper::sweeper;
@@ -151,6 +151,15 @@ impl Dispatcher {
     /// A client's `rate_limit` was set or changed (`None`: lifted).
     pub fn set_rate_limit(&self, client_id: &str, per_second: Option<u32>) {
         let _ = self.tx.send(Cmd::Rate(Arc::from(client_id), per_second));
+    }
+
+    /// The sensors `moved` names are no longer served here (cluster mode: their partition
+    /// was handed over, lost, or given up at a stop). Their lanes are dropped at once: no
+    /// new attempt starts for them here and no retry timer stays (the node serving them
+    /// now takes them from the store); heads claimed but not yet sent are given back, and
+    /// an attempt already in flight finishes and is recorded as it happened.
+    pub fn moved(&self, moved: Serves) {
+        let _ = self.tx.send(Cmd::Moved(moved));
     }
 
     /// Starts the dispatcher with the store's pending notifications. It stops when `stop`
@@ -269,6 +278,8 @@ enum Cmd {
     /// What a sweep of a shared store found pending.
     Sweep(Vec<NotificationRef>),
     Done(Box<Done>),
+    /// Sensors no longer served here ([`Dispatcher::moved`]).
+    Moved(Serves),
 }
 
 /// The dispatcher's loop: feeds the lanes what arrives and the time, and carries out what
@@ -282,6 +293,12 @@ struct Core {
     /// dropped when nothing of the client is out, so no permit is held then.
     client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
     client_concurrency: usize,
+    /// Per lane whose head is out, what withdraws that head before it is sent (its lane
+    /// left this node, or the dispatcher stops).
+    withdraw: HashMap<LaneKey, CancellationToken>,
+    /// Cluster mode: the sensors served here. A sweep read before a partition moved away
+    /// is not taken up after.
+    serves: Option<Serves>,
     clock: Clock,
 }
 
@@ -294,6 +311,7 @@ impl Core {
     ) -> Self {
         Self {
             lanes: Lanes::new(
+                Arc::from(settings.node.as_str()),
                 settings.policy.clone(),
                 settings.concurrency,
                 settings.client_concurrency,
@@ -303,6 +321,8 @@ impl Core {
             claims,
             client_sends: HashMap::new(),
             client_concurrency: settings.client_concurrency as usize,
+            withdraw: HashMap::new(),
+            serves: settings.serves.clone(),
             clock: settings.clock.clone(),
         }
     }
@@ -342,13 +362,23 @@ impl Core {
                 self.handle(cmd);
             }
         }
-        // Shutdown: dispatch nothing new; let in-flight attempts finish and be recorded.
+        // Shutdown: dispatch nothing new; heads claimed but not yet sent are given back;
+        // let in-flight attempts finish and be recorded.
+        for (_, withdraw) in self.withdraw.drain() {
+            withdraw.cancel();
+        }
         let deadline = tokio::time::Instant::now() + grace;
         while self.lanes.inflight() > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
                 // Durable; picked up at next start.
-                Ok(Some(Cmd::Deliver(_) | Cmd::Sweep(_) | Cmd::Resume(..) | Cmd::Rate(..))) => {}
+                Ok(Some(
+                    Cmd::Deliver(_)
+                    | Cmd::Sweep(_)
+                    | Cmd::Resume(..)
+                    | Cmd::Rate(..)
+                    | Cmd::Moved(_),
+                )) => {}
                 Ok(None) | Err(_) => break,
             }
         }
@@ -363,9 +393,19 @@ impl Core {
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Deliver(refs) => self.add(refs, self.clock.now()),
-            Cmd::Sweep(refs) => {
+            Cmd::Sweep(mut refs) => {
+                if let Some(Serves(serves)) = &self.serves {
+                    refs.retain(|r| serves(r.sensor_id));
+                }
                 let outcomes = self.lanes.sweep(refs, self.clock.now());
                 self.record(outcomes);
+            }
+            Cmd::Moved(Serves(moved)) => {
+                for lane in self.lanes.leave(|s| moved(s)) {
+                    if let Some(withdraw) = self.withdraw.remove(&lane) {
+                        withdraw.cancel();
+                    }
+                }
             }
             Cmd::Done(d) => self.finish(*d, self.clock.now()),
             Cmd::Resume(client, refs) => {
@@ -396,15 +436,19 @@ impl Core {
                 .entry(lane.0.clone())
                 .or_insert_with(|| Arc::new(Semaphore::new(limit)))
                 .clone();
+            let withdrawn = CancellationToken::new();
+            self.withdraw.insert(lane.clone(), withdrawn.clone());
             let _ = self.claims.send(Admitted {
                 lane,
                 id,
                 client_sends,
+                withdrawn,
             });
         }
     }
 
     fn finish(&mut self, d: Done, now: Millis) {
+        self.withdraw.remove(&d.lane);
         let client = d.lane.0.clone();
         if let Some(outcome) = self.lanes.finish(d, now, rand::thread_rng().r#gen()) {
             let _ = self.recorder.send(outcome);

@@ -2,6 +2,8 @@
 //! a claim answered, what an attempt came to. Plain data; the rules over it are in
 //! [`super::policy`].
 
+use std::sync::Arc;
+
 use super::notification::{Attempt, EventKind, Notification, Status};
 use super::sensor::SensorId;
 use super::time::Millis;
@@ -78,8 +80,12 @@ pub enum Claim {
     /// No longer pending (delivered, superseded, failed, or now cancelled because its client
     /// is gone or no longer owns the sensor).
     Done { id: String, status: Status },
-    /// Leased by someone else until then.
+    /// Leased by another node until then (or being claimed by one right now): its attempt
+    /// may be in flight.
     Leased { id: String, until: Millis },
+    /// Free, but not to be sent before `at`: older notifications of its lane are pending
+    /// elsewhere, or its next attempt is not due yet.
+    Later { id: String, at: Millis },
     /// Its client is disabled: left pending and unleased until the client is enabled.
     Disabled { id: String },
 }
@@ -114,4 +120,7 @@ pub struct Outcome {
     /// Attempts made including this one.
     pub attempts: u32,
     pub verdict: Verdict,
+    /// The node that came to it: the store keeps another node's live lease rather than
+    /// write over it ([`super::policy::recorded`]).
+    pub node: Arc<str>,
 }

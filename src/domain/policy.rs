@@ -1,11 +1,11 @@
 //! The notification policy: which pending notification a newer one makes pointless, which
-//! one may be claimed and sent, what an attempt's answer means for it, and when a manual
-//! retry is refused. Pure, so it is tested on its own; the store and the dispatcher carry
-//! out its decisions and decide nothing themselves.
+//! one may be claimed and sent, what an attempt's answer means for it, whose outcome the
+//! store keeps, and when a manual retry is refused. Pure, so it is tested on its own; the
+//! store and the dispatcher carry out its decisions and decide nothing themselves.
 //!
-//! Two of these rules also run inside SQL, where they must be set-based and within the
-//! commit's transaction; those statements mirror the functions here and must change with
-//! them (see [`supersedes`] and [`retry_refusal`]).
+//! Some of these rules also run inside SQL, where they must be set-based and within one
+//! transaction; those statements mirror the functions here and must change with them (see
+//! [`supersedes`], [`recorded`] and [`retry_refusal`]).
 
 use super::client::DisabledReason;
 use super::notification::{EventKind, Notification, Status};
@@ -23,21 +23,93 @@ pub struct Queued {
 /// The supersede rule, for two pending notifications of the same (client, sensor): a
 /// `sensor.state_changed` one makes every older state notification pointless (the newer
 /// one carries the truth), unless the older one is in flight: that one finishes first and
-/// the newer one follows it. Lost/restored notifications are never superseded and never
-/// supersede.
+/// the newer one follows it. Lost/restored notifications are never superseded by it (they
+/// fold: [`folds`]).
 ///
 /// The store applies this rule when it commits a state change, in the `UPDATE
-/// notifications SET status = 'superseded'` of `commit_batch` in `store/sqlite.rs` and
-/// `store/postgres.rs`: per sensor, every pending `sensor.state_changed` row with a lower
-/// `seq` than the first one the change created, whose lease is unset or ran out (leased
-/// means in flight). Every client linked to the sensor gets a newer notification in the
-/// same commit, so per sensor is per (client, sensor) for them. The dispatcher applies it
-/// again to its lanes ([`crate::delivery`]), for heads whose lease it has not released yet.
+/// notifications SET status = 'superseded'` of `commit_batch` in `store/sqlite/commit.rs`
+/// and `store/postgres/commit.rs`: per sensor, every pending `sensor.state_changed` row
+/// with a lower `seq` than the first one the change created, whose lease is unset or ran
+/// out (leased means in flight). Every client linked to the sensor gets a newer
+/// notification in the same commit, so per sensor is per (client, sensor) for them. The
+/// dispatcher applies it again to its lanes ([`crate::delivery`]), for heads whose lease it
+/// has not released yet, and a claim on a shared store to a head whose lease was released
+/// since ([`claim_step`]).
 pub fn supersedes(newer: Queued, older: Queued, older_in_flight: bool) -> bool {
     newer.kind == EventKind::StateChanged
         && older.kind == EventKind::StateChanged
         && older.seq < newer.seq
         && !older_in_flight
+}
+
+/// A pending notification of a lane as the lane rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    pub queued: Queued,
+    /// It may be out: in flight here, or leased by another node as far as this node knows.
+    /// No rule drops it: the outcome of its attempt decides it.
+    pub out: bool,
+}
+
+/// Which of a lane's pending notifications (`older`, in outbox order) a `newer` one of the
+/// same lane makes pointless: older states by the supersede rule ([`supersedes`]), waiting
+/// lost/restored pairs by the fold rule ([`folds`]). Positions in `older`, ascending.
+pub fn made_pointless(older: &[Waiting], newer: Queued) -> Vec<usize> {
+    let mut out: Vec<usize> = older
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| supersedes(newer, w.queued, w.out))
+        .map(|(i, _)| i)
+        .collect();
+    out.extend(folds(older, newer));
+    out.sort_unstable();
+    out
+}
+
+fn is_connection(kind: EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::ConnectionLost | EventKind::ConnectionRestored
+    )
+}
+
+/// The fold rule for connection notifications: an undelivered `sensor.connection_lost`
+/// followed by its `restored` carries nothing the client needs once a newer pair of them
+/// exists (the newer pair tells it the same, and later), so when a `restored` completes a
+/// newer pair, the older pairs waiting before it are superseded. A client that is down for
+/// weeks while a sensor comes and goes so holds a few of them per lane, not one pair per
+/// outage: a `restored` whose `lost` it already got, the newest pair, and a `lost` after it.
+///
+/// Only pairs wholly waiting fold: nothing before or at one that is out (the `restored` of
+/// a `lost` in flight must follow it), and a `restored` whose `lost` is not in `older`
+/// (delivered already) stays, so the client still learns that the sensor came back.
+pub fn folds(older: &[Waiting], newer: Queued) -> Vec<usize> {
+    if newer.kind != EventKind::ConnectionRestored {
+        return Vec::new();
+    }
+    let conn: Vec<usize> = (0..older.len())
+        .filter(|&i| older[i].queued.seq < newer.seq && is_connection(older[i].queued.kind))
+        .collect();
+    // The newer pair's `lost`: what folds comes before it.
+    let Some(pair) = conn
+        .iter()
+        .rposition(|&i| older[i].queued.kind == EventKind::ConnectionLost)
+    else {
+        return Vec::new();
+    };
+    let before = &conn[..pair];
+    let after_out = before
+        .iter()
+        .rposition(|&i| older[i].out)
+        .map_or(0, |p| p + 1);
+    let tail = &before[after_out..];
+    let kind_at = |k: usize| older[tail[k]].queued.kind;
+    let first_lost = (0..tail.len()).find(|&k| kind_at(k) == EventKind::ConnectionLost);
+    let last_restored = (0..tail.len()).rfind(|&k| kind_at(k) == EventKind::ConnectionRestored);
+    match (first_lost, last_restored) {
+        (Some(from), Some(to)) if from < to => tail[from..=to].to_vec(),
+        _ => Vec::new(),
+    }
 }
 
 /// What is known of a notification once an attempt to send it has been answered.
@@ -120,10 +192,20 @@ pub struct LaneInStore {
     pub older_lease_until: Option<Millis>,
     /// A newer state of the sensor was delivered to the client already.
     pub newer_state_delivered: bool,
+    /// A newer state of the sensor waits for the client.
+    pub newer_state_pending: bool,
 }
 
-/// How soon a head waiting behind older pending notifications of its lane asks again.
-pub const BEHIND_RECHECK_MS: Millis = 1_000;
+/// How soon a lane waiting on another node asks the store again: for an attempt that node
+/// has in flight (the lane goes on as soon as its outcome is recorded, not when its lease
+/// would run out, tens of seconds later), or for older notifications of the lane still
+/// pending there.
+pub const RECHECK_MS: Millis = 1_000;
+
+/// When a lane whose head another node holds until `lease_until` asks again.
+pub fn look_again(lease_until: Millis, now: Millis) -> Millis {
+    lease_until.min(now + RECHECK_MS)
+}
 
 /// What a claim does with one notification, the same on every backend.
 pub enum ClaimStep {
@@ -131,21 +213,24 @@ pub enum ClaimStep {
     Lease(Box<Sendable>),
     /// Its client is gone or no longer owns the sensor: mark it cancelled.
     Cancel,
-    /// A newer state of its sensor reached the client already: mark it superseded.
+    /// A newer state of its sensor reached the client already, or waits for it: mark it
+    /// superseded.
     Supersede,
     /// Nothing to write: answer this.
     Answer(Claim),
 }
 
 /// Which head may be claimed: only a pending notification, not leased by another node
-/// (a node takes its own unexpired leases back, after a restart), whose client still
+/// (a node takes its own unexpired leases back, after a restart), due, whose client still
 /// exists, still owns the sensor and is not disabled, is sent. A disabled client's
 /// notification is left as it is: it waits for the client to be enabled.
 ///
 /// Order across nodes: a head with older notifications of its lane still pending in the
-/// store waits for them (until the latest of their leases, or a second: the node serving
-/// the sensor has them in its lanes, or sweeps them up); a state older than one the client
-/// already got is superseded, never sent after it.
+/// store waits for them (asking again within [`RECHECK_MS`]: the node serving the sensor
+/// has them in its lanes, or sweeps them up); a state older than one the client already
+/// got, or than one waiting for it, is superseded (the supersede rule, now that it is not
+/// in flight), never sent before it. A head not yet due waits for its time: a lane that
+/// waited on another node's attempt learns its retry time here.
 pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     let n = row.notification;
     if n.status != Status::Pending {
@@ -160,16 +245,18 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     {
         return ClaimStep::Answer(Claim::Leased { id: n.id, until });
     }
-    if row.lane.newer_state_delivered && n.kind == EventKind::StateChanged {
+    if n.kind == EventKind::StateChanged
+        && (row.lane.newer_state_delivered || row.lane.newer_state_pending)
+    {
         return ClaimStep::Supersede;
     }
     if row.lane.older_pending > 0 {
-        let until = row
-            .lane
-            .older_lease_until
-            .filter(|&u| u > now)
-            .unwrap_or(now + BEHIND_RECHECK_MS);
-        return ClaimStep::Answer(Claim::Leased { id: n.id, until });
+        let until = row.lane.older_lease_until.filter(|&u| u > now);
+        let at = look_again(until.unwrap_or(Millis::MAX), now);
+        return ClaimStep::Answer(Claim::Later { id: n.id, at });
+    }
+    if let Some(at) = n.next_attempt_at.filter(|&at| at > now) {
+        return ClaimStep::Answer(Claim::Later { id: n.id, at });
     }
     match (row.url, row.secret, row.address, row.linked) {
         (Some(_), Some(_), Some(_), true) if row.disabled => {
@@ -188,6 +275,26 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
         })),
         _ => ClaimStep::Cancel,
     }
+}
+
+/// Whether an outcome is written over its notification as the store holds it (pending or
+/// not, and its lease): only over a pending one, and not over another node's live lease —
+/// that node's attempt is in flight, and its outcome is the one to keep — unless it is an
+/// attempt that was delivered: that happened, whichever node holds the notification now.
+/// A head superseded in a lane, or an attempt that failed, never overwrites another node's
+/// attempt in flight.
+///
+/// `record` in both backends mirrors this in its `UPDATE … WHERE`.
+pub fn recorded(
+    o: &Outcome,
+    pending: bool,
+    claimed_by: Option<&str>,
+    lease_until: Option<Millis>,
+    now: Millis,
+) -> bool {
+    let delivered = o.attempt.is_some() && o.verdict == Verdict::Delivered;
+    let free = lease_until.is_none_or(|until| until < now) || claimed_by == Some(&*o.node);
+    pending && (delivered || free)
 }
 
 /// What one batch of recorded attempts says of one client, in the order they were made.
@@ -261,411 +368,42 @@ pub enum RetryRefusal {
          retrying would deliver an older state after a newer one"
     )]
     NewerStateSent,
+    #[error(
+        "a newer connection_lost or connection_restored of this sensor was sent to this \
+         client since; retrying would tell it an older connection state after a newer one"
+    )]
+    NewerConnectionSent,
+}
+
+/// The kinds of a newer notification of the same lane that make a manual retry of one of
+/// `kind` pointless and harmful: a newer state for a state, a newer lost or restored for
+/// a lost or restored (a failed `lost` sent again after a delivered `restored` would tell
+/// the client that an online sensor is lost).
+pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
+    match kind {
+        EventKind::StateChanged => &[EventKind::StateChanged],
+        EventKind::ConnectionLost | EventKind::ConnectionRestored => {
+            &[EventKind::ConnectionLost, EventKind::ConnectionRestored]
+        }
+    }
 }
 
 /// When a manual retry is refused: only a failed notification goes back to pending, and
-/// not a state that would reach its client after a newer one (ordering outranks a retry).
+/// not one that would reach its client after a newer one of its kind (ordering outranks a
+/// retry).
 ///
-/// `newer_state_sent` is read by the backends' `retry_notification` in SQL: the
-/// notification is a `sensor.state_changed` one and a later (`seq`) one of the same
-/// client and sensor is `pending` or `delivered`.
-pub fn retry_refusal(n: &Notification, newer_state_sent: bool) -> Option<RetryRefusal> {
+/// `newer_sent` is read by the backends' `retry_notification` and `retry_notifications`
+/// in SQL: a later (`seq`) notification of the same client and sensor, of a kind in
+/// [`outranked_by`], is `pending` or `delivered`.
+pub fn retry_refusal(n: &Notification, newer_sent: bool) -> Option<RetryRefusal> {
     if n.status != Status::Failed {
         return Some(RetryRefusal::NotFailed(n.status));
     }
-    newer_state_sent.then_some(RetryRefusal::NewerStateSent)
+    newer_sent.then_some(match n.kind {
+        EventKind::StateChanged => RetryRefusal::NewerStateSent,
+        _ => RetryRefusal::NewerConnectionSent,
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::SensorId;
-
-    const STATE: EventKind = EventKind::StateChanged;
-    const LOST: EventKind = EventKind::ConnectionLost;
-    const RESTORED: EventKind = EventKind::ConnectionRestored;
-
-    fn q(seq: i64, kind: EventKind) -> Queued {
-        Queued { seq, kind }
-    }
-
-    fn notification(status: Status) -> Notification {
-        Notification {
-            id: "01JAAAAAAAAAAAAAAAAAAAAAAA".into(),
-            seq: 7,
-            client_id: "c".into(),
-            sensor_id: SensorId::parse("s0000001").unwrap(),
-            kind: STATE,
-            data: Some(true),
-            previous: Some(false),
-            occurred_at: 1,
-            last_seen_at: None,
-            status,
-            attempts: 3,
-            next_attempt_at: Some(5),
-            created_at: 1,
-            updated_at: 2,
-        }
-    }
-
-    fn row(status: Status) -> ClaimRow {
-        ClaimRow {
-            notification: notification(status),
-            lease_until: None,
-            claimed_by: None,
-            url: Some("http://x".into()),
-            secret: Some("whsec_x".into()),
-            address: Some("hall".into()),
-            linked: true,
-            previous_secret: None,
-            previous_secret_until: None,
-            disabled: false,
-            rate_limit: None,
-            lane: LaneInStore::default(),
-        }
-    }
-
-    #[test]
-    fn a_newer_state_supersedes_an_older_waiting_state() {
-        assert!(supersedes(q(2, STATE), q(1, STATE), false));
-    }
-
-    #[test]
-    fn an_older_state_in_flight_is_not_superseded() {
-        assert!(!supersedes(q(2, STATE), q(1, STATE), true));
-    }
-
-    #[test]
-    fn only_an_older_state_is_superseded() {
-        assert!(!supersedes(q(2, STATE), q(3, STATE), false));
-        assert!(!supersedes(q(2, STATE), q(2, STATE), false));
-    }
-
-    #[test]
-    fn liveness_notifications_never_supersede_nor_are_superseded() {
-        for other in [LOST, RESTORED] {
-            assert!(!supersedes(q(2, other), q(1, STATE), false));
-            assert!(!supersedes(q(2, STATE), q(1, other), false));
-            assert!(!supersedes(q(2, other), q(1, other), false));
-        }
-    }
-
-    fn attempted() -> Attempted {
-        Attempted {
-            delivered: false,
-            gone: false,
-            not_allowed: false,
-            attempts: 1,
-            max_attempts: 10,
-            kind: STATE,
-            state_behind: false,
-        }
-    }
-
-    #[test]
-    fn a_failed_attempt_with_budget_left_is_retried_when_asked() {
-        assert_eq!(verdict(attempted(), || 42), Verdict::Retry { next_at: 42 });
-    }
-
-    #[test]
-    fn delivered_wins_over_everything() {
-        let a = Attempted {
-            delivered: true,
-            attempts: 10,
-            state_behind: true,
-            ..attempted()
-        };
-        assert_eq!(verdict(a, || panic!("no retry")), Verdict::Delivered);
-    }
-
-    #[test]
-    fn gone_or_out_of_attempts_fails_even_with_a_newer_state_behind() {
-        let gone = Attempted {
-            gone: true,
-            state_behind: true,
-            ..attempted()
-        };
-        let spent = Attempted {
-            attempts: 10,
-            state_behind: true,
-            ..attempted()
-        };
-        for a in [gone, spent] {
-            assert_eq!(verdict(a, || panic!("no retry")), Verdict::Failed);
-        }
-    }
-
-    #[test]
-    fn a_destination_not_allowed_fails_at_once_whatever_waits_behind() {
-        for kind in [STATE, LOST] {
-            let a = Attempted {
-                not_allowed: true,
-                kind,
-                state_behind: true,
-                ..attempted()
-            };
-            assert_eq!(verdict(a, || panic!("no retry")), Verdict::Failed);
-        }
-    }
-
-    #[test]
-    fn a_failed_state_with_a_newer_state_behind_is_superseded_not_retried() {
-        let a = Attempted {
-            state_behind: true,
-            ..attempted()
-        };
-        assert_eq!(verdict(a, || panic!("no retry")), Verdict::Superseded);
-    }
-
-    #[test]
-    fn a_failed_liveness_notification_is_retried_whatever_waits_behind() {
-        let a = Attempted {
-            kind: LOST,
-            state_behind: true,
-            ..attempted()
-        };
-        assert_eq!(verdict(a, || 9), Verdict::Retry { next_at: 9 });
-    }
-
-    #[test]
-    fn verdicts_map_to_statuses() {
-        assert_eq!(status_after(Verdict::Delivered), Status::Delivered);
-        assert_eq!(status_after(Verdict::Retry { next_at: 1 }), Status::Pending);
-        assert_eq!(status_after(Verdict::Failed), Status::Failed);
-        assert_eq!(status_after(Verdict::Superseded), Status::Superseded);
-    }
-
-    #[test]
-    fn a_pending_unleased_linked_notification_is_leased() {
-        match claim_step(row(Status::Pending), "me", 100) {
-            ClaimStep::Lease(s) => {
-                assert_eq!(s.url, "http://x");
-                assert_eq!(s.address, "hall");
-            }
-            _ => panic!("expected a lease"),
-        }
-    }
-
-    #[test]
-    fn a_notification_no_longer_pending_is_answered_done() {
-        for status in [
-            Status::Delivered,
-            Status::Failed,
-            Status::Superseded,
-            Status::Cancelled,
-        ] {
-            match claim_step(row(status), "me", 100) {
-                ClaimStep::Answer(Claim::Done { status: s, .. }) => assert_eq!(s, status),
-                _ => panic!("expected done for {status:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn another_nodes_live_lease_is_respected() {
-        let r = ClaimRow {
-            lease_until: Some(200),
-            claimed_by: Some("other".into()),
-            ..row(Status::Pending)
-        };
-        match claim_step(r, "me", 100) {
-            ClaimStep::Answer(Claim::Leased { until, .. }) => assert_eq!(until, 200),
-            _ => panic!("expected leased"),
-        }
-    }
-
-    #[test]
-    fn an_expired_or_own_lease_is_taken() {
-        let expired = ClaimRow {
-            lease_until: Some(100),
-            claimed_by: Some("other".into()),
-            ..row(Status::Pending)
-        };
-        let own = ClaimRow {
-            lease_until: Some(200),
-            claimed_by: Some("me".into()),
-            ..row(Status::Pending)
-        };
-        for r in [expired, own] {
-            assert!(matches!(claim_step(r, "me", 100), ClaimStep::Lease(_)));
-        }
-    }
-
-    #[test]
-    fn a_notification_of_a_gone_or_unlinked_client_is_cancelled() {
-        let unlinked = ClaimRow {
-            linked: false,
-            ..row(Status::Pending)
-        };
-        let no_client = ClaimRow {
-            url: None,
-            secret: None,
-            ..row(Status::Pending)
-        };
-        let no_sensor = ClaimRow {
-            address: None,
-            ..row(Status::Pending)
-        };
-        for r in [unlinked, no_client, no_sensor] {
-            assert!(matches!(claim_step(r, "me", 100), ClaimStep::Cancel));
-        }
-    }
-
-    #[test]
-    fn only_failed_notifications_are_retried() {
-        assert_eq!(retry_refusal(&notification(Status::Failed), false), None);
-        let refusal = retry_refusal(&notification(Status::Delivered), false);
-        assert_eq!(refusal, Some(RetryRefusal::NotFailed(Status::Delivered)));
-        assert_eq!(
-            refusal.unwrap().to_string(),
-            "only failed notifications can be retried; this one is delivered"
-        );
-    }
-
-    #[test]
-    fn an_older_state_is_not_retried_after_a_newer_one_was_sent() {
-        let refusal = retry_refusal(&notification(Status::Failed), true);
-        assert_eq!(refusal, Some(RetryRefusal::NewerStateSent));
-        assert_eq!(
-            refusal.unwrap().to_string(),
-            "a newer state of this sensor was sent to this client since; \
-             retrying would deliver an older state after a newer one"
-        );
-    }
-
-    #[test]
-    fn a_disabled_clients_notification_is_left_waiting() {
-        let r = ClaimRow {
-            disabled: true,
-            ..row(Status::Pending)
-        };
-        assert!(matches!(
-            claim_step(r, "me", 100),
-            ClaimStep::Answer(Claim::Disabled { .. })
-        ));
-    }
-
-    #[test]
-    fn the_previous_secret_signs_only_while_its_grace_lasts() {
-        let r = |until| ClaimRow {
-            previous_secret: Some("whsec_old".into()),
-            previous_secret_until: Some(until),
-            ..row(Status::Pending)
-        };
-        match claim_step(r(101), "me", 100) {
-            ClaimStep::Lease(s) => assert_eq!(s.previous_secret.as_deref(), Some("whsec_old")),
-            _ => panic!("expected a lease"),
-        }
-        match claim_step(r(100), "me", 100) {
-            ClaimStep::Lease(s) => assert_eq!(s.previous_secret, None),
-            _ => panic!("expected a lease"),
-        }
-    }
-
-    fn outcome(client: &str, at: Millis, code: Option<u16>) -> Outcome {
-        Outcome {
-            notification_id: "n".into(),
-            client_id: client.into(),
-            attempt: Some(crate::domain::Attempt {
-                notification_id: "n".into(),
-                at,
-                status_code: code,
-                error: None,
-                duration_ms: 1,
-            }),
-            attempts: 1,
-            verdict: Verdict::Failed,
-        }
-    }
-
-    #[test]
-    fn attempts_are_summed_up_per_client_in_order() {
-        let sums = client_attempts(&[
-            outcome("a", 10, Some(500)),
-            outcome("b", 11, Some(410)),
-            outcome("a", 12, Some(200)),
-            outcome("a", 13, None),
-            outcome("a", 14, Some(503)),
-        ]);
-        assert_eq!(
-            sums,
-            vec![
-                ClientAttempts {
-                    client_id: "a".into(),
-                    succeeded: true,
-                    failing_since: Some(13),
-                    gone: false,
-                },
-                ClientAttempts {
-                    client_id: "b".into(),
-                    succeeded: false,
-                    failing_since: Some(11),
-                    gone: true,
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn a_client_is_disabled_when_gone_or_failing_long_enough() {
-        assert_eq!(
-            disable_reason(true, Some(99), 100, 1000),
-            Some(DisabledReason::Gone)
-        );
-        assert_eq!(disable_reason(false, Some(0), 999, 1000), None);
-        assert_eq!(
-            disable_reason(false, Some(0), 1000, 1000),
-            Some(DisabledReason::Failing)
-        );
-        assert_eq!(disable_reason(false, None, 5000, 1000), None);
-    }
-
-    #[test]
-    fn a_head_behind_older_pending_ones_of_its_lane_waits_for_them() {
-        let behind = |older_lease_until| ClaimRow {
-            lane: LaneInStore {
-                older_pending: 1,
-                older_lease_until,
-                newer_state_delivered: false,
-            },
-            ..row(Status::Pending)
-        };
-        // Another node sends the older one now: until its lease ends.
-        match claim_step(behind(Some(5_000)), "me", 100) {
-            ClaimStep::Answer(Claim::Leased { until, .. }) => assert_eq!(until, 5_000),
-            _ => panic!("expected to wait"),
-        }
-        // Not in flight (or its lease ran out): ask again shortly.
-        for lease in [None, Some(50)] {
-            match claim_step(behind(lease), "me", 100) {
-                ClaimStep::Answer(Claim::Leased { until, .. }) => {
-                    assert_eq!(until, 100 + BEHIND_RECHECK_MS)
-                }
-                _ => panic!("expected to wait"),
-            }
-        }
-    }
-
-    #[test]
-    fn a_state_older_than_one_delivered_is_superseded_a_liveness_one_is_sent() {
-        let stale = |kind| ClaimRow {
-            lane: LaneInStore {
-                newer_state_delivered: true,
-                ..LaneInStore::default()
-            },
-            notification: Notification {
-                kind,
-                ..notification(Status::Pending)
-            },
-            ..row(Status::Pending)
-        };
-        assert!(matches!(
-            claim_step(stale(STATE), "me", 100),
-            ClaimStep::Supersede
-        ));
-        assert!(matches!(
-            claim_step(stale(LOST), "me", 100),
-            ClaimStep::Lease(_)
-        ));
-    }
-}
+mod tests;

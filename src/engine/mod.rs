@@ -412,9 +412,11 @@ impl Engine {
     }
 
     /// Starts serving `partition` with its `sensors` as the store has them, under lease
-    /// `epoch`; their deadlines count from `since` at the earliest (the takeover), so a
-    /// sensor is not declared lost for the time nobody served it. Until `unsure_until` a
-    /// sensor unknown here is "send again" rather than unknown ([`TAKEOVER_GRACE_MS`]).
+    /// `epoch`; their deadlines count from `since` at the earliest: the takeover after a
+    /// crash, so a sensor is not declared lost for the time nobody served it, or the floor
+    /// a live owner that handed the partition over had, so a move postpones no deadline.
+    /// Until `unsure_until` a sensor unknown here is "send again" rather than unknown
+    /// ([`TAKEOVER_GRACE_MS`]).
     pub async fn acquire(
         &self,
         partition: u32,

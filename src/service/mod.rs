@@ -64,7 +64,7 @@ pub async fn run_with_clock(
     sources.stop().await;
     leases.stop().await;
     core.stop().await;
-    base.leave().await;
+    base.leave(&delivery).await;
     archive.stop().await;
     delivery.stop(config.shutdown_grace).await;
     tracing::info!("latch stopped.");

@@ -60,10 +60,10 @@ impl Base {
     }
 
     /// A cluster node hands its partitions over and leaves, once everything of them is
-    /// durable (after [`Core::stop`]).
-    pub(super) async fn leave(&self) {
+    /// durable (after [`Core::stop`]); the dispatcher stops sending for them at once.
+    pub(super) async fn leave(&self, delivery: &Delivery) {
         if let Some(m) = &self.membership {
-            m.leave().await;
+            m.leave(&delivery.dispatcher).await;
         }
     }
 }

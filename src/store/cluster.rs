@@ -60,8 +60,21 @@ pub trait ClusterStore: Send + Sync + 'static {
         reclaim_own: bool,
     ) -> Result<Vec<Lease>>;
     /// Gives up these leases (owner cleared, epoch bumped) where `node` still holds them
-    /// at those epochs, so another node can take them at once.
+    /// at those epochs, so another node can take them at once; who released them, and
+    /// when, is kept for [`ClusterStore::deadline_floors`].
     async fn release(&self, node: &str, leases: &[Lease]) -> Result<()>;
+    /// The time the deadlines of partitions `node` just acquired (`leases`) count from: the
+    /// previous owner's, when another node handed them over (released them at most
+    /// `within` ago) — a handover from a live node keeps the sensors' deadlines — else
+    /// `since`: a takeover after a crash, or after nobody served them, whose silence is not
+    /// the sensors'. Kept with the lease for the next move.
+    async fn deadline_floors(
+        &self,
+        node: &str,
+        leases: &[Lease],
+        since: Millis,
+        within: Duration,
+    ) -> Result<Vec<(u32, Millis)>>;
     /// Deletes the node's registration (a clean stop, after releasing its leases).
     async fn leave(&self, node: &str) -> Result<()>;
     /// The current owner of every partition that has one (lease not run out).

@@ -40,11 +40,16 @@ pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secre
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
 /// ([`crate::domain::policy::claim_step`]). Older ones this node leased are its own lane's,
-/// already ordered (their results may not be recorded yet), so they do not count.
+/// already ordered (their results may not be recorded yet), so they do not count. Whether
+/// a newer state was delivered or waits is read for states only (nothing else asks).
 pub(crate) const CLAIM_LANE_COLS: &str = "lane.older_pending, lane.older_lease_until, \
-     EXISTS (SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
-      AND o.client_id = n.client_id AND o.kind = 'sensor.state_changed' \
-      AND o.status = 'delivered' AND o.seq > n.seq)";
+     n.kind = 'sensor.state_changed' AND EXISTS (SELECT 1 FROM notifications o \
+      WHERE o.sensor_id = n.sensor_id AND o.client_id = n.client_id \
+      AND o.kind = 'sensor.state_changed' AND o.status = 'delivered' AND o.seq > n.seq), \
+     n.kind = 'sensor.state_changed' AND EXISTS (SELECT 1 FROM notifications_pending q \
+      JOIN notifications o ON o.seq = q.seq WHERE q.sensor_id = n.sensor_id \
+      AND q.client_id = n.client_id AND q.seq > n.seq \
+      AND o.kind = 'sensor.state_changed' AND o.status = 'pending')";
 
 /// The older pending notifications of each claimed one's lane, counted and their latest
 /// lease read in one pass over the lane's index (two subqueries walked it twice).
@@ -191,6 +196,7 @@ pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneIn
         older_pending: r.int(24)? as u32,
         older_lease_until: r.opt_int(25)?,
         newer_state_delivered: r.flag(26)?,
+        newer_state_pending: r.flag(27)?,
     })
 }
 

@@ -18,6 +18,7 @@ fn answered(n: &NotificationRef, at: Millis, code: Option<u16>, verdict: Verdict
         }),
         attempts: 1,
         verdict,
+        node: "n1".into(),
     }
 }
 

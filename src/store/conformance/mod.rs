@@ -72,6 +72,8 @@ macro_rules! suite {
                 outbox::claim_reads_registry_and_cancels_orphans,
                 outbox::record_and_retry,
                 outbox::leases_exclude_other_nodes,
+                outbox::another_nodes_lease_is_kept_but_for_a_delivery,
+                outbox::an_older_connection_notification_is_not_replayed,
                 history::archive_keeps_reads_whole,
                 history::spool_ships_only_what_the_sink_took,
                 lifecycle::rotated_secret_signs_during_its_grace,
@@ -126,6 +128,33 @@ pub(crate) fn client(id: &str, url: &str) -> Client {
         secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
         created_at: 2_000,
         ..Client::default()
+    }
+}
+
+/// `id` lost (or restored) at `at`, heard last at 1 s.
+pub(crate) fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
+    let connection = match kind {
+        EventKind::ConnectionLost => Connection::Lost,
+        _ => Connection::Online,
+    };
+    CommitBatch {
+        states: vec![StateUpdate {
+            sensor_id: sid(id),
+            data: Some(true),
+            changed_at: Some(1_000),
+            last_ts: Some(1_000),
+            last_seen_at: Some(1_000),
+            connection,
+        }],
+        events: vec![Event {
+            sensor_id: sid(id),
+            kind,
+            at,
+            data: Some(true),
+            previous: None,
+            last_seen_at: Some(1_000),
+        }],
+        ..Default::default()
     }
 }
 

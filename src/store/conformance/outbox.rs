@@ -90,6 +90,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempt: attempt(None),
             attempts: 1,
             verdict: Verdict::Retry { next_at: 99 },
+            node: "n1".into(),
         }],
         5,
         NEVER,
@@ -114,6 +115,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempt: attempt(Some(500)),
             attempts: 2,
             verdict: Verdict::Failed,
+            node: "n1".into(),
         }],
         7,
         NEVER,
@@ -141,6 +143,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempt: attempt(Some(200)),
             attempts: 1,
             verdict: Verdict::Delivered,
+            node: "n1".into(),
         }],
         9,
         NEVER,
@@ -174,6 +177,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempt: attempt(Some(500)),
             attempts: 10,
             verdict: Verdict::Failed,
+            node: "n1".into(),
         }]
         .into_iter()
         .map(|mut o| {
@@ -226,4 +230,160 @@ pub(super) async fn leases_exclude_other_nodes(s: &dyn Store) {
         .await
         .unwrap();
     assert!(matches!(third[0], Claim::Send(_)));
+}
+
+/// An outcome without a delivery never writes over a notification another node holds a
+/// live lease on: that node's attempt is in flight (around a partition move) and its
+/// outcome is the one kept. A delivery is written whoever holds it: it happened.
+pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store) {
+    s.create_sensor(sensor("ol1")).await.unwrap();
+    s.create_client(client("ol-a", "http://a/")).await.unwrap();
+    s.link("ol-a".into(), sid("ol1"), 1).await.unwrap();
+    let n = s
+        .commit(change("ol1", true, None, 1), 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let claimed = s
+        .claim(vec![n.id.clone()], "node-a".into(), 100, 10_000)
+        .await
+        .unwrap();
+    assert!(matches!(claimed[0], Claim::Send(_)));
+    let by = |node: &str, verdict, attempt: bool| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: attempt.then(|| Attempt {
+            notification_id: n.id.clone(),
+            at: 200,
+            status_code: Some(if verdict == Verdict::Delivered {
+                204
+            } else {
+                500
+            }),
+            error: None,
+            duration_ms: 6_000,
+        }),
+        attempts: 1,
+        verdict,
+        node: node.into(),
+    };
+    let status = || async { s.get_notification(n.id.clone()).await.unwrap().unwrap().0 };
+    // Node B superseded it in its lanes, or made an attempt of its own that failed: A's
+    // lease stands.
+    s.record(vec![by("node-b", Verdict::Superseded, false)], 300, NEVER)
+        .await
+        .unwrap();
+    s.record(
+        vec![by("node-b", Verdict::Retry { next_at: 400 }, true)],
+        300,
+        NEVER,
+    )
+    .await
+    .unwrap();
+    let got = status().await;
+    assert_eq!((got.status, got.attempts), (Status::Pending, 0));
+    assert_eq!(
+        s.claim(vec![n.id.clone()], "node-b".into(), 500, 10_500)
+            .await
+            .unwrap()[0],
+        Claim::Leased {
+            id: n.id.clone(),
+            until: 10_000
+        },
+        "still A's"
+    );
+    // A's attempt was answered 204: delivered, whichever node serves the lane now.
+    s.record(vec![by("node-a", Verdict::Delivered, true)], 6_100, NEVER)
+        .await
+        .unwrap();
+    assert_eq!(status().await.status, Status::Delivered);
+
+    // Once a lease ran out, or on a notification leased by nobody, any node's verdict is
+    // written.
+    let m = s
+        .commit(change("ol1", false, Some(true), 2), 2)
+        .await
+        .unwrap()
+        .remove(0);
+    s.claim(vec![m.id.clone()], "node-a".into(), 100, 10_000)
+        .await
+        .unwrap();
+    let by_b = Outcome {
+        notification_id: m.id.clone(),
+        ..by("node-b", Verdict::Superseded, false)
+    };
+    s.record(vec![by_b], 10_001, NEVER).await.unwrap();
+    let (got, _) = s.get_notification(m.id.clone()).await.unwrap().unwrap();
+    assert_eq!(got.status, Status::Superseded);
+}
+
+/// A failed lost (or restored) is not replayed after a newer one of its lane went out:
+/// the client would be told an online sensor is lost. Single and bulk replay alike.
+pub(super) async fn an_older_connection_notification_is_not_replayed(s: &dyn Store) {
+    s.create_sensor(sensor("cr1")).await.unwrap();
+    s.create_client(client("cr-a", "http://a/")).await.unwrap();
+    s.link("cr-a".into(), sid("cr1"), 1).await.unwrap();
+    let answer = |n: &NotificationRef, verdict| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: Some(Attempt {
+            notification_id: n.id.clone(),
+            at: 5,
+            status_code: Some(if verdict == Verdict::Delivered {
+                200
+            } else {
+                500
+            }),
+            error: None,
+            duration_ms: 1,
+        }),
+        attempts: 1,
+        verdict,
+        node: "n1".into(),
+    };
+    let lost = s
+        .commit(liveness("cr1", EventKind::ConnectionLost, 10), 10)
+        .await
+        .unwrap()
+        .remove(0);
+    s.record(vec![answer(&lost, Verdict::Failed)], 11, NEVER)
+        .await
+        .unwrap();
+    // Failed, with nothing newer: it may go again.
+    let again = s.retry_notification(lost.id.clone(), 12).await.unwrap();
+    assert_eq!(again.id, lost.id);
+    s.record(vec![answer(&lost, Verdict::Failed)], 13, NEVER)
+        .await
+        .unwrap();
+    let restored = s
+        .commit(liveness("cr1", EventKind::ConnectionRestored, 20), 20)
+        .await
+        .unwrap()
+        .remove(0);
+    // Refused while the restored waits, and once it was delivered.
+    assert!(matches!(
+        s.retry_notification(lost.id.clone(), 21).await,
+        Err(Error::Conflict(_))
+    ));
+    s.record(vec![answer(&restored, Verdict::Delivered)], 22, NEVER)
+        .await
+        .unwrap();
+    assert!(matches!(
+        s.retry_notification(lost.id.clone(), 23).await,
+        Err(Error::Conflict(_))
+    ));
+    let bulk = s
+        .retry_notifications(
+            ReplayFilter {
+                client_id: "cr-a".into(),
+                sensor_id: None,
+                since: None,
+            },
+            24,
+        )
+        .await
+        .unwrap();
+    assert!(bulk.is_empty(), "bulk replay skips it too: {bulk:?}");
+    let (n, _) = s.get_notification(lost.id.clone()).await.unwrap().unwrap();
+    assert_eq!(n.status, Status::Failed);
 }

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime};
 use super::PgStore;
-use crate::domain::partition;
+use crate::domain::{Millis, partition};
 
 #[cfg(test)]
 mod tests;
@@ -165,7 +165,7 @@ impl ClusterStore for PgStore {
         .await?;
         tx.execute(
             "UPDATE latch_partitions p SET owner = NULL, epoch = p.epoch + 1, \
-             expires_at = '-infinity' \
+             expires_at = '-infinity', released_by = $1, released_at = now() \
              FROM (SELECT q.partition FROM latch_partitions q \
              JOIN UNNEST($2::int4[], $3::int8[]) AS u(partition, epoch) \
              ON q.partition = u.partition AND q.epoch = u.epoch \
@@ -176,6 +176,39 @@ impl ClusterStore for PgStore {
         .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn deadline_floors(
+        &self,
+        node: &str,
+        leases: &[Lease],
+        since: Millis,
+        within: Duration,
+    ) -> Result<Vec<(u32, Millis)>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let parts: Vec<i32> = leases.iter().map(|l| l.partition as i32).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+        let rows = self
+            .db
+            .get("deadline_floors")
+            .await?
+            .query(
+                "UPDATE latch_partitions p SET deadline_floor = CASE \
+                 WHEN p.released_by <> $1 AND p.deadline_floor IS NOT NULL \
+                 AND p.released_at >= now() - $5::int8 * interval '1 millisecond' \
+                 THEN p.deadline_floor ELSE $4 END, released_by = NULL, released_at = NULL \
+                 FROM UNNEST($2::int4[], $3::int8[]) AS u(partition, epoch) \
+                 WHERE p.partition = u.partition AND p.epoch = u.epoch AND p.owner = $1 \
+                 RETURNING p.partition, p.deadline_floor",
+                &[&node, &parts, &epochs, &since, &ms(within)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i32>(0) as u32, r.get(1)))
+            .collect())
     }
 
     async fn leave(&self, node: &str) -> Result<()> {

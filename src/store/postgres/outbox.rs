@@ -18,7 +18,7 @@ use super::super::{
     Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, Millis, Notification, Status, policy};
+use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
 
 pub(super) async fn load_pending(db: &Db, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let c = db.get_for("load_pending", Bound::Bulk).await?;
@@ -179,6 +179,7 @@ pub(super) async fn record(
     let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
+    let (mut u_delivered, mut u_node) = (vec![], vec![]);
     for o in &outcomes {
         if let Some(a) = &o.attempt {
             a_id.push(o.notification_id.as_str());
@@ -192,6 +193,8 @@ pub(super) async fn record(
         u_status.push(status.as_str());
         u_attempts.push(o.attempts as i32);
         u_next.push(next);
+        u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
+        u_node.push(&*o.node);
     }
     if !a_id.is_empty() {
         tx.execute(
@@ -209,16 +212,28 @@ pub(super) async fn record(
         tx.execute(
             &tx.prepare_cached(
                 // A retry stays pending, and listed; a final result leaves the list.
+                // Another node's live lease is kept unless this was delivered
+                // (`policy::recorded`).
                 "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
              next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL \
-             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
-             AS u(id, status, attempts, next) WHERE n.id = u.id AND n.status = 'pending' \
+             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[]) \
+             AS u(id, status, attempts, next, delivered, node) \
+             WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
+             OR n.lease_until IS NULL OR n.lease_until < $5 OR n.claimed_by = u.node) \
              RETURNING n.seq, n.status) \
              DELETE FROM notifications_pending WHERE seq IN \
              (SELECT seq FROM r WHERE status <> 'pending')",
             )
             .await?,
-            &[&u_id, &u_status, &u_attempts, &u_next, &now],
+            &[
+                &u_id,
+                &u_status,
+                &u_attempts,
+                &u_next,
+                &now,
+                &u_delivered,
+                &u_node,
+            ],
         )
         .await?;
     }

@@ -5,7 +5,7 @@
 use super::super::rows::{self as row, NOTIF_COLS};
 use super::super::{Error, NotificationRef, ReplayFilter, Result, notification_ref, retry_refusal};
 use super::db::{Bound, Db, Sql};
-use crate::domain::{EventKind, Millis, Notification};
+use crate::domain::{Millis, Notification, policy};
 
 pub(super) async fn retry_notification(
     db: &Db,
@@ -35,14 +35,18 @@ pub(super) async fn retry_notification(
 }
 
 /// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
-/// whether a newer state of its sensor was sent to its client since.
+/// whether a newer one of its lane that outranks it was sent, or waits to be.
 pub(super) async fn refused(c: &impl Sql, n: &Notification) -> Result<Option<Error>> {
-    let newer = n.kind == EventKind::StateChanged
-        && c.query_one(
+    let kinds: Vec<&str> = policy::outranked_by(n.kind)
+        .iter()
+        .map(|k| k.as_str())
+        .collect();
+    let newer = c
+        .query_one(
             "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = $1 \
-             AND sensor_id = $2 AND kind = 'sensor.state_changed' AND seq > $3 \
+             AND sensor_id = $2 AND kind = ANY($4) AND seq > $3 \
              AND status IN ('pending', 'delivered'))",
-            &[&n.client_id, &n.sensor_id.to_string(), &n.seq],
+            &[&n.client_id, &n.sensor_id.to_string(), &n.seq, &kinds],
         )
         .await?
         .get::<_, bool>(0);

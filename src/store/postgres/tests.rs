@@ -288,13 +288,14 @@ async fn claims_keep_a_lanes_order_across_nodes() {
         .unwrap()[0]
         .clone();
 
-    // B waits for A's attempt rather than overtake it…
+    // B waits for A's attempt rather than overtake it, asking again within a second (not
+    // at the end of A's lease), so it goes on as soon as A records the outcome…
     match &s
         .claim(vec![n2.id.clone()], "b".into(), 2_000, 60_000)
         .await
         .unwrap()[0]
     {
-        Claim::Leased { until, .. } => assert_eq!(*until, 90_000),
+        Claim::Later { at, .. } => assert_eq!(*at, 2_000 + crate::domain::policy::RECHECK_MS),
         other => panic!("expected to wait behind A's attempt: {other:?}"),
     }
     // …while A's own lane, which holds both in order, goes on.
@@ -310,6 +311,7 @@ async fn claims_keep_a_lanes_order_across_nodes() {
         attempt: None,
         attempts: 1,
         verdict: Verdict::Delivered,
+        node: "a".into(),
     };
     s.record(vec![delivered(&n2)], 3_000, i64::MAX / 2)
         .await
@@ -371,6 +373,7 @@ async fn the_pending_list_follows_every_change_of_status() {
         attempt: None,
         attempts: 1,
         verdict,
+        node: "n".into(),
     };
     let ids = |ns: &[crate::domain::NotificationRef]| ns.iter().map(|n| n.id.clone()).collect();
 

@@ -13,7 +13,7 @@ use super::super::{
     Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, Millis, Notification, Status, policy};
+use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
 
 pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
     let rows = c
@@ -100,10 +100,12 @@ pub(super) fn record(
             "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
+        // Another node's live lease is kept unless this was delivered (`policy::recorded`).
         let mut update = tx.prepare_cached(
             "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
              updated_at = ?5, claimed_by = NULL, lease_until = NULL \
-             WHERE id = ?1 AND status = 'pending'",
+             WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
+             OR lease_until < ?5 OR claimed_by = ?7)",
         )?;
         for o in &outcomes {
             if let Some(a) = &o.attempt {
@@ -121,7 +123,9 @@ pub(super) fn record(
                 status.as_str(),
                 o.attempts,
                 next,
-                now
+                now,
+                o.attempt.is_some() && o.verdict == Verdict::Delivered,
+                &*o.node
             ])?;
         }
     }

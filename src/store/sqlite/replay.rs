@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::super::rows::{self as row, NOTIF_COLS};
 use super::super::{Error, NotificationRef, ReplayFilter, Result, notification_ref, retry_refusal};
 use super::lifecycle;
-use crate::domain::{EventKind, Millis, Notification};
+use crate::domain::{Millis, Notification, policy};
 
 pub(super) fn retry_notification(
     c: &mut Connection,
@@ -35,16 +35,24 @@ pub(super) fn retry_notification(
 }
 
 /// Why a failed notification may not go back to pending ([`retry_refusal`]), reading
-/// whether a newer state of its sensor was sent to its client since.
+/// whether a newer one of its lane that outranks it was sent, or waits to be.
 pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>> {
-    let newer = n.kind == EventKind::StateChanged
-        && c.query_row(
-            "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
-             AND sensor_id = ?2 AND kind = 'sensor.state_changed' AND seq > ?3 \
-             AND status IN ('pending', 'delivered'))",
-            params![n.client_id, n.sensor_id.to_string(), n.seq],
-            |r| r.get::<_, bool>(0),
-        )?;
+    let kinds = policy::outranked_by(n.kind);
+    // At most two kinds: the second repeats the first when there is one.
+    let kind = |i: usize| kinds.get(i).unwrap_or(&kinds[0]).as_str();
+    let newer = c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
+         AND sensor_id = ?2 AND kind IN (?4, ?5) AND seq > ?3 \
+         AND status IN ('pending', 'delivered'))",
+        params![
+            n.client_id,
+            n.sensor_id.to_string(),
+            n.seq,
+            kind(0),
+            kind(1)
+        ],
+        |r| r.get::<_, bool>(0),
+    )?;
     Ok(retry_refusal(n, newer))
 }
 

@@ -258,3 +258,69 @@ async fn our_downtime_causes_no_false_alarm_and_lost_stays_lost() {
     );
     s.stop().await;
 }
+
+/// A client disabled while a sensor comes and goes keeps a backlog of a few notifications
+/// for that sensor, not one pair per outage: an undelivered lost and its restored are
+/// superseded once a newer pair exists. Enabled again, it learns of its newest outage that
+/// ended, and that the sensor is lost now.
+#[tokio::test]
+async fn a_disabled_clients_backlog_of_outages_folds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = manual_clock();
+    let timeout = |c: &mut latch::config::Config| c.heartbeat_timeout = Duration::from_secs(2);
+    let s = TestServer::start_clocked(tmp.path(), timeout, clock.clone()).await;
+    // 410 Gone: the client is disabled at its first answer.
+    let r = Receiver::start().await;
+    r.script([crate::utils::Answer::status(410)]);
+    let client = s.client(&r.url).await;
+    let id = unique("fo");
+    s.sensor(&id).await;
+    s.link(&client, &id).await;
+    let mut now = clock.now();
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    eventually(10, "the client disabled", || async {
+        let (_, c) = s.get(&format!("/v1/clients/{client}")).await;
+        (!c["disabled_at"].is_null()).then_some(())
+    })
+    .await;
+    // Seven outages, each ended by a reading but the last.
+    for outage in 0..7 {
+        now += 2_000;
+        clock.set(now);
+        eventually(10, "lost", || async {
+            (connection(&s, &id).await == "lost").then_some(())
+        })
+        .await;
+        if outage < 6 {
+            s.readings(json!({"sensor_id": id, "data": 1})).await;
+        }
+        now = clock.now();
+    }
+    let kinds = |status: &'static str| {
+        let s = &s;
+        let client = &client;
+        async move {
+            s.notifications(&format!("client_id={client}&status={status}"))
+                .await
+                .iter()
+                .map(|n| n["type"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let waiting = eventually(10, "the older pairs folded", || async {
+        let k = kinds("pending").await;
+        (k.len() <= 3).then_some(k)
+    })
+    .await;
+    assert_eq!(
+        waiting,
+        [
+            "sensor.connection_lost",
+            "sensor.connection_restored",
+            "sensor.connection_lost"
+        ],
+        "the newest outage that ended, and the one under way"
+    );
+    assert_eq!(kinds("superseded").await.len(), 10, "five older pairs");
+    s.stop().await;
+}

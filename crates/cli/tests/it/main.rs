@@ -11,6 +11,7 @@ mod http_edges;
 mod liveness;
 mod logs;
 mod metrics;
+mod moves;
 mod mqtt;
 mod nodes;
 mod readings;

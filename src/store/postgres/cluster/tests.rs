@@ -132,6 +132,57 @@ async fn reclaim_own_takes_back_unexpired_leases_under_new_epochs() {
     assert!(store.acquire("b", 4, LONG, true).await.unwrap().is_empty());
 }
 
+/// A partition handed over by a live node keeps the deadlines it had; one taken after a
+/// crash, after nobody served it, or back by the node that gave it up counts from the
+/// takeover.
+#[tokio::test]
+async fn a_handover_carries_the_deadline_floor_a_takeover_does_not() {
+    let Some(store) = cluster(1).await else {
+        return;
+    };
+    let floor = |node: &'static str, since| {
+        let store = &store;
+        async move {
+            let got = store.acquire(node, 1, LONG, false).await.unwrap();
+            assert_eq!(got.len(), 1, "{node} takes the partition");
+            let f = store
+                .deadline_floors(node, &got, since, LONG)
+                .await
+                .unwrap();
+            store.release(node, &got).await.unwrap();
+            f[0].1
+        }
+    };
+    assert_eq!(
+        floor("a", 1_000).await,
+        1_000,
+        "first owner: from its takeover"
+    );
+    assert_eq!(floor("b", 5_000).await, 1_000, "handed over: a's deadlines");
+    assert_eq!(floor("c", 9_000).await, 1_000, "and on");
+    assert_eq!(
+        floor("c", 9_500).await,
+        9_500,
+        "back to the node that gave it up"
+    );
+    // Released longer ago than `within`: nobody served it meanwhile.
+    let got = store.acquire("d", 1, LONG, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let f = store
+        .deadline_floors("d", &got, 12_000, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert_eq!(f, vec![(0, 12_000)]);
+    // A crash: d's lease runs out, e takes over.
+    store.renew("d", Duration::from_millis(1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        floor("e", 20_000).await,
+        20_000,
+        "after a crash: from the takeover"
+    );
+}
+
 #[tokio::test]
 async fn release_frees_at_once_only_what_is_held_at_that_epoch() {
     let Some(store) = cluster(4).await else {

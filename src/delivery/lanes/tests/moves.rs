@@ -1,0 +1,177 @@
+//! The lanes around partition moves and other nodes' leases, a superseded head's timer,
+//! and the fold of a disabled client's backlog.
+
+use super::*;
+
+/// A notification another node's sweep would bring: `seq` of lane (client0, sensor 0).
+fn swept(seq: i64, kind: EventKind, now: Millis) -> NotificationRef {
+    NotificationRef {
+        id: ulid::Ulid::new().to_string(),
+        seq,
+        client_id: "client0".into(),
+        sensor_id: sensor(0),
+        kind,
+        due_at: now,
+        attempts: 0,
+    }
+}
+
+#[test]
+fn a_head_another_node_holds_is_never_superseded_here() {
+    // A partition moved here while its old owner sends the lane's head: the sweep brings
+    // that head, and a newer state arrives before any claim of ours answered.
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    h.seq = 10;
+    let older = swept(3, EventKind::StateChanged, h.now);
+    h.core.sweep(vec![older.clone()], h.now);
+    let newer = h.notify(0, 0, EventKind::StateChanged);
+    assert!(
+        h.outcomes.is_empty(),
+        "not superseded over the other node's attempt"
+    );
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&older.id]);
+    // The store says the other node holds it for half a minute more.
+    h.finish(out[0].clone(), Finished::Held(h.now + 30_000));
+    let newest = h.notify(0, 0, EventKind::StateChanged);
+    assert_eq!(
+        h.verdicts(&newer),
+        [Verdict::Superseded],
+        "the waiting one is superseded"
+    );
+    assert!(h.verdicts(&older.id).is_empty(), "the held one is not");
+    // Nothing of the lane goes while it is held; it is asked about again within a second.
+    assert!(h.admit().is_empty());
+    h.now += policy::RECHECK_MS;
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&older.id]);
+    // The other node recorded its attempt as delivered: the lane goes on at once.
+    h.finish(out[0].clone(), Finished::Gone(Status::Delivered));
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&newest]);
+}
+
+#[test]
+fn a_superseded_heads_lane_is_scheduled_for_its_new_head() {
+    // A state fails and waits an hour for its retry; a lost queues behind it; then a newer
+    // state supersedes the waiting retry. The lost is due now, not in an hour.
+    let mut h = Harness::new(false, HOUR);
+    let first = h.notify(0, 0, EventKind::StateChanged);
+    assert_eq!(h.answer_all(500), 1);
+    assert!(matches!(h.verdicts(&first)[..], [Verdict::Retry { .. }]));
+    h.now += 1_000;
+    let lost = h.notify(0, 0, EventKind::ConnectionLost);
+    h.notify(0, 0, EventKind::StateChanged);
+    assert_eq!(
+        h.verdicts(&first),
+        [
+            Verdict::Retry {
+                next_at: h.now - 1_000 + HOUR.as_millis() as Millis
+            },
+            Verdict::Superseded
+        ]
+    );
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&lost]);
+}
+
+#[test]
+fn a_disabled_clients_lane_folds_its_outages() {
+    // The client is disabled; the sensor goes and comes back a hundred times.
+    let mut h = Harness::new(false, HOUR);
+    h.notify(0, 0, EventKind::ConnectionLost);
+    let out = h.admit();
+    h.finish(out[0].clone(), Finished::Parked);
+    let mut last = Vec::new();
+    for i in 0..100 {
+        let restored = h.notify(0, 0, EventKind::ConnectionRestored);
+        let lost = h.notify(0, 0, EventKind::ConnectionLost);
+        if i == 99 {
+            last = vec![restored, lost];
+        }
+    }
+    // The newest outage that ended, and that the sensor is lost now: the rest folded.
+    let (pending, lanes) = (h.core.pending(), h.core.sizes().lanes);
+    assert_eq!((pending, lanes), (3, 1));
+    let superseded = h
+        .outcomes
+        .iter()
+        .filter(|o| o.verdict == Verdict::Superseded && o.attempt.is_none())
+        .count();
+    assert_eq!(superseded, 198, "each older pair superseded");
+    // Enabled again: what is left goes in order.
+    let mut sent = Vec::new();
+    assert!(h.core.resume("client0", Vec::new(), h.now).is_empty());
+    loop {
+        let out = h.admit();
+        let Some(head) = out.into_iter().next() else {
+            break;
+        };
+        sent.push(head.1.clone());
+        h.finish(head, answer(200, h.now));
+    }
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[1..], last[..]);
+}
+
+#[test]
+fn lanes_that_leave_keep_no_timer_and_their_head_in_flight_is_recorded() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    // Sensor 0's head is out; sensor 1's failed and waits for its retry; sensor 2 stays.
+    let a = h.notify(0, 0, EventKind::StateChanged);
+    h.notify(0, 0, EventKind::ConnectionLost);
+    let b = h.notify(0, 1, EventKind::StateChanged);
+    h.notify(0, 2, EventKind::StateChanged);
+    let out = h.admit();
+    assert_eq!(out.len(), 3);
+    let (mut a_out, mut rest) = (None, Vec::new());
+    for o in out {
+        if o.1 == a {
+            a_out = Some(o);
+        } else {
+            rest.push(o);
+        }
+    }
+    for o in rest {
+        let status = if o.1 == b { 500 } else { 200 };
+        h.finish(o, answer(status, h.now));
+    }
+    assert!(matches!(h.verdicts(&b)[..], [Verdict::Retry { .. }]));
+    // Sensors 0 and 1 move to another node.
+    let leaving = h.core.leave(|s| s == sensor(0) || s == sensor(1));
+    assert_eq!(leaving.len(), 1, "sensor 0's head is out");
+    assert_eq!(h.core.pending(), 1, "only the head in flight is left");
+    // The attempt in flight ends: recorded as it happened, no retry kept here.
+    h.finish(a_out.unwrap(), answer(503, h.now));
+    assert!(matches!(h.verdicts(&a)[..], [Verdict::Retry { .. }]));
+    h.now += 10_000;
+    assert!(h.admit().is_empty(), "no timer left for a lane that moved");
+    assert_eq!(
+        h.core.sizes(),
+        Sizes {
+            finished: 1,
+            ..Sizes::default()
+        },
+        "only sensor 2's delivery is remembered (for the sweeps)"
+    );
+}
+
+#[test]
+fn a_head_claimed_but_not_sent_when_its_lane_leaves_gives_its_lease_back() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    assert_eq!(h.core.leave(|_| true).len(), 1);
+    h.finish(out[0].clone(), Finished::Released { attempts: 3 });
+    let o = h.outcomes.last().unwrap();
+    assert_eq!(
+        (
+            o.notification_id.as_str(),
+            o.attempt.is_none(),
+            o.attempts,
+            o.verdict
+        ),
+        (id.as_str(), true, 3, Verdict::Retry { next_at: h.now })
+    );
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
