@@ -59,7 +59,7 @@ pub struct AttemptResult {
 
 impl AttemptResult {
     pub fn delivered(&self) -> bool {
-        self.status_code.is_some_and(|c| (200..300).contains(&c))
+        crate::domain::notification::delivered(self.status_code, self.error.as_deref())
     }
 
     /// `410 Gone`: the receiver asks never to be tried again.
