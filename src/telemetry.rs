@@ -75,9 +75,10 @@ const ENDINGS: [Status; 4] = [
 ];
 
 /// Every `outcome` of an attempt (see `AttemptResult::label`).
-const OUTCOMES: [&str; 5] = [
+const OUTCOMES: [&str; 6] = [
     "delivered",
     "http_error",
+    "broker_refused",
     "timeout",
     "connection_error",
     crate::delivery::guard::NOT_ALLOWED,

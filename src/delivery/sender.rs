@@ -1,12 +1,14 @@
-//! One webhook attempt: the payload of DESIGN §4, its Standard Webhooks headers, the POST.
+//! One attempt: the payload of DESIGN §4, its Standard Webhooks headers, the POST (or, for
+//! a client whose URL names a broker, the publish: [`super::broker`]).
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::broker::{self, Brokers};
 use super::guard::{self, Guard, Refusal};
 use super::signing;
-use crate::domain::{Millis, Sendable, client::secret_key, time};
+use crate::domain::{Millis, Sendable, client::secret_key, destination, time};
 
 /// The JSON body a client receives.
 #[derive(Serialize)]
@@ -82,7 +84,15 @@ impl AttemptResult {
         match self.status_code {
             Some(c) if (200..300).contains(&c) => "delivered",
             Some(_) => "http_error",
+            None if self.error.is_none() => "delivered",
             None if self.not_allowed() => guard::NOT_ALLOWED,
+            None if self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(broker::REFUSED)) =>
+            {
+                "broker_refused"
+            }
             None if self
                 .error
                 .as_deref()
@@ -95,17 +105,21 @@ impl AttemptResult {
     }
 }
 
-/// Posts one notification. Never fails: every problem is an attempt result.
-/// `at` is when the attempt starts, by the dispatcher's clock. `http` resolves names
-/// through the guard ([`guard::GuardedResolver`]); an IP literal, which it does not
-/// resolve, is checked here.
+/// Posts one notification (or publishes it, to a broker destination). Never fails: every
+/// problem is an attempt result. `at` is when the attempt starts, by the dispatcher's
+/// clock. `http` resolves names through the guard ([`guard::GuardedResolver`]); an IP
+/// literal, which it does not resolve, is checked here.
 pub async fn send(
     http: &reqwest::Client,
+    brokers: &Brokers,
     guard: &Guard,
     s: &Sendable,
     timeout: Duration,
     at: Millis,
 ) -> AttemptResult {
+    if destination::is_broker(&s.url) {
+        return brokers.send(s, timeout, at).await;
+    }
     let started = Instant::now();
     let failed = |error: String| AttemptResult {
         at,

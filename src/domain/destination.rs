@@ -140,15 +140,17 @@ const HTTP_PATTERN: &str = concat!("^", http_url!(), "$");
 const BROKER_PATTERN: &str = concat!("^(?:", mqtt_url!(), "|", amqp_url!(), ")$");
 const HOST_PATTERN: &str = concat!("^(?:", host!(), ")", port!(), "$");
 
+/// Whether `s` has the shape `pattern` (one of the patterns above) describes.
 fn matches(pattern: &'static str, s: &str) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{LazyLock, Mutex};
-    static COMPILED: LazyLock<Mutex<HashMap<&'static str, regex::Regex>>> =
-        LazyLock::new(Mutex::default);
-    let mut map = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
-    map.entry(pattern)
-        .or_insert_with(|| regex::Regex::new(pattern).expect("a valid pattern"))
-        .is_match(s)
+    use std::sync::LazyLock;
+    static COMPILED: LazyLock<[(&str, regex::Regex); 4]> = LazyLock::new(|| {
+        [URL_PATTERN, HTTP_PATTERN, BROKER_PATTERN, HOST_PATTERN]
+            .map(|p| (p, regex::Regex::new(p).expect("a valid pattern")))
+    });
+    COMPILED
+        .iter()
+        .find(|(p, _)| *p == pattern)
+        .is_some_and(|(_, re)| re.is_match(s))
 }
 
 /// Which broker protocol a destination speaks.
@@ -515,9 +517,13 @@ fn decode(what: &str, s: &str, extra: &str) -> Result<String, String> {
         } else if b.is_ascii_alphanumeric() || extra.as_bytes().contains(&b) {
             i += 1;
         } else {
+            // Never a character of a password in a message: errors are logged and shown.
+            let found = match what {
+                "password" => String::new(),
+                _ => format!(", not {:?}", s[i..].chars().next().unwrap_or(' ')),
+            };
             return Err(format!(
-                "the {what} may hold letters, digits, `{extra}` and %-escapes, not {:?}",
-                s[i..].chars().next().unwrap_or(' ')
+                "the {what} may hold letters, digits, `{extra}` and %-escapes{found}"
             ));
         }
     }

@@ -137,3 +137,20 @@ pub fn delivered(status_code: Option<u16>, error: Option<&str>) -> bool {
 pub fn new_notification_id() -> String {
     ulid::Ulid::new().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::delivered;
+
+    #[test]
+    fn a_2xx_or_a_brokers_acknowledgement_delivers() {
+        assert!(delivered(Some(204), None));
+        assert!(!delivered(Some(500), Some("HTTP 500")));
+        assert!(!delivered(Some(302), Some("HTTP 302")));
+        assert!(delivered(None, None), "a broker acknowledged it");
+        assert!(!delivered(
+            None,
+            Some("timed out waiting for the broker's PUBACK")
+        ));
+    }
+}

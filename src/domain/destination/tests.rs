@@ -91,7 +91,12 @@ fn broker_urls_that_cannot_work_are_refused_with_the_reason() {
     refused("mqtt://:p@h/a", "user name");
     refused("mqtt://u:p%zz@h/a", "escape");
     refused("mqtt://u:p%00@h/a", "printable");
-    refused("mqtt://u:p@w@h/a", "not '@'");
+    refused("mqtt://u@w:p@h/a", "not '@'");
+    let e = parse("mqtt://u:s3cr@t@h/a").unwrap_err();
+    assert!(
+        e.contains("password may hold") && !e.contains("s3cr"),
+        "{e}"
+    );
     refused("amqp://h", "names the exchange");
     refused("amqp://h/", "vhost is empty");
     refused("amqp://h?routing_key=k", "names the exchange");
