@@ -51,7 +51,23 @@ pub fn metrics_handle() -> PrometheusHandle {
 pub fn init_tracing(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(quiet_returns(filter))
+        .try_init();
+}
+
+/// lapin warns of every message a broker returns, with the whole message: for an AMQP
+/// destination nothing is bound for, one line per attempt carrying its body and signature.
+/// The attempt's recorded error already says it; unless the filter names lapin itself,
+/// those lines stay out of the log.
+fn quiet_returns(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    if filter.to_string().contains("lapin") {
+        return filter;
+    }
+    match "lapin::returned_messages=error".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
 }
 
 /// Every `reason` a reading can be rejected with.

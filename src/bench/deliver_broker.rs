@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -273,9 +273,9 @@ async fn subscribe(dest: &Dest, sink: Arc<Sink>) -> anyhow::Result<tokio::task::
                 .await?;
             Ok(tokio::spawn(async move {
                 let _conn = conn;
+                // Consumed without acknowledgements (`no_ack`): counting is all it does.
                 while let Some(Ok(d)) = consumer.next().await {
                     sink.got(&d.data);
-                    let _ = d.ack(BasicAckOptions::default()).await;
                 }
             }))
         }

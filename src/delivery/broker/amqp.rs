@@ -131,7 +131,7 @@ pub(super) async fn publish(
     deadline: tokio::time::Instant,
 ) -> Result<(), Failure> {
     if routing_key.len() > SHORT_MAX {
-        return Err(Failure::Connection(format!(
+        return Err(Failure::Unusable(format!(
             "the routing key is {} bytes long, more than AMQP's {SHORT_MAX}",
             routing_key.len()
         )));
@@ -161,16 +161,20 @@ pub(super) async fn publish(
         mandatory: true,
         ..Default::default()
     };
-    let confirm = channel
-        .basic_publish(
+    // Bounded too: a broker short of memory blocks publishers (connection.blocked).
+    let confirm = tokio::time::timeout_at(
+        deadline,
+        channel.basic_publish(
             ShortString::from(exchange),
             ShortString::from(routing_key.as_str()),
             mandatory,
             &msg.body,
             props,
-        )
-        .await
-        .map_err(|e| failure(&e))?;
+        ),
+    )
+    .await
+    .map_err(|_| Failure::Timeout("the broker to take the message"))?
+    .map_err(|e| failure(&e))?;
     let confirmation = tokio::time::timeout_at(deadline, confirm)
         .await
         .map_err(|_| Failure::Timeout("the broker's confirm"))?

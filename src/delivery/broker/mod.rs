@@ -61,6 +61,8 @@ enum Failure {
     Connection(String),
     /// No answer within the delivery timeout; `.0` names what was waited for.
     Timeout(&'static str),
+    /// Nothing could be sent: the client's URL or secret cannot be used.
+    Unusable(String),
 }
 
 impl fmt::Display for Failure {
@@ -70,6 +72,7 @@ impl fmt::Display for Failure {
             Failure::Refused(why) => write!(f, "{REFUSED}: {why}"),
             Failure::Connection(why) => write!(f, "connection failed: {why}"),
             Failure::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            Failure::Unusable(why) => f.write_str(why),
         }
     }
 }
@@ -254,14 +257,14 @@ impl Brokers {
     async fn publish(&self, s: &Sendable, timeout: Duration, at: Millis) -> Result<(), Failure> {
         let deadline = tokio::time::Instant::now() + timeout;
         let dest = destination::parse(&s.url)
-            .map_err(|e| Failure::Connection(format!("url unusable: {e}")))?;
+            .map_err(|e| Failure::Unusable(format!("url unusable: {e}")))?;
         if self.inner.guard.https_only() {
             return Err(Failure::NotAllowed(guard::Refusal::NotHttps));
         }
         let body = sender::payload(s);
         let timestamp = at / 1000;
         let signature = sender::signatures(s, timestamp, &body)
-            .map_err(|e| Failure::Connection(format!("client secret unusable: {e}")))?;
+            .map_err(|e| Failure::Unusable(format!("client secret unusable: {e}")))?;
         let msg = Message {
             id: s.notification.id.clone(),
             timestamp,
@@ -284,7 +287,7 @@ impl Brokers {
                 let key = t.routing_key.fill(&sensor, kind);
                 amqp::publish(&conn, &t.exchange, key, msg, deadline).await
             }
-            Destination::Http => Err(Failure::Connection("not a broker destination".into())),
+            Destination::Http => Err(Failure::Unusable("not a broker destination".into())),
         }
     }
 
@@ -376,14 +379,16 @@ async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
 /// Resolves the host through the guard and connects to the first allowed address that
 /// takes the connection.
 async fn connect<P: Protocol>(inner: &Inner, broker: &Broker) -> Result<P::Conn, Failure> {
-    let addrs = inner
-        .guard
-        .resolve(&broker.host, broker.port)
-        .await
-        .map_err(|e| match e {
-            ResolveError::Refused(r) => Failure::NotAllowed(r),
-            e @ ResolveError::Lookup { .. } => Failure::Connection(e.to_string()),
-        })?;
+    let addrs = tokio::time::timeout(
+        inner.timeout,
+        inner.guard.resolve(&broker.host, broker.port),
+    )
+    .await
+    .map_err(|_| Failure::Timeout("the broker's name to resolve"))?
+    .map_err(|e| match e {
+        ResolveError::Refused(r) => Failure::NotAllowed(r),
+        e @ ResolveError::Lookup { .. } => Failure::Connection(e.to_string()),
+    })?;
     let mut last = Failure::Connection(format!("{} has no address", broker.host));
     for addr in addrs {
         match P::connect(broker, addr, inner.timeout).await {

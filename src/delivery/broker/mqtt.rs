@@ -230,3 +230,34 @@ fn failure(e: ConnectionError) -> Failure {
         e => Failure::Connection(e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rumqttc::v5::mqttbytes::v5::PubAckProperties;
+
+    fn ack(reason: PubAckReason, why: Option<&str>) -> PubAck {
+        PubAck {
+            pkid: 1,
+            reason,
+            properties: why.map(|w| PubAckProperties {
+                reason_string: Some(w.into()),
+                user_properties: vec![],
+            }),
+        }
+    }
+
+    /// Taken by the broker counts, subscribers or not; a failure reason is a refusal in
+    /// the broker's words.
+    #[test]
+    fn a_pubacks_reason_decides_the_attempt() {
+        assert!(answer(&ack(PubAckReason::Success, None)).is_ok());
+        assert!(answer(&ack(PubAckReason::NoMatchingSubscribers, None)).is_ok());
+        let refused = answer(&ack(PubAckReason::NotAuthorized, Some("acl"))).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "refused by the broker: PUBACK not authorized: acl"
+        );
+        assert!(answer(&ack(PubAckReason::QuotaExceeded, None)).is_err());
+    }
+}
