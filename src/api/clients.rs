@@ -18,7 +18,7 @@ use crate::domain::client::{
     DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_name,
     validate_rate_limit, validate_url,
 };
-use crate::domain::{Client, Millis, time};
+use crate::domain::{Client, Millis, destination, time};
 use crate::telemetry::families;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -37,9 +37,15 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct ClientIn {
     pub name: String,
-    /// Webhook URL, http or https (only https when `LATCH_DELIVERY_HTTPS_ONLY` is set). Its
-    /// address, or every address its name resolves to, must be globally routable unless
-    /// `LATCH_DELIVERY_ALLOW_NETS` lets it through: otherwise 422.
+    /// Where notifications go: a webhook URL (`http(s)://`, only https when
+    /// `LATCH_DELIVERY_HTTPS_ONLY` is set), an MQTT topic
+    /// (`mqtt://[user:password@]host[:port]/topic`, published at QoS 1) or an AMQP exchange
+    /// (`amqp://[user:password@]host[:port][/vhost]?exchange=NAME&routing_key=KEY`,
+    /// persistent, mandatory, with publisher confirms). A topic or routing key may hold
+    /// `{sensor_id}` and `{type}`, filled in per notification. Its address, or every
+    /// address its name resolves to, must be globally routable unless
+    /// `LATCH_DELIVERY_ALLOW_NETS` lets it through: otherwise 422. No TLS to brokers in
+    /// this build: `mqtts://` and `amqps://` are refused.
     #[schema(example = "https://example.com/hooks/latch")]
     pub url: String,
     /// `whsec_` + base64 of a 16 to 64 byte key. Generated on create when absent; kept on
@@ -57,6 +63,8 @@ pub struct ClientIn {
 pub struct ClientOut {
     pub id: String,
     pub name: String,
+    /// Where its notifications go. The password of a broker destination is a secret: it
+    /// is shown as `***` to a token that may not see secrets (`read`).
     pub url: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
@@ -108,12 +116,18 @@ impl From<Health> for HealthOut {
     }
 }
 
-fn client_out(c: Client, with_secret: bool) -> ClientOut {
+/// A client as the API shows it: with its signing secret when `with_secret`; with the
+/// password in a broker URL only when `sees_secrets` (the caller may see secrets).
+fn client_out(c: Client, with_secret: bool, sees_secrets: bool) -> ClientOut {
     let now = time::now_ms();
     ClientOut {
         id: c.id,
         name: c.name,
-        url: c.url,
+        url: if sees_secrets {
+            c.url
+        } else {
+            destination::redact(&c.url)
+        },
         secret: with_secret.then_some(c.secret),
         created_at: time::format(c.created_at),
         rate_limit: c.rate_limit,
@@ -170,7 +184,7 @@ async fn create_client(
     };
     st.store.create_client(client.clone()).await?;
     st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
-    Ok((StatusCode::CREATED, ApiJson(client_out(client, true))))
+    Ok((StatusCode::CREATED, ApiJson(client_out(client, true, true))))
 }
 
 /// Filters of the client list.
@@ -186,6 +200,7 @@ pub struct ClientParams {
     responses((status = 200, body = List<ClientOut>)))]
 async fn list_clients(
     State(st): State<AppState>,
+    axum::Extension(sees): axum::Extension<super::SeesSecrets>,
     ApiQuery(f): ApiQuery<ClientParams>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
@@ -193,7 +208,9 @@ async fn list_clients(
         .store
         .list_clients(page.to_request()?, f.disabled)
         .await?;
-    Ok(ApiJson(List::from_page(page, |c| client_out(c, false))))
+    Ok(ApiJson(List::from_page(page, |c| {
+        client_out(c, false, sees.0)
+    })))
 }
 
 /// Read a client, with its endpoint's health and (to an admin, or on an open API) its
@@ -213,7 +230,7 @@ async fn get_client(
     let health = st.store.client_health(id, st.engine.now()).await?;
     Ok(ApiJson(ClientOut {
         health: health.map(HealthOut::from),
-        ..client_out(c, sees.0)
+        ..client_out(c, sees.0, sees.0)
     }))
 }
 
@@ -246,7 +263,7 @@ async fn replace_client(
         return Err(ApiError::not_found("client"));
     }
     st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
-    Ok(ApiJson(client_out(client, true)))
+    Ok(ApiJson(client_out(client, true, true)))
 }
 
 /// Delete a client and its links; its pending notifications are cancelled.
@@ -308,12 +325,15 @@ async fn client_sensors(
     responses((status = 200, body = List<ClientOut>), (status = 404, body = ErrorBody)))]
 async fn sensor_clients(
     State(st): State<AppState>,
+    axum::Extension(sees): axum::Extension<super::SeesSecrets>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
     let id = parse_sensor_id(&id)?;
     let page = st.store.list_sensor_clients(id, page.to_request()?).await?;
-    Ok(ApiJson(List::from_page(page, |c| client_out(c, false))))
+    Ok(ApiJson(List::from_page(page, |c| {
+        client_out(c, false, sees.0)
+    })))
 }
 
 /// A secret rotation: the new secret, or none to have one generated.
@@ -368,7 +388,7 @@ async fn rotate_secret(
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     tracing::info!(client_id = %c.id, "Rotated a client's secret.");
-    Ok(ApiJson(client_out(c, true)))
+    Ok(ApiJson(client_out(c, true, true)))
 }
 
 /// Enable a disabled client: its pending notifications go out, in order per sensor.
@@ -397,5 +417,5 @@ async fn enable_client(
         .get_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
-    Ok(ApiJson(client_out(c, true)))
+    Ok(ApiJson(client_out(c, true, true)))
 }

@@ -55,8 +55,13 @@ pub struct NotificationDetail {
 #[derive(Serialize, ToSchema)]
 pub struct AttemptOut {
     pub at: String,
-    /// HTTP status of the answer; `null` when none came (timeout, connection error).
+    /// HTTP status of the answer; `null` when none came (timeout, connection error), and
+    /// always for a broker destination (MQTT, AMQP), which answers without one.
     pub status_code: Option<u16>,
+    /// Why the attempt failed; `null` when it delivered. For a broker destination this is
+    /// the broker's answer (`refused by the broker: PUBACK not authorized`, `… returned 312
+    /// NO_ROUTE …`, a refused login), a lost connection or a timeout: an attempt with
+    /// neither a status nor an error is the broker's acknowledgement.
     pub error: Option<String>,
     pub duration_ms: u32,
 }

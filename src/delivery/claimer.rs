@@ -37,6 +37,8 @@ pub(super) struct Admitted {
 #[derive(Clone)]
 pub(super) struct Sending {
     pub http: reqwest::Client,
+    /// Connections to broker destinations.
+    pub brokers: super::broker::Brokers,
     pub settings: Arc<Settings>,
     /// Requests in flight in all (`concurrency` permits).
     pub sends: Arc<Semaphore>,
@@ -160,6 +162,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                         }
                         sender::send(
                             &sending.http,
+                            &sending.brokers,
                             &sending.settings.guard,
                             &s,
                             sending.settings.timeout,

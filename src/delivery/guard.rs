@@ -10,7 +10,9 @@
 //! 127.0.0.1 now (DNS rebinding) still reaches nothing. The HTTP client never calls a
 //! resolver for an IP literal, so the sender checks literals itself ([`Guard::check_url`]).
 //! The API checks a URL when a client is created or replaced ([`Guard::vet`]), so a user
-//! hears why at once instead of finding failed notifications later.
+//! hears why at once instead of finding failed notifications later. Broker destinations
+//! (MQTT, AMQP) pass the same rules: a broker link resolves its host through
+//! [`Guard::resolve`] and connects to an allowed address itself.
 //!
 //! The classification ([`non_global`]) is pure and follows the IANA special-purpose
 //! address registries.
@@ -127,8 +129,20 @@ pub enum Refusal {
         addr: IpAddr,
         why: &'static str,
     },
-    #[error("url must use https: LATCH_DELIVERY_HTTPS_ONLY is set")]
+    #[error(
+        "url must use https: LATCH_DELIVERY_HTTPS_ONLY is set (broker destinations have no \
+         TLS in this build)"
+    )]
     NotHttps,
+}
+
+/// Why a broker connection has no address to go to.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("cannot resolve {host}: {error}")]
+    Lookup { host: String, error: std::io::Error },
 }
 
 /// Which destinations webhooks may go to. Cheap to build from the config.
@@ -219,6 +233,30 @@ impl Guard {
             }),
             _ => Ok(allowed),
         }
+    }
+
+    /// The addresses of `host` a connection to `port` may go to, resolved now: a broker
+    /// link connects to one of these by address, so the address judged is the address
+    /// reached, whatever the name resolves to later (DNS rebinding). The scheme is the
+    /// caller's to check ([`Guard::check_url`] at vetting, `https_only` at each attempt).
+    pub async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, ResolveError> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            self.check_ip(ip)?;
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        let addrs = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|error| ResolveError::Lookup {
+                host: host.to_string(),
+                error,
+            })?;
+        Ok(self.filter(host, addrs)?)
+    }
+
+    /// `delivery_https_only`: only TLS destinations, so no broker (there is no TLS to
+    /// brokers in this build).
+    pub fn https_only(&self) -> bool {
+        self.https_only
     }
 
     /// Checks a client's URL when it is created or replaced: scheme, literal address, and
@@ -485,6 +523,42 @@ mod tests {
         );
         assert!(refused.to_string().starts_with("h resolves only to"));
         assert_eq!(g.filter("h", []), Ok(vec![]), "nothing to refuse");
+    }
+
+    #[tokio::test]
+    async fn broker_hosts_resolve_to_allowed_addresses_only() {
+        let g = Guard::default();
+        assert!(matches!(
+            g.resolve("127.0.0.1", 1883).await,
+            Err(ResolveError::Refused(Refusal::Address { .. }))
+        ));
+        assert!(matches!(
+            g.resolve("localhost", 1883).await,
+            Err(ResolveError::Refused(Refusal::Name { .. }))
+        ));
+        assert!(matches!(
+            g.resolve("no-such-host.invalid", 1883).await,
+            Err(ResolveError::Lookup { .. })
+        ));
+        let open = Guard::new(nets(&["127.0.0.0/8", "::1/128"]), false);
+        let addrs = open.resolve("localhost", 5672).await.unwrap();
+        assert!(
+            !addrs.is_empty() && addrs.iter().all(|a| a.port() == 5672),
+            "{addrs:?}"
+        );
+        assert!(
+            g.vet("mqtt://u:p@10.0.0.1/doors/{sensor_id}")
+                .await
+                .is_err(),
+            "a broker URL is vetted like a webhook's"
+        );
+        assert!(
+            Guard::new(vec![], true)
+                .vet("amqp://1.1.1.1?exchange=x")
+                .await
+                .is_err(),
+            "https_only refuses brokers"
+        );
     }
 
     #[tokio::test]

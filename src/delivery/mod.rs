@@ -21,8 +21,10 @@
 //! admit, what an answer does to a lane); the policy it applies is
 //! [`crate::domain::policy`]. This file wires it to the tasks around it: `claimer.rs`
 //! (claims and sends), `recorder.rs` (writes outcomes), `sweeper.rs` (finds work on a
-//! shared store).
+//! shared store); `sender.rs` makes one attempt, a webhook's POST or, for a broker
+//! destination, a publish through [`broker`].
 
+pub mod broker;
 mod claimer;
 pub mod guard;
 mod lanes;
@@ -206,10 +208,18 @@ impl Dispatcher {
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
         let sends = Arc::new(Semaphore::new(settings.concurrency));
+        let brokers = broker::Brokers::new(
+            settings.guard.clone(),
+            settings.timeout,
+            stop.clone(),
+            grace,
+            tracker.clone(),
+        );
         tracker.spawn(claimer(
             store.clone(),
             Sending {
                 http,
+                brokers,
                 settings: settings.clone(),
                 sends,
                 tx: tx.clone(),

@@ -1,4 +1,5 @@
-//! One webhook attempt: the payload of DESIGN §4, its Standard Webhooks headers, the POST.
+//! One attempt: the payload of DESIGN §4, its Standard Webhooks headers, the POST (or, for
+//! a client whose URL names a broker, the publish: [`super::broker`]).
 
 use std::time::{Duration, Instant};
 
@@ -6,10 +7,11 @@ use serde::Serialize;
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use super::broker::{self, Brokers};
 use super::guard::{self, Guard, Refusal};
 use super::signing;
 use crate::domain::outbox::outcome;
-use crate::domain::{Millis, Sendable, client::secret_key, time};
+use crate::domain::{Millis, Sendable, client::secret_key, destination, time};
 use crate::telemetry::SPANS;
 
 /// The JSON body a client receives.
@@ -63,7 +65,7 @@ pub struct AttemptResult {
 
 impl AttemptResult {
     pub fn delivered(&self) -> bool {
-        self.status_code.is_some_and(|c| (200..300).contains(&c))
+        crate::domain::notification::delivered(self.status_code, self.error.as_deref())
     }
 
     /// `410 Gone`: the receiver asks never to be tried again.
@@ -86,7 +88,15 @@ impl AttemptResult {
         match self.status_code {
             Some(c) if (200..300).contains(&c) => outcome::DELIVERED,
             Some(_) => outcome::HTTP_ERROR,
+            None if self.error.is_none() => outcome::DELIVERED,
             None if self.not_allowed() => outcome::NOT_ALLOWED,
+            None if self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(broker::REFUSED)) =>
+            {
+                outcome::BROKER_REFUSED
+            }
             None if self
                 .error
                 .as_deref()
@@ -99,12 +109,13 @@ impl AttemptResult {
     }
 }
 
-/// Posts one notification. Never fails: every problem is an attempt result.
-/// `at` is when the attempt starts, by the dispatcher's clock. `http` resolves names
-/// through the guard ([`guard::GuardedResolver`]); an IP literal, which it does not
-/// resolve, is checked here.
+/// Posts one notification (or publishes it, to a broker destination). Never fails: every
+/// problem is an attempt result. `at` is when the attempt starts, by the dispatcher's
+/// clock. `http` resolves names through the guard ([`guard::GuardedResolver`]); an IP
+/// literal, which it does not resolve, is checked here.
 pub async fn send(
     http: &reqwest::Client,
+    brokers: &Brokers,
     guard: &Guard,
     s: &Sendable,
     timeout: Duration,
@@ -117,9 +128,13 @@ pub async fn send(
         notification_id = %n.id, client_id = %n.client_id, sensor_id = %n.sensor_id,
         event = n.kind.as_str(), attempt = n.attempts + 1, outcome = Empty,
         http.response.status_code = Empty, otel.status_code = Empty);
-    let result = post(http, guard, s, timeout, at)
-        .instrument(span.clone())
-        .await;
+    let result = if destination::is_broker(&s.url) {
+        brokers.send(s, timeout, at).instrument(span.clone()).await
+    } else {
+        post(http, guard, s, timeout, at)
+            .instrument(span.clone())
+            .await
+    };
     if !span.is_disabled() {
         span.record("outcome", result.label());
         if let Some(code) = result.status_code {
@@ -139,7 +154,7 @@ pub async fn send(
     result
 }
 
-/// [`send`], without the span.
+/// [`send`] to an HTTP endpoint, without the span.
 async fn post(
     http: &reqwest::Client,
     guard: &Guard,

@@ -1,4 +1,5 @@
-//! Clients: who gets notified, where, and with which signing secret.
+//! Clients: who gets notified, where (see [`super::destination`]), and with which signing
+//! secret.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -11,8 +12,7 @@ pub const SECRET_PREFIX: &str = "whsec_";
 
 /// Longest client name, in characters (as JSON Schema's `maxLength` counts).
 pub const NAME_MAX_CHARS: usize = 256;
-/// Longest webhook URL, in characters.
-pub const URL_MAX_CHARS: usize = 2048;
+pub use super::destination::{URL_MAX_CHARS, URL_PATTERN, validate_url};
 
 /// A registered client.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -165,45 +165,6 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The shape of a webhook URL: `http(s)://`, a DNS name (its last label starting with a
-/// letter, so it is never read as a number) or a dotted IPv4 address, an optional port,
-/// path and query. Stricter than URL parsers in general, so the OpenAPI document can state
-/// exactly what is accepted (`api::contract` publishes this very pattern).
-pub const URL_PATTERN: &str = concat!(
-    "^[hH][tT][tT][pP][sS]?://",
-    "(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
-    "|(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))",
-    "(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?",
-    "(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]*)*",
-    "(?:\\?[A-Za-z0-9._~!$&'()*+,;=:@/?-]*)?$",
-);
-
-/// Checks a webhook URL against [`URL_PATTERN`] and its length.
-pub fn validate_url(url: &str) -> Result<(), String> {
-    static SHAPE: std::sync::LazyLock<regex::Regex> =
-        std::sync::LazyLock::new(|| regex::Regex::new(URL_PATTERN).expect("a valid pattern"));
-    if !SHAPE.is_match(url) {
-        return Err(
-            "url must be http(s)://, a DNS name or IPv4 address, an optional port, path and query"
-                .into(),
-        );
-    }
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("url is not a valid URL: {e}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!(
-            "url must use http or https, not {:?}",
-            parsed.scheme()
-        ));
-    }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return Err("url must name a host".into());
-    }
-    if url.chars().count() > URL_MAX_CHARS {
-        return Err(format!("url must be at most {URL_MAX_CHARS} characters"));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +213,7 @@ mod tests {
     fn urls() {
         assert!(validate_url("http://127.0.0.1:9000/hook").is_ok());
         assert!(validate_url("https://example.com/a?b=c").is_ok());
+        assert!(validate_url("mqtt://broker/doors/{sensor_id}").is_ok());
         assert!(validate_url("ftp://example.com/").is_err());
         assert!(validate_url("example.com/hook").is_err());
         assert!(validate_url("").is_err());

@@ -3,6 +3,7 @@
 //! over notifications that the store and the dispatcher both carry out.
 
 pub mod client;
+pub mod destination;
 pub mod notification;
 pub mod outbox;
 pub mod partition;

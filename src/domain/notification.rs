@@ -117,7 +117,40 @@ pub struct Attempt {
     pub duration_ms: u32,
 }
 
+impl Attempt {
+    pub fn delivered(&self) -> bool {
+        delivered(self.status_code, self.error.as_deref())
+    }
+}
+
+/// Whether an attempt delivered its notification: a webhook answered 2xx; a broker
+/// destination, which has no HTTP status, acknowledged it (no error). Both stores say the
+/// same in SQL (`lifecycle::DELIVERED`).
+pub fn delivered(status_code: Option<u16>, error: Option<&str>) -> bool {
+    match status_code {
+        Some(code) => (200..300).contains(&code),
+        None => error.is_none(),
+    }
+}
+
 /// A new notification id.
 pub fn new_notification_id() -> String {
     ulid::Ulid::new().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::delivered;
+
+    #[test]
+    fn a_2xx_or_a_brokers_acknowledgement_delivers() {
+        assert!(delivered(Some(204), None));
+        assert!(!delivered(Some(500), Some("HTTP 500")));
+        assert!(!delivered(Some(302), Some("HTTP 302")));
+        assert!(delivered(None, None), "a broker acknowledged it");
+        assert!(!delivered(
+            None,
+            Some("timed out waiting for the broker's PUBACK")
+        ));
+    }
 }

@@ -14,6 +14,8 @@ pub mod outcome {
     pub const DELIVERED: &str = "delivered";
     /// Any other answer.
     pub const HTTP_ERROR: &str = "http_error";
+    /// A broker destination refused the publish (a nack, a return, a refused login).
+    pub const BROKER_REFUSED: &str = "broker_refused";
     /// No answer within the delivery timeout.
     pub const TIMEOUT: &str = "timeout";
     /// No connection, or one cut off.

@@ -328,7 +328,7 @@ pub fn client_attempts(outcomes: &[Outcome]) -> Vec<ClientAttempts> {
             }
         };
         let c = &mut out[i];
-        if a.status_code.is_some_and(|s| (200..300).contains(&s)) {
+        if a.delivered() {
             c.succeeded = true;
             c.failing_since = None;
             c.gone = false;

@@ -99,8 +99,10 @@ fn subscriber(
 ) -> Box<dyn tracing::Subscriber + Send + Sync> {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let filter = quiet_returns(
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+    );
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(std::io::stdout().is_terminal())
@@ -126,6 +128,20 @@ fn subscriber(
                     ),
             ),
         ),
+    }
+}
+
+/// lapin warns of every message a broker returns, with the whole message: for an AMQP
+/// destination nothing is bound for, one line per attempt carrying its body and signature.
+/// The attempt's recorded error already says it; unless the filter names lapin itself,
+/// those lines stay out of the log.
+fn quiet_returns(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    if filter.to_string().contains("lapin") {
+        return filter;
+    }
+    match "lapin::returned_messages=error".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
     }
 }
 

@@ -3,7 +3,8 @@
 //! Every reading flips its sensor, and the sensors are many, so each change is delivered
 //! rather than superseded. Latency is from `occurred_at` (the reading's receive time) to
 //! the receiver. Baseline: the same receiver hammered directly with the same payloads and
-//! concurrency — what the receiver and HTTP stack can take at all.
+//! concurrency — what the receiver and HTTP stack can take at all. `--to mqtt|amqp`
+//! delivers to a broker destination instead ([`super::deliver_broker`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,9 +45,24 @@ pub struct Args {
     /// How long to wait for the outbox to drain after the last change.
     #[arg(long, default_value = "120s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
+    /// Where the notifications go: `http` (local receivers), or one `mqtt` or `amqp`
+    /// destination on the broker below, beside a bare publisher to it in the same run.
+    #[arg(long, default_value = "http")]
+    pub to: String,
+    /// The MQTT broker of `--to mqtt`.
+    #[arg(long, default_value = "mqtt://127.0.0.1:1883")]
+    pub mqtt_url: String,
+    /// The RabbitMQ of `--to amqp` (its vhost in the path).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
+    match args.to.as_str() {
+        "http" => {}
+        "mqtt" | "amqp" => return super::deliver_broker::run(args).await,
+        other => anyhow::bail!("--to takes http, mqtt or amqp, not {other:?}"),
+    }
     let (dir, _tmp) = super::data_dir(None)?;
     let mut receivers = Vec::new();
     for _ in 0..args.clients {
@@ -89,66 +105,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             }
         })
     };
-    // Send: batches of 500 changes; every pass over the sensors flips each one. Each
-    // sender owns every `senders`-th sensor, so a sensor's changes stay in order.
     let started = Instant::now();
-    // Paced runs send small batches (100 a second), so a batch's burst does not count as
-    // delivery latency.
-    let batch = if args.rate > 0 {
-        (args.rate as usize / 100).clamp(1, 500)
-    } else {
-        500
-    }
-    .min(args.changes.max(1));
-    let senders = args.senders.max(1);
-    let ids = Arc::new(ids);
-    let sent = super::workers(senders, |w| {
-        let (http, url, ids, args) = (http.clone(), url.clone(), ids.clone(), args.clone());
-        async move {
-            let mine: Vec<usize> = (0..args.changes)
-                .filter(|k| (k % args.sensors) % senders == w)
-                .collect();
-            let rate = args.rate as f64 / senders as f64;
-            let mut sent = 0usize;
-            for chunk in mine.chunks(batch) {
-                let items: Vec<_> = chunk
-                    .iter()
-                    .map(|&k| {
-                        let data = (k / args.sensors).is_multiple_of(2);
-                        json!({"sensor_id": ids[k % args.sensors].to_string(), "data": u8::from(data)})
-                    })
-                    .collect();
-                super::post_readings(&http, &url, &items).await?;
-                sent += chunk.len();
-                if args.rate > 0 {
-                    let due = started + Duration::from_secs_f64(sent as f64 / rate);
-                    tokio::time::sleep_until(due.into()).await;
-                }
-            }
-            anyhow::Ok(sent)
-        }
-    })
-    .await;
-    for s in sent {
-        s?;
-    }
+    let send_secs = send_changes(&args, &http, &url, ids, started).await?;
     let pass = args.changes.saturating_sub(1) / args.sensors.max(1);
-    let send_secs = started.elapsed().as_secs_f64();
     let expected = (args.changes * args.clients) as u64;
-
-    // Drain: until every notification has ended (delivered, failed, superseded, cancelled).
-    let deadline = Instant::now() + args.drain;
-    let metrics_url = format!("{}/metrics", server.base);
-    loop {
-        let text = http.get(&metrics_url).send().await?.text().await?;
-        if super::metric_sum(&text, "latch_notifications_total") >= expected as f64
-            || Instant::now() >= deadline
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drain(&http, &server.base, expected, args.drain).await?;
     let total_secs = started.elapsed().as_secs_f64();
+    let metrics_url = format!("{}/metrics", server.base);
     progress.abort();
     sampler.abort();
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
@@ -240,6 +203,81 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         pass + 1
     ));
     Ok(r)
+}
+
+/// Sends `args.changes` state changes to latch's `/v1/readings` at `url`: batches of 500
+/// (smaller when paced), every pass over the sensors flipping each one; each of the
+/// `senders` owns every `senders`-th sensor, so a sensor's changes stay in order. Returns
+/// the seconds it took from `started`.
+pub(super) async fn send_changes(
+    args: &Args,
+    http: &reqwest::Client,
+    url: &str,
+    ids: Vec<latch::domain::SensorId>,
+    started: Instant,
+) -> anyhow::Result<f64> {
+    // Paced runs send small batches (100 a second), so a batch's burst does not count as
+    // delivery latency.
+    let batch = if args.rate > 0 {
+        (args.rate as usize / 100).clamp(1, 500)
+    } else {
+        500
+    }
+    .min(args.changes.max(1));
+    let senders = args.senders.max(1);
+    let ids = Arc::new(ids);
+    let sent = super::workers(senders, |w| {
+        let (http, url, ids, args) = (http.clone(), url.to_string(), ids.clone(), args.clone());
+        async move {
+            let mine: Vec<usize> = (0..args.changes)
+                .filter(|k| (k % args.sensors) % senders == w)
+                .collect();
+            let rate = args.rate as f64 / senders as f64;
+            let mut sent = 0usize;
+            for chunk in mine.chunks(batch) {
+                let items: Vec<_> = chunk
+                    .iter()
+                    .map(|&k| {
+                        let data = (k / args.sensors).is_multiple_of(2);
+                        json!({"sensor_id": ids[k % args.sensors].to_string(), "data": u8::from(data)})
+                    })
+                    .collect();
+                super::post_readings(&http, &url, &items).await?;
+                sent += chunk.len();
+                if args.rate > 0 {
+                    let due = started + Duration::from_secs_f64(sent as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+            }
+            anyhow::Ok(sent)
+        }
+    })
+    .await;
+    for s in sent {
+        s?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Waits until every one of `expected` notifications has ended (delivered, failed,
+/// superseded, cancelled), or `limit` passed.
+pub(super) async fn drain(
+    http: &reqwest::Client,
+    base: &str,
+    expected: u64,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    let metrics_url = format!("{base}/metrics");
+    loop {
+        let text = http.get(&metrics_url).send().await?.text().await?;
+        if super::metric_sum(&text, "latch_notifications_total") >= expected as f64
+            || Instant::now() >= deadline
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// (failed, superseded, pending) notifications in the outbox.

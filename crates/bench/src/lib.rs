@@ -7,6 +7,7 @@ pub mod broker;
 pub mod clickhouse_server;
 pub mod cluster;
 pub mod deliver;
+pub mod deliver_broker;
 pub mod fleet;
 pub mod history;
 pub mod ingest;

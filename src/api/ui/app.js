@@ -104,6 +104,13 @@ function say(text, ok = false) {
 const when = (t) => (t ? new Date(t).toLocaleString() : "—");
 const state = (d) => (d === null || d === undefined ? "—" : String(d));
 const badge = (text) => h("span", { class: `badge ${text}` }, text);
+// What a client URL names: a webhook, an MQTT topic or an AMQP exchange (a read token
+// sees a broker's password as ***).
+const destination = (url) => {
+  const scheme = (url.split("://")[0] || "").toLowerCase();
+  const kind = scheme === "mqtt" ? "MQTT topic" : scheme === "amqp" ? "AMQP exchange" : "webhook";
+  return [h("span", { class: "muted" }, `${kind} `), h("span", { class: "mono" }, url)];
+};
 
 function table(headers, rows, empty = "Nothing here.") {
   if (!rows.length) return h("p", { class: "empty" }, empty);
@@ -547,7 +554,9 @@ async function clientsPage() {
   await list.go();
   const create = form([
     field("Name", h("input", { name: "name", required: true })),
-    field("Webhook URL", h("input", { name: "url", type: "url", required: true, size: 40 })),
+    field("Webhook URL (or mqtt://host/topic, amqp://host/vhost?exchange=…)",
+      h("input", { name: "url", type: "url", required: true, size: 40,
+        placeholder: "https://…, mqtt://host/doors/{sensor_id}, amqp://host/%2f?exchange=…" })),
   ], async (d) => {
     const c = await api("POST", "/v1/clients", { name: d.get("name"), url: d.get("url") });
     say(`Client ${c.name} created; its signing secret is shown on its page.`, true);
@@ -562,7 +571,7 @@ async function clientPage(id) {
   const actions = h("div", { class: "toolbar" });
   const draw = async () => {
     const c = await api("GET", `/v1/clients/${enc(id)}`);
-    const rows = [["Name", c.name], ["URL", h("span", { class: "mono" }, c.url)],
+    const rows = [["Name", c.name], ["Destination", destination(c.url)],
       ["Status", c.disabled_at ? [badge("disabled"), ` since ${when(c.disabled_at)} (${c.disabled_reason})`] : badge("enabled")],
       ["Secret", h("span", { class: "mono" }, c.secret ?? "—")],
       ["Previous secret valid until", when(c.previous_secret_expires_at)],

@@ -292,7 +292,9 @@ fn outcome(client: &str, at: Millis, code: Option<u16>) -> Outcome {
             notification_id: "n".into(),
             at,
             status_code: code,
-            error: None,
+            // Every failed attempt has an error; without a status and without one it would
+            // be a broker's acknowledgement.
+            error: (!code.is_some_and(|c| (200..300).contains(&c))).then(|| "failed".into()),
             duration_ms: 1,
         }),
         attempts: 1,

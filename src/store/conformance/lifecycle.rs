@@ -298,3 +298,34 @@ pub(super) async fn rate_limit_is_kept(s: &dyn Store) {
         None
     );
 }
+
+/// A broker destination's attempt has no HTTP status: with no error it is the broker's
+/// acknowledgement, a delivery like a 2xx; with one, a failure.
+pub(super) async fn health_counts_broker_acknowledgements(s: &dyn Store) {
+    let n = one_notification(s, "hb-a", "hb1").await;
+    let now = 10_000_000;
+    let attempt = |at: Millis, error: Option<&str>| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        node: "n1".into(),
+        attempt: Some(Attempt {
+            notification_id: n.id.clone(),
+            at,
+            status_code: None,
+            error: error.map(str::to_string),
+            duration_ms: 3,
+        }),
+        attempts: 1,
+        verdict: Verdict::Retry { next_at: 1 },
+    };
+    let refused = "refused by the broker: returned 312 NO_ROUTE";
+    for (at, error) in [(now - 3_000, Some(refused)), (now - 2_000, None)] {
+        s.record(vec![attempt(at, error)], at, NEVER).await.unwrap();
+    }
+    let h = s.client_health("hb-a".into(), now).await.unwrap().unwrap();
+    assert_eq!(h.last_success_at, Some(now - 2_000));
+    assert_eq!(h.last_failure_at, Some(now - 3_000));
+    assert_eq!(h.last_error.as_deref(), Some(refused));
+    assert_eq!(h.consecutive_failures, 0);
+    assert_eq!(h.success_ratio_1h, Some(0.5));
+}

@@ -81,6 +81,7 @@ macro_rules! suite {
                 lifecycle::a_long_failure_streak_disables,
                 lifecycle::bulk_replay_keeps_order_and_skips_refusals,
                 lifecycle::health_sums_up_attempts,
+                lifecycle::health_counts_broker_acknowledgements,
                 lifecycle::rate_limit_is_kept,
                 tokens::tokens_keep_hash_and_scopes,
                 tokens::deleted_tokens_are_gone,

@@ -103,7 +103,10 @@ pub(super) async fn note_attempts(
 /// The attempts of one client, for the queries below.
 const CLIENT_ATTEMPTS: &str =
     "attempts a JOIN notifications n ON n.id = a.notification_id WHERE n.client_id = $1";
-const DELIVERED: &str = "a.status_code BETWEEN 200 AND 299";
+/// `domain::notification::delivered`: a 2xx answer, or a broker's acknowledgement (no
+/// status, no error).
+const DELIVERED: &str =
+    "(a.status_code BETWEEN 200 AND 299 OR (a.status_code IS NULL AND a.error IS NULL))";
 
 pub(super) async fn client_health(db: &Db, id: String, now: Millis) -> Result<Option<Health>> {
     let c = db.get("client_health").await?;

@@ -2,6 +2,7 @@
 
 mod amqp;
 mod bench;
+mod brokers;
 mod clients;
 mod cluster;
 mod console;

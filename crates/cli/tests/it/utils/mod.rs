@@ -19,7 +19,9 @@ pub use latch_testkit::{Answer, Received, Receiver, eventually};
 
 pub mod cluster;
 pub mod fault;
+pub mod mosquitto;
 mod process;
+pub mod subscriber;
 
 #[allow(unused_imports)]
 pub use process::Process;

@@ -1,0 +1,466 @@
+//! Notifications to broker destinations: a client whose `url` names an MQTT topic or an
+//! AMQP exchange gets each notification published there instead of POSTed. Everything
+//! around the attempt is the outbox's as for a webhook (claims, lanes, retries, supersede,
+//! dead letters, rate limits, disabling); this module makes one attempt and says what the
+//! broker answered.
+//!
+//! **One connection per broker** (host, port, login and, for AMQP, vhost), shared by every
+//! client naming it, kept by a link task that reconnects with a growing delay. An attempt
+//! takes the link's connection as it is: up, it publishes; down (or retrying after a
+//! failure), it fails at once with the last connection error, so a dead broker costs its
+//! clients' attempts nothing but their retries, and holds up no webhook or other broker;
+//! connecting for the first time (or again right after losing a working connection), it
+//! waits within its timeout. A connection is never resumed: what was in flight when it
+//! dropped failed (its attempt is retried, same `webhook-id`), and the next connection
+//! starts clean, so nothing of an old one is resent behind a newer notification.
+//!
+//! **The guard applies**: a link resolves its host through [`Guard::resolve`] and
+//! connects to an allowed address, each time it connects. A refused host fails attempts as
+//! `destination_not_allowed`, without retries, like a webhook's.
+//!
+//! **Credentials** live in the client's URL and in the key of its link, never in a log
+//! line or an attempt's error ([`Broker`]'s `Display` and `Debug` leave the password out).
+//! A link idle for [`IDLE`] closes, so a URL changed or deleted leaves no connection open.
+
+mod amqp;
+mod mqtt;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::guard::{self, Guard, ResolveError};
+use super::sender::{self, AttemptResult};
+use crate::domain::destination::{self, Broker, Destination};
+use crate::domain::{Millis, Sendable};
+
+/// A link with nothing in flight and no attempt for this long closes.
+const IDLE: Duration = Duration::from_secs(300);
+/// First delay before connecting again after a failure; doubles up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The error of a refusal by the broker starts with this (metric outcome
+/// `broker_refused`).
+pub const REFUSED: &str = "refused by the broker";
+
+/// Why an attempt to a broker failed. Its `Display` is the attempt's recorded error.
+#[derive(Debug, Clone)]
+enum Failure {
+    /// The guard refuses the broker's address (or plaintext under `https_only`).
+    NotAllowed(guard::Refusal),
+    /// The broker answered no: a refused login, a negative acknowledgement, a return.
+    Refused(String),
+    /// No connection: it could not be made, or it was lost with the attempt in flight.
+    Connection(String),
+    /// No answer within the delivery timeout; `.0` names what was waited for.
+    Timeout(&'static str),
+    /// Nothing could be sent: the client's URL or secret cannot be used.
+    Unusable(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::NotAllowed(r) => write!(f, "{}: {r}", guard::NOT_ALLOWED),
+            Failure::Refused(why) => write!(f, "{REFUSED}: {why}"),
+            Failure::Connection(why) => write!(f, "connection failed: {why}"),
+            Failure::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            Failure::Unusable(why) => f.write_str(why),
+        }
+    }
+}
+
+/// One notification as a broker message: the body a webhook would get and its Standard
+/// Webhooks headers (MQTT 5 user properties, AMQP headers).
+struct Message {
+    id: String,
+    timestamp: i64,
+    signature: String,
+    body: Vec<u8>,
+}
+
+/// Why a connection ended, told once to whoever waits for it.
+struct Lost {
+    token: CancellationToken,
+    why: Mutex<Option<Failure>>,
+}
+
+impl Lost {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            token: CancellationToken::new(),
+            why: Mutex::new(None),
+        })
+    }
+
+    /// The connection ended for `why` (the first report counts).
+    fn report(&self, why: Failure) {
+        self.why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(why);
+        self.token.cancel();
+    }
+
+    fn is_lost(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    fn why(&self) -> Failure {
+        let why = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        why.clone()
+            .unwrap_or_else(|| Failure::Connection("the connection closed".into()))
+    }
+
+    async fn wait(&self) -> Failure {
+        self.token.cancelled().await;
+        self.why()
+    }
+}
+
+/// A link's connection as attempts see it.
+enum State<C> {
+    /// Connecting. `Some`: again after that failure, so attempts fail at once with it
+    /// rather than wait on a broker that is likely still down.
+    Connecting(Option<Failure>),
+    Up(C),
+    /// Waiting before the next try, after this failure.
+    Down(Failure),
+    /// Closed for good (idle, or latch stopping).
+    Closed,
+}
+
+/// What a link needs of a protocol.
+trait Protocol: Sized + Send + Sync + 'static {
+    type Conn: Clone + Send + Sync + 'static;
+    /// This protocol's links among the dispatcher's.
+    fn links(inner: &Inner) -> &Links<Self>;
+    /// Opens a connection to `addr`, an address the guard allowed for `broker`'s host.
+    fn connect(
+        broker: &Broker,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Self::Conn, Failure>> + Send;
+    /// Resolves when the connection is lost, with why.
+    fn lost(conn: &Self::Conn) -> impl Future<Output = Failure> + Send;
+    /// Closes the connection (latch stopping, or the link idle).
+    fn close(conn: Self::Conn) -> impl Future<Output = ()> + Send;
+}
+
+/// One broker's connection, kept by its link task ([`run`]).
+struct Link<P: Protocol> {
+    broker: Broker,
+    state: watch::Sender<State<P::Conn>>,
+    /// Attempts using the link now; it closes only when none are.
+    inflight: AtomicUsize,
+    last_used: Mutex<Instant>,
+}
+
+/// An attempt's hold on a link: counted in flight until dropped.
+struct Use<P: Protocol>(Arc<Link<P>>);
+
+impl<P: Protocol> Drop for Use<P> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl<P: Protocol> Link<P> {
+    /// The connection once it is up; a failure at once when it is down, or when it does
+    /// not come up before `deadline`.
+    async fn ready(&self, deadline: tokio::time::Instant) -> Result<P::Conn, Failure> {
+        let mut rx = self.state.subscribe();
+        loop {
+            match &*rx.borrow_and_update() {
+                State::Up(c) => return Ok(c.clone()),
+                State::Down(f) | State::Connecting(Some(f)) => return Err(f.clone()),
+                State::Closed => return Err(Failure::Connection("latch is stopping".into())),
+                State::Connecting(None) => {}
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(Failure::Connection("the link closed".into())),
+                Err(_) => {
+                    return Err(Failure::Connection(
+                        "the broker did not accept a connection within the attempt's timeout"
+                            .into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The links of one protocol, by broker.
+type Links<P> = Mutex<HashMap<Broker, Arc<Link<P>>>>;
+
+/// Every broker link of the dispatcher; cheap to clone.
+#[derive(Clone)]
+pub struct Brokers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    mqtt: Links<mqtt::Mqtt>,
+    amqp: Links<amqp::Amqp>,
+    guard: Arc<Guard>,
+    /// A connection attempt's limit (the delivery timeout).
+    timeout: Duration,
+    /// Latch stopping: links let their attempts finish (within `grace`), then close.
+    stop: CancellationToken,
+    grace: Duration,
+    tracker: TaskTracker,
+}
+
+impl Brokers {
+    pub fn new(
+        guard: Arc<Guard>,
+        timeout: Duration,
+        stop: CancellationToken,
+        grace: Duration,
+        tracker: TaskTracker,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                mqtt: Mutex::default(),
+                amqp: Mutex::default(),
+                guard,
+                timeout,
+                stop,
+                grace,
+                tracker,
+            }),
+        }
+    }
+
+    /// Publishes one notification to the broker destination `s.url` names. Never fails:
+    /// every problem is an attempt result, as [`sender::send`]'s are.
+    pub async fn send(&self, s: &Sendable, timeout: Duration, at: Millis) -> AttemptResult {
+        let started = Instant::now();
+        let result = self.publish(s, timeout, at).await;
+        AttemptResult {
+            at,
+            status_code: None,
+            error: result.err().map(|f| f.to_string()),
+            duration: started.elapsed(),
+            retry_after: None,
+        }
+    }
+
+    async fn publish(&self, s: &Sendable, timeout: Duration, at: Millis) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let dest = destination::parse(&s.url)
+            .map_err(|e| Failure::Unusable(format!("url unusable: {e}")))?;
+        if self.inner.guard.https_only() {
+            return Err(Failure::NotAllowed(guard::Refusal::NotHttps));
+        }
+        let body = sender::payload(s);
+        let timestamp = at / 1000;
+        let signature = sender::signatures(s, timestamp, &body)
+            .map_err(|e| Failure::Unusable(format!("client secret unusable: {e}")))?;
+        let msg = Message {
+            id: s.notification.id.clone(),
+            timestamp,
+            signature,
+            body,
+        };
+        let (sensor, kind) = (
+            s.notification.sensor_id.to_string(),
+            s.notification.kind.as_str(),
+        );
+        match dest {
+            Destination::Mqtt(t) => {
+                let link = self.link::<mqtt::Mqtt>(&t.broker);
+                let conn = link.0.ready(deadline).await?;
+                mqtt::publish(&conn, t.topic.fill(&sensor, kind), msg, deadline).await
+            }
+            Destination::Amqp(t) => {
+                let link = self.link::<amqp::Amqp>(&t.broker);
+                let conn = link.0.ready(deadline).await?;
+                let key = t.routing_key.fill(&sensor, kind);
+                amqp::publish(&conn, &t.exchange, key, msg, deadline).await
+            }
+            Destination::Http => Err(Failure::Unusable("not a broker destination".into())),
+        }
+    }
+
+    /// The broker's link, started on first use; held in flight until the result is in.
+    fn link<P: Protocol>(&self, broker: &Broker) -> Use<P> {
+        let mut map = P::links(&self.inner)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let link = map
+            .entry(broker.clone())
+            .or_insert_with(|| {
+                let link = Arc::new(Link {
+                    broker: broker.clone(),
+                    state: watch::channel(State::Connecting(None)).0,
+                    inflight: AtomicUsize::new(0),
+                    last_used: Mutex::new(Instant::now()),
+                });
+                self.inner
+                    .tracker
+                    .spawn(run::<P>(self.inner.clone(), link.clone()));
+                link
+            })
+            .clone();
+        // Under the map's lock, which the idle check takes too: a link found here is not
+        // closed as idle under this attempt.
+        link.inflight.fetch_add(1, Ordering::SeqCst);
+        *link.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Use(link)
+    }
+}
+
+/// A link's life: connect (to an address the guard allows), serve until the connection
+/// is lost, connect again after a growing delay; close when idle or when latch stops.
+async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
+    let broker = &link.broker;
+    let mut backoff = Duration::ZERO;
+    let mut check = tokio::time::interval(IDLE / 10);
+    loop {
+        let conn = tokio::select! {
+            c = connect::<P>(&inner, broker) => c,
+            _ = inner.stop.cancelled() => break,
+        };
+        match conn {
+            Ok(conn) => {
+                tracing::info!(broker = %broker, "Connected to a broker destination.");
+                backoff = Duration::ZERO;
+                link.state.send_replace(State::Up(conn.clone()));
+                let why = loop {
+                    tokio::select! {
+                        why = P::lost(&conn) => break Some(why),
+                        _ = inner.stop.cancelled() => break None,
+                        _ = check.tick() => if idle(&inner, &link) { break None },
+                    }
+                };
+                let Some(why) = why else {
+                    close::<P>(&inner, &link, conn).await;
+                    return;
+                };
+                tracing::warn!(broker = %broker, error = %why, "Lost a broker destination's connection; reconnecting.");
+                // Straight away, and attempts wait for it: a broker restart or a dropped
+                // connection usually takes one try.
+                link.state.send_replace(State::Connecting(None));
+            }
+            Err(failure) => {
+                backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                tracing::warn!(broker = %broker, error = %failure, retry_in = ?backoff, "Cannot connect to a broker destination.");
+                link.state.send_replace(State::Down(failure.clone()));
+                let wake = tokio::time::Instant::now() + backoff;
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(wake) => break,
+                        _ = inner.stop.cancelled() => {
+                            link.state.send_replace(State::Closed);
+                            return;
+                        }
+                        _ = check.tick() => if idle(&inner, &link) {
+                            link.state.send_replace(State::Closed);
+                            return;
+                        },
+                    }
+                }
+                link.state.send_replace(State::Connecting(Some(failure)));
+            }
+        }
+    }
+    link.state.send_replace(State::Closed);
+}
+
+/// Resolves the host through the guard and connects to the first allowed address that
+/// takes the connection.
+async fn connect<P: Protocol>(inner: &Inner, broker: &Broker) -> Result<P::Conn, Failure> {
+    let addrs = tokio::time::timeout(
+        inner.timeout,
+        inner.guard.resolve(&broker.host, broker.port),
+    )
+    .await
+    .map_err(|_| Failure::Timeout("the broker's name to resolve"))?
+    .map_err(|e| match e {
+        ResolveError::Refused(r) => Failure::NotAllowed(r),
+        e @ ResolveError::Lookup { .. } => Failure::Connection(e.to_string()),
+    })?;
+    let mut last = Failure::Connection(format!("{} has no address", broker.host));
+    for addr in addrs {
+        match P::connect(broker, addr, inner.timeout).await {
+            Ok(conn) => return Ok(conn),
+            Err(f) => last = f,
+        }
+    }
+    Err(last)
+}
+
+/// Whether the link has been unused for [`IDLE`]; if so it leaves the map (under the
+/// map's lock, so no attempt takes it meanwhile).
+fn idle<P: Protocol>(inner: &Inner, link: &Arc<Link<P>>) -> bool {
+    let mut map = P::links(inner).lock().unwrap_or_else(|e| e.into_inner());
+    let unused = link
+        .last_used
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .elapsed();
+    if link.inflight.load(Ordering::SeqCst) > 0 || unused < IDLE {
+        return false;
+    }
+    map.remove(&link.broker);
+    link.state.send_replace(State::Closed);
+    true
+}
+
+/// Closes the connection once the attempts on it are done (latch stopping: within the
+/// shutdown grace).
+async fn close<P: Protocol>(inner: &Inner, link: &Link<P>, conn: P::Conn) {
+    let deadline = Instant::now() + inner.grace;
+    while link.inflight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    link.state.send_replace(State::Closed);
+    P::close(conn).await;
+    tracing::info!(broker = %link.broker, "Closed a broker destination's connection.");
+}
+
+/// A broker's reason code or name in words: `BadUserNamePassword` → `bad user name
+/// password`.
+fn words(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.extend(c.to_lowercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_read_as_the_attempts_error() {
+        assert_eq!(
+            Failure::Refused("PUBACK not authorized".into()).to_string(),
+            "refused by the broker: PUBACK not authorized"
+        );
+        assert!(
+            Failure::Timeout("the broker's PUBACK")
+                .to_string()
+                .contains("timed out")
+        );
+        assert!(
+            Failure::NotAllowed(guard::Refusal::NotHttps)
+                .to_string()
+                .starts_with(guard::NOT_ALLOWED)
+        );
+        assert_eq!(words("BadUserNamePassword"), "bad user name password");
+    }
+}
