@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Watches the service's tasks; cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Debug)]
 pub struct Supervisor {
     failed: CancellationToken,
     /// The first task that panicked. A `std` mutex: held for a copy, never across `.await`.

@@ -102,6 +102,8 @@ pub struct Tuning {
     pub clock: Clock,
     /// Partitions of the fleet (the cluster's count; any fixed number on one node).
     pub partitions: u32,
+    /// Watches the shards: a shard that panicked would leave its sensors unserved.
+    pub supervisor: crate::tasks::Supervisor,
 }
 
 /// A batch of effects waiting to be made durable; `reply` says whether it was.
@@ -251,6 +253,7 @@ impl Engine {
             default_timeout,
             clock,
             partitions,
+            supervisor,
         } = tuning;
         let shards = shards.max(1);
         let mut senders = Vec::with_capacity(shards);
@@ -278,7 +281,7 @@ impl Engine {
                 clock: clock.clone(),
                 due: due::DueQueue::new(DUE_MAX),
             };
-            tracker.spawn(shard.run(stop.clone()));
+            tracker.spawn(supervisor.watch("engine shard", shard.run(stop.clone())));
         }
         Self {
             shards: senders,

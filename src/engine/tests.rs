@@ -54,6 +54,7 @@ fn engine(
         default_timeout: Duration::from_secs(10),
         clock,
         partitions: 16,
+        supervisor: Default::default(),
     };
     let engine = Engine::launch(tuning, sensors, tx, stop.clone(), &TaskTracker::new());
     (engine, rx, stop)
@@ -273,6 +274,7 @@ fn leased(
         default_timeout: Duration::from_secs(10),
         clock,
         partitions: 16,
+        supervisor: Default::default(),
     };
     let engine = Engine::launch_leased(
         tuning,

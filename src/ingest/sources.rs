@@ -114,6 +114,7 @@ mod tests {
             default_timeout: std::time::Duration::from_secs(10),
             clock: crate::clock::Clock::wall(),
             partitions: 1,
+            supervisor: Default::default(),
         };
         let engine =
             crate::engine::Engine::launch(tuning, [], commits, stop.clone(), &TaskTracker::new());

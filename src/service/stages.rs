@@ -252,6 +252,7 @@ impl Core {
             default_timeout: config.heartbeat_timeout,
             clock: clock.clone(),
             partitions: base.partitions,
+            supervisor: sup.clone(),
         };
         let (engine, sensors) = match &base.membership {
             // Partitions come with their leases, each with its sensors.
