@@ -47,12 +47,6 @@ async fn setup(s: &TestServer, r: &Receiver) -> (String, String) {
     (sensor, client)
 }
 
-/// Lets the service act on what it was just told (nothing should happen, and this is
-/// long enough for it to show if it did).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-}
-
 #[tokio::test]
 async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     let tmp = tempfile::tempdir().unwrap();
@@ -166,7 +160,7 @@ async fn gone_disables_pending_waits_and_enable_delivers() {
     s.readings(json!([{"sensor_id": a, "data": 0}, {"sensor_id": b, "data": 1}]))
         .await;
     s.readings(json!({"sensor_id": b, "data": 0})).await;
-    settle().await;
+    s.dispatcher_round().await;
     assert_eq!(r.count(), 1, "no attempt while disabled");
     let pending = s
         .notifications(&format!("client_id={client}&status=pending"))
@@ -360,7 +354,7 @@ async fn a_rate_limited_client_gets_evenly_spaced_requests() {
     // One request every 500 ms of latch's clock, not a millisecond sooner.
     for k in 1..4 {
         clock.set(t0 + 500 * k as i64 - 1);
-        settle().await;
+        s.dispatcher_round().await;
         assert_eq!(r.count(), k, "nothing before the next token");
         clock.set(t0 + 500 * k as i64);
         r.wait_for(k + 1, 10).await;

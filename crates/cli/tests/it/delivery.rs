@@ -58,8 +58,14 @@ async fn linked_clients_get_every_change_in_order_and_nothing_else() {
         settled(&s, &sensor).await;
     }
     let got = linked.wait_for(3, 10).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(linked.count(), 3, "a repeated value notifies nobody");
+    // Every reading was committed before its 202, and nothing is pending: the outbox
+    // holds every notification there will be.
+    assert_eq!(
+        s.notifications(&format!("sensor_id={sensor}")).await.len(),
+        3,
+        "a repeated value notifies nobody"
+    );
+    assert_eq!(linked.count(), 3);
     let pairs: Vec<(Value, Value)> = got
         .iter()
         .map(|g| (g.body["previous"].clone(), g.body["data"].clone()))
@@ -157,7 +163,7 @@ async fn failures_are_retried_with_one_id_and_growing_gaps() {
         );
         gaps.push(gap);
         clock.set(next - 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.dispatcher_round().await;
         assert_eq!(r.count(), n as usize, "nothing before the retry is due");
         clock.set(next);
         r.wait_for(n as usize + 1, 10).await;
@@ -235,7 +241,22 @@ async fn gone_stops_at_once() {
         .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Failed is final, and a lane sends one attempt at a time: the one that failed it was
+    // the last.
+    let failed = s
+        .notifications(&format!("sensor_id={sensor}&status=failed"))
+        .await;
+    let (_, detail) = s
+        .get(&format!(
+            "/v1/notifications/{}",
+            failed[0]["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(
+        detail["attempts"].as_array().unwrap().len(),
+        1,
+        "410 Gone is not retried"
+    );
     assert_eq!(r.count(), 1);
     s.stop().await;
 }
@@ -351,7 +372,11 @@ async fn a_changed_url_takes_the_next_attempt() {
 
 #[tokio::test]
 async fn unlinking_cancels_pending_notifications() {
-    let s = TestServer::start().await;
+    // On a manual clock: past every retry delay the notification would have had, the
+    // dispatcher is seen to have acted, and sent nothing.
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = latch::clock::Clock::manual(latch::domain::time::now_ms());
+    let s = TestServer::start_clocked(tmp.path(), |_| {}, clock.clone()).await;
     let r = Receiver::start().await;
     r.always(Answer::status(500));
     let (sensor, client) = setup(&s, &r).await;
@@ -361,15 +386,17 @@ async fn unlinking_cancels_pending_notifications() {
         .delete(&format!("/v1/clients/{client}/sensors/{sensor}"))
         .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
+    let sent = r.count();
+    // The retry falls due: its claim reads the registry and cancels instead of sending.
+    clock.advance(Duration::from_secs(60));
     let n = eventually(10, "cancelled", || async {
         s.notifications(&format!("sensor_id={sensor}&status=cancelled"))
             .await
             .pop()
     })
     .await;
-    let sent = r.count();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(r.count(), sent, "nothing is sent after the cancel");
+    s.dispatcher_round().await;
+    assert_eq!(r.count(), sent, "nothing is sent after the unlink");
     assert_eq!(n["client_id"], client.as_str());
     s.stop().await;
 }

@@ -177,6 +177,42 @@ impl TestServer {
         assert_eq!(body["accepted"], n, "{body}");
     }
 
+    /// Returns once every engine shard has run a round at the clock's current time: a
+    /// round declares every sensor due by then lost and commits it before it answers,
+    /// so what has not happened by now did not happen at this time. Readings of unknown
+    /// sensors go through every shard (each is judged there) and change nothing; 64 of
+    /// them reach each of the shards (hashed by id) all but surely.
+    pub async fn engine_round(&self) {
+        let probes: Vec<Value> = (0..64)
+            .map(|i| json!({"sensor_id": format!("probe{i}x{}", &unique("p")[..6]), "data": 1}))
+            .collect();
+        let (s, body) = self.post("/v1/readings", Value::Array(probes)).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+        assert_eq!(body["accepted"], 0, "probes are unknown sensors: {body}");
+    }
+
+    /// Returns once the dispatcher has taken up everything committed before the call, at
+    /// the clock's current time: a probe notification, committed after them, is delivered
+    /// to a receiver of its own and recorded. The dispatcher takes notifications in commit
+    /// order and sends what is due in the same round, so an attempt that was going to
+    /// start by now has started; its answer comes from a local receiver within moments.
+    pub async fn dispatcher_round(&self) {
+        let probe = Receiver::start().await;
+        let sensor = unique("probe");
+        self.sensor(&sensor).await;
+        let client = self.client(&probe.url).await;
+        self.link(&client, &sensor).await;
+        self.readings(json!({"sensor_id": sensor, "data": 1})).await;
+        probe.wait_for(1, 10).await;
+        eventually(10, "the probe's delivery recorded", || async {
+            let done = self
+                .notifications(&format!("sensor_id={sensor}&status=delivered"))
+                .await;
+            (!done.is_empty()).then_some(())
+        })
+        .await;
+    }
+
     /// Notifications matching a query string, all pages.
     pub async fn notifications(&self, query: &str) -> Vec<Value> {
         let (s, body) = self
