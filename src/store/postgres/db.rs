@@ -174,48 +174,6 @@ impl Conn {
     }
 }
 
-impl Sql for Conn {
-    async fn query<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(true, self.obj.query(statement, params))
-            .await
-    }
-    async fn query_one<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<Row>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(true, self.obj.query_one(statement, params))
-            .await
-    }
-    async fn query_opt<T>(
-        &self,
-        statement: &T,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(true, self.obj.query_opt(statement, params))
-            .await
-    }
-    async fn execute<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<u64>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(true, self.obj.execute(statement, params))
-            .await
-    }
-    async fn batch_execute(&self, sql: &str) -> Result<()> {
-        self.deadline.run(true, self.obj.batch_execute(sql)).await
-    }
-}
-
 /// A transaction under the deadline of the call that began it. Nothing of it is written
 /// before [`Tx::commit`]; dropped without one, it rolls back.
 pub(crate) struct Tx<'a> {
@@ -239,47 +197,63 @@ impl Tx<'_> {
     }
 }
 
-impl Sql for Tx<'_> {
-    async fn query<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(false, self.tx.query(statement, params))
-            .await
-    }
-    async fn query_one<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<Row>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(false, self.tx.query_one(statement, params))
-            .await
-    }
-    async fn query_opt<T>(
-        &self,
-        statement: &T,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(false, self.tx.query_opt(statement, params))
-            .await
-    }
-    async fn execute<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<u64>
-    where
-        T: ?Sized + ToStatement + Sync,
-    {
-        self.deadline
-            .run(false, self.tx.execute(statement, params))
-            .await
-    }
-    async fn batch_execute(&self, sql: &str) -> Result<()> {
-        self.deadline.run(false, self.tx.batch_execute(sql)).await
-    }
+/// [`Sql`] for a type whose field `$inner` runs statements and whose `deadline` bounds
+/// them; `$writes`: whether a statement run there takes effect by itself (outside a
+/// transaction), so a lost answer leaves it unknown.
+macro_rules! bounded_sql {
+    ($ty:ty, $inner:ident, $writes:expr) => {
+        impl Sql for $ty {
+            async fn query<T>(
+                &self,
+                statement: &T,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Vec<Row>>
+            where
+                T: ?Sized + ToStatement + Sync,
+            {
+                let call = self.$inner.query(statement, params);
+                self.deadline.run($writes, call).await
+            }
+            async fn query_one<T>(
+                &self,
+                statement: &T,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Row>
+            where
+                T: ?Sized + ToStatement + Sync,
+            {
+                let call = self.$inner.query_one(statement, params);
+                self.deadline.run($writes, call).await
+            }
+            async fn query_opt<T>(
+                &self,
+                statement: &T,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Option<Row>>
+            where
+                T: ?Sized + ToStatement + Sync,
+            {
+                let call = self.$inner.query_opt(statement, params);
+                self.deadline.run($writes, call).await
+            }
+            async fn execute<T>(&self, statement: &T, params: &[&(dyn ToSql + Sync)]) -> Result<u64>
+            where
+                T: ?Sized + ToStatement + Sync,
+            {
+                let call = self.$inner.execute(statement, params);
+                self.deadline.run($writes, call).await
+            }
+            async fn batch_execute(&self, sql: &str) -> Result<()> {
+                self.deadline
+                    .run($writes, self.$inner.batch_execute(sql))
+                    .await
+            }
+        }
+    };
 }
+
+bounded_sql!(Conn, obj, true);
+bounded_sql!(Tx<'_>, tx, false);
 
 #[cfg(test)]
 mod tests {
