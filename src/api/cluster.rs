@@ -12,10 +12,10 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiResult, ErrorBody};
+use super::error::{ApiError, ApiJson, ApiResult, ErrorBody, is_json};
 use crate::cluster::forward::{ForwardRequest, ForwardResponse, READINGS_PATH};
 use crate::cluster::{FOLLOW_PATH, SECRET_HEADER};
-use crate::domain::reading::RejectCode;
+use crate::domain::reading::{self, RejectCode};
 use crate::domain::{Rejection, time};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -95,12 +95,13 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
 }
 
 /// Refuses a node-to-node request without the cluster secret (or on a single node).
+/// There is always a secret ([`crate::cluster::trust`]), whatever the API's tokens are.
 fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(c) = &st.cluster else {
         return Err(ApiError::not_found("route"));
     };
     let given = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok());
-    if c.admits(given, !st.auth_required()) {
+    if c.admits(given) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
@@ -110,9 +111,16 @@ fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 /// Readings another node took in for partitions served here: applied here, in the order
 /// of the batches, answered per reading once durable. Never forwarded again: a reading
 /// of a partition not served here is refused as `store_unavailable` (send again).
+///
+/// Judged as `POST /v1/readings` judges them: a JSON body only, each `ts` held to the
+/// bounds of [`reading::check`] and every reading stamped with this node's clock — the
+/// owner's, which its sensors' deadlines are counted on.
 async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = admit(&st, &headers) {
         return e.into_response();
+    }
+    if !is_json(&headers) {
+        return ApiError::unsupported_media_type().into_response();
     }
     let req: ForwardRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
@@ -124,8 +132,13 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
     let mut tickets = Vec::with_capacity(req.batches.len());
     for b in req.batches {
         let n = b.readings.len();
-        let items = b.readings.into_iter().map(Ok).collect();
-        tickets.push((n, st.engine.enqueue_here(items, b.received_at).await));
+        let now = st.ingest.now();
+        let items = b
+            .readings
+            .into_iter()
+            .map(|r| reading::check(r, now))
+            .collect();
+        tickets.push((n, st.engine.enqueue_here(items, now).await));
     }
     let mut verdicts = Vec::with_capacity(tickets.len());
     for (n, ticket) in tickets {

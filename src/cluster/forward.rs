@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::domain::{Millis, Reading, Rejection};
+use crate::domain::{Reading, Rejection};
 use crate::engine::{self, Forwarder, Verdicts, VerdictsRx};
 
 /// Path of the owner's endpoint for forwarded readings.
@@ -28,10 +28,10 @@ pub struct ForwardRequest {
     pub batches: Vec<ForwardBatch>,
 }
 
+/// One enqueued batch. No receive time travels with it: the owner stamps the readings with
+/// its own clock when they arrive, so a request cannot set a sensor's `last_seen_at`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ForwardBatch {
-    /// When the entry node received them (their stamp, as if they arrived at the owner).
-    pub received_at: Millis,
     pub readings: Vec<Reading>,
 }
 
@@ -43,27 +43,26 @@ pub struct ForwardResponse {
 
 struct Job {
     readings: Vec<Reading>,
-    received_at: Millis,
     reply: oneshot::Sender<Result<Verdicts, engine::Error>>,
 }
 
 /// The [`Forwarder`] of a cluster node.
 pub struct HttpForwarder {
     http: reqwest::Client,
-    secret: Option<Arc<str>>,
+    secret: Arc<str>,
     timeout: Duration,
     queues: Mutex<HashMap<Arc<str>, mpsc::UnboundedSender<Job>>>,
 }
 
 impl HttpForwarder {
-    pub fn new(secret: Option<String>, timeout: Duration) -> Self {
+    pub fn new(secret: &str, timeout: Duration) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .no_proxy()
                 .tcp_nodelay(true)
                 .build()
                 .expect("a plain HTTP client builds"),
-            secret: secret.map(Arc::from),
+            secret: Arc::from(secret),
             timeout,
             queues: Mutex::new(HashMap::new()),
         }
@@ -88,13 +87,9 @@ impl HttpForwarder {
 }
 
 impl Forwarder for HttpForwarder {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, received_at: Millis) -> VerdictsRx {
+    fn forward(&self, to: Arc<str>, readings: Vec<Reading>) -> VerdictsRx {
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            readings,
-            received_at,
-            reply,
-        };
+        let job = Job { readings, reply };
         if let Err(mpsc::error::SendError(job)) = self.queue(&to).send(job) {
             let _ = job.reply.send(Err(engine::Error::Closed));
         }
@@ -107,7 +102,7 @@ impl Forwarder for HttpForwarder {
 async fn send_loop(
     http: reqwest::Client,
     url: String,
-    secret: Option<Arc<str>>,
+    secret: Arc<str>,
     timeout: Duration,
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
@@ -127,15 +122,15 @@ async fn send_loop(
             batches: jobs
                 .iter()
                 .map(|j| ForwardBatch {
-                    received_at: j.received_at,
                     readings: j.readings.clone(),
                 })
                 .collect(),
         };
-        let mut req = http.post(&url).json(&body).timeout(timeout);
-        if let Some(s) = &secret {
-            req = req.header(SECRET_HEADER, s.as_ref());
-        }
+        let req = http
+            .post(&url)
+            .json(&body)
+            .timeout(timeout)
+            .header(SECRET_HEADER, secret.as_ref());
         let answer = async {
             let resp = req.send().await.map_err(|e| e.to_string())?;
             let status = resp.status();

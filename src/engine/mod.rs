@@ -123,9 +123,10 @@ pub enum Route {
 }
 
 /// Hands readings to the node that serves their partition and answers with its verdicts
-/// once that node made them durable (the cluster layer implements it over HTTP).
+/// once that node made them durable (the cluster layer implements it over HTTP). The owner
+/// stamps them with its own clock: no node's stamp is taken on another's word.
 pub trait Forwarder: Send + Sync + 'static {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, received_at: Millis) -> VerdictsRx;
+    fn forward(&self, to: Arc<str>, readings: Vec<Reading>) -> VerdictsRx;
 }
 
 /// The route of every partition, replaced whole by the cluster layer as leases move.
@@ -374,7 +375,7 @@ impl Engine {
             for (to, (idx, rs)) in away {
                 metrics::counter!("latch_cluster_forwarded_readings_total")
                     .increment(rs.len() as u64);
-                waits.push((idx, routing.forwarder.forward(to, rs, received_at)));
+                waits.push((idx, routing.forwarder.forward(to, rs)));
                 sent = true;
             }
         }

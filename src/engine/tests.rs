@@ -183,7 +183,7 @@ async fn a_full_round_still_declares_sensors_silent_before_its_readings() {
 struct Forwarded(std::sync::Mutex<Vec<(Arc<str>, Vec<Reading>)>>);
 
 impl Forwarder for Forwarded {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, _at: Millis) -> VerdictsRx {
+    fn forward(&self, to: Arc<str>, readings: Vec<Reading>) -> VerdictsRx {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(vec![None; readings.len()]));
         self.0.lock().unwrap().push((to, readings));

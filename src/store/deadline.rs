@@ -357,4 +357,19 @@ impl<S: Store + ClusterStore> ClusterStore for Deadline<S> {
         self.within(self.limit * BULK_FACTOR, "load_partitions", call)
             .await
     }
+    async fn shared_secret(&self, candidate: &str) -> Result<String> {
+        self.bound("shared_secret", self.inner.shared_secret(candidate))
+            .await
+    }
+    async fn secret_disagreements(
+        &self,
+        node: &str,
+        fingerprint: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>> {
+        let call = self
+            .inner
+            .secret_disagreements(node, fingerprint, live_within);
+        self.bound("secret_disagreements", call).await
+    }
 }

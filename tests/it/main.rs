@@ -11,6 +11,7 @@ mod http_edges;
 mod liveness;
 mod metrics;
 mod mqtt;
+mod node_trust;
 mod nodes;
 mod readings;
 mod registry;

@@ -263,4 +263,46 @@ impl ClusterStore for PgStore {
             .await?;
         rows.iter().map(row::runtime).collect()
     }
+
+    async fn shared_secret(&self, candidate: &str) -> Result<String> {
+        // One statement: of nodes asking at once, the first to lock the row stores its
+        // candidate and the others read it back.
+        let row = self
+            .pool
+            .get()
+            .await?
+            .query_opt(
+                "UPDATE latch_cluster SET secret = COALESCE(secret, $1) WHERE id = 1 \
+                 RETURNING secret",
+                &[&candidate],
+            )
+            .await?;
+        row.map(|r| r.get(0))
+            .ok_or(crate::store::Error::NotFound("cluster row"))
+    }
+
+    async fn secret_disagreements(
+        &self,
+        node: &str,
+        fingerprint: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>> {
+        let c = self.pool.get().await?;
+        // Two statements, each committed on its own: of two nodes starting at once with
+        // different secrets, the one that reads last sees the other's fingerprint. A node
+        // of an older version records none and is not judged.
+        c.execute(
+            "UPDATE latch_nodes SET secret_fingerprint = $2 WHERE id = $1",
+            &[&node, &fingerprint],
+        )
+        .await?;
+        let rows = c
+            .query(
+                "SELECT id FROM latch_nodes WHERE id <> $1 AND secret_fingerprint <> $2 \
+                 AND heartbeat_at > now() - $3::int8 * interval '1 millisecond' ORDER BY id",
+                &[&node, &fingerprint, &ms(live_within)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
 }

@@ -61,6 +61,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0009_state_fillfactor.sql"),
     include_str!("../migrations/postgres/0010_outbox_room.sql"),
     include_str!("../migrations/postgres/0011_pending_table.sql"),
+    include_str!("../migrations/postgres/0012_cluster_secret.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

@@ -33,6 +33,39 @@ async fn cluster(p: u32) -> Option<PgStore> {
 }
 
 #[tokio::test]
+async fn the_shared_secret_is_made_once_and_disagreeing_nodes_are_named() {
+    let Some(store) = cluster(4).await else {
+        return;
+    };
+    let (a, b) = tokio::join!(store.shared_secret("first"), store.shared_secret("second"));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b, "two nodes asking at once get one secret");
+    assert_eq!(store.shared_secret("third").await.unwrap(), a, "kept");
+
+    for n in ["n1", "n2", "n3"] {
+        store.heartbeat(n, "http://x", LONG).await.unwrap();
+    }
+    let differ = |n: &'static str, f: &'static str| store.secret_disagreements(n, f, LONG);
+    assert!(differ("n1", "fp-a").await.unwrap().is_empty());
+    // n3 never recorded one (an older version): not judged.
+    assert!(differ("n2", "fp-a").await.unwrap().is_empty());
+    assert_eq!(differ("n3", "fp-b").await.unwrap(), vec!["n1", "n2"]);
+    // A node restarted with the others' secret records it anew.
+    assert!(differ("n3", "fp-a").await.unwrap().is_empty());
+    // Only live nodes count.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    store.heartbeat("n3", "http://x", LONG).await.unwrap();
+    assert!(differ("n3", "fp-b").await.unwrap().len() == 2);
+    assert!(
+        store
+            .secret_disagreements("n3", "fp-b", RECENT)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
 async fn partitions_are_fixed_by_the_first_caller() {
     let Some((store, _)) = fresh().await else {
         return;
