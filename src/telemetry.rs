@@ -229,6 +229,12 @@ pub fn register_families(config: &Config) {
             "MQTT publishes ignored because they carried the retain flag (stale, not readings)."
         );
         counter!("latch_mqtt_retained_ignored_total").increment(0);
+        describe_counter!(
+            "latch_mqtt_duplicates_total",
+            "MQTT publishes acknowledged without being applied again (resent by the broker \
+             after they had committed)."
+        );
+        counter!("latch_mqtt_duplicates_total").increment(0);
     }
     if config.database_url.is_some() {
         describe_counter!(

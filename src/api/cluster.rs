@@ -1,6 +1,8 @@
 //! `GET /v1/cluster`, and the node-to-node endpoints of cluster mode (not part of the
 //! public API: authenticated by `cluster_secret`, absent from the OpenAPI document).
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -17,6 +19,7 @@ use crate::cluster::forward::{ForwardRequest, ForwardResponse, READINGS_PATH};
 use crate::cluster::{FOLLOW_PATH, SECRET_HEADER};
 use crate::domain::reading::{self, RejectCode};
 use crate::domain::{Rejection, time};
+use crate::engine::Sequence;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_cluster))
@@ -129,6 +132,9 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
                 .into_response();
         }
     };
+    // The sender's sequences, one here per request: the sender sends none of a sequence
+    // behind a batch it was told did not commit, so one request is all this node sees.
+    let mut sequences: HashMap<u64, Sequence> = HashMap::new();
     let mut tickets = Vec::with_capacity(req.batches.len());
     for b in req.batches {
         let n = b.readings.len();
@@ -138,7 +144,10 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
             .into_iter()
             .map(|r| reading::check(r, now))
             .collect();
-        tickets.push((n, st.engine.enqueue_here(items, now).await));
+        let seq = b
+            .sequence
+            .map(|id| sequences.entry(id).or_default().clone());
+        tickets.push((n, st.engine.enqueue_here(items, now, seq.as_ref()).await));
     }
     let mut verdicts = Vec::with_capacity(tickets.len());
     for (n, ticket) in tickets {

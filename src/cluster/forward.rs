@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::{Reading, Rejection};
-use crate::engine::{self, Forwarder, Verdicts, VerdictsRx};
+use crate::engine::{self, Forwarder, Sequence, Verdicts, VerdictsRx};
 
 /// Path of the owner's endpoint for forwarded readings.
 pub const READINGS_PATH: &str = "/internal/v1/readings";
@@ -32,6 +32,10 @@ pub struct ForwardRequest {
 /// its own clock when they arrive, so a request cannot set a sensor's `last_seen_at`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ForwardBatch {
+    /// The sender's [`Sequence`] the batch belongs to (a broker session's), by its id: the
+    /// owner applies none of a sequence's batches behind one that did not commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
     pub readings: Vec<Reading>,
 }
 
@@ -43,6 +47,7 @@ pub struct ForwardResponse {
 
 struct Job {
     readings: Vec<Reading>,
+    sequence: Option<Sequence>,
     reply: oneshot::Sender<Result<Verdicts, engine::Error>>,
 }
 
@@ -87,9 +92,18 @@ impl HttpForwarder {
 }
 
 impl Forwarder for HttpForwarder {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>) -> VerdictsRx {
+    fn forward(
+        &self,
+        to: Arc<str>,
+        readings: Vec<Reading>,
+        sequence: Option<Sequence>,
+    ) -> VerdictsRx {
         let (reply, rx) = oneshot::channel();
-        let job = Job { readings, reply };
+        let job = Job {
+            readings,
+            sequence,
+            reply,
+        };
         if let Err(mpsc::error::SendError(job)) = self.queue(&to).send(job) {
             let _ = job.reply.send(Err(engine::Error::Closed));
         }
@@ -107,21 +121,31 @@ async fn send_loop(
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
     while let Some(first) = rx.recv().await {
-        let mut jobs = vec![first];
-        let mut count = jobs[0].readings.len();
-        while count < MAX_READINGS {
-            match rx.try_recv() {
-                Ok(j) => {
-                    count += j.readings.len();
-                    jobs.push(j);
-                }
-                Err(_) => break,
+        let mut jobs = Vec::new();
+        let mut count = 0;
+        let mut next = Some(first);
+        while let Some(j) = next.take() {
+            // A sequence cut by an earlier answer (or elsewhere): none of it goes.
+            if j.sequence.as_ref().is_some_and(Sequence::is_cut) {
+                let _ = j
+                    .reply
+                    .send(Ok(vec![Some(Sequence::refusal()); j.readings.len()]));
+            } else {
+                count += j.readings.len();
+                jobs.push(j);
             }
+            if count < MAX_READINGS {
+                next = rx.try_recv().ok();
+            }
+        }
+        if jobs.is_empty() {
+            continue;
         }
         let body = ForwardRequest {
             batches: jobs
                 .iter()
                 .map(|j| ForwardBatch {
+                    sequence: j.sequence.as_ref().map(Sequence::id),
                     readings: j.readings.clone(),
                 })
                 .collect(),
@@ -148,6 +172,11 @@ async fn send_loop(
         match answer {
             Ok(verdicts) => {
                 for (job, v) in jobs.into_iter().zip(verdicts) {
+                    if let Some(seq) = &job.sequence
+                        && v.iter().flatten().any(|r| r.code.is_transient())
+                    {
+                        seq.cut();
+                    }
                     let _ = job.reply.send(Ok(v));
                 }
             }
@@ -155,6 +184,9 @@ async fn send_loop(
                 metrics::counter!("latch_cluster_forward_failures_total").increment(1);
                 tracing::warn!(%url, error = %e, "Forwarding readings to their partition's owner failed.");
                 for job in jobs {
+                    if let Some(seq) = &job.sequence {
+                        seq.cut();
+                    }
                     let _ = job.reply.send(Err(engine::Error::Commit(format!(
                         "the node serving these sensors did not take them ({e})"
                     ))));

@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use crate::domain::{Millis, Reading, Rejection};
 /// What became of a submitted batch: accepted, or rejected with a reason and its index.
 pub use crate::engine::Report;
-use crate::engine::{self, Engine};
+use crate::engine::{self, Engine, Sequence};
 
 /// Errors of ingest.
 #[derive(Debug, thiserror::Error)]
@@ -67,12 +67,30 @@ impl Ingest {
         items: Vec<Result<Reading, Rejection>>,
     ) -> Result<Durable, Error> {
         let ticket = self.engine.enqueue(items, self.engine.now()).await?;
-        Ok(Box::pin(async move {
-            let report = ticket.wait().await?;
-            count(source, &report);
-            Ok(report)
-        }))
+        Ok(durable(source, ticket))
     }
+
+    /// [`Ingest::enqueue`] as the next batch of a broker session's `sequence`: nothing of
+    /// it commits once an earlier batch did not ([`Sequence`]).
+    pub(crate) async fn enqueue_in(
+        &self,
+        source: &'static str,
+        items: Vec<Result<Reading, Rejection>>,
+        sequence: &Sequence,
+    ) -> Result<Durable, Error> {
+        let now = self.engine.now();
+        let ticket = self.engine.enqueue_in(items, now, sequence).await?;
+        Ok(durable(source, ticket))
+    }
+}
+
+/// The ticket's report once durable, counted in the metrics.
+fn durable(source: &'static str, ticket: engine::Ticket) -> Durable {
+    Box::pin(async move {
+        let report = ticket.wait().await?;
+        count(source, &report);
+        Ok(report)
+    })
 }
 
 /// The sources that count their readings: `http`, `amqp`, `mqtt`.

@@ -14,6 +14,7 @@ mod mqtt;
 mod node_trust;
 mod nodes;
 mod readings;
+mod redelivery;
 mod registry;
 mod ssrf;
 mod store_faults;

@@ -26,6 +26,7 @@ const FAMILIES: &[&str] = &[
     "latch_amqp_dead_lettered_total",
     "latch_amqp_duplicates_total",
     "latch_mqtt_retained_ignored_total",
+    "latch_mqtt_duplicates_total",
     "latch_store_timeouts_total",
     "latch_history_spool_rows",
     "latch_history_shipped_rows_total",
