@@ -70,7 +70,7 @@ pub async fn run_with_clock(
     let address = config.advertise(bound);
     // PostgreSQL: this node is one of a cluster (perhaps of one) and serves the partitions
     // it leases; the embedded store is one node serving them all.
-    let membership = match cluster_store {
+    let membership = match cluster_store.clone() {
         Some(cs) => {
             Some(cluster::Membership::join(cs, node.clone(), address.clone(), &config).await?)
         }
@@ -88,6 +88,7 @@ pub async fn run_with_clock(
             node: node.clone(),
             clock: clock.clone(),
             serves: membership.as_ref().map(|m| m.serves()),
+            rate_grants: cluster_store.map(delivery::RateGrants),
             ..delivery::Settings::from_config(&config)
         },
         dispatcher_stop.clone(),

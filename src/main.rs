@@ -60,6 +60,9 @@ enum Scenario {
     /// N `latch serve` processes on one PostgreSQL: ingest and delivery against one node,
     /// and the takeover time after `kill -9` of one.
     Cluster(latch::bench::cluster::Args),
+    /// One client's `rate_limit` through N `latch serve` processes against one node: the
+    /// webhooks it receives per second.
+    Rate(latch::bench::rate::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -90,6 +93,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::History(a) => latch::bench::history::run(a).await?,
                     Scenario::Soak(a) => latch::bench::soak::run(a).await?,
                     Scenario::Cluster(a) => latch::bench::cluster::run(a).await?,
+                    Scenario::Rate(a) => latch::bench::rate::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

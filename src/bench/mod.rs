@@ -10,6 +10,7 @@ pub mod deliver;
 pub mod fleet;
 pub mod history;
 pub mod ingest;
+pub mod rate;
 pub mod restart;
 pub mod soak;
 

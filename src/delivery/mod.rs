@@ -26,6 +26,7 @@
 mod claimer;
 pub mod guard;
 mod lanes;
+mod rates;
 mod recorder;
 pub mod retry;
 pub mod sender;
@@ -75,6 +76,19 @@ pub struct Settings {
     /// Cluster mode: which sensors' notifications this node delivers (those of the
     /// partitions it serves). `None`: all.
     pub serves: Option<Serves>,
+    /// Cluster mode: where clients' `rate_limit` slots are leased from, so a limit holds
+    /// for the whole cluster ([`rates`]). `None`: each client paced by this node alone.
+    pub rate_grants: Option<RateGrants>,
+}
+
+/// Where a cluster leases clients' rate slots (the cluster's store).
+#[derive(Clone)]
+pub struct RateGrants(pub Arc<dyn crate::store::ClusterStore>);
+
+impl std::fmt::Debug for RateGrants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RateGrants(..)")
+    }
 }
 
 /// Whether this node delivers a sensor's notifications (cluster mode: it serves the
@@ -100,6 +114,7 @@ impl Settings {
             guard: Arc::new(guard::Guard::from_config(c)),
             disable_after: c.endpoint_disable_after,
             serves: None,
+            rate_grants: None,
         }
     }
 
@@ -208,6 +223,10 @@ impl Dispatcher {
             claims_rx,
         ));
         let mut core = Core::new(&settings, rec_tx, claims, core_store.shared());
+        if let Some(RateGrants(grants)) = &settings.rate_grants {
+            core.lanes.share_rates();
+            core.grants = Some((grants.clone(), tx.clone()));
+        }
         for (client, rate) in rate_limits(store.as_ref()).await? {
             core.lanes.set_rate(&client, Some(rate));
         }
@@ -264,6 +283,8 @@ enum Cmd {
     /// What a sweep of a shared store found pending.
     Sweep(Vec<NotificationRef>),
     Done(Box<Done>),
+    /// A lease of a client's rate slots; `None` when the store could not be asked.
+    Granted(Arc<str>, Option<rates::Lease>),
 }
 
 /// The dispatcher's loop: feeds the lanes what arrives and the time, and carries out what
@@ -278,6 +299,11 @@ struct Core {
     client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
     client_concurrency: usize,
     clock: Clock,
+    /// Cluster mode: where rate slots are leased, and where the leases come back.
+    grants: Option<(
+        Arc<dyn crate::store::ClusterStore>,
+        mpsc::UnboundedSender<Cmd>,
+    )>,
 }
 
 impl Core {
@@ -299,6 +325,7 @@ impl Core {
             client_sends: HashMap::new(),
             client_concurrency: settings.client_concurrency as usize,
             clock: settings.clock.clone(),
+            grants: None,
         }
     }
 
@@ -341,7 +368,13 @@ impl Core {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
                 // Durable; picked up at next start.
-                Ok(Some(Cmd::Deliver(_) | Cmd::Sweep(_) | Cmd::Resume(..) | Cmd::Rate(..))) => {}
+                Ok(Some(
+                    Cmd::Deliver(_)
+                    | Cmd::Sweep(_)
+                    | Cmd::Resume(..)
+                    | Cmd::Rate(..)
+                    | Cmd::Granted(..),
+                )) => {}
                 Ok(None) | Err(_) => break,
             }
         }
@@ -366,6 +399,7 @@ impl Core {
                 self.record(outcomes);
             }
             Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
+            Cmd::Granted(client, lease) => self.lanes.rate_granted(&client, lease),
         }
     }
 
@@ -389,10 +423,41 @@ impl Core {
                 .entry(lane.0.clone())
                 .or_insert_with(|| Arc::new(Semaphore::new(limit)))
                 .clone();
+            let rate_limit = self.lanes.rate_limit(&lane.0);
             let _ = self.claims.send(Admitted {
                 lane,
                 id,
                 client_sends,
+                rate_limit,
+            });
+        }
+        self.lease_rates();
+    }
+
+    /// Asks the store for the rate slots the lanes want, each lease in a task of its own
+    /// whose answer comes back as [`Cmd::Granted`].
+    fn lease_rates(&mut self) {
+        let Some((store, tx)) = &self.grants else {
+            return;
+        };
+        for w in self.lanes.rates_wanted() {
+            let (store, tx, clock) = (store.clone(), tx.clone(), self.clock.clone());
+            tokio::spawn(async move {
+                let lease = match store.grant_rate(&w.client, w.tokens, w.interval_us).await {
+                    Ok((first_us, db_now_us)) => Some(rates::Lease {
+                        first_us,
+                        db_now_us,
+                        received_us: clock.now().saturating_mul(1000),
+                        tokens: w.tokens,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(client = %w.client, error = %e,
+                            "Could not lease rate-limited requests; trying again in a second.");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        None
+                    }
+                };
+                let _ = tx.send(Cmd::Granted(w.client, lease));
             });
         }
     }
@@ -430,6 +495,7 @@ mod tests {
             guard: Arc::default(),
             disable_after: Duration::from_secs(3600),
             serves: None,
+            rate_grants: None,
         }
     }
 

@@ -82,4 +82,9 @@ pub trait ClusterStore: Send + Sync + 'static {
         fingerprint: &str,
         live_within: Duration,
     ) -> Result<Vec<String>>;
+    /// Leases the next `tokens` request slots of `client`'s cluster-wide `rate_limit`, one
+    /// every `interval_us`, from the one schedule all nodes share (in one statement), and
+    /// returns when the first starts and the database's now, in microseconds since the
+    /// epoch by the database's clock.
+    async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)>;
 }

@@ -372,4 +372,8 @@ impl<S: Store + ClusterStore> ClusterStore for Deadline<S> {
             .secret_disagreements(node, fingerprint, live_within);
         self.bound("secret_disagreements", call).await
     }
+    async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)> {
+        let call = self.inner.grant_rate(client, tokens, interval_us);
+        self.bound("grant_rate", call).await
+    }
 }

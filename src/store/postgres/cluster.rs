@@ -305,4 +305,26 @@ impl ClusterStore for PgStore {
             .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
+
+    async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)> {
+        // The schedule's end moves on by the lease, from now at the earliest (slots in the
+        // past cannot be used); the lease starts where it was. The row's lock orders nodes
+        // asking at once, so their leases never overlap.
+        let span = i64::from(tokens).saturating_mul(interval_us);
+        let row = self
+            .pool
+            .get()
+            .await?
+            .query_one(
+                "WITH n AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS us) \
+                 INSERT INTO latch_rate_schedule AS r (client_id, end_us) \
+                 SELECT $1, n.us + $2 FROM n \
+                 ON CONFLICT (client_id) DO UPDATE \
+                 SET end_us = GREATEST(r.end_us + $2, excluded.end_us) \
+                 RETURNING r.end_us - $2, (SELECT us FROM n)",
+                &[&client, &span],
+            )
+            .await?;
+        Ok((row.get(0), row.get(1)))
+    }
 }

@@ -66,6 +66,32 @@ async fn the_shared_secret_is_made_once_and_disagreeing_nodes_are_named() {
 }
 
 #[tokio::test]
+async fn rate_slots_are_leased_once_each_across_nodes() {
+    let Some(store) = cluster(4).await else {
+        return;
+    };
+    // Three nodes lease five slots of 20 ms each at once: the leases follow one another.
+    let (a, b, c) = tokio::join!(
+        store.grant_rate("c1", 5, 20_000),
+        store.grant_rate("c1", 5, 20_000),
+        store.grant_rate("c1", 5, 20_000)
+    );
+    let delay = |(first, now): (i64, i64)| first - now;
+    let mut delays = vec![delay(a.unwrap()), delay(b.unwrap()), delay(c.unwrap())];
+    delays.sort_unstable();
+    assert!(delays[0] < 50_000, "the first starts about now: {delays:?}");
+    for w in delays.windows(2) {
+        // 100 ms apart, less the time between the statements.
+        assert!((50_000..=100_000).contains(&(w[1] - w[0])), "{delays:?}");
+    }
+    // Another client has a schedule of its own.
+    assert!(delay(store.grant_rate("c2", 1, 1_000_000).await.unwrap()) < 50_000);
+    // Slots in the past are not leased: after the schedule ran out, a lease starts now.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(delay(store.grant_rate("c1", 1, 20_000).await.unwrap()), 0);
+}
+
+#[tokio::test]
 async fn partitions_are_fixed_by_the_first_caller() {
     let Some((store, _)) = fresh().await else {
         return;
