@@ -67,10 +67,10 @@ pub(super) struct Rates {
     shared: bool,
     wanted: Vec<Wanted>,
     /// This node's clock minus the database's, as the last answers showed it (each a
-    /// little more than the truth, by the answer's travel). Their least maps the
-    /// database's times onto this node's clock, the same for every lease: leases that
-    /// follow one another in the database follow one another here, with no gap or
-    /// overlap from one answer taking longer than another.
+    /// little more than the truth, by the answer's travel). Their least maps a lease's
+    /// database times onto this node's clock; a lease that follows on from this node's
+    /// last one in the database follows on from it here, so one answer taking longer than
+    /// another leaves no gap or overlap.
     offsets: VecDeque<i64>,
 }
 
@@ -87,6 +87,8 @@ struct Rate {
     leases: VecDeque<(i64, u32)>,
     /// Shared: a lease was asked for and has not come yet.
     asked: bool,
+    /// Shared: where the last lease ends, by the database's clock and on this node's.
+    last_end: Option<(i64, i64)>,
 }
 
 impl Rate {
@@ -142,6 +144,7 @@ impl Rates {
                         next_us: i64::MIN,
                         leases: VecDeque::new(),
                         asked: false,
+                        last_end: None,
                     });
             }
             None => {
@@ -217,11 +220,16 @@ impl Rates {
         let Some(lease) = lease.filter(|l| l.tokens > 0) else {
             return;
         };
-        // Never before the end of the lease before it, should the offset have moved.
-        let after = rate.leases.back().map_or(i64::MIN, |(start, n)| {
-            start + i64::from(*n) * rate.interval_us
-        });
-        let first = (lease.first_us + offset).max(after);
+        let first = match rate.last_end {
+            // Right after this node's last lease in the database (no other node leased
+            // between): right after it here too, whatever the clocks did meanwhile.
+            Some((db_end, end)) if db_end == lease.first_us => end,
+            // Never before the end of the last lease, should the offset have moved.
+            Some((_, end)) => (lease.first_us + offset).max(end),
+            None => lease.first_us + offset,
+        };
+        let span = i64::from(lease.tokens) * rate.interval_us;
+        rate.last_end = Some((lease.first_us + span, first + span));
         rate.leases.push_back((first, lease.tokens));
     }
 }
@@ -313,8 +321,8 @@ mod tests {
         r.set("c", Some(50));
         r.take(&c, 0);
         // This node's clock is 1 s ahead of the database's; the first answer took 2 ms,
-        // the second 9 ms: the two leases, one after the other in the database, are one
-        // after the other here too.
+        // the second 9 ms, the third 5: the two leases one after the other in the database
+        // are one after the other here too, and the third is placed by the fastest answer.
         let at = |first_us, db_now_us, travel_us| {
             Some(Lease {
                 first_us,
@@ -325,8 +333,10 @@ mod tests {
         };
         r.granted("c", at(0, 0, 2_000));
         r.granted("c", at(100_000, 60_000, 9_000));
+        // Another node leased 200–300 ms: the third lease is placed by the least offset.
+        r.granted("c", at(300_000, 150_000, 5_000));
         let starts: Vec<i64> = r.clients["c"].leases.iter().map(|l| l.0).collect();
-        assert_eq!(starts, vec![1_002_000, 1_102_000]);
+        assert_eq!(starts, vec![1_002_000, 1_102_000, 1_302_000]);
     }
 
     #[test]
