@@ -15,6 +15,10 @@
 //! over the shards and [`Ticket::wait`] puts the answers back together: the one split and
 //! merge between a source and the store.
 //!
+//! A broker session enqueues its batches as one [`Sequence`] ([`Engine::enqueue_in`]):
+//! cut at its first reading that does not commit, so that nothing of it commits behind
+//! that point and the broker's redelivery can skip what did.
+//!
 //! Deadlines are read from a [`Clock`]: the wall clock in service, one moved by hand in
 //! tests.
 //!
