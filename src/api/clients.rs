@@ -51,8 +51,8 @@ pub struct ClientIn {
     /// `whsec_` + base64 of a 16 to 64 byte key. Generated on create when absent; kept on
     /// replace when absent.
     pub secret: Option<String>,
-    /// Most webhook requests per second latch sends this client (evenly spaced, per
-    /// node); absent: only the concurrency limits.
+    /// Most webhook requests per second latch sends this client (evenly spaced, from all
+    /// nodes of a cluster together); absent: only the concurrency limits.
     #[schema(minimum = 1, maximum = 10000)]
     #[serde(default, deserialize_with = "super::whole_number")]
     pub rate_limit: Option<u32>,

@@ -1,6 +1,8 @@
 //! `GET /v1/cluster`, and the node-to-node endpoints of cluster mode (not part of the
 //! public API: authenticated by `cluster_secret`, absent from the OpenAPI document).
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -12,11 +14,12 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiResult, ErrorBody};
+use super::error::{ApiError, ApiJson, ApiResult, ErrorBody, is_json};
 use crate::cluster::forward::{ForwardRequest, ForwardResponse, READINGS_PATH};
 use crate::cluster::{FOLLOW_PATH, SECRET_HEADER};
-use crate::domain::reading::RejectCode;
+use crate::domain::reading::{self, RejectCode};
 use crate::domain::{Rejection, time};
+use crate::engine::Sequence;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_cluster))
@@ -95,12 +98,13 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
 }
 
 /// Refuses a node-to-node request without the cluster secret (or on a single node).
+/// There is always a secret ([`crate::cluster::trust`]), whatever the API's tokens are.
 fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(c) = &st.cluster else {
         return Err(ApiError::not_found("route"));
     };
     let given = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok());
-    if c.admits(given, !st.auth_required()) {
+    if c.admits(given) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
@@ -110,9 +114,16 @@ fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 /// Readings another node took in for partitions served here: applied here, in the order
 /// of the batches, answered per reading once durable. Never forwarded again: a reading
 /// of a partition not served here is refused as `store_unavailable` (send again).
+///
+/// Judged as `POST /v1/readings` judges them: a JSON body only, each `ts` held to the
+/// bounds of [`reading::check`] and every reading stamped with this node's clock — the
+/// owner's, which its sensors' deadlines are counted on.
 async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = admit(&st, &headers) {
         return e.into_response();
+    }
+    if !is_json(&headers) {
+        return ApiError::unsupported_media_type().into_response();
     }
     let req: ForwardRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
@@ -121,11 +132,22 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
                 .into_response();
         }
     };
+    // The sender's sequences, one here per request: the sender sends none of a sequence
+    // behind a batch it was told did not commit, so one request is all this node sees.
+    let mut sequences: HashMap<u64, Sequence> = HashMap::new();
     let mut tickets = Vec::with_capacity(req.batches.len());
     for b in req.batches {
         let n = b.readings.len();
-        let items = b.readings.into_iter().map(Ok).collect();
-        tickets.push((n, st.engine.enqueue_here(items, b.received_at).await));
+        let now = st.ingest.now();
+        let items = b
+            .readings
+            .into_iter()
+            .map(|r| reading::check(r, now))
+            .collect();
+        let seq = b
+            .sequence
+            .map(|id| sequences.entry(id).or_default().clone());
+        tickets.push((n, st.engine.enqueue_here(items, now, seq.as_ref()).await));
     }
     let mut verdicts = Vec::with_capacity(tickets.len());
     for (n, ticket) in tickets {

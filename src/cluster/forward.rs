@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::domain::{Millis, Reading, Rejection};
-use crate::engine::{self, Forwarder, Verdicts, VerdictsRx};
+use crate::domain::{Reading, Rejection};
+use crate::engine::{self, Forwarder, Sequence, Verdicts, VerdictsRx};
 use crate::telemetry::families;
 
 /// Path of the owner's endpoint for forwarded readings.
@@ -29,10 +29,14 @@ pub struct ForwardRequest {
     pub batches: Vec<ForwardBatch>,
 }
 
+/// One enqueued batch. No receive time travels with it: the owner stamps the readings with
+/// its own clock when they arrive, so a request cannot set a sensor's `last_seen_at`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ForwardBatch {
-    /// When the entry node received them (their stamp, as if they arrived at the owner).
-    pub received_at: Millis,
+    /// The sender's [`Sequence`] the batch belongs to (a broker session's), by its id: the
+    /// owner applies none of a sequence's batches behind one that did not commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
     pub readings: Vec<Reading>,
 }
 
@@ -44,27 +48,27 @@ pub struct ForwardResponse {
 
 struct Job {
     readings: Vec<Reading>,
-    received_at: Millis,
+    sequence: Option<Sequence>,
     reply: oneshot::Sender<Result<Verdicts, engine::Error>>,
 }
 
 /// The [`Forwarder`] of a cluster node.
 pub struct HttpForwarder {
     http: reqwest::Client,
-    secret: Option<Arc<str>>,
+    secret: Arc<str>,
     timeout: Duration,
     queues: Mutex<HashMap<Arc<str>, mpsc::UnboundedSender<Job>>>,
 }
 
 impl HttpForwarder {
-    pub fn new(secret: Option<String>, timeout: Duration) -> Self {
+    pub fn new(secret: &str, timeout: Duration) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .no_proxy()
                 .tcp_nodelay(true)
                 .build()
                 .expect("a plain HTTP client builds"),
-            secret: secret.map(Arc::from),
+            secret: Arc::from(secret),
             timeout,
             queues: Mutex::new(HashMap::new()),
         }
@@ -89,11 +93,16 @@ impl HttpForwarder {
 }
 
 impl Forwarder for HttpForwarder {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, received_at: Millis) -> VerdictsRx {
+    fn forward(
+        &self,
+        to: Arc<str>,
+        readings: Vec<Reading>,
+        sequence: Option<Sequence>,
+    ) -> VerdictsRx {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             readings,
-            received_at,
+            sequence,
             reply,
         };
         if let Err(mpsc::error::SendError(job)) = self.queue(&to).send(job) {
@@ -108,35 +117,45 @@ impl Forwarder for HttpForwarder {
 async fn send_loop(
     http: reqwest::Client,
     url: String,
-    secret: Option<Arc<str>>,
+    secret: Arc<str>,
     timeout: Duration,
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
     while let Some(first) = rx.recv().await {
-        let mut jobs = vec![first];
-        let mut count = jobs[0].readings.len();
-        while count < MAX_READINGS {
-            match rx.try_recv() {
-                Ok(j) => {
-                    count += j.readings.len();
-                    jobs.push(j);
-                }
-                Err(_) => break,
+        let mut jobs = Vec::new();
+        let mut count = 0;
+        let mut next = Some(first);
+        while let Some(j) = next.take() {
+            // A sequence cut by an earlier answer (or elsewhere): none of it goes.
+            if j.sequence.as_ref().is_some_and(Sequence::is_cut) {
+                let _ = j
+                    .reply
+                    .send(Ok(vec![Some(Sequence::refusal()); j.readings.len()]));
+            } else {
+                count += j.readings.len();
+                jobs.push(j);
             }
+            if count < MAX_READINGS {
+                next = rx.try_recv().ok();
+            }
+        }
+        if jobs.is_empty() {
+            continue;
         }
         let body = ForwardRequest {
             batches: jobs
                 .iter()
                 .map(|j| ForwardBatch {
-                    received_at: j.received_at,
+                    sequence: j.sequence.as_ref().map(Sequence::id),
                     readings: j.readings.clone(),
                 })
                 .collect(),
         };
-        let mut req = http.post(&url).json(&body).timeout(timeout);
-        if let Some(s) = &secret {
-            req = req.header(SECRET_HEADER, s.as_ref());
-        }
+        let req = http
+            .post(&url)
+            .json(&body)
+            .timeout(timeout)
+            .header(SECRET_HEADER, secret.as_ref());
         let answer = async {
             let resp = req.send().await.map_err(|e| e.to_string())?;
             let status = resp.status();
@@ -154,6 +173,11 @@ async fn send_loop(
         match answer {
             Ok(verdicts) => {
                 for (job, v) in jobs.into_iter().zip(verdicts) {
+                    if let Some(seq) = &job.sequence
+                        && v.iter().flatten().any(|r| r.code.is_transient())
+                    {
+                        seq.cut();
+                    }
                     let _ = job.reply.send(Ok(v));
                 }
             }
@@ -161,6 +185,9 @@ async fn send_loop(
                 families::CLUSTER_FORWARD_FAILURES.counter().increment(1);
                 tracing::warn!(%url, error = %e, "Forwarding readings to their partition's owner failed.");
                 for job in jobs {
+                    if let Some(seq) = &job.sequence {
+                        seq.cut();
+                    }
                     let _ = job.reply.send(Err(engine::Error::Commit(format!(
                         "the node serving these sensors did not take them ({e})"
                     ))));

@@ -23,6 +23,7 @@
 //! queue or topic is consumed in one place, in order, as on one node.
 
 pub mod forward;
+pub mod trust;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,9 @@ pub enum Error {
     Store(#[from] crate::store::Error),
     #[error(transparent)]
     Engine(#[from] crate::engine::Error),
+    /// A configuration with which nodes would refuse each other.
+    #[error(transparent)]
+    Mismatch(#[from] trust::Mismatch),
 }
 
 /// Path of a node's endpoint that makes it read the registry changes now.
@@ -69,7 +73,8 @@ pub struct Membership {
     leads: watch::Sender<bool>,
     ready: AtomicBool,
     http: reqwest::Client,
-    secret: Option<String>,
+    /// What node-to-node requests carry and must carry ([`trust`]).
+    secret: String,
 }
 
 impl Membership {
@@ -102,20 +107,9 @@ impl Membership {
                  hand readings to this one. Set LATCH_NODE_ADVERTISE when running several nodes."
             );
         }
-        // Without a cluster secret, nodes prove themselves with the bootstrap API token
-        // when there is one: the node-to-node endpoints never open a way around the API's.
-        let secret = config
-            .cluster_secret
-            .clone()
-            .or_else(|| config.api_token.clone());
-        if secret.is_none() && !address.is_empty() && !is_loopback(&address) {
-            tracing::warn!(
-                "Cluster node reachable beyond loopback without LATCH_CLUSTER_SECRET: node-to-node \
-                 requests are not authenticated. Set the same LATCH_CLUSTER_SECRET on every node."
-            );
-        }
+        let secret = trust::secret(store.as_ref(), config.cluster_secret.as_deref()).await?;
         let forwarder = Arc::new(HttpForwarder::new(
-            secret.clone(),
+            &secret,
             config.database_timeout + Duration::from_secs(5),
         ));
         let (leads, _) = watch::channel(false);
@@ -137,6 +131,20 @@ impl Membership {
             secret,
         });
         me.store.heartbeat(&me.node, &me.address, me.lease).await?;
+        let configured = config.cluster_secret.is_some();
+        if let Err(e) = trust::agree(
+            me.store.as_ref(),
+            &me.node,
+            &me.secret,
+            configured,
+            me.lease,
+        )
+        .await
+        {
+            // Not counted live any longer: the others keep their shares.
+            let _ = me.store.leave(&me.node).await;
+            return Err(e);
+        }
         Ok(me)
     }
 
@@ -462,13 +470,11 @@ impl Membership {
         let Route::Node(to) = &self.routing.get()[p as usize] else {
             return;
         };
-        let mut req = self
+        let req = self
             .http
             .post(format!("{to}{FOLLOW_PATH}"))
-            .timeout(Duration::from_secs(3));
-        if let Some(s) = &self.secret {
-            req = req.header(SECRET_HEADER, s);
-        }
+            .timeout(Duration::from_secs(3))
+            .header(SECRET_HEADER, &self.secret);
         match req.send().await {
             Ok(r) if r.status().is_success() => {}
             Ok(r) => {
@@ -480,14 +486,9 @@ impl Membership {
         }
     }
 
-    /// Whether a node-to-node request carries the cluster secret (or, without one, the
-    /// bootstrap API token). With neither, only while the API itself is `open` (no token
-    /// made), so these endpoints are never a way around the API's tokens.
-    pub fn admits(&self, given: Option<&str>, open: bool) -> bool {
-        match &self.secret {
-            None => open,
-            Some(s) => given.is_some_and(|g| crate::domain::token::constant_time_eq(g, s)),
-        }
+    /// Whether a node-to-node request carries the cluster's secret.
+    pub fn admits(&self, given: Option<&str>) -> bool {
+        trust::admits(&self.secret, given)
     }
 
     /// A clean stop, once the engine has flushed: every lease given up at once (the other
@@ -511,18 +512,6 @@ impl Membership {
         families::CLUSTER_PARTITIONS_OWNED.gauge().set(0.0);
         tracing::info!(partitions = held.len(), "Left the cluster.");
     }
-}
-
-fn is_loopback(address: &str) -> bool {
-    reqwest::Url::parse(address)
-        .ok()
-        .and_then(|u| u.host_str().map(str::to_string))
-        .is_some_and(|h| {
-            h == "localhost"
-                || h.trim_matches(['[', ']'])
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback())
-        })
 }
 
 /// This node's fair share of `partitions` among the `live` nodes (sorted ids): an even
@@ -554,8 +543,6 @@ mod tests {
                 assert!(hi - lo <= 1, "n={n} p={p}: {shares:?}");
             }
         }
-        assert!(is_loopback("http://127.0.0.1:8080") && is_loopback("http://[::1]:1"));
-        assert!(!is_loopback("http://10.0.0.5:8080"));
         // A node not yet in the live list counts itself.
         assert_eq!(fair_share(128, &[], "a"), 128);
         assert_eq!(fair_share(128, &["a".into()], "b"), 64);

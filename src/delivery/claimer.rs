@@ -31,6 +31,8 @@ pub(super) struct Admitted {
     /// Cancelled when it is not to be sent any more (its lane left this node, or the
     /// dispatcher stops): given back unsent if it was claimed.
     pub withdrawn: CancellationToken,
+    /// The client's `rate_limit` as admission applied it (`None`: none known).
+    pub rate_limit: Option<u32>,
 }
 
 /// What sending a claimed head needs.
@@ -116,10 +118,18 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
             id,
             client_sends,
             withdrawn,
+            rate_limit,
         } = admitted;
         let result = match claim {
+            // A rate limit set (or changed) through another node, which admission did not
+            // know: the head goes back to its lane (still leased here) and through the
+            // limit, rather than out with every head admitted meanwhile.
+            Claim::Send(s) if s.rate_limit.is_some() && s.rate_limit != rate_limit => {
+                let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
+                Finished::Later(now)
+            }
             Claim::Send(s) => {
-                // The registry as the claim read it: a rate limit set on another node.
+                // The registry as the claim read it: a rate limit lifted on another node.
                 let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
                 let sending = sending.clone();
                 sending.tracker.clone().spawn(async move {

@@ -32,6 +32,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::rates::{Lease, Rates, Token, Wanted};
 use super::retry::RetryPolicy;
 use super::sender::AttemptResult;
 use crate::domain::policy::{self, Attempted, Queued, Waiting};
@@ -153,20 +154,12 @@ pub(super) struct Lanes {
     /// Ids that left their lane lately; `None` unless the store is shared (nothing but a
     /// sweep asks, and only a shared store is swept).
     finished: Option<RecentlyFinished>,
-    /// Clients with a `rate_limit`, and when (in microseconds) each may be sent its next
-    /// request: a token bucket holding one token, so requests are evenly spaced.
-    rates: HashMap<Arc<str>, RateLimit>,
+    /// Clients with a `rate_limit`: when each may be sent its next request ([`Rates`]).
+    rates: Rates,
+    /// Per client, ready heads waiting for a lease of its cluster-wide rate's slots.
+    rate_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
     /// This node, on every outcome ([`Outcome::node`]).
     node: Arc<str>,
-}
-
-/// One client's rate limit as admission applies it.
-#[derive(Debug, Clone, Copy)]
-struct RateLimit {
-    /// Microseconds between two requests.
-    interval_us: i64,
-    /// When the next request may go, in microseconds since the epoch.
-    next_us: i64,
 }
 
 impl Lanes {
@@ -192,27 +185,42 @@ impl Lanes {
             client_waiting: HashMap::new(),
             pending: 0,
             finished: shared.then(RecentlyFinished::default),
-            rates: HashMap::new(),
+            rates: Rates::new(false),
+            rate_waiting: HashMap::new(),
             node,
         }
     }
 
+    /// Clients' rates are the cluster's: their slots come leased from the store
+    /// ([`Lanes::rates_wanted`], [`Lanes::rate_granted`]).
+    pub(super) fn share_rates(&mut self) {
+        self.rates = Rates::new(true);
+    }
+
     /// Sets (or with `None` lifts) a client's limit of requests per second.
     pub(super) fn set_rate(&mut self, client: &str, per_second: Option<u32>) {
-        match per_second.filter(|r| *r > 0) {
-            Some(r) => {
-                let interval_us = 1_000_000 / i64::from(r);
-                self.rates
-                    .entry(Arc::from(client))
-                    .and_modify(|l| l.interval_us = interval_us)
-                    .or_insert(RateLimit {
-                        interval_us,
-                        next_us: i64::MIN,
-                    });
-            }
-            None => {
-                self.rates.remove(client);
-            }
+        self.rates.set(client, per_second);
+        if per_second.is_none() {
+            self.rate_granted(client, None);
+        }
+    }
+
+    /// The `rate_limit` admission applies to `client` now.
+    pub(super) fn rate_limit(&self, client: &str) -> Option<u32> {
+        self.rates.limit(client)
+    }
+
+    /// The leases of rate slots to ask the store for.
+    pub(super) fn rates_wanted(&mut self) -> Vec<Wanted> {
+        self.rates.wanted()
+    }
+
+    /// A lease of `client`'s rate slots came (`None`: asking failed): the heads that waited
+    /// for it are ready again.
+    pub(super) fn rate_granted(&mut self, client: &str, lease: Option<Lease>) {
+        self.rates.granted(client, lease);
+        if let Some(waiting) = self.rate_waiting.remove(client) {
+            self.ready.extend(waiting);
         }
     }
 
@@ -461,18 +469,24 @@ impl Lanes {
                     .push_back(key);
                 continue;
             }
-            if let Some(rate) = self.rates.get_mut(&key.0) {
-                let now_us = now.saturating_mul(1000);
-                if rate.next_us > now_us {
-                    // No token yet: the head waits on a timer for the next one.
-                    let due = (rate.next_us + 999).div_euclid(1000);
+            match self.rates.take(&key.0, now) {
+                Token::Go => {}
+                // No slot yet: the head waits on a timer for the next one.
+                Token::At(due) => {
                     if let Some(lane) = self.lanes.get_mut(&key) {
                         lane.busy = false;
                     }
                     self.schedule(key, due, now);
                     continue;
                 }
-                rate.next_us = rate.next_us.max(now_us) + rate.interval_us;
+                // Ready again once the client's next slots are leased.
+                Token::Lease => {
+                    self.rate_waiting
+                        .entry(key.0.clone())
+                        .or_default()
+                        .push_back(key);
+                    continue;
+                }
             }
             *self.client_inflight.entry(key.0.clone()).or_default() += 1;
             self.inflight += 1;

@@ -28,6 +28,7 @@ pub mod broker;
 mod claimer;
 pub mod guard;
 mod lanes;
+mod rates;
 mod recorder;
 pub mod retry;
 pub mod sender;
@@ -78,6 +79,19 @@ pub struct Settings {
     /// Cluster mode: which sensors' notifications this node delivers (those of the
     /// partitions it serves). `None`: all.
     pub serves: Option<Serves>,
+    /// Cluster mode: where clients' `rate_limit` slots are leased from, so a limit holds
+    /// for the whole cluster ([`rates`]). `None`: each client paced by this node alone.
+    pub rate_grants: Option<RateGrants>,
+}
+
+/// Where a cluster leases clients' rate slots (the cluster's store).
+#[derive(Clone)]
+pub struct RateGrants(pub Arc<dyn crate::store::ClusterStore>);
+
+impl std::fmt::Debug for RateGrants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RateGrants(..)")
+    }
 }
 
 /// Whether this node delivers a sensor's notifications (cluster mode: it serves the
@@ -103,6 +117,7 @@ impl Settings {
             guard: Arc::new(guard::Guard::from_config(c)),
             disable_after: c.endpoint_disable_after,
             serves: None,
+            rate_grants: None,
         }
     }
 
@@ -228,6 +243,10 @@ impl Dispatcher {
             claims_rx,
         ));
         let mut core = Core::new(&settings, rec_tx, claims, core_store.shared());
+        if let Some(RateGrants(grants)) = &settings.rate_grants {
+            core.lanes.share_rates();
+            core.grants = Some((grants.clone(), tx.clone()));
+        }
         for (client, rate) in rate_limits(store.as_ref()).await? {
             core.lanes.set_rate(&client, Some(rate));
         }
@@ -290,6 +309,8 @@ enum Cmd {
     Done(Box<Done>),
     /// Sensors no longer served here ([`Dispatcher::moved`]).
     Moved(Serves),
+    /// A lease of a client's rate slots; `None` when the store could not be asked.
+    Granted(Arc<str>, Option<rates::Lease>),
 }
 
 /// The dispatcher's loop: feeds the lanes what arrives and the time, and carries out what
@@ -310,6 +331,11 @@ struct Core {
     /// is not taken up after.
     serves: Option<Serves>,
     clock: Clock,
+    /// Cluster mode: where rate slots are leased, and where the leases come back.
+    grants: Option<(
+        Arc<dyn crate::store::ClusterStore>,
+        mpsc::UnboundedSender<Cmd>,
+    )>,
 }
 
 impl Core {
@@ -334,6 +360,7 @@ impl Core {
             withdraw: HashMap::new(),
             serves: settings.serves.clone(),
             clock: settings.clock.clone(),
+            grants: None,
         }
     }
 
@@ -387,7 +414,8 @@ impl Core {
                     | Cmd::Sweep(_)
                     | Cmd::Resume(..)
                     | Cmd::Rate(..)
-                    | Cmd::Moved(_),
+                    | Cmd::Moved(_)
+                    | Cmd::Granted(..),
                 )) => {}
                 Ok(None) | Err(_) => break,
             }
@@ -423,6 +451,7 @@ impl Core {
                 self.record(outcomes);
             }
             Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
+            Cmd::Granted(client, lease) => self.lanes.rate_granted(&client, lease),
         }
     }
 
@@ -448,11 +477,42 @@ impl Core {
                 .clone();
             let withdrawn = CancellationToken::new();
             self.withdraw.insert(lane.clone(), withdrawn.clone());
+            let rate_limit = self.lanes.rate_limit(&lane.0);
             let _ = self.claims.send(Admitted {
                 lane,
                 id,
                 client_sends,
                 withdrawn,
+                rate_limit,
+            });
+        }
+        self.lease_rates();
+    }
+
+    /// Asks the store for the rate slots the lanes want, each lease in a task of its own
+    /// whose answer comes back as [`Cmd::Granted`].
+    fn lease_rates(&mut self) {
+        let Some((store, tx)) = &self.grants else {
+            return;
+        };
+        for w in self.lanes.rates_wanted() {
+            let (store, tx, clock) = (store.clone(), tx.clone(), self.clock.clone());
+            tokio::spawn(async move {
+                let lease = match store.grant_rate(&w.client, w.tokens, w.interval_us).await {
+                    Ok((first_us, db_now_us)) => Some(rates::Lease {
+                        first_us,
+                        db_now_us,
+                        received_us: clock.now().saturating_mul(1000),
+                        tokens: w.tokens,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(client = %w.client, error = %e,
+                            "Could not lease rate-limited requests; trying again in a second.");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        None
+                    }
+                };
+                let _ = tx.send(Cmd::Granted(w.client, lease));
             });
         }
     }
@@ -491,6 +551,7 @@ mod tests {
             guard: Arc::default(),
             disable_after: Duration::from_secs(3600),
             serves: None,
+            rate_grants: None,
         }
     }
 

@@ -14,6 +14,11 @@ use super::time::{self, Millis};
 /// and freeze the sensor's state.
 pub const MAX_FUTURE_SKEW_MS: Millis = 5 * 60 * 1000;
 
+/// The earliest `ts` a reading may carry: 0000-01-01T00:00:00Z, the first instant RFC 3339
+/// can write. Readings parsed from text never fall below it; a reading that arrives as a
+/// number (forwarded between cluster nodes) is held to the same range.
+pub const MIN_TS: Millis = -62_167_219_200_000;
+
 /// A validated reading (serialized only between cluster nodes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reading {
@@ -139,22 +144,34 @@ pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
             ));
         }
     };
-    if let Some(ts) = ts
-        && ts > now + MAX_FUTURE_SKEW_MS
-    {
-        return Err(Rejection::new(
+    check(
+        Reading {
+            sensor_id,
+            data,
+            ts,
+        },
+        now,
+    )
+}
+
+/// Holds a reading's `ts` to what latch accepts at `now` (its own clock): RFC 3339's range
+/// and at most [`MAX_FUTURE_SKEW_MS`] ahead. Every way in ends here, the readings another
+/// cluster node forwards included, so none can carry a time the public API refuses.
+pub fn check(reading: Reading, now: Millis) -> Result<Reading, Rejection> {
+    match reading.ts {
+        Some(ts) if ts < MIN_TS => Err(Rejection::new(
+            RejectCode::InvalidTs,
+            format!("ts {ts} ms is before the year 0000"),
+        )),
+        Some(ts) if ts > now.saturating_add(MAX_FUTURE_SKEW_MS) => Err(Rejection::new(
             RejectCode::TsInFuture,
             format!(
                 "ts {} is more than 5 minutes ahead of the server clock",
                 time::format(ts)
             ),
-        ));
+        )),
+        _ => Ok(reading),
     }
-    Ok(Reading {
-        sensor_id,
-        data,
-        ts,
-    })
 }
 
 /// Why a body of readings could not be read at all.
@@ -254,13 +271,16 @@ fn parse_raw(json: &str, now: Millis) -> Result<Reading, Rejection> {
             Some(t) => time::parse(t).map(Some),
         };
         if let Some(ts) = ts
-            && ts.is_none_or(|t| t <= now + MAX_FUTURE_SKEW_MS)
+            && let Ok(r) = check(
+                Reading {
+                    sensor_id,
+                    data: f.data == 1,
+                    ts,
+                },
+                now,
+            )
         {
-            return Ok(Reading {
-                sensor_id,
-                data: f.data == 1,
-                ts,
-            });
+            return Ok(r);
         }
     }
     match serde_json::from_str::<Value>(json) {
@@ -410,6 +430,32 @@ mod tests {
         assert_eq!(
             parse_bytes(b"{nope", NOW).unwrap_err().code,
             RejectCode::MalformedJson
+        );
+    }
+
+    #[test]
+    fn check_holds_numeric_times_to_the_text_range() {
+        let at = |ts| {
+            check(
+                Reading {
+                    sensor_id: SensorId::parse("a").unwrap(),
+                    data: true,
+                    ts: Some(ts),
+                },
+                NOW,
+            )
+            .map_err(|r| r.code)
+        };
+        let year_9999 = time::parse("9999-12-31T23:59:59Z").unwrap();
+        assert_eq!(at(year_9999), Err(RejectCode::TsInFuture));
+        assert_eq!(at(i64::MAX), Err(RejectCode::TsInFuture));
+        assert_eq!(at(i64::MIN), Err(RejectCode::InvalidTs));
+        assert_eq!(at(MIN_TS - 1), Err(RejectCode::InvalidTs));
+        assert_eq!(time::parse("0000-01-01T00:00:00Z"), Some(MIN_TS));
+        assert!(at(MIN_TS).is_ok() && at(NOW + MAX_FUTURE_SKEW_MS).is_ok());
+        assert_eq!(
+            at(NOW + MAX_FUTURE_SKEW_MS + 1),
+            Err(RejectCode::TsInFuture)
         );
     }
 

@@ -15,6 +15,10 @@
 //! over the shards and [`Ticket::wait`] puts the answers back together: the one split and
 //! merge between a source and the store.
 //!
+//! A broker session enqueues its batches as one [`Sequence`] ([`Engine::enqueue_in`]):
+//! cut at its first reading that does not commit, so that nothing of it commits behind
+//! that point and the broker's redelivery can skip what did.
+//!
 //! Deadlines are read from a [`Clock`]: the wall clock in service, one moved by hand in
 //! tests.
 //!
@@ -30,6 +34,7 @@ pub mod fleet;
 pub mod follow;
 mod part;
 pub mod rules;
+mod sequence;
 mod shard;
 mod ticket;
 
@@ -47,6 +52,7 @@ use crate::store::{CommitBatch, SensorRuntime};
 use crate::telemetry::families;
 use fleet::Fleet;
 use part::Part;
+pub use sequence::Sequence;
 use shard::{Shard, ShardMsg};
 pub use ticket::{Report, Ticket, VerdictsRx};
 
@@ -151,9 +157,16 @@ pub enum Route {
 }
 
 /// Hands readings to the node that serves their partition and answers with its verdicts
-/// once that node made them durable (the cluster layer implements it over HTTP).
+/// once that node made them durable (the cluster layer implements it over HTTP). The owner
+/// stamps them with its own clock: no node's stamp is taken on another's word. Readings of
+/// a [`Sequence`] are not sent once it is cut, and cut it when they do not commit.
 pub trait Forwarder: Send + Sync + 'static {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, received_at: Millis) -> VerdictsRx;
+    fn forward(
+        &self,
+        to: Arc<str>,
+        readings: Vec<Reading>,
+        sequence: Option<Sequence>,
+    ) -> VerdictsRx;
 }
 
 /// The route of every partition, replaced whole by the cluster layer as leases move.
@@ -323,17 +336,33 @@ impl Engine {
         received_at: Millis,
     ) -> Result<Ticket, Error> {
         let routes = self.routing.as_ref().map(|r| r.get());
-        self.split(items, received_at, routes.as_deref()).await
+        self.split(items, received_at, routes.as_deref(), None)
+            .await
     }
 
-    /// As [`Engine::enqueue`] for readings another node forwarded here: applied here or
-    /// refused (`store_unavailable`), never forwarded again.
+    /// As [`Engine::enqueue`], as the next batch of `sequence`: none of it is applied once
+    /// the sequence is cut, and it cuts the sequence where it does not commit.
+    pub async fn enqueue_in(
+        &self,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+        sequence: &Sequence,
+    ) -> Result<Ticket, Error> {
+        let routes = self.routing.as_ref().map(|r| r.get());
+        self.split(items, received_at, routes.as_deref(), Some(sequence))
+            .await
+    }
+
+    /// As [`Engine::enqueue`] for readings another node forwarded here (of `sequence` when
+    /// the sender's were): applied here or refused (`store_unavailable`), never forwarded
+    /// again.
     pub async fn enqueue_here(
         &self,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
+        sequence: Option<&Sequence>,
     ) -> Result<Ticket, Error> {
-        self.split(items, received_at, None).await
+        self.split(items, received_at, None, sequence).await
     }
 
     async fn split(
@@ -341,6 +370,7 @@ impl Engine {
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
         routes: Option<&Vec<Route>>,
+        sequence: Option<&Sequence>,
     ) -> Result<Ticket, Error> {
         type Part = (Vec<usize>, Vec<Reading>, Vec<u32>);
         let mut rejected = Vec::new();
@@ -350,7 +380,22 @@ impl Engine {
             match item {
                 Ok(r) => {
                     let p = self.partition(r.sensor_id);
-                    match routes.map(|t| &t[p as usize]) {
+                    let route = routes.map(|t| &t[p as usize]);
+                    if let Some(seq) = sequence {
+                        let admitted = match route {
+                            None => !seq.is_cut(),
+                            Some(Route::Nobody) => {
+                                seq.cut();
+                                true // Refused just below, for the move.
+                            }
+                            Some(route) => seq.admits(p, route),
+                        };
+                        if !admitted {
+                            rejected.push((i, Sequence::refusal()));
+                            continue;
+                        }
+                    }
+                    match route {
                         None | Some(Route::Here) => {
                             let s = &mut parts[self.shard_of_partition(p)];
                             s.0.push(i);
@@ -385,6 +430,7 @@ impl Engine {
                 readings: rs,
                 parts: ps,
                 received_at,
+                sequence: sequence.cloned(),
                 reply: tx,
             };
             match self.shards[s].send(msg).await {
@@ -395,6 +441,9 @@ impl Engine {
                     if let ShardMsg::Readings { reply, .. } = msg {
                         let _ = reply.send(Err(Error::Closed));
                     }
+                    if let Some(seq) = sequence {
+                        seq.cut();
+                    }
                 }
             }
             waits.push((idx, rx));
@@ -404,7 +453,8 @@ impl Engine {
                 families::CLUSTER_FORWARDED
                     .counter()
                     .increment(rs.len() as u64);
-                waits.push((idx, routing.forwarder.forward(to, rs, received_at)));
+                let forward = routing.forwarder.forward(to, rs, sequence.cloned());
+                waits.push((idx, forward));
                 sent = true;
             }
         }

@@ -16,7 +16,7 @@ use super::due::DueQueue;
 use super::fleet::{self, Fleet};
 use super::part::Part;
 use super::rules::{self, Change};
-use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Verdicts};
+use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Sequence, Verdicts};
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{
@@ -31,6 +31,8 @@ pub(super) enum ShardMsg {
         /// The partition of each reading.
         parts: Vec<u32>,
         received_at: Millis,
+        /// The broker session they belong to, if any: see [`Sequence`].
+        sequence: Option<Sequence>,
         reply: oneshot::Sender<Result<Verdicts, Error>>,
     },
     Upsert {
@@ -76,13 +78,20 @@ pub(super) struct Shard {
     pub(super) due: DueQueue,
 }
 
+/// A caller waiting for its readings' verdicts, and the sequence to cut if they fail.
+type Reply = (
+    oneshot::Sender<Result<Verdicts, Error>>,
+    Verdicts,
+    Option<Sequence>,
+);
+
 /// Readings applied but not yet durable, with the callers waiting on them.
 #[derive(Default)]
 struct Pending {
     /// Touched sensors: partition and new state.
     scratch: HashMap<SensorId, (u32, SensorState)>,
     batch: CommitBatch,
-    replies: Vec<(oneshot::Sender<Result<Verdicts, Error>>, Verdicts)>,
+    replies: Vec<Reply>,
     readings: usize,
     /// When the last readings applied in this batch were received.
     last_received_at: Option<Millis>,
@@ -218,16 +227,28 @@ impl Shard {
                 readings,
                 parts,
                 received_at,
+                sequence,
                 reply,
             } => {
-                let verdicts = readings
+                // Cut before its turn came (by this shard's last round or another shard):
+                // nothing of it may commit behind what did not.
+                if sequence.as_ref().is_some_and(Sequence::is_cut) {
+                    let _ = reply.send(Ok(vec![Some(Sequence::refusal()); readings.len()]));
+                    return;
+                }
+                let verdicts: Verdicts = readings
                     .iter()
                     .zip(parts)
                     .map(|(r, p)| self.apply(r, p, received_at, pending))
                     .collect();
+                if let Some(seq) = &sequence
+                    && verdicts.iter().flatten().any(|rej| rej.code.is_transient())
+                {
+                    seq.cut();
+                }
                 pending.readings += readings.len();
                 pending.last_received_at = Some(received_at);
-                pending.replies.push((reply, verdicts));
+                pending.replies.push((reply, verdicts, sequence));
             }
             // Registry changes are rare: commit what came before them, so that readings
             // queued before a delete or a timeout change see the registry they were sent to.
@@ -367,7 +388,10 @@ impl Shard {
         }
         // A caller's readings get one answer, so the whole round is refused (its callers
         // send again; sensors due to expire stay due) and starts over empty.
-        for (reply, _) in std::mem::take(&mut p.replies) {
+        for (reply, _, sequence) in std::mem::take(&mut p.replies) {
+            if let Some(seq) = sequence {
+                seq.cut();
+            }
             let _ = reply.send(Err(Error::Commit(format!(
                 "partition {partition} moved to another node"
             ))));
@@ -432,7 +456,7 @@ impl Shard {
                     super::count_lost(p.lost);
                     tracing::info!(sensors = p.lost, "Sensors went silent: connection lost.");
                 }
-                for (reply, verdicts) in p.replies {
+                for (reply, verdicts, _) in p.replies {
                     let _ = reply.send(Ok(verdicts));
                 }
                 true
@@ -457,7 +481,11 @@ impl Shard {
                     self.adopt(landed);
                 }
                 let e = Error::Commit(failure.to_string());
-                for (reply, _) in p.replies {
+                for (reply, _, sequence) in p.replies {
+                    // Before the next round: none of the sequence's later readings apply.
+                    if let Some(seq) = sequence {
+                        seq.cut();
+                    }
                     let _ = reply.send(Err(e.clone()));
                 }
                 false

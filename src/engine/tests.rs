@@ -246,7 +246,12 @@ async fn a_full_round_still_declares_sensors_silent_before_its_readings() {
 struct Forwarded(std::sync::Mutex<Vec<(Arc<str>, Vec<Reading>)>>);
 
 impl Forwarder for Forwarded {
-    fn forward(&self, to: Arc<str>, readings: Vec<Reading>, _at: Millis) -> VerdictsRx {
+    fn forward(
+        &self,
+        to: Arc<str>,
+        readings: Vec<Reading>,
+        _sequence: Option<Sequence>,
+    ) -> VerdictsRx {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(vec![None; readings.len()]));
         self.0.lock().unwrap().push((to, readings));
@@ -388,7 +393,7 @@ async fn a_released_partition_is_flushed_first_then_refused() {
         .unwrap();
     let log = committer(rx, |_| Ok(()));
     let queued = engine
-        .enqueue_here(vec![Ok(reading(s))], 1_500)
+        .enqueue_here(vec![Ok(reading(s))], 1_500, None)
         .await
         .unwrap();
     engine.release(p, true).await.unwrap();
@@ -529,5 +534,51 @@ async fn a_queued_sensor_seen_before_its_turn_is_not_declared_lost() {
         !lost.contains(&last),
         "seen while queued, yet declared lost"
     );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn nothing_of_a_sequence_commits_behind_a_reading_of_it_that_did_not() {
+    let x = sid("x");
+    let (engine, mut rx, stop) = engine(1, 1, Clock::manual(0), vec![(x, online(0))]);
+    let seq = Sequence::new();
+    let batch = |data| {
+        vec![Ok(Reading {
+            sensor_id: x,
+            data,
+            ts: None,
+        })]
+    };
+    // The first batch's commit fails while the second waits behind it in the shard.
+    let first = engine.enqueue_in(batch(false), 1_000, &seq).await.unwrap();
+    let held = rx.recv().await.unwrap();
+    let second = engine.enqueue_in(batch(true), 1_100, &seq).await.unwrap();
+    held.reply
+        .send(Err(CommitFailure::Refused("disk full".into())))
+        .unwrap();
+    let log = committer(rx, |_| Ok(()));
+    assert!(first.wait().await.is_err());
+    let report = second.wait().await.expect("answered, reading by reading");
+    assert_eq!(
+        report.accepted, 0,
+        "not applied behind the failure: {report:?}"
+    );
+    assert_eq!(report.rejected[0].1.code, RejectCode::StoreUnavailable);
+    assert!(seq.is_cut());
+    assert!(log.lock().unwrap().is_empty(), "nothing more was committed");
+    // Readings of no sequence (HTTP), and of a new one, go on.
+    assert_eq!(
+        submit(&engine, vec![reading(x)], 1_200)
+            .await
+            .unwrap()
+            .accepted,
+        1
+    );
+    let fresh = Sequence::new();
+    let report = engine
+        .enqueue_in(batch(false), 1_300, &fresh)
+        .await
+        .unwrap();
+    assert_eq!(report.wait().await.unwrap().accepted, 1);
     stop.cancel();
 }

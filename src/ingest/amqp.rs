@@ -210,41 +210,54 @@ async fn consume(
     // a duplicate too. Per session, since a new session gets every unacknowledged one again.
     let mut in_flight = HashSet::new();
     let mut pipeline = Pipeline::new(ingest.clone(), SOURCE, PIPELINE);
-    let mut stopping = false;
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled(), if !stopping => {
-                stopping = true;
-                if pipeline.is_empty() { break; }
-            }
-            done = pipeline.next(), if !pipeline.is_empty() => {
-                let done: Done<Batch> = done.expect("non-empty");
-                finish(&ch, settings, dedup, &mut in_flight, done).await?;
-                // Reset only by a commit that went through, so a store that keeps failing
-                // meets a growing delay rather than a reconnect every 100 ms.
-                *backoff = Duration::ZERO;
-                if stopping && pipeline.is_empty() { break; }
-            }
-            first = consumer.next(), if !stopping && pipeline.has_room() => {
-                let Some(first) = first else {
-                    anyhow::bail!("the broker cancelled the consumer");
-                };
-                let mut deliveries = VecDeque::from([first?]);
-                while deliveries.len() < BATCH_MAX {
-                    match consumer.next().now_or_never() {
-                        Some(Some(d)) => deliveries.push_back(d?),
-                        Some(None) => anyhow::bail!("the broker cancelled the consumer"),
-                        None => break,
-                    }
+    let result: anyhow::Result<()> = async {
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled(), if !stopping => {
+                    stopping = true;
+                    if pipeline.is_empty() { break; }
                 }
-                let now = ingest.now();
-                let (batch, items) = prepare(deliveries, dedup, &mut in_flight, now);
-                pipeline.push(batch, items, now).await?;
+                done = pipeline.next(), if !pipeline.is_empty() => {
+                    let done: Done<Batch> = done.expect("non-empty");
+                    finish(&ch, settings, dedup, &mut in_flight, done).await?;
+                    // Reset only by a commit that went through, so a store that keeps
+                    // failing meets a growing delay rather than a reconnect every 100 ms.
+                    *backoff = Duration::ZERO;
+                    if stopping && pipeline.is_empty() { break; }
+                }
+                first = consumer.next(), if !stopping && pipeline.has_room() => {
+                    let Some(first) = first else {
+                        anyhow::bail!("the broker cancelled the consumer");
+                    };
+                    let mut deliveries = VecDeque::from([first?]);
+                    while deliveries.len() < BATCH_MAX {
+                        match consumer.next().now_or_never() {
+                            Some(Some(d)) => deliveries.push_back(d?),
+                            Some(None) => anyhow::bail!("the broker cancelled the consumer"),
+                            None => break,
+                        }
+                    }
+                    let now = ingest.now();
+                    let (batch, items) = prepare(deliveries, dedup, &mut in_flight, now);
+                    pipeline.push(batch, items, now).await?;
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
+    .await;
+    if result.is_err() {
+        // The session ends on a failed commit or a broker error, with batches still in the
+        // engine that may commit (in part: their sequence is cut where one fails). What
+        // commits is acknowledged if the channel still works, and remembered either way,
+        // so the broker's redelivery never applies it again.
+        while let Some(done) = pipeline.next().await {
+            settle_committed(&ch, dedup, &done.batch, &done.committed(0)).await;
+        }
+    }
+    result
 }
 
 /// Parses deliveries into readings. A message whose AMQP `message_id` was recently applied
@@ -305,6 +318,13 @@ async fn finish(
     let batch = &done.batch;
     for id in batch.messages.iter().filter_map(|m| m.id.as_ref()) {
         in_flight.remove(id);
+    }
+    // Before anything can fail on the broker's side: a committed message redelivered
+    // because its acknowledgement never went out is recognised.
+    for i in done.committed(0) {
+        if let Some(id) = &batch.messages[i].id {
+            dedup.insert(id.clone());
+        }
     }
     let (settled, all_settled) = (done.settled, done.all_settled());
     let mut confirms = Vec::new();
@@ -374,6 +394,9 @@ async fn finish(
     {
         dedup.insert(id);
     }
+    if !all_settled {
+        settle_committed(ch, dedup, batch, &done.committed(settled)).await;
+    }
     match done.result {
         Err(e) => {
             Err(anyhow::Error::new(e).context("readings not committed; RabbitMQ redelivers them"))
@@ -384,6 +407,24 @@ async fn finish(
             batch.messages.len()
         ),
         Ok(_) => Ok(()),
+    }
+}
+
+/// Messages that committed behind the acknowledged prefix (the session is ending on a
+/// failure): each is acknowledged on its own, so RabbitMQ requeues only the rest — those
+/// without a `message_id` too — and its id is remembered, for when the acknowledgement is
+/// lost with the connection. Safe for order: the sequence was cut where a reading failed,
+/// so what committed of a sensor all comes before what did not.
+async fn settle_committed(ch: &Channel, dedup: &mut Dedup, batch: &Batch, committed: &[usize]) {
+    for &i in committed {
+        let m = &batch.messages[i];
+        if let Some(id) = &m.id {
+            dedup.insert(id.clone());
+        }
+        // Best effort: on a broken channel the id above is what recognises it.
+        let _ = ch
+            .basic_ack(m.tag, BasicAckOptions { multiple: false })
+            .await;
     }
 }
 

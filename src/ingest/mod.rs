@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 use crate::domain::{Millis, Reading, Rejection};
 /// What became of a submitted batch: accepted, or rejected with a reason and its index.
 pub use crate::engine::Report;
-use crate::engine::{self, Engine};
+use crate::engine::{self, Engine, Sequence};
 use crate::telemetry::families;
 
 /// Errors of ingest.
@@ -73,12 +73,30 @@ impl Ingest {
         received_at: Millis,
     ) -> Result<Durable, Error> {
         let ticket = self.engine.enqueue(items, received_at).await?;
-        Ok(Box::pin(async move {
-            let report = ticket.wait().await?;
-            count(source, &report);
-            Ok(report)
-        }))
+        Ok(durable(source, ticket))
     }
+
+    /// [`Ingest::enqueue`] as the next batch of a broker session's `sequence`: nothing of
+    /// it commits once an earlier batch did not ([`Sequence`]).
+    pub(crate) async fn enqueue_in(
+        &self,
+        source: &'static str,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+        sequence: &Sequence,
+    ) -> Result<Durable, Error> {
+        let ticket = self.engine.enqueue_in(items, received_at, sequence).await?;
+        Ok(durable(source, ticket))
+    }
+}
+
+/// The ticket's report once durable, counted in the metrics.
+fn durable(source: &'static str, ticket: engine::Ticket) -> Durable {
+    Box::pin(async move {
+        let report = ticket.wait().await?;
+        count(source, &report);
+        Ok(report)
+    })
 }
 
 /// The sources that count their readings: `http`, `amqp`, `mqtt`.

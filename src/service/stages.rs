@@ -25,6 +25,8 @@ use crate::{api, delivery, ingest};
 /// The store, this node's id and address, and its cluster membership on PostgreSQL.
 pub(super) struct Base {
     store: Arc<dyn Store>,
+    /// PostgreSQL's cluster side: leases, and the schedule clients' rate limits share.
+    cluster_store: Option<Arc<dyn ClusterStore>>,
     node: String,
     /// The address other nodes reach this one at, when one is configured or derived.
     address: Option<String>,
@@ -42,7 +44,7 @@ impl Base {
         let address = config.advertise(bound);
         // PostgreSQL: this node is one of a cluster (perhaps of one) and serves the
         // partitions it leases; the embedded store is one node serving them all.
-        let membership = match cluster_store {
+        let membership = match cluster_store.clone() {
             Some(cs) => Some(Membership::join(cs, node.clone(), address.clone(), config).await?),
             None => None,
         };
@@ -51,6 +53,7 @@ impl Base {
             .map_or(config.partitions(), |m| m.partitions());
         Ok(Self {
             store,
+            cluster_store,
             node,
             address,
             bound,
@@ -90,6 +93,7 @@ impl Delivery {
                 node: base.node.clone(),
                 clock: clock.clone(),
                 serves: base.membership.as_ref().map(|m| m.serves()),
+                rate_grants: base.cluster_store.clone().map(delivery::RateGrants),
                 ..delivery::Settings::from_config(config)
             },
             stop.clone(),

@@ -83,4 +83,21 @@ pub trait ClusterStore: Send + Sync + 'static {
     async fn nodes(&self, live_within: Duration) -> Result<Vec<NodeRow>>;
     /// The sensors of `parts` (of `partitions`) with their committed state.
     async fn load_partitions(&self, parts: &[u32], partitions: u32) -> Result<Vec<SensorRuntime>>;
+    /// The secret nodes authenticate each other with when none is configured: `candidate`
+    /// for the first caller on this database, what that caller stored for every later one.
+    /// Needs the cluster row ([`ClusterStore::partitions`] first).
+    async fn shared_secret(&self, candidate: &str) -> Result<String>;
+    /// Records the fingerprint of the secret `node` (registered) authenticates with, and
+    /// returns the other nodes live within `live_within` that recorded another, by id.
+    async fn secret_disagreements(
+        &self,
+        node: &str,
+        fingerprint: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>>;
+    /// Leases the next `tokens` request slots of `client`'s cluster-wide `rate_limit`, one
+    /// every `interval_us`, from the one schedule all nodes share (in one statement), and
+    /// returns when the first starts and the database's now, in microseconds since the
+    /// epoch by the database's clock.
+    async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)>;
 }

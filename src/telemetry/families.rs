@@ -108,6 +108,8 @@ families! {
         "AMQP messages moved to the dead-letter queue, by reason.";
     AMQP_DUPLICATES: Counter "latch_amqp_duplicates_total" []
         "AMQP redeliveries of a message already committed, acknowledged without applying.";
+    MQTT_DUPLICATES: Counter "latch_mqtt_duplicates_total" []
+        "MQTT publishes acknowledged without being applied again (resent by the broker after they had committed).";
     MQTT_RETAINED_IGNORED: Counter "latch_mqtt_retained_ignored_total" []
         "MQTT publishes ignored because they carried the retain flag (stale, not readings).";
     STORE_TIMEOUTS: Counter "latch_store_timeouts_total" ["call"]

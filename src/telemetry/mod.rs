@@ -279,6 +279,7 @@ pub fn register_families(config: &Config) {
     }
     if config.mqtt_url.is_some() {
         show(&f::MQTT_RETAINED_IGNORED);
+        show(&f::MQTT_DUPLICATES);
     }
     if config.database_url.is_some() {
         f::STORE_TIMEOUTS.describe();

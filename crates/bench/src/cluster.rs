@@ -106,15 +106,15 @@ impl Node {
     }
 }
 
-/// Nodes on one fresh schema, with the fleet imported.
-struct Group {
+/// Nodes on one fresh schema, with the fleet imported (`latch bench rate` starts them too).
+pub(super) struct Group {
     nodes: Vec<Node>,
     schema: PgSchema,
     _dir: tempfile::TempDir,
 }
 
 impl Group {
-    async fn start(
+    pub(super) async fn start(
         n: usize,
         args: &Args,
         ingest: &[SensorId],
@@ -185,11 +185,11 @@ impl Group {
         Ok(())
     }
 
-    fn bases(&self) -> Vec<String> {
+    pub(super) fn bases(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.base.clone()).collect()
     }
 
-    async fn stop(self) -> anyhow::Result<()> {
+    pub(super) async fn stop(self) -> anyhow::Result<()> {
         for mut n in self.nodes {
             n.child.start_kill().ok();
             n.child.wait().await?;

@@ -11,6 +11,7 @@ pub mod deliver_broker;
 pub mod fleet;
 pub mod history;
 pub mod ingest;
+pub mod rate;
 pub mod restart;
 pub mod soak;
 

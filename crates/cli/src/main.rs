@@ -60,6 +60,9 @@ enum Scenario {
     /// N `latch serve` processes on one PostgreSQL: ingest and delivery against one node,
     /// and the takeover time after `kill -9` of one.
     Cluster(latch_bench::cluster::Args),
+    /// One client's `rate_limit` through N `latch serve` processes against one node: the
+    /// webhooks it receives per second.
+    Rate(latch_bench::rate::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -90,6 +93,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::History(a) => latch_bench::history::run(a).await?,
                     Scenario::Soak(a) => latch_bench::soak::run(a).await?,
                     Scenario::Cluster(a) => latch_bench::cluster::run(a).await?,
+                    Scenario::Rate(a) => latch_bench::rate::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })
@@ -119,10 +123,12 @@ fn main() -> anyhow::Result<()> {
             )?;
             tokio::runtime::Runtime::new()?
                 .block_on(async {
+                    // First of all: from here on SIGTERM means a graceful stop.
+                    let shutdown = shutdown_signal();
                     let listener = tokio::net::TcpListener::bind(config.listen)
                         .await
                         .with_context(|| format!("cannot listen on {}", config.listen))?;
-                    latch::run(config.clone(), listener, shutdown_signal()).await
+                    latch::run(config.clone(), listener, shutdown).await
                 })
                 .map_err(|e| redacted(&config, e))
         }
@@ -147,25 +153,35 @@ fn cap_malloc_arenas() {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on SIGINT or SIGTERM. The handlers are installed here, before the returned
+/// future is first polled: a signal that arrives while latch is still starting (it may
+/// already answer `/readyz`) is kept for the shutdown, not left to its default action,
+/// which would end the process at once with nothing flushed.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    #[cfg(unix)]
+    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    async move {
+        #[cfg(unix)]
+        {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(term) => {}
+                _ = wait(int) => {}
             }
-            Err(_) => std::future::pending().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("Signal received.");
     }
-    tracing::info!("Signal received.");
 }

@@ -387,6 +387,42 @@ fn a_rate_limited_client_is_sent_evenly_spaced_requests() {
 }
 
 #[test]
+fn a_cluster_wide_rate_sends_only_in_the_slots_leased() {
+    let mut h = Harness::new(true, HOUR);
+    h.core.share_rates();
+    h.core.set_rate("client1", Some(10));
+    for sensor in 0..3 {
+        h.change(1, sensor);
+    }
+    assert!(h.admit().is_empty(), "no slot leased yet");
+    let wanted = h.core.rates_wanted();
+    assert_eq!(wanted.len(), 1, "one lease asked for: {wanted:?}");
+    assert_eq!((wanted[0].tokens, wanted[0].interval_us), (1, 100_000));
+    assert!(
+        h.admit().is_empty() && h.core.rates_wanted().is_empty(),
+        "asked once"
+    );
+    // Another node holds the next 200 ms: this one's slot starts after them.
+    let first_us = (h.now + 200) * 1000;
+    let lease = Lease {
+        first_us,
+        db_now_us: h.now * 1000,
+        received_us: h.now * 1000,
+        tokens: 1,
+    };
+    h.core.rate_granted("client1", Some(lease));
+    assert!(h.admit().is_empty(), "not before its slot");
+    h.now += 200;
+    let sent = h.admit();
+    assert_eq!(sent.len(), 1);
+    for head in sent {
+        h.finish(head, answer(200, h.now));
+    }
+    assert!(h.admit().is_empty(), "the lease is used up");
+    assert_eq!(h.core.rates_wanted().len(), 1, "the next one asked for");
+}
+
+#[test]
 fn a_disabled_clients_lanes_park_until_it_is_resumed() {
     let mut h = Harness::new(false, HOUR);
     let a = h.notify(1, 0, EventKind::ConnectionLost);

@@ -294,4 +294,68 @@ impl ClusterStore for PgStore {
             .await?;
         rows.iter().map(row::runtime).collect()
     }
+
+    async fn shared_secret(&self, candidate: &str) -> Result<String> {
+        // One statement: of nodes asking at once, the first to lock the row stores its
+        // candidate and the others read it back.
+        let row = self
+            .db
+            .get("shared_secret")
+            .await?
+            .query_opt(
+                "UPDATE latch_cluster SET secret = COALESCE(secret, $1) WHERE id = 1 \
+                 RETURNING secret",
+                &[&candidate],
+            )
+            .await?;
+        row.map(|r| r.get(0))
+            .ok_or(crate::store::Error::NotFound("cluster row"))
+    }
+
+    async fn secret_disagreements(
+        &self,
+        node: &str,
+        fingerprint: &str,
+        live_within: Duration,
+    ) -> Result<Vec<String>> {
+        let c = self.db.get("secret_disagreements").await?;
+        // Two statements, each committed on its own: of two nodes starting at once with
+        // different secrets, the one that reads last sees the other's fingerprint. A node
+        // of an older version records none and is not judged.
+        c.execute(
+            "UPDATE latch_nodes SET secret_fingerprint = $2 WHERE id = $1",
+            &[&node, &fingerprint],
+        )
+        .await?;
+        let rows = c
+            .query(
+                "SELECT id FROM latch_nodes WHERE id <> $1 AND secret_fingerprint <> $2 \
+                 AND heartbeat_at > now() - $3::int8 * interval '1 millisecond' ORDER BY id",
+                &[&node, &fingerprint, &ms(live_within)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)> {
+        // The schedule's end moves on by the lease, from now at the earliest (slots in the
+        // past cannot be used); the lease starts where it was. The row's lock orders nodes
+        // asking at once, so their leases never overlap.
+        let span = i64::from(tokens).saturating_mul(interval_us);
+        let row = self
+            .db
+            .get("grant_rate")
+            .await?
+            .query_one(
+                "WITH n AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS us) \
+                 INSERT INTO latch_rate_schedule AS r (client_id, end_us) \
+                 SELECT $1, n.us + $2 FROM n \
+                 ON CONFLICT (client_id) DO UPDATE \
+                 SET end_us = GREATEST(r.end_us + $2, excluded.end_us) \
+                 RETURNING r.end_us - $2, (SELECT us FROM n)",
+                &[&client, &span],
+            )
+            .await?;
+        Ok((row.get(0), row.get(1)))
+    }
 }

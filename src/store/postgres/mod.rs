@@ -57,6 +57,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0010_outbox_room.sql"),
     include_str!("../migrations/postgres/0011_pending_table.sql"),
     include_str!("../migrations/postgres/0012_partition_handover.sql"),
+    include_str!("../migrations/postgres/0013_cluster_secret.sql"),
+    include_str!("../migrations/postgres/0014_rate_schedule.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

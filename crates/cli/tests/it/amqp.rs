@@ -12,13 +12,13 @@ use serde_json::{Value, json};
 use crate::utils::fault::{CommitFault, counter};
 use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// A confirming channel to the test broker, or `None` (outside CI) when there is none.
-async fn broker() -> Option<(Connection, Channel)> {
+pub(crate) async fn broker() -> Option<(Connection, Channel)> {
     let conn = match Connection::connect(&url(), ConnectionProperties::default()).await {
         Ok(c) => c,
         Err(e) => {
@@ -33,7 +33,7 @@ async fn broker() -> Option<(Connection, Channel)> {
     Some((conn, ch))
 }
 
-async fn declare(ch: &Channel, queue: &str) -> u32 {
+pub(crate) async fn declare(ch: &Channel, queue: &str) -> u32 {
     ch.queue_declare(
         queue.into(),
         QueueDeclareOptions {
@@ -48,7 +48,7 @@ async fn declare(ch: &Channel, queue: &str) -> u32 {
 }
 
 /// Publishes a body to `queue`, waiting for the broker's confirm.
-async fn publish(ch: &Channel, queue: &str, body: &[u8], message_id: Option<&str>) {
+pub(crate) async fn publish(ch: &Channel, queue: &str, body: &[u8], message_id: Option<&str>) {
     let mut props = BasicProperties::default().with_delivery_mode(2);
     if let Some(id) = message_id {
         props = props.with_message_id(id.into());
@@ -68,7 +68,7 @@ async fn publish(ch: &Channel, queue: &str, body: &[u8], message_id: Option<&str
     assert!(!confirm.is_nack());
 }
 
-async fn start(queue: &str) -> TestServer {
+pub(crate) async fn start(queue: &str) -> TestServer {
     let (url, queue) = (url(), queue.to_string());
     TestServer::start_with(move |c| {
         c.amqp_url = Some(url);

@@ -426,3 +426,68 @@ fn cluster_settings_are_refused_on_sqlite() {
         "names the setting: {stderr}"
     );
 }
+
+/// A client's `rate_limit` is the cluster's, not each node's: its sensors spread over
+/// three nodes, each with a backlog of its changes, and it receives no more than its limit.
+///
+/// Over 10 s rather than a minute: the slots the nodes lease are one schedule, so any
+/// window of W seconds holds at most W × rate of them (one more at its edge), and the bound
+/// — 55/s, 10 % over the limit — scales with the window; paced per node, three nodes sent
+/// about three times the limit in any window of a second or more.
+#[tokio::test]
+async fn a_clients_rate_limit_holds_for_the_whole_cluster() {
+    const LIMIT: usize = 50;
+    const WINDOW: Duration = Duration::from_secs(10);
+    let Some(c) = Cluster::start(3).await else {
+        return;
+    };
+    let r = Receiver::start().await;
+    let (client, sensors) = c.fleet("r", 150, &r.url, json!({})).await;
+    let limited = json!({"name": "c", "url": r.url, "rate_limit": LIMIT});
+    let resp = c
+        .http
+        .put(format!("{}/v1/clients/{client}", c.base(1)))
+        .json(&limited)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    // Every sensor changes twice a second, through each node in turn: far more than the
+    // limit, on every node (150 sensors over 16 partitions over three nodes).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let (http, live, stop) = (c.http.clone(), c.live(), stop.clone());
+        tokio::spawn(async move {
+            let mut round = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let readings: Vec<Value> = sensors
+                    .iter()
+                    .map(|id| json!({"sensor_id": id, "data": round % 2}))
+                    .collect();
+                post_readings(&http, &live[round % live.len()], &readings).await;
+                round += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let first = eventually(30, "the first webhook", || async {
+        r.received().first().map(|g| g.at)
+    })
+    .await;
+    tokio::time::sleep_until((first + WINDOW).into()).await;
+    let received = r
+        .received()
+        .iter()
+        .filter(|g| g.at < first + WINDOW)
+        .count();
+    let pending = c.get(c.base(0), "/v1/fleet").await["notifications_pending"].clone();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    producer.await.unwrap();
+    let most = LIMIT * 11 / 10 * WINDOW.as_secs() as usize;
+    assert!(
+        received <= most,
+        "{received} webhooks in {WINDOW:?}: more than {most} ({LIMIT}/s + 10 %)"
+    );
+    // The limit, not a want of work, held them back.
+    assert!(pending.as_u64() > Some(0), "a backlog was left: {pending}");
+}

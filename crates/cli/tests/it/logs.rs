@@ -16,8 +16,10 @@ async fn log_of(format: &str) -> String {
         ],
     );
     p.ready(&reqwest::Client::new()).await;
-    assert!(p.terminate().await, "latch stops cleanly on SIGTERM");
-    std::fs::read_to_string(dir.path().join("latch.log")).unwrap()
+    let clean = p.terminate().await;
+    let log = std::fs::read_to_string(dir.path().join("latch.log")).unwrap();
+    assert!(clean, "latch stops cleanly on SIGTERM:\n{log}");
+    log
 }
 
 #[tokio::test]

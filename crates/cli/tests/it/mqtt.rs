@@ -15,7 +15,7 @@ const PORT: u16 = 1883;
 
 /// Publishes each `(topic, payload)` at QoS 1 and waits for every PUBACK; `false` (outside
 /// CI) when there is no broker.
-async fn publish(messages: &[(String, Vec<u8>)]) -> bool {
+pub(crate) async fn publish(messages: &[(String, Vec<u8>)]) -> bool {
     publish_with(messages, false).await
 }
 
@@ -55,11 +55,15 @@ async fn publish_with(messages: &[(String, Vec<u8>)], retain: bool) -> bool {
     }
 }
 
-async fn broker_up() -> bool {
+pub(crate) async fn broker_up() -> bool {
     publish(&[]).await
 }
 
-async fn start_in(dir: Option<&std::path::Path>, prefix: &str, client_id: &str) -> TestServer {
+pub(crate) async fn start_in(
+    dir: Option<&std::path::Path>,
+    prefix: &str,
+    client_id: &str,
+) -> TestServer {
     let url = format!("mqtt://{HOST}:{PORT}?client_id={client_id}");
     let topic = format!("{prefix}/+/state");
     let tweak = move |c: &mut latch::config::Config| {

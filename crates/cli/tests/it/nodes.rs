@@ -13,7 +13,7 @@ use crate::utils::{Answer, Receiver, TestServer, eventually, service_missing, un
 /// The PostgreSQL database both nodes share; `None` when the test does not run here: in
 /// the PostgreSQL pass (it always uses PostgreSQL, so it runs once, in the first pass), or
 /// without PostgreSQL outside CI.
-async fn shared_database(dir: &std::path::Path) -> Option<String> {
+pub(crate) async fn shared_database(dir: &std::path::Path) -> Option<String> {
     if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
         return None;
     }
@@ -219,45 +219,6 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
     }
-}
-
-#[tokio::test]
-async fn node_to_node_endpoints_want_the_cluster_secret() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = shared_database(dir.path()).await else {
-        return;
-    };
-    let s = TestServer::start_in(dir.path(), move |c| {
-        c.database_url = Some(url);
-        c.cluster_secret = Some("node-secret-1".into());
-    })
-    .await;
-    let id = unique("ns");
-    s.sensor(&id).await;
-    let body = json!({"batches": [{"received_at": 1_700_000_000_000i64,
-        "readings": [{"sensor_id": id, "data": true, "ts": null}]}]});
-    let post = |secret: Option<&str>| {
-        let mut req = s
-            .http
-            .post(format!("{}/internal/v1/readings", s.base))
-            .json(&body);
-        if let Some(v) = secret {
-            req = req.header("x-latch-cluster-secret", v);
-        }
-        req.send()
-    };
-    assert_eq!(post(None).await.unwrap().status(), 401);
-    assert_eq!(post(Some("guess")).await.unwrap().status(), 401);
-    let ok = post(Some("node-secret-1")).await.unwrap();
-    assert_eq!(ok.status(), 200);
-    let answer: Value = ok.json().await.unwrap();
-    assert_eq!(
-        answer,
-        json!({"verdicts": [[null]]}),
-        "accepted, as the owner"
-    );
-    assert_eq!(s.reading_count(&id).await, 1);
-    s.stop().await;
 }
 
 #[tokio::test]

@@ -34,6 +34,65 @@ async fn cluster(p: u32) -> Option<PgStore> {
 }
 
 #[tokio::test]
+async fn the_shared_secret_is_made_once_and_disagreeing_nodes_are_named() {
+    let Some(store) = cluster(4).await else {
+        return;
+    };
+    let (a, b) = tokio::join!(store.shared_secret("first"), store.shared_secret("second"));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b, "two nodes asking at once get one secret");
+    assert_eq!(store.shared_secret("third").await.unwrap(), a, "kept");
+
+    for n in ["n1", "n2", "n3"] {
+        store.heartbeat(n, "http://x", LONG).await.unwrap();
+    }
+    let differ = |n: &'static str, f: &'static str| store.secret_disagreements(n, f, LONG);
+    assert!(differ("n1", "fp-a").await.unwrap().is_empty());
+    // n3 never recorded one (an older version): not judged.
+    assert!(differ("n2", "fp-a").await.unwrap().is_empty());
+    assert_eq!(differ("n3", "fp-b").await.unwrap(), vec!["n1", "n2"]);
+    // A node restarted with the others' secret records it anew.
+    assert!(differ("n3", "fp-a").await.unwrap().is_empty());
+    // Only live nodes count.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    store.heartbeat("n3", "http://x", LONG).await.unwrap();
+    assert!(differ("n3", "fp-b").await.unwrap().len() == 2);
+    assert!(
+        store
+            .secret_disagreements("n3", "fp-b", RECENT)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn rate_slots_are_leased_once_each_across_nodes() {
+    let Some(store) = cluster(4).await else {
+        return;
+    };
+    // Three nodes lease five slots of 20 ms each at once: the leases follow one another.
+    let (a, b, c) = tokio::join!(
+        store.grant_rate("c1", 5, 20_000),
+        store.grant_rate("c1", 5, 20_000),
+        store.grant_rate("c1", 5, 20_000)
+    );
+    let delay = |(first, now): (i64, i64)| first - now;
+    let mut delays = vec![delay(a.unwrap()), delay(b.unwrap()), delay(c.unwrap())];
+    delays.sort_unstable();
+    assert!(delays[0] < 50_000, "the first starts about now: {delays:?}");
+    for w in delays.windows(2) {
+        // 100 ms apart, less the time between the statements.
+        assert!((50_000..=100_000).contains(&(w[1] - w[0])), "{delays:?}");
+    }
+    // Another client has a schedule of its own.
+    assert!(delay(store.grant_rate("c2", 1, 1_000_000).await.unwrap()) < 50_000);
+    // Slots in the past are not leased: after the schedule ran out, a lease starts now.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(delay(store.grant_rate("c1", 1, 20_000).await.unwrap()), 0);
+}
+
+#[tokio::test]
 async fn partitions_are_fixed_by_the_first_caller() {
     let Some((store, _)) = fresh().await else {
         return;

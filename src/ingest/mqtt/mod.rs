@@ -19,26 +19,27 @@
 //! delivering. So the first uncommitted publish ends the connection: what came before it
 //! is acknowledged, nothing after it is, no further publish of that connection is applied,
 //! and latch reconnects after a growing delay; the broker then resends the rest in order.
-//! (Batches already in the engine may still commit; their readings are applied again, in
-//! order, when resent, so a sensor ends in the state it was last sent.) Until a commit goes
-//! through again the source counts as down, so `/readyz` shows the stall.
+//! What committed behind the failure (another shard's readings, a batch already in the
+//! engine) is recognised when resent and acknowledged without being applied again
+//! ([`applier`], [`resent`]). Until a commit goes through again the source counts as down,
+//! so `/readyz` shows the stall.
 //!
 //! Publishes with the retain flag are the broker's stored last value, sent again at every
 //! subscribe (so after every reconnect): not a reading the sensor just sent. They are
 //! acknowledged and ignored, counted in `latch_mqtt_retained_ignored_total`.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod applier;
+mod resent;
 
-use futures::FutureExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::pipeline::{Done, Pipeline};
 use super::{Ingest, Sources, next_backoff};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
 use crate::telemetry::families;
@@ -99,6 +100,9 @@ enum Inbound {
     Publish(u64, Box<Publish>),
     /// The broker acknowledged our subscription on connection number `.0`.
     Subscribed(u64),
+    /// Connection number `.0` is up; `.1`: the broker resumed our session (else it resends
+    /// nothing).
+    Connected(u64, bool),
 }
 
 /// The connection state the event loop and the applier share, and the readiness that
@@ -163,7 +167,7 @@ pub async fn run(
     let (tx, rx) = mpsc::unbounded_channel::<Inbound>();
     // The applier's requests to drop connection number `.0`, with the delay before the next.
     let (reconnect_tx, mut reconnect_rx) = mpsc::unbounded_channel::<(u64, Duration)>();
-    let applier = tokio::spawn(apply(
+    let applier = tokio::spawn(applier::run(
         ingest,
         settings.topic.clone(),
         client.clone(),
@@ -194,8 +198,11 @@ pub async fn run(
             e = events.poll() => e,
         };
         match event {
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                link.next_connection();
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                let g = link.next_connection();
+                if tx.send(Inbound::Connected(g, ack.session_present)).is_err() {
+                    break;
+                }
                 // Resubscribing is harmless on a resumed session and needed on a new one.
                 // Never awaited here: only this loop drains the client's requests.
                 if let Err(e) = client.try_subscribe(settings.topic.clone(), QoS::AtLeastOnce) {
@@ -261,133 +268,6 @@ pub async fn run(
     link.update(|st| st.subscribed = false);
     tracing::info!("MQTT ingest stopped.");
     Ok(())
-}
-
-/// Batches publishes into the engine in arrival order through the shared
-/// [`Pipeline`] and acknowledges, in order, what is durable; see the module doc for what a
-/// failed commit does.
-async fn apply(
-    ingest: Ingest,
-    filter: String,
-    client: AsyncClient,
-    link: Arc<Link>,
-    mut rx: mpsc::UnboundedReceiver<Inbound>,
-    reconnect: mpsc::UnboundedSender<(u64, Duration)>,
-) {
-    // Batches waiting for their commit, and (in the same order) their connection numbers.
-    let mut pipeline = Pipeline::new(ingest, SOURCE, PIPELINE);
-    let mut waiting_gen = VecDeque::new();
-    // Publishes of this connection number or older are neither applied nor acknowledged:
-    // a commit failed on it, and the broker resends them on the next one.
-    let mut poisoned = 0u64;
-    let mut fail_backoff = Duration::ZERO;
-    let mut last_log = Instant::now() - Duration::from_secs(2);
-    let mut open = true;
-    while open || !pipeline.is_empty() {
-        tokio::select! {
-            biased;
-            done = pipeline.next(), if !pipeline.is_empty() => {
-                let done: Done<(u64, Vec<Publish>)> = done.expect("non-empty");
-                let (g, publishes) = (done.batch.0, &done.batch.1);
-                waiting_gen.pop_front();
-                let settled = done.settled;
-                let current = g == link.generation() && g > poisoned;
-                if let Ok(report) = &done.result
-                    && let Some((_, rej)) = report.rejected.iter().find(|(_, r)| !r.code.is_transient())
-                    && last_log.elapsed() >= Duration::from_secs(1)
-                {
-                    last_log = Instant::now();
-                    tracing::warn!(count = report.rejected.len(), first = %rej,
-                        "MQTT readings rejected.");
-                }
-                if current {
-                    for p in &publishes[..settled] {
-                        let _ = client.ack(p).await;
-                    }
-                }
-                if !done.all_settled() {
-                    match &done.result {
-                        Err(e) => tracing::error!(error = %e, "MQTT readings not applied."),
-                        Ok(_) => tracing::error!(count = publishes.len() - settled,
-                            "MQTT readings not committed."),
-                    }
-                    if current {
-                        poisoned = g;
-                        fail_backoff = next_backoff(fail_backoff);
-                        link.update(|st| st.stalled = true);
-                        let _ = reconnect.send((g, fail_backoff));
-                    }
-                } else if current {
-                    fail_backoff = Duration::ZERO;
-                    link.update(|st| st.stalled = false);
-                }
-            }
-            first = rx.recv(), if open && pipeline.has_room() => {
-                let Some(first) = first else { open = false; continue; };
-                let mut next = Some(first);
-                let mut batch = Vec::new();
-                let mut g_batch = 0;
-                let mut subscribed = None;
-                while let Some(inbound) = next.take() {
-                    match inbound {
-                        Inbound::Subscribed(g) => {
-                            subscribed = Some(g);
-                            break;
-                        }
-                        Inbound::Publish(g, p) => {
-                            let current = g == link.generation() && g > poisoned;
-                            if !current {
-                                // The broker resends it on the current connection.
-                            } else if p.retain {
-                                families::MQTT_RETAINED_IGNORED.counter().increment(1);
-                                let _ = client.ack(&p).await;
-                            } else {
-                                if g != g_batch {
-                                    // A newer connection began: the broker resends what the
-                                    // older one left unacknowledged, so none of it is applied.
-                                    batch.clear();
-                                }
-                                g_batch = g;
-                                batch.push(*p);
-                            }
-                        }
-                    }
-                    if batch.len() < BATCH_MAX {
-                        next = rx.recv().now_or_never().flatten();
-                    }
-                }
-                if !batch.is_empty() {
-                    let now = pipeline.now();
-                    let items = batch
-                        .iter()
-                        .map(|p| {
-                            parse_publish(&filter, &String::from_utf8_lossy(&p.topic), &p.payload, now)
-                        })
-                        .collect();
-                    match pipeline.push((g_batch, batch), items, now).await {
-                        Ok(()) => waiting_gen.push_back(g_batch),
-                        Err(e) => {
-                            // Only when the engine is closing; nothing acknowledged.
-                            tracing::error!(error = %e, "MQTT readings not applied.");
-                        }
-                    }
-                }
-                if let Some(g) = subscribed {
-                    // Nothing of this connection waiting: whatever failed before was
-                    // not resent, so nothing is left to retry.
-                    let idle = !waiting_gen.contains(&g);
-                    link.update(|st| {
-                        if st.generation == g {
-                            st.subscribed = true;
-                            if idle {
-                                st.stalled = false;
-                            }
-                        }
-                    });
-                }
-            }
-        }
-    }
 }
 
 /// The sensor id a topic carries at the filter's first `+` level, if any.
