@@ -15,8 +15,8 @@ use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
-    DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_name,
-    validate_rate_limit, validate_url,
+    DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_events,
+    validate_name, validate_rate_limit, validate_url,
 };
 use crate::domain::{Client, Millis, destination, time};
 use crate::telemetry::families;
@@ -30,6 +30,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(sensor_clients))
         .routes(routes!(rotate_secret))
         .routes(routes!(enable_client))
+        .routes(routes!(test_client))
 }
 
 /// A client to create, or a client's replacement.
@@ -56,6 +57,13 @@ pub struct ClientIn {
     #[schema(minimum = 1, maximum = 10000)]
     #[serde(default, deserialize_with = "super::whole_number")]
     pub rate_limit: Option<u32>,
+    /// The notification types it wants (`sensor.state_changed`, `sensor.connection_lost`,
+    /// `sensor.connection_restored`, `sensor.still_lost`; `client.test` may be listed and
+    /// is sent on request whatever the list says). Other types make no notification for
+    /// it at all. Absent or `null`: all, including types added later; on replace too.
+    #[schema(example = json!(["sensor.connection_lost", "sensor.connection_restored"]))]
+    #[serde(default)]
+    pub events: Option<Vec<String>>,
 }
 
 /// A client. `secret` is shown when reading one client, not in lists.
@@ -70,6 +78,8 @@ pub struct ClientOut {
     pub secret: Option<String>,
     pub created_at: String,
     pub rate_limit: Option<u32>,
+    /// The notification types it wants; `null`: all.
+    pub events: Option<Vec<String>>,
     /// Until when requests also carry a signature with the secret the last rotation
     /// replaced.
     pub previous_secret_expires_at: Option<String>,
@@ -131,6 +141,7 @@ fn client_out(c: Client, with_secret: bool, sees_secrets: bool) -> ClientOut {
         secret: with_secret.then_some(c.secret),
         created_at: time::format(c.created_at),
         rate_limit: c.rate_limit,
+        events: c.events,
         previous_secret_expires_at: c
             .previous_secret_until
             .filter(|until| *until > now && c.previous_secret.is_some())
@@ -148,6 +159,9 @@ fn check(body: &ClientIn) -> ApiResult<()> {
         secret_key(s).map_err(ApiError::invalid)?;
     }
     validate_rate_limit(body.rate_limit).map_err(ApiError::invalid)?;
+    if let Some(events) = &body.events {
+        validate_events(events).map_err(ApiError::invalid)?;
+    }
     Ok(())
 }
 
@@ -180,6 +194,7 @@ async fn create_client(
         secret: body.secret.unwrap_or_else(generate_secret),
         created_at: time::now_ms(),
         rate_limit: body.rate_limit,
+        events: body.events,
         ..Client::default()
     };
     st.store.create_client(client.clone()).await?;
@@ -234,8 +249,9 @@ async fn get_client(
     }))
 }
 
-/// Replace a client's name, URL and (when given) secret. Pending notifications go to the
-/// new URL from their next attempt on. The URL is checked as on create (422 when not
+/// Replace a client's name, URL, (when given) secret, rate limit and `events`. Pending
+/// notifications go to the new URL from their next attempt on; `events` applies to
+/// notifications made from then on. The URL is checked as on create (422 when not
 /// allowed).
 #[utoipa::path(put, path = "/v1/clients/{id}", tag = "clients", params(("id" = String, Path)),
     request_body = ClientIn,
@@ -257,6 +273,7 @@ async fn replace_client(
         url: body.url,
         secret: body.secret.unwrap_or(current.secret),
         rate_limit: body.rate_limit,
+        events: body.events,
         ..current
     };
     if !st.store.replace_client(client.clone()).await? {
@@ -418,4 +435,42 @@ async fn enable_client(
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     Ok(ApiJson(client_out(c, true, true)))
+}
+
+/// What a test request came to.
+#[derive(Serialize, ToSchema)]
+pub struct TestOut {
+    /// The receiver's HTTP status; `null` when none came (refused by the SSRF guard,
+    /// connection failed, timed out).
+    pub status: Option<u16>,
+    pub duration_ms: u64,
+    /// Why it did not succeed; `null` for a 2xx answer.
+    pub error: Option<String>,
+}
+
+/// Send one signed `client.test` notification to the client's URL now, through the same
+/// SSRF guard, signing (both secrets during a rotation's grace) and timeout as any
+/// attempt, and answer what happened. It is not stored, not retried and not counted as an
+/// attempt; it goes out whatever the client's `events` say, and also to a disabled client.
+#[utoipa::path(post, path = "/v1/clients/{id}/test", tag = "clients",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "the request was made (or refused by the guard): see `status` and `error`", body = TestOut),
+        (status = 404, body = ErrorBody)))]
+async fn test_client(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<TestOut>> {
+    let client = st
+        .store
+        .get_client(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("client"))?;
+    let r = st.dispatcher.test(&client).await;
+    tracing::info!(client_id = %client.id, status = r.status_code, error = r.error.as_deref(),
+        "Sent a test notification.");
+    Ok(ApiJson(TestOut {
+        status: r.status_code,
+        duration_ms: r.duration.as_millis() as u64,
+        error: r.error,
+    }))
 }

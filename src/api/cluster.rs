@@ -147,7 +147,12 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
         let seq = b
             .sequence
             .map(|id| sequences.entry(id).or_default().clone());
-        tickets.push((n, st.engine.enqueue_here(items, now, seq.as_ref()).await));
+        tickets.push((
+            n,
+            st.engine
+                .enqueue_here(items, now, b.source, seq.as_ref())
+                .await,
+        ));
     }
     let mut verdicts = Vec::with_capacity(tickets.len());
     for (n, ticket) in tickets {

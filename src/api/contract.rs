@@ -12,8 +12,10 @@ use serde_json::{Map, Value, json};
 
 use super::pagination::MAX_LIMIT;
 use super::readings::MAX_READINGS_PER_REQUEST;
-use super::sensors::MAX_TIMEOUT_S;
+use super::sensors::{MAX_DEBOUNCE_S, MAX_TIMEOUT_S};
+use crate::domain::EventKind;
 use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS, URL_PATTERN};
+use crate::domain::notification::CLIENT_TEST;
 use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
 
 /// A sensor id, as [`crate::domain::SensorId::parse`] accepts it.
@@ -90,7 +92,22 @@ fn constrain_schemas(doc: &mut Value) {
             timeout.clone(),
         );
         merge(doc, &format!("{s}/{schema}/properties/id"), id.clone());
+        merge(
+            doc,
+            &format!("{s}/{schema}/properties/debounce_s"),
+            json!({"minimum": 0, "maximum": MAX_DEBOUNCE_S}),
+        );
     }
+    let types: Vec<&str> = EventKind::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .chain([CLIENT_TEST])
+        .collect();
+    merge(
+        doc,
+        &format!("{s}/ClientIn/properties/events"),
+        json!({"items": {"type": "string", "enum": types}, "uniqueItems": true}),
+    );
     merge(
         doc,
         &format!("{s}/ClientIn/properties/name"),
@@ -316,6 +333,7 @@ fn add_links(doc: &mut Value) {
         "unlink",
         "rotate_secret",
         "enable_client",
+        "test_client",
     ];
     merge(
         doc,

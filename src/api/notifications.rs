@@ -9,6 +9,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
+use super::readings::DetailOut;
 use crate::domain::{Attempt, EventKind, Notification, Status, time};
 use crate::store::{NotificationFilter, ReplayFilter};
 
@@ -35,6 +36,8 @@ pub struct NotificationOut {
     pub occurred_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen_at: Option<String>,
+    #[serde(flatten)]
+    pub detail: DetailOut,
     /// Attempts made in the current round (a replay starts a new round).
     pub attempt_count: u32,
     /// When the next attempt is due, while pending.
@@ -77,6 +80,7 @@ fn out(n: Notification) -> NotificationOut {
         previous: n.previous.map(u8::from),
         occurred_at: time::format(n.occurred_at),
         last_seen_at: n.last_seen_at.map(time::format),
+        detail: DetailOut::of(n.kind, &n.detail),
         attempt_count: n.attempts,
         next_attempt_at: (n.status == Status::Pending)
             .then_some(n.next_attempt_at)

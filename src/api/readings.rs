@@ -14,7 +14,7 @@ use super::error::{
     ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, JsonBytes, parse_sensor_id,
 };
 use super::pagination::{List, PageParams};
-use crate::domain::{Event, EventKind, Millis, reading, time};
+use crate::domain::{Detail, Event, EventKind, Millis, reading, time};
 use crate::ingest::http::{self, Accepted, ReadingIn};
 use crate::store::{Stored, TimeRange};
 use crate::telemetry::SPANS;
@@ -127,6 +127,37 @@ pub struct EventOut {
     /// For lost/restored: when latch last heard from the sensor before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen_at: Option<String>,
+    #[serde(flatten)]
+    pub detail: DetailOut,
+}
+
+/// What only some types carry, as the webhook body has it.
+#[derive(Serialize, ToSchema, Default)]
+pub struct DetailOut {
+    /// `sensor.still_lost`: when the sensor was declared lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_since: Option<String>,
+    /// `sensor.still_lost`: 1 for the first reminder, then the number of reminder
+    /// intervals the sensor has been lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reminder: Option<u32>,
+    /// `sensor.state_changed`: readings within its debounce window whose value differed
+    /// from the reading before, itself aside (0 without debounce).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flips_suppressed: Option<u32>,
+}
+
+impl DetailOut {
+    pub fn of(kind: EventKind, d: &Detail) -> Self {
+        Self {
+            lost_since: d.lost_since.map(time::format),
+            reminder: d.reminder,
+            flips_suppressed: match kind {
+                EventKind::StateChanged => Some(d.flips_suppressed.unwrap_or(0)),
+                _ => d.flips_suppressed,
+            },
+        }
+    }
 }
 
 impl From<&Event> for EventOut {
@@ -137,6 +168,7 @@ impl From<&Event> for EventOut {
             data: e.data.map(u8::from),
             previous: e.previous.map(u8::from),
             last_seen_at: e.last_seen_at.map(time::format),
+            detail: DetailOut::of(e.kind, &e.detail),
         }
     }
 }
@@ -175,7 +207,8 @@ async fn sensor_readings(
     )))
 }
 
-/// A sensor's events (state changes, connection lost and restored), oldest first.
+/// A sensor's events (state changes, connection lost and restored, reminders while lost),
+/// oldest first.
 #[utoipa::path(get, path = "/v1/sensors/{id}/events", tag = "history",
     params(("id" = String, Path), RangeParams, PageParams),
     responses((status = 200, body = List<EventOut>), (status = 404, body = ErrorBody),

@@ -9,7 +9,9 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
-use crate::domain::{Connection, Sensor, SensorId, SensorStatus, sensor::validate_address, time};
+use crate::domain::{
+    Connection, Sensor, SensorId, SensorStatus, Source, sensor::validate_address, time,
+};
 use crate::store::SensorView;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -20,6 +22,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Longest per-sensor heartbeat timeout: 30 days.
 pub const MAX_TIMEOUT_S: u32 = 30 * 24 * 3600;
+
+/// Longest per-sensor debounce window: a day.
+pub const MAX_DEBOUNCE_S: u32 = crate::config::MAX_DEBOUNCE.as_secs() as u32;
 
 /// A sensor to create.
 #[derive(Deserialize, ToSchema)]
@@ -34,9 +39,14 @@ pub struct SensorCreate {
     /// Silence, in seconds, after which it is "lost"; the service default when absent.
     #[serde(default, deserialize_with = "super::whole_number")]
     pub heartbeat_timeout_s: Option<u32>,
+    /// Seconds a new state must hold before it is notified (readings flipping back within
+    /// them notify nobody); `0`: at once; the service default (`LATCH_DEBOUNCE`) when
+    /// absent.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    pub debounce_s: Option<u32>,
 }
 
-/// A sensor's new address and timeout.
+/// A sensor's new address, timeout and debounce window.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SensorReplace {
@@ -45,6 +55,8 @@ pub struct SensorReplace {
     pub address: String,
     #[serde(default, deserialize_with = "super::whole_number")]
     pub heartbeat_timeout_s: Option<u32>,
+    #[serde(default, deserialize_with = "super::whole_number")]
+    pub debounce_s: Option<u32>,
 }
 
 /// A sensor with its current status.
@@ -53,6 +65,8 @@ pub struct SensorOut {
     pub id: String,
     pub address: String,
     pub heartbeat_timeout_s: Option<u32>,
+    /// Its own debounce window; `null`: the service default.
+    pub debounce_s: Option<u32>,
     pub created_at: String,
     pub status: StatusOut,
 }
@@ -60,13 +74,17 @@ pub struct SensorOut {
 /// What latch knows of a sensor now.
 #[derive(Serialize, ToSchema)]
 pub struct StatusOut {
-    /// Current state, 0 or 1; `null` before the first reading.
+    /// Current state, 0 or 1, as the latest reading says (also while a debounce window
+    /// holds back its notification); `null` before the first reading.
     pub data: Option<u8>,
     /// When the state last changed (device time).
     pub changed_at: Option<String>,
     /// When latch last received a reading from it (latch's clock).
     pub last_seen_at: Option<String>,
     pub connection: Connection,
+    /// How its last reading came in; while latch's connection to that broker is down it
+    /// is not declared lost. `null` before the first reading.
+    pub last_source: Option<Source>,
 }
 
 impl From<SensorStatus> for StatusOut {
@@ -76,6 +94,7 @@ impl From<SensorStatus> for StatusOut {
             changed_at: s.changed_at.map(time::format),
             last_seen_at: s.last_seen_at.map(time::format),
             connection: s.connection,
+            last_source: s.last_source,
         }
     }
 }
@@ -85,18 +104,26 @@ pub fn sensor_out((s, status): SensorView) -> SensorOut {
         id: s.id.to_string(),
         address: s.address,
         heartbeat_timeout_s: s.heartbeat_timeout_s,
+        debounce_s: s.debounce_s,
         created_at: time::format(s.created_at),
         status: status.into(),
     }
 }
 
-fn check_fields(address: &str, timeout: Option<u32>) -> ApiResult<()> {
+fn check_fields(address: &str, timeout: Option<u32>, debounce: Option<u32>) -> ApiResult<()> {
     validate_address(address).map_err(ApiError::invalid)?;
     if let Some(t) = timeout
         && !(1..=MAX_TIMEOUT_S).contains(&t)
     {
         return Err(ApiError::invalid(format!(
             "heartbeat_timeout_s must be between 1 and {MAX_TIMEOUT_S}, got {t}"
+        )));
+    }
+    if let Some(d) = debounce
+        && d > MAX_DEBOUNCE_S
+    {
+        return Err(ApiError::invalid(format!(
+            "debounce_s must be between 0 and {MAX_DEBOUNCE_S}, got {d}"
         )));
     }
     Ok(())
@@ -119,16 +146,17 @@ async fn create_sensor(
 ) -> ApiResult<(StatusCode, ApiJson<SensorOut>)> {
     let id = SensorId::parse(&body.id)
         .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
-    check_fields(&body.address, body.heartbeat_timeout_s)?;
+    check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
     let sensor = Sensor {
         id,
         address: body.address,
         heartbeat_timeout_s: body.heartbeat_timeout_s,
+        debounce_s: body.debounce_s,
         created_at: time::now_ms(),
     };
     st.store.create_sensor(sensor.clone()).await?;
     st.engine
-        .upsert_sensor(id, sensor.heartbeat_timeout_s)
+        .upsert_sensor(id, sensor.heartbeat_timeout_s, sensor.debounce_s)
         .await?;
     if let Some(c) = &st.cluster {
         c.registry_changed(id).await;
@@ -178,7 +206,8 @@ async fn get_sensor(
     Ok(ApiJson(sensor_out(view)))
 }
 
-/// Replace a sensor's address and heartbeat timeout.
+/// Replace a sensor's address, heartbeat timeout and debounce window (a window changed
+/// while one is open counts from that window's start).
 #[utoipa::path(put, path = "/v1/sensors/{id}", tag = "sensors", params(("id" = String, Path)),
     request_body = SensorReplace,
     responses((status = 200, body = SensorOut), (status = 404, body = ErrorBody),
@@ -199,14 +228,14 @@ async fn replace_sensor(
             format!("id in the body ({body_id:?}) does not match the path ({id})"),
         ));
     }
-    check_fields(&body.address, body.heartbeat_timeout_s)?;
+    check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
     let view = st
         .store
-        .replace_sensor(id, body.address, body.heartbeat_timeout_s)
+        .replace_sensor(id, body.address, body.heartbeat_timeout_s, body.debounce_s)
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
     st.engine
-        .upsert_sensor(id, body.heartbeat_timeout_s)
+        .upsert_sensor(id, body.heartbeat_timeout_s, body.debounce_s)
         .await?;
     if let Some(c) = &st.cluster {
         c.registry_changed(id).await;

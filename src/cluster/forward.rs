@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::domain::{Reading, Rejection};
+use crate::domain::{Reading, Rejection, Source};
 use crate::engine::{self, Forwarder, Sequence, Verdicts, VerdictsRx};
 use crate::telemetry::families;
 
@@ -37,7 +37,14 @@ pub struct ForwardBatch {
     /// owner applies none of a sequence's batches behind one that did not commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<u64>,
+    /// How they came in (a node of an older version sends none: HTTP).
+    #[serde(default = "http")]
+    pub source: Source,
     pub readings: Vec<Reading>,
+}
+
+fn http() -> Source {
+    Source::Http
 }
 
 /// Per batch, per reading: `null` accepted, else why not.
@@ -49,6 +56,7 @@ pub struct ForwardResponse {
 struct Job {
     readings: Vec<Reading>,
     sequence: Option<Sequence>,
+    source: Source,
     reply: oneshot::Sender<Result<Verdicts, engine::Error>>,
 }
 
@@ -98,11 +106,13 @@ impl Forwarder for HttpForwarder {
         to: Arc<str>,
         readings: Vec<Reading>,
         sequence: Option<Sequence>,
+        source: Source,
     ) -> VerdictsRx {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             readings,
             sequence,
+            source,
             reply,
         };
         if let Err(mpsc::error::SendError(job)) = self.queue(&to).send(job) {
@@ -147,6 +157,7 @@ async fn send_loop(
                 .iter()
                 .map(|j| ForwardBatch {
                     sequence: j.sequence.as_ref().map(Sequence::id),
+                    source: j.source,
                     readings: j.readings.clone(),
                 })
                 .collect(),

@@ -34,9 +34,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{Dispatcher, Serves};
-use crate::domain::{Millis, SensorId, partition};
+use crate::domain::{Millis, SensorId, Source, partition};
 use crate::engine::{Engine, Route, Routing};
-use crate::store::{ClusterStore, Lease, NodeRow, SensorRuntime};
+use crate::store::{ClusterStore, Lease, NodeRow, SensorRuntime, SourceLink};
 use crate::telemetry::families;
 
 pub use forward::{HttpForwarder, SECRET_HEADER};
@@ -71,6 +71,11 @@ pub struct Membership {
     serving: Arc<Vec<AtomicBool>>,
     routing: Arc<Routing>,
     leads: watch::Sender<bool>,
+    /// The broker links as this node's engine last heard of them ([`Membership::follow_links`]).
+    links: Mutex<HashMap<Source, (bool, Millis)>>,
+    /// Changes of this node's broker links the store did not take yet, oldest first. A
+    /// Tokio mutex, held while they are written, so two writers never interleave.
+    unpublished: tokio::sync::Mutex<Vec<SourceLink>>,
     ready: AtomicBool,
     http: reqwest::Client,
     /// What node-to-node requests carry and must carry ([`trust`]).
@@ -123,6 +128,8 @@ impl Membership {
             serving: Arc::new((0..partitions).map(|_| AtomicBool::new(false)).collect()),
             routing: Arc::new(Routing::new(partitions, forwarder)),
             leads,
+            links: Mutex::new(HashMap::new()),
+            unpublished: tokio::sync::Mutex::new(Vec::new()),
             ready: AtomicBool::new(false),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -286,7 +293,59 @@ impl Membership {
             self.take(engine, dispatcher, want, first).await?;
         }
         self.publish_routes().await?;
+        if let Err(e) = self.follow_links(engine).await {
+            tracing::warn!(error = %e, "Following the broker links failed; the next round tries again.");
+        }
         self.ready.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The node running the broker sources lost or made its connection to a broker at
+    /// `at`: every node's engine follows ([`Membership::follow_links`]), so sensors heard
+    /// through it are not declared lost on any node while it is down.
+    pub async fn publish_link(&self, source: Source, up: bool, at: Millis) {
+        let mut pending = self.unpublished.lock().await;
+        // This engine has it already: a round must not take it back to an older one.
+        self.links.lock().expect("links").insert(source, (up, at));
+        pending.push(SourceLink { source, up, at });
+        if let Err(e) = self.publish_pending(&mut pending).await {
+            tracing::warn!(source = source.as_str(), up, error = %e,
+                "Recording a broker link's state failed; the lease rounds try again.");
+        }
+    }
+
+    /// Records the changes the store did not take yet, in order.
+    async fn publish_pending(&self, pending: &mut Vec<SourceLink>) -> Result<(), Error> {
+        while let Some(l) = pending.first().copied() {
+            self.store.set_source_link(l.source, l.up, l.at).await?;
+            pending.remove(0);
+        }
+        Ok(())
+    }
+
+    /// Hands the engine the broker links other nodes (or this one) recorded, once a round.
+    /// A link recorded up at a time not seen before counts as down and back, so a node
+    /// that missed the outage between two rounds still counts deadlines from the return.
+    /// Under the lock [`Membership::publish_link`] takes, so what is read is never older
+    /// than what this node's engine was told.
+    async fn follow_links(&self, engine: &Engine) -> Result<(), Error> {
+        let mut pending = self.unpublished.lock().await;
+        // What this node changed comes first: the store must not hand it back older.
+        self.publish_pending(&mut pending).await?;
+        for l in self.store.source_links().await? {
+            let seen = self.links.lock().expect("links").get(&l.source).copied();
+            if seen == Some((l.up, l.at)) {
+                continue;
+            }
+            engine.set_link(l.source, false, l.at);
+            if l.up {
+                engine.set_link(l.source, true, l.at);
+            }
+            self.links
+                .lock()
+                .expect("links")
+                .insert(l.source, (l.up, l.at));
+        }
         Ok(())
     }
 

@@ -23,6 +23,9 @@ use values::{
 /// The embedded defaults, fully commented: `latch config` prints them.
 pub const DEFAULTS: &str = include_str!("../config.default.toml");
 
+/// Longest debounce window, service-wide or a sensor's own: a day.
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(86_400);
+
 /// Variables with the `LATCH_` prefix that are not settings.
 const NOT_SETTINGS: &[&str] = &["LATCH_CONFIG"];
 
@@ -61,6 +64,14 @@ pub struct Config {
     pub clickhouse_flush: Duration,
     #[serde(deserialize_with = "duration")]
     pub heartbeat_timeout: Duration,
+    /// While a sensor stays lost, a `sensor.still_lost` reminder every this long. `None`:
+    /// no reminders.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub lost_reminder: Option<Duration>,
+    /// The debounce window of sensors without their own `debounce_s`: a new state is
+    /// notified once it has held this long. Zero: notified at once.
+    #[serde(deserialize_with = "duration")]
+    pub debounce: Duration,
     pub retry_policy: RetryPolicyKind,
     #[serde(deserialize_with = "duration")]
     pub retry_base: Duration,
@@ -238,6 +249,17 @@ impl Config {
             if !(lo..=hi).contains(&v) {
                 bail!("invalid setting `{key}`: {v} is not between {lo} and {hi}");
             }
+        }
+        if let Some(r) = self.lost_reminder
+            && r < Duration::from_secs(1)
+        {
+            bail!("invalid setting `lost_reminder`: must be at least 1s");
+        }
+        if self.debounce > MAX_DEBOUNCE {
+            bail!(
+                "invalid setting `debounce`: must be at most {}s",
+                MAX_DEBOUNCE.as_secs()
+            );
         }
         if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
             bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");

@@ -249,3 +249,26 @@ fn logs_are_text_unless_json_is_asked_for() {
         .to_string();
     assert!(e.contains("log_format"), "{e}");
 }
+
+#[test]
+fn reminders_and_debounce_are_off_by_default_and_checked() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!((c.lost_reminder, c.debounce), (None, Duration::ZERO));
+    let c = Config::load_from(
+        None,
+        &env(&[("LATCH_LOST_REMINDER", "6h"), ("LATCH_DEBOUNCE", "30s")]),
+    )
+    .unwrap();
+    assert_eq!(c.lost_reminder, Some(Duration::from_secs(6 * 3600)));
+    assert_eq!(c.debounce, Duration::from_secs(30));
+    for (key, value, named) in [
+        ("LATCH_LOST_REMINDER", "500ms", "lost_reminder"),
+        ("LATCH_DEBOUNCE", "2d", "debounce"),
+        ("LATCH_DEBOUNCE", "soon", "debounce"),
+    ] {
+        let e = Config::load_from(None, &env(&[(key, value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(named), "{key}={value}: {e}");
+    }
+}

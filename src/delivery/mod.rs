@@ -142,6 +142,16 @@ pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Cmd>,
     /// Asks the sweeper for a full sweep now (a partition was taken over).
     sweep: Arc<tokio::sync::Notify>,
+    /// What a test request needs: the attempts' own client, guard and timeout.
+    test: Arc<Tester>,
+}
+
+/// Sends `client.test` notifications ([`Dispatcher::test`]).
+struct Tester {
+    http: reqwest::Client,
+    guard: Arc<guard::Guard>,
+    timeout: Duration,
+    clock: Clock,
 }
 
 impl Dispatcher {
@@ -163,6 +173,14 @@ impl Dispatcher {
     /// next full sweep.
     pub fn sweep_now(&self) {
         self.sweep.notify_one();
+    }
+
+    /// Sends one signed `client.test` to `client` now, exactly as an attempt goes out
+    /// (the SSRF guard, the signing, the delivery timeout), and answers what happened.
+    /// Not an outbox notification: nothing is stored, retried or counted as an attempt.
+    pub async fn test(&self, client: &crate::domain::Client) -> sender::AttemptResult {
+        let t = &self.test;
+        sender::send_test(&t.http, &t.guard, client, t.timeout, t.clock.now()).await
     }
 
     /// A client's `rate_limit` was set or changed (`None`: lifted).
@@ -207,6 +225,12 @@ impl Dispatcher {
             .tcp_nodelay(true)
             .build()
             .map_err(Error::Http)?;
+        let test = Arc::new(Tester {
+            http: http.clone(),
+            guard: settings.guard.clone(),
+            timeout: settings.timeout,
+            clock: settings.clock.clone(),
+        });
         let mut pending = store.load_pending(i64::MIN).await?;
         if let Some(Serves(serves)) = &settings.serves {
             pending.retain(|r| serves(r.sensor_id));
@@ -273,7 +297,7 @@ impl Dispatcher {
             ));
         }
         tracker.spawn(core.run(rx, stop, grace));
-        Ok(Self { tx, sweep })
+        Ok(Self { tx, sweep, test })
     }
 }
 

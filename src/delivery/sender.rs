@@ -10,8 +10,9 @@ use tracing::field::Empty;
 use super::broker::{self, Brokers};
 use super::guard::{self, Guard, Refusal};
 use super::signing;
+use crate::domain::notification::{CLIENT_TEST, new_notification_id};
 use crate::domain::outbox::outcome;
-use crate::domain::{Millis, Sendable, client::secret_key, destination, time};
+use crate::domain::{Client, EventKind, Millis, Sendable, client::secret_key, destination, time};
 use crate::telemetry::SPANS;
 
 /// The JSON body a client receives.
@@ -26,6 +27,14 @@ struct Payload<'a> {
     previous: Option<u8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_seen_at: Option<String>,
+    /// `sensor.still_lost`: since when, and which reminder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lost_since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reminder: Option<u32>,
+    /// `sensor.state_changed`: readings a debounce window held back (0 without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flips_suppressed: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -48,8 +57,64 @@ pub fn payload(s: &Sendable) -> Vec<u8> {
         data: n.data.map(u8::from),
         previous: n.previous.map(u8::from),
         last_seen_at: n.last_seen_at.map(time::format),
+        lost_since: n.detail.lost_since.map(time::format),
+        reminder: n.detail.reminder,
+        flips_suppressed: match n.kind {
+            EventKind::StateChanged => Some(n.detail.flips_suppressed.unwrap_or(0)),
+            _ => n.detail.flips_suppressed,
+        },
     };
     serde_json::to_vec(&p).expect("payload serializes")
+}
+
+/// The body of a `client.test` notification: about no sensor, so it names the client.
+#[derive(Serialize)]
+struct TestPayload<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    occurred_at: String,
+    client: ClientRef<'a>,
+}
+
+#[derive(Serialize)]
+struct ClientRef<'a> {
+    id: &'a str,
+    name: &'a str,
+}
+
+/// Sends one signed `client.test` to `client`'s URL now, through the same guard, signing
+/// and timeout as any attempt. Nothing is stored and nothing is retried: the caller gets
+/// what happened.
+pub async fn send_test(
+    http: &reqwest::Client,
+    guard: &Guard,
+    client: &Client,
+    timeout: Duration,
+    at: Millis,
+) -> AttemptResult {
+    let id = new_notification_id();
+    let body = TestPayload {
+        id: &id,
+        kind: CLIENT_TEST,
+        occurred_at: time::format(at),
+        client: ClientRef {
+            id: &client.id,
+            name: &client.name,
+        },
+    };
+    let body = serde_json::to_vec(&body).expect("payload serializes");
+    let previous = client
+        .previous_secret
+        .as_deref()
+        .filter(|_| client.previous_secret_until.is_some_and(|until| until > at));
+    let to = Target {
+        url: &client.url,
+        id: &id,
+        secret: &client.secret,
+        previous_secret: previous,
+    };
+    post(http, guard, to, body, timeout, at).await
 }
 
 /// What one attempt came to.
@@ -131,7 +196,13 @@ pub async fn send(
     let result = if destination::is_broker(&s.url) {
         brokers.send(s, timeout, at).instrument(span.clone()).await
     } else {
-        post(http, guard, s, timeout, at)
+        let to = Target {
+            url: &s.url,
+            id: &n.id,
+            secret: &s.secret,
+            previous_secret: s.previous_secret.as_deref(),
+        };
+        post(http, guard, to, payload(s), timeout, at)
             .instrument(span.clone())
             .await
     };
@@ -154,11 +225,23 @@ pub async fn send(
     result
 }
 
-/// [`send`] to an HTTP endpoint, without the span.
+/// Where a request goes and what signs it.
+struct Target<'a> {
+    url: &'a str,
+    /// The `webhook-id`.
+    id: &'a str,
+    secret: &'a str,
+    /// A rotated-out secret still in its grace: it signs too.
+    previous_secret: Option<&'a str>,
+}
+
+/// Checks, signs and POSTs `body` to an HTTP endpoint: an attempt of [`send`] or
+/// [`send_test`], without the span.
 async fn post(
     http: &reqwest::Client,
     guard: &Guard,
-    s: &Sendable,
+    to: Target<'_>,
+    body: Vec<u8>,
     timeout: Duration,
     at: Millis,
 ) -> AttemptResult {
@@ -170,16 +253,15 @@ async fn post(
         duration: started.elapsed(),
         retry_after: None,
     };
-    let url = match reqwest::Url::parse(&s.url) {
+    let url = match reqwest::Url::parse(to.url) {
         Ok(u) => u,
         Err(e) => return failed(format!("url unusable: {e}")),
     };
     if let Err(r) = guard.check_url(&url) {
         return failed(not_allowed(&r));
     }
-    let body = payload(s);
     let ts = at / 1000;
-    let signature = match signatures(s, ts, &body) {
+    let signature = match signatures(to.secret, to.previous_secret, to.id, ts, &body) {
         Ok(sig) => sig,
         Err(e) => return failed(format!("client secret unusable: {e}")),
     };
@@ -188,7 +270,7 @@ async fn post(
         .timeout(timeout)
         .header("content-type", "application/json")
         .header("user-agent", concat!("latch/", env!("CARGO_PKG_VERSION")))
-        .header("webhook-id", &s.notification.id)
+        .header("webhook-id", to.id)
         .header("webhook-timestamp", ts.to_string())
         .header("webhook-signature", signature)
         .body(body);
@@ -240,10 +322,15 @@ fn not_allowed(r: &Refusal) -> String {
 /// The `webhook-signature` value: the signature with the client's secret, then, while a
 /// rotation's grace lasts, the one with the secret it replaced, space-separated as
 /// Standard Webhooks specifies, so a receiver holding either key verifies the request.
-pub fn signatures(s: &Sendable, ts: i64, body: &[u8]) -> Result<String, String> {
-    let id = &s.notification.id;
-    let mut value = signing::sign(&secret_key(&s.secret)?, id, ts, body);
-    if let Some(old) = s.previous_secret.as_deref()
+pub fn signatures(
+    secret: &str,
+    previous: Option<&str>,
+    id: &str,
+    ts: i64,
+    body: &[u8],
+) -> Result<String, String> {
+    let mut value = signing::sign(&secret_key(secret)?, id, ts, body);
+    if let Some(old) = previous
         && let Ok(key) = secret_key(old)
     {
         value.push(' ');

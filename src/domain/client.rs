@@ -5,6 +5,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use rand::RngCore;
 
+use super::notification::{CLIENT_TEST, EventKind};
 use super::time::Millis;
 
 /// Prefix of Standard Webhooks secrets.
@@ -34,6 +35,50 @@ pub struct Client {
     pub disabled_reason: Option<DisabledReason>,
     /// Requests per second latch sends it at most; `None`: only the concurrency limits.
     pub rate_limit: Option<u32>,
+    /// The notification types it wants; `None`: all, including kinds added later.
+    /// Notifications of other types are never made for it.
+    pub events: Option<Vec<String>>,
+}
+
+/// Checks a client's `events`: each a notification type, none twice (`client.test` is
+/// allowed, and sent on request whatever the list says).
+pub fn validate_events(events: &[String]) -> Result<(), String> {
+    for (i, e) in events.iter().enumerate() {
+        if EventKind::parse(e).is_none() && e != CLIENT_TEST {
+            let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+            return Err(format!(
+                "events[{i}]: {e:?} is not a notification type; use {}, or {CLIENT_TEST}",
+                known.join(", ")
+            ));
+        }
+        if events[..i].contains(e) {
+            return Err(format!("events[{i}]: {e:?} is listed twice"));
+        }
+    }
+    Ok(())
+}
+
+/// `events` as a store column: the types joined by commas (no type holds one); `None`
+/// (all) stays NULL, and an empty list is the empty string.
+pub fn events_column(events: &Option<Vec<String>>) -> Option<String> {
+    events.as_ref().map(|e| e.join(","))
+}
+
+/// [`events_column`] read back.
+pub fn events_from_column(column: Option<String>) -> Option<Vec<String>> {
+    column.map(|c| {
+        c.split(',')
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+/// Whether a client with these `events` wants notifications of `kind`.
+pub fn wants(events: &Option<Vec<String>>, kind: EventKind) -> bool {
+    events
+        .as_ref()
+        .is_none_or(|e| e.iter().any(|t| t == kind.as_str()))
 }
 
 /// Why a client was disabled.
@@ -207,6 +252,36 @@ mod tests {
         assert!(validate_rate_limit(Some(1)).is_ok());
         assert!(validate_rate_limit(Some(0)).is_err());
         assert!(validate_rate_limit(Some(RATE_LIMIT_MAX + 1)).is_err());
+    }
+
+    #[test]
+    fn events_are_known_types_once_and_round_trip_as_a_column() {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(validate_events(&list(&["sensor.connection_lost", "client.test"])).is_ok());
+        assert!(validate_events(&[]).is_ok());
+        let e = validate_events(&list(&["sensor.lost"])).unwrap_err();
+        assert!(
+            e.contains("events[0]") && e.contains("sensor.still_lost"),
+            "{e}"
+        );
+        assert!(
+            validate_events(&list(&["sensor.state_changed", "sensor.state_changed"]))
+                .unwrap_err()
+                .contains("twice")
+        );
+        for events in [None, Some(vec![]), Some(list(&["sensor.state_changed"]))] {
+            assert_eq!(events_from_column(events_column(&events)), events);
+        }
+        assert!(wants(&None, EventKind::StillLost));
+        assert!(!wants(&Some(vec![]), EventKind::StateChanged));
+        assert!(wants(
+            &Some(list(&["sensor.connection_lost"])),
+            EventKind::ConnectionLost
+        ));
+        assert!(!wants(
+            &Some(list(&["sensor.connection_lost"])),
+            EventKind::StillLost
+        ));
     }
 
     #[test]

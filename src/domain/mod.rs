@@ -14,8 +14,8 @@ pub mod time;
 pub mod token;
 
 pub use client::Client;
-pub use notification::{Attempt, Event, EventKind, Notification, Status};
+pub use notification::{Attempt, Detail, Event, EventKind, Notification, Status};
 pub use outbox::{Claim, NotificationRef, Outcome, Sendable, Verdict};
 pub use reading::{Reading, RejectCode, Rejection};
-pub use sensor::{Connection, Sensor, SensorId, SensorStatus};
+pub use sensor::{Connection, Sensor, SensorId, SensorStatus, Source};
 pub use time::Millis;

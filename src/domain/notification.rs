@@ -14,7 +14,14 @@ pub enum EventKind {
     ConnectionLost,
     #[serde(rename = "sensor.connection_restored")]
     ConnectionRestored,
+    /// A reminder while a sensor stays lost (only with `lost_reminder` set).
+    #[serde(rename = "sensor.still_lost")]
+    StillLost,
 }
+
+/// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
+/// so not an [`EventKind`]; sent whatever the client's `events` say.
+pub const CLIENT_TEST: &str = "client.test";
 
 impl EventKind {
     pub fn as_str(self) -> &'static str {
@@ -22,14 +29,24 @@ impl EventKind {
             EventKind::StateChanged => "sensor.state_changed",
             EventKind::ConnectionLost => "sensor.connection_lost",
             EventKind::ConnectionRestored => "sensor.connection_restored",
+            EventKind::StillLost => "sensor.still_lost",
         }
     }
+
+    /// Every kind, in the order the API lists them.
+    pub const ALL: [EventKind; 4] = [
+        EventKind::StateChanged,
+        EventKind::ConnectionLost,
+        EventKind::ConnectionRestored,
+        EventKind::StillLost,
+    ];
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "sensor.state_changed" => Some(EventKind::StateChanged),
             "sensor.connection_lost" => Some(EventKind::ConnectionLost),
             "sensor.connection_restored" => Some(EventKind::ConnectionRestored),
+            "sensor.still_lost" => Some(EventKind::StillLost),
             _ => None,
         }
     }
@@ -45,6 +62,21 @@ pub struct Event {
     pub previous: Option<bool>,
     /// For lost/restored: when latch last heard from the sensor before this event.
     pub last_seen_at: Option<Millis>,
+    /// What only some kinds carry.
+    pub detail: Detail,
+}
+
+/// What only some kinds of event carry, kept in their history row and notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Detail {
+    /// `sensor.still_lost`: when the sensor was declared lost.
+    pub lost_since: Option<Millis>,
+    /// `sensor.still_lost`: 1 for the first reminder, then the number of reminder
+    /// intervals the sensor has been lost.
+    pub reminder: Option<u32>,
+    /// `sensor.state_changed` after a debounce window: the readings within it whose value
+    /// differed from the reading before, the notified one aside.
+    pub flips_suppressed: Option<u32>,
 }
 
 /// Where a notification is in its life.
@@ -99,6 +131,8 @@ pub struct Notification {
     pub previous: Option<bool>,
     pub occurred_at: Millis,
     pub last_seen_at: Option<Millis>,
+    /// What only some kinds carry ([`Event::detail`]).
+    pub detail: Detail,
     pub status: Status,
     /// Attempts made so far (reset by a manual retry; the attempt log keeps them all).
     pub attempts: u32,

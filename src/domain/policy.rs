@@ -378,13 +378,19 @@ pub enum RetryRefusal {
 /// The kinds of a newer notification of the same lane that make a manual retry of one of
 /// `kind` pointless and harmful: a newer state for a state, a newer lost or restored for
 /// a lost or restored (a failed `lost` sent again after a delivered `restored` would tell
-/// the client that an online sensor is lost).
+/// the client that an online sensor is lost), and any newer connection notification for
+/// a reminder (a `still_lost` sent after the sensor came back is false).
 pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
     match kind {
         EventKind::StateChanged => &[EventKind::StateChanged],
         EventKind::ConnectionLost | EventKind::ConnectionRestored => {
             &[EventKind::ConnectionLost, EventKind::ConnectionRestored]
         }
+        EventKind::StillLost => &[
+            EventKind::ConnectionLost,
+            EventKind::ConnectionRestored,
+            EventKind::StillLost,
+        ],
     }
 }
 

@@ -158,6 +158,43 @@ impl Connection {
     }
 }
 
+/// Where a reading came in: its sensor's liveness follows that way's link (a broker
+/// connection that is down is not the sensor's silence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Http,
+    Amqp,
+    Mqtt,
+}
+
+impl Source {
+    /// Every source, in the order of [`Source::index`].
+    pub const ALL: [Source; 3] = [Source::Http, Source::Amqp, Source::Mqtt];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Http => "http",
+            Source::Amqp => "amqp",
+            Source::Mqtt => "mqtt",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "http" => Some(Source::Http),
+            "amqp" => Some(Source::Amqp),
+            "mqtt" => Some(Source::Mqtt),
+            _ => None,
+        }
+    }
+
+    /// 0, 1, 2: a slot in per-source tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// A registered sensor as the registry keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sensor {
@@ -165,6 +202,8 @@ pub struct Sensor {
     pub address: String,
     /// Overrides the service-wide heartbeat timeout for this sensor.
     pub heartbeat_timeout_s: Option<u32>,
+    /// Overrides the service-wide debounce window for this sensor.
+    pub debounce_s: Option<u32>,
     pub created_at: crate::domain::time::Millis,
 }
 
@@ -175,6 +214,8 @@ pub struct SensorStatus {
     pub changed_at: Option<crate::domain::time::Millis>,
     pub last_seen_at: Option<crate::domain::time::Millis>,
     pub connection: Connection,
+    /// How its last reading came in.
+    pub last_source: Option<Source>,
 }
 
 impl Default for SensorStatus {
@@ -184,8 +225,24 @@ impl Default for SensorStatus {
             changed_at: None,
             last_seen_at: None,
             connection: Connection::Unknown,
+            last_source: None,
         }
     }
+}
+
+/// A new state waiting out its sensor's debounce window: what notifying it needs once it
+/// has held, kept with the sensor's state so a restart or a takeover keeps the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debounce {
+    /// The state last notified (the notification's `previous`).
+    pub from: Option<bool>,
+    /// Device time of the reading that began the state now held (the notification's
+    /// `occurred_at`).
+    pub at: crate::domain::time::Millis,
+    /// Our clock when that reading arrived: the window counts from here.
+    pub since: crate::domain::time::Millis,
+    /// Readings within the window whose value differed from the reading before.
+    pub flips: u32,
 }
 
 /// A sensor's state as the engine holds it in memory and the store hands it back at start.
@@ -200,6 +257,17 @@ pub struct SensorState {
     pub last_seen_at: Option<crate::domain::time::Millis>,
     pub connection: Connection,
     pub heartbeat_timeout_s: Option<u32>,
+    /// Its own debounce window in seconds (registry data, like the timeout).
+    pub debounce_s: Option<u32>,
+    /// How the last reading came in.
+    pub last_source: Option<Source>,
+    /// A change waiting out the debounce window; `data` is already the new value.
+    pub debounce: Option<Debounce>,
+    /// While lost: when it was declared lost. `None` also when memory does not keep it
+    /// (no reminders configured): a commit then keeps the stored one.
+    pub lost_since: Option<crate::domain::time::Millis>,
+    /// While lost: `sensor.still_lost` reminders sent; `None` as for `lost_since`.
+    pub reminders: Option<u32>,
 }
 
 impl SensorState {
@@ -211,18 +279,31 @@ impl SensorState {
             last_seen_at: None,
             connection: Connection::Unknown,
             heartbeat_timeout_s,
+            debounce_s: None,
+            last_source: None,
+            debounce: None,
+            lost_since: None,
+            reminders: None,
         }
     }
 
     /// Whether `other` holds what a commit writes of this state (everything but the
-    /// timeout, which is registry data): how a commit whose answer was lost is found to
-    /// have landed.
+    /// timeout and debounce window, which are registry data, and what memory does not
+    /// keep): how a commit whose answer was lost is found to have landed.
     pub fn same_committed(&self, other: &SensorState) -> bool {
+        let kept = |mine: Option<i64>, stored: Option<i64>| mine.is_none() || mine == stored;
         self.data == other.data
             && self.changed_at == other.changed_at
             && self.last_ts == other.last_ts
             && self.last_seen_at == other.last_seen_at
             && self.connection == other.connection
+            && self.last_source == other.last_source
+            && self.debounce == other.debounce
+            && kept(self.lost_since, other.lost_since)
+            && kept(
+                self.reminders.map(i64::from),
+                other.reminders.map(i64::from),
+            )
     }
 }
 

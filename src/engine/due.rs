@@ -217,7 +217,7 @@ mod tests {
         let mut parts: Vec<Option<Part>> = (0..3)
             .map(|_| {
                 Some(Part {
-                    fleet: Fleet::new(10_000, 0),
+                    fleet: Fleet::new(crate::engine::fleet::Policy::timeout(10_000), 0),
                     epoch: None,
                     unsure_until: 0,
                 })

@@ -19,17 +19,27 @@
 //! next deadline looks at each list's front: per round of the shard, not per reading.
 //!
 //! Memory is the point at 10M sensors: a slot is 48 bytes (the id's 96 bits, two times,
-//! two links, the timeout, the list and a packed byte of data and connection) and the table
-//! 4 bytes a slot plus control bytes. `changed_at` is not kept: the store has it, and a
-//! commit only writes it when the state changed.
+//! two links, the timeout, the list and a packed byte of data, connection, source and
+//! whether [`Extras`] holds more of it) and the table 4 bytes a slot plus control bytes.
+//! `changed_at` is not kept: the store has it, and a commit only writes it when the state
+//! changed. What few sensors carry beyond that (an own debounce window, a change waiting
+//! one out, reminders while lost) and the timers it sets are in [`Extras`].
+//!
+//! Our broker links count like our own downtime: a sensor last heard over AMQP or MQTT is
+//! on a list of its timeout *and source*, and while latch's connection to that broker is
+//! down ([`Fleet::set_link`]) the list is not expired at all; once it is back, deadlines
+//! on it are `max(last_seen, resumed_at, reconnected_at) + timeout`, which is still
+//! monotone in `last_seen`. Sensors heard over HTTP (or never) are on lists no link holds.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
 
+use super::extra::Extras;
+pub use super::extra::Policy;
 use crate::domain::sensor::SensorState;
-use crate::domain::{Connection, Millis, SensorId};
+use crate::domain::{Connection, Millis, SensorId, Source};
 use crate::telemetry::families;
 
 const NIL: u32 = u32::MAX;
@@ -55,8 +65,44 @@ struct Slot {
     timeout_s: u32,
     /// Index in `groups` while on a list.
     group: u32,
-    /// Bits 0–1: data (0 none, 1 false, 2 true); bits 2–3: connection.
+    /// Bits 0–1: data (0 none, 1 false, 2 true); bits 2–3: connection; bits 4–5: source
+    /// of the last reading (0 none, else [`Source::index`] + 1); bit 6: [`EXTRA`].
     flags: u8,
+}
+
+/// The flag bit saying [`Extras`] holds more of a sensor's state.
+const EXTRA: u8 = 1 << 6;
+
+/// One broker link as the deadlines see it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Link {
+    /// latch's connection to the broker is down: sensors last heard through it are not
+    /// expired.
+    pub down: bool,
+    /// When it was last (re)connected: their deadlines count from then at the earliest.
+    pub up_since: Millis,
+}
+
+/// The links per [`Source::index`]; HTTP's is never down.
+pub type Links = [Link; 3];
+
+/// Records that `source`'s link went down or came back (`up`) at `at`. A link that is up
+/// and told so again keeps when it came back.
+pub fn change_link(links: &mut Links, source: Source, up: bool, at: Millis) {
+    if source == Source::Http {
+        return;
+    }
+    let link = &mut links[source.index()];
+    match (up, link.down) {
+        (true, true) => {
+            *link = Link {
+                down: false,
+                up_since: at,
+            }
+        }
+        (false, _) => link.down = true,
+        (true, false) => {}
+    }
 }
 
 impl Slot {
@@ -73,7 +119,7 @@ impl Slot {
             group: NO_GROUP,
             flags: 0,
         };
-        slot.set_state(s);
+        slot.set_state(s, false);
         slot
     }
 
@@ -94,10 +140,16 @@ impl Slot {
             last_seen_at: opt(self.last_seen_at),
             connection: self.connection(),
             heartbeat_timeout_s: (self.timeout_s != 0).then_some(self.timeout_s),
+            last_source: match (self.flags >> 4) & 3 {
+                0 => None,
+                n => Some(Source::ALL[n as usize - 1]),
+            },
+            ..SensorState::new(None)
         }
     }
 
-    fn set_state(&mut self, s: &SensorState) {
+    /// Stores the slot's part of `s`; `extra`: whether [`Extras`] holds the rest.
+    fn set_state(&mut self, s: &SensorState, extra: bool) {
         let data = match s.data {
             None => 0,
             Some(false) => 1,
@@ -108,7 +160,8 @@ impl Slot {
             Connection::Online => 1,
             Connection::Lost => 2,
         };
-        self.flags = data | (conn << 2);
+        let source = s.last_source.map_or(0, |x| x.index() as u8 + 1);
+        self.flags = data | (conn << 2) | (source << 4) | if extra { EXTRA } else { 0 };
         self.last_seen_at = s.last_seen_at.unwrap_or(NEVER);
         self.last_ts = s.last_ts.unwrap_or(NEVER);
         self.timeout_s = s.heartbeat_timeout_s.unwrap_or(0);
@@ -121,10 +174,18 @@ impl Slot {
             _ => Connection::Unknown,
         }
     }
+
+    /// The link whose outage holds this sensor's deadline: its last reading's source
+    /// (HTTP's, never down, for one heard over HTTP or never).
+    fn link(&self) -> u8 {
+        ((self.flags >> 4) & 3).saturating_sub(1)
+    }
 }
 
 struct Group {
     timeout_ms: Millis,
+    /// The [`Links`] entry of its sensors' source.
+    link: u8,
     head: u32,
     tail: u32,
 }
@@ -136,16 +197,18 @@ pub struct Fleet {
     slots: Vec<Slot>,
     free: Vec<u32>,
     groups: Vec<Group>,
-    /// The group of each timeout that has listed sensors.
-    group_of: HashMap<Millis, u32>,
+    /// The group of each timeout and link that has listed sensors.
+    group_of: HashMap<(Millis, u8), u32>,
     /// Groups emptied, to be reused for the next new timeout.
     free_groups: Vec<u32>,
-    default_timeout_ms: Millis,
+    policy: Policy,
     resumed_at: Millis,
+    links: Links,
+    extras: Extras,
 }
 
 impl Fleet {
-    pub fn new(default_timeout_ms: Millis, resumed_at: Millis) -> Self {
+    pub fn new(policy: Policy, resumed_at: Millis) -> Self {
         Self {
             index: HashTable::new(),
             hasher: RandomState::new(),
@@ -154,9 +217,25 @@ impl Fleet {
             groups: Vec::new(),
             group_of: HashMap::new(),
             free_groups: Vec::new(),
-            default_timeout_ms,
+            policy,
             resumed_at,
+            links: Links::default(),
+            extras: Extras::default(),
         }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// A broker link went down or came back (`up`) at `at`: see the module doc.
+    pub fn set_link(&mut self, source: Source, up: bool, at: Millis) {
+        change_link(&mut self.links, source, up, at);
+    }
+
+    /// Every link at once (a partition taken over starts with the shard's).
+    pub fn set_links(&mut self, links: Links) {
+        self.links = links;
     }
 
     /// Makes room for `n` more sensors at once, so a load does not leave the slab and table
@@ -190,7 +269,29 @@ impl Fleet {
 
     /// A sensor's state (`changed_at` is not kept here: always `None`).
     pub fn get(&self, id: SensorId) -> Option<SensorState> {
-        self.find(id).map(|i| self.slots[i as usize].state())
+        self.find(id).map(|i| self.state_at(i))
+    }
+
+    fn state_at(&self, i: u32) -> SensorState {
+        let slot = &self.slots[i as usize];
+        let mut s = slot.state();
+        if slot.flags & EXTRA != 0 {
+            self.extras.read(slot.id().packed(), &mut s);
+        }
+        s
+    }
+
+    /// Stores `new` for slot `i` (`old`: its state before, `None` for a new slot).
+    fn store(&mut self, i: u32, old: Option<&SensorState>, new: &SensorState) {
+        let slot = &self.slots[i as usize];
+        // Most sensors never had and do not get anything beyond the slot: no look-ups.
+        let extra = if slot.flags & EXTRA == 0 && !Extras::wanted(new, &self.policy) {
+            false
+        } else {
+            let key = slot.id().packed();
+            self.extras.write(key, old, new, &self.policy)
+        };
+        self.slots[i as usize].set_state(new, extra);
     }
 
     /// Adds a sensor (or replaces its state), listing it when online.
@@ -202,7 +303,7 @@ impl Fleet {
         if state.connection == Connection::Lost {
             lost_gauge(1.0);
         }
-        let slot = Slot::new(id, &state);
+        let slot = Slot::new(id, &SensorState::new(None));
         let i = match self.free.pop() {
             Some(i) => {
                 self.slots[i as usize] = slot;
@@ -217,6 +318,7 @@ impl Fleet {
         let (hasher, slots) = (&self.hasher, &self.slots);
         self.index
             .insert_unique(h, i, |&j| hasher.hash_one(slots[j as usize].id().packed()));
+        self.store(i, None, &state);
         if state.connection == Connection::Online {
             self.link_ordered(i);
         }
@@ -246,7 +348,10 @@ impl Fleet {
         let (i, _) = entry.remove();
         self.unlink(i);
         self.free.push(i);
-        Some(self.slots[i as usize].state())
+        let state = self.state_at(i);
+        self.extras.remove(id.packed(), &state, &self.policy);
+        self.slots[i as usize].flags = 0;
+        Some(state)
     }
 
     /// Takes a committed new state: a sensor seen again moves to the back of its list; one
@@ -254,9 +359,10 @@ impl Fleet {
     /// Returns the state it replaced (`None` for an unknown sensor).
     pub fn update(&mut self, id: SensorId, new: SensorState) -> Option<SensorState> {
         let i = self.find(id)?;
-        let old = self.slots[i as usize].state();
-        self.slots[i as usize].set_state(&new);
-        if new.heartbeat_timeout_s != old.heartbeat_timeout_s {
+        let old = self.state_at(i);
+        self.store(i, Some(&old), &new);
+        if new.heartbeat_timeout_s != old.heartbeat_timeout_s || new.last_source != old.last_source
+        {
             self.unlink(i);
             if new.connection == Connection::Online {
                 self.link_ordered(i);
@@ -283,12 +389,13 @@ impl Fleet {
         Some(old)
     }
 
-    /// Changes a sensor's own timeout (`None`: the service default).
-    pub fn set_timeout(&mut self, id: SensorId, timeout_s: Option<u32>) {
+    /// Changes a sensor's own timeout and debounce window (`None`: the service default).
+    pub fn set_settings(&mut self, id: SensorId, timeout_s: Option<u32>, debounce_s: Option<u32>) {
         // The connection does not change here, so the lost gauge stays right.
         if let Some(s) = self.get(id) {
             let new = SensorState {
                 heartbeat_timeout_s: timeout_s,
+                debounce_s,
                 ..s
             };
             self.update(id, new);
@@ -297,30 +404,46 @@ impl Fleet {
 
     fn timeout_ms(&self, i: u32) -> Millis {
         match self.slots[i as usize].timeout_s {
-            0 => self.default_timeout_ms,
+            0 => self.policy.default_timeout_ms,
             t => t as Millis * 1000,
         }
     }
 
     /// When a listed sensor goes lost.
     fn deadline(&self, i: u32, g: &Group) -> Millis {
-        self.slots[i as usize].last_seen_at.max(self.resumed_at) + g.timeout_ms
+        let floor = self.resumed_at.max(self.links[g.link as usize].up_since);
+        self.slots[i as usize].last_seen_at.max(floor) + g.timeout_ms
     }
 
-    /// The earliest deadline of all online sensors.
+    /// Whether a group's sensors wait for their broker link to come back.
+    fn held(&self, g: &Group) -> bool {
+        self.links[g.link as usize].down
+    }
+
+    /// The earliest deadline of all online sensors not held by a link that is down, or
+    /// timer ([`Fleet::each_timer`]).
     pub fn next_deadline(&self) -> Option<Millis> {
         self.groups
             .iter()
-            .filter(|g| g.head != NIL)
+            .filter(|g| g.head != NIL && !self.held(g))
             .map(|g| self.deadline(g.head, g))
+            .chain(self.extras.next())
             .min()
     }
 
-    /// A listed (online) sensor's deadline now; `None` for one not listed.
+    /// A listed (online) sensor's deadline now; `None` for one not listed, or held by a
+    /// link that is down.
     pub fn deadline_of(&self, id: SensorId) -> Option<Millis> {
         let i = self.find(id)?;
         let g = self.groups.get(self.slots[i as usize].group as usize)?;
-        Some(self.deadline(i, g))
+        (!self.held(g)).then(|| self.deadline(i, g))
+    }
+
+    /// Calls `f` with each sensor whose timer (end of a debounce window, next reminder:
+    /// [`Policy::timer`]) is at or before `now`, earliest first, until it returns false.
+    pub fn each_timer(&self, now: Millis, mut f: impl FnMut(SensorId) -> bool) {
+        self.extras
+            .each_due(now, |key| f(SensorId::from_packed(key)));
     }
 
     /// Up to `limit` sensors whose deadline is at or before `now`, oldest first, with
@@ -343,7 +466,7 @@ impl Fleet {
     /// (each timeout's in deadline order), until it returns false: a walk that allocates
     /// nothing.
     pub fn each_expired(&self, now: Millis, mut f: impl FnMut(SensorId, Millis) -> bool) {
-        for g in &self.groups {
+        for g in self.groups.iter().filter(|g| !self.held(g)) {
             let mut i = g.head;
             while i != NIL {
                 let d = self.deadline(i, g);
@@ -358,12 +481,13 @@ impl Fleet {
         }
     }
 
-    fn group_for(&mut self, timeout_ms: Millis) -> u32 {
-        if let Some(&g) = self.group_of.get(&timeout_ms) {
+    fn group_for(&mut self, timeout_ms: Millis, link: u8) -> u32 {
+        if let Some(&g) = self.group_of.get(&(timeout_ms, link)) {
             return g;
         }
         let group = Group {
             timeout_ms,
+            link,
             head: NIL,
             tail: NIL,
         };
@@ -377,12 +501,12 @@ impl Fleet {
                 (self.groups.len() - 1) as u32
             }
         };
-        self.group_of.insert(timeout_ms, g);
+        self.group_of.insert((timeout_ms, link), g);
         g
     }
 
     fn link_back(&mut self, i: u32) {
-        let g = self.group_for(self.timeout_ms(i));
+        let g = self.group_for(self.timeout_ms(i), self.slots[i as usize].link());
         let tail = self.groups[g as usize].tail;
         self.link_after(i, g, tail);
     }
@@ -390,7 +514,7 @@ impl Fleet {
     /// Links in `last_seen` order, walking from the back: a sensor just seen lands at the
     /// back at once; only a timeout change or a load moves one further in.
     fn link_ordered(&mut self, i: u32) {
-        let g = self.group_for(self.timeout_ms(i));
+        let g = self.group_for(self.timeout_ms(i), self.slots[i as usize].link());
         let seen = self.slots[i as usize].last_seen_at;
         let mut after = self.groups[g as usize].tail;
         while after != NIL && self.slots[after as usize].last_seen_at > seen {
@@ -429,8 +553,8 @@ impl Fleet {
     fn unlink(&mut self, i: u32) {
         let group = self.detach(i);
         if group != NO_GROUP && self.groups[group as usize].head == NIL {
-            self.group_of
-                .remove(&self.groups[group as usize].timeout_ms);
+            let g = &self.groups[group as usize];
+            self.group_of.remove(&(g.timeout_ms, g.link));
             self.free_groups.push(group);
         }
     }
@@ -463,155 +587,4 @@ impl Fleet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIN: Millis = 60_000;
-
-    fn id(s: &str) -> SensorId {
-        SensorId::parse(s).unwrap()
-    }
-
-    fn online(seen: Millis, timeout_s: Option<u32>) -> SensorState {
-        SensorState {
-            data: Some(true),
-            changed_at: Some(seen),
-            last_ts: Some(seen),
-            last_seen_at: Some(seen),
-            connection: Connection::Online,
-            heartbeat_timeout_s: timeout_s,
-        }
-    }
-
-    fn names(v: Vec<(SensorId, Millis)>) -> Vec<String> {
-        v.into_iter().map(|(i, _)| i.to_string()).collect()
-    }
-
-    #[test]
-    fn expires_in_last_seen_order_at_the_exact_deadline() {
-        let mut f = Fleet::new(10 * MIN, 0);
-        f.insert(id("b"), online(2 * MIN, None));
-        f.insert(id("a"), online(MIN, None));
-        f.insert(id("c"), online(3 * MIN, None));
-        assert_eq!(f.next_deadline(), Some(11 * MIN));
-        assert!(f.expired(11 * MIN - 1, 10).is_empty());
-        assert_eq!(names(f.expired(12 * MIN, 10)), ["a", "b"]);
-        assert_eq!(f.expired(12 * MIN, 1).len(), 1, "bounded batches");
-    }
-
-    #[test]
-    fn a_reading_moves_a_sensor_to_the_back() {
-        let mut f = Fleet::new(10 * MIN, 0);
-        f.insert(id("a"), online(MIN, None));
-        f.insert(id("b"), online(2 * MIN, None));
-        f.update(id("a"), online(5 * MIN, None));
-        assert_eq!(f.next_deadline(), Some(12 * MIN));
-        assert_eq!(names(f.expired(16 * MIN, 10)), ["b", "a"]);
-    }
-
-    #[test]
-    fn lost_and_unknown_sensors_have_no_deadline() {
-        let mut f = Fleet::new(10 * MIN, 0);
-        f.insert(id("u"), SensorState::new(None));
-        f.insert(id("a"), online(MIN, None));
-        let lost = SensorState {
-            connection: Connection::Lost,
-            ..online(MIN, None)
-        };
-        f.update(id("a"), lost);
-        assert_eq!(f.next_deadline(), None);
-        assert!(f.expired(Millis::MAX / 2, 10).is_empty());
-        // The next reading brings it back on the list.
-        f.update(id("a"), online(30 * MIN, None));
-        assert_eq!(f.next_deadline(), Some(40 * MIN));
-    }
-
-    #[test]
-    fn own_timeouts_win_and_changing_one_keeps_order() {
-        let mut f = Fleet::new(10 * MIN, 0);
-        f.insert(id("def"), online(MIN, None));
-        f.insert(id("fast"), online(MIN + 1000, Some(60)));
-        assert_eq!(f.next_deadline(), Some(2 * MIN + 1000));
-        assert_eq!(names(f.expired(3 * MIN, 10)), ["fast"]);
-        f.insert(id("x"), online(5 * MIN, Some(60)));
-        f.set_timeout(id("def"), Some(60));
-        // "def" was seen before "x": it lands in front of it in the 60 s list.
-        assert_eq!(names(f.expired(7 * MIN, 10)), ["def", "fast", "x"]);
-        f.set_timeout(id("fast"), None);
-        assert_eq!(names(f.expired(7 * MIN, 10)), ["def", "x"]);
-    }
-
-    #[test]
-    fn our_downtime_is_not_the_sensors_silence() {
-        // Seen at minute 1, latch restarted at minute 50 with a 10 minute timeout.
-        let mut f = Fleet::new(10 * MIN, 50 * MIN);
-        f.insert(id("a"), online(MIN, None));
-        assert_eq!(f.next_deadline(), Some(60 * MIN));
-        assert!(f.expired(59 * MIN, 10).is_empty());
-    }
-
-    #[test]
-    fn a_slot_is_48_bytes_and_round_trips_the_state() {
-        assert_eq!(std::mem::size_of::<Slot>(), 48);
-        let mut f = Fleet::new(10 * MIN, 0);
-        let long = id("Zz09abcdefghijkl");
-        let s = SensorState {
-            data: Some(false),
-            changed_at: None,
-            last_ts: Some(-5),
-            last_seen_at: Some(7 * MIN),
-            connection: Connection::Lost,
-            heartbeat_timeout_s: Some(90),
-        };
-        f.insert(long, s);
-        assert_eq!(f.get(long), Some(s));
-        assert_eq!(f.get(id("Zz09abcdefghijk")), None, "a prefix is another id");
-        f.insert(id("n"), SensorState::new(None));
-        assert_eq!(f.get(id("n")), Some(SensorState::new(None)));
-    }
-
-    #[test]
-    fn any_number_of_distinct_timeouts_expire_each_at_its_own_deadline() {
-        // More distinct timeouts than a u16 can number.
-        const N: u32 = 70_000;
-        let mut f = Fleet::new(10 * MIN, 0);
-        for t in 1..=N {
-            f.insert(id(&format!("s{t}")), online(0, Some(t)));
-        }
-        assert_eq!(f.next_deadline(), Some(1000));
-        let due = f.expired(Millis::from(N) * 1000, usize::MAX);
-        assert_eq!(due.len(), N as usize);
-        for (sensor, deadline) in &due {
-            let t: Millis = sensor.to_string()[1..].parse().unwrap();
-            assert_eq!(*deadline, t * 1000, "{sensor}");
-        }
-        let half = f.expired(Millis::from(N / 2) * 1000, usize::MAX);
-        assert_eq!(half.len(), (N / 2) as usize);
-
-        // Lists that empty are reused: memory follows the live distinct timeouts.
-        for t in 1..=N {
-            f.remove(id(&format!("s{t}")));
-        }
-        assert!(f.group_of.is_empty());
-        f.insert(id("late"), online(0, Some(N + 1)));
-        assert_eq!(f.groups.len(), N as usize, "an emptied list was reused");
-        assert_eq!(f.next_deadline(), Some(Millis::from(N + 1) * 1000));
-        // Seen again, alone on its list: it stays listed with its new deadline.
-        f.update(id("late"), online(5_000, Some(N + 1)));
-        assert_eq!(f.next_deadline(), Some(5_000 + Millis::from(N + 1) * 1000));
-        assert_eq!((f.group_of.len(), f.groups.len()), (1, N as usize));
-    }
-
-    #[test]
-    fn removed_slots_are_reused_and_unlisted() {
-        let mut f = Fleet::new(10 * MIN, 0);
-        f.insert(id("a"), online(MIN, None));
-        f.insert(id("b"), online(2 * MIN, None));
-        f.remove(id("a"));
-        assert_eq!(f.len(), 1);
-        assert_eq!(names(f.expired(20 * MIN, 10)), ["b"]);
-        f.insert(id("c"), online(3 * MIN, None));
-        assert_eq!(f.slots.len(), 2, "the freed slot was reused");
-        assert_eq!(names(f.expired(20 * MIN, 10)), ["b", "c"]);
-    }
-}
+mod tests;

@@ -30,6 +30,7 @@
 //! owners through a [`Forwarder`] by the [`Routing`] table the cluster layer keeps.
 
 mod due;
+mod extra;
 pub mod fleet;
 pub mod follow;
 mod part;
@@ -47,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::clock::Clock;
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
-use crate::domain::{Millis, Reading, Rejection, SensorId, partition};
+use crate::domain::{Millis, Reading, Rejection, SensorId, Source, partition};
 use crate::store::{CommitBatch, SensorRuntime};
 use crate::telemetry::families;
 use fleet::Fleet;
@@ -105,11 +106,26 @@ pub struct Tuning {
     pub batch_max: usize,
     /// The heartbeat timeout of sensors without their own.
     pub default_timeout: std::time::Duration,
+    /// The debounce window of sensors without their own (zero: none).
+    pub default_debounce: std::time::Duration,
+    /// The interval of `sensor.still_lost` reminders; `None`: none.
+    pub lost_reminder: Option<std::time::Duration>,
     pub clock: Clock,
     /// Partitions of the fleet (the cluster's count; any fixed number on one node).
     pub partitions: u32,
     /// Watches the shards: a shard that panicked would leave its sensors unserved.
     pub supervisor: crate::tasks::Supervisor,
+}
+
+impl Tuning {
+    /// The rules' settings, in the engine's units.
+    fn policy(&self) -> fleet::Policy {
+        fleet::Policy {
+            default_timeout_ms: self.default_timeout.as_millis() as Millis,
+            default_debounce_ms: self.default_debounce.as_millis() as Millis,
+            reminder_ms: self.lost_reminder.map(|r| (r.as_millis() as Millis).max(1)),
+        }
+    }
 }
 
 /// A batch of effects waiting to be made durable; `reply` says whether it was.
@@ -166,6 +182,7 @@ pub trait Forwarder: Send + Sync + 'static {
         to: Arc<str>,
         readings: Vec<Reading>,
         sequence: Option<Sequence>,
+        source: Source,
     ) -> VerdictsRx;
 }
 
@@ -201,6 +218,8 @@ pub struct Engine {
     clock: Clock,
     /// Cluster mode: where other partitions' readings go.
     routing: Option<Arc<Routing>>,
+    /// The broker links, which every shard follows ([`Engine::set_link`]).
+    links: Arc<tokio::sync::watch::Sender<fleet::Links>>,
 }
 
 impl Engine {
@@ -215,12 +234,12 @@ impl Engine {
         tracker: &tokio_util::task::TaskTracker,
     ) -> Self {
         let resumed_at = tuning.clock.now();
-        let timeout_ms = tuning.default_timeout.as_millis() as Millis;
+        let policy = tuning.policy();
         let sensors = sensors.into_iter();
         let expected = sensors.size_hint().0 / tuning.partitions.max(1) as usize;
         let mut parts: Vec<Option<Part>> = (0..tuning.partitions)
             .map(|_| {
-                let mut fleet = Fleet::new(timeout_ms, resumed_at);
+                let mut fleet = Fleet::new(policy, resumed_at);
                 // A little over the even share: hashing spreads sensors only about evenly.
                 fleet.reserve(expected + expected / 32 + 16);
                 Some(Part {
@@ -260,16 +279,18 @@ impl Engine {
         tracker: &tokio_util::task::TaskTracker,
         routing: Option<Arc<Routing>>,
     ) -> Self {
+        let policy = tuning.policy();
         let Tuning {
             shards,
             batch_max,
-            default_timeout,
             clock,
             partitions,
             supervisor,
+            ..
         } = tuning;
         let shards = shards.max(1);
         let mut senders = Vec::with_capacity(shards);
+        let (links, _) = tokio::sync::watch::channel(fleet::Links::default());
         for s in 0..shards {
             // This shard's partitions (`p % shards == s`); the others stay `None` here.
             let mine: Vec<Option<Part>> = (0..partitions as usize)
@@ -287,7 +308,9 @@ impl Engine {
                 index: s,
                 parts: mine,
                 partitions,
-                default_timeout_ms: default_timeout.as_millis() as Millis,
+                policy,
+                links_rx: links.subscribe(),
+                links: fleet::Links::default(),
                 rx,
                 commits: commits.clone(),
                 batch_max,
@@ -301,6 +324,7 @@ impl Engine {
             partitions,
             clock,
             routing,
+            links: Arc::new(links),
         }
     }
 
@@ -326,17 +350,19 @@ impl Engine {
         p as usize % self.shards.len()
     }
 
-    /// Hands items received at `received_at` to their shards and returns without waiting
-    /// for the commit; `Err` items are rejections the caller already found, kept in place.
-    /// Items enqueued by one caller are applied in the order of its calls, so a broker
-    /// source can pipeline batches and still keep each sensor's readings in order.
+    /// Hands items received at `received_at` through `source` to their shards and returns
+    /// without waiting for the commit; `Err` items are rejections the caller already
+    /// found, kept in place. Items enqueued by one caller are applied in the order of its
+    /// calls, so a broker source can pipeline batches and still keep each sensor's readings
+    /// in order.
     pub async fn enqueue(
         &self,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
+        source: Source,
     ) -> Result<Ticket, Error> {
         let routes = self.routing.as_ref().map(|r| r.get());
-        self.split(items, received_at, routes.as_deref(), None)
+        self.split(items, received_at, source, routes.as_deref(), None)
             .await
     }
 
@@ -346,11 +372,18 @@ impl Engine {
         &self,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
+        source: Source,
         sequence: &Sequence,
     ) -> Result<Ticket, Error> {
         let routes = self.routing.as_ref().map(|r| r.get());
-        self.split(items, received_at, routes.as_deref(), Some(sequence))
-            .await
+        self.split(
+            items,
+            received_at,
+            source,
+            routes.as_deref(),
+            Some(sequence),
+        )
+        .await
     }
 
     /// As [`Engine::enqueue`] for readings another node forwarded here (of `sequence` when
@@ -360,15 +393,17 @@ impl Engine {
         &self,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
+        source: Source,
         sequence: Option<&Sequence>,
     ) -> Result<Ticket, Error> {
-        self.split(items, received_at, None, sequence).await
+        self.split(items, received_at, source, None, sequence).await
     }
 
     async fn split(
         &self,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
+        source: Source,
         routes: Option<&Vec<Route>>,
         sequence: Option<&Sequence>,
     ) -> Result<Ticket, Error> {
@@ -431,6 +466,7 @@ impl Engine {
                 parts: ps,
                 received_at,
                 sequence: sequence.cloned(),
+                source,
                 reply: tx,
             };
             match self.shards[s].send(msg).await {
@@ -453,7 +489,7 @@ impl Engine {
                 families::CLUSTER_FORWARDED
                     .counter()
                     .increment(rs.len() as u64);
-                let forward = routing.forwarder.forward(to, rs, sequence.cloned());
+                let forward = routing.forwarder.forward(to, rs, sequence.cloned(), source);
                 waits.push((idx, forward));
                 sent = true;
             }
@@ -508,16 +544,19 @@ impl Engine {
         done.await.map_err(|_| Error::Closed)
     }
 
-    /// Starts tracking a new sensor, or changes a tracked one's timeout.
+    /// Starts tracking a new sensor, or changes a tracked one's timeout and debounce
+    /// window.
     pub async fn upsert_sensor(
         &self,
         id: SensorId,
         heartbeat_timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
     ) -> Result<(), Error> {
         self.shards[self.shard(id)]
             .send(ShardMsg::Upsert {
                 id,
                 heartbeat_timeout_s,
+                debounce_s,
                 initial: None,
             })
             .await
@@ -526,16 +565,27 @@ impl Engine {
 
     /// Follows a registry change made elsewhere (another node's API): a sensor new here
     /// starts from its stored `state`; a tracked one keeps its own, fresher state and only
-    /// takes the timeout.
+    /// takes the timeout and debounce window.
     pub async fn track(&self, id: SensorId, state: SensorState) -> Result<(), Error> {
         self.shards[self.shard(id)]
             .send(ShardMsg::Upsert {
                 id,
                 heartbeat_timeout_s: state.heartbeat_timeout_s,
+                debounce_s: state.debounce_s,
                 initial: Some(state),
             })
             .await
             .map_err(|_| Error::Closed)
+    }
+
+    /// latch's connection to a broker went down, or came back (`up`), at `at`: sensors last
+    /// heard through it are not declared lost meanwhile, and their deadlines count from
+    /// `at` at the earliest once it is back. Takes effect at once, not in a queue: a shard
+    /// reads the links before it declares anyone lost, so nothing is declared lost for a
+    /// silence after this returns that a link down explains.
+    pub fn set_link(&self, source: Source, up: bool, at: Millis) {
+        self.links
+            .send_modify(|links| fleet::change_link(links, source, up, at));
     }
 
     /// Stops tracking a deleted sensor; its later readings are rejected as unknown.
@@ -549,3 +599,5 @@ impl Engine {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod timer_tests;

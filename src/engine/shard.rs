@@ -9,18 +9,18 @@
 
 use std::collections::HashMap;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::due::DueQueue;
-use super::fleet::{self, Fleet};
+use super::fleet::{self, Fleet, Links, Policy};
 use super::part::Part;
 use super::rules::{self, Change};
 use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Sequence, Verdicts};
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{
-    Connection, Event, EventKind, Millis, Reading, Rejection, SensorId, partition,
+    Connection, Detail, Event, EventKind, Millis, Reading, Rejection, SensorId, Source, partition,
 };
 use crate::store::{CommitBatch, Fence, ReadingRecord, SensorRuntime, StateUpdate};
 
@@ -33,14 +33,18 @@ pub(super) enum ShardMsg {
         received_at: Millis,
         /// The broker session they belong to, if any: see [`Sequence`].
         sequence: Option<Sequence>,
+        /// How they came in.
+        source: Source,
         reply: oneshot::Sender<Result<Verdicts, Error>>,
     },
     Upsert {
         id: SensorId,
         heartbeat_timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
         /// State to start from when the sensor is new here (else: never reported).
         initial: Option<SensorState>,
     },
+
     Remove {
         id: SensorId,
     },
@@ -69,7 +73,12 @@ pub(super) struct Shard {
     /// Indexed by partition; `Some` for the partitions served here.
     pub(super) parts: Vec<Option<Part>>,
     pub(super) partitions: u32,
-    pub(super) default_timeout_ms: Millis,
+    pub(super) policy: Policy,
+    /// The broker links as the engine handle last set them ([`super::Engine::set_link`]):
+    /// read when they change and before each round's expiry.
+    pub(super) links_rx: watch::Receiver<Links>,
+    /// The links as this shard's fleets have them.
+    pub(super) links: Links,
     pub(super) rx: mpsc::Receiver<ShardMsg>,
     pub(super) commits: mpsc::Sender<CommitRequest>,
     pub(super) batch_max: usize,
@@ -97,12 +106,16 @@ struct Pending {
     last_received_at: Option<Millis>,
     /// Sensors declared lost in this batch.
     lost: usize,
+    /// Sensors whose timer fired in this batch ([`Shard::fire_timers`]).
+    timed: usize,
 }
 
 impl Shard {
     /// Runs until `stop`, then finishes what callers already queued.
     pub(super) async fn run(mut self, stop: CancellationToken) {
         let mut stopping = false;
+        // Whether every engine handle is gone (no link changes can come any more).
+        let mut unlinked = false;
         loop {
             let deadline = self.next_deadline();
             let sleep = async {
@@ -117,6 +130,11 @@ impl Shard {
                     None => break,
                 },
                 _ = sleep, if !stopping => None,
+                // A link back up may bring deadlines nearer than the one slept for.
+                changed = self.links_rx.changed(), if !unlinked => {
+                    unlinked = changed.is_err();
+                    None
+                }
                 _ = stop.cancelled(), if !stopping => {
                     // Finish what callers already queued, then leave.
                     stopping = true;
@@ -150,12 +168,26 @@ impl Shard {
                     pending.last_received_at.map(|r| r.min(now))
                 };
                 if let Some(upto) = upto {
+                    // A link that went down before `upto` holds its sensors in this round.
+                    self.follow_links();
                     self.expire(upto, &mut pending);
+                    self.fire_timers(upto, &mut pending);
                 }
             }
             if !self.flush(pending).await {
                 // The store is failing: do not spin on due sensors meanwhile.
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    }
+
+    /// Takes the broker links as the engine handle set them into every fleet here.
+    fn follow_links(&mut self) {
+        let links = *self.links_rx.borrow_and_update();
+        if links != self.links {
+            self.links = links;
+            for part in self.parts.iter_mut().flatten() {
+                part.fleet.set_links(links);
             }
         }
     }
@@ -207,6 +239,8 @@ impl Shard {
             }
             let (_, state) = p.scratch.entry(id).or_insert((n, current));
             state.connection = Connection::Lost;
+            state.lost_since = Some(deadline);
+            state.reminders = Some(0);
             p.batch.events.push(Event {
                 sensor_id: id,
                 kind: EventKind::ConnectionLost,
@@ -214,11 +248,51 @@ impl Shard {
                 data: state.data,
                 previous: None,
                 last_seen_at: state.last_seen_at,
+                detail: Detail::default(),
             });
             p.lost += 1;
             taken += 1;
         }
         self.due.shrink(EXPIRE_BATCH);
+    }
+
+    /// Ends the debounce windows that have passed and sends the reminders that are due
+    /// ([`rules::settle`], [`rules::remind`]), a bounded batch at a time, on the state this
+    /// round left (a reading in it may have moved a window).
+    fn fire_timers(&mut self, upto: Millis, p: &mut Pending) {
+        let mut due = Vec::new();
+        for (n, part) in self.parts.iter().enumerate() {
+            let Some(part) = part else { continue };
+            part.fleet.each_timer(upto, |id| {
+                due.push((id, n as u32));
+                due.len() < EXPIRE_BATCH
+            });
+            if due.len() >= EXPIRE_BATCH {
+                break;
+            }
+        }
+        for (id, n) in due {
+            let fresh = !p.scratch.contains_key(&id);
+            let state = match p.scratch.get_mut(&id) {
+                Some((_, s)) => s,
+                None => {
+                    let Some(current) = self.part(n).and_then(|part| part.fleet.get(id)) else {
+                        continue;
+                    };
+                    &mut p.scratch.entry(id).or_insert((n, current)).1
+                }
+            };
+            let window = self.policy.debounce_ms(state);
+            let mut fired = rules::settle(id, state, upto, window, &mut p.batch.events);
+            if let Some(every) = self.policy.reminder_ms {
+                fired |= rules::remind(id, state, upto, every, &mut p.batch.events);
+            }
+            if fired {
+                p.timed += 1;
+            } else if fresh {
+                p.scratch.remove(&id);
+            }
+        }
     }
 
     async fn handle(&mut self, msg: ShardMsg, pending: &mut Pending) {
@@ -228,6 +302,7 @@ impl Shard {
                 parts,
                 received_at,
                 sequence,
+                source,
                 reply,
             } => {
                 // Cut before its turn came (by this shard's last round or another shard):
@@ -239,7 +314,7 @@ impl Shard {
                 let verdicts: Verdicts = readings
                     .iter()
                     .zip(parts)
-                    .map(|(r, p)| self.apply(r, p, received_at, pending))
+                    .map(|(r, p)| self.apply(r, p, received_at, source, pending))
                     .collect();
                 if let Some(seq) = &sequence
                     && verdicts.iter().flatten().any(|rej| rej.code.is_transient())
@@ -255,6 +330,7 @@ impl Shard {
             ShardMsg::Upsert {
                 id,
                 heartbeat_timeout_s,
+                debounce_s,
                 initial,
             } => {
                 let _ = self.flush(std::mem::take(pending)).await;
@@ -264,12 +340,16 @@ impl Shard {
                     return;
                 };
                 if part.fleet.get(id).is_some() {
-                    part.fleet.set_timeout(id, heartbeat_timeout_s);
+                    part.fleet.set_settings(id, heartbeat_timeout_s, debounce_s);
                 } else {
-                    let state = initial.unwrap_or_else(|| SensorState::new(heartbeat_timeout_s));
+                    let state = initial.unwrap_or(SensorState {
+                        debounce_s,
+                        ..SensorState::new(heartbeat_timeout_s)
+                    });
                     part.fleet.insert(id, state);
                 }
             }
+
             ShardMsg::Remove { id } => {
                 let _ = self.flush(std::mem::take(pending)).await;
                 let p = self.partition_of(id);
@@ -290,7 +370,9 @@ impl Shard {
                 unsure_until,
                 reply,
             } => {
-                let mut fleet = Fleet::new(self.default_timeout_ms, since);
+                self.follow_links();
+                let mut fleet = Fleet::new(self.policy, since);
+                fleet.set_links(self.links);
                 fleet.reserve(sensors.len());
                 for (id, state) in sensors {
                     fleet.insert(id, state);
@@ -330,6 +412,7 @@ impl Shard {
         r: &Reading,
         partition: u32,
         received_at: Millis,
+        source: Source,
         p: &mut Pending,
     ) -> Option<Rejection> {
         let state = match p.scratch.get_mut(&r.sensor_id) {
@@ -362,14 +445,14 @@ impl Shard {
             }
         };
         let ts = r.ts.unwrap_or(received_at);
-        let change = rules::apply(
-            r.sensor_id,
-            state,
-            r.data,
+        let window = self.policy.debounce_ms(state);
+        let input = rules::Input {
+            data: r.data,
             ts,
             received_at,
-            &mut p.batch.events,
-        );
+            source,
+        };
+        let change = rules::apply(r.sensor_id, state, input, window, &mut p.batch.events);
         p.batch.readings.push(ReadingRecord {
             sensor_id: r.sensor_id,
             data: r.data,
@@ -401,7 +484,7 @@ impl Shard {
 
     /// Commits a pending batch; `false` when the commit failed.
     async fn flush(&mut self, mut p: Pending) -> bool {
-        if p.replies.is_empty() && p.lost == 0 {
+        if p.replies.is_empty() && p.lost == 0 && p.timed == 0 {
             return true;
         }
         let mut fence: Vec<Fence> = p
@@ -428,6 +511,10 @@ impl Shard {
                 last_ts: s.last_ts,
                 last_seen_at: s.last_seen_at,
                 connection: s.connection,
+                last_source: s.last_source,
+                debounce: s.debounce,
+                lost_since: s.lost_since,
+                reminders: s.reminders,
             })
             .collect();
         let result = if p.batch.is_empty() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use super::*;
-use crate::domain::{Connection, EventKind, RejectCode};
+use crate::domain::{Connection, EventKind, RejectCode, Source};
 
 fn sid(s: &str) -> SensorId {
     SensorId::parse(s).unwrap()
@@ -22,6 +22,7 @@ pub(super) fn online(seen: Millis) -> SensorState {
         last_seen_at: Some(seen),
         connection: Connection::Online,
         heartbeat_timeout_s: None,
+        ..SensorState::new(None)
     }
 }
 
@@ -36,7 +37,7 @@ fn reading(id: SensorId) -> Reading {
 /// Enqueues valid readings and waits until they are durable.
 async fn submit(engine: &Engine, readings: Vec<Reading>, at: Millis) -> Result<Report, Error> {
     let items = readings.into_iter().map(Ok).collect();
-    engine.enqueue(items, at).await?.wait().await
+    engine.enqueue(items, at, Source::Http).await?.wait().await
 }
 
 /// An engine with a 10 s default timeout whose commits the test answers.
@@ -52,6 +53,8 @@ fn engine(
         shards,
         batch_max,
         default_timeout: Duration::from_secs(10),
+        default_debounce: Duration::ZERO,
+        lost_reminder: None,
         clock,
         partitions: 16,
         supervisor: Default::default(),
@@ -123,7 +126,11 @@ fn written(b: &CommitBatch, id: SensorId) -> SensorRuntime {
         last_ts: u.last_ts,
         last_seen_at: u.last_seen_at,
         connection: u.connection,
-        heartbeat_timeout_s: None,
+        last_source: u.last_source,
+        debounce: u.debounce,
+        lost_since: u.lost_since,
+        reminders: u.reminders,
+        ..SensorState::new(None)
     };
     (id, state)
 }
@@ -186,10 +193,19 @@ async fn readings_queued_behind_a_full_round_come_before_silence() {
 
     // The shard waits on a slow commit while readings queue up behind it: one of `o`
     // that fills the next round, then `s`'s, which arrived before its deadline.
-    let slow = engine.enqueue(vec![Ok(reading(o))], 9_000).await.unwrap();
+    let slow = engine
+        .enqueue(vec![Ok(reading(o))], 9_000, Source::Http)
+        .await
+        .unwrap();
     let held = rx.recv().await.unwrap();
-    let fills = engine.enqueue(vec![Ok(reading(o))], 9_100).await.unwrap();
-    let in_time = engine.enqueue(vec![Ok(reading(s))], 9_200).await.unwrap();
+    let fills = engine
+        .enqueue(vec![Ok(reading(o))], 9_100, Source::Http)
+        .await
+        .unwrap();
+    let in_time = engine
+        .enqueue(vec![Ok(reading(s))], 9_200, Source::Http)
+        .await
+        .unwrap();
     clock.set(15_000);
     held.reply.send(Ok(())).unwrap();
     let log = committer(rx, |_| Ok(()));
@@ -219,10 +235,19 @@ async fn a_full_round_still_declares_sensors_silent_before_its_readings() {
 
     // As above, but the readings waiting came after `s`'s deadline: it is lost in the
     // round they fill, however busy the shard stays.
-    let slow = engine.enqueue(vec![Ok(reading(o))], 9_000).await.unwrap();
+    let slow = engine
+        .enqueue(vec![Ok(reading(o))], 9_000, Source::Http)
+        .await
+        .unwrap();
     let held = rx.recv().await.unwrap();
-    let fills = engine.enqueue(vec![Ok(reading(o))], 12_000).await.unwrap();
-    let more = engine.enqueue(vec![Ok(reading(o))], 12_100).await.unwrap();
+    let fills = engine
+        .enqueue(vec![Ok(reading(o))], 12_000, Source::Http)
+        .await
+        .unwrap();
+    let more = engine
+        .enqueue(vec![Ok(reading(o))], 12_100, Source::Http)
+        .await
+        .unwrap();
     clock.set(15_000);
     held.reply.send(Ok(())).unwrap();
     let log = committer(rx, |_| Ok(()));
@@ -251,6 +276,7 @@ impl Forwarder for Forwarded {
         to: Arc<str>,
         readings: Vec<Reading>,
         _sequence: Option<Sequence>,
+        _source: Source,
     ) -> VerdictsRx {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(vec![None; readings.len()]));
@@ -277,6 +303,8 @@ fn leased(
         shards: 2,
         batch_max: 100,
         default_timeout: Duration::from_secs(10),
+        default_debounce: Duration::ZERO,
+        lost_reminder: None,
         clock,
         partitions: 16,
         supervisor: Default::default(),
@@ -393,7 +421,7 @@ async fn a_released_partition_is_flushed_first_then_refused() {
         .unwrap();
     let log = committer(rx, |_| Ok(()));
     let queued = engine
-        .enqueue_here(vec![Ok(reading(s))], 1_500, None)
+        .enqueue_here(vec![Ok(reading(s))], 1_500, Source::Http, None)
         .await
         .unwrap();
     engine.release(p, true).await.unwrap();
@@ -516,7 +544,7 @@ async fn a_queued_sensor_seen_before_its_turn_is_not_declared_lost() {
     // the queue) reports, so round two applies its reading and takes the second batch.
     let first = rx.recv().await.unwrap();
     let seen = engine
-        .enqueue(vec![Ok(reading(last))], 20_000)
+        .enqueue(vec![Ok(reading(last))], 20_000, Source::Http)
         .await
         .unwrap();
     answer(first);
@@ -524,7 +552,7 @@ async fn a_queued_sensor_seen_before_its_turn_is_not_declared_lost() {
     seen.wait().await.unwrap();
     // Round three, at the same time: `last`'s turn in the queue comes.
     let other = engine
-        .enqueue(vec![Ok(reading(ids[0]))], 20_000)
+        .enqueue(vec![Ok(reading(ids[0]))], 20_000, Source::Http)
         .await
         .unwrap();
     answer(rx.recv().await.unwrap());
@@ -550,9 +578,15 @@ async fn nothing_of_a_sequence_commits_behind_a_reading_of_it_that_did_not() {
         })]
     };
     // The first batch's commit fails while the second waits behind it in the shard.
-    let first = engine.enqueue_in(batch(false), 1_000, &seq).await.unwrap();
+    let first = engine
+        .enqueue_in(batch(false), 1_000, Source::Http, &seq)
+        .await
+        .unwrap();
     let held = rx.recv().await.unwrap();
-    let second = engine.enqueue_in(batch(true), 1_100, &seq).await.unwrap();
+    let second = engine
+        .enqueue_in(batch(true), 1_100, Source::Http, &seq)
+        .await
+        .unwrap();
     held.reply
         .send(Err(CommitFailure::Refused("disk full".into())))
         .unwrap();
@@ -576,7 +610,7 @@ async fn nothing_of_a_sequence_commits_behind_a_reading_of_it_that_did_not() {
     );
     let fresh = Sequence::new();
     let report = engine
-        .enqueue_in(batch(false), 1_300, &fresh)
+        .enqueue_in(batch(false), 1_300, Source::Amqp, &fresh)
         .await
         .unwrap();
     assert_eq!(report.wait().await.unwrap().accepted, 1);

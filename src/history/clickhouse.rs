@@ -347,6 +347,9 @@ impl ClickHouse {
                     data: e.data.map(|d| d != 0),
                     previous: e.previous.map(|d| d != 0),
                     last_seen_at: e.last_seen_at,
+                    // Not shipped: the reminder's and the debounce's figures stay in the
+                    // notifications that carried them.
+                    detail: Default::default(),
                 },
             })
             .collect())

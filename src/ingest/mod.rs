@@ -72,7 +72,8 @@ impl Ingest {
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
     ) -> Result<Durable, Error> {
-        let ticket = self.engine.enqueue(items, received_at).await?;
+        let from = crate::domain::Source::parse(source).unwrap_or(crate::domain::Source::Http);
+        let ticket = self.engine.enqueue(items, received_at, from).await?;
         Ok(durable(source, ticket))
     }
 
@@ -85,7 +86,11 @@ impl Ingest {
         received_at: Millis,
         sequence: &Sequence,
     ) -> Result<Durable, Error> {
-        let ticket = self.engine.enqueue_in(items, received_at, sequence).await?;
+        let from = crate::domain::Source::parse(source).unwrap_or(crate::domain::Source::Http);
+        let ticket = self
+            .engine
+            .enqueue_in(items, received_at, from, sequence)
+            .await?;
         Ok(durable(source, ticket))
     }
 }
@@ -141,12 +146,36 @@ fn count(source: &'static str, report: &Report) {
 #[derive(Clone, Default)]
 pub struct Sources {
     up: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, bool>>>,
+    /// Told every change of a source's state, in order, before anyone can see it here:
+    /// the wiring tells the engine, which holds back "lost" for sensors heard through a
+    /// broker latch is not connected to.
+    on_change: Option<OnChange>,
 }
 
+/// What [`Sources::watched`] calls with each change of a source's state.
+pub type OnChange = std::sync::Arc<dyn Fn(&'static str, bool) + Send + Sync>;
+
 impl Sources {
+    /// Sources that call `on_change` with every change of a source's state (it must not
+    /// block: it runs under the sources' lock).
+    pub fn watched(on_change: OnChange) -> Self {
+        Self {
+            up: Default::default(),
+            on_change: Some(on_change),
+        }
+    }
+
     /// Records a source's state.
     pub fn set(&self, source: &'static str, up: bool) {
-        self.up.lock().expect("sources lock").insert(source, up);
+        let mut all = self.up.lock().expect("sources lock");
+        // Told under the lock, so two tasks' changes are told in the order they were made.
+        if all.get(source) != Some(&up)
+            && let Some(on_change) = &self.on_change
+        {
+            on_change(source, up);
+        }
+        all.insert(source, up);
+        drop(all);
         families::SOURCE_UP
             .gauge_with(&[("source", source)])
             .set(if up { 1.0 } else { 0.0 });
@@ -239,6 +268,25 @@ mod tests {
             d = next_backoff(d);
         }
         assert_eq!(d, std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn watched_sources_tell_each_change_once() {
+        let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = told.clone();
+        let s = Sources::watched(std::sync::Arc::new(move |source, up| {
+            log.lock().unwrap().push((source, up));
+        }));
+        s.set("mqtt", false);
+        s.set("mqtt", false);
+        s.set("mqtt", true);
+        s.set("mqtt", true);
+        s.set("amqp", true);
+        assert_eq!(
+            *told.lock().unwrap(),
+            [("mqtt", false), ("mqtt", true), ("amqp", true)]
+        );
+        assert!(s.down().is_empty());
     }
 
     #[test]

@@ -112,6 +112,8 @@ mod tests {
             shards: 1,
             batch_max: 16,
             default_timeout: std::time::Duration::from_secs(10),
+            default_debounce: std::time::Duration::ZERO,
+            lost_reminder: None,
             clock: crate::clock::Clock::wall(),
             partitions: 1,
             supervisor: Default::default(),

@@ -254,6 +254,8 @@ impl Core {
             shards: config.engine_shards as usize,
             batch_max: config.engine_batch_max as usize,
             default_timeout: config.heartbeat_timeout,
+            default_debounce: config.debounce,
+            lost_reminder: config.lost_reminder,
             clock: clock.clone(),
             partitions: base.partitions,
             supervisor: sup.clone(),
@@ -368,9 +370,29 @@ pub(super) struct Sources {
 impl Sources {
     pub(super) fn start(config: &Arc<Config>, base: &Base, core: &Core, sup: &Supervisor) -> Self {
         let ingest = ingest::Ingest::new(core.engine.clone());
-        let sources = ingest::Sources::default();
+        let (published, to_publish) = mpsc::unbounded_channel();
+        let engine = core.engine.clone();
+        let cluster = base.membership.is_some();
+        // Before a change shows anywhere (`/readyz`), the engine has it: no sensor is
+        // declared lost for a silence the broker link explains once it is seen down.
+        let sources = ingest::Sources::watched(Arc::new(move |name, up| {
+            let Some(source) = crate::domain::Source::parse(name) else {
+                return;
+            };
+            let at = engine.now();
+            engine.set_link(source, up, at);
+            if cluster {
+                let _ = published.send((source, up, at));
+            }
+        }));
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
+        if let Some(m) = &base.membership {
+            tasks.spawn(sup.watch(
+                "broker links",
+                publish_links(to_publish, m.clone(), stop.clone()),
+            ));
+        }
         match &base.membership {
             Some(m) => {
                 tasks.spawn(sup.watch(
@@ -404,6 +426,25 @@ impl Sources {
     pub(super) async fn stop(self) {
         self.stop.cancel();
         self.tasks.wait().await;
+    }
+}
+
+/// Cluster mode: records each change of this node's broker links in the store, for the
+/// other nodes' engines ([`Membership::publish_link`]).
+async fn publish_links(
+    mut changes: mpsc::UnboundedReceiver<(crate::domain::Source, bool, crate::domain::Millis)>,
+    membership: Arc<Membership>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (source, up, at) = tokio::select! {
+            _ = stop.cancelled() => return,
+            c = changes.recv() => match c {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        membership.publish_link(source, up, at).await;
     }
 }
 

@@ -2,7 +2,8 @@
 //! the backends write in one transaction. Defined here, beside the trait that takes them,
 //! so the store depends on nothing above it.
 
-use crate::domain::{Connection, Event, Millis, SensorId};
+use crate::domain::sensor::Debounce;
+use crate::domain::{Connection, Event, Millis, SensorId, Source};
 
 /// One reading as kept in history.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,6 +28,13 @@ pub struct StateUpdate {
     pub last_ts: Option<Millis>,
     pub last_seen_at: Option<Millis>,
     pub connection: Connection,
+    pub last_source: Option<Source>,
+    /// The change waiting out its debounce window, if one is (written as it is).
+    pub debounce: Option<Debounce>,
+    /// While lost: `None` keeps the stored value (memory may not hold it); not lost, the
+    /// store clears both.
+    pub lost_since: Option<Millis>,
+    pub reminders: Option<u32>,
 }
 
 /// Everything one group commit makes durable, in one transaction: history rows, state

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{Result, SensorRuntime};
-use crate::domain::Millis;
+use crate::domain::{Millis, Source};
 
 /// A partition lease this node holds.
 pub type Lease = super::Fence;
@@ -100,4 +100,18 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// returns when the first starts and the database's now, in microseconds since the
     /// epoch by the database's clock.
     async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)>;
+    /// Records that the node running the broker sources lost (`up` false) or made its
+    /// connection to the broker of `source` at `at` (its clock).
+    async fn set_source_link(&self, source: Source, up: bool, at: Millis) -> Result<()>;
+    /// Every broker link as last recorded: what each node's engine follows, so sensors
+    /// heard through a broker latch is not connected to are not declared lost anywhere.
+    async fn source_links(&self) -> Result<Vec<SourceLink>>;
+}
+
+/// A broker link as [`ClusterStore::set_source_link`] recorded it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SourceLink {
+    pub source: Source,
+    pub up: bool,
+    pub at: Millis,
 }

@@ -33,7 +33,7 @@ pub use crate::domain::{Claim, NotificationRef, Outcome, Sendable, Verdict};
 #[cfg(test)]
 use crate::domain::{EventKind, SensorStatus, Status};
 pub use batch::{CommitBatch, Fence, ReadingRecord, StateUpdate};
-pub use cluster::{ClusterStore, Lease, NodeRow, Owner};
+pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
 pub use data_dir::{lock_data_dir, node_id};
 pub use error::{Error, Result};
 pub use types::{
@@ -68,12 +68,13 @@ pub trait Registry: Send + Sync {
     ) -> Result<Page<SensorView>>;
     /// Registered sensors counted by connection: one aggregate query, no rows returned.
     async fn count_sensors(&self) -> Result<ConnectionCounts>;
-    /// Replaces address and timeout; `None` if the sensor does not exist.
+    /// Replaces address, timeout and debounce window; `None` if the sensor does not exist.
     async fn replace_sensor(
         &self,
         id: SensorId,
         address: String,
         heartbeat_timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
     ) -> Result<Option<SensorView>>;
     /// Deletes the sensor, its links, state and history; cancels its pending notifications.
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool>;

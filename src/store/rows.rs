@@ -7,30 +7,36 @@
 //! `int4` and `int8`).
 
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
-use crate::domain::client::DisabledReason;
-use crate::domain::sensor::SensorState;
+use crate::domain::client::{DisabledReason, events_from_column};
+use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::{
-    Attempt, Client, Connection, Event, EventKind, Notification, Sensor, SensorId, SensorStatus,
-    Status,
+    Attempt, Client, Connection, Detail, Event, EventKind, Notification, Sensor, SensorId,
+    SensorStatus, Source, Status,
 };
 
 /// A sensor with its status: [`sensor_view`].
 pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
-     st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown')";
+     st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
+     st.last_source";
 
 /// What the engine keeps of a sensor: [`runtime`], over `sensors s` and [`RUNTIME_JOIN`].
 pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.changed_at, \
-     st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown')";
+     st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
+     st.last_source, st.debounce_from, st.debounce_at, st.debounce_since, st.debounce_flips, \
+     st.lost_since, st.reminders";
 pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
 
 /// A client: [`client`].
 pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at, \
-     c.previous_secret, c.previous_secret_until, c.disabled_at, c.disabled_reason, c.rate_limit";
+     c.previous_secret, c.previous_secret_until, c.disabled_at, c.disabled_reason, c.rate_limit, \
+     c.events";
 
 /// A notification: [`notification`].
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
      n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
-     n.created_at, n.updated_at";
+     n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed";
+/// How many columns [`NOTIF_COLS`] has: where the columns after it begin.
+const NOTIF_N: usize = 17;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
@@ -68,7 +74,10 @@ pub(crate) const CLAIM_FROM: &str = "notifications n \
 pub(crate) const READING_COLS: &str = "id, data, ts, received_at, late";
 
 /// An event of a known sensor: [`event`].
-pub(crate) const EVENT_COLS: &str = "id, kind, at, data, previous, last_seen_at";
+pub(crate) const EVENT_COLS: &str =
+    "id, kind, at, data, previous, last_seen_at, lost_since, reminder, flips_suppressed";
+/// How many columns [`EVENT_COLS`] has: where a column after it is.
+pub(crate) const EVENT_N: usize = 9;
 
 /// An attempt: [`attempt`].
 pub(crate) const ATTEMPT_COLS: &str = "notification_id, at, status_code, error, duration_ms";
@@ -109,6 +118,7 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             id: r.sensor_id(0)?,
             address: r.text(1)?,
             heartbeat_timeout_s: r.opt_count(2)?,
+            debounce_s: r.opt_count(8)?,
             created_at: r.int(3)?,
         },
         SensorStatus {
@@ -116,6 +126,7 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             changed_at: r.opt_int(5)?,
             last_seen_at: r.opt_int(6)?,
             connection: connection(&r.text(7)?),
+            last_source: r.opt_text(9)?.as_deref().and_then(Source::parse),
         },
     ))
 }
@@ -131,6 +142,19 @@ pub(crate) fn runtime<R: Cols>(r: &R) -> Result<SensorRuntime, R::Error> {
             last_ts: r.opt_int(4)?,
             last_seen_at: r.opt_int(5)?,
             connection: connection(&r.text(6)?),
+            debounce_s: r.opt_count(7)?,
+            last_source: r.opt_text(8)?.as_deref().and_then(Source::parse),
+            debounce: match r.opt_int(11)? {
+                Some(since) => Some(Debounce {
+                    from: r.opt_flag(9)?,
+                    at: r.opt_int(10)?.unwrap_or(since),
+                    since,
+                    flips: r.opt_count(12)?.unwrap_or(0),
+                }),
+                None => None,
+            },
+            lost_since: r.opt_int(13)?,
+            reminders: r.opt_count(14)?,
         },
     ))
 }
@@ -148,6 +172,7 @@ pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
         disabled_at: r.opt_int(7)?,
         disabled_reason: r.opt_text(8)?.as_deref().and_then(DisabledReason::parse),
         rate_limit: r.opt_count(9)?,
+        events: events_from_column(r.opt_text(10)?),
     })
 }
 
@@ -163,6 +188,11 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
         previous: r.opt_flag(6)?,
         occurred_at: r.int(7)?,
         last_seen_at: r.opt_int(8)?,
+        detail: Detail {
+            lost_since: r.opt_int(14)?,
+            reminder: r.opt_count(15)?,
+            flips_suppressed: r.opt_count(16)?,
+        },
         status: Status::parse(&r.text(9)?).unwrap_or(Status::Pending),
         attempts: r.count(10)?,
         next_attempt_at: r.opt_int(11)?,
@@ -175,16 +205,16 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
 pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
     Ok(ClaimRow {
         notification: notification(r)?,
-        lease_until: r.opt_int(14)?,
-        claimed_by: r.opt_text(15)?,
-        url: r.opt_text(16)?,
-        secret: r.opt_text(17)?,
-        address: r.opt_text(18)?,
-        linked: r.flag(19)?,
-        previous_secret: r.opt_text(20)?,
-        previous_secret_until: r.opt_int(21)?,
-        disabled: r.opt_flag(22)?.unwrap_or(false),
-        rate_limit: r.opt_count(23)?,
+        lease_until: r.opt_int(NOTIF_N)?,
+        claimed_by: r.opt_text(NOTIF_N + 1)?,
+        url: r.opt_text(NOTIF_N + 2)?,
+        secret: r.opt_text(NOTIF_N + 3)?,
+        address: r.opt_text(NOTIF_N + 4)?,
+        linked: r.flag(NOTIF_N + 5)?,
+        previous_secret: r.opt_text(NOTIF_N + 6)?,
+        previous_secret_until: r.opt_int(NOTIF_N + 7)?,
+        disabled: r.opt_flag(NOTIF_N + 8)?.unwrap_or(false),
+        rate_limit: r.opt_count(NOTIF_N + 9)?,
         // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
         lane: Default::default(),
     })
@@ -193,10 +223,10 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
 /// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
 pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
     Ok(crate::domain::policy::LaneInStore {
-        older_pending: r.int(24)? as u32,
-        older_lease_until: r.opt_int(25)?,
-        newer_state_delivered: r.flag(26)?,
-        newer_state_pending: r.flag(27)?,
+        older_pending: r.int(NOTIF_N + 10)? as u32,
+        older_lease_until: r.opt_int(NOTIF_N + 11)?,
+        newer_state_delivered: r.flag(NOTIF_N + 12)?,
+        newer_state_pending: r.flag(NOTIF_N + 13)?,
     })
 }
 
@@ -228,6 +258,11 @@ pub(crate) fn event<R: Cols>(r: &R, sensor_id: SensorId) -> Result<Stored<Event>
             data: r.opt_flag(3)?,
             previous: r.opt_flag(4)?,
             last_seen_at: r.opt_int(5)?,
+            detail: Detail {
+                lost_since: r.opt_int(6)?,
+                reminder: r.opt_count(7)?,
+                flips_suppressed: r.opt_count(8)?,
+            },
         },
     })
 }

@@ -3,8 +3,8 @@
 Run by scripts/contract: `python3 tests/sdk/flow.py BASE_URL [TOKEN]`, with the package that
 `openapi-python-client` generated from `BASE_URL/openapi.json` on the import path as
 `latch_client`. It registers a sensor and a client whose webhook is a receiver in this
-process, links them, posts readings, and reads back state, notifications, attempts and
-history — only through the generated, typed functions. Prints `N passed, N failed`.
+process, links them, posts readings, reads back state, notifications, attempts and
+history, and sends a test event — only through the generated, typed functions. Prints `N passed, N failed`.
 The receiver is on 127.0.0.1, so the latch under test must let loopback through its SSRF
 guard (`LATCH_DELIVERY_ALLOW_NETS`; scripts/contract starts it so).
 """
@@ -17,7 +17,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from latch_client import AuthenticatedClient, Client
-from latch_client.api.clients import create_client, get_client
+from latch_client.api.clients import create_client, get_client, test_client
 from latch_client.api.history import sensor_events, sensor_readings
 from latch_client.api.links import link, sensor_clients
 from latch_client.api.notifications import get_notification, list_notifications
@@ -121,6 +121,10 @@ def main():
     check("reading history", [x.data for x in history.items] == [1, 0], history)
     events = sensor_events.sync(sensor_id, client=api)
     check("event history", [e.data for e in events.items] == [1, 0], events)
+
+    t = test_client.sync(c.id, client=api)
+    check("a test event, answered", t is not None and t.status == 204 and not t.error, t)
+    check("the receiver got it", received and received[-1][1]["type"] == "client.test", received[-1:])
 
     server.shutdown()
     print(f"sdk: {results['passed']} passed, {results['failed']} failed")

@@ -4,7 +4,8 @@ Debian's chromium driven by Playwright for Python, never a downloaded browser:
 opens the fleet page, creates a sensor and a client through the forms, links them,
 posts readings through the API and waits for the page to show the change without a
 reload, opens the notification and its attempts, makes the endpoint answer 500 and
-replays the dead letter once it answers again. Saves a screenshot of each page.
+replays the dead letter once it answers again, sends a test event from the client's page
+and chooses the types it receives. Saves a screenshot of each page.
 
     LATCH_URL=http://127.0.0.1:8080 python3 tests/ui/console.py
 
@@ -208,6 +209,16 @@ def main():
         page.goto(f"{BASE}/ui/#/clients/{client}")
         expect(page.get_by_text("Endpoint health")).to_be_visible()
         expect(page.locator("dl.props").nth(1)).to_contain_text("%")
+
+        # A test event from the client's page: sent at once, its answer shown.
+        page.get_by_role("button", name="Send test").click()
+        expect(page.locator("output.test-result")).to_contain_text("Test delivered: HTTP 200")
+        assert any(b.get("type") == "client.test" for _, b in Receiver.received), Receiver.received
+        # The types it receives: all but reminders.
+        page.get_by_label("sensor.still_lost").uncheck()
+        page.get_by_role("button", name="Save types").click()
+        expect(page.locator("dl.props").first).to_contain_text(
+            "sensor.state_changed, sensor.connection_lost, sensor.connection_restored")
         shot(page, "client")
 
         assert not errors, f"errors in the page: {errors}"

@@ -310,6 +310,7 @@ pub async fn import(
                 id: *id,
                 address: "bench street 1".into(),
                 heartbeat_timeout_s: timeout_s,
+                debounce_s: None,
                 created_at: time::now_ms(),
             })
             .collect();

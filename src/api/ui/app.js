@@ -224,9 +224,11 @@ function onLive(f) {
 
 function describe(e) {
   switch (e.type) {
-    case "sensor.state_changed": return `state ${state(e.previous)} → ${state(e.data)}`;
+    case "sensor.state_changed": return `state ${state(e.previous)} → ${state(e.data)}` +
+      (e.flips_suppressed ? ` (${e.flips_suppressed} flip(s) held back)` : "");
     case "sensor.connection_lost": return "connection lost";
     case "sensor.connection_restored": return "connection restored";
+    case "sensor.still_lost": return `still lost (reminder ${e.reminder})`;
     default: return e.type;
   }
 }
@@ -463,7 +465,9 @@ async function sensorPage(id, params) {
     const s = await api("GET", `/v1/sensors/${enc(id)}`);
     const rows = [["State", state(s.status.data)], ["Connection", badge(s.status.connection)],
       ["Changed at", when(s.status.changed_at)], ["Last seen", when(s.status.last_seen_at)],
+      ["Last heard over", s.status.last_source ?? "—"],
       ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
+      ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
       ["Created", when(s.created_at)]];
     props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     return s;
@@ -522,9 +526,11 @@ async function sensorPage(id, params) {
   const edit = form([
     field("Address", h("input", { name: "address", required: true, size: 40, value: s.address })),
     field("Heartbeat timeout (s)", h("input", { name: "timeout", type: "number", min: 1, value: s.heartbeat_timeout_s ?? "" })),
+    field("Debounce (s)", h("input", { name: "debounce", type: "number", min: 0, max: 86400, value: s.debounce_s ?? "" })),
   ], async (d) => {
     const body = { address: d.get("address") };
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
+    if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));
     await api("PUT", `/v1/sensors/${enc(id)}`, body);
     say("Saved.", true);
     await draw();
@@ -565,17 +571,32 @@ async function clientsPage() {
   return [h("h1", {}, "Clients"), list.box, h("h2", {}, "New client"), create];
 }
 
+/** The notification types a client may choose (its `events`). */
+const TYPES = ["sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost"];
+
+/** What a test request came to, in words. */
+function testOutcome(r) {
+  const took = `${r.duration_ms} ms`;
+  if (r.status !== null && r.status >= 200 && r.status < 300) return `Test delivered: HTTP ${r.status} in ${took}.`;
+  if (r.status !== null) return `Test answered HTTP ${r.status} in ${took}: ${r.error}`;
+  return `Test not delivered after ${took}: ${r.error}`;
+}
+
 async function clientPage(id) {
   const props = h("dl", { class: "props" });
   const health = h("dl", { class: "props" });
   const actions = h("div", { class: "toolbar" });
+  const tested = h("output", { class: "test-result", "aria-live": "polite" });
+  const subscription = h("div");
   const draw = async () => {
     const c = await api("GET", `/v1/clients/${enc(id)}`);
     const rows = [["Name", c.name], ["Destination", destination(c.url)],
       ["Status", c.disabled_at ? [badge("disabled"), ` since ${when(c.disabled_at)} (${c.disabled_reason})`] : badge("enabled")],
       ["Secret", h("span", { class: "mono" }, c.secret ?? "—")],
       ["Previous secret valid until", when(c.previous_secret_expires_at)],
-      ["Rate limit", c.rate_limit ? `${c.rate_limit}/s` : "none"], ["Created", when(c.created_at)]];
+      ["Rate limit", c.rate_limit ? `${c.rate_limit}/s` : "none"],
+      ["Receives", c.events ? (c.events.length ? c.events.join(", ") : "nothing") : "every type"],
+      ["Created", when(c.created_at)]];
     props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     const x = c.health ?? {};
     const ratio = x.success_ratio_1h === null || x.success_ratio_1h === undefined ? "—" : `${Math.round(x.success_ratio_1h * 100)} %`;
@@ -587,6 +608,12 @@ async function clientPage(id) {
       ["Failed", h("a", { href: `#/notifications${q({ client_id: id, status: "failed" })}` }, x.failed ?? 0)]];
     health.replaceChildren(...hrows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     actions.replaceChildren(
+      actionButton("Send test", async () => {
+        tested.textContent = "Sending a test…";
+        const r = await api("POST", `/v1/clients/${enc(id)}/test`);
+        tested.className = `test-result ${r.error ? "failed" : "ok"}`;
+        tested.textContent = testOutcome(r);
+      }),
       c.disabled_at ? actionButton("Enable client", async () => {
         await api("POST", `/v1/clients/${enc(id)}/enable`);
         say("Enabled: its pending notifications go out in order.", true);
@@ -609,6 +636,16 @@ async function clientPage(id) {
         say(`Client ${c.name} deleted.`, true);
         navigate("#/clients", true);
       }, "danger"));
+    const boxes = TYPES.map((t) => h("label", { class: "check" },
+      h("input", { type: "checkbox", name: "events", value: t, checked: !c.events || c.events.includes(t) }), ` ${t}`));
+    subscription.replaceChildren(form(boxes, async (d) => {
+      const chosen = d.getAll("events");
+      // Every type ticked is "all": types added later come too.
+      const events = chosen.length === TYPES.length ? null : chosen;
+      await api("PUT", `/v1/clients/${enc(id)}`, { name: c.name, url: c.url, rate_limit: c.rate_limit, events });
+      say("Saved: from now on it receives only what is ticked.", true);
+      await draw();
+    }, "Save types"));
     return c;
   };
   const c = await draw();
@@ -623,7 +660,8 @@ async function clientPage(id) {
     say("Linked.", true);
     await sensors.go();
   }, "Link sensor");
-  return [h("h1", {}, `Client ${c.name}`), props, h("h2", {}, "Endpoint health"), health, actions,
+  return [h("h1", {}, `Client ${c.name}`), props, h("h2", {}, "Endpoint health"), health, actions, tested,
+    h("h2", {}, "Notification types"), subscription,
     h("p", {}, h("a", { href: `#/notifications${q({ client_id: id })}` }, "Its notifications")),
     h("h2", {}, "Linked sensors"), sensors.box, link];
 }

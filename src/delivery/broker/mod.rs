@@ -263,8 +263,14 @@ impl Brokers {
         }
         let body = sender::payload(s);
         let timestamp = at / 1000;
-        let signature = sender::signatures(s, timestamp, &body)
-            .map_err(|e| Failure::Unusable(format!("client secret unusable: {e}")))?;
+        let signature = sender::signatures(
+            &s.secret,
+            s.previous_secret.as_deref(),
+            &s.notification.id,
+            timestamp,
+            &body,
+        )
+        .map_err(|e| Failure::Unusable(format!("client secret unusable: {e}")))?;
         let msg = Message {
             id: s.notification.id.clone(),
             timestamp,

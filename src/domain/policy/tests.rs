@@ -22,6 +22,7 @@ fn notification(status: Status) -> Notification {
         previous: Some(false),
         occurred_at: 1,
         last_seen_at: None,
+        detail: Default::default(),
         status,
         attempts: 3,
         next_attempt_at: Some(5),

@@ -121,6 +121,10 @@ pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
             last_ts: Some(1_000),
             last_seen_at: Some(1_000),
             connection: Connection::Lost,
+            last_source: None,
+            debounce: None,
+            lost_since: None,
+            reminders: None,
         }],
         events: vec![Event {
             sensor_id: sid("lv1"),
@@ -129,6 +133,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
             data: Some(true),
             previous: None,
             last_seen_at: Some(1_000),
+            detail: Default::default(),
         }],
         ..Default::default()
     };

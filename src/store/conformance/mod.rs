@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::*;
 use crate::domain::{Event, time::now_ms};
 
+mod choices;
 mod commit;
 mod history;
 pub(crate) use history::Collect;
@@ -69,6 +70,8 @@ macro_rules! suite {
                 commit::commit_creates_state_history_and_outbox,
                 commit::lost_state_survives_and_filters,
                 commit::a_batch_notifies_in_event_then_client_order,
+                choices::subscriptions_make_only_wanted_notifications,
+                choices::state_keeps_source_window_and_reminders,
                 outbox::claim_reads_registry_and_cancels_orphans,
                 outbox::record_and_retry,
                 outbox::leases_exclude_other_nodes,
@@ -117,6 +120,7 @@ pub(crate) fn sensor(id: &str) -> Sensor {
         id: sid(id),
         address: format!("address of {id}"),
         heartbeat_timeout_s: None,
+        debounce_s: None,
         created_at: 1_000,
     }
 }
@@ -146,6 +150,10 @@ pub(crate) fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
             last_ts: Some(1_000),
             last_seen_at: Some(1_000),
             connection,
+            last_source: None,
+            debounce: None,
+            lost_since: None,
+            reminders: None,
         }],
         events: vec![Event {
             sensor_id: sid(id),
@@ -154,6 +162,7 @@ pub(crate) fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
             data: Some(true),
             previous: None,
             last_seen_at: Some(1_000),
+            detail: Default::default(),
         }],
         ..Default::default()
     }
@@ -175,6 +184,10 @@ pub(crate) fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -
             last_ts: Some(at),
             last_seen_at: Some(at),
             connection: Connection::Online,
+            last_source: None,
+            debounce: None,
+            lost_since: None,
+            reminders: None,
         }],
         events: vec![Event {
             sensor_id: sid(id),
@@ -183,6 +196,7 @@ pub(crate) fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -
             data: Some(data),
             previous,
             last_seen_at: None,
+            detail: Default::default(),
         }],
         ..Default::default()
     }

@@ -28,14 +28,15 @@ pub(super) async fn sensors_crud_and_pagination(s: &dyn Store) {
     assert_eq!(got.address, "address of pg03");
     assert_eq!(status, SensorStatus::default());
     let replaced = s
-        .replace_sensor(sid("pg03"), "new place".into(), Some(60))
+        .replace_sensor(sid("pg03"), "new place".into(), Some(60), Some(5))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(replaced.0.address, "new place");
     assert_eq!(replaced.0.heartbeat_timeout_s, Some(60));
+    assert_eq!(replaced.0.debounce_s, Some(5));
     assert!(
-        s.replace_sensor(sid("nope"), "x".into(), None)
+        s.replace_sensor(sid("nope"), "x".into(), None, None)
             .await
             .unwrap()
             .is_none()
@@ -200,7 +201,7 @@ pub(super) async fn deletes_cancel_pending(s: &dyn Store) {
 pub(super) async fn registry_changes_follow_create_change_delete(s: &dyn Store) {
     let start = s.newest_registry_change().await.unwrap();
     s.create_sensor(sensor("rg1")).await.unwrap();
-    s.replace_sensor(sid("rg1"), "moved".into(), Some(90))
+    s.replace_sensor(sid("rg1"), "moved".into(), Some(90), None)
         .await
         .unwrap();
     s.create_sensor(sensor("rg2")).await.unwrap();
@@ -242,6 +243,10 @@ pub(super) async fn counts_by_connection(s: &dyn Store) {
         last_ts: Some(1_000),
         last_seen_at: Some(1_000),
         connection,
+        last_source: None,
+        debounce: None,
+        lost_since: None,
+        reminders: None,
     };
     let batch = CommitBatch {
         states: vec![

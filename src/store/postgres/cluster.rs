@@ -13,9 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
-use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime};
+use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
 use super::PgStore;
-use crate::domain::{Millis, partition};
+use crate::domain::{Millis, Source, partition};
 
 #[cfg(test)]
 mod tests;
@@ -240,6 +240,38 @@ impl ClusterStore for PgStore {
                 node: r.get(1),
                 address: r.get(2),
                 epoch: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn set_source_link(&self, source: Source, up: bool, at: Millis) -> Result<()> {
+        self.db
+            .get("set_source_link")
+            .await?
+            .execute(
+                "INSERT INTO latch_source_links (source, up, at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (source) DO UPDATE SET up = excluded.up, at = excluded.at",
+                &[&source.as_str(), &up, &at],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn source_links(&self) -> Result<Vec<SourceLink>> {
+        let rows = self
+            .db
+            .get("source_links")
+            .await?
+            .query("SELECT source, up, at FROM latch_source_links", &[])
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(SourceLink {
+                    source: Source::parse(r.get(0))?,
+                    up: r.get(1),
+                    at: r.get(2),
+                })
             })
             .collect())
     }

@@ -12,6 +12,7 @@ use tokio_postgres::types::ToSql;
 
 use super::super::{CommitBatch, Error, Fence, NotificationRef, Result};
 use super::DELETE_LOCK;
+use crate::domain::client::{events_from_column, wants};
 use crate::domain::{EventKind, Millis, SensorId, notification::new_notification_id};
 
 pub(super) async fn commit(
@@ -87,6 +88,9 @@ pub(super) async fn fenced(tx: &Tx<'_>, fence: &[Fence]) -> Result<Vec<u32>> {
     Ok(lost)
 }
 
+/// A client linked to a sensor, with the notification types it wants (`None`: all).
+type Subscriber = (String, Option<Vec<String>>);
+
 /// Runs an `UNNEST` insert of `rows` rows, unless there are none.
 async fn execute_rows(
     tx: &Tx<'_>,
@@ -134,10 +138,12 @@ async fn commit_batch(
     let registered_sql = tx
         .prepare_cached("SELECT id FROM sensors WHERE id = ANY($1)")
         .await?;
+    // With each client's `events`: a type it does not want makes no notification at all.
     let links_sql = tx
         .prepare_cached(
-            "SELECT sensor_id, client_id FROM links WHERE sensor_id = ANY($1) \
-             ORDER BY sensor_id, client_id",
+            "SELECT l.sensor_id, l.client_id, c.events FROM links l \
+             LEFT JOIN clients c ON c.id = l.client_id WHERE l.sensor_id = ANY($1) \
+             ORDER BY l.sensor_id, l.client_id",
         )
         .await?;
     let (registered, links) = futures::try_join!(
@@ -155,9 +161,12 @@ async fn commit_batch(
         .iter()
         .filter_map(|r| SensorId::parse(r.get(0)).ok())
         .collect();
-    let mut linked: HashMap<String, Vec<String>> = HashMap::new();
+    let mut linked: HashMap<String, Vec<Subscriber>> = HashMap::new();
     for r in links {
-        linked.entry(r.get(0)).or_default().push(r.get(1));
+        linked
+            .entry(r.get(0))
+            .or_default()
+            .push((r.get(1), events_from_column(r.get(2))));
     }
     let known = |id: &SensorId| registered.contains(id);
 
@@ -197,14 +206,44 @@ async fn commit_batch(
     let s_last_ts: Vec<Option<i64>> = st.iter().map(|s| s.last_ts).collect();
     let s_seen: Vec<Option<i64>> = st.iter().map(|s| s.last_seen_at).collect();
     let s_conn: Vec<&str> = st.iter().map(|s| s.connection.as_str()).collect();
+    let s_source: Vec<Option<&str>> = st
+        .iter()
+        .map(|s| s.last_source.map(|x| x.as_str()))
+        .collect();
+    let s_d_from: Vec<Option<bool>> = st.iter().map(|s| s.debounce.and_then(|d| d.from)).collect();
+    let s_d_at: Vec<Option<i64>> = st.iter().map(|s| s.debounce.map(|d| d.at)).collect();
+    let s_d_since: Vec<Option<i64>> = st.iter().map(|s| s.debounce.map(|d| d.since)).collect();
+    let s_d_flips: Vec<Option<i32>> = st
+        .iter()
+        .map(|s| s.debounce.map(|d| d.flips as i32))
+        .collect();
+    let s_lost: Vec<Option<i64>> = st.iter().map(|s| s.lost_since).collect();
+    let s_reminders: Vec<Option<i32>> = st.iter().map(|s| s.reminders.map(|r| r as i32)).collect();
+    // `lost_since` and `reminders` mean something only while lost: kept from the store
+    // when memory does not hold them, cleared once the sensor is not lost.
     let state_sql = tx
         .prepare_cached(
-            "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
-             SELECT u.* FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], $6::text[]) \
-             AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
+            "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, last_seen_at, \
+             connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
+             lost_since, reminders) \
+             SELECT u.sensor_id, u.data, u.changed_at, u.last_ts, u.last_seen_at, u.connection, \
+             u.last_source, u.debounce_from, u.debounce_at, u.debounce_since, u.debounce_flips, \
+             CASE WHEN u.connection = 'lost' THEN u.lost_since END, \
+             CASE WHEN u.connection = 'lost' THEN u.reminders END \
+             FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], $6::text[], \
+             $7::text[], $8::bool[], $9::int8[], $10::int8[], $11::int4[], $12::int8[], $13::int4[]) \
+             AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection, last_source, \
+             debounce_from, debounce_at, debounce_since, debounce_flips, lost_since, reminders) \
              ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
              changed_at = COALESCE(excluded.changed_at, st.changed_at), last_ts = excluded.last_ts, \
-             last_seen_at = excluded.last_seen_at, connection = excluded.connection",
+             last_seen_at = excluded.last_seen_at, connection = excluded.connection, \
+             last_source = COALESCE(excluded.last_source, st.last_source), \
+             debounce_from = excluded.debounce_from, debounce_at = excluded.debounce_at, \
+             debounce_since = excluded.debounce_since, debounce_flips = excluded.debounce_flips, \
+             lost_since = CASE WHEN excluded.connection = 'lost' \
+               THEN COALESCE(excluded.lost_since, st.lost_since) END, \
+             reminders = CASE WHEN excluded.connection = 'lost' \
+               THEN COALESCE(excluded.reminders, st.reminders) END",
         )
         .await?;
 
@@ -220,22 +259,37 @@ async fn commit_batch(
     let e_data: Vec<Option<bool>> = ev.iter().map(|e| e.data).collect();
     let e_prev: Vec<Option<bool>> = ev.iter().map(|e| e.previous).collect();
     let e_seen: Vec<Option<i64>> = ev.iter().map(|e| e.last_seen_at).collect();
+    let e_lost: Vec<Option<i64>> = ev.iter().map(|e| e.detail.lost_since).collect();
+    let e_reminder: Vec<Option<i32>> = ev
+        .iter()
+        .map(|e| e.detail.reminder.map(|r| r as i32))
+        .collect();
+    let e_flips: Vec<Option<i32>> = ev
+        .iter()
+        .map(|e| e.detail.flips_suppressed.map(|f| f as i32))
+        .collect();
     let events_sql = tx
         .prepare_cached(
-            "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
-             SELECT u.sensor_id, u.kind, u.at, u.data, u.previous, u.last_seen_at \
-             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[], $6::int8[]) \
-             WITH ORDINALITY AS u(sensor_id, kind, at, data, previous, last_seen_at, o) \
-             ORDER BY u.o",
+            "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
+             reminder, flips_suppressed) \
+             SELECT u.sensor_id, u.kind, u.at, u.data, u.previous, u.last_seen_at, u.lost_since, \
+             u.reminder, u.flips \
+             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[], $6::int8[], \
+             $7::int8[], $8::int4[], $9::int4[]) \
+             WITH ORDINALITY AS u(sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
+             reminder, flips, o) ORDER BY u.o",
         )
         .await?;
 
-    // One notification per event and linked client, in event order.
+    // One notification per event and linked client that wants its type, in event order.
     let (mut n_id, mut n_client, mut n_sensor, mut n_kind, mut n_data, mut n_prev) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut n_at, mut n_seen, mut n_event) = (vec![], vec![], vec![]);
     for (k, e) in ev.iter().enumerate() {
-        for client in linked.get(&e_ids[k]).into_iter().flatten() {
+        for (client, events) in linked.get(&e_ids[k]).into_iter().flatten() {
+            if !wants(events, e.kind) {
+                continue;
+            }
             n_id.push(new_notification_id());
             n_client.push(client.as_str());
             n_sensor.push(e_ids[k].as_str());
@@ -251,20 +305,36 @@ async fn commit_batch(
         .prepare_cached(
             // Listed as pending in the same statement (migration 0011).
             "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
-             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
+             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at, \
+             lost_since, reminder, flips_suppressed) \
              SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, u.occurred_at, \
-             u.last_seen_at, 'pending', 0, $9, $9, $9 \
+             u.last_seen_at, 'pending', 0, $9, $9, $9, u.lost_since, u.reminder, u.flips \
              FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[], \
-             $7::int8[], $8::int8[]) WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, \
-             previous, occurred_at, last_seen_at, o) ORDER BY u.o \
+             $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[]) \
+             WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, previous, occurred_at, \
+             last_seen_at, lost_since, reminder, flips, o) ORDER BY u.o \
              RETURNING id, seq, sensor_id, client_id), \
              listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
              SELECT seq, sensor_id, client_id FROM ins) \
              SELECT id, seq FROM ins",
         )
         .await?;
-    let n_params: [&(dyn ToSql + Sync); 9] = [
-        &n_id, &n_client, &n_sensor, &n_kind, &n_data, &n_prev, &n_at, &n_seen, &now,
+    let n_lost: Vec<Option<i64>> = n_event.iter().map(|&k| e_lost[k]).collect();
+    let n_reminder: Vec<Option<i32>> = n_event.iter().map(|&k| e_reminder[k]).collect();
+    let n_flips: Vec<Option<i32>> = n_event.iter().map(|&k| e_flips[k]).collect();
+    let n_params: [&(dyn ToSql + Sync); 12] = [
+        &n_id,
+        &n_client,
+        &n_sensor,
+        &n_kind,
+        &n_data,
+        &n_prev,
+        &n_at,
+        &n_seen,
+        &now,
+        &n_lost,
+        &n_reminder,
+        &n_flips,
     ];
     // Sent together: the server runs them in this order, without a round trip between.
     let (_, _, _, rows) = futures::try_join!(
@@ -273,12 +343,35 @@ async fn commit_batch(
             execute_rows(tx, &readings_sql, &p, r_ids.len()).await
         },
         async {
-            let p: [&(dyn ToSql + Sync); 6] =
-                [&s_ids, &s_data, &s_changed, &s_last_ts, &s_seen, &s_conn];
+            let p: [&(dyn ToSql + Sync); 13] = [
+                &s_ids,
+                &s_data,
+                &s_changed,
+                &s_last_ts,
+                &s_seen,
+                &s_conn,
+                &s_source,
+                &s_d_from,
+                &s_d_at,
+                &s_d_since,
+                &s_d_flips,
+                &s_lost,
+                &s_reminders,
+            ];
             execute_rows(tx, &state_sql, &p, s_ids.len()).await
         },
         async {
-            let p: [&(dyn ToSql + Sync); 6] = [&e_ids, &e_kinds, &e_at, &e_data, &e_prev, &e_seen];
+            let p: [&(dyn ToSql + Sync); 9] = [
+                &e_ids,
+                &e_kinds,
+                &e_at,
+                &e_data,
+                &e_prev,
+                &e_seen,
+                &e_lost,
+                &e_reminder,
+                &e_flips,
+            ];
             execute_rows(tx, &events_sql, &p, e_ids.len()).await
         },
         async {

@@ -110,7 +110,7 @@ pub(super) async fn ship_history(db: &Db, limit: usize, sink: &dyn HistorySink) 
         )
         .await?
         .iter()
-        .map(|r| row::event(r, r.sensor_id(6)?))
+        .map(|r| row::event(r, r.sensor_id(row::EVENT_N)?))
         .collect::<Result<Vec<_>>>()?;
     let attempts = tx
         .query(

@@ -10,7 +10,7 @@ use super::super::{
 use super::DELETE_LOCK;
 use super::PgStore;
 use super::db::{Bound, Db, Sql, Tx};
-use crate::domain::client::Health;
+use crate::domain::client::{Health, events_column};
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
 use crate::store::Registry;
 
@@ -18,14 +18,15 @@ pub(super) async fn create_sensor(db: &Db, s: Sensor) -> Result<()> {
     let c = db.get("create_sensor").await?;
     let n = c
         .execute(
-            "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
-               VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING RETURNING id) \
+            "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
+               debounce_s) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
                 &s.id.to_string(),
                 &s.address,
                 &s.heartbeat_timeout_s.map(|t| t as i32),
                 &s.created_at,
+                &s.debounce_s.map(|t| t as i32),
             ],
         )
         .await?;
@@ -104,15 +105,21 @@ pub(super) async fn replace_sensor(
     id: SensorId,
     address: String,
     timeout: Option<u32>,
+    debounce: Option<u32>,
 ) -> Result<Option<SensorView>> {
     let n = db
         .get("replace_sensor")
         .await?
         .execute(
-            "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3 \
-               WHERE id = $1 RETURNING id) \
+            "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
+               debounce_s = $4 WHERE id = $1 RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
-            &[&id.to_string(), &address, &timeout.map(|t| t as i32)],
+            &[
+                &id.to_string(),
+                &address,
+                &timeout.map(|t| t as i32),
+                &debounce.map(|t| t as i32),
+            ],
         )
         .await?;
     if n == 0 {
@@ -152,8 +159,8 @@ pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
         .get("create_client")
         .await?
         .execute(
-            "INSERT INTO clients (id, name, url, secret, created_at, rate_limit) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
             &[
                 &cl.id,
                 &cl.name,
@@ -161,6 +168,7 @@ pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
                 &cl.secret,
                 &cl.created_at,
                 &cl.rate_limit.map(|r| r as i32),
+                &events_column(&cl.events),
             ],
         )
         .await?;
@@ -214,14 +222,15 @@ pub(super) async fn replace_client(db: &Db, cl: Client) -> Result<bool> {
         .get("replace_client")
         .await?
         .execute(
-            "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5 \
-             WHERE id = $1",
+            "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5, \
+             events = $6 WHERE id = $1",
             &[
                 &cl.id,
                 &cl.name,
                 &cl.url,
                 &cl.secret,
                 &cl.rate_limit.map(|r| r as i32),
+                &events_column(&cl.events),
             ],
         )
         .await?
@@ -344,11 +353,15 @@ pub(super) async fn import(
         .map(|s| s.heartbeat_timeout_s.map(|t| t as i32))
         .collect();
     let created: Vec<i64> = sensors.iter().map(|s| s.created_at).collect();
+    let debounces: Vec<Option<i32>> = sensors
+        .iter()
+        .map(|s| s.debounce_s.map(|t| t as i32))
+        .collect();
     tx.execute(
-        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[]) \
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[]) \
          ON CONFLICT (id) DO NOTHING",
-        &[&ids, &addresses, &timeouts, &created],
+        &[&ids, &addresses, &timeouts, &created, &debounces],
     )
     .await?;
     let clients: Vec<&str> = links.iter().map(|(c, _)| c.as_str()).collect();
@@ -510,8 +523,9 @@ impl Registry for PgStore {
         id: SensorId,
         address: String,
         timeout: Option<u32>,
+        debounce: Option<u32>,
     ) -> Result<Option<SensorView>> {
-        replace_sensor(&self.db, id, address, timeout).await
+        replace_sensor(&self.db, id, address, timeout, debounce).await
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {

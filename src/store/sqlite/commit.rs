@@ -43,22 +43,41 @@ fn commit_batch(
         // A state row exists only for a registered sensor (a delete takes it along), so
         // updating it is the registration check; only a sensor's first state is inserted,
         // guarded by a look at `sensors`.
+        // `lost_since` and `reminders` mean something only while lost: kept from the store
+        // when memory does not hold them, cleared once the sensor is not lost.
         let mut update_state = tx.prepare_cached(
             "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at), \
-             last_ts = ?4, last_seen_at = ?5, connection = ?6 WHERE sensor_id = ?1",
+             last_ts = ?4, last_seen_at = ?5, connection = ?6, \
+             last_source = COALESCE(?7, last_source), debounce_from = ?8, debounce_at = ?9, \
+             debounce_since = ?10, debounce_flips = ?11, \
+             lost_since = CASE WHEN ?6 = 'lost' THEN COALESCE(?12, lost_since) END, \
+             reminders = CASE WHEN ?6 = 'lost' THEN COALESCE(?13, reminders) END \
+             WHERE sensor_id = ?1",
         )?;
         let mut insert_state = tx.prepare_cached(
-            "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, connection) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+            "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, \
+             connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
+             lost_since, reminders) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
+             CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END \
+             WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
         )?;
         for s in &batch.states {
+            let d = s.debounce.as_ref();
             let values = params![
                 s.sensor_id.to_string(),
                 s.data.map(i64::from),
                 s.changed_at,
                 s.last_ts,
                 s.last_seen_at,
-                s.connection.as_str()
+                s.connection.as_str(),
+                s.last_source.map(|x| x.as_str()),
+                d.and_then(|d| d.from).map(i64::from),
+                d.map(|d| d.at),
+                d.map(|d| d.since),
+                d.map(|d| d.flips),
+                s.lost_since,
+                s.reminders
             ];
             let n = match update_state.execute(values)? {
                 0 => insert_state.execute(values)?,
@@ -105,9 +124,10 @@ fn commit_batch(
     }
     stage_events(tx, &events)?;
     tx.prepare_cached(
-        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at) \
-         SELECT sensor_id, kind, at, data, previous, last_seen_at FROM temp.stage_events \
-         ORDER BY k",
+        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
+         reminder, flips_suppressed) \
+         SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder, \
+         flips_suppressed FROM temp.stage_events ORDER BY k",
     )?
     .execute([])?;
     // One notification per event and linked client, in event order, clients in id order.
@@ -158,7 +178,8 @@ fn commit_batch(
 /// one per index for every row, and reads a batch's links in one pass.
 const STAGING: &str = "PRAGMA temp_store = MEMORY; \
     CREATE TEMP TABLE IF NOT EXISTS stage_events (k INTEGER PRIMARY KEY, sensor_id TEXT, \
-      kind TEXT, at INTEGER, data INTEGER, previous INTEGER, last_seen_at INTEGER); \
+      kind TEXT, at INTEGER, data INTEGER, previous INTEGER, last_seen_at INTEGER, \
+      lost_since INTEGER, reminder INTEGER, flips_suppressed INTEGER); \
     CREATE TEMP TABLE IF NOT EXISTS stage_notifications (n INTEGER PRIMARY KEY, \
       event INTEGER, id TEXT, client_id TEXT);";
 
@@ -176,8 +197,9 @@ pub(super) fn prepare(c: &Connection) -> rusqlite::Result<()> {
 
 /// Stages `events`, each with its index in the batch, through [`STAGING`].
 fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
-    let mut stage =
-        tx.prepare_cached("INSERT INTO temp.stage_events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
+    let mut stage = tx.prepare_cached(
+        "INSERT INTO temp.stage_events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?;
     for (k, e) in events.iter().enumerate() {
         stage.execute(params![
             k as i64,
@@ -186,7 +208,10 @@ fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
             e.at,
             e.data.map(i64::from),
             e.previous.map(i64::from),
-            e.last_seen_at
+            e.last_seen_at,
+            e.detail.lost_since,
+            e.detail.reminder,
+            e.detail.flips_suppressed
         ])?;
     }
     Ok(())
@@ -200,8 +225,10 @@ struct Staged {
     client_id: String,
 }
 
-/// Creates the notifications of the staged events, one per event and linked client in
-/// event order, clients in id order, and returns them in that (seq) order.
+/// Creates the notifications of the staged events, one per event and linked client that
+/// wants its type (`clients.events`, [`crate::domain::client::wants`]: a type it does not
+/// want makes no notification at all), in event order, clients in id order, and returns
+/// them in that (seq) order.
 ///
 /// Seqs are given here rather than by `AUTOINCREMENT`, which this one writer can do
 /// exactly: after the highest seq ever used, in the order of the staging, so nothing has
@@ -217,6 +244,8 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
             "INSERT INTO temp.stage_notifications (event, id, client_id) \
              SELECT e.k, latch_notification_id(), l.client_id \
              FROM temp.stage_events e JOIN links l ON l.sensor_id = e.sensor_id \
+             LEFT JOIN clients c ON c.id = l.client_id \
+             WHERE c.events IS NULL OR instr(',' || c.events || ',', ',' || e.kind || ',') > 0 \
              ORDER BY e.k, l.client_id",
         )?
         .execute([])?;
@@ -233,9 +262,10 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
         .query_row([], |r| r.get(0))?;
     tx.prepare_cached(
         "INSERT INTO notifications (seq, id, client_id, sensor_id, kind, data, previous, \
-         occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at) \
+         occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at, \
+         lost_since, reminder, flips_suppressed) \
          SELECT ?1 + s.n, s.id, s.client_id, e.sensor_id, e.kind, e.data, e.previous, e.at, \
-         e.last_seen_at, 'pending', 0, ?2, ?2, ?2 \
+         e.last_seen_at, 'pending', 0, ?2, ?2, ?2, e.lost_since, e.reminder, e.flips_suppressed \
          FROM temp.stage_notifications s JOIN temp.stage_events e ON e.k = s.event ORDER BY s.n",
     )?
     .execute(params![base, now])?;

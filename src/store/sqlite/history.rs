@@ -146,7 +146,7 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
         .prepare_cached(&format!(
             "SELECT {EVENT_COLS}, sensor_id FROM events ORDER BY id LIMIT ?1"
         ))?
-        .query_map([limit], |r| row::event(r, r.sensor_id(6)?))?
+        .query_map([limit], |r| row::event(r, r.sensor_id(row::EVENT_N)?))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let attempts = c
         .prepare_cached(

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use super::SqliteStore;
-use crate::domain::client::Health;
+use crate::domain::client::{Health, events_column};
 use crate::store::Registry;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
@@ -16,13 +16,14 @@ use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
 /// `Conflict` if the id exists.
 pub(super) fn create_sensor(c: &Connection, s: Sensor) -> Result<()> {
     let n = c.execute(
-        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
-         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s) \
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
         params![
             s.id.to_string(),
             s.address,
             s.heartbeat_timeout_s,
-            s.created_at
+            s.created_at,
+            s.debounce_s
         ],
     )?;
     if n == 0 {
@@ -84,10 +85,11 @@ pub(super) fn replace_sensor(
     id: SensorId,
     address: String,
     timeout: Option<u32>,
+    debounce: Option<u32>,
 ) -> Result<usize> {
     Ok(c.execute(
-        "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3 WHERE id = ?1",
-        params![id.to_string(), address, timeout],
+        "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4 WHERE id = ?1",
+        params![id.to_string(), address, timeout, debounce],
     )?)
 }
 
@@ -113,15 +115,16 @@ pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Re
 
 pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
     let n = c.execute(
-        "INSERT INTO clients (id, name, url, secret, created_at, rate_limit) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
         params![
             cl.id,
             cl.name,
             cl.url,
             cl.secret,
             cl.created_at,
-            cl.rate_limit
+            cl.rate_limit,
+            events_column(&cl.events)
         ],
     )?;
     if n == 0 {
@@ -165,8 +168,16 @@ pub(super) fn list_clients(
 
 pub(super) fn replace_client(c: &Connection, cl: Client) -> Result<bool> {
     Ok(c.execute(
-        "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5 WHERE id = ?1",
-        params![cl.id, cl.name, cl.url, cl.secret, cl.rate_limit],
+        "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6 \
+         WHERE id = ?1",
+        params![
+            cl.id,
+            cl.name,
+            cl.url,
+            cl.secret,
+            cl.rate_limit,
+            events_column(&cl.events)
+        ],
     )? > 0)
 }
 
@@ -267,15 +278,16 @@ pub(super) fn import(
     let tx = c.transaction()?;
     {
         let mut ins = tx.prepare_cached(
-            "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at) \
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
         )?;
         for s in &sensors {
             ins.execute(params![
                 s.id.to_string(),
                 s.address,
                 s.heartbeat_timeout_s,
-                s.created_at
+                s.created_at,
+                s.debounce_s
             ])?;
         }
         let mut link = tx.prepare_cached(
@@ -372,9 +384,10 @@ impl Registry for SqliteStore {
         id: SensorId,
         address: String,
         timeout: Option<u32>,
+        debounce: Option<u32>,
     ) -> Result<Option<SensorView>> {
         let n = self
-            .write(move |c| replace_sensor(c, id, address, timeout))
+            .write(move |c| replace_sensor(c, id, address, timeout, debounce))
             .await?;
         if n == 0 {
             return Ok(None);

@@ -38,18 +38,19 @@ pub(super) fn retry_notification(
 /// whether a newer one of its lane that outranks it was sent, or waits to be.
 pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>> {
     let kinds = policy::outranked_by(n.kind);
-    // At most two kinds: the second repeats the first when there is one.
-    let kind = |i: usize| kinds.get(i).unwrap_or(&kinds[0]).as_str();
+    // At most three kinds: the last one repeats where there are fewer.
+    let kind = |i: usize| kinds.get(i).unwrap_or(&kinds[kinds.len() - 1]).as_str();
     let newer = c.query_row(
         "SELECT EXISTS (SELECT 1 FROM notifications WHERE client_id = ?1 \
-         AND sensor_id = ?2 AND kind IN (?4, ?5) AND seq > ?3 \
+         AND sensor_id = ?2 AND kind IN (?4, ?5, ?6) AND seq > ?3 \
          AND status IN ('pending', 'delivered'))",
         params![
             n.client_id,
             n.sensor_id.to_string(),
             n.seq,
             kind(0),
-            kind(1)
+            kind(1),
+            kind(2)
         ],
         |r| r.get::<_, bool>(0),
     )?;

@@ -34,6 +34,10 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             last_ts: Some(at),
             last_seen_at: Some(at),
             connection: Conn::Online,
+            last_source: None,
+            debounce: None,
+            lost_since: None,
+            reminders: None,
         }],
         events: vec![Event {
             sensor_id: id,
@@ -42,6 +46,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             data: Some(data),
             previous: None,
             last_seen_at: None,
+            detail: Default::default(),
         }],
         ..Default::default()
     };
@@ -124,6 +129,7 @@ async fn data_survives_reopening() {
                 id,
                 address: "here".into(),
                 heartbeat_timeout_s: Some(5),
+                debounce_s: None,
                 created_at: 1,
             })
             .await

@@ -2,9 +2,12 @@
 
 mod amqp;
 mod bench;
+mod broker_links;
 mod brokers;
+mod choices;
 mod clients;
 mod cluster;
+mod cluster_choices;
 mod console;
 mod delivery;
 mod history;

@@ -352,6 +352,10 @@ fn change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             last_ts: Some(at),
             last_seen_at: Some(at),
             connection: Connection::Online,
+            last_source: None,
+            debounce: None,
+            lost_since: None,
+            reminders: None,
         }],
         events: vec![Event {
             sensor_id: id,
@@ -360,6 +364,7 @@ fn change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             data: Some(true),
             previous: None,
             last_seen_at: None,
+            detail: Default::default(),
         }],
         fence,
     }
@@ -447,6 +452,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             id,
             address: "here".into(),
             heartbeat_timeout_s: Some(30),
+            debounce_s: None,
             created_at: 1,
         })
         .collect();
@@ -569,4 +575,36 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     config.data_dir = dir.path().to_path_buf();
     let (_, cluster) = crate::store::connect_cluster(&config).await.unwrap();
     assert!(cluster.is_none(), "SQLite stays one node");
+}
+
+/// The broker links every node follows: the latest change per source, as recorded.
+#[tokio::test]
+async fn source_links_keep_the_latest_change_of_each_source() {
+    use crate::domain::Source;
+    let Some(store) = cluster(4).await else {
+        return;
+    };
+    assert!(store.source_links().await.unwrap().is_empty());
+    store
+        .set_source_link(Source::Mqtt, false, 1_000)
+        .await
+        .unwrap();
+    store
+        .set_source_link(Source::Amqp, true, 1_500)
+        .await
+        .unwrap();
+    store
+        .set_source_link(Source::Mqtt, true, 2_000)
+        .await
+        .unwrap();
+    let mut links = store.source_links().await.unwrap();
+    links.sort_by_key(|l| l.source.index());
+    let link = |source, up, at| crate::store::SourceLink { source, up, at };
+    assert_eq!(
+        links,
+        [
+            link(Source::Amqp, true, 1_500),
+            link(Source::Mqtt, true, 2_000)
+        ]
+    );
 }

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 #[allow(unused_imports)]
 pub use latch_testkit::{Answer, Received, Receiver, eventually};
 
+pub mod brokers;
 pub mod cluster;
 pub mod fault;
 pub mod mosquitto;

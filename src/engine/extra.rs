@@ -1,0 +1,165 @@
+//! What a few sensors carry beyond their 48-byte slot ([`super::fleet`]): an own debounce
+//! window, a change waiting one out, and while lost (with reminders on) since when and how
+//! many reminders went out; and the one timer each such sensor may have (the end of its
+//! window, its next reminder), in due order.
+//!
+//! Kept beside the slab rather than in it because most sensors have none of it: a slot
+//! stays 48 bytes, and a flag bit in it says whether to look here at all. A lost sensor
+//! with reminders on costs about 80 bytes here (its map entry and its timer).
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::domain::sensor::{Debounce, SensorState};
+use crate::domain::{Connection, Millis};
+
+/// The service-wide settings a fleet's rules read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// The heartbeat timeout of sensors without their own.
+    pub default_timeout_ms: Millis,
+    /// The debounce window of sensors without their own (0: none).
+    pub default_debounce_ms: Millis,
+    /// The interval of `sensor.still_lost` reminders; `None`: no reminders.
+    pub reminder_ms: Option<Millis>,
+}
+
+impl Policy {
+    /// A timeout and nothing else: no debounce, no reminders.
+    pub fn timeout(default_timeout_ms: Millis) -> Self {
+        Self {
+            default_timeout_ms,
+            default_debounce_ms: 0,
+            reminder_ms: None,
+        }
+    }
+
+    /// A sensor's debounce window.
+    pub fn debounce_ms(&self, s: &SensorState) -> Millis {
+        s.debounce_s
+            .map_or(self.default_debounce_ms, |d| Millis::from(d) * 1000)
+    }
+
+    /// When a sensor in state `s` next needs the shard without a reading: its debounce
+    /// window ends, or its next reminder is due. The rules ([`super::rules::settle`],
+    /// [`super::rules::remind`]) fire at exactly these times.
+    pub fn timer(&self, s: &SensorState) -> Option<Millis> {
+        let window = s.debounce.map(|d| d.since + self.debounce_ms(s));
+        let reminder = match (s.connection, s.lost_since, self.reminder_ms) {
+            (Connection::Lost, Some(since), Some(every)) => {
+                Some(since + (Millis::from(s.reminders.unwrap_or(0)) + 1) * every)
+            }
+            _ => None,
+        };
+        match (window, reminder) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// See the module doc. Keys are packed sensor ids.
+#[derive(Default)]
+pub(super) struct Extras {
+    own_debounce: HashMap<u128, u32>,
+    pending: HashMap<u128, Debounce>,
+    /// `(lost_since, reminders)` of lost sensors, only while reminders are on.
+    lost: HashMap<u128, (Millis, u32)>,
+    timers: BTreeSet<(Millis, u128)>,
+}
+
+impl Extras {
+    /// Fills in what `s` (read from a slot whose flag said so) keeps here.
+    pub(super) fn read(&self, key: u128, s: &mut SensorState) {
+        s.debounce_s = self.own_debounce.get(&key).copied();
+        s.debounce = self.pending.get(&key).copied();
+        if let Some(&(since, sent)) = self.lost.get(&key) {
+            s.lost_since = Some(since);
+            s.reminders = Some(sent);
+        }
+    }
+
+    /// Whether a sensor in state `s` keeps anything here ([`Extras::write`] says the
+    /// same; this only looks).
+    pub(super) fn wanted(s: &SensorState, policy: &Policy) -> bool {
+        s.debounce_s.is_some()
+            || s.debounce.is_some()
+            || (s.connection == Connection::Lost
+                && s.lost_since.is_some()
+                && policy.reminder_ms.is_some())
+    }
+
+    /// Replaces what sensor `key` keeps here (`old`: its state before, as read) with what
+    /// `new` has, and its timer. Returns whether anything is kept for it now.
+    pub(super) fn write(
+        &mut self,
+        key: u128,
+        old: Option<&SensorState>,
+        new: &SensorState,
+        policy: &Policy,
+    ) -> bool {
+        let before = old.and_then(|o| policy.timer(o));
+        let after = policy.timer(new);
+        if before != after {
+            if let Some(t) = before {
+                self.timers.remove(&(t, key));
+            }
+            if let Some(t) = after {
+                self.timers.insert((t, key));
+            }
+        }
+        let mut kept = false;
+        kept |= put(&mut self.own_debounce, key, new.debounce_s);
+        kept |= put(&mut self.pending, key, new.debounce);
+        // Without reminders nothing reads these in memory: the store keeps them.
+        let lost = match (new.connection, new.lost_since, policy.reminder_ms) {
+            (Connection::Lost, Some(since), Some(_)) => Some((since, new.reminders.unwrap_or(0))),
+            _ => None,
+        };
+        kept |= put(&mut self.lost, key, lost);
+        kept
+    }
+
+    /// Forgets sensor `key` (`s`: its state, as read).
+    pub(super) fn remove(&mut self, key: u128, s: &SensorState, policy: &Policy) {
+        if let Some(t) = policy.timer(s) {
+            self.timers.remove(&(t, key));
+        }
+        self.own_debounce.remove(&key);
+        self.pending.remove(&key);
+        self.lost.remove(&key);
+    }
+
+    /// The earliest timer.
+    pub(super) fn next(&self) -> Option<Millis> {
+        self.timers.first().map(|&(t, _)| t)
+    }
+
+    /// Calls `f` with each sensor whose timer is at or before `now`, earliest first, until
+    /// it returns false.
+    pub(super) fn each_due(&self, now: Millis, mut f: impl FnMut(u128) -> bool) {
+        for &(t, key) in &self.timers {
+            if t > now || !f(key) {
+                return;
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn timers(&self) -> usize {
+        self.timers.len()
+    }
+}
+
+/// Sets or clears `key` in `map`; whether it is set now.
+fn put<V>(map: &mut HashMap<u128, V>, key: u128, value: Option<V>) -> bool {
+    match value {
+        Some(v) => {
+            map.insert(key, v);
+            true
+        }
+        None => {
+            map.remove(&key);
+            false
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Checks of what a client receives under its control (issue #36): a client's `events`
+//! filter what the commit makes, and the sensor state behind debounce, reminders and broker
+//! links survives a reload, with the figures events and notifications carry.
+
+use super::*;
+use crate::domain::sensor::Debounce;
+use crate::domain::{Detail, Source};
+
+fn subscribed(id: &str, url: &str, events: Option<&[&str]>) -> Client {
+    Client {
+        events: events.map(|e| e.iter().map(|t| t.to_string()).collect()),
+        ..client(id, url)
+    }
+}
+
+async fn runtime_of(s: &dyn Store, id: &str) -> crate::domain::sensor::SensorState {
+    let rt = s.load_runtime().await.unwrap();
+    rt.into_iter().find(|r| r.0 == sid(id)).unwrap().1
+}
+
+/// A type a client does not want makes no notification for it: no row at all.
+pub(super) async fn subscriptions_make_only_wanted_notifications(s: &dyn Store) {
+    s.create_sensor(sensor("sb1")).await.unwrap();
+    let clients = [
+        subscribed("sb-all", "http://a/", None),
+        subscribed("sb-lost", "http://b/", Some(&["sensor.connection_lost"])),
+        subscribed("sb-none", "http://c/", Some(&[])),
+    ];
+    for c in clients {
+        s.create_client(c).await.unwrap();
+    }
+    for c in ["sb-all", "sb-lost", "sb-none"] {
+        s.link(c.into(), sid("sb1"), 1).await.unwrap();
+    }
+    let events_of = async |id: &str| s.get_client(id.into()).await.unwrap().unwrap().events;
+    assert_eq!(events_of("sb-all").await, None);
+    assert_eq!(
+        events_of("sb-lost").await,
+        Some(vec!["sensor.connection_lost".to_string()])
+    );
+    assert_eq!(events_of("sb-none").await, Some(vec![]));
+
+    let mut batch = change("sb1", true, None, 1_000);
+    let lost = Event {
+        kind: EventKind::ConnectionLost,
+        at: 2_000,
+        ..batch.events[0].clone()
+    };
+    batch.events.push(lost);
+    let created = s.commit(batch, 2_000).await.unwrap();
+    let got: Vec<(&str, EventKind)> = created
+        .iter()
+        .map(|n| (n.client_id.as_str(), n.kind))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("sb-all", EventKind::StateChanged),
+            ("sb-all", EventKind::ConnectionLost),
+            ("sb-lost", EventKind::ConnectionLost),
+        ]
+    );
+    let listed = async |id: &str| {
+        let filter = NotificationFilter {
+            client_id: Some(id.into()),
+            ..Default::default()
+        };
+        s.list_notifications(filter, page(10)).await.unwrap().items
+    };
+    assert!(listed("sb-none").await.is_empty(), "nothing made for it");
+    assert_eq!(listed("sb-lost").await.len(), 1);
+
+    // A changed subscription counts from the next commit.
+    let mut c = s.get_client("sb-none".into()).await.unwrap().unwrap();
+    c.events = None;
+    assert!(s.replace_client(c).await.unwrap());
+    let created = s
+        .commit(change("sb1", false, Some(true), 3_000), 3_000)
+        .await
+        .unwrap();
+    let to: Vec<&str> = created.iter().map(|n| n.client_id.as_str()).collect();
+    assert_eq!(to, ["sb-all", "sb-none"]);
+}
+
+/// How the last reading came in, a debounce window, and while lost since when and how many
+/// reminders went out, are kept; `lost_since` and `reminders` are kept when a write does
+/// not hold them and cleared once the sensor is not lost.
+pub(super) async fn state_keeps_source_window_and_reminders(s: &dyn Store) {
+    let own = Sensor {
+        debounce_s: Some(30),
+        ..sensor("sx1")
+    };
+    s.create_sensor(own).await.unwrap();
+    s.create_client(client("sx-a", "http://a/")).await.unwrap();
+    s.link("sx-a".into(), sid("sx1"), 1).await.unwrap();
+    assert_eq!(
+        s.get_sensor(sid("sx1"))
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .debounce_s,
+        Some(30)
+    );
+
+    for from in [Some(false), None] {
+        let window = Debounce {
+            from,
+            at: 900,
+            since: 1_000,
+            flips: 3,
+        };
+        let mut batch = change("sx1", true, None, 1_000);
+        batch.events.clear();
+        batch.states[0].last_source = Some(Source::Mqtt);
+        batch.states[0].debounce = Some(window);
+        s.commit(batch, 1_000).await.unwrap();
+        let rt = runtime_of(s, "sx1").await;
+        assert_eq!(
+            (rt.last_source, rt.debounce, rt.debounce_s),
+            (Some(Source::Mqtt), Some(window), Some(30))
+        );
+    }
+    let (_, status) = s.get_sensor(sid("sx1")).await.unwrap().unwrap();
+    assert_eq!(status.last_source, Some(Source::Mqtt));
+
+    let state = |connection, lost_since, reminders| StateUpdate {
+        sensor_id: sid("sx1"),
+        data: Some(true),
+        changed_at: None,
+        last_ts: Some(1_000),
+        last_seen_at: Some(1_000),
+        connection,
+        last_source: None,
+        debounce: None,
+        lost_since,
+        reminders,
+    };
+    let reminder = Event {
+        sensor_id: sid("sx1"),
+        kind: EventKind::StillLost,
+        at: 65_000,
+        data: Some(true),
+        previous: None,
+        last_seen_at: Some(1_000),
+        detail: Detail {
+            lost_since: Some(5_000),
+            reminder: Some(2),
+            flips_suppressed: None,
+        },
+    };
+    let batch = CommitBatch {
+        states: vec![state(Connection::Lost, Some(5_000), Some(2))],
+        events: vec![reminder.clone()],
+        ..Default::default()
+    };
+    let created = s.commit(batch, 65_000).await.unwrap();
+    let rt = runtime_of(s, "sx1").await;
+    assert_eq!((rt.lost_since, rt.reminders), (Some(5_000), Some(2)));
+    assert_eq!(rt.last_source, Some(Source::Mqtt), "kept when not written");
+    assert_eq!(rt.debounce, None, "a window is written as it is");
+    let (n, _) = s
+        .get_notification(created[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n.detail, reminder.detail);
+    let events = s
+        .list_events(sid("sx1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(events.items.last().unwrap().row, reminder);
+
+    // Memory without reminders holds neither: the store keeps them while lost...
+    let batch = CommitBatch {
+        states: vec![state(Connection::Lost, None, None)],
+        ..Default::default()
+    };
+    s.commit(batch, 66_000).await.unwrap();
+    let rt = runtime_of(s, "sx1").await;
+    assert_eq!((rt.lost_since, rt.reminders), (Some(5_000), Some(2)));
+    // ... and drops them once the sensor is back.
+    let mut back = change("sx1", false, Some(true), 70_000);
+    back.events[0].detail.flips_suppressed = Some(4);
+    s.commit(back.clone(), 70_000).await.unwrap();
+    let rt = runtime_of(s, "sx1").await;
+    assert_eq!((rt.lost_since, rt.reminders), (None, None));
+    let events = s
+        .list_events(sid("sx1"), TimeRange::default(), page(10))
+        .await
+        .unwrap();
+    assert_eq!(events.items.last().unwrap().row, back.events[0]);
+}
