@@ -32,9 +32,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::attempt::AttemptResult;
 use super::rates::{Lease, Rates, Token, Wanted};
 use super::retry::RetryPolicy;
-use super::sender::AttemptResult;
 use crate::domain::policy::{self, Attempted, Queued, Waiting};
 use crate::domain::{
     Attempt, EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict,

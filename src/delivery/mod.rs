@@ -24,6 +24,7 @@
 //! shared store); `sender.rs` makes one attempt, a webhook's POST or, for a broker
 //! destination, a publish through [`broker`].
 
+pub mod attempt;
 pub mod broker;
 mod claimer;
 pub mod guard;
@@ -178,7 +179,7 @@ impl Dispatcher {
     /// Sends one signed `client.test` to `client` now, exactly as an attempt goes out
     /// (the SSRF guard, the signing, the delivery timeout), and answers what happened.
     /// Not an outbox notification: nothing is stored, retried or counted as an attempt.
-    pub async fn test(&self, client: &crate::domain::Client) -> sender::AttemptResult {
+    pub async fn test(&self, client: &crate::domain::Client) -> attempt::AttemptResult {
         let t = &self.test;
         sender::send_test(&t.http, &t.guard, client, t.timeout, t.clock.now()).await
     }

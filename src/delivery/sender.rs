@@ -1,4 +1,4 @@
-//! One attempt: the payload of DESIGN §4, its Standard Webhooks headers, the POST (or, for
+//! One attempt out: the POST with its Standard Webhooks headers (or, for
 //! a client whose URL names a broker, the publish: [`super::broker`]).
 
 use std::time::{Duration, Instant};
@@ -7,65 +7,12 @@ use serde::Serialize;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::broker::{self, Brokers};
+use super::attempt::{AttemptResult, payload, signatures};
+use super::broker::Brokers;
 use super::guard::{self, Guard, Refusal};
-use super::signing;
 use crate::domain::notification::{CLIENT_TEST, new_notification_id};
-use crate::domain::outbox::outcome;
-use crate::domain::{Client, EventKind, Millis, Sendable, client::secret_key, destination, time};
+use crate::domain::{Client, Millis, Sendable, destination, time};
 use crate::telemetry::SPANS;
-
-/// The JSON body a client receives.
-#[derive(Serialize)]
-struct Payload<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    occurred_at: String,
-    sensor: SensorRef<'a>,
-    data: Option<u8>,
-    previous: Option<u8>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_seen_at: Option<String>,
-    /// `sensor.still_lost`: since when, and which reminder.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lost_since: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reminder: Option<u32>,
-    /// `sensor.state_changed`: readings a debounce window held back (0 without one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    flips_suppressed: Option<u32>,
-}
-
-#[derive(Serialize)]
-struct SensorRef<'a> {
-    id: String,
-    address: &'a str,
-}
-
-/// The body of a notification, as bytes to sign and send.
-pub fn payload(s: &Sendable) -> Vec<u8> {
-    let n = &s.notification;
-    let p = Payload {
-        id: &n.id,
-        kind: n.kind.as_str(),
-        occurred_at: time::format(n.occurred_at),
-        sensor: SensorRef {
-            id: n.sensor_id.to_string(),
-            address: &s.address,
-        },
-        data: n.data.map(u8::from),
-        previous: n.previous.map(u8::from),
-        last_seen_at: n.last_seen_at.map(time::format),
-        lost_since: n.detail.lost_since.map(time::format),
-        reminder: n.detail.reminder,
-        flips_suppressed: match n.kind {
-            EventKind::StateChanged => Some(n.detail.flips_suppressed.unwrap_or(0)),
-            _ => n.detail.flips_suppressed,
-        },
-    };
-    serde_json::to_vec(&p).expect("payload serializes")
-}
 
 /// The body of a `client.test` notification: about no sensor, so it names the client.
 #[derive(Serialize)]
@@ -115,63 +62,6 @@ pub async fn send_test(
         previous_secret: previous,
     };
     post(http, guard, to, body, timeout, at).await
-}
-
-/// What one attempt came to.
-#[derive(Debug, Clone)]
-pub struct AttemptResult {
-    pub at: Millis,
-    pub status_code: Option<u16>,
-    pub error: Option<String>,
-    pub duration: Duration,
-    /// `Retry-After` of a 429 or 503 answer.
-    pub retry_after: Option<Duration>,
-}
-
-impl AttemptResult {
-    pub fn delivered(&self) -> bool {
-        crate::domain::notification::delivered(self.status_code, self.error.as_deref())
-    }
-
-    /// `410 Gone`: the receiver asks never to be tried again.
-    pub fn gone(&self) -> bool {
-        self.status_code == Some(410)
-    }
-
-    /// The SSRF guard refused the destination: nothing was sent, and trying again cannot
-    /// change that until the client's URL or the allow list does.
-    pub fn not_allowed(&self) -> bool {
-        self.status_code.is_none()
-            && self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.starts_with(guard::NOT_ALLOWED))
-    }
-
-    /// The `outcome` label of the attempts metric.
-    pub fn label(&self) -> &'static str {
-        match self.status_code {
-            Some(c) if (200..300).contains(&c) => outcome::DELIVERED,
-            Some(_) => outcome::HTTP_ERROR,
-            None if self.error.is_none() => outcome::DELIVERED,
-            None if self.not_allowed() => outcome::NOT_ALLOWED,
-            None if self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.starts_with(broker::REFUSED)) =>
-            {
-                outcome::BROKER_REFUSED
-            }
-            None if self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.contains("timed out")) =>
-            {
-                outcome::TIMEOUT
-            }
-            None => outcome::CONNECTION_ERROR,
-        }
-    }
 }
 
 /// Posts one notification (or publishes it, to a broker destination). Never fails: every
@@ -317,26 +207,6 @@ async fn post(
 /// The recorded error of an attempt the guard refused: its code, then why.
 fn not_allowed(r: &Refusal) -> String {
     format!("{}: {r}", guard::NOT_ALLOWED)
-}
-
-/// The `webhook-signature` value: the signature with the client's secret, then, while a
-/// rotation's grace lasts, the one with the secret it replaced, space-separated as
-/// Standard Webhooks specifies, so a receiver holding either key verifies the request.
-pub fn signatures(
-    secret: &str,
-    previous: Option<&str>,
-    id: &str,
-    ts: i64,
-    body: &[u8],
-) -> Result<String, String> {
-    let mut value = signing::sign(&secret_key(secret)?, id, ts, body);
-    if let Some(old) = previous
-        && let Ok(key) = secret_key(old)
-    {
-        value.push(' ');
-        value.push_str(&signing::sign(&key, id, ts, body));
-    }
-    Ok(value)
 }
 
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {

@@ -25,7 +25,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
-use super::deliver::{Args, drain, outbox_counts, send_changes};
+use super::changes::{Args, drain, outbox_counts, send_changes};
 use super::{Report, percentile};
 
 /// What the subscriber saw.

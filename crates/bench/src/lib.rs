@@ -4,6 +4,7 @@
 //! figures with the command line in `BENCHMARKS.md`.
 
 pub mod broker;
+pub mod changes;
 pub mod clickhouse_server;
 pub mod cluster;
 pub mod deliver;

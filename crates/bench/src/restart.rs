@@ -66,7 +66,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let t = Instant::now();
     let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
-    let (_, _, pending) = super::deliver::outbox_counts(&server.base, &http).await?;
+    let (_, _, pending) = super::changes::outbox_counts(&server.base, &http).await?;
     server.stop().await?;
 
     let mut r = Report::new("restart");

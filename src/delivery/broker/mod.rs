@@ -36,8 +36,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::attempt::{self, AttemptResult, REFUSED};
 use super::guard::{self, Guard, ResolveError};
-use super::sender::{self, AttemptResult};
 use crate::domain::destination::{self, Broker, Destination};
 use crate::domain::{Millis, Sendable};
 
@@ -46,9 +46,6 @@ const IDLE: Duration = Duration::from_secs(300);
 /// First delay before connecting again after a failure; doubles up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// The error of a refusal by the broker starts with this (metric outcome
-/// `broker_refused`).
-pub const REFUSED: &str = "refused by the broker";
 
 /// Why an attempt to a broker failed. Its `Display` is the attempt's recorded error.
 #[derive(Debug, Clone)]
@@ -241,7 +238,7 @@ impl Brokers {
     }
 
     /// Publishes one notification to the broker destination `s.url` names. Never fails:
-    /// every problem is an attempt result, as [`sender::send`]'s are.
+    /// every problem is an attempt result, as [`super::sender::send`]'s are.
     pub async fn send(&self, s: &Sendable, timeout: Duration, at: Millis) -> AttemptResult {
         let started = Instant::now();
         let result = self.publish(s, timeout, at).await;
@@ -261,9 +258,9 @@ impl Brokers {
         if self.inner.guard.https_only() {
             return Err(Failure::NotAllowed(guard::Refusal::NotHttps));
         }
-        let body = sender::payload(s);
+        let body = attempt::payload(s);
         let timestamp = at / 1000;
-        let signature = sender::signatures(
+        let signature = attempt::signatures(
             &s.secret,
             s.previous_secret.as_deref(),
             &s.notification.id,
