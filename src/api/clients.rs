@@ -15,8 +15,8 @@ use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
-    DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_events,
-    validate_name, validate_rate_limit, validate_url,
+    Batch, DisabledReason, Health, effective_batch, generate_secret, new_client_id, secret_key,
+    validate_batch, validate_events, validate_name, validate_rate_limit, validate_url,
 };
 use crate::domain::{Client, Millis, destination, time};
 use crate::telemetry::families;
@@ -64,6 +64,45 @@ pub struct ClientIn {
     #[schema(example = json!(["sensor.connection_lost", "sensor.connection_restored"]))]
     #[serde(default)]
     pub events: Option<Vec<String>>,
+    /// Several notifications in one request: `{"id", "type": "batch", "events": [...]}`,
+    /// each event exactly the notification it would have been alone (its own `id`),
+    /// signed over the whole body with the batch id as `webhook-id`. For webhook URLs: a
+    /// broker destination gets one message a notification whatever this says. Absent or
+    /// `null`: one request a notification; on replace too.
+    #[serde(default)]
+    pub batch: Option<BatchIo>,
+}
+
+/// A client's batching: requests of up to `max_events` notifications, the first waiting
+/// at most `max_wait_ms` for others to join it. One batch of a client is in flight at a
+/// time (per node); a failed batch is retried as the same batch (same id).
+#[derive(Serialize, Deserialize, ToSchema, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+pub struct BatchIo {
+    #[schema(minimum = 1, maximum = 1000)]
+    #[serde(deserialize_with = "super::whole")]
+    pub max_events: u32,
+    #[schema(minimum = 0, maximum = 10000)]
+    #[serde(deserialize_with = "super::whole")]
+    pub max_wait_ms: u32,
+}
+
+impl From<BatchIo> for Batch {
+    fn from(b: BatchIo) -> Self {
+        Batch {
+            max_events: b.max_events,
+            max_wait_ms: b.max_wait_ms,
+        }
+    }
+}
+
+impl From<Batch> for BatchIo {
+    fn from(b: Batch) -> Self {
+        BatchIo {
+            max_events: b.max_events,
+            max_wait_ms: b.max_wait_ms,
+        }
+    }
 }
 
 /// A client. `secret` is shown when reading one client, not in lists.
@@ -80,6 +119,8 @@ pub struct ClientOut {
     pub rate_limit: Option<u32>,
     /// The notification types it wants; `null`: all.
     pub events: Option<Vec<String>>,
+    /// Its batching; `null`: one request a notification.
+    pub batch: Option<BatchIo>,
     /// Until when requests also carry a signature with the secret the last rotation
     /// replaced.
     pub previous_secret_expires_at: Option<String>,
@@ -142,6 +183,7 @@ fn client_out(c: Client, with_secret: bool, sees_secrets: bool) -> ClientOut {
         created_at: time::format(c.created_at),
         rate_limit: c.rate_limit,
         events: c.events,
+        batch: c.batch.map(BatchIo::from),
         previous_secret_expires_at: c
             .previous_secret_until
             .filter(|until| *until > now && c.previous_secret.is_some())
@@ -162,6 +204,7 @@ fn check(body: &ClientIn) -> ApiResult<()> {
     if let Some(events) = &body.events {
         validate_events(events).map_err(ApiError::invalid)?;
     }
+    validate_batch(body.batch.map(Batch::from)).map_err(ApiError::invalid)?;
     Ok(())
 }
 
@@ -195,10 +238,13 @@ async fn create_client(
         created_at: time::now_ms(),
         rate_limit: body.rate_limit,
         events: body.events,
+        batch: body.batch.map(Batch::from),
         ..Client::default()
     };
     st.store.create_client(client.clone()).await?;
     st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
+    st.dispatcher
+        .set_batch(&client.id, effective_batch(client.batch, &client.url));
     Ok((StatusCode::CREATED, ApiJson(client_out(client, true, true))))
 }
 
@@ -249,7 +295,7 @@ async fn get_client(
     }))
 }
 
-/// Replace a client's name, URL, (when given) secret, rate limit and `events`. Pending
+/// Replace a client's name, URL, (when given) secret, rate limit, `events` and `batch`. Pending
 /// notifications go to the new URL from their next attempt on; `events` applies to
 /// notifications made from then on. The URL is checked as on create (422 when not
 /// allowed).
@@ -274,12 +320,15 @@ async fn replace_client(
         secret: body.secret.unwrap_or(current.secret),
         rate_limit: body.rate_limit,
         events: body.events,
+        batch: body.batch.map(Batch::from),
         ..current
     };
     if !st.store.replace_client(client.clone()).await? {
         return Err(ApiError::not_found("client"));
     }
     st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
+    st.dispatcher
+        .set_batch(&client.id, effective_batch(client.batch, &client.url));
     Ok(ApiJson(client_out(client, true, true)))
 }
 

@@ -301,6 +301,11 @@ pub(crate) fn whole_number<'de, D: serde::Deserializer<'de>>(
         .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, got {n}")))
 }
 
+/// A whole number that must be there ([`whole_number`]).
+pub(crate) fn whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    whole_number(d)?.ok_or_else(|| serde::de::Error::custom("expected a whole number, got null"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::bearer;

@@ -44,6 +44,10 @@ pub struct NotificationOut {
     pub next_attempt_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// The batch its last attempt was sent in (its client batches); a retry of that batch
+    /// carries the same id, the `webhook-id` of the batch's request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 /// A notification with every attempt made.
@@ -88,6 +92,7 @@ fn out(n: Notification) -> NotificationOut {
             .map(time::format),
         created_at: time::format(n.created_at),
         updated_at: time::format(n.updated_at),
+        batch_id: n.batch_id,
     }
 }
 

@@ -67,6 +67,25 @@ pub fn payload(s: &Sendable) -> Vec<u8> {
     serde_json::to_vec(&p).expect("payload serializes")
 }
 
+/// The body of a batch: `{"id", "type": "batch", "events": [...]}`, each event exactly
+/// the body its notification would have had alone ([`payload`]).
+pub fn batch_payload(id: &str, sends: &[Box<Sendable>]) -> Vec<u8> {
+    let head = serde_json::to_vec(&serde_json::json!({"id": id, "type": "batch"}))
+        .expect("a batch head serializes");
+    // `{"id":…,"type":"batch"` then `,"events":[…]}`.
+    let mut body = Vec::with_capacity(head.len() + 16 + 400 * sends.len());
+    body.extend_from_slice(&head[..head.len() - 1]);
+    body.extend_from_slice(b",\"events\":[");
+    for (i, s) in sends.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&payload(s));
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
 /// What one attempt came to.
 #[derive(Debug, Clone)]
 pub struct AttemptResult {

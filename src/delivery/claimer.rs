@@ -8,9 +8,10 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::lanes::{Done, Finished, LaneKey};
-use super::{Cmd, Settings, sender};
-use crate::domain::Claim;
+use super::lanes::{BatchOut, Done, Finished, LaneKey};
+use super::{BatchDone, Cmd, Settings, sender};
+use crate::domain::client::Batch;
+use crate::domain::{Claim, ClaimBatch, Millis, Sendable};
 use crate::store::Store;
 
 /// Most heads claimed in one store call.
@@ -35,6 +36,24 @@ pub(super) struct Admitted {
     pub rate_limit: Option<u32>,
 }
 
+/// A batch admitted by the limits: its heads claimed in one call, sent in one request.
+pub(super) struct AdmittedBatch {
+    pub batch: BatchOut,
+    /// The client's one request slot for batches.
+    pub client_sends: Arc<Semaphore>,
+    /// Per head, as [`Admitted::withdrawn`].
+    pub withdrawn: Vec<CancellationToken>,
+    /// The client's batching and `rate_limit` as admission applied them.
+    pub spec: Batch,
+    pub rate_limit: Option<u32>,
+}
+
+/// What admission hands the claimer.
+pub(super) enum Admission {
+    One(Admitted),
+    Batch(AdmittedBatch),
+}
+
 /// What sending a claimed head needs.
 #[derive(Clone)]
 pub(super) struct Sending {
@@ -54,7 +73,7 @@ pub(super) struct Sending {
 pub(super) async fn claimer(
     store: Arc<dyn Store>,
     sending: Sending,
-    mut rx: mpsc::UnboundedReceiver<Admitted>,
+    mut rx: mpsc::UnboundedReceiver<Admission>,
 ) {
     // A server database takes several claims at once (each its own transaction and
     // connection); the embedded one has a single writer, so one at a time is as fast.
@@ -64,16 +83,25 @@ pub(super) async fn claimer(
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < CLAIM_BATCH_MAX {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
+        let (mut heads, mut batches) = (Vec::new(), Vec::new());
+        let mut next = Some(first);
+        while let Some(item) = next {
+            match item {
+                Admission::One(a) => heads.push(a),
+                Admission::Batch(b) => batches.push(b),
             }
+            next = (heads.len() + batches.len() < CLAIM_BATCH_MAX)
+                .then(|| rx.try_recv().ok())
+                .flatten();
         }
         let (store, sending) = (store.clone(), sending.clone());
         sending.tracker.clone().spawn(async move {
-            claim_and_send(store, sending, batch).await;
+            if !heads.is_empty() {
+                claim_and_send(store.clone(), sending.clone(), heads).await;
+            }
+            for b in batches {
+                claim_and_send_batch(store.clone(), sending.clone(), b).await;
+            }
             drop(permit);
         });
     }
@@ -100,7 +128,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
     let lease_until = now + sending.settings.lease();
     let ids: Vec<String> = batch.iter().map(|a| a.id.clone()).collect();
     let claims = store
-        .claim(ids, sending.settings.node.clone(), now, lease_until)
+        .claim(ids, sending.settings.node.clone(), now, lease_until, None)
         .await;
     let claims = match claims {
         Ok(c) => c,
@@ -126,6 +154,11 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
             // limit, rather than out with every head admitted meanwhile.
             Claim::Send(s) if s.rate_limit.is_some() && s.rate_limit != rate_limit => {
                 let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
+                Finished::Later(now)
+            }
+            // Batching set through another node: back through admission, into a batch.
+            Claim::Send(s) if s.batch.is_some() => {
+                let _ = tx.send(Cmd::Batch(lane.0.clone(), s.batch));
                 Finished::Later(now)
             }
             Claim::Send(s) => {
@@ -187,11 +220,167 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                 });
                 continue;
             }
-            Claim::Done { status, .. } => Finished::Gone(status),
-            Claim::Leased { until, .. } => Finished::Held(until),
-            Claim::Later { at, .. } => Finished::Later(at),
-            Claim::Disabled { .. } => Finished::Parked,
+            other => unsent(other, now),
         };
         done(lane, id, result);
     }
+}
+
+/// What a claim that leased nothing to us means for the head.
+fn unsent(claim: Claim, now: Millis) -> Finished {
+    match claim {
+        Claim::Done { status, .. } => Finished::Gone(status),
+        Claim::Leased { until, .. } => Finished::Held(until),
+        Claim::Later { at, .. } => Finished::Later(at),
+        Claim::Disabled { .. } => Finished::Parked,
+        // Leased to us but not to be sent now: ours to claim again at once.
+        Claim::Send(_) => Finished::Later(now),
+    }
+}
+
+/// Claims one batch's heads in one store call and sends those leased to us in one request,
+/// once the client's batch slot and a request slot of the dispatcher are free. Every head
+/// comes back to the dispatcher in one [`BatchDone`], so the client's next batch may go.
+#[tracing::instrument(name = "claim", skip_all, fields(batch_id = %a.batch.id, notifications = a.batch.members.len()))]
+async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: AdmittedBatch) {
+    let settings = &sending.settings;
+    let now = settings.clock.now();
+    let AdmittedBatch {
+        batch:
+            BatchOut {
+                client,
+                id,
+                members,
+                left_out,
+            },
+        client_sends,
+        withdrawn,
+        spec,
+        rate_limit,
+    } = a;
+    let report = |dones: Vec<Done>| {
+        let done = BatchDone {
+            client: client.clone(),
+            id: id.clone(),
+            dones,
+        };
+        let _ = sending.tx.send(Cmd::BatchDone(Box::new(done)));
+    };
+    let mut dones = Vec::new();
+    let mut live = Vec::new();
+    for ((lane, nid), w) in members.into_iter().zip(withdrawn) {
+        if w.is_cancelled() {
+            dones.push(Done {
+                lane,
+                id: nid,
+                result: Finished::Later(now),
+            });
+        } else {
+            live.push((lane, nid, w));
+        }
+    }
+    if live.is_empty() {
+        return report(dones);
+    }
+    let lease_until = now + settings.lease();
+    let ids = live.iter().map(|(_, nid, _)| nid.clone()).collect();
+    let batch = Some(ClaimBatch { left_out });
+    let claims = match store
+        .claim(ids, settings.node.clone(), now, lease_until, batch)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "Claiming a batch failed; trying again shortly.");
+            for (lane, id, _) in live {
+                let result = Finished::Held(now + 1000);
+                dones.push(Done { lane, id, result });
+            }
+            return report(dones);
+        }
+    };
+    // The registry as the claim read it: batching or a rate limit changed through another
+    // node sends the heads back through admission, still leased here.
+    let changed = claims.iter().find_map(|c| match c {
+        Claim::Send(s) => Some((s.batch, s.rate_limit)),
+        _ => None,
+    });
+    if let Some((batch, rate)) = changed {
+        let _ = sending.tx.send(Cmd::Rate(client.clone(), rate));
+        if batch != Some(spec) {
+            let _ = sending.tx.send(Cmd::Batch(client.clone(), batch));
+        }
+    }
+    let back = changed
+        .is_some_and(|(batch, rate)| batch != Some(spec) || (rate.is_some() && rate != rate_limit));
+    let mut sends: Vec<Box<Sendable>> = Vec::new();
+    let mut sent = Vec::new();
+    for ((lane, nid, w), claim) in live.into_iter().zip(claims) {
+        match claim {
+            Claim::Send(s) if !back => {
+                sends.push(s);
+                sent.push((lane, nid, w));
+            }
+            Claim::Send(_) => dones.push(Done {
+                lane,
+                id: nid,
+                result: Finished::Later(now),
+            }),
+            other => dones.push(Done {
+                lane,
+                id: nid,
+                result: unsent(other, now),
+            }),
+        }
+    }
+    if sends.is_empty() {
+        return report(dones);
+    }
+    let _client = client_sends.acquire().await;
+    let _all = sending.sends.acquire().await;
+    // Heads withdrawn while the batch waited for its slot (their lane left this node, or
+    // the dispatcher stops) are given back unsent; the rest go.
+    let (mut go_sends, mut go) = (Vec::new(), Vec::new());
+    for (s, (lane, nid, w)) in sends.into_iter().zip(sent) {
+        if w.is_cancelled() {
+            let result = Finished::Released {
+                attempts: s.notification.attempts,
+            };
+            dones.push(Done {
+                lane,
+                id: nid,
+                result,
+            });
+        } else {
+            go_sends.push(s);
+            go.push((lane, nid));
+        }
+    }
+    let now = settings.clock.now();
+    if go.is_empty() || now + settings.attempt_span() > lease_until {
+        // Nothing left to send, or the lease could run out mid-request: claimed again.
+        for (lane, id) in go {
+            let result = Finished::Later(now);
+            dones.push(Done { lane, id, result });
+        }
+        return report(dones);
+    }
+    let result = sender::send_batch(
+        &sending.http,
+        &settings.guard,
+        &id,
+        &go_sends,
+        settings.timeout,
+        now,
+    )
+    .await;
+    for (lane, nid) in go {
+        let result = Finished::Attempted(result.clone());
+        dones.push(Done {
+            lane,
+            id: nid,
+            result,
+        });
+    }
+    report(dones);
 }

@@ -25,6 +25,8 @@
 //! (a shared store), for [`FINISHED_MEMORY_MS`]. A week of deliveries leaves the
 //! dispatcher as small as it started (`latch bench soak` measures it).
 
+mod answer;
+mod batches;
 mod finished;
 mod moves;
 
@@ -35,11 +37,11 @@ use std::sync::Arc;
 use super::attempt::AttemptResult;
 use super::rates::{Lease, Rates, Token, Wanted};
 use super::retry::RetryPolicy;
-use crate::domain::policy::{self, Attempted, Queued, Waiting};
-use crate::domain::{
-    Attempt, EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict,
-};
+use crate::domain::policy::{self, Queued, Waiting};
+use crate::domain::{EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict};
 use crate::telemetry::families;
+pub(super) use batches::BatchOut;
+use batches::Batching;
 use finished::{RecentlyFinished, shrink};
 
 /// A lane's name: its client and sensor.
@@ -110,6 +112,8 @@ struct Entry {
     /// Another node may hold its lease (read from a shared store by a sweep, or a claim
     /// said so): no rule drops it here until a claim of ours settles it.
     held: bool,
+    /// The batch it goes out in again: its last attempt was sent in that batch, and failed.
+    batch: Option<Arc<str>>,
 }
 
 impl Entry {
@@ -160,6 +164,9 @@ pub(super) struct Lanes {
     rate_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
     /// This node, on every outcome ([`Outcome::node`]).
     node: Arc<str>,
+    /// Batched clients: their heads gathering, their batches out, the batches to send
+    /// again ([`batches`]).
+    batching: Batching,
 }
 
 impl Lanes {
@@ -188,6 +195,7 @@ impl Lanes {
             rates: Rates::new(false),
             rate_waiting: HashMap::new(),
             node,
+            batching: Batching::default(),
         }
     }
 
@@ -222,6 +230,7 @@ impl Lanes {
         if let Some(waiting) = self.rate_waiting.remove(client) {
             self.ready.extend(waiting);
         }
+        self.batch_rate_granted(client);
     }
 
     /// A client was enabled: its parked lanes go again at once, and `refs` (its pending
@@ -266,14 +275,19 @@ impl Lanes {
         self.inflight
     }
 
-    /// When the earliest timer fires (it may be stale: firing it then does nothing).
+    /// When the earliest timer fires (it may be stale: firing it then does nothing), or a
+    /// gathering batch is due to go.
     pub(super) fn next_timer(&self) -> Option<Millis> {
-        self.timers.peek().map(|Reverse((due, _))| *due)
+        let timer = self.timers.peek().map(|Reverse((due, _))| *due);
+        match (timer, self.batching.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether anything of the client is claimed or sending.
     pub(super) fn client_busy(&self, client: &str) -> bool {
-        self.client_inflight.contains_key(client)
+        self.client_inflight.contains_key(client) || self.batching.busy(client)
     }
 
     /// What a sweep of a shared store found pending. A sweep may read a notification as
@@ -336,6 +350,9 @@ impl Lanes {
                 for (i, e) in queue.into_iter().enumerate() {
                     if pointless.binary_search(&i).is_ok() {
                         self.pending -= 1;
+                        if let Some(b) = &e.batch {
+                            self.batching.leave(b, &key);
+                        }
                         families::NOTIFICATIONS
                             .counter_with(&[("status", "superseded")])
                             .increment(1);
@@ -346,6 +363,7 @@ impl Lanes {
                             attempts: e.attempts,
                             verdict: Verdict::Superseded,
                             node: self.node.clone(),
+                            batch_id: None,
                         });
                     } else {
                         lane.queue.push_back(e);
@@ -356,6 +374,16 @@ impl Lanes {
                 .queue
                 .partition_point(|e| e.seq < r.seq)
                 .max(usize::from(lane.busy));
+            // A batch to send again, as the store keeps it. On a shared store another node
+            // may have sent that batch meanwhile (a partition moved), so one read from it
+            // goes in a batch of its own.
+            let batch = r
+                .batch_id
+                .filter(|_| self.finished.is_none())
+                .map(Arc::<str>::from);
+            if let Some(b) = &batch {
+                self.batching.join(b.clone(), key.clone(), r.id.clone());
+            }
             lane.queue.insert(
                 pos,
                 Entry {
@@ -365,6 +393,7 @@ impl Lanes {
                     due: r.due_at,
                     attempts: r.attempts,
                     held,
+                    batch,
                 },
             );
             self.pending += 1;
@@ -460,6 +489,11 @@ impl Lanes {
             let Some(head) = self.lanes.get(&key).and_then(|l| l.queue.front()) else {
                 continue;
             };
+            if self.batching.batched(&key.0) {
+                // Gathers for the client's next request ([`Lanes::admit_batches`]).
+                self.gather(key, now);
+                continue;
+            }
             let id = head.id.clone();
             let count = self.client_inflight.get(&key.0).copied().unwrap_or(0);
             if count >= self.admit_client {
@@ -496,188 +530,6 @@ impl Lanes {
             batch.push((key, id));
         }
         batch
-    }
-
-    /// Takes what came of an admitted head: the head leaves its lane, waits for a retry,
-    /// or waits for a lease to run out, and the lane's next head is scheduled. Returns the
-    /// outcome to record, if an attempt was made (or a lease is given back); `jitter` (in
-    /// `[0, 1)`) spreads a retry. A lane that left this node meanwhile is dropped: no
-    /// retry waits here for it, the node serving it now takes it from the store.
-    pub(super) fn finish(&mut self, d: Done, now: Millis, jitter: f64) -> Option<Outcome> {
-        self.inflight -= 1;
-        if let Some(c) = self.client_inflight.get_mut(&d.lane.0) {
-            *c -= 1;
-            if *c == 0 {
-                self.client_inflight.remove(&d.lane.0);
-            }
-        }
-        if let Some(waiting) = self.client_waiting.get_mut(&d.lane.0) {
-            if let Some(k) = waiting.pop_front() {
-                self.ready.push_back(k);
-            }
-            if waiting.is_empty() {
-                self.client_waiting.remove(&d.lane.0);
-            }
-        }
-        // Given back whatever became of the lane: the lease is ours, and must not hold up
-        // the node that serves the lane now.
-        let mut outcome = match d.result {
-            Finished::Released { attempts } => Some(Outcome {
-                notification_id: d.id.clone(),
-                client_id: d.lane.0.to_string(),
-                attempt: None,
-                attempts,
-                verdict: Verdict::Retry { next_at: now },
-                node: self.node.clone(),
-            }),
-            _ => None,
-        };
-        let Some(lane) = self.lanes.get_mut(&d.lane) else {
-            return outcome;
-        };
-        lane.busy = false;
-        lane.parked = false;
-        lane.out = false;
-        // A state notification waits behind the head: an attempt that failed is then
-        // superseded rather than retried (the policy decides).
-        let state_behind = lane
-            .queue
-            .iter()
-            .skip(1)
-            .any(|e| e.kind == EventKind::StateChanged);
-        let Some(head) = lane.queue.front_mut() else {
-            self.lanes.remove(&d.lane);
-            return outcome;
-        };
-        if head.id != d.id {
-            // The head changed while this one was out (a manual retry of an older one).
-            let due = head.due;
-            self.reschedule(d.lane, due, now);
-            return outcome;
-        }
-        // Told to wait: perhaps behind an older notification of the lane that a sweep
-        // has queued behind this head meanwhile; the lane is put back in order.
-        let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
-        let pop = match d.result {
-            Finished::Gone(status) => {
-                families::NOTIFICATIONS
-                    .counter_with(&[("status", status.as_str())])
-                    .increment(1);
-                true
-            }
-            Finished::Held(until) => {
-                head.held = true;
-                head.due = policy::look_again(until, now);
-                false
-            }
-            Finished::Later(at) => {
-                head.held = false;
-                head.due = at;
-                false
-            }
-            Finished::Released { .. } => {
-                head.held = false;
-                head.due = now;
-                false
-            }
-            Finished::Parked => {
-                head.held = false;
-                head.due = now + PARK_RECHECK_MS;
-                lane.parked = true;
-                false
-            }
-            Finished::Attempted(result) => {
-                head.held = false;
-                let attempts = head.attempts + 1;
-                let retry = &self.policy;
-                let verdict = policy::verdict(
-                    Attempted {
-                        delivered: result.delivered(),
-                        gone: result.gone(),
-                        not_allowed: result.not_allowed(),
-                        attempts,
-                        max_attempts: retry.max_attempts,
-                        kind: head.kind,
-                        state_behind,
-                    },
-                    || {
-                        let delay = match result.retry_after {
-                            Some(asked) => retry.retry_after(asked),
-                            None => retry.jittered(attempts, jitter),
-                        };
-                        now + delay.as_millis() as Millis
-                    },
-                );
-                attempt_metrics(&result, verdict, &head.id, now);
-                outcome = Some(Outcome {
-                    notification_id: head.id.clone(),
-                    client_id: d.lane.0.to_string(),
-                    attempt: Some(Attempt {
-                        notification_id: head.id.clone(),
-                        at: result.at,
-                        status_code: result.status_code,
-                        error: result.error,
-                        duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
-                    }),
-                    attempts,
-                    verdict,
-                    node: self.node.clone(),
-                });
-                match verdict {
-                    Verdict::Retry { next_at } => {
-                        head.attempts = attempts;
-                        head.due = next_at;
-                        false
-                    }
-                    _ => true,
-                }
-            }
-        };
-        if pop {
-            if let Some(done) = lane.queue.pop_front()
-                && let Some(finished) = &mut self.finished
-            {
-                finished.insert(done.id, now);
-            }
-            self.pending -= 1;
-        }
-        if later {
-            lane.queue.make_contiguous().sort_by_key(|e| e.seq);
-        }
-        let due = lane.queue.front().map(|h| h.due);
-        match due {
-            Some(due) => self.reschedule(d.lane, due, now),
-            None => {
-                self.lanes.remove(&d.lane);
-                shrink(&mut self.lanes);
-            }
-        }
-        outcome
-    }
-}
-
-/// Counts an attempt, its duration, the status it left its notification in and, once
-/// delivered, how long after it was created (the id is a ULID: its time is the creation).
-fn attempt_metrics(result: &AttemptResult, verdict: Verdict, id: &str, now: Millis) {
-    families::DELIVERY_ATTEMPTS
-        .counter_with(&[("outcome", result.label())])
-        .increment(1);
-    families::DELIVERY_ATTEMPT_SECONDS
-        .histogram()
-        .record(result.duration.as_secs_f64());
-    let status = policy::status_after(verdict);
-    if status != Status::Pending {
-        families::NOTIFICATIONS
-            .counter_with(&[("status", status.as_str())])
-            .increment(1);
-    }
-    if verdict == Verdict::Delivered {
-        let created = ulid::Ulid::from_string(id)
-            .map(|u| u.timestamp_ms() as Millis)
-            .unwrap_or(now);
-        families::DELIVERY_LATENCY
-            .histogram()
-            .record((now - created).max(0) as f64 / 1000.0);
     }
 }
 

@@ -49,7 +49,7 @@ use crate::clock::Clock;
 use crate::domain::{Millis, NotificationRef, Outcome};
 use crate::store::Store;
 use crate::telemetry::families;
-use claimer::{Admitted, Sending, claimer};
+use claimer::{Admission, Admitted, AdmittedBatch, Sending, claimer};
 use lanes::{Done, LaneKey, Lanes};
 use recorder::recorder;
 use retry::RetryPolicy;
@@ -189,6 +189,11 @@ impl Dispatcher {
         let _ = self.tx.send(Cmd::Rate(Arc::from(client_id), per_second));
     }
 
+    /// A client's batching was set or changed (`None`: one request a notification).
+    pub fn set_batch(&self, client_id: &str, batch: Option<crate::domain::client::Batch>) {
+        let _ = self.tx.send(Cmd::Batch(Arc::from(client_id), batch));
+    }
+
     /// The sensors `moved` names are no longer served here (cluster mode: their partition
     /// was handed over, lost, or given up at a stop). Their lanes are dropped at once: no
     /// new attempt starts for them here and no retry timer stays (the node serving them
@@ -272,8 +277,13 @@ impl Dispatcher {
             core.lanes.share_rates();
             core.grants = Some((grants.clone(), tx.clone()));
         }
-        for (client, rate) in rate_limits(store.as_ref()).await? {
-            core.lanes.set_rate(&client, Some(rate));
+        for c in clients(store.as_ref()).await? {
+            if let Some(rate) = c.rate_limit {
+                core.lanes.set_rate(&c.id, Some(rate));
+            }
+            if let Some(batch) = crate::domain::client::effective_batch(c.batch, &c.url) {
+                core.lanes.set_batch(&c.id, Some(batch));
+            }
         }
         tracing::info!(
             pending = pending.len(),
@@ -302,8 +312,9 @@ impl Dispatcher {
     }
 }
 
-/// Every client's `rate_limit`, so the first requests after a start respect them too.
-async fn rate_limits(store: &dyn Store) -> crate::store::Result<Vec<(String, u32)>> {
+/// Every client with a `rate_limit` or batching, so the first requests after a start
+/// follow them too.
+async fn clients(store: &dyn Store) -> crate::store::Result<Vec<crate::domain::Client>> {
     let mut out = Vec::new();
     let mut page = crate::store::PageRequest {
         limit: 1000,
@@ -314,7 +325,7 @@ async fn rate_limits(store: &dyn Store) -> crate::store::Result<Vec<(String, u32
         out.extend(
             p.items
                 .into_iter()
-                .filter_map(|c| c.rate_limit.map(|r| (c.id, r))),
+                .filter(|c| c.rate_limit.is_some() || c.batch.is_some()),
         );
         match p.next {
             Some(next) => page.after = Some(next),
@@ -332,10 +343,21 @@ enum Cmd {
     /// What a sweep of a shared store found pending.
     Sweep(Vec<NotificationRef>),
     Done(Box<Done>),
+    /// What came of a batch's heads.
+    BatchDone(Box<BatchDone>),
+    /// A client's batching, from the API or read by a claim.
+    Batch(Arc<str>, Option<crate::domain::client::Batch>),
     /// Sensors no longer served here ([`Dispatcher::moved`]).
     Moved(Serves),
     /// A lease of a client's rate slots; `None` when the store could not be asked.
     Granted(Arc<str>, Option<rates::Lease>),
+}
+
+/// What came of each head of one batch, in one message: the client's next batch may go.
+struct BatchDone {
+    client: Arc<str>,
+    id: Arc<str>,
+    dones: Vec<Done>,
 }
 
 /// The dispatcher's loop: feeds the lanes what arrives and the time, and carries out what
@@ -343,11 +365,13 @@ enum Cmd {
 struct Core {
     lanes: Lanes,
     recorder: mpsc::UnboundedSender<Outcome>,
-    /// Heads admitted by the limits, on their way to the [`claimer`].
-    claims: mpsc::UnboundedSender<Admitted>,
+    /// Heads and batches admitted by the limits, on their way to the [`claimer`].
+    claims: mpsc::UnboundedSender<Admission>,
     /// Per client, the requests it may have in flight (`client_concurrency` permits);
     /// dropped when nothing of the client is out, so no permit is held then.
     client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
+    /// Per batched client, its one batch in flight (one permit), dropped likewise.
+    batch_sends: HashMap<Arc<str>, Arc<Semaphore>>,
     client_concurrency: usize,
     /// Per lane whose head is out, what withdraws that head before it is sent (its lane
     /// left this node, or the dispatcher stops).
@@ -367,7 +391,7 @@ impl Core {
     fn new(
         settings: &Settings,
         recorder: mpsc::UnboundedSender<Outcome>,
-        claims: mpsc::UnboundedSender<Admitted>,
+        claims: mpsc::UnboundedSender<Admission>,
         shared: bool,
     ) -> Self {
         Self {
@@ -381,6 +405,7 @@ impl Core {
             recorder,
             claims,
             client_sends: HashMap::new(),
+            batch_sends: HashMap::new(),
             client_concurrency: settings.client_concurrency as usize,
             withdraw: HashMap::new(),
             serves: settings.serves.clone(),
@@ -433,12 +458,14 @@ impl Core {
         while self.lanes.inflight() > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
+                Ok(Some(Cmd::BatchDone(b))) => self.finish_batch(*b, self.clock.now()),
                 // Durable; picked up at next start.
                 Ok(Some(
                     Cmd::Deliver(_)
                     | Cmd::Sweep(_)
                     | Cmd::Resume(..)
                     | Cmd::Rate(..)
+                    | Cmd::Batch(..)
                     | Cmd::Moved(_)
                     | Cmd::Granted(..),
                 )) => {}
@@ -471,6 +498,8 @@ impl Core {
                 }
             }
             Cmd::Done(d) => self.finish(*d, self.clock.now()),
+            Cmd::BatchDone(b) => self.finish_batch(*b, self.clock.now()),
+            Cmd::Batch(client, batch) => self.lanes.set_batch(&client, batch),
             Cmd::Resume(client, refs) => {
                 let outcomes = self.lanes.resume(&client, refs, self.clock.now());
                 self.record(outcomes);
@@ -503,13 +532,40 @@ impl Core {
             let withdrawn = CancellationToken::new();
             self.withdraw.insert(lane.clone(), withdrawn.clone());
             let rate_limit = self.lanes.rate_limit(&lane.0);
-            let _ = self.claims.send(Admitted {
+            let _ = self.claims.send(Admission::One(Admitted {
                 lane,
                 id,
                 client_sends,
                 withdrawn,
                 rate_limit,
-            });
+            }));
+        }
+        for batch in self.lanes.admit_batches(self.clock.now()) {
+            let Some(spec) = self.lanes.batch_of(&batch.client) else {
+                continue;
+            };
+            let client_sends = self
+                .batch_sends
+                .entry(batch.client.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .clone();
+            let withdrawn = batch
+                .members
+                .iter()
+                .map(|(lane, _)| {
+                    let w = CancellationToken::new();
+                    self.withdraw.insert(lane.clone(), w.clone());
+                    w
+                })
+                .collect();
+            let rate_limit = self.lanes.rate_limit(&batch.client);
+            let _ = self.claims.send(Admission::Batch(AdmittedBatch {
+                batch,
+                client_sends,
+                withdrawn,
+                spec,
+                rate_limit,
+            }));
         }
         self.lease_rates();
     }
@@ -550,6 +606,23 @@ impl Core {
         }
         if !self.lanes.client_busy(&client) {
             self.client_sends.remove(&client);
+        }
+    }
+
+    fn finish_batch(&mut self, b: BatchDone, now: Millis) {
+        for d in &b.dones {
+            self.withdraw.remove(&d.lane);
+        }
+        let jitter = rand::thread_rng().r#gen();
+        for outcome in self
+            .lanes
+            .finish_batch(&b.client, &b.id, b.dones, now, jitter)
+        {
+            let _ = self.recorder.send(outcome);
+        }
+        if !self.lanes.client_busy(&b.client) {
+            self.client_sends.remove(&b.client);
+            self.batch_sends.remove(&b.client);
         }
     }
 }
@@ -596,6 +669,7 @@ mod tests {
                 kind: EventKind::StateChanged,
                 due_at: now,
                 attempts: 0,
+                batch_id: None,
             })
             .collect();
         core.add(refs, now);
@@ -604,7 +678,7 @@ mod tests {
         assert_eq!(core.client_sends.len(), 1);
         let mut out = Vec::new();
         while let Ok(a) = claims.try_recv() {
-            out.push(a);
+            out.push(one(a));
         }
         assert_eq!(out.len(), 3);
         assert!(Arc::ptr_eq(&out[0].client_sends, &out[2].client_sends));
@@ -639,6 +713,7 @@ mod tests {
                 kind: EventKind::StateChanged,
                 due_at: now - 5_000,
                 attempts: 0,
+                batch_id: None,
             }],
             now,
         );
@@ -650,6 +725,17 @@ mod tests {
         stop.cancel();
         let _ = run.await;
         let admitted = admitted.expect("the due head was never handed to the claimer");
-        assert_eq!(admitted.map(|a| a.lane.1.to_string()), Some("s1".into()));
+        assert_eq!(
+            admitted.map(|a| one(a).lane.1.to_string()),
+            Some("s1".into())
+        );
+    }
+
+    /// A head admitted alone (these tests have no batched client).
+    fn one(a: Admission) -> Admitted {
+        match a {
+            Admission::One(a) => a,
+            Admission::Batch(b) => panic!("a batch of {} was admitted", b.batch.members.len()),
+        }
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::attempt::{AttemptResult, payload, signatures};
+use super::attempt::{AttemptResult, batch_payload, payload, signatures};
 use super::broker::Brokers;
 use super::guard::{self, Guard, Refusal};
 use crate::domain::notification::{CLIENT_TEST, new_notification_id};
@@ -111,6 +111,50 @@ pub async fn send(
             ms = result.duration.as_millis() as u64,
             "Attempt made."
         );
+    }
+    result
+}
+
+/// Posts one batch of a client's notifications ([`batch_payload`]), signed over the whole
+/// body with the batch id as `webhook-id`. The URL and secrets are the first
+/// notification's: a batch is one client's, read by one claim. Never fails, as [`send`].
+pub async fn send_batch(
+    http: &reqwest::Client,
+    guard: &Guard,
+    id: &str,
+    sends: &[Box<Sendable>],
+    timeout: Duration,
+    at: Millis,
+) -> AttemptResult {
+    let Some(first) = sends.first() else {
+        return AttemptResult {
+            at,
+            status_code: None,
+            error: Some("an empty batch is not sent".into()),
+            duration: Duration::ZERO,
+            retry_after: None,
+        };
+    };
+    let span = tracing::debug_span!(target: SPANS, "delivery.batch",
+        batch_id = %id, client_id = %first.notification.client_id, notifications = sends.len(),
+        outcome = Empty, http.response.status_code = Empty, otel.status_code = Empty);
+    let to = Target {
+        url: &first.url,
+        id,
+        secret: &first.secret,
+        previous_secret: first.previous_secret.as_deref(),
+    };
+    let result = post(http, guard, to, batch_payload(id, sends), timeout, at)
+        .instrument(span.clone())
+        .await;
+    if !span.is_disabled() {
+        span.record("outcome", result.label());
+        if let Some(code) = result.status_code {
+            span.record("http.response.status_code", code);
+        }
+        if !result.delivered() {
+            span.record("otel.status_code", "ERROR");
+        }
     }
     result
 }

@@ -38,6 +38,54 @@ pub struct Client {
     /// The notification types it wants; `None`: all, including kinds added later.
     /// Notifications of other types are never made for it.
     pub events: Option<Vec<String>>,
+    /// Several notifications in one request ([`Batch`]); `None`: one request each.
+    pub batch: Option<Batch>,
+}
+
+/// A client's batching: its notifications go out several to a request, `{"id", "type":
+/// "batch", "events": [...]}`, each event exactly the notification it would have been sent
+/// alone. A batch holds at most one notification of each (client, sensor) lane, so per
+/// sensor order holds within and across batches; one batch is in flight per client (per
+/// node, in a cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// At most this many notifications in one request.
+    pub max_events: u32,
+    /// How long the first notification of a batch waits for others to join it; a batch
+    /// that fills goes at once.
+    pub max_wait_ms: u32,
+}
+
+/// Most notifications in one batch.
+pub const BATCH_MAX_EVENTS: u32 = 1000;
+/// Longest a batch waits to fill, in milliseconds.
+pub const BATCH_MAX_WAIT_MS: u32 = 10_000;
+
+/// Checks a client's batching: its bounds.
+pub fn validate_batch(batch: Option<Batch>) -> Result<(), String> {
+    let Some(b) = batch else {
+        return Ok(());
+    };
+    if !(1..=BATCH_MAX_EVENTS).contains(&b.max_events) {
+        return Err(format!(
+            "batch.max_events must be 1 to {BATCH_MAX_EVENTS}, got {}",
+            b.max_events
+        ));
+    }
+    if b.max_wait_ms > BATCH_MAX_WAIT_MS {
+        return Err(format!(
+            "batch.max_wait_ms must be 0 to {BATCH_MAX_WAIT_MS}, got {}",
+            b.max_wait_ms
+        ));
+    }
+    Ok(())
+}
+
+/// The batching a client's notifications go out with: its `batch` for a webhook; none for
+/// a broker destination, whose topic or routing key names one sensor (a batch has none),
+/// and which gets one message a notification whatever `batch` says.
+pub fn effective_batch(batch: Option<Batch>, url: &str) -> Option<Batch> {
+    batch.filter(|_| !super::destination::is_broker(url))
 }
 
 /// Checks a client's `events`: each a notification type, none twice (`client.test` is
@@ -243,6 +291,38 @@ mod tests {
         assert_eq!(
             (h.latency_p50_ms_1h, h.latency_p99_ms_1h),
             (Some(7), Some(7))
+        );
+    }
+
+    #[test]
+    fn batches_are_bounded_and_only_for_webhooks() {
+        let b = |max_events, max_wait_ms| {
+            Some(Batch {
+                max_events,
+                max_wait_ms,
+            })
+        };
+        assert!(validate_batch(None).is_ok());
+        assert!(validate_batch(b(1, 0)).is_ok());
+        assert!(validate_batch(b(1000, 10_000)).is_ok());
+        assert!(validate_batch(b(0, 0)).unwrap_err().contains("max_events"));
+        assert!(
+            validate_batch(b(1001, 0))
+                .unwrap_err()
+                .contains("1 to 1000")
+        );
+        assert!(
+            validate_batch(b(10, 10_001))
+                .unwrap_err()
+                .contains("max_wait_ms")
+        );
+        assert_eq!(
+            effective_batch(b(10, 0), "https://example.com/hook"),
+            b(10, 0)
+        );
+        assert_eq!(
+            effective_batch(b(10, 0), "mqtt://broker/doors/{sensor_id}"),
+            None
         );
     }
 

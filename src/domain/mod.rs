@@ -15,7 +15,7 @@ pub mod token;
 
 pub use client::Client;
 pub use notification::{Attempt, Detail, Event, EventKind, Notification, Status};
-pub use outbox::{Claim, NotificationRef, Outcome, Sendable, Verdict};
+pub use outbox::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, Verdict};
 pub use reading::{Reading, RejectCode, Rejection};
 pub use sensor::{Connection, Sensor, SensorId, SensorStatus, Source};
 pub use time::Millis;

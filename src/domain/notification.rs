@@ -139,6 +139,9 @@ pub struct Notification {
     pub next_attempt_at: Option<Millis>,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// The batch it was last sent in (its client batches): a retry of that batch carries
+    /// the same id.
+    pub batch_id: Option<String>,
 }
 
 /// One delivery attempt, as recorded.

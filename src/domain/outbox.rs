@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::client::Batch;
 use super::notification::{Attempt, EventKind, Notification, Status};
 use super::sensor::SensorId;
 use super::time::Millis;
@@ -42,6 +43,9 @@ pub struct NotificationRef {
     pub kind: EventKind,
     pub due_at: Millis,
     pub attempts: u32,
+    /// The batch it waits to be sent again in (its client batches, and a batch of it
+    /// failed).
+    pub batch_id: Option<String>,
 }
 
 impl NotificationRef {
@@ -56,6 +60,7 @@ impl NotificationRef {
             kind: n.kind,
             due_at: n.next_attempt_at.unwrap_or(n.created_at),
             attempts: n.attempts,
+            batch_id: n.batch_id.clone(),
         }
     }
 }
@@ -72,6 +77,19 @@ pub struct Sendable {
     pub address: String,
     /// The client's `rate_limit`, so the dispatcher follows changes made on other nodes.
     pub rate_limit: Option<u32>,
+    /// The client's batching, likewise.
+    pub batch: Option<Batch>,
+}
+
+/// A claim of a batch's heads (see `delivery::lanes::batches`). Every claim unmarks the
+/// heads it leases (a new request of them begins; the batch is marked again when its
+/// outcome is recorded); a batch's claim also unmarks those of its heads it does not lease
+/// and the ones `left_out` of this request, so none of them is ever sent under its id
+/// again: a request with a batch's id holds only notifications the previous request with
+/// that id held.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClaimBatch {
+    pub left_out: Vec<String>,
 }
 
 /// The answer of a claim for one notification.
@@ -90,6 +108,16 @@ pub enum Claim {
     Later { id: String, at: Millis },
     /// Its client is disabled: left pending and unleased until the client is enabled.
     Disabled { id: String },
+}
+
+impl Claim {
+    /// The id of a notification the claim left pending and did not lease to the caller.
+    pub fn left_pending(&self) -> Option<&str> {
+        match self {
+            Claim::Leased { id, .. } | Claim::Later { id, .. } | Claim::Disabled { id } => Some(id),
+            Claim::Send(_) | Claim::Done { .. } => None,
+        }
+    }
 }
 
 /// What became of an attempt.
@@ -125,4 +153,7 @@ pub struct Outcome {
     /// The node that came to it: the store keeps another node's live lease rather than
     /// write over it ([`super::policy::recorded`]).
     pub node: Arc<str>,
+    /// The batch the attempt was sent in; `None`: alone, or no attempt. A retry of it goes
+    /// in that batch again, so the store keeps it with the notification.
+    pub batch_id: Option<String>,
 }

@@ -178,6 +178,7 @@ pub struct ClaimRow {
     /// The client is disabled.
     pub disabled: bool,
     pub rate_limit: Option<u32>,
+    pub batch: Option<super::client::Batch>,
     /// Where it stands in its (client, sensor) lane in the store; read on a store shared by
     /// several nodes, whose lanes may each hold part of one lane around a takeover.
     pub lane: LaneInStore,
@@ -264,6 +265,7 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
         }
         (Some(url), Some(secret), Some(address), true) => ClaimStep::Lease(Box::new(Sendable {
             notification: n,
+            batch: super::client::effective_batch(row.batch, &url),
             url,
             secret,
             // Only while its grace lasts.

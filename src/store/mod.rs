@@ -28,7 +28,7 @@ use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Se
 // The outbox types and the claim rule live in the domain now; named here too, so the
 // backends keep reaching them through `super::`.
 pub(crate) use crate::domain::policy::{ClaimRow, ClaimStep, claim_step};
-pub use crate::domain::{Claim, NotificationRef, Outcome, Sendable, Verdict};
+pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, Verdict};
 // The conformance suite reaches these through `super::*`.
 #[cfg(test)]
 use crate::domain::{EventKind, SensorStatus, Status};
@@ -159,13 +159,16 @@ pub trait Outbox: Send + Sync {
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>>;
     /// Leases the given pending notifications to `node` until `lease_until`, reading each
     /// one's URL, secret and address from the registry; cancels those whose client is gone
-    /// or no longer linked to the sensor.
+    /// or no longer linked to the sensor. With `batch`, those leased are marked as sent in
+    /// that batch, and its notifications `left_out` are unmarked (their next batch is
+    /// another), in the same transaction.
     async fn claim(
         &self,
         ids: Vec<String>,
         node: String,
         now: Millis,
         lease_until: Millis,
+        batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>>;
     /// Records attempts and their verdicts, releasing the leases, and keeps each client's
     /// failure streak: a client that answered `410 Gone`, or whose every attempt failed for

@@ -7,7 +7,7 @@
 //! `int4` and `int8`).
 
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
-use crate::domain::client::{DisabledReason, events_from_column};
+use crate::domain::client::{Batch, DisabledReason, events_from_column};
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::{
     Attempt, Client, Connection, Detail, Event, EventKind, Notification, Sensor, SensorId,
@@ -29,19 +29,20 @@ pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id
 /// A client: [`client`].
 pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at, \
      c.previous_secret, c.previous_secret_until, c.disabled_at, c.disabled_reason, c.rate_limit, \
-     c.events";
+     c.events, c.batch_max_events, c.batch_max_wait_ms";
 
 /// A notification: [`notification`].
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
      n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
-     n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed";
+     n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed, n.batch_id";
 /// How many columns [`NOTIF_COLS`] has: where the columns after it begin.
-const NOTIF_N: usize = 17;
+const NOTIF_N: usize = 18;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
 pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
-     c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit";
+     c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit, \
+     c.batch_max_events, c.batch_max_wait_ms";
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
@@ -173,6 +174,15 @@ pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
         disabled_reason: r.opt_text(8)?.as_deref().and_then(DisabledReason::parse),
         rate_limit: r.opt_count(9)?,
         events: events_from_column(r.opt_text(10)?),
+        batch: batch(r.opt_count(11)?, r.opt_count(12)?),
+    })
+}
+
+/// A client's batching from its two columns (both set, or none).
+fn batch(max_events: Option<u32>, max_wait_ms: Option<u32>) -> Option<Batch> {
+    Some(Batch {
+        max_events: max_events?,
+        max_wait_ms: max_wait_ms?,
     })
 }
 
@@ -198,6 +208,7 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
         next_attempt_at: r.opt_int(11)?,
         created_at: r.int(12)?,
         updated_at: r.int(13)?,
+        batch_id: r.opt_text(17)?,
     })
 }
 
@@ -215,6 +226,7 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         previous_secret_until: r.opt_int(NOTIF_N + 7)?,
         disabled: r.opt_flag(NOTIF_N + 8)?.unwrap_or(false),
         rate_limit: r.opt_count(NOTIF_N + 9)?,
+        batch: batch(r.opt_count(NOTIF_N + 10)?, r.opt_count(NOTIF_N + 11)?),
         // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
         lane: Default::default(),
     })
@@ -223,10 +235,10 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
 /// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
 pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
     Ok(crate::domain::policy::LaneInStore {
-        older_pending: r.int(NOTIF_N + 10)? as u32,
-        older_lease_until: r.opt_int(NOTIF_N + 11)?,
-        newer_state_delivered: r.flag(NOTIF_N + 12)?,
-        newer_state_pending: r.flag(NOTIF_N + 13)?,
+        older_pending: r.int(NOTIF_N + 12)? as u32,
+        older_lease_until: r.opt_int(NOTIF_N + 13)?,
+        newer_state_delivered: r.flag(NOTIF_N + 14)?,
+        newer_state_pending: r.flag(NOTIF_N + 15)?,
     })
 }
 

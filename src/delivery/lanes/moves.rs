@@ -37,6 +37,9 @@ impl Lanes {
                 out.push(key);
             } else {
                 self.pending -= lane.queue.len();
+                if let Some(b) = lane.queue.front().and_then(|h| h.batch.clone()) {
+                    self.batching.leave(&b, &key);
+                }
                 self.lanes.remove(&key);
             }
         }

@@ -90,6 +90,7 @@ impl Harness {
             kind,
             due_at: self.now,
             attempts: 0,
+            batch_id: None,
         };
         let outcomes = self.core.add(vec![r], self.now);
         self.outcomes.extend(outcomes);
@@ -346,6 +347,7 @@ fn on_a_shared_store_a_sweep_skips_what_finished_lately() {
         kind: EventKind::StateChanged,
         due_at: h.now,
         attempts: 0,
+        batch_id: None,
     };
     h.core.sweep(vec![stale.clone()], h.now);
     assert_eq!(h.core.pending(), 0);
@@ -442,6 +444,7 @@ fn a_disabled_clients_lanes_park_until_it_is_resumed() {
             kind: EventKind::ConnectionLost,
             due_at: h.now,
             attempts: 0,
+            batch_id: None,
         })
         .collect();
     assert!(h.core.resume("client1", pending, h.now).is_empty());
@@ -482,6 +485,7 @@ fn a_head_told_to_wait_lets_an_older_one_swept_meanwhile_go_first() {
         kind: EventKind::ConnectionLost,
         due_at: h.now,
         attempts: 0,
+        batch_id: None,
     };
     h.core.sweep(vec![older.clone()], h.now);
     // The store answers the newer: wait, an older one of its lane is pending.
@@ -498,4 +502,5 @@ fn a_head_told_to_wait_lets_an_older_one_swept_meanwhile_go_first() {
     assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&newer]);
 }
 
+mod batches;
 mod moves;

@@ -28,6 +28,7 @@ fn notification(status: Status) -> Notification {
         next_attempt_at: Some(5),
         created_at: 1,
         updated_at: 2,
+        batch_id: None,
     }
 }
 
@@ -45,6 +46,7 @@ fn row(status: Status) -> ClaimRow {
         disabled: false,
         rate_limit: None,
         lane: LaneInStore::default(),
+        batch: None,
     }
 }
 
@@ -301,6 +303,7 @@ fn outcome(client: &str, at: Millis, code: Option<u16>) -> Outcome {
         attempts: 1,
         verdict: Verdict::Failed,
         node: "n1".into(),
+        batch_id: None,
     }
 }
 

@@ -107,6 +107,7 @@ pub(super) async fn spool_ships_only_what_the_sink_took(s: &dyn Store) {
             attempts: 1,
             verdict: Verdict::Retry { next_at: 60_000 },
             node: "n1".into(),
+            batch_id: None,
         }],
         50_500,
         NEVER,

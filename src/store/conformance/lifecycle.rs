@@ -19,6 +19,7 @@ fn answered(n: &NotificationRef, at: Millis, code: Option<u16>, verdict: Verdict
         attempts: 1,
         verdict,
         node: "n1".into(),
+        batch_id: None,
     }
 }
 
@@ -56,7 +57,7 @@ pub(super) async fn rotated_secret_signs_during_its_grace(s: &dyn Store) {
         other => panic!("expected a send, got {other:?}"),
     };
     let x = send(
-        s.claim(vec![n.id.clone()], "n".into(), 999, 2_000)
+        s.claim(vec![n.id.clone()], "n".into(), 999, 2_000, None)
             .await
             .unwrap(),
     );
@@ -65,7 +66,7 @@ pub(super) async fn rotated_secret_signs_during_its_grace(s: &dyn Store) {
         (new.as_str(), Some(old))
     );
     let x = send(
-        s.claim(vec![n.id.clone()], "n".into(), 1_000, 2_000)
+        s.claim(vec![n.id.clone()], "n".into(), 1_000, 2_000, None)
             .await
             .unwrap(),
     );
@@ -117,7 +118,7 @@ pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
     assert_eq!(ids(s.list_clients(page(10), None).await.unwrap()).len(), 2);
     // A claim leaves the disabled client's notification pending and unleased.
     let claims = s
-        .claim(vec![second.id.clone()], "n".into(), 40, 1_000)
+        .claim(vec![second.id.clone()], "n".into(), 40, 1_000, None)
         .await
         .unwrap();
     assert_eq!(
@@ -127,7 +128,7 @@ pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
         }]
     );
     let other = s
-        .claim(vec![second.id.clone()], "other".into(), 41, 1_000)
+        .claim(vec![second.id.clone()], "other".into(), 41, 1_000, None)
         .await
         .unwrap();
     assert!(matches!(other[0], Claim::Disabled { .. }), "not leased");
@@ -141,7 +142,7 @@ pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
         vec![&second.id]
     );
     assert!(matches!(
-        s.claim(vec![second.id.clone()], "n".into(), 42, 1_000)
+        s.claim(vec![second.id.clone()], "n".into(), 42, 1_000, None)
             .await
             .unwrap()[0],
         Claim::Send(_)
@@ -317,6 +318,7 @@ pub(super) async fn health_counts_broker_acknowledgements(s: &dyn Store) {
         }),
         attempts: 1,
         verdict: Verdict::Retry { next_at: 1 },
+        batch_id: None,
     };
     let refused = "refused by the broker: returned 312 NO_ROUTE";
     for (at, error) in [(now - 3_000, Some(refused)), (now - 2_000, None)] {

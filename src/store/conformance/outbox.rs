@@ -23,6 +23,7 @@ pub(super) async fn claim_reads_registry_and_cancels_orphans(s: &dyn Store) {
             "n1".into(),
             now,
             now + 60_000,
+            None,
         )
         .await
         .unwrap();
@@ -91,6 +92,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempts: 1,
             verdict: Verdict::Retry { next_at: 99 },
             node: "n1".into(),
+            batch_id: None,
         }],
         5,
         NEVER,
@@ -116,6 +118,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempts: 2,
             verdict: Verdict::Failed,
             node: "n1".into(),
+            batch_id: None,
         }],
         7,
         NEVER,
@@ -144,6 +147,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempts: 1,
             verdict: Verdict::Delivered,
             node: "n1".into(),
+            batch_id: None,
         }],
         9,
         NEVER,
@@ -178,6 +182,7 @@ pub(super) async fn record_and_retry(s: &dyn Store) {
             attempts: 10,
             verdict: Verdict::Failed,
             node: "n1".into(),
+            batch_id: None,
         }]
         .into_iter()
         .map(|mut o| {
@@ -209,12 +214,12 @@ pub(super) async fn leases_exclude_other_nodes(s: &dyn Store) {
         .unwrap()
         .remove(0);
     let first = s
-        .claim(vec![n.id.clone()], "node-1".into(), 100, 10_000)
+        .claim(vec![n.id.clone()], "node-1".into(), 100, 10_000, None)
         .await
         .unwrap();
     assert!(matches!(first[0], Claim::Send(_)));
     let second = s
-        .claim(vec![n.id.clone()], "node-2".into(), 200, 10_200)
+        .claim(vec![n.id.clone()], "node-2".into(), 200, 10_200, None)
         .await
         .unwrap();
     assert_eq!(
@@ -226,7 +231,7 @@ pub(super) async fn leases_exclude_other_nodes(s: &dyn Store) {
     );
     // Once the lease ran out, another node takes over.
     let third = s
-        .claim(vec![n.id.clone()], "node-2".into(), 10_001, 20_000)
+        .claim(vec![n.id.clone()], "node-2".into(), 10_001, 20_000, None)
         .await
         .unwrap();
     assert!(matches!(third[0], Claim::Send(_)));
@@ -245,7 +250,7 @@ pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store
         .unwrap()
         .remove(0);
     let claimed = s
-        .claim(vec![n.id.clone()], "node-a".into(), 100, 10_000)
+        .claim(vec![n.id.clone()], "node-a".into(), 100, 10_000, None)
         .await
         .unwrap();
     assert!(matches!(claimed[0], Claim::Send(_)));
@@ -266,6 +271,7 @@ pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store
         attempts: 1,
         verdict,
         node: node.into(),
+        batch_id: None,
     };
     let status = || async { s.get_notification(n.id.clone()).await.unwrap().unwrap().0 };
     // Node B superseded it in its lanes, or made an attempt of its own that failed: A's
@@ -283,7 +289,7 @@ pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store
     let got = status().await;
     assert_eq!((got.status, got.attempts), (Status::Pending, 0));
     assert_eq!(
-        s.claim(vec![n.id.clone()], "node-b".into(), 500, 10_500)
+        s.claim(vec![n.id.clone()], "node-b".into(), 500, 10_500, None)
             .await
             .unwrap()[0],
         Claim::Leased {
@@ -305,7 +311,7 @@ pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store
         .await
         .unwrap()
         .remove(0);
-    s.claim(vec![m.id.clone()], "node-a".into(), 100, 10_000)
+    s.claim(vec![m.id.clone()], "node-a".into(), 100, 10_000, None)
         .await
         .unwrap();
     let by_b = Outcome {
@@ -340,6 +346,7 @@ pub(super) async fn an_older_connection_notification_is_not_replayed(s: &dyn Sto
         attempts: 1,
         verdict,
         node: "n1".into(),
+        batch_id: None,
     };
     let lost = s
         .commit(liveness("cr1", EventKind::ConnectionLost, 10), 10)

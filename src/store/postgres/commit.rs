@@ -407,6 +407,7 @@ async fn commit_batch(
             kind: e.kind,
             due_at: now,
             attempts: 0,
+            batch_id: None,
         });
     }
     if !newest.is_empty() {

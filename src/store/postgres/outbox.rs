@@ -14,8 +14,8 @@ use super::super::rows::{
     self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, CLAIM_LANE_FROM, NOTIF_COLS,
 };
 use super::super::{
-    Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    Result, claim_step, limit_plus_one, notification_ref,
+    Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
+    PageRequest, Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
 use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
@@ -56,6 +56,7 @@ pub(super) async fn claim(
     node: String,
     now: Millis,
     lease_until: Millis,
+    batch: Option<ClaimBatch>,
 ) -> Result<Vec<Claim>> {
     let mut c = db.get("claim").await?;
     let tx = c.transaction().await?;
@@ -145,12 +146,33 @@ pub(super) async fn claim(
     if !lease.is_empty() {
         tx.execute(
             &tx.prepare_cached(
-                "UPDATE notifications SET claimed_by = $2, lease_until = $3 WHERE id = ANY($1)",
+                "UPDATE notifications SET claimed_by = $2, lease_until = $3, batch_id = NULL \
+                 WHERE id = ANY($1)",
             )
             .await?,
             &[&lease, &node, &lease_until],
         )
         .await?;
+    }
+    // A batch's heads left pending now are unmarked with those left out (`ClaimBatch`);
+    // the leased ones were by their lease.
+    if let Some(b) = batch {
+        let unmark: Vec<&str> = out
+            .iter()
+            .filter_map(Claim::left_pending)
+            .chain(b.left_out.iter().map(String::as_str))
+            .collect();
+        if !unmark.is_empty() {
+            tx.execute(
+                &tx.prepare_cached(
+                    "UPDATE notifications SET batch_id = NULL \
+                     WHERE id = ANY($1) AND batch_id IS NOT NULL",
+                )
+                .await?,
+                &[&unmark],
+            )
+            .await?;
+        }
     }
     if !cancel.is_empty() {
         tx.execute(
@@ -179,7 +201,7 @@ pub(super) async fn record(
     let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
-    let (mut u_delivered, mut u_node) = (vec![], vec![]);
+    let (mut u_delivered, mut u_node, mut u_batch) = (vec![], vec![], vec![]);
     for o in &outcomes {
         if let Some(a) = &o.attempt {
             a_id.push(o.notification_id.as_str());
@@ -195,6 +217,7 @@ pub(super) async fn record(
         u_next.push(next);
         u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
         u_node.push(&*o.node);
+        u_batch.push(o.batch_id.as_deref());
     }
     if !a_id.is_empty() {
         tx.execute(
@@ -215,9 +238,10 @@ pub(super) async fn record(
                 // Another node's live lease is kept unless this was delivered
                 // (`policy::recorded`).
                 "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
-             next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL \
-             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[]) \
-             AS u(id, status, attempts, next, delivered, node) \
+             next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
+             batch_id = u.batch \
+             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[], \
+             $8::text[]) AS u(id, status, attempts, next, delivered, node, batch) \
              WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
              OR n.lease_until IS NULL OR n.lease_until < $5 OR n.claimed_by = u.node) \
              RETURNING n.seq, n.status) \
@@ -233,6 +257,7 @@ pub(super) async fn record(
                 &now,
                 &u_delivered,
                 &u_node,
+                &u_batch,
             ],
         )
         .await?;
@@ -334,8 +359,9 @@ impl Outbox for PgStore {
         node: String,
         now: Millis,
         lease_until: Millis,
+        batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>> {
-        claim(&self.db, ids, node, now, lease_until).await
+        claim(&self.db, ids, node, now, lease_until, batch).await
     }
 
     async fn record(

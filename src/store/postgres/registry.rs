@@ -159,8 +159,9 @@ pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
         .get("create_client")
         .await?
         .execute(
-            "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
+             batch_max_events, batch_max_wait_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
             &[
                 &cl.id,
                 &cl.name,
@@ -169,6 +170,8 @@ pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
                 &cl.created_at,
                 &cl.rate_limit.map(|r| r as i32),
                 &events_column(&cl.events),
+                &cl.batch.map(|b| b.max_events as i32),
+                &cl.batch.map(|b| b.max_wait_ms as i32),
             ],
         )
         .await?;
@@ -223,7 +226,7 @@ pub(super) async fn replace_client(db: &Db, cl: Client) -> Result<bool> {
         .await?
         .execute(
             "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5, \
-             events = $6 WHERE id = $1",
+             events = $6, batch_max_events = $7, batch_max_wait_ms = $8 WHERE id = $1",
             &[
                 &cl.id,
                 &cl.name,
@@ -231,6 +234,8 @@ pub(super) async fn replace_client(db: &Db, cl: Client) -> Result<bool> {
                 &cl.secret,
                 &cl.rate_limit.map(|r| r as i32),
                 &events_column(&cl.events),
+                &cl.batch.map(|b| b.max_events as i32),
+                &cl.batch.map(|b| b.max_wait_ms as i32),
             ],
         )
         .await?

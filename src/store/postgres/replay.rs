@@ -30,6 +30,7 @@ pub(super) async fn retry_notification(
     Ok(NotificationRef {
         due_at: now,
         attempts: 0,
+        batch_id: None,
         ..notification_ref(&n)
     })
 }
@@ -57,8 +58,8 @@ pub(super) async fn refused(c: &impl Sql, n: &Notification) -> Result<Option<Err
 pub(super) async fn back_to_pending(c: &impl Sql, id: &str, now: Millis) -> Result<()> {
     c.execute(
         "WITH b AS (UPDATE notifications SET status = 'pending', attempts = 0, \
-         next_attempt_at = $2, updated_at = $2, claimed_by = NULL, lease_until = NULL \
-         WHERE id = $1 RETURNING seq, sensor_id, client_id) \
+         next_attempt_at = $2, updated_at = $2, claimed_by = NULL, lease_until = NULL, \
+         batch_id = NULL WHERE id = $1 RETURNING seq, sensor_id, client_id) \
          INSERT INTO notifications_pending (seq, sensor_id, client_id) \
          SELECT seq, sensor_id, client_id FROM b ON CONFLICT (seq) DO NOTHING",
         &[&id, &now],
@@ -124,6 +125,7 @@ pub(super) async fn retry_notifications(
         out.push(NotificationRef {
             due_at: now,
             attempts: 0,
+            batch_id: None,
             ..notification_ref(&n)
         });
     }

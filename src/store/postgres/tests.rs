@@ -278,7 +278,7 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     // Node A sends the first state (its lease runs to 90 s) when the sensor's partition
     // moves to node B, which commits the next state: the first, leased, is not superseded.
     let claimed = s
-        .claim(vec![n1.id.clone()], "a".into(), 1_000, 90_000)
+        .claim(vec![n1.id.clone()], "a".into(), 1_000, 90_000, None)
         .await
         .unwrap();
     assert!(matches!(claimed[0], Claim::Send(_)));
@@ -291,7 +291,7 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     // B waits for A's attempt rather than overtake it, asking again within a second (not
     // at the end of A's lease), so it goes on as soon as A records the outcome…
     match &s
-        .claim(vec![n2.id.clone()], "b".into(), 2_000, 60_000)
+        .claim(vec![n2.id.clone()], "b".into(), 2_000, 60_000, None)
         .await
         .unwrap()[0]
     {
@@ -300,7 +300,7 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     }
     // …while A's own lane, which holds both in order, goes on.
     assert!(matches!(
-        s.claim(vec![n2.id.clone()], "a".into(), 2_000, 60_000)
+        s.claim(vec![n2.id.clone()], "a".into(), 2_000, 60_000, None)
             .await
             .unwrap()[0],
         Claim::Send(_)
@@ -312,6 +312,7 @@ async fn claims_keep_a_lanes_order_across_nodes() {
         attempts: 1,
         verdict: Verdict::Delivered,
         node: "a".into(),
+        batch_id: None,
     };
     s.record(vec![delivered(&n2)], 3_000, i64::MAX / 2)
         .await
@@ -319,7 +320,7 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     // A died before recording the first: once its lease ran out, the older state is
     // superseded, never sent after the newer one the client has.
     match &s
-        .claim(vec![n1.id.clone()], "b".into(), 95_000, 150_000)
+        .claim(vec![n1.id.clone()], "b".into(), 95_000, 150_000, None)
         .await
         .unwrap()[0]
     {
@@ -374,6 +375,7 @@ async fn the_pending_list_follows_every_change_of_status() {
         attempts: 1,
         verdict,
         node: "n".into(),
+        batch_id: None,
     };
     let ids = |ns: &[crate::domain::NotificationRef]| ns.iter().map(|n| n.id.clone()).collect();
 
@@ -395,7 +397,7 @@ async fn the_pending_list_follows_every_change_of_status() {
     );
 
     // A retry stays listed; delivered leaves.
-    s.claim(ids(&second), "n".into(), 3_000, 60_000)
+    s.claim(ids(&second), "n".into(), 3_000, 60_000, None)
         .await
         .unwrap();
     s.record(
@@ -411,7 +413,7 @@ async fn the_pending_list_follows_every_change_of_status() {
     assert_pending_listed(&s, "a retry and a delivery").await;
     assert_eq!(s.count_pending().await.unwrap(), 1);
     // Failed leaves; a replay brings it back.
-    s.claim(vec![second[0].id.clone()], "n".into(), 4_000, 60_000)
+    s.claim(vec![second[0].id.clone()], "n".into(), 4_000, 60_000, None)
         .await
         .unwrap();
     s.record(
@@ -434,7 +436,7 @@ async fn the_pending_list_follows_every_change_of_status() {
         .await
         .unwrap();
     let done = s
-        .claim(vec![second[0].id.clone()], "n".into(), 6_000, 60_000)
+        .claim(vec![second[0].id.clone()], "n".into(), 6_000, 60_000, None)
         .await
         .unwrap();
     assert!(

@@ -166,6 +166,7 @@ fn commit_batch(
             kind: e.kind,
             due_at: now,
             attempts: 0,
+            batch_id: None,
         });
     }
     Ok(created)

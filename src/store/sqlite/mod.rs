@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0006_supersede_index.sql"),
     include_str!("../migrations/sqlite/0007_attempts_ship_mark.sql"),
     include_str!("../migrations/sqlite/0008_delivery_choices.sql"),
+    include_str!("../migrations/sqlite/0011_batches.sql"),
 ];
 
 /// The setting lives with the other settings; the store only maps it to its pragma.

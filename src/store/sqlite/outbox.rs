@@ -9,8 +9,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
 use super::super::{
-    Claim, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
-    Result, claim_step, limit_plus_one, notification_ref,
+    Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
+    PageRequest, Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
 use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
@@ -34,6 +34,7 @@ pub(super) fn claim(
     node: &str,
     now: Millis,
     lease_until: Millis,
+    batch: Option<ClaimBatch>,
 ) -> Result<Vec<Claim>> {
     let tx = c.transaction()?;
     let mut out = Vec::with_capacity(ids.len());
@@ -42,7 +43,8 @@ pub(super) fn claim(
             "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
         ))?;
         let mut lease = tx.prepare_cached(
-            "UPDATE notifications SET claimed_by = ?2, lease_until = ?3 WHERE id = ?1",
+            "UPDATE notifications SET claimed_by = ?2, lease_until = ?3, batch_id = NULL \
+             WHERE id = ?1",
         )?;
         let mut cancel = tx.prepare_cached(
             "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
@@ -83,6 +85,17 @@ pub(super) fn claim(
                 ClaimStep::Answer(c) => out.push(c),
             }
         }
+        // A batch's heads left pending now are unmarked with those left out
+        // (`ClaimBatch`); the leased ones were by their lease.
+        if let Some(b) = batch {
+            let mut unmark = tx.prepare_cached(
+                "UPDATE notifications SET batch_id = NULL WHERE id = ?1 AND batch_id IS NOT NULL",
+            )?;
+            let pending = out.iter().filter_map(Claim::left_pending);
+            for id in pending.chain(b.left_out.iter().map(String::as_str)) {
+                unmark.execute([id])?;
+            }
+        }
     }
     tx.commit()?;
     Ok(out)
@@ -103,7 +116,7 @@ pub(super) fn record(
         // Another node's live lease is kept unless this was delivered (`policy::recorded`).
         let mut update = tx.prepare_cached(
             "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
-             updated_at = ?5, claimed_by = NULL, lease_until = NULL \
+             updated_at = ?5, claimed_by = NULL, lease_until = NULL, batch_id = ?8 \
              WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
              OR lease_until < ?5 OR claimed_by = ?7)",
         )?;
@@ -125,7 +138,8 @@ pub(super) fn record(
                 next,
                 now,
                 o.attempt.is_some() && o.verdict == Verdict::Delivered,
-                &*o.node
+                &*o.node,
+                o.batch_id
             ])?;
         }
     }
@@ -205,9 +219,10 @@ impl Outbox for SqliteStore {
         node: String,
         now: Millis,
         lease_until: Millis,
+        batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>> {
         // Every lease is released at open: a lost one costs nothing.
-        self.write_relaxed(move |c| claim(c, ids, &node, now, lease_until))
+        self.write_relaxed(move |c| claim(c, ids, &node, now, lease_until, batch))
             .await
     }
 

@@ -115,8 +115,9 @@ pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Re
 
 pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
     let n = c.execute(
-        "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
+         batch_max_events, batch_max_wait_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
         params![
             cl.id,
             cl.name,
@@ -124,7 +125,9 @@ pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
             cl.secret,
             cl.created_at,
             cl.rate_limit,
-            events_column(&cl.events)
+            events_column(&cl.events),
+            cl.batch.map(|b| b.max_events),
+            cl.batch.map(|b| b.max_wait_ms)
         ],
     )?;
     if n == 0 {
@@ -168,15 +171,17 @@ pub(super) fn list_clients(
 
 pub(super) fn replace_client(c: &Connection, cl: Client) -> Result<bool> {
     Ok(c.execute(
-        "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6 \
-         WHERE id = ?1",
+        "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6, \
+         batch_max_events = ?7, batch_max_wait_ms = ?8 WHERE id = ?1",
         params![
             cl.id,
             cl.name,
             cl.url,
             cl.secret,
             cl.rate_limit,
-            events_column(&cl.events)
+            events_column(&cl.events),
+            cl.batch.map(|b| b.max_events),
+            cl.batch.map(|b| b.max_wait_ms)
         ],
     )? > 0)
 }

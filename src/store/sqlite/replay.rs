@@ -30,6 +30,7 @@ pub(super) fn retry_notification(
     Ok(NotificationRef {
         due_at: now,
         attempts: 0,
+        batch_id: None,
         ..notification_ref(&n)
     })
 }
@@ -61,7 +62,7 @@ pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>>
 pub(super) fn back_to_pending(c: &Connection, id: &str, now: Millis) -> Result<()> {
     c.execute(
         "UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?2, \
-         updated_at = ?2, claimed_by = NULL, lease_until = NULL WHERE id = ?1",
+         updated_at = ?2, claimed_by = NULL, lease_until = NULL, batch_id = NULL WHERE id = ?1",
         params![id, now],
     )?;
     Ok(())
@@ -113,6 +114,7 @@ pub(super) fn retry_notifications(
         out.push(NotificationRef {
             due_at: now,
             attempts: 0,
+            batch_id: None,
             ..notification_ref(&n)
         });
     }

@@ -65,7 +65,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
         .unwrap();
     }
     let claimed = store
-        .claim(vec![n.id.clone()], "node".into(), 2, 10_000)
+        .claim(vec![n.id.clone()], "node".into(), 2, 10_000, None)
         .await
         .unwrap();
     assert!(matches!(claimed[0], Claim::Send(_)), "{claimed:?}");

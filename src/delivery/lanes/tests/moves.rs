@@ -13,6 +13,7 @@ fn swept(seq: i64, kind: EventKind, now: Millis) -> NotificationRef {
         kind,
         due_at: now,
         attempts: 0,
+        batch_id: None,
     }
 }
 

@@ -1,0 +1,247 @@
+//! What an answer does to a lane: the head leaves it, waits for a retry, or waits for a
+//! lease to run out, and the lane's next head is scheduled.
+
+use std::sync::Arc;
+
+use super::{Done, Finished, Lanes, PARK_RECHECK_MS, shrink};
+use crate::delivery::attempt::AttemptResult;
+use crate::delivery::retry::RetryPolicy;
+use crate::domain::policy::{self, Attempted};
+use crate::domain::{Attempt, EventKind, Millis, Outcome, Status, Verdict};
+use crate::telemetry::families;
+
+/// When a failed attempt goes again.
+pub(in crate::delivery) enum RetryAt {
+    /// After the retry policy's delay for its attempts, spread by this draw in `[0, 1)`
+    /// (or what the receiver asked for with `Retry-After`).
+    Jittered(f64),
+    /// Then: a batch's heads go again together.
+    At(Millis),
+}
+
+impl Lanes {
+    /// Takes what came of an admitted head: the head leaves its lane, waits for a retry,
+    /// or waits for a lease to run out, and the lane's next head is scheduled. Returns the
+    /// outcome to record, if an attempt was made (or a lease is given back); `jitter` (in
+    /// `[0, 1)`) spreads a retry. A lane that left this node meanwhile is dropped: no
+    /// retry waits here for it, the node serving it now takes it from the store.
+    pub(in crate::delivery) fn finish(
+        &mut self,
+        d: Done,
+        now: Millis,
+        jitter: f64,
+    ) -> Option<Outcome> {
+        self.inflight -= 1;
+        if let Some(c) = self.client_inflight.get_mut(&d.lane.0) {
+            *c -= 1;
+            if *c == 0 {
+                self.client_inflight.remove(&d.lane.0);
+            }
+        }
+        if let Some(waiting) = self.client_waiting.get_mut(&d.lane.0) {
+            if let Some(k) = waiting.pop_front() {
+                self.ready.push_back(k);
+            }
+            if waiting.is_empty() {
+                self.client_waiting.remove(&d.lane.0);
+            }
+        }
+        self.settle(d, now, RetryAt::Jittered(jitter), None)
+    }
+
+    /// [`Lanes::finish`] for one head, once the counters of what is out have been
+    /// released: `retry_at` says when a failed attempt is tried again; `batch` is the batch
+    /// the head was sent in, which a retry goes out in again.
+    pub(super) fn settle(
+        &mut self,
+        d: Done,
+        now: Millis,
+        retry_at: RetryAt,
+        batch: Option<&Arc<str>>,
+    ) -> Option<Outcome> {
+        // Given back whatever became of the lane: the lease is ours, and must not hold up
+        // the node that serves the lane now.
+        let mut outcome = match d.result {
+            Finished::Released { attempts } => Some(Outcome {
+                notification_id: d.id.clone(),
+                client_id: d.lane.0.to_string(),
+                attempt: None,
+                attempts,
+                verdict: Verdict::Retry { next_at: now },
+                node: self.node.clone(),
+                batch_id: None,
+            }),
+            _ => None,
+        };
+        let Some(lane) = self.lanes.get_mut(&d.lane) else {
+            return outcome;
+        };
+        lane.busy = false;
+        lane.parked = false;
+        lane.out = false;
+        // A state notification waits behind the head: an attempt that failed is then
+        // superseded rather than retried (the policy decides).
+        let state_behind = lane
+            .queue
+            .iter()
+            .skip(1)
+            .any(|e| e.kind == EventKind::StateChanged);
+        let Some(head) = lane.queue.front_mut() else {
+            self.lanes.remove(&d.lane);
+            return outcome;
+        };
+        if head.id != d.id {
+            // The head changed while this one was out (a manual retry of an older one).
+            let due = head.due;
+            self.reschedule(d.lane, due, now);
+            return outcome;
+        }
+        // Only a retry of an attempt sent in a batch goes in that batch again: a head
+        // that was not sent with the others is never sent under its id after them.
+        if let Some(b) = head.batch.take() {
+            self.batching.leave(&b, &d.lane);
+        }
+        // Told to wait: perhaps behind an older notification of the lane that a sweep
+        // has queued behind this head meanwhile; the lane is put back in order.
+        let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
+        let pop = match d.result {
+            Finished::Gone(status) => {
+                families::NOTIFICATIONS
+                    .counter_with(&[("status", status.as_str())])
+                    .increment(1);
+                true
+            }
+            Finished::Held(until) => {
+                head.held = true;
+                head.due = policy::look_again(until, now);
+                false
+            }
+            Finished::Later(at) => {
+                head.held = false;
+                head.due = at;
+                false
+            }
+            Finished::Released { .. } => {
+                head.held = false;
+                head.due = now;
+                false
+            }
+            Finished::Parked => {
+                head.held = false;
+                head.due = now + PARK_RECHECK_MS;
+                lane.parked = true;
+                false
+            }
+            Finished::Attempted(result) => {
+                head.held = false;
+                let attempts = head.attempts + 1;
+                let next_at = match retry_at {
+                    RetryAt::At(at) => at,
+                    RetryAt::Jittered(j) => retry_time(&self.policy, attempts, &result, j, now),
+                };
+                let verdict = policy::verdict(
+                    Attempted {
+                        delivered: result.delivered(),
+                        gone: result.gone(),
+                        not_allowed: result.not_allowed(),
+                        attempts,
+                        max_attempts: self.policy.max_attempts,
+                        kind: head.kind,
+                        state_behind,
+                    },
+                    || next_at,
+                );
+                attempt_metrics(&result, verdict, &head.id, now);
+                outcome = Some(Outcome {
+                    notification_id: head.id.clone(),
+                    client_id: d.lane.0.to_string(),
+                    attempt: Some(Attempt {
+                        notification_id: head.id.clone(),
+                        at: result.at,
+                        status_code: result.status_code,
+                        error: result.error,
+                        duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
+                    }),
+                    attempts,
+                    verdict,
+                    node: self.node.clone(),
+                    batch_id: batch.map(|b| b.to_string()),
+                });
+                match verdict {
+                    Verdict::Retry { next_at } => {
+                        head.attempts = attempts;
+                        head.due = next_at;
+                        if let Some(b) = batch {
+                            head.batch = Some(b.clone());
+                            self.batching
+                                .join(b.clone(), d.lane.clone(), head.id.clone());
+                        }
+                        false
+                    }
+                    _ => true,
+                }
+            }
+        };
+        if pop {
+            if let Some(done) = lane.queue.pop_front()
+                && let Some(finished) = &mut self.finished
+            {
+                finished.insert(done.id, now);
+            }
+            self.pending -= 1;
+        }
+        if later {
+            lane.queue.make_contiguous().sort_by_key(|e| e.seq);
+        }
+        let due = lane.queue.front().map(|h| h.due);
+        match due {
+            Some(due) => self.reschedule(d.lane, due, now),
+            None => {
+                self.lanes.remove(&d.lane);
+                shrink(&mut self.lanes);
+            }
+        }
+        outcome
+    }
+}
+
+/// When a failed attempt, the `attempts`-th, answered `result`, is tried again: after the
+/// policy's delay spread by `jitter`, or what the receiver asked for with `Retry-After`.
+pub(super) fn retry_time(
+    policy: &RetryPolicy,
+    attempts: u32,
+    result: &AttemptResult,
+    jitter: f64,
+    now: Millis,
+) -> Millis {
+    let delay = match result.retry_after {
+        Some(asked) => policy.retry_after(asked),
+        None => policy.jittered(attempts, jitter),
+    };
+    now + delay.as_millis() as Millis
+}
+
+/// Counts an attempt, its duration, the status it left its notification in and, once
+/// delivered, how long after it was created (the id is a ULID: its time is the creation).
+fn attempt_metrics(result: &AttemptResult, verdict: Verdict, id: &str, now: Millis) {
+    families::DELIVERY_ATTEMPTS
+        .counter_with(&[("outcome", result.label())])
+        .increment(1);
+    families::DELIVERY_ATTEMPT_SECONDS
+        .histogram()
+        .record(result.duration.as_secs_f64());
+    let status = policy::status_after(verdict);
+    if status != Status::Pending {
+        families::NOTIFICATIONS
+            .counter_with(&[("status", status.as_str())])
+            .increment(1);
+    }
+    if verdict == Verdict::Delivered {
+        let created = ulid::Ulid::from_string(id)
+            .map(|u| u.timestamp_ms() as Millis)
+            .unwrap_or(now);
+        families::DELIVERY_LATENCY
+            .histogram()
+            .record((now - created).max(0) as f64 / 1000.0);
+    }
+}
