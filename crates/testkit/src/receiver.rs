@@ -70,6 +70,8 @@ struct Shared {
     keep: Keep,
     requests: AtomicU64,
     ok: AtomicU64,
+    /// Notifications in requests answered with a 2xx: one a request, or a batch's events.
+    events_ok: AtomicU64,
     /// Per 10,000 requests, how many to fail with 500 (spread evenly, no RNG).
     fail_per_10k: AtomicU64,
     kept: Mutex<Kept>,
@@ -96,6 +98,7 @@ impl Receiver {
             keep,
             requests: AtomicU64::new(0),
             ok: AtomicU64::new(0),
+            events_ok: AtomicU64::new(0),
             fail_per_10k: AtomicU64::new(0),
             kept: Mutex::new(Kept::default()),
         });
@@ -146,12 +149,20 @@ impl Receiver {
         self.shared.ok.load(Ordering::Relaxed)
     }
 
-    /// Milliseconds from `occurred_at` to arrival of each 2xx-answered request.
+    /// Notifications in requests answered with a 2xx: each request one, a batch its
+    /// events ([`Keep::Counts`] counts a request as one).
+    pub fn events_ok(&self) -> u64 {
+        self.shared.events_ok.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds from `occurred_at` to arrival of each 2xx-answered notification (a
+    /// batch's events each).
     pub fn latencies(&self) -> Vec<f64> {
         self.kept().latencies.clone()
     }
 
-    /// Answered requests beyond the first of each notification id.
+    /// Answered notifications beyond the first of each notification id (a batch's events
+    /// each).
     pub fn duplicates(&self) -> u64 {
         self.kept()
             .by_id
@@ -193,6 +204,7 @@ async fn receive(
             return (StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new());
         }
         shared.ok.fetch_add(1, Ordering::Relaxed);
+        shared.events_ok.fetch_add(1, Ordering::Relaxed);
         return (StatusCode::OK, HeaderMap::new());
     }
     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
@@ -210,11 +222,20 @@ async fn receive(
         };
         if (200..300).contains(&answer.status) {
             shared.ok.fetch_add(1, Ordering::Relaxed);
-            if let Some(at) = body["occurred_at"].as_str().and_then(time::parse) {
-                k.latencies.push((now - at) as f64);
-            }
-            if let Some(id) = body["id"].as_str() {
-                *k.by_id.entry(id.to_string()).or_default() += 1;
+            let events: Vec<&Value> = match body["events"].as_array() {
+                Some(events) if body["type"] == "batch" => events.iter().collect(),
+                _ => vec![&body],
+            };
+            shared
+                .events_ok
+                .fetch_add(events.len() as u64, Ordering::Relaxed);
+            for e in events {
+                if let Some(at) = e["occurred_at"].as_str().and_then(time::parse) {
+                    k.latencies.push((now - at) as f64);
+                }
+                if let Some(id) = e["id"].as_str() {
+                    *k.by_id.entry(id.to_string()).or_default() += 1;
+                }
             }
         }
         if everything {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::*;
 use crate::domain::{Event, time::now_ms};
 
+mod batches;
 mod choices;
 mod commit;
 mod history;
@@ -72,6 +73,8 @@ macro_rules! suite {
                 commit::a_batch_notifies_in_event_then_client_order,
                 choices::subscriptions_make_only_wanted_notifications,
                 choices::state_keeps_source_window_and_reminders,
+                batches::a_clients_batch_round_trips_and_claims_read_it,
+                batches::a_batchs_mark_follows_its_requests,
                 outbox::claim_reads_registry_and_cancels_orphans,
                 outbox::record_and_retry,
                 outbox::leases_exclude_other_nodes,

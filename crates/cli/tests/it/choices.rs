@@ -123,7 +123,8 @@ async fn a_client_gets_only_the_types_it_wants() {
     s.stop().await;
 }
 
-fn signature(secret: &str, id: &str, ts: &str, body: &[u8]) -> String {
+/// The Standard Webhooks signature of `body` with `secret`.
+pub(crate) fn signature(secret: &str, id: &str, ts: &str, body: &[u8]) -> String {
     let key = base64::engine::general_purpose::STANDARD
         .decode(secret.strip_prefix("whsec_").unwrap())
         .unwrap();
