@@ -29,6 +29,12 @@ pub struct Args {
     /// Readings a second fed to other sensors during phase 2 (0: none).
     #[arg(long, default_value_t = 10_000)]
     pub ingest_rate: u32,
+    /// The client batches up to this many notifications a request (0: one a request).
+    #[arg(long, default_value_t = 0)]
+    pub batch_max_events: u32,
+    /// How long a batch's first notification waits for others (with `--batch-max-events`).
+    #[arg(long, default_value = "100ms", value_parser = latch::config::parse_duration)]
+    pub batch_max_wait: Duration,
 }
 
 /// Sensors the phase-2 feed reports for, in requests of [`FEED_BATCH`].
@@ -96,7 +102,13 @@ async fn reached(
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let receiver = Receiver::start_keeping(Keep::Stats).await?;
-    let client = super::client(&receiver.url);
+    let client = latch::domain::Client {
+        batch: (args.batch_max_events > 0).then(|| latch::domain::client::Batch {
+            max_events: args.batch_max_events,
+            max_wait_ms: args.batch_max_wait.as_millis() as u32,
+        }),
+        ..super::client(&receiver.url)
+    };
     let ids = super::sensor_ids(args.sensors);
     let t = Instant::now();
     // Unlinked at first: phase 1 measures tracking alone, not a million pending webhooks.
@@ -192,9 +204,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let lag = (all_lost_at - deadline) as f64 / 1000.0;
     // What a client notices: every lost webhook answered. Delivery runs while the outage is
     // enqueued (its claims and results share the writer) and after it.
-    let delivered_at_all_lost = receiver.ok();
+    let delivered_at_all_lost = receiver.events_ok();
     let all_delivered_at = reached(
-        || receiver.ok(),
+        || receiver.events_ok(),
         args.sensors,
         Duration::from_secs(600 + args.sensors as u64 / 2_000),
         "connection_lost webhooks answered",
@@ -250,6 +262,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         receiver.duplicates() as f64,
         "requests",
     );
+    r.add("batch_max_events", f64::from(args.batch_max_events), "events");
+    r.add("webhook_requests", receiver.requests() as f64, "requests");
     r.add(
         "cpu_seconds_ready_to_all_lost",
         cpu_at_all_lost - cpu_at_ready,
@@ -299,8 +313,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
          offered to {} other sensors in requests of {} (0: none), counted from the deadline \
          to the last lost. all_lost_delivered_after_deadline_s: from the deadline to the \
          receiver's answer to the last lost webhook (one client, in this process); the \
-         delivered_per_s figures split that delivery at the last lost enqueued.",
-        args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH
+         delivered_per_s figures split that delivery at the last lost enqueued; with \
+         batch_max_events > 0 the client batches (max_wait {:?}) and these count events, \
+         webhook_requests the requests that carried them.",
+        args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH, args.batch_max_wait
     ));
     Ok(r)
 }

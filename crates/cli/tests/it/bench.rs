@@ -205,6 +205,24 @@ fn fleet_bench_sees_every_sensor_lost_and_every_lost_webhook_answered() {
 }
 
 #[test]
+fn fleet_bench_with_batches_gets_every_lost_event_in_fewer_requests() {
+    let r = bench(&[
+        "fleet",
+        "--sensors",
+        "300",
+        "--timeout",
+        "1s",
+        "--batch-max-events",
+        "100",
+    ]);
+    let n = |k: &str| num(&r, k);
+    assert!(n("all_lost_delivered_after_deadline_s") > 0.0, "{r}");
+    assert_eq!(n("duplicate_webhooks"), 0.0, "{r}");
+    // 300 lost events in batches of at most 100 (and the feed's own nothing).
+    assert!((3.0..300.0).contains(&n("webhook_requests")), "{r}");
+}
+
+#[test]
 fn broker_benches_take_every_message() {
     // The bench itself fails unless latch accepted every message it published.
     for (via, port) in [("amqp", 5672), ("mqtt", 1883)] {
