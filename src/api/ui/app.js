@@ -596,6 +596,7 @@ async function clientPage(id) {
       ["Previous secret valid until", when(c.previous_secret_expires_at)],
       ["Rate limit", c.rate_limit ? `${c.rate_limit}/s` : "none"],
       ["Receives", c.events ? (c.events.length ? c.events.join(", ") : "nothing") : "every type"],
+      ["Batches", c.batch ? `up to ${c.batch.max_events} a request, waiting ${c.batch.max_wait_ms} ms` : "one notification a request"],
       ["Created", when(c.created_at)]];
     props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     const x = c.health ?? {};
@@ -642,7 +643,7 @@ async function clientPage(id) {
       const chosen = d.getAll("events");
       // Every type ticked is "all": types added later come too.
       const events = chosen.length === TYPES.length ? null : chosen;
-      await api("PUT", `/v1/clients/${enc(id)}`, { name: c.name, url: c.url, rate_limit: c.rate_limit, events });
+      await api("PUT", `/v1/clients/${enc(id)}`, { name: c.name, url: c.url, rate_limit: c.rate_limit, events, batch: c.batch });
       say("Saved: from now on it receives only what is ticked.", true);
       await draw();
     }, "Save types"));
