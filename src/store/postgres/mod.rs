@@ -60,6 +60,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0013_cluster_secret.sql"),
     include_str!("../migrations/postgres/0014_rate_schedule.sql"),
     include_str!("../migrations/postgres/0015_delivery_choices.sql"),
+    // 0016 and 0017 are other branches'; merged in order, 0018 is the 18th.
+    include_str!("../migrations/postgres/0018_node_links.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
