@@ -289,3 +289,60 @@ async fn a_killed_nodes_queues_move_and_nothing_acknowledged_is_lost() {
     drop(c);
     clean_up(&ch, &exchange).await;
 }
+
+/// A node joining under load takes its share of the queues from the others while readings
+/// flow: each queue's consumer is handed over with its partition, every reading applied
+/// exactly once, in order.
+#[tokio::test]
+async fn a_joining_node_takes_its_queues_over_and_each_reading_applies_once() {
+    let Some((_conn, ch)) = broker().await else {
+        return;
+    };
+    let exchange = unique("lj");
+    let Some(mut c) = Cluster::start_env(2, &env(&exchange)).await else {
+        return;
+    };
+    let r = Receiver::start().await;
+    let (client, sensors) = c.fleet("aj", 30, &r.url, json!({})).await;
+    let producer = Producer::start(ch.clone(), exchange.clone(), sensors, None);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let joined = c.add().await;
+    c.balanced(3, 20).await;
+    eventually(10, "each queue consumed by one node", || async {
+        consumers(&ch, &exchange)
+            .await
+            .iter()
+            .all(|&n| n == 1)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (sent, rounds) = producer.stop().await;
+    assert!(
+        rounds >= 4,
+        "readings flowed across the join: {rounds} rounds"
+    );
+
+    let live = c.live();
+    all_applied(&c, &live[0], &sent, 60).await;
+    let joiner = c
+        .node_metric(
+            c.base(joined),
+            "latch_readings_accepted_total{source=\"amqp\"}",
+        )
+        .await;
+    assert!(joiner > 0.0, "the new node consumes its queues");
+    for (id, readings) in &sent {
+        let h = c
+            .get(&live[1], &format!("/v1/sensors/{id}/readings?limit=1000"))
+            .await;
+        assert_eq!(
+            h["items"].as_array().unwrap().len(),
+            readings.len(),
+            "{id}: each reading applied once across the handover"
+        );
+    }
+    check_consistent(&c, &live[2], &client, &sent, &r).await;
+    drop(c);
+    clean_up(&ch, &exchange).await;
+}
