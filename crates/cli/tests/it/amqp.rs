@@ -457,10 +457,11 @@ async fn a_cluster_consumes_the_queue_on_one_node_and_applies_every_reading_once
     };
     let queue = unique("lq");
     declare(&ch, &queue).await;
+    let exchange = unique("lqx");
     let env = [
         ("LATCH_AMQP_URL", url()),
         ("LATCH_AMQP_QUEUE", queue.clone()),
-        ("LATCH_AMQP_EXCHANGE", unique("lqx")),
+        ("LATCH_AMQP_EXCHANGE", exchange.clone()),
     ];
     let Some(c) = crate::utils::cluster::Cluster::start_env(2, &env).await else {
         return;
@@ -495,4 +496,6 @@ async fn a_cluster_consumes_the_queue_on_one_node_and_applies_every_reading_once
         "the other node's sensors were handed to it"
     );
     assert_eq!(r.received().len(), sensors.len(), "one notification each");
+    drop(c);
+    crate::amqp_cluster::clean_up(&ch, &exchange).await;
 }

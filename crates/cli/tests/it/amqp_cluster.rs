@@ -67,7 +67,7 @@ async fn consumers(ch: &Channel, exchange: &str) -> Vec<u32> {
 }
 
 /// Deletes what the nodes declared for `exchange` (the broker is shared by every test).
-async fn clean_up(ch: &Channel, exchange: &str) {
+pub(crate) async fn clean_up(ch: &Channel, exchange: &str) {
     for p in 0..PARTITIONS {
         let name = format!("{exchange}.{p}");
         let _ = ch
