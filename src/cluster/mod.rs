@@ -19,8 +19,10 @@
 //! once); and publish who serves what, so readings entering this node for other
 //! partitions are forwarded to their owners ([`forward`]).
 //!
-//! Broker sources run on the node that holds partition 0 ([`Membership::leads`]), so a
-//! queue or topic is consumed in one place, in order, as on one node.
+//! The plain AMQP queue and the MQTT subscription run on the node that holds partition 0
+//! ([`Membership::leads`]), so they are consumed in one place, in order, as on one node;
+//! the AMQP exchange's partition queues are consumed by each partition's owner
+//! ([`Membership::served`], [`crate::ingest::amqp::exchange`]).
 
 pub mod forward;
 pub mod trust;
@@ -71,6 +73,8 @@ pub struct Membership {
     serving: Arc<Vec<AtomicBool>>,
     routing: Arc<Routing>,
     leads: watch::Sender<bool>,
+    /// `held`'s partitions, for the AMQP exchange's consumers of their queues.
+    served: watch::Sender<Arc<std::collections::BTreeSet<u32>>>,
     /// The broker links as this node's engine last heard of them ([`Membership::follow_links`]).
     links: Mutex<HashMap<Source, (bool, Millis)>>,
     /// Changes of this node's broker links the store did not take yet, oldest first. A
@@ -118,6 +122,7 @@ impl Membership {
             config.database_timeout + Duration::from_secs(5),
         ));
         let (leads, _) = watch::channel(false);
+        let (served, _) = watch::channel(Arc::new(std::collections::BTreeSet::new()));
         let me = Arc::new(Self {
             store,
             node,
@@ -128,6 +133,7 @@ impl Membership {
             serving: Arc::new((0..partitions).map(|_| AtomicBool::new(false)).collect()),
             routing: Arc::new(Routing::new(partitions, forwarder)),
             leads,
+            served,
             links: Mutex::new(HashMap::new()),
             unpublished: tokio::sync::Mutex::new(Vec::new()),
             ready: AtomicBool::new(false),
@@ -180,6 +186,12 @@ impl Membership {
     /// Whether this node runs the broker sources (it holds partition 0).
     pub fn leads(&self) -> watch::Receiver<bool> {
         self.leads.subscribe()
+    }
+
+    /// The partitions this node serves, as they change: the AMQP exchange's queues it
+    /// consumes.
+    pub fn served(&self) -> watch::Receiver<Arc<std::collections::BTreeSet<u32>>> {
+        self.served.subscribe()
     }
 
     /// Whether the first lease round is done.
@@ -300,9 +312,10 @@ impl Membership {
         Ok(())
     }
 
-    /// The node running the broker sources lost or made its connection to a broker at
-    /// `at`: every node's engine follows ([`Membership::follow_links`]), so sensors heard
-    /// through it are not declared lost on any node while it is down.
+    /// This node lost or made its connection to a broker at `at`: every node's engine
+    /// follows ([`Membership::follow_links`]), so sensors heard through it are not declared
+    /// lost on any node while it is down (the sensors a node consumes are of every node's
+    /// partitions).
     pub async fn publish_link(&self, source: Source, up: bool, at: Millis) {
         let mut pending = self.unpublished.lock().await;
         // This engine has it already: a round must not take it back to an older one.
@@ -317,13 +330,16 @@ impl Membership {
     /// Records the changes the store did not take yet, in order.
     async fn publish_pending(&self, pending: &mut Vec<SourceLink>) -> Result<(), Error> {
         while let Some(l) = pending.first().copied() {
-            self.store.set_source_link(l.source, l.up, l.at).await?;
+            self.store
+                .set_source_link(&self.node, l.source, l.up, l.at)
+                .await?;
             pending.remove(0);
         }
         Ok(())
     }
 
-    /// Hands the engine the broker links other nodes (or this one) recorded, once a round.
+    /// Hands the engine the broker links as the live nodes recorded them (down while any
+    /// node's is), once a round.
     /// A link recorded up at a time not seen before counts as down and back, so a node
     /// that missed the outage between two rounds still counts deadlines from the return.
     /// Under the lock [`Membership::publish_link`] takes, so what is read is never older
@@ -332,7 +348,7 @@ impl Membership {
         let mut pending = self.unpublished.lock().await;
         // What this node changed comes first: the store must not hand it back older.
         self.publish_pending(&mut pending).await?;
-        for l in self.store.source_links().await? {
+        for l in self.store.source_links(self.lease).await? {
             let seen = self.links.lock().expect("links").get(&l.source).copied();
             if seen == Some((l.up, l.at)) {
                 continue;
@@ -494,6 +510,14 @@ impl Membership {
         self.leads.send_if_modified(|leads| {
             let now = held.contains_key(&0);
             std::mem::replace(leads, now) != now
+        });
+        let now: std::collections::BTreeSet<u32> = held.keys().copied().collect();
+        self.served.send_if_modified(|served| {
+            let changed = **served != now;
+            if changed {
+                *served = Arc::new(now);
+            }
+            changed
         });
     }
 

@@ -54,6 +54,9 @@ pub struct Config {
     #[serde(default, deserialize_with = "non_empty")]
     pub amqp_url: Option<String>,
     pub amqp_queue: String,
+    /// Cluster ingest: the consistent-hash exchange producers publish to (routing key =
+    /// sensor id), over one queue per partition. Empty: no exchange, the plain queue only.
+    pub amqp_exchange: String,
     #[serde(default, deserialize_with = "non_empty")]
     pub mqtt_url: Option<String>,
     pub mqtt_topic: String,
@@ -267,6 +270,7 @@ impl Config {
         if self.amqp_queue.trim().is_empty() {
             bail!("invalid setting `amqp_queue`: must not be empty");
         }
+        check_exchange_name(&self.amqp_exchange)?;
         if self.mqtt_topic.trim().is_empty() {
             bail!("invalid setting `mqtt_topic`: must not be empty");
         }
@@ -333,6 +337,25 @@ impl Config {
         }
         (!bound.ip().is_unspecified()).then(|| format!("http://{bound}"))
     }
+}
+
+/// The exchange's queues are `{exchange}.{partition}` and AMQP names are at most 255
+/// bytes of `[A-Za-z0-9._:-]`: a name that cannot be declared is refused at start.
+fn check_exchange_name(name: &str) -> anyhow::Result<()> {
+    let room = 255 - ".4095".len();
+    if name.len() > room {
+        bail!("invalid setting `amqp_exchange`: at most {room} characters");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        bail!("invalid setting `amqp_exchange`: {c:?} is not one of A-Z a-z 0-9 . _ : -");
+    }
+    if name.starts_with("amq.") {
+        bail!("invalid setting `amqp_exchange`: names starting with amq. are RabbitMQ's own");
+    }
+    Ok(())
 }
 
 fn known_keys() -> Vec<String> {

@@ -15,6 +15,7 @@ fn defaults_match_the_contract() {
     assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
     assert_eq!(c.data_dir, PathBuf::from("./latch-data"));
     assert_eq!(c.amqp_queue, "latch.readings");
+    assert_eq!(c.amqp_exchange, "latch.by-sensor");
     assert_eq!(c.mqtt_topic, "sensors/+/state");
     assert_eq!(c.heartbeat_timeout, Duration::from_secs(3600));
     assert_eq!(c.retry_base, Duration::from_secs(30));
@@ -82,6 +83,20 @@ fn errors_name_the_bad_key() {
     std::fs::write(&file, "lisen = \"x\"\n").unwrap();
     let e = Config::load_from(Some(&file), &[]).unwrap_err().to_string();
     assert!(e.contains("unknown key `lisen`"), "{e}");
+}
+
+#[test]
+fn the_amqp_exchange_is_a_name_rabbitmq_takes_or_empty() {
+    let c = Config::load_from(None, &env(&[("LATCH_AMQP_EXCHANGE", "")])).unwrap();
+    assert_eq!(c.amqp_exchange, "", "empty: the plain queue only");
+    let c = Config::load_from(None, &env(&[("LATCH_AMQP_EXCHANGE", "site-1.readings:v2")]));
+    assert_eq!(c.unwrap().amqp_exchange, "site-1.readings:v2");
+    for bad in ["by sensor", "latch/x", "amq.direct", &"x".repeat(251)] {
+        let e = Config::load_from(None, &env(&[("LATCH_AMQP_EXCHANGE", bad)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("amqp_exchange"), "{bad}: {e}");
+    }
 }
 
 #[test]

@@ -487,7 +487,7 @@ impl Engine {
         if let Some(routing) = &self.routing {
             for (to, (idx, rs)) in away {
                 families::CLUSTER_FORWARDED
-                    .counter()
+                    .counter_with(&[("source", source.as_str())])
                     .increment(rs.len() as u64);
                 let forward = routing.forwarder.forward(to, rs, sequence.cloned(), source);
                 waits.push((idx, forward));

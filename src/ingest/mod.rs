@@ -146,18 +146,40 @@ fn count(source: &'static str, report: &Report) {
 #[derive(Clone, Default)]
 pub struct Sources {
     up: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, bool>>>,
-    /// Told every change of a source's state, in order, before anyone can see it here:
-    /// the wiring tells the engine, which holds back "lost" for sensors heard through a
-    /// broker latch is not connected to.
+    /// Told every change of a broker link's state, in order, before anyone can see it
+    /// here: the wiring tells the engine, which holds back "lost" for sensors heard through
+    /// a broker latch is not connected to.
     on_change: Option<OnChange>,
 }
 
-/// What [`Sources::watched`] calls with each change of a source's state.
-pub type OnChange = std::sync::Arc<dyn Fn(&'static str, bool) + Send + Sync>;
+/// What [`Sources::watched`] calls with each change of a broker link's state.
+pub type OnChange = std::sync::Arc<dyn Fn(crate::domain::Source, bool) + Send + Sync>;
+
+/// The broker link a source's connection is part of. Both AMQP consumers (the plain queue
+/// and, in a cluster, the exchange's partition queues) are latch's link to RabbitMQ: it is
+/// up while every one of them is.
+pub fn link_of(source: &str) -> Option<crate::domain::Source> {
+    use crate::domain::Source;
+    match source {
+        amqp::SOURCE | amqp::exchange::SOURCE => Some(Source::Amqp),
+        mqtt::SOURCE => Some(Source::Mqtt),
+        _ => None,
+    }
+}
+
+/// Whether `link` is up by the sources in `all`; `None` when none of them is part of it.
+fn link_state(
+    all: &std::collections::BTreeMap<&'static str, bool>,
+    link: crate::domain::Source,
+) -> Option<bool> {
+    let mut of_link = all.iter().filter(|(s, _)| link_of(s) == Some(link));
+    let first = of_link.next()?;
+    Some(*first.1 && of_link.all(|(_, up)| *up))
+}
 
 impl Sources {
-    /// Sources that call `on_change` with every change of a source's state (it must not
-    /// block: it runs under the sources' lock).
+    /// Sources that call `on_change` with every change of a broker link's state (it must
+    /// not block: it runs under the sources' lock).
     pub fn watched(on_change: OnChange) -> Self {
         Self {
             up: Default::default(),
@@ -168,29 +190,44 @@ impl Sources {
     /// Records a source's state.
     pub fn set(&self, source: &'static str, up: bool) {
         let mut all = self.up.lock().expect("sources lock");
-        // Told under the lock, so two tasks' changes are told in the order they were made.
-        if all.get(source) != Some(&up)
-            && let Some(on_change) = &self.on_change
-        {
-            on_change(source, up);
-        }
+        let link = link_of(source);
+        let before = link.and_then(|l| link_state(&all, l));
         all.insert(source, up);
+        // Told under the lock, so two tasks' changes are told in the order they were made.
+        if let (Some(link), Some(on_change)) = (link, &self.on_change) {
+            let after = link_state(&all, link).unwrap_or(up);
+            if before != Some(after) {
+                on_change(link, after);
+            }
+        }
         drop(all);
         families::SOURCE_UP
             .gauge_with(&[("source", source)])
             .set(if up { 1.0 } else { 0.0 });
     }
 
-    /// Forgets every source: they were stopped on purpose (cluster mode: another node
-    /// holds partition 0 and runs them now), so none counts as down.
-    pub fn clear(&self) {
-        let mut up = self.up.lock().expect("sources lock");
-        for source in up.keys() {
-            families::SOURCE_UP
-                .gauge_with(&[("source", *source)])
-                .set(0.0);
+    /// Forgets `names`: they were stopped on purpose (cluster mode: another node holds
+    /// partition 0 and runs them now), so none counts as down. A link no source of this
+    /// node is part of any more counts as up here: this node listens through it no more.
+    pub fn forget(&self, names: &[&'static str]) {
+        let mut all = self.up.lock().expect("sources lock");
+        let links: Vec<_> = names.iter().filter_map(|n| link_of(n)).collect();
+        let before: Vec<_> = links.iter().map(|l| link_state(&all, *l)).collect();
+        for name in names {
+            if all.remove(name).is_some() {
+                families::SOURCE_UP
+                    .gauge_with(&[("source", *name)])
+                    .set(0.0);
+            }
         }
-        up.clear();
+        if let Some(on_change) = &self.on_change {
+            for (link, before) in links.into_iter().zip(before) {
+                let after = link_state(&all, link).unwrap_or(true);
+                if before.is_some_and(|b| b != after) {
+                    on_change(link, after);
+                }
+            }
+        }
     }
 
     /// Names of configured sources that are not consuming.
@@ -246,6 +283,7 @@ impl Dedup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Source;
 
     #[test]
     fn dedup_forgets_the_oldest_beyond_capacity() {
@@ -274,8 +312,8 @@ mod tests {
     fn watched_sources_tell_each_change_once() {
         let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = told.clone();
-        let s = Sources::watched(std::sync::Arc::new(move |source, up| {
-            log.lock().unwrap().push((source, up));
+        let s = Sources::watched(std::sync::Arc::new(move |source: Source, up| {
+            log.lock().unwrap().push((source.as_str(), up));
         }));
         s.set("mqtt", false);
         s.set("mqtt", false);
@@ -287,6 +325,48 @@ mod tests {
             [("mqtt", false), ("mqtt", true), ("amqp", true)]
         );
         assert!(s.down().is_empty());
+    }
+
+    /// The plain queue and the exchange's queues are one link to RabbitMQ: down while
+    /// either connection is, and a node that stops the plain queue on purpose (partition 0
+    /// moved away) is left with the exchange's state alone.
+    #[test]
+    fn both_amqp_consumers_are_one_link() {
+        let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = told.clone();
+        let s = Sources::watched(std::sync::Arc::new(move |source: Source, up| {
+            log.lock().unwrap().push((source.as_str(), up));
+        }));
+        s.set("amqp", false);
+        s.set("amqp_exchange", false);
+        s.set("amqp", true);
+        assert_eq!(
+            *told.lock().unwrap(),
+            [("amqp", false)],
+            "the exchange is down still"
+        );
+        s.set("amqp_exchange", true);
+        s.set("amqp", false);
+        s.forget(&["amqp", "mqtt"]);
+        assert_eq!(
+            *told.lock().unwrap(),
+            [
+                ("amqp", false),
+                ("amqp", true),
+                ("amqp", false),
+                ("amqp", true)
+            ],
+            "up once the plain queue, the one down, is no longer this node's"
+        );
+        assert!(s.down().is_empty());
+        s.set("amqp_exchange", false);
+        s.forget(&["amqp_exchange"]);
+        assert_eq!(
+            told.lock().unwrap().len(),
+            6,
+            "a link nobody here listens on is up"
+        );
+        assert_eq!(told.lock().unwrap()[5], ("amqp", true));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Starting the configured broker sources, on one node or, in a cluster, on the node that
-//! holds partition 0.
+//! Starting the configured broker sources: on one node all of them; in a cluster the plain
+//! AMQP queue and MQTT on the node that holds partition 0 ([`lead`]), and the AMQP
+//! exchange's partition queues on every node, each its own partitions' ([`exchange`]).
 
 use std::sync::Arc;
 
@@ -48,8 +49,8 @@ pub fn start(
     }
 }
 
-/// Cluster mode: runs the broker sources while this node holds partition 0, so a queue or
-/// topic is consumed by one node, in order. Handing them over finishes and acknowledges
+/// Cluster mode: runs the plain queue and MQTT while this node holds partition 0, so they
+/// are consumed by one node, in order. Handing them over finishes and acknowledges
 /// what they hold first; the broker keeps the rest for the next holder (the MQTT session
 /// is the cluster's, under one client id).
 pub async fn lead(
@@ -89,9 +90,42 @@ pub async fn lead(
         if stop.is_cancelled() {
             return;
         }
-        sources.clear();
+        sources.forget(&[super::amqp::SOURCE, super::mqtt::SOURCE]);
         tracing::info!("Partition 0 moved to another node: broker sources stopped here.");
     }
+}
+
+/// Cluster mode: when AMQP ingest and the exchange are configured, consumes the queues of
+/// the partitions this node serves (`served`) until `stop`.
+pub fn exchange(
+    config: &Config,
+    partitions: u32,
+    served: super::amqp::exchange::Served,
+    ingest: &Ingest,
+    sources: &Sources,
+    stop: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    let Some(url) = &config.amqp_url else {
+        return;
+    };
+    if config.amqp_exchange.is_empty() {
+        return;
+    }
+    sources.set(super::amqp::exchange::SOURCE, false);
+    let settings = super::amqp::exchange::Settings {
+        url: url.clone(),
+        exchange: config.amqp_exchange.clone(),
+        dlq: format!("{}.dlq", config.amqp_queue),
+        partitions,
+    };
+    tracker.spawn(super::amqp::exchange::run(
+        ingest.clone(),
+        settings,
+        served,
+        sources.clone(),
+        stop.clone(),
+    ));
 }
 
 #[cfg(test)]

@@ -359,7 +359,8 @@ impl Leases {
     }
 }
 
-/// The broker sources (AMQP, MQTT). In a cluster they run on the node holding partition 0.
+/// The broker sources (AMQP, MQTT). In a cluster the plain queue and MQTT run on the node
+/// holding partition 0, and every node consumes its partitions' queues of the AMQP exchange.
 pub(super) struct Sources {
     ingest: ingest::Ingest,
     sources: ingest::Sources,
@@ -375,10 +376,7 @@ impl Sources {
         let cluster = base.membership.is_some();
         // Before a change shows anywhere (`/readyz`), the engine has it: no sensor is
         // declared lost for a silence the broker link explains once it is seen down.
-        let sources = ingest::Sources::watched(Arc::new(move |name, up| {
-            let Some(source) = crate::domain::Source::parse(name) else {
-                return;
-            };
+        let sources = ingest::Sources::watched(Arc::new(move |source, up| {
             let at = engine.now();
             engine.set_link(source, up, at);
             if cluster {
@@ -405,6 +403,15 @@ impl Sources {
                         stop.clone(),
                     ),
                 ));
+                ingest::sources::exchange(
+                    config,
+                    m.partitions(),
+                    m.served(),
+                    &ingest,
+                    &sources,
+                    &stop,
+                    &tasks,
+                );
             }
             None => ingest::sources::start(config, &ingest, &sources, &stop, &tasks),
         }

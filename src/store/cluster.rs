@@ -100,15 +100,19 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// returns when the first starts and the database's now, in microseconds since the
     /// epoch by the database's clock.
     async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)>;
-    /// Records that the node running the broker sources lost (`up` false) or made its
-    /// connection to the broker of `source` at `at` (its clock).
-    async fn set_source_link(&self, source: Source, up: bool, at: Millis) -> Result<()>;
-    /// Every broker link as last recorded: what each node's engine follows, so sensors
-    /// heard through a broker latch is not connected to are not declared lost anywhere.
-    async fn source_links(&self) -> Result<Vec<SourceLink>>;
+    /// Records that `node` lost (`up` false) or made its connection to the broker of
+    /// `source` at `at` (its clock).
+    async fn set_source_link(&self, node: &str, source: Source, up: bool, at: Millis)
+    -> Result<()>;
+    /// Every broker link as the nodes live within `live_within` last recorded it, one per
+    /// source: down while any of them is down, else up since the latest reconnect. What
+    /// each node's engine follows: a sensor's readings may come through any node's
+    /// connection (the AMQP exchange's queues are every node's), so none declares it lost
+    /// while one of those connections is down.
+    async fn source_links(&self, live_within: Duration) -> Result<Vec<SourceLink>>;
 }
 
-/// A broker link as [`ClusterStore::set_source_link`] recorded it.
+/// A broker link as [`ClusterStore::source_links`] sums up the nodes' records.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SourceLink {
     pub source: Source,

@@ -134,8 +134,8 @@ families! {
         "Partitions of the cluster (fixed when the database was first used).";
     CLUSTER_TAKEOVERS: Counter "latch_cluster_takeovers_total" []
         "Partitions this node took over (free, released or expired leases).";
-    CLUSTER_FORWARDED: Counter "latch_cluster_forwarded_readings_total" []
-        "Readings handed to the node serving their partition.";
+    CLUSTER_FORWARDED: Counter "latch_cluster_forwarded_readings_total" ["source"]
+        "Readings handed to the node serving their partition, by the source they came in by.";
     CLUSTER_FORWARD_FAILURES: Counter "latch_cluster_forward_failures_total" []
         "Forwarded requests the owner did not answer (their readings: send again).";
     CLUSTER_FENCED_COMMITS: Counter "latch_cluster_fenced_commits_total" []

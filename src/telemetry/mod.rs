@@ -294,11 +294,16 @@ pub fn register_families(config: &Config) {
             &f::CLUSTER_PARTITIONS_OWNED,
             &f::CLUSTER_PARTITIONS,
             &f::CLUSTER_TAKEOVERS,
-            &f::CLUSTER_FORWARDED,
             &f::CLUSTER_FORWARD_FAILURES,
             &f::CLUSTER_FENCED_COMMITS,
         ] {
             show(family);
+        }
+        f::CLUSTER_FORWARDED.describe();
+        for source in ["http", "amqp", "mqtt"] {
+            f::CLUSTER_FORWARDED
+                .counter_with(&[("source", source)])
+                .increment(0);
         }
     }
     if config.clickhouse_url.is_some() {

@@ -53,6 +53,14 @@ pub struct Args {
     /// Longest wait for the webhooks of a delivery phase, and for a takeover.
     #[arg(long, default_value = "120s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
+    /// How readings enter: `http` (requests rotated over the nodes, then the delivery and
+    /// takeover phases) or `amqp` (published to the consistent-hash exchange, routing key
+    /// = sensor id; ingest only).
+    #[arg(long, default_value = "http")]
+    pub via: String,
+    /// RabbitMQ to use with `--via amqp` (the consistent-hash exchange plugin enabled).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
 }
 
 /// One `latch serve` child process, killed when dropped.
@@ -62,7 +70,7 @@ struct Node {
 }
 
 impl Node {
-    fn spawn(dir: &Path, url: &str, args: &Args) -> anyhow::Result<Self> {
+    fn spawn(dir: &Path, url: &str, args: &Args, env: &[(&str, String)]) -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -79,6 +87,7 @@ impl Node {
             .env("LATCH_CLUSTER_SECRET", "bench-cluster-secret")
             .env("LATCH_DELIVERY_ALLOW_NETS", "127.0.0.0/8")
             .env("LATCH_LOG", "error")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -122,6 +131,19 @@ impl Group {
         receiver: &Receiver,
         http: &reqwest::Client,
     ) -> anyhow::Result<Self> {
+        Self::start_env(n, args, ingest, deliver, receiver, http, &[]).await
+    }
+
+    /// As [`Group::start`], with more `LATCH_*` settings on every node.
+    pub(super) async fn start_env(
+        n: usize,
+        args: &Args,
+        ingest: &[SensorId],
+        deliver: &[SensorId],
+        receiver: &Receiver,
+        http: &reqwest::Client,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("latch-bench-cluster-")
             .tempdir()?;
@@ -135,7 +157,7 @@ impl Group {
         for i in 0..n {
             let d: PathBuf = dir.path().join(format!("node{i}"));
             std::fs::create_dir_all(&d)?;
-            nodes.push(Node::spawn(&d, &schema.url, args)?);
+            nodes.push(Node::spawn(&d, &schema.url, args, env)?);
         }
         for node in &nodes {
             node.ready(http).await?;
@@ -240,6 +262,11 @@ impl Run {
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     anyhow::ensure!(args.nodes >= 2, "--nodes is at least 2");
+    match args.via.as_str() {
+        "http" => {}
+        "amqp" => return super::cluster_amqp::run(args).await,
+        other => anyhow::bail!("--via must be http or amqp, not {other:?}"),
+    }
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;
@@ -528,7 +555,7 @@ async fn takeover(
 }
 
 /// Sum of a metric over the nodes that answer.
-async fn sum_metric(http: &reqwest::Client, bases: &[String], name: &str) -> f64 {
+pub(super) async fn sum_metric(http: &reqwest::Client, bases: &[String], name: &str) -> f64 {
     let mut sum = 0.0;
     for base in bases {
         if let Ok(resp) = http.get(format!("{base}/metrics")).send().await

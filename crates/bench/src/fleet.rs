@@ -262,7 +262,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         receiver.duplicates() as f64,
         "requests",
     );
-    r.add("batch_max_events", f64::from(args.batch_max_events), "events");
+    r.add(
+        "batch_max_events",
+        f64::from(args.batch_max_events),
+        "events",
+    );
     r.add("webhook_requests", receiver.requests() as f64, "requests");
     r.add(
         "cpu_seconds_ready_to_all_lost",

@@ -7,6 +7,7 @@ pub mod broker;
 pub mod changes;
 pub mod clickhouse_server;
 pub mod cluster;
+mod cluster_amqp;
 pub mod deliver;
 pub mod deliver_broker;
 pub mod fleet;

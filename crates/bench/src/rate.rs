@@ -61,6 +61,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         workers: 1,
         changes: args.sensors,
         drain: Duration::from_secs(120),
+        via: "http".into(),
+        amqp_url: String::new(),
     };
     let mut r = Report::new("rate");
     r.add("nodes", args.nodes as f64, "nodes");

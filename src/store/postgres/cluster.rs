@@ -244,25 +244,42 @@ impl ClusterStore for PgStore {
             .collect())
     }
 
-    async fn set_source_link(&self, source: Source, up: bool, at: Millis) -> Result<()> {
+    async fn set_source_link(
+        &self,
+        node: &str,
+        source: Source,
+        up: bool,
+        at: Millis,
+    ) -> Result<()> {
         self.db
             .get("set_source_link")
             .await?
             .execute(
-                "INSERT INTO latch_source_links (source, up, at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (source) DO UPDATE SET up = excluded.up, at = excluded.at",
-                &[&source.as_str(), &up, &at],
+                "INSERT INTO latch_source_links (source, node, up, at) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (source, node) DO UPDATE SET up = excluded.up, at = excluded.at",
+                &[&source.as_str(), &node, &up, &at],
             )
             .await?;
         Ok(())
     }
 
-    async fn source_links(&self) -> Result<Vec<SourceLink>> {
+    async fn source_links(&self, live_within: Duration) -> Result<Vec<SourceLink>> {
+        // Down while any live node's link is (since the first of them went down), else up
+        // since the last reconnect: deadlines count from the latest return. A dead node's
+        // record is not read once its heartbeat is older than a lease.
         let rows = self
             .db
             .get("source_links")
             .await?
-            .query("SELECT source, up, at FROM latch_source_links", &[])
+            .query(
+                "SELECT l.source, bool_and(l.up), \
+                 CASE WHEN bool_and(l.up) THEN max(l.at) \
+                      ELSE min(l.at) FILTER (WHERE NOT l.up) END \
+                 FROM latch_source_links l JOIN latch_nodes n ON n.id = l.node \
+                 WHERE n.heartbeat_at > now() - $1::int8 * interval '1 millisecond' \
+                 GROUP BY l.source",
+                &[&ms(live_within)],
+            )
             .await?;
         Ok(rows
             .iter()

@@ -447,8 +447,9 @@ async fn readings_whose_commit_failed_are_redelivered_never_dead_lettered() {
     server.stop().await;
 }
 
-/// In a cluster one node consumes the queue — the one holding partition 0 — and hands the
-/// readings of other nodes' partitions to them: every message applied once, in one place.
+/// In a cluster one node consumes the plain queue — the one holding partition 0 — and
+/// hands the readings of other nodes' partitions to them: every message applied once, in
+/// one place. (The exchange beside it is every node's: `amqp_cluster.rs`.)
 #[tokio::test]
 async fn a_cluster_consumes_the_queue_on_one_node_and_applies_every_reading_once() {
     let Some((_conn, ch)) = broker().await else {
@@ -456,9 +457,11 @@ async fn a_cluster_consumes_the_queue_on_one_node_and_applies_every_reading_once
     };
     let queue = unique("lq");
     declare(&ch, &queue).await;
+    let exchange = unique("lqx");
     let env = [
         ("LATCH_AMQP_URL", url()),
         ("LATCH_AMQP_QUEUE", queue.clone()),
+        ("LATCH_AMQP_EXCHANGE", exchange.clone()),
     ];
     let Some(c) = crate::utils::cluster::Cluster::start_env(2, &env).await else {
         return;
@@ -481,13 +484,18 @@ async fn a_cluster_consumes_the_queue_on_one_node_and_applies_every_reading_once
     }
     let mut up = Vec::new();
     for base in &live {
-        up.push(c.node_metric(base, "latch_source_up").await);
+        up.push(
+            c.node_metric(base, "latch_source_up{source=\"amqp\"}")
+                .await,
+        );
     }
     up.sort_by(f64::total_cmp);
-    assert_eq!(up, vec![0.0, 1.0], "one node consumes");
+    assert_eq!(up, vec![0.0, 1.0], "one node consumes the plain queue");
     assert!(
         c.metric("latch_cluster_forwarded_readings_total").await > 0.0,
         "the other node's sensors were handed to it"
     );
     assert_eq!(r.received().len(), sensors.len(), "one notification each");
+    drop(c);
+    crate::amqp_cluster::clean_up(&ch, &exchange).await;
 }

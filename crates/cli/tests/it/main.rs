@@ -1,6 +1,7 @@
 //! Integration tests: the real service, on a port-0 listener, used over HTTP like a user.
 
 mod amqp;
+mod amqp_cluster;
 mod batches;
 mod bench;
 mod broker_links;

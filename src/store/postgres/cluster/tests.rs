@@ -577,34 +577,74 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     assert!(cluster.is_none(), "SQLite stays one node");
 }
 
-/// The broker links every node follows: the latest change per source, as recorded.
+async fn links(store: &PgStore) -> Vec<crate::store::SourceLink> {
+    let mut l = store.source_links(LONG).await.unwrap();
+    l.sort_by_key(|l| l.source.index());
+    l
+}
+
+/// The broker links every node follows: per source, down while any live node's link is
+/// down, else up since the latest reconnect; a node that is gone no longer counts.
 #[tokio::test]
-async fn source_links_keep_the_latest_change_of_each_source() {
+async fn source_links_are_down_while_any_live_nodes_link_is() {
     use crate::domain::Source;
     let Some(store) = cluster(4).await else {
         return;
     };
-    assert!(store.source_links().await.unwrap().is_empty());
-    store
-        .set_source_link(Source::Mqtt, false, 1_000)
-        .await
-        .unwrap();
-    store
-        .set_source_link(Source::Amqp, true, 1_500)
-        .await
-        .unwrap();
-    store
-        .set_source_link(Source::Mqtt, true, 2_000)
-        .await
-        .unwrap();
-    let mut links = store.source_links().await.unwrap();
-    links.sort_by_key(|l| l.source.index());
     let link = |source, up, at| crate::store::SourceLink { source, up, at };
+    assert!(links(&store).await.is_empty());
+    for n in ["a", "b"] {
+        store.heartbeat(n, "http://x", LONG).await.unwrap();
+    }
+    store
+        .set_source_link("a", Source::Mqtt, false, 1_000)
+        .await
+        .unwrap();
+    store
+        .set_source_link("a", Source::Amqp, true, 1_500)
+        .await
+        .unwrap();
+    store
+        .set_source_link("b", Source::Amqp, true, 1_200)
+        .await
+        .unwrap();
     assert_eq!(
-        links,
+        links(&store).await,
         [
             link(Source::Amqp, true, 1_500),
-            link(Source::Mqtt, true, 2_000)
+            link(Source::Mqtt, false, 1_000)
+        ],
+        "up since the latest reconnect"
+    );
+    store
+        .set_source_link("b", Source::Amqp, false, 2_000)
+        .await
+        .unwrap();
+    store
+        .set_source_link("a", Source::Mqtt, true, 2_100)
+        .await
+        .unwrap();
+    assert_eq!(
+        links(&store).await,
+        [
+            link(Source::Amqp, false, 2_000),
+            link(Source::Mqtt, true, 2_100)
+        ],
+        "b's connection down is the cluster's link down, whatever a's is"
+    );
+    // A node that left (or whose heartbeat is older than the lease) counts no more.
+    store.leave("b").await.unwrap();
+    assert_eq!(
+        links(&store).await,
+        [
+            link(Source::Amqp, true, 1_500),
+            link(Source::Mqtt, true, 2_100)
         ]
     );
+    // Recorded by a node never registered: nobody's.
+    store
+        .set_source_link("ghost", Source::Amqp, false, 3_000)
+        .await
+        .unwrap();
+    assert_eq!(links(&store).await[0], link(Source::Amqp, true, 1_500));
 }

@@ -47,6 +47,8 @@ pub fn fast_config(dir: &Path) -> Config {
     c.retry_max_delay = Duration::from_secs(5);
     c.delivery_timeout = Duration::from_secs(2);
     c.shutdown_grace = Duration::from_secs(3);
+    // No cluster exchange unless a test names one of its own: tests share one broker.
+    c.amqp_exchange = String::new();
     c
 }
 
