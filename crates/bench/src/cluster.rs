@@ -262,11 +262,12 @@ impl Run {
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     anyhow::ensure!(args.nodes >= 2, "--nodes is at least 2");
-    match args.via.as_str() {
-        "http" => {}
-        "amqp" => return super::cluster_amqp::run(args).await,
-        other => anyhow::bail!("--via must be http or amqp, not {other:?}"),
-    }
+    // `--via amqp` is `cluster_amqp::run` ([`super::cluster_any`]).
+    anyhow::ensure!(
+        args.via == "http",
+        "--via must be http or amqp, not {:?}",
+        args.via
+    );
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;

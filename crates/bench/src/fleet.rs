@@ -103,7 +103,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     let receiver = Receiver::start_keeping(Keep::Stats).await?;
     let client = latch::domain::Client {
-        batch: (args.batch_max_events > 0).then(|| latch::domain::client::Batch {
+        batch: (args.batch_max_events > 0).then_some(latch::domain::client::Batch {
             max_events: args.batch_max_events,
             max_wait_ms: args.batch_max_wait.as_millis() as u32,
         }),

@@ -415,3 +415,12 @@ impl Commits {
         r.add("commit_busy_share", self.seconds / secs, "x");
     }
 }
+
+/// `latch bench cluster`, by how the readings enter: over HTTP ([`cluster::run`]) or
+/// through RabbitMQ's consistent-hash exchange ([`cluster_amqp::run`]).
+pub async fn cluster_any(args: cluster::Args) -> anyhow::Result<Report> {
+    match args.via.as_str() {
+        "amqp" => cluster_amqp::run(args).await,
+        _ => cluster::run(args).await,
+    }
+}

@@ -92,7 +92,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Restart(a) => latch_bench::restart::run(a).await?,
                     Scenario::History(a) => latch_bench::history::run(a).await?,
                     Scenario::Soak(a) => latch_bench::soak::run(a).await?,
-                    Scenario::Cluster(a) => latch_bench::cluster::run(a).await?,
+                    Scenario::Cluster(a) => latch_bench::cluster_any(a).await?,
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))

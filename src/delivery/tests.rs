@@ -1,0 +1,112 @@
+//! The dispatcher's loop driven by hand: admission hands heads to the claimer with their
+//! client's permits, and what is due at start goes out without anything else arriving.
+
+use super::*;
+use crate::domain::{EventKind, SensorId};
+use lanes::Finished;
+
+/// Three tries a second apart, two requests at a time per client.
+fn settings(clock: Clock) -> Settings {
+    Settings {
+        policy: RetryPolicy {
+            kind: retry::Kind::Fixed(vec![Duration::from_secs(1)]),
+            max_delay: Duration::from_secs(1),
+            max_attempts: 3,
+        },
+        timeout: Duration::from_secs(1),
+        concurrency: 8,
+        client_concurrency: 2,
+        node: "test".into(),
+        clock,
+        guard: Arc::default(),
+        disable_after: Duration::from_secs(3600),
+        serves: None,
+        rate_grants: None,
+    }
+}
+
+#[test]
+fn a_clients_permits_are_dropped_once_nothing_of_it_is_out() {
+    let settings = settings(Clock::manual(0));
+    let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
+    let (claims_tx, mut claims) = mpsc::unbounded_channel();
+    let mut core = Core::new(&settings, rec_tx, claims_tx, false);
+    let now = 1_800_000_000_000;
+    let refs = (0..3)
+        .map(|n| NotificationRef {
+            id: ulid::Ulid::new().to_string(),
+            seq: n,
+            client_id: "c".into(),
+            sensor_id: SensorId::parse(&format!("s{n:07}")).unwrap(),
+            kind: EventKind::StateChanged,
+            due_at: now,
+            attempts: 0,
+            batch_id: None,
+        })
+        .collect();
+    core.add(refs, now);
+    core.lanes.fire_timers(now);
+    core.pump();
+    assert_eq!(core.client_sends.len(), 1);
+    let mut out = Vec::new();
+    while let Ok(a) = claims.try_recv() {
+        out.push(one(a));
+    }
+    assert_eq!(out.len(), 3);
+    assert!(Arc::ptr_eq(&out[0].client_sends, &out[2].client_sends));
+    for a in out {
+        let result = Finished::Gone(crate::domain::Status::Cancelled);
+        let (lane, id) = (a.lane, a.id);
+        assert_eq!(core.client_sends.len(), 1, "held while any is out");
+        core.finish(Done { lane, id, result }, now);
+    }
+    assert!(core.client_sends.is_empty());
+    assert!(
+        outcomes.try_recv().is_err(),
+        "nothing to record for gone ones"
+    );
+}
+
+/// A restart after a crash loads notifications that are due already (never tried, or
+/// a retry overdue): they are sent at once, not when the next reading wakes the loop.
+#[tokio::test]
+async fn notifications_due_at_start_are_sent_without_anything_else_arriving() {
+    let settings = settings(Clock::wall());
+    let (rec_tx, _outcomes) = mpsc::unbounded_channel();
+    let (claims_tx, mut claims) = mpsc::unbounded_channel();
+    let mut core = Core::new(&settings, rec_tx, claims_tx, false);
+    let now = settings.clock.now();
+    core.add(
+        vec![NotificationRef {
+            id: ulid::Ulid::new().to_string(),
+            seq: 1,
+            client_id: "c".into(),
+            sensor_id: SensorId::parse("s1").unwrap(),
+            kind: EventKind::StateChanged,
+            due_at: now - 5_000,
+            attempts: 0,
+            batch_id: None,
+        }],
+        now,
+    );
+    // The command channel stays open and silent.
+    let (_cmds, rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(core.run(rx, stop.clone(), Duration::ZERO));
+    let admitted = tokio::time::timeout(Duration::from_secs(10), claims.recv()).await;
+    stop.cancel();
+    let _ = run.await;
+    let admitted = admitted.expect("the due head was never handed to the claimer");
+    assert_eq!(
+        admitted.map(|a| one(a).lane.1.to_string()),
+        Some("s1".into())
+    );
+}
+
+/// A head admitted alone (these tests have no batched client).
+fn one(a: Admission) -> Admitted {
+    match a {
+        Admission::One(a) => a,
+        Admission::Batch(b) => panic!("a batch of {} was admitted", b.batch.members.len()),
+    }
+}
