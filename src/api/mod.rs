@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod limits;
 pub mod notifications;
 pub mod pagination;
+pub mod rates;
 pub mod readings;
 pub mod sensors;
 pub mod stream;
@@ -77,6 +78,8 @@ pub struct AppState {
     /// Cancelled when shutdown begins: ends the event streams, which the HTTP server's
     /// graceful stop would otherwise wait for forever.
     pub streams_stop: tokio_util::sync::CancellationToken,
+    /// The last hour of this node's activity (`GET /v1/fleet/rates`).
+    pub recent: Arc<crate::telemetry::recent::Recent>,
 }
 
 impl AppState {
@@ -116,6 +119,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(tokens::router())
         .merge(cluster::router())
         .merge(fleet::router())
+        .merge(rates::router())
         .merge(stream::router())
         .split_for_parts()
 }

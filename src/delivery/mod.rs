@@ -45,9 +45,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::domain::{Millis, NotificationRef, Outcome};
+use crate::domain::{Millis, NotificationRef, Outcome, Verdict};
 use crate::store::Store;
 use crate::telemetry::families;
+use crate::telemetry::recent::Measure;
 use claimer::{Admitted, Sending, claimer};
 use lanes::{Done, LaneKey, Lanes};
 use recorder::recorder;
@@ -82,6 +83,8 @@ pub struct Settings {
     /// Cluster mode: where clients' `rate_limit` slots are leased from, so a limit holds
     /// for the whole cluster ([`rates`]). `None`: each client paced by this node alone.
     pub rate_grants: Option<RateGrants>,
+    /// Where delivered and failed attempts are counted for the console's charts.
+    pub recent: Option<Arc<crate::telemetry::recent::Recent>>,
 }
 
 /// Where a cluster leases clients' rate slots (the cluster's store).
@@ -118,6 +121,7 @@ impl Settings {
             disable_after: c.endpoint_disable_after,
             serves: None,
             rate_grants: None,
+            recent: None,
         }
     }
 
@@ -360,6 +364,8 @@ struct Core {
         Arc<dyn crate::store::ClusterStore>,
         mpsc::UnboundedSender<Cmd>,
     )>,
+    /// Where attempts are counted for the console's charts.
+    recent: Option<Arc<crate::telemetry::recent::Recent>>,
 }
 
 impl Core {
@@ -385,6 +391,7 @@ impl Core {
             serves: settings.serves.clone(),
             clock: settings.clock.clone(),
             grants: None,
+            recent: settings.recent.clone(),
         }
     }
 
@@ -545,6 +552,13 @@ impl Core {
         self.withdraw.remove(&d.lane);
         let client = d.lane.0.clone();
         if let Some(outcome) = self.lanes.finish(d, now, rand::thread_rng().r#gen()) {
+            if let (Some(recent), Some(_)) = (&self.recent, &outcome.attempt) {
+                let measure = match outcome.verdict {
+                    Verdict::Delivered => Measure::Delivered,
+                    _ => Measure::Failed,
+                };
+                recent.add(measure, 1, now);
+            }
             let _ = self.recorder.send(outcome);
         }
         if !self.lanes.client_busy(&client) {
@@ -576,6 +590,7 @@ mod tests {
             disable_after: Duration::from_secs(3600),
             serves: None,
             rate_grants: None,
+            recent: None,
         }
     }
 

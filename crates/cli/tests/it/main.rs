@@ -19,6 +19,7 @@ mod moves;
 mod mqtt;
 mod node_trust;
 mod nodes;
+mod operator;
 mod readings;
 mod redelivery;
 mod registry;
