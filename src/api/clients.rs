@@ -208,9 +208,11 @@ async fn create_client(
 pub struct ClientParams {
     /// `true`: only disabled clients; `false`: only enabled ones.
     pub disabled: Option<bool>,
+    /// Search: clients whose name holds it (case aside).
+    pub q: Option<String>,
 }
 
-/// List clients, oldest first.
+/// List clients, oldest first; `q` finds them by name.
 #[utoipa::path(get, path = "/v1/clients", tag = "clients", params(ClientParams, PageParams),
     responses((status = 200, body = List<ClientOut>)))]
 async fn list_clients(
@@ -219,10 +221,17 @@ async fn list_clients(
     ApiQuery(f): ApiQuery<ClientParams>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
-    let page = st
-        .store
-        .list_clients(page.to_request()?, f.disabled)
-        .await?;
+    let page = match super::search(f.q.as_deref())? {
+        Some(q) => {
+            crate::store::find_clients(st.store.as_ref(), &q, f.disabled, page.to_request()?)
+                .await?
+        }
+        None => {
+            st.store
+                .list_clients(page.to_request()?, f.disabled)
+                .await?
+        }
+    };
     Ok(ApiJson(List::from_page(page, |c| {
         client_out(c, false, sees.0)
     })))

@@ -283,6 +283,20 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
+/// Longest search text (`?q=`), in characters.
+pub const MAX_SEARCH_CHARS: usize = 200;
+
+/// A list's `?q=`: `None` when absent or holding nothing to search for (the whole list).
+pub(crate) fn search(q: Option<&str>) -> Result<Option<crate::store::Search>, ApiError> {
+    let Some(q) = q else { return Ok(None) };
+    if q.chars().count() > MAX_SEARCH_CHARS {
+        return Err(ApiError::bad_request(format!(
+            "q must be at most {MAX_SEARCH_CHARS} characters"
+        )));
+    }
+    Ok(crate::store::Search::parse(q))
+}
+
 /// An optional whole number; `30.0` counts as one, as JSON Schema's `integer` says (so a
 /// generic client sending it is not refused).
 pub(crate) fn whole_number<'de, D: serde::Deserializer<'de>>(

@@ -107,3 +107,152 @@ async fn rates_of_the_last_hour_are_kept_by_latch() {
     assert_eq!(sum(&body, "readings"), 0);
     s.stop().await;
 }
+
+/// What just failed comes first, filtered by type, status and time; the old order and
+/// its cursors are unchanged.
+#[tokio::test]
+async fn notifications_newest_first_with_filters() {
+    let s = TestServer::start().await;
+    let ok = Receiver::start().await;
+    let failing = Receiver::start().await;
+    failing.always(Answer::status(410));
+    let (a, b) = (unique("na"), unique("nb"));
+    s.sensor(&a).await;
+    s.sensor(&b).await;
+    let good = s.client(&ok.url).await;
+    let bad = s.client(&failing.url).await;
+    s.link(&good, &a).await;
+    s.link(&bad, &b).await;
+    let started = latch::domain::time::format(now_ms() - 1);
+    for (i, data) in [1, 0, 1].into_iter().enumerate() {
+        s.readings(json!({"sensor_id": a, "data": data})).await;
+        ok.wait_for(i + 1, 10).await;
+    }
+    s.readings(json!({"sensor_id": b, "data": 1})).await;
+    let failed = eventually(10, "the 410 dead-lettered", || async {
+        let f = s
+            .notifications(&format!("client_id={bad}&status=failed"))
+            .await;
+        f.first().cloned()
+    })
+    .await;
+
+    let newest = s.notifications(&format!("order=desc&from={started}")).await;
+    assert!(newest.len() >= 4, "{newest:?}");
+    assert_eq!(newest[0]["id"], failed["id"], "the newest first");
+    let seqs = |v: &[Value]| {
+        v.iter()
+            .map(|n| n["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let mut oldest = s.notifications(&format!("from={started}")).await;
+    oldest.reverse();
+    assert_eq!(
+        seqs(&newest),
+        seqs(&oldest),
+        "one order is the other reversed"
+    );
+
+    // Paging newest first with the cursor.
+    let (_, page1) = s
+        .get(&format!(
+            "/v1/notifications?order=desc&limit=2&client_id={good}"
+        ))
+        .await;
+    let cursor = page1["next_cursor"].as_str().unwrap();
+    let (_, page2) = s
+        .get(&format!(
+            "/v1/notifications?order=desc&limit=2&client_id={good}&cursor={cursor}"
+        ))
+        .await;
+    let all = s
+        .notifications(&format!("order=desc&client_id={good}"))
+        .await;
+    let paged: Vec<Value> = page1["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(page2["items"].as_array().unwrap())
+        .cloned()
+        .collect();
+    assert_eq!(seqs(&paged), seqs(&all[..3]));
+
+    // "Failed in the last hour".
+    let hour_ago = latch::domain::time::format(now_ms() - 3_600_000);
+    let f = s
+        .notifications(&format!("order=desc&status=failed&from={hour_ago}"))
+        .await;
+    assert_eq!(
+        f.iter().filter(|n| n["client_id"] == bad.as_str()).count(),
+        1
+    );
+    assert!(f.iter().all(|n| n["status"] == "failed"));
+    let later = latch::domain::time::format(now_ms() + 60_000);
+    assert!(s.notifications(&format!("from={later}")).await.is_empty());
+    let changes = s
+        .notifications(&format!("type=sensor.state_changed&sensor_id={a}"))
+        .await;
+    assert_eq!(changes.len(), 3);
+    assert!(
+        s.notifications(&format!("type=sensor.connection_lost&sensor_id={a}"))
+            .await
+            .is_empty()
+    );
+
+    for bad_query in ["order=sideways", "type=sensor.exploded", "from=yesterday"] {
+        let (st, body) = s.get(&format!("/v1/notifications?{bad_query}")).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad_query}: {body}");
+    }
+    s.stop().await;
+}
+
+/// Sensors by id prefix or address words, clients by name.
+#[tokio::test]
+async fn sensors_and_clients_are_found() {
+    let s = TestServer::start().await;
+    let tag = unique("q");
+    let door = format!("{tag}D");
+    let gate = format!("{tag}G");
+    for (id, address) in [
+        (&door, format!("Svobody st. 23 {tag}")),
+        (&gate, format!("Baumana 5 {tag}")),
+    ] {
+        let (st, body) = s
+            .post("/v1/sensors", json!({"id": id, "address": address}))
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{body}");
+    }
+    let ids = |b: &Value| {
+        b["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let (_, body) = s.get(&format!("/v1/sensors?q={tag}")).await;
+    assert_eq!(ids(&body), [door.clone(), gate.clone()], "by id prefix");
+    let (_, body) = s
+        .get(&format!("/v1/sensors?q=svobody%20{}", tag.to_lowercase()))
+        .await;
+    assert_eq!(ids(&body), [door.clone()], "by address words");
+    let (_, body) = s
+        .get(&format!("/v1/sensors?q=baum%20{tag}&connection=unknown"))
+        .await;
+    assert_eq!(ids(&body), [gate.clone()]);
+    let (st, _) = s.get(&format!("/v1/sensors?q={}", "x".repeat(201))).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+
+    let name = format!("Night shift {tag}");
+    let (_, c) = s
+        .post(
+            "/v1/clients",
+            json!({"name": name, "url": "https://example.com/h"}),
+        )
+        .await;
+    let (_, body) = s
+        .get(&format!("/v1/clients?q=SHIFT%20{}", tag.to_lowercase()))
+        .await;
+    assert_eq!(ids(&body), [c["id"].as_str().unwrap().to_string()]);
+    s.stop().await;
+}
