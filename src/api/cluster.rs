@@ -34,6 +34,7 @@ pub fn internal() -> axum::Router<AppState> {
         .route(READINGS_PATH, post(forwarded))
         .route(FOLLOW_PATH, post(follow))
         .route(super::rates::INTERNAL_PATH, get(super::rates::internal))
+        .route(super::stream::INTERNAL_PATH, get(super::stream::internal))
         .layer(DefaultBodyLimit::max(MAX_FORWARD_BYTES))
 }
 

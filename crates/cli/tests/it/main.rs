@@ -8,6 +8,7 @@ mod choices;
 mod clients;
 mod cluster;
 mod cluster_choices;
+mod cluster_console;
 mod console;
 mod delivery;
 mod history;
