@@ -108,6 +108,20 @@ pub struct HealthOut {
     /// Its notifications pending, and failed (dead letters).
     pub pending: u64,
     pub failed: u64,
+    /// The last hour in twelve 5-minute slices, oldest first: attempts, failed ones and
+    /// their median duration, for a chart of its recent deliveries.
+    pub series_1h: Vec<HealthSliceOut>,
+}
+
+/// Five minutes of a client's attempts.
+#[derive(Serialize, ToSchema)]
+pub struct HealthSliceOut {
+    /// Start of the slice.
+    pub at: String,
+    pub attempts: u64,
+    pub failed: u64,
+    /// Median attempt duration; `null` without attempts.
+    pub latency_p50_ms: Option<u32>,
 }
 
 impl From<Health> for HealthOut {
@@ -122,6 +136,16 @@ impl From<Health> for HealthOut {
             latency_p99_ms_1h: h.latency_p99_ms_1h,
             pending: h.pending,
             failed: h.failed,
+            series_1h: h
+                .series_1h
+                .into_iter()
+                .map(|b| HealthSliceOut {
+                    at: time::format(b.at),
+                    attempts: b.attempts,
+                    failed: b.failed,
+                    latency_p50_ms: b.latency_p50_ms,
+                })
+                .collect(),
         }
     }
 }
