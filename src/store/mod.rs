@@ -8,6 +8,7 @@
 //! - [`HistoryStore`]: history reads and the spool that ships to ClickHouse.
 //! - [`Tokens`]: API tokens.
 //! - [`Backend`]: reachability and periodic upkeep.
+//! - [`Find`]: the console's sensor search.
 //! - [`ClusterStore`]: partition leases and node rows (PostgreSQL only).
 //!
 //! [`Store`] is all of them but the cluster's, for the wiring that hands each part its

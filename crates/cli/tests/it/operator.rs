@@ -235,11 +235,11 @@ async fn sensors_and_clients_are_found() {
     let (_, body) = s
         .get(&format!("/v1/sensors?q=svobody%20{}", tag.to_lowercase()))
         .await;
-    assert_eq!(ids(&body), [door.clone()], "by address words");
+    assert_eq!(ids(&body), [door.as_str()], "by address words");
     let (_, body) = s
         .get(&format!("/v1/sensors?q=baum%20{tag}&connection=unknown"))
         .await;
-    assert_eq!(ids(&body), [gate.clone()]);
+    assert_eq!(ids(&body), [gate.as_str()]);
     let (st, _) = s.get(&format!("/v1/sensors?q={}", "x".repeat(201))).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 
