@@ -25,7 +25,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use crate::clock::Clock;
-use crate::domain::{Event, NotificationRef, SensorId};
+use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::engine::{CommitFailure, CommitRequest};
 use crate::store::{CommitBatch, Runtime, SensorRuntime};
 use crate::telemetry::{SPANS, families};
@@ -54,6 +54,12 @@ pub struct Committed {
     /// Its events, when [`Listener::wants_events`] said so before the commit: copying
     /// them costs, and only a live stream's listeners need them.
     pub events: Option<Vec<Event>>,
+    /// Readings it made durable.
+    pub readings: usize,
+    /// Its events counted by kind, in [`EventKind::ALL`]'s order (the recent rates).
+    pub kinds: [usize; EventKind::ALL.len()],
+    /// When it was committed (the committer's clock).
+    pub at: Millis,
 }
 
 /// Who hears of commits: the wiring connects the dispatcher, the history shipper and the
@@ -161,16 +167,19 @@ impl Committing {
         let rows = batch.readings.len();
         let history_rows = rows + batch.events.len();
         let events = self.listener.wants_events().then(|| batch.events.clone());
+        let mut kinds = [0; EventKind::ALL.len()];
+        for e in &batch.events {
+            if let Some(i) = EventKind::ALL.iter().position(|k| *k == e.kind) {
+                kinds[i] += 1;
+            }
+        }
+        let at = self.clock.now();
         // One group commit: a span for the log (its failures say which commit) and, when
         // traces are on, for OTLP; see `telemetry`.
         let span = tracing::info_span!(target: SPANS, "commit", readings = rows,
             events = batch.events.len(), notifications = Empty, otel.status_code = Empty);
         let started = Instant::now();
-        let result = self
-            .store
-            .commit(batch, self.clock.now())
-            .instrument(span.clone())
-            .await;
+        let result = self.store.commit(batch, at).instrument(span.clone()).await;
         families::COMMIT_SECONDS
             .histogram()
             .record(started.elapsed().as_secs_f64());
@@ -186,6 +195,9 @@ impl Committing {
                     notifications,
                     history_rows,
                     events,
+                    readings: rows,
+                    kinds,
+                    at,
                 });
                 for r in replies {
                     let _ = r.send(Ok(()));

@@ -149,6 +149,20 @@ pub struct HealthOut {
     /// Its notifications pending, and failed (dead letters).
     pub pending: u64,
     pub failed: u64,
+    /// The last hour in twelve 5-minute slices, oldest first: attempts, failed ones and
+    /// their median duration, for a chart of its recent deliveries.
+    pub series_1h: Vec<HealthSliceOut>,
+}
+
+/// Five minutes of a client's attempts.
+#[derive(Serialize, ToSchema)]
+pub struct HealthSliceOut {
+    /// Start of the slice.
+    pub at: String,
+    pub attempts: u64,
+    pub failed: u64,
+    /// Median attempt duration; `null` without attempts.
+    pub latency_p50_ms: Option<u32>,
 }
 
 impl From<Health> for HealthOut {
@@ -163,6 +177,16 @@ impl From<Health> for HealthOut {
             latency_p99_ms_1h: h.latency_p99_ms_1h,
             pending: h.pending,
             failed: h.failed,
+            series_1h: h
+                .series_1h
+                .into_iter()
+                .map(|b| HealthSliceOut {
+                    at: time::format(b.at),
+                    attempts: b.attempts,
+                    failed: b.failed,
+                    latency_p50_ms: b.latency_p50_ms,
+                })
+                .collect(),
         }
     }
 }
@@ -254,9 +278,11 @@ async fn create_client(
 pub struct ClientParams {
     /// `true`: only disabled clients; `false`: only enabled ones.
     pub disabled: Option<bool>,
+    /// Search: clients whose name holds it (case aside).
+    pub q: Option<String>,
 }
 
-/// List clients, oldest first.
+/// List clients, oldest first; `q` finds them by name.
 #[utoipa::path(get, path = "/v1/clients", tag = "clients", params(ClientParams, PageParams),
     responses((status = 200, body = List<ClientOut>)))]
 async fn list_clients(
@@ -265,10 +291,17 @@ async fn list_clients(
     ApiQuery(f): ApiQuery<ClientParams>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
-    let page = st
-        .store
-        .list_clients(page.to_request()?, f.disabled)
-        .await?;
+    let page = match super::search(f.q.as_deref())? {
+        Some(q) => {
+            crate::store::find_clients(st.store.as_ref(), &q, f.disabled, page.to_request()?)
+                .await?
+        }
+        None => {
+            st.store
+                .list_clients(page.to_request()?, f.disabled)
+                .await?
+        }
+    };
     Ok(ApiJson(List::from_page(page, |c| {
         client_out(c, false, sees.0)
     })))

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -33,6 +33,8 @@ pub fn internal() -> axum::Router<AppState> {
     axum::Router::new()
         .route(READINGS_PATH, post(forwarded))
         .route(FOLLOW_PATH, post(follow))
+        .route(super::rates::INTERNAL_PATH, get(super::rates::internal))
+        .route(super::stream::INTERNAL_PATH, get(super::stream::internal))
         .layer(DefaultBodyLimit::max(MAX_FORWARD_BYTES))
 }
 
@@ -99,7 +101,7 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
 
 /// Refuses a node-to-node request without the cluster secret (or on a single node).
 /// There is always a secret ([`crate::cluster::trust`]), whatever the API's tokens are.
-fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(c) = &st.cluster else {
         return Err(ApiError::not_found("route"));
     };

@@ -194,6 +194,9 @@ fn constrain_parameters(doc: &mut Value) {
                         json!({"enum": ["pending", "delivered", "failed", "superseded", "cancelled"]})
                     }
                     "from" | "to" => json!({"format": "date-time"}),
+                    "order" => json!({"enum": ["asc", "desc"]}),
+                    "q" => json!({"maxLength": super::MAX_SEARCH_CHARS}),
+                    "type" => json!({"enum": EventKind::ALL.map(|k| k.as_str())}),
                     "sensor_id" => json!({"pattern": sensor_id_pattern()}),
                     "id" if sensor_path => json!({"pattern": sensor_id_pattern()}),
                     _ => continue,

@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod limits;
 pub mod notifications;
 pub mod pagination;
+pub mod rates;
 pub mod readings;
 pub mod sensors;
 pub mod stream;
@@ -77,6 +78,8 @@ pub struct AppState {
     /// Cancelled when shutdown begins: ends the event streams, which the HTTP server's
     /// graceful stop would otherwise wait for forever.
     pub streams_stop: tokio_util::sync::CancellationToken,
+    /// The last hour of this node's activity (`GET /v1/fleet/rates`).
+    pub recent: Arc<crate::telemetry::recent::Recent>,
 }
 
 impl AppState {
@@ -116,6 +119,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(tokens::router())
         .merge(cluster::router())
         .merge(fleet::router())
+        .merge(rates::router())
         .merge(stream::router())
         .split_for_parts()
 }
@@ -277,6 +281,20 @@ async fn metrics(State(st): State<AppState>) -> Response {
         st.metrics.render(),
     )
         .into_response()
+}
+
+/// Longest search text (`?q=`), in characters.
+pub const MAX_SEARCH_CHARS: usize = 200;
+
+/// A list's `?q=`: `None` when absent or holding nothing to search for (the whole list).
+pub(crate) fn search(q: Option<&str>) -> Result<Option<crate::store::Search>, ApiError> {
+    let Some(q) = q else { return Ok(None) };
+    if q.chars().count() > MAX_SEARCH_CHARS {
+        return Err(ApiError::bad_request(format!(
+            "q must be at most {MAX_SEARCH_CHARS} characters"
+        )));
+    }
+    Ok(crate::store::Search::parse(q))
 }
 
 /// An optional whole number; `30.0` counts as one, as JSON Schema's `integer` says (so a

@@ -9,7 +9,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
-use super::readings::DetailOut;
+use super::readings::{DetailOut, RangeParams};
 use crate::domain::{Attempt, EventKind, Notification, Status, time};
 use crate::store::{NotificationFilter, ReplayFilter};
 
@@ -105,7 +105,7 @@ fn attempt_out(a: Attempt) -> AttemptOut {
     }
 }
 
-/// Filters of the notification list.
+/// Filters of the notification list, and its order.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct NotificationParams {
@@ -113,18 +113,46 @@ pub struct NotificationParams {
     pub sensor_id: Option<String>,
     /// `pending`, `delivered`, `failed`, `superseded` or `cancelled`.
     pub status: Option<String>,
+    /// Only notifications of this type (`sensor.state_changed`, …).
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    pub kind: Option<String>,
+    /// `asc` (the default: oldest first, as the list always was) or `desc` (newest
+    /// first). A cursor pages on in the order it was given in.
+    pub order: Option<String>,
 }
 
-/// List notifications, oldest first.
+/// List notifications, oldest first (or newest first with `order=desc`); `from` and `to`
+/// bound when they were created.
 #[utoipa::path(get, path = "/v1/notifications", tag = "notifications",
-    params(NotificationParams, PageParams),
+    params(NotificationParams, RangeParams, PageParams),
     responses((status = 200, body = List<NotificationOut>), (status = 400, body = ErrorBody)))]
 async fn list_notifications(
     State(st): State<AppState>,
     ApiQuery(f): ApiQuery<NotificationParams>,
+    ApiQuery(range): ApiQuery<RangeParams>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<NotificationOut>>> {
     let filter = NotificationFilter {
+        kind: match f.kind.as_deref() {
+            None => None,
+            Some(k) => Some(EventKind::parse(k).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "type must be one of {}, got {k:?}",
+                    EventKind::ALL.map(|k| k.as_str()).join(", ")
+                ))
+            })?),
+        },
+        created: range.range()?,
+        newest_first: match f.order.as_deref() {
+            None | Some("asc") => false,
+            Some("desc") => true,
+            Some(o) => {
+                return Err(ApiError::bad_request(format!(
+                    "order must be asc or desc, got {o:?}"
+                )));
+            }
+        },
         client_id: f.client_id.filter(|s| !s.is_empty()),
         sensor_id: match f.sensor_id.as_deref() {
             None => None,

@@ -87,7 +87,7 @@ pub struct RangeParams {
 }
 
 impl RangeParams {
-    fn range(&self) -> ApiResult<TimeRange> {
+    pub(super) fn range(&self) -> ApiResult<TimeRange> {
         let parse = |name: &str, v: &Option<String>| -> ApiResult<Option<Millis>> {
             match v.as_deref() {
                 None => Ok(None),

@@ -129,12 +129,15 @@ fn check_fields(address: &str, timeout: Option<u32>, debounce: Option<u32>) -> A
     Ok(())
 }
 
-/// `?connection=` filter of the sensor list.
+/// `?connection=` and `?q=` filters of the sensor list.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SensorListParams {
     /// `online`, `lost` or `unknown` (never reported).
     pub connection: Option<String>,
+    /// Search: sensors whose id starts with it (case kept), or whose address has a word
+    /// starting with each of its words (case and accents aside).
+    pub q: Option<String>,
 }
 
 /// Register a sensor.
@@ -167,7 +170,7 @@ async fn create_sensor(
     ))
 }
 
-/// List sensors, by id.
+/// List sensors, by id; `q` finds them by id prefix or address words.
 #[utoipa::path(get, path = "/v1/sensors", tag = "sensors", params(PageParams, SensorListParams),
     responses((status = 200, body = List<SensorOut>)))]
 async fn list_sensors(
@@ -183,10 +186,18 @@ async fn list_sensors(
             ))
         })?),
     };
-    let page = st
-        .store
-        .list_sensors(connection, page.to_request()?)
-        .await?;
+    let page = match super::search(filter.q.as_deref())? {
+        Some(q) => {
+            st.store
+                .find_sensors(q, connection, page.to_request()?)
+                .await?
+        }
+        None => {
+            st.store
+                .list_sensors(connection, page.to_request()?)
+                .await?
+        }
+    };
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 

@@ -6,21 +6,51 @@
 //! while somebody listens. A listener too slow for the channel's buffer is told how many it
 //! missed (`lagged`) and should read the state again; the stream is a view, not a log:
 //! history and webhooks stay the record.
+//!
+//! In a cluster each node commits only its own partitions' events, so a node serving a
+//! stream also relays its peers': for each listener it reads every other live node's own
+//! events (`/internal/v1/stream`, with the cluster secret) and merges them into the
+//! listener's stream, following nodes as they join and leave. Chosen over PostgreSQL's
+//! `LISTEN`/`NOTIFY`, which would put a `pg_notify` per event into every commit, whether
+//! anyone watches or not, through a server whose payloads and queue are bounded: a relay
+//! costs nothing while nobody watches, and a connection per peer while somebody does.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures::Stream;
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
 use serde::Serialize;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
 use super::readings::EventOut;
+use crate::cluster::Membership;
 use crate::domain::Event;
+
+/// Path of a node's own events, for the node relaying them.
+pub const INTERNAL_PATH: &str = "/internal/v1/stream";
+
+/// How often the relay looks for nodes that joined or left.
+const PEERS_EVERY: Duration = Duration::from_secs(2);
+
+/// Wait before reading a peer's events again after its stream broke.
+const PEER_RETRY: Duration = Duration::from_secs(1);
+
+/// Peer events queued for one listener before the relay waits for it (then the peer's own
+/// buffer fills, and the peer tells of what was missed with `lagged`).
+const RELAY_BUFFER: usize = 256;
+
+type Events = Pin<Box<dyn Stream<Item = Result<SseEvent, Infallible>> + Send>>;
 
 /// Events buffered per listener before it lags.
 const BUFFER: usize = 4096;
@@ -56,16 +86,43 @@ fn out(e: &Event) -> StreamEventOut {
 /// Live events as `text/event-stream`: one SSE event per committed event, named by its
 /// `type` (`sensor.state_changed`, `sensor.connection_lost`, `sensor.connection_restored`)
 /// with a `StreamEventOut` as `data`; `lagged` with `{"missed": n}` when this listener fell
-/// behind. In a cluster, the events of the partitions this node serves.
+/// behind. In a cluster, the whole fleet's: this node's and, relayed, every other live
+/// node's.
 #[utoipa::path(get, path = "/v1/stream", tag = "sensors",
     responses((status = 200, description = "server-sent events until the client disconnects",
         content_type = "text/event-stream", body = StreamEventOut)))]
-async fn stream(
-    State(st): State<AppState>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+async fn stream(State(st): State<AppState>) -> Response {
+    let events = match &st.cluster {
+        None => local(&st),
+        Some(c) => {
+            let relayed = relay(c.clone(), st.streams_stop.child_token());
+            let stop = st.streams_stop.clone();
+            futures::stream::select(local(&st), relayed)
+                .take_until(stop.cancelled_owned())
+                .boxed()
+        }
+    };
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response()
+}
+
+/// This node's own events, for a node relaying them to its listeners (node-to-node: the
+/// cluster secret).
+pub(super) async fn internal(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = super::cluster::admit(&st, &headers) {
+        return e.into_response();
+    }
+    Sse::new(local(&st))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response()
+}
+
+/// The events this node commits, until shutdown.
+fn local(st: &AppState) -> Events {
     let rx = st.live.subscribe();
     let stop = st.streams_stop.clone();
-    let events = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
+    futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
         let received = tokio::select! {
             r = rx.recv() => r,
             () = stop.cancelled() => return None,
@@ -84,6 +141,127 @@ async fn stream(
             Err(broadcast::error::RecvError::Closed) => return None,
         };
         Some((Ok(event), (rx, stop)))
-    });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    })
+    .boxed()
+}
+
+/// The other live nodes' events for one listener, until `stop` or the listener leaves
+/// (the stream is dropped, which cancels the readers).
+fn relay(c: Arc<Membership>, stop: CancellationToken) -> Events {
+    let (tx, rx) = mpsc::channel(RELAY_BUFFER);
+    tokio::spawn(follow_peers(c, tx, stop.clone()));
+    let guard = stop.drop_guard();
+    futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+        let e = rx.recv().await?;
+        Some((Ok(e), (rx, guard)))
+    })
+    .boxed()
+}
+
+/// Keeps one reader per other live node, starting readers for nodes that join and
+/// stopping those of nodes that left.
+async fn follow_peers(c: Arc<Membership>, tx: mpsc::Sender<SseEvent>, stop: CancellationToken) {
+    let mut readers: HashMap<String, (String, CancellationToken)> = HashMap::new();
+    loop {
+        match c.peers().await {
+            Ok(peers) => {
+                readers.retain(|id, (address, r)| {
+                    let live = peers.iter().any(|p| &p.id == id && &p.address == address);
+                    if !live {
+                        r.cancel();
+                    }
+                    live
+                });
+                for p in peers {
+                    if readers.contains_key(&p.id) {
+                        continue;
+                    }
+                    let r = stop.child_token();
+                    tokio::spawn(read_peer(
+                        c.clone(),
+                        p.address.clone(),
+                        tx.clone(),
+                        r.clone(),
+                    ));
+                    readers.insert(p.id, (p.address, r));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "Could not list the nodes to relay events from."),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tx.closed() => return,
+            () = tokio::time::sleep(PEERS_EVERY) => {}
+        }
+    }
+}
+
+/// Relays one node's own events, reconnecting while it stays live.
+async fn read_peer(
+    c: Arc<Membership>,
+    address: String,
+    tx: mpsc::Sender<SseEvent>,
+    stop: CancellationToken,
+) {
+    loop {
+        let sent = tokio::select! {
+            () = stop.cancelled() => return,
+            r = c.peer_get(&address, INTERNAL_PATH).send() => r,
+        };
+        match sent {
+            Ok(mut resp) if resp.status().is_success() => {
+                let mut buf = String::new();
+                loop {
+                    let chunk = tokio::select! {
+                        () = stop.cancelled() => return,
+                        c = resp.chunk() => c,
+                    };
+                    let Ok(Some(chunk)) = chunk else { break };
+                    buf.push_str(&String::from_utf8_lossy(&chunk));
+                    while let Some(end) = buf.find("\n\n") {
+                        let block: String = buf.drain(..end + 2).collect();
+                        if let Some(e) = parse(&block)
+                            && tx.send(e).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+            Ok(resp) => {
+                tracing::debug!(node = %address, status = %resp.status(), "A node refused its event stream.")
+            }
+            Err(e) => tracing::debug!(node = %address, error = %e, "A node's event stream broke."),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(PEER_RETRY) => {}
+        }
+    }
+}
+
+/// One server-sent event of a peer's stream, as it came (keep-alives are none).
+fn parse(block: &str) -> Option<SseEvent> {
+    let mut name = None;
+    let mut data = String::new();
+    for line in block.lines() {
+        if let Some(n) = line.strip_prefix("event:") {
+            name = Some(n.trim().to_string());
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data.push_str(d.trim_start());
+        }
+    }
+    Some(SseEvent::default().event(name?).data(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn a_peers_events_are_taken_as_they_came_and_keep_alives_are_not() {
+        assert!(parse(":\n\n").is_none());
+        assert!(parse("data: {}\n\n").is_none(), "no name: not one of ours");
+        assert!(parse("event: sensor.state_changed\ndata: {\"a\":1}\n\n").is_some());
+    }
 }

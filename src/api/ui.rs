@@ -24,6 +24,31 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/app.js"),
     ),
     (
+        "lib.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/lib.js"),
+    ),
+    (
+        "fleet.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/fleet.js"),
+    ),
+    (
+        "sensors.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/sensors.js"),
+    ),
+    (
+        "clients.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/clients.js"),
+    ),
+    (
+        "notifications.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/notifications.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_str!("ui/style.css"),

@@ -569,6 +569,22 @@ impl Membership {
         }
     }
 
+    /// The other live nodes that can be reached (those with an address), for the views
+    /// that take in the whole cluster (the console's rates and live events).
+    pub async fn peers(&self) -> Result<Vec<NodeRow>, Error> {
+        let mut nodes = self.nodes().await?;
+        nodes.retain(|n| n.id != self.node && !n.address.is_empty());
+        Ok(nodes)
+    }
+
+    /// A request to another node's internal API at `address`, carrying the cluster's
+    /// secret. No timeout of its own: a caller that streams sets none, the others do.
+    pub fn peer_get(&self, address: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .get(format!("{}{path}", address.trim_end_matches('/')))
+            .header(SECRET_HEADER, &self.secret)
+    }
+
     /// Whether a node-to-node request carries the cluster's secret.
     pub fn admits(&self, given: Option<&str>) -> bool {
         trust::admits(&self.secret, given)

@@ -46,9 +46,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::domain::{Millis, NotificationRef, Outcome};
+use crate::domain::{Millis, NotificationRef, Outcome, Verdict};
 use crate::store::Store;
 use crate::telemetry::families;
+use crate::telemetry::recent::Measure;
 use claimer::{Admission, Admitted, AdmittedBatch, Sending, claimer};
 use lanes::{Done, LaneKey, Lanes};
 use recorder::recorder;
@@ -83,6 +84,8 @@ pub struct Settings {
     /// Cluster mode: where clients' `rate_limit` slots are leased from, so a limit holds
     /// for the whole cluster ([`rates`]). `None`: each client paced by this node alone.
     pub rate_grants: Option<RateGrants>,
+    /// Where delivered and failed attempts are counted for the console's charts.
+    pub recent: Option<Arc<crate::telemetry::recent::Recent>>,
 }
 
 /// Where a cluster leases clients' rate slots (the cluster's store).
@@ -119,6 +122,7 @@ impl Settings {
             disable_after: c.endpoint_disable_after,
             serves: None,
             rate_grants: None,
+            recent: None,
         }
     }
 
@@ -385,6 +389,8 @@ struct Core {
         Arc<dyn crate::store::ClusterStore>,
         mpsc::UnboundedSender<Cmd>,
     )>,
+    /// Where attempts are counted for the console's charts.
+    recent: Option<Arc<crate::telemetry::recent::Recent>>,
 }
 
 impl Core {
@@ -411,6 +417,7 @@ impl Core {
             serves: settings.serves.clone(),
             clock: settings.clock.clone(),
             grants: None,
+            recent: settings.recent.clone(),
         }
     }
 
@@ -602,11 +609,23 @@ impl Core {
         self.withdraw.remove(&d.lane);
         let client = d.lane.0.clone();
         if let Some(outcome) = self.lanes.finish(d, now, rand::thread_rng().r#gen()) {
-            let _ = self.recorder.send(outcome);
+            self.outcome(outcome, now);
         }
         if !self.lanes.client_busy(&client) {
             self.client_sends.remove(&client);
         }
+    }
+
+    /// Counts an attempt's outcome in the recent rates and hands it to the recorder.
+    fn outcome(&self, outcome: Outcome, now: Millis) {
+        if let (Some(recent), Some(_)) = (&self.recent, &outcome.attempt) {
+            let measure = match outcome.verdict {
+                Verdict::Delivered => Measure::Delivered,
+                _ => Measure::Failed,
+            };
+            recent.add(measure, 1, now);
+        }
+        let _ = self.recorder.send(outcome);
     }
 
     fn finish_batch(&mut self, b: BatchDone, now: Millis) {
@@ -618,7 +637,7 @@ impl Core {
             .lanes
             .finish_batch(&b.client, &b.id, b.dones, now, jitter)
         {
-            let _ = self.recorder.send(outcome);
+            self.outcome(outcome, now);
         }
         if !self.lanes.client_busy(&b.client) {
             self.client_sends.remove(&b.client);

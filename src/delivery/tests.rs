@@ -22,6 +22,7 @@ fn settings(clock: Clock) -> Settings {
         disable_after: Duration::from_secs(3600),
         serves: None,
         rate_grants: None,
+        recent: None,
     }
 }
 

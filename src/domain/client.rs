@@ -179,20 +179,57 @@ pub struct Health {
     /// Its notifications pending and failed (dead letters).
     pub pending: u64,
     pub failed: u64,
+    /// The last hour in [`HEALTH_SERIES_BUCKETS`] slices, oldest first: for a chart of
+    /// how its endpoint has been answering lately.
+    pub series_1h: Vec<HealthSlice>,
+}
+
+/// One slice of [`Health::series_1h`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HealthSlice {
+    /// Start of the slice.
+    pub at: Millis,
+    pub attempts: u64,
+    pub failed: u64,
+    /// Median attempt duration; `None` without attempts.
+    pub latency_p50_ms: Option<u32>,
 }
 
 /// The window of the ratio and latency figures of [`Health`].
 pub const HEALTH_WINDOW_MS: Millis = 3_600_000;
+/// Slices of [`Health::series_1h`]: five minutes each.
+pub const HEALTH_SERIES_BUCKETS: usize = 12;
 
 impl Health {
-    /// Fills the last hour's figures from its attempts, each `(delivered, duration_ms)`.
-    pub fn set_window(&mut self, attempts: &[(bool, u32)]) {
+    /// Fills the last hour's figures from its attempts up to `now`, each
+    /// `(at, delivered, duration_ms)`.
+    pub fn set_window(&mut self, attempts: &[(Millis, bool, u32)], now: Millis) {
+        let slice = HEALTH_WINDOW_MS / HEALTH_SERIES_BUCKETS as Millis;
+        let start = now - HEALTH_WINDOW_MS;
+        let mut durations: Vec<Vec<u32>> = vec![Vec::new(); HEALTH_SERIES_BUCKETS];
+        self.series_1h = (0..HEALTH_SERIES_BUCKETS)
+            .map(|i| HealthSlice {
+                at: start + i as Millis * slice,
+                ..HealthSlice::default()
+            })
+            .collect();
+        for (at, ok, d) in attempts {
+            let i = ((at - start).max(0) / slice).min(HEALTH_SERIES_BUCKETS as Millis - 1);
+            let b = &mut self.series_1h[i as usize];
+            b.attempts += 1;
+            b.failed += u64::from(!ok);
+            durations[i as usize].push(*d);
+        }
+        for (b, mut ms) in self.series_1h.iter_mut().zip(durations) {
+            ms.sort_unstable();
+            b.latency_p50_ms = (!ms.is_empty()).then(|| percentile(&ms, 50));
+        }
         if attempts.is_empty() {
             return;
         }
-        let ok = attempts.iter().filter(|(ok, _)| *ok).count();
+        let ok = attempts.iter().filter(|(_, ok, _)| *ok).count();
         self.success_ratio_1h = Some(ok as f64 / attempts.len() as f64);
-        let mut ms: Vec<u32> = attempts.iter().map(|(_, d)| *d).collect();
+        let mut ms: Vec<u32> = attempts.iter().map(|(_, _, d)| *d).collect();
         ms.sort_unstable();
         self.latency_p50_ms_1h = Some(percentile(&ms, 50));
         self.latency_p99_ms_1h = Some(percentile(&ms, 99));
@@ -279,19 +316,36 @@ mod tests {
 
     #[test]
     fn health_window_figures() {
+        let now = 10 * HEALTH_WINDOW_MS;
         let mut h = Health::default();
-        h.set_window(&[]);
+        h.set_window(&[], now);
         assert_eq!(h.success_ratio_1h, None);
-        let attempts: Vec<(bool, u32)> = (1..=100).map(|d| (d % 4 != 0, d)).collect();
-        h.set_window(&attempts);
+        assert_eq!(h.series_1h.len(), HEALTH_SERIES_BUCKETS);
+        assert!(
+            h.series_1h
+                .iter()
+                .all(|b| b.attempts == 0 && b.latency_p50_ms.is_none())
+        );
+        // 100 attempts spread over the hour, a quarter failed.
+        let attempts: Vec<(Millis, bool, u32)> = (1..=100)
+            .map(|d| (now - HEALTH_WINDOW_MS + d as Millis * 35_000, d % 4 != 0, d))
+            .collect();
+        h.set_window(&attempts, now);
         assert_eq!(h.success_ratio_1h, Some(0.75));
         assert_eq!(h.latency_p50_ms_1h, Some(50));
         assert_eq!(h.latency_p99_ms_1h, Some(99));
-        h.set_window(&[(true, 7)]);
+        let s = &h.series_1h;
+        assert_eq!(s[0].at, now - HEALTH_WINDOW_MS);
+        assert_eq!(s.iter().map(|b| b.attempts).sum::<u64>(), 100);
+        assert_eq!(s.iter().map(|b| b.failed).sum::<u64>(), 25);
+        // The first slice (5 min) holds attempts 1 to 8 (35 s apart).
+        assert_eq!((s[0].attempts, s[0].latency_p50_ms), (8, Some(4)));
+        h.set_window(&[(now - 1, true, 7)], now);
         assert_eq!(
             (h.latency_p50_ms_1h, h.latency_p99_ms_1h),
             (Some(7), Some(7))
         );
+        assert_eq!(h.series_1h[HEALTH_SERIES_BUCKETS - 1].attempts, 1);
     }
 
     #[test]

@@ -15,11 +15,12 @@ use crate::cluster::Membership;
 use crate::committer::{self, Committed};
 use crate::config::Config;
 use crate::delivery::Dispatcher;
-use crate::domain::Event;
+use crate::domain::{Event, EventKind};
 use crate::engine::{self, Engine};
 use crate::history::{self, History, shipper::Spooled};
 use crate::store::{self, ClusterStore, Store};
 use crate::tasks::{Supervisor, join};
+use crate::telemetry::recent::{Measure, Recent};
 use crate::{api, delivery, ingest};
 
 /// The store, this node's id and address, and its cluster membership on PostgreSQL.
@@ -33,6 +34,8 @@ pub(super) struct Base {
     bound: std::net::SocketAddr,
     membership: Option<Arc<Membership>>,
     partitions: u32,
+    /// The last hour of this node's activity, for the console's charts.
+    recent: Arc<Recent>,
 }
 
 impl Base {
@@ -59,6 +62,7 @@ impl Base {
             bound,
             membership,
             partitions,
+            recent: Arc::new(Recent::new()),
         })
     }
 
@@ -94,6 +98,7 @@ impl Delivery {
                 clock: clock.clone(),
                 serves: base.membership.as_ref().map(|m| m.serves()),
                 rate_grants: base.cluster_store.clone().map(delivery::RateGrants),
+                recent: Some(base.recent.clone()),
                 ..delivery::Settings::from_config(config)
             },
             stop.clone(),
@@ -180,6 +185,7 @@ struct Wiring {
     spooled: Arc<Spooled>,
     live: broadcast::Sender<Event>,
     fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
+    recent: Arc<Recent>,
 }
 
 impl committer::Listener for Wiring {
@@ -189,6 +195,16 @@ impl committer::Listener for Wiring {
 
     fn committed(&self, c: Committed) {
         self.spooled.add(c.history_rows);
+        self.recent.add(Measure::Readings, c.readings as u64, c.at);
+        for (kind, n) in EventKind::ALL.iter().zip(c.kinds) {
+            let measure = match kind {
+                EventKind::StateChanged => Measure::Changes,
+                EventKind::ConnectionLost => Measure::Lost,
+                EventKind::ConnectionRestored => Measure::Restored,
+                EventKind::StillLost => continue,
+            };
+            self.recent.add(measure, n as u64, c.at);
+        }
         self.dispatcher.deliver(c.notifications);
         for e in c.events.into_iter().flatten() {
             // Only fails when the last listener just left.
@@ -234,6 +250,7 @@ impl Core {
             spooled: archive.spooled.clone(),
             live: live.clone(),
             fenced: base.membership.is_some().then_some(fenced_tx),
+            recent: base.recent.clone(),
         };
         let committer = sup.spawn(
             "committer",
@@ -540,6 +557,7 @@ impl Http {
                 .unwrap_or_else(|| format!("http://{}", base.bound)),
             live: core.live.clone(),
             streams_stop: streams_stop.clone(),
+            recent: base.recent.clone(),
         };
         let addr = listener.local_addr()?;
         match (core.sensors, &base.membership) {

@@ -8,6 +8,7 @@
 //! - [`HistoryStore`]: history reads and the spool that ships to ClickHouse.
 //! - [`Tokens`]: API tokens.
 //! - [`Backend`]: reachability and periodic upkeep.
+//! - [`Find`]: the console's sensor search.
 //! - [`ClusterStore`]: partition leases and node rows (PostgreSQL only).
 //!
 //! [`Store`] is all of them but the cluster's, for the wiring that hands each part its
@@ -36,6 +37,7 @@ pub use batch::{CommitBatch, Fence, ReadingRecord, StateUpdate};
 pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
 pub use data_dir::{lock_data_dir, node_id};
 pub use error::{Error, Result};
+pub use listing::{Search, find_clients};
 pub use types::{
     AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter, Page,
     PageRequest, ReplayFilter, SensorRuntime, SensorView, Stored, TimeRange,
@@ -46,6 +48,7 @@ mod batch;
 pub mod cluster;
 mod data_dir;
 mod error;
+pub(crate) mod listing;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
@@ -235,6 +238,21 @@ pub trait HistoryStore: Send + Sync {
     async fn archive_history(&self, limit: usize) -> Result<usize>;
 }
 
+/// What the console finds: sensors by an id prefix or words of their address
+/// ([`listing`] says what keeps it fast). Clients by name are [`find_clients`].
+#[async_trait]
+pub trait Find: Send + Sync {
+    /// Sensors, by id, whose id starts with the search's text or whose address has a word
+    /// starting with each of its words; `connection` filters as in
+    /// [`Registry::list_sensors`].
+    async fn find_sensors(
+        &self,
+        search: Search,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>>;
+}
+
 /// API tokens, kept hashed.
 #[async_trait]
 pub trait Tokens: Send + Sync {
@@ -263,14 +281,20 @@ pub trait Backend: Send + Sync {
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
 /// tests, the bench): `use latch::store::prelude::*`.
 pub mod prelude {
-    pub use super::{Backend, ClusterStore, HistoryStore, Outbox, Registry, Runtime, Tokens};
+    pub use super::{Backend, ClusterStore, Find, HistoryStore, Outbox, Registry, Runtime, Tokens};
 }
 
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
 /// (`Arc<dyn Store>` coerces to `Arc<dyn Outbox>` and the others).
-pub trait Store: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + 'static {}
+pub trait Store:
+    Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + 'static
+{
+}
 
-impl<T: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + 'static> Store for T {}
+impl<T: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + 'static> Store
+    for T
+{
+}
 
 /// Opens the store the configuration names.
 pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {

@@ -4,7 +4,9 @@ use async_trait::async_trait;
 
 use super::{Error, ReadingRecord, Result};
 use crate::domain::sensor::SensorState;
-use crate::domain::{Attempt, Event, Millis, Notification, NotificationRef, SensorId, Status};
+use crate::domain::{
+    Attempt, Event, EventKind, Millis, Notification, NotificationRef, SensorId, Status,
+};
 use crate::domain::{Sensor, SensorStatus, policy};
 
 /// A page request: at most `limit` items after the (decoded) cursor `after`.
@@ -93,12 +95,18 @@ pub trait HistorySink: Send + Sync {
 /// sensor's state in memory, [`SensorState`]).
 pub type SensorRuntime = (SensorId, SensorState);
 
-/// Filters of the notification list.
+/// Filters of the notification list, and its order.
 #[derive(Debug, Clone, Default)]
 pub struct NotificationFilter {
     pub client_id: Option<String>,
     pub sensor_id: Option<SensorId>,
     pub status: Option<Status>,
+    /// Only notifications of this type.
+    pub kind: Option<EventKind>,
+    /// Only those created within this range.
+    pub created: TimeRange,
+    /// Newest first (by outbox order, descending); the cursor then pages towards older.
+    pub newest_first: bool,
 }
 
 /// Which failed notifications a bulk replay sends again.

@@ -21,6 +21,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 pub mod families;
 pub mod otlp;
+pub mod recent;
 
 use crate::config::{Config, LogFormat};
 use crate::domain::{RejectCode, Status};

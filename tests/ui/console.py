@@ -5,7 +5,15 @@ opens the fleet page, creates a sensor and a client through the forms, links the
 posts readings through the API and waits for the page to show the change without a
 reload, opens the notification and its attempts, makes the endpoint answer 500 and
 replays the dead letter once it answers again, sends a test event from the client's page
-and chooses the types it receives. Saves a screenshot of each page.
+and chooses the types it receives. Issue #41: a freshly opened fleet page shows the rates
+of readings that flowed before it opened; a just-failed notification is at the top of the
+notifications with its client's name, "Failed in the last hour" finds it and the filtered
+view replays it; a search by a word of the address finds the sensor; the client's page
+charts its failure rate and latency. Saves a screenshot of each page.
+
+With LATCH_CLUSTER set (two node URLs, comma-separated, of one cluster), it checks
+instead that the console served by the first node shows the live events of sensors
+the second node owns.
 
     LATCH_URL=http://127.0.0.1:8080 python3 tests/ui/console.py
 
@@ -25,6 +33,7 @@ import random
 import string
 import sys
 import threading
+import time
 import urllib.request
 
 from playwright.sync_api import expect, sync_playwright
@@ -61,6 +70,29 @@ def post_reading(sensor, data):
     with urllib.request.urlopen(req) as r:
         answer = json.load(r)
     assert answer["accepted"] == 1, answer
+
+
+def get_json(url):
+    with urllib.request.urlopen(url) as r:
+        return json.load(r)
+
+
+def post_json(url, body):
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req) as r:
+        return json.load(r)
+
+
+def until(what, check, seconds=30):
+    """Polls `check` (no browser involved) until it is true."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def shot(page, name):
@@ -101,6 +133,45 @@ def token_flow(token):
     print("console: ok (asks for the token once)")
 
 
+def cluster_flow(bases):
+    """The console of node 0 shows the live events of sensors node 1 owns."""
+    first, second = bases
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    sensors = [f"cl{suffix}{i}" for i in range(12)]
+    for s in sensors:
+        post_json(f"{first}/v1/sensors", {"id": s, "address": f"Cluster st. {s}"})
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(WAIT_MS)
+        expect.set_options(timeout=WAIT_MS)
+        page.goto(f"{first}/ui/#/fleet")
+        expect(page.locator("#live")).to_have_text("Live")
+        feed = page.locator(".feed")
+        # Changes until every sensor's shows (the relay joins the other node's stream a
+        # moment after the page's opens).
+        for round in range(20):
+            post_json(f"{first}/v1/readings", [{"sensor_id": s, "data": round % 2} for s in sensors])
+            page.wait_for_timeout(1000)
+            text = feed.inner_text()
+            if all(s in text for s in sensors):
+                break
+        else:
+            missing = [s for s in sensors if s not in feed.inner_text()]
+            raise AssertionError(f"node 0's console never showed {missing}")
+        with urllib.request.urlopen(f"{first}/metrics") as r:
+            metrics = r.read().decode()
+        forwarded = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("latch_cluster_forwarded_readings_total")
+        )
+        assert forwarded > 0, "every sensor was node 0's own"
+        expect(page.get_by_role("region", name="Readings accepted")).to_be_visible()
+        browser.close()
+    print(f"console: ok (a 2-node cluster's events through {first})")
+
+
 def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -137,6 +208,16 @@ def main():
         expect(page.get_by_role("cell", name="already exists")).to_be_visible()
         expect(page.get_by_role("link", name=f"imp{suffix}")).to_be_visible()
 
+        # Search: a word of the address finds the sensor, and not the other one.
+        page.get_by_label("Search sensors").fill("svobody")
+        page.get_by_label("Search sensors").press("Enter")
+        expect(page.get_by_role("link", name=sensor, exact=True)).to_be_visible()
+        expect(page.get_by_role("link", name=f"imp{suffix}")).to_be_hidden()
+        page.get_by_label("Search sensors").fill(f"imp{suffix}")
+        page.get_by_label("Search sensors").press("Enter")
+        expect(page.get_by_role("link", name=f"imp{suffix}")).to_be_visible()
+        expect(page.get_by_role("link", name=sensor, exact=True)).to_be_hidden()
+
         # A client, then the link, from the client's page.
         page.get_by_role("link", name="Clients", exact=True).click()
         page.get_by_label("Name").fill("ops receiver")
@@ -164,14 +245,24 @@ def main():
         post_reading(sensor, 0)
         expect(page.locator(".feed")).to_contain_text(f"{sensor} state 1 → 0")
         expect(page.get_by_role("img", name="Readings accepted per second")).to_be_visible()
-        shot(page, "fleet")
+
+        # Rates at first paint: once the readings' 10-second bucket is complete, a page
+        # opened now shows them at once, without sampling anything itself.
+        until("the readings in /v1/fleet/rates", lambda: sum(get_json(f"{BASE}/v1/fleet/rates")["readings"]) > 0)
+        fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
+        fresh.goto(f"{BASE}/ui/#/fleet")
+        expect(fresh.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
+        first = fresh.get_by_role("region", name="Readings accepted").locator(".total").inner_text()
+        assert not first.startswith("0 "), f"the fresh fleet page showed {first!r}"
+        expect(fresh.get_by_role("img", name="Webhooks delivered per second")).to_be_visible()
+        shot(fresh, "fleet")
+        fresh.close()
 
         # The notification of the first change, delivered, and its attempt.
         page.goto(f"{BASE}/ui/#/notifications?client_id={client}&sensor_id={sensor}&status=delivered")
         expect(page.get_by_role("heading", name="Notifications")).to_be_visible()
         until_rows(page, 2)
-        shot(page, "notifications")
-        page.locator("tbody tr").first.get_by_role("link").first.click()
+        page.locator("tbody tr").first.get_by_role("link").last.click()
         expect(page.get_by_role("heading", name="Notification")).to_be_visible()
         expect(page.locator("dl.props")).to_contain_text("delivered")
         expect(page.get_by_role("cell", name="200", exact=True)).to_be_visible()
@@ -182,8 +273,18 @@ def main():
         page.goto(f"{BASE}/ui/#/notifications?client_id={client}&status=failed")
         expect(page.get_by_role("heading", name="Notifications")).to_be_visible()
         until_rows(page, 1)
-        page.locator("tbody tr").first.get_by_role("link").first.click()
+        # Unfiltered, newest first: the dead letter is at the top, with its client's name.
+        page.goto(f"{BASE}/ui/#/notifications")
+        top = page.locator("tbody tr").first
+        expect(top).to_contain_text("ops receiver")
+        expect(top).to_contain_text("failed")
+        page.get_by_role("link", name="Failed in the last hour").click()
+        expect(page.get_by_label("Status")).to_have_value("failed")
+        expect(page.locator("tbody tr").first).to_contain_text("ops receiver")
+        shot(page, "notifications")
+        page.locator("tbody tr").first.get_by_role("link").last.click()
         expect(page.locator("dl.props")).to_contain_text("failed")
+        expect(page.locator("dl.props")).to_contain_text("ops receiver")
         expect(page.get_by_role("cell", name="500", exact=True).first).to_be_visible()
         shot(page, "notification")
 
@@ -199,6 +300,23 @@ def main():
         expect(page.locator("dl.props")).to_contain_text("delivered")
         assert any(s == 200 and b["data"] == 1 for s, b in Receiver.received), Receiver.received
 
+        # Another dead letter, replayed from the filtered view.
+        Receiver.status = 500
+        post_reading(sensor, 0)
+        until(
+            "the second dead letter",
+            lambda: get_json(f"{BASE}/v1/notifications?client_id={client}&status=failed")["items"],
+        )
+        page.goto(f"{BASE}/ui/#/notifications?status=failed&since=1h&client_id={client}")
+        expect(page.locator("tbody tr").first).to_contain_text("ops receiver")
+        Receiver.status = 200
+        page.get_by_role("button", name="Replay the failed ones").click()
+        expect(page.locator("#notice")).to_contain_text("1 failed notification(s) sent again")
+        until(
+            "the replayed one delivered",
+            lambda: any(s == 200 and b.get("data") == 0 for s, b in list(Receiver.received)),
+        )
+
         # The remaining pages, for the screenshots.
         page.goto(f"{BASE}/ui/#/sensors/{sensor}")
         expect(page.get_by_role("heading", name=f"Sensor {sensor}")).to_be_visible()
@@ -209,6 +327,9 @@ def main():
         page.goto(f"{BASE}/ui/#/clients/{client}")
         expect(page.get_by_text("Endpoint health")).to_be_visible()
         expect(page.locator("dl.props").nth(1)).to_contain_text("%")
+        expect(page.get_by_role("img", name="Failed attempts, percent, last hour")).to_be_visible()
+        expect(page.get_by_text("Failure rate, last hour:")).to_contain_text("% of")
+        expect(page.get_by_role("img", name="Median attempt duration, ms, last hour")).to_be_visible()
 
         # A test event from the client's page: sent at once, its answer shown.
         page.get_by_role("button", name="Send test").click()
@@ -229,7 +350,9 @@ def main():
 
 if __name__ == "__main__":
     try:
-        if os.environ.get("LATCH_TOKEN"):
+        if os.environ.get("LATCH_CLUSTER"):
+            cluster_flow(os.environ["LATCH_CLUSTER"].split(","))
+        elif os.environ.get("LATCH_TOKEN"):
             token_flow(os.environ["LATCH_TOKEN"])
         else:
             main()

@@ -99,6 +99,7 @@ pub(super) async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
         client_id: Some("cm-a".into()),
         sensor_id: Some(sid("cm1")),
         status: Some(Status::Superseded),
+        ..Default::default()
     };
     let listed = s.list_notifications(f, page(10)).await.unwrap();
     assert_eq!(listed.items.len(), 1);

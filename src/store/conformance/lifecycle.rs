@@ -274,6 +274,14 @@ pub(super) async fn health_sums_up_attempts(s: &dyn Store) {
         (Some(800), Some(900))
     );
     assert_eq!((h.pending, h.failed), (1, 0));
+    // The last hour's slices: all three attempts of the hour in the newest one.
+    let newest = h.series_1h.last().unwrap();
+    assert_eq!(h.series_1h.len(), 12);
+    assert_eq!(
+        (newest.attempts, newest.failed, newest.latency_p50_ms),
+        (3, 2, Some(800))
+    );
+    assert_eq!(h.series_1h.iter().map(|b| b.attempts).sum::<u64>(), 3);
 }
 
 pub(super) async fn rate_limit_is_kept(s: &dyn Store) {

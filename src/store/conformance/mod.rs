@@ -13,6 +13,7 @@ use crate::domain::{Event, time::now_ms};
 mod batches;
 mod choices;
 mod commit;
+mod find;
 mod history;
 pub(crate) use history::Collect;
 mod lifecycle;
@@ -91,6 +92,9 @@ macro_rules! suite {
                 lifecycle::rate_limit_is_kept,
                 tokens::tokens_keep_hash_and_scopes,
                 tokens::deleted_tokens_are_gone,
+                find::notifications_newest_first_with_filters,
+                find::sensors_found_by_id_prefix_and_address_words,
+                find::clients_found_by_name,
             );
         }
     };

@@ -147,19 +147,19 @@ pub(super) async fn client_health(db: &Db, id: String, now: Millis) -> Result<Op
         .await?
         .get(0);
     h.consecutive_failures = streak as u64;
-    let window: Vec<(bool, u32)> = c
+    let window: Vec<(Millis, bool, u32)> = c
         .query(
             &format!(
-                "SELECT COALESCE({DELIVERED}, false), a.duration_ms FROM {CLIENT_ATTEMPTS} \
+                "SELECT a.at, COALESCE({DELIVERED}, false), a.duration_ms FROM {CLIENT_ATTEMPTS} \
                  AND a.at >= $2"
             ),
             &[&id, &(now - HEALTH_WINDOW_MS)],
         )
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
+        .map(|r| (r.get(0), r.get(1), r.get::<_, i64>(2) as u32))
         .collect();
-    h.set_window(&window);
+    h.set_window(&window, now);
     let counts = c
         .query_one(
             "SELECT COUNT(*) FILTER (WHERE status = 'pending'), \

@@ -34,6 +34,7 @@ use db::{Db, Sql};
 mod cluster;
 mod commit;
 mod db;
+mod find;
 mod history;
 mod lifecycle;
 mod outbox;
@@ -60,6 +61,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0013_cluster_secret.sql"),
     include_str!("../migrations/postgres/0014_rate_schedule.sql"),
     include_str!("../migrations/postgres/0015_delivery_choices.sql"),
+    include_str!("../migrations/postgres/0017_console_views.sql"),
     include_str!("../migrations/postgres/0018_node_links.sql"),
     include_str!("../migrations/postgres/0019_batches.sql"),
 ];

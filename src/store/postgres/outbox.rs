@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use tokio_postgres::Row;
 
+use super::super::listing;
 use super::super::rows::{
     self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, CLAIM_LANE_FROM, NOTIF_COLS,
 };
@@ -299,33 +300,48 @@ pub(super) async fn list_notifications(
     filter: NotificationFilter,
     page: PageRequest,
 ) -> Result<Page<Notification>> {
-    let after: i64 = match &page.after {
-        Some(cur) => cur.parse().map_err(|_| Error::BadCursor)?,
-        None => 0,
+    let after: Option<i64> = match &page.after {
+        Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
+        None => None,
     };
+    let q = listing::notifications(&DIALECT, &filter, after, limit_plus_one(&page));
     let c = db.get("list_notifications").await?;
-    let rows = c
-        .query(
-            &format!(
-                "SELECT {NOTIF_COLS} FROM notifications n WHERE n.seq > $1 \
-                 AND ($2::text IS NULL OR n.client_id = $2) \
-                 AND ($3::text IS NULL OR n.sensor_id = $3) \
-                 AND ($4::text IS NULL OR n.status = $4) ORDER BY n.seq LIMIT $5"
-            ),
-            &[
-                &after,
-                &filter.client_id,
-                &filter.sensor_id.map(|s| s.to_string()),
-                &filter.status.map(|s| s.as_str().to_string()),
-                &limit_plus_one(&page),
-            ],
-        )
-        .await?;
+    let args = args(q.args);
+    let rows = c.query(&q.sql, &refs(&args)).await?;
     let rows = rows
         .iter()
         .map(row::notification)
         .collect::<Result<Vec<_>>>()?;
     Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+}
+
+/// How PostgreSQL writes the console's lists ([`listing`]): its planner weighs the
+/// `created_at` range against the walk by `seq` itself.
+pub(super) const DIALECT: listing::Dialect = listing::Dialect {
+    placeholder: |n| format!("${n}"),
+    by_created: "",
+};
+
+/// [`listing::Arg`]s as PostgreSQL values ([`refs`] borrows them for a statement).
+pub(super) fn args(
+    args: Vec<listing::Arg>,
+) -> Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> {
+    args.into_iter()
+        .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
+            match a {
+                listing::Arg::Text(t) => Box::new(t),
+                listing::Arg::Int(i) => Box::new(i),
+            }
+        })
+        .collect()
+}
+
+pub(super) fn refs(
+    args: &[Box<dyn tokio_postgres::types::ToSql + Sync + Send>],
+) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+    args.iter()
+        .map(|a| a.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect()
 }
 
 /// An `UPDATE` of the notifications `filter` selects that ends their pending state

@@ -143,13 +143,14 @@ pub(super) fn client_health(c: &Connection, id: String, now: Millis) -> Result<O
     )?;
     let window = c
         .prepare(&format!(
-            "SELECT COALESCE({DELIVERED}, 0), a.duration_ms FROM {CLIENT_ATTEMPTS} AND a.at >= ?2"
+            "SELECT a.at, COALESCE({DELIVERED}, 0), a.duration_ms FROM {CLIENT_ATTEMPTS} \
+             AND a.at >= ?2"
         ))?
         .query_map(params![id, now - HEALTH_WINDOW_MS], |r| {
-            Ok((r.get::<_, i64>(0)? != 0, r.get(1)?))
+            Ok((r.get(0)?, r.get::<_, i64>(1)? != 0, r.get(2)?))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    h.set_window(&window);
+    h.set_window(&window, now);
     (h.pending, h.failed) = c.query_row(
         "SELECT COALESCE(SUM(status = 'pending'), 0), COALESCE(SUM(status = 'failed'), 0) \
          FROM notifications WHERE client_id = ?1",

@@ -22,6 +22,7 @@ use super::{Backend, Error, Result};
 use crate::domain::Millis;
 
 mod commit;
+mod find;
 mod history;
 mod lifecycle;
 mod outbox;
@@ -43,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0006_supersede_index.sql"),
     include_str!("../migrations/sqlite/0007_attempts_ship_mark.sql"),
     include_str!("../migrations/sqlite/0008_delivery_choices.sql"),
+    include_str!("../migrations/sqlite/0010_console_views.sql"),
     include_str!("../migrations/sqlite/0011_batches.sql"),
 ];
 

@@ -7,6 +7,7 @@ use super::SqliteStore;
 use crate::store::{Outbox, ReplayFilter};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::super::listing;
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
 use super::super::{
     Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
@@ -175,28 +176,34 @@ pub(super) fn list_notifications(
     filter: NotificationFilter,
     page: PageRequest,
 ) -> Result<Page<Notification>> {
-    let after: i64 = match &page.after {
-        Some(cur) => cur.parse().map_err(|_| Error::BadCursor)?,
-        None => 0,
+    let after: Option<i64> = match &page.after {
+        Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
+        None => None,
     };
+    let q = listing::notifications(&DIALECT, &filter, after, limit_plus_one(&page));
     let rows = c
-        .prepare_cached(&format!(
-            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.seq > ?1 \
-             AND (?2 IS NULL OR n.client_id = ?2) AND (?3 IS NULL OR n.sensor_id = ?3) \
-             AND (?4 IS NULL OR n.status = ?4) ORDER BY n.seq LIMIT ?5"
-        ))?
-        .query_map(
-            params![
-                after,
-                filter.client_id,
-                filter.sensor_id.map(|s| s.to_string()),
-                filter.status.map(|s| s.as_str()),
-                limit_plus_one(&page)
-            ],
-            |r| row::notification(r),
-        )?
+        .prepare_cached(&q.sql)?
+        .query_map(rusqlite::params_from_iter(args(q.args)), |r| {
+            row::notification(r)
+        })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+}
+
+/// How SQLite writes the console's lists ([`listing`]).
+pub(super) const DIALECT: listing::Dialect = listing::Dialect {
+    placeholder: |n| format!("?{n}"),
+    by_created: " INDEXED BY notifications_by_created",
+};
+
+/// [`listing::Arg`]s as SQLite values.
+pub(super) fn args(args: Vec<listing::Arg>) -> Vec<rusqlite::types::Value> {
+    args.into_iter()
+        .map(|a| match a {
+            listing::Arg::Text(t) => rusqlite::types::Value::Text(t),
+            listing::Arg::Int(i) => rusqlite::types::Value::Integer(i),
+        })
+        .collect()
 }
 
 pub(super) fn count_pending(c: &Connection) -> Result<u64> {

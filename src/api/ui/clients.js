@@ -1,0 +1,151 @@
+// Clients: the list (search, create) and a client's page (health and its chart, Send test,
+// the types it receives, its sensors).
+
+import { PAGE, api, q, enc, h, say, when, state, badge, destination, table, field, form, actionButton, pager, svg, chart, navigate } from "/ui/lib.js";
+
+export async function clientsPage(params) {
+  const search = params.get("q") ?? "";
+  const find = form([
+    field("Find clients", h("input", { name: "q", type: "search", value: search, maxlength: 200 })),
+  ], async (d) => { navigate(`#/clients${q(Object.fromEntries(d.entries()))}`); }, "Search");
+  const list = pager(
+    (cursor) => api("GET", `/v1/clients${q({ q: search, limit: PAGE, cursor })}`),
+    (items) => table(["Client", "URL", "Status"], items.map((c) => h("tr", {},
+      h("td", {}, h("a", { href: `#/clients/${enc(c.id)}` }, c.name), h("span", { class: "muted mono" }, ` ${c.id}`)),
+      h("td", { class: "mono" }, c.url),
+      h("td", {}, c.disabled_at ? badge("disabled") : badge("enabled")))), "No clients yet."));
+  await list.go();
+  const create = form([
+    field("Name", h("input", { name: "name", required: true })),
+    field("Webhook URL (or mqtt://host/topic, amqp://host/vhost?exchange=…)",
+      h("input", { name: "url", type: "url", required: true, size: 40,
+        placeholder: "https://…, mqtt://host/doors/{sensor_id}, amqp://host/%2f?exchange=…" })),
+  ], async (d) => {
+    const c = await api("POST", "/v1/clients", { name: d.get("name"), url: d.get("url") });
+    say(`Client ${c.name} created; its signing secret is shown on its page.`, true);
+    navigate(`#/clients/${enc(c.id)}`, true);
+  }, "Create client");
+  return [h("h1", {}, "Clients"), find, list.box, h("h2", {}, "New client"), create];
+}
+
+/** The notification types a client may choose (its `events`). */
+const TYPES = ["sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost"];
+
+/** The client's last hour in 5-minute slices: the share of attempts that failed, and the
+ * median attempt duration. */
+function deliveryChart(series) {
+  if (!series.length) return "";
+  const slice = 300e3;
+  const from = Date.parse(series[0].at);
+  const to = from + series.length * slice;
+  const mid = (b) => Date.parse(b.at) + slice / 2;
+  const tried = series.filter((b) => b.attempts > 0);
+  const failure = tried.map((b) => ({ t: mid(b), v: (100 * b.failed) / b.attempts }));
+  const latency = tried.map((b) => ({ t: mid(b), v: b.latency_p50_ms }));
+  const attempts = series.reduce((a, b) => a + b.attempts, 0);
+  const failed = series.reduce((a, b) => a + b.failed, 0);
+  const failures = chart(failure, from, to, "Failed attempts, percent, last hour", { max: 100 });
+  failures.querySelector("polyline").setAttribute("class", "fail");
+  return [
+    h("figure", {}, failures, h("figcaption", { class: "muted" },
+      `Failure rate, last hour: ${attempts ? Math.round((100 * failed) / attempts) : 0} % of ${attempts} attempt(s), in 5-minute slices.`)),
+    h("figure", {}, chart(latency, from, to, "Median attempt duration, ms, last hour"), h("figcaption", { class: "muted" },
+      `Delivery latency (median attempt, ms), last hour${tried.length ? `: ${Math.max(...latency.map((p) => p.v))} ms at most` : ": no attempts"}.`)),
+  ];
+}
+
+/** What a test request came to, in words. */
+function testOutcome(r) {
+  const took = `${r.duration_ms} ms`;
+  if (r.status !== null && r.status >= 200 && r.status < 300) return `Test delivered: HTTP ${r.status} in ${took}.`;
+  if (r.status !== null) return `Test answered HTTP ${r.status} in ${took}: ${r.error}`;
+  return `Test not delivered after ${took}: ${r.error}`;
+}
+
+export async function clientPage(id) {
+  const props = h("dl", { class: "props" });
+  const health = h("dl", { class: "props" });
+  const actions = h("div", { class: "toolbar" });
+  const tested = h("output", { class: "test-result", "aria-live": "polite" });
+  const subscription = h("div");
+  const recentChart = h("div", { class: "cols" });
+  const draw = async () => {
+    const c = await api("GET", `/v1/clients/${enc(id)}`);
+    const rows = [["Name", c.name], ["Destination", destination(c.url)],
+      ["Status", c.disabled_at ? [badge("disabled"), ` since ${when(c.disabled_at)} (${c.disabled_reason})`] : badge("enabled")],
+      ["Secret", h("span", { class: "mono" }, c.secret ?? "—")],
+      ["Previous secret valid until", when(c.previous_secret_expires_at)],
+      ["Rate limit", c.rate_limit ? `${c.rate_limit}/s` : "none"],
+      ["Receives", c.events ? (c.events.length ? c.events.join(", ") : "nothing") : "every type"],
+      ["Batches", c.batch ? `up to ${c.batch.max_events} a request, waiting ${c.batch.max_wait_ms} ms` : "one notification a request"],
+      ["Created", when(c.created_at)]];
+    props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    const x = c.health ?? {};
+    const ratio = x.success_ratio_1h === null || x.success_ratio_1h === undefined ? "—" : `${Math.round(x.success_ratio_1h * 100)} %`;
+    const hrows = [["Success (last hour)", ratio],
+      ["Latency p50 / p99", x.latency_p50_ms_1h === null ? "—" : `${x.latency_p50_ms_1h} / ${x.latency_p99_ms_1h} ms`],
+      ["Last success", when(x.last_success_at)], ["Last failure", when(x.last_failure_at)],
+      ["Last error", x.last_error ?? "—"], ["Consecutive failures", x.consecutive_failures ?? 0],
+      ["Pending", h("a", { href: `#/notifications${q({ client_id: id, status: "pending" })}` }, x.pending ?? 0)],
+      ["Failed", h("a", { href: `#/notifications${q({ client_id: id, status: "failed" })}` }, x.failed ?? 0)]];
+    health.replaceChildren(...hrows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    recentChart.replaceChildren(...[deliveryChart(x.series_1h ?? [])].flat());
+    actions.replaceChildren(
+      actionButton("Send test", async () => {
+        tested.textContent = "Sending a test…";
+        const r = await api("POST", `/v1/clients/${enc(id)}/test`);
+        tested.className = `test-result ${r.error ? "failed" : "ok"}`;
+        tested.textContent = testOutcome(r);
+      }),
+      c.disabled_at ? actionButton("Enable client", async () => {
+        await api("POST", `/v1/clients/${enc(id)}/enable`);
+        say("Enabled: its pending notifications go out in order.", true);
+        await draw();
+      }) : "",
+      actionButton("Rotate secret", async () => {
+        if (!confirm("Make a new signing secret? The old one keeps signing during the grace period.")) return;
+        await api("POST", `/v1/clients/${enc(id)}/secret/rotate`, {});
+        say("Secret rotated.", true);
+        await draw();
+      }, "secondary"),
+      actionButton("Replay failed notifications", async () => {
+        const r = await api("POST", "/v1/notifications/retry", { client_id: id });
+        say(`${r.retried} failed notification(s) sent again.`, true);
+        await draw();
+      }, "secondary"),
+      actionButton("Delete client", async () => {
+        if (!confirm(`Delete client ${c.name}? Its pending notifications are cancelled.`)) return;
+        await api("DELETE", `/v1/clients/${enc(id)}`);
+        say(`Client ${c.name} deleted.`, true);
+        navigate("#/clients", true);
+      }, "danger"));
+    const boxes = TYPES.map((t) => h("label", { class: "check" },
+      h("input", { type: "checkbox", name: "events", value: t, checked: !c.events || c.events.includes(t) }), ` ${t}`));
+    subscription.replaceChildren(form(boxes, async (d) => {
+      const chosen = d.getAll("events");
+      // Every type ticked is "all": types added later come too.
+      const events = chosen.length === TYPES.length ? null : chosen;
+      await api("PUT", `/v1/clients/${enc(id)}`, { name: c.name, url: c.url, rate_limit: c.rate_limit, events, batch: c.batch });
+      say("Saved: from now on it receives only what is ticked.", true);
+      await draw();
+    }, "Save types"));
+    return c;
+  };
+  const c = await draw();
+  const sensors = pager(
+    (cursor) => api("GET", `/v1/clients/${enc(id)}/sensors${q({ limit: PAGE, cursor })}`),
+    (items) => table(["Sensor", "Address", "State", "Connection"], items.map((s) => h("tr", {},
+      h("td", {}, h("a", { href: `#/sensors/${enc(s.id)}` }, s.id)), h("td", {}, s.address),
+      h("td", { class: "num" }, state(s.status.data)), h("td", {}, badge(s.status.connection)))), "No sensors linked."));
+  await sensors.go();
+  const link = form([field("Sensor id", h("input", { name: "sensor", required: true, maxlength: 16 }))], async (d) => {
+    await api("PUT", `/v1/clients/${enc(id)}/sensors/${enc(d.get("sensor"))}`);
+    say("Linked.", true);
+    await sensors.go();
+  }, "Link sensor");
+  return [h("h1", {}, `Client ${c.name}`), props, h("h2", {}, "Endpoint health"), health, recentChart, actions, tested,
+    h("h2", {}, "Notification types"), subscription,
+    h("p", {}, h("a", { href: `#/notifications${q({ client_id: id })}` }, "Its notifications")),
+    h("h2", {}, "Linked sensors"), sensors.box, link];
+}
+

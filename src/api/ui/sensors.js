@@ -1,0 +1,196 @@
+// Sensors: the list (search, connection, live rows, create, CSV import) and a sensor's page.
+
+import { PAGE, api, q, enc, h, say, when, state, badge, table, field, form, actionButton, pager, onLive, describe, svg, chart, navigate } from "/ui/lib.js";
+
+export async function sensorsPage(params) {
+  const connection = params.get("connection") ?? "";
+  const search = params.get("q") ?? "";
+  const select = h("select", { name: "connection" },
+    ["", "online", "lost", "unknown"].map((c) => h("option", { value: c, selected: c === connection }, c || "any")));
+  const find = form([
+    field("Search sensors (id prefix or address words)", h("input", { name: "q", type: "search", value: search, maxlength: 200 })),
+    field("Connection", select),
+  ], async (d) => { navigate(`#/sensors${q(Object.fromEntries(d.entries()))}`); }, "Search");
+  select.addEventListener("change", () => find.requestSubmit());
+  const rows = new Map();
+  const list = pager(
+    (cursor) => api("GET", `/v1/sensors${q({ connection, q: search, limit: PAGE, cursor })}`),
+    (items) => {
+      rows.clear();
+      return table(["Sensor", "Address", "State", "Connection", "Last seen"], items.map((s) => {
+        const tr = h("tr", {},
+          h("td", {}, h("a", { href: `#/sensors/${enc(s.id)}` }, s.id)),
+          h("td", {}, s.address),
+          h("td", { class: "num" }, state(s.status.data)),
+          h("td", {}, badge(s.status.connection)),
+          h("td", {}, when(s.status.last_seen_at)));
+        rows.set(s.id, tr);
+        return tr;
+      }), "No sensors match.");
+    });
+  await list.go();
+  onLive((e) => {
+    if (e && rows.has(e.sensor_id)) {
+      api("GET", `/v1/sensors/${enc(e.sensor_id)}`).then((s) => {
+        const tr = rows.get(e.sensor_id);
+        if (!tr) return;
+        tr.children[2].textContent = state(s.status.data);
+        tr.children[3].replaceChildren(badge(s.status.connection));
+        tr.children[4].textContent = when(s.status.last_seen_at);
+        tr.classList.remove("flash"); void tr.offsetWidth; tr.classList.add("flash");
+      }).catch((err) => say(err.message));
+    }
+  });
+  const create = form([
+    field("Sensor id", h("input", { name: "id", required: true, maxlength: 16, pattern: "[A-Za-z0-9]{1,16}" })),
+    field("Address", h("input", { name: "address", required: true, size: 40 })),
+    field("Heartbeat timeout (s)", h("input", { name: "timeout", type: "number", min: 1 })),
+  ], async (d) => {
+    const body = { id: d.get("id"), address: d.get("address") };
+    if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
+    const s = await api("POST", "/v1/sensors", body);
+    say(`Sensor ${s.id} created.`, true);
+    navigate(`#/sensors/${enc(s.id)}`, true);
+  }, "Create sensor");
+  const report = h("div");
+  const importForm = form([
+    field("CSV: id,address[,heartbeat_timeout_s] per line", h("textarea", { name: "csv", rows: 4, cols: 60, required: true })),
+  ], async (d) => {
+    const rows = parseCsv(d.get("csv"));
+    const results = [];
+    for (const [i, row] of rows.entries()) {
+      const [id, address, timeout] = row;
+      if (i === 0 && id === "id") continue;
+      const body = { id: id ?? "", address: address ?? "" };
+      if (timeout) body.heartbeat_timeout_s = Number(timeout);
+      try {
+        await api("POST", "/v1/sensors", body);
+        results.push([i + 1, id, "created"]);
+      } catch (err) {
+        results.push([i + 1, id, err.message]);
+      }
+    }
+    const ok = results.filter((r) => r[2] === "created").length;
+    say(`Import: ${ok} of ${results.length} row(s) created.`, ok === results.length);
+    report.replaceChildren(table(["Line", "Sensor", "Result"], results.map(([n, id, r]) =>
+      h("tr", {}, h("td", { class: "num" }, n), h("td", {}, id), h("td", {}, r)))));
+    await list.go();
+  }, "Import");
+  return [h("h1", {}, "Sensors"),
+    find, list.box,
+    h("h2", {}, "New sensor"), create, h("h2", {}, "Import from CSV"), importForm, report];
+}
+
+/** CSV rows: fields split on commas, double quotes around a field that holds one. */
+function parseCsv(text) {
+  return text.split(/\r?\n/).filter((l) => l.trim()).map((line) => {
+    const fields = [];
+    let cur = "", quoted = false;
+    for (let i = 0; i < line.length; i++) {
+      const c = line[i];
+      if (quoted) {
+        if (c === '"' && line[i + 1] === '"') { cur += '"'; i++; } else if (c === '"') quoted = false; else cur += c;
+      } else if (c === '"') quoted = true;
+      else if (c === ",") { fields.push(cur.trim()); cur = ""; } else cur += c;
+    }
+    fields.push(cur.trim());
+    return fields;
+  });
+}
+
+const RANGES = { "1h": 3600e3, "24h": 86400e3, "7d": 7 * 86400e3, "30d": 30 * 86400e3 };
+
+export async function sensorPage(id, params) {
+  const range = RANGES[params.get("range")] ? params.get("range") : "24h";
+  const props = h("dl", { class: "props" });
+  const history = h("div");
+  const clients = h("div");
+  const draw = async () => {
+    const s = await api("GET", `/v1/sensors/${enc(id)}`);
+    const rows = [["State", state(s.status.data)], ["Connection", badge(s.status.connection)],
+      ["Changed at", when(s.status.changed_at)], ["Last seen", when(s.status.last_seen_at)],
+      ["Last heard over", s.status.last_source ?? "—"],
+      ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
+      ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
+      ["Created", when(s.created_at)]];
+    props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    return s;
+  };
+  const drawHistory = async () => {
+    const from = new Date(Date.now() - RANGES[range]).toISOString();
+    const [events, readings] = await Promise.all([
+      api("GET", `/v1/sensors/${enc(id)}/events${q({ from, limit: 1000 })}`),
+      api("GET", `/v1/sensors/${enc(id)}/readings${q({ from, limit: 1000 })}`),
+    ]);
+    const to = Date.now();
+    const points = readings.items.map((r) => ({ t: Date.parse(r.ts), v: r.data }));
+    const lostAt = events.items.filter((e) => e.type === "sensor.connection_lost").map((e) => Date.parse(e.at));
+    const timeline = chart(points, to - RANGES[range], to, `Readings of ${id} over the last ${range}`, { step: true, max: 1 });
+    for (const t of lostAt) {
+      const x = 4 + ((t - (to - RANGES[range])) / RANGES[range]) * 592;
+      timeline.append(svg("line", { x1: x, x2: x, y1: 0, y2: 90, class: "lost" }));
+    }
+    history.replaceChildren(h("figure", {}, timeline,
+      h("figcaption", { class: "muted" }, `State over the last ${range}; red lines: connection lost.${readings.next_cursor ? " First 1000 readings of the range." : ""}`)),
+      h("div", { class: "cols" },
+      h("section", { "aria-label": "Events" }, h("h2", {}, "Events (newest first)"),
+        table(["At", "Event"], events.items.slice().reverse().map((e) =>
+          h("tr", {}, h("td", {}, when(e.at)), h("td", {}, describe(e)))), "No events in this range.")),
+      h("section", { "aria-label": "Readings" }, h("h2", {}, "Readings (newest first)"),
+        table(["Device time", "Value", "Received", ""], readings.items.slice().reverse().slice(0, 200).map((r) =>
+          h("tr", {}, h("td", {}, when(r.ts)), h("td", { class: "num" }, r.data), h("td", {}, when(r.received_at)),
+            h("td", { class: "muted" }, r.late ? "late" : ""))), "No readings in this range."))));
+  };
+  const drawClients = async () => {
+    const page = await api("GET", `/v1/sensors/${enc(id)}/clients${q({ limit: 1000 })}`);
+    clients.replaceChildren(table(["Client", "URL", ""], page.items.map((c) => h("tr", {},
+      h("td", {}, h("a", { href: `#/clients/${enc(c.id)}` }, c.name), h("span", { class: "muted mono" }, ` ${c.id}`)),
+      h("td", { class: "mono" }, c.url),
+      h("td", {}, actionButton(`Unlink ${c.name}`, async () => {
+        await api("DELETE", `/v1/clients/${enc(c.id)}/sensors/${enc(id)}`);
+        say(`Unlinked ${c.name}.`, true);
+        await drawClients();
+      }, "secondary")))), "No client receives this sensor's notifications."));
+  };
+  const s = await draw();
+  await Promise.all([drawHistory(), drawClients()]);
+  onLive((e) => {
+    if (!e || e.sensor_id === id) Promise.all([draw(), drawHistory()]).catch((err) => say(err.message));
+  });
+
+  const choices = await api("GET", `/v1/clients${q({ limit: 1000 })}`);
+  const pick = h("select", { name: "client", required: true },
+    h("option", { value: "" }, "choose a client"),
+    choices.items.map((c) => h("option", { value: c.id }, `${c.name} (${c.id})`)));
+  const link = form([field("Client", pick)], async (d) => {
+    await api("PUT", `/v1/clients/${enc(d.get("client"))}/sensors/${enc(id)}`);
+    say("Linked.", true);
+    await drawClients();
+  }, "Link client");
+  const edit = form([
+    field("Address", h("input", { name: "address", required: true, size: 40, value: s.address })),
+    field("Heartbeat timeout (s)", h("input", { name: "timeout", type: "number", min: 1, value: s.heartbeat_timeout_s ?? "" })),
+    field("Debounce (s)", h("input", { name: "debounce", type: "number", min: 0, max: 86400, value: s.debounce_s ?? "" })),
+  ], async (d) => {
+    const body = { address: d.get("address") };
+    if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
+    if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));
+    await api("PUT", `/v1/sensors/${enc(id)}`, body);
+    say("Saved.", true);
+    await draw();
+  }, "Save");
+  const rangeSelect = h("select", {}, Object.keys(RANGES).map((r) => h("option", { value: r, selected: r === range }, `last ${r}`)));
+  rangeSelect.addEventListener("change", () => { location.hash = `#/sensors/${enc(id)}${q({ range: rangeSelect.value })}`; });
+  const del = actionButton("Delete sensor", async () => {
+    if (!confirm(`Delete sensor ${id} with its links, state and history?`)) return;
+    await api("DELETE", `/v1/sensors/${enc(id)}`);
+    say(`Sensor ${id} deleted.`, true);
+    navigate("#/sensors", true);
+  }, "danger");
+  return [h("h1", {}, `Sensor ${id}`), props,
+    h("p", {}, h("a", { href: `#/notifications${q({ sensor_id: id })}` }, "Its notifications")),
+    h("h2", {}, "Clients"), clients, link,
+    h("div", { class: "toolbar" }, field("History range", rangeSelect)), history,
+    h("h2", {}, "Edit"), edit, h("div", { class: "toolbar" }, del)];
+}
+

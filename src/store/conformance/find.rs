@@ -1,0 +1,259 @@
+//! Checks of what the console lists and finds: notifications newest first with their
+//! filters, sensors by id prefix and address words, clients by name.
+
+use super::*;
+use crate::store::{Search, find_clients};
+
+fn ids(p: &Page<Notification>) -> Vec<i64> {
+    p.items.iter().map(|n| n.seq).collect()
+}
+
+pub(super) async fn notifications_newest_first_with_filters(s: &dyn Store) {
+    s.create_sensor(sensor("nf1")).await.unwrap();
+    s.create_sensor(sensor("nf2")).await.unwrap();
+    s.create_client(client("nf-a", "http://a/")).await.unwrap();
+    s.link("nf-a".into(), sid("nf1"), 1).await.unwrap();
+    s.link("nf-a".into(), sid("nf2"), 1).await.unwrap();
+    // Created at 10 s, 20 s, …: one notification per commit, alternating sensors, a lost
+    // one among them.
+    let mut seqs = Vec::new();
+    for i in 0..6i64 {
+        let at = (i + 1) * 10_000;
+        let id = if i % 2 == 0 { "nf1" } else { "nf2" };
+        let batch = if i == 3 {
+            liveness(id, EventKind::ConnectionLost, at)
+        } else {
+            change(id, i % 4 == 0, None, at)
+        };
+        seqs.push(s.commit(batch, at).await.unwrap()[0].seq);
+    }
+    // The one of 50 s fails.
+    let failed = s
+        .list_notifications(
+            NotificationFilter {
+                created: TimeRange {
+                    from: Some(50_000),
+                    to: Some(50_001),
+                },
+                ..Default::default()
+            },
+            page(10),
+        )
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    s.record(
+        vec![Outcome {
+            notification_id: failed.id.clone(),
+            client_id: "nf-a".into(),
+            attempt: None,
+            attempts: 10,
+            verdict: Verdict::Failed,
+            node: "n1".into(),
+            batch_id: None,
+        }],
+        55_000,
+        NEVER,
+    )
+    .await
+    .unwrap();
+
+    let newest = |f: NotificationFilter| NotificationFilter {
+        newest_first: true,
+        ..f
+    };
+    let all = newest(NotificationFilter::default());
+    let first = s.list_notifications(all.clone(), page(4)).await.unwrap();
+    let mut expected: Vec<i64> = seqs.iter().rev().copied().collect();
+    assert_eq!(ids(&first), expected[..4], "newest first");
+    let rest = s
+        .list_notifications(
+            all.clone(),
+            PageRequest {
+                limit: 4,
+                after: first.next.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest), expected[4..], "the cursor pages towards older");
+    assert_eq!(rest.next, None);
+    // The default order is as it was: oldest first, and its cursor pages forwards.
+    let asc = s
+        .list_notifications(NotificationFilter::default(), page(4))
+        .await
+        .unwrap();
+    expected.reverse();
+    assert_eq!(ids(&asc), expected[..4]);
+
+    let kind = newest(NotificationFilter {
+        kind: Some(EventKind::ConnectionLost),
+        ..Default::default()
+    });
+    assert_eq!(
+        ids(&s.list_notifications(kind, page(10)).await.unwrap()),
+        [seqs[3]]
+    );
+    let window = newest(NotificationFilter {
+        created: TimeRange {
+            from: Some(20_000),
+            to: Some(50_000),
+        },
+        ..Default::default()
+    });
+    assert_eq!(
+        ids(&s.list_notifications(window, page(10)).await.unwrap()),
+        [seqs[3], seqs[2], seqs[1]],
+        "[from, to) on when they were created"
+    );
+    // "Failed in the last …": status and a range, with a sensor and a client too.
+    let failed_since = newest(NotificationFilter {
+        client_id: Some("nf-a".into()),
+        sensor_id: Some(sid("nf1")),
+        status: Some(Status::Failed),
+        created: TimeRange {
+            from: Some(30_000),
+            to: None,
+        },
+        ..Default::default()
+    });
+    let got = s.list_notifications(failed_since, page(10)).await.unwrap();
+    assert_eq!(ids(&got), [seqs[4]]);
+    assert_eq!(got.items[0].id, failed.id);
+}
+
+fn found(p: &Page<SensorView>) -> Vec<String> {
+    p.items.iter().map(|(s, _)| s.id.to_string()).collect()
+}
+
+async fn find(s: &dyn Store, text: &str) -> Vec<String> {
+    let search = Search::parse(text).unwrap();
+    found(&s.find_sensors(search, None, page(50)).await.unwrap())
+}
+
+pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &dyn Store) {
+    let at = |id: &str, address: &str| Sensor {
+        address: address.into(),
+        ..sensor(id)
+    };
+    s.create_sensor(at("Door1", "Moscow, Svobody st. 23 fl 1 room 16"))
+        .await
+        .unwrap();
+    s.create_sensor(at("Door2", "Moscow, Tverskaya st. 7"))
+        .await
+        .unwrap();
+    s.create_sensor(at("Gate9", "Kazan, Baumana 5, back yard"))
+        .await
+        .unwrap();
+    s.create_sensor(at("door3", "Ulица Lenina 4"))
+        .await
+        .unwrap();
+    s.import(vec![at("Door4", "Svobody square 1")], vec![])
+        .await
+        .unwrap();
+
+    assert_eq!(
+        find(s, "Door").await,
+        ["Door1", "Door2", "Door4"],
+        "id prefix, case kept"
+    );
+    assert_eq!(find(s, "door").await, ["door3"]);
+    assert_eq!(
+        find(s, "svobody").await,
+        ["Door1", "Door4"],
+        "a word, any case"
+    );
+    assert_eq!(
+        find(s, "svob 23").await,
+        ["Door1"],
+        "every word, as prefixes"
+    );
+    assert_eq!(find(s, "moscow").await, ["Door1", "Door2"]);
+    assert_eq!(find(s, "back-yard").await, ["Gate9"]);
+    assert_eq!(find(s, "ulица").await, ["door3"]);
+    assert!(find(s, "yard moscow").await.is_empty());
+    assert!(
+        find(s, "oscow").await.is_empty(),
+        "words start where they start"
+    );
+
+    // Pages by id, and with the connection filter.
+    let first = s
+        .find_sensors(Search::parse("moscow").unwrap(), None, page(1))
+        .await
+        .unwrap();
+    assert_eq!(found(&first), ["Door1"]);
+    let next = s
+        .find_sensors(
+            Search::parse("moscow").unwrap(),
+            None,
+            PageRequest {
+                limit: 1,
+                after: first.next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(found(&next), ["Door2"]);
+    assert_eq!(next.next, None);
+    s.commit(change("Door2", true, None, 5_000), 5_000)
+        .await
+        .unwrap();
+    let online = s
+        .find_sensors(
+            Search::parse("moscow").unwrap(),
+            Some(Connection::Online),
+            page(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found(&online), ["Door2"]);
+
+    // A new address is found by its words, the old one no longer; a deleted sensor is gone.
+    s.replace_sensor(sid("Door1"), "Novgorod, Mira 2".into(), None, None)
+        .await
+        .unwrap();
+    assert_eq!(find(s, "svobody").await, ["Door4"]);
+    assert_eq!(find(s, "novgorod").await, ["Door1"]);
+    s.delete_sensor(sid("Door4"), 9_000).await.unwrap();
+    assert!(find(s, "svobody").await.is_empty());
+    assert_eq!(find(s, "Door").await, ["Door1", "Door2"]);
+}
+
+pub(super) async fn clients_found_by_name(s: &dyn Store) {
+    for (id, name) in [
+        ("cf-1", "Acme Doors"),
+        ("cf-2", "Globex"),
+        ("cf-3", "ÉCOLE acme"),
+    ] {
+        s.create_client(Client {
+            name: name.into(),
+            ..client(id, "http://a/")
+        })
+        .await
+        .unwrap();
+    }
+    let names = |p: Page<Client>| p.items.into_iter().map(|c| c.name).collect::<Vec<_>>();
+    let search = Search::parse("ACME").unwrap();
+    let got = find_clients(s, &search, None, page(10)).await.unwrap();
+    assert_eq!(names(got), ["Acme Doors", "ÉCOLE acme"]);
+    let got = find_clients(s, &Search::parse("école").unwrap(), None, page(10))
+        .await
+        .unwrap();
+    assert_eq!(names(got), ["ÉCOLE acme"], "case aside beyond ASCII");
+    let first = find_clients(s, &search, None, page(1)).await.unwrap();
+    assert!(first.next.is_some());
+    let next = find_clients(
+        s,
+        &search,
+        None,
+        PageRequest {
+            limit: 1,
+            after: first.next,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(names(next), ["ÉCOLE acme"]);
+}
