@@ -250,6 +250,7 @@ impl Lanes {
         now: Millis,
     ) -> Option<BatchOut> {
         let g = self.batching.gathering.get_mut(client)?;
+        let again = matches!(pick, Pick::Again(_));
         let (id, keys, left_out) = match pick {
             Pick::Again(id) => {
                 let (_, keys) = g.again.remove(&id)?;
@@ -279,6 +280,7 @@ impl Lanes {
             }
         };
         let mut members = Vec::with_capacity(keys.len());
+        let mut strays = Vec::new();
         for key in keys {
             let Some(lane) = self.lanes.get_mut(&key) else {
                 continue;
@@ -286,8 +288,16 @@ impl Lanes {
             let Some(head) = lane.queue.front() else {
                 continue;
             };
+            // Only a head of the batch goes under its id again; any other gathers anew.
+            if again && head.batch.as_deref() != Some(&*id) {
+                strays.push(key);
+                continue;
+            }
             lane.out = true;
             members.push((key, head.id.clone()));
+        }
+        for key in strays {
+            self.gather(key, now);
         }
         (!members.is_empty()).then(|| BatchOut {
             client: client.clone(),
