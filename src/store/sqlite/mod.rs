@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use rusqlite::Connection;
 
-use super::{Backend, Error, Result};
+use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
 
 mod commit;
@@ -27,6 +27,7 @@ mod lifecycle;
 mod outbox;
 mod registry;
 mod replay;
+mod retention;
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -61,6 +62,8 @@ struct Inner {
     writer: Mutex<Writer>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+    /// Whether the disk was full at the last write.
+    space: Space,
 }
 
 /// SQLite implementation of [`Store`].
@@ -70,6 +73,11 @@ pub struct SqliteStore {
 }
 
 fn backend(e: rusqlite::Error) -> Error {
+    // SQLITE_FULL: a write found no room on the disk (the WAL or the database could not
+    // grow); the statement or transaction was rolled back.
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+        return Error::Full(e.to_string());
+    }
     Error::Backend(e.to_string())
 }
 
@@ -157,6 +165,7 @@ impl SqliteStore {
                 }),
                 readers,
                 next_reader: AtomicUsize::new(0),
+                space: Space::default(),
             }),
         })
     }
@@ -188,7 +197,9 @@ impl SqliteStore {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut w)
+            let result = f(&mut w);
+            inner.space.note(&result);
+            result
         })
         .await
         .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
@@ -233,7 +244,20 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
 /// on the writer; this one is the backend's own.
 #[async_trait]
 impl Backend for SqliteStore {
+    /// While the disk was full at the last write, a write of one page (a row set to
+    /// what it holds): readiness follows the disk even when no reading comes to try.
     async fn ping(&self) -> Result<()> {
+        if self.inner.space.is_full() {
+            return self
+                .write(|c| {
+                    c.execute(
+                        "UPDATE ship_marks SET last_id = last_id WHERE what = 'attempts'",
+                        [],
+                    )?;
+                    Ok(())
+                })
+                .await;
+        }
         self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
             .await
     }
@@ -242,8 +266,8 @@ impl Backend for SqliteStore {
         false
     }
 
-    /// Nothing to keep up: one file, no partitions.
-    async fn maintain(&self, _now: Millis) -> Result<()> {
-        Ok(())
+    /// Retention only: one file, no partitions.
+    async fn maintain(&self, _now: Millis, retention: Retention) -> Result<Pruned> {
+        retention::prune(self, retention).await
     }
 }
