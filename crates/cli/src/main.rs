@@ -30,6 +30,21 @@ enum Command {
     Config,
     /// Print the version.
     Version,
+    /// Copy the embedded store into FILE while latch serves (a consistent copy as of one
+    /// commit). PostgreSQL: use pg_dump (see the README).
+    Backup {
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+    },
+    /// Replace the embedded store with the backup FILE; refused while a latch runs on the
+    /// data folder.
+    Restore {
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+    },
+    /// Give the embedded store's free pages (left by retention) back to the disk; refused
+    /// while a latch runs on the data folder.
+    Vacuum,
     /// Measure: run a load scenario against an in-process latch.
     Bench {
         #[command(subcommand)]
@@ -98,6 +113,35 @@ fn main() -> anyhow::Result<()> {
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })
         }
+        Command::Backup { to } => {
+            let config = embedded(cli.config.as_deref(), "backup")?;
+            let bytes = latch::store::sqlite::backup(&config.data_dir, &to)?;
+            println!(
+                "backed up {} to {} ({bytes} bytes)",
+                config.data_dir.display(),
+                to.display()
+            );
+            Ok(())
+        }
+        Command::Restore { from } => {
+            let config = embedded(cli.config.as_deref(), "restore")?;
+            latch::store::sqlite::restore(&config.data_dir, &from)?;
+            println!(
+                "restored {} into {}",
+                from.display(),
+                config.data_dir.display()
+            );
+            Ok(())
+        }
+        Command::Vacuum => {
+            let config = embedded(cli.config.as_deref(), "vacuum")?;
+            let (before, after) = latch::store::sqlite::vacuum(&config.data_dir)?;
+            println!(
+                "vacuumed {}: {before} bytes -> {after} bytes",
+                config.data_dir.display()
+            );
+            Ok(())
+        }
         Command::Config => {
             print!("{}", latch::config::DEFAULTS);
             Ok(())
@@ -133,6 +177,21 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| redacted(&config, e))
         }
     }
+}
+
+/// The settings, for a command that works on the embedded store's data folder only.
+fn embedded(
+    path: Option<&std::path::Path>,
+    command: &str,
+) -> anyhow::Result<latch::config::Config> {
+    let config = latch::load_config(path)?;
+    if config.database_url.is_some() {
+        anyhow::bail!(
+            "latch {command} works on the embedded SQLite store; with PostgreSQL use pg_dump \
+             and pg_restore (see the README, Operations → Data)"
+        );
+    }
+    Ok(config)
 }
 
 /// The error with its causes in one line, passwords and tokens masked: a failed start

@@ -21,6 +21,7 @@ use rusqlite::Connection;
 use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
 
+mod backup;
 mod commit;
 mod history;
 mod lifecycle;
@@ -46,6 +47,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0008_delivery_choices.sql"),
 ];
 
+pub use backup::{backup, restore, vacuum};
+
 /// The setting lives with the other settings; the store only maps it to its pragma.
 pub use crate::config::Synchronous;
 
@@ -64,6 +67,8 @@ struct Inner {
     next_reader: AtomicUsize,
     /// Whether the disk was full at the last write.
     space: Space,
+    /// The data folder, whose file system readiness looks at while the disk is full.
+    dir: std::path::PathBuf,
 }
 
 /// SQLite implementation of [`Store`].
@@ -166,6 +171,7 @@ impl SqliteStore {
                 readers,
                 next_reader: AtomicUsize::new(0),
                 space: Space::default(),
+                dir: dir.to_path_buf(),
             }),
         })
     }
@@ -221,6 +227,20 @@ impl SqliteStore {
     }
 }
 
+/// Free space on the data folder's file system that makes a store whose disk was full
+/// ready again: room for the write-ahead log to take a few large group commits.
+const FREE_TO_RESUME: u64 = 8 << 20;
+
+/// Bytes an unprivileged process may still write on `dir`'s file system.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `st` a writable statvfs for the call.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// Brings the schema up to date. A data folder a newer latch has written is refused: this
 /// latch would write rows that schema keeps differently, and a downgrade has no way back.
 fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
@@ -244,19 +264,19 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
 /// on the writer; this one is the backend's own.
 #[async_trait]
 impl Backend for SqliteStore {
-    /// While the disk was full at the last write, a write of one page (a row set to
-    /// what it holds): readiness follows the disk even when no reading comes to try.
+    /// While the disk was full at the last write, ready again once its file system has
+    /// [`FREE_TO_RESUME`] free: a write of a page or two may fit where a group commit does
+    /// not (a failed commit leaves the write-ahead log grown), so a probe write would say
+    /// ready too early. The next write that succeeds ends the episode.
     async fn ping(&self) -> Result<()> {
         if self.inner.space.is_full() {
-            return self
-                .write(|c| {
-                    c.execute(
-                        "UPDATE ship_marks SET last_id = last_id WHERE what = 'attempts'",
-                        [],
-                    )?;
-                    Ok(())
-                })
-                .await;
+            return match free_bytes(&self.inner.dir) {
+                Some(free) if free >= FREE_TO_RESUME => Ok(()),
+                free => Err(Error::Full(format!(
+                    "{} bytes free in the data folder's file system",
+                    free.map_or("unknown".to_string(), |f| f.to_string())
+                ))),
+            };
         }
         self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
             .await

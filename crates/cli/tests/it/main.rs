@@ -1,6 +1,7 @@
 //! Integration tests: the real service, on a port-0 listener, used over HTTP like a user.
 
 mod amqp;
+mod backup;
 mod bench;
 mod broker_links;
 mod brokers;
@@ -10,6 +11,7 @@ mod cluster;
 mod cluster_choices;
 mod console;
 mod delivery;
+mod full_disk;
 mod history;
 mod http_edges;
 mod liveness;
