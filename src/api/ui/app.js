@@ -315,6 +315,7 @@ function rates(key) {
 
 async function fleetPage() {
   const cards = h("div", { class: "cards" });
+  const historyFrom = h("p", { class: "muted", "aria-label": "History kept from" });
   const feed = h("ul", { class: "feed", "aria-label": "Live events" });
   const draw = async () => {
     const f = await api("GET", "/v1/fleet");
@@ -326,6 +327,7 @@ async function fleetPage() {
       card("", f.sensors, "sensors registered", "#/sensors"),
       card("", f.notifications_pending, "notifications pending", "#/notifications?status=pending"),
     );
+    historyFrom.textContent = f.history_from ? `History kept from ${when(f.history_from)}.` : "No history kept yet.";
   };
   await draw();
   const lost = await api("GET", `/v1/sensors${q({ connection: "lost", limit: 10 })}`);
@@ -356,7 +358,7 @@ async function fleetPage() {
     }
     redraw();
   });
-  return [h("h1", {}, "Fleet"), cards, h("h2", {}, "Rates"), rateBox,
+  return [h("h1", {}, "Fleet"), cards, historyFrom, h("h2", {}, "Rates"), rateBox,
     h("div", { class: "cols" },
       h("section", {}, h("h2", {}, "Live events"), feed),
       h("section", {}, h("h2", {}, "Lost sensors"), lostList,

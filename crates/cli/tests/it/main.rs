@@ -24,6 +24,7 @@ mod nodes;
 mod readings;
 mod redelivery;
 mod registry;
+mod retention;
 mod ssrf;
 mod store_faults;
 mod tokens;
