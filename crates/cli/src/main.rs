@@ -72,6 +72,10 @@ enum Scenario {
     History(latch_bench::history::Args),
     /// Memory over millions of deliveries: RSS after a warm-up, halfway and at the end.
     Soak(latch_bench::soak::Args),
+    /// Retention shortened to a minute beside a latch keeping everything: bytes on disk
+    /// over time, ingest latency with pruning on and off, bytes per reading and
+    /// notification.
+    Retention(latch_bench::retention::Args),
     /// N `latch serve` processes on one PostgreSQL: ingest and delivery against one node,
     /// and the takeover time after `kill -9` of one.
     Cluster(latch_bench::cluster::Args),
@@ -107,6 +111,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Restart(a) => latch_bench::restart::run(a).await?,
                     Scenario::History(a) => latch_bench::history::run(a).await?,
                     Scenario::Soak(a) => latch_bench::soak::run(a).await?,
+                    Scenario::Retention(a) => latch_bench::retention::run(a).await?,
                     Scenario::Cluster(a) => latch_bench::cluster::run(a).await?,
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
                 };

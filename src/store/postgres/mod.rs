@@ -61,6 +61,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0013_cluster_secret.sql"),
     include_str!("../migrations/postgres/0014_rate_schedule.sql"),
     include_str!("../migrations/postgres/0015_delivery_choices.sql"),
+    include_str!("../migrations/postgres/0016_client_health.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

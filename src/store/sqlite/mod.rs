@@ -45,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0006_supersede_index.sql"),
     include_str!("../migrations/sqlite/0007_attempts_ship_mark.sql"),
     include_str!("../migrations/sqlite/0008_delivery_choices.sql"),
+    include_str!("../migrations/sqlite/0009_client_health.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
