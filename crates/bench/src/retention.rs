@@ -273,6 +273,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     r.add("readings into each", readings, "");
     r.add("notifications stored (kept)", notes, "");
+    if let Some((_, p, _)) = samples.last() {
+        r.add("notifications stored (pruned)", p.rows, "");
+    }
     for s in [pruned, kept] {
         s.server.stop().await?;
         if let Some(pg) = s.pg {
