@@ -218,6 +218,8 @@ impl Committing {
                         message: e.to_string(),
                         landed: self.read_back(touched).await,
                     }
+                } else if e.is_full() {
+                    CommitFailure::Full(e.to_string())
                 } else {
                     CommitFailure::Refused(e.to_string())
                 };

@@ -132,6 +132,14 @@ impl From<store::Error> for ApiError {
                     "the store is unavailable; try again",
                 )
             }
+            store::Error::Full(cause) => {
+                tracing::debug!(error = %cause, "Store refused a write: its disk is full.");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_full",
+                    "the store's disk is full; try again once space is freed",
+                )
+            }
             store::Error::Sink(cause) => history::Error::ClickHouse(cause).into(),
             store::Error::Fenced(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -160,6 +168,15 @@ impl From<history::Error> for ApiError {
 
 impl From<engine::Error> for ApiError {
     fn from(e: engine::Error) -> Self {
+        if let engine::Error::StorageFull(_) = e {
+            // The store logged the episode once; a line per request would flood the log.
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_full",
+                "the store's disk is full: nothing was accepted; send the readings again once \
+                 space is freed",
+            );
+        }
         tracing::warn!(error = %e, "Readings not accepted.");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

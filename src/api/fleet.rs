@@ -26,6 +26,10 @@ pub struct FleetOut {
     pub unknown: u64,
     /// Notifications not yet delivered (nor failed, superseded or cancelled).
     pub notifications_pending: u64,
+    /// How far back history goes: the time of the oldest reading kept (older ones were
+    /// deleted by retention, `LATCH_RETENTION_READINGS`), refreshed every few minutes;
+    /// `null` when there is none (or latch has not looked yet, just after its start).
+    pub history_from: Option<String>,
 }
 
 /// Counts of the fleet: sensors by connection, pending notifications.
@@ -40,5 +44,6 @@ async fn get_fleet(State(st): State<AppState>) -> ApiResult<ApiJson<FleetOut>> {
         lost: counts.lost,
         unknown: counts.unknown,
         notifications_pending: pending,
+        history_from: st.history.history_from().map(crate::domain::time::format),
     }))
 }

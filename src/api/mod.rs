@@ -268,6 +268,12 @@ async fn readyz(State(st): State<AppState>) -> Response {
     // Open to anyone: the cause goes to the log, not to the answer.
     match st.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
+        // Not a secret, and what an operator must act on: named in the answer.
+        Err(e) if e.is_full() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage full: the store's disk has no space; readings are refused until space is freed",
+        )
+            .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "Not ready: the store does not answer.");
             (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()

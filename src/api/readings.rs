@@ -33,7 +33,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Post one reading or an array of up to 10,000. Answers 202 once the accepted ones are
 /// durable; each element is validated on its own. If only part of them could be committed,
-/// the rest are listed as `store_unavailable` (send those again); 503 when none could.
+/// the rest are listed as `store_unavailable` (send those again); 503 when none could
+/// (`storage_full` when the store's disk is full).
 #[utoipa::path(post, path = "/v1/readings", tag = "readings",
     request_body(content = Vec<ReadingIn>, description = "one reading, or an array of them"),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody),

@@ -137,6 +137,13 @@ pub struct Config {
     /// Partitions of the fleet, fixed when the database is first used. Unset: 128.
     #[serde(default, deserialize_with = "opt_number")]
     pub cluster_partitions: Option<u32>,
+    /// Readings and sensor events older than this are deleted. Zero: kept forever.
+    #[serde(deserialize_with = "duration")]
+    pub retention_readings: Duration,
+    /// Finished notifications (not pending) and their attempts older than this are
+    /// deleted. Zero: kept forever.
+    #[serde(deserialize_with = "duration")]
+    pub retention_notifications: Duration,
 }
 
 /// How log lines are written.

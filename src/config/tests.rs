@@ -287,3 +287,27 @@ fn reminders_and_debounce_are_off_by_default_and_checked() {
         assert!(e.contains(named), "{key}={value}: {e}");
     }
 }
+
+#[test]
+fn retention_takes_days_and_zero_keeps_forever() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!(c.retention_readings, Duration::from_secs(90 * 86_400));
+    assert_eq!(c.retention_notifications, Duration::from_secs(30 * 86_400));
+    let c = Config::load_from(
+        None,
+        &env(&[
+            ("LATCH_RETENTION_READINGS", "0"),
+            ("LATCH_RETENTION_NOTIFICATIONS", "7d 12h"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.retention_readings, Duration::ZERO);
+    assert_eq!(
+        c.retention_notifications,
+        Duration::from_secs(7 * 86_400 + 12 * 3600)
+    );
+    let e = Config::load_from(None, &env(&[("LATCH_RETENTION_READINGS", "90 days ago")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("retention_readings"), "{e}");
+}

@@ -309,6 +309,12 @@ pub struct ClientAttempts {
     pub failing_since: Option<Millis>,
     /// A failed attempt after the last delivered one answered `410 Gone`.
     pub gone: bool,
+    /// The time of the last delivered attempt of the batch.
+    pub last_success_at: Option<Millis>,
+    /// The time and error of the last failed attempt of the batch.
+    pub last_failure: Option<(Millis, Option<String>)>,
+    /// Failed attempts after the batch's last delivered one (all of them without one).
+    pub failures_after: u64,
 }
 
 /// Sums up a batch of outcomes per client, for [`disable_reason`]. Outcomes without an
@@ -325,6 +331,9 @@ pub fn client_attempts(outcomes: &[Outcome]) -> Vec<ClientAttempts> {
                     succeeded: false,
                     failing_since: None,
                     gone: false,
+                    last_success_at: None,
+                    last_failure: None,
+                    failures_after: 0,
                 });
                 out.len() - 1
             }
@@ -334,9 +343,13 @@ pub fn client_attempts(outcomes: &[Outcome]) -> Vec<ClientAttempts> {
             c.succeeded = true;
             c.failing_since = None;
             c.gone = false;
+            c.last_success_at = Some(c.last_success_at.map_or(a.at, |s| s.max(a.at)));
+            c.failures_after = 0;
         } else {
             c.failing_since = Some(c.failing_since.map_or(a.at, |f| f.min(a.at)));
             c.gone |= a.status_code == Some(410);
+            c.last_failure = Some((a.at, a.error.clone()));
+            c.failures_after += 1;
         }
     }
     out

@@ -51,6 +51,10 @@ pub enum RejectCode {
     /// is not a verdict on the reading — the sender should send it again (a broker source
     /// leaves it unacknowledged, never dead-letters it).
     StoreUnavailable,
+    /// Valid, but the store's disk is full: nothing of it is durable. Transient like
+    /// `store_unavailable` (send it again once space is freed), named apart so a sender
+    /// and an operator see the cause.
+    StorageFull,
 }
 
 impl RejectCode {
@@ -64,13 +68,14 @@ impl RejectCode {
             RejectCode::TsInFuture => "ts_in_future",
             RejectCode::UnknownSensor => "unknown_sensor",
             RejectCode::StoreUnavailable => "store_unavailable",
+            RejectCode::StorageFull => "storage_full",
         }
     }
 
     /// Whether the reading itself is fine and only its commit failed, so sending it again
     /// can succeed.
     pub fn is_transient(self) -> bool {
-        self == RejectCode::StoreUnavailable
+        matches!(self, RejectCode::StoreUnavailable | RejectCode::StorageFull)
     }
 }
 

@@ -96,6 +96,9 @@ pub enum Error {
     Closed,
     #[error("could not make the readings durable: {0}")]
     Commit(String),
+    /// The store's disk is full: nothing was made durable. Transient, like `Commit`.
+    #[error("could not make the readings durable, the store's disk is full: {0}")]
+    StorageFull(String),
 }
 
 /// How the engine's shards run.
@@ -141,6 +144,8 @@ pub struct CommitRequest {
 pub enum CommitFailure {
     /// Nothing of the batch was written.
     Refused(String),
+    /// Nothing of the batch was written: the store's disk is full.
+    Full(String),
     /// The batch may have been written (its answer was lost). `landed`: the committed state
     /// of its sensors, read back since (`None`: the store never answered), so memory
     /// follows what the store holds rather than a guess.
@@ -153,7 +158,7 @@ pub enum CommitFailure {
 impl std::fmt::Display for CommitFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CommitFailure::Refused(m) => f.write_str(m),
+            CommitFailure::Refused(m) | CommitFailure::Full(m) => f.write_str(m),
             CommitFailure::Unknown { message, .. } => write!(f, "{message} (outcome unknown)"),
         }
     }

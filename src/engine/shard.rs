@@ -551,7 +551,12 @@ impl Shard {
             Err(failure) => {
                 // Memory keeps the committed state: readings are refused (their senders
                 // try again) and silent sensors stay due, so the next round retries them.
-                tracing::error!(error = %failure, "Group commit failed; readings not acknowledged.");
+                // A full disk is told once per episode by the store, not once per commit.
+                if matches!(failure, CommitFailure::Full(_)) {
+                    tracing::debug!(error = %failure, "Group commit failed: the disk is full.");
+                } else {
+                    tracing::error!(error = %failure, "Group commit failed; readings not acknowledged.");
+                }
                 if let CommitFailure::Unknown {
                     landed: Some(landed),
                     ..
@@ -567,7 +572,10 @@ impl Shard {
                     );
                     self.adopt(landed);
                 }
-                let e = Error::Commit(failure.to_string());
+                let e = match &failure {
+                    CommitFailure::Full(m) => Error::StorageFull(m.clone()),
+                    _ => Error::Commit(failure.to_string()),
+                };
                 for (reply, _, sequence) in p.replies {
                     // Before the next round: none of the sequence's later readings apply.
                     if let Some(seq) = sequence {

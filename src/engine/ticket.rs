@@ -52,10 +52,12 @@ impl Ticket {
                     }
                 }
                 Err(e) => {
-                    let rejection = Rejection::new(
-                        RejectCode::StoreUnavailable,
-                        format!("not stored ({e}); send it again"),
-                    );
+                    let code = match e {
+                        Error::StorageFull(_) => RejectCode::StorageFull,
+                        _ => RejectCode::StoreUnavailable,
+                    };
+                    let rejection =
+                        Rejection::new(code, format!("not stored ({e}); send it again"));
                     for i in idx {
                         report.rejected.push((i, rejection.clone()));
                     }

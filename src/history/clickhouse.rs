@@ -371,6 +371,95 @@ impl ClickHouse {
     }
 }
 
+impl ClickHouse {
+    /// Drops the monthly partitions of `table` wholly before `before` (ClickHouse 18.16 has
+    /// no table TTL; `ALTER TABLE … DROP PARTITION` is there since long before). The tables
+    /// are partitioned by the month of their time in the server's time zone, so a month is
+    /// dropped only once it ended a day before `before` in UTC, whatever that zone is.
+    /// Returns the partitions dropped.
+    pub async fn drop_months_before(&self, table: &str, before: Millis) -> Result<u64, Error> {
+        let parts: Vec<String> = timed(
+            self.admin
+                .query(
+                    "SELECT DISTINCT partition FROM system.parts \
+                     WHERE database = ? AND table = ? AND active",
+                )
+                .bind(&self.database)
+                .bind(table)
+                .fetch_all::<String>(),
+        )
+        .await?;
+        let mut dropped = 0;
+        for part in parts {
+            // `toYYYYMM`: 202601 for January 2026.
+            let Ok(yyyymm) = part.trim_matches('\'').parse::<i64>() else {
+                continue;
+            };
+            let next_month = (yyyymm / 100) * 12 + (yyyymm % 100 - 1) + 1;
+            if month_start(next_month) + DAY_MS > before {
+                continue;
+            }
+            let sql = format!("ALTER TABLE {table} DROP PARTITION {yyyymm}");
+            timed(self.client.query(&sql).execute()).await?;
+            tracing::info!(
+                table,
+                partition = yyyymm,
+                "Dropped a ClickHouse partition past retention."
+            );
+            dropped += 1;
+        }
+        Ok(dropped)
+    }
+
+    /// The time of the oldest reading ClickHouse holds (`None`: none). Only the oldest
+    /// month is read: the partitions' min-max index on `ts` prunes the others.
+    pub async fn oldest_reading(&self) -> Result<Option<Millis>, Error> {
+        let oldest: Vec<String> = timed(
+            self.admin
+                .query(
+                    "SELECT min(partition) FROM system.parts \
+                     WHERE database = ? AND table = 'readings' AND active",
+                )
+                .bind(&self.database)
+                .fetch_all::<String>(),
+        )
+        .await?;
+        let Some(yyyymm) = oldest
+            .first()
+            .and_then(|p| p.trim_matches('\'').parse::<i64>().ok())
+        else {
+            return Ok(None);
+        };
+        let month_end = month_start((yyyymm / 100) * 12 + (yyyymm % 100 - 1) + 1) + DAY_MS;
+        let min: Vec<i64> = timed(
+            self.client
+                .query("SELECT min(ts) FROM readings WHERE ts < ? HAVING count() > 0")
+                .bind(month_end)
+                .fetch_all::<i64>(),
+        )
+        .await?;
+        Ok(min.first().copied())
+    }
+}
+
+const DAY_MS: Millis = 24 * 3600 * 1000;
+
+/// The first millisecond of a month given as one number (`year * 12 + month0`), UTC.
+fn month_start(month: i64) -> Millis {
+    use chrono::TimeZone;
+    chrono::Utc
+        .with_ymd_and_hms(
+            month.div_euclid(12) as i32,
+            month.rem_euclid(12) as u32 + 1,
+            1,
+            0,
+            0,
+            0,
+        )
+        .single()
+        .map_or(i64::MAX, |t| t.timestamp_millis())
+}
+
 /// Most calendar months one insert may span. The tables are partitioned by month, and
 /// ClickHouse refuses an insert touching more than 100 partitions; the margin covers the
 /// server's time zone, which may put a row near a month's edge into the next partition.

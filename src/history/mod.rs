@@ -8,6 +8,7 @@
 
 pub mod archiver;
 pub mod clickhouse;
+pub mod retention;
 pub mod shipper;
 
 use std::sync::Arc;
@@ -41,6 +42,9 @@ pub struct History {
     /// (which would bring the deleted rows back). Across nodes, PostgreSQL's row locks do
     /// the same.
     shipping: Arc<tokio::sync::Mutex<()>>,
+    /// The oldest reading kept, as retention's last look-up found it (`None`: none, or
+    /// not looked up yet). A `std` mutex: held for a copy, never across an `.await`.
+    from: Arc<std::sync::Mutex<Option<crate::domain::Millis>>>,
 }
 
 impl History {
@@ -49,7 +53,18 @@ impl History {
             store,
             clickhouse,
             shipping: Arc::default(),
+            from: Arc::default(),
         }
+    }
+
+    /// How far back history goes: the time of the oldest reading kept, refreshed by
+    /// [`retention`] every few minutes.
+    pub fn history_from(&self) -> Option<crate::domain::Millis> {
+        *self.from.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_from(&self, from: Option<crate::domain::Millis>) {
+        *self.from.lock().unwrap_or_else(|p| p.into_inner()) = from;
     }
 
     /// The lock the shipper holds through each shipment.

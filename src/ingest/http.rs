@@ -44,7 +44,8 @@ pub struct RejectedOut {
     pub index: usize,
     /// Machine-readable reason: `invalid_sensor_id`, `invalid_data`, `invalid_ts`,
     /// `ts_in_future`, `unknown_sensor`, `not_an_object`; or `store_unavailable`: valid but
-    /// not stored (part of the request could not be committed), send it again.
+    /// not stored (part of the request could not be committed), send it again; or
+    /// `storage_full`: the same, because the store's disk is full.
     pub code: String,
     pub error: String,
 }

@@ -4,11 +4,12 @@
 //!
 //! 1. [`Base`]: the store, this node's id and, on PostgreSQL, its cluster membership.
 //! 2. [`Delivery`]: the dispatcher with the pending notifications.
-//! 3. [`Archive`]: the history shipper (ClickHouse) or archiver (SQLite).
+//! 3. [`Archive`]: the history shipper (ClickHouse) or archiver (SQLite), and the store's
+//!    upkeep with retention.
 //! 4. [`Core`]: the committer and the engine's shards, with the registry follower.
 //! 5. [`Leases`]: the cluster's lease rounds (cluster mode).
 //! 6. [`Sources`]: the broker sources.
-//! 7. [`Followers`]: API tokens followed across nodes, the store's upkeep.
+//! 7. [`Followers`]: API tokens followed across nodes.
 //! 8. [`Http`]: the API.
 //!
 //! Stopping in reverse is what makes the shutdown lose nothing: the API and the sources
@@ -43,7 +44,7 @@ pub async fn run_with_clock(
     telemetry::register_families(&config);
     let base = Base::open(&config, &listener).await?;
     let delivery = Delivery::start(&config, &base, &clock, &sup).await?;
-    let archive = Archive::start(&config, &base, &sup)?;
+    let archive = Archive::start(&config, &base, &clock, &sup)?;
     let core = Core::start(&config, &base, &clock, &delivery, &archive, &sup).await?;
     let leases = Leases::start(&base, &core, &delivery, &sup).await?;
     let sources = Sources::start(&config, &base, &core, &sup);

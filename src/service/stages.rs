@@ -125,18 +125,25 @@ impl Delivery {
     }
 }
 
-/// History reads, and the task that drains the store's history tables: the shipper to
-/// ClickHouse, or the archiver that moves SQLite's journal into its archive.
+/// History reads, the task that drains the store's history tables (the shipper to
+/// ClickHouse, or the archiver that moves SQLite's journal into its archive), and the
+/// store's upkeep with retention.
 pub(super) struct Archive {
     history: History,
     /// History rows committed since the last shipment, so a full batch moves early.
     spooled: Arc<Spooled>,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    upkeep: JoinHandle<()>,
 }
 
 impl Archive {
-    pub(super) fn start(config: &Config, base: &Base, sup: &Supervisor) -> anyhow::Result<Self> {
+    pub(super) fn start(
+        config: &Config,
+        base: &Base,
+        clock: &Clock,
+        sup: &Supervisor,
+    ) -> anyhow::Result<Self> {
         let clickhouse = match &config.clickhouse_url {
             Some(url) => Some(history::clickhouse::ClickHouse::new(
                 &history::clickhouse::Target::parse(url, &config.clickhouse_database)?,
@@ -146,7 +153,7 @@ impl Archive {
         let history = History::new(base.store.clone(), clickhouse.clone());
         let spooled = Arc::new(Spooled::default());
         let stop = CancellationToken::new();
-        let task = match clickhouse {
+        let task = match clickhouse.clone() {
             Some(ch) => sup.spawn(
                 "history shipper",
                 history::shipper::run(
@@ -163,11 +170,23 @@ impl Archive {
                 history::archiver::run(base.store.clone(), spooled.clone(), stop.clone()),
             ),
         };
+        let upkeep = sup.spawn(
+            "store upkeep",
+            history::retention::run(
+                base.store.clone(),
+                clickhouse,
+                history.clone(),
+                history::retention::Settings::from_config(config),
+                clock.clone(),
+                stop.clone(),
+            ),
+        );
         Ok(Self {
             history,
             spooled,
             stop,
             task,
+            upkeep,
         })
     }
 
@@ -175,6 +194,7 @@ impl Archive {
     pub(super) async fn stop(self) {
         self.stop.cancel();
         join(self.task).await;
+        join(self.upkeep).await;
     }
 }
 
@@ -472,8 +492,7 @@ async fn publish_links(
     }
 }
 
-/// What follows the shared store in the background: the API tokens other nodes make, and
-/// the store's upkeep.
+/// What follows the shared store in the background: the API tokens other nodes make.
 pub(super) struct Followers {
     tokens: api::tokens::Tokens,
     stop: CancellationToken,
@@ -492,7 +511,6 @@ impl Followers {
                 "token follower",
                 api::tokens::follow(store.clone(), tokens.clone(), stop.clone()),
             ));
-            tasks.push(sup.spawn("store upkeep", store::upkeep(store.clone(), stop.clone())));
         }
         Ok(Self {
             tokens,

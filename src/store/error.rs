@@ -27,6 +27,10 @@ pub enum Error {
     /// The history sink refused a batch; it stays in the spool.
     #[error("history sink: {0}")]
     Sink(String),
+    /// The store's disk is full (SQLite's `SQLITE_FULL`, PostgreSQL's `disk_full`): nothing
+    /// of the call was written, and a write succeeds again once space is freed.
+    #[error("the store's disk is full: {0}")]
+    Full(String),
 }
 
 impl Error {
@@ -38,7 +42,15 @@ impl Error {
     /// Whether the store could not be reached or answer (as opposed to refusing the call
     /// for what it asked): readiness and the API's 503.
     pub fn unavailable(&self) -> bool {
-        matches!(self, Error::Backend(_) | Error::Indeterminate(_))
+        matches!(
+            self,
+            Error::Backend(_) | Error::Indeterminate(_) | Error::Full(_)
+        )
+    }
+
+    /// Whether the call failed for want of disk space.
+    pub fn is_full(&self) -> bool {
+        matches!(self, Error::Full(_))
     }
 }
 

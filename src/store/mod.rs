@@ -38,6 +38,8 @@ pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
 pub use data_dir::{lock_data_dir, node_id};
 pub use error::{Error, Result};
 pub use listing::{Search, find_clients};
+pub use retention::{Pruned, Retention};
+pub use space::Space;
 pub use types::{
     AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter, Page,
     PageRequest, ReplayFilter, SensorRuntime, SensorView, Stored, TimeRange,
@@ -50,7 +52,9 @@ mod data_dir;
 mod error;
 pub(crate) mod listing;
 pub mod postgres;
+mod retention;
 mod rows;
+mod space;
 pub mod sqlite;
 mod types;
 
@@ -236,6 +240,9 @@ pub trait HistoryStore: Send + Sync {
     /// they are committed to into the store's own archive, returning how many moved.
     /// Backends that index readings as they come have nothing to move.
     async fn archive_history(&self, limit: usize) -> Result<usize>;
+    /// The time of the oldest reading the store keeps (`None`: none): how far back its
+    /// history goes. One index look-up per sensor, so callers cache it.
+    async fn history_from(&self) -> Result<Option<Millis>>;
 }
 
 /// What the console finds: sensors by an id prefix or words of their address
@@ -272,10 +279,15 @@ pub trait Backend: Send + Sync {
     /// Whether other latch nodes may write this store too (so the dispatcher must look
     /// for work it was not handed, and commits may run side by side).
     fn shared(&self) -> bool;
-    /// Periodic upkeep ([`upkeep`]): on PostgreSQL, the history partitions of `now`'s
-    /// month and the next few, so a node that runs for months keeps writing history into
-    /// monthly partitions rather than the default one. Nothing to do on SQLite.
-    async fn maintain(&self, now: Millis) -> Result<()>;
+    /// Periodic upkeep, at least once a minute (`history::retention`): deletes what
+    /// `retention` says is too old, in small steps that let commits through between them
+    /// (SQLite: batches of rows; PostgreSQL: whole monthly history partitions, the outbox
+    /// in batches); on PostgreSQL also creates the history partitions of `now`'s month and
+    /// the next few (every few hours), so a node that runs for months keeps writing
+    /// history into monthly partitions rather than the default one, and forgets nodes
+    /// that left without saying so. On a shared store one node does it at a time: the
+    /// others skip the round ([`Pruned::skipped`]).
+    async fn maintain(&self, now: Millis, retention: Retention) -> Result<Pruned>;
 }
 
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
@@ -327,23 +339,6 @@ pub async fn connect_cluster(
         None => {
             let store = sqlite::SqliteStore::open(&config.data_dir, config.sqlite_synchronous)?;
             Ok((std::sync::Arc::new(store), None))
-        }
-    }
-}
-
-/// How often [`upkeep`] runs [`Backend::maintain`]: a few times a day, far ahead of a month's
-/// end (start runs it too).
-pub const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
-
-/// Runs [`Backend::maintain`] every [`UPKEEP_EVERY`] until `stop`.
-pub async fn upkeep(store: std::sync::Arc<dyn Store>, stop: tokio_util::sync::CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(UPKEEP_EVERY) => {}
-            _ = stop.cancelled() => return,
-        }
-        if let Err(e) = store.maintain(crate::domain::time::now_ms()).await {
-            tracing::warn!(error = %e, "Store upkeep failed; it runs again later.");
         }
     }
 }

@@ -140,6 +140,12 @@ families! {
         "Forwarded requests the owner did not answer (their readings: send again).";
     CLUSTER_FENCED_COMMITS: Counter "latch_cluster_fenced_commits_total" []
         "Commits refused because a partition had moved to another node.";
+    STORAGE_FULL: Gauge "latch_storage_full" []
+        "1 while the store's disk is full (readings are refused as storage_full), else 0.";
+    STORAGE_FULL_EPISODES: Counter "latch_storage_full_episodes_total" []
+        "Times the store's disk became full.";
+    RETENTION_DELETED: Counter "latch_retention_deleted_total" ["what"]
+        "Rows retention deleted (readings, events, notifications, attempts) and PostgreSQL or ClickHouse history partitions it dropped (partitions).";
     TASK_PANICS: Counter "latch_task_panics_total" []
         "Tasks of the service that panicked (the log names them; the process stops after the first).";
 }

@@ -159,8 +159,17 @@ impl Drop for Traces {
     }
 }
 
+/// What retention deletes, the `what` of `latch_retention_deleted_total`.
+pub const RETAINED: [&str; 5] = [
+    "readings",
+    "events",
+    "notifications",
+    "attempts",
+    "partitions",
+];
+
 /// Every `reason` a reading can be rejected with.
-const REJECT_CODES: [RejectCode; 8] = [
+const REJECT_CODES: [RejectCode; 9] = [
     RejectCode::MalformedJson,
     RejectCode::NotAnObject,
     RejectCode::InvalidSensorId,
@@ -169,6 +178,7 @@ const REJECT_CODES: [RejectCode; 8] = [
     RejectCode::TsInFuture,
     RejectCode::UnknownSensor,
     RejectCode::StoreUnavailable,
+    RejectCode::StorageFull,
 ];
 
 /// Every status a notification can end in.
@@ -190,7 +200,8 @@ fn listed(code: RejectCode, status: Status) {
         | RejectCode::InvalidTs
         | RejectCode::TsInFuture
         | RejectCode::UnknownSensor
-        | RejectCode::StoreUnavailable => {}
+        | RejectCode::StoreUnavailable
+        | RejectCode::StorageFull => {}
     }
     match status {
         Status::Pending
@@ -253,8 +264,16 @@ pub fn register_families(config: &Config) {
         &f::SENSORS_LOST,
         &f::SENSORS_LOST_TOTAL,
         &f::TASK_PANICS,
+        &f::STORAGE_FULL,
+        &f::STORAGE_FULL_EPISODES,
     ] {
         show(family);
+    }
+    f::RETENTION_DELETED.describe();
+    for what in RETAINED {
+        f::RETENTION_DELETED
+            .counter_with(&[("what", what)])
+            .increment(0);
     }
 
     if !brokers.is_empty() {

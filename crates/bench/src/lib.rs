@@ -15,6 +15,7 @@ pub mod history;
 pub mod ingest;
 pub mod rate;
 pub mod restart;
+pub mod retention;
 pub mod soak;
 
 use std::future::Future;

@@ -30,6 +30,21 @@ enum Command {
     Config,
     /// Print the version.
     Version,
+    /// Copy the embedded store into FILE while latch serves (a consistent copy as of one
+    /// commit). PostgreSQL: use pg_dump (see the README).
+    Backup {
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+    },
+    /// Replace the embedded store with the backup FILE; refused while a latch runs on the
+    /// data folder.
+    Restore {
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+    },
+    /// Give the embedded store's free pages (left by retention) back to the disk; refused
+    /// while a latch runs on the data folder.
+    Vacuum,
     /// Measure: run a load scenario against an in-process latch.
     Bench {
         #[command(subcommand)]
@@ -57,6 +72,10 @@ enum Scenario {
     History(latch_bench::history::Args),
     /// Memory over millions of deliveries: RSS after a warm-up, halfway and at the end.
     Soak(latch_bench::soak::Args),
+    /// Retention shortened to a minute beside a latch keeping everything: bytes on disk
+    /// over time, ingest latency with pruning on and off, bytes per reading and
+    /// notification.
+    Retention(latch_bench::retention::Args),
     /// N `latch serve` processes on one PostgreSQL: ingest and delivery against one node,
     /// and the takeover time after `kill -9` of one.
     Cluster(latch_bench::cluster::Args),
@@ -92,11 +111,41 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Restart(a) => latch_bench::restart::run(a).await?,
                     Scenario::History(a) => latch_bench::history::run(a).await?,
                     Scenario::Soak(a) => latch_bench::soak::run(a).await?,
+                    Scenario::Retention(a) => latch_bench::retention::run(a).await?,
                     Scenario::Cluster(a) => latch_bench::cluster_any(a).await?,
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })
+        }
+        Command::Backup { to } => {
+            let config = embedded(cli.config.as_deref(), "backup")?;
+            let bytes = latch::store::sqlite::backup(&config.data_dir, &to)?;
+            println!(
+                "backed up {} to {} ({bytes} bytes)",
+                config.data_dir.display(),
+                to.display()
+            );
+            Ok(())
+        }
+        Command::Restore { from } => {
+            let config = embedded(cli.config.as_deref(), "restore")?;
+            latch::store::sqlite::restore(&config.data_dir, &from)?;
+            println!(
+                "restored {} into {}",
+                from.display(),
+                config.data_dir.display()
+            );
+            Ok(())
+        }
+        Command::Vacuum => {
+            let config = embedded(cli.config.as_deref(), "vacuum")?;
+            let (before, after) = latch::store::sqlite::vacuum(&config.data_dir)?;
+            println!(
+                "vacuumed {}: {before} bytes -> {after} bytes",
+                config.data_dir.display()
+            );
+            Ok(())
         }
         Command::Config => {
             print!("{}", latch::config::DEFAULTS);
@@ -133,6 +182,21 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| redacted(&config, e))
         }
     }
+}
+
+/// The settings, for a command that works on the embedded store's data folder only.
+fn embedded(
+    path: Option<&std::path::Path>,
+    command: &str,
+) -> anyhow::Result<latch::config::Config> {
+    let config = latch::load_config(path)?;
+    if config.database_url.is_some() {
+        anyhow::bail!(
+            "latch {command} works on the embedded SQLite store; with PostgreSQL use pg_dump \
+             and pg_restore (see the README, Operations → Data)"
+        );
+    }
+    Ok(config)
 }
 
 /// The error with its causes in one line, passwords and tokens masked: a failed start

@@ -33,6 +33,7 @@ function panel(r, key, name) {
 
 export async function fleetPage() {
   const cards = h("div", { class: "cards" });
+  const historyFrom = h("p", { class: "muted", "aria-label": "History kept from" });
   const feed = h("ul", { class: "feed", "aria-label": "Live events" });
   const draw = async () => {
     const f = await api("GET", "/v1/fleet");
@@ -44,6 +45,7 @@ export async function fleetPage() {
       card("", f.sensors, "sensors registered", "#/sensors"),
       card("", f.notifications_pending, "notifications pending", "#/notifications?status=pending"),
     );
+    historyFrom.textContent = f.history_from ? `History kept from ${when(f.history_from)}.` : "No history kept yet.";
   };
   await draw();
   const lost = await api("GET", `/v1/sensors${q({ connection: "lost", limit: 10 })}`);
@@ -72,7 +74,7 @@ export async function fleetPage() {
     }
     redraw();
   });
-  return [h("h1", {}, "Fleet"), cards, h("h2", {}, "Rates"), rateBox, source,
+  return [h("h1", {}, "Fleet"), cards, historyFrom, h("h2", {}, "Rates"), rateBox, source,
     h("div", { class: "cols" },
       h("section", {}, h("h2", {}, "Live events"), feed),
       h("section", {}, h("h2", {}, "Lost sensors"), lostList,

@@ -324,12 +324,18 @@ fn attempts_are_summed_up_per_client_in_order() {
                 succeeded: true,
                 failing_since: Some(13),
                 gone: false,
+                last_success_at: Some(12),
+                last_failure: Some((14, Some("failed".into()))),
+                failures_after: 2,
             },
             ClientAttempts {
                 client_id: "b".into(),
                 succeeded: false,
                 failing_since: Some(11),
                 gone: true,
+                last_success_at: None,
+                last_failure: Some((11, Some("failed".into()))),
+                failures_after: 1,
             },
         ]
     );

@@ -19,6 +19,7 @@ pub(crate) use history::Collect;
 mod lifecycle;
 mod outbox;
 mod registry;
+mod retention;
 mod tokens;
 
 /// A `disable_after` no check reaches.
@@ -90,6 +91,8 @@ macro_rules! suite {
                 lifecycle::health_sums_up_attempts,
                 lifecycle::health_counts_broker_acknowledgements,
                 lifecycle::rate_limit_is_kept,
+                retention::history_goes_at_its_time_and_no_sooner,
+                retention::finished_notifications_go_pending_ones_stay,
                 tokens::tokens_keep_hash_and_scopes,
                 tokens::deleted_tokens_are_gone,
                 find::notifications_newest_first_with_filters,

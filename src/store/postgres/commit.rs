@@ -462,6 +462,8 @@ impl Runtime for PgStore {
     }
 
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        commit(&self.db, batch, now).await
+        let result = commit(&self.db, batch, now).await;
+        self.space.note(&result);
+        result
     }
 }

@@ -166,12 +166,6 @@ impl Conn {
         let tx = deadline.run(false, self.obj.transaction()).await?;
         Ok(Tx { tx, deadline })
     }
-
-    /// The client beneath, for the statements of start-up (migrations and partitions),
-    /// which run before the store serves and have no caller waiting.
-    pub(super) fn client(&self) -> &tokio_postgres::Client {
-        &self.obj
-    }
 }
 
 /// A transaction under the deadline of the call that began it. Nothing of it is written

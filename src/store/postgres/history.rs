@@ -185,4 +185,8 @@ impl HistoryStore for PgStore {
     async fn archive_history(&self, _limit: usize) -> Result<usize> {
         Ok(0)
     }
+
+    async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
+        super::retention::history_from(&self.db).await
+    }
 }

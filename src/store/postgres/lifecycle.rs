@@ -64,6 +64,23 @@ pub(super) async fn note_attempts(
 ) -> Result<Vec<Disabled>> {
     let mut disabled = Vec::new();
     for c in policy::client_attempts(outcomes) {
+        // The running summary health reads, instead of every attempt the client had.
+        let (failed_at, error) = c.last_failure.clone().unzip();
+        tx.execute(
+            "UPDATE clients SET last_success_at = COALESCE($2, last_success_at), \
+             failures_since_success = CASE WHEN $2::int8 IS NULL \
+               THEN failures_since_success + $3 ELSE $3 END, \
+             last_failure_at = COALESCE($4, last_failure_at), \
+             last_error = CASE WHEN $4::int8 IS NULL THEN last_error ELSE $5 END WHERE id = $1",
+            &[
+                &c.client_id,
+                &c.last_success_at,
+                &(c.failures_after as i64),
+                &failed_at,
+                &error.flatten(),
+            ],
+        )
+        .await?;
         let Some(failed_at) = c.failing_since else {
             // Delivered last: the streak ends. A write (and a row lock other nodes'
             // recorders would wait for) only when there was one.
@@ -100,58 +117,37 @@ pub(super) async fn note_attempts(
     Ok(disabled)
 }
 
-/// The attempts of one client, for the queries below.
-const CLIENT_ATTEMPTS: &str =
-    "attempts a JOIN notifications n ON n.id = a.notification_id WHERE n.client_id = $1";
 /// `domain::notification::delivered`: a 2xx answer, or a broker's acknowledgement (no
 /// status, no error).
 const DELIVERED: &str =
-    "(a.status_code BETWEEN 200 AND 299 OR (a.status_code IS NULL AND a.error IS NULL))";
+    "(status_code BETWEEN 200 AND 299 OR (status_code IS NULL AND error IS NULL))";
 
+/// From the client's running summary and its attempts of the last hour (by the index on
+/// client and time): as fast after a year of attempts as after a day.
 pub(super) async fn client_health(db: &Db, id: String, now: Millis) -> Result<Option<Health>> {
     let c = db.get("client_health").await?;
-    if c.query_opt("SELECT 1 FROM clients WHERE id = $1", &[&id])
-        .await?
-        .is_none()
-    {
-        return Ok(None);
-    }
-    let mut h = Health {
-        last_success_at: c
-            .query_one(
-                &format!("SELECT MAX(a.at) FROM {CLIENT_ATTEMPTS} AND {DELIVERED}"),
-                &[&id],
-            )
-            .await?
-            .get(0),
-        ..Health::default()
-    };
-    if let Some(r) = c
+    let Some(r) = c
         .query_opt(
-            &format!(
-                "SELECT a.at, a.error FROM {CLIENT_ATTEMPTS} AND NOT \
-                 COALESCE({DELIVERED}, false) ORDER BY a.at DESC, a.id DESC LIMIT 1"
-            ),
+            "SELECT last_success_at, last_failure_at, last_error, failures_since_success \
+             FROM clients WHERE id = $1",
             &[&id],
         )
         .await?
-    {
-        h.last_failure_at = Some(r.get(0));
-        h.last_error = r.get(1);
-    }
-    let streak: i64 = c
-        .query_one(
-            &format!("SELECT COUNT(*) FROM {CLIENT_ATTEMPTS} AND a.at > $2"),
-            &[&id, &h.last_success_at.unwrap_or(i64::MIN)],
-        )
-        .await?
-        .get(0);
-    h.consecutive_failures = streak as u64;
+    else {
+        return Ok(None);
+    };
+    let mut h = Health {
+        last_success_at: r.get(0),
+        last_failure_at: r.get(1),
+        last_error: r.get(2),
+        consecutive_failures: r.get::<_, i64>(3) as u64,
+        ..Health::default()
+    };
     let window: Vec<(Millis, bool, u32)> = c
         .query(
             &format!(
-                "SELECT a.at, COALESCE({DELIVERED}, false), a.duration_ms FROM {CLIENT_ATTEMPTS} \
-                 AND a.at >= $2"
+                "SELECT at, COALESCE({DELIVERED}, false), duration_ms FROM attempts \
+                 WHERE client_id = $1 AND at >= $2"
             ),
             &[&id, &(now - HEALTH_WINDOW_MS)],
         )
@@ -162,8 +158,8 @@ pub(super) async fn client_health(db: &Db, id: String, now: Millis) -> Result<Op
     h.set_window(&window, now);
     let counts = c
         .query_one(
-            "SELECT COUNT(*) FILTER (WHERE status = 'pending'), \
-             COUNT(*) FILTER (WHERE status = 'failed') FROM notifications WHERE client_id = $1",
+            "SELECT (SELECT COUNT(*) FROM notifications_pending WHERE client_id = $1), \
+             (SELECT COUNT(*) FROM notifications WHERE client_id = $1 AND status = 'failed')",
             &[&id],
         )
         .await?;

@@ -27,7 +27,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
-use super::{Backend, Error, Result};
+use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
 use db::{Db, Sql};
 
@@ -40,6 +40,7 @@ mod lifecycle;
 mod outbox;
 mod registry;
 mod replay;
+mod retention;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tokens;
@@ -61,6 +62,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0013_cluster_secret.sql"),
     include_str!("../migrations/postgres/0014_rate_schedule.sql"),
     include_str!("../migrations/postgres/0015_delivery_choices.sql"),
+    include_str!("../migrations/postgres/0016_client_health.sql"),
     include_str!("../migrations/postgres/0017_console_views.sql"),
     include_str!("../migrations/postgres/0018_node_links.sql"),
     include_str!("../migrations/postgres/0019_batches.sql"),
@@ -75,11 +77,19 @@ const MIGRATION_LOCK: i64 = 0x006c_6174_6368;
 /// would inherit. Deletes are rare, so commits almost never wait.
 const DELETE_LOCK: i32 = 0x6c74_6364;
 
+/// Class of the advisory lock (with the schema as the other half of the key) upkeep's
+/// retention runs under: one node of a cluster at a time.
+const UPKEEP_LOCK: i32 = 0x6c74_7570;
+
 /// Most pooled connections.
 const POOL_SIZE: usize = 16;
 
 /// Months of history partitions created ahead of the current one.
 const MONTHS_AHEAD: i32 = 3;
+
+/// How often upkeep creates the history partitions ahead: a few times a day, far ahead of
+/// a month's end (start does it too).
+const PARTITIONS_EVERY: Millis = 6 * 3600 * 1000;
 
 /// PostgreSQL implementation of [`Store`].
 #[derive(Clone)]
@@ -88,6 +98,10 @@ pub struct PgStore {
     db: Db,
     /// The data folder's lock, held for the store's life (see `store::lock_data_dir`).
     _lock: Option<std::sync::Arc<std::fs::File>>,
+    /// Whether the database's disk was full at the last commit.
+    space: std::sync::Arc<Space>,
+    /// When upkeep last created the partitions ahead (start counts).
+    partitions_at: std::sync::Arc<std::sync::atomic::AtomicI64>,
 }
 
 fn backend(e: impl std::fmt::Display) -> Error {
@@ -124,6 +138,9 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
+        if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) {
+            return Error::Full(describe(&e));
+        }
         Error::Backend(describe(&e))
     }
 }
@@ -227,6 +244,8 @@ impl PgStore {
         let store = Self {
             db: Db::new(pool, timeout),
             _lock: None,
+            space: Default::default(),
+            partitions_at: std::sync::Arc::new(crate::domain::time::now_ms().into()),
         };
         store
             .migrate()
@@ -343,14 +362,52 @@ impl Backend for PgStore {
         true
     }
 
-    async fn maintain(&self, now: Millis) -> Result<()> {
-        let c = self.db.get("maintain").await?;
-        // The migration lock, as at start: two nodes creating one partition would race.
-        c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
-            .await?;
-        let result = ensure_partitions(c.client(), now).await;
-        c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-            .await?;
+    async fn maintain(&self, now: Millis, retention: Retention) -> Result<Pruned> {
+        use std::sync::atomic::Ordering;
+        let c = self.db.unbounded().await?;
+        if now - self.partitions_at.load(Ordering::Relaxed) >= PARTITIONS_EVERY {
+            // The migration lock, as at start: two nodes creating one partition would race.
+            c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            let made = ensure_partitions(&c, now).await;
+            c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            made?;
+            self.partitions_at.store(now, Ordering::Relaxed);
+        }
+        // One node's retention is enough: a node that finds another at it skips the round.
+        let locked: bool = c
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, hashtext(current_schema()))",
+                &[&UPKEEP_LOCK],
+            )
+            .await?
+            .get(0);
+        if !locked {
+            return Ok(Pruned {
+                skipped: true,
+                ..Pruned::default()
+            });
+        }
+        let result = async {
+            let expired = retention::expire_nodes(&c).await?;
+            if expired > 0 {
+                tracing::info!(nodes = expired, "Forgot cluster nodes silent for an hour.");
+            }
+            retention::prune(&self.db, &c, retention).await
+        }
+        .await;
+        if let Err(e) = c
+            .execute(
+                "SELECT pg_advisory_unlock($1, hashtext(current_schema()))",
+                &[&UPKEEP_LOCK],
+            )
+            .await
+        {
+            // A pooled connection must not keep the lock: close it instead.
+            tracing::warn!(error = %describe(&e), "Could not release the upkeep lock; closing its connection.");
+            let _ = deadpool_postgres::Object::take(c);
+        }
         result
     }
 }

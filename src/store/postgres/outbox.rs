@@ -199,8 +199,8 @@ pub(super) async fn record(
     let mut c = db.get("record").await?;
     let tx = c.transaction().await?;
     relaxed(&tx).await?;
-    let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur, mut a_client) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
     let (mut u_delivered, mut u_node, mut u_batch) = (vec![], vec![], vec![]);
     for o in &outcomes {
@@ -210,6 +210,7 @@ pub(super) async fn record(
             a_code.push(a.status_code.map(i32::from));
             a_err.push(a.error.as_deref());
             a_dur.push(a.duration_ms as i64);
+            a_client.push(o.client_id.as_str());
         }
         let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
         u_id.push(o.notification_id.as_str());
@@ -223,12 +224,13 @@ pub(super) async fn record(
     if !a_id.is_empty() {
         tx.execute(
             &tx.prepare_cached(
-                "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
-             SELECT u.n, u.a, u.c, u.e, u.d FROM UNNEST($1::text[], $2::int8[], $3::int4[], \
-             $4::text[], $5::int8[]) WITH ORDINALITY AS u(n, a, c, e, d, o) ORDER BY u.o",
+                "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
+             client_id) SELECT u.n, u.a, u.c, u.e, u.d, u.k FROM UNNEST($1::text[], $2::int8[], \
+             $3::int4[], $4::text[], $5::int8[], $6::text[]) \
+             WITH ORDINALITY AS u(n, a, c, e, d, k, o) ORDER BY u.o",
             )
             .await?,
-            &[&a_id, &a_at, &a_code, &a_err, &a_dur],
+            &[&a_id, &a_at, &a_code, &a_err, &a_dur, &a_client],
         )
         .await?;
     }

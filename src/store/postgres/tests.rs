@@ -162,8 +162,8 @@ async fn upkeep_creates_the_partitions_of_months_the_start_did_not_reach() {
     config.data_dir = dir.path().to_path_buf();
     config.database_url = Some(schema_url(&base_url(), &schema));
     let served = crate::store::connect(&config).await.unwrap();
-    served.maintain(then).await.unwrap();
-    served.maintain(then).await.unwrap();
+    served.maintain(then, Retention::default()).await.unwrap();
+    served.maintain(then, Retention::default()).await.unwrap();
     for table in ["readings", "events"] {
         let part = format!("{table}_{name}");
         assert!(
@@ -510,4 +510,84 @@ async fn a_schema_newer_than_this_latch_is_refused() {
     .unwrap();
     let err = store.migrate().await.unwrap_err().to_string();
     assert!(err.contains("newer than this latch"), "{err}");
+}
+
+/// Retention drops whole months of history, keeps the month it falls in, and forgets
+/// nodes silent for an hour.
+#[tokio::test]
+async fn retention_drops_past_months_and_forgets_silent_nodes() {
+    use crate::store::conformance::{change, sensor};
+    let Some((store, schema)) = fresh().await else {
+        return;
+    };
+    let now = crate::domain::time::now_ms();
+    let day = 86_400_000;
+    // A node that ran two years ago created its months then.
+    let then = now - 730 * day;
+    ensure_partitions(&store.db.unbounded().await.unwrap(), then)
+        .await
+        .unwrap();
+    let month = chrono::DateTime::from_timestamp_millis(then)
+        .unwrap()
+        .format("%Y_%m")
+        .to_string();
+    store.create_sensor(sensor("pd1")).await.unwrap();
+    store
+        .commit(change("pd1", true, None, then), now)
+        .await
+        .unwrap();
+    store
+        .commit(change("pd1", false, Some(true), now - 1_000), now)
+        .await
+        .unwrap();
+    let c = store.db.unbounded().await.unwrap();
+    c.batch_execute(
+        "INSERT INTO latch_nodes (id, address, heartbeat_at) VALUES \
+         ('gone', 'http://gone', now() - interval '2 hours'), ('here', 'http://here', now())",
+    )
+    .await
+    .unwrap();
+
+    let pruned = store
+        .maintain(
+            now,
+            Retention {
+                history_before: Some(now - 90 * day),
+                notifications_before: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(pruned.partitions >= 2, "{pruned:?}");
+    for table in ["readings", "events"] {
+        let part = format!("{table}_{month}");
+        assert!(!has_table(&store, &schema, &part).await, "{part} dropped");
+        let this_month = chrono::Utc::now().format("%Y_%m").to_string();
+        let part = format!("{table}_{this_month}");
+        assert!(has_table(&store, &schema, &part).await, "{part} kept");
+    }
+    let ts: Vec<i64> = store
+        .list_readings(
+            crate::store::conformance::sid("pd1"),
+            crate::store::TimeRange::default(),
+            crate::store::PageRequest {
+                limit: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|r| r.row.ts)
+        .collect();
+    assert_eq!(ts, [now - 1_000]);
+    let nodes: Vec<String> = c
+        .query("SELECT id FROM latch_nodes ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(nodes, ["here"]);
 }

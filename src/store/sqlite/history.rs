@@ -231,4 +231,8 @@ impl HistoryStore for SqliteStore {
     async fn archive_history(&self, limit: usize) -> Result<usize> {
         self.write(move |c| archive(c, limit)).await
     }
+
+    async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
+        self.read(super::retention::history_from).await
+    }
 }

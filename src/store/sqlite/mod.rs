@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use rusqlite::Connection;
 
-use super::{Backend, Error, Result};
+use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
 
+mod backup;
 mod commit;
 mod find;
 mod history;
@@ -28,6 +29,7 @@ mod lifecycle;
 mod outbox;
 mod registry;
 mod replay;
+mod retention;
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -44,9 +46,12 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0006_supersede_index.sql"),
     include_str!("../migrations/sqlite/0007_attempts_ship_mark.sql"),
     include_str!("../migrations/sqlite/0008_delivery_choices.sql"),
+    include_str!("../migrations/sqlite/0009_client_health.sql"),
     include_str!("../migrations/sqlite/0010_console_views.sql"),
     include_str!("../migrations/sqlite/0011_batches.sql"),
 ];
+
+pub use backup::{backup, restore, vacuum};
 
 /// The setting lives with the other settings; the store only maps it to its pragma.
 pub use crate::config::Synchronous;
@@ -64,6 +69,10 @@ struct Inner {
     writer: Mutex<Writer>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+    /// Whether the disk was full at the last write.
+    space: Space,
+    /// The data folder, whose file system readiness looks at while the disk is full.
+    dir: std::path::PathBuf,
 }
 
 /// SQLite implementation of [`Store`].
@@ -73,6 +82,11 @@ pub struct SqliteStore {
 }
 
 fn backend(e: rusqlite::Error) -> Error {
+    // SQLITE_FULL: a write found no room on the disk (the WAL or the database could not
+    // grow); the statement or transaction was rolled back.
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+        return Error::Full(e.to_string());
+    }
     Error::Backend(e.to_string())
 }
 
@@ -160,6 +174,8 @@ impl SqliteStore {
                 }),
                 readers,
                 next_reader: AtomicUsize::new(0),
+                space: Space::default(),
+                dir: dir.to_path_buf(),
             }),
         })
     }
@@ -191,7 +207,9 @@ impl SqliteStore {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut w)
+            let result = f(&mut w);
+            inner.space.note(&result);
+            result
         })
         .await
         .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
@@ -211,6 +229,20 @@ impl SqliteStore {
         .await
         .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
     }
+}
+
+/// Free space on the data folder's file system that makes a store whose disk was full
+/// ready again: room for the write-ahead log to take a few large group commits.
+const FREE_TO_RESUME: u64 = 8 << 20;
+
+/// Bytes an unprivileged process may still write on `dir`'s file system.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `st` a writable statvfs for the call.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Brings the schema up to date. A data folder a newer latch has written is refused: this
@@ -236,7 +268,20 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
 /// on the writer; this one is the backend's own.
 #[async_trait]
 impl Backend for SqliteStore {
+    /// While the disk was full at the last write, ready again once its file system has
+    /// [`FREE_TO_RESUME`] free: a write of a page or two may fit where a group commit does
+    /// not (a failed commit leaves the write-ahead log grown), so a probe write would say
+    /// ready too early. The next write that succeeds ends the episode.
     async fn ping(&self) -> Result<()> {
+        if self.inner.space.is_full() {
+            return match free_bytes(&self.inner.dir) {
+                Some(free) if free >= FREE_TO_RESUME => Ok(()),
+                free => Err(Error::Full(format!(
+                    "{} bytes free in the data folder's file system",
+                    free.map_or("unknown".to_string(), |f| f.to_string())
+                ))),
+            };
+        }
         self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
             .await
     }
@@ -245,8 +290,8 @@ impl Backend for SqliteStore {
         false
     }
 
-    /// Nothing to keep up: one file, no partitions.
-    async fn maintain(&self, _now: Millis) -> Result<()> {
-        Ok(())
+    /// Retention only: one file, no partitions.
+    async fn maintain(&self, _now: Millis, retention: Retention) -> Result<Pruned> {
+        retention::prune(self, retention).await
     }
 }

@@ -111,8 +111,8 @@ pub(super) fn record(
     let tx = c.transaction()?;
     {
         let mut attempt = tx.prepare_cached(
-            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
+             client_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
         // Another node's live lease is kept unless this was delivered (`policy::recorded`).
         let mut update = tx.prepare_cached(
@@ -128,7 +128,8 @@ pub(super) fn record(
                     a.at,
                     a.status_code,
                     a.error,
-                    a.duration_ms
+                    a.duration_ms,
+                    o.client_id
                 ])?;
             }
             let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());

@@ -300,3 +300,55 @@ async fn attempts_unshipped_before_the_upgrade_still_ship_once() {
         .unwrap();
     assert_eq!(index, None, "no index of unshipped attempts is kept");
 }
+
+/// At the upgrade to the clients' running health summary, what health said before it says
+/// after: the summary is filled from the attempts, and the last hour's attempts carry
+/// their client.
+#[tokio::test]
+async fn client_health_reads_the_same_across_the_upgrade_to_its_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = crate::domain::time::now_ms();
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        for sql in &MIGRATIONS[..8] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 8).unwrap();
+        c.execute_batch(&format!(
+            "INSERT INTO clients (id, name, url, secret, created_at)
+               VALUES ('c1', 'c', 'http://c/', 's', 1), ('c2', 'd', 'http://d/', 's', 1);
+             INSERT INTO notifications (id, client_id, sensor_id, kind, occurred_at, status,
+               created_at, updated_at)
+               VALUES ('n1', 'c1', 's1', 'sensor.state_changed', 1, 'failed', 1, 1),
+                      ('n2', 'c1', 's1', 'sensor.state_changed', 1, 'delivered', 1, 1);
+             INSERT INTO attempts (notification_id, at, status_code, error, duration_ms)
+               VALUES ('n2', 1000, 200, NULL, 5), ('n1', 2000, 500, 'status 500', 7),
+                      ('n1', {a}, NULL, 'connection refused', 9), ('n2', {b}, 204, NULL, 4);",
+            a = now - 60_000,
+            b = now - 30_000,
+        ))
+        .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let h = store
+        .client_health("c1".into(), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.last_success_at, Some(now - 30_000));
+    assert_eq!(h.last_failure_at, Some(now - 60_000));
+    assert_eq!(h.last_error.as_deref(), Some("connection refused"));
+    assert_eq!(h.consecutive_failures, 0);
+    assert_eq!(
+        h.success_ratio_1h,
+        Some(0.5),
+        "the last hour's two attempts"
+    );
+    assert_eq!((h.pending, h.failed), (0, 1));
+    let idle = store
+        .client_health("c2".into(), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((idle.last_success_at, idle.consecutive_failures), (None, 0));
+}

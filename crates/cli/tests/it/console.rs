@@ -134,7 +134,8 @@ async fn fleet_counts_sensors_by_connection() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         body,
-        json!({"sensors": 0, "online": 0, "lost": 0, "unknown": 0, "notifications_pending": 0})
+        json!({"sensors": 0, "online": 0, "lost": 0, "unknown": 0, "notifications_pending": 0,
+            "history_from": null})
     );
     let (a, b) = (unique("fa"), unique("fb"));
     s.sensor(&a).await;

@@ -436,3 +436,82 @@ async fn ten_years_of_backfilled_readings_ship() {
     assert_eq!(read, ts);
     s.stop().await;
 }
+
+/// Retention with ClickHouse: a round drops the monthly partitions wholly past
+/// retention (18.16 has no TTL) and keeps the others; the oldest reading follows.
+#[tokio::test]
+async fn retention_drops_clickhouse_months_past_it() {
+    use latch::history::retention::{Settings, round};
+    let Some(url) = shared().await else { return };
+    let db = unique("latch_t_");
+    let ch = ClickHouse::new(&Target::parse(&url, &db).unwrap());
+    ch.ensure_schema().await.unwrap();
+    let sensor = SensorId::parse(&unique("r")).unwrap();
+    let old = time::parse("2024-01-15T12:00:00Z").unwrap();
+    let reading = |id, ts| Stored {
+        id,
+        row: ReadingRecord {
+            sensor_id: sensor,
+            data: true,
+            ts,
+            received_at: ts,
+            late: false,
+        },
+    };
+    let attempt = |id, at| latch::store::AttemptRecord {
+        id,
+        client_id: "c".into(),
+        sensor_id: sensor.to_string(),
+        kind: "sensor.state_changed".into(),
+        attempt: latch::domain::Attempt {
+            notification_id: format!("n{id}"),
+            at,
+            status_code: Some(200),
+            error: None,
+            duration_ms: 3,
+        },
+    };
+    ch.insert(&HistoryBatch {
+        readings: vec![reading(1, old), reading(2, t0())],
+        attempts: vec![attempt(1, old), attempt(2, t0())],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(ch.oldest_reading().await.unwrap(), Some(old));
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = latch::store::sqlite::SqliteStore::open(
+        dir.path(),
+        latch::store::sqlite::Synchronous::Normal,
+    )
+    .unwrap();
+    let day = Duration::from_secs(86_400);
+    let settings = Settings {
+        readings: Some(90 * day),
+        notifications: Some(30 * day),
+    };
+    let now = t0() + 10 * 86_400_000;
+    let pruned = round(&store, Some(&ch), settings, now).await;
+    assert_eq!(
+        pruned.partitions, 2,
+        "January 2024 of readings and of attempts"
+    );
+    let left = |table: &str| format!("SELECT count() FROM {db}.{table}");
+    assert_eq!(count(&url, &left("readings")).await, Some(1));
+    assert_eq!(count(&url, &left("notification_attempts")).await, Some(1));
+    assert_eq!(ch.oldest_reading().await.unwrap(), Some(t0()));
+    // Zero keeps forever; a month not wholly past retention stays.
+    let pruned = round(
+        &store,
+        Some(&ch),
+        Settings::default(),
+        now + 400 * 86_400_000,
+    )
+    .await;
+    assert_eq!(pruned.partitions, 0);
+    assert_eq!(count(&url, &left("readings")).await, Some(1));
+    query(&url, &format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
+}

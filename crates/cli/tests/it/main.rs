@@ -2,6 +2,7 @@
 
 mod amqp;
 mod amqp_cluster;
+mod backup;
 mod batches;
 mod bench;
 mod broker_links;
@@ -13,6 +14,7 @@ mod cluster_choices;
 mod cluster_console;
 mod console;
 mod delivery;
+mod full_disk;
 mod history;
 mod http_edges;
 mod liveness;
@@ -26,6 +28,7 @@ mod operator;
 mod readings;
 mod redelivery;
 mod registry;
+mod retention;
 mod ssrf;
 mod store_faults;
 mod tokens;

@@ -1,0 +1,185 @@
+//! Retention: the store's upkeep round, at least once a minute. Readings and events older
+//! than `retention_readings`, finished notifications and their attempts older than
+//! `retention_notifications`, go (zero keeps them); with ClickHouse the history is kept
+//! there, and its monthly partitions past retention are dropped instead of the store's
+//! spool rows (which leave the store once shipped anyway).
+//!
+//! The round also refreshes how far back history goes ([`super::History::history_from`]),
+//! which costs a look-up per sensor and so is kept here rather than asked per request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::History;
+use super::clickhouse::ClickHouse;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::domain::Millis;
+use crate::store::{Pruned, Retention, Store};
+use crate::telemetry::families;
+
+/// How often a round runs.
+pub const EVERY: Duration = Duration::from_secs(60);
+
+/// How often the oldest reading is looked up again (at start, then at this pace).
+const FROM_EVERY: Millis = 10 * 60 * 1000;
+
+/// How long history and finished notifications are kept; `None`: forever.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub readings: Option<Duration>,
+    pub notifications: Option<Duration>,
+}
+
+impl Settings {
+    pub fn from_config(config: &Config) -> Self {
+        let keep = |d: Duration| (!d.is_zero()).then_some(d);
+        Self {
+            readings: keep(config.retention_readings),
+            notifications: keep(config.retention_notifications),
+        }
+    }
+
+    /// The cut-offs at `now`: history in the store only when it is kept there.
+    fn at(&self, now: Millis, history_in_store: bool) -> Retention {
+        let before = |d: Duration| now - d.as_millis() as Millis;
+        Retention {
+            history_before: self.readings.filter(|_| history_in_store).map(before),
+            notifications_before: self.notifications.map(before),
+        }
+    }
+}
+
+/// Runs a round at start and every [`EVERY`] of `clock` until `stop`.
+pub async fn run(
+    store: Arc<dyn Store>,
+    clickhouse: Option<ClickHouse>,
+    history: History,
+    settings: Settings,
+    clock: Clock,
+    stop: CancellationToken,
+) {
+    let mut from_at = None;
+    loop {
+        let now = clock.now();
+        round(&*store, clickhouse.as_ref(), settings, now).await;
+        if from_at.is_none_or(|at| now - at >= FROM_EVERY) {
+            match oldest(&*store, clickhouse.as_ref()).await {
+                Ok(from) => {
+                    history.set_from(from);
+                    from_at = Some(now);
+                }
+                Err(e) => tracing::warn!(error = %e, "Could not look up the oldest reading kept."),
+            }
+        }
+        tokio::select! {
+            _ = clock.sleep_until(now + EVERY.as_millis() as Millis) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// One round: the store's upkeep with the cut-offs of `now`, and ClickHouse's partitions.
+pub async fn round(
+    store: &dyn Store,
+    clickhouse: Option<&ClickHouse>,
+    settings: Settings,
+    now: Millis,
+) -> Pruned {
+    let keep = settings.at(now, clickhouse.is_none());
+    let mut pruned = match store.maintain(now, keep).await {
+        Ok(p) => p,
+        // The store told the start of the episode once; retention tries again next round.
+        Err(e) if e.is_full() => {
+            tracing::debug!(error = %e, "Retention could not delete: the disk is full.");
+            Pruned::default()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Store upkeep (retention) failed; it runs again within a minute.");
+            Pruned::default()
+        }
+    };
+    if let Some(ch) = clickhouse
+        && !pruned.skipped
+    {
+        let before = |d: Option<Duration>| d.map(|d| now - d.as_millis() as Millis);
+        let tables = [
+            ("readings", before(settings.readings)),
+            ("events", before(settings.readings)),
+            ("notification_attempts", before(settings.notifications)),
+        ];
+        for (table, cut) in tables {
+            let Some(cut) = cut else { continue };
+            match ch.drop_months_before(table, cut).await {
+                Ok(n) => pruned.partitions += n,
+                Err(e) => tracing::warn!(table, error = %e,
+                    "Could not drop ClickHouse partitions past retention; trying again later."),
+            }
+        }
+    }
+    count(&pruned);
+    pruned
+}
+
+fn count(p: &Pruned) {
+    for (what, n) in [
+        ("readings", p.readings),
+        ("events", p.events),
+        ("notifications", p.notifications),
+        ("attempts", p.attempts),
+        ("partitions", p.partitions),
+    ] {
+        families::RETENTION_DELETED
+            .counter_with(&[("what", what)])
+            .increment(n);
+    }
+    if !p.is_empty() {
+        tracing::debug!(
+            readings = p.readings,
+            events = p.events,
+            notifications = p.notifications,
+            attempts = p.attempts,
+            partitions = p.partitions,
+            "Retention deleted what was past its time."
+        );
+    }
+}
+
+/// The oldest reading kept, in the store (or its spool) and in ClickHouse.
+async fn oldest(
+    store: &dyn Store,
+    clickhouse: Option<&ClickHouse>,
+) -> Result<Option<Millis>, super::Error> {
+    let mut from = store.history_from().await?;
+    if let Some(ch) = clickhouse
+        && let Some(shipped) = ch.oldest_reading().await?
+    {
+        from = Some(from.map_or(shipped, |f| f.min(shipped)));
+    }
+    Ok(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_keeps_forever_and_clickhouse_keeps_the_history() {
+        let mut config = Config::load_from(None, &[]).unwrap();
+        let s = Settings::from_config(&config);
+        assert_eq!(s.readings, Some(Duration::from_secs(90 * 86_400)));
+        assert_eq!(s.notifications, Some(Duration::from_secs(30 * 86_400)));
+        let day = 86_400_000;
+        let keep = s.at(100 * day, true);
+        assert_eq!(keep.history_before, Some(10 * day));
+        assert_eq!(keep.notifications_before, Some(70 * day));
+        assert_eq!(s.at(100 * day, false).history_before, None);
+
+        config.retention_readings = Duration::ZERO;
+        let s = Settings::from_config(&config);
+        assert_eq!(s.at(100 * day, true).history_before, None);
+        assert_eq!(s.at(100 * day, true).notifications_before, Some(70 * day));
+    }
+}

@@ -1,0 +1,190 @@
+//! Checks of retention: what upkeep deletes, and what it must keep.
+
+use super::*;
+
+/// Every reading of a sensor, oldest first.
+async fn readings(s: &dyn Store, id: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut req = page(1000);
+    loop {
+        let p = s
+            .list_readings(sid(id), TimeRange::default(), req.clone())
+            .await
+            .unwrap();
+        out.extend(p.items.iter().map(|r| r.row.ts));
+        match p.next {
+            Some(n) => req.after = Some(n),
+            None => return out,
+        }
+    }
+}
+
+async fn event_times(s: &dyn Store, id: &str) -> Vec<i64> {
+    s.list_events(sid(id), TimeRange::default(), page(1000))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.row.at)
+        .collect()
+}
+
+/// `n` readings of `id` from `from` on, a millisecond apart.
+fn burst(id: &str, from: Millis, n: i64) -> CommitBatch {
+    CommitBatch {
+        readings: (0..n)
+            .map(|i| ReadingRecord {
+                sensor_id: sid(id),
+                data: i % 2 == 0,
+                ts: from + i,
+                received_at: from + i,
+                late: false,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub(super) async fn history_goes_at_its_time_and_no_sooner(s: &dyn Store) {
+    let now = now_ms();
+    let old = 1_000_000;
+    for id in ["rt1", "rt2", "rt3"] {
+        s.create_sensor(sensor(id)).await.unwrap();
+    }
+    // rt1: more old readings than one step deletes, an old change, and new ones;
+    // rt2: only new ones; rt3: only old ones.
+    s.commit(burst("rt1", old, 2_500), now).await.unwrap();
+    s.commit(change("rt1", true, None, old + 5_000), now)
+        .await
+        .unwrap();
+    s.commit(burst("rt3", old + 10_000, 3), now).await.unwrap();
+    s.commit(change("rt1", false, Some(true), now - 1_000), now)
+        .await
+        .unwrap();
+    s.commit(change("rt2", true, None, now - 500), now)
+        .await
+        .unwrap();
+    s.archive_history(1_000_000).await.unwrap();
+    assert_eq!(s.history_from().await.unwrap(), Some(old));
+
+    let kept = s.maintain(now, Retention::default()).await.unwrap();
+    assert!(
+        kept.is_empty(),
+        "nothing to delete without a cut-off: {kept:?}"
+    );
+    assert_eq!(readings(s, "rt1").await.len(), 2_502);
+
+    let pruned = s
+        .maintain(
+            now,
+            Retention {
+                history_before: Some(now - 86_400_000),
+                notifications_before: None,
+            },
+        )
+        .await
+        .unwrap();
+    let left = readings(s, "rt1").await;
+    assert!(
+        left == [now - 1_000],
+        "{} left, from {:?}",
+        left.len(),
+        left.first()
+    );
+    assert_eq!(event_times(s, "rt1").await, [now - 1_000]);
+    assert_eq!(readings(s, "rt2").await, [now - 500]);
+    assert_eq!(readings(s, "rt3").await.len(), 0);
+    // PostgreSQL drops whole months; these rows were in none (its default partition).
+    assert_eq!((pruned.readings, pruned.events), (2_504, 1), "{pruned:?}");
+    assert_eq!(s.history_from().await.unwrap(), Some(now - 1_000));
+}
+
+pub(super) async fn finished_notifications_go_pending_ones_stay(s: &dyn Store) {
+    s.create_sensor(sensor("rn1")).await.unwrap();
+    s.create_sensor(sensor("rn2")).await.unwrap();
+    s.create_client(client("rn-a", "http://a/")).await.unwrap();
+    s.link("rn-a".into(), sid("rn1"), 1).await.unwrap();
+    s.link("rn-a".into(), sid("rn2"), 1).await.unwrap();
+    // Made at 1 s: one delivered at 2 s, one left pending (its client is down).
+    let done = s
+        .commit(change("rn1", true, None, 1_000), 1_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let waiting = s
+        .commit(change("rn2", true, None, 1_000), 1_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let attempt = |id: &str, code| Attempt {
+        notification_id: id.into(),
+        at: 2_000,
+        status_code: Some(code),
+        error: None,
+        duration_ms: 3,
+    };
+    let outcome = |n: &NotificationRef, code, verdict| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: Some(attempt(&n.id, code)),
+        attempts: 1,
+        verdict,
+        node: "n1".into(),
+        batch_id: None,
+    };
+    s.record(
+        vec![
+            outcome(&done, 200, Verdict::Delivered),
+            outcome(&waiting, 500, Verdict::Retry { next_at: 10_000 }),
+        ],
+        2_000,
+        NEVER,
+    )
+    .await
+    .unwrap();
+    // Made after the cut-off: kept, delivered or not.
+    let recent = s
+        .commit(change("rn1", false, Some(true), 50_000), 50_000)
+        .await
+        .unwrap()
+        .remove(0);
+    s.record(
+        vec![outcome(&recent, 200, Verdict::Delivered)],
+        50_000,
+        NEVER,
+    )
+    .await
+    .unwrap();
+
+    let pruned = s
+        .maintain(
+            60_000,
+            Retention {
+                history_before: None,
+                notifications_before: Some(10_000),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (pruned.notifications, pruned.attempts),
+        (1, 1),
+        "{pruned:?}"
+    );
+    assert!(s.get_notification(done.id.clone()).await.unwrap().is_none());
+    let (w, attempts) = s
+        .get_notification(waiting.id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((w.status, attempts.len()), (Status::Pending, 1));
+    assert!(
+        s.get_notification(recent.id.clone())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(s.count_pending().await.unwrap(), 1);
+    // The history of the sensors is not the notifications': it stays.
+    assert_eq!(event_times(s, "rn1").await, [1_000, 50_000]);
+}

@@ -1,0 +1,124 @@
+//! What retention deletes in one upkeep round ([`super::Backend::maintain`]) and what it
+//! did, shared by both backends.
+
+use crate::domain::Millis;
+
+/// The cut-offs of one round, in the store's times (ms since the epoch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Readings (by `ts`) and sensor events (by `at`) before this are deleted. `None`:
+    /// none, because they are kept forever or because the store only spools them for
+    /// ClickHouse (which keeps its own).
+    pub history_before: Option<Millis>,
+    /// Finished notifications (delivered, failed, superseded, cancelled) last changed
+    /// before this are deleted with their attempts; pending ones never are. `None`: none.
+    pub notifications_before: Option<Millis>,
+}
+
+/// What one round deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub readings: u64,
+    pub events: u64,
+    pub notifications: u64,
+    pub attempts: u64,
+    /// Whole history partitions dropped (PostgreSQL), whose rows are not counted above.
+    pub partitions: u64,
+    /// Another node of the cluster was doing the upkeep: this one did nothing.
+    pub skipped: bool,
+}
+
+impl Pruned {
+    /// Adds another step's counts.
+    pub fn add(&mut self, other: Pruned) {
+        self.readings += other.readings;
+        self.events += other.events;
+        self.notifications += other.notifications;
+        self.attempts += other.attempts;
+        self.partitions += other.partitions;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.readings + self.events + self.notifications + self.attempts + self.partitions == 0
+    }
+}
+
+/// Notifications one pruning step reads, in outbox order. Each step holds the writer (on
+/// SQLite, the only one) for the deletes it makes: a few hundred rows keep that to a few
+/// milliseconds, which is all a commit waiting behind it waits.
+pub(crate) const OUTBOX_STEP: i64 = 500;
+
+/// History rows one pruning step deletes, at most.
+pub(crate) const HISTORY_STEP: i64 = 2_000;
+
+/// Sensors one history step looks at.
+pub(crate) const SENSORS_STEP: i64 = 200;
+
+/// One scanned notification: what decides whether retention deletes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Scanned {
+    pub seq: i64,
+    pub created_at: Millis,
+    pub pending: bool,
+    pub updated_at: Millis,
+}
+
+/// Of a step's notifications (in seq order), those to delete, where the next step starts,
+/// and whether the scan reached notifications created at `before` or later. Notifications
+/// are numbered in the order they are made, so once one is that new, every later one is
+/// too, and the scan ends there.
+pub(crate) fn outbox_step(rows: &[Scanned], before: Millis, limit: i64) -> (Vec<i64>, i64, bool) {
+    let mut doomed = Vec::new();
+    let mut last = None;
+    for r in rows {
+        if r.created_at >= before {
+            return (doomed, last.unwrap_or(r.seq - 1), true);
+        }
+        last = Some(r.seq);
+        if !r.pending && r.updated_at < before {
+            doomed.push(r.seq);
+        }
+    }
+    let done = (rows.len() as i64) < limit;
+    (doomed, last.unwrap_or(i64::MIN), done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(seq: i64, created_at: Millis, pending: bool, updated_at: Millis) -> Scanned {
+        Scanned {
+            seq,
+            created_at,
+            pending,
+            updated_at,
+        }
+    }
+
+    #[test]
+    fn a_step_takes_the_old_finished_ones_and_stops_at_the_first_new_one() {
+        let rows = [
+            row(1, 10, false, 20),
+            row(2, 10, true, 10),  // pending: never
+            row(4, 20, false, 95), // finished after the cut-off
+            row(5, 30, false, 40),
+            row(7, 100, false, 100), // the first new one: the scan ends
+            row(8, 50, false, 50),
+        ];
+        let (doomed, next, done) = outbox_step(&rows, 90, 10);
+        assert_eq!(doomed, [1, 5]);
+        assert_eq!(next, 5);
+        assert!(done);
+    }
+
+    #[test]
+    fn a_full_step_of_old_rows_goes_on_from_its_last() {
+        let rows = [row(3, 10, false, 20), row(6, 10, true, 20)];
+        let (doomed, next, done) = outbox_step(&rows, 90, 2);
+        assert_eq!((doomed, next, done), (vec![3], 6, false));
+        let (doomed, _, done) = outbox_step(&rows, 90, 3);
+        assert!(done, "fewer than asked for: the outbox ends here");
+        assert_eq!(doomed, [3]);
+    }
+}

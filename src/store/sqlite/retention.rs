@@ -1,0 +1,240 @@
+//! Retention on the embedded store: old readings, events and finished notifications deleted
+//! in small steps.
+//!
+//! SQLite has one writer, and ingest's group commits wait for it. So each step finds what
+//! to delete on a reader (which never holds the writer up), deletes at most a few thousand
+//! rows in one short write, and the next step waits as long as the last one held the
+//! writer: a commit waits behind retention for one step at most, and retention takes at
+//! most half the writer's time while it catches up. Freed pages go to SQLite's free list
+//! and are reused by the next rows, so once retention is reached the file stops growing;
+//! `latch vacuum` gives the free pages back to the disk.
+//!
+//! Readings are kept in the archive by sensor and time, and events are indexed by sensor
+//! and time, so old rows are found per sensor: each sensor's oldest rows are the first of
+//! its range.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::super::retention::{HISTORY_STEP, OUTBOX_STEP, SENSORS_STEP, Scanned, outbox_step};
+use super::super::{Pruned, Result, Retention};
+use super::SqliteStore;
+use crate::domain::Millis;
+
+/// Most readings moved from the journal into the archive before a round (the archiver's
+/// own batch).
+const JOURNAL_STEP: usize = 100_000;
+
+/// Deletes what `keep` says is too old, step by step.
+pub(super) async fn prune(store: &SqliteStore, keep: Retention) -> Result<Pruned> {
+    let mut pruned = Pruned::default();
+    if let Some(before) = keep.history_before {
+        // What waits in the journal joins the archive first (as the archiver would within
+        // a second), so this round sees every reading.
+        store
+            .write(|c| super::history::archive(c, JOURNAL_STEP))
+            .await?;
+        let mut after = String::new();
+        loop {
+            let from = after.clone();
+            let sensors = store
+                .read(move |c| old_history(c, &from, before, SENSORS_STEP))
+                .await?;
+            let Some(last) = sensors.last().cloned() else {
+                break;
+            };
+            let started = Instant::now();
+            let (step, unfinished) = store
+                .write(move |c| delete_history(c, &sensors, before, HISTORY_STEP))
+                .await?;
+            pruned.add(step);
+            // A sensor with more old rows than one step deletes is taken up again.
+            after = match unfinished {
+                Some(id) => before_id(&id),
+                None => last,
+            };
+            pace(started).await;
+        }
+    }
+    if let Some(before) = keep.notifications_before {
+        let mut after = i64::MIN;
+        loop {
+            let rows = store.read(move |c| scan_outbox(c, after)).await?;
+            let (doomed, next, done) = outbox_step(&rows, before, OUTBOX_STEP);
+            if !doomed.is_empty() {
+                let started = Instant::now();
+                let step = store
+                    .write(move |c| delete_notifications(c, &doomed, before))
+                    .await?;
+                pruned.add(step);
+                pace(started).await;
+            }
+            if done {
+                break;
+            }
+            after = next;
+        }
+    }
+    Ok(pruned)
+}
+
+/// Waits as long as a step held the writer (at least a millisecond), so commits queued
+/// behind it go first.
+async fn pace(started: Instant) {
+    tokio::time::sleep(started.elapsed().max(Duration::from_millis(1))).await;
+}
+
+/// The id just before `id` in the order sensors are listed, so a listing after it starts
+/// at `id` again. Sensor ids are ASCII letters and digits: the empty string sorts first,
+/// and `id` with its last character lowered by one (and `~`-padded) sorts right before it.
+fn before_id(id: &str) -> String {
+    let mut bytes = id.as_bytes().to_vec();
+    match bytes.pop() {
+        Some(last) => {
+            bytes.push(last - 1);
+            bytes.push(b'~');
+            String::from_utf8(bytes).unwrap_or_default()
+        }
+        None => String::new(),
+    }
+}
+
+/// Up to `limit` sensors listed after `after` that have readings or events before
+/// `before`, in id order.
+fn old_history(c: &Connection, after: &str, before: Millis, limit: i64) -> Result<Vec<String>> {
+    Ok(c.prepare_cached(
+        "SELECT s.id FROM sensors s WHERE s.id > ?1 AND (\
+           EXISTS (SELECT 1 FROM readings_archive a WHERE a.sensor_id = s.id AND a.ts < ?2) \
+           OR EXISTS (SELECT 1 FROM events e WHERE e.sensor_id = s.id AND e.at < ?2)) \
+         ORDER BY s.id LIMIT ?3",
+    )?
+    .query_map(params![after, before, limit], |r| r.get(0))?
+    .collect::<rusqlite::Result<Vec<String>>>()?)
+}
+
+/// Deletes the readings and events of `sensors` before `before`, at most `budget` rows in
+/// all, in one transaction. Returns what it deleted and the sensor it stopped in, if the
+/// budget ran out before that sensor's old rows did.
+fn delete_history(
+    c: &mut Connection,
+    sensors: &[String],
+    before: Millis,
+    budget: i64,
+) -> Result<(Pruned, Option<String>)> {
+    let tx = c.transaction()?;
+    let mut pruned = Pruned::default();
+    let mut left = budget;
+    let mut unfinished = None;
+    for id in sensors {
+        // The archive's key is (sensor_id, ts, id): the `left`-th old row of the sensor
+        // bounds a delete of at most `left` rows.
+        let bound: Option<(i64, i64)> = tx
+            .prepare_cached(
+                "SELECT ts, id FROM readings_archive WHERE sensor_id = ?1 AND ts < ?2 \
+                 ORDER BY ts, id LIMIT 1 OFFSET ?3",
+            )?
+            .query_row(params![id, before, left - 1], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let readings = match bound {
+            Some((ts, rid)) => tx
+                .prepare_cached(
+                    "DELETE FROM readings_archive WHERE sensor_id = ?1 AND (ts, id) <= (?2, ?3)",
+                )?
+                .execute(params![id, ts, rid])?,
+            None => tx
+                .prepare_cached("DELETE FROM readings_archive WHERE sensor_id = ?1 AND ts < ?2")?
+                .execute(params![id, before])?,
+        } as i64;
+        left -= readings;
+        let events = tx
+            .prepare_cached(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events \
+                 WHERE sensor_id = ?1 AND at < ?2 ORDER BY at LIMIT ?3)",
+            )?
+            .execute(params![id, before, left.max(0)])? as i64;
+        left -= events;
+        pruned.readings += readings as u64;
+        pruned.events += events as u64;
+        if left <= 0 {
+            unfinished = Some(id.clone());
+            break;
+        }
+    }
+    tx.commit()?;
+    Ok((pruned, unfinished))
+}
+
+/// The next notifications after `after`, in outbox order.
+fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
+    Ok(c.prepare_cached(
+        "SELECT seq, created_at, status = 'pending', updated_at FROM notifications \
+         WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    )?
+    .query_map(params![after, OUTBOX_STEP], |r| {
+        Ok(Scanned {
+            seq: r.get(0)?,
+            created_at: r.get(1)?,
+            pending: r.get(2)?,
+            updated_at: r.get(3)?,
+        })
+    })?
+    .collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// Deletes the notifications `seqs` that are still finished and older than `before` (one
+/// may have been replayed since it was read), with their attempts.
+fn delete_notifications(c: &mut Connection, seqs: &[i64], before: Millis) -> Result<Pruned> {
+    let tx = c.transaction()?;
+    let mut pruned = Pruned::default();
+    {
+        let mut gone = tx.prepare_cached(
+            "DELETE FROM notifications WHERE seq = ?1 AND status <> 'pending' AND updated_at < ?2 \
+             RETURNING id",
+        )?;
+        let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;
+        for seq in seqs {
+            let id: Option<String> = gone
+                .query_row(params![seq, before], |r| r.get(0))
+                .optional()?;
+            if let Some(id) = id {
+                pruned.notifications += 1;
+                pruned.attempts += attempts.execute([id])? as u64;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(pruned)
+}
+
+/// The oldest reading kept: the first of each sensor's archive range, and the journal's
+/// (moved into the archive every second, or the ClickHouse spool).
+pub(super) fn history_from(c: &Connection) -> Result<Option<Millis>> {
+    Ok(c.query_row(
+        "SELECT MIN(m) FROM (\
+           SELECT (SELECT MIN(a.ts) FROM readings_archive a WHERE a.sensor_id = s.id) AS m \
+           FROM sensors s \
+           UNION ALL SELECT MIN(ts) FROM readings)",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_after_before_id_starts_at_the_id() {
+        let mut ids = ["a", "a0", "aZ", "ab", "b", "Z9", "0", "zz"];
+        ids.sort();
+        for (i, id) in ids.iter().enumerate() {
+            let from = before_id(id);
+            let after: Vec<_> = ids.iter().filter(|x| **x > from.as_str()).collect();
+            assert_eq!(after.first(), Some(&id), "{from:?}");
+            assert_eq!(after.len(), ids.len() - i);
+        }
+    }
+}
