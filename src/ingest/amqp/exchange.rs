@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{consume, durable};
+use crate::domain::partition::{Partitioning, Scheme};
 use crate::ingest::{Dedup, Ingest, Sources, next_backoff};
 use crate::telemetry::families;
 
@@ -60,13 +61,28 @@ pub struct Settings {
     /// Where rejected messages go: the plain queue's `{queue}.dlq`, one place for all.
     pub dlq: String,
     /// The cluster's partitions: one queue each.
-    pub partitions: u32,
+    pub partitions: Partitioning,
 }
 
 impl Settings {
-    /// The queue of partition `p`.
+    /// The queue of partition `p`. Exchange partitioning: `{exchange}.p007`, zero-padded
+    /// so that name order is partition order, the order RabbitMQ rebuilds the ring in after
+    /// a restart. MD5 clusters keep the names they were made with, `{exchange}.7` (their
+    /// queues hold every partition's sensors anyway).
     pub fn queue(&self, p: u32) -> String {
-        format!("{}.{p}", self.exchange)
+        match self.partitions.scheme {
+            Scheme::Md5 => format!("{}.{p}", self.exchange),
+            Scheme::Exchange => {
+                let width = self
+                    .partitions
+                    .count
+                    .saturating_sub(1)
+                    .to_string()
+                    .len()
+                    .max(3);
+                format!("{}.p{p:0width$}", self.exchange)
+            }
+        }
     }
 }
 
@@ -150,7 +166,7 @@ pub async fn declare(conn: &Connection, s: &Settings) -> anyhow::Result<()> {
         ShortString::from("x-single-active-consumer"),
         AMQPValue::Boolean(true),
     );
-    for p in 0..s.partitions {
+    for p in 0..s.partitions.count {
         ch.queue_declare(s.queue(p).as_str().into(), durable(), single.clone())
             .await
             .with_context(|| {
@@ -179,8 +195,14 @@ pub async fn declare(conn: &Connection, s: &Settings) -> anyhow::Result<()> {
             s.exchange
         )
     })?;
-    // Weight 1 each: an even share per queue. Binding again what is bound changes nothing.
-    for p in 0..s.partitions {
+    // Weight 1 each, in partition order: the exchange's bucket `p` is then queue `p`, the
+    // bucket latch's exchange partitioning computes for the sensors of partition `p`. Binding
+    // again what is bound changes nothing, so nodes declaring at once, each in this order,
+    // leave the order as one node would; and RabbitMQ, rebuilding the ring at a restart
+    // from the bindings sorted by weight and queue name, rebuilds this one (the names sort
+    // as the partitions do). Should the ring differ anyway (bindings made by hand), every
+    // reading still reaches its owner: the consuming node forwards what is not its own.
+    for p in 0..s.partitions.count {
         ch.queue_bind(
             s.queue(p).as_str().into(),
             s.exchange.as_str().into(),
@@ -208,7 +230,8 @@ async fn serve(
     declare(conn, settings).await?;
     *backoff = Duration::ZERO;
     sources.set(SOURCE, true);
-    tracing::info!(exchange = %settings.exchange, queues = settings.partitions,
+    tracing::info!(exchange = %settings.exchange, queues = settings.partitions.count,
+        partitioning = settings.partitions.scheme.as_str(),
         "RabbitMQ exchange ingest declared; consuming the queues of this node's partitions.");
     let tasks = TaskTracker::new();
     let (ended_tx, mut ended) = mpsc::unbounded_channel::<anyhow::Result<()>>();
@@ -302,15 +325,35 @@ async fn serve_queue(
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_partition_has_its_queue() {
-        let s = Settings {
+    fn settings(partitions: Partitioning) -> Settings {
+        Settings {
             url: String::new(),
             exchange: "latch.by-sensor".into(),
             dlq: "latch.readings.dlq".into(),
-            partitions: 128,
-        };
+            partitions,
+        }
+    }
+
+    #[test]
+    fn md5_clusters_keep_their_queue_names() {
+        let s = settings(Partitioning::md5(128));
         assert_eq!(s.queue(0), "latch.by-sensor.0");
         assert_eq!(s.queue(127), "latch.by-sensor.127");
+    }
+
+    /// RabbitMQ rebuilds the ring from the bindings sorted by queue name: that order must
+    /// be the partitions' order, the order latch binds them in.
+    #[test]
+    fn exchange_queue_names_sort_as_their_partitions() {
+        for count in [1, 8, 128, 1000, 1001, 4096] {
+            let s = settings(Partitioning::exchange(count));
+            let names: Vec<String> = (0..count).map(|p| s.queue(p)).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            assert_eq!(names, sorted, "{count} partitions");
+        }
+        let s = settings(Partitioning::exchange(128));
+        assert_eq!(s.queue(7), "latch.by-sensor.p007");
+        assert_eq!(s.queue(127), "latch.by-sensor.p127");
     }
 }
