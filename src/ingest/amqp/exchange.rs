@@ -65,23 +65,22 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The queue of partition `p`. Exchange partitioning: `{exchange}.p007`, zero-padded
-    /// so that name order is partition order, the order RabbitMQ rebuilds the ring in after
-    /// a restart. MD5 clusters keep the names they were made with, `{exchange}.7` (their
-    /// queues hold every partition's sensors anyway).
+    /// The queue of partition `p` ([`queue_name`]).
     pub fn queue(&self, p: u32) -> String {
-        match self.partitions.scheme {
-            Scheme::Md5 => format!("{}.{p}", self.exchange),
-            Scheme::Exchange => {
-                let width = self
-                    .partitions
-                    .count
-                    .saturating_sub(1)
-                    .to_string()
-                    .len()
-                    .max(3);
-                format!("{}.p{p:0width$}", self.exchange)
-            }
+        queue_name(&self.exchange, self.partitions, p)
+    }
+}
+
+/// The queue of partition `p` of `exchange`. Exchange partitioning: `{exchange}.p007`,
+/// zero-padded so that name order is partition order, the order RabbitMQ rebuilds the ring
+/// in after a restart. MD5 clusters keep the names they were made with, `{exchange}.7`
+/// (their queues hold every partition's sensors anyway).
+pub fn queue_name(exchange: &str, partitions: Partitioning, p: u32) -> String {
+    match partitions.scheme {
+        Scheme::Md5 => format!("{exchange}.{p}"),
+        Scheme::Exchange => {
+            let width = partitions.count.saturating_sub(1).to_string().len().max(3);
+            format!("{exchange}.p{p:0width$}")
         }
     }
 }
