@@ -3,21 +3,24 @@
 //!
 //! Producers publish to one exchange (`amqp_exchange`, type `x-consistent-hash`, plugin
 //! `rabbitmq_consistent_hash_exchange`) with the sensor id as routing key. latch declares
-//! it with one durable queue per partition, `{exchange}.{p}`, each bound with weight 1, so
+//! it with one durable queue per partition ([`queue_name`]), each bound with weight 1, so
 //! RabbitMQ sends every reading of a sensor to the same queue, always. Queue `p` is
 //! consumed by the node that serves partition `p` and moves with it; the queues are
 //! single-active-consumer, so even while a partition moves (the new owner subscribes
 //! before the old one has let go) one node at a time takes a queue's messages, in order.
 //!
-//! What a queue holds is RabbitMQ's choice, not latch's: the exchange hashes the routing
-//! key with its own function (Erlang's `phash2` and jump consistent hashing), latch
-//! partitions by MD5 ranges that PostgreSQL computes too. So a queue carries sensors of
-//! every partition, and the node consuming it applies those of its own partitions and
-//! forwards the rest to their owners ([`crate::cluster::forward`]): with N nodes about
-//! (N−1)/N of the readings still take a hop. What the exchange removes is the single
-//! consuming node: each node takes 1/N of the messages off the broker, parses, dedups
-//! and dead-letters them, and a node's death stops only its share until its partitions
-//! (and queues) move.
+//! What a queue holds is the exchange's choice: its bucket for the routing key, bucket `i`
+//! being the `i`-th queue bound. A cluster on a new database partitions by that very
+//! function ([`crate::domain::partition::exchange`]) and latch binds the queues in
+//! partition order, so queue `p` holds exactly partition `p`'s sensors and the node
+//! consuming it applies every reading it takes: no hop. On a database partitioned by MD5
+//! (older than that choice) a queue carries sensors of every partition, and the consuming
+//! node forwards those of other partitions to their owners ([`crate::cluster::forward`]),
+//! about (N−1)/N of them; the same path catches any reading the ring sends elsewhere
+//! (bindings changed by hand), so the mapping is a matter of speed, never of correctness.
+//! Either way each node takes 1/N of the messages off the broker, parses, dedups and
+//! dead-letters them, and a node's death stops only its share until its partitions (and
+//! queues) move.
 //!
 //! A partition handed over stops its queue's consumer the way latch stops: no new
 //! deliveries, the batches in the engine committed and acknowledged, then the channel
