@@ -43,6 +43,13 @@ pub fn internal() -> axum::Router<AppState> {
 pub struct ClusterOut {
     /// Partitions of the fleet, fixed when the database was first used.
     pub partitions: u32,
+    /// How sensors map to partitions, fixed with them: `exchange` (the bucket RabbitMQ's
+    /// consistent-hash exchange picks for the sensor id, so each partition's queue of
+    /// `amqp_exchange` holds exactly its sensors) or `md5` (ranges of the MD5 of the id:
+    /// databases whose cluster was formed before latch kept this choice, and the
+    /// embedded store).
+    #[schema(example = "exchange")]
+    pub partitioning: &'static str,
     /// Live nodes (a heartbeat within the lease), by id.
     pub nodes: Vec<NodeOut>,
 }
@@ -69,6 +76,7 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
         let partitions = st.engine.partitions();
         return Ok(ApiJson(ClusterOut {
             partitions,
+            partitioning: st.engine.partitioning().scheme.as_str(),
             nodes: vec![NodeOut {
                 id: st.node.clone(),
                 address: st.address.clone(),
@@ -87,6 +95,7 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
     })?;
     Ok(ApiJson(ClusterOut {
         partitions: c.partitions(),
+        partitioning: c.partitioning().scheme.as_str(),
         nodes: nodes
             .into_iter()
             .map(|n| NodeOut {

@@ -36,7 +36,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{Dispatcher, Serves};
-use crate::domain::{Millis, SensorId, Source, partition};
+use crate::domain::partition::Partitioning;
+use crate::domain::{Millis, SensorId, Source};
 use crate::engine::{Engine, Route, Routing};
 use crate::store::{ClusterStore, Lease, NodeRow, SensorRuntime, SourceLink};
 use crate::telemetry::families;
@@ -65,7 +66,8 @@ pub struct Membership {
     /// Where other nodes reach this one; empty when unknown (a wildcard listen address
     /// and no `node_advertise`): nothing is forwarded here then.
     address: String,
-    partitions: u32,
+    /// The cluster's partitions, fixed with the database.
+    partitions: Partitioning,
     lease: Duration,
     /// The partitions this node serves, with their lease epochs.
     held: Mutex<BTreeMap<u32, i64>>,
@@ -94,7 +96,8 @@ impl Membership {
         address: Option<String>,
         config: &crate::config::Config,
     ) -> Result<Arc<Self>, Error> {
-        let partitions = store.partitions(config.partitions()).await?;
+        let partitioning = store.partitions(config.partitions()).await?;
+        let partitions = partitioning.count;
         // Beside each node's share, so an alert can tell partitions nobody serves.
         families::CLUSTER_PARTITIONS
             .gauge()
@@ -127,7 +130,7 @@ impl Membership {
             store,
             node,
             address,
-            partitions,
+            partitions: partitioning,
             lease: config.lease(),
             held: Mutex::new(BTreeMap::new()),
             serving: Arc::new((0..partitions).map(|_| AtomicBool::new(false)).collect()),
@@ -166,6 +169,11 @@ impl Membership {
     }
 
     pub fn partitions(&self) -> u32 {
+        self.partitions.count
+    }
+
+    /// How sensors map to partitions in this cluster.
+    pub fn partitioning(&self) -> Partitioning {
         self.partitions
     }
 
@@ -179,7 +187,7 @@ impl Membership {
         let serving = self.serving.clone();
         let partitions = self.partitions;
         Serves(Arc::new(move |id: SensorId| {
-            serving[partition::of(id, partitions) as usize].load(Ordering::Relaxed)
+            serving[partitions.of(id) as usize].load(Ordering::Relaxed)
         }))
     }
 
@@ -295,7 +303,7 @@ impl Membership {
             self.store.release(&self.node, &strays).await?;
         }
 
-        let target = fair_share(self.partitions, &live, &self.node);
+        let target = fair_share(self.partitions.count, &live, &self.node);
         let serving = self.held.lock().expect("held").len() as u32;
         if serving > target {
             self.hand_over(engine, dispatcher, serving - target).await?;
@@ -412,14 +420,14 @@ impl Membership {
     /// The sensors of `parts`, for the dispatcher to drop their lanes.
     fn sensors_of(&self, parts: &[u32]) -> Serves {
         let partitions = self.partitions;
-        let mut moved = vec![false; partitions as usize];
+        let mut moved = vec![false; partitions.count as usize];
         for &p in parts {
             if let Some(m) = moved.get_mut(p as usize) {
                 *m = true;
             }
         }
         Serves(Arc::new(move |id: SensorId| {
-            moved[partition::of(id, partitions) as usize]
+            moved[partitions.of(id) as usize]
         }))
     }
 
@@ -442,7 +450,11 @@ impl Membership {
             return Ok(());
         }
         let parts: Vec<u32> = got.iter().map(|l| l.partition).collect();
-        let sensors = match self.store.load_partitions(&parts, self.partitions).await {
+        let sensors = match self
+            .store
+            .load_partitions(&parts, self.partitions.count)
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 // Not served: give them back rather than hold them idle, with the floor
@@ -458,10 +470,7 @@ impl Membership {
         };
         let mut by_part: HashMap<u32, Vec<SensorRuntime>> = HashMap::new();
         for s in sensors {
-            by_part
-                .entry(partition::of(s.0, self.partitions))
-                .or_default()
-                .push(s);
+            by_part.entry(self.partitions.of(s.0)).or_default().push(s);
         }
         let since: Millis = engine.now();
         // Handed over by a live node: the deadlines it had; else counted from now.
@@ -524,7 +533,7 @@ impl Membership {
     /// Reads who serves what and replaces the routing table.
     async fn publish_routes(&self) -> Result<(), Error> {
         let owners = self.store.owners().await?;
-        let mut routes = vec![Route::Nobody; self.partitions as usize];
+        let mut routes = vec![Route::Nobody; self.partitions.count as usize];
         let mut addresses: HashMap<String, Arc<str>> = HashMap::new();
         for o in owners {
             if o.node == self.node || o.address.is_empty() {
@@ -549,7 +558,7 @@ impl Membership {
     /// partition reads the change now rather than at its next follow round, so the
     /// sensor's next reading meets the registry it was registered in.
     pub async fn registry_changed(&self, id: SensorId) {
-        let p = partition::of(id, self.partitions);
+        let p = self.partitions.of(id);
         let Route::Node(to) = &self.routing.get()[p as usize] else {
             return;
         };

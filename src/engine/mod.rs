@@ -46,9 +46,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::clock::Clock;
+use crate::domain::partition::Partitioning;
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
-use crate::domain::{Millis, Reading, Rejection, SensorId, Source, partition};
+use crate::domain::{Millis, Reading, Rejection, SensorId, Source};
 use crate::store::{CommitBatch, SensorRuntime};
 use crate::telemetry::families;
 use fleet::Fleet;
@@ -114,8 +115,8 @@ pub struct Tuning {
     /// The interval of `sensor.still_lost` reminders; `None`: none.
     pub lost_reminder: Option<std::time::Duration>,
     pub clock: Clock,
-    /// Partitions of the fleet (the cluster's count; any fixed number on one node).
-    pub partitions: u32,
+    /// Partitions of the fleet (the cluster's; MD5 over any fixed count on one node).
+    pub partitions: Partitioning,
     /// Watches the shards: a shard that panicked would leave its sensors unserved.
     pub supervisor: crate::tasks::Supervisor,
 }
@@ -219,7 +220,7 @@ impl Routing {
 #[derive(Clone)]
 pub struct Engine {
     shards: Vec<mpsc::Sender<ShardMsg>>,
-    partitions: u32,
+    partitions: Partitioning,
     clock: Clock,
     /// Cluster mode: where other partitions' readings go.
     routing: Option<Arc<Routing>>,
@@ -241,8 +242,8 @@ impl Engine {
         let resumed_at = tuning.clock.now();
         let policy = tuning.policy();
         let sensors = sensors.into_iter();
-        let expected = sensors.size_hint().0 / tuning.partitions.max(1) as usize;
-        let mut parts: Vec<Option<Part>> = (0..tuning.partitions)
+        let expected = sensors.size_hint().0 / tuning.partitions.count.max(1) as usize;
+        let mut parts: Vec<Option<Part>> = (0..tuning.partitions.count)
             .map(|_| {
                 let mut fleet = Fleet::new(policy, resumed_at);
                 // A little over the even share: hashing spreads sensors only about evenly.
@@ -255,7 +256,7 @@ impl Engine {
             })
             .collect();
         for (id, state) in sensors {
-            let p = partition::of(id, tuning.partitions) as usize;
+            let p = tuning.partitions.of(id) as usize;
             if let Some(part) = parts[p].as_mut() {
                 part.fleet.insert(id, state);
             }
@@ -272,7 +273,7 @@ impl Engine {
         tracker: &tokio_util::task::TaskTracker,
         routing: Arc<Routing>,
     ) -> Self {
-        let parts = (0..tuning.partitions).map(|_| None).collect();
+        let parts = (0..tuning.partitions.count).map(|_| None).collect();
         Self::start(tuning, parts, commits, stop, tracker, Some(routing))
     }
 
@@ -298,7 +299,7 @@ impl Engine {
         let (links, _) = tokio::sync::watch::channel(fleet::Links::default());
         for s in 0..shards {
             // This shard's partitions (`p % shards == s`); the others stay `None` here.
-            let mine: Vec<Option<Part>> = (0..partitions as usize)
+            let mine: Vec<Option<Part>> = (0..partitions.count as usize)
                 .map(|p| {
                     if p % shards == s {
                         parts[p].take()
@@ -340,10 +341,15 @@ impl Engine {
 
     /// The partition of a sensor.
     pub fn partition(&self, id: SensorId) -> u32 {
-        partition::of(id, self.partitions)
+        self.partitions.of(id)
     }
 
     pub fn partitions(&self) -> u32 {
+        self.partitions.count
+    }
+
+    /// How sensors map to partitions.
+    pub fn partitioning(&self) -> Partitioning {
         self.partitions
     }
 

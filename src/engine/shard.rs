@@ -20,7 +20,7 @@ use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Sequence, 
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{
-    Connection, Detail, Event, EventKind, Millis, Reading, Rejection, SensorId, Source, partition,
+    Connection, Detail, Event, EventKind, Millis, Reading, Rejection, SensorId, Source,
 };
 use crate::store::{CommitBatch, Fence, ReadingRecord, SensorRuntime, StateUpdate};
 
@@ -72,7 +72,7 @@ pub(super) struct Shard {
     pub(super) index: usize,
     /// Indexed by partition; `Some` for the partitions served here.
     pub(super) parts: Vec<Option<Part>>,
-    pub(super) partitions: u32,
+    pub(super) partitions: crate::domain::partition::Partitioning,
     pub(super) policy: Policy,
     /// The broker links as the engine handle last set them ([`super::Engine::set_link`]):
     /// read when they change and before each round's expiry.
@@ -205,7 +205,7 @@ impl Shard {
     }
 
     fn partition_of(&self, id: SensorId) -> u32 {
-        partition::of(id, self.partitions)
+        self.partitions.of(id)
     }
 
     /// Declares silent sensors lost, a bounded batch at a time. Sensors that readings in

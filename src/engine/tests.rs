@@ -56,7 +56,7 @@ fn engine(
         default_debounce: Duration::ZERO,
         lost_reminder: None,
         clock,
-        partitions: 16,
+        partitions: crate::domain::partition::Partitioning::md5(16),
         supervisor: Default::default(),
     };
     let engine = Engine::launch(tuning, sensors, tx, stop.clone(), &TaskTracker::new());
@@ -306,7 +306,7 @@ fn leased(
         default_debounce: Duration::ZERO,
         lost_reminder: None,
         clock,
-        partitions: 16,
+        partitions: crate::domain::partition::Partitioning::md5(16),
         supervisor: Default::default(),
     };
     let engine = Engine::launch_leased(

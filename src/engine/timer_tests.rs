@@ -31,7 +31,7 @@ fn engine(
         default_debounce: debounce,
         lost_reminder: reminder,
         clock,
-        partitions: 4,
+        partitions: crate::domain::partition::Partitioning::md5(4),
         supervisor: Default::default(),
     };
     let engine = Engine::launch(tuning, sensors, tx, stop.clone(), &TaskTracker::new());

@@ -99,7 +99,7 @@ pub async fn lead(
 /// the partitions this node serves (`served`) until `stop`.
 pub fn exchange(
     config: &Config,
-    partitions: u32,
+    partitions: crate::domain::partition::Partitioning,
     served: super::amqp::exchange::Served,
     ingest: &Ingest,
     sources: &Sources,
@@ -149,7 +149,7 @@ mod tests {
             default_debounce: std::time::Duration::ZERO,
             lost_reminder: None,
             clock: crate::clock::Clock::wall(),
-            partitions: 1,
+            partitions: crate::domain::partition::Partitioning::md5(1),
             supervisor: Default::default(),
         };
         let engine =

@@ -15,6 +15,7 @@ use crate::cluster::Membership;
 use crate::committer::{self, Committed};
 use crate::config::Config;
 use crate::delivery::Dispatcher;
+use crate::domain::partition::Partitioning;
 use crate::domain::{Event, EventKind};
 use crate::engine::{self, Engine};
 use crate::history::{self, History, shipper::Spooled};
@@ -33,7 +34,7 @@ pub(super) struct Base {
     address: Option<String>,
     bound: std::net::SocketAddr,
     membership: Option<Arc<Membership>>,
-    partitions: u32,
+    partitions: Partitioning,
     /// The last hour of this node's activity, for the console's charts.
     recent: Arc<Recent>,
 }
@@ -53,7 +54,7 @@ impl Base {
         };
         let partitions = membership
             .as_ref()
-            .map_or(config.partitions(), |m| m.partitions());
+            .map_or(Partitioning::md5(config.partitions()), |m| m.partitioning());
         Ok(Self {
             store,
             cluster_store,
@@ -442,7 +443,7 @@ impl Sources {
                 ));
                 ingest::sources::exchange(
                     config,
-                    m.partitions(),
+                    m.partitioning(),
                     m.served(),
                     &ingest,
                     &sources,
@@ -581,6 +582,7 @@ impl Http {
         match (core.sensors, &base.membership) {
             (Some(sensors), _) => tracing::info!(%addr, sensors, "latch is serving."),
             (None, Some(m)) => tracing::info!(%addr, node = m.node(), partitions = m.partitions(),
+                partitioning = m.partitioning().scheme.as_str(),
                 "latch is serving as a cluster node."),
             (None, None) => {}
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{Result, SensorRuntime};
+use crate::domain::partition::Partitioning;
 use crate::domain::{Millis, Source};
 
 /// A partition lease this node holds.
@@ -35,9 +36,10 @@ pub struct Owner {
 
 #[async_trait]
 pub trait ClusterStore: Send + Sync + 'static {
-    /// The cluster's partition count: `wanted` when the database is used for the first
-    /// time (and the leases created), else what was fixed then.
-    async fn partitions(&self, wanted: u32) -> Result<u32>;
+    /// The cluster's partitioning: `wanted` partitions of the consistent-hash exchange's
+    /// function when the database is used for the first time (and the leases created),
+    /// else what was fixed then (MD5 ranges for databases older than the choice).
+    async fn partitions(&self, wanted: u32) -> Result<Partitioning>;
     /// Registers this node or refreshes its heartbeat and address (database time), and
     /// returns the ids of the live nodes — heartbeat within `live_within` — sorted.
     async fn heartbeat(

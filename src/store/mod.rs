@@ -329,7 +329,9 @@ pub async fn connect_cluster(
             // A commit's fence locks its partitions' lease rows: a node stopped in the middle
             // of one must not keep them past its lease.
             let idle = config.database_timeout.min(config.lease());
-            let store = postgres::PgStore::connect_with(url, config.database_timeout, idle).await?;
+            let store = postgres::PgStore::connect_with(url, config.database_timeout, idle)
+                .await?
+                .wanting(config.partitions());
             let store = std::sync::Arc::new(store.holding(lock));
             Ok((store.clone(), Some(store)))
         }

@@ -1,7 +1,8 @@
 //! `latch bench cluster --via amqp`: readings published to the consistent-hash exchange
 //! (routing key = sensor id), consumed by one node and then by N nodes on another schema,
 //! in the same run; and the share of them each node handed to another node because the
-//! sensor's partition is not its own.
+//! sensor's partition is not its own (none, on a new database partitioned as the exchange
+//! routes; two in three through the plain queue of three nodes).
 //!
 //! The readings are published first, while the nodes are balanced and consuming, as fast
 //! as the broker confirms them; the figure is readings accepted per second from the first
@@ -22,6 +23,8 @@ use serde_json::json;
 use super::cluster::{Args, Group, sum_metric};
 use super::{Keep, Receiver, Report};
 use latch::domain::SensorId;
+use latch::domain::partition::Partitioning;
+use latch::ingest::amqp::exchange::queue_name;
 
 /// Publishes not yet confirmed, per publisher, before it waits for the broker.
 const IN_FLIGHT: usize = 1000;
@@ -238,8 +241,10 @@ async fn clean_up(args: &Args, exchange: &str) {
     let Ok(ch) = conn.create_channel().await.context("channel") else {
         return;
     };
+    // The bench's schemas are new: the exchange's partitioning names the queues.
+    let partitioning = Partitioning::exchange(args.partitions);
     let mut queues: Vec<String> = (0..args.partitions)
-        .map(|p| format!("{exchange}.{p}"))
+        .map(|p| queue_name(exchange, partitioning, p))
         .collect();
     queues.push(format!("{exchange}-plain"));
     queues.push(format!("{exchange}-plain.dlq"));

@@ -3,21 +3,24 @@
 //!
 //! Producers publish to one exchange (`amqp_exchange`, type `x-consistent-hash`, plugin
 //! `rabbitmq_consistent_hash_exchange`) with the sensor id as routing key. latch declares
-//! it with one durable queue per partition, `{exchange}.{p}`, each bound with weight 1, so
+//! it with one durable queue per partition ([`queue_name`]), each bound with weight 1, so
 //! RabbitMQ sends every reading of a sensor to the same queue, always. Queue `p` is
 //! consumed by the node that serves partition `p` and moves with it; the queues are
 //! single-active-consumer, so even while a partition moves (the new owner subscribes
 //! before the old one has let go) one node at a time takes a queue's messages, in order.
 //!
-//! What a queue holds is RabbitMQ's choice, not latch's: the exchange hashes the routing
-//! key with its own function (Erlang's `phash2` and jump consistent hashing), latch
-//! partitions by MD5 ranges that PostgreSQL computes too. So a queue carries sensors of
-//! every partition, and the node consuming it applies those of its own partitions and
-//! forwards the rest to their owners ([`crate::cluster::forward`]): with N nodes about
-//! (N−1)/N of the readings still take a hop. What the exchange removes is the single
-//! consuming node: each node takes 1/N of the messages off the broker, parses, dedups
-//! and dead-letters them, and a node's death stops only its share until its partitions
-//! (and queues) move.
+//! What a queue holds is the exchange's choice: its bucket for the routing key, bucket `i`
+//! being the `i`-th queue bound. A cluster on a new database partitions by that very
+//! function ([`crate::domain::partition::exchange`]) and latch binds the queues in
+//! partition order, so queue `p` holds exactly partition `p`'s sensors and the node
+//! consuming it applies every reading it takes: no hop. On a database partitioned by MD5
+//! (older than that choice) a queue carries sensors of every partition, and the consuming
+//! node forwards those of other partitions to their owners ([`crate::cluster::forward`]),
+//! about (N−1)/N of them; the same path catches any reading the ring sends elsewhere
+//! (bindings changed by hand), so the mapping is a matter of speed, never of correctness.
+//! Either way each node takes 1/N of the messages off the broker, parses, dedups and
+//! dead-letters them, and a node's death stops only its share until its partitions (and
+//! queues) move.
 //!
 //! A partition handed over stops its queue's consumer the way latch stops: no new
 //! deliveries, the batches in the engine committed and acknowledged, then the channel
@@ -38,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{consume, durable};
+use crate::domain::partition::{Partitioning, Scheme};
 use crate::ingest::{Dedup, Ingest, Sources, next_backoff};
 use crate::telemetry::families;
 
@@ -60,13 +64,27 @@ pub struct Settings {
     /// Where rejected messages go: the plain queue's `{queue}.dlq`, one place for all.
     pub dlq: String,
     /// The cluster's partitions: one queue each.
-    pub partitions: u32,
+    pub partitions: Partitioning,
 }
 
 impl Settings {
-    /// The queue of partition `p`.
+    /// The queue of partition `p` ([`queue_name`]).
     pub fn queue(&self, p: u32) -> String {
-        format!("{}.{p}", self.exchange)
+        queue_name(&self.exchange, self.partitions, p)
+    }
+}
+
+/// The queue of partition `p` of `exchange`. Exchange partitioning: `{exchange}.p007`,
+/// zero-padded so that name order is partition order, the order RabbitMQ rebuilds the ring
+/// in after a restart. MD5 clusters keep the names they were made with, `{exchange}.7`
+/// (their queues hold every partition's sensors anyway).
+pub fn queue_name(exchange: &str, partitions: Partitioning, p: u32) -> String {
+    match partitions.scheme {
+        Scheme::Md5 => format!("{exchange}.{p}"),
+        Scheme::Exchange => {
+            let width = partitions.count.saturating_sub(1).to_string().len().max(3);
+            format!("{exchange}.p{p:0width$}")
+        }
     }
 }
 
@@ -150,7 +168,7 @@ pub async fn declare(conn: &Connection, s: &Settings) -> anyhow::Result<()> {
         ShortString::from("x-single-active-consumer"),
         AMQPValue::Boolean(true),
     );
-    for p in 0..s.partitions {
+    for p in 0..s.partitions.count {
         ch.queue_declare(s.queue(p).as_str().into(), durable(), single.clone())
             .await
             .with_context(|| {
@@ -179,8 +197,14 @@ pub async fn declare(conn: &Connection, s: &Settings) -> anyhow::Result<()> {
             s.exchange
         )
     })?;
-    // Weight 1 each: an even share per queue. Binding again what is bound changes nothing.
-    for p in 0..s.partitions {
+    // Weight 1 each, in partition order: the exchange's bucket `p` is then queue `p`, the
+    // bucket latch's exchange partitioning computes for the sensors of partition `p`. Binding
+    // again what is bound changes nothing, so nodes declaring at once, each in this order,
+    // leave the order as one node would; and RabbitMQ, rebuilding the ring at a restart
+    // from the bindings sorted by weight and queue name, rebuilds this one (the names sort
+    // as the partitions do). Should the ring differ anyway (bindings made by hand), every
+    // reading still reaches its owner: the consuming node forwards what is not its own.
+    for p in 0..s.partitions.count {
         ch.queue_bind(
             s.queue(p).as_str().into(),
             s.exchange.as_str().into(),
@@ -208,7 +232,8 @@ async fn serve(
     declare(conn, settings).await?;
     *backoff = Duration::ZERO;
     sources.set(SOURCE, true);
-    tracing::info!(exchange = %settings.exchange, queues = settings.partitions,
+    tracing::info!(exchange = %settings.exchange, queues = settings.partitions.count,
+        partitioning = settings.partitions.scheme.as_str(),
         "RabbitMQ exchange ingest declared; consuming the queues of this node's partitions.");
     let tasks = TaskTracker::new();
     let (ended_tx, mut ended) = mpsc::unbounded_channel::<anyhow::Result<()>>();
@@ -302,15 +327,35 @@ async fn serve_queue(
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_partition_has_its_queue() {
-        let s = Settings {
+    fn settings(partitions: Partitioning) -> Settings {
+        Settings {
             url: String::new(),
             exchange: "latch.by-sensor".into(),
             dlq: "latch.readings.dlq".into(),
-            partitions: 128,
-        };
+            partitions,
+        }
+    }
+
+    #[test]
+    fn md5_clusters_keep_their_queue_names() {
+        let s = settings(Partitioning::md5(128));
         assert_eq!(s.queue(0), "latch.by-sensor.0");
         assert_eq!(s.queue(127), "latch.by-sensor.127");
+    }
+
+    /// RabbitMQ rebuilds the ring from the bindings sorted by queue name: that order must
+    /// be the partitions' order, the order latch binds them in.
+    #[test]
+    fn exchange_queue_names_sort_as_their_partitions() {
+        for count in [1, 8, 128, 1000, 1001, 4096] {
+            let s = settings(Partitioning::exchange(count));
+            let names: Vec<String> = (0..count).map(|p| s.queue(p)).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            assert_eq!(names, sorted, "{count} partitions");
+        }
+        let s = settings(Partitioning::exchange(128));
+        assert_eq!(s.queue(7), "latch.by-sensor.p007");
+        assert_eq!(s.queue(127), "latch.by-sensor.p127");
     }
 }

@@ -15,8 +15,11 @@ use async_trait::async_trait;
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
 use super::PgStore;
-use crate::domain::{Millis, Source, partition};
+use crate::domain::partition::{self, Partitioning};
+use crate::domain::{Millis, Source};
 
+#[cfg(test)]
+mod scheme_tests;
 #[cfg(test)]
 mod tests;
 
@@ -42,31 +45,50 @@ fn leases(rows: &[tokio_postgres::Row]) -> Vec<Lease> {
     leases
 }
 
+/// Fixes the database's partitioning if nobody did yet — `wanted` partitions of the
+/// exchange's function, or MD5 ranges when sensors are there already (registered by a
+/// version before the scheme was kept: their `hash` is MD5) — creates the leases, and
+/// returns what is fixed.
+pub(super) async fn fix_partitioning(db: &super::db::Db, wanted: u32) -> Result<Partitioning> {
+    let mut c = db.get("partitions").await?;
+    let tx = c.transaction().await?;
+    // A second node starting at the same moment waits on the key, then finds the row.
+    tx.execute(
+        "INSERT INTO latch_cluster (id, partitions, scheme) \
+         SELECT 1, $1, CASE WHEN EXISTS (SELECT 1 FROM sensors) THEN 'md5' ELSE 'exchange' END \
+         ON CONFLICT DO NOTHING",
+        &[&(wanted as i32)],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            "SELECT partitions, scheme FROM latch_cluster WHERE id = 1",
+            &[],
+        )
+        .await?;
+    let (count, scheme): (i32, &str) = (row.get(0), row.get(1));
+    let scheme = partition::Scheme::parse(scheme).ok_or_else(|| {
+        crate::store::Error::Backend(format!("unknown partition scheme {scheme:?}"))
+    })?;
+    // Both nodes insert in the same order, so neither waits on a row the other waits
+    // for.
+    tx.execute(
+        "INSERT INTO latch_partitions (partition) \
+         SELECT generate_series(0, $1::int4 - 1) ORDER BY 1 ON CONFLICT DO NOTHING",
+        &[&count],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Partitioning {
+        count: count as u32,
+        scheme,
+    })
+}
+
 #[async_trait]
 impl ClusterStore for PgStore {
-    async fn partitions(&self, wanted: u32) -> Result<u32> {
-        let mut c = self.db.get("partitions").await?;
-        let tx = c.transaction().await?;
-        // A second node starting at the same moment waits on the key, then finds the row.
-        tx.execute(
-            "INSERT INTO latch_cluster (id, partitions) VALUES (1, $1) ON CONFLICT DO NOTHING",
-            &[&(wanted as i32)],
-        )
-        .await?;
-        let fixed: i32 = tx
-            .query_one("SELECT partitions FROM latch_cluster WHERE id = 1", &[])
-            .await?
-            .get(0);
-        // Both nodes insert in the same order, so neither waits on a row the other waits
-        // for.
-        tx.execute(
-            "INSERT INTO latch_partitions (partition) \
-             SELECT generate_series(0, $1::int4 - 1) ORDER BY 1 ON CONFLICT DO NOTHING",
-            &[&fixed],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(fixed as u32)
+    async fn partitions(&self, wanted: u32) -> Result<Partitioning> {
+        self.fixed(wanted).await
     }
 
     async fn heartbeat(

@@ -29,6 +29,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
 use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
+use crate::domain::partition::{DEFAULT_PARTITIONS, Partitioning};
 use db::{Db, Sql};
 
 mod cluster;
@@ -66,6 +67,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0017_console_views.sql"),
     include_str!("../migrations/postgres/0018_node_links.sql"),
     include_str!("../migrations/postgres/0019_batches.sql"),
+    include_str!("../migrations/postgres/0020_partition_scheme.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
@@ -102,6 +104,11 @@ pub struct PgStore {
     space: std::sync::Arc<Space>,
     /// When upkeep last created the partitions ahead (start counts).
     partitions_at: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// The database's partitioning, read (or fixed) once: every sensor's `hash` is written
+    /// by it ([`PgStore::partitioning`]). Shared by clones.
+    partitioning: std::sync::Arc<tokio::sync::OnceCell<Partitioning>>,
+    /// The partition count to fix if this store is the database's first user.
+    wanted: u32,
 }
 
 fn backend(e: impl std::fmt::Display) -> Error {
@@ -246,12 +253,35 @@ impl PgStore {
             _lock: None,
             space: Default::default(),
             partitions_at: std::sync::Arc::new(crate::domain::time::now_ms().into()),
+            partitioning: Default::default(),
+            wanted: DEFAULT_PARTITIONS,
         };
         store
             .migrate()
             .await
             .map_err(|e| anyhow::anyhow!("database_url: cannot prepare the database: {e}"))?;
         Ok(store)
+    }
+
+    /// Fixes `partitions` (`cluster_partitions`) if this store is the database's first
+    /// user; otherwise the database's count stands.
+    pub fn wanting(mut self, partitions: u32) -> Self {
+        self.wanted = partitions;
+        self
+    }
+
+    /// The database's partitioning, fixed by its first user: the cluster's first node, or
+    /// whatever registers the first sensor (`latch bench`'s import), with the partition
+    /// count it was given ([`PgStore::wanting`]). Read once, since it never changes.
+    pub async fn partitioning(&self) -> Result<Partitioning> {
+        self.fixed(self.wanted).await
+    }
+
+    async fn fixed(&self, wanted: u32) -> Result<Partitioning> {
+        self.partitioning
+            .get_or_try_init(|| cluster::fix_partitioning(&self.db, wanted))
+            .await
+            .copied()
     }
 
     /// Keeps the data folder's lock for as long as the store lives.

@@ -11,15 +11,19 @@ use super::DELETE_LOCK;
 use super::PgStore;
 use super::db::{Bound, Db, Sql, Tx};
 use crate::domain::client::{Health, events_column};
+use crate::domain::partition::Partitioning;
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
 use crate::store::Registry;
 
-pub(super) async fn create_sensor(db: &Db, s: Sensor) -> Result<()> {
+/// Every sensor is inserted with its `hash` by the database's partitioning: the range
+/// scan of its partition finds it there (`cluster::load_partitions`).
+pub(super) async fn create_sensor(db: &Db, partitioning: Partitioning, s: Sensor) -> Result<()> {
     let c = db.get("create_sensor").await?;
     let n = c
         .execute(
             "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
-               debounce_s) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING RETURNING id) \
+               debounce_s, hash) VALUES ($1, $2, $3, $4, $5, $6) \
+               ON CONFLICT (id) DO NOTHING RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
                 &s.id.to_string(),
@@ -27,6 +31,7 @@ pub(super) async fn create_sensor(db: &Db, s: Sensor) -> Result<()> {
                 &s.heartbeat_timeout_s.map(|t| t as i32),
                 &s.created_at,
                 &s.debounce_s.map(|t| t as i32),
+                &i64::from(partitioning.hash(s.id)),
             ],
         )
         .await?;
@@ -346,6 +351,7 @@ pub(super) async fn list_sensor_clients(
 
 pub(super) async fn import(
     db: &Db,
+    partitioning: Partitioning,
     sensors: Vec<Sensor>,
     links: Vec<(String, SensorId)>,
 ) -> Result<()> {
@@ -362,11 +368,15 @@ pub(super) async fn import(
         .iter()
         .map(|s| s.debounce_s.map(|t| t as i32))
         .collect();
+    let hashes: Vec<i64> = sensors
+        .iter()
+        .map(|s| i64::from(partitioning.hash(s.id)))
+        .collect();
     tx.execute(
-        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[]) \
-         ON CONFLICT (id) DO NOTHING",
-        &[&ids, &addresses, &timeouts, &created, &debounces],
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, hash) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], \
+         $6::int8[]) ON CONFLICT (id) DO NOTHING",
+        &[&ids, &addresses, &timeouts, &created, &debounces, &hashes],
     )
     .await?;
     let clients: Vec<&str> = links.iter().map(|(c, _)| c.as_str()).collect();
@@ -504,7 +514,7 @@ async fn check_pair(c: &impl Sql, client_id: &str, sensor_id: SensorId) -> Resul
 #[async_trait]
 impl Registry for PgStore {
     async fn create_sensor(&self, s: Sensor) -> Result<()> {
-        create_sensor(&self.db, s).await
+        create_sensor(&self.db, self.partitioning().await?, s).await
     }
 
     async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
@@ -607,6 +617,6 @@ impl Registry for PgStore {
     }
 
     async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
-        import(&self.db, sensors, links).await
+        import(&self.db, self.partitioning().await?, sensors, links).await
     }
 }

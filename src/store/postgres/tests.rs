@@ -206,7 +206,7 @@ async fn migrations_are_idempotent_and_partitions_exist() {
 /// A fresh schema brought back to `version`: its tables go, the first `version`
 /// migrations return. A connection to it and its URL, or `None` (outside CI) without a
 /// database.
-async fn schema_at(version: usize) -> Option<(tokio_postgres::Client, String)> {
+pub(crate) async fn schema_at(version: usize) -> Option<(tokio_postgres::Client, String)> {
     let (_, schema) = fresh().await?;
     let url = schema_url(&base_url(), &schema);
     let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)

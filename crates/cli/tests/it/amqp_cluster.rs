@@ -15,6 +15,9 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
 use serde_json::json;
 
+use latch::domain::partition::Partitioning;
+use latch::ingest::amqp::exchange::queue_name;
+
 use crate::amqp::{broker, url};
 use crate::utils::cluster::{Cluster, LEASE, PARTITIONS, Sent, check_consistent, reading, value};
 use crate::utils::{Receiver, eventually, unique};
@@ -46,13 +49,19 @@ async fn publish(ch: &Channel, exchange: &str, sensor: &str, body: &[u8]) {
     assert!(!confirm.is_nack(), "the broker took the reading");
 }
 
+/// The queue of partition `p` of a test cluster on a new database (the exchange's
+/// partitioning, as `GET /v1/cluster` says).
+fn queue(exchange: &str, p: u32) -> String {
+    queue_name(exchange, Partitioning::exchange(PARTITIONS), p)
+}
+
 /// Consumers on each partition queue, as RabbitMQ counts them (a passive declare).
 async fn consumers(ch: &Channel, exchange: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for p in 0..PARTITIONS {
         let q = ch
             .queue_declare(
-                format!("{exchange}.{p}").as_str().into(),
+                queue(exchange, p).as_str().into(),
                 QueueDeclareOptions {
                     passive: true,
                     ..Default::default()
@@ -69,7 +78,7 @@ async fn consumers(ch: &Channel, exchange: &str) -> Vec<u32> {
 /// Deletes what the nodes declared for `exchange` (the broker is shared by every test).
 pub(crate) async fn clean_up(ch: &Channel, exchange: &str) {
     for p in 0..PARTITIONS {
-        let name = format!("{exchange}.{p}");
+        let name = queue(exchange, p);
         let _ = ch
             .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
             .await;
@@ -163,6 +172,11 @@ async fn every_node_consumes_its_partitions_queues_of_the_exchange() {
     let Some(c) = Cluster::start_env(3, &env(&exchange)).await else {
         return;
     };
+    assert_eq!(
+        c.partitioning().await,
+        Partitioning::exchange(PARTITIONS),
+        "a new database partitions as the exchange does"
+    );
     eventually(
         10,
         "each partition's queue has one consumer: its owner",
@@ -205,11 +219,16 @@ async fn every_node_consumes_its_partitions_queues_of_the_exchange() {
         );
     }
     check_consistent(&c, &live[2], &client, &sent, &r).await;
+    // Each queue holds exactly its partition's sensors, and its consumer owns them.
     let forwarded = c
         .metric("latch_cluster_forwarded_readings_total{source=\"amqp\"}")
         .await;
     eprintln!(
         "exchange ingest over 3 nodes: {total} readings, {forwarded} forwarded to their owner"
+    );
+    assert_eq!(
+        forwarded, 0.0,
+        "no reading published to the exchange takes a hop"
     );
     drop(c);
     clean_up(&ch, &exchange).await;

@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use latch::domain::{SensorId, partition, time};
+use latch::domain::partition::Partitioning;
+use latch::domain::{SensorId, time};
 use serde_json::{Value, json};
 
 use crate::utils::cluster::{Cluster, PARTITIONS, post_until_accepted};
@@ -160,11 +161,11 @@ async fn a_stopped_nodes_attempts_finish_and_the_lane_goes_on_when_they_end() {
 
 /// `n` fresh sensor ids in the partitions a second node takes from the first (the upper
 /// half: the first hands its highest partitions over).
-fn ids_that_move(prefix: &str, n: usize) -> Vec<String> {
+fn ids_that_move(partitioning: Partitioning, prefix: &str, n: usize) -> Vec<String> {
     let mut ids = Vec::new();
     while ids.len() < n {
         let id = unique(prefix);
-        if partition::of(SensorId::parse(&id).unwrap(), PARTITIONS) >= PARTITIONS / 2 {
+        if partitioning.of(SensorId::parse(&id).unwrap()) >= PARTITIONS / 2 {
             ids.push(id);
         }
     }
@@ -199,7 +200,7 @@ async fn a_node_that_hands_a_partition_over_makes_no_attempt_for_it_after() {
     // A receiver that always fails: every lane retries about once a second.
     let r = Receiver::start().await;
     r.always(Answer::status(500));
-    let ids = ids_that_move("mh", 6);
+    let ids = ids_that_move(c.partitioning().await, "mh", 6);
     let via = c.base(0).to_string();
     register(&c, &via, &ids, &r.url, json!({})).await;
     post_until_accepted(&c.http, std::slice::from_ref(&via), readings(&ids, 1), 20).await;
@@ -232,7 +233,7 @@ async fn a_handover_keeps_the_sensors_deadlines() {
     };
     let r = Receiver::start().await;
     let timeout_s: i64 = 12;
-    let ids = ids_that_move("md", 3);
+    let ids = ids_that_move(c.partitioning().await, "md", 3);
     let via = c.base(0).to_string();
     register(
         &c,

@@ -26,10 +26,13 @@ fn parts(leases: &[Lease]) -> Vec<u32> {
     leases.iter().map(|l| l.partition).collect()
 }
 
-/// A store with `p` partitions fixed.
+/// A store with `p` partitions fixed (a new database: the exchange's function).
 async fn cluster(p: u32) -> Option<PgStore> {
     let (store, _) = fresh().await?;
-    assert_eq!(store.partitions(p).await.unwrap(), p);
+    assert_eq!(
+        store.partitions(p).await.unwrap(),
+        partition::Partitioning::exchange(p)
+    );
     Some(store)
 }
 
@@ -94,15 +97,27 @@ async fn rate_slots_are_leased_once_each_across_nodes() {
 
 #[tokio::test]
 async fn partitions_are_fixed_by_the_first_caller() {
-    let Some((store, _)) = fresh().await else {
+    let Some((store, schema)) = fresh().await else {
         return;
     };
     // Two nodes starting at once agree on one count.
-    let (a, b) = tokio::join!(store.partitions(8), store.partitions(16));
+    let other = PgStore::connect(&schema_url(&base_url(), &schema), LONG)
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(store.partitions(8), other.partitions(16));
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a, b);
+    assert_eq!(a.scheme, partition::Scheme::Exchange, "a new database");
+    let a = a.count;
     assert!(a == 8 || a == 16);
-    assert_eq!(store.partitions(32).await.unwrap(), a, "fixed at first use");
+    let third = PgStore::connect(&schema_url(&base_url(), &schema), LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        third.partitions(32).await.unwrap().count,
+        a,
+        "fixed at first use"
+    );
     let c = store.db.unbounded().await.unwrap();
     let rows: Vec<i32> = c
         .query(
@@ -385,7 +400,7 @@ async fn a_stale_fence_writes_nothing_and_the_current_one_commits() {
         .await
         .unwrap();
     store.link("c".into(), id, 1).await.unwrap();
-    let p = partition::of(id, 4);
+    let p = store.partitioning().await.unwrap().of(id);
     let other = (p + 1) % 4;
     let held = store.acquire("a", 4, LONG, false).await.unwrap();
     let now = |p: u32| held[p as usize];
@@ -458,17 +473,19 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
         .collect();
     store.import(sensors, Vec::new()).await.unwrap();
 
-    // The database's hash is the one the nodes compute.
+    // The database's hash is the one the nodes compute: in the range of the exchange's
+    // bucket for the sensor.
+    let scheme = store.partitioning().await.unwrap();
     let c = store.db.unbounded().await.unwrap();
     for r in c.query("SELECT id, hash FROM sensors", &[]).await.unwrap() {
         let id = sid(r.get(0));
-        assert_eq!(r.get::<_, i64>(1), partition::hash32(id) as i64, "{id}");
+        assert_eq!(r.get::<_, i64>(1), i64::from(scheme.hash(id)), "{id}");
     }
 
     let wanted = [1u32, 3, 6];
     let inside = *ids
         .iter()
-        .find(|&&id| wanted.contains(&partition::of(id, 8)))
+        .find(|&&id| wanted.contains(&scheme.of(id)))
         .unwrap();
     store
         .commit(change(inside, 5_000, Vec::new()), 5_000)
@@ -480,7 +497,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
     let expected: BTreeSet<SensorId> = ids
         .iter()
         .copied()
-        .filter(|&id| wanted.contains(&partition::of(id, 8)))
+        .filter(|&id| wanted.contains(&scheme.of(id)))
         .collect();
     assert_eq!(loaded.len(), got.len(), "each sensor once");
     assert_eq!(got, expected);
@@ -509,7 +526,7 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     config.database_timeout = Duration::from_secs(1);
     let (store, cluster) = crate::store::connect_cluster(&config).await.unwrap();
     let cluster = cluster.expect("PostgreSQL has a cluster side");
-    assert_eq!(cluster.partitions(4).await.unwrap(), 4);
+    assert_eq!(cluster.partitions(4).await.unwrap().count, 4);
     let held = cluster.acquire("a", 4, LONG, false).await.unwrap();
 
     let pg = PgStore::connect(config.database_url.as_deref().unwrap(), LONG)

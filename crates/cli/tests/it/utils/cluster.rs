@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use latch::domain::partition::{Partitioning, Scheme};
 use latch::domain::time;
 use serde_json::{Value, json};
 
@@ -178,6 +179,17 @@ impl Cluster {
             return None;
         }
         resp.json().await.ok()
+    }
+
+    /// How the cluster maps sensors to partitions, as `GET /v1/cluster` says.
+    pub async fn partitioning(&self) -> Partitioning {
+        let view = self.get(&self.live()[0], "/v1/cluster").await;
+        let scheme = view["partitioning"].as_str().and_then(Scheme::parse);
+        let count = view["partitions"].as_u64().map(|n| n as u32);
+        match (scheme, count) {
+            (Some(scheme), Some(count)) => Partitioning { count, scheme },
+            _ => panic!("GET /v1/cluster names no partitioning: {view}"),
+        }
     }
 
     /// Waits up to `secs` until every running node sees exactly the `n` running nodes, all
