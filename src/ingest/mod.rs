@@ -237,6 +237,28 @@ impl Sources {
     }
 }
 
+/// A broker source's session failed: counts the reconnect, grows `backoff`, says so in the
+/// log with `what` (the queue, exchange or topic), and waits it out. Returns `false` when
+/// `stop` came meanwhile. The AMQP consumers and the MQTT event loop share it.
+pub(crate) async fn paused(
+    source: &'static str,
+    what: &str,
+    error: &str,
+    backoff: &mut std::time::Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> bool {
+    *backoff = next_backoff(*backoff);
+    tracing::warn!(%source, error = %error, retry_in = ?*backoff, on = what,
+        "Broker ingest paused.");
+    crate::telemetry::families::SOURCE_RECONNECTS
+        .counter_with(&[("source", source)])
+        .increment(1);
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(*backoff) => true,
+    }
+}
+
 /// Doubles a reconnect delay from 100 ms up to 10 s.
 pub(crate) fn next_backoff(d: std::time::Duration) -> std::time::Duration {
     (d * 2).clamp(

@@ -42,8 +42,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{consume, durable};
 use crate::domain::partition::{Partitioning, Scheme};
-use crate::ingest::{Dedup, Ingest, Sources, next_backoff};
-use crate::telemetry::families;
+use crate::ingest::{Dedup, Ingest, Sources, next_backoff, paused};
 
 /// The name [`Sources`] (`/readyz`, `latch_source_up`) knows the exchange's connection by.
 pub const SOURCE: &str = "amqp_exchange";
@@ -114,20 +113,10 @@ pub async fn run(
         )
         .await;
         sources.set(SOURCE, false);
-        match result {
-            Ok(()) => break,
-            Err(e) => {
-                backoff = next_backoff(backoff);
-                tracing::warn!(error = format!("{e:#}"), retry_in = ?backoff,
-                    exchange = %settings.exchange, "RabbitMQ exchange ingest paused.");
-                families::SOURCE_RECONNECTS
-                    .counter_with(&[("source", SOURCE)])
-                    .increment(1);
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(backoff) => {}
+        let Err(e) = result else { break };
+        let what = format!("exchange {}", settings.exchange);
+        if !paused(SOURCE, &what, &format!("{e:#}"), &mut backoff, &stop).await {
+            break;
         }
     }
     tracing::info!("RabbitMQ exchange ingest stopped.");

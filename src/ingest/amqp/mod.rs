@@ -26,8 +26,7 @@ use lapin::types::{FieldTable, LongString};
 use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
-use super::{Dedup, Ingest, Sources, next_backoff};
-use crate::telemetry::families;
+use super::{Dedup, Ingest, Sources, paused};
 
 /// Unacknowledged deliveries RabbitMQ may push ahead of our commits.
 pub const PREFETCH: u16 = 8192;
@@ -108,20 +107,10 @@ pub async fn run(ingest: Ingest, settings: Settings, sources: Sources, stop: Can
         )
         .await;
         sources.set(SOURCE, false);
-        match result {
-            Ok(()) => break,
-            Err(e) => {
-                backoff = next_backoff(backoff);
-                tracing::warn!(error = %e, retry_in = ?backoff, queue = %settings.queue,
-                    "RabbitMQ ingest paused.");
-                families::SOURCE_RECONNECTS
-                    .counter_with(&[("source", SOURCE)])
-                    .increment(1);
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(backoff) => {}
+        let Err(e) = result else { break };
+        let what = format!("queue {}", settings.queue);
+        if !paused(SOURCE, &what, &e.to_string(), &mut backoff, &stop).await {
+            break;
         }
     }
     tracing::info!("RabbitMQ ingest stopped.");

@@ -40,7 +40,7 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Ingest, Sources, next_backoff};
+use super::{Ingest, Sources, paused};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
 use crate::telemetry::families;
 
@@ -230,14 +230,9 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => {
                 link.next_connection();
-                backoff = next_backoff(backoff);
-                tracing::warn!(error = %e, retry_in = ?backoff, "MQTT ingest paused.");
-                families::SOURCE_RECONNECTS
-                    .counter_with(&[("source", SOURCE)])
-                    .increment(1);
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
+                let what = format!("topic {}", settings.topic);
+                if !paused(SOURCE, &what, &e.to_string(), &mut backoff, &stop).await {
+                    break;
                 }
             }
         }
