@@ -32,9 +32,19 @@ pub struct Args {
     /// commit at a time.
     #[arg(long, default_value_t = 1)]
     pub senders: usize,
-    /// Requests of the direct-to-receiver baseline.
+    /// Requests of the bare-client baseline.
     #[arg(long, default_value_t = 20_000)]
     pub baseline_requests: usize,
+    /// Deliver to this receiver (e.g. nginx from `scripts/bench-receiver`) instead of
+    /// in-process ones, with one client: the process's CPU is then latch's and the bench's
+    /// alone, not a receiver's. Latency is not measured there.
+    #[arg(long)]
+    pub receiver: Option<String>,
+    /// Ingest every change while the client is limited to a request a second, then lift
+    /// the limit and time the delivery of the backlog alone: its rate and the CPU it costs a webhook, with no
+    /// ingest running beside it.
+    #[arg(long)]
+    pub backlog: bool,
     /// How long to wait for the outbox to drain after the last change.
     #[arg(long, default_value = "120s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
