@@ -106,9 +106,15 @@ impl Lanes {
         let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
         let pop = match d.result {
             Finished::Gone(status) => {
-                families::NOTIFICATIONS
-                    .counter_with(&[("status", status.as_str())])
-                    .increment(1);
+                // A claim ends a notification only by cancelling or superseding it. One it
+                // found delivered or failed was counted when that outcome was recorded,
+                // here or on another node: a lane told of it twice (a client enabled while
+                // its parked heads were looked at again) must not count it twice.
+                if !matches!(status, Status::Delivered | Status::Failed) {
+                    families::NOTIFICATIONS
+                        .counter_with(&[("status", status.as_str())])
+                        .increment(1);
+                }
                 true
             }
             Finished::Held(until) => {
