@@ -58,6 +58,8 @@ pub(super) enum Admission {
 #[derive(Clone)]
 pub(super) struct Sending {
     pub http: reqwest::Client,
+    /// Client URLs as parsed.
+    pub urls: Arc<sender::Urls>,
     /// Connections to broker destinations.
     pub brokers: super::broker::Brokers,
     pub settings: Arc<Settings>,
@@ -207,6 +209,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                             &sending.http,
                             &sending.brokers,
                             &sending.settings.guard,
+                            &sending.urls,
                             &s,
                             sending.settings.timeout,
                             sending.settings.clock.now(),
@@ -368,6 +371,7 @@ async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: Admitt
     let result = sender::send_batch(
         &sending.http,
         &settings.guard,
+        &sending.urls,
         &id,
         &go_sends,
         settings.timeout,

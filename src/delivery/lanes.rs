@@ -31,9 +31,10 @@ mod finished;
 mod moves;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
+use super::FastMap;
 use super::attempt::AttemptResult;
 use super::rates::{Lease, Rates, Token, Wanted};
 use super::retry::RetryPolicy;
@@ -148,12 +149,12 @@ pub(super) struct Lanes {
     /// Heads out (claimed or sending) at most, in all and per client.
     admit: usize,
     admit_client: u32,
-    lanes: HashMap<LaneKey, Lane>,
+    lanes: FastMap<LaneKey, Lane>,
     timers: BinaryHeap<Reverse<(Millis, LaneKey)>>,
     ready: VecDeque<LaneKey>,
     inflight: usize,
-    client_inflight: HashMap<Arc<str>, u32>,
-    client_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
+    client_inflight: FastMap<Arc<str>, u32>,
+    client_waiting: FastMap<Arc<str>, VecDeque<LaneKey>>,
     pending: usize,
     /// Ids that left their lane lately; `None` unless the store is shared (nothing but a
     /// sweep asks, and only a shared store is swept).
@@ -161,7 +162,7 @@ pub(super) struct Lanes {
     /// Clients with a `rate_limit`: when each may be sent its next request ([`Rates`]).
     rates: Rates,
     /// Per client, ready heads waiting for a lease of its cluster-wide rate's slots.
-    rate_waiting: HashMap<Arc<str>, VecDeque<LaneKey>>,
+    rate_waiting: FastMap<Arc<str>, VecDeque<LaneKey>>,
     /// This node, on every outcome ([`Outcome::node`]).
     node: Arc<str>,
     /// Batched clients: their heads gathering, their batches out, the batches to send
@@ -184,16 +185,16 @@ impl Lanes {
             policy,
             admit: concurrency * ahead as usize,
             admit_client: client_concurrency * ahead,
-            lanes: HashMap::new(),
+            lanes: FastMap::default(),
             timers: BinaryHeap::new(),
             ready: VecDeque::new(),
             inflight: 0,
-            client_inflight: HashMap::new(),
-            client_waiting: HashMap::new(),
+            client_inflight: FastMap::default(),
+            client_waiting: FastMap::default(),
             pending: 0,
             finished: shared.then(RecentlyFinished::default),
             rates: Rates::new(false),
-            rate_waiting: HashMap::new(),
+            rate_waiting: FastMap::default(),
             node,
             batching: Batching::default(),
         }

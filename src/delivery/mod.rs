@@ -268,6 +268,7 @@ impl Dispatcher {
             store.clone(),
             Sending {
                 http,
+                urls: Arc::default(),
                 brokers,
                 settings: settings.clone(),
                 sends,
@@ -338,6 +339,11 @@ async fn clients(store: &dyn Store) -> crate::store::Result<Vec<crate::domain::C
     }
 }
 
+/// The dispatcher's maps, looked up several times a notification: foldhash rather than
+/// SipHash, whose hashing of client ids was ~5 % of a webhook's instructions (BENCHMARKS.md,
+/// tenth pass). Their keys are client ids latch made and sensors registered through the API.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 enum Cmd {
     Deliver(Vec<NotificationRef>),
     /// A client was enabled: its pending notifications.
@@ -373,13 +379,13 @@ struct Core {
     claims: mpsc::UnboundedSender<Admission>,
     /// Per client, the requests it may have in flight (`client_concurrency` permits);
     /// dropped when nothing of the client is out, so no permit is held then.
-    client_sends: HashMap<Arc<str>, Arc<Semaphore>>,
+    client_sends: FastMap<Arc<str>, Arc<Semaphore>>,
     /// Per batched client, its one batch in flight (one permit), dropped likewise.
-    batch_sends: HashMap<Arc<str>, Arc<Semaphore>>,
+    batch_sends: FastMap<Arc<str>, Arc<Semaphore>>,
     client_concurrency: usize,
     /// Per lane whose head is out, what withdraws that head before it is sent (its lane
     /// left this node, or the dispatcher stops).
-    withdraw: HashMap<LaneKey, CancellationToken>,
+    withdraw: FastMap<LaneKey, CancellationToken>,
     /// Cluster mode: the sensors served here. A sweep read before a partition moved away
     /// is not taken up after.
     serves: Option<Serves>,
@@ -410,10 +416,10 @@ impl Core {
             ),
             recorder,
             claims,
-            client_sends: HashMap::new(),
-            batch_sends: HashMap::new(),
+            client_sends: FastMap::default(),
+            batch_sends: FastMap::default(),
             client_concurrency: settings.client_concurrency as usize,
-            withdraw: HashMap::new(),
+            withdraw: FastMap::default(),
             serves: settings.serves.clone(),
             clock: settings.clock.clone(),
             grants: None,

@@ -1,6 +1,8 @@
 //! One attempt out: the POST with its Standard Webhooks headers (or, for
 //! a client whose URL names a broker, the publish: [`super::broker`]).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -61,7 +63,7 @@ pub async fn send_test(
         secret: &client.secret,
         previous_secret: previous,
     };
-    post(http, guard, to, body, timeout, at).await
+    post(http, guard, &Urls::default(), to, body, timeout, at).await
 }
 
 /// Posts one notification (or publishes it, to a broker destination). Never fails: every
@@ -72,6 +74,7 @@ pub async fn send(
     http: &reqwest::Client,
     brokers: &Brokers,
     guard: &Guard,
+    urls: &Urls,
     s: &Sendable,
     timeout: Duration,
     at: Millis,
@@ -92,7 +95,7 @@ pub async fn send(
             secret: &s.secret,
             previous_secret: s.previous_secret.as_deref(),
         };
-        post(http, guard, to, payload(s), timeout, at)
+        post(http, guard, urls, to, payload(s), timeout, at)
             .instrument(span.clone())
             .await
     };
@@ -121,6 +124,7 @@ pub async fn send(
 pub async fn send_batch(
     http: &reqwest::Client,
     guard: &Guard,
+    urls: &Urls,
     id: &str,
     sends: &[Box<Sendable>],
     timeout: Duration,
@@ -144,7 +148,7 @@ pub async fn send_batch(
         secret: &first.secret,
         previous_secret: first.previous_secret.as_deref(),
     };
-    let result = post(http, guard, to, batch_payload(id, sends), timeout, at)
+    let result = post(http, guard, urls, to, batch_payload(id, sends), timeout, at)
         .instrument(span.clone())
         .await;
     if !span.is_disabled() {
@@ -157,6 +161,30 @@ pub async fn send_batch(
         }
     }
     result
+}
+
+/// Most client URLs [`Urls`] keeps; past it, it starts over.
+const URLS_MAX: usize = 10_000;
+
+/// Client URLs as parsed, so a URL is parsed once rather than on every attempt: the parse,
+/// with its host's IDNA mapping, was ~8 % of a webhook's instructions (BENCHMARKS.md,
+/// tenth pass). Emptied when it holds [`URLS_MAX`].
+#[derive(Default)]
+pub struct Urls(Mutex<HashMap<String, reqwest::Url>>);
+
+impl Urls {
+    fn parse(&self, url: &str) -> Result<reqwest::Url, String> {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = known.get(url) {
+            return Ok(u.clone());
+        }
+        let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+        if known.len() >= URLS_MAX {
+            known.clear();
+        }
+        known.insert(url.to_owned(), parsed.clone());
+        Ok(parsed)
+    }
 }
 
 /// Where a request goes and what signs it.
@@ -174,6 +202,7 @@ struct Target<'a> {
 async fn post(
     http: &reqwest::Client,
     guard: &Guard,
+    urls: &Urls,
     to: Target<'_>,
     body: Vec<u8>,
     timeout: Duration,
@@ -187,7 +216,7 @@ async fn post(
         duration: started.elapsed(),
         retry_after: None,
     };
-    let url = match reqwest::Url::parse(to.url) {
+    let url = match urls.parse(to.url) {
         Ok(u) => u,
         Err(e) => return failed(format!("url unusable: {e}")),
     };

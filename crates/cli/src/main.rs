@@ -6,6 +6,12 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: every request, reading and notification allocates
+/// on several threads at once, where glibc's arenas spent ~10 % of delivery's CPU
+/// (BENCHMARKS.md, tenth pass).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "latch",
@@ -62,7 +68,7 @@ enum Command {
 enum Scenario {
     /// Readings over HTTP, accepted durably; baseline: raw SQLite inserts.
     Ingest(latch_bench::ingest::Args),
-    /// State changes to webhooks; baseline: the receiver hammered directly.
+    /// State changes to webhooks; baseline: a bare client posting the same signed bodies.
     Deliver(latch_bench::deliver::Args),
     /// Memory per sensor, restart time, and a whole fleet going silent at once.
     Fleet(latch_bench::fleet::Args),

@@ -55,7 +55,7 @@ impl RecentlyFinished {
 
 /// Gives a map's room back after a burst: a map keeps the capacity of its largest size,
 /// and the dispatcher's maps peak with a backlog (a restart with a million pending).
-pub(super) fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
+pub(super) fn shrink<K: Eq + Hash, V, S: std::hash::BuildHasher>(map: &mut HashMap<K, V, S>) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }
