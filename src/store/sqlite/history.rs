@@ -166,6 +166,18 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
 }
 
 pub(super) fn archive(c: &mut Connection, limit: usize) -> Result<usize> {
+    let started = std::time::Instant::now();
+    let moved = move_to_archive(c, limit)?;
+    if moved > 0 {
+        crate::telemetry::families::HISTORY_ARCHIVE_SECONDS
+            .histogram()
+            .record(started.elapsed().as_secs_f64());
+    }
+    Ok(moved)
+}
+
+/// One move of up to `limit` readings, the oldest, from the journal into the archive.
+fn move_to_archive(c: &mut Connection, limit: usize) -> Result<usize> {
     let tx = c.transaction()?;
     // The id of the `limit`-th oldest reading, or of the newest when fewer wait.
     let last: Option<i64> = tx.query_row(

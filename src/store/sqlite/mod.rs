@@ -14,12 +14,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use rusqlite::Connection;
 
 use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
+use crate::telemetry::families;
 
 mod backup;
 mod commit;
@@ -164,14 +166,15 @@ impl SqliteStore {
         let readers = (0..READERS)
             .map(|_| open_conn(&path, sync).map(Mutex::new))
             .collect::<rusqlite::Result<Vec<_>>>()?;
+        let writer = Mutex::new(Writer {
+            conn: writer,
+            configured: sync,
+            relaxed: false,
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 _lock: lock,
-                writer: Mutex::new(Writer {
-                    conn: writer,
-                    configured: sync,
-                    relaxed: false,
-                }),
+                writer,
                 readers,
                 next_reader: AtomicUsize::new(0),
                 space: Space::default(),
@@ -205,8 +208,12 @@ impl SqliteStore {
         F: FnOnce(&mut Writer) -> Result<T> + Send + 'static,
     {
         let inner = self.inner.clone();
+        let asked = Instant::now();
         tokio::task::spawn_blocking(move || {
             let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            families::STORE_WRITER_WAIT_SECONDS
+                .histogram()
+                .record(asked.elapsed().as_secs_f64());
             let result = f(&mut w);
             inner.space.note(&result);
             result
