@@ -24,6 +24,7 @@ use crate::domain::Millis;
 use crate::telemetry::families;
 
 mod backup;
+mod checkpoint;
 mod commit;
 mod find;
 mod history;
@@ -66,9 +67,13 @@ fn pragma(sync: Synchronous) -> &'static str {
 }
 
 struct Inner {
+    /// Checkpoints the write-ahead log beside the writer. First, so that it stops before
+    /// the rest goes.
+    checkpointer: checkpoint::Checkpointer,
     /// Held for the store's life: one process per data folder.
     _lock: std::fs::File,
-    writer: Mutex<Writer>,
+    /// Shared with the checkpointer, which holds it for a checkpoint's last pass.
+    writer: Arc<Mutex<Writer>>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
     /// Whether the disk was full at the last write.
@@ -153,9 +158,8 @@ impl SqliteStore {
         let lock = super::lock_data_dir(dir)?;
         let path = dir.join("latch.db");
         let mut writer = open_conn(&path, sync)?;
-        // Checkpoint every ~40 MiB of WAL rather than 4: a page written by many commits
-        // in between (an index's right edge, a hot leaf) goes to the database file once.
-        writer.pragma_update(None, "wal_autocheckpoint", 10_000)?;
+        // The log is checkpointed beside the writer rather than in its commits.
+        checkpoint::watch(&writer);
         migrate(&mut writer)?;
         commit::prepare(&writer)?;
         writer.execute(
@@ -166,13 +170,15 @@ impl SqliteStore {
         let readers = (0..READERS)
             .map(|_| open_conn(&path, sync).map(Mutex::new))
             .collect::<rusqlite::Result<Vec<_>>>()?;
-        let writer = Mutex::new(Writer {
+        let writer = Arc::new(Mutex::new(Writer {
             conn: writer,
             configured: sync,
             relaxed: false,
-        });
+        }));
+        let checkpointer = checkpoint::Checkpointer::start(&path, sync, writer.clone())?;
         Ok(Self {
             inner: Arc::new(Inner {
+                checkpointer,
                 _lock: lock,
                 writer,
                 readers,
@@ -216,6 +222,7 @@ impl SqliteStore {
                 .record(asked.elapsed().as_secs_f64());
             let result = f(&mut w);
             inner.space.note(&result);
+            inner.checkpointer.after_write(&w.conn);
             result
         })
         .await
