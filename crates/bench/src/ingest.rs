@@ -297,6 +297,10 @@ fn add_stages(r: &mut Report, text: &str, elapsed: f64) {
         ("latch_wal_checkpoint_seconds", "stage_wal_checkpoint", ["0.5", "1"]),
     ];
     for (family, row, qs) in stages {
+        let count = super::metric_sum(text, &format!("{family}_count"));
+        if count == 0.0 {
+            continue;
+        }
         for q in qs {
             if let Some(v) = super::metric_quantile(text, family, q) {
                 let name = match q {
@@ -307,8 +311,7 @@ fn add_stages(r: &mut Report, text: &str, elapsed: f64) {
                 r.add(format!("{row}_{name}_ms"), (v * 1e5).round() / 100.0, "ms");
             }
         }
-        let count = super::metric_sum(text, &format!("{family}_count"));
-        if qs[1] == "1" && count > 0.0 {
+        if qs[1] == "1" {
             r.add(format!("{row}_count"), count, "times");
         }
     }
