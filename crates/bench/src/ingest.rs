@@ -290,11 +290,27 @@ fn add_stages(r: &mut Report, text: &str, elapsed: f64) {
     // Frequent stages by p50 and p99; the archive's moves and the checkpoints, a few a
     // run, by p50 and their longest.
     let stages: [(&str, &str, [&str; 2]); 5] = [
-        ("latch_commit_queue_seconds", "stage_commit_queue", ["0.5", "0.99"]),
-        ("latch_store_writer_wait_seconds", "stage_writer_wait", ["0.5", "0.99"]),
+        (
+            "latch_commit_queue_seconds",
+            "stage_commit_queue",
+            ["0.5", "0.99"],
+        ),
+        (
+            "latch_store_writer_wait_seconds",
+            "stage_writer_wait",
+            ["0.5", "0.99"],
+        ),
         ("latch_commit_seconds", "stage_commit", ["0.5", "0.99"]),
-        ("latch_history_archive_seconds", "stage_archive_move", ["0.5", "1"]),
-        ("latch_wal_checkpoint_seconds", "stage_wal_checkpoint", ["0.5", "1"]),
+        (
+            "latch_history_archive_seconds",
+            "stage_archive_move",
+            ["0.5", "1"],
+        ),
+        (
+            "latch_wal_checkpoint_seconds",
+            "stage_wal_checkpoint",
+            ["0.5", "1"],
+        ),
     ];
     for (family, row, qs) in stages {
         let count = super::metric_sum(text, &format!("{family}_count"));

@@ -16,6 +16,7 @@
 use std::cell::Cell;
 use std::os::raw::c_int;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -32,15 +33,19 @@ use crate::telemetry::families;
 /// database file once.
 const CHECKPOINT_PAGES: c_int = 10_000;
 
+/// Growth of the log after which the thread is asked again while it has not started over:
+/// each round syncs the database file, which the commits' own syncs wait behind.
+const ASK_AGAIN_PAGES: c_int = CHECKPOINT_PAGES / 4;
+
 /// Log size at which the writer checkpoints itself, in its commit.
 const BACKSTOP_PAGES: c_int = 4 * CHECKPOINT_PAGES;
 
 /// Pages a pass beside the writer may still find new for the next pass to be the last one,
 /// holding the writer: what that pass copies is what the writer waits for.
-const LAST_PASS_PAGES: c_int = 1_000;
+const LAST_PASS_PAGES: c_int = 250;
 
 /// Passes beside the writer before the last one, at most.
-const PASSES: usize = 4;
+const PASSES: usize = 8;
 
 thread_local! {
     /// The log's size after the last commit on this thread, until taken.
@@ -66,6 +71,10 @@ fn take_wal_pages() -> c_int {
 pub(super) struct Checkpointer {
     ask: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// The log's size after the last commit, and when the thread was last asked (0: not in
+    /// this log's run); only written holding the writer.
+    pages: AtomicI32,
+    asked_at: AtomicI32,
 }
 
 impl Checkpointer {
@@ -82,14 +91,25 @@ impl Checkpointer {
         Ok(Self {
             ask: Some(ask),
             thread: Some(thread),
+            pages: AtomicI32::new(0),
+            asked_at: AtomicI32::new(0),
         })
     }
 
     /// After a write, on the thread that made it and still holding the writer: asks for a
-    /// checkpoint once the log is past [`CHECKPOINT_PAGES`], or runs one at once past
-    /// [`BACKSTOP_PAGES`].
+    /// checkpoint once the log is past [`CHECKPOINT_PAGES`] (again only after another
+    /// [`ASK_AGAIN_PAGES`], should a reader keep the log from starting over), or runs one
+    /// at once past [`BACKSTOP_PAGES`].
     pub(super) fn after_write(&self, writer: &Connection) {
         let pages = take_wal_pages();
+        if pages == 0 {
+            return;
+        }
+        if pages < self.pages.swap(pages, Ordering::Relaxed) {
+            // The log started over.
+            self.asked_at.store(0, Ordering::Relaxed);
+        }
+        let asked_at = self.asked_at.load(Ordering::Relaxed);
         if pages >= BACKSTOP_PAGES {
             tracing::debug!(
                 pages,
@@ -97,10 +117,13 @@ impl Checkpointer {
             );
             timed(|| passive(writer).map(|_| ()));
         } else if pages >= CHECKPOINT_PAGES
+            && (asked_at == 0 || pages >= asked_at + ASK_AGAIN_PAGES)
             && let Some(ask) = &self.ask
-            && let Err(TrySendError::Disconnected(_)) = ask.try_send(())
         {
-            tracing::warn!("The checkpoint thread is gone; the writer's backstop remains.");
+            self.asked_at.store(pages, Ordering::Relaxed);
+            if let Err(TrySendError::Disconnected(_)) = ask.try_send(()) {
+                tracing::warn!("The checkpoint thread is gone; the writer's backstop remains.");
+            }
         }
     }
 }

@@ -198,8 +198,8 @@ impl SqliteStore {
         self.on_writer(move |w| f(w.durable()?)).await
     }
 
-    /// A write whose loss in a crash of the machine only means sending again: claims and
-    /// recorded results.
+    /// A write whose loss in a crash of the machine only means sending again (claims and
+    /// recorded results) or doing again (a step of a move into the archive).
     async fn write_relaxed<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
