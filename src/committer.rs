@@ -159,6 +159,7 @@ impl Committing {
         let mut replies = Vec::with_capacity(requests.len());
         // The sensors a commit writes state for, should its outcome have to be read back.
         let mut touched: Vec<SensorId> = Vec::new();
+        let sent: Vec<Instant> = requests.iter().map(|r| r.sent_at).collect();
         for r in requests {
             touched.extend(r.batch.states.iter().map(|s| s.sensor_id));
             batch.append(r.batch);
@@ -179,6 +180,10 @@ impl Committing {
         let span = tracing::info_span!(target: SPANS, "commit", readings = rows,
             events = batch.events.len(), notifications = Empty, otel.status_code = Empty);
         let started = Instant::now();
+        let queue = families::COMMIT_QUEUE_SECONDS.histogram();
+        for t in sent {
+            queue.record(started.saturating_duration_since(t).as_secs_f64());
+        }
         let result = self.store.commit(batch, at).instrument(span.clone()).await;
         families::COMMIT_SECONDS
             .histogram()
@@ -263,6 +268,7 @@ mod tests {
             shard,
             batch: CommitBatch::default(),
             reply,
+            sent_at: Instant::now(),
         }
     }
 

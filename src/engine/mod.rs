@@ -138,6 +138,8 @@ pub struct CommitRequest {
     pub shard: usize,
     pub batch: CommitBatch,
     pub reply: oneshot::Sender<Result<(), CommitFailure>>,
+    /// When the shard sent it: the wait until its commit starts is measured from here.
+    pub sent_at: std::time::Instant,
 }
 
 /// Why a group commit did not succeed.

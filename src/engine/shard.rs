@@ -527,6 +527,7 @@ impl Shard {
                     shard: self.index,
                     batch: p.batch,
                     reply: tx,
+                    sent_at: std::time::Instant::now(),
                 })
                 .await;
             match sent {

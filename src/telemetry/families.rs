@@ -96,6 +96,14 @@ families! {
         "Readings in one group commit.";
     COMMIT_FAILURES: Counter "latch_commit_failures_total" []
         "Group commits that failed (their readings were refused).";
+    COMMIT_QUEUE_SECONDS: Histogram "latch_commit_queue_seconds" []
+        "Time a shard's batch waited for its group commit to start (for the store's writer and the commit before), in seconds.";
+    STORE_WRITER_WAIT_SECONDS: Histogram "latch_store_writer_wait_seconds" []
+        "Embedded store: time a write waited for the one writer connection, in seconds.";
+    WAL_CHECKPOINT_SECONDS: Histogram "latch_wal_checkpoint_seconds" []
+        "Embedded store: duration of one checkpoint of the write-ahead log into the database file, in seconds.";
+    HISTORY_ARCHIVE_SECONDS: Histogram "latch_history_archive_seconds" []
+        "Embedded store without ClickHouse: duration of one move of readings from the journal into the archive, in seconds.";
     SENSORS_LOST: Gauge "latch_sensors_lost" []
         "Sensors whose connection is lost now.";
     SENSORS_LOST_TOTAL: Counter "latch_sensors_lost_total" []

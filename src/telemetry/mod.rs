@@ -261,6 +261,7 @@ pub fn register_families(config: &Config) {
         &f::COMMIT_SECONDS,
         &f::COMMIT_READINGS,
         &f::COMMIT_FAILURES,
+        &f::COMMIT_QUEUE_SECONDS,
         &f::SENSORS_LOST,
         &f::SENSORS_LOST_TOTAL,
         &f::TASK_PANICS,
@@ -324,6 +325,17 @@ pub fn register_families(config: &Config) {
             f::CLUSTER_FORWARDED
                 .counter_with(&[("source", source)])
                 .increment(0);
+        }
+    }
+    if config.database_url.is_none() {
+        // The embedded store's one writer, its write-ahead log and its archive (empty
+        // when ClickHouse takes history instead).
+        for family in [
+            &f::STORE_WRITER_WAIT_SECONDS,
+            &f::WAL_CHECKPOINT_SECONDS,
+            &f::HISTORY_ARCHIVE_SECONDS,
+        ] {
+            show(family);
         }
     }
     if config.clickhouse_url.is_some() {

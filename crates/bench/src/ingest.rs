@@ -197,6 +197,12 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let elapsed = started_rx.await?.elapsed().as_secs_f64();
     clock.abort();
     progress.abort();
+    // Where a batch's time went, from latch's own metrics, read after the load and
+    // before the stop (a scrape renders every family in the measured process).
+    let stages = match reqwest::get(format!("{base}/metrics")).await {
+        Ok(r) => Some(r.text().await?),
+        Err(_) => None,
+    };
     if let Some(server) = server {
         server.stop().await?;
     }
@@ -226,6 +232,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.add("request_p50_ms", percentile(&lat, 50.0), "ms");
     r.add("request_p99_ms", percentile(&lat, 99.0), "ms");
     r.add("request_errors", errors as f64, "requests");
+    if let Some(text) = &stages {
+        add_stages(&mut r, text, elapsed);
+    }
     match &pg {
         Some(pg) => {
             let baseline = raw_postgres_rate(&pg.url, args.batch, rows).await?;
@@ -245,7 +254,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     r.notes.push(format!(
         "Store: {}{}. {} sensors, batches of {}, {} workers, {:.0} % changes, sqlite \
          synchronous={}; baseline: the same rows inserted into the same database directly, \
-         one transaction (one multi-row statement on PostgreSQL) per {} rows.",
+         one transaction (one multi-row statement on PostgreSQL) per {} rows. stage_*: latch's \
+         own metrics over the run (its last minute, when longer): a batch's wait for its \
+         group commit to start, a write's wait for SQLite's one writer, the group commit, the \
+         moves of readings into the archive and the WAL checkpoints.",
         if pg.is_some() { "PostgreSQL" } else { "SQLite" },
         if in_clickhouse.is_some() {
             ", history shipped to ClickHouse (a private server) as it arrives"
@@ -263,6 +275,62 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         pg.drop().await?;
     }
     Ok(r)
+}
+
+/// The stages a batch goes through, each as p50 and p99 (or max, for the rare ones) in ms,
+/// from latch's summaries (the exporter's window: the last minute, so the run itself for
+/// runs shorter than that). A stage latch does not record (another store) is left out.
+fn add_stages(r: &mut Report, text: &str, elapsed: f64) {
+    let commits = super::Commits {
+        count: super::metric_sum(text, "latch_commit_readings_count"),
+        readings: super::metric_sum(text, "latch_commit_readings_sum"),
+        seconds: super::metric_sum(text, "latch_commit_seconds_sum"),
+    };
+    commits.report(r, elapsed);
+    // Frequent stages by p50 and p99; the archive's moves and the checkpoints, a few a
+    // run, by p50 and their longest.
+    let stages: [(&str, &str, [&str; 2]); 5] = [
+        (
+            "latch_commit_queue_seconds",
+            "stage_commit_queue",
+            ["0.5", "0.99"],
+        ),
+        (
+            "latch_store_writer_wait_seconds",
+            "stage_writer_wait",
+            ["0.5", "0.99"],
+        ),
+        ("latch_commit_seconds", "stage_commit", ["0.5", "0.99"]),
+        (
+            "latch_history_archive_seconds",
+            "stage_archive_move",
+            ["0.5", "1"],
+        ),
+        (
+            "latch_wal_checkpoint_seconds",
+            "stage_wal_checkpoint",
+            ["0.5", "1"],
+        ),
+    ];
+    for (family, row, qs) in stages {
+        let count = super::metric_sum(text, &format!("{family}_count"));
+        if count == 0.0 {
+            continue;
+        }
+        for q in qs {
+            if let Some(v) = super::metric_quantile(text, family, q) {
+                let name = match q {
+                    "0.5" => "p50",
+                    "0.99" => "p99",
+                    _ => "max",
+                };
+                r.add(format!("{row}_{name}_ms"), (v * 1e5).round() / 100.0, "ms");
+            }
+        }
+        if qs[1] == "1" {
+            r.add(format!("{row}_count"), count, "times");
+        }
+    }
 }
 
 /// Rows/s of plain SQLite inserts of reading rows (same schema and index), one

@@ -246,6 +246,15 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Quantile `q` (as the exporter writes it: `0.5`, `0.99`, `1`) of a Prometheus summary
+/// `name` in an exposition `text`; `None` when it is not there or has no samples.
+pub fn metric_quantile(text: &str, name: &str, q: &str) -> Option<f64> {
+    let series = format!("{name}{{quantile=\"{q}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+}
+
 /// This process's CPU time so far (latch, receiver and bench clients alike), in seconds.
 pub fn cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.

@@ -14,14 +14,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use rusqlite::Connection;
 
 use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
+use crate::telemetry::families;
 
 mod backup;
+mod checkpoint;
 mod commit;
 mod find;
 mod history;
@@ -64,9 +67,13 @@ fn pragma(sync: Synchronous) -> &'static str {
 }
 
 struct Inner {
+    /// Checkpoints the write-ahead log beside the writer. First, so that it stops before
+    /// the rest goes.
+    checkpointer: checkpoint::Checkpointer,
     /// Held for the store's life: one process per data folder.
     _lock: std::fs::File,
-    writer: Mutex<Writer>,
+    /// Shared with the checkpointer, which holds it for a checkpoint's last pass.
+    writer: Arc<Mutex<Writer>>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
     /// Whether the disk was full at the last write.
@@ -151,9 +158,8 @@ impl SqliteStore {
         let lock = super::lock_data_dir(dir)?;
         let path = dir.join("latch.db");
         let mut writer = open_conn(&path, sync)?;
-        // Checkpoint every ~40 MiB of WAL rather than 4: a page written by many commits
-        // in between (an index's right edge, a hot leaf) goes to the database file once.
-        writer.pragma_update(None, "wal_autocheckpoint", 10_000)?;
+        // The log is checkpointed beside the writer rather than in its commits.
+        checkpoint::watch(&writer);
         migrate(&mut writer)?;
         commit::prepare(&writer)?;
         writer.execute(
@@ -164,14 +170,17 @@ impl SqliteStore {
         let readers = (0..READERS)
             .map(|_| open_conn(&path, sync).map(Mutex::new))
             .collect::<rusqlite::Result<Vec<_>>>()?;
+        let writer = Arc::new(Mutex::new(Writer {
+            conn: writer,
+            configured: sync,
+            relaxed: false,
+        }));
+        let checkpointer = checkpoint::Checkpointer::start(&path, sync, writer.clone())?;
         Ok(Self {
             inner: Arc::new(Inner {
+                checkpointer,
                 _lock: lock,
-                writer: Mutex::new(Writer {
-                    conn: writer,
-                    configured: sync,
-                    relaxed: false,
-                }),
+                writer,
                 readers,
                 next_reader: AtomicUsize::new(0),
                 space: Space::default(),
@@ -189,8 +198,8 @@ impl SqliteStore {
         self.on_writer(move |w| f(w.durable()?)).await
     }
 
-    /// A write whose loss in a crash of the machine only means sending again: claims and
-    /// recorded results.
+    /// A write whose loss in a crash of the machine only means sending again (claims and
+    /// recorded results) or doing again (a step of a move into the archive).
     async fn write_relaxed<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -205,10 +214,15 @@ impl SqliteStore {
         F: FnOnce(&mut Writer) -> Result<T> + Send + 'static,
     {
         let inner = self.inner.clone();
+        let asked = Instant::now();
         tokio::task::spawn_blocking(move || {
             let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            families::STORE_WRITER_WAIT_SECONDS
+                .histogram()
+                .record(asked.elapsed().as_secs_f64());
             let result = f(&mut w);
             inner.space.note(&result);
+            inner.checkpointer.after_write(&w.conn);
             result
         })
         .await

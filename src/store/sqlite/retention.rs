@@ -32,9 +32,7 @@ pub(super) async fn prune(store: &SqliteStore, keep: Retention) -> Result<Pruned
     if let Some(before) = keep.history_before {
         // What waits in the journal joins the archive first (as the archiver would within
         // a second), so this round sees every reading.
-        store
-            .write(|c| super::history::archive(c, JOURNAL_STEP))
-            .await?;
+        super::history::archive(store, JOURNAL_STEP).await?;
         let mut after = String::new();
         loop {
             let from = after.clone();

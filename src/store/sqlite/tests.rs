@@ -352,3 +352,119 @@ async fn client_health_reads_the_same_across_the_upgrade_to_its_summary() {
         .unwrap();
     assert_eq!((idle.last_success_at, idle.consecutive_failures), (None, 0));
 }
+
+/// A move into the archive copies, then deletes, in steps of their own: a reading in both
+/// tables (a move under way, or cut short by a crash) is listed once, and the next move
+/// takes it up again without failing on the copy already there.
+#[tokio::test]
+async fn a_reading_in_both_the_journal_and_the_archive_is_listed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("both").unwrap();
+    store
+        .create_sensor(conformance::sensor(&id.to_string()))
+        .await
+        .unwrap();
+    let reading = |ts: i64| ReadingRecord {
+        sensor_id: id,
+        data: ts % 2 == 0,
+        ts,
+        received_at: ts,
+        late: false,
+    };
+    let batch = CommitBatch {
+        readings: vec![reading(1000), reading(2000), reading(3000)],
+        ..Default::default()
+    };
+    store.commit(batch, 3000).await.unwrap();
+    // Half a move: the first two copied, none deleted yet.
+    store
+        .write(|c| {
+            c.execute(
+                "INSERT INTO readings_archive (sensor_id, ts, id, received_at, data, late) \
+                 SELECT sensor_id, ts, id, received_at, data, late FROM readings WHERE ts < 3000",
+                [],
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let listed = |store: SqliteStore| async move {
+        store
+            .list_readings(
+                id,
+                TimeRange::default(),
+                PageRequest {
+                    limit: 10,
+                    after: None,
+                },
+            )
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|r| r.row.ts)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed(store.clone()).await, vec![1000, 2000, 3000]);
+    assert_eq!(store.archive_history(100).await.unwrap(), 3);
+    assert_eq!(listed(store.clone()).await, vec![1000, 2000, 3000]);
+    let (journal, archive): (i64, i64) = store
+        .read(|c| {
+            Ok(c.query_row(
+                "SELECT (SELECT COUNT(*) FROM readings), (SELECT COUNT(*) FROM readings_archive)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?)
+        })
+        .await
+        .unwrap();
+    assert_eq!((journal, archive), (0, 3));
+}
+
+/// The write-ahead log is checkpointed beside the writer and starts over: it does not grow
+/// with what is written, though no commit checkpoints it.
+#[tokio::test]
+async fn the_write_ahead_log_is_checkpointed_beside_the_writer_and_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("wal").unwrap();
+    store
+        .create_sensor(conformance::sensor(&id.to_string()))
+        .await
+        .unwrap();
+    // ~100 MiB of readings (2.5 times the log's checkpoint size) in commits of 25,000.
+    let mut ts = 0;
+    for _ in 0..100 {
+        let readings = (0..25_000)
+            .map(|_| {
+                ts += 1;
+                ReadingRecord {
+                    sensor_id: id,
+                    data: ts % 2 == 0,
+                    ts,
+                    received_at: ts,
+                    late: false,
+                }
+            })
+            .collect();
+        let batch = CommitBatch {
+            readings,
+            ..Default::default()
+        };
+        store.commit(batch, ts).await.unwrap();
+    }
+    let wal = std::fs::metadata(dir.path().join("latch.db-wal"))
+        .unwrap()
+        .len();
+    let db = std::fs::metadata(dir.path().join("latch.db"))
+        .unwrap()
+        .len();
+    // Only a checkpoint writes to the database file; a log that never started over would
+    // hold all ~100 MiB.
+    assert!(
+        db > 30 << 20,
+        "readings reached the database file: {db} bytes"
+    );
+    assert!(wal < 80 << 20, "the log started over: {wal} bytes");
+}
