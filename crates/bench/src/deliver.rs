@@ -120,7 +120,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 .json(&body)
                 .send()
                 .await?;
-            anyhow::ensure!(r.status().is_success(), "rate limit not lifted: {}", r.status());
+            anyhow::ensure!(
+                r.status().is_success(),
+                "rate limit not lifted: {}",
+                r.status()
+            );
         }
         before
     } else {
@@ -216,7 +220,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         r.add("latency_p99_ms", percentile(&lat, 99.0), "ms");
         r.add("latency_p999_ms", percentile(&lat, 99.9), "ms");
     }
-    r.add("bare_client_requests_per_s", bare.rate.round(), "requests/s");
+    r.add(
+        "bare_client_requests_per_s",
+        bare.rate.round(),
+        "requests/s",
+    );
     r.add("ratio_to_bare", rate / bare.rate, "x");
     r.notes.push(format!(
         "Store: {}. {} sensors x {} clients, {} changes from {} senders, rate {}, fail ratio {}; \
