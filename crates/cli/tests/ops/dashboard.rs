@@ -87,9 +87,21 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
         resp.text().await.ok()
     })
     .await;
-    let names = exported(&metrics);
     drop(latch);
     let _ = pg.drop().await;
+    // And the embedded store, whose writer, log and archive have families of their own.
+    let embedded_dir = tempfile::tempdir().expect("a temporary folder");
+    let embedded = Latch::start(&utils::latch_binary(), embedded_dir.path(), &[]);
+    let url = format!("{}/metrics", embedded.base);
+    let embedded_metrics = utils::eventually(60, "the embedded latch's /metrics", || async {
+        let resp = http.get(&url).send().await.ok()?;
+        resp.status().is_success().then_some(())?;
+        resp.text().await.ok()
+    })
+    .await;
+    drop(embedded);
+    let metrics = format!("{metrics}\n{embedded_metrics}");
+    let names = exported(&metrics);
 
     let missing: Vec<_> = charted
         .union(&alerted)
