@@ -161,8 +161,15 @@ pub(super) struct Lanes {
     finished: Option<RecentlyFinished>,
     /// Clients with a `rate_limit`: when each may be sent its next request ([`Rates`]).
     rates: Rates,
-    /// Per client, ready heads waiting for a lease of its cluster-wide rate's slots.
+    /// Per client, ready heads waiting for its rate: for a lease of its cluster-wide slots,
+    /// or for its next slot.
     rate_waiting: FastMap<Arc<str>, VecDeque<LaneKey>>,
+    /// When a client's next rate slot comes, one wake-up a client, not a timer a lane: at
+    /// each slot one waiting head goes, so a backlog behind a rate limit costs the loop
+    /// O(1) a slot, where every lane's timer firing at every slot cost O(backlog).
+    rate_wakes: BinaryHeap<Reverse<(Millis, Arc<str>)>>,
+    /// The live wake-up of each client in `rate_wakes` (other entries are stale).
+    rate_woken: FastMap<Arc<str>, Millis>,
     /// This node, on every outcome ([`Outcome::node`]).
     node: Arc<str>,
     /// Batched clients: their heads gathering, their batches out, the batches to send
@@ -195,6 +202,8 @@ impl Lanes {
             finished: shared.then(RecentlyFinished::default),
             rates: Rates::new(false),
             rate_waiting: FastMap::default(),
+            rate_wakes: BinaryHeap::new(),
+            rate_woken: FastMap::default(),
             node,
             batching: Batching::default(),
         }
@@ -229,8 +238,11 @@ impl Lanes {
     pub(super) fn rate_granted(&mut self, client: &str, lease: Option<Lease>) {
         self.rates.granted(client, lease);
         if let Some(waiting) = self.rate_waiting.remove(client) {
-            self.ready.extend(waiting);
+            for key in waiting {
+                Self::make_ready(&mut self.lanes, &mut self.ready, key);
+            }
         }
+        self.rate_woken.remove(client);
         self.batch_rate_granted(client);
     }
 
@@ -279,7 +291,12 @@ impl Lanes {
     /// When the earliest timer fires (it may be stale: firing it then does nothing), or a
     /// gathering batch is due to go.
     pub(super) fn next_timer(&self) -> Option<Millis> {
-        let timer = self.timers.peek().map(|Reverse((due, _))| *due);
+        let lane = self.timers.peek().map(|Reverse((due, _))| *due);
+        let rate = self.rate_wakes.peek().map(|Reverse((due, _))| *due);
+        let timer = match (lane, rate) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match (timer, self.batching.next_due()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -443,8 +460,22 @@ impl Lanes {
         self.timers.shrink_to(2 * self.timers.len() + TIMER_SLACK);
     }
 
-    /// Moves the heads due by `now` to the ready queue.
+    /// Moves the heads due by `now` to the ready queue, and the first head waiting for a
+    /// client's rate slot once that slot has come.
     pub(super) fn fire_timers(&mut self, now: Millis) {
+        while let Some(Reverse((due, _))) = self.rate_wakes.peek() {
+            if *due > now {
+                break;
+            }
+            let Some(Reverse((due, client))) = self.rate_wakes.pop() else {
+                break;
+            };
+            if self.rate_woken.get(&client) != Some(&due) {
+                continue;
+            }
+            self.rate_woken.remove(&client);
+            self.next_rate_waiting(&client);
+        }
         while let Some(Reverse((due, _))) = self.timers.peek() {
             if *due > now {
                 break;
@@ -477,6 +508,41 @@ impl Lanes {
         }
     }
 
+    /// Moves the first head waiting for `client`'s rate (if any) to the ready queue.
+    fn next_rate_waiting(&mut self, client: &Arc<str>) {
+        let Some(waiting) = self.rate_waiting.get_mut(client) else {
+            return;
+        };
+        while let Some(key) = waiting.pop_front() {
+            if Self::make_ready(&mut self.lanes, &mut self.ready, key) {
+                break;
+            }
+        }
+        if waiting.is_empty() {
+            self.rate_waiting.remove(client);
+        }
+    }
+
+    /// Readies a lane that waited for its client's rate, unless the wait went stale: the
+    /// lane is gone, empty, or ready or out by another way meanwhile (a newer notification
+    /// scheduled it), which must not send its head twice.
+    fn make_ready(
+        lanes: &mut FastMap<LaneKey, Lane>,
+        ready: &mut VecDeque<LaneKey>,
+        key: LaneKey,
+    ) -> bool {
+        let Some(lane) = lanes.get_mut(&key) else {
+            return false;
+        };
+        if lane.busy || lane.queue.is_empty() {
+            return false;
+        }
+        lane.busy = true;
+        lane.timer = None;
+        ready.push_back(key);
+        true
+    }
+
     /// The ready heads the limits admit at `now`, each with its lane: to be claimed and
     /// sent. A head whose client is at its concurrency limit waits for one of that
     /// client's to finish; one whose client's rate limit has no token yet waits on a timer
@@ -506,22 +572,39 @@ impl Lanes {
             }
             match self.rates.take(&key.0, now) {
                 Token::Go => {}
-                // No slot yet: the head waits on a timer for the next one.
+                // No slot yet: the head queues for one; the client wakes when the next
+                // comes.
                 Token::At(due) => {
+                    // Not ready while it waits: a newer state may still supersede it.
                     if let Some(lane) = self.lanes.get_mut(&key) {
                         lane.busy = false;
                     }
-                    self.schedule(key, due, now);
+                    let client = key.0.clone();
+                    self.rate_waiting
+                        .entry(client.clone())
+                        .or_default()
+                        .push_back(key);
+                    if self.rate_woken.get(&client) != Some(&due) {
+                        self.rate_woken.insert(client.clone(), due);
+                        self.rate_wakes.push(Reverse((due, client)));
+                    }
                     continue;
                 }
                 // Ready again once the client's next slots are leased.
                 Token::Lease => {
+                    if let Some(lane) = self.lanes.get_mut(&key) {
+                        lane.busy = false;
+                    }
                     self.rate_waiting
                         .entry(key.0.clone())
                         .or_default()
                         .push_back(key);
                     continue;
                 }
+            }
+            if self.rates.limit(&key.0).is_some() {
+                // The slot is taken: the next head waiting for one tries for the next.
+                self.next_rate_waiting(&key.0);
             }
             *self.client_inflight.entry(key.0.clone()).or_default() += 1;
             self.inflight += 1;

@@ -504,3 +504,50 @@ fn a_head_told_to_wait_lets_an_older_one_swept_meanwhile_go_first() {
 
 mod batches;
 mod moves;
+
+#[test]
+fn a_backlog_behind_a_rate_limit_waits_in_one_queue_not_on_a_timer_a_lane() {
+    let mut h = Harness::new(false, HOUR);
+    h.core.set_rate("client1", Some(4));
+    for sensor in 0..1000 {
+        h.change(1, sensor);
+    }
+    let first = h.admit();
+    assert_eq!(first.len(), 1, "one token");
+    // The 999 others wait in the client's queue with one wake-up for its next slot, not
+    // with a timer each that every slot would fire.
+    assert_eq!(h.core.sizes().timers, 0);
+    assert_eq!(h.core.rate_wakes.len(), 1);
+    assert_eq!(h.core.rate_waiting["client1"].len(), 999);
+    for head in first {
+        h.finish(head, answer(200, h.now));
+    }
+    let start = h.now;
+    let mut sent = Vec::new();
+    while sent.len() < 3 {
+        h.now += 1;
+        for head in h.admit() {
+            sent.push(h.now - start);
+            h.finish(head, answer(200, h.now));
+        }
+        assert!(
+            h.core.rate_wakes.len() <= 2,
+            "stale wake-ups do not pile up"
+        );
+    }
+    assert_eq!(sent, vec![250, 500, 750], "still one request a slot");
+    // A newer state of a waiting sensor supersedes the waiting one, as before.
+    h.change(1, 999);
+    assert_eq!(h.core.pending(), 996);
+    // Lifting the limit readies every waiting lane at once, each once.
+    h.core.set_rate("client1", None);
+    let rest = h.admit();
+    assert_eq!(
+        rest.len(),
+        rest.iter()
+            .map(|(k, _)| k.clone())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    );
+    assert!(h.core.rate_waiting.is_empty());
+}
