@@ -602,10 +602,9 @@ impl Lanes {
                     continue;
                 }
             }
-            if self.rates.limit(&key.0).is_some() {
-                // The slot is taken: the next head waiting for one tries for the next.
-                self.next_rate_waiting(&key.0);
-            }
+            // Its client's slot (if it has a rate) is taken: the next head waiting for one
+            // tries for the next.
+            self.next_rate_waiting(&key.0);
             *self.client_inflight.entry(key.0.clone()).or_default() += 1;
             self.inflight += 1;
             if let Some(lane) = self.lanes.get_mut(&key) {

@@ -54,14 +54,6 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let url = format!("{}/v1/readings", server.base);
     let metrics_url = format!("{}/metrics", server.base);
 
-    let delivered_now = {
-        let (receivers, http, metrics_url) = (receivers.clone(), http.clone(), metrics_url.clone());
-        move || {
-            let (receivers, http, metrics_url) =
-                (receivers.clone(), http.clone(), metrics_url.clone());
-            async move { delivered(&receivers, &http, &metrics_url).await }
-        }
-    };
     // One scrape of latch's metrics every 250 ms (each costs latch CPU, counted with the
     // rest): the dispatcher's backlog (notifications held in its lanes) and, with a
     // receiver outside, the webhooks delivered so far.
@@ -82,11 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 {
                     let n = super::metric_sum(&text, "latch_notifications_pending") as u64;
                     peak.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-                    let ok = if receivers.is_empty() {
-                        delivered_in(&text)
-                    } else {
-                        receivers.iter().map(Receiver::ok).sum()
-                    };
+                    let ok = delivered_of(&receivers, &text);
                     count.store(ok, std::sync::atomic::Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -112,7 +100,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let (phase_started, cpu_before) = (Instant::now(), super::cpu_seconds());
     let delivered_before = if args.backlog {
-        let before = delivered_now().await;
+        let before = delivered(&receivers, &http, &metrics_url).await;
         for c in &clients {
             let body = serde_json::json!({"name": c.name, "url": c.url, "rate_limit": null});
             let r = http
@@ -148,7 +136,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let commits = super::metric_sum(&text, "latch_commit_seconds_count");
     let commit_ms =
         1000.0 * super::metric_sum(&text, "latch_commit_seconds_sum") / commits.max(1.0);
-    let delivered_n = delivered_now().await;
+    let delivered_n = delivered(&receivers, &http, &metrics_url).await;
     let requests: u64 = if receivers.is_empty() {
         super::metric_sum(&text, "latch_delivery_attempts_total") as u64
     } else {
@@ -264,17 +252,21 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
 /// Webhooks answered 2xx so far: counted by the in-process receivers, or by latch.
 async fn delivered(receivers: &[Receiver], http: &reqwest::Client, metrics_url: &str) -> u64 {
+    let mut text = String::new();
+    if receivers.is_empty()
+        && let Ok(r) = http.get(metrics_url).send().await
+    {
+        text = r.text().await.unwrap_or_default();
+    }
+    delivered_of(receivers, &text)
+}
+
+/// Webhooks answered 2xx: what the in-process receivers counted or, with none, the
+/// notifications delivered in latch's metrics `text`.
+fn delivered_of(receivers: &[Receiver], text: &str) -> u64 {
     if !receivers.is_empty() {
         return receivers.iter().map(Receiver::ok).sum();
     }
-    match http.get(metrics_url).send().await {
-        Ok(r) => delivered_in(&r.text().await.unwrap_or_default()),
-        Err(_) => 0,
-    }
-}
-
-/// Notifications delivered, in latch's metrics `text`.
-fn delivered_in(text: &str) -> u64 {
     text.lines()
         .filter(|l| l.starts_with("latch_notifications_total{") && l.contains("\"delivered\""))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
