@@ -71,6 +71,42 @@ fn deliver_bench_accounts_for_every_notification() {
     assert!(n("webhook_requests") > n("delivered"), "{r}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliver_bench_delivers_a_backlog_to_a_receiver_outside_it_and_the_bare_client_too() {
+    let receiver = latch_testkit::Receiver::start_keeping(latch_testkit::Keep::Stats)
+        .await
+        .expect("a receiver");
+    let url = receiver.url.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "deliver",
+            "--sensors",
+            "300",
+            "--changes",
+            "300",
+            "--receiver",
+            &url,
+            "--backlog",
+            "--baseline-requests",
+            "256",
+            "--drain",
+            "60s",
+        ])
+    })
+    .await
+    .expect("the bench ran");
+    let n = |k: &str| num(&r, k);
+    // Counted by latch, as a receiver outside the bench counts nothing for it.
+    assert_eq!(n("delivered"), 300.0, "{r}");
+    assert_eq!(n("pending_left"), 0.0, "{r}");
+    assert!(n("backlog_seconds") > 0.0, "{r}");
+    assert!(n("cpu_us_per_webhook") > 0.0, "{r}");
+    assert!(n("bare_cpu_us_per_request") > 0.0, "{r}");
+    // The receiver got latch's 300 and the bare client's warm-up (64) and timed (256)
+    // requests: the baseline posts to the same receiver.
+    assert_eq!(receiver.ok(), 300 + 64 + 256, "{r}");
+}
+
 #[test]
 fn soak_bench_delivers_everything_and_reads_rss_three_times() {
     let r = bench(&[
