@@ -115,7 +115,7 @@ pub async fn send_changes(
 }
 
 /// Waits until every one of `expected` notifications has ended (delivered, failed,
-/// superseded, cancelled), or `limit` passed.
+/// superseded, cancelled) and the store has recorded it, or `limit` passed.
 pub async fn drain(
     http: &reqwest::Client,
     base: &str,
@@ -129,10 +129,22 @@ pub async fn drain(
         if super::metric_sum(&text, "latch_notifications_total") >= expected as f64
             || Instant::now() >= deadline
         {
-            return Ok(());
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The dispatcher counts an outcome when the attempt ends; the store records it a
+    // moment later, off its loop. A run ends once every outcome is recorded, so its time
+    // and CPU include the recording and `pending_left` counts what is really left.
+    let pending = format!("{base}/v1/notifications?status=pending&limit=1");
+    while Instant::now() < deadline {
+        let v: serde_json::Value = http.get(&pending).send().await?.json().await?;
+        if v["items"].as_array().is_none_or(|a| a.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// (failed, superseded, pending) notifications in the outbox.
