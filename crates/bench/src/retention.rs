@@ -155,7 +155,14 @@ async fn bytes(side: &Side) -> anyhow::Result<Bytes> {
         }
         None => {
             let path = side.dir.join("latch.db");
-            let total = std::fs::metadata(&path)?.len() as f64;
+            // The readings' archive is a file of its own (in latch.db in folders older
+            // than that): its size counts with the readings.
+            let archive = side.dir.join("archive.db");
+            let archive_bytes = match std::fs::metadata(&archive) {
+                Ok(m) => m.len() as f64,
+                Err(_) => 0.0,
+            };
+            let total = std::fs::metadata(&path)?.len() as f64 + archive_bytes;
             let c = rusqlite::Connection::open_with_flags(
                 &path,
                 rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
@@ -177,7 +184,7 @@ async fn bytes(side: &Side) -> anyhow::Result<Bytes> {
                 )? as f64)
             };
             Ok(Bytes {
-                readings: by(&["readings", "readings_archive"])?,
+                readings: by(&["readings", "readings_archive"])? + archive_bytes,
                 notifications: by(&["events", "notifications", "attempts"])?,
                 total,
                 rows: c.query_row("SELECT count(*) FROM notifications", [], |r| {

@@ -48,7 +48,12 @@ pub fn backup(dir: &Path, to: &Path) -> anyhow::Result<u64> {
             }
         }
     }
-    // One file, no write-ahead log beside it.
+    // One file: the archive's readings go in too, read after the copy (a reading moved
+    // meanwhile is then in both the journal and the archive, which reads and the next
+    // move take as one).
+    super::archive::copy_into_backup(&dst, &path)
+        .context("cannot copy the archive of readings into the backup")?;
+    // No write-ahead log beside it.
     dst.pragma_update(None, "journal_mode", "DELETE")?;
     check(&dst).with_context(|| format!("the copy in {} is not whole", partial.display()))?;
     drop(dst);
@@ -59,7 +64,8 @@ pub fn backup(dir: &Path, to: &Path) -> anyhow::Result<u64> {
     Ok(std::fs::metadata(to)?.len())
 }
 
-/// Replaces the data folder's database with the backup `from`. Refused while a latch runs
+/// Replaces the data folder's database (and the archive's file) with the backup `from`.
+/// Refused while a latch runs
 /// on the folder, and for a file that is not a whole latch database this latch can run.
 pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
     let _lock = lock_data_dir(dir).map_err(|e| {
@@ -93,10 +99,13 @@ pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
         None::<fn(rusqlite::backup::Progress)>,
     )?;
     dst.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-    Ok(())
+    drop(dst);
+    // The backup's archive goes into its own file again, in place of the replaced one.
+    super::archive::split(&dir.join(DB))
 }
 
-/// Rewrites the database without its free pages, giving them back to the disk. Refused
+/// Rewrites the database (and the archive's file) without its free pages, giving them back
+/// to the disk. Refused
 /// while a latch runs on the folder. Returns the size before and after, in bytes.
 pub fn vacuum(dir: &Path) -> anyhow::Result<(u64, u64)> {
     let _lock =
@@ -105,7 +114,6 @@ pub fn vacuum(dir: &Path) -> anyhow::Result<(u64, u64)> {
     if !path.exists() {
         bail!("data_dir: no latch database in {}", dir.display());
     }
-    let conn = Connection::open(&path)?;
     let size = |c: &Connection| -> rusqlite::Result<u64> {
         c.query_row(
             "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
@@ -113,11 +121,17 @@ pub fn vacuum(dir: &Path) -> anyhow::Result<(u64, u64)> {
             |r| r.get(0),
         )
     };
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-    let before = size(&conn)?;
-    conn.execute_batch("VACUUM")?;
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-    Ok((before, size(&conn)?))
+    let (mut before, mut after) = (0, 0);
+    let archive = super::archive::path(&path);
+    for file in std::iter::once(&path).chain(archive.exists().then_some(&archive)) {
+        let conn = Connection::open(file)?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        before += size(&conn)?;
+        conn.execute_batch("VACUUM")?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        after += size(&conn)?;
+    }
+    Ok((before, after))
 }
 
 /// SQLite's quick check: every page and index readable and consistent.

@@ -52,8 +52,12 @@ thread_local! {
     static WAL_PAGES: Cell<c_int> = const { Cell::new(0) };
 }
 
-fn note_wal(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
-    WAL_PAGES.set(pages);
+fn note_wal(wal: &Wal, pages: c_int) -> rusqlite::Result<()> {
+    // `latch.db`'s log only: the archive's file has a writer of its own, which checkpoints
+    // it in its commits (a sensor's delete on this writer also writes there).
+    if wal.name().to_bytes() == b"main" {
+        WAL_PAGES.set(pages);
+    }
     Ok(())
 }
 
@@ -178,7 +182,8 @@ fn round(conn: &Connection, writer: &Mutex<Writer>) -> rusqlite::Result<()> {
 /// One `PASSIVE` checkpoint: whether another was running, the log's pages, and how many of
 /// them are now in the database file.
 fn passive(conn: &Connection) -> rusqlite::Result<(bool, c_int, c_int)> {
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+    // `main`: the writer has the archive's file attached too, which its own writer keeps.
+    conn.query_row("PRAGMA main.wal_checkpoint(PASSIVE)", [], |r| {
         Ok((r.get::<_, i64>(0)? != 0, r.get(1)?, r.get(2)?))
     })
 }

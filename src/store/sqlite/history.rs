@@ -196,7 +196,7 @@ pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> 
     for from in (0..moved).step_by(STEP) {
         let keyed = keyed.clone();
         store
-            .write_relaxed(move |c| timed(|| copy(c, &keyed[from..(from + STEP).min(keyed.len())])))
+            .write_archive(move |c| timed(|| copy(c, &keyed[from..(from + STEP).min(keyed.len())])))
             .await?;
     }
     for chunk in ids.chunks(STEP) {

@@ -23,6 +23,7 @@ use super::{Backend, Error, Pruned, Result, Retention, Space};
 use crate::domain::Millis;
 use crate::telemetry::families;
 
+mod archive;
 mod backup;
 mod checkpoint;
 mod commit;
@@ -75,6 +76,8 @@ struct Inner {
     /// Shared with the checkpointer, which holds it for a checkpoint's last pass.
     writer: Arc<Mutex<Writer>>,
     readers: Vec<Mutex<Connection>>,
+    /// The writer of `archive.db`, when the archive is there ([`archive`]).
+    archiver: Option<Mutex<Connection>>,
     next_reader: AtomicUsize,
     /// Whether the disk was full at the last write.
     space: Space,
@@ -161,6 +164,14 @@ impl SqliteStore {
         // The log is checkpointed beside the writer rather than in its commits.
         checkpoint::watch(&writer);
         migrate(&mut writer)?;
+        let layout = archive::layout(&writer)?;
+        let attach = |c: Connection| -> rusqlite::Result<Connection> {
+            if layout == archive::Layout::OwnFile {
+                archive::attach(&c, &path)?;
+            }
+            Ok(c)
+        };
+        let writer = attach(writer)?;
         commit::prepare(&writer)?;
         writer.execute(
             "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \
@@ -168,8 +179,18 @@ impl SqliteStore {
             [],
         )?;
         let readers = (0..READERS)
-            .map(|_| open_conn(&path, sync).map(Mutex::new))
+            .map(|_| open_conn(&path, sync).and_then(attach).map(Mutex::new))
             .collect::<rusqlite::Result<Vec<_>>>()?;
+        // The archive's writer: its steps commit without waiting for the disk, as they did
+        // on the main writer (a step lost in a crash is done again).
+        let archiver = match layout {
+            archive::Layout::OwnFile => {
+                let c = attach(open_conn(&path, sync)?)?;
+                c.pragma_update(Some("archive"), "synchronous", "NORMAL")?;
+                Some(Mutex::new(c))
+            }
+            archive::Layout::InMain => None,
+        };
         let writer = Arc::new(Mutex::new(Writer {
             conn: writer,
             configured: sync,
@@ -182,6 +203,7 @@ impl SqliteStore {
                 _lock: lock,
                 writer,
                 readers,
+                archiver,
                 next_reader: AtomicUsize::new(0),
                 space: Space::default(),
                 dir: dir.to_path_buf(),
@@ -223,6 +245,28 @@ impl SqliteStore {
             let result = f(&mut w);
             inner.space.note(&result);
             inner.checkpointer.after_write(&w.conn);
+            result
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+    }
+
+    /// A write to the archive: on its own writer when it has one, else as
+    /// [`SqliteStore::write_relaxed`].
+    async fn write_archive<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        if self.inner.archiver.is_none() {
+            return self.write_relaxed(f).await;
+        }
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let archiver = inner.archiver.as_ref().expect("checked above");
+            let mut c = archiver.lock().unwrap_or_else(|p| p.into_inner());
+            let result = f(&mut c);
+            inner.space.note(&result);
             result
         })
         .await

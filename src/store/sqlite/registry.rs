@@ -95,7 +95,8 @@ pub(super) fn replace_sensor(
 
 pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Result<bool> {
     let id = id.to_string();
-    let tx = c.transaction()?;
+    // Immediate: it writes the archive's file too, whose own writer may be mid-step.
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
     if n > 0 {
         for table in [

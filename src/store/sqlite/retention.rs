@@ -120,7 +120,9 @@ fn delete_history(
     before: Millis,
     budget: i64,
 ) -> Result<(Pruned, Option<String>)> {
-    let tx = c.transaction()?;
+    // Immediate: it reads the archive before it deletes there, and the archive's own writer
+    // may commit in between, which a transaction that began reading could not write after.
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let mut pruned = Pruned::default();
     let mut left = budget;
     let mut unfinished = None;

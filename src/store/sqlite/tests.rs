@@ -468,3 +468,135 @@ async fn the_write_ahead_log_is_checkpointed_beside_the_writer_and_starts_over()
     );
     assert!(wal < 80 << 20, "the log started over: {wal} bytes");
 }
+
+/// The three readings of sensor `id` at 1000, 2000 and 3000, committed and then moved into
+/// the archive.
+async fn three_archived(store: &SqliteStore, id: SensorId) {
+    store
+        .create_sensor(conformance::sensor(&id.to_string()))
+        .await
+        .unwrap();
+    let readings = [1000, 2000, 3000]
+        .map(|ts| ReadingRecord {
+            sensor_id: id,
+            data: ts % 2 == 0,
+            ts,
+            received_at: ts,
+            late: false,
+        })
+        .to_vec();
+    let batch = CommitBatch {
+        readings,
+        ..Default::default()
+    };
+    store.commit(batch, 3000).await.unwrap();
+    assert_eq!(store.archive_history(100).await.unwrap(), 3);
+}
+
+async fn listed(store: &SqliteStore, id: SensorId) -> Vec<i64> {
+    let page = PageRequest {
+        limit: 10,
+        after: None,
+    };
+    let items = store
+        .list_readings(id, TimeRange::default(), page)
+        .await
+        .unwrap()
+        .items;
+    items.iter().map(|r| r.row.ts).collect()
+}
+
+/// Archived readings in `file`'s own `readings_archive`, or `None` without that table.
+fn archived_in(file: &std::path::Path) -> Option<i64> {
+    let c = Connection::open(file).unwrap();
+    c.query_row("SELECT COUNT(*) FROM main.readings_archive", [], |r| {
+        r.get(0)
+    })
+    .ok()
+}
+
+/// A new data folder keeps its archive in `archive.db`, whose own writer takes the moves
+/// off the one writer of `latch.db`.
+#[tokio::test]
+async fn a_new_data_folder_keeps_its_archive_in_a_file_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("own").unwrap();
+    three_archived(&store, id).await;
+    assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
+    drop(store);
+    assert_eq!(archived_in(&dir.path().join("latch.db")), None);
+    assert_eq!(archived_in(&dir.path().join("archive.db")), Some(3));
+}
+
+/// A data folder whose `latch.db` holds archived readings (made before the archive had a
+/// file of its own) goes on with them there: read, and moved into, as before.
+#[tokio::test]
+async fn a_folder_with_its_archive_in_the_main_file_goes_on_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("legacy").unwrap();
+    three_archived(&store, id).await;
+    drop(store);
+    // As such a folder is: the archive in latch.db, no archive.db.
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        archive::attach(&c, &dir.path().join("latch.db")).unwrap();
+        c.execute_batch(
+            "CREATE TABLE main.readings_archive (sensor_id TEXT NOT NULL, ts INTEGER NOT NULL, \
+               id INTEGER NOT NULL, received_at INTEGER NOT NULL, data INTEGER NOT NULL, \
+               late INTEGER NOT NULL, PRIMARY KEY (sensor_id, ts, id)) WITHOUT ROWID;
+             INSERT INTO main.readings_archive SELECT * FROM archive.readings_archive;",
+        )
+        .unwrap();
+    }
+    archive::remove(&dir.path().join("latch.db")).unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
+    let more = CommitBatch {
+        readings: vec![ReadingRecord {
+            sensor_id: id,
+            data: true,
+            ts: 4000,
+            received_at: 4000,
+            late: false,
+        }],
+        ..Default::default()
+    };
+    store.commit(more, 4000).await.unwrap();
+    assert_eq!(store.archive_history(100).await.unwrap(), 1);
+    assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000, 4000]);
+    drop(store);
+    assert_eq!(archived_in(&dir.path().join("latch.db")), Some(4));
+    assert!(!dir.path().join("archive.db").exists());
+}
+
+/// A backup is one file with the archive in it; a restore puts the archive back into a file
+/// of its own, in place of the folder's earlier one.
+#[tokio::test]
+async fn a_backup_holds_the_archive_and_a_restore_splits_it_off_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("kept").unwrap();
+    three_archived(&store, id).await;
+    let file = dir.path().join("backup.db");
+    backup(dir.path(), &file).unwrap();
+    drop(store);
+    assert_eq!(archived_in(&file), Some(3));
+
+    // Restored over another folder, whose own archive goes.
+    let other = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(other.path(), Synchronous::Normal).unwrap();
+    three_archived(&store, SensorId::parse("gone").unwrap()).await;
+    drop(store);
+    restore(other.path(), &file).unwrap();
+    assert_eq!(archived_in(&other.path().join("latch.db")), None);
+    assert_eq!(archived_in(&other.path().join("archive.db")), Some(3));
+    let store = SqliteStore::open(other.path(), Synchronous::Normal).unwrap();
+    assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
+    assert!(
+        listed(&store, SensorId::parse("gone").unwrap())
+            .await
+            .is_empty()
+    );
+}

@@ -1,0 +1,140 @@
+//! The readings archive's own file, `archive.db`, beside `latch.db`.
+//!
+//! SQLite has one writer per file. With the archive in `latch.db`, every move of the
+//! journal into it (about a third of the writer's time under load) held the writer every
+//! group commit waits for. In a file of its own it has a writer of its own, on the other
+//! core: ingest took 8–20 % more readings a second with half the batch p99 (BENCHMARKS.md,
+//! eleventh pass).
+//!
+//! Every connection of the store attaches the file as `archive`; SQL names the table
+//! `readings_archive` unqualified, which SQLite looks up in `main` first. A data folder
+//! whose `latch.db` already holds archived readings (made before the split) keeps them
+//! there and goes on as before (`Layout::InMain`); `latch backup` writes one file with the
+//! archive in it, and `latch restore` splits it again.
+//!
+//! Writes to both files in one transaction (a sensor's delete, retention) are atomic in
+//! each file but not across them should the machine crash mid-commit: at worst a deleted
+//! sensor's archived readings stay behind, unread by anything but a sensor registered again
+//! under the same id.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+
+/// The file, beside `latch.db`.
+pub(super) const FILE: &str = "archive.db";
+
+/// The archive table, in whichever schema `schema` names.
+fn create(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.readings_archive (
+             sensor_id   TEXT NOT NULL,
+             ts          INTEGER NOT NULL,
+             id          INTEGER NOT NULL,
+             received_at INTEGER NOT NULL,
+             data        INTEGER NOT NULL,
+             late        INTEGER NOT NULL,
+             PRIMARY KEY (sensor_id, ts, id)
+         ) WITHOUT ROWID;"
+    )
+}
+
+/// Whether `conn`'s `latch.db` has an archive table of its own.
+fn in_main(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE name = 'readings_archive')",
+        [],
+        |r| r.get(0),
+    )
+}
+
+/// Where a data folder keeps its archived readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// In `archive.db`, with a writer of its own.
+    OwnFile,
+    /// In `latch.db` (a folder made before the split, whose archive held readings then).
+    InMain,
+}
+
+/// `archive.db` of the database at `db` (`…/latch.db`).
+pub(super) fn path(db: &Path) -> PathBuf {
+    db.with_file_name(FILE)
+}
+
+/// Decides the layout of the freshly migrated `latch.db` on `writer`: an archive table there
+/// with rows stays; an empty one (a new folder, whose migrations made it) is dropped for
+/// `archive.db`.
+pub(super) fn layout(writer: &Connection) -> rusqlite::Result<Layout> {
+    if in_main(writer)? {
+        let rows: bool = writer.query_row(
+            "SELECT EXISTS (SELECT 1 FROM main.readings_archive)",
+            [],
+            |r| r.get(0),
+        )?;
+        if rows {
+            return Ok(Layout::InMain);
+        }
+        writer.execute_batch("DROP TABLE main.readings_archive")?;
+    }
+    Ok(Layout::OwnFile)
+}
+
+/// Attaches `archive.db` (made if missing, in WAL mode) to `conn` as `archive`.
+pub(super) fn attach(conn: &Connection, db: &Path) -> rusqlite::Result<()> {
+    conn.execute(
+        "ATTACH DATABASE ?1 AS archive",
+        [path(db).to_string_lossy()],
+    )?;
+    conn.pragma_update(Some("archive"), "journal_mode", "WAL")?;
+    conn.execute_batch(&create("archive"))
+}
+
+/// Moves the archived readings of a restored `latch.db` at `db` into a new `archive.db`
+/// (any earlier one is removed first: it belongs to the data the restore replaced).
+pub(super) fn split(db: &Path) -> anyhow::Result<()> {
+    remove(db)?;
+    let conn = Connection::open(db)?;
+    if !in_main(&conn)? {
+        return Ok(());
+    }
+    attach(&conn, db)?;
+    conn.execute_batch(
+        "INSERT OR IGNORE INTO archive.readings_archive SELECT sensor_id, ts, id, received_at, \
+           data, late FROM main.readings_archive ORDER BY sensor_id, ts, id;
+         DROP TABLE main.readings_archive;",
+    )?;
+    conn.query_row("PRAGMA archive.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    conn.query_row("PRAGMA main.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+/// Removes `archive.db` of `db` with its log, if any.
+pub(super) fn remove(db: &Path) -> std::io::Result<()> {
+    let file = path(db);
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = file.as_os_str().to_owned();
+        name.push(suffix);
+        match std::fs::remove_file(PathBuf::from(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Copies the archive of the live folder's `latch.db` at `db` into the backup `dst`, when
+/// it is in `archive.db`: a backup is one file, with the archive in it.
+pub(super) fn copy_into_backup(dst: &Connection, db: &Path) -> rusqlite::Result<()> {
+    if in_main(dst)? || !path(db).exists() {
+        return Ok(());
+    }
+    dst.execute("ATTACH DATABASE ?1 AS live", [path(db).to_string_lossy()])?;
+    dst.execute_batch(&format!(
+        "{}
+         INSERT INTO main.readings_archive SELECT sensor_id, ts, id, received_at, data, late \
+           FROM live.readings_archive ORDER BY sensor_id, ts, id;",
+        create("main")
+    ))?;
+    dst.execute_batch("DETACH DATABASE live")
+}
