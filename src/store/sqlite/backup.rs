@@ -65,8 +65,8 @@ pub fn backup(dir: &Path, to: &Path) -> anyhow::Result<u64> {
 }
 
 /// Replaces the data folder's database (and the archive's file) with the backup `from`.
-/// Refused while a latch runs
-/// on the folder, and for a file that is not a whole latch database this latch can run.
+/// Refused while a latch runs on the folder, and for a file that is not a whole latch
+/// database this latch can run.
 pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
     let _lock = lock_data_dir(dir).map_err(|e| {
         anyhow::anyhow!("{e}: stop latch before restoring (latch restore replaces its data)")
@@ -105,8 +105,8 @@ pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
 }
 
 /// Rewrites the database (and the archive's file) without its free pages, giving them back
-/// to the disk. Refused
-/// while a latch runs on the folder. Returns the size before and after, in bytes.
+/// to the disk. Refused while a latch runs on the folder. Returns the size before and
+/// after, in bytes.
 pub fn vacuum(dir: &Path) -> anyhow::Result<(u64, u64)> {
     let _lock =
         lock_data_dir(dir).map_err(|e| anyhow::anyhow!("{e}: stop latch before `latch vacuum`"))?;

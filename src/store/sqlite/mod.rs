@@ -53,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0009_client_health.sql"),
     include_str!("../migrations/sqlite/0010_console_views.sql"),
     include_str!("../migrations/sqlite/0011_batches.sql"),
+    include_str!("../migrations/sqlite/0012_archive_file.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
