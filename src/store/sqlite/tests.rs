@@ -365,15 +365,8 @@ async fn a_reading_in_both_the_journal_and_the_archive_is_listed_once() {
         .create_sensor(conformance::sensor(&id.to_string()))
         .await
         .unwrap();
-    let reading = |ts: i64| ReadingRecord {
-        sensor_id: id,
-        data: ts % 2 == 0,
-        ts,
-        received_at: ts,
-        late: false,
-    };
     let batch = CommitBatch {
-        readings: vec![reading(1000), reading(2000), reading(3000)],
+        readings: [1000, 2000, 3000].map(|ts| reading(id, ts)).to_vec(),
         ..Default::default()
     };
     store.commit(batch, 3000).await.unwrap();
@@ -389,26 +382,9 @@ async fn a_reading_in_both_the_journal_and_the_archive_is_listed_once() {
         })
         .await
         .unwrap();
-    let listed = |store: SqliteStore| async move {
-        store
-            .list_readings(
-                id,
-                TimeRange::default(),
-                PageRequest {
-                    limit: 10,
-                    after: None,
-                },
-            )
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|r| r.row.ts)
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(listed(store.clone()).await, vec![1000, 2000, 3000]);
+    assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
     assert_eq!(store.archive_history(100).await.unwrap(), 3);
-    assert_eq!(listed(store.clone()).await, vec![1000, 2000, 3000]);
+    assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
     let (journal, archive): (i64, i64) = store
         .read(|c| {
             Ok(c.query_row(
@@ -469,6 +445,17 @@ async fn the_write_ahead_log_is_checkpointed_beside_the_writer_and_starts_over()
     assert!(wal < 80 << 20, "the log started over: {wal} bytes");
 }
 
+/// A reading of `id` at `ts` (received then), its data alternating with the second.
+fn reading(id: SensorId, ts: i64) -> ReadingRecord {
+    ReadingRecord {
+        sensor_id: id,
+        data: ts % 2 == 0,
+        ts,
+        received_at: ts,
+        late: false,
+    }
+}
+
 /// The three readings of sensor `id` at 1000, 2000 and 3000, committed and then moved into
 /// the archive.
 async fn three_archived(store: &SqliteStore, id: SensorId) {
@@ -476,17 +463,8 @@ async fn three_archived(store: &SqliteStore, id: SensorId) {
         .create_sensor(conformance::sensor(&id.to_string()))
         .await
         .unwrap();
-    let readings = [1000, 2000, 3000]
-        .map(|ts| ReadingRecord {
-            sensor_id: id,
-            data: ts % 2 == 0,
-            ts,
-            received_at: ts,
-            late: false,
-        })
-        .to_vec();
     let batch = CommitBatch {
-        readings,
+        readings: [1000, 2000, 3000].map(|ts| reading(id, ts)).to_vec(),
         ..Default::default()
     };
     store.commit(batch, 3000).await.unwrap();
@@ -554,13 +532,7 @@ async fn a_folder_with_its_archive_in_the_main_file_goes_on_as_before() {
     let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
     assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
     let more = CommitBatch {
-        readings: vec![ReadingRecord {
-            sensor_id: id,
-            data: true,
-            ts: 4000,
-            received_at: 4000,
-            late: false,
-        }],
+        readings: vec![reading(id, 4000)],
         ..Default::default()
     };
     store.commit(more, 4000).await.unwrap();
