@@ -361,15 +361,7 @@ async fn a_reading_in_both_the_journal_and_the_archive_is_listed_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
     let id = SensorId::parse("both").unwrap();
-    store
-        .create_sensor(conformance::sensor(&id.to_string()))
-        .await
-        .unwrap();
-    let batch = CommitBatch {
-        readings: [1000, 2000, 3000].map(|ts| reading(id, ts)).to_vec(),
-        ..Default::default()
-    };
-    store.commit(batch, 3000).await.unwrap();
+    three_committed(&store, id).await;
     // Half a move: the first two copied, none deleted yet.
     store
         .write(|c| {
@@ -456,9 +448,8 @@ fn reading(id: SensorId, ts: i64) -> ReadingRecord {
     }
 }
 
-/// The three readings of sensor `id` at 1000, 2000 and 3000, committed and then moved into
-/// the archive.
-async fn three_archived(store: &SqliteStore, id: SensorId) {
+/// Sensor `id` registered, with three readings at 1000, 2000 and 3000 committed.
+async fn three_committed(store: &SqliteStore, id: SensorId) {
     store
         .create_sensor(conformance::sensor(&id.to_string()))
         .await
@@ -468,6 +459,11 @@ async fn three_archived(store: &SqliteStore, id: SensorId) {
         ..Default::default()
     };
     store.commit(batch, 3000).await.unwrap();
+}
+
+/// The three readings of [`three_committed`], moved into the archive.
+async fn three_archived(store: &SqliteStore, id: SensorId) {
+    three_committed(store, id).await;
     assert_eq!(store.archive_history(100).await.unwrap(), 3);
 }
 
