@@ -196,13 +196,7 @@ async fn a_version_1_database_keeps_its_history_through_the_migrations() {
     assert_eq!(events.items[0].id, 3);
     // New rows continue after the old ids, and moving to the archive changes nothing.
     let batch = CommitBatch {
-        readings: vec![ReadingRecord {
-            sensor_id: id,
-            data: true,
-            ts: 3000,
-            received_at: 3000,
-            late: false,
-        }],
+        readings: vec![reading(id, 3000)],
         ..Default::default()
     };
     store.commit(batch, 3000).await.unwrap();
@@ -407,13 +401,7 @@ async fn the_write_ahead_log_is_checkpointed_beside_the_writer_and_starts_over()
         let readings = (0..25_000)
             .map(|_| {
                 ts += 1;
-                ReadingRecord {
-                    sensor_id: id,
-                    data: ts % 2 == 0,
-                    ts,
-                    received_at: ts,
-                    late: false,
-                }
+                reading(id, ts)
             })
             .collect();
         let batch = CommitBatch {
