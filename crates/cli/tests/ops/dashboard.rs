@@ -39,6 +39,17 @@ fn exported(metrics: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// `latch`'s /metrics page, once it answers (within a minute).
+async fn scrape(http: &reqwest::Client, latch: &Latch, what: &str) -> String {
+    let url = format!("{}/metrics", latch.base);
+    utils::eventually(60, what, || async {
+        let resp = http.get(&url).send().await.ok()?;
+        resp.status().is_success().then_some(())?;
+        resp.text().await.ok()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
     let dashboard: Value = serde_json::from_str(
@@ -80,25 +91,13 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
         ],
     );
     let http = reqwest::Client::new();
-    let url = format!("{}/metrics", latch.base);
-    let metrics = utils::eventually(60, "latch's /metrics", || async {
-        let resp = http.get(&url).send().await.ok()?;
-        resp.status().is_success().then_some(())?;
-        resp.text().await.ok()
-    })
-    .await;
+    let metrics = scrape(&http, &latch, "latch's /metrics").await;
     drop(latch);
     let _ = pg.drop().await;
     // And the embedded store, whose writer, log and archive have families of their own.
     let embedded_dir = tempfile::tempdir().expect("a temporary folder");
     let embedded = Latch::start(&utils::latch_binary(), embedded_dir.path(), &[]);
-    let url = format!("{}/metrics", embedded.base);
-    let embedded_metrics = utils::eventually(60, "the embedded latch's /metrics", || async {
-        let resp = http.get(&url).send().await.ok()?;
-        resp.status().is_success().then_some(())?;
-        resp.text().await.ok()
-    })
-    .await;
+    let embedded_metrics = scrape(&http, &embedded, "the embedded latch's /metrics").await;
     drop(embedded);
     let metrics = format!("{metrics}\n{embedded_metrics}");
     let names = exported(&metrics);
