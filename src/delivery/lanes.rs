@@ -137,6 +137,9 @@ struct Lane {
     parked: bool,
     /// Its head is out: admitted, claimed or sending.
     out: bool,
+    /// Its head gathers for its client's next batch ([`batches`]): listed there once, and
+    /// only a lane still gathering may be taken into a batch.
+    gathered: bool,
     /// Its sensor's partition left this node while its head was out: once that head is
     /// answered, the lane is dropped ([`Lanes::leave`]).
     leaving: bool,

@@ -96,6 +96,18 @@ impl Batching {
         }
     }
 
+    /// Forgets the gathering keys of lanes that no longer gather (they left this node).
+    pub(super) fn forget_gone(&mut self, gathers: impl Fn(&LaneKey) -> bool) {
+        self.gathering.retain(|_, g| {
+            g.fresh.retain(&gathers);
+            g.again.retain(|_, (_, keys)| {
+                keys.retain(&gathers);
+                !keys.is_empty()
+            });
+            !g.is_empty()
+        });
+    }
+
     /// Nothing gathers, nothing is out, no batch waits to go again.
     #[cfg(test)]
     pub(super) fn is_idle(&self) -> bool {
@@ -144,9 +156,11 @@ impl Lanes {
                         .into_iter()
                         .chain(g.again.into_values().flat_map(|(_, k)| k));
                     for key in keys {
-                        if let Some(head) =
-                            self.lanes.get_mut(&key).and_then(|l| l.queue.front_mut())
-                        {
+                        let Some(lane) = self.lanes.get_mut(&key).filter(|l| l.gathered) else {
+                            continue;
+                        };
+                        lane.gathered = false;
+                        if let Some(head) = lane.queue.front_mut() {
                             head.batch = None;
                             self.ready.push_back(key);
                         }
@@ -164,9 +178,13 @@ impl Lanes {
     /// A due head of a batched client joins what gathers for its next request: the batch
     /// it goes in again, or the next new one.
     pub(super) fn gather(&mut self, key: LaneKey, now: Millis) {
-        let Some(head) = self.lanes.get_mut(&key).and_then(|l| l.queue.front_mut()) else {
+        let Some(lane) = self.lanes.get_mut(&key).filter(|l| !l.gathered && !l.out) else {
             return;
         };
+        let Some(head) = lane.queue.front_mut() else {
+            return;
+        };
+        lane.gathered = true;
         // Its wait counts from when it came due.
         let since = head.due.min(now);
         let g = self.batching.gathering.entry(key.0.clone()).or_default();
@@ -282,12 +300,16 @@ impl Lanes {
         let mut members = Vec::with_capacity(keys.len());
         let mut strays = Vec::new();
         for key in keys {
-            let Some(lane) = self.lanes.get_mut(&key) else {
+            // Only a lane still gathering goes: one that left this node since (and maybe
+            // came back, waiting on a timer or gathering anew) or was taken already is not
+            // this key's any more.
+            let Some(lane) = self.lanes.get_mut(&key).filter(|l| l.gathered) else {
                 continue;
             };
             let Some(head) = lane.queue.front() else {
                 continue;
             };
+            lane.gathered = false;
             // Only a head of the batch goes under its id again; any other gathers anew.
             if again && head.batch.as_deref() != Some(&*id) {
                 strays.push(key);

@@ -45,6 +45,8 @@ impl Lanes {
         }
         let lanes = &self.lanes;
         self.ready.retain(|k| lanes.contains_key(k));
+        self.batching
+            .forget_gone(|k| lanes.get(k).is_some_and(|l| l.gathered));
         self.client_waiting.retain(|_, q| {
             q.retain(|k| lanes.contains_key(k));
             !q.is_empty()

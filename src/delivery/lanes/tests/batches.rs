@@ -260,3 +260,83 @@ fn delivered_batches_leave_nothing_behind() {
     assert_eq!(h.core.sizes(), Sizes::default());
     assert!(h.core.batching.is_idle());
 }
+
+/// The notification `id` of lane (client 0, `sensor`) as a sweep brings it back once its
+/// partition is served here again, due at `due`.
+fn back(id: &str, sensor_n: usize, seq: i64, due: Millis) -> NotificationRef {
+    NotificationRef {
+        id: id.to_string(),
+        seq,
+        client_id: "client0".into(),
+        sensor_id: sensor(sensor_n),
+        kind: EventKind::StateChanged,
+        due_at: due,
+        attempts: 0,
+        batch_id: None,
+    }
+}
+
+#[test]
+fn a_lane_that_leaves_while_it_gathers_and_comes_back_goes_once_in_its_batch() {
+    // A rolling restart: sensor 0's partition leaves while its head gathers for a batch,
+    // and comes back before the batch goes.
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    h.batching(100, 1_000);
+    let a = h.notify(0, 0, EventKind::StateChanged);
+    h.change(0, 1);
+    assert!(h.batches().is_empty(), "both gather for a second");
+    assert!(
+        h.core.leave(|s| s == sensor(0)).is_empty(),
+        "nothing is out"
+    );
+    h.core.sweep(vec![back(&a, 0, 1, h.now)], h.now);
+    assert!(h.batches().is_empty());
+    h.now += 1_000;
+    let out = h.batches();
+    assert_eq!(out.len(), 1);
+    let mut members = ids(&out[0]);
+    members.dedup();
+    assert_eq!(
+        members.len(),
+        out[0].members.len(),
+        "a notification twice in one request: {:?}",
+        out[0].members
+    );
+    assert_eq!(out[0].members.len(), 2);
+    // Answered once, it is recorded once.
+    h.answer_batch(out.into_iter().next().unwrap(), 200);
+    assert_eq!(h.verdicts(&a), [Verdict::Delivered]);
+    assert_eq!(h.core.pending(), 0);
+}
+
+#[test]
+fn a_lane_that_comes_back_waiting_for_its_retry_is_not_sent_early_by_a_batch() {
+    // Sensor 0's head gathers; its partition leaves and comes back with that head due in a
+    // minute (another node tried it meanwhile). Sensor 1's batch goes now without it, and
+    // the head goes once, at its time.
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    h.batching(100, 1_000);
+    let a = h.notify(0, 0, EventKind::StateChanged);
+    h.change(0, 1);
+    assert!(h.batches().is_empty());
+    h.core.leave(|s| s == sensor(0));
+    h.core.sweep(vec![back(&a, 0, 1, h.now + 60_000)], h.now);
+    h.now += 1_000;
+    let out = h.batches();
+    assert_eq!(out.len(), 1);
+    assert!(
+        !ids(&out[0]).contains(&a),
+        "a head waiting for its retry went early"
+    );
+    h.answer_batch(out.into_iter().next().unwrap(), 200);
+    h.now += 59_000;
+    assert!(
+        h.batches().is_empty(),
+        "due now, it gathers for its wait first"
+    );
+    h.now += 1_000;
+    let out = h.batches();
+    assert_eq!(out.len(), 1);
+    assert_eq!(ids(&out[0]), vec![a.clone()]);
+    assert!(h.batches().is_empty(), "one request of the lane at a time");
+}
