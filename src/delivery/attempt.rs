@@ -102,6 +102,18 @@ impl AttemptResult {
         crate::domain::notification::delivered(self.status_code, self.error.as_deref())
     }
 
+    /// Nothing answered: the attempt timed out or could not connect (not a refusal of the
+    /// SSRF guard or of a broker, which are answers). Such an endpoint holds a request
+    /// slot for as long as it lets it, so its client is sent one request at a time until
+    /// it answers again ([`super::lanes`]).
+    pub fn unanswered(&self) -> bool {
+        self.status_code.is_none()
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| !e.starts_with(guard::NOT_ALLOWED) && !e.starts_with(REFUSED))
+    }
+
     /// `410 Gone`: the receiver asks never to be tried again.
     pub fn gone(&self) -> bool {
         self.status_code == Some(410)

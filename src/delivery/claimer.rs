@@ -339,6 +339,30 @@ async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: Admitt
     if sends.is_empty() {
         return report(dones);
     }
+    // The request goes in a task of its own, as a single head's does: the claim task is
+    // the claims of every client, and a batch waiting for its client's slot, or for an
+    // endpoint that never answers, must not hold it (clients are isolated).
+    let sending = sending.clone();
+    sending.tracker.clone().spawn(async move {
+        let dones =
+            send_claimed_batch(&sending, &id, client_sends, sends, sent, lease_until, dones).await;
+        let done = BatchDone { client, id, dones };
+        let _ = sending.tx.send(Cmd::BatchDone(Box::new(done)));
+    });
+}
+
+/// Sends a batch's claimed heads in one request once the client's batch slot and a request
+/// slot of the dispatcher are free, and adds what came of each head to `dones`.
+async fn send_claimed_batch(
+    sending: &Sending,
+    id: &Arc<str>,
+    client_sends: Arc<Semaphore>,
+    sends: Vec<Box<Sendable>>,
+    sent: Vec<(LaneKey, String, CancellationToken)>,
+    lease_until: Millis,
+    mut dones: Vec<Done>,
+) -> Vec<Done> {
+    let settings = &sending.settings;
     let _client = client_sends.acquire().await;
     let _all = sending.sends.acquire().await;
     // Heads withdrawn while the batch waited for its slot (their lane left this node, or
@@ -366,13 +390,13 @@ async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: Admitt
             let result = Finished::Later(now);
             dones.push(Done { lane, id, result });
         }
-        return report(dones);
+        return dones;
     }
     let result = sender::send_batch(
         &sending.http,
         &settings.guard,
         &sending.urls,
-        &id,
+        id,
         &go_sends,
         settings.timeout,
         now,
@@ -386,5 +410,5 @@ async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: Admitt
             result,
         });
     }
-    report(dones);
+    dones
 }

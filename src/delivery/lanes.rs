@@ -178,6 +178,10 @@ pub(super) struct Lanes {
     /// Batched clients: their heads gathering, their batches out, the batches to send
     /// again ([`batches`]).
     batching: Batching,
+    /// Clients whose last attempt got no answer (it timed out or could not connect): each
+    /// is admitted one head at a time until an attempt is answered, so an endpoint that
+    /// hangs holds one request slot, not its client's share of the dispatcher's.
+    unanswered: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
 }
 
 impl Lanes {
@@ -209,6 +213,22 @@ impl Lanes {
             rate_woken: FastMap::default(),
             node,
             batching: Batching::default(),
+            unanswered: Default::default(),
+        }
+    }
+
+    /// Notes whether `client`'s endpoint answered an attempt ([`Lanes::unanswered`]).
+    pub(super) fn answered(&mut self, client: &Arc<str>, result: &AttemptResult) {
+        if result.unanswered() {
+            if !self.unanswered.contains(client) {
+                self.unanswered.insert(client.clone());
+            }
+        } else if !self.unanswered.is_empty() && self.unanswered.remove(client) {
+            // Its share is open again: what waited for its one slot goes through
+            // admission again (which queues what is over the share once more).
+            if let Some(waiting) = self.client_waiting.remove(client) {
+                self.ready.extend(waiting);
+            }
         }
     }
 
@@ -566,7 +586,12 @@ impl Lanes {
             }
             let id = head.id.clone();
             let count = self.client_inflight.get(&key.0).copied().unwrap_or(0);
-            if count >= self.admit_client {
+            let limit = if self.unanswered.contains(&key.0) {
+                1
+            } else {
+                self.admit_client
+            };
+            if count >= limit {
                 self.client_waiting
                     .entry(key.0.clone())
                     .or_default()

@@ -46,6 +46,9 @@ impl Lanes {
                 self.client_waiting.remove(&d.lane.0);
             }
         }
+        if let Finished::Attempted(result) = &d.result {
+            self.answered(&d.lane.0, result);
+        }
         self.settle(d, now, RetryAt::Jittered(jitter), None)
     }
 

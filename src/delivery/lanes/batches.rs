@@ -366,6 +366,9 @@ impl Lanes {
                 answer.get_or_insert(result);
             }
         }
+        if let Some(result) = answer {
+            self.answered(client, result);
+        }
         // Only heads that were attempted are retried, so with none the time is unused.
         let retry_at = answer.map_or(now, |result| {
             super::answer::retry_time(&self.policy, tried.max(1), result, jitter, now)

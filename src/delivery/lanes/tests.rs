@@ -551,3 +551,39 @@ fn a_backlog_behind_a_rate_limit_waits_in_one_queue_not_on_a_timer_a_lane() {
     );
     assert!(h.core.rate_waiting.is_empty());
 }
+
+/// An attempt that got no answer: it timed out.
+fn timed_out(now: Millis) -> Finished {
+    Finished::Attempted(AttemptResult {
+        at: now,
+        status_code: None,
+        error: Some("timed out after 10s".into()),
+        duration: Duration::from_secs(10),
+        retry_after: None,
+    })
+}
+
+#[test]
+fn a_client_whose_endpoint_does_not_answer_is_sent_one_request_at_a_time_until_it_does() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    for sensor in 0..40 {
+        h.change(0, sensor);
+    }
+    let ahead = 2 * CLAIM_AHEAD as usize;
+    let out = h.admit();
+    assert_eq!(out.len(), ahead, "its share of claims ahead");
+    for head in out {
+        h.finish(head, timed_out(h.now));
+    }
+    let probe = h.admit();
+    assert_eq!(probe.len(), 1, "one at a time once nothing answers");
+    assert!(h.admit().is_empty());
+    // Another client is not held back by it.
+    for sensor in 0..5 {
+        h.change(1, sensor);
+    }
+    assert_eq!(h.admit().len(), 5);
+    // An answer, even an error, lifts it: its share goes out again.
+    h.finish(probe.into_iter().next().unwrap(), answer(500, h.now));
+    assert_eq!(h.admit().len(), ahead);
+}

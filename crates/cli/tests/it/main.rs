@@ -17,6 +17,7 @@ mod delivery;
 mod full_disk;
 mod history;
 mod http_edges;
+mod isolation;
 mod liveness;
 mod logs;
 mod metrics;
