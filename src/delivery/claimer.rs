@@ -344,8 +344,9 @@ async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: Admitt
     // endpoint that never answers, must not hold it (clients are isolated).
     let sending = sending.clone();
     sending.tracker.clone().spawn(async move {
+        let claimed = sends.into_iter().zip(sent).collect();
         let dones =
-            send_claimed_batch(&sending, &id, client_sends, sends, sent, lease_until, dones).await;
+            send_claimed_batch(&sending, &id, client_sends, claimed, lease_until, dones).await;
         let done = BatchDone { client, id, dones };
         let _ = sending.tx.send(Cmd::BatchDone(Box::new(done)));
     });
@@ -357,8 +358,7 @@ async fn send_claimed_batch(
     sending: &Sending,
     id: &Arc<str>,
     client_sends: Arc<Semaphore>,
-    sends: Vec<Box<Sendable>>,
-    sent: Vec<(LaneKey, String, CancellationToken)>,
+    claimed: Vec<(Box<Sendable>, (LaneKey, String, CancellationToken))>,
     lease_until: Millis,
     mut dones: Vec<Done>,
 ) -> Vec<Done> {
@@ -368,7 +368,7 @@ async fn send_claimed_batch(
     // Heads withdrawn while the batch waited for its slot (their lane left this node, or
     // the dispatcher stops) are given back unsent; the rest go.
     let (mut go_sends, mut go) = (Vec::new(), Vec::new());
-    for (s, (lane, nid, w)) in sends.into_iter().zip(sent) {
+    for (s, (lane, nid, w)) in claimed {
         if w.is_cancelled() {
             let result = Finished::Released {
                 attempts: s.notification.attempts,
