@@ -8,6 +8,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::attempt::AttemptResult;
 use super::lanes::{BatchOut, Done, Finished, LaneKey};
 use super::{BatchDone, Cmd, Settings, sender};
 use crate::domain::client::Batch;
@@ -67,6 +68,33 @@ pub(super) struct Sending {
     pub sends: Arc<Semaphore>,
     pub tx: mpsc::UnboundedSender<Cmd>,
     pub tracker: TaskTracker,
+    /// Cancelled when a stop's grace has run out: attempts still in flight are cut off,
+    /// each a failed attempt, so their leases are given back before latch exits.
+    pub cut: CancellationToken,
+}
+
+/// What an attempt cut off by a stop came to: a failed attempt without an answer, retried
+/// like any other (the same notification, the same `webhook-id`).
+pub(super) const CUT_OFF: &str = "cut off: latch stopped before an answer came";
+
+/// Runs `attempt`, unless the stop's grace runs out first: then it is cut off.
+async fn unless_cut(
+    cut: &CancellationToken,
+    at: Millis,
+    attempt: impl std::future::Future<Output = AttemptResult>,
+) -> AttemptResult {
+    let started = std::time::Instant::now();
+    tokio::select! {
+        biased;
+        result = attempt => result,
+        _ = cut.cancelled() => AttemptResult {
+            at,
+            status_code: None,
+            error: Some(CUT_OFF.into()),
+            duration: started.elapsed(),
+            retry_after: None,
+        },
+    }
 }
 
 /// Claims due heads in batches: whatever piled up while the previous claim ran is claimed
@@ -205,16 +233,17 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                                 .send(Cmd::Done(Box::new(Done { lane, id, result })));
                             return;
                         }
-                        sender::send(
+                        let at = sending.settings.clock.now();
+                        let attempt = sender::send(
                             &sending.http,
                             &sending.brokers,
                             &sending.settings.guard,
                             &sending.urls,
                             &s,
                             sending.settings.timeout,
-                            sending.settings.clock.now(),
-                        )
-                        .await
+                            at,
+                        );
+                        unless_cut(&sending.cut, at, attempt).await
                     };
                     let result = Finished::Attempted(result);
                     let _ = sending
@@ -392,7 +421,7 @@ async fn send_claimed_batch(
         }
         return dones;
     }
-    let result = sender::send_batch(
+    let attempt = sender::send_batch(
         &sending.http,
         &settings.guard,
         &sending.urls,
@@ -400,8 +429,8 @@ async fn send_claimed_batch(
         &go_sends,
         settings.timeout,
         now,
-    )
-    .await;
+    );
+    let result = unless_cut(&sending.cut, now, attempt).await;
     for (lane, nid) in go {
         let result = Finished::Attempted(result.clone());
         dones.push(Done {

@@ -257,6 +257,7 @@ impl Dispatcher {
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
         let sends = Arc::new(Semaphore::new(settings.concurrency));
+        let cut = CancellationToken::new();
         let brokers = broker::Brokers::new(
             settings.guard.clone(),
             settings.timeout,
@@ -274,10 +275,11 @@ impl Dispatcher {
                 sends,
                 tx: tx.clone(),
                 tracker: tracker.clone(),
+                cut: cut.clone(),
             },
             claims_rx,
         ));
-        let mut core = Core::new(&settings, rec_tx, claims, core_store.shared());
+        let mut core = Core::new(&settings, rec_tx, claims, core_store.shared(), cut);
         if let Some(RateGrants(grants)) = &settings.rate_grants {
             core.lanes.share_rates();
             core.grants = Some((grants.clone(), tx.clone()));
@@ -397,7 +399,13 @@ struct Core {
     )>,
     /// Where attempts are counted for the console's charts.
     recent: Option<Arc<crate::telemetry::recent::Recent>>,
+    /// Cuts off the attempts still in flight when a stop's grace runs out.
+    cut: CancellationToken,
 }
+
+/// How long a stop waits, past its grace, for the attempts it cut off to come back: they
+/// end at once, so this only bounds a loop that lost one.
+const CUT_WAIT: Duration = Duration::from_secs(2);
 
 impl Core {
     fn new(
@@ -405,6 +413,7 @@ impl Core {
         recorder: mpsc::UnboundedSender<Outcome>,
         claims: mpsc::UnboundedSender<Admission>,
         shared: bool,
+        cut: CancellationToken,
     ) -> Self {
         Self {
             lanes: Lanes::new(
@@ -424,6 +433,7 @@ impl Core {
             clock: settings.clock.clone(),
             grants: None,
             recent: settings.recent.clone(),
+            cut,
         }
     }
 
@@ -463,11 +473,38 @@ impl Core {
             }
         }
         // Shutdown: dispatch nothing new; heads claimed but not yet sent are given back;
-        // let in-flight attempts finish and be recorded.
+        // attempts in flight finish within the grace and are recorded; those still out
+        // then are cut off and recorded as failed attempts, so every lease this node holds
+        // is given back before it exits and the node serving a lane next goes on at once.
         for (_, withdraw) in self.withdraw.drain() {
             withdraw.cancel();
         }
-        let deadline = tokio::time::Instant::now() + grace;
+        let graced = tokio::time::Instant::now() + grace;
+        if !self.drain(&mut rx, graced).await {
+            tracing::warn!(
+                inflight = self.lanes.inflight(),
+                "Shutdown grace ran out with attempts in flight; cutting them off and giving their leases back."
+            );
+            self.cut.cancel();
+            if !self
+                .drain(&mut rx, tokio::time::Instant::now() + CUT_WAIT)
+                .await
+            {
+                tracing::warn!(
+                    inflight = self.lanes.inflight(),
+                    "Attempts did not come back once cut off; their leases expire and they are sent again."
+                );
+            }
+        }
+    }
+
+    /// Takes what comes of the attempts in flight until none is, or until `deadline`;
+    /// whether none is.
+    async fn drain(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Cmd>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
         while self.lanes.inflight() > 0 {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(Cmd::Done(d))) => self.finish(*d, self.clock.now()),
@@ -485,12 +522,7 @@ impl Core {
                 Ok(None) | Err(_) => break,
             }
         }
-        if self.lanes.inflight() > 0 {
-            tracing::warn!(
-                inflight = self.lanes.inflight(),
-                "Shutdown grace ran out with attempts in flight; their leases expire and they are sent again."
-            );
-        }
+        self.lanes.inflight() == 0
     }
 
     fn handle(&mut self, cmd: Cmd) {

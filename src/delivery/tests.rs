@@ -31,7 +31,13 @@ fn a_clients_permits_are_dropped_once_nothing_of_it_is_out() {
     let settings = settings(Clock::manual(0));
     let (rec_tx, mut outcomes) = mpsc::unbounded_channel();
     let (claims_tx, mut claims) = mpsc::unbounded_channel();
-    let mut core = Core::new(&settings, rec_tx, claims_tx, false);
+    let mut core = Core::new(
+        &settings,
+        rec_tx,
+        claims_tx,
+        false,
+        CancellationToken::new(),
+    );
     let now = 1_800_000_000_000;
     let refs = (0..3)
         .map(|n| NotificationRef {
@@ -75,7 +81,13 @@ async fn notifications_due_at_start_are_sent_without_anything_else_arriving() {
     let settings = settings(Clock::wall());
     let (rec_tx, _outcomes) = mpsc::unbounded_channel();
     let (claims_tx, mut claims) = mpsc::unbounded_channel();
-    let mut core = Core::new(&settings, rec_tx, claims_tx, false);
+    let mut core = Core::new(
+        &settings,
+        rec_tx,
+        claims_tx,
+        false,
+        CancellationToken::new(),
+    );
     let now = settings.clock.now();
     core.add(
         vec![NotificationRef {

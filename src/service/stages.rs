@@ -114,12 +114,13 @@ impl Delivery {
         })
     }
 
-    /// Lets in-flight attempts finish within `grace`; what is still pending stays in the
-    /// store for the next start.
+    /// Lets in-flight attempts finish within `grace`, cuts off and records those that do
+    /// not; what is still pending stays in the store for the next start.
     pub(super) async fn stop(self, grace: Duration) {
         self.stop.cancel();
         self.tasks.close();
-        let waited = tokio::time::timeout(grace + Duration::from_secs(5), self.tasks.wait());
+        // The grace, the wait for the attempts cut off, and their recording.
+        let waited = tokio::time::timeout(grace + Duration::from_secs(10), self.tasks.wait());
         if waited.await.is_err() {
             tracing::warn!("Delivery did not stop within the grace period.");
         }

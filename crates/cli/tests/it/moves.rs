@@ -159,6 +159,95 @@ async fn a_stopped_nodes_attempts_finish_and_the_lane_goes_on_when_they_end() {
     all_delivered(&c, c.base(1), &client, 2 * SENSORS).await;
 }
 
+#[tokio::test]
+async fn a_stop_whose_grace_runs_out_gives_back_what_it_cut_and_the_lanes_go_on() {
+    // A rolling restart whose grace (1 s) is shorter than the receiver's answers (6 s),
+    // with attempts allowed 20 s each (so a lease of 65 s): the stopping node cuts its
+    // attempts off when the grace runs out and records them as failed attempts, and the
+    // node serving their lanes now goes on at once, without waiting for those leases.
+    let slow = Duration::from_secs(6);
+    let env = vec![
+        ("LATCH_DELIVERY_TIMEOUT", "20s".to_string()),
+        ("LATCH_DELIVERY_CLIENT_CONCURRENCY", "64".to_string()),
+        ("LATCH_SHUTDOWN_GRACE", "1s".to_string()),
+    ];
+    let Some(mut c) = Cluster::start_env(2, &env).await else {
+        return;
+    };
+    let r = Receiver::start().await;
+    r.script(std::iter::repeat_n(
+        Answer {
+            status: 204,
+            delay: slow,
+            retry_after: None,
+        },
+        SENSORS,
+    ));
+    let (client, sensors) = c.fleet("mg", SENSORS, &r.url, json!({})).await;
+    post_until_accepted(&c.http, &c.live(), readings(&sensors, 1), 20).await;
+    r.wait_for(SENSORS, 20).await;
+    let in_flight = Instant::now();
+
+    let stopping = c.nodes[0].process.take().expect("node 0 runs");
+    let stopped = tokio::spawn(stopping.terminate());
+    c.balanced(1, 20).await;
+    let rest = vec![c.base(1).to_string()];
+    post_until_accepted(&c.http, &rest, readings(&sensors, 0), 20).await;
+    assert!(
+        in_flight.elapsed() < slow,
+        "the new states came after the slow answers ({:?}): the test proves nothing",
+        in_flight.elapsed()
+    );
+    // Every sensor's new state arrives well before the cut attempts' leases (65 s) would
+    // have run out: the stopped node's lanes as soon as their leases were given back, the
+    // other node's once its slow answers came.
+    r.wait_for(2 * SENSORS, 25).await;
+    eprintln!(
+        "every new state received {:?} after the stop",
+        in_flight.elapsed()
+    );
+    assert!(stopped.await.unwrap(), "the stopped node exits cleanly");
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for g in r.received() {
+        let sensor = g.body["sensor"]["id"].as_str().unwrap().to_string();
+        seen.entry(sensor)
+            .or_default()
+            .push(g.body["data"].as_u64().unwrap());
+    }
+    for (sensor, data) in &seen {
+        assert_eq!(data, &[1, 0], "sensor {sensor}: what it was sent, in order");
+    }
+    // The cut attempts are in the history as attempts without an answer; their
+    // notifications were superseded by the newer state, which was delivered.
+    let page = c
+        .get(
+            c.base(1),
+            &format!("/v1/notifications?client_id={client}&limit=1000"),
+        )
+        .await;
+    let items = page["items"].as_array().unwrap();
+    let cut = items
+        .iter()
+        .filter(|n| n["status"] == "superseded" && n["attempt_count"] == 1)
+        .count();
+    assert!(cut > 0, "no attempt was cut off: the test proves nothing");
+    eventually(20, "every new state delivered", || async {
+        let page = c
+            .get(
+                c.base(1),
+                &format!("/v1/notifications?client_id={client}&status=delivered&limit=1000"),
+            )
+            .await;
+        let zeros = page["items"]
+            .as_array()?
+            .iter()
+            .filter(|n| n["data"] == 0)
+            .count();
+        (zeros == SENSORS).then_some(())
+    })
+    .await;
+}
+
 /// `n` fresh sensor ids in the partitions a second node takes from the first (the upper
 /// half: the first hands its highest partitions over).
 fn ids_that_move(partitioning: Partitioning, prefix: &str, n: usize) -> Vec<String> {
