@@ -1,0 +1,3 @@
+//! The deterministic simulation of latch's delivery and cluster core.
+
+pub mod model;

@@ -1,0 +1,1 @@
+//! A model of the store.
