@@ -5,44 +5,81 @@
 //! dispatcher's due times, the API's retries) reads one shared `Clock`, so a moved clock
 //! never leaves a part behind on the wall clock's time.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rand::{Rng, RngCore, SeedableRng};
 use tokio::sync::watch;
 
 use crate::domain::{Millis, time::now_ms};
 
 /// A source of the current time. Cheap to clone; clones share one time.
+///
+/// It is also where decisions draw their random numbers (a retry's jitter, the ids latch
+/// makes while delivering), so that a simulated clock makes a whole run repeatable from a
+/// seed ([`Clock::simulated`]).
 #[derive(Clone, Debug, Default)]
-pub struct Clock(Option<Arc<watch::Sender<Millis>>>);
+pub struct Clock(Source);
+
+#[derive(Clone, Debug, Default)]
+enum Source {
+    /// The wall clock.
+    #[default]
+    Wall,
+    /// Moved by hand ([`Clock::set`]).
+    Manual(Arc<watch::Sender<Millis>>),
+    /// Tokio's clock, paused and advanced by the runtime when every task waits, counted
+    /// from a start time; random numbers from a seeded generator.
+    Simulated(Arc<Simulated>),
+}
+
+#[derive(Debug)]
+struct Simulated {
+    start: Millis,
+    base: tokio::time::Instant,
+    rng: Mutex<rand::rngs::StdRng>,
+}
 
 impl Clock {
     /// The wall clock.
     pub fn wall() -> Self {
-        Self(None)
+        Self(Source::Wall)
     }
 
     /// A clock that shows `at` until [`Clock::set`] or [`Clock::advance`] moves it.
     pub fn manual(at: Millis) -> Self {
-        Self(Some(Arc::new(watch::Sender::new(at))))
+        Self(Source::Manual(Arc::new(watch::Sender::new(at))))
+    }
+
+    /// The simulation's clock: `start` when made, then Tokio's time (which a runtime with
+    /// paused time advances whenever every task waits), so every sleep and timeout of the
+    /// code under simulation runs on one virtual time; random numbers come from `seed`.
+    /// Made inside the runtime it serves.
+    pub fn simulated(start: Millis, seed: u64) -> Self {
+        Self(Source::Simulated(Arc::new(Simulated {
+            start,
+            base: tokio::time::Instant::now(),
+            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+        })))
     }
 
     /// Whether this clock is moved by hand.
     pub fn is_manual(&self) -> bool {
-        self.0.is_some()
+        matches!(self.0, Source::Manual(_))
     }
 
     pub fn now(&self) -> Millis {
         match &self.0 {
-            None => now_ms(),
-            Some(t) => *t.borrow(),
+            Source::Wall => now_ms(),
+            Source::Manual(t) => *t.borrow(),
+            Source::Simulated(s) => s.start + s.base.elapsed().as_millis() as Millis,
         }
     }
 
-    /// Moves a manual clock to `at` (never back) and wakes whoever sleeps on it; the wall
-    /// clock cannot be moved and ignores this.
+    /// Moves a manual clock to `at` (never back) and wakes whoever sleeps on it; other
+    /// clocks cannot be moved and ignore this.
     pub fn set(&self, at: Millis) {
-        if let Some(t) = &self.0 {
+        if let Source::Manual(t) = &self.0 {
             t.send_if_modified(|now| {
                 let moved = at > *now;
                 *now = (*now).max(at);
@@ -59,16 +96,40 @@ impl Clock {
     /// Returns once the clock shows `at` or later.
     pub async fn sleep_until(&self, at: Millis) {
         match &self.0 {
-            None => {
+            Source::Wall => {
                 let wait = (at - now_ms()).max(0) as u64;
                 tokio::time::sleep(Duration::from_millis(wait)).await;
             }
-            Some(t) => {
+            Source::Manual(t) => {
                 let mut rx = t.subscribe();
                 // The sender lives as long as this clock, so this only ends at `at`.
                 let _ = rx.wait_for(|now| *now >= at).await;
             }
+            Source::Simulated(s) => {
+                let wait = (at - s.start).max(0) as u64;
+                tokio::time::sleep_until(s.base + Duration::from_millis(wait)).await;
+            }
         }
+    }
+
+    /// A number drawn uniformly from `[0, 1)`.
+    pub fn random(&self) -> f64 {
+        match &self.0 {
+            Source::Simulated(s) => s.rng.lock().unwrap_or_else(|p| p.into_inner()).r#gen(),
+            _ => rand::thread_rng().r#gen(),
+        }
+    }
+
+    /// A new ULID at the clock's time, its random part drawn as [`Clock::random`] is.
+    pub fn ulid(&self) -> ulid::Ulid {
+        let random = match &self.0 {
+            Source::Simulated(s) => {
+                let mut rng = s.rng.lock().unwrap_or_else(|p| p.into_inner());
+                (u128::from(rng.next_u64()) << 64) | u128::from(rng.next_u64())
+            }
+            _ => rand::thread_rng().r#gen(),
+        };
+        ulid::Ulid::from_parts(self.now().max(0) as u64, random)
     }
 }
 
@@ -112,5 +173,17 @@ mod tests {
         assert!(now_ms() >= before + 20);
         clock.set(0);
         assert!(clock.now() >= before, "the wall clock cannot be moved");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_simulated_clock_follows_tokios_time_and_draws_from_its_seed() {
+        let clock = Clock::simulated(1_000, 7);
+        assert_eq!(clock.now(), 1_000);
+        clock.sleep_until(61_000).await;
+        assert_eq!(clock.now(), 61_000, "a minute of virtual time, at once");
+        let twin = Clock::simulated(61_000, 7);
+        let draws = |c: &Clock| (c.random(), c.ulid(), c.random());
+        assert_eq!(draws(&clock), draws(&twin), "one seed, one sequence");
+        assert_ne!(clock.random(), Clock::simulated(0, 8).random());
     }
 }

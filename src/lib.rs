@@ -29,6 +29,7 @@ pub mod config;
 pub mod delivery;
 pub mod domain;
 pub mod engine;
+pub mod hashing;
 pub mod history;
 pub mod ingest;
 pub mod service;

@@ -27,7 +27,8 @@
 pub mod forward;
 pub mod trust;
 
-use std::collections::{BTreeMap, HashMap};
+use crate::hashing::FastMap as HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,7 +138,7 @@ impl Membership {
             routing: Arc::new(Routing::new(partitions, forwarder)),
             leads,
             served,
-            links: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::default()),
             unpublished: tokio::sync::Mutex::new(Vec::new()),
             ready: AtomicBool::new(false),
             http: reqwest::Client::builder()
@@ -226,11 +227,12 @@ impl Membership {
     ) {
         loop {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(self.tick()) => {}
                 Some(parts) = fenced.recv() => {
                     self.drop_lost(&engine, &dispatcher, &parts).await;
                 }
+                _ = tokio::time::sleep(self.tick()) => {}
             }
             if let Err(e) = self.round(&engine, &dispatcher, false).await {
                 tracing::warn!(error = %e, "Cluster lease round failed; trying again.");
@@ -468,7 +470,7 @@ impl Membership {
                 return Err(e.into());
             }
         };
-        let mut by_part: HashMap<u32, Vec<SensorRuntime>> = HashMap::new();
+        let mut by_part: HashMap<u32, Vec<SensorRuntime>> = HashMap::default();
         for s in sensors {
             by_part.entry(self.partitions.of(s.0)).or_default().push(s);
         }
@@ -534,7 +536,7 @@ impl Membership {
     async fn publish_routes(&self) -> Result<(), Error> {
         let owners = self.store.owners().await?;
         let mut routes = vec![Route::Nobody; self.partitions.count as usize];
-        let mut addresses: HashMap<String, Arc<str>> = HashMap::new();
+        let mut addresses: HashMap<String, Arc<str>> = HashMap::default();
         for o in owners {
             if o.node == self.node || o.address.is_empty() {
                 continue;

@@ -10,7 +10,8 @@ use tokio_util::task::TaskTracker;
 
 use super::attempt::AttemptResult;
 use super::lanes::{BatchOut, Done, Finished, LaneKey};
-use super::{BatchDone, Cmd, Settings, sender};
+use super::transport::Transport;
+use super::{BatchDone, Cmd, Settings};
 use crate::domain::client::Batch;
 use crate::domain::{Claim, ClaimBatch, Millis, Sendable};
 use crate::store::Store;
@@ -58,11 +59,8 @@ pub(super) enum Admission {
 /// What sending a claimed head needs.
 #[derive(Clone)]
 pub(super) struct Sending {
-    pub http: reqwest::Client,
-    /// Client URLs as parsed.
-    pub urls: Arc<sender::Urls>,
-    /// Connections to broker destinations.
-    pub brokers: super::broker::Brokers,
+    /// Where attempts go out.
+    pub transport: Arc<dyn Transport>,
     pub settings: Arc<Settings>,
     /// Requests in flight in all (`concurrency` permits).
     pub sends: Arc<Semaphore>,
@@ -77,21 +75,23 @@ pub(super) struct Sending {
 /// like any other (the same notification, the same `webhook-id`).
 pub(super) const CUT_OFF: &str = "cut off: latch stopped before an answer came";
 
-/// Runs `attempt`, unless the stop's grace runs out first: then it is cut off.
+/// Runs `attempt`, begun at `at`, unless the stop's grace runs out first: then it is cut
+/// off.
 async fn unless_cut(
-    cut: &CancellationToken,
+    sending: &Sending,
     at: Millis,
     attempt: impl std::future::Future<Output = AttemptResult>,
 ) -> AttemptResult {
-    let started = std::time::Instant::now();
     tokio::select! {
         biased;
         result = attempt => result,
-        _ = cut.cancelled() => AttemptResult {
+        _ = sending.cut.cancelled() => AttemptResult {
             at,
             status_code: None,
             error: Some(CUT_OFF.into()),
-            duration: started.elapsed(),
+            duration: std::time::Duration::from_millis(
+                (sending.settings.clock.now() - at).max(0) as u64,
+            ),
             retry_after: None,
         },
     }
@@ -234,16 +234,8 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                             return;
                         }
                         let at = sending.settings.clock.now();
-                        let attempt = sender::send(
-                            &sending.http,
-                            &sending.brokers,
-                            &sending.settings.guard,
-                            &sending.urls,
-                            &s,
-                            sending.settings.timeout,
-                            at,
-                        );
-                        unless_cut(&sending.cut, at, attempt).await
+                        let attempt = sending.transport.send(&s, sending.settings.timeout, at);
+                        unless_cut(&sending, at, attempt).await
                     };
                     let result = Finished::Attempted(result);
                     let _ = sending
@@ -421,16 +413,10 @@ async fn send_claimed_batch(
         }
         return dones;
     }
-    let attempt = sender::send_batch(
-        &sending.http,
-        &settings.guard,
-        &sending.urls,
-        id,
-        &go_sends,
-        settings.timeout,
-        now,
-    );
-    let result = unless_cut(&sending.cut, now, attempt).await;
+    let attempt = sending
+        .transport
+        .send_batch(id, &go_sends, settings.timeout, now);
+    let result = unless_cut(sending, now, attempt).await;
     for (lane, nid) in go {
         let result = Finished::Attempted(result.clone());
         dones.push(Done {

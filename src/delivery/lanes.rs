@@ -34,10 +34,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-use super::FastMap;
 use super::attempt::AttemptResult;
 use super::rates::{Lease, Rates, Token, Wanted};
 use super::retry::RetryPolicy;
+use super::{FastMap, FastSet};
 use crate::domain::policy::{self, Queued, Waiting};
 use crate::domain::{EventKind, Millis, NotificationRef, Outcome, SensorId, Status, Verdict};
 use crate::telemetry::families;
@@ -178,21 +178,24 @@ pub(super) struct Lanes {
     /// Batched clients: their heads gathering, their batches out, the batches to send
     /// again ([`batches`]).
     batching: Batching,
+    /// Where batch ids are drawn from (it reads no time here: `now` is always given).
+    ids: crate::clock::Clock,
     /// Clients whose last attempt got no answer (it timed out or could not connect): each
     /// is admitted one head at a time until an attempt is answered, so an endpoint that
     /// hangs holds one request slot, not its client's share of the dispatcher's.
-    unanswered: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
+    unanswered: FastSet<Arc<str>>,
 }
 
 impl Lanes {
     /// Lanes of `node` for `concurrency` requests in all and `client_concurrency` per
-    /// client, on a store `shared` with other nodes or not.
+    /// client, on a store `shared` with other nodes or not; batch ids are drawn from `ids`.
     pub(super) fn new(
         node: Arc<str>,
         policy: RetryPolicy,
         concurrency: usize,
         client_concurrency: u32,
         shared: bool,
+        ids: crate::clock::Clock,
     ) -> Self {
         let ahead = claim_ahead(shared);
         Self {
@@ -213,6 +216,7 @@ impl Lanes {
             rate_woken: FastMap::default(),
             node,
             batching: Batching::default(),
+            ids,
             unanswered: Default::default(),
         }
     }

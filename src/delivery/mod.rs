@@ -35,12 +35,11 @@ pub mod retry;
 pub mod sender;
 pub mod signing;
 mod sweeper;
+pub mod transport;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -86,6 +85,9 @@ pub struct Settings {
     pub rate_grants: Option<RateGrants>,
     /// Where delivered and failed attempts are counted for the console's charts.
     pub recent: Option<Arc<crate::telemetry::recent::Recent>>,
+    /// Where attempts go out; `None`: the network ([`transport::Network`]). The
+    /// simulation puts its receivers here.
+    pub transport: Option<Arc<dyn transport::Transport>>,
 }
 
 /// Where a cluster leases clients' rate slots (the cluster's store).
@@ -123,6 +125,7 @@ impl Settings {
             serves: None,
             rate_grants: None,
             recent: None,
+            transport: None,
         }
     }
 
@@ -258,19 +261,25 @@ impl Dispatcher {
         let (claims, claims_rx) = mpsc::unbounded_channel();
         let sends = Arc::new(Semaphore::new(settings.concurrency));
         let cut = CancellationToken::new();
-        let brokers = broker::Brokers::new(
-            settings.guard.clone(),
-            settings.timeout,
-            stop.clone(),
-            grace,
-            tracker.clone(),
-        );
+        let transport = match settings.transport.clone() {
+            Some(t) => t,
+            None => Arc::new(transport::Network {
+                http,
+                brokers: broker::Brokers::new(
+                    settings.guard.clone(),
+                    settings.timeout,
+                    stop.clone(),
+                    grace,
+                    tracker.clone(),
+                ),
+                guard: settings.guard.clone(),
+                urls: sender::Urls::default(),
+            }),
+        };
         tracker.spawn(claimer(
             store.clone(),
             Sending {
-                http,
-                urls: Arc::default(),
-                brokers,
+                transport,
                 settings: settings.clone(),
                 sends,
                 tx: tx.clone(),
@@ -311,6 +320,7 @@ impl Dispatcher {
                 tx.clone(),
                 settings.serves.clone(),
                 sweep.clone(),
+                settings.clock.clone(),
                 stop.clone(),
             ));
         }
@@ -344,7 +354,7 @@ async fn clients(store: &dyn Store) -> crate::store::Result<Vec<crate::domain::C
 /// The dispatcher's maps, looked up several times a notification: foldhash rather than
 /// SipHash, whose hashing of client ids was ~5 % of a webhook's instructions (BENCHMARKS.md,
 /// tenth pass). Their keys are client ids latch made and sensors registered through the API.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+use crate::hashing::{FastMap, FastSet};
 
 enum Cmd {
     Deliver(Vec<NotificationRef>),
@@ -422,6 +432,7 @@ impl Core {
                 settings.concurrency,
                 settings.client_concurrency,
                 shared,
+                settings.clock.clone(),
             ),
             recorder,
             claims,
@@ -459,13 +470,16 @@ impl Core {
                     None => std::future::pending().await,
                 }
             };
+            // Biased, so a simulated run picks the same branch every time; the timers are
+            // fired at the top of every turn, so a busy channel does not starve them.
             tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => self.handle(cmd),
                     None => break,
                 },
                 _ = sleep => {}
-                _ = stop.cancelled() => break,
             }
             // Take whatever else is queued before dispatching, so claims batch up.
             while let Ok(cmd) = rx.try_recv() {
@@ -646,7 +660,7 @@ impl Core {
     fn finish(&mut self, d: Done, now: Millis) {
         self.withdraw.remove(&d.lane);
         let client = d.lane.0.clone();
-        if let Some(outcome) = self.lanes.finish(d, now, rand::thread_rng().r#gen()) {
+        if let Some(outcome) = self.lanes.finish(d, now, self.clock.random()) {
             self.outcome(outcome, now);
         }
         if !self.lanes.client_busy(&client) {
@@ -670,7 +684,7 @@ impl Core {
         for d in &b.dones {
             self.withdraw.remove(&d.lane);
         }
-        let jitter = rand::thread_rng().r#gen();
+        let jitter = self.clock.random();
         for outcome in self
             .lanes
             .finish_batch(&b.client, &b.id, b.dones, now, jitter)

@@ -17,7 +17,8 @@
 //! [`Rates::wanted`] which leases to ask the store for; the dispatcher asks and hands the
 //! answers back with [`Rates::granted`].
 
-use std::collections::{HashMap, VecDeque};
+use crate::hashing::FastMap as HashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::domain::Millis;

@@ -3,12 +3,14 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Cmd, Serves};
+use crate::clock::Clock;
+use crate::domain::Millis;
 use crate::store::Store;
 
 /// How often a node sharing its store with others looks for pending notifications it was
@@ -32,17 +34,20 @@ pub(super) async fn sweeper(
     tx: mpsc::UnboundedSender<Cmd>,
     serves: Option<Serves>,
     now: Arc<tokio::sync::Notify>,
+    clock: Clock,
     stop: CancellationToken,
 ) {
     let mut marks: VecDeque<i64> = VecDeque::new();
-    let mut last_full = Instant::now();
+    let mut last_full = clock.now();
+    let full_every = FULL_SWEEP_EVERY.as_millis() as Millis;
     loop {
         let asked = tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(SWEEP_EVERY) => false,
             _ = now.notified() => true,
         };
-        let full = asked || last_full.elapsed() >= FULL_SWEEP_EVERY;
+        let full = asked || clock.now() - last_full >= full_every;
         let after = match marks.front() {
             Some(&mark) if !full => mark,
             _ => i64::MIN,
@@ -53,7 +58,7 @@ pub(super) async fn sweeper(
                     refs.retain(|r| serves(r.sensor_id));
                 }
                 if full {
-                    last_full = Instant::now();
+                    last_full = clock.now();
                 }
                 let newest = refs.iter().map(|r| r.seq).max();
                 let mark = newest.max(marks.back().copied()).unwrap_or(i64::MIN);

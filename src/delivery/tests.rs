@@ -23,6 +23,7 @@ fn settings(clock: Clock) -> Settings {
         serves: None,
         rate_grants: None,
         recent: None,
+        transport: None,
     }
 }
 

@@ -7,7 +7,8 @@
 //! stays 48 bytes, and a flag bit in it says whether to look here at all. A lost sensor
 //! with reminders on costs about 80 bytes here (its map entry and its timer).
 
-use std::collections::{BTreeSet, HashMap};
+use crate::hashing::FastMap as HashMap;
+use std::collections::BTreeSet;
 
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::{Connection, Millis};

@@ -31,7 +31,7 @@
 //! on it are `max(last_seen, resumed_at, reconnected_at) + timeout`, which is still
 //! monotone in `last_seen`. Sensors heard over HTTP (or never) are on lists no link holds.
 
-use std::collections::HashMap;
+use crate::hashing::FastMap as HashMap;
 use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
@@ -215,7 +215,7 @@ impl Fleet {
             slots: Vec::new(),
             free: Vec::new(),
             groups: Vec::new(),
-            group_of: HashMap::new(),
+            group_of: HashMap::default(),
             free_groups: Vec::new(),
             policy,
             resumed_at,

@@ -4,13 +4,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use crate::domain::time::now_ms;
+use crate::domain::Millis;
 use crate::store::Store;
 
 /// How often the change log is read.
@@ -35,13 +35,14 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut marks: VecDeque<i64> = VecDeque::from([seen]);
-    let mut last_prune = Instant::now();
+    let mut last_prune = engine.now();
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
         for done in waiting.drain(..) {
             let _ = done.send(());
         }
         tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(EVERY) => {}
             Some(poke) = pokes.recv() => waiting.push(poke),
@@ -70,9 +71,10 @@ pub async fn run(
         if marks.len() > LOOKBACK {
             marks.pop_front();
         }
-        if last_prune.elapsed() >= PRUNE_EVERY {
-            last_prune = Instant::now();
-            if let Err(e) = store.prune_registry_changes(now_ms() - KEEP_MS).await {
+        let now = engine.now();
+        if now - last_prune >= PRUNE_EVERY.as_millis() as Millis {
+            last_prune = now;
+            if let Err(e) = store.prune_registry_changes(now - KEEP_MS).await {
                 tracing::warn!(error = %e, "Pruning registry changes failed.");
             }
         }

@@ -39,7 +39,7 @@ mod sequence;
 mod shard;
 mod ticket;
 
-use std::collections::HashMap;
+use crate::hashing::FastMap as HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -423,7 +423,7 @@ impl Engine {
         type Part = (Vec<usize>, Vec<Reading>, Vec<u32>);
         let mut rejected = Vec::new();
         let mut parts: Vec<Part> = vec![(vec![], vec![], vec![]); self.shards.len()];
-        let mut away: HashMap<Arc<str>, (Vec<usize>, Vec<Reading>)> = HashMap::new();
+        let mut away: HashMap<Arc<str>, (Vec<usize>, Vec<Reading>)> = HashMap::default();
         for (i, item) in items.into_iter().enumerate() {
             match item {
                 Ok(r) => {

@@ -15,7 +15,7 @@
 //! deliver again. A reading of a partition whose route changed since the sequence's last
 //! reading of it cuts it too: the answer from the old owner may still be on its way.
 
-use std::collections::HashMap;
+use crate::hashing::FastMap as HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -50,7 +50,7 @@ impl Sequence {
         Self(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             cut: AtomicBool::new(false),
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(HashMap::default()),
         }))
     }
 

@@ -7,7 +7,7 @@
 //! each with its own [`Fleet`]: a partition arrives whole (taken over, with its deadlines
 //! counted from the takeover) and leaves whole (flushed first when handed over).
 
-use std::collections::HashMap;
+use crate::hashing::FastMap as HashMap;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -124,7 +124,10 @@ impl Shard {
                     None => std::future::pending().await,
                 }
             };
+            // Biased (a simulated run takes the same branch every time): what is queued
+            // first, so readings that arrived before a deadline are applied before it.
             let first = tokio::select! {
+                biased;
                 m = self.rx.recv() => match m {
                     Some(m) => Some(m),
                     None => break,

@@ -14,7 +14,7 @@
 //! request goes in a batch of its own afterwards, so a receiver that drops batch ids it
 //! has seen never drops a notification it has not seen.
 
-use std::collections::HashMap;
+use crate::hashing::FastMap as HashMap;
 use std::sync::Arc;
 
 use super::answer::RetryAt;
@@ -293,7 +293,7 @@ impl Lanes {
                 let n = g.fresh.len().min(spec.max_events as usize);
                 let keys: Vec<LaneKey> = g.fresh.drain(..n).collect();
                 g.fresh_since = now;
-                let id: Arc<str> = Arc::from(ulid::Ulid::new().to_string());
+                let id: Arc<str> = Arc::from(self.ids.ulid().to_string());
                 (id, keys, Vec::new())
             }
         };

@@ -1,6 +1,7 @@
 //! What left the lanes lately, for the sweeps of a shared store.
 
-use std::collections::{HashMap, VecDeque};
+use crate::hashing::FastMap as HashMap;
+use std::collections::VecDeque;
 use std::hash::Hash;
 
 use super::FINISHED_MEMORY_MS;
@@ -55,7 +56,7 @@ impl RecentlyFinished {
 
 /// Gives a map's room back after a burst: a map keeps the capacity of its largest size,
 /// and the dispatcher's maps peak with a backlog (a restart with a million pending).
-pub(super) fn shrink<K: Eq + Hash, V, S: std::hash::BuildHasher>(map: &mut HashMap<K, V, S>) {
+pub(super) fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > 64 && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }

@@ -71,7 +71,14 @@ impl Harness {
             max_attempts: 100,
         };
         Self {
-            core: Lanes::new(Arc::from("n1"), policy, 8, 2, shared),
+            core: Lanes::new(
+                Arc::from("n1"),
+                policy,
+                8,
+                2,
+                shared,
+                crate::clock::Clock::wall(),
+            ),
             outcomes: Vec::new(),
             seq: 0,
             now: 1_800_000_000_000,
