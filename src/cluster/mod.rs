@@ -91,11 +91,14 @@ pub struct Membership {
 
 impl Membership {
     /// Registers this node and fixes the partition count (at the database's first use).
+    /// Readings of partitions other nodes serve go to them through `forwarder`; `None`:
+    /// over HTTP ([`HttpForwarder`]).
     pub async fn join(
         store: Arc<dyn ClusterStore>,
         node: String,
         address: Option<String>,
         config: &crate::config::Config,
+        forwarder: Option<Arc<dyn crate::engine::Forwarder>>,
     ) -> Result<Arc<Self>, Error> {
         let partitioning = store.partitions(config.partitions()).await?;
         let partitions = partitioning.count;
@@ -121,10 +124,12 @@ impl Membership {
             );
         }
         let secret = trust::secret(store.as_ref(), config.cluster_secret.as_deref()).await?;
-        let forwarder = Arc::new(HttpForwarder::new(
-            &secret,
-            config.database_timeout + Duration::from_secs(5),
-        ));
+        let forwarder = forwarder.unwrap_or_else(|| {
+            Arc::new(HttpForwarder::new(
+                &secret,
+                config.database_timeout + Duration::from_secs(5),
+            ))
+        });
         let (leads, _) = watch::channel(false);
         let (served, _) = watch::channel(Arc::new(std::collections::BTreeSet::new()));
         let me = Arc::new(Self {

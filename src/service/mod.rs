@@ -16,6 +16,7 @@
 //! stop taking readings first, the engine flushes, its partitions are handed over, the
 //! last history ships, and the dispatcher finishes in-flight attempts within the grace.
 
+mod node;
 mod stages;
 
 use std::future::Future;
@@ -27,8 +28,9 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::tasks::Supervisor;
 use crate::telemetry;
+pub use node::{Node, Parts};
 pub use stages::exposed_without_token;
-use stages::{Archive, Base, Core, Delivery, Followers, Http, Leases, Sources};
+use stages::{Base, Followers, Http, Sources};
 
 /// Runs latch on `listener` until `shutdown` completes, then stops gracefully. Fails when
 /// a start stage fails or a task of the service panicked.
@@ -43,14 +45,11 @@ pub async fn run_with_clock(
     let metrics = telemetry::metrics_handle();
     telemetry::register_families(&config);
     let base = Base::open(&config, &listener).await?;
-    let delivery = Delivery::start(&config, &base, &clock, &sup).await?;
-    let archive = Archive::start(&config, &base, &clock, &sup)?;
-    let core = Core::start(&config, &base, &clock, &delivery, &archive, &sup).await?;
-    let leases = Leases::start(&base, &core, &delivery, &sup).await?;
-    let sources = Sources::start(&config, &base, &core, &sup);
-    let followers = Followers::start(&base, &sup).await?;
+    let node = Node::start_on(&config, &clock, base, None, sup.clone(), true).await?;
+    let sources = Sources::start(&config, &node.base, &node.core, &sup);
+    let followers = Followers::start(&node.base, &sup).await?;
     let http = Http::start(
-        &config, listener, &base, &delivery, &archive, &core, &sources, &followers, metrics, &sup,
+        &config, listener, &node, &sources, &followers, metrics, &sup,
     )?;
 
     tokio::select! {
@@ -63,11 +62,7 @@ pub async fn run_with_clock(
     http.stop().await?;
     followers.stop().await;
     sources.stop().await;
-    leases.stop().await;
-    core.stop().await;
-    base.leave(&delivery).await;
-    archive.stop().await;
-    delivery.stop(config.shutdown_grace).await;
+    node.stop(config.shutdown_grace).await;
     tracing::info!("latch stopped.");
     match sup.failure() {
         Some(failure) => anyhow::bail!("{failure}"),

@@ -26,17 +26,17 @@ use crate::{api, delivery, ingest};
 
 /// The store, this node's id and address, and its cluster membership on PostgreSQL.
 pub(super) struct Base {
-    store: Arc<dyn Store>,
+    pub(super) store: Arc<dyn Store>,
     /// PostgreSQL's cluster side: leases, and the schedule clients' rate limits share.
-    cluster_store: Option<Arc<dyn ClusterStore>>,
-    node: String,
+    pub(super) cluster_store: Option<Arc<dyn ClusterStore>>,
+    pub(super) node: String,
     /// The address other nodes reach this one at, when one is configured or derived.
-    address: Option<String>,
-    bound: std::net::SocketAddr,
-    membership: Option<Arc<Membership>>,
-    partitions: Partitioning,
+    pub(super) address: Option<String>,
+    pub(super) bound: std::net::SocketAddr,
+    pub(super) membership: Option<Arc<Membership>>,
+    pub(super) partitions: Partitioning,
     /// The last hour of this node's activity, for the console's charts.
-    recent: Arc<Recent>,
+    pub(super) recent: Arc<Recent>,
 }
 
 impl Base {
@@ -46,10 +46,37 @@ impl Base {
         let node = store::node_id(&config.data_dir)?;
         let bound = listener.local_addr()?;
         let address = config.advertise(bound);
+        let parts = super::Parts {
+            store,
+            cluster_store,
+            node,
+            address,
+            transport: None,
+            forwarder: None,
+        };
+        Self::assemble(config, parts, bound).await
+    }
+
+    /// The base of a node made of `parts`, bound (for the API) to `bound`.
+    pub(super) async fn assemble(
+        config: &Config,
+        parts: super::Parts,
+        bound: std::net::SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let super::Parts {
+            store,
+            cluster_store,
+            node,
+            address,
+            forwarder,
+            ..
+        } = parts;
         // PostgreSQL: this node is one of a cluster (perhaps of one) and serves the
         // partitions it leases; the embedded store is one node serving them all.
         let membership = match cluster_store.clone() {
-            Some(cs) => Some(Membership::join(cs, node.clone(), address.clone(), config).await?),
+            Some(cs) => {
+                Some(Membership::join(cs, node.clone(), address.clone(), config, forwarder).await?)
+            }
             None => None,
         };
         let partitions = membership
@@ -78,9 +105,9 @@ impl Base {
 
 /// The dispatcher, delivering notifications until stopped.
 pub(super) struct Delivery {
-    dispatcher: Dispatcher,
-    stop: CancellationToken,
-    tasks: TaskTracker,
+    pub(super) dispatcher: Dispatcher,
+    pub(super) stop: CancellationToken,
+    pub(super) tasks: TaskTracker,
 }
 
 impl Delivery {
@@ -88,7 +115,7 @@ impl Delivery {
         config: &Config,
         base: &Base,
         clock: &Clock,
-        _sup: &Supervisor,
+        transport: Option<Arc<dyn delivery::transport::Transport>>,
     ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -100,6 +127,7 @@ impl Delivery {
                 serves: base.membership.as_ref().map(|m| m.serves()),
                 rate_grants: base.cluster_store.clone().map(delivery::RateGrants),
                 recent: Some(base.recent.clone()),
+                transport,
                 ..delivery::Settings::from_config(config)
             },
             stop.clone(),
@@ -131,12 +159,12 @@ impl Delivery {
 /// ClickHouse, or the archiver that moves SQLite's journal into its archive), and the
 /// store's upkeep with retention.
 pub(super) struct Archive {
-    history: History,
+    pub(super) history: History,
     /// History rows committed since the last shipment, so a full batch moves early.
-    spooled: Arc<Spooled>,
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-    upkeep: JoinHandle<()>,
+    pub(super) spooled: Arc<Spooled>,
+    pub(super) stop: CancellationToken,
+    pub(super) task: JoinHandle<()>,
+    pub(super) upkeep: JoinHandle<()>,
 }
 
 impl Archive {
@@ -243,15 +271,15 @@ impl committer::Listener for Wiring {
 
 /// The engine's shards and the committer behind them.
 pub(super) struct Core {
-    engine: Engine,
+    pub(super) engine: Engine,
     /// The sensors loaded at start (one node; a cluster node loads per partition).
-    sensors: Option<usize>,
-    follow: Option<engine::follow::Pokes>,
-    live: broadcast::Sender<Event>,
-    fenced: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Vec<u32>>>>,
-    stop: CancellationToken,
-    tasks: TaskTracker,
-    committer: JoinHandle<()>,
+    pub(super) sensors: Option<usize>,
+    pub(super) follow: Option<engine::follow::Pokes>,
+    pub(super) live: broadcast::Sender<Event>,
+    pub(super) fenced: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Vec<u32>>>>,
+    pub(super) stop: CancellationToken,
+    pub(super) tasks: TaskTracker,
+    pub(super) committer: JoinHandle<()>,
 }
 
 impl Core {
@@ -260,7 +288,7 @@ impl Core {
         base: &Base,
         clock: &Clock,
         delivery: &Delivery,
-        archive: &Archive,
+        spooled: Arc<Spooled>,
         sup: &Supervisor,
     ) -> anyhow::Result<Self> {
         let store = &base.store;
@@ -269,7 +297,7 @@ impl Core {
         let (fenced_tx, fenced_rx) = mpsc::unbounded_channel();
         let wiring = Wiring {
             dispatcher: delivery.dispatcher.clone(),
-            spooled: archive.spooled.clone(),
+            spooled,
             live: live.clone(),
             fenced: base.membership.is_some().then_some(fenced_tx),
             recent: base.recent.clone(),
@@ -539,19 +567,20 @@ pub(super) struct Http {
 }
 
 impl Http {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         config: &Arc<Config>,
         listener: TcpListener,
-        base: &Base,
-        delivery: &Delivery,
-        archive: &Archive,
-        core: &Core,
+        node: &super::Node,
         sources: &Sources,
         followers: &Followers,
         metrics: metrics_exporter_prometheus::PrometheusHandle,
         sup: &Supervisor,
     ) -> anyhow::Result<Self> {
+        let (base, delivery, core) = (&node.base, &node.delivery, &node.core);
+        let history = match &node.archive {
+            Some(a) => a.history.clone(),
+            None => crate::history::History::new(base.store.clone(), None),
+        };
         let accepting = Arc::new(AtomicBool::new(true));
         let streams_stop = CancellationToken::new();
         let state = api::AppState {
@@ -561,7 +590,7 @@ impl Http {
             ingest: sources.ingest.clone(),
             sources: sources.sources.clone(),
             dispatcher: delivery.dispatcher.clone(),
-            history: archive.history.clone(),
+            history,
             metrics,
             accepting: accepting.clone(),
             tokens: followers.tokens.clone(),
