@@ -42,8 +42,11 @@ pub struct Check {
     pub concern: &'static str,
     pub name: &'static str,
     /// Runs the check; it panics where the store does not behave.
-    pub run: for<'a> fn(&'a dyn Store) -> Pin<Box<dyn Future<Output = ()> + 'a>>,
+    pub run: for<'a> fn(&'a dyn Store) -> Running<'a>,
 }
+
+/// A check under way on a store it borrows.
+pub type Running<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 
 impl std::fmt::Debug for Check {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -101,7 +104,7 @@ macro_rules! suite {
         mod run {
             use super::*;
             $(
-                pub(super) fn $check(s: &dyn Store) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+                pub(super) fn $check(s: &dyn Store) -> Running<'_> {
                     Box::pin(super::$concern::$check(s))
                 }
             )*
