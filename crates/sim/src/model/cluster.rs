@@ -238,7 +238,7 @@ impl Tables {
             .entry(client.to_string())
             .and_modify(|end| *end = end.saturating_add(span).max(us.saturating_add(span)))
             .or_insert_with(|| us.saturating_add(span));
-        (*end - span, us)
+        (end.saturating_sub(span), us)
     }
 
     /// Per source, over the live nodes' records: down while any is down (since the first

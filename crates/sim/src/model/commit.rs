@@ -205,7 +205,7 @@ impl Tables {
             // One process per store: its engine saw every change itself.
             return (after, Vec::new());
         }
-        let later = self.changes.range(after + 1..);
+        let later = self.changes.range(after.saturating_add(1)..);
         let newest = later.clone().map(|(&seq, _)| seq).max().unwrap_or(after);
         let ids: BTreeSet<SensorId> = later.map(|(_, (id, _))| *id).collect();
         let changed = ids.into_iter().map(|id| (id, self.runtime(id))).collect();

@@ -31,11 +31,30 @@
 //! node's name, through the fault hooks and the process's [`faults::Gate`] (kill, freeze,
 //! thaw). A node restarted is a new `NodeStore`; the killed one's calls never end.
 //!
+//! ```
+//! use std::sync::Arc;
+//! use latch::clock::Clock;
+//! use latch::store::{ClusterStore, Store};
+//! use latch_sim::model::{Mode, ModelStore, NoFaults};
+//!
+//! let clock = Clock::manual(1_700_000_000_000);
+//! let model = ModelStore::new(Mode::Shared { partitions: 8 }, clock, Arc::new(NoFaults));
+//! let n1 = model.for_node("n1");
+//! let store: Arc<dyn Store> = n1.clone(); // what latch's wiring takes
+//! let cluster: Arc<dyn ClusterStore> = n1.clone();
+//! n1.freeze(); // SIGSTOP: its calls wait…
+//! n1.thaw(); // …and go on
+//! n1.kill(); // its calls never end; a restart is `model.for_node("n1")` again
+//! assert!(model.read(|t| t.audit().violations().is_empty()));
+//! # let _ = (store, cluster);
+//! ```
+//!
 //! Not modelled: row locks between transactions (a claim never finds a row another node
-//! is claiming at that instant: calls are atomic here), SQLite's relaxed durability of
-//! claims and results (a power cut is the other half of issue #48, on the real store),
-//! and the full-text tokenizers' diacritic folding in sensor search (words are matched
-//! lower-cased, as runs of letters and digits).
+//! is claiming at that instant, and upkeep never finds another node at it: calls are
+//! atomic here); SQLite's relaxed durability of claims and results (a power cut is the
+//! other half of issue #48, on the real store); PostgreSQL's history retention by whole
+//! months (rows go one by one, as on SQLite); the full-text tokenizers' diacritic folding
+//! in sensor search (words are matched lower-cased, as runs of letters and digits).
 
 use std::sync::{Arc, Mutex};
 

@@ -17,7 +17,7 @@ use latch::domain::{
     Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId, SensorStatus,
     Source, Status,
 };
-use latch::store::{Error, ReadingRecord, SensorRuntime, SensorView};
+use latch::store::{ReadingRecord, SensorRuntime, SensorView};
 
 use super::audit::Audit;
 
@@ -215,25 +215,29 @@ impl Tables {
         );
     }
 
-    /// Deletes a notification and its attempts (retention); returns the attempts deleted.
-    pub(crate) fn delete_notification(&mut self, cx: &Cx, seq: i64) -> u64 {
-        let Some(r) = self.notifications.remove(&seq) else {
-            return 0;
-        };
-        let n = r.notification;
-        self.seq_of.remove(&n.id);
-        let key = (n.sensor_id, n.client_id.clone());
-        if let Some(lane) = self.lanes.get_mut(&key) {
-            lane.remove(&seq);
-            if lane.is_empty() {
-                self.lanes.remove(&key);
+    /// Deletes notifications and their attempts (retention); returns how many of each.
+    pub(crate) fn delete_notifications(&mut self, cx: &Cx, seqs: &[i64]) -> (u64, u64) {
+        let mut ids = BTreeSet::new();
+        for &seq in seqs {
+            let Some(r) = self.notifications.remove(&seq) else {
+                continue;
+            };
+            let n = r.notification;
+            self.seq_of.remove(&n.id);
+            let key = (n.sensor_id, n.client_id.clone());
+            if let Some(lane) = self.lanes.get_mut(&key) {
+                lane.remove(&seq);
+                if lane.is_empty() {
+                    self.lanes.remove(&key);
+                }
             }
+            self.audit.deleted(cx, seq);
+            ids.insert(n.id);
         }
         let before = self.attempts.len();
         self.attempts
-            .retain(|_, a| a.attempt.notification_id != n.id);
-        self.audit.deleted(cx, seq);
-        (before - self.attempts.len()) as u64
+            .retain(|_, a| !ids.contains(&a.attempt.notification_id));
+        (ids.len() as u64, (before - self.attempts.len()) as u64)
     }
 
     /// The notifications of `n`'s lane (same sensor and client), in outbox order.
@@ -388,12 +392,6 @@ impl Tables {
             }
         }
         Some(h)
-    }
-
-    /// Fails a call the model does not answer the way a backend would.
-    #[allow(dead_code)]
-    pub(crate) fn not_modelled(what: &str) -> Error {
-        Error::Backend(format!("{what} is not modelled by the model of the store"))
     }
 }
 

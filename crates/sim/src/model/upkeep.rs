@@ -3,7 +3,9 @@
 //! here, applied whole, where the backends delete in small steps with commits let through
 //! between them; what it deletes is the same: readings and events older than the cut-off,
 //! and finished notifications (with their attempts) last changed before it, scanning the
-//! outbox in order up to the first one made at the cut-off or later.
+//! outbox in order up to the first one made at the cut-off or later. (PostgreSQL drops
+//! history a whole month at a time, so it keeps rows up to a month longer than asked; the
+//! model deletes them row by row, as SQLite does.)
 
 use async_trait::async_trait;
 
@@ -40,10 +42,7 @@ impl Tables {
                 .filter(|n| n.status != Status::Pending && n.updated_at < before)
                 .map(|n| n.seq)
                 .collect();
-            for seq in doomed {
-                pruned.notifications += 1;
-                pruned.attempts += self.delete_notification(cx, seq);
-            }
+            (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);
         }
         pruned
     }
