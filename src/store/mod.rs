@@ -58,8 +58,8 @@ mod space;
 pub mod sqlite;
 mod types;
 
-#[cfg(test)]
-mod conformance;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 
 /// The registry: sensors, clients and the links between them, as the API reads and
 /// changes them.

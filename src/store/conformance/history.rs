@@ -68,9 +68,9 @@ pub(super) async fn archive_keeps_reads_whole(s: &dyn Store) {
 
 /// A sink that keeps what it is given, or refuses while `fail` is set.
 #[derive(Default)]
-pub(crate) struct Collect {
-    pub(crate) fail: std::sync::atomic::AtomicBool,
-    pub(crate) got: std::sync::Mutex<Vec<HistoryBatch>>,
+pub struct Collect {
+    pub fail: std::sync::atomic::AtomicBool,
+    pub got: std::sync::Mutex<Vec<HistoryBatch>>,
 }
 
 #[async_trait]

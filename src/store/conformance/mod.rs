@@ -3,19 +3,29 @@
 //! PostgreSQL, so one failure hides no other and the checks pass in any order.
 //!
 //! A check is an `async fn(&dyn Store)` in the module of its concern; [`suite!`] lists
-//! them all once and emits a `#[tokio::test]` per check and backend.
+//! them all once, emits a `#[tokio::test]` per check and backend, and collects them in
+//! [`CHECKS`]. With the `conformance` feature this module is public, so a store outside
+//! this crate (the simulation's model of the store, `crates/sim`) is held to the same
+//! checks: it runs each of [`CHECKS`] on a fresh store of its own.
 
+use std::future::Future;
+use std::pin::Pin;
+#[cfg(test)]
 use std::sync::Arc;
 
 use super::*;
 use crate::domain::{Event, time::now_ms};
+// The store module imports these for its tests only (`super::*` brings them then); a build
+// with the `conformance` feature alone names them here.
+#[cfg(not(test))]
+use crate::domain::{EventKind, SensorStatus, Status};
 
 mod batches;
 mod choices;
 mod commit;
 mod find;
 mod history;
-pub(crate) use history::Collect;
+pub use history::Collect;
 mod lifecycle;
 mod outbox;
 mod registry;
@@ -25,7 +35,27 @@ mod tokens;
 /// A `disable_after` no check reaches.
 const NEVER: Millis = Millis::MAX / 2;
 
+/// One check of the suite: the behaviour it states, run on a fresh, empty store.
+#[derive(Clone, Copy)]
+pub struct Check {
+    /// The module of its concern (`registry`, `outbox`, …).
+    pub concern: &'static str,
+    pub name: &'static str,
+    /// Runs the check; it panics where the store does not behave.
+    pub run: for<'a> fn(&'a dyn Store) -> Running<'a>,
+}
+
+/// A check under way on a store it borrows.
+pub type Running<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}::{}", self.concern, self.name)
+    }
+}
+
 /// An empty store for one check, with what has to live as long as it.
+#[cfg(test)]
 struct Fresh {
     store: Arc<dyn Store>,
     /// The store's data folder, removed after the store (fields drop in order).
@@ -34,6 +64,7 @@ struct Fresh {
 
 /// The store as a server opens it ([`crate::store::connect`]), on `database_url`: what a
 /// backend's wiring adds (or forgets) is part of what the checks see.
+#[cfg(test)]
 async fn open(database_url: Option<String>) -> Fresh {
     let dir = tempfile::tempdir().unwrap();
     let mut config = crate::config::Config::load_from(None, &[]).unwrap();
@@ -44,11 +75,13 @@ async fn open(database_url: Option<String>) -> Fresh {
     Fresh { store, _dir: dir }
 }
 
+#[cfg(test)]
 async fn fresh_sqlite() -> Option<Fresh> {
     Some(open(None).await)
 }
 
 /// A store on a fresh schema of the test database; `None` (SKIPPED) without one outside CI.
+#[cfg(test)]
 async fn fresh_postgres() -> Option<Fresh> {
     let schema = crate::store::postgres::tests::fresh_schema().await?;
     let url = crate::store::postgres::tests::schema_url(
@@ -58,50 +91,36 @@ async fn fresh_postgres() -> Option<Fresh> {
     Some(open(Some(url)).await)
 }
 
-/// Emits, in a module named after the backend, one test per check, each on the store
-/// `$fresh()` opens (`None`: skipped).
+/// Lists every check once: [`CHECKS`], and (in this crate's tests) a module per backend
+/// with one test per check, each on the store `fresh_…()` opens (`None`: skipped).
 macro_rules! suite {
-    ($backend:ident, $fresh:path) => {
-        mod $backend {
-            suite!(@checks $fresh;
-                registry::sensors_crud_and_pagination,
-                registry::clients_and_links,
-                registry::import_skips_what_exists,
-                registry::deletes_cancel_pending,
-                registry::registry_changes_follow_create_change_delete,
-                registry::counts_by_connection,
-                commit::commit_creates_state_history_and_outbox,
-                commit::lost_state_survives_and_filters,
-                commit::a_batch_notifies_in_event_then_client_order,
-                choices::subscriptions_make_only_wanted_notifications,
-                choices::state_keeps_source_window_and_reminders,
-                batches::a_clients_batch_round_trips_and_claims_read_it,
-                batches::a_batchs_mark_follows_its_requests,
-                outbox::claim_reads_registry_and_cancels_orphans,
-                outbox::record_and_retry,
-                outbox::leases_exclude_other_nodes,
-                outbox::another_nodes_lease_is_kept_but_for_a_delivery,
-                outbox::an_older_connection_notification_is_not_replayed,
-                history::archive_keeps_reads_whole,
-                history::spool_ships_only_what_the_sink_took,
-                lifecycle::rotated_secret_signs_during_its_grace,
-                lifecycle::gone_disables_until_enabled,
-                lifecycle::a_long_failure_streak_disables,
-                lifecycle::bulk_replay_keeps_order_and_skips_refusals,
-                lifecycle::health_sums_up_attempts,
-                lifecycle::health_counts_broker_acknowledgements,
-                lifecycle::rate_limit_is_kept,
-                retention::history_goes_at_its_time_and_no_sooner,
-                retention::finished_notifications_go_pending_ones_stay,
-                tokens::tokens_keep_hash_and_scopes,
-                tokens::deleted_tokens_are_gone,
-                find::notifications_newest_first_with_filters,
-                find::sensors_found_by_id_prefix_and_address_words,
-                find::clients_found_by_name,
-            );
+    ($($concern:ident::$check:ident),* $(,)?) => {
+        /// Every check of the suite, in the order they are listed.
+        pub const CHECKS: &[Check] = &[
+            $(Check { concern: stringify!($concern), name: stringify!($check), run: run::$check },)*
+        ];
+
+        /// Each check as a [`Check::run`].
+        mod run {
+            use super::*;
+            $(
+                pub(super) fn $check(s: &dyn Store) -> Running<'_> {
+                    Box::pin(super::$concern::$check(s))
+                }
+            )*
+        }
+
+        #[cfg(test)]
+        mod sqlite {
+            suite!(@tests super::fresh_sqlite; $($concern::$check),*);
+        }
+
+        #[cfg(test)]
+        mod postgres {
+            suite!(@tests super::fresh_postgres; $($concern::$check),*);
         }
     };
-    (@checks $fresh:path; $($concern:ident::$check:ident),* $(,)?) => {
+    (@tests $fresh:path; $($concern:ident::$check:ident),*) => {
         $(
             #[tokio::test]
             async fn $check() {
@@ -114,10 +133,44 @@ macro_rules! suite {
     };
 }
 
-suite!(sqlite, super::fresh_sqlite);
-suite!(postgres, super::fresh_postgres);
+suite!(
+    registry::sensors_crud_and_pagination,
+    registry::clients_and_links,
+    registry::import_skips_what_exists,
+    registry::deletes_cancel_pending,
+    registry::registry_changes_follow_create_change_delete,
+    registry::counts_by_connection,
+    commit::commit_creates_state_history_and_outbox,
+    commit::lost_state_survives_and_filters,
+    commit::a_batch_notifies_in_event_then_client_order,
+    choices::subscriptions_make_only_wanted_notifications,
+    choices::state_keeps_source_window_and_reminders,
+    batches::a_clients_batch_round_trips_and_claims_read_it,
+    batches::a_batchs_mark_follows_its_requests,
+    outbox::claim_reads_registry_and_cancels_orphans,
+    outbox::record_and_retry,
+    outbox::leases_exclude_other_nodes,
+    outbox::another_nodes_lease_is_kept_but_for_a_delivery,
+    outbox::an_older_connection_notification_is_not_replayed,
+    history::archive_keeps_reads_whole,
+    history::spool_ships_only_what_the_sink_took,
+    lifecycle::rotated_secret_signs_during_its_grace,
+    lifecycle::gone_disables_until_enabled,
+    lifecycle::a_long_failure_streak_disables,
+    lifecycle::bulk_replay_keeps_order_and_skips_refusals,
+    lifecycle::health_sums_up_attempts,
+    lifecycle::health_counts_broker_acknowledgements,
+    lifecycle::rate_limit_is_kept,
+    retention::history_goes_at_its_time_and_no_sooner,
+    retention::finished_notifications_go_pending_ones_stay,
+    tokens::tokens_keep_hash_and_scopes,
+    tokens::deleted_tokens_are_gone,
+    find::notifications_newest_first_with_filters,
+    find::sensors_found_by_id_prefix_and_address_words,
+    find::clients_found_by_name,
+);
 
-pub(crate) fn sid(s: &str) -> SensorId {
+pub fn sid(s: &str) -> SensorId {
     SensorId::parse(s).unwrap()
 }
 
@@ -125,7 +178,7 @@ fn page(limit: u32) -> PageRequest {
     PageRequest { limit, after: None }
 }
 
-pub(crate) fn sensor(id: &str) -> Sensor {
+pub fn sensor(id: &str) -> Sensor {
     Sensor {
         id: sid(id),
         address: format!("address of {id}"),
@@ -135,7 +188,7 @@ pub(crate) fn sensor(id: &str) -> Sensor {
     }
 }
 
-pub(crate) fn client(id: &str, url: &str) -> Client {
+pub fn client(id: &str, url: &str) -> Client {
     Client {
         id: id.into(),
         name: format!("client {id}"),
@@ -147,7 +200,7 @@ pub(crate) fn client(id: &str, url: &str) -> Client {
 }
 
 /// `id` lost (or restored) at `at`, heard last at 1 s.
-pub(crate) fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
+pub fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
     let connection = match kind {
         EventKind::ConnectionLost => Connection::Lost,
         _ => Connection::Online,
@@ -178,7 +231,7 @@ pub(crate) fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
     }
 }
 
-pub(crate) fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBatch {
+pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBatch {
     CommitBatch {
         readings: vec![ReadingRecord {
             sensor_id: sid(id),

@@ -1,0 +1,214 @@
+//! What the store ever did, kept beside its tables for the simulation's invariants: each
+//! notification's life (every status it went through, by which call of which node, and
+//! every attempt recorded for it), and every reading and event committed. Retention, the
+//! history spool and deletes take rows out of the tables; nothing leaves the audit.
+//!
+//! A notification that reached a final status (delivered, failed, superseded, cancelled)
+//! keeps it: the one way out is a manual retry of a failed one (`retry_notification`,
+//! `retry_notifications`). The audit records any other change out of a final status as a
+//! [`Violation`] rather than panic inside a store call, so the harness reports it with
+//! the seed and the trace.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use latch::domain::{Attempt, Event, EventKind, Millis, Notification, SensorId, Status};
+use latch::store::{ReadingRecord, Stored};
+
+use super::tables::Cx;
+
+/// One change of a notification's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub from: Status,
+    pub to: Status,
+    /// The database's time when it was applied.
+    pub at: Millis,
+    /// The store call that made it (`commit`, `claim`, `record`, `delete_sensor`, …).
+    pub op: &'static str,
+    /// The node whose call it was.
+    pub node: Arc<str>,
+}
+
+/// A notification's whole life as the store saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trail {
+    pub id: String,
+    pub seq: i64,
+    pub client_id: String,
+    pub sensor_id: SensorId,
+    pub kind: EventKind,
+    pub data: Option<bool>,
+    pub created_at: Millis,
+    /// The node whose commit made it.
+    pub created_by: Arc<str>,
+    /// Its status now (or when retention deleted it).
+    pub status: Status,
+    pub changes: Vec<Change>,
+    /// Every attempt recorded for it, in the order recorded (a manual retry starts the
+    /// count of `attempts` again; this keeps them all).
+    pub attempts: Vec<Attempt>,
+    /// When retention deleted it (finished, and old enough).
+    pub deleted_at: Option<Millis>,
+}
+
+/// A notification that left a final status other than by a manual retry of a failed one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub id: String,
+    pub seq: i64,
+    pub change: Change,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.change;
+        write!(
+            f,
+            "notification {} (seq {}) went from {} to {} at {} by {} of node {}",
+            self.id,
+            self.seq,
+            c.from.as_str(),
+            c.to.as_str(),
+            c.at,
+            c.op,
+            c.node
+        )
+    }
+}
+
+/// Whether `from` is a status a notification ends in.
+pub fn is_final(status: Status) -> bool {
+    status != Status::Pending
+}
+
+/// Whether a change of status leaves a final one other than by a manual retry of a failed
+/// notification (the only way out the contract allows).
+pub fn leaves_final(from: Status, to: Status, op: &str) -> bool {
+    let retry = from == Status::Failed
+        && to == Status::Pending
+        && matches!(op, "retry_notification" | "retry_notifications");
+    is_final(from) && from != to && !retry
+}
+
+/// The audit log. Read it through [`super::Tables::audit`].
+#[derive(Debug, Default)]
+pub struct Audit {
+    trails: BTreeMap<i64, Trail>,
+    seq_of: BTreeMap<String, i64>,
+    violations: Vec<Violation>,
+    readings: Vec<Stored<ReadingRecord>>,
+    events: Vec<Stored<Event>>,
+}
+
+impl Audit {
+    pub(crate) fn created(&mut self, cx: &Cx, n: &Notification) {
+        self.seq_of.insert(n.id.clone(), n.seq);
+        self.trails.insert(
+            n.seq,
+            Trail {
+                id: n.id.clone(),
+                seq: n.seq,
+                client_id: n.client_id.clone(),
+                sensor_id: n.sensor_id,
+                kind: n.kind,
+                data: n.data,
+                created_at: n.created_at,
+                created_by: cx.node.clone(),
+                status: n.status,
+                changes: Vec::new(),
+                attempts: Vec::new(),
+                deleted_at: None,
+            },
+        );
+    }
+
+    pub(crate) fn changed(&mut self, cx: &Cx, id: &str, seq: i64, from: Status, to: Status) {
+        let change = Change {
+            from,
+            to,
+            at: cx.now,
+            op: cx.op,
+            node: cx.node.clone(),
+        };
+        if leaves_final(from, to, cx.op) {
+            self.violations.push(Violation {
+                id: id.to_string(),
+                seq,
+                change: change.clone(),
+            });
+        }
+        if let Some(t) = self.trails.get_mut(&seq) {
+            t.status = to;
+            t.changes.push(change);
+        }
+    }
+
+    /// An attempt recorded for a notification (the store keeps it even when the
+    /// notification is gone; so does the audit, where it knew the notification).
+    pub(crate) fn attempted(&mut self, attempt: &Attempt) {
+        if let Some(t) = self
+            .seq_of
+            .get(&attempt.notification_id)
+            .and_then(|seq| self.trails.get_mut(seq))
+        {
+            t.attempts.push(attempt.clone());
+        }
+    }
+
+    pub(crate) fn deleted(&mut self, cx: &Cx, seq: i64) {
+        if let Some(t) = self.trails.get_mut(&seq) {
+            t.deleted_at = Some(cx.now);
+        }
+    }
+
+    pub(crate) fn committed_reading(&mut self, id: i64, r: ReadingRecord) {
+        self.readings.push(Stored { id, row: r });
+    }
+
+    pub(crate) fn committed_event(&mut self, id: i64, e: Event) {
+        self.events.push(Stored { id, row: e });
+    }
+
+    /// Every notification ever made, in outbox order.
+    pub fn trails(&self) -> impl Iterator<Item = &Trail> {
+        self.trails.values()
+    }
+
+    pub fn trail(&self, id: &str) -> Option<&Trail> {
+        self.trails.get(self.seq_of.get(id)?)
+    }
+
+    /// Every change out of a final status, in the order they happened.
+    pub fn violations(&self) -> &[Violation] {
+        &self.violations
+    }
+
+    /// Every reading committed (of a sensor registered at the time), in commit order.
+    pub fn readings(&self) -> &[Stored<ReadingRecord>] {
+        &self.readings
+    }
+
+    /// Every event committed, in commit order.
+    pub fn events(&self) -> &[Stored<Event>] {
+        &self.events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_manual_retry_of_a_failed_one_leaves_a_final_status() {
+        use Status::*;
+        assert!(!leaves_final(Pending, Delivered, "record"));
+        assert!(!leaves_final(Failed, Pending, "retry_notification"));
+        assert!(!leaves_final(Failed, Pending, "retry_notifications"));
+        assert!(leaves_final(Failed, Pending, "record"));
+        assert!(leaves_final(Delivered, Superseded, "commit"));
+        assert!(leaves_final(Superseded, Pending, "retry_notification"));
+        assert!(leaves_final(Cancelled, Delivered, "record"));
+        assert!(!leaves_final(Delivered, Delivered, "record"));
+    }
+}

@@ -1,0 +1,258 @@
+//! The group commit and what the engine loads: `store/sqlite/commit.rs` and
+//! `store/postgres/commit.rs` (with the registry reads of both `registry.rs`).
+//!
+//! One commit, in one transaction: on a shared store the fence first (every partition
+//! still held at its epoch, else `Fenced` and nothing written); then the readings, state,
+//! events of sensors still registered (a batch for a sensor deleted meanwhile writes
+//! nothing of it); one notification per event and linked client that wants its type, in
+//! event order, clients in id order; and the supersede rule (`policy::supersedes`): per
+//! sensor, the first notification of its newest state change supersedes every older
+//! pending, unleased state notification of the sensor.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+
+use latch::domain::client::wants;
+use latch::domain::{EventKind, Millis, Notification, NotificationRef, SensorId, Status};
+use latch::store::{CommitBatch, Error, Fence, Result, Runtime, SensorRuntime, StateUpdate};
+
+use super::node::NodeStore;
+use super::tables::{Cx, StateRow, Tables};
+
+impl Tables {
+    /// The partitions of `fence` no longer held at their epoch, sorted (`commit::fenced`).
+    pub(super) fn fenced(&self, fence: &[Fence]) -> Vec<u32> {
+        let mut lost: Vec<u32> = fence
+            .iter()
+            .filter(|f| {
+                let held = self
+                    .cluster
+                    .partitions
+                    .get(f.partition as usize)
+                    .filter(|p| p.owner.is_some())
+                    .map(|p| p.epoch);
+                held != Some(f.epoch)
+            })
+            .map(|f| f.partition)
+            .collect();
+        lost.sort_unstable();
+        lost.dedup();
+        lost
+    }
+
+    /// One state update over the stored row, as the backends' upsert writes it:
+    /// `changed_at` and `last_source` kept when not given, `lost_since` and `reminders`
+    /// kept while lost when not given and cleared once not lost.
+    fn write_state(&mut self, s: &StateUpdate) {
+        let old = self.states.get(&s.sensor_id).copied();
+        let lost = s.connection == latch::domain::Connection::Lost;
+        let row = StateRow {
+            data: s.data,
+            changed_at: s.changed_at.or(old.and_then(|o| o.changed_at)),
+            last_ts: s.last_ts,
+            last_seen_at: s.last_seen_at,
+            connection: s.connection,
+            last_source: s.last_source.or(old.and_then(|o| o.last_source)),
+            debounce: s.debounce,
+            lost_since: lost
+                .then(|| s.lost_since.or(old.and_then(|o| o.lost_since)))
+                .flatten(),
+            reminders: lost
+                .then(|| s.reminders.or(old.and_then(|o| o.reminders)))
+                .flatten(),
+        };
+        self.states.insert(s.sensor_id, row);
+    }
+
+    pub(super) fn commit(
+        &mut self,
+        cx: &Cx,
+        batch: CommitBatch,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        if !self.shared && !batch.fence.is_empty() {
+            // SQLite stays one node: no leases to check a fence against.
+            return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
+        }
+        let fenced = self.fenced(&batch.fence);
+        if !fenced.is_empty() {
+            return Err(Error::Fenced(fenced));
+        }
+        let known = |t: &Tables, id: SensorId| t.sensors.contains_key(&id);
+        for r in &batch.readings {
+            if known(self, r.sensor_id) {
+                self.next.reading += 1;
+                self.readings.insert(self.next.reading, *r);
+                self.audit.committed_reading(self.next.reading, *r);
+            }
+        }
+        if self.shared {
+            // PostgreSQL upserts one state per sensor, the batch's last: an upsert may not
+            // touch a row twice.
+            let mut last: BTreeMap<SensorId, usize> = BTreeMap::new();
+            for (i, s) in batch.states.iter().enumerate() {
+                last.insert(s.sensor_id, i);
+            }
+            let mut idx: Vec<usize> = last.into_values().collect();
+            idx.sort_unstable();
+            for i in idx {
+                if known(self, batch.states[i].sensor_id) {
+                    self.write_state(&batch.states[i]);
+                }
+            }
+        } else {
+            // SQLite updates each in turn.
+            for s in &batch.states {
+                if known(self, s.sensor_id) {
+                    self.write_state(s);
+                }
+            }
+        }
+        let events: Vec<_> = batch
+            .events
+            .into_iter()
+            .filter(|e| known(self, e.sensor_id))
+            .collect();
+        let mut created = Vec::new();
+        // Per sensor, the first seq of its newest state change.
+        let mut newest: BTreeMap<SensorId, i64> = BTreeMap::new();
+        for e in events {
+            self.next.event += 1;
+            self.events.insert(self.next.event, e.clone());
+            self.audit.committed_event(self.next.event, e.clone());
+            let clients: Vec<String> = self
+                .clients_of(e.sensor_id)
+                .filter(|c| {
+                    // A link whose client is missing (LEFT JOIN) wants every type.
+                    self.clients
+                        .get(*c)
+                        .is_none_or(|row| wants(&row.client.events, e.kind))
+                })
+                .cloned()
+                .collect();
+            let mut first = true;
+            for client_id in clients {
+                self.next.seq += 1;
+                let seq = self.next.seq;
+                let n = Notification {
+                    id: self.new_notification_id(cx.now),
+                    seq,
+                    client_id,
+                    sensor_id: e.sensor_id,
+                    kind: e.kind,
+                    data: e.data,
+                    previous: e.previous,
+                    occurred_at: e.at,
+                    last_seen_at: e.last_seen_at,
+                    detail: e.detail,
+                    status: Status::Pending,
+                    attempts: 0,
+                    next_attempt_at: Some(now),
+                    created_at: now,
+                    updated_at: now,
+                    batch_id: None,
+                };
+                if first && e.kind == EventKind::StateChanged {
+                    newest.insert(e.sensor_id, seq);
+                }
+                first = false;
+                created.push(NotificationRef {
+                    due_at: now,
+                    ..NotificationRef::of(&n)
+                });
+                self.insert_notification(cx, n);
+            }
+        }
+        for (sensor, first) in newest {
+            self.supersede_older(cx, sensor, first, now);
+        }
+        Ok(created)
+    }
+
+    /// The supersede rule as both backends' `UPDATE … SET status = 'superseded'` applies
+    /// it: the sensor's pending state notifications older than `first` whose lease is
+    /// unset or ran out. (Every client linked to the sensor got a newer one in the same
+    /// commit, so per sensor is per lane for them.)
+    fn supersede_older(&mut self, cx: &Cx, sensor: SensorId, first: i64, now: Millis) {
+        let mut doomed: Vec<i64> = self
+            .lanes
+            .range((sensor, String::new())..)
+            .take_while(|((s, _), _)| *s == sensor)
+            .flat_map(|(_, seqs)| seqs.range(..first))
+            .copied()
+            .filter(|seq| {
+                let r = &self.notifications[seq];
+                let n = &r.notification;
+                n.status == Status::Pending
+                    && n.kind == EventKind::StateChanged
+                    && r.lease_until.is_none_or(|until| until < now)
+            })
+            .collect();
+        doomed.sort_unstable();
+        for seq in doomed {
+            self.set_status(cx, seq, Status::Superseded, now);
+        }
+    }
+
+    /// Sensors created, changed or deleted after change `after`, each with its state now
+    /// (`None`: deleted), and the newest change (`registry::registry_changes`).
+    pub(super) fn registry_changes(
+        &self,
+        after: i64,
+    ) -> (i64, Vec<(SensorId, Option<SensorRuntime>)>) {
+        if !self.shared {
+            // One process per store: its engine saw every change itself.
+            return (after, Vec::new());
+        }
+        let later = self.changes.range(after.saturating_add(1)..);
+        let newest = later.clone().map(|(&seq, _)| seq).max().unwrap_or(after);
+        let ids: BTreeSet<SensorId> = later.map(|(_, (id, _))| *id).collect();
+        let changed = ids.into_iter().map(|id| (id, self.runtime(id))).collect();
+        (newest, changed)
+    }
+}
+
+#[async_trait]
+impl Runtime for NodeStore {
+    async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
+        self.run("load_runtime", false, |t, _| Ok(t.states())).await
+    }
+
+    async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
+        self.run("load_states", false, |t, _| {
+            Ok(ids.iter().filter_map(|&id| t.runtime(id)).collect())
+        })
+        .await
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        self.run("registry_changes", false, |t, _| {
+            Ok(t.registry_changes(after))
+        })
+        .await
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        self.run("newest_registry_change", false, |t, _| {
+            Ok(t.changes.keys().next_back().copied().unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        self.run("prune_registry_changes", true, |t, _| {
+            t.changes.retain(|_, (_, at)| *at >= before);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.run("commit", true, |t, cx| t.commit(cx, batch, now))
+            .await
+    }
+}

@@ -1,0 +1,344 @@
+//! The outbox: pending notifications loaded, claimed and their attempts recorded, listed:
+//! `store/sqlite/outbox.rs` and `store/postgres/outbox.rs`. Replays are in `replay.rs`.
+//!
+//! A claim reads every row it is asked for first, as PostgreSQL's one `SELECT … FOR
+//! UPDATE` does, then lets `policy::claim_step` decide each and writes the decisions. On a
+//! shared store each row carries its lane as the store holds it (`rows::CLAIM_LANE_COLS`);
+//! on one node it does not (one node's lanes hold every lane whole). `record` writes an
+//! outcome only where `policy::recorded` says the backends' `UPDATE … WHERE` would.
+
+use async_trait::async_trait;
+
+use latch::domain::client::Disabled;
+use latch::domain::policy::{self, ClaimRow, ClaimStep, LaneInStore, claim_step};
+use latch::domain::{
+    Attempt, Claim, ClaimBatch, EventKind, Millis, Notification, NotificationRef, Outcome, Status,
+};
+use latch::store::{Error, NotificationFilter, Outbox, Page, PageRequest, ReplayFilter, Result};
+
+use super::node::NodeStore;
+use super::tables::{AttemptRow, Cx, Tables};
+
+impl Tables {
+    /// Pending notifications after `after_seq`, in outbox order.
+    pub(super) fn load_pending(&self, after_seq: i64) -> Vec<NotificationRef> {
+        self.notifications
+            .range(after_seq.saturating_add(1)..)
+            .map(|(_, r)| &r.notification)
+            .filter(|n| n.status == Status::Pending)
+            .map(NotificationRef::of)
+            .collect()
+    }
+
+    /// What the store holds of `n`'s lane besides it, as `CLAIM_LANE_COLS` reads it for
+    /// `node`: older pending ones not leased by `node` (their latest lease), and whether a
+    /// newer state was delivered or waits (for a state only).
+    fn lane_in_store(&self, n: &Notification, node: &str) -> LaneInStore {
+        let mut lane = LaneInStore::default();
+        let Some(seqs) = self.lanes.get(&(n.sensor_id, n.client_id.clone())) else {
+            return lane;
+        };
+        for seq in seqs.range(..n.seq) {
+            let r = &self.notifications[seq];
+            if r.notification.status == Status::Pending && r.claimed_by.as_deref() != Some(node) {
+                lane.older_pending += 1;
+                lane.older_lease_until = lane.older_lease_until.max(r.lease_until);
+            }
+        }
+        if n.kind == EventKind::StateChanged {
+            for seq in seqs.range(n.seq + 1..) {
+                let o = &self.notifications[seq].notification;
+                if o.kind == EventKind::StateChanged {
+                    lane.newer_state_delivered |= o.status == Status::Delivered;
+                    lane.newer_state_pending |= o.status == Status::Pending;
+                }
+            }
+        }
+        lane
+    }
+
+    /// `CLAIM_COLS` over `CLAIM_FROM`: the row, its lease and the registry now.
+    fn claim_row(&self, seq: i64, node: &str) -> ClaimRow {
+        let r = &self.notifications[&seq];
+        let n = &r.notification;
+        let client = self.clients.get(&n.client_id).map(|c| &c.client);
+        ClaimRow {
+            notification: n.clone(),
+            lease_until: r.lease_until,
+            claimed_by: r.claimed_by.clone(),
+            url: client.map(|c| c.url.clone()),
+            secret: client.map(|c| c.secret.clone()),
+            address: self.sensors.get(&n.sensor_id).map(|s| s.address.clone()),
+            linked: self.linked(&n.client_id, n.sensor_id),
+            previous_secret: client.and_then(|c| c.previous_secret.clone()),
+            previous_secret_until: client.and_then(|c| c.previous_secret_until),
+            disabled: client.is_some_and(|c| c.disabled_at.is_some()),
+            rate_limit: client.and_then(|c| c.rate_limit),
+            batch: client.and_then(|c| c.batch),
+            lane: if self.shared {
+                self.lane_in_store(n, node)
+            } else {
+                LaneInStore::default()
+            },
+        }
+    }
+
+    pub(super) fn claim(
+        &mut self,
+        cx: &Cx,
+        ids: Vec<String>,
+        node: &str,
+        now: Millis,
+        lease_until: Millis,
+        batch: Option<ClaimBatch>,
+    ) -> Vec<Claim> {
+        let rows: Vec<(String, Option<(i64, ClaimRow)>)> = ids
+            .into_iter()
+            .map(|id| {
+                let row = self.seq(&id).map(|seq| (seq, self.claim_row(seq, node)));
+                (id, row)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(rows.len());
+        let (mut lease, mut cancel, mut supersede) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, row) in rows {
+            let Some((seq, row)) = row else {
+                out.push(Claim::Done {
+                    id,
+                    status: Status::Cancelled,
+                });
+                continue;
+            };
+            match claim_step(row, node, now) {
+                ClaimStep::Lease(s) => {
+                    lease.push(seq);
+                    out.push(Claim::Send(s));
+                }
+                ClaimStep::Cancel => {
+                    cancel.push(seq);
+                    out.push(Claim::Done {
+                        id,
+                        status: Status::Cancelled,
+                    });
+                }
+                ClaimStep::Supersede => {
+                    supersede.push(seq);
+                    out.push(Claim::Done {
+                        id,
+                        status: Status::Superseded,
+                    });
+                }
+                ClaimStep::Answer(c) => out.push(c),
+            }
+        }
+        // The backends write the status alone: a lease the row had stays.
+        for seq in supersede {
+            self.set_status(cx, seq, Status::Superseded, now);
+        }
+        for seq in lease {
+            if let Some(r) = self.notifications.get_mut(&seq) {
+                r.claimed_by = Some(node.to_string());
+                r.lease_until = Some(lease_until);
+                r.notification.batch_id = None;
+            }
+        }
+        // A batch's heads left pending now are unmarked with those left out (`ClaimBatch`);
+        // the leased ones were by their lease.
+        if let Some(b) = batch {
+            let unmark: Vec<String> = out
+                .iter()
+                .filter_map(Claim::left_pending)
+                .map(str::to_string)
+                .chain(b.left_out)
+                .collect();
+            for id in unmark {
+                if let Some(seq) = self.seq(&id) {
+                    self.notifications
+                        .get_mut(&seq)
+                        .expect("indexed")
+                        .notification
+                        .batch_id = None;
+                }
+            }
+        }
+        for seq in cancel {
+            self.set_status(cx, seq, Status::Cancelled, now);
+        }
+        out
+    }
+
+    /// Records attempts and verdicts, releasing the leases, and keeps the clients'
+    /// failure streaks.
+    pub(super) fn record(
+        &mut self,
+        cx: &Cx,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Vec<Disabled> {
+        for o in &outcomes {
+            if let Some(a) = &o.attempt {
+                // Kept under the outcome's notification (the column the backends fill).
+                let attempt = Attempt {
+                    notification_id: o.notification_id.clone(),
+                    ..a.clone()
+                };
+                self.next.attempt += 1;
+                self.audit.attempted(&attempt);
+                self.attempts.insert(
+                    self.next.attempt,
+                    AttemptRow {
+                        id: self.next.attempt,
+                        client_id: o.client_id.clone(),
+                        attempt,
+                    },
+                );
+            }
+            let Some(seq) = self.seq(&o.notification_id) else {
+                continue;
+            };
+            let r = &self.notifications[&seq];
+            let pending = r.notification.status == Status::Pending;
+            if !policy::recorded(o, pending, r.claimed_by.as_deref(), r.lease_until, now) {
+                continue;
+            }
+            self.set_status(cx, seq, policy::status_after(o.verdict), now);
+            let r = self.notifications.get_mut(&seq).expect("indexed");
+            r.notification.attempts = o.attempts;
+            r.notification.next_attempt_at = o.verdict.next_at();
+            r.notification.batch_id = o.batch_id.clone();
+            r.claimed_by = None;
+            r.lease_until = None;
+        }
+        self.note_attempts(&outcomes, now, disable_after)
+    }
+
+    pub(super) fn list_notifications(
+        &self,
+        f: &NotificationFilter,
+        page: &PageRequest,
+    ) -> Result<Page<Notification>> {
+        let after: Option<i64> = match &page.after {
+            Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
+            None => None,
+        };
+        let matches = |n: &&Notification| {
+            after.is_none_or(|a| if f.newest_first { n.seq < a } else { n.seq > a })
+                && f.client_id.as_ref().is_none_or(|c| &n.client_id == c)
+                && f.sensor_id.is_none_or(|s| n.sensor_id == s)
+                && f.status.is_none_or(|s| n.status == s)
+                && f.kind.is_none_or(|k| n.kind == k)
+                && f.created.from.is_none_or(|from| n.created_at >= from)
+                && f.created.to.is_none_or(|to| n.created_at < to)
+        };
+        let all = self.notifications.values().map(|r| &r.notification);
+        let rows: Vec<Notification> = if f.newest_first {
+            all.rev()
+                .filter(matches)
+                .take(page.limit as usize + 1)
+                .cloned()
+                .collect()
+        } else {
+            all.filter(matches)
+                .take(page.limit as usize + 1)
+                .cloned()
+                .collect()
+        };
+        Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+    }
+}
+
+#[async_trait]
+impl Outbox for NodeStore {
+    async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
+        self.run("load_pending", false, |t, _| Ok(t.load_pending(after_seq)))
+            .await
+    }
+
+    async fn claim(
+        &self,
+        ids: Vec<String>,
+        node: String,
+        now: Millis,
+        lease_until: Millis,
+        batch: Option<ClaimBatch>,
+    ) -> Result<Vec<Claim>> {
+        self.run("claim", true, |t, cx| {
+            Ok(t.claim(cx, ids, &node, now, lease_until, batch))
+        })
+        .await
+    }
+
+    async fn record(
+        &self,
+        outcomes: Vec<Outcome>,
+        now: Millis,
+        disable_after: Millis,
+    ) -> Result<Vec<Disabled>> {
+        self.run("record", true, |t, cx| {
+            Ok(t.record(cx, outcomes, now, disable_after))
+        })
+        .await
+    }
+
+    async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
+        self.run("load_client_pending", false, |t, _| {
+            Ok(t.notifications
+                .values()
+                .map(|r| &r.notification)
+                .filter(|n| n.status == Status::Pending && n.client_id == client_id)
+                .map(NotificationRef::of)
+                .collect())
+        })
+        .await
+    }
+
+    async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
+        self.run("get_notification", false, |t, _| {
+            Ok(t.notification(&id).map(|r| {
+                let attempts = t.attempts_of(&id).map(|a| a.attempt.clone()).collect();
+                (r.notification.clone(), attempts)
+            }))
+        })
+        .await
+    }
+
+    async fn list_notifications(
+        &self,
+        filter: NotificationFilter,
+        page: PageRequest,
+    ) -> Result<Page<Notification>> {
+        self.run("list_notifications", false, |t, _| {
+            t.list_notifications(&filter, &page)
+        })
+        .await
+    }
+
+    async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        self.run("retry_notification", true, |t, cx| {
+            t.retry_notification(cx, &id, now)
+        })
+        .await
+    }
+
+    async fn retry_notifications(
+        &self,
+        filter: ReplayFilter,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        self.run("retry_notifications", true, |t, cx| {
+            t.retry_notifications(cx, &filter, now)
+        })
+        .await
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        self.run("count_pending", false, |t, _| {
+            Ok(t.notifications
+                .values()
+                .filter(|r| r.notification.status == Status::Pending)
+                .count() as u64)
+        })
+        .await
+    }
+}
