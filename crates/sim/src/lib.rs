@@ -1,3 +1,322 @@
-//! The deterministic simulation of latch's delivery and cluster core.
+//! The deterministic simulation of latch's delivery and cluster core (issue #48).
+//!
+//! A run takes a seed and plays, on one thread and a virtual clock (Tokio's paused time),
+//! one to three of latch's real node cores ([`latch::service::Node`]: the engine and its
+//! deadlines, the committer, the dispatcher with its lanes, batches, claimer and recorder,
+//! the cluster's lease rounds and partition moves) against a model of the store
+//! ([`model`], held to the store conformance suite) and simulated endpoints
+//! ([`receivers`]). The seed draws the workload and the faults ([`workload`]); the
+//! README's guarantees are checked as each request arrives, after every step and once the
+//! run has healed ([`checks`]). The same seed gives the same trace: its hash is part of
+//! the outcome, and a failure prints the seed, the command that replays it and the trace
+//! about what failed.
+//!
+//! Layout: `world` (the generator, the trace, node lives), `receivers` (endpoints and the
+//! lane checks), `nodes` (processes and their faults), `faults` (the store's),
+//! `workload`, `checks`, and `model`.
 
+pub mod checks;
+pub mod faults;
 pub mod model;
+pub mod nodes;
+pub mod receivers;
+pub mod workload;
+pub mod world;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use latch::clock::Clock;
+use latch::config::Config;
+use latch::domain::{Millis, SensorId, Source};
+
+use crate::checks::Bounds;
+use crate::faults::StoreFaults;
+use crate::model::{Mode, ModelStore};
+use crate::nodes::{Nodes, State};
+use crate::receivers::Receivers;
+use crate::workload::{Log, SimClient, SimSensor, Workload};
+use crate::world::{Violation, World};
+
+/// Where every run's clock starts (2030-03-17), so traces show times from here.
+pub const START: Millis = 1_900_000_000_000;
+
+/// The seed the hash maps of every run use (the maps' order is part of the trace).
+const HASH_SEED: u64 = 0x0001_a7c4_5eed;
+
+/// How a run goes beyond its seed.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Workload steps.
+    pub steps: usize,
+    /// Lines of trace a failure prints.
+    pub trace_lines: usize,
+    /// Keep the whole trace in the outcome.
+    pub full_trace: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            steps: 250,
+            trace_lines: 60,
+            full_trace: false,
+        }
+    }
+}
+
+/// What a run came to.
+#[derive(Debug)]
+pub struct Outcome {
+    pub seed: u64,
+    /// The trace's hash: the same seed gives the same one.
+    pub hash: String,
+    pub violations: Vec<Violation>,
+    /// The trace about the first violation (empty when there is none).
+    pub trace: Vec<String>,
+    /// The whole trace, when asked for ([`Options::full_trace`]).
+    pub full_trace: Vec<String>,
+    pub nodes: usize,
+    /// Virtual time the run took, ms.
+    pub virtual_ms: Millis,
+    pub trace_len: usize,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// What a failure prints: the seed, the command that replays it, what failed and the
+    /// trace about it.
+    pub fn report(&self) -> String {
+        let mut out = format!(
+            "seed {} failed ({} nodes, trace {}): replay with\n  cargo run -p latch-sim -- --seed {}\n",
+            self.seed, self.nodes, self.hash, self.seed
+        );
+        for v in self.violations.iter().take(5) {
+            out.push_str(&format!(
+                "  at {} ms: {}: {}\n",
+                v.at - START,
+                v.invariant,
+                v.detail
+            ));
+        }
+        out.push_str("trace about the first:\n");
+        for l in &self.trace {
+            out.push_str("  ");
+            out.push_str(l);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Runs one seed to its end, on a runtime of its own.
+pub fn run(seed: u64, opts: &Options) -> Outcome {
+    latch::hashing::fix_seed(HASH_SEED);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(simulate(seed, opts))
+}
+
+/// The settings of a run: short timeouts, so a run of a minute sees many of them.
+fn settings(cluster: bool) -> Config {
+    let mut c = Config::load_from(None, &[]).expect("the defaults load");
+    c.heartbeat_timeout = Duration::from_secs(12);
+    c.lost_reminder = Some(Duration::from_secs(9));
+    c.retry_base = Duration::from_millis(300);
+    c.retry_max_delay = Duration::from_secs(4);
+    c.retry_max_attempts = 6;
+    c.delivery_timeout = Duration::from_secs(2);
+    c.delivery_concurrency = 6;
+    c.delivery_client_concurrency = 2;
+    c.shutdown_grace = Duration::from_secs(1);
+    c.endpoint_disable_after = Duration::from_secs(3600);
+    c.engine_shards = 2;
+    c.cluster_lease = Some(Duration::from_secs(3));
+    c.cluster_partitions = Some(8);
+    c.cluster_secret = Some("simulation".into());
+    c.database_timeout = Duration::from_secs(5);
+    if cluster {
+        c.database_url = Some("postgres://simulated".into());
+    }
+    c
+}
+
+async fn simulate(seed: u64, opts: &Options) -> Outcome {
+    let clock = Clock::simulated(START, seed);
+    let world = Arc::new(World::new(clock.clone(), seed));
+    let nodes_n = match seed % 3 {
+        0 => 1,
+        1 => 2,
+        _ => 3,
+    };
+    let cluster = nodes_n > 1;
+    let config = Arc::new(settings(cluster));
+    let faults = StoreFaults::new(world.clone());
+    let mode = match cluster {
+        true => Mode::Shared {
+            partitions: config.partitions(),
+        },
+        false => Mode::Single,
+    };
+    let model = ModelStore::new(mode, clock.clone(), faults.clone());
+    let receivers = Receivers::new(world.clone(), config.delivery_timeout);
+    let names: Vec<&str> = ["n1", "n2", "n3"][..nodes_n].to_vec();
+    let nodes = Nodes::new(
+        world.clone(),
+        model.clone(),
+        receivers.clone(),
+        config.clone(),
+        &names,
+    );
+    world.trace(format!("seed {seed}: {nodes_n} node(s)"));
+    for n in &names {
+        nodes.start(n).await;
+    }
+    let sensors: Vec<SimSensor> = (0..world.between(5, 10))
+        .map(|i| SimSensor {
+            id: SensorId::parse(&format!("s{i}")).expect("a valid id"),
+            data: false,
+            silent_until: 0,
+            source: if i % 3 == 2 {
+                Source::Amqp
+            } else {
+                Source::Http
+            },
+            last_ts: START,
+        })
+        .collect();
+    let clients: Vec<SimClient> = (0..world.between(2, 5))
+        .map(|i| SimClient {
+            id: format!("c{i}"),
+            healthy: i == 0,
+            links: sensors
+                .iter()
+                .filter(|_| i == 0 || world.chance(0.6))
+                .map(|s| (s.id, START))
+                .collect(),
+        })
+        .collect();
+    let lease = config.lease().as_millis() as Millis;
+    let mut w = Workload {
+        world: world.clone(),
+        nodes: nodes.clone(),
+        receivers: receivers.clone(),
+        faults: faults.clone(),
+        sensors,
+        clients,
+        log: Arc::new(Mutex::new(Log::default())),
+        timeout: config.heartbeat_timeout.as_millis() as Millis,
+        lease,
+        cluster,
+    };
+    if let Err(e) = w.register().await {
+        world.violate("the fleet registers", e.to_string(), Vec::new());
+    }
+    let mut reported = 0;
+    for _ in 0..opts.steps {
+        w.step().await;
+        let dt = world.between(0, 400);
+        tokio::time::sleep(Duration::from_millis(dt)).await;
+        checks::during(&world, &model, &mut reported);
+        if let Some(f) = nodes.failure() {
+            world.violate("no task of latch panics", f, Vec::new());
+        }
+    }
+    heal(&mut w, &nodes, &faults, &receivers, &config).await;
+    let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
+    let bounds = Bounds {
+        timeout: w.timeout,
+        reminder: config.lost_reminder.map(|r| r.as_millis() as Millis),
+        isolation: 3_000,
+        lost_slack: 1_500,
+        claim_lease,
+    };
+    checks::during(&world, &model, &mut reported);
+    if std::env::var("LATCH_SIM_DESCRIBE").is_ok() {
+        for n in nodes.in_state(State::Running) {
+            if let Some((_, _, d)) = nodes.entry(&n) {
+                for c in &w.clients {
+                    world.trace(format!("{n} {}: {}", c.id, d.describe(&c.id).await));
+                }
+            }
+        }
+    }
+    {
+        let log = w.log.lock().unwrap();
+        checks::at_end(&world, &model, &receivers, &log, &w.clients, &bounds, START);
+    }
+    let virtual_ms = world.now() - START;
+    nodes.stop_all().await;
+    let violations = world.violations();
+    let trace = violations
+        .first()
+        .map(|v| world.trace_about(&v.keys, opts.trace_lines))
+        .unwrap_or_default();
+    Outcome {
+        seed,
+        hash: world.trace_hash(),
+        violations,
+        trace,
+        full_trace: if opts.full_trace {
+            world.trace_all()
+        } else {
+            Vec::new()
+        },
+        nodes: nodes_n,
+        virtual_ms,
+        trace_len: world.trace_len(),
+    }
+}
+
+/// Faults stop: endpoints answer, the store works, links are up, every node runs again,
+/// disabled clients are enabled and dead letters replayed; the sensors keep reporting
+/// (without changes) while everything pending settles, up to the bound the README gives:
+/// what a killed node leased waits out its lease, a retry its delay.
+async fn heal(
+    w: &mut Workload,
+    nodes: &Arc<Nodes>,
+    faults: &StoreFaults,
+    receivers: &Receivers,
+    config: &Config,
+) {
+    let world = w.world.clone();
+    world.trace("heal");
+    faults.close();
+    receivers.heal();
+    nodes.settle_stops().await;
+    for n in nodes.names() {
+        nodes.thaw(&n);
+        if nodes.state(&n) == State::Down {
+            nodes.start(&n).await;
+        }
+    }
+    for n in nodes.in_state(State::Running) {
+        if let Some((engine, _, _)) = nodes.entry(&n) {
+            engine.set_link(Source::Amqp, true, world.now());
+        }
+    }
+    let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
+    let bound = claim_lease
+        + config.retry_max_delay.as_millis() as Millis
+        + 2 * config.lease().as_millis() as Millis
+        + 5_000;
+    let until = world.now() + bound;
+    let mut replays = 0;
+    while world.now() < until {
+        w.keep_alive();
+        // At once, and again halfway: a client disabled or a notification failed while
+        // the first replay's were settling.
+        if replays == 0 || (replays == 1 && world.now() + bound / 2 >= until) {
+            w.enable().await;
+            w.replay_all().await;
+            replays += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+    }
+}

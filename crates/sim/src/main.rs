@@ -1,1 +1,86 @@
-fn main() {}
+//! `latch-sim`: runs the simulation over seeds and prints what failed with the command
+//! that replays it.
+//!
+//! ```text
+//! cargo run -p latch-sim -- --seeds 500            # seeds 0..500
+//! cargo run -p latch-sim -- --seeds 100000 --from 7000 --jobs 2
+//! cargo run -p latch-sim -- --seed 4242            # one seed, its trace on failure
+//! cargo run -p latch-sim -- --seed 4242 --trace t.txt   # and the whole trace in a file
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use latch_sim::{Options, run};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Option<u64> {
+        let i = args.iter().position(|a| a == name)?;
+        args.get(i + 1)?.parse().ok()
+    };
+    let mut opts = Options::default();
+    if let Some(steps) = value("--steps") {
+        opts.steps = steps as usize;
+    }
+    let trace_file = args
+        .iter()
+        .position(|a| a == "--trace")
+        .and_then(|i| args.get(i + 1).cloned());
+    opts.full_trace = trace_file.is_some();
+    if let Some(seed) = value("--seed") {
+        let out = run(seed, &opts);
+        if let Some(path) = &trace_file {
+            std::fs::write(path, out.full_trace.join("\n")).expect("the trace is written");
+        }
+        println!(
+            "seed {seed}: {} nodes, {} s virtual, {} trace lines, trace {}",
+            out.nodes,
+            out.virtual_ms / 1000,
+            out.trace_len,
+            out.hash
+        );
+        if !out.ok() {
+            println!("{}", out.report());
+            std::process::exit(1);
+        }
+        return;
+    }
+    let seeds = value("--seeds").unwrap_or(100);
+    let from = value("--from").unwrap_or(0);
+    let jobs = value("--jobs").unwrap_or(2).max(1) as usize;
+    let next = Arc::new(AtomicU64::new(from));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..jobs)
+        .map(|_| {
+            let (next, failed, opts) = (next.clone(), failed.clone(), opts.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::SeqCst);
+                    if seed >= from + seeds {
+                        return;
+                    }
+                    let out = run(seed, &opts);
+                    if !out.ok() {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        println!("{}", out.report());
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.join();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let failed = failed.load(Ordering::SeqCst);
+    println!(
+        "{seeds} seeds from {from}: {failed} failed, {secs:.1} s, {:.1} seeds/s",
+        seeds as f64 / secs
+    );
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}

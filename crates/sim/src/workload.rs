@@ -1,0 +1,511 @@
+//! What happens to the fleet during a run, step by step, drawn from the seed: readings
+//! (changes, repeats, late ones, silences), clients and links added and removed,
+//! subscriptions, batches, rate limits, replays; and the faults — endpoints that slow
+//! down, hang, fail or cut, nodes that join, stop, die, freeze and thaw, the store
+//! failing or slow, a broker link going down.
+//!
+//! Registry changes are made as the API makes them: the store first, then what the
+//! handler tells the engine and the dispatcher of the node the request entered.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use latch::domain::client::{Batch, Client, effective_batch, generate_secret};
+use latch::domain::{Millis, Reading, Sensor, SensorId, Source};
+use latch::store::{Outbox, Registry, ReplayFilter};
+
+use crate::faults::{Kind, StoreFaults};
+use crate::nodes::{Nodes, State};
+use crate::receivers::{Mode, Receivers};
+use crate::world::World;
+
+/// A sensor as the workload drives it.
+#[derive(Debug, Clone)]
+pub struct SimSensor {
+    pub id: SensorId,
+    /// What it reports now.
+    pub data: bool,
+    /// It says nothing until then.
+    pub silent_until: Millis,
+    /// How its readings come in.
+    pub source: Source,
+    /// The device time of its last reading.
+    pub last_ts: Millis,
+}
+
+/// A client as the workload drives it.
+#[derive(Debug, Clone)]
+pub struct SimClient {
+    pub id: String,
+    pub healthy: bool,
+    /// When each sensor was last linked to it (linked now).
+    pub links: BTreeMap<SensorId, Millis>,
+}
+
+/// What the checks need of the run beside the store: acknowledged readings, when faults
+/// were active, and the broker links' changes.
+#[derive(Default)]
+pub struct Log {
+    /// Readings answered accepted: sensor and data, in the order acknowledged.
+    pub acked: Vec<(SensorId, bool, Millis)>,
+    /// Periods in which something beyond the endpoints was faulted (a node, the store, a
+    /// link): isolation and prompt liveness are only asked of the quiet time between.
+    pub troubled: Vec<(Millis, Millis)>,
+    /// Lives of processes that were killed or frozen after they answered: their
+    /// outcomes may be lost or come too late.
+    pub unsure_lives: BTreeSet<String>,
+}
+
+/// The run's moving parts.
+pub struct Workload {
+    pub world: Arc<World>,
+    pub nodes: Arc<Nodes>,
+    pub receivers: Arc<Receivers>,
+    pub faults: Arc<StoreFaults>,
+    pub sensors: Vec<SimSensor>,
+    pub clients: Vec<SimClient>,
+    pub log: Arc<Mutex<Log>>,
+    /// The heartbeat timeout and lease of the run's settings.
+    pub timeout: Millis,
+    pub lease: Millis,
+    /// Whether the run is a cluster (nodes may join and leave).
+    pub cluster: bool,
+}
+
+impl Workload {
+    /// A node to send through: a running one, drawn.
+    fn entry(&self) -> Option<String> {
+        let running = self.nodes.in_state(State::Running);
+        if running.is_empty() {
+            return None;
+        }
+        let i = self.world.between(0, running.len() as u64) as usize;
+        Some(running[i].clone())
+    }
+
+    fn trouble(&self, ms: Millis) {
+        let now = self.world.now();
+        self.log
+            .lock()
+            .unwrap()
+            .troubled
+            .push((now, now + ms + 2 * self.lease + 5_000));
+    }
+
+    /// Registers the fleet through the first node.
+    pub async fn register(&mut self) -> anyhow::Result<()> {
+        let node = self
+            .entry()
+            .ok_or_else(|| anyhow::anyhow!("no node runs"))?;
+        let (engine, store, dispatcher) = self.nodes.entry(&node).expect("running");
+        let now = self.world.now();
+        for s in &self.sensors {
+            let sensor = Sensor {
+                id: s.id,
+                address: format!("{} street", s.id),
+                heartbeat_timeout_s: None,
+                debounce_s: None,
+                created_at: now,
+            };
+            store.create_sensor(sensor).await?;
+            engine.upsert_sensor(s.id, None, None).await?;
+        }
+        for c in &self.clients {
+            let client = Client {
+                id: c.id.clone(),
+                name: c.id.clone(),
+                url: format!("https://{}.example/hook", c.id),
+                secret: generate_secret(),
+                created_at: now,
+                ..Client::default()
+            };
+            store.create_client(client).await?;
+            for s in c.links.keys() {
+                store.link(c.id.clone(), *s, now).await?;
+            }
+            if c.healthy {
+                self.receivers.set_healthy(&c.id);
+            }
+        }
+        let _ = dispatcher;
+        Ok(())
+    }
+
+    /// One step of the workload, drawn by weight.
+    pub async fn step(&mut self) {
+        let roll = self.world.between(0, 100);
+        match roll {
+            0..40 => self.reading(false),
+            40..44 => self.reading(true),
+            44..49 => self.burst(),
+            49..53 => self.silence(),
+            53..60 => self.endpoint(),
+            60..63 => self.toggle_link().await,
+            63..65 => self.batching().await,
+            65..66 => self.rate().await,
+            66..67 => self.subscription().await,
+            67..70 => self.replay().await,
+            70..72 => self.enable().await,
+            72..78 => self.node_fault().await,
+            78..80 => self.store_fault(),
+            80..81 => self.link(),
+            _ => {}
+        }
+    }
+
+    /// One reading of a sensor that is not silent: a change or a repeat (or a late one).
+    fn reading(&mut self, late: bool) {
+        let now = self.world.now();
+        let awake: Vec<usize> = (0..self.sensors.len())
+            .filter(|&i| self.sensors[i].silent_until <= now)
+            .collect();
+        if awake.is_empty() {
+            return;
+        }
+        let i = awake[self.world.between(0, awake.len() as u64) as usize];
+        if !late && self.world.chance(0.6) {
+            self.sensors[i].data = !self.sensors[i].data;
+        }
+        let s = &mut self.sensors[i];
+        let ts = if late {
+            s.last_ts - 10_000
+        } else {
+            s.last_ts = now;
+            now
+        };
+        let reading = Reading {
+            sensor_id: s.id,
+            data: if late { !s.data } else { s.data },
+            ts: Some(ts),
+        };
+        let source = s.source;
+        self.send(vec![reading], source);
+    }
+
+    /// Many sensors change at once.
+    fn burst(&mut self) {
+        let now = self.world.now();
+        let mut readings = Vec::new();
+        for s in self.sensors.iter_mut().filter(|s| s.silent_until <= now) {
+            s.data = !s.data;
+            s.last_ts = now;
+            readings.push(Reading {
+                sensor_id: s.id,
+                data: s.data,
+                ts: Some(now),
+            });
+        }
+        if !readings.is_empty() {
+            self.send(readings, Source::Http);
+        }
+    }
+
+    /// Sends readings through a running node; what is acknowledged is logged.
+    fn send(&self, readings: Vec<Reading>, source: Source) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, _, _)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let world = self.world.clone();
+        let log = self.log.clone();
+        tokio::spawn(async move {
+            let items: Vec<_> = readings.iter().cloned().map(Ok).collect();
+            let Ok(ticket) = engine.enqueue(items, engine.now(), source).await else {
+                return;
+            };
+            let Ok(report) = ticket.wait().await else {
+                return;
+            };
+            let refused: BTreeSet<usize> = report.rejected.iter().map(|(i, _)| *i).collect();
+            let now = world.now();
+            let mut log = log.lock().unwrap();
+            for (i, r) in readings.iter().enumerate() {
+                if !refused.contains(&i) {
+                    log.acked.push((r.sensor_id, r.data, now));
+                }
+            }
+            world.trace(format!(
+                "readings via {node}: {} accepted, {} refused",
+                report.accepted,
+                refused.len()
+            ));
+        });
+    }
+
+    /// Every sensor reports its state again (no change): the run settles without silences.
+    pub fn keep_alive(&mut self) {
+        let now = self.world.now();
+        let mut readings = Vec::new();
+        for s in self.sensors.iter_mut() {
+            s.silent_until = 0;
+            s.last_ts = now;
+            readings.push(Reading {
+                sensor_id: s.id,
+                data: s.data,
+                ts: Some(now),
+            });
+        }
+        self.send(readings, Source::Http);
+    }
+
+    /// Every client's dead letters replayed.
+    pub async fn replay_all(&mut self) {
+        for i in 0..self.clients.len() {
+            self.replay_client(i).await;
+        }
+    }
+
+    /// A sensor goes silent for longer than its timeout (or a little shorter).
+    fn silence(&mut self) {
+        let i = self.world.between(0, self.sensors.len() as u64) as usize;
+        let ms = self
+            .world
+            .between(self.timeout as u64 / 2, 2 * self.timeout as u64);
+        let s = &mut self.sensors[i];
+        s.silent_until = self.world.now() + ms as Millis;
+        self.world
+            .trace(format!("sensor {} silent for {ms} ms", s.id));
+    }
+
+    /// A faultable client's endpoint changes how it answers.
+    fn endpoint(&mut self) {
+        let faultable: Vec<&SimClient> = self.clients.iter().filter(|c| !c.healthy).collect();
+        if faultable.is_empty() {
+            return;
+        }
+        let c = faultable[self.world.between(0, faultable.len() as u64) as usize];
+        let mode = match self.world.between(0, 10) {
+            0..3 => Mode::Fast,
+            3 => Mode::Slow,
+            4 => Mode::Hang,
+            5 => Mode::Status(500),
+            6 => Mode::Status(503),
+            7 => Mode::Throttle(self.world.between(1, 4)),
+            8 => Mode::Cut,
+            _ => Mode::Status(if self.world.chance(0.2) { 410 } else { 502 }),
+        };
+        self.receivers.set_mode(&c.id, mode);
+    }
+
+    /// A (client, sensor) link is made or removed.
+    async fn toggle_link(&mut self) {
+        let Some(node) = self.entry() else { return };
+        let Some((_, store, _)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let ci = self.world.between(0, self.clients.len() as u64) as usize;
+        let si = self.world.between(0, self.sensors.len() as u64) as usize;
+        let sensor = self.sensors[si].id;
+        let now = self.world.now();
+        let c = &mut self.clients[ci];
+        if c.links.contains_key(&sensor) {
+            if store.unlink(c.id.clone(), sensor).await.is_ok() {
+                c.links.remove(&sensor);
+                self.world.trace(format!("unlink {}/{sensor}", c.id));
+            }
+        } else if store.link(c.id.clone(), sensor, now).await.is_ok() {
+            c.links.insert(sensor, now);
+            self.world.trace(format!("link {}/{sensor}", c.id));
+        }
+    }
+
+    /// Reads a client, changes it with `f` and writes it back, then tells the entry node's
+    /// dispatcher as the API does.
+    async fn change_client(&mut self, f: impl FnOnce(&mut Client, &mut latch_rng::Draw)) {
+        let Some(node) = self.entry() else { return };
+        let Some((_, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let ci = self.world.between(0, self.clients.len() as u64) as usize;
+        let id = self.clients[ci].id.clone();
+        let Ok(Some(mut client)) = store.get_client(id.clone()).await else {
+            return;
+        };
+        let mut draw = latch_rng::Draw(self.world.clone());
+        f(&mut client, &mut draw);
+        if store.replace_client(client.clone()).await.is_ok() {
+            self.world.trace(format!(
+                "client {id}: batch {:?} rate {:?} events {:?}",
+                client.batch, client.rate_limit, client.events
+            ));
+            dispatcher.set_rate_limit(&client.id, client.rate_limit);
+            dispatcher.set_batch(&client.id, effective_batch(client.batch, &client.url));
+        }
+    }
+
+    async fn batching(&mut self) {
+        self.change_client(|c, d| {
+            c.batch = d.chance(0.6).then(|| Batch {
+                max_events: d.between(1, 6) as u32,
+                max_wait_ms: d.between(0, 800) as u32,
+            });
+        })
+        .await;
+    }
+
+    async fn rate(&mut self) {
+        self.change_client(|c, d| {
+            c.rate_limit = d.chance(0.5).then(|| d.between(1, 20) as u32);
+        })
+        .await;
+    }
+
+    async fn subscription(&mut self) {
+        self.change_client(|c, d| {
+            c.events = d.chance(0.5).then(|| {
+                let mut e = vec!["sensor.state_changed".to_string()];
+                if d.chance(0.5) {
+                    e.push("sensor.connection_lost".into());
+                    e.push("sensor.connection_restored".into());
+                }
+                e
+            });
+        })
+        .await;
+    }
+
+    /// An operator replays a client's dead letters.
+    async fn replay(&mut self) {
+        let ci = self.world.between(0, self.clients.len() as u64) as usize;
+        self.replay_client(ci).await;
+    }
+
+    async fn replay_client(&mut self, ci: usize) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let filter = ReplayFilter {
+            client_id: self.clients[ci].id.clone(),
+            sensor_id: None,
+            since: None,
+        };
+        if let Ok(refs) = store.retry_notifications(filter, engine.now()).await {
+            for r in &refs {
+                self.receivers.replayed(&r.id);
+            }
+            self.world.trace(format!(
+                "replay {}: {}",
+                self.clients[ci].id,
+                refs.iter()
+                    .map(|r| r.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+            dispatcher.deliver(refs);
+        }
+    }
+
+    /// An operator enables every disabled client.
+    pub async fn enable(&mut self) {
+        let Some(node) = self.entry() else { return };
+        let Some((_, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        for c in &self.clients {
+            if let Ok(Some(true)) = store.enable_client(c.id.clone()).await
+                && let Ok(pending) = store.load_client_pending(c.id.clone()).await
+            {
+                self.world.trace(format!("enable {}", c.id));
+                dispatcher.resume(&c.id, pending);
+            }
+        }
+    }
+
+    /// A node stops, dies, freezes, thaws, or a stopped one starts (joins).
+    async fn node_fault(&mut self) {
+        let names = self.nodes.names();
+        let name = names[self.world.between(0, names.len() as u64) as usize].clone();
+        let running = self.nodes.in_state(State::Running).len();
+        let roll = self.world.between(0, 10);
+        match self.nodes.state(&name) {
+            State::Down => {
+                self.trouble(0);
+                self.nodes.start(&name).await;
+            }
+            State::Frozen => {
+                self.trouble(0);
+                self.nodes.thaw(&name);
+            }
+            State::Running if running > 1 || !self.cluster => {
+                self.trouble(self.timeout);
+                let life = self.nodes.life(&name);
+                match roll {
+                    0..4 => self.nodes.terminate(&name),
+                    4..7 => {
+                        self.log.lock().unwrap().unsure_lives.insert(life);
+                        self.nodes.kill(&name)
+                    }
+                    _ => {
+                        self.log.lock().unwrap().unsure_lives.insert(life);
+                        self.nodes.freeze(&name);
+                        let nodes = self.nodes.clone();
+                        let ms = self.world.between(500, 3 * self.lease as u64);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            nodes.thaw(&name);
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The store fails or slows for a while.
+    fn store_fault(&mut self) {
+        let ms = self.world.between(500, 4_000);
+        let kind = match self.world.between(0, 4) {
+            0 => Kind::Unavailable(0.5),
+            1 => Kind::Full(0.5),
+            2 => Kind::InDoubt(0.3),
+            _ => Kind::Slow(800),
+        };
+        self.trouble(ms as Millis);
+        self.faults.open(kind, ms);
+    }
+
+    /// latch's link to the AMQP broker goes down for a while, then comes back.
+    fn link(&mut self) {
+        let ms = self.world.between(1_000, self.timeout as u64 * 2);
+        self.trouble(ms as Millis);
+        let nodes = self.nodes.clone();
+        let world = self.world.clone();
+        self.world.trace(format!("amqp link down for {ms} ms"));
+        set_link(&nodes, &world, false);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            world.trace("amqp link up");
+            set_link(&nodes, &world, true);
+        });
+    }
+}
+
+/// Every running node's engine learns of the AMQP link's state, as the nodes follow the
+/// links each node records.
+fn set_link(nodes: &Nodes, world: &World, up: bool) {
+    for n in nodes.in_state(State::Running) {
+        if let Some((engine, _, _)) = nodes.entry(&n) {
+            engine.set_link(Source::Amqp, up, world.now());
+        }
+    }
+}
+
+/// Draws for the closures that change a client.
+mod latch_rng {
+    use std::sync::Arc;
+
+    use crate::world::World;
+
+    pub struct Draw(pub Arc<World>);
+
+    impl Draw {
+        pub fn chance(&mut self, p: f64) -> bool {
+            self.0.chance(p)
+        }
+        pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+            self.0.between(lo, hi)
+        }
+    }
+}
