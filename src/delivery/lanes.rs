@@ -227,13 +227,43 @@ impl Lanes {
             if !self.unanswered.contains(client) {
                 self.unanswered.insert(client.clone());
             }
-        } else if !self.unanswered.is_empty() && self.unanswered.remove(client) {
-            // Its share is open again: what waited for its one slot goes through
-            // admission again (which queues what is over the share once more).
-            if let Some(waiting) = self.client_waiting.remove(client) {
-                self.ready.extend(waiting);
+        } else if !self.unanswered.is_empty() {
+            self.unanswered.remove(client);
+        }
+    }
+
+    /// How many heads of `client` may be out at once.
+    fn client_limit(&self, client: &str) -> u32 {
+        limit_of(&self.unanswered, self.admit_client, client)
+    }
+
+    /// Heads that waited for their client's slots go to admission again while the client
+    /// has fewer out than it may. A finished head hands its slot to the next waiting one
+    /// ([`Lanes::finish`]), but a head that then does not take it (it gathers for a batch,
+    /// its lane left this node) would leave the others waiting with no slot out to free
+    /// one, and a client's limit can grow (its endpoint answers again): so a client
+    /// below its limit never keeps heads waiting.
+    fn refill(&mut self) {
+        if self.client_waiting.is_empty() {
+            return;
+        }
+        let mut go = Vec::new();
+        for (client, waiting) in &mut self.client_waiting {
+            let out = self.client_inflight.get(client).copied().unwrap_or(0);
+            // A batched client's heads take no slot of their own: they gather.
+            let limit = match self.batching.batched(client) {
+                true => u32::MAX,
+                false => limit_of(&self.unanswered, self.admit_client, client),
+            };
+            for _ in out..limit {
+                match waiting.pop_front() {
+                    Some(k) => go.push(k),
+                    None => break,
+                }
             }
         }
+        self.client_waiting.retain(|_, q| !q.is_empty());
+        self.ready.extend(go);
     }
 
     /// Clients' rates are the cluster's: their slots come leased from the store
@@ -303,6 +333,38 @@ impl Lanes {
             }
         }
         outcomes
+    }
+
+    /// `client`'s lanes and counters, in words ([`super::Dispatcher::describe`]).
+    pub(super) fn describe(&self, client: &str) -> String {
+        let mut out = format!(
+            "inflight {} (client {:?}), waiting {:?}, unanswered {}, batched {}",
+            self.inflight,
+            self.client_inflight.get(client),
+            self.client_waiting.get(client).map(|q| q.len()),
+            self.unanswered.contains(client),
+            self.batching.batched(client),
+        );
+        let mut lanes: Vec<_> = self.lanes.iter().filter(|(k, _)| &*k.0 == client).collect();
+        lanes.sort_by_key(|(k, _)| k.1);
+        for (k, l) in lanes {
+            out.push_str(&format!(
+                "\n  {}: busy {} out {} parked {} leaving {} gathered {} timer {:?} in ready {} heads {:?}",
+                k.1,
+                l.busy,
+                l.out,
+                l.parked,
+                l.leaving,
+                l.gathered,
+                l.timer,
+                self.ready.contains(k),
+                l.queue
+                    .iter()
+                    .map(|e| (e.seq, e.due, e.held, e.attempts))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        out
     }
 
     /// Notifications pending, in lanes or out.
@@ -575,6 +637,7 @@ impl Lanes {
     /// client's to finish; one whose client's rate limit has no token yet waits on a timer
     /// for the next token.
     pub(super) fn admit(&mut self, now: Millis) -> Vec<(LaneKey, String)> {
+        self.refill();
         let mut batch = Vec::new();
         while self.inflight < self.admit {
             let Some(key) = self.ready.pop_front() else {
@@ -590,12 +653,7 @@ impl Lanes {
             }
             let id = head.id.clone();
             let count = self.client_inflight.get(&key.0).copied().unwrap_or(0);
-            let limit = if self.unanswered.contains(&key.0) {
-                1
-            } else {
-                self.admit_client
-            };
-            if count >= limit {
+            if count >= self.client_limit(&key.0) {
                 self.client_waiting
                     .entry(key.0.clone())
                     .or_default()
@@ -645,6 +703,16 @@ impl Lanes {
             batch.push((key, id));
         }
         batch
+    }
+}
+
+/// How many heads of `client` may be out at once: its share, or one while its endpoint
+/// does not answer.
+fn limit_of(unanswered: &FastSet<Arc<str>>, share: u32, client: &str) -> u32 {
+    if unanswered.contains(client) {
+        1
+    } else {
+        share
     }
 }
 

@@ -210,6 +210,14 @@ impl Dispatcher {
         let _ = self.tx.send(Cmd::Moved(moved));
     }
 
+    /// What this dispatcher holds of `client`'s lanes, in words: for a person reading why
+    /// something did not go (the simulation prints it beside a failure).
+    pub async fn describe(&self, client: &str) -> String {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = self.tx.send(Cmd::Describe(Arc::from(client), tx));
+        rx.await.unwrap_or_else(|_| "the dispatcher stopped".into())
+    }
+
     /// Starts the dispatcher with the store's pending notifications. It stops when `stop`
     /// is cancelled, letting in-flight attempts finish within `grace`.
     pub async fn start(
@@ -371,6 +379,8 @@ enum Cmd {
     Batch(Arc<str>, Option<crate::domain::client::Batch>),
     /// Sensors no longer served here ([`Dispatcher::moved`]).
     Moved(Serves),
+    /// What the lanes hold of a client ([`Dispatcher::describe`]).
+    Describe(Arc<str>, tokio::sync::oneshot::Sender<String>),
     /// A lease of a client's rate slots; `None` when the store could not be asked.
     Granted(Arc<str>, Option<rates::Lease>),
 }
@@ -531,7 +541,8 @@ impl Core {
                     | Cmd::Rate(..)
                     | Cmd::Batch(..)
                     | Cmd::Moved(_)
-                    | Cmd::Granted(..),
+                    | Cmd::Granted(..)
+                    | Cmd::Describe(..),
                 )) => {}
                 Ok(None) | Err(_) => break,
             }
@@ -565,6 +576,9 @@ impl Core {
             }
             Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
             Cmd::Granted(client, lease) => self.lanes.rate_granted(&client, lease),
+            Cmd::Describe(client, tx) => {
+                let _ = tx.send(self.lanes.describe(&client));
+            }
         }
     }
 

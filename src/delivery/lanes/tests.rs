@@ -594,3 +594,34 @@ fn a_client_whose_endpoint_does_not_answer_is_sent_one_request_at_a_time_until_i
     h.finish(probe.into_iter().next().unwrap(), answer(500, h.now));
     assert_eq!(h.admit().len(), ahead);
 }
+
+#[test]
+fn heads_waiting_for_their_clients_slot_go_once_the_client_has_one_free() {
+    // Client 0's endpoint stopped answering: one head at a time, the others wait for its
+    // slot. The client then batches: the next head gathers rather than taking the slot,
+    // and the ones behind it must not wait for a slot nobody will free.
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    for sensor in 0..20 {
+        h.change(0, sensor);
+    }
+    let first = h.admit();
+    assert_eq!(first.len(), 2 * CLAIM_AHEAD as usize);
+    for head in first {
+        h.finish(head, timed_out(h.now));
+    }
+    let probe = h.admit();
+    assert_eq!(probe.len(), 1);
+    h.core.set_batch(
+        "client0",
+        Some(crate::domain::client::Batch {
+            max_events: 10,
+            max_wait_ms: 0,
+        }),
+    );
+    h.finish(probe.into_iter().next().unwrap(), timed_out(h.now));
+    h.now += 60_000;
+    assert!(h.admit().is_empty(), "batched: nothing goes alone");
+    let batches = h.core.admit_batches(h.now);
+    let heads: usize = batches.iter().map(|b| b.members.len()).sum();
+    assert_eq!(heads, 20, "every head of the client gathered: {batches:?}");
+}
