@@ -477,10 +477,15 @@ impl Lanes {
                     }
                 }
             }
+            // In order, but never before the head in flight here nor before one another
+            // node may hold: nothing passes an attempt that may be under way (an older
+            // failed one replayed waits for it).
+            let after_held = lane.queue.iter().rposition(|e| e.held).map_or(0, |i| i + 1);
             let pos = lane
                 .queue
                 .partition_point(|e| e.seq < r.seq)
-                .max(usize::from(lane.busy));
+                .max(usize::from(lane.busy))
+                .max(after_held);
             // A batch to send again, as the store keeps it. On a shared store another node
             // may have sent that batch meanwhile (a partition moved), so one read from it
             // goes in a batch of its own.

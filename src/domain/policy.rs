@@ -191,6 +191,10 @@ pub struct LaneInStore {
     pub older_pending: u32,
     /// The latest lease among those, if any is leased.
     pub older_lease_until: Option<Millis>,
+    /// The latest lease another node holds on a newer notification of the lane still
+    /// pending: a failed one replayed (or one swept up around a move) while the lane's
+    /// newer one is in flight there waits for it.
+    pub newer_lease_until: Option<Millis>,
     /// A newer state of the sensor was delivered to the client already.
     pub newer_state_delivered: bool,
     /// A newer state of the sensor waits for the client.
@@ -227,7 +231,8 @@ pub enum ClaimStep {
 /// notification is left as it is: it waits for the client to be enabled.
 ///
 /// Order across nodes: a head with older notifications of its lane still pending in the
-/// store waits for them (asking again within [`RECHECK_MS`]: the node serving the sensor
+/// store waits for them, and one whose newer notification another node has in flight (a
+/// replay of a failed one) waits for that attempt (asking again within [`RECHECK_MS`]: the node serving the sensor
 /// has them in its lanes, or sweeps them up); a state older than one the client already
 /// got, or than one waiting for it, is superseded (the supersede rule, now that it is not
 /// in flight), never sent before it. A head not yet due waits for its time: a lane that
@@ -254,6 +259,10 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     if row.lane.older_pending > 0 {
         let until = row.lane.older_lease_until.filter(|&u| u > now);
         let at = look_again(until.unwrap_or(Millis::MAX), now);
+        return ClaimStep::Answer(Claim::Later { id: n.id, at });
+    }
+    if let Some(until) = row.lane.newer_lease_until.filter(|&u| u > now) {
+        let at = look_again(until, now);
         return ClaimStep::Answer(Claim::Later { id: n.id, at });
     }
     if let Some(at) = n.next_attempt_at.filter(|&at| at > now) {

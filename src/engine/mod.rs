@@ -226,8 +226,10 @@ pub struct Engine {
     clock: Clock,
     /// Cluster mode: where other partitions' readings go.
     routing: Option<Arc<Routing>>,
-    /// The broker links, which every shard follows ([`Engine::set_link`]).
-    links: Arc<tokio::sync::watch::Sender<fleet::Links>>,
+    /// The broker links, which every shard follows ([`Engine::set_link`]): a channel per
+    /// shard, told in shard order, so the shards wake in the same order every time (one
+    /// channel's receivers wake in an order Tokio draws at random).
+    links: Arc<Vec<tokio::sync::watch::Sender<fleet::Links>>>,
 }
 
 impl Engine {
@@ -298,7 +300,7 @@ impl Engine {
         } = tuning;
         let shards = shards.max(1);
         let mut senders = Vec::with_capacity(shards);
-        let (links, _) = tokio::sync::watch::channel(fleet::Links::default());
+        let mut links = Vec::with_capacity(shards);
         for s in 0..shards {
             // This shard's partitions (`p % shards == s`); the others stay `None` here.
             let mine: Vec<Option<Part>> = (0..partitions.count as usize)
@@ -312,12 +314,14 @@ impl Engine {
                 .collect();
             let (tx, rx) = mpsc::channel(1024);
             senders.push(tx);
+            let (link_tx, links_rx) = tokio::sync::watch::channel(fleet::Links::default());
+            links.push(link_tx);
             let shard = Shard {
                 index: s,
                 parts: mine,
                 partitions,
                 policy,
-                links_rx: links.subscribe(),
+                links_rx,
                 links: fleet::Links::default(),
                 rx,
                 commits: commits.clone(),
@@ -597,8 +601,9 @@ impl Engine {
     /// reads the links before it declares anyone lost, so nothing is declared lost for a
     /// silence after this returns that a link down explains.
     pub fn set_link(&self, source: Source, up: bool, at: Millis) {
-        self.links
-            .send_modify(|links| fleet::change_link(links, source, up, at));
+        for shard in self.links.iter() {
+            shard.send_modify(|links| fleet::change_link(links, source, up, at));
+        }
     }
 
     /// Stops tracking a deleted sensor; its later readings are rejected as unknown.

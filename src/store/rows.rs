@@ -46,7 +46,7 @@ pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secre
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
-/// ([`crate::domain::policy::claim_step`]). Older ones this node leased are its own lane's,
+/// ([`crate::domain::policy::claim_step`]). Ones this node leased are its own lane's,
 /// already ordered (their results may not be recorded yet), so they do not count. Whether
 /// a newer state was delivered or waits is read for states only (nothing else asks).
 pub(crate) const CLAIM_LANE_COLS: &str = "lane.older_pending, lane.older_lease_until, \
@@ -56,14 +56,17 @@ pub(crate) const CLAIM_LANE_COLS: &str = "lane.older_pending, lane.older_lease_u
      n.kind = 'sensor.state_changed' AND EXISTS (SELECT 1 FROM notifications_pending q \
       JOIN notifications o ON o.seq = q.seq WHERE q.sensor_id = n.sensor_id \
       AND q.client_id = n.client_id AND q.seq > n.seq \
-      AND o.kind = 'sensor.state_changed' AND o.status = 'pending')";
+      AND o.kind = 'sensor.state_changed' AND o.status = 'pending'), lane.newer_lease_until";
 
-/// The older pending notifications of each claimed one's lane, counted and their latest
-/// lease read in one pass over the lane's index (two subqueries walked it twice).
-pub(crate) const CLAIM_LANE_FROM: &str = "CROSS JOIN LATERAL (SELECT count(*) AS older_pending, \
-     max(o.lease_until) AS older_lease_until FROM notifications_pending q \
-     JOIN notifications o ON o.seq = q.seq \
-     WHERE q.sensor_id = n.sensor_id AND q.client_id = n.client_id AND q.seq < n.seq \
+/// The other pending notifications of each claimed one's lane that this node did not
+/// lease: the older ones counted and their latest lease, the newer ones' latest lease, in
+/// one pass over the lane's index (two subqueries walked it twice).
+pub(crate) const CLAIM_LANE_FROM: &str = "CROSS JOIN LATERAL (SELECT \
+     count(*) FILTER (WHERE q.seq < n.seq) AS older_pending, \
+     max(o.lease_until) FILTER (WHERE q.seq < n.seq) AS older_lease_until, \
+     max(o.lease_until) FILTER (WHERE q.seq > n.seq) AS newer_lease_until \
+     FROM notifications_pending q JOIN notifications o ON o.seq = q.seq \
+     WHERE q.sensor_id = n.sensor_id AND q.client_id = n.client_id AND q.seq <> n.seq \
      AND o.status = 'pending' AND o.claimed_by IS DISTINCT FROM $2) lane";
 
 pub(crate) const CLAIM_FROM: &str = "notifications n \
@@ -239,6 +242,7 @@ pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneIn
         older_lease_until: r.opt_int(NOTIF_N + 13)?,
         newer_state_delivered: r.flag(NOTIF_N + 14)?,
         newer_state_pending: r.flag(NOTIF_N + 15)?,
+        newer_lease_until: r.opt_int(NOTIF_N + 16)?,
     })
 }
 

@@ -318,10 +318,7 @@ impl Receivers {
         };
         let (latency, answer) = self.plan(&client);
         let waited = latency.min(timeout);
-        let mut life = self.world.life(node);
-        let killed = async {
-            let _ = life.wait_for(|l| *l == Life::Dead).await;
-        };
+        let killed = self.world.wait_life(node, |l| l == Life::Dead);
         tokio::select! {
             biased;
             _ = killed => {

@@ -7,14 +7,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use latch::clock::Clock;
 use latch::domain::Millis;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// How a simulated process is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,9 +43,18 @@ pub struct World {
     rng: Mutex<StdRng>,
     trace: Mutex<Vec<String>>,
     violations: Mutex<Vec<Violation>>,
-    /// Per node name, how it is; watched so a frozen node's calls wake when it thaws and
-    /// a dead node's hang for good.
-    lives: Mutex<BTreeMap<String, watch::Sender<Life>>>,
+    /// Per process (life) name, how it is; a frozen process's calls wake when it thaws, a
+    /// dead one's hang for good.
+    lives: Mutex<BTreeMap<String, Arc<Cell>>>,
+}
+
+/// A process's life and what wakes its waiters. Not a `watch` channel: its receivers
+/// wake in an order Tokio draws at random, and the same seed must wake them in the same
+/// order; `Notify` wakes its waiters in the order they came.
+#[derive(Debug)]
+pub struct Cell {
+    life: Mutex<Life>,
+    changed: Notify,
 }
 
 impl World {
@@ -143,43 +152,50 @@ impl World {
         !self.violations.lock().unwrap().is_empty()
     }
 
-    /// The node's life, watched.
-    pub fn life(&self, node: &str) -> watch::Receiver<Life> {
+    fn cell(&self, node: &str) -> Arc<Cell> {
         self.lives
             .lock()
             .unwrap()
             .entry(node.to_string())
-            .or_insert_with(|| watch::Sender::new(Life::Running))
-            .subscribe()
+            .or_insert_with(|| {
+                Arc::new(Cell {
+                    life: Mutex::new(Life::Running),
+                    changed: Notify::new(),
+                })
+            })
+            .clone()
     }
 
     pub fn set_life(&self, node: &str, life: Life) {
-        let mut lives = self.lives.lock().unwrap();
-        let tx = lives
-            .entry(node.to_string())
-            .or_insert_with(|| watch::Sender::new(life));
-        tx.send_replace(life);
+        let cell = self.cell(node);
+        *cell.life.lock().unwrap() = life;
+        cell.changed.notify_waiters();
     }
 
     pub fn life_now(&self, node: &str) -> Life {
-        *self.life(node).borrow()
+        *self.cell(node).life.lock().unwrap()
+    }
+
+    /// Returns once `node` is in a life `until` accepts.
+    pub async fn wait_life(&self, node: &str, until: impl Fn(Life) -> bool) {
+        let cell = self.cell(node);
+        loop {
+            let changed = cell.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if until(*cell.life.lock().unwrap()) {
+                return;
+            }
+            changed.await;
+        }
     }
 }
 
 /// Waits while `node` is frozen; never returns once it is dead. What every call a node
 /// makes to the outside goes through first.
 pub async fn alive(world: &World, node: &str) {
-    let mut life = world.life(node);
-    loop {
-        let now = *life.borrow_and_update();
-        match now {
-            Life::Running => return,
-            Life::Frozen => {
-                if life.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-            Life::Dead => std::future::pending::<()>().await,
-        }
+    world.wait_life(node, |l| l != Life::Frozen).await;
+    if world.life_now(node) == Life::Dead {
+        std::future::pending::<()>().await;
     }
 }

@@ -199,8 +199,13 @@ impl Lanes {
             }
             self.pending -= 1;
         }
+        // Put back in order; one another node may be sending stays ahead of the rest, as
+        // nothing may pass an attempt under way (an older one is then a replay, which
+        // waits for it).
         if later {
-            lane.queue.make_contiguous().sort_by_key(|e| e.seq);
+            lane.queue
+                .make_contiguous()
+                .sort_by_key(|e| (!e.held, e.seq));
         }
         let due = lane.queue.front().map(|h| h.due);
         match due {

@@ -380,6 +380,28 @@ fn a_head_behind_older_pending_ones_of_its_lane_waits_for_them() {
 }
 
 #[test]
+fn a_notification_waits_while_another_node_sends_a_newer_one_of_its_lane() {
+    // A failed notification replayed while a newer one of its lane (a reminder, say) is in
+    // flight on another node: one request of a lane at a time, whatever their order.
+    let ahead = |newer_lease_until| ClaimRow {
+        lane: LaneInStore {
+            newer_lease_until,
+            ..LaneInStore::default()
+        },
+        ..row(Status::Pending)
+    };
+    match claim_step(ahead(Some(5_000)), "me", 100) {
+        ClaimStep::Answer(Claim::Later { at, .. }) => assert_eq!(at, 100 + RECHECK_MS),
+        _ => panic!("sent while another node sends its lane"),
+    }
+    // That lease ran out: nothing is in flight.
+    assert!(matches!(
+        claim_step(ahead(Some(50)), "me", 100),
+        ClaimStep::Lease(_)
+    ));
+}
+
+#[test]
 fn another_nodes_lease_is_looked_at_again_within_a_second() {
     assert_eq!(look_again(100_000, 1_000), 1_000 + RECHECK_MS);
     assert_eq!(look_again(1_200, 1_000), 1_200);

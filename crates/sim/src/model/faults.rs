@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// One store call as the fault hooks see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,64 +86,64 @@ pub enum Life {
 }
 
 /// Where a node's calls wait while its process is frozen, or for ever once it is killed.
+/// A mutex and a `Notify`, not a `watch` channel: a channel's receivers wake in an order
+/// Tokio draws at random, and a seed must replay the same run; `Notify` wakes its waiters
+/// in the order they came.
 #[derive(Debug)]
 pub struct Gate {
-    life: watch::Sender<Life>,
+    life: std::sync::Mutex<Life>,
+    changed: Notify,
 }
 
 impl Default for Gate {
     fn default() -> Self {
         Self {
-            life: watch::Sender::new(Life::Running),
+            life: std::sync::Mutex::new(Life::Running),
+            changed: Notify::new(),
         }
     }
 }
 
 impl Gate {
     pub fn life(&self) -> Life {
-        *self.life.borrow()
+        *self.life.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the life from `from` to `to` (`None`: from any) and wakes the waiters.
+    fn set(&self, from: Option<Life>, to: Life) {
+        let mut life = self.life.lock().unwrap_or_else(|p| p.into_inner());
+        if from.is_none_or(|f| *life == f) {
+            *life = to;
+            drop(life);
+            self.changed.notify_waiters();
+        }
     }
 
     /// Stops the process: its calls wait (a killed one stays killed).
     pub fn freeze(&self) {
-        self.life.send_if_modified(|l| {
-            let moved = *l == Life::Running;
-            if moved {
-                *l = Life::Frozen;
-            }
-            moved
-        });
+        self.set(Some(Life::Running), Life::Frozen);
     }
 
     /// Lets a frozen process go on.
     pub fn thaw(&self) {
-        self.life.send_if_modified(|l| {
-            let moved = *l == Life::Frozen;
-            if moved {
-                *l = Life::Running;
-            }
-            moved
-        });
+        self.set(Some(Life::Frozen), Life::Running);
     }
 
     /// Kills the process: none of its calls goes on or is answered again.
     pub fn kill(&self) {
-        self.life.send_replace(Life::Killed);
+        self.set(None, Life::Killed);
     }
 
     /// Returns once the process is running; never, once it is killed.
     pub async fn pass(&self) {
-        let mut rx = self.life.subscribe();
         loop {
-            let life = *rx.borrow_and_update();
-            match life {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.life() {
                 Life::Running => return,
                 Life::Killed => std::future::pending::<()>().await,
-                Life::Frozen => {
-                    if rx.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
+                Life::Frozen => changed.await,
             }
         }
     }

@@ -31,8 +31,9 @@ impl Tables {
     }
 
     /// What the store holds of `n`'s lane besides it, as `CLAIM_LANE_COLS` reads it for
-    /// `node`: older pending ones not leased by `node` (their latest lease), and whether a
-    /// newer state was delivered or waits (for a state only).
+    /// `node`: older pending ones not leased by `node` (their latest lease), the latest
+    /// lease of newer pending ones not leased by `node`, and whether a newer state was
+    /// delivered or waits (for a state only).
     fn lane_in_store(&self, n: &Notification, node: &str) -> LaneInStore {
         let mut lane = LaneInStore::default();
         let Some(seqs) = self.lanes.get(&(n.sensor_id, n.client_id.clone())) else {
@@ -43,6 +44,12 @@ impl Tables {
             if r.notification.status == Status::Pending && r.claimed_by.as_deref() != Some(node) {
                 lane.older_pending += 1;
                 lane.older_lease_until = lane.older_lease_until.max(r.lease_until);
+            }
+        }
+        for seq in seqs.range(n.seq + 1..) {
+            let r = &self.notifications[seq];
+            if r.notification.status == Status::Pending && r.claimed_by.as_deref() != Some(node) {
+                lane.newer_lease_until = lane.newer_lease_until.max(r.lease_until);
             }
         }
         if n.kind == EventKind::StateChanged {
