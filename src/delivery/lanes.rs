@@ -338,12 +338,16 @@ impl Lanes {
     /// `client`'s lanes and counters, in words ([`super::Dispatcher::describe`]).
     pub(super) fn describe(&self, client: &str) -> String {
         let mut out = format!(
-            "inflight {} (client {:?}), waiting {:?}, unanswered {}, batched {}",
+            "inflight {} (client {:?}), waiting {:?}, unanswered {}, batched {} (busy {}), rate {:?} waiting {:?} woken {:?}",
             self.inflight,
             self.client_inflight.get(client),
             self.client_waiting.get(client).map(|q| q.len()),
             self.unanswered.contains(client),
             self.batching.batched(client),
+            self.batching.busy(client),
+            self.rates.limit(client),
+            self.rate_waiting.get(client).map(|q| q.len()),
+            self.rate_woken.get(client),
         );
         let mut lanes: Vec<_> = self.lanes.iter().filter(|(k, _)| &*k.0 == client).collect();
         lanes.sort_by_key(|(k, _)| k.1);

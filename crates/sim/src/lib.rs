@@ -205,6 +205,7 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
     let lease = config.lease().as_millis() as Millis;
     let mut w = Workload {
         world: world.clone(),
+        model: model.clone(),
         nodes: nodes.clone(),
         receivers: receivers.clone(),
         faults: faults.clone(),

@@ -60,6 +60,7 @@ pub struct Log {
 /// The run's moving parts.
 pub struct Workload {
     pub world: Arc<World>,
+    pub model: crate::model::ModelStore,
     pub nodes: Arc<Nodes>,
     pub receivers: Arc<Receivers>,
     pub faults: Arc<StoreFaults>,
@@ -288,7 +289,8 @@ impl Workload {
         self.receivers.set_mode(&c.id, mode);
     }
 
-    /// A (client, sensor) link is made or removed.
+    /// A (client, sensor) link is made or removed. A call whose answer never came may
+    /// have landed: what the run knows of the link is what the store holds after it.
     async fn toggle_link(&mut self) {
         let Some(node) = self.entry() else { return };
         let Some((_, store, _)) = self.nodes.entry(&node) else {
@@ -299,14 +301,27 @@ impl Workload {
         let sensor = self.sensors[si].id;
         let now = self.world.now();
         let c = &mut self.clients[ci];
-        if c.links.contains_key(&sensor) {
-            if store.unlink(c.id.clone(), sensor).await.is_ok() {
-                c.links.remove(&sensor);
-                self.world.trace(format!("unlink {}/{sensor}", c.id));
+        let result = if c.links.contains_key(&sensor) {
+            store.unlink(c.id.clone(), sensor).await
+        } else {
+            store.link(c.id.clone(), sensor, now).await
+        };
+        let linked = self
+            .model
+            .read(|t| t.links.contains(&(sensor, c.id.clone())));
+        self.world.trace(format!(
+            "{} {}/{sensor}: {:?}",
+            if linked { "link" } else { "unlink" },
+            c.id,
+            result.err().map(|e| e.to_string())
+        ));
+        match linked {
+            true => {
+                c.links.entry(sensor).or_insert(now);
             }
-        } else if store.link(c.id.clone(), sensor, now).await.is_ok() {
-            c.links.insert(sensor, now);
-            self.world.trace(format!("link {}/{sensor}", c.id));
+            false => {
+                c.links.remove(&sensor);
+            }
         }
     }
 
@@ -403,11 +418,14 @@ impl Workload {
         let Some((_, store, dispatcher)) = self.nodes.entry(&node) else {
             return;
         };
+        // As the API does: the lanes resume whether or not this call enabled it (one whose
+        // answer was lost may have).
         for c in &self.clients {
-            if let Ok(Some(true)) = store.enable_client(c.id.clone()).await
+            if let Ok(Some(was)) = store.enable_client(c.id.clone()).await
                 && let Ok(pending) = store.load_client_pending(c.id.clone()).await
             {
-                self.world.trace(format!("enable {}", c.id));
+                self.world
+                    .trace(format!("enable {} (was disabled: {was})", c.id));
                 dispatcher.resume(&c.id, pending);
             }
         }

@@ -144,6 +144,14 @@ impl Lanes {
         match batch {
             Some(b) => {
                 self.batching.specs.insert(Arc::from(client), b);
+                // Heads waiting for a rate slot of their own gather now: the limit paces
+                // the client's batches, and no single head takes a slot any more.
+                if let Some(waiting) = self.rate_waiting.remove(client) {
+                    for key in waiting {
+                        Self::make_ready(&mut self.lanes, &mut self.ready, key);
+                    }
+                }
+                self.rate_woken.remove(client);
             }
             None => {
                 self.batching.specs.remove(client);

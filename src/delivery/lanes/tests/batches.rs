@@ -340,3 +340,32 @@ fn a_lane_that_comes_back_waiting_for_its_retry_is_not_sent_early_by_a_batch() {
     assert_eq!(ids(&out[0]), vec![a.clone()]);
     assert!(h.batches().is_empty(), "one request of the lane at a time");
 }
+
+#[test]
+fn heads_waiting_for_a_rate_slot_gather_once_their_client_batches() {
+    // A client limited to one request a second: its heads wait for their slots, one at a
+    // time. It is then told to batch: the heads still waiting gather for its batches,
+    // whose requests the limit paces instead.
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    h.core.set_rate("client0", Some(1));
+    for sensor in 0..3 {
+        h.change(0, sensor);
+    }
+    let first = h.admit();
+    assert_eq!(first.len(), 1, "one request a second");
+    h.batching(10, 0);
+    h.finish(first.into_iter().next().unwrap(), answer(200, h.now));
+    let mut gathered = 0;
+    for _ in 0..10 {
+        h.now += 1_000;
+        for b in h.batches() {
+            gathered += b.members.len();
+            h.answer_batch(b, 200);
+        }
+    }
+    assert_eq!(
+        gathered, 2,
+        "the heads that waited for a rate slot went in batches"
+    );
+    assert_eq!(h.core.pending(), 0);
+}
