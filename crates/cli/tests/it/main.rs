@@ -32,4 +32,5 @@ mod retention;
 mod ssrf;
 mod store_faults;
 mod tokens;
+mod unknown_fields;
 mod utils;
