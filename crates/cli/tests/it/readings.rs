@@ -317,3 +317,34 @@ async fn unknown_fields_in_a_reading_are_refused_per_reading() {
     );
     s.stop().await;
 }
+
+/// Issue #49: when nothing was accepted but some readings were refused only because their
+/// commit failed, the answer says "send again" (503), with what became of each reading,
+/// rather than a 422 that a sender would take as a verdict on all of them.
+#[tokio::test]
+async fn nothing_accepted_with_a_failed_commit_answers_503_with_the_same_body() {
+    let s = TestServer::start().await;
+    let id = unique("nf");
+    s.sensor(&id).await;
+    let fault = crate::utils::fault::CommitFault::new(&s.dir);
+    fault.fail(&id).await;
+    // Unknown sensors in every shard (hashed by id), so one shard commits only refusals
+    // while the one holding the registered sensor fails.
+    let mut body: Vec<Value> = (0..32)
+        .map(|i| json!({"sensor_id": format!("nobody{i}x{}", &id[2..8]), "data": 1}))
+        .collect();
+    body.push(json!({"sensor_id": id, "data": 1}));
+    let (st, answer) = s.post("/v1/readings", Value::Array(body)).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(answer["accepted"], 0, "{answer}");
+    let rejected = answer["rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 33, "{answer}");
+    assert_eq!(rejected[32]["code"], "store_unavailable", "{answer}");
+    assert!(
+        rejected.iter().any(|r| r["code"] == "unknown_sensor"),
+        "{answer}"
+    );
+    fault.heal().await;
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    s.stop().await;
+}
