@@ -8,6 +8,7 @@ mod bench;
 mod broker_links;
 mod brokers;
 mod choices;
+mod cli;
 mod clients;
 mod cluster;
 mod cluster_choices;
