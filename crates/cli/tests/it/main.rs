@@ -27,6 +27,7 @@ mod node_trust;
 mod nodes;
 mod operator;
 mod readings;
+mod readme;
 mod redelivery;
 mod registry;
 mod retention;

@@ -7,7 +7,7 @@ use lapin::types::AMQPValue;
 use serde_json::json;
 
 use crate::amqp::{broker, declare, publish};
-use crate::utils::{TestServer, eventually, unique};
+use crate::utils::{eventually, unique};
 
 #[tokio::test]
 async fn amqp_dead_letters_a_reading_with_an_unknown_field() {
