@@ -26,6 +26,7 @@ mod mqtt;
 mod node_trust;
 mod nodes;
 mod operator;
+mod pg_ops;
 mod readings;
 mod readme;
 mod redelivery;

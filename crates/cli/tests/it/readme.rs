@@ -29,18 +29,27 @@ pub fn readme() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The fenced block after `<!-- test: NAME -->`.
+/// The fenced block after `<!-- test: NAME -->`, its lines as a reader copies them (a
+/// block in a list item is indented; the indent is not part of it).
 pub fn block(readme: &str, name: &str) -> String {
     let marker = format!("<!-- test: {name} -->");
     let at = readme
         .find(&marker)
         .unwrap_or_else(|| panic!("no `{marker}` in the README"));
-    let rest = &readme[at + marker.len()..];
-    let open = rest.find("```").expect("a fenced block after the marker");
-    let body = &rest[open..];
-    let body = &body[body.find('\n').expect("a fence line") + 1..];
-    let close = body.find("\n```").expect("the block's closing fence");
-    body[..close + 1].to_string()
+    let mut lines = readme[at + marker.len()..]
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("```"));
+    let fence = lines.next().expect("a fenced block after the marker");
+    let indent = fence.len() - fence.trim_start().len();
+    let mut out = String::new();
+    for line in lines.by_ref() {
+        if line.trim_start().starts_with("```") {
+            return out;
+        }
+        out.push_str(line.get(indent..).unwrap_or(line.trim_start()));
+        out.push('\n');
+    }
+    panic!("`{marker}`: the block is not closed");
 }
 
 /// One command of a block and what the README says it prints.
