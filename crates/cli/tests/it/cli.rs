@@ -92,12 +92,19 @@ fn config_prints_the_effective_settings_with_secrets_masked() {
     );
 }
 
+/// Arguments before the command, `LATCH_*` variables, and what the error says.
+type Case = (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
 #[test]
 fn config_check_fails_where_serve_fails_and_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("typo.toml"), "retry_bse = \"5s\"\n").unwrap();
     std::fs::write(dir.path().join("good.toml"), "retry_base = \"5s\"\n").unwrap();
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    let cases: [Case; 4] = [
         (&["--config", "typo.toml"], &[], "unknown key `retry_bse`"),
         (
             &[],
