@@ -225,21 +225,23 @@ fn cursor_pattern(path: &str) -> Option<&'static str> {
 }
 
 /// `POST /v1/readings` takes one reading or an array; each element is judged on its own and
-/// a bad one is listed in `rejected` (a 202), so the array's items are any JSON value.
+/// a bad one is listed in `rejected` (a 202 while another was accepted, else a 422 with the
+/// same body), so the array's items are any JSON value.
 fn readings_body(doc: &mut Value) {
     let schema = json!({
         "oneOf": [
             {
                 "type": "object",
                 "description": "One reading (`ReadingIn`); if it is not a valid one it is \
-                    listed in `rejected` with its reason."
+                    listed in `rejected` with its reason, and the answer is 422."
             },
             {
                 "type": "array",
                 "maxItems": MAX_READINGS_PER_REQUEST,
                 "items": {
                     "description": "A reading (`ReadingIn`); an element that is not one is \
-                        listed in `rejected` with its reason, the others still apply."
+                        listed in `rejected` with its reason, the others still apply (422 \
+                        when none does)."
                 }
             }
         ]

@@ -15,7 +15,7 @@ use super::error::{
 };
 use super::pagination::{List, PageParams};
 use crate::domain::{Detail, Event, EventKind, Millis, reading, time};
-use crate::ingest::http::{self, Accepted, ReadingIn};
+use crate::ingest::http::{self, Accepted, Outcome, ReadingIn};
 use crate::store::{Stored, TimeRange};
 use crate::telemetry::SPANS;
 
@@ -31,16 +31,25 @@ pub fn router() -> OpenApiRouter<AppState> {
         ))
 }
 
-/// Post one reading or an array of up to 10,000. Answers 202 once the accepted ones are
-/// durable; each element is validated on its own. If only part of them could be committed,
+/// Post one reading or an array of up to 10,000. Each element is judged on its own.
+/// Answers 202 once the accepted ones are durable; 422 with the same body when none was
+/// accepted because each was refused (unknown sensor, bad field, …), so a sender that reads
+/// only the status does not take it for stored. If only part of them could be committed,
 /// the rest are listed as `store_unavailable` (send those again); 503 when none could
 /// (`storage_full` when the store's disk is full).
 #[utoipa::path(post, path = "/v1/readings", tag = "readings",
     request_body(content = Vec<ReadingIn>, description = "one reading, or an array of them"),
-    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody),
+    responses((status = 202, description = "at least one reading accepted (or none sent)",
+            body = Accepted),
+        (status = 400, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, description = "more than 10,000 readings", body = ErrorBody),
-        (status = 503, body = ErrorBody)))]
+        (status = 422, description = "none accepted: every reading refused, each listed in \
+            `rejected` (an `Accepted` body); or more than 10,000 readings (an `ErrorBody`)",
+            body = Refused),
+        (status = 503, description = "none stored: the store is unavailable (an `ErrorBody`), \
+            or the readings not refused for what they are could not be committed (an \
+            `Accepted` body: send those listed as `store_unavailable` again)",
+            body = Refused)))]
 async fn post_readings(
     State(st): State<AppState>,
     JsonBytes(body): JsonBytes,
@@ -74,7 +83,23 @@ async fn post_readings(
             span.record("otel.status_code", "ERROR");
         }
     }
-    Ok((StatusCode::ACCEPTED, ApiJson(result?)))
+    let answer = result?;
+    let status = match answer.outcome() {
+        Outcome::Stored => StatusCode::ACCEPTED,
+        Outcome::Refused => StatusCode::UNPROCESSABLE_ENTITY,
+        Outcome::NotStored => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    Ok((status, ApiJson(answer)))
+}
+
+/// The body of a 422 or 503 from `POST /v1/readings`: what became of each reading when none
+/// was accepted, or an error about the request as a whole.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // Documents the two shapes; the handler answers one or the other.
+pub enum Refused {
+    Readings(Accepted),
+    Error(ErrorBody),
 }
 
 /// `?from=&to=`: a half-open RFC 3339 range `[from, to)`.

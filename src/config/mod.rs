@@ -14,7 +14,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+mod show;
 mod values;
+pub use show::show;
 pub use values::{RateLimit, parse_duration};
 use values::{
     duration, durations, flag, nets, non_empty, number, opt_duration, opt_number, rate_limit,
@@ -176,44 +178,7 @@ impl Config {
 
     /// As [`Config::load`], with the environment given (for tests).
     pub fn load_from(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Self> {
-        let mut table = parse_table(DEFAULTS, "embedded defaults")?;
-        let known: Vec<String> = known_keys();
-        let file = match path {
-            Some(p) => Some(p.to_path_buf()),
-            None => Some(PathBuf::from("latch.toml")).filter(|p| p.exists()),
-        };
-        if let Some(file) = file {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read config file {}", file.display()))?;
-            let layer = parse_table(&text, &file.display().to_string())?;
-            for (k, v) in layer {
-                if !known.contains(&k) {
-                    bail!("{}: unknown key `{k}`", file.display());
-                }
-                table.insert(k, v);
-            }
-        }
-        for (name, value) in env {
-            let Some(key) = name.strip_prefix("LATCH_") else {
-                continue;
-            };
-            if NOT_SETTINGS.contains(&name.as_str()) {
-                continue;
-            }
-            let key = key.to_ascii_lowercase();
-            if !known.contains(&key) {
-                bail!("environment: unknown setting {name}");
-            }
-            table.insert(key, toml::Value::String(value.clone()));
-        }
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(table.into_iter().collect()))
-                .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.path(), e.inner()))?;
-        // A validation message may quote a URL with its password.
-        config
-            .validate()
-            .map_err(|e| anyhow::anyhow!(config.redact(&format!("{e:#}"))))?;
-        Ok(config)
+        Layers::read(path, env)?.config()
     }
 
     /// Defaults only, with the data folder moved (tests and benchmarks).
@@ -363,6 +328,69 @@ fn check_exchange_name(name: &str) -> anyhow::Result<()> {
         bail!("invalid setting `amqp_exchange`: names starting with amq. are RabbitMQ's own");
     }
     Ok(())
+}
+
+/// The settings as the layers give them, before they are checked: each key's value, and
+/// where the ones not left at their default came from.
+pub(crate) struct Layers {
+    table: BTreeMap<String, toml::Value>,
+    /// The file or variable that set a key; absent: the embedded default.
+    origin: BTreeMap<String, String>,
+}
+
+impl Layers {
+    /// The defaults, the file (`path`, or `./latch.toml` when present) and `env`, each
+    /// checked for unknown keys.
+    pub(crate) fn read(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Self> {
+        let mut table = parse_table(DEFAULTS, "embedded defaults")?;
+        let mut origin = BTreeMap::new();
+        let known: Vec<String> = known_keys();
+        let file = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None => Some(PathBuf::from("latch.toml")).filter(|p| p.exists()),
+        };
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read config file {}", file.display()))?;
+            let layer = parse_table(&text, &file.display().to_string())?;
+            for (k, v) in layer {
+                if !known.contains(&k) {
+                    bail!("{}: unknown key `{k}`", file.display());
+                }
+                origin.insert(k.clone(), file.display().to_string());
+                table.insert(k, v);
+            }
+        }
+        for (name, value) in env {
+            let Some(key) = name.strip_prefix("LATCH_") else {
+                continue;
+            };
+            if NOT_SETTINGS.contains(&name.as_str()) {
+                continue;
+            }
+            let key = key.to_ascii_lowercase();
+            if !known.contains(&key) {
+                bail!("environment: unknown setting {name}");
+            }
+            origin.insert(key.clone(), name.clone());
+            table.insert(key, toml::Value::String(value.clone()));
+        }
+        Ok(Self { table, origin })
+    }
+
+    /// The settings, checked.
+    pub(crate) fn config(&self) -> anyhow::Result<Config> {
+        let table = toml::Value::Table(self.table.clone().into_iter().collect());
+        // The message of the value's own error: its `Display` names the key again.
+        let config: Config = serde_path_to_error::deserialize(table).map_err(|e| {
+            anyhow::anyhow!("invalid setting `{}`: {}", e.path(), e.inner().message())
+        })?;
+        // A validation message may quote a URL with its password.
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!(config.redact(&format!("{e:#}"))))?;
+        Ok(config)
+    }
 }
 
 fn known_keys() -> Vec<String> {

@@ -311,3 +311,20 @@ fn retention_takes_days_and_zero_keeps_forever() {
         .to_string();
     assert!(e.contains("retention_readings"), "{e}");
 }
+
+#[test]
+fn a_bad_value_names_its_key_once() {
+    for (var, key) in [
+        ("LATCH_HEARTBEAT_TIMEOUT", "heartbeat_timeout"),
+        ("LATCH_RETRY_MAX_ATTEMPTS", "retry_max_attempts"),
+        ("LATCH_RETRY_POLICY", "retry_policy"),
+        ("LATCH_LISTEN", "listen"),
+    ] {
+        let e = Config::load_from(None, &env(&[(var, "zz")]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches(key).count(), 1, "{e}");
+        assert!(e.starts_with(&format!("invalid setting `{key}`: ")), "{e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}

@@ -46,6 +46,9 @@ pub enum RejectCode {
     InvalidData,
     InvalidTs,
     TsInFuture,
+    /// A field a reading does not have (`sensor_id`, `data`, `ts`): a typo would otherwise
+    /// be dropped unseen, and padding would be stored nowhere but still cost the parse.
+    UnknownField,
     UnknownSensor,
     /// Valid, but its shard's commit failed: nothing of it is durable. Unlike the others this
     /// is not a verdict on the reading — the sender should send it again (a broker source
@@ -66,6 +69,7 @@ impl RejectCode {
             RejectCode::InvalidData => "invalid_data",
             RejectCode::InvalidTs => "invalid_ts",
             RejectCode::TsInFuture => "ts_in_future",
+            RejectCode::UnknownField => "unknown_field",
             RejectCode::UnknownSensor => "unknown_sensor",
             RejectCode::StoreUnavailable => "store_unavailable",
             RejectCode::StorageFull => "storage_full",
@@ -101,12 +105,16 @@ impl std::fmt::Display for Rejection {
     }
 }
 
+/// The fields a reading has; any other is refused ([`RejectCode::UnknownField`]).
+pub const FIELDS: [&str; 3] = ["sensor_id", "data", "ts"];
+
 /// Validates one reading given as JSON: `{"sensor_id": "...", "data": 0|1, "ts": "..."?}`.
 /// `now` bounds how far in the future `ts` may be.
 pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
     let obj = v.as_object().ok_or_else(|| {
         Rejection::new(RejectCode::NotAnObject, "a reading must be a JSON object")
     })?;
+    unknown_fields(obj.keys())?;
     let sensor_id = match obj.get("sensor_id") {
         Some(Value::String(s)) => SensorId::parse(s)
             .map_err(|e| Rejection::new(RejectCode::InvalidSensorId, e.to_string()))?,
@@ -157,6 +165,39 @@ pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
         },
         now,
     )
+}
+
+/// Refuses a reading with fields beyond [`FIELDS`], naming them (the first few, each cut
+/// short: a key may be megabytes) and the fields a reading has, as the API's other bodies
+/// word it.
+fn unknown_fields<'k>(keys: impl Iterator<Item = &'k String>) -> Result<(), Rejection> {
+    const NAMED: usize = 5;
+    const KEY_CHARS: usize = 64;
+    let unknown: Vec<&String> = keys.filter(|k| !FIELDS.contains(&k.as_str())).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let mut named: Vec<String> = unknown
+        .iter()
+        .take(NAMED)
+        .map(|k| match k.char_indices().nth(KEY_CHARS) {
+            Some((cut, _)) => format!("`{}…`", &k[..cut]),
+            None => format!("`{k}`"),
+        })
+        .collect();
+    if unknown.len() > NAMED {
+        named.push(format!("and {} more", unknown.len() - NAMED));
+    }
+    let known: Vec<String> = FIELDS.iter().map(|f| format!("`{f}`")).collect();
+    Err(Rejection::new(
+        RejectCode::UnknownField,
+        format!(
+            "unknown field{} {}, expected one of {}",
+            if unknown.len() == 1 { "" } else { "s" },
+            named.join(", "),
+            known.join(", ")
+        ),
+    ))
 }
 
 /// Holds a reading's `ts` to what latch accepts at `now` (its own clock): RFC 3339's range
@@ -260,6 +301,7 @@ pub fn parse_many(
 /// One element of [`parse_many`]: valid JSON text.
 fn parse_raw(json: &str, now: Millis) -> Result<Reading, Rejection> {
     #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Fast<'a> {
         #[serde(borrow)]
         sensor_id: &'a str,
@@ -435,6 +477,50 @@ mod tests {
         assert_eq!(
             parse_bytes(b"{nope", NOW).unwrap_err().code,
             RejectCode::MalformedJson
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_naming_the_known_ones() {
+        let refuse = |v: Value| parse_value(&v, NOW).unwrap_err();
+        let r = refuse(json!({"sensor_id": "a", "data": 1, "pad": "x"}));
+        assert_eq!(r.code, RejectCode::UnknownField);
+        assert_eq!(
+            r.message,
+            "unknown field `pad`, expected one of `sensor_id`, `data`, `ts`"
+        );
+        // Before any other check: the shape is what is wrong.
+        let r = refuse(json!({"sensor_id": "a b", "data": 9, "Data": 1, "ts": null}));
+        assert_eq!(r.code, RejectCode::UnknownField);
+        let long = "k".repeat(1 << 20);
+        let mut many = serde_json::Map::new();
+        many.insert("sensor_id".into(), json!("a"));
+        many.insert("data".into(), json!(1));
+        many.insert(long, json!(1));
+        for i in 0..10 {
+            many.insert(format!("f{i}"), json!(i));
+        }
+        let r = refuse(Value::Object(many));
+        assert!(r.message.len() < 1000, "{}", r.message);
+        assert!(
+            r.message.starts_with("unknown fields `f0`"),
+            "{}",
+            r.message
+        );
+        assert!(r.message.contains("and 6 more"), "{}", r.message);
+        // The fast path of a request body agrees.
+        let body = br#"[{"sensor_id": "a", "data": 1, "extra": 1}, {"sensor_id": "a", "data": 1}]"#;
+        let items = parse_many(body, NOW, 10).unwrap();
+        assert_eq!(
+            items[0].as_ref().unwrap_err().code,
+            RejectCode::UnknownField
+        );
+        assert!(items[1].is_ok());
+        assert_eq!(
+            parse_bytes(br#"{"sensor_id": "a", "data": 1, "x": 0}"#, NOW)
+                .unwrap_err()
+                .code,
+            RejectCode::UnknownField
         );
     }
 

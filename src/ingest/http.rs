@@ -18,7 +18,9 @@ pub const MAX_READINGS_BODY_BYTES: usize = 16 * 1024 * 1024;
 const SOURCE: &str = "http";
 
 /// A reading: `{"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}`.
+/// Any other field refuses the reading (`unknown_field`).
 #[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // Documents the wire format; parsing is by hand for per-field reasons.
 pub struct ReadingIn {
     #[schema(example = "xa7v9Dfadr7H")]
@@ -37,17 +39,47 @@ pub struct Accepted {
     pub rejected: Vec<RejectedOut>,
 }
 
+/// What a request came to as a whole: what its status says to a sender that reads
+/// nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Some readings are durable (or the request held none).
+    Stored,
+    /// None is durable, and each was refused for what it is: sending it again changes
+    /// nothing.
+    Refused,
+    /// None is durable, and some were refused only because their commit failed: send
+    /// those again.
+    NotStored,
+}
+
+impl Accepted {
+    pub fn outcome(&self) -> Outcome {
+        if self.accepted > 0 || self.rejected.is_empty() {
+            Outcome::Stored
+        } else if self.rejected.iter().any(|r| r.transient) {
+            Outcome::NotStored
+        } else {
+            Outcome::Refused
+        }
+    }
+}
+
 /// A reading that was not applied, and why.
 #[derive(Serialize, ToSchema)]
 pub struct RejectedOut {
     /// Position in the posted array (0 for a single reading).
     pub index: usize,
     /// Machine-readable reason: `invalid_sensor_id`, `invalid_data`, `invalid_ts`,
-    /// `ts_in_future`, `unknown_sensor`, `not_an_object`; or `store_unavailable`: valid but
-    /// not stored (part of the request could not be committed), send it again; or
-    /// `storage_full`: the same, because the store's disk is full.
+    /// `ts_in_future`, `unknown_field`, `unknown_sensor`, `not_an_object`; or
+    /// `store_unavailable`: valid but not stored (part of the request could not be
+    /// committed), send it again; or `storage_full`: the same, because the store's disk is
+    /// full.
     pub code: String,
     pub error: String,
+    /// Valid but not stored (`store_unavailable`, `storage_full`).
+    #[serde(skip)]
+    transient: bool,
 }
 
 /// Parses a body of one reading or an array of them, each element on its own. `Err` only
@@ -76,6 +108,7 @@ pub async fn submit(
                 index,
                 code: r.code.as_str().to_string(),
                 error: r.message,
+                transient: r.code.is_transient(),
             })
             .collect(),
     })

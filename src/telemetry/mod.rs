@@ -169,13 +169,14 @@ pub const RETAINED: [&str; 5] = [
 ];
 
 /// Every `reason` a reading can be rejected with.
-const REJECT_CODES: [RejectCode; 9] = [
+const REJECT_CODES: [RejectCode; 10] = [
     RejectCode::MalformedJson,
     RejectCode::NotAnObject,
     RejectCode::InvalidSensorId,
     RejectCode::InvalidData,
     RejectCode::InvalidTs,
     RejectCode::TsInFuture,
+    RejectCode::UnknownField,
     RejectCode::UnknownSensor,
     RejectCode::StoreUnavailable,
     RejectCode::StorageFull,
@@ -199,6 +200,7 @@ fn listed(code: RejectCode, status: Status) {
         | RejectCode::InvalidData
         | RejectCode::InvalidTs
         | RejectCode::TsInFuture
+        | RejectCode::UnknownField
         | RejectCode::UnknownSensor
         | RejectCode::StoreUnavailable
         | RejectCode::StorageFull => {}

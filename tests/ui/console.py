@@ -9,7 +9,11 @@ and chooses the types it receives. Issue #41: a freshly opened fleet page shows 
 of readings that flowed before it opened; a just-failed notification is at the top of the
 notifications with its client's name, "Failed in the last hour" finds it and the filtered
 view replays it; a search by a word of the address finds the sensor; the client's page
-charts its failure rate and latency. Saves a screenshot of each page.
+charts its failure rate and latency. Saves a screenshot of each page. Issue #49: each
+rate card's big number is the rate its label names, computed from the rates the page was
+given; the header stays in view (and focus moves to the page) after moving to a long page;
+a client with one 5-minute slice of attempts has a point in each chart; times name their
+zone.
 
 With LATCH_CLUSTER set (two node URLs, comma-separated, of one cluster), it checks
 instead that the console served by the first node shows the live events of sensors
@@ -30,6 +34,7 @@ import http.server
 import json
 import os
 import random
+import re
 import string
 import sys
 import threading
@@ -70,6 +75,12 @@ def post_reading(sensor, data):
     with urllib.request.urlopen(req) as r:
         answer = json.load(r)
     assert answer["accepted"] == 1, answer
+
+
+def put(url):
+    req = urllib.request.Request(url, method="PUT")
+    with urllib.request.urlopen(req) as r:
+        assert r.status == 204, r.status
 
 
 def get_json(url):
@@ -172,6 +183,126 @@ def cluster_flow(bases):
     print(f"console: ok (a 2-node cluster's events through {first})")
 
 
+PANELS = ["Readings accepted", "State changes", "Webhooks delivered", "Webhooks failed",
+          "Sensors lost", "Sensors restored"]
+RATE_KEYS = ["readings", "changes", "delivered", "failed", "lost", "restored"]
+
+
+def rate_cards_say_what_they_show(page, responses):
+    """Each card's big number is the rate over the period its label names, computed from
+    a `/v1/fleet/rates` answer the page was given, and its total is that hour's."""
+    cards = []
+    for name in PANELS:
+        card = page.get_by_role("region", name=name, exact=True)
+        label = card.locator(".k", has_text="over the last").inner_text()
+        period = re.search(r"over the last (minute|hour)", label)
+        assert period, f"{name}: the label names no period: {label!r}"
+        cards.append((card.locator(".n").inner_text(), {"minute": 60, "hour": 3600}[period[1]],
+                      card.locator(".total").inner_text()))
+    answers = [r.json() for r in responses]
+    assert answers, "the page read no rates"
+
+    def shown_by(r):
+        for (number, period, total), key in zip(cards, RATE_KEYS):
+            counts, s = r[key], r["bucket_s"]
+            n = max(1, round(period / s))
+            rate = sum(counts[-n:]) / (n * s)
+            if number != f"{rate:.{2 if rate < 10 else 1}f}/s" or total != f"{sum(counts)} in the last hour":
+                return False
+        return True
+
+    got = [{k: (sum(r[k][-6:]), sum(r[k])) for k in RATE_KEYS} for r in answers]
+    assert any(shown_by(r) for r in answers), \
+        f"cards {cards} are not the rates the page got (last minute, hour): {got}"
+    assert cards[0][0] != "0.00/s", f"the readings just posted are not shown: {cards[0]}"
+
+
+def header_in_view(page, what):
+    """After moving to a page taller than the window: the header is on screen and focus is
+    on the page's content (for screen readers), the window not scrolled."""
+    tall = "() => document.documentElement.scrollHeight - window.innerHeight"
+    for _ in range(50):
+        if page.evaluate(tall) > 0:
+            break
+        page.wait_for_timeout(100)
+    assert page.evaluate(tall) > 0, f"{what}: the page is not taller than the window"
+    top = page.evaluate("document.querySelector('header').getBoundingClientRect().top")
+    assert top >= 0, f"{what}: the header is {-top}px above the window"
+    assert page.evaluate("window.scrollY") == 0, f"{what}: scrolled to {page.evaluate('window.scrollY')}"
+    assert page.evaluate("document.activeElement.id") == "main", f"{what}: focus not on the page"
+
+
+def long_pages_keep_the_header(browser, hook, first_client):
+    """Fleet, sensors, a sensor and notifications, long enough to scroll, reached through
+    the header's links and a row's link at 1280x900."""
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    ids = [f"long{suffix}{i:02d}" for i in range(60)]
+    client = post_json(f"{BASE}/v1/clients", {"name": "long receiver", "url": hook})["id"]
+    for s in ids:
+        post_json(f"{BASE}/v1/sensors", {"id": s, "address": f"Long st. {s}"})
+        put(f"{BASE}/v1/clients/{client}/sensors/{s}")
+    post_json(f"{BASE}/v1/readings", [{"sensor_id": s, "data": 1} for s in ids])
+    post_json(f"{BASE}/v1/readings", [{"sensor_id": ids[0], "data": i % 2} for i in range(40)])
+    until("the long receiver's notifications",
+          lambda: len(get_json(f"{BASE}/v1/notifications?client_id={client}&limit=100")["items"]) >= 60)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{BASE}/ui/#/clients/{first_client}")
+    expect(page.get_by_text("Endpoint health")).to_be_visible()
+    for section, heading in [("Notifications", "Notifications"), ("Sensors", "Sensors"), ("Fleet", "Fleet")]:
+        page.mouse.wheel(0, 5000)
+        page.get_by_role("link", name=section, exact=True).click()
+        expect(page.get_by_role("heading", name=heading, exact=True)).to_be_visible()
+        expect(page.locator("main")).not_to_contain_text("Loading")
+        header_in_view(page, section)
+    page.get_by_role("link", name="Sensors", exact=True).click()
+    page.get_by_role("link", name=ids[0], exact=True).click()
+    expect(page.get_by_role("heading", name=f"Sensor {ids[0]}")).to_be_visible()
+    expect(page.get_by_role("region", name="Readings")).to_be_visible()
+    header_in_view(page, "a sensor")
+    page.close()
+
+
+def one_slice_is_drawn(browser, hook):
+    """A client whose one attempt is in one 5-minute slice: both charts show a point."""
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    sensor = f"one{suffix}"
+    client = post_json(f"{BASE}/v1/clients", {"name": "one attempt", "url": hook})["id"]
+    post_json(f"{BASE}/v1/sensors", {"id": sensor, "address": "One st. 1"})
+    put(f"{BASE}/v1/clients/{client}/sensors/{sensor}")
+    post_reading(sensor, 1)
+    until("its one attempt", lambda: get_json(f"{BASE}/v1/clients/{client}")["health"]["last_success_at"])
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{BASE}/ui/#/clients/{client}")
+    for name in ["Failed attempts, percent, last hour", "Median attempt duration, ms, last hour"]:
+        chart = page.get_by_role("img", name=name)
+        expect(chart).to_be_visible()
+        box = chart.bounding_box()
+        marks = chart.evaluate("""svg => {
+            const line = svg.querySelector('polyline').getAttribute('points').trim();
+            const dots = [...svg.querySelectorAll('circle')].map((c) => c.getBoundingClientRect())
+              .filter((r) => r.width > 0 && r.height > 0);
+            return { points: line ? line.split(' ').length : 0, dots: dots.map((r) => [r.x, r.y]) };
+        }""")
+        assert marks["points"] >= 2 or marks["dots"], f"{name}: nothing drawn for one slice: {marks}"
+        for x, y in marks["dots"]:
+            assert box["x"] <= x <= box["x"] + box["width"] and box["y"] <= y <= box["y"] + box["height"], (name, marks, box)
+    page.close()
+
+
+def times_name_their_zone(browser, sensor):
+    """A time on a page says which zone it is in (here the browser's, Tokyo's)."""
+    context = browser.new_context(timezone_id="Asia/Tokyo", locale="en-US")
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{BASE}/ui/#/sensors/{sensor}")
+    expect(page.get_by_role("heading", name=f"Sensor {sensor}")).to_be_visible()
+    seen = page.locator("dl.props dt", has_text="Last seen").locator("xpath=following-sibling::dd[1]")
+    expect(seen).to_contain_text("GMT+9")
+    context.close()
+
+
 def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -250,10 +381,13 @@ def main():
         # opened now shows them at once, without sampling anything itself.
         until("the readings in /v1/fleet/rates", lambda: sum(get_json(f"{BASE}/v1/fleet/rates")["readings"]) > 0)
         fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
+        given = []
+        fresh.on("response", lambda r: given.append(r) if r.url.endswith("/v1/fleet/rates") else None)
         fresh.goto(f"{BASE}/ui/#/fleet")
         expect(fresh.get_by_role("heading", name="Fleet", exact=True)).to_be_visible()
         first = fresh.get_by_role("region", name="Readings accepted").locator(".total").inner_text()
         assert not first.startswith("0 "), f"the fresh fleet page showed {first!r}"
+        rate_cards_say_what_they_show(fresh, given)
         expect(fresh.get_by_role("img", name="Webhooks delivered per second")).to_be_visible()
         shot(fresh, "fleet")
         fresh.close()
@@ -341,6 +475,10 @@ def main():
         expect(page.locator("dl.props").first).to_contain_text(
             "sensor.state_changed, sensor.connection_lost, sensor.connection_restored")
         shot(page, "client")
+
+        long_pages_keep_the_header(browser, hook, client)
+        one_slice_is_drawn(browser, hook)
+        times_name_their_zone(browser, sensor)
 
         assert not errors, f"errors in the page: {errors}"
         browser.close()

@@ -29,11 +29,42 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the service.
+    ///
+    /// Settings come from the embedded defaults, then the settings file (--config,
+    /// LATCH_CONFIG, or ./latch.toml when present), then LATCH_* environment variables,
+    /// which win. The ones to know first:
+    ///
+    ///   LATCH_LISTEN               HTTP address of the API, ingest and console
+    ///                              (listen; default 127.0.0.1:8080)
+    ///   LATCH_DATA_DIR             folder of the embedded store (data_dir;
+    ///                              default ./latch-data)
+    ///   LATCH_DATABASE_URL         postgres://… keeps everything in PostgreSQL instead
+    ///                              (database_url; several nodes make a cluster)
+    ///   LATCH_API_TOKEN            require this bearer token on the API (api_token)
+    ///   LATCH_DELIVERY_ALLOW_NETS  networks webhooks may reach although not public,
+    ///                              e.g. 127.0.0.0/8 for a receiver on this machine
+    ///
+    /// `latch config` prints every setting with its value and what it means;
+    /// `latch config --check` checks the settings without starting.
+    #[command(
+        verbatim_doc_comment,
+        about = "Run the service (--help names the main settings)"
+    )]
     Serve,
     /// Create or upgrade the store's schema, then exit.
     Migrate,
-    /// Print the default settings, with comments.
-    Config,
+    /// Print the settings latch would run with (the file and LATCH_* variables applied,
+    /// secrets masked), with what each means; or check them.
+    Config {
+        /// Check the settings (FILE, else --config, LATCH_CONFIG or ./latch.toml, and the
+        /// environment) exactly as `latch serve` would, without starting: exits non-zero
+        /// with the error, naming the key, when they are not valid.
+        #[arg(long, value_name = "FILE", num_args = 0..=1)]
+        check: Option<Option<PathBuf>>,
+        /// Print the embedded defaults only, ignoring any file and the environment.
+        #[arg(long, conflicts_with = "check")]
+        defaults: bool,
+    },
     /// Print the version.
     Version,
     /// Copy the embedded store into FILE while latch serves (a consistent copy as of one
@@ -153,8 +184,28 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Config => {
+        Command::Config { defaults: true, .. } => {
             print!("{}", latch::config::DEFAULTS);
+            Ok(())
+        }
+        Command::Config {
+            check: Some(file), ..
+        } => {
+            let path = file.or(cli.config);
+            latch::load_config(path.as_deref())?;
+            let from =
+                match path.or_else(|| Some(PathBuf::from("latch.toml")).filter(|p| p.exists())) {
+                    Some(p) => format!("{} and the environment", p.display()),
+                    None => "the defaults and the environment".into(),
+                };
+            println!("settings ok ({from})");
+            Ok(())
+        }
+        Command::Config { .. } => {
+            // The checks `serve` makes, the adapters' URL checks included.
+            latch::load_config(cli.config.as_deref())?;
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            print!("{}", latch::config::show(cli.config.as_deref(), &env)?);
             Ok(())
         }
         Command::Migrate => {

@@ -84,7 +84,10 @@ async function route() {
     if (mine !== shown.n) return;
     main.replaceChildren(...content);
     document.title = `${main.querySelector("h1")?.textContent ?? "latch"} · latch console`;
-    main.focus();
+    // A new page starts at its top, under the header; focus moves to it for screen readers
+    // without scrolling (focusing a page taller than the window scrolls the header away).
+    window.scrollTo(0, 0);
+    main.focus({ preventScroll: true });
   } catch (err) {
     if (mine !== shown.n) return;
     main.replaceChildren(h("h1", {}, "Could not load this page"), h("p", {}, err.message));

@@ -44,8 +44,7 @@ function deliveryChart(series) {
   const latency = tried.map((b) => ({ t: mid(b), v: b.latency_p50_ms }));
   const attempts = series.reduce((a, b) => a + b.attempts, 0);
   const failed = series.reduce((a, b) => a + b.failed, 0);
-  const failures = chart(failure, from, to, "Failed attempts, percent, last hour", { max: 100 });
-  failures.querySelector("polyline").setAttribute("class", "fail");
+  const failures = chart(failure, from, to, "Failed attempts, percent, last hour", { max: 100, cls: "fail" });
   return [
     h("figure", {}, failures, h("figcaption", { class: "muted" },
       `Failure rate, last hour: ${attempts ? Math.round((100 * failed) / attempts) : 0} % of ${attempts} attempt(s), in 5-minute slices.`)),

@@ -16,19 +16,25 @@ const PANELS = [
 /** The rates are read again this often (a bucket is 10 s). */
 const REFRESH_MS = 10e3;
 
-/** One panel: the rate over the last minute, the hour's total, and the hour as a chart. */
+/** The buckets of the last minute (the bucket in progress is not in the answer). */
+const MINUTE_S = 60;
+
+/** One panel: the rate over the last minute (the big number, which its label names), the
+ * hour's total, and the hour as a chart of per-second rates. */
 function panel(r, key, name) {
   const counts = r[key];
   const s = r.bucket_s;
   const to = Date.parse(r.to);
   const points = counts.map((n, i) => ({ t: to - (counts.length - i - 1) * s * 1000, v: n / s }));
-  const minute = counts.slice(-6).reduce((a, b) => a + b, 0) / (6 * s);
+  const buckets = Math.max(1, Math.round(MINUTE_S / s));
+  const minute = counts.slice(-buckets).reduce((a, b) => a + b, 0) / (buckets * s);
   const hour = counts.reduce((a, b) => a + b, 0);
   return h("section", { class: "card", "aria-label": name },
-    h("div", { class: "k" }, `${name}, per second over the last hour`),
+    h("div", { class: "k" }, name),
     h("div", { class: "n" }, `${minute.toFixed(minute < 10 ? 2 : 1)}/s`),
+    h("div", { class: "k rate" }, "over the last minute"),
     h("div", { class: "k total" }, `${hour} in the last hour`),
-    chart(points, to - counts.length * s * 1000, to, `${name} per second`));
+    chart(points, to - counts.length * s * 1000, to, `${name} per second, the last hour`));
 }
 
 export async function fleetPage() {

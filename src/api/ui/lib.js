@@ -101,7 +101,11 @@ export function say(text, ok = false) {
   notice.textContent = text;
 }
 
-export const when = (t) => (t ? new Date(t).toLocaleString() : "—");
+/** A time in the browser's zone, which it names: an operator comparing it with a log or a
+ * colleague's screen must know which zone it is in. */
+const WHEN = { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+  second: "2-digit", timeZoneName: "short" };
+export const when = (t) => (t ? new Date(t).toLocaleString(undefined, WHEN) : "—");
 export const state = (d) => (d === null || d === undefined ? "—" : String(d));
 export const badge = (text) => h("span", { class: `badge ${text}` }, text);
 // What a client URL names: a webhook, an MQTT topic or an AMQP exchange (a read token
@@ -216,8 +220,10 @@ export function svg(tag, attrs = {}, ...children) {
   return el;
 }
 
-/** A line of `points` ({t, v}) over [from, to] in ms; `step` draws a state (held until the next). */
-export function chart(points, from, to, label, { step = false, max = null } = {}) {
+/** A line of `points` ({t, v}) over [from, to] in ms; `step` draws a state (held until the
+ * next). A single point is drawn as a dot: a line through one point draws nothing, and a
+ * chart with one 5-minute slice would look empty. `cls` styles the line and the dot. */
+export function chart(points, from, to, label, { step = false, max = null, cls = "line" } = {}) {
   const W = 600, H = 90, pad = 4;
   const top = max ?? Math.max(1, ...points.map((p) => p.v));
   const x = (t) => pad + ((t - from) / (to - from)) * (W - 2 * pad);
@@ -228,10 +234,13 @@ export function chart(points, from, to, label, { step = false, max = null } = {}
     coords.push(`${x(p.t)},${y(p.v)}`);
   });
   if (step && points.length) coords.push(`${x(to)},${y(points[points.length - 1].v)}`);
+  const marks = !step && points.length === 1
+    ? [svg("circle", { cx: x(points[0].t), cy: y(points[0].v), r: 4, class: `dot ${cls}` })]
+    : [];
   return svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", class: "chart", role: "img", "aria-label": label },
     svg("title", {}, label),
     svg("line", { x1: pad, x2: W - pad, y1: H - pad, y2: H - pad, class: "axis" }),
-    svg("polyline", { points: coords.join(" "), class: "line" }));
+    svg("polyline", { points: coords.join(" "), class: cls }), ...marks);
 }
 
 

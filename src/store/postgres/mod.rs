@@ -296,11 +296,15 @@ impl PgStore {
         c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
             .await?;
         let result = async {
-            c.batch_execute(
-                "CREATE TABLE IF NOT EXISTS latch_migrations (version INTEGER PRIMARY KEY, \
-                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-            )
-            .await?;
+            // Asked first: `IF NOT EXISTS` on a table that exists sends a notice, which
+            // every node after the first would log at each start.
+            if !exists(&c, "latch_migrations").await? {
+                c.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS latch_migrations (version INTEGER PRIMARY KEY, \
+                     applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+                )
+                .await?;
+            }
             let done: i32 = c
                 .query_one(
                     "SELECT COALESCE(MAX(version), 0) FROM latch_migrations",
@@ -338,6 +342,13 @@ impl PgStore {
     }
 }
 
+/// Whether the table `name` exists on the search path.
+async fn exists(c: &tokio_postgres::Client, name: &str) -> Result<bool> {
+    Ok(c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .await?
+        .get(0))
+}
+
 /// Creates the monthly partitions of `readings` and `events` for the month of `now` and the
 /// next few, if they are missing. Runs under the migration lock.
 async fn ensure_partitions(c: &tokio_postgres::Client, now: Millis) -> Result<()> {
@@ -361,6 +372,9 @@ async fn ensure_partitions(c: &tokio_postgres::Client, now: Millis) -> Result<()
             month0.rem_euclid(12) + 1
         );
         for table in ["readings", "events"] {
+            if exists(c, &format!("{table}_{name}")).await? {
+                continue;
+            }
             let sql = format!(
                 "CREATE TABLE IF NOT EXISTS {table}_{name} PARTITION OF {table} \
                      FOR VALUES FROM ({from}) TO ({to})"

@@ -343,18 +343,19 @@ async fn dedup_uses_the_amqp_message_id_only() {
     let queue = unique("q");
     let server = start(&queue).await;
     let s = &server;
-    let (a, b, c) = (unique("am"), unique("am"), unique("am"));
-    for id in [&a, &b, &c] {
+    let (a, c) = (unique("am"), unique("am"));
+    for id in [&a, &c] {
         s.sensor(id).await;
     }
-    // Two sensors' readings that happen to carry the same JSON "id": not part of the
-    // reading contract, so both apply.
-    let shared = unique("id");
-    for id in [&a, &b] {
-        let body = json!({"id": shared, "sensor_id": id, "data": 1}).to_string();
+    // The same body twice without a message_id: bodies are not compared, so both apply.
+    // (A body cannot carry an id of its own: a field beyond the reading's refuses it, see
+    // unknown_fields.rs.)
+    let body = json!({"sensor_id": a, "data": 1}).to_string();
+    for n in [1, 2] {
         publish(&ch, &queue, body.as_bytes(), None).await;
+        let a = a.as_str();
         eventually(10, "each reading applied", || async move {
-            (s.reading_count(id).await == 1).then_some(())
+            (s.reading_count(a).await == n).then_some(())
         })
         .await;
     }

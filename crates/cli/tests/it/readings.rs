@@ -210,3 +210,141 @@ async fn restart_keeps_registry_state_and_history() {
     s.stop().await;
     drop(keep);
 }
+
+/// Issue #49: a device that looks only at the status code must not take a request of which
+/// nothing was stored for a success. None accepted: 422 with the usual body; some accepted:
+/// 202; an empty array refuses nothing: 202.
+#[tokio::test]
+async fn a_request_with_nothing_accepted_answers_422_with_the_same_body() {
+    let s = TestServer::start().await;
+    let id = unique("n");
+    s.sensor(&id).await;
+    let (st, body) = s
+        .post(
+            "/v1/readings",
+            json!({"sensor_id": unique("nobody"), "data": 1}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["accepted"], 0, "{body}");
+    assert_eq!(body["rejected"][0]["index"], 0, "{body}");
+    assert_eq!(body["rejected"][0]["code"], "unknown_sensor", "{body}");
+
+    let (st, body) = s
+        .post(
+            "/v1/readings",
+            json!([{"sensor_id": id, "data": 7}, {"sensor_id": "bad id", "data": 1}]),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let codes: Vec<&str> = body["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["invalid_data", "invalid_sensor_id"], "{body}");
+    assert_eq!(s.reading_count(&id).await, 0, "nothing stored");
+
+    let (st, body) = s
+        .post(
+            "/v1/readings",
+            json!([{"sensor_id": id, "data": 7}, {"sensor_id": id, "data": 1}]),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "partly accepted: {body}");
+    assert_eq!(body["accepted"], 1, "{body}");
+    assert_eq!(body["rejected"][0]["index"], 0, "{body}");
+
+    let (st, body) = s.post("/v1/readings", json!([])).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body, json!({"accepted": 0, "rejected": []}));
+    s.stop().await;
+}
+
+/// Issue #49: a field a reading does not have (a typo, a 5 MiB `pad`) is refused for that
+/// reading, naming the fields a reading has, as sensors and clients refuse theirs.
+#[tokio::test]
+async fn unknown_fields_in_a_reading_are_refused_per_reading() {
+    let s = TestServer::start().await;
+    let id = unique("uf");
+    s.sensor(&id).await;
+    let pad = "x".repeat(5 * 1024 * 1024);
+    let (st, body) = s
+        .post(
+            "/v1/readings",
+            json!([
+                {"sensor_id": id, "data": 1, "pad": pad},
+                {"sensor_id": id, "data": 1, "timestamp": "2026-11-22T10:00:00Z"},
+                {"sensor_id": id, "data": 0, "ts": null},
+            ]),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["accepted"], 1, "{body}");
+    let rejected = body["rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 2, "{body}");
+    for (r, field) in rejected.iter().zip(["pad", "timestamp"]) {
+        assert_eq!(r["code"], "unknown_field", "{body}");
+        let msg = r["error"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("`{field}`")) && msg.contains("`sensor_id`, `data`, `ts`"),
+            "{msg}"
+        );
+    }
+    let (_, sensor) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(
+        sensor["status"]["data"], 0,
+        "only the third applied: {sensor}"
+    );
+    assert_eq!(s.reading_count(&id).await, 1);
+
+    let (st, body) = s
+        .post(
+            "/v1/readings",
+            json!({"sensor_id": id, "data": 1, "Data": 1}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["rejected"][0]["code"], "unknown_field", "{body}");
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("latch_readings_rejected_total{source=\"http\",reason=\"unknown_field\"} 3"),
+        "{metrics}"
+    );
+    s.stop().await;
+}
+
+/// Issue #49: when nothing was accepted but some readings were refused only because their
+/// commit failed, the answer says "send again" (503), with what became of each reading,
+/// rather than a 422 that a sender would take as a verdict on all of them.
+#[tokio::test]
+async fn nothing_accepted_with_a_failed_commit_answers_503_with_the_same_body() {
+    let s = TestServer::start().await;
+    let id = unique("nf");
+    s.sensor(&id).await;
+    let fault = crate::utils::fault::CommitFault::new(&s.dir);
+    fault.fail(&id).await;
+    // Unknown sensors in every shard (hashed by id), so one shard commits only refusals
+    // while the one holding the registered sensor fails.
+    let mut body: Vec<Value> = (0..32)
+        .map(|i| json!({"sensor_id": format!("nobody{i}x{}", &id[2..8]), "data": 1}))
+        .collect();
+    body.push(json!({"sensor_id": id, "data": 1}));
+    let (st, answer) = s.post("/v1/readings", Value::Array(body)).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(answer["accepted"], 0, "{answer}");
+    let rejected = answer["rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 33, "{answer}");
+    assert_eq!(rejected[32]["code"], "store_unavailable", "{answer}");
+    assert!(
+        rejected.iter().any(|r| r["code"] == "unknown_sensor"),
+        "{answer}"
+    );
+    fault.heal().await;
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    s.stop().await;
+}

@@ -104,10 +104,12 @@ fn the_package_holds_the_binary_the_unit_the_conffile_and_the_docs() {
             .arg(control.path().join(script)));
     }
 
-    // The conffile is `latch config` with the data folder the unit's sandbox allows.
+    // The conffile is `latch config --defaults` with the data folder the unit's sandbox
+    // allows.
     let root = unpacked(deb);
     let conf = std::fs::read_to_string(root.path().join("etc/latch/latch.toml")).expect("conffile");
-    let defaults = run(Command::new(root.path().join("usr/bin/latch")).arg("config"));
+    let defaults =
+        run(Command::new(root.path().join("usr/bin/latch")).args(["config", "--defaults"]));
     let settings = |text: &str| -> Vec<String> {
         text.lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())

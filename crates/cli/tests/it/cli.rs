@@ -1,0 +1,155 @@
+//! Issue #49: the `latch` command tells a newcomer how to set it up. `latch serve --help`
+//! names the main settings; `latch config` prints the settings a `serve` would run with
+//! (the file and the environment applied, secrets masked); `latch config --check` checks
+//! them exactly as `serve` does, and fails as `serve` fails.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `latch` with `args`, in `dir` (so no ./latch.toml of the caller's is read), with only
+/// the `LATCH_*` variables given.
+fn latch(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_latch"));
+    cmd.current_dir(dir)
+        .args(args)
+        .env_clear()
+        .env("RUST_BACKTRACE", "0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("latch runs")
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+#[test]
+fn serve_help_names_the_main_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = latch(dir.path(), &["serve", "--help"], &[]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for name in [
+        "LATCH_LISTEN",
+        "127.0.0.1:8080",
+        "LATCH_DATA_DIR",
+        "./latch-data",
+        "LATCH_DATABASE_URL",
+        "--config",
+        "LATCH_CONFIG",
+        "latch config",
+        "latch config --check",
+    ] {
+        assert!(help.contains(name), "no {name} in:\n{help}");
+    }
+}
+
+#[test]
+fn config_prints_the_effective_settings_with_secrets_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("my.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:9000\"\nretry_max_attempts = 3\n",
+    )
+    .unwrap();
+    let out = latch(
+        dir.path(),
+        &["config", "--config", "my.toml"],
+        &[
+            ("LATCH_DATA_DIR", "/srv/latch"),
+            ("LATCH_API_TOKEN", "a-secret-token"),
+            ("LATCH_CLICKHOUSE_URL", "http://ch:hunter22@127.0.0.1:8123"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    for line in [
+        "listen = \"127.0.0.1:9000\"  # from my.toml",
+        "retry_max_attempts = 3  # from my.toml",
+        "data_dir = \"/srv/latch\"  # from LATCH_DATA_DIR",
+        "api_token = \"***\"  # from LATCH_API_TOKEN",
+        "clickhouse_url = \"http://ch:***@127.0.0.1:8123\"  # from LATCH_CLICKHOUSE_URL",
+        "retry_base = \"30s\"",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "no `{line}` in:\n{shown}");
+    }
+    assert!(!shown.contains("a-secret-token") && !shown.contains("hunter22"));
+
+    // LATCH_CONFIG names the file as --config does; `--defaults` ignores both.
+    let out = latch(dir.path(), &["config"], &[("LATCH_CONFIG", "my.toml")]);
+    assert!(text(&out.stdout).contains("listen = \"127.0.0.1:9000\"  # from my.toml"));
+    let out = latch(
+        dir.path(),
+        &["config", "--defaults"],
+        &[("LATCH_CONFIG", "my.toml")],
+    );
+    let defaults = text(&out.stdout);
+    assert!(
+        defaults.contains("\nlisten = \"127.0.0.1:8080\"\n"),
+        "{defaults}"
+    );
+}
+
+/// Arguments before the command, `LATCH_*` variables, and what the error says.
+type Case = (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
+#[test]
+fn config_check_fails_where_serve_fails_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("typo.toml"), "retry_bse = \"5s\"\n").unwrap();
+    std::fs::write(dir.path().join("good.toml"), "retry_base = \"5s\"\n").unwrap();
+    let cases: [Case; 4] = [
+        (&["--config", "typo.toml"], &[], "unknown key `retry_bse`"),
+        (
+            &[],
+            &[("LATCH_RETRY_BSE", "5s")],
+            "unknown setting LATCH_RETRY_BSE",
+        ),
+        (
+            &[],
+            &[("LATCH_HEARTBEAT_TIMEOUT", "soon")],
+            "invalid setting `heartbeat_timeout`",
+        ),
+        // Refused by the AMQP source's own check, which `serve` makes before it starts.
+        (
+            &[],
+            &[("LATCH_AMQP_URL", "amqps://127.0.0.1:5671/%2f")],
+            "amqp",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let check: Vec<&str> = args.iter().copied().chain(["config", "--check"]).collect();
+        let checked = latch(dir.path(), &check, env);
+        let serve: Vec<&str> = args.iter().copied().chain(["serve"]).collect();
+        let served = latch(dir.path(), &serve, env);
+        let (checked_err, served_err) = (text(&checked.stderr), text(&served.stderr));
+        assert!(
+            !checked.status.success(),
+            "{args:?} {env:?} passed the check"
+        );
+        assert!(!served.status.success(), "{args:?} {env:?} started");
+        assert!(checked_err.contains(says), "{checked_err}");
+        assert_eq!(checked_err, served_err, "the check says what serve says");
+        if says.contains('`') {
+            let key = says.split('`').nth(1).unwrap();
+            assert_eq!(checked_err.matches(key).count(), 1, "{checked_err}");
+        }
+    }
+    // The file given to --check itself.
+    let out = latch(dir.path(), &["config", "--check", "typo.toml"], &[]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("unknown key `retry_bse`"));
+    let out = latch(dir.path(), &["config", "--check", "good.toml"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("settings ok"));
+    // A missing file is an error, not the defaults.
+    let out = latch(dir.path(), &["config", "--check", "nowhere.toml"], &[]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("nowhere.toml"));
+}

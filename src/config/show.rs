@@ -1,0 +1,139 @@
+//! What `latch config` prints: the commented defaults, each setting at the value the
+//! layers give it (marked with the file or variable it came from), secrets masked. The
+//! output is itself a valid settings file.
+
+use std::path::Path;
+
+use super::{DEFAULTS, Layers, known_keys, redact_userinfo};
+
+/// Settings whose whole value is a secret.
+const SECRETS: &[&str] = &["api_token", "cluster_secret"];
+
+/// The effective settings of `path` (or `./latch.toml` when present) and `env`, as a
+/// commented settings file. `Err` when they are not valid, with the message `serve` would
+/// stop with.
+pub fn show(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<String> {
+    let layers = Layers::read(path, env)?;
+    layers.config()?;
+    let known = known_keys();
+    let mut shown = std::collections::BTreeSet::new();
+    let mut out = String::with_capacity(DEFAULTS.len() + 512);
+    for line in DEFAULTS.lines() {
+        let setting = line
+            .strip_prefix("# ")
+            .unwrap_or(line)
+            .split_once(" = ")
+            .map(|(k, _)| k)
+            .filter(|k| known.iter().any(|n| n == k));
+        match setting {
+            Some(key) if layers.origin.contains_key(key) && shown.insert(key) => {
+                let value = masked(key, &layers.table[key]);
+                out.push_str(&format!("{key} = {value}  # from {}\n", layers.origin[key]));
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A value as TOML, with a secret replaced and a URL's password masked.
+fn masked(key: &str, value: &toml::Value) -> String {
+    if SECRETS.contains(&key) {
+        return "\"***\"".into();
+    }
+    match value {
+        toml::Value::String(s) => toml::Value::String(redact_userinfo(s)).to_string(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn nothing_set_prints_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("empty.toml");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(show(Some(&file), &[]).unwrap(), DEFAULTS);
+    }
+
+    #[test]
+    fn set_values_replace_their_lines_with_secrets_masked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("my.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9000\"\nretry_max_attempts = 3\n",
+        )
+        .unwrap();
+        let text = show(
+            Some(&file),
+            &env(&[
+                ("LATCH_DATA_DIR", "/srv/latch"),
+                ("LATCH_API_TOKEN", "very-secret-token"),
+                (
+                    "LATCH_DATABASE_URL",
+                    "postgres://latch:hunter22@db.example/latch",
+                ),
+            ]),
+        )
+        .unwrap();
+        let from = format!("# from {}", file.display());
+        assert!(
+            text.contains(&format!("listen = \"127.0.0.1:9000\"  {from}\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("retry_max_attempts = 3  {from}\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains("data_dir = \"/srv/latch\"  # from LATCH_DATA_DIR\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("api_token = \"***\"  # from LATCH_API_TOKEN\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("database_url = \"postgres://latch:***@db.example/latch\""),
+            "{text}"
+        );
+        assert!(!text.contains("very-secret-token") && !text.contains("hunter22"));
+        assert!(
+            text.contains("\nretry_base = \"30s\"\n"),
+            "defaults stay: {text}"
+        );
+        // What it prints is a settings file that gives the same settings.
+        let again = dir.path().join("again.toml");
+        std::fs::write(&again, text.replace("\"***\"", "\"x\"")).unwrap();
+        let c = crate::config::Config::load_from(Some(&again), &[]).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(c.retry_max_attempts, 3);
+    }
+
+    #[test]
+    fn invalid_settings_are_refused_as_serve_refuses_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("typo.toml");
+        std::fs::write(&file, "retry_bse = \"5s\"\n").unwrap();
+        let e = show(Some(&file), &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown key `retry_bse`"), "{e}");
+        let e = show(None, &env(&[("LATCH_HEARTBEAT_TIMEOUT", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("heartbeat_timeout"), "{e}");
+    }
+}
