@@ -25,6 +25,7 @@ mod mqtt;
 mod node_trust;
 mod nodes;
 mod operator;
+mod privacy;
 mod readings;
 mod redelivery;
 mod registry;
