@@ -154,7 +154,10 @@ pub trait Runtime: Send + Sync {
     async fn prune_registry_changes(&self, before: Millis) -> Result<()>;
     /// Makes a batch durable in one transaction and returns the notifications it created,
     /// in outbox order. Older pending, unleased state notifications of a sensor with a new
-    /// state change become `superseded` in the same transaction.
+    /// state change become `superseded` in the same transaction. A transaction whose
+    /// answer was lost is decided once it has ended (committed: `Ok`; rolled back: a
+    /// determinate error); [`Error::Indeterminate`] only when the store could not learn
+    /// how it ended.
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>>;
 }
 

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use super::db::{Db, Sql, Tx};
+use super::doubt::{Doubt, settle};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
 
@@ -22,20 +23,36 @@ pub(super) async fn commit(
 ) -> Result<Vec<NotificationRef>> {
     let mut c = db.get("commit").await?;
     let tx = c.transaction().await?;
-    tx.execute(
-        &tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))")
+    // The transaction's id and backend, in the statement that takes the delete lock: what
+    // to ask about should the answer to `COMMIT` be lost ([`super::doubt`]).
+    let first = tx
+        .query_one(
+            &tx.prepare_cached(
+                "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))::text, \
+                 txid_current(), pg_backend_pid()",
+            )
             .await?,
-        &[&DELETE_LOCK],
-    )
-    .await?;
+            &[&DELETE_LOCK],
+        )
+        .await?;
+    let doubt = Doubt {
+        xid: first.get(1),
+        pid: first.get(2),
+    };
     let fenced = fenced(&tx, &batch.fence).await?;
     if !fenced.is_empty() {
         tx.rollback().await?;
         return Err(Error::Fenced(fenced));
     }
     let created = commit_batch(&tx, &batch, now).await?;
-    tx.commit().await?;
-    Ok(created)
+    match tx.commit().await {
+        Ok(()) => Ok(created),
+        Err(Error::Indeterminate(why)) => {
+            c.discard();
+            settle(db, doubt, why).await.map(|()| created)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The partitions of `fence` this node no longer holds at its epoch, sorted. Each one's

@@ -35,6 +35,7 @@ use db::{Db, Sql};
 mod cluster;
 mod commit;
 mod db;
+mod doubt;
 mod find;
 mod history;
 mod lifecycle;

@@ -1,9 +1,10 @@
 //! A loopback TCP proxy between latch and a real service that interferes at one message of
 //! the protocol latch speaks, the moment latch sends it: the connection cut just before
 //! latch's AMQP `basic.ack` reaches RabbitMQ (the readings committed, the broker never
-//! hears it), or PostgreSQL's `COMMIT` held back until the test lets it go (the transaction
-//! open on the server, its outcome unknown to latch). Everything else passes unchanged,
-//! both ways; each interference is armed for one message.
+//! hears it), PostgreSQL's `COMMIT` held back until the test lets it go (the transaction
+//! open on the server, its outcome unknown to latch), or the server's answer to it held
+//! (committed, and latch does not know). Everything else passes unchanged, both ways; each
+//! interference is armed for one message.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,9 @@ pub enum Target {
     /// PostgreSQL: a simple query `COMMIT` (how tokio-postgres ends a transaction). Held:
     /// not passed on until [`Proxy::release`].
     PgCommit,
+    /// PostgreSQL: a `COMMIT` passed on, and what the server answers on that connection
+    /// from then on held until [`Proxy::release`].
+    PgCommitAnswer,
 }
 
 pub struct Proxy {
@@ -34,6 +38,10 @@ pub struct Proxy {
 struct Shared {
     target: Target,
     armed: AtomicBool,
+    /// When set, only a target on a connection whose messages since its last target
+    /// contained these bytes counts (PostgreSQL: the `COMMIT` of a transaction that wrote
+    /// a given sensor, whose id travels in its statements' parameters).
+    needle: std::sync::Mutex<Option<Vec<u8>>>,
     /// How many times the target was met while armed.
     hits: watch::Sender<usize>,
     /// Set by [`Proxy::release`]: a held message goes on.
@@ -48,6 +56,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             target,
             armed: AtomicBool::new(false),
+            needle: std::sync::Mutex::new(None),
             hits: watch::Sender::new(0),
             released: watch::Sender::new(false),
         });
@@ -60,8 +69,9 @@ impl Proxy {
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
                 let cut = Cut::default();
-                tokio::spawn(inspect(cr, sw, s.clone(), cut.clone()));
-                tokio::spawn(pass(sr, cw, cut));
+                let hold = Arc::new(AtomicBool::new(false));
+                tokio::spawn(inspect(cr, sw, s.clone(), cut.clone(), hold.clone()));
+                tokio::spawn(pass(sr, cw, cut, s.clone(), hold));
             }
         });
         Self { addr, shared, task }
@@ -69,8 +79,16 @@ impl Proxy {
 
     /// The next target message (of any connection) is cut or held.
     pub fn arm(&self) {
+        *self.shared.needle.lock().unwrap() = None;
         self.shared.released.send_replace(false);
         self.shared.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// As [`Proxy::arm`], for the next target on a connection that sent `needle` since its
+    /// last target.
+    pub fn arm_for(&self, needle: &str) {
+        self.arm();
+        *self.shared.needle.lock().unwrap() = Some(needle.as_bytes().to_vec());
     }
 
     /// Waits until the target was met `n` times in all.
@@ -110,8 +128,14 @@ impl Drop for Proxy {
 }
 
 /// Passes bytes from the service to the client until either side closes or the
-/// connection is cut.
-async fn pass(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Cut) {
+/// connection is cut; while `hold` is set, holds them until released.
+async fn pass(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    cut: Cut,
+    shared: Arc<Shared>,
+    hold: Arc<AtomicBool>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = tokio::select! {
@@ -121,6 +145,13 @@ async fn pass(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Cut) {
                 Ok(n) => n,
             },
         };
+        if hold.load(Ordering::SeqCst) {
+            let mut released = shared.released.subscribe();
+            if released.wait_for(|r| *r).await.is_err() {
+                return;
+            }
+            hold.store(false, Ordering::SeqCst);
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
@@ -129,12 +160,20 @@ async fn pass(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Cut) {
 }
 
 /// Passes the client's bytes to the service message by message, looking for the target.
-async fn inspect(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>, cut: Cut) {
+async fn inspect(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    shared: Arc<Shared>,
+    cut: Cut,
+    hold: Arc<AtomicBool>,
+) {
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     // Whether the client's opening (AMQP's protocol header; PostgreSQL's untyped startup
     // messages) is still to pass before the first framed message.
     let mut opening = true;
+    // Whether this connection sent the needle since its last target message.
+    let mut mentioned = false;
     loop {
         let n = match from.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
@@ -147,7 +186,14 @@ async fn inspect(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Sh
             };
             let message: Vec<u8> = buf.drain(..len).collect();
             // No opening message is a target: neither starts with a frame or query type.
-            let is_target = matches(shared.target, &message);
+            let needle = shared.needle.lock().unwrap().clone();
+            if let Some(n) = &needle {
+                mentioned |= message.windows(n.len()).any(|w| w == n.as_slice());
+            }
+            let is_target = matches(shared.target, &message) && (needle.is_none() || mentioned);
+            if matches(shared.target, &message) {
+                mentioned = false;
+            }
             if is_target && shared.armed.swap(false, Ordering::SeqCst) {
                 shared.hits.send_modify(|h| *h += 1);
                 match shared.target {
@@ -162,6 +208,8 @@ async fn inspect(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Sh
                             return;
                         }
                     }
+                    // Before the server can answer it.
+                    Target::PgCommitAnswer => hold.store(true, Ordering::SeqCst),
                 }
             }
             if to.write_all(&message).await.is_err() {
@@ -190,7 +238,7 @@ fn next_message(target: Target, buf: &[u8], opening: &mut bool) -> Option<usize>
             let len = 7 + size + 1;
             (buf.len() >= len).then_some(len)
         }
-        Target::PgCommit => {
+        Target::PgCommit | Target::PgCommitAnswer => {
             if *opening {
                 // Untyped: length(4, itself included) then the body. An SSLRequest
                 // (code 80877103) is followed by the startup message, also untyped.
@@ -217,7 +265,7 @@ fn matches(target: Target, m: &[u8]) -> bool {
         // A method frame (type 1) of class 60 (basic), method 80 (ack).
         Target::AmqpAck => m[0] == 1 && m.get(7..11) == Some(&[0, 60, 0, 80]),
         // A simple query whose text is COMMIT.
-        Target::PgCommit => {
+        Target::PgCommit | Target::PgCommitAnswer => {
             m[0] == b'Q'
                 && std::str::from_utf8(&m[5..]).is_ok_and(|q| {
                     q.trim_end_matches('\0')
