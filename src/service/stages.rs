@@ -423,6 +423,7 @@ impl Sources {
         }));
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let sessions: Arc<dyn store::Sessions> = base.store.clone();
         if let Some(m) = &base.membership {
             tasks.spawn(sup.watch(
                 "broker links",
@@ -438,6 +439,7 @@ impl Sources {
                         config.clone(),
                         ingest.clone(),
                         sources.clone(),
+                        sessions.clone(),
                         stop.clone(),
                     ),
                 ));
@@ -451,7 +453,7 @@ impl Sources {
                     &tasks,
                 );
             }
-            None => ingest::sources::start(config, &ingest, &sources, &stop, &tasks),
+            None => ingest::sources::start(config, &ingest, &sources, &sessions, &stop, &tasks),
         }
         tasks.close();
         Self {

@@ -22,6 +22,7 @@ mod logs;
 mod metrics;
 mod moves;
 mod mqtt;
+mod mqtt_sessions;
 mod node_trust;
 mod nodes;
 mod operator;

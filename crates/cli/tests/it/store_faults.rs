@@ -84,7 +84,7 @@ async fn pump(
 /// The URL of a fresh PostgreSQL schema and the `host:port` it names; `None` when the test
 /// does not run here: in the PostgreSQL pass (it always uses PostgreSQL, so it runs once,
 /// in the first pass), or without PostgreSQL outside CI.
-async fn postgres(dir: &std::path::Path) -> Option<(String, String)> {
+pub(crate) async fn postgres(dir: &std::path::Path) -> Option<(String, String)> {
     if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
         return None;
     }
