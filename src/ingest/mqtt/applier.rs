@@ -75,18 +75,30 @@ struct Applier {
     last_log: Instant,
 }
 
+/// What the applier shares with the event loop.
+pub(super) struct Shared {
+    /// Acknowledgements go through it (the event loop writes them).
+    pub client: AsyncClient,
+    pub link: Arc<Link>,
+    /// Asks the event loop to drop connection number `.0` and wait `.1` before the next.
+    pub reconnect: mpsc::UnboundedSender<(u64, Duration)>,
+}
+
 /// Applies and acknowledges until `stop` (or until `rx` closes), starting from what a
 /// stopped session left unacknowledged (`resent`); returns what this one leaves.
 pub(super) async fn run(
     ingest: crate::ingest::Ingest,
     filter: String,
-    client: AsyncClient,
-    link: Arc<Link>,
+    shared: Shared,
     mut rx: mpsc::UnboundedReceiver<Inbound>,
-    reconnect: mpsc::UnboundedSender<(u64, Duration)>,
     resent: Resent,
     stop: CancellationToken,
 ) -> Resent {
+    let Shared {
+        client,
+        link,
+        reconnect,
+    } = shared;
     let mut a = Applier {
         filter,
         client,

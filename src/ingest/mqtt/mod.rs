@@ -220,13 +220,16 @@ pub async fn run(
     let (tx, rx) = mpsc::unbounded_channel::<Inbound>();
     // The applier's requests to drop connection number `.0`, with the delay before the next.
     let (reconnect_tx, mut reconnect_rx) = mpsc::unbounded_channel::<(u64, Duration)>();
+    let shared = applier::Shared {
+        client: client.clone(),
+        link: link.clone(),
+        reconnect: reconnect_tx,
+    };
     let mut applier = tokio::spawn(applier::run(
         ingest,
         settings.topic.clone(),
-        client.clone(),
-        link.clone(),
+        shared,
         rx,
-        reconnect_tx,
         resent,
         stop.clone(),
     ));

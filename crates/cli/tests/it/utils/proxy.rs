@@ -180,10 +180,7 @@ async fn inspect(
             Ok(n) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
-        loop {
-            let Some(len) = next_message(shared.target, &buf, &mut opening) else {
-                break;
-            };
+        while let Some(len) = next_message(shared.target, &buf, &mut opening) {
             let message: Vec<u8> = buf.drain(..len).collect();
             // No opening message is a target: neither starts with a frame or query type.
             let needle = shared.needle.lock().unwrap().clone();
