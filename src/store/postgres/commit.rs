@@ -435,15 +435,19 @@ async fn commit_batch(
                 // lookups per sensor: a plain join of the arrays with the outbox scans it), the
                 // seqs gathered once, then the rows by seq. As a join with the outbox, a
                 // planner without statistics yet (a new table) ran the lookups once per pending
-                // row: 3 s for one commit of 500 changes.
-                "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
+                // row: 3 s for one commit of 500 changes. An attempt in flight (leased, by
+                // the database's clock: `outbox::claim`) is not superseded.
+                &format!(
+                    "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
              WHERE n.seq = ANY (ARRAY(SELECT p.seq \
              FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
              CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
              WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq OFFSET 0) p)) \
              AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
-             AND (n.lease_until IS NULL OR n.lease_until < $3) RETURNING n.seq) \
+             AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
              DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
+                    DB_NOW_MS = super::outbox::DB_NOW_MS
+                ),
             )
             .await?,
             &[&s, &q, &now],
