@@ -217,8 +217,10 @@ impl Committing {
                     self.listener.fenced(parts.clone());
                 }
                 let failure = if e.maybe_written() {
-                    // What the shards hold must follow the store, not the guess that
-                    // nothing landed: read the batch's sensors back.
+                    // The store waited for the transaction to end and still could not
+                    // learn its outcome (PostgreSQL unreachable all along): what the shards
+                    // hold must follow the store, not the guess that nothing landed, so
+                    // read the batch's sensors back — a state found is a commit that landed.
                     CommitFailure::Unknown {
                         message: e.to_string(),
                         landed: self.read_back(touched).await,

@@ -178,6 +178,14 @@ impl From<engine::Error> for ApiError {
             );
         }
         tracing::warn!(error = %e, "Readings not accepted.");
+        if let engine::Error::Unknown(_) = e {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the store could not say whether the readings were made durable (outcome \
+                 unknown): they may have been; sending them again changes no state twice",
+            );
+        }
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",

@@ -215,11 +215,29 @@ async fn require_token(State(st): State<AppState>, mut req: Request, next: Next)
 }
 
 fn identify(st: &AppState, req: &Request) -> Result<Caller, ApiError> {
+    identify_by(st, req.headers())
+}
+
+/// Whether the request whose headers were `headers` would be let through now: the same
+/// auth and scope checks, for a request that lasts (the live stream) as the tokens change.
+pub(crate) fn still_permitted(
+    st: &AppState,
+    headers: &axum::http::HeaderMap,
+    method: &axum::http::Method,
+    path: &str,
+) -> bool {
+    match identify_by(st, headers) {
+        Ok(Caller::Anyone | Caller::Bootstrap) => true,
+        Ok(Caller::Token(grant)) => tokens::permits(&grant.scopes, method, path),
+        Err(_) => false,
+    }
+}
+
+fn identify_by(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
     if !st.auth_required() {
         return Ok(Caller::Anyone);
     }
-    let given = req
-        .headers()
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)

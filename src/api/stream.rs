@@ -7,6 +7,10 @@
 //! missed (`lagged`) and should read the state again; the stream is a view, not a log:
 //! history and webhooks stay the record.
 //!
+//! A stream lasts only while its caller may read it: it ends as soon as its token is
+//! deleted (through this node, or through another one: seen at the next reload of the
+//! token table, within a second) or no longer allows it ([`revoked`]).
+//!
 //! In a cluster each node commits only its own partitions' events, so a node serving a
 //! stream also relays its peers': for each listener it reads every other live node's own
 //! events (`/internal/v1/stream`, with the cluster secret) and merges them into the
@@ -22,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
@@ -91,7 +95,7 @@ fn out(e: &Event) -> StreamEventOut {
 #[utoipa::path(get, path = "/v1/stream", tag = "sensors",
     responses((status = 200, description = "server-sent events until the client disconnects",
         content_type = "text/event-stream", body = StreamEventOut)))]
-async fn stream(State(st): State<AppState>) -> Response {
+async fn stream(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let events = match &st.cluster {
         None => local(&st),
         Some(c) => {
@@ -102,9 +106,27 @@ async fn stream(State(st): State<AppState>) -> Response {
                 .boxed()
         }
     };
+    // Ending the stream drops the relay too, which stops its readers of the other nodes.
+    let events = events.take_until(revoked(st, headers)).boxed();
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()
+}
+
+/// Resolves once the caller who opened a stream with `headers` may read it no longer: the
+/// token table changed (a token deleted here, or a reload that found it gone) and the
+/// checks every request passes refuse it now.
+async fn revoked(st: AppState, headers: HeaderMap) {
+    let mut changes = st.tokens.changes();
+    loop {
+        if !super::still_permitted(&st, &headers, &Method::GET, "/v1/stream") {
+            return;
+        }
+        if changes.changed().await.is_err() {
+            // The table is gone with the service; shutdown ends the stream.
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// This node's own events, for a node relaying them to its listeners (node-to-node: the

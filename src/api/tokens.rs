@@ -4,7 +4,8 @@
 //! request is checked against [`Tokens`], a copy of the table in memory, so auth costs no
 //! database round trip on the ingest path. A create or delete on this node changes the copy
 //! once the store has it; on a shared store the copy is also reloaded every
-//! [`REFRESH_EVERY`] for what other nodes did.
+//! [`REFRESH_EVERY`] for what other nodes did. Each change of the copy is announced
+//! ([`Tokens::changes`]): a request that lasts, the live stream, is checked again then.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -13,6 +14,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -26,8 +28,9 @@ use crate::domain::token::{self, ApiToken, Scope};
 use crate::store::{self, Store};
 
 /// How often a node on a shared store reloads the token table: the longest a token
-/// created or deleted through another node stays unknown, or valid, here.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(5);
+/// created or deleted through another node stays unknown, or valid, here (an open stream
+/// of a deleted token included). One small read a second per node.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -44,9 +47,20 @@ pub struct Grant {
 
 /// The token table in memory, by hash of the secret. A `std::sync::RwLock`: every request
 /// reads it, a create or delete writes it, and no `.await` happens while it is held.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Tokens {
     by_hash: Arc<RwLock<HashMap<String, Grant>>>,
+    /// Bumped at every change of the table.
+    version: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Self {
+            by_hash: Arc::default(),
+            version: Arc::new(watch::Sender::new(0)),
+        }
+    }
 }
 
 impl Tokens {
@@ -71,8 +85,27 @@ impl Tokens {
                 (t.hash, grant)
             })
             .collect();
-        *self.write() = table;
+        let changed = {
+            let mut current = self.write();
+            let changed = *current != table;
+            *current = table;
+            changed
+        };
+        if changed {
+            self.changed();
+        }
         Ok(())
+    }
+
+    /// Tells whoever follows [`Tokens::changes`].
+    fn changed(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Marks each change of the table from now on: a grant checked before it may have been
+    /// deleted since.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
     }
 
     /// Adds a token the store now holds. In memory only, so that a created token's secret,
@@ -83,11 +116,13 @@ impl Tokens {
             scopes: t.scopes.clone(),
         };
         self.write().insert(t.hash.clone(), grant);
+        self.changed();
     }
 
     /// Forgets a token the store deleted.
     fn remove(&self, id: &str) {
         self.write().retain(|_, g| g.id != id);
+        self.changed();
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Grant>> {

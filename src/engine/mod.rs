@@ -100,6 +100,11 @@ pub enum Error {
     /// The store's disk is full: nothing was made durable. Transient, like `Commit`.
     #[error("could not make the readings durable, the store's disk is full: {0}")]
     StorageFull(String),
+    /// The store could not say whether the commit landed (PostgreSQL unreachable while its
+    /// outcome was asked for): the readings may be durable. Memory follows what the store
+    /// was read back to hold, so sending them again changes no state a second time.
+    #[error("could not learn whether the readings were made durable: {0}")]
+    Unknown(String),
 }
 
 /// How the engine's shards run.

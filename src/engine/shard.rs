@@ -578,7 +578,8 @@ impl Shard {
                 }
                 let e = match &failure {
                     CommitFailure::Full(m) => Error::StorageFull(m.clone()),
-                    _ => Error::Commit(failure.to_string()),
+                    CommitFailure::Unknown { .. } => Error::Unknown(failure.to_string()),
+                    CommitFailure::Refused(_) => Error::Commit(failure.to_string()),
                 };
                 for (reply, _, sequence) in p.replies {
                     // Before the next round: none of the sequence's later readings apply.

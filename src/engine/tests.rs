@@ -161,7 +161,7 @@ async fn a_commit_whose_answer_was_lost_follows_what_the_store_read_back() {
         });
         let lost_answer = submit(&engine, vec![reading(id)], 1_000).await;
         assert!(
-            matches!(lost_answer, Err(Error::Commit(_))),
+            matches!(lost_answer, Err(Error::Unknown(_))),
             "{lost_answer:?}"
         );
         // The sender was told to try again, and does.

@@ -56,8 +56,13 @@ impl Ticket {
                         Error::StorageFull(_) => RejectCode::StorageFull,
                         _ => RejectCode::StoreUnavailable,
                     };
-                    let rejection =
-                        Rejection::new(code, format!("not stored ({e}); send it again"));
+                    let message = match e {
+                        Error::Unknown(_) => {
+                            format!("maybe stored ({e}); sending it again changes no state twice")
+                        }
+                        _ => format!("not stored ({e}); send it again"),
+                    };
+                    let rejection = Rejection::new(code, message);
                     for i in idx {
                         report.rejected.push((i, rejection.clone()));
                     }

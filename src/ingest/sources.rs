@@ -9,12 +9,15 @@ use tokio_util::task::TaskTracker;
 
 use super::{Ingest, Sources};
 use crate::config::Config;
+use crate::store::Sessions;
 
-/// Starts the configured broker sources on `tracker`, stopping at `stop`.
+/// Starts the configured broker sources on `tracker`, stopping at `stop`. `store` keeps
+/// what the MQTT session leaves unacknowledged at a stop.
 pub fn start(
     config: &Config,
     ingest: &Ingest,
     sources: &Sources,
+    store: &Arc<dyn Sessions>,
     stop: &CancellationToken,
     tracker: &TaskTracker,
 ) {
@@ -41,8 +44,9 @@ pub fn start(
             topic: config.mqtt_topic.clone(),
         };
         let (ingest, sources, stop) = (ingest.clone(), sources.clone(), stop.clone());
+        let store = store.clone();
         tracker.spawn(async move {
-            if let Err(e) = super::mqtt::run(ingest, settings, sources, stop).await {
+            if let Err(e) = super::mqtt::run(ingest, settings, sources, store, stop).await {
                 tracing::error!(error = %e, "MQTT ingest failed.");
             }
         });
@@ -58,6 +62,7 @@ pub async fn lead(
     config: Arc<Config>,
     ingest: Ingest,
     sources: Sources,
+    store: Arc<dyn Sessions>,
     stop: CancellationToken,
 ) {
     if config.amqp_url.is_none() && config.mqtt_url.is_none() {
@@ -72,7 +77,7 @@ pub async fn lead(
         }
         let running = stop.child_token();
         let tasks = TaskTracker::new();
-        start(&config, &ingest, &sources, &running, &tasks);
+        start(&config, &ingest, &sources, &store, &running, &tasks);
         tasks.close();
         tracing::info!("This node holds partition 0: running the broker sources.");
         loop {
@@ -132,6 +137,26 @@ pub fn exchange(
 mod tests {
     use super::*;
 
+    /// A session store with nothing kept (the test's sources never connect).
+    struct Nothing;
+
+    #[async_trait::async_trait]
+    impl Sessions for Nothing {
+        async fn keep_unacked(
+            &self,
+            _: String,
+            _: Vec<crate::store::Unacked>,
+        ) -> crate::store::Result<()> {
+            Ok(())
+        }
+        async fn take_unacked(
+            &self,
+            _: String,
+        ) -> crate::store::Result<Vec<crate::store::Unacked>> {
+            Ok(Vec::new())
+        }
+    }
+
     /// On one thread no spawned task runs before the test awaits: what `/readyz` reads
     /// right after the start is what a probe could see before the sources ever ran.
     #[tokio::test]
@@ -155,7 +180,8 @@ mod tests {
         let engine =
             crate::engine::Engine::launch(tuning, [], commits, stop.clone(), &TaskTracker::new());
         let (sources, tasks) = (Sources::default(), TaskTracker::new());
-        start(&c, &Ingest::new(engine), &sources, &stop, &tasks);
+        let store: Arc<dyn Sessions> = Arc::new(Nothing);
+        start(&c, &Ingest::new(engine), &sources, &store, &stop, &tasks);
         assert_eq!(sources.down(), vec!["amqp", "mqtt"]);
         stop.cancel();
         tasks.close();

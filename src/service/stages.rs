@@ -452,6 +452,7 @@ impl Sources {
         }));
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let sessions: Arc<dyn store::Sessions> = base.store.clone();
         if let Some(m) = &base.membership {
             tasks.spawn(sup.watch(
                 "broker links",
@@ -467,6 +468,7 @@ impl Sources {
                         config.clone(),
                         ingest.clone(),
                         sources.clone(),
+                        sessions.clone(),
                         stop.clone(),
                     ),
                 ));
@@ -480,7 +482,7 @@ impl Sources {
                     &tasks,
                 );
             }
-            None => ingest::sources::start(config, &ingest, &sources, &stop, &tasks),
+            None => ingest::sources::start(config, &ingest, &sources, &sessions, &stop, &tasks),
         }
         tasks.close();
         Self {

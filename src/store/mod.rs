@@ -35,14 +35,14 @@ pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, V
 use crate::domain::{EventKind, SensorStatus, Status};
 pub use batch::{CommitBatch, Fence, ReadingRecord, StateUpdate};
 pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
-pub use data_dir::{lock_data_dir, node_id};
+pub use data_dir::{lock_data_dir, node_id, private_dir, private_file, private_files};
 pub use error::{Error, Result};
 pub use listing::{Search, find_clients};
 pub use retention::{Pruned, Retention};
 pub use space::Space;
 pub use types::{
     AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter, Page,
-    PageRequest, ReplayFilter, SensorRuntime, SensorView, Stored, TimeRange,
+    PageRequest, ReplayFilter, SensorRuntime, SensorView, Stored, TimeRange, Unacked,
 };
 pub(crate) use types::{limit_plus_one, notification_ref, retry_refusal, split_cursor};
 
@@ -154,7 +154,10 @@ pub trait Runtime: Send + Sync {
     async fn prune_registry_changes(&self, before: Millis) -> Result<()>;
     /// Makes a batch durable in one transaction and returns the notifications it created,
     /// in outbox order. Older pending, unleased state notifications of a sensor with a new
-    /// state change become `superseded` in the same transaction.
+    /// state change become `superseded` in the same transaction. A transaction whose
+    /// answer was lost is decided once it has ended (committed: `Ok`; rolled back: a
+    /// determinate error); [`Error::Indeterminate`] only when the store could not learn
+    /// how it ended.
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>>;
 }
 
@@ -290,21 +293,35 @@ pub trait Backend: Send + Sync {
     async fn maintain(&self, now: Millis, retention: Retention) -> Result<Pruned>;
 }
 
+/// What a broker source keeps of its session across a stop: the MQTT publishes that
+/// committed and were never acknowledged, which the broker resends to the session's next
+/// connection, perhaps made by another process or node ([`crate::ingest::mqtt`]).
+#[async_trait]
+pub trait Sessions: Send + Sync {
+    /// Replaces what `session` (the broker and client id) keeps with `unacked`.
+    async fn keep_unacked(&self, session: String, unacked: Vec<Unacked>) -> Result<()>;
+    /// What `session` kept, taken: gone from the store once answered, so that an entry
+    /// can never outlive the process that goes on with the session.
+    async fn take_unacked(&self, session: String) -> Result<Vec<Unacked>>;
+}
+
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
 /// tests, the bench): `use latch::store::prelude::*`.
 pub mod prelude {
-    pub use super::{Backend, ClusterStore, Find, HistoryStore, Outbox, Registry, Runtime, Tokens};
+    pub use super::{
+        Backend, ClusterStore, Find, HistoryStore, Outbox, Registry, Runtime, Sessions, Tokens,
+    };
 }
 
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
 /// (`Arc<dyn Store>` coerces to `Arc<dyn Outbox>` and the others).
 pub trait Store:
-    Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + 'static
+    Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + Sessions + 'static
 {
 }
 
-impl<T: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + 'static> Store
-    for T
+impl<T: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + Sessions + 'static>
+    Store for T
 {
 }
 

@@ -149,6 +149,15 @@ impl ConnectionCounts {
     }
 }
 
+/// An MQTT publish that committed and was not acknowledged ([`super::Sessions`]): the
+/// broker resends it with the same packet id, topic and payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unacked {
+    pub pkid: u16,
+    pub topic: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
 /// Why a notification cannot be retried, when it cannot ([`policy::retry_refusal`], as the
 /// store's error).
 pub(crate) fn retry_refusal(n: &Notification, newer_state_sent: bool) -> Option<Error> {

@@ -122,6 +122,8 @@ families! {
         "MQTT publishes ignored because they carried the retain flag (stale, not readings).";
     STORE_TIMEOUTS: Counter "latch_store_timeouts_total" ["call"]
         "Store calls PostgreSQL did not answer within `database_timeout`, by call.";
+    COMMITS_IN_DOUBT: Counter "latch_commits_in_doubt_total" ["outcome"]
+        "PostgreSQL group commits whose answer was lost, by how their transaction ended once it did (`committed`, `rolled_back`) or `unknown`.";
     HISTORY_SPOOL_ROWS: Gauge "latch_history_spool_rows" []
         "History rows waiting in the store for ClickHouse (counted every 5 s).";
     HISTORY_SHIPPED: Counter "latch_history_shipped_rows_total" []

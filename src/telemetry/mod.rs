@@ -312,6 +312,12 @@ pub fn register_families(config: &Config) {
                 .counter_with(&[("call", call)])
                 .increment(0);
         }
+        f::COMMITS_IN_DOUBT.describe();
+        for outcome in ["committed", "rolled_back", "unknown"] {
+            f::COMMITS_IN_DOUBT
+                .counter_with(&[("outcome", outcome)])
+                .increment(0);
+        }
         // PostgreSQL means cluster mode (a cluster of one when alone).
         for family in [
             &f::CLUSTER_PARTITIONS_OWNED,

@@ -25,7 +25,12 @@
 //! A partition handed over stops its queue's consumer the way latch stops: no new
 //! deliveries, the batches in the engine committed and acknowledged, then the channel
 //! closed; RabbitMQ requeues the rest in order and activates the new owner's waiting
-//! consumer. After a `kill -9` RabbitMQ requeues the dead node's unacknowledged messages
+//! consumer.
+//!
+//! The ids of the messages a queue's consumer applied ([`Dedup`]) outlive its channel and
+//! the connection: a connection lost after a commit and before RabbitMQ took its
+//! acknowledgement has the broker redeliver those messages to the next consumer of that
+//! queue on this node, which must recognise them, as the plain queue's consumer does. After a `kill -9` RabbitMQ requeues the dead node's unacknowledged messages
 //! at once, and the node that takes the partition over consumes them.
 
 use std::collections::{BTreeSet, HashMap};
@@ -101,6 +106,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let settings = Arc::new(settings);
+    let memory = Memory::default();
     let mut backoff = Duration::ZERO;
     loop {
         let result = session(
@@ -109,6 +115,7 @@ pub async fn run(
             served.clone(),
             &sources,
             &stop,
+            &memory,
             &mut backoff,
         )
         .await;
@@ -122,6 +129,24 @@ pub async fn run(
     tracing::info!("RabbitMQ exchange ingest stopped.");
 }
 
+/// The applied message ids of each partition queue, kept across connections.
+#[derive(Clone, Default)]
+struct Memory(Arc<std::sync::Mutex<HashMap<u32, Arc<tokio::sync::Mutex<Dedup>>>>>);
+
+impl Memory {
+    /// Partition `p`'s ids. A Tokio mutex, held by the queue's consumer for its whole
+    /// life: a consumer started while the last one of the queue still drains (the
+    /// partition came back at once) takes over the ids only once that one is done.
+    fn of(&self, p: u32) -> Arc<tokio::sync::Mutex<Dedup>> {
+        self.0
+            .lock()
+            .expect("exchange memory lock")
+            .entry(p)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Dedup::new(QUEUE_DEDUP_WINDOW))))
+            .clone()
+    }
+}
+
 /// One connection: declare, then one consumer per served partition, following `served`.
 async fn session(
     ingest: &Ingest,
@@ -129,13 +154,17 @@ async fn session(
     served: Served,
     sources: &Sources,
     stop: &CancellationToken,
+    memory: &Memory,
     backoff: &mut Duration,
 ) -> anyhow::Result<()> {
     // Named after the exchange, so an operator (or a test) can find this connection.
     let props = ConnectionProperties::default()
         .with_connection_name(LongString::from(format!("latch {}", settings.exchange)));
     let conn = Arc::new(Connection::connect(&settings.url, props).await?);
-    let result = serve(&conn, ingest, settings, served, sources, stop, backoff).await;
+    let result = serve(
+        &conn, ingest, settings, served, sources, stop, memory, backoff,
+    )
+    .await;
     let reason = if result.is_ok() {
         "latch stopping"
     } else {
@@ -209,6 +238,7 @@ pub async fn declare(conn: &Connection, s: &Settings) -> anyhow::Result<()> {
 
 /// Runs a consumer for each served partition's queue, starting and stopping them as
 /// `served` changes. `Err` when the connection failed.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     conn: &Arc<Connection>,
     ingest: &Ingest,
@@ -216,6 +246,7 @@ async fn serve(
     mut served: Served,
     sources: &Sources,
     stop: &CancellationToken,
+    memory: &Memory,
     backoff: &mut Duration,
 ) -> anyhow::Result<()> {
     declare(conn, settings).await?;
@@ -249,8 +280,11 @@ async fn serve(
                 ingest.clone(),
                 ended_tx.clone(),
             );
+            let dedup = memory.of(p);
             tasks.spawn(async move {
-                let _ = ended.send(serve_queue(conn, settings, p, ingest, token).await);
+                let mut dedup = dedup.lock().await;
+                let served = serve_queue(conn, settings, p, ingest, &mut dedup, token).await;
+                let _ = ended.send(served);
             });
         }
         tokio::select! {
@@ -272,17 +306,18 @@ async fn serve(
 
 /// One partition queue on a channel of its own (acknowledgements are per channel), until
 /// `stop`. A failed commit or a channel error ends the channel, and the queue is consumed
-/// again after a growing delay; `Err` only when the connection itself is gone.
+/// again after a growing delay; `Err` only when the connection itself is gone. `dedup` is
+/// the queue's own (a queue's messages come back only to a consumer of that queue), and
+/// outlives the connection.
 async fn serve_queue(
     conn: Arc<Connection>,
     settings: Arc<Settings>,
     p: u32,
     ingest: Ingest,
+    dedup: &mut Dedup,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let name = settings.queue(p);
-    // Per queue: a queue's messages come back only to a consumer of that queue.
-    let mut dedup = Dedup::new(QUEUE_DEDUP_WINDOW);
     let mut backoff = Duration::ZERO;
     loop {
         let ch = conn.create_channel().await?;
@@ -291,7 +326,7 @@ async fn serve_queue(
             dlq: &settings.dlq,
             prefetch: QUEUE_PREFETCH,
         };
-        let result = consume::consume(&ch, queue, &ingest, &stop, &mut dedup, &mut backoff, || {
+        let result = consume::consume(&ch, queue, &ingest, &stop, dedup, &mut backoff, || {
             tracing::debug!(queue = %name, "Consuming a partition queue (RabbitMQ makes this consumer active once no other node holds it).");
         })
         .await;

@@ -9,10 +9,18 @@
 //! acknowledged ([`Resent`]), and their resends are acknowledged without being applied.
 //! Each connection's batches are one engine sequence, so nothing of a sensor commits
 //! behind a reading of it that did not.
+//!
+//! At a stop it takes nothing more into the engine and finishes what the engine holds;
+//! then, while publishes that committed wait for their resend, it acknowledges the
+//! broker's resends on the current connection (the event loop reconnects at once for
+//! them) without applying anything, for at most [`SETTLE_AT_STOP`]. What is still
+//! unacknowledged after that is handed back, for the store.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 use futures::FutureExt;
 use rumqttc::v5::AsyncClient;
@@ -24,6 +32,9 @@ use super::{Inbound, Link, SOURCE, parse_publish};
 use crate::ingest::next_backoff;
 use crate::ingest::pipeline::{Done, Pipeline};
 use crate::telemetry::families;
+
+/// Longest a stop waits for the broker's resends of committed publishes.
+pub(super) const SETTLE_AT_STOP: Duration = Duration::from_secs(5);
 
 /// A batch in the engine.
 struct Batch {
@@ -64,14 +75,30 @@ struct Applier {
     last_log: Instant,
 }
 
+/// What the applier shares with the event loop.
+pub(super) struct Shared {
+    /// Acknowledgements go through it (the event loop writes them).
+    pub client: AsyncClient,
+    pub link: Arc<Link>,
+    /// Asks the event loop to drop connection number `.0` and wait `.1` before the next.
+    pub reconnect: mpsc::UnboundedSender<(u64, Duration)>,
+}
+
+/// Applies and acknowledges until `stop` (or until `rx` closes), starting from what a
+/// stopped session left unacknowledged (`resent`); returns what this one leaves.
 pub(super) async fn run(
     ingest: crate::ingest::Ingest,
     filter: String,
-    client: AsyncClient,
-    link: Arc<Link>,
+    shared: Shared,
     mut rx: mpsc::UnboundedReceiver<Inbound>,
-    reconnect: mpsc::UnboundedSender<(u64, Duration)>,
-) {
+    resent: Resent,
+    stop: CancellationToken,
+) -> Resent {
+    let Shared {
+        client,
+        link,
+        reconnect,
+    } = shared;
     let mut a = Applier {
         filter,
         client,
@@ -81,7 +108,7 @@ pub(super) async fn run(
         waiting: VecDeque::new(),
         sequence_of: 0,
         poisoned: 0,
-        resent: Resent::default(),
+        resent,
         fail_backoff: Duration::ZERO,
         last_log: Instant::now() - Duration::from_secs(2),
     };
@@ -89,7 +116,7 @@ pub(super) async fn run(
     // still waiting.
     let mut held: Option<Inbound> = None;
     let mut open = true;
-    while open || held.is_some() || !a.pipeline.is_empty() {
+    while (open || held.is_some() || !a.pipeline.is_empty()) && !stop.is_cancelled() {
         if a.pipeline.has_room()
             && let Some(h) = held.take_if(|h| !a.older_waiting(h.generation()))
         {
@@ -101,6 +128,7 @@ pub(super) async fn run(
             done = a.pipeline.next(), if !a.pipeline.is_empty() => {
                 a.finish(done.expect("non-empty")).await;
             }
+            _ = stop.cancelled() => {}
             first = rx.recv(), if open && held.is_none() && a.pipeline.has_room() => {
                 match first {
                     Some(first) => held = Some(first),
@@ -109,6 +137,8 @@ pub(super) async fn run(
             }
         }
     }
+    a.stop(held, &mut rx).await;
+    a.resent
 }
 
 impl Inbound {
@@ -120,6 +150,36 @@ impl Inbound {
 }
 
 impl Applier {
+    /// The stop: finishes the batches in the engine, then acknowledges the broker's
+    /// resends of committed publishes, applying nothing, until none is left to recognise
+    /// or [`SETTLE_AT_STOP`] ran out. Any other publish is left unacknowledged, for the
+    /// next session.
+    async fn stop(&mut self, held: Option<Inbound>, rx: &mut mpsc::UnboundedReceiver<Inbound>) {
+        while let Some(done) = self.pipeline.next().await {
+            self.finish(done).await;
+        }
+        let until = tokio::time::Instant::now() + SETTLE_AT_STOP;
+        let mut next = held;
+        while !self.resent.is_empty() {
+            let inbound = match next.take() {
+                Some(i) => i,
+                None => match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(i)) => i,
+                    _ => break,
+                },
+            };
+            match inbound {
+                Inbound::Connected(_, false) => self.resent.clear(),
+                Inbound::Publish(g, p) if self.current(g) && self.resent.is_resend(&p) => {
+                    families::MQTT_DUPLICATES.counter().increment(1);
+                    let _ = self.client.ack(&p).await;
+                    self.resent.acknowledged(&p);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Whether a batch of a connection before `g` is still waiting.
     fn older_waiting(&self, g: u64) -> bool {
         self.waiting.front().is_some_and(|w| *w < g)

@@ -24,6 +24,15 @@
 //! ([`applier`], [`resent`]). Until a commit goes through again the source counts as down,
 //! so `/readyz` shows the stall.
 //!
+//! The broker's session outlives latch's process, so that memory must too. A stop first
+//! acknowledges what it can: it reconnects at once if it must, takes the broker's resends
+//! of committed publishes and acknowledges them, applying nothing ([`applier`]); what is
+//! still unacknowledged after that (the broker away, say) goes into the store
+//! ([`crate::store::Sessions`]), and the next start, here or on the node the session
+//! moves to, takes it back before it connects. Acknowledgements wait in the client's
+//! request channel until the event loop writes them, so the loop runs until the broker
+//! has them all (the `DISCONNECT` queued behind them went out) or a bound runs out.
+//!
 //! Publishes with the retain flag are the broker's stored last value, sent again at every
 //! subscribe (so after every reconnect): not a reading the sensor just sent. They are
 //! acknowledged and ignored, counted in `latch_mqtt_retained_ignored_total`.
@@ -42,7 +51,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Ingest, Sources, paused};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
+use crate::store::Sessions;
 use crate::telemetry::families;
+use resent::Resent;
 
 pub(crate) const SOURCE: &str = "mqtt";
 /// Most publishes handed to the engine as one batch.
@@ -54,6 +65,8 @@ pub const DEFAULT_CLIENT_ID: &str = "latch";
 /// Unacknowledged publishes the broker may send us at once (MQTT 5 receive maximum):
 /// what the pipeline can hold, so that batches are not cut short by the window.
 pub const RECEIVE_MAXIMUM: u16 = (BATCH_MAX * PIPELINE) as u16;
+/// Longest a stop waits for the broker to take the acknowledgements queued for it.
+const FLUSH_AT_STOP: Duration = Duration::from_secs(5);
 
 /// Where to subscribe.
 #[derive(Debug, Clone)]
@@ -147,33 +160,78 @@ impl Link {
     }
 }
 
+/// The name the store keeps a session's unacknowledged publishes under: the broker and
+/// the client id, which together name the session.
+fn session_key(o: &MqttOptions) -> String {
+    let (host, port) = o.broker_address();
+    format!("{host}:{port}/{}", o.client_id())
+}
+
+/// What the last session of `key` left unacknowledged, taken from the store: asked again
+/// (with backoff) until the store answers, since a session that went on without it would
+/// apply its resends again. `None` when `stop` came first.
+async fn take_unacked(store: &dyn Sessions, key: &str, stop: &CancellationToken) -> Option<Resent> {
+    let mut backoff = Duration::ZERO;
+    loop {
+        match store.take_unacked(key.to_string()).await {
+            Ok(kept) => {
+                if !kept.is_empty() {
+                    tracing::info!(
+                        publishes = kept.len(),
+                        "MQTT ingest: publishes the last session committed without acknowledging; their resends will be acknowledged, not applied."
+                    );
+                }
+                return Some(Resent::restore(kept));
+            }
+            Err(e) => {
+                let what = "the unacknowledged publishes of the last session";
+                if !paused(SOURCE, what, &e.to_string(), &mut backoff, stop).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// Subscribes until `stop`; the event loop reconnects with backoff on its own, and when
 /// the applier asks for it after a failed commit. The source counts as down until the
-/// first subscription (the caller marks it so before spawning this).
+/// first subscription (the caller marks it so before spawning this). `store` keeps what a
+/// stop leaves unacknowledged.
 pub async fn run(
     ingest: Ingest,
     settings: Settings,
     sources: Sources,
+    store: Arc<dyn Sessions>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let link = Arc::new(Link {
         sources,
         state: Mutex::default(),
     });
-    let (client, mut events) = AsyncClient::new(options(&settings.url)?, 1024);
+    let options = options(&settings.url)?;
+    let key = session_key(&options);
+    let Some(resent) = take_unacked(store.as_ref(), &key, &stop).await else {
+        return Ok(());
+    };
+    let (client, mut events) = AsyncClient::new(options, 1024);
     // Unbounded on purpose: the event loop must never wait on the applier, or the applier's
     // acks (which only the event loop sends) could never drain. What the broker sends us
     // unacknowledged is bounded by its in-flight window anyway.
     let (tx, rx) = mpsc::unbounded_channel::<Inbound>();
     // The applier's requests to drop connection number `.0`, with the delay before the next.
     let (reconnect_tx, mut reconnect_rx) = mpsc::unbounded_channel::<(u64, Duration)>();
-    let applier = tokio::spawn(applier::run(
+    let shared = applier::Shared {
+        client: client.clone(),
+        link: link.clone(),
+        reconnect: reconnect_tx,
+    };
+    let mut applier = tokio::spawn(applier::run(
         ingest,
         settings.topic.clone(),
-        client.clone(),
-        link.clone(),
+        shared,
         rx,
-        reconnect_tx,
+        resent,
+        stop.clone(),
     ));
     let mut backoff = Duration::ZERO;
     loop {
@@ -237,32 +295,88 @@ pub async fn run(
             }
         }
     }
-    // Let the applier finish and acknowledge what it has, then leave the session as is.
-    // Polled meanwhile, since only the event loop sends the acks the applier queues.
-    drop(tx);
+    // The applier finishes what it holds and acknowledges the broker's resends of what
+    // committed (see `applier`). Polled meanwhile, since only the event loop sends the
+    // acks it queues, and feeding it: a connection lost is made again at once, for them.
     let drain = async {
         loop {
-            if events.poll().await.is_err() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::select! {
+                Some((g, _)) = reconnect_rx.recv() => {
+                    if g == link.generation() {
+                        events.clean();
+                        link.next_connection();
+                    }
+                }
+                e = events.poll() => match e {
+                    Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                        let g = link.next_connection();
+                        let _ = tx.send(Inbound::Connected(g, ack.session_present));
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send(Inbound::Publish(link.generation(), Box::new(p)));
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        link.next_connection();
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
             }
         }
     };
-    tokio::select! {
-        _ = applier => {}
-        _ = drain => {}
+    let resent = tokio::select! {
+        r = &mut applier => r.unwrap_or_default(),
+        _ = drain => unreachable!("the drain never ends"),
+    };
+    drop(tx);
+    flush(&client, &mut events).await;
+    link.update(|st| st.subscribed = false);
+    if !resent.is_empty() {
+        let kept = resent.kept();
+        match store.keep_unacked(key, kept.clone()).await {
+            Ok(()) => tracing::info!(
+                publishes = kept.len(),
+                "MQTT ingest: kept the publishes committed but not acknowledged, for the next session."
+            ),
+            Err(e) => tracing::error!(publishes = kept.len(), error = %e,
+                "MQTT ingest: could not keep the publishes committed but not acknowledged; the next session applies their resends again."),
+        }
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        let _ = client.disconnect().await;
-        while let Ok(e) = events.poll().await {
-            if matches!(e, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
-                break;
+    tracing::info!("MQTT ingest stopped.");
+    Ok(())
+}
+
+/// Sends the acknowledgements queued in the client's request channel, then a
+/// `DISCONNECT` behind them (the session stays on the broker), polling the event loop all
+/// along: only it writes them, and the channel (bounded) may be full of acks, so queueing
+/// the disconnect must not wait without it.
+async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) {
+    let flushed = tokio::time::timeout(FLUSH_AT_STOP, async {
+        let disconnect = client.disconnect();
+        tokio::pin!(disconnect);
+        let mut queued = false;
+        loop {
+            tokio::select! {
+                sent = &mut disconnect, if !queued => {
+                    queued = true;
+                    if sent.is_err() {
+                        return false;
+                    }
+                }
+                e = events.poll() => match e {
+                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                },
             }
         }
     })
     .await;
-    link.update(|st| st.subscribed = false);
-    tracing::info!("MQTT ingest stopped.");
-    Ok(())
+    if flushed != Ok(true) {
+        tracing::warn!(
+            "MQTT ingest: the broker may not have taken every acknowledgement at the stop; it resends those publishes to the next session."
+        );
+    }
 }
 
 /// The sensor id a topic carries at the filter's first `+` level, if any.

@@ -12,11 +12,18 @@
 //! at most the receive maximum of them (8000 by default; 65,535 packet ids at most). An
 //! entry goes when its resend is acknowledged, and all go when the broker says the session
 //! did not survive (nothing will be resent then).
+//!
+//! The session outlives the process: what is left here when latch stops is kept in the
+//! store ([`crate::store::Sessions`]) and taken back by the next start (here or, in a
+//! cluster, on the node the session moves to), so a resend after a restart is recognised
+//! too.
 
 use std::collections::HashMap;
 
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Publish;
+
+use crate::store::Unacked;
 
 #[derive(Default)]
 pub(super) struct Resent {
@@ -50,6 +57,40 @@ impl Resent {
     /// The broker kept no session: nothing will be resent.
     pub(super) fn clear(&mut self) {
         self.by_packet.clear();
+    }
+
+    /// What a session kept across a stop ([`Resent::kept`]).
+    pub(super) fn restore(unacked: Vec<Unacked>) -> Self {
+        let by_packet = unacked
+            .into_iter()
+            .map(|u| {
+                let mut p = Publish::new("", QoS::AtLeastOnce, Vec::<u8>::new(), None);
+                p.pkid = u.pkid;
+                p.topic = u.topic.into();
+                p.payload = u.payload.into();
+                (u.pkid, p)
+            })
+            .collect();
+        Self { by_packet }
+    }
+
+    /// What is left to recognise, for the store when latch stops.
+    pub(super) fn kept(&self) -> Vec<Unacked> {
+        let mut kept: Vec<Unacked> = self
+            .by_packet
+            .values()
+            .map(|p| Unacked {
+                pkid: p.pkid,
+                topic: p.topic.to_vec(),
+                payload: p.payload.to_vec(),
+            })
+            .collect();
+        kept.sort_by_key(|u| u.pkid);
+        kept
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_packet.is_empty()
     }
 
     #[cfg(test)]
@@ -94,5 +135,19 @@ mod tests {
         q0.qos = QoS::AtMostOnce;
         r.remember(&q0);
         assert_eq!(r.len(), 0, "nothing is resent at QoS 0");
+    }
+
+    #[test]
+    fn what_is_kept_across_a_stop_is_recognised_after_it() {
+        let mut r = Resent::default();
+        r.remember(&publish(9, "s/b/state", "0"));
+        r.remember(&publish(7, "s/a/state", "{\"data\":1}"));
+        let kept = r.kept();
+        assert_eq!(kept.iter().map(|u| u.pkid).collect::<Vec<_>>(), [7, 9]);
+        let back = Resent::restore(kept);
+        assert!(back.is_resend(&publish(7, "s/a/state", "{\"data\":1}")));
+        assert!(back.is_resend(&publish(9, "s/b/state", "0")));
+        assert!(!back.is_resend(&publish(9, "s/b/state", "1")));
+        assert!(Resent::restore(Vec::new()).is_empty());
     }
 }

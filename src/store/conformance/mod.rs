@@ -30,6 +30,7 @@ mod lifecycle;
 mod outbox;
 mod registry;
 mod retention;
+mod sessions;
 mod tokens;
 
 /// A `disable_after` no check reaches.
@@ -165,6 +166,7 @@ suite!(
     retention::finished_notifications_go_pending_ones_stay,
     tokens::tokens_keep_hash_and_scopes,
     tokens::deleted_tokens_are_gone,
+    sessions::unacked_publishes_are_kept_until_taken,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use super::db::{Db, Sql, Tx};
+use super::doubt::{Doubt, settle};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
 
@@ -22,20 +23,36 @@ pub(super) async fn commit(
 ) -> Result<Vec<NotificationRef>> {
     let mut c = db.get("commit").await?;
     let tx = c.transaction().await?;
-    tx.execute(
-        &tx.prepare_cached("SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))")
+    // The transaction's id and backend, in the statement that takes the delete lock: what
+    // to ask about should the answer to `COMMIT` be lost ([`super::doubt`]).
+    let first = tx
+        .query_one(
+            &tx.prepare_cached(
+                "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))::text, \
+                 txid_current(), pg_backend_pid()",
+            )
             .await?,
-        &[&DELETE_LOCK],
-    )
-    .await?;
+            &[&DELETE_LOCK],
+        )
+        .await?;
+    let doubt = Doubt {
+        xid: first.get(1),
+        pid: first.get(2),
+    };
     let fenced = fenced(&tx, &batch.fence).await?;
     if !fenced.is_empty() {
         tx.rollback().await?;
         return Err(Error::Fenced(fenced));
     }
     let created = commit_batch(&tx, &batch, now).await?;
-    tx.commit().await?;
-    Ok(created)
+    match tx.commit().await {
+        Ok(()) => Ok(created),
+        Err(Error::Indeterminate(why)) => {
+            c.discard();
+            settle(db, doubt, why).await.map(|()| created)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The partitions of `fence` this node no longer holds at its epoch, sorted. Each one's
@@ -418,15 +435,19 @@ async fn commit_batch(
                 // lookups per sensor: a plain join of the arrays with the outbox scans it), the
                 // seqs gathered once, then the rows by seq. As a join with the outbox, a
                 // planner without statistics yet (a new table) ran the lookups once per pending
-                // row: 3 s for one commit of 500 changes.
-                "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
+                // row: 3 s for one commit of 500 changes. An attempt in flight (leased, by
+                // the database's clock: `outbox::claim`) is not superseded.
+                &format!(
+                    "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
              WHERE n.seq = ANY (ARRAY(SELECT p.seq \
              FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
              CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
              WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq OFFSET 0) p)) \
              AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
-             AND (n.lease_until IS NULL OR n.lease_until < $3) RETURNING n.seq) \
+             AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
              DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
+                    DB_NOW_MS = super::outbox::DB_NOW_MS
+                ),
             )
             .await?,
             &[&s, &q, &now],

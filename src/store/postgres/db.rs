@@ -58,6 +58,11 @@ impl Db {
         Self { pool, limit }
     }
 
+    /// How long one call may take (`database_timeout`).
+    pub(super) fn limit(&self) -> Duration {
+        self.limit
+    }
+
     /// A connection without a deadline, for migrations at start (no caller waits on them;
     /// the pool's own timeouts bound the connecting).
     pub(super) async fn unbounded(&self) -> Result<deadpool_postgres::Object> {
@@ -160,6 +165,12 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// Takes the connection out of the pool for good: one whose `COMMIT` answer is still
+    /// owed would make the next call on it wait behind that answer.
+    pub(super) fn discard(self) {
+        drop(deadpool_postgres::Object::take(self.obj));
+    }
+
     /// Begins a transaction under the same deadline.
     pub(super) async fn transaction(&mut self) -> Result<Tx<'_>> {
         let deadline = self.deadline;

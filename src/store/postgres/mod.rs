@@ -35,6 +35,7 @@ use db::{Db, Sql};
 mod cluster;
 mod commit;
 mod db;
+mod doubt;
 mod find;
 mod history;
 mod lifecycle;
@@ -42,6 +43,7 @@ mod outbox;
 mod registry;
 mod replay;
 mod retention;
+mod sessions;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tokens;
@@ -68,6 +70,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0018_node_links.sql"),
     include_str!("../migrations/postgres/0019_batches.sql"),
     include_str!("../migrations/postgres/0020_partition_scheme.sql"),
+    include_str!("../migrations/postgres/0021_mqtt_unacked.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

@@ -51,6 +51,16 @@ async fn relaxed(tx: &Tx<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The database's clock in milliseconds: what outbox leases are judged by, as partition
+/// leases are, so that nodes whose clocks disagree never hold one attempt at once.
+pub(super) const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
+
+/// Claims on the database's clock: a lease is written as the database's time plus the
+/// lease's length (`lease_until - now`), and the leases read are judged against the
+/// database's time, translated to the claiming node's clock for the policy (which judges
+/// due times and grace periods, written on the nodes' clocks, by `now`). A node whose clock
+/// runs ahead of another's by more than a lease's margin would otherwise take over that
+/// node's attempt in flight.
 pub(super) async fn claim(
     db: &Db,
     ids: Vec<String>,
@@ -66,13 +76,17 @@ pub(super) async fn claim(
     let rows = tx
         .query(
             &tx.prepare_cached(&format!(
-                "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS} FROM {CLAIM_FROM} \
-                 {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
+                "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS}, {DB_NOW_MS} FROM \
+                 {CLAIM_FROM} {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
             ))
             .await?,
             &[&ids, &node],
         )
         .await?;
+    // The node's clock minus the database's (the last column).
+    let offset = rows
+        .first()
+        .map_or(0, |r| now - r.get::<_, i64>(r.len() - 1));
     let mut found: HashMap<String, &Row> = HashMap::with_capacity(rows.len());
     for r in &rows {
         found.insert(r.get(0), r);
@@ -111,6 +125,9 @@ pub(super) async fn claim(
         };
         let mut claim_row = row::claim_row(*r)?;
         claim_row.lane = row::claim_lane(*r)?;
+        claim_row.lease_until = claim_row.lease_until.map(|u| u + offset);
+        claim_row.lane.older_lease_until = claim_row.lane.older_lease_until.map(|u| u + offset);
+        claim_row.lane.newer_lease_until = claim_row.lane.newer_lease_until.map(|u| u + offset);
         match claim_step(claim_row, &node, now) {
             ClaimStep::Lease(s) => {
                 lease.push(id);
@@ -151,7 +168,7 @@ pub(super) async fn claim(
                  WHERE id = ANY($1)",
             )
             .await?,
-            &[&lease, &node, &lease_until],
+            &[&lease, &node, &(lease_until - offset)],
         )
         .await?;
     }
@@ -240,16 +257,18 @@ pub(super) async fn record(
                 // A retry stays pending, and listed; a final result leaves the list.
                 // Another node's live lease is kept unless this was delivered
                 // (`policy::recorded`).
-                "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
+                &format!(
+                    "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
              next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
              batch_id = u.batch \
              FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[], \
              $8::text[]) AS u(id, status, attempts, next, delivered, node, batch) \
              WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
-             OR n.lease_until IS NULL OR n.lease_until < $5 OR n.claimed_by = u.node) \
+             OR n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS} OR n.claimed_by = u.node) \
              RETURNING n.seq, n.status) \
              DELETE FROM notifications_pending WHERE seq IN \
-             (SELECT seq FROM r WHERE status <> 'pending')",
+             (SELECT seq FROM r WHERE status <> 'pending')"
+                )
             )
             .await?,
             &[

@@ -264,7 +264,7 @@ async fn a_version_5_database_gains_the_hash_of_its_sensors() {
 async fn claims_keep_a_lanes_order_across_nodes() {
     use crate::domain::{Claim, Outcome, Status, Verdict};
     use crate::store::conformance::{change, client, sensor};
-    let Some((s, _)) = fresh().await else {
+    let Some((s, schema)) = fresh().await else {
         return;
     };
     s.create_sensor(sensor("ord1")).await.unwrap();
@@ -317,8 +317,21 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     s.record(vec![delivered(&n2)], 3_000, i64::MAX / 2)
         .await
         .unwrap();
-    // A died before recording the first: once its lease ran out, the older state is
-    // superseded, never sent after the newer one the client has.
+    // A died before recording the first: once its lease ran out (by the database's
+    // clock, which judges leases: moved here by hand), the older state is superseded,
+    // never sent after the newer one the client has.
+    let (admin, conn) =
+        tokio_postgres::connect(&schema_url(&base_url(), &schema), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    admin
+        .execute(
+            "UPDATE notifications SET lease_until = lease_until - 90000 WHERE id = $1",
+            &[&n1.id],
+        )
+        .await
+        .unwrap();
     match &s
         .claim(vec![n1.id.clone()], "b".into(), 95_000, 150_000, None)
         .await
@@ -329,6 +342,64 @@ async fn claims_keep_a_lanes_order_across_nodes() {
     }
     let (n, _) = s.get_notification(n1.id.clone()).await.unwrap().unwrap();
     assert_eq!(n.status, Status::Superseded);
+}
+
+/// Outbox leases are judged by the database's clock, as partition leases are: a node
+/// whose clock runs ahead (by more than the lease, here a minute) does not take over a
+/// notification whose attempt another node has in flight, nor supersede it.
+#[tokio::test]
+async fn a_node_whose_clock_runs_ahead_leaves_a_live_lease_alone() {
+    use crate::domain::{Claim, Outcome, Status, Verdict, time::now_ms};
+    use crate::store::conformance::{change, client, sensor};
+    let Some((s, _)) = fresh().await else {
+        return;
+    };
+    s.create_sensor(sensor("sk1")).await.unwrap();
+    s.create_client(client("sk-c", "http://a/")).await.unwrap();
+    s.link("sk-c".into(), sensor("sk1").id, 1).await.unwrap();
+    let now = now_ms();
+    let n = s.commit(change("sk1", true, None, now), now).await.unwrap()[0].clone();
+    // Node A sends it: its lease runs 35 s.
+    let lease = 35_000;
+    let claimed = s
+        .claim(vec![n.id.clone()], "a".into(), now, now + lease, None)
+        .await
+        .unwrap();
+    assert!(matches!(claimed[0], Claim::Send(_)));
+    // Node B, its clock a minute ahead: by that clock A's lease ran out long ago.
+    let ahead = now + 60_000;
+    let by_b = s
+        .claim(vec![n.id.clone()], "b".into(), ahead, ahead + lease, None)
+        .await
+        .unwrap();
+    assert!(
+        matches!(by_b[0], Claim::Leased { .. }),
+        "B takes over an attempt in flight: {:?}",
+        by_b[0]
+    );
+    // B's failed attempt (or a head its lane dropped) is not written over A's.
+    let failed = Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: None,
+        attempts: 0,
+        verdict: Verdict::Superseded,
+        node: "b".into(),
+        batch_id: None,
+    };
+    s.record(vec![failed], ahead, i64::MAX / 2).await.unwrap();
+    let (stored, _) = s.get_notification(n.id.clone()).await.unwrap().unwrap();
+    assert_eq!(
+        stored.status,
+        Status::Pending,
+        "A's attempt is the one kept"
+    );
+    // Nor does a newer state B commits supersede it while A's attempt is out.
+    s.commit(change("sk1", false, Some(true), ahead), ahead)
+        .await
+        .unwrap();
+    let (stored, _) = s.get_notification(n.id.clone()).await.unwrap().unwrap();
+    assert_eq!(stored.status, Status::Pending, "in flight: not superseded");
 }
 
 /// Fails unless `notifications_pending` lists exactly the pending notifications.

@@ -8,6 +8,8 @@
 //! write-ahead log just is not checkpointed past the copy until it ends). A copy in many
 //! small steps would start over whenever latch commits, which under steady ingest is always.
 //!
+//! A backup is 0600 whatever the umask: it holds every secret the store does.
+//!
 //! Restore and vacuum need the data folder to themselves: they take its lock, which a
 //! running latch holds, and are refused while one runs.
 
@@ -36,6 +38,10 @@ pub fn backup(dir: &Path, to: &Path) -> anyhow::Result<u64> {
     src.busy_timeout(Duration::from_secs(10))?;
     let partial = partial(to);
     let _ = std::fs::remove_file(&partial);
+    // It holds every secret latch keeps: its owner's alone, whatever the umask (its
+    // journal takes its mode).
+    crate::store::private_file(&partial)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
     let mut dst = Connection::open(&partial)
         .with_context(|| format!("cannot create {}", partial.display()))?;
     {
@@ -89,6 +95,7 @@ pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
     )?;
     ensure!(has_outbox, "{} is not a latch database", from.display());
     drop(src);
+    crate::store::private_file(&dir.join(DB))?;
     let mut dst = Connection::open(dir.join(DB))?;
     dst.pragma_update(None, "journal_mode", "WAL")?;
     // Through SQLite, page by page in its own transactions: the database and its
@@ -101,7 +108,9 @@ pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
     dst.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     drop(dst);
     // The backup's archive goes into its own file again, in place of the replaced one.
-    super::archive::split(&dir.join(DB))
+    super::archive::split(&dir.join(DB))?;
+    // SQLite made the archive's file under the umask.
+    crate::store::private_files(dir)
 }
 
 /// Rewrites the database (and the archive's file) without its free pages, giving them back

@@ -34,6 +34,7 @@ mod outbox;
 mod registry;
 mod replay;
 mod retention;
+mod sessions;
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -54,6 +55,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0010_console_views.sql"),
     include_str!("../migrations/sqlite/0011_batches.sql"),
     include_str!("../migrations/sqlite/0012_archive_file.sql"),
+    // 0013 is another change's; the runner numbers migrations by their place here.
+    include_str!("../migrations/sqlite/0014_mqtt_unacked.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -155,17 +158,21 @@ fn open_conn(path: &Path, sync: Synchronous) -> rusqlite::Result<Connection> {
 impl SqliteStore {
     /// Opens (creating if needed) `latch.db` in `dir` and brings its schema up to date.
     pub fn open(dir: &Path, sync: Synchronous) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| anyhow::anyhow!("data_dir: cannot create {}: {e}", dir.display()))?;
         // The embedded store belongs to one process. The lock makes that a fact, which is
-        // what lets us release every lease at open: whoever held them is gone.
+        // what lets us release every lease at open: whoever held them is gone. It also
+        // makes the folder and latch's files in it private (`store::private_dir`).
         let lock = super::lock_data_dir(dir)?;
         let path = dir.join("latch.db");
+        // Made 0600 before SQLite first opens it: its log files take its mode.
+        super::private_file(&path)?;
         let mut writer = open_conn(&path, sync)?;
         // The log is checkpointed beside the writer rather than in its commits.
         checkpoint::watch(&writer);
         migrate(&mut writer)?;
         let layout = archive::layout(&writer)?;
+        if layout == archive::Layout::OwnFile {
+            super::private_file(&archive::path(&path))?;
+        }
         let attach = |c: Connection| -> rusqlite::Result<Connection> {
             if layout == archive::Layout::OwnFile {
                 archive::attach(&c, &path)?;

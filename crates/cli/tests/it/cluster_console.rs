@@ -120,3 +120,54 @@ async fn rates_are_summed_over_the_live_nodes() {
         assert_eq!(total(&body, "changes"), 16, "node {i}");
     }
 }
+
+/// A token deleted through one node ends the streams it holds open on another, once that
+/// node reloads the token table (every second): a stream is a request that lasts.
+#[tokio::test]
+async fn a_token_deleted_through_one_node_ends_its_stream_on_another() {
+    let bootstrap = unique("boot");
+    let Some(c) = Cluster::start_env(2, &[("LATCH_API_TOKEN", bootstrap)]).await else {
+        return;
+    };
+    let made = c
+        .post(
+            c.base(0),
+            "/v1/tokens",
+            json!({"name": "wall screen", "scopes": ["read"]}),
+        )
+        .await;
+    let (id, token) = (
+        made["id"].as_str().unwrap(),
+        made["token"].as_str().unwrap(),
+    );
+    let plain = reqwest::Client::new();
+    eventually(10, "node 1 knows the token", || async {
+        let r = plain
+            .get(format!("{}/v1/sensors", c.base(1)))
+            .bearer_auth(token)
+            .send()
+            .await
+            .ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    let mut stream = plain
+        .get(format!("{}/v1/stream", c.base(1)))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let gone = c
+        .http
+        .delete(format!("{}/v1/tokens/{id}", c.base(0)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 204);
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "node 1 still streams to a deleted token");
+}

@@ -127,6 +127,57 @@ async fn the_stream_asks_for_the_token() {
     s.stop().await;
 }
 
+impl Stream {
+    /// Waits until the server ends the stream; `false` if it was still open after `secs`
+    /// (events and keep-alives are read past meanwhile).
+    async fn ends_within(&mut self, secs: u64) -> bool {
+        tokio::time::timeout(Duration::from_secs(secs), async {
+            while let Ok(Some(_)) = self.response.chunk().await {}
+        })
+        .await
+        .is_ok()
+    }
+}
+
+/// A stream is the whole fleet's events: it lasts only while its caller may read them. A
+/// deleted token is refused from the next request on, and its open streams end.
+#[tokio::test]
+async fn a_deleted_tokens_stream_ends() {
+    let bootstrap = format!("t-{}", unique("tok"));
+    let s = TestServer::start_with(|c| c.api_token = Some(bootstrap.clone())).await;
+    let id = unique("rv");
+    s.sensor(&id).await;
+    let (st, body) = s
+        .post(
+            "/v1/tokens",
+            json!({"name": "dashboard", "scopes": ["read"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let (token_id, token) = (
+        body["id"].as_str().unwrap(),
+        body["token"].as_str().unwrap(),
+    );
+    let response = Stream::open(&s, Some(token)).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let mut stream = Stream {
+        response,
+        buffer: String::new(),
+    };
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    assert_eq!(stream.next().await.0, "sensor.state_changed", "it streams");
+
+    let (st, _) = s.delete(&format!("/v1/tokens/{token_id}")).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    // Events go on; the deleted token's stream must not carry them.
+    s.readings(json!({"sensor_id": id, "data": 0})).await;
+    assert!(
+        stream.ends_within(10).await,
+        "the stream of a deleted token still open"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn fleet_counts_sensors_by_connection() {
     let s = TestServer::start().await;

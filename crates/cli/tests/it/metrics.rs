@@ -132,9 +132,13 @@ async fn a_fresh_latch_shows_every_family_at_its_first_scrape() {
     let missing: Vec<&str> = all
         .iter()
         .map(String::as_str)
-        // PostgreSQL's: the store's timeouts and the cluster's (a PostgreSQL node is one).
+        // PostgreSQL's: the store's timeouts, its commits in doubt and the cluster's (a
+        // PostgreSQL node is one).
         .filter(|f| {
-            on_postgres || !(*f == "latch_store_timeouts_total" || f.starts_with("latch_cluster_"))
+            on_postgres
+                || !(*f == "latch_store_timeouts_total"
+                    || *f == "latch_commits_in_doubt_total"
+                    || f.starts_with("latch_cluster_"))
         })
         // The embedded store's: its writer, write-ahead log and archive.
         .filter(|f| !on_postgres || !EMBEDDED_ONLY.iter().any(|e| e == f))

@@ -21,7 +21,12 @@ pub(crate) async fn publish(messages: &[(String, Vec<u8>)]) -> bool {
 
 /// [`publish`], with the retain flag as given.
 async fn publish_with(messages: &[(String, Vec<u8>)], retain: bool) -> bool {
-    let mut o = MqttOptions::new(unique("pub"), HOST, PORT);
+    publish_on(PORT, messages, retain).await
+}
+
+/// [`publish`] to the broker on `port` of this host, with the retain flag as given.
+pub(crate) async fn publish_on(port: u16, messages: &[(String, Vec<u8>)], retain: bool) -> bool {
+    let mut o = MqttOptions::new(unique("pub"), HOST, port);
     o.set_keep_alive(Duration::from_secs(5));
     let (client, mut events) = AsyncClient::new(o, messages.len() + 10);
     for (t, p) in messages {

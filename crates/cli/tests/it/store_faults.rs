@@ -5,6 +5,10 @@
 //! The fault is a loopback TCP proxy between latch and the real PostgreSQL that can be
 //! frozen: it keeps every socket open but stops passing bytes on, which is what a hung host
 //! or a silently dropping network looks like to a client (no reset, no refusal).
+//!
+//! A commit whose outcome latch cannot see (its `COMMIT` held on the way, or the server's
+//! answer to it) is decided only once its transaction has ended: a sender that does what a
+//! 503 says (send again) gets each reading applied once.
 
 use std::time::Duration;
 
@@ -14,7 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::utils::{TestServer, eventually, service_missing, unique};
+use crate::utils::proxy::{Proxy, Target};
+use crate::utils::{Receiver, TestServer, eventually, service_missing, unique};
 
 /// Longest a request may take before the test calls it hung (latch's bound here is 1 s).
 const HUNG: Duration = Duration::from_secs(30);
@@ -79,7 +84,7 @@ async fn pump(
 /// The URL of a fresh PostgreSQL schema and the `host:port` it names; `None` when the test
 /// does not run here: in the PostgreSQL pass (it always uses PostgreSQL, so it runs once,
 /// in the first pass), or without PostgreSQL outside CI.
-async fn postgres(dir: &std::path::Path) -> Option<(String, String)> {
+pub(crate) async fn postgres(dir: &std::path::Path) -> Option<(String, String)> {
     if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
         return None;
     }
@@ -163,5 +168,113 @@ async fn a_database_that_stops_answering_costs_503_not_a_hang() {
             "accepted reading {accepted} kept: {hist}"
         );
     }
+    s.stop().await;
+}
+
+/// A latch on PostgreSQL through a proxy that interferes with `target` (1 s
+/// `database_timeout`), with a sensor linked to a receiver and its first reading applied.
+async fn through(
+    target: Target,
+    dir: &std::path::Path,
+) -> Option<(TestServer, Proxy, String, Receiver)> {
+    let (url, upstream) = postgres(dir).await?;
+    let proxy = Proxy::start(upstream.clone(), target).await;
+    let proxied = url.replacen(&upstream, &proxy.addr, 1);
+    let s = TestServer::start_in(dir, move |c| {
+        c.database_url = Some(proxied);
+        c.database_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let r = Receiver::start().await;
+    let id = unique("dz");
+    s.sensor(&id).await;
+    let client = s.client(&r.url).await;
+    s.link(&client, &id).await;
+    s.readings(json!({"sensor_id": id, "data": 1})).await;
+    // Its webhook delivered and recorded: no other transaction writes the sensor's rows.
+    r.wait_for(1, 30).await;
+    eventually(30, "the first webhook recorded", || async {
+        let done = s
+            .notifications(&format!("sensor_id={id}&status=delivered"))
+            .await;
+        (!done.is_empty()).then_some(())
+    })
+    .await;
+    Some((s, proxy, id, r))
+}
+
+/// Posts one reading (no `ts`: applied twice, it would be a change twice) while the proxy
+/// interferes with the commit, lets the proxy go once latch has answered, and then does
+/// what the answer says: on 503, send again until 202. The first answer's status.
+async fn post_in_doubt(s: &TestServer, proxy: &Proxy, id: &str) -> u16 {
+    // The group commit of this reading: the sensor id is among its parameters.
+    proxy.arm_for(id);
+    let (http, url) = (s.http.clone(), format!("{}/v1/readings", s.base));
+    let reading = json!({"sensor_id": id, "data": 0});
+    let body = reading.clone();
+    let first = tokio::spawn(async move {
+        let r = http.post(url).json(&body).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    proxy.hit(1).await;
+    let (status, body) = tokio::time::timeout(HUNG, first)
+        .await
+        .expect("an answer while the commit's outcome is unknown")
+        .unwrap();
+    proxy.release();
+    assert!(status == 202 || status == 503, "{status} {body}");
+    if status == 503 {
+        eventually(30, "the reading sent again is accepted", || async {
+            let (st, _) = s.post("/v1/readings", reading.clone()).await;
+            (st == StatusCode::ACCEPTED).then_some(())
+        })
+        .await;
+    }
+    status
+}
+
+/// The reading applied once: two readings in history, two state changes, two webhooks.
+async fn applied_once(s: &TestServer, id: &str, r: &Receiver) {
+    r.wait_for(2, 30).await;
+    assert_eq!(s.reading_count(id).await, 2, "each reading once in history");
+    let (_, events) = s.get(&format!("/v1/sensors/{id}/events?limit=100")).await;
+    let changes = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "sensor.state_changed")
+        .count();
+    assert_eq!(changes, 2, "one state change per reading: {events}");
+    assert_eq!(s.notifications(&format!("sensor_id={id}")).await.len(), 2);
+    let (_, sensor) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(sensor["status"]["data"], 0, "{sensor}");
+}
+
+/// Its `COMMIT` never reaches the server (the network holds it): the transaction stays
+/// open there, invisible, holding the sensor's rows. latch waits for it to end rather
+/// than judge it at once, ends it (rolling it back) when it would not end by itself, and
+/// only then answers 503; what the sender sends again applies once, and the `COMMIT` that
+/// arrives afterwards commits nothing.
+#[tokio::test]
+async fn a_commit_that_never_reached_the_server_is_rolled_back_before_latch_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s, proxy, id, r)) = through(Target::PgCommit, dir.path()).await else {
+        return;
+    };
+    assert_eq!(post_in_doubt(&s, &proxy, &id).await, 503);
+    applied_once(&s, &id, &r).await;
+    s.stop().await;
+}
+
+/// The server committed, and its answer is held: latch learns from the server that the
+/// transaction committed and answers 202; nothing is sent again.
+#[tokio::test]
+async fn a_commit_whose_answer_was_lost_is_found_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s, proxy, id, r)) = through(Target::PgCommitAnswer, dir.path()).await else {
+        return;
+    };
+    assert_eq!(post_in_doubt(&s, &proxy, &id).await, 202);
+    applied_once(&s, &id, &r).await;
     s.stop().await;
 }

@@ -71,6 +71,7 @@ mod node;
 mod outbox;
 mod registry;
 mod replay;
+mod sessions;
 mod tables;
 #[cfg(test)]
 mod tests;

@@ -148,6 +148,8 @@ pub struct Tables {
     /// `sensor_changes` (PostgreSQL): seq → (sensor, when by the database's clock).
     pub(crate) changes: BTreeMap<i64, (SensorId, Millis)>,
     pub(crate) tokens: BTreeMap<String, ApiToken>,
+    /// Per broker session, its publishes committed but not acknowledged.
+    pub(crate) unacked: BTreeMap<String, Vec<latch::store::Unacked>>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
@@ -171,6 +173,7 @@ impl Tables {
             events: BTreeMap::new(),
             changes: BTreeMap::new(),
             tokens: BTreeMap::new(),
+            unacked: BTreeMap::new(),
             cluster: ClusterTables::default(),
             next: Counters::default(),
             audit: Audit::default(),

@@ -4,7 +4,14 @@
 
 use std::time::Duration;
 
-use super::super::MIGRATIONS;
+/// The schema version before `0020_partition_scheme.sql`: a database of the version
+/// before the partition scheme (later migrations come after it, whatever they are).
+const BEFORE_SCHEME: usize = 19;
+
+#[test]
+fn the_version_before_the_scheme_is_the_one_before_its_migration() {
+    assert!(super::super::MIGRATIONS[BEFORE_SCHEME].contains("scheme"));
+}
 use super::super::tests::{fresh, schema_at};
 use super::*;
 use crate::domain::partition::hash32;
@@ -48,7 +55,7 @@ async fn loaded(store: &PgStore, p: u32, count: u32) -> Vec<SensorId> {
 /// loaded with the partition MD5 puts it in.
 #[tokio::test]
 async fn a_cluster_database_of_the_previous_version_keeps_md5_partitions() {
-    let Some((c, url)) = schema_at(MIGRATIONS.len() - 1).await else {
+    let Some((c, url)) = schema_at(BEFORE_SCHEME).await else {
         return;
     };
     c.batch_execute(
@@ -104,7 +111,7 @@ async fn a_cluster_database_of_the_previous_version_keeps_md5_partitions() {
 /// MD5 hashes: the first node keeps MD5 rather than strand them in wrong partitions.
 #[tokio::test]
 async fn sensors_from_before_the_first_node_keep_the_database_on_md5() {
-    let Some((c, url)) = schema_at(MIGRATIONS.len() - 1).await else {
+    let Some((c, url)) = schema_at(BEFORE_SCHEME).await else {
         return;
     };
     c.execute(

@@ -111,8 +111,17 @@ pub struct Rabbit {
 impl Rabbit {
     /// Starts one (about ten seconds); `Err` when RabbitMQ cannot be run here.
     pub async fn start() -> Result<Self, String> {
+        Self::start_with(&[]).await
+    }
+
+    /// [`Rabbit::start`] with `plugins` enabled (the shared broker's are not ours to change).
+    pub async fn start_with(plugins: &[&str]) -> Result<Self, String> {
         let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
-        std::fs::write(tmp.path().join("enabled_plugins"), "[].").map_err(|e| e.to_string())?;
+        std::fs::write(
+            tmp.path().join("enabled_plugins"),
+            format!("[{}].", plugins.join(",")),
+        )
+        .map_err(|e| e.to_string())?;
         let mut r = Self {
             port: free_port(),
             dist_port: free_port(),

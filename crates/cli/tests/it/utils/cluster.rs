@@ -72,10 +72,17 @@ impl Cluster {
             ("LATCH_CLUSTER_SECRET", "it-cluster-secret".to_string()),
         ];
         all.extend(env.iter().cloned());
+        // A cluster with a bootstrap token is called with it.
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some((_, token)) = env.iter().find(|(k, _)| *k == "LATCH_API_TOKEN") {
+            let value = format!("Bearer {token}").parse().unwrap();
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let mut c = Self {
             url,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(15))
+                .default_headers(headers)
                 .build()
                 .unwrap(),
             nodes: Vec::new(),

@@ -22,10 +22,11 @@ pub mod cluster;
 pub mod fault;
 pub mod mosquitto;
 mod process;
+pub mod proxy;
 pub mod subscriber;
 
 #[allow(unused_imports)]
-pub use process::Process;
+pub use process::{Process, with_umask};
 
 /// A running latch, stopped gracefully by [`TestServer::stop`].
 pub struct TestServer {

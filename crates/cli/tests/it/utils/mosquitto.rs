@@ -102,10 +102,16 @@ impl Mosquitto {
     /// starts it again on the same port and data.
     pub async fn restart(&mut self) {
         self.stop();
+        self.resume().await;
+    }
+
+    /// Starts it again on the same port and data after [`Mosquitto::stop`].
+    pub async fn resume(&mut self) {
         self.spawn().await.expect("mosquitto starts again");
     }
 
-    fn stop(&mut self) {
+    /// SIGTERM (it saves its sessions and queued messages), and waits for it to exit.
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
                 .arg("-TERM")

@@ -18,6 +18,17 @@ impl Process {
 
     /// As [`Process::start`], with more `LATCH_*` settings.
     pub fn start_env(dir: &Path, database_url: Option<String>, env: &[(&str, String)]) -> Self {
+        Self::start_umask(dir, database_url, env, None)
+    }
+
+    /// As [`Process::start_env`], under the file-creation mask `umask` when given (an
+    /// operator's shell, say, rather than the packaged unit's).
+    pub fn start_umask(
+        dir: &Path,
+        database_url: Option<String>,
+        env: &[(&str, String)],
+        umask: Option<u32>,
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -34,6 +45,9 @@ impl Process {
             .env("LATCH_DELIVERY_TIMEOUT", "1s")
             .env("LATCH_LOG", "warn");
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        if let Some(mask) = umask {
+            with_umask(&mut cmd, mask);
+        }
         // Latch makes its data folder itself; the log goes there before it does.
         std::fs::create_dir_all(dir).unwrap();
         let child = cmd
@@ -103,6 +117,18 @@ impl Process {
             .status()
             .expect("kill runs");
         assert!(status.success(), "kill -{name} {}", self.child.id());
+    }
+}
+
+/// Runs `cmd` under the file-creation mask `mask`.
+pub fn with_umask(cmd: &mut std::process::Command, mask: u32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: umask(2) between fork and exec touches no memory and cannot fail.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::umask(mask as libc::mode_t);
+            Ok(())
+        });
     }
 }
 
