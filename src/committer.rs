@@ -71,6 +71,10 @@ pub trait Listener: Send + Sync + 'static {
     fn committed(&self, committed: Committed);
     /// Cluster mode: a commit was refused because these partitions moved to another node.
     fn fenced(&self, partitions: Vec<u32>);
+    /// A commit whose outcome is unknown may have landed: the notifications it would have
+    /// made are pending in the store with an outbox `seq` above `after_seq`, the highest
+    /// seq of a commit before it, and nobody was told of them.
+    fn maybe_landed(&self, after_seq: i64);
 }
 
 /// What every commit needs besides its batch.
@@ -79,6 +83,8 @@ struct Committing {
     store: Arc<dyn Runtime>,
     clock: Clock,
     listener: Arc<dyn Listener>,
+    /// The highest outbox seq a commit made so far.
+    last_seq: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// Runs until every shard has dropped its sender and the commits in flight are done.
@@ -96,6 +102,7 @@ pub async fn run(
         store,
         clock,
         listener,
+        last_seq: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
     };
     let tracker = tokio_util::task::TaskTracker::new();
     // Shards the last finished commit answered. A `std` mutex: held for a copy, never
@@ -196,6 +203,10 @@ impl Committing {
         drop(span);
         match result {
             Ok(notifications) => {
+                if let Some(seq) = notifications.iter().map(|n| n.seq).max() {
+                    self.last_seq
+                        .fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
+                }
                 self.listener.committed(Committed {
                     notifications,
                     history_rows,
@@ -221,9 +232,16 @@ impl Committing {
                     // learn its outcome (PostgreSQL unreachable all along): what the shards
                     // hold must follow the store, not the guess that nothing landed, so
                     // read the batch's sensors back — a state found is a commit that landed.
+                    let landed = self.read_back(touched).await;
+                    // And what it may have made goes out (on one node, where no sweep of
+                    // the outbox would ever find it).
+                    if landed.is_some() {
+                        self.listener
+                            .maybe_landed(self.last_seq.load(std::sync::atomic::Ordering::Relaxed));
+                    }
                     CommitFailure::Unknown {
                         message: e.to_string(),
-                        landed: self.read_back(touched).await,
+                        landed,
                     }
                 } else if e.is_full() {
                     CommitFailure::Full(e.to_string())

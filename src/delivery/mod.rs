@@ -148,6 +148,8 @@ impl Settings {
 #[derive(Clone)]
 pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Cmd>,
+    /// Where [`Dispatcher::look_for_pending`] reads.
+    outbox: Arc<dyn Store>,
     /// Asks the sweeper for a full sweep now (a partition was taken over).
     sweep: Arc<tokio::sync::Notify>,
     /// What a test request needs: the attempts' own client, guard and timeout.
@@ -174,6 +176,27 @@ impl Dispatcher {
     /// `pending` notifications as the store has them (queued where missing).
     pub fn resume(&self, client_id: &str, pending: Vec<NotificationRef>) {
         let _ = self.tx.send(Cmd::Resume(Arc::from(client_id), pending));
+    }
+
+    /// Takes up the pending notifications with an outbox seq above `after_seq` that it
+    /// was never handed (a commit whose answer was lost made them): read from the store in
+    /// a task of its own, queued where missing.
+    /// On a shared store the sweeper finds them: it is asked to sweep now.
+    pub fn look_for_pending(&self, after_seq: i64) {
+        if self.outbox.shared() {
+            self.sweep_now();
+            return;
+        }
+        let (outbox, tx) = (self.outbox.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            match outbox.load_pending(after_seq).await {
+                Ok(refs) => {
+                    let _ = tx.send(Cmd::Deliver(refs));
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "Could not look for the notifications of a commit whose outcome is unknown; they go out at the next start."),
+            }
+        });
     }
 
     /// Looks for every pending notification of the sensors this node serves now, at once:
@@ -333,7 +356,12 @@ impl Dispatcher {
             ));
         }
         tracker.spawn(core.run(rx, stop, grace));
-        Ok(Self { tx, sweep, test })
+        Ok(Self {
+            tx,
+            outbox: store,
+            sweep,
+            test,
+        })
     }
 }
 

@@ -267,6 +267,10 @@ impl committer::Listener for Wiring {
             let _ = tx.send(partitions);
         }
     }
+
+    fn maybe_landed(&self, after_seq: i64) {
+        self.dispatcher.look_for_pending(after_seq);
+    }
 }
 
 /// The engine's shards and the committer behind them.
