@@ -287,13 +287,16 @@ impl SensorState {
         }
     }
 
-    /// Whether `other` holds what a commit writes of this state (everything but the
+    /// Whether `stored` holds what a commit writes of this state (everything but the
     /// timeout and debounce window, which are registry data, and what memory does not
-    /// keep): how a commit whose answer was lost is found to have landed.
-    pub fn same_committed(&self, other: &SensorState) -> bool {
+    /// keep: `changed_at`, and `lost_since` and `reminders` without reminders, which a
+    /// commit then leaves as stored): how a commit whose answer was lost is found to have
+    /// landed.
+    pub fn same_committed(&self, stored: &SensorState) -> bool {
+        let other = stored;
         let kept = |mine: Option<i64>, stored: Option<i64>| mine.is_none() || mine == stored;
         self.data == other.data
-            && self.changed_at == other.changed_at
+            && kept(self.changed_at, other.changed_at)
             && self.last_ts == other.last_ts
             && self.last_seen_at == other.last_seen_at
             && self.connection == other.connection
@@ -325,6 +328,43 @@ pub fn validate_address(address: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_commit_that_landed_is_recognised_whatever_memory_does_not_keep() {
+        use super::{Connection, SensorState, Source};
+        // What the engine wrote: memory keeps no `changed_at`, and without reminders no
+        // `lost_since` either; the store kept both from before.
+        let written = SensorState {
+            data: Some(true),
+            last_ts: Some(20),
+            last_seen_at: Some(30),
+            connection: Connection::Online,
+            last_source: Some(Source::Amqp),
+            ..SensorState::new(None)
+        };
+        let stored = SensorState {
+            changed_at: Some(10),
+            lost_since: Some(5),
+            ..written
+        };
+        assert!(written.same_committed(&stored), "the commit landed");
+        let before = SensorState {
+            last_seen_at: Some(25),
+            ..stored
+        };
+        assert!(
+            !written.same_committed(&before),
+            "the store holds the state before it"
+        );
+        let written_change = SensorState {
+            changed_at: Some(20),
+            ..written
+        };
+        assert!(
+            !written_change.same_committed(&stored),
+            "a change it wrote is not there"
+        );
+    }
+
     use super::*;
 
     #[test]

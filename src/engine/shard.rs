@@ -623,6 +623,6 @@ fn landed_states(
     let stored: HashMap<SensorId, &SensorState> = stored.iter().map(|(id, s)| (*id, s)).collect();
     scratch
         .into_iter()
-        .filter(|(id, (_, s))| stored.get(id).is_some_and(|st| st.same_committed(s)))
+        .filter(|(id, (_, s))| stored.get(id).is_some_and(|st| s.same_committed(st)))
         .collect()
 }
