@@ -481,15 +481,14 @@ impl Lanes {
                     }
                 }
             }
-            // In order, but never before the head in flight here nor before one another
-            // node may hold: nothing passes an attempt that may be under way (an older
-            // failed one replayed waits for it).
-            let after_held = lane.queue.iter().rposition(|e| e.held).map_or(0, |i| i + 1);
+            // In order, but never before the head in flight here. One another node may be
+            // sending (a failed one replayed while a newer one is out there) is kept from
+            // going by its claim ([`policy::claim_step`]), not here: a head a sweep brought
+            // is held only in case, and must not overtake an older one for it.
             let pos = lane
                 .queue
                 .partition_point(|e| e.seq < r.seq)
-                .max(usize::from(lane.busy))
-                .max(after_held);
+                .max(usize::from(lane.busy));
             // A batch to send again, as the store keeps it. On a shared store another node
             // may have sent that batch meanwhile (a partition moved), so one read from it
             // goes in a batch of its own.

@@ -239,6 +239,10 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
         claim_lease,
     };
     checks::during(&world, &model, &mut reported);
+    if let Ok(id) = std::env::var("LATCH_SIM_TRAIL") {
+        let trail = model.read(|t| t.audit.trail(&id).cloned());
+        world.trace(format!("trail of {id}: {trail:#?}"));
+    }
     if std::env::var("LATCH_SIM_DESCRIBE").is_ok() {
         for n in nodes.in_state(State::Running) {
             if let Some((_, _, d)) = nodes.entry(&n) {

@@ -199,13 +199,8 @@ impl Lanes {
             }
             self.pending -= 1;
         }
-        // Put back in order; one another node may be sending stays ahead of the rest, as
-        // nothing may pass an attempt under way (an older one is then a replay, which
-        // waits for it).
         if later {
-            lane.queue
-                .make_contiguous()
-                .sort_by_key(|e| (!e.held, e.seq));
+            lane.queue.make_contiguous().sort_by_key(|e| e.seq);
         }
         let due = lane.queue.front().map(|h| h.due);
         match due {

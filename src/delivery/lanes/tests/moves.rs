@@ -176,33 +176,3 @@ fn a_head_claimed_but_not_sent_when_its_lane_leaves_gives_its_lease_back() {
     );
     assert_eq!(h.core.sizes(), Sizes::default());
 }
-
-#[test]
-fn an_older_notification_replayed_waits_behind_a_head_another_node_holds() {
-    // Another node sends the lane's newer notification (a sweep brought it, held); a
-    // failed older one is replayed meanwhile. It must not pass the attempt under way.
-    let mut h = Harness::new(true, Duration::from_secs(1));
-    let newer = swept(20, EventKind::StillLost, h.now);
-    h.core.sweep(vec![newer.clone()], h.now);
-    let out = h.admit();
-    assert_eq!(out.len(), 1);
-    h.finish(out[0].clone(), Finished::Held(h.now + 30_000));
-    let older = swept(10, EventKind::ConnectionLost, h.now);
-    h.core.add(vec![older.clone()], h.now);
-    for _ in 0..3 {
-        h.now += policy::RECHECK_MS;
-        let out = h.admit();
-        assert_eq!(
-            out.iter().map(|o| &o.1).collect::<Vec<_>>(),
-            [&newer.id],
-            "only the held head is asked about"
-        );
-        h.finish(out[0].clone(), Finished::Held(h.now + 30_000));
-    }
-    // Its attempt was recorded: the replayed one goes next.
-    h.now += policy::RECHECK_MS;
-    let out = h.admit();
-    h.finish(out[0].clone(), Finished::Gone(Status::Delivered));
-    let out = h.admit();
-    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&older.id]);
-}
