@@ -166,6 +166,19 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
     };
     let model = ModelStore::new(mode, clock.clone(), faults.clone());
     let receivers = Receivers::new(world.clone(), config.delivery_timeout);
+    let leases = model.clone();
+    *receivers.lease_of.lock().unwrap() = Some(Arc::new(move |id: &str| {
+        leases.read(|t| {
+            t.notifications
+                .values()
+                .find(|r| r.notification.id == id)
+                .map(|r| match (&r.claimed_by, r.lease_until) {
+                    (Some(by), Some(until)) => format!(" (leased by {by} until {})", until - START),
+                    _ => " (not leased)".to_string(),
+                })
+                .unwrap_or_default()
+        })
+    }));
     let names: Vec<&str> = ["n1", "n2", "n3"][..nodes_n].to_vec();
     let nodes = Nodes::new(
         world.clone(),

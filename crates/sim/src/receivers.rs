@@ -71,6 +71,8 @@ struct Seen {
 pub struct Receivers {
     world: Arc<World>,
     seen: Mutex<Seen>,
+    /// What the store says of a notification (its lease), for the trace of a request.
+    pub lease_of: Mutex<Option<Arc<dyn Fn(&str) -> String + Send + Sync>>>,
     /// The dispatcher's delivery timeout.
     timeout: Duration,
 }
@@ -80,6 +82,7 @@ impl Receivers {
         Arc::new(Self {
             world,
             seen: Mutex::new(Seen::default()),
+            lease_of: Mutex::new(None),
             timeout,
         })
     }
@@ -229,8 +232,15 @@ impl Receivers {
             .iter()
             .map(|s| {
                 let n = &s.notification;
+                let lease = self
+                    .lease_of
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .map(|f| f(&n.id))
+                    .unwrap_or_default();
                 format!(
-                    "{}:{}#{}@{}",
+                    "{}:{}#{}@{}{lease}",
                     lane_key(&(n.client_id.clone(), n.sensor_id)),
                     n.kind.as_str(),
                     n.seq,
