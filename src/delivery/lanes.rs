@@ -180,6 +180,12 @@ pub(super) struct Lanes {
     batching: Batching,
     /// Where batch ids are drawn from (it reads no time here: `now` is always given).
     ids: crate::clock::Clock,
+    /// Heads whose last outcome (a failed attempt, a lease given back) the recorder has not
+    /// written yet, with their lane, and whether that lane waits for it. Such a head is not
+    /// claimed again before: the record releases the lease it was sent under, and written
+    /// after a newer claim it would release that one too (another node could then send
+    /// the lane's head while this one does).
+    unrecorded: FastMap<String, (LaneKey, bool)>,
     /// Clients whose last attempt got no answer (it timed out or could not connect): each
     /// is admitted one head at a time until an attempt is answered, so an endpoint that
     /// hangs holds one request slot, not its client's share of the dispatcher's.
@@ -217,6 +223,7 @@ impl Lanes {
             node,
             batching: Batching::default(),
             ids,
+            unrecorded: FastMap::default(),
             unanswered: Default::default(),
         }
     }
@@ -229,6 +236,19 @@ impl Lanes {
             }
         } else if !self.unanswered.is_empty() {
             self.unanswered.remove(client);
+        }
+    }
+
+    /// The recorder wrote the outcomes of these notifications: heads that waited for it go
+    /// on.
+    pub(super) fn recorded(&mut self, ids: &[String]) {
+        if self.unrecorded.is_empty() {
+            return;
+        }
+        for id in ids {
+            if let Some((key, true)) = self.unrecorded.remove(id) {
+                self.ready.push_back(key);
+            }
         }
     }
 
@@ -654,6 +674,11 @@ impl Lanes {
             let Some(head) = self.lanes.get(&key).and_then(|l| l.queue.front()) else {
                 continue;
             };
+            if let Some((_, waits)) = self.unrecorded.get_mut(&head.id) {
+                // Its last outcome is not written yet: it goes once it is.
+                *waits = true;
+                continue;
+            }
             if self.batching.batched(&key.0) {
                 // Gathers for the client's next request ([`Lanes::admit_batches`]).
                 self.gather(key, now);

@@ -287,6 +287,7 @@ impl Dispatcher {
             rec_rx,
             settings.clock.clone(),
             settings.disable_after.as_millis() as Millis,
+            tx.clone(),
         ));
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
@@ -407,6 +408,8 @@ enum Cmd {
     Batch(Arc<str>, Option<crate::domain::client::Batch>),
     /// Sensors no longer served here ([`Dispatcher::moved`]).
     Moved(Serves),
+    /// The recorder wrote the outcomes of these notifications.
+    Recorded(Vec<String>),
     /// What the lanes hold of a client ([`Dispatcher::describe`]).
     Describe(Arc<str>, tokio::sync::oneshot::Sender<String>),
     /// A lease of a client's rate slots; `None` when the store could not be asked.
@@ -570,6 +573,7 @@ impl Core {
                     | Cmd::Batch(..)
                     | Cmd::Moved(_)
                     | Cmd::Granted(..)
+                    | Cmd::Recorded(_)
                     | Cmd::Describe(..),
                 )) => {}
                 Ok(None) | Err(_) => break,
@@ -604,6 +608,7 @@ impl Core {
             }
             Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
             Cmd::Granted(client, lease) => self.lanes.rate_granted(&client, lease),
+            Cmd::Recorded(ids) => self.lanes.recorded(&ids),
             Cmd::Describe(client, tx) => {
                 let _ = tx.send(self.lanes.describe(&client));
             }

@@ -17,11 +17,14 @@ const RECORD_BATCH_MAX: usize = 2048;
 /// Writes attempts and verdicts in batches. A failed write is tried again (the outcomes
 /// stay in memory); if latch dies first, the leases run out and the attempts are repeated,
 /// which at-least-once delivery allows.
+/// Once a batch is written, its notification ids go back to the dispatcher
+/// ([`super::Cmd::Recorded`]): a head whose outcome this was may be claimed again.
 pub(super) async fn recorder(
     store: Arc<dyn Store>,
     mut rx: mpsc::UnboundedReceiver<Outcome>,
     clock: Clock,
     disable_after: Millis,
+    written: mpsc::UnboundedSender<super::Cmd>,
 ) {
     let mut batch = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -39,6 +42,8 @@ pub(super) async fn recorder(
                 .await
             {
                 Ok(disabled) => {
+                    let ids = batch.iter().map(|o| o.notification_id.clone()).collect();
+                    let _ = written.send(super::Cmd::Recorded(ids));
                     if !disabled.is_empty() {
                         for d in &disabled {
                             tracing::warn!(client_id = %d.client_id, reason = d.reason.as_str(),

@@ -191,6 +191,12 @@ impl Lanes {
                 }
             }
         };
+        if !pop && outcome.is_some() {
+            // It stays, and its outcome goes to the recorder: not claimed again before that
+            // is written ([`Lanes::recorded`]).
+            self.unrecorded
+                .insert(d.id.clone(), (d.lane.clone(), false));
+        }
         if pop {
             if let Some(done) = lane.queue.pop_front()
                 && let Some(finished) = &mut self.finished

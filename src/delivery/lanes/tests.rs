@@ -119,7 +119,15 @@ impl Harness {
     fn finish(&mut self, (lane, id): (LaneKey, String), result: Finished) {
         let done = Done { lane, id, result };
         let outcome = self.core.finish(done, self.now, NO_JITTER);
-        self.outcomes.extend(outcome);
+        self.written(outcome.into_iter().collect());
+    }
+
+    /// Outcomes the lanes asked to record, written at once (as the recorder does when the
+    /// store answers).
+    fn written(&mut self, outcomes: Vec<Outcome>) {
+        let ids: Vec<String> = outcomes.iter().map(|o| o.notification_id.clone()).collect();
+        self.outcomes.extend(outcomes);
+        self.core.recorded(&ids);
     }
 
     /// Sends what the limits admit and answers every attempt with `status`, until nothing
@@ -624,4 +632,33 @@ fn heads_waiting_for_their_clients_slot_go_once_the_client_has_one_free() {
     let batches = h.core.admit_batches(h.now);
     let heads: usize = batches.iter().map(|b| b.members.len()).sum();
     assert_eq!(heads, 20, "every head of the client gathered: {batches:?}");
+}
+
+#[test]
+fn a_head_is_not_claimed_again_before_its_last_outcome_is_written() {
+    // A failed attempt's outcome releases the lease it was sent under. Written after the
+    // head's next claim, it would release that claim's lease too, and another node could
+    // send the lane while this one does: the head waits for the recorder first.
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit().remove(0);
+    let outcome = h
+        .core
+        .finish(
+            Done {
+                lane: out.0,
+                id: out.1,
+                result: answer(500, h.now),
+            },
+            h.now,
+            NO_JITTER,
+        )
+        .expect("the attempt is recorded");
+    h.now += 10_000;
+    assert!(
+        h.admit().is_empty(),
+        "its retry is due, its outcome not written"
+    );
+    h.core.recorded(&[outcome.notification_id]);
+    assert_eq!(h.admit().iter().map(|o| &o.1).collect::<Vec<_>>(), [&id]);
 }

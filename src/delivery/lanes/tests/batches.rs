@@ -38,7 +38,7 @@ impl Harness {
         let outcomes = self
             .core
             .finish_batch(&b.client, &b.id, dones, self.now, NO_JITTER);
-        self.outcomes.extend(outcomes);
+        self.written(outcomes);
     }
 }
 
@@ -175,6 +175,7 @@ fn a_head_its_claim_did_not_send_is_not_in_the_batchs_retry() {
         .core
         .finish_batch(&out.client, &id, dones, h.now, NO_JITTER);
     assert_eq!(outcomes.len(), 1, "only the attempt is recorded");
+    h.written(outcomes);
     // The batch goes again at its retry time with what it sent, and needs nothing else.
     h.now += 1_000;
     let out = h.batches();
