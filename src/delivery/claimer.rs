@@ -180,16 +180,17 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
         } = admitted;
         let result = match claim {
             // A rate limit set (or changed) through another node, which admission did not
-            // know: the head goes back to its lane (still leased here) and through the
-            // limit, rather than out with every head admitted meanwhile.
+            // know: the head goes back to its lane and through the limit, rather than out
+            // with every head admitted meanwhile. Its lease goes back at once: a lane that
+            // leaves this node before it is claimed again must not hold the next owner up.
             Claim::Send(s) if s.rate_limit.is_some() && s.rate_limit != rate_limit => {
                 let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
-                Finished::Later(now)
+                released(&s)
             }
             // Batching set through another node: back through admission, into a batch.
             Claim::Send(s) if s.batch.is_some() => {
                 let _ = tx.send(Cmd::Batch(lane.0.clone(), s.batch));
-                Finished::Later(now)
+                released(&s)
             }
             Claim::Send(s) => {
                 // The registry as the claim read it: a rate limit lifted on another node.
@@ -227,7 +228,7 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                         // no other node may take it while it is being sent.
                         let now = sending.settings.clock.now();
                         if now + sending.settings.attempt_span() > lease_until {
-                            let result = Finished::Later(now);
+                            let result = released(&s);
                             let _ = sending
                                 .tx
                                 .send(Cmd::Done(Box::new(Done { lane, id, result })));
@@ -244,21 +245,30 @@ async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admi
                 });
                 continue;
             }
-            other => unsent(other, now),
+            other => unsent(other),
         };
         done(lane, id, result);
     }
 }
 
 /// What a claim that leased nothing to us means for the head.
-fn unsent(claim: Claim, now: Millis) -> Finished {
+fn unsent(claim: Claim) -> Finished {
     match claim {
         Claim::Done { status, .. } => Finished::Gone(status),
         Claim::Leased { until, .. } => Finished::Held(until),
         Claim::Later { at, .. } => Finished::Later(at),
         Claim::Disabled { .. } => Finished::Parked,
-        // Leased to us but not to be sent now: ours to claim again at once.
-        Claim::Send(_) => Finished::Later(now),
+        // Leased to us but not to be sent now.
+        Claim::Send(s) => released(&s),
+    }
+}
+
+/// A head leased to us and not sent: its lease is given back at once (recorded with its
+/// attempts as they were), and it is claimed again from its lane. Kept, the lease would
+/// hold up another node should the lane move there before this node claims it again.
+fn released(s: &Sendable) -> Finished {
+    Finished::Released {
+        attempts: s.notification.attempts,
     }
 }
 
@@ -345,15 +355,15 @@ async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: Admitt
                 sends.push(s);
                 sent.push((lane, nid, w));
             }
-            Claim::Send(_) => dones.push(Done {
+            Claim::Send(s) => dones.push(Done {
                 lane,
                 id: nid,
-                result: Finished::Later(now),
+                result: released(&s),
             }),
             other => dones.push(Done {
                 lane,
                 id: nid,
-                result: unsent(other, now),
+                result: unsent(other),
             }),
         }
     }
@@ -407,8 +417,8 @@ async fn send_claimed_batch(
     let now = settings.clock.now();
     if go.is_empty() || now + settings.attempt_span() > lease_until {
         // Nothing left to send, or the lease could run out mid-request: claimed again.
-        for (lane, id) in go {
-            let result = Finished::Later(now);
+        for ((lane, id), s) in go.into_iter().zip(&go_sends) {
+            let result = released(s);
             dones.push(Done { lane, id, result });
         }
         return dones;

@@ -233,7 +233,14 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
         world.violate("the fleet registers", e.to_string(), Vec::new());
     }
     let mut reported = 0;
+    let mut describe_at: Option<Millis> = std::env::var("LATCH_SIM_DESCRIBE_AT")
+        .ok()
+        .and_then(|v| v.parse().ok());
     for _ in 0..opts.steps {
+        if describe_at.is_some_and(|at| world.now() - START >= at) {
+            describe_at = None;
+            describe(&world, &nodes, &w.clients).await;
+        }
         w.step().await;
         let dt = world.between(0, 400);
         tokio::time::sleep(Duration::from_millis(dt)).await;
@@ -257,13 +264,7 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
         world.trace(format!("trail of {id}: {trail:#?}"));
     }
     if std::env::var("LATCH_SIM_DESCRIBE").is_ok() {
-        for n in nodes.in_state(State::Running) {
-            if let Some((_, _, d)) = nodes.entry(&n) {
-                for c in &w.clients {
-                    world.trace(format!("{n} {}: {}", c.id, d.describe(&c.id).await));
-                }
-            }
-        }
+        describe(&world, &nodes, &w.clients).await;
     }
     {
         let log = w.log.lock().unwrap();
@@ -289,6 +290,17 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
         nodes: nodes_n,
         virtual_ms,
         trace_len: world.trace_len(),
+    }
+}
+
+/// Every running node's lanes of every client, into the trace (debugging a failure).
+async fn describe(world: &World, nodes: &Nodes, clients: &[SimClient]) {
+    for n in nodes.in_state(State::Running) {
+        if let Some((_, _, d)) = nodes.entry(&n) {
+            for c in clients {
+                world.trace(format!("{n} {}: {}", c.id, d.describe(&c.id).await));
+            }
+        }
     }
 }
 
