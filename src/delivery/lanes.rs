@@ -186,6 +186,9 @@ pub(super) struct Lanes {
     /// after a newer claim it would release that one too (another node could then send
     /// the lane's head while this one does).
     unrecorded: FastMap<String, (LaneKey, bool)>,
+    /// Clients with lanes parked because they were disabled: a sweep of a shared store
+    /// resumes those another node enabled ([`Lanes::still_disabled`]).
+    parked_clients: FastSet<Arc<str>>,
     /// Clients whose last attempt got no answer (it timed out or could not connect): each
     /// is admitted one head at a time until an attempt is answered, so an endpoint that
     /// hangs holds one request slot, not its client's share of the dispatcher's.
@@ -224,6 +227,7 @@ impl Lanes {
             batching: Batching::default(),
             ids,
             unrecorded: FastMap::default(),
+            parked_clients: FastSet::default(),
             unanswered: Default::default(),
         }
     }
@@ -323,6 +327,21 @@ impl Lanes {
         self.batch_rate_granted(client);
     }
 
+    /// The clients disabled now, as a sweep of a shared store read them: those with
+    /// parked lanes that are not any more were enabled through another node, and resume
+    /// here too (rather than at their lanes' next look, a minute on).
+    pub(super) fn still_disabled(&mut self, disabled: &[Arc<str>], now: Millis) {
+        let enabled: Vec<Arc<str>> = self
+            .parked_clients
+            .iter()
+            .filter(|c| !disabled.contains(c))
+            .cloned()
+            .collect();
+        for client in enabled {
+            self.resume(&client, Vec::new(), now);
+        }
+    }
+
     /// A client was enabled: its parked lanes go again at once, and `refs` (its pending
     /// notifications, as the store has them) are queued where they are missing.
     pub(super) fn resume(
@@ -331,6 +350,7 @@ impl Lanes {
         refs: Vec<NotificationRef>,
         now: Millis,
     ) -> Vec<Outcome> {
+        self.parked_clients.remove(client);
         let shared = self.finished.is_some();
         let outcomes = self.queue(refs, now, shared);
         let parked: Vec<LaneKey> = self

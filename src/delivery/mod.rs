@@ -401,6 +401,8 @@ enum Cmd {
     Rate(Arc<str>, Option<u32>),
     /// What a sweep of a shared store found pending.
     Sweep(Vec<NotificationRef>),
+    /// The clients disabled now, as a sweep read them.
+    StillDisabled(Vec<Arc<str>>),
     Done(Box<Done>),
     /// What came of a batch's heads.
     BatchDone(Box<BatchDone>),
@@ -574,6 +576,7 @@ impl Core {
                     | Cmd::Moved(_)
                     | Cmd::Granted(..)
                     | Cmd::Recorded(_)
+                    | Cmd::StillDisabled(_)
                     | Cmd::Describe(..),
                 )) => {}
                 Ok(None) | Err(_) => break,
@@ -609,6 +612,7 @@ impl Core {
             Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
             Cmd::Granted(client, lease) => self.lanes.rate_granted(&client, lease),
             Cmd::Recorded(ids) => self.lanes.recorded(&ids),
+            Cmd::StillDisabled(clients) => self.lanes.still_disabled(&clients, self.clock.now()),
             Cmd::Describe(client, tx) => {
                 let _ = tx.send(self.lanes.describe(&client));
             }

@@ -69,8 +69,32 @@ pub(super) async fn sweeper(
                 if tx.send(Cmd::Sweep(refs)).is_err() {
                     return;
                 }
+                // A client enabled through another node: its lanes parked here resume.
+                if let Ok(disabled) = disabled_clients(store.as_ref()).await
+                    && tx.send(Cmd::StillDisabled(disabled)).is_err()
+                {
+                    return;
+                }
             }
             Err(e) => tracing::warn!(error = %e, "Looking for pending notifications failed."),
+        }
+    }
+}
+
+/// The ids of the clients disabled now (few: a client is disabled by a `410` or a long
+/// failure streak, until enabled).
+async fn disabled_clients(store: &dyn Store) -> crate::store::Result<Vec<Arc<str>>> {
+    let mut out = Vec::new();
+    let mut page = crate::store::PageRequest {
+        limit: 1000,
+        after: None,
+    };
+    loop {
+        let p = store.list_clients(page.clone(), Some(true)).await?;
+        out.extend(p.items.into_iter().map(|c| Arc::from(c.id.as_str())));
+        match p.next {
+            Some(next) => page.after = Some(next),
+            None => return Ok(out),
         }
     }
 }

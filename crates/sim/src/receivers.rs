@@ -67,12 +67,15 @@ struct Seen {
     next: u64,
 }
 
+/// Says what the store holds of a notification's lease, for the trace.
+pub type LeaseOf = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
 /// Every endpoint of the simulation.
 pub struct Receivers {
     world: Arc<World>,
     seen: Mutex<Seen>,
     /// What the store says of a notification (its lease), for the trace of a request.
-    pub lease_of: Mutex<Option<Arc<dyn Fn(&str) -> String + Send + Sync>>>,
+    pub lease_of: Mutex<Option<LeaseOf>>,
     /// The dispatcher's delivery timeout.
     timeout: Duration,
 }

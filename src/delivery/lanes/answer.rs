@@ -139,6 +139,9 @@ impl Lanes {
                 head.held = false;
                 head.due = now + PARK_RECHECK_MS;
                 lane.parked = true;
+                if !self.parked_clients.contains(&d.lane.0) {
+                    self.parked_clients.insert(d.lane.0.clone());
+                }
                 false
             }
             Finished::Attempted(result) => {

@@ -176,3 +176,21 @@ fn a_head_claimed_but_not_sent_when_its_lane_leaves_gives_its_lease_back() {
     );
     assert_eq!(h.core.sizes(), Sizes::default());
 }
+
+#[test]
+fn a_client_enabled_through_another_node_resumes_at_the_next_sweep() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit().remove(0);
+    h.finish(out, Finished::Parked);
+    h.now += 1_000;
+    let disabled: Vec<Arc<str>> = vec![Arc::from("client0")];
+    h.core.still_disabled(&disabled, h.now);
+    assert!(h.admit().is_empty(), "still disabled: parked");
+    h.core.still_disabled(&[], h.now);
+    assert_eq!(
+        h.admit().iter().map(|o| &o.1).collect::<Vec<_>>(),
+        [&id],
+        "enabled elsewhere: goes at once, not at its next look a minute on"
+    );
+}
