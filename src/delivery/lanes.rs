@@ -180,12 +180,14 @@ pub(super) struct Lanes {
     batching: Batching,
     /// Where batch ids are drawn from (it reads no time here: `now` is always given).
     ids: crate::clock::Clock,
-    /// Heads whose last outcome (a failed attempt, a lease given back) the recorder has not
-    /// written yet, with their lane, and whether that lane waits for it. Such a head is not
-    /// claimed again before: the record releases the lease it was sent under, and written
-    /// after a newer claim it would release that one too (another node could then send
-    /// the lane's head while this one does).
-    unrecorded: FastMap<String, (LaneKey, bool)>,
+    /// Notifications whose outcome the recorder has not written yet, with their lane and
+    /// whether that lane waits for it. Until it is written the store still holds them as
+    /// it did before: one still in its lane (a failed attempt, a lease given back) is not
+    /// claimed again — the record releases the lease it was sent under, and written after
+    /// a newer claim it would release that one too — and one that left its lane (delivered,
+    /// failed, superseded) is not queued again from the store's word (a client enabled, a
+    /// sweep) to be sent, or superseded, a second time.
+    unwritten: FastMap<String, (LaneKey, bool)>,
     /// Clients with lanes parked because they were disabled: a sweep of a shared store
     /// resumes those another node enabled ([`Lanes::still_disabled`]).
     parked_clients: FastSet<Arc<str>>,
@@ -226,7 +228,7 @@ impl Lanes {
             node,
             batching: Batching::default(),
             ids,
-            unrecorded: FastMap::default(),
+            unwritten: FastMap::default(),
             parked_clients: FastSet::default(),
             unanswered: Default::default(),
         }
@@ -246,14 +248,20 @@ impl Lanes {
     /// The recorder wrote the outcomes of these notifications: heads that waited for it go
     /// on.
     pub(super) fn recorded(&mut self, ids: &[String]) {
-        if self.unrecorded.is_empty() {
+        if self.unwritten.is_empty() {
             return;
         }
         for id in ids {
-            if let Some((key, true)) = self.unrecorded.remove(id) {
+            if let Some((key, true)) = self.unwritten.remove(id) {
                 self.ready.push_back(key);
             }
         }
+    }
+
+    /// `outcome`, of a notification of `lane`, goes to the recorder.
+    fn unwritten(&mut self, outcome: &Outcome, lane: &LaneKey) {
+        self.unwritten
+            .insert(outcome.notification_id.clone(), (lane.clone(), false));
     }
 
     /// How many heads of `client` may be out at once.
@@ -469,6 +477,10 @@ impl Lanes {
         let mut outcomes = Vec::new();
         for r in refs {
             let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
+            // Its outcome is on its way to the store, which does not know it yet.
+            if self.unwritten.contains_key(&r.id) {
+                continue;
+            }
             let lane = self.lanes.entry(key.clone()).or_default();
             // Its partition is served here again.
             lane.leaving = false;
@@ -507,7 +519,7 @@ impl Lanes {
                         families::NOTIFICATIONS
                             .counter_with(&[("status", "superseded")])
                             .increment(1);
-                        outcomes.push(Outcome {
+                        let outcome = Outcome {
                             notification_id: e.id,
                             client_id: r.client_id.clone(),
                             attempt: None,
@@ -515,7 +527,10 @@ impl Lanes {
                             verdict: Verdict::Superseded,
                             node: self.node.clone(),
                             batch_id: None,
-                        });
+                        };
+                        self.unwritten
+                            .insert(outcome.notification_id.clone(), (key.clone(), false));
+                        outcomes.push(outcome);
                     } else {
                         lane.queue.push_back(e);
                     }
@@ -694,7 +709,7 @@ impl Lanes {
             let Some(head) = self.lanes.get(&key).and_then(|l| l.queue.front()) else {
                 continue;
             };
-            if let Some((_, waits)) = self.unrecorded.get_mut(&head.id) {
+            if let Some((_, waits)) = self.unwritten.get_mut(&head.id) {
                 // Its last outcome is not written yet: it goes once it is.
                 *waits = true;
                 continue;

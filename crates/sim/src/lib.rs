@@ -120,8 +120,35 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
         .start_paused(true)
         .build()
         .expect("a runtime");
-    rt.block_on(simulate(seed, opts))
+    rt.block_on(async {
+        // Virtual time: a run that never ends (a stop that hangs, a loop that never
+        // settles) is a failure of its own, not a hung test.
+        match tokio::time::timeout(RUN_LIMIT, simulate(seed, opts)).await {
+            Ok(out) => out,
+            Err(_) => Outcome {
+                seed,
+                hash: "-".into(),
+                violations: vec![Violation {
+                    at: START + RUN_LIMIT.as_millis() as Millis,
+                    invariant: "a run ends",
+                    detail: format!(
+                        "still running after {} s of virtual time",
+                        RUN_LIMIT.as_secs()
+                    ),
+                    keys: Vec::new(),
+                }],
+                trace: Vec::new(),
+                full_trace: Vec::new(),
+                nodes: 0,
+                virtual_ms: RUN_LIMIT.as_millis() as Millis,
+                trace_len: 0,
+            },
+        }
+    })
 }
+
+/// Virtual time a run may take: its steps take about a minute and a half.
+const RUN_LIMIT: Duration = Duration::from_secs(600);
 
 /// The settings of a run: short timeouts, so a run of a minute sees many of them.
 fn settings(cluster: bool) -> Config {

@@ -54,8 +54,25 @@ impl Lanes {
 
     /// [`Lanes::finish`] for one head, once the counters of what is out have been
     /// released: `retry_at` says when a failed attempt is tried again; `batch` is the batch
-    /// the head was sent in, which a retry goes out in again.
+    /// the head was sent in, which a retry goes out in again. The outcome it returns is on
+    /// its way to the recorder from then on ([`Lanes::recorded`]).
     pub(super) fn settle(
+        &mut self,
+        d: Done,
+        now: Millis,
+        retry_at: RetryAt,
+        batch: Option<&Arc<str>>,
+    ) -> Option<Outcome> {
+        let lane = d.lane.clone();
+        let outcome = self.settle_head(d, now, retry_at, batch);
+        if let Some(o) = &outcome {
+            self.unwritten(o, &lane);
+        }
+        outcome
+    }
+
+    /// What [`Lanes::settle`] does to the lane.
+    fn settle_head(
         &mut self,
         d: Done,
         now: Millis,
@@ -194,12 +211,6 @@ impl Lanes {
                 }
             }
         };
-        if !pop && outcome.is_some() {
-            // It stays, and its outcome goes to the recorder: not claimed again before that
-            // is written ([`Lanes::recorded`]).
-            self.unrecorded
-                .insert(d.id.clone(), (d.lane.clone(), false));
-        }
         if pop {
             if let Some(done) = lane.queue.pop_front()
                 && let Some(finished) = &mut self.finished

@@ -18,6 +18,7 @@ struct Sizes {
     finished: usize,
     inflight: usize,
     pending: usize,
+    unwritten: usize,
 }
 
 impl Lanes {
@@ -31,6 +32,7 @@ impl Lanes {
             finished: self.finished.as_ref().map_or(0, RecentlyFinished::len),
             inflight: self.inflight,
             pending: self.pending,
+            unwritten: self.unwritten.len(),
         }
     }
 }
@@ -100,7 +102,7 @@ impl Harness {
             batch_id: None,
         };
         let outcomes = self.core.add(vec![r], self.now);
-        self.outcomes.extend(outcomes);
+        self.written(outcomes);
         id
     }
 
@@ -661,4 +663,41 @@ fn a_head_is_not_claimed_again_before_its_last_outcome_is_written() {
     );
     h.core.recorded(&[outcome.notification_id]);
     assert_eq!(h.admit().iter().map(|o| &o.1).collect::<Vec<_>>(), [&id]);
+}
+
+#[test]
+fn a_notification_whose_outcome_is_not_written_is_not_queued_again_from_the_store() {
+    // Delivered, but the store has not been told yet (its writes fail for a while): the
+    // client is enabled meanwhile, and the store's list of its pending notifications still
+    // holds it. It is not sent again, nor superseded by the newer one behind it.
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit().remove(0);
+    let delivered = h
+        .core
+        .finish(
+            Done {
+                lane: out.0.clone(),
+                id: out.1.clone(),
+                result: answer(200, h.now),
+            },
+            h.now,
+            NO_JITTER,
+        )
+        .expect("recorded");
+    let stale = NotificationRef {
+        id: id.clone(),
+        seq: 1,
+        client_id: "client0".into(),
+        sensor_id: sensor(0),
+        kind: EventKind::StateChanged,
+        due_at: h.now,
+        attempts: 0,
+        batch_id: None,
+    };
+    let outcomes = h.core.resume("client0", vec![stale], h.now);
+    assert!(outcomes.is_empty());
+    assert!(h.admit().is_empty(), "sent once");
+    h.core.recorded(&[delivered.notification_id]);
+    assert_eq!(h.core.sizes(), Sizes::default());
 }
