@@ -40,6 +40,8 @@ pub struct Client {
     pub events: Option<Vec<String>>,
     /// Several notifications in one request ([`Batch`]); `None`: one request each.
     pub batch: Option<Batch>,
+    /// Headers, authentication and a client certificate for its requests.
+    pub receiver: super::receiver::Receiver,
 }
 
 /// A client's batching: its notifications go out several to a request, `{"id", "type":

@@ -79,6 +79,11 @@ pub struct Sendable {
     pub rate_limit: Option<u32>,
     /// The client's batching, likewise.
     pub batch: Option<Batch>,
+    /// The client's headers, authentication and certificate, as the claim read them.
+    pub receiver: super::receiver::Receiver,
+    /// Why a secret of the client could not be opened (damaged, or sealed under a key this
+    /// node lacks): its attempt fails with this instead of being sent.
+    pub unopened: Option<String>,
 }
 
 /// A claim of a batch's heads (see `delivery::lanes::batches`). Every claim unmarks the

@@ -322,6 +322,8 @@ async fn bare_client(url: &str, concurrency: usize, total: usize) -> anyhow::Res
         address: "bench street 1".into(),
         rate_limit: None,
         batch: None,
+        receiver: Default::default(),
+        unopened: None,
     });
     let (started, cpu) = (Instant::now(), super::cpu_seconds());
     let per = total.div_ceil(concurrency);
