@@ -136,7 +136,8 @@ pub const URL_PATTERN: &str = concat!(
     ")$"
 );
 
-const HTTP_PATTERN: &str = concat!("^", http_url!(), "$");
+/// A webhook URL's shape: `http(s)://`, a DNS name or IPv4 address, port, path, query.
+pub const HTTP_PATTERN: &str = concat!("^", http_url!(), "$");
 const BROKER_PATTERN: &str = concat!("^(?:", mqtt_url!(), "|", amqp_url!(), ")$");
 const HOST_PATTERN: &str = concat!("^(?:", host!(), ")", port!(), "$");
 
@@ -287,6 +288,15 @@ pub fn parse(url: &str) -> Result<Destination, String> {
         return Err("url does not have the shape the API documents (see url's pattern)".into());
     }
     Ok(dest)
+}
+
+/// Checks an `http(s)://` URL other than a client's own (an OAuth2 token URL): the shape
+/// [`HTTP_PATTERN`] says, at most [`URL_MAX_CHARS`].
+pub fn validate_http_url(url: &str) -> Result<(), String> {
+    if url.chars().count() > URL_MAX_CHARS {
+        return Err(format!("url must be at most {URL_MAX_CHARS} characters"));
+    }
+    parse_http(url).map(drop)
 }
 
 fn parse_http(url: &str) -> Result<Destination, String> {

@@ -23,13 +23,17 @@ pub mod outcome {
     pub const CONNECTION_ERROR: &str = "connection_error";
     /// The SSRF guard refused the destination (also the start of the attempt's error).
     pub const NOT_ALLOWED: &str = "destination_not_allowed";
+    /// The receiver's OAuth2 token could not be had from its token endpoint (also the
+    /// start of the attempt's error).
+    pub const AUTH_FAILED: &str = "auth_failed";
     /// Every outcome, for the metric's series at start.
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 6] = [
         DELIVERED,
         HTTP_ERROR,
         TIMEOUT,
         CONNECTION_ERROR,
         NOT_ALLOWED,
+        AUTH_FAILED,
     ];
 }
 

@@ -54,7 +54,8 @@ pub const RESERVED_PREFIX: &str = "webhook-";
 /// A client's receiver settings.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Receiver {
-    /// Sent on every request, in this order; names are unique regardless of case.
+    /// Sent on every request, in this order (names that differ only in case are one
+    /// header with several values).
     pub headers: Vec<(String, String)>,
     pub auth: Option<Auth>,
     pub tls: Option<Tls>,
@@ -128,8 +129,9 @@ pub struct Tls {
 }
 
 /// Checks a client's headers: at most [`HEADERS_MAX`], each a valid name that is not
-/// reserved (nor `authorization` when `auth` is set), unique regardless of case, with a
-/// value a request can carry exactly as given.
+/// reserved (nor `authorization` when `auth` is set), with a value a request can carry
+/// exactly as given. Names that differ only in case are one header with several values,
+/// as HTTP has it.
 pub fn validate_headers(headers: &[(String, String)], has_auth: bool) -> Result<(), String> {
     if headers.len() > HEADERS_MAX {
         return Err(format!(
@@ -137,20 +139,13 @@ pub fn validate_headers(headers: &[(String, String)], has_auth: bool) -> Result<
             headers.len()
         ));
     }
-    for (i, (name, value)) in headers.iter().enumerate() {
+    for (name, value) in headers {
         validate_header_name(name)?;
-        let lower = name.to_ascii_lowercase();
-        if has_auth && lower == "authorization" {
+        if has_auth && name.eq_ignore_ascii_case("authorization") {
             return Err(
                 "headers.authorization: auth sets the Authorization header; use one or the other"
                     .into(),
             );
-        }
-        if headers[..i]
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case(name))
-        {
-            return Err(format!("headers.{name}: set twice (names ignore case)"));
         }
         validate_header_value(name, value)?;
     }
@@ -256,25 +251,9 @@ pub fn validate_auth(auth: &Auth) -> Result<(), String> {
     Ok(())
 }
 
-/// An `http(s)://` URL with a host, no user info and no fragment.
+/// A webhook-shaped URL ([`super::destination::HTTP_PATTERN`]).
 fn validate_token_url(url: &str) -> Result<(), String> {
-    let bad = || format!("auth.token_url: {url:?} is not an http:// or https:// URL");
-    if url.len() > AUTH_URL_MAX {
-        return Err(format!("auth.token_url: at most {AUTH_URL_MAX} characters"));
-    }
-    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
-    if !matches!(scheme, "http" | "https") {
-        return Err(bad());
-    }
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if authority.is_empty()
-        || authority.contains('@')
-        || url.contains('#')
-        || url.chars().any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(bad());
-    }
-    Ok(())
+    super::destination::validate_http_url(url).map_err(|e| format!("auth.token_url: {e}"))
 }
 
 /// Reads a client certificate: the chain and key parse, the key is the certificate's, the

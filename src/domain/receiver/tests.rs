@@ -29,8 +29,10 @@ fn headers_are_checked_by_name_and_value() {
         let e = validate_headers(&h(&[(name, "v")]), false).unwrap_err();
         assert!(e.contains(want), "{name}: {e}");
     }
-    let e = validate_headers(&h(&[("X-A", "1"), ("x-a", "2")]), false).unwrap_err();
-    assert!(e.contains("twice"), "{e}");
+    assert!(
+        validate_headers(&h(&[("X-A", "1"), ("x-a", "2")]), false).is_ok(),
+        "two values"
+    );
     let e = validate_headers(&h(&[("Authorization", "x")]), true).unwrap_err();
     assert!(e.contains("auth"), "{e}");
     for value in [" lead", "trail ", "new\nline", "é"] {
