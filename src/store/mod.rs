@@ -328,6 +328,28 @@ impl<T: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + S
 {
 }
 
+/// `latch rotate-key`: every client's secrets sealed anew under a new key
+/// ([`sealing::rotate`]), beside a latch that may be serving the store: the embedded one is
+/// opened on a connection of its own (not through its data folder's lock), PostgreSQL
+/// like any client of it.
+pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotated> {
+    let keys = std::sync::Arc::new(crate::secrets::Keyring::new(
+        crate::secrets::Source::from_config(config),
+    ));
+    match &config.database_url {
+        Some(url) => {
+            let store = postgres::PgStore::connect(url, config.database_timeout)
+                .await?
+                .using_keys(keys.clone());
+            sealing::rotate(&store, &keys).await
+        }
+        None => {
+            let store = sqlite::Offline::open(&config.data_dir, keys.clone())?;
+            sealing::rotate(&store, &keys).await
+        }
+    }
+}
+
 /// Opens the store the configuration names.
 pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     Ok(connect_cluster(config).await?.0)

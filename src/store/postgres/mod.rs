@@ -309,6 +309,12 @@ impl PgStore {
         Ok(self)
     }
 
+    /// Seals with `keys` as they are (`latch rotate-key`, which gets them ready itself).
+    pub(crate) fn using_keys(mut self, keys: std::sync::Arc<crate::secrets::Keyring>) -> Self {
+        self.keys = keys;
+        self
+    }
+
     /// A client read from the store, its secrets opened.
     fn opened(&self, mut c: Client) -> Result<Client> {
         crate::store::sealing::open_client(&self.keys, &mut c)?;

@@ -26,6 +26,7 @@ mod node_trust;
 mod nodes;
 mod operator;
 mod readings;
+mod receivers;
 mod redelivery;
 mod registry;
 mod retention;

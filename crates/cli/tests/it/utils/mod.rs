@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod fault;
 pub mod mosquitto;
 mod process;
+pub mod receivers;
 pub mod subscriber;
 
 #[allow(unused_imports)]
