@@ -30,6 +30,7 @@ mod receivers;
 mod redelivery;
 mod registry;
 mod retention;
+mod secrets;
 mod ssrf;
 mod store_faults;
 mod tokens;
