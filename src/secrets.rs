@@ -144,8 +144,9 @@ impl Source {
 pub struct Keyring {
     source: Source,
     keys: RwLock<Vec<std::sync::Arc<Key>>>,
-    /// Opened values by (associated data, sealed text).
-    opened: Mutex<HashMap<(String, String), String>>,
+    /// Opened values by sealed text, each with the associated data it opened with (looked
+    /// up by the text alone: no key is built for a look-up).
+    opened: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl fmt::Debug for Keyring {
@@ -288,10 +289,9 @@ impl Keyring {
         let Some((id, _)) = sealed_parts(value) else {
             return Ok(value.to_string());
         };
-        let cache_key = (aad.to_string(), value.to_string());
         {
             let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(plain) = opened.get(&cache_key) {
+            if let Some((_, plain)) = opened.get(value).filter(|(a, _)| a == aad) {
                 return Ok(plain.clone());
             }
         }
@@ -301,7 +301,7 @@ impl Keyring {
         if opened.len() >= OPENED_MAX {
             opened.clear();
         }
-        opened.insert(cache_key, plain.clone());
+        opened.insert(value.to_string(), (aad.to_string(), plain.clone()));
         Ok(plain)
     }
 
