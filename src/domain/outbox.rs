@@ -70,7 +70,7 @@ impl NotificationRef {
 }
 
 /// A claimed notification with what sending it needs, read from the registry now.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Sendable {
     pub notification: Notification,
     pub url: String,
@@ -88,6 +88,23 @@ pub struct Sendable {
     /// Why a secret of the client could not be opened (damaged, or sealed under a key this
     /// node lacks): its attempt fails with this instead of being sent.
     pub unopened: Option<String>,
+}
+
+/// Neither secret nor a broker URL's password: a claim in a log or a failed assertion
+/// leaks none.
+impl std::fmt::Debug for Sendable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sendable")
+            .field("notification", &self.notification)
+            .field("url", &super::destination::redact(&self.url))
+            .field("secret", &"[redacted]")
+            .field("address", &self.address)
+            .field("rate_limit", &self.rate_limit)
+            .field("batch", &self.batch)
+            .field("receiver", &self.receiver)
+            .field("unopened", &self.unopened)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A claim of a batch's heads (see `delivery::lanes::batches`). Every claim unmarks the

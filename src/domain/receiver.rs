@@ -51,8 +51,9 @@ pub const RESERVED_HEADERS: &[&str] = &[
 /// Header names starting with this are latch's signature headers.
 pub const RESERVED_PREFIX: &str = "webhook-";
 
-/// A client's receiver settings.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// A client's receiver settings. `Debug` shows no secret (header values, the auth
+/// secret, the key), so a log line or a failed assertion cannot leak one.
+#[derive(Clone, PartialEq, Default)]
 pub struct Receiver {
     /// Sent on every request, in this order (names that differ only in case are one
     /// header with several values).
@@ -67,8 +68,23 @@ impl Receiver {
     }
 }
 
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {REDACTED} ({} chars)", v.len()))
+            .collect();
+        f.debug_struct("Receiver")
+            .field("headers", &names)
+            .field("auth", &self.auth)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
 /// How latch authenticates to a receiver.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Auth {
     /// `Authorization: Bearer <token>`.
@@ -87,6 +103,33 @@ pub enum Auth {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         audience: Option<String>,
     },
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Auth::Bearer { .. } => f.write_str("Bearer { token: [redacted] }"),
+            Auth::Basic { username, .. } => f
+                .debug_struct("Basic")
+                .field("username", username)
+                .field("password", &REDACTED)
+                .finish(),
+            Auth::OAuth2 {
+                token_url,
+                client_id,
+                scope,
+                audience,
+                ..
+            } => f
+                .debug_struct("OAuth2")
+                .field("token_url", token_url)
+                .field("client_id", client_id)
+                .field("client_secret", &REDACTED)
+                .field("scope", scope)
+                .field("audience", audience)
+                .finish(),
+        }
+    }
 }
 
 impl Auth {
@@ -110,7 +153,7 @@ impl Auth {
 }
 
 /// A client certificate for mutual TLS, as given, with what is shown of it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tls {
     /// The certificate chain, the client's own certificate first.
     pub client_cert_pem: String,
@@ -126,6 +169,17 @@ pub struct Tls {
     /// The first CA's subject, when `ca_pem` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_subject: Option<String>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("subject", &self.subject)
+            .field("not_after", &self.not_after)
+            .field("ca_subject", &self.ca_subject)
+            .field("client_key_pem", &REDACTED)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Checks a client's headers: at most [`HEADERS_MAX`], each a valid name that is not

@@ -302,6 +302,9 @@ pub trait Secrets: Send + Sync {
     /// Seals new secrets under key `id` from now on. A write that seals reads the key in
     /// its own transaction, so it either comes before this or sees `id`.
     async fn set_sealing_key(&self, id: String) -> Result<()>;
+    /// Records `id` as the key to seal under unless the store has one already (two nodes
+    /// starting at once on a new database: the first wins); answers the store's key.
+    async fn first_sealing_key(&self, id: String) -> Result<String>;
     /// Seals anew every client's secrets that are not all sealed under the current key
     /// (plain ones from before, a broker password still in its URL, an older key's), a
     /// few clients a transaction; answers how many changed.

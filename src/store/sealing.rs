@@ -243,7 +243,12 @@ pub async fn prepare(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<u64>
     let recorded = store.sealing_key().await?;
     let current = keys.prepare(recorded.as_deref())?;
     if recorded.is_none() {
-        store.set_sealing_key(current).await?;
+        // Another node may have recorded its own key meanwhile: that one stands, and this
+        // node must hold it.
+        let stands = store.first_sealing_key(current.clone()).await?;
+        if stands != current {
+            keys.prepare(Some(&stands))?;
+        }
     }
     Ok(store.reseal().await?)
 }

@@ -187,3 +187,38 @@ fn bad_certificates_are_refused_with_a_reason() {
     assert!(e.contains("expired"), "{e}");
     assert!(parse_tls(&other_cert, &other_key, Some(&ca), NOW).is_ok());
 }
+
+#[test]
+fn debug_output_holds_no_secret() {
+    let (cert, key, _) = issued();
+    let r = Receiver {
+        headers: vec![("X-Key".into(), "header-secret".into())],
+        auth: Some(Auth::OAuth2 {
+            token_url: "https://idp/t".into(),
+            client_id: "id".into(),
+            client_secret: "client-secret".into(),
+            scope: None,
+            audience: None,
+        }),
+        tls: Some(parse_tls(&cert, &key, None, NOW).unwrap()),
+    };
+    let shown = format!("{r:?}");
+    for secret in ["header-secret", "client-secret", &key[30..60]] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(
+        shown.contains("X-Key") && shown.contains("CN=latch client"),
+        "{shown}"
+    );
+    let basic = format!(
+        "{:?}",
+        Auth::Basic {
+            username: "u".into(),
+            password: "pw-secret".into()
+        }
+    );
+    assert!(
+        !basic.contains("pw-secret") && basic.contains("\"u\""),
+        "{basic}"
+    );
+}

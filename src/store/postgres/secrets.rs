@@ -43,6 +43,19 @@ async fn set_sealing_key(db: &Db, id: String) -> Result<()> {
     Ok(())
 }
 
+async fn first_sealing_key(db: &Db, id: String) -> Result<String> {
+    let c = db.get("first_sealing_key").await?;
+    c.execute(
+        "INSERT INTO secret_key (id, current, since) VALUES (1, $1, $2) \
+         ON CONFLICT (id) DO NOTHING",
+        &[&id, &crate::domain::time::now_ms()],
+    )
+    .await?;
+    sealing_key(db)
+        .await?
+        .ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
+}
+
 async fn reseal(db: &Db, keys: &Keyring) -> Result<u64> {
     let mut after = String::new();
     let mut changed = 0;
@@ -105,6 +118,10 @@ impl Secrets for PgStore {
 
     async fn set_sealing_key(&self, id: String) -> Result<()> {
         set_sealing_key(&self.db, id).await
+    }
+
+    async fn first_sealing_key(&self, id: String) -> Result<String> {
+        first_sealing_key(&self.db, id).await
     }
 
     async fn reseal(&self) -> Result<u64> {

@@ -356,7 +356,11 @@ fn prepare_keys(c: &mut Connection, keys: &crate::secrets::Keyring) -> anyhow::R
     let recorded = secrets::sealing_key(c)?;
     let current = keys.prepare(recorded.as_deref())?;
     if recorded.is_none() {
-        secrets::set_sealing_key(c, &current)?;
+        // `latch rotate-key` beside a first start may have recorded one meanwhile.
+        let stands = secrets::first_sealing_key(c, &current)?;
+        if stands != current {
+            keys.prepare(Some(&stands))?;
+        }
     }
     c.pragma_update(None, "secure_delete", "FAST")?;
     let resealed = secrets::reseal(c, keys);

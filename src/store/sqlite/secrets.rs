@@ -41,6 +41,15 @@ pub(super) fn set_sealing_key(c: &Connection, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Records `id` unless a key is recorded; the key recorded after.
+pub(super) fn first_sealing_key(c: &Connection, id: &str) -> Result<String> {
+    c.execute(
+        "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, ?2) ON CONFLICT (id) DO NOTHING",
+        params![id, crate::domain::time::now_ms()],
+    )?;
+    current(c)
+}
+
 /// Reseals every client whose secrets are not all sealed under the current key, a page at
 /// a time; answers how many changed.
 pub(super) fn reseal(c: &mut Connection, keys: &Keyring) -> Result<u64> {
@@ -108,6 +117,10 @@ impl Secrets for SqliteStore {
         self.write(move |c| set_sealing_key(c, &id)).await
     }
 
+    async fn first_sealing_key(&self, id: String) -> Result<String> {
+        self.write(move |c| first_sealing_key(c, &id)).await
+    }
+
     async fn reseal(&self) -> Result<u64> {
         let keys = self.keys();
         self.write(move |c| reseal(c, &keys)).await
@@ -153,6 +166,10 @@ impl Secrets for Offline {
 
     async fn set_sealing_key(&self, id: String) -> Result<()> {
         self.with(|c| set_sealing_key(c, &id))
+    }
+
+    async fn first_sealing_key(&self, id: String) -> Result<String> {
+        self.with(|c| first_sealing_key(c, &id))
     }
 
     async fn reseal(&self) -> Result<u64> {
