@@ -229,18 +229,18 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         r.add("bare_cpu_us_per_request", bare.cpu_us.round(), "µs");
         r.add("cpu_ratio_to_bare", us / bare.cpu_us, "x");
         if let (Some(kind), Some(a)) = (&args.auth, phases.get(1)) {
-            r.add(&format!("{kind}_backlog_seconds"), a.secs, "s");
+            r.add(format!("{kind}_backlog_seconds"), a.secs, "s");
             r.add(
-                &format!("{kind}_delivered_per_s"),
+                format!("{kind}_delivered_per_s"),
                 (a.delivered as f64 / a.secs).round(),
                 "webhooks/s",
             );
             r.add(
-                &format!("{kind}_cpu_us_per_webhook"),
+                format!("{kind}_cpu_us_per_webhook"),
                 a.cpu_us().round(),
                 "µs",
             );
-            r.add(&format!("{kind}_cpu_ratio_to_plain"), a.cpu_us() / us, "x");
+            r.add(format!("{kind}_cpu_ratio_to_plain"), a.cpu_us() / us, "x");
         }
     }
     r.add("pending_peak", peak as f64, "notifications");
