@@ -128,3 +128,66 @@ impl Secrets for PgStore {
         reseal(&self.db, &self.keys).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::MIGRATIONS;
+    use super::super::tests::{schema_at, test_keys};
+    use super::*;
+    use crate::store::Registry;
+
+    /// A database an earlier latch wrote: its plain signing secrets and broker password
+    /// are sealed at the first keyed start, and read back the same.
+    #[tokio::test]
+    async fn plain_rows_of_an_earlier_version_are_sealed_at_start() {
+        let before = MIGRATIONS
+            .iter()
+            .position(|m| m.contains("CREATE TABLE secret_key"))
+            .unwrap();
+        let Some((c, url)) = schema_at(before).await else {
+            return;
+        };
+        c.batch_execute(
+            "INSERT INTO clients (id, name, url, secret, created_at, previous_secret) VALUES \
+             ('c1', 'c', 'mqtt://u:plain-broker-pw@b/t', 'whsec_cGxhaW4tc2lnbmluZy1rZXk=', 1, \
+              'whsec_b2xkLXBsYWluLWtleS12YWx1ZQ==')",
+        )
+        .await
+        .unwrap();
+        let store = PgStore::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .keyed(test_keys())
+            .await
+            .unwrap();
+        let got = store.get_client("c1".into()).await.unwrap().unwrap();
+        assert_eq!(got.url, "mqtt://u:plain-broker-pw@b/t");
+        assert_eq!(got.secret, "whsec_cGxhaW4tc2lnbmluZy1rZXk=");
+        let raw = c
+            .query_one(
+                "SELECT url, secret, previous_secret, url_password FROM clients",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(raw.get::<_, String>(0), "mqtt://u@b/t");
+        for i in 1..4 {
+            let v: String = raw.get(i);
+            assert!(v.starts_with(crate::secrets::SEALED_PREFIX), "{v}");
+        }
+        assert_eq!(store.reseal().await.unwrap(), 0);
+        // Another node with another key is refused at start, saying which key it lacks.
+        let other = std::sync::Arc::new(crate::secrets::Keyring::with_keys(&[[9u8; 32]]));
+        let e = PgStore::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .keyed(other)
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("LATCH_SECRET_KEY does not hold"), "{e}");
+    }
+}
