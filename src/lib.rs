@@ -12,6 +12,7 @@
 //! - [`ingest`]: readings in from every source, acknowledged once durable.
 //! - [`api`]: the HTTP API v1, health, metrics, OpenAPI.
 //! - [`config`]: layered settings.
+//! - [`secrets`]: the keys that seal clients' secrets at rest.
 //!
 //! The `latch` command is `crates/cli`; `latch bench` and the test kit are crates of their
 //! own (`crates/bench`, `crates/testkit`), so nothing of theirs is part of the service.
@@ -32,6 +33,7 @@ pub mod engine;
 pub mod hashing;
 pub mod history;
 pub mod ingest;
+pub mod secrets;
 pub mod service;
 pub mod store;
 pub mod tasks;

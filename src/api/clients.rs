@@ -12,6 +12,7 @@ use super::error::{
     ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, is_json, parse_sensor_id,
 };
 use super::pagination::{List, PageParams};
+use super::receivers::{AuthIn, AuthOut, Given, TlsIn, TlsOut, settle};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
@@ -20,6 +21,7 @@ use crate::domain::client::{
 };
 use crate::domain::{Client, Millis, destination, time};
 use crate::telemetry::families;
+use std::collections::BTreeMap;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -71,6 +73,36 @@ pub struct ClientIn {
     /// `null`: one request a notification; on replace too.
     #[serde(default)]
     pub batch: Option<BatchIo>,
+    /// Headers sent on every webhook request, `{name: value}`; values are write-only (read
+    /// back as `"[redacted]"`). A broker destination does not use `headers`, `auth` or
+    /// `tls` (its credentials are in its URL). Not `host`, `content-length`, `content-type`,
+    /// `content-encoding`, `user-agent`, `webhook-*` or a hop-by-hop header (latch sets
+    /// those), nor `authorization` together with `auth`. On replace: absent keeps them,
+    /// `null` removes them, and a value `"[redacted]"` keeps that header's value.
+    #[serde(default, deserialize_with = "super::receivers::present")]
+    #[schema(value_type = Option<BTreeMap<String, String>>, nullable)]
+    pub headers: Option<Option<BTreeMap<String, String>>>,
+    /// How latch authenticates to the receiver; its secret is write-only. On replace:
+    /// absent keeps it, `null` removes it.
+    #[serde(default, deserialize_with = "super::receivers::present")]
+    #[schema(value_type = Option<AuthIn>, nullable)]
+    pub auth: Option<Option<AuthIn>>,
+    /// A client certificate for mutual TLS; its key is write-only. On replace: absent
+    /// keeps it, `null` removes it.
+    #[serde(default, deserialize_with = "super::receivers::present")]
+    #[schema(value_type = Option<TlsIn>, nullable)]
+    pub tls: Option<Option<TlsIn>>,
+}
+
+impl ClientIn {
+    /// The receiver settings given, taken out of the body.
+    fn given(&mut self) -> Given {
+        Given {
+            headers: self.headers.take(),
+            auth: self.auth.take(),
+            tls: self.tls.take(),
+        }
+    }
 }
 
 /// A client's batching: requests of up to `max_events` notifications, the first waiting
@@ -127,6 +159,12 @@ pub struct ClientOut {
     /// When latch stopped sending to it; `POST /v1/clients/{id}/enable` resumes.
     pub disabled_at: Option<String>,
     pub disabled_reason: Option<DisabledReason>,
+    /// Its headers' names, each with the value `"[redacted]"`.
+    pub headers: BTreeMap<String, String>,
+    /// How latch authenticates to it, without the secret; `null`: no authentication.
+    pub auth: Option<AuthOut>,
+    /// Its client certificate; `null`: none.
+    pub tls: Option<TlsOut>,
     /// How its endpoint has been answering; only when reading one client.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthOut>,
@@ -195,6 +233,7 @@ impl From<Health> for HealthOut {
 /// password in a broker URL only when `sees_secrets` (the caller may see secrets).
 fn client_out(c: Client, with_secret: bool, sees_secrets: bool) -> ClientOut {
     let now = time::now_ms();
+    let shown = super::receivers::shown(&c.receiver);
     ClientOut {
         id: c.id,
         name: c.name,
@@ -214,6 +253,9 @@ fn client_out(c: Client, with_secret: bool, sees_secrets: bool) -> ClientOut {
             .map(time::format),
         disabled_at: c.disabled_at.map(time::format),
         disabled_reason: c.disabled_reason,
+        headers: shown.headers,
+        auth: shown.auth,
+        tls: shown.tls,
         health: None,
     }
 }
@@ -250,10 +292,12 @@ async fn vet_url(st: &AppState, url: &str) -> ApiResult<()> {
     responses((status = 201, body = ClientOut), (status = 422, body = ErrorBody)))]
 async fn create_client(
     State(st): State<AppState>,
-    ApiJson(body): ApiJson<ClientIn>,
+    ApiJson(mut body): ApiJson<ClientIn>,
 ) -> ApiResult<(StatusCode, ApiJson<ClientOut>)> {
     check(&body)?;
     vet_url(&st, &body.url).await?;
+    let guard = Guard::from_config(&st.config);
+    let receiver = settle(body.given(), None, &guard, st.engine.now()).await?;
     let client = Client {
         id: new_client_id(),
         name: body.name,
@@ -263,6 +307,7 @@ async fn create_client(
         rate_limit: body.rate_limit,
         events: body.events,
         batch: body.batch.map(Batch::from),
+        receiver,
         ..Client::default()
     };
     st.store.create_client(client.clone()).await?;
@@ -338,7 +383,7 @@ async fn get_client(
 async fn replace_client(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(body): ApiJson<ClientIn>,
+    ApiJson(mut body): ApiJson<ClientIn>,
 ) -> ApiResult<ApiJson<ClientOut>> {
     check(&body)?;
     vet_url(&st, &body.url).await?;
@@ -347,6 +392,14 @@ async fn replace_client(
         .get_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
+    let guard = Guard::from_config(&st.config);
+    let receiver = settle(
+        body.given(),
+        Some(&current.receiver),
+        &guard,
+        st.engine.now(),
+    )
+    .await?;
     let client = Client {
         name: body.name,
         url: body.url,
@@ -354,6 +407,7 @@ async fn replace_client(
         rate_limit: body.rate_limit,
         events: body.events,
         batch: body.batch.map(Batch::from),
+        receiver,
         ..current
     };
     if !st.store.replace_client(client.clone()).await? {

@@ -18,6 +18,8 @@ use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS, URL_PATTERN};
 use crate::domain::notification::CLIENT_TEST;
 use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
 
+mod receivers;
+
 /// A sensor id, as [`crate::domain::SensorId::parse`] accepts it.
 fn sensor_id_pattern() -> String {
     format!("^[A-Za-z0-9]{{1,{MAX_ID_LEN}}}$")
@@ -49,6 +51,7 @@ pub fn document(
 ) -> Value {
     let mut doc = serde_json::to_value(derived).expect("the derived document is JSON");
     constrain_schemas(&mut doc);
+    receivers::constrain(&mut doc);
     constrain_parameters(&mut doc);
     readings_body(&mut doc);
     add_statuses(&mut doc, token_required, rate_limited);

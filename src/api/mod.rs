@@ -16,6 +16,7 @@ pub mod notifications;
 pub mod pagination;
 pub mod rates;
 pub mod readings;
+pub mod receivers;
 pub mod sensors;
 pub mod stream;
 pub mod tokens;

@@ -146,6 +146,15 @@ pub struct Config {
     /// deleted. Zero: kept forever.
     #[serde(deserialize_with = "duration")]
     pub retention_notifications: Duration,
+    /// An HTTP CONNECT proxy for webhooks (`http://` or `https://` to the proxy).
+    #[serde(default, deserialize_with = "non_empty")]
+    pub delivery_proxy: Option<String>,
+    /// Hosts that bypass `delivery_proxy` (reqwest's `NO_PROXY` syntax).
+    #[serde(default, deserialize_with = "non_empty")]
+    pub delivery_no_proxy: Option<String>,
+    /// The keys that seal clients' secrets at rest; `None`: the data folder's key file.
+    #[serde(default, deserialize_with = "values::secret_keys")]
+    pub secret_key: Option<crate::secrets::SecretKeys>,
 }
 
 /// How log lines are written.
@@ -246,7 +255,33 @@ impl Config {
         if self.mqtt_topic.trim().is_empty() {
             bail!("invalid setting `mqtt_topic`: must not be empty");
         }
+        self.validate_proxy()?;
         self.validate_cluster()
+    }
+
+    /// `delivery_proxy` is a URL latch can send through; `delivery_no_proxy` needs it.
+    fn validate_proxy(&self) -> anyhow::Result<()> {
+        match &self.delivery_proxy {
+            Some(p) => {
+                let ok = reqwest::Url::parse(p).is_ok_and(|u| {
+                    matches!(u.scheme(), "http" | "https")
+                        && u.host().is_some()
+                        && matches!(u.path(), "" | "/")
+                        && u.query().is_none()
+                });
+                if !ok {
+                    bail!(
+                        "invalid setting `delivery_proxy`: {p:?} is not a proxy URL like \
+                         http://proxy.internal:3128"
+                    );
+                }
+            }
+            None if self.delivery_no_proxy.is_some() => {
+                bail!("invalid setting `delivery_no_proxy`: it needs delivery_proxy")
+            }
+            None => {}
+        }
+        Ok(())
     }
 
     /// Cluster settings need PostgreSQL: the embedded SQLite store is one node.
@@ -423,6 +458,7 @@ impl Config {
     pub fn redact(&self, text: &str) -> String {
         let mut out = redact_userinfo(text);
         let urls = [
+            &self.delivery_proxy,
             &self.database_url,
             &self.amqp_url,
             &self.mqtt_url,

@@ -328,3 +328,42 @@ fn a_bad_value_names_its_key_once() {
         assert!(!e.contains('\n'), "one line: {e:?}");
     }
 }
+
+#[test]
+fn the_proxy_and_secret_key_settings_parse_and_never_quote_a_key() {
+    let c = Config::load_from(None, &[]).unwrap();
+    assert_eq!(c.delivery_proxy, None);
+    assert_eq!(c.secret_key, None);
+    let key = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+    let c = Config::load_from(
+        None,
+        &env(&[
+            ("LATCH_DELIVERY_PROXY", "http://127.0.0.1:3128"),
+            ("LATCH_DELIVERY_NO_PROXY", "localhost, 10.0.0.0/8"),
+            ("LATCH_SECRET_KEY", key),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.delivery_proxy.as_deref(), Some("http://127.0.0.1:3128"));
+    assert_eq!(c.secret_key.as_ref().map(|k| k.0.len()), Some(1));
+    assert!(!format!("{c:?}").contains(key), "Debug shows no key");
+    for (name, value, key) in [
+        ("LATCH_DELIVERY_PROXY", "socks5://p:1080", "delivery_proxy"),
+        (
+            "LATCH_DELIVERY_PROXY",
+            "http://p:3128/path",
+            "delivery_proxy",
+        ),
+        ("LATCH_DELIVERY_NO_PROXY", "localhost", "delivery_no_proxy"),
+        ("LATCH_SECRET_KEY", "c2hvcnQ=", "secret_key"),
+    ] {
+        let e = Config::load_from(None, &env(&[(name, value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{name}={value}: {e}");
+    }
+    let e = Config::load_from(None, &env(&[("LATCH_SECRET_KEY", "c2hvcnQ=")]))
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("c2hvcnQ="), "the key is not quoted: {e}");
+}

@@ -139,6 +139,13 @@ impl AttemptResult {
             None if self
                 .error
                 .as_deref()
+                .is_some_and(|e| e.starts_with(outcome::AUTH_FAILED)) =>
+            {
+                outcome::AUTH_FAILED
+            }
+            None if self
+                .error
+                .as_deref()
                 .is_some_and(|e| e.starts_with(REFUSED)) =>
             {
                 outcome::BROKER_REFUSED

@@ -14,6 +14,12 @@
 //! (MQTT, AMQP) pass the same rules: a broker link resolves its host through
 //! [`Guard::resolve`] and connects to an allowed address itself.
 //!
+//! With an egress proxy (`delivery_proxy`), the proxy resolves a receiver's name and
+//! connects, not latch: the sender resolves the name first and goes on only when every
+//! address it has now is allowed ([`Guard::judge_name`]), so the guard still judges the
+//! receiver's address; the proxy's own name resolves unguarded, because the operator named
+//! it ([`GuardedResolver`]).
+//!
 //! The classification ([`non_global`]) is pure and follows the IANA special-purpose
 //! address registries.
 
@@ -130,6 +136,15 @@ pub enum Refusal {
         why: &'static str,
     },
     #[error(
+        "{host} resolves to {addr}, which is {why}: through the proxy the request could reach \
+         it, so it is not sent; LATCH_DELIVERY_ALLOW_NETS can let it through"
+    )]
+    Proxied {
+        host: String,
+        addr: IpAddr,
+        why: &'static str,
+    },
+    #[error(
         "url must use https: LATCH_DELIVERY_HTTPS_ONLY is set (broker destinations have no \
          TLS in this build)"
     )]
@@ -145,21 +160,96 @@ pub enum ResolveError {
     Lookup { host: String, error: std::io::Error },
 }
 
-/// Which destinations webhooks may go to. Cheap to build from the config.
+/// Which destinations webhooks may go to, and the proxy they go through. Cheap to build
+/// from the config.
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
     /// Networks let through even though they are not global.
     allow: Vec<IpNet>,
     https_only: bool,
+    proxy: Option<Proxy>,
+}
+
+/// The egress proxy webhooks go through (`delivery_proxy`), and the hosts that bypass it.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    /// `http://[user:password@]host:port` (or `https://`).
+    pub url: String,
+    /// Its host, which resolves unguarded.
+    pub host: String,
+    /// `delivery_no_proxy`, in reqwest's `NO_PROXY` syntax.
+    pub no_proxy: Option<String>,
+}
+
+impl Proxy {
+    /// The proxy as the HTTP client takes it; `None` for a URL the settings would have
+    /// refused.
+    pub fn reqwest(&self) -> Option<reqwest::Proxy> {
+        let p = reqwest::Proxy::all(&self.url).ok()?;
+        Some(
+            p.no_proxy(
+                self.no_proxy
+                    .as_deref()
+                    .and_then(reqwest::NoProxy::from_string),
+            ),
+        )
+    }
 }
 
 impl Guard {
     pub fn new(allow: Vec<IpNet>, https_only: bool) -> Self {
-        Self { allow, https_only }
+        Self {
+            allow,
+            https_only,
+            proxy: None,
+        }
     }
 
     pub fn from_config(c: &crate::config::Config) -> Self {
-        Self::new(c.delivery_allow_nets.clone(), c.delivery_https_only)
+        let proxy = c.delivery_proxy.as_ref().and_then(|url| {
+            let host = reqwest::Url::parse(url).ok()?.host_str()?.to_string();
+            Some(Proxy {
+                url: url.clone(),
+                host: host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+                no_proxy: c.delivery_no_proxy.clone(),
+            })
+        });
+        Self::new(c.delivery_allow_nets.clone(), c.delivery_https_only).with_proxy(proxy)
+    }
+
+    /// Webhooks go through `proxy`.
+    pub fn with_proxy(mut self, proxy: Option<Proxy>) -> Self {
+        self.proxy = proxy;
+        self
+    }
+
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+
+    /// Before a request goes through the proxy, which resolves `host` itself: every
+    /// address `host` resolves to now must be allowed (the proxy may pick any of them).
+    /// A name that does not resolve here is left to the proxy, which fails it alike.
+    pub async fn judge_name(&self, host: &str, port: u16) -> Result<(), Refusal> {
+        if self.allows_everything() || host.parse::<IpAddr>().is_ok() {
+            return Ok(()); // a literal was judged by `check_url`
+        }
+        let Ok(addrs) = tokio::net::lookup_host((host, port)).await else {
+            return Ok(());
+        };
+        for a in addrs {
+            if let Err(Refusal::Address { addr, why }) = self.check_ip(a.ip()) {
+                return Err(Refusal::Proxied {
+                    host: host.to_string(),
+                    addr,
+                    why,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The allow list holds every address (`0.0.0.0/0` and `::/0`): the guard is off.
@@ -299,6 +389,11 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let host = name.as_str().to_string();
         Box::pin(async move {
             let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            // The proxy's own name: the operator named it, so any address of it is fine.
+            if guard.proxy.as_ref().is_some_and(|p| p.host == host) {
+                let addrs: reqwest::dns::Addrs = Box::new(addrs.collect::<Vec<_>>().into_iter());
+                return Ok(addrs);
+            }
             let allowed = guard.filter(&host, addrs)?;
             let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
             Ok(addrs)
@@ -319,273 +414,5 @@ pub fn refusal_in<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e Re
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    fn nets(list: &[&str]) -> Vec<IpNet> {
-        list.iter().map(|n| n.parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn non_global_ipv4_ranges_are_named() {
-        for (addr, why) in [
-            ("0.0.0.0", "unspecified"),
-            ("10.1.2.3", "private"),
-            ("100.64.0.1", "carrier-grade NAT"),
-            ("100.127.255.254", "carrier-grade NAT"),
-            ("127.0.0.1", "loopback"),
-            ("127.255.255.254", "loopback"),
-            ("169.254.169.254", "link-local"),
-            ("172.16.0.1", "private"),
-            ("172.31.255.255", "private"),
-            ("192.0.0.8", "IETF"),
-            ("192.0.2.1", "documentation"),
-            ("192.168.1.1", "private"),
-            ("198.18.0.1", "benchmarking"),
-            ("198.19.255.255", "benchmarking"),
-            ("198.51.100.7", "documentation"),
-            ("203.0.113.9", "documentation"),
-            ("224.0.0.251", "multicast"),
-            ("239.255.255.250", "multicast"),
-            ("240.0.0.1", "reserved"),
-            ("255.255.255.255", "broadcast"),
-        ] {
-            let got = non_global(ip(addr)).unwrap_or_else(|| panic!("{addr} passed"));
-            assert!(got.contains(why), "{addr}: {got}");
-        }
-    }
-
-    #[test]
-    fn global_ipv4_addresses_pass() {
-        for addr in [
-            "1.1.1.1",
-            "8.8.8.8",
-            "93.184.215.14",
-            "100.63.255.255",
-            "100.128.0.0",
-            "172.15.255.255",
-            "172.32.0.0",
-            "192.0.1.1",
-            "192.169.0.1",
-            "198.17.255.255",
-            "198.20.0.0",
-            "223.255.255.255",
-        ] {
-            assert_eq!(non_global(ip(addr)), None, "{addr}");
-        }
-    }
-
-    #[test]
-    fn non_global_ipv6_ranges_are_named() {
-        for (addr, why) in [
-            ("::", "unspecified"),
-            ("::1", "loopback"),
-            ("fc00::1", "unique-local"),
-            ("fd12:3456::1", "unique-local"),
-            ("fe80::1", "link-local"),
-            ("febf::1", "link-local"),
-            ("fec0::1", "site-local"),
-            ("ff02::1", "multicast"),
-            ("2001:db8::1", "documentation"),
-            ("3fff::1", "documentation"),
-            ("2001::1", "IETF"),
-            ("2002:7f00:1::1", "6to4"),
-            ("100::1", "discard"),
-            ("64:ff9b:1::1", "NAT64"),
-            ("5f00::1", "SRv6"),
-        ] {
-            let got = non_global(ip(addr)).unwrap_or_else(|| panic!("{addr} passed"));
-            assert!(got.contains(why), "{addr}: {got}");
-        }
-    }
-
-    #[test]
-    fn global_ipv6_addresses_pass() {
-        for addr in [
-            "2606:4700:4700::1111",
-            "2a00:1450:4001::200e",
-            "2001:4860::1",
-        ] {
-            assert_eq!(non_global(ip(addr)), None, "{addr}");
-        }
-    }
-
-    #[test]
-    fn ipv6_forms_of_ipv4_addresses_are_judged_as_that_address() {
-        for (addr, why) in [
-            ("::ffff:127.0.0.1", "loopback"),
-            ("::ffff:169.254.169.254", "link-local"),
-            ("::ffff:10.0.0.1", "private"),
-            ("::ffff:0.0.0.0", "unspecified"),
-            ("::127.0.0.1", "loopback"),
-            ("::10.0.0.1", "private"),
-            ("64:ff9b::127.0.0.1", "loopback"),
-            ("64:ff9b::a9fe:a9fe", "link-local"),
-            ("64:ff9b::192.168.0.1", "private"),
-        ] {
-            let got = non_global(ip(addr)).unwrap_or_else(|| panic!("{addr} passed"));
-            assert!(got.contains(why), "{addr}: {got}");
-        }
-        for addr in ["::ffff:8.8.8.8", "64:ff9b::1.1.1.1"] {
-            assert_eq!(non_global(ip(addr)), None, "{addr}");
-        }
-        assert_eq!(
-            embedded_v4("::1".parse().unwrap()),
-            None,
-            "::1 is IPv6 loopback, not 0.0.0.1"
-        );
-    }
-
-    #[test]
-    fn the_allow_list_lets_networks_through() {
-        let g = Guard::new(nets(&["127.0.0.0/8", "10.0.0.0/8", "fd00::/8"]), false);
-        assert_eq!(g.check_ip(ip("127.0.0.1")), Ok(()));
-        assert_eq!(g.check_ip(ip("10.20.30.40")), Ok(()));
-        assert_eq!(g.check_ip(ip("fd00::5")), Ok(()));
-        assert_eq!(
-            g.check_ip(ip("::ffff:127.0.0.1")),
-            Ok(()),
-            "mapped form too"
-        );
-        assert_eq!(g.check_ip(ip("8.8.8.8")), Ok(()), "global always passes");
-        let refused = g.check_ip(ip("169.254.169.254")).unwrap_err();
-        assert!(
-            refused
-                .to_string()
-                .contains("169.254.169.254 is a link-local")
-        );
-        assert!(refused.to_string().contains("LATCH_DELIVERY_ALLOW_NETS"));
-        assert!(g.check_ip(ip("192.168.0.1")).is_err());
-        assert!(g.check_ip(ip("::1")).is_err());
-        assert!(!g.allows_everything());
-        let all = Guard::new(nets(&["0.0.0.0/0", "::/0"]), false);
-        assert!(all.allows_everything());
-        assert_eq!(all.check_ip(ip("::1")), Ok(()));
-        assert_eq!(all.check_ip(ip("169.254.169.254")), Ok(()));
-    }
-
-    #[test]
-    fn the_default_guard_refuses_every_non_global_address() {
-        let g = Guard::default();
-        for addr in ["127.0.0.1", "::1", "::ffff:127.0.0.1", "169.254.169.254"] {
-            assert!(
-                matches!(g.check_ip(ip(addr)), Err(Refusal::Address { .. })),
-                "{addr}"
-            );
-        }
-    }
-
-    #[test]
-    fn urls_are_checked_by_scheme_and_literal_address() {
-        let url = |s: &str| reqwest::Url::parse(s).unwrap();
-        let g = Guard::default();
-        assert_eq!(g.check_url(&url("http://1.1.1.1/h")), Ok(None));
-        assert_eq!(
-            g.check_url(&url("http://example.com/h")),
-            Ok(Some("example.com"))
-        );
-        assert!(g.check_url(&url("http://127.0.0.1:9/h")).is_err());
-        assert!(g.check_url(&url("http://[::1]:9/h")).is_err());
-        assert!(g.check_url(&url("http://[::ffff:127.0.0.1]/h")).is_err());
-        assert!(g.check_url(&url("http://169.254.169.254/latest")).is_err());
-
-        let https = Guard::new(vec![], true);
-        assert_eq!(
-            https.check_url(&url("http://example.com/h")),
-            Err(Refusal::NotHttps)
-        );
-        assert_eq!(
-            https.check_url(&url("https://example.com/h")),
-            Ok(Some("example.com"))
-        );
-    }
-
-    #[test]
-    fn a_name_keeps_only_its_allowed_addresses() {
-        let sa = |s: &str| SocketAddr::new(ip(s), 0);
-        let g = Guard::default();
-        assert_eq!(
-            g.filter("h", [sa("127.0.0.1"), sa("1.1.1.1"), sa("::1")]),
-            Ok(vec![sa("1.1.1.1")])
-        );
-        let refused = g.filter("h", [sa("127.0.0.1"), sa("::1")]).unwrap_err();
-        assert_eq!(
-            refused,
-            Refusal::Name {
-                host: "h".into(),
-                addr: ip("127.0.0.1"),
-                why: "a loopback address"
-            }
-        );
-        assert!(refused.to_string().starts_with("h resolves only to"));
-        assert_eq!(g.filter("h", []), Ok(vec![]), "nothing to refuse");
-    }
-
-    #[tokio::test]
-    async fn broker_hosts_resolve_to_allowed_addresses_only() {
-        let g = Guard::default();
-        assert!(matches!(
-            g.resolve("127.0.0.1", 1883).await,
-            Err(ResolveError::Refused(Refusal::Address { .. }))
-        ));
-        assert!(matches!(
-            g.resolve("localhost", 1883).await,
-            Err(ResolveError::Refused(Refusal::Name { .. }))
-        ));
-        assert!(matches!(
-            g.resolve("no-such-host.invalid", 1883).await,
-            Err(ResolveError::Lookup { .. })
-        ));
-        let open = Guard::new(nets(&["127.0.0.0/8", "::1/128"]), false);
-        let addrs = open.resolve("localhost", 5672).await.unwrap();
-        assert!(
-            !addrs.is_empty() && addrs.iter().all(|a| a.port() == 5672),
-            "{addrs:?}"
-        );
-        assert!(
-            g.vet("mqtt://u:p@10.0.0.1/doors/{sensor_id}")
-                .await
-                .is_err(),
-            "a broker URL is vetted like a webhook's"
-        );
-        assert!(
-            Guard::new(vec![], true)
-                .vet("amqp://1.1.1.1?exchange=x")
-                .await
-                .is_err(),
-            "https_only refuses brokers"
-        );
-    }
-
-    #[tokio::test]
-    async fn vetting_resolves_names() {
-        let g = Guard::default();
-        assert!(matches!(
-            g.vet("http://localhost:9/h").await,
-            Err(Refusal::Name { .. })
-        ));
-        assert!(g.vet("http://10.0.0.1/h").await.is_err());
-        let open = Guard::new(nets(&["127.0.0.0/8", "::1/128"]), false);
-        assert_eq!(open.vet("http://localhost:9/h").await, Ok(()));
-        assert_eq!(
-            g.vet("http://no-such-host.invalid/h").await,
-            Ok(()),
-            "an unresolvable name is left to the connect-time check"
-        );
-    }
-
-    #[test]
-    fn a_refusal_is_found_among_the_causes() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("outer")]
-        struct Outer(#[source] Refusal);
-        let e = Outer(Refusal::NotHttps);
-        assert_eq!(refusal_in(&e), Some(&Refusal::NotHttps));
-        let plain = std::io::Error::other("refused");
-        assert_eq!(refusal_in(&plain), None);
-    }
-}
+#[path = "guard/tests.rs"]
+mod tests;

@@ -25,16 +25,19 @@
 //! destination, a publish through [`broker`].
 
 pub mod attempt;
+mod auth;
 pub mod broker;
 mod claimer;
 pub mod guard;
 mod lanes;
 mod rates;
+mod receivers;
 mod recorder;
 pub mod retry;
 pub mod sender;
 pub mod signing;
 mod sweeper;
+pub mod tls;
 pub mod transport;
 
 use std::sync::Arc;
@@ -158,7 +161,8 @@ pub struct Dispatcher {
 
 /// Sends `client.test` notifications ([`Dispatcher::test`]).
 struct Tester {
-    http: reqwest::Client,
+    /// The dispatcher's HTTP clients and tokens.
+    urls: Arc<sender::Receivers>,
     guard: Arc<guard::Guard>,
     timeout: Duration,
     clock: Clock,
@@ -211,7 +215,7 @@ impl Dispatcher {
     /// Not an outbox notification: nothing is stored, retried or counted as an attempt.
     pub async fn test(&self, client: &crate::domain::Client) -> attempt::AttemptResult {
         let t = &self.test;
-        sender::send_test(&t.http, &t.guard, client, t.timeout, t.clock.now()).await
+        sender::send_test(&t.urls, &t.guard, client, t.timeout, t.clock.now()).await
     }
 
     /// A client's `rate_limit` was set or changed (`None`: lifted).
@@ -250,27 +254,16 @@ impl Dispatcher {
         grace: Duration,
         tracker: &TaskTracker,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            // A redirect is never followed: a 303 would turn the POST into a GET, and any
-            // redirect would carry the signed headers to a host the client never gave us.
-            // A 3xx is a failed attempt with its status recorded, like any other non-2xx.
-            .redirect(reqwest::redirect::Policy::none())
-            // Every name is resolved through the SSRF guard, at connect time, so what a
-            // name resolves to when the client was created does not matter (DNS
-            // rebinding); IP literals never reach a resolver, and the sender checks them.
-            .dns_resolver(Arc::new(guard::GuardedResolver::new(
-                settings.guard.clone(),
-            )))
-            // No proxy from HTTP_PROXY and the like: through one, the address judged would
-            // be the proxy's, and the proxy would resolve the webhook's name unguarded.
-            .no_proxy()
-            .pool_max_idle_per_host(settings.client_concurrency as usize)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(Error::Http)?;
+        let http =
+            receivers::http_client(&settings.guard, settings.client_concurrency as usize, None)
+                .map_err(anyhow::Error::msg)?;
+        let urls = Arc::new(sender::Receivers::new(
+            http.clone(),
+            settings.guard.clone(),
+            settings.client_concurrency as usize,
+        ));
         let test = Arc::new(Tester {
-            http: http.clone(),
+            urls: urls.clone(),
             guard: settings.guard.clone(),
             timeout: settings.timeout,
             clock: settings.clock.clone(),
@@ -305,7 +298,7 @@ impl Dispatcher {
                     tracker.clone(),
                 ),
                 guard: settings.guard.clone(),
-                urls: sender::Urls::default(),
+                urls,
             }),
         };
         tracker.spawn(claimer(

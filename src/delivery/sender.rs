@@ -1,8 +1,6 @@
 //! One attempt out: the POST with its Standard Webhooks headers (or, for
 //! a client whose URL names a broker, the publish: [`super::broker`]).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -10,9 +8,12 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::attempt::{AttemptResult, batch_payload, payload, signatures};
+use super::auth::Grant;
 use super::broker::Brokers;
 use super::guard::{self, Guard, Refusal};
+pub use super::receivers::Receivers;
 use crate::domain::notification::{CLIENT_TEST, new_notification_id};
+use crate::domain::receiver::{Auth, Receiver};
 use crate::domain::{Client, Millis, Sendable, destination, time};
 use crate::telemetry::SPANS;
 
@@ -36,7 +37,7 @@ struct ClientRef<'a> {
 /// and timeout as any attempt. Nothing is stored and nothing is retried: the caller gets
 /// what happened.
 pub async fn send_test(
-    http: &reqwest::Client,
+    receivers: &Receivers,
     guard: &Guard,
     client: &Client,
     timeout: Duration,
@@ -62,16 +63,19 @@ pub async fn send_test(
         id: &id,
         secret: &client.secret,
         previous_secret: previous,
+        client: &client.id,
+        receiver: &client.receiver,
     };
-    post(http, guard, &Urls::default(), to, body, timeout, at).await
+    post(receivers, guard, to, body, timeout, at).await
 }
 
 /// Posts one notification (or publishes it, to a broker destination). Never fails: every
 /// problem is an attempt result. `at` is when the attempt starts, by the dispatcher's
-/// clock. `http` resolves names through the guard ([`guard::GuardedResolver`]); an IP
-/// literal, which it does not resolve, is checked here.
+/// clock. `urls` holds the HTTP clients, which resolve names through the guard
+/// ([`guard::GuardedResolver`]); an IP literal, which they do not resolve, is checked here.
+/// `_http` is the HTTP client of receivers without a certificate, which `urls` holds too.
 pub async fn send(
-    http: &reqwest::Client,
+    _http: &reqwest::Client,
     brokers: &Brokers,
     guard: &Guard,
     urls: &Urls,
@@ -86,7 +90,15 @@ pub async fn send(
         notification_id = %n.id, client_id = %n.client_id, sensor_id = %n.sensor_id,
         event = n.kind.as_str(), attempt = n.attempts + 1, outcome = Empty,
         http.response.status_code = Empty, otel.status_code = Empty);
-    let result = if destination::is_broker(&s.url) {
+    let result = if let Some(why) = &s.unopened {
+        AttemptResult {
+            at,
+            status_code: None,
+            error: Some(format!("client secrets unusable: {why}")),
+            duration: Duration::ZERO,
+            retry_after: None,
+        }
+    } else if destination::is_broker(&s.url) {
         brokers.send(s, timeout, at).instrument(span.clone()).await
     } else {
         let to = Target {
@@ -94,8 +106,10 @@ pub async fn send(
             id: &n.id,
             secret: &s.secret,
             previous_secret: s.previous_secret.as_deref(),
+            client: &n.client_id,
+            receiver: &s.receiver,
         };
-        post(http, guard, urls, to, payload(s), timeout, at)
+        post(urls, guard, to, payload(s), timeout, at)
             .instrument(span.clone())
             .await
     };
@@ -122,7 +136,7 @@ pub async fn send(
 /// body with the batch id as `webhook-id`. The URL and secrets are the first
 /// notification's: a batch is one client's, read by one claim. Never fails, as [`send`].
 pub async fn send_batch(
-    http: &reqwest::Client,
+    _http: &reqwest::Client,
     guard: &Guard,
     urls: &Urls,
     id: &str,
@@ -142,13 +156,24 @@ pub async fn send_batch(
     let span = tracing::debug_span!(target: SPANS, "delivery.batch",
         batch_id = %id, client_id = %first.notification.client_id, notifications = sends.len(),
         outcome = Empty, http.response.status_code = Empty, otel.status_code = Empty);
+    if let Some(why) = &first.unopened {
+        return AttemptResult {
+            at,
+            status_code: None,
+            error: Some(format!("client secrets unusable: {why}")),
+            duration: Duration::ZERO,
+            retry_after: None,
+        };
+    }
     let to = Target {
         url: &first.url,
         id,
         secret: &first.secret,
         previous_secret: first.previous_secret.as_deref(),
+        client: &first.notification.client_id,
+        receiver: &first.receiver,
     };
-    let result = post(http, guard, urls, to, batch_payload(id, sends), timeout, at)
+    let result = post(urls, guard, to, batch_payload(id, sends), timeout, at)
         .instrument(span.clone())
         .await;
     if !span.is_disabled() {
@@ -163,29 +188,8 @@ pub async fn send_batch(
     result
 }
 
-/// Most client URLs [`Urls`] keeps; past it, it starts over.
-const URLS_MAX: usize = 10_000;
-
-/// Client URLs as parsed, so a URL is parsed once rather than on every attempt: the parse,
-/// with its host's IDNA mapping, was ~8 % of a webhook's instructions (BENCHMARKS.md,
-/// tenth pass). Emptied when it holds [`URLS_MAX`].
-#[derive(Default)]
-pub struct Urls(Mutex<HashMap<String, reqwest::Url>>);
-
-impl Urls {
-    fn parse(&self, url: &str) -> Result<reqwest::Url, String> {
-        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(u) = known.get(url) {
-            return Ok(u.clone());
-        }
-        let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
-        if known.len() >= URLS_MAX {
-            known.clear();
-        }
-        known.insert(url.to_owned(), parsed.clone());
-        Ok(parsed)
-    }
-}
+/// The name the claimer knows [`Receivers`] by (it began as the cache of parsed URLs).
+pub type Urls = Receivers;
 
 /// Where a request goes and what signs it.
 struct Target<'a> {
@@ -195,14 +199,19 @@ struct Target<'a> {
     secret: &'a str,
     /// A rotated-out secret still in its grace: it signs too.
     previous_secret: Option<&'a str>,
+    /// The client's id (its OAuth2 token is its own).
+    client: &'a str,
+    /// Its headers, authentication and certificate.
+    receiver: &'a Receiver,
 }
 
 /// Checks, signs and POSTs `body` to an HTTP endpoint: an attempt of [`send`] or
-/// [`send_test`], without the span.
+/// [`send_test`], without the span. The whole attempt — a token fetched for it, the
+/// request, and the one request again with a new token after a 401 — is bounded by
+/// `timeout`.
 async fn post(
-    http: &reqwest::Client,
+    receivers: &Receivers,
     guard: &Guard,
-    urls: &Urls,
     to: Target<'_>,
     body: Vec<u8>,
     timeout: Duration,
@@ -216,28 +225,103 @@ async fn post(
         duration: started.elapsed(),
         retry_after: None,
     };
-    let url = match urls.parse(to.url) {
+    let left = || timeout.saturating_sub(started.elapsed());
+    let url = match receivers.parse(to.url) {
         Ok(u) => u,
         Err(e) => return failed(format!("url unusable: {e}")),
     };
-    if let Err(r) = guard.check_url(&url) {
-        return failed(not_allowed(&r));
+    let host = match guard.check_url(&url) {
+        Ok(host) => host,
+        Err(r) => return failed(not_allowed(&r)),
+    };
+    // Through the proxy, the proxy resolves the name: the guard judges it here first.
+    if let (Some(host), Some(_)) = (host, guard.proxy()) {
+        let port = url.port_or_known_default().unwrap_or(443);
+        if let Err(r) = guard.judge_name(host, port).await {
+            return failed(not_allowed(&r));
+        }
     }
     let ts = at / 1000;
     let signature = match signatures(to.secret, to.previous_secret, to.id, ts, &body) {
         Ok(sig) => sig,
         Err(e) => return failed(format!("client secret unusable: {e}")),
     };
-    let request = http
-        .post(url)
-        .timeout(timeout)
-        .header("content-type", "application/json")
-        .header("user-agent", concat!("latch/", env!("CARGO_PKG_VERSION")))
-        .header("webhook-id", to.id)
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", signature)
-        .body(body);
-    match request.send().await {
+    let http = match receivers.http_for(to.receiver.tls.as_ref()) {
+        Ok(h) => h,
+        Err(e) => return failed(e),
+    };
+    let grant = match &to.receiver.auth {
+        Some(Auth::OAuth2 {
+            token_url,
+            client_id,
+            client_secret,
+            scope,
+            audience,
+        }) => Some(Grant {
+            client: to.client,
+            token_url,
+            client_id,
+            client_secret,
+            scope: scope.as_deref(),
+            audience: audience.as_deref(),
+        }),
+        _ => None,
+    };
+    let mut token = None;
+    if let Some(g) = &grant {
+        match receivers
+            .tokens
+            .get(receivers.plain(), guard, g, left(), at)
+            .await
+        {
+            Ok(t) => token = Some(t),
+            Err(e) => return failed(e),
+        }
+    }
+    let request = |token: Option<&str>, body: Vec<u8>| {
+        let mut r = http
+            .post(url.clone())
+            .timeout(left())
+            .header("content-type", "application/json")
+            .header("user-agent", concat!("latch/", env!("CARGO_PKG_VERSION")))
+            .header("webhook-id", to.id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", signature.clone());
+        for (name, value) in &to.receiver.headers {
+            // Names and values were checked when set; marked sensitive, so no HTTP/2
+            // table or debug output keeps them.
+            if let Ok(mut v) = reqwest::header::HeaderValue::from_str(value) {
+                v.set_sensitive(true);
+                r = r.header(name.as_str(), v);
+            }
+        }
+        r = match (&to.receiver.auth, token) {
+            (_, Some(t)) => r.bearer_auth(t),
+            (Some(Auth::Bearer { token }), None) => r.bearer_auth(token),
+            (Some(Auth::Basic { username, password }), None) => {
+                r.basic_auth(username, Some(password))
+            }
+            _ => r,
+        };
+        r.body(body)
+    };
+    // The body again only for a client whose token may be refused.
+    let again = grant.as_ref().map(|_| body.clone());
+    let mut sent = request(token.as_deref(), body).send().await;
+    if let (Ok(resp), Some(g), Some(used), Some(body)) = (&sent, &grant, &token, again)
+        && resp.status().as_u16() == 401
+    {
+        // The receiver refused the token (revoked, or expired early): one new one, once.
+        match receivers
+            .tokens
+            .renew(receivers.plain(), guard, g, used, left(), at)
+            .await
+        {
+            Ok(fresh) => sent = request(Some(&fresh), body).send().await,
+            Err(e) => return failed(e),
+        }
+    }
+    match sent {
         Ok(resp) => {
             let code = resp.status().as_u16();
             let retry_after = if code == 429 || code == 503 {
@@ -282,7 +366,8 @@ fn not_allowed(r: &Refusal) -> String {
     format!("{}: {r}", guard::NOT_ALLOWED)
 }
 
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+/// The innermost cause of an error, which says what went wrong in the fewest words.
+pub(super) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
     while let Some(next) = cur.source() {
         cur = next;

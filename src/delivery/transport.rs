@@ -36,8 +36,8 @@ pub struct Network {
     pub http: reqwest::Client,
     pub brokers: Brokers,
     pub guard: Arc<Guard>,
-    /// Client URLs as parsed.
-    pub urls: Urls,
+    /// Client URLs as parsed, and the HTTP clients of receivers with settings of their own.
+    pub urls: Arc<Urls>,
 }
 
 #[async_trait]

@@ -15,8 +15,8 @@ pub const SECRET_PREFIX: &str = "whsec_";
 pub const NAME_MAX_CHARS: usize = 256;
 pub use super::destination::{URL_MAX_CHARS, URL_PATTERN, validate_url};
 
-/// A registered client.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// A registered client. `Debug` shows neither secret nor a broker URL's password.
+#[derive(Clone, PartialEq, Default)]
 pub struct Client {
     /// Generated ULID: sortable by creation time, safe in URLs.
     pub id: String,
@@ -40,6 +40,25 @@ pub struct Client {
     pub events: Option<Vec<String>>,
     /// Several notifications in one request ([`Batch`]); `None`: one request each.
     pub batch: Option<Batch>,
+    /// Headers, authentication and a client certificate for its requests.
+    pub receiver: super::receiver::Receiver,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("url", &super::destination::redact(&self.url))
+            .field("secret", &"[redacted]")
+            .field("previous_secret_until", &self.previous_secret_until)
+            .field("disabled_at", &self.disabled_at)
+            .field("rate_limit", &self.rate_limit)
+            .field("events", &self.events)
+            .field("batch", &self.batch)
+            .field("receiver", &self.receiver)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A client's batching: its notifications go out several to a request, `{"id", "type":

@@ -136,7 +136,8 @@ pub const URL_PATTERN: &str = concat!(
     ")$"
 );
 
-const HTTP_PATTERN: &str = concat!("^", http_url!(), "$");
+/// A webhook URL's shape: `http(s)://`, a DNS name or IPv4 address, port, path, query.
+pub const HTTP_PATTERN: &str = concat!("^", http_url!(), "$");
 const BROKER_PATTERN: &str = concat!("^(?:", mqtt_url!(), "|", amqp_url!(), ")$");
 const HOST_PATTERN: &str = concat!("^(?:", host!(), ")", port!(), "$");
 
@@ -287,6 +288,15 @@ pub fn parse(url: &str) -> Result<Destination, String> {
         return Err("url does not have the shape the API documents (see url's pattern)".into());
     }
     Ok(dest)
+}
+
+/// Checks an `http(s)://` URL other than a client's own (an OAuth2 token URL): the shape
+/// [`HTTP_PATTERN`] says, at most [`URL_MAX_CHARS`].
+pub fn validate_http_url(url: &str) -> Result<(), String> {
+    if url.chars().count() > URL_MAX_CHARS {
+        return Err(format!("url must be at most {URL_MAX_CHARS} characters"));
+    }
+    parse_http(url).map(drop)
 }
 
 fn parse_http(url: &str) -> Result<Destination, String> {
@@ -574,6 +584,44 @@ pub fn redact(url: &str) -> String {
             Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
             None => url.to_string(),
         },
+        None => url.to_string(),
+    }
+}
+
+/// Where the user info of `url` is: `(start, colon, end)` byte offsets of `user:password`
+/// in the authority, the colon's being that of the password, if there is one.
+fn password_span(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://")? + 3;
+    let rest = &url[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = rest[..end].rfind('@')?;
+    let colon = rest[..at].find(':')?;
+    Some((start + colon, start + at))
+}
+
+/// `url` without the password in its user info, and that password (`None` when it has
+/// none, or an empty one): the store keeps the password sealed, apart from the URL.
+/// [`join_password`] puts it back exactly.
+pub fn split_password(url: &str) -> (String, Option<String>) {
+    match password_span(url) {
+        Some((colon, at)) if at > colon + 1 => (
+            format!("{}{}", &url[..colon], &url[at..]),
+            Some(url[colon + 1..at].to_string()),
+        ),
+        _ => (url.to_string(), None),
+    }
+}
+
+/// `url` (without a password, as [`split_password`] left it) with `password` back in its
+/// user info.
+pub fn join_password(url: &str, password: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{}:{password}{}", &url[..start + at], &url[start + at..]),
         None => url.to_string(),
     }
 }

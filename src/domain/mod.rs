@@ -9,6 +9,7 @@ pub mod outbox;
 pub mod partition;
 pub mod policy;
 pub mod reading;
+pub mod receiver;
 pub mod sensor;
 pub mod time;
 pub mod token;

@@ -23,13 +23,17 @@ pub mod outcome {
     pub const CONNECTION_ERROR: &str = "connection_error";
     /// The SSRF guard refused the destination (also the start of the attempt's error).
     pub const NOT_ALLOWED: &str = "destination_not_allowed";
+    /// The receiver's OAuth2 token could not be had from its token endpoint (also the
+    /// start of the attempt's error).
+    pub const AUTH_FAILED: &str = "auth_failed";
     /// Every outcome, for the metric's series at start.
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 6] = [
         DELIVERED,
         HTTP_ERROR,
         TIMEOUT,
         CONNECTION_ERROR,
         NOT_ALLOWED,
+        AUTH_FAILED,
     ];
 }
 
@@ -66,7 +70,7 @@ impl NotificationRef {
 }
 
 /// A claimed notification with what sending it needs, read from the registry now.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Sendable {
     pub notification: Notification,
     pub url: String,
@@ -79,6 +83,28 @@ pub struct Sendable {
     pub rate_limit: Option<u32>,
     /// The client's batching, likewise.
     pub batch: Option<Batch>,
+    /// The client's headers, authentication and certificate, as the claim read them.
+    pub receiver: super::receiver::Receiver,
+    /// Why a secret of the client could not be opened (damaged, or sealed under a key this
+    /// node lacks): its attempt fails with this instead of being sent.
+    pub unopened: Option<String>,
+}
+
+/// Neither secret nor a broker URL's password: a claim in a log or a failed assertion
+/// leaks none.
+impl std::fmt::Debug for Sendable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sendable")
+            .field("notification", &self.notification)
+            .field("url", &super::destination::redact(&self.url))
+            .field("secret", &"[redacted]")
+            .field("address", &self.address)
+            .field("rate_limit", &self.rate_limit)
+            .field("batch", &self.batch)
+            .field("receiver", &self.receiver)
+            .field("unopened", &self.unopened)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A claim of a batch's heads (see `delivery::lanes::batches`). Every claim unmarks the

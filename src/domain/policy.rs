@@ -179,6 +179,8 @@ pub struct ClaimRow {
     pub disabled: bool,
     pub rate_limit: Option<u32>,
     pub batch: Option<super::client::Batch>,
+    /// The client's headers, authentication and certificate.
+    pub receiver: super::receiver::Receiver,
     /// Where it stands in its (client, sensor) lane in the store; read on a store shared by
     /// several nodes, whose lanes may each hold part of one lane around a takeover.
     pub lane: LaneInStore,
@@ -283,6 +285,8 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
                 .filter(|_| row.previous_secret_until.is_some_and(|until| until > now)),
             address,
             rate_limit: row.rate_limit,
+            receiver: row.receiver,
+            unopened: None,
         })),
         _ => ClaimStep::Cancel,
     }

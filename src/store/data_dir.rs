@@ -12,7 +12,13 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Files latch makes in the data folder, by name or name prefix (`latch.db*`).
-const OURS: [&str; 4] = ["latch.", "archive.db", "node-id", "latch.lock"];
+const OURS: [&str; 5] = [
+    "latch.",
+    "archive.db",
+    "node-id",
+    "latch.lock",
+    crate::secrets::KEY_FILE,
+];
 
 /// Makes `dir` if missing, 0700, and makes an existing one 0700. Refuses a folder its
 /// group or others can write.

@@ -9,6 +9,7 @@
 //! - [`Tokens`]: API tokens.
 //! - [`Backend`]: reachability and periodic upkeep.
 //! - [`Find`]: the console's sensor search.
+//! - [`Secrets`]: the key clients' secrets are sealed under ([`sealing`]).
 //! - [`ClusterStore`]: partition leases and node rows (PostgreSQL only).
 //!
 //! [`Store`] is all of them but the cluster's, for the wiring that hands each part its
@@ -39,6 +40,7 @@ pub use data_dir::{lock_data_dir, node_id, private_dir, private_file, private_fi
 pub use error::{Error, Result};
 pub use listing::{Search, find_clients};
 pub use retention::{Pruned, Retention};
+pub use sealing::{Rotated, prepare as prepare_secrets, rotate as rotate_secret_key};
 pub use space::Space;
 pub use types::{
     AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter, Page,
@@ -54,6 +56,7 @@ pub(crate) mod listing;
 pub mod postgres;
 mod retention;
 mod rows;
+pub(crate) mod sealing;
 mod space;
 pub mod sqlite;
 mod types;
@@ -305,24 +308,75 @@ pub trait Sessions: Send + Sync {
     async fn take_unacked(&self, session: String) -> Result<Vec<Unacked>>;
 }
 
+/// The key clients' secrets are sealed under, and sealing them anew ([`sealing`]): at
+/// every start and by `latch rotate-key`.
+#[async_trait]
+pub trait Secrets: Send + Sync {
+    /// The id of the key new secrets are sealed under; `None` before the first keyed start.
+    async fn sealing_key(&self) -> Result<Option<String>>;
+    /// Seals new secrets under key `id` from now on. A write that seals reads the key in
+    /// its own transaction, so it either comes before this or sees `id`.
+    async fn set_sealing_key(&self, id: String) -> Result<()>;
+    /// Records `id` as the key to seal under unless the store has one already (two nodes
+    /// starting at once on a new database: the first wins); answers the store's key.
+    async fn first_sealing_key(&self, id: String) -> Result<String>;
+    /// Seals anew every client's secrets that are not all sealed under the current key
+    /// (plain ones from before, a broker password still in its URL, an older key's), a
+    /// few clients a transaction; answers how many changed.
+    async fn reseal(&self) -> Result<u64>;
+}
+
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
 /// tests, the bench): `use latch::store::prelude::*`.
 pub mod prelude {
     pub use super::{
-        Backend, ClusterStore, Find, HistoryStore, Outbox, Registry, Runtime, Sessions, Tokens,
+        Backend, ClusterStore, Find, HistoryStore, Outbox, Registry, Runtime, Secrets, Sessions,
+        Tokens,
     };
 }
 
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
 /// (`Arc<dyn Store>` coerces to `Arc<dyn Outbox>` and the others).
 pub trait Store:
-    Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + Sessions + 'static
+    Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + Sessions + Secrets + 'static
 {
 }
 
-impl<T: Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + Sessions + 'static>
-    Store for T
+impl<
+    T: Registry
+        + Runtime
+        + Outbox
+        + HistoryStore
+        + Tokens
+        + Backend
+        + Find
+        + Sessions
+        + Secrets
+        + 'static,
+> Store for T
 {
+}
+
+/// `latch rotate-key`: every client's secrets sealed anew under a new key
+/// ([`sealing::rotate`]), beside a latch that may be serving the store: the embedded one is
+/// opened on a connection of its own (not through its data folder's lock), PostgreSQL
+/// like any client of it.
+pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotated> {
+    let keys = std::sync::Arc::new(crate::secrets::Keyring::new(
+        crate::secrets::Source::from_config(config),
+    ));
+    match &config.database_url {
+        Some(url) => {
+            let store = postgres::PgStore::connect(url, config.database_timeout)
+                .await?
+                .using_keys(keys.clone());
+            sealing::rotate(&store, &keys).await
+        }
+        None => {
+            let store = sqlite::Offline::open(&config.data_dir, keys.clone())?;
+            sealing::rotate(&store, &keys).await
+        }
+    }
 }
 
 /// Opens the store the configuration names.
@@ -346,9 +400,14 @@ pub async fn connect_cluster(
             // A commit's fence locks its partitions' lease rows: a node stopped in the middle
             // of one must not keep them past its lease.
             let idle = config.database_timeout.min(config.lease());
+            let keys = std::sync::Arc::new(crate::secrets::Keyring::new(
+                crate::secrets::Source::from_config(config),
+            ));
             let store = postgres::PgStore::connect_with(url, config.database_timeout, idle)
                 .await?
-                .wanting(config.partitions());
+                .wanting(config.partitions())
+                .keyed(keys)
+                .await?;
             let store = std::sync::Arc::new(store.holding(lock));
             Ok((store.clone(), Some(store)))
         }
@@ -356,7 +415,11 @@ pub async fn connect_cluster(
             "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"
         ),
         None => {
-            let store = sqlite::SqliteStore::open(&config.data_dir, config.sqlite_synchronous)?;
+            let store = sqlite::SqliteStore::open_keyed(
+                &config.data_dir,
+                config.sqlite_synchronous,
+                crate::secrets::Source::from_config(config),
+            )?;
             Ok((std::sync::Arc::new(store), None))
         }
     }

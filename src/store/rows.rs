@@ -6,6 +6,7 @@
 //! column types (SQLite stores booleans and counts as `INTEGER`; PostgreSQL as `bool`,
 //! `int4` and `int8`).
 
+use super::sealing;
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
 use crate::domain::client::{Batch, DisabledReason, events_from_column};
 use crate::domain::sensor::{Debounce, SensorState};
@@ -29,7 +30,7 @@ pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id
 /// A client: [`client`].
 pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at, \
      c.previous_secret, c.previous_secret_until, c.disabled_at, c.disabled_reason, c.rate_limit, \
-     c.events, c.batch_max_events, c.batch_max_wait_ms";
+     c.events, c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls";
 
 /// A notification: [`notification`].
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
@@ -42,7 +43,7 @@ const NOTIF_N: usize = 18;
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
 pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
      c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit, \
-     c.batch_max_events, c.batch_max_wait_ms";
+     c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls";
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
@@ -105,6 +106,8 @@ pub(crate) trait Cols {
     fn duration_ms(&self, i: usize) -> Result<u32, Self::Error>;
     /// A stored sensor id; one that no longer parses is a backend error.
     fn sensor_id(&self, i: usize) -> Result<SensorId, Self::Error>;
+    /// The error for column `i` holding what latch could not have written.
+    fn damaged(&self, i: usize, why: String) -> Self::Error;
 }
 
 fn connection(s: &str) -> Connection {
@@ -168,7 +171,7 @@ pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
     Ok(Client {
         id: r.text(0)?,
         name: r.text(1)?,
-        url: r.text(2)?,
+        url: sealing::url_column(r.text(2)?, r.opt_text(13)?),
         secret: r.text(3)?,
         created_at: r.int(4)?,
         previous_secret: r.opt_text(5)?,
@@ -178,6 +181,8 @@ pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
         rate_limit: r.opt_count(9)?,
         events: events_from_column(r.opt_text(10)?),
         batch: batch(r.opt_count(11)?, r.opt_count(12)?),
+        receiver: sealing::receiver(r.opt_text(14)?, r.opt_text(15)?, r.opt_text(16)?)
+            .map_err(|e| r.damaged(14, e))?,
     })
 }
 
@@ -221,7 +226,10 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         notification: notification(r)?,
         lease_until: r.opt_int(NOTIF_N)?,
         claimed_by: r.opt_text(NOTIF_N + 1)?,
-        url: r.opt_text(NOTIF_N + 2)?,
+        url: r
+            .opt_text(NOTIF_N + 2)?
+            .map(|u| Ok(sealing::url_column(u, r.opt_text(NOTIF_N + 12)?)))
+            .transpose()?,
         secret: r.opt_text(NOTIF_N + 3)?,
         address: r.opt_text(NOTIF_N + 4)?,
         linked: r.flag(NOTIF_N + 5)?,
@@ -230,6 +238,12 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         disabled: r.opt_flag(NOTIF_N + 8)?.unwrap_or(false),
         rate_limit: r.opt_count(NOTIF_N + 9)?,
         batch: batch(r.opt_count(NOTIF_N + 10)?, r.opt_count(NOTIF_N + 11)?),
+        receiver: sealing::receiver(
+            r.opt_text(NOTIF_N + 13)?,
+            r.opt_text(NOTIF_N + 14)?,
+            r.opt_text(NOTIF_N + 15)?,
+        )
+        .map_err(|e| r.damaged(NOTIF_N + 13, e))?,
         // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
         lane: Default::default(),
     })
@@ -238,11 +252,11 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
 /// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
 pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
     Ok(crate::domain::policy::LaneInStore {
-        older_pending: r.int(NOTIF_N + 12)? as u32,
-        older_lease_until: r.opt_int(NOTIF_N + 13)?,
-        newer_state_delivered: r.flag(NOTIF_N + 14)?,
-        newer_state_pending: r.flag(NOTIF_N + 15)?,
-        newer_lease_until: r.opt_int(NOTIF_N + 16)?,
+        older_pending: r.int(NOTIF_N + 16)? as u32,
+        older_lease_until: r.opt_int(NOTIF_N + 17)?,
+        newer_state_delivered: r.flag(NOTIF_N + 18)?,
+        newer_state_pending: r.flag(NOTIF_N + 19)?,
+        newer_lease_until: r.opt_int(NOTIF_N + 20)?,
     })
 }
 
@@ -343,6 +357,9 @@ impl Cols for rusqlite::Row<'_> {
         let s: String = self.get(i)?;
         SensorId::parse(&s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
     }
+    fn damaged(&self, i: usize, why: String) -> rusqlite::Error {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, why.into())
+    }
 }
 
 /// PostgreSQL has the types; a column of another type than asked is a bug in our SQL, so
@@ -383,5 +400,8 @@ impl Cols for tokio_postgres::Row {
         let s: String = self.get(i);
         SensorId::parse(&s)
             .map_err(|e| super::Error::Backend(format!("stored sensor id {s:?}: {e}")))
+    }
+    fn damaged(&self, i: usize, why: String) -> super::Error {
+        super::Error::Backend(format!("column {i}: {why}"))
     }
 }

@@ -13,7 +13,9 @@ charts its failure rate and latency. Saves a screenshot of each page. Issue #49:
 rate card's big number is the rate its label names, computed from the rates the page was
 given; the header stays in view (and focus moves to the page) after moving to a long page;
 a client with one 5-minute slice of attempts has a point in each chart; times name their
-zone.
+zone. Issue #51: the client's receiver settings (headers, a bearer token, a client
+certificate) are set through its page, shown without their secrets, carried by a test
+event, kept when saved again, and a bad certificate is refused.
 
 With LATCH_CLUSTER set (two node URLs, comma-separated, of one cluster), it checks
 instead that the console served by the first node shows the live events of sensors
@@ -54,9 +56,11 @@ class Receiver(http.server.BaseHTTPRequestHandler):
 
     status = 200
     received = []
+    headers = []
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        Receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
         Receiver.received.append((Receiver.status, json.loads(body)))
         self.send_response(Receiver.status)
         self.end_headers()
@@ -104,6 +108,19 @@ def until(what, check, seconds=30):
             return
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def certificate(cn):
+    """A self-signed client certificate and its key (PEM), made with openssl."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-keyout", f"{d}/key.pem", "-out", f"{d}/cert.pem", "-subj", f"/CN={cn}",
+             "-days", "2"],
+            check=True, capture_output=True)
+        return open(f"{d}/cert.pem").read(), open(f"{d}/key.pem").read()
 
 
 def shot(page, name):
@@ -474,6 +491,45 @@ def main():
         page.get_by_role("button", name="Save types").click()
         expect(page.locator("dl.props").first).to_contain_text(
             "sensor.state_changed, sensor.connection_lost, sensor.connection_restored")
+
+        # Issue #51: what the receiver needs beyond a signature, set on the client's page;
+        # the values are never shown again, and a test event carries them.
+        props = page.locator("dl.props").first
+        page.get_by_label("Headers (one Name: value a line; [redacted] keeps a value)").fill(
+            "X-Console: yes\nX-Other: two words")
+        page.get_by_label("Authentication").select_option("bearer")
+        page.get_by_label("Token", exact=True).fill("console-token")
+        cert, key = certificate("console client")
+        page.get_by_label("Client certificate (PEM; leave empty to keep the current one)").fill(cert)
+        page.get_by_label("Its private key (PEM)").fill(key)
+        page.get_by_role("button", name="Save receiver settings").click()
+        expect(props).to_contain_text("X-Console: [redacted], X-Other: [redacted]")
+        expect(props).to_contain_text("bearer token")
+        expect(props).to_contain_text("CN=console client, expires")
+        assert "console-token" not in page.content() and "PRIVATE KEY" not in page.content()
+
+        def tested():
+            before = len(Receiver.headers)
+            page.get_by_role("button", name="Send test").click()
+            until("the test event", lambda: len(Receiver.headers) > before)
+            return Receiver.headers[-1]
+
+        got = tested()
+        assert got.get("x-console") == "yes" and got.get("x-other") == "two words", got
+        assert got.get("authorization") == "Bearer console-token", got
+        # Saved again untouched: "[redacted]" keeps each value, the auth and certificate stay.
+        page.get_by_role("button", name="Save receiver settings").click()
+        expect(page.locator("#notice")).to_contain_text("Saved: its next requests")
+        got = tested()
+        assert got.get("x-console") == "yes" and got.get("authorization") == "Bearer console-token", got
+        # A wrong certificate is refused with the reason; then the certificate is removed.
+        page.get_by_label("Client certificate (PEM; leave empty to keep the current one)").fill("not a certificate")
+        page.get_by_role("button", name="Save receiver settings").click()
+        expect(page.locator("#notice")).to_contain_text("tls.client_cert_pem")
+        page.get_by_label("Client certificate (PEM; leave empty to keep the current one)").fill("")
+        page.get_by_label("remove the certificate").check()
+        page.get_by_role("button", name="Save receiver settings").click()
+        expect(props).to_contain_text("Client certificatenone")
         shot(page, "client")
 
         long_pages_keep_the_header(browser, hook, client)

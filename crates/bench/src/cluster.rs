@@ -21,6 +21,9 @@ use serde_json::{Value, json};
 use super::{Bodies, Keep, PgSchema, Receiver, Report};
 use latch::domain::SensorId;
 
+/// The key every node of a bench cluster seals clients' secrets with (`LATCH_SECRET_KEY`).
+const SECRET_KEY: &str = "YmVuY2gtY2x1c3Rlci1zZWNyZXQta2V5LTMyYnl0ZXM=";
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Nodes of the cluster (one more process each).
@@ -85,6 +88,8 @@ impl Node {
             )
             .env("LATCH_CLUSTER_PARTITIONS", args.partitions.to_string())
             .env("LATCH_CLUSTER_SECRET", "bench-cluster-secret")
+            // Every node seals clients' secrets with the same key.
+            .env("LATCH_SECRET_KEY", SECRET_KEY)
             .env("LATCH_DELIVERY_ALLOW_NETS", "127.0.0.0/8")
             .env("LATCH_LOG", "error")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -151,6 +156,8 @@ impl Group {
         let mut config = super::config(dir.path());
         config.database_url = Some(schema.url.clone());
         config.cluster_partitions = Some(args.partitions);
+        config.secret_key =
+            Some(latch::secrets::SecretKeys::parse(SECRET_KEY).map_err(anyhow::Error::msg)?);
         super::import(&config, ingest, &[], None).await?;
         super::import(&config, deliver, &[super::client(&receiver.url)], None).await?;
         let mut nodes = Vec::new();

@@ -6,8 +6,9 @@
 //! the same receiver at latch's per-client concurrency, with no store — the ceiling of
 //! latch's delivery on this machine. `--receiver` delivers to a receiver outside the
 //! process (nginx, `scripts/bench-receiver`), and `--backlog` times the delivery of a
-//! backlog alone, with its CPU a webhook. `--to mqtt|amqp`
-//! delivers to a broker destination instead ([`super::deliver_broker`]).
+//! backlog alone, with its CPU a webhook; with `--auth` too, the backlog of a client with a
+//! header and authentication is delivered after the plain one's, in the same run. `--to
+//! mqtt|amqp` delivers to a broker destination instead ([`super::deliver_broker`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,13 +23,20 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         "mqtt" | "amqp" => return super::deliver_broker::run(args).await,
         other => anyhow::bail!("--to takes http, mqtt or amqp, not {other:?}"),
     }
+    if args.auth.is_some() {
+        anyhow::ensure!(
+            args.backlog && args.receiver.is_none(),
+            "--auth measures backlogs: it needs --backlog and the in-process receivers"
+        );
+    }
     let (dir, _tmp) = super::data_dir(None)?;
     // In-process receivers, or the one outside named by `--receiver`.
     let mut receivers = Vec::new();
+    let wanted = if args.auth.is_some() { 2 } else { args.clients };
     let urls: Vec<String> = match &args.receiver {
         Some(url) => vec![url.clone()],
         None => {
-            for _ in 0..args.clients {
+            for _ in 0..wanted {
                 let r = Receiver::start_keeping(Keep::Stats).await?;
                 r.fail_per_10k((args.fail_ratio * 10_000.0) as u64);
                 receivers.push(r);
@@ -37,6 +45,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         }
     };
     let mut clients: Vec<_> = urls.iter().map(|u| super::client(u)).collect();
+    if let Some(kind) = &args.auth {
+        clients[1].receiver = authenticated(kind).await?;
+    }
     if args.backlog {
         // Held back to one request a second while the changes come in.
         for c in &mut clients {
@@ -98,31 +109,53 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if args.backlog {
         eprintln!("deliver: backlog phase begins");
     }
-    let (phase_started, cpu_before) = (Instant::now(), super::cpu_seconds());
-    let delivered_before = if args.backlog {
-        let before = delivered(&receivers, &http, &metrics_url).await;
-        for c in &clients {
-            let body = serde_json::json!({"name": c.name, "url": c.url, "rate_limit": null});
-            let r = http
-                .put(format!("{}/v1/clients/{}", server.base, c.id))
-                .json(&body)
-                .send()
-                .await?;
-            anyhow::ensure!(
-                r.status().is_success(),
-                "rate limit not lifted: {}",
-                r.status()
-            );
-        }
-        before
-    } else {
-        0
+    // The backlog's clients let go, all at once, or with `--auth` one after the other:
+    // each phase's seconds, CPU and webhooks.
+    let groups: Vec<Vec<usize>> = match &args.auth {
+        Some(_) => vec![vec![0], vec![1]],
+        None => vec![(0..clients.len()).collect()],
     };
+    let mut phases: Vec<Phase> = Vec::new();
+    if args.backlog {
+        for group in &groups {
+            let (started, cpu) = (Instant::now(), super::cpu_seconds());
+            let before = delivered(&receivers, &http, &metrics_url).await;
+            for &i in group {
+                let c = &clients[i];
+                // Absent receiver settings are kept: only the limit is lifted.
+                let body = serde_json::json!({"name": c.name, "url": c.url, "rate_limit": null});
+                let r = http
+                    .put(format!("{}/v1/clients/{}", server.base, c.id))
+                    .json(&body)
+                    .send()
+                    .await?;
+                anyhow::ensure!(
+                    r.status().is_success(),
+                    "rate limit not lifted: {}",
+                    r.status()
+                );
+            }
+            if groups.len() > 1 {
+                let of: Vec<Receiver> = group.iter().map(|&i| receivers[i].clone()).collect();
+                let want = (args.changes * group.len()) as u64;
+                let deadline = Instant::now() + args.drain;
+                while of.iter().map(Receiver::ok).sum::<u64>() < want {
+                    anyhow::ensure!(Instant::now() < deadline, "a backlog did not drain in time");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            } else {
+                drain(&http, &server.base, expected, args.drain).await?;
+            }
+            phases.push(Phase {
+                secs: started.elapsed().as_secs_f64(),
+                cpu: super::cpu_seconds() - cpu,
+                delivered: delivered(&receivers, &http, &metrics_url)
+                    .await
+                    .saturating_sub(before),
+            });
+        }
+    }
     drain(&http, &server.base, expected, args.drain).await?;
-    let (phase_secs, phase_cpu) = (
-        phase_started.elapsed().as_secs_f64(),
-        super::cpu_seconds() - cpu_before,
-    );
     if args.backlog {
         eprintln!("deliver: backlog phase ends");
     }
@@ -161,10 +194,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     eprintln!("deliver: bare client begins");
     let bare = bare_client(&urls[0], concurrency, args.baseline_requests).await?;
     eprintln!("deliver: bare client ends");
-    let rate = if args.backlog {
-        delivered_n.saturating_sub(delivered_before) as f64 / phase_secs
-    } else {
-        delivered_n as f64 / total_secs
+    let rate = match phases.first() {
+        Some(p) => p.delivered as f64 / p.secs,
+        None => delivered_n as f64 / total_secs,
     };
 
     let mut r = Report::new("deliver");
@@ -187,15 +219,29 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     );
     r.add("group_commits", commits, "commits");
     r.add("commit_mean_ms", (commit_ms * 10.0).round() / 10.0, "ms");
-    if args.backlog {
-        r.add("backlog_seconds", phase_secs, "s");
+    if let Some(p) = phases.first() {
+        r.add("backlog_seconds", p.secs, "s");
     }
     r.add("delivered_per_s", rate.round(), "webhooks/s");
-    if args.backlog {
-        let us = 1e6 * phase_cpu / delivered_n.saturating_sub(delivered_before).max(1) as f64;
+    if let Some(p) = phases.first() {
+        let us = p.cpu_us();
         r.add("cpu_us_per_webhook", us.round(), "µs");
         r.add("bare_cpu_us_per_request", bare.cpu_us.round(), "µs");
         r.add("cpu_ratio_to_bare", us / bare.cpu_us, "x");
+        if let (Some(kind), Some(a)) = (&args.auth, phases.get(1)) {
+            r.add(format!("{kind}_backlog_seconds"), a.secs, "s");
+            r.add(
+                format!("{kind}_delivered_per_s"),
+                (a.delivered as f64 / a.secs).round(),
+                "webhooks/s",
+            );
+            r.add(
+                format!("{kind}_cpu_us_per_webhook"),
+                a.cpu_us().round(),
+                "µs",
+            );
+            r.add(format!("{kind}_cpu_ratio_to_plain"), a.cpu_us() / us, "x");
+        }
     }
     r.add("pending_peak", peak as f64, "notifications");
     r.add(
@@ -239,10 +285,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             Some(u) => format!("{u} (outside this process)"),
             None => "in process; latency from occurred_at (receive time of the reading) to the receiver".into(),
         },
-        if args.backlog {
-            "Backlog: the changes ingested while the client was limited to a request a second, then the limit lifted and the backlog delivered alone (rate and CPU of that phase). "
-        } else {
-            ""
+        match (&args.auth, args.backlog) {
+            (Some(kind), _) => format!(
+                "Backlog: the changes ingested while both clients were limited to a request a \
+                 second, then the plain client's backlog delivered alone, then the one of the \
+                 client with a header and {kind} authentication{} alone (rate and CPU of each \
+                 phase). ",
+                if kind == "oauth2" { " (a token from an endpoint in this process)" } else { "" }
+            ),
+            (None, true) => "Backlog: the changes ingested while the client was limited to a request a second, then the limit lifted and the backlog delivered alone (rate and CPU of that phase). ".to_string(),
+            (None, false) => String::new(),
         },
         concurrency,
         pass + 1
@@ -271,6 +323,53 @@ fn delivered_of(receivers: &[Receiver], text: &str) -> u64 {
         .filter(|l| l.starts_with("latch_notifications_total{") && l.contains("\"delivered\""))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// One backlog's delivery: its seconds, this process's CPU seconds, and the webhooks.
+struct Phase {
+    secs: f64,
+    cpu: f64,
+    delivered: u64,
+}
+
+impl Phase {
+    fn cpu_us(&self) -> f64 {
+        1e6 * self.cpu / self.delivered.max(1) as f64
+    }
+}
+
+/// The receiver settings of the authenticated client of `--auth KIND`: a header, and the
+/// authentication (for `oauth2`, a token endpoint in this process, asked once an hour).
+async fn authenticated(kind: &str) -> anyhow::Result<latch::domain::receiver::Receiver> {
+    use latch::domain::receiver::{Auth, Receiver};
+    let auth = match kind {
+        // The control: a second plain client, measured second, shows what the order alone
+        // costs.
+        "none" => return Ok(Receiver::default()),
+        "bearer" => Auth::Bearer {
+            token: "bench-bearer-token".into(),
+        },
+        "basic" => Auth::Basic {
+            username: "bench".into(),
+            password: "bench-password".into(),
+        },
+        "oauth2" => {
+            let token_url = latch_testkit::token_endpoint("bench-oauth-token").await?;
+            Auth::OAuth2 {
+                token_url,
+                client_id: "bench".into(),
+                client_secret: "bench-secret".into(),
+                scope: None,
+                audience: None,
+            }
+        }
+        other => anyhow::bail!("--auth takes bearer, basic, oauth2 or none, not {other:?}"),
+    };
+    Ok(Receiver {
+        headers: vec![("X-Api-Key".into(), "bench-api-key".into())],
+        auth: Some(auth),
+        tls: None,
+    })
 }
 
 /// What the bare client achieved.
@@ -322,6 +421,8 @@ async fn bare_client(url: &str, concurrency: usize, total: usize) -> anyhow::Res
         address: "bench street 1".into(),
         rate_limit: None,
         batch: None,
+        receiver: Default::default(),
+        unopened: None,
     });
     let (started, cpu) = (Instant::now(), super::cpu_seconds());
     let per = total.div_ceil(concurrency);

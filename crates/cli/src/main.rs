@@ -82,6 +82,10 @@ enum Command {
     /// Give the embedded store's free pages (left by retention) back to the disk; refused
     /// while a latch runs on the data folder.
     Vacuum,
+    /// Seal every client's secrets under a new key, while latch runs. With the data
+    /// folder's key file, a new key is added to it; with LATCH_SECRET_KEY, the first key
+    /// listed becomes the store's (give it to every node first).
+    RotateKey,
     /// Measure: run a load scenario against an in-process latch.
     Bench {
         #[command(subcommand)]
@@ -183,6 +187,26 @@ fn main() -> anyhow::Result<()> {
                 config.data_dir.display()
             );
             Ok(())
+        }
+        Command::RotateKey => {
+            let config = latch::load_config(cli.config.as_deref())?;
+            latch::telemetry::init_tracing("warn", config.log_format);
+            tokio::runtime::Runtime::new()?
+                .block_on(async {
+                    let r = latch::store::rotate_key(&config).await?;
+                    match &r.from {
+                        Some(from) if *from != r.to => println!(
+                            "sealed {} clients' secrets under key {} (was {from})",
+                            r.resealed, r.to
+                        ),
+                        _ => println!(
+                            "secrets are sealed under key {} ({} clients sealed now)",
+                            r.to, r.resealed
+                        ),
+                    }
+                    Ok(())
+                })
+                .map_err(|e| redacted(&config, e))
         }
         Command::Config { defaults: true, .. } => {
             print!("{}", latch::config::DEFAULTS);

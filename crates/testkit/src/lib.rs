@@ -9,7 +9,7 @@ mod receiver;
 mod server;
 
 pub use postgres::{PgSchema, schema_url};
-pub use receiver::{Answer, Keep, Received, Receiver};
+pub use receiver::{Answer, Keep, Received, Receiver, token_endpoint};
 pub use server::Server;
 
 use std::future::Future;

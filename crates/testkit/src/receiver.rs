@@ -77,6 +77,21 @@ struct Shared {
     kept: Mutex<Kept>,
 }
 
+/// An OAuth2 token endpoint on loopback that answers every request with `token`, a bearer
+/// token for an hour (for a bench of authenticated webhooks); its URL.
+pub async fn token_endpoint(token: &str) -> std::io::Result<String> {
+    let answer = serde_json::json!({"access_token": token, "token_type": "Bearer",
+        "expires_in": 3600});
+    let app = axum::Router::new().route(
+        "/token",
+        axum::routing::post(move || async move { axum::Json(answer) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/token", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
 /// A receiver on `127.0.0.1:0` at `url`; answers from its script, then its default (200
 /// unless changed).
 #[derive(Clone)]
@@ -94,6 +109,18 @@ impl Receiver {
     }
 
     pub async fn start_keeping(keep: Keep) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        Ok(Self::start_on(listener, url, keep))
+    }
+
+    /// A receiver answering on `listener` (a TLS one, for tests of client certificates),
+    /// which clients reach at `url`.
+    pub fn start_on<L>(listener: L, url: String, keep: Keep) -> Self
+    where
+        L: axum::serve::Listener,
+        L::Addr: std::fmt::Debug,
+    {
         let shared = Arc::new(Shared {
             keep,
             requests: AtomicU64::new(0),
@@ -105,10 +132,8 @@ impl Receiver {
         let app = axum::Router::new()
             .route("/hook", axum::routing::post(receive))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}/hook", listener.local_addr()?);
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Ok(Self { url, shared })
+        Self { url, shared }
     }
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {

@@ -1,5 +1,5 @@
 // Clients: the list (search, create) and a client's page (health and its chart, Send test,
-// the types it receives, its sensors).
+// the types it receives, what its receiver needs beyond a signature, its sensors).
 
 import { PAGE, api, q, enc, h, say, when, state, badge, destination, table, field, form, actionButton, pager, svg, chart, navigate } from "/ui/lib.js";
 
@@ -53,6 +53,80 @@ function deliveryChart(series) {
   ];
 }
 
+/** How latch authenticates to the client's receiver, in words (never its secret). */
+function authText(a) {
+  if (!a) return "none";
+  if (a.type === "bearer") return "bearer token";
+  if (a.type === "basic") return `basic, user ${a.username}`;
+  return `OAuth2 client credentials: ${a.client_id} at ${a.token_url}${a.scope ? `, scope ${a.scope}` : ""}`;
+}
+
+/** `Name: value` lines as a headers object; a line without a colon is an error. */
+function parseHeaders(text) {
+  const out = {};
+  for (const [i, line] of text.split("\n").entries()) {
+    if (!line.trim()) continue;
+    const at = line.indexOf(":");
+    if (at < 1) throw new Error(`Headers, line ${i + 1}: write it as Name: value`);
+    out[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+  }
+  return out;
+}
+
+/** The form of a client's receiver settings: headers (values kept while they read
+ * "[redacted]"), authentication (kept unless another is chosen), client certificate
+ * (kept unless a new one is pasted or it is removed). Saving sends the client back with
+ * them, as the API replaces a client. */
+function receiverForm(c, saved) {
+  const headers = h("textarea", { name: "headers", rows: 3, cols: 60, spellcheck: "false",
+    placeholder: "X-Api-Key: …" }, Object.keys(c.headers).map((n) => `${n}: [redacted]`).join("\n"));
+  const kinds = [["keep", c.auth ? `unchanged (${authText(c.auth)})` : "unchanged (none)"], ["none", "none"],
+    ["bearer", "bearer token"], ["basic", "basic (user and password)"],
+    ["oauth2_client_credentials", "OAuth2 client credentials"]];
+  const kind = h("select", { name: "auth_type" }, kinds.map(([v, l]) => h("option", { value: v }, l)));
+  const input = (name, attrs = {}) => h("input", { name, size: 40, ...attrs });
+  const parts = {
+    bearer: [field("Token", input("token", { type: "password", autocomplete: "off" }))],
+    basic: [field("User", input("username")), field("Password", input("password", { type: "password", autocomplete: "off" }))],
+    oauth2_client_credentials: [field("Token URL", input("token_url", { type: "url" })), field("Client id", input("client_id")),
+      field("Client secret", input("client_secret", { type: "password", autocomplete: "off" })),
+      field("Scope (optional)", input("scope")), field("Audience (optional)", input("audience"))],
+  };
+  const authFields = h("div");
+  const showAuth = () => authFields.replaceChildren(...(parts[kind.value] ?? []));
+  kind.addEventListener("change", showAuth);
+  const pem = (name, rows) => h("textarea", { name, rows, cols: 64, spellcheck: "false", placeholder: "-----BEGIN …-----" });
+  const remove = h("label", { class: "check" }, h("input", { type: "checkbox", name: "tls_remove" }), " remove the certificate");
+  return form([
+    field("Headers (one Name: value a line; [redacted] keeps a value)", headers),
+    field("Authentication", kind), authFields,
+    field("Client certificate (PEM; leave empty to keep the current one)", pem("client_cert_pem", 4)),
+    field("Its private key (PEM)", pem("client_key_pem", 4)),
+    field("CA of the receiver (PEM, optional: instead of the system's roots)", pem("ca_pem", 3)),
+    c.tls ? remove : "",
+  ], async (d) => {
+    const body = { name: c.name, url: c.url, rate_limit: c.rate_limit, events: c.events, batch: c.batch,
+      headers: parseHeaders(d.get("headers")) };
+    const type = d.get("auth_type");
+    const text = (k) => (d.get(k) ?? "").trim();
+    if (type === "none") body.auth = null;
+    else if (type === "bearer") body.auth = { type, token: text("token") };
+    else if (type === "basic") body.auth = { type, username: text("username"), password: d.get("password") ?? "" };
+    else if (type !== "keep") {
+      body.auth = { type, token_url: text("token_url"), client_id: text("client_id"), client_secret: text("client_secret") };
+      if (text("scope")) body.auth.scope = text("scope");
+      if (text("audience")) body.auth.audience = text("audience");
+    }
+    if (text("client_cert_pem")) {
+      body.tls = { client_cert_pem: d.get("client_cert_pem"), client_key_pem: d.get("client_key_pem") };
+      if (text("ca_pem")) body.tls.ca_pem = d.get("ca_pem");
+    } else if (d.get("tls_remove")) body.tls = null;
+    await api("PUT", `/v1/clients/${enc(c.id)}`, body);
+    say("Saved: its next requests carry these settings.", true);
+    await saved();
+  }, "Save receiver settings");
+}
+
 /** What a test request came to, in words. */
 function testOutcome(r) {
   const took = `${r.duration_ms} ms`;
@@ -67,6 +141,7 @@ export async function clientPage(id) {
   const actions = h("div", { class: "toolbar" });
   const tested = h("output", { class: "test-result", "aria-live": "polite" });
   const subscription = h("div");
+  const receiver = h("div");
   const recentChart = h("div", { class: "cols" });
   const draw = async () => {
     const c = await api("GET", `/v1/clients/${enc(id)}`);
@@ -77,6 +152,9 @@ export async function clientPage(id) {
       ["Rate limit", c.rate_limit ? `${c.rate_limit}/s` : "none"],
       ["Receives", c.events ? (c.events.length ? c.events.join(", ") : "nothing") : "every type"],
       ["Batches", c.batch ? `up to ${c.batch.max_events} a request, waiting ${c.batch.max_wait_ms} ms` : "one notification a request"],
+      ["Headers", Object.keys(c.headers).length ? h("span", { class: "mono" }, Object.keys(c.headers).map((n) => `${n}: [redacted]`).join(", ")) : "none"],
+      ["Authentication", authText(c.auth)],
+      ["Client certificate", c.tls ? `${c.tls.subject}, expires ${when(c.tls.expires_at)}${c.tls.ca_subject ? `; receiver verified with ${c.tls.ca_subject}` : ""}` : "none"],
       ["Created", when(c.created_at)]];
     props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     const x = c.health ?? {};
@@ -128,6 +206,7 @@ export async function clientPage(id) {
       say("Saved: from now on it receives only what is ticked.", true);
       await draw();
     }, "Save types"));
+    receiver.replaceChildren(receiverForm(c, draw));
     return c;
   };
   const c = await draw();
@@ -144,6 +223,9 @@ export async function clientPage(id) {
   }, "Link sensor");
   return [h("h1", {}, `Client ${c.name}`), props, h("h2", {}, "Endpoint health"), health, recentChart, actions, tested,
     h("h2", {}, "Notification types"), subscription,
+    h("h2", {}, "Receiver settings"),
+    h("p", { class: "muted" }, "For receivers that want more than the signature. Values, tokens, passwords and keys are write-only: they are never shown again."),
+    receiver,
     h("p", {}, h("a", { href: `#/notifications${q({ client_id: id })}` }, "Its notifications")),
     h("h2", {}, "Linked sensors"), sensors.box, link];
 }

@@ -190,3 +190,30 @@ fn credentials_are_masked_for_display() {
     let b = mqtt("mqtt://acme:s3cret@h/a").broker;
     assert!(!format!("{b:?} {b}").contains("s3cret"), "{b:?}");
 }
+
+#[test]
+fn a_password_is_split_from_its_url_and_put_back_exactly() {
+    for url in [
+        "mqtt://user:p%40ss:w@broker:1883/doors/{sensor_id}",
+        "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=x&routing_key=k",
+        "amqps://u:p@host?exchange=a@b",
+    ] {
+        let (bare, password) = split_password(url);
+        let password = password.unwrap();
+        assert!(!bare.contains(&format!(":{password}@")), "{bare}");
+        assert_eq!(join_password(&bare, &password), url);
+    }
+    for url in [
+        "https://example.com/hook",
+        "mqtt://user@broker/t",
+        "mqtt://user:@broker/t",
+        "amqp://host?exchange=a:b@c",
+    ] {
+        assert_eq!(split_password(url), (url.to_string(), None), "{url}");
+    }
+    assert_eq!(
+        split_password("mqtt://u:secret@b/t").0,
+        "mqtt://u@b/t",
+        "the user stays"
+    );
+}

@@ -47,6 +47,7 @@ fn row(status: Status) -> ClaimRow {
         rate_limit: None,
         lane: LaneInStore::default(),
         batch: None,
+        receiver: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ mod history;
 pub use history::Collect;
 mod lifecycle;
 mod outbox;
+mod receivers;
 mod registry;
 mod retention;
 mod sessions;
@@ -162,6 +163,8 @@ suite!(
     lifecycle::health_sums_up_attempts,
     lifecycle::health_counts_broker_acknowledgements,
     lifecycle::rate_limit_is_kept,
+    receivers::receiver_settings_round_trip_and_claims_read_them,
+    receivers::secrets_are_sealed_under_the_stores_key,
     retention::history_goes_at_its_time_and_no_sooner,
     retention::finished_notifications_go_pending_ones_stay,
     tokens::tokens_keep_hash_and_scopes,

@@ -7,26 +7,38 @@ use super::db::{Db, Sql, Tx};
 use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
 use crate::domain::{Client, Millis, policy};
 
+/// The old secret moves to `previous_secret` as it is sealed (for the same client, so it
+/// opens there); the new one is sealed under the store's key. Answers the client with its
+/// values still sealed.
 pub(super) async fn rotate_secret(
     db: &Db,
+    keys: &crate::secrets::Keyring,
     id: String,
     secret: String,
     previous_until: Millis,
 ) -> Result<Option<Client>> {
-    let c = db.get("rotate_secret").await?;
+    let mut c = db.get("rotate_secret").await?;
+    let tx = c.transaction().await?;
+    let kid = super::secrets::current(&tx).await?;
+    let sealed = keys
+        .seal(&kid, &id, &secret)
+        .map_err(|e| super::super::Error::Backend(format!("client {id}: {e}")))?;
     // The right-hand sides read the row as it was, so `previous_secret = secret` keeps the
     // old one.
-    c.query_opt(
-        &format!(
-            "UPDATE clients c SET previous_secret = c.secret, previous_secret_until = $3, \
-             secret = $2 WHERE c.id = $1 RETURNING {CLIENT_COLS}"
-        ),
-        &[&id, &secret, &previous_until],
-    )
-    .await?
-    .as_ref()
-    .map(row::client)
-    .transpose()
+    let client = tx
+        .query_opt(
+            &format!(
+                "UPDATE clients c SET previous_secret = c.secret, previous_secret_until = $3, \
+                 secret = $2 WHERE c.id = $1 RETURNING {CLIENT_COLS}"
+            ),
+            &[&id, &sealed, &previous_until],
+        )
+        .await?
+        .as_ref()
+        .map(row::client)
+        .transpose()?;
+    tx.commit().await?;
+    Ok(client)
 }
 
 pub(super) async fn enable_client(db: &Db, id: String) -> Result<Option<bool>> {

@@ -27,9 +27,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
-use super::{Backend, Error, Pruned, Result, Retention, Space};
-use crate::domain::Millis;
+use super::{Backend, Error, Page, Pruned, Result, Retention, Space};
 use crate::domain::partition::{DEFAULT_PARTITIONS, Partitioning};
+use crate::domain::{Client, Millis};
 use db::{Db, Sql};
 
 mod cluster;
@@ -43,6 +43,7 @@ mod outbox;
 mod registry;
 mod replay;
 mod retention;
+mod secrets;
 mod sessions;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -71,6 +72,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0019_batches.sql"),
     include_str!("../migrations/postgres/0020_partition_scheme.sql"),
     include_str!("../migrations/postgres/0021_mqtt_unacked.sql"),
+    include_str!("../migrations/postgres/0022_sealed_secrets.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).
@@ -112,6 +114,9 @@ pub struct PgStore {
     partitioning: std::sync::Arc<tokio::sync::OnceCell<Partitioning>>,
     /// The partition count to fix if this store is the database's first user.
     wanted: u32,
+    /// Seals and opens clients' secrets ([`crate::store::sealing`]); none until
+    /// [`PgStore::keyed`], so a store without keys seals nothing.
+    keys: std::sync::Arc<crate::secrets::Keyring>,
 }
 
 fn backend(e: impl std::fmt::Display) -> Error {
@@ -258,6 +263,7 @@ impl PgStore {
             partitions_at: std::sync::Arc::new(crate::domain::time::now_ms().into()),
             partitioning: Default::default(),
             wanted: DEFAULT_PARTITIONS,
+            keys: std::sync::Arc::new(crate::secrets::Keyring::with_keys(&[])),
         };
         store
             .migrate()
@@ -285,6 +291,48 @@ impl PgStore {
             .get_or_try_init(|| cluster::fix_partitioning(&self.db, wanted))
             .await
             .copied()
+    }
+
+    /// Seals clients' secrets with `keys` from now on, after getting them ready for this
+    /// database ([`crate::store::prepare_secrets`]: the key is recorded at the first keyed
+    /// start, and secrets not sealed under it are sealed now).
+    pub async fn keyed(
+        mut self,
+        keys: std::sync::Arc<crate::secrets::Keyring>,
+    ) -> anyhow::Result<Self> {
+        self.keys = keys;
+        let resealed = crate::store::prepare_secrets(&self, &self.keys).await?;
+        if resealed > 0 {
+            tracing::info!(
+                clients = resealed,
+                "Sealed clients' secrets under the current key."
+            );
+        }
+        Ok(self)
+    }
+
+    /// Seals with `keys` as they are (`latch rotate-key`, which gets them ready itself).
+    pub(crate) fn using_keys(mut self, keys: std::sync::Arc<crate::secrets::Keyring>) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// A client read from the store, its secrets opened.
+    fn opened(&self, mut c: Client) -> Result<Client> {
+        crate::store::sealing::open_client(&self.keys, &mut c)?;
+        Ok(c)
+    }
+
+    /// [`PgStore::opened`] for a page of clients.
+    fn opened_page(&self, page: Page<Client>) -> Result<Page<Client>> {
+        Ok(Page {
+            items: page
+                .items
+                .into_iter()
+                .map(|c| self.opened(c))
+                .collect::<Result<_>>()?,
+            next: page.next,
+        })
     }
 
     /// Keeps the data folder's lock for as long as the store lives.

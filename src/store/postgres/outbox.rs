@@ -398,7 +398,9 @@ impl Outbox for PgStore {
         lease_until: Millis,
         batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>> {
-        claim(&self.db, ids, node, now, lease_until, batch).await
+        let mut claims = claim(&self.db, ids, node, now, lease_until, batch).await?;
+        crate::store::sealing::open_claims(&self.keys, &mut claims);
+        Ok(claims)
     }
 
     async fn record(

@@ -13,7 +13,9 @@ use super::db::{Bound, Db, Sql, Tx};
 use crate::domain::client::{Health, events_column};
 use crate::domain::partition::Partitioning;
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+use crate::secrets::Keyring;
 use crate::store::Registry;
+use crate::store::sealing;
 
 /// Every sensor is inserted with its `hash` by the database's partitioning: the range
 /// scan of its partition finds it there (`cluster::load_partitions`).
@@ -159,24 +161,30 @@ pub(super) async fn delete_sensor(db: &Db, id: SensorId, now: Millis) -> Result<
     Ok(n > 0)
 }
 
-pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
-    let n = db
-        .get("create_client")
-        .await?
+pub(super) async fn create_client(db: &Db, keys: &Keyring, cl: Client) -> Result<()> {
+    let mut c = db.get("create_client").await?;
+    let tx = c.transaction().await?;
+    let s = sealing::seal(keys, &super::secrets::current(&tx).await?, &cl)?;
+    let n = tx
         .execute(
             "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
-             batch_max_events, batch_max_wait_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
+             batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             ON CONFLICT (id) DO NOTHING",
             &[
                 &cl.id,
                 &cl.name,
-                &cl.url,
-                &cl.secret,
+                &s.url,
+                &s.secret,
                 &cl.created_at,
                 &cl.rate_limit.map(|r| r as i32),
                 &events_column(&cl.events),
                 &cl.batch.map(|b| b.max_events as i32),
                 &cl.batch.map(|b| b.max_wait_ms as i32),
+                &s.url_password,
+                &s.headers,
+                &s.auth,
+                &s.tls,
             ],
         )
         .await?;
@@ -186,7 +194,7 @@ pub(super) async fn create_client(db: &Db, cl: Client) -> Result<()> {
             cl.id
         )));
     }
-    Ok(())
+    tx.commit().await
 }
 
 pub(super) async fn get_client(db: &Db, id: String) -> Result<Option<Client>> {
@@ -225,26 +233,33 @@ pub(super) async fn list_clients(
     Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
 }
 
-pub(super) async fn replace_client(db: &Db, cl: Client) -> Result<bool> {
-    Ok(db
-        .get("replace_client")
-        .await?
+pub(super) async fn replace_client(db: &Db, keys: &Keyring, cl: Client) -> Result<bool> {
+    let mut c = db.get("replace_client").await?;
+    let tx = c.transaction().await?;
+    let s = sealing::seal(keys, &super::secrets::current(&tx).await?, &cl)?;
+    let n = tx
         .execute(
             "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5, \
-             events = $6, batch_max_events = $7, batch_max_wait_ms = $8 WHERE id = $1",
+             events = $6, batch_max_events = $7, batch_max_wait_ms = $8, url_password = $9, \
+             headers = $10, auth = $11, tls = $12 WHERE id = $1",
             &[
                 &cl.id,
                 &cl.name,
-                &cl.url,
-                &cl.secret,
+                &s.url,
+                &s.secret,
                 &cl.rate_limit.map(|r| r as i32),
                 &events_column(&cl.events),
                 &cl.batch.map(|b| b.max_events as i32),
                 &cl.batch.map(|b| b.max_wait_ms as i32),
+                &s.url_password,
+                &s.headers,
+                &s.auth,
+                &s.tls,
             ],
         )
-        .await?
-        > 0)
+        .await?;
+    tx.commit().await?;
+    Ok(n > 0)
 }
 
 pub(super) async fn delete_client(db: &Db, id: String, now: Millis) -> Result<bool> {
@@ -548,11 +563,14 @@ impl Registry for PgStore {
     }
 
     async fn create_client(&self, cl: Client) -> Result<()> {
-        create_client(&self.db, cl).await
+        create_client(&self.db, &self.keys, cl).await
     }
 
     async fn get_client(&self, id: String) -> Result<Option<Client>> {
-        get_client(&self.db, id).await
+        get_client(&self.db, id)
+            .await?
+            .map(|c| self.opened(c))
+            .transpose()
     }
 
     async fn list_clients(
@@ -560,11 +578,11 @@ impl Registry for PgStore {
         page: PageRequest,
         disabled: Option<bool>,
     ) -> Result<Page<Client>> {
-        list_clients(&self.db, page, disabled).await
+        self.opened_page(list_clients(&self.db, page, disabled).await?)
     }
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
-        replace_client(&self.db, cl).await
+        replace_client(&self.db, &self.keys, cl).await
     }
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
@@ -577,7 +595,10 @@ impl Registry for PgStore {
         secret: String,
         previous_until: Millis,
     ) -> Result<Option<Client>> {
-        super::lifecycle::rotate_secret(&self.db, id, secret, previous_until).await
+        super::lifecycle::rotate_secret(&self.db, &self.keys, id, secret, previous_until)
+            .await?
+            .map(|c| self.opened(c))
+            .transpose()
     }
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
@@ -613,7 +634,7 @@ impl Registry for PgStore {
         sensor_id: SensorId,
         page: PageRequest,
     ) -> Result<Page<Client>> {
-        list_sensor_clients(&self.db, sensor_id, page).await
+        self.opened_page(list_sensor_clients(&self.db, sensor_id, page).await?)
     }
 
     async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {

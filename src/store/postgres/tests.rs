@@ -47,9 +47,17 @@ pub(crate) async fn fresh() -> Option<(PgStore, String)> {
     Some((
         PgStore::connect(&url, Duration::from_secs(5))
             .await
+            .unwrap()
+            .keyed(test_keys())
+            .await
             .unwrap(),
         schema,
     ))
+}
+
+/// The key the backend's tests seal clients' secrets with.
+pub(crate) fn test_keys() -> std::sync::Arc<crate::secrets::Keyring> {
+    std::sync::Arc::new(crate::secrets::Keyring::with_keys(&[[42u8; 32]]))
 }
 
 #[tokio::test]
@@ -161,6 +169,8 @@ async fn upkeep_creates_the_partitions_of_months_the_start_did_not_reach() {
     let mut config = crate::config::Config::load_from(None, &[]).unwrap();
     config.data_dir = dir.path().to_path_buf();
     config.database_url = Some(schema_url(&base_url(), &schema));
+    // The key `fresh` sealed with: a node of this database is given it.
+    config.secret_key = Some(crate::secrets::SecretKeys(vec![[42u8; 32]]));
     let served = crate::store::connect(&config).await.unwrap();
     served.maintain(then, Retention::default()).await.unwrap();
     served.maintain(then, Retention::default()).await.unwrap();

@@ -7,17 +7,26 @@ use super::super::{Outcome, Result};
 use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
 use crate::domain::{Millis, policy};
 
+/// The old secret moves to `previous_secret` as it is sealed (for the same client, so it
+/// opens there); the new one is sealed under the store's key.
 pub(super) fn rotate_secret(
-    c: &Connection,
+    c: &mut Connection,
+    keys: &crate::secrets::Keyring,
     id: &str,
     secret: String,
     previous_until: Millis,
 ) -> Result<bool> {
-    let n = c.execute(
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let kid = super::secrets::current(&tx)?;
+    let sealed = keys
+        .seal(&kid, id, &secret)
+        .map_err(|e| super::super::Error::Backend(format!("client {id}: {e}")))?;
+    let n = tx.execute(
         "UPDATE clients SET previous_secret = secret, previous_secret_until = ?3, secret = ?2 \
          WHERE id = ?1",
-        params![id, secret, previous_until],
+        params![id, sealed, previous_until],
     )?;
+    tx.commit()?;
     Ok(n > 0)
 }
 

@@ -19,9 +19,10 @@ use std::time::Instant;
 use async_trait::async_trait;
 use rusqlite::Connection;
 
-use super::{Backend, Error, Pruned, Result, Retention, Space};
-use crate::domain::Millis;
+use super::{Backend, Error, Page, Pruned, Result, Retention, Space};
+use crate::domain::{Client, Millis};
 use crate::telemetry::families;
+pub use secrets::Offline;
 
 mod archive;
 mod backup;
@@ -34,6 +35,7 @@ mod outbox;
 mod registry;
 mod replay;
 mod retention;
+mod secrets;
 mod sessions;
 #[cfg(test)]
 mod tests;
@@ -57,6 +59,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0012_archive_file.sql"),
     // 0013 is another change's; the runner numbers migrations by their place here.
     include_str!("../migrations/sqlite/0014_mqtt_unacked.sql"),
+    include_str!("../migrations/sqlite/0015_sealed_secrets.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -87,6 +90,8 @@ struct Inner {
     space: Space,
     /// The data folder, whose file system readiness looks at while the disk is full.
     dir: std::path::PathBuf,
+    /// Seals and opens clients' secrets ([`crate::store::sealing`]).
+    keys: Arc<crate::secrets::Keyring>,
 }
 
 /// SQLite implementation of [`Store`].
@@ -156,8 +161,20 @@ fn open_conn(path: &Path, sync: Synchronous) -> rusqlite::Result<Connection> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) `latch.db` in `dir` and brings its schema up to date.
+    /// Opens (creating if needed) `latch.db` in `dir` and brings its schema up to date;
+    /// clients' secrets are sealed with the data folder's key file.
     pub fn open(dir: &Path, sync: Synchronous) -> anyhow::Result<Self> {
+        let keys = crate::secrets::Source::File(dir.join(crate::secrets::KEY_FILE));
+        Self::open_keyed(dir, sync, keys)
+    }
+
+    /// As [`SqliteStore::open`], with clients' secrets sealed by keys from `keys`. Secrets
+    /// written before they were sealed are sealed now, before anything reads them.
+    pub fn open_keyed(
+        dir: &Path,
+        sync: Synchronous,
+        keys: crate::secrets::Source,
+    ) -> anyhow::Result<Self> {
         // The embedded store belongs to one process. The lock makes that a fact, which is
         // what lets us release every lease at open: whoever held them is gone. It also
         // makes the folder and latch's files in it private (`store::private_dir`).
@@ -169,6 +186,8 @@ impl SqliteStore {
         // The log is checkpointed beside the writer rather than in its commits.
         checkpoint::watch(&writer);
         migrate(&mut writer)?;
+        let keys = Arc::new(crate::secrets::Keyring::new(keys));
+        prepare_keys(&mut writer, &keys)?;
         let layout = archive::layout(&writer)?;
         if layout == archive::Layout::OwnFile {
             super::private_file(&archive::path(&path))?;
@@ -215,7 +234,31 @@ impl SqliteStore {
                 next_reader: AtomicUsize::new(0),
                 space: Space::default(),
                 dir: dir.to_path_buf(),
+                keys,
             }),
+        })
+    }
+
+    /// The keys clients' secrets are sealed with.
+    fn keys(&self) -> Arc<crate::secrets::Keyring> {
+        self.inner.keys.clone()
+    }
+
+    /// A client read from the store, its secrets opened.
+    fn opened(&self, mut c: Client) -> Result<Client> {
+        crate::store::sealing::open_client(&self.inner.keys, &mut c)?;
+        Ok(c)
+    }
+
+    /// [`SqliteStore::opened`] for a page of clients.
+    fn opened_page(&self, page: Page<Client>) -> Result<Page<Client>> {
+        Ok(Page {
+            items: page
+                .items
+                .into_iter()
+                .map(|c| self.opened(c))
+                .collect::<Result<_>>()?,
+            next: page.next,
         })
     }
 
@@ -309,6 +352,33 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     // SAFETY: `path` is a NUL-terminated string and `st` a writable statvfs for the call.
     let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
     (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Gets the keyring ready for this database ([`crate::store::sealing::prepare`]): the key
+/// it seals under is recorded at its first keyed start, and secrets not sealed under it
+/// are sealed now. Cells freed by the resealing are zeroed in their pages, so plain text
+/// written by an earlier version is not left in them.
+fn prepare_keys(c: &mut Connection, keys: &crate::secrets::Keyring) -> anyhow::Result<()> {
+    let recorded = secrets::sealing_key(c)?;
+    let current = keys.prepare(recorded.as_deref())?;
+    if recorded.is_none() {
+        // `latch rotate-key` beside a first start may have recorded one meanwhile.
+        let stands = secrets::first_sealing_key(c, &current)?;
+        if stands != current {
+            keys.prepare(Some(&stands))?;
+        }
+    }
+    c.pragma_update(None, "secure_delete", "FAST")?;
+    let resealed = secrets::reseal(c, keys);
+    c.pragma_update(None, "secure_delete", "OFF")?;
+    let resealed = resealed?;
+    if resealed > 0 {
+        tracing::info!(
+            clients = resealed,
+            "Sealed clients' secrets under the current key."
+        );
+    }
+    Ok(())
 }
 
 /// Brings the schema up to date. A data folder a newer latch has written is refused: this

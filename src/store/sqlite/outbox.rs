@@ -230,8 +230,12 @@ impl Outbox for SqliteStore {
         batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>> {
         // Every lease is released at open: a lost one costs nothing.
-        self.write_relaxed(move |c| claim(c, ids, &node, now, lease_until, batch))
-            .await
+        let mut claims = self
+            .write_relaxed(move |c| claim(c, ids, &node, now, lease_until, batch))
+            .await?;
+        // Off the writer: it is not held for the opening.
+        crate::store::sealing::open_claims(&self.inner.keys, &mut claims);
+        Ok(claims)
     }
 
     async fn record(

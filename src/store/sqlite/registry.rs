@@ -12,6 +12,8 @@ use super::super::{
     ConnectionCounts, Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one,
 };
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+use crate::secrets::Keyring;
+use crate::store::sealing;
 
 /// `Conflict` if the id exists.
 pub(super) fn create_sensor(c: &Connection, s: Sensor) -> Result<()> {
@@ -114,21 +116,30 @@ pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Re
     Ok(n > 0)
 }
 
-pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
-    let n = c.execute(
+pub(super) fn create_client(c: &mut Connection, keys: &Keyring, cl: Client) -> Result<()> {
+    // The key is read in the write's own transaction: `latch rotate-key` switching keys
+    // waits for it, or it sees the new key.
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let s = sealing::seal(keys, &super::secrets::current(&tx)?, &cl)?;
+    let n = tx.execute(
         "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
-         batch_max_events, batch_max_wait_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
+         batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+         ON CONFLICT (id) DO NOTHING",
         params![
             cl.id,
             cl.name,
-            cl.url,
-            cl.secret,
+            s.url,
+            s.secret,
             cl.created_at,
             cl.rate_limit,
             events_column(&cl.events),
             cl.batch.map(|b| b.max_events),
-            cl.batch.map(|b| b.max_wait_ms)
+            cl.batch.map(|b| b.max_wait_ms),
+            s.url_password,
+            s.headers,
+            s.auth,
+            s.tls
         ],
     )?;
     if n == 0 {
@@ -137,6 +148,7 @@ pub(super) fn create_client(c: &Connection, cl: Client) -> Result<()> {
             cl.id
         )));
     }
+    tx.commit()?;
     Ok(())
 }
 
@@ -170,21 +182,30 @@ pub(super) fn list_clients(
     Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
 }
 
-pub(super) fn replace_client(c: &Connection, cl: Client) -> Result<bool> {
-    Ok(c.execute(
+pub(super) fn replace_client(c: &mut Connection, keys: &Keyring, cl: Client) -> Result<bool> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let s = sealing::seal(keys, &super::secrets::current(&tx)?, &cl)?;
+    let n = tx.execute(
         "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6, \
-         batch_max_events = ?7, batch_max_wait_ms = ?8 WHERE id = ?1",
+         batch_max_events = ?7, batch_max_wait_ms = ?8, url_password = ?9, headers = ?10, \
+         auth = ?11, tls = ?12 WHERE id = ?1",
         params![
             cl.id,
             cl.name,
-            cl.url,
-            cl.secret,
+            s.url,
+            s.secret,
             cl.rate_limit,
             events_column(&cl.events),
             cl.batch.map(|b| b.max_events),
-            cl.batch.map(|b| b.max_wait_ms)
+            cl.batch.map(|b| b.max_wait_ms),
+            s.url_password,
+            s.headers,
+            s.auth,
+            s.tls
         ],
-    )? > 0)
+    )?;
+    tx.commit()?;
+    Ok(n > 0)
 }
 
 pub(super) fn delete_client(c: &mut Connection, id: String, now: Millis) -> Result<bool> {
@@ -406,11 +427,13 @@ impl Registry for SqliteStore {
     }
 
     async fn create_client(&self, cl: Client) -> Result<()> {
-        self.write(move |c| create_client(c, cl)).await
+        let keys = self.keys();
+        self.write(move |c| create_client(c, &keys, cl)).await
     }
 
     async fn get_client(&self, id: String) -> Result<Option<Client>> {
-        self.read(move |c| get_client(c, id)).await
+        let c = self.read(move |c| get_client(c, id)).await?;
+        c.map(|c| self.opened(c)).transpose()
     }
 
     async fn list_clients(
@@ -418,11 +441,13 @@ impl Registry for SqliteStore {
         page: PageRequest,
         disabled: Option<bool>,
     ) -> Result<Page<Client>> {
-        self.read(move |c| list_clients(c, page, disabled)).await
+        let page = self.read(move |c| list_clients(c, page, disabled)).await?;
+        self.opened_page(page)
     }
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
-        self.write(move |c| replace_client(c, cl)).await
+        let keys = self.keys();
+        self.write(move |c| replace_client(c, &keys, cl)).await
     }
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
@@ -435,9 +460,9 @@ impl Registry for SqliteStore {
         secret: String,
         previous_until: Millis,
     ) -> Result<Option<Client>> {
-        let key = id.clone();
+        let (key, keys) = (id.clone(), self.keys());
         let rotated = self
-            .write(move |c| super::lifecycle::rotate_secret(c, &key, secret, previous_until))
+            .write(move |c| super::lifecycle::rotate_secret(c, &keys, &key, secret, previous_until))
             .await?;
         if !rotated {
             return Ok(None);
@@ -482,8 +507,10 @@ impl Registry for SqliteStore {
         sensor_id: SensorId,
         page: PageRequest,
     ) -> Result<Page<Client>> {
-        self.read(move |c| list_sensor_clients(c, sensor_id, page))
-            .await
+        let page = self
+            .read(move |c| list_sensor_clients(c, sensor_id, page))
+            .await?;
+        self.opened_page(page)
     }
 
     async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {

@@ -546,6 +546,9 @@ async fn a_backup_holds_the_archive_and_a_restore_splits_it_off_again() {
     three_archived(&store, SensorId::parse("gone").unwrap()).await;
     drop(store);
     restore(other.path(), &file).unwrap();
+    // A backup is restored with its key (README, backup): it does not hold it.
+    let key = crate::secrets::KEY_FILE;
+    std::fs::copy(dir.path().join(key), other.path().join(key)).unwrap();
     assert_eq!(archived_in(&other.path().join("latch.db")), None);
     assert_eq!(archived_in(&other.path().join("archive.db")), Some(3));
     let store = SqliteStore::open(other.path(), Synchronous::Normal).unwrap();

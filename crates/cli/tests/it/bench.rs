@@ -107,6 +107,37 @@ async fn deliver_bench_delivers_a_backlog_to_a_receiver_outside_it_and_the_bare_
     assert_eq!(receiver.ok(), 300 + 64 + 256, "{r}");
 }
 
+/// `--auth oauth2`: the plain client's backlog, then the authenticated one's, each
+/// delivered whole and measured apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliver_bench_measures_an_authenticated_backlog_beside_a_plain_one() {
+    let r = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "deliver",
+            "--sensors",
+            "200",
+            "--changes",
+            "200",
+            "--backlog",
+            "--auth",
+            "oauth2",
+            "--baseline-requests",
+            "128",
+            "--drain",
+            "60s",
+        ])
+    })
+    .await
+    .expect("the bench ran");
+    let n = |k: &str| num(&r, k);
+    assert_eq!(n("notifications_expected"), 400.0, "{r}");
+    assert_eq!(n("delivered"), 400.0, "{r}");
+    assert_eq!(n("pending_left"), 0.0, "{r}");
+    assert!(n("cpu_us_per_webhook") > 0.0, "{r}");
+    assert!(n("oauth2_cpu_us_per_webhook") > 0.0, "{r}");
+    assert!(n("oauth2_delivered_per_s") > 0.0, "{r}");
+}
+
 #[test]
 fn soak_bench_delivers_everything_and_reads_rss_three_times() {
     let r = bench(&[

@@ -191,6 +191,9 @@ async fn a_node_with_another_secret_than_the_live_nodes_is_refused_at_start() {
     // The second node has no secret set (it would use the database's).
     let mut config = fast_config(dir_b.path());
     config.database_url = Some(url.clone());
+    config.secret_key = Some(latch::secrets::SecretKeys(vec![
+        crate::utils::TEST_SECRET_KEY,
+    ]));
     let err = Server::start_on(config, Duration::from_secs(10), Clock::wall())
         .await
         .err()

@@ -71,6 +71,7 @@ mod node;
 mod outbox;
 mod registry;
 mod replay;
+mod secrets;
 mod sessions;
 mod tables;
 #[cfg(test)]

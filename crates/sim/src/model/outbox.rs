@@ -82,6 +82,7 @@ impl Tables {
             disabled: client.is_some_and(|c| c.disabled_at.is_some()),
             rate_limit: client.and_then(|c| c.rate_limit),
             batch: client.and_then(|c| c.batch),
+            receiver: client.map(|c| c.receiver.clone()).unwrap_or_default(),
             lane: if self.shared {
                 self.lane_in_store(n, node)
             } else {

@@ -161,6 +161,7 @@ impl Tables {
         stored.rate_limit = c.rate_limit;
         stored.events = c.events;
         stored.batch = c.batch;
+        stored.receiver = c.receiver;
         true
     }
 

@@ -148,6 +148,8 @@ pub struct Tables {
     /// `sensor_changes` (PostgreSQL): seq → (sensor, when by the database's clock).
     pub(crate) changes: BTreeMap<i64, (SensorId, Millis)>,
     pub(crate) tokens: BTreeMap<String, ApiToken>,
+    /// The id of the key the store says it seals secrets under.
+    pub(crate) sealing_key: Option<String>,
     /// Per broker session, its publishes committed but not acknowledged.
     pub(crate) unacked: BTreeMap<String, Vec<latch::store::Unacked>>,
     pub(crate) cluster: ClusterTables,
@@ -174,6 +176,7 @@ impl Tables {
             changes: BTreeMap::new(),
             tokens: BTreeMap::new(),
             unacked: BTreeMap::new(),
+            sealing_key: None,
             cluster: ClusterTables::default(),
             next: Counters::default(),
             audit: Audit::default(),

@@ -4,6 +4,13 @@
 
 use std::time::Duration;
 
+use super::super::tests::{fresh, schema_at};
+use super::*;
+use crate::domain::partition::hash32;
+use crate::domain::{Sensor, SensorId};
+use crate::store::conformance;
+use crate::store::prelude::*;
+
 /// The schema version before `0020_partition_scheme.sql`: a database of the version
 /// before the partition scheme (later migrations come after it, whatever they are).
 const BEFORE_SCHEME: usize = 19;
@@ -12,12 +19,6 @@ const BEFORE_SCHEME: usize = 19;
 fn the_version_before_the_scheme_is_the_one_before_its_migration() {
     assert!(super::super::MIGRATIONS[BEFORE_SCHEME].contains("scheme"));
 }
-use super::super::tests::{fresh, schema_at};
-use super::*;
-use crate::domain::partition::hash32;
-use crate::domain::{Sensor, SensorId};
-use crate::store::conformance;
-use crate::store::prelude::*;
 
 fn sid(s: &str) -> SensorId {
     SensorId::parse(s).unwrap()

@@ -534,6 +534,8 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     config.database_url = Some(schema_url(&base_url(), &schema));
     config.data_dir = dir.path().to_path_buf();
     config.database_timeout = Duration::from_secs(1);
+    // The key `fresh` sealed with: a node of this database is given it.
+    config.secret_key = Some(crate::secrets::SecretKeys(vec![[42u8; 32]]));
     let (store, cluster) = crate::store::connect_cluster(&config).await.unwrap();
     let cluster = cluster.expect("PostgreSQL has a cluster side");
     assert_eq!(cluster.partitions(4).await.unwrap().count, 4);

@@ -23,6 +23,7 @@ pub mod fault;
 pub mod mosquitto;
 mod process;
 pub mod proxy;
+pub mod receivers;
 pub mod subscriber;
 
 #[allow(unused_imports)]
@@ -36,6 +37,16 @@ pub struct TestServer {
     _tmp: Option<Arc<tempfile::TempDir>>,
     token: Option<String>,
     server: Option<Server>,
+}
+
+/// The key every latch of the tests that share a PostgreSQL database seals secrets with
+/// (`LATCH_SECRET_KEY`); the embedded store's tests use the data folder's own key file.
+pub const TEST_SECRET_KEY: [u8; 32] = [7; 32];
+
+/// [`TEST_SECRET_KEY`] as `LATCH_SECRET_KEY` is written.
+pub fn test_secret_key() -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(TEST_SECRET_KEY)
 }
 
 /// Settings most tests want: quick retries, quick timeouts, and the receivers (all on
@@ -76,6 +87,10 @@ impl TestServer {
         let mut config = fast_config(dir);
         config.database_url = database_url(dir).await;
         tweak(&mut config);
+        // Servers sharing a database share its key, as a cluster's nodes must.
+        if config.database_url.is_some() && config.secret_key.is_none() {
+            config.secret_key = Some(latch::secrets::SecretKeys(vec![TEST_SECRET_KEY]));
+        }
         let token = config.api_token.clone();
         let server = Server::start_on(config, Duration::from_secs(10), clock)
             .await

@@ -39,6 +39,8 @@ impl Process {
         cmd.env("LATCH_DELIVERY_ALLOW_NETS", "127.0.0.0/8");
         if let Some(url) = database_url {
             cmd.env("LATCH_DATABASE_URL", url);
+            // Nodes of one database share its key (a test may give its own in `env`).
+            cmd.env("LATCH_SECRET_KEY", super::test_secret_key());
         }
         cmd.env("LATCH_RETRY_BASE", "300ms")
             .env("LATCH_RETRY_MAX_DELAY", "1s")

@@ -1,0 +1,315 @@
+//! A client's receiver settings as the API takes and shows them: `headers`, `auth` and
+//! `tls` (DESIGN §5). What is secret in them is write-only: header values read back as
+//! `"[redacted]"`, `auth` without its token, password or client secret, `tls` as the
+//! certificate's subject and expiry.
+//!
+//! On create, absent or `null` means none. On replace, absent keeps what the client has
+//! (its secrets cannot be read back to be sent again), `null` removes it; a header sent
+//! back as `"[redacted]"` keeps its value, so a client read and sent back unchanged keeps
+//! everything.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ApiResult};
+use crate::delivery::guard::Guard;
+use crate::domain::receiver::{self, Auth, REDACTED, Receiver};
+use crate::domain::{Millis, time};
+
+/// Takes a present field as `Some`, `null` included (`Some(None)`): with
+/// `#[serde(default)]`, an absent one stays `None`.
+pub(super) fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// How latch authenticates to the receiver.
+#[derive(Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AuthIn {
+    /// `Authorization: Bearer <token>` on every request.
+    Bearer {
+        /// Write-only.
+        token: String,
+    },
+    /// `Authorization: Basic …` on every request.
+    Basic {
+        username: String,
+        /// Write-only.
+        password: String,
+    },
+    /// A token from `token_url` (OAuth2 client credentials grant; the client
+    /// authenticates with HTTP Basic), sent as a bearer token. It is kept until shortly
+    /// before it expires and fetched again once when the receiver answers 401; a token
+    /// endpoint that fails fails the attempt with the error code `auth_failed`.
+    #[serde(rename = "oauth2_client_credentials")]
+    Oauth2ClientCredentials {
+        /// Checked by the SSRF guard like the client's URL.
+        token_url: String,
+        client_id: String,
+        /// Write-only.
+        client_secret: String,
+        #[serde(default)]
+        scope: Option<String>,
+        #[serde(default)]
+        audience: Option<String>,
+    },
+}
+
+impl From<AuthIn> for Auth {
+    fn from(a: AuthIn) -> Self {
+        match a {
+            AuthIn::Bearer { token } => Auth::Bearer { token },
+            AuthIn::Basic { username, password } => Auth::Basic { username, password },
+            AuthIn::Oauth2ClientCredentials {
+                token_url,
+                client_id,
+                client_secret,
+                scope,
+                audience,
+            } => Auth::OAuth2 {
+                token_url,
+                client_id,
+                client_secret,
+                scope,
+                audience,
+            },
+        }
+    }
+}
+
+/// A client's authentication, without its secret.
+#[derive(Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AuthOut {
+    Bearer {},
+    Basic {
+        username: String,
+    },
+    #[serde(rename = "oauth2_client_credentials")]
+    Oauth2ClientCredentials {
+        token_url: String,
+        client_id: String,
+        scope: Option<String>,
+        audience: Option<String>,
+    },
+}
+
+impl From<&Auth> for AuthOut {
+    fn from(a: &Auth) -> Self {
+        match a {
+            Auth::Bearer { .. } => AuthOut::Bearer {},
+            Auth::Basic { username, .. } => AuthOut::Basic {
+                username: username.clone(),
+            },
+            Auth::OAuth2 {
+                token_url,
+                client_id,
+                scope,
+                audience,
+                ..
+            } => AuthOut::Oauth2ClientCredentials {
+                token_url: token_url.clone(),
+                client_id: client_id.clone(),
+                scope: scope.clone(),
+                audience: audience.clone(),
+            },
+        }
+    }
+}
+
+/// A client certificate for mutual TLS (PEM). Refused at once (422) when it does not
+/// parse, its key is not its own, or it has expired.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TlsIn {
+    /// The certificate, then any intermediates.
+    pub client_cert_pem: String,
+    /// Its private key (PKCS #8, PKCS #1 or SEC1). Write-only.
+    pub client_key_pem: String,
+    /// CAs to verify the receiver's certificate with instead of the system's roots.
+    #[serde(default)]
+    pub ca_pem: Option<String>,
+}
+
+/// A client certificate as shown: its subject and expiry.
+#[derive(Serialize, ToSchema)]
+pub struct TlsOut {
+    /// RFC 4514, e.g. `CN=latch,O=Example`.
+    pub subject: String,
+    pub expires_at: String,
+    /// The subject of the first CA of `ca_pem`; `null`: the system's roots.
+    pub ca_subject: Option<String>,
+}
+
+/// What the API shows of a client's receiver settings.
+pub(super) struct Shown {
+    pub headers: BTreeMap<String, String>,
+    pub auth: Option<AuthOut>,
+    pub tls: Option<TlsOut>,
+}
+
+pub(super) fn shown(r: &Receiver) -> Shown {
+    Shown {
+        headers: r
+            .headers
+            .iter()
+            .map(|(n, _)| (n.clone(), REDACTED.to_string()))
+            .collect(),
+        auth: r.auth.as_ref().map(AuthOut::from),
+        tls: r.tls.as_ref().map(|t| TlsOut {
+            subject: t.subject.clone(),
+            expires_at: time::format(t.not_after),
+            ca_subject: t.ca_subject.clone(),
+        }),
+    }
+}
+
+/// The fields of a create or replace body that make the receiver settings.
+pub(super) struct Given {
+    pub headers: Option<Option<BTreeMap<String, String>>>,
+    pub auth: Option<Option<AuthIn>>,
+    pub tls: Option<Option<TlsIn>>,
+}
+
+/// The receiver settings a create (`current` is `None`) or replace leaves the client with,
+/// checked: header names and values, the auth fields (and its token URL by the SSRF
+/// guard), the certificate. A broker destination keeps them but does not use them (its
+/// credentials are in its URL), as it keeps `batch`.
+pub(super) async fn settle(
+    given: Given,
+    current: Option<&Receiver>,
+    guard: &Guard,
+    now: Millis,
+) -> ApiResult<Receiver> {
+    let kept = current.cloned().unwrap_or_default();
+    let headers = match given.headers {
+        None => kept.headers.clone(),
+        Some(None) => Vec::new(),
+        Some(Some(map)) => map
+            .into_iter()
+            .map(|(name, value)| {
+                if value != REDACTED {
+                    return Ok((name, value));
+                }
+                kept.headers
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .or_else(|| {
+                        kept.headers
+                            .iter()
+                            .find(|(n, _)| n.eq_ignore_ascii_case(&name))
+                    })
+                    .map(|(_, v)| (name.clone(), v.clone()))
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "headers.{name}: {REDACTED:?} keeps a header's value, and the \
+                             client has no header {name}"
+                        ))
+                    })
+            })
+            .collect::<ApiResult<Vec<_>>>()?,
+    };
+    let auth = match given.auth {
+        None => kept.auth.clone(),
+        Some(a) => a.map(Auth::from),
+    };
+    let tls = match given.tls {
+        None => kept.tls.clone(),
+        Some(None) => None,
+        Some(Some(t)) => {
+            let tls = receiver::parse_tls(
+                &t.client_cert_pem,
+                &t.client_key_pem,
+                t.ca_pem.as_deref(),
+                now,
+            )
+            .map_err(ApiError::invalid)?;
+            crate::delivery::tls::check(&tls).map_err(ApiError::invalid)?;
+            Some(tls)
+        }
+    };
+    let r = Receiver { headers, auth, tls };
+    receiver::validate_headers(&r.headers, r.auth.is_some()).map_err(ApiError::invalid)?;
+    if let Some(a) = &r.auth {
+        receiver::validate_auth(a).map_err(ApiError::invalid)?;
+        if let Auth::OAuth2 { token_url, .. } = a {
+            guard
+                .vet(token_url)
+                .await
+                .map_err(|e| ApiError::invalid(format!("auth.token_url is not allowed: {e}")))?;
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current() -> Receiver {
+        Receiver {
+            headers: vec![("X-Key".into(), "secret-1".into())],
+            auth: Some(Auth::Bearer {
+                token: "tok".into(),
+            }),
+            tls: None,
+        }
+    }
+
+    fn given(
+        headers: Option<Option<BTreeMap<String, String>>>,
+        auth: Option<Option<AuthIn>>,
+    ) -> Given {
+        Given {
+            headers,
+            auth,
+            tls: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn absent_keeps_null_removes_redacted_keeps_a_value() {
+        let g = Guard::default();
+        let c = current();
+        let kept = settle(given(None, None), Some(&c), &g, 0).await.unwrap();
+        assert_eq!(kept, c);
+        let removed = settle(given(Some(None), Some(None)), Some(&c), &g, 0)
+            .await
+            .unwrap();
+        assert!(removed.is_empty());
+        let map = BTreeMap::from([
+            ("x-key".to_string(), REDACTED.to_string()),
+            ("X-New".to_string(), "v".to_string()),
+        ]);
+        let merged = settle(given(Some(Some(map)), None), Some(&c), &g, 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            merged.headers,
+            vec![
+                ("X-New".to_string(), "v".to_string()),
+                ("x-key".to_string(), "secret-1".to_string())
+            ]
+        );
+        let unknown = BTreeMap::from([("X-Gone".to_string(), REDACTED.to_string())]);
+        assert!(
+            settle(given(Some(Some(unknown)), None), Some(&c), &g, 0)
+                .await
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn shown_holds_no_secret() {
+        let s = shown(&current());
+        assert_eq!(s.headers["X-Key"], REDACTED);
+        let json = serde_json::to_string(&s.auth).unwrap();
+        assert_eq!(json, r#"{"type":"bearer"}"#);
+    }
+}

@@ -1,0 +1,543 @@
+//! Secrets at rest: every secret latch keeps for its clients (signing secrets, header values,
+//! auth secrets, TLS keys, broker passwords) is stored sealed with XChaCha20-Poly1305, so a
+//! copy of the store — a stolen disk, a backup, a `pg_dump` — holds none of them in plain
+//! text. The key is `LATCH_SECRET_KEY` or, when that is unset, `secret.key` in the data
+//! folder, made once (mode 0600) the first time a store has no key recorded.
+//!
+//! A sealed value names its key by id (`enc:<id>:<base64>`), so several keys can be in use
+//! at once: the store records which one seals new values (its *current* key) and `latch
+//! rotate-key` moves every value to a new one while latch runs. A running latch that meets
+//! an id it does not hold reads the key file again (the rotation added it there); with
+//! `LATCH_SECRET_KEY`, every node is given the new key first.
+//!
+//! Each value is sealed with its client's id as associated data, so a sealed value copied
+//! into another client's row does not open there. The store seals and opens; everything
+//! above it sees plain values and is careful never to log them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+/// How a sealed value starts; no plain value latch stores does (signing secrets start with
+/// `whsec_`, and header values, auth secrets and keys are sealed from the first write).
+pub const SEALED_PREFIX: &str = "enc:";
+
+/// The key file's name in the data folder.
+pub const KEY_FILE: &str = "secret.key";
+
+/// Bytes of a key.
+pub const KEY_LEN: usize = 32;
+
+/// Most opened values kept, so a claim does not decrypt the same secret on every attempt.
+const OPENED_MAX: usize = 10_000;
+
+/// Why a secret could not be sealed or opened, or a key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    MissingKey(String),
+    #[error("a sealed secret is damaged or was not sealed for this client ({0})")]
+    Corrupt(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// One key and its id: the first 8 hex digits of its SHA-256, so an id says which key
+/// without saying anything of it.
+pub struct Key {
+    pub id: String,
+    cipher: XChaCha20Poly1305,
+}
+
+impl Key {
+    pub fn new(bytes: &[u8; KEY_LEN]) -> Self {
+        Self {
+            id: key_id(bytes),
+            cipher: XChaCha20Poly1305::new(bytes.into()),
+        }
+    }
+}
+
+/// A key's id: what a sealed value and the store name it by.
+pub fn key_id(bytes: &[u8; KEY_LEN]) -> String {
+    let digest = Sha256::digest(bytes);
+    hex::encode(&digest[..4])
+}
+
+/// Keys given in `LATCH_SECRET_KEY`: base64 of 32 bytes each, comma-separated. `Debug`
+/// shows only their ids.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretKeys(pub Vec<[u8; KEY_LEN]>);
+
+impl fmt::Debug for SecretKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ids: Vec<String> = self.0.iter().map(key_id).collect();
+        write!(f, "SecretKeys(ids: {ids:?})")
+    }
+}
+
+impl SecretKeys {
+    /// Parses `"<base64>, <base64>"`; the message never quotes the text (it is a key).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut keys = Vec::new();
+        for (i, part) in text.split(',').map(str::trim).enumerate() {
+            if part.is_empty() {
+                continue;
+            }
+            keys.push(parse_key(part).map_err(|e| format!("key {}: {e}", i + 1))?);
+        }
+        if keys.is_empty() {
+            return Err("no key given".into());
+        }
+        Ok(Self(keys))
+    }
+}
+
+/// One key written as base64.
+fn parse_key(text: &str) -> Result<[u8; KEY_LEN], String> {
+    let bytes = STANDARD
+        .decode(text.trim())
+        .map_err(|_| "not base64 (make one with `openssl rand -base64 32`)".to_string())?;
+    bytes.try_into().map_err(|b: Vec<u8>| {
+        format!(
+            "{} bytes; a key is {KEY_LEN} bytes (make one with `openssl rand -base64 32`)",
+            b.len()
+        )
+    })
+}
+
+/// A fresh random key.
+pub fn generate_key() -> [u8; KEY_LEN] {
+    let mut k = [0u8; KEY_LEN];
+    rand::thread_rng().fill_bytes(&mut k);
+    k
+}
+
+/// Where the keys come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// `LATCH_SECRET_KEY`: fixed for the life of the process.
+    Given(SecretKeys),
+    /// The data folder's key file: read again when a value names a key not yet known.
+    File(PathBuf),
+}
+
+impl Source {
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        match &c.secret_key {
+            Some(keys) => Source::Given(keys.clone()),
+            None => Source::File(c.data_dir.join(KEY_FILE)),
+        }
+    }
+}
+
+/// The keys a process holds, and the values it opened lately.
+pub struct Keyring {
+    source: Source,
+    keys: RwLock<Vec<std::sync::Arc<Key>>>,
+    /// Opened values by sealed text, each with the associated data it opened with (looked
+    /// up by the text alone: no key is built for a look-up).
+    opened: Mutex<HashMap<String, (String, String)>>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyring").field("ids", &self.ids()).finish()
+    }
+}
+
+impl Keyring {
+    /// A keyring over `source`; a key file is read (or made) by [`Keyring::prepare`].
+    pub fn new(source: Source) -> Self {
+        let keys = match &source {
+            Source::Given(k) => {
+                k.0.iter()
+                    .map(|b| std::sync::Arc::new(Key::new(b)))
+                    .collect()
+            }
+            Source::File(_) => Vec::new(),
+        };
+        Self {
+            source,
+            keys: RwLock::new(keys),
+            opened: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A keyring holding exactly `keys` (tests, and tools that were handed keys).
+    pub fn with_keys(keys: &[[u8; KEY_LEN]]) -> Self {
+        Self::new(Source::Given(SecretKeys(keys.to_vec())))
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// The ids of the keys held, in order.
+    pub fn ids(&self) -> Vec<String> {
+        self.read_keys().iter().map(|k| k.id.clone()).collect()
+    }
+
+    fn read_keys(&self) -> std::sync::RwLockReadGuard<'_, Vec<std::sync::Arc<Key>>> {
+        self.keys.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gets ready for a store whose current key is `recorded` (`None`: it has none yet) and
+    /// answers the id the store is to seal with. With a key file, the file is read, or made
+    /// with one new key when the store has no key recorded and there is no file yet.
+    pub fn prepare(&self, recorded: Option<&str>) -> Result<String, Error> {
+        if let Source::File(path) = &self.source {
+            match recorded {
+                None if !path.exists() => make_key_file(path, &generate_key())?,
+                Some(id) if !path.exists() => return Err(Error::MissingKey(self.missing(id))),
+                _ => {}
+            }
+            self.reload()?;
+        }
+        match recorded {
+            Some(id) => {
+                self.key(id)?;
+                Ok(id.to_string())
+            }
+            None => self
+                .read_keys()
+                .first()
+                .map(|k| k.id.clone())
+                .ok_or_else(|| Error::MissingKey("the secret key file holds no key".into())),
+        }
+    }
+
+    /// Reads the key file again (a rotation may have added a key).
+    fn reload(&self) -> Result<(), Error> {
+        let Source::File(path) = &self.source else {
+            return Ok(());
+        };
+        let keys = read_key_file(path)?;
+        let mut held = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        *held = keys
+            .iter()
+            .map(|b| std::sync::Arc::new(Key::new(b)))
+            .collect();
+        Ok(())
+    }
+
+    /// The key with this id; the key file is read again once when it is not held.
+    fn key(&self, id: &str) -> Result<std::sync::Arc<Key>, Error> {
+        if let Some(k) = self.read_keys().iter().find(|k| k.id == id) {
+            return Ok(k.clone());
+        }
+        self.reload()?;
+        if let Some(k) = self.read_keys().iter().find(|k| k.id == id) {
+            return Ok(k.clone());
+        }
+        Err(Error::MissingKey(self.missing(id)))
+    }
+
+    /// What to do about a key this process lacks.
+    fn missing(&self, id: &str) -> String {
+        match &self.source {
+            Source::Given(_) => format!(
+                "the store's secrets are sealed under key {id}, which LATCH_SECRET_KEY does not \
+                 hold: give this node every key in use (comma-separated, the newest first)"
+            ),
+            Source::File(path) => format!(
+                "the store's secrets are sealed under key {id}, which {} does not hold: restore \
+                 the key file that belongs to this store (a backup cannot deliver without it), \
+                 or set LATCH_SECRET_KEY",
+                path.display()
+            ),
+        }
+    }
+
+    /// Seals `plain` under key `id` for the client `aad`.
+    pub fn seal(&self, id: &str, aad: &str, plain: &str) -> Result<String, Error> {
+        let key = self.key(id)?;
+        let mut nonce = [0u8; 24];
+        rand::thread_rng().fill_bytes(&mut nonce);
+        let sealed = key
+            .cipher
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plain.as_bytes(),
+                    aad: aad.as_bytes(),
+                },
+            )
+            .map_err(|_| Error::Corrupt("sealing failed".into()))?;
+        let mut bytes = Vec::with_capacity(24 + sealed.len());
+        bytes.extend_from_slice(&nonce);
+        bytes.extend_from_slice(&sealed);
+        Ok(format!(
+            "{SEALED_PREFIX}{}:{}",
+            key.id,
+            URL_SAFE_NO_PAD.encode(bytes)
+        ))
+    }
+
+    /// Opens a value sealed for the client `aad`; a value that is not sealed (written before
+    /// secrets were sealed, and not yet resealed) is returned as it is.
+    pub fn open(&self, aad: &str, value: &str) -> Result<String, Error> {
+        let Some((id, _)) = sealed_parts(value) else {
+            return Ok(value.to_string());
+        };
+        {
+            let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, plain)) = opened.get(value).filter(|(a, _)| a == aad) {
+                return Ok(plain.clone());
+            }
+        }
+        let key = self.key(id)?;
+        let plain = open_with(&key, aad, value)?;
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if opened.len() >= OPENED_MAX {
+            opened.clear();
+        }
+        opened.insert(value.to_string(), (aad.to_string(), plain.clone()));
+        Ok(plain)
+    }
+
+    /// Adds a new key to the key file and answers its id (`latch rotate-key` without
+    /// `LATCH_SECRET_KEY`). The keys already there stay, so values sealed under them still
+    /// open until they are resealed.
+    pub fn add_key_to_file(&self) -> Result<String, Error> {
+        let Source::File(path) = &self.source else {
+            return Err(Error::MissingKey(
+                "LATCH_SECRET_KEY is set: put the new key first in it on every node, then run \
+                 latch rotate-key"
+                    .into(),
+            ));
+        };
+        let mut keys = read_key_file(path)?;
+        let new = generate_key();
+        keys.insert(0, new);
+        write_key_file(path, &keys)?;
+        self.reload()?;
+        Ok(key_id(&new))
+    }
+
+    /// Drops from the key file every key but `keep` (after a rotation resealed everything
+    /// under the new key, the keys before the previous one are no longer needed).
+    pub fn keep_in_file(&self, keep: &[String]) -> Result<(), Error> {
+        let Source::File(path) = &self.source else {
+            return Ok(());
+        };
+        let keys: Vec<[u8; KEY_LEN]> = read_key_file(path)?
+            .into_iter()
+            .filter(|k| keep.contains(&key_id(k)))
+            .collect();
+        write_key_file(path, &keys)?;
+        self.reload()
+    }
+}
+
+/// The key id and payload of a sealed value; `None` when it is not one.
+pub fn sealed_parts(value: &str) -> Option<(&str, &str)> {
+    value.strip_prefix(SEALED_PREFIX)?.split_once(':')
+}
+
+/// Whether `value` is sealed, and under which key.
+pub fn sealed_under(value: &str) -> Option<&str> {
+    sealed_parts(value).map(|(id, _)| id)
+}
+
+fn open_with(key: &Key, aad: &str, value: &str) -> Result<String, Error> {
+    let (_, payload) = sealed_parts(value).ok_or_else(|| Error::Corrupt("not sealed".into()))?;
+    let bytes = URL_SAFE_NO_PAD
+        .decode(payload)
+        .map_err(|_| Error::Corrupt("not base64".into()))?;
+    if bytes.len() < 24 + 16 {
+        return Err(Error::Corrupt("too short".into()));
+    }
+    let (nonce, sealed) = bytes.split_at(24);
+    let plain = key
+        .cipher
+        .decrypt(
+            XNonce::from_slice(nonce),
+            Payload {
+                msg: sealed,
+                aad: aad.as_bytes(),
+            },
+        )
+        .map_err(|_| Error::Corrupt(format!("key {}", key.id)))?;
+    String::from_utf8(plain).map_err(|_| Error::Corrupt("not text".into()))
+}
+
+/// The keys of a key file: one base64 key a line, `#` comments and blank lines skipped.
+fn read_key_file(path: &Path) -> Result<Vec<[u8; KEY_LEN]>, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = parse_key(line)
+            .map_err(|e| Error::Io(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        keys.push(key);
+    }
+    Ok(keys)
+}
+
+const KEY_FILE_HEADER: &str = "# latch's secret keys (base64, newest first). Keep a copy with \
+     every backup: a store without its key cannot deliver.\n";
+
+/// Makes the key file with `key`, readable by its owner only; an existing file is never
+/// overwritten (two starts at once: the second finds the first's).
+fn make_key_file(path: &Path, key: &[u8; KEY_LEN]) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    f.write_all(format!("{KEY_FILE_HEADER}{}\n", STANDARD.encode(key)).as_bytes())
+        .map_err(io)?;
+    f.sync_all().map_err(io)?;
+    sync_dir(path);
+    Ok(())
+}
+
+/// Replaces the key file with `keys` at once (a new file renamed over it), mode 0600.
+fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
+    let tmp = path.with_extension("key.new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    let mut text = KEY_FILE_HEADER.to_string();
+    for k in keys {
+        text.push_str(&STANDARD.encode(k));
+        text.push('\n');
+    }
+    f.write_all(text.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    sync_dir(path);
+    Ok(())
+}
+
+/// Makes a file's creation or rename durable.
+fn sync_dir(path: &Path) {
+    if let Some(dir) = path.parent()
+        && let Ok(d) = std::fs::File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_values_open_for_their_client_only() {
+        let ring = Keyring::with_keys(&[[7u8; KEY_LEN]]);
+        let id = ring.ids()[0].clone();
+        assert_eq!(id.len(), 8);
+        let sealed = ring.seal(&id, "client-a", "whsec_secret").unwrap();
+        assert!(sealed.starts_with(&format!("enc:{id}:")), "{sealed}");
+        assert!(!sealed.contains("whsec_secret"));
+        assert_ne!(ring.seal(&id, "client-a", "whsec_secret").unwrap(), sealed);
+        assert_eq!(ring.open("client-a", &sealed).unwrap(), "whsec_secret");
+        assert!(matches!(
+            ring.open("client-b", &sealed),
+            Err(Error::Corrupt(_))
+        ));
+        assert_eq!(ring.open("client-a", "whsec_plain").unwrap(), "whsec_plain");
+        let mut damaged = sealed.clone();
+        damaged.pop();
+        damaged.push(if sealed.ends_with('A') { 'B' } else { 'A' });
+        assert!(ring.open("client-a", &damaged).is_err());
+    }
+
+    #[test]
+    fn a_value_under_a_key_not_held_names_the_key() {
+        let a = Keyring::with_keys(&[[1u8; KEY_LEN]]);
+        let b = Keyring::with_keys(&[[2u8; KEY_LEN]]);
+        let sealed = a.seal(&a.ids()[0], "c", "x").unwrap();
+        let e = b.open("c", &sealed).unwrap_err().to_string();
+        assert!(
+            e.contains(&a.ids()[0]) && e.contains("LATCH_SECRET_KEY"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn given_keys_parse_and_never_show() {
+        let k = STANDARD.encode([9u8; KEY_LEN]);
+        let keys = SecretKeys::parse(&format!(" {k} , {} ", STANDARD.encode([8u8; 32]))).unwrap();
+        assert_eq!(keys.0.len(), 2);
+        assert!(!format!("{keys:?}").contains(&k));
+        assert!(SecretKeys::parse("").is_err());
+        let e = SecretKeys::parse(&STANDARD.encode([1u8; 16])).unwrap_err();
+        assert!(e.contains("16 bytes") && e.contains("openssl"), "{e}");
+        assert!(
+            SecretKeys::parse("not base64!")
+                .unwrap_err()
+                .contains("base64")
+        );
+    }
+
+    #[test]
+    fn the_key_file_is_made_once_owner_only_and_grows_on_rotation() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let ring = Keyring::new(Source::File(path.clone()));
+        let first = ring.prepare(None).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let sealed = ring.seal(&first, "c", "v").unwrap();
+        // Made once: a second start reads the same key.
+        let again = Keyring::new(Source::File(path.clone()));
+        assert_eq!(again.prepare(Some(&first)).unwrap(), first);
+        // A rotation adds a key; a running keyring finds it by reading the file again.
+        let rotated = Keyring::new(Source::File(path.clone()));
+        rotated.prepare(Some(&first)).unwrap();
+        let second = rotated.add_key_to_file().unwrap();
+        assert_ne!(second, first);
+        let resealed = rotated.seal(&second, "c", "v").unwrap();
+        assert_eq!(again.open("c", &resealed).unwrap(), "v");
+        assert_eq!(again.open("c", &sealed).unwrap(), "v");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        rotated.keep_in_file(std::slice::from_ref(&second)).unwrap();
+        let fresh = Keyring::new(Source::File(path.clone()));
+        assert!(fresh.prepare(Some(&first)).is_err());
+        assert_eq!(fresh.prepare(Some(&second)).unwrap(), second);
+    }
+
+    #[test]
+    fn a_store_with_a_key_but_no_key_file_is_refused_not_given_a_new_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let ring = Keyring::new(Source::File(path.clone()));
+        let e = ring.prepare(Some("0badc0de")).unwrap_err().to_string();
+        assert!(
+            e.contains("0badc0de") && e.contains("restore the key file"),
+            "{e}"
+        );
+        assert!(!path.exists(), "no key is made for a store that has one");
+    }
+}

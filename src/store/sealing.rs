@@ -1,0 +1,362 @@
+//! Clients' secrets sealed on their way into the store and opened on their way out
+//! ([`crate::secrets`]): the signing secret and the one a rotation replaced, a broker URL's
+//! password (kept apart from the URL, in `url_password`), header values, the auth secret
+//! and the TLS key. Every backend writes and reads these through this module, so the rule
+//! is one: nothing above the store ever sees a sealed value, and no row holds a plain one.
+//!
+//! The key new values are sealed under is the store's (`secret_key`), read in each write's
+//! transaction, so a write that races `latch rotate-key` is sealed under the new key or
+//! resealed by it ([`rotate`]).
+
+use serde::de::DeserializeOwned;
+
+use super::{Error, Result, Secrets};
+use crate::domain::receiver::{Auth, Receiver, Tls};
+use crate::domain::{Client, Sendable, destination};
+use crate::secrets::{self, Keyring, Source, sealed_under};
+
+/// A client's columns that hold secrets, as stored.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct SealedCols {
+    pub url: String,
+    pub url_password: Option<String>,
+    pub secret: String,
+    pub previous_secret: Option<String>,
+    /// JSON `[[name, sealed value], …]`; `None` without headers.
+    pub headers: Option<String>,
+    /// JSON [`Auth`] with its secret sealed.
+    pub auth: Option<String>,
+    /// JSON [`Tls`] with its key sealed.
+    pub tls: Option<String>,
+}
+
+fn sealing(id: &str, e: secrets::Error) -> Error {
+    Error::Backend(format!("client {id}: {e}"))
+}
+
+fn json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).expect("receiver settings serialize")
+}
+
+/// `c`'s secrets sealed under key `kid`, with its id as associated data.
+pub(crate) fn seal(keys: &Keyring, kid: &str, c: &Client) -> Result<SealedCols> {
+    seal_parts(
+        keys,
+        kid,
+        &c.id,
+        &c.url,
+        &c.secret,
+        c.previous_secret.as_deref(),
+        &c.receiver,
+    )
+    .map_err(|e| sealing(&c.id, e))
+}
+
+fn seal_parts(
+    keys: &Keyring,
+    kid: &str,
+    id: &str,
+    url: &str,
+    secret: &str,
+    previous_secret: Option<&str>,
+    r: &Receiver,
+) -> Result<SealedCols, secrets::Error> {
+    let s = |v: &str| keys.seal(kid, id, v);
+    let (url, password) = destination::split_password(url);
+    let headers = r
+        .headers
+        .iter()
+        .map(|(n, v)| Ok((n.clone(), s(v)?)))
+        .collect::<Result<Vec<_>, secrets::Error>>()?;
+    let auth = match &r.auth {
+        Some(a) => {
+            let mut a = a.clone();
+            for v in a.secrets_mut() {
+                *v = s(v)?;
+            }
+            Some(json(&a))
+        }
+        None => None,
+    };
+    let tls = match &r.tls {
+        Some(t) => Some(json(&Tls {
+            client_key_pem: s(&t.client_key_pem)?,
+            ..t.clone()
+        })),
+        None => None,
+    };
+    Ok(SealedCols {
+        url,
+        url_password: password.map(|p| s(&p)).transpose()?,
+        secret: s(secret)?,
+        previous_secret: previous_secret.map(s).transpose()?,
+        headers: (!headers.is_empty()).then(|| json(&headers)),
+        auth,
+        tls,
+    })
+}
+
+/// Reads a JSON column of receiver settings; the store wrote it, so a failure is damage.
+pub(crate) fn parse_column<T: DeserializeOwned>(text: Option<String>) -> Result<Option<T>, String> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| format!("a stored receiver setting: {e}")))
+        .transpose()
+}
+
+/// The receiver settings of the three JSON columns (values still sealed).
+pub(crate) fn receiver(
+    headers: Option<String>,
+    auth: Option<String>,
+    tls: Option<String>,
+) -> Result<Receiver, String> {
+    Ok(Receiver {
+        headers: parse_column::<Vec<(String, String)>>(headers)?.unwrap_or_default(),
+        auth: parse_column::<Auth>(auth)?,
+        tls: parse_column::<Tls>(tls)?,
+    })
+}
+
+/// The URL a row maps to: with its sealed password back in it, opened by [`open_client`]
+/// or [`open_sendable`] like every other sealed value.
+pub(crate) fn url_column(url: String, password: Option<String>) -> String {
+    match password {
+        Some(p) => destination::join_password(&url, &p),
+        None => url,
+    }
+}
+
+/// Opens every sealed value of a client read from the store.
+pub(crate) fn open_client(keys: &Keyring, c: &mut Client) -> Result<()> {
+    open_parts(
+        keys,
+        &c.id,
+        &mut c.url,
+        &mut c.secret,
+        &mut c.previous_secret,
+        &mut c.receiver,
+    )
+    .map_err(|e| sealing(&c.id, e))
+}
+
+/// Opens every sealed value of a claimed notification's client. One that does not open
+/// (damaged, or under a key this node lacks) fails its attempt with the reason
+/// ([`Sendable::unopened`]) rather than the claim of every head with it.
+pub(crate) fn open_sendable(keys: &Keyring, s: &mut Sendable) {
+    let id = s.notification.client_id.clone();
+    if let Err(e) = open_parts(
+        keys,
+        &id,
+        &mut s.url,
+        &mut s.secret,
+        &mut s.previous_secret,
+        &mut s.receiver,
+    ) {
+        tracing::warn!(client_id = %id, error = %e, "A client's secrets could not be opened.");
+        s.unopened = Some(e.to_string());
+    }
+}
+
+/// [`open_sendable`] for each notification a claim leased.
+pub(crate) fn open_claims(keys: &Keyring, claims: &mut [crate::domain::Claim]) {
+    for c in claims {
+        if let crate::domain::Claim::Send(s) = c {
+            open_sendable(keys, s);
+        }
+    }
+}
+
+fn open_parts(
+    keys: &Keyring,
+    id: &str,
+    url: &mut String,
+    secret: &mut String,
+    previous: &mut Option<String>,
+    r: &mut Receiver,
+) -> Result<(), secrets::Error> {
+    *secret = keys.open(id, secret)?;
+    if let Some(p) = previous {
+        *p = keys.open(id, p)?;
+    }
+    if let (bare, Some(password)) = destination::split_password(url)
+        && sealed_under(&password).is_some()
+    {
+        *url = destination::join_password(&bare, &keys.open(id, &password)?);
+    }
+    for (_, v) in &mut r.headers {
+        *v = keys.open(id, v)?;
+    }
+    if let Some(a) = &mut r.auth {
+        for v in a.secrets_mut() {
+            *v = keys.open(id, v)?;
+        }
+    }
+    if let Some(t) = &mut r.tls {
+        t.client_key_pem = keys.open(id, &t.client_key_pem)?;
+    }
+    Ok(())
+}
+
+/// `cols` of client `id` sealed anew under `kid` when any value is not sealed under it (a
+/// plain one from before secrets were sealed, a broker password still in its URL, or one
+/// under an older key); `None` when all are.
+pub(crate) fn reseal(
+    keys: &Keyring,
+    kid: &str,
+    id: &str,
+    cols: &SealedCols,
+) -> Result<Option<SealedCols>, secrets::Error> {
+    let r = receiver(cols.headers.clone(), cols.auth.clone(), cols.tls.clone())
+        .map_err(secrets::Error::Corrupt)?;
+    let mut values: Vec<String> = vec![cols.secret.clone()];
+    values.extend(cols.previous_secret.clone());
+    values.extend(cols.url_password.clone());
+    values.extend(r.headers.iter().map(|(_, v)| v.clone()));
+    if let Some(mut a) = r.auth.clone() {
+        values.extend(a.secrets_mut().into_iter().map(|v| v.clone()));
+    }
+    values.extend(r.tls.as_ref().map(|t| t.client_key_pem.clone()));
+    let password_in_url = destination::split_password(&cols.url).1.is_some();
+    if !password_in_url && values.iter().all(|v| sealed_under(v) == Some(kid)) {
+        return Ok(None);
+    }
+    let mut url = url_column(cols.url.clone(), cols.url_password.clone());
+    let mut secret = cols.secret.clone();
+    let mut previous = cols.previous_secret.clone();
+    let mut r = r;
+    open_parts(keys, id, &mut url, &mut secret, &mut previous, &mut r)?;
+    seal_parts(keys, kid, id, &url, &secret, previous.as_deref(), &r).map(Some)
+}
+
+/// What [`rotate`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rotated {
+    /// The key secrets were sealed under before (`None`: the store had none).
+    pub from: Option<String>,
+    pub to: String,
+    /// Clients whose secrets were sealed anew.
+    pub resealed: u64,
+}
+
+/// Gets `keys` ready for the store and records the key the store seals under, when it had
+/// none; then seals whatever is not sealed under it yet (rows written before secrets were
+/// sealed, or a rotation cut short). At every start, before anything reads a client.
+pub async fn prepare(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<u64> {
+    let recorded = store.sealing_key().await?;
+    let current = keys.prepare(recorded.as_deref())?;
+    if recorded.is_none() {
+        // Another node may have recorded its own key meanwhile: that one stands, and this
+        // node must hold it.
+        let stands = store.first_sealing_key(current.clone()).await?;
+        if stands != current {
+            keys.prepare(Some(&stands))?;
+        }
+    }
+    Ok(store.reseal().await?)
+}
+
+/// `latch rotate-key`: a new key for the store, every secret sealed anew under it. With
+/// a key file, the new key is added to the file (a running latch reads it again when it
+/// meets the new id) and, once everything is resealed, keys older than the one it
+/// replaced are dropped from it. With `LATCH_SECRET_KEY`, the first key given becomes the
+/// store's: every node must hold it before this runs.
+pub async fn rotate(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<Rotated> {
+    let recorded = store.sealing_key().await?;
+    let from = match &recorded {
+        Some(id) => Some(keys.prepare(Some(id))?),
+        None => {
+            prepare(store, keys).await?;
+            store.sealing_key().await?
+        }
+    };
+    let to = match keys.source() {
+        Source::File(_) => keys.add_key_to_file()?,
+        Source::Given(_) => keys
+            .ids()
+            .first()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("LATCH_SECRET_KEY holds no key"))?,
+    };
+    store.set_sealing_key(to.clone()).await?;
+    let resealed = store.reseal().await?;
+    let keep: Vec<String> = std::iter::once(to.clone()).chain(from.clone()).collect();
+    keys.keep_in_file(&keep)?;
+    Ok(Rotated { from, to, resealed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::receiver::Auth;
+
+    fn client() -> Client {
+        Client {
+            id: "01CLIENT".into(),
+            url: "mqtt://user:hunter2@broker/doors".into(),
+            secret: "whsec_c2VjcmV0c2VjcmV0c2VjcmV0".into(),
+            previous_secret: Some("whsec_b2xkb2xkb2xkb2xkb2xkb2xk".into()),
+            receiver: Receiver {
+                headers: vec![("X-Api-Key".into(), "header-secret".into())],
+                auth: Some(Auth::Basic {
+                    username: "u".into(),
+                    password: "basic-secret".into(),
+                }),
+                tls: None,
+            },
+            ..Client::default()
+        }
+    }
+
+    #[test]
+    fn sealed_columns_hold_no_secret_and_open_back() {
+        let keys = Keyring::with_keys(&[[3u8; 32]]);
+        let kid = keys.ids()[0].clone();
+        let c = client();
+        let cols = seal(&keys, &kid, &c).unwrap();
+        let all = format!("{cols:?}");
+        for secret in [
+            "hunter2",
+            "c2VjcmV0",
+            "b2xkb2xk",
+            "header-secret",
+            "basic-secret",
+        ] {
+            assert!(!all.contains(secret), "{secret} in {all}");
+        }
+        assert_eq!(cols.url, "mqtt://user@broker/doors");
+        assert!(
+            all.contains("X-Api-Key") && all.contains(r#"\"username\":\"u\""#),
+            "{all}"
+        );
+        let mut read = Client {
+            url: url_column(cols.url.clone(), cols.url_password.clone()),
+            secret: cols.secret.clone(),
+            previous_secret: cols.previous_secret.clone(),
+            receiver: receiver(cols.headers.clone(), cols.auth.clone(), cols.tls.clone()).unwrap(),
+            ..c.clone()
+        };
+        open_client(&keys, &mut read).unwrap();
+        assert_eq!(read, c);
+        assert_eq!(reseal(&keys, &kid, &c.id, &cols).unwrap(), None);
+    }
+
+    #[test]
+    fn plain_and_old_values_are_resealed_under_the_current_key() {
+        let keys = Keyring::with_keys(&[[4u8; 32], [5u8; 32]]);
+        let (new, old) = (keys.ids()[0].clone(), keys.ids()[1].clone());
+        let c = client();
+        let plain = SealedCols {
+            url: c.url.clone(),
+            secret: c.secret.clone(),
+            ..SealedCols::default()
+        };
+        let sealed = reseal(&keys, &new, &c.id, &plain).unwrap().unwrap();
+        assert_eq!(sealed.url, "mqtt://user@broker/doors");
+        assert_eq!(sealed_under(&sealed.secret), Some(new.as_str()));
+        let under_old = seal(&keys, &old, &c).unwrap();
+        let moved = reseal(&keys, &new, &c.id, &under_old).unwrap().unwrap();
+        assert_eq!(
+            sealed_under(moved.url_password.as_deref().unwrap()),
+            Some(new.as_str())
+        );
+        assert!(moved.auth.unwrap().contains(&format!("enc:{new}:")));
+    }
+}
