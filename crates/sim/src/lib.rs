@@ -121,28 +121,36 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
         .build()
         .expect("a runtime");
     rt.block_on(async {
+        let clock = Clock::simulated(START, seed);
+        let world = Arc::new(World::new(clock, seed));
         // Virtual time: a run that never ends (a stop that hangs, a loop that never
         // settles) is a failure of its own, not a hung test.
-        match tokio::time::timeout(RUN_LIMIT, simulate(seed, opts)).await {
+        match tokio::time::timeout(RUN_LIMIT, simulate(seed, opts, world.clone())).await {
             Ok(out) => out,
-            Err(_) => Outcome {
-                seed,
-                hash: "-".into(),
-                violations: vec![Violation {
-                    at: START + RUN_LIMIT.as_millis() as Millis,
-                    invariant: "a run ends",
-                    detail: format!(
+            Err(_) => {
+                world.violate(
+                    "a run ends",
+                    format!(
                         "still running after {} s of virtual time",
                         RUN_LIMIT.as_secs()
                     ),
-                    keys: Vec::new(),
-                }],
-                trace: Vec::new(),
-                full_trace: Vec::new(),
-                nodes: 0,
-                virtual_ms: RUN_LIMIT.as_millis() as Millis,
-                trace_len: 0,
-            },
+                    Vec::new(),
+                );
+                Outcome {
+                    seed,
+                    hash: world.trace_hash(),
+                    violations: world.violations(),
+                    trace: world.trace_about(&[], opts.trace_lines),
+                    full_trace: if opts.full_trace {
+                        world.trace_all()
+                    } else {
+                        Vec::new()
+                    },
+                    nodes: 0,
+                    virtual_ms: RUN_LIMIT.as_millis() as Millis,
+                    trace_len: world.trace_len(),
+                }
+            }
         }
     })
 }
@@ -174,9 +182,8 @@ fn settings(cluster: bool) -> Config {
     c
 }
 
-async fn simulate(seed: u64, opts: &Options) -> Outcome {
-    let clock = Clock::simulated(START, seed);
-    let world = Arc::new(World::new(clock.clone(), seed));
+async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
+    let clock = world.clock.clone();
     let nodes_n = match seed % 3 {
         0 => 1,
         1 => 2,
