@@ -132,17 +132,19 @@ impl Shard {
                     Some(m) => Some(m),
                     None => break,
                 },
-                _ = sleep, if !stopping => None,
-                // A link back up may bring deadlines nearer than the one slept for.
-                changed = self.links_rx.changed(), if !unlinked => {
-                    unlinked = changed.is_err();
-                    None
-                }
+                // Before the deadlines: while the store refuses commits, the sensors that
+                // fell due stay due, and a deadline in the past is always ready.
                 _ = stop.cancelled(), if !stopping => {
                     // Finish what callers already queued, then leave.
                     stopping = true;
                     self.rx.close();
                     continue;
+                }
+                _ = sleep, if !stopping => None,
+                // A link back up may bring deadlines nearer than the one slept for.
+                changed = self.links_rx.changed(), if !unlinked => {
+                    unlinked = changed.is_err();
+                    None
                 }
             };
             let mut pending = Pending::default();
