@@ -4,14 +4,14 @@
 //! it copies every page of the log into the database file and syncs that file while the
 //! writer, and every batch waiting for it, waits. Here the writer only notes the log's size
 //! after each commit (a WAL hook, read on the thread that committed); past
-//! [`CHECKPOINT_PAGES`] it asks a thread of its own, on a connection of its own, which
+//! [`CHECKPOINT_PAGES`] (by default) it asks a thread of its own, on a connection of its own, which
 //! copies with `PASSIVE` checkpoints (never blocking the writer) until what each pass finds
 //! new is small, then holds the writer for one last pass over the rest. That last pass is
 //! what lets the log start over: a log that is written to without a pause is never wholly
 //! copied by passes that run beside it, and would grow for ever.
 //!
 //! Should the thread fall behind (a reader keeping an old snapshot, a slow disk), the
-//! writer checkpoints itself once the log reaches [`BACKSTOP_PAGES`], as SQLite would.
+//! writer checkpoints itself once the log reaches [`BACKSTOP_TIMES`] that, as SQLite would.
 
 use std::cell::Cell;
 use std::os::raw::c_int;
@@ -28,17 +28,18 @@ use rusqlite::hooks::Wal;
 use super::{Synchronous, Writer, open_conn};
 use crate::telemetry::families;
 
-/// Log size (pages of 4 KiB: ~40 MiB) past which it is checkpointed. Large, so that a page
-/// written by many commits in between (an index's right edge, a hot leaf) goes to the
-/// database file once.
-const CHECKPOINT_PAGES: c_int = 10_000;
+/// Log size (pages of 4 KiB: ~40 MiB) past which it is checkpointed, unless the store is
+/// opened with another ([`super::Tuning`]). Large, so that a page written by many commits
+/// in between (an index's right edge, a hot leaf) goes to the database file once.
+pub(super) const CHECKPOINT_PAGES: c_int = 10_000;
 
-/// Growth of the log after which the thread is asked again while it has not started over:
-/// each round syncs the database file, which the commits' own syncs wait behind.
-const ASK_AGAIN_PAGES: c_int = CHECKPOINT_PAGES / 4;
+/// Growth of the log after which the thread is asked again while it has not started over,
+/// as a share of the checkpoint size: each round syncs the database file, which the
+/// commits' own syncs wait behind.
+const ASK_AGAIN_SHARE: c_int = 4;
 
-/// Log size at which the writer checkpoints itself, in its commit.
-const BACKSTOP_PAGES: c_int = 4 * CHECKPOINT_PAGES;
+/// Log size at which the writer checkpoints itself, in its commit, in checkpoint sizes.
+const BACKSTOP_TIMES: c_int = 4;
 
 /// Pages a pass beside the writer may still find new for the next pass to be the last one,
 /// holding the writer: what that pass copies is what the writer waits for.
@@ -79,6 +80,8 @@ pub(super) struct Checkpointer {
     /// this log's run); only written holding the writer.
     pages: AtomicI32,
     asked_at: AtomicI32,
+    /// The log size past which it is checkpointed.
+    limit: c_int,
 }
 
 impl Checkpointer {
@@ -86,6 +89,7 @@ impl Checkpointer {
         path: &Path,
         sync: Synchronous,
         writer: Arc<Mutex<Writer>>,
+        limit: c_int,
     ) -> anyhow::Result<Self> {
         let conn = open_conn(path, sync)?;
         let (ask, asked) = std::sync::mpsc::sync_channel(1);
@@ -97,13 +101,14 @@ impl Checkpointer {
             thread: Some(thread),
             pages: AtomicI32::new(0),
             asked_at: AtomicI32::new(0),
+            limit,
         })
     }
 
     /// After a write, on the thread that made it and still holding the writer: asks for a
-    /// checkpoint once the log is past [`CHECKPOINT_PAGES`] (again only after another
-    /// [`ASK_AGAIN_PAGES`], should a reader keep the log from starting over), or runs one
-    /// at once past [`BACKSTOP_PAGES`].
+    /// checkpoint once the log is past its limit (again only after another
+    /// [`ASK_AGAIN_SHARE`]th of it, should a reader keep the log from starting over), or
+    /// runs one at once past [`BACKSTOP_TIMES`] the limit.
     pub(super) fn after_write(&self, writer: &Connection) {
         let pages = take_wal_pages();
         if pages == 0 {
@@ -114,14 +119,14 @@ impl Checkpointer {
             self.asked_at.store(0, Ordering::Relaxed);
         }
         let asked_at = self.asked_at.load(Ordering::Relaxed);
-        if pages >= BACKSTOP_PAGES {
+        if pages >= BACKSTOP_TIMES * self.limit {
             tracing::debug!(
                 pages,
                 "The write-ahead log outgrew the checkpoints beside the writer; the writer checkpoints it."
             );
             timed(|| passive(writer).map(|_| ()));
-        } else if pages >= CHECKPOINT_PAGES
-            && (asked_at == 0 || pages >= asked_at + ASK_AGAIN_PAGES)
+        } else if pages >= self.limit
+            && (asked_at == 0 || pages >= asked_at + self.limit / ASK_AGAIN_SHARE)
             && let Some(ask) = &self.ask
         {
             self.asked_at.store(pages, Ordering::Relaxed);

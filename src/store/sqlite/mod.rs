@@ -74,6 +74,22 @@ fn pragma(sync: Synchronous) -> &'static str {
     }
 }
 
+/// What the store's owner may tune beside durability; the defaults are what latch runs with.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning {
+    /// Size of `latch.db`'s write-ahead log, in 4 KiB pages, past which it is checkpointed.
+    /// Tests of the files on disk make it small, so that their short runs checkpoint often.
+    pub checkpoint_pages: i32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            checkpoint_pages: checkpoint::CHECKPOINT_PAGES,
+        }
+    }
+}
+
 struct Inner {
     /// Checkpoints the write-ahead log beside the writer. First, so that it stops before
     /// the rest goes.
@@ -164,8 +180,13 @@ impl SqliteStore {
     /// Opens (creating if needed) `latch.db` in `dir` and brings its schema up to date;
     /// clients' secrets are sealed with the data folder's key file.
     pub fn open(dir: &Path, sync: Synchronous) -> anyhow::Result<Self> {
+        Self::open_tuned(dir, sync, Tuning::default())
+    }
+
+    /// As [`SqliteStore::open`], tuned.
+    pub fn open_tuned(dir: &Path, sync: Synchronous, tuning: Tuning) -> anyhow::Result<Self> {
         let keys = crate::secrets::Source::File(dir.join(crate::secrets::KEY_FILE));
-        Self::open_keyed(dir, sync, keys)
+        Self::open_with(dir, sync, keys, tuning)
     }
 
     /// As [`SqliteStore::open`], with clients' secrets sealed by keys from `keys`. Secrets
@@ -174,6 +195,15 @@ impl SqliteStore {
         dir: &Path,
         sync: Synchronous,
         keys: crate::secrets::Source,
+    ) -> anyhow::Result<Self> {
+        Self::open_with(dir, sync, keys, Tuning::default())
+    }
+
+    fn open_with(
+        dir: &Path,
+        sync: Synchronous,
+        keys: crate::secrets::Source,
+        tuning: Tuning,
     ) -> anyhow::Result<Self> {
         // The embedded store belongs to one process. The lock makes that a fact, which is
         // what lets us release every lease at open: whoever held them is gone. It also
@@ -223,7 +253,8 @@ impl SqliteStore {
             configured: sync,
             relaxed: false,
         }));
-        let checkpointer = checkpoint::Checkpointer::start(&path, sync, writer.clone())?;
+        let checkpointer =
+            checkpoint::Checkpointer::start(&path, sync, writer.clone(), tuning.checkpoint_pages)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 checkpointer,
