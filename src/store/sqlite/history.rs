@@ -179,10 +179,11 @@ const STEP: usize = 5_000;
 /// per move), then deleted from the journal. Between steps a reading may be in both
 /// tables: reads of the journal skip what the archive holds, a copy skips what the archive
 /// already has (a move cut short by a crash is taken up again), and a reading no longer
-/// in the journal (its sensor deleted meanwhile) is not copied. The steps commit without
-/// waiting for the disk: a crash of the machine loses only the last of them (the log keeps
-/// their order), which leaves readings in both tables or still in the journal, as above,
-/// and the next durable commit's sync covers them.
+/// in the journal (its sensor deleted meanwhile) is not copied. The copies are on the disk
+/// before the first delete is issued (the archive's writer syncs each step; see
+/// `SqliteStore::open`); the deletes commit without waiting for it, and a power cut loses
+/// only the last of them (the log keeps their order), which leaves readings in both tables,
+/// as above. The power-cut test (crates/sim, `power`) holds this to a simulated disk.
 pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> {
     let limit = limit.clamp(1, 1 << 40) as i64;
     let keyed = store.read(move |c| waiting(c, limit)).await?;
