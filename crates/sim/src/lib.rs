@@ -19,6 +19,7 @@ pub mod checks;
 pub mod faults;
 pub mod model;
 pub mod nodes;
+pub mod power;
 pub mod receivers;
 pub mod workload;
 pub mod world;

@@ -44,7 +44,8 @@ fn run_range(from: u64, seeds: u64, opts: &Options) -> Vec<Outcome> {
     drop(tx);
     let mut outcomes: Vec<Outcome> = rx.iter().collect();
     for w in workers {
-        w.join().expect("a simulation thread ends without panicking");
+        w.join()
+            .expect("a simulation thread ends without panicking");
     }
     outcomes.sort_by_key(|o| o.seed);
     outcomes

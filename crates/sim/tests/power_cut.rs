@@ -1,0 +1,54 @@
+//! Power cuts of the embedded store: the real store under a mixed workload, the power cut
+//! at many points of what reached its files, each rebuilt folder opened and checked
+//! ([`latch_sim::power`]). Its own test binary, since it makes its recording VFS the
+//! process's default.
+//!
+//! `LATCH_POWER_CUTS` and `LATCH_POWER_COMMITS` make the run longer (or shorter).
+
+use latch::config::Synchronous;
+use latch_sim::power::{Settings, disk::Fate, run};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn settings(sync: Synchronous, seed: u64) -> Settings {
+    Settings {
+        sync,
+        commits: env("LATCH_POWER_COMMITS", 600),
+        cuts: env("LATCH_POWER_CUTS", 300),
+        seed,
+        fate: Fate {
+            kept: 0.5,
+            torn: 0.25,
+        },
+        checkpoint_pages: 200,
+    }
+}
+
+/// Both modes in one test: the VFS's record is one per process.
+#[test]
+fn a_power_cut_loses_nothing_acknowledged_with_full_sync_and_only_a_tail_with_normal() {
+    for (sync, seed) in [(Synchronous::Full, 1), (Synchronous::Normal, 2)] {
+        let report = run(settings(sync, seed));
+        println!("{sync:?}: {report:?}");
+        assert!(
+            report.violations.is_empty(),
+            "{sync:?}: {} of the cuts failed:\n{}",
+            report.violations.len(),
+            report.violations.join("\n")
+        );
+        // The record reached what the checks are about: moves into the archive, retention
+        // rounds, syncs.
+        assert!(
+            report.archived > 0 && report.rounds > 0 && report.checkpoints > 0,
+            "{report:?}"
+        );
+        if sync == Synchronous::Full {
+            assert_eq!(report.lost_tail, 0);
+        }
+    }
+}
