@@ -167,6 +167,7 @@ suite!(
     receivers::secrets_are_sealed_under_the_stores_key,
     retention::history_goes_at_its_time_and_no_sooner,
     retention::finished_notifications_go_pending_ones_stay,
+    retention::attempts_made_after_retention_emptied_them_still_ship,
     tokens::tokens_keep_hash_and_scopes,
     tokens::deleted_tokens_are_gone,
     sessions::unacked_publishes_are_kept_until_taken,

@@ -188,3 +188,92 @@ pub(super) async fn finished_notifications_go_pending_ones_stay(s: &dyn Store) {
     // The history of the sensors is not the notifications': it stays.
     assert_eq!(event_times(s, "rn1").await, [1_000, 50_000]);
 }
+
+/// Attempts ship past a mark of the last id shipped: once retention has deleted every
+/// attempt (a quiet month, a disabled client), the next attempt must still get an id
+/// above that mark, or it never reaches ClickHouse while the spool says nothing waits.
+pub(super) async fn attempts_made_after_retention_emptied_them_still_ship(s: &dyn Store) {
+    s.create_sensor(sensor("ra1")).await.unwrap();
+    s.create_client(client("ra-a", "http://a/")).await.unwrap();
+    s.link("ra-a".into(), sid("ra1"), 1).await.unwrap();
+    let delivered = |n: &NotificationRef, at: Millis| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: Some(Attempt {
+            notification_id: n.id.clone(),
+            at,
+            status_code: Some(204),
+            error: None,
+            duration_ms: 3,
+        }),
+        attempts: 1,
+        verdict: Verdict::Delivered,
+        node: "n1".into(),
+        batch_id: None,
+    };
+    for (i, at) in [1_000, 3_000].into_iter().enumerate() {
+        let n = s
+            .commit(change("ra1", i == 0, None, at), at)
+            .await
+            .unwrap()
+            .remove(0);
+        s.record(vec![delivered(&n, at + 500)], at + 500, NEVER)
+            .await
+            .unwrap();
+    }
+    let sink = Collect::default();
+    s.ship_history(100_000, &sink).await.unwrap();
+    let shipped: Vec<i64> = sink
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b.attempts.iter().map(|a| a.id))
+        .collect();
+    assert_eq!(shipped.len(), 2, "both attempts shipped");
+    let pruned = s
+        .maintain(
+            60_000,
+            Retention {
+                history_before: None,
+                notifications_before: Some(10_000),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(pruned.attempts, 2, "every attempt is gone: {pruned:?}");
+
+    let n = s
+        .commit(change("ra1", true, Some(false), 70_000), 70_000)
+        .await
+        .unwrap()
+        .remove(0);
+    s.record(vec![delivered(&n, 70_500)], 70_500, NEVER)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.spool_depth().await.unwrap(),
+        3,
+        "the new reading, event and attempt wait"
+    );
+    let sink = Collect::default();
+    s.ship_history(100_000, &sink).await.unwrap();
+    let fresh: Vec<(i64, String)> = sink
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            b.attempts
+                .iter()
+                .map(|a| (a.id, a.attempt.notification_id.clone()))
+        })
+        .collect();
+    assert_eq!(fresh.len(), 1, "the new attempt ships: {fresh:?}");
+    assert_eq!(fresh[0].1, n.id);
+    assert!(
+        shipped.iter().all(|&old| fresh[0].0 > old),
+        "its id {} is above every id shipped before ({shipped:?})",
+        fresh[0].0
+    );
+}

@@ -60,6 +60,7 @@ const MIGRATIONS: &[&str] = &[
     // 0013 is another change's; the runner numbers migrations by their place here.
     include_str!("../migrations/sqlite/0014_mqtt_unacked.sql"),
     include_str!("../migrations/sqlite/0015_sealed_secrets.sql"),
+    include_str!("../migrations/sqlite/0016_attempts_ids_never_reused.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -295,6 +295,58 @@ async fn attempts_unshipped_before_the_upgrade_still_ship_once() {
     assert_eq!(index, None, "no index of unshipped attempts is kept");
 }
 
+/// A folder whose attempts had all been shipped and then deleted by retention before the
+/// upgrade to ids that are never reused: the next attempt gets an id above the ship mark,
+/// so it waits in the spool, and the attempts kept keep their ids.
+#[tokio::test]
+async fn after_the_upgrade_no_attempt_id_is_at_or_below_the_ship_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let upgraded = MIGRATIONS
+        .iter()
+        .position(|m| m.contains("attempts_next"))
+        .expect("the migration that makes attempt ids unique");
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        for sql in &MIGRATIONS[..upgraded] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", upgraded).unwrap();
+        // Seven attempts made, shipped (the mark at 7), then deleted but the oldest two,
+        // whose notification is still pending.
+        c.execute_batch(
+            "INSERT INTO attempts (id, notification_id, at, status_code, error, duration_ms)
+               VALUES (1, 'n1', 10, 500, NULL, 3), (2, 'n1', 20, 500, NULL, 3);
+             UPDATE ship_marks SET last_id = 7 WHERE what = 'attempts';",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    assert_eq!(store.spool_depth().await.unwrap(), 0);
+    let ids = |c: &Connection| -> Result<Vec<i64>> {
+        Ok(c.prepare("SELECT id FROM attempts ORDER BY id")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+    };
+    assert_eq!(store.read(ids).await.unwrap(), [1, 2]);
+    store
+        .write(|c| {
+            c.execute(
+                "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms)
+                 VALUES ('n1', 30, 200, NULL, 3)",
+                [],
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.read(ids).await.unwrap(), [1, 2, 8]);
+    assert_eq!(
+        store.spool_depth().await.unwrap(),
+        1,
+        "the new attempt waits"
+    );
+}
+
 /// At the upgrade to the clients' running health summary, what health said before it says
 /// after: the summary is filled from the attempts, and the last hour's attempts carry
 /// their client.
