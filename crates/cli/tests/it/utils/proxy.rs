@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -79,22 +80,30 @@ impl Proxy {
 
     /// The next target message (of any connection) is cut or held.
     pub fn arm(&self) {
-        *self.shared.needle.lock().unwrap() = None;
+        self.arm_with(None);
+    }
+
+    /// As [`Proxy::arm`], for the next target on a connection whose open transaction sent
+    /// `needle` since the proxy was armed.
+    pub fn arm_for(&self, needle: &str) {
+        self.arm_with(Some(needle.as_bytes().to_vec()));
+    }
+
+    fn arm_with(&self, needle: Option<Vec<u8>>) {
+        // The needle before the arming: armed without it, any target would count.
+        *self.shared.needle.lock().unwrap() = needle;
         self.shared.released.send_replace(false);
         self.shared.armed.store(true, Ordering::SeqCst);
     }
 
-    /// As [`Proxy::arm`], for the next target on a connection that sent `needle` since its
-    /// last target.
-    pub fn arm_for(&self, needle: &str) {
-        self.arm();
-        *self.shared.needle.lock().unwrap() = Some(needle.as_bytes().to_vec());
-    }
-
-    /// Waits until the target was met `n` times in all.
+    /// Waits until the target was met `n` times in all (a minute at most: a target that
+    /// never comes fails the test rather than hanging it).
     pub async fn hit(&self, n: usize) {
         let mut hits = self.shared.hits.subscribe();
-        hits.wait_for(|h| *h >= n).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(60), hits.wait_for(|h| *h >= n))
+            .await
+            .unwrap_or_else(|_| panic!("the proxy's target was not met {n} times in a minute"))
+            .unwrap();
     }
 
     /// Lets a held message go on.
@@ -172,8 +181,12 @@ async fn inspect(
     // Whether the client's opening (AMQP's protocol header; PostgreSQL's untyped startup
     // messages) is still to pass before the first framed message.
     let mut opening = true;
-    // Whether this connection sent the needle since its last target message.
+    // Whether this connection sent the needle in the transaction it has open, since the
+    // proxy was armed. A query outside a transaction (a pooled connection's read of the
+    // same sensor) or before arming does not count: the `COMMIT` it would pick out is
+    // another transaction's.
     let mut mentioned = false;
+    let mut in_transaction = false;
     loop {
         let n = match from.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
@@ -184,12 +197,20 @@ async fn inspect(
             let message: Vec<u8> = buf.drain(..len).collect();
             // No opening message is a target: neither starts with a frame or query type.
             let needle = shared.needle.lock().unwrap().clone();
-            if let Some(n) = &needle {
+            if begins(shared.target, &message) {
+                in_transaction = true;
+                mentioned = false;
+            }
+            if let Some(n) = &needle
+                && in_transaction
+                && shared.armed.load(Ordering::SeqCst)
+            {
                 mentioned |= message.windows(n.len()).any(|w| w == n.as_slice());
             }
             let is_target = matches(shared.target, &message) && (needle.is_none() || mentioned);
             if matches(shared.target, &message) {
                 mentioned = false;
+                in_transaction = false;
             }
             if is_target && shared.armed.swap(false, Ordering::SeqCst) {
                 shared.hits.send_modify(|h| *h += 1);
@@ -256,6 +277,31 @@ fn next_message(target: Target, buf: &[u8], opening: &mut bool) -> Option<usize>
     }
 }
 
+/// Whether a whole framed message opens a transaction (PostgreSQL: a simple query
+/// `START TRANSACTION`, as tokio-postgres sends it, or `BEGIN`); never for AMQP.
+fn begins(target: Target, m: &[u8]) -> bool {
+    match target {
+        Target::AmqpAck => false,
+        Target::PgCommit | Target::PgCommitAnswer => simple_query(m).is_some_and(|q| {
+            let q = q.to_ascii_uppercase();
+            q.starts_with("START TRANSACTION") || q.starts_with("BEGIN")
+        }),
+    }
+}
+
+/// The text of a PostgreSQL simple query message.
+fn simple_query(m: &[u8]) -> Option<&str> {
+    if m[0] != b'Q' {
+        return None;
+    }
+    Some(
+        std::str::from_utf8(&m[5..])
+            .ok()?
+            .trim_end_matches('\0')
+            .trim(),
+    )
+}
+
 /// Whether a whole framed message is the target.
 fn matches(target: Target, m: &[u8]) -> bool {
     match target {
@@ -263,12 +309,7 @@ fn matches(target: Target, m: &[u8]) -> bool {
         Target::AmqpAck => m[0] == 1 && m.get(7..11) == Some(&[0, 60, 0, 80]),
         // A simple query whose text is COMMIT.
         Target::PgCommit | Target::PgCommitAnswer => {
-            m[0] == b'Q'
-                && std::str::from_utf8(&m[5..]).is_ok_and(|q| {
-                    q.trim_end_matches('\0')
-                        .trim()
-                        .eq_ignore_ascii_case("COMMIT")
-                })
+            simple_query(m).is_some_and(|q| q.eq_ignore_ascii_case("COMMIT"))
         }
     }
 }
