@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::guard;
 use super::signing;
 use crate::domain::outbox::outcome;
 use crate::domain::{EventKind, Millis, Sendable, client::secret_key, time};
 
 /// How a broker's refusal (a nack, an unroutable return, a refused login or publish)
-/// starts an attempt's error, so the attempts metric can tell it from a lost connection.
+/// starts an attempt's error.
 pub const REFUSED: &str = "refused by the broker";
 
 /// The JSON body a client receives.
@@ -86,11 +85,51 @@ pub fn batch_payload(id: &str, sends: &[Box<Sendable>]) -> Vec<u8> {
     body
 }
 
+/// Why an attempt has no answer to read: no HTTP status came back, and no broker
+/// acknowledged it. The retry policy, the attempts metric and the one-request-at-a-time
+/// rule for silent endpoints read this; the text beside it (the stored `error`) is for
+/// people, and nothing reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Nothing answered within the delivery timeout.
+    Timeout,
+    /// No connection: it could not be made, or broke with the attempt in flight.
+    Connection,
+    /// Cut off by a stop whose shutdown grace ran out before an answer came.
+    CutOff,
+    /// The SSRF guard refused the destination: nothing was sent, and trying again cannot
+    /// change that until the client's URL or the allow list does.
+    NotAllowed,
+    /// The receiver's OAuth2 token could not be had from its token endpoint.
+    AuthFailed,
+    /// A broker answered no: a refused login, a negative acknowledgement, a return.
+    BrokerRefused,
+    /// Nothing could be sent: the client's URL, secret or certificate cannot be used.
+    Unusable,
+}
+
+impl Failure {
+    /// The `outcome` label of the attempts metric.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Timeout => outcome::TIMEOUT,
+            Failure::Connection | Failure::CutOff | Failure::Unusable => outcome::CONNECTION_ERROR,
+            Failure::NotAllowed => outcome::NOT_ALLOWED,
+            Failure::AuthFailed => outcome::AUTH_FAILED,
+            Failure::BrokerRefused => outcome::BROKER_REFUSED,
+        }
+    }
+}
+
 /// What one attempt came to.
 #[derive(Debug, Clone)]
 pub struct AttemptResult {
     pub at: Millis,
     pub status_code: Option<u16>,
+    /// Why there was no answer; `None` when one came (an HTTP status, a broker's
+    /// acknowledgement).
+    pub failure: Option<Failure>,
+    /// What went wrong, in words: the attempt's recorded error.
     pub error: Option<String>,
     pub duration: Duration,
     /// `Retry-After` of a 429 or 503 answer.
@@ -98,20 +137,62 @@ pub struct AttemptResult {
 }
 
 impl AttemptResult {
+    /// An HTTP answer: delivered on 2xx, else an error naming the status.
+    pub fn answered(
+        at: Millis,
+        code: u16,
+        duration: Duration,
+        retry_after: Option<Duration>,
+    ) -> Self {
+        Self {
+            at,
+            status_code: Some(code),
+            failure: None,
+            error: match code {
+                200..300 => None,
+                300..400 => Some(format!("HTTP {code} (redirects are not followed)")),
+                _ => Some(format!("HTTP {code}")),
+            },
+            duration,
+            retry_after,
+        }
+    }
+
+    /// A broker took the message (PUBACK, publisher confirm): delivered.
+    pub fn acknowledged(at: Millis, duration: Duration) -> Self {
+        Self {
+            at,
+            status_code: None,
+            failure: None,
+            error: None,
+            duration,
+            retry_after: None,
+        }
+    }
+
+    /// No answer, for `failure`; `error` says what happened.
+    pub fn failed(at: Millis, failure: Failure, error: String, duration: Duration) -> Self {
+        Self {
+            at,
+            status_code: None,
+            failure: Some(failure),
+            error: Some(error),
+            duration,
+            retry_after: None,
+        }
+    }
+
     pub fn delivered(&self) -> bool {
         crate::domain::notification::delivered(self.status_code, self.error.as_deref())
     }
 
-    /// Nothing answered: the attempt timed out or could not connect (not a refusal of the
-    /// SSRF guard or of a broker, which are answers). Such an endpoint holds a request
-    /// slot for as long as it lets it, so its client is sent one request at a time until
-    /// it answers again ([`super::lanes`]).
+    /// Nothing answered: the attempt got no status and no broker's answer (not a refusal
+    /// of the SSRF guard or of a broker, which are answers). Such an endpoint holds a
+    /// request slot for as long as it lets it, so its client is sent one request at a
+    /// time until it answers again ([`super::lanes`]).
     pub fn unanswered(&self) -> bool {
-        self.status_code.is_none()
-            && self
-                .error
-                .as_deref()
-                .is_some_and(|e| !e.starts_with(guard::NOT_ALLOWED) && !e.starts_with(REFUSED))
+        self.failure
+            .is_some_and(|f| !matches!(f, Failure::NotAllowed | Failure::BrokerRefused))
     }
 
     /// `410 Gone`: the receiver asks never to be tried again.
@@ -119,45 +200,17 @@ impl AttemptResult {
         self.status_code == Some(410)
     }
 
-    /// The SSRF guard refused the destination: nothing was sent, and trying again cannot
-    /// change that until the client's URL or the allow list does.
+    /// The SSRF guard refused the destination.
     pub fn not_allowed(&self) -> bool {
-        self.status_code.is_none()
-            && self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.starts_with(guard::NOT_ALLOWED))
+        self.failure == Some(Failure::NotAllowed)
     }
 
     /// The `outcome` label of the attempts metric.
     pub fn label(&self) -> &'static str {
-        match self.status_code {
-            Some(c) if (200..300).contains(&c) => outcome::DELIVERED,
-            Some(_) => outcome::HTTP_ERROR,
-            None if self.error.is_none() => outcome::DELIVERED,
-            None if self.not_allowed() => outcome::NOT_ALLOWED,
-            None if self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.starts_with(outcome::AUTH_FAILED)) =>
-            {
-                outcome::AUTH_FAILED
-            }
-            None if self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.starts_with(REFUSED)) =>
-            {
-                outcome::BROKER_REFUSED
-            }
-            None if self
-                .error
-                .as_deref()
-                .is_some_and(|e| e.contains("timed out")) =>
-            {
-                outcome::TIMEOUT
-            }
-            None => outcome::CONNECTION_ERROR,
+        match (self.failure, self.status_code) {
+            (Some(f), _) => f.label(),
+            (None, Some(c)) if !(200..300).contains(&c) => outcome::HTTP_ERROR,
+            (None, _) => outcome::DELIVERED,
         }
     }
 }
@@ -180,4 +233,47 @@ pub fn signatures(
         value.push_str(&signing::sign(&key, id, ts, body));
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the metric, the retry policy and the silent-endpoint rule read of an attempt
+    /// comes from its kind, whatever its text says.
+    #[test]
+    fn an_attempt_is_read_by_its_kind_not_its_text() {
+        let none = Duration::ZERO;
+        let failed = |f: Failure| AttemptResult::failed(0, f, "timed out, or so".into(), none);
+        let cases = [
+            (Failure::Timeout, outcome::TIMEOUT, true),
+            (Failure::Connection, outcome::CONNECTION_ERROR, true),
+            (Failure::CutOff, outcome::CONNECTION_ERROR, true),
+            (Failure::Unusable, outcome::CONNECTION_ERROR, true),
+            (Failure::AuthFailed, outcome::AUTH_FAILED, true),
+            (Failure::NotAllowed, outcome::NOT_ALLOWED, false),
+            (Failure::BrokerRefused, outcome::BROKER_REFUSED, false),
+        ];
+        for (f, label, unanswered) in cases {
+            let r = failed(f);
+            assert_eq!(r.label(), label, "{f:?}");
+            assert_eq!(r.unanswered(), unanswered, "{f:?}");
+            assert_eq!(r.not_allowed(), f == Failure::NotAllowed, "{f:?}");
+            assert!(!r.delivered(), "{f:?}");
+        }
+        let ok = AttemptResult::answered(0, 204, none, None);
+        assert_eq!(
+            (ok.label(), ok.delivered(), ok.unanswered()),
+            (outcome::DELIVERED, true, false)
+        );
+        let refused = AttemptResult::answered(0, 503, none, Some(Duration::from_secs(2)));
+        assert_eq!(refused.label(), outcome::HTTP_ERROR);
+        assert_eq!(refused.error.as_deref(), Some("HTTP 503"));
+        assert!(!refused.unanswered(), "an error status is an answer");
+        let acked = AttemptResult::acknowledged(0, none);
+        assert_eq!(
+            (acked.label(), acked.delivered()),
+            (outcome::DELIVERED, true)
+        );
+    }
 }

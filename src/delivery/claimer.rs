@@ -8,7 +8,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::attempt::AttemptResult;
+use super::attempt::{AttemptResult, Failure};
 use super::lanes::{BatchOut, Done, Finished, LaneKey};
 use super::transport::Transport;
 use super::{BatchDone, Cmd, Settings};
@@ -85,15 +85,12 @@ async fn unless_cut(
     tokio::select! {
         biased;
         result = attempt => result,
-        _ = sending.cut.cancelled() => AttemptResult {
+        _ = sending.cut.cancelled() => AttemptResult::failed(
             at,
-            status_code: None,
-            error: Some(CUT_OFF.into()),
-            duration: std::time::Duration::from_millis(
-                (sending.settings.clock.now() - at).max(0) as u64,
-            ),
-            retry_after: None,
-        },
+            Failure::CutOff,
+            CUT_OFF.into(),
+            std::time::Duration::from_millis((sending.settings.clock.now() - at).max(0) as u64),
+        ),
     }
 }
 

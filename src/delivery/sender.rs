@@ -7,7 +7,7 @@ use serde::Serialize;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::attempt::{AttemptResult, batch_payload, payload, signatures};
+use super::attempt::{AttemptResult, Failure, batch_payload, payload, signatures};
 use super::auth::Grant;
 use super::broker::Brokers;
 use super::guard::{self, Guard, Refusal};
@@ -91,13 +91,7 @@ pub async fn send(
         event = n.kind.as_str(), attempt = n.attempts + 1, outcome = Empty,
         http.response.status_code = Empty, otel.status_code = Empty);
     let result = if let Some(why) = &s.unopened {
-        AttemptResult {
-            at,
-            status_code: None,
-            error: Some(format!("client secrets unusable: {why}")),
-            duration: Duration::ZERO,
-            retry_after: None,
-        }
+        unopened(at, why)
     } else if destination::is_broker(&s.url) {
         brokers.send(s, timeout, at).instrument(span.clone()).await
     } else {
@@ -145,25 +139,18 @@ pub async fn send_batch(
     at: Millis,
 ) -> AttemptResult {
     let Some(first) = sends.first() else {
-        return AttemptResult {
+        return AttemptResult::failed(
             at,
-            status_code: None,
-            error: Some("an empty batch is not sent".into()),
-            duration: Duration::ZERO,
-            retry_after: None,
-        };
+            Failure::Unusable,
+            "an empty batch is not sent".into(),
+            Duration::ZERO,
+        );
     };
     let span = tracing::debug_span!(target: SPANS, "delivery.batch",
         batch_id = %id, client_id = %first.notification.client_id, notifications = sends.len(),
         outcome = Empty, http.response.status_code = Empty, otel.status_code = Empty);
     if let Some(why) = &first.unopened {
-        return AttemptResult {
-            at,
-            status_code: None,
-            error: Some(format!("client secrets unusable: {why}")),
-            duration: Duration::ZERO,
-            retry_after: None,
-        };
+        return unopened(at, why);
     }
     let to = Target {
         url: &first.url,
@@ -218,37 +205,33 @@ async fn post(
     at: Millis,
 ) -> AttemptResult {
     let started = Instant::now();
-    let failed = |error: String| AttemptResult {
-        at,
-        status_code: None,
-        error: Some(error),
-        duration: started.elapsed(),
-        retry_after: None,
+    let failed = |failure: Failure, error: String| {
+        AttemptResult::failed(at, failure, error, started.elapsed())
     };
     let left = || timeout.saturating_sub(started.elapsed());
     let url = match receivers.parse(to.url) {
         Ok(u) => u,
-        Err(e) => return failed(format!("url unusable: {e}")),
+        Err(e) => return failed(Failure::Unusable, format!("url unusable: {e}")),
     };
     let host = match guard.check_url(&url) {
         Ok(host) => host,
-        Err(r) => return failed(not_allowed(&r)),
+        Err(r) => return failed(Failure::NotAllowed, not_allowed(&r)),
     };
     // Through the proxy, the proxy resolves the name: the guard judges it here first.
     if let (Some(host), Some(_)) = (host, guard.proxy()) {
         let port = url.port_or_known_default().unwrap_or(443);
         if let Err(r) = guard.judge_name(host, port).await {
-            return failed(not_allowed(&r));
+            return failed(Failure::NotAllowed, not_allowed(&r));
         }
     }
     let ts = at / 1000;
     let signature = match signatures(to.secret, to.previous_secret, to.id, ts, &body) {
         Ok(sig) => sig,
-        Err(e) => return failed(format!("client secret unusable: {e}")),
+        Err(e) => return failed(Failure::Unusable, format!("client secret unusable: {e}")),
     };
     let http = match receivers.http_for(to.receiver.tls.as_ref()) {
         Ok(h) => h,
-        Err(e) => return failed(e),
+        Err(e) => return failed(Failure::Unusable, e),
     };
     let grant = match &to.receiver.auth {
         Some(Auth::OAuth2 {
@@ -275,7 +258,7 @@ async fn post(
             .await
         {
             Ok(t) => token = Some(t),
-            Err(e) => return failed(e),
+            Err(e) => return failed(Failure::AuthFailed, e),
         }
     }
     let request = |token: Option<&str>, body: Vec<u8>| {
@@ -318,7 +301,7 @@ async fn post(
             .await
         {
             Ok(fresh) => sent = request(Some(&fresh), body).send().await,
-            Err(e) => return failed(e),
+            Err(e) => return failed(Failure::AuthFailed, e),
         }
     }
     match sent {
@@ -334,31 +317,32 @@ async fn post(
             };
             // Drain a little of the body so the connection can be reused.
             let _ = tokio::time::timeout(Duration::from_millis(200), resp.bytes()).await;
-            AttemptResult {
-                at,
-                status_code: Some(code),
-                error: match code {
-                    200..300 => None,
-                    300..400 => Some(format!("HTTP {code} (redirects are not followed)")),
-                    _ => Some(format!("HTTP {code}")),
-                },
-                duration: started.elapsed(),
-                retry_after,
-            }
+            AttemptResult::answered(at, code, started.elapsed(), retry_after)
         }
         Err(e) => {
-            let error = if let Some(r) = guard::refusal_in(&e) {
-                not_allowed(r)
+            if let Some(r) = guard::refusal_in(&e) {
+                failed(Failure::NotAllowed, not_allowed(r))
             } else if e.is_timeout() {
-                format!("timed out after {timeout:?}")
+                failed(Failure::Timeout, format!("timed out after {timeout:?}"))
             } else if e.is_connect() {
-                format!("connection failed: {}", root_cause(&e))
+                let why = format!("connection failed: {}", root_cause(&e));
+                failed(Failure::Connection, why)
             } else {
-                format!("request failed: {}", root_cause(&e))
-            };
-            failed(error)
+                let why = format!("request failed: {}", root_cause(&e));
+                failed(Failure::Connection, why)
+            }
         }
     }
+}
+
+/// An attempt whose client's secrets could not be opened: nothing is sent.
+fn unopened(at: Millis, why: &str) -> AttemptResult {
+    AttemptResult::failed(
+        at,
+        Failure::Unusable,
+        format!("client secrets unusable: {why}"),
+        Duration::ZERO,
+    )
 }
 
 /// The recorded error of an attempt the guard refused: its code, then why.

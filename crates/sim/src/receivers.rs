@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use latch::delivery::attempt::AttemptResult;
+use latch::delivery::attempt::{AttemptResult, Failure};
 use latch::delivery::transport::Transport;
 use latch::domain::{EventKind, Millis, Sendable, SensorId};
 
@@ -343,38 +343,24 @@ impl Receivers {
         }
         guard.armed = false;
         let elapsed = Duration::from_millis((self.world.now() - at).max(0) as u64);
-        let result = |status_code: Option<u16>, error: Option<String>, retry_after| AttemptResult {
-            at,
-            status_code,
-            error,
-            duration: elapsed,
-            retry_after,
-        };
         let out = if latency >= timeout {
             self.finish(n, sends, None, node);
-            result(None, Some(format!("timed out after {timeout:?}")), None)
+            let why = format!("timed out after {timeout:?}");
+            AttemptResult::failed(at, Failure::Timeout, why, elapsed)
         } else {
             match answer {
                 Answer::Status(code) => {
                     self.finish(n, sends, Some(code), node);
-                    let error = (!(200..300).contains(&code)).then(|| format!("HTTP {code}"));
-                    result(Some(code), error, None)
+                    AttemptResult::answered(at, code, elapsed, None)
                 }
                 Answer::Throttle(secs) => {
                     self.finish(n, sends, Some(429), node);
-                    result(
-                        Some(429),
-                        Some("HTTP 429".into()),
-                        Some(Duration::from_secs(secs)),
-                    )
+                    AttemptResult::answered(at, 429, elapsed, Some(Duration::from_secs(secs)))
                 }
                 Answer::Cut => {
                     self.finish(n, sends, None, node);
-                    result(
-                        None,
-                        Some("request failed: connection reset by peer".into()),
-                        None,
-                    )
+                    let why = "request failed: connection reset by peer".into();
+                    AttemptResult::failed(at, Failure::Connection, why, elapsed)
                 }
             }
         };

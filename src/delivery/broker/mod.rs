@@ -62,6 +62,19 @@ enum Failure {
     Unusable(String),
 }
 
+impl Failure {
+    /// What the retry policy and the metrics read of it.
+    fn kind(&self) -> attempt::Failure {
+        match self {
+            Failure::NotAllowed(_) => attempt::Failure::NotAllowed,
+            Failure::Refused(_) => attempt::Failure::BrokerRefused,
+            Failure::Connection(_) => attempt::Failure::Connection,
+            Failure::Timeout(_) => attempt::Failure::Timeout,
+            Failure::Unusable(_) => attempt::Failure::Unusable,
+        }
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -241,13 +254,9 @@ impl Brokers {
     /// every problem is an attempt result, as [`super::sender::send`]'s are.
     pub async fn send(&self, s: &Sendable, timeout: Duration, at: Millis) -> AttemptResult {
         let started = Instant::now();
-        let result = self.publish(s, timeout, at).await;
-        AttemptResult {
-            at,
-            status_code: None,
-            error: result.err().map(|f| f.to_string()),
-            duration: started.elapsed(),
-            retry_after: None,
+        match self.publish(s, timeout, at).await {
+            Ok(()) => AttemptResult::acknowledged(at, started.elapsed()),
+            Err(f) => AttemptResult::failed(at, f.kind(), f.to_string(), started.elapsed()),
         }
     }
 

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::delivery::attempt::Failure;
 use crate::delivery::retry::Kind;
 
 /// How much the core holds, map by map.
@@ -54,13 +55,7 @@ fn sensor(n: usize) -> SensorId {
 }
 
 fn answer(status: u16, now: Millis) -> Finished {
-    Finished::Attempted(AttemptResult {
-        at: now,
-        status_code: Some(status),
-        error: None,
-        duration: Duration::ZERO,
-        retry_after: None,
-    })
+    Finished::Attempted(AttemptResult::answered(now, status, Duration::ZERO, None))
 }
 
 impl Harness {
@@ -571,13 +566,12 @@ fn a_backlog_behind_a_rate_limit_waits_in_one_queue_not_on_a_timer_a_lane() {
 
 /// An attempt that got no answer: it timed out.
 fn timed_out(now: Millis) -> Finished {
-    Finished::Attempted(AttemptResult {
-        at: now,
-        status_code: None,
-        error: Some("timed out after 10s".into()),
-        duration: Duration::from_secs(10),
-        retry_after: None,
-    })
+    Finished::Attempted(AttemptResult::failed(
+        now,
+        Failure::Timeout,
+        "timed out after 10s".into(),
+        Duration::from_secs(10),
+    ))
 }
 
 #[test]
