@@ -229,10 +229,10 @@ impl From<Health> for HealthOut {
     }
 }
 
-/// A client as the API shows it: with its signing secret when `with_secret`; with the
-/// password in a broker URL only when `sees_secrets` (the caller may see secrets).
-fn client_out(c: Client, with_secret: bool, sees_secrets: bool) -> ClientOut {
-    let now = time::now_ms();
+/// A client as the API shows it at `now`: with its signing secret when `with_secret`;
+/// with the password in a broker URL only when `sees_secrets` (the caller may see
+/// secrets).
+fn client_out(c: Client, with_secret: bool, sees_secrets: bool, now: Millis) -> ClientOut {
     let shown = super::receivers::shown(&c.receiver);
     ClientOut {
         id: c.id,
@@ -303,7 +303,7 @@ async fn create_client(
         name: body.name,
         url: body.url,
         secret: body.secret.unwrap_or_else(generate_secret),
-        created_at: time::now_ms(),
+        created_at: st.engine.now(),
         rate_limit: body.rate_limit,
         events: body.events,
         batch: body.batch.map(Batch::from),
@@ -314,7 +314,10 @@ async fn create_client(
     st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
     st.dispatcher
         .set_batch(&client.id, effective_batch(client.batch, &client.url));
-    Ok((StatusCode::CREATED, ApiJson(client_out(client, true, true))))
+    Ok((
+        StatusCode::CREATED,
+        ApiJson(client_out(client, true, true, st.engine.now())),
+    ))
 }
 
 /// Filters of the client list.
@@ -348,7 +351,7 @@ async fn list_clients(
         }
     };
     Ok(ApiJson(List::from_page(page, |c| {
-        client_out(c, false, sees.0)
+        client_out(c, false, sees.0, st.engine.now())
     })))
 }
 
@@ -369,7 +372,7 @@ async fn get_client(
     let health = st.store.client_health(id, st.engine.now()).await?;
     Ok(ApiJson(ClientOut {
         health: health.map(HealthOut::from),
-        ..client_out(c, sees.0, sees.0)
+        ..client_out(c, sees.0, sees.0, st.engine.now())
     }))
 }
 
@@ -416,7 +419,7 @@ async fn replace_client(
     st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
     st.dispatcher
         .set_batch(&client.id, effective_batch(client.batch, &client.url));
-    Ok(ApiJson(client_out(client, true, true)))
+    Ok(ApiJson(client_out(client, true, true, st.engine.now())))
 }
 
 /// Delete a client and its links; its pending notifications are cancelled.
@@ -485,7 +488,7 @@ async fn sensor_clients(
     let id = parse_sensor_id(&id)?;
     let page = st.store.list_sensor_clients(id, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, |c| {
-        client_out(c, false, sees.0)
+        client_out(c, false, sees.0, st.engine.now())
     })))
 }
 
@@ -541,7 +544,7 @@ async fn rotate_secret(
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     tracing::info!(client_id = %c.id, "Rotated a client's secret.");
-    Ok(ApiJson(client_out(c, true, true)))
+    Ok(ApiJson(client_out(c, true, true, st.engine.now())))
 }
 
 /// Enable a disabled client: its pending notifications go out, in order per sensor.
@@ -570,7 +573,7 @@ async fn enable_client(
         .get_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
-    Ok(ApiJson(client_out(c, true, true)))
+    Ok(ApiJson(client_out(c, true, true, st.engine.now())))
 }
 
 /// What a test request came to.

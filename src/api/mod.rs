@@ -185,7 +185,8 @@ async fn require_token(State(st): State<AppState>, mut req: Request, next: Next)
             Caller::Bootstrap => limits::Key::Bootstrap,
             Caller::Token(grant) => limits::Key::Token(grant.id.clone()),
         };
-        if let Err(wait) = limiter.check(key, std::time::Instant::now()) {
+        // Tokio's clock: a simulated run moves it.
+        if let Err(wait) = limiter.check(key, tokio::time::Instant::now().into_std()) {
             families::HTTP_RATE_LIMIT
                 .counter_with(&[("outcome", "limited")])
                 .increment(1);

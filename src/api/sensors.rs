@@ -155,7 +155,7 @@ async fn create_sensor(
         address: body.address,
         heartbeat_timeout_s: body.heartbeat_timeout_s,
         debounce_s: body.debounce_s,
-        created_at: time::now_ms(),
+        created_at: st.engine.now(),
     };
     st.store.create_sensor(sensor.clone()).await?;
     st.engine

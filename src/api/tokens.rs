@@ -267,7 +267,7 @@ async fn create_token(
         name: body.name,
         scopes,
         hash: token::hash(&secret),
-        created_at: time::now_ms(),
+        created_at: st.engine.now(),
     };
     st.store.create_token(t.clone()).await?;
     st.tokens.insert(&t);

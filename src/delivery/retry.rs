@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::config::{Config, RetryPolicyKind};
+use crate::domain::Millis;
 
 /// A retry policy with its cap and attempt budget.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,14 +76,17 @@ impl RetryPolicy {
     }
 }
 
-/// Parses a `Retry-After` value: delay seconds or an HTTP date.
-pub fn parse_retry_after(v: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+/// Parses a `Retry-After` value: delay seconds, or an HTTP date counted from `now` (the
+/// clock's time when the answer came).
+pub fn parse_retry_after(v: &str, now: Millis) -> Option<Duration> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<u64>() {
         return Some(Duration::from_secs(secs));
     }
-    let at = chrono::DateTime::parse_from_rfc2822(v).ok()?;
-    (at.with_timezone(&chrono::Utc) - now).to_std().ok()
+    let at = chrono::DateTime::parse_from_rfc2822(v)
+        .ok()?
+        .timestamp_millis();
+    u64::try_from(at - now).ok().map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -155,9 +159,7 @@ mod tests {
             p.retry_after(Duration::from_secs(7200)),
             Duration::from_secs(3600)
         );
-        let now = chrono::DateTime::parse_from_rfc3339("2026-11-22T10:00:00Z")
-            .unwrap()
-            .with_timezone(&chrono::Utc);
+        let now = crate::domain::time::parse("2026-11-22T10:00:00Z").unwrap();
         assert_eq!(
             parse_retry_after("120", now),
             Some(Duration::from_secs(120))

@@ -307,11 +307,13 @@ async fn post(
     match sent {
         Ok(resp) => {
             let code = resp.status().as_u16();
+            // On the clock the attempt was stamped with, not the machine's own.
+            let answered_at = at + started.elapsed().as_millis() as Millis;
             let retry_after = if code == 429 || code == 503 {
                 resp.headers()
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| super::retry::parse_retry_after(v, chrono::Utc::now()))
+                    .and_then(|v| super::retry::parse_retry_after(v, answered_at))
             } else {
                 None
             };

@@ -131,8 +131,13 @@ pub trait Registry: Send + Sync {
     ) -> Result<Page<Client>>;
 
     /// Bulk registration for preparing large fleets (benchmarks, imports): sensors that
-    /// exist already and links whose ends are missing are skipped.
-    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()>;
+    /// exist already and links whose ends are missing are skipped; links made at `now`.
+    async fn import(
+        &self,
+        sensors: Vec<Sensor>,
+        links: Vec<(String, SensorId)>,
+        now: Millis,
+    ) -> Result<()>;
 }
 
 /// What the engine loads at start, follows while running, and commits.

@@ -330,7 +330,7 @@ pub async fn import(
             .iter()
             .flat_map(|id| clients.iter().map(move |c| (c.id.clone(), *id)))
             .collect();
-        store.import(sensors, links).await?;
+        store.import(sensors, links, time::now_ms()).await?;
     }
     Ok(())
 }

@@ -30,9 +30,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -185,7 +186,7 @@ impl<P: Protocol> Drop for Use<P> {
 impl<P: Protocol> Link<P> {
     /// The connection once it is up; a failure at once when it is down, or when it does
     /// not come up before `deadline`.
-    async fn ready(&self, deadline: tokio::time::Instant) -> Result<P::Conn, Failure> {
+    async fn ready(&self, deadline: Instant) -> Result<P::Conn, Failure> {
         let mut rx = self.state.subscribe();
         loop {
             match &*rx.borrow_and_update() {
@@ -261,7 +262,7 @@ impl Brokers {
     }
 
     async fn publish(&self, s: &Sendable, timeout: Duration, at: Millis) -> Result<(), Failure> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         let dest = destination::parse(&s.url)
             .map_err(|e| Failure::Unusable(format!("url unusable: {e}")))?;
         if self.inner.guard.https_only() {
@@ -367,7 +368,7 @@ async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
                 backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
                 tracing::warn!(broker = %broker, error = %failure, retry_in = ?backoff, "Cannot connect to a broker destination.");
                 link.state.send_replace(State::Down(failure.clone()));
-                let wake = tokio::time::Instant::now() + backoff;
+                let wake = Instant::now() + backoff;
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep_until(wake) => break,

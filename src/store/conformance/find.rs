@@ -149,7 +149,7 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &dyn Store) 
     s.create_sensor(at("door3", "Ulица Lenina 4"))
         .await
         .unwrap();
-    s.import(vec![at("Door4", "Svobody square 1")], vec![])
+    s.import(vec![at("Door4", "Svobody square 1")], vec![], 1_000)
         .await
         .unwrap();
 

@@ -127,7 +127,7 @@ pub(super) async fn import_skips_what_exists(s: &dyn Store) {
         ("nobody".to_string(), sid("im2")),
         ("im-a".to_string(), sid("imX")),
     ];
-    s.import(sensors, links).await.unwrap();
+    s.import(sensors, links, 1_000).await.unwrap();
     for i in 0..3 {
         assert!(
             s.get_sensor(sid(&format!("im{i}")))

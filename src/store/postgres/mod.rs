@@ -260,7 +260,8 @@ impl PgStore {
             db: Db::new(pool, timeout),
             _lock: None,
             space: Default::default(),
-            partitions_at: std::sync::Arc::new(crate::domain::time::now_ms().into()),
+            // Never yet by the clock upkeep runs on: its first round makes its month's.
+            partitions_at: Default::default(),
             partitioning: Default::default(),
             wanted: DEFAULT_PARTITIONS,
             keys: std::sync::Arc::new(crate::secrets::Keyring::with_keys(&[])),
@@ -384,7 +385,12 @@ impl PgStore {
             }
             // Under the same lock: two nodes creating one partition at once would race
             // (`CREATE TABLE IF NOT EXISTS` checks, then one of them fails on the catalog).
-            ensure_partitions(&c, crate::domain::time::now_ms()).await
+            // This month by the database's clock (upkeep goes on by latch's own).
+            let now: Millis = c
+                .query_one("SELECT (extract(epoch FROM now()) * 1000)::bigint", &[])
+                .await?
+                .get(0);
+            ensure_partitions(&c, now).await
         }
         .await;
         c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])

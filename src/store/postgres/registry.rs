@@ -369,6 +369,7 @@ pub(super) async fn import(
     partitioning: Partitioning,
     sensors: Vec<Sensor>,
     links: Vec<(String, SensorId)>,
+    now: Millis,
 ) -> Result<()> {
     let mut c = db.get("import").await?;
     let tx = c.transaction().await?;
@@ -401,7 +402,7 @@ pub(super) async fn import(
          SELECT u.c, u.s, $3 FROM UNNEST($1::text[], $2::text[]) AS u(c, s) \
          WHERE EXISTS (SELECT 1 FROM clients WHERE id = u.c) \
          AND EXISTS (SELECT 1 FROM sensors WHERE id = u.s) ON CONFLICT DO NOTHING",
-        &[&clients, &sensors, &crate::domain::time::now_ms()],
+        &[&clients, &sensors, &now],
     )
     .await?;
     tx.commit().await?;
@@ -637,7 +638,12 @@ impl Registry for PgStore {
         self.opened_page(list_sensor_clients(&self.db, sensor_id, page).await?)
     }
 
-    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
-        import(&self.db, self.partitioning().await?, sensors, links).await
+    async fn import(
+        &self,
+        sensors: Vec<Sensor>,
+        links: Vec<(String, SensorId)>,
+        now: Millis,
+    ) -> Result<()> {
+        import(&self.db, self.partitioning().await?, sensors, links, now).await
     }
 }

@@ -11,6 +11,10 @@ use crate::secrets::Keyring;
 use crate::store::sealing::{self, SealedCols};
 use crate::store::{Error, Result, Secrets};
 
+/// When a key was recorded: the database's time, a stamp for people (nothing decides by
+/// it), as the leases' times are.
+const SINCE: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
 /// Clients resealed in one transaction.
 const PAGE: i64 = 100;
 
@@ -35,9 +39,11 @@ async fn sealing_key(db: &Db) -> Result<Option<String>> {
 async fn set_sealing_key(db: &Db, id: String) -> Result<()> {
     let c = db.get("set_sealing_key").await?;
     c.execute(
-        "INSERT INTO secret_key (id, current, since) VALUES (1, $1, $2) \
-         ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since",
-        &[&id, &crate::domain::time::now_ms()],
+        &format!(
+            "INSERT INTO secret_key (id, current, since) VALUES (1, $1, {SINCE}) \
+             ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since"
+        ),
+        &[&id],
     )
     .await?;
     Ok(())
@@ -46,9 +52,11 @@ async fn set_sealing_key(db: &Db, id: String) -> Result<()> {
 async fn first_sealing_key(db: &Db, id: String) -> Result<String> {
     let c = db.get("first_sealing_key").await?;
     c.execute(
-        "INSERT INTO secret_key (id, current, since) VALUES (1, $1, $2) \
-         ON CONFLICT (id) DO NOTHING",
-        &[&id, &crate::domain::time::now_ms()],
+        &format!(
+            "INSERT INTO secret_key (id, current, since) VALUES (1, $1, {SINCE}) \
+             ON CONFLICT (id) DO NOTHING"
+        ),
+        &[&id],
     )
     .await?;
     sealing_key(db)

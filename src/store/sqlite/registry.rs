@@ -301,6 +301,7 @@ pub(super) fn import(
     c: &mut Connection,
     sensors: Vec<Sensor>,
     links: Vec<(String, SensorId)>,
+    now: Millis,
 ) -> Result<()> {
     let tx = c.transaction()?;
     {
@@ -322,7 +323,6 @@ pub(super) fn import(
              SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM clients WHERE id = ?1) \
              AND EXISTS (SELECT 1 FROM sensors WHERE id = ?2) ON CONFLICT DO NOTHING",
         )?;
-        let now = crate::domain::time::now_ms();
         for (client, sensor) in &links {
             link.execute(params![client, sensor.to_string(), now])?;
         }
@@ -513,7 +513,12 @@ impl Registry for SqliteStore {
         self.opened_page(page)
     }
 
-    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
-        self.write(move |c| import(c, sensors, links)).await
+    async fn import(
+        &self,
+        sensors: Vec<Sensor>,
+        links: Vec<(String, SensorId)>,
+        now: Millis,
+    ) -> Result<()> {
+        self.write(move |c| import(c, sensors, links, now)).await
     }
 }

@@ -32,11 +32,16 @@ pub(super) fn current(c: &Connection) -> Result<String> {
     sealing_key(c)?.ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
 }
 
+/// When a key was recorded: SQLite's own time, a stamp for people (nothing decides by it).
+const SINCE: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
 pub(super) fn set_sealing_key(c: &Connection, id: &str) -> Result<()> {
     c.execute(
-        "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, ?2) \
-         ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since",
-        params![id, crate::domain::time::now_ms()],
+        &format!(
+            "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, {SINCE}) \
+             ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since"
+        ),
+        params![id],
     )?;
     Ok(())
 }
@@ -44,8 +49,11 @@ pub(super) fn set_sealing_key(c: &Connection, id: &str) -> Result<()> {
 /// Records `id` unless a key is recorded; the key recorded after.
 pub(super) fn first_sealing_key(c: &Connection, id: &str) -> Result<String> {
     c.execute(
-        "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, ?2) ON CONFLICT (id) DO NOTHING",
-        params![id, crate::domain::time::now_ms()],
+        &format!(
+            "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, {SINCE}) \
+             ON CONFLICT (id) DO NOTHING"
+        ),
+        params![id],
     )?;
     current(c)
 }

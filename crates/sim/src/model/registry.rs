@@ -391,7 +391,12 @@ impl Registry for NodeStore {
         .await
     }
 
-    async fn import(&self, sensors: Vec<Sensor>, links: Vec<(String, SensorId)>) -> Result<()> {
+    async fn import(
+        &self,
+        sensors: Vec<Sensor>,
+        links: Vec<(String, SensorId)>,
+        _now: Millis,
+    ) -> Result<()> {
         self.run("import", true, |t, _| {
             t.import(sensors, links);
             Ok(())

@@ -87,7 +87,7 @@ async fn a_cluster_database_of_the_previous_version_keeps_md5_partitions() {
 
     store.create_sensor(sensor("new1")).await.unwrap();
     store
-        .import(vec![sensor("new2")], Vec::new())
+        .import(vec![sensor("new2")], Vec::new(), 1_000)
         .await
         .unwrap();
     // What the previous version's create_sensor sends.
@@ -141,7 +141,11 @@ async fn a_new_database_partitions_by_the_exchanges_buckets() {
     let ids: Vec<String> = (0..40).map(|i| format!("x{i}")).collect();
     store.create_sensor(sensor(&ids[0])).await.unwrap();
     store
-        .import(ids[1..].iter().map(|id| sensor(id)).collect(), Vec::new())
+        .import(
+            ids[1..].iter().map(|id| sensor(id)).collect(),
+            Vec::new(),
+            1_000,
+        )
         .await
         .unwrap();
     let ex = Partitioning::exchange(8);

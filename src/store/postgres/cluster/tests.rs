@@ -481,7 +481,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             created_at: 1,
         })
         .collect();
-    store.import(sensors, Vec::new()).await.unwrap();
+    store.import(sensors, Vec::new(), 1_000).await.unwrap();
 
     // The database's hash is the one the nodes compute: in the range of the exchange's
     // bucket for the sensor.

@@ -406,7 +406,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             created_at: 1,
         })
         .collect();
-    store.import(sensors, Vec::new()).await.unwrap();
+    store.import(sensors, Vec::new(), 1_000).await.unwrap();
     let scheme = model.read(|t| t.partitioning()).unwrap();
     assert_eq!(scheme.scheme, Scheme::Exchange);
     let wanted = [1u32, 3, 6];
