@@ -1,5 +1,6 @@
 //! The change rule: what one reading does to a sensor's state, and what time alone does
-//! to it (a debounce window that ends, a reminder that is due). Pure, so it is tested hard
+//! to it (a silence that reaches its deadline, a debounce window that ends, a reminder
+//! that is due). Pure, so it is tested hard
 //! without any I/O, on times given by hand.
 //!
 //! **Debounce.** With a window (`debounce_ms > 0`) the state (`data`, what the API shows)
@@ -141,6 +142,23 @@ pub fn settle(
         });
     }
     true
+}
+
+/// Declares a silent sensor lost at its `deadline`: one `connection_lost`, carrying the last
+/// known data and when it was last heard; its reminders count from the deadline.
+pub fn lose(id: SensorId, state: &mut SensorState, deadline: Millis, events: &mut Vec<Event>) {
+    state.connection = Connection::Lost;
+    state.lost_since = Some(deadline);
+    state.reminders = Some(0);
+    events.push(Event {
+        sensor_id: id,
+        kind: EventKind::ConnectionLost,
+        at: deadline,
+        data: state.data,
+        previous: None,
+        last_seen_at: state.last_seen_at,
+        detail: Detail::default(),
+    });
 }
 
 /// Sends the reminder due at `now` for a sensor that stays lost, reminders going out every
@@ -408,6 +426,31 @@ mod tests {
             && e.detail.lost_since == Some(1_000)
             && e.data == Some(false)));
         assert_eq!(s.reminders, Some(5));
+    }
+
+    #[test]
+    fn a_silence_is_lost_at_its_deadline_and_the_next_reading_restores_it() {
+        let mut s = SensorState::new(None);
+        let mut ev = vec![];
+        apply(id(), &mut s, at(true, 500, 500), 0, &mut ev);
+        ev.clear();
+        lose(id(), &mut s, 3_600_500, &mut ev);
+        assert_eq!(s.connection, Connection::Lost);
+        assert_eq!((s.lost_since, s.reminders), (Some(3_600_500), Some(0)));
+        assert_eq!(ev.len(), 1);
+        let e = &ev[0];
+        assert_eq!(
+            (e.kind, e.at, e.data, e.last_seen_at),
+            (EventKind::ConnectionLost, 3_600_500, Some(true), Some(500))
+        );
+        apply(id(), &mut s, at(true, 3_700_000, 3_700_000), 0, &mut ev);
+        let kinds: Vec<EventKind> = ev.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [EventKind::ConnectionLost, EventKind::ConnectionRestored],
+            "the same data again restores, and changes nothing"
+        );
+        assert_eq!(s.connection, Connection::Online);
     }
 
     #[test]

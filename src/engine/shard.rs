@@ -19,9 +19,7 @@ use super::rules::{self, Change};
 use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Sequence, Verdicts};
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
-use crate::domain::{
-    Connection, Detail, Event, EventKind, Millis, Reading, Rejection, SensorId, Source,
-};
+use crate::domain::{Connection, Millis, Reading, Rejection, SensorId, Source};
 use crate::store::{CommitBatch, Fence, ReadingRecord, SensorRuntime, StateUpdate};
 
 /// What a shard is asked to do, in the order it was asked.
@@ -243,18 +241,7 @@ impl Shard {
                 continue;
             }
             let (_, state) = p.scratch.entry(id).or_insert((n, current));
-            state.connection = Connection::Lost;
-            state.lost_since = Some(deadline);
-            state.reminders = Some(0);
-            p.batch.events.push(Event {
-                sensor_id: id,
-                kind: EventKind::ConnectionLost,
-                at: deadline,
-                data: state.data,
-                previous: None,
-                last_seen_at: state.last_seen_at,
-                detail: Detail::default(),
-            });
+            rules::lose(id, state, deadline, &mut p.batch.events);
             p.lost += 1;
             taken += 1;
         }
