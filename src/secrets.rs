@@ -131,15 +131,6 @@ pub enum Source {
     File(PathBuf),
 }
 
-impl Source {
-    pub fn from_config(c: &crate::config::Config) -> Self {
-        match &c.secret_key {
-            Some(keys) => Source::Given(keys.clone()),
-            None => Source::File(c.data_dir.join(KEY_FILE)),
-        }
-    }
-}
-
 /// The keys a process holds, and the values it opened lately.
 pub struct Keyring {
     source: Source,

@@ -15,8 +15,8 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiResult, ErrorBody, is_json};
+use crate::cluster::FOLLOW_PATH;
 use crate::cluster::forward::{ForwardRequest, ForwardResponse, READINGS_PATH};
-use crate::cluster::{FOLLOW_PATH, SECRET_HEADER};
 use crate::domain::reading::{self, RejectCode};
 use crate::domain::{Rejection, time};
 use crate::engine::Sequence;
@@ -108,20 +108,6 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
     }))
 }
 
-/// Refuses a node-to-node request without the cluster secret (or on a single node).
-/// There is always a secret ([`crate::cluster::trust`]), whatever the API's tokens are.
-pub(super) fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(c) = &st.cluster else {
-        return Err(ApiError::not_found("route"));
-    };
-    let given = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok());
-    if c.admits(given) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
-}
-
 /// Readings another node took in for partitions served here: applied here, in the order
 /// of the batches, answered per reading once durable. Never forwarded again: a reading
 /// of a partition not served here is refused as `store_unavailable` (send again).
@@ -130,7 +116,7 @@ pub(super) fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
 /// bounds of [`reading::check`] and every reading stamped with this node's clock — the
 /// owner's, which its sensors' deadlines are counted on.
 async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = admit(&st, &headers) {
+    if let Err(e) = super::peers::admit(&st, &headers) {
         return e.into_response();
     }
     if !is_json(&headers) {
@@ -193,7 +179,7 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
 
 /// Another node changed the registry: read the changes now.
 async fn follow(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = admit(&st, &headers) {
+    if let Err(e) = super::peers::admit(&st, &headers) {
         return e.into_response();
     }
     let Some(pokes) = &st.follow else {

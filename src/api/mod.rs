@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod limits;
 pub mod notifications;
 pub mod pagination;
+mod peers;
 pub mod rates;
 pub mod readings;
 pub mod receivers;

@@ -160,7 +160,7 @@ pub(super) async fn internal(
     headers: HeaderMap,
     Query(p): Query<EndParam>,
 ) -> Response {
-    if let Err(e) = super::cluster::admit(&st, &headers) {
+    if let Err(e) = super::peers::admit(&st, &headers) {
         return e.into_response();
     }
     let now = st.engine.now();

@@ -132,7 +132,7 @@ async fn revoked(st: AppState, headers: HeaderMap) {
 /// This node's own events, for a node relaying them to its listeners (node-to-node: the
 /// cluster secret).
 pub(super) async fn internal(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = super::cluster::admit(&st, &headers) {
+    if let Err(e) = super::peers::admit(&st, &headers) {
         return e.into_response();
     }
     Sse::new(local(&st))

@@ -215,6 +215,15 @@ impl AttemptResult {
     }
 }
 
+/// The innermost cause of an error, which says what went wrong in the fewest words.
+pub(super) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
 /// The `webhook-signature` value: the signature with the client's secret, then, while a
 /// rotation's grace lasts, the one with the secret it replaced, space-separated as
 /// Standard Webhooks specifies, so a receiver holding either key verifies the request.

@@ -191,7 +191,7 @@ async fn fetch(
             } else {
                 failed(format!(
                     "the token endpoint could not be reached: {}",
-                    super::sender::root_cause(&e)
+                    super::attempt::root_cause(&e)
                 ))
             }
         })?;

@@ -7,7 +7,7 @@ use serde::Serialize;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::attempt::{AttemptResult, Failure, batch_payload, payload, signatures};
+use super::attempt::{AttemptResult, Failure, batch_payload, payload, root_cause, signatures};
 use super::auth::Grant;
 use super::broker::Brokers;
 use super::guard::{self, Guard, Refusal};
@@ -350,13 +350,4 @@ fn unopened(at: Millis, why: &str) -> AttemptResult {
 /// The recorded error of an attempt the guard refused: its code, then why.
 fn not_allowed(r: &Refusal) -> String {
     format!("{}: {r}", guard::NOT_ALLOWED)
-}
-
-/// The innermost cause of an error, which says what went wrong in the fewest words.
-pub(super) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
 }

@@ -362,14 +362,21 @@ impl<
 {
 }
 
+/// Where the keys that seal clients' secrets come from: `secret_key`, else the data
+/// folder's key file.
+fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
+    match &config.secret_key {
+        Some(keys) => crate::secrets::Source::Given(keys.clone()),
+        None => crate::secrets::Source::File(config.data_dir.join(crate::secrets::KEY_FILE)),
+    }
+}
+
 /// `latch rotate-key`: every client's secrets sealed anew under a new key
 /// ([`sealing::rotate`]), beside a latch that may be serving the store: the embedded one is
 /// opened on a connection of its own (not through its data folder's lock), PostgreSQL
 /// like any client of it.
 pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotated> {
-    let keys = std::sync::Arc::new(crate::secrets::Keyring::new(
-        crate::secrets::Source::from_config(config),
-    ));
+    let keys = std::sync::Arc::new(crate::secrets::Keyring::new(key_source(config)));
     match &config.database_url {
         Some(url) => {
             let store = postgres::PgStore::connect(url, config.database_timeout)
@@ -405,9 +412,7 @@ pub async fn connect_cluster(
             // A commit's fence locks its partitions' lease rows: a node stopped in the middle
             // of one must not keep them past its lease.
             let idle = config.database_timeout.min(config.lease());
-            let keys = std::sync::Arc::new(crate::secrets::Keyring::new(
-                crate::secrets::Source::from_config(config),
-            ));
+            let keys = std::sync::Arc::new(crate::secrets::Keyring::new(key_source(config)));
             let store = postgres::PgStore::connect_with(url, config.database_timeout, idle)
                 .await?
                 .wanting(config.partitions())
@@ -423,7 +428,7 @@ pub async fn connect_cluster(
             let store = sqlite::SqliteStore::open_keyed(
                 &config.data_dir,
                 config.sqlite_synchronous,
-                crate::secrets::Source::from_config(config),
+                key_source(config),
             )?;
             Ok((std::sync::Arc::new(store), None))
         }

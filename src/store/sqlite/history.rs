@@ -168,6 +168,19 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
     })
 }
 
+/// The oldest reading kept: the first of each sensor's archive range, and the journal's
+/// (moved into the archive every second, or the ClickHouse spool).
+pub(super) fn history_from(c: &Connection) -> Result<Option<crate::domain::Millis>> {
+    Ok(c.query_row(
+        "SELECT MIN(m) FROM (\
+           SELECT (SELECT MIN(a.ts) FROM readings_archive a WHERE a.sensor_id = s.id) AS m \
+           FROM sensors s \
+           UNION ALL SELECT MIN(ts) FROM readings)",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
 /// Readings one step of a move copies into the archive (or deletes from the journal) in
 /// one transaction: the writer, and every group commit waiting for it, is free between
 /// steps. A move of 100,000 readings in one transaction held it for 0.3–0.6 s.
@@ -294,6 +307,6 @@ impl HistoryStore for SqliteStore {
     }
 
     async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
-        self.read(super::retention::history_from).await
+        self.read(history_from).await
     }
 }

@@ -209,19 +209,6 @@ fn delete_notifications(c: &mut Connection, seqs: &[i64], before: Millis) -> Res
     Ok(pruned)
 }
 
-/// The oldest reading kept: the first of each sensor's archive range, and the journal's
-/// (moved into the archive every second, or the ClickHouse spool).
-pub(super) fn history_from(c: &Connection) -> Result<Option<Millis>> {
-    Ok(c.query_row(
-        "SELECT MIN(m) FROM (\
-           SELECT (SELECT MIN(a.ts) FROM readings_archive a WHERE a.sensor_id = s.id) AS m \
-           FROM sensors s \
-           UNION ALL SELECT MIN(ts) FROM readings)",
-        [],
-        |r| r.get(0),
-    )?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
