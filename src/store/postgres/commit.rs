@@ -14,7 +14,7 @@ use tokio_postgres::types::ToSql;
 use super::super::{CommitBatch, Error, Fence, NotificationRef, Result};
 use super::DELETE_LOCK;
 use crate::domain::client::{events_from_column, wants};
-use crate::domain::{EventKind, Millis, SensorId, notification::new_notification_id};
+use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
 
 pub(super) async fn commit(
     db: &Db,
@@ -135,6 +135,33 @@ async fn commit_batch(
     batch: &CommitBatch,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
+    let (registered, linked) = registration(tx, batch).await?;
+    let known = |id: &SensorId| registered.contains(id);
+    let readings = ReadingCols::of(batch, known);
+    let states = StateCols::of(batch, known);
+    let events = EventCols::of(batch, known);
+    let notes = NotificationCols::of(&events, &linked);
+    // Sent together: the server runs them in this order, without a round trip between.
+    let (_, _, _, rows) = futures::try_join!(
+        readings.insert(tx),
+        states.upsert(tx),
+        events.insert(tx),
+        notes.insert(tx, now),
+    )?;
+    if notes.id.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (created, newest) = notes.created(&rows, &events, now);
+    supersede(tx, newest, now).await?;
+    Ok(created)
+}
+
+/// Which of the batch's sensors are registered, and the clients linked to those with
+/// events, with the types each wants: read together, in one round trip.
+async fn registration(
+    tx: &Tx<'_>,
+    batch: &CommitBatch,
+) -> Result<(HashSet<SensorId>, HashMap<String, Vec<Subscriber>>)> {
     let mut touched: Vec<String> = batch
         .readings
         .iter()
@@ -173,7 +200,7 @@ async fn commit_batch(
             }
         }
     )?;
-    // As ids, so the per-row checks below allocate nothing.
+    // As ids, so the per-row checks allocate nothing.
     let registered: HashSet<SensorId> = registered
         .iter()
         .filter_map(|r| SensorId::parse(r.get(0)).ok())
@@ -185,276 +212,391 @@ async fn commit_batch(
             .or_default()
             .push((r.get(1), events_from_column(r.get(2))));
     }
-    let known = |id: &SensorId| registered.contains(id);
+    Ok((registered, linked))
+}
 
-    // Readings, in order.
-    let r: Vec<_> = batch
-        .readings
-        .iter()
-        .filter(|r| known(&r.sensor_id))
-        .collect();
-    let r_ids: Vec<String> = r.iter().map(|r| r.sensor_id.to_string()).collect();
-    let r_ts: Vec<i64> = r.iter().map(|r| r.ts).collect();
-    let r_recv: Vec<i64> = r.iter().map(|r| r.received_at).collect();
-    let r_data: Vec<bool> = r.iter().map(|r| r.data).collect();
-    let r_late: Vec<bool> = r.iter().map(|r| r.late).collect();
-    let readings_sql = tx
-        .prepare_cached(
-            "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
-             SELECT u.sensor_id, u.ts, u.received_at, u.data, u.late \
-             FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::bool[], $5::bool[]) \
-             WITH ORDINALITY AS u(sensor_id, ts, received_at, data, late, o) ORDER BY u.o",
-        )
-        .await?;
+/// The readings of registered sensors, in order, as the columns of one `UNNEST`.
+struct ReadingCols {
+    ids: Vec<String>,
+    ts: Vec<i64>,
+    received_at: Vec<i64>,
+    data: Vec<bool>,
+    late: Vec<bool>,
+}
 
-    // State: one row per sensor (the last): an upsert may not touch a row twice.
-    let mut last: HashMap<SensorId, usize> = HashMap::new();
-    for (i, s) in batch.states.iter().enumerate() {
-        if known(&s.sensor_id) {
-            last.insert(s.sensor_id, i);
+impl ReadingCols {
+    fn of(batch: &CommitBatch, known: impl Fn(&SensorId) -> bool) -> Self {
+        let r: Vec<_> = batch
+            .readings
+            .iter()
+            .filter(|r| known(&r.sensor_id))
+            .collect();
+        Self {
+            ids: r.iter().map(|r| r.sensor_id.to_string()).collect(),
+            ts: r.iter().map(|r| r.ts).collect(),
+            received_at: r.iter().map(|r| r.received_at).collect(),
+            data: r.iter().map(|r| r.data).collect(),
+            late: r.iter().map(|r| r.late).collect(),
         }
     }
-    let mut idx: Vec<usize> = last.into_values().collect();
-    idx.sort_unstable();
-    let st: Vec<_> = idx.iter().map(|&i| &batch.states[i]).collect();
-    let s_ids: Vec<String> = st.iter().map(|s| s.sensor_id.to_string()).collect();
-    let s_data: Vec<Option<bool>> = st.iter().map(|s| s.data).collect();
-    let s_changed: Vec<Option<i64>> = st.iter().map(|s| s.changed_at).collect();
-    let s_last_ts: Vec<Option<i64>> = st.iter().map(|s| s.last_ts).collect();
-    let s_seen: Vec<Option<i64>> = st.iter().map(|s| s.last_seen_at).collect();
-    let s_conn: Vec<&str> = st.iter().map(|s| s.connection.as_str()).collect();
-    let s_source: Vec<Option<&str>> = st
-        .iter()
-        .map(|s| s.last_source.map(|x| x.as_str()))
-        .collect();
-    let s_d_from: Vec<Option<bool>> = st.iter().map(|s| s.debounce.and_then(|d| d.from)).collect();
-    let s_d_at: Vec<Option<i64>> = st.iter().map(|s| s.debounce.map(|d| d.at)).collect();
-    let s_d_since: Vec<Option<i64>> = st.iter().map(|s| s.debounce.map(|d| d.since)).collect();
-    let s_d_flips: Vec<Option<i32>> = st
-        .iter()
-        .map(|s| s.debounce.map(|d| d.flips as i32))
-        .collect();
-    let s_lost: Vec<Option<i64>> = st.iter().map(|s| s.lost_since).collect();
-    let s_reminders: Vec<Option<i32>> = st.iter().map(|s| s.reminders.map(|r| r as i32)).collect();
-    // `lost_since` and `reminders` mean something only while lost: kept from the store
-    // when memory does not hold them, cleared once the sensor is not lost.
-    let state_sql = tx
-        .prepare_cached(
-            "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, last_seen_at, \
-             connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
-             lost_since, reminders) \
-             SELECT u.sensor_id, u.data, u.changed_at, u.last_ts, u.last_seen_at, u.connection, \
-             u.last_source, u.debounce_from, u.debounce_at, u.debounce_since, u.debounce_flips, \
-             CASE WHEN u.connection = 'lost' THEN u.lost_since END, \
-             CASE WHEN u.connection = 'lost' THEN u.reminders END \
-             FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], $6::text[], \
-             $7::text[], $8::bool[], $9::int8[], $10::int8[], $11::int4[], $12::int8[], $13::int4[]) \
-             AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection, last_source, \
-             debounce_from, debounce_at, debounce_since, debounce_flips, lost_since, reminders) \
-             ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
-             changed_at = COALESCE(excluded.changed_at, st.changed_at), last_ts = excluded.last_ts, \
-             last_seen_at = excluded.last_seen_at, connection = excluded.connection, \
-             last_source = COALESCE(excluded.last_source, st.last_source), \
-             debounce_from = excluded.debounce_from, debounce_at = excluded.debounce_at, \
-             debounce_since = excluded.debounce_since, debounce_flips = excluded.debounce_flips, \
-             lost_since = CASE WHEN excluded.connection = 'lost' \
-               THEN COALESCE(excluded.lost_since, st.lost_since) END, \
-             reminders = CASE WHEN excluded.connection = 'lost' \
-               THEN COALESCE(excluded.reminders, st.reminders) END",
-        )
-        .await?;
 
-    // Events of registered sensors, in order; only those notify.
-    let ev: Vec<_> = batch
-        .events
-        .iter()
-        .filter(|e| known(&e.sensor_id))
-        .collect();
-    let e_ids: Vec<String> = ev.iter().map(|e| e.sensor_id.to_string()).collect();
-    let e_kinds: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
-    let e_at: Vec<i64> = ev.iter().map(|e| e.at).collect();
-    let e_data: Vec<Option<bool>> = ev.iter().map(|e| e.data).collect();
-    let e_prev: Vec<Option<bool>> = ev.iter().map(|e| e.previous).collect();
-    let e_seen: Vec<Option<i64>> = ev.iter().map(|e| e.last_seen_at).collect();
-    let e_lost: Vec<Option<i64>> = ev.iter().map(|e| e.detail.lost_since).collect();
-    let e_reminder: Vec<Option<i32>> = ev
-        .iter()
-        .map(|e| e.detail.reminder.map(|r| r as i32))
-        .collect();
-    let e_flips: Vec<Option<i32>> = ev
-        .iter()
-        .map(|e| e.detail.flips_suppressed.map(|f| f as i32))
-        .collect();
-    let events_sql = tx
-        .prepare_cached(
-            "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
-             reminder, flips_suppressed) \
-             SELECT u.sensor_id, u.kind, u.at, u.data, u.previous, u.last_seen_at, u.lost_since, \
-             u.reminder, u.flips \
-             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[], $6::int8[], \
-             $7::int8[], $8::int4[], $9::int4[]) \
-             WITH ORDINALITY AS u(sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
-             reminder, flips, o) ORDER BY u.o",
-        )
-        .await?;
-
-    // One notification per event and linked client that wants its type, in event order.
-    let (mut n_id, mut n_client, mut n_sensor, mut n_kind, mut n_data, mut n_prev) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
-    let (mut n_at, mut n_seen, mut n_event) = (vec![], vec![], vec![]);
-    for (k, e) in ev.iter().enumerate() {
-        for (client, events) in linked.get(&e_ids[k]).into_iter().flatten() {
-            if !wants(events, e.kind) {
-                continue;
-            }
-            n_id.push(new_notification_id());
-            n_client.push(client.as_str());
-            n_sensor.push(e_ids[k].as_str());
-            n_kind.push(e.kind.as_str());
-            n_data.push(e.data);
-            n_prev.push(e.previous);
-            n_at.push(e.at);
-            n_seen.push(e.last_seen_at);
-            n_event.push(k);
-        }
-    }
-    let notifications_sql = tx
-        .prepare_cached(
-            // Listed as pending in the same statement (migration 0011).
-            "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
-             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at, \
-             lost_since, reminder, flips_suppressed) \
-             SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, u.occurred_at, \
-             u.last_seen_at, 'pending', 0, $9, $9, $9, u.lost_since, u.reminder, u.flips \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[], \
-             $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[]) \
-             WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, previous, occurred_at, \
-             last_seen_at, lost_since, reminder, flips, o) ORDER BY u.o \
-             RETURNING id, seq, sensor_id, client_id), \
-             listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
-             SELECT seq, sensor_id, client_id FROM ins) \
-             SELECT id, seq FROM ins",
-        )
-        .await?;
-    let n_lost: Vec<Option<i64>> = n_event.iter().map(|&k| e_lost[k]).collect();
-    let n_reminder: Vec<Option<i32>> = n_event.iter().map(|&k| e_reminder[k]).collect();
-    let n_flips: Vec<Option<i32>> = n_event.iter().map(|&k| e_flips[k]).collect();
-    let n_params: [&(dyn ToSql + Sync); 12] = [
-        &n_id,
-        &n_client,
-        &n_sensor,
-        &n_kind,
-        &n_data,
-        &n_prev,
-        &n_at,
-        &n_seen,
-        &now,
-        &n_lost,
-        &n_reminder,
-        &n_flips,
-    ];
-    // Sent together: the server runs them in this order, without a round trip between.
-    let (_, _, _, rows) = futures::try_join!(
-        async {
-            let p: [&(dyn ToSql + Sync); 5] = [&r_ids, &r_ts, &r_recv, &r_data, &r_late];
-            execute_rows(tx, &readings_sql, &p, r_ids.len()).await
-        },
-        async {
-            let p: [&(dyn ToSql + Sync); 13] = [
-                &s_ids,
-                &s_data,
-                &s_changed,
-                &s_last_ts,
-                &s_seen,
-                &s_conn,
-                &s_source,
-                &s_d_from,
-                &s_d_at,
-                &s_d_since,
-                &s_d_flips,
-                &s_lost,
-                &s_reminders,
-            ];
-            execute_rows(tx, &state_sql, &p, s_ids.len()).await
-        },
-        async {
-            let p: [&(dyn ToSql + Sync); 9] = [
-                &e_ids,
-                &e_kinds,
-                &e_at,
-                &e_data,
-                &e_prev,
-                &e_seen,
-                &e_lost,
-                &e_reminder,
-                &e_flips,
-            ];
-            execute_rows(tx, &events_sql, &p, e_ids.len()).await
-        },
-        async {
-            if n_id.is_empty() {
-                return Ok(Vec::new());
-            }
-            tx.query(&notifications_sql, &n_params).await
-        }
-    )?;
-    if n_id.is_empty() {
-        return Ok(Vec::new());
-    }
-    let seqs: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let mut created = Vec::with_capacity(n_id.len());
-    // Per sensor, the first seq of its newest state change: older pending, unleased state
-    // notifications of that sensor are superseded by it.
-    let mut newest: HashMap<&str, i64> = HashMap::new();
-    let mut first_of_event = usize::MAX;
-    for (i, id) in n_id.into_iter().enumerate() {
-        let e = ev[n_event[i]];
-        let seq = seqs[&id];
-        if n_event[i] != first_of_event {
-            first_of_event = n_event[i];
-            if e.kind == EventKind::StateChanged {
-                newest.insert(n_sensor[i], seq);
-            }
-        }
-        created.push(NotificationRef {
-            id,
-            seq,
-            client_id: n_client[i].to_string(),
-            sensor_id: e.sensor_id,
-            kind: e.kind,
-            due_at: now,
-            attempts: 0,
-            batch_id: None,
-        });
-    }
-    if !newest.is_empty() {
-        let (s, q): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
-        tx.execute(
-            &tx.prepare_cached(
-                // Per sensor through the list of pending ones (`OFFSET 0` keeps the
-                // lookups per sensor: a plain join of the arrays with the outbox scans it), the
-                // seqs gathered once, then the rows by seq. As a join with the outbox, a
-                // planner without statistics yet (a new table) ran the lookups once per pending
-                // row: 3 s for one commit of 500 changes. An attempt in flight (leased, by
-                // the database's clock: `outbox::claim`) is not superseded.
-                &format!(
-                    "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
-             WHERE n.seq = ANY (ARRAY(SELECT p.seq \
-             FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
-             CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
-             WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq OFFSET 0) p)) \
-             AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
-             AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
-             DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
-                    DB_NOW_MS = super::outbox::DB_NOW_MS
-                ),
+    async fn insert(&self, tx: &Tx<'_>) -> Result<u64> {
+        let sql = tx
+            .prepare_cached(
+                "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
+                 SELECT u.sensor_id, u.ts, u.received_at, u.data, u.late \
+                 FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::bool[], $5::bool[]) \
+                 WITH ORDINALITY AS u(sensor_id, ts, received_at, data, late, o) ORDER BY u.o",
             )
-            .await?,
-            &[&s, &q, &now],
-        )
-        .await?;
+            .await?;
+        let p: [&(dyn ToSql + Sync); 5] = [
+            &self.ids,
+            &self.ts,
+            &self.received_at,
+            &self.data,
+            &self.late,
+        ];
+        execute_rows(tx, &sql, &p, self.ids.len()).await
     }
-    Ok(created)
+}
+
+/// The new state of each registered sensor (its last in the batch: an upsert may not
+/// touch a row twice), as columns.
+struct StateCols {
+    ids: Vec<String>,
+    data: Vec<Option<bool>>,
+    changed: Vec<Option<i64>>,
+    last_ts: Vec<Option<i64>>,
+    seen: Vec<Option<i64>>,
+    conn: Vec<&'static str>,
+    source: Vec<Option<&'static str>>,
+    d_from: Vec<Option<bool>>,
+    d_at: Vec<Option<i64>>,
+    d_since: Vec<Option<i64>>,
+    d_flips: Vec<Option<i32>>,
+    lost: Vec<Option<i64>>,
+    reminders: Vec<Option<i32>>,
+}
+
+impl StateCols {
+    fn of(batch: &CommitBatch, known: impl Fn(&SensorId) -> bool) -> Self {
+        let mut last: HashMap<SensorId, usize> = HashMap::new();
+        for (i, s) in batch.states.iter().enumerate() {
+            if known(&s.sensor_id) {
+                last.insert(s.sensor_id, i);
+            }
+        }
+        let mut idx: Vec<usize> = last.into_values().collect();
+        idx.sort_unstable();
+        let st: Vec<_> = idx.iter().map(|&i| &batch.states[i]).collect();
+        Self {
+            ids: st.iter().map(|s| s.sensor_id.to_string()).collect(),
+            data: st.iter().map(|s| s.data).collect(),
+            changed: st.iter().map(|s| s.changed_at).collect(),
+            last_ts: st.iter().map(|s| s.last_ts).collect(),
+            seen: st.iter().map(|s| s.last_seen_at).collect(),
+            conn: st.iter().map(|s| s.connection.as_str()).collect(),
+            source: st
+                .iter()
+                .map(|s| s.last_source.map(|x| x.as_str()))
+                .collect(),
+            d_from: st.iter().map(|s| s.debounce.and_then(|d| d.from)).collect(),
+            d_at: st.iter().map(|s| s.debounce.map(|d| d.at)).collect(),
+            d_since: st.iter().map(|s| s.debounce.map(|d| d.since)).collect(),
+            d_flips: st
+                .iter()
+                .map(|s| s.debounce.map(|d| d.flips as i32))
+                .collect(),
+            lost: st.iter().map(|s| s.lost_since).collect(),
+            reminders: st.iter().map(|s| s.reminders.map(|r| r as i32)).collect(),
+        }
+    }
+
+    async fn upsert(&self, tx: &Tx<'_>) -> Result<u64> {
+        // `lost_since` and `reminders` mean something only while lost: kept from the store
+        // when memory does not hold them, cleared once the sensor is not lost.
+        let sql = tx
+            .prepare_cached(
+                "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, \
+                 last_seen_at, connection, last_source, debounce_from, debounce_at, \
+                 debounce_since, debounce_flips, lost_since, reminders) \
+                 SELECT u.sensor_id, u.data, u.changed_at, u.last_ts, u.last_seen_at, \
+                 u.connection, u.last_source, u.debounce_from, u.debounce_at, \
+                 u.debounce_since, u.debounce_flips, \
+                 CASE WHEN u.connection = 'lost' THEN u.lost_since END, \
+                 CASE WHEN u.connection = 'lost' THEN u.reminders END \
+                 FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
+                 $6::text[], $7::text[], $8::bool[], $9::int8[], $10::int8[], $11::int4[], \
+                 $12::int8[], $13::int4[]) \
+                 AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection, \
+                 last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
+                 lost_since, reminders) \
+                 ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
+                 changed_at = COALESCE(excluded.changed_at, st.changed_at), \
+                 last_ts = excluded.last_ts, last_seen_at = excluded.last_seen_at, \
+                 connection = excluded.connection, \
+                 last_source = COALESCE(excluded.last_source, st.last_source), \
+                 debounce_from = excluded.debounce_from, debounce_at = excluded.debounce_at, \
+                 debounce_since = excluded.debounce_since, \
+                 debounce_flips = excluded.debounce_flips, \
+                 lost_since = CASE WHEN excluded.connection = 'lost' \
+                   THEN COALESCE(excluded.lost_since, st.lost_since) END, \
+                 reminders = CASE WHEN excluded.connection = 'lost' \
+                   THEN COALESCE(excluded.reminders, st.reminders) END",
+            )
+            .await?;
+        let p: [&(dyn ToSql + Sync); 13] = [
+            &self.ids,
+            &self.data,
+            &self.changed,
+            &self.last_ts,
+            &self.seen,
+            &self.conn,
+            &self.source,
+            &self.d_from,
+            &self.d_at,
+            &self.d_since,
+            &self.d_flips,
+            &self.lost,
+            &self.reminders,
+        ];
+        execute_rows(tx, &sql, &p, self.ids.len()).await
+    }
+}
+
+/// The events of registered sensors, in order (only those notify), as columns.
+struct EventCols<'b> {
+    events: Vec<&'b Event>,
+    ids: Vec<String>,
+    kinds: Vec<&'static str>,
+    at: Vec<i64>,
+    data: Vec<Option<bool>>,
+    previous: Vec<Option<bool>>,
+    seen: Vec<Option<i64>>,
+    lost: Vec<Option<i64>>,
+    reminder: Vec<Option<i32>>,
+    flips: Vec<Option<i32>>,
+}
+
+impl<'b> EventCols<'b> {
+    fn of(batch: &'b CommitBatch, known: impl Fn(&SensorId) -> bool) -> Self {
+        let ev: Vec<&Event> = batch
+            .events
+            .iter()
+            .filter(|e| known(&e.sensor_id))
+            .collect();
+        Self {
+            ids: ev.iter().map(|e| e.sensor_id.to_string()).collect(),
+            kinds: ev.iter().map(|e| e.kind.as_str()).collect(),
+            at: ev.iter().map(|e| e.at).collect(),
+            data: ev.iter().map(|e| e.data).collect(),
+            previous: ev.iter().map(|e| e.previous).collect(),
+            seen: ev.iter().map(|e| e.last_seen_at).collect(),
+            lost: ev.iter().map(|e| e.detail.lost_since).collect(),
+            reminder: ev
+                .iter()
+                .map(|e| e.detail.reminder.map(|r| r as i32))
+                .collect(),
+            flips: ev
+                .iter()
+                .map(|e| e.detail.flips_suppressed.map(|f| f as i32))
+                .collect(),
+            events: ev,
+        }
+    }
+
+    async fn insert(&self, tx: &Tx<'_>) -> Result<u64> {
+        let sql = tx
+            .prepare_cached(
+                "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, \
+                 lost_since, reminder, flips_suppressed) \
+                 SELECT u.sensor_id, u.kind, u.at, u.data, u.previous, u.last_seen_at, \
+                 u.lost_since, u.reminder, u.flips \
+                 FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::bool[], $5::bool[], \
+                 $6::int8[], $7::int8[], $8::int4[], $9::int4[]) \
+                 WITH ORDINALITY AS u(sensor_id, kind, at, data, previous, last_seen_at, \
+                 lost_since, reminder, flips, o) ORDER BY u.o",
+            )
+            .await?;
+        let p: [&(dyn ToSql + Sync); 9] = [
+            &self.ids,
+            &self.kinds,
+            &self.at,
+            &self.data,
+            &self.previous,
+            &self.seen,
+            &self.lost,
+            &self.reminder,
+            &self.flips,
+        ];
+        execute_rows(tx, &sql, &p, self.ids.len()).await
+    }
+}
+
+/// One notification per event and linked client that wants its type, in event order, as
+/// columns; `event` is each one's event (its place in [`EventCols`]).
+struct NotificationCols<'e> {
+    id: Vec<String>,
+    client: Vec<&'e str>,
+    sensor: Vec<&'e str>,
+    kind: Vec<&'static str>,
+    data: Vec<Option<bool>>,
+    previous: Vec<Option<bool>>,
+    at: Vec<i64>,
+    seen: Vec<Option<i64>>,
+    lost: Vec<Option<i64>>,
+    reminder: Vec<Option<i32>>,
+    flips: Vec<Option<i32>>,
+    event: Vec<usize>,
+}
+
+impl<'e> NotificationCols<'e> {
+    fn of(events: &'e EventCols<'_>, linked: &'e HashMap<String, Vec<Subscriber>>) -> Self {
+        let mut n = Self {
+            id: vec![],
+            client: vec![],
+            sensor: vec![],
+            kind: vec![],
+            data: vec![],
+            previous: vec![],
+            at: vec![],
+            seen: vec![],
+            lost: vec![],
+            reminder: vec![],
+            flips: vec![],
+            event: vec![],
+        };
+        for (k, e) in events.events.iter().enumerate() {
+            for (client, wanted) in linked.get(&events.ids[k]).into_iter().flatten() {
+                if !wants(wanted, e.kind) {
+                    continue;
+                }
+                n.id.push(new_notification_id());
+                n.client.push(client.as_str());
+                n.sensor.push(events.ids[k].as_str());
+                n.kind.push(e.kind.as_str());
+                n.data.push(e.data);
+                n.previous.push(e.previous);
+                n.at.push(e.at);
+                n.seen.push(e.last_seen_at);
+                n.lost.push(events.lost[k]);
+                n.reminder.push(events.reminder[k]);
+                n.flips.push(events.flips[k]);
+                n.event.push(k);
+            }
+        }
+        n
+    }
+
+    /// Inserts them, listed as pending in the same statement (migration 0011); answers
+    /// each one's id and seq.
+    async fn insert(&self, tx: &Tx<'_>, now: Millis) -> Result<Vec<tokio_postgres::Row>> {
+        if self.id.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = tx
+            .prepare_cached(
+                "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
+                 previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
+                 created_at, updated_at, lost_since, reminder, flips_suppressed) \
+                 SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, \
+                 u.occurred_at, u.last_seen_at, 'pending', 0, $9, $9, $9, u.lost_since, \
+                 u.reminder, u.flips \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], \
+                 $6::bool[], $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[]) \
+                 WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, previous, \
+                 occurred_at, last_seen_at, lost_since, reminder, flips, o) ORDER BY u.o \
+                 RETURNING id, seq, sensor_id, client_id), \
+                 listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
+                 SELECT seq, sensor_id, client_id FROM ins) \
+                 SELECT id, seq FROM ins",
+            )
+            .await?;
+        let p: [&(dyn ToSql + Sync); 12] = [
+            &self.id,
+            &self.client,
+            &self.sensor,
+            &self.kind,
+            &self.data,
+            &self.previous,
+            &self.at,
+            &self.seen,
+            &now,
+            &self.lost,
+            &self.reminder,
+            &self.flips,
+        ];
+        tx.query(&sql, &p).await
+    }
+
+    /// What the commit made, in outbox order, from the `rows` the insert answered; and per
+    /// sensor the first seq of its newest state change, which supersedes older ones.
+    fn created(
+        self,
+        rows: &[tokio_postgres::Row],
+        events: &EventCols<'_>,
+        now: Millis,
+    ) -> (Vec<NotificationRef>, HashMap<&'e str, i64>) {
+        let seqs: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let mut created = Vec::with_capacity(self.id.len());
+        let mut newest: HashMap<&str, i64> = HashMap::new();
+        let mut first_of_event = usize::MAX;
+        for (i, id) in self.id.into_iter().enumerate() {
+            let e = events.events[self.event[i]];
+            let seq = seqs[&id];
+            if self.event[i] != first_of_event {
+                first_of_event = self.event[i];
+                if e.kind == EventKind::StateChanged {
+                    newest.insert(self.sensor[i], seq);
+                }
+            }
+            created.push(NotificationRef {
+                id,
+                seq,
+                client_id: self.client[i].to_string(),
+                sensor_id: e.sensor_id,
+                kind: e.kind,
+                due_at: now,
+                attempts: 0,
+                batch_id: None,
+            });
+        }
+        (created, newest)
+    }
+}
+
+/// Supersedes, per sensor, the pending state notifications older than `newest` (the first
+/// seq of its newest state change) that no attempt holds.
+async fn supersede(tx: &Tx<'_>, newest: HashMap<&str, i64>, now: Millis) -> Result<()> {
+    if newest.is_empty() {
+        return Ok(());
+    }
+    let (s, q): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
+    tx.execute(
+        &tx.prepare_cached(
+            // Per sensor through the list of pending ones (`OFFSET 0` keeps the lookups per
+            // sensor: a plain join of the arrays with the outbox scans it), the seqs gathered
+            // once, then the rows by seq. As a join with the outbox, a planner without
+            // statistics yet (a new table) ran the lookups once per pending row: 3 s for one
+            // commit of 500 changes. An attempt in flight (leased, by the database's clock:
+            // `outbox::claim`) is not superseded.
+            &format!(
+                "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
+                 WHERE n.seq = ANY (ARRAY(SELECT p.seq \
+                 FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
+                 CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
+                 WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq OFFSET 0) p)) \
+                 AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
+                 AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
+                 DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
+                DB_NOW_MS = super::outbox::DB_NOW_MS
+            ),
+        )
+        .await?,
+        &[&s, &q, &now],
+    )
+    .await?;
+    Ok(())
 }
 
 #[async_trait]
