@@ -218,8 +218,6 @@ fn listed(code: RejectCode, status: Status) {
 /// docs). Values already recorded are left as they are: counters and gauges get 0 added,
 /// and a histogram handle is only taken (registering it is what shows it, empty).
 pub fn register_families(config: &Config) {
-    use families as f;
-    let mut sources = vec!["http"];
     let mut brokers = Vec::new();
     if config.amqp_url.is_some() {
         brokers.push("amqp");
@@ -227,33 +225,77 @@ pub fn register_families(config: &Config) {
     if config.mqtt_url.is_some() {
         brokers.push("mqtt");
     }
-    sources.extend(&brokers);
-
-    for family in [&f::READINGS_ACCEPTED, &f::READINGS_REJECTED] {
-        family.describe();
+    register_ingest(config, &brokers);
+    register_delivery();
+    match config.database_url {
+        Some(_) => register_postgres(),
+        None => register_embedded(),
     }
+    use families as f;
+    if config.clickhouse_url.is_some() {
+        for family in [
+            &f::HISTORY_SPOOL_ROWS,
+            &f::HISTORY_SHIPPED,
+            &f::HISTORY_SHIP_FAILURES,
+            &f::HISTORY_SHIP_SECONDS,
+            &f::CLICKHOUSE_UP,
+        ] {
+            show(family);
+        }
+    }
+    if config.rate_limit.is_some() {
+        show_by(&f::HTTP_RATE_LIMIT, "outcome", ["allowed", "limited"]);
+    }
+}
+
+/// Readings by source (HTTP and the configured `brokers`) and reason, the brokers' links.
+fn register_ingest(config: &Config, brokers: &[&'static str]) {
+    use families as f;
+    let sources: Vec<&'static str> = std::iter::once("http")
+        .chain(brokers.iter().copied())
+        .collect();
+    show_by(&f::READINGS_ACCEPTED, "source", sources.iter().copied());
+    f::READINGS_REJECTED.describe();
     for &source in &sources {
-        f::READINGS_ACCEPTED
-            .counter_with(&[("source", source)])
-            .increment(0);
         for code in REJECT_CODES {
             f::READINGS_REJECTED
                 .counter_with(&[("source", source), ("reason", code.as_str())])
                 .increment(0);
         }
     }
-    f::DELIVERY_ATTEMPTS.describe();
-    for outcome in crate::domain::outbox::outcome::ALL {
-        f::DELIVERY_ATTEMPTS
-            .counter_with(&[("outcome", outcome)])
+    if !brokers.is_empty() {
+        f::SOURCE_UP.describe();
+        f::SOURCE_RECONNECTS.describe();
+    }
+    for &broker in brokers {
+        f::SOURCE_UP
+            .gauge_with(&[("source", broker)])
+            .increment(0.0);
+        f::SOURCE_RECONNECTS
+            .counter_with(&[("source", broker)])
             .increment(0);
     }
-    f::NOTIFICATIONS.describe();
-    for status in ENDINGS {
-        f::NOTIFICATIONS
-            .counter_with(&[("status", status.as_str())])
-            .increment(0);
+    if config.amqp_url.is_some() {
+        let dead = REJECT_CODES.into_iter().filter(|c| !c.is_transient());
+        show_by(&f::AMQP_DEAD_LETTERED, "reason", dead.map(|c| c.as_str()));
+        show(&f::AMQP_DUPLICATES);
     }
+    if config.mqtt_url.is_some() {
+        show(&f::MQTT_RETAINED_IGNORED);
+        show(&f::MQTT_DUPLICATES);
+    }
+}
+
+/// Attempts and notifications by how they ended, and the families every store and source
+/// has.
+fn register_delivery() {
+    use families as f;
+    show_by(
+        &f::DELIVERY_ATTEMPTS,
+        "outcome",
+        crate::domain::outbox::outcome::ALL,
+    );
+    show_by(&f::NOTIFICATIONS, "status", ENDINGS.map(|s| s.as_str()));
     // Families without labels, on every store and with every source.
     for family in [
         &f::NOTIFICATIONS_PENDING,
@@ -272,98 +314,58 @@ pub fn register_families(config: &Config) {
     ] {
         show(family);
     }
-    f::RETENTION_DELETED.describe();
-    for what in RETAINED {
-        f::RETENTION_DELETED
-            .counter_with(&[("what", what)])
-            .increment(0);
-    }
+    show_by(&f::RETENTION_DELETED, "what", RETAINED);
+}
 
-    if !brokers.is_empty() {
-        f::SOURCE_UP.describe();
-        f::SOURCE_RECONNECTS.describe();
+/// PostgreSQL: its timeouts and commits in doubt, and the cluster (a cluster of one when
+/// alone).
+fn register_postgres() {
+    use families as f;
+    // The calls on the paths that matter most; others appear when they first time out.
+    show_by(
+        &f::STORE_TIMEOUTS,
+        "call",
+        ["commit", "claim", "record", "ping"],
+    );
+    show_by(
+        &f::COMMITS_IN_DOUBT,
+        "outcome",
+        ["committed", "rolled_back", "unknown"],
+    );
+    for family in [
+        &f::CLUSTER_PARTITIONS_OWNED,
+        &f::CLUSTER_PARTITIONS,
+        &f::CLUSTER_TAKEOVERS,
+        &f::CLUSTER_FORWARD_FAILURES,
+        &f::CLUSTER_FENCED_COMMITS,
+    ] {
+        show(family);
     }
-    for &broker in &brokers {
-        f::SOURCE_UP
-            .gauge_with(&[("source", broker)])
-            .increment(0.0);
-        f::SOURCE_RECONNECTS
-            .counter_with(&[("source", broker)])
-            .increment(0);
+    show_by(&f::CLUSTER_FORWARDED, "source", ["http", "amqp", "mqtt"]);
+}
+
+/// The embedded store's one writer, its write-ahead log and its archive (empty when
+/// ClickHouse takes history instead).
+fn register_embedded() {
+    use families as f;
+    for family in [
+        &f::STORE_WRITER_WAIT_SECONDS,
+        &f::WAL_CHECKPOINT_SECONDS,
+        &f::HISTORY_ARCHIVE_SECONDS,
+    ] {
+        show(family);
     }
-    if config.amqp_url.is_some() {
-        f::AMQP_DEAD_LETTERED.describe();
-        for code in REJECT_CODES.into_iter().filter(|c| !c.is_transient()) {
-            f::AMQP_DEAD_LETTERED
-                .counter_with(&[("reason", code.as_str())])
-                .increment(0);
-        }
-        show(&f::AMQP_DUPLICATES);
-    }
-    if config.mqtt_url.is_some() {
-        show(&f::MQTT_RETAINED_IGNORED);
-        show(&f::MQTT_DUPLICATES);
-    }
-    if config.database_url.is_some() {
-        f::STORE_TIMEOUTS.describe();
-        // The calls on the paths that matter most; others appear when they first time out.
-        for call in ["commit", "claim", "record", "ping"] {
-            f::STORE_TIMEOUTS
-                .counter_with(&[("call", call)])
-                .increment(0);
-        }
-        f::COMMITS_IN_DOUBT.describe();
-        for outcome in ["committed", "rolled_back", "unknown"] {
-            f::COMMITS_IN_DOUBT
-                .counter_with(&[("outcome", outcome)])
-                .increment(0);
-        }
-        // PostgreSQL means cluster mode (a cluster of one when alone).
-        for family in [
-            &f::CLUSTER_PARTITIONS_OWNED,
-            &f::CLUSTER_PARTITIONS,
-            &f::CLUSTER_TAKEOVERS,
-            &f::CLUSTER_FORWARD_FAILURES,
-            &f::CLUSTER_FENCED_COMMITS,
-        ] {
-            show(family);
-        }
-        f::CLUSTER_FORWARDED.describe();
-        for source in ["http", "amqp", "mqtt"] {
-            f::CLUSTER_FORWARDED
-                .counter_with(&[("source", source)])
-                .increment(0);
-        }
-    }
-    if config.database_url.is_none() {
-        // The embedded store's one writer, its write-ahead log and its archive (empty
-        // when ClickHouse takes history instead).
-        for family in [
-            &f::STORE_WRITER_WAIT_SECONDS,
-            &f::WAL_CHECKPOINT_SECONDS,
-            &f::HISTORY_ARCHIVE_SECONDS,
-        ] {
-            show(family);
-        }
-    }
-    if config.clickhouse_url.is_some() {
-        for family in [
-            &f::HISTORY_SPOOL_ROWS,
-            &f::HISTORY_SHIPPED,
-            &f::HISTORY_SHIP_FAILURES,
-            &f::HISTORY_SHIP_SECONDS,
-            &f::CLICKHOUSE_UP,
-        ] {
-            show(family);
-        }
-    }
-    if config.rate_limit.is_some() {
-        f::HTTP_RATE_LIMIT.describe();
-        for outcome in ["allowed", "limited"] {
-            f::HTTP_RATE_LIMIT
-                .counter_with(&[("outcome", outcome)])
-                .increment(0);
-        }
+}
+
+/// Describes a counter family with one label and shows each of `values` at its zero.
+fn show_by(
+    family: &families::Family,
+    label: &'static str,
+    values: impl IntoIterator<Item = &'static str>,
+) {
+    family.describe();
+    for value in values {
+        family.counter_with(&[(label, value)]).increment(0);
     }
 }
 
