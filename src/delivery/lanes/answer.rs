@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use super::{Done, Finished, Lanes, PARK_RECHECK_MS, shrink};
+use super::batches::Batching;
+use super::{Done, Entry, Finished, LaneKey, Lanes, PARK_RECHECK_MS, shrink};
 use crate::delivery::attempt::AttemptResult;
 use crate::delivery::retry::RetryPolicy;
 use crate::domain::policy::{self, Attempted};
@@ -162,54 +163,34 @@ impl Lanes {
                 false
             }
             Finished::Attempted(result) => {
-                head.held = false;
-                let attempts = head.attempts + 1;
-                let next_at = match retry_at {
-                    RetryAt::At(at) => at,
-                    RetryAt::Jittered(j) => retry_time(&self.policy, attempts, &result, j, now),
-                };
-                let verdict = policy::verdict(
-                    Attempted {
-                        delivered: result.delivered(),
-                        gone: result.gone(),
-                        not_allowed: result.not_allowed(),
-                        attempts,
-                        max_attempts: self.policy.max_attempts,
-                        kind: head.kind,
+                let (done, o) = attempted(
+                    head,
+                    result,
+                    Context {
+                        policy: &self.policy,
+                        node: &self.node,
+                        batching: &mut self.batching,
+                        lane: &d.lane,
+                        batch,
+                        retry_at,
                         state_behind,
+                        now,
                     },
-                    || next_at,
                 );
-                attempt_metrics(&result, verdict, &head.id, now);
-                outcome = Some(Outcome {
-                    notification_id: head.id.clone(),
-                    client_id: d.lane.0.to_string(),
-                    attempt: Some(Attempt {
-                        notification_id: head.id.clone(),
-                        at: result.at,
-                        status_code: result.status_code,
-                        error: result.error,
-                        duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
-                    }),
-                    attempts,
-                    verdict,
-                    node: self.node.clone(),
-                    batch_id: batch.map(|b| b.to_string()),
-                });
-                match verdict {
-                    Verdict::Retry { next_at } => {
-                        head.attempts = attempts;
-                        head.due = next_at;
-                        if let Some(b) = batch {
-                            head.batch = Some(b.clone());
-                            self.batching
-                                .join(b.clone(), d.lane.clone(), head.id.clone());
-                        }
-                        false
-                    }
-                    _ => true,
-                }
+                outcome = Some(o);
+                done
             }
+        };
+        self.go_on(d.lane, pop, later, now);
+        outcome
+    }
+
+    /// After its head's answer, the lane goes on: without the head if it ended (`pop`),
+    /// back in order if a head was told to wait (`later`), and due at its new head's time
+    /// (gone, when nothing waits in it).
+    fn go_on(&mut self, key: LaneKey, pop: bool, later: bool, now: Millis) {
+        let Some(lane) = self.lanes.get_mut(&key) else {
+            return;
         };
         if pop {
             if let Some(done) = lane.queue.pop_front()
@@ -222,16 +203,82 @@ impl Lanes {
         if later {
             lane.queue.make_contiguous().sort_by_key(|e| e.seq);
         }
-        let due = lane.queue.front().map(|h| h.due);
-        match due {
-            Some(due) => self.reschedule(d.lane, due, now),
+        match lane.queue.front().map(|h| h.due) {
+            Some(due) => self.reschedule(key, due, now),
             None => {
-                self.lanes.remove(&d.lane);
+                self.lanes.remove(&key);
                 shrink(&mut self.lanes);
             }
         }
-        outcome
     }
+}
+
+/// What an attempt's verdict needs beside its head: the lane's settings and where it is.
+struct Context<'a> {
+    policy: &'a RetryPolicy,
+    node: &'a Arc<str>,
+    batching: &'a mut Batching,
+    lane: &'a LaneKey,
+    /// The batch the attempt was sent in.
+    batch: Option<&'a Arc<str>>,
+    retry_at: RetryAt,
+    /// A state notification waits behind the head.
+    state_behind: bool,
+    now: Millis,
+}
+
+/// The head's attempt came back with `result`: its verdict (delivered, retry, failed,
+/// superseded), counted; a retry waits in the lane (in its batch again, if it was sent in
+/// one). Whether the head leaves the lane, and the outcome to record.
+fn attempted(head: &mut Entry, result: AttemptResult, cx: Context<'_>) -> (bool, Outcome) {
+    head.held = false;
+    let attempts = head.attempts + 1;
+    let next_at = match cx.retry_at {
+        RetryAt::At(at) => at,
+        RetryAt::Jittered(j) => retry_time(cx.policy, attempts, &result, j, cx.now),
+    };
+    let verdict = policy::verdict(
+        Attempted {
+            delivered: result.delivered(),
+            gone: result.gone(),
+            not_allowed: result.not_allowed(),
+            attempts,
+            max_attempts: cx.policy.max_attempts,
+            kind: head.kind,
+            state_behind: cx.state_behind,
+        },
+        || next_at,
+    );
+    attempt_metrics(&result, verdict, &head.id, cx.now);
+    let outcome = Outcome {
+        notification_id: head.id.clone(),
+        client_id: cx.lane.0.to_string(),
+        attempt: Some(Attempt {
+            notification_id: head.id.clone(),
+            at: result.at,
+            status_code: result.status_code,
+            error: result.error,
+            duration_ms: result.duration.as_millis().min(u32::MAX as u128) as u32,
+        }),
+        attempts,
+        verdict,
+        node: cx.node.clone(),
+        batch_id: cx.batch.map(|b| b.to_string()),
+    };
+    let done = match verdict {
+        Verdict::Retry { next_at } => {
+            head.attempts = attempts;
+            head.due = next_at;
+            if let Some(b) = cx.batch {
+                head.batch = Some(b.clone());
+                cx.batching
+                    .join(b.clone(), cx.lane.clone(), head.id.clone());
+            }
+            false
+        }
+        _ => true,
+    };
+    (done, outcome)
 }
 
 /// When a failed attempt, the `attempts`-th, answered `result`, is tried again: after the
