@@ -7,7 +7,15 @@
 //! defect this looks for. RSS is read three times, each with the outbox drained (the same
 //! pending work, none) and freed heap handed back to the OS: after a warm-up, halfway
 //! through the rest, and at the end. The goal is flat after warm-up: under 5 % growth.
+//!
+//! `--passes P` runs the other shape of the load, as an operator's fleet sees it: P passes
+//! of one change per sensor, each pass delivered before the next begins, RSS read after
+//! every pass; the goal is then flat from a quarter of the run to its end. `--receiver`
+//! delivers to a receiver outside the process (nginx, `scripts/bench-receiver`), so the
+//! process's memory is latch's alone.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Keep, Receiver, Report};
@@ -38,6 +46,15 @@ pub struct Args {
     /// Run on PostgreSQL (a fresh schema of this database) instead of SQLite.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Run in this many passes of one change per sensor (`--sensors` changes a pass, times
+    /// `--clients` notifications), each delivered before the next, RSS read after each;
+    /// `--notifications` and `--warmup` are then not used.
+    #[arg(long)]
+    pub passes: Option<u64>,
+    /// Deliver to this receiver outside the process (answering 2xx) instead of one in it;
+    /// deliveries are then counted from latch's metrics.
+    #[arg(long)]
+    pub receiver: Option<String>,
     /// Longest wait for the outbox to drain at each reading.
     #[arg(long, default_value = "300s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,
@@ -51,15 +68,19 @@ struct Reading {
     /// `RssAnon`: resident memory not backed by a file — the heap and stacks, where a
     /// leak shows. The rest is mostly code of the binary, paged in as it first runs.
     anon: u64,
+    /// Of `anon`, what transparent huge pages back (`AnonHugePages`): 2 MiB resident for
+    /// each, however little of it is in use.
+    huge: u64,
     /// Held by SQLite's allocator (its page caches, mostly): bounded by `cache_size` per
     /// connection, so it grows during a warm-up and then stays.
     sqlite: u64,
-    /// Bytes the Rust heap has handed out and not freed (glibc's `mallinfo2`): flat with
-    /// a growing RSS means fragmentation, growing with it means something is kept.
+    /// Bytes glibc's heap has handed out and not freed (`mallinfo2`): SQLite's and other
+    /// C code's. Rust allocates from mimalloc (the `latch` binary's global allocator),
+    /// which keeps no such count in a release build.
     heap: u64,
 }
 
-/// Bytes in use in the C heap (the Rust one too: it is the system allocator).
+/// Bytes in use in glibc's heap (C code's: Rust's allocations go to mimalloc).
 fn heap_in_use() -> u64 {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -82,7 +103,12 @@ fn sqlite_bytes() -> u64 {
 
 /// A `kB` field of `/proc/self/status`, in bytes.
 fn status_bytes(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    kb_field("/proc/self/status", field)
+}
+
+/// A `kB` field of a `/proc` file, in bytes.
+fn kb_field(file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(file)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -94,14 +120,32 @@ fn status_bytes(field: &str) -> u64 {
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
     let clients_n = args.clients.max(1) as u64;
-    let changes = args.notifications / clients_n;
-    let total = changes * clients_n;
-    let warmup = args.warmup.unwrap_or(total / 10).min(total);
-    anyhow::ensure!(changes > 0, "--notifications must be at least --clients");
     anyhow::ensure!(
         args.window < (args.sensors as u64) * clients_n,
         "--window must be below sensors × clients, or newer changes would supersede pending ones"
     );
+    // Where to read RSS, by notifications sent (and then all delivered).
+    let marks: Vec<u64> = match args.passes {
+        Some(passes) => {
+            anyhow::ensure!(passes >= 4, "--passes must be at least 4");
+            let pass = args.sensors as u64 * clients_n;
+            (1..=passes).map(|i| i * pass).collect()
+        }
+        None => {
+            let changes = args.notifications / clients_n;
+            anyhow::ensure!(changes > 0, "--notifications must be at least --clients");
+            let total = changes * clients_n;
+            let warmup = args.warmup.unwrap_or(total / 10).min(total);
+            vec![warmup, warmup + (total - warmup) / 2, total]
+        }
+    };
+    let total = *marks.last().expect("marks");
+    // The readings compared: after the warm-up, halfway through the rest and at the end;
+    // with passes, after a quarter of them, after half and after the last.
+    let (start_at, middle_at) = match args.passes {
+        Some(p) => ((p.div_ceil(4) - 1) as usize, (p.div_ceil(2) - 1) as usize),
+        None => (0, 1),
+    };
     // Whole batches fit the window.
     let batch = args
         .batch
@@ -109,11 +153,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
 
     let (dir, _tmp) = super::data_dir(None)?;
     let mut receivers = Vec::new();
-    for _ in 0..clients_n {
-        let r = Receiver::start_keeping(Keep::Counts).await?;
-        receivers.push(r);
-    }
-    let clients: Vec<_> = receivers.iter().map(|r| super::client(&r.url)).collect();
+    let urls: Vec<String> = match &args.receiver {
+        Some(url) => vec![url.clone(); clients_n as usize],
+        None => {
+            for _ in 0..clients_n {
+                receivers.push(Receiver::start_keeping(Keep::Counts).await?);
+            }
+            receivers.iter().map(|r| r.url.clone()).collect()
+        }
+    };
+    let clients: Vec<_> = urls.iter().map(|u| super::client(u)).collect();
     let ids = super::sensor_ids(args.sensors);
     let (config, pg) = super::store_config(&dir, args.database_url.as_deref()).await?;
     super::import(&config, &ids, &clients, None).await?;
@@ -121,18 +170,40 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let http = reqwest::Client::new();
     let url = format!("{}/v1/readings", server.base);
     let metrics_url = format!("{}/metrics", server.base);
+    // Deliveries so far: what the receivers in this process counted, or, with one outside,
+    // latch's own count, scraped every 100 ms (each scrape folds the histograms, which a
+    // latch nobody scrapes does every 5 s: the same work, sooner).
+    let scraped = Arc::new(AtomicU64::new(0));
+    let scraper = args.receiver.is_some().then(|| {
+        let (http, url, scraped) = (http.clone(), metrics_url.clone(), scraped.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(r) = http.get(&url).send().await
+                    && let Ok(text) = r.text().await
+                {
+                    scraped.store(status_sum(&text, "delivered") as u64, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    });
     let states = receivers.clone();
-    let requests = move || -> u64 { states.iter().map(Receiver::ok).sum() };
+    let counted = scraped.clone();
+    let requests = move || -> u64 {
+        if states.is_empty() {
+            counted.load(Ordering::Relaxed)
+        } else {
+            states.iter().map(Receiver::ok).sum()
+        }
+    };
     let progress = super::progress("soak", "webhooks delivered", requests.clone());
 
-    // Where to read RSS, by notifications sent (and then all delivered).
-    let marks = [warmup, warmup + (total - warmup) / 2, total];
     let mut readings: Vec<Reading> = Vec::new();
     let started = Instant::now();
     let mut paused = Duration::ZERO;
     let mut sent_changes = 0u64;
     let mut body = String::with_capacity(batch * 40);
-    for mark in marks {
+    for &mark in &marks {
         while sent_changes * clients_n < mark {
             let n = (batch as u64).min(mark.div_ceil(clients_n) - sent_changes);
             // Pace: wait for room in the window.
@@ -206,11 +277,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         paused += drain_started.elapsed();
         super::trim_heap();
         let (rss, anon) = (status_bytes("VmRSS:"), status_bytes("RssAnon:"));
+        let huge = kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
         let (sqlite, heap) = (sqlite_bytes(), heap_in_use());
         eprintln!(
-            "soak: RSS {:.1} MiB ({:.1} MiB anonymous; heap in use {:.1} MiB, {:.1} MiB of it SQLite's) after {sent} notifications",
+            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's) after {sent} notifications",
             rss as f64 / MIB,
             anon as f64 / MIB,
+            huge as f64 / MIB,
             heap as f64 / MIB,
             sqlite as f64 / MIB
         );
@@ -218,23 +291,32 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             delivered: sent,
             rss,
             anon,
+            huge,
             sqlite,
             heap,
         });
     }
     let secs = started.elapsed().as_secs_f64();
     progress.abort();
+    if let Some(s) = scraper {
+        s.abort();
+    }
     let text = http.get(&metrics_url).send().await?.text().await?;
     let ended = super::metric_sum(&text, "latch_notifications_total");
     let delivered = status_sum(&text, "delivered");
     let pending = super::metric_sum(&text, "latch_notifications_pending");
-    let webhook_requests = requests();
+    let webhook_requests = if receivers.is_empty() {
+        super::metric_sum(&text, "latch_delivery_attempts_total") as u64
+    } else {
+        requests()
+    };
     server.stop().await?;
     if let Some(pg) = pg {
         pg.drop().await?;
     }
 
-    let [start, middle, end] = [&readings[0], &readings[1], &readings[2]];
+    let (start, middle) = (&readings[start_at], &readings[middle_at]);
+    let end = readings.last().expect("readings");
     let growth = |a: u64, b: u64| (b as f64 / a as f64 - 1.0) * 100.0;
     let mut r = Report::new("soak");
     r.add("notifications", total as f64, "notifications");
@@ -278,6 +360,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     );
     r.add("rss_anon_end_mib", round1(end.anon as f64 / MIB), "MiB");
     r.add(
+        "anon_huge_pages_start_mib",
+        round1(start.huge as f64 / MIB),
+        "MiB",
+    );
+    r.add(
+        "anon_huge_pages_end_mib",
+        round1(end.huge as f64 / MIB),
+        "MiB",
+    );
+    r.add(
         "rss_anon_growth_start_to_end_pct",
         round1(growth(start.anon, end.anon)),
         "%",
@@ -314,31 +406,102 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         (delivered / (secs - paused.as_secs_f64()).max(1e-3)).round(),
         "webhooks/s",
     );
-    r.notes.push(format!(
-        "Store: {}. {} sensors x {} clients, window {} undelivered, {} readings a request; \
-         every reading flips its sensor. RSS (VmRSS, and RssAnon without the binary's own pages; after malloc_trim) is read with the \
-         outbox drained after {} (warm-up), {} and {} notifications; the receiver only \
-         counts. Goal: growth after warm-up under 5 %. delivered_per_s leaves out the \
-         three pauses (drain, then 6 s idle) for the readings.",
-        if args.database_url.is_some() {
-            "PostgreSQL"
-        } else {
-            "SQLite"
-        },
-        args.sensors,
-        clients_n,
-        args.window,
-        batch,
-        start.delivered,
-        middle.delivered,
-        end.delivered,
-    ));
+    let store = if args.database_url.is_some() {
+        "PostgreSQL"
+    } else {
+        "SQLite"
+    };
+    let receiver = match &args.receiver {
+        Some(url) => format!("the receiver outside the process at {url} (answering 2xx)"),
+        None => "a receiver in the process that only counts".into(),
+    };
+    let common = "RSS is VmRSS, and RssAnon without the binary's own pages, read after malloc_trim; \
+                  C heap in use is glibc's (SQLite's and other C code's: Rust allocates from mimalloc).";
+    match args.passes {
+        Some(passes) => {
+            let after_start = &readings[start_at..];
+            let max = after_start.iter().map(|x| x.rss).max().unwrap_or(0);
+            r.add("rss_max_from_start_mib", round1(max as f64 / MIB), "MiB");
+            r.add(
+                "rss_max_growth_from_start_pct",
+                round1(growth(start.rss, max)),
+                "%",
+            );
+            // One pass's RSS moves by a few % with what the allocator has not handed back
+            // yet when it is read; the line fitted through every reading from the start
+            // on says whether it climbs.
+            let (at_start, at_end) = fitted(after_start.iter().map(|x| x.rss as f64));
+            r.add(
+                "rss_fitted_growth_start_to_end_pct",
+                round1((at_end / at_start - 1.0) * 100.0),
+                "%",
+            );
+            r.notes.push(format!(
+                "Store: {store}. {passes} passes of one change for each of {} sensors, x {} clients \
+                 ({} notifications a pass), each pass delivered (and 6 s idle) before the next, \
+                 window {} undelivered, {batch} readings a request; delivered to {receiver}. {common} \
+                 start is after pass {}, middle after pass {}, end after pass {passes}: the goal is \
+                 under 5 % growth from start to end (rss_fitted_growth: of the least-squares line \
+                 through every reading from start to end, which one reading's noise moves less). \
+                 delivered_per_s leaves out the pauses. \
+                 VmRSS / RssAnon / huge pages / C heap after each pass (MiB): {}",
+                args.sensors,
+                clients_n,
+                args.sensors as u64 * clients_n,
+                args.window,
+                start_at + 1,
+                middle_at + 1,
+                readings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| format!(
+                        "{} {:.1}/{:.1}/{:.1}/{:.1}",
+                        i + 1,
+                        x.rss as f64 / MIB,
+                        x.anon as f64 / MIB,
+                        x.huge as f64 / MIB,
+                        x.heap as f64 / MIB
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        None => r.notes.push(format!(
+            "Store: {store}. {} sensors x {} clients, window {} undelivered, {batch} readings a \
+             request; every reading flips its sensor; delivered to {receiver}. {common} RSS is \
+             read with the outbox drained after {} (warm-up), {} and {} notifications. Goal: \
+             growth after warm-up under 5 %. delivered_per_s leaves out the three pauses \
+             (drain, then 6 s idle) for the readings.",
+            args.sensors, clients_n, args.window, start.delivered, middle.delivered, end.delivered,
+        )),
+    }
     Ok(r)
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
 /// Longer than the metrics upkeep interval (5 s).
 const SETTLE: Duration = Duration::from_secs(6);
+
+/// The least-squares line through `ys` (evenly spaced): its value at the first and at the
+/// last of them.
+fn fitted(ys: impl Iterator<Item = f64>) -> (f64, f64) {
+    let ys: Vec<f64> = ys.collect();
+    let n = ys.len() as f64;
+    if ys.len() < 2 {
+        let y = ys.first().copied().unwrap_or(0.0);
+        return (y, y);
+    }
+    let mean_x = (n - 1.0) / 2.0;
+    let mean_y = ys.iter().sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (i, y) in ys.iter().enumerate() {
+        let dx = i as f64 - mean_x;
+        sxy += dx * (y - mean_y);
+        sxx += dx * dx;
+    }
+    let slope = sxy / sxx;
+    (mean_y - slope * mean_x, mean_y + slope * mean_x)
+}
 
 fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0

@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc instead of glibc's malloc: every request, reading and notification allocates
 /// on several threads at once, where glibc's arenas spent ~10 % of delivery's CPU
-/// (BENCHMARKS.md, tenth pass).
+/// (BENCHMARKS.md, tenth pass). Its version 2 (the workspace's `v2` feature), not the
+/// crate's default 3, which kept RSS at 2–3 times the live heap and growing (+7 to +28 %
+/// over a million deliveries, `latch bench soak --passes`, BENCHMARKS.md, with the heap in
+/// use flat); see also [`no_transparent_huge_pages`].
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -127,6 +130,7 @@ enum Scenario {
 
 fn main() -> anyhow::Result<()> {
     cap_malloc_arenas();
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
@@ -295,6 +299,19 @@ fn cap_malloc_arenas() {
     // SAFETY: `mallopt` only sets an allocator tunable; called before any other thread.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// mimalloc asks the kernel for transparent huge pages on its arenas (`MADV_HUGEPAGE`), and
+/// the kernel then backs any 2 MiB range with one page in use with a whole huge page, so
+/// memory mimalloc had freed stayed resident: 38–142 MiB of huge pages in a soak whose live
+/// heap was 44 MiB. latch's hot data is SQLite's page cache (glibc's heap, small pages);
+/// huge pages buy it nothing. Set before any thread starts; it holds for the whole process.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `prctl` only sets a flag of this process; the arguments are plain integers.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 

@@ -33,6 +33,16 @@ use crate::telemetry::families;
 /// in between (an index's right edge, a hot leaf) goes to the database file once.
 pub(super) const CHECKPOINT_PAGES: c_int = 10_000;
 
+/// A log of [`CHECKPOINT_PAGES`] in bytes: the size its file is cut back to when it starts
+/// over ([`super::LOG_LIMITS`]).
+pub(super) const LOG_BYTES: i64 = log_bytes(CHECKPOINT_PAGES as i64);
+
+/// The size of a log file holding `pages` pages of 4 KiB: a 32-byte header, and a 24-byte
+/// header before each page.
+pub(super) const fn log_bytes(pages: i64) -> i64 {
+    32 + pages * (24 + 4_096)
+}
+
 /// Growth of the log after which the thread is asked again while it has not started over,
 /// as a share of the checkpoint size: each round syncs the database file, which the
 /// commits' own syncs wait behind.

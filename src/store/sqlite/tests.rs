@@ -477,6 +477,64 @@ async fn the_write_ahead_log_is_checkpointed_beside_the_writer_and_starts_over()
     assert!(wal < 80 << 20, "the log started over: {wal} bytes");
 }
 
+/// A log that grew while a reader kept it from starting over (retention reading the archive
+/// while it deletes there, say) is cut back to its checkpoint size once it starts over,
+/// rather than keeping for good the most it ever held.
+#[tokio::test]
+async fn a_log_that_grew_past_its_checkpoints_is_cut_back_once_it_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("cut").unwrap();
+    store
+        .create_sensor(conformance::sensor(&id.to_string()))
+        .await
+        .unwrap();
+    let log = dir.path().join("archive.db-wal");
+    let size = || std::fs::metadata(&log).map_or(0, |m| m.len() as i64);
+    let mut ts = 0;
+    let mut moves = |n: usize| {
+        let store = store.clone();
+        let mut batches = Vec::new();
+        for _ in 0..n {
+            let readings: Vec<_> = (0..25_000)
+                .map(|_| {
+                    ts += 1;
+                    reading(id, ts)
+                })
+                .collect();
+            batches.push((readings, ts));
+        }
+        async move {
+            for (readings, at) in batches {
+                let batch = CommitBatch {
+                    readings,
+                    ..Default::default()
+                };
+                store.commit(batch, at).await.unwrap();
+                assert_eq!(store.archive_history(25_000).await.unwrap(), 25_000);
+            }
+        }
+    };
+    // A reader of the archive keeps its snapshot: no checkpoint can finish meanwhile.
+    let reader = Connection::open(dir.path().join("archive.db")).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT COUNT(*) FROM readings_archive", [], |r| r.get(0))
+        .unwrap();
+    moves(8).await;
+    let grown = size();
+    let limit = LOG_LIMITS[1].1;
+    assert!(grown > limit, "the log grew past its limit: {grown} bytes");
+    reader.execute_batch("COMMIT").unwrap();
+    // The next moves checkpoint it, start it over, and cut the file back.
+    moves(3).await;
+    let cut = size();
+    assert!(
+        cut < grown && cut <= limit + (1 << 20),
+        "the log was cut back from {grown} to {cut} bytes (limit {limit})"
+    );
+}
+
 /// A reading of `id` at `ts` (received then), its data alternating with the second.
 fn reading(id: SensorId, ts: i64) -> ReadingRecord {
     ReadingRecord {

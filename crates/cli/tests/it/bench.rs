@@ -181,6 +181,42 @@ fn soak_bench_delivers_everything_and_reads_rss_three_times() {
     assert!(n("delivered_per_s") > 0.0, "{r}");
 }
 
+#[test]
+fn soak_bench_in_passes_reads_rss_after_each_pass() {
+    let r = bench(&[
+        "soak",
+        "--passes",
+        "4",
+        "--sensors",
+        "300",
+        "--clients",
+        "2",
+        "--window",
+        "200",
+        "--batch",
+        "50",
+        "--drain",
+        "60s",
+    ]);
+    let n = |k: &str| num(&r, k);
+    // Four passes of one change a sensor, to two clients each.
+    assert_eq!(n("notifications"), 2400.0, "{r}");
+    assert_eq!(n("delivered") + n("ended_otherwise"), 2400.0, "{r}");
+    assert_eq!(n("pending_left"), 0.0, "{r}");
+    assert_eq!(n("webhook_requests"), n("delivered"), "{r}");
+    // Compared: after the first quarter of the passes, after half of them, after the last.
+    assert_eq!(n("warmup_notifications"), 600.0, "{r}");
+    assert_eq!(n("middle_at_notifications"), 1200.0, "{r}");
+    assert_eq!(n("end_at_notifications"), 2400.0, "{r}");
+    assert!(n("rss_max_from_start_mib") >= n("rss_end_mib"), "{r}");
+    assert_growth_matches(
+        n("rss_start_mib"),
+        n("rss_end_mib"),
+        n("rss_growth_start_to_end_pct"),
+        &r,
+    );
+}
+
 /// Checks that `reported` (a percentage from unrounded figures) lies within what the
 /// MiB figures, each rounded to one decimal, allow.
 fn assert_growth_matches(from: f64, to: f64, reported: f64, r: &Value) {

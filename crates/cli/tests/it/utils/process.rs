@@ -88,6 +88,11 @@ impl Process {
         .await;
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill9(mut self) {
         self.child.kill().unwrap(); // SIGKILL on Unix
         self.child.wait().unwrap();
