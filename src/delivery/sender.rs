@@ -233,23 +233,7 @@ async fn post(
         Ok(h) => h,
         Err(e) => return failed(Failure::Unusable, e),
     };
-    let grant = match &to.receiver.auth {
-        Some(Auth::OAuth2 {
-            token_url,
-            client_id,
-            client_secret,
-            scope,
-            audience,
-        }) => Some(Grant {
-            client: to.client,
-            token_url,
-            client_id,
-            client_secret,
-            scope: scope.as_deref(),
-            audience: audience.as_deref(),
-        }),
-        _ => None,
-    };
+    let grant = grant_of(&to);
     let mut token = None;
     if let Some(g) = &grant {
         match receivers
@@ -262,7 +246,7 @@ async fn post(
         }
     }
     let request = |token: Option<&str>, body: Vec<u8>| {
-        let mut r = http
+        let r = http
             .post(url.clone())
             .timeout(left())
             .header("content-type", "application/json")
@@ -270,23 +254,7 @@ async fn post(
             .header("webhook-id", to.id)
             .header("webhook-timestamp", ts.to_string())
             .header("webhook-signature", signature.clone());
-        for (name, value) in &to.receiver.headers {
-            // Names and values were checked when set; marked sensitive, so no HTTP/2
-            // table or debug output keeps them.
-            if let Ok(mut v) = reqwest::header::HeaderValue::from_str(value) {
-                v.set_sensitive(true);
-                r = r.header(name.as_str(), v);
-            }
-        }
-        r = match (&to.receiver.auth, token) {
-            (_, Some(t)) => r.bearer_auth(t),
-            (Some(Auth::Bearer { token }), None) => r.bearer_auth(token),
-            (Some(Auth::Basic { username, password }), None) => {
-                r.basic_auth(username, Some(password))
-            }
-            _ => r,
-        };
-        r.body(body)
+        with_receiver(r, to.receiver, token).body(body)
     };
     // The body again only for a client whose token may be refused.
     let again = grant.as_ref().map(|_| body.clone());
@@ -305,35 +273,90 @@ async fn post(
         }
     }
     match sent {
-        Ok(resp) => {
-            let code = resp.status().as_u16();
-            // On the clock the attempt was stamped with, not the machine's own.
-            let answered_at = at + started.elapsed().as_millis() as Millis;
-            let retry_after = if code == 429 || code == 503 {
-                resp.headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| super::retry::parse_retry_after(v, answered_at))
-            } else {
-                None
-            };
-            // Drain a little of the body so the connection can be reused.
-            let _ = tokio::time::timeout(Duration::from_millis(200), resp.bytes()).await;
-            AttemptResult::answered(at, code, started.elapsed(), retry_after)
-        }
+        Ok(resp) => answered(resp, at, started).await,
         Err(e) => {
-            if let Some(r) = guard::refusal_in(&e) {
-                failed(Failure::NotAllowed, not_allowed(r))
-            } else if e.is_timeout() {
-                failed(Failure::Timeout, format!("timed out after {timeout:?}"))
-            } else if e.is_connect() {
-                let why = format!("connection failed: {}", root_cause(&e));
-                failed(Failure::Connection, why)
-            } else {
-                let why = format!("request failed: {}", root_cause(&e));
-                failed(Failure::Connection, why)
-            }
+            let (failure, why) = failure_of(&e, timeout);
+            failed(failure, why)
         }
+    }
+}
+
+/// The OAuth2 grant of a receiver that authenticates with client credentials.
+fn grant_of<'t>(to: &Target<'t>) -> Option<Grant<'t>> {
+    match &to.receiver.auth {
+        Some(Auth::OAuth2 {
+            token_url,
+            client_id,
+            client_secret,
+            scope,
+            audience,
+        }) => Some(Grant {
+            client: to.client,
+            token_url,
+            client_id,
+            client_secret,
+            scope: scope.as_deref(),
+            audience: audience.as_deref(),
+        }),
+        _ => None,
+    }
+}
+
+/// A request with the receiver's headers and authentication: `token`, an OAuth2 token,
+/// when it has one.
+fn with_receiver(
+    mut r: reqwest::RequestBuilder,
+    receiver: &Receiver,
+    token: Option<&str>,
+) -> reqwest::RequestBuilder {
+    for (name, value) in &receiver.headers {
+        // Names and values were checked when set; marked sensitive, so no HTTP/2 table or
+        // debug output keeps them.
+        if let Ok(mut v) = reqwest::header::HeaderValue::from_str(value) {
+            v.set_sensitive(true);
+            r = r.header(name.as_str(), v);
+        }
+    }
+    match (&receiver.auth, token) {
+        (_, Some(t)) => r.bearer_auth(t),
+        (Some(Auth::Bearer { token }), None) => r.bearer_auth(token),
+        (Some(Auth::Basic { username, password }), None) => r.basic_auth(username, Some(password)),
+        _ => r,
+    }
+}
+
+/// The attempt a receiver answered, with what a 429 or 503 asked for in `Retry-After`.
+async fn answered(resp: reqwest::Response, at: Millis, started: Instant) -> AttemptResult {
+    let code = resp.status().as_u16();
+    // On the clock the attempt was stamped with, not the machine's own.
+    let answered_at = at + started.elapsed().as_millis() as Millis;
+    let retry_after = if code == 429 || code == 503 {
+        resp.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| super::retry::parse_retry_after(v, answered_at))
+    } else {
+        None
+    };
+    // Drain a little of the body so the connection can be reused.
+    let _ = tokio::time::timeout(Duration::from_millis(200), resp.bytes()).await;
+    AttemptResult::answered(at, code, started.elapsed(), retry_after)
+}
+
+/// What a request that got no answer came to, and why in words.
+fn failure_of(e: &reqwest::Error, timeout: Duration) -> (Failure, String) {
+    if let Some(r) = guard::refusal_in(e) {
+        (Failure::NotAllowed, not_allowed(r))
+    } else if e.is_timeout() {
+        (Failure::Timeout, format!("timed out after {timeout:?}"))
+    } else if e.is_connect() {
+        let why = format!("connection failed: {}", root_cause(e));
+        (Failure::Connection, why)
+    } else {
+        (
+            Failure::Connection,
+            format!("request failed: {}", root_cause(e)),
+        )
     }
 }
 
