@@ -37,108 +37,99 @@ fn commit_batch(
     batch: &CommitBatch,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
-    let mut created = Vec::new();
-    let events: Vec<&Event> = {
-        let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
-        // A state row exists only for a registered sensor (a delete takes it along), so
-        // updating it is the registration check; only a sensor's first state is inserted,
-        // guarded by a look at `sensors`.
-        // `lost_since` and `reminders` mean something only while lost: kept from the store
-        // when memory does not hold them, cleared once the sensor is not lost.
-        let mut update_state = tx.prepare_cached(
-            "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at), \
-             last_ts = ?4, last_seen_at = ?5, connection = ?6, \
-             last_source = COALESCE(?7, last_source), debounce_from = ?8, debounce_at = ?9, \
-             debounce_since = ?10, debounce_flips = ?11, \
-             lost_since = CASE WHEN ?6 = 'lost' THEN COALESCE(?12, lost_since) END, \
-             reminders = CASE WHEN ?6 = 'lost' THEN COALESCE(?13, reminders) END \
-             WHERE sensor_id = ?1",
-        )?;
-        let mut insert_state = tx.prepare_cached(
-            "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at, \
-             connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
-             lost_since, reminders) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
-             CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END \
-             WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
-        )?;
-        for s in &batch.states {
-            let d = s.debounce.as_ref();
-            let values = params![
-                s.sensor_id.to_string(),
-                s.data.map(i64::from),
-                s.changed_at,
-                s.last_ts,
-                s.last_seen_at,
-                s.connection.as_str(),
-                s.last_source.map(|x| x.as_str()),
-                d.and_then(|d| d.from).map(i64::from),
-                d.map(|d| d.at),
-                d.map(|d| d.since),
-                d.map(|d| d.flips),
-                s.lost_since,
-                s.reminders
-            ];
-            let n = match update_state.execute(values)? {
-                0 => insert_state.execute(values)?,
-                n => n,
-            };
-            known.insert(s.sensor_id, n > 0);
+    let mut known = write_states(tx, batch)?;
+    let mut exists = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensors WHERE id = ?1)")?;
+    let mut registered = |id: SensorId| -> Result<bool> {
+        if let Some(&k) = known.get(&id) {
+            return Ok(k);
         }
-        let mut exists =
-            tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensors WHERE id = ?1)")?;
-        let mut registered = |id: SensorId| -> Result<bool> {
-            if let Some(&k) = known.get(&id) {
-                return Ok(k);
-            }
-            let k = exists.query_row([id.to_string()], |r| r.get::<_, bool>(0))?;
-            known.insert(id, k);
-            Ok(k)
-        };
-        let mut ins_reading = tx.prepare_cached(
-            "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        for r in &batch.readings {
-            if !registered(r.sensor_id)? {
-                continue;
-            }
-            ins_reading.execute(params![
-                r.sensor_id.to_string(),
-                r.ts,
-                r.received_at,
-                r.data as i64,
-                r.late as i64
-            ])?;
-        }
-        let mut kept = Vec::with_capacity(batch.events.len());
-        for e in &batch.events {
-            if registered(e.sensor_id)? {
-                kept.push(e);
-            }
-        }
-        kept
+        let k = exists.query_row([id.to_string()], |r| r.get::<_, bool>(0))?;
+        known.insert(id, k);
+        Ok(k)
     };
-    if events.is_empty() {
-        return Ok(created);
+    let mut ins_reading = tx.prepare_cached(
+        "INSERT INTO readings (sensor_id, ts, received_at, data, late)          VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for r in &batch.readings {
+        if !registered(r.sensor_id)? {
+            continue;
+        }
+        ins_reading.execute(params![
+            r.sensor_id.to_string(),
+            r.ts,
+            r.received_at,
+            r.data as i64,
+            r.late as i64
+        ])?;
     }
-    stage_events(tx, &events)?;
+    let mut events = Vec::with_capacity(batch.events.len());
+    for e in &batch.events {
+        if registered(e.sensor_id)? {
+            events.push(e);
+        }
+    }
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    notify(tx, &events, now)
+}
+
+/// Writes each sensor's new state; answers, for each sensor it names, whether it is
+/// registered. A state row exists only for a registered sensor (a delete takes it along),
+/// so updating it is the registration check; only a sensor's first state is inserted,
+/// guarded by a look at `sensors`.
+fn write_states(tx: &Transaction, batch: &CommitBatch) -> Result<HashMap<SensorId, bool>> {
+    let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
+    // `lost_since` and `reminders` mean something only while lost: kept from the store
+    // when memory does not hold them, cleared once the sensor is not lost.
+    let mut update_state = tx.prepare_cached(
+        "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at),          last_ts = ?4, last_seen_at = ?5, connection = ?6,          last_source = COALESCE(?7, last_source), debounce_from = ?8, debounce_at = ?9,          debounce_since = ?10, debounce_flips = ?11,          lost_since = CASE WHEN ?6 = 'lost' THEN COALESCE(?12, lost_since) END,          reminders = CASE WHEN ?6 = 'lost' THEN COALESCE(?13, reminders) END          WHERE sensor_id = ?1",
+    )?;
+    let mut insert_state = tx.prepare_cached(
+        "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders)          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,          CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END          WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+    )?;
+    for s in &batch.states {
+        let d = s.debounce.as_ref();
+        let values = params![
+            s.sensor_id.to_string(),
+            s.data.map(i64::from),
+            s.changed_at,
+            s.last_ts,
+            s.last_seen_at,
+            s.connection.as_str(),
+            s.last_source.map(|x| x.as_str()),
+            d.and_then(|d| d.from).map(i64::from),
+            d.map(|d| d.at),
+            d.map(|d| d.since),
+            d.map(|d| d.flips),
+            s.lost_since,
+            s.reminders
+        ];
+        let n = match update_state.execute(values)? {
+            0 => insert_state.execute(values)?,
+            n => n,
+        };
+        known.insert(s.sensor_id, n > 0);
+    }
+    Ok(known)
+}
+
+/// The events of registered sensors and their notifications: one per event and linked
+/// client, in event order, clients in id order; the first notification of a state change
+/// supersedes its sensor's older pending, unleased state notifications.
+fn notify(tx: &Transaction, events: &[&Event], now: Millis) -> Result<Vec<NotificationRef>> {
+    stage_events(tx, events)?;
     tx.prepare_cached(
-        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
-         reminder, flips_suppressed) \
-         SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder, \
-         flips_suppressed FROM temp.stage_events ORDER BY k",
+        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since,          reminder, flips_suppressed)          SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder,          flips_suppressed FROM temp.stage_events ORDER BY k",
     )?
     .execute([])?;
-    // One notification per event and linked client, in event order, clients in id order.
     let rows = insert_notifications(tx, now)?;
     tx.prepare_cached("DELETE FROM temp.stage_events")?
         .execute([])?;
     let mut supersede = tx.prepare_cached(
-        "UPDATE notifications SET status = 'superseded', updated_at = ?3 \
-         WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed' \
-         AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
+        "UPDATE notifications SET status = 'superseded', updated_at = ?3          WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed'          AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
     )?;
+    let mut created = Vec::with_capacity(rows.len());
     let mut first_of_event = usize::MAX;
     for Staged {
         event: k,
@@ -150,8 +141,7 @@ fn commit_batch(
         let e = events
             .get(k)
             .ok_or_else(|| Error::Backend("a staged notification names no event".into()))?;
-        // The first notification of a state change supersedes the sensor's older pending,
-        // unleased state notifications (as it did when each was inserted on its own).
+        // As it did when each notification was inserted on its own.
         if k != first_of_event {
             first_of_event = k;
             if e.kind == EventKind::StateChanged {
