@@ -106,11 +106,41 @@ pub(super) async fn claim(
     } else {
         Vec::new()
     };
-    let mut out = Vec::with_capacity(ids.len());
-    let (mut lease, mut cancel, mut supersede) = (Vec::new(), Vec::new(), Vec::new());
+    let decided = decide(ids, &found, &locked, &node, now, offset)?;
+    write_decided(&tx, &decided, batch, &node, now, lease_until - offset).await?;
+    tx.commit().await?;
+    Ok(decided.out)
+}
+
+/// What a claim decided: its answer for each id, and the notifications to lease, cancel
+/// and supersede.
+struct Decided {
+    out: Vec<Claim>,
+    lease: Vec<String>,
+    cancel: Vec<String>,
+    supersede: Vec<String>,
+}
+
+/// Each claimed id's answer by the policy ([`claim_step`]), from its row as `found` locked
+/// it; an id not found is another node's right now (`locked`) or gone. The rows' times are
+/// the database's: `offset` puts them on this node's clock.
+fn decide(
+    ids: Vec<String>,
+    found: &HashMap<String, &Row>,
+    locked: &[String],
+    node: &str,
+    now: Millis,
+    offset: Millis,
+) -> Result<Decided> {
+    let mut d = Decided {
+        out: Vec::with_capacity(ids.len()),
+        lease: Vec::new(),
+        cancel: Vec::new(),
+        supersede: Vec::new(),
+    };
     for id in ids {
         let Some(r) = found.get(&id) else {
-            out.push(if locked.contains(&id) {
+            d.out.push(if locked.contains(&id) {
                 Claim::Leased {
                     id,
                     until: now + 1000,
@@ -128,54 +158,67 @@ pub(super) async fn claim(
         claim_row.lease_until = claim_row.lease_until.map(|u| u + offset);
         claim_row.lane.older_lease_until = claim_row.lane.older_lease_until.map(|u| u + offset);
         claim_row.lane.newer_lease_until = claim_row.lane.newer_lease_until.map(|u| u + offset);
-        match claim_step(claim_row, &node, now) {
+        match claim_step(claim_row, node, now) {
             ClaimStep::Lease(s) => {
-                lease.push(id);
-                out.push(Claim::Send(s));
+                d.lease.push(id);
+                d.out.push(Claim::Send(s));
             }
             ClaimStep::Cancel => {
-                cancel.push(id.clone());
-                out.push(Claim::Done {
+                d.cancel.push(id.clone());
+                d.out.push(Claim::Done {
                     id,
                     status: Status::Cancelled,
                 });
             }
             ClaimStep::Supersede => {
-                supersede.push(id.clone());
-                out.push(Claim::Done {
+                d.supersede.push(id.clone());
+                d.out.push(Claim::Done {
                     id,
                     status: Status::Superseded,
                 });
             }
-            ClaimStep::Answer(c) => out.push(c),
+            ClaimStep::Answer(c) => d.out.push(c),
         }
     }
-    if !supersede.is_empty() {
+    Ok(d)
+}
+
+/// Writes what a claim decided: supersedes, leases until `lease_until` (the database's
+/// time), unmarks a batch's heads left pending and those left out (`ClaimBatch`; the
+/// leased ones were by their lease), cancels.
+async fn write_decided(
+    tx: &Tx<'_>,
+    d: &Decided,
+    batch: Option<ClaimBatch>,
+    node: &str,
+    now: Millis,
+    lease_until: Millis,
+) -> Result<()> {
+    if !d.supersede.is_empty() {
         tx.execute(
             &tx.prepare_cached(&unlist(
                 "status = 'superseded', updated_at = $2",
                 "id = ANY($1)",
             ))
             .await?,
-            &[&supersede, &now],
+            &[&d.supersede, &now],
         )
         .await?;
     }
-    if !lease.is_empty() {
+    if !d.lease.is_empty() {
         tx.execute(
             &tx.prepare_cached(
                 "UPDATE notifications SET claimed_by = $2, lease_until = $3, batch_id = NULL \
                  WHERE id = ANY($1)",
             )
             .await?,
-            &[&lease, &node, &(lease_until - offset)],
+            &[&d.lease, &node, &lease_until],
         )
         .await?;
     }
-    // A batch's heads left pending now are unmarked with those left out (`ClaimBatch`);
-    // the leased ones were by their lease.
     if let Some(b) = batch {
-        let unmark: Vec<&str> = out
+        let unmark: Vec<&str> = d
+            .out
             .iter()
             .filter_map(Claim::left_pending)
             .chain(b.left_out.iter().map(String::as_str))
@@ -192,19 +235,18 @@ pub(super) async fn claim(
             .await?;
         }
     }
-    if !cancel.is_empty() {
+    if !d.cancel.is_empty() {
         tx.execute(
             &tx.prepare_cached(&unlist(
                 "status = 'cancelled', updated_at = $2",
                 "id = ANY($1)",
             ))
             .await?,
-            &[&cancel, &now],
+            &[&d.cancel, &now],
         )
         .await?;
     }
-    tx.commit().await?;
-    Ok(out)
+    Ok(())
 }
 
 pub(super) async fn record(
