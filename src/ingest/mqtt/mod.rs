@@ -225,7 +225,7 @@ pub async fn run(
         link: link.clone(),
         reconnect: reconnect_tx,
     };
-    let mut applier = tokio::spawn(applier::run(
+    let applier = tokio::spawn(applier::run(
         ingest,
         settings.topic.clone(),
         shared,
@@ -295,9 +295,26 @@ pub async fn run(
             }
         }
     }
-    // The applier finishes what it holds and acknowledges the broker's resends of what
-    // committed (see `applier`). Polled meanwhile, since only the event loop sends the
-    // acks it queues, and feeding it: a connection lost is made again at once, for them.
+    let resent = settle(applier, &mut reconnect_rx, &mut events, &link, &tx).await;
+    drop(tx);
+    flush(&client, &mut events).await;
+    link.update(|st| st.subscribed = false);
+    keep(store.as_ref(), key, resent).await;
+    tracing::info!("MQTT ingest stopped.");
+    Ok(())
+}
+
+/// At a stop: the applier finishes what it holds and acknowledges the broker's resends of
+/// what committed (see `applier`); answers what it leaves unacknowledged. The event loop is
+/// polled meanwhile, since only it sends the acks the applier queues, and it keeps feeding
+/// the applier: a connection lost is made again at once, for them.
+async fn settle(
+    applier: tokio::task::JoinHandle<Resent>,
+    reconnect_rx: &mut mpsc::UnboundedReceiver<(u64, Duration)>,
+    events: &mut rumqttc::v5::EventLoop,
+    link: &Link,
+    tx: &mpsc::UnboundedSender<Inbound>,
+) -> Resent {
     let drain = async {
         loop {
             tokio::select! {
@@ -324,26 +341,27 @@ pub async fn run(
             }
         }
     };
-    let resent = tokio::select! {
-        r = &mut applier => r.unwrap_or_default(),
+    tokio::select! {
+        r = applier => r.unwrap_or_default(),
         _ = drain => unreachable!("the drain never ends"),
-    };
-    drop(tx);
-    flush(&client, &mut events).await;
-    link.update(|st| st.subscribed = false);
-    if !resent.is_empty() {
-        let kept = resent.kept();
-        match store.keep_unacked(key, kept.clone()).await {
-            Ok(()) => tracing::info!(
-                publishes = kept.len(),
-                "MQTT ingest: kept the publishes committed but not acknowledged, for the next session."
-            ),
-            Err(e) => tracing::error!(publishes = kept.len(), error = %e,
-                "MQTT ingest: could not keep the publishes committed but not acknowledged; the next session applies their resends again."),
-        }
     }
-    tracing::info!("MQTT ingest stopped.");
-    Ok(())
+}
+
+/// Keeps in the store the publishes that committed and were never acknowledged, for the
+/// session's next connection (another process's, perhaps): the broker resends them there.
+async fn keep(store: &dyn Sessions, key: String, resent: Resent) {
+    if resent.is_empty() {
+        return;
+    }
+    let kept = resent.kept();
+    match store.keep_unacked(key, kept.clone()).await {
+        Ok(()) => tracing::info!(
+            publishes = kept.len(),
+            "MQTT ingest: kept the publishes committed but not acknowledged, for the next session."
+        ),
+        Err(e) => tracing::error!(publishes = kept.len(), error = %e,
+            "MQTT ingest: could not keep the publishes committed but not acknowledged; the next session applies their resends again."),
+    }
 }
 
 /// Sends the acknowledgements queued in the client's request channel, then a
