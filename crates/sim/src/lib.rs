@@ -219,6 +219,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         world.clone(),
         model.clone(),
         receivers.clone(),
+        faults.clone(),
         config.clone(),
         &names,
     );

@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use latch::config::Config;
-use latch::domain::{Reading, RejectCode, Rejection, Source};
+use latch::domain::{Millis, Reading, RejectCode, Rejection, Source, Status};
 use latch::engine::{Engine, Forwarder, Sequence, Verdicts, VerdictsRx};
 use latch::service::{Node, Parts};
 use tokio::sync::oneshot;
 
+use crate::faults::{Kind, StoreFaults};
 use crate::model::{ModelStore, NodeStore};
-use crate::receivers::{Receivers, SimTransport};
+use crate::receivers::{Receivers, SimTransport, lane_key};
 use crate::world::{Life, World, alive};
 
 /// How a simulated node is, as the faults left it.
@@ -38,6 +39,8 @@ struct Slot {
     /// Its process's life in the world (the receivers' side of it): each start is a new
     /// life name, so what an old process left running never mixes with the new one's.
     life: String,
+    /// When that life began.
+    since: Millis,
     starts: u32,
 }
 
@@ -49,6 +52,8 @@ pub struct Nodes {
     config: Arc<Config>,
     slots: Mutex<BTreeMap<String, Slot>>,
     forwarder: Arc<SimForwarder>,
+    /// The store's faults: a stop that could not write gives back what it could.
+    faults: Arc<StoreFaults>,
     /// Stops under way.
     stopping: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -58,6 +63,7 @@ impl Nodes {
         world: Arc<World>,
         model: ModelStore,
         receivers: Arc<Receivers>,
+        faults: Arc<StoreFaults>,
         config: Arc<Config>,
         names: &[&str],
     ) -> Arc<Self> {
@@ -71,6 +77,7 @@ impl Nodes {
                         store: None,
                         node: None,
                         life: n.to_string(),
+                        since: 0,
                         starts: 0,
                     },
                 )
@@ -84,6 +91,7 @@ impl Nodes {
             world,
             model,
             receivers,
+            faults,
             config,
             slots: Mutex::new(slots),
             stopping: Mutex::new(Vec::new()),
@@ -142,6 +150,7 @@ impl Nodes {
             }
             s.starts += 1;
             s.life = format!("{name}.{}", s.starts);
+            s.since = self.world.now();
             let store = self.model.for_node(name);
             s.store = Some(store.clone());
             (s.life.clone(), store)
@@ -188,22 +197,27 @@ impl Nodes {
 
     /// SIGTERM: the node stops as `latch serve` does (within the grace), then exits.
     pub fn terminate(self: &Arc<Self>, name: &str) {
-        let (node, store, life) = {
+        let (node, store, life, since) = {
             let mut slots = self.slots.lock().unwrap();
             let s = slots.get_mut(name).expect("a known node");
             if s.state != State::Running {
                 return;
             }
             s.state = State::Stopping;
-            (s.node.take(), s.store.clone(), s.life.clone())
+            (s.node.take(), s.store.clone(), s.life.clone(), s.since)
         };
         let Some(node) = node else { return };
         self.world.trace(format!("node {name} SIGTERM"));
         let me = self.clone();
         let name = name.to_string();
         let grace = self.config.shutdown_grace;
+        let from = self.world.now();
         let task = tokio::spawn(async move {
             node.stop(grace).await;
+            // Killed while it stopped: it gave back nothing, as any node killed.
+            if me.world.life_now(&life) != Life::Dead {
+                me.gave_back(&name, since, from);
+            }
             // The process exits: nothing of it runs any more.
             if let Some(store) = store {
                 store.kill();
@@ -218,6 +232,52 @@ impl Nodes {
             s.store = None;
         });
         self.stopping.lock().unwrap().push(task);
+    }
+
+    /// A stop gives back what it holds (README, Guarantees): once its process exits, no
+    /// pending notification is still leased to it, whatever its receivers took — each
+    /// attempt still out when the grace ran out was cut off and recorded, which released
+    /// its lease. Unless the store kept it from writing: faults while it stopped, or a
+    /// write in doubt (a claim that landed unanswered) within a claim lease before. Leases
+    /// an earlier process of the same name took (it was killed) are not this one's: a node
+    /// may take its own back after a restart, but need not.
+    fn gave_back(&self, name: &str, since: Millis, from: Millis) {
+        let now = self.world.now();
+        let claim_lease = 3 * self.config.delivery_timeout.as_millis() as Millis + 5_000;
+        if self.faults.were_on(from, now, |_| true)
+            || self
+                .faults
+                .were_on(from - claim_lease, now, |k| matches!(k, Kind::InDoubt(_)))
+        {
+            return;
+        }
+        let held: Vec<(String, String)> = self.model.read(|t| {
+            t.notifications()
+                .filter(|r| {
+                    r.notification.status == Status::Pending
+                        && r.claimed_by.as_deref() == Some(name)
+                        && r.lease_until
+                            .is_some_and(|until| until > now && until - claim_lease >= since)
+                })
+                .map(|r| {
+                    let n = &r.notification;
+                    (n.id.clone(), lane_key(&(n.client_id.clone(), n.sensor_id)))
+                })
+                .collect()
+        });
+        if held.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = held.iter().map(|(id, _)| id.as_str()).collect();
+        self.world.violate(
+            "a stop gives back what it holds",
+            format!(
+                "node {name} exited {} ms after its SIGTERM still leasing {}",
+                now - from,
+                ids.join(" ")
+            ),
+            held.into_iter().flat_map(|(id, lane)| [id, lane]).collect(),
+        );
     }
 
     /// `kill -9`: nothing of the process runs, reaches the store or a receiver again.
