@@ -72,6 +72,9 @@ pub struct Workload {
     pub lease: Millis,
     /// Whether the run is a cluster (nodes may join and leave).
     pub cluster: bool,
+    /// A calm run: only the endpoints fail (no node, store or broker link faults), so the
+    /// whole run is quiet time in which isolation and prompt liveness are asked for.
+    pub calm: bool,
 }
 
 impl Workload {
@@ -148,6 +151,7 @@ impl Workload {
             66..67 => self.subscription().await,
             67..70 => self.replay().await,
             70..72 => self.enable().await,
+            72..81 if self.calm => self.endpoint(),
             72..78 => self.node_fault().await,
             78..80 => self.store_fault(),
             80..81 => self.link(),
@@ -326,13 +330,21 @@ impl Workload {
     }
 
     /// Reads a client, changes it with `f` and writes it back, then tells the entry node's
-    /// dispatcher as the API does.
-    async fn change_client(&mut self, f: impl FnOnce(&mut Client, &mut latch_rng::Draw)) {
+    /// dispatcher as the API does. `healthy_too`: the change may be drawn for a healthy
+    /// client (one its own settings do not slow down).
+    async fn change_client(
+        &mut self,
+        healthy_too: bool,
+        f: impl FnOnce(&mut Client, &mut latch_rng::Draw),
+    ) {
         let Some(node) = self.entry() else { return };
         let Some((_, store, dispatcher)) = self.nodes.entry(&node) else {
             return;
         };
         let ci = self.world.between(0, self.clients.len() as u64) as usize;
+        if !healthy_too && self.clients[ci].healthy {
+            return;
+        }
         let id = self.clients[ci].id.clone();
         let Ok(Some(mut client)) = store.get_client(id.clone()).await else {
             return;
@@ -350,7 +362,7 @@ impl Workload {
     }
 
     async fn batching(&mut self) {
-        self.change_client(|c, d| {
+        self.change_client(true, |c, d| {
             c.batch = d.chance(0.6).then(|| Batch {
                 max_events: d.between(1, 6) as u32,
                 max_wait_ms: d.between(0, 800) as u32,
@@ -359,15 +371,17 @@ impl Workload {
         .await;
     }
 
+    /// A rate limit, never of the healthy client: its deliveries are the yardstick of
+    /// isolation, and a limit of its own delays them by design.
     async fn rate(&mut self) {
-        self.change_client(|c, d| {
+        self.change_client(false, |c, d| {
             c.rate_limit = d.chance(0.5).then(|| d.between(1, 20) as u32);
         })
         .await;
     }
 
     async fn subscription(&mut self) {
-        self.change_client(|c, d| {
+        self.change_client(true, |c, d| {
             c.events = d.chance(0.5).then(|| {
                 let mut e = vec!["sensor.state_changed".to_string()];
                 if d.chance(0.5) {
