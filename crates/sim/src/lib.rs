@@ -299,6 +299,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         isolation: 3_000,
         lost_slack: 1_500,
         claim_lease,
+        cluster,
     };
     checks::during(&world, &model, &mut reported);
     if let Ok(id) = std::env::var("LATCH_SIM_TRAIL") {
@@ -310,7 +311,10 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
     }
     {
         let log = w.log.lock().unwrap();
-        checks::at_end(&world, &model, &receivers, &log, &w.clients, &bounds, START);
+        let links = nodes.link_changes();
+        checks::at_end(
+            &world, &model, &receivers, &log, &links, &w.clients, &bounds, START,
+        );
     }
     let virtual_ms = world.now() - START;
     nodes.stop_all().await;
@@ -368,11 +372,7 @@ async fn heal(
             nodes.start(&n).await;
         }
     }
-    for n in nodes.in_state(State::Running) {
-        if let Some((engine, _, _)) = nodes.entry(&n) {
-            engine.set_link(Source::Amqp, true, world.now());
-        }
-    }
+    nodes.set_link(true);
     let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
     let bound = claim_lease
         + config.retry_max_delay.as_millis() as Millis

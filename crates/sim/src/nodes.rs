@@ -56,6 +56,8 @@ pub struct Nodes {
     faults: Arc<StoreFaults>,
     /// Stops under way.
     stopping: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Each change of the AMQP broker link: when, and whether it came up (it starts up).
+    links: Mutex<Vec<(Millis, bool)>>,
 }
 
 impl Nodes {
@@ -95,7 +97,37 @@ impl Nodes {
             config,
             slots: Mutex::new(slots),
             stopping: Mutex::new(Vec::new()),
+            links: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Whether the AMQP broker link is up now.
+    pub fn link_up(&self) -> bool {
+        self.links.lock().unwrap().last().is_none_or(|&(_, up)| up)
+    }
+
+    /// Each change of the AMQP broker link so far.
+    pub fn link_changes(&self) -> Vec<(Millis, bool)> {
+        self.links.lock().unwrap().clone()
+    }
+
+    /// The AMQP broker link goes down or comes up: every process's engine learns it, as
+    /// the nodes follow the links each node records (a frozen one too: its broker client
+    /// sees the connection as it is when it runs again).
+    pub fn set_link(&self, up: bool) {
+        if self.link_up() == up {
+            return;
+        }
+        let now = self.world.now();
+        self.links.lock().unwrap().push((now, up));
+        let slots = self.slots.lock().unwrap();
+        for s in slots.values() {
+            if matches!(s.state, State::Running | State::Frozen)
+                && let Some(node) = &s.node
+            {
+                node.engine().set_link(Source::Amqp, up, now);
+            }
+        }
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -171,6 +203,15 @@ impl Nodes {
         };
         match Node::start(&self.config, &self.world.clock, parts).await {
             Ok(node) => {
+                // The links as the other nodes recorded them, as a node follows them from the
+                // store: down, or up since the latest return (a return it did not see
+                // counts as down and back).
+                if let Some(&(at, up)) = self.links.lock().unwrap().last() {
+                    node.engine().set_link(Source::Amqp, false, at);
+                    if up {
+                        node.engine().set_link(Source::Amqp, true, at);
+                    }
+                }
                 self.forwarder
                     .engines
                     .lock()

@@ -49,6 +49,9 @@ pub struct SimClient {
 pub struct Log {
     /// Readings answered accepted: sensor and data, in the order acknowledged.
     pub acked: Vec<(SensorId, bool, Millis)>,
+    /// Readings answered accepted: sensor, how it came in, and when the entry node took it
+    /// (its `received_at`, unless forwarded to an owner that took it later).
+    pub heard: Vec<(SensorId, Source, Millis)>,
     /// Periods in which something beyond the endpoints was faulted (a node, the store, a
     /// link): isolation and prompt liveness are only asked of the quiet time between.
     pub troubled: Vec<(Millis, Millis)>,
@@ -216,7 +219,8 @@ impl Workload {
         let log = self.log.clone();
         tokio::spawn(async move {
             let items: Vec<_> = readings.iter().cloned().map(Ok).collect();
-            let Ok(ticket) = engine.enqueue(items, engine.now(), source).await else {
+            let at = engine.now();
+            let Ok(ticket) = engine.enqueue(items, at, source).await else {
                 return;
             };
             let Ok(report) = ticket.wait().await else {
@@ -228,6 +232,7 @@ impl Workload {
             for (i, r) in readings.iter().enumerate() {
                 if !refused.contains(&i) {
                     log.acked.push((r.sensor_id, r.data, now));
+                    log.heard.push((r.sensor_id, source, at));
                 }
             }
             world.trace(format!(
@@ -505,22 +510,12 @@ impl Workload {
         let nodes = self.nodes.clone();
         let world = self.world.clone();
         self.world.trace(format!("amqp link down for {ms} ms"));
-        set_link(&nodes, &world, false);
+        nodes.set_link(false);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             world.trace("amqp link up");
-            set_link(&nodes, &world, true);
+            nodes.set_link(true);
         });
-    }
-}
-
-/// Every running node's engine learns of the AMQP link's state, as the nodes follow the
-/// links each node records.
-fn set_link(nodes: &Nodes, world: &World, up: bool) {
-    for n in nodes.in_state(State::Running) {
-        if let Some((engine, _, _)) = nodes.entry(&n) {
-            engine.set_link(Source::Amqp, up, world.now());
-        }
     }
 }
 
