@@ -291,7 +291,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
             world.violate("no task of latch panics", f, Vec::new());
         }
     }
-    heal(&mut w, &nodes, &faults, &receivers, &config).await;
+    let healed_at = heal(&mut w, &nodes, &faults, &receivers, &config).await;
     let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
     let bounds = Bounds {
         timeout: w.timeout,
@@ -300,6 +300,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         lost_slack: 1_500,
         claim_lease,
         cluster,
+        healed_at,
     };
     checks::during(&world, &model, &mut reported);
     if let Ok(id) = std::env::var("LATCH_SIM_TRAIL") {
@@ -353,14 +354,15 @@ async fn describe(world: &World, nodes: &Nodes, clients: &[SimClient]) {
 /// Faults stop: endpoints answer, the store works, links are up, every node runs again,
 /// disabled clients are enabled and dead letters replayed; the sensors keep reporting
 /// (without changes) while everything pending settles, up to the bound the README gives:
-/// what a killed node leased waits out its lease, a retry its delay.
+/// what a killed node leased waits out its lease, a retry its delay. Returns when every
+/// node ran again: faults stopped then.
 async fn heal(
     w: &mut Workload,
     nodes: &Arc<Nodes>,
     faults: &StoreFaults,
     receivers: &Receivers,
     config: &Config,
-) {
+) -> Millis {
     let world = w.world.clone();
     world.trace("heal");
     faults.close();
@@ -373,6 +375,7 @@ async fn heal(
         }
     }
     nodes.set_link(true);
+    let healed_at = world.now();
     let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
     let bound = claim_lease
         + config.retry_max_delay.as_millis() as Millis
@@ -391,4 +394,5 @@ async fn heal(
         }
         tokio::time::sleep(Duration::from_millis(1_000)).await;
     }
+    healed_at
 }
