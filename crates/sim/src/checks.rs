@@ -53,7 +53,6 @@ pub fn at_end(
     model: &ModelStore,
     receivers: &Receivers,
     log: &Log,
-    links: &[(Millis, bool)],
     clients: &[SimClient],
     bounds: &Bounds,
     start: Millis,
@@ -202,7 +201,7 @@ pub fn at_end(
         // after taking them in its lease round (a false lost after a join, seed 131 with this
         // check on clusters: to be looked at in latch, not hidden here).
         if !bounds.cluster {
-            broker_link(world, t, log, links, bounds, start);
+            broker_link(world, t, log, bounds, start);
         }
     });
 }
@@ -328,14 +327,8 @@ fn liveness(
 /// Our broker link is not the sensors' silence: a sensor last heard through AMQP is not
 /// declared lost while the link is down, and once it is back not before
 /// `max(last_seen, reconnected_at) + timeout`.
-fn broker_link(
-    world: &World,
-    t: &crate::model::Tables,
-    log: &Log,
-    links: &[(Millis, bool)],
-    bounds: &Bounds,
-    start: Millis,
-) {
+fn broker_link(world: &World, t: &crate::model::Tables, log: &Log, bounds: &Bounds, start: Millis) {
+    let links = &log.links;
     let mut heard: BTreeMap<SensorId, Vec<(Millis, Source)>> = BTreeMap::new();
     for &(sensor, source, at) in &log.heard {
         heard.entry(sensor).or_default().push((at, source));

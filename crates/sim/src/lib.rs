@@ -311,11 +311,9 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         describe(&world, &nodes, &w.clients).await;
     }
     {
-        let log = w.log.lock().unwrap();
-        let links = nodes.link_changes();
-        checks::at_end(
-            &world, &model, &receivers, &log, &links, &w.clients, &bounds, START,
-        );
+        let mut log = w.log.lock().unwrap();
+        log.links = nodes.link_changes();
+        checks::at_end(&world, &model, &receivers, &log, &w.clients, &bounds, START);
     }
     let virtual_ms = world.now() - START;
     nodes.stop_all().await;

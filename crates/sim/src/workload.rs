@@ -52,6 +52,9 @@ pub struct Log {
     /// Readings answered accepted: sensor, how it came in, and when the entry node took it
     /// (its `received_at`, unless forwarded to an owner that took it later).
     pub heard: Vec<(SensorId, Source, Millis)>,
+    /// Each change of the AMQP broker link: when, and whether it came up (filled in from
+    /// the nodes' record once the run has healed).
+    pub links: Vec<(Millis, bool)>,
     /// Periods in which something beyond the endpoints was faulted (a node, the store, a
     /// link): isolation and prompt liveness are only asked of the quiet time between.
     pub troubled: Vec<(Millis, Millis)>,
