@@ -544,6 +544,16 @@ impl Lanes {
                 .queue
                 .partition_point(|e| e.seq < r.seq)
                 .max(usize::from(lane.busy));
+            // Before the head of a parked lane (a replay while its client is disabled): that
+            // head was due, and its time said only when to look at its client again, which
+            // the lane's timer keeps. Once the client is resumed it follows the new head at
+            // once, not a minute on.
+            if pos == 0
+                && lane.parked
+                && let Some(head) = lane.queue.front_mut()
+            {
+                head.due = head.due.min(now);
+            }
             // A batch to send again, as the store keeps it. On a shared store another node
             // may have sent that batch meanwhile (a partition moved), so one read from it
             // goes in a batch of its own.

@@ -34,6 +34,8 @@ struct Window {
 pub struct StoreFaults {
     world: Arc<World>,
     window: Mutex<Option<Window>>,
+    /// Every window opened so far: its kind, start and end (cut short by a close).
+    past: Mutex<Vec<(Kind, Millis, Millis)>>,
 }
 
 impl StoreFaults {
@@ -41,20 +43,41 @@ impl StoreFaults {
         Arc::new(Self {
             world,
             window: Mutex::new(None),
+            past: Mutex::new(Vec::new()),
         })
     }
 
     /// Faults of `kind` for `ms` from now.
     pub fn open(&self, kind: Kind, ms: u64) {
-        let until = self.world.now() + ms as Millis;
+        let now = self.world.now();
+        let until = now + ms as Millis;
         self.world
             .trace(format!("store faults {kind:?} for {ms} ms"));
         *self.window.lock().unwrap() = Some(Window { kind, until });
+        let mut past = self.past.lock().unwrap();
+        // A window opened over another ends that one.
+        if let Some(last) = past.last_mut() {
+            last.2 = last.2.min(now);
+        }
+        past.push((kind, now, until));
     }
 
     /// No more faults.
     pub fn close(&self) {
         *self.window.lock().unwrap() = None;
+        let now = self.world.now();
+        if let Some(last) = self.past.lock().unwrap().last_mut() {
+            last.2 = last.2.min(now);
+        }
+    }
+
+    /// Whether faults that `kind` accepts were on at any time in `[from, to]`.
+    pub fn were_on(&self, from: Millis, to: Millis, kind: impl Fn(Kind) -> bool) -> bool {
+        self.past
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(k, a, b)| kind(k) && a <= to && from <= b)
     }
 
     fn now_kind(&self) -> Option<Kind> {

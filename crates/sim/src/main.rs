@@ -8,8 +8,8 @@
 //! cargo run -p latch-sim -- --seed 4242 --trace t.txt   # and the whole trace in a file
 //! ```
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use latch_sim::{Options, run};
@@ -52,17 +52,31 @@ fn main() {
     let jobs = value("--jobs").unwrap_or(2).max(1) as usize;
     let next = Arc::new(AtomicU64::new(from));
     let failed = Arc::new(AtomicUsize::new(0));
+    // The longest run in virtual time and in wall time: (seed, ms).
+    let longest = Arc::new(Mutex::new(((0, 0), (0, 0))));
     let started = Instant::now();
     let workers: Vec<_> = (0..jobs)
         .map(|_| {
             let (next, failed, opts) = (next.clone(), failed.clone(), opts.clone());
+            let longest = longest.clone();
             std::thread::spawn(move || {
                 loop {
                     let seed = next.fetch_add(1, Ordering::SeqCst);
                     if seed >= from + seeds {
                         return;
                     }
+                    let began = Instant::now();
                     let out = run(seed, &opts);
+                    let wall = began.elapsed().as_millis() as i64;
+                    {
+                        let mut l = longest.lock().unwrap();
+                        if out.virtual_ms > l.0.1 {
+                            l.0 = (seed, out.virtual_ms);
+                        }
+                        if wall > l.1.1 {
+                            l.1 = (seed, wall);
+                        }
+                    }
                     if !out.ok() {
                         failed.fetch_add(1, Ordering::SeqCst);
                         println!("{}", out.report());
@@ -79,6 +93,12 @@ fn main() {
     println!(
         "{seeds} seeds from {from}: {failed} failed, {secs:.1} s, {:.1} seeds/s",
         seeds as f64 / secs
+    );
+    let ((vseed, vms), (wseed, wms)) = *longest.lock().unwrap();
+    println!(
+        "longest: seed {vseed}, {:.1} s of virtual time; seed {wseed}, {:.2} s of wall time",
+        vms as f64 / 1000.0,
+        wms as f64 / 1000.0
     );
     if failed > 0 {
         std::process::exit(1);

@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use latch::config::Config;
-use latch::domain::{Reading, RejectCode, Rejection, Source};
+use latch::domain::{Millis, Reading, RejectCode, Rejection, Source, Status};
 use latch::engine::{Engine, Forwarder, Sequence, Verdicts, VerdictsRx};
 use latch::service::{Node, Parts};
 use tokio::sync::oneshot;
 
+use crate::faults::StoreFaults;
 use crate::model::{ModelStore, NodeStore};
-use crate::receivers::{Receivers, SimTransport};
+use crate::receivers::{Receivers, SimTransport, lane_key};
 use crate::world::{Life, World, alive};
 
 /// How a simulated node is, as the faults left it.
@@ -38,6 +39,8 @@ struct Slot {
     /// Its process's life in the world (the receivers' side of it): each start is a new
     /// life name, so what an old process left running never mixes with the new one's.
     life: String,
+    /// When that life began.
+    since: Millis,
     starts: u32,
 }
 
@@ -49,8 +52,12 @@ pub struct Nodes {
     config: Arc<Config>,
     slots: Mutex<BTreeMap<String, Slot>>,
     forwarder: Arc<SimForwarder>,
+    /// The store's faults: a stop that could not write gives back what it could.
+    faults: Arc<StoreFaults>,
     /// Stops under way.
     stopping: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Each change of the AMQP broker link: when, and whether it came up (it starts up).
+    links: Mutex<Vec<(Millis, bool)>>,
 }
 
 impl Nodes {
@@ -58,6 +65,7 @@ impl Nodes {
         world: Arc<World>,
         model: ModelStore,
         receivers: Arc<Receivers>,
+        faults: Arc<StoreFaults>,
         config: Arc<Config>,
         names: &[&str],
     ) -> Arc<Self> {
@@ -71,6 +79,7 @@ impl Nodes {
                         store: None,
                         node: None,
                         life: n.to_string(),
+                        since: 0,
                         starts: 0,
                     },
                 )
@@ -84,10 +93,41 @@ impl Nodes {
             world,
             model,
             receivers,
+            faults,
             config,
             slots: Mutex::new(slots),
             stopping: Mutex::new(Vec::new()),
+            links: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Whether the AMQP broker link is up now.
+    pub fn link_up(&self) -> bool {
+        self.links.lock().unwrap().last().is_none_or(|&(_, up)| up)
+    }
+
+    /// Each change of the AMQP broker link so far.
+    pub fn link_changes(&self) -> Vec<(Millis, bool)> {
+        self.links.lock().unwrap().clone()
+    }
+
+    /// The AMQP broker link goes down or comes up: every process's engine learns it, as
+    /// the nodes follow the links each node records (a frozen one too: its broker client
+    /// sees the connection as it is when it runs again).
+    pub fn set_link(&self, up: bool) {
+        if self.link_up() == up {
+            return;
+        }
+        let now = self.world.now();
+        self.links.lock().unwrap().push((now, up));
+        let slots = self.slots.lock().unwrap();
+        for s in slots.values() {
+            if matches!(s.state, State::Running | State::Frozen)
+                && let Some(node) = &s.node
+            {
+                node.engine().set_link(Source::Amqp, up, now);
+            }
+        }
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -142,6 +182,7 @@ impl Nodes {
             }
             s.starts += 1;
             s.life = format!("{name}.{}", s.starts);
+            s.since = self.world.now();
             let store = self.model.for_node(name);
             s.store = Some(store.clone());
             (s.life.clone(), store)
@@ -162,6 +203,15 @@ impl Nodes {
         };
         match Node::start(&self.config, &self.world.clock, parts).await {
             Ok(node) => {
+                // The links as the other nodes recorded them, as a node follows them from the
+                // store: down, or up since the latest return (a return it did not see
+                // counts as down and back).
+                if let Some(&(at, up)) = self.links.lock().unwrap().last() {
+                    node.engine().set_link(Source::Amqp, false, at);
+                    if up {
+                        node.engine().set_link(Source::Amqp, true, at);
+                    }
+                }
                 self.forwarder
                     .engines
                     .lock()
@@ -188,22 +238,27 @@ impl Nodes {
 
     /// SIGTERM: the node stops as `latch serve` does (within the grace), then exits.
     pub fn terminate(self: &Arc<Self>, name: &str) {
-        let (node, store, life) = {
+        let (node, store, life, since) = {
             let mut slots = self.slots.lock().unwrap();
             let s = slots.get_mut(name).expect("a known node");
             if s.state != State::Running {
                 return;
             }
             s.state = State::Stopping;
-            (s.node.take(), s.store.clone(), s.life.clone())
+            (s.node.take(), s.store.clone(), s.life.clone(), s.since)
         };
         let Some(node) = node else { return };
         self.world.trace(format!("node {name} SIGTERM"));
         let me = self.clone();
         let name = name.to_string();
         let grace = self.config.shutdown_grace;
+        let from = self.world.now();
         let task = tokio::spawn(async move {
             node.stop(grace).await;
+            // Killed while it stopped: it gave back nothing, as any node killed.
+            if me.world.life_now(&life) != Life::Dead {
+                me.gave_back(&name, since, from);
+            }
             // The process exits: nothing of it runs any more.
             if let Some(store) = store {
                 store.kill();
@@ -218,6 +273,49 @@ impl Nodes {
             s.store = None;
         });
         self.stopping.lock().unwrap().push(task);
+    }
+
+    /// A stop gives back what it holds (README, Guarantees): once its process exits, no
+    /// pending notification is still leased to it, whatever its receivers took — each
+    /// attempt still out when the grace ran out was cut off and recorded, which released
+    /// its lease. Unless the store kept it from writing within a claim lease before: a
+    /// write in doubt (a claim that landed unanswered), or an outcome whose write failed,
+    /// leaves its lease to run out (seed 864 of 2,000 before this was widened). Leases
+    /// an earlier process of the same name took (it was killed) are not this one's: a node
+    /// may take its own back after a restart, but need not.
+    fn gave_back(&self, name: &str, since: Millis, from: Millis) {
+        let now = self.world.now();
+        let claim_lease = 3 * self.config.delivery_timeout.as_millis() as Millis + 5_000;
+        if self.faults.were_on(from - claim_lease, now, |_| true) {
+            return;
+        }
+        let held: Vec<(String, String)> = self.model.read(|t| {
+            t.notifications()
+                .filter(|r| {
+                    r.notification.status == Status::Pending
+                        && r.claimed_by.as_deref() == Some(name)
+                        && r.lease_until
+                            .is_some_and(|until| until > now && until - claim_lease >= since)
+                })
+                .map(|r| {
+                    let n = &r.notification;
+                    (n.id.clone(), lane_key(&(n.client_id.clone(), n.sensor_id)))
+                })
+                .collect()
+        });
+        if held.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = held.iter().map(|(id, _)| id.as_str()).collect();
+        self.world.violate(
+            "a stop gives back what it holds",
+            format!(
+                "node {name} exited {} ms after its SIGTERM still leasing {}",
+                now - from,
+                ids.join(" ")
+            ),
+            held.into_iter().flat_map(|(id, lane)| [id, lane]).collect(),
+        );
     }
 
     /// `kill -9`: nothing of the process runs, reaches the store or a receiver again.

@@ -49,6 +49,12 @@ pub struct SimClient {
 pub struct Log {
     /// Readings answered accepted: sensor and data, in the order acknowledged.
     pub acked: Vec<(SensorId, bool, Millis)>,
+    /// Readings answered accepted: sensor, how it came in, and when the entry node took it
+    /// (its `received_at`, unless forwarded to an owner that took it later).
+    pub heard: Vec<(SensorId, Source, Millis)>,
+    /// Each change of the AMQP broker link: when, and whether it came up (filled in from
+    /// the nodes' record once the run has healed).
+    pub links: Vec<(Millis, bool)>,
     /// Periods in which something beyond the endpoints was faulted (a node, the store, a
     /// link): isolation and prompt liveness are only asked of the quiet time between.
     pub troubled: Vec<(Millis, Millis)>,
@@ -72,6 +78,9 @@ pub struct Workload {
     pub lease: Millis,
     /// Whether the run is a cluster (nodes may join and leave).
     pub cluster: bool,
+    /// A calm run: only the endpoints fail (no node, store or broker link faults), so the
+    /// whole run is quiet time in which isolation and prompt liveness are asked for.
+    pub calm: bool,
 }
 
 impl Workload {
@@ -148,6 +157,7 @@ impl Workload {
             66..67 => self.subscription().await,
             67..70 => self.replay().await,
             70..72 => self.enable().await,
+            72..81 if self.calm => self.endpoint(),
             72..78 => self.node_fault().await,
             78..80 => self.store_fault(),
             80..81 => self.link(),
@@ -212,7 +222,8 @@ impl Workload {
         let log = self.log.clone();
         tokio::spawn(async move {
             let items: Vec<_> = readings.iter().cloned().map(Ok).collect();
-            let Ok(ticket) = engine.enqueue(items, engine.now(), source).await else {
+            let at = engine.now();
+            let Ok(ticket) = engine.enqueue(items, at, source).await else {
                 return;
             };
             let Ok(report) = ticket.wait().await else {
@@ -224,6 +235,7 @@ impl Workload {
             for (i, r) in readings.iter().enumerate() {
                 if !refused.contains(&i) {
                     log.acked.push((r.sensor_id, r.data, now));
+                    log.heard.push((r.sensor_id, source, at));
                 }
             }
             world.trace(format!(
@@ -326,13 +338,21 @@ impl Workload {
     }
 
     /// Reads a client, changes it with `f` and writes it back, then tells the entry node's
-    /// dispatcher as the API does.
-    async fn change_client(&mut self, f: impl FnOnce(&mut Client, &mut latch_rng::Draw)) {
+    /// dispatcher as the API does. `healthy_too`: the change may be drawn for a healthy
+    /// client (one its own settings do not slow down).
+    async fn change_client(
+        &mut self,
+        healthy_too: bool,
+        f: impl FnOnce(&mut Client, &mut latch_rng::Draw),
+    ) {
         let Some(node) = self.entry() else { return };
         let Some((_, store, dispatcher)) = self.nodes.entry(&node) else {
             return;
         };
         let ci = self.world.between(0, self.clients.len() as u64) as usize;
+        if !healthy_too && self.clients[ci].healthy {
+            return;
+        }
         let id = self.clients[ci].id.clone();
         let Ok(Some(mut client)) = store.get_client(id.clone()).await else {
             return;
@@ -350,7 +370,7 @@ impl Workload {
     }
 
     async fn batching(&mut self) {
-        self.change_client(|c, d| {
+        self.change_client(true, |c, d| {
             c.batch = d.chance(0.6).then(|| Batch {
                 max_events: d.between(1, 6) as u32,
                 max_wait_ms: d.between(0, 800) as u32,
@@ -359,15 +379,17 @@ impl Workload {
         .await;
     }
 
+    /// A rate limit, never of the healthy client: its deliveries are the yardstick of
+    /// isolation, and a limit of its own delays them by design.
     async fn rate(&mut self) {
-        self.change_client(|c, d| {
+        self.change_client(false, |c, d| {
             c.rate_limit = d.chance(0.5).then(|| d.between(1, 20) as u32);
         })
         .await;
     }
 
     async fn subscription(&mut self) {
-        self.change_client(|c, d| {
+        self.change_client(true, |c, d| {
             c.events = d.chance(0.5).then(|| {
                 let mut e = vec!["sensor.state_changed".to_string()];
                 if d.chance(0.5) {
@@ -491,22 +513,12 @@ impl Workload {
         let nodes = self.nodes.clone();
         let world = self.world.clone();
         self.world.trace(format!("amqp link down for {ms} ms"));
-        set_link(&nodes, &world, false);
+        nodes.set_link(false);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             world.trace("amqp link up");
-            set_link(&nodes, &world, true);
+            nodes.set_link(true);
         });
-    }
-}
-
-/// Every running node's engine learns of the AMQP link's state, as the nodes follow the
-/// links each node records.
-fn set_link(nodes: &Nodes, world: &World, up: bool) {
-    for n in nodes.in_state(State::Running) {
-        if let Some((engine, _, _)) = nodes.entry(&n) {
-            engine.set_link(Source::Amqp, up, world.now());
-        }
     }
 }
 

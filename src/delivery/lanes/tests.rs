@@ -469,6 +469,37 @@ fn a_disabled_clients_lanes_park_until_it_is_resumed() {
 }
 
 #[test]
+fn a_parked_head_an_older_one_was_replayed_before_follows_it_once_resumed() {
+    // A disabled client's lane parks its head; a failed older one of the lane is replayed
+    // in front of it; the client is enabled: both go, in order, without the minute the
+    // parked head was to wait before its client was looked at again.
+    let mut h = Harness::new(false, HOUR);
+    h.seq = 10;
+    let parked = h.notify(1, 0, EventKind::ConnectionLost);
+    let out = h.admit();
+    h.finish(out.into_iter().next().unwrap(), Finished::Parked);
+    h.now += 1000;
+    let older = NotificationRef {
+        id: ulid::Ulid::new().to_string(),
+        seq: 3,
+        client_id: "client1".into(),
+        sensor_id: sensor(0),
+        kind: EventKind::StateChanged,
+        due_at: h.now,
+        attempts: 0,
+        batch_id: None,
+    };
+    assert!(h.core.add(vec![older.clone()], h.now).is_empty());
+    assert!(h.admit().is_empty(), "still parked");
+    assert!(h.core.resume("client1", Vec::new(), h.now).is_empty());
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&older.id]);
+    h.finish(out.into_iter().next().unwrap(), answer(200, h.now));
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&parked]);
+}
+
+#[test]
 fn a_parked_lane_asks_again_after_a_while() {
     let mut h = Harness::new(false, HOUR);
     h.change(1, 0);

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use async_trait::async_trait;
 
 use latch::domain::client::wants;
+use latch::domain::policy::{self, Queued};
 use latch::domain::{EventKind, Millis, Notification, NotificationRef, SensorId, Status};
 use latch::store::{CommitBatch, Error, Fence, Result, Runtime, SensorRuntime, StateUpdate};
 
@@ -173,8 +174,13 @@ impl Tables {
     /// The supersede rule as both backends' `UPDATE … SET status = 'superseded'` applies
     /// it: the sensor's pending state notifications older than `first` whose lease is
     /// unset or ran out. (Every client linked to the sensor got a newer one in the same
-    /// commit, so per sensor is per lane for them.)
+    /// commit, so per sensor is per lane for them.) The rule itself is the policy's, so a
+    /// change to it reaches the model as it must reach both statements.
     fn supersede_older(&mut self, cx: &Cx, sensor: SensorId, first: i64, now: Millis) {
+        let newer = Queued {
+            seq: first,
+            kind: EventKind::StateChanged,
+        };
         let mut doomed: Vec<i64> = self
             .lanes
             .range((sensor, String::new())..)
@@ -184,9 +190,12 @@ impl Tables {
             .filter(|seq| {
                 let r = &self.notifications[seq];
                 let n = &r.notification;
-                n.status == Status::Pending
-                    && n.kind == EventKind::StateChanged
-                    && r.lease_until.is_none_or(|until| until < now)
+                let older = Queued {
+                    seq: n.seq,
+                    kind: n.kind,
+                };
+                let leased = r.lease_until.is_some_and(|until| until >= now);
+                n.status == Status::Pending && policy::supersedes(newer, older, leased)
             })
             .collect();
         doomed.sort_unstable();
