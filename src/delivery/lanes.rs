@@ -454,16 +454,21 @@ impl Lanes {
     /// not taken up again. Another node may hold what it brings (its attempt in flight
     /// around a partition move), so nothing of it is dropped here before a claim of ours.
     pub(super) fn sweep(&mut self, refs: Vec<NotificationRef>, now: Millis) -> Vec<Outcome> {
-        let refs = match &mut self.finished {
+        let (refs, shared) = match &mut self.finished {
             Some(finished) => {
                 finished.forget(now);
-                refs.into_iter()
+                let refs = refs
+                    .into_iter()
                     .filter(|r| !finished.contains(&r.id))
-                    .collect()
+                    .collect();
+                (refs, true)
             }
-            None => refs,
+            None => (refs, false),
         };
-        self.queue(refs, now, true)
+        // Only another node can be sending what a sweep finds and this node does not have:
+        // on a store of one node (its leases all released when it opened) nothing is held,
+        // and a newer state supersedes an older one a restart found pending beside it.
+        self.queue(refs, now, shared)
     }
 
     /// Queues notifications just made durable in their lanes (ones already queued are
@@ -475,6 +480,12 @@ impl Lanes {
     /// [`Lanes::add`], of notifications another node may hold (`held`) or not.
     fn queue(&mut self, refs: Vec<NotificationRef>, now: Millis, held: bool) -> Vec<Outcome> {
         let mut outcomes = Vec::new();
+        // Each lane touched, with its head before: lanes are scheduled once all of `refs`
+        // are in, so that a newer state supersedes an older one that came in the same call
+        // (a restart loads both; readied first, the older would count as out, and go to a
+        // client that had the newer one before the restart).
+        let mut touched: Vec<(LaneKey, Option<i64>)> = Vec::new();
+        let mut seen: FastSet<LaneKey> = FastSet::default();
         for r in refs {
             let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
             // Its outcome is on its way to the store, which does not know it yet.
@@ -487,7 +498,9 @@ impl Lanes {
             if lane.queue.iter().any(|e| e.id == r.id) {
                 continue;
             }
-            let head_before = lane.queue.front().map(|e| e.seq);
+            if seen.insert(key.clone()) {
+                touched.push((key.clone(), lane.queue.front().map(|e| e.seq)));
+            }
             // Older waiting notifications it makes pointless are superseded
             // ([`policy::made_pointless`]). The commit did it in the store for unleased
             // states; record it for all, so a head whose lease was not yet released agrees
@@ -577,9 +590,14 @@ impl Lanes {
                 },
             );
             self.pending += 1;
-            // A new head (this one, or the one after a superseded head) is due at its own
-            // time, not at the time of the head it replaced. A parked lane waits for its
-            // client to be enabled.
+        }
+        // A new head (a new one, or the one after a superseded head) is due at its own
+        // time, not at the time of the head it replaced. A parked lane waits for its
+        // client to be enabled.
+        for (key, head_before) in touched {
+            let Some(lane) = self.lanes.get(&key) else {
+                continue;
+            };
             let head = lane.queue.front().map(|e| (e.seq, e.due));
             if !lane.busy
                 && !lane.parked
