@@ -14,6 +14,12 @@ use crate::telemetry::families;
 /// Most outcomes written in one store call.
 const RECORD_BATCH_MAX: usize = 2048;
 
+/// How long a stop keeps trying to record outcomes a failing store refused, within the
+/// ten seconds past the grace that the stop waits for delivery's tasks.
+const STOP_TRIES_FOR: Duration = Duration::from_secs(8);
+/// The wait between those tries.
+const STOP_BACKOFF: Duration = Duration::from_millis(500);
+
 /// Writes attempts and verdicts in batches. A failed write is tried again (the outcomes
 /// stay in memory); if latch dies first, the leases run out and the attempts are repeated,
 /// which at-least-once delivery allows.
@@ -27,6 +33,8 @@ pub(super) async fn recorder(
     written: mpsc::UnboundedSender<super::Cmd>,
 ) {
     let mut batch = Vec::new();
+    // When the dispatcher stopped sending outcomes (a stop): tries end a bound after it.
+    let mut closed_at: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         batch.push(first);
         while batch.len() < RECORD_BATCH_MAX {
@@ -57,15 +65,21 @@ pub(super) async fn recorder(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, outcomes = batch.len(), "Recording delivery outcomes failed; retrying.");
+                    // At a stop, tries come often and end after a bound of their own: a store
+                    // back within it still learns what the receivers answered.
+                    if rx.is_closed() {
+                        let since = *closed_at.get_or_insert_with(tokio::time::Instant::now);
+                        if since.elapsed() >= STOP_TRIES_FOR {
+                            tracing::error!(
+                                outcomes = batch.len(),
+                                "Giving up on recording outcomes at shutdown; they will be attempted again."
+                            );
+                            break;
+                        }
+                        backoff = backoff.min(STOP_BACKOFF);
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
-                    if rx.is_closed() && backoff >= Duration::from_secs(5) {
-                        tracing::error!(
-                            outcomes = batch.len(),
-                            "Giving up on recording outcomes at shutdown; they will be attempted again."
-                        );
-                        break;
-                    }
                 }
             }
         }
