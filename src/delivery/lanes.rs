@@ -113,6 +113,9 @@ struct Entry {
     /// Another node may hold its lease (read from a shared store by a sweep, or a claim
     /// said so): no rule drops it here until a claim of ours settles it.
     held: bool,
+    /// A claim of it failed, and may have landed: the store may hold it leased to this
+    /// node, which is given back if its lane leaves ([`Lanes::leave`]).
+    claim_unsure: bool,
     /// The batch it goes out in again: its last attempt was sent in that batch, and failed.
     batch: Option<Arc<str>>,
 }
@@ -586,6 +589,7 @@ impl Lanes {
                     due: r.due_at,
                     attempts: r.attempts,
                     held,
+                    claim_unsure: false,
                     batch,
                 },
             );

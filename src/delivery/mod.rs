@@ -589,11 +589,13 @@ impl Core {
                 self.record(outcomes);
             }
             Cmd::Moved(Serves(moved)) => {
-                for lane in self.lanes.leave(|s| moved(s)) {
+                let (out, given_back) = self.lanes.leave(|s| moved(s), self.clock.now());
+                for lane in out {
                     if let Some(withdraw) = self.withdraw.remove(&lane) {
                         withdraw.cancel();
                     }
                 }
+                self.record(given_back);
             }
             Cmd::Done(d) => self.finish(*d, self.clock.now()),
             Cmd::BatchDone(b) => self.finish_batch(*b, self.clock.now()),

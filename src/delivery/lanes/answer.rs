@@ -125,6 +125,7 @@ impl Lanes {
         // Told to wait: perhaps behind an older notification of the lane that a sweep
         // has queued behind this head meanwhile; the lane is put back in order.
         let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
+        head.claim_unsure = matches!(d.result, Finished::Held(_));
         let pop = match d.result {
             Finished::Gone(status) => {
                 // A claim ends a notification only by cancelling or superseding it. One it

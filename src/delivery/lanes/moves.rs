@@ -2,7 +2,7 @@
 //! sensors go with it at once (see [`Lanes::leave`]).
 
 use super::{LaneKey, Lanes, shrink};
-use crate::domain::{Millis, SensorId};
+use crate::domain::{Millis, Outcome, SensorId, Verdict};
 
 impl Lanes {
     /// Schedules a lane whose head was just answered, or drops it if it left this node.
@@ -22,14 +22,39 @@ impl Lanes {
     /// given up at a stop): their lanes are dropped at once, with no timer left for them.
     /// A lane whose head is out keeps that head until it is answered, and is dropped then
     /// ([`Lanes::finish`]); those lanes are returned, so their heads not yet sent are
-    /// withdrawn.
-    pub(in crate::delivery) fn leave(&mut self, moved: impl Fn(SensorId) -> bool) -> Vec<LaneKey> {
+    /// withdrawn. A head whose claim failed may be leased to this node all the same (the
+    /// claim landed, its answer was lost): that lease is given back (the outcomes
+    /// returned), or a lane that comes back here would find its older notification leased
+    /// to itself, let a newer one pass it, and send the older one after.
+    pub(in crate::delivery) fn leave(
+        &mut self,
+        moved: impl Fn(SensorId) -> bool,
+        now: Millis,
+    ) -> (Vec<LaneKey>, Vec<Outcome>) {
         let keys: Vec<LaneKey> = self.lanes.keys().filter(|k| moved(k.1)).cloned().collect();
         let mut out = Vec::new();
+        let mut given_back = Vec::new();
         for key in keys {
             let Some(lane) = self.lanes.get_mut(&key) else {
                 continue;
             };
+            // A head out is claimed again or being sent: what comes of it gives its lease
+            // back (withdrawn) or records its attempt.
+            let waiting = lane.queue.iter().skip(usize::from(lane.out));
+            for e in waiting.filter(|e| e.claim_unsure) {
+                given_back.push((
+                    key.clone(),
+                    Outcome {
+                        notification_id: e.id.clone(),
+                        client_id: key.0.to_string(),
+                        attempt: None,
+                        attempts: e.attempts,
+                        verdict: Verdict::Retry { next_at: now },
+                        node: self.node.clone(),
+                        batch_id: None,
+                    },
+                ));
+            }
             if lane.out {
                 self.pending -= lane.queue.len().saturating_sub(1);
                 lane.queue.truncate(1);
@@ -52,6 +77,14 @@ impl Lanes {
             !q.is_empty()
         });
         shrink(&mut self.lanes);
-        out
+        // Its lease is on its way back: a sweep does not queue it again before that.
+        let given_back = given_back
+            .into_iter()
+            .map(|(key, o)| {
+                self.unwritten(&o, &key);
+                o
+            })
+            .collect();
+        (out, given_back)
     }
 }

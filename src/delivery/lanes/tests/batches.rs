@@ -287,7 +287,7 @@ fn a_lane_that_leaves_while_it_gathers_and_comes_back_goes_once_in_its_batch() {
     h.change(0, 1);
     assert!(h.batches().is_empty(), "both gather for a second");
     assert!(
-        h.core.leave(|s| s == sensor(0)).is_empty(),
+        h.core.leave(|s| s == sensor(0), 0).0.is_empty(),
         "nothing is out"
     );
     h.core.sweep(vec![back(&a, 0, 1, h.now)], h.now);
@@ -320,7 +320,7 @@ fn a_lane_that_comes_back_waiting_for_its_retry_is_not_sent_early_by_a_batch() {
     let a = h.notify(0, 0, EventKind::StateChanged);
     h.change(0, 1);
     assert!(h.batches().is_empty());
-    h.core.leave(|s| s == sensor(0));
+    h.core.leave(|s| s == sensor(0), 0);
     h.core.sweep(vec![back(&a, 0, 1, h.now + 60_000)], h.now);
     h.now += 1_000;
     let out = h.batches();

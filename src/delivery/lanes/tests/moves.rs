@@ -139,7 +139,7 @@ fn lanes_that_leave_keep_no_timer_and_their_head_in_flight_is_recorded() {
     }
     assert!(matches!(h.verdicts(&b)[..], [Verdict::Retry { .. }]));
     // Sensors 0 and 1 move to another node.
-    let leaving = h.core.leave(|s| s == sensor(0) || s == sensor(1));
+    let leaving = h.core.leave(|s| s == sensor(0) || s == sensor(1), 0).0;
     assert_eq!(leaving.len(), 1, "sensor 0's head is out");
     assert_eq!(h.core.pending(), 1, "only the head in flight is left");
     // The attempt in flight ends: recorded as it happened, no retry kept here.
@@ -162,7 +162,7 @@ fn a_head_claimed_but_not_sent_when_its_lane_leaves_gives_its_lease_back() {
     let mut h = Harness::new(true, Duration::from_secs(1));
     let id = h.notify(0, 0, EventKind::StateChanged);
     let out = h.admit();
-    assert_eq!(h.core.leave(|_| true).len(), 1);
+    assert_eq!(h.core.leave(|_| true, 0).0.len(), 1);
     h.finish(out[0].clone(), Finished::Released { attempts: 3 });
     let o = h.outcomes.last().unwrap();
     assert_eq!(
@@ -193,4 +193,45 @@ fn a_client_enabled_through_another_node_resumes_at_the_next_sweep() {
         [&id],
         "enabled elsewhere: goes at once, not at its next look a minute on"
     );
+}
+
+#[test]
+fn a_head_whose_claim_failed_gives_back_the_lease_it_may_hold_when_its_lane_leaves() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let id = h.notify(0, 0, EventKind::StateChanged);
+    let other = h.notify(0, 1, EventKind::StateChanged);
+    let out = h.admit();
+    assert_eq!(out.len(), 2);
+    // The claim's answer was lost: the store may have leased both heads to this node.
+    for o in out {
+        h.finish(o, Finished::Held(h.now + 1_000));
+    }
+    let (leaving, given_back) = h.core.leave(|s| s == sensor(0), h.now);
+    assert!(leaving.is_empty(), "nothing of sensor 0 is out");
+    assert_eq!(given_back.len(), 1, "only the lane that left gives back");
+    assert_eq!(given_back[0].notification_id, id);
+    assert_eq!(given_back[0].verdict, Verdict::Retry { next_at: h.now });
+    assert!(given_back[0].attempt.is_none(), "no attempt was made");
+    assert_ne!(given_back[0].notification_id, other);
+    // A claim that then succeeds clears the doubt: nothing is given back for it.
+    h.now += 1_000;
+    let out = h.admit();
+    assert_eq!(out.len(), 1);
+    h.finish(out[0].clone(), Finished::Later(h.now + 5_000));
+    assert!(h.core.leave(|_| true, h.now).1.is_empty());
+}
+
+#[test]
+fn a_head_claimed_again_after_a_failed_claim_is_not_given_back_while_it_is_out() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    h.finish(out[0].clone(), Finished::Held(h.now + 1_000));
+    h.now += 1_000;
+    let out = h.admit();
+    assert_eq!(out.len(), 1, "claimed again");
+    // It is being sent when its lane leaves: its attempt's outcome settles the lease.
+    let (leaving, given_back) = h.core.leave(|_| true, h.now);
+    assert_eq!(leaving.len(), 1);
+    assert!(given_back.is_empty(), "a lease in use is not given back");
 }
