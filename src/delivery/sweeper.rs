@@ -39,6 +39,10 @@ pub(super) async fn sweeper(
 ) {
     let mut marks: VecDeque<i64> = VecDeque::new();
     let mut last_full = clock.now();
+    // A full sweep asked for (partitions taken over) whose read failed: the next sweep
+    // is that full one, not one past the marks, which would miss the older backlog of
+    // those partitions for a minute.
+    let mut owed = false;
     let full_every = FULL_SWEEP_EVERY.as_millis() as Millis;
     loop {
         let asked = tokio::select! {
@@ -47,7 +51,7 @@ pub(super) async fn sweeper(
             _ = tokio::time::sleep(SWEEP_EVERY) => false,
             _ = now.notified() => true,
         };
-        let full = asked || clock.now() - last_full >= full_every;
+        let full = asked || owed || clock.now() - last_full >= full_every;
         let after = match marks.front() {
             Some(&mark) if !full => mark,
             _ => i64::MIN,
@@ -59,6 +63,7 @@ pub(super) async fn sweeper(
                 }
                 if full {
                     last_full = clock.now();
+                    owed = false;
                 }
                 let newest = refs.iter().map(|r| r.seq).max();
                 let mark = newest.max(marks.back().copied()).unwrap_or(i64::MIN);
@@ -76,7 +81,10 @@ pub(super) async fn sweeper(
                     return;
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "Looking for pending notifications failed."),
+            Err(e) => {
+                owed |= full;
+                tracing::warn!(error = %e, "Looking for pending notifications failed.");
+            }
         }
     }
 }
