@@ -104,7 +104,11 @@ pub(super) async fn claimer(
 ) {
     // A server database takes several claims at once (each its own transaction and
     // connection); the embedded one has a single writer, so one at a time is as fast.
-    let parallel = if store.shared() { CLAIMS_IN_FLIGHT } else { 1 };
+    let parallel = if sending.settings.shared {
+        CLAIMS_IN_FLIGHT
+    } else {
+        1
+    };
     let permits = Arc::new(Semaphore::new(parallel));
     while let Some(first) = rx.recv().await {
         let Ok(permit) = permits.clone().acquire_owned().await else {

@@ -91,6 +91,9 @@ pub struct Settings {
     /// Where attempts go out; `None`: the network ([`transport::Network`]). The
     /// simulation puts its receivers here.
     pub transport: Option<Arc<dyn transport::Transport>>,
+    /// Other nodes write the store too: the dispatcher looks for work it was not handed
+    /// (sweeps), and claims run side by side.
+    pub shared: bool,
 }
 
 /// Where a cluster leases clients' rate slots (the cluster's store).
@@ -129,6 +132,7 @@ impl Settings {
             rate_grants: None,
             recent: None,
             transport: None,
+            shared: false,
         }
     }
 
@@ -153,6 +157,8 @@ pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Cmd>,
     /// Where [`Dispatcher::look_for_pending`] reads.
     outbox: Arc<dyn Store>,
+    /// Other nodes write the store too ([`Settings::shared`]).
+    shared: bool,
     /// Asks the sweeper for a full sweep now (a partition was taken over).
     sweep: Arc<tokio::sync::Notify>,
     /// What a test request needs: the attempts' own client, guard and timeout.
@@ -187,7 +193,7 @@ impl Dispatcher {
     /// a task of its own, queued where missing.
     /// On a shared store the sweeper finds them: it is asked to sweep now.
     pub fn look_for_pending(&self, after_seq: i64) {
-        if self.outbox.shared() {
+        if self.shared {
             self.sweep_now();
             return;
         }
@@ -313,7 +319,7 @@ impl Dispatcher {
             },
             claims_rx,
         ));
-        let mut core = Core::new(&settings, rec_tx, claims, core_store.shared(), cut);
+        let mut core = Core::new(&settings, rec_tx, claims, settings.shared, cut);
         if let Some(RateGrants(grants)) = &settings.rate_grants {
             core.lanes.share_rates();
             core.grants = Some((grants.clone(), tx.clone()));
@@ -339,7 +345,7 @@ impl Dispatcher {
             .gauge()
             .set(core.lanes.pending() as f64);
         let sweep = Arc::new(tokio::sync::Notify::new());
-        if core_store.shared() {
+        if settings.shared {
             tracker.spawn(sweeper(
                 core_store,
                 tx.clone(),
@@ -353,6 +359,7 @@ impl Dispatcher {
         Ok(Self {
             tx,
             outbox: store,
+            shared: settings.shared,
             sweep,
             test,
         })

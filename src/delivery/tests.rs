@@ -18,6 +18,7 @@ fn settings(clock: Clock) -> Settings {
         client_concurrency: 2,
         node: "test".into(),
         clock,
+        shared: false,
         guard: Arc::default(),
         disable_after: Duration::from_secs(3600),
         serves: None,

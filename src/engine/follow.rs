@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Engine;
 use crate::domain::Millis;
-use crate::store::Store;
+use crate::store::ClusterStore;
 
 /// How often the change log is read.
 const EVERY: Duration = Duration::from_secs(1);
@@ -28,7 +28,7 @@ pub type Pokes = mpsc::Sender<oneshot::Sender<()>>;
 
 /// Runs until `stop`, starting after registry change `seen`; `pokes` ask for a round now.
 pub async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn ClusterStore>,
     engine: Engine,
     seen: i64,
     mut pokes: mpsc::Receiver<oneshot::Sender<()>>,

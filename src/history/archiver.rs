@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::shipper::Spooled;
-use crate::store::Store;
+use crate::store::Journal;
 
 /// How often the journal is moved into the archive.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -19,7 +19,7 @@ pub const EVERY: Duration = Duration::from_secs(1);
 pub const BATCH: usize = 100_000;
 
 /// Runs until `stop`.
-pub async fn run(store: Arc<dyn Store>, spooled: Arc<Spooled>, stop: CancellationToken) {
+pub async fn run(store: Arc<dyn Journal>, spooled: Arc<Spooled>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(EVERY) => {}

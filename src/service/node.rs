@@ -22,6 +22,8 @@ pub struct Parts {
     pub store: Arc<dyn Store>,
     /// The cluster's side of the store (PostgreSQL): the node is one of a cluster.
     pub cluster_store: Option<Arc<dyn ClusterStore>>,
+    /// The embedded store's journal, moved into its archive (without ClickHouse).
+    pub journal: Option<Arc<dyn crate::store::Journal>>,
     /// This node's id on leases and outcomes.
     pub node: String,
     /// Where other nodes reach this one.

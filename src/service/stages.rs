@@ -29,6 +29,8 @@ pub(super) struct Base {
     pub(super) store: Arc<dyn Store>,
     /// PostgreSQL's cluster side: leases, and the schedule clients' rate limits share.
     pub(super) cluster_store: Option<Arc<dyn ClusterStore>>,
+    /// The embedded store's journal, moved into its archive.
+    pub(super) journal: Option<Arc<dyn store::Journal>>,
     pub(super) node: String,
     /// The address other nodes reach this one at, when one is configured or derived.
     pub(super) address: Option<String>,
@@ -41,14 +43,18 @@ pub(super) struct Base {
 
 impl Base {
     pub(super) async fn open(config: &Config, listener: &TcpListener) -> anyhow::Result<Self> {
-        let (store, cluster_store): (Arc<dyn Store>, Option<Arc<dyn ClusterStore>>) =
-            store::connect_cluster(config).await?;
+        let store::Opened {
+            store,
+            cluster: cluster_store,
+            journal,
+        } = store::connect_cluster(config).await?;
         let node = store::node_id(&config.data_dir)?;
         let bound = listener.local_addr()?;
         let address = config.advertise(bound);
         let parts = super::Parts {
             store,
             cluster_store,
+            journal,
             node,
             address,
             transport: None,
@@ -66,6 +72,7 @@ impl Base {
         let super::Parts {
             store,
             cluster_store,
+            journal,
             node,
             address,
             forwarder,
@@ -85,6 +92,7 @@ impl Base {
         Ok(Self {
             store,
             cluster_store,
+            journal,
             node,
             address,
             bound,
@@ -128,6 +136,7 @@ impl Delivery {
                 rate_grants: base.cluster_store.clone().map(delivery::RateGrants),
                 recent: Some(base.recent.clone()),
                 transport,
+                shared: base.cluster_store.is_some(),
                 ..delivery::Settings::from_config(config)
             },
             stop.clone(),
@@ -163,7 +172,9 @@ pub(super) struct Archive {
     /// History rows committed since the last shipment, so a full batch moves early.
     pub(super) spooled: Arc<Spooled>,
     pub(super) stop: CancellationToken,
-    pub(super) task: JoinHandle<()>,
+    /// The shipper, or the archiver of a store with a journal; `None`: PostgreSQL without
+    /// ClickHouse keeps its history where it is written.
+    pub(super) task: Option<JoinHandle<()>>,
     pub(super) upkeep: JoinHandle<()>,
 }
 
@@ -183,8 +194,8 @@ impl Archive {
         let history = History::new(base.store.clone(), clickhouse.clone());
         let spooled = Arc::new(Spooled::default());
         let stop = CancellationToken::new();
-        let task = match clickhouse.clone() {
-            Some(ch) => sup.spawn(
+        let task = match (clickhouse.clone(), base.journal.clone()) {
+            (Some(ch), _) => Some(sup.spawn(
                 "history shipper",
                 history::shipper::run(
                     base.store.clone(),
@@ -194,11 +205,12 @@ impl Archive {
                     history.shipping(),
                     stop.clone(),
                 ),
-            ),
-            None => sup.spawn(
+            )),
+            (None, Some(journal)) => Some(sup.spawn(
                 "history archiver",
-                history::archiver::run(base.store.clone(), spooled.clone(), stop.clone()),
-            ),
+                history::archiver::run(journal, spooled.clone(), stop.clone()),
+            )),
+            (None, None) => None,
         };
         let upkeep = sup.spawn(
             "store upkeep",
@@ -223,7 +235,9 @@ impl Archive {
     /// One last bounded shipment of everything committed, then stops.
     pub(super) async fn stop(self) {
         self.stop.cancel();
-        join(self.task).await;
+        if let Some(task) = self.task {
+            join(task).await;
+        }
         join(self.upkeep).await;
     }
 }
@@ -310,7 +324,7 @@ impl Core {
             "committer",
             committer::run(
                 store.clone(),
-                store.shared(),
+                base.cluster_store.is_some(),
                 commit_rx,
                 clock.clone(),
                 Arc::new(wiring),
@@ -318,7 +332,10 @@ impl Core {
         );
         // Where following other nodes' registry changes begins: taken before the load,
         // so a change racing the load is applied again (harmlessly) rather than missed.
-        let registry_seen = store.newest_registry_change().await?;
+        let registry_seen = match &base.cluster_store {
+            Some(cs) => Some((cs.clone(), cs.newest_registry_change().await?)),
+            None => None,
+        };
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         let tuning = engine::Tuning {
@@ -344,17 +361,11 @@ impl Core {
                 (engine, Some(n))
             }
         };
-        let follow = store.shared().then(|| {
+        let follow = registry_seen.map(|(cluster, seen)| {
             let (pokes, rx) = mpsc::channel(64);
             tasks.spawn(sup.watch(
                 "registry follower",
-                engine::follow::run(
-                    store.clone(),
-                    engine.clone(),
-                    registry_seen,
-                    rx,
-                    stop.clone(),
-                ),
+                engine::follow::run(cluster, engine.clone(), seen, rx, stop.clone()),
             ));
             pokes
         });
@@ -542,7 +553,7 @@ impl Followers {
         let tokens = api::tokens::Tokens::load(store.as_ref()).await?;
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
-        if store.shared() {
+        if base.cluster_store.is_some() {
             tasks.push(sup.spawn(
                 "token follower",
                 api::tokens::follow(store.clone(), tokens.clone(), stop.clone()),

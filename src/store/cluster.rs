@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{Result, SensorRuntime};
 use crate::domain::partition::Partitioning;
-use crate::domain::{Millis, Source};
+use crate::domain::{Millis, SensorId, Source};
 
 /// A partition lease this node holds.
 pub type Lease = super::Fence;
@@ -112,6 +112,17 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// connection (the AMQP exchange's queues are every node's), so none declares it lost
     /// while one of those connections is down.
     async fn source_links(&self, live_within: Duration) -> Result<Vec<SourceLink>>;
+    /// Sensors created, changed or deleted after registry change `after`, each with its
+    /// state now (`None`: deleted), and the newest change seen; so each node's engine
+    /// follows what other nodes' APIs did.
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)>;
+    /// The newest registry change (where a node starting now begins to follow).
+    async fn newest_registry_change(&self) -> Result<i64>;
+    /// Forgets registry changes made before `before`.
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()>;
 }
 
 /// A broker link as [`ClusterStore::source_links`] sums up the nodes' records.

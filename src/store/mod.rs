@@ -148,18 +148,6 @@ pub trait Runtime: Send + Sync {
     /// The committed state of each of `ids` that is registered: what memory must hold
     /// after a commit whose outcome is unknown ([`Error::Indeterminate`]).
     async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>>;
-    /// On a shared store: sensors created, changed or deleted after registry change
-    /// `after`, each with its state now (`None`: deleted), and the newest change seen; so
-    /// each node's engine follows what other nodes' APIs did. A store with one process has
-    /// nothing to follow.
-    async fn registry_changes(
-        &self,
-        after: i64,
-    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)>;
-    /// The newest registry change (where a node starting now begins to follow).
-    async fn newest_registry_change(&self) -> Result<i64>;
-    /// Forgets registry changes made before `before`.
-    async fn prune_registry_changes(&self, before: Millis) -> Result<()>;
     /// Makes a batch durable in one transaction and returns the notifications it created,
     /// in outbox order. Older pending, unleased state notifications of a sensor with a new
     /// state change become `superseded` in the same transaction. A transaction whose
@@ -247,13 +235,19 @@ pub trait HistoryStore: Send + Sync {
     async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize>;
     /// Unshipped history rows (readings, events, attempts).
     async fn spool_depth(&self) -> Result<u64>;
-    /// Without ClickHouse: moves up to `limit` of the oldest readings from the journal
-    /// they are committed to into the store's own archive, returning how many moved.
-    /// Backends that index readings as they come have nothing to move.
-    async fn archive_history(&self, limit: usize) -> Result<usize>;
     /// The time of the oldest reading the store keeps (`None`: none): how far back its
     /// history goes. One index look-up per sensor, so callers cache it.
     async fn history_from(&self) -> Result<Option<Millis>>;
+}
+
+/// The embedded store's journal: readings are committed to it and moved in the background
+/// into the store's own archive (without ClickHouse), so the writer's file stays small.
+/// Only a store that journals implements it; PostgreSQL indexes readings as they come.
+#[async_trait]
+pub trait Journal: Send + Sync {
+    /// Moves up to `limit` of the oldest readings from the journal into the archive,
+    /// returning how many moved; history reads answer the same before and after.
+    async fn archive_history(&self, limit: usize) -> Result<usize>;
 }
 
 /// What the console finds: sensors by an id prefix or words of their address
@@ -282,14 +276,11 @@ pub trait Tokens: Send + Sync {
     async fn delete_token(&self, id: String) -> Result<bool>;
 }
 
-/// The backend itself: whether it answers, whether other nodes share it, its upkeep.
+/// The backend itself: whether it answers, and its upkeep.
 #[async_trait]
 pub trait Backend: Send + Sync {
     /// Cheap liveness check of the backend (readiness).
     async fn ping(&self) -> Result<()>;
-    /// Whether other latch nodes may write this store too (so the dispatcher must look
-    /// for work it was not handed, and commits may run side by side).
-    fn shared(&self) -> bool;
     /// Periodic upkeep, at least once a minute (`history::retention`): deletes what
     /// `retention` says is too old, in small steps that let commits through between them
     /// (SQLite: batches of rows; PostgreSQL: whole monthly history partitions, the outbox
@@ -335,8 +326,8 @@ pub trait Secrets: Send + Sync {
 /// tests, the bench): `use latch::store::prelude::*`.
 pub mod prelude {
     pub use super::{
-        Backend, ClusterStore, Find, HistoryStore, Outbox, Registry, Runtime, Secrets, Sessions,
-        Tokens,
+        Backend, ClusterStore, Find, HistoryStore, Journal, Outbox, Registry, Runtime, Secrets,
+        Sessions, Tokens,
     };
 }
 
@@ -393,19 +384,32 @@ pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotate
 
 /// Opens the store the configuration names.
 pub async fn connect(config: &crate::config::Config) -> anyhow::Result<std::sync::Arc<dyn Store>> {
-    Ok(connect_cluster(config).await?.0)
+    Ok(connect_cluster(config).await?.store)
 }
 
-/// Opens the store the configuration names and, on PostgreSQL, its cluster side: one
-/// object behind both handles, so they share one pool and one time bound per call.
+/// A store as [`connect_cluster`] opens it: the handles its backend has, one object behind
+/// them all (one pool, one time bound per call). Which of them exist is the one place
+/// where "shared with other nodes" is decided.
+pub struct Opened {
+    pub store: std::sync::Arc<dyn Store>,
+    /// PostgreSQL's cluster side: leases, registry changes to follow, rate schedules.
+    pub cluster: Option<std::sync::Arc<dyn ClusterStore>>,
+    /// The embedded store's journal, moved into its archive.
+    pub journal: Option<std::sync::Arc<dyn Journal>>,
+}
+
+impl Opened {
+    /// Whether other latch nodes may write this store too: the dispatcher must then look
+    /// for work it was not handed, and commits may run side by side.
+    pub fn shared(&self) -> bool {
+        self.cluster.is_some()
+    }
+}
+
+/// Opens the store the configuration names with every handle of its backend.
 /// Tests of the store (the conformance suite) open it here too, exactly as a server
 /// does.
-pub async fn connect_cluster(
-    config: &crate::config::Config,
-) -> anyhow::Result<(
-    std::sync::Arc<dyn Store>,
-    Option<std::sync::Arc<dyn ClusterStore>>,
-)> {
+pub async fn connect_cluster(config: &crate::config::Config) -> anyhow::Result<Opened> {
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let lock = lock_data_dir(&config.data_dir)?;
@@ -419,7 +423,11 @@ pub async fn connect_cluster(
                 .keyed(keys)
                 .await?;
             let store = std::sync::Arc::new(store.holding(lock));
-            Ok((store.clone(), Some(store)))
+            Ok(Opened {
+                store: store.clone(),
+                cluster: Some(store),
+                journal: None,
+            })
         }
         Some(url) => anyhow::bail!(
             "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"
@@ -430,7 +438,12 @@ pub async fn connect_cluster(
                 config.sqlite_synchronous,
                 key_source(config),
             )?;
-            Ok((std::sync::Arc::new(store), None))
+            let store = std::sync::Arc::new(store);
+            Ok(Opened {
+                store: store.clone(),
+                cluster: None,
+                journal: Some(store),
+            })
         }
     }
 }

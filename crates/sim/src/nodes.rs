@@ -193,6 +193,7 @@ impl Nodes {
         let parts = Parts {
             store: store.clone(),
             cluster_store: self.model.shared().then(|| store.clone() as _),
+            journal: None,
             node: name.to_string(),
             address: Some(address.clone()),
             transport: Some(Arc::new(SimTransport {

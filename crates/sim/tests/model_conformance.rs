@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use latch::clock::Clock;
-use latch::store::conformance::{CHECKS, Check};
+use latch::store::conformance::{CHECKS, Check, Subject};
 use latch_sim::model::{Mode, ModelStore};
 
 /// Where the model's clock starts: the checks pass their own times where the store takes
@@ -29,8 +29,15 @@ async fn run_all(mode: Mode) -> Vec<String> {
 
 async fn run_one(check: Check, mode: Mode) {
     let model = ModelStore::healthy(mode, Clock::manual(START));
-    let store: Arc<dyn latch::store::Store> = model.for_node("conformance");
-    (check.run)(&*store).await;
+    let node = model.for_node("conformance");
+    let subject = Subject {
+        store: node.clone(),
+        cluster: model
+            .shared()
+            .then(|| node as Arc<dyn latch::store::ClusterStore>),
+        journal: None,
+    };
+    (check.run)(&subject).await;
     assert!(
         model.violations().is_empty(),
         "{check:?}: {:?}",

@@ -58,8 +58,8 @@ async fn marks(s: &dyn Store) -> Vec<(String, Option<String>)> {
     v
 }
 
-pub(super) async fn a_clients_batch_round_trips_and_claims_read_it(s: &dyn Store) {
-    let pending = three_pending(s).await;
+pub(super) async fn a_clients_batch_round_trips_and_claims_read_it(s: &Subject) {
+    let pending = three_pending(&**s).await;
     let got = s.get_client("bt-c".into()).await.unwrap().unwrap();
     assert_eq!(got.batch, Some(BATCH));
     let listed = s.list_clients(page(10), None).await.unwrap().items;
@@ -91,8 +91,8 @@ pub(super) async fn a_clients_batch_round_trips_and_claims_read_it(s: &dyn Store
     assert_eq!(got.batch, None);
 }
 
-pub(super) async fn a_batchs_mark_follows_its_requests(s: &dyn Store) {
-    let p = three_pending(s).await;
+pub(super) async fn a_batchs_mark_follows_its_requests(s: &Subject) {
+    let p = three_pending(&**s).await;
     let ids: Vec<String> = p.iter().map(|n| n.id.clone()).collect();
     let claims = s
         .claim(
@@ -110,7 +110,7 @@ pub(super) async fn a_batchs_mark_follows_its_requests(s: &dyn Store) {
     let outcomes = p.iter().map(|n| tried(n, retry, "B1")).collect();
     s.record(outcomes, 20, 86_400_000).await.unwrap();
     let b1 = Some("B1".to_string());
-    assert!(marks(s).await.iter().all(|(_, b)| *b == b1));
+    assert!(marks(&**s).await.iter().all(|(_, b)| *b == b1));
     let (n, _) = s.get_notification(ids[0].clone()).await.unwrap().unwrap();
     assert_eq!(n.batch_id, b1);
 
@@ -124,7 +124,7 @@ pub(super) async fn a_batchs_mark_follows_its_requests(s: &dyn Store) {
         .await
         .unwrap();
     assert!(matches!(claims[0], Claim::Send(_)));
-    let m = marks(s).await;
+    let m = marks(&**s).await;
     let mark = |id: &str| m.iter().find(|(i, _)| i == id).unwrap().1.clone();
     assert_eq!(mark(&ids[0]), None, "a new request of it began");
     assert_eq!(mark(&ids[1]), b1);
@@ -142,7 +142,7 @@ pub(super) async fn a_batchs_mark_follows_its_requests(s: &dyn Store) {
         .await
         .unwrap();
     assert!(matches!(claims[0], Claim::Later { .. }), "{claims:?}");
-    assert!(marks(s).await.iter().all(|(_, b)| b.is_none()));
+    assert!(marks(&**s).await.iter().all(|(_, b)| b.is_none()));
 
     // Delivered in B2: the notification keeps the batch that carried it.
     let delivered = Outcome {

@@ -19,7 +19,7 @@ async fn runtime_of(s: &dyn Store, id: &str) -> crate::domain::sensor::SensorSta
 }
 
 /// A type a client does not want makes no notification for it: no row at all.
-pub(super) async fn subscriptions_make_only_wanted_notifications(s: &dyn Store) {
+pub(super) async fn subscriptions_make_only_wanted_notifications(s: &Subject) {
     s.create_sensor(sensor("sb1")).await.unwrap();
     let clients = [
         subscribed("sb-all", "http://a/", None),
@@ -85,7 +85,7 @@ pub(super) async fn subscriptions_make_only_wanted_notifications(s: &dyn Store) 
 /// How the last reading came in, a debounce window, and while lost since when and how many
 /// reminders went out, are kept; `lost_since` and `reminders` are kept when a write does
 /// not hold them and cleared once the sensor is not lost.
-pub(super) async fn state_keeps_source_window_and_reminders(s: &dyn Store) {
+pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
     let own = Sensor {
         debounce_s: Some(30),
         ..sensor("sx1")
@@ -115,7 +115,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &dyn Store) {
         batch.states[0].last_source = Some(Source::Mqtt);
         batch.states[0].debounce = Some(window);
         s.commit(batch, 1_000).await.unwrap();
-        let rt = runtime_of(s, "sx1").await;
+        let rt = runtime_of(&**s, "sx1").await;
         assert_eq!(
             (rt.last_source, rt.debounce, rt.debounce_s),
             (Some(Source::Mqtt), Some(window), Some(30))
@@ -155,7 +155,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &dyn Store) {
         ..Default::default()
     };
     let created = s.commit(batch, 65_000).await.unwrap();
-    let rt = runtime_of(s, "sx1").await;
+    let rt = runtime_of(&**s, "sx1").await;
     assert_eq!((rt.lost_since, rt.reminders), (Some(5_000), Some(2)));
     assert_eq!(rt.last_source, Some(Source::Mqtt), "kept when not written");
     assert_eq!(rt.debounce, None, "a window is written as it is");
@@ -177,13 +177,13 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &dyn Store) {
         ..Default::default()
     };
     s.commit(batch, 66_000).await.unwrap();
-    let rt = runtime_of(s, "sx1").await;
+    let rt = runtime_of(&**s, "sx1").await;
     assert_eq!((rt.lost_since, rt.reminders), (Some(5_000), Some(2)));
     // ... and drops them once the sensor is back.
     let mut back = change("sx1", false, Some(true), 70_000);
     back.events[0].detail.flips_suppressed = Some(4);
     s.commit(back.clone(), 70_000).await.unwrap();
-    let rt = runtime_of(s, "sx1").await;
+    let rt = runtime_of(&**s, "sx1").await;
     assert_eq!((rt.lost_since, rt.reminders), (None, None));
     let events = s
         .list_events(sid("sx1"), TimeRange::default(), page(10))

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
+pub(super) async fn commit_creates_state_history_and_outbox(s: &Subject) {
     s.create_sensor(sensor("cm1")).await.unwrap();
     s.create_client(client("cm-a", "http://a/")).await.unwrap();
     s.create_client(client("cm-b", "http://b/")).await.unwrap();
@@ -106,7 +106,7 @@ pub(super) async fn commit_creates_state_history_and_outbox(s: &dyn Store) {
     assert_eq!(listed.items[0].id, created[0].id);
 }
 
-pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
+pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
     s.create_sensor(sensor("lv1")).await.unwrap();
     s.create_client(client("lv-a", "http://a/")).await.unwrap();
     s.link("lv-a".into(), sid("lv1"), 1).await.unwrap();
@@ -172,7 +172,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &dyn Store) {
 /// order and clients in id order, each returned as stored; an unregistered sensor's event
 /// notifies nobody; and of one sensor's two changes in a batch, the later supersedes the
 /// earlier's notifications.
-pub(super) async fn a_batch_notifies_in_event_then_client_order(s: &dyn Store) {
+pub(super) async fn a_batch_notifies_in_event_then_client_order(s: &Subject) {
     for id in ["bo1", "bo2"] {
         s.create_sensor(sensor(id)).await.unwrap();
     }

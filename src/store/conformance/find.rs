@@ -8,7 +8,7 @@ fn ids(p: &Page<Notification>) -> Vec<i64> {
     p.items.iter().map(|n| n.seq).collect()
 }
 
-pub(super) async fn notifications_newest_first_with_filters(s: &dyn Store) {
+pub(super) async fn notifications_newest_first_with_filters(s: &Subject) {
     s.create_sensor(sensor("nf1")).await.unwrap();
     s.create_sensor(sensor("nf2")).await.unwrap();
     s.create_client(client("nf-a", "http://a/")).await.unwrap();
@@ -132,7 +132,7 @@ async fn find(s: &dyn Store, text: &str) -> Vec<String> {
     found(&s.find_sensors(search, None, page(50)).await.unwrap())
 }
 
-pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &dyn Store) {
+pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
     let at = |id: &str, address: &str| Sensor {
         address: address.into(),
         ..sensor(id)
@@ -154,27 +154,27 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &dyn Store) 
         .unwrap();
 
     assert_eq!(
-        find(s, "Door").await,
+        find(&**s, "Door").await,
         ["Door1", "Door2", "Door4"],
         "id prefix, case kept"
     );
-    assert_eq!(find(s, "door").await, ["door3"]);
+    assert_eq!(find(&**s, "door").await, ["door3"]);
     assert_eq!(
-        find(s, "svobody").await,
+        find(&**s, "svobody").await,
         ["Door1", "Door4"],
         "a word, any case"
     );
     assert_eq!(
-        find(s, "svob 23").await,
+        find(&**s, "svob 23").await,
         ["Door1"],
         "every word, as prefixes"
     );
-    assert_eq!(find(s, "moscow").await, ["Door1", "Door2"]);
-    assert_eq!(find(s, "back-yard").await, ["Gate9"]);
-    assert_eq!(find(s, "ulица").await, ["door3"]);
-    assert!(find(s, "yard moscow").await.is_empty());
+    assert_eq!(find(&**s, "moscow").await, ["Door1", "Door2"]);
+    assert_eq!(find(&**s, "back-yard").await, ["Gate9"]);
+    assert_eq!(find(&**s, "ulица").await, ["door3"]);
+    assert!(find(&**s, "yard moscow").await.is_empty());
     assert!(
-        find(s, "oscow").await.is_empty(),
+        find(&**s, "oscow").await.is_empty(),
         "words start where they start"
     );
 
@@ -214,14 +214,14 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &dyn Store) 
     s.replace_sensor(sid("Door1"), "Novgorod, Mira 2".into(), None, None)
         .await
         .unwrap();
-    assert_eq!(find(s, "svobody").await, ["Door4"]);
-    assert_eq!(find(s, "novgorod").await, ["Door1"]);
+    assert_eq!(find(&**s, "svobody").await, ["Door4"]);
+    assert_eq!(find(&**s, "novgorod").await, ["Door1"]);
     s.delete_sensor(sid("Door4"), 9_000).await.unwrap();
-    assert!(find(s, "svobody").await.is_empty());
-    assert_eq!(find(s, "Door").await, ["Door1", "Door2"]);
+    assert!(find(&**s, "svobody").await.is_empty());
+    assert_eq!(find(&**s, "Door").await, ["Door1", "Door2"]);
 }
 
-pub(super) async fn clients_found_by_name(s: &dyn Store) {
+pub(super) async fn clients_found_by_name(s: &Subject) {
     for (id, name) in [
         ("cf-1", "Acme Doors"),
         ("cf-2", "Globex"),
@@ -236,16 +236,16 @@ pub(super) async fn clients_found_by_name(s: &dyn Store) {
     }
     let names = |p: Page<Client>| p.items.into_iter().map(|c| c.name).collect::<Vec<_>>();
     let search = Search::parse("ACME").unwrap();
-    let got = find_clients(s, &search, None, page(10)).await.unwrap();
+    let got = find_clients(&**s, &search, None, page(10)).await.unwrap();
     assert_eq!(names(got), ["Acme Doors", "ÉCOLE acme"]);
-    let got = find_clients(s, &Search::parse("école").unwrap(), None, page(10))
+    let got = find_clients(&**s, &Search::parse("école").unwrap(), None, page(10))
         .await
         .unwrap();
     assert_eq!(names(got), ["ÉCOLE acme"], "case aside beyond ASCII");
-    let first = find_clients(s, &search, None, page(1)).await.unwrap();
+    let first = find_clients(&**s, &search, None, page(1)).await.unwrap();
     assert!(first.next.is_some());
     let next = find_clients(
-        s,
+        &**s,
         &search,
         None,
         PageRequest {

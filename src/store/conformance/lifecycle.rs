@@ -34,8 +34,8 @@ async fn one_notification(s: &dyn Store, id: &str, sensor_id: &str) -> Notificat
         .remove(0)
 }
 
-pub(super) async fn rotated_secret_signs_during_its_grace(s: &dyn Store) {
-    let n = one_notification(s, "ro-a", "ro1").await;
+pub(super) async fn rotated_secret_signs_during_its_grace(s: &Subject) {
+    let n = one_notification(&**s, "ro-a", "ro1").await;
     let old = s.get_client("ro-a".into()).await.unwrap().unwrap().secret;
     let new = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".to_string();
     let c = s
@@ -76,8 +76,8 @@ pub(super) async fn rotated_secret_signs_during_its_grace(s: &dyn Store) {
     );
 }
 
-pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
-    let n = one_notification(s, "gd-a", "gd1").await;
+pub(super) async fn gone_disables_until_enabled(s: &Subject) {
+    let n = one_notification(&**s, "gd-a", "gd1").await;
     s.create_client(client("gd-b", "http://b/")).await.unwrap();
     let disabled = s
         .record(
@@ -149,8 +149,8 @@ pub(super) async fn gone_disables_until_enabled(s: &dyn Store) {
     ));
 }
 
-pub(super) async fn a_long_failure_streak_disables(s: &dyn Store) {
-    let n = one_notification(s, "fs-a", "fs1").await;
+pub(super) async fn a_long_failure_streak_disables(s: &Subject) {
+    let n = one_notification(&**s, "fs-a", "fs1").await;
     let retry = Verdict::Retry { next_at: 1 };
     let record = |at: Millis, code: Option<u16>| {
         let o = answered(&n, at, code, retry);
@@ -174,7 +174,7 @@ pub(super) async fn a_long_failure_streak_disables(s: &dyn Store) {
     assert!(record(1_600, Some(503)).await.is_empty(), "a fresh streak");
 }
 
-pub(super) async fn bulk_replay_keeps_order_and_skips_refusals(s: &dyn Store) {
+pub(super) async fn bulk_replay_keeps_order_and_skips_refusals(s: &Subject) {
     s.create_client(client("br-a", "http://a/")).await.unwrap();
     s.create_client(client("br-b", "http://b/")).await.unwrap();
     let mut made = Vec::new();
@@ -242,8 +242,8 @@ pub(super) async fn bulk_replay_keeps_order_and_skips_refusals(s: &dyn Store) {
     ));
 }
 
-pub(super) async fn health_sums_up_attempts(s: &dyn Store) {
-    let n = one_notification(s, "he-a", "he1").await;
+pub(super) async fn health_sums_up_attempts(s: &Subject) {
+    let n = one_notification(&**s, "he-a", "he1").await;
     let now = 10_000_000;
     let h = s.client_health("he-a".into(), now).await.unwrap().unwrap();
     assert_eq!((h.pending, h.failed, h.consecutive_failures), (1, 0, 0));
@@ -284,7 +284,7 @@ pub(super) async fn health_sums_up_attempts(s: &dyn Store) {
     assert_eq!(h.series_1h.iter().map(|b| b.attempts).sum::<u64>(), 3);
 }
 
-pub(super) async fn rate_limit_is_kept(s: &dyn Store) {
+pub(super) async fn rate_limit_is_kept(s: &Subject) {
     let mut c = client("rl-a", "http://a/");
     c.rate_limit = Some(5);
     s.create_client(c.clone()).await.unwrap();
@@ -310,8 +310,8 @@ pub(super) async fn rate_limit_is_kept(s: &dyn Store) {
 
 /// A broker destination's attempt has no HTTP status: with no error it is the broker's
 /// acknowledgement, a delivery like a 2xx; with one, a failure.
-pub(super) async fn health_counts_broker_acknowledgements(s: &dyn Store) {
-    let n = one_notification(s, "hb-a", "hb1").await;
+pub(super) async fn health_counts_broker_acknowledgements(s: &Subject) {
+    let n = one_notification(&**s, "hb-a", "hb1").await;
     let now = 10_000_000;
     let attempt = |at: Millis, error: Option<&str>| Outcome {
         notification_id: n.id.clone(),

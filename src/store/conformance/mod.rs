@@ -2,7 +2,7 @@
 //! rely on. Every check is its own test on a fresh, empty store, for SQLite and for
 //! PostgreSQL, so one failure hides no other and the checks pass in any order.
 //!
-//! A check is an `async fn(&dyn Store)` in the module of its concern; [`suite!`] lists
+//! A check is an `async fn(&Subject)` in the module of its concern; [`suite!`] lists
 //! them all once, emits a `#[tokio::test]` per check and backend, and collects them in
 //! [`CHECKS`]. With the `conformance` feature this module is public, so a store outside
 //! this crate (the simulation's model of the store, `crates/sim`) is held to the same
@@ -10,7 +10,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-#[cfg(test)]
 use std::sync::Arc;
 
 use super::*;
@@ -37,6 +36,42 @@ mod tokens;
 /// A `disable_after` no check reaches.
 const NEVER: Millis = Millis::MAX / 2;
 
+/// The store a check runs on, with the handles its backend has besides ([`Opened`]); it
+/// reads as the store itself.
+pub struct Subject {
+    pub store: Arc<dyn Store>,
+    pub cluster: Option<Arc<dyn ClusterStore>>,
+    pub journal: Option<Arc<dyn Journal>>,
+}
+
+impl Subject {
+    /// A store of one process with no journal.
+    pub fn alone(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            cluster: None,
+            journal: None,
+        }
+    }
+}
+
+impl From<Opened> for Subject {
+    fn from(o: Opened) -> Self {
+        Self {
+            store: o.store,
+            cluster: o.cluster,
+            journal: o.journal,
+        }
+    }
+}
+
+impl std::ops::Deref for Subject {
+    type Target = dyn Store;
+    fn deref(&self) -> &(dyn Store + 'static) {
+        &*self.store
+    }
+}
+
 /// One check of the suite: the behaviour it states, run on a fresh, empty store.
 #[derive(Clone, Copy)]
 pub struct Check {
@@ -44,7 +79,7 @@ pub struct Check {
     pub concern: &'static str,
     pub name: &'static str,
     /// Runs the check; it panics where the store does not behave.
-    pub run: for<'a> fn(&'a dyn Store) -> Running<'a>,
+    pub run: for<'a> fn(&'a Subject) -> Running<'a>,
 }
 
 /// A check under way on a store it borrows.
@@ -59,7 +94,7 @@ impl std::fmt::Debug for Check {
 /// An empty store for one check, with what has to live as long as it.
 #[cfg(test)]
 struct Fresh {
-    store: Arc<dyn Store>,
+    store: Subject,
     /// The store's data folder, removed after the store (fields drop in order).
     _dir: tempfile::TempDir,
 }
@@ -73,7 +108,7 @@ async fn open(database_url: Option<String>) -> Fresh {
     config.data_dir = dir.path().to_path_buf();
     config.database_url = database_url;
     config.sqlite_synchronous = crate::store::sqlite::Synchronous::Normal;
-    let store = crate::store::connect(&config).await.unwrap();
+    let store = crate::store::connect_cluster(&config).await.unwrap().into();
     Fresh { store, _dir: dir }
 }
 
@@ -106,7 +141,7 @@ macro_rules! suite {
         mod run {
             use super::*;
             $(
-                pub(super) fn $check(s: &dyn Store) -> Running<'_> {
+                pub(super) fn $check(s: &Subject) -> Running<'_> {
                     Box::pin(super::$concern::$check(s))
                 }
             )*
@@ -129,7 +164,7 @@ macro_rules! suite {
                 let Some(fresh) = $fresh().await else {
                     return;
                 };
-                super::$concern::$check(&*fresh.store).await;
+                super::$concern::$check(&fresh.store).await;
             }
         )*
     };

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) async fn claim_reads_registry_and_cancels_orphans(s: &dyn Store) {
+pub(super) async fn claim_reads_registry_and_cancels_orphans(s: &Subject) {
     s.create_sensor(sensor("cl1")).await.unwrap();
     s.create_client(client("cl-a", "http://old/"))
         .await
@@ -66,7 +66,7 @@ pub(super) async fn claim_reads_registry_and_cancels_orphans(s: &dyn Store) {
     );
 }
 
-pub(super) async fn record_and_retry(s: &dyn Store) {
+pub(super) async fn record_and_retry(s: &Subject) {
     s.create_sensor(sensor("rc1")).await.unwrap();
     s.create_client(client("rc-a", "http://a/")).await.unwrap();
     s.link("rc-a".into(), sid("rc1"), 1).await.unwrap();
@@ -213,7 +213,7 @@ async fn lease_runs_out() {
     tokio::time::sleep(std::time::Duration::from_millis(LEASE as u64 + 100)).await;
 }
 
-pub(super) async fn leases_exclude_other_nodes(s: &dyn Store) {
+pub(super) async fn leases_exclude_other_nodes(s: &Subject) {
     s.create_sensor(sensor("ls1")).await.unwrap();
     s.create_client(client("ls-a", "http://a/")).await.unwrap();
     s.link("ls-a".into(), sid("ls1"), 1).await.unwrap();
@@ -253,7 +253,7 @@ pub(super) async fn leases_exclude_other_nodes(s: &dyn Store) {
 /// An outcome without a delivery never writes over a notification another node holds a
 /// live lease on: that node's attempt is in flight (around a partition move) and its
 /// outcome is the one kept. A delivery is written whoever holds it: it happened.
-pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store) {
+pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &Subject) {
     s.create_sensor(sensor("ol1")).await.unwrap();
     s.create_client(client("ol-a", "http://a/")).await.unwrap();
     s.link("ol-a".into(), sid("ol1"), 1).await.unwrap();
@@ -337,7 +337,7 @@ pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &dyn Store
 
 /// A failed lost (or restored) is not replayed after a newer one of its lane went out:
 /// the client would be told an online sensor is lost. Single and bulk replay alike.
-pub(super) async fn an_older_connection_notification_is_not_replayed(s: &dyn Store) {
+pub(super) async fn an_older_connection_notification_is_not_replayed(s: &Subject) {
     s.create_sensor(sensor("cr1")).await.unwrap();
     s.create_client(client("cr-a", "http://a/")).await.unwrap();
     s.link("cr-a".into(), sid("cr1"), 1).await.unwrap();

@@ -56,7 +56,7 @@ async fn claimed(s: &dyn Store, id: &str) -> Box<Sendable> {
     }
 }
 
-pub(super) async fn receiver_settings_round_trip_and_claims_read_them(s: &dyn Store) {
+pub(super) async fn receiver_settings_round_trip_and_claims_read_them(s: &Subject) {
     let c = full("rx-a");
     s.create_client(c.clone()).await.unwrap();
     assert_eq!(s.get_client("rx-a".into()).await.unwrap(), Some(c.clone()));
@@ -72,7 +72,7 @@ pub(super) async fn receiver_settings_round_trip_and_claims_read_them(s: &dyn St
         vec![c.clone()]
     );
     let n = s.commit(change("rx1", true, None, 1), 1).await.unwrap();
-    let x = claimed(s, &n[0].id).await;
+    let x = claimed(&**s, &n[0].id).await;
     assert_eq!(x.url, c.url, "the broker password is back in the URL");
     assert_eq!(x.secret, c.secret);
     assert_eq!(x.receiver, c.receiver);
@@ -112,7 +112,7 @@ pub(super) async fn receiver_settings_round_trip_and_claims_read_them(s: &dyn St
     assert_eq!(s.get_client("rx-a".into()).await.unwrap(), Some(none));
 }
 
-pub(super) async fn secrets_are_sealed_under_the_stores_key(s: &dyn Store) {
+pub(super) async fn secrets_are_sealed_under_the_stores_key(s: &Subject) {
     let key = s
         .sealing_key()
         .await

@@ -10,7 +10,7 @@ fn unacked(pkid: u16, payload: &[u8]) -> Unacked {
     }
 }
 
-pub(super) async fn unacked_publishes_are_kept_until_taken(s: &dyn Store) {
+pub(super) async fn unacked_publishes_are_kept_until_taken(s: &Subject) {
     assert!(s.take_unacked("a".into()).await.unwrap().is_empty());
     let (one, two) = (unacked(7, b"1"), unacked(u16::MAX, &[0, 255, b'{']));
     s.keep_unacked("a".into(), vec![two.clone()]).await.unwrap();

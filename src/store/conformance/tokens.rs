@@ -13,7 +13,7 @@ fn token(id: &str, scopes: &[Scope]) -> ApiToken {
     }
 }
 
-pub(super) async fn tokens_keep_hash_and_scopes(s: &dyn Store) {
+pub(super) async fn tokens_keep_hash_and_scopes(s: &Subject) {
     assert!(s.list_tokens().await.unwrap().is_empty());
     let b = token("01B", &[Scope::Ingest, Scope::Read]);
     let a = token("01A", &[Scope::Admin]);
@@ -30,7 +30,7 @@ pub(super) async fn tokens_keep_hash_and_scopes(s: &dyn Store) {
     ));
 }
 
-pub(super) async fn deleted_tokens_are_gone(s: &dyn Store) {
+pub(super) async fn deleted_tokens_are_gone(s: &Subject) {
     let a = token("01A", &[Scope::Read]);
     s.create_token(a.clone()).await.unwrap();
     s.create_token(token("01B", &[Scope::Admin])).await.unwrap();

@@ -16,7 +16,7 @@ use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
 use super::PgStore;
 use crate::domain::partition::{self, Partitioning};
-use crate::domain::{Millis, Source};
+use crate::domain::{Millis, SensorId, Source};
 
 #[cfg(test)]
 mod scheme_tests;
@@ -428,5 +428,20 @@ impl ClusterStore for PgStore {
             )
             .await?;
         Ok((row.get(0), row.get(1)))
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        super::registry::registry_changes(&self.db, after).await
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        super::registry::newest_registry_change(&self.db).await
+    }
+
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        super::registry::prune_registry_changes(&self.db, before).await
     }
 }

@@ -609,21 +609,6 @@ impl Runtime for PgStore {
         super::registry::load_states(&self.db, ids).await
     }
 
-    async fn registry_changes(
-        &self,
-        after: i64,
-    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
-        super::registry::registry_changes(&self.db, after).await
-    }
-
-    async fn newest_registry_change(&self) -> Result<i64> {
-        super::registry::newest_registry_change(&self.db).await
-    }
-
-    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
-        super::registry::prune_registry_changes(&self.db, before).await
-    }
-
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
         let result = commit(&self.db, batch, now).await;
         self.space.note(&result);

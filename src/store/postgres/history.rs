@@ -182,10 +182,6 @@ impl HistoryStore for PgStore {
     }
 
     /// Readings are indexed as they are committed: there is no journal to move.
-    async fn archive_history(&self, _limit: usize) -> Result<usize> {
-        Ok(0)
-    }
-
     async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
         super::retention::history_from(&self.db).await
     }

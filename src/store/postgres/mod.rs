@@ -459,10 +459,6 @@ impl Backend for PgStore {
         Ok(())
     }
 
-    fn shared(&self) -> bool {
-        true
-    }
-
     async fn maintain(&self, now: Millis, retention: Retention) -> Result<Pruned> {
         use std::sync::atomic::Ordering;
         let c = self.db.unbounded().await?;

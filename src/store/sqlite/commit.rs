@@ -288,21 +288,6 @@ impl Runtime for SqliteStore {
             .await
     }
 
-    async fn registry_changes(
-        &self,
-        after: i64,
-    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
-        Ok((after, Vec::new()))
-    }
-
-    async fn newest_registry_change(&self) -> Result<i64> {
-        Ok(0)
-    }
-
-    async fn prune_registry_changes(&self, _before: Millis) -> Result<()> {
-        Ok(())
-    }
-
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
         self.write(move |c| commit(c, &batch, now)).await
     }

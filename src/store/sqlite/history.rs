@@ -302,11 +302,14 @@ impl HistoryStore for SqliteStore {
         self.read(spool_depth).await
     }
 
-    async fn archive_history(&self, limit: usize) -> Result<usize> {
-        archive(self, limit).await
-    }
-
     async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
         self.read(history_from).await
+    }
+}
+
+#[async_trait]
+impl crate::store::Journal for SqliteStore {
+    async fn archive_history(&self, limit: usize) -> Result<usize> {
+        archive(self, limit).await
     }
 }

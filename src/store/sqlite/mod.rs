@@ -473,10 +473,6 @@ impl Backend for SqliteStore {
             .await
     }
 
-    fn shared(&self) -> bool {
-        false
-    }
-
     /// Retention only: one file, no partitions.
     async fn maintain(&self, _now: Millis, retention: Retention) -> Result<Pruned> {
         retention::prune(self, retention).await

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use latch::domain::partition::{self, Partitioning};
-use latch::domain::{Millis, Source};
+use latch::domain::{Millis, SensorId, Source};
 use latch::store::{ClusterStore, Error, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
 
 use super::node::NodeStore;
@@ -430,6 +430,31 @@ impl ClusterStore for NodeStore {
         self.run("source_links", false, |t, cx| {
             t.cluster_only()?;
             Ok(t.source_links(cx.now, live_within))
+        })
+        .await
+    }
+
+    async fn registry_changes(
+        &self,
+        after: i64,
+    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
+        self.run("registry_changes", false, |t, _| {
+            Ok(t.registry_changes(after))
+        })
+        .await
+    }
+
+    async fn newest_registry_change(&self) -> Result<i64> {
+        self.run("newest_registry_change", false, |t, _| {
+            Ok(t.changes.keys().next_back().copied().unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
+        self.run("prune_registry_changes", true, |t, _| {
+            t.changes.retain(|_, (_, at)| *at >= before);
+            Ok(())
         })
         .await
     }

@@ -235,31 +235,6 @@ impl Runtime for NodeStore {
         .await
     }
 
-    async fn registry_changes(
-        &self,
-        after: i64,
-    ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
-        self.run("registry_changes", false, |t, _| {
-            Ok(t.registry_changes(after))
-        })
-        .await
-    }
-
-    async fn newest_registry_change(&self) -> Result<i64> {
-        self.run("newest_registry_change", false, |t, _| {
-            Ok(t.changes.keys().next_back().copied().unwrap_or(0))
-        })
-        .await
-    }
-
-    async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
-        self.run("prune_registry_changes", true, |t, _| {
-            t.changes.retain(|_, (_, at)| *at >= before);
-            Ok(())
-        })
-        .await
-    }
-
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
         self.run("commit", true, |t, cx| t.commit(cx, batch, now))
             .await

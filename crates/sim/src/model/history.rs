@@ -1,6 +1,6 @@
 //! History: readings and events listed, the spool shipped to a sink: `history.rs` of both
 //! backends. Readings are kept by id as they are committed (as PostgreSQL indexes them):
-//! there is no journal to move into an archive, so `archive_history` moves nothing, and
+//! there is no journal to move into an archive (it implements no `Journal`), and
 //! the spool is every reading and event still held (each goes once it shipped) and the
 //! attempts after the ship mark.
 
@@ -199,10 +199,6 @@ impl HistoryStore for NodeStore {
     async fn spool_depth(&self) -> Result<u64> {
         self.run("spool_depth", false, |t, _| Ok(t.spool_depth()))
             .await
-    }
-
-    async fn archive_history(&self, _limit: usize) -> Result<usize> {
-        self.run("archive_history", true, |_, _| Ok(0)).await
     }
 
     async fn history_from(&self) -> Result<Option<Millis>> {

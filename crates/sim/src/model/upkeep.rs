@@ -54,10 +54,6 @@ impl Backend for NodeStore {
         self.run("ping", false, |_, _| Ok(())).await
     }
 
-    fn shared(&self) -> bool {
-        self.model().shared()
-    }
-
     /// One node at a time on a shared store: here every round is a whole call, so none is
     /// ever skipped.
     async fn maintain(&self, _now: Millis, retention: Retention) -> Result<Pruned> {

@@ -536,7 +536,12 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     config.database_timeout = Duration::from_secs(1);
     // The key `fresh` sealed with: a node of this database is given it.
     config.secret_key = Some(crate::secrets::SecretKeys(vec![[42u8; 32]]));
-    let (store, cluster) = crate::store::connect_cluster(&config).await.unwrap();
+    let opened = crate::store::connect_cluster(&config).await.unwrap();
+    assert!(
+        opened.journal.is_none(),
+        "PostgreSQL has no journal to move"
+    );
+    let (store, cluster) = (opened.store, opened.cluster);
     let cluster = cluster.expect("PostgreSQL has a cluster side");
     assert_eq!(cluster.partitions(4).await.unwrap().count, 4);
     let held = cluster.acquire("a", 4, LONG, false).await.unwrap();
@@ -602,8 +607,13 @@ async fn a_commit_in_flight_holds_its_partitions_and_cluster_calls_are_bounded()
     let dir = tempfile::tempdir().unwrap();
     let mut config = crate::config::Config::load_from(None, &[]).unwrap();
     config.data_dir = dir.path().to_path_buf();
-    let (_, cluster) = crate::store::connect_cluster(&config).await.unwrap();
-    assert!(cluster.is_none(), "SQLite stays one node");
+    let opened = crate::store::connect_cluster(&config).await.unwrap();
+    assert!(opened.cluster.is_none(), "SQLite stays one node");
+    assert!(!opened.shared());
+    assert!(
+        opened.journal.is_some(),
+        "SQLite moves its journal into its archive"
+    );
 }
 
 async fn links(store: &PgStore) -> Vec<crate::store::SourceLink> {

@@ -503,7 +503,7 @@ async fn one_node_has_no_cluster_side_and_reopening_releases_leases() {
     let clock = Clock::manual(START);
     let model = ModelStore::healthy(Mode::Single, clock);
     let store = model.for_node("n");
-    assert!(!store.shared());
+    assert!(!model.shared());
     assert!(matches!(store.partitions(4).await, Err(Error::Backend(_))));
     assert!(matches!(
         store.acquire("n", 4, LONG, false).await,
