@@ -34,7 +34,7 @@ async fn run_one(check: Check, mode: Mode) {
         store: node.clone(),
         cluster: model
             .shared()
-            .then(|| node as Arc<dyn latch::store::ClusterStore>),
+            .then_some(node as Arc<dyn latch::store::ClusterStore>),
         journal: None,
     };
     (check.run)(&subject).await;
