@@ -25,7 +25,7 @@ use super::pagination::List;
 use crate::domain::client::validate_name;
 use crate::domain::time;
 use crate::domain::token::{self, ApiToken, Scope};
-use crate::store::{self, Store};
+use crate::store::{self, Tokens as TokenStore};
 
 /// How often a node on a shared store reloads the token table: the longest a token
 /// created or deleted through another node stays unknown, or valid, here (an open stream
@@ -65,14 +65,14 @@ impl Default for Tokens {
 
 impl Tokens {
     /// Reads the table from the store.
-    pub async fn load(store: &dyn Store) -> store::Result<Self> {
+    pub async fn load(store: &dyn TokenStore) -> store::Result<Self> {
         let tokens = Self::default();
         tokens.refresh(store).await?;
         Ok(tokens)
     }
 
     /// Replaces the copy with the store's table.
-    pub async fn refresh(&self, store: &dyn Store) -> store::Result<()> {
+    pub async fn refresh(&self, store: &dyn TokenStore) -> store::Result<()> {
         let table = store
             .list_tokens()
             .await?
@@ -151,7 +151,7 @@ impl Tokens {
 }
 
 /// Keeps `tokens` following the store's table until `stop`, for nodes sharing a store.
-pub async fn follow(store: Arc<dyn Store>, tokens: Tokens, stop: CancellationToken) {
+pub async fn follow(store: Arc<dyn TokenStore>, tokens: Tokens, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -14,7 +14,7 @@ use super::transport::Transport;
 use super::{BatchDone, Cmd, Settings};
 use crate::domain::client::Batch;
 use crate::domain::{Claim, ClaimBatch, Millis, Sendable};
-use crate::store::Store;
+use crate::store::Outbox;
 
 /// Most heads claimed in one store call.
 const CLAIM_BATCH_MAX: usize = 1024;
@@ -98,7 +98,7 @@ async fn unless_cut(
 /// in one store call, so claims cost one transaction per batch under load, and spawns each
 /// attempt.
 pub(super) async fn claimer(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Outbox>,
     sending: Sending,
     mut rx: mpsc::UnboundedReceiver<Admission>,
 ) {
@@ -142,7 +142,7 @@ pub(super) async fn claimer(
 /// waits for a request slot of its client and of the whole dispatcher. A head withdrawn
 /// before it is sent is not claimed, or is given back.
 #[tracing::instrument(name = "claim", skip_all, fields(notifications = batch.len()))]
-async fn claim_and_send(store: Arc<dyn Store>, sending: Sending, batch: Vec<Admitted>) {
+async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Admitted>) {
     let now = sending.settings.clock.now();
     let tx = &sending.tx;
     let done = |lane, id, result| {
@@ -277,7 +277,7 @@ fn released(s: &Sendable) -> Finished {
 /// once the client's batch slot and a request slot of the dispatcher are free. Every head
 /// comes back to the dispatcher in one [`BatchDone`], so the client's next batch may go.
 #[tracing::instrument(name = "claim", skip_all, fields(batch_id = %a.batch.id, notifications = a.batch.members.len()))]
-async fn claim_and_send_batch(store: Arc<dyn Store>, sending: Sending, a: AdmittedBatch) {
+async fn claim_and_send_batch(store: Arc<dyn Outbox>, sending: Sending, a: AdmittedBatch) {
     let settings = &sending.settings;
     let now = settings.clock.now();
     let AdmittedBatch {

@@ -49,7 +49,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::domain::{Millis, NotificationRef, Outcome, Verdict};
-use crate::store::Store;
+use crate::store::{Outbox, Registry, Store};
 use crate::telemetry::families;
 use crate::telemetry::recent::Measure;
 use claimer::{Admission, Admitted, AdmittedBatch, Sending, claimer};
@@ -156,7 +156,7 @@ impl Settings {
 pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Cmd>,
     /// Where [`Dispatcher::look_for_pending`] reads.
-    outbox: Arc<dyn Store>,
+    outbox: Arc<dyn Outbox>,
     /// Other nodes write the store too ([`Settings::shared`]).
     shared: bool,
     /// Asks the sweeper for a full sweep now (a partition was taken over).
@@ -278,11 +278,13 @@ impl Dispatcher {
         if let Some(Serves(serves)) = &settings.serves {
             pending.retain(|r| serves(r.sensor_id));
         }
-        let core_store = store.clone();
+        // The slices of the store delivery's tasks use.
+        let (outbox, registry): (Arc<dyn Outbox>, Arc<dyn Registry>) = (store.clone(), store);
         let (tx, rx) = mpsc::unbounded_channel();
         let (rec_tx, rec_rx) = mpsc::unbounded_channel();
         tracker.spawn(recorder(
-            store.clone(),
+            outbox.clone(),
+            registry.clone(),
             rec_rx,
             settings.clock.clone(),
             settings.disable_after.as_millis() as Millis,
@@ -308,7 +310,7 @@ impl Dispatcher {
             }),
         };
         tracker.spawn(claimer(
-            store.clone(),
+            outbox.clone(),
             Sending {
                 transport,
                 settings: settings.clone(),
@@ -324,7 +326,7 @@ impl Dispatcher {
             core.lanes.share_rates();
             core.grants = Some((grants.clone(), tx.clone()));
         }
-        for c in clients(store.as_ref()).await? {
+        for c in clients(registry.as_ref()).await? {
             if let Some(rate) = c.rate_limit {
                 core.lanes.set_rate(&c.id, Some(rate));
             }
@@ -339,7 +341,7 @@ impl Dispatcher {
         core.add(pending, core.clock.now());
         families::CLIENTS_DISABLED
             .gauge()
-            .set(store.count_disabled_clients().await? as f64);
+            .set(registry.count_disabled_clients().await? as f64);
         // Right away, not at the first event: a restart with a backlog shows it at once.
         families::NOTIFICATIONS_PENDING
             .gauge()
@@ -347,7 +349,8 @@ impl Dispatcher {
         let sweep = Arc::new(tokio::sync::Notify::new());
         if settings.shared {
             tracker.spawn(sweeper(
-                core_store,
+                outbox.clone(),
+                registry,
                 tx.clone(),
                 settings.serves.clone(),
                 sweep.clone(),
@@ -358,7 +361,7 @@ impl Dispatcher {
         tracker.spawn(core.run(rx, stop, grace));
         Ok(Self {
             tx,
-            outbox: store,
+            outbox,
             shared: settings.shared,
             sweep,
             test,
@@ -368,7 +371,7 @@ impl Dispatcher {
 
 /// Every client with a `rate_limit` or batching, so the first requests after a start
 /// follow them too.
-async fn clients(store: &dyn Store) -> crate::store::Result<Vec<crate::domain::Client>> {
+async fn clients(store: &dyn Registry) -> crate::store::Result<Vec<crate::domain::Client>> {
     let mut out = Vec::new();
     let mut page = crate::store::PageRequest {
         limit: 1000,

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::domain::{Millis, Outcome};
-use crate::store::Store;
+use crate::store::{Outbox, Registry};
 use crate::telemetry::families;
 
 /// Most outcomes written in one store call.
@@ -26,7 +26,8 @@ const STOP_BACKOFF: Duration = Duration::from_millis(500);
 /// Once a batch is written, its notification ids go back to the dispatcher
 /// ([`super::Cmd::Recorded`]): a head whose outcome this was may be claimed again.
 pub(super) async fn recorder(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Outbox>,
+    registry: Arc<dyn Registry>,
     mut rx: mpsc::UnboundedReceiver<Outcome>,
     clock: Clock,
     disable_after: Millis,
@@ -57,7 +58,7 @@ pub(super) async fn recorder(
                             tracing::warn!(client_id = %d.client_id, reason = d.reason.as_str(),
                                 "Disabled a client: no more attempts until it is enabled.");
                         }
-                        if let Ok(n) = store.count_disabled_clients().await {
+                        if let Ok(n) = registry.count_disabled_clients().await {
                             families::CLIENTS_DISABLED.gauge().set(n as f64);
                         }
                     }

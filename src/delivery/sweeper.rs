@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Cmd, Serves};
 use crate::clock::Clock;
 use crate::domain::Millis;
-use crate::store::Store;
+use crate::store::{Outbox, Registry};
 
 /// How often a node sharing its store with others looks for pending notifications it was
 /// not told about: written by another node, or left by one that died.
@@ -30,7 +30,8 @@ const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// In cluster mode only the notifications of sensors this node serves are kept; `now`
 /// asks for a full sweep at once (partitions were taken over).
 pub(super) async fn sweeper(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Outbox>,
+    registry: Arc<dyn Registry>,
     tx: mpsc::UnboundedSender<Cmd>,
     serves: Option<Serves>,
     now: Arc<tokio::sync::Notify>,
@@ -75,7 +76,7 @@ pub(super) async fn sweeper(
                     return;
                 }
                 // A client enabled through another node: its lanes parked here resume.
-                if let Ok(disabled) = disabled_clients(store.as_ref()).await
+                if let Ok(disabled) = disabled_clients(registry.as_ref()).await
                     && tx.send(Cmd::StillDisabled(disabled)).is_err()
                 {
                     return;
@@ -91,7 +92,7 @@ pub(super) async fn sweeper(
 
 /// The ids of the clients disabled now (few: a client is disabled by a `410` or a long
 /// failure streak, until enabled).
-async fn disabled_clients(store: &dyn Store) -> crate::store::Result<Vec<Arc<str>>> {
+async fn disabled_clients(store: &dyn Registry) -> crate::store::Result<Vec<Arc<str>>> {
     let mut out = Vec::new();
     let mut page = crate::store::PageRequest {
         limit: 1000,

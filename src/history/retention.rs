@@ -17,7 +17,7 @@ use super::clickhouse::ClickHouse;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::domain::Millis;
-use crate::store::{Pruned, Retention, Store};
+use crate::store::{Backend, HistoryStore, Pruned, Retention, Store};
 use crate::telemetry::families;
 
 /// How often a round runs, at most: a retention shorter than four of these is pruned more
@@ -103,7 +103,7 @@ pub async fn run(
 
 /// One round: the store's upkeep with the cut-offs of `now`, and ClickHouse's partitions.
 pub async fn round(
-    store: &dyn Store,
+    store: &dyn Backend,
     clickhouse: Option<&ClickHouse>,
     settings: Settings,
     now: Millis,
@@ -169,7 +169,7 @@ fn count(p: &Pruned) {
 
 /// The oldest reading kept, in the store (or its spool) and in ClickHouse.
 async fn oldest(
-    store: &dyn Store,
+    store: &dyn HistoryStore,
     clickhouse: Option<&ClickHouse>,
 ) -> Result<Option<Millis>, super::Error> {
     let mut from = store.history_from().await?;

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::clickhouse::ClickHouse;
-use crate::store::{self, HistoryBatch, HistorySink, Store};
+use crate::store::{self, HistoryBatch, HistorySink, HistoryStore};
 use crate::telemetry::families;
 
 /// Most rows of each kind in one shipment; this many waiting ships at once.
@@ -55,7 +55,7 @@ impl HistorySink for ClickHouse {
 
 /// Runs until `stop`, then tries one last shipment.
 pub async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn HistoryStore>,
     clickhouse: ClickHouse,
     flush: Duration,
     spooled: Arc<Spooled>,
@@ -133,7 +133,7 @@ pub async fn run(
 
 /// Ships batches until the spool is (nearly) empty.
 async fn ship_all(
-    store: &dyn Store,
+    store: &dyn HistoryStore,
     ch: &ClickHouse,
     spooled: &Spooled,
     shipping: &tokio::sync::Mutex<()>,
