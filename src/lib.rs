@@ -23,6 +23,7 @@
 //! dispatcher finishes its in-flight attempts.
 
 pub mod api;
+pub mod app;
 pub mod clock;
 pub mod cluster;
 pub mod committer;

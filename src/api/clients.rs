@@ -16,11 +16,10 @@ use super::receivers::{AuthIn, AuthOut, Given, TlsIn, TlsOut, settle};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
-    Batch, DisabledReason, Health, effective_batch, generate_secret, new_client_id, secret_key,
-    validate_batch, validate_events, validate_name, validate_rate_limit, validate_url,
+    Batch, DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_batch,
+    validate_events, validate_name, validate_rate_limit, validate_url,
 };
 use crate::domain::{Client, Millis, destination, time};
-use crate::telemetry::families;
 use std::collections::BTreeMap;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -297,26 +296,23 @@ async fn create_client(
     check(&body)?;
     vet_url(&st, &body.url).await?;
     let guard = Guard::from_config(&st.config);
-    let receiver = settle(body.given(), None, &guard, st.engine.now()).await?;
+    let receiver = settle(body.given(), None, &guard, st.app.now()).await?;
     let client = Client {
         id: new_client_id(),
         name: body.name,
         url: body.url,
         secret: body.secret.unwrap_or_else(generate_secret),
-        created_at: st.engine.now(),
+        created_at: st.app.now(),
         rate_limit: body.rate_limit,
         events: body.events,
         batch: body.batch.map(Batch::from),
         receiver,
         ..Client::default()
     };
-    st.store.create_client(client.clone()).await?;
-    st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
-    st.dispatcher
-        .set_batch(&client.id, effective_batch(client.batch, &client.url));
+    st.app.create_client(&client).await?;
     Ok((
         StatusCode::CREATED,
-        ApiJson(client_out(client, true, true, st.engine.now())),
+        ApiJson(client_out(client, true, true, st.app.now())),
     ))
 }
 
@@ -341,17 +337,18 @@ async fn list_clients(
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
     let page = match super::search(f.q.as_deref())? {
         Some(q) => {
-            crate::store::find_clients(st.store.as_ref(), &q, f.disabled, page.to_request()?)
+            crate::store::find_clients(st.app.store.as_ref(), &q, f.disabled, page.to_request()?)
                 .await?
         }
         None => {
-            st.store
+            st.app
+                .store
                 .list_clients(page.to_request()?, f.disabled)
                 .await?
         }
     };
     Ok(ApiJson(List::from_page(page, |c| {
-        client_out(c, false, sees.0, st.engine.now())
+        client_out(c, false, sees.0, st.app.now())
     })))
 }
 
@@ -365,14 +362,15 @@ async fn get_client(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<ClientOut>> {
     let c = st
+        .app
         .store
         .get_client(id.clone())
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
-    let health = st.store.client_health(id, st.engine.now()).await?;
+    let health = st.app.store.client_health(id, st.app.now()).await?;
     Ok(ApiJson(ClientOut {
         health: health.map(HealthOut::from),
-        ..client_out(c, sees.0, sees.0, st.engine.now())
+        ..client_out(c, sees.0, sees.0, st.app.now())
     }))
 }
 
@@ -391,18 +389,13 @@ async fn replace_client(
     check(&body)?;
     vet_url(&st, &body.url).await?;
     let current = st
+        .app
         .store
         .get_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     let guard = Guard::from_config(&st.config);
-    let receiver = settle(
-        body.given(),
-        Some(&current.receiver),
-        &guard,
-        st.engine.now(),
-    )
-    .await?;
+    let receiver = settle(body.given(), Some(&current.receiver), &guard, st.app.now()).await?;
     let client = Client {
         name: body.name,
         url: body.url,
@@ -413,13 +406,10 @@ async fn replace_client(
         receiver,
         ..current
     };
-    if !st.store.replace_client(client.clone()).await? {
+    if !st.app.replace_client(&client).await? {
         return Err(ApiError::not_found("client"));
     }
-    st.dispatcher.set_rate_limit(&client.id, client.rate_limit);
-    st.dispatcher
-        .set_batch(&client.id, effective_batch(client.batch, &client.url));
-    Ok(ApiJson(client_out(client, true, true, st.engine.now())))
+    Ok(ApiJson(client_out(client, true, true, st.app.now())))
 }
 
 /// Delete a client and its links; its pending notifications are cancelled.
@@ -429,7 +419,7 @@ async fn delete_client(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    if !st.store.delete_client(id, st.engine.now()).await? {
+    if !st.app.delete_client(id).await? {
         return Err(ApiError::not_found("client"));
     }
     Ok(StatusCode::NO_CONTENT)
@@ -444,7 +434,10 @@ async fn link(
     ApiPath((client_id, sensor_id)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let sensor_id = parse_sensor_id(&sensor_id)?;
-    st.store.link(client_id, sensor_id, st.engine.now()).await?;
+    st.app
+        .store
+        .link(client_id, sensor_id, st.app.now())
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -458,7 +451,7 @@ async fn unlink(
     ApiPath((client_id, sensor_id)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let sensor_id = parse_sensor_id(&sensor_id)?;
-    st.store.unlink(client_id, sensor_id).await?;
+    st.app.store.unlink(client_id, sensor_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -471,7 +464,11 @@ async fn client_sensors(
     ApiPath(id): ApiPath<String>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
-    let page = st.store.list_client_sensors(id, page.to_request()?).await?;
+    let page = st
+        .app
+        .store
+        .list_client_sensors(id, page.to_request()?)
+        .await?;
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 
@@ -486,9 +483,13 @@ async fn sensor_clients(
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
     let id = parse_sensor_id(&id)?;
-    let page = st.store.list_sensor_clients(id, page.to_request()?).await?;
+    let page = st
+        .app
+        .store
+        .list_sensor_clients(id, page.to_request()?)
+        .await?;
     Ok(ApiJson(List::from_page(page, |c| {
-        client_out(c, false, sees.0, st.engine.now())
+        client_out(c, false, sees.0, st.app.now())
     })))
 }
 
@@ -539,12 +540,13 @@ async fn rotate_secret(
     let grace = st.config.secret_rotation_grace.as_millis() as Millis;
     let secret = body.secret.unwrap_or_else(generate_secret);
     let c = st
+        .app
         .store
-        .rotate_secret(id, secret, st.engine.now() + grace)
+        .rotate_secret(id, secret, st.app.now() + grace)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     tracing::info!(client_id = %c.id, "Rotated a client's secret.");
-    Ok(ApiJson(client_out(c, true, true, st.engine.now())))
+    Ok(ApiJson(client_out(c, true, true, st.app.now())))
 }
 
 /// Enable a disabled client: its pending notifications go out, in order per sensor.
@@ -555,25 +557,12 @@ async fn enable_client(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<ClientOut>> {
-    let was_disabled = st
-        .store
-        .enable_client(id.clone())
-        .await?
-        .ok_or_else(|| ApiError::not_found("client"))?;
-    let pending = st.store.load_client_pending(id.clone()).await?;
-    if was_disabled {
-        tracing::info!(client_id = %id, pending = pending.len(), "Enabled a client.");
-        if let Ok(n) = st.store.count_disabled_clients().await {
-            families::CLIENTS_DISABLED.gauge().set(n as f64);
-        }
-    }
-    st.dispatcher.resume(&id, pending);
     let c = st
-        .store
-        .get_client(id)
+        .app
+        .enable_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
-    Ok(ApiJson(client_out(c, true, true, st.engine.now())))
+    Ok(ApiJson(client_out(c, true, true, st.app.now())))
 }
 
 /// What a test request came to.
@@ -600,11 +589,12 @@ async fn test_client(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<TestOut>> {
     let client = st
+        .app
         .store
         .get_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
-    let r = st.dispatcher.test(&client).await;
+    let r = st.app.dispatcher.test(&client).await;
     tracing::info!(client_id = %client.id, status = r.status_code, error = r.error.as_deref(),
         "Sent a test notification.");
     Ok(ApiJson(TestOut {

@@ -72,15 +72,15 @@ pub struct NodeOut {
     responses((status = 200, body = ClusterOut),
         (status = 503, description = "the store is unavailable", body = ErrorBody)))]
 async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut>> {
-    let Some(c) = &st.cluster else {
-        let partitions = st.engine.partitions();
+    let Some(c) = &st.app.cluster else {
+        let partitions = st.app.engine.partitions();
         return Ok(ApiJson(ClusterOut {
             partitions,
-            partitioning: st.engine.partitioning().scheme.as_str(),
+            partitioning: st.app.engine.partitioning().scheme.as_str(),
             nodes: vec![NodeOut {
                 id: st.node.clone(),
                 address: st.address.clone(),
-                heartbeat_at: time::format(st.engine.now()),
+                heartbeat_at: time::format(st.app.now()),
                 partitions,
             }],
         }));
@@ -146,7 +146,8 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
             .map(|id| sequences.entry(id).or_default().clone());
         tickets.push((
             n,
-            st.engine
+            st.app
+                .engine
                 .enqueue_here(items, now, b.source, seq.as_ref())
                 .await,
         ));
@@ -182,7 +183,7 @@ async fn follow(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(e) = super::peers::admit(&st, &headers) {
         return e.into_response();
     }
-    let Some(pokes) = &st.follow else {
+    let Some(pokes) = &st.app.follow else {
         return StatusCode::NO_CONTENT.into_response();
     };
     let (done, wait) = tokio::sync::oneshot::channel();

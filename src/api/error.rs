@@ -202,6 +202,16 @@ impl From<ingest::Error> for ApiError {
     }
 }
 
+impl From<crate::app::Error> for ApiError {
+    fn from(e: crate::app::Error) -> Self {
+        match e {
+            crate::app::Error::Store(e) => e.into(),
+            crate::app::Error::Engine(e) => e.into(),
+            crate::app::Error::History(e) => e.into(),
+        }
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
         match r {

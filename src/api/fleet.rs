@@ -36,14 +36,18 @@ pub struct FleetOut {
 #[utoipa::path(get, path = "/v1/fleet", tag = "sensors",
     responses((status = 200, body = FleetOut)))]
 async fn get_fleet(State(st): State<AppState>) -> ApiResult<ApiJson<FleetOut>> {
-    let counts = st.store.count_sensors().await?;
-    let pending = st.store.count_pending().await?;
+    let counts = st.app.store.count_sensors().await?;
+    let pending = st.app.store.count_pending().await?;
     Ok(ApiJson(FleetOut {
         sensors: counts.online + counts.lost + counts.unknown,
         online: counts.online,
         lost: counts.lost,
         unknown: counts.unknown,
         notifications_pending: pending,
-        history_from: st.history.history_from().map(crate::domain::time::format),
+        history_from: st
+            .app
+            .history
+            .history_from()
+            .map(crate::domain::time::format),
     }))
 }

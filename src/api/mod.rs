@@ -38,11 +38,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::config::Config;
-use crate::delivery::Dispatcher;
-use crate::engine::Engine;
-use crate::history::History;
 use crate::ingest::{Ingest, Sources};
-use crate::store::Store;
 use crate::telemetry::families;
 use error::ApiError;
 
@@ -53,14 +49,11 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
-    pub store: Arc<dyn Store>,
-    pub engine: Engine,
+    /// The store, engine, dispatcher, history and cluster, and the sequences across them.
+    pub app: crate::app::App,
     pub ingest: Ingest,
     /// Broker sources and whether each is consuming.
     pub sources: Sources,
-    pub dispatcher: Dispatcher,
-    /// History reads: the store, or ClickHouse plus the store's spool.
-    pub history: History,
     pub metrics: PrometheusHandle,
     /// False once shutdown began: load balancers should stop sending.
     pub accepting: Arc<AtomicBool>,
@@ -68,10 +61,6 @@ pub struct AppState {
     pub tokens: tokens::Tokens,
     /// The per-caller request limit, when `rate_limit` is set.
     pub limiter: Option<Arc<limits::Limiter>>,
-    /// Cluster mode (PostgreSQL): this node's membership.
-    pub cluster: Option<Arc<crate::cluster::Membership>>,
-    /// Asks the engine's registry follower for a round now (on a shared store).
-    pub follow: Option<crate::engine::follow::Pokes>,
     /// This node's id and the address other nodes reach it at (`GET /v1/cluster`).
     pub node: String,
     pub address: String,
@@ -273,7 +262,7 @@ async fn readyz(State(st): State<AppState>) -> Response {
     if !st.accepting.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
     }
-    if let Some(c) = &st.cluster
+    if let Some(c) = &st.app.cluster
         && !c.ready()
     {
         return (StatusCode::SERVICE_UNAVAILABLE, "joining the cluster").into_response();
@@ -287,7 +276,7 @@ async fn readyz(State(st): State<AppState>) -> Response {
             .into_response();
     }
     // Open to anyone: the cause goes to the log, not to the answer.
-    match st.store.ping().await {
+    match st.app.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
         // Not a secret, and what an operator must act on: named in the answer.
         Err(e) if e.is_full() => (

@@ -168,6 +168,7 @@ async fn list_notifications(
         },
     };
     let page = st
+        .app
         .store
         .list_notifications(filter, page.to_request()?)
         .await?;
@@ -183,6 +184,7 @@ async fn get_notification(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<NotificationDetail>> {
     let (n, attempts) = st
+        .app
         .store
         .get_notification(id)
         .await?
@@ -203,12 +205,9 @@ async fn retry_notification(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<(StatusCode, ApiJson<NotificationOut>)> {
-    let r = st
-        .store
-        .retry_notification(id.clone(), st.engine.now())
-        .await?;
-    st.dispatcher.deliver(vec![r]);
+    st.app.retry_notification(id.clone()).await?;
     let (n, _) = st
+        .app
         .store
         .get_notification(id)
         .await?
@@ -256,11 +255,6 @@ async fn retry_notifications(
             })?),
         },
     };
-    let refs = st
-        .store
-        .retry_notifications(filter, st.engine.now())
-        .await?;
-    let retried = refs.len();
-    st.dispatcher.deliver(refs);
+    let retried = st.app.retry_notifications(filter).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(ReplayOut { retried })))
 }

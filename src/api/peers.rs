@@ -11,7 +11,7 @@ use crate::cluster::SECRET_HEADER;
 /// Refuses a node-to-node request without the cluster secret (or on a single node).
 /// There is always a secret ([`crate::cluster::trust`]), whatever the API's tokens are.
 pub(super) fn admit(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(c) = &st.cluster else {
+    let Some(c) = &st.app.cluster else {
         return Err(ApiError::not_found("route"));
     };
     let given = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok());

@@ -97,8 +97,8 @@ impl RatesOut {
 #[utoipa::path(get, path = "/v1/fleet/rates", tag = "sensors",
     responses((status = 200, body = RatesOut)))]
 async fn get_rates(State(st): State<AppState>) -> ApiResult<ApiJson<RatesOut>> {
-    let mine = st.recent.last_hour(st.engine.now());
-    let Some(c) = &st.cluster else {
+    let mine = st.recent.last_hour(st.app.now());
+    let Some(c) = &st.app.cluster else {
         return Ok(ApiJson(RatesOut::of(&mine, 1, Vec::new())));
     };
     let end = mine.end;
@@ -163,7 +163,7 @@ pub(super) async fn internal(
     if let Err(e) = super::peers::admit(&st, &headers) {
         return e.into_response();
     }
-    let now = st.engine.now();
+    let now = st.app.now();
     let end = p.end.unwrap_or(bucket_of(now) - 1);
     axum::Json(RatesOut::of(&st.recent.ending(end), 1, Vec::new())).into_response()
 }

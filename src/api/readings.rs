@@ -201,7 +201,8 @@ impl From<&Event> for EventOut {
 
 async fn existing(st: &AppState, id: &str) -> ApiResult<crate::domain::SensorId> {
     let id = parse_sensor_id(id)?;
-    st.store
+    st.app
+        .store
         .get_sensor(id)
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
@@ -221,7 +222,7 @@ async fn sensor_readings(
 ) -> ApiResult<ApiJson<List<ReadingOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
-    let page = st.history.readings(id, range, page).await?;
+    let page = st.app.history.readings(id, range, page).await?;
     Ok(ApiJson(List::from_page(
         page,
         |Stored { row: r, .. }| ReadingOut {
@@ -247,7 +248,7 @@ async fn sensor_events(
 ) -> ApiResult<ApiJson<List<EventOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
-    let page = st.history.events(id, range, page).await?;
+    let page = st.app.history.events(id, range, page).await?;
     Ok(ApiJson(List::from_page(
         page,
         |Stored { row: e, .. }| EventOut::from(&e),

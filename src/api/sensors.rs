@@ -9,9 +9,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
-use crate::domain::{
-    Connection, Sensor, SensorId, SensorStatus, Source, sensor::validate_address, time,
-};
+use crate::domain::{Connection, SensorId, SensorStatus, Source, sensor::validate_address, time};
 use crate::store::SensorView;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -150,20 +148,10 @@ async fn create_sensor(
     let id = SensorId::parse(&body.id)
         .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let sensor = Sensor {
-        id,
-        address: body.address,
-        heartbeat_timeout_s: body.heartbeat_timeout_s,
-        debounce_s: body.debounce_s,
-        created_at: st.engine.now(),
-    };
-    st.store.create_sensor(sensor.clone()).await?;
-    st.engine
-        .upsert_sensor(id, sensor.heartbeat_timeout_s, sensor.debounce_s)
+    let sensor = st
+        .app
+        .create_sensor(id, body.address, body.heartbeat_timeout_s, body.debounce_s)
         .await?;
-    if let Some(c) = &st.cluster {
-        c.registry_changed(id).await;
-    }
     Ok((
         StatusCode::CREATED,
         ApiJson(sensor_out((sensor, SensorStatus::default()))),
@@ -188,12 +176,14 @@ async fn list_sensors(
     };
     let page = match super::search(filter.q.as_deref())? {
         Some(q) => {
-            st.store
+            st.app
+                .store
                 .find_sensors(q, connection, page.to_request()?)
                 .await?
         }
         None => {
-            st.store
+            st.app
+                .store
                 .list_sensors(connection, page.to_request()?)
                 .await?
         }
@@ -210,6 +200,7 @@ async fn get_sensor(
 ) -> ApiResult<ApiJson<SensorOut>> {
     let id = parse_sensor_id(&id)?;
     let view = st
+        .app
         .store
         .get_sensor(id)
         .await?
@@ -241,16 +232,10 @@ async fn replace_sensor(
     }
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
     let view = st
-        .store
+        .app
         .replace_sensor(id, body.address, body.heartbeat_timeout_s, body.debounce_s)
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
-    st.engine
-        .upsert_sensor(id, body.heartbeat_timeout_s, body.debounce_s)
-        .await?;
-    if let Some(c) = &st.cluster {
-        c.registry_changed(id).await;
-    }
     Ok(ApiJson(sensor_out(view)))
 }
 
@@ -263,19 +248,8 @@ async fn delete_sensor(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_sensor_id(&id)?;
-    // The store first: when it fails, the sensor is still whole (registered, tracked, its
-    // readings accepted) and the caller can simply try again. A reading the engine applies
-    // between the two steps is kept nowhere: a commit stores rows of registered sensors only.
-    if !st.history.delete_sensor(id, st.engine.now()).await? {
+    if !st.app.delete_sensor(id).await? {
         return Err(ApiError::not_found("sensor"));
-    }
-    // From here on its readings are rejected as unknown: they queue behind this removal.
-    if let Err(e) = st.engine.remove_sensor(id).await {
-        // Only when the engine is stopping, and then it takes no readings at all.
-        tracing::warn!(sensor = %id, error = %e, "Deleted sensor not removed from the engine.");
-    }
-    if let Some(c) = &st.cluster {
-        c.registry_changed(id).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }

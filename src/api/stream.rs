@@ -96,7 +96,7 @@ fn out(e: &Event) -> StreamEventOut {
     responses((status = 200, description = "server-sent events until the client disconnects",
         content_type = "text/event-stream", body = StreamEventOut)))]
 async fn stream(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    let events = match &st.cluster {
+    let events = match &st.app.cluster {
         None => local(&st),
         Some(c) => {
             let relayed = relay(c.clone(), st.streams_stop.child_token());

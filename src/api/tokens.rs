@@ -267,9 +267,9 @@ async fn create_token(
         name: body.name,
         scopes,
         hash: token::hash(&secret),
-        created_at: st.engine.now(),
+        created_at: st.app.now(),
     };
-    st.store.create_token(t.clone()).await?;
+    st.app.store.create_token(t.clone()).await?;
     st.tokens.insert(&t);
     tracing::info!(token_id = %t.id, name = %t.name, "API token created.");
     Ok((StatusCode::CREATED, ApiJson(token_out(t, Some(secret)))))
@@ -279,7 +279,7 @@ async fn create_token(
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
     responses((status = 200, body = List<TokenOut>)))]
 async fn list_tokens(State(st): State<AppState>) -> ApiResult<ApiJson<List<TokenOut>>> {
-    let items = st.store.list_tokens().await?;
+    let items = st.app.store.list_tokens().await?;
     Ok(ApiJson(List::from_page(
         store::Page { items, next: None },
         |t| token_out(t, None),
@@ -294,7 +294,7 @@ async fn delete_token(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    if !st.store.delete_token(id.clone()).await? {
+    if !st.app.store.delete_token(id.clone()).await? {
         return Err(ApiError::not_found("token"));
     }
     st.tokens.remove(&id);

@@ -602,20 +602,22 @@ impl Http {
         let streams_stop = CancellationToken::new();
         let state = api::AppState {
             config: config.clone(),
-            store: base.store.clone(),
-            engine: core.engine.clone(),
+            app: crate::app::App {
+                store: base.store.clone(),
+                engine: core.engine.clone(),
+                dispatcher: delivery.dispatcher.clone(),
+                history,
+                cluster: base.membership.clone(),
+                follow: core.follow.clone(),
+            },
             ingest: sources.ingest.clone(),
             sources: sources.sources.clone(),
-            dispatcher: delivery.dispatcher.clone(),
-            history,
             metrics,
             accepting: accepting.clone(),
             tokens: followers.tokens.clone(),
             limiter: config
                 .rate_limit
                 .map(|limit| Arc::new(api::limits::Limiter::new(limit))),
-            cluster: base.membership.clone(),
-            follow: core.follow.clone(),
             node: base.node.clone(),
             address: base
                 .address

@@ -1,0 +1,78 @@
+//! Sensors registered, changed and deleted: the store first, then the engine, then the
+//! node of the cluster that serves the sensor.
+
+use super::{App, Result};
+use crate::domain::{Sensor, SensorId};
+use crate::store::SensorView;
+
+impl App {
+    /// Registers a sensor stamped now; the engine tracks it from then on.
+    pub async fn create_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        heartbeat_timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
+    ) -> Result<Sensor> {
+        let sensor = Sensor {
+            id,
+            address,
+            heartbeat_timeout_s,
+            debounce_s,
+            created_at: self.now(),
+        };
+        self.store.create_sensor(sensor.clone()).await?;
+        self.engine
+            .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
+            .await?;
+        self.registry_changed(id).await;
+        Ok(sensor)
+    }
+
+    /// Replaces a sensor's settings (`None`: no such sensor).
+    pub async fn replace_sensor(
+        &self,
+        id: SensorId,
+        address: String,
+        heartbeat_timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
+    ) -> Result<Option<SensorView>> {
+        let Some(view) = self
+            .store
+            .replace_sensor(id, address, heartbeat_timeout_s, debounce_s)
+            .await?
+        else {
+            return Ok(None);
+        };
+        self.engine
+            .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
+            .await?;
+        self.registry_changed(id).await;
+        Ok(Some(view))
+    }
+
+    /// Deletes a sensor with its links, state and history (`false`: no such sensor).
+    pub async fn delete_sensor(&self, id: SensorId) -> Result<bool> {
+        // The store first: when it fails, the sensor is still whole (registered, tracked,
+        // its readings accepted) and the caller can simply try again. A reading the engine
+        // applies between the two steps is kept nowhere: a commit stores rows of
+        // registered sensors only.
+        if !self.history.delete_sensor(id, self.now()).await? {
+            return Ok(false);
+        }
+        // From here on its readings are rejected as unknown: they queue behind this removal.
+        if let Err(e) = self.engine.remove_sensor(id).await {
+            // Only when the engine is stopping, and then it takes no readings at all.
+            tracing::warn!(sensor = %id, error = %e, "Deleted sensor not removed from the engine.");
+        }
+        self.registry_changed(id).await;
+        Ok(true)
+    }
+
+    /// In a cluster, the node serving `id` reads the change now.
+    async fn registry_changed(&self, id: SensorId) {
+        if let Some(c) = &self.cluster {
+            c.registry_changed(id).await;
+        }
+    }
+}
