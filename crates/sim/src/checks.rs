@@ -5,9 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use latch::domain::{EventKind, Millis, SensorId, Source, Status};
+use latch::domain::policy::outranked_by;
+use latch::domain::{EventKind, Millis, Notification, SensorId, Source, Status};
+use latch::store::Retention;
 
-use crate::model::ModelStore;
+use crate::model::{ModelStore, Tables};
 use crate::receivers::{Receivers, lane_key};
 use crate::workload::{Log, SimClient};
 use crate::world::World;
@@ -85,9 +87,14 @@ pub fn at_end(
         // An attempt answered 2xx is recorded delivered (unless its process died or froze
         // before it could say so).
         for tr in &trails {
+            // A client deleted meanwhile: its notifications end cancelled, an attempt in
+            // flight then may have been answered.
+            let deleted = tr.status == Status::Cancelled
+                && t.audit().client_deleted_at(&tr.client_id).is_some();
             if let Some((at, life)) = answered.get(&tr.id)
                 && !log.unsure_lives.contains(life)
                 && tr.status != Status::Delivered
+                && !deleted
             {
                 world.violate(
                     "an attempt answered 2xx is recorded delivered",
@@ -125,7 +132,9 @@ pub fn at_end(
                     continue;
                 }
                 let keys = vec![tr.id.clone(), lane_key(&(c.id.clone(), *sensor))];
-                if tr.status != Status::Delivered {
+                // A dead letter past its retention is gone: no replay brings it back.
+                let expired = tr.status == Status::Failed && tr.deleted_at.is_some();
+                if tr.status != Status::Delivered && !expired {
                     world.violate(
                         "every lane's final state is delivered once faults stop",
                         format!("{}/{sensor}: newest state {} is {}", c.id, tr.id, tr.status.as_str()),
@@ -248,7 +257,16 @@ fn liveness(
                             vec![sensor.to_string()],
                         );
                     }
-                    if let Some(seen) = last_before(at)
+                    // A reading at the deadline's very millisecond that came after it
+                    // was judged: it restores the sensor at that instant.
+                    let restored_then = events
+                        .iter()
+                        .any(|&(k, a, _)| k == EventKind::ConnectionRestored && a == at);
+                    let seen = match restored_then {
+                        true => last_before(at - 1),
+                        false => last_before(at),
+                    };
+                    if let Some(seen) = seen
                         && at - seen < bounds.timeout
                     {
                         world.violate(
@@ -402,4 +420,158 @@ fn broker_link(world: &World, t: &crate::model::Tables, log: &Log, bounds: &Boun
             );
         }
     }
+}
+
+/// A deleted client gets nothing more (README, Guarantees: registry at send time): a
+/// request that starts after its client's deletion committed holds only notifications a
+/// claim leased before it, sent within that lease (one already on its way: it waited for
+/// its client's request slot, or its process was frozen). None made before the deletion
+/// is leased after it.
+pub fn sent_to_deleted(
+    t: &Tables,
+    n: &Notification,
+    now: Millis,
+    claim_lease: Millis,
+) -> Option<(&'static str, String)> {
+    let audit = t.audit();
+    let deleted = audit.client_deleted_at(&n.client_id)?;
+    if deleted > now || n.created_at > deleted {
+        return None;
+    }
+    let trail = audit.trail(&n.id)?;
+    let why = match trail.claims.iter().rev().find(|c| c.0 <= deleted) {
+        _ if trail.claims.iter().any(|c| c.0 > deleted) => "leased again after",
+        None => "never leased before",
+        Some(&(at, _)) if now > at + claim_lease => "leased longer ago than a claim lease before",
+        Some(_) => return None,
+    };
+    Some((
+        "nothing is sent to a deleted client",
+        format!(
+            "sent at {now}, {why} its client {} was deleted at {deleted} (claims {:?})",
+            n.client_id,
+            trail.claims.iter().map(|c| c.0).collect::<Vec<_>>()
+        ),
+    ))
+}
+
+/// After a retention round whose cut-offs are `keep`, made from `from` to `to`: what it
+/// deleted was finished and last changed before its cut-off, and no lane needed it (a
+/// delivered notification while an older one of its lane and kind class is pending: the
+/// supersede rule and a retry's refusal read it); every reading and event within the
+/// window is still stored, and so is every pending notification.
+pub fn retention(world: &World, model: &ModelStore, keep: Retention, from: Millis, to: Millis) {
+    model.read(|t| {
+        let audit = t.audit();
+        let trails: Vec<&crate::model::Trail> = audit.trails().collect();
+        let mut lanes: BTreeMap<(&str, SensorId), Vec<&crate::model::Trail>> = BTreeMap::new();
+        for tr in &trails {
+            lanes
+                .entry((tr.client_id.as_str(), tr.sensor_id))
+                .or_default()
+                .push(tr);
+        }
+        for tr in &trails {
+            let keys = || {
+                vec![
+                    tr.id.clone(),
+                    lane_key(&(tr.client_id.clone(), tr.sensor_id)),
+                ]
+            };
+            let Some(at) = tr.deleted_at.filter(|&at| at >= from && at <= to) else {
+                if tr.deleted_at.is_none() && t.notification(&tr.id).is_none() {
+                    world.violate(
+                        "retention deletes only what is past its time",
+                        format!("{} ({}) is gone from the store", tr.id, tr.status.as_str()),
+                        keys(),
+                    );
+                }
+                continue;
+            };
+            let updated = tr.deleted_updated_at.unwrap_or(tr.created_at);
+            let past = keep
+                .notifications_before
+                .is_some_and(|b| updated < b && tr.created_at < b);
+            if tr.status == Status::Pending || !past {
+                world.violate(
+                    "retention deletes only what is past its time",
+                    format!(
+                        "{} deleted at {at}: {}, last changed at {updated}, cut-off {:?}",
+                        tr.id,
+                        tr.status.as_str(),
+                        keep.notifications_before
+                    ),
+                    keys(),
+                );
+            }
+            // What its lane still needed: a delivered notification outranks an older one of
+            // its lane that failed (a retry of that one is refused while it is stored) or, a
+            // state, an older state pending (a claim of that one supersedes it).
+            if tr.status == Status::Delivered
+                && let Some(older) = lanes[&(tr.client_id.as_str(), tr.sensor_id)]
+                    .iter()
+                    .filter(|o| o.seq < tr.seq && outranked_by(o.kind).contains(&tr.kind))
+                    .filter(|o| o.deleted_at.is_none_or(|d| d > at))
+                    .find(|o| match status_at(o, at) {
+                        Status::Failed => true,
+                        Status::Pending => o.kind == EventKind::StateChanged,
+                        _ => false,
+                    })
+            {
+                world.violate(
+                    "retention keeps what a lane still needs",
+                    format!(
+                        "{} ({}, delivered) deleted at {at} while the older {} ({}) was {}",
+                        tr.id,
+                        tr.kind.as_str(),
+                        older.id,
+                        older.kind.as_str(),
+                        status_at(older, at).as_str()
+                    ),
+                    keys(),
+                );
+            }
+        }
+        if let Some(before) = keep.history_before {
+            let readings: BTreeSet<i64> = t.readings().map(|(id, _)| id).collect();
+            if let Some(r) = audit
+                .readings()
+                .iter()
+                .find(|r| r.row.ts >= before && !readings.contains(&r.id))
+            {
+                world.violate(
+                    "retention keeps the history within its window",
+                    format!(
+                        "reading {} of {} at {} deleted (cut-off {before})",
+                        r.id, r.row.sensor_id, r.row.ts
+                    ),
+                    vec![r.row.sensor_id.to_string()],
+                );
+            }
+            let events: BTreeSet<i64> = t.events().map(|(id, _)| id).collect();
+            if let Some(e) = audit
+                .events()
+                .iter()
+                .find(|e| e.row.at >= before && !events.contains(&e.id))
+            {
+                world.violate(
+                    "retention keeps the history within its window",
+                    format!(
+                        "event {} of {} at {} deleted (cut-off {before})",
+                        e.id, e.row.sensor_id, e.row.at
+                    ),
+                    vec![e.row.sensor_id.to_string()],
+                );
+            }
+        }
+    });
+}
+
+/// A notification's status at `at`, from its trail.
+fn status_at(tr: &crate::model::Trail, at: Millis) -> Status {
+    tr.changes
+        .iter()
+        .rev()
+        .find(|c| c.at <= at)
+        .map_or(Status::Pending, |c| c.to)
 }

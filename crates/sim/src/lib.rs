@@ -177,6 +177,10 @@ fn settings(cluster: bool) -> Config {
     c.cluster_partitions = Some(8);
     c.cluster_secret = Some("simulation".into());
     c.database_timeout = Duration::from_secs(5);
+    // Short, so a run of a minute and a half sees its rows go: a finished notification
+    // lives five seconds, history fifteen (the workload runs the rounds).
+    c.retention_notifications = Duration::from_secs(5);
+    c.retention_readings = Duration::from_secs(15);
     if cluster {
         c.database_url = Some("postgres://simulated".into());
     }
@@ -215,6 +219,11 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
                 })
                 .unwrap_or_default()
         })
+    }));
+    let vetting = model.clone();
+    let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
+    *receivers.vet.lock().unwrap() = Some(Arc::new(move |n: &latch::domain::Notification, now| {
+        vetting.read(|t| checks::sent_to_deleted(t, n, now, claim_lease))
     }));
     let names: Vec<&str> = ["n1", "n2", "n3"][..nodes_n].to_vec();
     let nodes = Nodes::new(
@@ -257,6 +266,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         })
         .collect();
     let lease = config.lease().as_millis() as Millis;
+    let next_client = clients.len();
     let mut w = Workload {
         world: world.clone(),
         model: model.clone(),
@@ -270,6 +280,9 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         lease,
         cluster,
         calm,
+        next_client,
+        gone: Vec::new(),
+        retention: latch::history::retention::Settings::from_config(&config),
     };
     if let Err(e) = w.register().await {
         world.violate("the fleet registers", e.to_string(), Vec::new());
@@ -390,6 +403,8 @@ async fn heal(
             w.replay_all().await;
             replays += 1;
         }
+        // Upkeep goes on while everything settles: it must not hold up what is pending.
+        w.retention().await;
         tokio::time::sleep(Duration::from_millis(1_000)).await;
     }
     healed_at

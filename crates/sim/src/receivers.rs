@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use latch::delivery::attempt::{AttemptResult, Failure};
 use latch::delivery::transport::Transport;
-use latch::domain::{EventKind, Millis, Sendable, SensorId};
+use latch::domain::{EventKind, Millis, Notification, Sendable, SensorId};
 
 use crate::world::{Life, World, alive};
 
@@ -70,12 +70,18 @@ struct Seen {
 /// Says what the store holds of a notification's lease, for the trace.
 pub type LeaseOf = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
+/// Judges a notification a request holds against what the store did (its client's
+/// deletion): the invariant it breaks and why, if it may not be sent now.
+pub type Vet = Arc<dyn Fn(&Notification, Millis) -> Option<(&'static str, String)> + Send + Sync>;
+
 /// Every endpoint of the simulation.
 pub struct Receivers {
     world: Arc<World>,
     seen: Mutex<Seen>,
     /// What the store says of a notification (its lease), for the trace of a request.
     pub lease_of: Mutex<Option<LeaseOf>>,
+    /// What the store says of whether a notification may be sent now.
+    pub vet: Mutex<Option<Vet>>,
     /// The dispatcher's delivery timeout.
     timeout: Duration,
 }
@@ -86,6 +92,7 @@ impl Receivers {
             world,
             seen: Mutex::new(Seen::default()),
             lease_of: Mutex::new(None),
+            vet: Mutex::new(None),
             timeout,
         })
     }
@@ -177,7 +184,11 @@ impl Receivers {
                     keys.clone(),
                 ));
             }
+            // A notification answered 2xx before comes again after a process died before
+            // its outcome was written (README: it goes again, same `webhook-id`): a
+            // duplicate the receiver drops by that id, not an older state after a newer.
             if !seen.replayed.contains(&n.id)
+                && !seen.answered_ok.contains_key(&n.id)
                 && let Some(&newest) =
                     seen.delivered_seq
                         .get(&(lane.0.clone(), lane.1, class(n.kind)))
@@ -231,6 +242,15 @@ impl Receivers {
             .and_then(|s| seen.modes.get(&s.notification.client_id).copied())
             .unwrap_or(Mode::Fast);
         drop(seen);
+        if let Some(vet) = self.vet.lock().unwrap().clone() {
+            for s in sends {
+                let n = &s.notification;
+                if let Some((inv, why)) = vet(n, now) {
+                    let keys = vec![n.id.clone(), lane_key(&(n.client_id.clone(), n.sensor_id))];
+                    problems.push((inv, format!("{} from {node}: {why}", n.id), keys));
+                }
+            }
+        }
         let what: Vec<String> = sends
             .iter()
             .map(|s| {

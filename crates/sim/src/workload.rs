@@ -1,6 +1,6 @@
 //! What happens to the fleet during a run, step by step, drawn from the seed: readings
 //! (changes, repeats, late ones, silences), clients and links added and removed,
-//! subscriptions, batches, rate limits, replays; and the faults — endpoints that slow
+//! subscriptions, batches, rate limits, replays, retention rounds; and the faults — endpoints that slow
 //! down, hang, fail or cut, nodes that join, stop, die, freeze and thaw, the store
 //! failing or slow, a broker link going down.
 //!
@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use latch::domain::client::{Batch, Client, effective_batch, generate_secret};
 use latch::domain::{Millis, Reading, Sensor, SensorId, Source};
-use latch::store::{Outbox, Registry, ReplayFilter};
+use latch::history::retention::{self, Settings as RetentionSettings};
+use latch::store::{Outbox, Registry, ReplayFilter, Retention};
 
 use crate::faults::{Kind, StoreFaults};
 use crate::nodes::{Nodes, State};
@@ -81,7 +82,17 @@ pub struct Workload {
     /// A calm run: only the endpoints fail (no node, store or broker link faults), so the
     /// whole run is quiet time in which isolation and prompt liveness are asked for.
     pub calm: bool,
+    /// The number the next client created gets (`c{n}`): as the API's ids, never one a
+    /// deleted client had.
+    pub next_client: usize,
+    /// The receivers (URLs) of clients deleted so far: a new client may take one over.
+    pub gone: Vec<String>,
+    /// The run's retention (short, so a run of a minute sees rows go).
+    pub retention: RetentionSettings,
 }
+
+/// Clients a run holds at most: one created mid-run needs room to be.
+const MAX_CLIENTS: usize = 7;
 
 impl Workload {
     /// A node to send through: a running one, drawn.
@@ -161,6 +172,9 @@ impl Workload {
             72..78 => self.node_fault().await,
             78..80 => self.store_fault(),
             80..81 => self.link(),
+            81..83 => self.add_client().await,
+            83..85 => self.delete_client().await,
+            85..88 => self.retention().await,
             _ => {}
         }
     }
@@ -335,6 +349,145 @@ impl Workload {
                 c.links.remove(&sensor);
             }
         }
+    }
+
+    /// A client is created as the API creates one (the store, then the entry node's
+    /// dispatcher told its rate limit and batching), with settings drawn, and linked to
+    /// some sensors one call each. A call whose answer never came may have landed: what
+    /// the run knows is what the store holds after it.
+    async fn add_client(&mut self) {
+        if self.clients.len() >= MAX_CLIENTS {
+            return;
+        }
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let id = format!("c{}", self.next_client);
+        self.next_client += 1;
+        let w = &self.world;
+        // An operator re-creates a deleted client: a new id on the same receiver. The
+        // checks go by client id, so the old client's requests still in flight there and
+        // its history never count as the new one's.
+        let url = match self.gone.is_empty() || !w.chance(0.3) {
+            true => format!("https://{id}.example/hook"),
+            false => self.gone[w.between(0, self.gone.len() as u64) as usize].clone(),
+        };
+        let client = Client {
+            id: id.clone(),
+            name: id.clone(),
+            url,
+            secret: generate_secret(),
+            created_at: engine.now(),
+            rate_limit: w.chance(0.2).then(|| w.between(1, 20) as u32),
+            events: w
+                .chance(0.3)
+                .then(|| vec!["sensor.state_changed".to_string()]),
+            batch: w.chance(0.3).then(|| Batch {
+                max_events: w.between(1, 6) as u32,
+                max_wait_ms: w.between(0, 800) as u32,
+            }),
+            ..Client::default()
+        };
+        let result = store.create_client(client.clone()).await;
+        if result.is_ok() {
+            dispatcher.set_rate_limit(&client.id, client.rate_limit);
+            dispatcher.set_batch(&client.id, effective_batch(client.batch, &client.url));
+        }
+        let made = self.model.read(|t| t.clients().any(|c| c.client.id == id));
+        self.world.trace(format!(
+            "create client {id} via {node} at {}: batch {:?} rate {:?} events {:?}: {:?}{}",
+            client.url,
+            client.batch,
+            client.rate_limit,
+            client.events,
+            result.err().map(|e| e.to_string()),
+            if made { "" } else { ", not made" }
+        ));
+        if !made {
+            return;
+        }
+        let mut sim = SimClient {
+            id: id.clone(),
+            healthy: false,
+            links: BTreeMap::new(),
+        };
+        for si in 0..self.sensors.len() {
+            if !self.world.chance(0.6) {
+                continue;
+            }
+            let sensor = self.sensors[si].id;
+            let now = self.world.now();
+            let result = store.link(id.clone(), sensor, now).await;
+            let linked = self
+                .model
+                .read(|t| t.links().any(|(c, s)| c == id && s == sensor));
+            self.world.trace(format!(
+                "{} {id}/{sensor}: {:?}",
+                if linked { "link" } else { "unlink" },
+                result.err().map(|e| e.to_string())
+            ));
+            if linked {
+                sim.links.insert(sensor, now);
+            }
+        }
+        self.clients.push(sim);
+    }
+
+    /// A client is deleted as the API deletes one: the store cancels its pending
+    /// notifications and its links; nothing tells a dispatcher (each claim reads the
+    /// registry). Never the healthy one (the yardstick of isolation).
+    async fn delete_client(&mut self) {
+        let faultable: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| !self.clients[i].healthy)
+            .collect();
+        if faultable.is_empty() {
+            return;
+        }
+        let ci = faultable[self.world.between(0, faultable.len() as u64) as usize];
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, _)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let id = self.clients[ci].id.clone();
+        let url = self.model.read(|t| {
+            t.clients()
+                .find(|c| c.client.id == id)
+                .map(|c| c.client.url.clone())
+        });
+        let result = store.delete_client(id.clone(), engine.now()).await;
+        let gone = !self.model.read(|t| t.clients().any(|c| c.client.id == id));
+        self.world.trace(format!(
+            "delete client {id} via {node}: {:?}{}",
+            result.err().map(|e| e.to_string()),
+            if gone { "" } else { ", still there" }
+        ));
+        if gone {
+            self.clients.remove(ci);
+            self.gone.extend(url);
+        }
+    }
+
+    /// A retention round, as the store's upkeep runs it on a node (`retention::round`),
+    /// with the run's short retention; what it deleted is checked at once.
+    pub async fn retention(&mut self) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, _)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let now = engine.now();
+        let from = self.world.now();
+        let pruned = retention::round(&*store, None, self.retention, now).await;
+        self.world.trace(format!(
+            "retention via {node}: {} notifications, {} attempts, {} readings, {} events deleted",
+            pruned.notifications, pruned.attempts, pruned.readings, pruned.events
+        ));
+        let before = |d: Option<Duration>| d.map(|d| now - d.as_millis() as Millis);
+        let keep = Retention {
+            history_before: before(self.retention.readings),
+            notifications_before: before(self.retention.notifications),
+        };
+        crate::checks::retention(&self.world, &self.model, keep, from, self.world.now());
     }
 
     /// Reads a client, changes it with `f` and writes it back, then tells the entry node's

@@ -50,6 +50,11 @@ pub struct Trail {
     pub attempts: Vec<Attempt>,
     /// When retention deleted it (finished, and old enough).
     pub deleted_at: Option<Millis>,
+    /// Its row's `updated_at` (its last change, as the caller dated it) when retention
+    /// deleted it: what retention judges its age by.
+    pub deleted_updated_at: Option<Millis>,
+    /// Each claim that leased it: when, and to which node.
+    pub claims: Vec<(Millis, Arc<str>)>,
 }
 
 /// A notification that left a final status other than by a manual retry of a failed one.
@@ -97,6 +102,8 @@ pub struct Audit {
     trails: BTreeMap<i64, Trail>,
     seq_of: BTreeMap<String, i64>,
     violations: Vec<Violation>,
+    /// Each client deletion that found its client: the client and when it committed.
+    deleted_clients: Vec<(String, Millis)>,
     readings: Vec<Stored<ReadingRecord>>,
     events: Vec<Stored<Event>>,
 }
@@ -119,6 +126,8 @@ impl Audit {
                 changes: Vec::new(),
                 attempts: Vec::new(),
                 deleted_at: None,
+                deleted_updated_at: None,
+                claims: Vec::new(),
             },
         );
     }
@@ -156,9 +165,22 @@ impl Audit {
         }
     }
 
-    pub(crate) fn deleted(&mut self, cx: &Cx, seq: i64) {
+    /// A claim leased it to `cx.node`.
+    pub(crate) fn claimed(&mut self, cx: &Cx, seq: i64) {
         if let Some(t) = self.trails.get_mut(&seq) {
+            t.claims.push((cx.now, cx.node.clone()));
+        }
+    }
+
+    /// Client `id` was deleted (it existed).
+    pub(crate) fn client_deleted(&mut self, cx: &Cx, id: &str) {
+        self.deleted_clients.push((id.to_string(), cx.now));
+    }
+
+    pub(crate) fn deleted(&mut self, cx: &Cx, n: &Notification) {
+        if let Some(t) = self.trails.get_mut(&n.seq) {
             t.deleted_at = Some(cx.now);
+            t.deleted_updated_at = Some(n.updated_at);
         }
     }
 
@@ -177,6 +199,15 @@ impl Audit {
 
     pub fn trail(&self, id: &str) -> Option<&Trail> {
         self.trails.get(self.seq_of.get(id)?)
+    }
+
+    /// When the last deletion of client `id` committed, if it was deleted.
+    pub fn client_deleted_at(&self, id: &str) -> Option<Millis> {
+        self.deleted_clients
+            .iter()
+            .rev()
+            .find(|(c, _)| c == id)
+            .map(|(_, at)| *at)
     }
 
     /// Every change out of a final status, in the order they happened.

@@ -148,6 +148,7 @@ impl Tables {
                 r.claimed_by = Some(node.to_string());
                 r.lease_until = Some(lease_until);
                 r.notification.batch_id = None;
+                self.audit.claimed(cx, seq);
             }
         }
         // A batch's heads left pending now are unmarked with those left out (`ClaimBatch`);

@@ -169,6 +169,9 @@ impl Tables {
     /// backends cancel whether or not the client was there).
     pub(super) fn delete_client(&mut self, cx: &Cx, id: &str, now: Millis) -> bool {
         let found = self.clients.remove(id).is_some();
+        if found {
+            self.audit.client_deleted(cx, id);
+        }
         self.links.retain(|(_, c)| c != id);
         self.cancel_pending(cx, now, |n| n.client_id == id);
         found

@@ -237,7 +237,7 @@ impl Tables {
                     self.lanes.remove(&key);
                 }
             }
-            self.audit.deleted(cx, seq);
+            self.audit.deleted(cx, &n);
             ids.insert(n.id);
         }
         let before = self.attempts.len();
