@@ -288,10 +288,14 @@ impl Lanes {
                     if keys.contains(&lane) {
                         continue;
                     }
-                    if let Some(head) = self.lanes.get_mut(&lane).and_then(|l| l.queue.front_mut())
-                        && head.id == nid
+                    // Perhaps no longer its lane's head: an older notification replayed
+                    // meanwhile goes first, and this one after it, in a batch of its own.
+                    if let Some(e) = self
+                        .lanes
+                        .get_mut(&lane)
+                        .and_then(|l| l.queue.iter_mut().find(|e| e.id == nid))
                     {
-                        head.batch = None;
+                        e.batch = None;
                     }
                     left_out.push(nid);
                 }

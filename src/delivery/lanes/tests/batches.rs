@@ -370,3 +370,46 @@ fn heads_waiting_for_a_rate_slot_gather_once_their_client_batches() {
     );
     assert_eq!(h.core.pending(), 0);
 }
+
+#[test]
+fn a_head_an_older_replay_went_before_leaves_its_batch_for_good() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    h.batching(10, 0);
+    let a = h.notify(0, 0, EventKind::ConnectionLost);
+    let b = h.notify(0, 1, EventKind::ConnectionLost);
+    let out = h.batches().remove(0);
+    let first = out.id.clone();
+    h.answer_batch(out, 500);
+    // A failed notification of sensor 0, older than `a`, is replayed: it goes first.
+    let outcomes = h.core.add(vec![back("old", 0, 0, h.now)], h.now);
+    h.written(outcomes);
+    h.now += 2_000;
+    let mut out = h.batches();
+    let at = out
+        .iter()
+        .position(|b| b.id == first)
+        .expect("the batch went again");
+    let again = out.remove(at);
+    assert_eq!(
+        ids(&again),
+        [b.clone()],
+        "without the head the replay went before"
+    );
+    assert_eq!(again.left_out, [a.clone()]);
+    // The batch fails again; the replayed one is delivered.
+    h.answer_batch(again, 500);
+    for o in out {
+        h.answer_batch(o, 200);
+    }
+    // `a` follows the replayed one, never under the id of requests it was left out of.
+    h.now += 2_000;
+    let out = h.batches();
+    let with_a = out
+        .iter()
+        .find(|o| ids(o).contains(&a))
+        .expect("a goes out");
+    assert_ne!(
+        with_a.id, first,
+        "a batch's retry holds only what it held before"
+    );
+}
