@@ -100,13 +100,16 @@ impl Lanes {
         lane.busy = false;
         lane.parked = false;
         lane.out = false;
-        // A state notification waits behind the head: an attempt that failed is then
-        // superseded rather than retried (the policy decides).
+        // A newer state notification waits behind the head: an attempt that failed is then
+        // superseded rather than retried (the policy decides). An older one behind it (a
+        // replay or a sweep queued it behind the head in flight) supersedes nothing: the
+        // lane is put back in order and the head is tried again after it.
+        let head_seq = lane.queue.front().map(|h| h.seq);
         let state_behind = lane
             .queue
             .iter()
             .skip(1)
-            .any(|e| e.kind == EventKind::StateChanged);
+            .any(|e| e.kind == EventKind::StateChanged && Some(e.seq) > head_seq);
         let Some(head) = lane.queue.front_mut() else {
             self.lanes.remove(&d.lane);
             return outcome;

@@ -235,3 +235,31 @@ fn a_head_claimed_again_after_a_failed_claim_is_not_given_back_while_it_is_out()
     assert_eq!(leaving.len(), 1);
     assert!(given_back.is_empty(), "a lease in use is not given back");
 }
+
+#[test]
+fn an_older_state_queued_behind_a_head_in_flight_does_not_supersede_it() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    h.seq = 10;
+    let head = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    assert_eq!(out.len(), 1);
+    // An older failed state of the lane is replayed while the head is out.
+    let older = NotificationRef {
+        id: "older".into(),
+        seq: 1,
+        client_id: "client0".into(),
+        sensor_id: sensor(0),
+        kind: EventKind::StateChanged,
+        due_at: h.now,
+        attempts: 0,
+        batch_id: None,
+    };
+    let outcomes = h.core.add(vec![older], h.now);
+    h.written(outcomes);
+    h.finish(out[0].clone(), answer(500, h.now));
+    assert!(
+        matches!(h.verdicts(&head)[..], [Verdict::Retry { .. }]),
+        "the newest state is tried again, not superseded by an older one: {:?}",
+        h.verdicts(&head)
+    );
+}
