@@ -27,7 +27,12 @@ impl App {
     /// Deletes a client and its links; its pending notifications end cancelled (`false`:
     /// no such client).
     pub async fn delete_client(&self, id: String) -> Result<bool> {
-        Ok(self.store.delete_client(id, self.now()).await?)
+        if !self.store.delete_client(id.clone(), self.now()).await? {
+            return Ok(false);
+        }
+        // What is claimed but not yet sent goes back: nothing starts to it from here on.
+        self.dispatcher.client_gone(&id);
+        Ok(true)
     }
 
     /// Enables a client: its lanes parked while it was disabled go again, with its pending

@@ -243,6 +243,14 @@ impl Dispatcher {
         let _ = self.tx.send(Cmd::Moved(moved));
     }
 
+    /// A client was deleted: heads of its lanes claimed but still waiting for a request
+    /// slot are withdrawn (their leases go back, and the next claim finds the client gone
+    /// and cancels them), so nothing starts to it after its deletion. An attempt already
+    /// sent ends as it goes.
+    pub fn client_gone(&self, client_id: &str) {
+        let _ = self.tx.send(Cmd::ClientGone(Arc::from(client_id)));
+    }
+
     /// What this dispatcher holds of `client`'s lanes, in words: for a person reading why
     /// something did not go (the simulation prints it beside a failure).
     pub async fn describe(&self, client: &str) -> String {
@@ -413,6 +421,8 @@ enum Cmd {
     Batch(Arc<str>, Option<crate::domain::client::Batch>),
     /// Sensors no longer served here ([`Dispatcher::moved`]).
     Moved(Serves),
+    /// A client was deleted ([`Dispatcher::client_gone`]).
+    ClientGone(Arc<str>),
     /// The recorder wrote the outcomes of these notifications.
     Recorded(Vec<String>),
     /// What the lanes hold of a client ([`Dispatcher::describe`]).
@@ -577,6 +587,7 @@ impl Core {
                     | Cmd::Rate(..)
                     | Cmd::Batch(..)
                     | Cmd::Moved(_)
+                    | Cmd::ClientGone(_)
                     | Cmd::Granted(..)
                     | Cmd::Recorded(_)
                     | Cmd::StillDisabled(_)
@@ -606,6 +617,13 @@ impl Core {
                     }
                 }
                 self.record(given_back);
+            }
+            Cmd::ClientGone(client) => {
+                for (lane, withdraw) in &self.withdraw {
+                    if lane.0 == client {
+                        withdraw.cancel();
+                    }
+                }
             }
             Cmd::Done(d) => self.finish(*d, self.clock.now()),
             Cmd::BatchDone(b) => self.finish_batch(*b, self.clock.now()),

@@ -125,3 +125,51 @@ fn one(a: Admission) -> Admitted {
         Admission::Batch(b) => panic!("a batch of {} was admitted", b.batch.members.len()),
     }
 }
+
+/// A deleted client's heads handed to the claimer but not sent are withdrawn; another
+/// client's are not.
+#[test]
+fn a_deleted_clients_admitted_heads_are_withdrawn() {
+    let settings = settings(Clock::manual(0));
+    let (rec_tx, _outcomes) = mpsc::unbounded_channel();
+    let (claims_tx, mut claims) = mpsc::unbounded_channel();
+    let mut core = Core::new(
+        &settings,
+        rec_tx,
+        claims_tx,
+        false,
+        CancellationToken::new(),
+    );
+    let now = 1_800_000_000_000;
+    let refs = ["gone", "kept"]
+        .into_iter()
+        .enumerate()
+        .map(|(n, client)| NotificationRef {
+            id: ulid::Ulid::new().to_string(),
+            seq: n as i64,
+            client_id: client.into(),
+            sensor_id: SensorId::parse("s1").unwrap(),
+            kind: EventKind::StateChanged,
+            due_at: now,
+            attempts: 0,
+            batch_id: None,
+        })
+        .collect();
+    core.add(refs, now);
+    core.lanes.fire_timers(now);
+    core.pump();
+    let mut out = Vec::new();
+    while let Ok(a) = claims.try_recv() {
+        out.push(one(a));
+    }
+    assert_eq!(out.len(), 2);
+    core.handle(Cmd::ClientGone(Arc::from("gone")));
+    for a in &out {
+        assert_eq!(
+            a.withdrawn.is_cancelled(),
+            &*a.lane.0 == "gone",
+            "{}",
+            a.lane.0
+        );
+    }
+}

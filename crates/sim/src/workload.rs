@@ -434,9 +434,10 @@ impl Workload {
         self.clients.push(sim);
     }
 
-    /// A client is deleted as the API deletes one: the store cancels its pending
-    /// notifications and its links; nothing tells a dispatcher (each claim reads the
-    /// registry). Never the healthy one (the yardstick of isolation).
+    /// A client is deleted as the API deletes one (`App::delete_client`): the store
+    /// cancels its pending notifications and its links, then the entry node's dispatcher
+    /// withdraws what it claimed for the client but has not sent (other nodes' claims
+    /// read the registry). Never the healthy one (the yardstick of isolation).
     async fn delete_client(&mut self) {
         let faultable: Vec<usize> = (0..self.clients.len())
             .filter(|&i| !self.clients[i].healthy)
@@ -446,7 +447,7 @@ impl Workload {
         }
         let ci = faultable[self.world.between(0, faultable.len() as u64) as usize];
         let Some(node) = self.entry() else { return };
-        let Some((engine, store, _)) = self.nodes.entry(&node) else {
+        let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
             return;
         };
         let id = self.clients[ci].id.clone();
@@ -456,6 +457,9 @@ impl Workload {
                 .map(|c| c.client.url.clone())
         });
         let result = store.delete_client(id.clone(), engine.now()).await;
+        if matches!(result, Ok(true)) {
+            dispatcher.client_gone(&id);
+        }
         let gone = !self.model.read(|t| t.clients().any(|c| c.client.id == id));
         self.world.trace(format!(
             "delete client {id} via {node}: {:?}{}",
