@@ -392,10 +392,10 @@ fn a_head_an_older_replay_went_before_leaves_its_batch_for_good() {
     let again = out.remove(at);
     assert_eq!(
         ids(&again),
-        [b.clone()],
+        std::slice::from_ref(&b),
         "without the head the replay went before"
     );
-    assert_eq!(again.left_out, [a.clone()]);
+    assert_eq!(again.left_out, std::slice::from_ref(&a));
     // The batch fails again; the replayed one is delivered.
     h.answer_batch(again, 500);
     for o in out {
