@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::attempt::AttemptResult;
 use crate::config::{Config, RetryPolicyKind};
 use crate::domain::Millis;
 
@@ -87,6 +88,34 @@ pub fn parse_retry_after(v: &str, now: Millis) -> Option<Duration> {
         .ok()?
         .timestamp_millis();
     u64::try_from(at - now).ok().map(Duration::from_millis)
+}
+
+/// When a failed attempt goes again.
+pub(super) enum RetryAt {
+    /// After the retry policy's delay for its attempts, spread by this draw in `[0, 1)`
+    /// (or what the receiver asked for with `Retry-After`).
+    Jittered(f64),
+    /// Then: a batch's heads go again together.
+    At(Millis),
+}
+
+impl RetryPolicy {
+    /// When a failed attempt, the `attempts`-th, answered `result`, is tried again: after
+    /// the policy's delay spread by `jitter`, or what the receiver asked for with
+    /// `Retry-After`.
+    pub(super) fn retry_time(
+        &self,
+        attempts: u32,
+        result: &AttemptResult,
+        jitter: f64,
+        now: Millis,
+    ) -> Millis {
+        let delay = match result.retry_after {
+            Some(asked) => self.retry_after(asked),
+            None => self.jittered(attempts, jitter),
+        };
+        now + delay.as_millis() as Millis
+    }
 }
 
 #[cfg(test)]

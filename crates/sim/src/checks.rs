@@ -9,9 +9,9 @@ use latch::domain::policy::outranked_by;
 use latch::domain::{EventKind, Millis, Notification, SensorId, Source, Status};
 use latch::store::Retention;
 
+use crate::log::{Log, SimClient};
 use crate::model::{ModelStore, Tables};
 use crate::receivers::{Receivers, lane_key};
-use crate::workload::{Log, SimClient};
 use crate::world::World;
 
 /// What the checks know of the run's settings.

@@ -17,6 +17,7 @@
 
 pub mod checks;
 pub mod faults;
+pub mod log;
 pub mod model;
 pub mod nodes;
 pub mod power;
@@ -33,10 +34,11 @@ use latch::domain::{Millis, SensorId, Source};
 
 use crate::checks::Bounds;
 use crate::faults::StoreFaults;
+use crate::log::{Log, SimClient};
 use crate::model::{Mode, ModelStore};
 use crate::nodes::{Nodes, State};
 use crate::receivers::Receivers;
-use crate::workload::{Log, SimClient, SimSensor, Workload};
+use crate::workload::{SimSensor, Workload};
 use crate::world::{Violation, World};
 
 /// Where every run's clock starts (2030-03-17), so traces show times from here.

@@ -17,6 +17,7 @@ use latch::history::retention::{self, Settings as RetentionSettings};
 use latch::store::{Outbox, Registry, ReplayFilter, Retention};
 
 use crate::faults::{Kind, StoreFaults};
+use crate::log::{Log, SimClient};
 use crate::nodes::{Nodes, State};
 use crate::receivers::{Mode, Receivers};
 use crate::world::World;
@@ -33,35 +34,6 @@ pub struct SimSensor {
     pub source: Source,
     /// The device time of its last reading.
     pub last_ts: Millis,
-}
-
-/// A client as the workload drives it.
-#[derive(Debug, Clone)]
-pub struct SimClient {
-    pub id: String,
-    pub healthy: bool,
-    /// When each sensor was last linked to it (linked now).
-    pub links: BTreeMap<SensorId, Millis>,
-}
-
-/// What the checks need of the run beside the store: acknowledged readings, when faults
-/// were active, and the broker links' changes.
-#[derive(Default)]
-pub struct Log {
-    /// Readings answered accepted: sensor and data, in the order acknowledged.
-    pub acked: Vec<(SensorId, bool, Millis)>,
-    /// Readings answered accepted: sensor, how it came in, and when the entry node took it
-    /// (its `received_at`, unless forwarded to an owner that took it later).
-    pub heard: Vec<(SensorId, Source, Millis)>,
-    /// Each change of the AMQP broker link: when, and whether it came up (filled in from
-    /// the nodes' record once the run has healed).
-    pub links: Vec<(Millis, bool)>,
-    /// Periods in which something beyond the endpoints was faulted (a node, the store, a
-    /// link): isolation and prompt liveness are only asked of the quiet time between.
-    pub troubled: Vec<(Millis, Millis)>,
-    /// Lives of processes that were killed or frozen after they answered: their
-    /// outcomes may be lost or come too late.
-    pub unsure_lives: BTreeSet<String>,
 }
 
 /// The run's moving parts.

@@ -6,19 +6,10 @@ use std::sync::Arc;
 use super::batches::Batching;
 use super::{Done, Entry, Finished, LaneKey, Lanes, PARK_RECHECK_MS, shrink};
 use crate::delivery::attempt::AttemptResult;
-use crate::delivery::retry::RetryPolicy;
+use crate::delivery::retry::{RetryAt, RetryPolicy};
 use crate::domain::policy::{self, Attempted};
 use crate::domain::{Attempt, EventKind, Millis, Outcome, Status, Verdict};
 use crate::telemetry::families;
-
-/// When a failed attempt goes again.
-pub(in crate::delivery) enum RetryAt {
-    /// After the retry policy's delay for its attempts, spread by this draw in `[0, 1)`
-    /// (or what the receiver asked for with `Retry-After`).
-    Jittered(f64),
-    /// Then: a batch's heads go again together.
-    At(Millis),
-}
 
 impl Lanes {
     /// Takes what came of an admitted head: the head leaves its lane, waits for a retry,
@@ -239,7 +230,7 @@ fn attempted(head: &mut Entry, result: AttemptResult, cx: Context<'_>) -> (bool,
     let attempts = head.attempts + 1;
     let next_at = match cx.retry_at {
         RetryAt::At(at) => at,
-        RetryAt::Jittered(j) => retry_time(cx.policy, attempts, &result, j, cx.now),
+        RetryAt::Jittered(j) => cx.policy.retry_time(attempts, &result, j, cx.now),
     };
     let verdict = policy::verdict(
         Attempted {
@@ -283,22 +274,6 @@ fn attempted(head: &mut Entry, result: AttemptResult, cx: Context<'_>) -> (bool,
         _ => true,
     };
     (done, outcome)
-}
-
-/// When a failed attempt, the `attempts`-th, answered `result`, is tried again: after the
-/// policy's delay spread by `jitter`, or what the receiver asked for with `Retry-After`.
-pub(super) fn retry_time(
-    policy: &RetryPolicy,
-    attempts: u32,
-    result: &AttemptResult,
-    jitter: f64,
-    now: Millis,
-) -> Millis {
-    let delay = match result.retry_after {
-        Some(asked) => policy.retry_after(asked),
-        None => policy.jittered(attempts, jitter),
-    };
-    now + delay.as_millis() as Millis
 }
 
 /// Counts an attempt, its duration, the status it left its notification in and, once

@@ -17,8 +17,8 @@
 use crate::hashing::FastMap as HashMap;
 use std::sync::Arc;
 
-use super::answer::RetryAt;
 use super::{Done, Finished, LaneKey, Lanes, Token};
+use crate::delivery::retry::RetryAt;
 use crate::domain::client::Batch;
 use crate::domain::{Millis, Outcome};
 
@@ -383,7 +383,7 @@ impl Lanes {
         }
         // Only heads that were attempted are retried, so with none the time is unused.
         let retry_at = answer.map_or(now, |result| {
-            super::answer::retry_time(&self.policy, tried.max(1), result, jitter, now)
+            self.policy.retry_time(tried.max(1), result, jitter, now)
         });
         let mut outcomes = Vec::new();
         for d in dones {

@@ -15,7 +15,16 @@ use std::sync::Arc;
 use latch::domain::{Attempt, Event, EventKind, Millis, Notification, SensorId, Status};
 use latch::store::{ReadingRecord, Stored};
 
-use super::tables::Cx;
+/// What a call runs with: the database's clock at the moment it is applied (the model's
+/// [`latch::clock::Clock`]), and who made it, for the audit.
+#[derive(Debug, Clone)]
+pub(crate) struct Cx {
+    /// "Database now": what the backends read from their own clock (`now()` on
+    /// PostgreSQL, leases, heartbeats, rate grants, registry changes).
+    pub now: Millis,
+    pub node: Arc<str>,
+    pub op: &'static str,
+}
 
 /// One change of a notification's status.
 #[derive(Debug, Clone, PartialEq)]

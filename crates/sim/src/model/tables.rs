@@ -7,7 +7,6 @@
 //! under the model's lock, so nothing of a call is ever half written or pending.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use latch::domain::client::Health;
 use latch::domain::partition::Partitioning;
@@ -20,17 +19,7 @@ use latch::domain::{
 use latch::store::{ReadingRecord, SensorRuntime, SensorView};
 
 use super::audit::Audit;
-
-/// What a call runs with: the database's clock at the moment it is applied (the model's
-/// [`latch::clock::Clock`]), and who made it, for the audit.
-#[derive(Debug, Clone)]
-pub(crate) struct Cx {
-    /// "Database now": what the backends read from their own clock (`now()` on
-    /// PostgreSQL, leases, heartbeats, rate grants, registry changes).
-    pub now: Millis,
-    pub node: Arc<str>,
-    pub op: &'static str,
-}
+pub(crate) use super::audit::Cx;
 
 /// `sensor_state`: what a commit writes of a sensor (`rows::RUNTIME_COLS`).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,0 +1,35 @@
+//! What the checks read of a run beside the store: the clients as the workload drives
+//! them and the run's log (acknowledged readings, troubled periods, broker links).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use latch::domain::{Millis, SensorId, Source};
+
+/// A client as the workload drives it.
+#[derive(Debug, Clone)]
+pub struct SimClient {
+    pub id: String,
+    pub healthy: bool,
+    /// When each sensor was last linked to it (linked now).
+    pub links: BTreeMap<SensorId, Millis>,
+}
+
+/// What the checks need of the run beside the store: acknowledged readings, when faults
+/// were active, and the broker links' changes.
+#[derive(Default)]
+pub struct Log {
+    /// Readings answered accepted: sensor and data, in the order acknowledged.
+    pub acked: Vec<(SensorId, bool, Millis)>,
+    /// Readings answered accepted: sensor, how it came in, and when the entry node took it
+    /// (its `received_at`, unless forwarded to an owner that took it later).
+    pub heard: Vec<(SensorId, Source, Millis)>,
+    /// Each change of the AMQP broker link: when, and whether it came up (filled in from
+    /// the nodes' record once the run has healed).
+    pub links: Vec<(Millis, bool)>,
+    /// Periods in which something beyond the endpoints was faulted (a node, the store, a
+    /// link): isolation and prompt liveness are only asked of the quiet time between.
+    pub troubled: Vec<(Millis, Millis)>,
+    /// Lives of processes that were killed or frozen after they answered: their
+    /// outcomes may be lost or come too late.
+    pub unsure_lives: BTreeSet<String>,
+}
