@@ -509,49 +509,11 @@ impl Lanes {
             // states; record it for all, so a head whose lease was not yet released agrees
             // too. A head in flight stays, and so does one another node may hold: it
             // finishes first and the new one follows.
-            let newer = Queued {
-                seq: r.seq,
-                kind: r.kind,
+            let pointless = take_pointless(lane, r.seq, r.kind);
+            outcomes.extend(self.superseded(&key, pointless));
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
             };
-            let busy = lane.busy;
-            let waiting: Vec<Waiting> = lane
-                .queue
-                .iter()
-                .enumerate()
-                .map(|(i, e)| Waiting {
-                    queued: e.queued(),
-                    out: e.held || (busy && i == 0),
-                })
-                .collect();
-            let pointless = policy::made_pointless(&waiting, newer);
-            if !pointless.is_empty() {
-                let queue = std::mem::take(&mut lane.queue);
-                for (i, e) in queue.into_iter().enumerate() {
-                    if pointless.binary_search(&i).is_ok() {
-                        self.pending -= 1;
-                        if let Some(b) = &e.batch {
-                            self.batching.leave(b, &key);
-                        }
-                        families::NOTIFICATIONS
-                            .counter_with(&[("status", "superseded")])
-                            .increment(1);
-                        let outcome = Outcome {
-                            notification_id: e.id,
-                            client_id: r.client_id.clone(),
-                            attempt: None,
-                            attempts: e.attempts,
-                            verdict: Verdict::Superseded,
-                            node: self.node.clone(),
-                            batch_id: None,
-                        };
-                        self.unwritten
-                            .insert(outcome.notification_id.clone(), (key.clone(), false));
-                        outcomes.push(outcome);
-                    } else {
-                        lane.queue.push_back(e);
-                    }
-                }
-            }
             // In order, but never before the head in flight here. One another node may be
             // sending (a failed one replayed while a newer one is out there) is kept from
             // going by its claim ([`policy::claim_step`]), not here: a head a sweep brought
@@ -610,6 +572,34 @@ impl Lanes {
             {
                 self.schedule(key, due, now);
             }
+        }
+        outcomes
+    }
+
+    /// Records `entries` of lane `key` superseded while waiting: no longer pending here,
+    /// out of any batch, their outcomes on the way to the recorder.
+    fn superseded(&mut self, key: &LaneKey, entries: Vec<Entry>) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(entries.len());
+        for e in entries {
+            self.pending -= 1;
+            if let Some(b) = &e.batch {
+                self.batching.leave(b, key);
+            }
+            families::NOTIFICATIONS
+                .counter_with(&[("status", "superseded")])
+                .increment(1);
+            let outcome = Outcome {
+                notification_id: e.id,
+                client_id: key.0.to_string(),
+                attempt: None,
+                attempts: e.attempts,
+                verdict: Verdict::Superseded,
+                node: self.node.clone(),
+                batch_id: None,
+            };
+            self.unwritten
+                .insert(outcome.notification_id.clone(), (key.clone(), false));
+            outcomes.push(outcome);
         }
         outcomes
     }
@@ -818,3 +808,31 @@ fn limit_of(unanswered: &FastSet<Arc<str>>, share: u32, client: &str) -> u32 {
 
 #[cfg(test)]
 mod tests;
+
+/// Takes out of `lane` what a newer notification (`seq`, `kind`) makes pointless
+/// ([`policy::made_pointless`]): never its head in flight, nor one another node may hold.
+fn take_pointless(lane: &mut Lane, seq: i64, kind: EventKind) -> Vec<Entry> {
+    let busy = lane.busy;
+    let waiting: Vec<Waiting> = lane
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Waiting {
+            queued: e.queued(),
+            out: e.held || (busy && i == 0),
+        })
+        .collect();
+    let pointless = policy::made_pointless(&waiting, Queued { seq, kind });
+    if pointless.is_empty() {
+        return Vec::new();
+    }
+    let mut taken = Vec::with_capacity(pointless.len());
+    for (i, e) in std::mem::take(&mut lane.queue).into_iter().enumerate() {
+        if pointless.binary_search(&i).is_ok() {
+            taken.push(e);
+        } else {
+            lane.queue.push_back(e);
+        }
+    }
+    taken
+}
