@@ -146,6 +146,13 @@ struct Lane {
     /// Its sensor's partition left this node while its head was out: once that head is
     /// answered, the lane is dropped ([`Lanes::leave`]).
     leaving: bool,
+    /// On a shared store, older notifications of the lane superseded here whose outcome
+    /// is not written yet: the head is not claimed until they are, or the claim would find
+    /// them pending in the store and wait a second for them ([`policy::claim_step`]).
+    superseded_unwritten: u32,
+    /// Its head was ready while `superseded_unwritten` held it back: it is readied again
+    /// once they are written.
+    held_back: bool,
 }
 
 /// Every pending notification the dispatcher knows, by lane, with what is due and what is
@@ -191,6 +198,9 @@ pub(super) struct Lanes {
     /// failed, superseded) is not queued again from the store's word (a client enabled, a
     /// sweep) to be sent, or superseded, a second time.
     unwritten: FastMap<String, (LaneKey, bool)>,
+    /// Of those, the ones superseded in their lane on a shared store
+    /// ([`Lane::superseded_unwritten`]).
+    gating: FastMap<String, LaneKey>,
     /// Clients with lanes parked because they were disabled: a sweep of a shared store
     /// resumes those another node enabled ([`Lanes::still_disabled`]).
     parked_clients: FastSet<Arc<str>>,
@@ -232,6 +242,7 @@ impl Lanes {
             batching: Batching::default(),
             ids,
             unwritten: FastMap::default(),
+            gating: FastMap::default(),
             parked_clients: FastSet::default(),
             unanswered: Default::default(),
         }
@@ -257,6 +268,15 @@ impl Lanes {
         for id in ids {
             if let Some((key, true)) = self.unwritten.remove(id) {
                 self.ready.push_back(key);
+            }
+            if let Some(key) = self.gating.remove(id)
+                && let Some(lane) = self.lanes.get_mut(&key)
+            {
+                lane.superseded_unwritten = lane.superseded_unwritten.saturating_sub(1);
+                if lane.superseded_unwritten == 0 && lane.held_back {
+                    lane.held_back = false;
+                    self.ready.push_back(key);
+                }
             }
         }
     }
@@ -599,6 +619,13 @@ impl Lanes {
             };
             self.unwritten
                 .insert(outcome.notification_id.clone(), (key.clone(), false));
+            if self.finished.is_some()
+                && let Some(lane) = self.lanes.get_mut(key)
+            {
+                lane.superseded_unwritten += 1;
+                self.gating
+                    .insert(outcome.notification_id.clone(), key.clone());
+            }
             outcomes.push(outcome);
         }
         outcomes
@@ -728,7 +755,15 @@ impl Lanes {
             let Some(key) = self.ready.pop_front() else {
                 break;
             };
-            let Some(head) = self.lanes.get(&key).and_then(|l| l.queue.front()) else {
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
+            if lane.superseded_unwritten > 0 {
+                // Older ones it superseded are not written yet: it goes once they are.
+                lane.held_back = true;
+                continue;
+            }
+            let Some(head) = lane.queue.front() else {
                 continue;
             };
             if let Some((_, waits)) = self.unwritten.get_mut(&head.id) {

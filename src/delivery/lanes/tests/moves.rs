@@ -263,3 +263,38 @@ fn an_older_state_queued_behind_a_head_in_flight_does_not_supersede_it() {
         h.verdicts(&head)
     );
 }
+
+#[test]
+fn on_a_shared_store_a_head_waits_for_what_it_superseded_to_be_written() {
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let older = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    h.finish(out[0].clone(), answer(500, h.now));
+    // A newer state supersedes the waiting retry; its outcome is not written yet.
+    h.seq += 1;
+    let newer = NotificationRef {
+        id: "newer".into(),
+        seq: h.seq,
+        client_id: "client0".into(),
+        sensor_id: sensor(0),
+        kind: EventKind::StateChanged,
+        due_at: h.now,
+        attempts: 0,
+        batch_id: None,
+    };
+    let unwritten = h.core.add(vec![newer], h.now);
+    assert_eq!(unwritten.len(), 1);
+    assert_eq!(unwritten[0].notification_id, older);
+    assert!(
+        h.admit().is_empty(),
+        "a claim now would find the older one pending in the store"
+    );
+    h.written(unwritten);
+    let out = h.admit();
+    assert_eq!(
+        out.len(),
+        1,
+        "it goes once the older one's outcome is written"
+    );
+    assert_eq!(out[0].1, "newer");
+}
