@@ -148,7 +148,7 @@ fn main() -> anyhow::Result<()> {
                 .map(|(i, a)| if i == 0 { "latch".to_string() } else { a })
                 .collect::<Vec<_>>()
                 .join(" ");
-            runtime()?.block_on(async {
+            tokio::runtime::Runtime::new()?.block_on(async {
                 let report = match *scenario {
                     Scenario::Ingest(a) => latch_bench::ingest::run(a).await?,
                     Scenario::Deliver(a) => latch_bench::deliver::run(a).await?,
@@ -195,7 +195,7 @@ fn main() -> anyhow::Result<()> {
         Command::RotateKey => {
             let config = latch::load_config(cli.config.as_deref())?;
             latch::telemetry::init_tracing("warn", config.log_format);
-            runtime()?
+            tokio::runtime::Runtime::new()?
                 .block_on(async {
                     let r = latch::store::rotate_key(&config).await?;
                     match &r.from {
@@ -239,7 +239,7 @@ fn main() -> anyhow::Result<()> {
         Command::Migrate => {
             let config = latch::load_config(cli.config.as_deref())?;
             latch::telemetry::init_tracing(&config.log, config.log_format);
-            runtime()?
+            tokio::runtime::Runtime::new()?
                 .block_on(async {
                     latch::store::connect(&config).await?;
                     println!("store is up to date");
@@ -255,7 +255,7 @@ fn main() -> anyhow::Result<()> {
                 config.log_format,
                 config.otlp_endpoint.as_deref(),
             )?;
-            runtime()?
+            tokio::runtime::Runtime::new()?
                 .block_on(async {
                     // First of all: from here on SIGTERM means a graceful stop.
                     let shutdown = shutdown_signal();
@@ -267,24 +267,6 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|e| redacted(&config, e))
         }
     }
-}
-
-/// Most blocking threads: the embedded store's calls each take one (a write waits in it for
-/// the one writer), so under load the pool grew to dozens, each with allocator pages of
-/// its own, and a thread idle for Tokio's default ten seconds went and a new one came for
-/// the next burst. A few more than the store's connections (one writer, the archive's,
-/// four readers) keep every connection busy; the rest wait in the pool's queue, in order.
-const BLOCKING_THREADS: usize = 16;
-/// How long an idle blocking thread is kept: over the quiet spells between bursts.
-const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// The runtime of every command: Tokio's multi-threaded one, its blocking pool bounded.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
-        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
-        .build()
 }
 
 /// The settings, for a command that works on the embedded store's data folder only.
