@@ -74,15 +74,16 @@ struct Reading {
     /// Held by SQLite's allocator (its page caches, mostly): bounded by `cache_size` per
     /// connection, so it grows during a warm-up and then stays.
     sqlite: u64,
-    /// Bytes glibc's heap has handed out and not freed (`mallinfo2`): Rust's (the `latch`
-    /// binary allocates from glibc's malloc), SQLite's and other C code's.
+    /// Bytes glibc's heap has handed out and not freed (`mallinfo2`): SQLite's and other
+    /// C code's. Rust allocates from mimalloc (the `latch` binary's global allocator),
+    /// which keeps no such count in a release build.
     heap: u64,
     /// The process's threads: Tokio's blocking pool grows and shrinks with the store's
     /// calls, and each thread that allocates holds allocator pages of its own.
     threads: u64,
 }
 
-/// Bytes in use in glibc's heap: Rust's and C code's alike.
+/// Bytes in use in glibc's heap (C code's: Rust's allocations go to mimalloc).
 fn heap_in_use() -> u64 {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -294,7 +295,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         let huge = kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
         let (sqlite, heap, threads) = (sqlite_bytes(), heap_in_use(), threads());
         eprintln!(
-            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; heap in use {:.1} MiB, {:.1} MiB of it SQLite's; {threads} threads) after {sent} notifications",
+            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's; {threads} threads) after {sent} notifications",
             rss as f64 / MIB,
             anon as f64 / MIB,
             huge as f64 / MIB,
@@ -438,7 +439,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         None => "a receiver in the process that only counts".into(),
     };
     let common = "RSS is VmRSS, and RssAnon without the binary's own pages, read after malloc_trim; \
-                  heap in use is glibc's (Rust's, SQLite's and other C code's).";
+                  C heap in use is glibc's (SQLite's and other C code's: Rust allocates from mimalloc).";
     match args.passes {
         Some(passes) => {
             let after_start = &readings[start_at..];
@@ -466,7 +467,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                  under 5 % growth from start to end (rss_fitted_growth: of the least-squares line \
                  through every reading from start to end, which one reading's noise moves less). \
                  delivered_per_s leaves out the pauses. \
-                 VmRSS / RssAnon / huge pages / heap in use (MiB) and threads after each pass: {}",
+                 VmRSS / RssAnon / huge pages / C heap (MiB) and threads after each pass: {}",
                 args.sensors,
                 clients_n,
                 args.sensors as u64 * clients_n,

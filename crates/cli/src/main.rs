@@ -6,6 +6,15 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: every request, reading and notification allocates
+/// on several threads at once, where glibc's arenas spent ~10 % of delivery's CPU
+/// (BENCHMARKS.md, tenth pass). Its version 2 (the workspace's `v2` feature), not the
+/// crate's default 3, which kept RSS at 2–3 times the live heap and growing (+7 to +28 %
+/// over a million deliveries, `latch bench soak --passes`, BENCHMARKS.md, with the heap in
+/// use flat); see also [`no_transparent_huge_pages`].
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "latch",
@@ -281,18 +290,10 @@ fn redacted(config: &latch::config::Config, e: anyhow::Error) -> anyhow::Error {
     anyhow::anyhow!(config.redact(&format!("{e:#}")))
 }
 
-/// latch allocates from glibc's malloc, capped to two arenas. glibc gives threads that
-/// allocate arenas of their own (up to eight per core) and hands little of them back: over
-/// millions of deliveries RSS crept up by fragmentation while the heap in use stayed flat
-/// (`latch bench soak`). Two arenas keep RSS near the live heap, however many threads
-/// Tokio's blocking pool starts for the store's calls; it must be set before any thread
-/// starts.
-///
-/// Not mimalloc, though it spent less CPU a webhook (~20–30 % less in the session of
-/// BENCHMARKS.md's #46 section, ~10 % in the tenth pass): each thread takes pages of its
-/// own, so RSS grew with every blocking thread started after the warm-up, +9 to +11 % over
-/// a million deliveries in one run of three, with the heap in use flat (item 6 of #46 asks
-/// for at most 5 %).
+/// glibc gives threads that allocate arenas of their own (up to eight per core) and hands
+/// little of them back: over millions of deliveries RSS crept up by fragmentation while the
+/// heap in use stayed flat (`latch bench soak`). Two arenas keep RSS near the live heap; it
+/// must be set before any thread starts.
 fn cap_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `mallopt` only sets an allocator tunable; called before any other thread.
@@ -301,12 +302,11 @@ fn cap_malloc_arenas() {
     }
 }
 
-/// Where transparent huge pages are on for every process (`always`), or an allocator asks
-/// for them (mimalloc did, `MADV_HUGEPAGE`), the kernel backs any 2 MiB range with one page
-/// in use with a whole huge page, so freed memory stays resident: 38–142 MiB of huge pages
-/// in a soak whose live heap was 44 MiB. latch's hot data is SQLite's page cache (small
-/// allocations); huge pages buy it nothing. Set before any thread starts; it holds for the
-/// whole process.
+/// mimalloc asks the kernel for transparent huge pages on its arenas (`MADV_HUGEPAGE`), and
+/// the kernel then backs any 2 MiB range with one page in use with a whole huge page, so
+/// memory mimalloc had freed stayed resident: 38–142 MiB of huge pages in a soak whose live
+/// heap was 44 MiB. latch's hot data is SQLite's page cache (glibc's heap, small pages);
+/// huge pages buy it nothing. Set before any thread starts; it holds for the whole process.
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     // SAFETY: `prctl` only sets a flag of this process; the arguments are plain integers.

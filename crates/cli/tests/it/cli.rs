@@ -154,10 +154,9 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
     assert!(text(&out.stderr).contains("nowhere.toml"));
 }
 
-/// Issue #46: an allocator's arenas backed by transparent huge pages (mimalloc's, then the
-/// global allocator) kept the memory it freed resident (RSS grew by a fifth over a million
-/// deliveries while the heap in use stayed flat), so `latch` turns them off for its own
-/// process.
+/// Issue #46: mimalloc's arenas backed by transparent huge pages kept the memory it freed
+/// resident (RSS grew by a fifth over a million deliveries while the heap in use stayed
+/// flat), so `latch` turns them off for its own process.
 #[tokio::test]
 async fn serve_runs_without_transparent_huge_pages() {
     let dir = tempfile::tempdir().unwrap();
