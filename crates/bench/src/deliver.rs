@@ -46,7 +46,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 1 + kinds.len()
             };
             for i in 0..wanted {
-                let r = if i > 0 && kinds[i - 1] == "mtls" {
+                // Client i is the plain one (i = 0) or kind i - 1's; without `--auth`, all plain.
+                let r = if i > 0 && kinds.get(i - 1).is_some_and(|k| k == "mtls") {
                     let (r, tls) = super::mtls::receiver().await?;
                     certificates.push(tls);
                     r
