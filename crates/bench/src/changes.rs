@@ -45,13 +45,15 @@ pub struct Args {
     /// ingest running beside it.
     #[arg(long)]
     pub backlog: bool,
-    /// With `--backlog`: a second client beside the plain one, on a receiver of its own,
-    /// with a header and this authentication (`bearer`, `basic`, or `oauth2`: client
-    /// credentials from a token endpoint in this process; `none`: a second plain client, the
-    /// control); each client's backlog is then delivered alone in turn, so the CPU a webhook
-    /// of each is measured in one run.
-    #[arg(long)]
-    pub auth: Option<String>,
+    /// With `--backlog`: beside the plain client, one more for each kind named (a list,
+    /// `bearer,mtls`), each on a receiver of its own, with a header and that
+    /// authentication: `bearer`, `basic`, `oauth2` (client credentials from a token
+    /// endpoint in this process), `mtls` (a client certificate, to an HTTPS receiver in
+    /// this process that demands one), or `none` (plain: the control). Each client's
+    /// backlog is then delivered alone in turn, so the CPU a webhook of each is measured
+    /// in one run.
+    #[arg(long, value_delimiter = ',')]
+    pub auth: Vec<String>,
     /// How long to wait for the outbox to drain after the last change.
     #[arg(long, default_value = "120s", value_parser = latch::config::parse_duration)]
     pub drain: Duration,

@@ -7,7 +7,8 @@
 //! latch's delivery on this machine. `--receiver` delivers to a receiver outside the
 //! process (nginx, `scripts/bench-receiver`), and `--backlog` times the delivery of a
 //! backlog alone, with its CPU a webhook; with `--auth` too, the backlog of a client with a
-//! header and authentication is delivered after the plain one's, in the same run. `--to
+//! header and authentication (or a client certificate) is delivered after the plain one's,
+//! each kind's in turn, in the same run. `--to
 //! mqtt|amqp` delivers to a broker destination instead ([`super::deliver_broker`]).
 
 use std::sync::Arc;
@@ -23,7 +24,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         "mqtt" | "amqp" => return super::deliver_broker::run(args).await,
         other => anyhow::bail!("--to takes http, mqtt or amqp, not {other:?}"),
     }
-    if args.auth.is_some() {
+    let kinds = &args.auth;
+    if !kinds.is_empty() {
         anyhow::ensure!(
             args.backlog && args.receiver.is_none(),
             "--auth measures backlogs: it needs --backlog and the in-process receivers"
@@ -32,12 +34,26 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let (dir, _tmp) = super::data_dir(None)?;
     // In-process receivers, or the one outside named by `--receiver`.
     let mut receivers = Vec::new();
-    let wanted = if args.auth.is_some() { 2 } else { args.clients };
+    // With `--auth`: the plain client's, then one for each kind, in order; an `mtls`
+    // client's is an HTTPS receiver that demands its certificate.
+    let mut certificates = Vec::new();
     let urls: Vec<String> = match &args.receiver {
         Some(url) => vec![url.clone()],
         None => {
-            for _ in 0..wanted {
-                let r = Receiver::start_keeping(Keep::Stats).await?;
+            let wanted = if kinds.is_empty() {
+                args.clients
+            } else {
+                1 + kinds.len()
+            };
+            for i in 0..wanted {
+                // Client i is the plain one (i = 0) or kind i - 1's; without `--auth`, all plain.
+                let r = if i > 0 && kinds.get(i - 1).is_some_and(|k| k == "mtls") {
+                    let (r, tls) = super::mtls::receiver().await?;
+                    certificates.push(tls);
+                    r
+                } else {
+                    Receiver::start_keeping(Keep::Stats).await?
+                };
                 r.fail_per_10k((args.fail_ratio * 10_000.0) as u64);
                 receivers.push(r);
             }
@@ -45,8 +61,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         }
     };
     let mut clients: Vec<_> = urls.iter().map(|u| super::client(u)).collect();
-    if let Some(kind) = &args.auth {
-        clients[1].receiver = authenticated(kind).await?;
+    let mut certificates = certificates.into_iter();
+    for (i, kind) in kinds.iter().enumerate() {
+        let tls = if kind == "mtls" {
+            certificates.next()
+        } else {
+            None
+        };
+        clients[i + 1].receiver = authenticated(kind, tls).await?;
     }
     if args.backlog {
         // Held back to one request a second while the changes come in.
@@ -111,9 +133,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     // The backlog's clients let go, all at once, or with `--auth` one after the other:
     // each phase's seconds, CPU and webhooks.
-    let groups: Vec<Vec<usize>> = match &args.auth {
-        Some(_) => vec![vec![0], vec![1]],
-        None => vec![(0..clients.len()).collect()],
+    let groups: Vec<Vec<usize>> = if kinds.is_empty() {
+        vec![(0..clients.len()).collect()]
+    } else {
+        (0..clients.len()).map(|i| vec![i]).collect()
     };
     let mut phases: Vec<Phase> = Vec::new();
     if args.backlog {
@@ -228,7 +251,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         r.add("cpu_us_per_webhook", us.round(), "µs");
         r.add("bare_cpu_us_per_request", bare.cpu_us.round(), "µs");
         r.add("cpu_ratio_to_bare", us / bare.cpu_us, "x");
-        if let (Some(kind), Some(a)) = (&args.auth, phases.get(1)) {
+        for (kind, a) in kinds.iter().zip(&phases[1..]) {
             r.add(format!("{kind}_backlog_seconds"), a.secs, "s");
             r.add(
                 format!("{kind}_delivered_per_s"),
@@ -241,6 +264,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 "µs",
             );
             r.add(format!("{kind}_cpu_ratio_to_plain"), a.cpu_us() / us, "x");
+            r.add(
+                format!("{kind}_rate_ratio_to_plain"),
+                (a.delivered as f64 / a.secs) / rate,
+                "x",
+            );
         }
     }
     r.add("pending_peak", peak as f64, "notifications");
@@ -285,16 +313,18 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             Some(u) => format!("{u} (outside this process)"),
             None => "in process; latency from occurred_at (receive time of the reading) to the receiver".into(),
         },
-        match (&args.auth, args.backlog) {
-            (Some(kind), _) => format!(
-                "Backlog: the changes ingested while both clients were limited to a request a \
-                 second, then the plain client's backlog delivered alone, then the one of the \
-                 client with a header and {kind} authentication{} alone (rate and CPU of each \
-                 phase). ",
-                if kind == "oauth2" { " (a token from an endpoint in this process)" } else { "" }
+        match (kinds.is_empty(), args.backlog) {
+            (false, _) => format!(
+                "Backlog: the changes ingested while every client was limited to a request a \
+                 second, then the plain client's backlog delivered alone, then, one after the \
+                 other, each of the clients with a header and authentication ({}) alone (rate \
+                 and CPU of each phase; oauth2: a token from an endpoint in this process; mtls: \
+                 a client certificate, to an HTTPS receiver in this process that demands it; \
+                 none: plain, the control). ",
+                kinds.join(", ")
             ),
-            (None, true) => "Backlog: the changes ingested while the client was limited to a request a second, then the limit lifted and the backlog delivered alone (rate and CPU of that phase). ".to_string(),
-            (None, false) => String::new(),
+            (true, true) => "Backlog: the changes ingested while the client was limited to a request a second, then the limit lifted and the backlog delivered alone (rate and CPU of that phase). ".to_string(),
+            (true, false) => String::new(),
         },
         concurrency,
         pass + 1
@@ -339,10 +369,23 @@ impl Phase {
 }
 
 /// The receiver settings of the authenticated client of `--auth KIND`: a header, and the
-/// authentication (for `oauth2`, a token endpoint in this process, asked once an hour).
-async fn authenticated(kind: &str) -> anyhow::Result<latch::domain::receiver::Receiver> {
+/// authentication (for `oauth2`, a token endpoint in this process, asked once an hour;
+/// for `mtls`, the client certificate `tls`, in place of an authorization header).
+async fn authenticated(
+    kind: &str,
+    tls: Option<latch::domain::receiver::Tls>,
+) -> anyhow::Result<latch::domain::receiver::Receiver> {
     use latch::domain::receiver::{Auth, Receiver};
+    let headers = vec![("X-Api-Key".into(), "bench-api-key".into())];
     let auth = match kind {
+        "mtls" => {
+            let tls = tls.ok_or_else(|| anyhow::anyhow!("no client certificate for mtls"))?;
+            return Ok(Receiver {
+                headers,
+                auth: None,
+                tls: Some(tls),
+            });
+        }
         // The control: a second plain client, measured second, shows what the order alone
         // costs.
         "none" => return Ok(Receiver::default()),
@@ -363,10 +406,12 @@ async fn authenticated(kind: &str) -> anyhow::Result<latch::domain::receiver::Re
                 audience: None,
             }
         }
-        other => anyhow::bail!("--auth takes bearer, basic, oauth2 or none, not {other:?}"),
+        other => {
+            anyhow::bail!("--auth takes bearer, basic, oauth2, mtls or none, not {other:?}")
+        }
     };
     Ok(Receiver {
-        headers: vec![("X-Api-Key".into(), "bench-api-key".into())],
+        headers,
         auth: Some(auth),
         tls: None,
     })

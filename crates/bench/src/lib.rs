@@ -13,6 +13,7 @@ pub mod deliver_broker;
 pub mod fleet;
 pub mod history;
 pub mod ingest;
+mod mtls;
 pub mod rate;
 pub mod restart;
 pub mod retention;

@@ -78,6 +78,9 @@ struct Reading {
     /// C code's. Rust allocates from mimalloc (the `latch` binary's global allocator),
     /// which keeps no such count in a release build.
     heap: u64,
+    /// The process's threads: Tokio's blocking pool grows and shrinks with the store's
+    /// calls, and each thread that allocates holds allocator pages of its own.
+    threads: u64,
 }
 
 /// Bytes in use in glibc's heap (C code's: Rust's allocations go to mimalloc).
@@ -99,6 +102,18 @@ fn sqlite_bytes() -> u64 {
     // SAFETY: a read of SQLite's global memory statistic; thread-safe, no arguments.
     let used = unsafe { rusqlite::ffi::sqlite3_memory_used() };
     used.max(0) as u64
+}
+
+/// The process's threads now (`Threads:` of `/proc/self/status`).
+fn threads() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// A `kB` field of `/proc/self/status`, in bytes.
@@ -278,9 +293,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         super::trim_heap();
         let (rss, anon) = (status_bytes("VmRSS:"), status_bytes("RssAnon:"));
         let huge = kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
-        let (sqlite, heap) = (sqlite_bytes(), heap_in_use());
+        let (sqlite, heap, threads) = (sqlite_bytes(), heap_in_use(), threads());
         eprintln!(
-            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's) after {sent} notifications",
+            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's; {threads} threads) after {sent} notifications",
             rss as f64 / MIB,
             anon as f64 / MIB,
             huge as f64 / MIB,
@@ -294,6 +309,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             huge,
             sqlite,
             heap,
+            threads,
         });
     }
     let secs = started.elapsed().as_secs_f64();
@@ -385,6 +401,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         "MiB",
     );
     r.add("heap_in_use_end_mib", round1(end.heap as f64 / MIB), "MiB");
+    r.add("threads_start", start.threads as f64, "threads");
+    r.add("threads_end", end.threads as f64, "threads");
+    r.add(
+        "threads_most",
+        readings.iter().map(|x| x.threads).max().unwrap_or(0) as f64,
+        "threads",
+    );
     r.add("sqlite_start_mib", round1(start.sqlite as f64 / MIB), "MiB");
     r.add("sqlite_end_mib", round1(end.sqlite as f64 / MIB), "MiB");
     let own = |x: &Reading| x.anon as f64 - x.sqlite as f64;
@@ -444,7 +467,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                  under 5 % growth from start to end (rss_fitted_growth: of the least-squares line \
                  through every reading from start to end, which one reading's noise moves less). \
                  delivered_per_s leaves out the pauses. \
-                 VmRSS / RssAnon / huge pages / C heap after each pass (MiB): {}",
+                 VmRSS / RssAnon / huge pages / C heap (MiB) and threads after each pass: {}",
                 args.sensors,
                 clients_n,
                 args.sensors as u64 * clients_n,
@@ -455,12 +478,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                     .iter()
                     .enumerate()
                     .map(|(i, x)| format!(
-                        "{} {:.1}/{:.1}/{:.1}/{:.1}",
+                        "{} {:.1}/{:.1}/{:.1}/{:.1} {}t",
                         i + 1,
                         x.rss as f64 / MIB,
                         x.anon as f64 / MIB,
                         x.huge as f64 / MIB,
-                        x.heap as f64 / MIB
+                        x.heap as f64 / MIB,
+                        x.threads
                     ))
                     .collect::<Vec<_>>()
                     .join(", ")

@@ -107,10 +107,11 @@ async fn deliver_bench_delivers_a_backlog_to_a_receiver_outside_it_and_the_bare_
     assert_eq!(receiver.ok(), 300 + 64 + 256, "{r}");
 }
 
-/// `--auth oauth2`: the plain client's backlog, then the authenticated one's, each
-/// delivered whole and measured apart.
+/// `--auth oauth2,mtls`: the plain client's backlog, then each authenticated one's (a
+/// token; a client certificate to an HTTPS receiver that demands it), each delivered whole
+/// and measured apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deliver_bench_measures_an_authenticated_backlog_beside_a_plain_one() {
+async fn deliver_bench_measures_authenticated_backlogs_beside_a_plain_one() {
     let r = tokio::task::spawn_blocking(move || {
         bench(&[
             "deliver",
@@ -120,7 +121,7 @@ async fn deliver_bench_measures_an_authenticated_backlog_beside_a_plain_one() {
             "200",
             "--backlog",
             "--auth",
-            "oauth2",
+            "oauth2,mtls",
             "--baseline-requests",
             "128",
             "--drain",
@@ -130,12 +131,15 @@ async fn deliver_bench_measures_an_authenticated_backlog_beside_a_plain_one() {
     .await
     .expect("the bench ran");
     let n = |k: &str| num(&r, k);
-    assert_eq!(n("notifications_expected"), 400.0, "{r}");
-    assert_eq!(n("delivered"), 400.0, "{r}");
+    assert_eq!(n("notifications_expected"), 600.0, "{r}");
+    assert_eq!(n("delivered"), 600.0, "{r}");
     assert_eq!(n("pending_left"), 0.0, "{r}");
     assert!(n("cpu_us_per_webhook") > 0.0, "{r}");
-    assert!(n("oauth2_cpu_us_per_webhook") > 0.0, "{r}");
-    assert!(n("oauth2_delivered_per_s") > 0.0, "{r}");
+    for kind in ["oauth2", "mtls"] {
+        assert!(n(&format!("{kind}_cpu_us_per_webhook")) > 0.0, "{r}");
+        assert!(n(&format!("{kind}_delivered_per_s")) > 0.0, "{r}");
+        assert!(n(&format!("{kind}_rate_ratio_to_plain")) > 0.0, "{r}");
+    }
 }
 
 #[test]
