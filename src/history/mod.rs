@@ -14,7 +14,9 @@ pub mod shipper;
 use std::sync::Arc;
 
 use crate::domain::{Event, SensorId};
-use crate::store::{self, Page, PageRequest, ReadingRecord, Store, Stored, TimeRange};
+use crate::store::{
+    self, HistoryStore, Page, PageRequest, ReadingRecord, Registry, Store, Stored, TimeRange,
+};
 use clickhouse::ClickHouse;
 
 /// Errors of the history layer.
@@ -35,7 +37,10 @@ impl From<::clickhouse::error::Error> for Error {
 /// Reads history from wherever it is.
 #[derive(Clone)]
 pub struct History {
-    store: Arc<dyn Store>,
+    /// Where the store's history (or its spool) is read.
+    reads: Arc<dyn HistoryStore>,
+    /// Where a sensor is deleted with its spooled history.
+    registry: Arc<dyn Registry>,
     clickhouse: Option<ClickHouse>,
     /// Held by the shipper through each shipment and by sensor deletion, so a deletion
     /// never falls between a shipment's read of the spool and its insert into ClickHouse
@@ -50,7 +55,8 @@ pub struct History {
 impl History {
     pub fn new(store: Arc<dyn Store>, clickhouse: Option<ClickHouse>) -> Self {
         Self {
-            store,
+            reads: store.clone(),
+            registry: store,
             clickhouse,
             shipping: Arc::default(),
             from: Arc::default(),
@@ -83,7 +89,7 @@ impl History {
         // has it, so whichever way a shipment races this read, the row is seen (possibly
         // twice, which the merge folds).
         let spooled = self
-            .store
+            .reads
             .list_readings(sensor_id, range, page.clone())
             .await?;
         let Some(ch) = &self.clickhouse else {
@@ -104,7 +110,7 @@ impl History {
         page: PageRequest,
     ) -> Result<Page<Stored<Event>>, Error> {
         let spooled = self
-            .store
+            .reads
             .list_events(sensor_id, range, page.clone())
             .await?;
         let Some(ch) = &self.clickhouse else {
@@ -122,7 +128,7 @@ impl History {
     /// logged. `false` if there was no such sensor.
     pub async fn delete_sensor(&self, sensor_id: SensorId, now: i64) -> Result<bool, Error> {
         let _no_shipment = self.shipping.lock().await;
-        if !self.store.delete_sensor(sensor_id, now).await? {
+        if !self.registry.delete_sensor(sensor_id, now).await? {
             return Ok(false);
         }
         if let Some(ch) = &self.clickhouse
