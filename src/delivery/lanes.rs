@@ -281,6 +281,20 @@ impl Lanes {
         }
     }
 
+    /// The outcome that gives back this node's lease on notification `id` of `lane`
+    /// without an attempt: pending again, due `now`.
+    fn given_back(&self, id: String, lane: &LaneKey, attempts: u32, now: Millis) -> Outcome {
+        Outcome {
+            notification_id: id,
+            client_id: lane.0.to_string(),
+            attempt: None,
+            attempts,
+            verdict: Verdict::Retry { next_at: now },
+            node: self.node.clone(),
+            batch_id: None,
+        }
+    }
+
     /// `outcome`, of a notification of `lane`, goes to the recorder.
     fn unwritten(&mut self, outcome: &Outcome, lane: &LaneKey) {
         self.unwritten

@@ -74,15 +74,9 @@ impl Lanes {
         // Given back whatever became of the lane: the lease is ours, and must not hold up
         // the node that serves the lane now.
         let mut outcome = match d.result {
-            Finished::Released { attempts } => Some(Outcome {
-                notification_id: d.id.clone(),
-                client_id: d.lane.0.to_string(),
-                attempt: None,
-                attempts,
-                verdict: Verdict::Retry { next_at: now },
-                node: self.node.clone(),
-                batch_id: None,
-            }),
+            Finished::Released { attempts } => {
+                Some(self.given_back(d.id.clone(), &d.lane, attempts, now))
+            }
             _ => None,
         };
         let Some(lane) = self.lanes.get_mut(&d.lane) else {

@@ -2,7 +2,7 @@
 //! sensors go with it at once (see [`Lanes::leave`]).
 
 use super::{LaneKey, Lanes, shrink};
-use crate::domain::{Millis, Outcome, SensorId, Verdict};
+use crate::domain::{Millis, Outcome, SensorId};
 
 impl Lanes {
     /// Schedules a lane whose head was just answered, or drops it if it left this node.
@@ -42,18 +42,7 @@ impl Lanes {
             // back (withdrawn) or records its attempt.
             let waiting = lane.queue.iter().skip(usize::from(lane.out));
             for e in waiting.filter(|e| e.claim_unsure) {
-                given_back.push((
-                    key.clone(),
-                    Outcome {
-                        notification_id: e.id.clone(),
-                        client_id: key.0.to_string(),
-                        attempt: None,
-                        attempts: e.attempts,
-                        verdict: Verdict::Retry { next_at: now },
-                        node: self.node.clone(),
-                        batch_id: None,
-                    },
-                ));
+                given_back.push((key.clone(), e.id.clone(), e.attempts));
             }
             if lane.out {
                 self.pending -= lane.queue.len().saturating_sub(1);
@@ -80,7 +69,8 @@ impl Lanes {
         // Its lease is on its way back: a sweep does not queue it again before that.
         let given_back = given_back
             .into_iter()
-            .map(|(key, o)| {
+            .map(|(key, id, attempts)| {
+                let o = self.given_back(id, &key, attempts, now);
                 self.unwritten(&o, &key);
                 o
             })
