@@ -206,6 +206,7 @@ impl From<crate::app::Error> for ApiError {
     fn from(e: crate::app::Error) -> Self {
         match e {
             crate::app::Error::Store(e) => e.into(),
+            crate::app::Error::Invalid(m) => ApiError::invalid(m),
             crate::app::Error::Engine(e) => e.into(),
             crate::app::Error::History(e) => e.into(),
         }

@@ -19,6 +19,8 @@ pub mod rates;
 pub mod readings;
 pub mod receivers;
 pub mod sensors;
+pub mod silences;
+pub mod sites;
 pub mod stream;
 pub mod tokens;
 pub mod ui;
@@ -112,6 +114,8 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(fleet::router())
         .merge(rates::router())
         .merge(stream::router())
+        .merge(sites::router())
+        .merge(silences::router())
         .split_for_parts()
 }
 

@@ -42,6 +42,8 @@ pub struct SensorCreate {
     /// absent.
     #[serde(default, deserialize_with = "super::whole_number")]
     pub debounce_s: Option<u32>,
+    /// The site it is installed in (`/v1/sites`).
+    pub site_id: Option<String>,
 }
 
 /// A sensor's new address, timeout and debounce window.
@@ -55,6 +57,8 @@ pub struct SensorReplace {
     pub heartbeat_timeout_s: Option<u32>,
     #[serde(default, deserialize_with = "super::whole_number")]
     pub debounce_s: Option<u32>,
+    /// Its site; absent: in no site.
+    pub site_id: Option<String>,
 }
 
 /// A sensor with its current status.
@@ -65,6 +69,8 @@ pub struct SensorOut {
     pub heartbeat_timeout_s: Option<u32>,
     /// Its own debounce window; `null`: the service default.
     pub debounce_s: Option<u32>,
+    /// The site it is installed in.
+    pub site_id: Option<String>,
     pub created_at: String,
     pub status: StatusOut,
 }
@@ -103,6 +109,7 @@ pub fn sensor_out((s, status): SensorView) -> SensorOut {
         address: s.address,
         heartbeat_timeout_s: s.heartbeat_timeout_s,
         debounce_s: s.debounce_s,
+        site_id: s.site_id,
         created_at: time::format(s.created_at),
         status: status.into(),
     }
@@ -150,7 +157,13 @@ async fn create_sensor(
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
     let sensor = st
         .app
-        .create_sensor(id, body.address, body.heartbeat_timeout_s, body.debounce_s)
+        .create_sensor(
+            id,
+            body.address,
+            body.heartbeat_timeout_s,
+            body.debounce_s,
+            body.site_id,
+        )
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -233,7 +246,13 @@ async fn replace_sensor(
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
     let view = st
         .app
-        .replace_sensor(id, body.address, body.heartbeat_timeout_s, body.debounce_s)
+        .replace_sensor(
+            id,
+            body.address,
+            body.heartbeat_timeout_s,
+            body.debounce_s,
+            body.site_id,
+        )
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
     Ok(ApiJson(sensor_out(view)))

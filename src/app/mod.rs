@@ -6,6 +6,8 @@
 mod clients;
 mod notifications;
 mod sensors;
+pub mod silences;
+pub mod sites;
 
 use std::sync::Arc;
 
@@ -25,6 +27,10 @@ pub enum Error {
     Engine(#[from] engine::Error),
     #[error(transparent)]
     History(#[from] history::Error),
+    /// The call names something that does not exist or cannot be (a site, a client, a
+    /// sensor a silence matches).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -13,12 +13,15 @@ impl App {
         address: String,
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
+        site_id: Option<String>,
     ) -> Result<Sensor> {
+        self.check_site(site_id.as_deref()).await?;
         let sensor = Sensor {
             id,
             address,
             heartbeat_timeout_s,
             debounce_s,
+            site_id,
             created_at: self.now(),
         };
         self.store.create_sensor(sensor.clone()).await?;
@@ -36,10 +39,12 @@ impl App {
         address: String,
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
+        site_id: Option<String>,
     ) -> Result<Option<SensorView>> {
+        self.check_site(site_id.as_deref()).await?;
         let Some(view) = self
             .store
-            .replace_sensor(id, address, heartbeat_timeout_s, debounce_s)
+            .replace_sensor(id, address, heartbeat_timeout_s, debounce_s, site_id)
             .await?
         else {
             return Ok(None);

@@ -19,7 +19,8 @@ mod values;
 pub use show::show;
 pub use values::{RateLimit, parse_duration};
 use values::{
-    duration, durations, flag, nets, non_empty, number, opt_duration, opt_number, rate_limit,
+    duration, durations, flag, fraction, nets, non_empty, number, opt_duration, opt_number,
+    rate_limit,
 };
 
 /// The embedded defaults, fully commented: `latch config` prints them.
@@ -77,6 +78,15 @@ pub struct Config {
     /// notified once it has held this long. Zero: notified at once.
     #[serde(deserialize_with = "duration")]
     pub debounce: Duration,
+    /// How long a site's first lost sensor waits to see whether the site goes down.
+    #[serde(deserialize_with = "duration")]
+    pub site_grace: Duration,
+    /// A site is down when this share of its sensors is lost (and at least
+    /// `site_min_sensors`), or its gateway sensor is.
+    #[serde(deserialize_with = "fraction")]
+    pub site_down_ratio: f64,
+    #[serde(deserialize_with = "number")]
+    pub site_min_sensors: u32,
     pub retry_policy: RetryPolicyKind,
     #[serde(deserialize_with = "duration")]
     pub retry_base: Duration,
@@ -228,6 +238,7 @@ impl Config {
             ),
             ("engine_shards", self.engine_shards, 1, 256),
             ("engine_batch_max", self.engine_batch_max, 1, 1_000_000),
+            ("site_min_sensors", self.site_min_sensors, 1, 1_000_000),
         ];
         for (key, v, lo, hi) in counts {
             if !(lo..=hi).contains(&v) {
@@ -244,6 +255,15 @@ impl Config {
                 "invalid setting `debounce`: must be at most {}s",
                 MAX_DEBOUNCE.as_secs()
             );
+        }
+        if !(self.site_down_ratio > 0.0 && self.site_down_ratio <= 1.0) {
+            bail!(
+                "invalid setting `site_down_ratio`: {} is not above 0 and at most 1",
+                self.site_down_ratio
+            );
+        }
+        if self.site_grace > Duration::from_secs(3600) {
+            bail!("invalid setting `site_grace`: must be at most 1h");
         }
         if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
             bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");

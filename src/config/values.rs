@@ -93,6 +93,26 @@ pub(super) fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>
         .collect()
 }
 
+/// A number with a fraction (`0.5`) given as a TOML number or, from the environment, as
+/// text.
+pub(super) fn fraction<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Fraction {
+        Float(f64),
+        Int(i64),
+        Text(String),
+    }
+    match Fraction::deserialize(d)? {
+        Fraction::Float(f) => Ok(f),
+        Fraction::Int(i) => Ok(i as f64),
+        Fraction::Text(s) => s
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a number"))),
+    }
+}
+
 /// A whole number given as a TOML integer or, from the environment, as text.
 pub(super) fn number<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     WholeNumber::deserialize(d)?

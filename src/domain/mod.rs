@@ -11,6 +11,8 @@ pub mod policy;
 pub mod reading;
 pub mod receiver;
 pub mod sensor;
+pub mod silence;
+pub mod site;
 pub mod time;
 pub mod token;
 

@@ -92,6 +92,9 @@ pub enum Status {
     Superseded,
     /// Its client was deleted or no longer owns the sensor.
     Cancelled,
+    /// Made while a silence (maintenance window) matched it: kept, never sent, not a
+    /// failure; the silence's end brings the client up to date instead.
+    Silenced,
 }
 
 impl Status {
@@ -102,6 +105,7 @@ impl Status {
             Status::Failed => "failed",
             Status::Superseded => "superseded",
             Status::Cancelled => "cancelled",
+            Status::Silenced => "silenced",
         }
     }
 
@@ -112,6 +116,7 @@ impl Status {
             "failed" => Some(Status::Failed),
             "superseded" => Some(Status::Superseded),
             "cancelled" => Some(Status::Cancelled),
+            "silenced" => Some(Status::Silenced),
             _ => None,
         }
     }

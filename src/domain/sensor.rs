@@ -204,6 +204,8 @@ pub struct Sensor {
     pub heartbeat_timeout_s: Option<u32>,
     /// Overrides the service-wide debounce window for this sensor.
     pub debounce_s: Option<u32>,
+    /// The site it is installed in, if any.
+    pub site_id: Option<String>,
     pub created_at: crate::domain::time::Millis,
 }
 

@@ -350,6 +350,11 @@ impl Engine {
         self.clock.now()
     }
 
+    /// The engine's clock, for a task that keeps its time.
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.clock
+    }
+
     /// The partition of a sensor.
     pub fn partition(&self, id: SensorId) -> u32 {
         self.partitions.of(id)

@@ -581,6 +581,8 @@ pub(super) struct Http {
     /// Cancelled when the server ends by itself (its listener failed).
     ended: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
+    /// Reconciles ended silences; stops with the API that makes them.
+    silences: JoinHandle<()>,
 }
 
 impl Http {
@@ -643,6 +645,10 @@ impl Http {
             );
         }
         let stop = CancellationToken::new();
+        let silences = sup.spawn(
+            "silence reconciler",
+            crate::app::silences::reconcile(state.app.clone(), stop.clone()),
+        );
         let stopped = stop.clone();
         // With each connection's peer address: the rate limit of an open API is per address.
         let serve = axum::serve(
@@ -668,6 +674,7 @@ impl Http {
             streams_stop,
             ended,
             task,
+            silences,
         })
     }
 
@@ -681,6 +688,7 @@ impl Http {
         // Open event streams never end by themselves; the graceful stop waits for them.
         self.streams_stop.cancel();
         self.stop.cancel();
+        join(self.silences).await;
         match self.task.await {
             Ok(result) => Ok(result?),
             // The supervisor has logged the panic and fails the run.

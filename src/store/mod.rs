@@ -10,6 +10,8 @@
 //! - [`Backend`]: reachability and periodic upkeep.
 //! - [`Find`]: the console's sensor search.
 //! - [`Secrets`]: the key clients' secrets are sealed under ([`sealing`]).
+//! - [`Sites`]: sites and their sensors' counts.
+//! - [`Silences`]: maintenance windows and the reconciliation at their end.
 //! - [`ClusterStore`]: partition leases and node rows (PostgreSQL only).
 //!
 //! [`Store`] is all of them but the cluster's, for the wiring that hands each part its
@@ -25,6 +27,8 @@
 use async_trait::async_trait;
 
 use crate::domain::client::{Disabled, Health};
+use crate::domain::silence::{Silence, SilenceState};
+use crate::domain::site::{Site, SiteCounts};
 use crate::domain::token::ApiToken;
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
 // The outbox types and the claim rule live in the domain now; named here too, so the
@@ -78,13 +82,15 @@ pub trait Registry: Send + Sync {
     ) -> Result<Page<SensorView>>;
     /// Registered sensors counted by connection: one aggregate query, no rows returned.
     async fn count_sensors(&self) -> Result<ConnectionCounts>;
-    /// Replaces address, timeout and debounce window; `None` if the sensor does not exist.
+    /// Replaces address, timeout, debounce window and site; `None` if the sensor does not
+    /// exist.
     async fn replace_sensor(
         &self,
         id: SensorId,
         address: String,
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
+        site_id: Option<String>,
     ) -> Result<Option<SensorView>>;
     /// Deletes the sensor, its links, state and history; cancels its pending notifications.
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool>;
@@ -331,10 +337,64 @@ pub mod prelude {
     };
 }
 
+/// Sites: buildings whose sensors fail together. A sensor's site is set with the sensor
+/// ([`Sensor::site_id`]); these are the sites themselves.
+#[async_trait]
+pub trait Sites: Send + Sync {
+    /// `Conflict` if the id exists.
+    async fn create_site(&self, site: Site) -> Result<()>;
+    /// The site and its sensors counted by connection.
+    async fn get_site(&self, id: String) -> Result<Option<(Site, SiteCounts)>>;
+    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>>;
+    /// Writes every field but `created_at`; `false` if there is no such site.
+    async fn replace_site(&self, site: Site) -> Result<bool>;
+    /// Deletes it; its sensors stay, in no site. `false` if there was none.
+    async fn delete_site(&self, id: String) -> Result<bool>;
+}
+
+/// Silences (maintenance windows). The group commit applies the active ones to the
+/// notifications it makes ([`Runtime::commit`]); an ended one is reconciled once.
+#[async_trait]
+pub trait Silences: Send + Sync {
+    async fn create_silence(&self, silence: Silence) -> Result<()>;
+    async fn get_silence(&self, id: String) -> Result<Option<Silence>>;
+    /// Newest first by id; `state` as of `now`.
+    async fn list_silences(
+        &self,
+        state: Option<SilenceState>,
+        now: Millis,
+        page: PageRequest,
+    ) -> Result<Page<Silence>>;
+    /// Writes its times, comment and `updated_at`; `false` if there is no such silence or
+    /// its end was reconciled already.
+    async fn update_silence(&self, silence: Silence) -> Result<bool>;
+    /// Reconciles every silence ended by `ended_by` and not yet reconciled, each once
+    /// across the cluster (`ended_by` trails `now` by what a commit stamped before the end
+    /// may take to land, [`crate::domain::silence::SETTLE_MS`]): for each (client, sensor) it kept a notification from and no other
+    /// silence still holds, one notification where the client's view differs from the
+    /// sensor's state now. Answers the notifications made, pending.
+    async fn reconcile_silences(
+        &self,
+        ended_by: Millis,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>>;
+}
+
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
 /// (`Arc<dyn Store>` coerces to `Arc<dyn Outbox>` and the others).
 pub trait Store:
-    Registry + Runtime + Outbox + HistoryStore + Tokens + Backend + Find + Sessions + Secrets + 'static
+    Registry
+    + Runtime
+    + Outbox
+    + HistoryStore
+    + Tokens
+    + Backend
+    + Find
+    + Sessions
+    + Secrets
+    + Sites
+    + Silences
+    + 'static
 {
 }
 
@@ -348,6 +408,8 @@ impl<
         + Find
         + Sessions
         + Secrets
+        + Sites
+        + Silences
         + 'static,
 > Store for T
 {

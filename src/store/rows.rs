@@ -18,7 +18,7 @@ use crate::domain::{
 /// A sensor with its status: [`sensor_view`].
 pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
      st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
-     st.last_source";
+     st.last_source, s.site_id";
 
 /// What the engine keeps of a sensor: [`runtime`], over `sensors s` and [`RUNTIME_JOIN`].
 pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.changed_at, \
@@ -126,6 +126,7 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             address: r.text(1)?,
             heartbeat_timeout_s: r.opt_count(2)?,
             debounce_s: r.opt_count(8)?,
+            site_id: r.opt_text(10)?,
             created_at: r.int(3)?,
         },
         SensorStatus {

@@ -210,7 +210,9 @@ fn listed(code: RejectCode, status: Status) {
         | Status::Delivered
         | Status::Failed
         | Status::Superseded
-        | Status::Cancelled => {}
+        | Status::Cancelled
+        // Made so, never sent: no delivery ends in it.
+        | Status::Silenced => {}
     }
 }
 

@@ -324,6 +324,7 @@ pub async fn import(
                 address: "bench street 1".into(),
                 heartbeat_timeout_s: timeout_s,
                 debounce_s: None,
+                site_id: None,
                 created_at: time::now_ms(),
             })
             .collect();

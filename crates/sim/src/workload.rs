@@ -99,6 +99,7 @@ impl Workload {
                 address: format!("{} street", s.id),
                 heartbeat_timeout_s: None,
                 debounce_s: None,
+                site_id: None,
                 created_at: now,
             };
             store.create_sensor(sensor).await?;

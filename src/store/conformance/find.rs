@@ -211,7 +211,7 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
     assert_eq!(found(&online), ["Door2"]);
 
     // A new address is found by its words, the old one no longer; a deleted sensor is gone.
-    s.replace_sensor(sid("Door1"), "Novgorod, Mira 2".into(), None, None)
+    s.replace_sensor(sid("Door1"), "Novgorod, Mira 2".into(), None, None, None)
         .await
         .unwrap();
     assert_eq!(find(&**s, "svobody").await, ["Door4"]);

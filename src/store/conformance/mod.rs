@@ -225,6 +225,7 @@ pub fn sensor(id: &str) -> Sensor {
         address: format!("address of {id}"),
         heartbeat_timeout_s: None,
         debounce_s: None,
+        site_id: None,
         created_at: 1_000,
     }
 }

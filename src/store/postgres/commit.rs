@@ -151,9 +151,20 @@ async fn commit_batch(
     if notes.id.is_empty() {
         return Ok(Vec::new());
     }
+    let seqs: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
     let (created, newest) = notes.created(&rows, &events, now);
-    supersede(tx, newest, now).await?;
-    Ok(created)
+    // Sent together too: they touch different rows.
+    let (_, silenced) = futures::try_join!(
+        supersede(tx, newest, now),
+        super::silences::silence_new(tx, &seqs, now),
+    )?;
+    if silenced.is_empty() {
+        return Ok(created);
+    }
+    Ok(created
+        .into_iter()
+        .filter(|n| !silenced.contains(&n.seq))
+        .collect())
 }
 
 /// Which of the batch's sensors are registered, and the clients linked to those with

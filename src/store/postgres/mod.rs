@@ -45,6 +45,8 @@ mod replay;
 mod retention;
 mod secrets;
 mod sessions;
+mod silences;
+mod sites;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tokens;
@@ -73,6 +75,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0020_partition_scheme.sql"),
     include_str!("../migrations/postgres/0021_mqtt_unacked.sql"),
     include_str!("../migrations/postgres/0022_sealed_secrets.sql"),
+    include_str!("../migrations/postgres/0023_sites_silences.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

@@ -24,7 +24,7 @@ pub(super) async fn create_sensor(db: &Db, partitioning: Partitioning, s: Sensor
     let n = c
         .execute(
             "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
-               debounce_s, hash) VALUES ($1, $2, $3, $4, $5, $6) \
+               debounce_s, hash, site_id) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                ON CONFLICT (id) DO NOTHING RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
@@ -34,6 +34,7 @@ pub(super) async fn create_sensor(db: &Db, partitioning: Partitioning, s: Sensor
                 &s.created_at,
                 &s.debounce_s.map(|t| t as i32),
                 &i64::from(partitioning.hash(s.id)),
+                &s.site_id,
             ],
         )
         .await?;
@@ -113,19 +114,21 @@ pub(super) async fn replace_sensor(
     address: String,
     timeout: Option<u32>,
     debounce: Option<u32>,
+    site_id: Option<String>,
 ) -> Result<Option<SensorView>> {
     let n = db
         .get("replace_sensor")
         .await?
         .execute(
             "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
-               debounce_s = $4 WHERE id = $1 RETURNING id) \
+               debounce_s = $4, site_id = $5 WHERE id = $1 RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
                 &id.to_string(),
                 &address,
                 &timeout.map(|t| t as i32),
                 &debounce.map(|t| t as i32),
+                &site_id,
             ],
         )
         .await?;
@@ -555,8 +558,9 @@ impl Registry for PgStore {
         address: String,
         timeout: Option<u32>,
         debounce: Option<u32>,
+        site_id: Option<String>,
     ) -> Result<Option<SensorView>> {
-        replace_sensor(&self.db, id, address, timeout, debounce).await
+        replace_sensor(&self.db, id, address, timeout, debounce, site_id).await
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {

@@ -126,6 +126,10 @@ fn notify(tx: &Transaction, events: &[&Event], now: Millis) -> Result<Vec<Notifi
     let rows = insert_notifications(tx, now)?;
     tx.prepare_cached("DELETE FROM temp.stage_events")?
         .execute([])?;
+    let silenced = match rows.first() {
+        Some(first) => super::silences::silence_new(tx, first.seq - 1, now)?,
+        None => Default::default(),
+    };
     let mut supersede = tx.prepare_cached(
         "UPDATE notifications SET status = 'superseded', updated_at = ?3          WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed'          AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
     )?;
@@ -147,6 +151,9 @@ fn notify(tx: &Transaction, events: &[&Event], now: Millis) -> Result<Vec<Notifi
             if e.kind == EventKind::StateChanged {
                 supersede.execute(params![e.sensor_id.to_string(), seq, now])?;
             }
+        }
+        if silenced.contains(&seq) {
+            continue;
         }
         created.push(NotificationRef {
             id,

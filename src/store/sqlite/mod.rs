@@ -37,6 +37,8 @@ mod replay;
 mod retention;
 mod secrets;
 mod sessions;
+mod silences;
+mod sites;
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -61,6 +63,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0014_mqtt_unacked.sql"),
     include_str!("../migrations/sqlite/0015_sealed_secrets.sql"),
     include_str!("../migrations/sqlite/0016_attempts_ids_never_reused.sql"),
+    include_str!("../migrations/sqlite/0017_sites_silences.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -18,14 +18,15 @@ use crate::store::sealing;
 /// `Conflict` if the id exists.
 pub(super) fn create_sensor(c: &Connection, s: Sensor) -> Result<()> {
     let n = c.execute(
-        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s) \
-         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
+         site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
         params![
             s.id.to_string(),
             s.address,
             s.heartbeat_timeout_s,
             s.created_at,
-            s.debounce_s
+            s.debounce_s,
+            s.site_id
         ],
     )?;
     if n == 0 {
@@ -88,10 +89,12 @@ pub(super) fn replace_sensor(
     address: String,
     timeout: Option<u32>,
     debounce: Option<u32>,
+    site_id: Option<String>,
 ) -> Result<usize> {
     Ok(c.execute(
-        "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4 WHERE id = ?1",
-        params![id.to_string(), address, timeout, debounce],
+        "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
+         site_id = ?5 WHERE id = ?1",
+        params![id.to_string(), address, timeout, debounce, site_id],
     )?)
 }
 
@@ -412,9 +415,10 @@ impl Registry for SqliteStore {
         address: String,
         timeout: Option<u32>,
         debounce: Option<u32>,
+        site_id: Option<String>,
     ) -> Result<Option<SensorView>> {
         let n = self
-            .write(move |c| replace_sensor(c, id, address, timeout, debounce))
+            .write(move |c| replace_sensor(c, id, address, timeout, debounce, site_id))
             .await?;
         if n == 0 {
             return Ok(None);

@@ -130,6 +130,7 @@ async fn data_survives_reopening() {
                 address: "here".into(),
                 heartbeat_timeout_s: Some(5),
                 debounce_s: None,
+                site_id: None,
                 created_at: 1,
             })
             .await

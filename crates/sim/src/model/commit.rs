@@ -116,6 +116,7 @@ impl Tables {
             .filter(|e| known(self, e.sensor_id))
             .collect();
         let mut created = Vec::new();
+        let before = self.next.seq;
         // Per sensor, the first seq of its newest state change.
         let mut newest: BTreeMap<SensorId, i64> = BTreeMap::new();
         for e in events {
@@ -168,6 +169,8 @@ impl Tables {
         for (sensor, first) in newest {
             self.supersede_older(cx, sensor, first, now);
         }
+        let silenced = self.silence_new(cx, before, now);
+        created.retain(|n| !silenced.contains(&n.seq));
         Ok(created)
     }
 

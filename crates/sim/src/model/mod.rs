@@ -73,6 +73,7 @@ mod registry;
 mod replay;
 mod secrets;
 mod sessions;
+mod silences;
 mod tables;
 #[cfg(test)]
 mod tests;

@@ -86,11 +86,13 @@ impl Tables {
         address: String,
         timeout: Option<u32>,
         debounce: Option<u32>,
+        site_id: Option<String>,
     ) -> Option<SensorView> {
         let s = self.sensors.get_mut(&id)?;
         s.address = address;
         s.heartbeat_timeout_s = timeout;
         s.debounce_s = debounce;
+        s.site_id = site_id;
         self.note_change(cx, id);
         self.sensor_view(id)
     }
@@ -281,9 +283,10 @@ impl Registry for NodeStore {
         address: String,
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
+        site_id: Option<String>,
     ) -> Result<Option<SensorView>> {
         self.run("replace_sensor", true, |t, cx| {
-            Ok(t.replace_sensor(cx, id, address, heartbeat_timeout_s, debounce_s))
+            Ok(t.replace_sensor(cx, id, address, heartbeat_timeout_s, debounce_s, site_id))
         })
         .await
     }

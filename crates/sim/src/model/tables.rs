@@ -141,6 +141,10 @@ pub struct Tables {
     pub(crate) sealing_key: Option<String>,
     /// Per broker session, its publishes committed but not acknowledged.
     pub(crate) unacked: BTreeMap<String, Vec<latch::store::Unacked>>,
+    pub(crate) sites: BTreeMap<String, latch::domain::site::Site>,
+    pub(crate) silences: BTreeMap<String, latch::domain::silence::Silence>,
+    /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from.
+    pub(crate) silenced_pairs: BTreeSet<(String, SensorId)>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
@@ -165,6 +169,9 @@ impl Tables {
             changes: BTreeMap::new(),
             tokens: BTreeMap::new(),
             unacked: BTreeMap::new(),
+            sites: BTreeMap::new(),
+            silences: BTreeMap::new(),
+            silenced_pairs: BTreeSet::new(),
             sealing_key: None,
             cluster: ClusterTables::default(),
             next: Counters::default(),

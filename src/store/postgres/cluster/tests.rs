@@ -478,6 +478,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             address: "here".into(),
             heartbeat_timeout_s: Some(30),
             debounce_s: None,
+            site_id: None,
             created_at: 1,
         })
         .collect();

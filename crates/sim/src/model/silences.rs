@@ -1,0 +1,303 @@
+//! Sites and silences: `store/{sqlite,postgres}/sites.rs` and `silences.rs`. A commit marks
+//! `silenced` the notifications a silence active at its `now` matches and notes their
+//! (client, sensor) pairs; an ended silence is reconciled once, each of its pairs that no
+//! other active silence holds brought up to date by the domain's rule
+//! (`silence::reconcile`).
+
+use async_trait::async_trait;
+
+use latch::domain::silence::{self, Silence, SilenceState, View};
+use latch::domain::site::{Site, SiteCounts};
+use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
+use latch::store::{Error, Page, PageRequest, Result, Silences, Sites};
+
+use super::node::NodeStore;
+use super::registry::{after, page_of};
+use super::tables::{Cx, Tables};
+
+/// Whether silence `s` matches the pair (any type), as `matches_pair` of both backends.
+fn matches_pair(t: &Tables, s: &Silence, client: &str, sensor: SensorId) -> bool {
+    let m = &s.matcher;
+    m.client_id.as_deref().is_none_or(|c| c == client)
+        && m.sensor_ids
+            .as_ref()
+            .is_none_or(|ids| ids.contains(&sensor))
+        && m.site_id.as_ref().is_none_or(|site| {
+            t.sensors.get(&sensor).and_then(|x| x.site_id.as_ref()) == Some(site)
+        })
+}
+
+fn active(s: &Silence, now: Millis) -> bool {
+    s.starts_at <= now && s.ends_at > now
+}
+
+impl Tables {
+    fn site_counts(&self, site: &Site) -> SiteCounts {
+        let lost = |id: &SensorId| {
+            self.states
+                .get(id)
+                .is_some_and(|st| st.connection == Connection::Lost)
+        };
+        let members: Vec<SensorId> = self
+            .sensors
+            .values()
+            .filter(|s| s.site_id.as_deref() == Some(site.id.as_str()))
+            .map(|s| s.id)
+            .collect();
+        SiteCounts {
+            sensors: members.len() as u64,
+            lost: members.iter().filter(|id| lost(id)).count() as u64,
+            gateway_lost: site.gateway_sensor_id.as_ref().is_some_and(lost),
+        }
+    }
+
+    /// Marks `silenced` the new notifications of seq above `after_seq` that a silence
+    /// active at `now` matches; answers their seqs (`silences::silence_new`).
+    pub(super) fn silence_new(&mut self, cx: &Cx, after_seq: i64, now: Millis) -> Vec<i64> {
+        let mut silenced = Vec::new();
+        for (&seq, r) in self.notifications.range(after_seq + 1..) {
+            let n = &r.notification;
+            if self.silences.values().any(|s| {
+                active(s, now)
+                    && matches_pair(self, s, &n.client_id, n.sensor_id)
+                    && s.matcher.types.as_ref().is_none_or(|t| t.contains(&n.kind))
+            }) {
+                silenced.push((seq, n.client_id.clone(), n.sensor_id));
+            }
+        }
+        let mut seqs = Vec::with_capacity(silenced.len());
+        for (seq, client, sensor) in silenced {
+            self.set_status(cx, seq, Status::Silenced, now);
+            self.silenced_pairs.insert((client, sensor));
+            seqs.push(seq);
+        }
+        seqs
+    }
+
+    fn reconcile_silences(
+        &mut self,
+        cx: &Cx,
+        ended_by: Millis,
+        now: Millis,
+    ) -> Vec<NotificationRef> {
+        let ended: Vec<String> = self
+            .silences
+            .values()
+            .filter(|s| s.ends_at <= ended_by && s.reconciled_at.is_none())
+            .map(|s| s.id.clone())
+            .collect();
+        let mut made = Vec::new();
+        for id in ended {
+            let s = self.silences[&id].clone();
+            self.silences.get_mut(&id).expect("listed").reconciled_at = Some(now);
+            let pairs: Vec<(String, SensorId)> = self
+                .silenced_pairs
+                .iter()
+                .filter(|(c, x)| matches_pair(self, &s, c, *x))
+                .filter(|(c, x)| {
+                    !self
+                        .silences
+                        .values()
+                        .any(|o| o.id != s.id && active(o, now) && matches_pair(self, o, c, *x))
+                })
+                .cloned()
+                .collect();
+            for (client, sensor) in pairs {
+                self.silenced_pairs.remove(&(client.clone(), sensor));
+                if let Some(r) = self.bring_up_to_date(cx, &client, sensor, now) {
+                    made.push(r);
+                }
+            }
+        }
+        made
+    }
+
+    /// What `client` knows of `sensor` (`silences::view`).
+    fn view(&self, client: &str, sensor: SensorId) -> Option<View> {
+        let lane: Vec<&Notification> = self
+            .lanes
+            .get(&(sensor, client.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| self.notifications.get(seq))
+            .map(|r| &r.notification)
+            .collect();
+        if let Some(n) = lane
+            .iter()
+            .rev()
+            .find(|n| matches!(n.status, Status::Delivered | Status::Pending))
+        {
+            return Some(View::after(n.kind, n.data));
+        }
+        lane.iter()
+            .find(|n| n.status == Status::Silenced)
+            .map(|n| View::before(n.kind, n.data, n.previous))
+    }
+
+    fn bring_up_to_date(
+        &mut self,
+        cx: &Cx,
+        client: &str,
+        sensor: SensorId,
+        now: Millis,
+    ) -> Option<NotificationRef> {
+        let view = self.view(client, sensor)?;
+        if !self.linked(client, sensor) {
+            return None;
+        }
+        let events = self.clients.get(client)?.client.events.clone();
+        let st = self.states.get(&sensor).copied();
+        let connection = st.map_or(Connection::Unknown, |s| s.connection);
+        let (kind, data, previous) = silence::reconcile(view, connection, st.and_then(|s| s.data))?;
+        if !latch::domain::client::wants(&events, kind) {
+            return None;
+        }
+        self.next.seq += 1;
+        let n = Notification {
+            id: self.new_notification_id(cx.now),
+            seq: self.next.seq,
+            client_id: client.to_string(),
+            sensor_id: sensor,
+            kind,
+            data,
+            previous,
+            occurred_at: now,
+            last_seen_at: st.and_then(|s| s.last_seen_at),
+            detail: Default::default(),
+            status: Status::Pending,
+            attempts: 0,
+            next_attempt_at: Some(now),
+            created_at: now,
+            updated_at: now,
+            batch_id: None,
+        };
+        let r = NotificationRef {
+            due_at: now,
+            ..NotificationRef::of(&n)
+        };
+        self.insert_notification(cx, n);
+        Some(r)
+    }
+}
+
+#[async_trait]
+impl Sites for NodeStore {
+    async fn create_site(&self, site: Site) -> Result<()> {
+        self.run("create_site", true, |t, _| {
+            if t.sites.contains_key(&site.id) {
+                return Err(Error::Conflict(format!("site {} already exists", site.id)));
+            }
+            t.sites.insert(site.id.clone(), site);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_site(&self, id: String) -> Result<Option<(Site, SiteCounts)>> {
+        self.run("get_site", false, |t, _| {
+            Ok(t.sites.get(&id).map(|s| (s.clone(), t.site_counts(s))))
+        })
+        .await
+    }
+
+    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>> {
+        self.run("list_sites", false, |t, _| {
+            let rows = t
+                .sites
+                .values()
+                .filter(|s| after(&s.id, &page))
+                .map(|s| (s.clone(), t.site_counts(s)));
+            Ok(page_of(rows, &page, |(s, _)| s.id.clone()))
+        })
+        .await
+    }
+
+    async fn replace_site(&self, site: Site) -> Result<bool> {
+        self.run("replace_site", true, |t, _| {
+            let Some(s) = t.sites.get_mut(&site.id) else {
+                return Ok(false);
+            };
+            let created_at = s.created_at;
+            *s = Site { created_at, ..site };
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn delete_site(&self, id: String) -> Result<bool> {
+        self.run("delete_site", true, |t, _| {
+            for s in t.sensors.values_mut() {
+                if s.site_id.as_deref() == Some(id.as_str()) {
+                    s.site_id = None;
+                }
+            }
+            Ok(t.sites.remove(&id).is_some())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Silences for NodeStore {
+    async fn create_silence(&self, silence: Silence) -> Result<()> {
+        self.run("create_silence", true, |t, _| {
+            t.silences.insert(silence.id.clone(), silence);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_silence(&self, id: String) -> Result<Option<Silence>> {
+        self.run("get_silence", false, |t, _| {
+            Ok(t.silences.get(&id).cloned())
+        })
+        .await
+    }
+
+    async fn list_silences(
+        &self,
+        state: Option<SilenceState>,
+        now: Millis,
+        page: PageRequest,
+    ) -> Result<Page<Silence>> {
+        self.run("list_silences", false, |t, _| {
+            let rows = t
+                .silences
+                .values()
+                .filter(|s| after(&s.id, &page))
+                .filter(|s| state.is_none_or(|st| s.state(now) == st))
+                .cloned();
+            Ok(page_of(rows, &page, |s| s.id.clone()))
+        })
+        .await
+    }
+
+    async fn update_silence(&self, silence: Silence) -> Result<bool> {
+        self.run("update_silence", true, |t, _| {
+            let Some(s) = t
+                .silences
+                .get_mut(&silence.id)
+                .filter(|s| s.reconciled_at.is_none())
+            else {
+                return Ok(false);
+            };
+            s.starts_at = silence.starts_at;
+            s.ends_at = silence.ends_at;
+            s.comment = silence.comment;
+            s.updated_at = silence.updated_at;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn reconcile_silences(
+        &self,
+        ended_by: Millis,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        self.run("reconcile_silences", true, |t, cx| {
+            Ok(t.reconcile_silences(cx, ended_by, now))
+        })
+        .await
+    }
+}

@@ -1,0 +1,270 @@
+//! `/v1/silences`: maintenance windows. While one is active the notifications it matches
+//! are kept with status `silenced`, never sent; at its end each client it kept something
+//! from is brought up to date once.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use super::pagination::{List, PageParams};
+use crate::app::silences::SilenceChange;
+use crate::domain::silence::{Match, Silence, SilenceState};
+use crate::domain::{EventKind, Millis, SensorId, time};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_silence, list_silences))
+        .routes(routes!(get_silence, update_silence, delete_silence))
+}
+
+/// Longest comment.
+const MAX_COMMENT: usize = 1000;
+/// Most sensors one silence names.
+const MAX_SENSORS: usize = 10_000;
+
+/// What a silence applies to: every field given must match; at least one is needed.
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MatchBody {
+    pub site_id: Option<String>,
+    pub sensor_ids: Option<Vec<String>>,
+    pub client_id: Option<String>,
+    /// Notification types, e.g. `sensor.connection_lost`.
+    pub types: Option<Vec<String>>,
+}
+
+/// A silence to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SilenceCreate {
+    #[serde(rename = "match")]
+    pub matcher: MatchBody,
+    /// RFC 3339; now when absent.
+    pub starts_at: Option<String>,
+    /// RFC 3339, after `starts_at` and in the future; at most 31 days on.
+    pub ends_at: String,
+    /// Why: who is doing what.
+    pub comment: String,
+}
+
+/// A silence's new times or comment; `starts_at` only before it begins.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SilencePatch {
+    pub starts_at: Option<String>,
+    pub ends_at: Option<String>,
+    pub comment: Option<String>,
+}
+
+/// A silence.
+#[derive(Serialize, ToSchema)]
+pub struct SilenceOut {
+    pub id: String,
+    #[serde(rename = "match")]
+    pub matcher: MatchBody,
+    pub starts_at: String,
+    pub ends_at: String,
+    pub comment: String,
+    pub state: SilenceState,
+    pub created_at: String,
+    pub updated_at: String,
+    /// When its end brought clients up to date; `null` before.
+    pub reconciled_at: Option<String>,
+}
+
+/// `?state=` of the silence list.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SilenceListParams {
+    /// `active`, `pending` (starts later) or `ended`.
+    pub state: Option<String>,
+}
+
+fn silence_out(s: Silence, now: Millis) -> SilenceOut {
+    let state = s.state(now);
+    let m = s.matcher;
+    SilenceOut {
+        id: s.id,
+        matcher: MatchBody {
+            site_id: m.site_id,
+            sensor_ids: m
+                .sensor_ids
+                .map(|ids| ids.iter().map(|i| i.to_string()).collect()),
+            client_id: m.client_id,
+            types: m
+                .types
+                .map(|t| t.iter().map(|k| k.as_str().to_string()).collect()),
+        },
+        starts_at: time::format(s.starts_at),
+        ends_at: time::format(s.ends_at),
+        comment: s.comment,
+        state,
+        created_at: time::format(s.created_at),
+        updated_at: time::format(s.updated_at),
+        reconciled_at: s.reconciled_at.map(time::format),
+    }
+}
+
+fn when(what: &str, v: &str) -> ApiResult<Millis> {
+    time::parse(v)
+        .ok_or_else(|| ApiError::invalid(format!("{what} must be an RFC 3339 time, got {v:?}")))
+}
+
+fn check_comment(c: &str) -> ApiResult<()> {
+    if c.trim().is_empty() || c.chars().count() > MAX_COMMENT {
+        return Err(ApiError::invalid(format!(
+            "comment must be 1 to {MAX_COMMENT} characters, not blank"
+        )));
+    }
+    Ok(())
+}
+
+fn matcher(m: MatchBody) -> ApiResult<Match> {
+    let sensor_ids = match m.sensor_ids {
+        None => None,
+        Some(ids) if ids.len() > MAX_SENSORS => {
+            return Err(ApiError::invalid(format!(
+                "match.sensor_ids: at most {MAX_SENSORS} sensors"
+            )));
+        }
+        Some(ids) => Some(
+            ids.iter()
+                .map(|i| {
+                    SensorId::parse(i).map_err(|e| {
+                        ApiError::invalid(format!("match.sensor_ids: {e} (got {i:?})"))
+                    })
+                })
+                .collect::<ApiResult<Vec<_>>>()?,
+        ),
+    };
+    let types = match m.types {
+        None => None,
+        Some(t) => Some(
+            t.iter()
+                .map(|k| {
+                    EventKind::parse(k).ok_or_else(|| {
+                        ApiError::invalid(format!("match.types: no notification type {k:?}"))
+                    })
+                })
+                .collect::<ApiResult<Vec<_>>>()?,
+        ),
+    };
+    Ok(Match {
+        site_id: m.site_id,
+        sensor_ids,
+        client_id: m.client_id,
+        types,
+    })
+}
+
+/// Silence matching notifications for a while (a maintenance window).
+#[utoipa::path(post, path = "/v1/silences", tag = "silences", request_body = SilenceCreate,
+    responses((status = 201, body = SilenceOut), (status = 422, body = ErrorBody)))]
+async fn create_silence(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<SilenceCreate>,
+) -> ApiResult<(StatusCode, ApiJson<SilenceOut>)> {
+    check_comment(&body.comment)?;
+    let starts_at = body
+        .starts_at
+        .as_deref()
+        .map(|s| when("starts_at", s))
+        .transpose()?;
+    let ends_at = when("ends_at", &body.ends_at)?;
+    let s = st
+        .app
+        .create_silence(matcher(body.matcher)?, starts_at, ends_at, body.comment)
+        .await?;
+    Ok((StatusCode::CREATED, ApiJson(silence_out(s, st.app.now()))))
+}
+
+/// List silences, oldest first; `?state=` filters.
+#[utoipa::path(get, path = "/v1/silences", tag = "silences", params(PageParams, SilenceListParams),
+    responses((status = 200, body = List<SilenceOut>), (status = 400, body = ErrorBody)))]
+async fn list_silences(
+    State(st): State<AppState>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(filter): ApiQuery<SilenceListParams>,
+) -> ApiResult<ApiJson<List<SilenceOut>>> {
+    let state = match filter.state.as_deref() {
+        None => None,
+        Some(s) => Some(SilenceState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!("state must be active, pending or ended, got {s:?}"))
+        })?),
+    };
+    let now = st.app.now();
+    let page = st
+        .app
+        .store
+        .list_silences(state, now, page.to_request()?)
+        .await?;
+    Ok(ApiJson(List::from_page(page, |s| silence_out(s, now))))
+}
+
+/// Read a silence.
+#[utoipa::path(get, path = "/v1/silences/{id}", tag = "silences", params(("id" = String, Path)),
+    responses((status = 200, body = SilenceOut), (status = 404, body = ErrorBody)))]
+async fn get_silence(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<SilenceOut>> {
+    let s = st
+        .app
+        .store
+        .get_silence(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("silence"))?;
+    Ok(ApiJson(silence_out(s, st.app.now())))
+}
+
+/// Extend, shorten or re-comment a silence that has not ended.
+#[utoipa::path(patch, path = "/v1/silences/{id}", tag = "silences", params(("id" = String, Path)),
+    request_body = SilencePatch,
+    responses((status = 200, body = SilenceOut), (status = 404, body = ErrorBody),
+        (status = 409, description = "the silence has ended", body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn update_silence(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<SilencePatch>,
+) -> ApiResult<ApiJson<SilenceOut>> {
+    if let Some(c) = &body.comment {
+        check_comment(c)?;
+    }
+    let change = SilenceChange {
+        starts_at: body
+            .starts_at
+            .as_deref()
+            .map(|s| when("starts_at", s))
+            .transpose()?,
+        ends_at: body
+            .ends_at
+            .as_deref()
+            .map(|s| when("ends_at", s))
+            .transpose()?,
+        comment: body.comment,
+    };
+    let s = st
+        .app
+        .update_silence(id, change)
+        .await?
+        .ok_or_else(|| ApiError::not_found("silence"))?;
+    Ok(ApiJson(silence_out(s, st.app.now())))
+}
+
+/// End a silence now.
+#[utoipa::path(delete, path = "/v1/silences/{id}", tag = "silences", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn delete_silence(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    if !st.app.end_silence(id).await? {
+        return Err(ApiError::not_found("silence"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,212 @@
+//! `/v1/sites`: the buildings sensors are installed in, each with its sensors counted.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use super::pagination::{List, PageParams};
+use crate::app::sites::SiteFields;
+use crate::domain::site::{Site, SiteCounts, check_site_id};
+use crate::domain::{SensorId, time};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_site, list_sites))
+        .routes(routes!(get_site, update_site, delete_site))
+}
+
+/// Longest name or address of a site.
+const MAX_TEXT: usize = 512;
+
+/// A site to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SiteCreate {
+    /// 1 to 64 ASCII letters, digits, `-`, `_` and `.`.
+    #[schema(example = "bldg-7")]
+    pub id: String,
+    #[schema(example = "Svobody 23")]
+    pub name: Option<String>,
+    pub address: Option<String>,
+    /// A sensor whose loss alone means the site is down (its gateway).
+    pub gateway_sensor_id: Option<String>,
+}
+
+/// Fields of a site to change; an absent one is kept, `null` clears it.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SitePatch {
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub name: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub address: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub gateway_sensor_id: Option<Option<String>>,
+}
+
+/// A field given (even as `null`), told apart from one left out.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// A site with its sensors' state.
+#[derive(Serialize, ToSchema)]
+pub struct SiteOut {
+    pub id: String,
+    pub name: Option<String>,
+    pub address: Option<String>,
+    pub gateway_sensor_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub status: SiteStatusOut,
+}
+
+/// Whether a site is down now, and its sensors counted.
+#[derive(Serialize, ToSchema)]
+pub struct SiteStatusOut {
+    /// `down`: its gateway sensor is lost, or at least `LATCH_SITE_DOWN_RATIO` of its
+    /// sensors (and at least `LATCH_SITE_MIN_SENSORS`) are.
+    #[schema(example = "up")]
+    pub state: String,
+    /// Sensors in the site.
+    pub sensors: u64,
+    /// Of those, lost now.
+    pub lost: u64,
+}
+
+fn site_out(st: &AppState, (s, counts): (Site, SiteCounts)) -> SiteOut {
+    let down = crate::domain::site::down(
+        counts,
+        st.config.site_down_ratio,
+        st.config.site_min_sensors,
+    );
+    SiteOut {
+        id: s.id,
+        name: s.name,
+        address: s.address,
+        gateway_sensor_id: s.gateway_sensor_id.map(|g| g.to_string()),
+        created_at: time::format(s.created_at),
+        updated_at: time::format(s.updated_at),
+        status: SiteStatusOut {
+            state: if down { "down" } else { "up" }.into(),
+            sensors: counts.sensors,
+            lost: counts.lost,
+        },
+    }
+}
+
+fn check_text(what: &str, v: Option<&str>) -> ApiResult<()> {
+    if let Some(v) = v
+        && (v.trim().is_empty() || v.chars().count() > MAX_TEXT)
+    {
+        return Err(ApiError::invalid(format!(
+            "{what} must be 1 to {MAX_TEXT} characters, not blank"
+        )));
+    }
+    Ok(())
+}
+
+fn gateway(g: Option<&str>) -> ApiResult<Option<SensorId>> {
+    g.map(|g| {
+        SensorId::parse(g)
+            .map_err(|e| ApiError::invalid(format!("gateway_sensor_id: {e} (got {g:?})")))
+    })
+    .transpose()
+}
+
+/// Register a site.
+#[utoipa::path(post, path = "/v1/sites", tag = "sites", request_body = SiteCreate,
+    responses((status = 201, body = SiteOut), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn create_site(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<SiteCreate>,
+) -> ApiResult<(StatusCode, ApiJson<SiteOut>)> {
+    check_site_id(&body.id)
+        .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
+    check_text("name", body.name.as_deref())?;
+    check_text("address", body.address.as_deref())?;
+    let fields = SiteFields {
+        name: Some(body.name),
+        address: Some(body.address),
+        gateway_sensor_id: Some(gateway(body.gateway_sensor_id.as_deref())?),
+    };
+    let site = st.app.create_site(body.id, fields).await?;
+    Ok((StatusCode::CREATED, ApiJson(site_out(&st, site))))
+}
+
+/// List sites, by id.
+#[utoipa::path(get, path = "/v1/sites", tag = "sites", params(PageParams),
+    responses((status = 200, body = List<SiteOut>)))]
+async fn list_sites(
+    State(st): State<AppState>,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> ApiResult<ApiJson<List<SiteOut>>> {
+    let page = st.app.store.list_sites(page.to_request()?).await?;
+    Ok(ApiJson(List::from_page(page, |s| site_out(&st, s))))
+}
+
+/// Read a site and its status.
+#[utoipa::path(get, path = "/v1/sites/{id}", tag = "sites", params(("id" = String, Path)),
+    responses((status = 200, body = SiteOut), (status = 404, body = ErrorBody)))]
+async fn get_site(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<ApiJson<SiteOut>> {
+    let site = st
+        .app
+        .store
+        .get_site(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("site"))?;
+    Ok(ApiJson(site_out(&st, site)))
+}
+
+/// Change a site's name, address or gateway sensor.
+#[utoipa::path(patch, path = "/v1/sites/{id}", tag = "sites", params(("id" = String, Path)),
+    request_body = SitePatch,
+    responses((status = 200, body = SiteOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn update_site(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<SitePatch>,
+) -> ApiResult<ApiJson<SiteOut>> {
+    check_text("name", body.name.clone().flatten().as_deref())?;
+    check_text("address", body.address.clone().flatten().as_deref())?;
+    let gateway_sensor_id = match body.gateway_sensor_id {
+        None => None,
+        Some(g) => Some(gateway(g.as_deref())?),
+    };
+    let fields = SiteFields {
+        name: body.name,
+        address: body.address,
+        gateway_sensor_id,
+    };
+    let site = st
+        .app
+        .update_site(id, fields)
+        .await?
+        .ok_or_else(|| ApiError::not_found("site"))?;
+    Ok(ApiJson(site_out(&st, site)))
+}
+
+/// Delete a site; its sensors stay, in no site.
+#[utoipa::path(delete, path = "/v1/sites/{id}", tag = "sites", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+async fn delete_site(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    if !st.app.store.delete_site(id).await? {
+        return Err(ApiError::not_found("site"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,112 @@
+//! Sites: the buildings sensors are installed in, which fail together (a gateway loses
+//! power, an uplink goes down), so that one alarm can stand for all of a site's sensors and
+//! a maintenance window can name them at once.
+
+use serde::{Deserialize, Serialize};
+
+use super::sensor::SensorId;
+use super::time::Millis;
+
+/// The longest site id.
+pub const MAX_SITE_ID_LEN: usize = 64;
+
+/// A site as the registry keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Site {
+    pub id: String,
+    pub name: Option<String>,
+    pub address: Option<String>,
+    /// A sensor whose loss alone means the site is down (the building's gateway).
+    pub gateway_sensor_id: Option<SensorId>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// A site's sensors, counted by connection (what `GET /v1/sites/{id}` reports beside it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SiteCounts {
+    /// Sensors that belong to the site.
+    pub sensors: u64,
+    /// Of those, the ones lost now.
+    pub lost: u64,
+    /// Whether its gateway sensor is lost now.
+    #[serde(skip)]
+    pub gateway_lost: bool,
+}
+
+/// Whether a site with these counts is down: its gateway is lost, or at least `ratio` of
+/// its sensors, and at least `min_sensors`, are.
+pub fn down(c: SiteCounts, ratio: f64, min_sensors: u32) -> bool {
+    c.gateway_lost
+        || (c.sensors > 0
+            && c.lost >= u64::from(min_sensors)
+            && c.lost as f64 >= ratio * c.sensors as f64)
+}
+
+/// Why a site id is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SiteIdError {
+    #[error("site id is empty")]
+    Empty,
+    #[error("site id is {0} characters long; at most {MAX_SITE_ID_LEN} are allowed")]
+    TooLong(usize),
+    #[error(
+        "site id has {0:?} at position {1}; only ASCII letters, digits, '-', '_' and '.' are allowed"
+    )]
+    BadChar(char, usize),
+}
+
+/// Checks a site id. Sites are named by people, not by device firmware, so besides the
+/// sensors' letters and digits an id may hold `-`, `_` and `.` (`bldg-7`), and be up to
+/// 64 characters long.
+pub fn check_site_id(id: &str) -> Result<(), SiteIdError> {
+    if id.is_empty() {
+        return Err(SiteIdError::Empty);
+    }
+    let n = id.chars().count();
+    if n > MAX_SITE_ID_LEN {
+        return Err(SiteIdError::TooLong(n));
+    }
+    match id
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        Some((i, c)) => Err(SiteIdError::BadChar(c, i)),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_is_down_by_its_gateway_or_by_a_share_of_enough_sensors() {
+        let c = |sensors, lost, gateway_lost| SiteCounts {
+            sensors,
+            lost,
+            gateway_lost,
+        };
+        assert!(down(c(10, 5, false), 0.5, 3));
+        assert!(!down(c(10, 4, false), 0.5, 3));
+        assert!(
+            !down(c(4, 2, false), 0.5, 3),
+            "half, but fewer than the minimum"
+        );
+        assert!(down(c(10, 0, true), 0.5, 3), "its gateway alone");
+        assert!(!down(c(0, 0, false), 0.5, 3));
+    }
+
+    #[test]
+    fn site_ids_take_what_people_name_buildings_with_and_say_why_not() {
+        assert!(check_site_id("bldg-7").is_ok());
+        assert!(check_site_id("Svobody_23.fl1").is_ok());
+        assert_eq!(check_site_id(""), Err(SiteIdError::Empty));
+        assert_eq!(
+            check_site_id(&"a".repeat(65)),
+            Err(SiteIdError::TooLong(65))
+        );
+        assert_eq!(check_site_id("a b"), Err(SiteIdError::BadChar(' ', 1)));
+    }
+}

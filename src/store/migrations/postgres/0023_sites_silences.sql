@@ -1,0 +1,39 @@
+-- latch schema v23 (PostgreSQL): sites, a sensor's site, and silences (maintenance windows).
+
+CREATE TABLE sites (
+    id                TEXT COLLATE "C" PRIMARY KEY,
+    name              TEXT,
+    address           TEXT,
+    gateway_sensor_id TEXT,
+    created_at        BIGINT NOT NULL,
+    updated_at        BIGINT NOT NULL
+);
+
+ALTER TABLE sensors ADD COLUMN site_id TEXT COLLATE "C";
+CREATE INDEX sensors_by_site ON sensors (site_id) WHERE site_id IS NOT NULL;
+
+-- A silence's match: each column NULL (any) or what it names; `sensor_ids` and `types`
+-- as ',a,b,' so one strpos() tests membership. `reconciled_at`: when its end was
+-- reconciled (once, by whichever node took it first).
+CREATE TABLE silences (
+    id            TEXT COLLATE "C" PRIMARY KEY,
+    site_id       TEXT,
+    sensor_ids    TEXT,
+    client_id     TEXT,
+    types         TEXT,
+    starts_at     BIGINT NOT NULL,
+    ends_at       BIGINT NOT NULL,
+    comment       TEXT NOT NULL,
+    created_at    BIGINT NOT NULL,
+    updated_at    BIGINT NOT NULL,
+    reconciled_at BIGINT
+);
+CREATE INDEX silences_by_end ON silences (ends_at);
+
+-- The (client, sensor) pairs a silence kept a notification from: what a silence's end
+-- reconciles. Kept until no silence that matches a pair waits for its reconciliation.
+CREATE TABLE silenced_pairs (
+    client_id TEXT COLLATE "C" NOT NULL,
+    sensor_id TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (client_id, sensor_id)
+);

@@ -1,0 +1,39 @@
+-- latch schema (SQLite): sites, a sensor's site, and silences (maintenance windows).
+
+CREATE TABLE sites (
+    id                TEXT PRIMARY KEY,
+    name              TEXT,
+    address           TEXT,
+    gateway_sensor_id TEXT,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL
+) WITHOUT ROWID;
+
+ALTER TABLE sensors ADD COLUMN site_id TEXT;
+CREATE INDEX sensors_by_site ON sensors (site_id) WHERE site_id IS NOT NULL;
+
+-- A silence's match: each column NULL (any) or what it names; `sensor_ids` and `types`
+-- as ",a,b," so one instr() tests membership. `reconciled_at`: when its end was reconciled
+-- (once, by whichever node took it first).
+CREATE TABLE silences (
+    id            TEXT PRIMARY KEY,
+    site_id       TEXT,
+    sensor_ids    TEXT,
+    client_id     TEXT,
+    types         TEXT,
+    starts_at     INTEGER NOT NULL,
+    ends_at       INTEGER NOT NULL,
+    comment       TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    reconciled_at INTEGER
+) WITHOUT ROWID;
+CREATE INDEX silences_by_end ON silences (ends_at);
+
+-- The (client, sensor) pairs a silence kept a notification from: what a silence's end
+-- reconciles. Kept until no silence that matches a pair waits for its reconciliation.
+CREATE TABLE silenced_pairs (
+    client_id TEXT NOT NULL,
+    sensor_id TEXT NOT NULL,
+    PRIMARY KEY (client_id, sensor_id)
+) WITHOUT ROWID;

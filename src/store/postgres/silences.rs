@@ -1,0 +1,314 @@
+//! Silences: kept as rows, applied by the group commit to the notifications it makes
+//! ([`silence_new`]), and reconciled once at their end ([`Silences::reconcile_silences`]).
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use tokio_postgres::Row;
+
+use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
+use super::PgStore;
+use super::db::{Sql, Tx};
+use crate::domain::notification::new_notification_id;
+use crate::domain::silence::{self, Match, Silence, SilenceState, View};
+use crate::domain::{Connection as Conn, EventKind, Millis, SensorId};
+
+const SILENCE_COLS: &str = "id, site_id, sensor_ids, client_id, types, starts_at, ends_at, \
+     comment, created_at, updated_at, reconciled_at";
+
+/// Whether silence `s` matches the (client, sensor) named by the SQL expressions `client`
+/// and `sensor` (any type).
+fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
+    format!(
+        "({s}.client_id IS NULL OR {s}.client_id = {client}) \
+         AND ({s}.sensor_ids IS NULL OR strpos({s}.sensor_ids, ',' || {sensor} || ',') > 0) \
+         AND ({s}.site_id IS NULL OR {s}.site_id = \
+              (SELECT x.site_id FROM sensors x WHERE x.id = {sensor}))"
+    )
+}
+
+/// Whether silence `s` is active at `now` (an SQL expression).
+fn active(s: &str, now: &str) -> String {
+    format!("{s}.starts_at <= {now} AND {s}.ends_at > {now}")
+}
+
+fn silence_row(r: &Row) -> Silence {
+    let sensors: Option<String> = r.get(2);
+    let types: Option<String> = r.get(4);
+    Silence {
+        id: r.get(0),
+        matcher: Match {
+            site_id: r.get(1),
+            sensor_ids: sensors.map(|s| Match::unlisted(&s, |p| SensorId::parse(p).ok())),
+            client_id: r.get(3),
+            types: types.map(|t| Match::unlisted(&t, EventKind::parse)),
+        },
+        starts_at: r.get(5),
+        ends_at: r.get(6),
+        comment: r.get(7),
+        created_at: r.get(8),
+        updated_at: r.get(9),
+        reconciled_at: r.get(10),
+    }
+}
+
+/// Marks `silenced` those of the notifications `seqs` (just inserted) that a silence
+/// active at `now` matches, takes them off the pending list, and notes their pairs for the
+/// silence's end; answers their seqs. One statement, which reads nothing of the outbox
+/// when no silence is active.
+pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+    let rows = tx
+        .query(
+            &tx.prepare_cached(&format!(
+                "WITH s AS (UPDATE notifications n SET status = 'silenced' \
+                   WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
+                   AND n.seq = ANY($1) AND EXISTS (SELECT 1 FROM silences s WHERE {} AND {} \
+                   AND (s.types IS NULL OR strpos(s.types, ',' || n.kind || ',') > 0)) \
+                   RETURNING n.seq, n.client_id, n.sensor_id), \
+                 d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)), \
+                 p AS (INSERT INTO silenced_pairs (client_id, sensor_id) \
+                   SELECT DISTINCT client_id, sensor_id FROM s ON CONFLICT DO NOTHING) \
+                 SELECT seq FROM s",
+                active("a", "$2"),
+                active("s", "$2"),
+                matches_pair("s", "n.client_id", "n.sensor_id")
+            ))
+            .await?,
+            &[&seqs, &now],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Reconciles silence `id`: each pair it kept something from, that no other active
+/// silence holds, gets one notification if its client's view is wrong.
+async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<NotificationRef>> {
+    let pairs = tx
+        .query(
+            &format!(
+                "DELETE FROM silenced_pairs p USING silences s WHERE s.id = $1 AND {} \
+                 AND NOT EXISTS (SELECT 1 FROM silences o WHERE o.id <> s.id AND {} AND {}) \
+                 RETURNING p.client_id, p.sensor_id",
+                matches_pair("s", "p.client_id", "p.sensor_id"),
+                active("o", "$2"),
+                matches_pair("o", "p.client_id", "p.sensor_id")
+            ),
+            &[&id, &now],
+        )
+        .await?;
+    let mut made = Vec::new();
+    for p in pairs {
+        let (client, sensor): (String, String) = (p.get(0), p.get(1));
+        if let Some(r) = bring_up_to_date(tx, &client, &sensor, now).await? {
+            made.push(r);
+        }
+    }
+    Ok(made)
+}
+
+/// The notification that brings `client`'s view of `sensor` up to date, made pending,
+/// if it is linked, wants that type, and its view is wrong.
+async fn bring_up_to_date(
+    tx: &Tx<'_>,
+    client: &str,
+    sensor: &str,
+    now: Millis,
+) -> Result<Option<NotificationRef>> {
+    let Some(view) = view(tx, client, sensor).await? else {
+        return Ok(None);
+    };
+    let Some(state) = tx
+        .query_opt(
+            "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
+             JOIN clients c ON c.id = l.client_id \
+             LEFT JOIN sensor_state st ON st.sensor_id = l.sensor_id \
+             WHERE l.client_id = $1 AND l.sensor_id = $2",
+            &[&client, &sensor],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let connection = state
+        .get::<_, Option<String>>(1)
+        .as_deref()
+        .and_then(Conn::parse)
+        .unwrap_or(Conn::Unknown);
+    let Some((kind, data, previous)) = silence::reconcile(view, connection, state.get(0)) else {
+        return Ok(None);
+    };
+    if let Some(events) = state.get::<_, Option<String>>(3)
+        && !events.split(',').any(|e| e == kind.as_str())
+    {
+        return Ok(None);
+    }
+    let id = new_notification_id();
+    let last_seen_at: Option<Millis> = state.get(2);
+    let row = tx
+        .query_one(
+            "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
+             previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, \
+             $7, $7, $7) RETURNING seq, sensor_id, client_id), \
+             listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
+             SELECT seq, sensor_id, client_id FROM ins) \
+             SELECT seq FROM ins",
+            &[
+                &id,
+                &client,
+                &sensor,
+                &kind.as_str(),
+                &data,
+                &previous,
+                &now,
+                &last_seen_at,
+            ],
+        )
+        .await?;
+    Ok(Some(NotificationRef {
+        id,
+        seq: row.get(0),
+        client_id: client.to_string(),
+        sensor_id: SensorId::parse(sensor)
+            .map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?,
+        kind,
+        due_at: now,
+        attempts: 0,
+        batch_id: None,
+    }))
+}
+
+/// What `client` knows of `sensor`: its newest notification delivered or waiting to be,
+/// else the view before the first one a silence kept from it.
+async fn view(tx: &Tx<'_>, client: &str, sensor: &str) -> Result<Option<View>> {
+    let told = tx
+        .query_opt(
+            "SELECT kind, data FROM notifications WHERE sensor_id = $2 AND client_id = $1 \
+             AND status IN ('delivered', 'pending') AND kind IN ('sensor.state_changed', \
+             'sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') \
+             ORDER BY seq DESC LIMIT 1",
+            &[&client, &sensor],
+        )
+        .await?;
+    if let Some(r) = told {
+        return Ok(EventKind::parse(r.get(0)).map(|k| View::after(k, r.get(1))));
+    }
+    let kept = tx
+        .query_opt(
+            "SELECT kind, data, previous FROM notifications WHERE sensor_id = $2 \
+             AND client_id = $1 AND status = 'silenced' ORDER BY seq LIMIT 1",
+            &[&client, &sensor],
+        )
+        .await?;
+    Ok(kept.and_then(|r| EventKind::parse(r.get(0)).map(|k| View::before(k, r.get(1), r.get(2)))))
+}
+
+#[async_trait]
+impl Silences for PgStore {
+    async fn create_silence(&self, s: Silence) -> Result<()> {
+        let c = self.db.get("create_silence").await?;
+        let m = &s.matcher;
+        let types = m
+            .types
+            .as_ref()
+            .map(|t| Match::listed(&t.iter().map(|k| k.as_str()).collect::<Vec<_>>()));
+        c.execute(
+            "INSERT INTO silences (id, site_id, sensor_ids, client_id, types, starts_at, \
+             ends_at, comment, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &s.id,
+                &m.site_id,
+                &m.sensor_ids.as_deref().map(Match::listed),
+                &m.client_id,
+                &types,
+                &s.starts_at,
+                &s.ends_at,
+                &s.comment,
+                &s.created_at,
+                &s.updated_at,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get_silence(&self, id: String) -> Result<Option<Silence>> {
+        let c = self.db.get("get_silence").await?;
+        let row = c
+            .query_opt(
+                &format!("SELECT {SILENCE_COLS} FROM silences WHERE id = $1"),
+                &[&id],
+            )
+            .await?;
+        Ok(row.as_ref().map(silence_row))
+    }
+
+    async fn list_silences(
+        &self,
+        state: Option<SilenceState>,
+        now: Millis,
+        page: PageRequest,
+    ) -> Result<Page<Silence>> {
+        let state = match state {
+            None => "true",
+            Some(SilenceState::Pending) => "starts_at > $3",
+            Some(SilenceState::Active) => "starts_at <= $3 AND ends_at > $3",
+            Some(SilenceState::Ended) => "ends_at <= $3",
+        };
+        let c = self.db.get("list_silences").await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SILENCE_COLS} FROM silences WHERE id > $1 AND {state} \
+                     AND $3::int8 IS NOT NULL ORDER BY id LIMIT $2"
+                ),
+                &[
+                    &page.after.clone().unwrap_or_default(),
+                    &limit_plus_one(&page),
+                    &now,
+                ],
+            )
+            .await?;
+        let rows = rows.iter().map(silence_row).collect();
+        Ok(Page::from_rows(rows, page.limit, |s| s.id.clone()))
+    }
+
+    async fn update_silence(&self, s: Silence) -> Result<bool> {
+        let c = self.db.get("update_silence").await?;
+        let n = c
+            .execute(
+                "UPDATE silences SET starts_at = $2, ends_at = $3, comment = $4, \
+                 updated_at = $5 WHERE id = $1 AND reconciled_at IS NULL",
+                &[&s.id, &s.starts_at, &s.ends_at, &s.comment, &s.updated_at],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn reconcile_silences(
+        &self,
+        ended_by: Millis,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        let mut c = self.db.get("reconcile_silences").await?;
+        let tx = c.transaction().await?;
+        // Taken by the first node to come: the row lock makes another one's update wait
+        // and then find it reconciled.
+        let ended = tx
+            .query(
+                "UPDATE silences SET reconciled_at = $1 \
+                 WHERE ends_at <= $2 AND reconciled_at IS NULL RETURNING id",
+                &[&now, &ended_by],
+            )
+            .await?;
+        let mut made = Vec::new();
+        for r in ended {
+            let id: String = r.get(0);
+            made.extend(reconcile(&tx, &id, now).await?);
+        }
+        tx.commit().await?;
+        made.sort_by_key(|r| r.seq);
+        Ok(made)
+    }
+}

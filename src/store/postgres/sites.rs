@@ -1,0 +1,124 @@
+//! Sites, each read with its sensors counted by connection.
+
+use async_trait::async_trait;
+use tokio_postgres::Row;
+
+use super::super::{Error, Page, PageRequest, Result, Sites, limit_plus_one};
+use super::PgStore;
+use super::db::Sql;
+use crate::domain::SensorId;
+use crate::domain::site::{Site, SiteCounts};
+
+/// A site and its counts, over `sites si`: [`site`].
+const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.created_at, \
+     si.updated_at, \
+     (SELECT COUNT(*) FROM sensors s WHERE s.site_id = si.id), \
+     (SELECT COUNT(*) FROM sensors s JOIN sensor_state st ON st.sensor_id = s.id \
+      WHERE s.site_id = si.id AND st.connection = 'lost'), \
+     COALESCE((SELECT st.connection = 'lost' FROM sensor_state st \
+      WHERE st.sensor_id = si.gateway_sensor_id), false)";
+
+fn site(r: &Row) -> (Site, SiteCounts) {
+    let gateway: Option<String> = r.get(3);
+    (
+        Site {
+            id: r.get(0),
+            name: r.get(1),
+            address: r.get(2),
+            gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
+            created_at: r.get(4),
+            updated_at: r.get(5),
+        },
+        SiteCounts {
+            sensors: r.get::<_, i64>(6) as u64,
+            lost: r.get::<_, i64>(7) as u64,
+            gateway_lost: r.get(8),
+        },
+    )
+}
+
+#[async_trait]
+impl Sites for PgStore {
+    async fn create_site(&self, s: Site) -> Result<()> {
+        let c = self.db.get("create_site").await?;
+        let n = c
+            .execute(
+                "INSERT INTO sites (id, name, address, gateway_sensor_id, created_at, \
+                 updated_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                &[
+                    &s.id,
+                    &s.name,
+                    &s.address,
+                    &s.gateway_sensor_id.map(|g| g.to_string()),
+                    &s.created_at,
+                    &s.updated_at,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::Conflict(format!("site {} already exists", s.id)));
+        }
+        Ok(())
+    }
+
+    async fn get_site(&self, id: String) -> Result<Option<(Site, SiteCounts)>> {
+        let c = self.db.get("get_site").await?;
+        let row = c
+            .query_opt(
+                &format!("SELECT {SITE_COLS} FROM sites si WHERE si.id = $1"),
+                &[&id],
+            )
+            .await?;
+        Ok(row.as_ref().map(site))
+    }
+
+    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>> {
+        let c = self.db.get("list_sites").await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SITE_COLS} FROM sites si WHERE si.id > $1 ORDER BY si.id LIMIT $2"
+                ),
+                &[
+                    &page.after.clone().unwrap_or_default(),
+                    &limit_plus_one(&page),
+                ],
+            )
+            .await?;
+        let rows = rows.iter().map(site).collect();
+        Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.clone()))
+    }
+
+    async fn replace_site(&self, s: Site) -> Result<bool> {
+        let c = self.db.get("replace_site").await?;
+        let n = c
+            .execute(
+                "UPDATE sites SET name = $2, address = $3, gateway_sensor_id = $4, \
+                 updated_at = $5 WHERE id = $1",
+                &[
+                    &s.id,
+                    &s.name,
+                    &s.address,
+                    &s.gateway_sensor_id.map(|g| g.to_string()),
+                    &s.updated_at,
+                ],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn delete_site(&self, id: String) -> Result<bool> {
+        let mut c = self.db.get("delete_site").await?;
+        let tx = c.transaction().await?;
+        tx.execute(
+            "UPDATE sensors SET site_id = NULL WHERE site_id = $1",
+            &[&id],
+        )
+        .await?;
+        let n = tx
+            .execute("DELETE FROM sites WHERE id = $1", &[&id])
+            .await?;
+        tx.commit().await?;
+        Ok(n > 0)
+    }
+}

@@ -1,0 +1,339 @@
+//! Silences: kept as rows, applied by the group commit to the notifications it makes
+//! ([`silence_new`]), and reconciled once at their end ([`Silences::reconcile_silences`]).
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+
+use super::super::{NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
+use super::SqliteStore;
+use crate::domain::notification::new_notification_id;
+use crate::domain::silence::{self, Match, Silence, SilenceState, View};
+use crate::domain::{Connection as Conn, EventKind, Millis, SensorId};
+
+const SILENCE_COLS: &str = "id, site_id, sensor_ids, client_id, types, starts_at, ends_at, \
+     comment, created_at, updated_at, reconciled_at";
+
+/// Whether silence `s` matches the (client, sensor) named by the SQL expressions `client`
+/// and `sensor` (any type).
+fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
+    format!(
+        "({s}.client_id IS NULL OR {s}.client_id = {client}) \
+         AND ({s}.sensor_ids IS NULL OR instr({s}.sensor_ids, ',' || {sensor} || ',') > 0) \
+         AND ({s}.site_id IS NULL OR {s}.site_id = \
+              (SELECT x.site_id FROM sensors x WHERE x.id = {sensor}))"
+    )
+}
+
+/// Whether silence `s` is active at `?now` (the parameter's name given).
+fn active(s: &str, now: &str) -> String {
+    format!("{s}.starts_at <= {now} AND {s}.ends_at > {now}")
+}
+
+fn silence_row(r: &Row) -> rusqlite::Result<Silence> {
+    let sensors: Option<String> = r.get(2)?;
+    let types: Option<String> = r.get(4)?;
+    Ok(Silence {
+        id: r.get(0)?,
+        matcher: Match {
+            site_id: r.get(1)?,
+            sensor_ids: sensors.map(|s| Match::unlisted(&s, |p| SensorId::parse(p).ok())),
+            client_id: r.get(3)?,
+            types: types.map(|t| Match::unlisted(&t, EventKind::parse)),
+        },
+        starts_at: r.get(5)?,
+        ends_at: r.get(6)?,
+        comment: r.get(7)?,
+        created_at: r.get(8)?,
+        updated_at: r.get(9)?,
+        reconciled_at: r.get(10)?,
+    })
+}
+
+/// Marks `silenced` the notifications of seq above `after` that a silence active at `now`
+/// matches, and notes their pairs for the silence's end; answers their seqs. Called by
+/// the group commit right after it inserted them.
+pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<HashSet<i64>> {
+    let any: bool = tx
+        .prepare_cached(&format!(
+            "SELECT EXISTS (SELECT 1 FROM silences s WHERE {})",
+            active("s", "?1")
+        ))?
+        .query_row([now], |r| r.get(0))?;
+    if !any {
+        return Ok(HashSet::new());
+    }
+    let silenced = tx
+        .prepare_cached(&format!(
+            "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq > ?1 AND EXISTS \
+             (SELECT 1 FROM silences s WHERE {} AND {} \
+              AND (s.types IS NULL OR instr(s.types, ',' || n.kind || ',') > 0)) \
+             RETURNING n.seq, n.client_id, n.sensor_id",
+            active("s", "?2"),
+            matches_pair("s", "n.client_id", "n.sensor_id")
+        ))?
+        .query_map(params![after, now], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut pair = tx.prepare_cached(
+        "INSERT INTO silenced_pairs (client_id, sensor_id) VALUES (?1, ?2) \
+         ON CONFLICT DO NOTHING",
+    )?;
+    let mut seqs = HashSet::with_capacity(silenced.len());
+    for (seq, client, sensor) in silenced {
+        pair.execute(params![client, sensor])?;
+        seqs.insert(seq);
+    }
+    Ok(seqs)
+}
+
+/// Reconciles silence `id`: each pair it kept something from, that no other active
+/// silence holds, gets one notification if its client's view is wrong.
+fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<NotificationRef>> {
+    let pairs = tx
+        .prepare_cached(&format!(
+            "SELECT p.client_id, p.sensor_id FROM silenced_pairs p, silences s \
+             WHERE s.id = ?1 AND {} AND NOT EXISTS (SELECT 1 FROM silences o \
+             WHERE o.id <> s.id AND {} AND {})",
+            matches_pair("s", "p.client_id", "p.sensor_id"),
+            active("o", "?2"),
+            matches_pair("o", "p.client_id", "p.sensor_id")
+        ))?
+        .query_map(params![id, now], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut made = Vec::new();
+    for (client, sensor) in pairs {
+        tx.prepare_cached("DELETE FROM silenced_pairs WHERE client_id = ?1 AND sensor_id = ?2")?
+            .execute(params![client, sensor])?;
+        if let Some(r) = bring_up_to_date(tx, &client, &sensor, now)? {
+            made.push(r);
+        }
+    }
+    Ok(made)
+}
+
+/// The notification that brings `client`'s view of `sensor` up to date, made pending,
+/// if it is linked, wants that type, and its view is wrong.
+fn bring_up_to_date(
+    tx: &Transaction,
+    client: &str,
+    sensor: &str,
+    now: Millis,
+) -> Result<Option<NotificationRef>> {
+    let Some(view) = view(tx, client, sensor)? else {
+        return Ok(None);
+    };
+    let state = tx
+        .prepare_cached(
+            "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
+             JOIN clients c ON c.id = l.client_id \
+             LEFT JOIN sensor_state st ON st.sensor_id = l.sensor_id \
+             WHERE l.client_id = ?1 AND l.sensor_id = ?2",
+        )?
+        .query_row(params![client, sensor], |r| {
+            Ok((
+                r.get::<_, Option<bool>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, Option<Millis>>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })
+        .optional()?;
+    let Some((data, connection, last_seen_at, events)) = state else {
+        return Ok(None);
+    };
+    let connection = connection
+        .as_deref()
+        .and_then(Conn::parse)
+        .unwrap_or(Conn::Unknown);
+    let Some((kind, data, previous)) = silence::reconcile(view, connection, data) else {
+        return Ok(None);
+    };
+    if let Some(events) = events
+        && !events.split(',').any(|e| e == kind.as_str())
+    {
+        return Ok(None);
+    }
+    let id = new_notification_id();
+    let seq: i64 = tx
+        .prepare_cached(
+            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
+             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, \
+             updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?7, ?7, ?7) \
+             RETURNING seq",
+        )?
+        .query_row(
+            params![
+                id,
+                client,
+                sensor,
+                kind.as_str(),
+                data,
+                previous,
+                now,
+                last_seen_at
+            ],
+            |r| r.get(0),
+        )?;
+    Ok(Some(NotificationRef {
+        id,
+        seq,
+        client_id: client.to_string(),
+        sensor_id: SensorId::parse(sensor)
+            .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?,
+        kind,
+        due_at: now,
+        attempts: 0,
+        batch_id: None,
+    }))
+}
+
+/// What `client` knows of `sensor`: its newest notification delivered or waiting to be,
+/// else the view before the first one a silence kept from it.
+fn view(c: &Connection, client: &str, sensor: &str) -> Result<Option<View>> {
+    let told = c
+        .prepare_cached(
+            "SELECT kind, data FROM notifications WHERE sensor_id = ?2 AND client_id = ?1 \
+             AND status IN ('delivered', 'pending') AND kind IN ('sensor.state_changed', \
+             'sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') \
+             ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row(params![client, sensor], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<bool>>(1)?))
+        })
+        .optional()?;
+    if let Some((kind, data)) = told {
+        return Ok(EventKind::parse(&kind).map(|k| View::after(k, data)));
+    }
+    let kept = c
+        .prepare_cached(
+            "SELECT kind, data, previous FROM notifications WHERE sensor_id = ?2 \
+             AND client_id = ?1 AND status = 'silenced' ORDER BY seq LIMIT 1",
+        )?
+        .query_row(params![client, sensor], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<bool>>(1)?,
+                r.get::<_, Option<bool>>(2)?,
+            ))
+        })
+        .optional()?;
+    Ok(kept.and_then(|(k, d, p)| EventKind::parse(&k).map(|k| View::before(k, d, p))))
+}
+
+#[async_trait]
+impl Silences for SqliteStore {
+    async fn create_silence(&self, s: Silence) -> Result<()> {
+        self.write(move |c| {
+            let m = &s.matcher;
+            c.execute(
+                "INSERT INTO silences (id, site_id, sensor_ids, client_id, types, starts_at, \
+                 ends_at, comment, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    s.id,
+                    m.site_id,
+                    m.sensor_ids.as_deref().map(Match::listed),
+                    m.client_id,
+                    m.types
+                        .as_ref()
+                        .map(|t| Match::listed(&t.iter().map(|k| k.as_str()).collect::<Vec<_>>())),
+                    s.starts_at,
+                    s.ends_at,
+                    s.comment,
+                    s.created_at,
+                    s.updated_at
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_silence(&self, id: String) -> Result<Option<Silence>> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {SILENCE_COLS} FROM silences WHERE id = ?1"
+            ))?
+            .query_row([&id], silence_row)
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn list_silences(
+        &self,
+        state: Option<SilenceState>,
+        now: Millis,
+        page: PageRequest,
+    ) -> Result<Page<Silence>> {
+        let state = match state {
+            None => "1",
+            Some(SilenceState::Pending) => "starts_at > ?3",
+            Some(SilenceState::Active) => "starts_at <= ?3 AND ends_at > ?3",
+            Some(SilenceState::Ended) => "ends_at <= ?3",
+        };
+        self.read(move |c| {
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SILENCE_COLS} FROM silences WHERE id > ?1 AND {state} \
+                     ORDER BY id LIMIT ?2"
+                ))?
+                .query_map(
+                    params![
+                        page.after.clone().unwrap_or_default(),
+                        limit_plus_one(&page),
+                        now
+                    ],
+                    silence_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |s| s.id.clone()))
+        })
+        .await
+    }
+
+    async fn update_silence(&self, s: Silence) -> Result<bool> {
+        self.write(move |c| {
+            Ok(c.execute(
+                "UPDATE silences SET starts_at = ?2, ends_at = ?3, comment = ?4, \
+                 updated_at = ?5 WHERE id = ?1 AND reconciled_at IS NULL",
+                params![s.id, s.starts_at, s.ends_at, s.comment, s.updated_at],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn reconcile_silences(
+        &self,
+        ended_by: Millis,
+        now: Millis,
+    ) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let ended = tx
+                .prepare_cached(
+                    "UPDATE silences SET reconciled_at = ?1 \
+                     WHERE ends_at <= ?2 AND reconciled_at IS NULL RETURNING id",
+                )?
+                .query_map([now, ended_by], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut made = Vec::new();
+            for id in ended {
+                made.extend(reconcile(&tx, &id, now)?);
+            }
+            tx.commit()?;
+            made.sort_by_key(|r| r.seq);
+            Ok(made)
+        })
+        .await
+    }
+}

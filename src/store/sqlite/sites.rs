@@ -1,0 +1,123 @@
+//! Sites, each read with its sensors counted by connection.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::super::{Error, Page, PageRequest, Result, Sites, limit_plus_one};
+use super::SqliteStore;
+use crate::domain::SensorId;
+use crate::domain::site::{Site, SiteCounts};
+
+/// A site and its counts, over `sites si`: [`site`].
+const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.created_at, \
+     si.updated_at, \
+     (SELECT COUNT(*) FROM sensors s WHERE s.site_id = si.id), \
+     (SELECT COUNT(*) FROM sensors s JOIN sensor_state st ON st.sensor_id = s.id \
+      WHERE s.site_id = si.id AND st.connection = 'lost'), \
+     COALESCE((SELECT st.connection = 'lost' FROM sensor_state st \
+      WHERE st.sensor_id = si.gateway_sensor_id), 0)";
+
+fn site(r: &Row) -> rusqlite::Result<(Site, SiteCounts)> {
+    let gateway: Option<String> = r.get(3)?;
+    Ok((
+        Site {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            address: r.get(2)?,
+            gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
+            created_at: r.get(4)?,
+            updated_at: r.get(5)?,
+        },
+        SiteCounts {
+            sensors: r.get::<_, i64>(6)? as u64,
+            lost: r.get::<_, i64>(7)? as u64,
+            gateway_lost: r.get(8)?,
+        },
+    ))
+}
+
+#[async_trait]
+impl Sites for SqliteStore {
+    async fn create_site(&self, s: Site) -> Result<()> {
+        self.write(move |c| {
+            let n = c.execute(
+                "INSERT INTO sites (id, name, address, gateway_sensor_id, created_at, \
+                 updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+                params![
+                    s.id,
+                    s.name,
+                    s.address,
+                    s.gateway_sensor_id.map(|g| g.to_string()),
+                    s.created_at,
+                    s.updated_at
+                ],
+            )?;
+            if n == 0 {
+                return Err(Error::Conflict(format!("site {} already exists", s.id)));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_site(&self, id: String) -> Result<Option<(Site, SiteCounts)>> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {SITE_COLS} FROM sites si WHERE si.id = ?1"
+            ))?
+            .query_row([&id], site)
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>> {
+        self.read(move |c| {
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SITE_COLS} FROM sites si WHERE si.id > ?1 ORDER BY si.id LIMIT ?2"
+                ))?
+                .query_map(
+                    params![
+                        page.after.clone().unwrap_or_default(),
+                        limit_plus_one(&page)
+                    ],
+                    site,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.clone()))
+        })
+        .await
+    }
+
+    async fn replace_site(&self, s: Site) -> Result<bool> {
+        self.write(move |c| {
+            Ok(c.execute(
+                "UPDATE sites SET name = ?2, address = ?3, gateway_sensor_id = ?4, \
+                 updated_at = ?5 WHERE id = ?1",
+                params![
+                    s.id,
+                    s.name,
+                    s.address,
+                    s.gateway_sensor_id.map(|g| g.to_string()),
+                    s.updated_at
+                ],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn delete_site(&self, id: String) -> Result<bool> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE sensors SET site_id = NULL WHERE site_id = ?1",
+                [&id],
+            )?;
+            let n = tx.execute("DELETE FROM sites WHERE id = ?1", [&id])?;
+            tx.commit()?;
+            Ok(n > 0)
+        })
+        .await
+    }
+}
