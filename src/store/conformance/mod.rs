@@ -31,6 +31,7 @@ mod receivers;
 mod registry;
 mod retention;
 mod sessions;
+mod silences;
 mod tokens;
 
 /// A `disable_after` no check reaches.
@@ -206,6 +207,9 @@ suite!(
     tokens::tokens_keep_hash_and_scopes,
     tokens::deleted_tokens_are_gone,
     sessions::unacked_publishes_are_kept_until_taken,
+    silences::sites_count_their_sensors,
+    silences::a_silence_keeps_and_reconciles_once,
+    silences::overlapping_silences_reconcile_at_the_last_end,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

@@ -69,7 +69,7 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
             "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq > ?1 AND EXISTS \
              (SELECT 1 FROM silences s WHERE {} AND {} \
               AND (s.types IS NULL OR instr(s.types, ',' || n.kind || ',') > 0)) \
-             RETURNING n.seq, n.client_id, n.sensor_id",
+             RETURNING seq, client_id, sensor_id",
             active("s", "?2"),
             matches_pair("s", "n.client_id", "n.sensor_id")
         ))?

@@ -1,0 +1,271 @@
+//! Checks of sites and silences (issue #50): a site's sensors counted by connection, and a
+//! silence that keeps matching notifications from being sent and brings each client it
+//! kept something from up to date, once, at its end.
+
+use super::*;
+use crate::domain::silence::{Match, Silence, SilenceState};
+use crate::domain::site::Site;
+
+fn site(id: &str, gateway: Option<&str>) -> Site {
+    Site {
+        id: id.into(),
+        name: Some(format!("site {id}")),
+        address: None,
+        gateway_sensor_id: gateway.map(sid),
+        created_at: 1_000,
+        updated_at: 1_000,
+    }
+}
+
+fn silence(id: &str, matcher: Match, starts_at: Millis, ends_at: Millis) -> Silence {
+    Silence {
+        id: id.into(),
+        matcher,
+        starts_at,
+        ends_at,
+        comment: "planned work".into(),
+        created_at: starts_at,
+        updated_at: starts_at,
+        reconciled_at: None,
+    }
+}
+
+async fn statuses(
+    s: &Subject,
+    client: &str,
+    sensor: &str,
+) -> Vec<(EventKind, Status, Option<bool>)> {
+    let f = NotificationFilter {
+        client_id: Some(client.into()),
+        sensor_id: Some(sid(sensor)),
+        ..Default::default()
+    };
+    s.list_notifications(f, page(100))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| (n.kind, n.status, n.data))
+        .collect()
+}
+
+/// A site keeps its fields; its sensors are counted by connection, its gateway's loss
+/// told apart; deleting it leaves its sensors in no site.
+pub(super) async fn sites_count_their_sensors(s: &Subject) {
+    s.create_site(site("bldg-1", Some("gw1"))).await.unwrap();
+    assert!(matches!(
+        s.create_site(site("bldg-1", None)).await,
+        Err(Error::Conflict(_))
+    ));
+    for id in ["gw1", "st1", "st2"] {
+        s.create_sensor(Sensor {
+            site_id: Some("bldg-1".into()),
+            ..sensor(id)
+        })
+        .await
+        .unwrap();
+    }
+    s.create_sensor(sensor("st3")).await.unwrap();
+    s.commit(liveness("st1", EventKind::ConnectionLost, 5_000), 5_000)
+        .await
+        .unwrap();
+    let (got, counts) = s.get_site("bldg-1".into()).await.unwrap().unwrap();
+    assert_eq!(got, site("bldg-1", Some("gw1")));
+    assert_eq!(
+        (counts.sensors, counts.lost, counts.gateway_lost),
+        (3, 1, false)
+    );
+    s.commit(liveness("gw1", EventKind::ConnectionLost, 6_000), 6_000)
+        .await
+        .unwrap();
+    let (_, counts) = s.get_site("bldg-1".into()).await.unwrap().unwrap();
+    assert_eq!((counts.lost, counts.gateway_lost), (2, true));
+
+    // Moved to another site, then that site's fields changed.
+    s.create_site(site("bldg-2", None)).await.unwrap();
+    s.replace_sensor(sid("st2"), "x".into(), None, None, Some("bldg-2".into()))
+        .await
+        .unwrap();
+    let renamed = Site {
+        name: None,
+        address: Some("Svobody 23".into()),
+        updated_at: 9_000,
+        ..site("bldg-2", Some("st2"))
+    };
+    assert!(s.replace_site(renamed.clone()).await.unwrap());
+    let listed = s.list_sites(page(1)).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let rest = s
+        .list_sites(PageRequest {
+            limit: 10,
+            after: listed.next.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(rest.items[0].0, renamed);
+    assert_eq!(rest.items[0].1.sensors, 1);
+
+    assert!(s.delete_site("bldg-1".into()).await.unwrap());
+    assert!(!s.delete_site("bldg-1".into()).await.unwrap());
+    let (st1, _) = s.get_sensor(sid("st1")).await.unwrap().unwrap();
+    assert_eq!(st1.site_id, None, "its sensors stay, in no site");
+    assert_eq!(
+        s.get_sensor(sid("st2")).await.unwrap().unwrap().0.site_id,
+        Some("bldg-2".into())
+    );
+}
+
+/// While a silence is active the notifications it matches are made `silenced`, and only
+/// the others are handed on; at its end each pair it kept something from gets one
+/// notification if its client's view is wrong, and the end is reconciled once.
+pub(super) async fn a_silence_keeps_and_reconciles_once(s: &Subject) {
+    for id in ["sl1", "sl2"] {
+        s.create_sensor(sensor(id)).await.unwrap();
+    }
+    for c in ["quiet", "loud"] {
+        s.create_client(client(c, "http://r/")).await.unwrap();
+        for id in ["sl1", "sl2"] {
+            s.link(c.into(), sid(id), 1).await.unwrap();
+        }
+    }
+    // Both told the first states before the silence.
+    s.commit(change("sl1", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    s.commit(change("sl2", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    let matcher = Match {
+        client_id: Some("quiet".into()),
+        ..Match::default()
+    };
+    s.create_silence(silence("s1", matcher, 2_000, 10_000))
+        .await
+        .unwrap();
+    let listed = |state| async move {
+        s.list_silences(Some(state), 5_000, page(10))
+            .await
+            .unwrap()
+            .items
+            .len()
+    };
+    assert_eq!(listed(SilenceState::Active).await, 1);
+    assert_eq!(listed(SilenceState::Pending).await, 0);
+
+    // sl1 flips and flips back; sl2 changes for good.
+    let made = s
+        .commit(change("sl1", false, Some(true), 3_000), 3_000)
+        .await
+        .unwrap();
+    let made2 = s
+        .commit(change("sl1", true, Some(false), 4_000), 4_000)
+        .await
+        .unwrap();
+    let made3 = s
+        .commit(change("sl2", false, Some(true), 4_000), 4_000)
+        .await
+        .unwrap();
+    for m in [made, made2, made3] {
+        let to: Vec<&str> = m.iter().map(|n| n.client_id.as_str()).collect();
+        assert_eq!(
+            to,
+            ["loud"],
+            "only the client no silence matches is handed on"
+        );
+    }
+    assert!(statuses(s, "quiet", "sl2").await.contains(&(
+        EventKind::StateChanged,
+        Status::Silenced,
+        Some(false)
+    )));
+    assert!(
+        !statuses(s, "loud", "sl2")
+            .await
+            .iter()
+            .any(|(_, st, _)| *st == Status::Silenced)
+    );
+
+    // Not ended by then: nothing.
+    assert!(s.reconcile_silences(9_000, 9_500).await.unwrap().is_empty());
+    let made = s.reconcile_silences(10_000, 15_000).await.unwrap();
+    let got: Vec<(&str, SensorId, EventKind)> = made
+        .iter()
+        .map(|n| (n.client_id.as_str(), n.sensor_id, n.kind))
+        .collect();
+    assert_eq!(
+        got,
+        [("quiet", sid("sl2"), EventKind::StateChanged)],
+        "sl1 is back where the client saw it: nothing for it"
+    );
+    let n = s
+        .get_notification(made[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap()
+        .0;
+    assert_eq!(
+        (n.data, n.previous, n.status),
+        (Some(false), Some(true), Status::Pending)
+    );
+    assert!(
+        s.reconcile_silences(20_000, 20_000)
+            .await
+            .unwrap()
+            .is_empty(),
+        "once"
+    );
+    let ended = s.get_silence("s1".into()).await.unwrap().unwrap();
+    assert_eq!(ended.reconciled_at, Some(15_000));
+    assert!(
+        !s.update_silence(Silence {
+            ends_at: 30_000,
+            ..ended
+        })
+        .await
+        .unwrap(),
+        "a reconciled silence is not extended"
+    );
+}
+
+/// A pair another active silence still holds is left for that one's end; a silence of
+/// some types only keeps those.
+pub(super) async fn overlapping_silences_reconcile_at_the_last_end(s: &Subject) {
+    s.create_sensor(sensor("ov1")).await.unwrap();
+    s.create_client(client("ovc", "http://r/")).await.unwrap();
+    s.link("ovc".into(), sid("ov1"), 1).await.unwrap();
+    s.commit(change("ov1", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    let by_sensor = Match {
+        sensor_ids: Some(vec![sid("ov1")]),
+        ..Match::default()
+    };
+    let lost_only = Match {
+        types: Some(vec![EventKind::ConnectionLost]),
+        ..Match::default()
+    };
+    s.create_silence(silence("a", by_sensor, 2_000, 5_000))
+        .await
+        .unwrap();
+    s.create_silence(silence("b", lost_only, 2_000, 9_000))
+        .await
+        .unwrap();
+    let made = s
+        .commit(liveness("ov1", EventKind::ConnectionLost, 3_000), 3_000)
+        .await
+        .unwrap();
+    assert!(made.is_empty());
+    assert!(
+        s.reconcile_silences(5_000, 6_000).await.unwrap().is_empty(),
+        "the other silence still holds the pair"
+    );
+    // After a's end a change is not silenced: b keeps only losses.
+    let made = s
+        .commit(change("ov1", false, Some(true), 7_000), 7_000)
+        .await
+        .unwrap();
+    assert_eq!(made.len(), 1);
+    let made = s.reconcile_silences(9_000, 10_000).await.unwrap();
+    // The change (pending) is what the client will know: the sensor is online with 0.
+    assert!(made.is_empty(), "{made:?}");
+}
