@@ -37,6 +37,7 @@ mod redelivery;
 mod registry;
 mod retention;
 mod secrets;
+mod silences;
 mod ssrf;
 mod store_faults;
 mod tokens;
