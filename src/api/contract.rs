@@ -19,6 +19,7 @@ use crate::domain::notification::CLIENT_TEST;
 use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
 
 mod receivers;
+mod sites;
 
 /// A sensor id, as [`crate::domain::SensorId::parse`] accepts it.
 fn sensor_id_pattern() -> String {
@@ -52,6 +53,7 @@ pub fn document(
     let mut doc = serde_json::to_value(derived).expect("the derived document is JSON");
     constrain_schemas(&mut doc);
     receivers::constrain(&mut doc);
+    sites::constrain(&mut doc);
     constrain_parameters(&mut doc);
     readings_body(&mut doc);
     add_statuses(&mut doc, token_required, rate_limited);
@@ -186,6 +188,7 @@ fn constrain_parameters(doc: &mut Value) {
             for p in params {
                 let name = p["name"].as_str().unwrap_or_default().to_string();
                 let sensor_path = path.starts_with("/v1/sensors/");
+                let site_path = path.starts_with("/v1/sites/");
                 let patch = match name.as_str() {
                     "limit" => json!({"minimum": 1, "maximum": MAX_LIMIT}),
                     "cursor" => match cursor_pattern(path) {
@@ -194,7 +197,7 @@ fn constrain_parameters(doc: &mut Value) {
                     },
                     "connection" => json!({"enum": ["online", "lost", "unknown"]}),
                     "status" => {
-                        json!({"enum": ["pending", "delivered", "failed", "superseded", "cancelled"]})
+                        json!({"enum": ["pending", "delivered", "failed", "superseded", "cancelled", "silenced"]})
                     }
                     "from" | "to" => json!({"format": "date-time"}),
                     "order" => json!({"enum": ["asc", "desc"]}),
@@ -202,6 +205,8 @@ fn constrain_parameters(doc: &mut Value) {
                     "type" => json!({"enum": EventKind::ALL.map(|k| k.as_str())}),
                     "sensor_id" => json!({"pattern": sensor_id_pattern()}),
                     "id" if sensor_path => json!({"pattern": sensor_id_pattern()}),
+                    "id" if site_path => json!({"pattern": sites::site_id_pattern()}),
+                    "state" => json!({"enum": ["active", "pending", "ended"]}),
                     _ => continue,
                 };
                 if let (Some(schema), Value::Object(patch)) =
@@ -347,6 +352,16 @@ fn add_links(doc: &mut Value) {
         doc,
         "/paths/~1v1~1clients/post/responses/201",
         json!({"links": from_body("id", "/id", &client_ops)}),
+    );
+    merge(
+        doc,
+        "/paths/~1v1~1sites/post/responses/201",
+        json!({"links": from_body("id", "/id", &["get_site", "update_site", "delete_site"])}),
+    );
+    merge(
+        doc,
+        "/paths/~1v1~1silences/post/responses/201",
+        json!({"links": from_body("id", "/id", &["get_silence", "update_silence", "delete_silence"])}),
     );
     merge(
         doc,

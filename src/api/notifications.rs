@@ -162,7 +162,7 @@ async fn list_notifications(
             None => None,
             Some(s) => Some(Status::parse(s).ok_or_else(|| {
                 ApiError::bad_request(format!(
-                    "status must be pending, delivered, failed, superseded or cancelled, got {s:?}"
+                    "status must be pending, delivered, failed, superseded, cancelled or silenced, got {s:?}"
                 ))
             })?),
         },

@@ -22,9 +22,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Longest comment.
-const MAX_COMMENT: usize = 1000;
+pub const MAX_COMMENT: usize = 1000;
 /// Most sensors one silence names.
-const MAX_SENSORS: usize = 10_000;
+pub const MAX_SENSORS: usize = 10_000;
 
 /// What a silence applies to: every field given must match; at least one is needed.
 #[derive(Deserialize, Serialize, ToSchema)]

@@ -20,7 +20,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Longest name or address of a site.
-const MAX_TEXT: usize = 512;
+pub const MAX_TEXT: usize = 512;
 
 /// A site to create.
 #[derive(Deserialize, ToSchema)]

@@ -45,6 +45,9 @@ struct SensorRef<'a> {
 /// The body of a notification, as bytes to sign and send.
 pub fn payload(s: &Sendable) -> Vec<u8> {
     let n = &s.notification;
+    if let (true, Some(own)) = (n.kind.is_site(), &n.body) {
+        return site_payload(&n.id, n.kind.as_str(), n.occurred_at, own);
+    }
     let p = Payload {
         id: &n.id,
         kind: n.kind.as_str(),
@@ -64,6 +67,26 @@ pub fn payload(s: &Sendable) -> Vec<u8> {
         },
     };
     serde_json::to_vec(&p).expect("payload serializes")
+}
+
+/// A site's notification (DESIGN §4): its id, type and time, then its own fields as they
+/// were stored with it (the site, the client's sensors of it).
+fn site_payload(id: &str, kind: &str, at: Millis, own: &str) -> Vec<u8> {
+    let head = serde_json::to_vec(&serde_json::json!({
+        "id": id, "type": kind, "occurred_at": time::format(at)
+    }))
+    .expect("a head serializes");
+    let own = own.trim();
+    match own.strip_prefix('{').filter(|rest| rest.trim() != "}") {
+        Some(rest) => {
+            let mut body = Vec::with_capacity(head.len() + own.len());
+            body.extend_from_slice(&head[..head.len() - 1]);
+            body.push(b',');
+            body.extend_from_slice(rest.as_bytes());
+            body
+        }
+        None => head,
+    }
 }
 
 /// The body of a batch: `{"id", "type": "batch", "events": [...]}`, each event exactly

@@ -17,6 +17,12 @@ pub enum EventKind {
     /// A reminder while a sensor stays lost (only with `lost_reminder` set).
     #[serde(rename = "sensor.still_lost")]
     StillLost,
+    /// A site went down: one for all of its lost sensors the client is linked to.
+    #[serde(rename = "site.connection_lost")]
+    SiteConnectionLost,
+    /// A site came back: which of those sensors are back and which are still lost.
+    #[serde(rename = "site.connection_restored")]
+    SiteConnectionRestored,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -30,15 +36,27 @@ impl EventKind {
             EventKind::ConnectionLost => "sensor.connection_lost",
             EventKind::ConnectionRestored => "sensor.connection_restored",
             EventKind::StillLost => "sensor.still_lost",
+            EventKind::SiteConnectionLost => "site.connection_lost",
+            EventKind::SiteConnectionRestored => "site.connection_restored",
         }
     }
 
+    /// A site's notification (about a site, in the lane of one of its sensors).
+    pub fn is_site(self) -> bool {
+        matches!(
+            self,
+            EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored
+        )
+    }
+
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 4] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
         EventKind::StillLost,
+        EventKind::SiteConnectionLost,
+        EventKind::SiteConnectionRestored,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -47,6 +65,8 @@ impl EventKind {
             "sensor.connection_lost" => Some(EventKind::ConnectionLost),
             "sensor.connection_restored" => Some(EventKind::ConnectionRestored),
             "sensor.still_lost" => Some(EventKind::StillLost),
+            "site.connection_lost" => Some(EventKind::SiteConnectionLost),
+            "site.connection_restored" => Some(EventKind::SiteConnectionRestored),
             _ => None,
         }
     }
@@ -147,6 +167,9 @@ pub struct Notification {
     /// The batch it was last sent in (its client batches): a retry of that batch carries
     /// the same id.
     pub batch_id: Option<String>,
+    /// A site's notification: its own fields (the site, the client's sensors of it), as
+    /// the JSON object they are sent in; `None` for a sensor's.
+    pub body: Option<String>,
 }
 
 /// One delivery attempt, as recorded.

@@ -419,6 +419,10 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
             EventKind::ConnectionRestored,
             EventKind::StillLost,
         ],
+        EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => &[
+            EventKind::SiteConnectionLost,
+            EventKind::SiteConnectionRestored,
+        ],
     }
 }
 

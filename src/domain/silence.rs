@@ -127,7 +127,10 @@ pub struct View {
 impl View {
     /// The view a notification of `kind` carrying `data` leaves.
     pub fn after(kind: EventKind, data: Option<bool>) -> Self {
-        let lost = matches!(kind, EventKind::ConnectionLost | EventKind::StillLost);
+        let lost = matches!(
+            kind,
+            EventKind::ConnectionLost | EventKind::StillLost | EventKind::SiteConnectionLost
+        );
         Self { lost, data }
     }
 
@@ -139,8 +142,10 @@ impl View {
                 lost: false,
                 data: previous,
             },
-            EventKind::ConnectionLost => Self { lost: false, data },
-            EventKind::ConnectionRestored | EventKind::StillLost => Self { lost: true, data },
+            EventKind::ConnectionLost | EventKind::SiteConnectionLost => Self { lost: false, data },
+            EventKind::ConnectionRestored
+            | EventKind::StillLost
+            | EventKind::SiteConnectionRestored => Self { lost: true, data },
         }
     }
 }

@@ -265,7 +265,9 @@ impl committer::Listener for Wiring {
                 EventKind::StateChanged => Measure::Changes,
                 EventKind::ConnectionLost => Measure::Lost,
                 EventKind::ConnectionRestored => Measure::Restored,
-                EventKind::StillLost => continue,
+                EventKind::StillLost
+                | EventKind::SiteConnectionLost
+                | EventKind::SiteConnectionRestored => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

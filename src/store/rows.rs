@@ -35,9 +35,10 @@ pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_a
 /// A notification: [`notification`].
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
      n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
-     n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed, n.batch_id";
+     n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed, n.batch_id, \
+     n.body";
 /// How many columns [`NOTIF_COLS`] has: where the columns after it begin.
-const NOTIF_N: usize = 18;
+const NOTIF_N: usize = 19;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
@@ -218,6 +219,7 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
         created_at: r.int(12)?,
         updated_at: r.int(13)?,
         batch_id: r.opt_text(17)?,
+        body: r.opt_text(18)?,
     })
 }
 

@@ -459,6 +459,7 @@ async fn bare_client(url: &str, concurrency: usize, total: usize) -> anyhow::Res
             created_at: now,
             updated_at: now,
             batch_id: None,
+            body: None,
         },
         url: url.to_string(),
         secret: client.secret.clone(),

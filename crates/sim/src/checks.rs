@@ -309,7 +309,10 @@ fn liveness(
                         vec![sensor.to_string()],
                     ),
                 },
-                EventKind::StateChanged => {}
+                // Sites' events are not sensors' history (no site runs in the workload).
+                EventKind::StateChanged
+                | EventKind::SiteConnectionLost
+                | EventKind::SiteConnectionRestored => {}
             }
         }
     }

@@ -29,6 +29,7 @@ fn notification(status: Status) -> Notification {
         created_at: 1,
         updated_at: 2,
         batch_id: None,
+        body: None,
     }
 }
 

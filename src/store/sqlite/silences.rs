@@ -276,7 +276,7 @@ impl Silences for SqliteStore {
         page: PageRequest,
     ) -> Result<Page<Silence>> {
         let state = match state {
-            None => "1",
+            None => "?3 IS NOT NULL",
             Some(SilenceState::Pending) => "starts_at > ?3",
             Some(SilenceState::Active) => "starts_at <= ?3 AND ends_at > ?3",
             Some(SilenceState::Ended) => "ends_at <= ?3",

@@ -154,6 +154,7 @@ impl Tables {
                     created_at: now,
                     updated_at: now,
                     batch_id: None,
+                    body: None,
                 };
                 if first && e.kind == EventKind::StateChanged {
                     newest.insert(e.sensor_id, seq);

@@ -170,6 +170,7 @@ impl Tables {
             created_at: now,
             updated_at: now,
             batch_id: None,
+            body: None,
         };
         let r = NotificationRef {
             due_at: now,
