@@ -5,6 +5,7 @@
 
 mod clients;
 mod notifications;
+pub mod rounds;
 mod sensors;
 pub mod silences;
 pub mod sites;

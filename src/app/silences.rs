@@ -1,16 +1,10 @@
 //! Silences (maintenance windows): made, extended and ended by callers; reconciled at
-//! their end by [`reconcile`], which every node runs (the store lets one take each).
-
-use std::time::Duration;
-
-use tokio_util::sync::CancellationToken;
+//! their end by the rounds every node runs ([`super::rounds`]; the store lets one take
+//! each).
 
 use super::{App, Error, Result};
 use crate::domain::Millis;
 use crate::domain::silence::{Match, SETTLE_MS, Silence, SilenceState, check_times};
-
-/// How often a node looks for silences to reconcile.
-const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// A change to a silence: its end, its comment, and its start while it has not begun.
 #[derive(Debug, Clone, Default)]
@@ -135,25 +129,5 @@ impl App {
         let n = made.len();
         self.dispatcher.deliver(made);
         Ok(n)
-    }
-}
-
-/// Reconciles ended silences every second until `stop`.
-pub async fn reconcile(app: App, stop: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = app.engine.clock().sleep_until(app.now() + LOOK_EVERY.as_millis() as Millis) => {}
-        }
-        match app.reconcile_silences().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(
-                notifications = n,
-                "A silence ended: clients brought up to date."
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.")
-            }
-        }
     }
 }

@@ -2,6 +2,8 @@
 //! power, an uplink goes down), so that one alarm can stand for all of a site's sensors and
 //! a maintenance window can name them at once.
 
+pub mod decide;
+
 use serde::{Deserialize, Serialize};
 
 use super::sensor::SensorId;

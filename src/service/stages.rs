@@ -583,8 +583,8 @@ pub(super) struct Http {
     /// Cancelled when the server ends by itself (its listener failed).
     ended: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
-    /// Reconciles ended silences; stops with the API that makes them.
-    silences: JoinHandle<()>,
+    /// Decides sites and reconciles ended silences; stops with the API.
+    rounds: JoinHandle<()>,
 }
 
 impl Http {
@@ -647,9 +647,13 @@ impl Http {
             );
         }
         let stop = CancellationToken::new();
-        let silences = sup.spawn(
-            "silence reconciler",
-            crate::app::silences::reconcile(state.app.clone(), stop.clone()),
+        let rounds = sup.spawn(
+            "sites and silences",
+            crate::app::rounds::run(
+                state.app.clone(),
+                crate::app::rounds::rules(config),
+                stop.clone(),
+            ),
         );
         let stopped = stop.clone();
         // With each connection's peer address: the rate limit of an open API is per address.
@@ -676,7 +680,7 @@ impl Http {
             streams_stop,
             ended,
             task,
-            silences,
+            rounds,
         })
     }
 
@@ -690,7 +694,7 @@ impl Http {
         // Open event streams never end by themselves; the graceful stop waits for them.
         self.streams_stop.cancel();
         self.stop.cancel();
-        join(self.silences).await;
+        join(self.rounds).await;
         match self.task.await {
             Ok(result) => Ok(result?),
             // The supervisor has logged the panic and fails the run.

@@ -28,6 +28,7 @@ use async_trait::async_trait;
 
 use crate::domain::client::{Disabled, Health};
 use crate::domain::silence::{Silence, SilenceState};
+use crate::domain::site::decide::Rules as SiteRules;
 use crate::domain::site::{Site, SiteCounts};
 use crate::domain::token::ApiToken;
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
@@ -350,6 +351,10 @@ pub trait Sites: Send + Sync {
     async fn replace_site(&self, site: Site) -> Result<bool>;
     /// Deletes it; its sensors stay, in no site. `false` if there was none.
     async fn delete_site(&self, id: String) -> Result<bool>;
+    /// Decides every site due at `now` (its grace ran out, or it is down), each once across
+    /// the cluster, by [`crate::domain::site::decide::decide`]: writes its new state, makes
+    /// its notifications and consumes the events held for it. Answers those made, pending.
+    async fn decide_sites(&self, rules: SiteRules, now: Millis) -> Result<Vec<NotificationRef>>;
 }
 
 /// Silences (maintenance windows). The group commit applies the active ones to the

@@ -20,12 +20,20 @@ pub(super) fn constrain(doc: &mut Value) {
     let text = json!({"minLength": 1, "maxLength": MAX_TEXT, "pattern": NOT_BLANK});
     let sensor = json!({"pattern": sensor_id_pattern()});
     for schema in ["SensorCreate", "SensorReplace"] {
-        merge(doc, &format!("{s}/{schema}/properties/site_id"), site.clone());
+        merge(
+            doc,
+            &format!("{s}/{schema}/properties/site_id"),
+            site.clone(),
+        );
     }
     merge(doc, &format!("{s}/SiteCreate/properties/id"), site.clone());
     for schema in ["SiteCreate", "SitePatch"] {
         for field in ["name", "address"] {
-            merge(doc, &format!("{s}/{schema}/properties/{field}"), text.clone());
+            merge(
+                doc,
+                &format!("{s}/{schema}/properties/{field}"),
+                text.clone(),
+            );
         }
         merge(
             doc,
@@ -42,7 +50,11 @@ pub(super) fn constrain(doc: &mut Value) {
                 json!({"format": "date-time"}),
             );
         }
-        merge(doc, &format!("{s}/{schema}/properties/comment"), comment.clone());
+        merge(
+            doc,
+            &format!("{s}/{schema}/properties/comment"),
+            comment.clone(),
+        );
     }
     merge(doc, &format!("{s}/MatchBody"), json!({"minProperties": 1}));
     merge(doc, &format!("{s}/MatchBody/properties/site_id"), site);

@@ -269,3 +269,119 @@ pub(super) async fn overlapping_silences_reconcile_at_the_last_end(s: &Subject) 
     // The change (pending) is what the client will know: the sensor is online with 0.
     assert!(made.is_empty(), "{made:?}");
 }
+
+const RULES: crate::domain::site::decide::Rules = crate::domain::site::decide::Rules {
+    grace: 30_000,
+    ratio: 0.5,
+    min_sensors: 3,
+};
+
+/// Losses of a site's sensors wait for the site's decision: a storm becomes one
+/// `site.connection_lost` per client naming only its sensors, decided once; their return
+/// one `site.connection_restored`; a sensor lost alone in another site goes out as its own
+/// after the grace.
+pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
+    s.create_site(site("dk-a", None)).await.unwrap();
+    s.create_site(site("dk-b", None)).await.unwrap();
+    let in_site = |id: &str, site: &str| Sensor {
+        site_id: Some(site.into()),
+        ..sensor(id)
+    };
+    for id in ["da1", "da2", "da3", "da4"] {
+        s.create_sensor(in_site(id, "dk-a")).await.unwrap();
+    }
+    for id in ["db1", "db2", "db3", "db4"] {
+        s.create_sensor(in_site(id, "dk-b")).await.unwrap();
+    }
+    for (c, sensors) in [
+        ("dc1", &["da1", "da2", "da4", "db1"][..]),
+        ("dc2", &["da3"][..]),
+    ] {
+        s.create_client(client(c, "http://r/")).await.unwrap();
+        for id in sensors {
+            s.link(c.into(), sid(id), 1).await.unwrap();
+        }
+    }
+    for id in ["da1", "da2", "da3", "db1"] {
+        let made = s
+            .commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+        assert!(made.is_empty(), "held for the site's decision: {made:?}");
+    }
+    assert!(
+        s.decide_sites(RULES, 20_000).await.unwrap().is_empty(),
+        "the grace runs"
+    );
+    let made = s.decide_sites(RULES, 36_000).await.unwrap();
+    let got: Vec<(&str, SensorId, EventKind)> = made
+        .iter()
+        .map(|n| (n.client_id.as_str(), n.sensor_id, n.kind))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("dc1", sid("da1"), EventKind::SiteConnectionLost),
+            ("dc2", sid("da3"), EventKind::SiteConnectionLost),
+            ("dc1", sid("db1"), EventKind::ConnectionLost),
+        ]
+    );
+    let (n, _) = s
+        .get_notification(made[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_str(n.body.as_deref().unwrap()).unwrap();
+    let named: Vec<&str> = body["sensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(named, ["da1", "da2"], "only the client's own sensors");
+    assert_eq!(body["sensors_total"], 3);
+    assert_eq!(body["site"]["id"], "dk-a");
+    assert!(
+        s.decide_sites(RULES, 37_000).await.unwrap().is_empty(),
+        "decided once"
+    );
+    let (_, counts) = s.get_site("dk-a".into()).await.unwrap().unwrap();
+    assert_eq!(counts.lost, 3);
+
+    for id in ["da1", "da2", "da3"] {
+        let made = s
+            .commit(liveness(id, EventKind::ConnectionRestored, 40_000), 40_000)
+            .await
+            .unwrap();
+        assert!(made.is_empty(), "told by the site: held for its return");
+    }
+    let made = s.decide_sites(RULES, 41_000).await.unwrap();
+    let got: Vec<(&str, EventKind)> = made
+        .iter()
+        .map(|n| (n.client_id.as_str(), n.kind))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("dc1", EventKind::SiteConnectionRestored),
+            ("dc2", EventKind::SiteConnectionRestored)
+        ]
+    );
+    let (n, _) = s
+        .get_notification(made[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_str(n.body.as_deref().unwrap()).unwrap();
+    assert_eq!(body["restored"].as_array().unwrap().len(), 2, "{body}");
+    assert!(s.decide_sites(RULES, 42_000).await.unwrap().is_empty());
+    // Up again: a restoration of a sensor lost alone goes out at once.
+    let made = s
+        .commit(
+            liveness("db1", EventKind::ConnectionRestored, 43_000),
+            43_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.len(), 1);
+}

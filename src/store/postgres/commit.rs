@@ -140,7 +140,8 @@ async fn commit_batch(
     let readings = ReadingCols::of(batch, known);
     let states = StateCols::of(batch, known);
     let events = EventCols::of(batch, known);
-    let notes = NotificationCols::of(&events, &linked);
+    let held = super::site_rounds::hold_for_sites(tx, &events.events, now).await?;
+    let notes = NotificationCols::of(&events, &linked, &held);
     // Sent together: the server runs them in this order, without a round trip between.
     let (_, _, _, rows) = futures::try_join!(
         readings.insert(tx),
@@ -462,7 +463,12 @@ struct NotificationCols<'e> {
 }
 
 impl<'e> NotificationCols<'e> {
-    fn of(events: &'e EventCols<'_>, linked: &'e HashMap<String, Vec<Subscriber>>) -> Self {
+    /// `held`: the places of events a site's decision holds, which make none now.
+    fn of(
+        events: &'e EventCols<'_>,
+        linked: &'e HashMap<String, Vec<Subscriber>>,
+        held: &HashSet<usize>,
+    ) -> Self {
         let mut n = Self {
             id: vec![],
             client: vec![],
@@ -478,6 +484,9 @@ impl<'e> NotificationCols<'e> {
             event: vec![],
         };
         for (k, e) in events.events.iter().enumerate() {
+            if held.contains(&k) {
+                continue;
+            }
             for (client, wanted) in linked.get(&events.ids[k]).into_iter().flatten() {
                 if !wants(wanted, e.kind) {
                     continue;

@@ -3,10 +3,12 @@
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::super::{Error, Page, PageRequest, Result, Sites, limit_plus_one};
+use super::super::{Error, NotificationRef, Page, PageRequest, Result, Sites, limit_plus_one};
 use super::PgStore;
 use super::db::Sql;
+use crate::domain::Millis;
 use crate::domain::SensorId;
+use crate::domain::site::decide::Rules;
 use crate::domain::site::{Site, SiteCounts};
 
 /// A site and its counts, over `sites si`: [`site`].
@@ -115,10 +117,20 @@ impl Sites for PgStore {
             &[&id],
         )
         .await?;
+        tx.execute("DELETE FROM site_held WHERE site_id = $1", &[&id])
+            .await?;
         let n = tx
             .execute("DELETE FROM sites WHERE id = $1", &[&id])
             .await?;
         tx.commit().await?;
         Ok(n > 0)
+    }
+
+    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Vec<NotificationRef>> {
+        let mut c = self.db.get("decide_sites").await?;
+        let tx = c.transaction().await?;
+        let made = super::site_rounds::decide_sites(&tx, rules, now).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 }

@@ -123,6 +123,13 @@ fn notify(tx: &Transaction, events: &[&Event], now: Millis) -> Result<Vec<Notifi
         "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since,          reminder, flips_suppressed)          SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder,          flips_suppressed FROM temp.stage_events ORDER BY k",
     )?
     .execute([])?;
+    let held = super::site_rounds::hold_for_sites(tx, events, now)?;
+    if !held.is_empty() {
+        let mut unstage = tx.prepare_cached("DELETE FROM temp.stage_events WHERE k = ?1")?;
+        for k in &held {
+            unstage.execute([*k as i64])?;
+        }
+    }
     let rows = insert_notifications(tx, now)?;
     tx.prepare_cached("DELETE FROM temp.stage_events")?
         .execute([])?;

@@ -38,6 +38,7 @@ mod retention;
 mod secrets;
 mod sessions;
 mod silences;
+mod site_rounds;
 mod sites;
 #[cfg(test)]
 mod tests;

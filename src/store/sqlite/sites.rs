@@ -3,9 +3,11 @@
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::super::{Error, Page, PageRequest, Result, Sites, limit_plus_one};
+use super::super::{Error, NotificationRef, Page, PageRequest, Result, Sites, limit_plus_one};
 use super::SqliteStore;
+use crate::domain::Millis;
 use crate::domain::SensorId;
+use crate::domain::site::decide::Rules;
 use crate::domain::site::{Site, SiteCounts};
 
 /// A site and its counts, over `sites si`: [`site`].
@@ -114,9 +116,20 @@ impl Sites for SqliteStore {
                 "UPDATE sensors SET site_id = NULL WHERE site_id = ?1",
                 [&id],
             )?;
+            tx.execute("DELETE FROM site_held WHERE site_id = ?1", [&id])?;
             let n = tx.execute("DELETE FROM sites WHERE id = ?1", [&id])?;
             tx.commit()?;
             Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let made = super::site_rounds::decide_sites(&tx, rules, now)?;
+            tx.commit()?;
+            Ok(made)
         })
         .await
     }

@@ -123,6 +123,9 @@ impl Tables {
             self.next.event += 1;
             self.events.insert(self.next.event, e.clone());
             self.audit.committed_event(self.next.event, e.clone());
+            if self.hold_for_site(&e, now) {
+                continue;
+            }
             let clients: Vec<String> = self
                 .clients_of(e.sensor_id)
                 .filter(|c| {

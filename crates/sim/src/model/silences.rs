@@ -6,7 +6,9 @@
 
 use async_trait::async_trait;
 
+use latch::domain::Event;
 use latch::domain::silence::{self, Silence, SilenceState, View};
+use latch::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
 use latch::domain::site::{Site, SiteCounts};
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
 use latch::store::{Error, Page, PageRequest, Result, Silences, Sites};
@@ -32,6 +34,160 @@ fn active(s: &Silence, now: Millis) -> bool {
 }
 
 impl Tables {
+    /// Whether the commit holds `e` for its sensor's site (`site_rounds::hold_for_sites`).
+    pub(super) fn hold_for_site(&mut self, e: &Event, now: Millis) -> bool {
+        use latch::domain::EventKind as K;
+        if !matches!(
+            e.kind,
+            K::ConnectionLost | K::ConnectionRestored | K::StillLost
+        ) {
+            return false;
+        }
+        let Some(site) = self
+            .sensors
+            .get(&e.sensor_id)
+            .and_then(|s| s.site_id.clone())
+            .filter(|s| self.sites.contains_key(s))
+        else {
+            return false;
+        };
+        let state = self.site_states.entry(site.clone()).or_default().clone();
+        let held = self
+            .site_held
+            .values()
+            .any(|(s, h)| *s == site && h.sensor_id == e.sensor_id);
+        match decide::hold(e.kind, &state, e.sensor_id, held) {
+            Hold::Send => false,
+            Hold::Drop => true,
+            Hold::Hold => {
+                self.next.held += 1;
+                self.site_held
+                    .insert(self.next.held, (site.clone(), e.clone()));
+                let st = self.site_states.entry(site).or_default();
+                if e.kind == K::ConnectionLost && !st.down && st.pending_since.is_none() {
+                    st.pending_since = Some(now);
+                }
+                true
+            }
+        }
+    }
+
+    fn decide_sites(&mut self, cx: &Cx, rules: Rules, now: Millis) -> Vec<NotificationRef> {
+        let due: Vec<String> = self
+            .sites
+            .keys()
+            .filter(|id| {
+                let st = self.site_states.get(*id).cloned().unwrap_or_default();
+                st.down || st.pending_since.is_some_and(|p| p <= now - rules.grace)
+            })
+            .take(100)
+            .cloned()
+            .collect();
+        let mut made = Vec::new();
+        for id in due {
+            made.extend(self.decide_site(cx, &id, rules, now));
+        }
+        made
+    }
+
+    fn decide_site(
+        &mut self,
+        cx: &Cx,
+        id: &str,
+        rules: Rules,
+        now: Millis,
+    ) -> Vec<NotificationRef> {
+        let site = self.sites[id].clone();
+        let state: SiteState = self.site_states.get(id).cloned().unwrap_or_default();
+        let members: Vec<Member> = self
+            .sensors
+            .values()
+            .filter(|s| s.site_id.as_deref() == Some(id))
+            .map(|s| {
+                let st = self.states.get(&s.id);
+                Member {
+                    id: s.id,
+                    address: s.address.clone(),
+                    connection: st.map_or(Connection::Unknown, |st| st.connection),
+                    data: st.and_then(|st| st.data),
+                    last_seen_at: st.and_then(|st| st.last_seen_at),
+                }
+            })
+            .collect();
+        let held_ids: Vec<i64> = self
+            .site_held
+            .iter()
+            .filter(|(_, (s, _))| s == id)
+            .map(|(k, _)| *k)
+            .collect();
+        let held: Vec<Event> = held_ids
+            .iter()
+            .map(|k| self.site_held[k].1.clone())
+            .collect();
+        let mut clients: Vec<Linked> = Vec::new();
+        for (sensor, client_id) in &self.links {
+            if !members.iter().any(|m| m.id == *sensor) {
+                continue;
+            }
+            let events = self
+                .clients
+                .get(client_id)
+                .and_then(|c| c.client.events.clone());
+            match clients.iter_mut().find(|c| c.client_id == *client_id) {
+                Some(c) => c.sensors.push(*sensor),
+                None => clients.push(Linked {
+                    client_id: client_id.clone(),
+                    events,
+                    sensors: vec![*sensor],
+                }),
+            }
+        }
+        clients.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        for c in &mut clients {
+            c.sensors.sort();
+        }
+        let Some(d) = decide::decide(&site, &state, &members, &held, &clients, &rules, now) else {
+            return Vec::new();
+        };
+        let before = self.next.seq;
+        let mut made = Vec::new();
+        for m in d.made {
+            self.next.seq += 1;
+            let e = m.event;
+            let n = Notification {
+                id: self.new_notification_id(cx.now),
+                seq: self.next.seq,
+                client_id: m.client_id,
+                sensor_id: e.sensor_id,
+                kind: e.kind,
+                data: e.data,
+                previous: e.previous,
+                occurred_at: e.at,
+                last_seen_at: e.last_seen_at,
+                detail: e.detail,
+                status: Status::Pending,
+                attempts: 0,
+                next_attempt_at: Some(now),
+                created_at: now,
+                updated_at: now,
+                batch_id: None,
+                body: m.body,
+            };
+            made.push(NotificationRef {
+                due_at: now,
+                ..NotificationRef::of(&n)
+            });
+            self.insert_notification(cx, n);
+        }
+        for k in held_ids {
+            self.site_held.remove(&k);
+        }
+        self.site_states.insert(id.to_string(), d.state);
+        let silenced = self.silence_new(cx, before, now);
+        made.retain(|n| !silenced.contains(&n.seq));
+        made
+    }
+
     fn site_counts(&self, site: &Site) -> SiteCounts {
         let lost = |id: &SensorId| {
             self.states
@@ -225,8 +381,17 @@ impl Sites for NodeStore {
         .await
     }
 
+    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.run("decide_sites", true, |t, cx| {
+            Ok(t.decide_sites(cx, rules, now))
+        })
+        .await
+    }
+
     async fn delete_site(&self, id: String) -> Result<bool> {
         self.run("delete_site", true, |t, _| {
+            t.site_held.retain(|_, (s, _)| *s != id);
+            t.site_states.remove(&id);
             for s in t.sensors.values_mut() {
                 if s.site_id.as_deref() == Some(id.as_str()) {
                     s.site_id = None;

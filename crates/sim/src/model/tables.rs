@@ -106,6 +106,7 @@ pub(crate) struct Counters {
     pub event: i64,
     pub attempt: i64,
     pub change: i64,
+    pub held: i64,
     /// The random part of the notification ids (ULIDs) the model makes.
     pub ulid: u128,
 }
@@ -142,6 +143,10 @@ pub struct Tables {
     /// Per broker session, its publishes committed but not acknowledged.
     pub(crate) unacked: BTreeMap<String, Vec<latch::store::Unacked>>,
     pub(crate) sites: BTreeMap<String, latch::domain::site::Site>,
+    /// Each site's decision state (the backends' columns of `sites`).
+    pub(crate) site_states: BTreeMap<String, latch::domain::site::decide::SiteState>,
+    /// `site_held`: id → (site, event).
+    pub(crate) site_held: BTreeMap<i64, (String, Event)>,
     pub(crate) silences: BTreeMap<String, latch::domain::silence::Silence>,
     /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from.
     pub(crate) silenced_pairs: BTreeSet<(String, SensorId)>,
@@ -170,6 +175,8 @@ impl Tables {
             tokens: BTreeMap::new(),
             unacked: BTreeMap::new(),
             sites: BTreeMap::new(),
+            site_states: BTreeMap::new(),
+            site_held: BTreeMap::new(),
             silences: BTreeMap::new(),
             silenced_pairs: BTreeSet::new(),
             sealing_key: None,

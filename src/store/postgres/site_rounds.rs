@@ -1,0 +1,305 @@
+//! Sites' decisions on PostgreSQL: the group commit holds back liveness events of a site's
+//! sensors ([`hold_for_sites`], under the site's row lock, so a round deciding the site
+//! meanwhile is waited for), and a round decides each due site once across the cluster
+//! ([`decide_sites`]: `FOR UPDATE SKIP LOCKED`, a node that takes a site decides it; one
+//! killed mid-round leaves it to the next round of any node).
+
+use std::collections::{HashMap, HashSet};
+
+use super::super::{Error, NotificationRef, Result};
+use super::db::{Sql, Tx};
+use crate::domain::notification::new_notification_id;
+use crate::domain::silence::Match;
+use crate::domain::site::Site;
+use crate::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, client};
+
+/// Makes one notification of `event` for `client`, pending, with a site's `body`.
+pub(super) async fn insert_one(
+    tx: &Tx<'_>,
+    client: &str,
+    e: &Event,
+    body: Option<&str>,
+    now: Millis,
+) -> Result<NotificationRef> {
+    let id = new_notification_id();
+    let row = tx
+        .query_one(
+            "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
+             previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
+             created_at, updated_at, lost_since, reminder, flips_suppressed, body) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9, $9, $10, $11, $12, \
+             $13) RETURNING seq, sensor_id, client_id), \
+             listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
+             SELECT seq, sensor_id, client_id FROM ins) \
+             SELECT seq FROM ins",
+            &[
+                &id,
+                &client,
+                &e.sensor_id.to_string(),
+                &e.kind.as_str(),
+                &e.data,
+                &e.previous,
+                &e.at,
+                &e.last_seen_at,
+                &now,
+                &e.detail.lost_since,
+                &e.detail.reminder.map(|r| r as i32),
+                &e.detail.flips_suppressed.map(|f| f as i32),
+                &body,
+            ],
+        )
+        .await?;
+    Ok(NotificationRef {
+        id,
+        seq: row.get(0),
+        client_id: client.to_string(),
+        sensor_id: e.sensor_id,
+        kind: e.kind,
+        due_at: now,
+        attempts: 0,
+        batch_id: None,
+    })
+}
+
+fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
+    let told: String = r.get(at + 3);
+    SiteState {
+        down: r.get(at),
+        since: r.get(at + 1),
+        pending_since: r.get(at + 2),
+        told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
+    }
+}
+
+fn liveness(k: EventKind) -> bool {
+    matches!(
+        k,
+        EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
+    )
+}
+
+/// Which of `events` (their places) make no notification now: liveness events of a
+/// site's sensors that the site's decision holds ([`decide::hold`]), written to
+/// `site_held`, and reminders it drops. A loss while the site is up starts its grace.
+pub(super) async fn hold_for_sites(
+    tx: &Tx<'_>,
+    events: &[&Event],
+    now: Millis,
+) -> Result<HashSet<usize>> {
+    let mut skipped = HashSet::new();
+    let ids: Vec<String> = events
+        .iter()
+        .filter(|e| liveness(e.kind))
+        .map(|e| e.sensor_id.to_string())
+        .collect();
+    if ids.is_empty() {
+        return Ok(skipped);
+    }
+    // Each site's row locked, in id order: a round deciding it is waited for.
+    let rows = tx
+        .query(
+            "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, \
+             EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+             FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1) \
+             ORDER BY si.id FOR UPDATE OF si",
+            &[&ids],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(skipped);
+    }
+    let mut site_of: HashMap<String, (String, SiteState, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(6))))
+        .collect();
+    for (k, e) in events.iter().enumerate() {
+        if !liveness(e.kind) {
+            continue;
+        }
+        let Some((site, state, held)) = site_of.get_mut(&e.sensor_id.to_string()) else {
+            continue;
+        };
+        match decide::hold(e.kind, state, e.sensor_id, *held) {
+            Hold::Send => continue,
+            Hold::Drop => {}
+            Hold::Hold => {
+                tx.execute(
+                    "INSERT INTO site_held (site_id, sensor_id, kind, at, data, previous, \
+                     last_seen_at, lost_since, reminder) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    &[
+                        &*site,
+                        &e.sensor_id.to_string(),
+                        &e.kind.as_str(),
+                        &e.at,
+                        &e.data,
+                        &e.previous,
+                        &e.last_seen_at,
+                        &e.detail.lost_since,
+                        &e.detail.reminder.map(|r| r as i32),
+                    ],
+                )
+                .await?;
+                *held = true;
+                if e.kind == EventKind::ConnectionLost && !state.down {
+                    tx.execute(
+                        "UPDATE sites SET pending_since = $2 \
+                         WHERE id = $1 AND pending_since IS NULL",
+                        &[&*site, &now],
+                    )
+                    .await?;
+                }
+            }
+        }
+        skipped.insert(k);
+    }
+    Ok(skipped)
+}
+
+/// Decides every due site this node can take (others' rounds hold the rest); answers the
+/// notifications made.
+pub(super) async fn decide_sites(
+    tx: &Tx<'_>,
+    rules: Rules,
+    now: Millis,
+) -> Result<Vec<NotificationRef>> {
+    let due = tx
+        .query(
+            "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
+             pending_since, told FROM sites WHERE down OR pending_since <= $1 \
+             ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED",
+            &[&(now - rules.grace)],
+        )
+        .await?;
+    let mut made = Vec::new();
+    for r in due {
+        let gateway: Option<String> = r.get(3);
+        let site = Site {
+            id: r.get(0),
+            name: r.get(1),
+            address: r.get(2),
+            gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
+            created_at: r.get(4),
+            updated_at: r.get(5),
+        };
+        made.extend(decide_one(tx, &site, &state_of(&r, 6), rules, now).await?);
+    }
+    Ok(made)
+}
+
+async fn decide_one(
+    tx: &Tx<'_>,
+    site: &Site,
+    state: &SiteState,
+    rules: Rules,
+    now: Millis,
+) -> Result<Vec<NotificationRef>> {
+    let sensor = |s: String| {
+        SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
+    };
+    let members = tx
+        .query(
+            "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
+             st.last_seen_at FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+             WHERE s.site_id = $1 ORDER BY s.id",
+            &[&site.id],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(Member {
+                id: sensor(r.get(0))?,
+                address: r.get(1),
+                connection: Connection::parse(r.get(2)).unwrap_or(Connection::Unknown),
+                data: r.get(3),
+                last_seen_at: r.get(4),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let held_rows = tx
+        .query(
+            "SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder \
+             FROM site_held WHERE site_id = $1 ORDER BY id",
+            &[&site.id],
+        )
+        .await?;
+    let last_held: Option<i64> = held_rows.last().map(|r| r.get(0));
+    let mut held = Vec::with_capacity(held_rows.len());
+    for r in &held_rows {
+        let Some(kind) = EventKind::parse(r.get(2)) else {
+            continue;
+        };
+        held.push(Event {
+            sensor_id: sensor(r.get(1))?,
+            kind,
+            at: r.get(3),
+            data: r.get(4),
+            previous: r.get(5),
+            last_seen_at: r.get(6),
+            detail: Detail {
+                lost_since: r.get(7),
+                reminder: r.get::<_, Option<i32>>(8).map(|v| v as u32),
+                flips_suppressed: None,
+            },
+        });
+    }
+    let clients = linked(tx, &site.id).await?;
+    let Some(d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
+        return Ok(Vec::new());
+    };
+    let mut made = Vec::with_capacity(d.made.len());
+    for m in &d.made {
+        made.push(insert_one(tx, &m.client_id, &m.event, m.body.as_deref(), now).await?);
+    }
+    if let Some(last) = last_held {
+        tx.execute(
+            "DELETE FROM site_held WHERE site_id = $1 AND id <= $2",
+            &[&site.id, &last],
+        )
+        .await?;
+    }
+    tx.execute(
+        "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5 WHERE id = $1",
+        &[
+            &site.id,
+            &d.state.down,
+            &d.state.since,
+            &d.state.pending_since,
+            &Match::listed(&d.state.told),
+        ],
+    )
+    .await?;
+    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
+    let silenced = super::silences::silence_new(tx, &seqs, now).await?;
+    made.retain(|n| !silenced.contains(&n.seq));
+    Ok(made)
+}
+
+/// The clients linked to the site's sensors, each with its sensors of the site.
+async fn linked(tx: &Tx<'_>, site: &str) -> Result<Vec<Linked>> {
+    let rows = tx
+        .query(
+            "SELECT l.client_id, c.events, l.sensor_id FROM links l \
+             JOIN sensors s ON s.id = l.sensor_id LEFT JOIN clients c ON c.id = l.client_id \
+             WHERE s.site_id = $1 ORDER BY l.client_id, l.sensor_id",
+            &[&site],
+        )
+        .await?;
+    let mut out: Vec<Linked> = Vec::new();
+    for r in rows {
+        let client_id: String = r.get(0);
+        let Ok(sensor) = SensorId::parse(r.get(2)) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some(l) if l.client_id == client_id => l.sensors.push(sensor),
+            _ => out.push(Linked {
+                client_id,
+                events: client::events_from_column(r.get(1)),
+                sensors: vec![sensor],
+            }),
+        }
+    }
+    Ok(out)
+}

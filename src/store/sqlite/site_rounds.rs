@@ -1,0 +1,318 @@
+//! Sites' decisions on the embedded store: the group commit holds back liveness events of
+//! a site's sensors ([`hold_for_sites`]), and a round decides each due site
+//! ([`Sites::decide_sites`] through [`decide_sites`]) by the domain's rule
+//! (`site::decide`).
+
+use std::collections::HashSet;
+
+use rusqlite::{OptionalExtension, Transaction, params};
+
+use super::super::{Error, NotificationRef, Result};
+use crate::domain::notification::new_notification_id;
+use crate::domain::silence::Match;
+use crate::domain::site::Site;
+use crate::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, client};
+
+/// Makes one notification of `event` for `client`, pending, with a site's `body`.
+pub(super) fn insert_one(
+    tx: &Transaction,
+    client: &str,
+    e: &Event,
+    body: Option<&str>,
+    now: Millis,
+) -> Result<NotificationRef> {
+    let id = new_notification_id();
+    let seq: i64 = tx
+        .prepare_cached(
+            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
+             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, \
+             updated_at, lost_since, reminder, flips_suppressed, body) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?9, ?9, ?9, ?10, ?11, ?12, ?13) \
+             RETURNING seq",
+        )?
+        .query_row(
+            params![
+                id,
+                client,
+                e.sensor_id.to_string(),
+                e.kind.as_str(),
+                e.data,
+                e.previous,
+                e.at,
+                e.last_seen_at,
+                now,
+                e.detail.lost_since,
+                e.detail.reminder,
+                e.detail.flips_suppressed,
+                body
+            ],
+            |r| r.get(0),
+        )?;
+    Ok(NotificationRef {
+        id,
+        seq,
+        client_id: client.to_string(),
+        sensor_id: e.sensor_id,
+        kind: e.kind,
+        due_at: now,
+        attempts: 0,
+        batch_id: None,
+    })
+}
+
+fn state_of(told: String, down: bool, since: Option<Millis>, pending: Option<Millis>) -> SiteState {
+    SiteState {
+        down,
+        since,
+        pending_since: pending,
+        told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
+    }
+}
+
+/// Which of `events` (their places) make no notification now: liveness events of a
+/// site's sensors that the site's decision holds ([`decide::hold`]), written to
+/// `site_held`, and reminders it drops. A loss while the site is up starts its grace.
+pub(super) fn hold_for_sites(
+    tx: &Transaction,
+    events: &[&Event],
+    now: Millis,
+) -> Result<HashSet<usize>> {
+    let mut skipped = HashSet::new();
+    let liveness = |k: EventKind| {
+        matches!(
+            k,
+            EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
+        )
+    };
+    if !events.iter().any(|e| liveness(e.kind)) {
+        return Ok(skipped);
+    }
+    let mut site_of = tx.prepare_cached(
+        "SELECT si.id, si.down, si.since, si.pending_since, si.told, \
+         EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+         FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ?1",
+    )?;
+    for (k, e) in events.iter().enumerate() {
+        if !liveness(e.kind) {
+            continue;
+        }
+        let Some((site, state, held)) = site_of
+            .query_row([e.sensor_id.to_string()], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    state_of(r.get(4)?, r.get(1)?, r.get(2)?, r.get(3)?),
+                    r.get::<_, bool>(5)?,
+                ))
+            })
+            .optional()?
+        else {
+            continue;
+        };
+        match decide::hold(e.kind, &state, e.sensor_id, held) {
+            Hold::Send => continue,
+            Hold::Drop => {}
+            Hold::Hold => {
+                tx.prepare_cached(
+                    "INSERT INTO site_held (site_id, sensor_id, kind, at, data, previous, \
+                     last_seen_at, lost_since, reminder) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )?
+                .execute(params![
+                    site,
+                    e.sensor_id.to_string(),
+                    e.kind.as_str(),
+                    e.at,
+                    e.data,
+                    e.previous,
+                    e.last_seen_at,
+                    e.detail.lost_since,
+                    e.detail.reminder
+                ])?;
+                if e.kind == EventKind::ConnectionLost && !state.down {
+                    tx.prepare_cached(
+                        "UPDATE sites SET pending_since = ?2 \
+                         WHERE id = ?1 AND pending_since IS NULL",
+                    )?
+                    .execute(params![site, now])?;
+                }
+            }
+        }
+        skipped.insert(k);
+    }
+    Ok(skipped)
+}
+
+/// Decides every due site in one transaction; answers the notifications made.
+pub(super) fn decide_sites(
+    tx: &Transaction,
+    rules: Rules,
+    now: Millis,
+) -> Result<Vec<NotificationRef>> {
+    let due = tx
+        .prepare_cached(
+            "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
+             pending_since, told FROM sites \
+             WHERE down OR pending_since <= ?1 ORDER BY id LIMIT 100",
+        )?
+        .query_map([now - rules.grace], |r| {
+            let gateway: Option<String> = r.get(3)?;
+            Ok((
+                Site {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    address: r.get(2)?,
+                    gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
+                    created_at: r.get(4)?,
+                    updated_at: r.get(5)?,
+                },
+                state_of(r.get(9)?, r.get(6)?, r.get(7)?, r.get(8)?),
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut made = Vec::new();
+    for (site, state) in due {
+        made.extend(decide_one(tx, &site, &state, rules, now)?);
+    }
+    Ok(made)
+}
+
+fn decide_one(
+    tx: &Transaction,
+    site: &Site,
+    state: &SiteState,
+    rules: Rules,
+    now: Millis,
+) -> Result<Vec<NotificationRef>> {
+    let sensor = |s: String| {
+        SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
+    };
+    let members = tx
+        .prepare_cached(
+            "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
+             st.last_seen_at FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+             WHERE s.site_id = ?1 ORDER BY s.id",
+        )?
+        .query_map([&site.id], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get(1)?,
+                r.get::<_, String>(2)?,
+                r.get(3)?,
+                r.get(4)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<(String, String, String, Option<bool>, Option<Millis>)>>>()?
+        .into_iter()
+        .map(|(id, address, conn, data, last_seen_at)| {
+            Ok(Member {
+                id: sensor(id)?,
+                address,
+                connection: Connection::parse(&conn).unwrap_or(Connection::Unknown),
+                data,
+                last_seen_at,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let held = tx
+        .prepare_cached(
+            "SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder \
+             FROM site_held WHERE site_id = ?1 ORDER BY id",
+        )?
+        .query_map([&site.id], |r| {
+            let detail = Detail {
+                lost_since: r.get(7)?,
+                reminder: r.get(8)?,
+                flips_suppressed: None,
+            };
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                (r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, detail),
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let last_held = held.last().map(|h| h.0);
+    let held = held
+        .into_iter()
+        .filter_map(|(_, s, k, (at, data, previous, last_seen_at, detail))| {
+            let kind = EventKind::parse(&k)?;
+            Some(sensor(s).map(|sensor_id| Event {
+                sensor_id,
+                kind,
+                at,
+                data,
+                previous,
+                last_seen_at,
+                detail,
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let clients = linked(tx, &site.id)?;
+    let Some(d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
+        return Ok(Vec::new());
+    };
+    let mut made = Vec::with_capacity(d.made.len());
+    for m in &d.made {
+        made.push(insert_one(
+            tx,
+            &m.client_id,
+            &m.event,
+            m.body.as_deref(),
+            now,
+        )?);
+    }
+    if let Some(last) = last_held {
+        tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
+            .execute(params![site.id, last])?;
+    }
+    tx.prepare_cached(
+        "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5 WHERE id = ?1",
+    )?
+    .execute(params![
+        site.id,
+        d.state.down,
+        d.state.since,
+        d.state.pending_since,
+        Match::listed(&d.state.told)
+    ])?;
+    if let Some(first) = made.first() {
+        let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;
+        made.retain(|n| !silenced.contains(&n.seq));
+    }
+    Ok(made)
+}
+
+/// The clients linked to the site's sensors, each with its sensors of the site.
+fn linked(tx: &Transaction, site: &str) -> Result<Vec<Linked>> {
+    let rows = tx
+        .prepare_cached(
+            "SELECT l.client_id, c.events, l.sensor_id FROM links l \
+             JOIN sensors s ON s.id = l.sensor_id LEFT JOIN clients c ON c.id = l.client_id \
+             WHERE s.site_id = ?1 ORDER BY l.client_id, l.sensor_id",
+        )?
+        .query_map([site], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut out: Vec<Linked> = Vec::new();
+    for (client_id, events, sensor) in rows {
+        let Ok(sensor) = SensorId::parse(&sensor) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some(l) if l.client_id == client_id => l.sensors.push(sensor),
+            _ => out.push(Linked {
+                client_id,
+                events: client::events_from_column(events),
+                sensors: vec![sensor],
+            }),
+        }
+    }
+    Ok(out)
+}
