@@ -38,6 +38,7 @@ mod registry;
 mod retention;
 mod secrets;
 mod silences;
+mod sites;
 mod ssrf;
 mod store_faults;
 mod tokens;
