@@ -73,22 +73,21 @@ pub struct SiteOut {
 /// Whether a site is down now, and its sensors counted.
 #[derive(Serialize, ToSchema)]
 pub struct SiteStatusOut {
-    /// `down`: its gateway sensor is lost, or at least `LATCH_SITE_DOWN_RATIO` of its
-    /// sensors (and at least `LATCH_SITE_MIN_SENSORS`) are.
+    /// `down` once latch decided so (`site.connection_lost`): its gateway sensor was lost,
+    /// or at least `LATCH_SITE_DOWN_RATIO` of its sensors (and at least
+    /// `LATCH_SITE_MIN_SENSORS`) were, `LATCH_SITE_GRACE` after the first loss; `up`
+    /// again once that no longer holds (`site.connection_restored`).
     #[schema(example = "up")]
     pub state: String,
+    /// When it went down or came back; `null` if it never went down.
+    pub since: Option<String>,
     /// Sensors in the site.
     pub sensors: u64,
     /// Of those, lost now.
     pub lost: u64,
 }
 
-fn site_out(st: &AppState, (s, counts): (Site, SiteCounts)) -> SiteOut {
-    let down = crate::domain::site::down(
-        counts,
-        st.config.site_down_ratio,
-        st.config.site_min_sensors,
-    );
+fn site_out((s, counts): (Site, SiteCounts)) -> SiteOut {
     SiteOut {
         id: s.id,
         name: s.name,
@@ -97,7 +96,8 @@ fn site_out(st: &AppState, (s, counts): (Site, SiteCounts)) -> SiteOut {
         created_at: time::format(s.created_at),
         updated_at: time::format(s.updated_at),
         status: SiteStatusOut {
-            state: if down { "down" } else { "up" }.into(),
+            state: if counts.down { "down" } else { "up" }.into(),
+            since: counts.since.map(time::format),
             sensors: counts.sensors,
             lost: counts.lost,
         },
@@ -140,7 +140,7 @@ async fn create_site(
         gateway_sensor_id: Some(gateway(body.gateway_sensor_id.as_deref())?),
     };
     let site = st.app.create_site(body.id, fields).await?;
-    Ok((StatusCode::CREATED, ApiJson(site_out(&st, site))))
+    Ok((StatusCode::CREATED, ApiJson(site_out(site))))
 }
 
 /// List sites, by id.
@@ -151,7 +151,7 @@ async fn list_sites(
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<SiteOut>>> {
     let page = st.app.store.list_sites(page.to_request()?).await?;
-    Ok(ApiJson(List::from_page(page, |s| site_out(&st, s))))
+    Ok(ApiJson(List::from_page(page, site_out)))
 }
 
 /// Read a site and its status.
@@ -167,7 +167,7 @@ async fn get_site(
         .get_site(id)
         .await?
         .ok_or_else(|| ApiError::not_found("site"))?;
-    Ok(ApiJson(site_out(&st, site)))
+    Ok(ApiJson(site_out(site)))
 }
 
 /// Change a site's name, address or gateway sensor.
@@ -195,7 +195,7 @@ async fn update_site(
         .update_site(id, fields)
         .await?
         .ok_or_else(|| ApiError::not_found("site"))?;
-    Ok(ApiJson(site_out(&st, site)))
+    Ok(ApiJson(site_out(site)))
 }
 
 /// Delete a site; its sensors stay, in no site.

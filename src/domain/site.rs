@@ -34,6 +34,11 @@ pub struct SiteCounts {
     /// Whether its gateway sensor is lost now.
     #[serde(skip)]
     pub gateway_lost: bool,
+    /// Whether its decision says it is down, and since when it is down or up again.
+    #[serde(skip)]
+    pub down: bool,
+    #[serde(skip)]
+    pub since: Option<Millis>,
 }
 
 /// Whether a site with these counts is down: its gateway is lost, or at least `ratio` of
@@ -89,6 +94,7 @@ mod tests {
             sensors,
             lost,
             gateway_lost,
+            ..SiteCounts::default()
         };
         assert!(down(c(10, 5, false), 0.5, 3));
         assert!(!down(c(10, 4, false), 0.5, 3));

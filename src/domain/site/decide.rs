@@ -118,6 +118,7 @@ pub fn decide(
         gateway_lost: site
             .gateway_sensor_id
             .is_some_and(|g| members.iter().any(|m| m.id == g && lost(m))),
+        ..SiteCounts::default()
     };
     let down_now = down(counts, rules.ratio, rules.min_sensors);
     let member = |id: &SensorId| members.iter().find(|m| m.id == *id);

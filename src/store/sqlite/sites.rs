@@ -17,7 +17,7 @@ const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.cr
      (SELECT COUNT(*) FROM sensors s JOIN sensor_state st ON st.sensor_id = s.id \
       WHERE s.site_id = si.id AND st.connection = 'lost'), \
      COALESCE((SELECT st.connection = 'lost' FROM sensor_state st \
-      WHERE st.sensor_id = si.gateway_sensor_id), 0)";
+      WHERE st.sensor_id = si.gateway_sensor_id), 0), si.down, si.since";
 
 fn site(r: &Row) -> rusqlite::Result<(Site, SiteCounts)> {
     let gateway: Option<String> = r.get(3)?;
@@ -34,6 +34,8 @@ fn site(r: &Row) -> rusqlite::Result<(Site, SiteCounts)> {
             sensors: r.get::<_, i64>(6)? as u64,
             lost: r.get::<_, i64>(7)? as u64,
             gateway_lost: r.get(8)?,
+            down: r.get(9)?,
+            since: r.get(10)?,
         },
     ))
 }

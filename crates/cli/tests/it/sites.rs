@@ -50,13 +50,18 @@ async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
     let mut sites: Vec<(String, Vec<String>)> = Vec::new();
     for _ in 0..4 {
         let site = unique("bldg-");
-        let (code, body) = s.post("/v1/sites", json!({"id": site, "name": "a building"})).await;
+        let (code, body) = s
+            .post("/v1/sites", json!({"id": site, "name": "a building"}))
+            .await;
         assert_eq!(code, StatusCode::CREATED, "{body}");
         let mut sensors = Vec::new();
         for i in 0..10 {
             let id = unique(&format!("st{i}"));
             let (code, body) = s
-                .post("/v1/sensors", json!({"id": id, "address": format!("room {i}"), "site_id": site}))
+                .post(
+                    "/v1/sensors",
+                    json!({"id": id, "address": format!("room {i}"), "site_id": site}),
+                )
                 .await;
             assert_eq!(code, StatusCode::CREATED, "{body}");
             s.link(&all, &id).await;
@@ -69,7 +74,11 @@ async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
     }
     let every: Vec<&String> = sites.iter().flat_map(|(_, ss)| ss).collect();
     let report = |ids: Vec<&String>| {
-        Value::Array(ids.iter().map(|id| json!({"sensor_id": id, "data": 1})).collect())
+        Value::Array(
+            ids.iter()
+                .map(|id| json!({"sensor_id": id, "data": 1}))
+                .collect(),
+        )
     };
     s.readings(report(every.clone())).await;
     eventually(20, "the first states", || async {
@@ -100,7 +109,11 @@ async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
         assert_ne!(e["site"]["id"], json!(lone_site));
     }
     let own: Vec<&Value> = got["sensor.connection_lost"].iter().collect();
-    assert_eq!(own.len(), 1, "no sensor-level loss for the dark buildings: {own:?}");
+    assert_eq!(
+        own.len(),
+        1,
+        "no sensor-level loss for the dark buildings: {own:?}"
+    );
     assert_eq!(own[0]["sensor"]["id"], json!(lone));
 
     let half_got = eventually(20, "the other client's", || async {
@@ -109,7 +122,10 @@ async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
     })
     .await;
     for e in &half_got["site.connection_lost"] {
-        let site = sites.iter().find(|(id, _)| e["site"]["id"] == json!(id)).unwrap();
+        let site = sites
+            .iter()
+            .find(|(id, _)| e["site"]["id"] == json!(id))
+            .unwrap();
         let mine: Vec<String> = {
             let mut v: Vec<String> = site.1.iter().step_by(2).cloned().collect();
             v.sort();
@@ -145,4 +161,52 @@ async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
     .await;
     assert_eq!(own[0]["sensor"]["id"], json!(sites[0].1[0]));
     s.stop().await;
+}
+
+/// Three nodes: a site's 20 sensors spread over their partitions go silent, and the node
+/// that owns a third of them is killed (`kill -9`) while the site's grace runs. The
+/// survivors decide the site once: one `site.connection_lost` naming all 20, no sensor's
+/// own loss, and nothing more in the seconds after.
+#[tokio::test]
+async fn a_cluster_decides_a_site_once_though_a_node_is_killed() {
+    use crate::utils::cluster::{Cluster, post_until_accepted};
+    let env = [("LATCH_SITE_GRACE", "5s".to_string())];
+    let Some(mut c) = Cluster::start_env(3, &env).await else {
+        return;
+    };
+    let r = Receiver::start().await;
+    let site = unique("bldg-");
+    c.post(c.base(0), "/v1/sites", json!({"id": site})).await;
+    let (_, ids) = c
+        .fleet(
+            "k",
+            20,
+            &r.url,
+            json!({"heartbeat_timeout_s": 3, "site_id": site}),
+        )
+        .await;
+    let readings: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"sensor_id": id, "data": 1}))
+        .collect();
+    post_until_accepted(&c.http, &c.live(), readings, 20).await;
+    eventually(20, "the first states", || async {
+        (r.received().len() >= 20).then_some(())
+    })
+    .await;
+    // Lost after 3 s; killed at 4.5 s, inside the 5 s grace.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    c.kill9(2);
+    let via = c.live()[0].clone();
+    let lost = eventually(40, "the site's loss", || async {
+        by_type(&r).get("site.connection_lost").cloned()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t = by_type(&r);
+    assert_eq!(t["site.connection_lost"].len(), 1, "decided once: {lost:?}");
+    assert_eq!(lost[0]["sensors"].as_array().unwrap().len(), 20);
+    assert!(!t.contains_key("sensor.connection_lost"), "{t:?}");
+    let read = c.get(&via, &format!("/v1/sites/{site}")).await;
+    assert_eq!(read["status"]["state"], "down", "{read}");
 }

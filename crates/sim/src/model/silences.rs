@@ -204,6 +204,8 @@ impl Tables {
             sensors: members.len() as u64,
             lost: members.iter().filter(|id| lost(id)).count() as u64,
             gateway_lost: site.gateway_sensor_id.as_ref().is_some_and(lost),
+            down: self.site_states.get(&site.id).is_some_and(|s| s.down),
+            since: self.site_states.get(&site.id).and_then(|s| s.since),
         }
     }
 
