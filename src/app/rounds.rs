@@ -3,26 +3,20 @@
 //! take each site and each silence, so running on every node decides each once, and a node
 //! killed mid-round leaves it to the next round of another.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{App, Result};
+use crate::clock::Clock;
+use crate::delivery::Dispatcher;
 use crate::domain::Millis;
+use crate::domain::silence::SETTLE_MS;
 use crate::domain::site::decide::Rules;
+use crate::store::Store;
 
 /// How often a node runs a round.
 const EVERY: Duration = Duration::from_secs(1);
-
-impl App {
-    /// Decides the sites due now, handing what that made to delivery.
-    pub async fn decide_sites(&self, rules: Rules) -> Result<usize> {
-        let made = self.store.decide_sites(rules, self.now()).await?;
-        let n = made.len();
-        self.dispatcher.deliver(made);
-        Ok(n)
-    }
-}
 
 /// The sites' rules from the settings.
 pub fn rules(config: &crate::config::Config) -> Rules {
@@ -33,24 +27,38 @@ pub fn rules(config: &crate::config::Config) -> Rules {
     }
 }
 
-/// Runs a round every second (of the engine's clock) until `stop`.
-pub async fn run(app: App, rules: Rules, stop: CancellationToken) {
+/// Runs a round every second of `clock` until `stop`, handing what each makes to
+/// `dispatcher`.
+pub async fn run(
+    store: Arc<dyn Store>,
+    dispatcher: Dispatcher,
+    clock: Clock,
+    rules: Rules,
+    stop: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = app.engine.clock().sleep_until(app.now() + EVERY.as_millis() as Millis) => {}
+            _ = clock.sleep_until(clock.now() + EVERY.as_millis() as Millis) => {}
         }
-        match app.decide_sites(rules).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(notifications = n, "Sites decided."),
+        match store.decide_sites(rules, clock.now()).await {
+            Ok(made) if made.is_empty() => {}
+            Ok(made) => {
+                tracing::info!(notifications = made.len(), "Sites decided.");
+                dispatcher.deliver(made);
+            }
             Err(e) => tracing::warn!(error = %e, "Could not decide sites; trying again."),
         }
-        match app.reconcile_silences().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(
-                notifications = n,
-                "A silence ended: clients brought up to date."
-            ),
+        let now = clock.now();
+        match store.reconcile_silences(now - SETTLE_MS, now).await {
+            Ok(made) if made.is_empty() => {}
+            Ok(made) => {
+                tracing::info!(
+                    notifications = made.len(),
+                    "A silence ended: clients brought up to date."
+                );
+                dispatcher.deliver(made);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.")
             }

@@ -4,7 +4,7 @@
 
 use super::{App, Error, Result};
 use crate::domain::Millis;
-use crate::domain::silence::{Match, SETTLE_MS, Silence, SilenceState, check_times};
+use crate::domain::silence::{Match, Silence, SilenceState, check_times};
 
 /// A change to a silence: its end, its comment, and its start while it has not begun.
 #[derive(Debug, Clone, Default)]
@@ -119,15 +119,5 @@ impl App {
         s.updated_at = now;
         self.store.update_silence(s).await?;
         Ok(true)
-    }
-
-    /// Reconciles the silences that ended a settle ago, handing what that made to
-    /// delivery.
-    pub async fn reconcile_silences(&self) -> Result<usize> {
-        let now = self.now();
-        let made = self.store.reconcile_silences(now - SETTLE_MS, now).await?;
-        let n = made.len();
-        self.dispatcher.deliver(made);
-        Ok(n)
     }
 }

@@ -43,6 +43,11 @@ pub struct Node {
     pub(super) archive: Option<Archive>,
     pub(super) core: Core,
     pub(super) leases: Leases,
+    /// Sites decided and ended silences reconciled, every second.
+    rounds: (
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ),
     pub(super) sup: Supervisor,
 }
 
@@ -74,12 +79,24 @@ impl Node {
             .map_or_else(|| Arc::new(Spooled::default()), |a| a.spooled.clone());
         let core = Core::start(config, &base, clock, &delivery, spooled, &sup).await?;
         let leases = Leases::start(&base, &core, &delivery, &sup).await?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let rounds = sup.spawn(
+            "sites and silences",
+            crate::app::rounds::run(
+                base.store.clone(),
+                delivery.dispatcher.clone(),
+                clock.clone(),
+                crate::app::rounds::rules(config),
+                stop.clone(),
+            ),
+        );
         Ok(Self {
             base,
             delivery,
             archive,
             core,
             leases,
+            rounds: (stop, rounds),
             sup,
         })
     }
@@ -109,6 +126,8 @@ impl Node {
     /// history ships, and the dispatcher lets in-flight attempts finish within `grace`,
     /// cutting off and recording those it must.
     pub async fn stop(self, grace: Duration) {
+        self.rounds.0.cancel();
+        crate::tasks::join(self.rounds.1).await;
         self.leases.stop().await;
         self.core.stop().await;
         self.base.leave(&self.delivery).await;

@@ -583,8 +583,6 @@ pub(super) struct Http {
     /// Cancelled when the server ends by itself (its listener failed).
     ended: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
-    /// Decides sites and reconciles ended silences; stops with the API.
-    rounds: JoinHandle<()>,
 }
 
 impl Http {
@@ -647,14 +645,6 @@ impl Http {
             );
         }
         let stop = CancellationToken::new();
-        let rounds = sup.spawn(
-            "sites and silences",
-            crate::app::rounds::run(
-                state.app.clone(),
-                crate::app::rounds::rules(config),
-                stop.clone(),
-            ),
-        );
         let stopped = stop.clone();
         // With each connection's peer address: the rate limit of an open API is per address.
         let serve = axum::serve(
@@ -680,7 +670,6 @@ impl Http {
             streams_stop,
             ended,
             task,
-            rounds,
         })
     }
 
@@ -694,7 +683,6 @@ impl Http {
         // Open event streams never end by themselves; the graceful stop waits for them.
         self.streams_stop.cancel();
         self.stop.cancel();
-        join(self.rounds).await;
         match self.task.await {
             Ok(result) => Ok(result?),
             // The supervisor has logged the panic and fails the run.
