@@ -128,7 +128,8 @@ pub fn at_end(
                 let Some(tr) = newest.get(&(c.id.clone(), *sensor)) else {
                     continue;
                 };
-                if tr.created_at <= *linked_at {
+                // A silence kept it: its end brings the client up to date (checked there).
+                if tr.created_at <= *linked_at || tr.status == Status::Silenced {
                     continue;
                 }
                 let keys = vec![tr.id.clone(), lane_key(&(c.id.clone(), *sensor))];
@@ -203,6 +204,7 @@ pub fn at_end(
                 );
             }
         }
+        sites_and_silences(world, t, start);
         liveness(world, t, log, bounds, start, now);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
@@ -213,6 +215,125 @@ pub fn at_end(
             broker_link(world, t, log, bounds, start);
         }
     });
+}
+
+/// Silences and the site (README: Sites, Silences): a silenced notification was made
+/// under an active silence that matches it and is never sent; a site's events alternate,
+/// lost then restored, per client; each names only the site's sensors; and while a site
+/// event has told a client that a sensor is lost, that client gets no loss of it of its
+/// own.
+fn sites_and_silences(world: &World, t: &crate::model::Tables, start: Millis) {
+    let trails: Vec<&crate::model::Trail> = t.audit.trails().collect();
+    let site_of = |s: SensorId| t.sensors.get(&s).and_then(|x| x.site_id.clone());
+    for tr in trails.iter().filter(|tr| tr.status == Status::Silenced) {
+        let keys = vec![
+            tr.id.clone(),
+            lane_key(&(tr.client_id.clone(), tr.sensor_id)),
+        ];
+        if !tr.attempts.is_empty() {
+            world.violate(
+                "a silenced notification is never sent",
+                format!(
+                    "{} ({}) has {} attempts",
+                    tr.id,
+                    tr.kind.as_str(),
+                    tr.attempts.len()
+                ),
+                keys.clone(),
+            );
+        }
+        let matched = t.silences.values().any(|s| {
+            let m = &s.matcher;
+            s.starts_at <= tr.created_at
+                && tr.created_at < s.ends_at.max(s.updated_at)
+                && m.client_id.as_ref().is_none_or(|c| *c == tr.client_id)
+                && m.sensor_ids
+                    .as_ref()
+                    .is_none_or(|ids| ids.contains(&tr.sensor_id))
+                && m.types.as_ref().is_none_or(|k| k.contains(&tr.kind))
+                && m.site_id
+                    .as_ref()
+                    .is_none_or(|site| site_of(tr.sensor_id).as_ref() == Some(site))
+        });
+        if !matched {
+            world.violate(
+                "a notification is silenced only by an active silence that matches it",
+                format!(
+                    "{} ({}) silenced at {}",
+                    tr.id,
+                    tr.kind.as_str(),
+                    tr.created_at - start
+                ),
+                keys,
+            );
+        }
+    }
+    // Per client, the site's events in outbox order.
+    let mut site_events: BTreeMap<&str, Vec<&crate::model::Trail>> = BTreeMap::new();
+    for tr in trails.iter().filter(|tr| tr.kind.is_site()) {
+        site_events
+            .entry(tr.client_id.as_str())
+            .or_default()
+            .push(tr);
+    }
+    for (client, events) in &site_events {
+        let mut told: Option<(Millis, Vec<SensorId>)> = None;
+        for (i, tr) in events.iter().enumerate() {
+            let lost = tr.kind == EventKind::SiteConnectionLost;
+            if lost == told.is_some() || (i == 0 && !lost) {
+                world.violate(
+                    "a site's events alternate, lost then restored, per client",
+                    format!(
+                        "{client}: {} at {}",
+                        tr.kind.as_str(),
+                        tr.created_at - start
+                    ),
+                    vec![tr.id.clone()],
+                );
+            }
+            let named: Vec<SensorId> = t
+                .notifications
+                .get(&tr.seq)
+                .and_then(|r| r.notification.body.clone())
+                .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+                .map(|b| {
+                    ["sensors", "restored", "still_lost"]
+                        .iter()
+                        .flat_map(|k| b[k].as_array().cloned().unwrap_or_default())
+                        .filter_map(|s| SensorId::parse(s["id"].as_str()?).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(s) = named.iter().find(|s| site_of(**s).is_none()) {
+                world.violate(
+                    "a site's event names only the site's sensors",
+                    format!("{client}: {} names {s}", tr.id),
+                    vec![tr.id.clone()],
+                );
+            }
+            told = lost.then(|| (tr.created_at, named));
+            if let Some((from, sensors)) = &told {
+                let until = events.get(i + 1).map_or(Millis::MAX, |n| n.created_at);
+                for own in trails.iter().filter(|o| {
+                    o.client_id == *client
+                        && o.kind == EventKind::ConnectionLost
+                        && sensors.contains(&o.sensor_id)
+                        && o.created_at > *from
+                        && o.created_at < until
+                }) {
+                    world.violate(
+                        "a sensor a site's event told of gets no loss of its own meanwhile",
+                        format!(
+                            "{client}: {} lost at {}",
+                            own.sensor_id,
+                            own.created_at - start
+                        ),
+                        vec![own.id.clone(), tr.id.clone()],
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Lost exactly when a sensor's silence reaches its timeout (never before; within a

@@ -166,6 +166,7 @@ fn settings(cluster: bool) -> Config {
     let mut c = Config::load_from(None, &[]).expect("the defaults load");
     c.heartbeat_timeout = Duration::from_secs(12);
     c.lost_reminder = Some(Duration::from_secs(9));
+    c.site_grace = Duration::from_secs(4);
     c.retry_base = Duration::from_millis(300);
     c.retry_max_delay = Duration::from_secs(4);
     c.retry_max_attempts = 6;

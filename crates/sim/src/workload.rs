@@ -14,7 +14,7 @@ use std::time::Duration;
 use latch::domain::client::{Batch, Client, effective_batch, generate_secret};
 use latch::domain::{Millis, Reading, Sensor, SensorId, Source};
 use latch::history::retention::{self, Settings as RetentionSettings};
-use latch::store::{Outbox, Registry, ReplayFilter, Retention};
+use latch::store::{Outbox, Registry, ReplayFilter, Retention, Sites};
 
 use crate::faults::{Kind, StoreFaults};
 use crate::log::{Log, SimClient};
@@ -63,6 +63,9 @@ pub struct Workload {
     pub retention: RetentionSettings,
 }
 
+/// The run's one site: every other sensor is in it (its gateway, sometimes, the first).
+pub const SITE: &str = "bldg-1";
+
 /// Clients a run holds at most: one created mid-run needs room to be.
 const MAX_CLIENTS: usize = 7;
 
@@ -93,13 +96,24 @@ impl Workload {
             .ok_or_else(|| anyhow::anyhow!("no node runs"))?;
         let (engine, store, dispatcher) = self.nodes.entry(&node).expect("running");
         let now = self.world.now();
-        for s in &self.sensors {
+        let gateway = self.world.chance(0.5).then_some(self.sensors[0].id);
+        store
+            .create_site(latch::domain::site::Site {
+                id: SITE.into(),
+                name: Some("the building".into()),
+                address: None,
+                gateway_sensor_id: gateway,
+                created_at: now,
+                updated_at: now,
+            })
+            .await?;
+        for (i, s) in self.sensors.iter().enumerate() {
             let sensor = Sensor {
                 id: s.id,
                 address: format!("{} street", s.id),
                 heartbeat_timeout_s: None,
                 debounce_s: None,
-                site_id: None,
+                site_id: (i % 2 == 0).then(|| SITE.to_string()),
                 created_at: now,
             };
             store.create_sensor(sensor).await?;
@@ -148,6 +162,8 @@ impl Workload {
             81..83 => self.add_client().await,
             83..85 => self.delete_client().await,
             85..88 => self.retention().await,
+            88..90 => self.dark_site(),
+            90..92 => self.maintenance().await,
             _ => {}
         }
     }
@@ -443,6 +459,89 @@ impl Workload {
             self.clients.remove(ci);
             self.gone.extend(url);
         }
+    }
+
+    /// The building goes dark: every sensor of the site falls silent, past its timeout
+    /// and the site's grace.
+    fn dark_site(&mut self) {
+        let now = self.world.now();
+        let until = now + self.timeout + 4_000 + self.world.between(500, 10_000) as Millis;
+        self.world
+            .trace(format!("site {SITE} goes dark until {until}"));
+        for (i, s) in self.sensors.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                s.silent_until = s.silent_until.max(until);
+            }
+        }
+    }
+
+    /// A maintenance window, as the API makes one: for a client, the site, or losses
+    /// only, from now for a few seconds; or an active one ended now.
+    async fn maintenance(&mut self) {
+        use latch::domain::EventKind;
+        use latch::domain::silence::{Match, Silence};
+        use latch::store::Silences;
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, _)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let now = engine.now();
+        if self.world.chance(0.25) {
+            let active = self.model.read(|t| {
+                t.silences
+                    .values()
+                    .find(|s| s.starts_at <= now && now < s.ends_at)
+                    .cloned()
+            });
+            if let Some(s) = active {
+                let result = store
+                    .update_silence(Silence {
+                        ends_at: now,
+                        updated_at: now,
+                        ..s.clone()
+                    })
+                    .await;
+                self.world
+                    .trace(format!("silence {} ended early: {result:?}", s.id));
+            }
+            return;
+        }
+        let matcher = match self.world.between(0, 3) {
+            0 if !self.clients.is_empty() => Match {
+                client_id: Some(
+                    self.clients[self.world.between(0, self.clients.len() as u64) as usize]
+                        .id
+                        .clone(),
+                ),
+                ..Match::default()
+            },
+            1 => Match {
+                site_id: Some(SITE.into()),
+                ..Match::default()
+            },
+            _ => Match {
+                types: Some(vec![
+                    EventKind::ConnectionLost,
+                    EventKind::SiteConnectionLost,
+                ]),
+                ..Match::default()
+            },
+        };
+        let s = Silence {
+            id: self.world.clock.ulid().to_string(),
+            matcher,
+            starts_at: now,
+            ends_at: now + self.world.between(2_000, 15_000) as Millis,
+            comment: "planned work".into(),
+            created_at: now,
+            updated_at: now,
+            reconciled_at: None,
+        };
+        let result = store.create_silence(s.clone()).await;
+        self.world.trace(format!(
+            "silence {} via {node} until {}: {:?} {result:?}",
+            s.id, s.ends_at, s.matcher
+        ));
     }
 
     /// A retention round, as the store's upkeep runs it on a node (`retention::round`),

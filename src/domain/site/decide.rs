@@ -20,6 +20,9 @@ pub struct SiteState {
     pub pending_since: Option<Millis>,
     /// The sensors its `site.connection_lost` named, while it is down.
     pub told: Vec<SensorId>,
+    /// The clients that `site.connection_lost` went to: its return goes to them (a client
+    /// linked while the site was down learns of its sensors' return by their own).
+    pub told_clients: Vec<String>,
 }
 
 /// The settings of the decision (`LATCH_SITE_*`).
@@ -128,6 +131,7 @@ pub fn decide(
         // Down: its lost sensors are told by the site's event, to each client that wants
         // it; the rest of what was held goes out as the sensors' own.
         (false, true) => {
+            let mut told_clients = Vec::new();
             let told: Vec<SensorId> = members.iter().filter(|m| lost(m)).map(|m| m.id).collect();
             for c in clients {
                 let mine: Vec<SensorId> = c
@@ -158,6 +162,7 @@ pub fn decide(
                     body,
                     now,
                 ));
+                told_clients.push(c.client_id.clone());
                 let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
                 release.push((c, others.collect()));
             }
@@ -166,6 +171,7 @@ pub fn decide(
                 since: Some(now),
                 pending_since: None,
                 told,
+                told_clients,
             }
         }
         // The grace ran out and the site stays up: every held event goes out.
@@ -187,8 +193,7 @@ pub fn decide(
                     .filter(|s| state.told.contains(s))
                     .copied()
                     .collect();
-                let told_by_site =
-                    !mine.is_empty() && wants(&c.events, EventKind::SiteConnectionLost);
+                let told_by_site = !mine.is_empty() && state.told_clients.contains(&c.client_id);
                 if !told_by_site || !wants(&c.events, EventKind::SiteConnectionRestored) {
                     release.push((c, c.sensors.clone()));
                     continue;
@@ -215,6 +220,7 @@ pub fn decide(
                 since: Some(now),
                 pending_since: None,
                 told: Vec::new(),
+                told_clients: Vec::new(),
             }
         }
     };
@@ -474,6 +480,50 @@ mod tests {
             serde_json::from_str(up.made[0].body.as_ref().unwrap()).unwrap();
         assert_eq!(body["restored"][0]["id"], "gw");
         assert_eq!(body["still_lost"][0]["id"], "g1");
+    }
+
+    #[test]
+    fn a_client_linked_while_the_site_was_down_gets_the_sensors_own_return() {
+        let members = [member("e1", true), member("e2", true), member("e3", true)];
+        let held = [lost_event("e1", 5_000)];
+        let first = [linked("c1", &["e1", "e2", "e3"], None)];
+        let d = decide(
+            &site(),
+            &pending(5_000),
+            &members,
+            &held,
+            &first,
+            &RULES,
+            35_000,
+        )
+        .unwrap();
+        assert_eq!(d.state.told_clients, ["c1"]);
+        let back = [
+            member("e1", false),
+            member("e2", false),
+            member("e3", false),
+        ];
+        let restored = Event {
+            kind: EventKind::ConnectionRestored,
+            ..lost_event("e1", 50_000)
+        };
+        let both = [
+            linked("c1", &["e1", "e2", "e3"], None),
+            linked("late", &["e1"], None),
+        ];
+        let up = decide(&site(), &d.state, &back, &[restored], &both, &RULES, 60_000).unwrap();
+        let got: Vec<(&str, EventKind)> = up
+            .made
+            .iter()
+            .map(|m| (m.client_id.as_str(), m.event.kind))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("c1", EventKind::SiteConnectionRestored),
+                ("late", EventKind::ConnectionRestored)
+            ]
+        );
     }
 
     #[test]

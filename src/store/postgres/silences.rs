@@ -62,7 +62,7 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
             &tx.prepare_cached(&format!(
                 "WITH s AS (UPDATE notifications n SET status = 'silenced' \
                    WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
-                   AND n.seq = ANY($1) AND EXISTS (SELECT 1 FROM silences s WHERE {} AND {} \
+                   AND n.seq = ANY($1) AND n.status = 'pending' AND EXISTS (SELECT 1 FROM silences s WHERE {} AND {} \
                    AND (s.types IS NULL OR strpos(s.types, ',' || n.kind || ',') > 0)) \
                    RETURNING n.seq, n.client_id, n.sensor_id), \
                  d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)), \

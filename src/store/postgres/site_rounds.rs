@@ -63,12 +63,13 @@ pub(super) async fn insert_one(
 }
 
 fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
-    let told: String = r.get(at + 3);
+    let (told, clients): (String, String) = (r.get(at + 3), r.get(at + 4));
     SiteState {
         down: r.get(at),
         since: r.get(at + 1),
         pending_since: r.get(at + 2),
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
+        told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
     }
 }
 
@@ -99,7 +100,7 @@ pub(super) async fn hold_for_sites(
     // Each site's row locked, in id order: a round deciding it is waited for.
     let rows = tx
         .query(
-            "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, \
+            "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
              EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
              FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1) \
              ORDER BY si.id FOR UPDATE OF si",
@@ -111,7 +112,7 @@ pub(super) async fn hold_for_sites(
     }
     let mut site_of: HashMap<String, (String, SiteState, bool)> = rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(6))))
+        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(7))))
         .collect();
     for (k, e) in events.iter().enumerate() {
         if !liveness(e.kind) {
@@ -167,7 +168,7 @@ pub(super) async fn decide_sites(
     let due = tx
         .query(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told FROM sites WHERE down OR pending_since <= $1 \
+             pending_since, told, told_clients FROM sites WHERE down OR pending_since <= $1 \
              ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED",
             &[&(now - rules.grace)],
         )
@@ -260,13 +261,15 @@ async fn decide_one(
         .await?;
     }
     tx.execute(
-        "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5 WHERE id = $1",
+        "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5, \
+         told_clients = $6 WHERE id = $1",
         &[
             &site.id,
             &d.state.down,
             &d.state.since,
             &d.state.pending_since,
             &Match::listed(&d.state.told),
+            &Match::listed(&d.state.told_clients),
         ],
     )
     .await?;

@@ -66,7 +66,8 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
     }
     let silenced = tx
         .prepare_cached(&format!(
-            "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq > ?1 AND EXISTS \
+            "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq > ?1 \
+             AND n.status = 'pending' AND EXISTS \
              (SELECT 1 FROM silences s WHERE {} AND {} \
               AND (s.types IS NULL OR instr(s.types, ',' || n.kind || ',') > 0)) \
              RETURNING seq, client_id, sensor_id",

@@ -61,13 +61,15 @@ pub(super) fn insert_one(
     })
 }
 
-fn state_of(told: String, down: bool, since: Option<Millis>, pending: Option<Millis>) -> SiteState {
-    SiteState {
-        down,
-        since,
-        pending_since: pending,
+fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteState> {
+    let (told, clients): (String, String) = (r.get(at + 3)?, r.get(at + 4)?);
+    Ok(SiteState {
+        down: r.get(at)?,
+        since: r.get(at + 1)?,
+        pending_since: r.get(at + 2)?,
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
-    }
+        told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
+    })
 }
 
 /// Which of `events` (their places) make no notification now: liveness events of a
@@ -89,7 +91,7 @@ pub(super) fn hold_for_sites(
         return Ok(skipped);
     }
     let mut site_of = tx.prepare_cached(
-        "SELECT si.id, si.down, si.since, si.pending_since, si.told, \
+        "SELECT si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
          EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
          FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ?1",
     )?;
@@ -101,8 +103,8 @@ pub(super) fn hold_for_sites(
             .query_row([e.sensor_id.to_string()], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
-                    state_of(r.get(4)?, r.get(1)?, r.get(2)?, r.get(3)?),
-                    r.get::<_, bool>(5)?,
+                    state_of(r, 1)?,
+                    r.get::<_, bool>(6)?,
                 ))
             })
             .optional()?
@@ -152,7 +154,7 @@ pub(super) fn decide_sites(
     let due = tx
         .prepare_cached(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told FROM sites \
+             pending_since, told, told_clients FROM sites \
              WHERE down OR pending_since <= ?1 ORDER BY id LIMIT 100",
         )?
         .query_map([now - rules.grace], |r| {
@@ -166,7 +168,7 @@ pub(super) fn decide_sites(
                     created_at: r.get(4)?,
                     updated_at: r.get(5)?,
                 },
-                state_of(r.get(9)?, r.get(6)?, r.get(7)?, r.get(8)?),
+                state_of(r, 6)?,
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -268,14 +270,16 @@ fn decide_one(
             .execute(params![site.id, last])?;
     }
     tx.prepare_cached(
-        "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5 WHERE id = ?1",
+        "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
+         told_clients = ?6 WHERE id = ?1",
     )?
     .execute(params![
         site.id,
         d.state.down,
         d.state.since,
         d.state.pending_since,
-        Match::listed(&d.state.told)
+        Match::listed(&d.state.told),
+        Match::listed(&d.state.told_clients)
     ])?;
     if let Some(first) = made.first() {
         let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;

@@ -215,6 +215,9 @@ impl Tables {
         let mut silenced = Vec::new();
         for (&seq, r) in self.notifications.range(after_seq + 1..) {
             let n = &r.notification;
+            if n.status != Status::Pending {
+                continue;
+            }
             if self.silences.values().any(|s| {
                 active(s, now)
                     && matches_pair(self, s, &n.client_id, n.sensor_id)

@@ -2,7 +2,8 @@
 
 -- A site and where its decision stands: `down` since `since`; `pending_since`, the first
 -- loss not yet decided on (the decision waits the grace from it); `told`, the sensors its
--- `site.connection_lost` named (',a,b,'), whose own lost and restored are held.
+-- `site.connection_lost` named (',a,b,'), whose own lost and restored are held, and
+-- `told_clients` the clients it went to (those its return goes to).
 CREATE TABLE sites (
     id                TEXT COLLATE "C" PRIMARY KEY,
     name              TEXT,
@@ -13,7 +14,8 @@ CREATE TABLE sites (
     down              BOOLEAN NOT NULL DEFAULT false,
     since             BIGINT,
     pending_since     BIGINT,
-    told              TEXT NOT NULL DEFAULT ','
+    told              TEXT NOT NULL DEFAULT ',',
+    told_clients      TEXT NOT NULL DEFAULT ','
 );
 
 ALTER TABLE sensors ADD COLUMN site_id TEXT COLLATE "C";

@@ -2,7 +2,8 @@
 
 -- A site and where its decision stands: `down` since `since`; `pending_since`, the first
 -- loss not yet decided on (the decision waits the grace from it); `told`, the sensors its
--- `site.connection_lost` named (',a,b,'), whose own lost and restored are held.
+-- `site.connection_lost` named (',a,b,'), whose own lost and restored are held, and
+-- `told_clients` the clients it went to (those its return goes to).
 CREATE TABLE sites (
     id                TEXT PRIMARY KEY,
     name              TEXT,
@@ -13,7 +14,8 @@ CREATE TABLE sites (
     down              INTEGER NOT NULL DEFAULT 0,
     since             INTEGER,
     pending_since     INTEGER,
-    told              TEXT NOT NULL DEFAULT ','
+    told              TEXT NOT NULL DEFAULT ',',
+    told_clients      TEXT NOT NULL DEFAULT ','
 ) WITHOUT ROWID;
 
 ALTER TABLE sensors ADD COLUMN site_id TEXT;
