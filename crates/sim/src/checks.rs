@@ -311,7 +311,7 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, start: Millis) {
                     vec![tr.id.clone()],
                 );
             }
-            told = lost.then(|| (tr.created_at, named));
+            told = lost.then_some((tr.created_at, named));
             if let Some((from, sensors)) = &told {
                 let until = events.get(i + 1).map_or(Millis::MAX, |n| n.created_at);
                 for own in trails.iter().filter(|o| {
