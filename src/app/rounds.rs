@@ -41,13 +41,19 @@ pub async fn run(
             _ = stop.cancelled() => return,
             _ = clock.sleep_until(clock.now() + EVERY.as_millis() as Millis) => {}
         }
-        match store.decide_sites(rules, clock.now()).await {
-            Ok(made) if made.is_empty() => {}
-            Ok(made) => {
-                tracing::info!(notifications = made.len(), "Sites decided.");
-                dispatcher.deliver(made);
+        // A call decides up to 500 due sites: while one makes notifications, more may wait.
+        loop {
+            match store.decide_sites(rules, clock.now()).await {
+                Ok(made) if made.is_empty() => break,
+                Ok(made) => {
+                    tracing::info!(notifications = made.len(), "Sites decided.");
+                    dispatcher.deliver(made);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Could not decide sites; trying again.");
+                    break;
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "Could not decide sites; trying again."),
         }
         let now = clock.now();
         match store.reconcile_silences(now - SETTLE_MS, now).await {

@@ -35,6 +35,13 @@ pub struct Args {
     /// How long a batch's first notification waits for others (with `--batch-max-events`).
     #[arg(long, default_value = "100ms", value_parser = latch::config::parse_duration)]
     pub batch_max_wait: Duration,
+    /// The sensors in this many sites (consecutive ids, equal shares): the outage is then
+    /// one `site.connection_lost` per site, and the figures count those (0: no sites).
+    #[arg(long, default_value_t = 0)]
+    pub sites: usize,
+    /// `LATCH_SITE_GRACE` for the run with sites.
+    #[arg(long, default_value = "2s", value_parser = latch::config::parse_duration)]
+    pub site_grace: Duration,
 }
 
 /// Sensors the phase-2 feed reports for, in requests of [`FEED_BATCH`].
@@ -112,7 +119,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let ids = super::sensor_ids(args.sensors);
     let t = Instant::now();
     // Unlinked at first: phase 1 measures tracking alone, not a million pending webhooks.
-    super::import(&super::config(&dir), &ids, &[], None).await?;
+    if args.sites > 0 {
+        super::create_sites(&super::config(&dir), args.sites).await?;
+    }
+    super::import_sited(&super::config(&dir), &ids, &[], None, args.sites).await?;
     let import_secs = t.elapsed().as_secs_f64();
 
     // Phase 1: memory per tracked sensor.
@@ -150,12 +160,14 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let per_sensor = (rss_full.saturating_sub(rss_empty)) as f64 / args.sensors as f64;
     server.stop().await?;
 
-    // Phase 2: link every sensor, restart with a short timeout; all expire together.
-    super::import(
+    // Phase 2: link every sensor (in its site, with sites), restart with a short timeout;
+    // all expire together.
+    super::import_sited(
         &super::config(&dir),
         &ids,
         std::slice::from_ref(&client),
         None,
+        args.sites,
     )
     .await?;
     let feed_ids: Vec<SensorId> = (0..FEED_SENSORS)
@@ -166,6 +178,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         super::import(&super::config(&dir), &feed_ids, &[], Some(3600)).await?;
     }
     config.heartbeat_timeout = args.timeout;
+    config.site_grace = args.site_grace;
     let t = Instant::now();
     let server = super::start(config).await?;
     let ready_secs = t.elapsed().as_secs_f64();
@@ -205,9 +218,15 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     // What a client notices: every lost webhook answered. Delivery runs while the outage is
     // enqueued (its claims and results share the writer) and after it.
     let delivered_at_all_lost = receiver.events_ok();
+    // With sites, what a client waits for is one event per site.
+    let expected = if args.sites > 0 {
+        args.sites
+    } else {
+        args.sensors
+    };
     let all_delivered_at = reached(
         || receiver.events_ok(),
-        args.sensors,
+        expected,
         Duration::from_secs(600 + args.sensors as u64 / 2_000),
         "connection_lost webhooks answered",
     )
@@ -252,7 +271,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     );
     r.add(
         "delivered_per_s_after_enqueued",
-        ((args.sensors as u64 - delivered_at_all_lost) as f64
+        ((expected as u64).saturating_sub(delivered_at_all_lost) as f64
             / ((all_delivered_at - all_lost_at) as f64 / 1000.0).max(1e-3))
         .round(),
         "webhooks/s",
@@ -268,6 +287,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         "events",
     );
     r.add("webhook_requests", receiver.requests() as f64, "requests");
+    r.add("sites", args.sites as f64, "sites");
+    r.add(
+        "site_grace_s",
+        if args.sites > 0 {
+            args.site_grace.as_secs_f64()
+        } else {
+            0.0
+        },
+        "s",
+    );
     r.add(
         "cpu_seconds_ready_to_all_lost",
         cpu_at_all_lost - cpu_at_ready,
@@ -319,7 +348,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
          receiver's answer to the last lost webhook (one client, in this process); the \
          delivered_per_s figures split that delivery at the last lost enqueued; with \
          batch_max_events > 0 the client batches (max_wait {:?}) and these count events, \
-         webhook_requests the requests that carried them.",
+         webhook_requests the requests that carried them. With sites > 0 the sensors are in \
+         that many sites (consecutive ids) and the delivery figures count the sites' \
+         site.connection_lost events (one per site), decided site_grace_s after the first \
+         loss of each.",
         args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH, args.batch_max_wait
     ));
     Ok(r)

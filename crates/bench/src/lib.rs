@@ -306,25 +306,58 @@ pub fn sensor_ids(n: usize) -> Vec<SensorId> {
 
 /// Registers sensors (and links each to `clients`) straight into the store `config`
 /// names, in chunks so the import's own memory stays small.
+/// Creates `sites` sites (`site00000`, …) for [`import_sited`].
+pub async fn create_sites(config: &Config, sites: usize) -> anyhow::Result<()> {
+    let store = latch::store::connect(config).await?;
+    let now = time::now_ms();
+    for s in 0..sites {
+        store
+            .create_site(latch::domain::site::Site {
+                id: format!("site{s:05}"),
+                name: None,
+                address: None,
+                gateway_sensor_id: None,
+                created_at: now,
+                updated_at: now,
+            })
+            .await?;
+    }
+    Ok(())
+}
+
 pub async fn import(
     config: &Config,
     ids: &[SensorId],
     clients: &[Client],
     timeout_s: Option<u32>,
 ) -> anyhow::Result<()> {
+    import_sited(config, ids, clients, timeout_s, 0).await
+}
+
+/// [`import`], the sensors in `sites` sites made by [`create_sites`] (consecutive ids
+/// together, equal shares; 0: none).
+pub async fn import_sited(
+    config: &Config,
+    ids: &[SensorId],
+    clients: &[Client],
+    timeout_s: Option<u32>,
+    sites: usize,
+) -> anyhow::Result<()> {
+    let per_site = ids.len().div_ceil(sites.max(1));
     let store = latch::store::connect(config).await?;
     for cl in clients {
         store.create_client(cl.clone()).await?;
     }
-    for chunk in ids.chunks(20_000) {
+    for (c, chunk) in ids.chunks(20_000).enumerate() {
         let sensors = chunk
             .iter()
-            .map(|id| Sensor {
+            .enumerate()
+            .map(|(j, id)| Sensor {
                 id: *id,
                 address: "bench street 1".into(),
                 heartbeat_timeout_s: timeout_s,
                 debounce_s: None,
-                site_id: None,
+                site_id: (sites > 0).then(|| format!("site{:05}", (c * 20_000 + j) / per_site)),
                 created_at: time::now_ms(),
             })
             .collect();

@@ -391,11 +391,14 @@ pub(super) async fn import(
         .iter()
         .map(|s| i64::from(partitioning.hash(s.id)))
         .collect();
+    let sites: Vec<Option<&str>> = sensors.iter().map(|s| s.site_id.as_deref()).collect();
     tx.execute(
-        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, hash) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], \
-         $6::int8[]) ON CONFLICT (id) DO NOTHING",
-        &[&ids, &addresses, &timeouts, &created, &debounces, &hashes],
+        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, hash, \
+         site_id) SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], \
+         $5::int4[], $6::int8[], $7::text[]) ON CONFLICT (id) DO NOTHING",
+        &[
+            &ids, &addresses, &timeouts, &created, &debounces, &hashes, &sites,
+        ],
     )
     .await?;
     let clients: Vec<&str> = links.iter().map(|(c, _)| c.as_str()).collect();

@@ -169,7 +169,7 @@ pub(super) async fn decide_sites(
         .query(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
              pending_since, told, told_clients FROM sites WHERE down OR pending_since <= $1 \
-             ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED",
+             ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED",
             &[&(now - rules.grace)],
         )
         .await?;

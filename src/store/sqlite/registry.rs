@@ -309,8 +309,8 @@ pub(super) fn import(
     let tx = c.transaction()?;
     {
         let mut ins = tx.prepare_cached(
-            "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s) \
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
+             site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
         )?;
         for s in &sensors {
             ins.execute(params![
@@ -318,7 +318,8 @@ pub(super) fn import(
                 s.address,
                 s.heartbeat_timeout_s,
                 s.created_at,
-                s.debounce_s
+                s.debounce_s,
+                s.site_id
             ])?;
         }
         let mut link = tx.prepare_cached(

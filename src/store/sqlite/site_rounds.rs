@@ -155,7 +155,7 @@ pub(super) fn decide_sites(
         .prepare_cached(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
              pending_since, told, told_clients FROM sites \
-             WHERE down OR pending_since <= ?1 ORDER BY id LIMIT 100",
+             WHERE down OR pending_since <= ?1 ORDER BY id LIMIT 500",
         )?
         .query_map([now - rules.grace], |r| {
             let gateway: Option<String> = r.get(3)?;

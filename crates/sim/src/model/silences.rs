@@ -80,7 +80,7 @@ impl Tables {
                 let st = self.site_states.get(*id).cloned().unwrap_or_default();
                 st.down || st.pending_since.is_some_and(|p| p <= now - rules.grace)
             })
-            .take(100)
+            .take(500)
             .cloned()
             .collect();
         let mut made = Vec::new();
