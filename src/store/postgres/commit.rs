@@ -3,8 +3,9 @@
 
 use async_trait::async_trait;
 
+use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::PgStore;
-use super::db::{Db, Sql, Tx};
+use super::db::{Bound, Db, Sql, Tx};
 use super::doubt::{Doubt, settle};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
@@ -622,11 +623,29 @@ async fn supersede(tx: &Tx<'_>, newest: HashMap<&str, i64>, now: Millis) -> Resu
 #[async_trait]
 impl Runtime for PgStore {
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        super::registry::load_runtime(&self.db).await
+        let c = self.db.get_for("load_runtime", Bound::Bulk).await?;
+        let rows = c
+            .query(
+                &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"),
+                &[],
+            )
+            .await?;
+        rows.iter().map(row::runtime).collect()
     }
 
+    /// The committed state of those of `ids` that are registered.
     async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
-        super::registry::load_states(&self.db, ids).await
+        let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        let c = self.db.get("load_states").await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ANY($1)"
+                ),
+                &[&ids],
+            )
+            .await?;
+        rows.iter().map(row::runtime).collect()
     }
 
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {

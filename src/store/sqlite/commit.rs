@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, Transaction, params};
 
+use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{CommitBatch, Error, NotificationRef, Result};
 use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
 
@@ -293,13 +294,33 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
 #[async_trait]
 impl Runtime for SqliteStore {
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        self.read(super::registry::load_runtime).await
+        self.read(|c| {
+            let rows = c
+                .prepare(&format!(
+                    "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"
+                ))?
+                .query_map([], |r| row::runtime(r))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// One process writes this store: there are no other nodes' changes to follow.
     async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
-        self.read(move |c| super::registry::load_states(c, &ids))
-            .await
+        self.read(move |c| {
+            let mut st = c.prepare_cached(&format!(
+                "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ?1"
+            ))?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(r) = st.query_map([id.to_string()], |r| row::runtime(r))?.next() {
+                    out.push(r?);
+                }
+            }
+            Ok(out)
+        })
+        .await
     }
 
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
