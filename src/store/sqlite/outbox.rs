@@ -95,8 +95,8 @@ impl Outbox for SqliteStore {
                                     status: Status::Cancelled,
                                 });
                             }
-                            // One node: its lanes hold every lane whole, so the store never finds one
-                            // behind (`ClaimRow::lane` is not read here).
+                            // One node: its lanes hold every lane whole, so the store never
+                            // finds one behind (`ClaimRow::lane` is not read here).
                             ClaimStep::Supersede => {
                                 tx.execute(
                                     "UPDATE notifications SET status = 'superseded', updated_at = ?2 WHERE id = ?1",
