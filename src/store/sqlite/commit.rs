@@ -14,22 +14,6 @@ use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{CommitBatch, Error, NotificationRef, Result};
 use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
 
-/// Commits `batch` in one transaction, returning the notifications it created.
-pub(super) fn commit(
-    c: &mut Connection,
-    batch: &CommitBatch,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
-    // SQLite stays one node: no leases to check a fence against.
-    if !batch.fence.is_empty() {
-        return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
-    }
-    let tx = c.transaction()?;
-    let created = commit_batch(&tx, batch, now)?;
-    tx.commit()?;
-    Ok(created)
-}
-
 /// The body of a group commit. Rows of a sensor deleted meanwhile are skipped, so a delete
 /// racing a batch never resurrects state: whether a sensor is still registered is looked
 /// up once per sensor (its state update, most often), not once per row.
@@ -323,7 +307,18 @@ impl Runtime for SqliteStore {
         .await
     }
 
+    /// Commits `batch` in one transaction, returning the notifications it created.
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        self.write(move |c| commit(c, &batch, now)).await
+        self.write(move |c| {
+            // SQLite stays one node: no leases to check a fence against.
+            if !batch.fence.is_empty() {
+                return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
+            }
+            let tx = c.transaction()?;
+            let created = commit_batch(&tx, &batch, now)?;
+            tx.commit()?;
+            Ok(created)
+        })
+        .await
     }
 }
