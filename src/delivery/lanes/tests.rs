@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::delivery::attempt::Failure;
+use crate::delivery::rates::Lease;
 use crate::delivery::retry::Kind;
+use crate::domain::{NotificationRef, policy};
 
 /// How much the core holds, map by map.
 #[derive(Debug, Default, PartialEq)]
