@@ -56,6 +56,22 @@ fn sensor(n: usize) -> SensorId {
     SensorId::parse(&format!("s{n:07}")).unwrap()
 }
 
+/// A pending state change `id` (`seq`) of lane (client 0, sensor `sensor_n`), due at
+/// `due`, as the store hands one over: a sweep bringing it back once its partition is
+/// served here again, a replay, a resume. Other clients and kinds by struct update.
+fn back(id: &str, sensor_n: usize, seq: i64, due: Millis) -> NotificationRef {
+    NotificationRef {
+        id: id.to_string(),
+        seq,
+        client_id: "client0".into(),
+        sensor_id: sensor(sensor_n),
+        kind: EventKind::StateChanged,
+        due_at: due,
+        attempts: 0,
+        batch_id: None,
+    }
+}
+
 fn answer(status: u16, now: Millis) -> Finished {
     Finished::Attempted(AttemptResult::answered(now, status, Duration::ZERO, None))
 }
@@ -89,14 +105,9 @@ impl Harness {
         self.seq += 1;
         let id = ulid::Ulid::new().to_string();
         let r = NotificationRef {
-            id: id.clone(),
-            seq: self.seq,
             client_id: format!("client{client}"),
-            sensor_id: sensor(sensor_n),
             kind,
-            due_at: self.now,
-            attempts: 0,
-            batch_id: None,
+            ..back(&id, sensor_n, self.seq, self.now)
         };
         let outcomes = self.core.add(vec![r], self.now);
         self.written(outcomes);
@@ -353,16 +364,7 @@ fn on_a_shared_store_a_sweep_skips_what_finished_lately() {
     let id = h.notify(0, 0, EventKind::StateChanged);
     assert_eq!(h.answer_all(200), 1);
     // The sweep read it as pending just before its result was recorded.
-    let stale = NotificationRef {
-        id: id.clone(),
-        seq: 1,
-        client_id: "client0".into(),
-        sensor_id: sensor(0),
-        kind: EventKind::StateChanged,
-        due_at: h.now,
-        attempts: 0,
-        batch_id: None,
-    };
+    let stale = back(&id, 0, 1, h.now);
     h.core.sweep(vec![stale.clone()], h.now);
     assert_eq!(h.core.pending(), 0);
     // Long after, it would be taken up again (a sweep then reads the store's truth).
@@ -451,14 +453,9 @@ fn a_disabled_clients_lanes_park_until_it_is_resumed() {
     let pending: Vec<NotificationRef> = [(&a, 1), (&b, 2)]
         .into_iter()
         .map(|(id, seq)| NotificationRef {
-            id: id.clone(),
-            seq,
             client_id: "client1".into(),
-            sensor_id: sensor(0),
             kind: EventKind::ConnectionLost,
-            due_at: h.now,
-            attempts: 0,
-            batch_id: None,
+            ..back(id, 0, seq, h.now)
         })
         .collect();
     assert!(h.core.resume("client1", pending, h.now).is_empty());
@@ -482,14 +479,8 @@ fn a_parked_head_an_older_one_was_replayed_before_follows_it_once_resumed() {
     h.finish(out.into_iter().next().unwrap(), Finished::Parked);
     h.now += 1000;
     let older = NotificationRef {
-        id: ulid::Ulid::new().to_string(),
-        seq: 3,
         client_id: "client1".into(),
-        sensor_id: sensor(0),
-        kind: EventKind::StateChanged,
-        due_at: h.now,
-        attempts: 0,
-        batch_id: None,
+        ..back(&ulid::Ulid::new().to_string(), 0, 3, h.now)
     };
     assert!(h.core.add(vec![older.clone()], h.now).is_empty());
     assert!(h.admit().is_empty(), "still parked");
@@ -523,14 +514,8 @@ fn a_head_told_to_wait_lets_an_older_one_swept_meanwhile_go_first() {
     let out = h.admit();
     assert_eq!(out[0].1, newer);
     let older = NotificationRef {
-        id: ulid::Ulid::new().to_string(),
-        seq: 3,
-        client_id: "client0".into(),
-        sensor_id: sensor(0),
         kind: EventKind::ConnectionLost,
-        due_at: h.now,
-        attempts: 0,
-        batch_id: None,
+        ..back(&ulid::Ulid::new().to_string(), 0, 3, h.now)
     };
     h.core.sweep(vec![older.clone()], h.now);
     // The store answers the newer: wait, an older one of its lane is pending.
@@ -712,16 +697,7 @@ fn a_notification_whose_outcome_is_not_written_is_not_queued_again_from_the_stor
             NO_JITTER,
         )
         .expect("recorded");
-    let stale = NotificationRef {
-        id: id.clone(),
-        seq: 1,
-        client_id: "client0".into(),
-        sensor_id: sensor(0),
-        kind: EventKind::StateChanged,
-        due_at: h.now,
-        attempts: 0,
-        batch_id: None,
-    };
+    let stale = back(&id, 0, 1, h.now);
     let outcomes = h.core.resume("client0", vec![stale], h.now);
     assert!(outcomes.is_empty());
     assert!(h.admit().is_empty(), "sent once");
