@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::domain::{EventKind, SensorId};
-use lanes::Finished;
+use claimer::{Admission, Admitted};
+use lanes::{Done, Finished};
 
 /// Three tries a second apart, two requests at a time per client.
 fn settings(clock: Clock) -> Settings {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
-use super::super::{ClusterStore, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
+use super::super::{ClusterStore, Error, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
 use super::PgStore;
 use crate::domain::partition::{self, Partitioning};
 use crate::domain::{Millis, SensorId, Source};
@@ -434,14 +434,60 @@ impl ClusterStore for PgStore {
         &self,
         after: i64,
     ) -> Result<(i64, Vec<(SensorId, Option<SensorRuntime>)>)> {
-        super::registry::registry_changes(&self.db, after).await
+        let c = self.db.get("registry_changes").await?;
+        let changes = c
+            .query(
+                "SELECT seq, sensor_id FROM sensor_changes WHERE seq > $1 ORDER BY seq",
+                &[&after],
+            )
+            .await?;
+        let newest = changes
+            .iter()
+            .map(|r| r.get::<_, i64>(0))
+            .max()
+            .unwrap_or(after);
+        let mut ids: Vec<String> = changes.iter().map(|r| r.get(1)).collect();
+        ids.sort();
+        ids.dedup();
+        if ids.is_empty() {
+            return Ok((newest, vec![]));
+        }
+        let now: std::collections::HashMap<SensorId, SensorRuntime> = c
+            .query(
+                &format!(
+                    "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ANY($1)"
+                ),
+                &[&ids],
+            )
+            .await?
+            .iter()
+            .map(|r| row::runtime(r).map(|rt| (rt.0, rt)))
+            .collect::<Result<_>>()?;
+        let changed = ids
+            .iter()
+            .map(|id| {
+                let id = SensorId::parse(id)
+                    .map_err(|e| Error::Backend(format!("stored sensor id {id:?}: {e}")))?;
+                Ok((id, now.get(&id).copied()))
+            })
+            .collect::<Result<_>>()?;
+        Ok((newest, changed))
     }
 
     async fn newest_registry_change(&self) -> Result<i64> {
-        super::registry::newest_registry_change(&self.db).await
+        let c = self.db.get("newest_registry_change").await?;
+        let row = c
+            .query_one("SELECT COALESCE(MAX(seq), 0) FROM sensor_changes", &[])
+            .await?;
+        Ok(row.get(0))
     }
 
     async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
-        super::registry::prune_registry_changes(&self.db, before).await
+        self.db
+            .get("prune_registry_changes")
+            .await?
+            .execute("DELETE FROM sensor_changes WHERE at < $1", &[&before])
+            .await?;
+        Ok(())
     }
 }

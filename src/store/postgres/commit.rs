@@ -3,8 +3,9 @@
 
 use async_trait::async_trait;
 
+use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::PgStore;
-use super::db::{Db, Sql, Tx};
+use super::db::{Bound, Sql, Tx};
 use super::doubt::{Doubt, settle};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
@@ -15,45 +16,6 @@ use super::super::{CommitBatch, Error, Fence, NotificationRef, Result};
 use super::DELETE_LOCK;
 use crate::domain::client::{events_from_column, wants};
 use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
-
-pub(super) async fn commit(
-    db: &Db,
-    batch: CommitBatch,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
-    let mut c = db.get("commit").await?;
-    let tx = c.transaction().await?;
-    // The transaction's id and backend, in the statement that takes the delete lock: what
-    // to ask about should the answer to `COMMIT` be lost ([`super::doubt`]).
-    let first = tx
-        .query_one(
-            &tx.prepare_cached(
-                "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))::text, \
-                 txid_current(), pg_backend_pid()",
-            )
-            .await?,
-            &[&DELETE_LOCK],
-        )
-        .await?;
-    let doubt = Doubt {
-        xid: first.get(1),
-        pid: first.get(2),
-    };
-    let fenced = fenced(&tx, &batch.fence).await?;
-    if !fenced.is_empty() {
-        tx.rollback().await?;
-        return Err(Error::Fenced(fenced));
-    }
-    let created = commit_batch(&tx, &batch, now).await?;
-    match tx.commit().await {
-        Ok(()) => Ok(created),
-        Err(Error::Indeterminate(why)) => {
-            c.discard();
-            settle(db, doubt, why).await.map(|()| created)
-        }
-        Err(e) => Err(e),
-    }
-}
 
 /// The partitions of `fence` this node no longer holds at its epoch, sorted. Each one's
 /// advisory lock ([`super::cluster::PARTITION_LOCK`]) is held shared until the transaction
@@ -622,15 +584,67 @@ async fn supersede(tx: &Tx<'_>, newest: HashMap<&str, i64>, now: Millis) -> Resu
 #[async_trait]
 impl Runtime for PgStore {
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        super::registry::load_runtime(&self.db).await
+        let c = self.db.get_for("load_runtime", Bound::Bulk).await?;
+        let rows = c
+            .query(
+                &format!("SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"),
+                &[],
+            )
+            .await?;
+        rows.iter().map(row::runtime).collect()
     }
 
+    /// The committed state of those of `ids` that are registered.
     async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
-        super::registry::load_states(&self.db, ids).await
+        let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        let c = self.db.get("load_states").await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ANY($1)"
+                ),
+                &[&ids],
+            )
+            .await?;
+        rows.iter().map(row::runtime).collect()
     }
 
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        let result = commit(&self.db, batch, now).await;
+        let result = async {
+            let mut c = self.db.get("commit").await?;
+            let tx = c.transaction().await?;
+            // The transaction's id and backend, in the statement that takes the delete lock: what
+            // to ask about should the answer to `COMMIT` be lost ([`super::doubt`]).
+            let first = tx
+                .query_one(
+                    &tx.prepare_cached(
+                        "SELECT pg_advisory_xact_lock_shared($1, hashtext(current_schema()))::text, \
+                         txid_current(), pg_backend_pid()",
+                    )
+                    .await?,
+                    &[&DELETE_LOCK],
+                )
+                .await?;
+            let doubt = Doubt {
+                xid: first.get(1),
+                pid: first.get(2),
+            };
+            let fenced = fenced(&tx, &batch.fence).await?;
+            if !fenced.is_empty() {
+                tx.rollback().await?;
+                return Err(Error::Fenced(fenced));
+            }
+            let created = commit_batch(&tx, &batch, now).await?;
+            match tx.commit().await {
+                Ok(()) => Ok(created),
+                Err(Error::Indeterminate(why)) => {
+                    c.discard();
+                    settle(&self.db, doubt, why).await.map(|()| created)
+                }
+                Err(e) => Err(e),
+            }
+        }
+        .await;
         self.space.note(&result);
         result
     }

@@ -8,48 +8,8 @@ use async_trait::async_trait;
 use super::super::rows::{self as row, SENSOR_COLS};
 use super::super::{Find, Page, PageRequest, Result, Search, SensorView, limit_plus_one};
 use super::PgStore;
-use super::db::{Db, Sql};
+use super::db::Sql;
 use crate::domain::Connection as Conn;
-
-pub(super) async fn find_sensors(
-    db: &Db,
-    search: &Search,
-    connection: Option<Conn>,
-    page: PageRequest,
-) -> Result<Page<SensorView>> {
-    let c = db.get("find_sensors").await?;
-    let after = page.after.clone().unwrap_or_default();
-    let conn_filter = connection.map(|c| c.as_str().to_string());
-    // Ids are letters and digits: no `LIKE` wildcard to escape. No prefix: a pattern
-    // that only the empty id would match, and no sensor has one.
-    let prefix = search
-        .id_prefix()
-        .map_or_else(String::new, |p| format!("{p}%"));
-    let rows = c
-        .query(
-            &format!(
-                "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
-                 ON st.sensor_id = s.id WHERE s.id > $1 \
-                 AND (s.id LIKE $2 \
-                   OR to_tsvector('simple', s.address) @@ to_tsquery('simple', $3)) \
-                 AND ($4::text IS NULL OR COALESCE(st.connection, 'unknown') = $4) \
-                 ORDER BY s.id LIMIT $5"
-            ),
-            &[
-                &after,
-                &prefix,
-                &search.tsquery(),
-                &conn_filter,
-                &limit_plus_one(&page),
-            ],
-        )
-        .await?;
-    let rows = rows
-        .iter()
-        .map(row::sensor_view)
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
-}
 
 #[async_trait]
 impl Find for PgStore {
@@ -59,6 +19,37 @@ impl Find for PgStore {
         connection: Option<Conn>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        find_sensors(&self.db, &search, connection, page).await
+        let c = self.db.get("find_sensors").await?;
+        let after = page.after.clone().unwrap_or_default();
+        let conn_filter = connection.map(|c| c.as_str().to_string());
+        // Ids are letters and digits: no `LIKE` wildcard to escape. No prefix: a pattern
+        // that only the empty id would match, and no sensor has one.
+        let prefix = search
+            .id_prefix()
+            .map_or_else(String::new, |p| format!("{p}%"));
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.id > $1 \
+                     AND (s.id LIKE $2 \
+                       OR to_tsvector('simple', s.address) @@ to_tsquery('simple', $3)) \
+                     AND ($4::text IS NULL OR COALESCE(st.connection, 'unknown') = $4) \
+                     ORDER BY s.id LIMIT $5"
+                ),
+                &[
+                    &after,
+                    &prefix,
+                    &search.tsquery(),
+                    &conn_filter,
+                    &limit_plus_one(&page),
+                ],
+            )
+            .await?;
+        let rows = rows
+            .iter()
+            .map(row::sensor_view)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
     }
 }

@@ -12,34 +12,6 @@ use super::db::{Bound, Db, Sql};
 use crate::domain::{Event, SensorId};
 use crate::store::HistoryStore;
 
-pub(super) async fn list_readings(
-    db: &Db,
-    sensor_id: SensorId,
-    range: TimeRange,
-    page: PageRequest,
-) -> Result<Page<Stored<ReadingRecord>>> {
-    let sql = format!(
-        "SELECT {READING_COLS} FROM readings \
-         WHERE sensor_id = $1 AND ts >= $2 AND ts < $3 AND (ts, id) > ($4, $5) \
-         ORDER BY ts, id LIMIT $6"
-    );
-    page_by_time(db, &sql, sensor_id, range, page, row::reading, |r| r.ts).await
-}
-
-pub(super) async fn list_events(
-    db: &Db,
-    sensor_id: SensorId,
-    range: TimeRange,
-    page: PageRequest,
-) -> Result<Page<Stored<Event>>> {
-    let sql = format!(
-        "SELECT {EVENT_COLS} FROM events \
-         WHERE sensor_id = $1 AND at >= $2 AND at < $3 AND (at, id) > ($4, $5) \
-         ORDER BY at, id LIMIT $6"
-    );
-    page_by_time(db, &sql, sensor_id, range, page, row::event, |e| e.at).await
-}
-
 /// One page of a sensor's history rows in time order. `sql` takes the sensor (`$1`), the
 /// range (`$2`, `$3`), the cursor's time and id (`$4`, `$5`) and the limit (`$6`); the
 /// next cursor is the last row's `time` and id.
@@ -79,80 +51,6 @@ async fn page_by_time<T>(
     }))
 }
 
-pub(super) async fn ship_history(db: &Db, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
-    let limit = limit as i64;
-    let mut c = db.get_for("ship_history", Bound::Shipment).await?;
-    // Rows are deleted (or marked) and locked in a transaction that commits only once
-    // the sink has them: a failure rolls back, other nodes skip the locked rows, and
-    // readers keep seeing them in the spool until ClickHouse has them too.
-    let tx = c.transaction().await?;
-    let readings = tx
-        .query(
-            &format!(
-                "DELETE FROM readings WHERE id = ANY(ARRAY(\
-               SELECT id FROM readings ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
-             RETURNING {READING_COLS}, sensor_id"
-            ),
-            &[&limit],
-        )
-        .await?
-        .iter()
-        .map(|r| row::reading(r, r.sensor_id(5)?))
-        .collect::<Result<Vec<_>>>()?;
-    let events = tx
-        .query(
-            &format!(
-                "DELETE FROM events WHERE id = ANY(ARRAY(\
-               SELECT id FROM events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
-             RETURNING {EVENT_COLS}, sensor_id"
-            ),
-            &[&limit],
-        )
-        .await?
-        .iter()
-        .map(|r| row::event(r, r.sensor_id(row::EVENT_N)?))
-        .collect::<Result<Vec<_>>>()?;
-    let attempts = tx
-        .query(
-            "WITH a AS (UPDATE attempts SET shipped = true WHERE id = ANY(ARRAY(\
-               SELECT id FROM attempts WHERE NOT shipped ORDER BY id LIMIT $1 \
-               FOR UPDATE SKIP LOCKED)) \
-             RETURNING id, notification_id, at, status_code, error, duration_ms) \
-             SELECT a.id, a.notification_id, a.at, a.status_code, a.error, a.duration_ms, \
-               COALESCE(n.client_id, ''), COALESCE(n.sensor_id, ''), COALESCE(n.kind, '') \
-             FROM a LEFT JOIN notifications n ON n.id = a.notification_id ORDER BY a.id",
-            &[&limit],
-        )
-        .await?
-        .iter()
-        .map(row::attempt_record)
-        .collect::<Result<Vec<_>>>()?;
-    let batch = HistoryBatch {
-        readings,
-        events,
-        attempts,
-    };
-    if batch.is_empty() {
-        return Ok(0);
-    }
-    sink.insert(&batch).await.map_err(Error::Sink)?;
-    tx.commit().await?;
-    Ok(batch.len())
-}
-
-pub(super) async fn spool_depth(db: &Db) -> Result<u64> {
-    let c = db.get("spool_depth").await?;
-    let n: i64 = c
-        .query_one(
-            "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
-             + (SELECT COUNT(*) FROM attempts WHERE NOT shipped)",
-            &[],
-        )
-        .await?
-        .get(0);
-    Ok(n as u64)
-}
-
 #[async_trait]
 impl HistoryStore for PgStore {
     async fn list_readings(
@@ -161,7 +59,15 @@ impl HistoryStore for PgStore {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Page<Stored<ReadingRecord>>> {
-        list_readings(&self.db, sensor_id, range, page).await
+        let sql = format!(
+            "SELECT {READING_COLS} FROM readings \
+             WHERE sensor_id = $1 AND ts >= $2 AND ts < $3 AND (ts, id) > ($4, $5) \
+             ORDER BY ts, id LIMIT $6"
+        );
+        page_by_time(&self.db, &sql, sensor_id, range, page, row::reading, |r| {
+            r.ts
+        })
+        .await
     }
 
     async fn list_events(
@@ -170,19 +76,102 @@ impl HistoryStore for PgStore {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Page<Stored<Event>>> {
-        list_events(&self.db, sensor_id, range, page).await
+        let sql = format!(
+            "SELECT {EVENT_COLS} FROM events \
+             WHERE sensor_id = $1 AND at >= $2 AND at < $3 AND (at, id) > ($4, $5) \
+             ORDER BY at, id LIMIT $6"
+        );
+        page_by_time(&self.db, &sql, sensor_id, range, page, row::event, |e| e.at).await
     }
 
     async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
-        ship_history(&self.db, limit, sink).await
+        let limit = limit as i64;
+        let mut c = self.db.get_for("ship_history", Bound::Shipment).await?;
+        // Rows are deleted (or marked) and locked in a transaction that commits only once
+        // the sink has them: a failure rolls back, other nodes skip the locked rows, and
+        // readers keep seeing them in the spool until ClickHouse has them too.
+        let tx = c.transaction().await?;
+        let readings = tx
+            .query(
+                &format!(
+                    "DELETE FROM readings WHERE id = ANY(ARRAY(\
+                   SELECT id FROM readings ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING {READING_COLS}, sensor_id"
+                ),
+                &[&limit],
+            )
+            .await?
+            .iter()
+            .map(|r| row::reading(r, r.sensor_id(5)?))
+            .collect::<Result<Vec<_>>>()?;
+        let events = tx
+            .query(
+                &format!(
+                    "DELETE FROM events WHERE id = ANY(ARRAY(\
+                   SELECT id FROM events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING {EVENT_COLS}, sensor_id"
+                ),
+                &[&limit],
+            )
+            .await?
+            .iter()
+            .map(|r| row::event(r, r.sensor_id(row::EVENT_N)?))
+            .collect::<Result<Vec<_>>>()?;
+        let attempts = tx
+            .query(
+                "WITH a AS (UPDATE attempts SET shipped = true WHERE id = ANY(ARRAY(\
+                   SELECT id FROM attempts WHERE NOT shipped ORDER BY id LIMIT $1 \
+                   FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, notification_id, at, status_code, error, duration_ms) \
+                 SELECT a.id, a.notification_id, a.at, a.status_code, a.error, a.duration_ms, \
+                   COALESCE(n.client_id, ''), COALESCE(n.sensor_id, ''), COALESCE(n.kind, '') \
+                 FROM a LEFT JOIN notifications n ON n.id = a.notification_id ORDER BY a.id",
+                &[&limit],
+            )
+            .await?
+            .iter()
+            .map(row::attempt_record)
+            .collect::<Result<Vec<_>>>()?;
+        let batch = HistoryBatch {
+            readings,
+            events,
+            attempts,
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        sink.insert(&batch).await.map_err(Error::Sink)?;
+        tx.commit().await?;
+        Ok(batch.len())
     }
 
     async fn spool_depth(&self) -> Result<u64> {
-        spool_depth(&self.db).await
+        let c = self.db.get("spool_depth").await?;
+        let n: i64 = c
+            .query_one(
+                "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                 + (SELECT COUNT(*) FROM attempts WHERE NOT shipped)",
+                &[],
+            )
+            .await?
+            .get(0);
+        Ok(n as u64)
     }
 
-    /// Readings are indexed as they are committed: there is no journal to move.
+    /// The oldest reading kept: the first of each sensor's range in the index by sensor and
+    /// time, over every partition. Readings are indexed as they are committed: there is no
+    /// journal to move.
     async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
-        super::retention::history_from(&self.db).await
+        let c = self
+            .db
+            .get_for("history_from", super::db::Bound::Bulk)
+            .await?;
+        Ok(c.query_one(
+            "SELECT MIN((SELECT MIN(r.ts) FROM readings r WHERE r.sensor_id = s.id)) \
+             FROM sensors s",
+            &[],
+        )
+        .await?
+        .get(0))
     }
 }

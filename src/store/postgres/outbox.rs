@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::PgStore;
-use super::db::{Bound, Db, Sql, Tx};
+use super::db::{Bound, Sql, Tx};
 use crate::store::{Outbox, ReplayFilter};
 use std::collections::HashMap;
 
@@ -20,23 +20,6 @@ use super::super::{
 };
 use crate::domain::client::Disabled;
 use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
-
-pub(super) async fn load_pending(db: &Db, after_seq: i64) -> Result<Vec<NotificationRef>> {
-    let c = db.get_for("load_pending", Bound::Bulk).await?;
-    let rows = c
-        .query(
-            &format!(
-                "SELECT {NOTIF_COLS} FROM notifications_pending p \
-                 JOIN notifications n ON n.seq = p.seq \
-                 WHERE n.status = 'pending' AND p.seq > $1 ORDER BY p.seq"
-            ),
-            &[&after_seq],
-        )
-        .await?;
-    rows.iter()
-        .map(|r| row::notification(r).map(|n| notification_ref(&n)))
-        .collect()
-}
 
 /// Commits the transaction without waiting for its WAL to reach the disk: for claims and
 /// recorded attempts, which a crash of the database may lose without harm. A lost lease
@@ -54,63 +37,6 @@ async fn relaxed(tx: &Tx<'_>) -> Result<()> {
 /// The database's clock in milliseconds: what outbox leases are judged by, as partition
 /// leases are, so that nodes whose clocks disagree never hold one attempt at once.
 pub(super) const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
-
-/// Claims on the database's clock: a lease is written as the database's time plus the
-/// lease's length (`lease_until - now`), and the leases read are judged against the
-/// database's time, translated to the claiming node's clock for the policy (which judges
-/// due times and grace periods, written on the nodes' clocks, by `now`). A node whose clock
-/// runs ahead of another's by more than a lease's margin would otherwise take over that
-/// node's attempt in flight.
-pub(super) async fn claim(
-    db: &Db,
-    ids: Vec<String>,
-    node: String,
-    now: Millis,
-    lease_until: Millis,
-    batch: Option<ClaimBatch>,
-) -> Result<Vec<Claim>> {
-    let mut c = db.get("claim").await?;
-    let tx = c.transaction().await?;
-    relaxed(&tx).await?;
-    // Rows another node is claiming right now are skipped, not waited for.
-    let rows = tx
-        .query(
-            &tx.prepare_cached(&format!(
-                "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS}, {DB_NOW_MS} FROM \
-                 {CLAIM_FROM} {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
-            ))
-            .await?,
-            &[&ids, &node],
-        )
-        .await?;
-    // The node's clock minus the database's (the last column).
-    let offset = rows
-        .first()
-        .map_or(0, |r| now - r.get::<_, i64>(r.len() - 1));
-    let mut found: HashMap<String, &Row> = HashMap::with_capacity(rows.len());
-    for r in &rows {
-        found.insert(r.get(0), r);
-    }
-    let locked: Vec<String> = if found.len() < ids.len() {
-        // Absent from the locked rows: either gone or locked by another node.
-        let missing: Vec<&String> = ids.iter().filter(|i| !found.contains_key(*i)).collect();
-        tx.query(
-            &tx.prepare_cached("SELECT id FROM notifications WHERE id = ANY($1)")
-                .await?,
-            &[&missing],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-    } else {
-        Vec::new()
-    };
-    let decided = decide(ids, &found, &locked, &node, now, offset)?;
-    write_decided(&tx, &decided, batch, &node, now, lease_until - offset).await?;
-    tx.commit().await?;
-    Ok(decided.out)
-}
 
 /// What a claim decided: its answer for each id, and the notifications to lease, cancel
 /// and supersede.
@@ -249,135 +175,6 @@ async fn write_decided(
     Ok(())
 }
 
-pub(super) async fn record(
-    db: &Db,
-    outcomes: Vec<Outcome>,
-    now: Millis,
-    disable_after: Millis,
-) -> Result<Vec<Disabled>> {
-    let mut c = db.get("record").await?;
-    let tx = c.transaction().await?;
-    relaxed(&tx).await?;
-    let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur, mut a_client) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
-    let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
-    let (mut u_delivered, mut u_node, mut u_batch) = (vec![], vec![], vec![]);
-    for o in &outcomes {
-        if let Some(a) = &o.attempt {
-            a_id.push(o.notification_id.as_str());
-            a_at.push(a.at);
-            a_code.push(a.status_code.map(i32::from));
-            a_err.push(a.error.as_deref());
-            a_dur.push(a.duration_ms as i64);
-            a_client.push(o.client_id.as_str());
-        }
-        let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
-        u_id.push(o.notification_id.as_str());
-        u_status.push(status.as_str());
-        u_attempts.push(o.attempts as i32);
-        u_next.push(next);
-        u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
-        u_node.push(&*o.node);
-        u_batch.push(o.batch_id.as_deref());
-    }
-    if !a_id.is_empty() {
-        tx.execute(
-            &tx.prepare_cached(
-                "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
-             client_id) SELECT u.n, u.a, u.c, u.e, u.d, u.k FROM UNNEST($1::text[], $2::int8[], \
-             $3::int4[], $4::text[], $5::int8[], $6::text[]) \
-             WITH ORDINALITY AS u(n, a, c, e, d, k, o) ORDER BY u.o",
-            )
-            .await?,
-            &[&a_id, &a_at, &a_code, &a_err, &a_dur, &a_client],
-        )
-        .await?;
-    }
-    if !u_id.is_empty() {
-        tx.execute(
-            &tx.prepare_cached(
-                // A retry stays pending, and listed; a final result leaves the list.
-                // Another node's live lease is kept unless this was delivered
-                // (`policy::recorded`).
-                &format!(
-                    "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
-             next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
-             batch_id = u.batch \
-             FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[], \
-             $8::text[]) AS u(id, status, attempts, next, delivered, node, batch) \
-             WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
-             OR n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS} OR n.claimed_by = u.node) \
-             RETURNING n.seq, n.status) \
-             DELETE FROM notifications_pending WHERE seq IN \
-             (SELECT seq FROM r WHERE status <> 'pending')"
-                )
-            )
-            .await?,
-            &[
-                &u_id,
-                &u_status,
-                &u_attempts,
-                &u_next,
-                &now,
-                &u_delivered,
-                &u_node,
-                &u_batch,
-            ],
-        )
-        .await?;
-    }
-    let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after).await?;
-    tx.commit().await?;
-    Ok(disabled)
-}
-
-pub(super) async fn get_notification(
-    db: &Db,
-    id: String,
-) -> Result<Option<(Notification, Vec<Attempt>)>> {
-    let c = db.get("get_notification").await?;
-    let Some(found) = c
-        .query_opt(
-            &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1"),
-            &[&id],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let n = row::notification(&found)?;
-    let attempts = c
-        .query(
-            &format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE notification_id = $1 ORDER BY id"),
-            &[&id],
-        )
-        .await?
-        .iter()
-        .map(|r| row::attempt(r, 0))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some((n, attempts)))
-}
-
-pub(super) async fn list_notifications(
-    db: &Db,
-    filter: NotificationFilter,
-    page: PageRequest,
-) -> Result<Page<Notification>> {
-    let after: Option<i64> = match &page.after {
-        Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
-        None => None,
-    };
-    let q = listing::notifications(&DIALECT, &filter, after, limit_plus_one(&page));
-    let c = db.get("list_notifications").await?;
-    let args = args(q.args);
-    let rows = c.query(&q.sql, &refs(&args)).await?;
-    let rows = rows
-        .iter()
-        .map(row::notification)
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
-}
-
 /// How PostgreSQL writes the console's lists ([`listing`]): its planner weighs the
 /// `created_at` range against the walk by `seq` itself.
 pub(super) const DIALECT: listing::Dialect = listing::Dialect {
@@ -417,21 +214,31 @@ pub(super) fn unlist(set: &str, filter: &str) -> String {
     )
 }
 
-pub(super) async fn count_pending(db: &Db) -> Result<u64> {
-    let c = db.get("count_pending").await?;
-    let n: i64 = c
-        .query_one("SELECT COUNT(*) FROM notifications_pending", &[])
-        .await?
-        .get(0);
-    Ok(n as u64)
-}
-
 #[async_trait]
 impl Outbox for PgStore {
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
-        load_pending(&self.db, after_seq).await
+        let c = self.db.get_for("load_pending", Bound::Bulk).await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {NOTIF_COLS} FROM notifications_pending p \
+                     JOIN notifications n ON n.seq = p.seq \
+                     WHERE n.status = 'pending' AND p.seq > $1 ORDER BY p.seq"
+                ),
+                &[&after_seq],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| row::notification(r).map(|n| notification_ref(&n)))
+            .collect()
     }
 
+    /// Claims on the database's clock: a lease is written as the database's time plus the
+    /// lease's length (`lease_until - now`), and the leases read are judged against the
+    /// database's time, translated to the claiming node's clock for the policy (which judges
+    /// due times and grace periods, written on the nodes' clocks, by `now`). A node whose clock
+    /// runs ahead of another's by more than a lease's margin would otherwise take over that
+    /// node's attempt in flight.
     async fn claim(
         &self,
         ids: Vec<String>,
@@ -440,7 +247,47 @@ impl Outbox for PgStore {
         lease_until: Millis,
         batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>> {
-        let mut claims = claim(&self.db, ids, node, now, lease_until, batch).await?;
+        let mut c = self.db.get("claim").await?;
+        let tx = c.transaction().await?;
+        relaxed(&tx).await?;
+        // Rows another node is claiming right now are skipped, not waited for.
+        let rows = tx
+            .query(
+                &tx.prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS}, {DB_NOW_MS} FROM \
+                     {CLAIM_FROM} {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
+                ))
+                .await?,
+                &[&ids, &node],
+            )
+            .await?;
+        // The node's clock minus the database's (the last column).
+        let offset = rows
+            .first()
+            .map_or(0, |r| now - r.get::<_, i64>(r.len() - 1));
+        let mut found: HashMap<String, &Row> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            found.insert(r.get(0), r);
+        }
+        let locked: Vec<String> = if found.len() < ids.len() {
+            // Absent from the locked rows: either gone or locked by another node.
+            let missing: Vec<&String> = ids.iter().filter(|i| !found.contains_key(*i)).collect();
+            tx.query(
+                &tx.prepare_cached("SELECT id FROM notifications WHERE id = ANY($1)")
+                    .await?,
+                &[&missing],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        } else {
+            Vec::new()
+        };
+        let decided = decide(ids, &found, &locked, &node, now, offset)?;
+        write_decided(&tx, &decided, batch, &node, now, lease_until - offset).await?;
+        tx.commit().await?;
+        let mut claims = decided.out;
         crate::store::sealing::open_claims(&self.keys, &mut claims);
         Ok(claims)
     }
@@ -451,15 +298,122 @@ impl Outbox for PgStore {
         now: Millis,
         disable_after: Millis,
     ) -> Result<Vec<Disabled>> {
-        record(&self.db, outcomes, now, disable_after).await
+        let mut c = self.db.get("record").await?;
+        let tx = c.transaction().await?;
+        relaxed(&tx).await?;
+        let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur, mut a_client) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
+        let (mut u_delivered, mut u_node, mut u_batch) = (vec![], vec![], vec![]);
+        for o in &outcomes {
+            if let Some(a) = &o.attempt {
+                a_id.push(o.notification_id.as_str());
+                a_at.push(a.at);
+                a_code.push(a.status_code.map(i32::from));
+                a_err.push(a.error.as_deref());
+                a_dur.push(a.duration_ms as i64);
+                a_client.push(o.client_id.as_str());
+            }
+            let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
+            u_id.push(o.notification_id.as_str());
+            u_status.push(status.as_str());
+            u_attempts.push(o.attempts as i32);
+            u_next.push(next);
+            u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
+            u_node.push(&*o.node);
+            u_batch.push(o.batch_id.as_deref());
+        }
+        if !a_id.is_empty() {
+            tx.execute(
+                &tx.prepare_cached(
+                    "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
+                 client_id) SELECT u.n, u.a, u.c, u.e, u.d, u.k FROM UNNEST($1::text[], $2::int8[], \
+                 $3::int4[], $4::text[], $5::int8[], $6::text[]) \
+                 WITH ORDINALITY AS u(n, a, c, e, d, k, o) ORDER BY u.o",
+                )
+                .await?,
+                &[&a_id, &a_at, &a_code, &a_err, &a_dur, &a_client],
+            )
+            .await?;
+        }
+        if !u_id.is_empty() {
+            tx.execute(
+                &tx.prepare_cached(
+                    // A retry stays pending, and listed; a final result leaves the list.
+                    // Another node's live lease is kept unless this was delivered
+                    // (`policy::recorded`).
+                    &format!(
+                        "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
+                 next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
+                 batch_id = u.batch \
+                 FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[], \
+                 $8::text[]) AS u(id, status, attempts, next, delivered, node, batch) \
+                 WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
+                 OR n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS} OR n.claimed_by = u.node) \
+                 RETURNING n.seq, n.status) \
+                 DELETE FROM notifications_pending WHERE seq IN \
+                 (SELECT seq FROM r WHERE status <> 'pending')"
+                    )
+                )
+                .await?,
+                &[
+                    &u_id,
+                    &u_status,
+                    &u_attempts,
+                    &u_next,
+                    &now,
+                    &u_delivered,
+                    &u_node,
+                    &u_batch,
+                ],
+            )
+            .await?;
+        }
+        let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after).await?;
+        tx.commit().await?;
+        Ok(disabled)
     }
 
     async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
-        super::replay::load_client_pending(&self.db, client_id).await
+        let c = self.db.get_for("load_client_pending", Bound::Bulk).await?;
+        c.query(
+            &format!(
+                "SELECT {NOTIF_COLS} FROM notifications_pending p \
+                 JOIN notifications n ON n.seq = p.seq \
+                 WHERE n.status = 'pending' AND p.client_id = $1 ORDER BY p.seq"
+            ),
+            &[&client_id],
+        )
+        .await?
+        .iter()
+        .map(|r| row::notification(r).map(|n| notification_ref(&n)))
+        .collect()
     }
 
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
-        get_notification(&self.db, id).await
+        let c = self.db.get("get_notification").await?;
+        let Some(found) = c
+            .query_opt(
+                &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1"),
+                &[&id],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let n = row::notification(&found)?;
+        let attempts = c
+            .query(
+                &format!(
+                    "SELECT {ATTEMPT_COLS} FROM attempts WHERE notification_id = $1 ORDER BY id"
+                ),
+                &[&id],
+            )
+            .await?
+            .iter()
+            .map(|r| row::attempt(r, 0))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some((n, attempts)))
     }
 
     async fn list_notifications(
@@ -467,22 +421,97 @@ impl Outbox for PgStore {
         filter: NotificationFilter,
         page: PageRequest,
     ) -> Result<Page<Notification>> {
-        list_notifications(&self.db, filter, page).await
+        let after: Option<i64> = match &page.after {
+            Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
+            None => None,
+        };
+        let q = listing::notifications(&DIALECT, &filter, after, limit_plus_one(&page));
+        let c = self.db.get("list_notifications").await?;
+        let args = args(q.args);
+        let rows = c.query(&q.sql, &refs(&args)).await?;
+        let rows = rows
+            .iter()
+            .map(row::notification)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        super::replay::retry_notification(&self.db, id, now).await
+        let mut c = self.db.get("retry_notification").await?;
+        let tx = c.transaction().await?;
+        let found = tx
+            .query_opt(
+                &format!("SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = $1 FOR UPDATE"),
+                &[&id],
+            )
+            .await?
+            .ok_or(Error::NotFound("notification"))?;
+        let n = row::notification(&found)?;
+        if let Some(e) = super::replay::refused(&tx, &n).await? {
+            return Err(e);
+        }
+        super::replay::back_to_pending(&tx, &id, now).await?;
+        tx.commit().await?;
+        Ok(NotificationRef {
+            due_at: now,
+            attempts: 0,
+            batch_id: None,
+            ..notification_ref(&n)
+        })
     }
 
+    /// The bulk replay, in one transaction, oldest first: each one is judged as a single
+    /// retry would judge it once the older ones went back to pending.
     async fn retry_notifications(
         &self,
-        filter: ReplayFilter,
+        f: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
-        super::replay::retry_notifications(&self.db, filter, now).await
+        let mut c = self.db.get_for("retry_notifications", Bound::Bulk).await?;
+        let tx = c.transaction().await?;
+        if tx
+            .query_opt("SELECT 1 FROM clients WHERE id = $1", &[&f.client_id])
+            .await?
+            .is_none()
+        {
+            return Err(Error::NotFound("client"));
+        }
+        let failed = tx
+            .query(
+                &format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.client_id = $1 \
+                     AND n.status = 'failed' AND ($2::text IS NULL OR n.sensor_id = $2) \
+                     AND ($3::int8 IS NULL OR n.created_at >= $3) ORDER BY n.seq FOR UPDATE"
+                ),
+                &[&f.client_id, &f.sensor_id.map(|s| s.to_string()), &f.since],
+            )
+            .await?
+            .iter()
+            .map(row::notification)
+            .collect::<Result<Vec<_>>>()?;
+        let mut out = Vec::new();
+        for n in failed {
+            if super::replay::refused(&tx, &n).await?.is_some() {
+                continue;
+            }
+            super::replay::back_to_pending(&tx, &n.id, now).await?;
+            out.push(NotificationRef {
+                due_at: now,
+                attempts: 0,
+                batch_id: None,
+                ..notification_ref(&n)
+            });
+        }
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn count_pending(&self) -> Result<u64> {
-        count_pending(&self.db).await
+        let c = self.db.get("count_pending").await?;
+        let n: i64 = c
+            .query_one("SELECT COUNT(*) FROM notifications_pending", &[])
+            .await?
+            .get(0);
+        Ok(n as u64)
     }
 }

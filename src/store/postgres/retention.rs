@@ -168,19 +168,6 @@ pub(super) async fn expire_nodes(c: &Client) -> Result<u64> {
     .await?)
 }
 
-/// The oldest reading kept: the first of each sensor's range in the index by sensor and
-/// time, over every partition.
-pub(super) async fn history_from(db: &Db) -> Result<Option<Millis>> {
-    let c = db.get_for("history_from", super::db::Bound::Bulk).await?;
-    Ok(c.query_one(
-        "SELECT MIN((SELECT MIN(r.ts) FROM readings r WHERE r.sensor_id = s.id)) \
-         FROM sensors s",
-        &[],
-    )
-    .await?
-    .get(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

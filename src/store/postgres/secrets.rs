@@ -6,8 +6,7 @@
 use async_trait::async_trait;
 
 use super::PgStore;
-use super::db::{Db, Sql};
-use crate::secrets::Keyring;
+use super::db::Sql;
 use crate::store::sealing::{self, SealedCols};
 use crate::store::{Error, Result, Secrets};
 
@@ -27,113 +26,97 @@ pub(super) async fn current(tx: &impl Sql) -> Result<String> {
         .ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
 }
 
-async fn sealing_key(db: &Db) -> Result<Option<String>> {
-    let c = db.get("sealing_key").await?;
-    Ok(
-        c.query_opt("SELECT current FROM secret_key WHERE id = 1", &[])
-            .await?
-            .map(|r| r.get(0)),
-    )
-}
-
-async fn set_sealing_key(db: &Db, id: String) -> Result<()> {
-    let c = db.get("set_sealing_key").await?;
-    c.execute(
-        &format!(
-            "INSERT INTO secret_key (id, current, since) VALUES (1, $1, {SINCE}) \
-             ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since"
-        ),
-        &[&id],
-    )
-    .await?;
-    Ok(())
-}
-
-async fn first_sealing_key(db: &Db, id: String) -> Result<String> {
-    let c = db.get("first_sealing_key").await?;
-    c.execute(
-        &format!(
-            "INSERT INTO secret_key (id, current, since) VALUES (1, $1, {SINCE}) \
-             ON CONFLICT (id) DO NOTHING"
-        ),
-        &[&id],
-    )
-    .await?;
-    sealing_key(db)
-        .await?
-        .ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
-}
-
-async fn reseal(db: &Db, keys: &Keyring) -> Result<u64> {
-    let mut after = String::new();
-    let mut changed = 0;
-    loop {
-        let mut c = db.get("reseal").await?;
-        let tx = c.transaction().await?;
-        let kid = current(&tx).await?;
-        let rows = tx
-            .query(
-                "SELECT id, url, url_password, secret, previous_secret, headers, auth, tls \
-                 FROM clients WHERE id > $1 ORDER BY id LIMIT $2 FOR UPDATE",
-                &[&after, &PAGE],
-            )
-            .await?;
-        let Some(last) = rows.last() else {
-            return Ok(changed);
-        };
-        after = last.get(0);
-        for r in &rows {
-            let id: String = r.get(0);
-            let cols = SealedCols {
-                url: r.get(1),
-                url_password: r.get(2),
-                secret: r.get(3),
-                previous_secret: r.get(4),
-                headers: r.get(5),
-                auth: r.get(6),
-                tls: r.get(7),
-            };
-            let fresh = sealing::reseal(keys, &kid, &id, &cols)
-                .map_err(|e| Error::Backend(format!("client {id}: {e}")))?;
-            if let Some(s) = fresh {
-                tx.execute(
-                    "UPDATE clients SET url = $2, url_password = $3, secret = $4, \
-                     previous_secret = $5, headers = $6, auth = $7, tls = $8 WHERE id = $1",
-                    &[
-                        &id,
-                        &s.url,
-                        &s.url_password,
-                        &s.secret,
-                        &s.previous_secret,
-                        &s.headers,
-                        &s.auth,
-                        &s.tls,
-                    ],
-                )
-                .await?;
-                changed += 1;
-            }
-        }
-        tx.commit().await?;
-    }
-}
-
 #[async_trait]
 impl Secrets for PgStore {
     async fn sealing_key(&self) -> Result<Option<String>> {
-        sealing_key(&self.db).await
+        let c = self.db.get("sealing_key").await?;
+        Ok(
+            c.query_opt("SELECT current FROM secret_key WHERE id = 1", &[])
+                .await?
+                .map(|r| r.get(0)),
+        )
     }
 
     async fn set_sealing_key(&self, id: String) -> Result<()> {
-        set_sealing_key(&self.db, id).await
+        let c = self.db.get("set_sealing_key").await?;
+        c.execute(
+            &format!(
+                "INSERT INTO secret_key (id, current, since) VALUES (1, $1, {SINCE}) \
+                 ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since"
+            ),
+            &[&id],
+        )
+        .await?;
+        Ok(())
     }
 
     async fn first_sealing_key(&self, id: String) -> Result<String> {
-        first_sealing_key(&self.db, id).await
+        let c = self.db.get("first_sealing_key").await?;
+        c.execute(
+            &format!(
+                "INSERT INTO secret_key (id, current, since) VALUES (1, $1, {SINCE}) \
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            &[&id],
+        )
+        .await?;
+        self.sealing_key()
+            .await?
+            .ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
     }
 
     async fn reseal(&self) -> Result<u64> {
-        reseal(&self.db, &self.keys).await
+        let mut after = String::new();
+        let mut changed = 0;
+        loop {
+            let mut c = self.db.get("reseal").await?;
+            let tx = c.transaction().await?;
+            let kid = current(&tx).await?;
+            let rows = tx
+                .query(
+                    "SELECT id, url, url_password, secret, previous_secret, headers, auth, tls \
+                     FROM clients WHERE id > $1 ORDER BY id LIMIT $2 FOR UPDATE",
+                    &[&after, &PAGE],
+                )
+                .await?;
+            let Some(last) = rows.last() else {
+                return Ok(changed);
+            };
+            after = last.get(0);
+            for r in &rows {
+                let id: String = r.get(0);
+                let cols = SealedCols {
+                    url: r.get(1),
+                    url_password: r.get(2),
+                    secret: r.get(3),
+                    previous_secret: r.get(4),
+                    headers: r.get(5),
+                    auth: r.get(6),
+                    tls: r.get(7),
+                };
+                let fresh = sealing::reseal(&self.keys, &kid, &id, &cols)
+                    .map_err(|e| Error::Backend(format!("client {id}: {e}")))?;
+                if let Some(s) = fresh {
+                    tx.execute(
+                        "UPDATE clients SET url = $2, url_password = $3, secret = $4, \
+                         previous_secret = $5, headers = $6, auth = $7, tls = $8 WHERE id = $1",
+                        &[
+                            &id,
+                            &s.url,
+                            &s.url_password,
+                            &s.secret,
+                            &s.previous_secret,
+                            &s.headers,
+                            &s.auth,
+                            &s.tls,
+                        ],
+                    )
+                    .await?;
+                    changed += 1;
+                }
+            }
+            tx.commit().await?;
+        }
     }
 }
 

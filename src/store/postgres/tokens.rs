@@ -4,73 +4,61 @@ use async_trait::async_trait;
 
 use super::super::{Error, Result};
 use super::PgStore;
-use super::db::{Db, Sql};
+use super::db::Sql;
 use crate::domain::token::{ApiToken, scopes_from_text, scopes_to_text};
 use crate::store::Tokens;
 
-/// `Conflict` if the id (or, against all odds, the hash) exists.
-pub(super) async fn create(db: &Db, t: ApiToken) -> Result<()> {
-    let c = db.get("create").await?;
-    let n = c
-        .execute(
-            "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-            &[
-                &t.id,
-                &t.name,
-                &scopes_to_text(&t.scopes),
-                &t.hash,
-                &t.created_at,
-            ],
-        )
-        .await?;
-    if n == 0 {
-        return Err(Error::Conflict(format!(
-            "token \"{}\" already exists",
-            t.id
-        )));
-    }
-    Ok(())
-}
-
-pub(super) async fn list(db: &Db) -> Result<Vec<ApiToken>> {
-    let c = db.get("list").await?;
-    c.query(
-        "SELECT id, name, scopes, hash, created_at FROM api_tokens ORDER BY id",
-        &[],
-    )
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(ApiToken {
-            id: r.get(0),
-            name: r.get(1),
-            scopes: scopes_from_text(r.get(2)).map_err(Error::Backend)?,
-            hash: r.get(3),
-            created_at: r.get(4),
-        })
-    })
-    .collect()
-}
-
-pub(super) async fn delete(db: &Db, id: String) -> Result<bool> {
-    let c = db.get("delete").await?;
-    Ok(c.execute("DELETE FROM api_tokens WHERE id = $1", &[&id])
-        .await?
-        > 0)
-}
-
 #[async_trait]
 impl Tokens for PgStore {
-    async fn create_token(&self, token: ApiToken) -> Result<()> {
-        create(&self.db, token).await
+    /// `Conflict` if the id (or, against all odds, the hash) exists.
+    async fn create_token(&self, t: ApiToken) -> Result<()> {
+        let c = self.db.get("create").await?;
+        let n = c
+            .execute(
+                "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[
+                    &t.id,
+                    &t.name,
+                    &scopes_to_text(&t.scopes),
+                    &t.hash,
+                    &t.created_at,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::Conflict(format!(
+                "token \"{}\" already exists",
+                t.id
+            )));
+        }
+        Ok(())
     }
 
     async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
-        list(&self.db).await
+        let c = self.db.get("list").await?;
+        c.query(
+            "SELECT id, name, scopes, hash, created_at FROM api_tokens ORDER BY id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(ApiToken {
+                id: r.get(0),
+                name: r.get(1),
+                scopes: scopes_from_text(r.get(2)).map_err(Error::Backend)?,
+                hash: r.get(3),
+                created_at: r.get(4),
+            })
+        })
+        .collect()
     }
 
     async fn delete_token(&self, id: String) -> Result<bool> {
-        delete(&self.db, id).await
+        let c = self.db.get("delete").await?;
+        Ok(c.execute("DELETE FROM api_tokens WHERE id = $1", &[&id])
+            .await?
+            > 0)
     }
 }

@@ -10,24 +10,9 @@ use std::collections::HashMap;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, Transaction, params};
 
+use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{CommitBatch, Error, NotificationRef, Result};
 use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
-
-/// Commits `batch` in one transaction, returning the notifications it created.
-pub(super) fn commit(
-    c: &mut Connection,
-    batch: &CommitBatch,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
-    // SQLite stays one node: no leases to check a fence against.
-    if !batch.fence.is_empty() {
-        return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
-    }
-    let tx = c.transaction()?;
-    let created = commit_batch(&tx, batch, now)?;
-    tx.commit()?;
-    Ok(created)
-}
 
 /// The body of a group commit. Rows of a sensor deleted meanwhile are skipped, so a delete
 /// racing a batch never resurrects state: whether a sensor is still registered is looked
@@ -293,16 +278,47 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
 #[async_trait]
 impl Runtime for SqliteStore {
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        self.read(super::registry::load_runtime).await
+        self.read(|c| {
+            let rows = c
+                .prepare(&format!(
+                    "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"
+                ))?
+                .query_map([], |r| row::runtime(r))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// One process writes this store: there are no other nodes' changes to follow.
     async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
-        self.read(move |c| super::registry::load_states(c, &ids))
-            .await
+        self.read(move |c| {
+            let mut st = c.prepare_cached(&format!(
+                "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ?1"
+            ))?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(r) = st.query_map([id.to_string()], |r| row::runtime(r))?.next() {
+                    out.push(r?);
+                }
+            }
+            Ok(out)
+        })
+        .await
     }
 
+    /// Commits `batch` in one transaction, returning the notifications it created.
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        self.write(move |c| commit(c, &batch, now)).await
+        self.write(move |c| {
+            // SQLite stays one node: no leases to check a fence against.
+            if !batch.fence.is_empty() {
+                return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
+            }
+            let tx = c.transaction()?;
+            let created = commit_batch(&tx, &batch, now)?;
+            tx.commit()?;
+            Ok(created)
+        })
+        .await
     }
 }

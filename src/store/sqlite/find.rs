@@ -3,52 +3,12 @@
 //! `sensors` keep; migration 10).
 
 use async_trait::async_trait;
-use rusqlite::{Connection, params};
+use rusqlite::params;
 
 use super::super::rows::{self as row, SENSOR_COLS};
 use super::super::{Find, Page, PageRequest, Result, Search, SensorView, limit_plus_one};
 use super::SqliteStore;
 use crate::domain::Connection as Conn;
-
-pub(super) fn find_sensors(
-    c: &Connection,
-    search: &Search,
-    connection: Option<Conn>,
-    page: PageRequest,
-) -> Result<Page<SensorView>> {
-    let after = page.after.clone().unwrap_or_default();
-    let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
-    // Ids are ASCII letters and digits, all below U+007F: under SQLite's binary order
-    // every id starting with the prefix sorts in [prefix, prefix + U+007F).
-    let (lo, hi) = match search.id_prefix() {
-        Some(p) => (p.to_string(), format!("{p}\u{7f}")),
-        None => (String::new(), String::new()),
-    };
-    // The matches (an id range and the words' postings) are listed first, so a rare word
-    // reads a few rows rather than every sensor in id order.
-    let rows = c
-        .prepare_cached(&format!(
-            "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
-             ON st.sensor_id = s.id WHERE s.id IN ( \
-               SELECT id FROM sensors WHERE id >= ?2 AND id < ?3 AND id > ?1 \
-               UNION SELECT id FROM sensor_search WHERE sensor_search MATCH ?4 AND id > ?1) \
-             AND (?5 = '' OR COALESCE(st.connection, 'unknown') = ?5) \
-             ORDER BY s.id LIMIT ?6"
-        ))?
-        .query_map(
-            params![
-                after,
-                lo,
-                hi,
-                search.fts5(),
-                conn_filter,
-                limit_plus_one(&page)
-            ],
-            |r| row::sensor_view(r),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
-}
 
 #[async_trait]
 impl Find for SqliteStore {
@@ -58,7 +18,40 @@ impl Find for SqliteStore {
         connection: Option<Conn>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| find_sensors(c, &search, connection, page))
-            .await
+        self.read(move |c| {
+            let after = page.after.clone().unwrap_or_default();
+            let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
+            // Ids are ASCII letters and digits, all below U+007F: under SQLite's binary order
+            // every id starting with the prefix sorts in [prefix, prefix + U+007F).
+            let (lo, hi) = match search.id_prefix() {
+                Some(p) => (p.to_string(), format!("{p}\u{7f}")),
+                None => (String::new(), String::new()),
+            };
+            // The matches (an id range and the words' postings) are listed first, so a rare word
+            // reads a few rows rather than every sensor in id order.
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.id IN ( \
+                       SELECT id FROM sensors WHERE id >= ?2 AND id < ?3 AND id > ?1 \
+                       UNION SELECT id FROM sensor_search WHERE sensor_search MATCH ?4 AND id > ?1) \
+                     AND (?5 = '' OR COALESCE(st.connection, 'unknown') = ?5) \
+                     ORDER BY s.id LIMIT ?6"
+                ))?
+                .query_map(
+                    params![
+                        after,
+                        lo,
+                        hi,
+                        search.fts5(),
+                        conn_filter,
+                        limit_plus_one(&page)
+                    ],
+                    |r| row::sensor_view(r),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+        })
+        .await
     }
 }

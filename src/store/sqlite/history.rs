@@ -13,60 +13,6 @@ use super::SqliteStore;
 use crate::domain::{Event, SensorId};
 use crate::store::HistoryStore;
 
-pub(super) fn list_readings(
-    c: &Connection,
-    sensor_id: SensorId,
-    range: TimeRange,
-    page: PageRequest,
-) -> Result<Page<Stored<ReadingRecord>>> {
-    let sql = format!(
-        // The archive by its key, the (small) journal by a scan. A move between them
-        // copies, then deletes, in several transactions: of the journal, what the archive
-        // holds already is skipped, so this one statement sees each row once.
-        "SELECT * FROM (SELECT {READING_COLS} FROM readings_archive \
-           WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
-           ORDER BY ts, id LIMIT ?6) \
-         UNION ALL \
-         SELECT * FROM (SELECT {READING_COLS} FROM readings j \
-           WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
-           AND NOT EXISTS (SELECT 1 FROM readings_archive a \
-             WHERE a.sensor_id = j.sensor_id AND a.ts = j.ts AND a.id = j.id) \
-           ORDER BY ts, id LIMIT ?6) \
-         ORDER BY ts, id LIMIT ?6"
-    );
-    page_by_time(
-        c,
-        &sql,
-        sensor_id,
-        range,
-        page,
-        |r, s| row::reading(r, s),
-        |r| r.ts,
-    )
-}
-
-pub(super) fn list_events(
-    c: &Connection,
-    sensor_id: SensorId,
-    range: TimeRange,
-    page: PageRequest,
-) -> Result<Page<Stored<Event>>> {
-    let sql = format!(
-        "SELECT {EVENT_COLS} FROM events \
-         WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
-         ORDER BY at, id LIMIT ?6"
-    );
-    page_by_time(
-        c,
-        &sql,
-        sensor_id,
-        range,
-        page,
-        |r, s| row::event(r, s),
-        |e| e.at,
-    )
-}
-
 /// One page of a sensor's history rows in time order. `sql` takes the sensor (`?1`), the
 /// range (`?2`, `?3`), the cursor's time and id (`?4`, `?5`) and the limit (`?6`); the
 /// next cursor is the last row's `time` and id.
@@ -102,41 +48,6 @@ fn page_by_time<T>(
     }))
 }
 
-/// Reads a batch from the spool, hands it to `sink`, and lets go of it once the sink has it.
-pub(super) async fn ship(
-    store: &SqliteStore,
-    limit: usize,
-    sink: &dyn HistorySink,
-) -> Result<usize> {
-    let batch = store.read(move |c| spooled(c, limit as i64)).await?;
-    if batch.is_empty() {
-        return Ok(0);
-    }
-    sink.insert(&batch).await.map_err(Error::Sink)?;
-    // One writer hands out ids in commit order, so every row at or below the highest id
-    // read was in the batch: a range delete lets go of exactly what shipped.
-    let last_reading = batch.readings.iter().map(|r| r.id).max().unwrap_or(0);
-    let last_event = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
-    let last_attempt = batch.attempts.iter().map(|a| a.id).max();
-    let shipped = batch.len();
-    store
-        .write(move |c| {
-            let tx = c.transaction()?;
-            tx.execute("DELETE FROM readings WHERE id <= ?1", [last_reading])?;
-            tx.execute("DELETE FROM events WHERE id <= ?1", [last_event])?;
-            // Attempts stay (the API shows them with their notification): the mark moves.
-            if let Some(last) = last_attempt {
-                tx.execute(
-                    "UPDATE ship_marks SET last_id = ?1 WHERE what = 'attempts' AND last_id < ?1",
-                    [last],
-                )?;
-            }
-            tx.commit()?;
-            Ok(shipped)
-        })
-        .await
-}
-
 /// The oldest `limit` unshipped rows of each kind.
 fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
     let readings = c
@@ -166,19 +77,6 @@ fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
         events,
         attempts,
     })
-}
-
-/// The oldest reading kept: the first of each sensor's archive range, and the journal's
-/// (moved into the archive every second, or the ClickHouse spool).
-pub(super) fn history_from(c: &Connection) -> Result<Option<crate::domain::Millis>> {
-    Ok(c.query_row(
-        "SELECT MIN(m) FROM (\
-           SELECT (SELECT MIN(a.ts) FROM readings_archive a WHERE a.sensor_id = s.id) AS m \
-           FROM sensors s \
-           UNION ALL SELECT MIN(ts) FROM readings)",
-        [],
-        |r| r.get(0),
-    )?)
 }
 
 /// Readings one step of a move copies into the archive (or deletes from the journal) in
@@ -262,16 +160,6 @@ fn copy(c: &mut Connection, ids: &[i64]) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn spool_depth(c: &Connection) -> Result<u64> {
-    Ok(c.query_row(
-        "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
-         + (SELECT COUNT(*) FROM attempts \
-            WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'attempts'))",
-        [],
-        |r| r.get(0),
-    )?)
-}
-
 #[async_trait]
 impl HistoryStore for SqliteStore {
     async fn list_readings(
@@ -280,8 +168,33 @@ impl HistoryStore for SqliteStore {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Page<Stored<ReadingRecord>>> {
-        self.read(move |c| list_readings(c, sensor_id, range, page))
-            .await
+        self.read(move |c| {
+            let sql = format!(
+                // The archive by its key, the (small) journal by a scan. A move between them
+                // copies, then deletes, in several transactions: of the journal, what the archive
+                // holds already is skipped, so this one statement sees each row once.
+                "SELECT * FROM (SELECT {READING_COLS} FROM readings_archive \
+                   WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+                   ORDER BY ts, id LIMIT ?6) \
+                 UNION ALL \
+                 SELECT * FROM (SELECT {READING_COLS} FROM readings j \
+                   WHERE sensor_id = ?1 AND ts >= ?2 AND ts < ?3 AND (ts, id) > (?4, ?5) \
+                   AND NOT EXISTS (SELECT 1 FROM readings_archive a \
+                     WHERE a.sensor_id = j.sensor_id AND a.ts = j.ts AND a.id = j.id) \
+                   ORDER BY ts, id LIMIT ?6) \
+                 ORDER BY ts, id LIMIT ?6"
+            );
+            page_by_time(
+                c,
+                &sql,
+                sensor_id,
+                range,
+                page,
+                |r, s| row::reading(r, s),
+                |r| r.ts,
+            )
+        })
+        .await
     }
 
     async fn list_events(
@@ -290,20 +203,82 @@ impl HistoryStore for SqliteStore {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Page<Stored<Event>>> {
-        self.read(move |c| list_events(c, sensor_id, range, page))
-            .await
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {EVENT_COLS} FROM events \
+                 WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
+                 ORDER BY at, id LIMIT ?6"
+            );
+            page_by_time(
+                c,
+                &sql,
+                sensor_id,
+                range,
+                page,
+                |r, s| row::event(r, s),
+                |e| e.at,
+            )
+        })
+        .await
     }
 
+    /// Reads a batch from the spool, hands it to `sink`, and lets go of it once the sink has it.
     async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
-        ship(self, limit, sink).await
+        let batch = self.read(move |c| spooled(c, limit as i64)).await?;
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        sink.insert(&batch).await.map_err(Error::Sink)?;
+        // One writer hands out ids in commit order, so every row at or below the highest id
+        // read was in the batch: a range delete lets go of exactly what shipped.
+        let last_reading = batch.readings.iter().map(|r| r.id).max().unwrap_or(0);
+        let last_event = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
+        let last_attempt = batch.attempts.iter().map(|a| a.id).max();
+        let shipped = batch.len();
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            tx.execute("DELETE FROM readings WHERE id <= ?1", [last_reading])?;
+            tx.execute("DELETE FROM events WHERE id <= ?1", [last_event])?;
+            // Attempts stay (the API shows them with their notification): the mark moves.
+            if let Some(last) = last_attempt {
+                tx.execute(
+                    "UPDATE ship_marks SET last_id = ?1 WHERE what = 'attempts' AND last_id < ?1",
+                    [last],
+                )?;
+            }
+            tx.commit()?;
+            Ok(shipped)
+        })
+        .await
     }
 
     async fn spool_depth(&self) -> Result<u64> {
-        self.read(spool_depth).await
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                 + (SELECT COUNT(*) FROM attempts \
+                    WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'attempts'))",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
     }
 
+    /// The oldest reading kept: the first of each sensor's archive range, and the journal's
+    /// (moved into the archive every second, or the ClickHouse spool).
     async fn history_from(&self) -> Result<Option<crate::domain::Millis>> {
-        self.read(history_from).await
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT MIN(m) FROM (\
+                   SELECT (SELECT MIN(a.ts) FROM readings_archive a WHERE a.sensor_id = s.id) AS m \
+                   FROM sensors s \
+                   UNION ALL SELECT MIN(ts) FROM readings)",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
     }
 }
 

@@ -1,67 +1,17 @@
-//! A client's lifecycle: secret rotation, the failure streak that disables it, enabling it
-//! again, its endpoint health.
+//! A client's failure streak, kept as attempts are recorded, and the policy's disabling of a
+//! client whose streak ran too long.
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::super::{Outcome, Result};
-use crate::domain::client::{Disabled, HEALTH_WINDOW_MS, Health};
+use crate::domain::client::Disabled;
 use crate::domain::{Millis, policy};
-
-/// The old secret moves to `previous_secret` as it is sealed (for the same client, so it
-/// opens there); the new one is sealed under the store's key.
-pub(super) fn rotate_secret(
-    c: &mut Connection,
-    keys: &crate::secrets::Keyring,
-    id: &str,
-    secret: String,
-    previous_until: Millis,
-) -> Result<bool> {
-    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let kid = super::secrets::current(&tx)?;
-    let sealed = keys
-        .seal(&kid, id, &secret)
-        .map_err(|e| super::super::Error::Backend(format!("client {id}: {e}")))?;
-    let n = tx.execute(
-        "UPDATE clients SET previous_secret = secret, previous_secret_until = ?3, secret = ?2 \
-         WHERE id = ?1",
-        params![id, sealed, previous_until],
-    )?;
-    tx.commit()?;
-    Ok(n > 0)
-}
 
 /// Whether the client exists.
 pub(super) fn client_exists(c: &Connection, id: &str) -> Result<bool> {
     Ok(c.query_row(
         "SELECT EXISTS (SELECT 1 FROM clients WHERE id = ?1)",
         [id],
-        |r| r.get(0),
-    )?)
-}
-
-pub(super) fn enable_client(c: &Connection, id: String) -> Result<Option<bool>> {
-    let Some(disabled_at) = c
-        .query_row(
-            "SELECT disabled_at FROM clients WHERE id = ?1",
-            [&id],
-            |r| r.get::<_, Option<i64>>(0),
-        )
-        .optional()?
-    else {
-        return Ok(None);
-    };
-    c.execute(
-        "UPDATE clients SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL \
-         WHERE id = ?1",
-        [&id],
-    )?;
-    Ok(Some(disabled_at.is_some()))
-}
-
-pub(super) fn count_disabled(c: &Connection) -> Result<u64> {
-    Ok(c.query_row(
-        "SELECT COUNT(*) FROM clients WHERE disabled_at IS NOT NULL",
-        [],
         |r| r.get(0),
     )?)
 }
@@ -125,50 +75,4 @@ pub(super) fn note_attempts(
         }
     }
     Ok(disabled)
-}
-
-/// `domain::notification::delivered`: a 2xx answer, or a broker's acknowledgement (no
-/// status, no error).
-const DELIVERED: &str =
-    "(status_code BETWEEN 200 AND 299 OR (status_code IS NULL AND error IS NULL))";
-
-/// From the client's running summary and its attempts of the last hour (by the index on
-/// client and time): as fast after a year of attempts as after a day.
-pub(super) fn client_health(c: &Connection, id: String, now: Millis) -> Result<Option<Health>> {
-    let Some(mut h) = c
-        .query_row(
-            "SELECT last_success_at, last_failure_at, last_error, failures_since_success \
-             FROM clients WHERE id = ?1",
-            [&id],
-            |r| {
-                Ok(Health {
-                    last_success_at: r.get(0)?,
-                    last_failure_at: r.get(1)?,
-                    last_error: r.get(2)?,
-                    consecutive_failures: r.get(3)?,
-                    ..Health::default()
-                })
-            },
-        )
-        .optional()?
-    else {
-        return Ok(None);
-    };
-    let window = c
-        .prepare_cached(&format!(
-            "SELECT at, COALESCE({DELIVERED}, 0), duration_ms FROM attempts \
-             WHERE client_id = ?1 AND at >= ?2"
-        ))?
-        .query_map(params![id, now - HEALTH_WINDOW_MS], |r| {
-            Ok((r.get(0)?, r.get::<_, i64>(1)? != 0, r.get(2)?))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    h.set_window(&window, now);
-    (h.pending, h.failed) = c.query_row(
-        "SELECT (SELECT COUNT(*) FROM notifications WHERE client_id = ?1 AND status = 'pending'), \
-         (SELECT COUNT(*) FROM notifications WHERE client_id = ?1 AND status = 'failed')",
-        [&id],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    Ok(Some(h))
 }

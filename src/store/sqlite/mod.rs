@@ -477,8 +477,60 @@ impl Backend for SqliteStore {
             .await
     }
 
-    /// Retention only: one file, no partitions.
+    /// Retention only: one file, no partitions. What `retention` says is too old is deleted
+    /// step by step (`retention.rs` says how a step keeps the writer free).
     async fn maintain(&self, _now: Millis, retention: Retention) -> Result<Pruned> {
-        retention::prune(self, retention).await
+        use super::retention::{HISTORY_STEP, OUTBOX_STEP, SENSORS_STEP, outbox_step};
+        use retention::{
+            JOURNAL_STEP, before_id, delete_history, delete_notifications, old_history, pace,
+            scan_outbox,
+        };
+        let mut pruned = Pruned::default();
+        if let Some(before) = retention.history_before {
+            // What waits in the journal joins the archive first (as the archiver would within
+            // a second), so this round sees every reading.
+            history::archive(self, JOURNAL_STEP).await?;
+            let mut after = String::new();
+            loop {
+                let from = after.clone();
+                let sensors = self
+                    .read(move |c| old_history(c, &from, before, SENSORS_STEP))
+                    .await?;
+                let Some(last) = sensors.last().cloned() else {
+                    break;
+                };
+                let started = Instant::now();
+                let (step, unfinished) = self
+                    .write(move |c| delete_history(c, &sensors, before, HISTORY_STEP))
+                    .await?;
+                pruned.add(step);
+                // A sensor with more old rows than one step deletes is taken up again.
+                after = match unfinished {
+                    Some(id) => before_id(&id),
+                    None => last,
+                };
+                pace(started).await;
+            }
+        }
+        if let Some(before) = retention.notifications_before {
+            let mut after = i64::MIN;
+            loop {
+                let rows = self.read(move |c| scan_outbox(c, after)).await?;
+                let (doomed, next, done) = outbox_step(&rows, before, OUTBOX_STEP);
+                if !doomed.is_empty() {
+                    let started = Instant::now();
+                    let step = self
+                        .write(move |c| delete_notifications(c, &doomed, before))
+                        .await?;
+                    pruned.add(step);
+                    pace(started).await;
+                }
+                if done {
+                    break;
+                }
+                after = next;
+            }
+        }
+        Ok(pruned)
     }
 }

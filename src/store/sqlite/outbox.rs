@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::store::{Outbox, ReplayFilter};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 
 use super::super::listing;
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
@@ -15,181 +15,6 @@ use super::super::{
 };
 use crate::domain::client::Disabled;
 use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
-
-pub(super) fn load_pending(c: &Connection, after_seq: i64) -> Result<Vec<NotificationRef>> {
-    let rows = c
-        .prepare(&format!(
-            "SELECT {NOTIF_COLS} FROM notifications n \
-             WHERE n.status = 'pending' AND n.seq > ?1 ORDER BY n.seq"
-        ))?
-        .query_map([after_seq], |r| row::notification(r))?
-        .map(|n| n.map(|n| notification_ref(&n)))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// The claim itself, in one transaction.
-pub(super) fn claim(
-    c: &mut Connection,
-    ids: Vec<String>,
-    node: &str,
-    now: Millis,
-    lease_until: Millis,
-    batch: Option<ClaimBatch>,
-) -> Result<Vec<Claim>> {
-    let tx = c.transaction()?;
-    let mut out = Vec::with_capacity(ids.len());
-    {
-        let mut select = tx.prepare_cached(&format!(
-            "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
-        ))?;
-        let mut lease = tx.prepare_cached(
-            "UPDATE notifications SET claimed_by = ?2, lease_until = ?3, batch_id = NULL \
-             WHERE id = ?1",
-        )?;
-        let mut cancel = tx.prepare_cached(
-            "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
-        )?;
-        for id in ids {
-            let row = select.query_row([&id], |r| row::claim_row(r)).optional()?;
-            let Some(row) = row else {
-                out.push(Claim::Done {
-                    id,
-                    status: Status::Cancelled,
-                });
-                continue;
-            };
-            match claim_step(row, node, now) {
-                ClaimStep::Lease(s) => {
-                    lease.execute(params![id, node, lease_until])?;
-                    out.push(Claim::Send(s));
-                }
-                ClaimStep::Cancel => {
-                    cancel.execute(params![id, now])?;
-                    out.push(Claim::Done {
-                        id,
-                        status: Status::Cancelled,
-                    });
-                }
-                // One node: its lanes hold every lane whole, so the store never finds one
-                // behind (`ClaimRow::lane` is not read here).
-                ClaimStep::Supersede => {
-                    tx.execute(
-                        "UPDATE notifications SET status = 'superseded', updated_at = ?2 WHERE id = ?1",
-                        params![id, now],
-                    )?;
-                    out.push(Claim::Done {
-                        id,
-                        status: Status::Superseded,
-                    });
-                }
-                ClaimStep::Answer(c) => out.push(c),
-            }
-        }
-        // A batch's heads left pending now are unmarked with those left out
-        // (`ClaimBatch`); the leased ones were by their lease.
-        if let Some(b) = batch {
-            let mut unmark = tx.prepare_cached(
-                "UPDATE notifications SET batch_id = NULL WHERE id = ?1 AND batch_id IS NOT NULL",
-            )?;
-            let pending = out.iter().filter_map(Claim::left_pending);
-            for id in pending.chain(b.left_out.iter().map(String::as_str)) {
-                unmark.execute([id])?;
-            }
-        }
-    }
-    tx.commit()?;
-    Ok(out)
-}
-
-pub(super) fn record(
-    c: &mut Connection,
-    outcomes: Vec<Outcome>,
-    now: Millis,
-    disable_after: Millis,
-) -> Result<Vec<Disabled>> {
-    let tx = c.transaction()?;
-    {
-        let mut attempt = tx.prepare_cached(
-            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
-             client_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        // Another node's live lease is kept unless this was delivered (`policy::recorded`).
-        let mut update = tx.prepare_cached(
-            "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
-             updated_at = ?5, claimed_by = NULL, lease_until = NULL, batch_id = ?8 \
-             WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
-             OR lease_until < ?5 OR claimed_by = ?7)",
-        )?;
-        for o in &outcomes {
-            if let Some(a) = &o.attempt {
-                attempt.execute(params![
-                    o.notification_id,
-                    a.at,
-                    a.status_code,
-                    a.error,
-                    a.duration_ms,
-                    o.client_id
-                ])?;
-            }
-            let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
-            update.execute(params![
-                o.notification_id,
-                status.as_str(),
-                o.attempts,
-                next,
-                now,
-                o.attempt.is_some() && o.verdict == Verdict::Delivered,
-                &*o.node,
-                o.batch_id
-            ])?;
-        }
-    }
-    let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after)?;
-    tx.commit()?;
-    Ok(disabled)
-}
-
-pub(super) fn get_notification(
-    c: &Connection,
-    id: String,
-) -> Result<Option<(Notification, Vec<Attempt>)>> {
-    let Some(n) = c
-        .prepare_cached(&format!(
-            "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
-        ))?
-        .query_row([&id], |r| row::notification(r))
-        .optional()?
-    else {
-        return Ok(None);
-    };
-    let attempts = c
-        .prepare_cached(&format!(
-            "SELECT {ATTEMPT_COLS} FROM attempts WHERE notification_id = ?1 ORDER BY id"
-        ))?
-        .query_map([&id], |r| row::attempt(r, 0))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Some((n, attempts)))
-}
-
-pub(super) fn list_notifications(
-    c: &Connection,
-    filter: NotificationFilter,
-    page: PageRequest,
-) -> Result<Page<Notification>> {
-    let after: Option<i64> = match &page.after {
-        Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
-        None => None,
-    };
-    let q = listing::notifications(&DIALECT, &filter, after, limit_plus_one(&page));
-    let rows = c
-        .prepare_cached(&q.sql)?
-        .query_map(rusqlite::params_from_iter(args(q.args)), |r| {
-            row::notification(r)
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
-}
 
 /// How SQLite writes the console's lists ([`listing`]).
 pub(super) const DIALECT: listing::Dialect = listing::Dialect {
@@ -207,18 +32,21 @@ pub(super) fn args(args: Vec<listing::Arg>) -> Vec<rusqlite::types::Value> {
         .collect()
 }
 
-pub(super) fn count_pending(c: &Connection) -> Result<u64> {
-    Ok(c.query_row(
-        "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
-        [],
-        |r| r.get(0),
-    )?)
-}
-
 #[async_trait]
 impl Outbox for SqliteStore {
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
-        self.read(move |c| load_pending(c, after_seq)).await
+        self.read(move |c| {
+            let rows = c
+                .prepare(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n \
+                     WHERE n.status = 'pending' AND n.seq > ?1 ORDER BY n.seq"
+                ))?
+                .query_map([after_seq], |r| row::notification(r))?
+                .map(|n| n.map(|n| notification_ref(&n)))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
     }
 
     async fn claim(
@@ -231,7 +59,72 @@ impl Outbox for SqliteStore {
     ) -> Result<Vec<Claim>> {
         // Every lease is released at open: a lost one costs nothing.
         let mut claims = self
-            .write_relaxed(move |c| claim(c, ids, &node, now, lease_until, batch))
+            .write_relaxed(move |c| {
+                let node = node.as_str();
+                let tx = c.transaction()?;
+                let mut out = Vec::with_capacity(ids.len());
+                {
+                    let mut select = tx.prepare_cached(&format!(
+                        "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
+                    ))?;
+                    let mut lease = tx.prepare_cached(
+                        "UPDATE notifications SET claimed_by = ?2, lease_until = ?3, batch_id = NULL \
+                         WHERE id = ?1",
+                    )?;
+                    let mut cancel = tx.prepare_cached(
+                        "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
+                    )?;
+                    for id in ids {
+                        let row = select.query_row([&id], |r| row::claim_row(r)).optional()?;
+                        let Some(row) = row else {
+                            out.push(Claim::Done {
+                                id,
+                                status: Status::Cancelled,
+                            });
+                            continue;
+                        };
+                        match claim_step(row, node, now) {
+                            ClaimStep::Lease(s) => {
+                                lease.execute(params![id, node, lease_until])?;
+                                out.push(Claim::Send(s));
+                            }
+                            ClaimStep::Cancel => {
+                                cancel.execute(params![id, now])?;
+                                out.push(Claim::Done {
+                                    id,
+                                    status: Status::Cancelled,
+                                });
+                            }
+                            // One node: its lanes hold every lane whole, so the store never
+                            // finds one behind (`ClaimRow::lane` is not read here).
+                            ClaimStep::Supersede => {
+                                tx.execute(
+                                    "UPDATE notifications SET status = 'superseded', updated_at = ?2 WHERE id = ?1",
+                                    params![id, now],
+                                )?;
+                                out.push(Claim::Done {
+                                    id,
+                                    status: Status::Superseded,
+                                });
+                            }
+                            ClaimStep::Answer(c) => out.push(c),
+                        }
+                    }
+                    // A batch's heads left pending now are unmarked with those left out
+                    // (`ClaimBatch`); the leased ones were by their lease.
+                    if let Some(b) = batch {
+                        let mut unmark = tx.prepare_cached(
+                            "UPDATE notifications SET batch_id = NULL WHERE id = ?1 AND batch_id IS NOT NULL",
+                        )?;
+                        let pending = out.iter().filter_map(Claim::left_pending);
+                        for id in pending.chain(b.left_out.iter().map(String::as_str)) {
+                            unmark.execute([id])?;
+                        }
+                    }
+                }
+                tx.commit()?;
+                Ok(out)
+            })
             .await?;
         // Off the writer: it is not held for the opening.
         crate::store::sealing::open_claims(&self.inner.keys, &mut claims);
@@ -244,17 +137,86 @@ impl Outbox for SqliteStore {
         now: Millis,
         disable_after: Millis,
     ) -> Result<Vec<Disabled>> {
-        self.write_relaxed(move |c| record(c, outcomes, now, disable_after))
-            .await
+        self.write_relaxed(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut attempt = tx.prepare_cached(
+                    "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
+                     client_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?;
+                // Another node's live lease is kept unless this was delivered (`policy::recorded`).
+                let mut update = tx.prepare_cached(
+                    "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
+                     updated_at = ?5, claimed_by = NULL, lease_until = NULL, batch_id = ?8 \
+                     WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
+                     OR lease_until < ?5 OR claimed_by = ?7)",
+                )?;
+                for o in &outcomes {
+                    if let Some(a) = &o.attempt {
+                        attempt.execute(params![
+                            o.notification_id,
+                            a.at,
+                            a.status_code,
+                            a.error,
+                            a.duration_ms,
+                            o.client_id
+                        ])?;
+                    }
+                    let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
+                    update.execute(params![
+                        o.notification_id,
+                        status.as_str(),
+                        o.attempts,
+                        next,
+                        now,
+                        o.attempt.is_some() && o.verdict == Verdict::Delivered,
+                        &*o.node,
+                        o.batch_id
+                    ])?;
+                }
+            }
+            let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after)?;
+            tx.commit()?;
+            Ok(disabled)
+        })
+        .await
     }
 
     async fn load_client_pending(&self, client_id: String) -> Result<Vec<NotificationRef>> {
-        self.read(move |c| super::replay::load_client_pending(c, client_id))
-            .await
+        self.read(move |c| {
+            let rows = c
+                .prepare(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n \
+                     WHERE n.status = 'pending' AND n.client_id = ?1 ORDER BY n.seq"
+                ))?
+                .query_map([client_id], |r| row::notification(r))?
+                .map(|n| n.map(|n| notification_ref(&n)))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
     }
 
     async fn get_notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
-        self.read(move |c| get_notification(c, id)).await
+        self.read(move |c| {
+            let Some(n) = c
+                .prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
+                ))?
+                .query_row([&id], |r| row::notification(r))
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let attempts = c
+                .prepare_cached(&format!(
+                    "SELECT {ATTEMPT_COLS} FROM attempts WHERE notification_id = ?1 ORDER BY id"
+                ))?
+                .query_map([&id], |r| row::attempt(r, 0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Some((n, attempts)))
+        })
+        .await
     }
 
     async fn list_notifications(
@@ -262,25 +224,98 @@ impl Outbox for SqliteStore {
         filter: NotificationFilter,
         page: PageRequest,
     ) -> Result<Page<Notification>> {
-        self.read(move |c| list_notifications(c, filter, page))
-            .await
+        self.read(move |c| {
+            let after: Option<i64> = match &page.after {
+                Some(cur) => Some(cur.parse().map_err(|_| Error::BadCursor)?),
+                None => None,
+            };
+            let q = listing::notifications(&DIALECT, &filter, after, limit_plus_one(&page));
+            let rows = c
+                .prepare_cached(&q.sql)?
+                .query_map(rusqlite::params_from_iter(args(q.args)), |r| {
+                    row::notification(r)
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |n| n.seq.to_string()))
+        })
+        .await
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        self.write(move |c| super::replay::retry_notification(c, id, now))
-            .await
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let n = tx
+                .prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.id = ?1"
+                ))?
+                .query_row([&id], |r| row::notification(r))
+                .optional()?
+                .ok_or(Error::NotFound("notification"))?;
+            if let Some(e) = super::replay::refused(&tx, &n)? {
+                return Err(e);
+            }
+            super::replay::back_to_pending(&tx, &id, now)?;
+            tx.commit()?;
+            Ok(NotificationRef {
+                due_at: now,
+                attempts: 0,
+                batch_id: None,
+                ..notification_ref(&n)
+            })
+        })
+        .await
     }
 
+    /// The bulk replay, in one transaction, oldest first: each one is judged as a single
+    /// retry would judge it once the older ones went back to pending.
     async fn retry_notifications(
         &self,
-        filter: ReplayFilter,
+        f: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
-        self.write(move |c| super::replay::retry_notifications(c, filter, now))
-            .await
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            if !super::lifecycle::client_exists(&tx, &f.client_id)? {
+                return Err(Error::NotFound("client"));
+            }
+            let failed = tx
+                .prepare(&format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n WHERE n.client_id = ?1 \
+                     AND n.status = 'failed' AND (?2 IS NULL OR n.sensor_id = ?2) \
+                     AND (?3 IS NULL OR n.created_at >= ?3) ORDER BY n.seq"
+                ))?
+                .query_map(
+                    params![f.client_id, f.sensor_id.map(|s| s.to_string()), f.since],
+                    |r| row::notification(r),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut out = Vec::new();
+            for n in failed {
+                if super::replay::refused(&tx, &n)?.is_some() {
+                    continue;
+                }
+                super::replay::back_to_pending(&tx, &n.id, now)?;
+                out.push(NotificationRef {
+                    due_at: now,
+                    attempts: 0,
+                    batch_id: None,
+                    ..notification_ref(&n)
+                });
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
     }
 
     async fn count_pending(&self) -> Result<u64> {
-        self.read(count_pending).await
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM notifications WHERE status = 'pending'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
     }
 }

@@ -1,363 +1,24 @@
-//! Sensors, clients, the links between them and bulk import, over one connection.
+//! Sensors, clients, the links between them, bulk import, and a client's lifecycle: secret
+//! rotation, enabling it again, its endpoint health.
 
 use async_trait::async_trait;
 
 use super::SqliteStore;
-use crate::domain::client::{Health, events_column};
+use crate::domain::client::{HEALTH_WINDOW_MS, Health, events_column};
 use crate::store::Registry;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
-use super::super::rows::{self as row, CLIENT_COLS, RUNTIME_COLS, RUNTIME_JOIN, SENSOR_COLS};
+use super::super::rows::{self as row, CLIENT_COLS, SENSOR_COLS};
 use super::super::{
-    ConnectionCounts, Error, Page, PageRequest, Result, SensorRuntime, SensorView, limit_plus_one,
+    ConnectionCounts, Error, Page, PageRequest, Result, SensorView, limit_plus_one,
 };
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
-use crate::secrets::Keyring;
 use crate::store::sealing;
 
-/// `Conflict` if the id exists.
-pub(super) fn create_sensor(c: &Connection, s: Sensor) -> Result<()> {
-    let n = c.execute(
-        "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-         site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
-        params![
-            s.id.to_string(),
-            s.address,
-            s.heartbeat_timeout_s,
-            s.created_at,
-            s.debounce_s,
-            s.site_id
-        ],
-    )?;
-    if n == 0 {
-        return Err(Error::Conflict(format!(
-            "sensor \"{}\" already exists",
-            s.id
-        )));
-    }
-    Ok(())
-}
-
-pub(super) fn get_sensor(c: &Connection, id: SensorId) -> Result<Option<SensorView>> {
-    Ok(c.prepare_cached(&format!(
-        "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
-         ON st.sensor_id = s.id WHERE s.id = ?1"
-    ))?
-    .query_row([id.to_string()], |r| row::sensor_view(r))
-    .optional()?)
-}
-
-pub(super) fn list_sensors(
-    c: &Connection,
-    connection: Option<Conn>,
-    page: PageRequest,
-) -> Result<Page<SensorView>> {
-    let after = page.after.clone().unwrap_or_default();
-    let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
-    let rows = c
-        .prepare_cached(&format!(
-            "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
-             ON st.sensor_id = s.id WHERE s.id > ?1 \
-             AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) \
-             ORDER BY s.id LIMIT ?3"
-        ))?
-        .query_map(params![after, conn_filter, limit_plus_one(&page)], |r| {
-            row::sensor_view(r)
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
-}
-
-/// Sensors with a state row counted by connection; the rest never reported. A sensor's
-/// state row goes with it (`delete_sensor`), so the two counts add up.
-pub(super) fn count_sensors(c: &Connection) -> Result<ConnectionCounts> {
-    let total: i64 = c.query_row("SELECT COUNT(*) FROM sensors", [], |r| r.get(0))?;
-    let mut stmt = c.prepare_cached(
-        "SELECT st.connection, COUNT(*) FROM sensor_state st \
-         JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
-    )?;
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<Vec<(String, i64)>>>()?;
-    Ok(ConnectionCounts::from_rows(total, rows))
-}
-
-/// How many sensors were updated (0 or 1).
-pub(super) fn replace_sensor(
-    c: &Connection,
-    id: SensorId,
-    address: String,
-    timeout: Option<u32>,
-    debounce: Option<u32>,
-    site_id: Option<String>,
-) -> Result<usize> {
-    Ok(c.execute(
-        "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
-         site_id = ?5 WHERE id = ?1",
-        params![id.to_string(), address, timeout, debounce, site_id],
-    )?)
-}
-
-pub(super) fn delete_sensor(c: &mut Connection, id: SensorId, now: Millis) -> Result<bool> {
-    let id = id.to_string();
-    // Immediate: it writes the archive's file too, whose own writer may be mid-step.
-    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
-    if n > 0 {
-        for table in [
-            "sensor_state",
-            "links",
-            "readings",
-            "readings_archive",
-            "events",
-        ] {
-            tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
-        }
-        cancel_pending(&tx, "sensor_id", &id, now)?;
-    }
-    tx.commit()?;
-    Ok(n > 0)
-}
-
-pub(super) fn create_client(c: &mut Connection, keys: &Keyring, cl: Client) -> Result<()> {
-    // The key is read in the write's own transaction: `latch rotate-key` switching keys
-    // waits for it, or it sees the new key.
-    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let s = sealing::seal(keys, &super::secrets::current(&tx)?, &cl)?;
-    let n = tx.execute(
-        "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
-         batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
-         ON CONFLICT (id) DO NOTHING",
-        params![
-            cl.id,
-            cl.name,
-            s.url,
-            s.secret,
-            cl.created_at,
-            cl.rate_limit,
-            events_column(&cl.events),
-            cl.batch.map(|b| b.max_events),
-            cl.batch.map(|b| b.max_wait_ms),
-            s.url_password,
-            s.headers,
-            s.auth,
-            s.tls
-        ],
-    )?;
-    if n == 0 {
-        return Err(Error::Conflict(format!(
-            "client \"{}\" already exists",
-            cl.id
-        )));
-    }
-    tx.commit()?;
-    Ok(())
-}
-
-pub(super) fn get_client(c: &Connection, id: String) -> Result<Option<Client>> {
-    Ok(c.prepare_cached(&format!(
-        "SELECT {CLIENT_COLS} FROM clients c WHERE c.id = ?1"
-    ))?
-    .query_row([id], |r| row::client(r))
-    .optional()?)
-}
-
-pub(super) fn list_clients(
-    c: &Connection,
-    page: PageRequest,
-    disabled: Option<bool>,
-) -> Result<Page<Client>> {
-    let rows = c
-        .prepare_cached(&format!(
-            "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > ?1 \
-             AND (?3 IS NULL OR (c.disabled_at IS NOT NULL) = ?3) ORDER BY c.id LIMIT ?2"
-        ))?
-        .query_map(
-            params![
-                page.after.clone().unwrap_or_default(),
-                limit_plus_one(&page),
-                disabled
-            ],
-            |r| row::client(r),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
-}
-
-pub(super) fn replace_client(c: &mut Connection, keys: &Keyring, cl: Client) -> Result<bool> {
-    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let s = sealing::seal(keys, &super::secrets::current(&tx)?, &cl)?;
-    let n = tx.execute(
-        "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6, \
-         batch_max_events = ?7, batch_max_wait_ms = ?8, url_password = ?9, headers = ?10, \
-         auth = ?11, tls = ?12 WHERE id = ?1",
-        params![
-            cl.id,
-            cl.name,
-            s.url,
-            s.secret,
-            cl.rate_limit,
-            events_column(&cl.events),
-            cl.batch.map(|b| b.max_events),
-            cl.batch.map(|b| b.max_wait_ms),
-            s.url_password,
-            s.headers,
-            s.auth,
-            s.tls
-        ],
-    )?;
-    tx.commit()?;
-    Ok(n > 0)
-}
-
-pub(super) fn delete_client(c: &mut Connection, id: String, now: Millis) -> Result<bool> {
-    let tx = c.transaction()?;
-    let n = tx.execute("DELETE FROM clients WHERE id = ?1", [&id])?;
-    tx.execute("DELETE FROM links WHERE client_id = ?1", [&id])?;
-    cancel_pending(&tx, "client_id", &id, now)?;
-    tx.commit()?;
-    Ok(n > 0)
-}
-
-pub(super) fn link(
-    c: &mut Connection,
-    client_id: String,
-    sensor_id: SensorId,
-    now: Millis,
-) -> Result<()> {
-    let tx = c.transaction()?;
-    check_pair(&tx, &client_id, sensor_id)?;
-    tx.execute(
-        "INSERT INTO links (client_id, sensor_id, created_at) VALUES (?1, ?2, ?3) \
-         ON CONFLICT DO NOTHING",
-        params![client_id, sensor_id.to_string(), now],
-    )?;
-    tx.commit()?;
-    Ok(())
-}
-
-pub(super) fn unlink(c: &mut Connection, client_id: String, sensor_id: SensorId) -> Result<()> {
-    let tx = c.transaction()?;
-    check_pair(&tx, &client_id, sensor_id)?;
-    tx.execute(
-        "DELETE FROM links WHERE client_id = ?1 AND sensor_id = ?2",
-        params![client_id, sensor_id.to_string()],
-    )?;
-    tx.commit()?;
-    Ok(())
-}
-
-pub(super) fn list_client_sensors(
-    c: &Connection,
-    client_id: String,
-    page: PageRequest,
-) -> Result<Page<SensorView>> {
-    if !exists(c, "SELECT 1 FROM clients WHERE id = ?1", &client_id)? {
-        return Err(Error::NotFound("client"));
-    }
-    let rows = c
-        .prepare_cached(&format!(
-            "SELECT {SENSOR_COLS} FROM links l JOIN sensors s ON s.id = l.sensor_id \
-             LEFT JOIN sensor_state st ON st.sensor_id = s.id \
-             WHERE l.client_id = ?1 AND s.id > ?2 ORDER BY s.id LIMIT ?3"
-        ))?
-        .query_map(
-            params![
-                client_id,
-                page.after.clone().unwrap_or_default(),
-                limit_plus_one(&page)
-            ],
-            |r| row::sensor_view(r),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
-}
-
-pub(super) fn list_sensor_clients(
-    c: &Connection,
-    sensor_id: SensorId,
-    page: PageRequest,
-) -> Result<Page<Client>> {
-    let sid = sensor_id.to_string();
-    if !exists(c, "SELECT 1 FROM sensors WHERE id = ?1", &sid)? {
-        return Err(Error::NotFound("sensor"));
-    }
-    let rows = c
-        .prepare_cached(&format!(
-            "SELECT {CLIENT_COLS} FROM links l JOIN clients c ON c.id = l.client_id \
-             WHERE l.sensor_id = ?1 AND c.id > ?2 ORDER BY c.id LIMIT ?3"
-        ))?
-        .query_map(
-            params![
-                sid,
-                page.after.clone().unwrap_or_default(),
-                limit_plus_one(&page)
-            ],
-            |r| row::client(r),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
-}
-
-pub(super) fn import(
-    c: &mut Connection,
-    sensors: Vec<Sensor>,
-    links: Vec<(String, SensorId)>,
-    now: Millis,
-) -> Result<()> {
-    let tx = c.transaction()?;
-    {
-        let mut ins = tx.prepare_cached(
-            "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-             site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
-        )?;
-        for s in &sensors {
-            ins.execute(params![
-                s.id.to_string(),
-                s.address,
-                s.heartbeat_timeout_s,
-                s.created_at,
-                s.debounce_s,
-                s.site_id
-            ])?;
-        }
-        let mut link = tx.prepare_cached(
-            "INSERT INTO links (client_id, sensor_id, created_at) \
-             SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM clients WHERE id = ?1) \
-             AND EXISTS (SELECT 1 FROM sensors WHERE id = ?2) ON CONFLICT DO NOTHING",
-        )?;
-        for (client, sensor) in &links {
-            link.execute(params![client, sensor.to_string(), now])?;
-        }
-    }
-    tx.commit()?;
-    Ok(())
-}
-
-pub(super) fn load_runtime(c: &Connection) -> Result<Vec<SensorRuntime>> {
-    let rows = c
-        .prepare(&format!(
-            "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"
-        ))?
-        .query_map([], |r| row::runtime(r))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// The committed state of those of `ids` that are registered.
-pub(super) fn load_states(c: &Connection, ids: &[SensorId]) -> Result<Vec<SensorRuntime>> {
-    let mut st = c.prepare_cached(&format!(
-        "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ?1"
-    ))?;
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Some(r) = st.query_map([id.to_string()], |r| row::runtime(r))?.next() {
-            out.push(r?);
-        }
-    }
-    Ok(out)
-}
+/// `domain::notification::delivered`: a 2xx answer, or a broker's acknowledgement (no
+/// status, no error).
+const DELIVERED: &str =
+    "(status_code BETWEEN 200 AND 299 OR (status_code IS NULL AND error IS NULL))";
 
 /// Cancels pending notifications matching `cond` (a WHERE fragment over `notifications`).
 fn cancel_pending(tx: &Transaction, cond: &str, arg: &str, now: Millis) -> rusqlite::Result<usize> {
@@ -390,12 +51,42 @@ fn check_pair(tx: &Transaction, client_id: &str, sensor_id: SensorId) -> Result<
 
 #[async_trait]
 impl Registry for SqliteStore {
+    /// `Conflict` if the id exists.
     async fn create_sensor(&self, s: Sensor) -> Result<()> {
-        self.write(move |c| create_sensor(c, s)).await
+        self.write(move |c| {
+            let n = c.execute(
+                "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
+                 site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+                params![
+                    s.id.to_string(),
+                    s.address,
+                    s.heartbeat_timeout_s,
+                    s.created_at,
+                    s.debounce_s,
+                    s.site_id
+                ],
+            )?;
+            if n == 0 {
+                return Err(Error::Conflict(format!(
+                    "sensor \"{}\" already exists",
+                    s.id
+                )));
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
-        self.read(move |c| get_sensor(c, id)).await
+        self.read(move |c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                 ON st.sensor_id = s.id WHERE s.id = ?1"
+            ))?
+            .query_row([id.to_string()], |r| row::sensor_view(r))
+            .optional()?)
+        })
+        .await
     }
 
     async fn list_sensors(
@@ -403,11 +94,40 @@ impl Registry for SqliteStore {
         connection: Option<Conn>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| list_sensors(c, connection, page)).await
+        self.read(move |c| {
+            let after = page.after.clone().unwrap_or_default();
+            let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.id > ?1 \
+                     AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) \
+                     ORDER BY s.id LIMIT ?3"
+                ))?
+                .query_map(params![after, conn_filter, limit_plus_one(&page)], |r| {
+                    row::sensor_view(r)
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+        })
+        .await
     }
 
+    /// Sensors with a state row counted by connection; the rest never reported. A sensor's
+    /// state row goes with it (`delete_sensor`), so the two counts add up.
     async fn count_sensors(&self) -> Result<ConnectionCounts> {
-        self.read(count_sensors).await
+        self.read(move |c| {
+            let total: i64 = c.query_row("SELECT COUNT(*) FROM sensors", [], |r| r.get(0))?;
+            let mut stmt = c.prepare_cached(
+                "SELECT st.connection, COUNT(*) FROM sensor_state st \
+                 JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
+            )?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<(String, i64)>>>()?;
+            Ok(ConnectionCounts::from_rows(total, rows))
+        })
+        .await
     }
 
     async fn replace_sensor(
@@ -419,7 +139,13 @@ impl Registry for SqliteStore {
         site_id: Option<String>,
     ) -> Result<Option<SensorView>> {
         let n = self
-            .write(move |c| replace_sensor(c, id, address, timeout, debounce, site_id))
+            .write(move |c| {
+                Ok(c.execute(
+                    "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
+                     site_id = ?5 WHERE id = ?1",
+                    params![id.to_string(), address, timeout, debounce, site_id],
+                )?)
+            })
             .await?;
         if n == 0 {
             return Ok(None);
@@ -428,16 +154,79 @@ impl Registry for SqliteStore {
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
-        self.write(move |c| delete_sensor(c, id, now)).await
+        self.write(move |c| {
+            let id = id.to_string();
+            // Immediate: it writes the archive's file too, whose own writer may be mid-step.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
+            if n > 0 {
+                for table in [
+                    "sensor_state",
+                    "links",
+                    "readings",
+                    "readings_archive",
+                    "events",
+                ] {
+                    tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
+                }
+                cancel_pending(&tx, "sensor_id", &id, now)?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     async fn create_client(&self, cl: Client) -> Result<()> {
         let keys = self.keys();
-        self.write(move |c| create_client(c, &keys, cl)).await
+        self.write(move |c| {
+            // The key is read in the write's own transaction: `latch rotate-key` switching keys
+            // waits for it, or it sees the new key.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let s = sealing::seal(&keys, &super::secrets::current(&tx)?, &cl)?;
+            let n = tx.execute(
+                "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
+                 batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                 ON CONFLICT (id) DO NOTHING",
+                params![
+                    cl.id,
+                    cl.name,
+                    s.url,
+                    s.secret,
+                    cl.created_at,
+                    cl.rate_limit,
+                    events_column(&cl.events),
+                    cl.batch.map(|b| b.max_events),
+                    cl.batch.map(|b| b.max_wait_ms),
+                    s.url_password,
+                    s.headers,
+                    s.auth,
+                    s.tls
+                ],
+            )?;
+            if n == 0 {
+                return Err(Error::Conflict(format!(
+                    "client \"{}\" already exists",
+                    cl.id
+                )));
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn get_client(&self, id: String) -> Result<Option<Client>> {
-        let c = self.read(move |c| get_client(c, id)).await?;
+        let c = self
+            .read(move |c| {
+                Ok(c.prepare_cached(&format!(
+                    "SELECT {CLIENT_COLS} FROM clients c WHERE c.id = ?1"
+                ))?
+                .query_row([id], |r| row::client(r))
+                .optional()?)
+            })
+            .await?;
         c.map(|c| self.opened(c)).transpose()
     }
 
@@ -446,19 +235,72 @@ impl Registry for SqliteStore {
         page: PageRequest,
         disabled: Option<bool>,
     ) -> Result<Page<Client>> {
-        let page = self.read(move |c| list_clients(c, page, disabled)).await?;
+        let page = self
+            .read(move |c| {
+                let rows = c
+                    .prepare_cached(&format!(
+                        "SELECT {CLIENT_COLS} FROM clients c WHERE c.id > ?1 \
+                         AND (?3 IS NULL OR (c.disabled_at IS NOT NULL) = ?3) ORDER BY c.id LIMIT ?2"
+                    ))?
+                    .query_map(
+                        params![
+                            page.after.clone().unwrap_or_default(),
+                            limit_plus_one(&page),
+                            disabled
+                        ],
+                        |r| row::client(r),
+                    )?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+            })
+            .await?;
         self.opened_page(page)
     }
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
         let keys = self.keys();
-        self.write(move |c| replace_client(c, &keys, cl)).await
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let s = sealing::seal(&keys, &super::secrets::current(&tx)?, &cl)?;
+            let n = tx.execute(
+                "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6, \
+                 batch_max_events = ?7, batch_max_wait_ms = ?8, url_password = ?9, headers = ?10, \
+                 auth = ?11, tls = ?12 WHERE id = ?1",
+                params![
+                    cl.id,
+                    cl.name,
+                    s.url,
+                    s.secret,
+                    cl.rate_limit,
+                    events_column(&cl.events),
+                    cl.batch.map(|b| b.max_events),
+                    cl.batch.map(|b| b.max_wait_ms),
+                    s.url_password,
+                    s.headers,
+                    s.auth,
+                    s.tls
+                ],
+            )?;
+            tx.commit()?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
-        self.write(move |c| delete_client(c, id, now)).await
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let n = tx.execute("DELETE FROM clients WHERE id = ?1", [&id])?;
+            tx.execute("DELETE FROM links WHERE client_id = ?1", [&id])?;
+            cancel_pending(&tx, "client_id", &id, now)?;
+            tx.commit()?;
+            Ok(n > 0)
+        })
+        .await
     }
 
+    /// The old secret moves to `previous_secret` as it is sealed (for the same client, so it
+    /// opens there); the new one is sealed under the store's key.
     async fn rotate_secret(
         &self,
         id: String,
@@ -467,7 +309,20 @@ impl Registry for SqliteStore {
     ) -> Result<Option<Client>> {
         let (key, keys) = (id.clone(), self.keys());
         let rotated = self
-            .write(move |c| super::lifecycle::rotate_secret(c, &keys, &key, secret, previous_until))
+            .write(move |c| {
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let kid = super::secrets::current(&tx)?;
+                let sealed = keys
+                    .seal(&kid, &key, &secret)
+                    .map_err(|e| Error::Backend(format!("client {key}: {e}")))?;
+                let n = tx.execute(
+                    "UPDATE clients SET previous_secret = secret, previous_secret_until = ?3, \
+                     secret = ?2 WHERE id = ?1",
+                    params![key, sealed, previous_until],
+                )?;
+                tx.commit()?;
+                Ok(n > 0)
+            })
             .await?;
         if !rotated {
             return Ok(None);
@@ -476,26 +331,109 @@ impl Registry for SqliteStore {
     }
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
-        self.write(move |c| super::lifecycle::enable_client(c, id))
-            .await
+        self.write(move |c| {
+            let Some(disabled_at) = c
+                .query_row(
+                    "SELECT disabled_at FROM clients WHERE id = ?1",
+                    [&id],
+                    |r| r.get::<_, Option<i64>>(0),
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            c.execute(
+                "UPDATE clients SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL \
+                 WHERE id = ?1",
+                [&id],
+            )?;
+            Ok(Some(disabled_at.is_some()))
+        })
+        .await
     }
 
     async fn count_disabled_clients(&self) -> Result<u64> {
-        self.read(super::lifecycle::count_disabled).await
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM clients WHERE disabled_at IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
     }
 
+    /// From the client's running summary and its attempts of the last hour (by the index on
+    /// client and time): as fast after a year of attempts as after a day.
     async fn client_health(&self, id: String, now: Millis) -> Result<Option<Health>> {
-        self.read(move |c| super::lifecycle::client_health(c, id, now))
-            .await
+        self.read(move |c| {
+            let Some(mut h) = c
+                .query_row(
+                    "SELECT last_success_at, last_failure_at, last_error, failures_since_success \
+                     FROM clients WHERE id = ?1",
+                    [&id],
+                    |r| {
+                        Ok(Health {
+                            last_success_at: r.get(0)?,
+                            last_failure_at: r.get(1)?,
+                            last_error: r.get(2)?,
+                            consecutive_failures: r.get(3)?,
+                            ..Health::default()
+                        })
+                    },
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let window = c
+                .prepare_cached(&format!(
+                    "SELECT at, COALESCE({DELIVERED}, 0), duration_ms FROM attempts \
+                     WHERE client_id = ?1 AND at >= ?2"
+                ))?
+                .query_map(params![id, now - HEALTH_WINDOW_MS], |r| {
+                    Ok((r.get(0)?, r.get::<_, i64>(1)? != 0, r.get(2)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            h.set_window(&window, now);
+            (h.pending, h.failed) = c.query_row(
+                "SELECT (SELECT COUNT(*) FROM notifications WHERE client_id = ?1 AND status = 'pending'), \
+                 (SELECT COUNT(*) FROM notifications WHERE client_id = ?1 AND status = 'failed')",
+                [&id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            Ok(Some(h))
+        })
+        .await
     }
 
     async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
-        self.write(move |c| link(c, client_id, sensor_id, now))
-            .await
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            check_pair(&tx, &client_id, sensor_id)?;
+            tx.execute(
+                "INSERT INTO links (client_id, sensor_id, created_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT DO NOTHING",
+                params![client_id, sensor_id.to_string(), now],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        self.write(move |c| unlink(c, client_id, sensor_id)).await
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            check_pair(&tx, &client_id, sensor_id)?;
+            tx.execute(
+                "DELETE FROM links WHERE client_id = ?1 AND sensor_id = ?2",
+                params![client_id, sensor_id.to_string()],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn list_client_sensors(
@@ -503,8 +441,28 @@ impl Registry for SqliteStore {
         client_id: String,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| list_client_sensors(c, client_id, page))
-            .await
+        self.read(move |c| {
+            if !exists(c, "SELECT 1 FROM clients WHERE id = ?1", &client_id)? {
+                return Err(Error::NotFound("client"));
+            }
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM links l JOIN sensors s ON s.id = l.sensor_id \
+                     LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+                     WHERE l.client_id = ?1 AND s.id > ?2 ORDER BY s.id LIMIT ?3"
+                ))?
+                .query_map(
+                    params![
+                        client_id,
+                        page.after.clone().unwrap_or_default(),
+                        limit_plus_one(&page)
+                    ],
+                    |r| row::sensor_view(r),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+        })
+        .await
     }
 
     async fn list_sensor_clients(
@@ -513,7 +471,27 @@ impl Registry for SqliteStore {
         page: PageRequest,
     ) -> Result<Page<Client>> {
         let page = self
-            .read(move |c| list_sensor_clients(c, sensor_id, page))
+            .read(move |c| {
+                let sid = sensor_id.to_string();
+                if !exists(c, "SELECT 1 FROM sensors WHERE id = ?1", &sid)? {
+                    return Err(Error::NotFound("sensor"));
+                }
+                let rows = c
+                    .prepare_cached(&format!(
+                        "SELECT {CLIENT_COLS} FROM links l JOIN clients c ON c.id = l.client_id \
+                         WHERE l.sensor_id = ?1 AND c.id > ?2 ORDER BY c.id LIMIT ?3"
+                    ))?
+                    .query_map(
+                        params![
+                            sid,
+                            page.after.clone().unwrap_or_default(),
+                            limit_plus_one(&page)
+                        ],
+                        |r| row::client(r),
+                    )?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(Page::from_rows(rows, page.limit, |c| c.id.clone()))
+            })
             .await?;
         self.opened_page(page)
     }
@@ -524,6 +502,35 @@ impl Registry for SqliteStore {
         links: Vec<(String, SensorId)>,
         now: Millis,
     ) -> Result<()> {
-        self.write(move |c| import(c, sensors, links, now)).await
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut ins = tx.prepare_cached(
+                    "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
+                     site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+                )?;
+                for s in &sensors {
+                    ins.execute(params![
+                        s.id.to_string(),
+                        s.address,
+                        s.heartbeat_timeout_s,
+                        s.created_at,
+                        s.debounce_s,
+                        s.site_id
+                    ])?;
+                }
+                let mut link = tx.prepare_cached(
+                    "INSERT INTO links (client_id, sensor_id, created_at) \
+                     SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM clients WHERE id = ?1) \
+                     AND EXISTS (SELECT 1 FROM sensors WHERE id = ?2) ON CONFLICT DO NOTHING",
+                )?;
+                for (client, sensor) in &links {
+                    link.execute(params![client, sensor.to_string(), now])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
     }
 }

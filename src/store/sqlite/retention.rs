@@ -17,76 +17,24 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::super::retention::{HISTORY_STEP, OUTBOX_STEP, SENSORS_STEP, Scanned, outbox_step};
-use super::super::{Pruned, Result, Retention};
-use super::SqliteStore;
+use super::super::retention::{OUTBOX_STEP, Scanned};
+use super::super::{Pruned, Result};
 use crate::domain::Millis;
 
 /// Most readings moved from the journal into the archive before a round (the archiver's
 /// own batch).
-const JOURNAL_STEP: usize = 100_000;
-
-/// Deletes what `keep` says is too old, step by step.
-pub(super) async fn prune(store: &SqliteStore, keep: Retention) -> Result<Pruned> {
-    let mut pruned = Pruned::default();
-    if let Some(before) = keep.history_before {
-        // What waits in the journal joins the archive first (as the archiver would within
-        // a second), so this round sees every reading.
-        super::history::archive(store, JOURNAL_STEP).await?;
-        let mut after = String::new();
-        loop {
-            let from = after.clone();
-            let sensors = store
-                .read(move |c| old_history(c, &from, before, SENSORS_STEP))
-                .await?;
-            let Some(last) = sensors.last().cloned() else {
-                break;
-            };
-            let started = Instant::now();
-            let (step, unfinished) = store
-                .write(move |c| delete_history(c, &sensors, before, HISTORY_STEP))
-                .await?;
-            pruned.add(step);
-            // A sensor with more old rows than one step deletes is taken up again.
-            after = match unfinished {
-                Some(id) => before_id(&id),
-                None => last,
-            };
-            pace(started).await;
-        }
-    }
-    if let Some(before) = keep.notifications_before {
-        let mut after = i64::MIN;
-        loop {
-            let rows = store.read(move |c| scan_outbox(c, after)).await?;
-            let (doomed, next, done) = outbox_step(&rows, before, OUTBOX_STEP);
-            if !doomed.is_empty() {
-                let started = Instant::now();
-                let step = store
-                    .write(move |c| delete_notifications(c, &doomed, before))
-                    .await?;
-                pruned.add(step);
-                pace(started).await;
-            }
-            if done {
-                break;
-            }
-            after = next;
-        }
-    }
-    Ok(pruned)
-}
+pub(super) const JOURNAL_STEP: usize = 100_000;
 
 /// Waits as long as a step held the writer (at least a millisecond), so commits queued
 /// behind it go first.
-async fn pace(started: Instant) {
+pub(super) async fn pace(started: Instant) {
     tokio::time::sleep(started.elapsed().max(Duration::from_millis(1))).await;
 }
 
 /// The id just before `id` in the order sensors are listed, so a listing after it starts
 /// at `id` again. Sensor ids are ASCII letters and digits: the empty string sorts first,
 /// and `id` with its last character lowered by one (and `~`-padded) sorts right before it.
-fn before_id(id: &str) -> String {
+pub(super) fn before_id(id: &str) -> String {
     let mut bytes = id.as_bytes().to_vec();
     match bytes.pop() {
         Some(last) => {
@@ -100,7 +48,12 @@ fn before_id(id: &str) -> String {
 
 /// Up to `limit` sensors listed after `after` that have readings or events before
 /// `before`, in id order.
-fn old_history(c: &Connection, after: &str, before: Millis, limit: i64) -> Result<Vec<String>> {
+pub(super) fn old_history(
+    c: &Connection,
+    after: &str,
+    before: Millis,
+    limit: i64,
+) -> Result<Vec<String>> {
     Ok(c.prepare_cached(
         "SELECT s.id FROM sensors s WHERE s.id > ?1 AND (\
            EXISTS (SELECT 1 FROM readings_archive a WHERE a.sensor_id = s.id AND a.ts < ?2) \
@@ -114,7 +67,7 @@ fn old_history(c: &Connection, after: &str, before: Millis, limit: i64) -> Resul
 /// Deletes the readings and events of `sensors` before `before`, at most `budget` rows in
 /// all, in one transaction. Returns what it deleted and the sensor it stopped in, if the
 /// budget ran out before that sensor's old rows did.
-fn delete_history(
+pub(super) fn delete_history(
     c: &mut Connection,
     sensors: &[String],
     before: Millis,
@@ -168,7 +121,7 @@ fn delete_history(
 }
 
 /// The next notifications after `after`, in outbox order.
-fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
+pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
     Ok(c.prepare_cached(
         "SELECT seq, created_at, status = 'pending', updated_at FROM notifications \
          WHERE seq > ?1 ORDER BY seq LIMIT ?2",
@@ -186,7 +139,11 @@ fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
 
 /// Deletes the notifications `seqs` that are still finished and older than `before` (one
 /// may have been replayed since it was read), with their attempts.
-fn delete_notifications(c: &mut Connection, seqs: &[i64], before: Millis) -> Result<Pruned> {
+pub(super) fn delete_notifications(
+    c: &mut Connection,
+    seqs: &[i64],
+    before: Millis,
+) -> Result<Pruned> {
     let tx = c.transaction()?;
     let mut pruned = Pruned::default();
     {

@@ -35,17 +35,6 @@ pub(super) fn current(c: &Connection) -> Result<String> {
 /// When a key was recorded: SQLite's own time, a stamp for people (nothing decides by it).
 const SINCE: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-pub(super) fn set_sealing_key(c: &Connection, id: &str) -> Result<()> {
-    c.execute(
-        &format!(
-            "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, {SINCE}) \
-             ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since"
-        ),
-        params![id],
-    )?;
-    Ok(())
-}
-
 /// Records `id` unless a key is recorded; the key recorded after.
 pub(super) fn first_sealing_key(c: &Connection, id: &str) -> Result<String> {
     c.execute(
@@ -115,26 +104,6 @@ pub(super) fn reseal(c: &mut Connection, keys: &Keyring) -> Result<u64> {
     }
 }
 
-#[async_trait]
-impl Secrets for SqliteStore {
-    async fn sealing_key(&self) -> Result<Option<String>> {
-        self.read(sealing_key).await
-    }
-
-    async fn set_sealing_key(&self, id: String) -> Result<()> {
-        self.write(move |c| set_sealing_key(c, &id)).await
-    }
-
-    async fn first_sealing_key(&self, id: String) -> Result<String> {
-        self.write(move |c| first_sealing_key(c, &id)).await
-    }
-
-    async fn reseal(&self) -> Result<u64> {
-        let keys = self.keys();
-        self.write(move |c| reseal(c, &keys)).await
-    }
-}
-
 /// The data folder's database on a connection of its own, for `latch rotate-key` while a
 /// latch may be serving it (the running latch migrated it; one that is not is migrated
 /// here, as its start would).
@@ -166,22 +135,102 @@ impl Offline {
     }
 }
 
+/// Where the embedded store's [`Secrets`] run: a running store's reader and writer, or the
+/// connection of its own that `latch rotate-key` opens ([`Offline`]). Both implement the
+/// trait through this one implementation.
 #[async_trait]
-impl Secrets for Offline {
+trait OnConnection: Send + Sync {
+    /// The keys clients' secrets are sealed with.
+    fn keyring(&self) -> std::sync::Arc<Keyring>;
+
+    /// A read.
+    async fn reading<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static;
+
+    /// A write, at the store's durability.
+    async fn writing<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static;
+}
+
+#[async_trait]
+impl OnConnection for SqliteStore {
+    fn keyring(&self) -> std::sync::Arc<Keyring> {
+        self.keys()
+    }
+
+    async fn reading<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.read(f).await
+    }
+
+    async fn writing<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        self.write(f).await
+    }
+}
+
+#[async_trait]
+impl OnConnection for Offline {
+    fn keyring(&self) -> std::sync::Arc<Keyring> {
+        self.keys.clone()
+    }
+
+    async fn reading<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.with(|c| f(c))
+    }
+
+    async fn writing<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        self.with(f)
+    }
+}
+
+/// The helpers these call are shared with the store's opening, which readies its keys on
+/// the writer before there is a store (`prepare_keys`).
+#[async_trait]
+impl<S: OnConnection> Secrets for S {
     async fn sealing_key(&self) -> Result<Option<String>> {
-        self.with(|c| sealing_key(c))
+        self.reading(sealing_key).await
     }
 
     async fn set_sealing_key(&self, id: String) -> Result<()> {
-        self.with(|c| set_sealing_key(c, &id))
+        self.writing(move |c| {
+            c.execute(
+                &format!(
+                    "INSERT INTO secret_key (id, current, since) VALUES (1, ?1, {SINCE}) \
+                     ON CONFLICT (id) DO UPDATE SET current = excluded.current, since = excluded.since"
+                ),
+                params![id],
+            )?;
+            Ok(())
+        })
+        .await
     }
 
     async fn first_sealing_key(&self, id: String) -> Result<String> {
-        self.with(|c| first_sealing_key(c, &id))
+        self.writing(move |c| first_sealing_key(c, &id)).await
     }
 
     async fn reseal(&self) -> Result<u64> {
-        self.with(|c| reseal(c, &self.keys))
+        let keys = self.keyring();
+        self.writing(move |c| reseal(c, &keys)).await
     }
 }
 

@@ -262,21 +262,6 @@ fn delivered_batches_leave_nothing_behind() {
     assert!(h.core.batching.is_idle());
 }
 
-/// The notification `id` of lane (client 0, `sensor`) as a sweep brings it back once its
-/// partition is served here again, due at `due`.
-fn back(id: &str, sensor_n: usize, seq: i64, due: Millis) -> NotificationRef {
-    NotificationRef {
-        id: id.to_string(),
-        seq,
-        client_id: "client0".into(),
-        sensor_id: sensor(sensor_n),
-        kind: EventKind::StateChanged,
-        due_at: due,
-        attempts: 0,
-        batch_id: None,
-    }
-}
-
 #[test]
 fn a_lane_that_leaves_while_it_gathers_and_comes_back_goes_once_in_its_batch() {
     // A rolling restart: sensor 0's partition leaves while its head gathers for a batch,

@@ -6,14 +6,8 @@ use super::*;
 /// A notification another node's sweep would bring: `seq` of lane (client0, sensor 0).
 fn swept(seq: i64, kind: EventKind, now: Millis) -> NotificationRef {
     NotificationRef {
-        id: ulid::Ulid::new().to_string(),
-        seq,
-        client_id: "client0".into(),
-        sensor_id: sensor(0),
         kind,
-        due_at: now,
-        attempts: 0,
-        batch_id: None,
+        ..back(&ulid::Ulid::new().to_string(), 0, seq, now)
     }
 }
 
@@ -244,16 +238,7 @@ fn an_older_state_queued_behind_a_head_in_flight_does_not_supersede_it() {
     let out = h.admit();
     assert_eq!(out.len(), 1);
     // An older failed state of the lane is replayed while the head is out.
-    let older = NotificationRef {
-        id: "older".into(),
-        seq: 1,
-        client_id: "client0".into(),
-        sensor_id: sensor(0),
-        kind: EventKind::StateChanged,
-        due_at: h.now,
-        attempts: 0,
-        batch_id: None,
-    };
+    let older = back("older", 0, 1, h.now);
     let outcomes = h.core.add(vec![older], h.now);
     h.written(outcomes);
     h.finish(out[0].clone(), answer(500, h.now));
@@ -272,16 +257,7 @@ fn on_a_shared_store_a_head_waits_for_what_it_superseded_to_be_written() {
     h.finish(out[0].clone(), answer(500, h.now));
     // A newer state supersedes the waiting retry; its outcome is not written yet.
     h.seq += 1;
-    let newer = NotificationRef {
-        id: "newer".into(),
-        seq: h.seq,
-        client_id: "client0".into(),
-        sensor_id: sensor(0),
-        kind: EventKind::StateChanged,
-        due_at: h.now,
-        attempts: 0,
-        batch_id: None,
-    };
+    let newer = back("newer", 0, h.seq, h.now);
     let unwritten = h.core.add(vec![newer], h.now);
     assert_eq!(unwritten.len(), 1);
     assert_eq!(unwritten[0].notification_id, older);
