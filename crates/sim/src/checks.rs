@@ -204,7 +204,7 @@ pub fn at_end(
                 );
             }
         }
-        sites_and_silences(world, t, start);
+        sites_and_silences(world, t, log, start);
         liveness(world, t, log, bounds, start, now);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
@@ -222,7 +222,7 @@ pub fn at_end(
 /// lost then restored, per client; each names only the site's sensors; and while a site
 /// event has told a client that a sensor is lost, that client gets no loss of it of its
 /// own.
-fn sites_and_silences(world: &World, t: &crate::model::Tables, start: Millis) {
+fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start: Millis) {
     let trails: Vec<&crate::model::Trail> = t.audit.trails().collect();
     let site_of = |s: SensorId| t.sensors.get(&s).and_then(|x| x.site_id.clone());
     for tr in trails.iter().filter(|tr| tr.status == Status::Silenced) {
@@ -280,7 +280,13 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, start: Millis) {
         let mut told: Option<(Millis, Vec<SensorId>)> = None;
         for (i, tr) in events.iter().enumerate() {
             let lost = tr.kind == EventKind::SiteConnectionLost;
-            if lost == told.is_some() || (i == 0 && !lost) {
+            // Unlinked from a sensor the loss named: its return may rightly not come.
+            let unlinked = told.as_ref().is_some_and(|(from, sensors)| {
+                log.unlinked.iter().any(|(c, s, at)| {
+                    c == client && sensors.contains(s) && at > from && *at <= tr.created_at
+                })
+            });
+            if (lost == told.is_some() && !unlinked) || (i == 0 && !lost) {
                 world.violate(
                     "a site's events alternate, lost then restored, per client",
                     format!(

@@ -32,4 +32,7 @@ pub struct Log {
     /// Lives of processes that were killed or frozen after they answered: their
     /// outcomes may be lost or come too late.
     pub unsure_lives: BTreeSet<String>,
+    /// Links removed: client, sensor, when (a site's return goes only to a client still
+    /// linked to what its loss named).
+    pub unlinked: Vec<(String, SensorId, Millis)>,
 }

@@ -335,7 +335,13 @@ impl Workload {
                 c.links.entry(sensor).or_insert(now);
             }
             false => {
-                c.links.remove(&sensor);
+                if c.links.remove(&sensor).is_some() {
+                    self.log
+                        .lock()
+                        .unwrap()
+                        .unlinked
+                        .push((c.id.clone(), sensor, now));
+                }
             }
         }
     }
