@@ -297,10 +297,9 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                     vec![tr.id.clone()],
                 );
             }
-            let named: Vec<SensorId> = t
-                .notifications
-                .get(&tr.seq)
-                .and_then(|r| r.notification.body.clone())
+            let named: Vec<SensorId> = tr
+                .body
+                .clone()
                 .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
                 .map(|b| {
                     ["sensors", "restored", "still_lost"]

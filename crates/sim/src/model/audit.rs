@@ -48,6 +48,8 @@ pub struct Trail {
     pub sensor_id: SensorId,
     pub kind: EventKind,
     pub data: Option<bool>,
+    /// A site's notification's own fields, as made (retention may delete the row).
+    pub body: Option<String>,
     pub created_at: Millis,
     /// The node whose commit made it.
     pub created_by: Arc<str>,
@@ -129,6 +131,7 @@ impl Audit {
                 sensor_id: n.sensor_id,
                 kind: n.kind,
                 data: n.data,
+                body: n.body.clone(),
                 created_at: n.created_at,
                 created_by: cx.node.clone(),
                 status: n.status,
