@@ -124,106 +124,32 @@ pub fn decide(
         ..SiteCounts::default()
     };
     let down_now = down(counts, rules.ratio, rules.min_sensors);
-    let member = |id: &SensorId| members.iter().find(|m| m.id == *id);
-    let mut made = Vec::new();
-    let mut release: Vec<(&Linked, Vec<SensorId>)> = Vec::new();
+    let mut out = Out {
+        site,
+        members,
+        now,
+        made: Vec::new(),
+        release: Vec::new(),
+    };
     let next = match (state.down, down_now) {
-        // Down: its lost sensors are told by the site's event, to each client that wants
-        // it; the rest of what was held goes out as the sensors' own.
-        (false, true) => {
-            let mut told_clients = Vec::new();
-            let told: Vec<SensorId> = members.iter().filter(|m| lost(m)).map(|m| m.id).collect();
-            for c in clients {
-                let mine: Vec<SensorId> = c
-                    .sensors
-                    .iter()
-                    .filter(|s| told.contains(s))
-                    .copied()
-                    .collect();
-                if mine.is_empty() || !wants(&c.events, EventKind::SiteConnectionLost) {
-                    release.push((c, c.sensors.clone()));
-                    continue;
-                }
-                let sensors: Vec<_> = mine
-                    .iter()
-                    .filter_map(member)
-                    .map(|m| {
-                        json!({"id": m.id.to_string(), "address": m.address,
-                               "data": m.data.map(u8::from),
-                               "last_seen_at": m.last_seen_at.map(time::format)})
-                    })
-                    .collect();
-                let body = json!({"site": site_json(site), "sensors": sensors,
-                                  "sensors_total": c.sensors.len()});
-                made.push(site_made(
-                    c,
-                    EventKind::SiteConnectionLost,
-                    mine[0],
-                    body,
-                    now,
-                ));
-                told_clients.push(c.client_id.clone());
-                let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
-                release.push((c, others.collect()));
-            }
-            SiteState {
-                down: true,
-                since: Some(now),
-                pending_since: None,
-                told,
-                told_clients,
-            }
-        }
+        (false, true) => out.went_down(clients),
         // The grace ran out and the site stays up: every held event goes out.
         (false, false) => {
-            release.extend(clients.iter().map(|c| (c, c.sensors.clone())));
+            out.release
+                .extend(clients.iter().map(|c| (c, c.sensors.clone())));
             SiteState {
                 pending_since: None,
                 ..state.clone()
             }
         }
         (true, true) => return None,
-        // Back up: the sensors told of are listed back or still lost, to each client the
-        // site's loss told; held events of the rest go out as the sensors' own.
-        (true, false) => {
-            for c in clients {
-                let mine: Vec<SensorId> = c
-                    .sensors
-                    .iter()
-                    .filter(|s| state.told.contains(s))
-                    .copied()
-                    .collect();
-                let told_by_site = !mine.is_empty() && state.told_clients.contains(&c.client_id);
-                if !told_by_site || !wants(&c.events, EventKind::SiteConnectionRestored) {
-                    release.push((c, c.sensors.clone()));
-                    continue;
-                }
-                let (back, still): (Vec<&Member>, Vec<&Member>) = mine
-                    .iter()
-                    .filter_map(member)
-                    .partition(|m| m.connection == Connection::Online);
-                let body = json!({"site": site_json(site),
-                    "restored": back.iter().map(|m| json!({"id": m.id.to_string(), "data": m.data.map(u8::from)})).collect::<Vec<_>>(),
-                    "still_lost": still.iter().map(|m| json!({"id": m.id.to_string(), "last_seen_at": m.last_seen_at.map(time::format)})).collect::<Vec<_>>()});
-                made.push(site_made(
-                    c,
-                    EventKind::SiteConnectionRestored,
-                    mine[0],
-                    body,
-                    now,
-                ));
-                let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
-                release.push((c, others.collect()));
-            }
-            SiteState {
-                down: false,
-                since: Some(now),
-                pending_since: None,
-                told: Vec::new(),
-                told_clients: Vec::new(),
-            }
-        }
+        (true, false) => out.came_back(state, clients),
     };
+    let Out {
+        mut made,
+        mut release,
+        ..
+    } = out;
     // Held events in the order they were held, each to its clients in id order.
     release.sort_by(|a, b| a.0.client_id.cmp(&b.0.client_id));
     for e in held {
@@ -238,6 +164,112 @@ pub fn decide(
         }
     }
     Some(Decision { state: next, made })
+}
+
+/// What a decision makes as it goes: the site's notifications, and per client the sensors
+/// whose held events go out as their own.
+struct Out<'a> {
+    site: &'a Site,
+    members: &'a [Member],
+    now: Millis,
+    made: Vec<Made>,
+    release: Vec<(&'a Linked, Vec<SensorId>)>,
+}
+
+impl<'a> Out<'a> {
+    fn member(&self, id: &SensorId) -> Option<&'a Member> {
+        self.members.iter().find(|m| m.id == *id)
+    }
+
+    /// Down: its lost sensors are told by the site's event, to each client that wants it;
+    /// the rest of what was held goes out as the sensors' own.
+    fn went_down(&mut self, clients: &'a [Linked]) -> SiteState {
+        let mut told_clients = Vec::new();
+        let told: Vec<SensorId> = self
+            .members
+            .iter()
+            .filter(|m| m.connection == Connection::Lost)
+            .map(|m| m.id)
+            .collect();
+        for c in clients {
+            let mine: Vec<SensorId> = c
+                .sensors
+                .iter()
+                .filter(|s| told.contains(s))
+                .copied()
+                .collect();
+            if mine.is_empty() || !wants(&c.events, EventKind::SiteConnectionLost) {
+                self.release.push((c, c.sensors.clone()));
+                continue;
+            }
+            let sensors: Vec<_> = mine
+                .iter()
+                .filter_map(|s| self.member(s))
+                .map(|m| {
+                    json!({"id": m.id.to_string(), "address": m.address,
+                           "data": m.data.map(u8::from),
+                           "last_seen_at": m.last_seen_at.map(time::format)})
+                })
+                .collect();
+            let body = json!({"site": site_json(self.site), "sensors": sensors,
+                              "sensors_total": c.sensors.len()});
+            let kind = EventKind::SiteConnectionLost;
+            self.made.push(site_made(c, kind, mine[0], body, self.now));
+            told_clients.push(c.client_id.clone());
+            let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
+            self.release.push((c, others.collect()));
+        }
+        SiteState {
+            down: true,
+            since: Some(self.now),
+            pending_since: None,
+            told,
+            told_clients,
+        }
+    }
+
+    /// Back up: the sensors told of are listed back or still lost, to each client the
+    /// site's loss went to; held events of the rest go out as the sensors' own.
+    fn came_back(&mut self, state: &SiteState, clients: &'a [Linked]) -> SiteState {
+        for c in clients {
+            let mine: Vec<SensorId> = c
+                .sensors
+                .iter()
+                .filter(|s| state.told.contains(s))
+                .copied()
+                .collect();
+            let told_by_site = !mine.is_empty() && state.told_clients.contains(&c.client_id);
+            if !told_by_site || !wants(&c.events, EventKind::SiteConnectionRestored) {
+                self.release.push((c, c.sensors.clone()));
+                continue;
+            }
+            let (back, still): (Vec<&Member>, Vec<&Member>) = mine
+                .iter()
+                .filter_map(|s| self.member(s))
+                .partition(|m| m.connection == Connection::Online);
+            let restored: Vec<_> = back
+                .iter()
+                .map(|m| json!({"id": m.id.to_string(), "data": m.data.map(u8::from)}))
+                .collect();
+            let still_lost: Vec<_> = still
+                .iter()
+                .map(|m| json!({"id": m.id.to_string(), "last_seen_at": m.last_seen_at.map(time::format)}))
+                .collect();
+            let body = json!({"site": site_json(self.site), "restored": restored,
+                              "still_lost": still_lost});
+            let kind = EventKind::SiteConnectionRestored;
+            self.made.push(site_made(c, kind, mine[0], body, self.now));
+            let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
+            self.release.push((c, others.collect()));
+        }
+        SiteState {
+            down: false,
+            since: Some(self.now),
+            pending_since: None,
+            told: Vec::new(),
+            told_clients: Vec::new(),
+        }
+    }
 }
 
 fn site_json(site: &Site) -> serde_json::Value {
