@@ -317,7 +317,9 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                 );
             }
             told = lost.then_some((tr.created_at, named));
-            if let Some((from, sensors)) = &told {
+            // A silenced loss told nothing: its silence's end brings the client up to date
+            // sensor by sensor.
+            if let Some((from, sensors)) = told.as_ref().filter(|_| tr.status != Status::Silenced) {
                 let until = events.get(i + 1).map_or(Millis::MAX, |n| n.created_at);
                 for own in trails.iter().filter(|o| {
                     o.client_id == *client
