@@ -150,6 +150,15 @@ impl View {
     }
 }
 
+/// A view corrected by the client's site: while the sensor's site is down and its loss
+/// told this client of the sensor (`told`), the client knows the sensor is lost.
+pub fn told_by_site(view: View, told: bool) -> View {
+    match told {
+        true => View { lost: true, ..view },
+        false => view,
+    }
+}
+
 /// The one notification that brings a client whose view is `view` up to date with a
 /// sensor now `connection` with `data`; `None` when its view is right already.
 pub fn reconcile(

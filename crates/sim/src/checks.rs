@@ -321,12 +321,24 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
             // sensor by sensor.
             if let Some((from, sensors)) = told.as_ref().filter(|_| tr.status != Status::Silenced) {
                 let until = events.get(i + 1).map_or(Millis::MAX, |n| n.created_at);
+                // Once told of the sensor's own return (a client that takes no site
+                // returns), a new loss of it is its own.
+                let back_before = |o: &crate::model::Trail| {
+                    trails.iter().any(|r| {
+                        r.client_id == *client
+                            && r.sensor_id == o.sensor_id
+                            && r.kind == EventKind::ConnectionRestored
+                            && r.seq > tr.seq
+                            && r.seq < o.seq
+                    })
+                };
                 for own in trails.iter().filter(|o| {
                     o.client_id == *client
                         && o.kind == EventKind::ConnectionLost
                         && sensors.contains(&o.sensor_id)
                         && o.created_at > *from
                         && o.created_at < until
+                        && !back_before(o)
                 }) {
                     world.violate(
                         "a sensor a site's event told of gets no loss of its own meanwhile",

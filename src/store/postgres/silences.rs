@@ -117,6 +117,16 @@ async fn bring_up_to_date(
     let Some(view) = view(tx, client, sensor).await? else {
         return Ok(None);
     };
+    let told: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+             WHERE s.id = $2 AND si.down AND strpos(si.told, ',' || s.id || ',') > 0 \
+             AND strpos(si.told_clients, ',' || $1 || ',') > 0)",
+            &[&client, &sensor],
+        )
+        .await?
+        .get(0);
+    let view = silence::told_by_site(view, told);
     let Some(state) = tx
         .query_opt(
             "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \

@@ -132,6 +132,14 @@ fn bring_up_to_date(
     let Some(view) = view(tx, client, sensor)? else {
         return Ok(None);
     };
+    let told: bool = tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+             WHERE s.id = ?2 AND si.down AND instr(si.told, ',' || s.id || ',') > 0 \
+             AND instr(si.told_clients, ',' || ?1 || ',') > 0)",
+        )?
+        .query_row(params![client, sensor], |r| r.get(0))?;
+    let view = silence::told_by_site(view, told);
     let state = tx
         .prepare_cached(
             "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \

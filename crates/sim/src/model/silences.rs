@@ -302,7 +302,15 @@ impl Tables {
         sensor: SensorId,
         now: Millis,
     ) -> Option<NotificationRef> {
-        let view = self.view(client, sensor)?;
+        let told = self
+            .sensors
+            .get(&sensor)
+            .and_then(|s| s.site_id.as_ref())
+            .and_then(|site| self.site_states.get(site))
+            .is_some_and(|st| {
+                st.down && st.told.contains(&sensor) && st.told_clients.iter().any(|c| c == client)
+            });
+        let view = silence::told_by_site(self.view(client, sensor)?, told);
         if !self.linked(client, sensor) {
             return None;
         }
