@@ -2,18 +2,20 @@
 //!
 //! SQLite allows one writer at a time, so writes share one connection behind a mutex and
 //! the engine makes them count by committing whole batches in one transaction. Readers get
-//! their own connections: in WAL mode they never block the writer nor wait for it. All
-//! calls run on Tokio's blocking pool, since rusqlite is synchronous.
+//! their own connections: in WAL mode they never block the writer nor wait for it.
+//! rusqlite is synchronous, so every call runs on a thread of the store's own ([`Threads`]):
+//! one for the writer, one for the archive's writer, one for each reader.
 //!
 //! This file opens the database and says, for each call, whether it reads or writes; the SQL
 //! is in the module of its concern (`registry`, `commit`, `outbox`, `history`,
 //! `lifecycle`), as plain
 //! functions over a connection, with the column lists and row mappers of `store::rows`.
 
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -103,10 +105,13 @@ struct Inner {
     _lock: std::fs::File,
     /// Shared with the checkpointer, which holds it for a checkpoint's last pass.
     writer: Arc<Mutex<Writer>>,
+    /// The thread the writer's calls run on.
+    writing: Threads,
+    /// Reader `i` is used by the `i`th thread of `reading` only.
     readers: Vec<Mutex<Connection>>,
-    /// The writer of `archive.db`, when the archive is there ([`archive`]).
-    archiver: Option<Mutex<Connection>>,
-    next_reader: AtomicUsize,
+    reading: Threads,
+    /// The writer of `archive.db` and its thread, when the archive is there ([`archive`]).
+    archiver: Option<(Mutex<Connection>, Threads)>,
     /// Whether the disk was full at the last write.
     space: Space,
     /// The data folder, whose file system readiness looks at while the disk is full.
@@ -267,7 +272,7 @@ impl SqliteStore {
             archive::Layout::OwnFile => {
                 let c = attach(open_conn(&path, sync)?)?;
                 c.pragma_update(Some("archive"), "synchronous", "FULL")?;
-                Some(Mutex::new(c))
+                Some((Mutex::new(c), Threads::start("latch-store-archive", 1)?))
             }
             archive::Layout::InMain => None,
         };
@@ -283,9 +288,10 @@ impl SqliteStore {
                 checkpointer,
                 _lock: lock,
                 writer,
+                writing: Threads::start("latch-store-writer", 1)?,
                 readers,
+                reading: Threads::start("latch-store-reader", READERS)?,
                 archiver,
-                next_reader: AtomicUsize::new(0),
                 space: Space::default(),
                 dir: dir.to_path_buf(),
                 keys,
@@ -342,18 +348,20 @@ impl SqliteStore {
     {
         let inner = self.inner.clone();
         let asked = Instant::now();
-        tokio::task::spawn_blocking(move || {
-            let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            families::STORE_WRITER_WAIT_SECONDS
-                .histogram()
-                .record(asked.elapsed().as_secs_f64());
-            let result = f(&mut w);
-            inner.space.note(&result);
-            inner.checkpointer.after_write(&w.conn);
-            result
-        })
-        .await
-        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+        self.inner
+            .writing
+            .run(move |_| {
+                // The checkpointer holds it too, for a checkpoint's last pass.
+                let mut w = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+                families::STORE_WRITER_WAIT_SECONDS
+                    .histogram()
+                    .record(asked.elapsed().as_secs_f64());
+                let result = f(&mut w);
+                inner.space.note(&result);
+                inner.checkpointer.after_write(&w.conn);
+                result
+            })
+            .await
     }
 
     /// A write to the archive: on its own writer, durable whatever the store's level, when
@@ -364,19 +372,19 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        if self.inner.archiver.is_none() {
+        let Some((_, archiving)) = &self.inner.archiver else {
             return self.write_relaxed(f).await;
-        }
+        };
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let archiver = inner.archiver.as_ref().expect("checked above");
-            let mut c = archiver.lock().unwrap_or_else(|p| p.into_inner());
-            let result = f(&mut c);
-            inner.space.note(&result);
-            result
-        })
-        .await
-        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+        archiving
+            .run(move |_| {
+                let (archiver, _) = inner.archiver.as_ref().expect("checked above");
+                let mut c = archiver.lock().unwrap_or_else(|p| p.into_inner());
+                let result = f(&mut c);
+                inner.space.note(&result);
+                result
+            })
+            .await
     }
 
     async fn read<T, F>(&self, f: F) -> Result<T>
@@ -385,13 +393,78 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
-            let conn = inner.readers[i].lock().unwrap_or_else(|p| p.into_inner());
-            f(&conn)
-        })
-        .await
-        .map_err(|e| Error::Backend(format!("store task failed: {e}")))?
+        self.inner
+            .reading
+            .run(move |i| {
+                let conn = inner.readers[i].lock().unwrap_or_else(|p| p.into_inner());
+                f(&conn)
+            })
+            .await
+    }
+}
+
+/// A call to run on one of a [`Threads`], given the index of the thread that runs it.
+type Job = Box<dyn FnOnce(usize) + Send>;
+
+/// A fixed set of threads that run the store's calls, in the order asked, each call on the
+/// first thread free.
+///
+/// Not Tokio's blocking pool: a call waiting there for a connection held by another holds
+/// a thread of the pool, so the pool grew with the calls waiting at the busiest moment, and
+/// its threads ended after 10 s idle and started again under the next burst. Each new
+/// thread takes allocator pages of its own, and the process's memory grew with them over a
+/// million deliveries (`latch bench soak`, BENCHMARKS.md). Here a call waits in a queue,
+/// not on a thread, and the threads are the connections' count and live as long as the
+/// store. The pool stays for what else blocks (DNS lookups), and neither waits for the
+/// other.
+struct Threads {
+    /// Dropped with the store: each thread then finds the queue closed and ends.
+    queue: mpsc::Sender<Job>,
+}
+
+impl Threads {
+    fn start(name: &str, n: usize) -> std::io::Result<Self> {
+        let (queue, jobs) = mpsc::channel::<Job>();
+        let jobs = Arc::new(Mutex::new(jobs));
+        for i in 0..n {
+            let jobs = jobs.clone();
+            let name = if n == 1 {
+                name.to_string()
+            } else {
+                format!("{name}-{i}")
+            };
+            std::thread::Builder::new().name(name).spawn(move || {
+                loop {
+                    // Held only to take the next call: the others wait for the queue here.
+                    let next = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(job) = next else { return };
+                    job(i);
+                }
+            })?;
+        }
+        Ok(Self { queue })
+    }
+
+    /// Runs `f` on one of the threads. A panic in it is this call's error; the thread goes
+    /// on with the next call.
+    async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(usize) -> Result<T> + Send + 'static,
+    {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |i| {
+            let _ = done.send(std::panic::catch_unwind(AssertUnwindSafe(|| f(i))));
+        });
+        let failed = |why: &str| Error::Backend(format!("store task failed: {why}"));
+        self.queue
+            .send(job)
+            .map_err(|_| failed("its thread is gone"))?;
+        match result.await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(failed("it panicked")),
+            Err(_) => Err(failed("its thread is gone")),
+        }
     }
 }
 
