@@ -168,8 +168,9 @@ pub(super) async fn decide_sites(
     let due = tx
         .query(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told, told_clients FROM sites WHERE down OR pending_since <= $1 \
-             ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED",
+             pending_since, told, told_clients FROM sites WHERE pending_since <= $1 \
+             OR (down AND EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = sites.id)) \
+             ORDER BY pending_since IS NULL, id LIMIT 500 FOR UPDATE SKIP LOCKED",
             &[&(now - rules.grace)],
         )
         .await?;

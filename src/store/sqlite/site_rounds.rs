@@ -155,7 +155,9 @@ pub(super) fn decide_sites(
         .prepare_cached(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
              pending_since, told, told_clients FROM sites \
-             WHERE down OR pending_since <= ?1 ORDER BY id LIMIT 500",
+             WHERE pending_since <= ?1 OR (down AND EXISTS \
+             (SELECT 1 FROM site_held h WHERE h.site_id = sites.id)) \
+             ORDER BY pending_since IS NULL, id LIMIT 500",
         )?
         .query_map([now - rules.grace], |r| {
             let gateway: Option<String> = r.get(3)?;

@@ -73,16 +73,19 @@ impl Tables {
     }
 
     fn decide_sites(&mut self, cx: &Cx, rules: Rules, now: Millis) -> Vec<NotificationRef> {
-        let due: Vec<String> = self
+        // As the backends: those whose grace ran out first, then down ones with held events.
+        let mut due: Vec<(bool, String)> = self
             .sites
             .keys()
-            .filter(|id| {
-                let st = self.site_states.get(*id).cloned().unwrap_or_default();
-                st.down || st.pending_since.is_some_and(|p| p <= now - rules.grace)
+            .filter_map(|id| {
+                let st = self.site_states.get(id).cloned().unwrap_or_default();
+                let held = self.site_held.values().any(|(s, _)| s == id);
+                let pending = st.pending_since.is_some_and(|p| p <= now - rules.grace);
+                ((st.down && held) || pending).then(|| (st.pending_since.is_none(), id.clone()))
             })
-            .take(500)
-            .cloned()
             .collect();
+        due.sort();
+        let due: Vec<String> = due.into_iter().take(500).map(|(_, id)| id).collect();
         let mut made = Vec::new();
         for id in due {
             made.extend(self.decide_site(cx, &id, rules, now));
