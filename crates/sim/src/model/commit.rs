@@ -212,7 +212,7 @@ impl Tables {
     }
 
     /// Sensors created, changed or deleted after change `after`, each with its state now
-    /// (`None`: deleted), and the newest change (`registry::registry_changes`).
+    /// (`None`: deleted), and the newest change (`ClusterStore::registry_changes` in `postgres/cluster.rs`).
     pub(super) fn registry_changes(
         &self,
         after: i64,

@@ -373,7 +373,7 @@ impl Tables {
     }
 
     /// The client health a backend builds from its summary and the attempts of the last
-    /// hour (`lifecycle::client_health`).
+    /// hour (`Registry::client_health` in both backends' `registry.rs`).
     pub(crate) fn health(&self, id: &str, now: Millis) -> Option<Health> {
         let row = self.clients.get(id)?;
         let mut h = Health {
