@@ -158,6 +158,11 @@ pub(super) async fn hold_for_sites(
     Ok(skipped)
 }
 
+/// The sites a round decides (`$1`: the time a grace that ran out began before): those
+/// whose grace ran out, and those down with events held for them.
+pub(super) const DUE: &str = "pending_since <= $1 OR (down AND EXISTS \
+     (SELECT 1 FROM site_held h WHERE h.site_id = sites.id))";
+
 /// Decides every due site this node can take (others' rounds hold the rest); answers the
 /// notifications made.
 pub(super) async fn decide_sites(
@@ -167,10 +172,11 @@ pub(super) async fn decide_sites(
 ) -> Result<Vec<NotificationRef>> {
     let due = tx
         .query(
-            "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told, told_clients FROM sites WHERE pending_since <= $1 \
-             OR (down AND EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = sites.id)) \
-             ORDER BY pending_since IS NULL, id LIMIT 500 FOR UPDATE SKIP LOCKED",
+            &format!(
+                "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, \
+                 since, pending_since, told, told_clients FROM sites WHERE {DUE} \
+                 ORDER BY pending_since IS NULL, id LIMIT 500 FOR UPDATE SKIP LOCKED"
+            ),
             &[&(now - rules.grace)],
         )
         .await?;

@@ -145,6 +145,11 @@ pub(super) fn hold_for_sites(
     Ok(skipped)
 }
 
+/// The sites a round decides (`?1`: the time a grace that ran out began before): those
+/// whose grace ran out, and those down with events held for them.
+pub(super) const DUE: &str = "pending_since <= ?1 OR (down AND EXISTS \
+     (SELECT 1 FROM site_held h WHERE h.site_id = sites.id))";
+
 /// Decides every due site in one transaction; answers the notifications made.
 pub(super) fn decide_sites(
     tx: &Transaction,
@@ -152,13 +157,11 @@ pub(super) fn decide_sites(
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
     let due = tx
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told, told_clients FROM sites \
-             WHERE pending_since <= ?1 OR (down AND EXISTS \
-             (SELECT 1 FROM site_held h WHERE h.site_id = sites.id)) \
-             ORDER BY pending_since IS NULL, id LIMIT 500",
-        )?
+             pending_since, told, told_clients FROM sites WHERE {DUE} \
+             ORDER BY pending_since IS NULL, id LIMIT 500"
+        ))?
         .query_map([now - rules.grace], |r| {
             let gateway: Option<String> = r.get(3)?;
             Ok((
