@@ -9,9 +9,8 @@ use tokio_postgres::Row;
 use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
 use super::PgStore;
 use super::db::{Sql, Tx};
-use crate::domain::notification::new_notification_id;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
-use crate::domain::{Connection as Conn, EventKind, Millis, SensorId};
+use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
 
 const SILENCE_COLS: &str = "id, site_id, sensor_ids, client_id, types, starts_at, ends_at, \
      comment, created_at, updated_at, reconciled_at";
@@ -152,40 +151,19 @@ async fn bring_up_to_date(
     {
         return Ok(None);
     }
-    let id = new_notification_id();
-    let last_seen_at: Option<Millis> = state.get(2);
-    let row = tx
-        .query_one(
-            "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
-             previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, \
-             $7, $7, $7) RETURNING seq, sensor_id, client_id), \
-             listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
-             SELECT seq, sensor_id, client_id FROM ins) \
-             SELECT seq FROM ins",
-            &[
-                &id,
-                &client,
-                &sensor,
-                &kind.as_str(),
-                &data,
-                &previous,
-                &now,
-                &last_seen_at,
-            ],
-        )
-        .await?;
-    Ok(Some(NotificationRef {
-        id,
-        seq: row.get(0),
-        client_id: client.to_string(),
+    let e = Event {
         sensor_id: SensorId::parse(sensor)
             .map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?,
         kind,
-        due_at: now,
-        attempts: 0,
-        batch_id: None,
-    }))
+        at: now,
+        data,
+        previous,
+        last_seen_at: state.get(2),
+        detail: Detail::default(),
+    };
+    super::site_rounds::insert_one(tx, client, &e, None, now)
+        .await
+        .map(Some)
 }
 
 /// What `client` knows of `sensor`: its newest notification delivered or waiting to be,

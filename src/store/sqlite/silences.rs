@@ -8,9 +8,8 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::super::{NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
 use super::SqliteStore;
-use crate::domain::notification::new_notification_id;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
-use crate::domain::{Connection as Conn, EventKind, Millis, SensorId};
+use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
 
 const SILENCE_COLS: &str = "id, site_id, sensor_ids, client_id, types, starts_at, ends_at, \
      comment, created_at, updated_at, reconciled_at";
@@ -171,38 +170,18 @@ fn bring_up_to_date(
     {
         return Ok(None);
     }
-    let id = new_notification_id();
-    let seq: i64 = tx
-        .prepare_cached(
-            "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
-             occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, \
-             updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?7, ?7, ?7) \
-             RETURNING seq",
-        )?
-        .query_row(
-            params![
-                id,
-                client,
-                sensor,
-                kind.as_str(),
-                data,
-                previous,
-                now,
-                last_seen_at
-            ],
-            |r| r.get(0),
-        )?;
-    Ok(Some(NotificationRef {
-        id,
-        seq,
-        client_id: client.to_string(),
-        sensor_id: SensorId::parse(sensor)
-            .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?,
+    let sensor_id = SensorId::parse(sensor)
+        .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?;
+    let e = Event {
+        sensor_id,
         kind,
-        due_at: now,
-        attempts: 0,
-        batch_id: None,
-    }))
+        at: now,
+        data,
+        previous,
+        last_seen_at,
+        detail: Detail::default(),
+    };
+    super::site_rounds::insert_one(tx, client, &e, None, now).map(Some)
 }
 
 /// What `client` knows of `sensor`: its newest notification delivered or waiting to be,

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 
 use latch::domain::client::wants;
 use latch::domain::policy::{self, Queued};
-use latch::domain::{EventKind, Millis, Notification, NotificationRef, SensorId, Status};
+use latch::domain::{EventKind, Millis, NotificationRef, SensorId, Status};
 use latch::store::{CommitBatch, Error, Fence, Result, Runtime, SensorRuntime, StateUpdate};
 
 use super::node::NodeStore;
@@ -138,36 +138,12 @@ impl Tables {
                 .collect();
             let mut first = true;
             for client_id in clients {
-                self.next.seq += 1;
-                let seq = self.next.seq;
-                let n = Notification {
-                    id: self.new_notification_id(cx.now),
-                    seq,
-                    client_id,
-                    sensor_id: e.sensor_id,
-                    kind: e.kind,
-                    data: e.data,
-                    previous: e.previous,
-                    occurred_at: e.at,
-                    last_seen_at: e.last_seen_at,
-                    detail: e.detail,
-                    status: Status::Pending,
-                    attempts: 0,
-                    next_attempt_at: Some(now),
-                    created_at: now,
-                    updated_at: now,
-                    batch_id: None,
-                    body: None,
-                };
+                let made = self.make_pending(cx, client_id, &e, None, now);
                 if first && e.kind == EventKind::StateChanged {
-                    newest.insert(e.sensor_id, seq);
+                    newest.insert(e.sensor_id, made.seq);
                 }
                 first = false;
-                created.push(NotificationRef {
-                    due_at: now,
-                    ..NotificationRef::of(&n)
-                });
-                self.insert_notification(cx, n);
+                created.push(made);
             }
         }
         for (sensor, first) in newest {

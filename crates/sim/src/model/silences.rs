@@ -155,32 +155,7 @@ impl Tables {
         let before = self.next.seq;
         let mut made = Vec::new();
         for m in d.made {
-            self.next.seq += 1;
-            let e = m.event;
-            let n = Notification {
-                id: self.new_notification_id(cx.now),
-                seq: self.next.seq,
-                client_id: m.client_id,
-                sensor_id: e.sensor_id,
-                kind: e.kind,
-                data: e.data,
-                previous: e.previous,
-                occurred_at: e.at,
-                last_seen_at: e.last_seen_at,
-                detail: e.detail,
-                status: Status::Pending,
-                attempts: 0,
-                next_attempt_at: Some(now),
-                created_at: now,
-                updated_at: now,
-                batch_id: None,
-                body: m.body,
-            };
-            made.push(NotificationRef {
-                due_at: now,
-                ..NotificationRef::of(&n)
-            });
-            self.insert_notification(cx, n);
+            made.push(self.make_pending(cx, m.client_id, &m.event, m.body, now));
         }
         for k in held_ids {
             self.site_held.remove(&k);
@@ -324,31 +299,16 @@ impl Tables {
         if !latch::domain::client::wants(&events, kind) {
             return None;
         }
-        self.next.seq += 1;
-        let n = Notification {
-            id: self.new_notification_id(cx.now),
-            seq: self.next.seq,
-            client_id: client.to_string(),
+        let e = Event {
             sensor_id: sensor,
             kind,
+            at: now,
             data,
             previous,
-            occurred_at: now,
             last_seen_at: st.and_then(|s| s.last_seen_at),
             detail: Default::default(),
-            status: Status::Pending,
-            attempts: 0,
-            next_attempt_at: Some(now),
-            created_at: now,
-            updated_at: now,
-            batch_id: None,
-            body: None,
         };
-        let r = NotificationRef {
-            due_at: now,
-            ..NotificationRef::of(&n)
-        };
-        self.insert_notification(cx, n);
+        let r = self.make_pending(cx, client.to_string(), &e, None, now);
         Some(r)
     }
 }

@@ -206,6 +206,44 @@ impl Tables {
         }
     }
 
+    /// Makes and stores a pending notification of `e` for `client_id` (with a site's
+    /// `body`), as every backend's insert does; answers its ref.
+    pub(crate) fn make_pending(
+        &mut self,
+        cx: &Cx,
+        client_id: String,
+        e: &Event,
+        body: Option<String>,
+        now: Millis,
+    ) -> latch::domain::NotificationRef {
+        self.next.seq += 1;
+        let n = Notification {
+            id: self.new_notification_id(cx.now),
+            seq: self.next.seq,
+            client_id,
+            sensor_id: e.sensor_id,
+            kind: e.kind,
+            data: e.data,
+            previous: e.previous,
+            occurred_at: e.at,
+            last_seen_at: e.last_seen_at,
+            detail: e.detail,
+            status: Status::Pending,
+            attempts: 0,
+            next_attempt_at: Some(now),
+            created_at: now,
+            updated_at: now,
+            batch_id: None,
+            body,
+        };
+        let r = latch::domain::NotificationRef {
+            due_at: now,
+            ..latch::domain::NotificationRef::of(&n)
+        };
+        self.insert_notification(cx, n);
+        r
+    }
+
     /// Stores a new notification.
     pub(crate) fn insert_notification(&mut self, cx: &Cx, n: Notification) {
         self.audit.created(cx, &n);
