@@ -16,6 +16,7 @@
 //! stop taking readings first, the engine flushes, its partitions are handed over, the
 //! last history ships, and the dispatcher finishes in-flight attempts within the grace.
 
+mod http;
 mod node;
 mod stages;
 
@@ -28,9 +29,10 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::tasks::Supervisor;
 use crate::telemetry;
+use http::Http;
+pub use http::exposed_without_token;
 pub use node::{Node, Parts};
-pub use stages::exposed_without_token;
-use stages::{Base, Followers, Http, Sources};
+use stages::{Base, Followers, Sources};
 
 /// Runs latch on `listener` until `shutdown` completes, then stops gracefully. Fails when
 /// a start stage fails or a task of the service panicked.
