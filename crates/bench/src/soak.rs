@@ -81,6 +81,9 @@ struct Reading {
     /// The process's threads: Tokio's blocking pool grows and shrinks with the store's
     /// calls, and each thread that allocates holds allocator pages of its own.
     threads: u64,
+    /// Bytes Rust code holds (allocated and not freed since the soak began counting):
+    /// what latch keeps, whatever the allocator does with what it freed.
+    live: i64,
 }
 
 /// Bytes in use in glibc's heap (C code's: Rust's allocations go to mimalloc).
@@ -294,13 +297,15 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         let (rss, anon) = (status_bytes("VmRSS:"), status_bytes("RssAnon:"));
         let huge = kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
         let (sqlite, heap, threads) = (sqlite_bytes(), heap_in_use(), threads());
+        let live = super::heap::live();
         eprintln!(
-            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's; {threads} threads) after {sent} notifications",
+            "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's; Rust heap live {:.1} MiB; {threads} threads) after {sent} notifications",
             rss as f64 / MIB,
             anon as f64 / MIB,
             huge as f64 / MIB,
             heap as f64 / MIB,
-            sqlite as f64 / MIB
+            sqlite as f64 / MIB,
+            live as f64 / MIB,
         );
         readings.push(Reading {
             delivered: sent,
@@ -310,6 +315,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             sqlite,
             heap,
             threads,
+            live,
         });
     }
     let secs = started.elapsed().as_secs_f64();
@@ -423,6 +429,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         round1(per_delivery),
         "B",
     );
+    let mib = |b: f64| round1(b / MIB);
+    r.add("rust_live_start_mib", mib(start.live as f64), "MiB");
+    r.add("rust_live_end_mib", mib(end.live as f64), "MiB");
+    // What neither latch's Rust code nor C code holds: pages the allocators keep.
+    let kept = |x: &Reading| x.anon as f64 - x.live as f64 - x.heap as f64;
+    r.add("allocators_keep_start_mib", mib(kept(start)), "MiB");
+    r.add("allocators_keep_end_mib", mib(kept(end)), "MiB");
     r.add("seconds", round1(secs), "s");
     r.add(
         "delivered_per_s",
@@ -467,7 +480,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                  under 5 % growth from start to end (rss_fitted_growth: of the least-squares line \
                  through every reading from start to end, which one reading's noise moves less). \
                  delivered_per_s leaves out the pauses. \
-                 VmRSS / RssAnon / huge pages / C heap (MiB) and threads after each pass: {}",
+                 VmRSS / RssAnon / huge pages / C heap / Rust heap live (MiB) and threads after each \
+                 pass: {}",
                 args.sensors,
                 clients_n,
                 args.sensors as u64 * clients_n,
@@ -478,12 +492,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                     .iter()
                     .enumerate()
                     .map(|(i, x)| format!(
-                        "{} {:.1}/{:.1}/{:.1}/{:.1} {}t",
+                        "{} {:.1}/{:.1}/{:.1}/{:.1}/{:.1} {}t",
                         i + 1,
                         x.rss as f64 / MIB,
                         x.anon as f64 / MIB,
                         x.huge as f64 / MIB,
                         x.heap as f64 / MIB,
+                        x.live as f64 / MIB,
                         x.threads
                     ))
                     .collect::<Vec<_>>()

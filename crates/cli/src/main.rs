@@ -11,9 +11,11 @@ use clap::{Parser, Subcommand};
 /// (BENCHMARKS.md, tenth pass). Its version 2 (the workspace's `v2` feature), not the
 /// crate's default 3, which kept RSS at 2–3 times the live heap and growing (+7 to +28 %
 /// over a million deliveries, `latch bench soak --passes`, BENCHMARKS.md, with the heap in
-/// use flat); see also [`no_transparent_huge_pages`].
+/// use flat); see also [`no_transparent_huge_pages`]. Wrapped in a count of live bytes that
+/// only `latch bench soak` switches on, to tell what latch holds from what mimalloc keeps.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: latch_bench::heap::Counting<mimalloc::MiMalloc> =
+    latch_bench::heap::Counting(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(
@@ -148,6 +150,9 @@ fn main() -> anyhow::Result<()> {
                 .map(|(i, a)| if i == 0 { "latch".to_string() } else { a })
                 .collect::<Vec<_>>()
                 .join(" ");
+            if matches!(*scenario, Scenario::Soak(_)) {
+                latch_bench::heap::count();
+            }
             tokio::runtime::Runtime::new()?.block_on(async {
                 let report = match *scenario {
                     Scenario::Ingest(a) => latch_bench::ingest::run(a).await?,
