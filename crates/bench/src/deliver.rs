@@ -139,6 +139,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         (0..clients.len()).map(|i| vec![i]).collect()
     };
     let mut phases: Vec<Phase> = Vec::new();
+    // PostgreSQL's cost of the backlog's delivery (every phase): before, and its backends'
+    // CPU after.
+    let pg_cost = match (&pg, args.backlog) {
+        (Some(pg), true) => {
+            let c = super::pg_cost::PgCost::connect(pg).await?;
+            let before = c.sample().await?;
+            Some((c, before))
+        }
+        _ => None,
+    };
     if args.backlog {
         for group in &groups {
             let (started, cpu) = (Instant::now(), super::cpu_seconds());
@@ -182,6 +192,15 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if args.backlog {
         eprintln!("deliver: backlog phase ends");
     }
+    let pg_cost = match pg_cost {
+        Some((c, before)) => {
+            let cpu_end = c.sample().await?;
+            tokio::time::sleep(super::pg_cost::STATS_SETTLE).await;
+            let rows_end = c.sample().await?;
+            Some(super::pg_cost::Cost::between(&before, &cpu_end, &rows_end))
+        }
+        None => None,
+    };
     let total_secs = started.elapsed().as_secs_f64();
     progress.abort();
     sampler.abort();
@@ -271,6 +290,34 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             );
         }
     }
+    if let Some(c) = &pg_cost {
+        let webhooks = phases.iter().map(|p| p.delivered).sum::<u64>().max(1) as f64;
+        let latch_us = 1e6 * phases.iter().map(|p| p.cpu).sum::<f64>() / webhooks;
+        r.add(
+            "pg_cpu_us_per_webhook",
+            (1e6 * c.cpu / webhooks).round(),
+            "µs",
+        );
+        r.add(
+            "pg_cpu_ratio_to_latch",
+            1e6 * c.cpu / webhooks / latch_us,
+            "x",
+        );
+        let [ins, upd, del] = c.rows();
+        let per = |n: i64| n as f64 / webhooks;
+        r.add("pg_rows_written_per_webhook", per(ins + upd + del), "rows");
+        r.add("pg_rows_inserted_per_webhook", per(ins), "rows");
+        r.add("pg_rows_updated_per_webhook", per(upd), "rows");
+        r.add("pg_rows_deleted_per_webhook", per(del), "rows");
+        r.notes.push(format!(
+            "PostgreSQL rows a webhook by table (inserted/updated/deleted): {}.",
+            c.tables
+                .iter()
+                .map(|(t, [i, u, d])| format!("{t} {:.2}/{:.2}/{:.2}", per(*i), per(*u), per(*d)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     r.add("pending_peak", peak as f64, "notifications");
     r.add(
         "pending_peak_per_lane",
@@ -325,6 +372,10 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             ),
             (true, true) => "Backlog: the changes ingested while the client was limited to a request a second, then the limit lifted and the backlog delivered alone (rate and CPU of that phase). ".to_string(),
             (true, false) => String::new(),
+        } + if pg_cost.is_some() {
+            "PostgreSQL's cost of the backlog's delivery: pg_cpu is the CPU time (user + system, from /proc) of latch's backends, told apart by their application_name; rows are those of the bench schema's tables in pg_stat_user_tables, read 11 s after the delivery ended, when every backend has reported them. "
+        } else {
+            ""
         },
         concurrency,
         pass + 1

@@ -15,6 +15,7 @@ pub mod heap;
 pub mod history;
 pub mod ingest;
 mod mtls;
+pub mod pg_cost;
 pub mod rate;
 pub mod restart;
 pub mod retention;
@@ -382,7 +383,10 @@ pub async fn store_config(
         None => None,
     };
     let mut c = config(dir);
-    c.database_url = pg.as_ref().map(|p| p.url.clone());
+    // Named after the schema, so that [`pg_cost`] tells latch's backends apart.
+    c.database_url = pg
+        .as_ref()
+        .map(|p| format!("{}&application_name={}", p.url, p.schema()));
     Ok((c, pg))
 }
 

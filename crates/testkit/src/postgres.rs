@@ -34,6 +34,16 @@ impl PgSchema {
         })
     }
 
+    /// The schema's name.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The database's URL without the schema.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     pub async fn drop(self) -> Result<(), tokio_postgres::Error> {
         let (c, conn) = tokio_postgres::connect(&self.base, tokio_postgres::NoTls).await?;
         tokio::spawn(conn);
