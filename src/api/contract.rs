@@ -206,6 +206,7 @@ fn constrain_parameters(doc: &mut Value) {
                     "sensor_id" => json!({"pattern": sensor_id_pattern()}),
                     "id" if sensor_path => json!({"pattern": sensor_id_pattern()}),
                     "id" if site_path => json!({"pattern": sites::site_id_pattern()}),
+                    "state" if path == "/v1/sites" => json!({"enum": ["down", "up"]}),
                     "state" => json!({"enum": ["active", "pending", "ended"]}),
                     _ => continue,
                 };

@@ -67,7 +67,7 @@ pub struct AppState {
     pub node: String,
     pub address: String,
     /// Events as they are committed here, for `GET /v1/stream`.
-    pub live: tokio::sync::broadcast::Sender<crate::domain::Event>,
+    pub live: tokio::sync::broadcast::Sender<crate::domain::Live>,
     /// Cancelled when shutdown begins: ends the event streams, which the HTTP server's
     /// graceful stop would otherwise wait for forever.
     pub streams_stop: tokio_util::sync::CancellationToken,

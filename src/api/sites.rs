@@ -3,20 +3,38 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Deserializer, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
 use super::pagination::{List, PageParams};
+use super::sensors::{SensorOut, sensor_out};
 use crate::app::sites::SiteFields;
 use crate::domain::site::{Site, SiteCounts, check_site_id};
-use crate::domain::{SensorId, time};
+use crate::domain::{Connection, SensorId, time};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_site, list_sites))
         .routes(routes!(get_site, update_site, delete_site))
+        .routes(routes!(site_sensors))
+}
+
+/// `?state=` of the site list.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SiteListParams {
+    /// `down` or `up`.
+    pub state: Option<String>,
+}
+
+/// `?connection=` of a site's sensors.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SiteSensorsParams {
+    /// `online`, `lost` or `unknown` (never reported).
+    pub connection: Option<String>,
 }
 
 /// Longest name or address of a site.
@@ -143,15 +161,54 @@ async fn create_site(
     Ok((StatusCode::CREATED, ApiJson(site_out(site))))
 }
 
-/// List sites, by id.
-#[utoipa::path(get, path = "/v1/sites", tag = "sites", params(PageParams),
-    responses((status = 200, body = List<SiteOut>)))]
+/// List sites, by id; `?state=down` lists only the sites down (the console shows them
+/// first), `?state=up` the others.
+#[utoipa::path(get, path = "/v1/sites", tag = "sites", params(PageParams, SiteListParams),
+    responses((status = 200, body = List<SiteOut>), (status = 400, body = ErrorBody)))]
 async fn list_sites(
     State(st): State<AppState>,
     ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(filter): ApiQuery<SiteListParams>,
 ) -> ApiResult<ApiJson<List<SiteOut>>> {
-    let page = st.app.store.list_sites(page.to_request()?).await?;
+    let down = match filter.state.as_deref() {
+        None => None,
+        Some("down") => Some(true),
+        Some("up") => Some(false),
+        Some(s) => {
+            return Err(ApiError::bad_request(format!(
+                "state must be down or up, got {s:?}"
+            )));
+        }
+    };
+    let page = st.app.store.list_sites(down, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, site_out)))
+}
+
+/// A site's sensors, by id, each with its status; `?connection=lost` lists those lost.
+#[utoipa::path(get, path = "/v1/sites/{id}/sensors", tag = "sites",
+    params(("id" = String, Path), PageParams, SiteSensorsParams),
+    responses((status = 200, body = List<SensorOut>), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn site_sensors(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(filter): ApiQuery<SiteSensorsParams>,
+) -> ApiResult<ApiJson<List<SensorOut>>> {
+    let connection = match filter.connection.as_deref() {
+        None => None,
+        Some(c) => Some(Connection::parse(c).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "connection must be online, lost or unknown, got {c:?}"
+            ))
+        })?),
+    };
+    let page = page.to_request()?;
+    if st.app.store.get_site(id.clone()).await?.is_none() {
+        return Err(ApiError::not_found("site"));
+    }
+    let page = st.app.store.site_sensors(id, connection, page).await?;
+    Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 
 /// Read a site and its status.

@@ -1,6 +1,7 @@
 //! `GET /v1/stream`: server-sent events of state changes and lost/restored events as this
-//! node commits them, for the console and for integrators who would rather hold one
-//! connection open than receive webhooks.
+//! node commits them, and of sites going down and coming back as its round decides them,
+//! for the console and for integrators who would rather hold one connection open than
+//! receive webhooks.
 //!
 //! The committer sends each committed event to a `broadcast` channel, copying them only
 //! while somebody listens. A listener too slow for the channel's buffer is told how many it
@@ -39,7 +40,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::AppState;
 use super::readings::EventOut;
 use crate::cluster::Membership;
-use crate::domain::Event;
+use crate::domain::{EventKind, Live, time};
 
 /// Path of a node's own events, for the node relaying them.
 pub const INTERNAL_PATH: &str = "/internal/v1/stream";
@@ -66,8 +67,9 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(stream))
 }
 
-/// The channel the committer feeds and every stream reads.
-pub fn channel() -> broadcast::Sender<Event> {
+/// The channel the committer (sensors' events) and the sites' round (sites' changes) feed
+/// and every stream reads.
+pub fn channel() -> broadcast::Sender<Live> {
     broadcast::channel(BUFFER).0
 }
 
@@ -80,21 +82,65 @@ pub struct StreamEventOut {
     pub event: EventOut,
 }
 
-fn out(e: &Event) -> StreamEventOut {
-    StreamEventOut {
-        sensor_id: e.sensor_id.to_string(),
-        event: EventOut::from(e),
+/// The `data` of one stream event: a sensor's or a site's.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum StreamData {
+    Sensor(StreamEventOut),
+    Site(SiteStreamEventOut),
+}
+
+/// The `data` of a site's stream event (`site.connection_lost`, `site.connection_restored`):
+/// the site went down or came back, with its sensors counted as its decision read them.
+#[derive(Serialize, ToSchema)]
+pub struct SiteStreamEventOut {
+    #[serde(rename = "type")]
+    #[schema(example = "site.connection_lost")]
+    pub kind: EventKind,
+    #[schema(example = "bldg-7")]
+    pub site_id: String,
+    /// When latch decided it.
+    pub at: String,
+    /// Sensors in the site.
+    pub sensors: u64,
+    /// Of those, lost then.
+    pub lost: u64,
+}
+
+/// One stream event: its SSE name and its `data`.
+fn out(e: &Live) -> serde_json::Result<(&'static str, String)> {
+    match e {
+        Live::Sensor(e) => Ok((
+            e.kind.as_str(),
+            serde_json::to_string(&StreamEventOut {
+                sensor_id: e.sensor_id.to_string(),
+                event: EventOut::from(e),
+            })?,
+        )),
+        Live::Site(e) => Ok((
+            e.kind.as_str(),
+            serde_json::to_string(&SiteStreamEventOut {
+                kind: e.kind,
+                site_id: e.site_id.clone(),
+                at: time::format(e.at),
+                sensors: e.sensors,
+                lost: e.lost,
+            })?,
+        )),
     }
 }
 
 /// Live events as `text/event-stream`: one SSE event per committed event, named by its
-/// `type` (`sensor.state_changed`, `sensor.connection_lost`, `sensor.connection_restored`)
-/// with a `StreamEventOut` as `data`; `lagged` with `{"missed": n}` when this listener fell
-/// behind. In a cluster, the whole fleet's: this node's and, relayed, every other live
-/// node's.
+/// `type` (`sensor.state_changed`, `sensor.connection_lost`, `sensor.connection_restored`,
+/// `sensor.still_lost`) with a `StreamEventOut` as `data`, and one per site that went down
+/// or came back (`site.connection_lost`, `site.connection_restored`) with a
+/// `SiteStreamEventOut`; `lagged` with `{"missed": n}` when this listener fell behind. In
+/// a cluster, the whole fleet's: this node's and, relayed, every other live node's (a
+/// site's change comes from the node whose round decided it).
 #[utoipa::path(get, path = "/v1/stream", tag = "sensors",
     responses((status = 200, description = "server-sent events until the client disconnects",
-        content_type = "text/event-stream", body = StreamEventOut)))]
+        content_type = "text/event-stream", body = inline(StreamData))))]
 async fn stream(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let events = match &st.app.cluster {
         None => local(&st),
@@ -150,13 +196,10 @@ fn local(st: &AppState) -> Events {
             () = stop.cancelled() => return None,
         };
         let event = match received {
-            Ok(e) => {
-                let name = e.kind.as_str();
-                SseEvent::default()
-                    .event(name)
-                    .json_data(out(&e))
-                    .unwrap_or_else(|_| SseEvent::default().comment("unserializable"))
-            }
+            Ok(e) => match out(&e) {
+                Ok((name, data)) => SseEvent::default().event(name).data(data),
+                Err(_) => SseEvent::default().comment("unserializable"),
+            },
             Err(broadcast::error::RecvError::Lagged(missed)) => SseEvent::default()
                 .event("lagged")
                 .data(format!("{{\"missed\":{missed}}}")),

@@ -39,6 +39,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/sensors.js"),
     ),
     (
+        "sites.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/sites.js"),
+    ),
+    (
+        "silences.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/silences.js"),
+    ),
+    (
         "clients.js",
         "text/javascript; charset=utf-8",
         include_str!("ui/clients.js"),

@@ -1,19 +1,23 @@
 //! What every node does each second besides serving: decides the sites whose grace ran
-//! out or that are down, and reconciles the silences that ended. The store lets one node
-//! take each site and each silence, so running on every node decides each once, and a node
-//! killed mid-round leaves it to the next round of another.
+//! out or that are down (telling the live stream of those that went down or came back),
+//! reconciles the silences that ended, and counts the sites down for the gauges. The store
+//! lets one node take each site and each silence, so running on every node decides each
+//! once, and a node killed mid-round leaves it to the next round of another.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::delivery::Dispatcher;
-use crate::domain::Millis;
 use crate::domain::silence::SETTLE_MS;
 use crate::domain::site::decide::Rules;
+use crate::domain::site::{SiteEvent, SiteTotals};
+use crate::domain::{EventKind, Live, Millis};
 use crate::store::Store;
+use crate::telemetry::families;
 
 /// How often a node runs a round.
 const EVERY: Duration = Duration::from_secs(1);
@@ -28,10 +32,12 @@ pub fn rules(config: &crate::config::Config) -> Rules {
 }
 
 /// Runs a round every second of `clock` until `stop`, handing what each makes to
-/// `dispatcher`.
+/// `dispatcher`, each site's change to the live stream (`live`), and the sites' totals to
+/// the gauges.
 pub async fn run(
     store: Arc<dyn Store>,
     dispatcher: Dispatcher,
+    live: broadcast::Sender<Live>,
     clock: Clock,
     rules: Rules,
     stop: CancellationToken,
@@ -41,13 +47,22 @@ pub async fn run(
             _ = stop.cancelled() => return,
             _ = clock.sleep_until(clock.now() + EVERY.as_millis() as Millis) => {}
         }
-        // A call decides up to 500 due sites: while one makes notifications, more may wait.
+        // A call decides up to 500 due sites: while one decides something, more may wait.
         loop {
             match store.decide_sites(rules, clock.now()).await {
-                Ok(made) if made.is_empty() => break,
-                Ok(made) => {
-                    tracing::info!(notifications = made.len(), "Sites decided.");
-                    dispatcher.deliver(made);
+                Ok(decided) if decided.is_empty() => break,
+                Ok(decided) => {
+                    for e in &decided.changed {
+                        tell_site(e);
+                    }
+                    if !decided.made.is_empty() {
+                        tracing::info!(notifications = decided.made.len(), "Sites decided.");
+                        dispatcher.deliver(decided.made);
+                    }
+                    for e in decided.changed {
+                        // Only fails while nobody listens.
+                        let _ = live.send(Live::Site(e));
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "Could not decide sites; trying again.");
@@ -69,5 +84,34 @@ pub async fn run(
                 tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.")
             }
         }
+        match store.site_totals().await {
+            Ok(t) => gauge_totals(t, clock.now()),
+            Err(e) => tracing::debug!(error = %e, "Could not count the sites down."),
+        }
     }
+}
+
+/// A site went down or came back: the log says so.
+fn tell_site(e: &SiteEvent) {
+    match e.kind {
+        EventKind::SiteConnectionLost => tracing::warn!(
+            site_id = %e.site_id, sensors = e.sensors, lost = e.lost,
+            "A site is down."
+        ),
+        _ => tracing::info!(
+            site_id = %e.site_id, sensors = e.sensors, lost = e.lost,
+            "A site is back."
+        ),
+    }
+}
+
+/// The sites' gauges: the whole store's, the same on every node (a cluster's dashboards
+/// take the maximum over its nodes, not the sum).
+fn gauge_totals(t: SiteTotals, now: Millis) {
+    families::SITES_DOWN.gauge().set(t.down as f64);
+    families::SITE_HELD_EVENTS.gauge().set(t.held as f64);
+    let oldest = t.oldest_grace.map_or(0, |p| (now - p).max(0));
+    families::SITE_GRACE_OLDEST_SECONDS
+        .gauge()
+        .set(oldest as f64 / 1000.0);
 }

@@ -6,6 +6,7 @@ pub mod decide;
 
 use serde::{Deserialize, Serialize};
 
+use super::notification::EventKind;
 use super::sensor::SensorId;
 use super::time::Millis;
 
@@ -39,6 +40,32 @@ pub struct SiteCounts {
     pub down: bool,
     #[serde(skip)]
     pub since: Option<Millis>,
+}
+
+/// A site's change, as the round that decided it tells the live stream: it went down
+/// (`site.connection_lost`) or came back (`site.connection_restored`), with its sensors
+/// counted as the decision read them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteEvent {
+    pub site_id: String,
+    /// [`EventKind::SiteConnectionLost`] or [`EventKind::SiteConnectionRestored`].
+    pub kind: EventKind,
+    pub at: Millis,
+    /// Sensors in the site.
+    pub sensors: u64,
+    /// Of those, lost when it was decided.
+    pub lost: u64,
+}
+
+/// The sites' state across the store, for the gauges a round refreshes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SiteTotals {
+    /// Sites down now.
+    pub down: u64,
+    /// Events held for the grace of sites that are up (waiting for their decision).
+    pub held: u64,
+    /// When the oldest grace still running began (`sites.pending_since`); `None`: none runs.
+    pub oldest_grace: Option<Millis>,
 }
 
 /// Whether a site with these counts is down: its gateway is lost, or at least `ratio` of

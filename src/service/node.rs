@@ -85,6 +85,7 @@ impl Node {
             crate::app::rounds::run(
                 base.store.clone(),
                 delivery.dispatcher.clone(),
+                core.live.clone(),
                 clock.clone(),
                 crate::app::rounds::rules(config),
                 stop.clone(),

@@ -15,7 +15,7 @@ use crate::committer::{self, Committed};
 use crate::config::Config;
 use crate::delivery::Dispatcher;
 use crate::domain::partition::Partitioning;
-use crate::domain::{Event, EventKind};
+use crate::domain::{EventKind, Live};
 use crate::engine::{self, Engine};
 use crate::history::{self, History, shipper::Spooled};
 use crate::store::{self, ClusterStore, Store};
@@ -246,7 +246,7 @@ impl Archive {
 struct Wiring {
     dispatcher: Dispatcher,
     spooled: Arc<Spooled>,
-    live: broadcast::Sender<Event>,
+    live: broadcast::Sender<Live>,
     fenced: Option<mpsc::UnboundedSender<Vec<u32>>>,
     recent: Arc<Recent>,
 }
@@ -273,7 +273,7 @@ impl committer::Listener for Wiring {
         self.dispatcher.deliver(c.notifications);
         for e in c.events.into_iter().flatten() {
             // Only fails when the last listener just left.
-            let _ = self.live.send(e);
+            let _ = self.live.send(Live::Sensor(e));
         }
     }
 
@@ -294,7 +294,7 @@ pub(super) struct Core {
     /// The sensors loaded at start (one node; a cluster node loads per partition).
     pub(super) sensors: Option<usize>,
     pub(super) follow: Option<engine::follow::Pokes>,
-    pub(super) live: broadcast::Sender<Event>,
+    pub(super) live: broadcast::Sender<Live>,
     pub(super) fenced: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Vec<u32>>>>,
     pub(super) stop: CancellationToken,
     pub(super) tasks: TaskTracker,

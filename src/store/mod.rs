@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use crate::domain::client::{Disabled, Health};
 use crate::domain::silence::{Silence, SilenceState};
 use crate::domain::site::decide::Rules as SiteRules;
-use crate::domain::site::{Site, SiteCounts};
+use crate::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use crate::domain::token::ApiToken;
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
 // The outbox types and the claim rule live in the domain now; named here too, so the
@@ -346,15 +346,57 @@ pub trait Sites: Send + Sync {
     async fn create_site(&self, site: Site) -> Result<()>;
     /// The site and its sensors counted by connection.
     async fn get_site(&self, id: String) -> Result<Option<(Site, SiteCounts)>>;
-    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>>;
+    /// By id; `down` keeps only the sites down (`true`) or up (`false`).
+    async fn list_sites(
+        &self,
+        down: Option<bool>,
+        page: PageRequest,
+    ) -> Result<Page<(Site, SiteCounts)>>;
+    /// The site's sensors, by id, as [`Registry::list_sensors`] lists them (`connection`
+    /// filters the same way).
+    async fn site_sensors(
+        &self,
+        site_id: String,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>>;
+    /// Sites down, and events held for the grace of those up, across the store.
+    async fn site_totals(&self) -> Result<SiteTotals>;
     /// Writes every field but `created_at`; `false` if there is no such site.
     async fn replace_site(&self, site: Site) -> Result<bool>;
     /// Deletes it; its sensors stay, in no site. `false` if there was none.
     async fn delete_site(&self, id: String) -> Result<bool>;
     /// Decides every site due at `now` (its grace ran out, or it is down), each once across
     /// the cluster, by [`crate::domain::site::decide::decide`]: writes its new state, makes
-    /// its notifications and consumes the events held for it. Answers those made, pending.
-    async fn decide_sites(&self, rules: SiteRules, now: Millis) -> Result<Vec<NotificationRef>>;
+    /// its notifications and consumes the events held for it. Answers those made, pending,
+    /// and the sites that went down or came back.
+    async fn decide_sites(&self, rules: SiteRules, now: Millis) -> Result<Decided>;
+}
+
+/// Counts notifications a silence kept (`latch_notifications_total{status="silenced"}`) as
+/// the transaction that made them marks them: a commit that fails after (rare: the store
+/// went away) has counted its own too.
+pub(crate) fn count_silenced(n: usize) {
+    if n > 0 {
+        crate::telemetry::families::NOTIFICATIONS
+            .counter_with(&[("status", crate::domain::Status::Silenced.as_str())])
+            .increment(n as u64);
+    }
+}
+
+/// What one call of [`Sites::decide_sites`] did.
+#[derive(Debug, Default)]
+pub struct Decided {
+    /// The notifications it made, pending (those a silence matched are not among them).
+    pub made: Vec<NotificationRef>,
+    /// The sites that went down or came back, in the order decided.
+    pub changed: Vec<SiteEvent>,
+}
+
+impl Decided {
+    pub fn is_empty(&self) -> bool {
+        self.made.is_empty() && self.changed.is_empty()
+    }
 }
 
 /// Silences (maintenance windows). The group commit applies the active ones to the

@@ -20,6 +20,13 @@ pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.
      st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, s.site_id";
 
+/// The sites' totals (`site::SiteTotals`): sites down, events held for the grace of the
+/// sites up, and the start of the oldest grace running. `sites` is one row per building,
+/// few enough to count every second; `site_held` holds only what waits for a decision.
+pub(crate) const SITE_TOTALS: &str = "SELECT (SELECT COUNT(*) FROM sites WHERE down), \
+     (SELECT COUNT(*) FROM site_held h JOIN sites si ON si.id = h.site_id WHERE NOT si.down), \
+     (SELECT MIN(pending_since) FROM sites WHERE NOT down)";
+
 /// What the engine keeps of a sensor: [`runtime`], over `sensors s` and [`RUNTIME_JOIN`].
 pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.changed_at, \
      st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \

@@ -83,7 +83,7 @@ families! {
     DELIVERY_ATTEMPTS: Counter "latch_delivery_attempts_total" ["outcome"]
         "Webhook attempts, by outcome.";
     NOTIFICATIONS: Counter "latch_notifications_total" ["status"]
-        "Notifications that reached a final status, by status.";
+        "Notifications that reached a final status, by status (silenced: made while a silence matched them, never sent).";
     NOTIFICATIONS_PENDING: Gauge "latch_notifications_pending" []
         "Notifications waiting to be delivered.";
     DELIVERY_LATENCY: Histogram "latch_delivery_latency_seconds" []
@@ -108,6 +108,12 @@ families! {
         "Sensors whose connection is lost now.";
     SENSORS_LOST_TOTAL: Counter "latch_sensors_lost_total" []
         "Sensors declared lost (connection_lost events).";
+    SITES_DOWN: Gauge "latch_sites_down" []
+        "Sites down now (their site.connection_lost sent, not yet restored); the whole store's count, the same on every node.";
+    SITE_HELD_EVENTS: Gauge "latch_site_held_events" []
+        "Liveness events held for the grace of sites that are up, waiting for the site's decision (counted every second, the whole store's).";
+    SITE_GRACE_OLDEST_SECONDS: Gauge "latch_site_grace_oldest_seconds" []
+        "Age of the oldest site grace still running (a site's first held loss not yet decided), in seconds; 0 when none runs. Above LATCH_SITE_GRACE plus a few seconds, no round is deciding.";
     SOURCE_UP: Gauge "latch_source_up" ["source"]
         "1 while a broker source is connected and consuming, else 0.";
     SOURCE_RECONNECTS: Counter "latch_source_reconnects_total" ["source"]

@@ -183,11 +183,12 @@ const REJECT_CODES: [RejectCode; 10] = [
 ];
 
 /// Every status a notification can end in.
-const ENDINGS: [Status; 4] = [
+const ENDINGS: [Status; 5] = [
     Status::Delivered,
     Status::Failed,
     Status::Superseded,
     Status::Cancelled,
+    Status::Silenced,
 ];
 
 /// Fails to build when a reason or a status is added without being listed above.
@@ -211,7 +212,6 @@ fn listed(code: RejectCode, status: Status) {
         | Status::Failed
         | Status::Superseded
         | Status::Cancelled
-        // Made so, never sent: no delivery ends in it.
         | Status::Silenced => {}
     }
 }
@@ -310,6 +310,9 @@ fn register_delivery() {
         &f::COMMIT_QUEUE_SECONDS,
         &f::SENSORS_LOST,
         &f::SENSORS_LOST_TOTAL,
+        &f::SITES_DOWN,
+        &f::SITE_HELD_EVENTS,
+        &f::SITE_GRACE_OLDEST_SECONDS,
         &f::TASK_PANICS,
         &f::STORAGE_FULL,
         &f::STORAGE_FULL_EPISODES,

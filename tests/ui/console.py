@@ -15,7 +15,10 @@ given; the header stays in view (and focus moves to the page) after moving to a 
 a client with one 5-minute slice of attempts has a point in each chart; times name their
 zone. Issue #51: the client's receiver settings (headers, a bearer token, a client
 certificate) are set through its page, shown without their secrets, carried by a test
-event, kept when saved again, and a bad certificate is refused.
+event, kept when saved again, and a bad certificate is refused. Issue #50: a site goes down
+and comes back in the live events, the sites page lists it first with its lost sensors,
+its page makes a silence, the silences page extends and ends it, and a sensor's page
+silences that sensor.
 
 With LATCH_CLUSTER set (two node URLs, comma-separated, of one cluster), it checks
 instead that the console served by the first node shows the live events of sensors
@@ -320,6 +323,154 @@ def times_name_their_zone(browser, sensor):
     context.close()
 
 
+def request(method, url, body=None):
+    """A call with a JSON body whose answer may be empty (PATCH answers the silence,
+    DELETE nothing)."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode() if body is not None else None,
+        headers={"content-type": "application/json"}, method=method)
+    with urllib.request.urlopen(req) as r:
+        text = r.read()
+        return json.loads(text) if text else None
+
+
+def metric(name):
+    """The value of one series of latch's /metrics (0 when it is not there)."""
+    with urllib.request.urlopen(f"{BASE}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def sites_and_silences(browser, hook):
+    """Issue #50: a site made through its form goes down when its sensors fall silent; the
+    live stream says so, the sites page lists it first with its lost sensors, its page
+    shows it down (and latch_sites_down says 1); a silence made from its page is extended
+    and ended from the silences page; a sensor's page silences that sensor; the site's
+    return shows live, and what that silence kept is counted as silenced."""
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    site, quiet = f"bldg-{suffix}", f"quiet-{suffix}"
+    sensors = [f"st{suffix}{i}" for i in range(3)]
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{BASE}/ui/#/sites")
+    expect(page.get_by_role("heading", name="Sites", exact=True)).to_be_visible()
+    expect(page.locator("#live")).to_have_text("Live")
+    for name in [site, quiet]:
+        page.get_by_label("Site id").fill(name)
+        page.get_by_label("Name", exact=True).fill(f"Svobody 23 ({name})")
+        page.get_by_role("button", name="Create site").click()
+        expect(page.get_by_role("heading", name=f"Site {name}")).to_be_visible()
+        expect(page.locator("dl.props")).to_contain_text("Stateup")
+        page.get_by_role("link", name="All sites").click()
+    # Both listed, neither down.
+    all_sites = page.get_by_role("region", name="All sites")
+    expect(all_sites.get_by_role("link", name=site)).to_be_visible()
+    expect(all_sites.get_by_role("link", name=quiet)).to_be_visible()
+    expect(page.get_by_role("region", name="Sites down")).to_contain_text("No site is down.")
+
+    client = post_json(f"{BASE}/v1/clients", {"name": f"site receiver {suffix}", "url": hook})["id"]
+    for s in sensors:
+        post_json(f"{BASE}/v1/sensors", {"id": s, "address": f"Svobody 23, room {s}",
+                                         "heartbeat_timeout_s": 1, "site_id": site})
+        put(f"{BASE}/v1/clients/{client}/sensors/{s}")
+    post_json(f"{BASE}/v1/readings", [{"sensor_id": s, "data": 1} for s in sensors])
+
+    # Silent past their timeout and the site's grace: the fleet's live events say the site
+    # is down, linked to its page.
+    page.get_by_role("link", name="Fleet", exact=True).click()
+    feed = page.get_by_role("list", name="Live events")
+    down_item = feed.locator("li", has_text=f"Site {site}").filter(has_text="site down")
+    expect(down_item).to_contain_text("site down: 3 of 3 sensors lost")
+    # The sites page, opened after: the site first, under Down, with its lost sensors.
+    page.get_by_role("link", name="Sites", exact=True).click()
+    down = page.get_by_role("region", name="Sites down")
+    expect(down.get_by_role("link", name=site)).to_be_visible()
+    for s in sensors:
+        expect(down.get_by_role("link", name=s)).to_be_visible()
+    expect(down).not_to_contain_text(quiet)
+    expect(down).to_contain_text("3 of 3")
+    until("latch_sites_down at 1", lambda: metric("latch_sites_down") == 1)
+    shot(page, "sites")
+
+    # Its page: down, its lost sensors; a silence for it, made here.
+    down.get_by_role("link", name=site).click()
+    expect(page.get_by_role("heading", name=f"Site {site}")).to_be_visible()
+    expect(page.locator("dl.props")).to_contain_text("Statedown")
+    lost = page.get_by_role("region", name="Lost sensors")
+    for s in sensors:
+        expect(lost.get_by_role("link", name=s)).to_be_visible()
+    mine = page.get_by_role("region", name="Silences of this site")
+    expect(mine).to_contain_text("No silence holds this site's notifications.")
+    mine.get_by_label("For").select_option("2h")
+    mine.get_by_label("Comment (who is doing what)").fill(f"gateway swap {suffix}")
+    mine.get_by_role("button", name="Silence this site").click()
+    expect(page.locator("#notice")).to_contain_text(f'Silence "gateway swap {suffix}" made')
+    expect(mine.locator("tbody tr")).to_have_count(1)
+    expect(mine).to_contain_text("active")
+    made = [x for x in get_json(f"{BASE}/v1/silences?state=active&limit=1000")["items"]
+            if x["comment"] == f"gateway swap {suffix}"]
+    assert len(made) == 1 and {k: v for k, v in made[0]["match"].items() if v} == {"site_id": site}, made
+    ends = time.mktime(time.strptime(made[0]["ends_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    assert 2 * 3600 - 120 < ends - time.mktime(time.gmtime()) <= 2 * 3600 + 5, made[0]
+    shot(page, "site")
+
+    # The silences page: extended by an hour, then ended.
+    page.get_by_role("link", name="Silences", exact=True).click()
+    expect(page.get_by_role("heading", name="Silences", exact=True)).to_be_visible()
+    row = page.locator("tbody tr", has_text=f"gateway swap {suffix}")
+    expect(row.get_by_role("link", name=site)).to_be_visible()
+    row.get_by_label(f'Extend "gateway swap {suffix}" by').select_option("1h")
+    row.get_by_role("button", name="Extend").click()
+    expect(page.locator("#notice")).to_contain_text(f'Silence "gateway swap {suffix}" extended to')
+    extended = get_json(f"{BASE}/v1/silences/{made[0]['id']}")
+    later = time.mktime(time.strptime(extended["ends_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    assert later - ends == 3600, (made[0]["ends_at"], extended["ends_at"])
+    shot(page, "silences")
+    page.locator("tbody tr", has_text=f"gateway swap {suffix}").get_by_role(
+        "button", name=f'End "gateway swap {suffix}" now').click()
+    expect(page.locator("#notice")).to_contain_text(f'Silence "gateway swap {suffix}" ended.')
+    expect(page.locator("tbody tr", has_text=f"gateway swap {suffix}")).to_have_count(0)
+    assert get_json(f"{BASE}/v1/silences/{made[0]['id']}")["state"] == "ended"
+    page.get_by_label("State", exact=True).select_option("ended")
+    expect(page.locator("tbody tr", has_text=f"gateway swap {suffix}")).to_contain_text("ended")
+
+    # A sensor's page: its site named, a silence for it alone.
+    page.goto(f"{BASE}/ui/#/sensors/{sensors[0]}")
+    expect(page.get_by_role("heading", name=f"Sensor {sensors[0]}")).to_be_visible()
+    expect(page.locator("dl.props").get_by_role("link", name=site)).to_be_visible()
+    own = page.get_by_role("region", name="Silences of this sensor")
+    own.get_by_label("Comment (who is doing what)").fill(f"battery {suffix}")
+    own.get_by_role("button", name="Silence this sensor").click()
+    expect(own.locator("tbody tr", has_text=f"battery {suffix}")).to_contain_text("active")
+    ids = [x["match"].get("sensor_ids") for x in get_json(f"{BASE}/v1/silences?state=active&limit=1000")["items"]
+           if x["comment"] == f"battery {suffix}"]
+    assert ids == [[sensors[0]]], ids
+
+    # Back: their readings again (a long timeout now), and the site's page shows it up
+    # without a reload; the live events say so.
+    page.goto(f"{BASE}/ui/#/sites/{site}")
+    expect(page.locator("dl.props")).to_contain_text("Statedown")
+    for s in sensors:
+        request("PUT", f"{BASE}/v1/sensors/{s}", {"address": f"Svobody 23, room {s}",
+                                                   "heartbeat_timeout_s": 3600, "site_id": site})
+    post_json(f"{BASE}/v1/readings", [{"sensor_id": s, "data": 0} for s in sensors])
+    expect(page.locator("dl.props")).to_contain_text("Stateup")
+    expect(page.get_by_role("region", name="Lost sensors")).to_contain_text("No sensor of this site is lost.")
+    page.get_by_role("link", name="Fleet", exact=True).click()
+    expect(page.get_by_role("list", name="Live events").locator("li", has_text=f"Site {site}")
+           .filter(has_text="site back up")).to_contain_text("site back up: 0 of 3 sensors still lost")
+    until("latch_sites_down at 0", lambda: metric("latch_sites_down") == 0)
+    # The site's return to the client went in the lane of the first sensor it names, which
+    # the sensor's silence holds: kept, not sent.
+    assert metric('latch_notifications_total{status="silenced"}') >= 1, "nothing counted silenced"
+    assert not errors, f"errors in the page: {errors}"
+    page.close()
+
+
 def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -535,6 +686,7 @@ def main():
         long_pages_keep_the_header(browser, hook, client)
         one_slice_is_drawn(browser, hook)
         times_name_their_zone(browser, sensor)
+        sites_and_silences(browser, hook)
 
         assert not errors, f"errors in the page: {errors}"
         browser.close()

@@ -1,12 +1,15 @@
 // The latch console: a single page over the public /v1 API, no build step. Routes live in
 // the URL fragment (#/sensors/abc), so the server serves one page for all of them; each
-// section is a module (fleet.js, sensors.js, clients.js, notifications.js) over lib.js.
+// section is a module (fleet.js, sensors.js, sites.js, silences.js, clients.js,
+// notifications.js) over lib.js.
 
 import { main, liveBadge, h, say, authHeaders, askToken, listeners, recent, shown, carry, setRouter } from "/ui/lib.js";
 import { fleetPage } from "/ui/fleet.js";
 import { sensorsPage, sensorPage } from "/ui/sensors.js";
 import { clientsPage, clientPage } from "/ui/clients.js";
 import { notificationsPage, notificationPage } from "/ui/notifications.js";
+import { sitesPage, sitePage } from "/ui/sites.js";
+import { silencesPage } from "/ui/silences.js";
 
 // --- live events -----------------------------------------------------------------------
 
@@ -59,6 +62,9 @@ const routes = [
   [/^\/fleet$/, fleetPage, "fleet"],
   [/^\/sensors$/, sensorsPage, "sensors"],
   [/^\/sensors\/([^/]+)$/, sensorPage, "sensors"],
+  [/^\/sites$/, sitesPage, "sites"],
+  [/^\/sites\/([^/]+)$/, sitePage, "sites"],
+  [/^\/silences$/, silencesPage, "silences"],
   [/^\/clients$/, clientsPage, "clients"],
   [/^\/clients\/([^/]+)$/, clientPage, "clients"],
   [/^\/notifications$/, notificationsPage, "notifications"],

@@ -192,14 +192,20 @@ export function describe(e) {
     case "sensor.connection_lost": return "connection lost";
     case "sensor.connection_restored": return "connection restored";
     case "sensor.still_lost": return `still lost (reminder ${e.reminder})`;
+    // On the live stream a site's event counts its sensors; a notification's has none.
+    case "site.connection_lost": return e.sensors === undefined ? "site down" : `site down: ${e.lost} of ${e.sensors} sensors lost`;
+    case "site.connection_restored": return e.sensors === undefined ? "site back up" : `site back up: ${e.lost} of ${e.sensors} sensors still lost`;
     default: return e.type;
   }
 }
 
+/** One live event: a sensor's, or a site's (named by the site, linked to its page). */
 export function feedItem(e, flash = false) {
-  return h("li", { class: flash ? "flash" : "" },
-    h("a", { href: `#/sensors/${enc(e.sensor_id)}` }, e.sensor_id), " ", describe(e),
-    h("span", { class: "muted" }, ` · ${when(e.at)}`));
+  const what = e.site_id
+    ? h("a", { href: `#/sites/${enc(e.site_id)}` }, `Site ${e.site_id}`)
+    : h("a", { href: `#/sensors/${enc(e.sensor_id)}` }, e.sensor_id);
+  return h("li", { class: `${flash ? "flash" : ""} ${e.site_id ? "site" : ""}`.trim() || null },
+    what, " ", describe(e), h("span", { class: "muted" }, ` · ${when(e.at)}`));
 }
 
 /** Runs `f` at most once per `ms`, at the end of a burst. */

@@ -4,8 +4,9 @@
 
 import { PAGE, api, q, enc, h, say, when, badge, table, field, form, actionButton, pager, describe, navigate, ago, clientNames } from "/ui/lib.js";
 
-const STATUSES = ["", "pending", "delivered", "failed", "superseded", "cancelled"];
-const TYPES = ["", "sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost"];
+const STATUSES = ["", "pending", "delivered", "failed", "superseded", "cancelled", "silenced"];
+const TYPES = ["", "sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost",
+  "site.connection_lost", "site.connection_restored"];
 /** Time ranges of the filter, back from now. */
 const SINCE = { "": 0, "1h": 3600e3, "24h": 86400e3, "7d": 7 * 86400e3 };
 const SINCE_NAMES = { "": "any time", "1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days" };

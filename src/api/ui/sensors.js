@@ -1,6 +1,7 @@
 // Sensors: the list (search, connection, live rows, create, CSV import) and a sensor's page.
 
 import { PAGE, api, q, enc, h, say, when, state, badge, table, field, form, actionButton, pager, onLive, describe, svg, chart, navigate } from "/ui/lib.js";
+import { silenceForm, silenceTable, silencesOf } from "/ui/silences.js";
 
 export async function sensorsPage(params) {
   const connection = params.get("connection") ?? "";
@@ -45,9 +46,11 @@ export async function sensorsPage(params) {
     field("Sensor id", h("input", { name: "id", required: true, maxlength: 16, pattern: "[A-Za-z0-9]{1,16}" })),
     field("Address", h("input", { name: "address", required: true, size: 40 })),
     field("Heartbeat timeout (s)", h("input", { name: "timeout", type: "number", min: 1 })),
+    field("Site id", h("input", { name: "site_id", maxlength: 64, size: 12 })),
   ], async (d) => {
     const body = { id: d.get("id"), address: d.get("address") };
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
+    if (d.get("site_id")) body.site_id = d.get("site_id");
     const s = await api("POST", "/v1/sensors", body);
     say(`Sensor ${s.id} created.`, true);
     navigate(`#/sensors/${enc(s.id)}`, true);
@@ -110,6 +113,7 @@ export async function sensorPage(id, params) {
     const rows = [["State", state(s.status.data)], ["Connection", badge(s.status.connection)],
       ["Changed at", when(s.status.changed_at)], ["Last seen", when(s.status.last_seen_at)],
       ["Last heard over", s.status.last_source ?? "—"],
+      ["Site", s.site_id ? h("a", { href: `#/sites/${enc(s.site_id)}` }, s.site_id) : "none"],
       ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
       ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
       ["Created", when(s.created_at)]];
@@ -152,8 +156,15 @@ export async function sensorPage(id, params) {
         await drawClients();
       }, "secondary")))), "No client receives this sensor's notifications."));
   };
+  const silences = h("div");
+  // Those naming this sensor, and those of its site (they hold its notifications too).
+  const drawSilences = async () => {
+    const site = (await api("GET", `/v1/sensors/${enc(id)}`)).site_id;
+    const mine = await silencesOf((m) => m.sensor_ids?.includes(id) || (site && m.site_id === site));
+    silences.replaceChildren(silenceTable(mine, null, drawSilences, "No silence holds this sensor's notifications."));
+  };
   const s = await draw();
-  await Promise.all([drawHistory(), drawClients()]);
+  await Promise.all([drawHistory(), drawClients(), drawSilences()]);
   onLive((e) => {
     if (!e || e.sensor_id === id) Promise.all([draw(), drawHistory()]).catch((err) => say(err.message));
   });
@@ -171,8 +182,11 @@ export async function sensorPage(id, params) {
     field("Address", h("input", { name: "address", required: true, size: 40, value: s.address })),
     field("Heartbeat timeout (s)", h("input", { name: "timeout", type: "number", min: 1, value: s.heartbeat_timeout_s ?? "" })),
     field("Debounce (s)", h("input", { name: "debounce", type: "number", min: 0, max: 86400, value: s.debounce_s ?? "" })),
+    // A replace without it would take the sensor out of its site.
+    field("Site id", h("input", { name: "site_id", maxlength: 64, size: 12, value: s.site_id ?? "" })),
   ], async (d) => {
     const body = { address: d.get("address") };
+    if (d.get("site_id")) body.site_id = d.get("site_id");
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
     if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));
     await api("PUT", `/v1/sensors/${enc(id)}`, body);
@@ -190,6 +204,8 @@ export async function sensorPage(id, params) {
   return [h("h1", {}, `Sensor ${id}`), props,
     h("p", {}, h("a", { href: `#/notifications${q({ sensor_id: id })}` }, "Its notifications")),
     h("h2", {}, "Clients"), clients, link,
+    h("section", { "aria-label": "Silences of this sensor" }, h("h2", {}, "Silences"), silences,
+      silenceForm({ sensor_ids: [id] }, "Silence this sensor", drawSilences)),
     h("div", { class: "toolbar" }, field("History range", rangeSelect)), history,
     h("h2", {}, "Edit"), edit, h("div", { class: "toolbar" }, del)];
 }

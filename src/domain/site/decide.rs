@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use super::{Site, SiteCounts, down};
+use super::{Site, SiteCounts, SiteEvent, down};
 use crate::domain::client::wants;
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, time};
 
@@ -92,6 +92,8 @@ pub struct Made {
 pub struct Decision {
     pub state: SiteState,
     pub made: Vec<Made>,
+    /// The site went down or came back (what the live stream shows); `None`: it stays up.
+    pub changed: Option<SiteEvent>,
 }
 
 /// Whether a round should look at this site at `now`.
@@ -163,7 +165,22 @@ pub fn decide(
             }
         }
     }
-    Some(Decision { state: next, made })
+    let changed = (next.down != state.down).then(|| SiteEvent {
+        site_id: site.id.clone(),
+        kind: if next.down {
+            EventKind::SiteConnectionLost
+        } else {
+            EventKind::SiteConnectionRestored
+        },
+        at: now,
+        sensors: counts.sensors,
+        lost: counts.lost,
+    });
+    Some(Decision {
+        state: next,
+        made,
+        changed,
+    })
 }
 
 /// What a decision makes as it goes: the site's notifications, and per client the sensors
@@ -404,6 +421,11 @@ mod tests {
         .unwrap();
         assert!(d.state.down);
         assert_eq!(d.state.told, vec![sid("a1"), sid("a2"), sid("a3")]);
+        let changed = d.changed.as_ref().expect("the site went down");
+        assert_eq!(
+            (changed.kind, changed.at, changed.lost),
+            (EventKind::SiteConnectionLost, 35_000, 3)
+        );
         let site_events: Vec<&Made> = d.made.iter().filter(|m| m.body.is_some()).collect();
         assert_eq!(site_events.len(), 2);
         let c1: serde_json::Value =
@@ -437,6 +459,7 @@ mod tests {
         .unwrap();
         assert!(!d.state.down);
         assert_eq!(d.state.pending_since, None);
+        assert_eq!(d.changed, None, "it stays up: nothing for the live stream");
         assert_eq!(d.made.len(), 1);
         assert_eq!(d.made[0].event.kind, EventKind::ConnectionLost);
         assert!(d.made[0].body.is_none());
@@ -502,6 +525,11 @@ mod tests {
         )
         .unwrap();
         assert!(!up.state.down);
+        let back = up.changed.as_ref().expect("the site came back");
+        assert_eq!(
+            (back.kind, back.sensors, back.lost),
+            (EventKind::SiteConnectionRestored, 4, 1)
+        );
         assert_eq!(
             up.made.len(),
             1,

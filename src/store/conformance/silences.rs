@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::domain::silence::{Match, Silence, SilenceState};
-use crate::domain::site::Site;
+use crate::domain::site::{Site, SiteCounts};
 
 fn site(id: &str, gateway: Option<&str>) -> Site {
     Site {
@@ -93,13 +93,16 @@ pub(super) async fn sites_count_their_sensors(s: &Subject) {
         ..site("bldg-2", Some("st2"))
     };
     assert!(s.replace_site(renamed.clone()).await.unwrap());
-    let listed = s.list_sites(page(1)).await.unwrap();
+    let listed = s.list_sites(None, page(1)).await.unwrap();
     assert_eq!(listed.items.len(), 1);
     let rest = s
-        .list_sites(PageRequest {
-            limit: 10,
-            after: listed.next.clone(),
-        })
+        .list_sites(
+            None,
+            PageRequest {
+                limit: 10,
+                after: listed.next.clone(),
+            },
+        )
         .await
         .unwrap();
     assert_eq!(rest.items[0].0, renamed);
@@ -313,7 +316,24 @@ pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
         s.decide_sites(RULES, 20_000).await.unwrap().is_empty(),
         "the grace runs"
     );
-    let made = s.decide_sites(RULES, 36_000).await.unwrap();
+    let totals = s.site_totals().await.unwrap();
+    assert_eq!(
+        (totals.down, totals.held, totals.oldest_grace),
+        (0, 4, Some(5_000)),
+        "four losses held for two sites' grace"
+    );
+    let decided = s.decide_sites(RULES, 36_000).await.unwrap();
+    let changed: Vec<(&str, EventKind, u64, u64)> = decided
+        .changed
+        .iter()
+        .map(|e| (e.site_id.as_str(), e.kind, e.sensors, e.lost))
+        .collect();
+    assert_eq!(
+        changed,
+        [("dk-a", EventKind::SiteConnectionLost, 4, 3)],
+        "dk-b stays up"
+    );
+    let made = decided.made;
     let got: Vec<(&str, SensorId, EventKind)> = made
         .iter()
         .map(|n| (n.client_id.as_str(), n.sensor_id, n.kind))
@@ -347,6 +367,46 @@ pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
     );
     let (_, counts) = s.get_site("dk-a".into()).await.unwrap().unwrap();
     assert_eq!(counts.lost, 3);
+    let totals = s.site_totals().await.unwrap();
+    assert_eq!(
+        (totals.down, totals.held, totals.oldest_grace),
+        (1, 0, None)
+    );
+    let ids =
+        |p: Page<(Site, SiteCounts)>| p.items.into_iter().map(|(s, _)| s.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(s.list_sites(Some(true), page(10)).await.unwrap()),
+        ["dk-a"]
+    );
+    assert_eq!(
+        ids(s.list_sites(Some(false), page(10)).await.unwrap()),
+        ["dk-b"]
+    );
+    // Its lost sensors, a page at a time.
+    let lost = s
+        .site_sensors("dk-a".into(), Some(Connection::Lost), page(2))
+        .await
+        .unwrap();
+    let rest = s
+        .site_sensors(
+            "dk-a".into(),
+            Some(Connection::Lost),
+            PageRequest {
+                limit: 2,
+                after: lost.next.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    let named: Vec<String> = lost
+        .items
+        .iter()
+        .chain(&rest.items)
+        .map(|(x, _)| x.id.to_string())
+        .collect();
+    assert_eq!(named, ["da1", "da2", "da3"]);
+    let all = s.site_sensors("dk-a".into(), None, page(10)).await.unwrap();
+    assert_eq!(all.items.len(), 4, "da4 never reported, and is in the site");
 
     for id in ["da1", "da2", "da3"] {
         let made = s
@@ -355,7 +415,15 @@ pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
             .unwrap();
         assert!(made.is_empty(), "told by the site: held for its return");
     }
-    let made = s.decide_sites(RULES, 41_000).await.unwrap();
+    let decided = s.decide_sites(RULES, 41_000).await.unwrap();
+    let changed: Vec<(&str, EventKind, u64)> = decided
+        .changed
+        .iter()
+        .map(|e| (e.site_id.as_str(), e.kind, e.lost))
+        .collect();
+    assert_eq!(changed, [("dk-a", EventKind::SiteConnectionRestored, 0)]);
+    assert_eq!(s.site_totals().await.unwrap().down, 0);
+    let made = decided.made;
     let got: Vec<(&str, EventKind)> = made
         .iter()
         .map(|n| (n.client_id.as_str(), n.kind))

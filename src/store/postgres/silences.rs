@@ -76,6 +76,7 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
             &[&seqs, &now],
         )
         .await?;
+    super::super::count_silenced(rows.len());
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 

@@ -6,12 +6,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::super::{Error, NotificationRef, Result};
+use super::super::{Decided, Error, NotificationRef, Result};
 use super::db::{Sql, Tx};
 use crate::domain::notification::new_notification_id;
 use crate::domain::silence::Match;
-use crate::domain::site::Site;
 use crate::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use crate::domain::site::{Site, SiteEvent};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, client};
 
 /// Makes one notification of `event` for `client`, pending, with a site's `body`.
@@ -165,11 +165,7 @@ pub(super) const DUE: &str = "pending_since <= $1 OR (down AND EXISTS \
 
 /// Decides every due site this node can take (others' rounds hold the rest); answers the
 /// notifications made.
-pub(super) async fn decide_sites(
-    tx: &Tx<'_>,
-    rules: Rules,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
+pub(super) async fn decide_sites(tx: &Tx<'_>, rules: Rules, now: Millis) -> Result<Decided> {
     let due = tx
         .query(
             &format!(
@@ -180,7 +176,7 @@ pub(super) async fn decide_sites(
             &[&(now - rules.grace)],
         )
         .await?;
-    let mut made = Vec::new();
+    let mut decided = Decided::default();
     for r in due {
         let gateway: Option<String> = r.get(3);
         let site = Site {
@@ -191,9 +187,11 @@ pub(super) async fn decide_sites(
             created_at: r.get(4),
             updated_at: r.get(5),
         };
-        made.extend(decide_one(tx, &site, &state_of(&r, 6), rules, now).await?);
+        let (made, changed) = decide_one(tx, &site, &state_of(&r, 6), rules, now).await?;
+        decided.made.extend(made);
+        decided.changed.extend(changed);
     }
-    Ok(made)
+    Ok(decided)
 }
 
 async fn decide_one(
@@ -202,7 +200,7 @@ async fn decide_one(
     state: &SiteState,
     rules: Rules,
     now: Millis,
-) -> Result<Vec<NotificationRef>> {
+) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
     let sensor = |s: String| {
         SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
     };
@@ -254,7 +252,7 @@ async fn decide_one(
     }
     let clients = linked(tx, &site.id).await?;
     let Some(d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     let mut made = Vec::with_capacity(d.made.len());
     for m in &d.made {
@@ -283,7 +281,7 @@ async fn decide_one(
     let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
     let silenced = super::silences::silence_new(tx, &seqs, now).await?;
     made.retain(|n| !silenced.contains(&n.seq));
-    Ok(made)
+    Ok((made, d.changed))
 }
 
 /// The clients linked to the site's sensors, each with its sensors of the site.

@@ -3,13 +3,13 @@
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::super::{Error, NotificationRef, Page, PageRequest, Result, Sites, limit_plus_one};
+use super::super::rows::{self as row, SENSOR_COLS, SITE_TOTALS};
+use super::super::{Decided, Error, Page, PageRequest, Result, SensorView, Sites, limit_plus_one};
 use super::PgStore;
 use super::db::Sql;
-use crate::domain::Millis;
-use crate::domain::SensorId;
 use crate::domain::site::decide::Rules;
-use crate::domain::site::{Site, SiteCounts};
+use crate::domain::site::{Site, SiteCounts, SiteTotals};
+use crate::domain::{Connection, Millis, SensorId};
 
 /// A site and its counts, over `sites si`: [`site`].
 const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.created_at, \
@@ -76,21 +76,67 @@ impl Sites for PgStore {
         Ok(row.as_ref().map(site))
     }
 
-    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>> {
+    async fn list_sites(
+        &self,
+        down: Option<bool>,
+        page: PageRequest,
+    ) -> Result<Page<(Site, SiteCounts)>> {
         let c = self.db.get("list_sites").await?;
         let rows = c
             .query(
                 &format!(
-                    "SELECT {SITE_COLS} FROM sites si WHERE si.id > $1 ORDER BY si.id LIMIT $2"
+                    "SELECT {SITE_COLS} FROM sites si WHERE si.id > $1 \
+                     AND ($3::bool IS NULL OR si.down = $3) ORDER BY si.id LIMIT $2"
                 ),
                 &[
                     &page.after.clone().unwrap_or_default(),
                     &limit_plus_one(&page),
+                    &down,
                 ],
             )
             .await?;
         let rows = rows.iter().map(site).collect();
         Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.clone()))
+    }
+
+    async fn site_sensors(
+        &self,
+        site_id: String,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        let c = self.db.get("site_sensors").await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.site_id = $1 AND s.id > $2 \
+                     AND ($3::text IS NULL OR COALESCE(st.connection, 'unknown') = $3) \
+                     ORDER BY s.id LIMIT $4"
+                ),
+                &[
+                    &site_id,
+                    &page.after.clone().unwrap_or_default(),
+                    &connection.map(|c| c.as_str().to_string()),
+                    &limit_plus_one(&page),
+                ],
+            )
+            .await?;
+        let rows = rows
+            .iter()
+            .map(row::sensor_view)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+    }
+
+    async fn site_totals(&self) -> Result<SiteTotals> {
+        let c = self.db.get("site_totals").await?;
+        let r = c.query_one(SITE_TOTALS, &[]).await?;
+        Ok(SiteTotals {
+            down: r.get::<_, i64>(0) as u64,
+            held: r.get::<_, i64>(1) as u64,
+            oldest_grace: r.get(2),
+        })
     }
 
     async fn replace_site(&self, s: Site) -> Result<bool> {
@@ -128,7 +174,7 @@ impl Sites for PgStore {
         Ok(n > 0)
     }
 
-    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Vec<NotificationRef>> {
+    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Decided> {
         let mut c = self.db.get("decide_sites").await?;
         // A round every second on every node: no transaction when nothing is due.
         let due: bool = c
@@ -142,11 +188,11 @@ impl Sites for PgStore {
             .await?
             .get(0);
         if !due {
-            return Ok(Vec::new());
+            return Ok(Decided::default());
         }
         let tx = c.transaction().await?;
-        let made = super::site_rounds::decide_sites(&tx, rules, now).await?;
+        let decided = super::site_rounds::decide_sites(&tx, rules, now).await?;
         tx.commit().await?;
-        Ok(made)
+        Ok(decided)
     }
 }

@@ -85,6 +85,7 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
         "INSERT INTO silenced_pairs (client_id, sensor_id) VALUES (?1, ?2) \
          ON CONFLICT DO NOTHING",
     )?;
+    super::super::count_silenced(silenced.len());
     let mut seqs = HashSet::with_capacity(silenced.len());
     for (seq, client, sensor) in silenced {
         pair.execute(params![client, sensor])?;

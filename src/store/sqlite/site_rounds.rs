@@ -7,11 +7,11 @@ use std::collections::HashSet;
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use super::super::{Error, NotificationRef, Result};
+use super::super::{Decided, Error, NotificationRef, Result};
 use crate::domain::notification::new_notification_id;
 use crate::domain::silence::Match;
-use crate::domain::site::Site;
 use crate::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use crate::domain::site::{Site, SiteEvent};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, client};
 
 /// Makes one notification of `event` for `client`, pending, with a site's `body`.
@@ -151,11 +151,7 @@ pub(super) const DUE: &str = "pending_since <= ?1 OR (down AND EXISTS \
      (SELECT 1 FROM site_held h WHERE h.site_id = sites.id))";
 
 /// Decides every due site in one transaction; answers the notifications made.
-pub(super) fn decide_sites(
-    tx: &Transaction,
-    rules: Rules,
-    now: Millis,
-) -> Result<Vec<NotificationRef>> {
+pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Result<Decided> {
     let due = tx
         .prepare_cached(&format!(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
@@ -177,11 +173,13 @@ pub(super) fn decide_sites(
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut made = Vec::new();
+    let mut decided = Decided::default();
     for (site, state) in due {
-        made.extend(decide_one(tx, &site, &state, rules, now)?);
+        let (made, changed) = decide_one(tx, &site, &state, rules, now)?;
+        decided.made.extend(made);
+        decided.changed.extend(changed);
     }
-    Ok(made)
+    Ok(decided)
 }
 
 fn decide_one(
@@ -190,7 +188,7 @@ fn decide_one(
     state: &SiteState,
     rules: Rules,
     now: Millis,
-) -> Result<Vec<NotificationRef>> {
+) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
     let sensor = |s: String| {
         SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
     };
@@ -258,7 +256,7 @@ fn decide_one(
         .collect::<Result<Vec<_>>>()?;
     let clients = linked(tx, &site.id)?;
     let Some(d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     let mut made = Vec::with_capacity(d.made.len());
     for m in &d.made {
@@ -290,7 +288,7 @@ fn decide_one(
         let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;
         made.retain(|n| !silenced.contains(&n.seq));
     }
-    Ok(made)
+    Ok((made, d.changed))
 }
 
 /// The clients linked to the site's sensors, each with its sensors of the site.

@@ -3,12 +3,12 @@
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::super::{Error, NotificationRef, Page, PageRequest, Result, Sites, limit_plus_one};
+use super::super::rows::{self as row, SENSOR_COLS, SITE_TOTALS};
+use super::super::{Decided, Error, Page, PageRequest, Result, SensorView, Sites, limit_plus_one};
 use super::SqliteStore;
-use crate::domain::Millis;
-use crate::domain::SensorId;
 use crate::domain::site::decide::Rules;
-use crate::domain::site::{Site, SiteCounts};
+use crate::domain::site::{Site, SiteCounts, SiteTotals};
+use crate::domain::{Connection, Millis, SensorId};
 
 /// A site and its counts, over `sites si`: [`site`].
 const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.created_at, \
@@ -75,21 +75,69 @@ impl Sites for SqliteStore {
         .await
     }
 
-    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>> {
+    async fn list_sites(
+        &self,
+        down: Option<bool>,
+        page: PageRequest,
+    ) -> Result<Page<(Site, SiteCounts)>> {
         self.read(move |c| {
             let rows = c
                 .prepare_cached(&format!(
-                    "SELECT {SITE_COLS} FROM sites si WHERE si.id > ?1 ORDER BY si.id LIMIT ?2"
+                    "SELECT {SITE_COLS} FROM sites si WHERE si.id > ?1 \
+                     AND (?3 IS NULL OR si.down = ?3) ORDER BY si.id LIMIT ?2"
                 ))?
                 .query_map(
                     params![
                         page.after.clone().unwrap_or_default(),
-                        limit_plus_one(&page)
+                        limit_plus_one(&page),
+                        down
                     ],
                     site,
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.clone()))
+        })
+        .await
+    }
+
+    async fn site_sensors(
+        &self,
+        site_id: String,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.read(move |c| {
+            let rows = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.site_id = ?1 AND s.id > ?2 \
+                     AND (?3 = '' OR COALESCE(st.connection, 'unknown') = ?3) \
+                     ORDER BY s.id LIMIT ?4"
+                ))?
+                .query_map(
+                    params![
+                        site_id,
+                        page.after.clone().unwrap_or_default(),
+                        connection.map(|c| c.as_str()).unwrap_or(""),
+                        limit_plus_one(&page)
+                    ],
+                    |r| row::sensor_view(r),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
+        })
+        .await
+    }
+
+    async fn site_totals(&self) -> Result<SiteTotals> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(SITE_TOTALS)?.query_row([], |r| {
+                Ok(SiteTotals {
+                    down: r.get::<_, i64>(0)? as u64,
+                    held: r.get::<_, i64>(1)? as u64,
+                    oldest_grace: r.get(2)?,
+                })
+            })?)
         })
         .await
     }
@@ -126,7 +174,7 @@ impl Sites for SqliteStore {
         .await
     }
 
-    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Vec<NotificationRef>> {
+    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Decided> {
         // Looked for on a reader first: a round every second must not write (an empty
         // write would also end a full disk's episode in the store's eyes).
         let since = now - rules.grace;
@@ -140,13 +188,13 @@ impl Sites for SqliteStore {
             })
             .await?;
         if !due {
-            return Ok(Vec::new());
+            return Ok(Decided::default());
         }
         self.write(move |c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let made = super::site_rounds::decide_sites(&tx, rules, now)?;
+            let decided = super::site_rounds::decide_sites(&tx, rules, now)?;
             tx.commit()?;
-            Ok(made)
+            Ok(decided)
         })
         .await
     }

@@ -117,6 +117,117 @@ async fn the_stream_carries_committed_changes_lost_and_restored() {
     assert!(!matches!(end, Ok(Some(_))), "{end:?}");
 }
 
+/// Issue #50: a site that goes down and comes back is one stream event each, with its
+/// sensors counted, and the console's lists show it: down first, its lost sensors.
+#[tokio::test]
+async fn the_stream_carries_a_site_going_down_and_coming_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = Clock::manual(now_ms());
+    let s = TestServer::start_clocked(
+        tmp.path(),
+        |c| {
+            c.heartbeat_timeout = Duration::from_secs(2);
+            c.site_grace = Duration::from_secs(1);
+        },
+        clock.clone(),
+    )
+    .await;
+    let site = unique("bldg");
+    let (status, _) = s.post("/v1/sites", json!({"id": site})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = s
+        .post("/v1/sites", json!({"id": format!("{site}-b")}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let ids: Vec<String> = (0..4).map(|i| unique(&format!("ss{i}"))).collect();
+    for id in &ids {
+        let (status, _) = s
+            .post(
+                "/v1/sensors",
+                json!({"id": id, "address": "Svobody 23", "site_id": site}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let t0 = clock.now();
+    // Three of four report, then fall silent; the fourth never reported.
+    s.readings(json!(
+        ids[..3]
+            .iter()
+            .map(|id| json!({"sensor_id": id, "data": 1}))
+            .collect::<Vec<_>>()
+    ))
+    .await;
+    let mut stream = Stream::start(&s).await;
+    clock.set(t0 + 2_000);
+    let mut lost = 0;
+    while lost < 3 {
+        let (name, _) = stream.next().await;
+        assert_eq!(name, "sensor.connection_lost", "the sensors' own first");
+        lost += 1;
+    }
+    // The grace (1 s) runs out on the next rounds.
+    clock.set(t0 + 4_000);
+    let (name, data) = stream.next().await;
+    assert_eq!(name, "site.connection_lost");
+    assert_eq!(data["type"], "site.connection_lost");
+    assert_eq!(data["site_id"], site.as_str());
+    assert_eq!(
+        (data["sensors"].clone(), data["lost"].clone()),
+        (json!(4), json!(3))
+    );
+    assert!(data["at"].is_string());
+
+    let (_, down) = s.get("/v1/sites?state=down").await;
+    let named: Vec<&str> = down["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(named, [site.as_str()], "the other site is up");
+    let (_, up) = s.get("/v1/sites?state=up").await;
+    assert_eq!(up["items"][0]["id"], format!("{site}-b"));
+    let (status, _) = s.get("/v1/sites?state=sideways").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, lost) = s
+        .get(&format!("/v1/sites/{site}/sensors?connection=lost&limit=2"))
+        .await;
+    assert_eq!(lost["items"].as_array().unwrap().len(), 2);
+    assert_eq!(lost["items"][0]["status"]["connection"], "lost");
+    assert!(lost["next_cursor"].is_string(), "a third lost one: {lost}");
+    let (_, all) = s.get(&format!("/v1/sites/{site}/sensors")).await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 4);
+    let (status, _) = s.get("/v1/sites/nowhere/sensors").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    s.readings(json!(
+        ids[..3]
+            .iter()
+            .map(|id| json!({"sensor_id": id, "data": 0}))
+            .collect::<Vec<_>>()
+    ))
+    .await;
+    clock.set(t0 + 6_000);
+    let mut names = Vec::new();
+    loop {
+        let (name, data) = stream.next().await;
+        if name == "site.connection_restored" {
+            assert_eq!(
+                (data["site_id"].as_str(), data["lost"].clone()),
+                (Some(site.as_str()), json!(0))
+            );
+            break;
+        }
+        names.push(name);
+    }
+    assert!(
+        names.iter().all(|n| n.starts_with("sensor.")),
+        "the sensors' own events before the site's: {names:?}"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn the_stream_asks_for_the_token() {
     let token = format!("t-{}", unique("tok"));

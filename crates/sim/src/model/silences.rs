@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use latch::domain::Event;
 use latch::domain::silence::{self, Silence, SilenceState, View};
 use latch::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
-use latch::domain::site::{Site, SiteCounts};
+use latch::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
-use latch::store::{Error, Page, PageRequest, Result, Silences, Sites};
+use latch::store::{Decided, Error, Page, PageRequest, Result, SensorView, Silences, Sites};
 
 use super::node::NodeStore;
 use super::registry::{after, page_of};
@@ -72,7 +72,7 @@ impl Tables {
         }
     }
 
-    fn decide_sites(&mut self, cx: &Cx, rules: Rules, now: Millis) -> Vec<NotificationRef> {
+    fn decide_sites(&mut self, cx: &Cx, rules: Rules, now: Millis) -> Decided {
         // As the backends: those whose grace ran out first, then down ones with held events.
         let mut due: Vec<(bool, String)> = self
             .sites
@@ -86,11 +86,13 @@ impl Tables {
             .collect();
         due.sort();
         let due: Vec<String> = due.into_iter().take(500).map(|(_, id)| id).collect();
-        let mut made = Vec::new();
+        let mut decided = Decided::default();
         for id in due {
-            made.extend(self.decide_site(cx, &id, rules, now));
+            let (made, changed) = self.decide_site(cx, &id, rules, now);
+            decided.made.extend(made);
+            decided.changed.extend(changed);
         }
-        made
+        decided
     }
 
     fn decide_site(
@@ -99,7 +101,7 @@ impl Tables {
         id: &str,
         rules: Rules,
         now: Millis,
-    ) -> Vec<NotificationRef> {
+    ) -> (Vec<NotificationRef>, Option<SiteEvent>) {
         let site = self.sites[id].clone();
         let state: SiteState = self.site_states.get(id).cloned().unwrap_or_default();
         let members: Vec<Member> = self
@@ -150,7 +152,7 @@ impl Tables {
             c.sensors.sort();
         }
         let Some(d) = decide::decide(&site, &state, &members, &held, &clients, &rules, now) else {
-            return Vec::new();
+            return (Vec::new(), None);
         };
         let before = self.next.seq;
         let mut made = Vec::new();
@@ -163,7 +165,22 @@ impl Tables {
         self.site_states.insert(id.to_string(), d.state);
         let silenced = self.silence_new(cx, before, now);
         made.retain(|n| !silenced.contains(&n.seq));
-        made
+        (made, d.changed)
+    }
+
+    /// As `rows::SITE_TOTALS`.
+    fn site_totals(&self) -> SiteTotals {
+        let up = |site: &String| self.site_states.get(site).is_none_or(|s| !s.down);
+        SiteTotals {
+            down: self.site_states.values().filter(|s| s.down).count() as u64,
+            held: self.site_held.values().filter(|(s, _)| up(s)).count() as u64,
+            oldest_grace: self
+                .site_states
+                .values()
+                .filter(|s| !s.down)
+                .filter_map(|s| s.pending_since)
+                .min(),
+        }
     }
 
     fn site_counts(&self, site: &Site) -> SiteCounts {
@@ -333,16 +350,45 @@ impl Sites for NodeStore {
         .await
     }
 
-    async fn list_sites(&self, page: PageRequest) -> Result<Page<(Site, SiteCounts)>> {
+    async fn list_sites(
+        &self,
+        down: Option<bool>,
+        page: PageRequest,
+    ) -> Result<Page<(Site, SiteCounts)>> {
         self.run("list_sites", false, |t, _| {
             let rows = t
                 .sites
                 .values()
                 .filter(|s| after(&s.id, &page))
-                .map(|s| (s.clone(), t.site_counts(s)));
+                .map(|s| (s.clone(), t.site_counts(s)))
+                .filter(|(_, c)| down.is_none_or(|d| c.down == d));
             Ok(page_of(rows, &page, |(s, _)| s.id.clone()))
         })
         .await
+    }
+
+    async fn site_sensors(
+        &self,
+        site_id: String,
+        connection: Option<Connection>,
+        page: PageRequest,
+    ) -> Result<Page<SensorView>> {
+        self.run("site_sensors", false, |t, _| {
+            let rows = t
+                .sensors
+                .values()
+                .filter(|s| s.site_id.as_deref() == Some(site_id.as_str()))
+                .filter(|s| after(&s.id.to_string(), &page))
+                .filter_map(|s| t.sensor_view(s.id))
+                .filter(|(_, st)| connection.is_none_or(|c| st.connection == c));
+            Ok(page_of(rows, &page, |(s, _)| s.id.to_string()))
+        })
+        .await
+    }
+
+    async fn site_totals(&self) -> Result<SiteTotals> {
+        self.run("site_totals", false, |t, _| Ok(t.site_totals()))
+            .await
     }
 
     async fn replace_site(&self, site: Site) -> Result<bool> {
@@ -357,7 +403,7 @@ impl Sites for NodeStore {
         .await
     }
 
-    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Vec<NotificationRef>> {
+    async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Decided> {
         self.run("decide_sites", true, |t, cx| {
             Ok(t.decide_sites(cx, rules, now))
         })
