@@ -1,166 +1,264 @@
-//! Sites (issue #50) through a running latch on the store under test: a building that goes
-//! dark is one `site.connection_lost` per client and site, naming only that client's
-//! sensors, and no sensor-level loss for them; a sensor lost alone in a site that stays up
-//! is its own loss after the grace; the site's return is one `site.connection_restored`.
+//! Sites (issue #50) through a running latch, at the issue's size: a fleet that goes dark
+//! in its sites is one `site.connection_lost` per client and site, naming only that
+//! client's sensors, and no sensor-level loss for them; a sensor lost alone in a site that
+//! stays up is its own loss after the grace; a lost gateway takes its site down; the
+//! sites' return is one `site.connection_restored` per client told, listing what is back
+//! and what is still lost. On one node and the store under test, and on three nodes one
+//! of which is killed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use latch::clock::Clock;
 use latch::domain::time::now_ms;
 
-use crate::utils::{Receiver, TestServer, eventually, unique};
+use crate::utils::site_fleet::{
+    CLIENTS, Fleet, Place, Site, by_type, ids, once_per_site, readings, sensors_of,
+};
+use crate::utils::{Receiver, TestServer, eventually, test_config};
 
-/// Per type, the notifications `r` received.
-fn by_type(r: &Receiver) -> BTreeMap<String, Vec<Value>> {
-    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for g in r.received() {
-        let t = g.body["type"].as_str().unwrap_or_default().to_string();
-        out.entry(t).or_default().push(g.body);
-    }
-    out
-}
-
-fn ids(v: &Value) -> Vec<String> {
-    let mut ids: Vec<String> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect();
-    ids.sort();
-    ids
-}
-
+/// The issue's size on one node, on the store under test: 10,000 sensors in 50 sites go
+/// silent at once, one sensor of a site of ten does, and a site's gateway does; four
+/// clients each linked to a different share of them. Time is the test's (a manual clock),
+/// so the grace is exact: nothing reaches anyone before it runs out; then each client gets
+/// one `site.connection_lost` per site it has lost sensors in, naming exactly those, and
+/// no sensor-level loss of them; the lone sensor's own loss; the gateway's site down. Back
+/// but for one sensor each, every site is one `site.connection_restored` per client told,
+/// listing its sensors back and still lost; those come back on their own.
 #[tokio::test]
-async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
+async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_site() {
     let tmp = tempfile::tempdir().unwrap();
     let clock = Clock::manual(now_ms());
     let tweak = |c: &mut latch::config::Config| {
         c.heartbeat_timeout = Duration::from_secs(5);
         c.site_grace = Duration::from_secs(10);
     };
+    let receivers: Vec<Receiver> =
+        futures::future::join_all((0..CLIENTS).map(|_| Receiver::start())).await;
+    let urls: Vec<String> = receivers.iter().map(|r| r.url.clone()).collect();
+    let mut fleet = Fleet::plan();
+    fleet
+        .import(&test_config(tmp.path()).await, &urls, None)
+        .await;
     let s = TestServer::start_clocked(tmp.path(), tweak, clock.clone()).await;
-    let (all_r, half_r) = (Receiver::start().await, Receiver::start().await);
-    let (all, half) = (s.client(&all_r.url).await, s.client(&half_r.url).await);
-    // Three buildings go dark; in a fourth one sensor alone goes silent.
-    let mut sites: Vec<(String, Vec<String>)> = Vec::new();
-    for _ in 0..4 {
-        let site = unique("bldg-");
-        let (code, body) = s
-            .post("/v1/sites", json!({"id": site, "name": "a building"}))
-            .await;
-        assert_eq!(code, StatusCode::CREATED, "{body}");
-        let mut sensors = Vec::new();
-        for i in 0..10 {
-            let id = unique(&format!("st{i}"));
-            let (code, body) = s
-                .post(
-                    "/v1/sensors",
-                    json!({"id": id, "address": format!("room {i}"), "site_id": site}),
-                )
-                .await;
-            assert_eq!(code, StatusCode::CREATED, "{body}");
-            s.link(&all, &id).await;
-            if i % 2 == 0 {
-                s.link(&half, &id).await;
+    let every: Vec<&String> = fleet.sites.iter().flat_map(|x| &x.sensors).collect();
+    for r in readings(every, 1) {
+        s.readings(r).await;
+    }
+    let lone = fleet.site(Place::Lone).clone();
+    let gate = fleet.site(Place::Gate).clone();
+    let keep_alive: Vec<&String> = lone.sensors[1..].iter().chain(&gate.sensors[1..]).collect();
+    let tick = |n: u64| {
+        let (s, clock, keep_alive) = (&s, &clock, &keep_alive);
+        async move {
+            for _ in 0..n {
+                clock.advance(Duration::from_secs(1));
+                for r in readings(keep_alive.iter().copied(), 1) {
+                    s.readings(r).await;
+                }
+                s.engine_round().await;
             }
-            sensors.push(id);
         }
-        sites.push((site, sensors));
-    }
-    let every: Vec<&String> = sites.iter().flat_map(|(_, ss)| ss).collect();
-    let report = |ids: Vec<&String>| {
-        Value::Array(
-            ids.iter()
-                .map(|id| json!({"sensor_id": id, "data": 1}))
-                .collect(),
-        )
     };
-    s.readings(report(every.clone())).await;
-    eventually(20, "the first states", || async {
-        (all_r.received().len() >= 40 && half_r.received().len() >= 20).then_some(())
-    })
-    .await;
-    let (lone_site, lone_sensors) = &sites[3];
-    let lone = &lone_sensors[0];
-    let keep_alive: Vec<&String> = lone_sensors[1..].iter().collect();
-    // Past the timeout and then the grace, the fourth building's other sensors report.
-    for _ in 0..20 {
-        clock.advance(Duration::from_secs(1));
-        s.readings(report(keep_alive.clone())).await;
-        s.engine_round().await;
+    // Lost at 5 s; the grace runs to 15 s. At 14 s, all is still held.
+    tick(14).await;
+    s.dispatcher_round().await;
+    for r in &receivers {
+        assert!(
+            r.received().is_empty(),
+            "nothing before the grace ran out: {:?}",
+            r.received().first().map(|g| &g.body)
+        );
     }
-    let got = eventually(20, "the sites' decisions", || async {
-        let t = by_type(&all_r);
-        let sites = t.get("site.connection_lost").map_or(0, Vec::len);
-        let lone = t.get("sensor.connection_lost").map_or(0, Vec::len);
-        (sites >= 3 && lone >= 1).then_some(t)
-    })
-    .await;
-    let site_lost = &got["site.connection_lost"];
-    assert_eq!(site_lost.len(), 3, "one per dark building");
-    for e in site_lost {
-        assert_eq!(e["sensors"].as_array().unwrap().len(), 10);
-        assert_eq!(e["sensors_total"], 10);
-        assert_ne!(e["site"]["id"], json!(lone_site));
+    tick(2).await;
+    let got = settled(&receivers, |c| expected_lost(&fleet, c)).await;
+    for (c, got) in got.iter().enumerate() {
+        check_lost(&fleet, c, got);
     }
-    let own: Vec<&Value> = got["sensor.connection_lost"].iter().collect();
-    assert_eq!(
-        own.len(),
-        1,
-        "no sensor-level loss for the dark buildings: {own:?}"
-    );
-    assert_eq!(own[0]["sensor"]["id"], json!(lone));
+    for site in [&fleet.sites[0], &gate] {
+        let (_, read) = s.get(&format!("/v1/sites/{}", site.id)).await;
+        assert_eq!(read["status"]["state"], "down", "{read}");
+    }
+    let (_, read) = s.get(&format!("/v1/sites/{}", lone.id)).await;
+    assert_eq!(read["status"]["state"], "up", "{read}");
+    assert_eq!(read["status"]["lost"], 1, "{read}");
 
-    let half_got = eventually(20, "the other client's", || async {
-        let t = by_type(&half_r);
-        (t.get("site.connection_lost").map_or(0, Vec::len) >= 3).then_some(t)
-    })
-    .await;
-    for e in &half_got["site.connection_lost"] {
-        let site = sites
-            .iter()
-            .find(|(id, _)| e["site"]["id"] == json!(id))
-            .unwrap();
-        let mine: Vec<String> = {
-            let mut v: Vec<String> = site.1.iter().step_by(2).cloned().collect();
-            v.sort();
-            v
-        };
-        assert_eq!(ids(&e["sensors"]), mine, "only its own sensors");
-        assert_eq!(e["sensors_total"], 5);
+    // Back, but for the first sensor of each dark site; the gateway and the lone sensor too.
+    let back: Vec<&String> = fleet
+        .dark()
+        .flat_map(|x| &x.sensors[1..])
+        .chain([&gate.sensors[0], &lone.sensors[0]])
+        .collect();
+    for r in readings(back, 0) {
+        s.readings(r).await;
     }
-    let (_, read) = s.get(&format!("/v1/sites/{}", sites[0].0)).await;
-    assert_eq!(read["status"]["state"], "down", "{read}");
-
-    // The first building comes back but for one sensor: one restoration naming it still lost.
-    let back: Vec<&String> = sites[0].1[1..].iter().collect();
-    s.readings(report(back)).await;
-    clock.advance(Duration::from_secs(2));
-    s.engine_round().await;
-    let restored = eventually(20, "the site's restoration", || async {
-        by_type(&all_r).get("site.connection_restored").cloned()
+    tick(2).await;
+    let got = settled(&receivers, |c| {
+        expected_lost(&fleet, c) + expected_restored(&fleet, c)
     })
     .await;
-    assert_eq!(restored.len(), 1);
-    assert_eq!(restored[0]["restored"].as_array().unwrap().len(), 9);
-    assert_eq!(ids(&restored[0]["still_lost"]), [sites[0].1[0].clone()]);
-    assert!(
-        !by_type(&all_r).contains_key("sensor.connection_restored"),
-        "no sensor-level restoration for those the site's event told"
-    );
-    // The one still lost comes back on its own: its own restoration.
-    s.readings(report(vec![&sites[0].1[0]])).await;
-    let own = eventually(20, "its own restoration", || async {
-        by_type(&all_r).get("sensor.connection_restored").cloned()
+    for (c, got) in got.iter().enumerate() {
+        check_restored(&fleet, c, got);
+    }
+    // The ones still lost come back on their own: each its own restoration.
+    let last: Vec<&String> = fleet.dark().map(|x| &x.sensors[0]).collect();
+    for r in readings(last, 1) {
+        s.readings(r).await;
+    }
+    tick(2).await;
+    let got = settled(&receivers, |c| {
+        expected_lost(&fleet, c) + expected_restored(&fleet, c) + firsts(&fleet, c).len()
     })
     .await;
-    assert_eq!(own[0]["sensor"]["id"], json!(sites[0].1[0]));
+    for (c, got) in got.iter().enumerate() {
+        let mut own = firsts(&fleet, c);
+        if fleet.clients[c].1.contains(&lone.sensors[0]) {
+            own.push(lone.sensors[0].clone());
+        }
+        own.sort();
+        assert_eq!(
+            sensors_of(got, "sensor.connection_restored"),
+            own,
+            "client {c}"
+        );
+        check_restored(&fleet, c, got);
+    }
+    for site in [&fleet.sites[0], &gate] {
+        let (_, read) = s.get(&format!("/v1/sites/{}", site.id)).await;
+        assert_eq!(read["status"]["state"], "up", "{read}");
+    }
+    // Nothing more comes of it: every notification was made once.
+    s.dispatcher_round().await;
+    let again: Vec<_> = receivers.iter().map(by_type).collect();
+    assert_eq!(again, got, "nothing after the last return");
     s.stop().await;
+}
+
+/// Waits until each client has received `want(c)` notifications and answers what each got
+/// (each notification once), a moment later so that one too many would be seen.
+async fn settled(
+    receivers: &[Receiver],
+    want: impl Fn(usize) -> usize,
+) -> Vec<BTreeMap<String, Vec<Value>>> {
+    for (c, r) in receivers.iter().enumerate() {
+        let n = want(c);
+        eventually(60, &format!("client {c}'s {n} notifications"), || async {
+            let got = by_type(r);
+            (got.values().map(Vec::len).sum::<usize>() >= n).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    receivers.iter().map(by_type).collect()
+}
+
+/// Client `c`'s dark sites' first sensors.
+fn firsts(fleet: &Fleet, c: usize) -> Vec<String> {
+    fleet
+        .dark()
+        .map(|x| x.sensors[0].clone())
+        .filter(|id| fleet.clients[c].1.contains(id))
+        .collect()
+}
+
+/// The sites whose loss client `c` is told of: the dark ones it has sensors in, and the
+/// gateway's if it is linked to the gateway.
+fn told_sites(fleet: &Fleet, c: usize) -> Vec<&Site> {
+    let gate = fleet.site(Place::Gate);
+    fleet
+        .dark()
+        .filter(|x| !fleet.mine(c, x).is_empty())
+        .chain(
+            fleet.clients[c]
+                .1
+                .contains(&gate.sensors[0])
+                .then_some(gate),
+        )
+        .collect()
+}
+
+/// How many notifications the outage makes for client `c`: a site's loss per site it
+/// is told of, and the lone sensor's own.
+fn expected_lost(fleet: &Fleet, c: usize) -> usize {
+    let lone = &fleet.site(Place::Lone).sensors[0];
+    told_sites(fleet, c).len() + usize::from(fleet.clients[c].1.contains(lone))
+}
+
+/// What the return makes for client `c`: a site's return per site told of, and the lone
+/// sensor's own.
+fn expected_restored(fleet: &Fleet, c: usize) -> usize {
+    expected_lost(fleet, c)
+}
+
+/// Each site client `c` is told of once, naming exactly its sensors of the site that are
+/// lost (of the gateway's site, the gateway), with how many of its sensors the site has;
+/// no sensor-level loss but the lone sensor's.
+fn check_lost(fleet: &Fleet, c: usize, got: &BTreeMap<String, Vec<Value>>) {
+    let lost = once_per_site(got, "site.connection_lost");
+    let told = told_sites(fleet, c);
+    let want: Vec<&str> = told.iter().map(|x| x.id.as_str()).collect();
+    assert_eq!(
+        lost.keys().map(String::as_str).collect::<Vec<_>>(),
+        {
+            let mut w = want.clone();
+            w.sort();
+            w
+        },
+        "client {c}: the sites it is told of"
+    );
+    for site in told {
+        let e = lost[&site.id];
+        let mine = fleet.mine(c, site);
+        let named = match site.place {
+            Place::Gate => vec![site.sensors[0].clone()],
+            _ => mine.clone(),
+        };
+        assert_eq!(
+            ids(&e["sensors"]),
+            named,
+            "client {c}, {}: only its own lost sensors",
+            site.id
+        );
+        assert_eq!(e["sensors_total"], mine.len(), "client {c}, {}", site.id);
+    }
+    let lone = &fleet.site(Place::Lone).sensors[0];
+    let own: Vec<String> = fleet.clients[c]
+        .1
+        .contains(lone)
+        .then(|| lone.clone())
+        .into_iter()
+        .collect();
+    assert_eq!(
+        sensors_of(got, "sensor.connection_lost"),
+        own,
+        "client {c}: no sensor-level loss but the lone one's"
+    );
+}
+
+/// Each site client `c` was told of is back once, listing its sensors back and still lost.
+fn check_restored(fleet: &Fleet, c: usize, got: &BTreeMap<String, Vec<Value>>) {
+    check_lost(fleet, c, got);
+    let restored = once_per_site(got, "site.connection_restored");
+    let told = told_sites(fleet, c);
+    assert_eq!(
+        restored.len(),
+        told.len(),
+        "client {c}: one return per site told"
+    );
+    for site in told {
+        let e = restored[&site.id];
+        let (back, still): (Vec<String>, Vec<String>) = match site.place {
+            Place::Gate => (vec![site.sensors[0].clone()], Vec::new()),
+            _ => fleet
+                .mine(c, site)
+                .into_iter()
+                .partition(|id| *id != site.sensors[0]),
+        };
+        assert_eq!(ids(&e["restored"]), back, "client {c}, {}", site.id);
+        assert_eq!(ids(&e["still_lost"]), still, "client {c}, {}", site.id);
+    }
 }
 
 /// Three nodes: a site's 20 sensors spread over their partitions go silent, and the node
@@ -170,6 +268,7 @@ async fn a_dark_building_is_one_alarm_per_client_and_a_lone_loss_its_own() {
 #[tokio::test]
 async fn a_cluster_decides_a_site_once_though_a_node_is_killed() {
     use crate::utils::cluster::{Cluster, post_until_accepted};
+    use crate::utils::unique;
     let env = [("LATCH_SITE_GRACE", "5s".to_string())];
     let Some(mut c) = Cluster::start_env(3, &env).await else {
         return;
