@@ -12,14 +12,14 @@ use serde_json::{Value, json};
 use super::{Received, Receiver};
 
 /// The dark sites and their sensors: all of them go silent at once.
-pub const DARK_SITES: usize = 50;
-pub const PER_SITE: usize = 200;
+const DARK_SITES: usize = 50;
+const PER_SITE: usize = 200;
 /// The two small sites' sensors.
-pub const SMALL: usize = 10;
+const SMALL: usize = 10;
 
 /// The types the fleet's clients take: everything but state changes, so the readings that
 /// start every sensor make no webhooks, and what arrives is what the sites decided.
-pub const LIVENESS: [&str; 4] = [
+const LIVENESS: [&str; 4] = [
     "sensor.connection_lost",
     "sensor.connection_restored",
     "site.connection_lost",
@@ -47,7 +47,7 @@ pub struct Site {
 /// The fleet: its sites, and each client's sensors.
 pub struct Fleet {
     pub sites: Vec<Site>,
-    /// Per client (in the order of [`Fleet::links`]), its id and its sensors.
+    /// Per client (`c` in [`linked`]), its id and its sensors.
     pub clients: Vec<(String, BTreeSet<String>)>,
 }
 
@@ -202,7 +202,7 @@ pub fn by_type(r: &Receiver) -> BTreeMap<String, Vec<Value>> {
     by_type_of(&r.received())
 }
 
-pub fn by_type_of(got: &[Received]) -> BTreeMap<String, Vec<Value>> {
+fn by_type_of(got: &[Received]) -> BTreeMap<String, Vec<Value>> {
     let mut seen: BTreeMap<String, Value> = BTreeMap::new();
     let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for g in got {
