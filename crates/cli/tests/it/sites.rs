@@ -111,9 +111,9 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
         );
     }
     tick(2).await;
-    let got = settled(receivers, |c| expected_lost(&fleet, c)).await;
+    let got = settled(receivers, |c| expected_lost(fleet, c)).await;
     for (c, got) in got.iter().enumerate() {
-        check_lost(&fleet, c, got);
+        check_lost(fleet, c, got);
     }
     for site in [&fleet.sites[0], &gate] {
         let (_, read) = s.get(&format!("/v1/sites/{}", site.id)).await;
@@ -134,11 +134,11 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
     }
     tick(2).await;
     let got = settled(receivers, |c| {
-        expected_lost(&fleet, c) + expected_restored(&fleet, c)
+        expected_lost(fleet, c) + expected_restored(fleet, c)
     })
     .await;
     for (c, got) in got.iter().enumerate() {
-        check_restored(&fleet, c, got);
+        check_restored(fleet, c, got);
     }
     // The ones still lost come back on their own: each its own restoration.
     let last: Vec<&String> = fleet.dark().map(|x| &x.sensors[0]).collect();
@@ -147,11 +147,11 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
     }
     tick(2).await;
     let got = settled(receivers, |c| {
-        expected_lost(&fleet, c) + expected_restored(&fleet, c) + firsts(&fleet, c).len()
+        expected_lost(fleet, c) + expected_restored(fleet, c) + firsts(fleet, c).len()
     })
     .await;
     for (c, got) in got.iter().enumerate() {
-        let mut own = firsts(&fleet, c);
+        let mut own = firsts(fleet, c);
         if fleet.clients[c].1.contains(&lone.sensors[0]) {
             own.push(lone.sensors[0].clone());
         }
@@ -161,7 +161,7 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
             own,
             "client {c}"
         );
-        check_restored(&fleet, c, got);
+        check_restored(fleet, c, got);
     }
     for site in [&fleet.sites[0], &gate] {
         let (_, read) = s.get(&format!("/v1/sites/{}", site.id)).await;

@@ -56,10 +56,10 @@ pub struct Fleet {
 fn linked(c: usize, place: Place, i: usize) -> bool {
     match (c, place) {
         (0, _) => true,
-        (1, Place::Dark(s)) => s % 2 == 0,
+        (1, Place::Dark(s)) => s.is_multiple_of(2),
         (1, _) => true,
-        (2, _) => i % 3 == 0,
-        (3, Place::Dark(s)) => s < 10 && i % 2 == 1,
+        (2, _) => i.is_multiple_of(3),
+        (3, Place::Dark(s)) => s < 10 && !i.is_multiple_of(2),
         (3, Place::Gate) => i != 0,
         _ => false,
     }
