@@ -87,6 +87,25 @@ async fn feed(
     out
 }
 
+/// Waits until latch has no notification pending: every one made for the outage answered,
+/// so the counts by type are final.
+async fn settle(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+    let give_up = Instant::now() + Duration::from_secs(300);
+    loop {
+        let fleet: serde_json::Value = http
+            .get(format!("{base}/v1/fleet"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if fleet["notifications_pending"] == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < give_up, "still pending: {fleet}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Polls `count` until it reaches `target`, returning when (ms since the epoch); fails
 /// with "only n of target {what}" after `patience`.
 async fn reached(
@@ -216,21 +235,32 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         .ok_or_else(|| anyhow::anyhow!("no connection_lost event found"))?;
     let lag = (all_lost_at - deadline) as f64 / 1000.0;
     // What a client notices: every lost webhook answered. Delivery runs while the outage is
-    // enqueued (its claims and results share the writer) and after it.
-    let delivered_at_all_lost = receiver.events_ok();
-    // With sites, what a client waits for is one event per site.
+    // enqueued (its claims and results share the writer) and after it. With sites, what a
+    // client waits for is one event per site (and only those are counted: a sensor lost
+    // after its site's decision is its own loss).
+    let waited_for = || {
+        if args.sites > 0 {
+            receiver.events_of("site.connection_lost")
+        } else {
+            receiver.events_ok()
+        }
+    };
+    let delivered_at_all_lost = waited_for();
     let expected = if args.sites > 0 {
         args.sites
     } else {
         args.sensors
     };
     let all_delivered_at = reached(
-        || receiver.events_ok(),
+        waited_for,
         expected,
         Duration::from_secs(600 + args.sensors as u64 / 2_000),
         "connection_lost webhooks answered",
     )
     .await?;
+    if args.sites > 0 {
+        settle(&http, &server.base).await?;
+    }
     stop_feed.cancel();
     let fed = match feeding {
         Some(task) => task.await?,
@@ -288,6 +318,16 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     );
     r.add("webhook_requests", receiver.requests() as f64, "requests");
     r.add("sites", args.sites as f64, "sites");
+    r.add(
+        "site_lost_webhooks",
+        receiver.events_of("site.connection_lost") as f64,
+        "webhooks",
+    );
+    r.add(
+        "sensor_lost_webhooks",
+        receiver.events_of("sensor.connection_lost") as f64,
+        "webhooks",
+    );
     r.add(
         "site_grace_s",
         if args.sites > 0 {
@@ -351,7 +391,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
          webhook_requests the requests that carried them. With sites > 0 the sensors are in \
          that many sites (consecutive ids) and the delivery figures count the sites' \
          site.connection_lost events (one per site), decided site_grace_s after the first \
-         loss of each.",
+         loss of each; sensor_lost_webhooks are sensors' own losses, of sensors whose loss \
+         was committed after their site's decision (counted once nothing is pending).",
         args.sensors, args.timeout, args.ingest_rate, FEED_SENSORS, FEED_BATCH, args.batch_max_wait
     ));
     Ok(r)

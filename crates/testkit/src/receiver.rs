@@ -64,6 +64,8 @@ struct Kept {
     max_inflight_total: u32,
     latencies: Vec<f64>,
     by_id: HashMap<String, u32>,
+    /// Answered notifications by `type` (a batch's events each).
+    by_type: HashMap<String, u64>,
 }
 
 struct Shared {
@@ -180,6 +182,12 @@ impl Receiver {
         self.shared.events_ok.load(Ordering::Relaxed)
     }
 
+    /// Answered notifications of type `kind` (a batch's events each; not with
+    /// [`Keep::Counts`]).
+    pub fn events_of(&self, kind: &str) -> u64 {
+        self.kept().by_type.get(kind).copied().unwrap_or(0)
+    }
+
     /// Milliseconds from `occurred_at` to arrival of each 2xx-answered notification (a
     /// batch's events each).
     pub fn latencies(&self) -> Vec<f64> {
@@ -260,6 +268,9 @@ async fn receive(
                 }
                 if let Some(id) = e["id"].as_str() {
                     *k.by_id.entry(id.to_string()).or_default() += 1;
+                }
+                if let Some(t) = e["type"].as_str() {
+                    *k.by_type.entry(t.to_string()).or_default() += 1;
                 }
             }
         }

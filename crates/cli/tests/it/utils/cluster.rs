@@ -55,6 +55,20 @@ impl Cluster {
     /// As [`Cluster::start_env`], but back as soon as `GET /v1/cluster` shows the spread,
     /// while the nodes may still be taking their partitions up.
     pub async fn start_spread(n: usize, env: &[(&'static str, String)]) -> Option<Self> {
+        Self::start_prepared(n, env, |_| async {}).await
+    }
+
+    /// As [`Cluster::start_spread`], once `prepare` has had the fresh schema (given the
+    /// settings the nodes share) before any node starts: a fleet imported in bulk.
+    pub async fn start_prepared<F, Fut>(
+        n: usize,
+        env: &[(&'static str, String)],
+        prepare: F,
+    ) -> Option<Self>
+    where
+        F: FnOnce(latch::config::Config) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         if std::env::var("TEST_STORE").ok().as_deref() == Some("postgres") {
             return None;
         }
@@ -66,6 +80,11 @@ impl Cluster {
                 return None;
             }
         };
+        let mut shared = latch::config::Config::for_data_dir(&schema_dir.path().join("prepare"));
+        shared.database_url = Some(url.clone());
+        shared.secret_key = Some(latch::secrets::SecretKeys(vec![super::TEST_SECRET_KEY]));
+        shared.cluster_partitions = Some(PARTITIONS);
+        prepare(shared).await;
         let mut all = vec![
             ("LATCH_CLUSTER_LEASE", format!("{}s", LEASE.as_secs())),
             ("LATCH_CLUSTER_PARTITIONS", PARTITIONS.to_string()),

@@ -24,6 +24,7 @@ pub mod mosquitto;
 mod process;
 pub mod proxy;
 pub mod receivers;
+pub mod site_fleet;
 pub mod subscriber;
 
 #[allow(unused_imports)]
@@ -84,8 +85,7 @@ impl TestServer {
     /// Starts on `dir` with `clock`: a test holding a manual clock moves time itself
     /// ([`Clock::advance`]) instead of sleeping through timeouts and retry delays.
     pub async fn start_clocked(dir: &Path, tweak: impl FnOnce(&mut Config), clock: Clock) -> Self {
-        let mut config = fast_config(dir);
-        config.database_url = database_url(dir).await;
+        let mut config = test_config(dir).await;
         tweak(&mut config);
         // Servers sharing a database share its key, as a cluster's nodes must.
         if config.database_url.is_some() && config.secret_key.is_none() {
@@ -241,6 +241,17 @@ impl TestServer {
         assert_eq!(s, StatusCode::OK, "{body}");
         body["items"].as_array().unwrap().clone()
     }
+}
+
+/// The settings a [`TestServer`] on `dir` starts with before a test's own: [`fast_config`]
+/// on the store under test. A test may prepare that store with them before it starts.
+pub async fn test_config(dir: &Path) -> Config {
+    let mut config = fast_config(dir);
+    config.database_url = database_url(dir).await;
+    if config.database_url.is_some() {
+        config.secret_key = Some(latch::secrets::SecretKeys(vec![TEST_SECRET_KEY]));
+    }
+    config
 }
 
 /// Fresh ids, so tests never collide even on a shared backend.
