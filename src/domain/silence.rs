@@ -134,6 +134,14 @@ impl View {
         Self { lost, data }
     }
 
+    /// The view of a client that has nothing in a sensor's own lane, kept from it by a
+    /// site's silenced event that named the sensor: it knew the sensor online, with the
+    /// data it has now (`data`), since a change of data is never held and would be in the
+    /// lane.
+    pub fn unseen(data: Option<bool>) -> Self {
+        Self { lost: false, data }
+    }
+
     /// The view a client had before a notification of `kind` (`data`, `previous`) it
     /// never got: for a client that was told nothing before the silence.
     pub fn before(kind: EventKind, data: Option<bool>, previous: Option<bool>) -> Self {
@@ -157,6 +165,29 @@ pub fn told_by_site(view: View, told: bool) -> View {
         true => View { lost: true, ..view },
         false => view,
     }
+}
+
+/// The sensors a silenced notification of `kind` kept news of from its client: a site's
+/// event names each of the client's sensors in its `body` (`anchor`, the one it travels
+/// with, among them); any other names its own. Each becomes a pair the silence's end
+/// reconciles, or a site's silenced loss would leave the client never told of the rest.
+pub fn kept_sensors(kind: EventKind, anchor: SensorId, body: Option<&str>) -> Vec<SensorId> {
+    let lists: &[&str] = match kind {
+        EventKind::SiteConnectionLost => &["sensors"],
+        EventKind::SiteConnectionRestored => &["restored", "still_lost"],
+        _ => &[],
+    };
+    let body: serde_json::Value = body
+        .and_then(|b| serde_json::from_str(b).ok())
+        .unwrap_or_default();
+    let mut out = vec![anchor];
+    for list in lists {
+        let named = body[*list].as_array().into_iter().flatten();
+        out.extend(named.filter_map(|x| SensorId::parse(x["id"].as_str()?).ok()));
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The one notification that brings a client whose view is `view` up to date with a
@@ -224,6 +255,25 @@ mod tests {
         );
         assert!(View::before(EventKind::ConnectionRestored, Some(true), None).lost);
         assert!(!View::before(EventKind::ConnectionLost, Some(true), None).lost);
+    }
+
+    #[test]
+    fn a_site_event_kept_from_a_client_keeps_each_sensor_it_names() {
+        let id = |s: &str| SensorId::parse(s).unwrap();
+        let lost = r#"{"site":{"id":"b"},"sensors":[{"id":"s1"},{"id":"s2"}],"sensors_total":3}"#;
+        assert_eq!(
+            kept_sensors(EventKind::SiteConnectionLost, id("s1"), Some(lost)),
+            [id("s1"), id("s2")]
+        );
+        let back = r#"{"site":{"id":"b"},"restored":[{"id":"s3"}],"still_lost":[{"id":"s1"}]}"#;
+        assert_eq!(
+            kept_sensors(EventKind::SiteConnectionRestored, id("s3"), Some(back)),
+            [id("s1"), id("s3")]
+        );
+        assert_eq!(
+            kept_sensors(EventKind::ConnectionLost, id("s9"), None),
+            [id("s9")]
+        );
     }
 
     #[test]

@@ -316,10 +316,10 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                     vec![tr.id.clone()],
                 );
             }
-            told = lost.then_some((tr.created_at, named));
-            // A silenced loss told nothing: its silence's end brings the client up to date
-            // sensor by sensor.
-            if let Some((from, sensors)) = told.as_ref().filter(|_| tr.status != Status::Silenced) {
+            // A silenced loss told nothing, and no return follows it: its silence's end
+            // brings the client up to date sensor by sensor.
+            told = (lost && tr.status != Status::Silenced).then_some((tr.created_at, named));
+            if let Some((from, sensors)) = told.as_ref() {
                 let until = events.get(i + 1).map_or(Millis::MAX, |n| n.created_at);
                 // Once told of the sensor's own return (a client that takes no site
                 // returns), a new loss of it is its own.

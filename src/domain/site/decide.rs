@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::{Site, SiteCounts, SiteEvent, down};
 use crate::domain::client::wants;
+use crate::domain::outbox::NotificationRef;
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, time};
 
 /// Where a site's decision stands, as stored with it.
@@ -181,6 +182,17 @@ pub fn decide(
         made,
         changed,
     })
+}
+
+impl Decision {
+    /// Takes the clients of `silenced` site losses off the clients the site's loss told:
+    /// a silence kept it from them, so they know nothing of it; the silence's end then
+    /// reconciles each of their sensors, and the site's return does not go to them.
+    pub fn untell<'a>(&mut self, silenced: impl Iterator<Item = &'a NotificationRef>) {
+        for n in silenced.filter(|n| n.kind == EventKind::SiteConnectionLost) {
+            self.state.told_clients.retain(|c| *c != n.client_id);
+        }
+    }
 }
 
 /// What a decision makes as it goes: the site's notifications, and per client the sensors

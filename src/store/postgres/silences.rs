@@ -63,11 +63,9 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
                    WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
                    AND n.seq = ANY($1) AND n.status = 'pending' AND EXISTS (SELECT 1 FROM silences s WHERE {} AND {} \
                    AND (s.types IS NULL OR strpos(s.types, ',' || n.kind || ',') > 0)) \
-                   RETURNING n.seq, n.client_id, n.sensor_id), \
-                 d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)), \
-                 p AS (INSERT INTO silenced_pairs (client_id, sensor_id) \
-                   SELECT DISTINCT client_id, sensor_id FROM s ON CONFLICT DO NOTHING) \
-                 SELECT seq FROM s",
+                   RETURNING n.seq, n.client_id, n.sensor_id, n.kind, n.body), \
+                 d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)) \
+                 SELECT seq, client_id, sensor_id, kind, body FROM s",
                 active("a", "$2"),
                 active("s", "$2"),
                 matches_pair("s", "n.client_id", "n.sensor_id")
@@ -77,6 +75,24 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
         )
         .await?;
     super::super::count_silenced(rows.len());
+    let (mut clients, mut sensors) = (Vec::new(), Vec::new());
+    for r in &rows {
+        let (kind, anchor) = (r.get::<_, String>(3), r.get::<_, String>(2));
+        if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&anchor)) {
+            for kept in silence::kept_sensors(kind, anchor, r.get(4)) {
+                clients.push(r.get::<_, String>(1));
+                sensors.push(kept.to_string());
+            }
+        }
+    }
+    if !clients.is_empty() {
+        tx.execute(
+            "INSERT INTO silenced_pairs (client_id, sensor_id) \
+             SELECT DISTINCT * FROM UNNEST($1::text[], $2::text[]) ON CONFLICT DO NOTHING",
+            &[&clients, &sensors],
+        )
+        .await?;
+    }
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
@@ -114,9 +130,7 @@ async fn bring_up_to_date(
     sensor: &str,
     now: Millis,
 ) -> Result<Option<NotificationRef>> {
-    let Some(view) = view(tx, client, sensor).await? else {
-        return Ok(None);
-    };
+    let view = view(tx, client, sensor).await?;
     let told: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
@@ -126,7 +140,6 @@ async fn bring_up_to_date(
         )
         .await?
         .get(0);
-    let view = silence::told_by_site(view, told);
     let Some(state) = tx
         .query_opt(
             "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
@@ -144,6 +157,7 @@ async fn bring_up_to_date(
         .as_deref()
         .and_then(Conn::parse)
         .unwrap_or(Conn::Unknown);
+    let view = silence::told_by_site(view.unwrap_or(View::unseen(state.get(0))), told);
     let Some((kind, data, previous)) = silence::reconcile(view, connection, state.get(0)) else {
         return Ok(None);
     };

@@ -304,7 +304,7 @@ async fn decide_one(
         });
     }
     let clients = linked(tx, &site.id).await?;
-    let Some(d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
+    let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
         return Ok((Vec::new(), None));
     };
     let mut made = Vec::with_capacity(d.made.len());
@@ -318,6 +318,10 @@ async fn decide_one(
         )
         .await?;
     }
+    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
+    let silenced = super::silences::silence_new(tx, &seqs, now).await?;
+    d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
+    made.retain(|n| !silenced.contains(&n.seq));
     tx.execute(
         "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5, \
          told_clients = $6 WHERE id = $1",
@@ -331,9 +335,6 @@ async fn decide_one(
         ],
     )
     .await?;
-    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
-    let silenced = super::silences::silence_new(tx, &seqs, now).await?;
-    made.retain(|n| !silenced.contains(&n.seq));
     Ok((made, d.changed))
 }
 

@@ -69,7 +69,7 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
              AND n.status = 'pending' AND EXISTS \
              (SELECT 1 FROM silences s WHERE {} AND {} \
               AND (s.types IS NULL OR instr(s.types, ',' || n.kind || ',') > 0)) \
-             RETURNING seq, client_id, sensor_id",
+             RETURNING seq, client_id, sensor_id, kind, body",
             active("s", "?2"),
             matches_pair("s", "n.client_id", "n.sensor_id")
         ))?
@@ -78,6 +78,8 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -87,8 +89,12 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
     )?;
     super::super::count_silenced(silenced.len());
     let mut seqs = HashSet::with_capacity(silenced.len());
-    for (seq, client, sensor) in silenced {
-        pair.execute(params![client, sensor])?;
+    for (seq, client, sensor, kind, body) in silenced {
+        if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&sensor)) {
+            for kept in silence::kept_sensors(kind, anchor, body.as_deref()) {
+                pair.execute(params![client, kept.to_string()])?;
+            }
+        }
         seqs.insert(seq);
     }
     Ok(seqs)
@@ -129,9 +135,7 @@ fn bring_up_to_date(
     sensor: &str,
     now: Millis,
 ) -> Result<Option<NotificationRef>> {
-    let Some(view) = view(tx, client, sensor)? else {
-        return Ok(None);
-    };
+    let view = view(tx, client, sensor)?;
     let told: bool = tx
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
@@ -139,7 +143,6 @@ fn bring_up_to_date(
              AND instr(si.told_clients, ',' || ?1 || ',') > 0)",
         )?
         .query_row(params![client, sensor], |r| r.get(0))?;
-    let view = silence::told_by_site(view, told);
     let state = tx
         .prepare_cached(
             "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
@@ -163,6 +166,7 @@ fn bring_up_to_date(
         .as_deref()
         .and_then(Conn::parse)
         .unwrap_or(Conn::Unknown);
+    let view = silence::told_by_site(view.unwrap_or(View::unseen(data)), told);
     let Some((kind, data, previous)) = silence::reconcile(view, connection, data) else {
         return Ok(None);
     };

@@ -255,7 +255,7 @@ fn decide_one(
         })
         .collect::<Result<Vec<_>>>()?;
     let clients = linked(tx, &site.id)?;
-    let Some(d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
+    let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
         return Ok((Vec::new(), None));
     };
     let mut made = Vec::with_capacity(d.made.len());
@@ -272,6 +272,11 @@ fn decide_one(
         tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
             .execute(params![site.id, last])?;
     }
+    if let Some(first) = made.first() {
+        let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;
+        d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
+        made.retain(|n| !silenced.contains(&n.seq));
+    }
     tx.prepare_cached(
         "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
          told_clients = ?6 WHERE id = ?1",
@@ -284,10 +289,6 @@ fn decide_one(
         Match::listed(&d.state.told),
         Match::listed(&d.state.told_clients)
     ])?;
-    if let Some(first) = made.first() {
-        let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;
-        made.retain(|n| !silenced.contains(&n.seq));
-    }
     Ok((made, d.changed))
 }
 

@@ -151,20 +151,22 @@ impl Tables {
         for c in &mut clients {
             c.sensors.sort();
         }
-        let Some(d) = decide::decide(&site, &state, &members, &held, &clients, &rules, now) else {
+        let Some(mut d) = decide::decide(&site, &state, &members, &held, &clients, &rules, now)
+        else {
             return (Vec::new(), None);
         };
         let before = self.next.seq;
         let mut made = Vec::new();
-        for m in d.made {
+        for m in std::mem::take(&mut d.made) {
             made.push(self.make_pending(cx, m.client_id, &m.event, m.body, now));
         }
         for k in held_ids {
             self.site_held.remove(&k);
         }
-        self.site_states.insert(id.to_string(), d.state);
         let silenced = self.silence_new(cx, before, now);
+        d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
         made.retain(|n| !silenced.contains(&n.seq));
+        self.site_states.insert(id.to_string(), d.state);
         (made, d.changed)
     }
 
@@ -218,13 +220,16 @@ impl Tables {
                     && matches_pair(self, s, &n.client_id, n.sensor_id)
                     && s.matcher.types.as_ref().is_none_or(|t| t.contains(&n.kind))
             }) {
-                silenced.push((seq, n.client_id.clone(), n.sensor_id));
+                let kept = silence::kept_sensors(n.kind, n.sensor_id, n.body.as_deref());
+                silenced.push((seq, n.client_id.clone(), kept));
             }
         }
         let mut seqs = Vec::with_capacity(silenced.len());
-        for (seq, client, sensor) in silenced {
+        for (seq, client, kept) in silenced {
             self.set_status(cx, seq, Status::Silenced, now);
-            self.silenced_pairs.insert((client, sensor));
+            for sensor in kept {
+                self.silenced_pairs.insert((client.clone(), sensor));
+            }
             seqs.push(seq);
         }
         seqs
@@ -305,12 +310,14 @@ impl Tables {
             .is_some_and(|st| {
                 st.down && st.told.contains(&sensor) && st.told_clients.iter().any(|c| c == client)
             });
-        let view = silence::told_by_site(self.view(client, sensor)?, told);
         if !self.linked(client, sensor) {
             return None;
         }
         let events = self.clients.get(client)?.client.events.clone();
         let st = self.states.get(&sensor).copied();
+        let seen = self.view(client, sensor);
+        let view =
+            silence::told_by_site(seen.unwrap_or(View::unseen(st.and_then(|s| s.data))), told);
         let connection = st.map_or(Connection::Unknown, |s| s.connection);
         let (kind, data, previous) = silence::reconcile(view, connection, st.and_then(|s| s.data))?;
         if !latch::domain::client::wants(&events, kind) {
