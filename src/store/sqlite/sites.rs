@@ -142,11 +142,12 @@ impl Sites for SqliteStore {
         if !due {
             return Ok(Vec::new());
         }
+        // Its SQL reads the sensors' `last_seen_at`: the kept times are written first.
+        let seen = self.inner.seen.clone();
         self.write(move |c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let made = super::site_rounds::decide_sites(&tx, rules, now)?;
-            tx.commit()?;
-            Ok(made)
+            super::seen::flushed(&seen, c, |tx| {
+                super::site_rounds::decide_sites(tx, rules, now)
+            })
         })
         .await
     }
