@@ -48,6 +48,7 @@ fn commit_batch(
             r.data as i64,
             r.late as i64
         ])?;
+        deferred.last_reading = Some(tx.last_insert_rowid());
     }
     let mut events = Vec::with_capacity(batch.events.len());
     for e in &batch.events {

@@ -44,19 +44,22 @@ pub(super) struct Times {
     pub last_seen_at: Option<Millis>,
 }
 
-/// What one commit did to the times: the updates it kept, and the sensors whose whole
-/// row it wrote (their times with it).
+/// What one commit did to the times: the updates it kept, the sensors whose whole row it
+/// wrote (their times with it), and its last reading's journal id.
 #[derive(Debug, Default)]
 pub(super) struct Deferred {
     pub kept: Vec<(SensorId, Times)>,
     pub written: Vec<SensorId>,
+    pub last_reading: Option<i64>,
 }
 
 /// The times not written yet, and the mark of the last flush.
 #[derive(Debug)]
 pub(super) struct Kept {
     times: HashMap<SensorId, Times>,
-    /// The last reading (journal id) whose times `sensor_state` holds.
+    /// The last reading (journal id) whose times `sensor_state` holds: the last flush's
+    /// mark, or the last reading of a commit after which nothing was kept. It may be
+    /// past the mark in `state_flush`, which only says where a replay starts.
     through: i64,
     flushed_at: Instant,
 }
@@ -118,14 +121,11 @@ impl Seen {
         self.0.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// On the writer: the last reading whose times `sensor_state` holds, which is what
-    /// may leave the journal. With nothing kept, that is every reading committed.
-    fn through(&self, c: &Connection) -> Result<i64> {
-        let k = self.read();
-        match k.times.is_empty() {
-            true => Ok(last_reading(c)?),
-            false => Ok(k.through),
-        }
+    /// The last reading whose times `sensor_state` holds: what may leave the journal.
+    /// Read without the writer, so asking writes nothing (an empty write would end a
+    /// full disk's episode in the store's eyes).
+    fn through(&self) -> i64 {
+        self.read().through
     }
 
     /// Whether a flush is due: something is kept and the last flush was a second ago or
@@ -150,10 +150,15 @@ impl Seen {
     }
 
     /// After a commit: `flushed` (the mark [`Seen::flush`] wrote in it) empties the map;
-    /// otherwise the sensors written whole leave it and the kept updates join it.
+    /// otherwise the sensors written whole leave it and the kept updates join it, and
+    /// when nothing is kept then, every reading so far is in `sensor_state`.
     pub(super) fn after(&self, d: Deferred, flushed: Option<i64>) {
         if flushed.is_none() && d.kept.is_empty() && d.written.is_empty() {
-            return;
+            let k = self.read();
+            let behind = d.last_reading.is_some_and(|r| r > k.through);
+            if !(behind && k.times.is_empty()) {
+                return;
+            }
         }
         let mut k = self.0.write().unwrap_or_else(|p| p.into_inner());
         if let Some(through) = flushed {
@@ -167,6 +172,11 @@ impl Seen {
         }
         for (id, t) in d.kept {
             k.times.insert(id, t);
+        }
+        if let Some(last) = d.last_reading
+            && k.times.is_empty()
+        {
+            k.through = k.through.max(last);
         }
     }
 
@@ -232,9 +242,12 @@ impl SqliteStore {
     /// reading that may leave the journal: the archive's move and the shipment ask first.
     pub(super) async fn flush_seen(&self) -> Result<i64> {
         let seen = self.inner.seen.clone();
+        if !seen.due() {
+            return Ok(seen.through());
+        }
         self.write(move |c| {
             if !seen.due() {
-                return seen.through(c);
+                return Ok(seen.through());
             }
             let tx = c.transaction()?;
             let through = seen.flush(&tx, &Deferred::default())?;
