@@ -66,8 +66,8 @@ fn commit_batch(
 /// registered. A state row exists only for a registered sensor (a delete takes it along),
 /// so updating it is the registration check; only a sensor's first state is inserted,
 /// guarded by a look at `sensors`. An update of nothing but the sensor's times
-/// ([`crate::store::StateUpdate::seen_only`]) is not written but kept in `deferred` (`seen.rs`), once
-/// its row is found.
+/// ([`crate::store::StateUpdate::seen_only`]) is not written but kept in `deferred`
+/// (`seen.rs`), once its row is found.
 fn write_states(
     tx: &Transaction,
     batch: &CommitBatch,

@@ -1,9 +1,9 @@
 //! When a sensor was last heard from, written at most once a second.
 //!
 //! Most readings change nothing but their sensor's `last_ts` and `last_seen_at` (a repeat,
-//! or a late reading): rewriting its `sensor_state` row in every group commit cost the
-//! writer a page write per sensor per commit, about a third of a commit's time under load
-//! (BENCHMARKS.md, #53). Such an update ([`StateUpdate::seen_only`]) is kept here instead,
+//! or a late reading): rewriting its `sensor_state` row in every group commit made the
+//! state table's pages about half of what a commit wrote under load (BENCHMARKS.md, #53).
+//! Such an update ([`crate::store::StateUpdate::seen_only`]) is kept here instead,
 //! and written with every other one kept at the next flush: in the first group commit a
 //! second or more after the last flush, and before anything takes readings out of the
 //! journal (the archive's move, the ClickHouse shipment) or reads these columns on the
@@ -15,11 +15,12 @@
 //! store, [`recover`] takes the journal's readings past it into `sensor_state`: the
 //! times are maxima (`last_seen_at` of every reading, `last_ts` of those not late, as
 //! `engine::rules::apply` sets them), so replaying a reading twice or in another order
-//! gives the same row. The journal keeps those readings until a flush covers them
-//! ([`Seen::through`] bounds the archive's move and the shipment).
+//! gives the same row. The journal keeps those readings until a flush covers them, or a
+//! commit after which nothing is kept (`Seen::through` bounds the archive's move and the
+//! shipment).
 //!
 //! **No read sees older times.** Reads of sensors on a reader take the times kept here
-//! over the row's ([`Seen::patch_views`], [`Seen::patch_runtime`]) under this map's read
+//! over the row's ([`Kept::patch_views`], [`Kept::patch_runtime`]) under this map's read
 //! lock, held across the query: the writer changes the map (after a commit that wrote
 //! rows, or kept updates) under the write lock, so a reader either read the rows before
 //! that commit and still finds the times kept here, or read them after it.
