@@ -289,6 +289,25 @@ impl SensorState {
         }
     }
 
+    /// Whether a commit of this state writes nothing `before` (the sensor's committed
+    /// state) does not hold already but when the sensor was last heard from (`last_ts`,
+    /// `last_seen_at`): a repeated or late reading of a sensor online. The embedded store
+    /// writes those two at most once a second ([`crate::store::StateUpdate::seen_only`]).
+    pub fn only_seen_since(&self, before: &SensorState) -> bool {
+        let written = |s: &SensorState| {
+            (
+                s.data,
+                s.changed_at,
+                s.connection,
+                s.last_source,
+                s.debounce,
+                s.lost_since,
+                s.reminders,
+            )
+        };
+        written(self) == written(before)
+    }
+
     /// Whether `stored` holds what a commit writes of this state (everything but the
     /// timeout and debounce window, which are registry data, and what memory does not
     /// keep: `changed_at`, and `lost_since` and `reminders` without reminders, which a

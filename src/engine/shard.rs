@@ -496,7 +496,11 @@ impl Shard {
         p.batch.states = p
             .scratch
             .iter()
-            .map(|(id, (_, s))| StateUpdate {
+            .map(|(id, (n, s))| StateUpdate {
+                seen_only: self
+                    .part(*n)
+                    .and_then(|p| p.fleet.get(*id))
+                    .is_some_and(|before| s.only_seen_since(&before)),
                 sensor_id: *id,
                 data: s.data,
                 changed_at: s.changed_at,

@@ -35,6 +35,12 @@ pub struct StateUpdate {
     /// store clears both.
     pub lost_since: Option<Millis>,
     pub reminders: Option<u32>,
+    /// Nothing but `last_ts` and `last_seen_at` differs from the sensor's committed state
+    /// ([`crate::domain::sensor::SensorState::only_seen_since`]). A backend may defer
+    /// writing such an update, as long as no read of the store sees the older values and
+    /// a crash loses none of them (SQLite: `store/sqlite/seen.rs`); PostgreSQL and the
+    /// simulation's model write it like any other.
+    pub seen_only: bool,
 }
 
 /// Everything one group commit makes durable, in one transaction: history rows, state

@@ -135,6 +135,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
         debounce: None,
         lost_since,
         reminders,
+        seen_only: false,
     };
     let reminder = Event {
         sensor_id: sid("sx1"),

@@ -126,6 +126,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
             debounce: None,
             lost_since: None,
             reminders: None,
+            seen_only: false,
         }],
         events: vec![Event {
             sensor_id: sid("lv1"),

@@ -264,6 +264,7 @@ pub fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
             debounce: None,
             lost_since: None,
             reminders: None,
+            seen_only: false,
         }],
         events: vec![Event {
             sensor_id: sid(id),
@@ -298,6 +299,7 @@ pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> Commi
             debounce: None,
             lost_since: None,
             reminders: None,
+            seen_only: false,
         }],
         events: vec![Event {
             sensor_id: sid(id),

@@ -246,6 +246,7 @@ pub(super) async fn counts_by_connection(s: &Subject) {
         debounce: None,
         lost_since: None,
         reminders: None,
+        seen_only: false,
     };
     let batch = CommitBatch {
         states: vec![

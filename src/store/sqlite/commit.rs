@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use super::SqliteStore;
+use super::seen::{Deferred, Times};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::HashMap;
 
@@ -21,8 +22,9 @@ fn commit_batch(
     tx: &Transaction,
     batch: &CommitBatch,
     now: Millis,
+    deferred: &mut Deferred,
 ) -> Result<Vec<NotificationRef>> {
-    let mut known = write_states(tx, batch)?;
+    let mut known = write_states(tx, batch, deferred)?;
     let mut exists = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensors WHERE id = ?1)")?;
     let mut registered = |id: SensorId| -> Result<bool> {
         if let Some(&k) = known.get(&id) {
@@ -46,6 +48,7 @@ fn commit_batch(
             r.data as i64,
             r.late as i64
         ])?;
+        deferred.last_reading = Some(tx.last_insert_rowid());
     }
     let mut events = Vec::with_capacity(batch.events.len());
     for e in &batch.events {
@@ -62,9 +65,17 @@ fn commit_batch(
 /// Writes each sensor's new state; answers, for each sensor it names, whether it is
 /// registered. A state row exists only for a registered sensor (a delete takes it along),
 /// so updating it is the registration check; only a sensor's first state is inserted,
-/// guarded by a look at `sensors`.
-fn write_states(tx: &Transaction, batch: &CommitBatch) -> Result<HashMap<SensorId, bool>> {
+/// guarded by a look at `sensors`. An update of nothing but the sensor's times
+/// ([`crate::store::StateUpdate::seen_only`]) is not written but kept in `deferred`
+/// (`seen.rs`), once its row is found.
+fn write_states(
+    tx: &Transaction,
+    batch: &CommitBatch,
+    deferred: &mut Deferred,
+) -> Result<HashMap<SensorId, bool>> {
     let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
+    let mut has_row =
+        tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensor_state WHERE sensor_id = ?1)")?;
     // `lost_since` and `reminders` mean something only while lost: kept from the store
     // when memory does not hold them, cleared once the sensor is not lost.
     let mut update_state = tx.prepare_cached(
@@ -74,6 +85,18 @@ fn write_states(tx: &Transaction, batch: &CommitBatch) -> Result<HashMap<SensorI
         "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders)          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,          CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END          WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
     )?;
     for s in &batch.states {
+        if s.seen_only {
+            let found = has_row.query_row([s.sensor_id.to_string()], |r| r.get::<_, bool>(0))?;
+            if found {
+                let times = Times {
+                    last_ts: s.last_ts,
+                    last_seen_at: s.last_seen_at,
+                };
+                deferred.kept.push((s.sensor_id, times));
+                known.insert(s.sensor_id, true);
+                continue;
+            }
+        }
         let d = s.debounce.as_ref();
         let values = params![
             s.sensor_id.to_string(),
@@ -94,6 +117,9 @@ fn write_states(tx: &Transaction, batch: &CommitBatch) -> Result<HashMap<SensorI
             0 => insert_state.execute(values)?,
             n => n,
         };
+        if n > 0 {
+            deferred.written.push(s.sensor_id);
+        }
         known.insert(s.sensor_id, n > 0);
     }
     Ok(known)
@@ -278,13 +304,14 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
 #[async_trait]
 impl Runtime for SqliteStore {
     async fn load_runtime(&self) -> Result<Vec<SensorRuntime>> {
-        self.read(|c| {
-            let rows = c
+        self.read_seen(|c, seen| {
+            let mut rows = c
                 .prepare(&format!(
                     "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN}"
                 ))?
                 .query_map([], |r| row::runtime(r))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            seen.patch_runtime(&mut rows);
             Ok(rows)
         })
         .await
@@ -292,7 +319,7 @@ impl Runtime for SqliteStore {
 
     /// One process writes this store: there are no other nodes' changes to follow.
     async fn load_states(&self, ids: Vec<SensorId>) -> Result<Vec<SensorRuntime>> {
-        self.read(move |c| {
+        self.read_seen(move |c, seen| {
             let mut st = c.prepare_cached(&format!(
                 "SELECT {RUNTIME_COLS} FROM sensors s {RUNTIME_JOIN} WHERE s.id = ?1"
             ))?;
@@ -302,6 +329,7 @@ impl Runtime for SqliteStore {
                     out.push(r?);
                 }
             }
+            seen.patch_runtime(&mut out);
             Ok(out)
         })
         .await
@@ -309,14 +337,22 @@ impl Runtime for SqliteStore {
 
     /// Commits `batch` in one transaction, returning the notifications it created.
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
+        let seen = self.inner.seen.clone();
         self.write(move |c| {
             // SQLite stays one node: no leases to check a fence against.
             if !batch.fence.is_empty() {
                 return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
             }
             let tx = c.transaction()?;
-            let created = commit_batch(&tx, &batch, now)?;
+            let mut deferred = Deferred::default();
+            let created = commit_batch(&tx, &batch, now, &mut deferred)?;
+            // Under load, the kept times are written here, with a commit's fsync.
+            let flushed = match seen.due() {
+                true => Some(seen.flush(&tx, &deferred)?),
+                false => None,
+            };
             tx.commit()?;
+            seen.after(deferred, flushed);
             Ok(created)
         })
         .await

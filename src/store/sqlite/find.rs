@@ -18,7 +18,7 @@ impl Find for SqliteStore {
         connection: Option<Conn>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| {
+        self.read_seen(move |c, seen| {
             let after = page.after.clone().unwrap_or_default();
             let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
             // Ids are ASCII letters and digits, all below U+007F: under SQLite's binary order
@@ -29,7 +29,7 @@ impl Find for SqliteStore {
             };
             // The matches (an id range and the words' postings) are listed first, so a rare word
             // reads a few rows rather than every sensor in id order.
-            let rows = c
+            let mut rows = c
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.id IN ( \
@@ -50,6 +50,7 @@ impl Find for SqliteStore {
                     |r| row::sensor_view(r),
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            seen.patch_views(&mut rows);
             Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
         })
         .await

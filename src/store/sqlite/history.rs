@@ -49,12 +49,12 @@ fn page_by_time<T>(
 }
 
 /// The oldest `limit` unshipped rows of each kind.
-fn spooled(c: &Connection, limit: i64) -> Result<HistoryBatch> {
+fn spooled(c: &Connection, limit: i64, through: i64) -> Result<HistoryBatch> {
     let readings = c
         .prepare_cached(&format!(
-            "SELECT {READING_COLS}, sensor_id FROM readings ORDER BY id LIMIT ?1"
+            "SELECT {READING_COLS}, sensor_id FROM readings WHERE id <= ?2 ORDER BY id LIMIT ?1"
         ))?
-        .query_map([limit], |r| row::reading(r, r.sensor_id(5)?))?
+        .query_map([limit, through], |r| row::reading(r, r.sensor_id(5)?))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let events = c
         .prepare_cached(&format!(
@@ -97,7 +97,9 @@ const STEP: usize = 5_000;
 /// as above. The power-cut test (crates/sim, `power`) holds this to a simulated disk.
 pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> {
     let limit = limit.clamp(1, 1 << 40) as i64;
-    let keyed = store.read(move |c| waiting(c, limit)).await?;
+    // Only readings whose times `sensor_state` holds leave the journal (`seen.rs`).
+    let through = store.flush_seen().await?;
+    let keyed = store.read(move |c| waiting(c, limit, through)).await?;
     if keyed.is_empty() {
         return Ok(0);
     }
@@ -132,14 +134,16 @@ fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     Ok(out)
 }
 
-/// The ids of the `limit` oldest readings of the journal, in the archive's key order.
-fn waiting(c: &Connection, limit: i64) -> Result<Vec<i64>> {
+/// The ids of the `limit` oldest readings of the journal up to `through`, in the archive's
+/// key order.
+fn waiting(c: &Connection, limit: i64, through: i64) -> Result<Vec<i64>> {
     Ok(c.prepare_cached(
         "SELECT id FROM readings \
-         WHERE id <= (SELECT MAX(id) FROM (SELECT id FROM readings ORDER BY id LIMIT ?1)) \
+         WHERE id <= (SELECT MAX(id) FROM (SELECT id FROM readings WHERE id <= ?2 \
+           ORDER BY id LIMIT ?1)) \
          ORDER BY sensor_id, ts, id",
     )?
-    .query_map([limit], |r| r.get(0))?
+    .query_map([limit, through], |r| r.get(0))?
     .collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
@@ -224,7 +228,11 @@ impl HistoryStore for SqliteStore {
 
     /// Reads a batch from the spool, hands it to `sink`, and lets go of it once the sink has it.
     async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
-        let batch = self.read(move |c| spooled(c, limit as i64)).await?;
+        // Only readings whose times `sensor_state` holds leave the journal (`seen.rs`).
+        let through = self.flush_seen().await?;
+        let batch = self
+            .read(move |c| spooled(c, limit as i64, through))
+            .await?;
         if batch.is_empty() {
             return Ok(0);
         }

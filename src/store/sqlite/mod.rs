@@ -38,6 +38,7 @@ mod registry;
 mod replay;
 mod retention;
 mod secrets;
+mod seen;
 mod sessions;
 mod silences;
 mod site_rounds;
@@ -67,6 +68,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0015_sealed_secrets.sql"),
     include_str!("../migrations/sqlite/0016_attempts_ids_never_reused.sql"),
     include_str!("../migrations/sqlite/0017_sites_silences.sql"),
+    include_str!("../migrations/sqlite/0018_state_flush.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -118,6 +120,8 @@ struct Inner {
     dir: std::path::PathBuf,
     /// Seals and opens clients' secrets ([`crate::store::sealing`]).
     keys: Arc<crate::secrets::Keyring>,
+    /// Sensors' times not written yet ([`seen`]).
+    seen: Arc<seen::Seen>,
 }
 
 /// SQLite implementation of [`Store`].
@@ -240,6 +244,9 @@ impl SqliteStore {
         // The log is checkpointed beside the writer rather than in its commits.
         checkpoint::watch(&writer);
         migrate(&mut writer)?;
+        // Before anything reads a sensor's state: the times of readings a crash left
+        // unwritten (`seen.rs`).
+        let seen = Arc::new(seen::recover(&mut writer)?);
         let keys = Arc::new(crate::secrets::Keyring::new(keys));
         prepare_keys(&mut writer, &keys)?;
         let layout = archive::layout(&writer)?;
@@ -295,6 +302,7 @@ impl SqliteStore {
                 space: Space::default(),
                 dir: dir.to_path_buf(),
                 keys,
+                seen,
             }),
         })
     }

@@ -78,13 +78,16 @@ impl Registry for SqliteStore {
     }
 
     async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
-        self.read(move |c| {
-            Ok(c.prepare_cached(&format!(
-                "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
-                 ON st.sensor_id = s.id WHERE s.id = ?1"
-            ))?
-            .query_row([id.to_string()], |r| row::sensor_view(r))
-            .optional()?)
+        self.read_seen(move |c, seen| {
+            let mut view = c
+                .prepare_cached(&format!(
+                    "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
+                     ON st.sensor_id = s.id WHERE s.id = ?1"
+                ))?
+                .query_row([id.to_string()], |r| row::sensor_view(r))
+                .optional()?;
+            seen.patch_views(view.as_mut_slice());
+            Ok(view)
         })
         .await
     }
@@ -94,10 +97,10 @@ impl Registry for SqliteStore {
         connection: Option<Conn>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| {
+        self.read_seen(move |c, seen| {
             let after = page.after.clone().unwrap_or_default();
             let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
-            let rows = c
+            let mut rows = c
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.id > ?1 \
@@ -108,6 +111,7 @@ impl Registry for SqliteStore {
                     row::sensor_view(r)
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            seen.patch_views(&mut rows);
             Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
         })
         .await
@@ -154,7 +158,9 @@ impl Registry for SqliteStore {
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        let seen = self.inner.seen.clone();
         self.write(move |c| {
+            let sensor = id;
             let id = id.to_string();
             // Immediate: it writes the archive's file too, whose own writer may be mid-step.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -172,6 +178,8 @@ impl Registry for SqliteStore {
                 cancel_pending(&tx, "sensor_id", &id, now)?;
             }
             tx.commit()?;
+            // Its readings went with it: a sensor made again under its id starts afresh.
+            seen.forget(sensor);
             Ok(n > 0)
         })
         .await
@@ -441,11 +449,11 @@ impl Registry for SqliteStore {
         client_id: String,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| {
+        self.read_seen(move |c, seen| {
             if !exists(c, "SELECT 1 FROM clients WHERE id = ?1", &client_id)? {
                 return Err(Error::NotFound("client"));
             }
-            let rows = c
+            let mut rows = c
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM links l JOIN sensors s ON s.id = l.sensor_id \
                      LEFT JOIN sensor_state st ON st.sensor_id = s.id \
@@ -460,6 +468,7 @@ impl Registry for SqliteStore {
                     |r| row::sensor_view(r),
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            seen.patch_views(&mut rows);
             Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
         })
         .await

@@ -323,22 +323,24 @@ impl Silences for SqliteStore {
         if !ended {
             return Ok(Vec::new());
         }
+        // Its SQL reads the sensors' `last_seen_at`: the kept times are written first.
+        let seen = self.inner.seen.clone();
         self.write(move |c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ended = tx
-                .prepare_cached(
-                    "UPDATE silences SET reconciled_at = ?1 \
+            super::seen::flushed(&seen, c, |tx| {
+                let ended = tx
+                    .prepare_cached(
+                        "UPDATE silences SET reconciled_at = ?1 \
                      WHERE ends_at <= ?2 AND reconciled_at IS NULL RETURNING id",
-                )?
-                .query_map([now, ended_by], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut made = Vec::new();
-            for id in ended {
-                made.extend(reconcile(&tx, &id, now)?);
-            }
-            tx.commit()?;
-            made.sort_by_key(|r| r.seq);
-            Ok(made)
+                    )?
+                    .query_map([now, ended_by], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let mut made = Vec::new();
+                for id in ended {
+                    made.extend(reconcile(tx, &id, now)?);
+                }
+                made.sort_by_key(|r| r.seq);
+                Ok(made)
+            })
         })
         .await
     }

@@ -190,11 +190,12 @@ impl Sites for SqliteStore {
         if !due {
             return Ok(Decided::default());
         }
+        // Its SQL reads the sensors' `last_seen_at`: the kept times are written first.
+        let seen = self.inner.seen.clone();
         self.write(move |c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let decided = super::site_rounds::decide_sites(&tx, rules, now)?;
-            tx.commit()?;
-            Ok(decided)
+            super::seen::flushed(&seen, c, |tx| {
+                super::site_rounds::decide_sites(tx, rules, now)
+            })
         })
         .await
     }

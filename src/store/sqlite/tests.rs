@@ -38,6 +38,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             debounce: None,
             lost_since: None,
             reminders: None,
+            seen_only: false,
         }],
         events: vec![Event {
             sensor_id: id,

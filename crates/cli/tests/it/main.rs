@@ -14,6 +14,7 @@ mod cluster;
 mod cluster_choices;
 mod cluster_console;
 mod console;
+mod crash_state;
 mod delivery;
 mod full_disk;
 mod history;

@@ -273,6 +273,7 @@ async fn workload(dir: &Path, settings: Settings) -> (Vec<Commit>, Vec<Round>, u
                 debounce: None,
                 lost_since: None,
                 reminders: None,
+                seen_only: false,
             });
         }
         batch.events = events

@@ -317,6 +317,7 @@ fn fenced_change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             debounce: None,
             lost_since: None,
             reminders: None,
+            seen_only: false,
         }],
         events: vec![Event {
             sensor_id: id,
