@@ -98,7 +98,7 @@ const STEP: usize = 5_000;
 pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> {
     let limit = limit.clamp(1, 1 << 40) as i64;
     // Only readings whose times `sensor_state` holds leave the journal (`seen.rs`).
-    let through = store.flush_seen().await?;
+    let through = store.flush_seen(false).await?;
     let keyed = store.read(move |c| waiting(c, limit, through)).await?;
     if keyed.is_empty() {
         return Ok(0);
@@ -229,10 +229,21 @@ impl HistoryStore for SqliteStore {
     /// Reads a batch from the spool, hands it to `sink`, and lets go of it once the sink has it.
     async fn ship_history(&self, limit: usize, sink: &dyn HistorySink) -> Result<usize> {
         // Only readings whose times `sensor_state` holds leave the journal (`seen.rs`).
-        let through = self.flush_seen().await?;
-        let batch = self
+        let through = self.flush_seen(false).await?;
+        let mut batch = self
             .read(move |c| spooled(c, limit as i64, through))
             .await?;
+        if batch.len() < limit {
+            // Caught up with the bound: what is left waits only for its sensors' kept
+            // times, so they are written now, once a shipment round (a stop's last
+            // shipment then takes everything accepted).
+            let through_now = self.flush_seen(true).await?;
+            if through_now > through {
+                batch = self
+                    .read(move |c| spooled(c, limit as i64, through_now))
+                    .await?;
+            }
+        }
         if batch.is_empty() {
             return Ok(0);
         }

@@ -239,15 +239,20 @@ impl SqliteStore {
         .await
     }
 
-    /// Flushes the kept times when due, in a transaction of its own, and answers the last
-    /// reading that may leave the journal: the archive's move and the shipment ask first.
-    pub(super) async fn flush_seen(&self) -> Result<i64> {
+    /// Flushes the kept times when due (or, with `now`, whenever any are kept), in a
+    /// transaction of its own, and answers the last reading that may leave the journal:
+    /// the archive's move and the shipment ask first. Nothing kept: nothing written.
+    pub(super) async fn flush_seen(&self, now: bool) -> Result<i64> {
         let seen = self.inner.seen.clone();
-        if !seen.due() {
+        let wanted = move |seen: &Seen| match now {
+            true => !seen.read().times.is_empty(),
+            false => seen.due(),
+        };
+        if !wanted(&seen) {
             return Ok(seen.through());
         }
         self.write(move |c| {
-            if !seen.due() {
+            if !wanted(&seen) {
                 return Ok(seen.through());
             }
             let tx = c.transaction()?;
