@@ -171,6 +171,18 @@ async fn create_sensor(
     ))
 }
 
+/// A `?connection=` filter of a sensors' list: `online`, `lost` or `unknown`.
+pub(super) fn connection_filter(c: Option<&str>) -> Result<Option<Connection>, ApiError> {
+    c.map(|c| {
+        Connection::parse(c).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "connection must be online, lost or unknown, got {c:?}"
+            ))
+        })
+    })
+    .transpose()
+}
+
 /// List sensors, by id; `q` finds them by id prefix or address words.
 #[utoipa::path(get, path = "/v1/sensors", tag = "sensors", params(PageParams, SensorListParams),
     responses((status = 200, body = List<SensorOut>)))]
@@ -179,14 +191,7 @@ async fn list_sensors(
     ApiQuery(page): ApiQuery<PageParams>,
     ApiQuery(filter): ApiQuery<SensorListParams>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
-    let connection = match filter.connection.as_deref() {
-        None => None,
-        Some(c) => Some(Connection::parse(c).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "connection must be online, lost or unknown, got {c:?}"
-            ))
-        })?),
-    };
+    let connection = connection_filter(filter.connection.as_deref())?;
     let page = match super::search(filter.q.as_deref())? {
         Some(q) => {
             st.app

@@ -12,7 +12,7 @@ use super::pagination::{List, PageParams};
 use super::sensors::{SensorOut, sensor_out};
 use crate::app::sites::SiteFields;
 use crate::domain::site::{Site, SiteCounts, check_site_id};
-use crate::domain::{Connection, SensorId, time};
+use crate::domain::{SensorId, time};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -195,14 +195,7 @@ async fn site_sensors(
     ApiQuery(page): ApiQuery<PageParams>,
     ApiQuery(filter): ApiQuery<SiteSensorsParams>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
-    let connection = match filter.connection.as_deref() {
-        None => None,
-        Some(c) => Some(Connection::parse(c).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "connection must be online, lost or unknown, got {c:?}"
-            ))
-        })?),
-    };
+    let connection = super::sensors::connection_filter(filter.connection.as_deref())?;
     let page = page.to_request()?;
     if st.app.store.get_site(id.clone()).await?.is_none() {
         return Err(ApiError::not_found("site"));
