@@ -317,6 +317,33 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+        match (c.statement_ms(), &c.statements) {
+            (Some(ms), Some(statements)) => {
+                r.add(
+                    "pg_statement_us_per_webhook",
+                    (1e3 * ms / webhooks).round(),
+                    "µs",
+                );
+                r.notes.push(format!(
+                    "PostgreSQL statement time a webhook (pg_stat_statements, planning and execution), the largest: {}.",
+                    statements
+                        .iter()
+                        .take(6)
+                        .map(|s| format!(
+                            "{:.1} µs in {} calls of `{}`",
+                            1e3 * s.ms / webhooks,
+                            s.calls,
+                            s.text
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+            _ => r.notes.push(
+                "PostgreSQL statement time not read: the server does not load pg_stat_statements."
+                    .into(),
+            ),
+        }
     }
     r.add("pending_peak", peak as f64, "notifications");
     r.add(

@@ -8,6 +8,11 @@
 //! come from `pg_stat_user_tables` of the schema, which backends report at most once a
 //! second while busy and within 10 s when idle (PostgreSQL 15's statistics), so the rows
 //! are read after that wait.
+//!
+//! Where the server loads `pg_stat_statements`, each statement's time (planning and
+//! execution) is read too, diffed by statement between the samples: which statement a
+//! webhook's cost goes to. It counts every client of the database, so the figure is
+//! latch's only while nothing else runs statements there.
 
 use std::time::Duration;
 
@@ -25,6 +30,17 @@ pub struct Sample {
     cpu: Vec<(i32, f64)>,
     /// Each table's rows inserted, updated and deleted.
     tables: Vec<(String, [i64; 3])>,
+    /// Each statement's calls and milliseconds so far, by `queryid`; `None` without
+    /// `pg_stat_statements`.
+    statements: Option<Vec<(i64, Statement)>>,
+}
+
+/// A statement's share of a phase: its calls and milliseconds, and its text's beginning.
+#[derive(Debug, Clone, Default)]
+pub struct Statement {
+    pub calls: i64,
+    pub ms: f64,
+    pub text: String,
 }
 
 /// What a phase cost, between two samples.
@@ -34,6 +50,9 @@ pub struct Cost {
     pub cpu: f64,
     /// Each table's rows inserted, updated and deleted, the tables written to only.
     pub tables: Vec<(String, [i64; 3])>,
+    /// The statements run in the phase, most time first; `None` without
+    /// `pg_stat_statements`.
+    pub statements: Option<Vec<Statement>>,
 }
 
 /// How long a backend may hold its table statistics before PostgreSQL has them.
@@ -76,7 +95,54 @@ impl PgCost {
             .iter()
             .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3)]))
             .collect();
-        Ok(Sample { cpu, tables })
+        let statements = self.statements().await;
+        Ok(Sample {
+            cpu,
+            tables,
+            statements,
+        })
+    }
+
+    /// Every statement's totals in this database; `None` where the extension is not
+    /// installed here or the server does not load it (the view then refuses to answer).
+    async fn statements(&self) -> Option<Vec<(i64, Statement)>> {
+        let schema: String = self
+            .client
+            .query_opt(
+                "SELECT n.nspname::text FROM pg_extension e \
+                 JOIN pg_namespace n ON n.oid = e.extnamespace \
+                 WHERE e.extname = 'pg_stat_statements'",
+                &[],
+            )
+            .await
+            .ok()??
+            .get(0);
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "SELECT queryid, calls, total_plan_time + total_exec_time, \
+                     left(regexp_replace(query, '\\s+', ' ', 'g'), 72) \
+                     FROM \"{schema}\".pg_stat_statements \
+                     WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                     AND queryid IS NOT NULL"
+                ),
+                &[],
+            )
+            .await
+            .ok()?;
+        Some(
+            rows.iter()
+                .map(|r| {
+                    let s = Statement {
+                        calls: r.get(1),
+                        ms: r.get(2),
+                        text: r.get(3),
+                    };
+                    (r.get(0), s)
+                })
+                .collect(),
+        )
     }
 }
 
@@ -105,7 +171,16 @@ impl Cost {
             })
             .filter(|(_, d)| d.iter().any(|&n| n != 0))
             .collect();
-        Self { cpu, tables }
+        Self {
+            cpu,
+            tables,
+            statements: statements_between(a, cpu_end),
+        }
+    }
+
+    /// Milliseconds of statement time in the phase, over every statement.
+    pub fn statement_ms(&self) -> Option<f64> {
+        Some(self.statements.as_ref()?.iter().map(|s| s.ms).sum())
     }
 
     /// Rows inserted, updated and deleted, over every table.
@@ -114,6 +189,26 @@ impl Cost {
             .iter()
             .fold([0; 3], |acc, (_, d)| [0, 1, 2].map(|i| acc[i] + d[i]))
     }
+}
+
+/// The statements run between `a` and `b` (a statement new in `b` ran entirely between
+/// them), most time first.
+fn statements_between(a: &Sample, b: &Sample) -> Option<Vec<Statement>> {
+    let (before, after) = (a.statements.as_ref()?, b.statements.as_ref()?);
+    let mut ran: Vec<Statement> = after
+        .iter()
+        .map(|(id, s)| {
+            let was = before.iter().find(|(i, _)| i == id).map(|(_, s)| s);
+            Statement {
+                calls: s.calls - was.map_or(0, |w| w.calls),
+                ms: s.ms - was.map_or(0.0, |w| w.ms),
+                text: s.text.clone(),
+            }
+        })
+        .filter(|s| s.calls > 0)
+        .collect();
+    ran.sort_by(|x, y| y.ms.total_cmp(&x.ms));
+    Some(ran)
 }
 
 /// A process's CPU seconds (user + system) from `/proc/<pid>/stat`, if it is on this machine.
