@@ -14,6 +14,7 @@ use super::transport::Transport;
 use super::{BatchDone, Cmd, Settings};
 use crate::domain::client::Batch;
 use crate::domain::{Claim, ClaimBatch, Millis, Sendable};
+use crate::hashing::FastSet;
 use crate::store::Outbox;
 
 /// Most heads claimed in one store call.
@@ -171,6 +172,9 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
             return;
         }
     };
+    // Every head of a client read the same registry row in this claim: the dispatcher is
+    // told its rate limit once, not once a head (a message and a handling a webhook).
+    let mut rates_told: FastSet<Arc<str>> = FastSet::default();
     for (admitted, claim) in batch.into_iter().zip(claims) {
         let Admitted {
             lane,
@@ -195,7 +199,10 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
             }
             Claim::Send(s) => {
                 // The registry as the claim read it: a rate limit lifted on another node.
-                let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
+                if !rates_told.contains(&lane.0) {
+                    rates_told.insert(lane.0.clone());
+                    let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
+                }
                 let sending = sending.clone();
                 sending.tracker.clone().spawn(async move {
                     let result = {

@@ -79,6 +79,9 @@ pub(super) struct Core {
     recent: Option<Arc<crate::telemetry::recent::Recent>>,
     /// Cuts off the attempts still in flight when a stop's grace runs out.
     cut: CancellationToken,
+    /// `latch_notifications_pending`, set at every turn of the loop: the handle is taken
+    /// once, not looked up in the recorder each turn.
+    pending_gauge: metrics::Gauge,
 }
 
 /// How long a stop waits, past its grace, for the attempts it cut off to come back: they
@@ -113,6 +116,7 @@ impl Core {
             grants: None,
             recent: settings.recent.clone(),
             cut,
+            pending_gauge: families::NOTIFICATIONS_PENDING.gauge(),
         }
     }
 
@@ -128,9 +132,7 @@ impl Core {
             // to wake the loop.
             self.lanes.fire_timers(self.clock.now());
             self.pump();
-            families::NOTIFICATIONS_PENDING
-                .gauge()
-                .set(self.lanes.pending() as f64);
+            self.pending_gauge.set(self.lanes.pending() as f64);
             let next = self.lanes.next_timer();
             let sleep = async {
                 match next {

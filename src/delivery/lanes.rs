@@ -42,6 +42,7 @@ use super::retry::RetryPolicy;
 use super::{FastMap, FastSet};
 use crate::domain::policy::Queued;
 use crate::domain::{EventKind, Millis, Outcome, SensorId, Status, Verdict};
+use crate::telemetry::families;
 pub(super) use batches::BatchOut;
 use batches::Batching;
 use finished::{RecentlyFinished, shrink};
@@ -209,6 +210,30 @@ pub(super) struct Lanes {
     /// is admitted one head at a time until an attempt is answered, so an endpoint that
     /// hangs holds one request slot, not its client's share of the dispatcher's.
     unanswered: FastSet<Arc<str>>,
+    /// The metrics every answer counts.
+    meters: Meters,
+}
+
+/// The handles of the metrics the lanes count, taken from the recorder once
+/// ([`families::CountersBy`]) rather than at every attempt.
+struct Meters {
+    /// `latch_delivery_attempts_total` by outcome.
+    attempts: families::CountersBy,
+    /// `latch_notifications_total` by status.
+    notifications: families::CountersBy,
+    attempt_seconds: metrics::Histogram,
+    latency: metrics::Histogram,
+}
+
+impl Meters {
+    fn new() -> Self {
+        Self {
+            attempts: families::DELIVERY_ATTEMPTS.counters_by("outcome"),
+            notifications: families::NOTIFICATIONS.counters_by("status"),
+            attempt_seconds: families::DELIVERY_ATTEMPT_SECONDS.histogram(),
+            latency: families::DELIVERY_LATENCY.histogram(),
+        }
+    }
 }
 
 impl Lanes {
@@ -246,6 +271,7 @@ impl Lanes {
             gating: FastMap::default(),
             parked_clients: FastSet::default(),
             unanswered: Default::default(),
+            meters: Meters::new(),
         }
     }
 

@@ -49,6 +49,16 @@ impl Family {
         metrics::histogram!(self.name)
     }
 
+    /// This family's counters by the value of its label `label`, each taken from the
+    /// recorder once ([`CountersBy`]).
+    pub fn counters_by(&self, label: &'static str) -> CountersBy {
+        CountersBy {
+            name: self.name,
+            label,
+            handles: Vec::new(),
+        }
+    }
+
     /// Gives the family its help text (the exporter's `# HELP`).
     pub fn describe(&self) {
         match self.kind {
@@ -56,6 +66,33 @@ impl Family {
             Kind::Gauge => metrics::describe_gauge!(self.name, self.help),
             Kind::Histogram => metrics::describe_histogram!(self.name, self.help),
         }
+    }
+}
+
+/// A family's counters, one per value of a label, each taken from the recorder once and
+/// then kept by whoever counts. Taking a handle hashes the family's name and labels and
+/// looks them up under the registry's lock, which the dispatcher did several times for
+/// every webhook. A handle taken before the recorder is installed counts nothing, so these
+/// are made by what starts after it (the service installs it first).
+pub struct CountersBy {
+    name: &'static str,
+    label: &'static str,
+    handles: Vec<(&'static str, Counter)>,
+}
+
+impl CountersBy {
+    /// The counter of label value `value`. The values are few (a closed set): a list
+    /// beats a map.
+    pub fn get(&mut self, value: &'static str) -> &Counter {
+        let i = match self.handles.iter().position(|(v, _)| *v == value) {
+            Some(i) => i,
+            None => {
+                let c = metrics::counter!(self.name, labels(&[(self.label, value)]));
+                self.handles.push((value, c));
+                self.handles.len() - 1
+            }
+        };
+        &self.handles[i].1
     }
 }
 

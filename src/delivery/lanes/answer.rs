@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use super::Meters;
 use super::batches::Batching;
 use super::{Done, Entry, Finished, LaneKey, Lanes, PARK_RECHECK_MS, shrink};
 use crate::delivery::attempt::AttemptResult;
 use crate::delivery::retry::{RetryAt, RetryPolicy};
 use crate::domain::policy::{self, Attempted};
 use crate::domain::{Attempt, EventKind, Millis, Outcome, Status, Verdict};
-use crate::telemetry::families;
 
 impl Lanes {
     /// Takes what came of an admitted head: the head leaves its lane, waits for a retry,
@@ -121,9 +121,7 @@ impl Lanes {
                 // here or on another node: a lane told of it twice (a client enabled while
                 // its parked heads were looked at again) must not count it twice.
                 if !matches!(status, Status::Delivered | Status::Failed) {
-                    families::NOTIFICATIONS
-                        .counter_with(&[("status", status.as_str())])
-                        .increment(1);
+                    self.meters.notifications.get(status.as_str()).increment(1);
                 }
                 true
             }
@@ -159,6 +157,7 @@ impl Lanes {
                         policy: &self.policy,
                         node: &self.node,
                         batching: &mut self.batching,
+                        meters: &mut self.meters,
                         lane: &d.lane,
                         batch,
                         retry_at,
@@ -207,6 +206,7 @@ struct Context<'a> {
     policy: &'a RetryPolicy,
     node: &'a Arc<str>,
     batching: &'a mut Batching,
+    meters: &'a mut Meters,
     lane: &'a LaneKey,
     /// The batch the attempt was sent in.
     batch: Option<&'a Arc<str>>,
@@ -238,7 +238,7 @@ fn attempted(head: &mut Entry, result: AttemptResult, cx: Context<'_>) -> (bool,
         },
         || next_at,
     );
-    attempt_metrics(&result, verdict, &head.id, cx.now);
+    attempt_metrics(cx.meters, &result, verdict, &head.id, cx.now);
     let outcome = Outcome {
         notification_id: head.id.clone(),
         client_id: cx.lane.0.to_string(),
@@ -272,25 +272,25 @@ fn attempted(head: &mut Entry, result: AttemptResult, cx: Context<'_>) -> (bool,
 
 /// Counts an attempt, its duration, the status it left its notification in and, once
 /// delivered, how long after it was created (the id is a ULID: its time is the creation).
-fn attempt_metrics(result: &AttemptResult, verdict: Verdict, id: &str, now: Millis) {
-    families::DELIVERY_ATTEMPTS
-        .counter_with(&[("outcome", result.label())])
-        .increment(1);
-    families::DELIVERY_ATTEMPT_SECONDS
-        .histogram()
-        .record(result.duration.as_secs_f64());
+fn attempt_metrics(
+    meters: &mut Meters,
+    result: &AttemptResult,
+    verdict: Verdict,
+    id: &str,
+    now: Millis,
+) {
+    meters.attempts.get(result.label()).increment(1);
+    meters.attempt_seconds.record(result.duration.as_secs_f64());
     let status = policy::status_after(verdict);
     if status != Status::Pending {
-        families::NOTIFICATIONS
-            .counter_with(&[("status", status.as_str())])
-            .increment(1);
+        meters.notifications.get(status.as_str()).increment(1);
     }
     if verdict == Verdict::Delivered {
         let created = ulid::Ulid::from_string(id)
             .map(|u| u.timestamp_ms() as Millis)
             .unwrap_or(now);
-        families::DELIVERY_LATENCY
-            .histogram()
+        meters
+            .latency
             .record((now - created).max(0) as f64 / 1000.0);
     }
 }

@@ -8,7 +8,6 @@ use super::{Entry, Lane, LaneKey, Lanes};
 use crate::delivery::FastSet;
 use crate::domain::policy::{self, Queued, Waiting};
 use crate::domain::{EventKind, Millis, NotificationRef, Outcome, Verdict};
-use crate::telemetry::families;
 
 impl Lanes {
     /// The clients disabled now, as a sweep of a shared store read them: those with
@@ -205,9 +204,7 @@ impl Lanes {
             if let Some(b) = &e.batch {
                 self.batching.leave(b, key);
             }
-            families::NOTIFICATIONS
-                .counter_with(&[("status", "superseded")])
-                .increment(1);
+            self.meters.notifications.get("superseded").increment(1);
             let outcome = Outcome {
                 notification_id: e.id,
                 client_id: key.0.to_string(),

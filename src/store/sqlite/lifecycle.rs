@@ -17,7 +17,9 @@ pub(super) fn client_exists(c: &Connection, id: &str) -> Result<bool> {
 }
 
 /// Keeps each client's failure streak from a batch of attempts and disables the clients
-/// the policy says to, in the recording transaction.
+/// the policy says to, in the recording transaction. Every statement comes from the
+/// connection's cache: this runs with every batch of recorded outcomes, and parsing the
+/// streak's update anew each time was ~1.3 % of delivery's CPU (BENCHMARKS.md, #53).
 pub(super) fn note_attempts(
     tx: &Transaction,
     outcomes: &[Outcome],
@@ -44,21 +46,22 @@ pub(super) fn note_attempts(
         ])?;
         let Some(failed_at) = c.failing_since else {
             // Delivered last: the streak ends (a write only when there was one).
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE clients SET failing_since = NULL \
                  WHERE id = ?1 AND failing_since IS NOT NULL",
-                [&c.client_id],
-            )?;
+            )?
+            .execute([&c.client_id])?;
             continue;
         };
         let found = tx
-            .query_row(
+            .prepare_cached(
                 "UPDATE clients SET failing_since = \
                  CASE WHEN ?2 THEN ?3 ELSE COALESCE(failing_since, ?3) END \
                  WHERE id = ?1 AND disabled_at IS NULL RETURNING failing_since",
-                params![c.client_id, c.succeeded, failed_at],
-                |r| r.get::<_, Option<i64>>(0),
-            )
+            )?
+            .query_row(params![c.client_id, c.succeeded, failed_at], |r| {
+                r.get::<_, Option<i64>>(0)
+            })
             .optional()?;
         let Some(failing_since) = found else {
             continue;

@@ -67,9 +67,11 @@ impl Outbox for SqliteStore {
                     let mut select = tx.prepare_cached(&format!(
                         "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
                     ))?;
+                    // By the row the select just read (`seq` is its rowid): no second
+                    // look-up of the id in its index.
                     let mut lease = tx.prepare_cached(
                         "UPDATE notifications SET claimed_by = ?2, lease_until = ?3, batch_id = NULL \
-                         WHERE id = ?1",
+                         WHERE seq = ?1",
                     )?;
                     let mut cancel = tx.prepare_cached(
                         "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
@@ -85,7 +87,7 @@ impl Outbox for SqliteStore {
                         };
                         match claim_step(row, node, now) {
                             ClaimStep::Lease(s) => {
-                                lease.execute(params![id, node, lease_until])?;
+                                lease.execute(params![s.notification.seq, node, lease_until])?;
                                 out.push(Claim::Send(s));
                             }
                             ClaimStep::Cancel => {
