@@ -243,8 +243,7 @@ pub async fn run(
                 }
                 // Dropping the network makes the next poll connect again; the session
                 // stays on the broker, which resends every unacknowledged publish.
-                events.clean();
-                link.next_connection();
+                end_connection(&client, &mut events, &link).await;
                 families::SOURCE_RECONNECTS.counter_with(&[("source", SOURCE)]).increment(1);
                 tracing::warn!(retry_in = ?delay, "MQTT ingest reconnects to get unapplied readings again.");
                 tokio::select! {
@@ -295,9 +294,13 @@ pub async fn run(
             }
         }
     }
-    let resent = settle(applier, &mut reconnect_rx, &mut events, &link, &tx).await;
+    let resent = settle(applier, &client, &mut reconnect_rx, &mut events, &link, &tx).await;
     drop(tx);
-    flush(&client, &mut events).await;
+    if !flush(&client, &mut events).await {
+        tracing::warn!(
+            "MQTT ingest: the broker may not have taken every acknowledgement at the stop; it resends those publishes to the next session."
+        );
+    }
     link.update(|st| st.subscribed = false);
     keep(store.as_ref(), key, resent).await;
     tracing::info!("MQTT ingest stopped.");
@@ -310,6 +313,7 @@ pub async fn run(
 /// the applier: a connection lost is made again at once, for them.
 async fn settle(
     applier: tokio::task::JoinHandle<Resent>,
+    client: &AsyncClient,
     reconnect_rx: &mut mpsc::UnboundedReceiver<(u64, Duration)>,
     events: &mut rumqttc::v5::EventLoop,
     link: &Link,
@@ -320,8 +324,7 @@ async fn settle(
             tokio::select! {
                 Some((g, _)) = reconnect_rx.recv() => {
                     if g == link.generation() {
-                        events.clean();
-                        link.next_connection();
+                        end_connection(client, events, link).await;
                     }
                 }
                 e = events.poll() => match e {
@@ -367,8 +370,9 @@ async fn keep(store: &dyn Sessions, key: String, resent: Resent) {
 /// Sends the acknowledgements queued in the client's request channel, then a
 /// `DISCONNECT` behind them (the session stays on the broker), polling the event loop all
 /// along: only it writes them, and the channel (bounded) may be full of acks, so queueing
-/// the disconnect must not wait without it.
-async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) {
+/// the disconnect must not wait without it. `false` if the broker may not have them all
+/// (the connection broke, or the bound ran out).
+async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) -> bool {
     let flushed = tokio::time::timeout(FLUSH_AT_STOP, async {
         let disconnect = client.disconnect();
         tokio::pin!(disconnect);
@@ -390,11 +394,24 @@ async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) {
         }
     })
     .await;
-    if flushed != Ok(true) {
+    flushed == Ok(true)
+}
+
+/// Ends the current connection so that the next poll makes a new one, on which the broker
+/// resends what is unacknowledged. The acknowledgements the applier queued go out first
+/// ([`flush`]): the event loop's `clean` drops those still in the client's channel
+/// (rumqttc leaves them to the broker's resend), and the applier forgot each publish it
+/// acknowledged, so its resend would be applied a second time. Publishes that arrive
+/// meanwhile are dropped: they came on the connection that ends, and the broker resends
+/// them on the next.
+async fn end_connection(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop, link: &Link) {
+    if !flush(client, events).await {
         tracing::warn!(
-            "MQTT ingest: the broker may not have taken every acknowledgement at the stop; it resends those publishes to the next session."
+            "MQTT ingest: the broker may not have taken every acknowledgement before the reconnect; it resends those publishes, and they are applied again."
         );
     }
+    events.clean();
+    link.next_connection();
 }
 
 /// The sensor id a topic carries at the filter's first `+` level, if any.
