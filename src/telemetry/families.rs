@@ -17,7 +17,7 @@ pub enum Kind {
 }
 
 /// One metric family: its name, kind, help text and label names.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct Family {
     pub name: &'static str,
     pub kind: Kind,
@@ -53,7 +53,7 @@ impl Family {
     /// recorder once ([`CountersBy`]).
     pub fn counters_by(&self, label: &'static str) -> CountersBy {
         CountersBy {
-            name: self.name,
+            family: *self,
             label,
             handles: Vec::new(),
         }
@@ -75,7 +75,7 @@ impl Family {
 /// every webhook. A handle taken before the recorder is installed counts nothing, so these
 /// are made by what starts after it (the service installs it first).
 pub struct CountersBy {
-    name: &'static str,
+    family: Family,
     label: &'static str,
     handles: Vec<(&'static str, Counter)>,
 }
@@ -87,7 +87,7 @@ impl CountersBy {
         let i = match self.handles.iter().position(|(v, _)| *v == value) {
             Some(i) => i,
             None => {
-                let c = metrics::counter!(self.name, labels(&[(self.label, value)]));
+                let c = self.family.counter_with(&[(self.label, value)]);
                 self.handles.push((value, c));
                 self.handles.len() - 1
             }

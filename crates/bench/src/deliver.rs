@@ -317,8 +317,9 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        match (c.statement_ms(), &c.statements) {
-            (Some(ms), Some(statements)) => {
+        match &c.statements {
+            Some(statements) => {
+                let ms: f64 = statements.iter().map(|s| s.ms).sum();
                 r.add(
                     "pg_statement_us_per_webhook",
                     (1e3 * ms / webhooks).round(),
@@ -339,7 +340,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                         .join("; ")
                 ));
             }
-            _ => r.notes.push(
+            None => r.notes.push(
                 "PostgreSQL statement time not read: the server does not load pg_stat_statements."
                     .into(),
             ),

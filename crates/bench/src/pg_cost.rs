@@ -178,11 +178,6 @@ impl Cost {
         }
     }
 
-    /// Milliseconds of statement time in the phase, over every statement.
-    pub fn statement_ms(&self) -> Option<f64> {
-        Some(self.statements.as_ref()?.iter().map(|s| s.ms).sum())
-    }
-
     /// Rows inserted, updated and deleted, over every table.
     pub fn rows(&self) -> [i64; 3] {
         self.tables
