@@ -56,6 +56,12 @@ async fn history(http: &reqwest::Client, base: &str, sensor: &str) -> Vec<Value>
     }
 }
 
+/// `GET /v1/sensors/{id}`.
+async fn sensor(http: &reqwest::Client, base: &str, id: &str) -> Value {
+    let url = format!("{base}/v1/sensors/{id}");
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 fn millis(v: &Value) -> Option<i64> {
     v.as_str().map(|s| time::parse(s).unwrap())
 }
@@ -152,14 +158,7 @@ async fn kill_9_mid_stream_leaves_every_sensor_as_its_acknowledged_readings_give
     p.ready(&http).await;
     for id in &sensors {
         let want = expected[id];
-        let got: Value = http
-            .get(format!("{}/v1/sensors/{id}", p.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let got = sensor(&http, &p.base, id).await;
         let status = &got["status"];
         let readings = history(&http, &p.base, id).await;
         assert_eq!(readings.len(), want.readings, "{id}: every reading kept");
@@ -188,14 +187,7 @@ async fn kill_9_mid_stream_leaves_every_sensor_as_its_acknowledged_readings_give
             .await
             .unwrap();
         assert_eq!(r.status(), 202);
-        let after: Value = http
-            .get(format!("{}/v1/sensors/{id}", p.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let after = sensor(&http, &p.base, id).await;
         assert_eq!(
             after["status"]["data"].as_u64().map(|d| d as u8),
             want.data,
