@@ -330,8 +330,12 @@ pub struct ClientAttempts {
     pub failures_after: u64,
 }
 
-/// Sums up a batch of outcomes per client, for [`disable_reason`]. Outcomes without an
-/// attempt (superseded while waiting) say nothing of the client.
+/// Sums up a batch of outcomes per client, for [`disable_reason`], ordered by client id.
+/// Outcomes without an attempt (superseded while waiting) say nothing of the client.
+///
+/// The order is the order the recorder locks the clients' rows in: the same as every
+/// other writer of several clients (resealing walks them by id), so two of them never
+/// wait for each other (a recorder in outcome order deadlocked `latch rotate-key`).
 pub fn client_attempts(outcomes: &[Outcome]) -> Vec<ClientAttempts> {
     let mut out: Vec<ClientAttempts> = Vec::new();
     for o in outcomes {
@@ -365,6 +369,7 @@ pub fn client_attempts(outcomes: &[Outcome]) -> Vec<ClientAttempts> {
             c.failures_after += 1;
         }
     }
+    out.sort_by(|a, b| a.client_id.cmp(&b.client_id));
     out
 }
 

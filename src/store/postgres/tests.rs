@@ -672,3 +672,104 @@ async fn retention_drops_past_months_and_forgets_silent_nodes() {
         .collect();
     assert_eq!(nodes, ["here"]);
 }
+
+/// A recording of attempts for several clients takes their rows in id order, the order
+/// resealing (`latch rotate-key`) walks them in: a transaction holding the first client
+/// keeps the recorder from taking any, and the second stays free. (In outcome order the
+/// recorder held the second while it waited for the first: a deadlock with the resealer.)
+#[tokio::test]
+async fn a_recorder_takes_its_clients_rows_in_id_order() {
+    use crate::domain::{Attempt, Claim, Outcome, Verdict};
+    use crate::store::conformance::{change, client, sensor};
+    let Some((s, schema)) = fresh().await else {
+        return;
+    };
+    let s = std::sync::Arc::new(s);
+    let mut outcomes = Vec::new();
+    for (c, sensor_id) in [("lock-b", "lk2"), ("lock-a", "lk1")] {
+        s.create_sensor(sensor(sensor_id)).await.unwrap();
+        s.create_client(client(c, "http://a/")).await.unwrap();
+        s.link(c.into(), sensor(sensor_id).id, 1).await.unwrap();
+        let n = s
+            .commit(change(sensor_id, true, None, 1_000), 1_000)
+            .await
+            .unwrap()[0]
+            .clone();
+        let claimed = s
+            .claim(vec![n.id.clone()], "a".into(), 1_000, 90_000, None)
+            .await
+            .unwrap();
+        assert!(matches!(claimed[0], Claim::Send(_)));
+        outcomes.push(Outcome {
+            notification_id: n.id.clone(),
+            client_id: n.client_id.clone(),
+            attempt: Some(Attempt {
+                notification_id: n.id.clone(),
+                at: 1_500,
+                status_code: Some(500),
+                error: Some("HTTP 500".into()),
+                duration_ms: 3,
+            }),
+            attempts: 1,
+            verdict: Verdict::Failed,
+            node: "a".into(),
+            batch_id: None,
+        });
+    }
+    let url = schema_url(&base_url(), &schema);
+    let (mut holder, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (watch, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM clients WHERE id = 'lock-a' FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let recording = tokio::spawn({
+        let s = s.clone();
+        async move { s.record(outcomes, 2_000, i64::MAX / 2).await }
+    });
+    // Until the recorder waits for a row lock.
+    let mut waited = false;
+    for _ in 0..200 {
+        let n: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(waited, "the recorder never waited for the held client");
+    tx.batch_execute("SET LOCAL lock_timeout = '3s'")
+        .await
+        .unwrap();
+    tx.execute("SELECT 1 FROM clients WHERE id = 'lock-b' FOR UPDATE", &[])
+        .await
+        .expect("the recorder holds the second client while it waits for the first");
+    tx.commit().await.unwrap();
+    recording.await.unwrap().unwrap();
+    // Both failures counted once the holder let go.
+    let streaks: Vec<i64> = watch
+        .query(
+            "SELECT failures_since_success FROM clients ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(streaks, vec![1, 1]);
+}
