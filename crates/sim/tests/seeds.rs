@@ -89,3 +89,23 @@ fn a_seed_plays_the_same_trace_every_time() {
     // And a different seed plays a different trace: the hash covers the run.
     assert_ne!(first[0], run(6, &opts).hash);
 }
+
+/// Seeds beyond the range that once broke a guarantee, kept as they found it (a change
+/// elsewhere may move what they play, so they are a floor, not the proof).
+const FOUND: &[(u64, &str)] = &[(
+    691,
+    "retention deleted a delivered state an older state of its lane still waited behind; \
+     that one's claim then sent it after the newer one",
+)];
+
+#[test]
+fn seeds_that_once_failed_keep_every_guarantee() {
+    let opts = Options::default();
+    let failed: Vec<String> = FOUND
+        .iter()
+        .map(|&(seed, found)| (run(seed, &opts), found))
+        .filter(|(o, _)| !o.ok())
+        .map(|(o, found)| format!("(once found: {found})\n{}", o.report()))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

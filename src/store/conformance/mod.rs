@@ -203,6 +203,7 @@ suite!(
     receivers::secrets_are_sealed_under_the_stores_key,
     retention::history_goes_at_its_time_and_no_sooner,
     retention::finished_notifications_go_pending_ones_stay,
+    retention::a_delivered_state_stays_while_an_older_one_of_its_lane_waits,
     retention::attempts_made_after_retention_emptied_them_still_ship,
     tokens::tokens_keep_hash_and_scopes,
     tokens::deleted_tokens_are_gone,

@@ -191,6 +191,92 @@ pub(super) async fn finished_notifications_go_pending_ones_stay(s: &Subject) {
     assert_eq!(event_times(&**s, "rn1").await, [1_000, 50_000]);
 }
 
+/// A delivered state outranks an older state of its lane still pending (a node sent the
+/// newer one while the older was out with another node): retention keeps it until the
+/// older one is settled, or the older one's claim on a shared store, no longer seeing a
+/// newer state, would send it after the newer one.
+pub(super) async fn a_delivered_state_stays_while_an_older_one_of_its_lane_waits(s: &Subject) {
+    s.create_sensor(sensor("rk1")).await.unwrap();
+    s.create_client(client("rk-a", "http://a/")).await.unwrap();
+    s.link("rk-a".into(), sid("rk1"), 1).await.unwrap();
+    let older = s
+        .commit(change("rk1", true, None, 1_000), 1_000)
+        .await
+        .unwrap()
+        .remove(0);
+    // Out with node a (a lease the commit of the next state does not supersede).
+    s.claim(
+        vec![older.id.clone()],
+        "a".into(),
+        1_000,
+        now_ms() + 600_000,
+        None,
+    )
+    .await
+    .unwrap();
+    let newer = s
+        .commit(change("rk1", false, Some(true), 2_000), 2_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let outcome = |n: &NotificationRef, node: &str, verdict| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: Some(Attempt {
+            notification_id: n.id.clone(),
+            at: 3_000,
+            status_code: Some(if verdict == Verdict::Delivered {
+                200
+            } else {
+                500
+            }),
+            error: None,
+            duration_ms: 3,
+        }),
+        attempts: 1,
+        verdict,
+        node: node.into(),
+        batch_id: None,
+    };
+    s.record(vec![outcome(&newer, "b", Verdict::Delivered)], 3_000, NEVER)
+        .await
+        .unwrap();
+    s.record(
+        vec![outcome(&older, "a", Verdict::Retry { next_at: 4_000 })],
+        3_500,
+        NEVER,
+    )
+    .await
+    .unwrap();
+    let cut = Retention {
+        history_before: None,
+        notifications_before: Some(10_000),
+    };
+    let pruned = s.maintain(60_000, cut).await.unwrap();
+    assert_eq!(pruned.notifications, 0, "{pruned:?}");
+    assert!(
+        s.get_notification(newer.id.clone())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    if s.cluster.is_none() {
+        // One node: its lanes keep the order, and a claim does not read the lane's rest.
+        return;
+    }
+    match &s
+        .claim(vec![older.id.clone()], "b".into(), 5_000, 16_000, None)
+        .await
+        .unwrap()[0]
+    {
+        Claim::Done { status, .. } => assert_eq!(*status, Status::Superseded),
+        other => panic!("the older state must not go after the newer one: {other:?}"),
+    }
+    // Settled: both go at the next round.
+    let pruned = s.maintain(60_000, cut).await.unwrap();
+    assert_eq!(pruned.notifications, 2, "{pruned:?}");
+}
+
 /// Attempts ship past a mark of the last id shipped: once retention has deleted every
 /// attempt (a quiet month, a disabled client), the next attempt must still get an id
 /// above that mark, or it never reaches ClickHouse while the spool says nothing waits.

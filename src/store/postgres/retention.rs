@@ -118,6 +118,14 @@ async fn prune_default(db: &Db, table: &str, time: &str, before: Millis) -> Resu
     }
 }
 
+/// A state notification `n` outranks an older state of its lane still pending: the claim
+/// of that one supersedes it while `n` is stored, and would send it after `n` once `n`
+/// was gone. Such an `n` stays until the older one is settled.
+const KEPT_FOR_ITS_LANE: &str = "(n.kind = 'sensor.state_changed' AND EXISTS (\
+    SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id AND o.seq < n.seq \
+    AND o.status = 'pending' AND o.client_id = n.client_id \
+    AND o.kind = 'sensor.state_changed'))";
+
 async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
     let c = db.get("retention").await?;
     Ok(c.query(
@@ -137,16 +145,20 @@ async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
 }
 
 /// Deletes the notifications `seqs` that are still finished and older than `before`, with
-/// their attempts, in one statement.
+/// their attempts, in one statement; not a delivered state an older state of its lane
+/// still waits behind ([`KEPT_FOR_ITS_LANE`]).
 async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<Pruned> {
     let c = db.get("retention").await?;
     let row = c
         .query_one(
-            "WITH gone AS (DELETE FROM notifications WHERE seq = ANY($1) \
-               AND status <> 'pending' AND updated_at < $2 RETURNING id), \
+            &format!(
+                "WITH gone AS (DELETE FROM notifications n WHERE seq = ANY($1) \
+               AND status <> 'pending' AND updated_at < $2 AND NOT {KEPT_FOR_ITS_LANE} \
+               RETURNING id), \
              a AS (DELETE FROM attempts WHERE notification_id IN (SELECT id FROM gone) \
                RETURNING 1) \
-             SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM a)",
+             SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM a)"
+            ),
             &[&seqs, &before],
         )
         .await?;

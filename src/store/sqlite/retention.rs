@@ -138,7 +138,9 @@ pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
 }
 
 /// Deletes the notifications `seqs` that are still finished and older than `before` (one
-/// may have been replayed since it was read), with their attempts.
+/// may have been replayed since it was read), with their attempts. A delivered state that
+/// an older state of its lane still waits behind stays: the claim of that one supersedes
+/// it while the newer one is stored, and would send it after the newer one without.
 pub(super) fn delete_notifications(
     c: &mut Connection,
     seqs: &[i64],
@@ -148,8 +150,11 @@ pub(super) fn delete_notifications(
     let mut pruned = Pruned::default();
     {
         let mut gone = tx.prepare_cached(
-            "DELETE FROM notifications WHERE seq = ?1 AND status <> 'pending' AND updated_at < ?2 \
-             RETURNING id",
+            "DELETE FROM notifications AS n WHERE seq = ?1 AND status <> 'pending' \
+             AND updated_at < ?2 AND NOT (n.kind = 'sensor.state_changed' AND EXISTS (\
+               SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
+               AND o.seq < n.seq AND o.status = 'pending' AND o.client_id = n.client_id \
+               AND o.kind = 'sensor.state_changed')) RETURNING id",
         )?;
         let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;
         for seq in seqs {

@@ -2,14 +2,15 @@
 //! `store/sqlite/retention.rs` and `store/postgres/retention.rs`. A round is one call
 //! here, applied whole, where the backends delete in small steps with commits let through
 //! between them; what it deletes is the same: readings and events older than the cut-off,
-//! and finished notifications (with their attempts) last changed before it, scanning the
+//! and finished notifications (with their attempts) last changed before it (not a state an
+//! older state of its lane still waits behind), scanning the
 //! outbox in order up to the first one made at the cut-off or later. (PostgreSQL drops
 //! history a whole month at a time, so it keeps rows up to a month longer than asked; the
 //! model deletes them row by row, as SQLite does.)
 
 use async_trait::async_trait;
 
-use latch::domain::{Millis, Status};
+use latch::domain::{EventKind, Millis, Notification, Status};
 use latch::store::{Backend, Pruned, Result, Retention};
 
 use super::node::NodeStore;
@@ -40,11 +41,21 @@ impl Tables {
                 .map(|r| &r.notification)
                 .take_while(|n| n.created_at < before)
                 .filter(|n| n.status != Status::Pending && n.updated_at < before)
+                .filter(|n| !self.kept_for_its_lane(n))
                 .map(|n| n.seq)
                 .collect();
             (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);
         }
         pruned
+    }
+
+    /// A state `n` an older state of its lane still waits behind stays: the claim of that
+    /// one supersedes it while `n` is stored (`KEPT_FOR_ITS_LANE` in the backends).
+    fn kept_for_its_lane(&self, n: &Notification) -> bool {
+        n.kind == EventKind::StateChanged
+            && self.lane_of(n).any(|o| {
+                o.seq < n.seq && o.status == Status::Pending && o.kind == EventKind::StateChanged
+            })
     }
 }
 
