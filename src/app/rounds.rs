@@ -42,11 +42,14 @@ pub async fn run(
     rules: Rules,
     stop: CancellationToken,
 ) {
+    let every = EVERY.as_millis() as Millis;
+    let mut next = clock.now() + every;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = clock.sleep_until(clock.now() + EVERY.as_millis() as Millis) => {}
+            _ = clock.sleep_until(next) => {}
         }
+        next = (next + every).max(clock.now());
         // A call decides up to 500 due sites: while one decides something, more may wait.
         loop {
             match store.decide_sites(rules, clock.now()).await {
@@ -57,7 +60,7 @@ pub async fn run(
                     }
                     if !decided.made.is_empty() {
                         tracing::info!(notifications = decided.made.len(), "Sites decided.");
-                        dispatcher.deliver(decided.made);
+                        dispatcher.deliver_served(decided.made);
                     }
                     for e in decided.changed {
                         // Only fails while nobody listens.
@@ -78,7 +81,7 @@ pub async fn run(
                     notifications = made.len(),
                     "A silence ended: clients brought up to date."
                 );
-                dispatcher.deliver(made);
+                dispatcher.deliver_served(made);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.")

@@ -18,6 +18,8 @@ use crate::telemetry::recent::Measure;
 
 pub(super) enum Cmd {
     Deliver(Vec<NotificationRef>),
+    /// Made by a round that decides for the whole cluster ([`Dispatcher::deliver_served`]).
+    DeliverServed(Vec<NotificationRef>),
     /// A client was enabled: its pending notifications.
     Resume(Arc<str>, Vec<NotificationRef>),
     /// A client's rate limit, from the API or read by a claim.
@@ -196,6 +198,7 @@ impl Core {
                 // Durable; picked up at next start.
                 Ok(Some(
                     Cmd::Deliver(_)
+                    | Cmd::DeliverServed(_)
                     | Cmd::Sweep(_)
                     | Cmd::Resume(..)
                     | Cmd::Rate(..)
@@ -216,10 +219,12 @@ impl Core {
     pub(super) fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Deliver(refs) => self.add(refs, self.clock.now()),
+            Cmd::DeliverServed(mut refs) => {
+                self.keep_served(&mut refs);
+                self.add(refs, self.clock.now());
+            }
             Cmd::Sweep(mut refs) => {
-                if let Some(Serves(serves)) = &self.serves {
-                    refs.retain(|r| serves(r.sensor_id));
-                }
+                self.keep_served(&mut refs);
                 let outcomes = self.lanes.sweep(refs, self.clock.now());
                 self.record(outcomes);
             }
@@ -253,6 +258,13 @@ impl Core {
             Cmd::Describe(client, tx) => {
                 let _ = tx.send(self.lanes.describe(&client));
             }
+        }
+    }
+
+    /// In cluster mode, drops the notifications of sensors another node serves.
+    fn keep_served(&self, refs: &mut Vec<NotificationRef>) {
+        if let Some(Serves(serves)) = &self.serves {
+            refs.retain(|r| serves(r.sensor_id));
         }
     }
 

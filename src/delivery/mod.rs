@@ -183,6 +183,17 @@ impl Dispatcher {
         }
     }
 
+    /// Schedules notifications made by a round that decides for the whole cluster (sites,
+    /// ended silences): only those of sensors this node serves. The node serving the
+    /// others finds them at its next sweep. Queued here, a lane that had just moved away
+    /// could start again on this node while its older head was still out: the newer
+    /// notification went first, and the older one after it from the node serving it now.
+    pub fn deliver_served(&self, refs: Vec<NotificationRef>) {
+        if !refs.is_empty() {
+            let _ = self.tx.send(Cmd::DeliverServed(refs));
+        }
+    }
+
     /// A client was enabled: its lanes parked while it was disabled go again, with its
     /// `pending` notifications as the store has them (queued where missing).
     pub fn resume(&self, client_id: &str, pending: Vec<NotificationRef>) {
