@@ -50,7 +50,8 @@ pub async fn run(
             _ = clock.sleep_until(next) => {}
         }
         next = (next + every).max(clock.now());
-        // A call decides up to 500 due sites: while one decides something, more may wait.
+        // A call decides the due sites (on SQLite up to 500): while one decides something,
+        // more may wait.
         loop {
             match store.decide_sites(rules, clock.now()).await {
                 Ok(decided) if decided.is_empty() => break,

@@ -175,7 +175,7 @@ impl Sites for PgStore {
     }
 
     async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Decided> {
-        let mut c = self.db.get("decide_sites").await?;
+        let c = self.db.get("decide_sites").await?;
         // A round every second on every node: no transaction when nothing is due.
         let due: bool = c
             .query_one(
@@ -190,9 +190,35 @@ impl Sites for PgStore {
         if !due {
             return Ok(Decided::default());
         }
-        let tx = c.transaction().await?;
-        let decided = super::site_rounds::decide_sites(&tx, rules, now).await?;
-        tx.commit().await?;
-        Ok(decided)
+        drop(c);
+        // Every due site, a few per transaction (`SITES_PER_TX`), each with its own
+        // deadline. A failure after some committed answers those: the rest is the next
+        // round's.
+        let mut decided = Decided::default();
+        let mut after = String::new();
+        loop {
+            let step = async {
+                let mut c = self.db.get("decide_sites").await?;
+                let tx = c.transaction().await?;
+                let step = super::site_rounds::decide_sites(&tx, rules, now, &after).await?;
+                tx.commit().await?;
+                Ok::<_, Error>(step)
+            };
+            match step.await {
+                Ok((d, last)) => {
+                    decided.made.extend(d.made);
+                    decided.changed.extend(d.changed);
+                    match last {
+                        Some(last) => after = last,
+                        None => return Ok(decided),
+                    }
+                }
+                Err(e) if decided.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Could not decide the rest of the due sites; the next round does.");
+                    return Ok(decided);
+                }
+            }
+        }
     }
 }
