@@ -167,6 +167,13 @@ impl Membership {
             let _ = me.store.leave(&me.node).await;
             return Err(e);
         }
+        let forgot = me.store.forget_outbox_leases(&me.node).await?;
+        if forgot > 0 {
+            tracing::info!(
+                notifications = forgot,
+                "Gave back the delivery leases an earlier process of this node held."
+            );
+        }
         Ok(me)
     }
 

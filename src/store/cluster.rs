@@ -61,6 +61,11 @@ pub trait ClusterStore: Send + Sync + 'static {
         lease: Duration,
         reclaim_own: bool,
     ) -> Result<Vec<Lease>>;
+    /// Gives back every outbox lease `node` holds on a pending notification, at its start:
+    /// they are an earlier process's (killed with attempts in flight), and its lanes start
+    /// empty. Kept, a claim would count them as this node's own lanes' and let a newer
+    /// notification pass the older one leased, which then went after it. Answers how many.
+    async fn forget_outbox_leases(&self, node: &str) -> Result<u64>;
     /// Gives up these leases (owner cleared, epoch bumped) where `node` still holds them
     /// at those epochs, so another node can take them at once; who released them, and
     /// when, is kept for [`ClusterStore::deadline_floors`].

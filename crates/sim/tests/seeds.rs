@@ -92,11 +92,18 @@ fn a_seed_plays_the_same_trace_every_time() {
 
 /// Seeds beyond the range that once broke a guarantee, kept as they found it (a change
 /// elsewhere may move what they play, so they are a floor, not the proof).
-const FOUND: &[(u64, &str)] = &[(
-    691,
-    "retention deleted a delivered state an older state of its lane still waited behind; \
-     that one's claim then sent it after the newer one",
-)];
+const FOUND: &[(u64, &str)] = &[
+    (
+        691,
+        "retention deleted a delivered state an older state of its lane still waited behind; \
+         that one's claim then sent it after the newer one",
+    ),
+    (
+        3595,
+        "a node restarted after a kill -9 counted its earlier process's lease on a reminder \
+         as its own lane's and sent the next reminder first; the older one went after it",
+    ),
+];
 
 #[test]
 fn seeds_that_once_failed_keep_every_guarantee() {

@@ -233,6 +233,19 @@ impl ClusterStore for PgStore {
             .collect())
     }
 
+    async fn forget_outbox_leases(&self, node: &str) -> Result<u64> {
+        Ok(self
+            .db
+            .get("forget_outbox_leases")
+            .await?
+            .execute(
+                "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \
+                 WHERE status = 'pending' AND claimed_by = $1",
+                &[&node],
+            )
+            .await?)
+    }
+
     async fn leave(&self, node: &str) -> Result<()> {
         self.db
             .get("leave")

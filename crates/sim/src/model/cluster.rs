@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use latch::domain::partition::{self, Partitioning};
-use latch::domain::{Millis, SensorId, Source};
+use latch::domain::{Millis, SensorId, Source, Status};
 use latch::store::{ClusterStore, Error, Lease, NodeRow, Owner, Result, SensorRuntime, SourceLink};
 
 use super::node::NodeStore;
@@ -337,6 +337,23 @@ impl ClusterStore for NodeStore {
         self.run("deadline_floors", true, |t, cx| {
             t.cluster_only()?;
             Ok(t.deadline_floors(cx, node, leases, since, within))
+        })
+        .await
+    }
+
+    async fn forget_outbox_leases(&self, node: &str) -> Result<u64> {
+        self.run("forget_outbox_leases", true, |t, _| {
+            t.cluster_only()?;
+            let mut n = 0;
+            for r in t.notifications.values_mut() {
+                if r.notification.status == Status::Pending && r.claimed_by.as_deref() == Some(node)
+                {
+                    r.claimed_by = None;
+                    r.lease_until = None;
+                    n += 1;
+                }
+            }
+            Ok(n)
         })
         .await
     }
