@@ -144,7 +144,10 @@ pub(super) async fn run(
 impl Inbound {
     fn generation(&self) -> u64 {
         match self {
-            Inbound::Publish(g, _) | Inbound::Subscribed(g) | Inbound::Connected(g, _) => *g,
+            Inbound::Publish(g, _)
+            | Inbound::Subscribed(g)
+            | Inbound::Connected(g, _)
+            | Inbound::Written(g, _) => *g,
         }
     }
 }
@@ -160,7 +163,7 @@ impl Applier {
         }
         let until = tokio::time::Instant::now() + SETTLE_AT_STOP;
         let mut next = held;
-        while !self.resent.is_empty() {
+        while self.resent.awaits_resends() {
             let inbound = match next.take() {
                 Some(i) => i,
                 None => match tokio::time::timeout_at(until, rx.recv()).await {
@@ -170,10 +173,11 @@ impl Applier {
             };
             match inbound {
                 Inbound::Connected(_, false) => self.resent.clear(),
+                Inbound::Written(g, pkid) => self.resent.written(pkid, g),
                 Inbound::Publish(g, p) if self.current(g) && self.resent.is_resend(&p) => {
                     families::MQTT_DUPLICATES.counter().increment(1);
                     let _ = self.client.ack(&p).await;
-                    self.resent.acknowledged(&p);
+                    self.resent.acknowledged(&p, g);
                 }
                 _ => {}
             }
@@ -210,7 +214,7 @@ impl Applier {
         };
         for p in &batch.publishes[..acked] {
             let _ = self.client.ack(p).await;
-            self.resent.acknowledged(p);
+            self.resent.acknowledged(p, g);
         }
         let from = if current { done.settled } else { 0 };
         for i in done.committed(from) {
@@ -275,6 +279,7 @@ impl Applier {
                     subscribed = Some(g);
                     break;
                 }
+                Inbound::Written(g, pkid) => self.resent.written(pkid, g),
                 Inbound::Publish(g, p) => {
                     if !self.current(g) {
                         // The broker resends it on the current connection.

@@ -116,6 +116,8 @@ enum Inbound {
     /// Connection number `.0` is up; `.1`: the broker resumed our session (else it resends
     /// nothing).
     Connected(u64, bool),
+    /// The event loop wrote the acknowledgement of packet `.1` on connection number `.0`.
+    Written(u64, u16),
 }
 
 /// The connection state the event loop and the applier share, and the readiness that
@@ -243,7 +245,7 @@ pub async fn run(
                 }
                 // Dropping the network makes the next poll connect again; the session
                 // stays on the broker, which resends every unacknowledged publish.
-                end_connection(&client, &mut events, &link).await;
+                end_connection(&client, &mut events, &link, &tx).await;
                 families::SOURCE_RECONNECTS.counter_with(&[("source", SOURCE)]).increment(1);
                 tracing::warn!(retry_in = ?delay, "MQTT ingest reconnects to get unapplied readings again.");
                 tokio::select! {
@@ -284,6 +286,11 @@ pub async fn run(
                     break;
                 }
             }
+            Ok(Event::Outgoing(rumqttc::Outgoing::PubAck(pkid))) => {
+                if tx.send(Inbound::Written(link.generation(), pkid)).is_err() {
+                    break;
+                }
+            }
             Ok(_) => {}
             Err(e) => {
                 link.next_connection();
@@ -294,9 +301,10 @@ pub async fn run(
             }
         }
     }
-    let resent = settle(applier, &client, &mut reconnect_rx, &mut events, &link, &tx).await;
+    let mut resent = settle(applier, &client, &mut reconnect_rx, &mut events, &link, &tx).await;
     drop(tx);
-    if !flush(&client, &mut events).await {
+    let g = link.generation();
+    if !flush(&client, &mut events, |pkid| resent.written(pkid, g)).await {
         tracing::warn!(
             "MQTT ingest: the broker may not have taken every acknowledgement at the stop; it resends those publishes to the next session."
         );
@@ -324,7 +332,7 @@ async fn settle(
             tokio::select! {
                 Some((g, _)) = reconnect_rx.recv() => {
                     if g == link.generation() {
-                        end_connection(client, events, link).await;
+                        end_connection(client, events, link, tx).await;
                     }
                 }
                 e = events.poll() => match e {
@@ -334,6 +342,9 @@ async fn settle(
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = tx.send(Inbound::Publish(link.generation(), Box::new(p)));
+                    }
+                    Ok(Event::Outgoing(rumqttc::Outgoing::PubAck(pkid))) => {
+                        let _ = tx.send(Inbound::Written(link.generation(), pkid));
                     }
                     Ok(_) => {}
                     Err(_) => {
@@ -371,8 +382,13 @@ async fn keep(store: &dyn Sessions, key: String, resent: Resent) {
 /// `DISCONNECT` behind them (the session stays on the broker), polling the event loop all
 /// along: only it writes them, and the channel (bounded) may be full of acks, so queueing
 /// the disconnect must not wait without it. `false` if the broker may not have them all
-/// (the connection broke, or the bound ran out).
-async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) -> bool {
+/// (the connection broke, or the bound ran out). Each acknowledgement written is told to
+/// `written`.
+async fn flush(
+    client: &AsyncClient,
+    events: &mut rumqttc::v5::EventLoop,
+    mut written: impl FnMut(u16),
+) -> bool {
     let flushed = tokio::time::timeout(FLUSH_AT_STOP, async {
         let disconnect = client.disconnect();
         tokio::pin!(disconnect);
@@ -387,6 +403,7 @@ async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) -> boo
                 }
                 e = events.poll() => match e {
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return true,
+                    Ok(Event::Outgoing(rumqttc::Outgoing::PubAck(pkid))) => written(pkid),
                     Ok(_) => {}
                     Err(_) => return false,
                 },
@@ -400,14 +417,25 @@ async fn flush(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop) -> boo
 /// Ends the current connection so that the next poll makes a new one, on which the broker
 /// resends what is unacknowledged. The acknowledgements the applier queued go out first
 /// ([`flush`]): the event loop's `clean` drops those still in the client's channel
-/// (rumqttc leaves them to the broker's resend), and the applier forgot each publish it
-/// acknowledged, so its resend would be applied a second time. Publishes that arrive
-/// meanwhile are dropped: they came on the connection that ends, and the broker resends
-/// them on the next.
-async fn end_connection(client: &AsyncClient, events: &mut rumqttc::v5::EventLoop, link: &Link) {
-    if !flush(client, events).await {
+/// (rumqttc leaves them to the broker's resend). Those it drops stay recognised (the
+/// applier forgets a publish only once its ack is written), so their resends are
+/// acknowledged, not applied again; written, they spare the broker the resends.
+/// Publishes that arrive meanwhile are dropped: they came on the connection that ends,
+/// and the broker resends them on the next.
+async fn end_connection(
+    client: &AsyncClient,
+    events: &mut rumqttc::v5::EventLoop,
+    link: &Link,
+    tx: &mpsc::UnboundedSender<Inbound>,
+) {
+    let g = link.generation();
+    if !flush(client, events, |pkid| {
+        let _ = tx.send(Inbound::Written(g, pkid));
+    })
+    .await
+    {
         tracing::warn!(
-            "MQTT ingest: the broker may not have taken every acknowledgement before the reconnect; it resends those publishes, and they are applied again."
+            "MQTT ingest: the broker may not have taken every acknowledgement before the reconnect; it resends those publishes, which are acknowledged without being applied again."
         );
     }
     events.clean();

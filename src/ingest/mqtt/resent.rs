@@ -10,8 +10,10 @@
 //!
 //! Bounded: an entry is one unacknowledged publish the broker holds for us, and it holds
 //! at most the receive maximum of them (8000 by default; 65,535 packet ids at most). An
-//! entry goes when its resend is acknowledged, and all go when the broker says the session
-//! did not survive (nothing will be resent then).
+//! entry goes when the event loop has written the acknowledgement of the publish (or of
+//! its resend) on the connection it came on: until then the broker holds the id, and a
+//! connection that breaks with the ack still queued brings the publish again. All go
+//! when the broker says the session did not survive (nothing will be resent then).
 //!
 //! The session outlives the process: what is left here when latch stops is kept in the
 //! store ([`crate::store::Sessions`]) and taken back by the next start (here or, in a
@@ -30,6 +32,11 @@ pub(super) struct Resent {
     /// By packet id: the publish (its topic and payload are compared; cloning one shares
     /// their buffers).
     by_packet: HashMap<u16, Publish>,
+    /// Publishes whose acknowledgement is queued and not yet written, with the connection
+    /// it was queued for. Until the event loop writes it, the broker still holds the id
+    /// and resends the publish on a new connection: the connection may break first, and
+    /// then the ack goes out (if at all) after the broker's resend.
+    queued: HashMap<u16, (Publish, u64)>,
 }
 
 impl Resent {
@@ -42,21 +49,44 @@ impl Resent {
 
     /// Whether `p` is the broker's resend of a committed publish.
     pub(super) fn is_resend(&self, p: &Publish) -> bool {
+        let same = |old: &Publish| old.topic == p.topic && old.payload == p.payload;
         p.qos != QoS::AtMostOnce
-            && self
-                .by_packet
-                .get(&p.pkid)
-                .is_some_and(|old| old.topic == p.topic && old.payload == p.payload)
+            && (self.by_packet.get(&p.pkid).is_some_and(same)
+                || self.queued.get(&p.pkid).is_some_and(|(old, _)| same(old)))
     }
 
-    /// `p` was acknowledged: its packet id may name another publish from now on.
-    pub(super) fn acknowledged(&mut self, p: &Publish) {
+    /// The acknowledgement of `p`, which came on connection `generation`, is queued: it is
+    /// recognised until the event loop has written it on that connection.
+    pub(super) fn acknowledged(&mut self, p: &Publish, generation: u64) {
         self.by_packet.remove(&p.pkid);
+        if p.qos != QoS::AtMostOnce {
+            self.queued.insert(p.pkid, (p.clone(), generation));
+        }
+    }
+
+    /// The event loop wrote the acknowledgement of packet `pkid` on connection
+    /// `generation`: the broker may give the id to another publish from now on. One
+    /// written on a later connection than it was queued for may have followed the
+    /// broker's resend, which is still to be recognised.
+    pub(super) fn written(&mut self, pkid: u16, generation: u64) {
+        if self
+            .queued
+            .get(&pkid)
+            .is_some_and(|(_, g)| *g == generation)
+        {
+            self.queued.remove(&pkid);
+        }
     }
 
     /// The broker kept no session: nothing will be resent.
     pub(super) fn clear(&mut self) {
         self.by_packet.clear();
+        self.queued.clear();
+    }
+
+    /// Committed publishes whose resend has not come yet (queued acks aside).
+    pub(super) fn awaits_resends(&self) -> bool {
+        !self.by_packet.is_empty()
     }
 
     /// What a session kept across a stop ([`Resent::kept`]).
@@ -71,7 +101,10 @@ impl Resent {
                 (u.pkid, p)
             })
             .collect();
-        Self { by_packet }
+        Self {
+            by_packet,
+            queued: HashMap::new(),
+        }
     }
 
     /// What is left to recognise, for the store when latch stops.
@@ -79,6 +112,7 @@ impl Resent {
         let mut kept: Vec<Unacked> = self
             .by_packet
             .values()
+            .chain(self.queued.values().map(|(p, _)| p))
             .map(|p| Unacked {
                 pkid: p.pkid,
                 topic: p.topic.to_vec(),
@@ -90,12 +124,12 @@ impl Resent {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.by_packet.is_empty()
+        self.by_packet.is_empty() && self.queued.is_empty()
     }
 
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.by_packet.len()
+        self.by_packet.len() + self.queued.len()
     }
 }
 
@@ -123,7 +157,12 @@ mod tests {
             !r.is_resend(&publish(8, "s/a/state", "1")),
             "another packet"
         );
-        r.acknowledged(&publish(7, "s/a/state", "1"));
+        r.acknowledged(&publish(7, "s/a/state", "1"), 1);
+        assert!(
+            r.is_resend(&publish(7, "s/a/state", "1")),
+            "the ack is not written yet"
+        );
+        r.written(7, 1);
         assert!(
             !r.is_resend(&publish(7, "s/a/state", "1")),
             "the id is free again"
@@ -149,5 +188,28 @@ mod tests {
         assert!(back.is_resend(&publish(9, "s/b/state", "0")));
         assert!(!back.is_resend(&publish(9, "s/b/state", "1")));
         assert!(Resent::restore(Vec::new()).is_empty());
+    }
+
+    /// An ack queued on one connection and written on the next (the first broke before
+    /// it went out) may reach the broker after its resend: that resend is still the
+    /// publish again, not a new one.
+    #[test]
+    fn an_ack_written_on_a_later_connection_leaves_its_resend_recognised() {
+        let mut r = Resent::default();
+        let p = publish(5, "s/a/state", "1");
+        r.acknowledged(&p, 1);
+        r.written(5, 2);
+        assert!(r.is_resend(&p));
+        // The resend is acknowledged on connection 2, and that ack written there.
+        r.acknowledged(&p, 2);
+        r.written(5, 2);
+        assert!(!r.is_resend(&p));
+        assert!(r.is_empty());
+        // At a stop, acks still queued are kept with the committed publishes.
+        r.remember(&publish(6, "s/b/state", "0"));
+        r.acknowledged(&publish(8, "s/c/state", "1"), 3);
+        assert!(r.awaits_resends());
+        let kept: Vec<u16> = r.kept().iter().map(|u| u.pkid).collect();
+        assert_eq!(kept, [6, 8]);
     }
 }
