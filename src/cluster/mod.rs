@@ -167,7 +167,13 @@ impl Membership {
             let _ = me.store.leave(&me.node).await;
             return Err(e);
         }
-        let forgot = me.store.forget_outbox_leases(&me.node).await?;
+        let forgot = match me.store.forget_outbox_leases(&me.node).await {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = me.store.leave(&me.node).await;
+                return Err(e.into());
+            }
+        };
         if forgot > 0 {
             tracing::info!(
                 notifications = forgot,

@@ -228,7 +228,8 @@ pub enum ClaimStep {
 }
 
 /// Which head may be claimed: only a pending notification, not leased by another node
-/// (a node takes its own unexpired leases back, after a restart), due, whose client still
+/// (a node's own lease is one its lanes hold: at its start it gave back those of its
+/// earlier process, `ClusterStore::forget_outbox_leases`), due, whose client still
 /// exists, still owns the sensor and is not disabled, is sent. A disabled client's
 /// notification is left as it is: it waits for the client to be enabled.
 ///

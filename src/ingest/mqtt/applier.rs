@@ -276,6 +276,7 @@ impl Applier {
                     }
                 }
                 Inbound::Subscribed(g) => {
+                    self.resent.resends_in(g);
                     subscribed = Some(g);
                     break;
                 }

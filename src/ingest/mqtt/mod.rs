@@ -301,10 +301,10 @@ pub async fn run(
             }
         }
     }
-    let mut resent = settle(applier, &client, &mut reconnect_rx, &mut events, &link, &tx).await;
+    let resent = settle(applier, &client, &mut reconnect_rx, &mut events, &link, &tx).await;
     drop(tx);
-    let g = link.generation();
-    if !flush(&client, &mut events, |pkid| resent.written(pkid, g)).await {
+    // What is kept across the stop does not hold the acks queued (`Resent::is_empty`).
+    if !flush(&client, &mut events, |_| {}).await {
         tracing::warn!(
             "MQTT ingest: the broker may not have taken every acknowledgement at the stop; it resends those publishes to the next session."
         );

@@ -8,8 +8,9 @@
 //! a publish carrying the packet id, topic and payload of one remembered here is that
 //! publish again: acknowledged in its place, not applied a second time.
 //!
-//! Bounded: an entry is one unacknowledged publish the broker holds for us, and it holds
-//! at most the receive maximum of them (8000 by default; 65,535 packet ids at most). An
+//! Bounded: an entry is one publish whose id the broker may still hold for us (at most
+//! 65,535 packet ids; the committed unacknowledged ones at most its receive maximum,
+//! 8000 by default). An
 //! entry goes when the event loop has written the acknowledgement of the publish (or of
 //! its resend) on the connection it came on: until then the broker holds the id, and a
 //! connection that breaks with the ack still queued brings the publish again. All go
@@ -112,7 +113,6 @@ impl Resent {
         let mut kept: Vec<Unacked> = self
             .by_packet
             .values()
-            .chain(self.queued.values().map(|(p, _)| p))
             .map(|p| Unacked {
                 pkid: p.pkid,
                 topic: p.topic.to_vec(),
@@ -123,8 +123,19 @@ impl Resent {
         kept
     }
 
+    /// Nothing to keep across a stop. Acks still queued are not kept: the stop wrote
+    /// them (its `DISCONNECT` goes behind them), or could not tell; kept, one the broker
+    /// did take would leave its id looking held, and a new publish that reuses it with
+    /// the same topic and payload would be taken for a resend and lost.
     pub(super) fn is_empty(&self) -> bool {
-        self.by_packet.is_empty() && self.queued.is_empty()
+        self.by_packet.is_empty()
+    }
+
+    /// The broker's resends of connection `generation` are in (it sends them before it
+    /// answers the subscription): an ack still queued from an earlier connection was
+    /// written after its resend, or reached the broker, which then resends nothing.
+    pub(super) fn resends_in(&mut self, generation: u64) {
+        self.queued.retain(|_, (_, g)| *g >= generation);
     }
 
     #[cfg(test)]
@@ -205,11 +216,16 @@ mod tests {
         r.written(5, 2);
         assert!(!r.is_resend(&p));
         assert!(r.is_empty());
-        // At a stop, acks still queued are kept with the committed publishes.
+        // Queued on connection 3 and never written there: recognised until connection 4
+        // has had its resends, and not kept across a stop.
         r.remember(&publish(6, "s/b/state", "0"));
         r.acknowledged(&publish(8, "s/c/state", "1"), 3);
         assert!(r.awaits_resends());
         let kept: Vec<u16> = r.kept().iter().map(|u| u.pkid).collect();
-        assert_eq!(kept, [6, 8]);
+        assert_eq!(kept, [6]);
+        assert!(r.is_resend(&publish(8, "s/c/state", "1")));
+        r.resends_in(4);
+        assert!(!r.is_resend(&publish(8, "s/c/state", "1")), "a new publish");
+        assert!(r.is_resend(&publish(6, "s/b/state", "0")));
     }
 }

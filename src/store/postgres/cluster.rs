@@ -239,8 +239,10 @@ impl ClusterStore for PgStore {
             .get("forget_outbox_leases")
             .await?
             .execute(
-                "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \
-                 WHERE status = 'pending' AND claimed_by = $1",
+                // Through the pending list: `notifications` has no index on the lessee.
+                "UPDATE notifications n SET claimed_by = NULL, lease_until = NULL \
+                 FROM notifications_pending p \
+                 WHERE n.seq = p.seq AND n.status = 'pending' AND n.claimed_by = $1",
                 &[&node],
             )
             .await?)

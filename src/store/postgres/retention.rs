@@ -122,8 +122,8 @@ async fn prune_default(db: &Db, table: &str, time: &str, before: Millis) -> Resu
 /// of that one supersedes it while `n` is stored, and would send it after `n` once `n`
 /// was gone. Such an `n` stays until the older one is settled.
 const KEPT_FOR_ITS_LANE: &str = "(n.kind = 'sensor.state_changed' AND EXISTS (\
-    SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id AND o.seq < n.seq \
-    AND o.status = 'pending' AND o.client_id = n.client_id \
+    SELECT 1 FROM notifications_pending p JOIN notifications o ON o.seq = p.seq \
+    WHERE p.sensor_id = n.sensor_id AND p.client_id = n.client_id AND p.seq < n.seq \
     AND o.kind = 'sensor.state_changed'))";
 
 async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {

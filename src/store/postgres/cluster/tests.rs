@@ -689,3 +689,48 @@ async fn source_links_are_down_while_any_live_nodes_link_is() {
         .unwrap();
     assert_eq!(links(&store).await[0], link(Source::Amqp, true, 1_500));
 }
+
+/// A node's start gives back the delivery leases its earlier process held, and only
+/// those: another node's claim of such a notification goes at once instead of waiting
+/// for the lease, and another node's lease stays.
+#[tokio::test]
+async fn a_start_gives_back_its_earlier_process_delivery_leases() {
+    use crate::domain::Claim;
+    use conformance::{change, client, sensor};
+    let Some(s) = cluster(4).await else {
+        return;
+    };
+    let mut made = Vec::new();
+    for (c, id) in [("fl-a", "fl1"), ("fl-b", "fl2")] {
+        s.create_sensor(sensor(id)).await.unwrap();
+        s.create_client(client(c, "http://a/")).await.unwrap();
+        s.link(c.into(), sid(id), 1).await.unwrap();
+        made.push(
+            s.commit(change(id, true, None, 1_000), 1_000)
+                .await
+                .unwrap()[0]
+                .clone(),
+        );
+    }
+    let until = crate::domain::time::now_ms() + 600_000;
+    for (n, node) in made.iter().zip(["old", "other"]) {
+        let claimed = s
+            .claim(vec![n.id.clone()], node.into(), 1_000, until, None)
+            .await
+            .unwrap();
+        assert!(matches!(claimed[0], Claim::Send(_)));
+    }
+    assert_eq!(s.forget_outbox_leases("old").await.unwrap(), 1);
+    let again = s
+        .claim(
+            made.iter().map(|n| n.id.clone()).collect(),
+            "new".into(),
+            2_000,
+            until,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(again[0], Claim::Send(_)), "{:?}", again[0]);
+    assert!(matches!(again[1], Claim::Leased { .. }), "{:?}", again[1]);
+}
