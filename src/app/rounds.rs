@@ -70,6 +70,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "Could not decide sites; trying again.");
+                    made_in_doubt(&dispatcher, &e);
                     break;
                 }
             }
@@ -85,13 +86,24 @@ pub async fn run(
                 dispatcher.deliver_served(made);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.")
+                tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.");
+                made_in_doubt(&dispatcher, &e);
             }
         }
         match store.site_totals().await {
             Ok(t) => gauge_totals(t, clock.now()),
             Err(e) => tracing::debug!(error = %e, "Could not count the sites down."),
         }
+    }
+}
+
+/// A round whose answer was lost may have made notifications all the same: the
+/// dispatcher looks for them now. Left to the next start (one node has no sweep), a lane's
+/// newer notification went out first and the one the round made after it (simulation seed
+/// 7662).
+fn made_in_doubt(dispatcher: &Dispatcher, e: &crate::store::Error) {
+    if e.maybe_written() {
+        dispatcher.look_for_pending(i64::MIN);
     }
 }
 
