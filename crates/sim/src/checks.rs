@@ -244,8 +244,9 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
         }
         let matched = t.silences.values().any(|s| {
             let m = &s.matcher;
+            let written = t.silence_written_at.get(&s.id).copied().unwrap_or(0);
             s.starts_at <= tr.created_at
-                && tr.created_at < s.ends_at.max(s.updated_at)
+                && tr.created_at < s.ends_at.max(s.updated_at).max(written)
                 && m.client_id.as_ref().is_none_or(|c| *c == tr.client_id)
                 && m.sensor_ids
                     .as_ref()

@@ -468,7 +468,7 @@ impl Silences for NodeStore {
     }
 
     async fn update_silence(&self, silence: Silence) -> Result<bool> {
-        self.run("update_silence", true, |t, _| {
+        self.run("update_silence", true, |t, cx| {
             let Some(s) = t
                 .silences
                 .get_mut(&silence.id)
@@ -480,6 +480,7 @@ impl Silences for NodeStore {
             s.ends_at = silence.ends_at;
             s.comment = silence.comment;
             s.updated_at = silence.updated_at;
+            t.silence_written_at.insert(silence.id, cx.now);
             Ok(true)
         })
         .await

@@ -148,6 +148,10 @@ pub struct Tables {
     /// `site_held`: id → (site, event).
     pub(crate) site_held: BTreeMap<i64, (String, Event)>,
     pub(crate) silences: BTreeMap<String, latch::domain::silence::Silence>,
+    /// When each silence was last changed in the store (not a table: for the checks). A
+    /// change carries the API node's time, which a slow store can write well after: a
+    /// silence ended early stays active for every commit before the end is written.
+    pub(crate) silence_written_at: BTreeMap<String, Millis>,
     /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from.
     pub(crate) silenced_pairs: BTreeSet<(String, SensorId)>,
     pub(crate) cluster: ClusterTables,
@@ -178,6 +182,7 @@ impl Tables {
             site_states: BTreeMap::new(),
             site_held: BTreeMap::new(),
             silences: BTreeMap::new(),
+            silence_written_at: BTreeMap::new(),
             silenced_pairs: BTreeSet::new(),
             sealing_key: None,
             cluster: ClusterTables::default(),
