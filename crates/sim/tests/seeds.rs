@@ -103,6 +103,16 @@ const FOUND: &[(u64, &str)] = &[
         "a node restarted after a kill -9 counted its earlier process's lease on a reminder \
          as its own lane's and sent the next reminder first; the older one went after it",
     ),
+    (
+        7282,
+        "a silence ended early through a slow store: the checks judged a loss silenced \
+         before the end was written by the time the API node had stamped on the end",
+    ),
+    (
+        7662,
+        "a site decision whose answer was lost left what it made to the next start; a \
+         newer notification of the lane went first",
+    ),
 ];
 
 #[test]
