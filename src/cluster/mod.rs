@@ -154,24 +154,23 @@ impl Membership {
         });
         me.store.heartbeat(&me.node, &me.address, me.lease).await?;
         let configured = config.cluster_secret.is_some();
-        if let Err(e) = trust::agree(
-            me.store.as_ref(),
-            &me.node,
-            &me.secret,
-            configured,
-            me.lease,
-        )
-        .await
-        {
-            // Not counted live any longer: the others keep their shares.
-            let _ = me.store.leave(&me.node).await;
-            return Err(e);
-        }
-        let forgot = match me.store.forget_outbox_leases(&me.node).await {
+        let joined = async {
+            trust::agree(
+                me.store.as_ref(),
+                &me.node,
+                &me.secret,
+                configured,
+                me.lease,
+            )
+            .await?;
+            Ok::<_, Error>(me.store.forget_outbox_leases(&me.node).await?)
+        };
+        let forgot = match joined.await {
             Ok(n) => n,
             Err(e) => {
+                // Not counted live any longer: the others keep their shares.
                 let _ = me.store.leave(&me.node).await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         if forgot > 0 {

@@ -199,8 +199,7 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
             }
             Claim::Send(s) => {
                 // The registry as the claim read it: a rate limit lifted on another node.
-                if !rates_told.contains(&lane.0) {
-                    rates_told.insert(lane.0.clone());
+                if rates_told.insert(lane.0.clone()) {
                     let _ = tx.send(Cmd::Rate(lane.0.clone(), s.rate_limit));
                 }
                 let sending = sending.clone();

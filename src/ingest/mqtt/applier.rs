@@ -163,7 +163,7 @@ impl Applier {
         }
         let until = tokio::time::Instant::now() + SETTLE_AT_STOP;
         let mut next = held;
-        while self.resent.awaits_resends() {
+        while !self.resent.is_empty() {
             let inbound = match next.take() {
                 Some(i) => i,
                 None => match tokio::time::timeout_at(until, rx.recv()).await {

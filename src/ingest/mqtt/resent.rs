@@ -10,11 +10,11 @@
 //!
 //! Bounded: an entry is one publish whose id the broker may still hold for us (at most
 //! 65,535 packet ids; the committed unacknowledged ones at most its receive maximum,
-//! 8000 by default). An
-//! entry goes when the event loop has written the acknowledgement of the publish (or of
-//! its resend) on the connection it came on: until then the broker holds the id, and a
-//! connection that breaks with the ack still queued brings the publish again. All go
-//! when the broker says the session did not survive (nothing will be resent then).
+//! 8000 by default). An entry goes when the event loop has written the acknowledgement
+//! of the publish (or of its resend) on the connection it came on: until then the broker
+//! holds the id, and a connection that breaks with the ack still queued brings the
+//! publish again. All go when the broker says the session did not survive (nothing will
+//! be resent then).
 //!
 //! The session outlives the process: what is left here when latch stops is kept in the
 //! store ([`crate::store::Sessions`]) and taken back by the next start (here or, in a
@@ -85,11 +85,6 @@ impl Resent {
         self.queued.clear();
     }
 
-    /// Committed publishes whose resend has not come yet (queued acks aside).
-    pub(super) fn awaits_resends(&self) -> bool {
-        !self.by_packet.is_empty()
-    }
-
     /// What a session kept across a stop ([`Resent::kept`]).
     pub(super) fn restore(unacked: Vec<Unacked>) -> Self {
         let by_packet = unacked
@@ -123,10 +118,11 @@ impl Resent {
         kept
     }
 
-    /// Nothing to keep across a stop. Acks still queued are not kept: the stop wrote
-    /// them (its `DISCONNECT` goes behind them), or could not tell; kept, one the broker
-    /// did take would leave its id looking held, and a new publish that reuses it with
-    /// the same topic and payload would be taken for a resend and lost.
+    /// No committed publish waits for its resend: nothing to wait for at a stop, nor to
+    /// keep across it. Acks still queued do not count: the stop wrote them (its
+    /// `DISCONNECT` goes behind them), or could not tell; kept, one the broker did take
+    /// would leave its id looking held, and a new publish that reuses it with the same
+    /// topic and payload would be taken for a resend and lost.
     pub(super) fn is_empty(&self) -> bool {
         self.by_packet.is_empty()
     }
@@ -220,7 +216,7 @@ mod tests {
         // has had its resends, and not kept across a stop.
         r.remember(&publish(6, "s/b/state", "0"));
         r.acknowledged(&publish(8, "s/c/state", "1"), 3);
-        assert!(r.awaits_resends());
+        assert!(!r.is_empty());
         let kept: Vec<u16> = r.kept().iter().map(|u| u.pkid).collect();
         assert_eq!(kept, [6]);
         assert!(r.is_resend(&publish(8, "s/c/state", "1")));
