@@ -26,6 +26,8 @@ pub struct Bounds {
     pub claim_lease: Millis,
     /// Several nodes share the store.
     pub cluster: bool,
+    /// `LATCH_SITE_GRACE`: how long a site's decision waits after a first loss.
+    pub site_grace: Millis,
     /// When the faults stopped: every node ran again, the endpoints answered, the store
     /// and the links worked.
     pub healed_at: Millis,
@@ -205,6 +207,7 @@ pub fn at_end(
             }
         }
         sites_and_silences(world, t, log, start);
+        site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
@@ -221,7 +224,7 @@ pub fn at_end(
 /// under an active silence that matches it and is never sent; a site's events alternate,
 /// lost then restored, per client; each names only the site's sensors; and while a site
 /// event has told a client that a sensor is lost, that client gets no loss of it of its
-/// own.
+/// own (until it stops taking site events: then it learns of them by their own).
 fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start: Millis) {
     let trails: Vec<&crate::model::Trail> = t.audit.trails().collect();
     let site_of = |s: SensorId| t.sensors.get(&s).and_then(|x| x.site_id.clone());
@@ -279,6 +282,15 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
     }
     for (client, events) in &site_events {
         let mut told: Option<(Millis, Vec<SensorId>)> = None;
+        // When the client first stopped taking site events after `from`.
+        let off_after = |from: Millis| {
+            log.subscriptions
+                .iter()
+                .filter(|(c, at, takes)| c == client && *at > from && !takes)
+                .map(|(_, at, _)| *at)
+                .min()
+                .unwrap_or(Millis::MAX)
+        };
         for (i, tr) in events.iter().enumerate() {
             let lost = tr.kind == EventKind::SiteConnectionLost;
             // Unlinked from a sensor the loss named: its return may rightly not come.
@@ -287,7 +299,11 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                     c == client && sensors.contains(s) && at > from && *at <= tr.created_at
                 })
             });
-            if (lost == told.is_some() && !unlinked) || (i == 0 && !lost) {
+            // Stopped taking site events: the loss told it, but no return may follow.
+            let off = told
+                .as_ref()
+                .is_some_and(|(from, _)| off_after(*from) <= tr.created_at);
+            if (lost == told.is_some() && !unlinked && !off) || (i == 0 && !lost) {
                 world.violate(
                     "a site's events alternate, lost then restored, per client",
                     format!(
@@ -321,7 +337,10 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
             // brings the client up to date sensor by sensor.
             told = (lost && tr.status != Status::Silenced).then_some((tr.created_at, named));
             if let Some((from, sensors)) = told.as_ref() {
-                let until = events.get(i + 1).map_or(Millis::MAX, |n| n.created_at);
+                let until = events
+                    .get(i + 1)
+                    .map_or(Millis::MAX, |n| n.created_at)
+                    .min(off_after(*from));
                 // Once told of the sensor's own return (a client that takes no site
                 // returns), a new loss of it is its own.
                 let back_before = |o: &crate::model::Trail| {
@@ -333,6 +352,13 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                             && r.seq < o.seq
                     })
                 };
+                // Unlinked from the sensor since: what the loss told of it no longer holds
+                // (a return may not come, and a new link learns of it by its own).
+                let unlinked_before = |o: &crate::model::Trail| {
+                    log.unlinked.iter().any(|(c, s, at)| {
+                        c == client && *s == o.sensor_id && at > from && *at <= o.created_at
+                    })
+                };
                 for own in trails.iter().filter(|o| {
                     o.client_id == *client
                         && o.kind == EventKind::ConnectionLost
@@ -340,6 +366,7 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                         && o.created_at > *from
                         && o.created_at < until
                         && !back_before(o)
+                        && !unlinked_before(o)
                 }) {
                     world.violate(
                         "a sensor a site's event told of gets no loss of its own meanwhile",
@@ -353,6 +380,58 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                 }
             }
         }
+    }
+}
+
+/// A site holds its sensors' own connection events only for its decision (README: Sites):
+/// one that reaches a client as its own is made within the grace and a round of the event,
+/// in quiet time, by a client that kept its subscription and link meanwhile, whether the
+/// site stays up, is down, or comes back.
+fn site_events_not_held_long(
+    world: &World,
+    t: &crate::model::Tables,
+    log: &Log,
+    clients: &[SimClient],
+    bounds: &Bounds,
+    start: Millis,
+) {
+    let in_site = |s: SensorId| t.sensors.get(&s).is_some_and(|x| x.site_id.is_some());
+    let bound = bounds.site_grace + 2_000;
+    for tr in t.audit.trails().filter(|tr| {
+        matches!(
+            tr.kind,
+            EventKind::ConnectionLost | EventKind::ConnectionRestored
+        ) && in_site(tr.sensor_id)
+            && tr.created_at - tr.occurred_at > bound
+    }) {
+        let (from, to) = (tr.occurred_at, tr.created_at);
+        let resubscribed = log
+            .subscriptions
+            .iter()
+            .any(|(c, at, _)| *c == tr.client_id && from < *at && *at <= to);
+        let relinked = clients
+            .iter()
+            .find(|c| c.id == tr.client_id)
+            .and_then(|c| c.links.get(&tr.sensor_id))
+            .is_none_or(|at| *at > from);
+        if resubscribed || relinked || troubled(log, from, to) {
+            continue;
+        }
+        world.violate(
+            "a site holds its sensors' own events only for its decision",
+            format!(
+                "{}: {} of {} at {} made at {}",
+                tr.client_id,
+                tr.kind.as_str(),
+                tr.sensor_id,
+                from - start,
+                to - start
+            ),
+            vec![
+                tr.id.clone(),
+                lane_key(&(tr.client_id.clone(), tr.sensor_id)),
+            ],
+        );
     }
 }
 

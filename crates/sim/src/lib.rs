@@ -316,6 +316,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         lost_slack: 1_500,
         claim_lease,
         cluster,
+        site_grace: config.site_grace.as_millis() as Millis,
         healed_at,
     };
     checks::during(&world, &model, &mut reported);

@@ -35,4 +35,7 @@ pub struct Log {
     /// Links removed: client, sensor, when (a site's return goes only to a client still
     /// linked to what its loss named).
     pub unlinked: Vec<(String, SensorId, Millis)>,
+    /// Subscriptions changed: client, from when, and whether it takes site events after
+    /// (a site's loss told it of sensors; one that stopped learns of them by their own).
+    pub subscriptions: Vec<(String, Millis, bool)>,
 }

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use latch::domain::client::{Batch, Client, effective_batch, generate_secret};
-use latch::domain::{Millis, Reading, Sensor, SensorId, Source};
+use latch::domain::client::{Batch, Client, effective_batch, generate_secret, wants};
+use latch::domain::{EventKind, Millis, Reading, Sensor, SensorId, Source};
 use latch::history::retention::{self, Settings as RetentionSettings};
 use latch::store::{Outbox, Registry, ReplayFilter, Retention, Sites};
 
@@ -579,18 +579,16 @@ impl Workload {
         &mut self,
         healthy_too: bool,
         f: impl FnOnce(&mut Client, &mut latch_rng::Draw),
-    ) {
-        let Some(node) = self.entry() else { return };
-        let Some((_, store, dispatcher)) = self.nodes.entry(&node) else {
-            return;
-        };
+    ) -> Option<String> {
+        let node = self.entry()?;
+        let (_, store, dispatcher) = self.nodes.entry(&node)?;
         let ci = self.world.between(0, self.clients.len() as u64) as usize;
         if !healthy_too && self.clients[ci].healthy {
-            return;
+            return None;
         }
         let id = self.clients[ci].id.clone();
         let Ok(Some(mut client)) = store.get_client(id.clone()).await else {
-            return;
+            return None;
         };
         let mut draw = latch_rng::Draw(self.world.clone());
         f(&mut client, &mut draw);
@@ -602,6 +600,7 @@ impl Workload {
             dispatcher.set_rate_limit(&client.id, client.rate_limit);
             dispatcher.set_batch(&client.id, effective_batch(client.batch, &client.url));
         }
+        Some(id)
     }
 
     async fn batching(&mut self) {
@@ -623,18 +622,33 @@ impl Workload {
         .await;
     }
 
+    /// A client's subscription changes. A call whose answer never came may have landed:
+    /// what the run knows is what the store holds after it.
     async fn subscription(&mut self) {
-        self.change_client(true, |c, d| {
-            c.events = d.chance(0.5).then(|| {
-                let mut e = vec!["sensor.state_changed".to_string()];
-                if d.chance(0.5) {
-                    e.push("sensor.connection_lost".into());
-                    e.push("sensor.connection_restored".into());
-                }
-                e
-            });
-        })
-        .await;
+        let now = self.world.now();
+        let changed = self
+            .change_client(true, |c, d| {
+                c.events = d.chance(0.5).then(|| {
+                    let mut e = vec!["sensor.state_changed".to_string()];
+                    if d.chance(0.5) {
+                        e.push("sensor.connection_lost".into());
+                        e.push("sensor.connection_restored".into());
+                    }
+                    e
+                });
+            })
+            .await;
+        let Some(id) = changed else { return };
+        let takes = self.model.read(|t| {
+            t.clients
+                .get(&id)
+                .is_some_and(|c| wants(&c.client.events, EventKind::SiteConnectionRestored))
+        });
+        self.log
+            .lock()
+            .unwrap()
+            .subscriptions
+            .push((id, now, takes));
     }
 
     /// An operator replays a client's dead letters.

@@ -113,6 +113,11 @@ const FOUND: &[(u64, &str)] = &[
         "a site decision whose answer was lost left what it made to the next start; a \
          newer notification of the lane went first",
     ),
+    (
+        7478,
+        "a site that stayed down held its sensors' later losses until its return, also from \
+         a client its loss had not told (it had stopped taking site events meanwhile)",
+    ),
 ];
 
 #[test]

@@ -24,6 +24,16 @@ pub struct SiteState {
     /// The clients that `site.connection_lost` went to: its return goes to them (a client
     /// linked while the site was down learns of its sensors' return by their own).
     pub told_clients: Vec<String>,
+    /// While down: the last held event (its id) released to the clients the site's loss
+    /// did not tell. Held events stay until the site's return, which tells the others.
+    pub released: i64,
+}
+
+/// An event held for the site's decision, by its place in the order of holding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldEvent {
+    pub id: i64,
+    pub event: Event,
 }
 
 /// The settings of the decision (`LATCH_SITE_*`).
@@ -87,14 +97,17 @@ pub struct Made {
     pub body: Option<String>,
 }
 
-/// What a round decided: the site's new state, the notifications to make, and that every
-/// held event is consumed.
+/// What a round decided: the site's new state, the notifications to make, and the held
+/// events it is done with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub state: SiteState,
     pub made: Vec<Made>,
     /// The site went down or came back (what the live stream shows); `None`: it stays up.
     pub changed: Option<SiteEvent>,
+    /// The held events up to this id are consumed; `None`: they stay (the site stays down:
+    /// its return still owes them to the clients its loss told).
+    pub consumed: Option<i64>,
 }
 
 /// Whether a round should look at this site at `now`.
@@ -104,12 +117,12 @@ pub fn due(state: &SiteState, rules: &Rules, now: Millis) -> bool {
 
 /// The site's decision at `now` from its sensors, the events held for it (in the order they
 /// were held) and its clients; `None`: nothing to do yet (the grace runs, or the site
-/// stays down).
+/// stays down and has nothing new for anyone).
 pub fn decide(
     site: &Site,
     state: &SiteState,
     members: &[Member],
-    held: &[Event],
+    held: &[HeldEvent],
     clients: &[Linked],
     rules: &Rules,
     now: Millis,
@@ -138,14 +151,17 @@ pub fn decide(
         (false, true) => out.went_down(clients),
         // The grace ran out and the site stays up: every held event goes out.
         (false, false) => {
-            out.release
-                .extend(clients.iter().map(|c| (c, c.sensors.clone())));
+            out.release.extend(clients.iter().map(|c| Release {
+                client: c,
+                all: c.sensors.clone(),
+                newer: Vec::new(),
+            }));
             SiteState {
                 pending_since: None,
                 ..state.clone()
             }
         }
-        (true, true) => return None,
+        (true, true) => out.stays_down(state, clients, held),
         (true, false) => out.came_back(state, clients),
     };
     let Out {
@@ -154,18 +170,30 @@ pub fn decide(
         ..
     } = out;
     // Held events in the order they were held, each to its clients in id order.
-    release.sort_by(|a, b| a.0.client_id.cmp(&b.0.client_id));
-    for e in held {
-        for (c, sensors) in &release {
-            if sensors.contains(&e.sensor_id) && wants(&c.events, e.kind) {
+    release.sort_by(|a, b| a.client.client_id.cmp(&b.client.client_id));
+    for h in held {
+        let e = &h.event;
+        for r in &release {
+            let due = r.all.contains(&e.sensor_id)
+                || (h.id > state.released && r.newer.contains(&e.sensor_id));
+            if due && wants(&r.client.events, e.kind) {
                 made.push(Made {
-                    client_id: c.client_id.clone(),
+                    client_id: r.client.client_id.clone(),
                     event: e.clone(),
                     body: None,
                 });
             }
         }
     }
+    let last = held.last().map(|h| h.id);
+    let consumed = if next.down && state.down {
+        if made.is_empty() && next == *state {
+            return None;
+        }
+        None
+    } else {
+        last
+    };
     let changed = (next.down != state.down).then(|| SiteEvent {
         site_id: site.id.clone(),
         kind: if next.down {
@@ -181,6 +209,7 @@ pub fn decide(
         state: next,
         made,
         changed,
+        consumed,
     })
 }
 
@@ -202,7 +231,15 @@ struct Out<'a> {
     members: &'a [Member],
     now: Millis,
     made: Vec<Made>,
-    release: Vec<(&'a Linked, Vec<SensorId>)>,
+    release: Vec<Release<'a>>,
+}
+
+/// Which held events go to a client as the sensors' own: every one of the sensors in `all`,
+/// and of those in `newer` the ones not released yet while the site was down.
+struct Release<'a> {
+    client: &'a Linked,
+    all: Vec<SensorId>,
+    newer: Vec<SensorId>,
 }
 
 impl<'a> Out<'a> {
@@ -228,7 +265,7 @@ impl<'a> Out<'a> {
                 .copied()
                 .collect();
             if mine.is_empty() || !wants(&c.events, EventKind::SiteConnectionLost) {
-                self.release.push((c, c.sensors.clone()));
+                self.release_all(c, c.sensors.clone());
                 continue;
             }
             let sensors: Vec<_> = mine
@@ -246,7 +283,7 @@ impl<'a> Out<'a> {
             self.made.push(site_made(c, kind, mine[0], body, self.now));
             told_clients.push(c.client_id.clone());
             let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
-            self.release.push((c, others.collect()));
+            self.release_all(c, others.collect());
         }
         SiteState {
             down: true,
@@ -254,6 +291,59 @@ impl<'a> Out<'a> {
             pending_since: None,
             told,
             told_clients,
+            released: 0,
+        }
+    }
+
+    fn release_all(&mut self, client: &'a Linked, all: Vec<SensorId>) {
+        self.release.push(Release {
+            client,
+            all,
+            newer: Vec::new(),
+        });
+    }
+
+    /// While the site is down or at its return: what of the held events goes to `c` as
+    /// the sensors' own. Answers its sensors the site's loss told it of, if the site's
+    /// return is for it to tell them; otherwise the client learns of them by their own
+    /// events: a client the loss did not tell got what was released already, and one it
+    /// told that has since stopped taking site events gets every one of those sensors.
+    fn release_down(&mut self, state: &SiteState, c: &'a Linked) -> Option<Vec<SensorId>> {
+        let (mine, others): (Vec<SensorId>, Vec<SensorId>) =
+            c.sensors.iter().partition(|s| state.told.contains(s));
+        let told = !mine.is_empty() && state.told_clients.contains(&c.client_id);
+        let tells = told && wants(&c.events, EventKind::SiteConnectionRestored);
+        let (all, newer, mine) = match (told, tells) {
+            (true, true) => (Vec::new(), others, Some(mine)),
+            (true, false) => (mine, others, None),
+            _ => (Vec::new(), c.sensors.clone(), None),
+        };
+        self.release.push(Release {
+            client: c,
+            all,
+            newer,
+        });
+        mine
+    }
+
+    /// Still down: the events held since the last round go to the clients its loss did
+    /// not tell; a client it told that stopped taking site events is told no more.
+    fn stays_down(
+        &mut self,
+        state: &SiteState,
+        clients: &'a [Linked],
+        held: &[HeldEvent],
+    ) -> SiteState {
+        let mut told_clients = state.told_clients.clone();
+        for c in clients {
+            if self.release_down(state, c).is_none() {
+                told_clients.retain(|t| *t != c.client_id);
+            }
+        }
+        SiteState {
+            told_clients,
+            released: held.last().map_or(state.released, |h| h.id),
+            ..state.clone()
         }
     }
 
@@ -261,17 +351,9 @@ impl<'a> Out<'a> {
     /// site's loss went to; held events of the rest go out as the sensors' own.
     fn came_back(&mut self, state: &SiteState, clients: &'a [Linked]) -> SiteState {
         for c in clients {
-            let mine: Vec<SensorId> = c
-                .sensors
-                .iter()
-                .filter(|s| state.told.contains(s))
-                .copied()
-                .collect();
-            let told_by_site = !mine.is_empty() && state.told_clients.contains(&c.client_id);
-            if !told_by_site || !wants(&c.events, EventKind::SiteConnectionRestored) {
-                self.release.push((c, c.sensors.clone()));
+            let Some(mine) = self.release_down(state, c) else {
                 continue;
-            }
+            };
             let (back, still): (Vec<&Member>, Vec<&Member>) = mine
                 .iter()
                 .filter_map(|s| self.member(s))
@@ -288,8 +370,6 @@ impl<'a> Out<'a> {
                               "still_lost": still_lost});
             let kind = EventKind::SiteConnectionRestored;
             self.made.push(site_made(c, kind, mine[0], body, self.now));
-            let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
-            self.release.push((c, others.collect()));
         }
         SiteState {
             down: false,
@@ -297,6 +377,7 @@ impl<'a> Out<'a> {
             pending_since: None,
             told: Vec::new(),
             told_clients: Vec::new(),
+            released: 0,
         }
     }
 }
@@ -386,6 +467,15 @@ mod tests {
         }
     }
 
+    /// Held events numbered from 1, as a store numbers them.
+    fn numbered(events: impl IntoIterator<Item = Event>) -> Vec<HeldEvent> {
+        events
+            .into_iter()
+            .zip(1..)
+            .map(|(event, id)| HeldEvent { id, event })
+            .collect()
+    }
+
     fn pending(at: Millis) -> SiteState {
         SiteState {
             pending_since: Some(at),
@@ -399,10 +489,7 @@ mod tests {
             .iter()
             .map(|id| member(id, *id != "a4"))
             .collect();
-        let held: Vec<Event> = ["a1", "a2", "a3"]
-            .iter()
-            .map(|id| lost_event(id, 5_000))
-            .collect();
+        let held = numbered(["a1", "a2", "a3"].iter().map(|id| lost_event(id, 5_000)));
         let clients = [
             linked("c1", &["a1", "a2", "a4"], None),
             linked("c2", &["a3"], None),
@@ -457,7 +544,7 @@ mod tests {
     #[test]
     fn one_sensor_lost_alone_goes_out_after_the_grace() {
         let members: Vec<Member> = (0..10).map(|i| member(&format!("b{i}"), i == 0)).collect();
-        let held = [lost_event("b0", 5_000)];
+        let held = numbered([lost_event("b0", 5_000)]);
         let clients = [linked("c1", &["b0", "b1"], None)];
         let d = decide(
             &site(),
@@ -490,7 +577,7 @@ mod tests {
             member("g3", false),
         ];
         let clients = [linked("c1", &["gw", "g1", "g2"], None)];
-        let held = [lost_event("gw", 5_000), lost_event("g1", 5_000)];
+        let held = numbered([lost_event("gw", 5_000), lost_event("g1", 5_000)]);
         let d = decide(
             &s,
             &pending(5_000),
@@ -530,7 +617,7 @@ mod tests {
             &s,
             &d.state,
             &members,
-            &[restored],
+            &numbered([restored]),
             &clients,
             &RULES,
             60_000,
@@ -557,7 +644,7 @@ mod tests {
     #[test]
     fn a_client_linked_while_the_site_was_down_gets_the_sensors_own_return() {
         let members = [member("e1", true), member("e2", true), member("e3", true)];
-        let held = [lost_event("e1", 5_000)];
+        let held = numbered([lost_event("e1", 5_000)]);
         let first = [linked("c1", &["e1", "e2", "e3"], None)];
         let d = decide(
             &site(),
@@ -583,7 +670,16 @@ mod tests {
             linked("c1", &["e1", "e2", "e3"], None),
             linked("late", &["e1"], None),
         ];
-        let up = decide(&site(), &d.state, &back, &[restored], &both, &RULES, 60_000).unwrap();
+        let up = decide(
+            &site(),
+            &d.state,
+            &back,
+            &numbered([restored]),
+            &both,
+            &RULES,
+            60_000,
+        )
+        .unwrap();
         let got: Vec<(&str, EventKind)> = up
             .made
             .iter()
@@ -596,6 +692,140 @@ mod tests {
                 ("late", EventKind::ConnectionRestored)
             ]
         );
+    }
+
+    #[test]
+    fn while_down_held_events_go_at_once_to_the_clients_its_loss_did_not_tell() {
+        let lost = [
+            member("d1", true),
+            member("d2", true),
+            member("d3", true),
+            member("d4", true),
+        ];
+        let sensor_events = Some(&["sensor.connection_lost", "sensor.connection_restored"][..]);
+        let clients = [
+            linked("c1", &["d1", "d2", "d3", "d4"], None),
+            linked("c2", &["d1", "d2"], sensor_events),
+        ];
+        let losses = numbered(
+            ["d1", "d2", "d3", "d4"]
+                .iter()
+                .map(|id| lost_event(id, 5_000)),
+        );
+        let down = decide(
+            &site(),
+            &pending(5_000),
+            &lost,
+            &losses,
+            &clients,
+            &RULES,
+            35_000,
+        )
+        .unwrap();
+        assert_eq!(down.consumed, Some(4));
+        assert_eq!(down.state.told_clients, ["c1"]);
+        let restored = |id: &str, at| Event {
+            kind: EventKind::ConnectionRestored,
+            ..lost_event(id, at)
+        };
+        // d1 is back; three of four are still lost.
+        let members = [
+            member("d1", false),
+            member("d2", true),
+            member("d3", true),
+            member("d4", true),
+        ];
+        let held = vec![HeldEvent {
+            id: 5,
+            event: restored("d1", 40_000),
+        }];
+        let got = |d: &Decision| -> Vec<(String, EventKind, String)> {
+            d.made
+                .iter()
+                .map(|m| {
+                    (
+                        m.client_id.clone(),
+                        m.event.kind,
+                        m.event.sensor_id.to_string(),
+                    )
+                })
+                .collect()
+        };
+        let d = decide(
+            &site(),
+            &down.state,
+            &members,
+            &held,
+            &clients,
+            &RULES,
+            41_000,
+        )
+        .unwrap();
+        assert_eq!(
+            got(&d),
+            [("c2".into(), EventKind::ConnectionRestored, "d1".into())]
+        );
+        assert_eq!(
+            (d.state.down, d.state.released, d.consumed),
+            (true, 5, None)
+        );
+        assert_eq!(d.changed, None);
+        assert_eq!(
+            decide(&site(), &d.state, &members, &held, &clients, &RULES, 42_000),
+            None,
+            "nothing new for anyone"
+        );
+        // c1 stops taking site events: the site's loss told it of d1, so it gets d1's own
+        // return now, and what follows as any client the loss did not tell.
+        let unsubscribed = [
+            linked("c1", &["d1", "d2", "d3", "d4"], sensor_events),
+            linked("c2", &["d1", "d2"], sensor_events),
+        ];
+        let d = decide(
+            &site(),
+            &d.state,
+            &members,
+            &held,
+            &unsubscribed,
+            &RULES,
+            43_000,
+        )
+        .unwrap();
+        assert_eq!(
+            got(&d),
+            [("c1".into(), EventKind::ConnectionRestored, "d1".into())]
+        );
+        assert!(d.state.told_clients.is_empty());
+        let mut held = held;
+        held.push(HeldEvent {
+            id: 6,
+            event: restored("d2", 50_000),
+        });
+        let back = [
+            member("d1", false),
+            member("d2", false),
+            member("d3", true),
+            member("d4", true),
+        ];
+        let up = decide(
+            &site(),
+            &d.state,
+            &back,
+            &held,
+            &unsubscribed,
+            &RULES,
+            51_000,
+        )
+        .unwrap();
+        assert_eq!(
+            got(&up),
+            [
+                ("c1".into(), EventKind::ConnectionRestored, "d2".into()),
+                ("c2".into(), EventKind::ConnectionRestored, "d2".into())
+            ],
+            "each return once, and no site event to a client that no longer takes them"
+        );
+        assert_eq!((up.state.down, up.consumed), (false, Some(6)));
     }
 
     #[test]

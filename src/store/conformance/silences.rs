@@ -453,3 +453,84 @@ pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
         .unwrap();
     assert_eq!(made.len(), 1);
 }
+
+/// While a site stays down, what is held of its sensors goes to a client its loss did not
+/// tell at the next round, once; the site's return tells the client it told, and gives
+/// the other only what it has not had yet.
+pub(super) async fn a_site_still_down_releases_to_the_clients_its_loss_did_not_tell(s: &Subject) {
+    s.create_site(site("dk-c", None)).await.unwrap();
+    let ids = ["dd1", "dd2", "dd3", "dd4"];
+    for id in ids {
+        let in_site = Sensor {
+            site_id: Some("dk-c".into()),
+            ..sensor(id)
+        };
+        s.create_sensor(in_site).await.unwrap();
+    }
+    let own_only = Client {
+        events: Some(vec![
+            "sensor.connection_lost".into(),
+            "sensor.connection_restored".into(),
+        ]),
+        ..client("ec2", "http://r/")
+    };
+    s.create_client(client("ec1", "http://r/")).await.unwrap();
+    s.create_client(own_only).await.unwrap();
+    for id in ids {
+        s.link("ec1".into(), sid(id), 1).await.unwrap();
+        s.link("ec2".into(), sid(id), 1).await.unwrap();
+    }
+    for id in ids {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    let got = |made: &[NotificationRef]| -> Vec<(String, SensorId, EventKind)> {
+        made.iter()
+            .map(|n| (n.client_id.clone(), n.sensor_id, n.kind))
+            .collect()
+    };
+    let down = s.decide_sites(RULES, 36_000).await.unwrap();
+    assert_eq!(down.changed.len(), 1);
+    assert_eq!(
+        got(&down.made).iter().filter(|n| n.0 == "ec2").count(),
+        4,
+        "its sensors' own losses"
+    );
+    let made = s
+        .commit(
+            liveness("dd1", EventKind::ConnectionRestored, 40_000),
+            40_000,
+        )
+        .await
+        .unwrap();
+    assert!(made.is_empty(), "held: the site's loss told ec1 of dd1");
+    let decided = s.decide_sites(RULES, 41_000).await.unwrap();
+    assert_eq!(
+        got(&decided.made),
+        [("ec2".into(), sid("dd1"), EventKind::ConnectionRestored)],
+        "three of four still lost: the site stays down, and ec2 hears of dd1 now"
+    );
+    assert!(decided.changed.is_empty());
+    assert!(
+        s.decide_sites(RULES, 42_000).await.unwrap().is_empty(),
+        "released once"
+    );
+    assert_eq!(s.site_totals().await.unwrap().down, 1);
+    s.commit(
+        liveness("dd2", EventKind::ConnectionRestored, 50_000),
+        50_000,
+    )
+    .await
+    .unwrap();
+    let up = s.decide_sites(RULES, 51_000).await.unwrap();
+    assert_eq!(
+        got(&up.made),
+        [
+            ("ec1".into(), sid("dd1"), EventKind::SiteConnectionRestored),
+            ("ec2".into(), sid("dd2"), EventKind::ConnectionRestored),
+        ],
+        "the site's return to ec1; to ec2 only what it had not had"
+    );
+    assert_eq!(s.site_totals().await.unwrap().down, 0);
+}

@@ -77,6 +77,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0021_mqtt_unacked.sql"),
     include_str!("../migrations/postgres/0022_sealed_secrets.sql"),
     include_str!("../migrations/postgres/0023_sites_silences.sql"),
+    include_str!("../migrations/postgres/0024_site_released.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

@@ -10,7 +10,7 @@ use super::super::{Decided, Error, NotificationRef, Result};
 use super::db::{Sql, Tx};
 use crate::domain::notification::new_notification_id;
 use crate::domain::silence::Match;
-use crate::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use crate::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
 use crate::domain::site::{Site, SiteEvent};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, client};
 
@@ -70,6 +70,7 @@ fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
         pending_since: r.get(at + 2),
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
         told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
+        released: r.get(at + 5),
     }
 }
 
@@ -101,7 +102,7 @@ pub(super) async fn hold_for_sites(
     let rows = tx
         .query(
             "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
-             EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+             si.released, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
              FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1) \
              ORDER BY si.id FOR UPDATE OF si",
             &[&ids],
@@ -112,7 +113,7 @@ pub(super) async fn hold_for_sites(
     }
     let mut site_of: HashMap<String, (String, SiteState, bool)> = rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(7))))
+        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(8))))
         .collect();
     let mut held = HeldCols::default();
     let mut pending: Vec<String> = Vec::new();
@@ -236,7 +237,7 @@ pub(super) async fn decide_sites(
         .query(
             &format!(
                 "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, \
-                 since, pending_since, told, told_clients FROM sites WHERE ({DUE}) \
+                 since, pending_since, told, told_clients, released FROM sites WHERE ({DUE}) \
                  AND id > $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
             ),
             &[&(now - rules.grace), &after, &SITES_PER_TX],
@@ -297,23 +298,25 @@ async fn decide_one(
             &[&site.id],
         )
         .await?;
-    let last_held: Option<i64> = held_rows.last().map(|r| r.get(0));
     let mut held = Vec::with_capacity(held_rows.len());
     for r in &held_rows {
         let Some(kind) = EventKind::parse(r.get(2)) else {
             continue;
         };
-        held.push(Event {
-            sensor_id: sensor(r.get(1))?,
-            kind,
-            at: r.get(3),
-            data: r.get(4),
-            previous: r.get(5),
-            last_seen_at: r.get(6),
-            detail: Detail {
-                lost_since: r.get(7),
-                reminder: r.get::<_, Option<i32>>(8).map(|v| v as u32),
-                flips_suppressed: None,
+        held.push(HeldEvent {
+            id: r.get(0),
+            event: Event {
+                sensor_id: sensor(r.get(1))?,
+                kind,
+                at: r.get(3),
+                data: r.get(4),
+                previous: r.get(5),
+                last_seen_at: r.get(6),
+                detail: Detail {
+                    lost_since: r.get(7),
+                    reminder: r.get::<_, Option<i32>>(8).map(|v| v as u32),
+                    flips_suppressed: None,
+                },
             },
         });
     }
@@ -325,7 +328,7 @@ async fn decide_one(
     for m in &d.made {
         made.push(insert_one(tx, &m.client_id, &m.event, m.body.as_deref(), now).await?);
     }
-    if let Some(last) = last_held {
+    if let Some(last) = d.consumed {
         tx.execute(
             "DELETE FROM site_held WHERE site_id = $1 AND id <= $2",
             &[&site.id, &last],
@@ -338,7 +341,7 @@ async fn decide_one(
     made.retain(|n| !silenced.contains(&n.seq));
     tx.execute(
         "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5, \
-         told_clients = $6 WHERE id = $1",
+         told_clients = $6, released = $7 WHERE id = $1",
         &[
             &site.id,
             &d.state.down,
@@ -346,6 +349,7 @@ async fn decide_one(
             &d.state.pending_since,
             &Match::listed(&d.state.told),
             &Match::listed(&d.state.told_clients),
+            &d.state.released,
         ],
     )
     .await?;

@@ -69,6 +69,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0016_attempts_ids_never_reused.sql"),
     include_str!("../migrations/sqlite/0017_sites_silences.sql"),
     include_str!("../migrations/sqlite/0018_state_flush.sql"),
+    include_str!("../migrations/sqlite/0019_site_released.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

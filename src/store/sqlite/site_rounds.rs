@@ -10,7 +10,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use super::super::{Decided, Error, NotificationRef, Result};
 use crate::domain::notification::new_notification_id;
 use crate::domain::silence::Match;
-use crate::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use crate::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
 use crate::domain::site::{Site, SiteEvent};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, client};
 
@@ -69,6 +69,7 @@ fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteState> {
         pending_since: r.get(at + 2)?,
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
         told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
+        released: r.get(at + 5)?,
     })
 }
 
@@ -92,7 +93,7 @@ pub(super) fn hold_for_sites(
     }
     let mut site_of = tx.prepare_cached(
         "SELECT si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
-         EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+         si.released, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
          FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ?1",
     )?;
     for (k, e) in events.iter().enumerate() {
@@ -104,7 +105,7 @@ pub(super) fn hold_for_sites(
                 Ok((
                     r.get::<_, String>(0)?,
                     state_of(r, 1)?,
-                    r.get::<_, bool>(6)?,
+                    r.get::<_, bool>(7)?,
                 ))
             })
             .optional()?
@@ -155,7 +156,7 @@ pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Resul
     let due = tx
         .prepare_cached(&format!(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told, told_clients FROM sites WHERE {DUE} \
+             pending_since, told, told_clients, released FROM sites WHERE {DUE} \
              ORDER BY pending_since IS NULL, id LIMIT 500"
         ))?
         .query_map([now - rules.grace], |r| {
@@ -238,19 +239,21 @@ fn decide_one(
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let last_held = held.last().map(|h| h.0);
     let held = held
         .into_iter()
-        .filter_map(|(_, s, k, (at, data, previous, last_seen_at, detail))| {
+        .filter_map(|(id, s, k, (at, data, previous, last_seen_at, detail))| {
             let kind = EventKind::parse(&k)?;
-            Some(sensor(s).map(|sensor_id| Event {
-                sensor_id,
-                kind,
-                at,
-                data,
-                previous,
-                last_seen_at,
-                detail,
+            Some(sensor(s).map(|sensor_id| HeldEvent {
+                id,
+                event: Event {
+                    sensor_id,
+                    kind,
+                    at,
+                    data,
+                    previous,
+                    last_seen_at,
+                    detail,
+                },
             }))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -268,7 +271,7 @@ fn decide_one(
             now,
         )?);
     }
-    if let Some(last) = last_held {
+    if let Some(last) = d.consumed {
         tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
             .execute(params![site.id, last])?;
     }
@@ -279,7 +282,7 @@ fn decide_one(
     }
     tx.prepare_cached(
         "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
-         told_clients = ?6 WHERE id = ?1",
+         told_clients = ?6, released = ?7 WHERE id = ?1",
     )?
     .execute(params![
         site.id,
@@ -287,7 +290,8 @@ fn decide_one(
         d.state.since,
         d.state.pending_since,
         Match::listed(&d.state.told),
-        Match::listed(&d.state.told_clients)
+        Match::listed(&d.state.told_clients),
+        d.state.released
     ])?;
     Ok((made, d.changed))
 }

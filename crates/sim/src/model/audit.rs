@@ -50,6 +50,8 @@ pub struct Trail {
     pub data: Option<bool>,
     /// A site's notification's own fields, as made (retention may delete the row).
     pub body: Option<String>,
+    /// When its event happened.
+    pub occurred_at: Millis,
     pub created_at: Millis,
     /// The node whose commit made it.
     pub created_by: Arc<str>,
@@ -132,6 +134,7 @@ impl Audit {
                 kind: n.kind,
                 data: n.data,
                 body: n.body.clone(),
+                occurred_at: n.occurred_at,
                 created_at: n.created_at,
                 created_by: cx.node.clone(),
                 status: n.status,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use latch::domain::Event;
 use latch::domain::silence::{self, Silence, SilenceState, View};
-use latch::domain::site::decide::{self, Hold, Linked, Member, Rules, SiteState};
+use latch::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
 use latch::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
 use latch::store::{Decided, Error, Page, PageRequest, Result, SensorView, Silences, Sites};
@@ -119,15 +119,14 @@ impl Tables {
                 }
             })
             .collect();
-        let held_ids: Vec<i64> = self
+        let held: Vec<HeldEvent> = self
             .site_held
             .iter()
             .filter(|(_, (s, _))| s == id)
-            .map(|(k, _)| *k)
-            .collect();
-        let held: Vec<Event> = held_ids
-            .iter()
-            .map(|k| self.site_held[k].1.clone())
+            .map(|(k, (_, event))| HeldEvent {
+                id: *k,
+                event: event.clone(),
+            })
             .collect();
         let mut clients: Vec<Linked> = Vec::new();
         for (sensor, client_id) in &self.links {
@@ -160,8 +159,8 @@ impl Tables {
         for m in std::mem::take(&mut d.made) {
             made.push(self.make_pending(cx, m.client_id, &m.event, m.body, now));
         }
-        for k in held_ids {
-            self.site_held.remove(&k);
+        if let Some(last) = d.consumed {
+            self.site_held.retain(|k, (s, _)| s != id || *k > last);
         }
         let silenced = self.silence_new(cx, before, now);
         d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
