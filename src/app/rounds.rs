@@ -54,8 +54,16 @@ pub async fn run(
         // more may wait.
         loop {
             match store.decide_sites(rules, clock.now()).await {
-                Ok(decided) if decided.is_empty() => break,
+                Ok(decided) if decided.is_empty() => {
+                    if decided.in_doubt {
+                        dispatcher.look_for_pending(i64::MIN);
+                    }
+                    break;
+                }
                 Ok(decided) => {
+                    if decided.in_doubt {
+                        dispatcher.look_for_pending(i64::MIN);
+                    }
                     for e in &decided.changed {
                         tell_site(e);
                     }

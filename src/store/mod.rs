@@ -391,6 +391,9 @@ pub struct Decided {
     pub made: Vec<NotificationRef>,
     /// The sites that went down or came back, in the order decided.
     pub changed: Vec<SiteEvent>,
+    /// A transaction of it failed with its answer lost: it may have made notifications
+    /// that are not among `made`.
+    pub in_doubt: bool,
 }
 
 impl Decided {

@@ -224,14 +224,15 @@ pub(super) const DUE: &str = "pending_since <= $1 OR (down AND EXISTS \
 /// short, and so does the wait of a commit that holds back one of their sensors' losses.
 pub(super) const SITES_PER_TX: i64 = 8;
 
-/// Decides the due sites after `after` (in id order) this node can take, up to
-/// [`SITES_PER_TX`] (others' rounds hold the rest); answers the notifications made and the
-/// last site looked at (`None`: no due site was left after `after`).
+/// Decides the due sites after `after` (in id order) this node can take, up to `limit`
+/// (others' rounds hold the rest); answers the notifications made and the last site looked
+/// at (`None`: no due site was left after `after`).
 pub(super) async fn decide_sites(
     tx: &Tx<'_>,
     rules: Rules,
     now: Millis,
     after: &str,
+    limit: i64,
 ) -> Result<(Decided, Option<String>)> {
     let due = tx
         .query(
@@ -240,10 +241,10 @@ pub(super) async fn decide_sites(
                  since, pending_since, told, told_clients, released FROM sites WHERE ({DUE}) \
                  AND id > $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
             ),
-            &[&(now - rules.grace), &after, &SITES_PER_TX],
+            &[&(now - rules.grace), &after, &limit],
         )
         .await?;
-    let last = (due.len() as i64 == SITES_PER_TX).then(|| due[due.len() - 1].get(0));
+    let last = (due.len() as i64 == limit).then(|| due[due.len() - 1].get(0));
     let mut decided = Decided::default();
     for r in due {
         let gateway: Option<String> = r.get(3);

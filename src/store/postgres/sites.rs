@@ -192,15 +192,19 @@ impl Sites for PgStore {
         }
         drop(c);
         // Every due site, a few per transaction (`SITES_PER_TX`), each with its own
-        // deadline. A failure after some committed answers those: the rest is the next
-        // round's.
+        // deadline. A transaction that fails is tried again one site at a time, so that a
+        // site that fails whatever is tried is passed (the next round tries it again) and
+        // the sites after it are decided all the same.
         let mut decided = Decided::default();
         let mut after = String::new();
+        let mut per_tx = super::site_rounds::SITES_PER_TX;
+        let mut failed: Option<Error> = None;
         loop {
             let step = async {
                 let mut c = self.db.get("decide_sites").await?;
                 let tx = c.transaction().await?;
-                let step = super::site_rounds::decide_sites(&tx, rules, now, &after).await?;
+                let step =
+                    super::site_rounds::decide_sites(&tx, rules, now, &after, per_tx).await?;
                 tx.commit().await?;
                 Ok::<_, Error>(step)
             };
@@ -208,17 +212,60 @@ impl Sites for PgStore {
                 Ok((d, last)) => {
                     decided.made.extend(d.made);
                     decided.changed.extend(d.changed);
+                    per_tx = super::site_rounds::SITES_PER_TX;
                     match last {
                         Some(last) => after = last,
-                        None => return Ok(decided),
+                        None => break,
                     }
                 }
-                Err(e) if decided.is_empty() => return Err(e),
+                Err(e) if per_tx > 1 => {
+                    decided.in_doubt |= e.maybe_written();
+                    failed.get_or_insert(e);
+                    per_tx = 1;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "Could not decide the rest of the due sites; the next round does.");
-                    return Ok(decided);
+                    decided.in_doubt |= e.maybe_written();
+                    let Ok(Some(site)) = self.next_due_site(rules, now, &after).await else {
+                        failed.get_or_insert(e);
+                        break;
+                    };
+                    tracing::warn!(site = %site, error = %e,
+                        "Could not decide a site; the next round tries it again.");
+                    failed.get_or_insert(e);
+                    after = site;
+                    per_tx = super::site_rounds::SITES_PER_TX;
                 }
             }
         }
+        match failed {
+            Some(e) if decided.is_empty() && !decided.in_doubt => Err(e),
+            Some(e) => {
+                tracing::warn!(error = %e, "Could not decide some of the due sites.");
+                Ok(decided)
+            }
+            None => Ok(decided),
+        }
+    }
+}
+
+impl PgStore {
+    /// The first site after `after` (by id) that a round would decide.
+    async fn next_due_site(
+        &self,
+        rules: Rules,
+        now: Millis,
+        after: &str,
+    ) -> Result<Option<String>> {
+        let c = self.db.get("decide_sites").await?;
+        let row = c
+            .query_opt(
+                &format!(
+                    "SELECT id FROM sites WHERE ({}) AND id > $2 ORDER BY id LIMIT 1",
+                    super::site_rounds::DUE
+                ),
+                &[&(now - rules.grace), &after],
+            )
+            .await?;
+        Ok(row.map(|r| r.get(0)))
     }
 }

@@ -5,6 +5,7 @@ use super::*;
 use crate::store::prelude::*;
 
 mod outbox;
+mod sites;
 
 /// The test database (`TEST_DATABASE_URL`, else the local one).
 pub(crate) fn base_url() -> String {
