@@ -51,8 +51,9 @@ pub async fn run(
         }
         next = (next + every).max(clock.now());
         // A call decides the due sites (on SQLite up to 500): while one decides something,
-        // more may wait.
-        loop {
+        // more may wait. A few calls at most: sites that stay down make something at each
+        // call while their sensors flap, and the silences and gauges below must come too.
+        for _ in 0..CALLS_PER_ROUND {
             match store.decide_sites(rules, clock.now()).await {
                 Ok(decided) if decided.is_empty() => {
                     if decided.in_doubt {
@@ -104,6 +105,9 @@ pub async fn run(
         }
     }
 }
+
+/// How many times a round asks the store to decide sites.
+const CALLS_PER_ROUND: usize = 4;
 
 /// A round whose answer was lost may have made notifications all the same: the
 /// dispatcher looks for them now. Left to the next start (one node has no sweep), a lane's

@@ -299,6 +299,7 @@ async fn decide_one(
             &[&site.id],
         )
         .await?;
+    let last_row: Option<i64> = held_rows.last().map(|r| r.get(0));
     let mut held = Vec::with_capacity(held_rows.len());
     for r in &held_rows {
         let Some(kind) = EventKind::parse(r.get(2)) else {
@@ -329,7 +330,8 @@ async fn decide_one(
     for m in &d.made {
         made.push(insert_one(tx, &m.client_id, &m.event, m.body.as_deref(), now).await?);
     }
-    if let Some(last) = d.consumed {
+    // Every row read, those of a kind this version does not know too.
+    if let (Some(_), Some(last)) = (d.consumed, last_row) {
         tx.execute(
             "DELETE FROM site_held WHERE site_id = $1 AND id <= $2",
             &[&site.id, &last],

@@ -197,12 +197,16 @@ impl Sites for PgStore {
         // the sites after it are decided all the same.
         let mut decided = Decided::default();
         let mut after = String::new();
-        let mut per_tx = super::site_rounds::SITES_PER_TX;
+        let chunk = super::site_rounds::SITES_PER_TX;
+        // Sites still to take one at a time after a chunk failed: as many as it held, so
+        // that the failing one is not taken again in a chunk this call.
+        let mut singles = 0;
         let mut failed: Option<Error> = None;
         loop {
             let step = async {
                 let mut c = self.db.get("decide_sites").await?;
                 let tx = c.transaction().await?;
+                let per_tx = if singles > 0 { 1 } else { chunk };
                 let step =
                     super::site_rounds::decide_sites(&tx, rules, now, &after, per_tx).await?;
                 tx.commit().await?;
@@ -212,16 +216,16 @@ impl Sites for PgStore {
                 Ok((d, last)) => {
                     decided.made.extend(d.made);
                     decided.changed.extend(d.changed);
-                    per_tx = super::site_rounds::SITES_PER_TX;
+                    singles = (singles - 1).max(0);
                     match last {
                         Some(last) => after = last,
                         None => break,
                     }
                 }
-                Err(e) if per_tx > 1 => {
+                Err(e) if singles == 0 => {
                     decided.in_doubt |= e.maybe_written();
                     failed.get_or_insert(e);
-                    per_tx = 1;
+                    singles = chunk;
                 }
                 Err(e) => {
                     decided.in_doubt |= e.maybe_written();
@@ -233,7 +237,7 @@ impl Sites for PgStore {
                         "Could not decide a site; the next round tries it again.");
                     failed.get_or_insert(e);
                     after = site;
-                    per_tx = super::site_rounds::SITES_PER_TX;
+                    singles -= 1;
                 }
             }
         }

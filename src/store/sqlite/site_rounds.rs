@@ -239,6 +239,7 @@ fn decide_one(
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let last_row = held.last().map(|h| h.0);
     let held = held
         .into_iter()
         .filter_map(|(id, s, k, (at, data, previous, last_seen_at, detail))| {
@@ -271,7 +272,8 @@ fn decide_one(
             now,
         )?);
     }
-    if let Some(last) = d.consumed {
+    // Every row read, those of a kind this version does not know too.
+    if let (Some(_), Some(last)) = (d.consumed, last_row) {
         tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
             .execute(params![site.id, last])?;
     }
