@@ -55,15 +55,12 @@ pub async fn run(
         // call while their sensors flap, and the silences and gauges below must come too.
         for _ in 0..CALLS_PER_ROUND {
             match store.decide_sites(rules, clock.now()).await {
-                Ok(decided) if decided.is_empty() => {
-                    if decided.in_doubt {
-                        dispatcher.look_for_pending(i64::MIN);
-                    }
-                    break;
-                }
                 Ok(decided) => {
                     if decided.in_doubt {
                         dispatcher.look_for_pending(i64::MIN);
+                    }
+                    if decided.is_empty() {
+                        break;
                     }
                     for e in &decided.changed {
                         tell_site(e);

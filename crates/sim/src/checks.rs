@@ -282,6 +282,12 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
     }
     for (client, events) in &site_events {
         let mut told: Option<(Millis, Vec<SensorId>)> = None;
+        // Whether the client was unlinked from `sensor` in `(from, to]`.
+        let unlinked_between = |sensor: &SensorId, from: Millis, to: Millis| {
+            log.unlinked
+                .iter()
+                .any(|(c, s, at)| c == client && s == sensor && *at > from && *at <= to)
+        };
         // When the client first stopped taking site events after `from`.
         let off_after = |from: Millis| {
             log.subscriptions
@@ -295,9 +301,9 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
             let lost = tr.kind == EventKind::SiteConnectionLost;
             // Unlinked from a sensor the loss named: its return may rightly not come.
             let unlinked = told.as_ref().is_some_and(|(from, sensors)| {
-                log.unlinked.iter().any(|(c, s, at)| {
-                    c == client && sensors.contains(s) && at > from && *at <= tr.created_at
-                })
+                sensors
+                    .iter()
+                    .any(|s| unlinked_between(s, *from, tr.created_at))
             });
             // Stopped taking site events: the loss told it, but no return may follow.
             let off = told
@@ -352,13 +358,8 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                             && r.seq < o.seq
                     })
                 };
-                // Unlinked from the sensor since: what the loss told of it no longer holds
+                // Unlinked from the sensor since, what the loss told of it no longer holds
                 // (a return may not come, and a new link learns of it by its own).
-                let unlinked_before = |o: &crate::model::Trail| {
-                    log.unlinked.iter().any(|(c, s, at)| {
-                        c == client && *s == o.sensor_id && at > from && *at <= o.created_at
-                    })
-                };
                 for own in trails.iter().filter(|o| {
                     o.client_id == *client
                         && o.kind == EventKind::ConnectionLost
@@ -366,7 +367,7 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                         && o.created_at > *from
                         && o.created_at < until
                         && !back_before(o)
-                        && !unlinked_before(o)
+                        && !unlinked_between(&o.sensor_id, *from, o.created_at)
                 }) {
                     world.violate(
                         "a sensor a site's event told of gets no loss of its own meanwhile",

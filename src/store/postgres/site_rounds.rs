@@ -331,7 +331,7 @@ async fn decide_one(
         made.push(insert_one(tx, &m.client_id, &m.event, m.body.as_deref(), now).await?);
     }
     // Every row read, those of a kind this version does not know too.
-    if let (Some(_), Some(last)) = (d.consumed, last_row) {
+    if let (true, Some(last)) = (d.consumes_held, last_row) {
         tx.execute(
             "DELETE FROM site_held WHERE site_id = $1 AND id <= $2",
             &[&site.id, &last],

@@ -222,22 +222,21 @@ impl Sites for PgStore {
                         None => break,
                     }
                 }
-                Err(e) if singles == 0 => {
-                    decided.in_doubt |= e.maybe_written();
-                    failed.get_or_insert(e);
-                    singles = chunk;
-                }
                 Err(e) => {
                     decided.in_doubt |= e.maybe_written();
-                    let Ok(Some(site)) = self.next_due_site(rules, now, &after).await else {
+                    if singles == 0 {
+                        // Again, one site at a time, to find the one that fails.
+                        singles = chunk;
+                    } else if let Ok(Some(site)) = self.next_due_site(rules, now, &after).await {
+                        tracing::warn!(site = %site, error = %e,
+                            "Could not decide a site; the next round tries it again.");
+                        after = site;
+                        singles -= 1;
+                    } else {
                         failed.get_or_insert(e);
                         break;
-                    };
-                    tracing::warn!(site = %site, error = %e,
-                        "Could not decide a site; the next round tries it again.");
+                    }
                     failed.get_or_insert(e);
-                    after = site;
-                    singles -= 1;
                 }
             }
         }

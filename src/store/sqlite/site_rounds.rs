@@ -273,7 +273,7 @@ fn decide_one(
         )?);
     }
     // Every row read, those of a kind this version does not know too.
-    if let (Some(_), Some(last)) = (d.consumed, last_row) {
+    if let (true, Some(last)) = (d.consumes_held, last_row) {
         tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
             .execute(params![site.id, last])?;
     }

@@ -159,8 +159,10 @@ impl Tables {
         for m in std::mem::take(&mut d.made) {
             made.push(self.make_pending(cx, m.client_id, &m.event, m.body, now));
         }
-        if let Some(last) = d.consumed {
-            self.site_held.retain(|k, (s, _)| s != id || *k > last);
+        if d.consumes_held {
+            for h in &held {
+                self.site_held.remove(&h.id);
+            }
         }
         let silenced = self.silence_new(cx, before, now);
         d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
