@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::SqliteStore;
-use super::seen::{Deferred, Times};
+use super::seen::{Deferred, Seen, Times};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::HashMap;
 
@@ -12,7 +12,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, Transaction, params};
 
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
-use super::super::{CommitBatch, Error, NotificationRef, Result};
+use super::super::{CommitBatch, Error, NotificationRef, ReadingRecord, Result};
 use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
 
 /// The body of a group commit. Rows of a sensor deleted meanwhile are skipped, so a delete
@@ -22,9 +22,10 @@ fn commit_batch(
     tx: &Transaction,
     batch: &CommitBatch,
     now: Millis,
+    seen: &Seen,
     deferred: &mut Deferred,
 ) -> Result<Vec<NotificationRef>> {
-    let mut known = write_states(tx, batch, deferred)?;
+    let mut known = write_states(tx, batch, seen, deferred)?;
     let mut exists = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensors WHERE id = ?1)")?;
     let mut registered = |id: SensorId| -> Result<bool> {
         if let Some(&k) = known.get(&id) {
@@ -34,20 +35,13 @@ fn commit_batch(
         known.insert(id, k);
         Ok(k)
     };
-    let mut ins_reading = tx.prepare_cached(
-        "INSERT INTO readings (sensor_id, ts, received_at, data, late)          VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
+    let mut kept = Vec::with_capacity(batch.readings.len());
     for r in &batch.readings {
-        if !registered(r.sensor_id)? {
-            continue;
+        if registered(r.sensor_id)? {
+            kept.push(r);
         }
-        ins_reading.execute(params![
-            r.sensor_id.to_string(),
-            r.ts,
-            r.received_at,
-            r.data as i64,
-            r.late as i64
-        ])?;
+    }
+    if insert_readings(tx, &kept)? {
         deferred.last_reading = Some(tx.last_insert_rowid());
     }
     let mut events = Vec::with_capacity(batch.events.len());
@@ -62,6 +56,49 @@ fn commit_batch(
     notify(tx, &events, now)
 }
 
+/// Readings one `INSERT` of [`insert_readings`] writes. A statement a reading paid its
+/// step, its reset and `AUTOINCREMENT`'s read and write of `sqlite_sequence` for each one.
+const READINGS_PER_INSERT: usize = 64;
+
+/// Appends `readings` to the journal in their order (their ids ascend in it), up to
+/// [`READINGS_PER_INSERT`] a statement. Answers whether it wrote any.
+fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool> {
+    const COLS: &str = "INSERT INTO readings (sensor_id, ts, received_at, data, late) VALUES ";
+    let many = format!(
+        "{COLS}{}",
+        vec!["(?, ?, ?, ?, ?)"; READINGS_PER_INSERT].join(", ")
+    );
+    let mut chunks = readings.chunks_exact(READINGS_PER_INSERT);
+    if chunks.len() > 0 {
+        let mut st = tx.prepare_cached(&many)?;
+        for chunk in chunks.by_ref() {
+            for (k, r) in chunk.iter().enumerate() {
+                bind_reading(&mut st, k * 5, r)?;
+            }
+            st.raw_execute()?;
+        }
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut st = tx.prepare_cached(&format!("{COLS}(?, ?, ?, ?, ?)"))?;
+        for r in rest {
+            bind_reading(&mut st, 0, r)?;
+            st.raw_execute()?;
+        }
+    }
+    Ok(!readings.is_empty())
+}
+
+/// Binds `r` to the five parameters after `at`.
+fn bind_reading(st: &mut rusqlite::Statement<'_>, at: usize, r: &ReadingRecord) -> Result<()> {
+    st.raw_bind_parameter(at + 1, r.sensor_id.to_string())?;
+    st.raw_bind_parameter(at + 2, r.ts)?;
+    st.raw_bind_parameter(at + 3, r.received_at)?;
+    st.raw_bind_parameter(at + 4, r.data as i64)?;
+    st.raw_bind_parameter(at + 5, r.late as i64)?;
+    Ok(())
+}
+
 /// Writes each sensor's new state; answers, for each sensor it names, whether it is
 /// registered. A state row exists only for a registered sensor (a delete takes it along),
 /// so updating it is the registration check; only a sensor's first state is inserted,
@@ -71,6 +108,7 @@ fn commit_batch(
 fn write_states(
     tx: &Transaction,
     batch: &CommitBatch,
+    seen: &Seen,
     deferred: &mut Deferred,
 ) -> Result<HashMap<SensorId, bool>> {
     let mut known: HashMap<SensorId, bool> = HashMap::with_capacity(batch.states.len());
@@ -84,9 +122,11 @@ fn write_states(
     let mut insert_state = tx.prepare_cached(
         "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders)          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,          CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END          WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
     )?;
+    let rows = seen.rows();
     for s in &batch.states {
         if s.seen_only {
-            let found = has_row.query_row([s.sensor_id.to_string()], |r| r.get::<_, bool>(0))?;
+            let found = rows.contains(&s.sensor_id)
+                || has_row.query_row([s.sensor_id.to_string()], |r| r.get::<_, bool>(0))?;
             if found {
                 let times = Times {
                     last_ts: s.last_ts,
@@ -345,7 +385,7 @@ impl Runtime for SqliteStore {
             }
             let tx = c.transaction()?;
             let mut deferred = Deferred::default();
-            let created = commit_batch(&tx, &batch, now, &mut deferred)?;
+            let created = commit_batch(&tx, &batch, now, &seen, &mut deferred)?;
             // Under load, the kept times are written here, with a commit's fsync.
             let flushed = match seen.due() {
                 true => Some(seen.flush(&tx, &deferred)?),

@@ -673,3 +673,64 @@ async fn a_backup_holds_the_archive_and_a_restore_splits_it_off_again() {
 }
 
 mod threads;
+
+/// A batch of more readings than one `INSERT` writes: every reading of a registered sensor
+/// is in the journal once, with its values, ids ascending in the batch's order, and those
+/// of a sensor not registered are not.
+#[tokio::test]
+async fn a_large_batch_journals_every_reading_in_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Full).unwrap();
+    let (a, b) = (
+        SensorId::parse("big1").unwrap(),
+        SensorId::parse("big2").unwrap(),
+    );
+    let unknown = SensorId::parse("nobody").unwrap();
+    for id in [a, b] {
+        store
+            .create_sensor(conformance::sensor(&id.to_string()))
+            .await
+            .unwrap();
+    }
+    // 2 × 64 + 7 of the registered two, an unknown sensor's every fifth.
+    let readings: Vec<ReadingRecord> = (0..169)
+        .map(|i| {
+            let id = match i % 5 {
+                4 => unknown,
+                k if k % 2 == 0 => a,
+                _ => b,
+            };
+            ReadingRecord {
+                late: i % 7 == 0,
+                received_at: 10_000 + i,
+                ..reading(id, 1_000 + i)
+            }
+        })
+        .collect();
+    let batch = CommitBatch {
+        readings: readings.clone(),
+        ..Default::default()
+    };
+    store.commit(batch, 20_000).await.unwrap();
+    let journal: Vec<(String, i64, i64, bool, bool)> =
+        Connection::open(dir.path().join("latch.db"))
+            .unwrap()
+            .prepare("SELECT sensor_id, ts, received_at, data, late FROM readings ORDER BY id")
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+    let expected: Vec<(String, i64, i64, bool, bool)> = readings
+        .iter()
+        .filter(|r| r.sensor_id != unknown)
+        .map(|r| {
+            let id = r.sensor_id.to_string();
+            (id, r.ts, r.received_at, r.data, r.late)
+        })
+        .collect();
+    assert_eq!(expected.len(), 136);
+    assert_eq!(journal, expected);
+}
