@@ -7,6 +7,7 @@ use super::SqliteStore;
 use super::seen::{Deferred, Seen, Times};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, Transaction, params};
@@ -60,17 +61,22 @@ fn commit_batch(
 /// step, its reset and `AUTOINCREMENT`'s read and write of `sqlite_sequence` for each one.
 const READINGS_PER_INSERT: usize = 64;
 
+/// The journal's `INSERT` of one reading.
+const INSERT_READING: &str =
+    "INSERT INTO readings (sensor_id, ts, received_at, data, late) VALUES (?, ?, ?, ?, ?)";
+
+/// The journal's `INSERT` of [`READINGS_PER_INSERT`] readings, written once.
+static INSERT_READINGS: LazyLock<String> = LazyLock::new(|| {
+    let more = ", (?, ?, ?, ?, ?)".repeat(READINGS_PER_INSERT - 1);
+    format!("{INSERT_READING}{more}")
+});
+
 /// Appends `readings` to the journal in their order (their ids ascend in it), up to
 /// [`READINGS_PER_INSERT`] a statement. Answers whether it wrote any.
 fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool> {
-    const COLS: &str = "INSERT INTO readings (sensor_id, ts, received_at, data, late) VALUES ";
-    let many = format!(
-        "{COLS}{}",
-        vec!["(?, ?, ?, ?, ?)"; READINGS_PER_INSERT].join(", ")
-    );
     let mut chunks = readings.chunks_exact(READINGS_PER_INSERT);
     if chunks.len() > 0 {
-        let mut st = tx.prepare_cached(&many)?;
+        let mut st = tx.prepare_cached(&INSERT_READINGS)?;
         for chunk in chunks.by_ref() {
             for (k, r) in chunk.iter().enumerate() {
                 bind_reading(&mut st, k * 5, r)?;
@@ -80,7 +86,7 @@ fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool
     }
     let rest = chunks.remainder();
     if !rest.is_empty() {
-        let mut st = tx.prepare_cached(&format!("{COLS}(?, ?, ?, ?, ?)"))?;
+        let mut st = tx.prepare_cached(INSERT_READING)?;
         for r in rest {
             bind_reading(&mut st, 0, r)?;
             st.raw_execute()?;
@@ -125,8 +131,14 @@ fn write_states(
     let rows = seen.rows();
     for s in &batch.states {
         if s.seen_only {
-            let found = rows.contains(&s.sensor_id)
-                || has_row.query_row([s.sensor_id.to_string()], |r| r.get::<_, bool>(0))?;
+            let found = rows.contains(&s.sensor_id) || {
+                let found =
+                    has_row.query_row([s.sensor_id.to_string()], |r| r.get::<_, bool>(0))?;
+                if found {
+                    deferred.found.push(s.sensor_id);
+                }
+                found
+            };
             if found {
                 let times = Times {
                     last_ts: s.last_ts,

@@ -46,11 +46,13 @@ pub(super) struct Times {
 }
 
 /// What one commit did to the times: the updates it kept, the sensors whose whole row it
-/// wrote (their times with it), and its last reading's journal id.
+/// wrote (their times with it), those whose row it looked up and found (not yet in
+/// [`Seen::rows`]), and its last reading's journal id.
 #[derive(Debug, Default)]
 pub(super) struct Deferred {
     pub kept: Vec<(SensorId, Times)>,
     pub written: Vec<SensorId>,
+    pub found: Vec<SensorId>,
     pub last_reading: Option<i64>,
 }
 
@@ -173,8 +175,7 @@ impl Seen {
     pub(super) fn after(&self, d: Deferred, flushed: Option<i64>) {
         {
             let mut rows = self.rows();
-            rows.extend(d.written.iter().copied());
-            rows.extend(d.kept.iter().map(|(id, _)| *id));
+            rows.extend(d.written.iter().chain(&d.found).copied());
         }
         if flushed.is_none() && d.kept.is_empty() && d.written.is_empty() {
             let k = self.read();
