@@ -74,6 +74,20 @@ fn pending(at: Millis) -> SiteState {
     }
 }
 
+/// The decision on a site whose sensors were first lost at 5,000, once the grace ran out.
+fn grace_ran_out(members: &[Member], held: &[HeldEvent], clients: &[Linked]) -> Decision {
+    decide(
+        &site(),
+        &pending(5_000),
+        members,
+        held,
+        clients,
+        &RULES,
+        35_000,
+    )
+    .expect("a decision once the grace ran out")
+}
+
 #[test]
 fn a_storm_is_one_site_event_per_client_naming_only_its_sensors() {
     let members: Vec<Member> = ["a1", "a2", "a3", "a4"]
@@ -99,16 +113,7 @@ fn a_storm_is_one_site_event_per_client_naming_only_its_sensors() {
         None,
         "the grace still runs"
     );
-    let d = decide(
-        &site(),
-        &pending(5_000),
-        &members,
-        &held,
-        &clients,
-        &RULES,
-        35_000,
-    )
-    .unwrap();
+    let d = grace_ran_out(&members, &held, &clients);
     assert!(d.state.down);
     assert_eq!(d.state.told, vec![sid("a1"), sid("a2"), sid("a3")]);
     let changed = d.changed.as_ref().expect("the site went down");
@@ -137,16 +142,7 @@ fn one_sensor_lost_alone_goes_out_after_the_grace() {
     let members: Vec<Member> = (0..10).map(|i| member(&format!("b{i}"), i == 0)).collect();
     let held = numbered([lost_event("b0", 5_000)]);
     let clients = [linked("c1", &["b0", "b1"], None)];
-    let d = decide(
-        &site(),
-        &pending(5_000),
-        &members,
-        &held,
-        &clients,
-        &RULES,
-        35_000,
-    )
-    .unwrap();
+    let d = grace_ran_out(&members, &held, &clients);
     assert!(!d.state.down);
     assert_eq!(d.state.pending_since, None);
     assert_eq!(d.changed, None, "it stays up: nothing for the live stream");
@@ -236,16 +232,7 @@ fn a_client_linked_while_the_site_was_down_gets_the_sensors_own_return() {
     let members = [member("e1", true), member("e2", true), member("e3", true)];
     let held = numbered([lost_event("e1", 5_000)]);
     let first = [linked("c1", &["e1", "e2", "e3"], None)];
-    let d = decide(
-        &site(),
-        &pending(5_000),
-        &members,
-        &held,
-        &first,
-        &RULES,
-        35_000,
-    )
-    .unwrap();
+    let d = grace_ran_out(&members, &held, &first);
     assert_eq!(d.state.told_clients, ["c1"]);
     let back = [
         member("e1", false),
@@ -302,16 +289,7 @@ fn while_down_held_events_go_at_once_to_the_clients_its_loss_did_not_tell() {
             .iter()
             .map(|id| lost_event(id, 5_000)),
     );
-    let down = decide(
-        &site(),
-        &pending(5_000),
-        &lost,
-        &losses,
-        &clients,
-        &RULES,
-        35_000,
-    )
-    .unwrap();
+    let down = grace_ran_out(&lost, &losses, &clients);
     assert!(down.consumes_held);
     assert_eq!(down.state.told_clients, ["c1"]);
     let restored = |id: &str, at| Event {
