@@ -183,7 +183,7 @@ fn write_states(
 fn notify(tx: &Transaction, events: &[&Event], now: Millis) -> Result<Vec<NotificationRef>> {
     stage_events(tx, events)?;
     tx.prepare_cached(
-        "INSERT INTO events (sensor_id, kind, at, data, previous, last_seen_at, lost_since,          reminder, flips_suppressed)          SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder,          flips_suppressed FROM temp.stage_events ORDER BY k",
+        "INSERT INTO events_journal (sensor_id, kind, at, data, previous, last_seen_at, lost_since,          reminder, flips_suppressed)          SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder,          flips_suppressed FROM temp.stage_events ORDER BY k",
     )?
     .execute([])?;
     let held = super::site_rounds::hold_for_sites(tx, events, now)?;

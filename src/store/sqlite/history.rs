@@ -58,7 +58,9 @@ fn spooled(c: &Connection, limit: i64, through: i64) -> Result<HistoryBatch> {
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let events = c
         .prepare_cached(&format!(
-            "SELECT {EVENT_COLS}, sensor_id FROM events ORDER BY id LIMIT ?1"
+            "SELECT * FROM (SELECT {EVENT_COLS}, sensor_id FROM events ORDER BY id LIMIT ?1) \
+             UNION ALL SELECT * FROM (SELECT {EVENT_COLS}, sensor_id FROM events_journal \
+             ORDER BY id LIMIT ?1) ORDER BY id LIMIT ?1"
         ))?
         .query_map([limit], |r| row::event(r, r.sensor_id(row::EVENT_N)?))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -96,6 +98,7 @@ const STEP: usize = 5_000;
 /// only the last of them (the log keeps their order), which leaves readings in both tables,
 /// as above. The power-cut test (crates/sim, `power`) holds this to a simulated disk.
 pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> {
+    move_events(store).await?;
     let limit = limit.clamp(1, 1 << 40) as i64;
     // Only readings whose times `sensor_state` holds leave the journal (`seen.rs`).
     let through = store.flush_seen(false).await?;
@@ -122,6 +125,51 @@ pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> 
             .await?;
     }
     Ok(moved)
+}
+
+/// Events one step of [`move_events`] takes: one transaction of the writer each.
+const EVENTS_STEP: usize = 20_000;
+
+/// Moves the journal's events into `events`, in the key order of its index (sensor, time),
+/// so that a second's events reach the index's pages together (migration 0020). Each step
+/// copies and deletes in one transaction: an event is in one table or the other, never
+/// both and never neither, and a step a power cut loses leaves its events in the journal.
+async fn move_events(store: &SqliteStore) -> Result<usize> {
+    let mut moved = 0;
+    loop {
+        let n = store
+            .write_relaxed(move |c| {
+                timed(|| {
+                    let tx = c.transaction()?;
+                    let upto: Option<i64> = tx.query_row(
+                        "SELECT max(id) FROM (SELECT id FROM events_journal ORDER BY id LIMIT ?1)",
+                        [EVENTS_STEP as i64],
+                        |r| r.get(0),
+                    )?;
+                    let Some(upto) = upto else {
+                        return Ok(0);
+                    };
+                    tx.prepare_cached(
+                        "INSERT INTO events (id, sensor_id, kind, at, data, previous, last_seen_at, \
+                         lost_since, reminder, flips_suppressed) \
+                         SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
+                         reminder, flips_suppressed FROM events_journal WHERE id <= ?1 \
+                         ORDER BY sensor_id, at, id",
+                    )?
+                    .execute([upto])?;
+                    let n = tx
+                        .prepare_cached("DELETE FROM events_journal WHERE id <= ?1")?
+                        .execute([upto])?;
+                    tx.commit()?;
+                    Ok(n)
+                })
+            })
+            .await?;
+        moved += n;
+        if n < EVENTS_STEP {
+            return Ok(moved);
+        }
+    }
 }
 
 /// Runs one step of a move, recording how long it held the writer.
@@ -209,8 +257,15 @@ impl HistoryStore for SqliteStore {
     ) -> Result<Page<Stored<Event>>> {
         self.read(move |c| {
             let sql = format!(
-                "SELECT {EVENT_COLS} FROM events \
-                 WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
+                // The moved events by their index, the (small) journal by a scan; a move
+                // is one transaction, so each event is in one of them.
+                "SELECT * FROM (SELECT {EVENT_COLS} FROM events \
+                   WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
+                   ORDER BY at, id LIMIT ?6) \
+                 UNION ALL \
+                 SELECT * FROM (SELECT {EVENT_COLS} FROM events_journal \
+                   WHERE sensor_id = ?1 AND at >= ?2 AND at < ?3 AND (at, id) > (?4, ?5) \
+                   ORDER BY at, id LIMIT ?6) \
                  ORDER BY at, id LIMIT ?6"
             );
             page_by_time(
@@ -258,6 +313,7 @@ impl HistoryStore for SqliteStore {
             let tx = c.transaction()?;
             tx.execute("DELETE FROM readings WHERE id <= ?1", [last_reading])?;
             tx.execute("DELETE FROM events WHERE id <= ?1", [last_event])?;
+            tx.execute("DELETE FROM events_journal WHERE id <= ?1", [last_event])?;
             // Attempts stay (the API shows them with their notification): the mark moves.
             if let Some(last) = last_attempt {
                 tx.execute(
@@ -275,6 +331,7 @@ impl HistoryStore for SqliteStore {
         self.read(move |c| {
             Ok(c.query_row(
                 "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                 + (SELECT COUNT(*) FROM events_journal) \
                  + (SELECT COUNT(*) FROM attempts \
                     WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'attempts'))",
                 [],

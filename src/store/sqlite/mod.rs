@@ -70,6 +70,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0017_sites_silences.sql"),
     include_str!("../migrations/sqlite/0018_state_flush.sql"),
     include_str!("../migrations/sqlite/0019_site_released.sql"),
+    include_str!("../migrations/sqlite/0020_events_journal.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

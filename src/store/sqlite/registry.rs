@@ -172,6 +172,7 @@ impl Registry for SqliteStore {
                     "readings",
                     "readings_archive",
                     "events",
+                    "events_journal",
                 ] {
                     tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
                 }

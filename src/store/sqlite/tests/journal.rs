@@ -224,3 +224,97 @@ async fn a_large_batch_journals_every_reading_in_its_order() {
     assert_eq!(expected.len(), 136);
     assert_eq!(journal, expected);
 }
+
+/// Events land in a journal of their own and a move takes them into `events` (migration
+/// 0020): a sensor's events are listed once and in time order before and after the move,
+/// also a page at a time across the two tables; they keep their ids; and the ids of new
+/// ones go on above those moved, though the journal is empty by then.
+#[tokio::test]
+async fn events_moved_out_of_their_journal_keep_their_ids_and_are_listed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let (a, b) = (
+        SensorId::parse("evA").unwrap(),
+        SensorId::parse("evB").unwrap(),
+    );
+    for id in [a, b] {
+        store
+            .create_sensor(conformance::sensor(&id.to_string()))
+            .await
+            .unwrap();
+    }
+    // Four changes from `from` on, a millisecond apart, the sensors taking turns.
+    let changes = |from: i64| CommitBatch {
+        events: (0..4)
+            .map(|i| Event {
+                sensor_id: if i % 2 == 0 { a } else { b },
+                kind: EventKind::StateChanged,
+                at: from + i,
+                data: Some(i % 4 == 0),
+                previous: Some(i % 4 != 0),
+                last_seen_at: Some(from + i),
+                detail: Default::default(),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    store.commit(changes(1000), 2000).await.unwrap();
+    let first = events_of(&store, a, 10).await;
+    assert_eq!(times(&first), vec![1000, 1002]);
+    store.archive_history(100).await.unwrap();
+    assert_eq!(tables(&store).await, (4, 0), "all moved: (events, journal)");
+    assert_eq!(
+        events_of(&store, a, 10).await,
+        first,
+        "the same ids, listed once"
+    );
+    store.commit(changes(3000), 4000).await.unwrap();
+    assert_eq!(tables(&store).await, (4, 4));
+    let all = events_of(&store, a, 10).await;
+    assert_eq!(times(&all), vec![1000, 1002, 3000, 3002]);
+    assert_eq!(all[..2], first[..]);
+    let moved_max = store
+        .read(|c| Ok(c.query_row("SELECT max(id) FROM events", [], |r| r.get::<_, i64>(0))?))
+        .await
+        .unwrap();
+    assert!(all[2].0 > moved_max, "new ids go on above the moved ones");
+    assert_eq!(events_of(&store, a, 1).await, all, "a page at a time");
+    store.archive_history(100).await.unwrap();
+    assert_eq!(tables(&store).await, (8, 0));
+    assert_eq!(events_of(&store, a, 1).await, all);
+}
+
+/// Sensor `id`'s events as (id, at), listed `limit` a page.
+async fn events_of(store: &SqliteStore, id: SensorId, limit: u32) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list_events(id, TimeRange::default(), PageRequest { limit, after })
+            .await
+            .unwrap();
+        out.extend(page.items.iter().map(|e| (e.id, e.row.at)));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return out,
+        }
+    }
+}
+
+fn times(events: &[(i64, i64)]) -> Vec<i64> {
+    events.iter().map(|e| e.1).collect()
+}
+
+/// How many events `events` and their journal hold.
+async fn tables(store: &SqliteStore) -> (i64, i64) {
+    store
+        .read(|c| {
+            Ok(c.query_row(
+                "SELECT (SELECT COUNT(*) FROM events), (SELECT COUNT(*) FROM events_journal)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?)
+        })
+        .await
+        .unwrap()
+}
