@@ -1,7 +1,8 @@
--- New events land in a journal without an index, as readings do (v3), and a move every
--- second takes them into `events`, sorted by sensor and time: `events_by_sensor_at` then
--- gets a second's events in key order, about a page once a move, instead of one random
--- leaf an event in every group commit (half of what a commit wrote under load, #53).
+-- latch schema v19: new events land in a journal without an index, as readings do (v3),
+-- and a move every second takes them into `events`, sorted by sensor and time:
+-- `events_by_sensor_at` then gets a second's events in key order, about a page once a
+-- move, instead of one random leaf an event in every group commit (half of what a commit
+-- wrote under load, #53).
 -- A move is one transaction of the one writer, so an event is in exactly one of the two
 -- tables; reads look at both. With ClickHouse, the journal is the spool.
 --
