@@ -196,13 +196,37 @@ async fn a_version_1_database_keeps_its_history_through_the_migrations() {
         .await
         .unwrap();
     assert_eq!(events.items[0].id, 3);
-    // New rows continue after the old ids, and moving to the archive changes nothing.
+    // New rows continue after the old ids (an event's too, from its journal), and moving
+    // to the archive changes nothing.
     let batch = CommitBatch {
         readings: vec![reading(id, 3000)],
+        events: vec![Event {
+            sensor_id: id,
+            kind: EventKind::StateChanged,
+            at: 3000,
+            data: Some(true),
+            previous: Some(false),
+            last_seen_at: Some(3000),
+            detail: Default::default(),
+        }],
         ..Default::default()
     };
     store.commit(batch, 3000).await.unwrap();
     store.archive_history(100).await.unwrap();
+    let events = store
+        .list_events(
+            id,
+            TimeRange::default(),
+            PageRequest {
+                limit: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    let ids: Vec<i64> = events.items.iter().map(|e| e.id).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids[0] == 3 && ids[1] > 3, "{ids:?}");
     let after = all(store).await;
     assert_eq!(
         after.iter().map(|r| r.id).collect::<Vec<_>>(),
