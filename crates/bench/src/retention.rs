@@ -282,7 +282,7 @@ async fn bytes(side: &Side) -> anyhow::Result<Bytes> {
             };
             Ok(Bytes {
                 readings: by(&["readings", "readings_archive"])? + archive_bytes,
-                notifications: by(&["events", "notifications", "attempts"])?,
+                notifications: by(&["events", "events_journal", "notifications", "attempts"])?,
                 total: Files::read(&side.dir).folder,
                 rows: c.query_row("SELECT count(*) FROM notifications", [], |r| {
                     r.get::<_, i64>(0)

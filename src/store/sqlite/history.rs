@@ -86,6 +86,16 @@ fn spooled(c: &Connection, limit: i64, through: i64) -> Result<HistoryBatch> {
 /// steps. A move of 100,000 readings in one transaction held it for 0.3–0.6 s.
 const STEP: usize = 5_000;
 
+/// Moves the events' journal into `events` ([`move_events`]), then up to `limit` readings
+/// into the archive ([`move_readings`]); answers how many readings it moved. Either move
+/// goes ahead when the other fails.
+pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> {
+    let events = move_events(store).await;
+    let readings = move_readings(store, limit).await?;
+    events?;
+    Ok(readings)
+}
+
 /// Moves up to `limit` readings, the oldest, from the journal into the archive, in steps of
 /// [`STEP`]: they are read and sorted by the archive's key on a reader, copied in that
 /// order a slice of the key at a time (so each archive page is still written about once
@@ -97,8 +107,7 @@ const STEP: usize = 5_000;
 /// `SqliteStore::open`); the deletes commit without waiting for it, and a power cut loses
 /// only the last of them (the log keeps their order), which leaves readings in both tables,
 /// as above. The power-cut test (crates/sim, `power`) holds this to a simulated disk.
-pub(super) async fn archive(store: &SqliteStore, limit: usize) -> Result<usize> {
-    move_events(store).await?;
+async fn move_readings(store: &SqliteStore, limit: usize) -> Result<usize> {
     let limit = limit.clamp(1, 1 << 40) as i64;
     // Only readings whose times `sensor_state` holds leave the journal (`seen.rs`).
     let through = store.flush_seen(false).await?;

@@ -599,6 +599,10 @@ async fn check(
     }
     // Events and notifications: those of the held commits, none of the others.
     let mut events = std::collections::HashSet::new();
+    let (mut ids, mut last) = (
+        std::collections::HashSet::new(),
+        std::collections::HashMap::new(),
+    );
     for id in &sensors {
         let mut page = PageRequest {
             limit: 1000,
@@ -609,10 +613,16 @@ async fn check(
                 .list_events(*id, TimeRange::default(), page.clone())
                 .await
                 .map_err(|e| format!("events cannot be read: {e}"))?;
-            // Once each: a move of the events' journal copies and deletes in one
-            // transaction, so no cut leaves an event in both tables.
+            // Once each, by id and by time, in (time, id) order: a move of the events'
+            // journal copies (keeping ids) and deletes in one transaction, so no cut
+            // leaves an event in both tables.
             for e in &p.items {
-                if !events.insert((*id, e.row.at)) {
+                let key = (e.row.at, e.id);
+                if last.get(id).is_some_and(|l| *l >= key) {
+                    return Err(format!("the events of {id} are out of order at {key:?}"));
+                }
+                last.insert(*id, key);
+                if !ids.insert(e.id) || !events.insert((*id, e.row.at)) {
                     return Err(format!("the event of {id} at {} is listed twice", e.row.at));
                 }
             }
