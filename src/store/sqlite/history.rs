@@ -158,13 +158,11 @@ async fn move_events(store: &SqliteStore) -> Result<usize> {
                     let Some(upto) = upto else {
                         return Ok(0);
                     };
-                    tx.prepare_cached(
-                        "INSERT INTO events (id, sensor_id, kind, at, data, previous, last_seen_at, \
-                         lost_since, reminder, flips_suppressed) \
-                         SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, \
-                         reminder, flips_suppressed FROM events_journal WHERE id <= ?1 \
-                         ORDER BY sensor_id, at, id",
-                    )?
+                    tx.prepare_cached(&format!(
+                        "INSERT INTO events ({EVENT_COLS}, sensor_id) \
+                         SELECT {EVENT_COLS}, sensor_id FROM events_journal WHERE id <= ?1 \
+                         ORDER BY sensor_id, at, id"
+                    ))?
                     .execute([upto])?;
                     let n = tx
                         .prepare_cached("DELETE FROM events_journal WHERE id <= ?1")?

@@ -184,18 +184,7 @@ async fn a_version_1_database_keeps_its_history_through_the_migrations() {
         1,
         "old readings moved to the archive at the upgrade (the event stays)"
     );
-    let events = store
-        .list_events(
-            id,
-            TimeRange::default(),
-            PageRequest {
-                limit: 10,
-                after: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(events.items[0].id, 3);
+    assert_eq!(events_of(&store, id, 10).await[0].0, 3);
     // New rows continue after the old ids (an event's too, from its journal), and moving
     // to the archive changes nothing.
     let batch = CommitBatch {
@@ -213,18 +202,11 @@ async fn a_version_1_database_keeps_its_history_through_the_migrations() {
     };
     store.commit(batch, 3000).await.unwrap();
     store.archive_history(100).await.unwrap();
-    let events = store
-        .list_events(
-            id,
-            TimeRange::default(),
-            PageRequest {
-                limit: 10,
-                after: None,
-            },
-        )
+    let ids: Vec<i64> = events_of(&store, id, 10)
         .await
-        .unwrap();
-    let ids: Vec<i64> = events.items.iter().map(|e| e.id).collect();
+        .iter()
+        .map(|e| e.0)
+        .collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert!(ids[0] == 3 && ids[1] > 3, "{ids:?}");
     let after = all(store).await;
@@ -525,6 +507,23 @@ async fn a_log_that_grew_past_its_checkpoints_is_cut_back_once_it_starts_over() 
 }
 
 /// A reading of `id` at `ts` (received then), its data alternating with the second.
+/// Sensor `id`'s events as (id, at), listed `limit` a page.
+async fn events_of(store: &SqliteStore, id: SensorId, limit: u32) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list_events(id, TimeRange::default(), PageRequest { limit, after })
+            .await
+            .unwrap();
+        out.extend(page.items.iter().map(|e| (e.id, e.row.at)));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return out,
+        }
+    }
+}
+
 fn reading(id: SensorId, ts: i64) -> ReadingRecord {
     ReadingRecord {
         sensor_id: id,

@@ -27,17 +27,10 @@ async fn a_reading_in_both_the_journal_and_the_archive_is_listed_once() {
     assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
     assert_eq!(store.archive_history(100).await.unwrap(), 3);
     assert_eq!(listed(&store, id).await, vec![1000, 2000, 3000]);
-    let (journal, archive): (i64, i64) = store
-        .read(|c| {
-            Ok(c.query_row(
-                "SELECT (SELECT COUNT(*) FROM readings), (SELECT COUNT(*) FROM readings_archive)",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?)
-        })
-        .await
-        .unwrap();
-    assert_eq!((journal, archive), (0, 3));
+    assert_eq!(
+        rows_in(&store, "readings", "readings_archive").await,
+        (0, 3)
+    );
 }
 
 /// Sensor `id` registered, with three readings at 1000, 2000 and 3000 committed.
@@ -262,14 +255,18 @@ async fn events_moved_out_of_their_journal_keep_their_ids_and_are_listed_once() 
     let first = events_of(&store, a, 10).await;
     assert_eq!(times(&first), vec![1000, 1002]);
     store.archive_history(100).await.unwrap();
-    assert_eq!(tables(&store).await, (4, 0), "all moved: (events, journal)");
+    assert_eq!(
+        rows_in(&store, "events", "events_journal").await,
+        (4, 0),
+        "all moved"
+    );
     assert_eq!(
         events_of(&store, a, 10).await,
         first,
         "the same ids, listed once"
     );
     store.commit(changes(3000), 4000).await.unwrap();
-    assert_eq!(tables(&store).await, (4, 4));
+    assert_eq!(rows_in(&store, "events", "events_journal").await, (4, 4));
     let all = events_of(&store, a, 10).await;
     assert_eq!(times(&all), vec![1000, 1002, 3000, 3002]);
     assert_eq!(all[..2], first[..]);
@@ -280,37 +277,20 @@ async fn events_moved_out_of_their_journal_keep_their_ids_and_are_listed_once() 
     assert!(all[2].0 > moved_max, "new ids go on above the moved ones");
     assert_eq!(events_of(&store, a, 1).await, all, "a page at a time");
     store.archive_history(100).await.unwrap();
-    assert_eq!(tables(&store).await, (8, 0));
+    assert_eq!(rows_in(&store, "events", "events_journal").await, (8, 0));
     assert_eq!(events_of(&store, a, 1).await, all);
-}
-
-/// Sensor `id`'s events as (id, at), listed `limit` a page.
-async fn events_of(store: &SqliteStore, id: SensorId, limit: u32) -> Vec<(i64, i64)> {
-    let mut out = Vec::new();
-    let mut after = None;
-    loop {
-        let page = store
-            .list_events(id, TimeRange::default(), PageRequest { limit, after })
-            .await
-            .unwrap();
-        out.extend(page.items.iter().map(|e| (e.id, e.row.at)));
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return out,
-        }
-    }
 }
 
 fn times(events: &[(i64, i64)]) -> Vec<i64> {
     events.iter().map(|e| e.1).collect()
 }
 
-/// How many events `events` and their journal hold.
-async fn tables(store: &SqliteStore) -> (i64, i64) {
+/// How many rows tables `a` and `b` hold.
+async fn rows_in(store: &SqliteStore, a: &'static str, b: &'static str) -> (i64, i64) {
     store
-        .read(|c| {
+        .read(move |c| {
             Ok(c.query_row(
-                "SELECT (SELECT COUNT(*) FROM events), (SELECT COUNT(*) FROM events_journal)",
+                &format!("SELECT (SELECT COUNT(*) FROM {a}), (SELECT COUNT(*) FROM {b})"),
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?)
