@@ -1,7 +1,8 @@
 //! Cluster mode through real `latch serve` processes on one PostgreSQL schema: readings
 //! entering any node give what one node gives, and a node killed, paused past its lease,
 //! stopped or joining under load loses nothing accepted, commits nothing for partitions it
-//! lost, and leaves the notifications in order.
+//! lost, and leaves the notifications in order; dead letters replayed through any node go
+//! out at once.
 
 use std::time::{Duration, Instant};
 
@@ -490,4 +491,53 @@ async fn a_clients_rate_limit_holds_for_the_whole_cluster() {
     );
     // The limit, not a want of work, held them back.
     assert!(pending.as_u64() > Some(0), "a backlog was left: {pending}");
+}
+
+/// Dead letters replayed through one node go out at once, also those of sensors another
+/// node serves: the node that took the replay sends them itself (its claims keep their
+/// lanes in order), rather than leaving them to the serving node's next full sweep of the
+/// outbox (a minute).
+#[tokio::test]
+async fn dead_letters_replayed_through_any_node_go_out_at_once() {
+    let Some(c) = Cluster::start_env(2, &[("LATCH_RETRY_MAX_ATTEMPTS", "1".to_string())]).await
+    else {
+        return;
+    };
+    let r = Receiver::start().await;
+    r.always(latch_testkit::Answer::status(500));
+    // Eight sensors: the second node serves some of them, but for one chance in 256.
+    let (client, sensors) = c.fleet("dl", 8, &r.url, json!({})).await;
+    let live = c.live();
+    let now = time::now_ms();
+    let readings = sensors.iter().map(|id| reading(id, 1, now)).collect();
+    post_until_accepted(&c.http, &live, readings, 20).await;
+    let query = format!("/v1/notifications?client_id={client}&status=failed");
+    let failed: Vec<String> = eventually(20, "every first notification a dead letter", || async {
+        let page = c.get(&live[0], &query).await;
+        let ids: Vec<String> = page["items"]
+            .as_array()?
+            .iter()
+            .filter_map(|n| n["id"].as_str().map(str::to_string))
+            .collect();
+        (ids.len() == sensors.len()).then_some(ids)
+    })
+    .await;
+    r.always(latch_testkit::Answer::status(204));
+    let before = r.ok();
+    for id in &failed {
+        c.post(
+            &live[0],
+            &format!("/v1/notifications/{id}/retry"),
+            json!({}),
+        )
+        .await;
+    }
+    // Within a few seconds, not at a sweep a minute after the nodes started.
+    eventually(10, "every replayed dead letter delivered", || async {
+        (r.ok() - before == failed.len() as u64).then_some(())
+    })
+    .await;
+    let delivered = format!("/v1/notifications?client_id={client}&status=delivered");
+    let page = c.get(&live[1], &delivered).await;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(failed.len()));
 }
