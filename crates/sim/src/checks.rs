@@ -571,13 +571,17 @@ fn liveness(
 /// `max(last_seen, reconnected_at) + timeout`.
 fn broker_link(world: &World, t: &crate::model::Tables, log: &Log, bounds: &Bounds, start: Millis) {
     let links = &log.links;
-    let mut heard: BTreeMap<SensorId, Vec<(Millis, Source)>> = BTreeMap::new();
-    for &(sensor, source, at) in &log.heard {
-        heard.entry(sensor).or_default().push((at, source));
-    }
-    for v in heard.values_mut() {
-        v.sort_unstable_by_key(|h| h.0);
-    }
+    let by_sensor = |list: &[(SensorId, Source, Millis)]| {
+        let mut m: BTreeMap<SensorId, Vec<(Millis, Source)>> = BTreeMap::new();
+        for &(sensor, source, at) in list {
+            m.entry(sensor).or_default().push((at, source));
+        }
+        for v in m.values_mut() {
+            v.sort_unstable_by_key(|h| h.0);
+        }
+        m
+    };
+    let (heard, sent) = (by_sensor(&log.heard), by_sensor(&log.sent));
     let mut seen: BTreeMap<SensorId, Vec<Millis>> = BTreeMap::new();
     for r in t.audit.readings() {
         seen.entry(r.row.sensor_id)
@@ -605,11 +609,12 @@ fn broker_link(world: &World, t: &crate::model::Tables, log: &Log, bounds: &Boun
         else {
             continue;
         };
-        // How that reading came in: the last one the workload sent by then.
-        let source = heard
-            .get(&sensor)
-            .and_then(|h| h.iter().rev().find(|h| h.0 <= last))
-            .map(|h| h.1);
+        let none = Vec::new();
+        let source = source_of(
+            heard.get(&sensor).unwrap_or(&none),
+            sent.get(&sensor).unwrap_or(&none),
+            last,
+        );
         if source != Some(Source::Amqp) {
             continue;
         }
@@ -644,6 +649,31 @@ fn broker_link(world: &World, t: &crate::model::Tables, log: &Log, bounds: &Boun
             );
         }
     }
+}
+
+/// How the stored reading received at `last` came in, when the workload's sends tell it
+/// for sure: the way of the sends taken at that very time (an entry node takes a reading
+/// at its `received_at`); else (forwarded to an owner that took it later) the way of the
+/// last answered send by then, unless a send not answered since (stored all the same when
+/// its commit was in doubt) came another way. `None` when the sends leave it open.
+fn source_of(
+    heard: &[(Millis, Source)],
+    sent: &[(Millis, Source)],
+    last: Millis,
+) -> Option<Source> {
+    let same =
+        |mut it: std::slice::Iter<'_, (Millis, Source)>, way: Source| it.all(|&(_, s)| s == way);
+    let at_last: Vec<(Millis, Source)> = sent.iter().copied().filter(|h| h.0 == last).collect();
+    if let Some(&(_, way)) = at_last.first() {
+        return same(at_last.iter(), way).then_some(way);
+    }
+    let &(answered, way) = heard.iter().rev().find(|h| h.0 <= last)?;
+    let since: Vec<(Millis, Source)> = sent
+        .iter()
+        .copied()
+        .filter(|h| h.0 > answered && h.0 <= last)
+        .collect();
+    same(since.iter(), way).then_some(way)
 }
 
 /// A deleted client gets nothing more (README, Guarantees: registry at send time): a

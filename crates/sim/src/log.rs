@@ -23,6 +23,9 @@ pub struct Log {
     /// Readings answered accepted: sensor, how it came in, and when the entry node took it
     /// (its `received_at`, unless forwarded to an owner that took it later).
     pub heard: Vec<(SensorId, Source, Millis)>,
+    /// Every reading the workload sent, answered or not, as `heard`: one whose answer was
+    /// lost (a commit in doubt, a node killed) may be stored all the same.
+    pub sent: Vec<(SensorId, Source, Millis)>,
     /// Each change of the AMQP broker link: when, and whether it came up (filled in from
     /// the nodes' record once the run has healed).
     pub links: Vec<(Millis, bool)>,

@@ -226,6 +226,10 @@ impl Workload {
         tokio::spawn(async move {
             let items: Vec<_> = readings.iter().cloned().map(Ok).collect();
             let at = engine.now();
+            log.lock()
+                .unwrap()
+                .sent
+                .extend(readings.iter().map(|r| (r.sensor_id, source, at)));
             let Ok(ticket) = engine.enqueue(items, at, source).await else {
                 return;
             };
