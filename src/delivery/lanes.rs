@@ -118,6 +118,10 @@ struct Entry {
     /// A claim of it failed, and may have landed: the store may hold it leased to this
     /// node, which is given back if its lane leaves ([`Lanes::leave`]).
     claim_unsure: bool,
+    /// A claim told it to wait on the store's lane (an older notification pending there,
+    /// or another node's attempt) and look again within [`policy::RECHECK_MS`]: once the
+    /// head before it here ends, it is claimed at once rather than at that look.
+    told_to_wait: bool,
     /// The batch it goes out in again: its last attempt was sent in that batch, and failed.
     batch: Option<Arc<str>>,
 }

@@ -124,6 +124,12 @@ const FOUND: &[(u64, &str)] = &[
          for one sent earlier over AMQP, and latch's right loss of an HTTP sensor for a \
          loss while the AMQP link was down (a fault of the checks, not of latch)",
     ),
+    (
+        204208,
+        "a head told to wait for an older notification of its lane (made by another node's \
+         site round, swept up here) waited out its second after that one was delivered \
+         here: a healthy client's notification took 3.2 s",
+    ),
 ];
 
 #[test]

@@ -114,6 +114,7 @@ impl Lanes {
         // has queued behind this head meanwhile; the lane is put back in order.
         let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
         head.claim_unsure = matches!(d.result, Finished::Held(_));
+        head.told_to_wait = later;
         let pop = match d.result {
             Finished::Gone(status) => {
                 // A claim ends a notification only by cancelling or superseding it. One it
@@ -187,6 +188,15 @@ impl Lanes {
                 finished.insert(done.id, now);
             }
             self.pending -= 1;
+            // The head after it may have been told to wait for this one (pending in the
+            // store until now): it is asked about again at once. A claim that still finds
+            // a reason to wait (its own retry time, another node's attempt) says so again.
+            if let Some(next) = lane.queue.front_mut()
+                && next.told_to_wait
+            {
+                next.told_to_wait = false;
+                next.due = next.due.min(now);
+            }
         }
         if later {
             lane.queue.make_contiguous().sort_by_key(|e| e.seq);

@@ -171,6 +171,7 @@ impl Lanes {
                     attempts: r.attempts,
                     held,
                     claim_unsure: false,
+                    told_to_wait: false,
                     batch,
                 },
             );

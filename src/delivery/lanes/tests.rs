@@ -373,7 +373,9 @@ fn a_head_told_to_wait_lets_an_older_one_swept_meanwhile_go_first() {
         "the older one goes first"
     );
     h.finish(out[0].clone(), answer(200, h.now));
-    h.now += 1_000;
+    // The newer one goes as soon as the older one is done here, not at the look again a
+    // second on that its answer named (its claim no longer counts the older one: this
+    // node leased it).
     let out = h.admit();
     assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&newer]);
 }
