@@ -130,6 +130,11 @@ const FOUND: &[(u64, &str)] = &[
          site round, swept up here) waited out its second after that one was delivered \
          here: a healthy client's notification took 3.2 s",
     ),
+    (
+        1498,
+        "a delivered outcome the store refused half the time was tried again after waits \
+         grown to 5 s, missed its lease, and another node's claim recorded it superseded",
+    ),
 ];
 
 #[test]
