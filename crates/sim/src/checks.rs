@@ -343,10 +343,12 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
             // brings the client up to date sensor by sensor.
             told = (lost && tr.status != Status::Silenced).then_some((tr.created_at, named));
             if let Some((from, sensors)) = told.as_ref() {
-                let until = events
-                    .get(i + 1)
-                    .map_or(Millis::MAX, |n| n.created_at)
-                    .min(off_after(*from));
+                // Meanwhile is in outbox order (a round's notifications carry the time it
+                // began, which a freeze of its node may put before a loss committed while
+                // the round waited), up to the client's next site event, and while the
+                // client takes site events.
+                let next_seq = events.get(i + 1).map_or(i64::MAX, |n| n.seq);
+                let until = off_after(*from);
                 // Once told of the sensor's own return (a client that takes no site
                 // returns), a new loss of it is its own.
                 let back_before = |o: &crate::model::Trail| {
@@ -364,7 +366,8 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                     o.client_id == *client
                         && o.kind == EventKind::ConnectionLost
                         && sensors.contains(&o.sensor_id)
-                        && o.created_at > *from
+                        && o.seq > tr.seq
+                        && o.seq < next_seq
                         && o.created_at < until
                         && !back_before(o)
                         && !unlinked_between(&o.sensor_id, *from, o.created_at)

@@ -135,6 +135,12 @@ const FOUND: &[(u64, &str)] = &[
         "a delivered outcome the store refused half the time was tried again after waits \
          grown to 5 s, missed its lease, and another node's claim recorded it superseded",
     ),
+    (
+        308110,
+        "the checks put a site's loss before a sensor's own loss that committed first: the \
+         site round's node froze after the round began, and its notifications carry that \
+         time (a fault of the checks, not of latch)",
+    ),
 ];
 
 #[test]
