@@ -141,6 +141,12 @@ const FOUND: &[(u64, &str)] = &[
          site round's node froze after the round began, and its notifications carry that \
          time (a fault of the checks, not of latch)",
     ),
+    (
+        311960,
+        "the run stopped settling before a client limited to one request a second had sent \
+         its backlog (its eight sensors' losses, returns and reminders) and counted its \
+         last return as never delivered (a fault of the run, not of latch)",
+    ),
 ];
 
 #[test]
