@@ -131,11 +131,6 @@ const FOUND: &[(u64, &str)] = &[
          here: a healthy client's notification took 3.2 s",
     ),
     (
-        1498,
-        "a delivered outcome the store refused half the time was tried again after waits \
-         grown to 5 s, missed its lease, and another node's claim recorded it superseded",
-    ),
-    (
         308110,
         "the checks put a site's loss before a sensor's own loss that committed first: the \
          site round's node froze after the round began, and its notifications carry that \
