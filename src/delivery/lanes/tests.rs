@@ -441,3 +441,33 @@ fn a_notification_whose_outcome_is_not_written_is_not_queued_again_from_the_stor
     h.core.recorded(&[delivered.notification_id]);
     assert_eq!(h.core.sizes(), Sizes::default());
 }
+
+#[test]
+fn on_a_shared_store_the_next_head_waits_until_the_one_that_ended_is_written() {
+    // The store holds a head delivered here pending until its outcome is written: were
+    // this node to die first, the node serving the lane next would send it again after
+    // the newer one sent meanwhile (simulation seed 508198, a dead letter).
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let older = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit().remove(0);
+    assert_eq!(out.1, older);
+    let newer = h.notify(0, 0, EventKind::StateChanged);
+    let outcome = h
+        .core
+        .finish(
+            Done {
+                lane: out.0,
+                id: out.1,
+                result: answer(200, h.now),
+            },
+            h.now,
+            NO_JITTER,
+        )
+        .expect("the delivery is recorded");
+    assert!(
+        h.admit().is_empty(),
+        "the newer one waits for the older one's outcome"
+    );
+    h.core.recorded(&[outcome.notification_id]);
+    assert_eq!(h.admit().iter().map(|o| &o.1).collect::<Vec<_>>(), [&newer]);
+}
