@@ -152,12 +152,14 @@ struct Lane {
     /// Its sensor's partition left this node while its head was out: once that head is
     /// answered, the lane is dropped ([`Lanes::leave`]).
     leaving: bool,
-    /// On a shared store, older notifications of the lane superseded here whose outcome
-    /// is not written yet: the head is not claimed until they are, or the claim would find
-    /// them pending in the store and wait a second for them ([`policy::claim_step`]).
-    superseded_unwritten: u32,
-    /// Its head was ready while `superseded_unwritten` held it back: it is readied again
-    /// once they are written.
+    /// On a shared store, older notifications that left the lane here (superseded,
+    /// delivered, failed for good) whose outcome is not written yet ([`Lanes::gate`]): the
+    /// head is not claimed until they are. The store holds them pending until then: the
+    /// claim would wait a second for them ([`policy::claim_step`]), and were this node to
+    /// die first, the node serving the lane next would send them after the head.
+    ended_unwritten: u32,
+    /// Its head was ready while `ended_unwritten` held it back: it is readied again once
+    /// they are written.
     held_back: bool,
 }
 
@@ -204,8 +206,8 @@ pub(super) struct Lanes {
     /// failed, superseded) is not queued again from the store's word (a client enabled, a
     /// sweep) to be sent, or superseded, a second time.
     unwritten: FastMap<String, (LaneKey, bool)>,
-    /// Of those, the ones superseded in their lane on a shared store
-    /// ([`Lane::superseded_unwritten`]).
+    /// Of those, the ones that hold up the next head of their lane on a shared store
+    /// ([`Lane::ended_unwritten`]).
     gating: FastMap<String, LaneKey>,
     /// Clients with lanes parked because they were disabled: a sweep of a shared store
     /// resumes those another node enabled ([`Lanes::still_disabled`]).
@@ -303,8 +305,8 @@ impl Lanes {
             if let Some(key) = self.gating.remove(id)
                 && let Some(lane) = self.lanes.get_mut(&key)
             {
-                lane.superseded_unwritten = lane.superseded_unwritten.saturating_sub(1);
-                if lane.superseded_unwritten == 0 && lane.held_back {
+                lane.ended_unwritten = lane.ended_unwritten.saturating_sub(1);
+                if lane.ended_unwritten == 0 && lane.held_back {
                     lane.held_back = false;
                     self.ready.push_back(key);
                 }
@@ -330,6 +332,17 @@ impl Lanes {
     fn unwritten(&mut self, outcome: &Outcome, lane: &LaneKey) {
         self.unwritten
             .insert(outcome.notification_id.clone(), (lane.clone(), false));
+    }
+
+    /// On a shared store, lane `key`'s head is not claimed until the outcome of `id`, which
+    /// left the lane ahead of it, is written ([`Lane::ended_unwritten`]).
+    fn gate(&mut self, key: &LaneKey, id: &str) {
+        if self.finished.is_some()
+            && let Some(lane) = self.lanes.get_mut(key)
+        {
+            lane.ended_unwritten += 1;
+            self.gating.insert(id.to_string(), key.clone());
+        }
     }
 
     /// `client`'s lanes and counters, in words ([`super::Dispatcher::describe`]).

@@ -210,8 +210,8 @@ impl Lanes {
             let Some(lane) = self.lanes.get_mut(&key) else {
                 continue;
             };
-            if lane.superseded_unwritten > 0 {
-                // Older ones it superseded are not written yet: it goes once they are.
+            if lane.ended_unwritten > 0 {
+                // Older ones that left the lane are not written yet: it goes once they are.
                 lane.held_back = true;
                 continue;
             }

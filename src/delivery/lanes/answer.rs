@@ -59,17 +59,13 @@ impl Lanes {
         let outcome = self.settle_head(d, now, retry_at, batch);
         if let Some(o) = &outcome {
             self.unwritten(o, &lane);
-            // On a shared store, a head that ended here (delivered, failed for good) holds
-            // up the next one until its outcome is written: were this node to die first,
-            // the store would still hold it pending, and the node serving the lane next
-            // would send it after the newer one (simulation seed 508198).
-            if self.finished.is_some()
-                && matches!(o.verdict, Verdict::Delivered | Verdict::Failed)
-                && let Some(l) = self.lanes.get_mut(&lane)
-                && l.queue.front().is_some_and(|h| h.id != o.notification_id)
+            // A head that ended here (delivered, failed for good) holds up the next one as
+            // a superseded one does (simulation seed 508198).
+            let next = self.lanes.get(&lane).and_then(|l| l.queue.front());
+            if matches!(o.verdict, Verdict::Delivered | Verdict::Failed)
+                && next.is_some_and(|h| h.id != o.notification_id)
             {
-                l.superseded_unwritten += 1;
-                self.gating.insert(o.notification_id.clone(), lane);
+                self.gate(&lane, &o.notification_id);
             }
         }
         outcome

@@ -215,15 +215,8 @@ impl Lanes {
                 node: self.node.clone(),
                 batch_id: None,
             };
-            self.unwritten
-                .insert(outcome.notification_id.clone(), (key.clone(), false));
-            if self.finished.is_some()
-                && let Some(lane) = self.lanes.get_mut(key)
-            {
-                lane.superseded_unwritten += 1;
-                self.gating
-                    .insert(outcome.notification_id.clone(), key.clone());
-            }
+            self.unwritten(&outcome, key);
+            self.gate(key, &outcome.notification_id);
             outcomes.push(outcome);
         }
         outcomes
