@@ -126,10 +126,20 @@ impl Harness {
     }
 
     /// Tells the lanes what came of an admitted head.
-    fn finish(&mut self, (lane, id): (LaneKey, String), result: Finished) {
-        let done = Done { lane, id, result };
-        let outcome = self.core.finish(done, self.now, NO_JITTER);
+    fn finish(&mut self, head: (LaneKey, String), result: Finished) {
+        let outcome = self.finish_unwritten(head, result);
         self.written(outcome.into_iter().collect());
+    }
+
+    /// As [`Harness::finish`], but the outcome is handed back, not written yet (the store
+    /// has not taken it).
+    fn finish_unwritten(
+        &mut self,
+        (lane, id): (LaneKey, String),
+        result: Finished,
+    ) -> Option<Outcome> {
+        self.core
+            .finish(Done { lane, id, result }, self.now, NO_JITTER)
     }
 
     /// Outcomes the lanes asked to record, written at once (as the recorder does when the
@@ -394,16 +404,7 @@ fn a_head_is_not_claimed_again_before_its_last_outcome_is_written() {
     let id = h.notify(0, 0, EventKind::StateChanged);
     let out = h.admit().remove(0);
     let outcome = h
-        .core
-        .finish(
-            Done {
-                lane: out.0,
-                id: out.1,
-                result: answer(500, h.now),
-            },
-            h.now,
-            NO_JITTER,
-        )
+        .finish_unwritten(out, answer(500, h.now))
         .expect("the attempt is recorded");
     h.now += 10_000;
     assert!(
@@ -423,16 +424,7 @@ fn a_notification_whose_outcome_is_not_written_is_not_queued_again_from_the_stor
     let id = h.notify(0, 0, EventKind::StateChanged);
     let out = h.admit().remove(0);
     let delivered = h
-        .core
-        .finish(
-            Done {
-                lane: out.0.clone(),
-                id: out.1.clone(),
-                result: answer(200, h.now),
-            },
-            h.now,
-            NO_JITTER,
-        )
+        .finish_unwritten(out.clone(), answer(200, h.now))
         .expect("recorded");
     let stale = back(&id, 0, 1, h.now);
     let outcomes = h.core.resume("client0", vec![stale], h.now);
@@ -453,16 +445,7 @@ fn on_a_shared_store_the_next_head_waits_until_the_one_that_ended_is_written() {
     assert_eq!(out.1, older);
     let newer = h.notify(0, 0, EventKind::StateChanged);
     let outcome = h
-        .core
-        .finish(
-            Done {
-                lane: out.0,
-                id: out.1,
-                result: answer(200, h.now),
-            },
-            h.now,
-            NO_JITTER,
-        )
+        .finish_unwritten(out, answer(200, h.now))
         .expect("the delivery is recorded");
     assert!(
         h.admit().is_empty(),
