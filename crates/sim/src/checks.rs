@@ -612,10 +612,9 @@ fn broker_link(world: &World, t: &crate::model::Tables, log: &Log, bounds: &Boun
         else {
             continue;
         };
-        let none = Vec::new();
         let source = source_of(
-            heard.get(&sensor).unwrap_or(&none),
-            sent.get(&sensor).unwrap_or(&none),
+            heard.get(&sensor).map_or(&[][..], Vec::as_slice),
+            sent.get(&sensor).map_or(&[][..], Vec::as_slice),
             last,
         );
         if source != Some(Source::Amqp) {
@@ -664,19 +663,18 @@ fn source_of(
     sent: &[(Millis, Source)],
     last: Millis,
 ) -> Option<Source> {
-    let same =
-        |mut it: std::slice::Iter<'_, (Millis, Source)>, way: Source| it.all(|&(_, s)| s == way);
-    let at_last: Vec<(Millis, Source)> = sent.iter().copied().filter(|h| h.0 == last).collect();
-    if let Some(&(_, way)) = at_last.first() {
-        return same(at_last.iter(), way).then_some(way);
+    // The way `way` for sure: every send in `range` came that way.
+    let all_by = |range: &dyn Fn(Millis) -> bool, way: Source| {
+        sent.iter()
+            .filter(|h| range(h.0))
+            .all(|h| h.1 == way)
+            .then_some(way)
+    };
+    if let Some(&(_, way)) = sent.iter().find(|h| h.0 == last) {
+        return all_by(&|at| at == last, way);
     }
     let &(answered, way) = heard.iter().rev().find(|h| h.0 <= last)?;
-    let since: Vec<(Millis, Source)> = sent
-        .iter()
-        .copied()
-        .filter(|h| h.0 > answered && h.0 <= last)
-        .collect();
-    same(since.iter(), way).then_some(way)
+    all_by(&|at| at > answered && at <= last, way)
 }
 
 /// A deleted client gets nothing more (README, Guarantees: registry at send time): a
