@@ -506,7 +506,6 @@ async fn a_log_that_grew_past_its_checkpoints_is_cut_back_once_it_starts_over() 
     );
 }
 
-/// A reading of `id` at `ts` (received then), its data alternating with the second.
 /// Sensor `id`'s events as (id, at), listed `limit` a page.
 async fn events_of(store: &SqliteStore, id: SensorId, limit: u32) -> Vec<(i64, i64)> {
     let mut out = Vec::new();
@@ -524,6 +523,7 @@ async fn events_of(store: &SqliteStore, id: SensorId, limit: u32) -> Vec<(i64, i
     }
 }
 
+/// A reading of `id` at `ts` (received then), its data alternating with the second.
 fn reading(id: SensorId, ts: i64) -> ReadingRecord {
     ReadingRecord {
         sensor_id: id,
