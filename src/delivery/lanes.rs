@@ -47,6 +47,16 @@ pub(super) use batches::BatchOut;
 use batches::Batching;
 use finished::{RecentlyFinished, shrink};
 
+/// A notification whose outcomes are on their way to the recorder ([`Lanes::unwritten`]).
+struct Unwritten {
+    lane: LaneKey,
+    /// Its lane's head waits for them.
+    waits: bool,
+    /// Outcomes of it not written yet: a failed attempt's may still be on its way when
+    /// a newer state supersedes it.
+    outcomes: u32,
+}
+
 /// A lane's name: its client and sensor.
 pub(super) type LaneKey = (Arc<str>, SensorId);
 
@@ -205,7 +215,7 @@ pub(super) struct Lanes {
     /// a newer claim it would release that one too — and one that left its lane (delivered,
     /// failed, superseded) is not queued again from the store's word (a client enabled, a
     /// sweep) to be sent, or superseded, a second time.
-    unwritten: FastMap<String, (LaneKey, bool)>,
+    unwritten: FastMap<String, Unwritten>,
     /// Of those, the ones that hold up the next head of their lane on a shared store
     /// ([`Lane::ended_unwritten`]).
     gating: FastMap<String, LaneKey>,
@@ -299,8 +309,20 @@ impl Lanes {
             return;
         }
         for id in ids {
-            if let Some((key, true)) = self.unwritten.remove(id) {
-                self.ready.push_back(key);
+            // One outcome of it written: the store holds it as it should only once the
+            // last one is (a failed attempt's, then its superseding: simulation seed
+            // 513201, where the first one written let a resume queue it again).
+            let Some(u) = self.unwritten.get_mut(id) else {
+                continue;
+            };
+            u.outcomes -= 1;
+            if u.outcomes > 0 {
+                continue;
+            }
+            if let Some(u) = self.unwritten.remove(id)
+                && u.waits
+            {
+                self.ready.push_back(u.lane);
             }
             if let Some(key) = self.gating.remove(id)
                 && let Some(lane) = self.lanes.get_mut(&key)
@@ -331,7 +353,13 @@ impl Lanes {
     /// `outcome`, of a notification of `lane`, goes to the recorder.
     fn unwritten(&mut self, outcome: &Outcome, lane: &LaneKey) {
         self.unwritten
-            .insert(outcome.notification_id.clone(), (lane.clone(), false));
+            .entry(outcome.notification_id.clone())
+            .and_modify(|u| u.outcomes += 1)
+            .or_insert_with(|| Unwritten {
+                lane: lane.clone(),
+                waits: false,
+                outcomes: 1,
+            });
     }
 
     /// On a shared store, lane `key`'s head is not claimed until the outcome of `id`, which

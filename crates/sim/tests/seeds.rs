@@ -142,6 +142,12 @@ const FOUND: &[(u64, &str)] = &[
          its backlog (its eight sensors' losses, returns and reminders) and counted its \
          last return as never delivered (a fault of the run, not of latch)",
     ),
+    (
+        513201,
+        "a failed attempt's outcome and then the notification's superseding were both on \
+         their way to a refusing store; the first written let a client's enable queue it \
+         again from the store, and it was sent after all, then recorded superseded",
+    ),
 ];
 
 #[test]

@@ -218,9 +218,9 @@ impl Lanes {
             let Some(head) = lane.queue.front() else {
                 continue;
             };
-            if let Some((_, waits)) = self.unwritten.get_mut(&head.id) {
+            if let Some(u) = self.unwritten.get_mut(&head.id) {
                 // Its last outcome is not written yet: it goes once it is.
-                *waits = true;
+                u.waits = true;
                 continue;
             }
             if self.batching.batched(&key.0) {

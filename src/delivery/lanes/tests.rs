@@ -454,3 +454,40 @@ fn on_a_shared_store_the_next_head_waits_until_the_one_that_ended_is_written() {
     h.core.recorded(&[outcome.notification_id]);
     assert_eq!(h.admit().iter().map(|o| &o.1).collect::<Vec<_>>(), [&newer]);
 }
+
+#[test]
+fn a_notification_is_not_queued_again_while_a_second_outcome_of_it_is_unwritten() {
+    // Its failed attempt's outcome, then its superseding by a newer state, are both on
+    // their way to the store. Once the first is written the store still holds it pending,
+    // and a client enabled meanwhile lists it so: it is not queued and sent again
+    // (simulation seed 513201: delivered so, then recorded superseded).
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let older = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit().remove(0);
+    let failed = h
+        .finish_unwritten(out, answer(500, h.now))
+        .expect("the attempt is recorded");
+    let newer = ulid::Ulid::new().to_string();
+    let superseded = h.core.add(vec![back(&newer, 0, 2, h.now)], h.now);
+    assert_eq!(
+        superseded
+            .iter()
+            .map(|o| (&o.notification_id, o.verdict))
+            .collect::<Vec<_>>(),
+        [(&older, Verdict::Superseded)]
+    );
+    h.core.recorded(&[failed.notification_id]);
+    let outcomes = h
+        .core
+        .resume("client0", vec![back(&older, 0, 1, h.now)], h.now);
+    assert!(outcomes.is_empty());
+    let out = h.admit().remove(0);
+    assert_eq!(out.1, newer);
+    h.finish(out, answer(200, h.now));
+    assert!(h.admit().is_empty(), "the older one is not sent after it");
+    h.core.recorded(&[older]);
+    // Once the older one's retry time has passed, as it would have been.
+    h.now += 2_000;
+    assert!(h.admit().is_empty());
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
