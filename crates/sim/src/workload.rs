@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use latch::domain::client::{Batch, Client, effective_batch, generate_secret, wants};
-use latch::domain::{EventKind, Millis, Reading, Sensor, SensorId, Source};
+use latch::domain::{EventKind, Millis, Reading, Sensor, SensorId, Source, Status};
 use latch::history::retention::{self, Settings as RetentionSettings};
 use latch::store::{Outbox, Registry, ReplayFilter, Retention, Sites};
 
@@ -671,20 +671,49 @@ impl Workload {
             sensor_id: None,
             since: None,
         };
-        if let Ok(refs) = store.retry_notifications(filter, engine.now()).await {
-            for r in &refs {
-                self.receivers.replayed(&r.id);
+        let client = self.clients[ci].id.clone();
+        let failed = self.model.read(|t| {
+            t.notifications()
+                .map(|r| &r.notification)
+                .filter(|n| n.client_id == client && n.status == Status::Failed)
+                .map(|n| n.id.clone())
+                .collect::<Vec<_>>()
+        });
+        match store.retry_notifications(filter, engine.now()).await {
+            Ok(refs) => {
+                let ids: Vec<&str> = refs.iter().map(|r| r.id.as_str()).collect();
+                self.note_replayed(&client, "", &ids);
+                dispatcher.deliver(refs);
             }
-            self.world.trace(format!(
-                "replay {}: {}",
-                self.clients[ci].id,
-                refs.iter()
-                    .map(|r| r.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ));
-            dispatcher.deliver(refs);
+            // Its answer lost, the replay may have been made all the same (simulation seed
+            // 513263): what it put back to pending goes out with the client's next enable
+            // or sweep, a replay as any other.
+            Err(_) => {
+                let back: Vec<String> = self.model.read(|t| {
+                    failed
+                        .into_iter()
+                        .filter(|id| {
+                            t.notification(id)
+                                .is_some_and(|r| r.notification.status == Status::Pending)
+                        })
+                        .collect()
+                });
+                if !back.is_empty() {
+                    let ids: Vec<&str> = back.iter().map(String::as_str).collect();
+                    self.note_replayed(&client, " (answer lost)", &ids);
+                }
+            }
         }
+    }
+
+    /// Notifications `ids` of `client` were replayed: the receivers' checks let them come
+    /// after newer ones.
+    fn note_replayed(&self, client: &str, how: &str, ids: &[&str]) {
+        for id in ids {
+            self.receivers.replayed(id);
+        }
+        self.world
+            .trace(format!("replay {client}{how}: {}", ids.join(" ")));
     }
 
     /// An operator enables every disabled client.
