@@ -19,6 +19,13 @@ const RECORD_BATCH_MAX: usize = 2048;
 const STOP_TRIES_FOR: Duration = Duration::from_secs(8);
 /// The wait between those tries.
 const STOP_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait between tries of a write the store refused. An outcome has to land
+/// before its claim's lease runs out (three delivery timeouts and 5 s), or another node
+/// takes the notification up again and may end it otherwise (superseded, though the
+/// receiver took it). With waits growing to 5 s, a store refusing half its calls for a
+/// while let a delivered outcome miss its lease (simulation seed 1498); one try a second
+/// costs a failing store little.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Writes attempts and verdicts in batches. A failed write is tried again (the outcomes
 /// stay in memory); if latch dies first, the leases run out and the attempts are repeated,
@@ -80,7 +87,7 @@ pub(super) async fn recorder(
                         backoff = backoff.min(STOP_BACKOFF);
                     }
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }

@@ -148,6 +148,17 @@ const FOUND: &[(u64, &str)] = &[
          their way to a refusing store; the first written let a client's enable queue it \
          again from the store, and it was sent after all, then recorded superseded",
     ),
+    (
+        1498,
+        "a delivered outcome the store refused half the time was tried again after waits \
+         grown to 5 s, missed its lease, and another node's claim recorded it superseded",
+    ),
+    (
+        513263,
+        "with the recorder's waits capped at 1 s: a replay whose answer was lost had put a \
+         dead letter back, and the checks took its sending for an older state after a \
+         newer one (a fault of the checks, not of latch)",
+    ),
 ];
 
 #[test]
