@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc};
+
+use super::client_slots::ClientSlots;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -31,7 +33,7 @@ pub(super) struct Admitted {
     pub lane: LaneKey,
     pub id: String,
     /// Requests in flight to its client.
-    pub client_sends: Arc<Semaphore>,
+    pub client_sends: Arc<ClientSlots>,
     /// Cancelled when it is not to be sent any more (its lane left this node, or the
     /// dispatcher stops): given back unsent if it was claimed.
     pub withdrawn: CancellationToken,
@@ -44,6 +46,9 @@ pub(super) struct AdmittedBatch {
     pub batch: BatchOut,
     /// The client's one request slot for batches.
     pub client_sends: Arc<Semaphore>,
+    /// The client's request slots, which its single heads take too: one at a time
+    /// beside them once its endpoint does not answer.
+    pub slots: Arc<ClientSlots>,
     /// Per head, as [`Admitted::withdrawn`].
     pub withdrawn: Vec<CancellationToken>,
     /// The client's batching and `rate_limit` as admission applied them.
@@ -207,7 +212,7 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
                     let result = {
                         // The client's slot first: a global one is held only while sending.
                         let slots = async {
-                            let client = client_sends.acquire().await.ok()?;
+                            let client = client_sends.acquire().await?;
                             let all = sending.sends.acquire().await.ok()?;
                             Some((client, all))
                         };
@@ -243,7 +248,9 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
                         }
                         let at = sending.settings.clock.now();
                         let attempt = sending.transport.send(&s, sending.settings.timeout, at);
-                        unless_cut(&sending, at, attempt).await
+                        let result = unless_cut(&sending, at, attempt).await;
+                        client_sends.answered(result.unanswered());
+                        result
                     };
                     let result = Finished::Attempted(result);
                     let _ = sending
@@ -295,6 +302,7 @@ async fn claim_and_send_batch(store: Arc<dyn Outbox>, sending: Sending, a: Admit
                 left_out,
             },
         client_sends,
+        slots,
         withdrawn,
         spec,
         rate_limit,
@@ -383,8 +391,9 @@ async fn claim_and_send_batch(store: Arc<dyn Outbox>, sending: Sending, a: Admit
     let sending = sending.clone();
     sending.tracker.clone().spawn(async move {
         let claimed = sends.into_iter().zip(sent).collect();
+        let client_slots = (client_sends, slots);
         let dones =
-            send_claimed_batch(&sending, &id, client_sends, claimed, lease_until, dones).await;
+            send_claimed_batch(&sending, &id, client_slots, claimed, lease_until, dones).await;
         let done = BatchDone { client, id, dones };
         let _ = sending.tx.send(Cmd::BatchDone(Box::new(done)));
     });
@@ -395,13 +404,14 @@ async fn claim_and_send_batch(store: Arc<dyn Outbox>, sending: Sending, a: Admit
 async fn send_claimed_batch(
     sending: &Sending,
     id: &Arc<str>,
-    client_sends: Arc<Semaphore>,
+    (client_sends, slots): (Arc<Semaphore>, Arc<ClientSlots>),
     claimed: Vec<(Box<Sendable>, (LaneKey, String, CancellationToken))>,
     lease_until: Millis,
     mut dones: Vec<Done>,
 ) -> Vec<Done> {
     let settings = &sending.settings;
     let _client = client_sends.acquire().await;
+    let _slot = slots.acquire().await;
     let _all = sending.sends.acquire().await;
     // Heads withdrawn while the batch waited for its slot (their lane left this node, or
     // the dispatcher stops) are given back unsent; the rest go.
@@ -434,6 +444,7 @@ async fn send_claimed_batch(
         .transport
         .send_batch(id, &go_sends, settings.timeout, now);
     let result = unless_cut(sending, now, attempt).await;
+    slots.answered(result.unanswered());
     for (lane, nid) in go {
         let result = Finished::Attempted(result.clone());
         dones.push(Done {

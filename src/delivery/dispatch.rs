@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
+
+use super::client_slots::ClientSlots;
 use tokio_util::sync::CancellationToken;
 
 use super::claimer::{Admission, Admitted, AdmittedBatch};
@@ -61,7 +63,7 @@ pub(super) struct Core {
     claims: mpsc::UnboundedSender<Admission>,
     /// Per client, the requests it may have in flight (`client_concurrency` permits);
     /// dropped when nothing of the client is out, so no permit is held then.
-    pub(super) client_sends: FastMap<Arc<str>, Arc<Semaphore>>,
+    pub(super) client_sends: FastMap<Arc<str>, Arc<ClientSlots>>,
     /// Per batched client, its one batch in flight (one permit), dropped likewise.
     batch_sends: FastMap<Arc<str>, Arc<Semaphore>>,
     client_concurrency: usize,
@@ -279,15 +281,20 @@ impl Core {
         }
     }
 
+    /// `client`'s request slots, made as its last attempt here left it (answered or not).
+    fn client_slots(&mut self, client: &Arc<str>) -> Arc<ClientSlots> {
+        let share = self.client_concurrency;
+        let unanswered = self.lanes.unanswered(client);
+        self.client_sends
+            .entry(client.clone())
+            .or_insert_with(|| Arc::new(ClientSlots::new(share, unanswered)))
+            .clone()
+    }
+
     /// Hands the heads the limits admit to the claimer, each with its client's permits.
     pub(super) fn pump(&mut self) {
         for (lane, id) in self.lanes.admit(self.clock.now()) {
-            let limit = self.client_concurrency;
-            let client_sends = self
-                .client_sends
-                .entry(lane.0.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(limit)))
-                .clone();
+            let client_sends = self.client_slots(&lane.0);
             let withdrawn = CancellationToken::new();
             self.withdraw.insert(lane.clone(), withdrawn.clone());
             let rate_limit = self.lanes.rate_limit(&lane.0);
@@ -308,6 +315,7 @@ impl Core {
                 .entry(batch.client.clone())
                 .or_insert_with(|| Arc::new(Semaphore::new(1)))
                 .clone();
+            let slots = self.client_slots(&batch.client);
             let withdrawn = batch
                 .members
                 .iter()
@@ -321,6 +329,7 @@ impl Core {
             let _ = self.claims.send(Admission::Batch(AdmittedBatch {
                 batch,
                 client_sends,
+                slots,
                 withdrawn,
                 spec,
                 rate_limit,

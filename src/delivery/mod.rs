@@ -29,6 +29,7 @@ pub mod attempt;
 mod auth;
 pub mod broker;
 mod claimer;
+mod client_slots;
 mod dispatch;
 pub mod guard;
 mod lanes;

@@ -3,7 +3,8 @@
 //! is checked against the lane promises as it arrives — never two requests of one
 //! (client, sensor) at once, never an older state after a newer one, never a notification
 //! twice in one request, never a batch's retry with an event its request before did not
-//! hold — and against isolation: a healthy client's requests are never late.
+//! hold — and against isolation: a healthy client's requests are never late, and an
+//! endpoint that did not answer is sent one request at a time.
 //!
 //! [`SimTransport`] is latch's [`Transport`] for one node: what its dispatcher sends
 //! arrives here. A node that is killed has its connections closed (its requests end
@@ -38,6 +39,10 @@ pub enum Mode {
     Cut,
 }
 
+/// The README's promise for an endpoint that does not answer.
+const ONE_AT_A_TIME: &str =
+    "a client whose last attempt got no answer is sent one request at a time";
+
 /// One request as an endpoint sees it.
 #[derive(Debug)]
 struct Request {
@@ -65,6 +70,8 @@ struct Seen {
     /// Notifications put back by a manual retry: they may come after newer ones.
     replayed: BTreeSet<String>,
     next: u64,
+    /// Per node, clients whose last request from it ended without an answer.
+    unanswered: BTreeSet<(String, String)>,
 }
 
 /// Says what the store holds of a notification's lease, for the trace.
@@ -170,6 +177,24 @@ impl Receivers {
                 problems.push((
                     "a request holds a notification once",
                     format!("{} twice in one request from {node}", n.id),
+                    keys.clone(),
+                ));
+            }
+            // Per node: each node learns of its own attempts.
+            if seen
+                .unanswered
+                .contains(&(node.to_string(), n.client_id.clone()))
+                && let Some((other, _)) = seen.inflight.iter().find(|(_, r)| {
+                    r.node == node && r.lanes.first().is_some_and(|l| l.0 == n.client_id)
+                })
+                && !problems.iter().any(|p| p.0 == ONE_AT_A_TIME)
+            {
+                problems.push((
+                    ONE_AT_A_TIME,
+                    format!(
+                        "{} from {node} while request #{other} of {} is out, after one went unanswered",
+                        n.id, n.client_id
+                    ),
                     keys.clone(),
                 ));
             }
@@ -288,6 +313,14 @@ impl Receivers {
         let mut seen = self.seen.lock().unwrap();
         if !seen.inflight.contains_key(&n) {
             return; // Ended already: its node was killed.
+        }
+        if let Some(s) = sends.first() {
+            let key = (node.to_string(), s.notification.client_id.clone());
+            if status.is_none() {
+                seen.unanswered.insert(key);
+            } else {
+                seen.unanswered.remove(&key);
+            }
         }
         end(&mut seen, n);
         if status.is_some_and(|s| (200..300).contains(&s)) {

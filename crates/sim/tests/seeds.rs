@@ -159,6 +159,16 @@ const FOUND: &[(u64, &str)] = &[
          dead letter back, and the checks took its sending for an older state after a \
          newer one (a fault of the checks, not of latch)",
     ),
+    (
+        15,
+        "two requests to a hanging endpoint timed out together, and the two heads claimed \
+         ahead behind them went at once to an endpoint known not to answer",
+    ),
+    (
+        45,
+        "a client that did not answer was switched to batches: a batch went beside its \
+         single request still out, each under a slot of its own",
+    ),
 ];
 
 #[test]
