@@ -75,6 +75,24 @@ pub(super) struct Sending {
     /// Cancelled when a stop's grace has run out: attempts still in flight are cut off,
     /// each a failed attempt, so their leases are given back before latch exits.
     pub cut: CancellationToken,
+    /// Asks the sweeper (on a shared store) to look for what came since its last sweep
+    /// now: a claim found a lane waiting on an older notification no node holds.
+    pub sweep_soon: Arc<tokio::sync::Notify>,
+}
+
+impl Sending {
+    /// A head told to wait behind an older notification no node holds would wait for
+    /// the next sweep to bring it, up to two seconds (simulation seed 1001140: a site
+    /// round's `connection_lost` made on another node held a healthy client's next
+    /// notification 3 s): the sweeper looks now.
+    fn unswept(&self, claims: &[Claim]) {
+        if claims
+            .iter()
+            .any(|c| matches!(c, Claim::Later { unswept: true, .. }))
+        {
+            self.sweep_soon.notify_one();
+        }
+    }
 }
 
 /// What an attempt cut off by a stop came to: a failed attempt without an answer, retried
@@ -167,6 +185,9 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
     let claims = store
         .claim(ids, sending.settings.node.clone(), now, lease_until, None)
         .await;
+    if let Ok(c) = &claims {
+        sending.unswept(c);
+    }
     let claims = match claims {
         Ok(c) => c,
         Err(e) => {
@@ -338,7 +359,10 @@ async fn claim_and_send_batch(store: Arc<dyn Outbox>, sending: Sending, a: Admit
         .claim(ids, settings.node.clone(), now, lease_until, batch)
         .await
     {
-        Ok(c) => c,
+        Ok(c) => {
+            sending.unswept(&c);
+            c
+        }
         Err(e) => {
             tracing::warn!(error = %e, "Claiming a batch failed; trying again shortly.");
             for (lane, id, _) in live {

@@ -313,6 +313,7 @@ impl Dispatcher {
         ));
         let settings = Arc::new(settings);
         let (claims, claims_rx) = mpsc::unbounded_channel();
+        let sweep_soon = Arc::new(tokio::sync::Notify::new());
         let sends = Arc::new(Semaphore::new(settings.concurrency));
         let cut = CancellationToken::new();
         let transport = match settings.transport.clone() {
@@ -339,6 +340,7 @@ impl Dispatcher {
                 tx: tx.clone(),
                 tracker: tracker.clone(),
                 cut: cut.clone(),
+                sweep_soon: sweep_soon.clone(),
             },
             claims_rx,
         ));
@@ -375,6 +377,7 @@ impl Dispatcher {
                 tx.clone(),
                 settings.serves.clone(),
                 sweep.clone(),
+                sweep_soon,
                 settings.clock.clone(),
                 stop.clone(),
             ));

@@ -22,19 +22,26 @@ const SWEEP_LOOKBACK: usize = 3;
 /// How often a sweep reads every pending notification, for transactions slower than the
 /// lookback.
 const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// The least time between sweeps a claim asked for, so that many lanes waiting on
+/// unswept notifications at once cost a few reads a second, not one each.
+const SOON_GAP: Duration = Duration::from_millis(200);
 
 /// On a shared store, feeds pending notifications to the dispatcher now and then; the
 /// dispatcher skips the ones it knows, and claims (with leases) settle who sends what. Most
 /// sweeps read only what came after the newest seq seen a few sweeps ago, so a large
 /// outbox is not read in full every 2 s.
 /// In cluster mode only the notifications of sensors this node serves are kept; `now`
-/// asks for a full sweep at once (partitions were taken over).
+/// asks for a full sweep at once (partitions were taken over), `soon` for one past the
+/// marks (a claim found a lane waiting on a notification not swept yet), which leaves the
+/// marks as they were: the lookback stays a few regular sweeps long.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn sweeper(
     store: Arc<dyn Outbox>,
     registry: Arc<dyn Registry>,
     tx: mpsc::UnboundedSender<Cmd>,
     serves: Option<Serves>,
     now: Arc<tokio::sync::Notify>,
+    soon: Arc<tokio::sync::Notify>,
     clock: Clock,
     stop: CancellationToken,
 ) {
@@ -46,12 +53,19 @@ pub(super) async fn sweeper(
     let mut owed = false;
     let full_every = FULL_SWEEP_EVERY.as_millis() as Millis;
     loop {
-        let asked = tokio::select! {
+        let (asked, early) = tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(SWEEP_EVERY) => false,
-            _ = now.notified() => true,
+            _ = tokio::time::sleep(SWEEP_EVERY) => (false, false),
+            _ = now.notified() => (true, false),
+            _ = soon.notified() => (false, true),
         };
+        if early {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(SOON_GAP) => {}
+            }
+        }
         let full = asked || owed || clock.now() - last_full >= full_every;
         let after = match marks.front() {
             Some(&mark) if !full => mark,
@@ -66,11 +80,13 @@ pub(super) async fn sweeper(
                     last_full = clock.now();
                     owed = false;
                 }
-                let newest = refs.iter().map(|r| r.seq).max();
-                let mark = newest.max(marks.back().copied()).unwrap_or(i64::MIN);
-                marks.push_back(mark);
-                if marks.len() > SWEEP_LOOKBACK {
-                    marks.pop_front();
+                if !early || full {
+                    let newest = refs.iter().map(|r| r.seq).max();
+                    let mark = newest.max(marks.back().copied()).unwrap_or(i64::MIN);
+                    marks.push_back(mark);
+                    if marks.len() > SWEEP_LOOKBACK {
+                        marks.pop_front();
+                    }
                 }
                 if tx.send(Cmd::Sweep(refs)).is_err() {
                     return;

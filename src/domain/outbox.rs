@@ -130,8 +130,14 @@ pub enum Claim {
     /// may be in flight.
     Leased { id: String, until: Millis },
     /// Free, but not to be sent before `at`: older notifications of its lane are pending
-    /// elsewhere, or its next attempt is not due yet.
-    Later { id: String, at: Millis },
+    /// elsewhere, or its next attempt is not due yet. `unswept`: an older one is pending
+    /// and no node holds it, most likely made by another node (a site round, a silence's
+    /// end) and not yet found by a sweep here.
+    Later {
+        id: String,
+        at: Millis,
+        unswept: bool,
+    },
     /// Its client is disabled: left pending and unleased until the client is enabled.
     Disabled { id: String },
 }

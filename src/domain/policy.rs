@@ -262,14 +262,27 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     if row.lane.older_pending > 0 {
         let until = row.lane.older_lease_until.filter(|&u| u > now);
         let at = look_again(until.unwrap_or(Millis::MAX), now);
-        return ClaimStep::Answer(Claim::Later { id: n.id, at });
+        let unswept = until.is_none();
+        return ClaimStep::Answer(Claim::Later {
+            id: n.id,
+            at,
+            unswept,
+        });
     }
     if let Some(until) = row.lane.newer_lease_until.filter(|&u| u > now) {
         let at = look_again(until, now);
-        return ClaimStep::Answer(Claim::Later { id: n.id, at });
+        return ClaimStep::Answer(Claim::Later {
+            id: n.id,
+            at,
+            unswept: false,
+        });
     }
     if let Some(at) = n.next_attempt_at.filter(|&at| at > now) {
-        return ClaimStep::Answer(Claim::Later { id: n.id, at });
+        return ClaimStep::Answer(Claim::Later {
+            id: n.id,
+            at,
+            unswept: false,
+        });
     }
     match (row.url, row.secret, row.address, row.linked) {
         (Some(_), Some(_), Some(_), true) if row.disabled => {

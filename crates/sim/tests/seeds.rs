@@ -169,6 +169,12 @@ const FOUND: &[(u64, &str)] = &[
         "a client that did not answer was switched to batches: a batch went beside its \
          single request still out, each under a slot of its own",
     ),
+    (
+        1001140,
+        "a site round on one node made a loss for a lane the other node serves; that \
+         node's newer reminder waited behind it until a sweep brought it, 2 s on, and a \
+         healthy client's notification took 3 s",
+    ),
 ];
 
 #[test]

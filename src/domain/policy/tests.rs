@@ -368,16 +368,21 @@ fn a_head_behind_older_pending_ones_of_its_lane_waits_for_them() {
         ..row(Status::Pending)
     };
     let later = |r| match claim_step(r, "me", 100) {
-        ClaimStep::Answer(Claim::Later { at, .. }) => at,
+        ClaimStep::Answer(Claim::Later { at, unswept, .. }) => (at, unswept),
         _ => panic!("expected to wait"),
     };
     // Another node sends the older one now: asked about again soon, not at the end of its
     // lease, so the lane goes on as soon as that attempt is recorded.
-    assert_eq!(later(behind(Some(50_000))), 100 + RECHECK_MS);
-    assert_eq!(later(behind(Some(600))), 600, "a lease ending sooner");
-    // Not in flight (or its lease ran out): ask again shortly.
+    assert_eq!(later(behind(Some(50_000))), (100 + RECHECK_MS, false));
+    assert_eq!(
+        later(behind(Some(600))),
+        (600, false),
+        "a lease ending sooner"
+    );
+    // Not in flight (or its lease ran out): ask again shortly, and say that no node holds
+    // it (the dispatcher looks for it at once rather than at its next sweep).
     for lease in [None, Some(50)] {
-        assert_eq!(later(behind(lease)), 100 + RECHECK_MS);
+        assert_eq!(later(behind(lease)), (100 + RECHECK_MS, true));
     }
 }
 
