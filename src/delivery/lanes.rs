@@ -55,6 +55,8 @@ struct Unwritten {
     /// Outcomes of it not written yet: a failed attempt's may still be on its way when
     /// a newer state supersedes it.
     outcomes: u32,
+    /// One of them ends it (delivered, failed, superseded); the others leave it pending.
+    ends: bool,
 }
 
 /// A lane's name: its client and sensor.
@@ -357,13 +359,18 @@ impl Lanes {
 
     /// `outcome`, of a notification of `lane`, goes to the recorder.
     fn unwritten(&mut self, outcome: &Outcome, lane: &LaneKey) {
+        let ends = !matches!(outcome.verdict, Verdict::Retry { .. });
         self.unwritten
             .entry(outcome.notification_id.clone())
-            .and_modify(|u| u.outcomes += 1)
+            .and_modify(|u| {
+                u.outcomes += 1;
+                u.ends |= ends;
+            })
             .or_insert_with(|| Unwritten {
                 lane: lane.clone(),
                 waits: false,
                 outcomes: 1,
+                ends,
             });
     }
 

@@ -110,8 +110,12 @@ impl Lanes {
         let mut seen: FastSet<LaneKey> = FastSet::default();
         for r in refs {
             let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
-            // Its outcome is on its way to the store, which does not know it yet.
-            if self.unwritten.contains_key(&r.id) {
+            // It ended here, and the store does not know it yet. One whose outcome leaves it
+            // pending (a retry, a lease given back) is queued: it is still its lane's, and
+            // its head waits for that outcome to be written before it is claimed. Left
+            // out, a lane taken up again from the store after its partition came back sent
+            // the newer notification first (simulation seed 289).
+            if self.unwritten.get(&r.id).is_some_and(|u| u.ends) {
                 continue;
             }
             let lane = self.lanes.entry(key.clone()).or_default();

@@ -274,3 +274,33 @@ fn on_a_shared_store_a_head_waits_for_what_it_superseded_to_be_written() {
     );
     assert_eq!(out[0].1, "newer");
 }
+
+#[test]
+fn a_lane_taken_up_again_keeps_a_head_whose_retry_is_not_written_first() {
+    // A reminder's failed attempt was on its way to a refusing store when its partition
+    // left this node and came back. The store lists both reminders pending: the older
+    // one, its outcome not written, still goes first (simulation seed 289: taken up
+    // without it, the lane sent the newer one first and the older one after).
+    let mut h = Harness::new(true, Duration::from_secs(1));
+    let older = h.notify(0, 0, EventKind::StillLost);
+    let out = h.admit().remove(0);
+    let newer = h.notify(0, 0, EventKind::StillLost);
+    let retry = h
+        .finish_unwritten(out, answer(500, h.now))
+        .expect("the attempt is recorded");
+    let (_, given_back) = h.core.leave(|_| true, h.now);
+    assert!(given_back.is_empty(), "nothing was out");
+    let listed = |id: &str, seq| NotificationRef {
+        kind: EventKind::StillLost,
+        ..back(id, 0, seq, h.now)
+    };
+    let refs = vec![listed(&older, 1), listed(&newer, 2)];
+    h.core.sweep(refs, h.now);
+    assert!(
+        h.admit().is_empty(),
+        "nothing before the older one's outcome is written"
+    );
+    h.core.recorded(&[retry.notification_id]);
+    let out = h.admit();
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), [&older]);
+}
