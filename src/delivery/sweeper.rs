@@ -14,11 +14,15 @@ use crate::domain::Millis;
 use crate::store::{Outbox, Registry};
 
 /// How often a node sharing its store with others looks for pending notifications it was
-/// not told about: written by another node, or left by one that died.
-const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// not told about: written by another node, or left by one that died. What a site round
+/// or a silence's end on another node makes for the sensors this node serves waits for
+/// it: at 2 s, with a batched client's waits, a healthy client's notification took 3 s
+/// (simulation seed 1401125). A sweep past the marks is one indexed read.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How many sweeps back the watermark of a sweep lies: a notification committed by a
 /// transaction that began before that sweep may carry a lower seq than the newest one seen.
-const SWEEP_LOOKBACK: usize = 3;
+/// Six seconds of them, longer than a transaction may take (`database_timeout`, 5 s).
+const SWEEP_LOOKBACK: usize = 6;
 /// How often a sweep reads every pending notification, for transactions slower than the
 /// lookback.
 const FULL_SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -29,7 +33,7 @@ const SOON_GAP: Duration = Duration::from_millis(200);
 /// On a shared store, feeds pending notifications to the dispatcher now and then; the
 /// dispatcher skips the ones it knows, and claims (with leases) settle who sends what. Most
 /// sweeps read only what came after the newest seq seen a few sweeps ago, so a large
-/// outbox is not read in full every 2 s.
+/// outbox is not read in full every second.
 /// In cluster mode only the notifications of sensors this node serves are kept; `now`
 /// asks for a full sweep at once (partitions were taken over), `soon` for one past the
 /// marks (a claim found a lane waiting on a notification not swept yet), which leaves the

@@ -175,6 +175,18 @@ const FOUND: &[(u64, &str)] = &[
          node's newer reminder waited behind it until a sweep brought it, 2 s on, and a \
          healthy client's notification took 3 s",
     ),
+    (
+        1401125,
+        "a site round on one node made a loss and a return for a sensor another node \
+         serves, with nothing of their lane there yet: the next sweep, 2 s on, and a \
+         batched healthy client's waits made 3 s",
+    ),
+    (
+        289,
+        "with sweeps every second: a lane that left a node and came back was taken up from \
+         the store without its head, whose retry was not written yet; the newer reminder \
+         went first and the older one after it",
+    ),
 ];
 
 #[test]
