@@ -5,12 +5,11 @@
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc};
-
-use super::client_slots::ClientSlots;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::attempt::{AttemptResult, Failure};
+use super::client_slots::ClientSlots;
 use super::lanes::{BatchOut, Done, Finished, LaneKey};
 use super::transport::Transport;
 use super::{BatchDone, Cmd, Settings};
@@ -185,11 +184,11 @@ async fn claim_and_send(store: Arc<dyn Outbox>, sending: Sending, batch: Vec<Adm
     let claims = store
         .claim(ids, sending.settings.node.clone(), now, lease_until, None)
         .await;
-    if let Ok(c) = &claims {
-        sending.unswept(c);
-    }
     let claims = match claims {
-        Ok(c) => c,
+        Ok(c) => {
+            sending.unswept(&c);
+            c
+        }
         Err(e) => {
             tracing::warn!(error = %e, "Claiming notifications failed; trying again shortly.");
             for Admitted { lane, id, .. } in batch {

@@ -69,9 +69,9 @@ impl ClientSlots {
         self.unanswered.store(unanswered, Ordering::Release);
     }
 
-    /// Requests that may be out at once while the endpoint answers.
+    /// Slots of the share free now.
     #[cfg(test)]
-    pub(super) fn share(&self) -> usize {
+    pub(super) fn free(&self) -> usize {
         self.share.available_permits()
     }
 }
@@ -126,7 +126,7 @@ mod tests {
         assert!(first.is_some());
         assert!(slots.acquire().now_or_never().is_none());
         assert_eq!(
-            slots.share(),
+            slots.free(),
             1,
             "the share's other slot is free all the same"
         );

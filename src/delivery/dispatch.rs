@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
-
-use super::client_slots::ClientSlots;
 use tokio_util::sync::CancellationToken;
 
 use super::claimer::{Admission, Admitted, AdmittedBatch};
+use super::client_slots::ClientSlots;
 use super::lanes::{Done, LaneKey, Lanes};
 use super::{FastMap, Serves, Settings, rates};
 use crate::clock::Clock;

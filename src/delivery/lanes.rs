@@ -293,12 +293,12 @@ impl Lanes {
         }
     }
 
-    /// Notes whether `client`'s endpoint answered an attempt ([`Lanes::unanswered`]).
     /// `client`'s last attempt here got no answer.
     pub(super) fn unanswered(&self, client: &str) -> bool {
         self.unanswered.contains(client)
     }
 
+    /// Notes whether `client`'s endpoint answered an attempt ([`Lanes::unanswered`]).
     pub(super) fn answered(&mut self, client: &Arc<str>, result: &AttemptResult) {
         if result.unanswered() {
             if !self.unanswered.contains(client) {
