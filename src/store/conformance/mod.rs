@@ -211,6 +211,7 @@ suite!(
     silences::sites_count_their_sensors,
     silences::a_silence_keeps_and_reconciles_once,
     silences::overlapping_silences_reconcile_at_the_last_end,
+    silences::a_silences_state_change_supersedes_an_older_pending_one,
     silences::a_site_decides_once_for_its_sensors,
     silences::a_site_still_down_releases_to_the_clients_its_loss_did_not_tell,
     find::notifications_newest_first_with_filters,

@@ -273,6 +273,50 @@ pub(super) async fn overlapping_silences_reconcile_at_the_last_end(s: &Subject) 
     assert!(made.is_empty(), "{made:?}");
 }
 
+/// The state change a silence's end makes is a newer state like any other: the older
+/// state notification still pending in its lane, unleased, is superseded (simulation seed
+/// 1764: a site's return, released after a newer state, told the client stale data, so the
+/// end made a state change, and the older state went out before it).
+pub(super) async fn a_silences_state_change_supersedes_an_older_pending_one(s: &Subject) {
+    s.create_sensor(sensor("sp1")).await.unwrap();
+    s.create_client(client("spc", "http://r/")).await.unwrap();
+    s.link("spc".into(), sid("sp1"), 1).await.unwrap();
+    let matcher = Match {
+        client_id: Some("spc".into()),
+        ..Match::default()
+    };
+    s.create_silence(silence("sp", matcher, 2_000, 5_000))
+        .await
+        .unwrap();
+    let kept = s
+        .commit(change("sp1", true, None, 3_000), 3_000)
+        .await
+        .unwrap();
+    assert!(kept.is_empty(), "kept by the silence: {kept:?}");
+    // After the end, before its reconciling: a change, then a return whose data is older
+    // than the change's (what a site's release carries).
+    let older = s
+        .commit(change("sp1", false, Some(true), 6_000), 6_000)
+        .await
+        .unwrap();
+    assert_eq!(older.len(), 1);
+    let mut back = liveness("sp1", EventKind::ConnectionRestored, 6_500);
+    back.states[0].data = Some(false);
+    assert_eq!(s.commit(back, 6_500).await.unwrap().len(), 1);
+    let made = s.reconcile_silences(10_000, 10_000).await.unwrap();
+    let got: Vec<EventKind> = made.iter().map(|n| n.kind).collect();
+    assert_eq!(got, [EventKind::StateChanged]);
+    assert_eq!(
+        statuses(s, "spc", "sp1").await,
+        [
+            (EventKind::StateChanged, Status::Silenced, Some(true)),
+            (EventKind::StateChanged, Status::Superseded, Some(false)),
+            (EventKind::ConnectionRestored, Status::Pending, Some(true)),
+            (EventKind::StateChanged, Status::Pending, Some(false)),
+        ]
+    );
+}
+
 const RULES: crate::domain::site::decide::Rules = crate::domain::site::decide::Rules {
     grace: 30_000,
     ratio: 0.5,

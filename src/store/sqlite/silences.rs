@@ -186,7 +186,19 @@ fn bring_up_to_date(
         last_seen_at,
         detail: Detail::default(),
     };
-    super::site_rounds::insert_one(tx, client, &e, None, now).map(Some)
+    let made = super::site_rounds::insert_one(tx, client, &e, None, now)?;
+    if kind == EventKind::StateChanged {
+        // A newer state, as a commit's: the lane's older pending states no attempt holds
+        // are superseded (README: Supersede).
+        tx.prepare_cached(
+            "UPDATE notifications SET status = 'superseded', updated_at = ?4 \
+             WHERE client_id = ?1 AND sensor_id = ?2 AND status = 'pending' \
+             AND kind = 'sensor.state_changed' AND seq < ?3 \
+             AND (lease_until IS NULL OR lease_until < ?4)",
+        )?
+        .execute(params![client, sensor, made.seq, now])?;
+    }
+    Ok(Some(made))
 }
 
 /// What `client` knows of `sensor`: its newest notification delivered or waiting to be,

@@ -147,7 +147,7 @@ impl Tables {
             }
         }
         for (sensor, first) in newest {
-            self.supersede_older(cx, sensor, first, now);
+            self.supersede_older(cx, sensor, None, first, now);
         }
         let silenced = self.silence_new(cx, before, now);
         created.retain(|n| !silenced.contains(&n.seq));
@@ -157,9 +157,17 @@ impl Tables {
     /// The supersede rule as both backends' `UPDATE … SET status = 'superseded'` applies
     /// it: the sensor's pending state notifications older than `first` whose lease is
     /// unset or ran out. (Every client linked to the sensor got a newer one in the same
-    /// commit, so per sensor is per lane for them.) The rule itself is the policy's, so a
+    /// commit, so per sensor is per lane for them; a silence's end makes one for one
+    /// `client`, whose lane alone it supersedes in.) The rule itself is the policy's, so a
     /// change to it reaches the model as it must reach both statements.
-    fn supersede_older(&mut self, cx: &Cx, sensor: SensorId, first: i64, now: Millis) {
+    pub(super) fn supersede_older(
+        &mut self,
+        cx: &Cx,
+        sensor: SensorId,
+        client: Option<&str>,
+        first: i64,
+        now: Millis,
+    ) {
         let newer = Queued {
             seq: first,
             kind: EventKind::StateChanged,
@@ -168,6 +176,7 @@ impl Tables {
             .lanes
             .range((sensor, String::new())..)
             .take_while(|((s, _), _)| *s == sensor)
+            .filter(|((_, c), _)| client.is_none_or(|client| c == client))
             .flat_map(|(_, seqs)| seqs.range(..first))
             .copied()
             .filter(|seq| {

@@ -6,11 +6,11 @@
 
 use async_trait::async_trait;
 
-use latch::domain::Event;
 use latch::domain::silence::{self, Silence, SilenceState, View};
 use latch::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
 use latch::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
+use latch::domain::{Event, EventKind};
 use latch::store::{Decided, Error, Page, PageRequest, Result, SensorView, Silences, Sites};
 
 use super::node::NodeStore;
@@ -334,6 +334,10 @@ impl Tables {
             detail: Default::default(),
         };
         let r = self.make_pending(cx, client.to_string(), &e, None, now);
+        if kind == EventKind::StateChanged {
+            // A newer state, as a commit's (`silences::bring_up_to_date`).
+            self.supersede_older(cx, sensor, Some(client), r.seq, now);
+        }
         Some(r)
     }
 }
