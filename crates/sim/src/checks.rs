@@ -209,6 +209,9 @@ pub fn at_end(
         sites_and_silences(world, t, log, start);
         site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
+        states_change(world, t, start);
+        superseded(world, &trails, bounds.claim_lease, start);
+        debounced(world, t, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
         // partitions before it learns the links, as it follows them from the store only
@@ -218,6 +221,155 @@ pub fn at_end(
             broker_link(world, t, log, bounds, start);
         }
     });
+}
+
+/// A repeated value notifies nobody, and a late reading changes no state (README): per
+/// sensor, its committed `state_changed` events alternate their data, each names the one
+/// before as its `previous`, and none is dated before the one before it.
+fn states_change(world: &World, t: &crate::model::Tables, start: Millis) {
+    let mut last: BTreeMap<SensorId, (bool, Millis)> = BTreeMap::new();
+    for e in t.audit.events() {
+        let e = &e.row;
+        let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
+            continue;
+        };
+        if let Some(&(before, at)) = last.get(&e.sensor_id) {
+            let keys = vec![e.sensor_id.to_string()];
+            if data == before || e.previous != Some(before) {
+                world.violate(
+                    "a repeated value notifies nobody",
+                    format!(
+                        "{}: state_changed to {data} (previous {:?}) at {} after one to {before}",
+                        e.sensor_id,
+                        e.previous,
+                        e.at - start
+                    ),
+                    keys.clone(),
+                );
+            }
+            if e.at < at {
+                world.violate(
+                    "a late reading changes no state",
+                    format!(
+                        "{}: state_changed to {data} dated {}, before the one to {before} dated {}",
+                        e.sensor_id,
+                        e.at - start,
+                        at - start
+                    ),
+                    keys,
+                );
+            }
+        }
+        last.insert(e.sensor_id, (data, e.at));
+    }
+}
+
+/// Supersede (README): a newer state cancels the older pending state notifications of its
+/// lane; one already in flight (leased) finishes first. So the claim that leased an older
+/// state for the attempt that delivered it found no newer state of its lane waiting (made
+/// before that claim, not ended by it; the same millisecond is left out either way) —
+/// unless the older one was leased when that newer one was made and no attempt of it came
+/// between (the attempt then in flight, or a lease given back unsent: see BENCHMARKS.md),
+/// or a replay put it back.
+fn superseded(world: &World, trails: &[&crate::model::Trail], claim_lease: Millis, start: Millis) {
+    let mut lanes: BTreeMap<(&str, SensorId), Vec<&crate::model::Trail>> = BTreeMap::new();
+    for tr in trails.iter().filter(|t| t.kind == EventKind::StateChanged) {
+        lanes
+            .entry((tr.client_id.as_str(), tr.sensor_id))
+            .or_default()
+            .push(tr);
+    }
+    for lane in lanes.values() {
+        for (i, older) in lane.iter().enumerate() {
+            let replayed = older.changes.iter().any(|c| c.from == Status::Failed);
+            let Some(sent) = older.attempts.iter().rfind(|a| a.delivered()) else {
+                continue;
+            };
+            let Some(&(claimed, _)) = older.claims.iter().rfind(|c| c.0 <= sent.at) else {
+                continue;
+            };
+            if older.status != Status::Delivered || replayed {
+                continue;
+            }
+            // Trails come in outbox order: what follows in the lane is newer.
+            let waiting = lane[i + 1..].iter().find(|newer| {
+                let ended = newer.changes.iter().find(|c| c.from == Status::Pending);
+                let made = newer.made_at;
+                let leased = older
+                    .claims
+                    .iter()
+                    .any(|&(at, _)| at <= made && made <= at + claim_lease);
+                let tried = older.attempts.iter().any(|a| a.at > made && a.at < sent.at);
+                made < claimed && ended.is_none_or(|c| c.at > claimed) && (!leased || tried)
+            });
+            if let Some(newer) = waiting {
+                world.violate(
+                    "a newer state cancels the older pending ones",
+                    format!(
+                        "{} claimed at {} and delivered, while {} made at {} waited",
+                        older.id,
+                        claimed - start,
+                        newer.id,
+                        newer.made_at - start
+                    ),
+                    vec![older.id.clone(), newer.id.clone()],
+                );
+            }
+        }
+    }
+}
+
+/// Debounce (README): a debounced sensor's new state is notified only once it has held for
+/// its window. Per `state_changed` of such a sensor, among the readings of it committed
+/// before (in the order applied, late ones left out; see below for its own commit's): the change began with the first
+/// reading of the new value after the last of the other value, and the event's commit
+/// came at least a window after that reading came in.
+fn debounced(world: &World, t: &Tables, start: Millis) {
+    let readings: Vec<_> = t
+        .audit
+        .readings()
+        .iter()
+        .zip(t.audit.reading_commits())
+        .filter(|(r, _)| !r.row.late)
+        .collect();
+    for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
+        let e = &e.row;
+        let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
+            continue;
+        };
+        let Some(window) = t.sensors.get(&e.sensor_id).and_then(|s| s.debounce_s) else {
+            continue;
+        };
+        let window = Millis::from(window) * 1000;
+        // Readings of the event's own commit too (a node frozen past the window commits
+        // the reading and the window's end together, seed 4641), but not one of the other
+        // value there: it may have come after the window ended.
+        let before: Vec<_> = readings
+            .iter()
+            .filter(|(r, c)| {
+                r.row.sensor_id == e.sensor_id
+                    && (c.commit < by.commit || (c.commit == by.commit && r.row.data == data))
+            })
+            .map(|(r, _)| r.row)
+            .collect();
+        let from = before
+            .iter()
+            .rposition(|r| r.data != data)
+            .map_or(0, |last| last + 1);
+        let began = before.get(from).map(|r| r.received_at);
+        if began.is_none_or(|at| by.at - at < window) {
+            world.violate(
+                "a debounced change is notified only once it has held its window",
+                format!(
+                    "{}: state_changed to {data} committed at {}; the change began at {:?}",
+                    e.sensor_id,
+                    by.at - start,
+                    began.map(|at| at - start)
+                ),
+                vec![e.sensor_id.to_string()],
+            );
+        }
+    }
 }
 
 /// Silences and the site (README: Sites, Silences): a silenced notification was made
@@ -708,6 +860,30 @@ pub fn sent_to_deleted(
             trail.claims.iter().map(|c| c.0).collect::<Vec<_>>()
         ),
     ))
+}
+
+/// Registry at send time (README): a client unlinked from a sensor gets nothing more of it.
+/// The claim that leased `n` (the last before `now`) read the link: it must have been
+/// there then. (A deleted client is [`sent_to_deleted`]'s.)
+pub fn sent_unlinked(t: &Tables, n: &Notification, now: Millis) -> Option<(&'static str, String)> {
+    let audit = t.audit();
+    if audit.client_deleted_at(&n.client_id).is_some() {
+        return None;
+    }
+    let trail = audit.trail(&n.id)?;
+    let &(claimed, _) = trail.claims.iter().rfind(|c| c.0 <= now)?;
+    (!audit.linked_at(&n.client_id, n.sensor_id, claimed)).then(|| {
+        (
+            "nothing is sent of a sensor its client was unlinked from",
+            format!(
+                "sent at {}, claimed at {} while {} was not linked to {}",
+                now - crate::START,
+                claimed - crate::START,
+                n.client_id,
+                n.sensor_id
+            ),
+        )
+    })
 }
 
 /// After a retention round whose cut-offs are `keep`, made from `from` to `to`: what it

@@ -56,6 +56,9 @@ pub struct Options {
     pub trace_lines: usize,
     /// Keep the whole trace in the outcome.
     pub full_trace: bool,
+    /// Half of the sensors debounce their changes (`debounce_s` 1): a workload of its
+    /// own, so the seeds kept in the suite play as they were found.
+    pub debounce: bool,
 }
 
 impl Default for Options {
@@ -64,7 +67,22 @@ impl Default for Options {
             steps: 250,
             trace_lines: 60,
             full_trace: false,
+            debounce: false,
         }
+    }
+}
+
+impl Options {
+    /// What `latch-sim` needs beside `--seed` to play a run with these options again.
+    fn replay_args(&self) -> String {
+        let mut args = String::new();
+        if self.steps != Self::default().steps {
+            args.push_str(&format!(" --steps {}", self.steps));
+        }
+        if self.debounce {
+            args.push_str(" --debounce");
+        }
+        args
     }
 }
 
@@ -83,6 +101,8 @@ pub struct Outcome {
     /// Virtual time the run took, ms.
     pub virtual_ms: Millis,
     pub trace_len: usize,
+    /// The options beside the seed that replay it (`--steps`, `--debounce`).
+    pub replay_args: String,
 }
 
 impl Outcome {
@@ -94,8 +114,8 @@ impl Outcome {
     /// trace about it.
     pub fn report(&self) -> String {
         let mut out = format!(
-            "seed {} failed ({} nodes, trace {}): replay with\n  cargo run -p latch-sim -- --seed {}\n",
-            self.seed, self.nodes, self.hash, self.seed
+            "seed {} failed ({} nodes, trace {}): replay with\n  cargo run -p latch-sim -- --seed {}{}\n",
+            self.seed, self.nodes, self.hash, self.seed, self.replay_args
         );
         for v in self.violations.iter().take(5) {
             out.push_str(&format!(
@@ -152,6 +172,7 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
                     nodes: 0,
                     virtual_ms: RUN_LIMIT.as_millis() as Millis,
                     trace_len: world.trace_len(),
+                    replay_args: opts.replay_args(),
                 }
             }
         }
@@ -209,7 +230,11 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         false => Mode::Single,
     };
     let model = ModelStore::new(mode, clock.clone(), faults.clone());
-    let receivers = Receivers::new(world.clone(), config.delivery_timeout);
+    let receivers = Receivers::new(
+        world.clone(),
+        config.delivery_timeout,
+        latch::delivery::retry::RetryPolicy::from_config(&config),
+    );
     let leases = model.clone();
     *receivers.lease_of.lock().unwrap() = Some(Arc::new(move |id: &str| {
         leases.read(|t| {
@@ -226,7 +251,10 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
     let vetting = model.clone();
     let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
     *receivers.vet.lock().unwrap() = Some(Arc::new(move |n: &latch::domain::Notification, now| {
-        vetting.read(|t| checks::sent_to_deleted(t, n, now, claim_lease))
+        vetting.read(|t| {
+            checks::sent_to_deleted(t, n, now, claim_lease)
+                .or_else(|| checks::sent_unlinked(t, n, now))
+        })
     }));
     let names: Vec<&str> = ["n1", "n2", "n3"][..nodes_n].to_vec();
     let nodes = Nodes::new(
@@ -238,8 +266,9 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         &names,
     );
     world.trace(format!(
-        "seed {seed}: {nodes_n} node(s){}",
-        if calm { ", calm" } else { "" }
+        "seed {seed}: {nodes_n} node(s){}{}",
+        if calm { ", calm" } else { "" },
+        if opts.debounce { ", debounced" } else { "" }
     ));
     for n in &names {
         nodes.start(n).await;
@@ -283,6 +312,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         lease,
         cluster,
         calm,
+        debounce: opts.debounce,
         next_client,
         gone: Vec::new(),
         retention: latch::history::retention::Settings::from_config(&config),
@@ -352,6 +382,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         nodes: nodes_n,
         virtual_ms,
         trace_len: world.trace_len(),
+        replay_args: opts.replay_args(),
     }
 }
 

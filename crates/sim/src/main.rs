@@ -6,6 +6,7 @@
 //! cargo run -p latch-sim -- --seeds 100000 --from 7000 --jobs 2
 //! cargo run -p latch-sim -- --seed 4242            # one seed, its trace on failure
 //! cargo run -p latch-sim -- --seed 4242 --trace t.txt   # and the whole trace in a file
+//! cargo run -p latch-sim -- --seeds 500 --debounce  # half the sensors debounce
 //! ```
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -29,6 +30,7 @@ fn main() {
         .position(|a| a == "--trace")
         .and_then(|i| args.get(i + 1).cloned());
     opts.full_trace = trace_file.is_some();
+    opts.debounce = args.iter().any(|a| a == "--debounce");
     if let Some(seed) = value("--seed") {
         let out = run(seed, &opts);
         if let Some(path) = &trace_file {

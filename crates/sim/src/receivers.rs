@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use latch::delivery::attempt::{AttemptResult, Failure};
+use latch::delivery::retry::RetryPolicy;
 use latch::delivery::transport::Transport;
 use latch::domain::{EventKind, Millis, Notification, Sendable, SensorId};
 
@@ -72,6 +73,25 @@ struct Seen {
     next: u64,
     /// Per node, clients whose last request from it ended without an answer.
     unanswered: BTreeSet<(String, String)>,
+    /// Per notification, how its last request ended without a 2xx: what its next attempt
+    /// waits for (README: Retries). Taken out as a request begins, so a request that never
+    /// ended here (its node died, a stop cut it off) leaves nothing to judge the next by.
+    failed: BTreeMap<String, Unsent>,
+    /// When each client was last enabled: its pending notifications go at once then.
+    enabled: BTreeMap<String, Millis>,
+}
+
+/// A request of a notification that ended without a 2xx.
+#[derive(Debug, Clone, Copy)]
+struct Unsent {
+    /// When the answer came (or the request timed out or was cut).
+    at: Millis,
+    /// The attempts the notification had made before that request.
+    attempts: u32,
+    /// The status answered (`None`: no answer).
+    status: Option<u16>,
+    /// A 429's `Retry-After`, in seconds.
+    retry_after: Option<u64>,
 }
 
 /// Says what the store holds of a notification's lease, for the trace.
@@ -91,16 +111,19 @@ pub struct Receivers {
     pub vet: Mutex<Option<Vet>>,
     /// The dispatcher's delivery timeout.
     timeout: Duration,
+    /// The retry policy the nodes run.
+    policy: RetryPolicy,
 }
 
 impl Receivers {
-    pub fn new(world: Arc<World>, timeout: Duration) -> Arc<Self> {
+    pub fn new(world: Arc<World>, timeout: Duration, policy: RetryPolicy) -> Arc<Self> {
         Arc::new(Self {
             world,
             seen: Mutex::new(Seen::default()),
             lease_of: Mutex::new(None),
             vet: Mutex::new(None),
             timeout,
+            policy,
         })
     }
 
@@ -136,6 +159,16 @@ impl Receivers {
     /// `id` was put back to pending by a manual retry.
     pub fn replayed(&self, id: &str) {
         self.seen.lock().unwrap().replayed.insert(id.to_string());
+    }
+
+    /// An operator enabled `client`: its pending notifications may go at once.
+    pub fn enabled(&self, client: &str) {
+        let now = self.world.now();
+        self.seen
+            .lock()
+            .unwrap()
+            .enabled
+            .insert(client.to_string(), now);
     }
 
     /// When and through which node each notification was answered 2xx.
@@ -230,6 +263,13 @@ impl Receivers {
                     keys.clone(),
                 ));
             }
+            if let Some(problem) = self.retried_early(&mut seen, n, now) {
+                problems.push((
+                    problem.0,
+                    format!("{} from {node}: {}", n.id, problem.1),
+                    keys,
+                ));
+            }
             lanes.push(lane);
         }
         if let Some(b) = batch {
@@ -307,8 +347,75 @@ impl Receivers {
         n
     }
 
+    /// Judges an attempt of `n` beginning `now` against how its last request ended
+    /// (README: Retries): after a `410 Gone` no attempt follows; after a 429 the next waits
+    /// its `Retry-After` (within `retry_max_delay`); after any other failure it waits the
+    /// policy's delay for its attempt number, less the 10 % jitter; and no notification is
+    /// tried more than `retry_max_attempts` times. A notification replayed starts over; one
+    /// of a client enabled since goes at once. Only an outcome latch recorded counts: the next attempt
+    /// carries one attempt more than the one that failed.
+    fn retried_early(
+        &self,
+        seen: &mut Seen,
+        n: &Notification,
+        now: Millis,
+    ) -> Option<(&'static str, String)> {
+        let last = seen.failed.remove(&n.id);
+        if seen.replayed.contains(&n.id) {
+            return None;
+        }
+        if n.attempts >= self.policy.max_attempts {
+            return Some((
+                "a notification is tried at most retry_max_attempts times",
+                format!(
+                    "attempt {} of at most {}",
+                    n.attempts + 1,
+                    self.policy.max_attempts
+                ),
+            ));
+        }
+        let last = last.filter(|l| n.attempts == l.attempts + 1)?;
+        if last.status == Some(410) {
+            return Some((
+                "410 Gone fails a notification at once",
+                format!("tried again after a 410 {} ms ago", now - last.at),
+            ));
+        }
+        if seen
+            .enabled
+            .get(&n.client_id)
+            .is_some_and(|&at| at >= last.at)
+        {
+            return None;
+        }
+        let wait = match (last.status, last.retry_after) {
+            (Some(429), Some(secs)) => self.policy.retry_after(Duration::from_secs(secs)),
+            _ => self.policy.delay(n.attempts).mul_f64(0.9),
+        };
+        let earliest = last.at + wait.as_millis() as Millis - 1;
+        (now < earliest).then(|| {
+            (
+                "a retry waits its delay",
+                format!(
+                    "attempt {} {} ms after the last ended ({:?}), {} ms before its delay ran out",
+                    n.attempts + 1,
+                    now - last.at,
+                    last.status,
+                    earliest - now
+                ),
+            )
+        })
+    }
+
     /// A request ends with `status` (`None`: no answer).
-    fn finish(&self, n: u64, sends: &[&Sendable], status: Option<u16>, node: &str) {
+    fn finish(
+        &self,
+        n: u64,
+        sends: &[&Sendable],
+        status: Option<u16>,
+        retry_after: Option<u64>,
+        node: &str,
+    ) {
         let now = self.world.now();
         let mut seen = self.seen.lock().unwrap();
         if !seen.inflight.contains_key(&n) {
@@ -323,6 +430,18 @@ impl Receivers {
             }
         }
         end(&mut seen, n);
+        if !status.is_some_and(|s| (200..300).contains(&s)) {
+            for s in sends {
+                let nt = &s.notification;
+                let unsent = Unsent {
+                    at: now,
+                    attempts: nt.attempts,
+                    status,
+                    retry_after,
+                };
+                seen.failed.insert(nt.id.clone(), unsent);
+            }
+        }
         if status.is_some_and(|s| (200..300).contains(&s)) {
             for s in sends {
                 let nt = &s.notification;
@@ -397,21 +516,21 @@ impl Receivers {
         guard.armed = false;
         let elapsed = Duration::from_millis((self.world.now() - at).max(0) as u64);
         let out = if latency >= timeout {
-            self.finish(n, sends, None, node);
+            self.finish(n, sends, None, None, node);
             let why = format!("timed out after {timeout:?}");
             AttemptResult::failed(at, Failure::Timeout, why, elapsed)
         } else {
             match answer {
                 Answer::Status(code) => {
-                    self.finish(n, sends, Some(code), node);
+                    self.finish(n, sends, Some(code), None, node);
                     AttemptResult::answered(at, code, elapsed, None)
                 }
                 Answer::Throttle(secs) => {
-                    self.finish(n, sends, Some(429), node);
+                    self.finish(n, sends, Some(429), Some(secs), node);
                     AttemptResult::answered(at, 429, elapsed, Some(Duration::from_secs(secs)))
                 }
                 Answer::Cut => {
-                    self.finish(n, sends, None, node);
+                    self.finish(n, sends, None, None, node);
                     let why = "request failed: connection reset by peer".into();
                     AttemptResult::failed(at, Failure::Connection, why, elapsed)
                 }

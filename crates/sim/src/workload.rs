@@ -54,6 +54,8 @@ pub struct Workload {
     /// A calm run: only the endpoints fail (no node, store or broker link faults), so the
     /// whole run is quiet time in which isolation and prompt liveness are asked for.
     pub calm: bool,
+    /// Odd-numbered sensors debounce their changes for a second ([`crate::Options`]).
+    pub debounce: bool,
     /// The number the next client created gets (`c{n}`): as the API's ids, never one a
     /// deleted client had.
     pub next_client: usize,
@@ -108,16 +110,17 @@ impl Workload {
             })
             .await?;
         for (i, s) in self.sensors.iter().enumerate() {
+            let debounce_s = (self.debounce && i % 2 == 1).then_some(1);
             let sensor = Sensor {
                 id: s.id,
                 address: format!("{} street", s.id),
                 heartbeat_timeout_s: None,
-                debounce_s: None,
+                debounce_s,
                 site_id: (i % 2 == 0).then(|| SITE.to_string()),
                 created_at: now,
             };
             store.create_sensor(sensor).await?;
-            engine.upsert_sensor(s.id, None, None).await?;
+            engine.upsert_sensor(s.id, None, debounce_s).await?;
         }
         for c in &self.clients {
             let client = Client {
@@ -730,6 +733,7 @@ impl Workload {
             {
                 self.world
                     .trace(format!("enable {} (was disabled: {was})", c.id));
+                self.receivers.enabled(&c.id);
                 dispatcher.resume(&c.id, pending);
             }
         }

@@ -53,6 +53,9 @@ pub struct Trail {
     /// When its event happened.
     pub occurred_at: Millis,
     pub created_at: Millis,
+    /// When the commit that made it was applied, by the database's clock (a slow store
+    /// applies a commit after the time its node stamped on it).
+    pub made_at: Millis,
     /// The node whose commit made it.
     pub created_by: Arc<str>,
     /// Its status now (or when retention deleted it).
@@ -119,6 +122,20 @@ pub struct Audit {
     deleted_clients: Vec<(String, Millis)>,
     readings: Vec<Stored<ReadingRecord>>,
     events: Vec<Stored<Event>>,
+    /// Which commit wrote each of `readings`, and each of `events`, and when.
+    reading_commits: Vec<Committed>,
+    event_commits: Vec<Committed>,
+    /// Group commits applied so far.
+    commits: u64,
+    /// Each link made or removed through the API: when, the pair, and whether linked.
+    links: Vec<(Millis, String, SensorId, bool)>,
+}
+
+/// Which group commit wrote a row (numbered from 1, in the order applied), and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    pub commit: u64,
+    pub at: Millis,
 }
 
 impl Audit {
@@ -136,6 +153,7 @@ impl Audit {
                 body: n.body.clone(),
                 occurred_at: n.occurred_at,
                 created_at: n.created_at,
+                made_at: cx.now,
                 created_by: cx.node.clone(),
                 status: n.status,
                 changes: Vec::new(),
@@ -199,12 +217,38 @@ impl Audit {
         }
     }
 
-    pub(crate) fn committed_reading(&mut self, id: i64, r: ReadingRecord) {
-        self.readings.push(Stored { id, row: r });
+    /// `client` was linked to `sensor` (or unlinked: `linked` false).
+    pub(crate) fn linked(&mut self, cx: &Cx, client: &str, sensor: SensorId, linked: bool) {
+        self.links
+            .push((cx.now, client.to_string(), sensor, linked));
     }
 
-    pub(crate) fn committed_event(&mut self, id: i64, e: Event) {
+    /// Whether `client` was linked to `sensor` at `at`, by the links made and removed
+    /// through the API (the simulation makes every link that way).
+    pub fn linked_at(&self, client: &str, sensor: SensorId, at: Millis) -> bool {
+        self.links
+            .iter()
+            .rfind(|(when, c, s, _)| *when <= at && c == client && *s == sensor)
+            .is_some_and(|l| l.3)
+    }
+
+    /// A group commit begins applying at `at`: what it writes is numbered with it.
+    pub(crate) fn commit_begins(&mut self, at: Millis) -> Committed {
+        self.commits += 1;
+        Committed {
+            commit: self.commits,
+            at,
+        }
+    }
+
+    pub(crate) fn committed_reading(&mut self, id: i64, r: ReadingRecord, by: Committed) {
+        self.readings.push(Stored { id, row: r });
+        self.reading_commits.push(by);
+    }
+
+    pub(crate) fn committed_event(&mut self, id: i64, e: Event, by: Committed) {
         self.events.push(Stored { id, row: e });
+        self.event_commits.push(by);
     }
 
     /// Every notification ever made, in outbox order.
@@ -238,6 +282,16 @@ impl Audit {
     /// Every event committed, in commit order.
     pub fn events(&self) -> &[Stored<Event>] {
         &self.events
+    }
+
+    /// The commit of each of [`Audit::readings`], by index.
+    pub fn reading_commits(&self) -> &[Committed] {
+        &self.reading_commits
+    }
+
+    /// The commit of each of [`Audit::events`], by index.
+    pub fn event_commits(&self) -> &[Committed] {
+        &self.event_commits
     }
 }
 

@@ -81,11 +81,12 @@ impl Tables {
             return Err(Error::Fenced(fenced));
         }
         let known = |t: &Tables, id: SensorId| t.sensors.contains_key(&id);
+        let by = self.audit.commit_begins(now);
         for r in &batch.readings {
             if known(self, r.sensor_id) {
                 self.next.reading += 1;
                 self.readings.insert(self.next.reading, *r);
-                self.audit.committed_reading(self.next.reading, *r);
+                self.audit.committed_reading(self.next.reading, *r, by);
             }
         }
         if self.shared {
@@ -122,7 +123,7 @@ impl Tables {
         for e in events {
             self.next.event += 1;
             self.events.insert(self.next.event, e.clone());
-            self.audit.committed_event(self.next.event, e.clone());
+            self.audit.committed_event(self.next.event, e.clone(), by);
             if self.hold_for_site(&e, now) {
                 continue;
             }

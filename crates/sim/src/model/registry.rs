@@ -189,14 +189,16 @@ impl Tables {
         Ok(())
     }
 
-    pub(super) fn link(&mut self, client_id: String, sensor_id: SensorId) -> Result<()> {
+    pub(super) fn link(&mut self, cx: &Cx, client_id: String, sensor_id: SensorId) -> Result<()> {
         self.check_pair(&client_id, sensor_id)?;
+        self.audit.linked(cx, &client_id, sensor_id, true);
         self.links.insert((sensor_id, client_id));
         Ok(())
     }
 
-    pub(super) fn unlink(&mut self, client_id: String, sensor_id: SensorId) -> Result<()> {
+    pub(super) fn unlink(&mut self, cx: &Cx, client_id: String, sensor_id: SensorId) -> Result<()> {
         self.check_pair(&client_id, sensor_id)?;
+        self.audit.linked(cx, &client_id, sensor_id, false);
         self.links.remove(&(sensor_id, client_id));
         Ok(())
     }
@@ -366,12 +368,12 @@ impl Registry for NodeStore {
     }
 
     async fn link(&self, client_id: String, sensor_id: SensorId, _now: Millis) -> Result<()> {
-        self.run("link", true, |t, _| t.link(client_id, sensor_id))
+        self.run("link", true, |t, cx| t.link(cx, client_id, sensor_id))
             .await
     }
 
     async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        self.run("unlink", true, |t, _| t.unlink(client_id, sensor_id))
+        self.run("unlink", true, |t, cx| t.unlink(cx, client_id, sensor_id))
             .await
     }
 
