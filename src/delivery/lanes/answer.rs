@@ -121,6 +121,21 @@ impl Lanes {
         // Told to wait: perhaps behind an older notification of the lane that a sweep
         // has queued behind this head meanwhile; the lane is put back in order.
         let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
+        // On a store of its own (no other node may hold it), a state that was not sent
+        // (told to wait, or its claim went unanswered, which may have leased it, so that
+        // the commit of a newer one passed it by) is superseded once a newer state waits
+        // behind it, as that commit would have done: the client is not sent a state it
+        // would at once be told is over (simulation seed 0, without the supersede check's
+        // allowance for it).
+        if later && self.finished.is_none() && head.kind == EventKind::StateChanged && state_behind
+        {
+            let outcome = lane
+                .queue
+                .pop_front()
+                .map(|e| self.supersede_entry(&d.lane, e));
+            self.go_on(d.lane, false, true, now);
+            return outcome;
+        }
         head.claim_unsure = matches!(d.result, Finished::Held(_));
         head.told_to_wait = later;
         let pop = match d.result {

@@ -108,6 +108,7 @@ impl Lanes {
         // client that had the newer one before the restart).
         let mut touched: Vec<(LaneKey, Option<i64>)> = Vec::new();
         let mut seen: FastSet<LaneKey> = FastSet::default();
+        let shared = self.finished.is_some();
         for r in refs {
             let key: LaneKey = (Arc::from(r.client_id.as_str()), r.sensor_id);
             // It ended here, and the store does not know it yet. One whose outcome leaves it
@@ -132,7 +133,7 @@ impl Lanes {
             // states; record it for all, so a head whose lease was not yet released agrees
             // too. A head in flight stays, and so does one another node may hold: it
             // finishes first and the new one follows.
-            let pointless = take_pointless(lane, r.seq, r.kind);
+            let pointless = take_pointless(lane, r.seq, r.kind, shared);
             outcomes.extend(self.superseded(&key, pointless));
             let Some(lane) = self.lanes.get_mut(&key) else {
                 continue;
@@ -205,31 +206,40 @@ impl Lanes {
     pub(super) fn superseded(&mut self, key: &LaneKey, entries: Vec<Entry>) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(entries.len());
         for e in entries {
-            self.pending -= 1;
-            if let Some(b) = &e.batch {
-                self.batching.leave(b, key);
-            }
-            self.meters.notifications.get("superseded").increment(1);
-            let outcome = Outcome {
-                notification_id: e.id,
-                client_id: key.0.to_string(),
-                attempt: None,
-                attempts: e.attempts,
-                verdict: Verdict::Superseded,
-                node: self.node.clone(),
-                batch_id: None,
-            };
+            let outcome = self.supersede_entry(key, e);
             self.unwritten(&outcome, key);
             self.gate(key, &outcome.notification_id);
             outcomes.push(outcome);
         }
         outcomes
     }
+
+    /// `e`, out of lane `key` now, superseded: no longer pending here, out of any batch;
+    /// its outcome to record.
+    pub(super) fn supersede_entry(&mut self, key: &LaneKey, e: Entry) -> Outcome {
+        self.pending -= 1;
+        if let Some(b) = &e.batch {
+            self.batching.leave(b, key);
+        }
+        self.meters.notifications.get("superseded").increment(1);
+        Outcome {
+            notification_id: e.id,
+            client_id: key.0.to_string(),
+            attempt: None,
+            attempts: e.attempts,
+            verdict: Verdict::Superseded,
+            node: self.node.clone(),
+            batch_id: None,
+        }
+    }
 }
 
 /// Takes out of `lane` what a newer notification (`seq`, `kind`) makes pointless
-/// ([`policy::made_pointless`]): never its head in flight, nor one another node may hold.
-fn take_pointless(lane: &mut Lane, seq: i64, kind: EventKind) -> Vec<Entry> {
+/// ([`policy::made_pointless`]): never its head in flight, nor, on a `shared` store, one
+/// another node may hold. On a store of its own, a head held only because its claim went
+/// unanswered is this node's: it was not sent (simulation seed 0, without the supersede
+/// check's allowance for it).
+fn take_pointless(lane: &mut Lane, seq: i64, kind: EventKind, shared: bool) -> Vec<Entry> {
     let busy = lane.busy;
     let waiting: Vec<Waiting> = lane
         .queue
@@ -237,7 +247,7 @@ fn take_pointless(lane: &mut Lane, seq: i64, kind: EventKind) -> Vec<Entry> {
         .enumerate()
         .map(|(i, e)| Waiting {
             queued: e.queued(),
-            out: e.held || (busy && i == 0),
+            out: (e.held && shared) || (busy && i == 0),
         })
         .collect();
     let pointless = policy::made_pointless(&waiting, Queued { seq, kind });

@@ -273,6 +273,36 @@ fn only_a_lanes_head_is_out_and_the_lane_keeps_outbox_order() {
     assert_eq!(h.core.sizes(), Sizes::default());
 }
 
+/// On a store of its own, a state whose claim went unanswered (the store may have leased
+/// it, so the commit of a newer one passed it by) was not sent: a newer state supersedes
+/// it, whether it comes before the claim's answer or after (simulation seed 0). On a
+/// shared store another node may hold it, and it stays.
+#[test]
+fn a_state_whose_claim_went_unanswered_is_superseded_on_a_store_of_its_own() {
+    for shared in [false, true] {
+        for newer_first in [false, true] {
+            let mut h = Harness::new(shared, Duration::from_secs(1));
+            let first = h.notify(0, 0, EventKind::StateChanged);
+            let out = h.admit();
+            assert_eq!(out[0].1, first);
+            let newer = if newer_first {
+                Some(h.notify(0, 0, EventKind::StateChanged))
+            } else {
+                None
+            };
+            h.finish(out[0].clone(), Finished::Held(h.now + 1_000));
+            let newer = newer.unwrap_or_else(|| h.notify(0, 0, EventKind::StateChanged));
+            let want: &[Verdict] = if shared { &[] } else { &[Verdict::Superseded] };
+            assert_eq!(
+                h.verdicts(&first),
+                want,
+                "shared {shared}, newer first {newer_first}"
+            );
+            assert!(h.verdicts(&newer).is_empty());
+        }
+    }
+}
+
 #[test]
 fn a_newer_state_supersedes_waiting_ones_but_not_the_one_in_flight() {
     let mut h = Harness::new(false, Duration::from_secs(1));
