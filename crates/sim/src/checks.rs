@@ -269,8 +269,8 @@ fn states_change(world: &World, t: &crate::model::Tables, start: Millis) {
 /// state for the attempt that delivered it found no newer state of its lane waiting (made
 /// before that claim, not ended by it; the same millisecond is left out either way) —
 /// unless the older one was leased when that newer one was made and no attempt of it came
-/// between (the attempt then in flight, or a lease given back unsent: see BENCHMARKS.md),
-/// or a replay put it back.
+/// between (see BENCHMARKS.md: a lease of an earlier attempt the store still held, the
+/// head waiting for its claim), or a replay put it back.
 fn superseded(world: &World, trails: &[&crate::model::Trail], claim_lease: Millis, start: Millis) {
     let mut lanes: BTreeMap<(&str, SensorId), Vec<&crate::model::Trail>> = BTreeMap::new();
     for tr in trails.iter().filter(|t| t.kind == EventKind::StateChanged) {
