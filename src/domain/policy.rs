@@ -313,6 +313,11 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
 /// A head superseded in a lane, or an attempt that failed, never overwrites another node's
 /// attempt in flight.
 ///
+/// A lease given back unsent ([`gives_back`]) is written only over this node's own: once
+/// another node's record freed the row, it holds that node's retry time, which a give-back
+/// written late would move to now (simulation seed 1970516, `--debounce`: a 429's
+/// `Retry-After` cut short on a third node).
+///
 /// `record` in both backends mirrors this in its `UPDATE … WHERE`.
 pub fn recorded(
     o: &Outcome,
@@ -321,9 +326,19 @@ pub fn recorded(
     lease_until: Option<Millis>,
     now: Millis,
 ) -> bool {
+    let own = claimed_by == Some(&*o.node);
+    if gives_back(o) {
+        return pending && own;
+    }
     let delivered = o.attempt.is_some() && o.verdict == Verdict::Delivered;
-    let free = lease_until.is_none_or(|until| until < now) || claimed_by == Some(&*o.node);
+    let free = lease_until.is_none_or(|until| until < now) || own;
     pending && (delivered || free)
+}
+
+/// Whether `o` only gives a lease back: no attempt was made, and the notification stays
+/// pending, due at once.
+pub fn gives_back(o: &Outcome) -> bool {
+    o.attempt.is_none() && matches!(o.verdict, Verdict::Retry { .. })
 }
 
 /// What one batch of recorded attempts says of one client, in the order they were made.

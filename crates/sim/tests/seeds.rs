@@ -224,11 +224,19 @@ const FOUND: &[(u64, &str)] = &[
 ];
 
 /// Seeds of the debounced workload that once failed, as [`FOUND`].
-const FOUND_DEBOUNCED: &[(u64, &str)] = &[(
-    4641,
-    "a node frozen past a debounce window committed the reading and the window's end in one \
-     commit, which the debounce check did not allow for (a fault of the checks)",
-)];
+const FOUND_DEBOUNCED: &[(u64, &str)] = &[
+    (
+        4641,
+        "a node frozen past a debounce window committed the reading and the window's end in \
+         one commit, which the debounce check did not allow for (a fault of the checks)",
+    ),
+    (
+        1970516,
+        "a node whose lane had moved on gave back a lease it no longer held, written late: \
+         it made the notification due at once over another node's retry after a 429, and a \
+         third node sent it before the Retry-After ran out",
+    ),
+];
 
 #[test]
 fn seeds_that_once_failed_keep_every_guarantee() {

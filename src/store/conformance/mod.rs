@@ -189,6 +189,7 @@ suite!(
     outbox::record_and_retry,
     outbox::leases_exclude_other_nodes,
     outbox::another_nodes_lease_is_kept_but_for_a_delivery,
+    outbox::a_lease_given_back_late_keeps_anothers_retry_time,
     outbox::an_older_connection_notification_is_not_replayed,
     history::archive_keeps_reads_whole,
     history::spool_ships_only_what_the_sink_took,

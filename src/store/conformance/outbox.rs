@@ -253,6 +253,80 @@ pub(super) async fn leases_exclude_other_nodes(s: &Subject) {
 /// An outcome without a delivery never writes over a notification another node holds a
 /// live lease on: that node's attempt is in flight (around a partition move) and its
 /// outcome is the one kept. A delivery is written whoever holds it: it happened.
+/// A lease given back unsent is written over this node's own lease only: written late,
+/// after the notification was claimed again and a retry recorded (a 429's `Retry-After`),
+/// it would make it due at once (simulation seed 1970516).
+pub(super) async fn a_lease_given_back_late_keeps_anothers_retry_time(s: &Subject) {
+    s.create_sensor(sensor("gb1")).await.unwrap();
+    s.create_client(client("gb-a", "http://a/")).await.unwrap();
+    s.link("gb-a".into(), sid("gb1"), 1).await.unwrap();
+    let n = s
+        .commit(change("gb1", true, None, 1), 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let claim =
+        |node: &str, now: Millis| s.claim(vec![n.id.clone()], node.into(), now, now + 10_000, None);
+    let outcome = |node: &str, verdict, attempt: Option<Attempt>, attempts| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt,
+        attempts,
+        verdict,
+        node: node.into(),
+        batch_id: None,
+    };
+    // Node A claims it, is answered 429, and records a retry 2 s on.
+    assert!(matches!(
+        claim("node-a", 100).await.unwrap()[0],
+        Claim::Send(_)
+    ));
+    let throttled = Attempt {
+        notification_id: n.id.clone(),
+        at: 200,
+        status_code: Some(429),
+        error: None,
+        duration_ms: 5,
+    };
+    let retry = Verdict::Retry { next_at: 2_205 };
+    s.record(
+        vec![outcome("node-a", retry, Some(throttled), 1)],
+        205,
+        NEVER,
+    )
+    .await
+    .unwrap();
+    // Node B's give-back of a lease it held before, written only now: nothing is written.
+    let late = outcome("node-b", Verdict::Retry { next_at: 300 }, None, 0);
+    s.record(vec![late], 300, NEVER).await.unwrap();
+    let got = s.get_notification(n.id.clone()).await.unwrap().unwrap().0;
+    assert_eq!(
+        (got.status, got.attempts, got.next_attempt_at),
+        (Status::Pending, 1, Some(2_205)),
+        "A's retry time stands"
+    );
+    assert!(
+        matches!(
+            claim("node-b", 1_000).await.unwrap()[0],
+            Claim::Later { .. }
+        ),
+        "not due before it"
+    );
+    // A lease given back over the node's own is written: due at once.
+    assert!(matches!(
+        claim("node-c", 2_300).await.unwrap()[0],
+        Claim::Send(_)
+    ));
+    let back = outcome("node-c", Verdict::Retry { next_at: 2_400 }, None, 1);
+    s.record(vec![back], 2_400, NEVER).await.unwrap();
+    let got = s.get_notification(n.id.clone()).await.unwrap().unwrap().0;
+    assert_eq!(
+        (got.attempts, got.next_attempt_at),
+        (1, Some(2_400)),
+        "given back"
+    );
+}
+
 pub(super) async fn another_nodes_lease_is_kept_but_for_a_delivery(s: &Subject) {
     s.create_sensor(sensor("ol1")).await.unwrap();
     s.create_client(client("ol-a", "http://a/")).await.unwrap();

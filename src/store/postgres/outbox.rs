@@ -304,7 +304,8 @@ impl Outbox for PgStore {
         let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur, mut a_client) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
         let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
-        let (mut u_delivered, mut u_node, mut u_batch) = (vec![], vec![], vec![]);
+        let (mut u_delivered, mut u_node, mut u_batch, mut u_back) =
+            (vec![], vec![], vec![], vec![]);
         for o in &outcomes {
             if let Some(a) = &o.attempt {
                 a_id.push(o.notification_id.as_str());
@@ -322,6 +323,7 @@ impl Outbox for PgStore {
             u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
             u_node.push(&*o.node);
             u_batch.push(o.batch_id.as_deref());
+            u_back.push(policy::gives_back(o));
         }
         if !a_id.is_empty() {
             tx.execute(
@@ -340,16 +342,17 @@ impl Outbox for PgStore {
             tx.execute(
                 &tx.prepare_cached(
                     // A retry stays pending, and listed; a final result leaves the list.
-                    // Another node's live lease is kept unless this was delivered
-                    // (`policy::recorded`).
+                    // Another node's live lease is kept unless this was delivered; a lease
+                    // given back is written over this node's own only (`policy::recorded`).
                     &format!(
                         "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
                  next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
                  batch_id = u.batch \
                  FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[], \
-                 $8::text[]) AS u(id, status, attempts, next, delivered, node, batch) \
+                 $8::text[], $9::bool[]) AS u(id, status, attempts, next, delivered, node, batch, back) \
                  WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
                  OR n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS} OR n.claimed_by = u.node) \
+                 AND (NOT u.back OR n.claimed_by = u.node) \
                  RETURNING n.seq, n.status) \
                  DELETE FROM notifications_pending WHERE seq IN \
                  (SELECT seq FROM r WHERE status <> 'pending')"
@@ -365,6 +368,7 @@ impl Outbox for PgStore {
                     &u_delivered,
                     &u_node,
                     &u_batch,
+                    &u_back,
                 ],
             )
             .await?;

@@ -146,12 +146,13 @@ impl Outbox for SqliteStore {
                     "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
                      client_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )?;
-                // Another node's live lease is kept unless this was delivered (`policy::recorded`).
+                // Another node's live lease is kept unless this was delivered; a lease given
+                // back is written over this node's own only (`policy::recorded`).
                 let mut update = tx.prepare_cached(
                     "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
                      updated_at = ?5, claimed_by = NULL, lease_until = NULL, batch_id = ?8 \
                      WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
-                     OR lease_until < ?5 OR claimed_by = ?7)",
+                     OR lease_until < ?5 OR claimed_by = ?7) AND (NOT ?9 OR claimed_by = ?7)",
                 )?;
                 for o in &outcomes {
                     if let Some(a) = &o.attempt {
@@ -173,7 +174,8 @@ impl Outbox for SqliteStore {
                         now,
                         o.attempt.is_some() && o.verdict == Verdict::Delivered,
                         &*o.node,
-                        o.batch_id
+                        o.batch_id,
+                        policy::gives_back(o)
                     ])?;
                 }
             }
