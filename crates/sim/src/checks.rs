@@ -321,9 +321,9 @@ fn superseded(world: &World, trails: &[&crate::model::Trail], claim_lease: Milli
 
 /// Debounce (README): a debounced sensor's new state is notified only once it has held for
 /// its window. Per `state_changed` of such a sensor, among the readings of it committed
-/// before (in the order applied, late ones left out; see below for its own commit's): the change began with the first
-/// reading of the new value after the last of the other value, and the event's commit
-/// came at least a window after that reading came in.
+/// before (in the order applied, late ones left out; its own commit's, see below): the
+/// change began with the first reading of the new value after the last of the other
+/// value, and the event's commit came at least a window after that reading came in.
 fn debounced(world: &World, t: &Tables, start: Millis) {
     let readings: Vec<_> = t
         .audit

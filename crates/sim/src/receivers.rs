@@ -352,8 +352,8 @@ impl Receivers {
     /// its `Retry-After` (within `retry_max_delay`); after any other failure it waits the
     /// policy's delay for its attempt number, less the 10 % jitter; and no notification is
     /// tried more than `retry_max_attempts` times. A notification replayed starts over; one
-    /// of a client enabled since goes at once. Only an outcome latch recorded counts: the next attempt
-    /// carries one attempt more than the one that failed.
+    /// of a client enabled since goes at once. Only an outcome latch recorded counts: the
+    /// next attempt carries one attempt more than the one that failed.
     fn retried_early(
         &self,
         seen: &mut Seen,
@@ -390,7 +390,8 @@ impl Receivers {
         }
         let wait = match (last.status, last.retry_after) {
             (Some(429), Some(secs)) => self.policy.retry_after(Duration::from_secs(secs)),
-            _ => self.policy.delay(n.attempts).mul_f64(0.9),
+            // The shortest the jitter makes it.
+            _ => self.policy.jittered(n.attempts, 0.0),
         };
         let earliest = last.at + wait.as_millis() as Millis - 1;
         (now < earliest).then(|| {
@@ -441,8 +442,7 @@ impl Receivers {
                 };
                 seen.failed.insert(nt.id.clone(), unsent);
             }
-        }
-        if status.is_some_and(|s| (200..300).contains(&s)) {
+        } else {
             for s in sends {
                 let nt = &s.notification;
                 let key = (nt.client_id.clone(), nt.sensor_id, class(nt.kind));
