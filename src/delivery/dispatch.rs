@@ -228,6 +228,7 @@ impl Core {
                 self.keep_served(&mut refs);
                 let outcomes = self.lanes.sweep(refs, self.clock.now());
                 self.record(outcomes);
+                self.withdraw_pointless();
             }
             Cmd::Moved(Serves(moved)) => {
                 let (out, given_back) = self.lanes.leave(|s| moved(s), self.clock.now());
@@ -251,6 +252,7 @@ impl Core {
             Cmd::Resume(client, refs) => {
                 let outcomes = self.lanes.resume(&client, refs, self.clock.now());
                 self.record(outcomes);
+                self.withdraw_pointless();
             }
             Cmd::Rate(client, rate) => self.lanes.set_rate(&client, rate),
             Cmd::Granted(client, lease) => self.lanes.rate_granted(&client, lease),
@@ -272,6 +274,19 @@ impl Core {
     pub(super) fn add(&mut self, refs: Vec<NotificationRef>, now: Millis) {
         let outcomes = self.lanes.add(refs, now);
         self.record(outcomes);
+        self.withdraw_pointless();
+    }
+
+    /// Withdraws the heads out here that a newer state just made pointless: one not sent
+    /// yet comes back unsent, to be superseded; one on its way is answered as any other.
+    /// Called after every call that queues notifications, so each lane named still has the
+    /// head it was named for out.
+    fn withdraw_pointless(&mut self) {
+        for lane in self.lanes.withdrawals() {
+            if let Some(withdraw) = self.withdraw.get(&lane) {
+                withdraw.cancel();
+            }
+        }
     }
 
     fn record(&self, outcomes: Vec<Outcome>) {

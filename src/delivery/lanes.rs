@@ -228,6 +228,10 @@ pub(super) struct Lanes {
     /// is admitted one head at a time until an attempt is answered, so an endpoint that
     /// hangs holds one request slot, not its client's share of the dispatcher's.
     unanswered: FastSet<Arc<str>>,
+    /// On a store of its own, lanes whose head is out (admitted, not yet known to be sent)
+    /// while a newer state waits behind it: the dispatcher withdraws those heads, and one
+    /// not sent yet comes back to be superseded ([`Lanes::withdrawals`]).
+    withdrawals: Vec<LaneKey>,
     /// The metrics every answer counts.
     meters: Meters,
 }
@@ -289,8 +293,19 @@ impl Lanes {
             gating: FastMap::default(),
             parked_clients: FastSet::default(),
             unanswered: Default::default(),
+            withdrawals: Vec::new(),
             meters: Meters::new(),
         }
+    }
+
+    /// The lanes whose head out here a newer state has made pointless since the last call
+    /// (a store of its own only): withdrawn before it is sent, the head comes back unsent
+    /// and is superseded. The store's commit passes such a head by when it holds it leased
+    /// (a lease of its earlier attempt not yet released, or this claim's), so only this
+    /// node can tell it is not on its way (simulation seed 420, without the supersede
+    /// check's allowance for it).
+    pub(super) fn withdrawals(&mut self) -> Vec<LaneKey> {
+        std::mem::take(&mut self.withdrawals)
     }
 
     /// `client`'s last attempt here got no answer.

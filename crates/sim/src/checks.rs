@@ -210,7 +210,7 @@ pub fn at_end(
         site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
         states_change(world, t, start);
-        superseded(world, &trails, bounds.claim_lease, start);
+        superseded(world, &trails, bounds, start);
         debounced(world, t, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
@@ -268,10 +268,12 @@ fn states_change(world: &World, t: &crate::model::Tables, start: Millis) {
 /// lane; one already in flight (leased) finishes first. So the claim that leased an older
 /// state for the attempt that delivered it found no newer state of its lane waiting (made
 /// before that claim, not ended by it; the same millisecond is left out either way) —
-/// unless the older one was leased when that newer one was made and no attempt of it came
-/// between (see BENCHMARKS.md: a lease of an earlier attempt the store still held, the
-/// head waiting for its claim), or a replay put it back.
-fn superseded(world: &World, trails: &[&crate::model::Trail], claim_lease: Millis, start: Millis) {
+/// unless a replay put it back, or, on a store several nodes share, the older one was
+/// leased when that newer one was made and no attempt of it came between (see
+/// BENCHMARKS.md: a lease of an earlier attempt the store still held, the head waiting for
+/// its claim; a node cannot tell that another node's lease is not on its way).
+fn superseded(world: &World, trails: &[&crate::model::Trail], bounds: &Bounds, start: Millis) {
+    let claim_lease = bounds.claim_lease;
     let mut lanes: BTreeMap<(&str, SensorId), Vec<&crate::model::Trail>> = BTreeMap::new();
     for tr in trails.iter().filter(|t| t.kind == EventKind::StateChanged) {
         lanes
@@ -300,7 +302,8 @@ fn superseded(world: &World, trails: &[&crate::model::Trail], claim_lease: Milli
                     .iter()
                     .any(|&(at, _)| at <= made && made <= at + claim_lease);
                 let tried = older.attempts.iter().any(|a| a.at > made && a.at < sent.at);
-                made < claimed && ended.is_none_or(|c| c.at > claimed) && (!leased || tried)
+                let allowed = bounds.cluster && leased && !tried;
+                made < claimed && ended.is_none_or(|c| c.at > claimed) && !allowed
             });
             if let Some(newer) = waiting {
                 world.violate(

@@ -122,12 +122,14 @@ impl Lanes {
         // has queued behind this head meanwhile; the lane is put back in order.
         let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
         // On a store of its own (no other node may hold it), a state that was not sent
-        // (told to wait, or its claim went unanswered, which may have leased it, so that
-        // the commit of a newer one passed it by) is superseded once a newer state waits
-        // behind it, as that commit would have done: the client is not sent a state it
-        // would at once be told is over (simulation seed 0, without the supersede check's
-        // allowance for it).
-        if later && self.finished.is_none() && head.kind == EventKind::StateChanged && state_behind
+        // (told to wait, withdrawn, given back, or its claim went unanswered, which may
+        // have leased it, so that the commit of a newer one passed it by) is superseded
+        // once a newer state waits behind it, as that commit would have done: the client
+        // is not sent a state it would at once be told is over (simulation seeds 0 and
+        // 420, without the supersede check's allowance for them). Its superseding ends
+        // the lease a give-back would have.
+        let unsent = later || matches!(d.result, Finished::Released { .. });
+        if unsent && self.finished.is_none() && head.kind == EventKind::StateChanged && state_behind
         {
             let outcome = lane
                 .queue

@@ -134,6 +134,16 @@ impl Lanes {
             // too. A head in flight stays, and so does one another node may hold: it
             // finishes first and the new one follows.
             let pointless = take_pointless(lane, r.seq, r.kind, shared);
+            let withdraw = !shared
+                && lane.out
+                && r.kind == EventKind::StateChanged
+                && lane
+                    .queue
+                    .front()
+                    .is_some_and(|h| h.kind == EventKind::StateChanged && h.seq < r.seq);
+            if withdraw {
+                self.withdrawals.push(key.clone());
+            }
             outcomes.extend(self.superseded(&key, pointless));
             let Some(lane) = self.lanes.get_mut(&key) else {
                 continue;
@@ -145,7 +155,7 @@ impl Lanes {
             let pos = lane
                 .queue
                 .partition_point(|e| e.seq < r.seq)
-                .max(usize::from(lane.busy));
+                .max(usize::from(head_out(lane, shared)));
             // Before the head of a parked lane (a replay while its client is disabled): that
             // head was due, and its time said only when to look at its client again, which
             // the lane's timer keeps. Once the client is resumed it follows the new head at
@@ -235,19 +245,19 @@ impl Lanes {
 }
 
 /// Takes out of `lane` what a newer notification (`seq`, `kind`) makes pointless
-/// ([`policy::made_pointless`]): never its head in flight, nor, on a `shared` store, one
-/// another node may hold. On a store of its own, a head held only because its claim went
+/// ([`policy::made_pointless`]): never its head out, nor, on a `shared` store, one another
+/// node may hold. On a store of its own, a head held only because its claim went
 /// unanswered is this node's: it was not sent (simulation seed 0, without the supersede
 /// check's allowance for it).
 fn take_pointless(lane: &mut Lane, seq: i64, kind: EventKind, shared: bool) -> Vec<Entry> {
-    let busy = lane.busy;
+    let head_out = head_out(lane, shared);
     let waiting: Vec<Waiting> = lane
         .queue
         .iter()
         .enumerate()
         .map(|(i, e)| Waiting {
             queued: e.queued(),
-            out: (e.held && shared) || (busy && i == 0),
+            out: (e.held && shared) || (head_out && i == 0),
         })
         .collect();
     let pointless = policy::made_pointless(&waiting, Queued { seq, kind });
@@ -263,4 +273,18 @@ fn take_pointless(lane: &mut Lane, seq: i64, kind: EventKind, shared: bool) -> V
         }
     }
     taken
+}
+
+/// Whether `lane`'s head is out of reach of the rules here: nothing passes it, nothing
+/// drops it. On a shared store that is any head ready or out. On a store of its own only
+/// one out (admitted, claimed or sending) may be on its way, or one gathered for a batch
+/// it goes out in again (that batch keeps its members); one ready but not admitted
+/// (waiting for a request slot, or for its last outcome to be written) is not
+/// (simulation seed 189, without the supersede check's allowance for it). Its lane stays
+/// ready: the head after it goes in its place.
+fn head_out(lane: &Lane, shared: bool) -> bool {
+    if shared {
+        return lane.busy;
+    }
+    lane.out || (lane.gathered && lane.queue.front().is_some_and(|h| h.batch.is_some()))
 }

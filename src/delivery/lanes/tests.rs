@@ -303,6 +303,137 @@ fn a_state_whose_claim_went_unanswered_is_superseded_on_a_store_of_its_own() {
     }
 }
 
+/// On a store of its own, a state out here when a newer one comes is withdrawn: the
+/// store's commit passed it by if it held it leased, so only this node can tell it was not
+/// sent. Come back unsent (withdrawn before its claim, or given back after it), it is
+/// superseded and the newer one goes (simulation seed 420). On a shared store nothing is
+/// withdrawn: another node may hold the lease.
+#[test]
+fn a_state_out_but_not_sent_is_withdrawn_and_superseded_on_a_store_of_its_own() {
+    for shared in [false, true] {
+        for result in [Finished::Later(0), Finished::Released { attempts: 1 }] {
+            let mut h = Harness::new(shared, Duration::from_secs(1));
+            let first = h.notify(0, 0, EventKind::StateChanged);
+            let out = h.admit();
+            assert_eq!(out[0].1, first);
+            let newer = h.notify(0, 0, EventKind::StateChanged);
+            let withdrawn = h.core.withdrawals();
+            if shared {
+                assert!(withdrawn.is_empty(), "shared: nothing withdrawn");
+                continue;
+            }
+            assert_eq!(withdrawn, vec![out[0].0.clone()]);
+            assert!(h.core.withdrawals().is_empty(), "told once");
+            let result = match result {
+                Finished::Later(_) => Finished::Later(h.now),
+                other => other,
+            };
+            h.finish(out[0].clone(), result);
+            assert_eq!(h.verdicts(&first), [Verdict::Superseded]);
+            let out = h.admit();
+            assert_eq!(out[0].1, newer);
+            h.finish(out[0].clone(), answer(200, h.now));
+            assert_eq!(h.core.sizes(), Sizes::default());
+        }
+    }
+}
+
+/// On a store of its own, a state ready but not admitted (its client at its limit, or its
+/// last outcome not written yet) is not on its way: a newer state supersedes it and goes
+/// in its place (simulation seed 189). On a shared store it stays until its claim says.
+#[test]
+fn a_ready_state_not_admitted_is_superseded_on_a_store_of_its_own() {
+    for shared in [false, true] {
+        let mut h = Harness::new(shared, Duration::from_secs(1));
+        // Client 0 has as many heads out as its limit admits: the next one waits.
+        let limit = 2 * claim_ahead(shared) as usize;
+        for sensor in 0..limit {
+            h.change(0, sensor);
+        }
+        let busy = h.admit();
+        assert_eq!(busy.len(), limit);
+        let older = h.notify(0, limit, EventKind::StateChanged);
+        assert!(h.admit().is_empty(), "the client is at its limit");
+        let newer = h.notify(0, limit, EventKind::StateChanged);
+        let want: &[Verdict] = if shared { &[] } else { &[Verdict::Superseded] };
+        assert_eq!(h.verdicts(&older), want, "shared {shared}");
+        h.finish(busy[0].clone(), answer(200, h.now));
+        let out = h.admit();
+        let first = if shared { &older } else { &newer };
+        assert_eq!(&out[0].1, first, "shared {shared}");
+        for head in busy.into_iter().skip(1).chain(out) {
+            h.finish(head, answer(200, h.now));
+        }
+        h.answer_all(200);
+        // A shared store remembers finished ids a while; nothing else is left.
+        let finished = h.core.sizes().finished;
+        let left = Sizes {
+            finished,
+            ..Sizes::default()
+        };
+        assert_eq!(h.core.sizes(), left, "shared {shared}");
+    }
+}
+
+/// A state that comes late (a replay, or one a look for pending brings after a commit's
+/// answer was lost) and supersedes a ready head still goes in order: before a connection
+/// event made after it, though that event waited behind the head it replaced.
+#[test]
+fn a_late_state_that_supersedes_a_ready_head_keeps_its_place_in_order() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let limit = 2 * claim_ahead(false) as usize;
+    for sensor in 0..limit {
+        h.change(0, sensor);
+    }
+    let busy = h.admit();
+    let older = h.notify(0, limit, EventKind::StateChanged);
+    assert!(h.admit().is_empty(), "the client is at its limit");
+    let (late_seq, lost_seq) = (h.seq + 1, h.seq + 2);
+    h.seq += 2;
+    let lost = NotificationRef {
+        kind: EventKind::ConnectionLost,
+        ..back("lost", limit, lost_seq, h.now)
+    };
+    let outcomes = h.core.add(vec![lost], h.now);
+    h.written(outcomes);
+    let outcomes = h
+        .core
+        .add(vec![back("late", limit, late_seq, h.now)], h.now);
+    h.written(outcomes);
+    assert_eq!(h.verdicts(&older), [Verdict::Superseded]);
+    let mut sent = Vec::new();
+    for head in busy {
+        h.finish(head, answer(200, h.now));
+        for head in h.admit() {
+            sent.push(head.1.clone());
+            h.finish(head, answer(200, h.now));
+        }
+    }
+    assert_eq!(sent, ["late", "lost"]);
+}
+
+/// A failed state whose failure is not written yet waits for it, ready; on a store of its
+/// own a newer state supersedes it there, and goes once both outcomes are written.
+#[test]
+fn a_failed_state_waiting_for_its_record_is_superseded_on_a_store_of_its_own() {
+    let mut h = Harness::new(false, Duration::from_secs(1));
+    let older = h.notify(0, 0, EventKind::StateChanged);
+    let out = h.admit();
+    let failure = h
+        .finish_unwritten(out[0].clone(), answer(500, h.now))
+        .expect("a failed attempt's outcome");
+    h.now += 1_000;
+    assert!(h.admit().is_empty(), "waits for its failure to be written");
+    let newer = h.notify(0, 0, EventKind::StateChanged);
+    assert_eq!(h.verdicts(&older), [Verdict::Superseded]);
+    assert!(h.admit().is_empty(), "the failure is still not written");
+    h.written(vec![failure]);
+    let out = h.admit();
+    assert_eq!(out[0].1, newer);
+    h.finish(out[0].clone(), answer(200, h.now));
+    assert_eq!(h.core.sizes(), Sizes::default());
+}
+
 #[test]
 fn a_newer_state_supersedes_waiting_ones_but_not_the_one_in_flight() {
     let mut h = Harness::new(false, Duration::from_secs(1));
