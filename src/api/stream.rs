@@ -192,8 +192,9 @@ fn local(st: &AppState) -> Events {
     let stop = st.streams_stop.clone();
     futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
         let received = tokio::select! {
-            r = rx.recv() => r,
+            biased;
             () = stop.cancelled() => return None,
+            r = rx.recv() => r,
         };
         let event = match received {
             Ok(e) => match out(&e) {
@@ -254,6 +255,7 @@ async fn follow_peers(c: Arc<Membership>, tx: mpsc::Sender<SseEvent>, stop: Canc
             Err(e) => tracing::debug!(error = %e, "Could not list the nodes to relay events from."),
         }
         tokio::select! {
+            biased;
             () = stop.cancelled() => return,
             () = tx.closed() => return,
             () = tokio::time::sleep(PEERS_EVERY) => {}
@@ -270,6 +272,7 @@ async fn read_peer(
 ) {
     loop {
         let sent = tokio::select! {
+            biased;
             () = stop.cancelled() => return,
             r = c.peer_get(&address, INTERNAL_PATH).send() => r,
         };
@@ -278,6 +281,7 @@ async fn read_peer(
                 let mut buf = String::new();
                 loop {
                     let chunk = tokio::select! {
+                        biased;
                         () = stop.cancelled() => return,
                         c = resp.chunk() => c,
                     };
@@ -299,6 +303,7 @@ async fn read_peer(
             Err(e) => tracing::debug!(node = %address, error = %e, "A node's event stream broke."),
         }
         tokio::select! {
+            biased;
             () = stop.cancelled() => return,
             () = tokio::time::sleep(PEER_RETRY) => {}
         }

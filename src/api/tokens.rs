@@ -154,6 +154,7 @@ impl Tokens {
 pub async fn follow(store: Arc<dyn TokenStore>, tokens: Tokens, stop: CancellationToken) {
     loop {
         tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
         }

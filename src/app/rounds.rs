@@ -45,7 +45,10 @@ pub async fn run(
     let every = EVERY.as_millis() as Millis;
     let mut next = clock.now() + every;
     loop {
+        // Biased, so a simulated run picks the same branch every time (a stop at the
+        // round's own instant ends it there).
         tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
             _ = clock.sleep_until(next) => {}
         }

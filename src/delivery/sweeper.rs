@@ -66,6 +66,7 @@ pub(super) async fn sweeper(
         };
         if early {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(SOON_GAP) => {}
             }

@@ -22,9 +22,10 @@ pub const BATCH: usize = 100_000;
 pub async fn run(store: Arc<dyn Journal>, spooled: Arc<Spooled>, stop: CancellationToken) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(EVERY) => {}
-            _ = spooled.full.notified() => {}
+            biased;
             _ = stop.cancelled() => return,
+            _ = spooled.full.notified() => {}
+            _ = tokio::time::sleep(EVERY) => {}
         }
         loop {
             spooled.reset();

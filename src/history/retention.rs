@@ -95,8 +95,9 @@ pub async fn run(
             }
         }
         tokio::select! {
-            _ = clock.sleep_until(now + settings.every().as_millis() as Millis) => {}
+            biased;
             _ = stop.cancelled() => return,
+            _ = clock.sleep_until(now + settings.every().as_millis() as Millis) => {}
         }
     }
 }

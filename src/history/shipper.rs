@@ -115,9 +115,10 @@ pub async fn run(
             flush
         };
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = spooled.full.notified(), if failing_since.is_none() => {}
+            biased;
             _ = stop.cancelled() => break,
+            _ = spooled.full.notified(), if failing_since.is_none() => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
     if schema_ready && failing_since.is_none() {

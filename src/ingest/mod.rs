@@ -254,6 +254,7 @@ pub(crate) async fn paused(
         .counter_with(&[("source", source)])
         .increment(1);
     tokio::select! {
+        biased;
         _ = stop.cancelled() => false,
         _ = tokio::time::sleep(*backoff) => true,
     }

@@ -71,6 +71,7 @@ pub async fn lead(
     loop {
         while !*leads.borrow_and_update() {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => return,
                 changed = leads.changed() => if changed.is_err() { return },
             }
@@ -82,6 +83,7 @@ pub async fn lead(
         tracing::info!("This node holds partition 0: running the broker sources.");
         loop {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 changed = leads.changed() => {
                     if changed.is_err() || !*leads.borrow_and_update() {

@@ -55,6 +55,7 @@ pub async fn run_with_clock(
     )?;
 
     tokio::select! {
+        biased;
         _ = shutdown => {}
         _ = sup.failed() => {}
         _ = http.ended() => {}

@@ -530,6 +530,7 @@ async fn publish_links(
 ) {
     loop {
         let (source, up, at) = tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
             c = changes.recv() => match c {
                 Some(c) => c,

@@ -112,6 +112,44 @@ fn a_seed_plays_the_same_trace_every_time() {
     assert_ne!(first[0], run(6, &opts).hash);
 }
 
+/// A `tokio::select!` that is not `biased` polls its branches in an order Tokio draws at
+/// random, so when two are ready at once a run can go either way: seed 2011053 played two
+/// traces, one of which broke a guarantee, as the site rounds' loop ran one round more or
+/// not at a stop. Every `select!` in latch is biased (its stop first), so a seed plays one
+/// trace. This reads latch's sources, as the simulation cannot see an unbiased one until a
+/// seed happens to make two branches ready at once.
+#[test]
+fn every_select_in_latch_is_biased() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../src");
+    let mut files = vec![root];
+    let mut unbiased = Vec::new();
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("a source folder") {
+                files.push(entry.expect("an entry").path());
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim_start().starts_with("//") || !line.contains("select! {") {
+                continue;
+            }
+            if lines.get(i + 1).map(|l| l.trim()) != Some("biased;") {
+                unbiased.push(format!("{}:{}", path.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        unbiased.is_empty(),
+        "select! without `biased;`: {unbiased:?}"
+    );
+}
+
 /// Seeds beyond the range that once broke a guarantee, kept as they found it (a change
 /// elsewhere may move what they play, so they are a floor, not the proof).
 const FOUND: &[(u64, &str)] = &[

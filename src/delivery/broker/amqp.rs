@@ -105,6 +105,7 @@ async fn watch(conn: Arc<Connection>, lost: Arc<Lost>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
+            biased;
             _ = lost.token.cancelled() => return,
             e = events.next() => match e {
                 Some(lapin::Event::Error(e)) if !conn.status().connected() => {

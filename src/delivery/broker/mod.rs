@@ -340,8 +340,9 @@ async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
     let mut check = tokio::time::interval(IDLE / 10);
     loop {
         let conn = tokio::select! {
-            c = connect::<P>(&inner, broker) => c,
+            biased;
             _ = inner.stop.cancelled() => break,
+            c = connect::<P>(&inner, broker) => c,
         };
         match conn {
             Ok(conn) => {
@@ -350,8 +351,9 @@ async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
                 link.state.send_replace(State::Up(conn.clone()));
                 let why = loop {
                     tokio::select! {
-                        why = P::lost(&conn) => break Some(why),
+                        biased;
                         _ = inner.stop.cancelled() => break None,
+                        why = P::lost(&conn) => break Some(why),
                         _ = check.tick() => if idle(&inner, &link) { break None },
                     }
                 };
@@ -371,7 +373,7 @@ async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
                 let wake = Instant::now() + backoff;
                 loop {
                     tokio::select! {
-                        _ = tokio::time::sleep_until(wake) => break,
+                        biased;
                         _ = inner.stop.cancelled() => {
                             link.state.send_replace(State::Closed);
                             return;
@@ -380,6 +382,7 @@ async fn run<P: Protocol>(inner: Arc<Inner>, link: Arc<Link<P>>) {
                             link.state.send_replace(State::Closed);
                             return;
                         },
+                        _ = tokio::time::sleep_until(wake) => break,
                     }
                 }
                 link.state.send_replace(State::Connecting(Some(failure)));

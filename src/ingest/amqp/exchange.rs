@@ -288,6 +288,7 @@ async fn serve(
             });
         }
         tokio::select! {
+            biased;
             _ = stop.cancelled() => break Ok(()),
             changed = served.changed() => {
                 // The cluster layer is gone: the node is stopping.
@@ -341,6 +342,7 @@ async fn serve_queue(
         tracing::warn!(queue = %name, error = format!("{e:#}"), retry_in = ?backoff,
             "RabbitMQ partition queue paused.");
         tokio::select! {
+            biased;
             _ = stop.cancelled() => return Ok(()),
             _ = tokio::time::sleep(backoff) => {}
         }

@@ -238,6 +238,7 @@ pub async fn run(
     let mut backoff = Duration::ZERO;
     loop {
         let event = tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             Some((g, delay)) = reconnect_rx.recv() => {
                 if g != link.generation() {
@@ -249,6 +250,7 @@ pub async fn run(
                 families::SOURCE_RECONNECTS.counter_with(&[("source", SOURCE)]).increment(1);
                 tracing::warn!(retry_in = ?delay, "MQTT ingest reconnects to get unapplied readings again.");
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => break,
                     _ = tokio::time::sleep(delay) => {}
                 }
@@ -330,6 +332,7 @@ async fn settle(
     let drain = async {
         loop {
             tokio::select! {
+                biased;
                 Some((g, _)) = reconnect_rx.recv() => {
                     if g == link.generation() {
                         end_connection(client, events, link, tx).await;
@@ -356,6 +359,7 @@ async fn settle(
         }
     };
     tokio::select! {
+        biased;
         r = applier => r.unwrap_or_default(),
         _ = drain => unreachable!("the drain never ends"),
     }
@@ -395,6 +399,7 @@ async fn flush(
         let mut queued = false;
         loop {
             tokio::select! {
+                biased;
                 sent = &mut disconnect, if !queued => {
                     queued = true;
                     if sent.is_err() {
