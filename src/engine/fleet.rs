@@ -105,6 +105,15 @@ pub fn change_link(links: &mut Links, source: Source, up: bool, at: Millis) {
     }
 }
 
+/// latch stopped taking readings (a stop began): from then on no sensor's silence is its
+/// own, whatever it was heard through, so every list is held as by a link that is down
+/// (HTTP's too) until the process exits. The next start counts deadlines from then.
+pub fn deafen(links: &mut Links) {
+    for link in links.iter_mut() {
+        link.down = true;
+    }
+}
+
 impl Slot {
     fn new(id: SensorId, s: &SensorState) -> Self {
         let packed = id.packed();

@@ -616,6 +616,15 @@ impl Engine {
         }
     }
 
+    /// latch stops taking readings: a stop began. Silence from now on is latch's own
+    /// downtime, not the sensors' ([`fleet::deafen`]): no sensor is declared lost while the
+    /// stop finishes, as none is while latch is down.
+    pub fn stop_hearing(&self) {
+        for shard in self.links.iter() {
+            shard.send_modify(fleet::deafen);
+        }
+    }
+
     /// Stops tracking a deleted sensor; its later readings are rejected as unknown.
     pub async fn remove_sensor(&self, id: SensorId) -> Result<(), Error> {
         self.shards[self.shard(id)]

@@ -202,3 +202,25 @@ async fn a_broker_link_down_holds_back_lost_until_it_is_back() {
     assert_eq!(b.events[0].at, 110_000, "reconnected_at + timeout");
     stop.cancel();
 }
+
+/// Once a stop began (readings are no longer taken), no sensor is declared lost, whatever
+/// it was heard through: the silence is latch's downtime, as after a restart (simulation
+/// seed 2011053, with its site rounds' loop run once more at the stop, which kept the
+/// engine running past a deadline).
+#[tokio::test]
+async fn no_sensor_is_declared_lost_once_a_stop_began() {
+    let clock = Clock::manual(0);
+    let (m, h, x) = (sid("viaMqtt"), sid("viaHttp"), sid("other"));
+    let sensors = vec![(m, online(0)), (h, online(0)), (x, online(0))];
+    let (engine, mut rx, stop) = engine(clock.clone(), Duration::ZERO, None, sensors);
+    clock.set(1_000);
+    send(&engine, &mut rx, reading(m, true), 1_000, Source::Mqtt).await;
+    send(&engine, &mut rx, reading(h, true), 1_000, Source::Http).await;
+    send(&engine, &mut rx, reading(x, true), 1_000, Source::Http).await;
+    engine.stop_hearing();
+    clock.set(60_000);
+    // A reading still queued when the stop began is applied; nothing is lost.
+    let b = send(&engine, &mut rx, reading(x, false), 60_000, Source::Http).await;
+    assert_eq!(kinds(&b), [(x, EventKind::StateChanged)]);
+    stop.cancel();
+}

@@ -60,7 +60,9 @@ pub async fn run_with_clock(
         _ = sup.failed() => {}
         _ = http.ended() => {}
     }
-    // The API and the sources stop taking readings at the same moment.
+    // The API and the sources stop taking readings at the same moment; from then on
+    // silence is latch's downtime, not the sensors'.
+    node.engine().stop_hearing();
     sources.stopping();
     http.stop().await?;
     followers.stop().await;

@@ -127,6 +127,8 @@ impl Node {
     /// history ships, and the dispatcher lets in-flight attempts finish within `grace`,
     /// cutting off and recording those it must.
     pub async fn stop(self, grace: Duration) {
+        // Readings are no longer taken: what the stop takes is latch's downtime.
+        self.core.engine.stop_hearing();
         self.rounds.0.cancel();
         crate::tasks::join(self.rounds.1).await;
         self.leases.stop().await;
