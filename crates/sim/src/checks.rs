@@ -212,6 +212,7 @@ pub fn at_end(
         states_change(world, t, start);
         superseded(world, &trails, bounds, start);
         debounced(world, t, start);
+        not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
         // partitions before it learns the links, as it follows them from the store only
@@ -221,6 +222,33 @@ pub fn at_end(
             broker_link(world, t, log, bounds, start);
         }
     });
+}
+
+/// Downtime begins with a stop (README, Liveness): once a node's SIGTERM came, that node
+/// declares no sensor lost for a deadline after it, until its process ends. (Other nodes
+/// may: they still take readings.)
+fn not_lost_in_a_stop(world: &World, t: &crate::model::Tables, log: &Log, start: Millis) {
+    let commits = t.audit.event_commits();
+    for (e, by) in t.audit.events().iter().zip(commits) {
+        if e.row.kind != EventKind::ConnectionLost {
+            continue;
+        }
+        let stopping = log.stops.iter().find(|(node, from, to)| {
+            **node == *by.node && e.row.at > *from && e.row.at <= *to
+        });
+        if let Some((node, from, _)) = stopping {
+            world.violate(
+                "no sensor is declared lost once a stop began",
+                format!(
+                    "{} lost at {} by node {node}, whose SIGTERM came at {}",
+                    e.row.sensor_id,
+                    e.row.at - start,
+                    from - start
+                ),
+                vec![e.row.sensor_id.to_string()],
+            );
+        }
+    }
 }
 
 /// A repeated value notifies nobody, and a late reading changes no state (README): per

@@ -360,6 +360,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
     {
         let mut log = w.log.lock().unwrap();
         log.links = nodes.link_changes();
+        log.stops = nodes.stops();
         checks::at_end(&world, &model, &receivers, &log, &w.clients, &bounds, START);
     }
     let virtual_ms = world.now() - START;

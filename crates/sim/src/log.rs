@@ -29,6 +29,9 @@ pub struct Log {
     /// Each change of the AMQP broker link: when, and whether it came up (filled in from
     /// the nodes' record once the run has healed).
     pub links: Vec<(Millis, bool)>,
+    /// Each stop: the node, its SIGTERM, and when its process ended (filled in as
+    /// `links`).
+    pub stops: Vec<(String, Millis, Millis)>,
     /// Periods in which something beyond the endpoints was faulted (a node, the store, a
     /// link): isolation and prompt liveness are only asked of the quiet time between.
     pub troubled: Vec<(Millis, Millis)>,

@@ -58,6 +58,8 @@ pub struct Nodes {
     stopping: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Each change of the AMQP broker link: when, and whether it came up (it starts up).
     links: Mutex<Vec<(Millis, bool)>>,
+    /// Each stop: the node, its SIGTERM, and when its process ended (exited, or killed).
+    stops: Mutex<Vec<(String, Millis, Option<Millis>)>>,
 }
 
 impl Nodes {
@@ -98,6 +100,7 @@ impl Nodes {
             slots: Mutex::new(slots),
             stopping: Mutex::new(Vec::new()),
             links: Mutex::new(Vec::new()),
+            stops: Mutex::new(Vec::new()),
         })
     }
 
@@ -127,6 +130,29 @@ impl Nodes {
             {
                 node.engine().set_link(Source::Amqp, up, now);
             }
+        }
+    }
+
+    /// Each stop so far: the node, its SIGTERM, and when its process ended (now, for one
+    /// still stopping).
+    pub fn stops(&self) -> Vec<(String, Millis, Millis)> {
+        let now = self.world.now();
+        let stops = self.stops.lock().unwrap();
+        stops
+            .iter()
+            .map(|(name, from, to)| (name.clone(), *from, to.unwrap_or(now)))
+            .collect()
+    }
+
+    /// `name`'s process, stopping, has ended.
+    fn stop_ended(&self, name: &str) {
+        let now = self.world.now();
+        let mut stops = self.stops.lock().unwrap();
+        if let Some(stop) = stops
+            .iter_mut()
+            .rfind(|(n, _, to)| n == name && to.is_none())
+        {
+            stop.2 = Some(now);
         }
     }
 
@@ -250,14 +276,20 @@ impl Nodes {
         };
         let Some(node) = node else { return };
         self.world.trace(format!("node {name} SIGTERM"));
+        self.stops
+            .lock()
+            .unwrap()
+            .push((name.to_string(), self.world.now(), None));
         let me = self.clone();
         let name = name.to_string();
         let grace = self.config.shutdown_grace;
         let from = self.world.now();
         let task = tokio::spawn(async move {
             node.stop(grace).await;
-            // Killed while it stopped: it gave back nothing, as any node killed.
-            if me.world.life_now(&life) != Life::Dead {
+            // Killed while it stopped: it gave back nothing, as any node killed (and its
+            // stop ended then).
+            let killed = me.world.life_now(&life) == Life::Dead;
+            if !killed {
                 me.gave_back(&name, since, from);
             }
             // The process exits: nothing of it runs any more.
@@ -268,6 +300,9 @@ impl Nodes {
             me.receivers.node_died(&life);
             me.forwarder.forget(&format!("sim://{name}"));
             me.world.trace(format!("node {name} exited"));
+            if !killed {
+                me.stop_ended(&name);
+            }
             let mut slots = me.slots.lock().unwrap();
             let s = slots.get_mut(&name).expect("a known node");
             s.state = State::Down;
@@ -327,6 +362,9 @@ impl Nodes {
             return;
         }
         self.world.trace(format!("node {name} kill -9"));
+        if s.state == State::Stopping {
+            self.stop_ended(name);
+        }
         if let Some(store) = s.store.take() {
             store.kill();
         }

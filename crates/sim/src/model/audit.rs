@@ -132,10 +132,12 @@ pub struct Audit {
 }
 
 /// Which group commit wrote a row (numbered from 1, in the order applied), and when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {
     pub commit: u64,
     pub at: Millis,
+    /// The node whose commit it was.
+    pub node: Arc<str>,
 }
 
 impl Audit {
@@ -232,12 +234,14 @@ impl Audit {
             .is_some_and(|l| l.3)
     }
 
-    /// A group commit begins applying at `at`: what it writes is numbered with it.
-    pub(crate) fn commit_begins(&mut self, at: Millis) -> Committed {
+    /// A group commit of `node` begins applying at `at`: what it writes is numbered with
+    /// it.
+    pub(crate) fn commit_begins(&mut self, at: Millis, node: Arc<str>) -> Committed {
         self.commits += 1;
         Committed {
             commit: self.commits,
             at,
+            node,
         }
     }
 

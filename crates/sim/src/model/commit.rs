@@ -81,12 +81,12 @@ impl Tables {
             return Err(Error::Fenced(fenced));
         }
         let known = |t: &Tables, id: SensorId| t.sensors.contains_key(&id);
-        let by = self.audit.commit_begins(now);
+        let by = self.audit.commit_begins(now, cx.node.clone());
         for r in &batch.readings {
             if known(self, r.sensor_id) {
                 self.next.reading += 1;
                 self.readings.insert(self.next.reading, *r);
-                self.audit.committed_reading(self.next.reading, *r, by);
+                self.audit.committed_reading(self.next.reading, *r, by.clone());
             }
         }
         if self.shared {
@@ -123,7 +123,7 @@ impl Tables {
         for e in events {
             self.next.event += 1;
             self.events.insert(self.next.event, e.clone());
-            self.audit.committed_event(self.next.event, e.clone(), by);
+            self.audit.committed_event(self.next.event, e.clone(), by.clone());
             if self.hold_for_site(&e, now) {
                 continue;
             }
