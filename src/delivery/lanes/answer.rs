@@ -121,22 +121,10 @@ impl Lanes {
         // Told to wait: perhaps behind an older notification of the lane that a sweep
         // has queued behind this head meanwhile; the lane is put back in order.
         let later = matches!(d.result, Finished::Later(_) | Finished::Held(_));
-        // On a store of its own (no other node may hold it), a state that was not sent
-        // (told to wait, withdrawn, given back, or its claim went unanswered, which may
-        // have leased it, so that the commit of a newer one passed it by) is superseded
-        // once a newer state waits behind it, as that commit would have done: the client
-        // is not sent a state it would at once be told is over (simulation seeds 0 and
-        // 420, without the supersede check's allowance for them). Its superseding ends
-        // the lease a give-back would have.
         let unsent = later || matches!(d.result, Finished::Released { .. });
         if unsent && self.finished.is_none() && head.kind == EventKind::StateChanged && state_behind
         {
-            let outcome = lane
-                .queue
-                .pop_front()
-                .map(|e| self.supersede_entry(&d.lane, e));
-            self.go_on(d.lane, false, true, now);
-            return outcome;
+            return self.supersede_unsent(d.lane, now);
         }
         head.claim_unsure = matches!(d.result, Finished::Held(_));
         head.told_to_wait = later;
@@ -197,6 +185,20 @@ impl Lanes {
         };
         self.go_on(d.lane, pop, later, now);
         outcome
+    }
+
+    /// On a store of its own (no other node may hold it), a state head that was not sent
+    /// (told to wait, withdrawn, given back, or its claim went unanswered, which may have
+    /// leased it, so that the commit of a newer one passed it by) is superseded once a
+    /// newer state waits behind it, as that commit would have done: the client is not sent
+    /// a state it would at once be told is over (simulation seeds 0 and 420, without the
+    /// supersede check's allowance for them). Its superseding ends the lease a give-back
+    /// would have.
+    fn supersede_unsent(&mut self, key: LaneKey, now: Millis) -> Option<Outcome> {
+        let head = self.lanes.get_mut(&key)?.queue.pop_front()?;
+        let outcome = self.supersede_entry(&key, head);
+        self.go_on(key, false, true, now);
+        Some(outcome)
     }
 
     /// After its head's answer, the lane goes on: without the head if it ended (`pop`),
