@@ -233,9 +233,10 @@ fn not_lost_in_a_stop(world: &World, t: &crate::model::Tables, log: &Log, start:
         if e.row.kind != EventKind::ConnectionLost {
             continue;
         }
-        let stopping = log.stops.iter().find(|(node, from, to)| {
-            **node == *by.node && e.row.at > *from && e.row.at <= *to
-        });
+        let stopping = log
+            .stops
+            .iter()
+            .find(|(node, from, to)| **node == *by.node && e.row.at > *from && e.row.at <= *to);
         if let Some((node, from, _)) = stopping {
             world.violate(
                 "no sensor is declared lost once a stop began",

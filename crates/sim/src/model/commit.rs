@@ -86,7 +86,8 @@ impl Tables {
             if known(self, r.sensor_id) {
                 self.next.reading += 1;
                 self.readings.insert(self.next.reading, *r);
-                self.audit.committed_reading(self.next.reading, *r, by.clone());
+                self.audit
+                    .committed_reading(self.next.reading, *r, by.clone());
             }
         }
         if self.shared {
@@ -123,7 +124,8 @@ impl Tables {
         for e in events {
             self.next.event += 1;
             self.events.insert(self.next.event, e.clone());
-            self.audit.committed_event(self.next.event, e.clone(), by.clone());
+            self.audit
+                .committed_event(self.next.event, e.clone(), by.clone());
             if self.hold_for_site(&e, now) {
                 continue;
             }
