@@ -174,3 +174,51 @@ fn a_deleted_clients_admitted_heads_are_withdrawn() {
         );
     }
 }
+
+/// On a store of its own, a head handed to the claimer is withdrawn when a newer state of
+/// its lane comes (it comes back unsent, to be superseded, unless it is on its way); the
+/// head of another lane is not. On a shared store nothing is withdrawn.
+#[test]
+fn an_admitted_state_is_withdrawn_when_a_newer_one_comes_on_a_store_of_its_own() {
+    for shared in [false, true] {
+        let settings = settings(Clock::manual(0));
+        let (rec_tx, _outcomes) = mpsc::unbounded_channel();
+        let (claims_tx, mut claims) = mpsc::unbounded_channel();
+        let mut core = Core::new(
+            &settings,
+            rec_tx,
+            claims_tx,
+            shared,
+            CancellationToken::new(),
+        );
+        let now = 1_800_000_000_000;
+        let state = |seq: i64, sensor: &str| NotificationRef {
+            id: ulid::Ulid::new().to_string(),
+            seq,
+            client_id: "c".into(),
+            sensor_id: SensorId::parse(sensor).unwrap(),
+            kind: EventKind::StateChanged,
+            due_at: now,
+            attempts: 0,
+            batch_id: None,
+        };
+        core.add(vec![state(1, "s1"), state(2, "s2")], now);
+        core.lanes.fire_timers(now);
+        core.pump();
+        let mut out = Vec::new();
+        while let Ok(a) = claims.try_recv() {
+            out.push(one(a));
+        }
+        assert_eq!(out.len(), 2);
+        core.add(vec![state(3, "s1")], now);
+        for a in &out {
+            let want = !shared && a.lane.1.to_string() == "s1";
+            assert_eq!(
+                a.withdrawn.is_cancelled(),
+                want,
+                "shared {shared}, {}",
+                a.lane.1
+            );
+        }
+    }
+}

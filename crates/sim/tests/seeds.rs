@@ -259,6 +259,10 @@ const FOUND: &[(u64, &str)] = &[
          its sensor, after its attempt failed, for one a newer state should have cancelled: \
          the newer ones had all ended, the last silenced (a fault of the checks)",
     ),
+    (
+        2011053,
+        "it played two traces, as the site rounds' unbiased select! ran a round at a stop's          instant or not; in one, the stopping node's engine declared an AMQP sensor lost          during the stop while the broker link was down",
+    ),
 ];
 
 /// Seeds of the debounced workload that once failed, as [`FOUND`].
