@@ -184,11 +184,14 @@ impl Dispatcher {
         }
     }
 
-    /// Schedules notifications made by a round that decides for the whole cluster (sites,
-    /// ended silences): only those of sensors this node serves. The node serving the
-    /// others finds them at its next sweep. Queued here, a lane that had just moved away
-    /// could start again on this node while its older head was still out: the newer
-    /// notification went first, and the older one after it from the node serving it now.
+    /// Schedules notifications made by a commit, or by a round that decides for the whole
+    /// cluster (sites, ended silences): only those of sensors this node serves. The node
+    /// serving the others finds them at its next sweep. Queued here, a lane that had just
+    /// moved away could start again on this node while its older head was still out (or
+    /// its failed attempt not yet written, which leaves it leased here, so this node's
+    /// claim let the newer one pass it): the newer notification went first, and the older
+    /// one after it from the node serving it now (simulation seed 2022106: a commit under
+    /// way as its partition moved).
     pub fn deliver_served(&self, refs: Vec<NotificationRef>) {
         if !refs.is_empty() {
             let _ = self.tx.send(Cmd::DeliverServed(refs));

@@ -270,7 +270,9 @@ impl committer::Listener for Wiring {
             };
             self.recent.add(measure, n as u64, c.at);
         }
-        self.dispatcher.deliver(c.notifications);
+        // Only those of sensors this node still serves: a commit that was under way as its
+        // partition moved is the next owner's to send ([`Dispatcher::deliver_served`]).
+        self.dispatcher.deliver_served(c.notifications);
         for e in c.events.into_iter().flatten() {
             // Only fails when the last listener just left.
             let _ = self.live.send(Live::Sensor(e));

@@ -263,6 +263,13 @@ const FOUND: &[(u64, &str)] = &[
         2011053,
         "it played two traces, as the site rounds' unbiased select! ran a round at a stop's          instant or not; in one, the stopping node's engine declared an AMQP sensor lost          during the stop while the broker link was down",
     ),
+    (
+        2022106,
+        "a commit under way as its partition moved queued its notification on the node it \
+         left, whose dropped lane's older reminder was still leased there (its failed \
+         attempt not yet written): that node's claim let the newer one pass, and the next \
+         owner sent the older one after it",
+    ),
 ];
 
 /// Seeds of the debounced workload that once failed, as [`FOUND`].
