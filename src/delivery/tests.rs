@@ -119,6 +119,39 @@ async fn notifications_due_at_start_are_sent_without_anything_else_arriving() {
     );
 }
 
+/// A dispatcher core on a manual clock, on a store `shared` or not (its outcomes go
+/// nowhere), and what it hands the claimer.
+fn core_and_claims(shared: bool) -> (Core, mpsc::UnboundedReceiver<Admission>) {
+    let settings = settings(Clock::manual(0));
+    let (rec_tx, _outcomes) = mpsc::unbounded_channel();
+    let (claims_tx, claims) = mpsc::unbounded_channel();
+    let core = Core::new(
+        &settings,
+        rec_tx,
+        claims_tx,
+        shared,
+        CancellationToken::new(),
+    );
+    (core, claims)
+}
+
+/// Queues `refs` (due at `now`) and returns the heads the core hands the claimer.
+fn admit(
+    core: &mut Core,
+    claims: &mut mpsc::UnboundedReceiver<Admission>,
+    refs: Vec<NotificationRef>,
+    now: Millis,
+) -> Vec<Admitted> {
+    core.add(refs, now);
+    core.lanes.fire_timers(now);
+    core.pump();
+    let mut out = Vec::new();
+    while let Ok(a) = claims.try_recv() {
+        out.push(one(a));
+    }
+    out
+}
+
 /// A head admitted alone (these tests have no batched client).
 fn one(a: Admission) -> Admitted {
     match a {
@@ -131,16 +164,7 @@ fn one(a: Admission) -> Admitted {
 /// client's are not.
 #[test]
 fn a_deleted_clients_admitted_heads_are_withdrawn() {
-    let settings = settings(Clock::manual(0));
-    let (rec_tx, _outcomes) = mpsc::unbounded_channel();
-    let (claims_tx, mut claims) = mpsc::unbounded_channel();
-    let mut core = Core::new(
-        &settings,
-        rec_tx,
-        claims_tx,
-        false,
-        CancellationToken::new(),
-    );
+    let (mut core, mut claims) = core_and_claims(false);
     let now = 1_800_000_000_000;
     let refs = ["gone", "kept"]
         .into_iter()
@@ -156,13 +180,7 @@ fn a_deleted_clients_admitted_heads_are_withdrawn() {
             batch_id: None,
         })
         .collect();
-    core.add(refs, now);
-    core.lanes.fire_timers(now);
-    core.pump();
-    let mut out = Vec::new();
-    while let Ok(a) = claims.try_recv() {
-        out.push(one(a));
-    }
+    let out = admit(&mut core, &mut claims, refs, now);
     assert_eq!(out.len(), 2);
     core.handle(Cmd::ClientGone(Arc::from("gone")));
     for a in &out {
@@ -181,16 +199,7 @@ fn a_deleted_clients_admitted_heads_are_withdrawn() {
 #[test]
 fn an_admitted_state_is_withdrawn_when_a_newer_one_comes_on_a_store_of_its_own() {
     for shared in [false, true] {
-        let settings = settings(Clock::manual(0));
-        let (rec_tx, _outcomes) = mpsc::unbounded_channel();
-        let (claims_tx, mut claims) = mpsc::unbounded_channel();
-        let mut core = Core::new(
-            &settings,
-            rec_tx,
-            claims_tx,
-            shared,
-            CancellationToken::new(),
-        );
+        let (mut core, mut claims) = core_and_claims(shared);
         let now = 1_800_000_000_000;
         let state = |seq: i64, sensor: &str| NotificationRef {
             id: ulid::Ulid::new().to_string(),
@@ -202,13 +211,12 @@ fn an_admitted_state_is_withdrawn_when_a_newer_one_comes_on_a_store_of_its_own()
             attempts: 0,
             batch_id: None,
         };
-        core.add(vec![state(1, "s1"), state(2, "s2")], now);
-        core.lanes.fire_timers(now);
-        core.pump();
-        let mut out = Vec::new();
-        while let Ok(a) = claims.try_recv() {
-            out.push(one(a));
-        }
+        let out = admit(
+            &mut core,
+            &mut claims,
+            vec![state(1, "s1"), state(2, "s2")],
+            now,
+        );
         assert_eq!(out.len(), 2);
         core.add(vec![state(3, "s1")], now);
         for a in &out {
