@@ -81,6 +81,9 @@ pub struct Link {
     pub down: bool,
     /// When it was last (re)connected: their deadlines count from then at the earliest.
     pub up_since: Millis,
+    /// latch stopped taking readings ([`deafen`]): held for good, whatever the link does
+    /// after (another node's reconnect that a cluster's lease round follows).
+    pub deaf: bool,
 }
 
 /// The links per [`Source::index`]; HTTP's is never down.
@@ -95,10 +98,8 @@ pub fn change_link(links: &mut Links, source: Source, up: bool, at: Millis) {
     let link = &mut links[source.index()];
     match (up, link.down) {
         (true, true) => {
-            *link = Link {
-                down: false,
-                up_since: at,
-            }
+            link.down = false;
+            link.up_since = at;
         }
         (false, _) => link.down = true,
         (true, false) => {}
@@ -110,7 +111,7 @@ pub fn change_link(links: &mut Links, source: Source, up: bool, at: Millis) {
 /// (HTTP's too) until the process exits. The next start counts deadlines from then.
 pub fn deafen(links: &mut Links) {
     for link in links.iter_mut() {
-        link.down = true;
+        link.deaf = true;
     }
 }
 
@@ -426,7 +427,8 @@ impl Fleet {
 
     /// Whether a group's sensors wait for their broker link to come back.
     fn held(&self, g: &Group) -> bool {
-        self.links[g.link as usize].down
+        let link = &self.links[g.link as usize];
+        link.down || link.deaf
     }
 
     /// The earliest deadline of all online sensors not held by a link that is down, or

@@ -204,7 +204,7 @@ async fn a_broker_link_down_holds_back_lost_until_it_is_back() {
 }
 
 /// Once a stop began (readings are no longer taken), no sensor is declared lost, whatever
-/// it was heard through: the silence is latch's downtime, as after a restart (simulation
+/// it was heard through and whatever its link does after: the silence is latch's downtime, as after a restart (simulation
 /// seed 2011053, with its site rounds' loop run once more at the stop, which kept the
 /// engine running past a deadline).
 #[tokio::test]
@@ -218,6 +218,10 @@ async fn no_sensor_is_declared_lost_once_a_stop_began() {
     send(&engine, &mut rx, reading(h, true), 1_000, Source::Http).await;
     send(&engine, &mut rx, reading(x, true), 1_000, Source::Http).await;
     engine.stop_hearing();
+    // A link that goes down and comes back meanwhile (a cluster's round follows another
+    // node's reconnect) does not make it hear again.
+    engine.set_link(Source::Mqtt, false, 2_000);
+    engine.set_link(Source::Mqtt, true, 3_000);
     clock.set(60_000);
     // A reading still queued when the stop began is applied; nothing is lost.
     let b = send(&engine, &mut rx, reading(x, false), 60_000, Source::Http).await;
