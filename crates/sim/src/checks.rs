@@ -210,7 +210,7 @@ pub fn at_end(
         site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
         states_change(world, t, start);
-        superseded(world, &trails, bounds, start);
+        superseded(world, &trails, start);
         debounced(world, t, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
@@ -297,12 +297,9 @@ fn states_change(world: &World, t: &crate::model::Tables, start: Millis) {
 /// lane; one already in flight (leased) finishes first. So the claim that leased an older
 /// state for the attempt that delivered it found no newer state of its lane waiting (made
 /// before that claim, not ended by it; the same millisecond is left out either way) —
-/// unless a replay put it back, or, on a store several nodes share, the older one was
-/// leased when that newer one was made and no attempt of it came between (see
-/// BENCHMARKS.md: a lease of an earlier attempt the store still held, the head waiting for
-/// its claim; a node cannot tell that another node's lease is not on its way).
-fn superseded(world: &World, trails: &[&crate::model::Trail], bounds: &Bounds, start: Millis) {
-    let claim_lease = bounds.claim_lease;
+/// unless a replay put it back. (A lease of an earlier attempt the store still held when
+/// the newer one committed was allowed once; see BENCHMARKS.md.)
+fn superseded(world: &World, trails: &[&crate::model::Trail], start: Millis) {
     let mut lanes: BTreeMap<(&str, SensorId), Vec<&crate::model::Trail>> = BTreeMap::new();
     for tr in trails.iter().filter(|t| t.kind == EventKind::StateChanged) {
         lanes
@@ -325,14 +322,7 @@ fn superseded(world: &World, trails: &[&crate::model::Trail], bounds: &Bounds, s
             // Trails come in outbox order: what follows in the lane is newer.
             let waiting = lane[i + 1..].iter().find(|newer| {
                 let ended = newer.changes.iter().find(|c| c.from == Status::Pending);
-                let made = newer.made_at;
-                let leased = older
-                    .claims
-                    .iter()
-                    .any(|&(at, _)| at <= made && made <= at + claim_lease);
-                let tried = older.attempts.iter().any(|a| a.at > made && a.at < sent.at);
-                let allowed = bounds.cluster && leased && !tried;
-                made < claimed && ended.is_none_or(|c| c.at > claimed) && !allowed
+                newer.made_at < claimed && ended.is_none_or(|c| c.at > claimed)
             });
             if let Some(newer) = waiting {
                 world.violate(
