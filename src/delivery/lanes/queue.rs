@@ -134,13 +134,17 @@ impl Lanes {
             // too. A head in flight stays, and so does one another node may hold: it
             // finishes first and the new one follows.
             let pointless = take_pointless(lane, r.seq, r.kind, shared);
+            // A head out here that the supersede rule would drop were it waiting.
+            let newer = Queued {
+                seq: r.seq,
+                kind: r.kind,
+            };
             let withdraw = !shared
                 && lane.out
-                && r.kind == EventKind::StateChanged
                 && lane
                     .queue
                     .front()
-                    .is_some_and(|h| h.kind == EventKind::StateChanged && h.seq < r.seq);
+                    .is_some_and(|h| policy::supersedes(newer, h.queued(), false));
             if withdraw {
                 self.withdrawals.push(key.clone());
             }
