@@ -177,7 +177,9 @@ struct Tester {
 }
 
 impl Dispatcher {
-    /// Schedules notifications just made durable (or put back by a manual retry).
+    /// Schedules notifications a manual retry put back, whichever node serves their
+    /// sensors: this node's claims keep their lanes in order. A commit's go through
+    /// [`Dispatcher::deliver_served`].
     pub fn deliver(&self, refs: Vec<NotificationRef>) {
         if !refs.is_empty() {
             let _ = self.tx.send(Cmd::Deliver(refs));
