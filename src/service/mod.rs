@@ -64,11 +64,14 @@ pub async fn run_with_clock(
     // silence is latch's downtime, not the sensors'.
     node.engine().stop_hearing();
     sources.stopping();
-    http.stop().await?;
+    // An API that ended in an error still leaves the rest to stop: the engine to flush,
+    // the partitions to hand over, the attempts in flight to finish.
+    let served = http.stop().await;
     followers.stop().await;
     sources.stop().await;
     node.stop(config.shutdown_grace).await;
     tracing::info!("latch stopped.");
+    served?;
     match sup.failure() {
         Some(failure) => anyhow::bail!("{failure}"),
         None => Ok(()),
