@@ -28,7 +28,7 @@ pub fn installed() -> bool {
 
 /// A free port below Linux's ephemeral range (32768–60999), so no outgoing connection or
 /// port-0 listener takes it between a stop and a restart of the server.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     use rand::Rng;
     let mut rng = rand::thread_rng();
     for _ in 0..1000 {
@@ -161,7 +161,7 @@ pub async fn query(url: &str, sql: &str) -> anyhow::Result<String> {
     Ok(text.trim().to_string())
 }
 
-fn tail(s: &str) -> &str {
+pub(crate) fn tail(s: &str) -> &str {
     let start = s.len().saturating_sub(2000);
     let start = (start..s.len())
         .find(|&i| s.is_char_boundary(i))

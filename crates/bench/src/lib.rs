@@ -16,6 +16,7 @@ pub mod history;
 pub mod ingest;
 mod mtls;
 pub mod pg_cost;
+pub mod postgres_server;
 pub mod rate;
 pub mod restart;
 pub mod retention;
