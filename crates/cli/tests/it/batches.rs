@@ -139,7 +139,9 @@ async fn a_failed_batch_comes_again_as_the_same_batch() {
     let s = TestServer::start().await;
     let r = Receiver::start().await;
     r.script([Answer::status(503)]);
-    let (client, _) = batched(&s, &r, 10, 300).await;
+    // A wait long enough that the four events are one batch though the engine's shards
+    // commit them apart.
+    let (client, _) = batched(&s, &r, 10, 2_000).await;
     let ids = sensors(&s, &client, 4).await;
     let readings: Vec<Value> = ids
         .iter()

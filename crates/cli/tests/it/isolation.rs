@@ -11,10 +11,11 @@ use tokio::net::TcpListener;
 
 use crate::utils::{Receiver, TestServer, eventually, unique};
 
-/// Rounds of changes, and the pause between two: each sensor changes once a pause, so a
-/// healthy client's lane has all of it to deliver one change before the next supersedes it.
+/// Rounds of changes, and how long the healthy client has for each round's deliveries
+/// before the next round: well below the hanging endpoint's timeout (3 or 4 s), so a lane
+/// held behind one of its requests fails the wait.
 const ROUNDS: usize = 8;
-const PAUSE: Duration = Duration::from_secs(1);
+const ROUND_S: u64 = 2;
 const SENSORS: usize = 20;
 
 /// An endpoint whose host accepts TCP connections and never answers a request; the
@@ -55,15 +56,22 @@ async fn shared_sensors(s: &TestServer, clients: [&str; 2]) -> Vec<String> {
     ids
 }
 
-/// Flips every sensor `ROUNDS` times, `PAUSE` apart (1, 0, 1, …).
-async fn flip(s: &TestServer, sensors: &[String]) {
+/// Flips every sensor `ROUNDS` times (1, 0, 1, …), each round once the healthy client's
+/// receiver has had the one before, within `ROUND_S`.
+async fn flip(s: &TestServer, sensors: &[String], healthy: &Receiver) {
+    let base = healthy.count();
     for round in 0..ROUNDS {
         let readings: Vec<Value> = sensors
             .iter()
             .map(|id| json!({"sensor_id": id, "data": (round + 1) % 2}))
             .collect();
         s.readings(json!(readings)).await;
-        tokio::time::sleep(PAUSE).await;
+        let want = base + sensors.len() * (round + 1);
+        let what = format!("round {round} at the healthy client");
+        eventually(ROUND_S, &what, || async {
+            (healthy.count() >= want).then_some(())
+        })
+        .await;
     }
 }
 
@@ -102,7 +110,7 @@ async fn a_batched_client_whose_endpoint_hangs_delays_no_other_client() {
     .await;
     let fast = client(&s, "fast", &r.url, json!({})).await;
     let sensors = shared_sensors(&s, [&slow, &fast]).await;
-    flip(&s, &sensors).await;
+    flip(&s, &sensors, &r).await;
     every_change_delivered(&s, &fast, &r, SENSORS * ROUNDS).await;
 }
 
@@ -149,6 +157,6 @@ async fn an_endpoint_that_stops_answering_holds_one_request_slot_not_all() {
     .await;
     let base = s.notifications(&format!("client_id={fast}")).await.len();
     assert_eq!(base, SENSORS);
-    flip(&s, &sensors).await;
+    flip(&s, &sensors, &r).await;
     every_change_delivered(&s, &fast, &r, SENSORS * (ROUNDS + 1)).await;
 }

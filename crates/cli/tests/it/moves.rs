@@ -170,6 +170,10 @@ async fn a_stop_whose_grace_runs_out_gives_back_what_it_cut_and_the_lanes_go_on(
         ("LATCH_DELIVERY_TIMEOUT", "20s".to_string()),
         ("LATCH_DELIVERY_CLIENT_CONCURRENCY", "64".to_string()),
         ("LATCH_SHUTDOWN_GRACE", "1s".to_string()),
+        // The cut attempts' retries wait for the new states, which supersede them: a retry
+        // due before those are posted would send a 1 again, as documented.
+        ("LATCH_RETRY_BASE", "10s".to_string()),
+        ("LATCH_RETRY_MAX_DELAY", "30s".to_string()),
     ];
     let Some(mut c) = Cluster::start_env(2, &env).await else {
         return;

@@ -271,7 +271,9 @@ fn oauth_body(o: &OAuth) -> Value {
 #[tokio::test]
 async fn oauth2_tokens_are_kept_renewed_before_expiry_and_refreshed_once_on_a_401() {
     let s = TestServer::start().await;
-    let o = OAuth::start(2).await;
+    // Long-lived tokens until the revoke, so the deliveries before it share one however
+    // slow the machine; the one fetched after it lasts 2 s, for the expiry below.
+    let o = OAuth::start(3600).await;
     let (sensor, client) = linked(&s, oauth_body(&o)).await;
     let (_, c) = s.get(&format!("/v1/clients/{client}")).await;
     assert_eq!(
@@ -290,6 +292,7 @@ async fn oauth2_tokens_are_kept_renewed_before_expiry_and_refreshed_once_on_a_40
 
     // Revoked: the receiver answers 401, latch fetches a new token once and the same
     // attempt goes through.
+    o.lifetime(2);
     o.revoke_all();
     change(&s, &sensor, 1).await;
     let n = delivered(&s, &client, 3).await;

@@ -51,6 +51,8 @@ async fn a_round_deletes_what_is_past_retention_and_keeps_the_rest() {
         c["disabled_at"].is_string().then_some(())
     })
     .await;
+    // b's 1 out first, so its 0 does not supersede it.
+    happy.wait_for(2, 10).await;
     s.readings(json!({"sensor_id": b, "data": 0})).await;
     let delivered = eventually(10, "a's and b's delivered", || async {
         let n = s

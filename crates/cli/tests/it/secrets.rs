@@ -283,9 +283,15 @@ async fn key_rotation_under_load_loses_no_delivery() {
 
     // Readings flow all along: each round flips every sensor.
     let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let load = {
-        let (stop, base, http, sensors) =
-            (stop.clone(), p.base.clone(), http.clone(), sensors.clone());
+        let (stop, done, base, http, sensors) = (
+            stop.clone(),
+            done.clone(),
+            p.base.clone(),
+            http.clone(),
+            sensors.clone(),
+        );
         tokio::spawn(async move {
             let mut rounds = 0u32;
             while !stop.load(Ordering::SeqCst) {
@@ -302,6 +308,7 @@ async fn key_rotation_under_load_loses_no_delivery() {
                     .unwrap();
                 assert_eq!(a.status(), StatusCode::ACCEPTED);
                 rounds += 1;
+                done.store(rounds, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             rounds
@@ -328,6 +335,11 @@ async fn key_rotation_under_load_loses_no_delivery() {
             .to_string();
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // However slow the machine, ten rounds of load at least.
+    eventually(30, "ten rounds of load", || async {
+        (done.load(Ordering::SeqCst) >= 10).then_some(())
+    })
+    .await;
     stop.store(true, Ordering::SeqCst);
     let rounds = load.await.unwrap();
     assert!(rounds >= 10, "the load ran ({rounds} rounds)");

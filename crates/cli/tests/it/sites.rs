@@ -519,9 +519,22 @@ async fn a_cluster_tells_each_site_once_though_a_node_is_killed_as_it_decides() 
         .flat_map(|x| &x.sensors[1..])
         .chain([&gate.sensors[0], &lone.sensors[0]])
         .collect();
-    for r in readings(back, 0) {
+    for r in readings(back.clone(), 0) {
         post_until_accepted(&c.http, &live, r.as_array().unwrap().clone(), 60).await;
     }
+    // Kept alive from then on, so a slow machine does not see them lost a second time.
+    let feeding_back = {
+        let (http, live) = (c.http.clone(), live.clone());
+        let back: Vec<String> = back.into_iter().cloned().collect();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                for r in readings(&back, 0) {
+                    post_until_accepted(&http, &live, r.as_array().unwrap().clone(), 60).await;
+                }
+            }
+        })
+    };
     for (k, r) in receivers.iter().enumerate() {
         eventually(60, &format!("client {k}'s returns"), || async {
             let got = by_type(r);
@@ -549,4 +562,5 @@ async fn a_cluster_tells_each_site_once_though_a_node_is_killed_as_it_decides() 
         "the lone and gateway sites' feed kept up"
     );
     feeding.abort();
+    feeding_back.abort();
 }

@@ -217,6 +217,11 @@ impl OAuth {
         });
     }
 
+    /// Tokens issued from now on last `secs` seconds.
+    pub fn lifetime(&self, secs: u64) {
+        self.with(|t| t.lifetime_s = secs);
+    }
+
     pub fn slow_tokens(&self, delay: Duration) {
         self.with(|t| t.delay = delay);
     }
