@@ -69,10 +69,11 @@ impl Stream {
 
     /// The next event while `clock` moves on a quarter second at a time up to `limit`, as
     /// a real clock passes: a round still busy when a manual clock jumps sleeps a second
-    /// past the jump, and one jump would leave it asleep.
+    /// past the jump, and one jump would leave it asleep. It moves only after a second
+    /// without an event, so a slow machine's event is not overtaken by the clock.
     async fn next_ticking(&mut self, clock: &Clock, limit: i64) -> (String, Value) {
         loop {
-            if let Ok(e) = tokio::time::timeout(Duration::from_millis(300), self.next()).await {
+            if let Ok(e) = tokio::time::timeout(Duration::from_secs(1), self.next()).await {
                 return e;
             }
             assert!(clock.now() < limit, "no event by the clock's {limit}");
