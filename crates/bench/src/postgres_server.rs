@@ -75,7 +75,18 @@ impl LocalPostgres {
         };
         let out = server
             .command("initdb")
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            // The C locale: whatever the environment names may not be installed.
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "--locale=C",
+                "-E",
+                "UTF8",
+            ])
+            .arg("-D")
             .arg(&server.data)
             .output()?;
         if !out.status.success() {
