@@ -114,22 +114,27 @@ impl LocalPostgres {
     /// Starts the stopped server again, on the same port and data, and waits until it
     /// takes queries.
     pub async fn resume(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::File::create(self.data.join("server.log"))?;
+        anyhow::ensure!(self.child.is_none(), "PostgreSQL is running already");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data.join("server.log"))?;
         let child = self
             .command("postgres")
             .arg("-D")
             .arg(&self.data)
-            .args(["-p", &self.port.to_string(), "-k"])
-            .arg(&self.data)
+            // TCP only: a socket in a long temporary path would pass the 107 bytes allowed.
+            .args(["-p", &self.port.to_string(), "-k", ""])
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let (deadline, url) = (Instant::now() + Duration::from_secs(60), self.url());
         loop {
-            if let Ok((client, conn)) =
-                tokio_postgres::connect(&self.url(), tokio_postgres::NoTls).await
+            let connect = tokio_postgres::connect(&url, tokio_postgres::NoTls);
+            if let Ok(Ok((client, conn))) =
+                tokio::time::timeout(Duration::from_secs(2), connect).await
             {
                 tokio::spawn(conn);
                 if client.simple_query("SELECT 1").await.is_ok() {
@@ -137,6 +142,8 @@ impl LocalPostgres {
                 }
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                // Reaped: its pid is no longer ours to signal.
+                self.child = None;
                 let log = std::fs::read_to_string(self.data.join("server.log")).unwrap_or_default();
                 anyhow::bail!("PostgreSQL exited at start ({status}): {}", tail(&log));
             }
@@ -162,11 +169,25 @@ impl LocalPostgres {
         self.resume().await
     }
 
+    /// Sends `signal` to the server and waits for it to end: 30 s at most, then it is
+    /// killed. (The postmaster ends its own children before it exits.)
     fn signal(&mut self, signal: libc::c_int) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill with a child's pid this process still holds (not yet waited for).
-            unsafe { libc::kill(c.id() as libc::pid_t, signal) };
-            let _ = c.wait();
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if !matches!(c.try_wait(), Ok(None)) {
+            return;
+        }
+        // SAFETY: kill with the pid of a child not yet waited for, so still ours.
+        unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(c.try_wait(), Ok(None)) {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use crate::utils::{Receiver, TestServer, eventually, unique};
 
 /// Rounds of changes, and how long the healthy client has for each round's deliveries
-/// before the next round: well below the hanging endpoint's timeout (3 or 4 s), so a lane
+/// before the next round: well below the hanging endpoint's timeout (5 s), so a lane
 /// held behind one of its requests fails the wait.
 const ROUNDS: usize = 8;
 const ROUND_S: u64 = 2;
@@ -98,7 +98,7 @@ async fn every_change_delivered(s: &TestServer, fast: &str, r: &Receiver, want: 
 
 #[tokio::test]
 async fn a_batched_client_whose_endpoint_hangs_delays_no_other_client() {
-    let s = TestServer::start_with(|c| c.delivery_timeout = Duration::from_secs(4)).await;
+    let s = TestServer::start_with(|c| c.delivery_timeout = Duration::from_secs(5)).await;
     let r = Receiver::start().await;
     let hang = hanging_endpoint().await;
     let slow = client(
@@ -120,7 +120,7 @@ async fn an_endpoint_that_stops_answering_holds_one_request_slot_not_all() {
     // attempts take every one of them until they time out. After that it gets one at a
     // time, and the others are the healthy client's.
     let s = TestServer::start_with(|c| {
-        c.delivery_timeout = Duration::from_secs(3);
+        c.delivery_timeout = Duration::from_secs(5);
         c.delivery_concurrency = 4;
         c.delivery_client_concurrency = 4;
     })
