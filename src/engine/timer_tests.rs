@@ -204,9 +204,9 @@ async fn a_broker_link_down_holds_back_lost_until_it_is_back() {
 }
 
 /// Once a stop began (readings are no longer taken), no sensor is declared lost, whatever
-/// it was heard through and whatever its link does after: the silence is latch's downtime, as after a restart (simulation
-/// seed 2011053, with its site rounds' loop run once more at the stop, which kept the
-/// engine running past a deadline).
+/// it was heard through and whatever its link does after: the silence is latch's
+/// downtime, as after a restart (simulation seed 2011053, with its site rounds' loop run
+/// once more at the stop, which kept the engine running past a deadline).
 #[tokio::test]
 async fn no_sensor_is_declared_lost_once_a_stop_began() {
     let clock = Clock::manual(0);
