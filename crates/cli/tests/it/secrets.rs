@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use crate::utils::receivers::Ca;
-use crate::utils::{Process, Receiver, TestServer, database_url, eventually, unique};
+use crate::utils::{Process, Receiver, TestServer, database_url, eventually, grows_by, unique};
 
 /// Runs `latch <args>` with `env`; its success and output.
 async fn latch(args: &[&str], env: Vec<(&'static str, String)>) -> (bool, String) {
@@ -283,7 +283,7 @@ async fn key_rotation_under_load_loses_no_delivery() {
 
     // Readings flow all along: each round flips every sensor.
     let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
     let load = {
         let (stop, done, base, http, sensors) = (
             stop.clone(),
@@ -308,7 +308,7 @@ async fn key_rotation_under_load_loses_no_delivery() {
                     .unwrap();
                 assert_eq!(a.status(), StatusCode::ACCEPTED);
                 rounds += 1;
-                done.store(rounds, Ordering::SeqCst);
+                done.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             rounds
@@ -319,7 +319,7 @@ async fn key_rotation_under_load_loses_no_delivery() {
     let mut to = String::new();
     let rotations = if url.is_some() { 1 } else { 2 };
     for _ in 0..rotations {
-        rounds_past(&done, &load, 3).await;
+        grows_by(&done, 3, &load, "three more rounds of load").await;
         let mut cli = env.clone();
         cli.extend(keyed(&[&keys[1], &keys[0]]));
         let (ok, out) = latch(&["rotate-key"], cli).await;
@@ -334,7 +334,7 @@ async fn key_rotation_under_load_loses_no_delivery() {
             .unwrap()
             .to_string();
     }
-    rounds_past(&done, &load, 3).await;
+    grows_by(&done, 3, &load, "three more rounds of load").await;
     stop.store(true, Ordering::SeqCst);
     load.await.unwrap();
 
@@ -415,15 +415,4 @@ async fn key_rotation_under_load_loses_no_delivery() {
             "sealed under the new key: {v}"
         );
     }
-}
-
-/// Waits until the load has made `n` more rounds: readings flow before, between and after
-/// the rotations, however slow the machine. A load that stopped fails at once.
-async fn rounds_past(done: &AtomicU32, load: &tokio::task::JoinHandle<u32>, n: u32) {
-    let want = done.load(Ordering::SeqCst) + n;
-    eventually(30, &format!("{n} more rounds of load"), || async {
-        assert!(!load.is_finished(), "the load stopped");
-        (done.load(Ordering::SeqCst) >= want).then_some(())
-    })
-    .await;
 }

@@ -245,6 +245,22 @@ impl TestServer {
 
 /// The settings a [`TestServer`] on `dir` starts with before a test's own: [`fast_config`]
 /// on the store under test. A test may prepare that store with them before it starts.
+/// Waits until `counter` has grown by `n` from now while `task`, which counts, runs: a task
+/// that ended fails the wait at once.
+pub async fn grows_by<T>(
+    counter: &AtomicUsize,
+    n: usize,
+    task: &tokio::task::JoinHandle<T>,
+    what: &str,
+) {
+    let want = counter.load(Ordering::SeqCst) + n;
+    eventually(30, what, || async {
+        assert!(!task.is_finished(), "{what}: the task counting them ended");
+        (counter.load(Ordering::SeqCst) >= want).then_some(())
+    })
+    .await;
+}
+
 pub async fn test_config(dir: &Path) -> Config {
     let mut config = fast_config(dir);
     config.database_url = database_url(dir).await;
