@@ -66,6 +66,8 @@ struct Kept {
     by_id: HashMap<String, u32>,
     /// Answered notifications by `type` (a batch's events each).
     by_type: HashMap<String, u64>,
+    /// How many of the next requests to hold until [`Receiver::release`].
+    hold_next: usize,
 }
 
 struct Shared {
@@ -77,6 +79,8 @@ struct Shared {
     /// Per 10,000 requests, how many to fail with 500 (spread evenly, no RNG).
     fail_per_10k: AtomicU64,
     kept: Mutex<Kept>,
+    /// Whether held requests may be answered ([`Receiver::hold`]).
+    released: tokio::sync::watch::Sender<bool>,
 }
 
 /// An OAuth2 token endpoint on loopback that answers every request with `token`, a bearer
@@ -130,6 +134,7 @@ impl Receiver {
             events_ok: AtomicU64::new(0),
             fail_per_10k: AtomicU64::new(0),
             kept: Mutex::new(Kept::default()),
+            released: tokio::sync::watch::Sender::new(true),
         });
         let app = axum::Router::new()
             .route("/hook", axum::routing::post(receive))
@@ -145,6 +150,19 @@ impl Receiver {
     /// Answers these first, in order.
     pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
         self.kept().script.extend(answers);
+    }
+
+    /// Holds the next `n` requests, after their answers' delays, until [`Self::release`]:
+    /// a test that needs requests in flight while something happens releases them when it
+    /// is done, however long that took, instead of racing a fixed delay.
+    pub fn hold(&self, n: usize) {
+        self.kept().hold_next = n;
+        self.shared.released.send_replace(false);
+    }
+
+    /// Answers the held requests.
+    pub fn release(&self) {
+        self.shared.released.send_replace(true);
     }
 
     /// Answers this once the script is used up.
@@ -243,8 +261,10 @@ async fn receive(
     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let sensor = body["sensor"]["id"].as_str().unwrap_or("").to_string();
     let everything = shared.keep == Keep::Everything;
-    let answer = {
+    let (answer, held) = {
         let mut k = shared.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let held = k.hold_next > 0;
+        k.hold_next = k.hold_next.saturating_sub(1);
         let answer = if fail {
             Answer::status(500)
         } else {
@@ -288,7 +308,7 @@ async fn receive(
                 at: Instant::now(),
             });
         }
-        answer
+        (answer, held)
     };
     // Counted out even when the sender hangs up mid-answer (a killed node): the handler is
     // then dropped, and the guard still runs.
@@ -304,6 +324,10 @@ async fn receive(
     }
     let _out = Out(everything.then(|| (shared.clone(), sensor)));
     tokio::time::sleep(answer.delay).await;
+    if held {
+        // The sender lives in `shared`, so this ends only on release.
+        let _ = shared.released.subscribe().wait_for(|r| *r).await;
+    }
     let mut h = HeaderMap::new();
     if let Some(s) = answer.retry_after {
         h.insert("retry-after", s.into());

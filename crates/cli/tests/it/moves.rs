@@ -15,19 +15,20 @@ use serde_json::{Value, json};
 use crate::utils::cluster::{Cluster, PARTITIONS, post_until_accepted};
 use crate::utils::{Answer, Receiver, eventually, unique};
 
-/// How long the receiver takes to answer each sensor's first change: the move happens
-/// meanwhile.
-const SLOW: Duration = Duration::from_secs(12);
-/// Sensors, each with one slow request in flight when the partitions move.
+/// How long an attempt may take: the receiver holds each sensor's first change until the
+/// move is done and the new states are posted, which must come well within it.
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// Sensors, each with one held request in flight when the partitions move.
 const SENSORS: usize = 40;
 
-/// Nodes whose attempts outlast the slow answers (a 30 s timeout, so a lease of 95 s), that
-/// send every sensor's request at once, and that let attempts in flight finish when stopped.
+/// Nodes whose attempts outlast the held answers (a 60 s timeout, so a lease of 185 s),
+/// that send every sensor's request at once, and that let attempts in flight finish when
+/// stopped.
 fn patient() -> Vec<(&'static str, String)> {
     vec![
-        ("LATCH_DELIVERY_TIMEOUT", "30s".into()),
+        ("LATCH_DELIVERY_TIMEOUT", format!("{}s", TIMEOUT.as_secs())),
         ("LATCH_DELIVERY_CLIENT_CONCURRENCY", "64".into()),
-        ("LATCH_SHUTDOWN_GRACE", "30s".into()),
+        ("LATCH_SHUTDOWN_GRACE", format!("{}s", TIMEOUT.as_secs())),
     ]
 }
 
@@ -38,18 +39,24 @@ fn readings(sensors: &[String], data: u8) -> Vec<Value> {
         .collect()
 }
 
-/// A receiver that answers the first `n` requests 204 after [`SLOW`], the rest at once.
-async fn slow_receiver(n: usize) -> Receiver {
+/// A receiver that holds the first `n` requests until released, then answers them 204;
+/// the rest at once.
+async fn held_receiver(n: usize) -> Receiver {
     let r = Receiver::start().await;
-    r.script(std::iter::repeat_n(
-        Answer {
-            status: 204,
-            delay: SLOW,
-            retry_after: None,
-        },
-        n,
-    ));
+    r.script(std::iter::repeat_n(Answer::status(204), n));
+    r.hold(n);
     r
+}
+
+/// Releases the held answers once the move is done, and checks that it came while they
+/// were still in flight: an attempt that timed out meanwhile would prove nothing.
+fn release(r: &Receiver, in_flight: Instant) {
+    let held = in_flight.elapsed();
+    assert!(
+        held < TIMEOUT / 2,
+        "the move took {held:?}, too near the attempts' timeout: the test proves nothing"
+    );
+    r.release();
 }
 
 /// Every notification of `client`, once all of them are delivered.
@@ -92,7 +99,7 @@ async fn a_join_waits_for_the_old_owners_attempts_and_goes_on_when_they_end() {
     let Some(mut c) = Cluster::start_env(1, &patient()).await else {
         return;
     };
-    let r = slow_receiver(SENSORS).await;
+    let r = held_receiver(SENSORS).await;
     let (client, sensors) = c.fleet("mj", SENSORS, &r.url, json!({})).await;
     let first = vec![c.base(0).to_string()];
     post_until_accepted(&c.http, &first, readings(&sensors, 1), 20).await;
@@ -104,20 +111,16 @@ async fn a_join_waits_for_the_old_owners_attempts_and_goes_on_when_they_end() {
     c.balanced(2, 20).await;
     let second = vec![c.base(1).to_string()];
     post_until_accepted(&c.http, &second, readings(&sensors, 0), 20).await;
-    assert!(
-        in_flight.elapsed() < SLOW,
-        "the move came after the slow answers ({:?}): the test proves nothing",
-        in_flight.elapsed()
-    );
+    // A new state sent while its sensor's first is held fails `check_received`.
+    release(&r, in_flight);
+    let answered = Instant::now();
 
-    // The new states follow the slow answers at once: not at the next full sweep (a minute
-    // on) nor when the old owner's leases (95 s) run out.
-    let left = SLOW.saturating_sub(in_flight.elapsed());
-    r.wait_for(2 * SENSORS, (left + Duration::from_secs(10)).as_secs())
-        .await;
+    // The new states follow the held answers at once: not at the next full sweep (a
+    // minute on) nor when the old owner's leases (185 s) run out.
+    r.wait_for(2 * SENSORS, 10).await;
     eprintln!(
-        "every new state received {:?} after the slow answers ended",
-        in_flight.elapsed().saturating_sub(SLOW)
+        "every new state received {:?} after the held answers",
+        answered.elapsed()
     );
     check_received(&r);
     // Answered 204, so delivered: whichever node owns the partition now.
@@ -129,7 +132,7 @@ async fn a_stopped_nodes_attempts_finish_and_the_lane_goes_on_when_they_end() {
     let Some(mut c) = Cluster::start_env(2, &patient()).await else {
         return;
     };
-    let r = slow_receiver(SENSORS).await;
+    let r = held_receiver(SENSORS).await;
     let (client, sensors) = c.fleet("ms", SENSORS, &r.url, json!({})).await;
     post_until_accepted(&c.http, &c.live(), readings(&sensors, 1), 20).await;
     r.wait_for(SENSORS, 20).await;
@@ -141,18 +144,13 @@ async fn a_stopped_nodes_attempts_finish_and_the_lane_goes_on_when_they_end() {
     c.balanced(1, 20).await;
     let rest = vec![c.base(1).to_string()];
     post_until_accepted(&c.http, &rest, readings(&sensors, 0), 20).await;
-    assert!(
-        in_flight.elapsed() < SLOW,
-        "the move came after the slow answers ({:?}): the test proves nothing",
-        in_flight.elapsed()
-    );
+    release(&r, in_flight);
+    let answered = Instant::now();
 
-    let left = SLOW.saturating_sub(in_flight.elapsed());
-    r.wait_for(2 * SENSORS, (left + Duration::from_secs(10)).as_secs())
-        .await;
+    r.wait_for(2 * SENSORS, 10).await;
     eprintln!(
-        "every new state received {:?} after the slow answers ended",
-        in_flight.elapsed().saturating_sub(SLOW)
+        "every new state received {:?} after the held answers",
+        answered.elapsed()
     );
     assert!(stopped.await.unwrap(), "the stopped node exits cleanly");
     check_received(&r);
@@ -161,13 +159,13 @@ async fn a_stopped_nodes_attempts_finish_and_the_lane_goes_on_when_they_end() {
 
 #[tokio::test]
 async fn a_stop_whose_grace_runs_out_gives_back_what_it_cut_and_the_lanes_go_on() {
-    // A rolling restart whose grace (1 s) is shorter than the receiver's answers (6 s),
-    // with attempts allowed 20 s each (so a lease of 65 s): the stopping node cuts its
-    // attempts off when the grace runs out and records them as failed attempts, and the
-    // node serving their lanes now goes on at once, without waiting for those leases.
-    let slow = Duration::from_secs(6);
+    // A rolling restart whose grace (1 s) is shorter than the receiver's answers (held
+    // until the test releases them), with attempts allowed 60 s each (so a lease of
+    // 185 s): the stopping node cuts its attempts off when the grace runs out and records
+    // them as failed attempts, and the node serving their lanes now goes on at once,
+    // without waiting for those leases.
     let env = vec![
-        ("LATCH_DELIVERY_TIMEOUT", "20s".to_string()),
+        ("LATCH_DELIVERY_TIMEOUT", format!("{}s", TIMEOUT.as_secs())),
         ("LATCH_DELIVERY_CLIENT_CONCURRENCY", "64".to_string()),
         ("LATCH_SHUTDOWN_GRACE", "1s".to_string()),
         // The cut attempts' retries wait for the new states, which supersede them: a retry
@@ -178,15 +176,7 @@ async fn a_stop_whose_grace_runs_out_gives_back_what_it_cut_and_the_lanes_go_on(
     let Some(mut c) = Cluster::start_env(2, &env).await else {
         return;
     };
-    let r = Receiver::start().await;
-    r.script(std::iter::repeat_n(
-        Answer {
-            status: 204,
-            delay: slow,
-            retry_after: None,
-        },
-        SENSORS,
-    ));
+    let r = held_receiver(SENSORS).await;
     let (client, sensors) = c.fleet("mg", SENSORS, &r.url, json!({})).await;
     post_until_accepted(&c.http, &c.live(), readings(&sensors, 1), 20).await;
     r.wait_for(SENSORS, 20).await;
@@ -197,20 +187,17 @@ async fn a_stop_whose_grace_runs_out_gives_back_what_it_cut_and_the_lanes_go_on(
     c.balanced(1, 20).await;
     let rest = vec![c.base(1).to_string()];
     post_until_accepted(&c.http, &rest, readings(&sensors, 0), 20).await;
-    assert!(
-        in_flight.elapsed() < slow,
-        "the new states came after the slow answers ({:?}): the test proves nothing",
-        in_flight.elapsed()
-    );
-    // Every sensor's new state arrives well before the cut attempts' leases (65 s) would
+    // Node 0's grace runs out while its answers are held: it cuts them off and exits.
+    assert!(stopped.await.unwrap(), "the stopped node exits cleanly");
+    release(&r, in_flight);
+    // Every sensor's new state arrives well before the cut attempts' leases (185 s) would
     // have run out: the stopped node's lanes as soon as their leases were given back, the
-    // other node's once its slow answers came.
+    // other node's once its held answers came.
     r.wait_for(2 * SENSORS, 25).await;
     eprintln!(
         "every new state received {:?} after the stop",
         in_flight.elapsed()
     );
-    assert!(stopped.await.unwrap(), "the stopped node exits cleanly");
     let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
     for g in r.received() {
         let sensor = g.body["sensor"]["id"].as_str().unwrap().to_string();
