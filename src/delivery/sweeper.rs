@@ -1,7 +1,7 @@
 //! The sweeper: on a store shared with other nodes, finds pending notifications this node
 //! was not told about (written by another node, or left by one that died).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,10 @@ const SOON_GAP: Duration = Duration::from_millis(200);
 /// On a shared store, feeds pending notifications to the dispatcher now and then; the
 /// dispatcher skips the ones it knows, and claims (with leases) settle who sends what. Most
 /// sweeps read only what came after the newest seq seen a few sweeps ago, so a large
-/// outbox is not read in full every second.
+/// outbox is not read in full every second; and of that, only the notifications no sweep
+/// since that mark brought (the seqs are read first), so a backlog of the last seconds is
+/// not read every second either. A full sweep, and one a claim asked for, bring everything
+/// they find.
 /// In cluster mode only the notifications of sensors this node serves are kept; `now`
 /// asks for a full sweep at once (partitions were taken over), `soon` for one past the
 /// marks (a claim found a lane waiting on a notification not swept yet), which leaves the
@@ -50,6 +53,9 @@ pub(super) async fn sweeper(
     stop: CancellationToken,
 ) {
     let mut marks: VecDeque<i64> = VecDeque::new();
+    // The seqs past the oldest mark that a sweep read, sent on or not served here (a
+    // partition taken over asks for a full sweep, which sends them).
+    let mut known: Arc<BTreeSet<i64>> = Arc::default();
     let mut last_full = clock.now();
     // A full sweep asked for (partitions taken over) whose read failed: the next sweep
     // is that full one, not one past the marks, which would miss the older backlog of
@@ -76,8 +82,16 @@ pub(super) async fn sweeper(
             Some(&mark) if !full => mark,
             _ => i64::MIN,
         };
-        match store.load_pending(after).await {
+        // A claim asks when a lane waits on a notification this node lacks: whether a
+        // sweep brought it before or not, it is looked for again.
+        let skip = if full || early {
+            Arc::default()
+        } else {
+            known.clone()
+        };
+        match store.load_pending_unknown(after, skip).await {
             Ok(mut refs) => {
+                let read: Vec<i64> = refs.iter().map(|r| r.seq).collect();
                 if let Some(Serves(serves)) = &serves {
                     refs.retain(|r| serves(r.sensor_id));
                 }
@@ -93,6 +107,7 @@ pub(super) async fn sweeper(
                         marks.pop_front();
                     }
                 }
+                remember(&mut known, read, full, marks.front().copied());
                 if tx.send(Cmd::Sweep(refs)).is_err() {
                     return;
                 }
@@ -109,6 +124,18 @@ pub(super) async fn sweeper(
             }
         }
     }
+}
+
+/// Keeps the seqs a sweep read (after a full one, only those) past the oldest mark: the
+/// next sweeps read no lower.
+fn remember(known: &mut Arc<BTreeSet<i64>>, read: Vec<i64>, full: bool, oldest: Option<i64>) {
+    let known = Arc::make_mut(known);
+    if full {
+        known.clear();
+    }
+    let floor = oldest.unwrap_or(i64::MIN);
+    known.extend(read.into_iter().filter(|&s| s > floor));
+    *known = known.split_off(&floor.saturating_add(1));
 }
 
 /// The ids of the clients disabled now (few: a client is disabled by a `410` or a long

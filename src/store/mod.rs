@@ -170,6 +170,21 @@ pub trait Runtime: Send + Sync {
 pub trait Outbox: Send + Sync {
     /// Pending notifications with `seq > after_seq` (`i64::MIN`: all), in outbox order.
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>>;
+    /// [`Outbox::load_pending`] without those whose seq is in `known`. A sweep of a shared
+    /// store looks a few seconds back for transactions that committed late, so it reads
+    /// what it read a second ago again: a backlog of a few seconds' notifications, read in
+    /// full every second, cost the database more than sending them. A store shared by
+    /// nodes reads the pending seqs first and only the notifications it was not told of;
+    /// one of one node reads them all and drops the known ones.
+    async fn load_pending_unknown(
+        &self,
+        after_seq: i64,
+        known: std::sync::Arc<std::collections::BTreeSet<i64>>,
+    ) -> Result<Vec<NotificationRef>> {
+        let mut refs = self.load_pending(after_seq).await?;
+        refs.retain(|r| !known.contains(&r.seq));
+        Ok(refs)
+    }
     /// Leases the given pending notifications to `node` until `lease_until`, reading each
     /// one's URL, secret and address from the registry; cancels those whose client is gone
     /// or no longer linked to the sensor. With `batch`, those leased are marked as sent in

@@ -106,6 +106,44 @@ pub(super) async fn commit_creates_state_history_and_outbox(s: &Subject) {
     assert_eq!(listed.items[0].id, created[0].id);
 }
 
+/// A sweep that read some pending notifications a second ago is told only of the others,
+/// in outbox order, and never of one that is no longer pending.
+pub(super) async fn a_sweep_is_told_only_of_what_it_did_not_read(s: &Subject) {
+    s.create_sensor(sensor("kn1")).await.unwrap();
+    s.create_sensor(sensor("kn2")).await.unwrap();
+    s.create_client(client("kn-a", "http://a/")).await.unwrap();
+    s.link("kn-a".into(), sid("kn1"), 1).await.unwrap();
+    s.link("kn-a".into(), sid("kn2"), 1).await.unwrap();
+    let mut made = Vec::new();
+    let changes = [
+        ("kn1", true, None),
+        ("kn2", true, None),
+        ("kn1", false, Some(true)),
+    ];
+    for (i, (id, data, previous)) in changes.into_iter().enumerate() {
+        let at = 10_000 + 1_000 * i as i64;
+        made.extend(s.commit(change(id, data, previous, at), at).await.unwrap());
+    }
+    // The third supersedes the first: kn1's 1 is not pending any more.
+    let mine = |refs: Vec<NotificationRef>| -> Vec<i64> {
+        refs.iter()
+            .filter(|r| made.iter().any(|m| m.seq == r.seq))
+            .map(|r| r.seq)
+            .collect()
+    };
+    let all = mine(s.load_pending(i64::MIN).await.unwrap());
+    assert_eq!(all, vec![made[1].seq, made[2].seq]);
+    let none = Arc::new(std::collections::BTreeSet::new());
+    let unknown = s.load_pending_unknown(i64::MIN, none).await.unwrap();
+    assert_eq!(mine(unknown), all, "nothing known: every pending one");
+    let known = Arc::new([made[0].seq, made[1].seq].into_iter().collect());
+    let unknown = s.load_pending_unknown(i64::MIN, known).await.unwrap();
+    assert_eq!(mine(unknown), vec![made[2].seq], "the ones not read before");
+    let known = Arc::new([made[2].seq].into_iter().collect());
+    let unknown = s.load_pending_unknown(made[1].seq, known).await.unwrap();
+    assert!(mine(unknown).is_empty(), "past the mark, all known");
+}
+
 pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
     s.create_sensor(sensor("lv1")).await.unwrap();
     s.create_client(client("lv-a", "http://a/")).await.unwrap();

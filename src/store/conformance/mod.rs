@@ -181,6 +181,7 @@ suite!(
     commit::commit_creates_state_history_and_outbox,
     commit::lost_state_survives_and_filters,
     commit::a_batch_notifies_in_event_then_client_order,
+    commit::a_sweep_is_told_only_of_what_it_did_not_read,
     choices::subscriptions_make_only_wanted_notifications,
     choices::state_keeps_source_window_and_reminders,
     batches::a_clients_batch_round_trips_and_claims_read_it,

@@ -216,6 +216,42 @@ pub(super) fn unlist(set: &str, filter: &str) -> String {
 
 #[async_trait]
 impl Outbox for PgStore {
+    /// Two reads on one connection: the pending seqs from the narrow pending list, then
+    /// the notifications of the unknown ones by seq. One pending before the second read
+    /// and finished meanwhile is left out by its status, as in [`Outbox::load_pending`].
+    async fn load_pending_unknown(
+        &self,
+        after_seq: i64,
+        known: std::sync::Arc<std::collections::BTreeSet<i64>>,
+    ) -> Result<Vec<NotificationRef>> {
+        let c = self.db.get_for("load_pending", Bound::Bulk).await?;
+        let unknown: Vec<i64> = c
+            .query(
+                "SELECT seq FROM notifications_pending WHERE seq > $1",
+                &[&after_seq],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get::<_, i64>(0))
+            .filter(|s| !known.contains(s))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {NOTIF_COLS} FROM notifications n \
+                     WHERE n.seq = ANY($1) AND n.status = 'pending' ORDER BY n.seq"
+                ),
+                &[&unknown],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| row::notification(r).map(|n| notification_ref(&n)))
+            .collect()
+    }
+
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
         let c = self.db.get_for("load_pending", Bound::Bulk).await?;
         let rows = c
