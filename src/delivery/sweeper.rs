@@ -83,7 +83,9 @@ pub(super) async fn sweeper(
             _ => i64::MIN,
         };
         // A claim asks when a lane waits on a notification this node lacks: whether a
-        // sweep brought it before or not, it is looked for again.
+        // sweep brought it before or not, it is looked for again. (A notification swept
+        // in the last seconds, failed and replayed through a node that stopped before
+        // sending it keeps its seq: a lane with nothing newer finds it at the full sweep.)
         let skip = if full || early {
             Arc::default()
         } else {
@@ -100,7 +102,9 @@ pub(super) async fn sweeper(
                     owed = false;
                 }
                 if !early || full {
-                    let newest = refs.iter().map(|r| r.seq).max();
+                    // Whoever serves them: a node whose own sensors are quiet still
+                    // moves its marks, and what it remembers stays a few seconds' worth.
+                    let newest = read.iter().copied().max();
                     let mark = newest.max(marks.back().copied()).unwrap_or(i64::MIN);
                     marks.push_back(mark);
                     if marks.len() > SWEEP_LOOKBACK {

@@ -12,7 +12,8 @@ use tokio_postgres::Row;
 
 use super::super::listing;
 use super::super::rows::{
-    self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, CLAIM_LANE_FROM, NOTIF_COLS,
+    self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, CLAIM_LANE_COLS, CLAIM_LANE_FROM,
+    NOTIF_COLS, REF_COLS,
 };
 use super::super::{
     Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
@@ -219,12 +220,17 @@ impl Outbox for PgStore {
     /// Two reads on one connection: the pending seqs from the narrow pending list, then
     /// the notifications of the unknown ones by seq. One pending before the second read
     /// and finished meanwhile is left out by its status, as in [`Outbox::load_pending`].
+    /// Nothing known: one read, the join (a full sweep of a large backlog would bind
+    /// every pending seq into the second read).
     async fn load_pending_unknown(
         &self,
         after_seq: i64,
         known: std::sync::Arc<std::collections::BTreeSet<i64>>,
     ) -> Result<Vec<NotificationRef>> {
-        let c = self.db.get_for("load_pending", Bound::Bulk).await?;
+        if known.is_empty() {
+            return self.load_pending(after_seq).await;
+        }
+        let c = self.db.get_for("load_pending_unknown", Bound::Bulk).await?;
         let unknown: Vec<i64> = c
             .query(
                 "SELECT seq FROM notifications_pending WHERE seq > $1",
@@ -241,15 +247,13 @@ impl Outbox for PgStore {
         let rows = c
             .query(
                 &format!(
-                    "SELECT {NOTIF_COLS} FROM notifications n \
+                    "SELECT {REF_COLS} FROM notifications n \
                      WHERE n.seq = ANY($1) AND n.status = 'pending' ORDER BY n.seq"
                 ),
                 &[&unknown],
             )
             .await?;
-        rows.iter()
-            .map(|r| row::notification(r).map(|n| notification_ref(&n)))
-            .collect()
+        rows.iter().map(row::pending_ref).collect()
     }
 
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
@@ -257,16 +261,14 @@ impl Outbox for PgStore {
         let rows = c
             .query(
                 &format!(
-                    "SELECT {NOTIF_COLS} FROM notifications_pending p \
+                    "SELECT {REF_COLS} FROM notifications_pending p \
                      JOIN notifications n ON n.seq = p.seq \
                      WHERE n.status = 'pending' AND p.seq > $1 ORDER BY p.seq"
                 ),
                 &[&after_seq],
             )
             .await?;
-        rows.iter()
-            .map(|r| row::notification(r).map(|n| notification_ref(&n)))
-            .collect()
+        rows.iter().map(row::pending_ref).collect()
     }
 
     /// Claims on the database's clock: a lease is written as the database's time plus the
@@ -418,7 +420,7 @@ impl Outbox for PgStore {
         let c = self.db.get_for("load_client_pending", Bound::Bulk).await?;
         c.query(
             &format!(
-                "SELECT {NOTIF_COLS} FROM notifications_pending p \
+                "SELECT {REF_COLS} FROM notifications_pending p \
                  JOIN notifications n ON n.seq = p.seq \
                  WHERE n.status = 'pending' AND p.client_id = $1 ORDER BY p.seq"
             ),
@@ -426,7 +428,7 @@ impl Outbox for PgStore {
         )
         .await?
         .iter()
-        .map(|r| row::notification(r).map(|n| notification_ref(&n)))
+        .map(row::pending_ref)
         .collect()
     }
 
