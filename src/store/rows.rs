@@ -11,8 +11,8 @@ use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, S
 use crate::domain::client::{Batch, DisabledReason, events_from_column};
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::{
-    Attempt, Client, Connection, Detail, Event, EventKind, Notification, Sensor, SensorId,
-    SensorStatus, Source, Status,
+    Attempt, Client, Connection, Detail, Event, EventKind, Notification, NotificationRef, Sensor,
+    SensorId, SensorStatus, Source, Status,
 };
 
 /// A sensor with its status: [`sensor_view`].
@@ -231,6 +231,26 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
         updated_at: r.int(13)?,
         batch_id: r.opt_text(17)?,
         body: r.opt_text(18)?,
+    })
+}
+
+/// What the dispatcher takes of a pending notification ([`pending_ref`]): not its body
+/// nor its payload, which a full sweep of a large backlog would otherwise read every minute
+/// for nothing.
+pub(crate) const REF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.attempts, \
+     COALESCE(n.next_attempt_at, n.created_at), n.batch_id";
+
+/// [`REF_COLS`] from column 0: as [`NotificationRef::of`] makes it of the whole row.
+pub(crate) fn pending_ref<R: Cols>(r: &R) -> Result<NotificationRef, R::Error> {
+    Ok(NotificationRef {
+        id: r.text(0)?,
+        seq: r.int(1)?,
+        client_id: r.text(2)?,
+        sensor_id: r.sensor_id(3)?,
+        kind: kind(&r.text(4)?),
+        attempts: r.count(5)?,
+        due_at: r.int(6)?,
+        batch_id: r.opt_text(7)?,
     })
 }
 

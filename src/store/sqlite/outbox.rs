@@ -8,7 +8,7 @@ use crate::store::{Outbox, ReplayFilter};
 use rusqlite::{OptionalExtension, params};
 
 use super::super::listing;
-use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
+use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS, REF_COLS};
 use super::super::{
     Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
     PageRequest, Result, claim_step, limit_plus_one, notification_ref,
@@ -38,11 +38,10 @@ impl Outbox for SqliteStore {
         self.read(move |c| {
             let rows = c
                 .prepare(&format!(
-                    "SELECT {NOTIF_COLS} FROM notifications n \
+                    "SELECT {REF_COLS} FROM notifications n \
                      WHERE n.status = 'pending' AND n.seq > ?1 ORDER BY n.seq"
                 ))?
-                .query_map([after_seq], |r| row::notification(r))?
-                .map(|n| n.map(|n| notification_ref(&n)))
+                .query_map([after_seq], |r| row::pending_ref(r))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(rows)
         })
@@ -190,11 +189,10 @@ impl Outbox for SqliteStore {
         self.read(move |c| {
             let rows = c
                 .prepare(&format!(
-                    "SELECT {NOTIF_COLS} FROM notifications n \
+                    "SELECT {REF_COLS} FROM notifications n \
                      WHERE n.status = 'pending' AND n.client_id = ?1 ORDER BY n.seq"
                 ))?
-                .query_map([client_id], |r| row::notification(r))?
-                .map(|n| n.map(|n| notification_ref(&n)))
+                .query_map([client_id], |r| row::pending_ref(r))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(rows)
         })
