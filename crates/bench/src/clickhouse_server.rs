@@ -26,6 +26,31 @@ pub fn installed() -> bool {
     binary().is_some()
 }
 
+/// Has `cmd`'s process get `signal` when the thread that spawns it ends, so that a test
+/// process killed outright (a CI job's timeout) leaves no private server behind. The
+/// signal follows the spawning thread, not the process: spawn from a thread that outlives
+/// the server (a test's own, or a runtime's worker), never from a blocking pool's, whose
+/// idle threads end.
+pub(crate) fn ends_with_spawner(cmd: &mut Command, signal: libc::c_int) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and calls only prctl and getppid,
+    // both async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The spawner ended before the flag was set: nothing would signal us.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A free port below Linux's ephemeral range (32768–60999), so no outgoing connection or
 /// port-0 listener takes it between a stop and a restart of the server.
 pub(crate) fn free_port() -> u16 {
@@ -92,7 +117,9 @@ impl LocalClickHouse {
                 "clickhouse-server is not installed (apt-get install clickhouse-server)"
             )
         })?;
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        ends_with_spawner(&mut cmd, libc::SIGKILL);
+        let child = cmd
             .args(args)
             .arg(format!(
                 "--config-file={}",

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::clickhouse_server::{free_port, tail};
+use crate::clickhouse_server::{ends_with_spawner, free_port, tail};
 
 /// The folder of `initdb` and `postgres`: on `PATH`, else Debian's newest
 /// `/usr/lib/postgresql/<version>/bin`.
@@ -102,6 +102,9 @@ impl LocalPostgres {
         if let Some((uid, gid)) = self.account {
             cmd.uid(uid).gid(gid);
         }
+        // Immediate shutdown: the postmaster ends its children before it exits. Set after
+        // the account change (a change of credentials clears it).
+        ends_with_spawner(&mut cmd, libc::SIGQUIT);
         cmd.stdin(Stdio::null());
         cmd
     }
