@@ -248,14 +248,15 @@ async fn update_site(
     Ok(ApiJson(site_out(site)))
 }
 
-/// Delete a site; its sensors stay, in no site.
+/// Delete a site; its sensors stay, in no site, and what it held back of them goes to
+/// their clients as their own.
 #[utoipa::path(delete, path = "/v1/sites/{id}", tag = "sites", params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody)))]
 async fn delete_site(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    if !st.app.store.delete_site(id).await? {
+    if !st.app.delete_site(id).await? {
         return Err(ApiError::not_found("site"));
     }
     Ok(StatusCode::NO_CONTENT)

@@ -53,18 +53,16 @@ pub async fn run(
             _ = clock.sleep_until(next) => {}
         }
         next = (next + every).max(clock.now());
-        // A call decides the due sites (on SQLite up to 500): while one decides something,
-        // more may wait. A few calls at most: sites that stay down make something at each
-        // call while their sensors flap, and the silences and gauges below must come too.
+        // A call decides the due sites (on SQLite up to 500, the first by grace): while a
+        // call was full, more may wait. A few calls at most, so the silences and gauges
+        // below come too; a site decided is not due again until something new comes for it.
         for _ in 0..CALLS_PER_ROUND {
             match store.decide_sites(rules, clock.now()).await {
                 Ok(decided) => {
                     if decided.in_doubt {
                         dispatcher.look_for_pending(i64::MIN);
                     }
-                    if decided.is_empty() {
-                        break;
-                    }
+                    let more = decided.more;
                     for e in &decided.changed {
                         tell_site(e);
                     }
@@ -75,6 +73,9 @@ pub async fn run(
                     for e in decided.changed {
                         // Only fails while nobody listens.
                         let _ = live.send(Live::Site(e));
+                    }
+                    if !more {
+                        break;
                     }
                 }
                 Err(e) => {

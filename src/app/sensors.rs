@@ -32,7 +32,8 @@ impl App {
         Ok(sensor)
     }
 
-    /// Replaces a sensor's settings (`None`: no such sensor).
+    /// Replaces a sensor's settings (`None`: no such sensor); what a site it leaves held
+    /// back of it goes out as the store made it.
     pub async fn replace_sensor(
         &self,
         id: SensorId,
@@ -42,13 +43,22 @@ impl App {
         site_id: Option<String>,
     ) -> Result<Option<SensorView>> {
         self.check_site(site_id.as_deref()).await?;
-        let Some(view) = self
+        let Some((view, made)) = self
             .store
-            .replace_sensor(id, address, heartbeat_timeout_s, debounce_s, site_id)
+            .replace_sensor(
+                id,
+                address,
+                heartbeat_timeout_s,
+                debounce_s,
+                site_id,
+                self.now(),
+            )
             .await?
         else {
             return Ok(None);
         };
+        // What a site it left held back of it.
+        self.dispatcher.deliver_served(made);
         self.engine
             .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
             .await?;

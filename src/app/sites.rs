@@ -75,4 +75,14 @@ impl App {
         }
         Ok(self.store.get_site(id).await?)
     }
+
+    /// Deletes a site (`false`: no such site); what it held back of its sensors goes out
+    /// as their own, from the node that serves each.
+    pub async fn delete_site(&self, id: String) -> Result<bool> {
+        let Some(made) = self.store.delete_site(id, self.now()).await? else {
+            return Ok(false);
+        };
+        self.dispatcher.deliver_served(made);
+        Ok(true)
+    }
 }

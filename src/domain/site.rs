@@ -3,6 +3,7 @@
 //! a maintenance window can name them at once.
 
 pub mod decide;
+pub mod moves;
 
 use serde::{Deserialize, Serialize};
 

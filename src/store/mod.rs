@@ -83,8 +83,9 @@ pub trait Registry: Send + Sync {
     ) -> Result<Page<SensorView>>;
     /// Registered sensors counted by connection: one aggregate query, no rows returned.
     async fn count_sensors(&self) -> Result<ConnectionCounts>;
-    /// Replaces address, timeout, debounce window and site; `None` if the sensor does not
-    /// exist.
+    /// Replaces address, timeout, debounce window and site at `now`; `None` if the sensor
+    /// does not exist. A sensor that leaves a site takes what the site held of it along
+    /// (`domain::site::moves`): answers the notifications that made, pending.
     async fn replace_sensor(
         &self,
         id: SensorId,
@@ -92,8 +93,10 @@ pub trait Registry: Send + Sync {
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
         site_id: Option<String>,
-    ) -> Result<Option<SensorView>>;
-    /// Deletes the sensor, its links, state and history; cancels its pending notifications.
+        now: Millis,
+    ) -> Result<Option<(SensorView, Vec<NotificationRef>)>>;
+    /// Deletes the sensor, its links, state and history; cancels its pending notifications;
+    /// a site holds nothing of it any more, and one down is decided again.
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool>;
 
     async fn create_client(&self, client: Client) -> Result<()>;
@@ -379,8 +382,10 @@ pub trait Sites: Send + Sync {
     async fn site_totals(&self) -> Result<SiteTotals>;
     /// Writes every field but `created_at`; `false` if there is no such site.
     async fn replace_site(&self, site: Site) -> Result<bool>;
-    /// Deletes it; its sensors stay, in no site. `false` if there was none.
-    async fn delete_site(&self, id: String) -> Result<bool>;
+    /// Deletes it at `now`; its sensors stay, in no site, and what it held of them goes to
+    /// their clients as their own (`domain::site::moves`). Answers the notifications that
+    /// made, pending; `None` if there was no such site.
+    async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>>;
     /// Decides every site due at `now` (its grace ran out, or it is down), each once across
     /// the cluster, by [`crate::domain::site::decide::decide`]: writes its new state, makes
     /// its notifications and consumes the events held for it. Answers those made, pending,
@@ -409,6 +414,8 @@ pub struct Decided {
     /// A transaction of it failed with its answer lost: it may have made notifications
     /// that are not among `made`.
     pub in_doubt: bool,
+    /// It decided as many sites as one call takes: more may be due.
+    pub more: bool,
 }
 
 impl Decided {

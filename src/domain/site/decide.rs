@@ -17,7 +17,8 @@ pub struct SiteState {
     pub down: bool,
     /// When it went down or came back up.
     pub since: Option<Millis>,
-    /// The first loss of one of its sensors not decided on yet.
+    /// Up: the first loss of one of its sensors not decided on yet (its grace runs from
+    /// then). Down: a change of its sensors asks for a decision at the next round.
     pub pending_since: Option<Millis>,
     /// The sensors its `site.connection_lost` named, while it is down.
     pub told: Vec<SensorId>,
@@ -110,9 +111,17 @@ pub struct Decision {
     pub consumes_held: bool,
 }
 
-/// Whether a round should look at this site at `now`.
-pub fn due(state: &SiteState, rules: &Rules, now: Millis) -> bool {
-    state.down || state.pending_since.is_some_and(|p| p + rules.grace <= now)
+/// Whether a round should decide this site at `now` (the stores' `DUE` says the same in
+/// SQL): its grace ran out; it is down and something asks for a decision (a change of its
+/// sensors, [`super::moves`]); or it holds events not released yet with no grace running —
+/// a site down with new events of its sensors, or (a race lost to a decision) one up. A
+/// site down with nothing new is not due: a round would only read it again, and many such
+/// sites would starve the rest of a round's batch.
+pub fn due(state: &SiteState, held: &[HeldEvent], rules: &Rules, now: Millis) -> bool {
+    match state.pending_since {
+        Some(p) => state.down || p + rules.grace <= now,
+        None => held.iter().any(|h| h.id > state.released),
+    }
 }
 
 /// The site's decision at `now` from its sensors, the events held for it (in the order they
@@ -127,7 +136,7 @@ pub fn decide(
     rules: &Rules,
     now: Millis,
 ) -> Option<Decision> {
-    if !due(state, rules, now) {
+    if !due(state, held, rules, now) {
         return None;
     }
     let lost = |m: &Member| m.connection == Connection::Lost;
@@ -336,6 +345,7 @@ impl<'a> Out<'a> {
         SiteState {
             told_clients,
             released: held.last().map_or(state.released, |h| h.id),
+            pending_since: None,
             ..state.clone()
         }
     }

@@ -344,14 +344,32 @@ fn while_down_held_events_go_at_once_to_the_clients_its_loss_did_not_tell() {
         "nothing new for anyone"
     );
     // c1 stops taking site events: the site's loss told it of d1, so it gets d1's own
-    // return now, and what follows as any client the loss did not tell.
+    // return now, and what follows as any client the loss did not tell. (The change of
+    // its subscription asks for the decision: a site down with nothing new is not due.)
     let unsubscribed = [
         linked("c1", &["d1", "d2", "d3", "d4"], sensor_events),
         linked("c2", &["d1", "d2"], sensor_events),
     ];
+    assert_eq!(
+        decide(
+            &site(),
+            &d.state,
+            &members,
+            &held,
+            &unsubscribed,
+            &RULES,
+            43_000
+        ),
+        None,
+        "not due until something asks"
+    );
+    let asked = SiteState {
+        pending_since: Some(43_000),
+        ..d.state.clone()
+    };
     let d = decide(
         &site(),
-        &d.state,
+        &asked,
         &members,
         &held,
         &unsubscribed,

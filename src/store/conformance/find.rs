@@ -211,9 +211,16 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
     assert_eq!(found(&online), ["Door2"]);
 
     // A new address is found by its words, the old one no longer; a deleted sensor is gone.
-    s.replace_sensor(sid("Door1"), "Novgorod, Mira 2".into(), None, None, None)
-        .await
-        .unwrap();
+    s.replace_sensor(
+        sid("Door1"),
+        "Novgorod, Mira 2".into(),
+        None,
+        None,
+        None,
+        9_000,
+    )
+    .await
+    .unwrap();
     assert_eq!(find(&**s, "svobody").await, ["Door4"]);
     assert_eq!(find(&**s, "novgorod").await, ["Door1"]);
     s.delete_sensor(sid("Door4"), 9_000).await.unwrap();

@@ -32,6 +32,7 @@ mod registry;
 mod retention;
 mod sessions;
 mod silences;
+mod site_edges;
 mod tokens;
 
 /// A `disable_after` no check reaches.
@@ -216,6 +217,11 @@ suite!(
     silences::a_silences_state_change_supersedes_an_older_pending_one,
     silences::a_site_decides_once_for_its_sensors,
     silences::a_site_still_down_releases_to_the_clients_its_loss_did_not_tell,
+    site_edges::a_moved_sensor_takes_its_held_loss_along,
+    site_edges::a_deleted_site_tells_what_it_held,
+    site_edges::a_site_whose_lost_sensors_leave_comes_back,
+    site_edges::many_sites_down_starve_none,
+    site_edges::a_subscription_changed_while_down_releases_at_once,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

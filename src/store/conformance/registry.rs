@@ -28,15 +28,16 @@ pub(super) async fn sensors_crud_and_pagination(s: &Subject) {
     assert_eq!(got.address, "address of pg03");
     assert_eq!(status, SensorStatus::default());
     let replaced = s
-        .replace_sensor(sid("pg03"), "new place".into(), Some(60), Some(5), None)
+        .replace_sensor(sid("pg03"), "new place".into(), Some(60), Some(5), None, 4)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(replaced.0.address, "new place");
-    assert_eq!(replaced.0.heartbeat_timeout_s, Some(60));
-    assert_eq!(replaced.0.debounce_s, Some(5));
+    assert_eq!(replaced.0.0.address, "new place");
+    assert_eq!(replaced.0.0.heartbeat_timeout_s, Some(60));
+    assert_eq!(replaced.0.0.debounce_s, Some(5));
+    assert!(replaced.1.is_empty(), "it left no site: nothing to make");
     assert!(
-        s.replace_sensor(sid("nope"), "x".into(), None, None, None)
+        s.replace_sensor(sid("nope"), "x".into(), None, None, None, 4)
             .await
             .unwrap()
             .is_none()
@@ -205,7 +206,7 @@ pub(super) async fn registry_changes_follow_create_change_delete(s: &Subject) {
     };
     let start = cluster.newest_registry_change().await.unwrap();
     s.create_sensor(sensor("rg1")).await.unwrap();
-    s.replace_sensor(sid("rg1"), "moved".into(), Some(90), None, None)
+    s.replace_sensor(sid("rg1"), "moved".into(), Some(90), None, None, 1)
         .await
         .unwrap();
     s.create_sensor(sensor("rg2")).await.unwrap();

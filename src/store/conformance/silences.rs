@@ -83,9 +83,16 @@ pub(super) async fn sites_count_their_sensors(s: &Subject) {
 
     // Moved to another site, then that site's fields changed.
     s.create_site(site("bldg-2", None)).await.unwrap();
-    s.replace_sensor(sid("st2"), "x".into(), None, None, Some("bldg-2".into()))
-        .await
-        .unwrap();
+    s.replace_sensor(
+        sid("st2"),
+        "x".into(),
+        None,
+        None,
+        Some("bldg-2".into()),
+        9_000,
+    )
+    .await
+    .unwrap();
     let renamed = Site {
         name: None,
         address: Some("Svobody 23".into()),
@@ -108,8 +115,18 @@ pub(super) async fn sites_count_their_sensors(s: &Subject) {
     assert_eq!(rest.items[0].0, renamed);
     assert_eq!(rest.items[0].1.sensors, 1);
 
-    assert!(s.delete_site("bldg-1".into()).await.unwrap());
-    assert!(!s.delete_site("bldg-1".into()).await.unwrap());
+    assert!(
+        s.delete_site("bldg-1".into(), 9_500)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.delete_site("bldg-1".into(), 9_500)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let (st1, _) = s.get_sensor(sid("st1")).await.unwrap().unwrap();
     assert_eq!(st1.site_id, None, "its sensors stay, in no site");
     assert_eq!(

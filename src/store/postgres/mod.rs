@@ -46,6 +46,7 @@ mod retention;
 mod secrets;
 mod sessions;
 mod silences;
+mod site_moves;
 mod site_rounds;
 mod sites;
 #[cfg(test)]

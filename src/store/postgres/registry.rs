@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::super::rows::{self as row, CLIENT_COLS, SENSOR_COLS};
 use super::super::{
-    ConnectionCounts, Error, Page, PageRequest, Result, SensorView, limit_plus_one,
+    ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorView, limit_plus_one,
 };
 use super::DELETE_LOCK;
 use super::PgStore;
@@ -157,32 +157,55 @@ impl Registry for PgStore {
         timeout: Option<u32>,
         debounce: Option<u32>,
         site_id: Option<String>,
-    ) -> Result<Option<SensorView>> {
-        let n = self
-            .db
-            .get("replace_sensor")
-            .await?
-            .execute(
-                "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
-                   debounce_s = $4, site_id = $5 WHERE id = $1 RETURNING id) \
-                 INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
-                &[
-                    &id.to_string(),
-                    &address,
-                    &timeout.map(|t| t as i32),
-                    &debounce.map(|t| t as i32),
-                    &site_id,
-                ],
-            )
-            .await?;
-        if n == 0 {
+        now: Millis,
+    ) -> Result<Option<(SensorView, Vec<NotificationRef>)>> {
+        let mut c = self.db.get("replace_sensor").await?;
+        let tx = c.transaction().await?;
+        let site_of = async |tx: &super::db::Tx<'_>| -> Result<Option<Option<String>>> {
+            Ok(tx
+                .query_opt(
+                    "SELECT site_id FROM sensors WHERE id = $1",
+                    &[&id.to_string()],
+                )
+                .await?
+                .map(|r| r.get(0)))
+        };
+        let Some(mut from) = site_of(&tx).await? else {
             return Ok(None);
+        };
+        if from != site_id {
+            // A move: no group commit may hold the sensor's events meanwhile.
+            super::site_moves::lock_commits(&tx).await?;
+            let Some(now_from) = site_of(&tx).await? else {
+                return Ok(None);
+            };
+            from = now_from;
         }
-        self.get_sensor(id).await
+        tx.execute(
+            "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
+               debounce_s = $4, site_id = $5 WHERE id = $1 RETURNING id) \
+             INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
+            &[
+                &id.to_string(),
+                &address,
+                &timeout.map(|t| t as i32),
+                &debounce.map(|t| t as i32),
+                &site_id,
+            ],
+        )
+        .await?;
+        let made = match from == site_id {
+            true => Vec::new(),
+            false => super::site_moves::moved(&tx, id, from.as_deref(), now).await?,
+        };
+        tx.commit().await?;
+        drop(c);
+        Ok(self.get_sensor(id).await?.map(|v| (v, made)))
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
         let mut c = self.db.get("delete_sensor").await?;
+        let sensor = id;
         let id = id.to_string();
         let tx = c.transaction().await?;
         // Waits for the commits in flight; every statement after it sees their rows.
@@ -191,9 +214,17 @@ impl Registry for PgStore {
             &[&DELETE_LOCK],
         )
         .await?;
-        let n = tx
-            .execute("DELETE FROM sensors WHERE id = $1", &[&id])
-            .await?;
+        let site = tx
+            .query_opt(
+                "DELETE FROM sensors WHERE id = $1 RETURNING site_id",
+                &[&id],
+            )
+            .await?
+            .map(|r| r.get::<_, Option<String>>(0));
+        let n = u64::from(site.is_some());
+        if let Some(site) = &site {
+            super::site_moves::deleted(&tx, sensor, site.as_deref(), now).await?;
+        }
         if n > 0 {
             for table in ["sensor_state", "links", "readings", "events"] {
                 tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = $1"), &[&id])
@@ -306,6 +337,15 @@ impl Registry for PgStore {
                 ],
             )
             .await?;
+        // A client whose settings change (what it takes among them) may be owed what a site
+        // down held back from it, once its loss told it: each such site is decided again at
+        // the next round (`decide::due`; on a site down `pending_since` asks only that).
+        tx.execute(
+            "UPDATE sites SET pending_since = COALESCE(pending_since, 0) \
+             WHERE down AND strpos(told_clients, ',' || $1 || ',') > 0",
+            &[&cl.id],
+        )
+        .await?;
         tx.commit().await?;
         Ok(n > 0)
     }

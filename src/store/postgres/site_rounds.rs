@@ -62,7 +62,7 @@ pub(super) async fn insert_one(
     })
 }
 
-fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
+pub(super) fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
     let (told, clients): (String, String) = (r.get(at + 3), r.get(at + 4));
     SiteState {
         down: r.get(at),
@@ -98,19 +98,31 @@ pub(super) async fn hold_for_sites(
     if ids.is_empty() {
         return Ok(skipped);
     }
-    // Each site's row locked, in id order: a round deciding it is waited for.
+    // Each site's row locked, in id order: a round deciding it is waited for. (A sensor
+    // moving between sites waits for this commit and holds back the next: both take the
+    // delete lock, `super::DELETE_LOCK`.)
+    let locked = tx
+        .query(
+            "SELECT si.id FROM sites si WHERE si.id IN \
+             (SELECT s.site_id FROM sensors s WHERE s.id = ANY($1)) ORDER BY si.id FOR UPDATE",
+            &[&ids],
+        )
+        .await?;
+    if locked.is_empty() {
+        return Ok(skipped);
+    }
+    // Read after the lock, in a statement of its own: its snapshot sees what the decision
+    // it waited for wrote. The statement that locks re-reads the locked row only, and its
+    // `site_held` would still hold the rows that decision consumed (issue #68: a return
+    // held on a site up, and never decided).
     let rows = tx
         .query(
             "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
              si.released, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
-             FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1) \
-             ORDER BY si.id FOR UPDATE OF si",
+             FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1)",
             &[&ids],
         )
         .await?;
-    if rows.is_empty() {
-        return Ok(skipped);
-    }
     let mut site_of: HashMap<String, (String, SiteState, bool)> = rows
         .iter()
         .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(8))))
@@ -212,10 +224,13 @@ impl HeldCols {
     }
 }
 
-/// The sites a round decides (`$1`: the time a grace that ran out began before): those
-/// whose grace ran out, and those down with events held for them.
-pub(super) const DUE: &str = "pending_since <= $1 OR (down AND EXISTS \
-     (SELECT 1 FROM site_held h WHERE h.site_id = sites.id))";
+/// The sites a round decides (`$1`: the time a grace that ran out began before), as
+/// `decide::due` says: those whose grace ran out, those down that a change of their
+/// sensors asks to decide again, and those with held events not released yet and no
+/// grace running (down, or up after a race).
+pub(super) const DUE: &str = "((pending_since IS NOT NULL AND (down OR pending_since <= $1)) \
+     OR (pending_since IS NULL AND EXISTS (SELECT 1 FROM site_held h \
+         WHERE h.site_id = sites.id AND h.id > sites.released)))";
 
 /// Sites one transaction decides. A decision reads and writes each site's sensors, held
 /// events and clients: 50 dark sites of 200 sensors in one transaction took longer than
@@ -270,9 +285,6 @@ async fn decide_one(
     rules: Rules,
     now: Millis,
 ) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
-    let sensor = |s: String| {
-        SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
-    };
     let members = tx
         .query(
             "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
@@ -284,7 +296,7 @@ async fn decide_one(
         .iter()
         .map(|r| {
             Ok(Member {
-                id: sensor(r.get(0))?,
+                id: stored_sensor(r.get(0))?,
                 address: r.get(1),
                 connection: Connection::parse(r.get(2)).unwrap_or(Connection::Unknown),
                 data: r.get(3),
@@ -292,36 +304,7 @@ async fn decide_one(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let held_rows = tx
-        .query(
-            "SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder \
-             FROM site_held WHERE site_id = $1 ORDER BY id",
-            &[&site.id],
-        )
-        .await?;
-    let last_row: Option<i64> = held_rows.last().map(|r| r.get(0));
-    let mut held = Vec::with_capacity(held_rows.len());
-    for r in &held_rows {
-        let Some(kind) = EventKind::parse(r.get(2)) else {
-            continue;
-        };
-        held.push(HeldEvent {
-            id: r.get(0),
-            event: Event {
-                sensor_id: sensor(r.get(1))?,
-                kind,
-                at: r.get(3),
-                data: r.get(4),
-                previous: r.get(5),
-                last_seen_at: r.get(6),
-                detail: Detail {
-                    lost_since: r.get(7),
-                    reminder: r.get::<_, Option<i32>>(8).map(|v| v as u32),
-                    flips_suppressed: None,
-                },
-            },
-        });
-    }
+    let (held, last_row) = held_rows(tx, &site.id, None).await?;
     let clients = linked(tx, &site.id).await?;
     let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
         return Ok((Vec::new(), None));
@@ -357,6 +340,52 @@ async fn decide_one(
     )
     .await?;
     Ok((made, d.changed))
+}
+
+/// The events site `site` holds (of `sensor` only, when given), in the order held, and the
+/// id of the last row read (rows of a kind this version does not know are read and left
+/// out, so a decision consumes them too).
+pub(super) async fn held_rows(
+    tx: &Tx<'_>,
+    site: &str,
+    sensor: Option<SensorId>,
+) -> Result<(Vec<HeldEvent>, Option<i64>)> {
+    let rows = tx
+        .query(
+            "SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder \
+             FROM site_held WHERE site_id = $1 AND ($2::text IS NULL OR sensor_id = $2) \
+             ORDER BY id",
+            &[&site, &sensor.map(|s| s.to_string())],
+        )
+        .await?;
+    let last_row: Option<i64> = rows.last().map(|r| r.get(0));
+    let mut held = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let Some(kind) = EventKind::parse(r.get(2)) else {
+            continue;
+        };
+        held.push(HeldEvent {
+            id: r.get(0),
+            event: Event {
+                sensor_id: stored_sensor(r.get(1))?,
+                kind,
+                at: r.get(3),
+                data: r.get(4),
+                previous: r.get(5),
+                last_seen_at: r.get(6),
+                detail: Detail {
+                    lost_since: r.get(7),
+                    reminder: r.get::<_, Option<i32>>(8).map(|v| v as u32),
+                    flips_suppressed: None,
+                },
+            },
+        });
+    }
+    Ok((held, last_row))
+}
+
+fn stored_sensor(s: String) -> Result<SensorId> {
+    SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
 }
 
 /// The clients linked to the site's sensors, each with its sensors of the site.

@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::super::rows::{self as row, SENSOR_COLS, SITE_TOTALS};
-use super::super::{Decided, Error, Page, PageRequest, Result, SensorView, Sites, limit_plus_one};
+use super::super::{
+    Decided, Error, NotificationRef, Page, PageRequest, Result, SensorView, Sites, limit_plus_one,
+};
 use super::PgStore;
 use super::db::Sql;
 use crate::domain::site::decide::Rules;
@@ -157,21 +159,35 @@ impl Sites for PgStore {
         Ok(n > 0)
     }
 
-    async fn delete_site(&self, id: String) -> Result<bool> {
+    async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>> {
         let mut c = self.db.get("delete_site").await?;
         let tx = c.transaction().await?;
-        tx.execute(
-            "UPDATE sensors SET site_id = NULL WHERE site_id = $1",
-            &[&id],
-        )
-        .await?;
+        // Its sensors leave it: no group commit may hold their events meanwhile.
+        super::site_moves::lock_commits(&tx).await?;
+        let members: Vec<String> = tx
+            .query(
+                "WITH m AS (UPDATE sensors SET site_id = NULL WHERE site_id = $1 RETURNING id) \
+                 SELECT id FROM m ORDER BY id",
+                &[&id],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut made = Vec::new();
+        for m in members {
+            let sensor = SensorId::parse(&m)
+                .map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?;
+            made.extend(super::site_moves::moved(&tx, sensor, Some(&id), now).await?);
+        }
+        // What no member's leave took (rows of a kind this version does not know).
         tx.execute("DELETE FROM site_held WHERE site_id = $1", &[&id])
             .await?;
         let n = tx
             .execute("DELETE FROM sites WHERE id = $1", &[&id])
             .await?;
         tx.commit().await?;
-        Ok(n > 0)
+        Ok((n > 0).then_some(made))
     }
 
     async fn decide_sites(&self, rules: Rules, now: Millis) -> Result<Decided> {

@@ -41,6 +41,7 @@ mod secrets;
 mod seen;
 mod sessions;
 mod silences;
+mod site_moves;
 mod site_rounds;
 mod sites;
 #[cfg(test)]

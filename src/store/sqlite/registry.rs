@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::super::rows::{self as row, CLIENT_COLS, SENSOR_COLS};
 use super::super::{
-    ConnectionCounts, Error, Page, PageRequest, Result, SensorView, limit_plus_one,
+    ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorView, limit_plus_one,
 };
 use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
 use crate::store::sealing;
@@ -19,6 +19,12 @@ use crate::store::sealing;
 /// status, no error).
 const DELIVERED: &str =
     "(status_code BETWEEN 200 AND 299 OR (status_code IS NULL AND error IS NULL))";
+
+/// A client whose settings change (what it takes among them) may be owed what a site down
+/// held back from it, once its loss told it: each such site is decided again at the next
+/// round (`decide::due`; on a site down `pending_since` asks only that, whatever its time).
+const SITES_TELLING_IT: &str = "UPDATE sites SET pending_since = COALESCE(pending_since, 0) \
+     WHERE down AND instr(told_clients, ',' || ?1 || ',') > 0";
 
 /// Cancels pending notifications matching `cond` (a WHERE fragment over `notifications`).
 fn cancel_pending(tx: &Transaction, cond: &str, arg: &str, now: Millis) -> rusqlite::Result<usize> {
@@ -141,20 +147,35 @@ impl Registry for SqliteStore {
         timeout: Option<u32>,
         debounce: Option<u32>,
         site_id: Option<String>,
-    ) -> Result<Option<SensorView>> {
-        let n = self
+        now: Millis,
+    ) -> Result<Option<(SensorView, Vec<NotificationRef>)>> {
+        let made = self
             .write(move |c| {
-                Ok(c.execute(
+                let tx = c.transaction()?;
+                let Some(from) = tx
+                    .prepare_cached("SELECT site_id FROM sensors WHERE id = ?1")?
+                    .query_row([id.to_string()], |r| r.get::<_, Option<String>>(0))
+                    .optional()?
+                else {
+                    return Ok(None);
+                };
+                tx.execute(
                     "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
                      site_id = ?5 WHERE id = ?1",
                     params![id.to_string(), address, timeout, debounce, site_id],
-                )?)
+                )?;
+                let made = match from == site_id {
+                    true => Vec::new(),
+                    false => super::site_moves::moved(&tx, id, from.as_deref(), now)?,
+                };
+                tx.commit()?;
+                Ok(Some(made))
             })
             .await?;
-        if n == 0 {
+        let Some(made) = made else {
             return Ok(None);
-        }
-        self.get_sensor(id).await
+        };
+        Ok(self.get_sensor(id).await?.map(|v| (v, made)))
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
@@ -164,7 +185,14 @@ impl Registry for SqliteStore {
             let id = id.to_string();
             // Immediate: it writes the archive's file too, whose own writer may be mid-step.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let site: Option<Option<String>> = tx
+                .prepare_cached("SELECT site_id FROM sensors WHERE id = ?1")?
+                .query_row([&id], |r| r.get(0))
+                .optional()?;
             let n = tx.execute("DELETE FROM sensors WHERE id = ?1", [&id])?;
+            if let Some(site) = site {
+                super::site_moves::deleted(&tx, sensor, site.as_deref(), now)?;
+            }
             if n > 0 {
                 for table in [
                     "sensor_state",
@@ -290,6 +318,7 @@ impl Registry for SqliteStore {
                     s.tls
                 ],
             )?;
+            tx.execute(SITES_TELLING_IT, [&cl.id])?;
             tx.commit()?;
             Ok(n > 0)
         })

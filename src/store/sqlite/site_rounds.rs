@@ -61,7 +61,7 @@ pub(super) fn insert_one(
     })
 }
 
-fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteState> {
+pub(super) fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteState> {
     let (told, clients): (String, String) = (r.get(at + 3)?, r.get(at + 4)?);
     Ok(SiteState {
         down: r.get(at)?,
@@ -146,10 +146,16 @@ pub(super) fn hold_for_sites(
     Ok(skipped)
 }
 
-/// The sites a round decides (`?1`: the time a grace that ran out began before): those
-/// whose grace ran out, and those down with events held for them.
-pub(super) const DUE: &str = "pending_since <= ?1 OR (down AND EXISTS \
-     (SELECT 1 FROM site_held h WHERE h.site_id = sites.id))";
+/// The sites a round decides (`?1`: the time a grace that ran out began before), as
+/// `decide::due` says: those whose grace ran out, those down that a change of their
+/// sensors asks to decide again, and those with held events not released yet and no
+/// grace running (down, or up after a race).
+pub(super) const DUE: &str = "(pending_since IS NOT NULL AND (down OR pending_since <= ?1)) \
+     OR (pending_since IS NULL AND EXISTS (SELECT 1 FROM site_held h \
+         WHERE h.site_id = sites.id AND h.id > sites.released))";
+
+/// Most sites one call decides (a round calls again while a call was full).
+const SITES_PER_CALL: usize = 500;
 
 /// Decides every due site in one transaction; answers the notifications made.
 pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Result<Decided> {
@@ -157,9 +163,9 @@ pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Resul
         .prepare_cached(&format!(
             "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
              pending_since, told, told_clients, released FROM sites WHERE {DUE} \
-             ORDER BY pending_since IS NULL, id LIMIT 500"
+             ORDER BY pending_since IS NULL, id LIMIT ?2"
         ))?
-        .query_map([now - rules.grace], |r| {
+        .query_map(params![now - rules.grace, SITES_PER_CALL as i64], |r| {
             let gateway: Option<String> = r.get(3)?;
             Ok((
                 Site {
@@ -174,7 +180,10 @@ pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Resul
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut decided = Decided::default();
+    let mut decided = Decided {
+        more: due.len() == SITES_PER_CALL,
+        ..Decided::default()
+    };
     for (site, state) in due {
         let (made, changed) = decide_one(tx, &site, &state, rules, now)?;
         decided.made.extend(made);
@@ -190,9 +199,6 @@ fn decide_one(
     rules: Rules,
     now: Millis,
 ) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
-    let sensor = |s: String| {
-        SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
-    };
     let members = tx
         .prepare_cached(
             "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
@@ -212,7 +218,7 @@ fn decide_one(
         .into_iter()
         .map(|(id, address, conn, data, last_seen_at)| {
             Ok(Member {
-                id: sensor(id)?,
+                id: stored_sensor(id)?,
                 address,
                 connection: Connection::parse(&conn).unwrap_or(Connection::Unknown),
                 data,
@@ -220,44 +226,7 @@ fn decide_one(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let held = tx
-        .prepare_cached(
-            "SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder \
-             FROM site_held WHERE site_id = ?1 ORDER BY id",
-        )?
-        .query_map([&site.id], |r| {
-            let detail = Detail {
-                lost_since: r.get(7)?,
-                reminder: r.get(8)?,
-                flips_suppressed: None,
-            };
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                (r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, detail),
-            ))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let last_row = held.last().map(|h| h.0);
-    let held = held
-        .into_iter()
-        .filter_map(|(id, s, k, (at, data, previous, last_seen_at, detail))| {
-            let kind = EventKind::parse(&k)?;
-            Some(sensor(s).map(|sensor_id| HeldEvent {
-                id,
-                event: Event {
-                    sensor_id,
-                    kind,
-                    at,
-                    data,
-                    previous,
-                    last_seen_at,
-                    detail,
-                },
-            }))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (held, last_row) = held_rows(tx, &site.id, None)?;
     let clients = linked(tx, &site.id)?;
     let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
         return Ok((Vec::new(), None));
@@ -296,6 +265,59 @@ fn decide_one(
         d.state.released
     ])?;
     Ok((made, d.changed))
+}
+
+/// The events site `site` holds (of `sensor` only, when given), in the order held, and the
+/// id of the last row read (rows of a kind this version does not know are read and left
+/// out, so a decision consumes them too).
+pub(super) fn held_rows(
+    tx: &Transaction,
+    site: &str,
+    sensor: Option<SensorId>,
+) -> Result<(Vec<HeldEvent>, Option<i64>)> {
+    let rows = tx
+        .prepare_cached(
+            "SELECT id, sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder \
+             FROM site_held WHERE site_id = ?1 AND (?2 IS NULL OR sensor_id = ?2) ORDER BY id",
+        )?
+        .query_map(params![site, sensor.map(|s| s.to_string())], |r| {
+            let detail = Detail {
+                lost_since: r.get(7)?,
+                reminder: r.get(8)?,
+                flips_suppressed: None,
+            };
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                (r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, detail),
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let last_row = rows.last().map(|h| h.0);
+    let held = rows
+        .into_iter()
+        .filter_map(|(id, s, k, (at, data, previous, last_seen_at, detail))| {
+            let kind = EventKind::parse(&k)?;
+            Some(stored_sensor(s).map(|sensor_id| HeldEvent {
+                id,
+                event: Event {
+                    sensor_id,
+                    kind,
+                    at,
+                    data,
+                    previous,
+                    last_seen_at,
+                    detail,
+                },
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((held, last_row))
+}
+
+fn stored_sensor(s: String) -> Result<SensorId> {
+    SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
 }
 
 /// The clients linked to the site's sensors, each with its sensors of the site.

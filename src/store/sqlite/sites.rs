@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Row, params};
 
 use super::super::rows::{self as row, SENSOR_COLS, SITE_TOTALS};
-use super::super::{Decided, Error, Page, PageRequest, Result, SensorView, Sites, limit_plus_one};
+use super::super::{
+    Decided, Error, NotificationRef, Page, PageRequest, Result, SensorView, Sites, limit_plus_one,
+};
 use super::SqliteStore;
 use crate::domain::site::decide::Rules;
 use crate::domain::site::{Site, SiteCounts, SiteTotals};
@@ -159,17 +161,28 @@ impl Sites for SqliteStore {
         .await
     }
 
-    async fn delete_site(&self, id: String) -> Result<bool> {
+    async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>> {
         self.write(move |c| {
             let tx = c.transaction()?;
+            let members = tx
+                .prepare_cached("SELECT id FROM sensors WHERE site_id = ?1 ORDER BY id")?
+                .query_map([&id], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
             tx.execute(
                 "UPDATE sensors SET site_id = NULL WHERE site_id = ?1",
                 [&id],
             )?;
+            let mut made = Vec::new();
+            for m in members {
+                let sensor = SensorId::parse(&m)
+                    .map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?;
+                made.extend(super::site_moves::moved(&tx, sensor, Some(&id), now)?);
+            }
+            // What no member's leave took (rows of a kind this version does not know).
             tx.execute("DELETE FROM site_held WHERE site_id = ?1", [&id])?;
             let n = tx.execute("DELETE FROM sites WHERE id = ?1", [&id])?;
             tx.commit()?;
-            Ok(n > 0)
+            Ok((n > 0).then_some(made))
         })
         .await
     }

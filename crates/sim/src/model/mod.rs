@@ -74,6 +74,7 @@ mod replay;
 mod secrets;
 mod sessions;
 mod silences;
+mod site_moves;
 mod tables;
 #[cfg(test)]
 mod tests;

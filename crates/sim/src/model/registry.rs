@@ -79,30 +79,41 @@ impl Tables {
         counts
     }
 
+    /// Writes `to`'s address, timeout, debounce window and site (not its `created_at`).
     pub(super) fn replace_sensor(
         &mut self,
         cx: &Cx,
-        id: SensorId,
-        address: String,
-        timeout: Option<u32>,
-        debounce: Option<u32>,
-        site_id: Option<String>,
-    ) -> Option<SensorView> {
+        to: Sensor,
+        now: Millis,
+    ) -> Option<(SensorView, Vec<latch::domain::NotificationRef>)> {
+        let Sensor {
+            id,
+            address,
+            heartbeat_timeout_s: timeout,
+            debounce_s: debounce,
+            site_id,
+            ..
+        } = to;
         let s = self.sensors.get_mut(&id)?;
         s.address = address;
         s.heartbeat_timeout_s = timeout;
         s.debounce_s = debounce;
-        s.site_id = site_id;
+        let from = std::mem::replace(&mut s.site_id, site_id.clone());
         self.note_change(cx, id);
-        self.sensor_view(id)
+        let made = match from == site_id {
+            true => Vec::new(),
+            false => self.sensor_moved(cx, id, from.as_deref(), now),
+        };
+        self.sensor_view(id).map(|v| (v, made))
     }
 
     /// Deletes the sensor, its state, links and history, and cancels its pending
     /// notifications.
     pub(super) fn delete_sensor(&mut self, cx: &Cx, id: SensorId, now: Millis) -> bool {
-        if self.sensors.remove(&id).is_none() {
+        let Some(sensor) = self.sensors.remove(&id) else {
             return false;
-        }
+        };
+        self.sensor_left_sites(id, sensor.site_id.as_deref(), now);
         self.states.remove(&id);
         self.links.retain(|(s, _)| *s != id);
         self.readings.retain(|_, r| r.sensor_id != id);
@@ -164,6 +175,12 @@ impl Tables {
         stored.events = c.events;
         stored.batch = c.batch;
         stored.receiver = c.receiver;
+        // `SITES_TELLING_IT`: the sites down whose loss told it are decided again.
+        for st in self.site_states.values_mut() {
+            if st.down && st.told_clients.contains(&c.id) {
+                st.pending_since.get_or_insert(0);
+            }
+        }
         true
     }
 
@@ -286,9 +303,18 @@ impl Registry for NodeStore {
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
         site_id: Option<String>,
-    ) -> Result<Option<SensorView>> {
+        now: Millis,
+    ) -> Result<Option<(SensorView, Vec<latch::domain::NotificationRef>)>> {
         self.run("replace_sensor", true, |t, cx| {
-            Ok(t.replace_sensor(cx, id, address, heartbeat_timeout_s, debounce_s, site_id))
+            let to = Sensor {
+                id,
+                address,
+                heartbeat_timeout_s,
+                debounce_s,
+                site_id,
+                created_at: 0,
+            };
+            Ok(t.replace_sensor(cx, to, now))
         })
         .await
     }

@@ -73,20 +73,35 @@ impl Tables {
     }
 
     fn decide_sites(&mut self, cx: &Cx, rules: Rules, now: Millis) -> Decided {
-        // As the backends: those whose grace ran out first, then down ones with held events.
+        // As the backends' `DUE`: those whose grace ran out or that a change asks to decide
+        // first, then those with held events not released yet; on SQLite 500 a call.
         let mut due: Vec<(bool, String)> = self
             .sites
             .keys()
             .filter_map(|id| {
                 let st = self.site_states.get(id).cloned().unwrap_or_default();
-                let held = self.site_held.values().any(|(s, _)| s == id);
-                let pending = st.pending_since.is_some_and(|p| p <= now - rules.grace);
-                ((st.down && held) || pending).then(|| (st.pending_since.is_none(), id.clone()))
+                let unreleased = self
+                    .site_held
+                    .iter()
+                    .any(|(h, (s, _))| s == id && *h > st.released);
+                let due = match st.pending_since {
+                    Some(p) => st.down || p <= now - rules.grace,
+                    None => unreleased,
+                };
+                due.then(|| (st.pending_since.is_none(), id.clone()))
             })
             .collect();
         due.sort();
-        let due: Vec<String> = due.into_iter().take(500).map(|(_, id)| id).collect();
-        let mut decided = Decided::default();
+        // PostgreSQL decides every due site in a call, SQLite up to 500.
+        let per_call = match self.shared {
+            true => usize::MAX,
+            false => 500,
+        };
+        let due: Vec<String> = due.into_iter().take(per_call).map(|(_, id)| id).collect();
+        let mut decided = Decided {
+            more: due.len() == per_call,
+            ..Decided::default()
+        };
         for id in due {
             let (made, changed) = self.decide_site(cx, &id, rules, now);
             decided.made.extend(made);
@@ -422,16 +437,22 @@ impl Sites for NodeStore {
         .await
     }
 
-    async fn delete_site(&self, id: String) -> Result<bool> {
-        self.run("delete_site", true, |t, _| {
-            t.site_held.retain(|_, (s, _)| *s != id);
-            t.site_states.remove(&id);
+    async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>> {
+        self.run("delete_site", true, |t, cx| {
+            let mut members = Vec::new();
             for s in t.sensors.values_mut() {
                 if s.site_id.as_deref() == Some(id.as_str()) {
                     s.site_id = None;
+                    members.push(s.id);
                 }
             }
-            Ok(t.sites.remove(&id).is_some())
+            let mut made = Vec::new();
+            for m in members {
+                made.extend(t.sensor_moved(cx, m, Some(&id), now));
+            }
+            t.site_held.retain(|_, (s, _)| *s != id);
+            t.site_states.remove(&id);
+            Ok(t.sites.remove(&id).is_some().then_some(made))
         })
         .await
     }

@@ -1,0 +1,329 @@
+//! Checks of sites at their edges (issue #68): a sensor moved or deleted, a site deleted,
+//! while the site holds its events or its loss named it; many sites down at once; a
+//! subscription changed while a site is down.
+
+use super::*;
+use crate::domain::site::Site;
+use crate::domain::site::decide::Rules;
+
+const RULES: Rules = Rules {
+    grace: 30_000,
+    ratio: 0.5,
+    min_sensors: 3,
+};
+
+fn site(id: &str) -> Site {
+    Site {
+        id: id.into(),
+        name: Some(format!("site {id}")),
+        address: None,
+        gateway_sensor_id: None,
+        created_at: 1_000,
+        updated_at: 1_000,
+    }
+}
+
+/// Sensors `ids` in site `site`, each linked to `client`.
+async fn fill(s: &Subject, site_id: &str, ids: &[&str], client_id: &str) {
+    if s.get_site(site_id.into()).await.unwrap().is_none() {
+        s.create_site(site(site_id)).await.unwrap();
+    }
+    if s.get_client(client_id.into()).await.unwrap().is_none() {
+        s.create_client(client(client_id, "http://r/"))
+            .await
+            .unwrap();
+    }
+    for id in ids {
+        s.create_sensor(Sensor {
+            site_id: Some(site_id.into()),
+            ..sensor(id)
+        })
+        .await
+        .unwrap();
+        s.link(client_id.into(), sid(id), 1).await.unwrap();
+    }
+}
+
+/// Moves `id` to `to` (its address as `sensor` gives it) at `now`; answers what it made.
+async fn move_to(s: &Subject, id: &str, to: Option<&str>, now: Millis) -> Vec<NotificationRef> {
+    let (view, made) = s
+        .replace_sensor(
+            sid(id),
+            format!("address of {id}"),
+            None,
+            None,
+            to.map(str::to_string),
+            now,
+        )
+        .await
+        .unwrap()
+        .expect("the sensor exists");
+    assert_eq!(view.0.site_id.as_deref(), to);
+    made
+}
+
+fn kinds(made: &[NotificationRef]) -> Vec<(String, SensorId, EventKind)> {
+    made.iter()
+        .map(|n| (n.client_id.clone(), n.sensor_id, n.kind))
+        .collect()
+}
+
+/// Every notification of `client` for `sensor`, oldest first, by kind.
+async fn told(s: &Subject, client_id: &str, sensor_id: &str) -> Vec<EventKind> {
+    let f = NotificationFilter {
+        client_id: Some(client_id.into()),
+        sensor_id: Some(sid(sensor_id)),
+        ..Default::default()
+    };
+    let mut items = s.list_notifications(f, page(100)).await.unwrap().items;
+    items.sort_by_key(|n| n.seq);
+    items.into_iter().map(|n| n.kind).collect()
+}
+
+/// A loss held in a site's grace goes with its sensor: moved to no site, it is made at
+/// once; moved to another site up, that site's grace holds it and its decision tells it.
+pub(super) async fn a_moved_sensor_takes_its_held_loss_along(s: &Subject) {
+    fill(s, "mv-a", &["ma1", "ma2", "ma3", "ma4"], "mc1").await;
+    fill(s, "mv-b", &["mb1", "mb2", "mb3", "mb4"], "mc1").await;
+    for id in ["ma1", "ma2"] {
+        let made = s
+            .commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+        assert!(made.is_empty(), "held for the grace");
+    }
+    let made = move_to(s, "ma1", None, 10_000).await;
+    assert_eq!(
+        kinds(&made),
+        [("mc1".into(), sid("ma1"), EventKind::ConnectionLost)],
+        "in no site now: its loss is told as its own"
+    );
+    let made = move_to(s, "ma2", Some("mv-b"), 11_000).await;
+    assert!(made.is_empty(), "held again, for mv-b's grace: {made:?}");
+    // mv-a's grace ends with nothing of it left; mv-b's, begun by the move, tells ma2's
+    // loss once.
+    let decided = s.decide_sites(RULES, 36_000).await.unwrap();
+    assert!(decided.made.is_empty(), "{:?}", decided.made);
+    let decided = s.decide_sites(RULES, 41_000).await.unwrap();
+    assert_eq!(
+        kinds(&decided.made),
+        [("mc1".into(), sid("ma2"), EventKind::ConnectionLost)]
+    );
+    assert!(decided.changed.is_empty(), "neither site is down");
+    assert_eq!(told(s, "mc1", "ma1").await, [EventKind::ConnectionLost]);
+    assert_eq!(told(s, "mc1", "ma2").await, [EventKind::ConnectionLost]);
+    assert_eq!(s.site_totals().await.unwrap().held, 0);
+}
+
+/// A site deleted in its grace tells the losses it held as the sensors' own; one deleted
+/// while down owes the clients its loss told what it held back from them.
+pub(super) async fn a_deleted_site_tells_what_it_held(s: &Subject) {
+    fill(s, "dl-a", &["la1", "la2", "la3", "la4"], "lc1").await;
+    s.commit(liveness("la1", EventKind::ConnectionLost, 5_000), 5_000)
+        .await
+        .unwrap();
+    let made = s
+        .delete_site("dl-a".into(), 9_000)
+        .await
+        .unwrap()
+        .expect("the site was there");
+    assert_eq!(
+        kinds(&made),
+        [("lc1".into(), sid("la1"), EventKind::ConnectionLost)]
+    );
+    // A site down: its loss told lc2 of lb1..lb3; lb1 comes back (held for the site's
+    // return), then the site is deleted.
+    fill(s, "dl-b", &["lb1", "lb2", "lb3", "lb4"], "lc2").await;
+    for id in ["lb1", "lb2", "lb3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 20_000), 20_000)
+            .await
+            .unwrap();
+    }
+    let down = s.decide_sites(RULES, 51_000).await.unwrap();
+    assert_eq!(down.changed.len(), 1);
+    let made = s
+        .commit(
+            liveness("lb1", EventKind::ConnectionRestored, 60_000),
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert!(made.is_empty(), "held for the site's return");
+    let made = s
+        .delete_site("dl-b".into(), 61_000)
+        .await
+        .unwrap()
+        .expect("the site was there");
+    assert_eq!(
+        kinds(&made),
+        [("lc2".into(), sid("lb1"), EventKind::ConnectionRestored)],
+        "lb1's return, which the site's would have told"
+    );
+    // In no site now, the others' returns go out as their own.
+    let made = s
+        .commit(
+            liveness("lb2", EventKind::ConnectionRestored, 70_000),
+            70_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(kinds(&made).len(), 1);
+    assert_eq!(s.site_totals().await.unwrap().down, 0);
+}
+
+/// A site down whose named sensors are deleted or moved away is decided again: it comes
+/// back, telling the clients its loss told.
+pub(super) async fn a_site_whose_lost_sensors_leave_comes_back(s: &Subject) {
+    fill(s, "gn-a", &["ga1", "ga2", "ga3", "ga4", "ga5"], "gc1").await;
+    for id in ["ga1", "ga2", "ga3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        s.decide_sites(RULES, 36_000).await.unwrap().changed.len(),
+        1
+    );
+    assert!(s.delete_sensor(sid("ga1"), 40_000).await.unwrap());
+    assert!(move_to(s, "ga2", None, 41_000).await.is_empty());
+    // One of three left is lost: below the minimum of 3.
+    let decided = s.decide_sites(RULES, 42_000).await.unwrap();
+    let changed: Vec<(&str, EventKind)> = decided
+        .changed
+        .iter()
+        .map(|e| (e.site_id.as_str(), e.kind))
+        .collect();
+    assert_eq!(changed, [("gn-a", EventKind::SiteConnectionRestored)]);
+    assert_eq!(
+        kinds(&decided.made),
+        [("gc1".into(), sid("ga3"), EventKind::SiteConnectionRestored)]
+    );
+    let (n, _) = s
+        .get_notification(decided.made[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_str(n.body.as_deref().unwrap()).unwrap();
+    assert_eq!(body["still_lost"][0]["id"], "ga3", "{body}");
+    assert_eq!(body["still_lost"].as_array().unwrap().len(), 1, "{body}");
+    let (_, counts) = s.get_site("gn-a".into()).await.unwrap().unwrap();
+    assert!(!counts.down);
+    assert_eq!(s.site_totals().await.unwrap().down, 0);
+}
+
+/// More sites down than a round's call decides on the embedded store (500), each with a
+/// return held that leaves it down: every one is decided (its hold released), and then a
+/// site past the first 500 still comes back.
+pub(super) async fn many_sites_down_starve_none(s: &Subject) {
+    let rules = Rules {
+        min_sensors: 1,
+        ..RULES
+    };
+    let n = 520;
+    s.create_client(client("sc1", "http://r/")).await.unwrap();
+    let (mut losses, mut returns) = (CommitBatch::default(), CommitBatch::default());
+    for i in 0..n {
+        let site_id = format!("sd-{i:03}");
+        s.create_site(site(&site_id)).await.unwrap();
+        for half in ["a", "b"] {
+            let id = format!("sd{i:03}{half}");
+            s.create_sensor(Sensor {
+                site_id: Some(site_id.clone()),
+                ..sensor(&id)
+            })
+            .await
+            .unwrap();
+            s.link("sc1".into(), sid(&id), 1).await.unwrap();
+            let one = liveness(&id, EventKind::ConnectionLost, 5_000);
+            losses.states.extend(one.states);
+            losses.events.extend(one.events);
+            if half == "a" {
+                let one = liveness(&id, EventKind::ConnectionRestored, 40_000);
+                returns.states.extend(one.states);
+                returns.events.extend(one.events);
+            }
+        }
+    }
+    let round = async |at: Millis| {
+        let mut all = Decided::default();
+        for _ in 0..4 {
+            let d = s.decide_sites(rules, at).await.unwrap();
+            all.changed.extend(d.changed);
+            all.made.extend(d.made);
+            if !d.more {
+                return all;
+            }
+        }
+        panic!("a round's four calls left sites due");
+    };
+    s.commit(losses, 5_000).await.unwrap();
+    assert_eq!(round(36_000).await.changed.len(), n, "every site down");
+    // Half of each site back: still down (ratio 0.5), each return held for the site's.
+    assert!(s.commit(returns, 40_000).await.unwrap().is_empty());
+    assert!(round(41_000).await.is_empty(), "nothing new for sc1 yet");
+    assert!(
+        round(42_000).await.is_empty() && !s.decide_sites(rules, 42_000).await.unwrap().more,
+        "none due any more"
+    );
+    let last = format!("sd{:03}b", n - 1);
+    s.commit(
+        liveness(&last, EventKind::ConnectionRestored, 50_000),
+        50_000,
+    )
+    .await
+    .unwrap();
+    let d = s.decide_sites(rules, 51_000).await.unwrap();
+    let changed: Vec<(&str, EventKind)> = d
+        .changed
+        .iter()
+        .map(|e| (e.site_id.as_str(), e.kind))
+        .collect();
+    assert_eq!(
+        changed,
+        [(
+            format!("sd-{:03}", n - 1).as_str(),
+            EventKind::SiteConnectionRestored
+        )],
+        "decided though {} sites down sort before it",
+        n - 1
+    );
+    assert_eq!(s.site_totals().await.unwrap().down as usize, n - 1);
+}
+
+/// A client the site's loss told stops taking site events while the site stays down: the
+/// returns held back from it go out as the sensors' own at the next round, not at the
+/// site's return.
+pub(super) async fn a_subscription_changed_while_down_releases_at_once(s: &Subject) {
+    fill(s, "sb-a", &["sa1", "sa2", "sa3", "sa4"], "bc1").await;
+    for id in ["sa1", "sa2", "sa3", "sa4"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        s.decide_sites(RULES, 36_000).await.unwrap().changed.len(),
+        1
+    );
+    s.commit(
+        liveness("sa1", EventKind::ConnectionRestored, 40_000),
+        40_000,
+    )
+    .await
+    .unwrap();
+    assert!(
+        s.decide_sites(RULES, 41_000).await.unwrap().is_empty(),
+        "still down; bc1 waits for the site's return"
+    );
+    let mut c = s.get_client("bc1".into()).await.unwrap().unwrap();
+    c.events = Some(vec![
+        "sensor.connection_lost".into(),
+        "sensor.connection_restored".into(),
+    ]);
+    assert!(s.replace_client(c).await.unwrap());
+    let d = s.decide_sites(RULES, 42_000).await.unwrap();
+    assert_eq!(
+        kinds(&d.made),
+        [("bc1".into(), sid("sa1"), EventKind::ConnectionRestored)]
+    );
+    assert!(s.decide_sites(RULES, 43_000).await.unwrap().is_empty());
+}
