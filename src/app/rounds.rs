@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::delivery::Dispatcher;
-use crate::domain::silence::SETTLE_MS;
 use crate::domain::site::decide::Rules;
 use crate::domain::site::{SiteEvent, SiteTotals};
 use crate::domain::{EventKind, Live, Millis};
@@ -31,6 +30,23 @@ pub fn rules(config: &crate::config::Config) -> Rules {
     }
 }
 
+/// What a round goes by: the sites' rules, and how long after a silence's end it is
+/// reconciled (`silence::settle_ms`).
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub sites: Rules,
+    pub settle: Millis,
+}
+
+impl Settings {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            sites: rules(config),
+            settle: crate::domain::silence::settle_ms(config.database_timeout),
+        }
+    }
+}
+
 /// Runs a round every second of `clock` until `stop`, handing what each makes to
 /// `dispatcher`, each site's change to the live stream (`live`), and the sites' totals to
 /// the gauges.
@@ -39,9 +55,10 @@ pub async fn run(
     dispatcher: Dispatcher,
     live: broadcast::Sender<Live>,
     clock: Clock,
-    rules: Rules,
+    settings: Settings,
     stop: CancellationToken,
 ) {
+    let rules = settings.sites;
     let every = EVERY.as_millis() as Millis;
     let mut next = clock.now() + every;
     loop {
@@ -86,7 +103,7 @@ pub async fn run(
             }
         }
         let now = clock.now();
-        match store.reconcile_silences(now - SETTLE_MS, now).await {
+        match store.reconcile_silences(now - settings.settle, now).await {
             Ok(made) if made.is_empty() => {}
             Ok(made) => {
                 tracing::info!(

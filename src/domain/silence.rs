@@ -8,9 +8,16 @@ use super::notification::EventKind;
 use super::sensor::{Connection, SensorId};
 use super::time::Millis;
 
-/// How long after a silence's end it is reconciled: a commit stamped before the end may
-/// land this much later (a store call's bound), and its notifications must be seen.
+/// The least time after a silence's end before it is reconciled ([`settle_ms`]).
 pub const SETTLE_MS: Millis = 5_000;
+
+/// How long after a silence's end it is reconciled: a commit stamped before the end may
+/// land up to a store call's bound (`database_timeout`) later, and its notifications must
+/// be seen, or one the silence matched would be noted after its pairs were reconciled and
+/// never told (issue #68). A second more for the commit's way to the store.
+pub fn settle_ms(database_timeout: std::time::Duration) -> Millis {
+    (database_timeout.as_millis() as Millis + 1_000).max(SETTLE_MS)
+}
 
 /// The longest a silence may last: planned work is days, not months.
 pub const MAX_SILENCE_MS: Millis = 31 * 24 * 3600 * 1000;
@@ -167,26 +174,50 @@ pub fn told_by_site(view: View, told: bool) -> View {
     }
 }
 
-/// The sensors a silenced notification of `kind` kept news of from its client: a site's
-/// event names each of the client's sensors in its `body` (`anchor`, the one it travels
-/// with, among them); any other names its own. Each becomes a pair the silence's end
-/// reconciles, or a site's silenced loss would leave the client never told of the rest.
-pub fn kept_sensors(kind: EventKind, anchor: SensorId, body: Option<&str>) -> Vec<SensorId> {
-    let lists: &[&str] = match kind {
-        EventKind::SiteConnectionLost => &["sensors"],
-        EventKind::SiteConnectionRestored => &["restored", "still_lost"],
-        _ => &[],
+/// A silenced notification, as the pairs it keeps news of are read from it.
+#[derive(Debug, Clone, Copy)]
+pub struct Kept<'a> {
+    pub kind: EventKind,
+    /// The sensor whose lane it travels in (a site's event: the first it names).
+    pub anchor: SensorId,
+    pub data: Option<bool>,
+    pub previous: Option<bool>,
+    /// A site's event's own fields.
+    pub body: Option<&'a str>,
+}
+
+/// The sensors a silenced notification kept news of from its client, each with what the
+/// client knew of it before: a site's event names each of the client's sensors in its
+/// `body` (the anchor among them) with its data — online before the site's loss, lost
+/// before its return —; any other names its own (`View::before`). Each becomes a pair the
+/// silence's end reconciles from that view, or a site's silenced loss would leave the
+/// client never told of the rest; the view is kept with the pair, since the notification
+/// itself may be gone by then (retention) or, a site's, carries no data of the sensor.
+pub fn kept(k: Kept<'_>) -> Vec<(SensorId, View)> {
+    let (lists, lost): (&[&str], bool) = match k.kind {
+        EventKind::SiteConnectionLost => (&["sensors"], false),
+        EventKind::SiteConnectionRestored => (&["restored", "still_lost"], true),
+        _ => return vec![(k.anchor, View::before(k.kind, k.data, k.previous))],
     };
-    let body: serde_json::Value = body
+    let body: serde_json::Value = k
+        .body
         .and_then(|b| serde_json::from_str(b).ok())
         .unwrap_or_default();
-    let mut out = vec![anchor];
+    let mut out: Vec<(SensorId, View)> = Vec::new();
     for list in lists {
-        let named = body[*list].as_array().into_iter().flatten();
-        out.extend(named.filter_map(|x| SensorId::parse(x["id"].as_str()?).ok()));
+        for x in body[*list].as_array().into_iter().flatten() {
+            let Some(id) = x["id"].as_str().and_then(|i| SensorId::parse(i).ok()) else {
+                continue;
+            };
+            let data = x["data"].as_u64().map(|d| d == 1);
+            out.push((id, View { lost, data }));
+        }
     }
-    out.sort();
-    out.dedup();
+    if !out.iter().any(|(id, _)| *id == k.anchor) {
+        out.push((k.anchor, View::before(k.kind, k.data, k.previous)));
+    }
+    out.sort_by_key(|(id, _)| *id);
+    out.dedup_by_key(|(id, _)| *id);
     out
 }
 
@@ -209,6 +240,17 @@ pub fn reconcile(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_silence_settles_past_a_store_calls_bound() {
+        use std::time::Duration;
+        assert_eq!(super::settle_ms(Duration::from_secs(5)), 6_000);
+        assert_eq!(super::settle_ms(Duration::from_secs(30)), 31_000);
+        assert_eq!(
+            super::settle_ms(Duration::from_millis(500)),
+            super::SETTLE_MS
+        );
+    }
+
     use super::*;
 
     #[test]
@@ -258,22 +300,41 @@ mod tests {
     }
 
     #[test]
-    fn a_site_event_kept_from_a_client_keeps_each_sensor_it_names() {
+    fn a_site_event_kept_from_a_client_keeps_each_sensor_it_names_as_it_knew_it() {
         let id = |s: &str| SensorId::parse(s).unwrap();
-        let lost = r#"{"site":{"id":"b"},"sensors":[{"id":"s1"},{"id":"s2"}],"sensors_total":3}"#;
+        let site = |kind, anchor, body| Kept {
+            kind,
+            anchor: id(anchor),
+            data: None,
+            previous: None,
+            body: Some(body),
+        };
+        let lost = r#"{"site":{"id":"b"},"sensors":[{"id":"s1","data":1},{"id":"s2","data":0}],"sensors_total":3}"#;
+        let online = |d| View {
+            lost: false,
+            data: Some(d),
+        };
         assert_eq!(
-            kept_sensors(EventKind::SiteConnectionLost, id("s1"), Some(lost)),
-            [id("s1"), id("s2")]
+            kept(site(EventKind::SiteConnectionLost, "s1", lost)),
+            [(id("s1"), online(true)), (id("s2"), online(false))],
+            "online before the site's loss, with the data it named: not the site event's null"
         );
-        let back = r#"{"site":{"id":"b"},"restored":[{"id":"s3"}],"still_lost":[{"id":"s1"}]}"#;
-        assert_eq!(
-            kept_sensors(EventKind::SiteConnectionRestored, id("s3"), Some(back)),
-            [id("s1"), id("s3")]
-        );
-        assert_eq!(
-            kept_sensors(EventKind::ConnectionLost, id("s9"), None),
-            [id("s9")]
-        );
+        let back =
+            r#"{"site":{"id":"b"},"restored":[{"id":"s3","data":1}],"still_lost":[{"id":"s1"}]}"#;
+        let views: Vec<(SensorId, bool)> =
+            kept(site(EventKind::SiteConnectionRestored, "s3", back))
+                .into_iter()
+                .map(|(s, v)| (s, v.lost))
+                .collect();
+        assert_eq!(views, [(id("s1"), true), (id("s3"), true)]);
+        let own = Kept {
+            kind: EventKind::StateChanged,
+            anchor: id("s9"),
+            data: Some(true),
+            previous: Some(false),
+            body: None,
+        };
+        assert_eq!(kept(own), [(id("s9"), online(false))]);
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl Node {
                 delivery.dispatcher.clone(),
                 core.live.clone(),
                 clock.clone(),
-                crate::app::rounds::rules(config),
+                crate::app::rounds::Settings::from_config(config),
                 stop.clone(),
             ),
         );

@@ -442,7 +442,7 @@ pub trait Silences: Send + Sync {
     async fn update_silence(&self, silence: Silence) -> Result<bool>;
     /// Reconciles every silence ended by `ended_by` and not yet reconciled, each once
     /// across the cluster (`ended_by` trails `now` by what a commit stamped before the end
-    /// may take to land, [`crate::domain::silence::SETTLE_MS`]): for each (client, sensor) it kept a notification from and no other
+    /// may take to land, [`crate::domain::silence::settle_ms`]): for each (client, sensor) it kept a notification from and no other
     /// silence still holds, one notification where the client's view differs from the
     /// sensor's state now. Answers the notifications made, pending.
     async fn reconcile_silences(

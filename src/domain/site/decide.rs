@@ -179,7 +179,8 @@ pub fn decide(
     // Held events in the order they were held, each to its clients in id order.
     release.sort_by(|a, b| a.client.client_id.cmp(&b.client.client_id));
     for h in held {
-        let e = &h.event;
+        let data_now = members.iter().find(|m| m.id == h.event.sensor_id);
+        let e = &released(&h.event, data_now.map_or(h.event.data, |m| m.data));
         for r in &release {
             let due = r.all.contains(&e.sensor_id)
                 || (h.id > state.released && r.newer.contains(&e.sensor_id));
@@ -213,6 +214,20 @@ pub fn decide(
         changed,
         consumes_held: !stays_down,
     })
+}
+
+/// A held event as it goes out: a return carries the sensor's data at release, not the
+/// data it had when it came back. A change of data is never held, so a client may have
+/// been told a newer state since; the return's older one, arriving after it, would leave
+/// the client believing the sensor holds what it no longer does.
+pub fn released(e: &Event, data_now: Option<bool>) -> Event {
+    match e.kind {
+        EventKind::ConnectionRestored => Event {
+            data: data_now,
+            ..e.clone()
+        },
+        _ => e.clone(),
+    }
 }
 
 impl Decision {

@@ -10,7 +10,7 @@
 //! new site, which may hold it for that site's grace, or made at once); the part only the
 //! told clients are owed is made for them at once, before it, as the sensor's own.
 
-use super::decide::{HeldEvent, Linked, Made, SiteState};
+use super::decide::{HeldEvent, Linked, Made, SiteState, released};
 use crate::domain::client::wants;
 use crate::domain::{Event, Millis, SensorId};
 
@@ -29,12 +29,14 @@ pub struct Leaving {
 }
 
 /// What the site in `state` owes when `sensor` leaves it at `now`: `held`, its events held
-/// there in order; `clients`, the clients linked to it.
+/// there in order; `clients`, the clients linked to it; `data_now`, its data now, which a
+/// return carries as it goes out ([`super::decide::released`]).
 pub fn leave(
     state: &SiteState,
     sensor: SensorId,
     held: &[HeldEvent],
     clients: &[Linked],
+    data_now: Option<bool>,
     now: Millis,
 ) -> Leaving {
     let named = state.down && state.told.contains(&sensor);
@@ -49,7 +51,7 @@ pub fn leave(
                 if state.told_clients.contains(&c.client_id) && wants(&c.events, h.event.kind) {
                     made.push(Made {
                         client_id: c.client_id.clone(),
-                        event: h.event.clone(),
+                        event: released(&h.event, data_now),
                         body: None,
                     });
                 }
@@ -64,7 +66,10 @@ pub fn leave(
     Leaving {
         state,
         made,
-        owed: owed.into_iter().map(|h| h.event.clone()).collect(),
+        owed: owed
+            .into_iter()
+            .map(|h| released(&h.event, data_now))
+            .collect(),
     }
 }
 

@@ -45,7 +45,14 @@ fn a_sensor_leaving_a_site_in_its_grace_owes_every_client_every_held_event() {
         held(1, EventKind::ConnectionLost, 5_000),
         held(2, EventKind::ConnectionRestored, 6_000),
     ];
-    let l = leave(&state, sid("x1"), &h, &[client("c1", None)], 7_000);
+    let l = leave(
+        &state,
+        sid("x1"),
+        &h,
+        &[client("c1", None)],
+        Some(true),
+        7_000,
+    );
     assert!(l.made.is_empty());
     assert_eq!(l.owed, vec![h[0].event.clone(), h[1].event.clone()]);
     assert_eq!(
@@ -72,7 +79,7 @@ fn a_site_down_owes_the_clients_its_loss_told_what_it_held_back_from_them_only()
         held(3, EventKind::ConnectionRestored, 70_000),
     ];
     let clients = [client("c1", None), client("c2", None)];
-    let l = leave(&state, sid("x1"), &h, &clients, 80_000);
+    let l = leave(&state, sid("x1"), &h, &clients, Some(true), 80_000);
     let made: Vec<(&str, EventKind)> = l
         .made
         .iter()
@@ -113,7 +120,14 @@ fn a_sensor_lost_after_its_site_went_down_owes_only_what_was_not_released() {
         held(1, EventKind::ConnectionLost, 50_000),
         held(2, EventKind::ConnectionRestored, 60_000),
     ];
-    let l = leave(&state, sid("x1"), &h, &[client("c1", None)], 70_000);
+    let l = leave(
+        &state,
+        sid("x1"),
+        &h,
+        &[client("c1", None)],
+        Some(true),
+        70_000,
+    );
     assert!(l.made.is_empty(), "every client had row 1 already");
     assert_eq!(l.owed, vec![h[1].event.clone()]);
 }
@@ -135,7 +149,7 @@ fn what_is_made_at_once_keeps_to_each_client_s_subscription() {
         ),
         client("c2", None),
     ];
-    let l = leave(&state, sid("x1"), &h, &clients, 60_000);
+    let l = leave(&state, sid("x1"), &h, &clients, Some(true), 60_000);
     let to: Vec<&str> = l.made.iter().map(|m| m.client_id.as_str()).collect();
     assert_eq!(to, ["c2"]);
 }
@@ -178,4 +192,30 @@ fn an_event_fans_out_to_the_clients_that_take_its_type() {
         .map(|m| m.client_id)
         .collect();
     assert_eq!(to, ["c1", "c3"]);
+}
+
+#[test]
+fn a_return_made_when_its_sensor_leaves_carries_the_data_it_has_then() {
+    let state = SiteState {
+        pending_since: Some(5_000),
+        ..SiteState::default()
+    };
+    let h = [
+        held(1, EventKind::ConnectionLost, 5_000),
+        held(2, EventKind::ConnectionRestored, 6_000),
+    ];
+    let l = leave(
+        &state,
+        sid("x1"),
+        &h,
+        &[client("c1", None)],
+        Some(false),
+        7_000,
+    );
+    let data: Vec<Option<bool>> = l.owed.iter().map(|e| e.data).collect();
+    assert_eq!(
+        data,
+        [Some(true), Some(false)],
+        "the loss as it was; the return with the state changed since"
+    );
 }

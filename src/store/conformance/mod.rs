@@ -31,6 +31,7 @@ mod receivers;
 mod registry;
 mod retention;
 mod sessions;
+mod silence_edges;
 mod silences;
 mod site_edges;
 mod tokens;
@@ -222,6 +223,10 @@ suite!(
     site_edges::a_site_whose_lost_sensors_leave_comes_back,
     site_edges::many_sites_down_starve_none,
     site_edges::a_subscription_changed_while_down_releases_at_once,
+    silence_edges::a_silence_ending_in_a_grace_leaves_the_loss_to_the_site,
+    silence_edges::a_silence_longer_than_retention_still_reconciles,
+    silence_edges::a_silenced_site_loss_reconciles_from_what_it_named,
+    silence_edges::a_site_silence_reconciles_a_sensor_that_moved_away,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

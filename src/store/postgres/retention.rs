@@ -126,6 +126,12 @@ const KEPT_FOR_ITS_LANE: &str = "(n.kind = 'sensor.state_changed' AND EXISTS (\
     WHERE p.sensor_id = n.sensor_id AND p.client_id = n.client_id AND p.seq < n.seq \
     AND o.kind = 'sensor.state_changed'))";
 
+/// A notification of a (client, sensor) a silence kept something from stays until the
+/// silence's end reconciles the pair: what the client was told is read from them then, and
+/// a silence longer than retention would otherwise find nothing and tell nothing (#68).
+const KEPT_FOR_A_SILENCE: &str = "EXISTS (SELECT 1 FROM silenced_pairs sp \
+    WHERE sp.client_id = n.client_id AND sp.sensor_id = n.sensor_id)";
+
 async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
     let c = db.get("retention").await?;
     Ok(c.query(
@@ -154,7 +160,7 @@ async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<P
             &format!(
                 "WITH gone AS (DELETE FROM notifications n WHERE seq = ANY($1) \
                AND status <> 'pending' AND updated_at < $2 AND NOT {KEPT_FOR_ITS_LANE} \
-               RETURNING id), \
+               AND NOT {KEPT_FOR_A_SILENCE} RETURNING id), \
              a AS (DELETE FROM attempts WHERE notification_id IN (SELECT id FROM gone) \
                RETURNING 1) \
              SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM a)"

@@ -26,6 +26,18 @@ fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
     )
 }
 
+/// Whether silence `s` matched pair `p` (of `silenced_pairs`) when it kept something from
+/// it: by the sensor's site then (`p.site_id`) or now, so a sensor moved out of a site keeps
+/// the pair that site's silence noted (issue #68).
+fn matched_pair(s: &str) -> String {
+    format!(
+        "({s}.client_id IS NULL OR {s}.client_id = p.client_id) \
+         AND ({s}.sensor_ids IS NULL OR strpos({s}.sensor_ids, ',' || p.sensor_id || ',') > 0) \
+         AND ({s}.site_id IS NULL OR {s}.site_id = p.site_id OR {s}.site_id = \
+              (SELECT x.site_id FROM sensors x WHERE x.id = p.sensor_id))"
+    )
+}
+
 /// Whether silence `s` is active at `now` (an SQL expression).
 fn active(s: &str, now: &str) -> String {
     format!("{s}.starts_at <= {now} AND {s}.ends_at > {now}")
@@ -63,9 +75,9 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
                    WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
                    AND n.seq = ANY($1) AND n.status = 'pending' AND EXISTS (SELECT 1 FROM silences s WHERE {} AND {} \
                    AND (s.types IS NULL OR strpos(s.types, ',' || n.kind || ',') > 0)) \
-                   RETURNING n.seq, n.client_id, n.sensor_id, n.kind, n.body), \
+                   RETURNING n.seq, n.client_id, n.sensor_id, n.kind, n.body, n.data, n.previous), \
                  d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)) \
-                 SELECT seq, client_id, sensor_id, kind, body FROM s",
+                 SELECT seq, client_id, sensor_id, kind, body, data, previous FROM s",
                 active("a", "$2"),
                 active("s", "$2"),
                 matches_pair("s", "n.client_id", "n.sensor_id")
@@ -76,20 +88,35 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
         .await?;
     super::super::count_silenced(rows.len());
     let (mut clients, mut sensors) = (Vec::new(), Vec::new());
+    let (mut lost, mut data) = (Vec::new(), Vec::new());
     for r in &rows {
         let (kind, anchor) = (r.get::<_, String>(3), r.get::<_, String>(2));
         if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&anchor)) {
-            for kept in silence::kept_sensors(kind, anchor, r.get(4)) {
+            let k = silence::Kept {
+                kind,
+                anchor,
+                data: r.get(5),
+                previous: r.get(6),
+                body: r.get(4),
+            };
+            for (kept, before) in silence::kept(k) {
                 clients.push(r.get::<_, String>(1));
                 sensors.push(kept.to_string());
+                lost.push(before.lost);
+                data.push(before.data);
             }
         }
     }
     if !clients.is_empty() {
+        // The first kept of a pair gives its view: `ON CONFLICT` keeps an older row, and
+        // within the statement the first of the pair in `UNNEST`'s order.
         tx.execute(
-            "INSERT INTO silenced_pairs (client_id, sensor_id) \
-             SELECT DISTINCT * FROM UNNEST($1::text[], $2::text[]) ON CONFLICT DO NOTHING",
-            &[&clients, &sensors],
+            "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data) \
+             SELECT DISTINCT ON (u.c, u.s) u.c, u.s, x.site_id, u.lost, u.data \
+             FROM UNNEST($1::text[], $2::text[], $3::bool[], $4::bool[]) \
+               WITH ORDINALITY AS u(c, s, lost, data, o) \
+             LEFT JOIN sensors x ON x.id = u.s ORDER BY u.c, u.s, u.o ON CONFLICT DO NOTHING",
+            &[&clients, &sensors, &lost, &data],
         )
         .await?;
     }
@@ -104,8 +131,8 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
             &format!(
                 "DELETE FROM silenced_pairs p USING silences s WHERE s.id = $1 AND {} \
                  AND NOT EXISTS (SELECT 1 FROM silences o WHERE o.id <> s.id AND {} AND {}) \
-                 RETURNING p.client_id, p.sensor_id",
-                matches_pair("s", "p.client_id", "p.sensor_id"),
+                 RETURNING p.client_id, p.sensor_id, p.lost, p.data",
+                matched_pair("s"),
                 active("o", "$2"),
                 matches_pair("o", "p.client_id", "p.sensor_id")
             ),
@@ -115,7 +142,11 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
     let mut made = Vec::new();
     for p in pairs {
         let (client, sensor): (String, String) = (p.get(0), p.get(1));
-        if let Some(r) = bring_up_to_date(tx, &client, &sensor, now).await? {
+        let before = p.get::<_, Option<bool>>(2).map(|lost| View {
+            lost,
+            data: p.get(3),
+        });
+        if let Some(r) = bring_up_to_date(tx, &client, &sensor, before, now).await? {
             made.push(r);
         }
     }
@@ -128,9 +159,26 @@ async fn bring_up_to_date(
     tx: &Tx<'_>,
     client: &str,
     sensor: &str,
+    before: Option<View>,
     now: Millis,
 ) -> Result<Option<NotificationRef>> {
-    let view = view(tx, client, sensor).await?;
+    // What its site holds of the sensor and will tell this client: the site's decision
+    // brings its view up to date (a return with the data at release), and a notification
+    // here would tell the same loss or return twice, with different ids (issue #68).
+    let site_tells: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+             JOIN site_held h ON h.site_id = si.id AND h.sensor_id = s.id WHERE s.id = $2 \
+             AND (NOT si.down OR h.id > si.released OR (strpos(si.told, ',' || s.id || ',') > 0 \
+                  AND strpos(si.told_clients, ',' || $1 || ',') > 0)))",
+            &[&client, &sensor],
+        )
+        .await?
+        .get(0);
+    if site_tells {
+        return Ok(None);
+    }
+    let view = view(tx, client, sensor).await?.or(before);
     let told: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
@@ -199,8 +247,10 @@ async fn bring_up_to_date(
     Ok(Some(made))
 }
 
-/// What `client` knows of `sensor`: its newest notification delivered or waiting to be,
-/// else the view before the first one a silence kept from it.
+/// What `client` knows of `sensor` from its newest notification of the sensor's own kinds
+/// delivered or waiting to be; `None`: nothing (the caller takes the view the pair kept,
+/// `silence::kept`). A site's event in the sensor's lane (it travels with the first sensor
+/// it names) carries no data of it.
 async fn view(tx: &Tx<'_>, client: &str, sensor: &str) -> Result<Option<View>> {
     let told = tx
         .query_opt(
@@ -211,17 +261,7 @@ async fn view(tx: &Tx<'_>, client: &str, sensor: &str) -> Result<Option<View>> {
             &[&client, &sensor],
         )
         .await?;
-    if let Some(r) = told {
-        return Ok(EventKind::parse(r.get(0)).map(|k| View::after(k, r.get(1))));
-    }
-    let kept = tx
-        .query_opt(
-            "SELECT kind, data, previous FROM notifications WHERE sensor_id = $2 \
-             AND client_id = $1 AND status = 'silenced' ORDER BY seq LIMIT 1",
-            &[&client, &sensor],
-        )
-        .await?;
-    Ok(kept.and_then(|r| EventKind::parse(r.get(0)).map(|k| View::before(k, r.get(1), r.get(2)))))
+    Ok(told.and_then(|r| EventKind::parse(r.get(0)).map(|k| View::after(k, r.get(1)))))
 }
 
 #[async_trait]

@@ -78,7 +78,14 @@ async fn leave(
         return Ok((Vec::new(), Vec::new()));
     };
     let (held, _) = super::site_rounds::held_rows(tx, site, Some(sensor)).await?;
-    let left = moves::leave(&state, sensor, &held, clients, now);
+    let data_now: Option<bool> = tx
+        .query_opt(
+            "SELECT data FROM sensor_state WHERE sensor_id = $1",
+            &[&sensor.to_string()],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    let left = moves::leave(&state, sensor, &held, clients, data_now, now);
     tx.execute(
         "DELETE FROM site_held WHERE site_id = $1 AND sensor_id = $2",
         &[&site, &sensor.to_string()],

@@ -72,6 +72,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0018_state_flush.sql"),
     include_str!("../migrations/sqlite/0019_site_released.sql"),
     include_str!("../migrations/sqlite/0020_events_journal.sql"),
+    include_str!("../migrations/sqlite/0021_silenced_pairs_site.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -140,7 +140,10 @@ pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
 /// Deletes the notifications `seqs` that are still finished and older than `before` (one
 /// may have been replayed since it was read), with their attempts. A delivered state that
 /// an older state of its lane still waits behind stays: the claim of that one supersedes
-/// it while the newer one is stored, and would send it after the newer one without.
+/// it while the newer one is stored, and would send it after the newer one without. So
+/// does every notification of a (client, sensor) a silence kept something from until its
+/// end reconciles it: what the client was told is read from them then, and a silence
+/// longer than retention would otherwise find nothing and tell nothing (issue #68).
 pub(super) fn delete_notifications(
     c: &mut Connection,
     seqs: &[i64],
@@ -154,7 +157,9 @@ pub(super) fn delete_notifications(
              AND updated_at < ?2 AND NOT (n.kind = 'sensor.state_changed' AND EXISTS (\
                SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
                AND o.seq < n.seq AND o.status = 'pending' AND o.client_id = n.client_id \
-               AND o.kind = 'sensor.state_changed')) RETURNING id",
+               AND o.kind = 'sensor.state_changed')) AND NOT EXISTS (SELECT 1 \
+               FROM silenced_pairs sp WHERE sp.client_id = n.client_id \
+               AND sp.sensor_id = n.sensor_id) RETURNING id",
         )?;
         let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;
         for seq in seqs {

@@ -25,6 +25,18 @@ fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
     )
 }
 
+/// Whether silence `s` matched pair `p` (of `silenced_pairs`) when it kept something from
+/// it: by the sensor's site then (`p.site_id`) or now, so a sensor moved out of a site keeps
+/// the pair that site's silence noted (issue #68).
+fn matched_pair(s: &str) -> String {
+    format!(
+        "({s}.client_id IS NULL OR {s}.client_id = p.client_id) \
+         AND ({s}.sensor_ids IS NULL OR instr({s}.sensor_ids, ',' || p.sensor_id || ',') > 0) \
+         AND ({s}.site_id IS NULL OR {s}.site_id = p.site_id OR {s}.site_id = \
+              (SELECT x.site_id FROM sensors x WHERE x.id = p.sensor_id))"
+    )
+}
+
 /// Whether silence `s` is active at `?now` (the parameter's name given).
 fn active(s: &str, now: &str) -> String {
     format!("{s}.starts_at <= {now} AND {s}.ends_at > {now}")
@@ -69,7 +81,7 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
              AND n.status = 'pending' AND EXISTS \
              (SELECT 1 FROM silences s WHERE {} AND {} \
               AND (s.types IS NULL OR instr(s.types, ',' || n.kind || ',') > 0)) \
-             RETURNING seq, client_id, sensor_id, kind, body",
+             RETURNING seq, client_id, sensor_id, kind, body, data, previous",
             active("s", "?2"),
             matches_pair("s", "n.client_id", "n.sensor_id")
         ))?
@@ -80,19 +92,29 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
                 r.get::<_, String>(2)?,
                 r.get::<_, String>(3)?,
                 r.get::<_, Option<String>>(4)?,
+                r.get::<_, Option<bool>>(5)?,
+                r.get::<_, Option<bool>>(6)?,
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut pair = tx.prepare_cached(
-        "INSERT INTO silenced_pairs (client_id, sensor_id) VALUES (?1, ?2) \
+        "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data) \
+         VALUES (?1, ?2, (SELECT site_id FROM sensors WHERE id = ?2), ?3, ?4) \
          ON CONFLICT DO NOTHING",
     )?;
     super::super::count_silenced(silenced.len());
     let mut seqs = HashSet::with_capacity(silenced.len());
-    for (seq, client, sensor, kind, body) in silenced {
+    for (seq, client, sensor, kind, body, data, previous) in silenced {
         if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&sensor)) {
-            for kept in silence::kept_sensors(kind, anchor, body.as_deref()) {
-                pair.execute(params![client, kept.to_string()])?;
+            let k = silence::Kept {
+                kind,
+                anchor,
+                data,
+                previous,
+                body: body.as_deref(),
+            };
+            for (kept, before) in silence::kept(k) {
+                pair.execute(params![client, kept.to_string(), before.lost, before.data])?;
             }
         }
         seqs.insert(seq);
@@ -105,27 +127,40 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
 fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<NotificationRef>> {
     let pairs = tx
         .prepare_cached(&format!(
-            "SELECT p.client_id, p.sensor_id FROM silenced_pairs p, silences s \
+            "SELECT p.client_id, p.sensor_id, p.lost, p.data FROM silenced_pairs p, silences s \
              WHERE s.id = ?1 AND {} AND NOT EXISTS (SELECT 1 FROM silences o \
              WHERE o.id <> s.id AND {} AND {})",
-            matches_pair("s", "p.client_id", "p.sensor_id"),
+            matched_pair("s"),
             active("o", "?2"),
             matches_pair("o", "p.client_id", "p.sensor_id")
         ))?
         .query_map(params![id, now], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            let lost: Option<bool> = r.get(2)?;
+            let before = lost.map(|lost| View {
+                lost,
+                data: r.get(3).ok().flatten(),
+            });
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, before))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut made = Vec::new();
-    for (client, sensor) in pairs {
+    for (client, sensor, before) in pairs {
         tx.prepare_cached("DELETE FROM silenced_pairs WHERE client_id = ?1 AND sensor_id = ?2")?
             .execute(params![client, sensor])?;
-        if let Some(r) = bring_up_to_date(tx, &client, &sensor, now)? {
+        if let Some(r) = bring_up_to_date(tx, &client, &sensor, before, now)? {
             made.push(r);
         }
     }
     Ok(made)
 }
+
+/// Whether the site of sensor `?2` holds events of it that its decision will release to
+/// client `?1`: every one while the site is up (its grace runs), those not released yet
+/// while it is down, and all to a client its loss told of the sensor.
+const SITE_WILL_TELL: &str = "EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+     JOIN site_held h ON h.site_id = si.id AND h.sensor_id = s.id WHERE s.id = ?2 \
+     AND (NOT si.down OR h.id > si.released OR (instr(si.told, ',' || s.id || ',') > 0 \
+          AND instr(si.told_clients, ',' || ?1 || ',') > 0)))";
 
 /// The notification that brings `client`'s view of `sensor` up to date, made pending,
 /// if it is linked, wants that type, and its view is wrong.
@@ -133,9 +168,19 @@ fn bring_up_to_date(
     tx: &Transaction,
     client: &str,
     sensor: &str,
+    before: Option<View>,
     now: Millis,
 ) -> Result<Option<NotificationRef>> {
-    let view = view(tx, client, sensor)?;
+    // What its site holds of the sensor and will tell this client: the site's decision
+    // brings its view up to date (a return with the data at release), and a notification
+    // here would tell the same loss or return twice, with different ids (issue #68).
+    let site_tells: bool = tx
+        .prepare_cached(&format!("SELECT {SITE_WILL_TELL}"))?
+        .query_row(params![client, sensor], |r| r.get(0))?;
+    if site_tells {
+        return Ok(None);
+    }
+    let view = view(tx, client, sensor)?.or(before);
     let told: bool = tx
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
@@ -201,8 +246,10 @@ fn bring_up_to_date(
     Ok(Some(made))
 }
 
-/// What `client` knows of `sensor`: its newest notification delivered or waiting to be,
-/// else the view before the first one a silence kept from it.
+/// What `client` knows of `sensor` from its newest notification of the sensor's own kinds
+/// delivered or waiting to be; `None`: nothing (the caller takes the view the pair kept,
+/// `silence::kept`). A site's event in the sensor's lane (it travels with the first sensor
+/// it names) carries no data of it.
 fn view(c: &Connection, client: &str, sensor: &str) -> Result<Option<View>> {
     let told = c
         .prepare_cached(
@@ -215,23 +262,7 @@ fn view(c: &Connection, client: &str, sensor: &str) -> Result<Option<View>> {
             Ok((r.get::<_, String>(0)?, r.get::<_, Option<bool>>(1)?))
         })
         .optional()?;
-    if let Some((kind, data)) = told {
-        return Ok(EventKind::parse(&kind).map(|k| View::after(k, data)));
-    }
-    let kept = c
-        .prepare_cached(
-            "SELECT kind, data, previous FROM notifications WHERE sensor_id = ?2 \
-             AND client_id = ?1 AND status = 'silenced' ORDER BY seq LIMIT 1",
-        )?
-        .query_row(params![client, sensor], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<bool>>(1)?,
-                r.get::<_, Option<bool>>(2)?,
-            ))
-        })
-        .optional()?;
-    Ok(kept.and_then(|(k, d, p)| EventKind::parse(&k).map(|k| View::before(k, d, p))))
+    Ok(told.and_then(|(kind, data)| EventKind::parse(&kind).map(|k| View::after(k, data))))
 }
 
 #[async_trait]

@@ -63,7 +63,12 @@ fn leave(
         return Ok((Vec::new(), Vec::new()));
     };
     let (held, _) = super::site_rounds::held_rows(tx, site, Some(sensor))?;
-    let left = moves::leave(&state, sensor, &held, clients, now);
+    let data_now: Option<bool> = tx
+        .prepare_cached("SELECT data FROM sensor_state WHERE sensor_id = ?1")?
+        .query_row([sensor.to_string()], |r| r.get(0))
+        .optional()?
+        .flatten();
+    let left = moves::leave(&state, sensor, &held, clients, data_now, now);
     tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND sensor_id = ?2")?
         .execute(params![site, sensor.to_string()])?;
     write_state(tx, site, &left.state)?;

@@ -236,15 +236,24 @@ impl Tables {
                     && matches_pair(self, s, &n.client_id, n.sensor_id)
                     && s.matcher.types.as_ref().is_none_or(|t| t.contains(&n.kind))
             }) {
-                let kept = silence::kept_sensors(n.kind, n.sensor_id, n.body.as_deref());
+                let kept = silence::kept(silence::Kept {
+                    kind: n.kind,
+                    anchor: n.sensor_id,
+                    data: n.data,
+                    previous: n.previous,
+                    body: n.body.as_deref(),
+                });
                 silenced.push((seq, n.client_id.clone(), kept));
             }
         }
         let mut seqs = Vec::with_capacity(silenced.len());
         for (seq, client, kept) in silenced {
             self.set_status(cx, seq, Status::Silenced, now);
-            for sensor in kept {
-                self.silenced_pairs.insert((client.clone(), sensor));
+            for (sensor, before) in kept {
+                let site = self.sensors.get(&sensor).and_then(|s| s.site_id.clone());
+                self.silenced_pairs
+                    .entry((client.clone(), sensor))
+                    .or_insert((site, before));
             }
             seqs.push(seq);
         }
@@ -267,26 +276,61 @@ impl Tables {
         for id in ended {
             let s = self.silences[&id].clone();
             self.silences.get_mut(&id).expect("listed").reconciled_at = Some(now);
-            let pairs: Vec<(String, SensorId)> = self
+            let pairs: Vec<((String, SensorId), View)> = self
                 .silenced_pairs
                 .iter()
-                .filter(|(c, x)| matches_pair(self, &s, c, *x))
-                .filter(|(c, x)| {
+                .filter(|((c, x), (site, _))| {
+                    // `matched_pair`: by the site then, or now.
+                    matches_pair(self, &s, c, *x)
+                        || (site.is_some()
+                            && s.matcher.site_id == *site
+                            && matches_pair(
+                                self,
+                                &Silence {
+                                    matcher: latch::domain::silence::Match {
+                                        site_id: None,
+                                        ..s.matcher.clone()
+                                    },
+                                    ..s.clone()
+                                },
+                                c,
+                                *x,
+                            ))
+                })
+                .filter(|((c, x), _)| {
                     !self
                         .silences
                         .values()
                         .any(|o| o.id != s.id && active(o, now) && matches_pair(self, o, c, *x))
                 })
-                .cloned()
+                .map(|(pair, (_, before))| (pair.clone(), *before))
                 .collect();
-            for (client, sensor) in pairs {
+            for ((client, sensor), before) in pairs {
                 self.silenced_pairs.remove(&(client.clone(), sensor));
-                if let Some(r) = self.bring_up_to_date(cx, &client, sensor, now) {
+                if let Some(r) = self.bring_up_to_date(cx, &client, sensor, before, now) {
                     made.push(r);
                 }
             }
         }
         made
+    }
+
+    /// `SITE_WILL_TELL`: the sensor's site holds events of it its decision will release
+    /// to `client`.
+    fn site_will_tell(&self, client: &str, sensor: SensorId) -> bool {
+        let Some(site) = self
+            .sensors
+            .get(&sensor)
+            .and_then(|s| s.site_id.clone())
+            .filter(|s| self.sites.contains_key(s))
+        else {
+            return false;
+        };
+        let st = self.site_states.get(&site).cloned().unwrap_or_default();
+        let told = st.told.contains(&sensor) && st.told_clients.iter().any(|c| c == client);
+        self.site_held.iter().any(|(h, (s, e))| {
+            *s == site && e.sensor_id == sensor && (!st.down || *h > st.released || told)
+        })
     }
 
     /// What `client` knows of `sensor` (`silences::view`).
@@ -299,16 +343,10 @@ impl Tables {
             .filter_map(|seq| self.notifications.get(seq))
             .map(|r| &r.notification)
             .collect();
-        if let Some(n) = lane
-            .iter()
-            .rev()
-            .find(|n| matches!(n.status, Status::Delivered | Status::Pending))
-        {
-            return Some(View::after(n.kind, n.data));
-        }
         lane.iter()
-            .find(|n| n.status == Status::Silenced)
-            .map(|n| View::before(n.kind, n.data, n.previous))
+            .rev()
+            .find(|n| matches!(n.status, Status::Delivered | Status::Pending) && !n.kind.is_site())
+            .map(|n| View::after(n.kind, n.data))
     }
 
     fn bring_up_to_date(
@@ -316,8 +354,12 @@ impl Tables {
         cx: &Cx,
         client: &str,
         sensor: SensorId,
+        before: View,
         now: Millis,
     ) -> Option<NotificationRef> {
+        if self.site_will_tell(client, sensor) {
+            return None;
+        }
         let told = self
             .sensors
             .get(&sensor)
@@ -332,8 +374,7 @@ impl Tables {
         let events = self.clients.get(client)?.client.events.clone();
         let st = self.states.get(&sensor).copied();
         let seen = self.view(client, sensor);
-        let view =
-            silence::told_by_site(seen.unwrap_or(View::unseen(st.and_then(|s| s.data))), told);
+        let view = silence::told_by_site(seen.unwrap_or(before), told);
         let connection = st.map_or(Connection::Unknown, |s| s.connection);
         let (kind, data, previous) = silence::reconcile(view, connection, st.and_then(|s| s.data))?;
         if !latch::domain::client::wants(&events, kind) {

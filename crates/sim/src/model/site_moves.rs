@@ -43,7 +43,8 @@ impl Tables {
                 event: event.clone(),
             })
             .collect();
-        let left = moves::leave(&state, sensor, &held, clients, now);
+        let data_now = self.states.get(&sensor).and_then(|st| st.data);
+        let left = moves::leave(&state, sensor, &held, clients, data_now, now);
         self.site_held
             .retain(|_, (s, e)| !(s == site && e.sensor_id == sensor));
         self.site_states.insert(site.to_string(), left.state);
@@ -112,6 +113,6 @@ impl Tables {
         for site in &sites {
             self.leave_site(site, sensor, &[], now);
         }
-        self.silenced_pairs.retain(|(_, s)| *s != sensor);
+        self.silenced_pairs.retain(|(_, s), _| *s != sensor);
     }
 }

@@ -152,8 +152,10 @@ pub struct Tables {
     /// change carries the API node's time, which a slow store can write well after: a
     /// silence ended early stays active for every commit before the end is written.
     pub(crate) silence_written_at: BTreeMap<String, Millis>,
-    /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from.
-    pub(crate) silenced_pairs: BTreeSet<(String, SensorId)>,
+    /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from, each
+    /// with the sensor's site when the first was kept and what the client knew before it.
+    pub(crate) silenced_pairs:
+        BTreeMap<(String, SensorId), (Option<String>, latch::domain::silence::View)>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
@@ -183,7 +185,7 @@ impl Tables {
             site_held: BTreeMap::new(),
             silences: BTreeMap::new(),
             silence_written_at: BTreeMap::new(),
-            silenced_pairs: BTreeSet::new(),
+            silenced_pairs: BTreeMap::new(),
             sealing_key: None,
             cluster: ClusterTables::default(),
             next: Counters::default(),

@@ -42,6 +42,12 @@ impl Tables {
                 .take_while(|n| n.created_at < before)
                 .filter(|n| n.status != Status::Pending && n.updated_at < before)
                 .filter(|n| !self.kept_for_its_lane(n))
+                .filter(|n| {
+                    // `KEPT_FOR_A_SILENCE`: its pair waits for a silence's end.
+                    !self
+                        .silenced_pairs
+                        .contains_key(&(n.client_id.clone(), n.sensor_id))
+                })
                 .map(|n| n.seq)
                 .collect();
             (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);

@@ -1,0 +1,206 @@
+//! Checks of silences at their edges (issue #68): a silence that ends while a site's grace
+//! holds a loss, one that outlasts notification retention, a silenced site loss, and a
+//! silence by site whose sensor moved away before its end.
+
+use super::*;
+use crate::domain::silence::{Match, Silence};
+use crate::domain::site::Site;
+use crate::domain::site::decide::Rules;
+
+const RULES: Rules = Rules {
+    grace: 30_000,
+    ratio: 0.5,
+    min_sensors: 3,
+};
+
+fn silence(id: &str, matcher: Match, starts_at: Millis, ends_at: Millis) -> Silence {
+    Silence {
+        id: id.into(),
+        matcher,
+        starts_at,
+        ends_at,
+        comment: "planned work".into(),
+        created_at: starts_at,
+        updated_at: starts_at,
+        reconciled_at: None,
+    }
+}
+
+fn for_client(c: &str) -> Match {
+    Match {
+        client_id: Some(c.into()),
+        ..Match::default()
+    }
+}
+
+/// A site `id` of sensors `ids`, each linked to client `c`.
+async fn site_of(s: &Subject, id: &str, ids: &[&str], c: &str) {
+    s.create_site(Site {
+        id: id.into(),
+        name: None,
+        address: None,
+        gateway_sensor_id: None,
+        created_at: 1_000,
+        updated_at: 1_000,
+    })
+    .await
+    .unwrap();
+    if s.get_client(c.into()).await.unwrap().is_none() {
+        s.create_client(client(c, "http://r/")).await.unwrap();
+    }
+    for x in ids {
+        s.create_sensor(Sensor {
+            site_id: Some(id.into()),
+            ..sensor(x)
+        })
+        .await
+        .unwrap();
+        s.link(c.into(), sid(x), 1).await.unwrap();
+    }
+}
+
+/// Every notification of `c` for sensor `x`, oldest first: kind, status, data.
+async fn lane(s: &Subject, c: &str, x: &str) -> Vec<(EventKind, Status, Option<bool>)> {
+    let f = NotificationFilter {
+        client_id: Some(c.into()),
+        sensor_id: Some(sid(x)),
+        ..Default::default()
+    };
+    let mut items = s.list_notifications(f, page(100)).await.unwrap().items;
+    items.sort_by_key(|n| n.seq);
+    items
+        .into_iter()
+        .map(|n| (n.kind, n.status, n.data))
+        .collect()
+}
+
+/// A silence that ends while the sensor's loss waits in its site's grace tells nothing of
+/// it: the site's decision does, once.
+pub(super) async fn a_silence_ending_in_a_grace_leaves_the_loss_to_the_site(s: &Subject) {
+    site_of(s, "sg-a", &["sg1", "sg2", "sg3", "sg4"], "gc1").await;
+    s.create_silence(silence("q1", for_client("gc1"), 1_000, 20_000))
+        .await
+        .unwrap();
+    // A change kept from gc1, then the sensor lost: held for the grace.
+    assert!(
+        s.commit(change("sg1", true, None, 5_000), 5_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let held = s
+        .commit(liveness("sg1", EventKind::ConnectionLost, 15_000), 15_000)
+        .await
+        .unwrap();
+    assert!(held.is_empty());
+    let made = s.reconcile_silences(20_000, 26_000).await.unwrap();
+    assert!(made.is_empty(), "the grace will tell it: {made:?}");
+    let decided = s.decide_sites(RULES, 46_000).await.unwrap();
+    let kinds: Vec<EventKind> = decided.made.iter().map(|n| n.kind).collect();
+    assert_eq!(kinds, [EventKind::ConnectionLost]);
+    let lost: Vec<EventKind> = lane(s, "gc1", "sg1")
+        .await
+        .into_iter()
+        .filter(|(_, st, _)| *st == Status::Pending)
+        .map(|(k, _, _)| k)
+        .collect();
+    assert_eq!(lost, [EventKind::ConnectionLost], "told once");
+}
+
+/// A silence that outlasts notification retention still brings its client up to date at
+/// its end: what it kept is not deleted while it waits.
+pub(super) async fn a_silence_longer_than_retention_still_reconciles(s: &Subject) {
+    s.create_client(client("rc1", "http://r/")).await.unwrap();
+    s.create_sensor(sensor("rt1")).await.unwrap();
+    s.link("rc1".into(), sid("rt1"), 1).await.unwrap();
+    s.create_silence(silence("q2", for_client("rc1"), 1_000, 100_000))
+        .await
+        .unwrap();
+    assert!(
+        s.commit(change("rt1", true, None, 2_000), 2_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let keep = Retention {
+        history_before: None,
+        notifications_before: Some(60_000),
+    };
+    s.maintain(70_000, keep).await.unwrap();
+    assert_eq!(
+        lane(s, "rc1", "rt1").await,
+        [(EventKind::StateChanged, Status::Silenced, Some(true))],
+        "kept while its silence lasts"
+    );
+    let made = s.reconcile_silences(100_000, 106_000).await.unwrap();
+    let got: Vec<(EventKind, Option<bool>)> = made.iter().map(|n| (n.kind, None)).collect();
+    assert_eq!(got, [(EventKind::StateChanged, None)]);
+    let (n, _) = s
+        .get_notification(made[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((n.data, n.previous), (Some(true), None));
+}
+
+/// A site's loss kept from a client: at the silence's end a sensor of it back with the data
+/// it had gets nothing (the site's event named its data), one still lost its loss.
+pub(super) async fn a_silenced_site_loss_reconciles_from_what_it_named(s: &Subject) {
+    site_of(s, "sq-a", &["sq1", "sq2", "sq3", "sq4", "sq5"], "qc1").await;
+    s.create_silence(silence("q3", for_client("qc1"), 1_000, 60_000))
+        .await
+        .unwrap();
+    for x in ["sq1", "sq2", "sq3", "sq4"] {
+        s.commit(liveness(x, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    let down = s.decide_sites(RULES, 36_000).await.unwrap();
+    assert_eq!(down.changed.len(), 1);
+    assert!(down.made.is_empty(), "the site's loss kept from qc1");
+    // sq1 (the event's anchor) back, with the data it had: three of five still lost.
+    s.commit(
+        liveness("sq1", EventKind::ConnectionRestored, 40_000),
+        40_000,
+    )
+    .await
+    .unwrap();
+    assert!(s.decide_sites(RULES, 41_000).await.unwrap().made.is_empty());
+    let made = s.reconcile_silences(60_000, 66_000).await.unwrap();
+    let mut got: Vec<(SensorId, EventKind)> = made.iter().map(|n| (n.sensor_id, n.kind)).collect();
+    got.sort_by_key(|(x, _)| *x);
+    assert_eq!(
+        got,
+        [
+            (sid("sq2"), EventKind::ConnectionLost),
+            (sid("sq3"), EventKind::ConnectionLost),
+            (sid("sq4"), EventKind::ConnectionLost),
+        ],
+        "no state change for sq1, as if its data had been unknown"
+    );
+}
+
+/// A silence matched by site reconciles a sensor moved out of the site before its end.
+pub(super) async fn a_site_silence_reconciles_a_sensor_that_moved_away(s: &Subject) {
+    site_of(s, "sm-a", &["sm1", "sm2"], "mc1").await;
+    let by_site = Match {
+        site_id: Some("sm-a".into()),
+        ..Match::default()
+    };
+    s.create_silence(silence("q4", by_site, 1_000, 30_000))
+        .await
+        .unwrap();
+    assert!(
+        s.commit(change("sm1", true, None, 5_000), 5_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    s.replace_sensor(sid("sm1"), "elsewhere".into(), None, None, None, 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let made = s.reconcile_silences(30_000, 36_000).await.unwrap();
+    let got: Vec<(SensorId, EventKind)> = made.iter().map(|n| (n.sensor_id, n.kind)).collect();
+    assert_eq!(got, [(sid("sm1"), EventKind::StateChanged)]);
+}
