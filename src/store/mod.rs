@@ -380,7 +380,9 @@ pub trait Sites: Send + Sync {
     ) -> Result<Page<SensorView>>;
     /// Sites down, and events held for the grace of those up, across the store.
     async fn site_totals(&self) -> Result<SiteTotals>;
-    /// Writes every field but `created_at`; `false` if there is no such site.
+    /// Writes every field but `created_at`; `false` if there is no such site. A new gateway
+    /// has the site decided again as a sensor joining it would (`site::moves::join`): at the
+    /// next round when it is down, after its grace when the gateway is lost.
     async fn replace_site(&self, site: Site) -> Result<bool>;
     /// Deletes it at `now`; its sensors stay, in no site, and what it held of them goes to
     /// their clients as their own (`domain::site::moves`). Answers the notifications that

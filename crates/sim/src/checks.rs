@@ -14,6 +14,8 @@ use crate::model::{ModelStore, Tables};
 use crate::receivers::{Receivers, lane_key};
 use crate::world::World;
 
+mod told;
+
 /// What the checks know of the run's settings.
 pub struct Bounds {
     pub timeout: Millis,
@@ -31,6 +33,8 @@ pub struct Bounds {
     /// When the faults stopped: every node ran again, the endpoints answered, the store
     /// and the links worked.
     pub healed_at: Millis,
+    /// When the last silence's end was reconciled: what it kept goes out from then on.
+    pub silences_told_by: Millis,
 }
 
 /// After every step: changes out of a final status, as the store's audit caught them.
@@ -124,7 +128,7 @@ pub fn at_end(
             .filter(|c| c.client.rate_limit.is_some())
             .map(|c| c.client.id.as_str())
             .collect();
-        let due = bounds.healed_at + bounds.claim_lease + 5_000;
+        let due = bounds.healed_at.max(bounds.silences_told_by) + bounds.claim_lease + 5_000;
         for c in clients {
             for (sensor, linked_at) in &c.links {
                 let Some(tr) = newest.get(&(c.id.clone(), *sensor)) else {
@@ -207,6 +211,7 @@ pub fn at_end(
             }
         }
         sites_and_silences(world, t, log, start);
+        told::told_in_order(world, t, log, start);
         site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
         states_change(world, t, start);
@@ -404,7 +409,6 @@ fn debounced(world: &World, t: &Tables, start: Millis) {
 /// own (until it stops taking site events: then it learns of them by their own).
 fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start: Millis) {
     let trails: Vec<&crate::model::Trail> = t.audit.trails().collect();
-    let site_of = |s: SensorId| t.sensors.get(&s).and_then(|x| x.site_id.clone());
     for tr in trails.iter().filter(|tr| tr.status == Status::Silenced) {
         let keys = vec![
             tr.id.clone(),
@@ -432,9 +436,11 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                     .as_ref()
                     .is_none_or(|ids| ids.contains(&tr.sensor_id))
                 && m.types.as_ref().is_none_or(|k| k.contains(&tr.kind))
-                && m.site_id
-                    .as_ref()
-                    .is_none_or(|site| site_of(tr.sensor_id).as_ref() == Some(site))
+                && m.site_id.as_ref().is_none_or(|site| {
+                    // The site as the commit found it: stamped then, applied by `made_at`.
+                    log.in_site_at(tr.sensor_id, site, tr.created_at)
+                        || log.in_site_at(tr.sensor_id, site, tr.made_at)
+                })
         });
         if !matched {
             world.violate(
@@ -449,15 +455,29 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
             );
         }
     }
-    // Per client, the site's events in outbox order.
-    let mut site_events: BTreeMap<&str, Vec<&crate::model::Trail>> = BTreeMap::new();
+    // Per client and site, the site's events in outbox order.
+    let site_in = |tr: &crate::model::Trail| -> String {
+        tr.body
+            .as_deref()
+            .and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+            .and_then(|b| b["site"]["id"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let mut site_events: BTreeMap<(&str, String), Vec<&crate::model::Trail>> = BTreeMap::new();
     for tr in trails.iter().filter(|tr| tr.kind.is_site()) {
         site_events
-            .entry(tr.client_id.as_str())
+            .entry((tr.client_id.as_str(), site_in(tr)))
             .or_default()
             .push(tr);
     }
-    for (client, events) in &site_events {
+    // Whether `site` was deleted in `(from, to]`: a loss it told needs no return.
+    let deleted_between = |site: &str, from: Millis, to: Millis| {
+        log.sites_deleted
+            .iter()
+            .any(|(s, began, ended)| s == site && *ended > from && *began <= to)
+    };
+    for ((client, site), events) in &site_events {
+        let client = *client;
         let mut told: Option<(Millis, Vec<SensorId>)> = None;
         // Whether the client was unlinked from `sensor` in `(from, to]`.
         let unlinked_between = |sensor: &SensorId, from: Millis, to: Millis| {
@@ -476,11 +496,14 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
         };
         for (i, tr) in events.iter().enumerate() {
             let lost = tr.kind == EventKind::SiteConnectionLost;
-            // Unlinked from a sensor the loss named: its return may rightly not come.
+            // Unlinked from a sensor the loss named, the sensor moved away or the site
+            // deleted: its return may rightly not come.
             let unlinked = told.as_ref().is_some_and(|(from, sensors)| {
-                sensors
-                    .iter()
-                    .any(|s| unlinked_between(s, *from, tr.created_at))
+                deleted_between(site, *from, tr.created_at)
+                    || sensors.iter().any(|s| {
+                        unlinked_between(s, *from, tr.created_at)
+                            || log.moved_between(*s, *from, tr.created_at)
+                    })
             });
             // Stopped taking site events: the loss told it, but no return may follow.
             let off = told
@@ -509,10 +532,12 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                         .collect()
                 })
                 .unwrap_or_default();
-            if let Some(s) = named.iter().find(|s| site_of(**s).is_none()) {
+            if let Some(s) = named.iter().find(|s| {
+                !log.in_site_at(**s, site, tr.created_at) && !log.in_site_at(**s, site, tr.made_at)
+            }) {
                 world.violate(
                     "a site's event names only the site's sensors",
-                    format!("{client}: {} names {s}", tr.id),
+                    format!("{client}: {} of {site} names {s}", tr.id),
                     vec![tr.id.clone()],
                 );
             }
@@ -548,6 +573,7 @@ fn sites_and_silences(world: &World, t: &crate::model::Tables, log: &Log, start:
                         && o.created_at < until
                         && !back_before(o)
                         && !unlinked_between(&o.sensor_id, *from, o.created_at)
+                        && !log.moved_between(o.sensor_id, *from, o.created_at)
                 }) {
                     world.violate(
                         "a sensor a site's event told of gets no loss of its own meanwhile",
@@ -576,13 +602,13 @@ fn site_events_not_held_long(
     bounds: &Bounds,
     start: Millis,
 ) {
-    let in_site = |s: SensorId| t.sensors.get(&s).is_some_and(|x| x.site_id.is_some());
+    let in_site = |s: SensorId, at: Millis| log.sites_at(s, at).iter().any(Option::is_some);
     let bound = bounds.site_grace + 2_000;
     for tr in t.audit.trails().filter(|tr| {
         matches!(
             tr.kind,
             EventKind::ConnectionLost | EventKind::ConnectionRestored
-        ) && in_site(tr.sensor_id)
+        ) && in_site(tr.sensor_id, tr.occurred_at)
             && tr.created_at - tr.occurred_at > bound
     }) {
         let (from, to) = (tr.occurred_at, tr.created_at);
@@ -595,7 +621,9 @@ fn site_events_not_held_long(
             .find(|c| c.id == tr.client_id)
             .and_then(|c| c.links.get(&tr.sensor_id))
             .is_none_or(|at| *at > from);
-        if resubscribed || relinked || troubled(log, from, to) {
+        // Moved since (or its site deleted): held again where it went, from then.
+        let moved = log.moved_between(tr.sensor_id, from, to);
+        if resubscribed || relinked || moved || troubled(log, from, to) {
             continue;
         }
         world.violate(

@@ -340,6 +340,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
     let healed_at = heal(&mut w, &nodes, &faults, &receivers, &config).await;
     let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
     let bounds = Bounds {
+        silences_told_by: silences_told_by(&w.model, &config),
         timeout: w.timeout,
         reminder: config.lost_reminder.map(|r| r.as_millis() as Millis),
         isolation: 3_000,
@@ -422,6 +423,15 @@ fn rate_limited_pending(model: &ModelStore) -> usize {
 /// (without changes) while everything pending settles, up to the bound the README gives:
 /// what a killed node leased waits out its lease, a retry its delay. Returns when every
 /// node ran again: faults stopped then.
+/// When the last silence's end is reconciled (`silence::settle_ms` after it): what it kept
+/// reaches its clients from then on.
+fn silences_told_by(model: &ModelStore, config: &Config) -> Millis {
+    let last = model.read(|t| t.silences.values().map(|s| s.ends_at).max());
+    last.map_or(0, |end| {
+        end + latch::domain::silence::settle_ms(config.database_timeout)
+    })
+}
+
 async fn heal(
     w: &mut Workload,
     nodes: &Arc<Nodes>,
@@ -447,7 +457,8 @@ async fn heal(
         + config.retry_max_delay.as_millis() as Millis
         + 2 * config.lease().as_millis() as Millis
         + 5_000;
-    let until = world.now() + bound;
+    // Silences still running (some outlast retention) end first, and are reconciled.
+    let until = world.now().max(silences_told_by(&w.model, config)) + bound;
     // A client with a rate limit sends what waits for it no faster than its rate, however
     // healthy the rest: the run settles on while one still has some, up to a cap (a lane
     // that never moves still fails the checks then).

@@ -65,7 +65,11 @@ pub struct Workload {
     pub retention: RetentionSettings,
 }
 
-/// The run's one site: every other sensor is in it (its gateway, sometimes, the first).
+mod registry;
+pub use registry::SITES;
+
+/// The run's first site: every other sensor is in it at the start (its gateway,
+/// sometimes, the first).
 pub const SITE: &str = "bldg-1";
 
 /// Clients a run holds at most: one created mid-run needs room to be.
@@ -119,8 +123,14 @@ impl Workload {
                 site_id: (i % 2 == 0).then(|| SITE.to_string()),
                 created_at: now,
             };
+            let site = sensor.site_id.clone();
             store.create_sensor(sensor).await?;
             engine.upsert_sensor(s.id, None, debounce_s).await?;
+            self.log
+                .lock()
+                .unwrap()
+                .memberships
+                .push((s.id, site, now, now));
         }
         for c in &self.clients {
             let client = Client {
@@ -167,6 +177,7 @@ impl Workload {
             85..88 => self.retention().await,
             88..90 => self.dark_site(),
             90..92 => self.maintenance().await,
+            92..95 => self.registry().await,
             _ => {}
         }
     }
@@ -474,17 +485,27 @@ impl Workload {
         }
     }
 
-    /// The building goes dark: every sensor of the site falls silent, past its timeout
-    /// and the site's grace.
+    /// A building goes dark: every sensor of a site falls silent, past its timeout and the
+    /// site's grace.
     fn dark_site(&mut self) {
         let now = self.world.now();
         let until = now + self.timeout + 4_000 + self.world.between(500, 10_000) as Millis;
+        let sites: Vec<String> = self.model.read(|t| t.sites.keys().cloned().collect());
+        if sites.is_empty() {
+            return;
+        }
+        let site = sites[self.world.between(0, sites.len() as u64) as usize].clone();
+        let members: Vec<SensorId> = self.model.read(|t| {
+            t.sensors
+                .values()
+                .filter(|s| s.site_id.as_deref() == Some(site.as_str()))
+                .map(|s| s.id)
+                .collect()
+        });
         self.world
-            .trace(format!("site {SITE} goes dark until {until}"));
-        for (i, s) in self.sensors.iter_mut().enumerate() {
-            if i % 2 == 0 {
-                s.silent_until = s.silent_until.max(until);
-            }
+            .trace(format!("site {site} goes dark until {until}"));
+        for s in self.sensors.iter_mut().filter(|s| members.contains(&s.id)) {
+            s.silent_until = s.silent_until.max(until);
         }
     }
 
@@ -499,7 +520,7 @@ impl Workload {
             return;
         };
         let now = engine.now();
-        if self.world.chance(0.25) {
+        if self.world.chance(0.3) {
             let active = self.model.read(|t| {
                 t.silences
                     .values()
@@ -507,19 +528,27 @@ impl Workload {
                     .cloned()
             });
             if let Some(s) = active {
+                // Ended early, or extended (past notification retention, now and then).
+                let ends_at = match self.world.chance(0.5) {
+                    true => now,
+                    false => s.ends_at + self.world.between(1_000, 10_000) as Millis,
+                };
                 let result = store
                     .update_silence(Silence {
-                        ends_at: now,
+                        ends_at,
                         updated_at: now,
                         ..s.clone()
                     })
                     .await;
-                self.world
-                    .trace(format!("silence {} ended early: {result:?}", s.id));
+                self.world.trace(format!(
+                    "silence {} now ends at {ends_at}: {result:?}",
+                    s.id
+                ));
             }
             return;
         }
-        let matcher = match self.world.between(0, 3) {
+        let sites: Vec<String> = self.model.read(|t| t.sites.keys().cloned().collect());
+        let matcher = match self.world.between(0, 4) {
             0 if !self.clients.is_empty() => Match {
                 client_id: Some(
                     self.clients[self.world.between(0, self.clients.len() as u64) as usize]
@@ -528,8 +557,21 @@ impl Workload {
                 ),
                 ..Match::default()
             },
-            1 => Match {
-                site_id: Some(SITE.into()),
+            1 if !sites.is_empty() => Match {
+                site_id: Some(sites[self.world.between(0, sites.len() as u64) as usize].clone()),
+                ..Match::default()
+            },
+            2 => Match {
+                sensor_ids: Some(
+                    self.sensors
+                        .iter()
+                        .filter(|_| self.world.chance(0.4))
+                        .map(|s| s.id)
+                        .chain(std::iter::once(self.sensors[0].id))
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                ),
                 ..Match::default()
             },
             _ => Match {

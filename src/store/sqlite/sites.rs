@@ -148,7 +148,12 @@ impl Sites for SqliteStore {
         self.write(move |c| {
             Ok(c.execute(
                 "UPDATE sites SET name = ?2, address = ?3, gateway_sensor_id = ?4, \
-                 updated_at = ?5 WHERE id = ?1",
+                 updated_at = ?5, pending_since = CASE \
+                   WHEN gateway_sensor_id IS ?4 THEN pending_since WHEN down THEN ?5 \
+                   WHEN COALESCE((SELECT st.connection = 'lost' FROM sensor_state st \
+                     WHERE st.sensor_id = ?4), 0) THEN COALESCE(pending_since, ?5) \
+                   ELSE pending_since END \
+                 WHERE id = ?1",
                 params![
                     s.id,
                     s.name,

@@ -465,7 +465,17 @@ impl Sites for NodeStore {
                 return Ok(false);
             };
             let created_at = s.created_at;
+            let changed = s.gateway_sensor_id != site.gateway_sensor_id;
+            let (gateway, at) = (site.gateway_sensor_id, site.updated_at);
             *s = Site { created_at, ..site };
+            // As the backends' `CASE`: `moves::join` of the new gateway.
+            if changed {
+                let lost = gateway
+                    .and_then(|g| t.states.get(&g))
+                    .is_some_and(|st| st.connection == Connection::Lost);
+                let st = t.site_states.entry(s.id.clone()).or_default();
+                *st = latch::domain::site::moves::join(st, lost, at);
+            }
             Ok(true)
         })
         .await

@@ -1,0 +1,105 @@
+//! What each client is told of a sensor's connection, its own events and its sites' taken
+//! together (README: Sites, Silences): a return only after a loss, a reminder only while
+//! lost. A site's decision that lost a held loss (a sensor moved or its site deleted in
+//! the grace, issue #68) leaves a client told of a return it never heard the loss of.
+
+use std::collections::BTreeMap;
+
+use latch::domain::{EventKind, Millis, SensorId, Status};
+
+use crate::log::Log;
+use crate::model::{Tables, Trail};
+use crate::receivers::lane_key;
+use crate::world::World;
+
+/// What a client was last told of a sensor's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Told {
+    /// Nothing the check can rely on: not told yet since the client's link, subscription
+    /// or a silence that kept something from it (which its end reconciles).
+    Unknown,
+    Online,
+    Lost,
+}
+
+/// The sensors a site's notification names, each with what it tells of it.
+fn named(tr: &Trail) -> Vec<(SensorId, Told)> {
+    let body: serde_json::Value = tr
+        .body
+        .as_deref()
+        .and_then(|b| serde_json::from_str(b).ok())
+        .unwrap_or_default();
+    let lists: &[(&str, Told)] = match tr.kind {
+        EventKind::SiteConnectionLost => &[("sensors", Told::Lost)],
+        _ => &[("restored", Told::Online), ("still_lost", Told::Lost)],
+    };
+    let mut out = Vec::new();
+    for (list, told) in lists {
+        for x in body[*list].as_array().into_iter().flatten() {
+            if let Some(id) = x["id"].as_str().and_then(|s| SensorId::parse(s).ok()) {
+                out.push((id, *told));
+            }
+        }
+    }
+    out
+}
+
+/// Per (client, sensor), in outbox order: a `connection_restored` only after the client was
+/// told of a loss (its own, or a site's event naming the sensor), a `still_lost` only while
+/// it was. A link or subscription change, a silence's keeping or a notification cancelled
+/// starts the client's knowledge afresh.
+pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
+    let mut trails: Vec<&Trail> = t.audit.trails().collect();
+    trails.sort_by_key(|tr| tr.seq);
+    let mut told: BTreeMap<(String, SensorId), (Told, Millis)> = BTreeMap::new();
+    // Whether the client's knowledge of `sensor` was reset in `(from, to]`.
+    let reset = |client: &str, sensor: SensorId, from: Millis, to: Millis| {
+        log.unlinked
+            .iter()
+            .any(|(c, s, at)| c == client && *s == sensor && *at > from && *at <= to)
+            || log
+                .subscriptions
+                .iter()
+                .any(|(c, at, _)| c == client && *at > from && *at <= to)
+    };
+    for tr in trails {
+        let about: Vec<(SensorId, Told)> = match tr.kind {
+            EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => named(tr),
+            EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
+            EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
+            // A change of data tells nothing of the connection: it is never held, so it may
+            // come before the return a site holds back.
+            EventKind::StateChanged => continue,
+        };
+        for (sensor, now) in about {
+            let key = (tr.client_id.clone(), sensor);
+            let (was, since) = told.get(&key).copied().unwrap_or((Told::Unknown, 0));
+            let was = match reset(&tr.client_id, sensor, since, tr.created_at) {
+                true => Told::Unknown,
+                false => was,
+            };
+            if matches!(tr.status, Status::Silenced | Status::Cancelled) {
+                told.insert(key, (Told::Unknown, tr.created_at));
+                continue;
+            }
+            let wrong = match tr.kind {
+                EventKind::ConnectionRestored => was == Told::Online,
+                EventKind::StillLost => was == Told::Online,
+                _ => false,
+            };
+            if wrong {
+                world.violate(
+                    "a client is told of a return only after the loss, of a reminder only while lost",
+                    format!(
+                        "{}: {} of {sensor} at {} when it was last told the sensor online",
+                        tr.client_id,
+                        tr.kind.as_str(),
+                        tr.created_at - start
+                    ),
+                    vec![tr.id.clone(), lane_key(&(tr.client_id.clone(), sensor))],
+                );
+            }
+            told.insert(key, (now, tr.created_at));
+        }
+    }
+}
