@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+mod declared;
 mod show;
 mod values;
 pub use show::show;
@@ -102,7 +103,7 @@ pub struct Config {
     pub delivery_concurrency: u32,
     #[serde(deserialize_with = "number")]
     pub delivery_client_concurrency: u32,
-    #[serde(default, deserialize_with = "non_empty")]
+    #[serde(default, deserialize_with = "declared::secret")]
     pub api_token: Option<String>,
     #[serde(deserialize_with = "number")]
     pub engine_shards: u32,
@@ -140,7 +141,7 @@ pub struct Config {
     #[serde(default, deserialize_with = "non_empty")]
     pub node_advertise: Option<String>,
     /// Authenticates node-to-node requests (forwarded readings, registry pokes).
-    #[serde(default, deserialize_with = "non_empty")]
+    #[serde(default, deserialize_with = "declared::secret")]
     pub cluster_secret: Option<String>,
     /// How long a partition lease lasts without renewal; a dead node's partitions move
     /// after it. Unset: 10 s.
