@@ -86,6 +86,10 @@ mod tests {
                     "LATCH_DATABASE_URL",
                     "postgres://latch:hunter22@db.example/latch",
                 ),
+                (
+                    "LATCH_SECRET_KEY",
+                    "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+                ),
             ]),
         )
         .unwrap();
@@ -117,6 +121,8 @@ mod tests {
         );
         // What it prints is a settings file that gives the same settings.
         let again = dir.path().join("again.toml");
+        let key = "\"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=\"";
+        let text = text.replacen("secret_key = \"***\"", &format!("secret_key = {key}"), 1);
         std::fs::write(&again, text.replace("\"***\"", "\"x\"")).unwrap();
         let c = crate::config::Config::load_from(Some(&again), &[]).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9000");

@@ -193,6 +193,13 @@ pub(super) fn opt_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>,
     }
 }
 
+/// A path; empty text: unset.
+pub(super) fn opt_path<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::path::PathBuf>, D::Error> {
+    Ok(non_empty(d)?.map(std::path::PathBuf::from))
+}
+
 pub(super) fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
 }

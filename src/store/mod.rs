@@ -480,12 +480,16 @@ impl<
 {
 }
 
-/// Where the keys that seal clients' secrets come from: `secret_key`, else the data
-/// folder's key file.
-fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
-    match &config.secret_key {
-        Some(keys) => crate::secrets::Source::Given(keys.clone()),
-        None => crate::secrets::Source::File(config.data_dir.join(crate::secrets::KEY_FILE)),
+/// Where the keys that seal clients' secrets come from: `secret_key`, else
+/// `secret_key_file`, else the data folder's key file (which a shared store refuses:
+/// [`crate::config::Config::check_secret_key`]).
+pub fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
+    match (&config.secret_key, &config.secret_key_file) {
+        (Some(keys), _) => crate::secrets::Source::Given(keys.clone()),
+        (None, Some(path)) => crate::secrets::Source::GivenFile(path.clone()),
+        (None, None) => {
+            crate::secrets::Source::File(config.data_dir.join(crate::secrets::KEY_FILE))
+        }
     }
 }
 
@@ -494,6 +498,7 @@ fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
 /// opened on a connection of its own (not through its data folder's lock), PostgreSQL
 /// like any client of it.
 pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotated> {
+    config.check_secret_key()?;
     let keys = std::sync::Arc::new(crate::secrets::Keyring::new(key_source(config)));
     match &config.database_url {
         Some(url) => {
@@ -539,6 +544,7 @@ impl Opened {
 pub async fn connect_cluster(config: &crate::config::Config) -> anyhow::Result<Opened> {
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            config.check_secret_key()?;
             let lock = lock_data_dir(&config.data_dir)?;
             // A commit's fence locks its partitions' lease rows: a node stopped in the middle
             // of one must not keep them past its lease.

@@ -269,11 +269,11 @@ pub async fn rotate(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<Rotat
     };
     let to = match keys.source() {
         Source::File(_) => keys.add_key_to_file()?,
-        Source::Given(_) => keys
+        Source::Given(_) | Source::GivenFile(_) => keys
             .ids()
             .first()
             .cloned()
-            .ok_or_else(|| anyhow::anyhow!("LATCH_SECRET_KEY holds no key"))?,
+            .ok_or_else(|| anyhow::anyhow!("{} holds no key", keys.source().describe()))?,
     };
     store.set_sealing_key(to.clone()).await?;
     let resealed = store.reseal().await?;
