@@ -447,12 +447,21 @@ fn make_key_file(path: &Path, key: &[u8; KEY_LEN]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Replaces the key file with `keys` at once (a new file renamed over it), mode 0600.
+/// Replaces the key file with `keys` at once (a new file renamed over it), mode 0600. The
+/// new file's name is this write's own (a fixed one was removed and remade by whichever
+/// writer came second, under the first's feet), and it goes when the write fails.
 fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
-    let tmp = path.with_extension("key.new");
-    let _ = std::fs::remove_file(&tmp);
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(KEY_FILE);
+    let tmp = path.with_file_name(format!(
+        ".{name}.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -464,9 +473,14 @@ fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
         text.push_str(&STANDARD.encode(k));
         text.push('\n');
     }
-    f.write_all(text.as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    let written = f
+        .write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     sync_dir(path);
     Ok(())
 }
@@ -609,5 +623,34 @@ mod tests {
             e.contains("0badc0de") && e.contains("LATCH_SECRET_KEY_FILE"),
             "{e}"
         );
+    }
+
+    /// Issue #69: the key file is rewritten through a file of this write's own. Before, a
+    /// fixed `secret.key.new` was removed and remade by each writer, so a second rotation
+    /// took the first one's file from under it.
+    #[test]
+    fn a_key_file_write_leaves_other_writers_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let ring = Keyring::new(Source::File(path.clone()));
+        ring.prepare(None).unwrap();
+        let theirs = path.with_extension("key.new");
+        std::fs::write(&theirs, "another rotation's file in progress").unwrap();
+        ring.add_key_to_file().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "another rotation's file in progress"
+        );
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["secret.key", "secret.key.new"],
+            "no file of its own left"
+        );
+        assert_eq!(ring.ids().len(), 2);
     }
 }

@@ -342,6 +342,13 @@ pub trait Secrets: Send + Sync {
     /// (plain ones from before, a broker password still in its URL, an older key's), a
     /// few clients a transaction; answers how many changed.
     async fn reseal(&self) -> Result<u64>;
+    /// The ids of the keys some client's secret is sealed under now: a rotation drops no
+    /// key of these from the key file. Both backends answer it; the default (none) is for
+    /// stores no rotation runs on (the simulation's), where only the rotation's own keys
+    /// and the current one would be kept.
+    async fn keys_in_use(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
@@ -505,9 +512,11 @@ pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotate
             let store = postgres::PgStore::connect(url, config.database_timeout)
                 .await?
                 .using_keys(keys.clone());
+            let _one_at_a_time = store.rotation_lock().await?;
             sealing::rotate(&store, &keys).await
         }
         None => {
+            let _one_at_a_time = sqlite::rotation_lock(&config.data_dir)?;
             let store = sqlite::Offline::open(&config.data_dir, keys.clone())?;
             sealing::rotate(&store, &keys).await
         }
