@@ -182,6 +182,18 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// A URL's origin, the part that says which server gets a request: scheme, host and port
+/// (the scheme's own when none is written), as `scheme://host:port`; no user or password.
+/// `None` for text that is not a URL with a host.
+pub fn origin(url: &str) -> Option<String> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let host = u.host_str()?.to_ascii_lowercase();
+    Some(match u.port_or_known_default() {
+        Some(port) => format!("{}://{host}:{port}", u.scheme()),
+        None => format!("{}://{host}", u.scheme()),
+    })
+}
+
 /// Checks a client's headers: at most [`HEADERS_MAX`], each a valid name that is not
 /// reserved (nor `authorization` when `auth` is set), with a value a request can carry
 /// exactly as given. Names that differ only in case are one header with several values,
