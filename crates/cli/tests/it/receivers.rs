@@ -232,6 +232,12 @@ async fn bad_receiver_settings_are_refused_with_a_reason() {
                 "ca_pem": "not a CA"}}),
             "tls.ca_pem",
         ),
+        // #69: a key pasted beside the certificate would be stored unsealed.
+        (
+            json!({"tls": {"client_cert_pem": format!("{}{}", good.cert, good.key),
+                "client_key_pem": good.key}}),
+            "tls.client_cert_pem: holds a private key",
+        ),
     ] {
         let mut body = body;
         body["name"] = json!("bad");
