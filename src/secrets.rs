@@ -1,14 +1,16 @@
 //! Secrets at rest: every secret latch keeps for its clients (signing secrets, header values,
 //! auth secrets, TLS keys, broker passwords) is stored sealed with XChaCha20-Poly1305, so a
 //! copy of the store — a stolen disk, a backup, a `pg_dump` — holds none of them in plain
-//! text. The key is `LATCH_SECRET_KEY` or, when that is unset, `secret.key` in the data
+//! text. The key is given from outside (`LATCH_SECRET_KEY`, or the file
+//! `LATCH_SECRET_KEY_FILE` names) or, for the embedded store only, `secret.key` in the data
 //! folder, made once (mode 0600) the first time a store has no key recorded.
 //!
 //! A sealed value names its key by id (`enc:<id>:<base64>`), so several keys can be in use
 //! at once: the store records which one seals new values (its *current* key) and `latch
 //! rotate-key` moves every value to a new one while latch runs. A running latch that meets
-//! an id it does not hold reads the key file again (the rotation added it there); with
-//! `LATCH_SECRET_KEY`, every node is given the new key first.
+//! an id it does not hold reads its key file again (the rotation added the key there, or
+//! the operator did to the file `LATCH_SECRET_KEY_FILE` names); with `LATCH_SECRET_KEY`,
+//! every node is given the new key first.
 //!
 //! Each value is sealed with its client's id as associated data, so a sealed value copied
 //! into another client's row does not open there. The store seals and opens; everything
@@ -127,8 +129,37 @@ pub fn generate_key() -> [u8; KEY_LEN] {
 pub enum Source {
     /// `LATCH_SECRET_KEY`: fixed for the life of the process.
     Given(SecretKeys),
-    /// The data folder's key file: read again when a value names a key not yet known.
+    /// `LATCH_SECRET_KEY_FILE`: the operator's file, read again when a value names a key not
+    /// yet known, and never written by latch (it may be a read-only credential).
+    GivenFile(PathBuf),
+    /// The data folder's key file (embedded store only): made by latch, grown by
+    /// `latch rotate-key`, read again when a value names a key not yet known.
     File(PathBuf),
+}
+
+impl Source {
+    /// Where the keys are, for a person: the setting, or the file.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Given(_) => "LATCH_SECRET_KEY".into(),
+            Source::GivenFile(p) => format!("LATCH_SECRET_KEY_FILE ({})", p.display()),
+            Source::File(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// The keys of the file `LATCH_SECRET_KEY_FILE` names: as `LATCH_SECRET_KEY` takes them,
+/// comma-separated or one a line, surrounding whitespace and `#` lines ignored (so the data
+/// folder's own `secret.key`, moved out of it, serves as it is). Errors never quote it.
+pub fn read_given_file(path: &Path) -> Result<SecretKeys, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
+    let keys: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    SecretKeys::parse(&keys.join(",")).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
 }
 
 /// The keys a process holds, and the values it opened lately.
@@ -155,7 +186,7 @@ impl Keyring {
                     .map(|b| std::sync::Arc::new(Key::new(b)))
                     .collect()
             }
-            Source::File(_) => Vec::new(),
+            Source::File(_) | Source::GivenFile(_) => Vec::new(),
         };
         Self {
             source,
@@ -186,13 +217,19 @@ impl Keyring {
     /// answers the id the store is to seal with. With a key file, the file is read, or made
     /// with one new key when the store has no key recorded and there is no file yet.
     pub fn prepare(&self, recorded: Option<&str>) -> Result<String, Error> {
-        if let Source::File(path) = &self.source {
-            match recorded {
-                None if !path.exists() => make_key_file(path, &generate_key())?,
-                Some(id) if !path.exists() => return Err(Error::MissingKey(self.missing(id))),
-                _ => {}
+        match &self.source {
+            Source::File(path) => {
+                match recorded {
+                    None if !path.exists() => make_key_file(path, &generate_key())?,
+                    Some(id) if !path.exists() => {
+                        return Err(Error::MissingKey(self.missing(id)));
+                    }
+                    _ => {}
+                }
+                self.reload()?;
             }
-            self.reload()?;
+            Source::GivenFile(_) => self.reload()?,
+            Source::Given(_) => {}
         }
         match recorded {
             Some(id) => {
@@ -209,10 +246,11 @@ impl Keyring {
 
     /// Reads the key file again (a rotation may have added a key).
     fn reload(&self) -> Result<(), Error> {
-        let Source::File(path) = &self.source else {
-            return Ok(());
+        let keys = match &self.source {
+            Source::Given(_) => return Ok(()),
+            Source::GivenFile(path) => read_given_file(path)?.0,
+            Source::File(path) => read_key_file(path)?,
         };
-        let keys = read_key_file(path)?;
         let mut held = self.keys.write().unwrap_or_else(|p| p.into_inner());
         *held = keys
             .iter()
@@ -240,10 +278,15 @@ impl Keyring {
                 "the store's secrets are sealed under key {id}, which LATCH_SECRET_KEY does not \
                  hold: give this node every key in use (comma-separated, the newest first)"
             ),
+            Source::GivenFile(path) => format!(
+                "the store's secrets are sealed under key {id}, which LATCH_SECRET_KEY_FILE ({}) \
+                 does not hold: put every key in use in it (comma-separated, the newest first)",
+                path.display()
+            ),
             Source::File(path) => format!(
                 "the store's secrets are sealed under key {id}, which {} does not hold: restore \
                  the key file that belongs to this store (a backup cannot deliver without it), \
-                 or set LATCH_SECRET_KEY",
+                 or set LATCH_SECRET_KEY or LATCH_SECRET_KEY_FILE",
                 path.display()
             ),
         }
@@ -301,11 +344,11 @@ impl Keyring {
     /// open until they are resealed.
     pub fn add_key_to_file(&self) -> Result<String, Error> {
         let Source::File(path) = &self.source else {
-            return Err(Error::MissingKey(
-                "LATCH_SECRET_KEY is set: put the new key first in it on every node, then run \
-                 latch rotate-key"
-                    .into(),
-            ));
+            return Err(Error::MissingKey(format!(
+                "the keys are given in {}: put the new key first there on every node, then \
+                 run latch rotate-key",
+                self.source.describe()
+            )));
         };
         let mut keys = read_key_file(path)?;
         let new = generate_key();
@@ -404,12 +447,21 @@ fn make_key_file(path: &Path, key: &[u8; KEY_LEN]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Replaces the key file with `keys` at once (a new file renamed over it), mode 0600.
+/// Replaces the key file with `keys` at once (a new file renamed over it), mode 0600. The
+/// new file's name is this write's own (a fixed one was removed and remade by whichever
+/// writer came second, under the first's feet), and it goes when the write fails.
 fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
-    let tmp = path.with_extension("key.new");
-    let _ = std::fs::remove_file(&tmp);
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(KEY_FILE);
+    let tmp = path.with_file_name(format!(
+        ".{name}.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -421,9 +473,14 @@ fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
         text.push_str(&STANDARD.encode(k));
         text.push('\n');
     }
-    f.write_all(text.as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    let written = f
+        .write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     sync_dir(path);
     Ok(())
 }
@@ -530,5 +587,70 @@ mod tests {
             "{e}"
         );
         assert!(!path.exists(), "no key is made for a store that has one");
+    }
+
+    #[test]
+    fn a_given_key_file_is_read_again_for_a_new_key_and_never_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("latch.key");
+        let (a, b) = ([1u8; KEY_LEN], [2u8; KEY_LEN]);
+        std::fs::write(&path, format!("  {}\n", STANDARD.encode(a))).unwrap();
+        let ring = Keyring::new(Source::GivenFile(path.clone()));
+        let first = ring.prepare(None).unwrap();
+        assert_eq!(first, key_id(&a));
+        // The operator puts a new key first (a rotation): a value under it opens.
+        std::fs::write(
+            &path,
+            format!("{},{}", STANDARD.encode(b), STANDARD.encode(a)),
+        )
+        .unwrap();
+        let other = Keyring::with_keys(&[b]);
+        let sealed = other.seal(&key_id(&b), "c", "v").unwrap();
+        assert_eq!(ring.open("c", &sealed).unwrap(), "v");
+        let before = std::fs::read(&path).unwrap();
+        let e = ring.add_key_to_file().unwrap_err().to_string();
+        assert!(e.contains("LATCH_SECRET_KEY_FILE"), "{e}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "latch never writes it"
+        );
+        let e = Keyring::new(Source::GivenFile(path.clone()))
+            .prepare(Some("0badc0de"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("0badc0de") && e.contains("LATCH_SECRET_KEY_FILE"),
+            "{e}"
+        );
+    }
+
+    /// Issue #69: the key file is rewritten through a file of this write's own. Before, a
+    /// fixed `secret.key.new` was removed and remade by each writer, so a second rotation
+    /// took the first one's file from under it.
+    #[test]
+    fn a_key_file_write_leaves_other_writers_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let ring = Keyring::new(Source::File(path.clone()));
+        ring.prepare(None).unwrap();
+        let theirs = path.with_extension("key.new");
+        std::fs::write(&theirs, "another rotation's file in progress").unwrap();
+        ring.add_key_to_file().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "another rotation's file in progress"
+        );
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["secret.key", "secret.key.new"],
+            "no file of its own left"
+        );
+        assert_eq!(ring.ids().len(), 2);
     }
 }

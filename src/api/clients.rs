@@ -12,7 +12,7 @@ use super::error::{
     ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, is_json, parse_sensor_id,
 };
 use super::pagination::{List, PageParams};
-use super::receivers::{AuthIn, AuthOut, Given, TlsIn, TlsOut, settle};
+use super::receivers::{AuthIn, AuthOut, Given, TlsIn, TlsOut, check_new_origin, settle};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
@@ -377,7 +377,8 @@ async fn get_client(
 /// Replace a client's name, URL, (when given) secret, rate limit, `events` and `batch`. Pending
 /// notifications go to the new URL from their next attempt on; `events` applies to
 /// notifications made from then on. The URL is checked as on create (422 when not
-/// allowed).
+/// allowed); a URL on another origin needs `headers` and `auth` given again (422 when they
+/// would be kept).
 #[utoipa::path(put, path = "/v1/clients/{id}", tag = "clients", params(("id" = String, Path)),
     request_body = ClientIn,
     responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -395,7 +396,9 @@ async fn replace_client(
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     let guard = Guard::from_config(&st.config);
-    let receiver = settle(body.given(), Some(&current.receiver), &guard, st.app.now()).await?;
+    let given = body.given();
+    check_new_origin(&given, &current.receiver, &current.url, &body.url)?;
+    let receiver = settle(given, Some(&current.receiver), &guard, st.app.now()).await?;
     let client = Client {
         name: body.name,
         url: body.url,

@@ -177,6 +177,44 @@ pub(super) struct Given {
     pub tls: Option<Option<TlsIn>>,
 }
 
+/// A replace that moves the client from `from` to the URL `to` on another origin must give
+/// again each receiver secret it has (`headers` and `auth`; `null` removes them): kept
+/// ones, a header sent back as `"[redacted]"` included, would go to a host they were never
+/// given for, and `POST /v1/clients/{id}/test` sends them at once. The TLS client key is
+/// kept: a handshake proves it without sending it.
+pub(super) fn check_new_origin(
+    given: &Given,
+    current: &Receiver,
+    from: &str,
+    to: &str,
+) -> ApiResult<()> {
+    let (Some(old), Some(new)) = (receiver::origin(from), receiver::origin(to)) else {
+        return Ok(());
+    };
+    if old == new {
+        return Ok(());
+    }
+    let headers_kept = !current.headers.is_empty()
+        && match &given.headers {
+            None => true,
+            Some(None) => false,
+            Some(Some(map)) => map.values().any(|v| v == REDACTED),
+        };
+    let auth_kept = current.auth.is_some() && given.auth.is_none();
+    let kept: Vec<&str> = [("headers", headers_kept), ("auth", auth_kept)]
+        .into_iter()
+        .filter_map(|(name, kept)| kept.then_some(name))
+        .collect();
+    if kept.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(format!(
+        "url: the origin changes from {old} to {new}, so {} must be given again (or null to \
+         remove): the values set for {old} are not sent to another host",
+        kept.join(" and ")
+    )))
+}
+
 /// The receiver settings a create (`current` is `None`) or replace leaves the client with,
 /// checked: header names and values, the auth fields (and its token URL by the SSRF
 /// guard), the certificate. A broker destination keeps them but does not use them (its

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+mod declared;
 mod show;
 mod values;
 pub use show::show;
@@ -102,7 +103,7 @@ pub struct Config {
     pub delivery_concurrency: u32,
     #[serde(deserialize_with = "number")]
     pub delivery_client_concurrency: u32,
-    #[serde(default, deserialize_with = "non_empty")]
+    #[serde(default, deserialize_with = "declared::secret")]
     pub api_token: Option<String>,
     #[serde(deserialize_with = "number")]
     pub engine_shards: u32,
@@ -140,7 +141,7 @@ pub struct Config {
     #[serde(default, deserialize_with = "non_empty")]
     pub node_advertise: Option<String>,
     /// Authenticates node-to-node requests (forwarded readings, registry pokes).
-    #[serde(default, deserialize_with = "non_empty")]
+    #[serde(default, deserialize_with = "declared::secret")]
     pub cluster_secret: Option<String>,
     /// How long a partition lease lasts without renewal; a dead node's partitions move
     /// after it. Unset: 10 s.
@@ -165,6 +166,10 @@ pub struct Config {
     /// The keys that seal clients' secrets at rest; `None`: the data folder's key file.
     #[serde(default, deserialize_with = "values::secret_keys")]
     pub secret_key: Option<crate::secrets::SecretKeys>,
+    /// A file holding those keys (systemd's `LoadCredential`, a mounted secret): read by
+    /// the keyring at start and again when a value names a key it does not hold.
+    #[serde(default, deserialize_with = "values::opt_path")]
+    pub secret_key_file: Option<PathBuf>,
 }
 
 /// How log lines are written.
@@ -276,7 +281,49 @@ impl Config {
             bail!("invalid setting `mqtt_topic`: must not be empty");
         }
         self.validate_proxy()?;
+        self.check_secret_key()?;
         self.validate_cluster()
+    }
+
+    /// The key that seals clients' secrets comes from one place; a shared store's comes from
+    /// outside the data folder. A node's own `secret.key` would seal the store under a key
+    /// the other nodes lack (they then refuse to start), and a node in a container without
+    /// a persistent volume would take the key, and every client's secret, with it when
+    /// replaced. Also checked where a shared store is opened, for configurations built in
+    /// code.
+    pub fn check_secret_key(&self) -> anyhow::Result<()> {
+        if let Some(path) = &self.secret_key_file {
+            if self.secret_key.is_some() {
+                bail!(
+                    "invalid setting `secret_key_file`: secret_key is set too; give the keys \
+                     in one of them"
+                );
+            }
+            crate::secrets::read_given_file(path)
+                .map_err(|e| anyhow::anyhow!("invalid setting `secret_key_file`: {e}"))?;
+        }
+        if self.database_url.is_none()
+            || self.secret_key.is_some()
+            || self.secret_key_file.is_some()
+        {
+            return Ok(());
+        }
+        let mut message = "invalid setting `secret_key`: a shared store (database_url) needs \
+             the key that seals clients' secrets from outside the data folder, the same on \
+             every node. Make one with `(umask 077; openssl rand -base64 32 > \
+             /etc/latch/secret.key)` and set LATCH_SECRET_KEY_FILE=/etc/latch/secret.key (or \
+             LATCH_SECRET_KEY to what the file holds)"
+            .to_string();
+        let old = self.data_dir.join(crate::secrets::KEY_FILE);
+        if old.exists() {
+            message.push_str(&format!(
+                ". {} was made by an earlier start: if the store's secrets are sealed under \
+                 it, move it out of the data folder and name it in LATCH_SECRET_KEY_FILE \
+                 instead of making a new key",
+                old.display()
+            ));
+        }
+        bail!(message)
     }
 
     /// `delivery_proxy` is a URL latch can send through; `delivery_no_proxy` needs it.

@@ -4,10 +4,8 @@
 
 use std::path::Path;
 
+use super::declared::secret_settings;
 use super::{DEFAULTS, Layers, known_keys, redact_userinfo};
-
-/// Settings whose whole value is a secret.
-const SECRETS: &[&str] = &["api_token", "cluster_secret"];
 
 /// The effective settings of `path` (or `./latch.toml` when present) and `env`, as a
 /// commented settings file. `Err` when they are not valid, with the message `serve` would
@@ -39,9 +37,10 @@ pub fn show(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Str
     Ok(out)
 }
 
-/// A value as TOML, with a secret replaced and a URL's password masked.
+/// A value as TOML, with a secret replaced and a URL's password masked. Which settings are
+/// secrets is the declaration's word ([`super::declared`]), not a list kept here.
 fn masked(key: &str, value: &toml::Value) -> String {
-    if SECRETS.contains(&key) {
+    if secret_settings().contains(&key) {
         return "\"***\"".into();
     }
     match value {
@@ -87,6 +86,10 @@ mod tests {
                     "LATCH_DATABASE_URL",
                     "postgres://latch:hunter22@db.example/latch",
                 ),
+                (
+                    "LATCH_SECRET_KEY",
+                    "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+                ),
             ]),
         )
         .unwrap();
@@ -118,10 +121,47 @@ mod tests {
         );
         // What it prints is a settings file that gives the same settings.
         let again = dir.path().join("again.toml");
+        let key = "\"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=\"";
+        let text = text.replacen("secret_key = \"***\"", &format!("secret_key = {key}"), 1);
         std::fs::write(&again, text.replace("\"***\"", "\"x\"")).unwrap();
         let c = crate::config::Config::load_from(Some(&again), &[]).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
         assert_eq!(c.retry_max_attempts, 3);
+    }
+
+    /// Issue #69: every setting the declaration marks secret is set, one at a time, to a
+    /// value it takes, and `latch config` prints it as `***` and never in clear.
+    #[test]
+    fn every_secret_setting_is_masked() {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD.encode([5u8; 32]);
+        let mut walked = 0;
+        for setting in super::super::declared::settings() {
+            if !super::super::declared::secret_settings().contains(setting) {
+                continue;
+            }
+            let name = format!("LATCH_{}", setting.to_ascii_uppercase());
+            // A shared store, which the cluster settings need, with its key from outside.
+            let base = [
+                ("LATCH_DATABASE_URL", "postgres://latch@db.example/latch"),
+                ("LATCH_SECRET_KEY", key.as_str()),
+            ];
+            let probe = format!("probe-value-of-{setting}");
+            let shown = [probe.as_str(), key.as_str()]
+                .into_iter()
+                .find_map(|value| {
+                    let mut pairs: Vec<(&str, &str)> =
+                        base.iter().filter(|(k, _)| *k != name).copied().collect();
+                    pairs.push((&name, value));
+                    show(None, &env(&pairs)).ok().map(|text| (value, text))
+                });
+            let (value, text) = shown.unwrap_or_else(|| panic!("{setting}: no value taken"));
+            let line = format!("{setting} = \"***\"  # from {name}\n");
+            assert!(text.contains(&line), "{setting} not masked:\n{text}");
+            assert!(!text.contains(value), "{setting} in clear:\n{text}");
+            walked += 1;
+        }
+        assert!(walked >= 3, "the secret settings were walked");
     }
 
     #[test]

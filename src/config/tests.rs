@@ -138,10 +138,15 @@ fn cluster_settings_need_postgresql_and_sane_values() {
         assert!(e.contains("one node"), "{e}");
     }
     let pg = ("LATCH_DATABASE_URL", "postgres://u@127.0.0.1/db");
-    let c = load(&[pg]).unwrap();
+    let key = (
+        "LATCH_SECRET_KEY",
+        "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+    );
+    let c = load(&[pg, key]).unwrap();
     assert_eq!((c.partitions(), c.lease()), (128, Duration::from_secs(10)));
     let c = load(&[
         pg,
+        key,
         ("LATCH_CLUSTER_LEASE", "3s"),
         ("LATCH_CLUSTER_PARTITIONS", "16"),
     ])
@@ -153,10 +158,10 @@ fn cluster_settings_need_postgresql_and_sane_values() {
         ("LATCH_CLUSTER_LEASE", "200ms"),
         ("LATCH_NODE_ADVERTISE", "10.0.0.5:8080"),
     ] {
-        let e = load(&[pg, (k, v)]).unwrap_err().to_string();
+        let e = load(&[pg, key, (k, v)]).unwrap_err().to_string();
         assert!(e.contains(&k[6..].to_lowercase()), "{k}={v}: {e}");
     }
-    let c = load(&[pg, ("LATCH_CLUSTER_SECRET", "s3cret-value")]).unwrap();
+    let c = load(&[pg, key, ("LATCH_CLUSTER_SECRET", "s3cret-value")]).unwrap();
     assert_eq!(c.redact("key s3cret-value"), "key ***");
     let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
     let one: SocketAddr = "127.0.0.1:8080".parse().unwrap();
@@ -366,4 +371,59 @@ fn the_proxy_and_secret_key_settings_parse_and_never_quote_a_key() {
         .unwrap_err()
         .to_string();
     assert!(!e.contains("c2hvcnQ="), "the key is not quoted: {e}");
+}
+
+/// Issue #69: a shared store takes its key from outside the data folder, and says how to
+/// make one; the embedded store may still make its own, and takes the same settings.
+#[test]
+fn a_shared_store_needs_a_key_from_outside_the_data_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_dir = ("LATCH_DATA_DIR", data.to_str().unwrap());
+    let pg = ("LATCH_DATABASE_URL", "postgres://u@127.0.0.1/db");
+    let load = |pairs: &[(&str, &str)]| Config::load_from(None, &env(pairs));
+    let e = load(&[data_dir, pg]).unwrap_err().to_string();
+    for words in [
+        "LATCH_SECRET_KEY_FILE",
+        "openssl rand -base64 32",
+        "same on every node",
+    ] {
+        assert!(e.contains(words), "{words}: {e}");
+    }
+    // A node that made secret.key before is told to move it, not to make a new key.
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("secret.key"), "# old\n").unwrap();
+    let e = load(&[data_dir, pg]).unwrap_err().to_string();
+    assert!(e.contains("move it out of the data folder"), "{e}");
+
+    // The file: surrounding whitespace, a `#` line and one key a line are all taken.
+    let (a, b) = (
+        "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",
+        "CQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQk=",
+    );
+    let file = dir.path().join("latch.key");
+    std::fs::write(&file, format!("# latch\n  {a}\n{b}  \n\n")).unwrap();
+    let path = file.to_str().unwrap();
+    let c = load(&[data_dir, pg, ("LATCH_SECRET_KEY_FILE", path)]).unwrap();
+    assert_eq!(c.secret_key_file.as_deref(), Some(file.as_path()));
+    assert_eq!(crate::secrets::read_given_file(&file).unwrap().0.len(), 2);
+    assert!(load(&[data_dir, ("LATCH_SECRET_KEY_FILE", path)]).is_ok());
+    // One place for the keys; a file that is not there, or holds no key, is named.
+    let e = load(&[pg, ("LATCH_SECRET_KEY_FILE", path), ("LATCH_SECRET_KEY", a)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("secret_key_file") && !e.contains(a), "{e}");
+    let missing = dir.path().join("none.key");
+    let e = load(&[pg, ("LATCH_SECRET_KEY_FILE", missing.to_str().unwrap())])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("secret_key_file") && e.contains("none.key"),
+        "{e}"
+    );
+    std::fs::write(&file, "bm90IGEga2V5\n").unwrap();
+    let e = load(&[pg, ("LATCH_SECRET_KEY_FILE", path)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bytes") && !e.contains("bm90IGEga2V5"), "{e}");
 }

@@ -193,19 +193,22 @@ pub(super) fn opt_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>,
     }
 }
 
+/// A path; empty text: unset.
+pub(super) fn opt_path<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::path::PathBuf>, D::Error> {
+    Ok(non_empty(d)?.map(std::path::PathBuf::from))
+}
+
 pub(super) fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
 }
 
 /// `secret_key`: base64 keys, comma-separated ([`crate::secrets::SecretKeys::parse`]); empty
-/// or unset: none. The message never quotes the value.
+/// or unset: none. A secret setting ([`super::declared::secret`]): the message never quotes
+/// the value.
 pub(super) fn secret_keys<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<crate::secrets::SecretKeys>, D::Error> {
-    match Option::<String>::deserialize(d)? {
-        Some(s) if !s.trim().is_empty() => crate::secrets::SecretKeys::parse(&s)
-            .map(Some)
-            .map_err(serde::de::Error::custom),
-        _ => Ok(None),
-    }
+    super::declared::secret_with(d, crate::secrets::SecretKeys::parse)
 }

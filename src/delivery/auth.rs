@@ -196,10 +196,17 @@ async fn fetch(
             }
         })?;
     let status = answer.status().as_u16();
-    let body = tokio::time::timeout(timeout, answer.bytes())
+    let max = super::answer::TOKEN_ANSWER_MAX;
+    let body = tokio::time::timeout(timeout, super::answer::read_at_most(answer, max))
         .await
         .map_err(|_| failed("the token endpoint's answer did not arrive in time"))?
-        .map_err(|e| failed(format!("the token endpoint's answer was cut off: {e}")))?;
+        .map_err(|e| failed(format!("the token endpoint's answer was cut off: {e}")))?
+        .ok_or_else(|| {
+            failed(format!(
+                "the token endpoint's answer is larger than {} KiB",
+                max / 1024
+            ))
+        })?;
     if !(200..300).contains(&status) {
         // The OAuth2 error code says why (`invalid_client`, …); its description may quote
         // what was sent, so it is left out.
@@ -239,4 +246,54 @@ async fn fetch(
         value,
         refresh_at: now + lifetime - margin,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A token endpoint on loopback whose answer is a valid token padded to `size` bytes.
+    async fn endpoint(size: usize) -> String {
+        let token = serde_json::json!({"access_token": "t-1", "token_type": "bearer",
+            "padding": "x".repeat(size)});
+        let app = axum::Router::new().route(
+            "/token",
+            axum::routing::post(move || {
+                let token = token.clone();
+                async move { axum::Json(token) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/token")
+    }
+
+    /// Issue #69: a token endpoint's answer is read up to 64 KiB; a larger one fails the
+    /// fetch rather than being held whole (one streaming gigabytes took the node down).
+    #[tokio::test]
+    async fn a_token_answer_past_64_kib_fails_the_fetch() {
+        let guard = Guard::new(vec!["127.0.0.0/8".parse().unwrap()], false);
+        let http = reqwest::Client::new();
+        for (size, ok) in [
+            (1000, true),
+            (super::super::answer::TOKEN_ANSWER_MAX, false),
+        ] {
+            let url = endpoint(size).await;
+            let grant = Grant {
+                client: "c",
+                token_url: &url,
+                client_id: "id",
+                client_secret: "secret",
+                scope: None,
+                audience: None,
+            };
+            let got = fetch(&http, &guard, &grant, Duration::from_secs(10), 0).await;
+            match (ok, got) {
+                (true, Ok(t)) => assert_eq!(t.value, "t-1"),
+                (false, Err(e)) => assert!(e.contains("larger than 64 KiB"), "{e}"),
+                (_, got) => panic!("{size} bytes: {:?}", got.map(|t| t.value)),
+            }
+        }
+    }
 }

@@ -25,6 +25,7 @@
 //! shared store); `sender.rs` makes one attempt, a webhook's POST or, for a broker
 //! destination, a publish through [`broker`].
 
+mod answer;
 pub mod attempt;
 mod auth;
 pub mod broker;

@@ -338,8 +338,8 @@ async fn answered(resp: reqwest::Response, at: Millis, started: Instant) -> Atte
     } else {
         None
     };
-    // Drain a little of the body so the connection can be reused.
-    let _ = tokio::time::timeout(Duration::from_millis(200), resp.bytes()).await;
+    // Drain a little of the body so the connection can be reused, bounded in bytes too.
+    super::answer::drain(resp).await;
     AttemptResult::answered(at, code, started.elapsed(), retry_after)
 }
 

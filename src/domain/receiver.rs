@@ -182,6 +182,28 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// Whether PEM text has a private key block (`PRIVATE KEY`, `RSA PRIVATE KEY`, `EC PRIVATE
+/// KEY`, `ENCRYPTED PRIVATE KEY`, …).
+fn holds_private_key(pem: &str) -> bool {
+    pem.lines().any(|l| {
+        l.trim()
+            .strip_prefix("-----BEGIN ")
+            .is_some_and(|label| label.contains("PRIVATE KEY"))
+    })
+}
+
+/// A URL's origin, the part that says which server gets a request: scheme, host and port
+/// (the scheme's own when none is written), as `scheme://host:port`; no user or password.
+/// `None` for text that is not a URL with a host.
+pub fn origin(url: &str) -> Option<String> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let host = u.host_str()?.to_ascii_lowercase();
+    Some(match u.port_or_known_default() {
+        Some(port) => format!("{}://{host}:{port}", u.scheme()),
+        None => format!("{}://{host}", u.scheme()),
+    })
+}
+
 /// Checks a client's headers: at most [`HEADERS_MAX`], each a valid name that is not
 /// reserved (nor `authorization` when `auth` is set), with a value a request can carry
 /// exactly as given. Names that differ only in case are one header with several values,
@@ -326,6 +348,19 @@ pub fn parse_tls(
     ] {
         if text.len() > PEM_MAX {
             return Err(format!("{field}: at most {PEM_MAX} characters"));
+        }
+    }
+    // Those two are stored as given, not sealed, and partly read back: a key pasted into
+    // one of them would sit there in plain text.
+    for (field, text) in [
+        ("tls.client_cert_pem", client_cert_pem),
+        ("tls.ca_pem", ca_pem.unwrap_or("")),
+    ] {
+        if holds_private_key(text) {
+            return Err(format!(
+                "{field}: holds a private key (a PRIVATE KEY block); give certificates only, \
+                 and the client's key in tls.client_key_pem, which is kept sealed"
+            ));
         }
     }
     let chain = certificates("tls.client_cert_pem", client_cert_pem)?;

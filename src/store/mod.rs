@@ -345,6 +345,13 @@ pub trait Secrets: Send + Sync {
     /// (plain ones from before, a broker password still in its URL, an older key's), a
     /// few clients a transaction; answers how many changed.
     async fn reseal(&self) -> Result<u64>;
+    /// The ids of the keys some client's secret is sealed under now: a rotation drops no
+    /// key of these from the key file. Both backends answer it; the default (none) is for
+    /// stores no rotation runs on (the simulation's), where only the rotation's own keys
+    /// and the current one would be kept.
+    async fn keys_in_use(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
@@ -489,12 +496,16 @@ impl<
 {
 }
 
-/// Where the keys that seal clients' secrets come from: `secret_key`, else the data
-/// folder's key file.
-fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
-    match &config.secret_key {
-        Some(keys) => crate::secrets::Source::Given(keys.clone()),
-        None => crate::secrets::Source::File(config.data_dir.join(crate::secrets::KEY_FILE)),
+/// Where the keys that seal clients' secrets come from: `secret_key`, else
+/// `secret_key_file`, else the data folder's key file (which a shared store refuses:
+/// [`crate::config::Config::check_secret_key`]).
+pub fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
+    match (&config.secret_key, &config.secret_key_file) {
+        (Some(keys), _) => crate::secrets::Source::Given(keys.clone()),
+        (None, Some(path)) => crate::secrets::Source::GivenFile(path.clone()),
+        (None, None) => {
+            crate::secrets::Source::File(config.data_dir.join(crate::secrets::KEY_FILE))
+        }
     }
 }
 
@@ -503,15 +514,18 @@ fn key_source(config: &crate::config::Config) -> crate::secrets::Source {
 /// opened on a connection of its own (not through its data folder's lock), PostgreSQL
 /// like any client of it.
 pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotated> {
+    config.check_secret_key()?;
     let keys = std::sync::Arc::new(crate::secrets::Keyring::new(key_source(config)));
     match &config.database_url {
         Some(url) => {
             let store = postgres::PgStore::connect(url, config.database_timeout)
                 .await?
                 .using_keys(keys.clone());
+            let _one_at_a_time = store.rotation_lock().await?;
             sealing::rotate(&store, &keys).await
         }
         None => {
+            let _one_at_a_time = sqlite::rotation_lock(&config.data_dir)?;
             let store = sqlite::Offline::open(&config.data_dir, keys.clone())?;
             sealing::rotate(&store, &keys).await
         }
@@ -548,6 +562,7 @@ impl Opened {
 pub async fn connect_cluster(config: &crate::config::Config) -> anyhow::Result<Opened> {
     match &config.database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            config.check_secret_key()?;
             let lock = lock_data_dir(&config.data_dir)?;
             // A commit's fence locks its partitions' lease rows: a node stopped in the middle
             // of one must not keep them past its lease.

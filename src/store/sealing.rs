@@ -204,16 +204,7 @@ pub(crate) fn reseal(
     id: &str,
     cols: &SealedCols,
 ) -> Result<Option<SealedCols>, secrets::Error> {
-    let r = receiver(cols.headers.clone(), cols.auth.clone(), cols.tls.clone())
-        .map_err(secrets::Error::Corrupt)?;
-    let mut values: Vec<String> = vec![cols.secret.clone()];
-    values.extend(cols.previous_secret.clone());
-    values.extend(cols.url_password.clone());
-    values.extend(r.headers.iter().map(|(_, v)| v.clone()));
-    if let Some(mut a) = r.auth.clone() {
-        values.extend(a.secrets_mut().into_iter().map(|v| v.clone()));
-    }
-    values.extend(r.tls.as_ref().map(|t| t.client_key_pem.clone()));
+    let (values, r) = stored_values(cols).map_err(secrets::Error::Corrupt)?;
     let password_in_url = destination::split_password(&cols.url).1.is_some();
     if !password_in_url && values.iter().all(|v| sealed_under(v) == Some(kid)) {
         return Ok(None);
@@ -224,6 +215,30 @@ pub(crate) fn reseal(
     let mut r = r;
     open_parts(keys, id, &mut url, &mut secret, &mut previous, &mut r)?;
     seal_parts(keys, kid, id, &url, &secret, previous.as_deref(), &r).map(Some)
+}
+
+/// Every secret value of `cols` as stored (sealed or not), and the receiver settings they
+/// came from.
+fn stored_values(cols: &SealedCols) -> Result<(Vec<String>, Receiver), String> {
+    let r = receiver(cols.headers.clone(), cols.auth.clone(), cols.tls.clone())?;
+    let mut values: Vec<String> = vec![cols.secret.clone()];
+    values.extend(cols.previous_secret.clone());
+    values.extend(cols.url_password.clone());
+    values.extend(r.headers.iter().map(|(_, v)| v.clone()));
+    if let Some(mut a) = r.auth.clone() {
+        values.extend(a.secrets_mut().into_iter().map(|v| v.clone()));
+    }
+    values.extend(r.tls.as_ref().map(|t| t.client_key_pem.clone()));
+    Ok((values, r))
+}
+
+/// The ids of the keys `cols`' values are sealed under (a plain value names none).
+pub(crate) fn key_ids(cols: &SealedCols) -> Result<Vec<String>, String> {
+    let (values, _) = stored_values(cols)?;
+    Ok(values
+        .iter()
+        .filter_map(|v| sealed_under(v).map(str::to_string))
+        .collect())
 }
 
 /// What [`rotate`] did.
@@ -269,15 +284,19 @@ pub async fn rotate(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<Rotat
     };
     let to = match keys.source() {
         Source::File(_) => keys.add_key_to_file()?,
-        Source::Given(_) => keys
+        Source::Given(_) | Source::GivenFile(_) => keys
             .ids()
             .first()
             .cloned()
-            .ok_or_else(|| anyhow::anyhow!("LATCH_SECRET_KEY holds no key"))?,
+            .ok_or_else(|| anyhow::anyhow!("{} holds no key", keys.source().describe()))?,
     };
     store.set_sealing_key(to.clone()).await?;
     let resealed = store.reseal().await?;
-    let keep: Vec<String> = std::iter::once(to.clone()).chain(from.clone()).collect();
+    // Checked before the drop: a key some row is still sealed under (a write that raced
+    // something this rotation did not see) and the store's current one stay in the file.
+    let mut keep: Vec<String> = std::iter::once(to.clone()).chain(from.clone()).collect();
+    keep.extend(store.keys_in_use().await?);
+    keep.extend(store.sealing_key().await?);
     keys.keep_in_file(&keep)?;
     Ok(Rotated { from, to, resealed })
 }
@@ -358,5 +377,135 @@ mod tests {
             Some(new.as_str())
         );
         assert!(moved.auth.unwrap().contains(&format!("enc:{new}:")));
+    }
+
+    /// A store whose resealing first lets another whole rotation run: what a second
+    /// `latch rotate-key` started meanwhile did before rotations took a lock.
+    struct Interleaved<'a> {
+        inner: &'a dyn Secrets,
+        other: &'a Keyring,
+        ran: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Secrets for Interleaved<'_> {
+        async fn sealing_key(&self) -> Result<Option<String>> {
+            self.inner.sealing_key().await
+        }
+        async fn set_sealing_key(&self, id: String) -> Result<()> {
+            self.inner.set_sealing_key(id).await
+        }
+        async fn first_sealing_key(&self, id: String) -> Result<String> {
+            self.inner.first_sealing_key(id).await
+        }
+        async fn keys_in_use(&self) -> Result<Vec<String>> {
+            self.inner.keys_in_use().await
+        }
+        async fn reseal(&self) -> Result<u64> {
+            if !self.ran.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                rotate(self.inner, self.other)
+                    .await
+                    .map_err(|e| Error::Backend(e.to_string()))?;
+            }
+            self.inner.reseal().await
+        }
+    }
+
+    /// Issue #69: a rotation drops no key the store still seals under. Before, the first
+    /// rotation's clean-up kept only its own two keys and dropped the one the second had
+    /// made current: every secret was then sealed under a key no file held.
+    #[tokio::test]
+    async fn a_rotation_never_drops_the_key_in_use() {
+        use crate::store::Registry;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(crate::secrets::KEY_FILE);
+        let store = crate::store::sqlite::SqliteStore::open_keyed(
+            dir.path(),
+            crate::store::sqlite::Synchronous::Normal,
+            Source::File(path.clone()),
+        )
+        .unwrap();
+        store.create_client(client()).await.unwrap();
+        let mine = Keyring::new(Source::File(path.clone()));
+        let other = Keyring::new(Source::File(path.clone()));
+        let interleaved = Interleaved {
+            inner: &store,
+            other: &other,
+            ran: false.into(),
+        };
+        let r = rotate(&interleaved, &mine).await.unwrap();
+        let current = store.sealing_key().await.unwrap().unwrap();
+        assert_ne!(current, r.to, "the other rotation made its key current");
+        let fresh = Keyring::new(Source::File(path));
+        for id in std::iter::once(current).chain(store.keys_in_use().await.unwrap()) {
+            fresh
+                .prepare(Some(&id))
+                .unwrap_or_else(|e| panic!("key {id} dropped while in use: {e}"));
+        }
+        let read = store.get_client("01CLIENT".into()).await.unwrap().unwrap();
+        assert_eq!(
+            (read.secret, read.receiver, read.url),
+            (client().secret, client().receiver, client().url)
+        );
+    }
+
+    /// Issue #69: one `latch rotate-key` at a time; the second is refused and touches
+    /// nothing, the embedded store's by a lock beside its key file.
+    #[tokio::test]
+    async fn a_second_rotation_is_refused_while_one_runs_sqlite() {
+        use crate::store::Registry;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(crate::secrets::KEY_FILE);
+        let store = crate::store::sqlite::SqliteStore::open_keyed(
+            dir.path(),
+            crate::store::sqlite::Synchronous::Normal,
+            Source::File(path.clone()),
+        )
+        .unwrap();
+        store.create_client(client()).await.unwrap();
+        let config = crate::config::Config::for_data_dir(dir.path());
+        let held = crate::store::sqlite::rotation_lock(dir.path()).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let e = crate::store::rotate_key(&config)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another latch rotate-key is running"), "{e}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "the key file untouched"
+        );
+        drop(held);
+        let r = crate::store::rotate_key(&config).await.unwrap();
+        assert_eq!(r.resealed, 1);
+    }
+
+    /// As above, on PostgreSQL by an advisory lock of the schema.
+    #[tokio::test]
+    async fn a_second_rotation_is_refused_while_one_runs_postgres() {
+        let Some(schema) = crate::store::postgres::tests::fresh_schema().await else {
+            return;
+        };
+        let url = crate::store::postgres::tests::schema_url(
+            &crate::store::postgres::tests::base_url(),
+            &schema,
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = crate::config::Config::for_data_dir(dir.path());
+        config.database_url = Some(url.clone());
+        config.secret_key = Some(crate::secrets::SecretKeys(vec![[9u8; 32]]));
+        drop(crate::store::connect_cluster(&config).await.unwrap());
+        let other = crate::store::postgres::PgStore::connect(&url, config.database_timeout)
+            .await
+            .unwrap();
+        let held = other.rotation_lock().await.unwrap();
+        let e = crate::store::rotate_key(&config)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another latch rotate-key is running"), "{e}");
+        drop(held);
+        crate::store::rotate_key(&config).await.unwrap();
     }
 }

@@ -79,7 +79,9 @@ enum Command {
         to: PathBuf,
     },
     /// Replace the embedded store with the backup FILE; refused while a latch runs on the
-    /// data folder.
+    /// data folder, and when the key the backup's secrets are sealed under is not there
+    /// (the data folder's secret.key, LATCH_SECRET_KEY or LATCH_SECRET_KEY_FILE): it says
+    /// which key that is.
     Restore {
         #[arg(long, value_name = "FILE")]
         from: PathBuf,
@@ -180,12 +182,21 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Restore { from } => {
             let config = embedded(cli.config.as_deref(), "restore")?;
-            latch::store::sqlite::restore(&config.data_dir, &from)?;
+            let source = latch::store::key_source(&config);
+            let keys = latch::secrets::Keyring::new(source.clone());
+            let needs = latch::store::sqlite::restore(&config.data_dir, &from, &keys)?;
             println!(
                 "restored {} into {}",
                 from.display(),
                 config.data_dir.display()
             );
+            match needs {
+                Some(id) => println!(
+                    "its clients' secrets are sealed under key {id}, which {} holds",
+                    source.describe()
+                ),
+                None => println!("it holds no sealed secret: it needs no key"),
+            }
             Ok(())
         }
         Command::Vacuum => {

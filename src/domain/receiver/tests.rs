@@ -188,6 +188,31 @@ fn bad_certificates_are_refused_with_a_reason() {
     assert!(parse_tls(&other_cert, &other_key, Some(&ca), NOW).is_ok());
 }
 
+/// Issue #69: a private key pasted beside the certificate (or the CA) is refused: those
+/// fields are stored as given, not sealed, and read back in part.
+#[test]
+fn a_private_key_in_the_certificate_fields_is_refused() {
+    let (cert, key, ca) = issued();
+    let rsa = "-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n";
+    for pasted in [
+        format!("{cert}{key}"),
+        format!("{key}{cert}"),
+        format!("{cert}{rsa}"),
+    ] {
+        let e = parse_tls(&pasted, &key, None, NOW).unwrap_err();
+        assert!(
+            e.starts_with("tls.client_cert_pem") && e.contains("private key"),
+            "{e}"
+        );
+        assert!(!e.contains("AAAA") && !e.contains(&key[30..60]), "{e}");
+    }
+    let e = parse_tls(&cert, &key, Some(&format!("{ca}{key}")), NOW).unwrap_err();
+    assert!(
+        e.starts_with("tls.ca_pem") && e.contains("private key"),
+        "{e}"
+    );
+}
+
 #[test]
 fn debug_output_holds_no_secret() {
     let (cert, key, _) = issued();

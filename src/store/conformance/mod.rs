@@ -109,6 +109,16 @@ async fn open(database_url: Option<String>) -> Fresh {
     let dir = tempfile::tempdir().unwrap();
     let mut config = crate::config::Config::load_from(None, &[]).unwrap();
     config.data_dir = dir.path().to_path_buf();
+    if database_url.is_some() {
+        // A shared store takes its key from outside the data folder; the file is where the
+        // embedded store keeps its own, so the rotation checks' keyring over it (as
+        // `latch rotate-key` has) is the store's too.
+        use base64::Engine as _;
+        let file = dir.path().join(crate::secrets::KEY_FILE);
+        let key = base64::engine::general_purpose::STANDARD.encode(crate::secrets::generate_key());
+        std::fs::write(&file, format!("# the test's key\n{key}\n")).unwrap();
+        config.secret_key_file = Some(file);
+    }
     config.database_url = database_url;
     config.sqlite_synchronous = crate::store::sqlite::Synchronous::Normal;
     let store = crate::store::connect_cluster(&config).await.unwrap().into();

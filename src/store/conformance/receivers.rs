@@ -154,6 +154,7 @@ async fn rotation_reseals_and_reads_go_on(f: &Fresh) {
     assert_ne!(r.to, before);
     assert_eq!(r.resealed, 2);
     assert_eq!(s.sealing_key().await.unwrap(), Some(r.to.clone()));
+    assert_eq!(s.keys_in_use().await.unwrap(), vec![r.to.clone()]);
     // The running store meets the new key in the file.
     assert_eq!(
         s.get_client("rk-a".into()).await.unwrap(),

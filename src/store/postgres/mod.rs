@@ -44,6 +44,7 @@ mod registry;
 mod replay;
 mod retention;
 mod secrets;
+pub use secrets::RotationLock;
 mod sessions;
 mod silences;
 mod site_moves;
@@ -94,6 +95,11 @@ const DELETE_LOCK: i32 = 0x6c74_6364;
 /// Class of the advisory lock (with the schema as the other half of the key) upkeep's
 /// retention runs under: one node of a cluster at a time.
 const UPKEEP_LOCK: i32 = 0x6c74_7570;
+
+/// Class of the advisory lock (with the schema as the other half of the key) `latch
+/// rotate-key` holds for its whole run: one rotation at a time, as two at once could each
+/// drop the key the other made current.
+const ROTATION_LOCK: i32 = 0x6c74_726b;
 
 /// Most pooled connections.
 const POOL_SIZE: usize = 16;

@@ -26,6 +26,39 @@ pub(super) async fn current(tx: &impl Sql) -> Result<String> {
         .ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
 }
 
+/// `latch rotate-key`'s hold on the store ([`PgStore::rotation_lock`]): a session-level
+/// advisory lock on a connection of its own, released when that connection closes.
+pub struct RotationLock(Option<deadpool_postgres::Object>);
+
+impl Drop for RotationLock {
+    fn drop(&mut self) {
+        // Out of the pool and closed: the session, and its lock, end with it (a connection
+        // given back to the pool would keep the lock for whoever takes it next).
+        if let Some(obj) = self.0.take() {
+            drop(deadpool_postgres::Object::take(obj));
+        }
+    }
+}
+
+impl PgStore {
+    /// The rotation's lock, or a refusal when another `latch rotate-key` holds it.
+    pub async fn rotation_lock(&self) -> anyhow::Result<RotationLock> {
+        let c = self.db.unbounded().await?;
+        let held: bool = c
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, hashtext(current_schema()))",
+                &[&super::ROTATION_LOCK],
+            )
+            .await?
+            .get(0);
+        anyhow::ensure!(
+            held,
+            "another latch rotate-key is running on this database: one rotation at a time"
+        );
+        Ok(RotationLock(Some(c)))
+    }
+}
+
 #[async_trait]
 impl Secrets for PgStore {
     async fn sealing_key(&self) -> Result<Option<String>> {
@@ -63,6 +96,34 @@ impl Secrets for PgStore {
         self.sealing_key()
             .await?
             .ok_or_else(|| Error::Backend("the store has no secret key recorded".into()))
+    }
+
+    async fn keys_in_use(&self) -> Result<Vec<String>> {
+        let c = self
+            .db
+            .get_for("keys_in_use", super::db::Bound::Bulk)
+            .await?;
+        let rows = c
+            .query(
+                "SELECT url, url_password, secret, previous_secret, headers, auth, tls \
+                 FROM clients",
+                &[],
+            )
+            .await?;
+        let mut ids = std::collections::BTreeSet::new();
+        for r in &rows {
+            let cols = SealedCols {
+                url: r.get(0),
+                url_password: r.get(1),
+                secret: r.get(2),
+                previous_secret: r.get(3),
+                headers: r.get(4),
+                auth: r.get(5),
+                tls: r.get(6),
+            };
+            ids.extend(sealing::key_ids(&cols).map_err(Error::Backend)?);
+        }
+        Ok(ids.into_iter().collect())
     }
 
     async fn reseal(&self) -> Result<u64> {

@@ -71,9 +71,15 @@ pub fn backup(dir: &Path, to: &Path) -> anyhow::Result<u64> {
 }
 
 /// Replaces the data folder's database (and the archive's file) with the backup `from`.
-/// Refused while a latch runs on the folder, and for a file that is not a whole latch
-/// database this latch can run.
-pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
+/// Refused while a latch runs on the folder, for a file that is not a whole latch database
+/// this latch can run, and when `keys` lack the key the backup's secrets are sealed under:
+/// the store would not start without it, and a refusal before anything is replaced says so
+/// while the old data is still there. Answers the key the backup needs (`None`: none).
+pub fn restore(
+    dir: &Path,
+    from: &Path,
+    keys: &crate::secrets::Keyring,
+) -> anyhow::Result<Option<String>> {
     let _lock = lock_data_dir(dir).map_err(|e| {
         anyhow::anyhow!("{e}: stop latch before restoring (latch restore replaces its data)")
     })?;
@@ -94,6 +100,10 @@ pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
         |r| r.get(0),
     )?;
     ensure!(has_outbox, "{} is not a latch database", from.display());
+    let needs = sealing_key(&src)?;
+    if let Some(id) = &needs {
+        check_key(dir, from, id, keys)?;
+    }
     drop(src);
     crate::store::private_file(&dir.join(DB))?;
     let mut dst = Connection::open(dir.join(DB))?;
@@ -110,7 +120,49 @@ pub fn restore(dir: &Path, from: &Path) -> anyhow::Result<()> {
     // The backup's archive goes into its own file again, in place of the replaced one.
     super::archive::split(&dir.join(DB))?;
     // SQLite made the archive's file under the umask.
-    crate::store::private_files(dir)
+    crate::store::private_files(dir)?;
+    Ok(needs)
+}
+
+/// The key a database's secrets are sealed under; `None` for one that recorded none (no
+/// secret sealed yet, or made before secrets were sealed).
+fn sealing_key(db: &Connection) -> anyhow::Result<Option<String>> {
+    let has_table: bool = db.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'secret_key')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_table {
+        return Ok(None);
+    }
+    use rusqlite::OptionalExtension;
+    Ok(db
+        .query_row("SELECT current FROM secret_key WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()?)
+}
+
+/// Refuses a restore whose key `keys` lack, saying which key and where it was looked for.
+fn check_key(
+    dir: &Path,
+    from: &Path,
+    id: &str,
+    keys: &crate::secrets::Keyring,
+) -> anyhow::Result<()> {
+    let held = match keys.prepare(Some(id)) {
+        Ok(_) => return Ok(()),
+        Err(crate::secrets::Error::MissingKey(_)) => "does not hold it".to_string(),
+        Err(e) => format!("cannot be read: {e}"),
+    };
+    bail!(
+        "nothing restored: {} needs key {id} (its clients' secrets are sealed under it), and \
+         {} {held}. Put the key file kept with the backup at {} (or give the key in \
+         LATCH_SECRET_KEY or LATCH_SECRET_KEY_FILE) and run latch restore again",
+        from.display(),
+        keys.source().describe(),
+        dir.join(crate::secrets::KEY_FILE).display()
+    )
 }
 
 /// Rewrites the database (and the archive's file) without its free pages, giving them back

@@ -24,7 +24,7 @@ use rusqlite::Connection;
 use super::{Backend, Error, Page, Pruned, Result, Retention, Space};
 use crate::domain::{Client, Millis};
 use crate::telemetry::families;
-pub use secrets::Offline;
+pub use secrets::{Offline, rotation_lock};
 
 mod archive;
 mod backup;

@@ -104,6 +104,28 @@ pub(super) fn reseal(c: &mut Connection, keys: &Keyring) -> Result<u64> {
     }
 }
 
+/// `latch rotate-key`'s hold on the data folder: a lock on `secret.key.lock` beside the key
+/// file (not on the key file itself, which a rotation replaces by renaming a new one over
+/// it), held until dropped. `Err` when another rotation holds it.
+pub fn rotation_lock(dir: &Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(format!("{}.lock", crate::secrets::KEY_FILE));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    if f.try_lock().is_err() {
+        anyhow::bail!(
+            "another latch rotate-key is running on {}: one rotation at a time",
+            dir.display()
+        );
+    }
+    Ok(f)
+}
+
 /// The data folder's database on a connection of its own, for `latch rotate-key` while a
 /// latch may be serving it (the running latch migrated it; one that is not is migrated
 /// here, as its start would).
@@ -226,6 +248,31 @@ impl<S: OnConnection> Secrets for S {
 
     async fn first_sealing_key(&self, id: String) -> Result<String> {
         self.writing(move |c| first_sealing_key(c, &id)).await
+    }
+
+    async fn keys_in_use(&self) -> Result<Vec<String>> {
+        self.reading(|c| {
+            let mut ids = std::collections::BTreeSet::new();
+            let mut stmt = c.prepare(
+                "SELECT url, url_password, secret, previous_secret, headers, auth, tls \
+                 FROM clients",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let cols = SealedCols {
+                    url: r.get(0)?,
+                    url_password: r.get(1)?,
+                    secret: r.get(2)?,
+                    previous_secret: r.get(3)?,
+                    headers: r.get(4)?,
+                    auth: r.get(5)?,
+                    tls: r.get(6)?,
+                };
+                ids.extend(sealing::key_ids(&cols).map_err(Error::Backend)?);
+            }
+            Ok(ids.into_iter().collect())
+        })
+        .await
     }
 
     async fn reseal(&self) -> Result<u64> {

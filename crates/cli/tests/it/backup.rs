@@ -30,6 +30,17 @@ async fn latch(dir: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The id of the (first) key in a key file, as latch names it.
+fn key_id(file: &Path) -> String {
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(file).unwrap();
+    let line = text.lines().find(|l| !l.starts_with('#')).unwrap();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(line.trim())
+        .unwrap();
+    latch::secrets::key_id(&bytes.try_into().unwrap())
+}
+
 /// Every reading time of a sensor's history.
 async fn history(s: &TestServer, id: &str) -> BTreeSet<i64> {
     let mut out = BTreeSet::new();
@@ -134,15 +145,31 @@ async fn a_backup_under_load_restores_every_acknowledged_reading_and_its_pending
     assert!(!ok, "restore over a running latch must be refused: {out}");
     assert!(out.contains("in use"), "{out}");
 
+    // The backup holds no key (README, Backup and restore): restored without it, the store
+    // could not start, so the restore is refused, saying which key it needs (#69).
+    let key = key_id(&s.dir.join("secret.key"));
     let restored = tempfile::tempdir().unwrap();
-    let (ok, out) = latch(
-        restored.path(),
-        &["restore", "--from", file.to_str().unwrap()],
-    )
-    .await;
-    assert!(ok, "latch restore: {out}");
-    // The backup holds no key (README, Backup and restore): it is restored with it.
+    let restore = ["restore", "--from", file.to_str().unwrap()];
+    let (ok, out) = latch(restored.path(), &restore).await;
+    assert!(
+        !ok,
+        "a restore without the backup's key must be refused: {out}"
+    );
+    assert!(
+        out.contains(&format!("needs key {key}")) && out.contains("nothing restored"),
+        "{out}"
+    );
+    assert!(
+        !restored.path().join("latch.db").exists(),
+        "nothing restored"
+    );
     std::fs::copy(s.dir.join("secret.key"), restored.path().join("secret.key")).unwrap();
+    let (ok, out) = latch(restored.path(), &restore).await;
+    assert!(ok, "latch restore: {out}");
+    assert!(
+        out.contains(&format!("sealed under key {key}, which")) && out.contains("holds"),
+        "{out}"
+    );
     s.stop().await;
 
     let r = TestServer::start_in(restored.path(), |_| {}).await;

@@ -61,6 +61,11 @@ fn config_prints_the_effective_settings_with_secrets_masked() {
             ("LATCH_DATA_DIR", "/srv/latch"),
             ("LATCH_API_TOKEN", "a-secret-token"),
             ("LATCH_CLICKHOUSE_URL", "http://ch:hunter22@127.0.0.1:8123"),
+            // Issue #69: the key that seals every client's secret was printed in clear.
+            (
+                "LATCH_SECRET_KEY",
+                "c2VjcmV0LWtleS1vZi10aGlydHktdHdvLWJ5dGVzLiE=",
+            ),
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -70,12 +75,15 @@ fn config_prints_the_effective_settings_with_secrets_masked() {
         "retry_max_attempts = 3  # from my.toml",
         "data_dir = \"/srv/latch\"  # from LATCH_DATA_DIR",
         "api_token = \"***\"  # from LATCH_API_TOKEN",
+        "secret_key = \"***\"  # from LATCH_SECRET_KEY",
         "clickhouse_url = \"http://ch:***@127.0.0.1:8123\"  # from LATCH_CLICKHOUSE_URL",
         "retry_base = \"30s\"",
     ] {
         assert!(shown.lines().any(|l| l == line), "no `{line}` in:\n{shown}");
     }
-    assert!(!shown.contains("a-secret-token") && !shown.contains("hunter22"));
+    for secret in ["a-secret-token", "hunter22", "c2VjcmV0LWtleS1vZi10aGlydHk"] {
+        assert!(!shown.contains(secret), "{secret} in:\n{shown}");
+    }
 
     // LATCH_CONFIG names the file as --config does; `--defaults` ignores both.
     let out = latch(dir.path(), &["config"], &[("LATCH_CONFIG", "my.toml")]);

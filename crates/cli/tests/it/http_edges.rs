@@ -200,10 +200,18 @@ fn a_failed_start_does_not_print_passwords() {
     assert!(text.contains("clickhouse_url"), "names the setting: {text}");
     assert!(text.contains("u:***@127.0.0.1"), "{text}");
     // A database that cannot be reached (port 1 refuses at once).
-    let text = failed_start(&[(
-        "LATCH_DATABASE_URL",
-        "postgres://latch:hunter2secret@127.0.0.1:1/latch?connect_timeout=2",
-    )]);
+    let key = crate::utils::test_secret_key();
+    let text = failed_start(&[
+        (
+            "LATCH_DATABASE_URL",
+            "postgres://latch:hunter2secret@127.0.0.1:1/latch?connect_timeout=2",
+        ),
+        ("LATCH_SECRET_KEY", &key),
+    ]);
+    assert!(
+        !text.contains("secret_key"),
+        "the connection failed: {text}"
+    );
     for secret in ["hunter2secret", "tok-very-secret"] {
         assert!(!text.contains(secret), "{secret} in {text}");
     }

@@ -17,6 +17,7 @@ use crate::utils::{Process, Receiver, eventually, unique};
 fn env(port: u16, client_id: &str, prefix: &str, url: &str) -> Vec<(&'static str, String)> {
     vec![
         ("LATCH_DATABASE_URL", url.to_string()),
+        ("LATCH_SECRET_KEY", crate::utils::test_secret_key()),
         ("LATCH_DATABASE_TIMEOUT", "1s".to_string()),
         (
             "LATCH_MQTT_URL",

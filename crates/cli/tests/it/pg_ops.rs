@@ -3,13 +3,15 @@
 //! test's own, dropped at the end: the role and database Cluster makes serve latch, a
 //! second node starts without PostgreSQL's notices in its log, and the restore of Operations
 //! exits 0 and brings back the dump (a whole database, and a schema of a shared one).
+//! Issue #69: Cluster's three nodes, started as its example starts them, form a cluster
+//! that shares one key.
 
 use std::process::{Command, Output};
 
 use serde_json::json;
 
 use crate::readme::{block, readme};
-use crate::utils::{Process, service_missing, unique};
+use crate::utils::{Process, eventually, service_missing, unique};
 
 /// The superuser's URL of the test database, split as the README's URLs need it.
 struct Pg {
@@ -106,16 +108,13 @@ async fn status(http: &reqwest::Client, url: String) -> u16 {
     http.get(url).send().await.unwrap().status().as_u16()
 }
 
-#[tokio::test]
-async fn the_readmes_database_serves_a_cluster_and_its_restore_exits_0() {
-    let Some(pg) = Pg::here() else {
-        return;
-    };
+/// The role and database Cluster's setup block makes, under a name of the test's own: the
+/// URL latch reaches it at, and what drops both at the end.
+fn readme_database<'a>(pg: &'a Pg, readme: &str, work: &std::path::Path) -> (String, Cleanup<'a>) {
     let name = unique("latch_rt_").to_lowercase();
-    let (role, db) = (name.clone(), name.clone());
-    let readme = readme();
+    let (role, db) = (name.clone(), name);
     let setup = substituted(
-        &block(&readme, "postgres setup"),
+        &block(readme, "postgres setup"),
         &[
             ("sudo -u postgres psql", &format!("psql {}", pg.base)),
             ("ROLE latch ", &format!("ROLE {role} ")),
@@ -125,16 +124,35 @@ async fn the_readmes_database_serves_a_cluster_and_its_restore_exits_0() {
             ),
         ],
     );
-    let work = tempfile::tempdir().unwrap();
-    run(work.path(), &setup);
+    run(work, &setup);
     let cleanup = Cleanup {
-        pg: &pg,
+        pg,
         sql: vec![
             format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
             format!("DROP ROLE IF EXISTS {role}"),
         ],
     };
-    let url = format!("postgres://{role}:change-me@{}/{db}", pg.at);
+    (
+        format!("postgres://{role}:change-me@{}/{db}", pg.at),
+        cleanup,
+    )
+}
+
+/// The role of a `postgres://role:password@…` URL.
+fn url_role(url: &str) -> String {
+    let url = reqwest::Url::parse(url).expect("a URL");
+    url.username().to_string()
+}
+
+#[tokio::test]
+async fn the_readmes_database_serves_a_cluster_and_its_restore_exits_0() {
+    let Some(pg) = Pg::here() else {
+        return;
+    };
+    let readme = readme();
+    let work = tempfile::tempdir().unwrap();
+    let (url, cleanup) = readme_database(&pg, &readme, work.path());
+    let role = url_role(&url);
     let http = reqwest::Client::new();
 
     // Two nodes on it, as Cluster runs them; the second finds every table made already and
@@ -266,6 +284,195 @@ async fn the_readmes_schema_restore_exits_0() {
     );
     assert!(back.terminate().await);
     drop(cleanup);
+}
+
+/// Issue #69: Cluster's example, run as written (its database and ports the test's own):
+/// three nodes, each with its own data folder and the one key file the example makes, form
+/// one cluster, and a client's secrets made through one node open on the others. Before,
+/// the first node made `secret.key` in its folder and the others refused to start.
+#[tokio::test]
+async fn the_readmes_cluster_example_starts_three_nodes_sharing_one_key() {
+    let Some(pg) = Pg::here() else {
+        return;
+    };
+    let readme = readme();
+    let work = tempfile::tempdir().unwrap();
+    let (url, cleanup) = readme_database(&pg, &readme, work.path());
+    let ports = free_ports();
+    let example = substituted(
+        &block(&readme, "cluster"),
+        &[
+            ("postgres://latch:change-me@127.0.0.1/latch", &url),
+            ("127.0.0.1:808", &format!("127.0.0.1:{ports}")),
+        ],
+    );
+    // The nodes' part, then what the reader runs once they are up.
+    let (start, then) = example
+        .split_once("\ndone\n")
+        .expect("the nodes start in a loop");
+    let steps = crate::readme::steps(then);
+    assert_eq!(
+        steps.len(),
+        1,
+        "one command after the nodes start: {steps:?}"
+    );
+    let curl = steps[0].command.clone();
+    // Then bash waits for each node and exits with the first failure.
+    let wait = "for p in $(jobs -p); do wait \"$p\"; done\n";
+    let nodes = Nodes::start(work.path(), &format!("{start}\ndone\n{wait}"));
+
+    let addresses: Vec<String> = (1..=3)
+        .map(|i| format!("http://127.0.0.1:{ports}{i}"))
+        .collect();
+    let cluster = eventually(
+        60,
+        "the README's three nodes share the partitions",
+        || async {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            let out = Command::new("bash")
+                .arg("-c")
+                .arg(&curl)
+                .current_dir(work.path())
+                .output()
+                .ok()?;
+            let answer: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let mut shares: Vec<u64> = answer["nodes"]
+                .as_array()?
+                .iter()
+                .filter_map(|n| n["partitions"].as_u64())
+                .collect();
+            shares.sort_unstable();
+            (shares == [42, 43, 43]).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(cluster["partitions"], 128, "{cluster}");
+    assert_eq!(cluster["partitioning"], "exchange", "{cluster}");
+    let mut seen: Vec<String> = cluster["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["address"].as_str().unwrap_or_default().to_string())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, addresses, "{cluster}");
+    assert!(
+        !work.path().join("node1/secret.key").exists(),
+        "no node made a key of its own"
+    );
+
+    // One key: what one node sealed, every node opens.
+    let http = reqwest::Client::new();
+    let made: serde_json::Value = http
+        .post(format!("{}/v1/clients", addresses[0]))
+        .json(
+            &json!({"name": "shared", "url": "https://hooks.example/latch",
+            "headers": {"X-Api-Key": "header-secret"}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = made["id"].as_str().expect("a client id");
+    for node in &addresses[1..] {
+        let r = http
+            .get(format!("{node}/v1/clients/{id}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{node}");
+        let read: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(read["secret"], made["secret"], "{node}: {read}");
+    }
+    let log = nodes.log.clone();
+    let stopped = nodes.stop();
+    let said = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(stopped, "the nodes stop cleanly:\n{said}");
+    drop(cleanup);
+}
+
+/// A 4-digit prefix `p` whose ports `p1`, `p2`, `p3` are free, below the ephemeral range,
+/// so the example's `808$i` keeps its shape.
+fn free_ports() -> String {
+    loop {
+        use std::hash::{BuildHasher, Hasher};
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let prefix = 1000 + (random % 2000) as u16;
+        let free =
+            (1..=3).all(|i| std::net::TcpListener::bind(("127.0.0.1", prefix * 10 + i)).is_ok());
+        if free {
+            return prefix.to_string();
+        }
+    }
+}
+
+/// The example's nodes: one bash running its loop in a process group of its own, which the
+/// test signals as a whole (the nodes are bash's background jobs).
+struct Nodes {
+    bash: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Nodes {
+    fn start(dir: &std::path::Path, script: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_latch"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let log = dir.join("nodes.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("set -euo pipefail\n{script}"))
+            .current_dir(dir)
+            .env("PATH", path)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .process_group(0);
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("LATCH_")) {
+            cmd.env_remove(k);
+        }
+        Self {
+            bash: cmd.spawn().expect("bash runs"),
+            log,
+        }
+    }
+
+    /// SIGTERM to every node (bash's children); `true` when bash saw them all exit with
+    /// success.
+    fn stop(mut self) -> bool {
+        let _ = Command::new("pkill")
+            .args(["-TERM", "-P", &self.bash.id().to_string()])
+            .status();
+        self.bash.wait().is_ok_and(|s| s.success())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if matches!(self.bash.try_wait(), Ok(None)) {
+            eprintln!("{}", self.log());
+        }
+        // The whole group, bash's own: a test that failed midway leaves no node behind.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.bash.id())])
+            .status();
+        let _ = self.bash.wait();
+    }
 }
 
 /// Drops what a test made in PostgreSQL, also when it fails midway.

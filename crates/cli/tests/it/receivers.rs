@@ -125,6 +125,72 @@ async fn headers_and_static_auth_arrive_as_set_and_read_back_redacted() {
     s.stop().await;
 }
 
+/// Issue #69: a replace that moves the client to another origin (scheme, host, port) must
+/// give its headers and auth again: kept ones would go to the new host, and a test event
+/// sends them at once. The refused replace changes nothing; a new path on the same origin
+/// keeps them as before.
+#[tokio::test]
+async fn a_new_origin_needs_headers_and_auth_given_again() {
+    let s = TestServer::start().await;
+    let (first, other) = (Receiver::start().await, Receiver::start().await);
+    let (_, client) = linked(
+        &s,
+        json!({"url": first.url, "headers": {"X-Api-Key": "header-secret-1"},
+               "auth": {"type": "bearer", "token": "bearer-secret-1"}}),
+    )
+    .await;
+    let path = format!("/v1/clients/{client}");
+    for body in [
+        json!({"name": "n", "url": other.url}),
+        json!({"name": "n", "url": other.url, "headers": {"X-Api-Key": "[redacted]"},
+               "auth": {"type": "bearer", "token": "new-token"}}),
+        json!({"name": "n", "url": other.url, "headers": {"X-Api-Key": "new-value"}}),
+    ] {
+        let (st, e) = s.put(&path, body.clone()).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {e}");
+        let message = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("origin"), "{e}");
+    }
+    // Nothing changed: a test event still goes to the first receiver, with its secrets.
+    let (st, test) = s.post(&format!("{path}/test"), json!({})).await;
+    assert_eq!(
+        (st, &test["status"]),
+        (StatusCode::OK, &json!(200)),
+        "{test}"
+    );
+    assert!(other.received().is_empty(), "nothing reached the new host");
+    assert_eq!(first.received()[0].headers["x-api-key"], "header-secret-1");
+
+    // Another path of the same origin keeps them; a new origin with both given anew (or
+    // removed) is taken.
+    let (st, body) = s
+        .put(
+            &path,
+            json!({"name": "n", "url": format!("{}/elsewhere", first.url)}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert_eq!(body["auth"]["type"], "bearer");
+    let (st, body) = s
+        .put(
+            &path,
+            json!({"name": "n", "url": other.url, "headers": {"X-Api-Key": "header-secret-2"},
+                   "auth": null}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let (st, test) = s.post(&format!("{path}/test"), json!({})).await;
+    assert_eq!(
+        (st, &test["status"]),
+        (StatusCode::OK, &json!(200)),
+        "{test}"
+    );
+    let got = &other.received()[0].headers;
+    assert_eq!(got["x-api-key"], "header-secret-2");
+    assert!(got.get("authorization").is_none(), "{got:?}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn bad_receiver_settings_are_refused_with_a_reason() {
     let s = TestServer::start().await;
@@ -165,6 +231,12 @@ async fn bad_receiver_settings_are_refused_with_a_reason() {
             json!({"tls": {"client_cert_pem": good.cert, "client_key_pem": good.key,
                 "ca_pem": "not a CA"}}),
             "tls.ca_pem",
+        ),
+        // #69: a key pasted beside the certificate would be stored unsealed.
+        (
+            json!({"tls": {"client_cert_pem": format!("{}{}", good.cert, good.key),
+                "client_key_pem": good.key}}),
+            "tls.client_cert_pem: holds a private key",
         ),
     ] {
         let mut body = body;

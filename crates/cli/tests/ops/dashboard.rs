@@ -78,6 +78,11 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
         dir.path(),
         &[
             ("LATCH_DATABASE_URL", pg.url.clone()),
+            // A shared store's key comes from outside the data folder.
+            (
+                "LATCH_SECRET_KEY",
+                "ZGFzaGJvYXJkLXRlc3Qta2V5LW9mLTMyLWJ5dGVzISE=".into(),
+            ),
             (
                 "LATCH_AMQP_URL",
                 format!("amqp://guest:guest@127.0.0.1:{closed}/%2f"),

@@ -142,10 +142,17 @@ async fn a_backup_holds_the_archive_and_a_restore_splits_it_off_again() {
     let store = SqliteStore::open(other.path(), Synchronous::Normal).unwrap();
     three_archived(&store, SensorId::parse("gone").unwrap()).await;
     drop(store);
-    restore(other.path(), &file).unwrap();
-    // A backup is restored with its key (README, backup): it does not hold it.
+    // A backup is restored with its key (README, backup): it does not hold it, and a
+    // restore without it is refused.
     let key = crate::secrets::KEY_FILE;
+    let keys =
+        || crate::secrets::Keyring::new(crate::secrets::Source::File(other.path().join(key)));
+    let e = restore(other.path(), &file, &keys())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nothing restored"), "{e}");
     std::fs::copy(dir.path().join(key), other.path().join(key)).unwrap();
+    restore(other.path(), &file, &keys()).unwrap();
     assert_eq!(archived_in(&other.path().join("latch.db")), None);
     assert_eq!(archived_in(&other.path().join("archive.db")), Some(3));
     let store = SqliteStore::open(other.path(), Synchronous::Normal).unwrap();
