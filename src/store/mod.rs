@@ -346,12 +346,8 @@ pub trait Secrets: Send + Sync {
     /// few clients a transaction; answers how many changed.
     async fn reseal(&self) -> Result<u64>;
     /// The ids of the keys some client's secret is sealed under now: a rotation drops no
-    /// key of these from the key file. Both backends answer it; the default (none) is for
-    /// stores no rotation runs on (the simulation's), where only the rotation's own keys
-    /// and the current one would be kept.
-    async fn keys_in_use(&self) -> Result<Vec<String>> {
-        Ok(Vec::new())
-    }
+    /// key of these from the key file.
+    async fn keys_in_use(&self) -> Result<Vec<String>>;
 }
 
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
