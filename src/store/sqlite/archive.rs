@@ -16,6 +16,13 @@
 //! each file but not across them should the machine crash mid-commit: at worst a deleted
 //! sensor's archived readings stay behind, unread by anything but a sensor registered again
 //! under the same id.
+//!
+//! Across a power cut, `latch.db` records that the
+//! archive was made (migration 0023), once the folder is synced after the file was made
+//! (its name is on the disk then), and a folder that lost the file is refused rather than
+//! given an empty one ([`ensure_present`]). No power cut the test plays reaches that (SQLite
+//! syncs the folder when it makes the archive's log, before anything is moved); a copy of
+//! the folder without the file, or a file system that lost it, would.
 
 use std::path::{Path, PathBuf};
 
@@ -90,11 +97,53 @@ pub(super) fn attach(conn: &Connection, db: &Path) -> rusqlite::Result<()> {
     conn.execute_batch(&create("archive"))
 }
 
+/// Refuses a folder whose `latch.db` records the archive's file while the file is missing:
+/// attaching would make an empty one, and every archived reading would be gone unsaid.
+pub(super) fn ensure_present(writer: &Connection, db: &Path) -> anyhow::Result<()> {
+    let made: bool = writer.query_row("SELECT EXISTS (SELECT 1 FROM archive_made)", [], |r| {
+        r.get(0)
+    })?;
+    let file = path(db);
+    anyhow::ensure!(
+        !made || file.exists(),
+        "data_dir: {} is missing, though latch.db records that the readings' archive was made \
+         there; opening would start an empty archive and lose every archived reading. Put the \
+         file back (or restore the folder from a backup with `latch restore`); to go on \
+         without the archived readings, remove the record with \
+         `sqlite3 {} 'DELETE FROM archive_made'`",
+        file.display(),
+        db.display()
+    );
+    Ok(())
+}
+
+/// Once the archive is attached to the writer (and the folder synced: its name is on the
+/// disk): records that it was made.
+pub(super) fn opened(writer: &Connection, layout: Layout) -> rusqlite::Result<()> {
+    if layout == Layout::InMain {
+        return Ok(());
+    }
+    writer.execute_batch(
+        "INSERT INTO archive_made (at) SELECT unixepoch('subsec') * 1000 \
+           WHERE NOT EXISTS (SELECT 1 FROM archive_made);",
+    )
+}
+
 /// Moves the archived readings of a restored `latch.db` at `db` into a new `archive.db`
 /// (any earlier one is removed first: it belongs to the data the restore replaced).
 pub(super) fn split(db: &Path) -> anyhow::Result<()> {
     remove(db)?;
     let conn = Connection::open(db)?;
+    // The backup's record of an archive file is the backed-up folder's: this folder's file
+    // (made here, or at the next open) is recorded at the next open.
+    let recorded: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE name = 'archive_made')",
+        [],
+        |r| r.get(0),
+    )?;
+    if recorded {
+        conn.execute("DELETE FROM main.archive_made", [])?;
+    }
     if !in_main(&conn)? {
         return Ok(());
     }
@@ -104,6 +153,7 @@ pub(super) fn split(db: &Path) -> anyhow::Result<()> {
            data, late FROM main.readings_archive ORDER BY sensor_id, ts, id;
          DROP TABLE main.readings_archive;",
     )?;
+
     conn.query_row("PRAGMA archive.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     conn.query_row("PRAGMA main.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     Ok(())

@@ -71,6 +71,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0018_state_flush.sql"),
     include_str!("../migrations/sqlite/0019_site_released.sql"),
     include_str!("../migrations/sqlite/0020_events_journal.sql"),
+    // 0021 and 0022 are other changes'.
+    include_str!("../migrations/sqlite/0023_archive_made.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -253,8 +255,12 @@ impl SqliteStore {
         prepare_keys(&mut writer, &keys)?;
         let layout = archive::layout(&writer)?;
         if layout == archive::Layout::OwnFile {
+            archive::ensure_present(&writer, &path)?;
             super::private_file(&archive::path(&path))?;
         }
+        // The files' names are on the disk before anything in them counts on them (the
+        // record below, a commit answered).
+        super::sync_dir(dir);
         let attach = |c: Connection| -> rusqlite::Result<Connection> {
             if layout == archive::Layout::OwnFile {
                 archive::attach(&c, &path)?;
@@ -263,6 +269,7 @@ impl SqliteStore {
             Ok(c)
         };
         let writer = attach(writer)?;
+        archive::opened(&writer, layout)?;
         commit::prepare(&writer)?;
         writer.execute(
             "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \

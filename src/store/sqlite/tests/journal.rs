@@ -157,6 +157,32 @@ async fn a_backup_holds_the_archive_and_a_restore_splits_it_off_again() {
     );
 }
 
+/// A folder whose `latch.db` records its archive file, without the file (lost, or left
+/// out of a copy), is refused with what to do, not opened with an empty archive; removing
+/// the record is the way to go on without the archived readings.
+#[tokio::test]
+async fn a_folder_that_lost_its_archive_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let id = SensorId::parse("lost").unwrap();
+    three_archived(&store, id).await;
+    drop(store);
+    archive::remove(&dir.path().join("latch.db")).unwrap();
+    let refused = SqliteStore::open(dir.path(), Synchronous::Normal)
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{refused:#}").contains("archive.db is missing"),
+        "{refused:#}"
+    );
+    assert!(!dir.path().join("archive.db").exists(), "nothing made");
+    let c = Connection::open(dir.path().join("latch.db")).unwrap();
+    c.execute("DELETE FROM archive_made", []).unwrap();
+    drop(c);
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    assert!(listed(&store, id).await.is_empty());
+}
+
 /// A batch of more readings than one `INSERT` writes: every reading of a registered sensor
 /// is in the journal once, with its values, ids ascending in the batch's order, and those
 /// of a sensor not registered are not.
