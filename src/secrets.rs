@@ -427,22 +427,35 @@ const KEY_FILE_HEADER: &str = "# latch's secret keys (base64, newest first). Kee
 
 /// Makes the key file with `key`, readable by its owner only; an existing file is never
 /// overwritten (two starts at once: the second finds the first's).
+///
+/// Written whole under another name first, synced, then linked under its own: a power cut
+/// while it was made leaves no key file (made again at the next start) or a whole one,
+/// never one whose name reached the disk before its bytes (an empty file or a torn one,
+/// which refused every later start: "the key file holds no key"; found by the power-cut
+/// test, crates/sim).
 fn make_key_file(path: &Path, key: &[u8; KEY_LEN]) -> Result<(), Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
-    let mut f = match std::fs::OpenOptions::new()
+    if path.exists() {
+        return Ok(());
+    }
+    let tmp = path.with_extension("key.first");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(io(e)),
-    };
+        .open(&tmp)
+        .map_err(io)?;
     f.write_all(format!("{KEY_FILE_HEADER}{}\n", STANDARD.encode(key)).as_bytes())
         .map_err(io)?;
     f.sync_all().map_err(io)?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        linked => linked.map_err(io)?,
+    }
     sync_dir(path);
     Ok(())
 }

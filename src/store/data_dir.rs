@@ -94,6 +94,15 @@ pub fn private_files(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Makes the names made in `dir` so far (its files, created or renamed) durable: a file's
+/// own fsync keeps its bytes, not its name in the folder, which a power cut may lose until
+/// the folder is synced (ALICE, OSDI '14). Best effort: not every file system can.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
 /// Locks a data folder for this process: one latch per folder, whatever the backend (the
 /// folder also holds the node id that leases are taken under). Makes the folder private
 /// first ([`private_dir`]), or refuses it.

@@ -41,7 +41,7 @@ pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, V
 use crate::domain::{EventKind, SensorStatus, Status};
 pub use batch::{CommitBatch, Fence, ReadingRecord, StateUpdate};
 pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
-pub use data_dir::{lock_data_dir, node_id, private_dir, private_file, private_files};
+pub use data_dir::{lock_data_dir, node_id, private_dir, private_file, private_files, sync_dir};
 pub use error::{Error, Result};
 pub use listing::{Search, find_clients};
 pub use retention::{Pruned, Retention};

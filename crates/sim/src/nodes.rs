@@ -60,6 +60,20 @@ pub struct Nodes {
     links: Mutex<Vec<(Millis, bool)>>,
     /// Each stop: the node, its SIGTERM, and when its process ended (exited, or killed).
     stops: Mutex<Vec<(String, Millis, Option<Millis>)>>,
+    /// The processes killed so far. Kept, not dropped, because dropping a `Node` closes its
+    /// channels and a closed channel wakes tasks a `kill -9` would never let run; and not
+    /// `mem::forget`-ten, because each holds the run's world, model and trace (about 1 MB
+    /// a run, kept until the `latch-sim` process ended). They go with the run.
+    dead: Mutex<Vec<Node>>,
+}
+
+/// The run is over (nothing of it is polled again): its engines and their forwarder hold
+/// each other, so the forwarder lets them go, or a run that ran out of time would keep
+/// them and everything they reach.
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        self.forwarder.engines.lock().unwrap().clear();
+    }
 }
 
 impl Nodes {
@@ -101,6 +115,7 @@ impl Nodes {
             stopping: Mutex::new(Vec::new()),
             links: Mutex::new(Vec::new()),
             stops: Mutex::new(Vec::new()),
+            dead: Mutex::new(Vec::new()),
         })
     }
 
@@ -372,7 +387,9 @@ impl Nodes {
         self.receivers.node_died(&s.life);
         self.forwarder.forget(&format!("sim://{name}"));
         // Its tasks stay behind, stuck on the store and the receivers for good.
-        std::mem::forget(s.node.take());
+        if let Some(node) = s.node.take() {
+            self.dead.lock().unwrap().push(node);
+        }
         s.state = State::Down;
     }
 

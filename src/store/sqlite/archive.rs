@@ -16,6 +16,19 @@
 //! each file but not across them should the machine crash mid-commit: at worst a deleted
 //! sensor's archived readings stay behind, unread by anything but a sensor registered again
 //! under the same id.
+//!
+//! Two things tie the files together across a power cut. `latch.db` records that the
+//! archive was made (migration 0022), once the folder is synced after the file was made
+//! (its name is on the disk then), and a folder that lost the file is refused rather than
+//! given an empty one ([`ensure_present`]). No power cut the test plays reaches that (SQLite
+//! syncs the folder when it makes the archive's log, before anything is moved); a copy of
+//! the folder without the file, or a file system that lost it, would. And the archive keeps
+//! the largest reading id moved into it (`archive_ids`): with `synchronous = normal`,
+//! `latch.db` may lose the last commits after the archive's writer (which always syncs)
+//! copied their readings, and its id counter goes back with them; handed out again, an id
+//! met the archive's copy (same sensor, time and id), and the move's `INSERT OR IGNORE` and
+//! every read kept the lost reading over the new one (found by the power-cut test). At
+//! open the counter is raised past that mark ([`opened`]).
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +49,16 @@ fn create(schema: &str) -> String {
              late        INTEGER NOT NULL,
              PRIMARY KEY (sensor_id, ts, id)
          ) WITHOUT ROWID;"
+    )
+}
+
+/// The largest reading id moved into the archive: one row, in the archive's own file.
+fn create_ids(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.archive_ids (
+             one     INTEGER PRIMARY KEY CHECK (one = 1),
+             last_id INTEGER NOT NULL
+         );"
     )
 }
 
@@ -87,7 +110,56 @@ pub(super) fn attach(conn: &Connection, db: &Path) -> rusqlite::Result<()> {
         [path(db).to_string_lossy()],
     )?;
     conn.pragma_update(Some("archive"), "journal_mode", "WAL")?;
-    conn.execute_batch(&create("archive"))
+    conn.execute_batch(&create("archive"))?;
+    conn.execute_batch(&create_ids("archive"))
+}
+
+/// Refuses a folder whose `latch.db` records the archive's file while the file is missing:
+/// attaching would make an empty one, and every archived reading would be gone unsaid.
+pub(super) fn ensure_present(writer: &Connection, db: &Path) -> anyhow::Result<()> {
+    let made: bool = writer.query_row("SELECT EXISTS (SELECT 1 FROM archive_made)", [], |r| {
+        r.get(0)
+    })?;
+    let file = path(db);
+    anyhow::ensure!(
+        !made || file.exists(),
+        "data_dir: {} is missing, though latch.db records that the readings' archive was made \
+         there; opening would start an empty archive and lose every archived reading. Put the \
+         file back (or restore the folder from a backup with `latch restore`); to go on \
+         without the archived readings, remove the record with \
+         `sqlite3 {} 'DELETE FROM archive_made'`",
+        file.display(),
+        db.display()
+    );
+    Ok(())
+}
+
+/// Once the archive is attached to the writer (and the folder synced: its name is on the
+/// disk): records that it was made, and keeps the readings' id counter above every id the
+/// archive holds.
+pub(super) fn opened(writer: &Connection, layout: Layout) -> rusqlite::Result<()> {
+    if layout == Layout::InMain {
+        // One file: the journal and the archive go back together, ids and all.
+        return writer.execute_batch(&create_ids("main"));
+    }
+    writer.execute_batch(
+        "INSERT INTO archive_made (at) SELECT unixepoch('subsec') * 1000 \
+           WHERE NOT EXISTS (SELECT 1 FROM archive_made);
+         UPDATE sqlite_sequence SET seq = (SELECT last_id FROM archive_ids) \
+           WHERE name = 'readings' AND seq < (SELECT last_id FROM archive_ids);
+         INSERT INTO sqlite_sequence (name, seq) SELECT 'readings', last_id FROM archive_ids \
+           WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'readings');",
+    )
+}
+
+/// Keeps the archive's mark of the largest id moved into it, in the copy's transaction.
+pub(super) fn moved_up_to(tx: &rusqlite::Transaction, last_id: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO archive_ids (one, last_id) VALUES (1, ?1) \
+         ON CONFLICT (one) DO UPDATE SET last_id = max(last_id, excluded.last_id)",
+    )?
+    .execute([last_id])?;
+    Ok(())
 }
 
 /// Moves the archived readings of a restored `latch.db` at `db` into a new `archive.db`
@@ -95,6 +167,16 @@ pub(super) fn attach(conn: &Connection, db: &Path) -> rusqlite::Result<()> {
 pub(super) fn split(db: &Path) -> anyhow::Result<()> {
     remove(db)?;
     let conn = Connection::open(db)?;
+    // The backup's record of an archive file is the backed-up folder's: this folder's file
+    // (made here, or at the next open) is recorded at the next open.
+    let recorded: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE name = 'archive_made')",
+        [],
+        |r| r.get(0),
+    )?;
+    if recorded {
+        conn.execute("DELETE FROM main.archive_made", [])?;
+    }
     if !in_main(&conn)? {
         return Ok(());
     }
@@ -104,6 +186,7 @@ pub(super) fn split(db: &Path) -> anyhow::Result<()> {
            data, late FROM main.readings_archive ORDER BY sensor_id, ts, id;
          DROP TABLE main.readings_archive;",
     )?;
+
     conn.query_row("PRAGMA archive.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     conn.query_row("PRAGMA main.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     Ok(())

@@ -207,6 +207,7 @@ fn waiting(c: &Connection, limit: i64, through: i64) -> Result<Vec<i64>> {
 /// than a statement a reading with its values bound, read on a reader into a string a
 /// reading: 2–3 % more readings a second, BENCHMARKS.md, eleventh pass).
 fn copy(c: &mut Connection, ids: &[i64]) -> Result<()> {
+    let last = ids.iter().copied().max().unwrap_or(0);
     let ids = serde_json::to_string(ids).map_err(|e| Error::Backend(e.to_string()))?;
     let tx = c.transaction()?;
     tx.prepare_cached(
@@ -215,6 +216,8 @@ fn copy(c: &mut Connection, ids: &[i64]) -> Result<()> {
          FROM json_each(?1) AS k JOIN readings j ON j.id = k.value ORDER BY k.key",
     )?
     .execute([ids])?;
+    // Ids the archive holds are never handed out again (`archive.rs`).
+    super::archive::moved_up_to(&tx, last)?;
     tx.commit()?;
     Ok(())
 }

@@ -73,6 +73,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0019_site_released.sql"),
     include_str!("../migrations/sqlite/0020_events_journal.sql"),
     include_str!("../migrations/sqlite/0021_silenced_pairs_site.sql"),
+    include_str!("../migrations/sqlite/0022_archive_made.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -255,8 +256,12 @@ impl SqliteStore {
         prepare_keys(&mut writer, &keys)?;
         let layout = archive::layout(&writer)?;
         if layout == archive::Layout::OwnFile {
+            archive::ensure_present(&writer, &path)?;
             super::private_file(&archive::path(&path))?;
         }
+        // The files' names are on the disk before anything in them counts on them (the
+        // record below, a commit answered).
+        super::sync_dir(dir);
         let attach = |c: Connection| -> rusqlite::Result<Connection> {
             if layout == archive::Layout::OwnFile {
                 archive::attach(&c, &path)?;
@@ -265,6 +270,7 @@ impl SqliteStore {
             Ok(c)
         };
         let writer = attach(writer)?;
+        archive::opened(&writer, layout)?;
         commit::prepare(&writer)?;
         writer.execute(
             "UPDATE notifications SET claimed_by = NULL, lease_until = NULL \

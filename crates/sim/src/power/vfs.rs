@@ -4,21 +4,30 @@
 //! Installed as the process's default VFS ([`install`]), so the store's connections, its
 //! checkpointer, its archive's writer and its backups all go through it without knowing.
 //! Only files under a watched folder ([`watch`]) are recorded: writes (with their bytes),
-//! truncations, syncs and deletions, in one log, in the order they were issued. SQLite
-//! itself keeps two writers off one file (its locks), so the order of each file's
-//! operations in the log is the order they reached the file. The shared-memory index
-//! (`-shm`) is not recorded: after a power cut SQLite rebuilds it from the log.
+//! truncations, syncs, and the folder's own operations (a file made, deleted or renamed,
+//! the folder synced), in one log, in the order they were issued. SQLite itself keeps two
+//! writers off one file (its locks), so the order of each file's writes in the log is the
+//! order they reached the file; a sync is logged when it starts and when it ends, since a
+//! passive checkpoint syncs the write-ahead log while the writer appends to it, and a frame
+//! appended during the sync is not covered by it. The shared-memory index (`-shm`) is not
+//! recorded: after a power cut SQLite rebuilds it from the log.
+//!
+//! What reaches the folder outside SQLite's VFS (a file latch makes with `std::fs`, the
+//! folder's fsync SQLite does when it makes a log, a delete) is seen where it reaches the
+//! C library ([`super::fs`]).
 //!
 //! [`super::disk`] turns the log into the files a disk could hold after a power cut at
 //! any point of it.
 
+use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use rusqlite::ffi;
 
-/// One operation on a recorded file.
+/// One operation on a recorded file or on the watched folder.
 #[derive(Debug, Clone)]
 pub enum Op {
     Write {
@@ -30,26 +39,59 @@ pub enum Op {
         file: usize,
         size: u64,
     },
-    /// Everything written to the file before this is on the disk.
-    Sync {
+    /// A sync of `file` (or of the folder: [`Log::FOLDER`]) began.
+    SyncStart {
         file: usize,
     },
+    /// The sync that began at op `started` ended: everything written to the file (for the
+    /// folder: every name made, deleted or renamed in it) before that op is on the disk.
+    Sync {
+        file: usize,
+        started: usize,
+    },
+    /// A new file, under a name of the folder: its name is on the disk only once the folder
+    /// is synced after it.
+    Create {
+        file: usize,
+    },
+    /// A name removed; the file it named is gone once the folder is synced after it.
     Delete {
         file: usize,
+    },
+    /// The file named `from` is named `to` (any file `to` named is gone).
+    Rename {
+        from: usize,
+        to: usize,
+    },
+    /// The file named `from` is also named `to`.
+    Link {
+        from: usize,
+        to: usize,
     },
 }
 
 /// The recorded log: the files by id, and the operations.
 #[derive(Debug, Default)]
 pub struct Log {
-    /// Each recorded file's path; its place is its id.
+    /// Each recorded path (the folder's first); its place is its id.
     pub files: Vec<PathBuf>,
     pub ops: Vec<Op>,
+    /// The files the folder held when the recording began (on the disk, synced): their id
+    /// and bytes.
+    pub base: Vec<(usize, Vec<u8>)>,
     watched: Option<PathBuf>,
+    /// The names the folder holds now, as the log has seen them made and removed.
+    live: BTreeSet<usize>,
+    /// Files SQLite opened through this VFS: their writes and syncs are recorded here, not
+    /// where they reach the C library.
+    through_vfs: BTreeSet<usize>,
 }
 
 impl Log {
-    fn file(&mut self, path: &Path) -> Option<usize> {
+    /// The folder's own id: its syncs make the names in it durable.
+    pub const FOLDER: usize = 0;
+
+    pub(super) fn file(&mut self, path: &Path) -> Option<usize> {
         if !path.starts_with(self.watched.as_ref()?) {
             return None;
         }
@@ -61,22 +103,90 @@ impl Log {
             }
         })
     }
+
+    /// Records that `file` is there under its name, if the log has not seen it made: made
+    /// outside SQLite, and seen now.
+    pub(super) fn made(&mut self, file: usize) {
+        if self.live.insert(file) {
+            self.ops.push(Op::Create { file });
+        }
+    }
+
+    pub(super) fn removed(&mut self, file: usize) {
+        if self.live.remove(&file) {
+            self.ops.push(Op::Delete { file });
+        }
+    }
+
+    pub(super) fn renamed(&mut self, from: usize, to: usize) {
+        if self.live.remove(&from) {
+            self.live.insert(to);
+            self.ops.push(Op::Rename { from, to });
+        }
+    }
+
+    pub(super) fn linked(&mut self, from: usize, to: usize) {
+        if self.live.contains(&from) {
+            self.live.insert(to);
+            self.ops.push(Op::Link { from, to });
+        }
+    }
+
+    pub(super) fn is_live(&self, file: usize) -> bool {
+        self.live.contains(&file)
+    }
+
+    pub(super) fn is_through_vfs(&self, file: usize) -> bool {
+        self.through_vfs.contains(&file)
+    }
+
+    pub(super) fn watched(&self) -> Option<&Path> {
+        self.watched.as_deref()
+    }
 }
 
-fn log() -> MutexGuard<'static, Log> {
+/// Whether a folder is watched: the C library's calls look no further when not.
+static WATCHING: AtomicBool = AtomicBool::new(false);
+
+pub(super) fn watching() -> bool {
+    WATCHING.load(Ordering::Relaxed)
+}
+
+pub(super) fn log() -> MutexGuard<'static, Log> {
     static LOG: OnceLock<Mutex<Log>> = OnceLock::new();
     LOG.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
 }
 
-/// Records the files under `dir` from now on, in a log started afresh.
+/// Records the files under `dir` from now on, in a log started afresh; the files it holds
+/// now are its base (on the disk).
 pub fn watch(dir: &Path) {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let mut log = log();
     *log = Log {
-        watched: Some(dir.to_path_buf()),
+        files: vec![dir.clone()],
+        watched: Some(dir.clone()),
         ..Log::default()
     };
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.sort();
+    for path in names {
+        if path.is_file() && !is_index(&path) {
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            let id = log.file(&path).expect("under the folder");
+            log.live.insert(id);
+            log.base.push((id, bytes));
+        }
+    }
+    WATCHING.store(true, Ordering::Relaxed);
+}
+
+/// SQLite's shared-memory index, rebuilt after a cut: never recorded.
+pub(super) fn is_index(path: &Path) -> bool {
+    path.to_string_lossy().ends_with("-shm")
 }
 
 /// How many operations the log holds: a point of it that later work is measured against.
@@ -86,6 +196,7 @@ pub fn mark() -> usize {
 
 /// Stops recording and hands the log over.
 pub fn take() -> Log {
+    WATCHING.store(false, Ordering::Relaxed);
     std::mem::take(&mut *log())
 }
 
@@ -169,7 +280,16 @@ unsafe extern "C" fn open(
         if rc != ffi::SQLITE_OK || (*real).pMethods.is_null() {
             return rc;
         }
-        (*f).id = path_of(name).and_then(|p| log().file(&p));
+        if let Some(p) = path_of(name) {
+            let mut log = log();
+            if let Some(id) = log.file(&p) {
+                // A file SQLite made now, or one made before outside it (latch makes
+                // `latch.db` and `archive.db` empty, private, before SQLite opens them).
+                log.made(id);
+                log.through_vfs.insert(id);
+                (*f).id = Some(id);
+            }
+        }
         (*f).base.pMethods = &METHODS;
         rc
     }
@@ -183,12 +303,8 @@ unsafe extern "C" fn delete(
     let v = vfs();
     // SAFETY: forwarded as given.
     unsafe {
-        if let Some(p) = path_of(name) {
-            let mut log = log();
-            if let Some(file) = log.file(&p) {
-                log.ops.push(Op::Delete { file });
-            }
-        }
+        // The C library's `unlink` records it ([`super::fs`]), and the folder's sync SQLite
+        // does after it when `sync` says so.
         ((*v.real).xDelete.expect("xDelete"))(v.real, name, sync)
     }
 }
@@ -263,15 +379,20 @@ unsafe extern "C" fn truncate(f: *mut ffi::sqlite3_file, size: i64) -> c_int {
 
 unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     unsafe {
+        // Logged before the call: the writer may append to this file meanwhile (a passive
+        // checkpoint syncs the write-ahead log while new frames go in), and those frames
+        // are not covered by this sync. Only what was written before its start is.
+        let started = id(f).map(|file| {
+            let mut log = log();
+            log.ops.push(Op::SyncStart { file });
+            (file, log.ops.len() - 1)
+        });
         let (r, m) = real(f);
         let rc = m.xSync.expect("xSync")(r, flags);
-        // Recorded once the platform says the bytes are down: a write another thread
-        // issued meanwhile to this file is impossible (SQLite's locks), so nothing logged
-        // between the call and here is wrongly taken as synced.
         if rc == ffi::SQLITE_OK
-            && let Some(file) = id(f)
+            && let Some((file, started)) = started
         {
-            log().ops.push(Op::Sync { file });
+            log().ops.push(Op::Sync { file, started });
         }
         rc
     }
