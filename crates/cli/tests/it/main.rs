@@ -39,6 +39,7 @@ mod registry;
 mod retention;
 mod secrets;
 mod silences;
+mod site_moves;
 mod sites;
 mod ssrf;
 mod store_faults;

@@ -91,10 +91,12 @@ pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
                 world.violate(
                     "a client is told of a return only after the loss, of a reminder only while lost",
                     format!(
-                        "{}: {} of {sensor} at {} when it was last told the sensor online",
+                        "{}: {} of {sensor} at {} ({}, {}) when it was last told the sensor online",
                         tr.client_id,
                         tr.kind.as_str(),
-                        tr.created_at - start
+                        tr.created_at - start,
+                        tr.id,
+                        tr.status.as_str()
                     ),
                     vec![tr.id.clone(), lane_key(&(tr.client_id.clone(), sensor))],
                 );
