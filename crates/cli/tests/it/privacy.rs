@@ -33,9 +33,14 @@ fn open_files(dir: &Path) -> Vec<String> {
 /// Runs `latch <args>` on the data folder `dir` under [`UMASK`]; its exit success and
 /// output. `None` when it did not exit within a minute (it was killed).
 async fn latch(dir: &Path, args: &[&str]) -> Option<(bool, String)> {
+    latch_with(dir, args, &[]).await
+}
+
+/// [`latch`] with more variables set.
+async fn latch_with(dir: &Path, args: &[&str], vars: &[(&str, &Path)]) -> Option<(bool, String)> {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_latch"));
-    cmd.args(args)
-        .env("LATCH_DATA_DIR", dir)
+    cmd.args(args).envs(vars.iter().copied());
+    cmd.env("LATCH_DATA_DIR", dir)
         .env("LATCH_LISTEN", "127.0.0.1:0")
         .env_remove("LATCH_DATABASE_URL")
         .stdout(std::process::Stdio::piped())
@@ -126,8 +131,12 @@ async fn the_data_folder_its_files_and_backups_are_private_whatever_the_umask() 
             .expect("latch backup ends");
         assert!(ok, "{out}");
         assert_eq!(mode(&backup), 0o600, "the backup");
+        // The backup's key, kept beside it (as `latch restore` asks).
         let restored = tmp.path().join("restored");
-        let (ok, out) = latch(&restored, &["restore", "--from", backup.to_str().unwrap()])
+        let key = [("LATCH_SECRET_KEY_FILE", dir.join("secret.key"))];
+        let key: Vec<(&str, &Path)> = key.iter().map(|(k, v)| (*k, v.as_path())).collect();
+        let from = ["restore", "--from", backup.to_str().unwrap()];
+        let (ok, out) = latch_with(&restored, &from, &key)
             .await
             .expect("latch restore ends");
         assert!(ok, "{out}");
