@@ -110,3 +110,79 @@ async fn postgres_restart_during_ingest_loses_no_accepted_reading() {
     }
     Arc::into_inner(s).expect("sole owner").stop().await;
 }
+
+/// A group commit whose transaction waits for a synchronous standby that never answers has
+/// written its commit record: it is committed, though not yet visible. latch answers the
+/// reading accepted once its wait for the outcome runs out (twelve `database_timeout`s),
+/// rather than "unknown" — which had the committer read the batch back, find nothing (not
+/// visible is not absent), refuse the reading, and its client send it again to be applied
+/// twice once the standby answered (issue #68).
+#[tokio::test]
+async fn a_commit_waiting_for_a_silent_standby_is_taken_as_committed_once() {
+    let (dir, pg_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let pg = match LocalPostgres::start(pg_dir.path()).await {
+        Ok(pg) => pg,
+        Err(e) => {
+            service_missing("PostgreSQL (initdb)", e);
+            return;
+        }
+    };
+    let url = pg.url();
+    let s = TestServer::start_in(dir.path(), move |c| {
+        c.database_url = Some(url);
+        c.database_timeout = Duration::from_secs(1);
+    })
+    .await;
+    s.sensor("sby1").await;
+    let (admin, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let standby = |names: &'static str| {
+        let admin = &admin;
+        async move {
+            // Each its own statement: `ALTER SYSTEM` runs outside a transaction block.
+            admin
+                .batch_execute(&format!(
+                    "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+                ))
+                .await
+                .unwrap();
+            admin
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+        }
+    };
+    standby("ghost").await;
+    let resp = s
+        .http
+        .post(format!("{}/v1/readings", s.base))
+        .json(&json!({"sensor_id": "sby1", "data": 1}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("an answer within a minute");
+    let status = resp.status().as_u16();
+    let body = resp.text().await.unwrap_or_default();
+    let (_, read) = s.get("/v1/sensors/sby1/readings").await;
+    let visible = read["items"].as_array().map_or(0, Vec::len);
+    standby("").await;
+    assert_eq!(status, 202, "committed, so accepted: {body}");
+    assert_eq!(
+        visible, 0,
+        "still waiting for its standby: not cut short (ending its backend would make visible \
+         a commit the standby does not have)"
+    );
+    eventually(
+        30,
+        "the reading visible once the standby's wait ends",
+        || async {
+            let (_, body) = s.get("/v1/sensors/sby1/readings").await;
+            let n = body["items"].as_array().map_or(0, Vec::len);
+            (n == 1).then_some(())
+        },
+    )
+    .await;
+    s.stop().await;
+}

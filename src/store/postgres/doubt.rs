@@ -14,8 +14,12 @@
 //! itself, so after `database_timeout` more its backend is terminated, which rolls it
 //! back. One that has its commit record (waiting for a synchronous standby) cannot roll
 //! back any more and is waited for, never cut: terminating it would make visible a
-//! commit the standby does not have. Only when the server cannot be asked for twelve
-//! `database_timeout`s does the outcome stay unknown ([`Error::Indeterminate`]).
+//! commit the standby does not have. If it has not ended after twelve
+//! `database_timeout`s it is committed all the same (its rows become visible when the
+//! standby answers): answering "unknown" then made the committer read the batch back,
+//! find it missing (invisible, not absent) and refuse readings a broker would send again
+//! and apply twice (issue #68). Only when the server cannot be asked for that long does
+//! the outcome stay unknown ([`Error::Indeterminate`]).
 
 use std::time::Duration;
 
@@ -97,23 +101,28 @@ pub(super) async fn settle(db: &Db, doubt: Doubt, why: String) -> Result<()> {
                     "Could not ask how a commit whose answer was lost ended; asking again.");
             }
         }
+        if started.elapsed() >= give_up && committed {
+            families::COMMITS_IN_DOUBT
+                .counter_with(&[("outcome", "committed")])
+                .increment(1);
+            tracing::warn!(
+                xid = doubt.xid,
+                "A commit whose answer was lost has committed but not ended \
+                 (a synchronous standby that does not answer?): taken as committed."
+            );
+            return Ok(());
+        }
         if started.elapsed() >= give_up {
             families::COMMITS_IN_DOUBT
                 .counter_with(&[("outcome", "unknown")])
                 .increment(1);
             tracing::error!(
                 xid = doubt.xid,
-                committed,
                 "Gave up waiting for a commit whose answer was lost."
             );
-            return Err(Error::Indeterminate(if committed {
-                format!(
-                    "{why}; its transaction has committed but not ended within {give_up:?} \
-                     (a synchronous standby that does not answer?)"
-                )
-            } else {
-                format!("{why}; its outcome could not be learnt within {give_up:?}")
-            }));
+            return Err(Error::Indeterminate(format!(
+                "{why}; its outcome could not be learnt within {give_up:?}"
+            )));
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(ASK_MAX_WAIT);
@@ -126,20 +135,27 @@ async fn ask(db: &Db, doubt: Doubt) -> Result<Now> {
     let c = db.get("commit_outcome").await?;
     let row = c
         .query_one(
-            "SELECT txid_status($1), txid_visible_in_snapshot($1, txid_current_snapshot())",
-            &[&doubt.xid],
+            "SELECT txid_status($1), txid_visible_in_snapshot($1, txid_current_snapshot()), \
+             EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $2 AND wait_event = 'SyncRep' \
+               AND backend_xid::text = ($1 % 4294967296)::text)",
+            &[&doubt.xid, &doubt.pid],
         )
         .await?;
     let status: Option<String> = row.get(0);
-    let ended: bool = row.get(1);
-    Ok(now(status.as_deref(), ended))
+    let (ended, standby): (bool, bool) = (row.get(1), row.get(2));
+    Ok(now(status.as_deref(), ended, standby))
 }
 
-fn now(status: Option<&str>, ended: bool) -> Now {
+/// `standby`: its backend waits for a synchronous standby (`SyncRep`), which it does only
+/// once its commit record is flushed and marked: `txid_status` still says "in progress"
+/// then (it asks the running transactions first), but the transaction can no longer roll
+/// back.
+fn now(status: Option<&str>, ended: bool, standby: bool) -> Now {
     match (status, ended) {
         (Some("committed"), true) => Now::Committed,
         (Some("committed"), false) => Now::CommittedRunning,
         (Some("aborted"), _) => Now::Aborted,
+        _ if standby => Now::CommittedRunning,
         // Too old for its status to be kept: it ended long ago, but how is not known.
         (None, _) => Now::Running,
         _ => Now::Running,
@@ -151,11 +167,13 @@ fn now(status: Option<&str>, ended: bool) -> Now {
 async fn terminate(db: &Db, doubt: Doubt) -> bool {
     let asked = async {
         let c = db.get("commit_outcome").await?;
-        // Only while that backend still runs that transaction: a pid is reused once its
-        // backend is gone.
+        // Only while that backend still runs that transaction (a pid is reused once its
+        // backend is gone), idle in it: a `COMMIT` that arrived since the question makes
+        // it active, and a commit record written cannot be taken back (issue #68).
         c.query(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE pid = $1 AND backend_xid::text = ($2 % 4294967296)::text",
+             WHERE pid = $1 AND backend_xid::text = ($2 % 4294967296)::text \
+             AND state = 'idle in transaction' AND txid_status($2) = 'in progress'",
             &[&doubt.pid, &doubt.xid],
         )
         .await
@@ -183,10 +201,15 @@ mod tests {
 
     #[test]
     fn a_transaction_is_decided_only_once_it_has_ended() {
-        assert_eq!(now(Some("committed"), true), Now::Committed);
-        assert_eq!(now(Some("committed"), false), Now::CommittedRunning);
-        assert_eq!(now(Some("aborted"), true), Now::Aborted);
-        assert_eq!(now(Some("in progress"), false), Now::Running);
-        assert_eq!(now(None, true), Now::Running);
+        assert_eq!(now(Some("committed"), true, false), Now::Committed);
+        assert_eq!(now(Some("committed"), false, false), Now::CommittedRunning);
+        assert_eq!(now(Some("aborted"), true, false), Now::Aborted);
+        assert_eq!(now(Some("in progress"), false, false), Now::Running);
+        assert_eq!(
+            now(Some("in progress"), false, true),
+            Now::CommittedRunning,
+            "waiting for its standby: committed, not yet ended"
+        );
+        assert_eq!(now(None, true, false), Now::Running);
     }
 }
