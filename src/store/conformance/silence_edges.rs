@@ -2,60 +2,15 @@
 //! holds a loss, one that outlasts notification retention, a silenced site loss, and a
 //! silence by site whose sensor moved away before its end.
 
+use super::silences::{RULES, silence};
+use super::site_edges::fill;
 use super::*;
-use crate::domain::silence::{Match, Silence};
-use crate::domain::site::Site;
-use crate::domain::site::decide::Rules;
-
-const RULES: Rules = Rules {
-    grace: 30_000,
-    ratio: 0.5,
-    min_sensors: 3,
-};
-
-fn silence(id: &str, matcher: Match, starts_at: Millis, ends_at: Millis) -> Silence {
-    Silence {
-        id: id.into(),
-        matcher,
-        starts_at,
-        ends_at,
-        comment: "planned work".into(),
-        created_at: starts_at,
-        updated_at: starts_at,
-        reconciled_at: None,
-    }
-}
+use crate::domain::silence::Match;
 
 fn for_client(c: &str) -> Match {
     Match {
         client_id: Some(c.into()),
         ..Match::default()
-    }
-}
-
-/// A site `id` of sensors `ids`, each linked to client `c`.
-async fn site_of(s: &Subject, id: &str, ids: &[&str], c: &str) {
-    s.create_site(Site {
-        id: id.into(),
-        name: None,
-        address: None,
-        gateway_sensor_id: None,
-        created_at: 1_000,
-        updated_at: 1_000,
-    })
-    .await
-    .unwrap();
-    if s.get_client(c.into()).await.unwrap().is_none() {
-        s.create_client(client(c, "http://r/")).await.unwrap();
-    }
-    for x in ids {
-        s.create_sensor(Sensor {
-            site_id: Some(id.into()),
-            ..sensor(x)
-        })
-        .await
-        .unwrap();
-        s.link(c.into(), sid(x), 1).await.unwrap();
     }
 }
 
@@ -77,7 +32,7 @@ async fn lane(s: &Subject, c: &str, x: &str) -> Vec<(EventKind, Status, Option<b
 /// A silence that ends while the sensor's loss waits in its site's grace tells nothing of
 /// it: the site's decision does, once.
 pub(super) async fn a_silence_ending_in_a_grace_leaves_the_loss_to_the_site(s: &Subject) {
-    site_of(s, "sg-a", &["sg1", "sg2", "sg3", "sg4"], "gc1").await;
+    fill(s, "sg-a", &["sg1", "sg2", "sg3", "sg4"], "gc1").await;
     s.create_silence(silence("q1", for_client("gc1"), 1_000, 20_000))
         .await
         .unwrap();
@@ -146,7 +101,7 @@ pub(super) async fn a_silence_longer_than_retention_still_reconciles(s: &Subject
 /// A site's loss kept from a client: at the silence's end a sensor of it back with the data
 /// it had gets nothing (the site's event named its data), one still lost its loss.
 pub(super) async fn a_silenced_site_loss_reconciles_from_what_it_named(s: &Subject) {
-    site_of(s, "sq-a", &["sq1", "sq2", "sq3", "sq4", "sq5"], "qc1").await;
+    fill(s, "sq-a", &["sq1", "sq2", "sq3", "sq4", "sq5"], "qc1").await;
     s.create_silence(silence("q3", for_client("qc1"), 1_000, 60_000))
         .await
         .unwrap();
@@ -182,7 +137,7 @@ pub(super) async fn a_silenced_site_loss_reconciles_from_what_it_named(s: &Subje
 
 /// A silence matched by site reconciles a sensor moved out of the site before its end.
 pub(super) async fn a_site_silence_reconciles_a_sensor_that_moved_away(s: &Subject) {
-    site_of(s, "sm-a", &["sm1", "sm2"], "mc1").await;
+    fill(s, "sm-a", &["sm1", "sm2"], "mc1").await;
     let by_site = Match {
         site_id: Some("sm-a".into()),
         ..Match::default()

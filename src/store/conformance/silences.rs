@@ -6,7 +6,7 @@ use super::*;
 use crate::domain::silence::{Match, Silence, SilenceState};
 use crate::domain::site::{Site, SiteCounts};
 
-fn site(id: &str, gateway: Option<&str>) -> Site {
+pub(super) fn site(id: &str, gateway: Option<&str>) -> Site {
     Site {
         id: id.into(),
         name: Some(format!("site {id}")),
@@ -17,7 +17,7 @@ fn site(id: &str, gateway: Option<&str>) -> Site {
     }
 }
 
-fn silence(id: &str, matcher: Match, starts_at: Millis, ends_at: Millis) -> Silence {
+pub(super) fn silence(id: &str, matcher: Match, starts_at: Millis, ends_at: Millis) -> Silence {
     Silence {
         id: id.into(),
         matcher,
@@ -334,7 +334,7 @@ pub(super) async fn a_silences_state_change_supersedes_an_older_pending_one(s: &
     );
 }
 
-const RULES: crate::domain::site::decide::Rules = crate::domain::site::decide::Rules {
+pub(super) const RULES: crate::domain::site::decide::Rules = crate::domain::site::decide::Rules {
     grace: 30_000,
     ratio: 0.5,
     min_sensors: 3,

@@ -2,31 +2,14 @@
 //! while the site holds its events or its loss named it; many sites down at once; a
 //! subscription changed while a site is down.
 
+use super::silences::{RULES, site};
 use super::*;
-use crate::domain::site::Site;
 use crate::domain::site::decide::Rules;
 
-const RULES: Rules = Rules {
-    grace: 30_000,
-    ratio: 0.5,
-    min_sensors: 3,
-};
-
-fn site(id: &str) -> Site {
-    Site {
-        id: id.into(),
-        name: Some(format!("site {id}")),
-        address: None,
-        gateway_sensor_id: None,
-        created_at: 1_000,
-        updated_at: 1_000,
-    }
-}
-
-/// Sensors `ids` in site `site`, each linked to `client`.
-async fn fill(s: &Subject, site_id: &str, ids: &[&str], client_id: &str) {
+/// Sensors `ids` in site `site`, each linked to `client` (both made when missing).
+pub(super) async fn fill(s: &Subject, site_id: &str, ids: &[&str], client_id: &str) {
     if s.get_site(site_id.into()).await.unwrap().is_none() {
-        s.create_site(site(site_id)).await.unwrap();
+        s.create_site(site(site_id, None)).await.unwrap();
     }
     if s.get_client(client_id.into()).await.unwrap().is_none() {
         s.create_client(client(client_id, "http://r/"))
@@ -224,7 +207,7 @@ pub(super) async fn many_sites_down_starve_none(s: &Subject) {
     let (mut losses, mut returns) = (CommitBatch::default(), CommitBatch::default());
     for i in 0..n {
         let site_id = format!("sd-{i:03}");
-        s.create_site(site(&site_id)).await.unwrap();
+        s.create_site(site(&site_id, None)).await.unwrap();
         for half in ["a", "b"] {
             let id = format!("sd{i:03}{half}");
             s.create_sensor(Sensor {

@@ -35,6 +35,26 @@ impl Workload {
         self.model.read(|t| t.sites.keys().cloned().collect())
     }
 
+    /// A site the store holds, drawn; `None`: it holds none.
+    pub(super) fn drawn_site(&self) -> Option<String> {
+        let sites = self.sites();
+        if sites.is_empty() {
+            return None;
+        }
+        Some(sites[self.world.between(0, sites.len() as u64) as usize].clone())
+    }
+
+    /// The sensors the store holds in `site`.
+    pub(super) fn members(&self, site: &str) -> Vec<SensorId> {
+        self.model.read(|t| {
+            t.sensors
+                .values()
+                .filter(|s| s.site_id.as_deref() == Some(site))
+                .map(|s| s.id)
+                .collect()
+        })
+    }
+
     /// Notes `sensors`' sites as the store holds them after a call that began at `began`.
     fn note_sites(&self, sensors: &[SensorId], began: Millis) {
         let ended = self.world.now();
@@ -133,18 +153,8 @@ impl Workload {
         let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
             return;
         };
-        let sites = self.sites();
-        if sites.is_empty() {
-            return;
-        }
-        let id = sites[self.world.between(0, sites.len() as u64) as usize].clone();
-        let members: Vec<SensorId> = self.model.read(|t| {
-            t.sensors
-                .values()
-                .filter(|s| s.site_id.as_deref() == Some(id.as_str()))
-                .map(|s| s.id)
-                .collect()
-        });
+        let Some(id) = self.drawn_site() else { return };
+        let members = self.members(&id);
         let began = self.world.now();
         let result = store.delete_site(id.clone(), engine.now()).await;
         match &result {
@@ -179,11 +189,7 @@ impl Workload {
         let Some((engine, store, _)) = self.nodes.entry(&node) else {
             return;
         };
-        let sites = self.sites();
-        if sites.is_empty() {
-            return;
-        }
-        let id = sites[self.world.between(0, sites.len() as u64) as usize].clone();
+        let Some(id) = self.drawn_site() else { return };
         let Some(mut site) = self.model.read(|t| t.sites.get(&id).cloned()) else {
             return;
         };

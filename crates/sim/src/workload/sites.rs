@@ -1,6 +1,6 @@
 //! Buildings that go dark, and maintenance windows over them.
 
-use latch::domain::{Millis, SensorId};
+use latch::domain::Millis;
 
 use super::Workload;
 
@@ -10,18 +10,10 @@ impl Workload {
     pub(super) fn dark_site(&mut self) {
         let now = self.world.now();
         let until = now + self.timeout + 4_000 + self.world.between(500, 10_000) as Millis;
-        let sites: Vec<String> = self.model.read(|t| t.sites.keys().cloned().collect());
-        if sites.is_empty() {
+        let Some(site) = self.drawn_site() else {
             return;
-        }
-        let site = sites[self.world.between(0, sites.len() as u64) as usize].clone();
-        let members: Vec<SensorId> = self.model.read(|t| {
-            t.sensors
-                .values()
-                .filter(|s| s.site_id.as_deref() == Some(site.as_str()))
-                .map(|s| s.id)
-                .collect()
-        });
+        };
+        let members = self.members(&site);
         self.world
             .trace(format!("site {site} goes dark until {until}"));
         for s in self.sensors.iter_mut().filter(|s| members.contains(&s.id)) {
