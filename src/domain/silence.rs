@@ -165,6 +165,37 @@ impl View {
     }
 }
 
+/// What a site's notification of `kind` (its `body`) told its client of `sensor`: lost
+/// (its loss named it, or its return listed it still lost) or back (listed restored, with
+/// its data); `None` when it does not name the sensor. A site's event travels in the lane of
+/// the first sensor it names, so for the others the client's view is the newer of this
+/// and their own lane's.
+pub fn site_view(kind: EventKind, body: Option<&str>, sensor: SensorId) -> Option<View> {
+    let body: serde_json::Value = serde_json::from_str(body?).ok()?;
+    let lists: &[(&str, bool)] = match kind {
+        EventKind::SiteConnectionLost => &[("sensors", true)],
+        EventKind::SiteConnectionRestored => &[("restored", false), ("still_lost", true)],
+        _ => return None,
+    };
+    let id = sensor.to_string();
+    lists.iter().find_map(|(list, lost)| {
+        let x = body[*list]
+            .as_array()?
+            .iter()
+            .find(|x| x["id"].as_str() == Some(id.as_str()))?;
+        Some(View {
+            lost: *lost,
+            data: x["data"].as_u64().map(|d| d == 1),
+        })
+    })
+}
+
+/// The text a site's notification's `body` holds where it names `sensor` (a candidate for
+/// [`site_view`], which reads the body itself).
+pub fn names_in_body(sensor: &str) -> String {
+    format!("\"id\":\"{sensor}\"")
+}
+
 /// A view corrected by the client's site: while the sensor's site is down and its loss
 /// told this client of the sensor (`told`), the client knows the sensor is lost.
 pub fn told_by_site(view: View, told: bool) -> View {
@@ -335,6 +366,28 @@ mod tests {
             body: None,
         };
         assert_eq!(kept(own), [(id("s9"), online(false))]);
+    }
+
+    #[test]
+    fn a_site_event_tells_its_client_of_each_sensor_it_names() {
+        let id = |s: &str| SensorId::parse(s).unwrap();
+        let back =
+            r#"{"site":{"id":"s9"},"restored":[{"id":"s3","data":0}],"still_lost":[{"id":"s1"}]}"#;
+        let kind = EventKind::SiteConnectionRestored;
+        assert_eq!(
+            site_view(kind, Some(back), id("s3")),
+            Some(View {
+                lost: false,
+                data: Some(false)
+            })
+        );
+        assert!(site_view(kind, Some(back), id("s1")).unwrap().lost);
+        assert_eq!(
+            site_view(kind, Some(back), id("s9")),
+            None,
+            "the site's own id is not a sensor it names"
+        );
+        assert!(back.contains(&names_in_body("s3")));
     }
 
     #[test]

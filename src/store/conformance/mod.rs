@@ -237,6 +237,7 @@ suite!(
     silence_edges::a_silence_longer_than_retention_still_reconciles,
     silence_edges::a_silenced_site_loss_reconciles_from_what_it_named,
     silence_edges::a_site_silence_reconciles_a_sensor_that_moved_away,
+    silence_edges::a_silence_end_counts_what_a_site_event_named,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

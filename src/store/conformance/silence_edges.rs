@@ -159,3 +159,52 @@ pub(super) async fn a_site_silence_reconciles_a_sensor_that_moved_away(s: &Subje
     let got: Vec<(SensorId, EventKind)> = made.iter().map(|n| (n.sensor_id, n.kind)).collect();
     assert_eq!(got, [(sid("sm1"), EventKind::StateChanged)]);
 }
+
+/// A client told of a sensor's return by its site's `site.connection_restored` (which
+/// travels in another sensor's lane) is not told it again at a silence's end: what the
+/// site's events named counts as what the client knows.
+pub(super) async fn a_silence_end_counts_what_a_site_event_named(s: &Subject) {
+    fill(s, "sv-a", &["sv1", "sv2", "sv3", "sv4"], "vc1").await;
+    // sv2 lost alone: its own loss, after the grace.
+    s.commit(liveness("sv2", EventKind::ConnectionLost, 5_000), 5_000)
+        .await
+        .unwrap();
+    assert_eq!(s.decide_sites(RULES, 36_000).await.unwrap().made.len(), 1);
+    // The rest go: the site down, its loss naming all four.
+    for x in ["sv1", "sv3", "sv4"] {
+        s.commit(liveness(x, EventKind::ConnectionLost, 40_000), 40_000)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        s.decide_sites(RULES, 71_000).await.unwrap().changed.len(),
+        1
+    );
+    s.create_silence(silence("q5", for_client("vc1"), 72_000, 74_000))
+        .await
+        .unwrap();
+    // sv2 back and changed while vc1 is silenced: its return held for the site's, its
+    // change kept by the silence.
+    s.commit(
+        liveness("sv2", EventKind::ConnectionRestored, 73_000),
+        73_000,
+    )
+    .await
+    .unwrap();
+    s.commit(change("sv2", false, Some(true), 73_000), 73_000)
+        .await
+        .unwrap();
+    for x in ["sv1", "sv3"] {
+        s.commit(liveness(x, EventKind::ConnectionRestored, 75_000), 75_000)
+            .await
+            .unwrap();
+    }
+    let back = s.decide_sites(RULES, 76_000).await.unwrap();
+    let kinds: Vec<EventKind> = back.made.iter().map(|n| n.kind).collect();
+    assert_eq!(kinds, [EventKind::SiteConnectionRestored]);
+    let made = s.reconcile_silences(74_000, 80_000).await.unwrap();
+    assert!(
+        made.is_empty(),
+        "the site's return told vc1 sv2 is back, with its data now: {made:?}"
+    );
+}

@@ -127,10 +127,12 @@ const KEPT_FOR_ITS_LANE: &str = "(n.kind = 'sensor.state_changed' AND EXISTS (\
     AND o.kind = 'sensor.state_changed'))";
 
 /// A notification of a (client, sensor) a silence kept something from stays until the
-/// silence's end reconciles the pair: what the client was told is read from them then, and
-/// a silence longer than retention would otherwise find nothing and tell nothing (#68).
+/// silence's end reconciles the pair, and so does every site event of that client (it may
+/// name the sensor, from another sensor's lane): what the client was told is read from them
+/// then, and a silence longer than retention would otherwise find less than was told (#68).
 const KEPT_FOR_A_SILENCE: &str = "EXISTS (SELECT 1 FROM silenced_pairs sp \
-    WHERE sp.client_id = n.client_id AND sp.sensor_id = n.sensor_id)";
+    WHERE sp.client_id = n.client_id AND (sp.sensor_id = n.sensor_id \
+    OR n.kind IN ('site.connection_lost', 'site.connection_restored')))";
 
 async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
     let c = db.get("retention").await?;

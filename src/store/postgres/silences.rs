@@ -247,21 +247,37 @@ async fn bring_up_to_date(
     Ok(Some(made))
 }
 
-/// What `client` knows of `sensor` from its newest notification of the sensor's own kinds
-/// delivered or waiting to be; `None`: nothing (the caller takes the view the pair kept,
-/// `silence::kept`). A site's event in the sensor's lane (it travels with the first sensor
-/// it names) carries no data of it.
+/// What `client` knows of `sensor` from its newest notification about it delivered or
+/// waiting to be: of the sensor's own kinds in its lane, or a site's event that named it
+/// (which travels in the lane of the first sensor it names, `silence::site_view`); `None`:
+/// nothing (the caller takes the view the pair kept, `silence::kept`).
 async fn view(tx: &Tx<'_>, client: &str, sensor: &str) -> Result<Option<View>> {
-    let told = tx
+    let own = tx
         .query_opt(
-            "SELECT kind, data FROM notifications WHERE sensor_id = $2 AND client_id = $1 \
+            "SELECT seq, kind, data FROM notifications WHERE sensor_id = $2 AND client_id = $1 \
              AND status IN ('delivered', 'pending') AND kind IN ('sensor.state_changed', \
              'sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') \
              ORDER BY seq DESC LIMIT 1",
             &[&client, &sensor],
         )
         .await?;
-    Ok(told.and_then(|r| EventKind::parse(r.get(0)).map(|k| View::after(k, r.get(1)))))
+    let after: i64 = own.as_ref().map_or(0, |o| o.get(0));
+    let id =
+        SensorId::parse(sensor).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?;
+    let sites = tx
+        .query(
+            "SELECT kind, body FROM notifications WHERE client_id = $1 AND seq > $3 \
+             AND status IN ('delivered', 'pending') \
+             AND kind IN ('site.connection_lost', 'site.connection_restored') \
+             AND strpos(body, $2) > 0 ORDER BY seq DESC",
+            &[&client, &silence::names_in_body(sensor), &after],
+        )
+        .await?;
+    let by_site = sites
+        .iter()
+        .find_map(|r| silence::site_view(EventKind::parse(r.get(0))?, r.get(1), id));
+    Ok(by_site
+        .or_else(|| own.and_then(|r| EventKind::parse(r.get(1)).map(|k| View::after(k, r.get(2))))))
 }
 
 #[async_trait]

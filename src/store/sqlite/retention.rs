@@ -142,8 +142,9 @@ pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
 /// an older state of its lane still waits behind stays: the claim of that one supersedes
 /// it while the newer one is stored, and would send it after the newer one without. So
 /// does every notification of a (client, sensor) a silence kept something from until its
-/// end reconciles it: what the client was told is read from them then, and a silence
-/// longer than retention would otherwise find nothing and tell nothing (issue #68).
+/// end reconciles it, and every site event of that client (it may name the sensor, from
+/// another sensor's lane): what the client was told is read from them then, and a silence
+/// longer than retention would otherwise find nothing, or less than was told (issue #68).
 pub(super) fn delete_notifications(
     c: &mut Connection,
     seqs: &[i64],
@@ -159,7 +160,9 @@ pub(super) fn delete_notifications(
                AND o.seq < n.seq AND o.status = 'pending' AND o.client_id = n.client_id \
                AND o.kind = 'sensor.state_changed')) AND NOT EXISTS (SELECT 1 \
                FROM silenced_pairs sp WHERE sp.client_id = n.client_id \
-               AND sp.sensor_id = n.sensor_id) RETURNING id",
+               AND (sp.sensor_id = n.sensor_id \
+                    OR n.kind IN ('site.connection_lost', 'site.connection_restored'))) \
+             RETURNING id",
         )?;
         let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;
         for seq in seqs {

@@ -246,23 +246,47 @@ fn bring_up_to_date(
     Ok(Some(made))
 }
 
-/// What `client` knows of `sensor` from its newest notification of the sensor's own kinds
-/// delivered or waiting to be; `None`: nothing (the caller takes the view the pair kept,
-/// `silence::kept`). A site's event in the sensor's lane (it travels with the first sensor
-/// it names) carries no data of it.
+/// What `client` knows of `sensor` from its newest notification about it delivered or
+/// waiting to be: of the sensor's own kinds in its lane, or a site's event that named it
+/// (which travels in the lane of the first sensor it names, `silence::site_view`); `None`:
+/// nothing (the caller takes the view the pair kept, `silence::kept`).
 fn view(c: &Connection, client: &str, sensor: &str) -> Result<Option<View>> {
-    let told = c
+    let own = c
         .prepare_cached(
-            "SELECT kind, data FROM notifications WHERE sensor_id = ?2 AND client_id = ?1 \
+            "SELECT seq, kind, data FROM notifications WHERE sensor_id = ?2 AND client_id = ?1 \
              AND status IN ('delivered', 'pending') AND kind IN ('sensor.state_changed', \
              'sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') \
              ORDER BY seq DESC LIMIT 1",
         )?
         .query_row(params![client, sensor], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, Option<bool>>(1)?))
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<bool>>(2)?,
+            ))
         })
         .optional()?;
-    Ok(told.and_then(|(kind, data)| EventKind::parse(&kind).map(|k| View::after(k, data))))
+    let after = own.as_ref().map_or(0, |o| o.0);
+    let id = SensorId::parse(sensor)
+        .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?;
+    let sites = c
+        .prepare_cached(
+            "SELECT kind, body FROM notifications WHERE client_id = ?1 AND seq > ?3 \
+             AND status IN ('delivered', 'pending') \
+             AND kind IN ('site.connection_lost', 'site.connection_restored') \
+             AND instr(body, ?2) > 0 ORDER BY seq DESC",
+        )?
+        .query_map(
+            params![client, silence::names_in_body(sensor), after],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let by_site = sites
+        .iter()
+        .find_map(|(k, body)| silence::site_view(EventKind::parse(k)?, body.as_deref(), id));
+    Ok(by_site.or_else(|| {
+        own.and_then(|(_, kind, data)| EventKind::parse(&kind).map(|k| View::after(k, data)))
+    }))
 }
 
 #[async_trait]

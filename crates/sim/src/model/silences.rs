@@ -343,10 +343,18 @@ impl Tables {
             .filter_map(|seq| self.notifications.get(seq))
             .map(|r| &r.notification)
             .collect();
-        lane.iter()
+        let told = |n: &Notification| matches!(n.status, Status::Delivered | Status::Pending);
+        let own = lane.iter().rev().find(|n| told(n) && !n.kind.is_site());
+        let after = own.map_or(0, |n| n.seq);
+        // A site's event that named it, in whatever lane (`silence::site_view`).
+        let by_site = self
+            .notifications
+            .range(after + 1..)
             .rev()
-            .find(|n| matches!(n.status, Status::Delivered | Status::Pending) && !n.kind.is_site())
-            .map(|n| View::after(n.kind, n.data))
+            .map(|(_, r)| &r.notification)
+            .filter(|n| n.client_id == client && n.kind.is_site() && told(n))
+            .find_map(|n| silence::site_view(n.kind, n.body.as_deref(), sensor));
+        by_site.or_else(|| own.map(|n| View::after(n.kind, n.data)))
     }
 
     fn bring_up_to_date(

@@ -35,21 +35,22 @@ impl Tables {
         }
         if let Some(before) = keep.notifications_before {
             // Notifications are made in seq order: once one is that new, so are the rest.
-            let doomed: Vec<i64> = self
-                .notifications
-                .values()
-                .map(|r| &r.notification)
-                .take_while(|n| n.created_at < before)
-                .filter(|n| n.status != Status::Pending && n.updated_at < before)
-                .filter(|n| !self.kept_for_its_lane(n))
-                .filter(|n| {
-                    // `KEPT_FOR_A_SILENCE`: its pair waits for a silence's end.
-                    !self
-                        .silenced_pairs
-                        .contains_key(&(n.client_id.clone(), n.sensor_id))
-                })
-                .map(|n| n.seq)
-                .collect();
+            let doomed: Vec<i64> =
+                self.notifications
+                    .values()
+                    .map(|r| &r.notification)
+                    .take_while(|n| n.created_at < before)
+                    .filter(|n| n.status != Status::Pending && n.updated_at < before)
+                    .filter(|n| !self.kept_for_its_lane(n))
+                    .filter(|n| {
+                        // `KEPT_FOR_A_SILENCE`: its pair waits for a silence's end (a site
+                        // event, any pair of its client's).
+                        !self.silenced_pairs.keys().any(|(c, x)| {
+                            *c == n.client_id && (*x == n.sensor_id || n.kind.is_site())
+                        })
+                    })
+                    .map(|n| n.seq)
+                    .collect();
             (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);
         }
         pruned
