@@ -4,6 +4,7 @@
 
 pub mod decide;
 pub mod moves;
+pub mod retell;
 
 use serde::{Deserialize, Serialize};
 

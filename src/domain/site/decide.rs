@@ -285,19 +285,8 @@ impl<'a> Out<'a> {
                 self.release_all(c, c.sensors.clone());
                 continue;
             }
-            let sensors: Vec<_> = mine
-                .iter()
-                .filter_map(|s| self.member(s))
-                .map(|m| {
-                    json!({"id": m.id.to_string(), "address": m.address,
-                           "data": m.data.map(u8::from),
-                           "last_seen_at": m.last_seen_at.map(time::format)})
-                })
-                .collect();
-            let body = json!({"site": site_json(self.site), "sensors": sensors,
-                              "sensors_total": c.sensors.len()});
-            let kind = EventKind::SiteConnectionLost;
-            self.made.push(site_made(c, kind, mine[0], body, self.now));
+            self.made
+                .push(site_loss(self.site, self.members, c, &mine, self.now));
             told_clients.push(c.client_id.clone());
             let others = c.sensors.iter().filter(|s| !mine.contains(s)).copied();
             self.release_all(c, others.collect());
@@ -398,6 +387,29 @@ impl<'a> Out<'a> {
             released: 0,
         }
     }
+}
+
+/// The `site.connection_lost` that tells client `c` of its sensors `mine` (lost, of
+/// `members`), in the lane of the first.
+pub(super) fn site_loss(
+    site: &Site,
+    members: &[Member],
+    c: &Linked,
+    mine: &[SensorId],
+    now: Millis,
+) -> Made {
+    let sensors: Vec<_> = mine
+        .iter()
+        .filter_map(|s| members.iter().find(|m| m.id == *s))
+        .map(|m| {
+            json!({"id": m.id.to_string(), "address": m.address,
+                   "data": m.data.map(u8::from),
+                   "last_seen_at": m.last_seen_at.map(time::format)})
+        })
+        .collect();
+    let body = json!({"site": site_json(site), "sensors": sensors,
+                      "sensors_total": c.sensors.len()});
+    site_made(c, EventKind::SiteConnectionLost, mine[0], body, now)
 }
 
 fn site_json(site: &Site) -> serde_json::Value {

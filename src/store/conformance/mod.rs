@@ -235,7 +235,7 @@ suite!(
     site_edges::a_subscription_changed_while_down_releases_at_once,
     silence_edges::a_silence_ending_in_a_grace_leaves_the_loss_to_the_site,
     silence_edges::a_silence_longer_than_retention_still_reconciles,
-    silence_edges::a_silenced_site_loss_reconciles_from_what_it_named,
+    silence_edges::a_silenced_site_loss_is_told_once_at_the_end,
     silence_edges::a_site_silence_reconciles_a_sensor_that_moved_away,
     silence_edges::a_silence_end_counts_what_a_site_event_named,
     find::notifications_newest_first_with_filters,

@@ -48,6 +48,7 @@ pub use secrets::RotationLock;
 mod sessions;
 mod silences;
 mod site_moves;
+mod site_retell;
 mod site_rounds;
 mod sites;
 #[cfg(test)]

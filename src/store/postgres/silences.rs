@@ -139,9 +139,32 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
             &[&id, &now],
         )
         .await?;
-    let mut made = Vec::new();
+    // A site still down whose loss the silence kept from a client: one site loss for it
+    // (`site::retell`), not a loss per sensor; the sensors it names are up to date then.
+    let mut retold = Vec::new();
+    let mut asked = HashSet::new();
+    for p in &pairs {
+        let (client, sensor): (String, String) = (p.get(0), p.get(1));
+        let site: Option<String> = tx
+            .query_opt("SELECT site_id FROM sensors WHERE id = $1", &[&sensor])
+            .await?
+            .and_then(|r| r.get(0));
+        if let Some(site) = site
+            && asked.insert((client.clone(), site.clone()))
+            && let Some(r) = super::site_retell::retell(tx, &site, &client, now).await?
+        {
+            retold.push((client, r));
+        }
+    }
+    let mut made: Vec<NotificationRef> = retold.iter().map(|(_, r)| r.made.clone()).collect();
     for p in pairs {
         let (client, sensor): (String, String) = (p.get(0), p.get(1));
+        let named = retold
+            .iter()
+            .any(|(c, r)| *c == client && r.named.iter().any(|s| s.to_string() == sensor));
+        if named {
+            continue;
+        }
         let before = p.get::<_, Option<bool>>(2).map(|lost| View {
             lost,
             data: p.get(3),
@@ -149,6 +172,9 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
         if let Some(r) = bring_up_to_date(tx, &client, &sensor, before, now).await? {
             made.push(r);
         }
+    }
+    for (_, r) in &retold {
+        super::site_retell::told(tx, r).await?;
     }
     Ok(made)
 }

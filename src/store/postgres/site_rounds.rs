@@ -252,8 +252,7 @@ pub(super) async fn decide_sites(
     let due = tx
         .query(
             &format!(
-                "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, \
-                 since, pending_since, told, told_clients, released FROM sites WHERE ({DUE}) \
+                "SELECT {SITE_ROW} FROM sites WHERE ({DUE}) \
                  AND id > $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
             ),
             &[&(now - rules.grace), &after, &limit],
@@ -262,16 +261,8 @@ pub(super) async fn decide_sites(
     let last = (due.len() as i64 == limit).then(|| due[due.len() - 1].get(0));
     let mut decided = Decided::default();
     for r in due {
-        let gateway: Option<String> = r.get(3);
-        let site = Site {
-            id: r.get(0),
-            name: r.get(1),
-            address: r.get(2),
-            gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
-            created_at: r.get(4),
-            updated_at: r.get(5),
-        };
-        let (made, changed) = decide_one(tx, &site, &state_of(&r, 6), rules, now).await?;
+        let (site, state) = site_row(&r);
+        let (made, changed) = decide_one(tx, &site, &state, rules, now).await?;
         decided.made.extend(made);
         decided.changed.extend(changed);
     }
@@ -285,25 +276,7 @@ async fn decide_one(
     rules: Rules,
     now: Millis,
 ) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
-    let members = tx
-        .query(
-            "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
-             st.last_seen_at FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id \
-             WHERE s.site_id = $1 ORDER BY s.id",
-            &[&site.id],
-        )
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(Member {
-                id: stored_sensor(r.get(0))?,
-                address: r.get(1),
-                connection: Connection::parse(r.get(2)).unwrap_or(Connection::Unknown),
-                data: r.get(3),
-                last_seen_at: r.get(4),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let members = members(tx, &site.id).await?;
     let (held, last_row) = held_rows(tx, &site.id, None).await?;
     let clients = linked(tx, &site.id).await?;
     let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
@@ -388,8 +361,50 @@ fn stored_sensor(s: String) -> Result<SensorId> {
     SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
 }
 
+/// The sensors of site `site`, by id, as its decision reads them.
+pub(super) async fn members(tx: &Tx<'_>, site: &str) -> Result<Vec<Member>> {
+    tx.query(
+        "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
+         st.last_seen_at FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+         WHERE s.site_id = $1 ORDER BY s.id",
+        &[&site],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(Member {
+            id: stored_sensor(r.get(0))?,
+            address: r.get(1),
+            connection: Connection::parse(r.get(2)).unwrap_or(Connection::Unknown),
+            data: r.get(3),
+            last_seen_at: r.get(4),
+        })
+    })
+    .collect()
+}
+
+/// A site's row as a round reads it: the site and its decision's state.
+pub(super) const SITE_ROW: &str = "id, name, address, gateway_sensor_id, created_at, \
+     updated_at, down, since, pending_since, told, told_clients, released";
+
+/// [`SITE_ROW`] read.
+pub(super) fn site_row(r: &tokio_postgres::Row) -> (Site, SiteState) {
+    let gateway: Option<String> = r.get(3);
+    (
+        Site {
+            id: r.get(0),
+            name: r.get(1),
+            address: r.get(2),
+            gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
+            created_at: r.get(4),
+            updated_at: r.get(5),
+        },
+        state_of(r, 6),
+    )
+}
+
 /// The clients linked to the site's sensors, each with its sensors of the site.
-async fn linked(tx: &Tx<'_>, site: &str) -> Result<Vec<Linked>> {
+pub(super) async fn linked(tx: &Tx<'_>, site: &str) -> Result<Vec<Linked>> {
     let rows = tx
         .query(
             "SELECT l.client_id, c.events, l.sensor_id FROM links l \

@@ -42,6 +42,7 @@ mod seen;
 mod sessions;
 mod silences;
 mod site_moves;
+mod site_retell;
 mod site_rounds;
 mod sites;
 #[cfg(test)]

@@ -143,13 +143,39 @@ fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<Notification
             Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, before))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut made = Vec::new();
+    // A site still down whose loss the silence kept from a client: one site loss for it
+    // (`site::retell`), not a loss per sensor; the sensors it names are up to date then.
+    let mut retold = Vec::new();
+    let mut asked = HashSet::new();
+    for (client, sensor, _) in &pairs {
+        let site: Option<String> = tx
+            .prepare_cached("SELECT site_id FROM sensors WHERE id = ?1")?
+            .query_row([sensor], |r| r.get(0))
+            .optional()?
+            .flatten();
+        if let Some(site) = site
+            && asked.insert((client.clone(), site.clone()))
+            && let Some(r) = super::site_retell::retell(tx, &site, client, now)?
+        {
+            retold.push((client.clone(), r));
+        }
+    }
+    let mut made: Vec<NotificationRef> = retold.iter().map(|(_, r)| r.made.clone()).collect();
     for (client, sensor, before) in pairs {
         tx.prepare_cached("DELETE FROM silenced_pairs WHERE client_id = ?1 AND sensor_id = ?2")?
             .execute(params![client, sensor])?;
+        let named = retold
+            .iter()
+            .any(|(c, r)| *c == client && r.named.iter().any(|s| s.to_string() == sensor));
+        if named {
+            continue;
+        }
         if let Some(r) = bring_up_to_date(tx, &client, &sensor, before, now)? {
             made.push(r);
         }
+    }
+    for (_, r) in &retold {
+        super::site_retell::told(tx, r)?;
     }
     Ok(made)
 }

@@ -161,24 +161,10 @@ const SITES_PER_CALL: usize = 500;
 pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Result<Decided> {
     let due = tx
         .prepare_cached(&format!(
-            "SELECT id, name, address, gateway_sensor_id, created_at, updated_at, down, since, \
-             pending_since, told, told_clients, released FROM sites WHERE {DUE} \
+            "SELECT {SITE_ROW} FROM sites WHERE {DUE} \
              ORDER BY pending_since IS NULL, id LIMIT ?2"
         ))?
-        .query_map(params![now - rules.grace, SITES_PER_CALL as i64], |r| {
-            let gateway: Option<String> = r.get(3)?;
-            Ok((
-                Site {
-                    id: r.get(0)?,
-                    name: r.get(1)?,
-                    address: r.get(2)?,
-                    gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
-                    created_at: r.get(4)?,
-                    updated_at: r.get(5)?,
-                },
-                state_of(r, 6)?,
-            ))
-        })?
+        .query_map(params![now - rules.grace, SITES_PER_CALL as i64], site_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut decided = Decided {
         more: due.len() == SITES_PER_CALL,
@@ -199,33 +185,7 @@ fn decide_one(
     rules: Rules,
     now: Millis,
 ) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
-    let members = tx
-        .prepare_cached(
-            "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
-             st.last_seen_at FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id \
-             WHERE s.site_id = ?1 ORDER BY s.id",
-        )?
-        .query_map([&site.id], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get(1)?,
-                r.get::<_, String>(2)?,
-                r.get(3)?,
-                r.get(4)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<Vec<(String, String, String, Option<bool>, Option<Millis>)>>>()?
-        .into_iter()
-        .map(|(id, address, conn, data, last_seen_at)| {
-            Ok(Member {
-                id: stored_sensor(id)?,
-                address,
-                connection: Connection::parse(&conn).unwrap_or(Connection::Unknown),
-                data,
-                last_seen_at,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let members = members(tx, &site.id)?;
     let (held, last_row) = held_rows(tx, &site.id, None)?;
     let clients = linked(tx, &site.id)?;
     let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
@@ -320,8 +280,58 @@ fn stored_sensor(s: String) -> Result<SensorId> {
     SensorId::parse(&s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
 }
 
+/// The sensors of site `site`, by id, as its decision reads them.
+pub(super) fn members(tx: &Transaction, site: &str) -> Result<Vec<Member>> {
+    tx.prepare_cached(
+        "SELECT s.id, s.address, COALESCE(st.connection, 'unknown'), st.data, \
+         st.last_seen_at FROM sensors s LEFT JOIN sensor_state st ON st.sensor_id = s.id \
+         WHERE s.site_id = ?1 ORDER BY s.id",
+    )?
+    .query_map([site], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get(1)?,
+            r.get::<_, String>(2)?,
+            r.get(3)?,
+            r.get(4)?,
+        ))
+    })?
+    .collect::<rusqlite::Result<Vec<(String, String, String, Option<bool>, Option<Millis>)>>>()?
+    .into_iter()
+    .map(|(id, address, conn, data, last_seen_at)| {
+        Ok(Member {
+            id: stored_sensor(id)?,
+            address,
+            connection: Connection::parse(&conn).unwrap_or(Connection::Unknown),
+            data,
+            last_seen_at,
+        })
+    })
+    .collect()
+}
+
+/// A site's row as a round reads it: the site and its decision's state.
+pub(super) const SITE_ROW: &str = "id, name, address, gateway_sensor_id, created_at, \
+     updated_at, down, since, pending_since, told, told_clients, released";
+
+/// [`SITE_ROW`] read.
+pub(super) fn site_row(r: &rusqlite::Row) -> rusqlite::Result<(Site, SiteState)> {
+    let gateway: Option<String> = r.get(3)?;
+    Ok((
+        Site {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            address: r.get(2)?,
+            gateway_sensor_id: gateway.and_then(|g| SensorId::parse(&g).ok()),
+            created_at: r.get(4)?,
+            updated_at: r.get(5)?,
+        },
+        state_of(r, 6)?,
+    ))
+}
+
 /// The clients linked to the site's sensors, each with its sensors of the site.
-fn linked(tx: &Transaction, site: &str) -> Result<Vec<Linked>> {
+pub(super) fn linked(tx: &Transaction, site: &str) -> Result<Vec<Linked>> {
     let rows = tx
         .prepare_cached(
             "SELECT l.client_id, c.events, l.sensor_id FROM links l \

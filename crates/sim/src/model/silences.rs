@@ -119,21 +119,7 @@ impl Tables {
     ) -> (Vec<NotificationRef>, Option<SiteEvent>) {
         let site = self.sites[id].clone();
         let state: SiteState = self.site_states.get(id).cloned().unwrap_or_default();
-        let members: Vec<Member> = self
-            .sensors
-            .values()
-            .filter(|s| s.site_id.as_deref() == Some(id))
-            .map(|s| {
-                let st = self.states.get(&s.id);
-                Member {
-                    id: s.id,
-                    address: s.address.clone(),
-                    connection: st.map_or(Connection::Unknown, |st| st.connection),
-                    data: st.and_then(|st| st.data),
-                    last_seen_at: st.and_then(|st| st.last_seen_at),
-                }
-            })
-            .collect();
+        let members = self.site_members(id);
         let held: Vec<HeldEvent> = self
             .site_held
             .iter()
@@ -143,28 +129,7 @@ impl Tables {
                 event: event.clone(),
             })
             .collect();
-        let mut clients: Vec<Linked> = Vec::new();
-        for (sensor, client_id) in &self.links {
-            if !members.iter().any(|m| m.id == *sensor) {
-                continue;
-            }
-            let events = self
-                .clients
-                .get(client_id)
-                .and_then(|c| c.client.events.clone());
-            match clients.iter_mut().find(|c| c.client_id == *client_id) {
-                Some(c) => c.sensors.push(*sensor),
-                None => clients.push(Linked {
-                    client_id: client_id.clone(),
-                    events,
-                    sensors: vec![*sensor],
-                }),
-            }
-        }
-        clients.sort_by(|a, b| a.client_id.cmp(&b.client_id));
-        for c in &mut clients {
-            c.sensors.sort();
-        }
+        let clients = self.site_clients(id);
         let Some(mut d) = decide::decide(&site, &state, &members, &held, &clients, &rules, now)
         else {
             return (Vec::new(), None);
@@ -184,6 +149,77 @@ impl Tables {
         made.retain(|n| !silenced.contains(&n.seq));
         self.site_states.insert(id.to_string(), d.state);
         (made, d.changed)
+    }
+
+    /// The sensors of site `id`, by id (`site_rounds::members`).
+    fn site_members(&self, id: &str) -> Vec<Member> {
+        self.sensors
+            .values()
+            .filter(|s| s.site_id.as_deref() == Some(id))
+            .map(|s| {
+                let st = self.states.get(&s.id);
+                Member {
+                    id: s.id,
+                    address: s.address.clone(),
+                    connection: st.map_or(Connection::Unknown, |st| st.connection),
+                    data: st.and_then(|st| st.data),
+                    last_seen_at: st.and_then(|st| st.last_seen_at),
+                }
+            })
+            .collect()
+    }
+
+    /// The clients linked to site `id`'s sensors, by id, each with its sensors of the site
+    /// (`site_rounds::linked`).
+    fn site_clients(&self, id: &str) -> Vec<Linked> {
+        let members: Vec<SensorId> = self.site_members(id).iter().map(|m| m.id).collect();
+        let mut clients: Vec<Linked> = Vec::new();
+        for (sensor, client_id) in &self.links {
+            if !members.contains(sensor) {
+                continue;
+            }
+            let events = self
+                .clients
+                .get(client_id)
+                .and_then(|c| c.client.events.clone());
+            match clients.iter_mut().find(|c| c.client_id == *client_id) {
+                Some(c) => c.sensors.push(*sensor),
+                None => clients.push(Linked {
+                    client_id: client_id.clone(),
+                    events,
+                    sensors: vec![*sensor],
+                }),
+            }
+        }
+        clients.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        for c in &mut clients {
+            c.sensors.sort();
+        }
+        clients
+    }
+
+    /// `site_retell::retell`: the site's loss told again to `client`, and the site's state
+    /// to write once the silence's other pairs are reconciled.
+    fn retell_site(
+        &mut self,
+        cx: &Cx,
+        site: &str,
+        client: &str,
+        now: Millis,
+    ) -> Option<(NotificationRef, Vec<SensorId>, SiteState)> {
+        let s = self.sites.get(site)?.clone();
+        let state = self.site_states.get(site).cloned().unwrap_or_default();
+        if !state.down {
+            return None;
+        }
+        let c = self
+            .site_clients(site)
+            .into_iter()
+            .find(|l| l.client_id == client)?;
+        let members = self.site_members(site);
+        let r = latch::domain::site::retell::retell(&s, &state, &members, &c, now)?;
+        let made = self.make_pending(cx, client.to_string(), &r.made.event, r.made.body, now);
+        Some((made, r.named, r.state))
     }
 
     /// As `rows::SITE_TOTALS`.
@@ -305,11 +341,33 @@ impl Tables {
                 })
                 .map(|(pair, (_, before))| (pair.clone(), *before))
                 .collect();
+            // `site::retell`: one site loss for a site still down whose loss was kept.
+            let mut retold = Vec::new();
+            let mut asked = std::collections::BTreeSet::new();
+            for ((client, sensor), _) in &pairs {
+                let site = self.sensors.get(sensor).and_then(|x| x.site_id.clone());
+                if let Some(site) = site
+                    && asked.insert((client.clone(), site.clone()))
+                    && let Some(r) = self.retell_site(cx, &site, client, now)
+                {
+                    retold.push((client.clone(), site, r));
+                }
+            }
+            made.extend(retold.iter().map(|(_, _, r)| r.0.clone()));
             for ((client, sensor), before) in pairs {
                 self.silenced_pairs.remove(&(client.clone(), sensor));
+                if retold
+                    .iter()
+                    .any(|(c, _, r)| *c == client && r.1.contains(&sensor))
+                {
+                    continue;
+                }
                 if let Some(r) = self.bring_up_to_date(cx, &client, sensor, before, now) {
                     made.push(r);
                 }
+            }
+            for (_, site, (_, _, state)) in retold {
+                self.site_states.entry(site).or_default().told_clients = state.told_clients;
             }
         }
         made

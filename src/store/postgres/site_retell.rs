@@ -1,0 +1,72 @@
+//! A site's loss a silence kept from a client, told at the silence's end while the site is
+//! still down, on PostgreSQL (`domain::site::retell`).
+
+use super::super::{NotificationRef, Result};
+use super::db::{Sql, Tx};
+use super::site_rounds::{SITE_ROW, linked, members, site_row};
+use crate::domain::SensorId;
+use crate::domain::silence::Match;
+use crate::domain::site::retell;
+
+/// A site's loss told again: the notification made, the sensors it names, and the site's
+/// clients told, to write once the silence's other pairs are reconciled ([`told`]: until
+/// then the site's return is not yet this client's to tell).
+pub(super) struct Retold {
+    pub made: NotificationRef,
+    pub named: Vec<SensorId>,
+    site: String,
+    told_clients: String,
+}
+
+/// Tells `client` the loss of site `site` if it is down and a silence kept its loss from
+/// the client. The site's row is locked: a round deciding it waits.
+pub(super) async fn retell(
+    tx: &Tx<'_>,
+    site: &str,
+    client: &str,
+    now: i64,
+) -> Result<Option<Retold>> {
+    let Some(row) = tx
+        .query_opt(
+            &format!("SELECT {SITE_ROW} FROM sites WHERE id = $1 FOR UPDATE"),
+            &[&site],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let (site, state) = site_row(&row);
+    if !state.down {
+        return Ok(None);
+    }
+    let Some(c) = linked(tx, &site.id)
+        .await?
+        .into_iter()
+        .find(|l| l.client_id == client)
+    else {
+        return Ok(None);
+    };
+    let members = members(tx, &site.id).await?;
+    let Some(r) = retell::retell(&site, &state, &members, &c, now) else {
+        return Ok(None);
+    };
+    let made =
+        super::site_rounds::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)
+            .await?;
+    Ok(Some(Retold {
+        made,
+        named: r.named,
+        site: site.id,
+        told_clients: Match::listed(&r.state.told_clients),
+    }))
+}
+
+/// Writes that the site's loss told the client ([`Retold`]): its return goes to it too.
+pub(super) async fn told(tx: &Tx<'_>, r: &Retold) -> Result<()> {
+    tx.execute(
+        "UPDATE sites SET told_clients = $2 WHERE id = $1",
+        &[&r.site, &r.told_clients],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! A site's loss a silence kept from a client, told at the silence's end while the site is
+//! still down, on the embedded store (`domain::site::retell`).
+
+use rusqlite::{OptionalExtension, Transaction, params};
+
+use super::super::{NotificationRef, Result};
+use super::site_rounds::{SITE_ROW, linked, members, site_row};
+use crate::domain::SensorId;
+use crate::domain::silence::Match;
+use crate::domain::site::retell;
+
+/// A site's loss told again: the notification made, the sensors it names, and the site's
+/// clients told, to write once the silence's other pairs are reconciled ([`told`]: until
+/// then the site's return is not yet this client's to tell).
+pub(super) struct Retold {
+    pub made: NotificationRef,
+    pub named: Vec<SensorId>,
+    site: String,
+    told_clients: String,
+}
+
+/// Tells `client` the loss of site `site` if it is down and a silence kept its loss from
+/// the client.
+pub(super) fn retell(
+    tx: &Transaction,
+    site: &str,
+    client: &str,
+    now: i64,
+) -> Result<Option<Retold>> {
+    let Some((site, state)) = tx
+        .prepare_cached(&format!("SELECT {SITE_ROW} FROM sites WHERE id = ?1"))?
+        .query_row([site], site_row)
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    if !state.down {
+        return Ok(None);
+    }
+    let Some(c) = linked(tx, &site.id)?
+        .into_iter()
+        .find(|l| l.client_id == client)
+    else {
+        return Ok(None);
+    };
+    let members = members(tx, &site.id)?;
+    let Some(r) = retell::retell(&site, &state, &members, &c, now) else {
+        return Ok(None);
+    };
+    let made =
+        super::site_rounds::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)?;
+    Ok(Some(Retold {
+        made,
+        named: r.named,
+        site: site.id,
+        told_clients: Match::listed(&r.state.told_clients),
+    }))
+}
+
+/// Writes that the site's loss told the client ([`Retold`]): its return goes to it too.
+pub(super) fn told(tx: &Transaction, r: &Retold) -> Result<()> {
+    tx.prepare_cached("UPDATE sites SET told_clients = ?2 WHERE id = ?1")?
+        .execute(params![r.site, r.told_clients])?;
+    Ok(())
+}
