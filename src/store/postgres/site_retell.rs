@@ -5,17 +5,16 @@ use super::super::{NotificationRef, Result};
 use super::db::{Sql, Tx};
 use super::site_rounds::{SITE_ROW, linked, members, site_row};
 use crate::domain::SensorId;
-use crate::domain::silence::Match;
 use crate::domain::site::retell;
 
-/// A site's loss told again: the notification made, the sensors it names, and the site's
-/// clients told, to write once the silence's other pairs are reconciled ([`told`]: until
-/// then the site's return is not yet this client's to tell).
+/// A site's loss told again: the notification made and the sensors it names; that the site
+/// told the client is written once the silence's other pairs are reconciled ([`told`]:
+/// until then the site's return is not yet this client's to tell).
 pub(super) struct Retold {
     pub made: NotificationRef,
     pub named: Vec<SensorId>,
     site: String,
-    told_clients: String,
+    client: String,
 }
 
 /// Tells `client` the loss of site `site` if it is down and a silence kept its loss from
@@ -57,15 +56,17 @@ pub(super) async fn retell(
         made,
         named: r.named,
         site: site.id,
-        told_clients: Match::listed(&r.state.told_clients),
+        client: client.to_string(),
     }))
 }
 
 /// Writes that the site's loss told the client ([`Retold`]): its return goes to it too.
 pub(super) async fn told(tx: &Tx<'_>, r: &Retold) -> Result<()> {
+    // Added to the list as it is now: another client may have been told meanwhile.
     tx.execute(
-        "UPDATE sites SET told_clients = $2 WHERE id = $1",
-        &[&r.site, &r.told_clients],
+        "UPDATE sites SET told_clients = told_clients || $2 || ',' \
+         WHERE id = $1 AND strpos(told_clients, ',' || $2 || ',') = 0",
+        &[&r.site, &r.client],
     )
     .await?;
     Ok(())

@@ -46,8 +46,8 @@ fn named(tr: &Trail) -> Vec<(SensorId, Told)> {
 
 /// Per (client, sensor), in outbox order: a `connection_restored` only after the client was
 /// told of a loss (its own, or a site's event naming the sensor), a `still_lost` only while
-/// it was. A link or subscription change, a silence's keeping or a notification cancelled
-/// starts the client's knowledge afresh.
+/// it was. A link or subscription change, a silence's keeping, a notification cancelled or
+/// dead-lettered starts the client's knowledge afresh.
 pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
     let mut trails: Vec<&Trail> = t.audit.trails().collect();
     trails.sort_by_key(|tr| tr.seq);
@@ -78,7 +78,12 @@ pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
                 true => Told::Unknown,
                 false => was,
             };
-            if matches!(tr.status, Status::Silenced | Status::Cancelled) {
+            // Not received (kept, cancelled, or a dead letter a replay may send any time):
+            // what the client knows is open, and a silence's end may tell it again.
+            if matches!(
+                tr.status,
+                Status::Silenced | Status::Cancelled | Status::Failed
+            ) {
                 told.insert(key, (Told::Unknown, tr.created_at));
                 continue;
             }

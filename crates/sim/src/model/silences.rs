@@ -198,15 +198,16 @@ impl Tables {
         clients
     }
 
-    /// `site_retell::retell`: the site's loss told again to `client`, and the site's state
-    /// to write once the silence's other pairs are reconciled.
+    /// `site_retell::retell`: the site's loss told again to `client`, and the sensors it
+    /// names; the client is added to the site's told clients once the silence's other
+    /// pairs are reconciled.
     fn retell_site(
         &mut self,
         cx: &Cx,
         site: &str,
         client: &str,
         now: Millis,
-    ) -> Option<(NotificationRef, Vec<SensorId>, SiteState)> {
+    ) -> Option<(NotificationRef, Vec<SensorId>)> {
         let s = self.sites.get(site)?.clone();
         let state = self.site_states.get(site).cloned().unwrap_or_default();
         if !state.down {
@@ -219,7 +220,7 @@ impl Tables {
         let members = self.site_members(site);
         let r = latch::domain::site::retell::retell(&s, &state, &members, &c, now)?;
         let made = self.make_pending(cx, client.to_string(), &r.made.event, r.made.body, now);
-        Some((made, r.named, r.state))
+        Some((made, r.named))
     }
 
     /// As `rows::SITE_TOTALS`.
@@ -366,8 +367,11 @@ impl Tables {
                     made.push(r);
                 }
             }
-            for (_, site, (_, _, state)) in retold {
-                self.site_states.entry(site).or_default().told_clients = state.told_clients;
+            for (client, site, _) in retold {
+                let told = &mut self.site_states.entry(site).or_default().told_clients;
+                if !told.contains(&client) {
+                    told.push(client);
+                }
             }
         }
         made
