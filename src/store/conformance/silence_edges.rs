@@ -103,8 +103,19 @@ pub(super) async fn a_silence_longer_than_retention_still_reconciles(s: &Subject
 /// the sensor back with the data it had (not a state change from the site event's null),
 /// and the site's return then goes to the client too.
 pub(super) async fn a_silenced_site_loss_is_told_once_at_the_end(s: &Subject) {
-    fill(s, "sq-a", &["sq1", "sq2", "sq3", "sq4", "sq5"], "qc1").await;
-    s.create_silence(silence("q3", for_client("qc1"), 1_000, 60_000))
+    let ids = ["sq1", "sq2", "sq3", "sq4", "sq5"];
+    fill(s, "sq-a", &ids, "qc1").await;
+    // A second client the same silence keeps it from: each is told, neither undoes the
+    // other's being told.
+    fill(s, "sq-a", &[], "qc2").await;
+    for x in ids {
+        s.link("qc2".into(), sid(x), 1).await.unwrap();
+    }
+    let by_site = Match {
+        site_id: Some("sq-a".into()),
+        ..Match::default()
+    };
+    s.create_silence(silence("q3", by_site, 1_000, 60_000))
         .await
         .unwrap();
     for x in ["sq1", "sq2", "sq3", "sq4"] {
@@ -114,7 +125,7 @@ pub(super) async fn a_silenced_site_loss_is_told_once_at_the_end(s: &Subject) {
     }
     let down = s.decide_sites(RULES, 36_000).await.unwrap();
     assert_eq!(down.changed.len(), 1);
-    assert!(down.made.is_empty(), "the site's loss kept from qc1");
+    assert!(down.made.is_empty(), "the site's loss kept from both");
     // sq1 (the event's anchor) back, with the data it had: three of five still lost.
     s.commit(
         liveness("sq1", EventKind::ConnectionRestored, 40_000),
@@ -124,8 +135,19 @@ pub(super) async fn a_silenced_site_loss_is_told_once_at_the_end(s: &Subject) {
     .unwrap();
     assert!(s.decide_sites(RULES, 41_000).await.unwrap().made.is_empty());
     let made = s.reconcile_silences(60_000, 66_000).await.unwrap();
-    let got: Vec<(SensorId, EventKind)> = made.iter().map(|n| (n.sensor_id, n.kind)).collect();
-    assert_eq!(got, [(sid("sq2"), EventKind::SiteConnectionLost)]);
+    let mut got: Vec<(String, SensorId, EventKind)> = made
+        .iter()
+        .map(|n| (n.client_id.clone(), n.sensor_id, n.kind))
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got,
+        [
+            ("qc1".into(), sid("sq2"), EventKind::SiteConnectionLost),
+            ("qc2".into(), sid("sq2"), EventKind::SiteConnectionLost),
+        ],
+        "one site loss each, and nothing for sq1 (no state change from the event's null)"
+    );
     let (n, _) = s
         .get_notification(made[0].id.clone())
         .await
@@ -146,7 +168,7 @@ pub(super) async fn a_silenced_site_loss_is_told_once_at_the_end(s: &Subject) {
             .is_empty(),
         "once"
     );
-    // The site back: its return goes to qc1, listing what its loss named.
+    // The site back: its return goes to both, listing what its loss named.
     for x in ["sq2", "sq3"] {
         s.commit(liveness(x, EventKind::ConnectionRestored, 70_000), 70_000)
             .await
@@ -158,7 +180,13 @@ pub(super) async fn a_silenced_site_loss_is_told_once_at_the_end(s: &Subject) {
         .iter()
         .map(|n| (n.client_id.clone(), n.kind))
         .collect();
-    assert_eq!(kinds, [("qc1".into(), EventKind::SiteConnectionRestored)]);
+    assert_eq!(
+        kinds,
+        [
+            ("qc1".into(), EventKind::SiteConnectionRestored),
+            ("qc2".into(), EventKind::SiteConnectionRestored)
+        ]
+    );
 }
 
 /// A silence matched by site reconciles a sensor moved out of the site before its end.
