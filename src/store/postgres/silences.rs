@@ -88,7 +88,7 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
         .await?;
     super::super::count_silenced(rows.len());
     let (mut clients, mut sensors) = (Vec::new(), Vec::new());
-    let (mut lost, mut data) = (Vec::new(), Vec::new());
+    let (mut lost, mut data, mut since) = (Vec::new(), Vec::new(), Vec::<i64>::new());
     for r in &rows {
         let (kind, anchor) = (r.get::<_, String>(3), r.get::<_, String>(2));
         if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&anchor)) {
@@ -104,6 +104,7 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
                 sensors.push(kept.to_string());
                 lost.push(before.lost);
                 data.push(before.data);
+                since.push(r.get(0));
             }
         }
     }
@@ -111,12 +112,12 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
         // The first kept of a pair gives its view: `ON CONFLICT` keeps an older row, and
         // within the statement the first of the pair in `UNNEST`'s order.
         tx.execute(
-            "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data) \
-             SELECT DISTINCT ON (u.c, u.s) u.c, u.s, x.site_id, u.lost, u.data \
-             FROM UNNEST($1::text[], $2::text[], $3::bool[], $4::bool[]) \
-               WITH ORDINALITY AS u(c, s, lost, data, o) \
+            "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data, since) \
+             SELECT DISTINCT ON (u.c, u.s) u.c, u.s, x.site_id, u.lost, u.data, u.since \
+             FROM UNNEST($1::text[], $2::text[], $3::bool[], $4::bool[], $5::int8[]) \
+               WITH ORDINALITY AS u(c, s, lost, data, since, o) \
              LEFT JOIN sensors x ON x.id = u.s ORDER BY u.c, u.s, u.o ON CONFLICT DO NOTHING",
-            &[&clients, &sensors, &lost, &data],
+            &[&clients, &sensors, &lost, &data, &since],
         )
         .await?;
     }
@@ -131,7 +132,7 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
             &format!(
                 "DELETE FROM silenced_pairs p USING silences s WHERE s.id = $1 AND {} \
                  AND NOT EXISTS (SELECT 1 FROM silences o WHERE o.id <> s.id AND {} AND {}) \
-                 RETURNING p.client_id, p.sensor_id, p.lost, p.data",
+                 RETURNING p.client_id, p.sensor_id, p.lost, p.data, p.since",
                 matched_pair("s"),
                 active("o", "$2"),
                 matches_pair("o", "p.client_id", "p.sensor_id")
@@ -165,11 +166,14 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
         if named {
             continue;
         }
-        let before = p.get::<_, Option<bool>>(2).map(|lost| View {
-            lost,
-            data: p.get(3),
-        });
-        if let Some(r) = bring_up_to_date(tx, &client, &sensor, before, now).await? {
+        let kept = Kept {
+            before: p.get::<_, Option<bool>>(2).map(|lost| View {
+                lost,
+                data: p.get(3),
+            }),
+            since: p.get(4),
+        };
+        if let Some(r) = bring_up_to_date(tx, &client, &sensor, kept, now).await? {
             made.push(r);
         }
     }
@@ -179,13 +183,23 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
     Ok(made)
 }
 
+/// What a pair keeps for its reconciliation: what the client knew of the sensor before the
+/// first notification the silence kept (`None`: a pair noted before latch kept it), and that
+/// notification's seq: what was told after it is read from the outbox (retention keeps it
+/// while the pair waits), what came before only through this view.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    before: Option<View>,
+    since: i64,
+}
+
 /// The notification that brings `client`'s view of `sensor` up to date, made pending,
 /// if it is linked, wants that type, and its view is wrong.
 async fn bring_up_to_date(
     tx: &Tx<'_>,
     client: &str,
     sensor: &str,
-    before: Option<View>,
+    kept: Kept,
     now: Millis,
 ) -> Result<Option<NotificationRef>> {
     // What its site holds of the sensor and will tell this client: the site's decision
@@ -204,7 +218,7 @@ async fn bring_up_to_date(
     if site_tells {
         return Ok(None);
     }
-    let view = view(tx, client, sensor).await?.or(before);
+    let view = view(tx, client, sensor, kept.since).await?.or(kept.before);
     let told: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
@@ -273,21 +287,22 @@ async fn bring_up_to_date(
     Ok(Some(made))
 }
 
-/// What `client` knows of `sensor` from its newest notification about it delivered or
-/// waiting to be: of the sensor's own kinds in its lane, or a site's event that named it
-/// (which travels in the lane of the first sensor it names, `silence::site_view`); `None`:
-/// nothing (the caller takes the view the pair kept, `silence::kept`).
-async fn view(tx: &Tx<'_>, client: &str, sensor: &str) -> Result<Option<View>> {
+/// What `client` knows of `sensor` from its newest notification about it past `since`
+/// delivered or waiting to be: of the sensor's own kinds in its lane, or a site's event
+/// that named it (which travels in the lane of the first sensor it names,
+/// `silence::site_view`); `None`: nothing (the caller takes the view the pair kept,
+/// `silence::kept`).
+async fn view(tx: &Tx<'_>, client: &str, sensor: &str, since: i64) -> Result<Option<View>> {
     let own = tx
         .query_opt(
             "SELECT seq, kind, data FROM notifications WHERE sensor_id = $2 AND client_id = $1 \
              AND status IN ('delivered', 'pending') AND kind IN ('sensor.state_changed', \
              'sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') \
-             ORDER BY seq DESC LIMIT 1",
-            &[&client, &sensor],
+             AND seq > $3 ORDER BY seq DESC LIMIT 1",
+            &[&client, &sensor, &since],
         )
         .await?;
-    let after: i64 = own.as_ref().map_or(0, |o| o.get(0));
+    let after: i64 = own.as_ref().map_or(since, |o| o.get(0));
     let id =
         SensorId::parse(sensor).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?;
     let sites = tx

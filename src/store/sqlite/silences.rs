@@ -98,8 +98,8 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut pair = tx.prepare_cached(
-        "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data) \
-         VALUES (?1, ?2, (SELECT site_id FROM sensors WHERE id = ?2), ?3, ?4) \
+        "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data, since) \
+         VALUES (?1, ?2, (SELECT site_id FROM sensors WHERE id = ?2), ?3, ?4, ?5) \
          ON CONFLICT DO NOTHING",
     )?;
     super::super::count_silenced(silenced.len());
@@ -114,7 +114,13 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
                 body: body.as_deref(),
             };
             for (kept, before) in silence::kept(k) {
-                pair.execute(params![client, kept.to_string(), before.lost, before.data])?;
+                pair.execute(params![
+                    client,
+                    kept.to_string(),
+                    before.lost,
+                    before.data,
+                    seq
+                ])?;
             }
         }
         seqs.insert(seq);
@@ -127,7 +133,8 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
 fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<NotificationRef>> {
     let pairs = tx
         .prepare_cached(&format!(
-            "SELECT p.client_id, p.sensor_id, p.lost, p.data FROM silenced_pairs p, silences s \
+            "SELECT p.client_id, p.sensor_id, p.lost, p.data, p.since \
+             FROM silenced_pairs p, silences s \
              WHERE s.id = ?1 AND {} AND NOT EXISTS (SELECT 1 FROM silences o \
              WHERE o.id <> s.id AND {} AND {})",
             matched_pair("s"),
@@ -140,7 +147,11 @@ fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<Notification
                 lost,
                 data: r.get(3).ok().flatten(),
             });
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, before))
+            let kept = Kept {
+                before,
+                since: r.get(4)?,
+            };
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, kept))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     // A site still down whose loss the silence kept from a client: one site loss for it
@@ -161,7 +172,7 @@ fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<Notification
         }
     }
     let mut made: Vec<NotificationRef> = retold.iter().map(|(_, r)| r.made.clone()).collect();
-    for (client, sensor, before) in pairs {
+    for (client, sensor, kept) in pairs {
         tx.prepare_cached("DELETE FROM silenced_pairs WHERE client_id = ?1 AND sensor_id = ?2")?
             .execute(params![client, sensor])?;
         let named = retold
@@ -170,7 +181,7 @@ fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<Notification
         if named {
             continue;
         }
-        if let Some(r) = bring_up_to_date(tx, &client, &sensor, before, now)? {
+        if let Some(r) = bring_up_to_date(tx, &client, &sensor, kept, now)? {
             made.push(r);
         }
     }
@@ -178,6 +189,16 @@ fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<Notification
         super::site_retell::told(tx, r)?;
     }
     Ok(made)
+}
+
+/// What a pair keeps for its reconciliation: what the client knew of the sensor before the
+/// first notification the silence kept (`None`: a pair noted before latch kept it), and that
+/// notification's seq: what was told after it is read from the outbox (retention keeps it
+/// while the pair waits), what came before only through this view.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    before: Option<View>,
+    since: i64,
 }
 
 /// Whether the site of sensor `?2` holds events of it that its decision will release to
@@ -194,7 +215,7 @@ fn bring_up_to_date(
     tx: &Transaction,
     client: &str,
     sensor: &str,
-    before: Option<View>,
+    kept: Kept,
     now: Millis,
 ) -> Result<Option<NotificationRef>> {
     // What its site holds of the sensor and will tell this client: the site's decision
@@ -206,7 +227,7 @@ fn bring_up_to_date(
     if site_tells {
         return Ok(None);
     }
-    let view = view(tx, client, sensor)?.or(before);
+    let view = view(tx, client, sensor, kept.since)?.or(kept.before);
     let told: bool = tx
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
@@ -272,19 +293,20 @@ fn bring_up_to_date(
     Ok(Some(made))
 }
 
-/// What `client` knows of `sensor` from its newest notification about it delivered or
-/// waiting to be: of the sensor's own kinds in its lane, or a site's event that named it
-/// (which travels in the lane of the first sensor it names, `silence::site_view`); `None`:
-/// nothing (the caller takes the view the pair kept, `silence::kept`).
-fn view(c: &Connection, client: &str, sensor: &str) -> Result<Option<View>> {
+/// What `client` knows of `sensor` from its newest notification about it past `since`
+/// delivered or waiting to be: of the sensor's own kinds in its lane, or a site's event
+/// that named it (which travels in the lane of the first sensor it names,
+/// `silence::site_view`); `None`: nothing (the caller takes the view the pair kept,
+/// `silence::kept`).
+fn view(c: &Connection, client: &str, sensor: &str, since: i64) -> Result<Option<View>> {
     let own = c
         .prepare_cached(
             "SELECT seq, kind, data FROM notifications WHERE sensor_id = ?2 AND client_id = ?1 \
              AND status IN ('delivered', 'pending') AND kind IN ('sensor.state_changed', \
              'sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') \
-             ORDER BY seq DESC LIMIT 1",
+             AND seq > ?3 ORDER BY seq DESC LIMIT 1",
         )?
-        .query_row(params![client, sensor], |r| {
+        .query_row(params![client, sensor, since], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
@@ -292,7 +314,7 @@ fn view(c: &Connection, client: &str, sensor: &str) -> Result<Option<View>> {
             ))
         })
         .optional()?;
-    let after = own.as_ref().map_or(0, |o| o.0);
+    let after = own.as_ref().map_or(since, |o| o.0);
     let id = SensorId::parse(sensor)
         .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?;
     let sites = c

@@ -290,7 +290,7 @@ impl Tables {
                 let site = self.sensors.get(&sensor).and_then(|s| s.site_id.clone());
                 self.silenced_pairs
                     .entry((client.clone(), sensor))
-                    .or_insert((site, before));
+                    .or_insert((site, before, seq));
             }
             seqs.push(seq);
         }
@@ -313,10 +313,10 @@ impl Tables {
         for id in ended {
             let s = self.silences[&id].clone();
             self.silences.get_mut(&id).expect("listed").reconciled_at = Some(now);
-            let pairs: Vec<((String, SensorId), View)> = self
+            let pairs: Vec<((String, SensorId), (View, i64))> = self
                 .silenced_pairs
                 .iter()
-                .filter(|((c, x), (site, _))| {
+                .filter(|((c, x), (site, _, _))| {
                     // `matched_pair`: by the site then, or now.
                     matches_pair(self, &s, c, *x)
                         || (site.is_some()
@@ -340,7 +340,7 @@ impl Tables {
                         .values()
                         .any(|o| o.id != s.id && active(o, now) && matches_pair(self, o, c, *x))
                 })
-                .map(|(pair, (_, before))| (pair.clone(), *before))
+                .map(|(pair, (_, before, since))| (pair.clone(), (*before, *since)))
                 .collect();
             // `site::retell`: one site loss for a site still down whose loss was kept.
             let mut retold = Vec::new();
@@ -395,8 +395,8 @@ impl Tables {
         })
     }
 
-    /// What `client` knows of `sensor` (`silences::view`).
-    fn view(&self, client: &str, sensor: SensorId) -> Option<View> {
+    /// What `client` knows of `sensor` past `since` (`silences::view`).
+    fn view(&self, client: &str, sensor: SensorId, since: i64) -> Option<View> {
         let lane: Vec<&Notification> = self
             .lanes
             .get(&(sensor, client.to_string()))
@@ -405,9 +405,11 @@ impl Tables {
             .filter_map(|seq| self.notifications.get(seq))
             .map(|r| &r.notification)
             .collect();
-        let told = |n: &Notification| matches!(n.status, Status::Delivered | Status::Pending);
+        let told = |n: &Notification| {
+            n.seq > since && matches!(n.status, Status::Delivered | Status::Pending)
+        };
         let own = lane.iter().rev().find(|n| told(n) && !n.kind.is_site());
-        let after = own.map_or(0, |n| n.seq);
+        let after = own.map_or(since, |n| n.seq);
         // A site's event that named it, in whatever lane (`silence::site_view`).
         let by_site = self
             .notifications
@@ -424,7 +426,7 @@ impl Tables {
         cx: &Cx,
         client: &str,
         sensor: SensorId,
-        before: View,
+        (before, since): (View, i64),
         now: Millis,
     ) -> Option<NotificationRef> {
         if self.site_will_tell(client, sensor) {
@@ -443,7 +445,7 @@ impl Tables {
         }
         let events = self.clients.get(client)?.client.events.clone();
         let st = self.states.get(&sensor).copied();
-        let seen = self.view(client, sensor);
+        let seen = self.view(client, sensor, since);
         let view = silence::told_by_site(seen.unwrap_or(before), told);
         let connection = st.map_or(Connection::Unknown, |s| s.connection);
         let (kind, data, previous) = silence::reconcile(view, connection, st.and_then(|s| s.data))?;

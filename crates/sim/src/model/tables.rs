@@ -153,9 +153,10 @@ pub struct Tables {
     /// silence ended early stays active for every commit before the end is written.
     pub(crate) silence_written_at: BTreeMap<String, Millis>,
     /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from, each
-    /// with the sensor's site when the first was kept and what the client knew before it.
+    /// with the sensor's site when the first was kept, what the client knew before it, and
+    /// its seq (`since`).
     pub(crate) silenced_pairs:
-        BTreeMap<(String, SensorId), (Option<String>, latch::domain::silence::View)>,
+        BTreeMap<(String, SensorId), (Option<String>, latch::domain::silence::View, i64)>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
