@@ -173,6 +173,7 @@ impl Applier {
             };
             match inbound {
                 Inbound::Connected(_, false) => self.resent.clear(),
+                Inbound::Subscribed(g) => self.resent.resends_in(g),
                 Inbound::Written(g, pkid) => self.resent.written(pkid, g),
                 Inbound::Publish(g, p) if self.current(g) && self.resent.is_resend(&p) => {
                     families::MQTT_DUPLICATES.counter().increment(1);
@@ -217,8 +218,10 @@ impl Applier {
             self.resent.acknowledged(p, g);
         }
         let from = if current { done.settled } else { 0 };
+        let now = self.link.generation();
         for i in done.committed(from) {
-            self.resent.remember(&batch.publishes[batch.applied[i]]);
+            self.resent
+                .remember(&batch.publishes[batch.applied[i]], now);
         }
         if !done.all_settled() {
             match &done.result {

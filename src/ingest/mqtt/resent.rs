@@ -14,7 +14,9 @@
 //! of the publish (or of its resend) on the connection it came on: until then the broker
 //! holds the id, and a connection that breaks with the ack still queued brings the
 //! publish again. All go when the broker says the session did not survive (nothing will
-//! be resent then).
+//! be resent then), and one the broker did not resend on a later connection goes once
+//! that connection's resends are in: kept, it would match a later publish that reuses
+//! the id with the same topic and payload, which would be acknowledged and never applied.
 //!
 //! The session outlives the process: what is left here when latch stops is kept in the
 //! store ([`crate::store::Sessions`]) and taken back by the next start (here or, in a
@@ -31,8 +33,9 @@ use crate::store::Unacked;
 #[derive(Default)]
 pub(super) struct Resent {
     /// By packet id: the publish (its topic and payload are compared; cloning one shares
-    /// their buffers).
-    by_packet: HashMap<u16, Publish>,
+    /// their buffers), and the connection that was current when it was remembered (0:
+    /// kept across a stop): every later connection's resends bring it, if any does.
+    by_packet: HashMap<u16, (Publish, u64)>,
     /// Publishes whose acknowledgement is queued and not yet written, with the connection
     /// it was queued for. Until the event loop writes it, the broker still holds the id
     /// and resends the publish on a new connection: the connection may break first, and
@@ -41,10 +44,11 @@ pub(super) struct Resent {
 }
 
 impl Resent {
-    /// A committed publish that was not acknowledged.
-    pub(super) fn remember(&mut self, p: &Publish) {
+    /// A committed publish that was not acknowledged, while connection `generation` is
+    /// the current one.
+    pub(super) fn remember(&mut self, p: &Publish, generation: u64) {
         if p.qos != QoS::AtMostOnce {
-            self.by_packet.insert(p.pkid, p.clone());
+            self.by_packet.insert(p.pkid, (p.clone(), generation));
         }
     }
 
@@ -52,7 +56,10 @@ impl Resent {
     pub(super) fn is_resend(&self, p: &Publish) -> bool {
         let same = |old: &Publish| old.topic == p.topic && old.payload == p.payload;
         p.qos != QoS::AtMostOnce
-            && (self.by_packet.get(&p.pkid).is_some_and(same)
+            && (self
+                .by_packet
+                .get(&p.pkid)
+                .is_some_and(|(old, _)| same(old))
                 || self.queued.get(&p.pkid).is_some_and(|(old, _)| same(old)))
     }
 
@@ -94,7 +101,7 @@ impl Resent {
                 p.pkid = u.pkid;
                 p.topic = u.topic.into();
                 p.payload = u.payload.into();
-                (u.pkid, p)
+                (u.pkid, (p, 0))
             })
             .collect();
         Self {
@@ -108,7 +115,7 @@ impl Resent {
         let mut kept: Vec<Unacked> = self
             .by_packet
             .values()
-            .map(|p| Unacked {
+            .map(|(p, _)| Unacked {
                 pkid: p.pkid,
                 topic: p.topic.to_vec(),
                 payload: p.payload.to_vec(),
@@ -129,9 +136,12 @@ impl Resent {
 
     /// The broker's resends of connection `generation` are in (it sends them before it
     /// answers the subscription): an ack still queued from an earlier connection was
-    /// written after its resend, or reached the broker, which then resends nothing.
+    /// written after its resend, or reached the broker, which then resends nothing; a
+    /// publish remembered before this connection and not resent on it is not held by the
+    /// broker any more (its ack got through, or another client of the session took it).
     pub(super) fn resends_in(&mut self, generation: u64) {
         self.queued.retain(|_, (_, g)| *g >= generation);
+        self.by_packet.retain(|_, (_, g)| *g >= generation);
     }
 
     #[cfg(test)]
@@ -153,7 +163,7 @@ mod tests {
     #[test]
     fn a_resend_is_its_packet_id_topic_and_payload_until_acknowledged() {
         let mut r = Resent::default();
-        r.remember(&publish(7, "s/a/state", "1"));
+        r.remember(&publish(7, "s/a/state", "1"), 1);
         assert!(r.is_resend(&publish(7, "s/a/state", "1")));
         assert!(
             !r.is_resend(&publish(7, "s/a/state", "0")),
@@ -174,20 +184,20 @@ mod tests {
             !r.is_resend(&publish(7, "s/a/state", "1")),
             "the id is free again"
         );
-        r.remember(&publish(9, "s/a/state", "1"));
+        r.remember(&publish(9, "s/a/state", "1"), 1);
         r.clear();
         assert_eq!(r.len(), 0);
         let mut q0 = publish(0, "s/a/state", "1");
         q0.qos = QoS::AtMostOnce;
-        r.remember(&q0);
+        r.remember(&q0, 1);
         assert_eq!(r.len(), 0, "nothing is resent at QoS 0");
     }
 
     #[test]
     fn what_is_kept_across_a_stop_is_recognised_after_it() {
         let mut r = Resent::default();
-        r.remember(&publish(9, "s/b/state", "0"));
-        r.remember(&publish(7, "s/a/state", "{\"data\":1}"));
+        r.remember(&publish(9, "s/b/state", "0"), 1);
+        r.remember(&publish(7, "s/a/state", "{\"data\":1}"), 1);
         let kept = r.kept();
         assert_eq!(kept.iter().map(|u| u.pkid).collect::<Vec<_>>(), [7, 9]);
         let back = Resent::restore(kept);
@@ -213,8 +223,9 @@ mod tests {
         assert!(!r.is_resend(&p));
         assert!(r.is_empty());
         // Queued on connection 3 and never written there: recognised until connection 4
-        // has had its resends, and not kept across a stop.
-        r.remember(&publish(6, "s/b/state", "0"));
+        // has had its resends, and not kept across a stop. 6 committed unacknowledged
+        // while connection 4 was current: the next connection brings it.
+        r.remember(&publish(6, "s/b/state", "0"), 4);
         r.acknowledged(&publish(8, "s/c/state", "1"), 3);
         assert!(!r.is_empty());
         let kept: Vec<u16> = r.kept().iter().map(|u| u.pkid).collect();
@@ -223,5 +234,28 @@ mod tests {
         r.resends_in(4);
         assert!(!r.is_resend(&publish(8, "s/c/state", "1")), "a new publish");
         assert!(r.is_resend(&publish(6, "s/b/state", "0")));
+    }
+
+    /// What a stop kept, or a connection remembered, that the broker does not resend on a
+    /// later connection is not held by it (another client of the session took it, or the
+    /// ack got through): a new publish that reuses its id, topic and payload is applied.
+    #[test]
+    fn what_the_next_connection_does_not_resend_is_forgotten() {
+        let kept = vec![Unacked {
+            pkid: 3,
+            topic: b"s/a/state".to_vec(),
+            payload: b"1".to_vec(),
+        }];
+        let mut r = Resent::restore(kept);
+        r.remember(&publish(4, "s/b/state", "0"), 1);
+        r.remember(&publish(5, "s/c/state", "0"), 2);
+        assert!(r.is_resend(&publish(3, "s/a/state", "1")));
+        // Connection 2's resends are in, and neither 3 nor 4 was among them.
+        r.resends_in(2);
+        assert!(!r.is_resend(&publish(3, "s/a/state", "1")), "a new publish");
+        assert!(!r.is_resend(&publish(4, "s/b/state", "0")), "a new publish");
+        assert!(r.is_resend(&publish(5, "s/c/state", "0")), "still to come");
+        let kept: Vec<u16> = r.kept().iter().map(|u| u.pkid).collect();
+        assert_eq!(kept, [5], "only what may still come is kept across a stop");
     }
 }
