@@ -20,11 +20,13 @@
 //! partitions are forwarded to their owners ([`forward`]).
 //!
 //! The plain AMQP queue and the MQTT subscription run on the node that holds partition 0
-//! ([`Membership::leads`]), so they are consumed in one place, in order, as on one node;
+//! ([`Membership::leads`], [`lead`]), so they are consumed in one place, in order, as on
+//! one node;
 //! the AMQP exchange's partition queues are consumed by each partition's owner
 //! ([`Membership::served`], [`crate::ingest::amqp::exchange`]).
 
 pub mod forward;
+pub mod lead;
 pub mod trust;
 
 use crate::hashing::FastMap as HashMap;
@@ -75,7 +77,7 @@ pub struct Membership {
     /// `held` as flags, read by the dispatcher's filter for every notification it sweeps.
     serving: Arc<Vec<AtomicBool>>,
     routing: Arc<Routing>,
-    leads: watch::Sender<bool>,
+    lead: lead::Lead,
     /// `held`'s partitions, for the AMQP exchange's consumers of their queues.
     served: watch::Sender<Arc<std::collections::BTreeSet<u32>>>,
     /// The broker links as this node's engine last heard of them ([`Membership::follow_links`]).
@@ -130,7 +132,6 @@ impl Membership {
                 config.database_timeout + Duration::from_secs(5),
             ))
         });
-        let (leads, _) = watch::channel(false);
         let (served, _) = watch::channel(Arc::new(std::collections::BTreeSet::new()));
         let me = Arc::new(Self {
             store,
@@ -141,7 +142,7 @@ impl Membership {
             held: Mutex::new(BTreeMap::new()),
             serving: Arc::new((0..partitions).map(|_| AtomicBool::new(false)).collect()),
             routing: Arc::new(Routing::new(partitions, forwarder)),
-            leads,
+            lead: lead::Lead::new(),
             served,
             links: Mutex::new(HashMap::default()),
             unpublished: tokio::sync::Mutex::new(Vec::new()),
@@ -210,8 +211,8 @@ impl Membership {
     }
 
     /// Whether this node runs the broker sources (it holds partition 0).
-    pub fn leads(&self) -> watch::Receiver<bool> {
-        self.leads.subscribe()
+    pub fn leads(&self) -> lead::Follower {
+        self.lead.follower()
     }
 
     /// The partitions this node serves, as they change: the AMQP exchange's queues it
@@ -413,6 +414,13 @@ impl Membership {
                 })
                 .collect()
         };
+        // The broker sources first, while every partition is still served here (what they
+        // finish at their stop commits as usual): see `lead`.
+        if give.iter().any(|l| l.partition == 0) && !self.lead.stop_here(self.lease / 2).await {
+            tracing::warn!(
+                "The broker sources did not stop in time; handing partition 0 over anyway."
+            );
+        }
         // Stop routing here first, so nothing new queues behind the flush, and start no
         // attempt for them any more.
         for l in &give {
@@ -535,10 +543,7 @@ impl Membership {
         families::CLUSTER_PARTITIONS_OWNED
             .gauge()
             .set(held.len() as f64);
-        self.leads.send_if_modified(|leads| {
-            let now = held.contains_key(&0);
-            std::mem::replace(leads, now) != now
-        });
+        self.lead.set(held.contains_key(&0));
         let now: std::collections::BTreeSet<u32> = held.keys().copied().collect();
         self.served.send_if_modified(|served| {
             let changed = **served != now;

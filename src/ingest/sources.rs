@@ -58,7 +58,7 @@ pub fn start(
 /// what they hold first; the broker keeps the rest for the next holder (the MQTT session
 /// is the cluster's, under one client id).
 pub async fn lead(
-    mut leads: tokio::sync::watch::Receiver<bool>,
+    follower: crate::cluster::lead::Follower,
     config: Arc<Config>,
     ingest: Ingest,
     sources: Sources,
@@ -68,6 +68,10 @@ pub async fn lead(
     if config.amqp_url.is_none() && config.mqtt_url.is_none() {
         return;
     }
+    let crate::cluster::lead::Follower {
+        want: mut leads,
+        running: said,
+    } = follower;
     loop {
         while !*leads.borrow_and_update() {
             tokio::select! {
@@ -80,6 +84,7 @@ pub async fn lead(
         let tasks = TaskTracker::new();
         start(&config, &ingest, &sources, &store, &running, &tasks);
         tasks.close();
+        said.send_replace(true);
         tracing::info!("This node holds partition 0: running the broker sources.");
         loop {
             tokio::select! {
@@ -94,6 +99,7 @@ pub async fn lead(
         }
         running.cancel();
         tasks.wait().await;
+        said.send_replace(false);
         if stop.is_cancelled() {
             return;
         }
