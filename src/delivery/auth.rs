@@ -154,6 +154,8 @@ async fn fetch(
     timeout: Duration,
     now: Millis,
 ) -> Result<Token, String> {
+    // One deadline for every step: the name judged, the request, the answer read.
+    let started = tokio::time::Instant::now();
     let url = reqwest::Url::parse(grant.token_url)
         .map_err(|e| failed(format!("token_url unusable: {e}")))?;
     let refused =
@@ -162,7 +164,7 @@ async fn fetch(
     if let (Some(host), Some(_)) = (host, guard.proxy()) {
         let port = url.port_or_known_default().unwrap_or(443);
         guard
-            .judge_name(host, port)
+            .judge_name(host, port, timeout)
             .await
             .map_err(|r| refused(&r))?;
     }
@@ -171,7 +173,7 @@ async fn fetch(
     form.extend(grant.audience.map(|a| ("audience", a)));
     let answer = http
         .post(url)
-        .timeout(timeout)
+        .timeout(timeout.saturating_sub(started.elapsed()))
         .basic_auth(
             form_encode(grant.client_id),
             Some(form_encode(grant.client_secret)),
@@ -197,7 +199,7 @@ async fn fetch(
         })?;
     let status = answer.status().as_u16();
     let max = super::answer::TOKEN_ANSWER_MAX;
-    let body = tokio::time::timeout(timeout, super::answer::read_at_most(answer, max))
+    let body = tokio::time::timeout_at(started + timeout, super::answer::read_at_most(answer, max))
         .await
         .map_err(|_| failed("the token endpoint's answer did not arrive in time"))?
         .map_err(|e| failed(format!("the token endpoint's answer was cut off: {e}")))?

@@ -15,10 +15,10 @@
 //! [`Guard::resolve`] and connects to an allowed address itself.
 //!
 //! With an egress proxy (`delivery_proxy`), the proxy resolves a receiver's name and
-//! connects, not latch: the sender resolves the name first and goes on only when every
-//! address it has now is allowed ([`Guard::judge_name`]), so the guard still judges the
-//! receiver's address; the proxy's own name resolves unguarded, because the operator named
-//! it ([`GuardedResolver`]).
+//! connects, not latch: the sender resolves the name first and goes on only when it
+//! resolves, within the attempt's time, and every address it has now is allowed
+//! ([`Guard::judge_name`]), so the guard still judges the receiver's address; the proxy's
+//! own name resolves unguarded, because the operator named it ([`GuardedResolver`]).
 //!
 //! The classification ([`non_global`]) is pure and follows the IANA special-purpose
 //! address registries.
@@ -145,6 +145,11 @@ pub enum Refusal {
         why: &'static str,
     },
     #[error(
+        "{host} does not resolve from latch ({why}): through the proxy it could reach an \
+         address latch cannot judge, so it is not sent"
+    )]
+    Unjudged { host: String, why: String },
+    #[error(
         "url must use https: LATCH_DELIVERY_HTTPS_ONLY is set (broker destinations have no \
          TLS in this build)"
     )]
@@ -232,14 +237,26 @@ impl Guard {
 
     /// Before a request goes through the proxy, which resolves `host` itself: every
     /// address `host` resolves to now must be allowed (the proxy may pick any of them).
-    /// A name that does not resolve here is left to the proxy, which fails it alike.
-    pub async fn judge_name(&self, host: &str, port: u16) -> Result<(), Refusal> {
+    /// A name that does not resolve here within `within` (the attempt's time left) is
+    /// refused: the proxy may resolve it otherwise (split horizon) to where latch would
+    /// not go, and an attempt must not outlive its lease.
+    pub async fn judge_name(&self, host: &str, port: u16, within: Duration) -> Result<(), Refusal> {
         if self.allows_everything() || host.parse::<IpAddr>().is_ok() {
             return Ok(()); // a literal was judged by `check_url`
         }
-        let Ok(addrs) = tokio::net::lookup_host((host, port)).await else {
-            return Ok(());
+        let unjudged = |why: String| Refusal::Unjudged {
+            host: host.to_string(),
+            why,
         };
+        let addrs: Vec<SocketAddr> =
+            match tokio::time::timeout(within, tokio::net::lookup_host((host, port))).await {
+                Ok(Ok(addrs)) => addrs.collect(),
+                Ok(Err(e)) => return Err(unjudged(e.to_string())),
+                Err(_) => return Err(unjudged(format!("no answer within {within:?}"))),
+            };
+        if addrs.is_empty() {
+            return Err(unjudged("no address".to_string()));
+        }
         for a in addrs {
             if let Err(Refusal::Address { addr, why }) = self.check_ip(a.ip()) {
                 return Err(Refusal::Proxied {

@@ -220,7 +220,7 @@ async fn post(
     // Through the proxy, the proxy resolves the name: the guard judges it here first.
     if let (Some(host), Some(_)) = (host, guard.proxy()) {
         let port = url.port_or_known_default().unwrap_or(443);
-        if let Err(r) = guard.judge_name(host, port).await {
+        if let Err(r) = guard.judge_name(host, port, left()).await {
             return failed(Failure::NotAllowed, not_allowed(&r));
         }
     }
