@@ -181,6 +181,9 @@ pub struct ClaimRow {
     pub batch: Option<super::client::Batch>,
     /// The client's headers, authentication and certificate.
     pub receiver: super::receiver::Receiver,
+    /// A site's notification: a newer one of the same site reached the client or waits
+    /// for it, and supersedes this one (the owner's decision in issue #68).
+    pub newer_site_event: bool,
     /// Where it stands in its (client, sensor) lane in the store; read on a store shared by
     /// several nodes, whose lanes may each hold part of one lane around a takeover.
     pub lane: LaneInStore,
@@ -257,6 +260,11 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     if n.kind == EventKind::StateChanged
         && (row.lane.newer_state_delivered || row.lane.newer_state_pending)
     {
+        return ClaimStep::Supersede;
+    }
+    // A site's events travel in the lanes of the sensors they name first, which may
+    // differ: the newer one is the site as it is, whichever lane reaches the client first.
+    if n.kind.is_site() && row.newer_site_event {
         return ClaimStep::Supersede;
     }
     if row.lane.older_pending > 0 {

@@ -70,6 +70,14 @@ pub struct SiteTotals {
     pub oldest_grace: Option<Millis>,
 }
 
+/// The site a site event's body names (`{"site": {"id": …}, …}`): stored beside the
+/// notification, so that a newer event of the same site for the same client supersedes
+/// one still waiting (the owner's decision in issue #68; `policy::claim_step`).
+pub fn named_in(body: Option<&str>) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body?).ok()?;
+    v["site"]["id"].as_str().map(str::to_string)
+}
+
 /// Whether a site with these counts is down: its gateway is lost, or at least `ratio` of
 /// its sensors, and at least `min_sensors`, are.
 pub fn down(c: SiteCounts, ratio: f64, min_sensors: u32) -> bool {

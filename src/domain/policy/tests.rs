@@ -46,6 +46,7 @@ fn row(status: Status) -> ClaimRow {
         previous_secret_until: None,
         disabled: false,
         rate_limit: None,
+        newer_site_event: false,
         lane: LaneInStore::default(),
         batch: None,
         receiver: Default::default(),
@@ -595,6 +596,34 @@ fn a_state_older_than_one_delivered_is_superseded_a_liveness_one_is_sent() {
     ));
     assert!(matches!(
         claim_step(stale(LOST), "me", 100),
+        ClaimStep::Lease(_)
+    ));
+}
+
+/// The owner's decision (issue #68): a site's event still waiting when a newer one of the
+/// same site was made for the client is superseded, whichever lane it travels in; a
+/// sensor's own loss never is.
+#[test]
+fn a_site_event_older_than_one_of_the_same_site_is_superseded() {
+    let site = |kind, newer| ClaimRow {
+        newer_site_event: newer,
+        notification: Notification {
+            kind,
+            ..notification(Status::Pending)
+        },
+        ..row(Status::Pending)
+    };
+    let lost = EventKind::SiteConnectionLost;
+    assert!(matches!(
+        claim_step(site(lost, true), "me", 100),
+        ClaimStep::Supersede
+    ));
+    assert!(matches!(
+        claim_step(site(lost, false), "me", 100),
+        ClaimStep::Lease(_)
+    ));
+    assert!(matches!(
+        claim_step(site(LOST, true), "me", 100),
         ClaimStep::Lease(_)
     ));
 }

@@ -310,3 +310,59 @@ pub(super) async fn a_subscription_changed_while_down_releases_at_once(s: &Subje
     );
     assert!(s.decide_sites(RULES, 43_000).await.unwrap().is_empty());
 }
+
+/// The owner's decision (issue #68): a site's event still waiting when a newer one of the
+/// same site is made for the client is superseded at its claim — the client hears the
+/// site as it is now — while another site's event is not.
+pub(super) async fn a_newer_site_event_supersedes_one_waiting(s: &Subject) {
+    fill(s, "sp-a", &["sp1", "sp2", "sp3", "sp4", "sp5"], "spc").await;
+    fill(s, "sp-b", &["sq1", "sq2", "sq3", "sq4", "sq5"], "spc").await;
+    for id in ["sp1", "sp2", "sp3", "sq1", "sq2", "sq3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    let losses = s.decide_sites(RULES, 36_000).await.unwrap().made;
+    assert_eq!(losses.len(), 2, "{losses:?}");
+    // sp1 comes back: sp-a is up again (two of five lost, under the minimum of three).
+    s.commit(
+        liveness("sp1", EventKind::ConnectionRestored, 40_000),
+        40_000,
+    )
+    .await
+    .unwrap();
+    let back = s.decide_sites(RULES, 41_000).await.unwrap().made;
+    assert_eq!(
+        kinds(&back),
+        [("spc".into(), sid("sp1"), EventKind::SiteConnectionRestored)]
+    );
+    let of = |site: &str| {
+        let first = if site == "sp-a" { "sp" } else { "sq" };
+        losses
+            .iter()
+            .find(|n| n.sensor_id.to_string().starts_with(first))
+            .expect("a loss per site")
+            .id
+            .clone()
+    };
+    let claim = |id: String| async move {
+        s.claim(vec![id], "n1".into(), 42_000, 60_000, None)
+            .await
+            .unwrap()
+            .remove(0)
+    };
+    match claim(of("sp-a")).await {
+        Claim::Done { status, .. } => assert_eq!(status, Status::Superseded),
+        other => panic!("sp-a's loss: {other:?}"),
+    }
+    assert!(
+        matches!(claim(back[0].id.clone()).await, Claim::Send(_)),
+        "the return goes out"
+    );
+    assert!(
+        matches!(claim(of("sp-b")).await, Claim::Send(_)),
+        "another site's loss is not superseded by it"
+    );
+    let (n, _) = s.get_notification(of("sp-a")).await.unwrap().unwrap();
+    assert_eq!(n.status, Status::Superseded);
+}

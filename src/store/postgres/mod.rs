@@ -82,6 +82,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0023_sites_silences.sql"),
     include_str!("../migrations/postgres/0024_site_released.sql"),
     include_str!("../migrations/postgres/0025_silenced_pairs_site.sql"),
+    include_str!("../migrations/postgres/0027_notifications_site.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

@@ -27,9 +27,9 @@ pub(super) async fn insert_one(
         .query_one(
             "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
              previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
-             created_at, updated_at, lost_since, reminder, flips_suppressed, body) \
+             created_at, updated_at, lost_since, reminder, flips_suppressed, body, site_id) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9, $9, $10, $11, $12, \
-             $13) RETURNING seq, sensor_id, client_id), \
+             $13, $14) RETURNING seq, sensor_id, client_id), \
              listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
              SELECT seq, sensor_id, client_id FROM ins) \
              SELECT seq FROM ins",
@@ -47,6 +47,7 @@ pub(super) async fn insert_one(
                 &e.detail.reminder.map(|r| r as i32),
                 &e.detail.flips_suppressed.map(|f| f as i32),
                 &body,
+                &crate::domain::site::named_in(body),
             ],
         )
         .await?;

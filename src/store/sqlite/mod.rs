@@ -75,6 +75,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0020_events_journal.sql"),
     include_str!("../migrations/sqlite/0021_silenced_pairs_site.sql"),
     include_str!("../migrations/sqlite/0022_archive_made.sql"),
+    include_str!("../migrations/sqlite/0024_notifications_site.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

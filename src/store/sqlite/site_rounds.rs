@@ -27,8 +27,9 @@ pub(super) fn insert_one(
         .prepare_cached(
             "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
              occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, \
-             updated_at, lost_since, reminder, flips_suppressed, body) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?9, ?9, ?9, ?10, ?11, ?12, ?13) \
+             updated_at, lost_since, reminder, flips_suppressed, body, site_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', 0, ?9, ?9, ?9, ?10, ?11, ?12, ?13, \
+             ?14) \
              RETURNING seq",
         )?
         .query_row(
@@ -45,7 +46,8 @@ pub(super) fn insert_one(
                 e.detail.lost_since,
                 e.detail.reminder,
                 e.detail.flips_suppressed,
-                body
+                body,
+                crate::domain::site::named_in(body)
             ],
             |r| r.get(0),
         )?;

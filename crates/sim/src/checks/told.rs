@@ -78,11 +78,12 @@ pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
                 true => Told::Unknown,
                 false => was,
             };
-            // Not received (kept, cancelled, or a dead letter a replay may send any time):
-            // what the client knows is open, and a silence's end may tell it again.
+            // Not received (kept, cancelled, a site's event a newer one of the site
+            // superseded, or a dead letter a replay may send any time): what the client
+            // knows is open, and a silence's end may tell it again.
             if matches!(
                 tr.status,
-                Status::Silenced | Status::Cancelled | Status::Failed
+                Status::Silenced | Status::Cancelled | Status::Failed | Status::Superseded
             ) {
                 told.insert(key, (Told::Unknown, tr.created_at));
                 continue;

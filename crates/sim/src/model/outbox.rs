@@ -64,6 +64,23 @@ impl Tables {
         lane
     }
 
+    /// `CLAIM_COLS`' last column: a newer notification of `n`'s site (`site_id`) for its
+    /// client reached it or waits.
+    fn newer_site_event(&self, n: &Notification) -> bool {
+        let Some(site) = latch::domain::site::named_in(n.body.as_deref()) else {
+            return false;
+        };
+        self.notifications
+            .range(n.seq + 1..)
+            .map(|(_, r)| &r.notification)
+            .any(|m| {
+                m.client_id == n.client_id
+                    && matches!(m.status, Status::Pending | Status::Delivered)
+                    && m.kind.is_site()
+                    && latch::domain::site::named_in(m.body.as_deref()).as_deref() == Some(&site)
+            })
+    }
+
     /// `CLAIM_COLS` over `CLAIM_FROM`: the row, its lease and the registry now.
     fn claim_row(&self, seq: i64, node: &str) -> ClaimRow {
         let r = &self.notifications[&seq];
@@ -83,6 +100,7 @@ impl Tables {
             rate_limit: client.and_then(|c| c.rate_limit),
             batch: client.and_then(|c| c.batch),
             receiver: client.map(|c| c.receiver.clone()).unwrap_or_default(),
+            newer_site_event: self.newer_site_event(n),
             lane: if self.shared {
                 self.lane_in_store(n, node)
             } else {
