@@ -130,6 +130,9 @@ enum Scenario {
     /// One client's `rate_limit` through N `latch serve` processes against one node: the
     /// webhooks it receives per second.
     Rate(latch_bench::rate::Args),
+    /// Many sites, some dark at once: their losses, then in how many rounds every dark
+    /// site's return is told.
+    Sites(latch_bench::sites::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -166,6 +169,7 @@ fn main() -> anyhow::Result<()> {
                     Scenario::Retention(a) => latch_bench::retention::run(a).await?,
                     Scenario::Cluster(a) => latch_bench::cluster_any(a).await?,
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
+                    Scenario::Sites(a) => latch_bench::sites::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

@@ -312,6 +312,29 @@ fn fleet_bench_sees_every_sensor_lost_and_every_lost_webhook_answered() {
 }
 
 #[test]
+fn sites_bench_tells_each_dark_site_once_and_its_return_once() {
+    // The bench fails unless every dark site's loss and return reached the receiver.
+    let r = bench(&[
+        "sites",
+        "--sites",
+        "30",
+        "--dark",
+        "6",
+        "--timeout",
+        "2s",
+        "--site-grace",
+        "1s",
+    ]);
+    let n = |k: &str| num(&r, k);
+    assert_eq!(n("site_lost_webhooks"), 6.0, "no lit site went down: {r}");
+    assert_eq!(n("site_restored_webhooks"), 6.0, "{r}");
+    assert_eq!(n("sensor_lost_webhooks"), 0.0, "{r}");
+    assert_eq!(n("sensor_restored_webhooks"), 0.0, "{r}");
+    assert!(n("returns_told_after_readings_s") > 0.0, "{r}");
+    assert_eq!(n("duplicate_webhooks"), 0.0, "{r}");
+}
+
+#[test]
 fn fleet_bench_with_batches_gets_every_lost_event_in_fewer_requests() {
     let r = bench(&[
         "fleet",
