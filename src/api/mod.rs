@@ -15,6 +15,7 @@ pub mod limits;
 pub mod notifications;
 pub mod pagination;
 mod peers;
+pub mod query;
 pub mod rates;
 pub mod readings;
 pub mod receivers;

@@ -31,6 +31,7 @@ mod nodes;
 mod operator;
 mod pg_ops;
 mod privacy;
+mod queries;
 mod readings;
 mod readme;
 mod receivers;
