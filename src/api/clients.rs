@@ -57,9 +57,8 @@ pub struct ClientIn {
     #[schema(minimum = 1, maximum = 10000)]
     #[serde(default, deserialize_with = "super::whole_number")]
     pub rate_limit: Option<u32>,
-    /// The notification types it wants (`sensor.state_changed`, `sensor.connection_lost`,
-    /// `sensor.connection_restored`, `sensor.still_lost`; `client.test` may be listed and
-    /// is sent on request whatever the list says). Other types make no notification for
+    /// The notification types it wants, as `GET /v1/event-types` lists them (`client.test`
+    /// may be listed too, and is sent on request whatever the list says). Other types make no notification for
     /// it at all. Absent or `null`: all, including types added later; on replace too.
     #[schema(example = json!(["sensor.connection_lost", "sensor.connection_restored"]))]
     #[serde(default)]

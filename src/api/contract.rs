@@ -115,6 +115,16 @@ fn constrain_schemas(doc: &mut Value) {
     );
     merge(
         doc,
+        &format!("{s}/EventType/properties/type"),
+        json!({"enum": EventKind::ALL.map(|k| k.as_str())}),
+    );
+    merge(
+        doc,
+        "/paths/~1v1~1event-types/get/responses/200/content/application~1json",
+        json!({"example": super::event_types::example()}),
+    );
+    merge(
+        doc,
         &format!("{s}/ClientIn/properties/name"),
         json!({"minLength": 1, "maxLength": NAME_MAX_CHARS, "pattern": NOT_BLANK}),
     );

@@ -16,6 +16,7 @@ mod cluster_console;
 mod console;
 mod crash_state;
 mod delivery;
+mod event_types;
 mod full_disk;
 mod history;
 mod http_edges;
