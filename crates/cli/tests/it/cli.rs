@@ -112,7 +112,11 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("typo.toml"), "retry_bse = \"5s\"\n").unwrap();
     std::fs::write(dir.path().join("good.toml"), "retry_base = \"5s\"\n").unwrap();
-    let cases: [Case; 4] = [
+    const KEY: (&str, &str) = (
+        "LATCH_SECRET_KEY",
+        "c2VjcmV0LWtleS1vZi10aGlydHktdHdvLWJ5dGVzLiE=",
+    );
+    let cases: [Case; 9] = [
         (&["--config", "typo.toml"], &[], "unknown key `retry_bse`"),
         (
             &[],
@@ -130,17 +134,57 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
             &[("LATCH_AMQP_URL", "amqps://127.0.0.1:5671/%2f")],
             "amqp",
         ),
+        // Issue #70: database settings `serve` refused once it came to connect.
+        (
+            &[],
+            &[
+                (
+                    "LATCH_DATABASE_URL",
+                    "postgres://latch@127.0.0.1:5432/test?sslmode=require",
+                ),
+                KEY,
+            ],
+            "sslmode=require",
+        ),
+        (
+            &[],
+            &[
+                (
+                    "LATCH_DATABASE_URL",
+                    "postgres://latch@db/latch?sslmode=verify-full",
+                ),
+                KEY,
+            ],
+            "sslmode=verify-full",
+        ),
+        (
+            &[],
+            &[("LATCH_DATABASE_URL", "mysql://latch@db/latch"), KEY],
+            "invalid setting `database_url`",
+        ),
+        // A value copied from `latch config`, which masks secrets as ***.
+        (
+            &[],
+            &[("LATCH_API_TOKEN", "***")],
+            "invalid setting `api_token`",
+        ),
+        (
+            &[],
+            &[("LATCH_DATABASE_URL", "postgres://latch:***@db/latch"), KEY],
+            "invalid setting `database_url`",
+        ),
     ];
     for (args, env, says) in cases {
         let check: Vec<&str> = args.iter().copied().chain(["config", "--check"]).collect();
         let checked = latch(dir.path(), &check, env);
-        let serve: Vec<&str> = args.iter().copied().chain(["serve"]).collect();
-        let served = latch(dir.path(), &serve, env);
-        let (checked_err, served_err) = (text(&checked.stderr), text(&served.stderr));
+        // Before `serve` runs: one that took these settings would not stop.
         assert!(
             !checked.status.success(),
             "{args:?} {env:?} passed the check"
         );
+        let serve: Vec<&str> = args.iter().copied().chain(["serve"]).collect();
+        let served = latch(dir.path(), &serve, env);
+        let (checked_err, served_err) = (text(&checked.stderr), text(&served.stderr));
         assert!(!served.status.success(), "{args:?} {env:?} started");
         assert!(checked_err.contains(says), "{checked_err}");
         assert_eq!(checked_err, served_err, "the check says what serve says");
