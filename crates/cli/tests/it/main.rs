@@ -35,6 +35,7 @@ mod privacy;
 mod queries;
 mod readings;
 mod readme;
+mod readme_facts;
 mod receivers;
 mod redelivery;
 mod registry;
