@@ -46,6 +46,7 @@ pub enum RetryPolicyKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    #[serde(deserialize_with = "values::address")]
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub sqlite_synchronous: Synchronous,

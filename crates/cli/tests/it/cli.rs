@@ -206,6 +206,57 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
     assert!(text(&out.stderr).contains("nowhere.toml"));
 }
 
+/// Issue #70: a refused setting is one plain message that repeats the value given, even
+/// where the shell sets RUST_BACKTRACE=1 (it added a stack backtrace to every error).
+#[test]
+fn a_refused_setting_is_one_line_that_repeats_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("LATCH_LISTEN", "notanaddress"), ("RUST_BACKTRACE", "1")];
+    for command in [&["config", "--check"][..], &["serve"], &["config"]] {
+        let out = latch(dir.path(), command, &env);
+        assert!(!out.status.success(), "{command:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{command:?}:\n{err}");
+        assert!(!err.to_lowercase().contains("backtrace"), "{err}");
+        assert!(
+            err.contains("`listen`") && err.contains("notanaddress"),
+            "{err}"
+        );
+    }
+}
+
+/// Issue #70: `latch config`'s first line said "the defaults" above values that came from
+/// a file and variables.
+#[test]
+fn config_says_where_its_values_come_from() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("my.toml"), "retry_max_attempts = 3\n").unwrap();
+    let first = |args: &[&str], env: &[(&str, &str)]| {
+        let out = latch(dir.path(), args, env);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let line = first(
+        &["config", "--config", "my.toml"],
+        &[("LATCH_DATA_DIR", "/srv/latch")],
+    );
+    assert!(line.starts_with("# "), "{line}");
+    assert!(
+        line.contains("my.toml") && line.contains("LATCH_DATA_DIR"),
+        "{line}"
+    );
+    assert!(
+        !line.ends_with("the defaults, embedded in the binary."),
+        "{line}"
+    );
+    let line = first(&["config"], &[]);
+    assert!(line.contains("the defaults"), "nothing set: {line}");
+}
+
 /// Issue #46: mimalloc's arenas backed by transparent huge pages kept the memory it freed
 /// resident (RSS grew by a fifth over a million deliveries while the heap in use stayed
 /// flat), so `latch` turns them off for its own process.
