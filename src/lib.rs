@@ -58,7 +58,9 @@ pub async fn run(
 }
 
 /// Loads the settings ([`Config::load`]) and has each adapter check the URL it will use,
-/// so a bad or unsupported URL stops the start with a message naming its key.
+/// so a bad or unsupported URL stops the start with a message naming its key. Every check
+/// `latch serve` makes before it touches the network is here: `latch config --check` runs
+/// this same function, and passes only what `serve` would take.
 pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
     check_urls(Config::load(path)?)
 }
@@ -76,6 +78,10 @@ fn check_urls(config: Config) -> anyhow::Result<Config> {
         }
         if let Some(u) = &config.mqtt_url {
             ingest::mqtt::options(u)?;
+        }
+        store::check_database_url(&config)?;
+        if let Some(e) = &config.otlp_endpoint {
+            telemetry::otlp::traces_url(e)?;
         }
         Ok(())
     };

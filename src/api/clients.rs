@@ -8,10 +8,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{
-    ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, is_json, parse_sensor_id,
-};
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, is_json, parse_sensor_id};
 use super::pagination::{List, PageParams};
+use super::query::{ApiQuery, Params};
 use super::receivers::{AuthIn, AuthOut, Given, TlsIn, TlsOut, check_new_origin, settle};
 use super::sensors::{SensorOut, sensor_out};
 use crate::delivery::guard::Guard;
@@ -58,9 +57,8 @@ pub struct ClientIn {
     #[schema(minimum = 1, maximum = 10000)]
     #[serde(default, deserialize_with = "super::whole_number")]
     pub rate_limit: Option<u32>,
-    /// The notification types it wants (`sensor.state_changed`, `sensor.connection_lost`,
-    /// `sensor.connection_restored`, `sensor.still_lost`; `client.test` may be listed and
-    /// is sent on request whatever the list says). Other types make no notification for
+    /// The notification types it wants, as `GET /v1/event-types` lists them (`client.test`
+    /// may be listed too, and is sent on request whatever the list says). Other types make no notification for
     /// it at all. Absent or `null`: all, including types added later; on replace too.
     #[schema(example = json!(["sensor.connection_lost", "sensor.connection_restored"]))]
     #[serde(default)]
@@ -326,14 +324,15 @@ pub struct ClientParams {
     pub q: Option<String>,
 }
 
+impl Params for ClientParams {}
+
 /// List clients, oldest first; `q` finds them by name.
 #[utoipa::path(get, path = "/v1/clients", tag = "clients", params(ClientParams, PageParams),
     responses((status = 200, body = List<ClientOut>)))]
 async fn list_clients(
     State(st): State<AppState>,
     axum::Extension(sees): axum::Extension<super::SeesSecrets>,
-    ApiQuery(f): ApiQuery<ClientParams>,
-    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery((f, page)): ApiQuery<(ClientParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
     let page = match super::search(f.q.as_deref())? {
         Some(q) => {

@@ -115,6 +115,16 @@ fn constrain_schemas(doc: &mut Value) {
     );
     merge(
         doc,
+        &format!("{s}/EventType/properties/type"),
+        json!({"enum": EventKind::ALL.map(|k| k.as_str())}),
+    );
+    merge(
+        doc,
+        "/paths/~1v1~1event-types/get/responses/200/content/application~1json",
+        json!({"example": super::event_types::example()}),
+    );
+    merge(
+        doc,
         &format!("{s}/ClientIn/properties/name"),
         json!({"minLength": 1, "maxLength": NAME_MAX_CHARS, "pattern": NOT_BLANK}),
     );
@@ -282,9 +292,23 @@ fn add_statuses(doc: &mut Value, token_required: bool, rate_limited: bool) {
         };
         for op in ops.values_mut() {
             let has_body = op.get("requestBody").is_some();
+            let has_query = op
+                .get("parameters")
+                .and_then(Value::as_array)
+                .is_some_and(|ps| ps.iter().any(|p| p["in"] == "query"));
             let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
                 continue;
             };
+            if has_query {
+                // `api::query`: a name the operation does not list is refused, not ignored.
+                responses.insert(
+                    "400".to_string(),
+                    error_response(
+                        "malformed: a bad id, query value or JSON body; or a query parameter \
+                         this operation does not list (`unknown_parameter`, naming it)",
+                    ),
+                );
+            }
             let mut add = |code: &str, what: &str| {
                 responses
                     .entry(code.to_string())

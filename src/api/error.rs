@@ -81,6 +81,21 @@ impl ApiError {
         )
     }
 
+    /// A query parameter the operation does not take, named with those it takes
+    /// (`super::query`).
+    pub fn unknown_parameter(name: &str, known: &[String]) -> Self {
+        let takes = if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        };
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "unknown_parameter",
+            format!("unknown query parameter `{name}`; this operation takes: {takes}"),
+        )
+    }
+
     /// A known token asking for what its scopes do not allow.
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message)
@@ -303,22 +318,11 @@ impl<T: Serialize> IntoResponse for ApiJson<T> {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
-impl From<axum::extract::rejection::QueryRejection> for ApiError {
-    fn from(r: axum::extract::rejection::QueryRejection) -> Self {
-        ApiError::bad_request(format!("invalid query: {}", r.body_text()))
-    }
-}
-
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(r: axum::extract::rejection::PathRejection) -> Self {
         ApiError::bad_request(format!("invalid path: {}", r.body_text()))
     }
 }
-
-/// `Query` whose rejections are contract errors.
-#[derive(axum::extract::FromRequestParts)]
-#[from_request(via(axum::extract::Query), rejection(ApiError))]
-pub struct ApiQuery<T>(pub T);
 
 /// `Path` whose rejections are contract errors.
 #[derive(axum::extract::FromRequestParts)]

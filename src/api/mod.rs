@@ -10,11 +10,13 @@ pub mod clients;
 pub mod cluster;
 pub mod contract;
 pub mod error;
+pub mod event_types;
 pub mod fleet;
 pub mod limits;
 pub mod notifications;
 pub mod pagination;
 mod peers;
+pub mod query;
 pub mod rates;
 pub mod readings;
 pub mod receivers;
@@ -107,6 +109,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(sensors::router())
         .merge(clients::router())
+        .merge(event_types::router())
         .merge(readings::router())
         .merge(notifications::router())
         .merge(tokens::router())

@@ -7,8 +7,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
+use super::query::{ApiQuery, Params};
 use super::readings::{DetailOut, RangeParams};
 use crate::domain::{Attempt, EventKind, Notification, Status, time};
 use crate::store::{NotificationFilter, ReplayFilter};
@@ -122,6 +123,8 @@ pub struct NotificationParams {
     pub order: Option<String>,
 }
 
+impl Params for NotificationParams {}
+
 /// List notifications, oldest first (or newest first with `order=desc`); `from` and `to`
 /// bound when they were created.
 #[utoipa::path(get, path = "/v1/notifications", tag = "notifications",
@@ -129,9 +132,7 @@ pub struct NotificationParams {
     responses((status = 200, body = List<NotificationOut>), (status = 400, body = ErrorBody)))]
 async fn list_notifications(
     State(st): State<AppState>,
-    ApiQuery(f): ApiQuery<NotificationParams>,
-    ApiQuery(range): ApiQuery<RangeParams>,
-    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery((f, range, page)): ApiQuery<(NotificationParams, RangeParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<NotificationOut>>> {
     let filter = NotificationFilter {
         kind: match f.kind.as_deref() {

@@ -25,6 +25,8 @@ pub struct PageParams {
     pub cursor: Option<String>,
 }
 
+impl super::query::Params for PageParams {}
+
 impl PageParams {
     pub fn to_request(&self) -> ApiResult<PageRequest> {
         let limit = self.limit.unwrap_or(DEFAULT_LIMIT);

@@ -10,10 +10,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{
-    ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, JsonBytes, parse_sensor_id,
-};
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, JsonBytes, parse_sensor_id};
 use super::pagination::{List, PageParams};
+use super::query::{ApiQuery, Params};
 use crate::domain::{Detail, Event, EventKind, Millis, reading, time};
 use crate::ingest::http::{self, Accepted, Outcome, ReadingIn};
 use crate::store::{Stored, TimeRange};
@@ -111,6 +110,8 @@ pub struct RangeParams {
     /// Exclusive upper bound, RFC 3339.
     pub to: Option<String>,
 }
+
+impl Params for RangeParams {}
 
 impl RangeParams {
     pub(super) fn range(&self) -> ApiResult<TimeRange> {
@@ -217,8 +218,7 @@ async fn existing(st: &AppState, id: &str) -> ApiResult<crate::domain::SensorId>
 async fn sensor_readings(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(range): ApiQuery<RangeParams>,
-    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery((range, page)): ApiQuery<(RangeParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<ReadingOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;
@@ -243,8 +243,7 @@ async fn sensor_readings(
 async fn sensor_events(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(range): ApiQuery<RangeParams>,
-    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery((range, page)): ApiQuery<(RangeParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<EventOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
     let id = existing(&st, &id).await?;

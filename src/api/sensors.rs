@@ -7,8 +7,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody, parse_sensor_id};
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
+use super::query::{ApiQuery, Params};
 use crate::domain::{Connection, SensorId, SensorStatus, Source, sensor::validate_address, time};
 use crate::store::SensorView;
 
@@ -145,6 +146,8 @@ pub struct SensorListParams {
     pub q: Option<String>,
 }
 
+impl Params for SensorListParams {}
+
 /// Register a sensor.
 #[utoipa::path(post, path = "/v1/sensors", tag = "sensors", request_body = SensorCreate,
     responses((status = 201, body = SensorOut), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -188,8 +191,7 @@ pub(super) fn connection_filter(c: Option<&str>) -> Result<Option<Connection>, A
     responses((status = 200, body = List<SensorOut>)))]
 async fn list_sensors(
     State(st): State<AppState>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(filter): ApiQuery<SensorListParams>,
+    ApiQuery((page, filter)): ApiQuery<(PageParams, SensorListParams)>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
     let connection = connection_filter(filter.connection.as_deref())?;
     let page = match super::search(filter.q.as_deref())? {

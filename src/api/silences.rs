@@ -9,8 +9,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
 use super::pagination::{List, PageParams};
+use super::query::{ApiQuery, Params};
 use crate::app::silences::SilenceChange;
 use crate::domain::silence::{Match, Silence, SilenceState};
 use crate::domain::{EventKind, Millis, SensorId, time};
@@ -83,6 +84,8 @@ pub struct SilenceListParams {
     /// `active`, `pending` (starts later) or `ended`.
     pub state: Option<String>,
 }
+
+impl Params for SilenceListParams {}
 
 fn silence_out(s: Silence, now: Millis) -> SilenceOut {
     let state = s.state(now);
@@ -187,8 +190,7 @@ async fn create_silence(
     responses((status = 200, body = List<SilenceOut>), (status = 400, body = ErrorBody)))]
 async fn list_silences(
     State(st): State<AppState>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(filter): ApiQuery<SilenceListParams>,
+    ApiQuery((page, filter)): ApiQuery<(PageParams, SilenceListParams)>,
 ) -> ApiResult<ApiJson<List<SilenceOut>>> {
     let state = match filter.state.as_deref() {
         None => None,

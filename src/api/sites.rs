@@ -7,8 +7,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, ErrorBody};
+use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
 use super::pagination::{List, PageParams};
+use super::query::{ApiQuery, Params};
 use super::sensors::{SensorOut, sensor_out};
 use crate::app::sites::SiteFields;
 use crate::domain::site::{Site, SiteCounts, check_site_id};
@@ -29,6 +30,8 @@ pub struct SiteListParams {
     pub state: Option<String>,
 }
 
+impl Params for SiteListParams {}
+
 /// `?connection=` of a site's sensors.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -36,6 +39,8 @@ pub struct SiteSensorsParams {
     /// `online`, `lost` or `unknown` (never reported).
     pub connection: Option<String>,
 }
+
+impl Params for SiteSensorsParams {}
 
 /// Longest name or address of a site.
 pub const MAX_TEXT: usize = 512;
@@ -167,8 +172,7 @@ async fn create_site(
     responses((status = 200, body = List<SiteOut>), (status = 400, body = ErrorBody)))]
 async fn list_sites(
     State(st): State<AppState>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(filter): ApiQuery<SiteListParams>,
+    ApiQuery((page, filter)): ApiQuery<(PageParams, SiteListParams)>,
 ) -> ApiResult<ApiJson<List<SiteOut>>> {
     let down = match filter.state.as_deref() {
         None => None,
@@ -192,8 +196,7 @@ async fn list_sites(
 async fn site_sensors(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(filter): ApiQuery<SiteSensorsParams>,
+    ApiQuery((page, filter)): ApiQuery<(PageParams, SiteSensorsParams)>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
     let connection = super::sensors::connection_filter(filter.connection.as_deref())?;
     let page = page.to_request()?;

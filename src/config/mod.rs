@@ -46,6 +46,7 @@ pub enum RetryPolicyKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    #[serde(deserialize_with = "values::address")]
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub sqlite_synchronous: Synchronous,
@@ -482,6 +483,7 @@ impl Layers {
 
     /// The settings, checked.
     pub(crate) fn config(&self) -> anyhow::Result<Config> {
+        self.refuse_masks()?;
         let table = toml::Value::Table(self.table.clone().into_iter().collect());
         // The message of the value's own error: its `Display` names the key again.
         let config: Config = serde_path_to_error::deserialize(table).map_err(|e| {
@@ -492,6 +494,29 @@ impl Layers {
             .validate()
             .map_err(|e| anyhow::anyhow!(config.redact(&format!("{e:#}"))))?;
         Ok(config)
+    }
+}
+
+impl Layers {
+    /// `latch config` prints a secret as `***` and a URL's password as `user:***@`; its
+    /// output is a valid settings file, so a value copied from it would run with the mask
+    /// as the secret (a token nobody holds, a password the database refuses at once).
+    fn refuse_masks(&self) -> anyhow::Result<()> {
+        let secrets = declared::secret_settings();
+        for (key, value) in &self.origin {
+            let Some(toml::Value::String(text)) = self.table.get(key) else {
+                continue;
+            };
+            let masked =
+                (secrets.contains(&key.as_str()) && text.trim() == "***") || text.contains(":***@");
+            if masked {
+                bail!(
+                    "invalid setting `{key}` (from {value}): *** is the mask `latch config` \
+                     prints in place of a secret; give the secret itself"
+                );
+            }
+        }
+        Ok(())
     }
 }
 

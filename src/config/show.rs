@@ -16,7 +16,13 @@ pub fn show(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Str
     let known = known_keys();
     let mut shown = std::collections::BTreeSet::new();
     let mut out = String::with_capacity(DEFAULTS.len() + 512);
-    for line in DEFAULTS.lines() {
+    let mut lines = DEFAULTS.lines();
+    // The defaults' own first line says they are the defaults: true only when nothing is set.
+    if let Some(first) = lines.next() {
+        out.push_str(&title(first, &layers));
+        out.push('\n');
+    }
+    for line in lines {
         let setting = line
             .strip_prefix("# ")
             .unwrap_or(line)
@@ -35,6 +41,27 @@ pub fn show(path: Option<&Path>, env: &[(String, String)]) -> anyhow::Result<Str
         }
     }
     Ok(out)
+}
+
+/// The first line: the defaults' own, or, when a file or variables set values, what they
+/// are and where they came from.
+fn title(defaults: &str, layers: &Layers) -> String {
+    let mut sources: Vec<&str> = Vec::new();
+    for origin in layers.origin.values() {
+        if !sources.contains(&origin.as_str()) {
+            sources.push(origin);
+        }
+    }
+    // The file first, then the variables, as they are layered.
+    sources.sort_by_key(|s| s.starts_with("LATCH_"));
+    match sources.as_slice() {
+        [] => defaults.to_string(),
+        _ => format!(
+            "# latch configuration as latch would run with it: the embedded defaults, and the \
+             values marked `# from …` set by {}.",
+            sources.join(", ")
+        ),
+    }
 }
 
 /// A value as TOML, with a secret replaced and a URL's password masked. Which settings are
@@ -122,8 +149,13 @@ mod tests {
         // What it prints is a settings file that gives the same settings.
         let again = dir.path().join("again.toml");
         let key = "\"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=\"";
+        // Taken as it is, the masks are refused: they are not the secrets.
+        std::fs::write(&again, &text).unwrap();
+        let e = crate::config::Config::load_from(Some(&again), &[]).unwrap_err();
+        assert!(e.to_string().contains("***"), "{e}");
         let text = text.replacen("secret_key = \"***\"", &format!("secret_key = {key}"), 1);
-        std::fs::write(&again, text.replace("\"***\"", "\"x\"")).unwrap();
+        let text = text.replace("\"***\"", "\"x\"").replace(":***@", ":x@");
+        std::fs::write(&again, text).unwrap();
         let c = crate::config::Config::load_from(Some(&again), &[]).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
         assert_eq!(c.retry_max_attempts, 3);

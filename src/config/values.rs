@@ -54,6 +54,17 @@ pub(super) fn rate_limit<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RateL
     }
 }
 
+/// An address to listen on, `host:port` with an IP address; the message repeats what was
+/// given, which the standard parser's ("invalid socket address syntax") does not.
+pub(super) fn address<'de, D: Deserializer<'de>>(d: D) -> Result<std::net::SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    s.trim().parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not an address like \"127.0.0.1:8080\" or \"[::]:8080\" (an IP address and a port)"
+        ))
+    })
+}
+
 /// Parses "30s", "1h 30m", "500ms".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim())

@@ -41,6 +41,29 @@ impl EventKind {
         }
     }
 
+    /// What a notification of this kind tells its receiver, in one line (`GET
+    /// /v1/event-types`, and the console's choice of types).
+    pub fn description(self) -> &'static str {
+        match self {
+            EventKind::StateChanged => {
+                "A sensor reported a new state, or its first one; the notification says the one before."
+            }
+            EventKind::ConnectionLost => {
+                "A sensor was silent past its heartbeat timeout: it is lost (with its last state and when it was last heard)."
+            }
+            EventKind::ConnectionRestored => "A lost sensor reported again.",
+            EventKind::StillLost => {
+                "A reminder that a sensor is still lost (only while LATCH_LOST_REMINDER is set)."
+            }
+            EventKind::SiteConnectionLost => {
+                "A site went down: one notification naming the receiver's lost sensors of it, instead of one each."
+            }
+            EventKind::SiteConnectionRestored => {
+                "A site came back: which of the receiver's sensors of it are back and which are still lost."
+            }
+        }
+    }
+
     /// A site's notification (about a site, in the lane of one of its sensors).
     pub fn is_site(self) -> bool {
         matches!(

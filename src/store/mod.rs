@@ -552,12 +552,31 @@ impl Opened {
     }
 }
 
+/// The checks of `database_url` that need no connection: a scheme latch speaks and, on
+/// PostgreSQL, settings it can honour (no TLS asked for). `latch serve` and `latch config
+/// --check` both make them through [`crate::load_config`], before anything touches the
+/// network, so the check cannot pass what the start refuses.
+pub fn check_database_url(config: &crate::config::Config) -> anyhow::Result<()> {
+    match &config.database_url {
+        None => Ok(()),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let idle = config.database_timeout.min(config.lease());
+            postgres::settings(url, config.database_timeout, idle).map(drop)
+        }
+        Some(url) => anyhow::bail!(
+            "invalid setting `database_url`: unsupported scheme in {url:?}; use postgres://… \
+             or leave it unset for the embedded SQLite store"
+        ),
+    }
+}
+
 /// Opens the store the configuration names with every handle of its backend.
 /// Tests of the store (the conformance suite) open it here too, exactly as a server
 /// does.
 pub async fn connect_cluster(config: &crate::config::Config) -> anyhow::Result<Opened> {
+    check_database_url(config)?;
     match &config.database_url {
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+        Some(url) => {
             config.check_secret_key()?;
             let lock = lock_data_dir(&config.data_dir)?;
             // A commit's fence locks its partitions' lease rows: a node stopped in the middle
@@ -576,9 +595,6 @@ pub async fn connect_cluster(config: &crate::config::Config) -> anyhow::Result<O
                 journal: None,
             })
         }
-        Some(url) => anyhow::bail!(
-            "database_url: unsupported scheme in {url:?}; use postgres://… or leave it unset for the embedded SQLite store"
-        ),
         None => {
             let store = sqlite::SqliteStore::open_keyed(
                 &config.data_dir,

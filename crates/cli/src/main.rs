@@ -135,7 +135,20 @@ enum Scenario {
     Sites(latch_bench::sites::Args),
 }
 
-fn main() -> anyhow::Result<()> {
+/// An error is printed as one message with its causes, and never with a stack backtrace:
+/// `main` returning it would print anyhow's backtrace wherever the shell sets
+/// RUST_BACKTRACE=1, and a refused setting is not a bug to debug.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     cap_malloc_arenas();
     no_transparent_huge_pages();
     let cli = Cli::parse();

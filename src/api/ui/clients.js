@@ -1,7 +1,7 @@
 // Clients: the list (search, create) and a client's page (health and its chart, Send test,
 // the types it receives, what its receiver needs beyond a signature, its sensors).
 
-import { PAGE, api, q, enc, h, say, when, state, badge, destination, table, field, form, actionButton, pager, svg, chart, navigate } from "/ui/lib.js";
+import { PAGE, api, q, enc, h, say, when, state, badge, destination, table, field, form, actionButton, pager, svg, chart, navigate, eventTypes } from "/ui/lib.js";
 
 export async function clientsPage(params) {
   const search = params.get("q") ?? "";
@@ -27,9 +27,6 @@ export async function clientsPage(params) {
   }, "Create client");
   return [h("h1", {}, "Clients"), find, list.box, h("h2", {}, "New client"), create];
 }
-
-/** The notification types a client may choose (its `events`). */
-const TYPES = ["sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost"];
 
 /** The client's last hour in 5-minute slices: the share of attempts that failed, and the
  * median attempt duration. */
@@ -127,6 +124,31 @@ function receiverForm(c, saved) {
   }, "Save receiver settings");
 }
 
+/** The types a client receives, one box each as the API lists them, with what each means.
+ * Saving sends the boxes' choice only when it differs from what the page showed: saved
+ * as it came, the client keeps its `events` exactly (all types stays all, those added
+ * later included). A listed type the page does not offer (`client.test`) is kept. */
+function typesForm(c, types, saved) {
+  const offered = types.map((t) => t.type);
+  const shown = offered.filter((t) => !c.events || c.events.includes(t));
+  const rows = types.map((t) => h("div", { class: "type" },
+    h("label", { class: "check" }, h("input", { type: "checkbox", name: "events", value: t.type,
+      checked: shown.includes(t.type) }), ` ${t.type}`),
+    h("span", { class: "muted" }, ` ${t.description}`)));
+  return form(rows, async (d) => {
+    const chosen = d.getAll("events");
+    let events = c.events;
+    if (chosen.join() !== shown.join()) {
+      // Every type ticked is "all": types added later come too.
+      events = chosen.length === offered.length ? null
+        : [...chosen, ...(c.events ?? []).filter((t) => !offered.includes(t))];
+    }
+    await api("PUT", `/v1/clients/${enc(c.id)}`, { name: c.name, url: c.url, rate_limit: c.rate_limit, events, batch: c.batch });
+    say(events === c.events ? "Saved: nothing changed." : "Saved: from now on it receives only what is ticked.", true);
+    await saved();
+  }, "Save types");
+}
+
 /** What a test request came to, in words. */
 function testOutcome(r) {
   const took = `${r.duration_ms} ms`;
@@ -196,19 +218,11 @@ export async function clientPage(id) {
         say(`Client ${c.name} deleted.`, true);
         navigate("#/clients", true);
       }, "danger"));
-    const boxes = TYPES.map((t) => h("label", { class: "check" },
-      h("input", { type: "checkbox", name: "events", value: t, checked: !c.events || c.events.includes(t) }), ` ${t}`));
-    subscription.replaceChildren(form(boxes, async (d) => {
-      const chosen = d.getAll("events");
-      // Every type ticked is "all": types added later come too.
-      const events = chosen.length === TYPES.length ? null : chosen;
-      await api("PUT", `/v1/clients/${enc(id)}`, { name: c.name, url: c.url, rate_limit: c.rate_limit, events, batch: c.batch });
-      say("Saved: from now on it receives only what is ticked.", true);
-      await draw();
-    }, "Save types"));
+    subscription.replaceChildren(typesForm(c, types, draw));
     receiver.replaceChildren(receiverForm(c, draw));
     return c;
   };
+  const types = await eventTypes();
   const c = await draw();
   const sensors = pager(
     (cursor) => api("GET", `/v1/clients/${enc(id)}/sensors${q({ limit: PAGE, cursor })}`),

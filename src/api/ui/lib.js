@@ -272,6 +272,16 @@ export function navigate(hash, keep = false) {
 /** A time `ms` milliseconds ago, as the API takes it. */
 export const ago = (ms) => new Date(Date.now() - ms).toISOString();
 
+let typesAsked = null;
+
+/** The notification types a client may choose, each with what it means: the API's one list
+ * (`GET /v1/event-types`), asked once. A page that kept its own list fell behind it. */
+export function eventTypes() {
+  typesAsked ??= api("GET", "/v1/event-types").then((r) => r.items)
+    .catch((e) => { typesAsked = null; throw e; });
+  return typesAsked;
+}
+
 /** Clients' names by id for a page: the first 1000 clients at once, any other when a row
  * names it (a deleted client shows its id). Links are filled in as names arrive. */
 export async function clientNames() {

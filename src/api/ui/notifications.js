@@ -2,11 +2,9 @@
 // status and time, "failed in the last hour" in one click, and replay from the filtered
 // view; one notification and its attempts.
 
-import { PAGE, api, q, enc, h, say, when, badge, table, field, form, actionButton, pager, describe, navigate, ago, clientNames } from "/ui/lib.js";
+import { PAGE, api, q, enc, h, say, when, badge, table, field, form, actionButton, pager, describe, navigate, ago, clientNames, eventTypes } from "/ui/lib.js";
 
 const STATUSES = ["", "pending", "delivered", "failed", "superseded", "cancelled", "silenced"];
-const TYPES = ["", "sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost",
-  "site.connection_lost", "site.connection_restored"];
 /** Time ranges of the filter, back from now. */
 const SINCE = { "": 0, "1h": 3600e3, "24h": 86400e3, "7d": 7 * 86400e3 };
 const SINCE_NAMES = { "": "any time", "1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days" };
@@ -18,6 +16,7 @@ export async function notificationsPage(params) {
   // The range is fixed when the page loads, so paging on keeps to one set of rows.
   const from = since ? ago(SINCE[since]) : "";
   const names = await clientNames();
+  const types = ["", ...(await eventTypes()).map((t) => t.type)];
   const list = pager(
     (cursor) => api("GET", `/v1/notifications${q({ ...filter, from, order: "desc", limit: PAGE, cursor })}`),
     (items) => {
@@ -36,7 +35,7 @@ export async function notificationsPage(params) {
   const filters = form([
     field("Client", clientPick),
     field("Sensor id", h("input", { name: "sensor_id", value: filter.sensor_id, maxlength: 16, size: 16 })),
-    field("Type", h("select", { name: "type" }, TYPES.map((t) => h("option", { value: t, selected: t === filter.type }, t || "any")))),
+    field("Type", h("select", { name: "type" }, types.map((t) => h("option", { value: t, selected: t === filter.type }, t || "any")))),
     field("Status", h("select", { name: "status" }, STATUSES.map((s) => h("option", { value: s, selected: s === filter.status }, s || "any")))),
     field("Created in", h("select", { name: "since" }, Object.keys(SINCE).map((s) => h("option", { value: s, selected: s === since }, SINCE_NAMES[s])))),
   ], async (d) => {

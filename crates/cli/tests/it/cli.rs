@@ -112,7 +112,11 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("typo.toml"), "retry_bse = \"5s\"\n").unwrap();
     std::fs::write(dir.path().join("good.toml"), "retry_base = \"5s\"\n").unwrap();
-    let cases: [Case; 4] = [
+    const KEY: (&str, &str) = (
+        "LATCH_SECRET_KEY",
+        "c2VjcmV0LWtleS1vZi10aGlydHktdHdvLWJ5dGVzLiE=",
+    );
+    let cases: [Case; 9] = [
         (&["--config", "typo.toml"], &[], "unknown key `retry_bse`"),
         (
             &[],
@@ -130,17 +134,57 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
             &[("LATCH_AMQP_URL", "amqps://127.0.0.1:5671/%2f")],
             "amqp",
         ),
+        // Issue #70: database settings `serve` refused once it came to connect.
+        (
+            &[],
+            &[
+                (
+                    "LATCH_DATABASE_URL",
+                    "postgres://latch@127.0.0.1:5432/test?sslmode=require",
+                ),
+                KEY,
+            ],
+            "sslmode=require",
+        ),
+        (
+            &[],
+            &[
+                (
+                    "LATCH_DATABASE_URL",
+                    "postgres://latch@db/latch?sslmode=verify-full",
+                ),
+                KEY,
+            ],
+            "sslmode=verify-full",
+        ),
+        (
+            &[],
+            &[("LATCH_DATABASE_URL", "mysql://latch@db/latch"), KEY],
+            "invalid setting `database_url`",
+        ),
+        // A value copied from `latch config`, which masks secrets as ***.
+        (
+            &[],
+            &[("LATCH_API_TOKEN", "***")],
+            "invalid setting `api_token`",
+        ),
+        (
+            &[],
+            &[("LATCH_DATABASE_URL", "postgres://latch:***@db/latch"), KEY],
+            "invalid setting `database_url`",
+        ),
     ];
     for (args, env, says) in cases {
         let check: Vec<&str> = args.iter().copied().chain(["config", "--check"]).collect();
         let checked = latch(dir.path(), &check, env);
-        let serve: Vec<&str> = args.iter().copied().chain(["serve"]).collect();
-        let served = latch(dir.path(), &serve, env);
-        let (checked_err, served_err) = (text(&checked.stderr), text(&served.stderr));
+        // Before `serve` runs: one that took these settings would not stop.
         assert!(
             !checked.status.success(),
             "{args:?} {env:?} passed the check"
         );
+        let serve: Vec<&str> = args.iter().copied().chain(["serve"]).collect();
+        let served = latch(dir.path(), &serve, env);
+        let (checked_err, served_err) = (text(&checked.stderr), text(&served.stderr));
         assert!(!served.status.success(), "{args:?} {env:?} started");
         assert!(checked_err.contains(says), "{checked_err}");
         assert_eq!(checked_err, served_err, "the check says what serve says");
@@ -160,6 +204,57 @@ fn config_check_fails_where_serve_fails_and_names_the_key() {
     let out = latch(dir.path(), &["config", "--check", "nowhere.toml"], &[]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("nowhere.toml"));
+}
+
+/// Issue #70: a refused setting is one plain message that repeats the value given, even
+/// where the shell sets RUST_BACKTRACE=1 (it added a stack backtrace to every error).
+#[test]
+fn a_refused_setting_is_one_line_that_repeats_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("LATCH_LISTEN", "notanaddress"), ("RUST_BACKTRACE", "1")];
+    for command in [&["config", "--check"][..], &["serve"], &["config"]] {
+        let out = latch(dir.path(), command, &env);
+        assert!(!out.status.success(), "{command:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{command:?}:\n{err}");
+        assert!(!err.to_lowercase().contains("backtrace"), "{err}");
+        assert!(
+            err.contains("`listen`") && err.contains("notanaddress"),
+            "{err}"
+        );
+    }
+}
+
+/// Issue #70: `latch config`'s first line said "the defaults" above values that came from
+/// a file and variables.
+#[test]
+fn config_says_where_its_values_come_from() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("my.toml"), "retry_max_attempts = 3\n").unwrap();
+    let first = |args: &[&str], env: &[(&str, &str)]| {
+        let out = latch(dir.path(), args, env);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let line = first(
+        &["config", "--config", "my.toml"],
+        &[("LATCH_DATA_DIR", "/srv/latch")],
+    );
+    assert!(line.starts_with("# "), "{line}");
+    assert!(
+        line.contains("my.toml") && line.contains("LATCH_DATA_DIR"),
+        "{line}"
+    );
+    assert!(
+        !line.ends_with("the defaults, embedded in the binary."),
+        "{line}"
+    );
+    let line = first(&["config"], &[]);
+    assert!(line.contains("the defaults"), "nothing set: {line}");
 }
 
 /// Issue #46: mimalloc's arenas backed by transparent huge pages kept the memory it freed
