@@ -462,9 +462,11 @@ fn make_key_file(path: &Path, key: &[u8; KEY_LEN]) -> Result<(), Error> {
 
 /// Replaces the key file with `keys` at once (a new file renamed over it), mode 0600. The
 /// new file's name is this write's own (a fixed one was removed and remade by whichever
-/// writer came second, under the first's feet), and it goes when the write fails.
+/// writer came second, under the first's feet), and it goes when the write fails. It
+/// keeps the owner and group of the file it replaces: `latch rotate-key` run as root on
+/// the packaged service's folder must not leave a key the service cannot read.
 fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let io = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
     let name = path
         .file_name()
@@ -486,8 +488,17 @@ fn write_key_file(path: &Path, keys: &[[u8; KEY_LEN]]) -> Result<(), Error> {
         text.push_str(&STANDARD.encode(k));
         text.push('\n');
     }
-    let written = f
-        .write_all(text.as_bytes())
+    let owned = |f: &std::fs::File| -> std::io::Result<()> {
+        let (Ok(old), new) = (std::fs::metadata(path), f.metadata()?) else {
+            return Ok(()); // a first key file: this process's own
+        };
+        if (old.uid(), old.gid()) == (new.uid(), new.gid()) {
+            return Ok(());
+        }
+        std::os::unix::fs::fchown(f, Some(old.uid()), Some(old.gid()))
+    };
+    let written = owned(&f)
+        .and_then(|_| f.write_all(text.as_bytes()))
         .and_then(|_| f.sync_all())
         .and_then(|_| std::fs::rename(&tmp, path));
     if let Err(e) = written {
@@ -510,6 +521,27 @@ fn sync_dir(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key file rewritten (a rotation) by root keeps its owner and group (the service's).
+    #[test]
+    fn a_rewritten_key_file_keeps_its_owner_and_group() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        write_key_file(&path, &[[1u8; KEY_LEN]]).unwrap();
+        let root = std::fs::metadata(&path).unwrap().uid() == 0;
+        let m = std::fs::metadata(&path).unwrap();
+        let owner = if root {
+            (65534, 65534)
+        } else {
+            (m.uid(), m.gid())
+        };
+        std::os::unix::fs::chown(&path, Some(owner.0), Some(owner.1)).unwrap();
+        write_key_file(&path, &[[2u8; KEY_LEN], [1u8; KEY_LEN]]).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!((m.uid(), m.gid()), owner, "root: {root}");
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+    }
 
     #[test]
     fn sealed_values_open_for_their_client_only() {
