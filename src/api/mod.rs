@@ -137,7 +137,9 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     Router::new()
         .merge(v1)
-        .merge(cluster::internal())
+        .merge(
+            cluster::internal().layer(middleware::from_fn_with_state(state.clone(), peers::admit)),
+        )
         .merge(ui::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -275,6 +277,8 @@ pub(crate) enum AuthFailure {
     MissingToken,
     /// A token that is neither the bootstrap token nor a token made (or no longer).
     UnknownToken,
+    /// A node-to-node request without the cluster's secret.
+    ClusterSecret,
 }
 
 impl AuthFailure {
@@ -282,6 +286,7 @@ impl AuthFailure {
         match self {
             AuthFailure::MissingToken => "missing_token",
             AuthFailure::UnknownToken => "unknown_token",
+            AuthFailure::ClusterSecret => "cluster_secret",
         }
     }
 }
