@@ -272,3 +272,71 @@ async fn a_wrong_cluster_secret_is_refused_unread_and_throttled() {
     assert_eq!(stream(&other, secret).await.unwrap().status(), 200);
     s.stop().await;
 }
+
+/// What a database dump shows of a configured cluster secret: no value one could check a
+/// guess against without a salt, or look up in a table made once for every database (the
+/// SHA-256 fingerprint older versions kept is forgotten by the next node to start), and
+/// two nodes with the same secret record different values yet agree.
+#[tokio::test]
+async fn a_dump_holds_no_unsalted_fingerprint_of_the_cluster_secret() {
+    use sha2::{Digest, Sha256};
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let Some(url) = shared_database(dir_a.path()).await else {
+        return;
+    };
+    let secret = "change-me";
+    let config = |url: String| {
+        move |c: &mut latch::config::Config| {
+            c.database_url = Some(url);
+            c.cluster_secret = Some(secret.into());
+        }
+    };
+    let a = TestServer::start_in(dir_a.path(), config(url.clone())).await;
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let unsalted: String = Sha256::new()
+        .chain_update(b"latch cluster secret\0")
+        .chain_update(secret.as_bytes())
+        .finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let recorded = || async {
+        let rows = db
+            .query(
+                "SELECT secret_fingerprint FROM latch_nodes ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.get::<_, Option<String>>(0))
+            .collect::<Vec<_>>()
+    };
+    let first = recorded().await;
+    assert_eq!(first.len(), 1);
+    let fa = first[0].clone().expect("recorded");
+    assert!(!fa.contains(&unsalted), "{fa}");
+    // An older node's record, as that version wrote it, in a row of its own.
+    db.execute(
+        "INSERT INTO latch_nodes (id, address, heartbeat_at, secret_fingerprint) \
+         VALUES ('old-node', '', now() - interval '1 minute', $1)",
+        &[&unsalted],
+    )
+    .await
+    .unwrap();
+    let b = TestServer::start_in(dir_b.path(), config(url.clone())).await;
+    let after = recorded().await;
+    assert!(
+        after.iter().flatten().all(|f| !f.contains(&unsalted)),
+        "the old fingerprint is forgotten: {after:?}"
+    );
+    let kept: Vec<&String> = after.iter().flatten().collect();
+    assert_eq!(kept.len(), 2, "{after:?}");
+    assert_ne!(kept[0], kept[1], "salted: the same secret, two values");
+    b.stop().await;
+    a.stop().await;
+}
