@@ -241,6 +241,9 @@ pub(crate) fn authenticate<T>(
         return Err(Refused::Throttled(wait));
     }
     check().map_err(|failure| {
+        if failure == AuthFailure::Unconfirmed {
+            return Refused::Unconfirmed;
+        }
         if let Some(failures) = &st.failures {
             let _ = failures.check(peer, now);
         }
@@ -259,6 +262,8 @@ pub(crate) enum Refused {
     Throttled(std::time::Duration),
     /// 401.
     Failed,
+    /// 503: the token table could not be confirmed lately.
+    Unconfirmed,
 }
 
 impl IntoResponse for Refused {
@@ -266,6 +271,13 @@ impl IntoResponse for Refused {
         match self {
             Refused::Throttled(wait) => error::rate_limited(wait),
             Refused::Failed => ApiError::unauthorized().into_response(),
+            Refused::Unconfirmed => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the API tokens could not be reloaded from the store lately, so this token \
+                 may have been deleted; try again",
+            )
+            .into_response(),
         }
     }
 }
@@ -279,6 +291,9 @@ pub(crate) enum AuthFailure {
     UnknownToken,
     /// A node-to-node request without the cluster's secret.
     ClusterSecret,
+    /// A token of the table, which this node could not reload for too long
+    /// ([`tokens::CONFIRM_WITHIN`]): 503, neither counted nor throttled (it may be good).
+    Unconfirmed,
 }
 
 impl AuthFailure {
@@ -287,6 +302,7 @@ impl AuthFailure {
             AuthFailure::MissingToken => "missing_token",
             AuthFailure::UnknownToken => "unknown_token",
             AuthFailure::ClusterSecret => "cluster_secret",
+            AuthFailure::Unconfirmed => "unconfirmed",
         }
     }
 }
@@ -320,10 +336,11 @@ fn identify_by(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Caller,
     {
         return Ok(Caller::Bootstrap);
     }
-    st.tokens
-        .lookup(given)
-        .map(Caller::Token)
-        .ok_or(AuthFailure::UnknownToken)
+    match st.tokens.lookup(given) {
+        tokens::Lookup::Known(grant) => Ok(Caller::Token(grant)),
+        tokens::Lookup::Unknown => Err(AuthFailure::UnknownToken),
+        tokens::Lookup::Unconfirmed => Err(AuthFailure::Unconfirmed),
+    }
 }
 
 /// The peer's address; unspecified when served without connection info (never by `run`).
