@@ -292,8 +292,22 @@ impl Keyring {
         }
     }
 
-    /// Seals `plain` under key `id` for the client `aad`.
-    pub fn seal(&self, id: &str, aad: &str, plain: &str) -> Result<String, Error> {
+    /// Seals `plain` under key `id` for the field `field` of the client `client`: both are
+    /// the associated data, so the value opens there only — moved by someone who can write
+    /// the database into another client's row, or into another field of the same row (the
+    /// signing secret into a basic password, sent to the receiver), it does not open.
+    pub fn seal(&self, id: &str, client: &str, field: &str, plain: &str) -> Result<String, Error> {
+        self.seal_for(id, &bound(client, field), BOUND, plain)
+    }
+
+    /// A value sealed as before fields were bound: for its client only.
+    #[cfg(test)]
+    pub(crate) fn seal_for_client(&self, id: &str, client: &str, plain: &str) -> String {
+        self.seal_for(id, client, "", plain).expect("sealed")
+    }
+
+    /// Seals `plain` under key `id` with associated data `aad`, its payload led by `marker`.
+    fn seal_for(&self, id: &str, aad: &str, marker: &str, plain: &str) -> Result<String, Error> {
         let key = self.key(id)?;
         let mut nonce = [0u8; 24];
         rand::thread_rng().fill_bytes(&mut nonce);
@@ -311,18 +325,26 @@ impl Keyring {
         bytes.extend_from_slice(&nonce);
         bytes.extend_from_slice(&sealed);
         Ok(format!(
-            "{SEALED_PREFIX}{}:{}",
+            "{SEALED_PREFIX}{}:{marker}{}",
             key.id,
             URL_SAFE_NO_PAD.encode(bytes)
         ))
     }
 
-    /// Opens a value sealed for the client `aad`; a value that is not sealed (written before
-    /// secrets were sealed, and not yet resealed) is returned as it is.
-    pub fn open(&self, aad: &str, value: &str) -> Result<String, Error> {
+    /// Opens a value sealed for `field` of `client`. A value sealed before fields were
+    /// bound (bound to its client only) still opens, until a rotation reseals it; a value
+    /// that is not sealed (written before secrets were sealed, and not yet resealed) is
+    /// returned as it is.
+    pub fn open(&self, client: &str, field: &str, value: &str) -> Result<String, Error> {
         let Some((id, _)) = sealed_parts(value) else {
             return Ok(value.to_string());
         };
+        let aad = if is_bound(value) {
+            bound(client, field)
+        } else {
+            client.to_string()
+        };
+        let aad = aad.as_str();
         {
             let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((_, plain)) = opened.get(value).filter(|(a, _)| a == aad) {
@@ -383,8 +405,24 @@ pub fn sealed_under(value: &str) -> Option<&str> {
     sealed_parts(value).map(|(id, _)| id)
 }
 
+/// How a payload sealed with its field in the associated data begins (base64url never
+/// holds a `.`, so a value sealed before cannot begin so).
+const BOUND: &str = "2.";
+
+/// Whether `value` is sealed bound to its field (not only to its client, as before).
+pub fn is_bound(value: &str) -> bool {
+    sealed_parts(value).is_some_and(|(_, payload)| payload.starts_with(BOUND))
+}
+
+/// The associated data of a value sealed for `field` of `client`. A NUL cannot occur in a
+/// client id, so no two (client, field) pairs give the same text.
+fn bound(client: &str, field: &str) -> String {
+    format!("{client}\0{field}")
+}
+
 fn open_with(key: &Key, aad: &str, value: &str) -> Result<String, Error> {
     let (_, payload) = sealed_parts(value).ok_or_else(|| Error::Corrupt("not sealed".into()))?;
+    let payload = payload.strip_prefix(BOUND).unwrap_or(payload);
     let bytes = URL_SAFE_NO_PAD
         .decode(payload)
         .map_err(|_| Error::Corrupt("not base64".into()))?;
@@ -516,28 +554,34 @@ mod tests {
         let ring = Keyring::with_keys(&[[7u8; KEY_LEN]]);
         let id = ring.ids()[0].clone();
         assert_eq!(id.len(), 8);
-        let sealed = ring.seal(&id, "client-a", "whsec_secret").unwrap();
+        let sealed = ring.seal(&id, "client-a", "f", "whsec_secret").unwrap();
         assert!(sealed.starts_with(&format!("enc:{id}:")), "{sealed}");
         assert!(!sealed.contains("whsec_secret"));
-        assert_ne!(ring.seal(&id, "client-a", "whsec_secret").unwrap(), sealed);
-        assert_eq!(ring.open("client-a", &sealed).unwrap(), "whsec_secret");
+        assert_ne!(
+            ring.seal(&id, "client-a", "f", "whsec_secret").unwrap(),
+            sealed
+        );
+        assert_eq!(ring.open("client-a", "f", &sealed).unwrap(), "whsec_secret");
         assert!(matches!(
-            ring.open("client-b", &sealed),
+            ring.open("client-b", "f", &sealed),
             Err(Error::Corrupt(_))
         ));
-        assert_eq!(ring.open("client-a", "whsec_plain").unwrap(), "whsec_plain");
+        assert_eq!(
+            ring.open("client-a", "f", "whsec_plain").unwrap(),
+            "whsec_plain"
+        );
         let mut damaged = sealed.clone();
         damaged.pop();
         damaged.push(if sealed.ends_with('A') { 'B' } else { 'A' });
-        assert!(ring.open("client-a", &damaged).is_err());
+        assert!(ring.open("client-a", "f", &damaged).is_err());
     }
 
     #[test]
     fn a_value_under_a_key_not_held_names_the_key() {
         let a = Keyring::with_keys(&[[1u8; KEY_LEN]]);
         let b = Keyring::with_keys(&[[2u8; KEY_LEN]]);
-        let sealed = a.seal(&a.ids()[0], "c", "x").unwrap();
-        let e = b.open("c", &sealed).unwrap_err().to_string();
+        let sealed = a.seal(&a.ids()[0], "c", "f", "x").unwrap();
+        let e = b.open("c", "f", &sealed).unwrap_err().to_string();
         assert!(
             e.contains(&a.ids()[0]) && e.contains("LATCH_SECRET_KEY"),
             "{e}"
@@ -569,7 +613,7 @@ mod tests {
         let first = ring.prepare(None).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let sealed = ring.seal(&first, "c", "v").unwrap();
+        let sealed = ring.seal(&first, "c", "f", "v").unwrap();
         // Made once: a second start reads the same key.
         let again = Keyring::new(Source::File(path.clone()));
         assert_eq!(again.prepare(Some(&first)).unwrap(), first);
@@ -578,9 +622,9 @@ mod tests {
         rotated.prepare(Some(&first)).unwrap();
         let second = rotated.add_key_to_file().unwrap();
         assert_ne!(second, first);
-        let resealed = rotated.seal(&second, "c", "v").unwrap();
-        assert_eq!(again.open("c", &resealed).unwrap(), "v");
-        assert_eq!(again.open("c", &sealed).unwrap(), "v");
+        let resealed = rotated.seal(&second, "c", "f", "v").unwrap();
+        assert_eq!(again.open("c", "f", &resealed).unwrap(), "v");
+        assert_eq!(again.open("c", "f", &sealed).unwrap(), "v");
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         rotated.keep_in_file(std::slice::from_ref(&second)).unwrap();
@@ -618,8 +662,8 @@ mod tests {
         )
         .unwrap();
         let other = Keyring::with_keys(&[b]);
-        let sealed = other.seal(&key_id(&b), "c", "v").unwrap();
-        assert_eq!(ring.open("c", &sealed).unwrap(), "v");
+        let sealed = other.seal(&key_id(&b), "c", "f", "v").unwrap();
+        assert_eq!(ring.open("c", "f", &sealed).unwrap(), "v");
         let before = std::fs::read(&path).unwrap();
         let e = ring.add_key_to_file().unwrap_err().to_string();
         assert!(e.contains("LATCH_SECRET_KEY_FILE"), "{e}");
