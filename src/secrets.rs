@@ -169,6 +169,10 @@ pub struct Keyring {
     /// Opened values by sealed text, each with the associated data it opened with (looked
     /// up by the text alone: no key is built for a look-up).
     opened: Mutex<HashMap<String, (String, String)>>,
+    /// Set once the store's values were all sealed bound to their fields (at start, by
+    /// [`crate::store::sealing`]): from then on a plain or client-only value was written
+    /// by someone without the key, and [`Keyring::open`] refuses it.
+    all_bound: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Keyring {
@@ -192,6 +196,7 @@ impl Keyring {
             source,
             keys: RwLock::new(keys),
             opened: Mutex::new(HashMap::new()),
+            all_bound: Default::default(),
         }
     }
 
@@ -335,14 +340,26 @@ impl Keyring {
     /// bound (bound to its client only) still opens, until a rotation reseals it; a value
     /// that is not sealed (written before secrets were sealed, and not yet resealed) is
     /// returned as it is.
+    /// Once [`Keyring::refuse_unbound`], both of those are refused.
     pub fn open(&self, client: &str, field: &str, value: &str) -> Result<String, Error> {
-        let Some((id, _)) = sealed_parts(value) else {
-            return Ok(value.to_string());
+        let all_bound = self.all_bound.load(std::sync::atomic::Ordering::Relaxed);
+        let refused = || {
+            Error::Corrupt(format!(
+                "{field}: plain or sealed for the client only, where every value is sealed \
+                 for its field; written without the key?"
+            ))
         };
-        let aad = if is_bound(value) {
-            bound(client, field)
-        } else {
-            client.to_string()
+        let Some((id, _)) = sealed_parts(value) else {
+            return if all_bound {
+                Err(refused())
+            } else {
+                Ok(value.to_string())
+            };
+        };
+        let aad = match (is_bound(value), all_bound) {
+            (true, _) => bound(client, field),
+            (false, false) => client.to_string(),
+            (false, true) => return Err(refused()),
         };
         let aad = aad.as_str();
         {
@@ -359,6 +376,13 @@ impl Keyring {
         }
         opened.insert(value.to_string(), (aad.to_string(), plain.clone()));
         Ok(plain)
+    }
+
+    /// Records that every value of the store is sealed bound to its field: plain and
+    /// client-only values are refused from now on.
+    pub fn refuse_unbound(&self) {
+        self.all_bound
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds a new key to the key file and answers its id (`latch rotate-key` without

@@ -299,7 +299,9 @@ pub async fn prepare(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<u64>
             keys.prepare(Some(&stands))?;
         }
     }
-    Ok(store.reseal().await?)
+    let resealed = store.reseal().await?;
+    keys.refuse_unbound();
+    Ok(resealed)
 }
 
 /// `latch rotate-key`: a new key for the store, every secret sealed anew under it. With
@@ -496,6 +498,41 @@ mod tests {
         let resealed = reseal(&keys, &kid, &c.id, &old).unwrap().expect("resealed");
         assert!(is_bound(&resealed.secret) && is_bound(resealed.url_password.as_deref().unwrap()));
         assert_eq!(reseal(&keys, &kid, &c.id, &resealed).unwrap(), None);
+    }
+
+    /// Once a start has sealed every value bound to its field, a plain value (or one bound
+    /// to its client only) can only be the work of someone who wrote the database without
+    /// the key: it is refused, not sent.
+    #[tokio::test]
+    async fn once_resealed_a_plain_or_unbound_value_is_refused() {
+        use crate::store::Registry;
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::File(dir.path().join(crate::secrets::KEY_FILE));
+        let open = || {
+            crate::store::sqlite::SqliteStore::open_keyed(
+                dir.path(),
+                crate::store::sqlite::Synchronous::Normal,
+                source.clone(),
+            )
+            .unwrap()
+        };
+        let store = open();
+        store.create_client(client()).await.unwrap();
+        let db = rusqlite::Connection::open(dir.path().join("latch.db")).unwrap();
+        let auth: String = db
+            .query_row("SELECT auth FROM clients", [], |r| r.get(0))
+            .unwrap();
+        let mut plain: Auth = serde_json::from_str(&auth).unwrap();
+        *plain.secrets_mut()[0] = "written-without-the-key".into();
+        db.execute("UPDATE clients SET auth = ?1", [json(&plain)])
+            .unwrap();
+        assert!(store.get_client("01CLIENT".into()).await.is_err());
+        // A value written plain before the start is sealed by it, as before.
+        drop(store);
+        let store = open();
+        let read = store.get_client("01CLIENT".into()).await.unwrap().unwrap();
+        let mut auth = read.receiver.auth.unwrap();
+        assert_eq!(*auth.secrets_mut()[0], "written-without-the-key");
     }
 
     /// A store whose resealing first lets another whole rotation run: what a second
