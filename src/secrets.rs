@@ -169,6 +169,10 @@ pub struct Keyring {
     /// Opened values by sealed text, each with the associated data it opened with (looked
     /// up by the text alone: no key is built for a look-up).
     opened: Mutex<HashMap<String, (String, String)>>,
+    /// Set once the store's values were all sealed bound to their fields (at start, by
+    /// [`crate::store::sealing`]): from then on a plain or client-only value was written
+    /// by someone without the key, and [`Keyring::open`] refuses it.
+    all_bound: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Keyring {
@@ -192,6 +196,7 @@ impl Keyring {
             source,
             keys: RwLock::new(keys),
             opened: Mutex::new(HashMap::new()),
+            all_bound: Default::default(),
         }
     }
 
@@ -292,8 +297,22 @@ impl Keyring {
         }
     }
 
-    /// Seals `plain` under key `id` for the client `aad`.
-    pub fn seal(&self, id: &str, aad: &str, plain: &str) -> Result<String, Error> {
+    /// Seals `plain` under key `id` for the field `field` of the client `client`: both are
+    /// the associated data, so the value opens there only — moved by someone who can write
+    /// the database into another client's row, or into another field of the same row (the
+    /// signing secret into a basic password, sent to the receiver), it does not open.
+    pub fn seal(&self, id: &str, client: &str, field: &str, plain: &str) -> Result<String, Error> {
+        self.seal_for(id, &bound(client, field), BOUND, plain)
+    }
+
+    /// A value sealed as before fields were bound: for its client only.
+    #[cfg(test)]
+    pub(crate) fn seal_for_client(&self, id: &str, client: &str, plain: &str) -> String {
+        self.seal_for(id, client, "", plain).expect("sealed")
+    }
+
+    /// Seals `plain` under key `id` with associated data `aad`, its payload led by `marker`.
+    fn seal_for(&self, id: &str, aad: &str, marker: &str, plain: &str) -> Result<String, Error> {
         let key = self.key(id)?;
         let mut nonce = [0u8; 24];
         rand::thread_rng().fill_bytes(&mut nonce);
@@ -311,18 +330,38 @@ impl Keyring {
         bytes.extend_from_slice(&nonce);
         bytes.extend_from_slice(&sealed);
         Ok(format!(
-            "{SEALED_PREFIX}{}:{}",
+            "{SEALED_PREFIX}{}:{marker}{}",
             key.id,
             URL_SAFE_NO_PAD.encode(bytes)
         ))
     }
 
-    /// Opens a value sealed for the client `aad`; a value that is not sealed (written before
-    /// secrets were sealed, and not yet resealed) is returned as it is.
-    pub fn open(&self, aad: &str, value: &str) -> Result<String, Error> {
-        let Some((id, _)) = sealed_parts(value) else {
-            return Ok(value.to_string());
+    /// Opens a value sealed for `field` of `client`. A value sealed before fields were
+    /// bound (bound to its client only) still opens, until a rotation reseals it; a value
+    /// that is not sealed (written before secrets were sealed, and not yet resealed) is
+    /// returned as it is.
+    /// Once [`Keyring::refuse_unbound`], both of those are refused.
+    pub fn open(&self, client: &str, field: &str, value: &str) -> Result<String, Error> {
+        let all_bound = self.all_bound.load(std::sync::atomic::Ordering::Relaxed);
+        let refused = || {
+            Error::Corrupt(format!(
+                "{field}: plain or sealed for the client only, where every value is sealed \
+                 for its field; written without the key?"
+            ))
         };
+        let Some((id, _)) = sealed_parts(value) else {
+            return if all_bound {
+                Err(refused())
+            } else {
+                Ok(value.to_string())
+            };
+        };
+        let aad = match (is_bound(value), all_bound) {
+            (true, _) => bound(client, field),
+            (false, false) => client.to_string(),
+            (false, true) => return Err(refused()),
+        };
+        let aad = aad.as_str();
         {
             let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((_, plain)) = opened.get(value).filter(|(a, _)| a == aad) {
@@ -337,6 +376,13 @@ impl Keyring {
         }
         opened.insert(value.to_string(), (aad.to_string(), plain.clone()));
         Ok(plain)
+    }
+
+    /// Records that every value of the store is sealed bound to its field: plain and
+    /// client-only values are refused from now on.
+    pub fn refuse_unbound(&self) {
+        self.all_bound
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds a new key to the key file and answers its id (`latch rotate-key` without
@@ -383,8 +429,24 @@ pub fn sealed_under(value: &str) -> Option<&str> {
     sealed_parts(value).map(|(id, _)| id)
 }
 
+/// How a payload sealed with its field in the associated data begins (base64url never
+/// holds a `.`, so a value sealed before cannot begin so).
+const BOUND: &str = "2.";
+
+/// Whether `value` is sealed bound to its field (not only to its client, as before).
+pub fn is_bound(value: &str) -> bool {
+    sealed_parts(value).is_some_and(|(_, payload)| payload.starts_with(BOUND))
+}
+
+/// The associated data of a value sealed for `field` of `client`. A NUL cannot occur in a
+/// client id, so no two (client, field) pairs give the same text.
+fn bound(client: &str, field: &str) -> String {
+    format!("{client}\0{field}")
+}
+
 fn open_with(key: &Key, aad: &str, value: &str) -> Result<String, Error> {
     let (_, payload) = sealed_parts(value).ok_or_else(|| Error::Corrupt("not sealed".into()))?;
+    let payload = payload.strip_prefix(BOUND).unwrap_or(payload);
     let bytes = URL_SAFE_NO_PAD
         .decode(payload)
         .map_err(|_| Error::Corrupt("not base64".into()))?;
@@ -519,183 +581,4 @@ fn sync_dir(path: &Path) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A key file rewritten (a rotation) by root keeps its owner and group (the service's).
-    #[test]
-    fn a_rewritten_key_file_keeps_its_owner_and_group() {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(KEY_FILE);
-        write_key_file(&path, &[[1u8; KEY_LEN]]).unwrap();
-        let root = std::fs::metadata(&path).unwrap().uid() == 0;
-        let m = std::fs::metadata(&path).unwrap();
-        let owner = if root {
-            (65534, 65534)
-        } else {
-            (m.uid(), m.gid())
-        };
-        std::os::unix::fs::chown(&path, Some(owner.0), Some(owner.1)).unwrap();
-        write_key_file(&path, &[[2u8; KEY_LEN], [1u8; KEY_LEN]]).unwrap();
-        let m = std::fs::metadata(&path).unwrap();
-        assert_eq!((m.uid(), m.gid()), owner, "root: {root}");
-        assert_eq!(m.permissions().mode() & 0o777, 0o600);
-    }
-
-    #[test]
-    fn sealed_values_open_for_their_client_only() {
-        let ring = Keyring::with_keys(&[[7u8; KEY_LEN]]);
-        let id = ring.ids()[0].clone();
-        assert_eq!(id.len(), 8);
-        let sealed = ring.seal(&id, "client-a", "whsec_secret").unwrap();
-        assert!(sealed.starts_with(&format!("enc:{id}:")), "{sealed}");
-        assert!(!sealed.contains("whsec_secret"));
-        assert_ne!(ring.seal(&id, "client-a", "whsec_secret").unwrap(), sealed);
-        assert_eq!(ring.open("client-a", &sealed).unwrap(), "whsec_secret");
-        assert!(matches!(
-            ring.open("client-b", &sealed),
-            Err(Error::Corrupt(_))
-        ));
-        assert_eq!(ring.open("client-a", "whsec_plain").unwrap(), "whsec_plain");
-        let mut damaged = sealed.clone();
-        damaged.pop();
-        damaged.push(if sealed.ends_with('A') { 'B' } else { 'A' });
-        assert!(ring.open("client-a", &damaged).is_err());
-    }
-
-    #[test]
-    fn a_value_under_a_key_not_held_names_the_key() {
-        let a = Keyring::with_keys(&[[1u8; KEY_LEN]]);
-        let b = Keyring::with_keys(&[[2u8; KEY_LEN]]);
-        let sealed = a.seal(&a.ids()[0], "c", "x").unwrap();
-        let e = b.open("c", &sealed).unwrap_err().to_string();
-        assert!(
-            e.contains(&a.ids()[0]) && e.contains("LATCH_SECRET_KEY"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn given_keys_parse_and_never_show() {
-        let k = STANDARD.encode([9u8; KEY_LEN]);
-        let keys = SecretKeys::parse(&format!(" {k} , {} ", STANDARD.encode([8u8; 32]))).unwrap();
-        assert_eq!(keys.0.len(), 2);
-        assert!(!format!("{keys:?}").contains(&k));
-        assert!(SecretKeys::parse("").is_err());
-        let e = SecretKeys::parse(&STANDARD.encode([1u8; 16])).unwrap_err();
-        assert!(e.contains("16 bytes") && e.contains("openssl"), "{e}");
-        assert!(
-            SecretKeys::parse("not base64!")
-                .unwrap_err()
-                .contains("base64")
-        );
-    }
-
-    #[test]
-    fn the_key_file_is_made_once_owner_only_and_grows_on_rotation() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(KEY_FILE);
-        let ring = Keyring::new(Source::File(path.clone()));
-        let first = ring.prepare(None).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let sealed = ring.seal(&first, "c", "v").unwrap();
-        // Made once: a second start reads the same key.
-        let again = Keyring::new(Source::File(path.clone()));
-        assert_eq!(again.prepare(Some(&first)).unwrap(), first);
-        // A rotation adds a key; a running keyring finds it by reading the file again.
-        let rotated = Keyring::new(Source::File(path.clone()));
-        rotated.prepare(Some(&first)).unwrap();
-        let second = rotated.add_key_to_file().unwrap();
-        assert_ne!(second, first);
-        let resealed = rotated.seal(&second, "c", "v").unwrap();
-        assert_eq!(again.open("c", &resealed).unwrap(), "v");
-        assert_eq!(again.open("c", &sealed).unwrap(), "v");
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        rotated.keep_in_file(std::slice::from_ref(&second)).unwrap();
-        let fresh = Keyring::new(Source::File(path.clone()));
-        assert!(fresh.prepare(Some(&first)).is_err());
-        assert_eq!(fresh.prepare(Some(&second)).unwrap(), second);
-    }
-
-    #[test]
-    fn a_store_with_a_key_but_no_key_file_is_refused_not_given_a_new_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(KEY_FILE);
-        let ring = Keyring::new(Source::File(path.clone()));
-        let e = ring.prepare(Some("0badc0de")).unwrap_err().to_string();
-        assert!(
-            e.contains("0badc0de") && e.contains("restore the key file"),
-            "{e}"
-        );
-        assert!(!path.exists(), "no key is made for a store that has one");
-    }
-
-    #[test]
-    fn a_given_key_file_is_read_again_for_a_new_key_and_never_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("latch.key");
-        let (a, b) = ([1u8; KEY_LEN], [2u8; KEY_LEN]);
-        std::fs::write(&path, format!("  {}\n", STANDARD.encode(a))).unwrap();
-        let ring = Keyring::new(Source::GivenFile(path.clone()));
-        let first = ring.prepare(None).unwrap();
-        assert_eq!(first, key_id(&a));
-        // The operator puts a new key first (a rotation): a value under it opens.
-        std::fs::write(
-            &path,
-            format!("{},{}", STANDARD.encode(b), STANDARD.encode(a)),
-        )
-        .unwrap();
-        let other = Keyring::with_keys(&[b]);
-        let sealed = other.seal(&key_id(&b), "c", "v").unwrap();
-        assert_eq!(ring.open("c", &sealed).unwrap(), "v");
-        let before = std::fs::read(&path).unwrap();
-        let e = ring.add_key_to_file().unwrap_err().to_string();
-        assert!(e.contains("LATCH_SECRET_KEY_FILE"), "{e}");
-        assert_eq!(
-            std::fs::read(&path).unwrap(),
-            before,
-            "latch never writes it"
-        );
-        let e = Keyring::new(Source::GivenFile(path.clone()))
-            .prepare(Some("0badc0de"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("0badc0de") && e.contains("LATCH_SECRET_KEY_FILE"),
-            "{e}"
-        );
-    }
-
-    /// Issue #69: the key file is rewritten through a file of this write's own. Before, a
-    /// fixed `secret.key.new` was removed and remade by each writer, so a second rotation
-    /// took the first one's file from under it.
-    #[test]
-    fn a_key_file_write_leaves_other_writers_files_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(KEY_FILE);
-        let ring = Keyring::new(Source::File(path.clone()));
-        ring.prepare(None).unwrap();
-        let theirs = path.with_extension("key.new");
-        std::fs::write(&theirs, "another rotation's file in progress").unwrap();
-        ring.add_key_to_file().unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&theirs).unwrap(),
-            "another rotation's file in progress"
-        );
-        let mut names: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(
-            names,
-            ["secret.key", "secret.key.new"],
-            "no file of its own left"
-        );
-        assert_eq!(ring.ids().len(), 2);
-    }
-}
+mod tests;

@@ -28,7 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Most bytes of one forwarded request (the forwarder sends at most 20,000 readings).
 const MAX_FORWARD_BYTES: usize = 16 << 20;
 
-/// The node-to-node routes.
+/// The node-to-node routes, behind [`super::peers::admit`] (in [`super::router`]).
 pub fn internal() -> axum::Router<AppState> {
     axum::Router::new()
         .route(READINGS_PATH, post(forwarded))
@@ -116,9 +116,6 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
 /// bounds of [`reading::check`] and every reading stamped with this node's clock — the
 /// owner's, which its sensors' deadlines are counted on.
 async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = super::peers::admit(&st, &headers) {
-        return e.into_response();
-    }
     if !is_json(&headers) {
         return ApiError::unsupported_media_type().into_response();
     }
@@ -179,10 +176,7 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
 }
 
 /// Another node changed the registry: read the changes now.
-async fn follow(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = super::peers::admit(&st, &headers) {
-        return e.into_response();
-    }
+async fn follow(State(st): State<AppState>) -> Response {
     let Some(pokes) = &st.app.follow else {
         return StatusCode::NO_CONTENT.into_response();
     };

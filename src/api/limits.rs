@@ -2,11 +2,16 @@
 //! peer address when the API is open — on this node. A request takes one unit whatever it
 //! carries, so a batch of 10,000 readings counts as much as one.
 //!
+//! The same buckets count failed authentications per peer address
+//! (`auth_failure_limit`): a failure takes one, and an address whose bucket is empty is
+//! answered 429 before its token is even looked at ([`Limiter::wait`]).
+//!
 //! Per node and in memory: nodes of a cluster do not share buckets, so behind a balancer
 //! over N nodes a caller may get up to N times the rate. A shared limiter would put a
 //! round trip to the store on every request, which is what the limit protects.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -55,21 +60,25 @@ impl Bucket {
             self.level -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64(
-                (1.0 - self.level) / limit.per_second,
-            ))
+            Err(self.wait(limit))
         }
+    }
+
+    /// How long until one request is there (the level is below one).
+    fn wait(&self, limit: RateLimit) -> Duration {
+        Duration::from_secs_f64((1.0 - self.level) / limit.per_second)
     }
 }
 
-/// Every caller's bucket. A `std::sync::Mutex`, not a Tokio one: it is held for a hash
-/// lookup and a few float operations, never across an `.await`.
-pub struct Limiter {
+/// Every caller's bucket, by `K`: a [`Key`] for requests, a peer address for failed
+/// authentications. A `std::sync::Mutex`, not a Tokio one: it is held for a hash lookup
+/// and a few float operations, never across an `.await`.
+pub struct Limiter<K = Key> {
     limit: RateLimit,
-    buckets: Mutex<HashMap<Key, Bucket>>,
+    buckets: Mutex<HashMap<K, Bucket>>,
 }
 
-impl Limiter {
+impl<K: Eq + Hash> Limiter<K> {
     pub fn new(limit: RateLimit) -> Self {
         Self {
             limit,
@@ -78,7 +87,31 @@ impl Limiter {
     }
 
     /// Takes one request from `key`'s bucket at `now`; `Err` is the wait until the next.
-    pub fn check(&self, key: Key, now: Instant) -> Result<(), Duration> {
+    pub fn check(&self, key: K, now: Instant) -> Result<(), Duration> {
+        let limit = self.limit;
+        self.with(key, now, |b| b.take(limit, now))
+    }
+
+    /// Whether `key`'s bucket holds one unit at `now`, without taking it; `Err` is the wait.
+    pub fn wait(&self, key: &K, now: Instant) -> Result<(), Duration> {
+        let limit = self.limit;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        match buckets.get_mut(key) {
+            Some(b) => {
+                b.refill(limit, now);
+                if b.level >= 1.0 {
+                    Ok(())
+                } else {
+                    Err(b.wait(limit))
+                }
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` on `key`'s bucket, made full when there is none; full buckets are dropped
+    /// first when there are many (a full bucket is the same as none).
+    fn with<T>(&self, key: K, now: Instant, f: impl FnOnce(&mut Bucket) -> T) -> T {
         let limit = self.limit;
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if buckets.len() >= PRUNE_ABOVE && !buckets.contains_key(&key) {
@@ -87,10 +120,9 @@ impl Limiter {
                 b.level < limit.burst as f64
             });
         }
-        buckets
+        f(buckets
             .entry(key)
-            .or_insert_with(|| Bucket::full(limit, now))
-            .take(limit, now)
+            .or_insert_with(|| Bucket::full(limit, now)))
     }
 }
 
@@ -98,7 +130,7 @@ impl Limiter {
 mod tests {
     use super::*;
 
-    fn limiter(per_second: f64, burst: u32) -> Limiter {
+    fn limiter<K: Eq + Hash>(per_second: f64, burst: u32) -> Limiter<K> {
         Limiter::new(RateLimit { per_second, burst })
     }
 
@@ -133,6 +165,25 @@ mod tests {
         assert!(l.check(Key::Token("b".into()), t0).is_ok());
         assert!(l.check(Key::Bootstrap, t0).is_ok());
         assert!(l.check(Key::Peer([127, 0, 0, 1].into()), t0).is_ok());
+    }
+
+    #[test]
+    fn waiting_takes_nothing_and_failures_past_the_burst_make_one_wait() {
+        let l: Limiter<IpAddr> = limiter(0.5, 2);
+        let (peer, t0) = (IpAddr::from([10, 0, 0, 1]), Instant::now());
+        assert!(l.wait(&peer, t0).is_ok(), "no failure yet");
+        for _ in 0..2 {
+            assert!(l.wait(&peer, t0).is_ok());
+            let _ = l.check(peer, t0);
+        }
+        assert_eq!(l.wait(&peer, t0), Err(Duration::from_secs(2)));
+        assert_eq!(
+            l.wait(&peer, t0),
+            Err(Duration::from_secs(2)),
+            "waiting is free"
+        );
+        assert!(l.wait(&peer, t0 + Duration::from_secs(2)).is_ok());
+        assert!(l.wait(&IpAddr::from([10, 0, 0, 2]), t0).is_ok());
     }
 
     #[test]

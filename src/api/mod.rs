@@ -65,6 +65,9 @@ pub struct AppState {
     pub tokens: tokens::Tokens,
     /// The per-caller request limit, when `rate_limit` is set.
     pub limiter: Option<Arc<limits::Limiter>>,
+    /// Failed authentications by peer address, when `auth_failure_limit` is set: `/v1`'s
+    /// and `/internal`'s, so neither a token nor the cluster secret can be guessed fast.
+    pub failures: Option<Arc<limits::Limiter<std::net::IpAddr>>>,
     /// This node's id and the address other nodes reach it at (`GET /v1/cluster`).
     pub node: String,
     pub address: String,
@@ -127,15 +130,19 @@ pub fn router(state: AppState) -> Router {
     let (v1, derived) = v1();
     // Whether a token is required changes when the first token is made or the last one
     // deleted, so both documents are ready and each request gets the one true now.
+    // A locked API answers 429 to an address that failed too often, whatever the rate.
     let limited = state.config.rate_limit.is_some();
+    let throttled = limited || state.config.auth_failure_limit.is_some();
     let open_doc = Arc::new(contract::document(derived.clone(), false, limited));
-    let locked_doc = Arc::new(contract::document(derived, true, limited));
+    let locked_doc = Arc::new(contract::document(derived, true, throttled));
     let v1 = v1
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     Router::new()
         .merge(v1)
-        .merge(cluster::internal())
+        .merge(
+            cluster::internal().layer(middleware::from_fn_with_state(state.clone(), peers::admit)),
+        )
         .merge(ui::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -164,17 +171,21 @@ enum Caller {
     Token(tokens::Grant),
 }
 
-/// Auth, then the rate limit, then the scope: 401 for a missing or unknown token, 429 past
-/// the caller's rate, 403 for what the token's scopes do not allow.
 /// Whether the caller may see signing secrets: an open API, the bootstrap token or an
 /// `admin` token. A `read` token reads clients without them.
 #[derive(Clone, Copy, Debug)]
 pub struct SeesSecrets(pub bool);
 
+/// Auth, then the rate limit, then the scope: 429 from an address that failed too often,
+/// 401 for a missing or unknown token, 429 past the caller's rate, 403 for what the
+/// token's scopes do not allow.
 async fn require_token(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
-    let caller = match identify(&st, &req) {
-        Ok(caller) => caller,
-        Err(e) => return e.into_response(),
+    let caller = match st.auth_required() {
+        true => match authenticate(&st, peer(&req), || identify_by(&st, req.headers())) {
+            Ok(caller) => caller,
+            Err(refused) => return refused.into_response(),
+        },
+        false => Caller::Anyone,
     };
     if let Some(limiter) = &st.limiter {
         let key = match &caller {
@@ -213,8 +224,90 @@ async fn require_token(State(st): State<AppState>, mut req: Request, next: Next)
     next.run(req).await
 }
 
-fn identify(st: &AppState, req: &Request) -> Result<Caller, ApiError> {
-    identify_by(st, req.headers())
+/// Runs `check` for a request from `peer` unless that address failed too often lately
+/// (429, the check not even run, so a throttled guess learns nothing); a failure is
+/// counted against the address and in `latch_http_auth_failures_total`. `/internal`'s
+/// cluster secret goes through here too.
+pub(crate) fn authenticate<T>(
+    st: &AppState,
+    peer: std::net::IpAddr,
+    check: impl FnOnce() -> Result<T, AuthFailure>,
+) -> Result<T, Refused> {
+    // Tokio's clock: a simulated run moves it.
+    let now = tokio::time::Instant::now().into_std();
+    if let Some(failures) = &st.failures
+        && let Err(wait) = failures.wait(&peer, now)
+    {
+        families::AUTH_FAILURES
+            .counter_with(&[("reason", "throttled")])
+            .increment(1);
+        return Err(Refused::Throttled(wait));
+    }
+    check().map_err(|failure| {
+        if failure == AuthFailure::Unconfirmed {
+            return Refused::Unconfirmed;
+        }
+        if let Some(failures) = &st.failures {
+            let _ = failures.check(peer, now);
+        }
+        families::AUTH_FAILURES
+            .counter_with(&[("reason", failure.reason())])
+            .increment(1);
+        tracing::debug!(%peer, reason = failure.reason(), "Refused an authentication.");
+        Refused::Failed
+    })
+}
+
+/// What [`authenticate`] answers instead of the request.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The address failed too often lately: 429 with `Retry-After` (this wait).
+    Throttled(std::time::Duration),
+    /// 401.
+    Failed,
+    /// 503: the token table could not be confirmed lately.
+    Unconfirmed,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Throttled(wait) => error::rate_limited(wait),
+            Refused::Failed => ApiError::unauthorized().into_response(),
+            Refused::Unconfirmed => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the API tokens could not be reloaded from the store lately, so this token \
+                 may have been deleted; try again",
+            )
+            .into_response(),
+        }
+    }
+}
+
+/// Why a request was not authenticated, as `latch_http_auth_failures_total` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthFailure {
+    /// No `Authorization: Bearer` header.
+    MissingToken,
+    /// A token that is neither the bootstrap token nor a token made (or no longer).
+    UnknownToken,
+    /// A node-to-node request without the cluster's secret.
+    ClusterSecret,
+    /// A token of the table, which this node could not reload for too long
+    /// ([`tokens::CONFIRM_WITHIN`]): 503, neither counted nor throttled (it may be good).
+    Unconfirmed,
+}
+
+impl AuthFailure {
+    fn reason(self) -> &'static str {
+        match self {
+            AuthFailure::MissingToken => "missing_token",
+            AuthFailure::UnknownToken => "unknown_token",
+            AuthFailure::ClusterSecret => "cluster_secret",
+            AuthFailure::Unconfirmed => "unconfirmed",
+        }
+    }
 }
 
 /// Whether the request whose headers were `headers` would be let through now: the same
@@ -232,7 +325,7 @@ pub(crate) fn still_permitted(
     }
 }
 
-fn identify_by(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
+fn identify_by(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Caller, AuthFailure> {
     if !st.auth_required() {
         return Ok(Caller::Anyone);
     }
@@ -240,20 +333,21 @@ fn identify_by(st: &AppState, headers: &axum::http::HeaderMap) -> Result<Caller,
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
-        .ok_or_else(ApiError::unauthorized)?;
+        .ok_or(AuthFailure::MissingToken)?;
     if let Some(bootstrap) = &st.config.api_token
         && crate::domain::token::constant_time_eq(given, bootstrap)
     {
         return Ok(Caller::Bootstrap);
     }
-    st.tokens
-        .lookup(given)
-        .map(Caller::Token)
-        .ok_or_else(ApiError::unauthorized)
+    match st.tokens.lookup(given) {
+        tokens::Lookup::Known(grant) => Ok(Caller::Token(grant)),
+        tokens::Lookup::Unknown => Err(AuthFailure::UnknownToken),
+        tokens::Lookup::Unconfirmed => Err(AuthFailure::Unconfirmed),
+    }
 }
 
 /// The peer's address; unspecified when served without connection info (never by `run`).
-fn peer(req: &Request) -> std::net::IpAddr {
+pub(crate) fn peer(req: &Request) -> std::net::IpAddr {
     req.extensions()
         .get::<ConnectInfo<std::net::SocketAddr>>()
         .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |c| c.0.ip())

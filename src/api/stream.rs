@@ -177,10 +177,7 @@ async fn revoked(st: AppState, headers: HeaderMap) {
 
 /// This node's own events, for a node relaying them to its listeners (node-to-node: the
 /// cluster secret).
-pub(super) async fn internal(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = super::peers::admit(&st, &headers) {
-        return e.into_response();
-    }
+pub(super) async fn internal(State(st): State<AppState>) -> Response {
     Sse::new(local(&st))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()

@@ -6,6 +6,12 @@
 //! once the store has it; on a shared store the copy is also reloaded every
 //! [`REFRESH_EVERY`] for what other nodes did. Each change of the copy is announced
 //! ([`Tokens::changes`]): a request that lasts, the live stream, is checked again then.
+//!
+//! A copy that cannot be reloaded (the database out of reach) may still hold a token
+//! another node deleted. So on a shared store a copy not confirmed within [`CONFIRM_WITHIN`]
+//! admits no token of the table ([`Lookup::Unconfirmed`]): a deletion takes effect
+//! everywhere within that bound, reachable or not. The bootstrap token is not in the
+//! table, and nothing deletes it, so it is not held to the bound.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -32,6 +38,20 @@ use crate::store::{self, Tokens as TokenStore};
 /// of a deleted token included). One small read a second per node.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a node on a shared store takes the tokens of its last good reload: past it, a
+/// deletion through another node might be missed, so they are refused (503) until a reload
+/// succeeds. Several reload periods, so one slow read does not refuse every request.
+pub const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+
+/// What the copy says of a secret.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lookup {
+    Known(Grant),
+    Unknown,
+    /// In the copy, but the copy was last confirmed longer than [`CONFIRM_WITHIN`] ago.
+    Unconfirmed,
+}
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_token, list_tokens))
@@ -52,6 +72,9 @@ pub struct Tokens {
     by_hash: Arc<RwLock<HashMap<String, Grant>>>,
     /// Bumped at every change of the table.
     version: Arc<watch::Sender<u64>>,
+    /// When the last reload that succeeded began, on a shared store ([`follow`]); `None`:
+    /// the copy is the only writer's (the embedded store) and always current.
+    confirmed: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl Default for Tokens {
@@ -59,6 +82,7 @@ impl Default for Tokens {
         Self {
             by_hash: Arc::default(),
             version: Arc::new(watch::Sender::new(0)),
+            confirmed: Arc::default(),
         }
     }
 }
@@ -131,13 +155,30 @@ impl Tokens {
 
     /// The grant of a secret. A lookup by hash and not a comparison of secrets: what its
     /// timing could reveal is a prefix of a SHA-256, which says nothing of any secret.
-    pub fn lookup(&self, secret: &str) -> Option<Grant> {
+    pub fn lookup(&self, secret: &str) -> Lookup {
         let hash = token::hash(secret);
-        self.by_hash
+        let grant = self
+            .by_hash
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&hash)
-            .cloned()
+            .cloned();
+        match grant {
+            None => Lookup::Unknown,
+            Some(_) if !self.current() => Lookup::Unconfirmed,
+            Some(grant) => Lookup::Known(grant),
+        }
+    }
+
+    /// Whether the copy was confirmed within [`CONFIRM_WITHIN`] (always, unshared).
+    fn current(&self) -> bool {
+        let confirmed = *self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        confirmed.is_none_or(|at| at.elapsed() <= CONFIRM_WITHIN)
+    }
+
+    /// Records a reload that began `at` and succeeded.
+    fn confirm(&self, at: tokio::time::Instant) {
+        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
     }
 
     /// Whether any token exists: once one does, the API requires one.
@@ -151,15 +192,21 @@ impl Tokens {
 }
 
 /// Keeps `tokens` following the store's table until `stop`, for nodes sharing a store.
+/// The copy counts as confirmed from the start (it was just loaded), then from each reload
+/// that succeeds.
 pub async fn follow(store: Arc<dyn TokenStore>, tokens: Tokens, stop: CancellationToken) {
+    tokens.confirm(tokio::time::Instant::now());
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
         }
-        if let Err(e) = tokens.refresh(store.as_ref()).await {
-            tracing::warn!(error = %e, "Could not reload the API tokens; keeping the last ones.");
+        let began = tokio::time::Instant::now();
+        match tokens.refresh(store.as_ref()).await {
+            Ok(()) => tokens.confirm(began),
+            Err(e) => tracing::warn!(error = %e,
+                "Could not reload the API tokens; refusing them once unconfirmed for too long."),
         }
     }
 }

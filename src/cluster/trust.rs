@@ -7,13 +7,19 @@
 //!
 //! What still cannot work is nodes holding different secrets (one configured, one not, or
 //! two values): each would refuse the other's forwards. So each node records a fingerprint
-//! of its secret beside its registration, and a node that finds a live node with another
-//! fingerprint refuses to start, naming the fix.
+//! of its secret beside its registration, and a node that finds a live node whose
+//! fingerprint its own secret does not match refuses to start, naming the fix.
+//!
+//! A fingerprint is salted — a random salt of its own and HMAC-SHA256 keyed by it — so a
+//! dump of the database gives nothing to look a configured secret up in, and each guess
+//! at it costs a hash per node row. Older versions kept an unsalted SHA-256; the first
+//! node of this version to start forgets those.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, Mac};
 use rand::RngCore;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::store::ClusterStore;
 
@@ -51,9 +57,13 @@ pub async fn agree(
     configured: bool,
     live_within: std::time::Duration,
 ) -> Result<(), super::Error> {
-    let others = store
-        .secret_disagreements(node, &fingerprint(secret), live_within)
-        .await?;
+    let others: Vec<String> = store
+        .secret_fingerprints(node, &fingerprint(secret), FORM, live_within)
+        .await?
+        .into_iter()
+        .filter(|(_, theirs)| !matches(secret, theirs))
+        .map(|(id, _)| id)
+        .collect();
     if others.is_empty() {
         return Ok(());
     }
@@ -75,14 +85,34 @@ fn generate() -> String {
     URL_SAFE_NO_PAD.encode(key)
 }
 
-/// A short, one-way name of a secret, to compare nodes' secrets without storing them.
-/// Whoever reads it can read the database, and with it the shared secret, anyway.
+/// How this version's fingerprints begin; a recorded one in another form is forgotten.
+const FORM: &str = "hmac-sha256$";
+
+/// A one-way name of a secret, under a fresh random salt, to compare nodes' secrets
+/// without storing them: `hmac-sha256$<salt>$<tag>`, in hex.
 pub fn fingerprint(secret: &str) -> String {
-    let digest = Sha256::new()
-        .chain_update(b"latch cluster secret\0")
-        .chain_update(secret.as_bytes())
-        .finalize();
-    digest[..12].iter().map(|b| format!("{b:02x}")).collect()
+    let mut salt = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut salt);
+    salted(&salt, secret)
+}
+
+/// Whether `fingerprint` (another node's) was made of `secret`.
+pub fn matches(secret: &str, fingerprint: &str) -> bool {
+    let salt = fingerprint
+        .strip_prefix(FORM)
+        .and_then(|rest| rest.split_once('$'))
+        .and_then(|(salt, _)| hex::decode(salt).ok());
+    salt.is_some_and(|salt| {
+        crate::domain::token::constant_time_eq(&salted(&salt, secret), fingerprint)
+    })
+}
+
+fn salted(salt: &[u8], secret: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(salt).expect("HMAC takes a key of any length");
+    mac.update(b"latch cluster secret\0");
+    mac.update(secret.as_bytes());
+    let tag = mac.finalize().into_bytes();
+    format!("{FORM}{}${}", hex::encode(salt), hex::encode(&tag[..16]))
 }
 
 /// Whether `given` is `secret`, in time independent of where they differ.
@@ -96,9 +126,16 @@ mod tests {
 
     #[test]
     fn fingerprints_tell_secrets_apart_and_admits_wants_the_secret() {
-        assert_eq!(fingerprint("a"), fingerprint("a"));
-        assert_ne!(fingerprint("a"), fingerprint("b"));
-        assert_eq!(fingerprint("a").len(), 24);
+        let a = fingerprint("a");
+        assert_ne!(a, fingerprint("a"), "salted anew each time");
+        assert!(matches("a", &a));
+        assert!(matches("a", &fingerprint("a")));
+        assert!(!matches("b", &a));
+        assert!(
+            !matches("a", "9daa0c5e22c704c0e9542e9d"),
+            "an older form matches nothing"
+        );
+        assert!(!matches("a", "hmac-sha256$zz$00"));
         assert_ne!(generate(), generate());
         assert!(admits("s3cret", Some("s3cret")));
         assert!(!admits("s3cret", Some("s3cre")));

@@ -137,6 +137,11 @@ pub struct Config {
     /// this node. `None`: no limit.
     #[serde(default, deserialize_with = "rate_limit")]
     pub rate_limit: Option<RateLimit>,
+    /// Failed authentications one peer address may make (to `/v1`, and to `/internal` with
+    /// a wrong cluster secret) before every request from it is 429 for a while: a token
+    /// cannot be guessed at the speed of the network. `None` (set empty): no limit.
+    #[serde(default, deserialize_with = "rate_limit")]
+    pub auth_failure_limit: Option<RateLimit>,
     /// Cluster mode (PostgreSQL only): the URL other nodes reach this node at. Unset:
     /// `http://` + `listen` when that is not a wildcard address.
     #[serde(default, deserialize_with = "non_empty")]

@@ -57,6 +57,9 @@ impl Http {
             limiter: config
                 .rate_limit
                 .map(|limit| Arc::new(api::limits::Limiter::new(limit))),
+            failures: config
+                .auth_failure_limit
+                .map(|limit| Arc::new(api::limits::Limiter::new(limit))),
             node: base.node.clone(),
             address: base
                 .address

@@ -94,14 +94,18 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// for the first caller on this database, what that caller stored for every later one.
     /// Needs the cluster row ([`ClusterStore::partitions`] first).
     async fn shared_secret(&self, candidate: &str) -> Result<String>;
-    /// Records the fingerprint of the secret `node` (registered) authenticates with, and
-    /// returns the other nodes live within `live_within` that recorded another, by id.
-    async fn secret_disagreements(
+    /// Records the fingerprint of the secret `node` (registered) authenticates with,
+    /// forgets every node's recorded in another form than `form` (how the given one begins:
+    /// an older form is weaker, and must not stay in the database), and returns the other
+    /// nodes live within `live_within` that recorded one, by id, with it. Whether two
+    /// fingerprints name one secret is [`crate::cluster::trust`]'s to say, not the store's.
+    async fn secret_fingerprints(
         &self,
         node: &str,
         fingerprint: &str,
+        form: &str,
         live_within: Duration,
-    ) -> Result<Vec<String>>;
+    ) -> Result<Vec<(String, String)>>;
     /// Leases the next `tokens` request slots of `client`'s cluster-wide `rate_limit`, one
     /// every `interval_us`, from the one schedule all nodes share (in one statement), and
     /// returns when the first starts and the database's now, in microseconds since the

@@ -4,6 +4,10 @@
 //! and the TLS key. Every backend writes and reads these through this module, so the rule
 //! is one: nothing above the store ever sees a sealed value, and no row holds a plain one.
 //!
+//! Each value is sealed for its client and its field ([`field`]): the associated data
+//! binds both, so one moved to another row or another column does not open. Values sealed
+//! before fields were bound still open, and are resealed bound by a rotation ([`reseal`]).
+//!
 //! The key new values are sealed under is the store's (`secret_key`), read in each write's
 //! transaction, so a write that races `latch rotate-key` is sealed under the new key or
 //! resealed by it ([`rotate`]).
@@ -13,7 +17,7 @@ use serde::de::DeserializeOwned;
 use super::{Error, Result, Secrets};
 use crate::domain::receiver::{Auth, Receiver, Tls};
 use crate::domain::{Client, Sendable, destination};
-use crate::secrets::{self, Keyring, Source, sealed_under};
+use crate::secrets::{self, Keyring, Source, is_bound, sealed_under};
 
 /// A client's columns that hold secrets, as stored.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -32,6 +36,30 @@ pub(crate) struct SealedCols {
 
 fn sealing(id: &str, e: secrets::Error) -> Error {
     Error::Backend(format!("client {id}: {e}"))
+}
+
+/// The field names sealed values are bound to. Both signing secrets share one: a rotation
+/// moves the current one into `previous_secret` in the store itself, and either is a
+/// signing secret. A header is bound to its name, an auth secret to the kind of auth.
+pub(crate) mod field {
+    use crate::domain::receiver::Auth;
+
+    pub const SIGNING: &str = "signing";
+    pub const URL_PASSWORD: &str = "url_password";
+    pub const TLS_KEY: &str = "tls_key";
+
+    /// Header names are case-insensitive: `X-Api-Key` and `x-api-key` are one.
+    pub fn header(name: &str) -> String {
+        format!("header:{}", name.to_ascii_lowercase())
+    }
+
+    pub fn auth(a: &Auth) -> &'static str {
+        match a {
+            Auth::Bearer { .. } => "auth:bearer",
+            Auth::Basic { .. } => "auth:basic",
+            Auth::OAuth2 { .. } => "auth:oauth2",
+        }
+    }
 }
 
 fn json(v: &impl serde::Serialize) -> String {
@@ -61,18 +89,18 @@ fn seal_parts(
     previous_secret: Option<&str>,
     r: &Receiver,
 ) -> Result<SealedCols, secrets::Error> {
-    let s = |v: &str| keys.seal(kid, id, v);
+    let s = |f: &str, v: &str| keys.seal(kid, id, f, v);
     let (url, password) = destination::split_password(url);
     let headers = r
         .headers
         .iter()
-        .map(|(n, v)| Ok((n.clone(), s(v)?)))
+        .map(|(n, v)| Ok((n.clone(), s(&field::header(n), v)?)))
         .collect::<Result<Vec<_>, secrets::Error>>()?;
     let auth = match &r.auth {
         Some(a) => {
-            let mut a = a.clone();
+            let (mut a, f) = (a.clone(), field::auth(a));
             for v in a.secrets_mut() {
-                *v = s(v)?;
+                *v = s(f, v)?;
             }
             Some(json(&a))
         }
@@ -80,16 +108,16 @@ fn seal_parts(
     };
     let tls = match &r.tls {
         Some(t) => Some(json(&Tls {
-            client_key_pem: s(&t.client_key_pem)?,
+            client_key_pem: s(field::TLS_KEY, &t.client_key_pem)?,
             ..t.clone()
         })),
         None => None,
     };
     Ok(SealedCols {
         url,
-        url_password: password.map(|p| s(&p)).transpose()?,
-        secret: s(secret)?,
-        previous_secret: previous_secret.map(s).transpose()?,
+        url_password: password.map(|p| s(field::URL_PASSWORD, &p)).transpose()?,
+        secret: s(field::SIGNING, secret)?,
+        previous_secret: previous_secret.map(|p| s(field::SIGNING, p)).transpose()?,
         headers: (!headers.is_empty()).then(|| json(&headers)),
         auth,
         tls,
@@ -172,32 +200,34 @@ fn open_parts(
     previous: &mut Option<String>,
     r: &mut Receiver,
 ) -> Result<(), secrets::Error> {
-    *secret = keys.open(id, secret)?;
+    *secret = keys.open(id, field::SIGNING, secret)?;
     if let Some(p) = previous {
-        *p = keys.open(id, p)?;
+        *p = keys.open(id, field::SIGNING, p)?;
     }
     if let (bare, Some(password)) = destination::split_password(url)
         && sealed_under(&password).is_some()
     {
-        *url = destination::join_password(&bare, &keys.open(id, &password)?);
+        let password = keys.open(id, field::URL_PASSWORD, &password)?;
+        *url = destination::join_password(&bare, &password);
     }
-    for (_, v) in &mut r.headers {
-        *v = keys.open(id, v)?;
+    for (n, v) in &mut r.headers {
+        *v = keys.open(id, &field::header(n), v)?;
     }
     if let Some(a) = &mut r.auth {
+        let f = field::auth(a);
         for v in a.secrets_mut() {
-            *v = keys.open(id, v)?;
+            *v = keys.open(id, f, v)?;
         }
     }
     if let Some(t) = &mut r.tls {
-        t.client_key_pem = keys.open(id, &t.client_key_pem)?;
+        t.client_key_pem = keys.open(id, field::TLS_KEY, &t.client_key_pem)?;
     }
     Ok(())
 }
 
-/// `cols` of client `id` sealed anew under `kid` when any value is not sealed under it (a
-/// plain one from before secrets were sealed, a broker password still in its URL, or one
-/// under an older key); `None` when all are.
+/// `cols` of client `id` sealed anew under `kid` when any value is not sealed under it, bound
+/// to its field (a plain one from before secrets were sealed, a broker password still in
+/// its URL, one under an older key, or one bound to its client only); `None` when all are.
 pub(crate) fn reseal(
     keys: &Keyring,
     kid: &str,
@@ -206,7 +236,11 @@ pub(crate) fn reseal(
 ) -> Result<Option<SealedCols>, secrets::Error> {
     let (values, r) = stored_values(cols).map_err(secrets::Error::Corrupt)?;
     let password_in_url = destination::split_password(&cols.url).1.is_some();
-    if !password_in_url && values.iter().all(|v| sealed_under(v) == Some(kid)) {
+    if !password_in_url
+        && values
+            .iter()
+            .all(|v| sealed_under(v) == Some(kid) && is_bound(v))
+    {
         return Ok(None);
     }
     let mut url = url_column(cols.url.clone(), cols.url_password.clone());
@@ -265,7 +299,9 @@ pub async fn prepare(store: &dyn Secrets, keys: &Keyring) -> anyhow::Result<u64>
             keys.prepare(Some(&stands))?;
         }
     }
-    Ok(store.reseal().await?)
+    let resealed = store.reseal().await?;
+    keys.refuse_unbound();
+    Ok(resealed)
 }
 
 /// `latch rotate-key`: a new key for the store, every secret sealed anew under it. With
@@ -377,6 +413,126 @@ mod tests {
             Some(new.as_str())
         );
         assert!(moved.auth.unwrap().contains(&format!("enc:{new}:")));
+    }
+
+    /// Issue #69 item 6: someone who can write the database but holds no key moves a
+    /// client's sealed signing secret into its basic password, or a header's value under
+    /// another header's name; latch would send it to the receiver. It no longer opens.
+    #[test]
+    fn a_sealed_value_moved_to_another_field_does_not_open() {
+        let keys = Keyring::with_keys(&[[6u8; 32]]);
+        let kid = keys.ids()[0].clone();
+        let c = client();
+        let cols = seal(&keys, &kid, &c).unwrap();
+        let read = |cols: &SealedCols| {
+            let mut read = Client {
+                url: url_column(cols.url.clone(), cols.url_password.clone()),
+                secret: cols.secret.clone(),
+                previous_secret: cols.previous_secret.clone(),
+                receiver: receiver(cols.headers.clone(), cols.auth.clone(), cols.tls.clone())
+                    .unwrap(),
+                ..c.clone()
+            };
+            open_client(&keys, &mut read).map(|()| read)
+        };
+        assert_eq!(read(&cols).unwrap(), c);
+        let mut auth: Auth = serde_json::from_str(cols.auth.as_deref().unwrap()).unwrap();
+        *auth.secrets_mut()[0] = cols.secret.clone();
+        let moved = SealedCols {
+            auth: Some(json(&auth)),
+            ..cols.clone()
+        };
+        assert!(
+            read(&moved).is_err(),
+            "the signing secret as a basic password"
+        );
+        let mut headers: Vec<(String, String)> =
+            serde_json::from_str(cols.headers.as_deref().unwrap()).unwrap();
+        headers[0].0 = "Authorization".into();
+        let renamed = SealedCols {
+            headers: Some(json(&headers)),
+            ..cols.clone()
+        };
+        assert!(
+            read(&renamed).is_err(),
+            "a header's value under another name"
+        );
+        // The current signing secret becoming the previous one is what a rotation does.
+        let rotated = SealedCols {
+            previous_secret: Some(cols.secret.clone()),
+            ..cols.clone()
+        };
+        assert_eq!(
+            read(&rotated).unwrap().previous_secret,
+            Some(c.secret.clone())
+        );
+    }
+
+    /// Values sealed before fields were bound (for their client only) still open, and a
+    /// rotation reseals them bound, under the same key too.
+    #[test]
+    fn values_bound_to_their_client_only_open_and_are_resealed_bound() {
+        let keys = Keyring::with_keys(&[[8u8; 32]]);
+        let kid = keys.ids()[0].clone();
+        let c = client();
+        let old = SealedCols {
+            url: "mqtt://user@broker/doors".into(),
+            url_password: Some(keys.seal_for_client(&kid, &c.id, "hunter2")),
+            secret: keys.seal_for_client(&kid, &c.id, &c.secret),
+            previous_secret: None,
+            ..SealedCols::default()
+        };
+        assert!(!is_bound(&old.secret));
+        let mut read = Client {
+            url: url_column(old.url.clone(), old.url_password.clone()),
+            secret: old.secret.clone(),
+            previous_secret: None,
+            receiver: Receiver::default(),
+            ..c.clone()
+        };
+        open_client(&keys, &mut read).unwrap();
+        assert_eq!(
+            (read.url.as_str(), &read.secret),
+            (c.url.as_str(), &c.secret)
+        );
+        let resealed = reseal(&keys, &kid, &c.id, &old).unwrap().expect("resealed");
+        assert!(is_bound(&resealed.secret) && is_bound(resealed.url_password.as_deref().unwrap()));
+        assert_eq!(reseal(&keys, &kid, &c.id, &resealed).unwrap(), None);
+    }
+
+    /// Once a start has sealed every value bound to its field, a plain value (or one bound
+    /// to its client only) can only be the work of someone who wrote the database without
+    /// the key: it is refused, not sent.
+    #[tokio::test]
+    async fn once_resealed_a_plain_or_unbound_value_is_refused() {
+        use crate::store::Registry;
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::File(dir.path().join(crate::secrets::KEY_FILE));
+        let open = || {
+            crate::store::sqlite::SqliteStore::open_keyed(
+                dir.path(),
+                crate::store::sqlite::Synchronous::Normal,
+                source.clone(),
+            )
+            .unwrap()
+        };
+        let store = open();
+        store.create_client(client()).await.unwrap();
+        let db = rusqlite::Connection::open(dir.path().join("latch.db")).unwrap();
+        let auth: String = db
+            .query_row("SELECT auth FROM clients", [], |r| r.get(0))
+            .unwrap();
+        let mut plain: Auth = serde_json::from_str(&auth).unwrap();
+        *plain.secrets_mut()[0] = "written-without-the-key".into();
+        db.execute("UPDATE clients SET auth = ?1", [json(&plain)])
+            .unwrap();
+        assert!(store.get_client("01CLIENT".into()).await.is_err());
+        // A value written plain before the start is sealed by it, as before.
+        drop(store);
+        let store = open();
+        let read = store.get_client("01CLIENT".into()).await.unwrap().unwrap();
+        let mut auth = read.receiver.auth.unwrap();
+        assert_eq!(*auth.secrets_mut()[0], "written-without-the-key");
     }
 
     /// A store whose resealing first lets another whole rotation run: what a second

@@ -181,6 +181,8 @@ families! {
         "Clients disabled now (410 Gone, or failing for `endpoint_disable_after`).";
     HTTP_RATE_LIMIT: Counter "latch_http_rate_limit_total" ["outcome"]
         "Requests to /v1 the rate limit let through (allowed) or answered 429 (limited).";
+    AUTH_FAILURES: Counter "latch_http_auth_failures_total" ["reason"]
+        "Requests refused for their credentials, by reason (missing_token, unknown_token, cluster_secret), and those refused unseen while their address failed too often (throttled).";
     CLUSTER_PARTITIONS_OWNED: Gauge "latch_cluster_partitions_owned" []
         "Partitions whose lease this node holds and serves.";
     CLUSTER_PARTITIONS: Gauge "latch_cluster_partitions" []

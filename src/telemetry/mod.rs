@@ -248,6 +248,14 @@ pub fn register_families(config: &Config) {
     if config.rate_limit.is_some() {
         show_by(&f::HTTP_RATE_LIMIT, "outcome", ["allowed", "limited"]);
     }
+    // `api::AuthFailure`'s reasons, and the requests refused unseen while throttled.
+    let reasons = [
+        "missing_token",
+        "unknown_token",
+        "cluster_secret",
+        "throttled",
+    ];
+    show_by(&f::AUTH_FAILURES, "reason", reasons);
 }
 
 /// Readings by source (HTTP and the configured `brokers`) and reason, the brokers' links.

@@ -398,29 +398,32 @@ impl ClusterStore for PgStore {
             .ok_or(crate::store::Error::NotFound("cluster row"))
     }
 
-    async fn secret_disagreements(
+    async fn secret_fingerprints(
         &self,
         node: &str,
         fingerprint: &str,
+        form: &str,
         live_within: Duration,
-    ) -> Result<Vec<String>> {
-        let c = self.db.get("secret_disagreements").await?;
+    ) -> Result<Vec<(String, String)>> {
+        let c = self.db.get("secret_fingerprints").await?;
         // Two statements, each committed on its own: of two nodes starting at once with
         // different secrets, the one that reads last sees the other's fingerprint. A node
-        // of an older version records none and is not judged.
+        // of an older version records none (or one forgotten here) and is not judged.
         c.execute(
-            "UPDATE latch_nodes SET secret_fingerprint = $2 WHERE id = $1",
-            &[&node, &fingerprint],
+            "UPDATE latch_nodes SET secret_fingerprint = CASE WHEN id = $1 THEN $2 END \
+             WHERE id = $1 OR left(secret_fingerprint, length($3)) <> $3",
+            &[&node, &fingerprint, &form],
         )
         .await?;
         let rows = c
             .query(
-                "SELECT id FROM latch_nodes WHERE id <> $1 AND secret_fingerprint <> $2 \
-                 AND heartbeat_at > now() - $3::int8 * interval '1 millisecond' ORDER BY id",
-                &[&node, &fingerprint, &ms(live_within)],
+                "SELECT id, secret_fingerprint FROM latch_nodes WHERE id <> $1 \
+                 AND secret_fingerprint IS NOT NULL \
+                 AND heartbeat_at > now() - $2::int8 * interval '1 millisecond' ORDER BY id",
+                &[&node, &ms(live_within)],
             )
             .await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     async fn grant_rate(&self, client: &str, tokens: u32, interval_us: i64) -> Result<(i64, i64)> {

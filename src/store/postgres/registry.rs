@@ -376,7 +376,7 @@ impl Registry for PgStore {
         let kid = super::secrets::current(&tx).await?;
         let sealed = self
             .keys
-            .seal(&kid, &id, &secret)
+            .seal(&kid, &id, sealing::field::SIGNING, &secret)
             .map_err(|e| super::super::Error::Backend(format!("client {id}: {e}")))?;
         // The right-hand sides read the row as it was, so `previous_secret = secret` keeps the
         // old one.

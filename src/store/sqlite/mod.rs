@@ -520,6 +520,8 @@ fn prepare_keys(c: &mut Connection, keys: &crate::secrets::Keyring) -> anyhow::R
     let resealed = secrets::reseal(c, keys);
     c.pragma_update(None, "secure_delete", "OFF")?;
     let resealed = resealed?;
+    // Every value is sealed bound now; this store is the only writer.
+    keys.refuse_unbound();
     if resealed > 0 {
         tracing::info!(
             clients = resealed,

@@ -351,7 +351,7 @@ impl Registry for SqliteStore {
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
                 let kid = super::secrets::current(&tx)?;
                 let sealed = keys
-                    .seal(&kid, &key, &secret)
+                    .seal(&kid, &key, sealing::field::SIGNING, &secret)
                     .map_err(|e| Error::Backend(format!("client {key}: {e}")))?;
                 let n = tx.execute(
                     "UPDATE clients SET previous_secret = secret, previous_secret_until = ?3, \

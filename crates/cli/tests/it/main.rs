@@ -2,6 +2,7 @@
 
 mod amqp;
 mod amqp_cluster;
+mod auth_throttle;
 mod backup;
 mod batches;
 mod bench;

@@ -212,3 +212,131 @@ async fn a_node_with_another_secret_than_the_live_nodes_is_refused_at_start() {
     b.stop().await;
     a.stop().await;
 }
+
+/// Someone guessing the cluster secret: a wrong secret is refused before the body is read
+/// (a request announcing 16 MiB gets its 401 having sent a few bytes of it), and after the
+/// allowed failures from an address every node-to-node request from it is 429, the right
+/// secret too, while the nodes' own requests from elsewhere still pass.
+#[tokio::test]
+async fn a_wrong_cluster_secret_is_refused_unread_and_throttled() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = shared_database(dir.path()).await else {
+        return;
+    };
+    let secret = "node-secret-3";
+    let s = TestServer::start_in(dir.path(), move |c| {
+        c.database_url = Some(url);
+        c.cluster_secret = Some(secret.into());
+        // No refill within the test: exactly two failures are answered 401.
+        c.auth_failure_limit = latch::config::RateLimit::parse("1/m burst 2").ok();
+    })
+    .await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /internal/v1/readings HTTP/1.1\r\nhost: {addr}\r\n{SECRET_HEADER}: guess\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{{\"batches\": [",
+        16 << 20
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 12];
+    // The rest of the body never comes: only an answer that did not wait for it arrives.
+    tokio::time::timeout(Duration::from_secs(30), conn.read_exact(&mut answer))
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    assert_eq!(
+        &answer,
+        b"HTTP/1.1 401",
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 6]))
+        .build()
+        .unwrap();
+    let stream = |http: &reqwest::Client, secret: &str| {
+        http.get(format!("{}/internal/v1/rates", s.base))
+            .header(SECRET_HEADER, secret)
+            .send()
+    };
+    assert_eq!(stream(&s.http, "guess-2").await.unwrap().status(), 401);
+    let throttled = stream(&s.http, "guess-3").await.unwrap();
+    assert_eq!(throttled.status(), 429);
+    assert!(throttled.headers().get("retry-after").is_some());
+    let body: Value = throttled.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert_eq!(stream(&s.http, secret).await.unwrap().status(), 429);
+    assert_eq!(stream(&other, secret).await.unwrap().status(), 200);
+    s.stop().await;
+}
+
+/// What a database dump shows of a configured cluster secret: no value one could check a
+/// guess against without a salt, or look up in a table made once for every database (the
+/// SHA-256 fingerprint older versions kept is forgotten by the next node to start), and
+/// two nodes with the same secret record different values yet agree.
+#[tokio::test]
+async fn a_dump_holds_no_unsalted_fingerprint_of_the_cluster_secret() {
+    use sha2::{Digest, Sha256};
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let Some(url) = shared_database(dir_a.path()).await else {
+        return;
+    };
+    let secret = "change-me";
+    let config = |url: String| {
+        move |c: &mut latch::config::Config| {
+            c.database_url = Some(url);
+            c.cluster_secret = Some(secret.into());
+        }
+    };
+    let a = TestServer::start_in(dir_a.path(), config(url.clone())).await;
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let unsalted: String = Sha256::new()
+        .chain_update(b"latch cluster secret\0")
+        .chain_update(secret.as_bytes())
+        .finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let recorded = || async {
+        let rows = db
+            .query(
+                "SELECT secret_fingerprint FROM latch_nodes ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.get::<_, Option<String>>(0))
+            .collect::<Vec<_>>()
+    };
+    let first = recorded().await;
+    assert_eq!(first.len(), 1);
+    let fa = first[0].clone().expect("recorded");
+    assert!(!fa.contains(&unsalted), "{fa}");
+    // An older node's record, as that version wrote it, in a row of its own.
+    db.execute(
+        "INSERT INTO latch_nodes (id, address, heartbeat_at, secret_fingerprint) \
+         VALUES ('old-node', '', now() - interval '1 minute', $1)",
+        &[&unsalted],
+    )
+    .await
+    .unwrap();
+    let b = TestServer::start_in(dir_b.path(), config(url.clone())).await;
+    let after = recorded().await;
+    assert!(
+        after.iter().flatten().all(|f| !f.contains(&unsalted)),
+        "the old fingerprint is forgotten: {after:?}"
+    );
+    let kept: Vec<&String> = after.iter().flatten().collect();
+    assert_eq!(kept.len(), 2, "{after:?}");
+    assert_ne!(kept[0], kept[1], "salted: the same secret, two values");
+    b.stop().await;
+    a.stop().await;
+}

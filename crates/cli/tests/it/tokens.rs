@@ -351,3 +351,60 @@ async fn nodes_on_one_database_follow_each_others_tokens() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A node that cannot read the token table cannot know a token was deleted through another
+/// node: past the bound it refuses the tokens it holds (503, not 401: the token may be
+/// good) rather than keep serving one deleted meanwhile; the bootstrap token, which no
+/// node can delete, still works; and once the table is back the deletion is seen.
+#[tokio::test]
+async fn a_node_that_cannot_confirm_its_tokens_stops_taking_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match crate::utils::postgres_url(dir.path()).await {
+        Ok(u) => u,
+        Err(e) => {
+            crate::utils::service_missing("PostgreSQL", e);
+            return;
+        }
+    };
+    let token = bootstrap();
+    let s = TestServer::start_in(dir.path(), {
+        let (token, url) = (token.clone(), url.clone());
+        move |c| {
+            c.api_token = Some(token);
+            c.database_url = Some(url);
+        }
+    })
+    .await;
+    let (id, read) = make_token(&s, &["read"]).await;
+    let (st, _) = as_token(&s, &read, Method::GET, "/v1/sensors", None).await;
+    assert_eq!(st, 200);
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // The table out of this node's reach, and the token deleted as another node would.
+    db.batch_execute("ALTER TABLE api_tokens RENAME TO api_tokens_away")
+        .await
+        .unwrap();
+    db.execute("DELETE FROM api_tokens_away WHERE id = $1", &[&id])
+        .await
+        .unwrap();
+    let refused = crate::utils::eventually(30, "the unconfirmed token refused", || async {
+        let (st, body) = as_token(&s, &read, Method::GET, "/v1/sensors", None).await;
+        (st != 200).then_some((st, body))
+    })
+    .await;
+    assert_eq!(refused.0, 503, "{}", refused.1);
+    assert_eq!(refused.1["error"]["code"], "unavailable", "{}", refused.1);
+    let (st, body) = as_token(&s, &token, Method::GET, "/v1/cluster", None).await;
+    assert_eq!(st, 200, "the bootstrap token: {body}");
+    db.batch_execute("ALTER TABLE api_tokens_away RENAME TO api_tokens")
+        .await
+        .unwrap();
+    crate::utils::eventually(30, "the deletion seen", || async {
+        let (st, _) = as_token(&s, &read, Method::GET, "/v1/sensors", None).await;
+        (st == 401).then_some(())
+    })
+    .await;
+    s.stop().await;
+}

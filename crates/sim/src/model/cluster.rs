@@ -206,24 +206,28 @@ impl Tables {
             .collect()
     }
 
-    fn secret_disagreements(
+    fn secret_fingerprints(
         &mut self,
         cx: &Cx,
         node: &str,
         fingerprint: &str,
+        form: &str,
         live: Duration,
-    ) -> Vec<String> {
+    ) -> Vec<(String, String)> {
+        for n in self.cluster.nodes.values_mut() {
+            if n.secret_fingerprint
+                .as_deref()
+                .is_some_and(|f| !f.starts_with(form))
+            {
+                n.secret_fingerprint = None;
+            }
+        }
         if let Some(n) = self.cluster.nodes.get_mut(node) {
             n.secret_fingerprint = Some(fingerprint.to_string());
         }
         self.live(cx.now, live)
-            .filter(|(id, n)| {
-                id.as_str() != node
-                    && n.secret_fingerprint
-                        .as_deref()
-                        .is_some_and(|f| f != fingerprint)
-            })
-            .map(|(id, _)| id.clone())
+            .filter(|(id, _)| id.as_str() != node)
+            .filter_map(|(id, n)| Some((id.clone(), n.secret_fingerprint.clone()?)))
             .collect()
     }
 
@@ -405,15 +409,16 @@ impl ClusterStore for NodeStore {
         .await
     }
 
-    async fn secret_disagreements(
+    async fn secret_fingerprints(
         &self,
         node: &str,
         fingerprint: &str,
+        form: &str,
         live_within: Duration,
-    ) -> Result<Vec<String>> {
-        self.run("secret_disagreements", true, |t, cx| {
+    ) -> Result<Vec<(String, String)>> {
+        self.run("secret_fingerprints", true, |t, cx| {
             t.cluster_only()?;
-            Ok(t.secret_disagreements(cx, node, fingerprint, live_within))
+            Ok(t.secret_fingerprints(cx, node, fingerprint, form, live_within))
         })
         .await
     }

@@ -49,24 +49,30 @@ async fn the_shared_secret_is_made_once_and_disagreeing_nodes_are_named() {
     for n in ["n1", "n2", "n3"] {
         store.heartbeat(n, "http://x", LONG).await.unwrap();
     }
-    let differ = |n: &'static str, f: &'static str| store.secret_disagreements(n, f, LONG);
-    assert!(differ("n1", "fp-a").await.unwrap().is_empty());
-    // n3 never recorded one (an older version): not judged.
-    assert!(differ("n2", "fp-a").await.unwrap().is_empty());
-    assert_eq!(differ("n3", "fp-b").await.unwrap(), vec!["n1", "n2"]);
-    // A node restarted with the others' secret records it anew.
-    assert!(differ("n3", "fp-a").await.unwrap().is_empty());
+    let others = |n: &'static str, f: &'static str, form: &'static str| {
+        store.secret_fingerprints(n, f, form, LONG)
+    };
+    let pair = |n: &str, f: &str| (n.to_string(), f.to_string());
+    assert!(others("n1", "v1-a", "v1-").await.unwrap().is_empty());
+    assert_eq!(
+        others("n2", "v1-a", "v1-").await.unwrap(),
+        [pair("n1", "v1-a")]
+    );
+    // A newer form forgets the older ones; n3 never recorded one: not listed.
+    assert!(others("n3", "v2-b", "v2-").await.unwrap().is_empty());
+    assert_eq!(
+        others("n1", "v2-a", "v2-").await.unwrap(),
+        [pair("n3", "v2-b")]
+    );
+    // A node restarted records anew.
+    let n2 = others("n2", "v2-c", "v2-").await.unwrap();
+    assert_eq!(n2, [pair("n1", "v2-a"), pair("n3", "v2-b")]);
     // Only live nodes count.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     store.heartbeat("n3", "http://x", LONG).await.unwrap();
-    assert!(differ("n3", "fp-b").await.unwrap().len() == 2);
-    assert!(
-        store
-            .secret_disagreements("n3", "fp-b", RECENT)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert_eq!(others("n3", "v2-b", "v2-").await.unwrap().len(), 2);
+    let recent = store.secret_fingerprints("n3", "v2-b", "v2-", RECENT);
+    assert!(recent.await.unwrap().is_empty());
 }
 
 #[tokio::test]
