@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Keep, Receiver, Report, percentile, rss_bytes, trim_heap};
+use super::{Keep, Receiver, Report, percentile, reached, rss_bytes, trim_heap};
 use latch::domain::{SensorId, time};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -103,25 +103,6 @@ async fn settle(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
         }
         anyhow::ensure!(Instant::now() < give_up, "still pending: {fleet}");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Polls `count` until it reaches `target`, returning when (ms since the epoch); fails
-/// with "only n of target {what}" after `patience`.
-async fn reached(
-    count: impl Fn() -> u64,
-    target: usize,
-    patience: Duration,
-    what: &str,
-) -> anyhow::Result<i64> {
-    let give_up = Instant::now() + patience;
-    loop {
-        let n = count();
-        if n >= target as u64 {
-            return Ok(time::now_ms());
-        }
-        anyhow::ensure!(Instant::now() < give_up, "only {n} of {target} {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -215,7 +196,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let before = latch::engine::lost_total();
     let all_lost_at = reached(
         || latch::engine::lost_total() - before,
-        args.sensors,
+        args.sensors as u64,
         args.timeout + Duration::from_secs(600),
         "sensors went lost",
     )
@@ -253,7 +234,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     };
     let all_delivered_at = reached(
         waited_for,
-        expected,
+        expected as u64,
         Duration::from_secs(600 + args.sensors as u64 / 2_000),
         "connection_lost webhooks answered",
     )

@@ -231,6 +231,25 @@ pub async fn post_readings(
     Ok(())
 }
 
+/// Polls `count` until it reaches `target`, returning when (ms since the epoch); fails
+/// with "only n of target {what}" after `patience`.
+pub async fn reached(
+    count: impl Fn() -> u64,
+    target: u64,
+    patience: Duration,
+    what: &str,
+) -> anyhow::Result<i64> {
+    let give_up = Instant::now() + patience;
+    loop {
+        let n = count();
+        if n >= target {
+            return Ok(time::now_ms());
+        }
+        anyhow::ensure!(Instant::now() < give_up, "only {n} of {target} {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Percentile `p` (0–100) of sorted values.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -9,11 +9,11 @@
 //! a round decides sites every second, so that time says in how many rounds the sites
 //! still down (more than one round's batch of them) were all decided (issue #68).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Keep, Receiver, Report};
+use super::{Keep, Receiver, Report, reached};
 use latch::domain::{SensorId, time};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -71,24 +71,6 @@ async fn keep_alive(
             _ = stop.cancelled() => return Ok(()),
         }
         report(&http, &url, &ids, 1).await?;
-    }
-}
-
-/// Waits until `count` reaches `target`; the time it did (ms since the epoch).
-async fn reached(
-    count: impl Fn() -> u64,
-    target: u64,
-    patience: Duration,
-    what: &str,
-) -> anyhow::Result<i64> {
-    let give_up = Instant::now() + patience;
-    loop {
-        let n = count();
-        if n >= target {
-            return Ok(time::now_ms());
-        }
-        anyhow::ensure!(Instant::now() < give_up, "only {n} of {target} {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
