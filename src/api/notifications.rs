@@ -30,6 +30,10 @@ pub struct NotificationOut {
     #[serde(rename = "type")]
     pub kind: EventKind,
     pub client_id: String,
+    /// A site's notification: the site it is about (its `sensor_id` is the first sensor
+    /// it names, whose lane it travels in).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site_id: Option<String>,
     pub sensor_id: String,
     pub status: Status,
     pub data: Option<u8>,
@@ -78,6 +82,7 @@ fn out(n: Notification) -> NotificationOut {
     NotificationOut {
         id: n.id,
         kind: n.kind,
+        site_id: crate::domain::site::named_in(n.body.as_deref()),
         client_id: n.client_id,
         sensor_id: n.sensor_id.to_string(),
         status: n.status,
@@ -118,6 +123,9 @@ pub struct NotificationParams {
     #[serde(rename = "type")]
     #[param(rename = "type")]
     pub kind: Option<String>,
+    /// Only a site's notifications (`site.connection_lost`, `site.connection_restored`)
+    /// of this site.
+    pub site_id: Option<String>,
     /// `asc` (the default: oldest first, as the list always was) or `desc` (newest
     /// first). A cursor pages on in the order it was given in.
     pub order: Option<String>,
@@ -155,6 +163,7 @@ async fn list_notifications(
             }
         },
         client_id: f.client_id.filter(|s| !s.is_empty()),
+        site_id: f.site_id.filter(|s| !s.is_empty()),
         sensor_id: match f.sensor_id.as_deref() {
             None => None,
             Some(s) => Some(parse_sensor_id(s)?),

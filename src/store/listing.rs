@@ -90,6 +90,12 @@ pub(crate) fn notifications(
             bind(&mut args, Arg::Text(k.as_str().into()))
         ));
     }
+    if let Some(site) = &f.site_id {
+        cond.push(format!(
+            "n.site_id = {}",
+            bind(&mut args, Arg::Text(site.clone()))
+        ));
+    }
     if let Some(from) = f.created.from {
         cond.push(format!(
             "n.created_at >= {}",

@@ -103,6 +103,8 @@ pub struct NotificationFilter {
     pub status: Option<Status>,
     /// Only notifications of this type.
     pub kind: Option<EventKind>,
+    /// Only a site's notifications, of this site (`notifications.site_id`).
+    pub site_id: Option<String>,
     /// Only those created within this range.
     pub created: TimeRange,
     /// Newest first (by outbox order, descending); the cursor then pages towards older.

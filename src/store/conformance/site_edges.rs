@@ -365,4 +365,28 @@ pub(super) async fn a_newer_site_event_supersedes_one_waiting(s: &Subject) {
     );
     let (n, _) = s.get_notification(of("sp-a")).await.unwrap().unwrap();
     assert_eq!(n.status, Status::Superseded);
+    // A site's notifications are found by their site, and by it only.
+    let of_site = |site: &str| NotificationFilter {
+        client_id: Some("spc".into()),
+        site_id: Some(site.into()),
+        ..Default::default()
+    };
+    let found = s
+        .list_notifications(of_site("sp-a"), page(100))
+        .await
+        .unwrap();
+    let kinds: Vec<EventKind> = found.items.iter().map(|n| n.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            EventKind::SiteConnectionLost,
+            EventKind::SiteConnectionRestored
+        ]
+    );
+    let found = s
+        .list_notifications(of_site("sp-b"), page(100))
+        .await
+        .unwrap();
+    assert_eq!(found.items.len(), 1);
+    assert_eq!(found.items[0].id, of("sp-b"));
 }

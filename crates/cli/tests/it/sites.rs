@@ -115,6 +115,15 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
     for (c, got) in got.iter().enumerate() {
         check_lost(fleet, c, got);
     }
+    // Each site's loss is found by its site, and says which site it is about.
+    let client = &fleet.clients[0].0;
+    for site in told_sites(fleet, 0) {
+        let found = s
+            .notifications(&format!("client_id={client}&site_id={}", site.id))
+            .await;
+        let kinds: Vec<_> = found.iter().map(|n| (&n["type"], &n["site_id"])).collect();
+        assert_eq!(kinds, [(&json!("site.connection_lost"), &json!(site.id))]);
+    }
     for site in [&fleet.sites[0], &gate] {
         let (_, read) = s.get(&format!("/v1/sites/{}", site.id)).await;
         assert_eq!(read["status"]["state"], "down", "{read}");

@@ -255,6 +255,9 @@ impl Tables {
                 && f.sensor_id.is_none_or(|s| n.sensor_id == s)
                 && f.status.is_none_or(|s| n.status == s)
                 && f.kind.is_none_or(|k| n.kind == k)
+                && f.site_id.as_ref().is_none_or(|site| {
+                    latch::domain::site::named_in(n.body.as_deref()).as_ref() == Some(site)
+                })
                 && f.created.from.is_none_or(|from| n.created_at >= from)
                 && f.created.to.is_none_or(|to| n.created_at < to)
         };
