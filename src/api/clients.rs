@@ -89,6 +89,30 @@ pub struct ClientIn {
     #[serde(default, deserialize_with = "super::receivers::present")]
     #[schema(value_type = Option<TlsIn>, nullable)]
     pub tls: Option<Option<TlsIn>>,
+    /// Read-only, as shown; on replace it must be the path's, on create it must be absent.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub id: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub created_at: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub previous_secret_expires_at: Option<String>,
+    /// Read-only, as shown; ignored (`POST /v1/clients/{id}/enable` resumes).
+    #[serde(default)]
+    #[schema(read_only)]
+    pub disabled_at: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub disabled_reason: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only, value_type = Option<Object>)]
+    pub health: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ClientIn {
@@ -229,7 +253,12 @@ impl From<Health> for HealthOut {
 /// A client as the API shows it at `now`: with its signing secret when `with_secret`;
 /// with the password in a broker URL only when `sees_secrets` (the caller may see
 /// secrets).
-fn client_out(c: Client, with_secret: bool, sees_secrets: bool, now: Millis) -> ClientOut {
+pub(super) fn client_out(
+    c: Client,
+    with_secret: bool,
+    sees_secrets: bool,
+    now: Millis,
+) -> ClientOut {
     let shown = super::receivers::shown(&c.receiver);
     ClientOut {
         id: c.id,
@@ -291,6 +320,11 @@ async fn create_client(
     State(st): State<AppState>,
     ApiJson(mut body): ApiJson<ClientIn>,
 ) -> ApiResult<(StatusCode, ApiJson<ClientOut>)> {
+    if body.id.is_some() {
+        return Err(ApiError::invalid(
+            "id is made by latch on create: leave it out",
+        ));
+    }
     check(&body)?;
     vet_url(&st, &body.url).await?;
     let guard = Guard::from_config(&st.config);
@@ -373,27 +407,57 @@ async fn get_client(
     }))
 }
 
-/// Replace a client's name, URL, (when given) secret, rate limit, `events` and `batch`. Pending
+/// Replace a client's name, URL, (when given) secret, rate limit, `events` and `batch`; a
+/// client as `GET` answers it, sent back unchanged, changes nothing. Pending
 /// notifications go to the new URL from their next attempt on; `events` applies to
 /// notifications made from then on. The URL is checked as on create (422 when not
 /// allowed); a URL on another origin needs `headers` and `auth` given again (422 when they
 /// would be kept).
 #[utoipa::path(put, path = "/v1/clients/{id}", tag = "clients", params(("id" = String, Path)),
     request_body = ClientIn,
-    responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 200, body = ClientOut), (status = 404, body = ErrorBody),
+        (status = 409, description = "an id in the body differs from the path", body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
 async fn replace_client(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(mut body): ApiJson<ClientIn>,
+    ApiJson(body): ApiJson<ClientIn>,
 ) -> ApiResult<ApiJson<ClientOut>> {
-    check(&body)?;
-    vet_url(&st, &body.url).await?;
     let current = st
         .app
         .store
         .get_client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
+    replace(&st, current, body).await.map(ApiJson)
+}
+
+/// The client `current` replaced by `body`: a `PUT`, or a `PATCH` merged into what a
+/// `GET` shows. What it shows only (`created_at`, `health`, …) is ignored; its `id` must
+/// be the client's; a URL as a `read` token sees it (`***` for a broker's password) keeps
+/// the password.
+pub(super) async fn replace(
+    st: &AppState,
+    current: Client,
+    mut body: ClientIn,
+) -> ApiResult<ClientOut> {
+    if let Some(body_id) = &body.id
+        && *body_id != current.id
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "id in the body ({body_id:?}) does not match the path ({})",
+                current.id
+            ),
+        ));
+    }
+    if body.url != current.url && body.url == destination::redact(&current.url) {
+        body.url = current.url.clone();
+    }
+    check(&body)?;
+    vet_url(st, &body.url).await?;
     let guard = Guard::from_config(&st.config);
     let given = body.given();
     check_new_origin(&given, &current.receiver, &current.url, &body.url)?;
@@ -401,7 +465,7 @@ async fn replace_client(
     let client = Client {
         name: body.name,
         url: body.url,
-        secret: body.secret.unwrap_or(current.secret),
+        secret: body.secret.unwrap_or(current.secret.clone()),
         rate_limit: body.rate_limit,
         events: body.events,
         batch: body.batch.map(Batch::from),
@@ -411,7 +475,7 @@ async fn replace_client(
     if !st.app.replace_client(&client).await? {
         return Err(ApiError::not_found("client"));
     }
-    Ok(ApiJson(client_out(client, true, true, st.app.now())))
+    Ok(client_out(client, true, true, st.app.now()))
 }
 
 /// Delete a client and its links; its pending notifications are cancelled.

@@ -13,8 +13,10 @@ pub mod error;
 pub mod event_types;
 pub mod fleet;
 pub mod limits;
+mod linger;
 pub mod notifications;
 pub mod pagination;
+mod patch;
 mod peers;
 pub mod query;
 pub mod rates;
@@ -122,6 +124,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(stream::router())
         .merge(sites::router())
         .merge(silences::router())
+        .merge(patch::router())
         .split_for_parts()
 }
 
@@ -159,7 +162,23 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .fallback(|| async { ApiError::not_found("route") })
+        // After every route: it is set on the routes there are.
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(linger::lingering))
         .with_state(state)
+}
+
+/// A path that exists called with a method it does not take: 405 in the JSON error format,
+/// with axum's `Allow` header listing the methods it takes.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}: the Allow header lists what is",
+            uri.path()
+        ),
+    )
 }
 
 /// Who is calling, as far as auth goes.

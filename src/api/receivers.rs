@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ApiResult};
 use crate::delivery::guard::Guard;
-use crate::domain::receiver::{self, Auth, REDACTED, Receiver};
+use crate::domain::receiver::{self, Auth, REDACTED, Receiver, Tls};
 use crate::domain::{Millis, time};
 
 /// Takes a present field as `Some`, `null` included (`Some(None)`): with
@@ -28,20 +28,26 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
-/// How latch authenticates to the receiver.
+/// How latch authenticates to the receiver. Its secret (`token`, `password`,
+/// `client_secret`) is write-only: on replace, left out it is kept when the receiver it goes
+/// to stays the same (the same `type`, and for OAuth2 a `token_url` on the same origin), so
+/// an `auth` read back and sent again keeps it.
 #[derive(Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AuthIn {
     /// `Authorization: Bearer <token>` on every request.
     Bearer {
-        /// Write-only.
-        token: String,
+        /// Write-only; required on create.
+        #[serde(default)]
+        #[schema(min_length = 1)]
+        token: Option<String>,
     },
     /// `Authorization: Basic …` on every request.
     Basic {
         username: String,
-        /// Write-only.
-        password: String,
+        /// Write-only; required on create.
+        #[serde(default)]
+        password: Option<String>,
     },
     /// A token from `token_url` (OAuth2 client credentials grant; the client
     /// authenticates with HTTP Basic), sent as a bearer token. It is kept until shortly
@@ -52,8 +58,10 @@ pub enum AuthIn {
         /// Checked by the SSRF guard like the client's URL.
         token_url: String,
         client_id: String,
-        /// Write-only.
-        client_secret: String,
+        /// Write-only; required on create.
+        #[serde(default)]
+        #[schema(min_length = 1)]
+        client_secret: Option<String>,
         #[serde(default)]
         scope: Option<String>,
         #[serde(default)]
@@ -61,25 +69,74 @@ pub enum AuthIn {
     },
 }
 
-impl From<AuthIn> for Auth {
-    fn from(a: AuthIn) -> Self {
-        match a {
-            AuthIn::Bearer { token } => Auth::Bearer { token },
-            AuthIn::Basic { username, password } => Auth::Basic { username, password },
+impl AuthIn {
+    /// Whether its secret is given (not left out to keep the current one).
+    fn has_secret(&self) -> bool {
+        match self {
+            AuthIn::Bearer { token } => token.is_some(),
+            AuthIn::Basic { password, .. } => password.is_some(),
+            AuthIn::Oauth2ClientCredentials { client_secret, .. } => client_secret.is_some(),
+        }
+    }
+
+    /// The authentication it makes, its secret taken from `current` when left out and it
+    /// would go to the same receiver; otherwise a 422 naming the field.
+    fn resolve(self, current: Option<&Auth>) -> ApiResult<Auth> {
+        let missing = |field: &str| {
+            ApiError::invalid(format!(
+                "auth.{field} is required: it is write-only, so it is kept only when `auth` \
+                 is left out or keeps its type (and, for oauth2_client_credentials, its \
+                 token_url's origin)"
+            ))
+        };
+        Ok(match self {
+            AuthIn::Bearer { token } => Auth::Bearer {
+                token: match (token, current) {
+                    (Some(t), _) => t,
+                    (None, Some(Auth::Bearer { token })) => token.clone(),
+                    (None, _) => return Err(missing("token")),
+                },
+            },
+            AuthIn::Basic { username, password } => Auth::Basic {
+                username,
+                password: match (password, current) {
+                    (Some(p), _) => p,
+                    (None, Some(Auth::Basic { password, .. })) => password.clone(),
+                    (None, _) => return Err(missing("password")),
+                },
+            },
             AuthIn::Oauth2ClientCredentials {
                 token_url,
                 client_id,
                 client_secret,
                 scope,
                 audience,
-            } => Auth::OAuth2 {
-                token_url,
-                client_id,
-                client_secret,
-                scope,
-                audience,
-            },
-        }
+            } => {
+                let client_secret = match (client_secret, current) {
+                    (Some(s), _) => s,
+                    (
+                        None,
+                        Some(Auth::OAuth2 {
+                            token_url: was,
+                            client_secret,
+                            ..
+                        }),
+                    ) if receiver::origin(was).is_some()
+                        && receiver::origin(was) == receiver::origin(&token_url) =>
+                    {
+                        client_secret.clone()
+                    }
+                    (None, _) => return Err(missing("client_secret")),
+                };
+                Auth::OAuth2 {
+                    token_url,
+                    client_id,
+                    client_secret,
+                    scope,
+                    audience,
+                }
+            }
+        })
     }
 }
 
@@ -124,17 +181,65 @@ impl From<&Auth> for AuthOut {
 }
 
 /// A client certificate for mutual TLS (PEM). Refused at once (422) when it does not
-/// parse, its key is not its own, or it has expired.
+/// parse, its key is not its own, or it has expired. On replace, the key left out is kept
+/// for a new certificate of the same key, and both left out keep the certificate (a
+/// `ca_pem` given then replaces only the CAs), so a `tls` read back and sent again keeps it.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsIn {
-    /// The certificate, then any intermediates.
-    pub client_cert_pem: String,
-    /// Its private key (PKCS #8, PKCS #1 or SEC1). Write-only.
-    pub client_key_pem: String,
+    /// The certificate, then any intermediates. Required on create.
+    #[serde(default)]
+    #[schema(min_length = 1)]
+    pub client_cert_pem: Option<String>,
+    /// Its private key (PKCS #8, PKCS #1 or SEC1). Write-only; required on create.
+    #[serde(default)]
+    #[schema(min_length = 1)]
+    pub client_key_pem: Option<String>,
     /// CAs to verify the receiver's certificate with instead of the system's roots.
     #[serde(default)]
+    #[schema(min_length = 1)]
     pub ca_pem: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub subject: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub expires_at: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub ca_subject: Option<String>,
+}
+
+impl TlsIn {
+    /// The certificate it makes, what it leaves out taken from `current`.
+    fn resolve(self, current: Option<&Tls>, now: Millis) -> ApiResult<Tls> {
+        let (cert, key) = match (self.client_cert_pem, self.client_key_pem, current) {
+            (Some(c), Some(k), _) => (c, k),
+            (Some(c), None, Some(t)) => (c, t.client_key_pem.clone()),
+            (None, None, Some(t)) => match self.ca_pem {
+                None => return Ok(t.clone()),
+                Some(_) => (t.client_cert_pem.clone(), t.client_key_pem.clone()),
+            },
+            (None, Some(_), _) => {
+                return Err(ApiError::invalid(
+                    "tls.client_cert_pem is required with tls.client_key_pem",
+                ));
+            }
+            (_, None, None) => {
+                return Err(ApiError::invalid(
+                    "tls.client_cert_pem and tls.client_key_pem are required: the client has \
+                     no certificate to keep",
+                ));
+            }
+        };
+        let tls = receiver::parse_tls(&cert, &key, self.ca_pem.as_deref(), now)
+            .map_err(ApiError::invalid)?;
+        crate::delivery::tls::check(&tls).map_err(ApiError::invalid)?;
+        Ok(tls)
+    }
 }
 
 /// A client certificate as shown: its subject and expiry.
@@ -200,7 +305,12 @@ pub(super) fn check_new_origin(
             Some(None) => false,
             Some(Some(map)) => map.values().any(|v| v == REDACTED),
         };
-    let auth_kept = current.auth.is_some() && given.auth.is_none();
+    let auth_kept = current.auth.is_some()
+        && match &given.auth {
+            None => true,
+            Some(None) => false,
+            Some(Some(a)) => !a.has_secret(),
+        };
     let kept: Vec<&str> = [("headers", headers_kept), ("auth", auth_kept)]
         .into_iter()
         .filter_map(|(name, kept)| kept.then_some(name))
@@ -255,22 +365,13 @@ pub(super) async fn settle(
     };
     let auth = match given.auth {
         None => kept.auth.clone(),
-        Some(a) => a.map(Auth::from),
+        Some(None) => None,
+        Some(Some(a)) => Some(a.resolve(kept.auth.as_ref())?),
     };
     let tls = match given.tls {
         None => kept.tls.clone(),
         Some(None) => None,
-        Some(Some(t)) => {
-            let tls = receiver::parse_tls(
-                &t.client_cert_pem,
-                &t.client_key_pem,
-                t.ca_pem.as_deref(),
-                now,
-            )
-            .map_err(ApiError::invalid)?;
-            crate::delivery::tls::check(&tls).map_err(ApiError::invalid)?;
-            Some(tls)
-        }
+        Some(Some(t)) => Some(t.resolve(kept.tls.as_ref(), now)?),
     };
     let r = Receiver { headers, auth, tls };
     receiver::validate_headers(&r.headers, r.auth.is_some()).map_err(ApiError::invalid)?;

@@ -47,7 +47,8 @@ pub struct SensorCreate {
     pub site_id: Option<String>,
 }
 
-/// A sensor's new address, timeout and debounce window.
+/// A sensor's new address, timeout, debounce window and site; a sensor as `GET` answers it,
+/// sent back unchanged, changes nothing.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SensorReplace {
@@ -60,6 +61,14 @@ pub struct SensorReplace {
     pub debounce_s: Option<u32>,
     /// Its site; absent: in no site.
     pub site_id: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only)]
+    pub created_at: Option<String>,
+    /// Read-only, as shown; ignored.
+    #[serde(default)]
+    #[schema(read_only, value_type = Option<Object>)]
+    pub status: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A sensor with its current status.
@@ -241,6 +250,16 @@ async fn replace_sensor(
     ApiJson(body): ApiJson<SensorReplace>,
 ) -> ApiResult<ApiJson<SensorOut>> {
     let id = parse_sensor_id(&id)?;
+    replace(&st, id, body).await.map(ApiJson)
+}
+
+/// The sensor `id` replaced by `body`: a `PUT`, or a `PATCH` merged into what a `GET`
+/// shows.
+pub(super) async fn replace(
+    st: &AppState,
+    id: SensorId,
+    body: SensorReplace,
+) -> ApiResult<SensorOut> {
     if let Some(body_id) = &body.id
         && body_id != &id.to_string()
     {
@@ -262,7 +281,7 @@ async fn replace_sensor(
         )
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
-    Ok(ApiJson(sensor_out(view)))
+    Ok(sensor_out(view))
 }
 
 /// Delete a sensor with its links, state and history; its pending notifications are cancelled.

@@ -225,7 +225,7 @@ async fn get_site(
 
 /// Change a site's name, address or gateway sensor.
 #[utoipa::path(patch, path = "/v1/sites/{id}", tag = "sites", params(("id" = String, Path)),
-    request_body = SitePatch,
+    request_body(content = SitePatch, content_type = "application/merge-patch+json"),
     responses((status = 200, body = SiteOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn update_site(
     State(st): State<AppState>,

@@ -216,3 +216,41 @@ fn a_failed_start_does_not_print_passwords() {
         assert!(!text.contains(secret), "{secret} in {text}");
     }
 }
+
+/// A client that sends its whole oversize body before reading (as most do) reads the 413:
+/// latch reads and drops the rest instead of closing on it, which resets the connection.
+#[tokio::test]
+async fn a_client_still_sending_an_oversize_body_reads_the_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start().await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    for (path, size) in [
+        ("/v1/clients", 20 << 20),
+        ("/v1/readings", 40 << 20),
+        ("/v1/clients", 20 << 20),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: latch\r\ncontent-type: application/json\r\n\
+             content-length: {size}\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let chunk = vec![b' '; 1 << 16];
+        for _ in 0..size / chunk.len() {
+            tcp.write_all(&chunk)
+                .await
+                .unwrap_or_else(|e| panic!("{path}: the body could not be sent: {e}"));
+        }
+        let mut answer = Vec::new();
+        let mut buf = [0; 4096];
+        while !String::from_utf8_lossy(&answer).contains("}}") {
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(n > 0, "{path}: closed after {answer:?}");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(answer.contains("payload_too_large"), "{path}: {answer}");
+    }
+    s.stop().await;
+}

@@ -41,6 +41,7 @@ mod receivers;
 mod redelivery;
 mod registry;
 mod retention;
+mod round_trip;
 mod secrets;
 mod silences;
 mod site_moves;
