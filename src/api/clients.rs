@@ -81,12 +81,12 @@ pub struct ClientIn {
     pub headers: Option<Option<BTreeMap<String, String>>>,
     /// How latch authenticates to the receiver; its secret is write-only. On replace:
     /// absent keeps it, `null` removes it.
-    #[serde(default, deserialize_with = "super::receivers::present")]
+    #[serde(default, deserialize_with = "super::receivers::present_object")]
     #[schema(value_type = Option<AuthIn>, nullable)]
     pub auth: Option<Option<AuthIn>>,
     /// A client certificate for mutual TLS; its key is write-only. On replace: absent
     /// keeps it, `null` removes it.
-    #[serde(default, deserialize_with = "super::receivers::present")]
+    #[serde(default, deserialize_with = "super::receivers::present_object")]
     #[schema(value_type = Option<TlsIn>, nullable)]
     pub tls: Option<Option<TlsIn>>,
     /// Read-only, as shown; on replace it must be the path's, on create it must be absent.

@@ -20,6 +20,7 @@ use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
 
 mod receivers;
 mod sites;
+mod variants;
 
 /// A sensor id, as [`crate::domain::SensorId::parse`] accepts it.
 fn sensor_id_pattern() -> String {
@@ -54,6 +55,7 @@ pub fn document(
     constrain_schemas(&mut doc);
     receivers::constrain(&mut doc);
     sites::constrain(&mut doc);
+    variants::constrain(&mut doc);
     constrain_parameters(&mut doc);
     readings_body(&mut doc);
     add_statuses(&mut doc, token_required, rate_limited);

@@ -81,7 +81,7 @@ pub(super) fn merged<P: DeserializeOwned, T: DeserializeOwned>(
 pub struct SensorPatch {
     /// Its own id when given (409 otherwise).
     id: Option<String>,
-    #[schema(min_length = 1)]
+    #[schema(nullable = false)]
     address: Option<String>,
     /// `null`: the service default.
     #[schema(minimum = 1, maximum = 2592000, nullable)]
@@ -127,8 +127,9 @@ async fn patch_sensor(
 pub struct ClientPatch {
     /// Its own id when given (409 otherwise).
     id: Option<String>,
-    #[schema(min_length = 1)]
+    #[schema(nullable = false)]
     name: Option<String>,
+    #[schema(nullable = false)]
     url: Option<String>,
     secret: Option<String>,
     #[schema(minimum = 1, maximum = 10000, nullable)]
@@ -165,12 +166,15 @@ pub struct BatchPatch {
 #[allow(dead_code)]
 pub struct AuthPatch {
     #[serde(rename = "type")]
-    #[schema(rename = "type")]
+    #[schema(rename = "type", nullable = false)]
     kind: Option<AuthType>,
     token: Option<String>,
+    #[schema(nullable = false)]
     username: Option<String>,
     password: Option<String>,
+    #[schema(nullable = false)]
     token_url: Option<String>,
+    #[schema(nullable = false)]
     client_id: Option<String>,
     client_secret: Option<String>,
     #[schema(nullable)]

@@ -28,6 +28,25 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
+/// As [`present`], for a field that must be a JSON object or `null`: serde would read an
+/// array as a struct's fields in order (`[null, null]` as a `tls` leaving everything out).
+pub(super) fn present_object<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error as _;
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Null => Ok(Some(None)),
+        v @ serde_json::Value::Object(_) => serde_json::from_value(v)
+            .map(|t| Some(Some(t)))
+            .map_err(D::Error::custom),
+        other => Err(D::Error::custom(format!(
+            "expected an object or null, got {other}"
+        ))),
+    }
+}
+
 /// How latch authenticates to the receiver. Its secret (`token`, `password`,
 /// `client_secret`) is write-only: on replace, left out it is kept when the receiver it goes
 /// to stays the same (the same `type`, and for OAuth2 a `token_url` on the same origin), so

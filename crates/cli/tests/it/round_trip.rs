@@ -102,6 +102,12 @@ async fn a_client_read_and_sent_back_keeps_every_setting_and_a_patch_changes_one
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("headers and auth"), "{message}");
 
+    // An array is no settings object (serde would read it as the fields in order).
+    let mut arrays = read.clone();
+    arrays["tls"] = json!([null, null]);
+    let (st, _) = s.put(&path, arrays).await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "tls as an array");
+
     // Read-only fields are ignored, but not another client's id.
     let mut other = read.clone();
     other["id"] = json!("someone-else");
