@@ -131,6 +131,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {
     let (v1, derived) = v1();
+    let bare = Arc::new(query::Bare::from_document(&derived));
     // Whether a token is required changes when the first token is made or the last one
     // deleted, so both documents are ready and each request gets the one true now.
     // A locked API answers 429 to an address that failed too often, whatever the rate.
@@ -139,6 +140,7 @@ pub fn router(state: AppState) -> Router {
     let open_doc = Arc::new(contract::document(derived.clone(), false, limited));
     let locked_doc = Arc::new(contract::document(derived, true, throttled));
     let v1 = v1
+        .layer(middleware::from_fn_with_state(bare, query::refuse_query))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     Router::new()

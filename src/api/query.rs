@@ -8,8 +8,14 @@
 //! handler takes all of its query structs in one [`ApiQuery`] (a tuple when there are
 //! several), because each alone would refuse the others' names.
 
-use axum::extract::FromRequestParts;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, MatchedPath, Request};
+use axum::http::Method;
 use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use utoipa::IntoParams;
 use utoipa::openapi::path::ParameterIn;
@@ -78,6 +84,63 @@ impl<S: Send + Sync, T: QueryParams> FromRequestParts<S> for ApiQuery<T> {
         }
         T::parse(query).map(ApiQuery)
     }
+}
+
+/// The operations that declare no query parameter, by method and path as routed: they
+/// take no [`ApiQuery`], so a query string given to one is refused by [`refuse_query`].
+#[derive(Default)]
+pub struct Bare(HashSet<(Method, String)>);
+
+impl Bare {
+    /// Read from the document the routes derive, which lists each operation's parameters.
+    pub fn from_document(doc: &utoipa::openapi::OpenApi) -> Self {
+        let mut bare = HashSet::new();
+        for (path, item) in &doc.paths.paths {
+            for (method, op) in [
+                (Method::GET, &item.get),
+                (Method::PUT, &item.put),
+                (Method::POST, &item.post),
+                (Method::DELETE, &item.delete),
+                (Method::PATCH, &item.patch),
+            ] {
+                let Some(op) = op else { continue };
+                let takes_query = op
+                    .parameters
+                    .iter()
+                    .flatten()
+                    .any(|p| matches!(p.parameter_in, ParameterIn::Query));
+                if !takes_query {
+                    bare.insert((method, path.clone()));
+                }
+            }
+        }
+        Self(bare)
+    }
+}
+
+/// Middleware: a query string on an operation that takes none is refused, as [`ApiQuery`]
+/// refuses a name its operation does not take (`GET /v1/sensors/N1?cursor=…` would
+/// otherwise answer as if the cursor were used).
+pub async fn refuse_query(
+    axum::extract::State(bare): axum::extract::State<Arc<Bare>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let method = match req.method() {
+        &Method::HEAD => Method::GET,
+        m => m.clone(),
+    };
+    if let (Some(route), Some(query)) = (route, req.uri().query())
+        && bare.0.contains(&(method, route.to_string()))
+        && let Some((name, _)) = form_urlencoded::parse(query.as_bytes()).next()
+    {
+        return ApiError::unknown_parameter(&name, &[]).into_response();
+    }
+    next.run(req).await
 }
 
 #[cfg(test)]

@@ -71,3 +71,36 @@ async fn unknown_query_parameters_are_refused_by_name() {
         assert!(said.contains("unknown_parameter"), "{path}: {said:?}");
     }
 }
+
+/// An operation that takes no query parameter refuses one too, rather than answering as
+/// if a filter or cursor had been applied.
+#[tokio::test]
+async fn a_query_on_an_operation_that_takes_none_is_refused() {
+    let s = TestServer::start().await;
+    let id = crate::utils::unique("q");
+    s.sensor(&id).await;
+    for (path, name) in [
+        (format!("/v1/sensors/{id}?cursor=abc"), "cursor"),
+        ("/v1/event-types?type=x".to_string(), "type"),
+        (format!("/v1/sensors/{id}/clients?limit=1&x=1"), "x"),
+    ] {
+        let (st, body) = s.get(&path).await;
+        assert_eq!(st, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "unknown_parameter", "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("`{name}`")), "{path}: {message}");
+    }
+    let (st, body) = s
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/sensors/{id}?force=true"),
+            None,
+        )
+        .await;
+    assert_eq!(st, 400, "a delete that takes no options: {body}");
+    assert_eq!(
+        s.get(&format!("/v1/sensors/{id}")).await.0,
+        200,
+        "not deleted"
+    );
+}
