@@ -61,7 +61,8 @@ pub(super) fn constrain(doc: &mut Value) {
     merge(
         doc,
         &format!("{s}/MatchBody/properties/sensor_ids"),
-        json!({"items": sensor, "minItems": 1, "maxItems": MAX_SENSORS}),
+        // Typed: a pattern alone lets `null` through.
+        json!({"items": {"type": "string", "pattern": sensor_id_pattern()}, "minItems": 1, "maxItems": MAX_SENSORS}),
     );
     merge(
         doc,
