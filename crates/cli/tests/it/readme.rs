@@ -396,6 +396,25 @@ async fn the_walk_through_prints_what_the_readme_shows_and_sends_its_webhook() {
             "{body}"
         );
     }
+
+    // Then the building and its maintenance window, on the same latch.
+    let sites = block(&readme, "walk-through sites").replace("127.0.0.1:8080", listen);
+    let mut sites = self::steps(&sites);
+    assert!(
+        sites.len() >= 8,
+        "the sites walk-through's commands: {sites:?}"
+    );
+    let base = latch.base.clone();
+    sites.insert(
+        0,
+        Step {
+            command: format!("B={base}"),
+            expect: None,
+        },
+    );
+    tokio::task::spawn_blocking(move || run_steps(&sites))
+        .await
+        .unwrap();
 }
 
 #[test]
