@@ -214,6 +214,13 @@ impl Keyring {
         self.read_keys().iter().map(|k| k.id.clone()).collect()
     }
 
+    /// The ids of the keys this process can open now: with a key file, as it is now (read
+    /// again; as held when it cannot be read). What a node reports for `latch rotate-key`.
+    pub fn reachable_ids(&self) -> Vec<String> {
+        let _ = self.reload();
+        self.ids()
+    }
+
     fn read_keys(&self) -> std::sync::RwLockReadGuard<'_, Vec<std::sync::Arc<Key>>> {
         self.keys.read().unwrap_or_else(|p| p.into_inner())
     }

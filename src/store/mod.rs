@@ -348,6 +348,16 @@ pub trait Secrets: Send + Sync {
     /// The ids of the keys some client's secret is sealed under now: a rotation drops no
     /// key of these from the key file.
     async fn keys_in_use(&self) -> Result<Vec<String>>;
+    /// The live nodes (heartbeat within `live_within`) that have not reported holding key
+    /// `id`, each as `id (address)`: a rotation to `id` would leave them unable to deliver.
+    /// None on a store no other node runs on.
+    async fn nodes_without_key(
+        &self,
+        _id: &str,
+        _live_within: std::time::Duration,
+    ) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Every store trait, for code that calls methods on a concrete store (a backend's own
@@ -518,12 +528,12 @@ pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotate
                 .await?
                 .using_keys(keys.clone());
             let _one_at_a_time = store.rotation_lock().await?;
-            sealing::rotate(&store, &keys).await
+            sealing::rotate(&store, &keys, config.lease()).await
         }
         None => {
             let _one_at_a_time = sqlite::rotation_lock(&config.data_dir)?;
             let store = sqlite::Offline::open(&config.data_dir, keys.clone())?;
-            sealing::rotate(&store, &keys).await
+            sealing::rotate(&store, &keys, config.lease()).await
         }
     }
 }

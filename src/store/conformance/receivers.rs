@@ -149,7 +149,9 @@ async fn rotation_reseals_and_reads_go_on(f: &Fresh) {
     let keys = crate::secrets::Keyring::new(crate::secrets::Source::File(
         f._dir.path().join(crate::secrets::KEY_FILE),
     ));
-    let r = crate::store::rotate_secret_key(s, &keys).await.unwrap();
+    let r = crate::store::rotate_secret_key(s, &keys, std::time::Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(r.from.as_deref(), Some(before.as_str()));
     assert_ne!(r.to, before);
     assert_eq!(r.resealed, 2);
@@ -165,7 +167,9 @@ async fn rotation_reseals_and_reads_go_on(f: &Fresh) {
     s.create_client(client("rk-c", "http://c/")).await.unwrap();
     assert_eq!(s.reseal().await.unwrap(), 0);
     // Twice: the first key leaves the file, the one just replaced stays.
-    let again = crate::store::rotate_secret_key(s, &keys).await.unwrap();
+    let again = crate::store::rotate_secret_key(s, &keys, std::time::Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(again.from.as_deref(), Some(r.to.as_str()));
     let held = crate::secrets::Keyring::new(crate::secrets::Source::File(
         f._dir.path().join(crate::secrets::KEY_FILE),

@@ -97,13 +97,16 @@ impl ClusterStore for PgStore {
         address: &str,
         live_within: Duration,
     ) -> Result<Vec<String>> {
+        // What this node can open now (a key file read again), for `latch rotate-key`.
+        let key_ids = self.keys.reachable_ids().join(",");
         let mut c = self.db.get("heartbeat").await?;
         let tx = c.transaction().await?;
         tx.execute(
-            "INSERT INTO latch_nodes (id, address, heartbeat_at) VALUES ($1, $2, now()) \
+            "INSERT INTO latch_nodes (id, address, heartbeat_at, key_ids) \
+             VALUES ($1, $2, now(), $3) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, \
-             heartbeat_at = excluded.heartbeat_at",
-            &[&node, &address],
+             heartbeat_at = excluded.heartbeat_at, key_ids = excluded.key_ids",
+            &[&node, &address, &key_ids],
         )
         .await?;
         let live = tx

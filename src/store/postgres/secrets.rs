@@ -61,6 +61,24 @@ impl PgStore {
 
 #[async_trait]
 impl Secrets for PgStore {
+    async fn nodes_without_key(
+        &self,
+        id: &str,
+        live_within: std::time::Duration,
+    ) -> Result<Vec<String>> {
+        let c = self.db.get("nodes_without_key").await?;
+        let rows = c
+            .query(
+                "SELECT id || ' (' || address || ')' FROM latch_nodes \
+                 WHERE heartbeat_at > now() - $2::int8 * interval '1 millisecond' \
+                 AND NOT ($1 = ANY(string_to_array(coalesce(key_ids, ''), ','))) \
+                 ORDER BY id",
+                &[&id, &(live_within.as_millis() as i64)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     async fn sealing_key(&self) -> Result<Option<String>> {
         let c = self.db.get("sealing_key").await?;
         Ok(
