@@ -533,7 +533,15 @@ pub async fn rotate_key(config: &crate::config::Config) -> anyhow::Result<Rotate
         None => {
             let _one_at_a_time = sqlite::rotation_lock(&config.data_dir)?;
             let store = sqlite::Offline::open(&config.data_dir, keys.clone())?;
-            sealing::rotate(&store, &keys, config.lease()).await
+            let rotated = sealing::rotate(&store, &keys, config.lease()).await?;
+            if !store.scrub_log()? {
+                tracing::warn!(
+                    "The write-ahead log could not be emptied while latch reads it: it may \
+                     still hold values sealed under the retired key until its next checkpoint \
+                     (latch vacuum, with latch stopped, rewrites everything)."
+                );
+            }
+            Ok(rotated)
         }
     }
 }

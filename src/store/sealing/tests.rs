@@ -373,3 +373,47 @@ async fn a_rotation_waits_for_every_live_node_to_hold_the_new_key() {
     assert_eq!(r.resealed, 1);
     assert_ne!(store.sealing_key().await.unwrap(), before);
 }
+
+/// Issue #69 item 9: after `latch rotate-key` on the embedded store (with latch running),
+/// no byte of the database or its log holds a value sealed under the retired key.
+#[tokio::test]
+async fn a_rotation_leaves_no_value_under_the_old_key_in_the_files() {
+    use crate::store::Registry;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(crate::secrets::KEY_FILE);
+    let store = crate::store::sqlite::SqliteStore::open_keyed(
+        dir.path(),
+        crate::store::sqlite::Synchronous::Normal,
+        Source::File(path),
+    )
+    .unwrap();
+    store.create_client(client()).await.unwrap();
+    let db = dir.path().join("latch.db");
+    let raw = |column: &str| -> String {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.query_row(&format!("SELECT {column} FROM clients"), [], |r| r.get(0))
+            .unwrap()
+    };
+    let old = [raw("secret")];
+    // The value in the database file itself, not only in the log.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let config = crate::config::Config::for_data_dir(dir.path());
+    crate::store::rotate_key(&config).await.unwrap();
+    assert_ne!(raw("secret"), old[0], "resealed");
+    let mut bytes = std::fs::read(&db).unwrap();
+    if let Ok(log) = std::fs::read(dir.path().join("latch.db-wal")) {
+        bytes.extend(log);
+    }
+    for value in &old {
+        // The sealed text past its key id: what the old key opens.
+        let tail = value.rsplit(':').next().unwrap().as_bytes();
+        assert!(
+            !bytes.windows(tail.len()).any(|w| w == tail),
+            "a value sealed under the retired key is still in the files"
+        );
+    }
+    drop(store);
+}

@@ -145,10 +145,28 @@ impl Offline {
         let mut conn = Connection::open(&path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         super::migrate(&mut conn)?;
+        // What a rotation overwrites or frees (cells, overflow pages of a long value) is
+        // zeroed, so no page keeps a value sealed under the key it retires.
+        conn.pragma_update(None, "secure_delete", "ON")?;
         Ok(Self {
             conn: Mutex::new(conn),
             keys,
         })
+    }
+
+    /// Copies the write-ahead log into the database and empties it, so the old page images
+    /// it holds (values under the retired key) leave the files; tried for a few seconds
+    /// while the running latch's readers hold it. Whether it was emptied.
+    pub fn scrub_log(&self) -> Result<bool> {
+        for _ in 0..50 {
+            let busy: i64 = self
+                .with(|c| Ok(c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?))?;
+            if busy == 0 {
+                return Ok(true);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Ok(false)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T>) -> Result<T> {
