@@ -204,9 +204,9 @@ fn open_parts(
     if let Some(p) = previous {
         *p = keys.open(id, field::SIGNING, p)?;
     }
-    if let (bare, Some(password)) = destination::split_password(url)
-        && sealed_under(&password).is_some()
-    {
+    // Plain too: a password written into the URL before secrets were sealed opens as it
+    // is until the store is resealed, and is refused after, as every plain value is.
+    if let (bare, Some(password)) = destination::split_password(url) {
         let password = keys.open(id, field::URL_PASSWORD, &password)?;
         *url = destination::join_password(&bare, &password);
     }

@@ -178,6 +178,27 @@ async fn once_resealed_a_plain_or_unbound_value_is_refused() {
     let store = open();
     store.create_client(client()).await.unwrap();
     let db = rusqlite::Connection::open(dir.path().join("latch.db")).unwrap();
+    // A broker password, in its column or back in the URL, plain: refused as well.
+    let (url, sealed): (String, String) = db
+        .query_row("SELECT url, url_password FROM clients", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    db.execute("UPDATE clients SET url_password = 'plain-pw'", [])
+        .unwrap();
+    assert!(store.get_client("01CLIENT".into()).await.is_err());
+    db.execute(
+        "UPDATE clients SET url = 'mqtt://user:plain-pw@broker/doors', url_password = NULL",
+        [],
+    )
+    .unwrap();
+    assert!(store.get_client("01CLIENT".into()).await.is_err());
+    db.execute(
+        "UPDATE clients SET url = ?1, url_password = ?2",
+        [&url, &sealed],
+    )
+    .unwrap();
+    assert!(store.get_client("01CLIENT".into()).await.is_ok());
     let auth: String = db
         .query_row("SELECT auth FROM clients", [], |r| r.get(0))
         .unwrap();
