@@ -161,16 +161,22 @@ async fn stream(State(st): State<AppState>, headers: HeaderMap) -> Response {
 
 /// Resolves once the caller who opened a stream with `headers` may read it no longer: the
 /// token table changed (a token deleted here, or a reload that found it gone) and the
-/// checks every request passes refuse it now.
+/// checks every request passes refuse it now — or, on a node cut off from a shared store,
+/// the table went unconfirmed for longer than a request would accept (checked each
+/// second: no reload comes to say so).
 async fn revoked(st: AppState, headers: HeaderMap) {
     let mut changes = st.tokens.changes();
+    let mut table = true;
     loop {
         if !super::still_permitted(&st, &headers, &Method::GET, "/v1/stream") {
             return;
         }
-        if changes.changed().await.is_err() {
-            // The table is gone with the service; shutdown ends the stream.
-            std::future::pending::<()>().await;
+        tokio::select! {
+            changed = changes.changed(), if table => {
+                // The table is gone with the service; shutdown ends the stream.
+                table = changed.is_ok();
+            }
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
         }
     }
 }

@@ -378,6 +378,15 @@ async fn a_node_that_cannot_confirm_its_tokens_stops_taking_them() {
     let (id, read) = make_token(&s, &["read"]).await;
     let (st, _) = as_token(&s, &read, Method::GET, "/v1/sensors", None).await;
     assert_eq!(st, 200);
+    // A live stream it holds open ends too: no reload of the table comes to end it.
+    let mut stream = s
+        .http
+        .get(format!("{}/v1/stream", s.base))
+        .bearer_auth(&read)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
     let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -396,6 +405,14 @@ async fn a_node_that_cannot_confirm_its_tokens_stops_taking_them() {
     .await;
     assert_eq!(refused.0, 503, "{}", refused.1);
     assert_eq!(refused.1["error"]["code"], "unavailable", "{}", refused.1);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream of an unconfirmed token is still open"
+    );
     let (st, body) = as_token(&s, &token, Method::GET, "/v1/cluster", None).await;
     assert_eq!(st, 200, "the bootstrap token: {body}");
     db.batch_execute("ALTER TABLE api_tokens_away RENAME TO api_tokens")
