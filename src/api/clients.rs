@@ -394,12 +394,7 @@ async fn get_client(
     axum::Extension(sees): axum::Extension<super::SeesSecrets>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<ClientOut>> {
-    let c = st
-        .app
-        .store
-        .get_client(id.clone())
-        .await?
-        .ok_or_else(|| ApiError::not_found("client"))?;
+    let c = existing(&st, id.clone()).await?;
     let health = st.app.store.client_health(id, st.app.now()).await?;
     Ok(ApiJson(ClientOut {
         health: health.map(HealthOut::from),
@@ -423,12 +418,7 @@ async fn replace_client(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ClientIn>,
 ) -> ApiResult<ApiJson<ClientOut>> {
-    let current = st
-        .app
-        .store
-        .get_client(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("client"))?;
+    let current = existing(&st, id).await?;
     replace(&st, current, body).await.map(ApiJson)
 }
 
@@ -476,6 +466,15 @@ pub(super) async fn replace(
         return Err(ApiError::not_found("client"));
     }
     Ok(client_out(client, true, true, st.app.now()))
+}
+
+/// The client `id`, or 404.
+pub(super) async fn existing(st: &AppState, id: String) -> ApiResult<Client> {
+    st.app
+        .store
+        .get_client(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("client"))
 }
 
 /// Delete a client and its links; its pending notifications are cancelled.
@@ -654,12 +653,7 @@ async fn test_client(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<TestOut>> {
-    let client = st
-        .app
-        .store
-        .get_client(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("client"))?;
+    let client = existing(&st, id).await?;
     let r = st.app.dispatcher.test(&client).await;
     tracing::info!(client_id = %client.id, status = r.status_code, error = r.error.as_deref(),
         "Sent a test notification.");

@@ -218,12 +218,7 @@ async fn patch_client(
     ApiPath(id): ApiPath<String>,
     patch: MergePatch,
 ) -> ApiResult<ApiJson<ClientOut>> {
-    let current = st
-        .app
-        .store
-        .get_client(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("client"))?;
+    let current = super::clients::existing(&st, id).await?;
     // Its URL in full, without its signing secret (left out, so kept).
     let shown = client_out(current.clone(), false, true, st.app.now());
     let body: ClientIn = merged::<ClientPatch, _>(shown, patch)?;
