@@ -129,7 +129,7 @@ fn found(p: &Page<SensorView>) -> Vec<String> {
 
 async fn find(s: &dyn Store, text: &str) -> Vec<String> {
     let search = Search::parse(text).unwrap();
-    found(&s.find_sensors(search, None, page(50)).await.unwrap())
+    found(&s.find_sensors(search, None, None, page(50)).await.unwrap())
 }
 
 pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
@@ -180,13 +180,14 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
 
     // Pages by id, and with the connection filter.
     let first = s
-        .find_sensors(Search::parse("moscow").unwrap(), None, page(1))
+        .find_sensors(Search::parse("moscow").unwrap(), None, None, page(1))
         .await
         .unwrap();
     assert_eq!(found(&first), ["Door1"]);
     let next = s
         .find_sensors(
             Search::parse("moscow").unwrap(),
+            None,
             None,
             PageRequest {
                 limit: 1,
@@ -204,11 +205,37 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
         .find_sensors(
             Search::parse("moscow").unwrap(),
             Some(Connection::Online),
+            None,
             page(10),
         )
         .await
         .unwrap();
     assert_eq!(found(&online), ["Door2"]);
+
+    // With a site: that site's sensors only.
+    s.create_site(super::silences::site("fs-a", None))
+        .await
+        .unwrap();
+    s.replace_sensor(
+        sid("Door2"),
+        "Moscow, Tverskaya st. 7".into(),
+        None,
+        None,
+        Some("fs-a".into()),
+        6_000,
+    )
+    .await
+    .unwrap();
+    let in_site = |site: &str| {
+        s.find_sensors(
+            Search::parse("moscow").unwrap(),
+            None,
+            Some(site.into()),
+            page(10),
+        )
+    };
+    assert_eq!(found(&in_site("fs-a").await.unwrap()), ["Door2"]);
+    assert!(found(&in_site("fs-b").await.unwrap()).is_empty());
 
     // A new address is found by its words, the old one no longer; a deleted sensor is gone.
     s.replace_sensor(

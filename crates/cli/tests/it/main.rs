@@ -44,6 +44,7 @@ mod retention;
 mod secrets;
 mod silences;
 mod site_moves;
+mod site_views;
 mod sites;
 mod ssrf;
 mod store_faults;
