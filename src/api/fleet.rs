@@ -13,7 +13,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_fleet))
 }
 
-/// Registered sensors by connection, and the notifications waiting to go out.
+/// Registered sensors by connection, sites down, and the notifications waiting to go out.
 #[derive(Serialize, ToSchema)]
 pub struct FleetOut {
     /// Every registered sensor.
@@ -24,6 +24,9 @@ pub struct FleetOut {
     pub lost: u64,
     /// Registered, never reported.
     pub unknown: u64,
+    /// Sites whose decision says they are down now (`GET /v1/sites?state=down`), so a
+    /// building gone dark reads as one site, not only as its lost sensors.
+    pub sites_down: u64,
     /// Notifications not yet delivered (nor failed, superseded or cancelled).
     pub notifications_pending: u64,
     /// How far back history goes: the time of the oldest reading kept (older ones were
@@ -32,17 +35,19 @@ pub struct FleetOut {
     pub history_from: Option<String>,
 }
 
-/// Counts of the fleet: sensors by connection, pending notifications.
+/// Counts of the fleet: sensors by connection, sites down, pending notifications.
 #[utoipa::path(get, path = "/v1/fleet", tag = "sensors",
     responses((status = 200, body = FleetOut)))]
 async fn get_fleet(State(st): State<AppState>) -> ApiResult<ApiJson<FleetOut>> {
     let counts = st.app.store.count_sensors().await?;
     let pending = st.app.store.count_pending().await?;
+    let sites = st.app.store.site_totals().await?;
     Ok(ApiJson(FleetOut {
         sensors: counts.online + counts.lost + counts.unknown,
         online: counts.online,
         lost: counts.lost,
         unknown: counts.unknown,
+        sites_down: sites.down,
         notifications_pending: pending,
         history_from: st
             .app

@@ -34,6 +34,10 @@ pub struct NotificationOut {
     /// it names, whose lane it travels in).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub site_id: Option<String>,
+    /// A site's notification: the sensors it named, its client's (a loss's lost ones; a
+    /// return's restored, then still lost ones), so one event is found from each of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sensor_ids: Option<Vec<String>>,
     pub sensor_id: String,
     pub status: Status,
     pub data: Option<u8>,
@@ -83,6 +87,12 @@ fn out(n: Notification) -> NotificationOut {
         id: n.id,
         kind: n.kind,
         site_id: crate::domain::site::named_in(n.body.as_deref()),
+        sensor_ids: n.kind.is_site().then(|| {
+            crate::domain::site::sensors_named_in(n.body.as_deref())
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        }),
         client_id: n.client_id,
         sensor_id: n.sensor_id.to_string(),
         status: n.status,
@@ -116,6 +126,7 @@ fn attempt_out(a: Attempt) -> AttemptOut {
 #[into_params(parameter_in = Query)]
 pub struct NotificationParams {
     pub client_id: Option<String>,
+    /// The sensor's own notifications and the site events that named it (`sensor_ids`).
     pub sensor_id: Option<String>,
     /// `pending`, `delivered`, `failed`, `superseded` or `cancelled`.
     pub status: Option<String>,

@@ -153,6 +153,8 @@ pub struct SensorListParams {
     /// Search: sensors whose id starts with it (case kept), or whose address has a word
     /// starting with each of its words (case and accents aside).
     pub q: Option<String>,
+    /// Only the sensors of this site (`/v1/sites`); a site that does not exist has none.
+    pub site_id: Option<String>,
 }
 
 impl Params for SensorListParams {}
@@ -195,7 +197,8 @@ pub(super) fn connection_filter(c: Option<&str>) -> Result<Option<Connection>, A
     .transpose()
 }
 
-/// List sensors, by id; `q` finds them by id prefix or address words.
+/// List sensors, by id; `q` finds them by id prefix or address words, `site_id` keeps a
+/// site's.
 #[utoipa::path(get, path = "/v1/sensors", tag = "sensors", params(PageParams, SensorListParams),
     responses((status = 200, body = List<SensorOut>)))]
 async fn list_sensors(
@@ -203,19 +206,13 @@ async fn list_sensors(
     ApiQuery((page, filter)): ApiQuery<(PageParams, SensorListParams)>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
     let connection = connection_filter(filter.connection.as_deref())?;
-    let page = match super::search(filter.q.as_deref())? {
-        Some(q) => {
-            st.app
-                .store
-                .find_sensors(q, connection, page.to_request()?)
-                .await?
-        }
-        None => {
-            st.app
-                .store
-                .list_sensors(connection, page.to_request()?)
-                .await?
-        }
+    let site = filter.site_id.filter(|s| !s.is_empty());
+    let page = page.to_request()?;
+    let store = &st.app.store;
+    let page = match (super::search(filter.q.as_deref())?, site) {
+        (Some(q), site) => store.find_sensors(q, connection, site, page).await?,
+        (None, Some(site)) => store.site_sensors(site, connection, page).await?,
+        (None, None) => store.list_sensors(connection, page).await?,
     };
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }

@@ -78,6 +78,26 @@ pub fn named_in(body: Option<&str>) -> Option<String> {
     v["site"]["id"].as_str().map(str::to_string)
 }
 
+/// The sensors a site event's body names, in its order: a loss's `sensors`, a return's
+/// `restored` then `still_lost`. Kept beside the notification (`notification_sensors`), so
+/// a sensor's notifications include the site events that named it without reading bodies.
+pub fn sensors_named_in(body: Option<&str>) -> Vec<SensorId> {
+    let Some(v) = body.and_then(|b| serde_json::from_str::<serde_json::Value>(b).ok()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<SensorId> = Vec::new();
+    for list in ["sensors", "restored", "still_lost"] {
+        for x in v[list].as_array().into_iter().flatten() {
+            if let Some(id) = x["id"].as_str().and_then(|i| SensorId::parse(i).ok())
+                && !out.contains(&id)
+            {
+                out.push(id);
+            }
+        }
+    }
+    out
+}
+
 /// Whether a site with these counts is down: its gateway is lost, or at least `ratio` of
 /// its sensors, and at least `min_sensors`, are.
 pub fn down(c: SiteCounts, ratio: f64, min_sensors: u32) -> bool {
@@ -141,6 +161,22 @@ mod tests {
         );
         assert!(down(c(10, 0, true), 0.5, 3), "its gateway alone");
         assert!(!down(c(0, 0, false), 0.5, 3));
+    }
+
+    #[test]
+    fn a_site_event_names_its_lists_sensors_once_in_order() {
+        let ids = |b: &str| -> Vec<String> {
+            sensors_named_in(Some(b))
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        };
+        let lost = r#"{"site":{"id":"b"},"sensors":[{"id":"s2"},{"id":"s1"}],"sensors_total":3}"#;
+        assert_eq!(ids(lost), ["s2", "s1"]);
+        let back = r#"{"site":{"id":"b"},"restored":[{"id":"s3"}],"still_lost":[{"id":"s1"},{"id":"s3"}]}"#;
+        assert_eq!(ids(back), ["s3", "s1"]);
+        assert!(sensors_named_in(None).is_empty());
+        assert!(sensors_named_in(Some("not json")).is_empty());
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //!   (PostgreSQL, `text_pattern_ops`, whatever the database's collation); the words of an
 //!   address are a full-text index (SQLite FTS5 `sensor_search`, kept by triggers;
 //!   PostgreSQL a GIN index over `to_tsvector('simple', address)`).
+//! - A sensor's notifications are its own lane's (`notifications_by_sensor`) and the site
+//!   events that named it (`notification_sensors`, rows of site notifications only): a
+//!   page reads and orders that one sensor's rows, never the outbox. With a type given,
+//!   only the one of the two that type can be in is read.
 //! - Clients are few (a name is a person's choice, not a device's): a name is matched by
 //!   scanning the clients table.
 
@@ -45,6 +49,11 @@ pub(crate) struct Dialect {
     pub by_created: &'static str,
 }
 
+/// The notifications naming a sensor, from `notification_sensors`: a site's notification
+/// travels in the lane of the first sensor it names (its `sensor_id`), so a sensor's list
+/// finds the site events that named it there, by an index rather than in their bodies.
+const NAMED: &str = "SELECT ns.seq FROM notification_sensors ns WHERE ns.sensor_id";
+
 /// The notification list: [`super::rows::NOTIF_COLS`] of `notifications n` that match
 /// `f`, after the cursor `after` in the list's order, at most `limit` rows.
 pub(crate) fn notifications(
@@ -73,10 +82,15 @@ pub(crate) fn notifications(
         ));
     }
     if let Some(s) = f.sensor_id {
-        cond.push(format!(
-            "n.sensor_id = {}",
-            bind(&mut args, Arg::Text(s.to_string()))
-        ));
+        let p = bind(&mut args, Arg::Text(s.to_string()));
+        cond.push(match f.kind {
+            Some(k) if !k.is_site() => format!("n.sensor_id = {p}"),
+            Some(_) => format!("n.seq IN ({NAMED} = {p})"),
+            None => format!(
+                "n.seq IN (SELECT o.seq FROM notifications o WHERE o.sensor_id = {p} \
+                 UNION ALL {NAMED} = {p})"
+            ),
+        });
     }
     if let Some(s) = f.status {
         cond.push(format!(
@@ -280,6 +294,44 @@ mod tests {
                 Arg::Int(5),
                 Arg::Int(3)
             ]
+        );
+    }
+
+    #[test]
+    fn a_sensor_finds_its_lane_and_the_site_events_naming_it_by_index() {
+        let d = Dialect {
+            placeholder: dollar,
+            by_created: "",
+        };
+        let of = |kind| NotificationFilter {
+            sensor_id: Some(SensorId::parse("N3").unwrap()),
+            kind,
+            ..Default::default()
+        };
+        let q = notifications(&d, &of(None), None, 5);
+        assert!(
+            q.sql.contains(
+                "WHERE n.seq IN (SELECT o.seq FROM notifications o WHERE o.sensor_id = $1 \
+                 UNION ALL SELECT ns.seq FROM notification_sensors ns WHERE ns.sensor_id = $1)"
+            ),
+            "{}",
+            q.sql
+        );
+        assert_eq!(q.args, [Arg::Text("N3".into()), Arg::Int(5)]);
+        let q = notifications(&d, &of(Some(EventKind::SiteConnectionLost)), None, 5);
+        assert!(
+            q.sql.contains(
+                "WHERE n.seq IN (SELECT ns.seq FROM notification_sensors ns \
+                 WHERE ns.sensor_id = $1) AND n.kind = $2"
+            ),
+            "{}",
+            q.sql
+        );
+        let q = notifications(&d, &of(Some(EventKind::StateChanged)), None, 5);
+        assert!(
+            q.sql.contains("WHERE n.sensor_id = $1 AND n.kind = $2"),
+            "{}",
+            q.sql
         );
     }
 

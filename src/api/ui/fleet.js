@@ -1,6 +1,7 @@
-// The fleet at a glance: counts, the last hour's rates (kept by latch itself, summed over
-// the cluster's nodes, so the charts are full when the page opens), the live events of
-// the whole fleet and the lost sensors.
+// The fleet at a glance: counts (sites down among them, since operators think in
+// buildings), the last hour's rates (kept by latch itself, summed over the cluster's
+// nodes, so the charts are full when the page opens), the live events of the whole fleet,
+// the sites down and the lost sensors.
 
 import { api, q, enc, h, say, when, table, onLive, feedItem, debounce, chart, recent } from "/ui/lib.js";
 
@@ -15,6 +16,9 @@ const PANELS = [
 ];
 /** The rates are read again this often (a bucket is 10 s). */
 const REFRESH_MS = 10e3;
+
+/** Sites down listed on the page (the sites page has them all). */
+const SITES_SHOWN = 10;
 
 /** The buckets of the last minute (the bucket in progress is not in the answer). */
 const MINUTE_S = 60;
@@ -41,17 +45,26 @@ export async function fleetPage() {
   const cards = h("div", { class: "cards" });
   const historyFrom = h("p", { class: "muted", "aria-label": "History kept from" });
   const feed = h("ul", { class: "feed", "aria-label": "Live events" });
+  const sitesDown = h("div");
   const draw = async () => {
-    const f = await api("GET", "/v1/fleet");
-    const card = (cls, n, k, href) => h("a", { class: `card ${cls}`, href }, h("div", { class: "n" }, n), h("div", { class: "k" }, k));
+    const [f, down] = await Promise.all([api("GET", "/v1/fleet"), api("GET", `/v1/sites${q({ state: "down", limit: SITES_SHOWN })}`)]);
+    const card = (cls, n, k, href) => h("a", { class: `card ${cls}`, href, "aria-label": `${n} ${k}` },
+      h("div", { class: "n" }, n), h("div", { class: "k" }, k));
     cards.replaceChildren(
       card("online", f.online, "online", "#/sensors?connection=online"),
       card("lost", f.lost, "lost", "#/sensors?connection=lost"),
+      card(f.sites_down ? "lost" : "", f.sites_down, f.sites_down === 1 ? "site down" : "sites down", "#/sites"),
       card("unknown", f.unknown, "never reported", "#/sensors?connection=unknown"),
       card("", f.sensors, "sensors registered", "#/sensors"),
       card("", f.notifications_pending, "notifications pending", "#/notifications?status=pending"),
     );
     historyFrom.textContent = f.history_from ? `History kept from ${when(f.history_from)}.` : "No history kept yet.";
+    sitesDown.replaceChildren(table(["Site down", "Since", "Lost"], down.items.map((x) => h("tr", {},
+      h("td", {}, h("a", { href: `#/sites/${enc(x.id)}` }, x.id), x.name ? h("span", { class: "muted" }, ` ${x.name}`) : ""),
+      h("td", {}, when(x.status.since)),
+      h("td", { class: "num" }, h("a", { href: `#/sensors${q({ site_id: x.id, connection: "lost" })}` }, `${x.status.lost} of ${x.status.sensors}`)))),
+      "No site is down."),
+    down.next_cursor ? h("p", {}, h("a", { href: "#/sites" }, `All ${f.sites_down} sites down`)) : "");
   };
   await draw();
   const lost = await api("GET", `/v1/sensors${q({ connection: "lost", limit: 10 })}`);
@@ -83,6 +96,7 @@ export async function fleetPage() {
   return [h("h1", {}, "Fleet"), cards, historyFrom, h("h2", {}, "Rates"), rateBox, source,
     h("div", { class: "cols" },
       h("section", {}, h("h2", {}, "Live events"), feed),
-      h("section", {}, h("h2", {}, "Lost sensors"), lostList,
+      h("section", {}, h("section", { "aria-label": "Sites down" }, h("h2", {}, "Sites down"), sitesDown),
+        h("h2", {}, "Lost sensors"), lostList,
         lost.next_cursor ? h("p", {}, h("a", { href: "#/sensors?connection=lost" }, "All lost sensors")) : ""))];
 }

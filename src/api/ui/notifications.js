@@ -1,6 +1,7 @@
-// Notifications: newest first with their clients' names, filtered by client, sensor, type,
-// status and time, "failed in the last hour" in one click, and replay from the filtered
-// view; one notification and its attempts.
+// Notifications: newest first with their clients' names, filtered by client, sensor, site,
+// type, status and time, "failed in the last hour" in one click, and replay from the
+// filtered view; one notification and its attempts. A site's event shows its site and the
+// sensors it named, not the one whose lane it travels in.
 
 import { PAGE, api, q, enc, h, say, when, badge, table, field, form, actionButton, pager, describe, navigate, ago, clientNames, eventTypes } from "/ui/lib.js";
 
@@ -9,9 +10,27 @@ const STATUSES = ["", "pending", "delivered", "failed", "superseded", "cancelled
 const SINCE = { "": 0, "1h": 3600e3, "24h": 86400e3, "7d": 7 * 86400e3 };
 const SINCE_NAMES = { "": "any time", "1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days" };
 
+/** Sensors a site's event names in the list (its page names them all). */
+const NAMED_SHOWN = 5;
+
+/** Sensors, linked, the first `shown` of them. */
+function sensorLinks(ids, shown = ids.length) {
+  return h("span", {}, ids.slice(0, shown).flatMap((s, i) => [i ? ", " : "", h("a", { href: `#/sensors/${enc(s)}` }, s)]),
+    ids.length > shown ? h("span", { class: "muted" }, ` and ${ids.length - shown} more`) : "");
+}
+
+/** What a notification is about in the list: its sensor, or a site's event's site and
+ * the sensors it named. */
+function about(n) {
+  if (!n.site_id) return sensorLinks([n.sensor_id]);
+  const named = n.sensor_ids ?? [];
+  return h("span", {}, h("a", { href: `#/sites/${enc(n.site_id)}` }, `Site ${n.site_id}`),
+    named.length ? ": " : "", sensorLinks(named, NAMED_SHOWN));
+}
+
 export async function notificationsPage(params) {
   const get = (k) => params.get(k) ?? "";
-  const filter = { client_id: get("client_id"), sensor_id: get("sensor_id"), status: get("status"), type: get("type") };
+  const filter = { client_id: get("client_id"), sensor_id: get("sensor_id"), site_id: get("site_id"), status: get("status"), type: get("type") };
   const since = SINCE[get("since")] ? get("since") : "";
   // The range is fixed when the page loads, so paging on keeps to one set of rows.
   const from = since ? ago(SINCE[since]) : "";
@@ -21,9 +40,9 @@ export async function notificationsPage(params) {
     (cursor) => api("GET", `/v1/notifications${q({ ...filter, from, order: "desc", limit: PAGE, cursor })}`),
     (items) => {
       names.fill(items.map((n) => n.client_id)).catch(() => {});
-      return table(["Created", "Event", "Sensor", "Client", "Status", "Attempts", "Notification"], items.map((n) => h("tr", {},
+      return table(["Created", "Event", "Sensor or site", "Client", "Status", "Attempts", "Notification"], items.map((n) => h("tr", {},
         h("td", {}, when(n.created_at)), h("td", {}, describe(n)),
-        h("td", {}, h("a", { href: `#/sensors/${enc(n.sensor_id)}` }, n.sensor_id)),
+        h("td", {}, about(n)),
         h("td", {}, names.link(n.client_id)),
         h("td", {}, badge(n.status)), h("td", { class: "num" }, n.attempt_count),
         h("td", {}, h("a", { href: `#/notifications/${enc(n.id)}`, class: "mono" }, n.id)))), "No notifications match.");
@@ -35,6 +54,7 @@ export async function notificationsPage(params) {
   const filters = form([
     field("Client", clientPick),
     field("Sensor id", h("input", { name: "sensor_id", value: filter.sensor_id, maxlength: 16, size: 16 })),
+    field("Site id", h("input", { name: "site_id", value: filter.site_id, maxlength: 64, size: 12 })),
     field("Type", h("select", { name: "type" }, types.map((t) => h("option", { value: t, selected: t === filter.type }, t || "any")))),
     field("Status", h("select", { name: "status" }, STATUSES.map((s) => h("option", { value: s, selected: s === filter.status }, s || "any")))),
     field("Created in", h("select", { name: "since" }, Object.keys(SINCE).map((s) => h("option", { value: s, selected: s === since }, SINCE_NAMES[s])))),
@@ -52,7 +72,7 @@ export async function notificationsPage(params) {
 function replayButton(filter, from, since, names, list) {
   const whose = filter.client_id ? names.name(filter.client_id) : "every client";
   const scope = [whose, filter.sensor_id ? `sensor ${filter.sensor_id}` : "", since ? `created in ${SINCE_NAMES[since]}` : ""].filter(Boolean).join(", ");
-  const label = `Replay the failed ones (${scope}${filter.type ? ", every type" : ""})`;
+  const label = `Replay the failed ones (${scope}${filter.type ? ", every type" : ""}${filter.site_id ? ", every site" : ""})`;
   return actionButton(label, async () => {
     const clients = filter.client_id ? [filter.client_id] : [...names.all().keys()];
     let retried = 0;
@@ -76,7 +96,8 @@ export async function notificationPage(id) {
     const n = await api("GET", `/v1/notifications/${enc(id)}`);
     await names.fill([n.client_id]).catch(() => {});
     const rows = [["Event", describe(n)], ["Status", badge(n.status)],
-      ["Sensor", h("a", { href: `#/sensors/${enc(n.sensor_id)}` }, n.sensor_id)],
+      ...(n.site_id ? [["Site", h("a", { href: `#/sites/${enc(n.site_id)}` }, n.site_id)],
+        ["Sensors named", sensorLinks(n.sensor_ids ?? [])]] : [["Sensor", sensorLinks([n.sensor_id])]]),
       ["Client", names.link(n.client_id)],
       ["Occurred", when(n.occurred_at)], ["Created", when(n.created_at)], ["Updated", when(n.updated_at)],
       ["Next attempt", when(n.next_attempt_at)], ["Attempts this round", n.attempt_count]];

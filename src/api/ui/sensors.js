@@ -1,4 +1,5 @@
-// Sensors: the list (search, connection, live rows, create, CSV import) and a sensor's page.
+// Sensors: the list (search, connection, site, live rows, create, CSV import) and a
+// sensor's page.
 
 import { PAGE, api, q, enc, h, say, when, state, badge, table, field, form, actionButton, pager, onLive, describe, svg, chart, navigate } from "/ui/lib.js";
 import { silenceForm, silenceTable, silencesOf } from "/ui/silences.js";
@@ -6,22 +7,30 @@ import { silenceForm, silenceTable, silencesOf } from "/ui/silences.js";
 export async function sensorsPage(params) {
   const connection = params.get("connection") ?? "";
   const search = params.get("q") ?? "";
+  const site = params.get("site_id") ?? "";
   const select = h("select", { name: "connection" },
     ["", "online", "lost", "unknown"].map((c) => h("option", { value: c, selected: c === connection }, c || "any")));
+  // Sites are buildings, few enough to offer them all.
+  const sites = await api("GET", `/v1/sites${q({ limit: 1000 })}`);
+  const sitePick = h("select", { name: "site_id" }, h("option", { value: "" }, "any"),
+    sites.items.map((x) => h("option", { value: x.id, selected: x.id === site }, x.name ? `${x.id} (${x.name})` : x.id)),
+    site && !sites.items.some((x) => x.id === site) ? h("option", { value: site, selected: true }, site) : "");
   const find = form([
     field("Search sensors (id prefix or address words)", h("input", { name: "q", type: "search", value: search, maxlength: 200 })),
     field("Connection", select),
+    field("Site", sitePick),
   ], async (d) => { navigate(`#/sensors${q(Object.fromEntries(d.entries()))}`); }, "Search");
-  select.addEventListener("change", () => find.requestSubmit());
+  for (const pick of [select, sitePick]) pick.addEventListener("change", () => find.requestSubmit());
   const rows = new Map();
   const list = pager(
-    (cursor) => api("GET", `/v1/sensors${q({ connection, q: search, limit: PAGE, cursor })}`),
+    (cursor) => api("GET", `/v1/sensors${q({ connection, q: search, site_id: site, limit: PAGE, cursor })}`),
     (items) => {
       rows.clear();
-      return table(["Sensor", "Address", "State", "Connection", "Last seen"], items.map((s) => {
+      return table(["Sensor", "Address", "Site", "State", "Connection", "Last seen"], items.map((s) => {
         const tr = h("tr", {},
           h("td", {}, h("a", { href: `#/sensors/${enc(s.id)}` }, s.id)),
           h("td", {}, s.address),
+          h("td", {}, s.site_id ? h("a", { href: `#/sites/${enc(s.site_id)}` }, s.site_id) : h("span", { class: "muted" }, "—")),
           h("td", { class: "num" }, state(s.status.data)),
           h("td", {}, badge(s.status.connection)),
           h("td", {}, when(s.status.last_seen_at)));
@@ -35,9 +44,9 @@ export async function sensorsPage(params) {
       api("GET", `/v1/sensors/${enc(e.sensor_id)}`).then((s) => {
         const tr = rows.get(e.sensor_id);
         if (!tr) return;
-        tr.children[2].textContent = state(s.status.data);
-        tr.children[3].replaceChildren(badge(s.status.connection));
-        tr.children[4].textContent = when(s.status.last_seen_at);
+        tr.children[3].textContent = state(s.status.data);
+        tr.children[4].replaceChildren(badge(s.status.connection));
+        tr.children[5].textContent = when(s.status.last_seen_at);
         tr.classList.remove("flash"); void tr.offsetWidth; tr.classList.add("flash");
       }).catch((err) => say(err.message));
     }
@@ -57,15 +66,21 @@ export async function sensorsPage(params) {
   }, "Create sensor");
   const report = h("div");
   const importForm = form([
-    field("CSV: id,address[,heartbeat_timeout_s] per line", h("textarea", { name: "csv", rows: 4, cols: 60, required: true })),
+    field(`CSV: ${CSV_COLUMNS.join(",")} per line (the last two optional; a header line may name them in another order)`,
+      h("textarea", { name: "csv", rows: 4, cols: 60, required: true })),
   ], async (d) => {
     const rows = parseCsv(d.get("csv"));
+    const columns = rows[0]?.[0] === "id" ? rows[0] : CSV_COLUMNS;
+    const unknown = columns.filter((c) => !CSV_COLUMNS.includes(c));
+    if (unknown.length) throw new Error(`Import: unknown column(s) ${unknown.join(", ")}; the columns are ${CSV_COLUMNS.join(", ")}.`);
     const results = [];
     for (const [i, row] of rows.entries()) {
-      const [id, address, timeout] = row;
-      if (i === 0 && id === "id") continue;
-      const body = { id: id ?? "", address: address ?? "" };
-      if (timeout) body.heartbeat_timeout_s = Number(timeout);
+      if (i === 0 && columns === rows[0]) continue;
+      const v = Object.fromEntries(columns.map((c, k) => [c, row[k] ?? ""]));
+      const id = v.id;
+      const body = { id, address: v.address };
+      if (v.heartbeat_timeout_s) body.heartbeat_timeout_s = Number(v.heartbeat_timeout_s);
+      if (v.site_id) body.site_id = v.site_id;
       try {
         await api("POST", "/v1/sensors", body);
         results.push([i + 1, id, "created"]);
@@ -83,6 +98,9 @@ export async function sensorsPage(params) {
     find, list.box,
     h("h2", {}, "New sensor"), create, h("h2", {}, "Import from CSV"), importForm, report];
 }
+
+/** The columns of a CSV import, in the order a file without a header line gives them. */
+const CSV_COLUMNS = ["id", "address", "heartbeat_timeout_s", "site_id"];
 
 /** CSV rows: fields split on commas, double quotes around a field that holds one. */
 function parseCsv(text) {

@@ -91,7 +91,9 @@ export async function sitePage(id) {
   const redraw = debounce(() => Promise.all([draw(), sensors.go()]).catch((e) => say(e.message)), 500);
   onLive((e) => { if (touchesSites(e) && (!e || !e.site_id || e.site_id === id)) redraw(); });
   return [h("h1", {}, `Site ${id}`), props,
-    h("p", {}, h("a", { href: "#/sites" }, "All sites")),
+    h("p", { class: "toolbar" }, h("a", { href: "#/sites" }, "All sites"),
+      h("a", { href: `#/notifications${q({ site_id: id })}` }, "Its notifications"),
+      h("a", { href: `#/sensors${q({ site_id: id })}` }, "Its sensors in the sensor list")),
     h("section", { "aria-label": "Lost sensors" }, h("h2", {}, "Lost sensors"), lost),
     h("section", { "aria-label": "Silences of this site" }, h("h2", {}, "Silences"), silences,
       silenceForm({ site_id: id }, "Silence this site", drawSilences)),

@@ -129,7 +129,7 @@ fn found(p: &Page<SensorView>) -> Vec<String> {
 
 async fn find(s: &dyn Store, text: &str) -> Vec<String> {
     let search = Search::parse(text).unwrap();
-    found(&s.find_sensors(search, None, page(50)).await.unwrap())
+    found(&s.find_sensors(search, None, None, page(50)).await.unwrap())
 }
 
 pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
@@ -180,13 +180,14 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
 
     // Pages by id, and with the connection filter.
     let first = s
-        .find_sensors(Search::parse("moscow").unwrap(), None, page(1))
+        .find_sensors(Search::parse("moscow").unwrap(), None, None, page(1))
         .await
         .unwrap();
     assert_eq!(found(&first), ["Door1"]);
     let next = s
         .find_sensors(
             Search::parse("moscow").unwrap(),
+            None,
             None,
             PageRequest {
                 limit: 1,
@@ -204,11 +205,37 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
         .find_sensors(
             Search::parse("moscow").unwrap(),
             Some(Connection::Online),
+            None,
             page(10),
         )
         .await
         .unwrap();
     assert_eq!(found(&online), ["Door2"]);
+
+    // With a site: that site's sensors only.
+    s.create_site(super::silences::site("fs-a", None))
+        .await
+        .unwrap();
+    s.replace_sensor(
+        sid("Door2"),
+        "Moscow, Tverskaya st. 7".into(),
+        None,
+        None,
+        Some("fs-a".into()),
+        6_000,
+    )
+    .await
+    .unwrap();
+    let in_site = |site: &str| {
+        s.find_sensors(
+            Search::parse("moscow").unwrap(),
+            None,
+            Some(site.into()),
+            page(10),
+        )
+    };
+    assert_eq!(found(&in_site("fs-a").await.unwrap()), ["Door2"]);
+    assert!(found(&in_site("fs-b").await.unwrap()).is_empty());
 
     // A new address is found by its words, the old one no longer; a deleted sensor is gone.
     s.replace_sensor(
@@ -263,4 +290,71 @@ pub(super) async fn clients_found_by_name(s: &Subject) {
     .await
     .unwrap();
     assert_eq!(names(next), ["ÉCOLE acme"]);
+}
+
+/// Issue #70: a sensor's notifications include the site events that named it, though they
+/// travel in another sensor's lane; with a type, only those of that type.
+pub(super) async fn a_sensor_finds_the_site_events_that_named_it(s: &Subject) {
+    use super::silences::RULES;
+    super::site_edges::fill(s, "sn-a", &["sn1", "sn2", "sn3", "sn4", "sn5"], "snc").await;
+    for id in ["sn1", "sn2", "sn3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    let lost = s.decide_sites(RULES, 36_000).await.unwrap().made;
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].sensor_id, sid("sn1"), "in the first one's lane");
+    // sn1 comes back: the return names it restored, sn2 and sn3 still lost.
+    s.commit(
+        liveness("sn1", EventKind::ConnectionRestored, 40_000),
+        40_000,
+    )
+    .await
+    .unwrap();
+    let back = s.decide_sites(RULES, 41_000).await.unwrap().made;
+    assert_eq!(back.len(), 1, "{back:?}");
+    let of = |sensor: &str, kind: Option<EventKind>| NotificationFilter {
+        sensor_id: Some(sid(sensor)),
+        kind,
+        ..Default::default()
+    };
+    let list = |f: NotificationFilter| async move {
+        let got = s.list_notifications(f, page(100)).await.unwrap();
+        got.items.into_iter().map(|n| n.id).collect::<Vec<_>>()
+    };
+    let both = vec![lost[0].id.clone(), back[0].id.clone()];
+    for sensor in ["sn1", "sn2", "sn3"] {
+        assert_eq!(list(of(sensor, None)).await, both, "{sensor}");
+    }
+    assert_eq!(
+        list(of("sn3", Some(EventKind::SiteConnectionLost))).await,
+        [lost[0].id.clone()]
+    );
+    assert_eq!(
+        list(of("sn2", Some(EventKind::SiteConnectionRestored))).await,
+        [back[0].id.clone()]
+    );
+    assert!(
+        list(of("sn3", Some(EventKind::ConnectionLost)))
+            .await
+            .is_empty()
+    );
+    assert!(list(of("sn4", None)).await.is_empty(), "never named");
+    // Newest first, paged one by one, as the console asks.
+    let mut f = of("sn2", None);
+    f.newest_first = true;
+    let first = s.list_notifications(f.clone(), page(1)).await.unwrap();
+    assert_eq!(first.items[0].id, back[0].id);
+    let next = s
+        .list_notifications(
+            f,
+            PageRequest {
+                limit: 1,
+                after: first.next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(next.items[0].id, lost[0].id);
 }

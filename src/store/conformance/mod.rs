@@ -242,6 +242,7 @@ suite!(
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,
+    find::a_sensor_finds_the_site_events_that_named_it,
 );
 
 pub fn sid(s: &str) -> SensorId {

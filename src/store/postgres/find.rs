@@ -17,6 +17,7 @@ impl Find for PgStore {
         &self,
         search: Search,
         connection: Option<Conn>,
+        site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         let c = self.db.get("find_sensors").await?;
@@ -35,6 +36,7 @@ impl Find for PgStore {
                      AND (s.id LIKE $2 \
                        OR to_tsvector('simple', s.address) @@ to_tsquery('simple', $3)) \
                      AND ($4::text IS NULL OR COALESCE(st.connection, 'unknown') = $4) \
+                     AND ($6::text IS NULL OR s.site_id = $6) \
                      ORDER BY s.id LIMIT $5"
                 ),
                 &[
@@ -43,6 +45,7 @@ impl Find for PgStore {
                     &search.tsquery(),
                     &conn_filter,
                     &limit_plus_one(&page),
+                    &site_id,
                 ],
             )
             .await?;

@@ -83,6 +83,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0024_site_released.sql"),
     include_str!("../migrations/postgres/0025_silenced_pairs_site.sql"),
     include_str!("../migrations/postgres/0027_notifications_site.sql"),
+    include_str!("../migrations/postgres/0030_notification_sensors.sql"),
     include_str!("../migrations/postgres/0031_node_keys.sql"),
 ];
 

@@ -153,8 +153,8 @@ async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
 }
 
 /// Deletes the notifications `seqs` that are still finished and older than `before`, with
-/// their attempts, in one statement; not a delivered state an older state of its lane
-/// still waits behind ([`KEPT_FOR_ITS_LANE`]).
+/// their attempts and named sensors, in one statement; not a delivered state an older state
+/// of its lane still waits behind ([`KEPT_FOR_ITS_LANE`]).
 async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<Pruned> {
     let c = db.get("retention").await?;
     let row = c
@@ -162,9 +162,10 @@ async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<P
             &format!(
                 "WITH gone AS (DELETE FROM notifications n WHERE seq = ANY($1) \
                AND status <> 'pending' AND updated_at < $2 AND NOT {KEPT_FOR_ITS_LANE} \
-               AND NOT {KEPT_FOR_A_SILENCE} RETURNING id), \
+               AND NOT {KEPT_FOR_A_SILENCE} RETURNING id, seq), \
              a AS (DELETE FROM attempts WHERE notification_id IN (SELECT id FROM gone) \
-               RETURNING 1) \
+               RETURNING 1), \
+             named AS (DELETE FROM notification_sensors WHERE seq IN (SELECT seq FROM gone)) \
              SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM a)"
             ),
             &[&seqs, &before],

@@ -31,7 +31,9 @@ pub(super) async fn insert_one(
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', 0, $9, $9, $9, $10, $11, $12, \
              $13, $14) RETURNING seq, sensor_id, client_id), \
              listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
-             SELECT seq, sensor_id, client_id FROM ins) \
+             SELECT seq, sensor_id, client_id FROM ins), \
+             named AS (INSERT INTO notification_sensors (sensor_id, seq) \
+             SELECT unnest($15::text[]), seq FROM ins) \
              SELECT seq FROM ins",
             &[
                 &id,
@@ -48,6 +50,10 @@ pub(super) async fn insert_one(
                 &e.detail.flips_suppressed.map(|f| f as i32),
                 &body,
                 &crate::domain::site::named_in(body),
+                &crate::domain::site::sensors_named_in(body)
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<String>>(),
             ],
         )
         .await?;

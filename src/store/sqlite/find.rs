@@ -16,6 +16,7 @@ impl Find for SqliteStore {
         &self,
         search: Search,
         connection: Option<Conn>,
+        site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.read_seen(move |c, seen| {
@@ -36,6 +37,7 @@ impl Find for SqliteStore {
                        SELECT id FROM sensors WHERE id >= ?2 AND id < ?3 AND id > ?1 \
                        UNION SELECT id FROM sensor_search WHERE sensor_search MATCH ?4 AND id > ?1) \
                      AND (?5 = '' OR COALESCE(st.connection, 'unknown') = ?5) \
+                     AND (?7 IS NULL OR s.site_id = ?7) \
                      ORDER BY s.id LIMIT ?6"
                 ))?
                 .query_map(
@@ -45,7 +47,8 @@ impl Find for SqliteStore {
                         hi,
                         search.fts5(),
                         conn_filter,
-                        limit_plus_one(&page)
+                        limit_plus_one(&page),
+                        site_id
                     ],
                     |r| row::sensor_view(r),
                 )?

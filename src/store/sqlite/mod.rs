@@ -76,6 +76,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0021_silenced_pairs_site.sql"),
     include_str!("../migrations/sqlite/0022_archive_made.sql"),
     include_str!("../migrations/sqlite/0024_notifications_site.sql"),
+    include_str!("../migrations/sqlite/0027_notification_sensors.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -138,13 +138,14 @@ pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
 }
 
 /// Deletes the notifications `seqs` that are still finished and older than `before` (one
-/// may have been replayed since it was read), with their attempts. A delivered state that
-/// an older state of its lane still waits behind stays: the claim of that one supersedes
-/// it while the newer one is stored, and would send it after the newer one without. So
-/// does every notification of a (client, sensor) a silence kept something from until its
-/// end reconciles it, and every site event of that client (it may name the sensor, from
-/// another sensor's lane): what the client was told is read from them then, and a silence
-/// longer than retention would otherwise find nothing, or less than was told (issue #68).
+/// may have been replayed since it was read), with their attempts and named sensors. A
+/// delivered state that an older state of its lane still waits behind stays: the claim of
+/// that one supersedes it while the newer one is stored, and would send it after the newer
+/// one without. So does every notification of a (client, sensor) a silence kept something
+/// from until its end reconciles it, and every site event of that client (it may name the
+/// sensor, from another sensor's lane): what the client was told is read from them then,
+/// and a silence longer than retention would otherwise find nothing, or less than was told
+/// (issue #68).
 pub(super) fn delete_notifications(
     c: &mut Connection,
     seqs: &[i64],
@@ -162,16 +163,20 @@ pub(super) fn delete_notifications(
                FROM silenced_pairs sp WHERE sp.client_id = n.client_id \
                AND (sp.sensor_id = n.sensor_id \
                     OR n.kind IN ('site.connection_lost', 'site.connection_restored'))) \
-             RETURNING id",
+             RETURNING id, site_id IS NOT NULL",
         )?;
         let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;
+        let mut named = tx.prepare_cached("DELETE FROM notification_sensors WHERE seq = ?1")?;
         for seq in seqs {
-            let id: Option<String> = gone
-                .query_row(params![seq, before], |r| r.get(0))
+            let gone: Option<(String, bool)> = gone
+                .query_row(params![seq, before], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
-            if let Some(id) = id {
+            if let Some((id, of_site)) = gone {
                 pruned.notifications += 1;
                 pruned.attempts += attempts.execute([id])? as u64;
+                if of_site {
+                    named.execute([seq])?;
+                }
             }
         }
     }

@@ -51,6 +51,12 @@ pub(super) fn insert_one(
             ],
             |r| r.get(0),
         )?;
+    let mut named = tx.prepare_cached(
+        "INSERT OR IGNORE INTO notification_sensors (sensor_id, seq) VALUES (?1, ?2)",
+    )?;
+    for sensor in crate::domain::site::sensors_named_in(body) {
+        named.execute(params![sensor.to_string(), seq])?;
+    }
     Ok(NotificationRef {
         id,
         seq,

@@ -108,8 +108,9 @@ impl Sites for SqliteStore {
         connection: Option<Connection>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        self.read(move |c| {
-            let rows = c
+        // Last seen as the sensor list shows it: the times kept in memory.
+        self.read_seen(move |c, seen| {
+            let mut rows = c
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.site_id = ?1 AND s.id > ?2 \
@@ -126,6 +127,7 @@ impl Sites for SqliteStore {
                     |r| row::sensor_view(r),
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            seen.patch_views(&mut rows);
             Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
         })
         .await

@@ -4,9 +4,11 @@ use crate::store::prelude::*;
 use rusqlite::Connection;
 
 use super::*;
-use crate::domain::{Connection as Conn, Event, EventKind, Sensor, SensorId};
+use crate::domain::{Connection as Conn, Event, EventKind, Notification, Sensor, SensorId};
 use crate::store::conformance;
-use crate::store::{Claim, CommitBatch, PageRequest, ReadingRecord, TimeRange};
+use crate::store::{
+    Claim, CommitBatch, NotificationFilter, Page, PageRequest, ReadingRecord, TimeRange,
+};
 
 /// Claims skip the wait for the disk (a lost lease only means sending again), and the
 /// commit after one is back at the configured durability: triggers record
@@ -536,3 +538,41 @@ fn reading(id: SensorId, ts: i64) -> ReadingRecord {
 
 mod journal;
 mod threads;
+
+/// Issue #70: at the upgrade that keeps the sensors a site notification names, those made
+/// before it are found from each sensor they named too.
+#[tokio::test]
+async fn site_notifications_made_before_the_upgrade_are_found_from_their_sensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = MIGRATIONS.len() - 1;
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        for sql in &MIGRATIONS[..before] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", before).unwrap();
+        c.execute_batch(
+            r#"INSERT INTO notifications (id, client_id, sensor_id, kind, occurred_at, status,
+                 created_at, updated_at, body, site_id)
+               VALUES ('n1', 'c1', 'up1', 'site.connection_restored', 1, 'delivered', 1, 1,
+                 '{"site":{"id":"b"},"restored":[{"id":"up1","data":1}],"still_lost":[{"id":"up2"}]}',
+                 'b'),
+                 ('n2', 'c1', 'up2', 'sensor.state_changed', 1, 'delivered', 1, 1, NULL, NULL);"#,
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let of = |s: &str| NotificationFilter {
+        sensor_id: Some(SensorId::parse(s).unwrap()),
+        ..Default::default()
+    };
+    let page = || PageRequest {
+        limit: 10,
+        after: None,
+    };
+    let ids = |p: Page<Notification>| p.items.into_iter().map(|n| n.id).collect::<Vec<_>>();
+    let got = store.list_notifications(of("up2"), page()).await.unwrap();
+    assert_eq!(ids(got), ["n1", "n2"]);
+    let got = store.list_notifications(of("up1"), page()).await.unwrap();
+    assert_eq!(ids(got), ["n1"]);
+}

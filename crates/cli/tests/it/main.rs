@@ -45,6 +45,7 @@ mod round_trip;
 mod secrets;
 mod silences;
 mod site_moves;
+mod site_views;
 mod sites;
 mod ssrf;
 mod store_faults;

@@ -31,6 +31,7 @@ impl Tables {
         &self,
         search: &Search,
         connection: Option<Connection>,
+        site_id: Option<&str>,
         page: &PageRequest,
     ) -> Page<SensorView> {
         // The text is an id prefix when it could start an id.
@@ -43,6 +44,7 @@ impl Tables {
             .filter(|s| {
                 let id = s.id.to_string();
                 after(&id, page)
+                    && site_id.is_none_or(|site| s.site_id.as_deref() == Some(site))
                     && (prefix.is_some_and(|p| id.starts_with(p))
                         || words_match(search, &s.address))
             })
@@ -58,10 +60,11 @@ impl Find for NodeStore {
         &self,
         search: Search,
         connection: Option<Connection>,
+        site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.run("find_sensors", false, |t, _| {
-            Ok(t.find_sensors(&search, connection, &page))
+            Ok(t.find_sensors(&search, connection, site_id.as_deref(), &page))
         })
         .await
     }

@@ -252,7 +252,10 @@ impl Tables {
         let matches = |n: &&Notification| {
             after.is_none_or(|a| if f.newest_first { n.seq < a } else { n.seq > a })
                 && f.client_id.as_ref().is_none_or(|c| &n.client_id == c)
-                && f.sensor_id.is_none_or(|s| n.sensor_id == s)
+                && f.sensor_id.is_none_or(|s| {
+                    n.sensor_id == s
+                        || latch::domain::site::sensors_named_in(n.body.as_deref()).contains(&s)
+                })
                 && f.status.is_none_or(|s| n.status == s)
                 && f.kind.is_none_or(|k| n.kind == k)
                 && f.site_id.as_ref().is_none_or(|site| {
