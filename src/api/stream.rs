@@ -172,6 +172,7 @@ async fn revoked(st: AppState, headers: HeaderMap) {
             return;
         }
         tokio::select! {
+            biased;
             changed = changes.changed(), if table => {
                 // The table is gone with the service; shutdown ends the stream.
                 table = changed.is_ok();
