@@ -20,6 +20,7 @@ use crate::cluster::forward::{ForwardRequest, ForwardResponse, READINGS_PATH};
 use crate::domain::reading::{self, RejectCode};
 use crate::domain::{Rejection, time};
 use crate::engine::Sequence;
+use crate::store::Keyed;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_cluster))
@@ -126,6 +127,19 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
                 .into_response();
         }
     };
+    // Checked whole before any batch goes in: a refusal applies nothing.
+    if req.batches.iter().any(|b| {
+        b.keyed
+            .as_ref()
+            .is_some_and(|k| k.positions.len() != b.readings.len())
+    }) {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "keyed.positions must name one position per reading",
+        )
+        .into_response();
+    }
     // The sender's sequences, one here per request: the sender sends none of a sequence
     // behind a batch it was told did not commit, so one request is all this node sees.
     let mut sequences: HashMap<u64, Sequence> = HashMap::new();
@@ -141,11 +155,15 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
         let seq = b
             .sequence
             .map(|id| sequences.entry(id).or_default().clone());
+        let keyed = b.keyed.map(|k| Keyed {
+            key: k.key.into(),
+            positions: k.positions,
+        });
         tickets.push((
             n,
             st.app
                 .engine
-                .enqueue_here(items, now, b.source, seq.as_ref())
+                .enqueue_here(items, now, b.source, seq.as_ref(), keyed.as_ref())
                 .await,
         ));
     }

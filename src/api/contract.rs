@@ -18,6 +18,7 @@ use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS, URL_PATTERN};
 use crate::domain::notification::CLIENT_TEST;
 use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
 
+mod idempotency;
 mod receivers;
 mod sites;
 mod variants;
@@ -56,6 +57,7 @@ pub fn document(
     receivers::constrain(&mut doc);
     sites::constrain(&mut doc);
     variants::constrain(&mut doc);
+    idempotency::constrain(&mut doc);
     constrain_parameters(&mut doc);
     readings_body(&mut doc);
     add_statuses(&mut doc, token_required, rate_limited);

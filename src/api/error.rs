@@ -213,6 +213,7 @@ impl From<ingest::Error> for ApiError {
     fn from(e: ingest::Error) -> Self {
         match e {
             ingest::Error::Engine(e) => e.into(),
+            ingest::Error::Store(e) => e.into(),
         }
     }
 }

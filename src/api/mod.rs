@@ -12,6 +12,7 @@ pub mod contract;
 pub mod error;
 pub mod event_types;
 pub mod fleet;
+pub mod idempotency;
 pub mod limits;
 mod linger;
 pub mod notifications;
@@ -141,6 +142,10 @@ pub fn router(state: AppState) -> Router {
     let locked_doc = Arc::new(contract::document(derived, true, throttled));
     let v1 = v1
         .layer(middleware::from_fn_with_state(bare, query::refuse_query))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            idempotency::creates,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     Router::new()

@@ -2,19 +2,20 @@
 //! and the history of a sensor: readings and events.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use tracing::field::Empty;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, JsonBytes, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
+use super::{AppState, idempotency};
 use crate::domain::{Detail, Event, EventKind, Millis, reading, time};
-use crate::ingest::http::{self, Accepted, Outcome, ReadingIn};
+use crate::ingest::http::{self, Accepted, ReadingIn};
 use crate::store::{Stored, TimeRange};
 use crate::telemetry::SPANS;
 
@@ -51,22 +52,30 @@ pub fn router() -> OpenApiRouter<AppState> {
             body = Refused)))]
 async fn post_readings(
     State(st): State<AppState>,
+    headers: HeaderMap,
     JsonBytes(body): JsonBytes,
-) -> ApiResult<(StatusCode, ApiJson<Accepted>)> {
+) -> Result<(StatusCode, ApiJson<Accepted>), Response> {
+    let key = idempotency::key(&headers).map_err(IntoResponse::into_response)?;
     // One stamp for the request: what its readings' `ts` is judged by and what they are
     // received at.
     let received_at = st.ingest.now();
-    let items = http::parse(&body, received_at).map_err(|e| match e {
-        reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
-            ApiError::bad_request(e.to_string())
-        }
-        // 422 rather than 413: the body is not too large, it breaks `maxItems`.
-        reading::BodyError::TooMany { .. } => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "too_many_readings",
-            e.to_string(),
-        ),
-    })?;
+    let items = http::parse(&body, received_at)
+        .map_err(|e| match e {
+            reading::BodyError::Malformed(_) | reading::BodyError::NotReadings => {
+                ApiError::bad_request(e.to_string())
+            }
+            // 422 rather than 413: the body is not too large, it breaks `maxItems`.
+            reading::BodyError::TooMany { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_readings",
+                e.to_string(),
+            ),
+        })
+        .map_err(IntoResponse::into_response)?;
+    if let Some(key) = key {
+        let (status, answer) = idempotency::readings(&st, key, &body, items, received_at).await?;
+        return Ok((status, ApiJson(answer)));
+    }
     // Traces (when on): the request from parsed to durable; see `telemetry`.
     let span = tracing::info_span!(target: SPANS, "readings.accept", source = "http",
         readings = items.len(), accepted = Empty, rejected = Empty, otel.status_code = Empty);
@@ -82,12 +91,9 @@ async fn post_readings(
             span.record("otel.status_code", "ERROR");
         }
     }
-    let answer = result?;
-    let status = match answer.outcome() {
-        Outcome::Stored => StatusCode::ACCEPTED,
-        Outcome::Refused => StatusCode::UNPROCESSABLE_ENTITY,
-        Outcome::NotStored => StatusCode::SERVICE_UNAVAILABLE,
-    };
+    let answer = result.map_err(|e| ApiError::from(e).into_response())?;
+    let status =
+        StatusCode::from_u16(answer.outcome().status()).expect("readings statuses are statuses");
     Ok((status, ApiJson(answer)))
 }
 

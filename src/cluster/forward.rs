@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::{Reading, Rejection, Source};
 use crate::engine::{self, Forwarder, Sequence, Verdicts, VerdictsRx};
+use crate::store::Keyed;
 use crate::telemetry::families;
 
 /// Path of the owner's endpoint for forwarded readings.
@@ -41,6 +42,17 @@ pub struct ForwardBatch {
     #[serde(default = "http")]
     pub source: Source,
     pub readings: Vec<Reading>,
+    /// Of a request sent with an `Idempotency-Key`: the key, and each reading's position
+    /// in that request, for the owner's commits to keep ([`crate::store::Keyed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyed: Option<KeyedOut>,
+}
+
+/// [`crate::store::Keyed`] on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct KeyedOut {
+    pub key: String,
+    pub positions: Vec<u32>,
 }
 
 fn http() -> Source {
@@ -57,6 +69,7 @@ struct Job {
     readings: Vec<Reading>,
     sequence: Option<Sequence>,
     source: Source,
+    keyed: Option<Keyed>,
     reply: oneshot::Sender<Result<Verdicts, engine::Error>>,
 }
 
@@ -107,12 +120,14 @@ impl Forwarder for HttpForwarder {
         readings: Vec<Reading>,
         sequence: Option<Sequence>,
         source: Source,
+        keyed: Option<Keyed>,
     ) -> VerdictsRx {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             readings,
             sequence,
             source,
+            keyed,
             reply,
         };
         if let Err(mpsc::error::SendError(job)) = self.queue(&to).send(job) {
@@ -159,6 +174,10 @@ async fn send_loop(
                     sequence: j.sequence.as_ref().map(Sequence::id),
                     source: j.source,
                     readings: j.readings.clone(),
+                    keyed: j.keyed.as_ref().map(|k| KeyedOut {
+                        key: k.key.to_string(),
+                        positions: k.positions.clone(),
+                    }),
                 })
                 .collect(),
         };

@@ -50,7 +50,7 @@ use crate::domain::partition::Partitioning;
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{Millis, Reading, Rejection, SensorId, Source};
-use crate::store::{CommitBatch, SensorRuntime};
+use crate::store::{CommitBatch, Keyed, SensorRuntime};
 use crate::telemetry::families;
 use fleet::Fleet;
 use part::Part;
@@ -196,6 +196,7 @@ pub trait Forwarder: Send + Sync + 'static {
         readings: Vec<Reading>,
         sequence: Option<Sequence>,
         source: Source,
+        keyed: Option<Keyed>,
     ) -> VerdictsRx;
 }
 
@@ -389,8 +390,30 @@ impl Engine {
         source: Source,
     ) -> Result<Ticket, Error> {
         let routes = self.routing.as_ref().map(|r| r.get());
-        self.split(items, received_at, source, routes.as_deref(), None)
+        self.split(items, received_at, source, routes.as_deref(), None, None)
             .await
+    }
+
+    /// As [`Engine::enqueue`], for a request sent with an `Idempotency-Key`: each commit
+    /// that applies some of its readings keeps their positions in the request under `key`,
+    /// in its transaction ([`Keyed`]). `positions` are the items' positions in the request.
+    pub async fn enqueue_keyed(
+        &self,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+        source: Source,
+        keyed: Keyed,
+    ) -> Result<Ticket, Error> {
+        let routes = self.routing.as_ref().map(|r| r.get());
+        self.split(
+            items,
+            received_at,
+            source,
+            routes.as_deref(),
+            None,
+            Some(&keyed),
+        )
+        .await
     }
 
     /// As [`Engine::enqueue`], as the next batch of `sequence`: none of it is applied once
@@ -409,21 +432,24 @@ impl Engine {
             source,
             routes.as_deref(),
             Some(sequence),
+            None,
         )
         .await
     }
 
     /// As [`Engine::enqueue`] for readings another node forwarded here (of `sequence` when
-    /// the sender's were): applied here or refused (`store_unavailable`), never forwarded
-    /// again.
+    /// the sender's were; of a keyed request when `keyed` says so): applied here or
+    /// refused (`store_unavailable`), never forwarded again.
     pub async fn enqueue_here(
         &self,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
         source: Source,
         sequence: Option<&Sequence>,
+        keyed: Option<&Keyed>,
     ) -> Result<Ticket, Error> {
-        self.split(items, received_at, source, None, sequence).await
+        self.split(items, received_at, source, None, sequence, keyed)
+            .await
     }
 
     async fn split(
@@ -433,11 +459,17 @@ impl Engine {
         source: Source,
         routes: Option<&Vec<Route>>,
         sequence: Option<&Sequence>,
+        keyed: Option<&Keyed>,
     ) -> Result<Ticket, Error> {
-        type Part = (Vec<usize>, Vec<Reading>, Vec<u32>);
+        /// Per shard: the items' indexes, the readings, their partitions and their
+        /// positions in a keyed request.
+        type Part = (Vec<usize>, Vec<Reading>, Vec<u32>, Vec<u32>);
         let mut rejected = Vec::new();
-        let mut parts: Vec<Part> = vec![(vec![], vec![], vec![]); self.shards.len()];
-        let mut away: HashMap<Arc<str>, (Vec<usize>, Vec<Reading>)> = HashMap::default();
+        let mut parts: Vec<Part> = vec![(vec![], vec![], vec![], vec![]); self.shards.len()];
+        /// Per other node: the items' indexes, the readings and their positions.
+        type Away = (Vec<usize>, Vec<Reading>, Vec<u32>);
+        let mut away: HashMap<Arc<str>, Away> = HashMap::default();
+        let position = |i: usize| keyed.map_or(0, |k| k.positions[i]);
         for (i, item) in items.into_iter().enumerate() {
             match item {
                 Ok(r) => {
@@ -463,11 +495,13 @@ impl Engine {
                             s.0.push(i);
                             s.1.push(r);
                             s.2.push(p);
+                            s.3.push(position(i));
                         }
                         Some(Route::Node(to)) => {
                             let e = away.entry(to.clone()).or_default();
                             e.0.push(i);
                             e.1.push(r);
+                            e.2.push(position(i));
                         }
                         Some(Route::Nobody) => rejected.push((
                             i,
@@ -483,7 +517,13 @@ impl Engine {
         }
         let mut waits = Vec::new();
         let mut sent = false;
-        for (s, (idx, rs, ps)) in parts.into_iter().enumerate() {
+        let keyed_part = |positions: Vec<u32>| {
+            keyed.map(|k| Keyed {
+                key: k.key.clone(),
+                positions,
+            })
+        };
+        for (s, (idx, rs, ps, positions)) in parts.into_iter().enumerate() {
             if rs.is_empty() {
                 continue;
             }
@@ -494,6 +534,7 @@ impl Engine {
                 received_at,
                 sequence: sequence.cloned(),
                 source,
+                keyed: keyed_part(positions),
                 reply: tx,
             };
             match self.shards[s].send(msg).await {
@@ -512,11 +553,17 @@ impl Engine {
             waits.push((idx, rx));
         }
         if let Some(routing) = &self.routing {
-            for (to, (idx, rs)) in away {
+            for (to, (idx, rs, positions)) in away {
                 families::CLUSTER_FORWARDED
                     .counter_with(&[("source", source.as_str())])
                     .increment(rs.len() as u64);
-                let forward = routing.forwarder.forward(to, rs, sequence.cloned(), source);
+                let forward = routing.forwarder.forward(
+                    to,
+                    rs,
+                    sequence.cloned(),
+                    source,
+                    keyed_part(positions),
+                );
                 waits.push((idx, forward));
                 sent = true;
             }

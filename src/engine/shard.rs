@@ -20,7 +20,7 @@ use super::{Clock, CommitFailure, CommitRequest, EXPIRE_BATCH, Error, Sequence, 
 use crate::domain::reading::RejectCode;
 use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Millis, Reading, Rejection, SensorId, Source};
-use crate::store::{CommitBatch, Fence, ReadingRecord, SensorRuntime, StateUpdate};
+use crate::store::{CommitBatch, Fence, Keyed, ReadingRecord, SensorRuntime, StateUpdate};
 
 /// What a shard is asked to do, in the order it was asked.
 pub(super) enum ShardMsg {
@@ -33,6 +33,8 @@ pub(super) enum ShardMsg {
         sequence: Option<Sequence>,
         /// How they came in.
         source: Source,
+        /// Of a request sent with an `Idempotency-Key`: the readings' positions in it.
+        keyed: Option<Keyed>,
         reply: oneshot::Sender<Result<Verdicts, Error>>,
     },
     Upsert {
@@ -295,6 +297,7 @@ impl Shard {
                 received_at,
                 sequence,
                 source,
+                keyed,
                 reply,
             } => {
                 // Cut before its turn came (by this shard's last round or another shard):
@@ -312,6 +315,22 @@ impl Shard {
                     && verdicts.iter().flatten().any(|rej| rej.code.is_transient())
                 {
                     seq.cut();
+                }
+                // What this batch applies of a keyed request commits with it.
+                if let Some(k) = keyed {
+                    let positions: Vec<u32> = k
+                        .positions
+                        .iter()
+                        .zip(&verdicts)
+                        .filter(|(_, v)| v.is_none())
+                        .map(|(p, _)| *p)
+                        .collect();
+                    if !positions.is_empty() {
+                        pending.batch.keyed.push(Keyed {
+                            key: k.key,
+                            positions,
+                        });
+                    }
                 }
                 pending.readings += readings.len();
                 pending.last_received_at = Some(received_at);

@@ -277,6 +277,7 @@ impl Forwarder for Forwarded {
         readings: Vec<Reading>,
         _sequence: Option<Sequence>,
         _source: Source,
+        _keyed: Option<crate::store::Keyed>,
     ) -> VerdictsRx {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(vec![None; readings.len()]));
@@ -421,7 +422,7 @@ async fn a_released_partition_is_flushed_first_then_refused() {
         .unwrap();
     let log = committer(rx, |_| Ok(()));
     let queued = engine
-        .enqueue_here(vec![Ok(reading(s))], 1_500, Source::Http, None)
+        .enqueue_here(vec![Ok(reading(s))], 1_500, Source::Http, None, None)
         .await
         .unwrap();
     engine.release(p, true).await.unwrap();

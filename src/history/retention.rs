@@ -85,6 +85,10 @@ pub async fn run(
     loop {
         let now = clock.now();
         round(&*store, clickhouse.as_ref(), settings, now).await;
+        // Idempotency keys are kept a day, whatever the retention.
+        if let Err(e) = store.forget_keys(now - crate::store::KEY_TTL_MS).await {
+            tracing::warn!(error = %e, "Could not forget idempotency keys older than a day.");
+        }
         if from_at.is_none_or(|at| now - at >= FROM_EVERY) {
             match oldest(&*store, clickhouse.as_ref()).await {
                 Ok(from) => {

@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 
 use super::{Error, Ingest};
 use crate::domain::{Millis, Reading, Rejection, reading};
+use crate::store::{HOLD_MS, Idempotency, Taken};
 
 /// Most readings one request may carry.
 pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
@@ -53,7 +54,77 @@ pub enum Outcome {
     NotStored,
 }
 
+impl Outcome {
+    /// The status `POST /v1/readings` answers with.
+    pub fn status(self) -> u16 {
+        match self {
+            Outcome::Stored => 202,
+            Outcome::Refused => 422,
+            Outcome::NotStored => 503,
+        }
+    }
+}
+
+/// What came of a request sent with an `Idempotency-Key` ([`submit_idempotent`]).
+pub enum Idempotent {
+    /// It ran: `answer`, with `before` the positions a commit applied under the key earlier
+    /// (counted in `accepted`, not sent again).
+    Ran { answer: Accepted, before: Vec<u32> },
+    /// Its first run's answer, kept.
+    Answered { status: u16, body: String },
+    /// Another request with the key is still running.
+    Busy,
+    /// The key was sent with another request.
+    Mismatch,
+}
+
+/// [`submit`] under an `Idempotency-Key`: takes the key in `keys`, sends only the readings
+/// no commit applied under it yet ([`submit_keyed`]), and keeps the answer for repeats when
+/// it changed something and left nothing to send again (else releases the key, so a repeat
+/// runs again). `fingerprint` says what makes a repeat the same request.
+pub async fn submit_idempotent(
+    ingest: &Ingest,
+    keys: &dyn Idempotency,
+    key: &str,
+    fingerprint: String,
+    items: Vec<Result<Reading, Rejection>>,
+    received_at: Millis,
+) -> Result<Idempotent, Error> {
+    let now = ingest.now();
+    let before = match keys
+        .take_key(key.to_string(), fingerprint, now, now - HOLD_MS)
+        .await?
+    {
+        Taken::Fresh { applied } => applied,
+        Taken::Answered { status, body } => return Ok(Idempotent::Answered { status, body }),
+        Taken::Busy => return Ok(Idempotent::Busy),
+        Taken::Mismatch => return Ok(Idempotent::Mismatch),
+    };
+    let result = submit_keyed(ingest, items, received_at, key.into(), &before).await;
+    let kept = match &result {
+        Ok(a) if a.outcome() == Outcome::Stored && !a.any_transient() => Some((
+            Outcome::Stored.status(),
+            serde_json::to_string(a).expect("an answer serializes"),
+        )),
+        _ => None,
+    };
+    // A failure to keep the answer costs little: the key is taken over after the hold, and
+    // the commits' own record still applies nothing twice.
+    if let Err(e) = keys.answer_key(key.to_string(), kept).await {
+        tracing::warn!(error = %e, "Could not keep the answer of a request with an Idempotency-Key.");
+    }
+    Ok(Idempotent::Ran {
+        answer: result?,
+        before,
+    })
+}
+
 impl Accepted {
+    /// Whether some readings were refused only because they could not be stored now.
+    pub fn any_transient(&self) -> bool {
+        self.rejected.iter().any(|r| r.transient)
+    }
+
     pub fn outcome(&self) -> Outcome {
         if self.accepted > 0 || self.rejected.is_empty() {
             Outcome::Stored
@@ -91,6 +162,40 @@ pub fn parse(
     reading::parse_many(body, now, MAX_READINGS_PER_REQUEST)
 }
 
+/// [`submit`] for a request sent with an `Idempotency-Key`: the readings at `applied`
+/// (positions a commit applied under the key before) are not sent again and count as
+/// accepted; every commit of the others keeps their positions under `key`.
+pub async fn submit_keyed(
+    ingest: &Ingest,
+    items: Vec<Result<Reading, Rejection>>,
+    received_at: Millis,
+    key: std::sync::Arc<str>,
+    applied: &[u32],
+) -> Result<Accepted, Error> {
+    let mut rest = Vec::with_capacity(items.len());
+    let mut positions = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let p = i as u32;
+        if applied.binary_search(&p).is_err() {
+            rest.push(item);
+            positions.push(p);
+        }
+    }
+    let done = applied.len();
+    let keyed = crate::store::Keyed {
+        key,
+        positions: positions.clone(),
+    };
+    let report = if rest.is_empty() {
+        super::Report::default()
+    } else {
+        ingest
+            .submit_keyed(SOURCE, rest, received_at, keyed)
+            .await?
+    };
+    Ok(answer(report, done, |i| positions[i] as usize))
+}
+
 /// Submits parsed readings; answers once the accepted ones are durable. `Err` when none
 /// could be made so.
 pub async fn submit(
@@ -99,17 +204,25 @@ pub async fn submit(
     received_at: Millis,
 ) -> Result<Accepted, Error> {
     let report = ingest.submit(SOURCE, items, received_at).await?;
-    Ok(Accepted {
-        accepted: report.accepted,
-        rejected: report
-            .rejected
-            .into_iter()
-            .map(|(index, r)| RejectedOut {
-                index,
-                code: r.code.as_str().to_string(),
-                error: r.message,
-                transient: r.code.is_transient(),
-            })
-            .collect(),
-    })
+    Ok(answer(report, 0, |i| i))
+}
+
+/// The answer to a request from the engine's report: `before` readings accepted earlier,
+/// and each rejected item at its position in the request.
+fn answer(report: super::Report, before: usize, position: impl Fn(usize) -> usize) -> Accepted {
+    let mut rejected: Vec<RejectedOut> = report
+        .rejected
+        .into_iter()
+        .map(|(index, r)| RejectedOut {
+            index: position(index),
+            code: r.code.as_str().to_string(),
+            error: r.message,
+            transient: r.code.is_transient(),
+        })
+        .collect();
+    rejected.sort_by_key(|r| r.index);
+    Accepted {
+        accepted: before + report.accepted,
+        rejected,
+    }
 }

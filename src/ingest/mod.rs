@@ -28,6 +28,9 @@ use crate::telemetry::families;
 pub enum Error {
     #[error(transparent)]
     Engine(#[from] engine::Error),
+    /// The store failed a request's `Idempotency-Key` ([`http::submit_idempotent`]).
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
 }
 
 /// Items in the engine, not yet known durable; resolves, once they are, to their report,
@@ -62,6 +65,22 @@ impl Ingest {
         received_at: Millis,
     ) -> Result<Report, Error> {
         self.enqueue(source, items, received_at).await?.await
+    }
+
+    /// [`Ingest::submit`] for a request sent with an `Idempotency-Key` ([`Engine::enqueue_keyed`]).
+    pub async fn submit_keyed(
+        &self,
+        source: &'static str,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+        keyed: crate::store::Keyed,
+    ) -> Result<Report, Error> {
+        let from = crate::domain::Source::parse(source).unwrap_or(crate::domain::Source::Http);
+        let ticket = self
+            .engine
+            .enqueue_keyed(items, received_at, from, keyed)
+            .await?;
+        durable(source, ticket).await
     }
 
     /// Hands items to the engine without waiting for durability; batches enqueued one

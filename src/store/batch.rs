@@ -55,6 +55,17 @@ pub struct CommitBatch {
     /// when one is no longer held at that epoch ([`super::Error::Fenced`]). Empty on one
     /// node.
     pub fence: Vec<Fence>,
+    /// Requests sent with an `Idempotency-Key`: which of their readings this batch applies,
+    /// kept in its transaction so that a repeat of the request applies none of them again.
+    pub keyed: Vec<Keyed>,
+}
+
+/// The readings of one keyed request that a batch applies, by their positions in the
+/// request (the same body sent again has them at the same positions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyed {
+    pub key: std::sync::Arc<str>,
+    pub positions: Vec<u32>,
 }
 
 /// A partition as this node holds it: the lease's epoch grows at every change of owner,
@@ -74,6 +85,7 @@ impl CommitBatch {
         self.readings.extend(other.readings);
         self.states.extend(other.states);
         self.events.extend(other.events);
+        self.keyed.extend(other.keyed);
         for f in other.fence {
             if !self.fence.contains(&f) {
                 self.fence.push(f);

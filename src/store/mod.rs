@@ -12,6 +12,7 @@
 //! - [`Secrets`]: the key clients' secrets are sealed under ([`sealing`]).
 //! - [`Sites`]: sites and their sensors' counts.
 //! - [`Silences`]: maintenance windows and the reconciliation at their end.
+//! - [`Idempotency`]: `Idempotency-Key`s and the answers kept for them.
 //! - [`ClusterStore`]: partition leases and node rows (PostgreSQL only).
 //!
 //! [`Store`] is all of them but the cluster's, for the wiring that hands each part its
@@ -39,10 +40,11 @@ pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, V
 // The conformance suite reaches these through `super::*`.
 #[cfg(test)]
 use crate::domain::{EventKind, SensorStatus, Status};
-pub use batch::{CommitBatch, Fence, ReadingRecord, StateUpdate};
+pub use batch::{CommitBatch, Fence, Keyed, ReadingRecord, StateUpdate};
 pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
 pub use data_dir::{lock_data_dir, node_id, private_dir, private_file, private_files, sync_dir};
 pub use error::{Error, Result};
+pub use idempotency::{HOLD_MS, Idempotency, KEY_TTL_MS, KeyRow, Taken};
 pub use listing::{Search, find_clients};
 pub use retention::{Pruned, Retention};
 pub use sealing::{Rotated, prepare as prepare_secrets, rotate as rotate_secret_key};
@@ -57,6 +59,7 @@ mod batch;
 pub mod cluster;
 mod data_dir;
 mod error;
+pub mod idempotency;
 pub(crate) mod listing;
 pub mod postgres;
 mod retention;
@@ -482,6 +485,7 @@ pub trait Store:
     + Secrets
     + Sites
     + Silences
+    + Idempotency
     + 'static
 {
 }
@@ -498,6 +502,7 @@ impl<
         + Secrets
         + Sites
         + Silences
+        + Idempotency
         + 'static,
 > Store for T
 {

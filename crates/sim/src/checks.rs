@@ -53,6 +53,22 @@ pub fn during(world: &World, model: &ModelStore, reported: &mut usize) {
         );
     }
     *reported = found.len();
+    // README, "Nothing is applied twice": a request sent again with its key applies none
+    // of its readings a second time.
+    model.read(|t| {
+        let mut seen = std::collections::BTreeSet::new();
+        for (key, positions, _) in &t.idempotency_applied {
+            for p in positions {
+                if !seen.insert((key, *p)) {
+                    world.violate(
+                        "a request sent again with its key applies nothing twice",
+                        format!("reading {p} of keyed request {key} was applied twice"),
+                        vec![key.clone()],
+                    );
+                }
+            }
+        }
+    });
 }
 
 /// Whether `[from, to]` overlaps a troubled period.

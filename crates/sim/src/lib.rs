@@ -334,6 +334,8 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         debounce: opts.debounce,
         next_client,
         gone: Vec::new(),
+        keyed: Vec::new(),
+        next_key: 0,
         retention: latch::history::retention::Settings::from_config(&config),
     };
     if let Err(e) = w.register().await {

@@ -474,6 +474,7 @@ impl Forwarder for SimForwarder {
         readings: Vec<Reading>,
         sequence: Option<Sequence>,
         source: Source,
+        keyed: Option<latch::store::Keyed>,
     ) -> VerdictsRx {
         let (reply, rx) = oneshot::channel();
         let target = self.engines.lock().unwrap().get(&*to).cloned();
@@ -500,7 +501,13 @@ impl Forwarder for SimForwarder {
             alive(&world, &life).await;
             let items = readings.into_iter().map(Ok).collect();
             let ticket = engine
-                .enqueue_here(items, engine.now(), source, sequence.as_ref())
+                .enqueue_here(
+                    items,
+                    engine.now(),
+                    source,
+                    sequence.as_ref(),
+                    keyed.as_ref(),
+                )
                 .await;
             let verdicts = match ticket {
                 Ok(t) => match t.wait().await {

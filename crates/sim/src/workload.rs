@@ -63,9 +63,13 @@ pub struct Workload {
     pub gone: Vec<String>,
     /// The run's retention (short, so a run of a minute sees rows go).
     pub retention: RetentionSettings,
+    /// Requests sent with an `Idempotency-Key`, kept for repeats, and the next key's number.
+    pub keyed: Vec<(String, Vec<Reading>)>,
+    pub next_key: usize,
 }
 
 mod clients;
+mod keyed;
 mod registry;
 mod sites;
 pub use registry::SITES;
@@ -215,6 +219,10 @@ impl Workload {
 
     /// Many sensors change at once.
     fn burst(&mut self) {
+        // Now and then a request sent with a key is sent again instead.
+        if self.world.chance(0.25) && self.repeat_keyed() {
+            return;
+        }
         let now = self.world.now();
         let mut readings = Vec::new();
         for s in self.sensors.iter_mut().filter(|s| s.silent_until <= now) {
@@ -227,7 +235,13 @@ impl Workload {
             });
         }
         if !readings.is_empty() {
-            self.send(readings, Source::Http);
+            // Half the bursts go as a client of `POST /v1/readings` with an
+            // `Idempotency-Key` sends them.
+            if self.world.chance(0.5) {
+                self.send_keyed_new(readings);
+            } else {
+                self.send(readings, Source::Http);
+            }
         }
     }
 

@@ -24,6 +24,7 @@ mod choices;
 mod commit;
 mod find;
 mod history;
+mod idempotency;
 pub use history::Collect;
 mod lifecycle;
 mod outbox;
@@ -221,6 +222,9 @@ suite!(
     retention::attempts_made_after_retention_emptied_them_still_ship,
     tokens::tokens_keep_hash_and_scopes,
     tokens::deleted_tokens_are_gone,
+    idempotency::a_key_is_held_once_and_its_answer_kept,
+    idempotency::what_commits_applied_under_a_key_is_read_back,
+    idempotency::keys_are_forgotten_after_their_day,
     sessions::unacked_publishes_are_kept_until_taken,
     silences::sites_count_their_sensors,
     silences::a_silence_keeps_and_reconciles_once,

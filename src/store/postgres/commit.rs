@@ -7,12 +7,13 @@ use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::PgStore;
 use super::db::{Bound, Sql, Tx};
 use super::doubt::{Doubt, settle};
+use crate::store::idempotency::positions_text;
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
 
 use tokio_postgres::types::ToSql;
 
-use super::super::{CommitBatch, Error, Fence, NotificationRef, Result};
+use super::super::{CommitBatch, Error, Fence, Keyed, NotificationRef, Result};
 use super::DELETE_LOCK;
 use crate::domain::client::{events_from_column, wants};
 use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
@@ -105,11 +106,12 @@ async fn commit_batch(
     let held = super::site_rounds::hold_for_sites(tx, &events.events, now).await?;
     let notes = NotificationCols::of(&events, &linked, &held);
     // Sent together: the server runs them in this order, without a round trip between.
-    let (_, _, _, rows) = futures::try_join!(
+    let (_, _, _, rows, _) = futures::try_join!(
         readings.insert(tx),
         states.upsert(tx),
         events.insert(tx),
         notes.insert(tx, now),
+        insert_keyed(tx, &batch.keyed, now),
     )?;
     if notes.id.is_empty() {
         return Ok(Vec::new());
@@ -128,6 +130,21 @@ async fn commit_batch(
         .into_iter()
         .filter(|n| !silenced.contains(&n.seq))
         .collect())
+}
+
+/// What the batch applies of requests sent with an `Idempotency-Key`, in its transaction.
+async fn insert_keyed(tx: &Tx<'_>, keyed: &[Keyed], now: Millis) -> Result<u64> {
+    if keyed.is_empty() {
+        return Ok(0);
+    }
+    let keys: Vec<&str> = keyed.iter().map(|k| &*k.key).collect();
+    let positions: Vec<String> = keyed.iter().map(|k| positions_text(&k.positions)).collect();
+    tx.execute(
+        "INSERT INTO idempotency_applied (key, positions, applied_at) \
+         SELECT k, p, $3 FROM UNNEST($1::text[], $2::text[]) AS t(k, p)",
+        &[&keys, &positions, &now],
+    )
+    .await
 }
 
 /// Which of the batch's sensors are registered, and the clients linked to those with

@@ -45,6 +45,7 @@ mod replay;
 mod retention;
 mod secrets;
 pub use secrets::RotationLock;
+mod idempotency;
 mod sessions;
 mod silences;
 mod site_moves;
@@ -85,6 +86,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0027_notifications_site.sql"),
     include_str!("../migrations/postgres/0030_notification_sensors.sql"),
     include_str!("../migrations/postgres/0031_node_keys.sql"),
+    include_str!("../migrations/postgres/0032_idempotency.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use super::seen::{Deferred, Seen, Times};
+use crate::store::idempotency::positions_text;
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -44,6 +45,18 @@ fn commit_batch(
     }
     if insert_readings(tx, &kept)? {
         deferred.last_reading = Some(tx.last_insert_rowid());
+    }
+    if !batch.keyed.is_empty() {
+        let mut st = tx.prepare_cached(
+            "INSERT INTO idempotency_applied (key, positions, applied_at) VALUES (?1, ?2, ?3)",
+        )?;
+        for k in &batch.keyed {
+            st.execute(rusqlite::params![
+                &*k.key,
+                positions_text(&k.positions),
+                now
+            ])?;
+        }
     }
     let mut events = Vec::with_capacity(batch.events.len());
     for e in &batch.events {

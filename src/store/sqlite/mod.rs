@@ -32,6 +32,7 @@ mod checkpoint;
 mod commit;
 mod find;
 mod history;
+mod idempotency;
 mod lifecycle;
 mod outbox;
 mod registry;
@@ -77,6 +78,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0022_archive_made.sql"),
     include_str!("../migrations/sqlite/0024_notifications_site.sql"),
     include_str!("../migrations/sqlite/0027_notification_sensors.sql"),
+    include_str!("../migrations/sqlite/0028_idempotency.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -255,6 +257,7 @@ impl SqliteStore {
         // Before anything reads a sensor's state: the times of readings a crash left
         // unwritten (`seen.rs`).
         let seen = Arc::new(seen::recover(&mut writer)?);
+        idempotency::release_all(&writer)?;
         let keys = Arc::new(crate::secrets::Keyring::new(keys));
         prepare_keys(&mut writer, &keys)?;
         let layout = archive::layout(&writer)?;

@@ -544,7 +544,10 @@ mod threads;
 #[tokio::test]
 async fn site_notifications_made_before_the_upgrade_are_found_from_their_sensors() {
     let dir = tempfile::tempdir().unwrap();
-    let before = MIGRATIONS.len() - 1;
+    let before = MIGRATIONS
+        .iter()
+        .position(|m| m.contains("CREATE TABLE notification_sensors"))
+        .unwrap();
     {
         let c = Connection::open(dir.path().join("latch.db")).unwrap();
         for sql in &MIGRATIONS[..before] {

@@ -21,6 +21,7 @@ mod event_types;
 mod full_disk;
 mod history;
 mod http_edges;
+mod idempotency;
 mod isolation;
 mod liveness;
 mod logs;

@@ -90,6 +90,10 @@ impl Tables {
                     .committed_reading(self.next.reading, *r, by.clone());
             }
         }
+        for k in &batch.keyed {
+            self.idempotency_applied
+                .push((k.key.to_string(), k.positions.clone(), now));
+        }
         if self.shared {
             // PostgreSQL upserts one state per sensor, the batch's last: an upsert may not
             // touch a row twice.

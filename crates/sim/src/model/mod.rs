@@ -66,6 +66,7 @@ mod commit;
 pub mod faults;
 mod find;
 mod history;
+mod idempotency;
 mod lifecycle;
 mod node;
 mod outbox;

@@ -138,6 +138,10 @@ pub struct Tables {
     /// `sensor_changes` (PostgreSQL): seq → (sensor, when by the database's clock).
     pub(crate) changes: BTreeMap<i64, (SensorId, Millis)>,
     pub(crate) tokens: BTreeMap<String, ApiToken>,
+    /// `idempotency_keys`: key → (its row, when made).
+    pub(crate) idempotency_keys: BTreeMap<String, (latch::store::KeyRow, Millis)>,
+    /// `idempotency_applied`: (key, positions, when applied).
+    pub(crate) idempotency_applied: Vec<(String, Vec<u32>, Millis)>,
     /// The id of the key the store says it seals secrets under.
     pub(crate) sealing_key: Option<String>,
     /// Per broker session, its publishes committed but not acknowledged.
@@ -180,6 +184,8 @@ impl Tables {
             events: BTreeMap::new(),
             changes: BTreeMap::new(),
             tokens: BTreeMap::new(),
+            idempotency_keys: BTreeMap::new(),
+            idempotency_applied: Vec::new(),
             unacked: BTreeMap::new(),
             sites: BTreeMap::new(),
             site_states: BTreeMap::new(),

@@ -399,6 +399,7 @@ fn change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             detail: Default::default(),
         }],
         fence,
+        keyed: vec![],
     }
 }
 

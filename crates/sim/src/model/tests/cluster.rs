@@ -340,6 +340,7 @@ fn fenced_change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             detail: Default::default(),
         }],
         fence,
+        keyed: vec![],
     }
 }
 
