@@ -184,6 +184,11 @@ pub struct ClaimRow {
     /// A site's notification: a newer one of the same site reached the client or waits
     /// for it, and supersedes this one (the owner's decision in issue #68).
     pub newer_site_event: bool,
+    /// A sensor's own notification: an older notification of a site, for the same client,
+    /// names the sensor and is still pending. The sensor's events wait for it, so a client
+    /// never hears a sensor come back before the site event that still counts it lost
+    /// (issue #68 item 12: a site's events travel in another lane).
+    pub older_site_event: bool,
     /// Where it stands in its (client, sensor) lane in the store; read on a store shared by
     /// several nodes, whose lanes may each hold part of one lane around a takeover.
     pub lane: LaneInStore,
@@ -266,6 +271,15 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     // differ: the newer one is the site as it is, whichever lane reaches the client first.
     if n.kind.is_site() && row.newer_site_event {
         return ClaimStep::Supersede;
+    }
+    // A site event never waits on a sensor's lane, so this wait cannot go round in a
+    // circle; it ends when the site event is delivered, superseded or dead-lettered.
+    if !n.kind.is_site() && row.older_site_event {
+        return ClaimStep::Answer(Claim::Later {
+            id: n.id,
+            at: now + RECHECK_MS,
+            unswept: false,
+        });
     }
     if row.lane.older_pending > 0 {
         let until = row.lane.older_lease_until.filter(|&u| u > now);

@@ -49,14 +49,20 @@ const NOTIF_N: usize = 19;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
-/// Last, for a site's notification, whether a newer one of the same site reached the
-/// client or waits for it (`notifications_site`, a few rows per client).
+/// Then, for a site's notification, whether a newer one of the same site reached the
+/// client or waits for it (`notifications_site`, a few rows per client); last, for a
+/// sensor's own, whether an older site notification for its client naming the sensor
+/// still waits (`notification_sensors`, the sensor's site events).
 pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
      c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit, \
      c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls, \
      n.site_id IS NOT NULL AND EXISTS (SELECT 1 FROM notifications m \
       WHERE m.client_id = n.client_id AND m.site_id = n.site_id AND m.seq > n.seq \
-      AND m.status IN ('pending', 'delivered'))";
+      AND m.status IN ('pending', 'delivered')), \
+     n.site_id IS NULL AND EXISTS (SELECT 1 FROM notification_sensors ns \
+      JOIN notifications m ON m.seq = ns.seq \
+      WHERE ns.sensor_id = n.sensor_id AND ns.seq < n.seq AND m.client_id = n.client_id \
+      AND m.status = 'pending')";
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
@@ -284,6 +290,7 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         )
         .map_err(|e| r.damaged(NOTIF_N + 13, e))?,
         newer_site_event: r.flag(NOTIF_N + 16)?,
+        older_site_event: r.flag(NOTIF_N + 17)?,
         // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
         lane: Default::default(),
     })
@@ -292,11 +299,11 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
 /// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
 pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
     Ok(crate::domain::policy::LaneInStore {
-        older_pending: r.int(NOTIF_N + 17)? as u32,
-        older_lease_until: r.opt_int(NOTIF_N + 18)?,
-        newer_state_delivered: r.flag(NOTIF_N + 19)?,
-        newer_state_pending: r.flag(NOTIF_N + 20)?,
-        newer_lease_until: r.opt_int(NOTIF_N + 21)?,
+        older_pending: r.int(NOTIF_N + 18)? as u32,
+        older_lease_until: r.opt_int(NOTIF_N + 19)?,
+        newer_state_delivered: r.flag(NOTIF_N + 20)?,
+        newer_state_pending: r.flag(NOTIF_N + 21)?,
+        newer_lease_until: r.opt_int(NOTIF_N + 22)?,
     })
 }
 

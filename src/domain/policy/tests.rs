@@ -47,6 +47,7 @@ fn row(status: Status) -> ClaimRow {
         disabled: false,
         rate_limit: None,
         newer_site_event: false,
+        older_site_event: false,
         lane: LaneInStore::default(),
         batch: None,
         receiver: Default::default(),
@@ -624,6 +625,31 @@ fn a_site_event_older_than_one_of_the_same_site_is_superseded() {
     ));
     assert!(matches!(
         claim_step(site(LOST, true), "me", 100),
+        ClaimStep::Lease(_)
+    ));
+}
+
+/// Issue #68 item 12: a sensor's own event waits while an older site event for its client
+/// that names the sensor is still pending (it travels in another lane); a site's event
+/// never waits on that.
+#[test]
+fn a_sensors_own_event_waits_for_an_older_site_event_naming_it() {
+    let waiting = |kind| ClaimRow {
+        older_site_event: true,
+        notification: Notification {
+            kind,
+            ..notification(Status::Pending)
+        },
+        ..row(Status::Pending)
+    };
+    match claim_step(waiting(EventKind::ConnectionRestored), "me", 100) {
+        ClaimStep::Answer(Claim::Later { at, unswept, .. }) => {
+            assert_eq!((at, unswept), (100 + RECHECK_MS, false));
+        }
+        _ => panic!("the sensor's return waits"),
+    }
+    assert!(matches!(
+        claim_step(waiting(EventKind::SiteConnectionRestored), "me", 100),
         ClaimStep::Lease(_)
     ));
 }

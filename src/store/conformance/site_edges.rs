@@ -390,3 +390,91 @@ pub(super) async fn a_newer_site_event_supersedes_one_waiting(s: &Subject) {
     assert_eq!(found.items.len(), 1);
     assert_eq!(found.items[0].id, of("sp-b"));
 }
+
+/// Issue #68 item 12: a site's return that still counts a sensor lost travels in another
+/// lane than the sensor's own return; the sensor's return waits until the site's is done,
+/// so the client never ends believing the sensor lost.
+pub(super) async fn a_sensors_return_waits_for_the_site_event_that_counts_it_lost(s: &Subject) {
+    fill(s, "so-a", &["so1", "so2", "so3", "so4", "so5"], "soc").await;
+    for id in ["so1", "so2", "so3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    let loss = s.decide_sites(RULES, 36_000).await.unwrap().made;
+    assert_eq!(loss.len(), 1, "{loss:?}");
+    // so1 comes back: the site is up, its return naming so2 and so3 still lost.
+    s.commit(
+        liveness("so1", EventKind::ConnectionRestored, 40_000),
+        40_000,
+    )
+    .await
+    .unwrap();
+    let back = s.decide_sites(RULES, 41_000).await.unwrap().made;
+    assert_eq!(
+        kinds(&back),
+        [("soc".into(), sid("so1"), EventKind::SiteConnectionRestored)]
+    );
+    // so2's own return, made now the site is up: a lane of its own.
+    let own = s
+        .commit(
+            liveness("so2", EventKind::ConnectionRestored, 42_000),
+            42_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        kinds(&own),
+        [("soc".into(), sid("so2"), EventKind::ConnectionRestored)]
+    );
+    let claim = |id: String, now: Millis| async move {
+        s.claim(vec![id], "n1".into(), now, 60_000, None)
+            .await
+            .unwrap()
+            .remove(0)
+    };
+    // The site's loss and return both name so2 and wait: so2's return waits for them.
+    assert!(
+        matches!(claim(own[0].id.clone(), 43_000).await, Claim::Later { .. }),
+        "so2's return goes only after the site events naming it"
+    );
+    assert!(matches!(
+        claim(loss[0].id.clone(), 43_000).await,
+        Claim::Done {
+            status: Status::Superseded,
+            ..
+        }
+    ));
+    let Claim::Send(sent) = claim(back[0].id.clone(), 43_000).await else {
+        panic!("the site's return goes out");
+    };
+    assert!(
+        matches!(claim(own[0].id.clone(), 43_100).await, Claim::Later { .. }),
+        "still in flight"
+    );
+    s.record(
+        vec![Outcome {
+            notification_id: sent.notification.id.clone(),
+            client_id: "soc".into(),
+            attempt: Some(Attempt {
+                notification_id: sent.notification.id.clone(),
+                at: 43_200,
+                status_code: Some(200),
+                error: None,
+                duration_ms: 3,
+            }),
+            attempts: 1,
+            verdict: Verdict::Delivered,
+            node: "n1".into(),
+            batch_id: None,
+        }],
+        43_200,
+        NEVER,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(claim(own[0].id.clone(), 43_300).await, Claim::Send(_)),
+        "so2's return follows the site's"
+    );
+}

@@ -81,6 +81,24 @@ impl Tables {
             })
     }
 
+    /// `CLAIM_COLS`' last column: `n` is a sensor's own, and an older site notification
+    /// for its client that names the sensor (`notification_sensors`) is still pending.
+    fn older_site_event(&self, n: &Notification) -> bool {
+        if latch::domain::site::named_in(n.body.as_deref()).is_some() {
+            return false;
+        }
+        self.notifications
+            .range(..n.seq)
+            .map(|(_, r)| &r.notification)
+            .any(|m| {
+                m.client_id == n.client_id
+                    && m.status == Status::Pending
+                    && m.kind.is_site()
+                    && latch::domain::site::sensors_named_in(m.body.as_deref())
+                        .contains(&n.sensor_id)
+            })
+    }
+
     /// `CLAIM_COLS` over `CLAIM_FROM`: the row, its lease and the registry now.
     fn claim_row(&self, seq: i64, node: &str) -> ClaimRow {
         let r = &self.notifications[&seq];
@@ -101,6 +119,7 @@ impl Tables {
             batch: client.and_then(|c| c.batch),
             receiver: client.map(|c| c.receiver.clone()).unwrap_or_default(),
             newer_site_event: self.newer_site_event(n),
+            older_site_event: self.older_site_event(n),
             lane: if self.shared {
                 self.lane_in_store(n, node)
             } else {
