@@ -77,6 +77,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0022_archive_made.sql"),
     include_str!("../migrations/sqlite/0024_notifications_site.sql"),
     include_str!("../migrations/sqlite/0027_notification_sensors.sql"),
+    include_str!("../migrations/sqlite/0029_silence_sensors.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
