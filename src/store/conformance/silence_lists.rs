@@ -72,7 +72,11 @@ pub(super) async fn a_silence_of_many_sensors_matches_exactly_those(s: &Subject)
     assert!(s.delete_sensor(sid(&all[1]), 4_000).await.unwrap());
     let listed = s.list_silences(None, 4_000, page(10)).await.unwrap().items;
     let qm = listed.iter().find(|q| q.id == "qm").unwrap();
-    assert_eq!(qm.matcher.sensor_ids.as_ref(), Some(&named), "still as given");
+    assert_eq!(
+        qm.matcher.sensor_ids.as_ref(),
+        Some(&named),
+        "still as given"
+    );
     let qt = listed.iter().find(|q| q.id == "qt").unwrap();
     assert_eq!(qt.matcher.sensor_ids, None);
 

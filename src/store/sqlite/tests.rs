@@ -602,7 +602,9 @@ async fn silences_keep_their_sensors_through_the_upgrade() {
         .unwrap();
     }
     let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
-    let ids = ["b1", "a1", "b1"].map(|i| SensorId::parse(i).unwrap()).to_vec();
+    let ids = ["b1", "a1", "b1"]
+        .map(|i| SensorId::parse(i).unwrap())
+        .to_vec();
     let q1 = store.get_silence("q1".into()).await.unwrap().unwrap();
     assert_eq!(q1.matcher.sensor_ids, Some(ids));
     let q2 = store.get_silence("q2".into()).await.unwrap().unwrap();
