@@ -61,10 +61,8 @@ impl App {
             if ids.is_empty() {
                 return Err(Error::Invalid("match.sensor_ids is empty".into()));
             }
-            for id in ids {
-                if self.store.get_sensor(*id).await?.is_none() {
-                    return Err(Error::Invalid(format!("match.sensor_ids: no sensor {id}")));
-                }
+            if let Some(id) = self.store.first_missing_sensor(ids.clone()).await? {
+                return Err(Error::Invalid(format!("match.sensor_ids: no sensor {id}")));
             }
         }
         if m.types.as_ref().is_some_and(|t| t.is_empty()) {

@@ -79,6 +79,9 @@ pub trait Registry: Send + Sync {
     /// `Conflict` if the id exists.
     async fn create_sensor(&self, sensor: Sensor) -> Result<()>;
     async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>>;
+    /// The first of `ids` that no sensor has (`None`: all exist), in one read however many
+    /// they are (a silence may name 10,000).
+    async fn first_missing_sensor(&self, ids: Vec<SensorId>) -> Result<Option<SensorId>>;
     async fn list_sensors(
         &self,
         connection: Option<Connection>,

@@ -20,6 +20,7 @@ pub mod postgres_server;
 pub mod rate;
 pub mod restart;
 pub mod retention;
+pub mod silences;
 pub mod sites;
 pub mod soak;
 

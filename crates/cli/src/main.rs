@@ -133,6 +133,9 @@ enum Scenario {
     /// Many sites, some dark at once: their losses, then in how many rounds every dark
     /// site's return is told.
     Sites(latch_bench::sites::Args),
+    /// Ingest with hundreds of active silences of thousands of sensors each, alternated
+    /// with ingest with none: the rate with them over the rate without.
+    Silences(latch_bench::silences::Args),
 }
 
 /// An error is printed as one message with its causes, and never with a stack backtrace:
@@ -183,6 +186,7 @@ fn run() -> anyhow::Result<()> {
                     Scenario::Cluster(a) => latch_bench::cluster_any(a).await?,
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
                     Scenario::Sites(a) => latch_bench::sites::run(a).await?,
+                    Scenario::Silences(a) => latch_bench::silences::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

@@ -33,6 +33,7 @@ mod registry;
 mod retention;
 mod sessions;
 mod silence_edges;
+mod silence_lists;
 mod silences;
 mod site_edges;
 mod tokens;
@@ -244,6 +245,8 @@ suite!(
     silence_edges::a_silenced_site_loss_is_told_once_at_the_end,
     silence_edges::a_site_silence_reconciles_a_sensor_that_moved_away,
     silence_edges::a_silence_end_counts_what_a_site_event_named,
+    silence_lists::a_silence_of_many_sensors_matches_exactly_those,
+    silence_lists::the_first_missing_of_many_sensors_is_found,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

@@ -104,6 +104,22 @@ impl Registry for PgStore {
         .transpose()
     }
 
+    async fn first_missing_sensor(&self, ids: Vec<SensorId>) -> Result<Option<SensorId>> {
+        let c = self.db.get("first_missing_sensor").await?;
+        let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        let missing = c
+            .query_opt(
+                "SELECT u.x FROM UNNEST($1::text[]) WITH ORDINALITY u(x, o) WHERE NOT EXISTS \
+                 (SELECT 1 FROM sensors s WHERE s.id = u.x) ORDER BY u.o LIMIT 1",
+                &[&ids],
+            )
+            .await?;
+        missing
+            .map(|r| SensorId::parse(r.get(0)))
+            .transpose()
+            .map_err(|e| Error::Backend(format!("sensor id: {e}")))
+    }
+
     async fn list_sensors(
         &self,
         connection: Option<Conn>,

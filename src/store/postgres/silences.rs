@@ -12,17 +12,34 @@ use super::db::{Sql, Tx};
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
 
-const SILENCE_COLS: &str = "id, site_id, sensor_ids, client_id, types, starts_at, ends_at, \
+/// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as
+/// one list in the order given, NULL when it names none.
+const SILENCE_COLS: &str = "id, site_id, CASE WHEN named_sensors IS NULL THEN NULL ELSE \
+     coalesce((SELECT string_agg(x.sensor_id, ',' ORDER BY x.pos) FROM silence_sensors x \
+     WHERE x.silence_id = silences.id), '') END, client_id, types, starts_at, ends_at, \
      comment, created_at, updated_at, reconciled_at";
 
-/// Whether silence `s` matches the (client, sensor) named by the SQL expressions `client`
-/// and `sensor` (any type).
-fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
+/// Whether silence `s` matches the client and, by its site, the sensor named by the SQL
+/// expressions `client` and `sensor` (its sensors are matched apart).
+fn matches_client_site(s: &str, client: &str, sensor: &str) -> String {
     format!(
         "({s}.client_id IS NULL OR {s}.client_id = {client}) \
-         AND ({s}.sensor_ids IS NULL OR strpos({s}.sensor_ids, ',' || {sensor} || ',') > 0) \
          AND ({s}.site_id IS NULL OR {s}.site_id = \
               (SELECT x.site_id FROM sensors x WHERE x.id = {sensor}))"
+    )
+}
+
+/// Whether a silence `o` active at `now` matches the (client, sensor) named by the SQL
+/// expressions `client` and `sensor` (any type), and `also`: those that name no sensor
+/// (`silences_any_sensor`), those that name this one (`silence_sensors_by_sensor`), never
+/// a pass over every active silence's sensors.
+fn active_match(now: &str, client: &str, sensor: &str, also: &str) -> String {
+    let (active, m) = (active("o", now), matches_client_site("o", client, sensor));
+    format!(
+        "(EXISTS (SELECT 1 FROM silences o \
+           WHERE o.named_sensors IS NULL AND {active} AND {m} AND {also}) \
+         OR EXISTS (SELECT 1 FROM silence_sensors y JOIN silences o ON o.id = y.silence_id \
+           WHERE y.sensor_id = {sensor} AND {active} AND {m} AND {also}))"
     )
 }
 
@@ -32,7 +49,8 @@ fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
 fn matched_pair(s: &str) -> String {
     format!(
         "({s}.client_id IS NULL OR {s}.client_id = p.client_id) \
-         AND ({s}.sensor_ids IS NULL OR strpos({s}.sensor_ids, ',' || p.sensor_id || ',') > 0) \
+         AND ({s}.named_sensors IS NULL OR EXISTS (SELECT 1 FROM silence_sensors z \
+              WHERE z.sensor_id = p.sensor_id AND z.silence_id = {s}.id)) \
          AND ({s}.site_id IS NULL OR {s}.site_id = p.site_id OR {s}.site_id = \
               (SELECT x.site_id FROM sensors x WHERE x.id = p.sensor_id))"
     )
@@ -73,14 +91,17 @@ pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Resul
             &tx.prepare_cached(&format!(
                 "WITH s AS (UPDATE notifications n SET status = 'silenced' \
                    WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
-                   AND n.seq = ANY($1) AND n.status = 'pending' AND EXISTS (SELECT 1 FROM silences s WHERE {} AND {} \
-                   AND (s.types IS NULL OR strpos(s.types, ',' || n.kind || ',') > 0)) \
+                   AND n.seq = ANY($1) AND n.status = 'pending' AND {} \
                    RETURNING n.seq, n.client_id, n.sensor_id, n.kind, n.body, n.data, n.previous), \
                  d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)) \
                  SELECT seq, client_id, sensor_id, kind, body, data, previous FROM s",
                 active("a", "$2"),
-                active("s", "$2"),
-                matches_pair("s", "n.client_id", "n.sensor_id")
+                active_match(
+                    "$2",
+                    "n.client_id",
+                    "n.sensor_id",
+                    "(o.types IS NULL OR strpos(o.types, ',' || n.kind || ',') > 0)"
+                )
             ))
             .await?,
             &[&seqs, &now],
@@ -131,11 +152,9 @@ async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<Notificatio
         .query(
             &format!(
                 "DELETE FROM silenced_pairs p USING silences s WHERE s.id = $1 AND {} \
-                 AND NOT EXISTS (SELECT 1 FROM silences o WHERE o.id <> s.id AND {} AND {}) \
-                 RETURNING p.client_id, p.sensor_id, p.lost, p.data, p.since",
+                 AND NOT {} RETURNING p.client_id, p.sensor_id, p.lost, p.data, p.since",
                 matched_pair("s"),
-                active("o", "$2"),
-                matches_pair("o", "p.client_id", "p.sensor_id")
+                active_match("$2", "p.client_id", "p.sensor_id", "o.id <> s.id")
             ),
             &[&id, &now],
         )
@@ -324,20 +343,21 @@ async fn view(tx: &Tx<'_>, client: &str, sensor: &str, since: i64) -> Result<Opt
 #[async_trait]
 impl Silences for PgStore {
     async fn create_silence(&self, s: Silence) -> Result<()> {
-        let c = self.db.get("create_silence").await?;
+        let mut c = self.db.get("create_silence").await?;
         let m = &s.matcher;
         let types = m
             .types
             .as_ref()
             .map(|t| Match::listed(&t.iter().map(|k| k.as_str()).collect::<Vec<_>>()));
-        c.execute(
-            "INSERT INTO silences (id, site_id, sensor_ids, client_id, types, starts_at, \
+        let tx = c.transaction().await?;
+        tx.execute(
+            "INSERT INTO silences (id, site_id, named_sensors, client_id, types, starts_at, \
              ends_at, comment, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             &[
                 &s.id,
                 &m.site_id,
-                &m.sensor_ids.as_deref().map(Match::listed),
+                &m.sensor_ids.as_ref().map(|ids| ids.len() as i32),
                 &m.client_id,
                 &types,
                 &s.starts_at,
@@ -348,6 +368,17 @@ impl Silences for PgStore {
             ],
         )
         .await?;
+        if let Some(ids) = &m.sensor_ids {
+            // Its sensors made rows (in the order given) by one statement.
+            let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+            tx.execute(
+                "INSERT INTO silence_sensors (silence_id, pos, sensor_id) \
+                 SELECT $1, u.o, u.x FROM UNNEST($2::text[]) WITH ORDINALITY u(x, o)",
+                &[&s.id, &ids],
+            )
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

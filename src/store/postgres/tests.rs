@@ -368,3 +368,36 @@ async fn retention_drops_past_months_and_forgets_silent_nodes() {
         .collect();
     assert_eq!(nodes, ["here"]);
 }
+
+/// Silences made before their sensors had a table of their own answer the same after the
+/// upgrade: the sensors as given (one twice), none for one that named none.
+#[tokio::test]
+async fn silences_keep_their_sensors_through_the_upgrade() {
+    use crate::store::Silences;
+    let upgraded = MIGRATIONS
+        .iter()
+        .position(|m| m.contains("CREATE TABLE silence_sensors"))
+        .expect("the migration that gives silences' sensors a table");
+    let Some((c, url)) = schema_at(upgraded).await else {
+        return;
+    };
+    c.batch_execute(
+        "INSERT INTO silences (id, site_id, sensor_ids, client_id, types, starts_at,
+           ends_at, comment, created_at, updated_at)
+         VALUES ('q1', NULL, ',b1,a1,b1,', NULL, NULL, 1, 2, 'x', 1, 1),
+                ('q2', NULL, NULL, 'c1', NULL, 1, 2, 'x', 1, 1);",
+    )
+    .await
+    .unwrap();
+    let store = PgStore::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let ids = ["b1", "a1", "b1"]
+        .map(|i| crate::domain::SensorId::parse(i).unwrap())
+        .to_vec();
+    let q1 = store.get_silence("q1".into()).await.unwrap().unwrap();
+    assert_eq!(q1.matcher.sensor_ids, Some(ids));
+    let q2 = store.get_silence("q2".into()).await.unwrap().unwrap();
+    assert_eq!(q2.matcher.sensor_ids, None);
+    assert_eq!(q2.matcher.client_id.as_deref(), Some("c1"));
+}

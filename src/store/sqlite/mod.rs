@@ -79,6 +79,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0024_notifications_site.sql"),
     include_str!("../migrations/sqlite/0027_notification_sensors.sql"),
     include_str!("../migrations/sqlite/0028_idempotency.sql"),
+    include_str!("../migrations/sqlite/0029_silence_sensors.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

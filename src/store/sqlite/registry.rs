@@ -98,6 +98,25 @@ impl Registry for SqliteStore {
         .await
     }
 
+    async fn first_missing_sensor(&self, ids: Vec<SensorId>) -> Result<Option<SensorId>> {
+        let ids = serde_json::to_string(&ids.iter().map(|i| i.to_string()).collect::<Vec<_>>())
+            .expect("strings serialize");
+        self.read(move |c| {
+            let missing: Option<String> = c
+                .prepare_cached(
+                    "SELECT j.value FROM json_each(?1) j WHERE NOT EXISTS \
+                     (SELECT 1 FROM sensors s WHERE s.id = j.value) ORDER BY j.key LIMIT 1",
+                )?
+                .query_row([ids], |r| r.get(0))
+                .optional()?;
+            missing
+                .map(|m| SensorId::parse(&m))
+                .transpose()
+                .map_err(|e| super::super::Error::Backend(format!("sensor id: {e}")))
+        })
+        .await
+    }
+
     async fn list_sensors(
         &self,
         connection: Option<Conn>,

@@ -11,17 +11,35 @@ use super::SqliteStore;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
 
-const SILENCE_COLS: &str = "id, site_id, sensor_ids, client_id, types, starts_at, ends_at, \
+/// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as
+/// one list in the order given, NULL when it names none.
+const SILENCE_COLS: &str = "id, site_id, CASE WHEN named_sensors IS NULL THEN NULL ELSE \
+     coalesce((SELECT group_concat(x.sensor_id, ',' ORDER BY x.pos) FROM silence_sensors x \
+     WHERE x.silence_id = silences.id), '') END, client_id, types, starts_at, ends_at, \
      comment, created_at, updated_at, reconciled_at";
 
-/// Whether silence `s` matches the (client, sensor) named by the SQL expressions `client`
-/// and `sensor` (any type).
-fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
+/// Whether silence `s` matches the client and, by its site, the sensor named by the SQL
+/// expressions `client` and `sensor` (its sensors are matched apart).
+fn matches_client_site(s: &str, client: &str, sensor: &str) -> String {
     format!(
         "({s}.client_id IS NULL OR {s}.client_id = {client}) \
-         AND ({s}.sensor_ids IS NULL OR instr({s}.sensor_ids, ',' || {sensor} || ',') > 0) \
          AND ({s}.site_id IS NULL OR {s}.site_id = \
               (SELECT x.site_id FROM sensors x WHERE x.id = {sensor}))"
+    )
+}
+
+/// Whether a silence `o` active at `now` matches the (client, sensor) named by the SQL
+/// expressions `client` and `sensor` (any type), and `also`: those that name no sensor
+/// found by `silences_any_sensor`, those that name this one by `silence_sensors_by_sensor`
+/// (`CROSS JOIN` keeps that order), never a pass over every active silence's sensors.
+fn active_match(now: &str, client: &str, sensor: &str, also: &str) -> String {
+    let (active, m) = (active("o", now), matches_client_site("o", client, sensor));
+    format!(
+        "(EXISTS (SELECT 1 FROM silences o INDEXED BY silences_any_sensor \
+           WHERE o.named_sensors IS NULL AND {active} AND {m} AND {also}) \
+         OR EXISTS (SELECT 1 FROM silence_sensors y CROSS JOIN silences o \
+           ON o.id = y.silence_id WHERE y.sensor_id = {sensor} AND {active} AND {m} \
+           AND {also}))"
     )
 }
 
@@ -31,7 +49,8 @@ fn matches_pair(s: &str, client: &str, sensor: &str) -> String {
 fn matched_pair(s: &str) -> String {
     format!(
         "({s}.client_id IS NULL OR {s}.client_id = p.client_id) \
-         AND ({s}.sensor_ids IS NULL OR instr({s}.sensor_ids, ',' || p.sensor_id || ',') > 0) \
+         AND ({s}.named_sensors IS NULL OR EXISTS (SELECT 1 FROM silence_sensors z \
+              WHERE z.sensor_id = p.sensor_id AND z.silence_id = {s}.id)) \
          AND ({s}.site_id IS NULL OR {s}.site_id = p.site_id OR {s}.site_id = \
               (SELECT x.site_id FROM sensors x WHERE x.id = p.sensor_id))"
     )
@@ -78,12 +97,14 @@ pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<H
     let silenced = tx
         .prepare_cached(&format!(
             "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq > ?1 \
-             AND n.status = 'pending' AND EXISTS \
-             (SELECT 1 FROM silences s WHERE {} AND {} \
-              AND (s.types IS NULL OR instr(s.types, ',' || n.kind || ',') > 0)) \
+             AND n.status = 'pending' AND {} \
              RETURNING seq, client_id, sensor_id, kind, body, data, previous",
-            active("s", "?2"),
-            matches_pair("s", "n.client_id", "n.sensor_id")
+            active_match(
+                "?2",
+                "n.client_id",
+                "n.sensor_id",
+                "(o.types IS NULL OR instr(o.types, ',' || n.kind || ',') > 0)"
+            )
         ))?
         .query_map(params![after, now], |r| {
             Ok((
@@ -135,11 +156,9 @@ fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<Notification
         .prepare_cached(&format!(
             "SELECT p.client_id, p.sensor_id, p.lost, p.data, p.since \
              FROM silenced_pairs p, silences s \
-             WHERE s.id = ?1 AND {} AND NOT EXISTS (SELECT 1 FROM silences o \
-             WHERE o.id <> s.id AND {} AND {})",
+             WHERE s.id = ?1 AND {} AND NOT {}",
             matched_pair("s"),
-            active("o", "?2"),
-            matches_pair("o", "p.client_id", "p.sensor_id")
+            active_match("?2", "p.client_id", "p.sensor_id", "o.id <> s.id")
         ))?
         .query_map(params![id, now], |r| {
             let lost: Option<bool> = r.get(2)?;
@@ -340,16 +359,22 @@ fn view(c: &Connection, client: &str, sensor: &str, since: i64) -> Result<Option
 #[async_trait]
 impl Silences for SqliteStore {
     async fn create_silence(&self, s: Silence) -> Result<()> {
+        // Its sensors as one JSON array, made rows (in the order given) by one statement.
+        let sensors = s.matcher.sensor_ids.as_ref().map(|ids| {
+            serde_json::to_string(&ids.iter().map(|i| i.to_string()).collect::<Vec<_>>())
+                .expect("strings serialize")
+        });
         self.write(move |c| {
             let m = &s.matcher;
-            c.execute(
-                "INSERT INTO silences (id, site_id, sensor_ids, client_id, types, starts_at, \
-                 ends_at, comment, created_at, updated_at) \
+            let tx = c.transaction()?;
+            tx.execute(
+                "INSERT INTO silences (id, site_id, named_sensors, client_id, types, \
+                 starts_at, ends_at, comment, created_at, updated_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params![
                     s.id,
                     m.site_id,
-                    m.sensor_ids.as_deref().map(Match::listed),
+                    m.sensor_ids.as_ref().map(|ids| ids.len() as i64),
                     m.client_id,
                     m.types
                         .as_ref()
@@ -361,6 +386,14 @@ impl Silences for SqliteStore {
                     s.updated_at
                 ],
             )?;
+            if let Some(sensors) = sensors {
+                tx.execute(
+                    "INSERT INTO silence_sensors (silence_id, pos, sensor_id) \
+                     SELECT ?1, j.key, j.value FROM json_each(?2) j",
+                    params![s.id, sensors],
+                )?;
+            }
+            tx.commit()?;
             Ok(())
         })
         .await

@@ -579,3 +579,38 @@ async fn site_notifications_made_before_the_upgrade_are_found_from_their_sensors
     let got = store.list_notifications(of("up1"), page()).await.unwrap();
     assert_eq!(ids(got), ["n1"]);
 }
+
+/// Silences made before their sensors had a table of their own answer the same after the
+/// upgrade: the sensors as given (one twice), none for one that named none.
+#[tokio::test]
+async fn silences_keep_their_sensors_through_the_upgrade() {
+    use crate::store::Silences;
+    let dir = tempfile::tempdir().unwrap();
+    let upgraded = MIGRATIONS
+        .iter()
+        .position(|m| m.contains("CREATE TABLE silence_sensors"))
+        .expect("the migration that gives silences' sensors a table");
+    {
+        let c = Connection::open(dir.path().join("latch.db")).unwrap();
+        for sql in &MIGRATIONS[..upgraded] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", upgraded).unwrap();
+        c.execute_batch(
+            "INSERT INTO silences (id, site_id, sensor_ids, client_id, types, starts_at,
+               ends_at, comment, created_at, updated_at)
+             VALUES ('q1', NULL, ',b1,a1,b1,', NULL, NULL, 1, 2, 'x', 1, 1),
+                    ('q2', NULL, NULL, 'c1', NULL, 1, 2, 'x', 1, 1);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(dir.path(), Synchronous::Normal).unwrap();
+    let ids = ["b1", "a1", "b1"]
+        .map(|i| SensorId::parse(i).unwrap())
+        .to_vec();
+    let q1 = store.get_silence("q1".into()).await.unwrap().unwrap();
+    assert_eq!(q1.matcher.sensor_ids, Some(ids));
+    let q2 = store.get_silence("q2".into()).await.unwrap().unwrap();
+    assert_eq!(q2.matcher.sensor_ids, None);
+    assert_eq!(q2.matcher.client_id.as_deref(), Some("c1"));
+}

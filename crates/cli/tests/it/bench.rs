@@ -335,6 +335,37 @@ fn sites_bench_tells_each_dark_site_once_and_its_return_once() {
 }
 
 #[test]
+fn silences_bench_silences_some_readings_and_compares_both_latches() {
+    let r = bench(&[
+        "silences",
+        "--sensors",
+        "200",
+        "--silences",
+        "4",
+        "--silence-size",
+        "100",
+        "--pool",
+        "300",
+        "--hit",
+        "50",
+        "--phase",
+        "1s",
+        "--rounds",
+        "2",
+        "--batch",
+        "50",
+        "--workers",
+        "2",
+    ]);
+    let n = |k: &str| num(&r, k);
+    assert!(n("notifications_silenced") > 0.0, "matching ran: {r}");
+    assert!(n("readings_per_s_without") > 0.0, "{r}");
+    assert!(n("readings_per_s_with") > 0.0, "{r}");
+    assert!(n("round2_ratio") > 0.0, "{r}");
+    assert!(n("ratio_with_to_without") > 0.0, "{r}");
+}
+
+#[test]
 fn fleet_bench_with_batches_gets_every_lost_event_in_fewer_requests() {
     let r = bench(&[
         "fleet",

@@ -280,6 +280,13 @@ impl Registry for NodeStore {
             .await
     }
 
+    async fn first_missing_sensor(&self, ids: Vec<SensorId>) -> Result<Option<SensorId>> {
+        self.run("first_missing_sensor", false, |t, _| {
+            Ok(ids.into_iter().find(|i| !t.sensors.contains_key(i)))
+        })
+        .await
+    }
+
     async fn list_sensors(
         &self,
         connection: Option<Connection>,
