@@ -233,6 +233,7 @@ pub fn at_end(
         }
         sites_and_silences(world, t, log, start);
         told::told_in_order(world, t, log, start);
+        told::final_view_is_true(world, t, log, start);
         site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
         states_change(world, t, start);

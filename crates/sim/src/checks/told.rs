@@ -111,3 +111,74 @@ pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
         }
     }
 }
+
+/// Once healed and settled: what each client heard last of a sensor's connection, in the
+/// order the notifications reached it (its own events and its sites' travel in different
+/// lanes, issue #68 item 12), is the sensor's connection now. Only for pairs whose every
+/// notification about the sensor was delivered (none kept by a silence, cancelled, failed
+/// or superseded, which leave what the client knows open) and whose link and subscription
+/// never changed during the run.
+pub fn final_view_is_true(world: &World, t: &Tables, log: &Log, start: Millis) {
+    use latch::domain::Connection;
+    // And the pairs something left open.
+    /// Per (client, sensor): each delivered notification's time, seq and what it told.
+    type Heard = BTreeMap<(String, SensorId), Vec<(Millis, i64, Told)>>;
+    let mut heard: Heard = BTreeMap::new();
+    let mut open: std::collections::BTreeSet<(String, SensorId)> = Default::default();
+    for tr in t.audit.trails() {
+        let about: Vec<(SensorId, Told)> = match tr.kind {
+            EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => named(tr),
+            EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
+            EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
+            EventKind::StateChanged => continue,
+        };
+        let delivered_at = tr
+            .attempts
+            .iter()
+            .filter(|a| a.delivered())
+            .map(|a| a.at)
+            .min();
+        for (sensor, told) in about {
+            let key = (tr.client_id.clone(), sensor);
+            match (tr.status, delivered_at) {
+                (Status::Delivered, Some(at)) => {
+                    heard.entry(key).or_default().push((at, tr.seq, told))
+                }
+                _ => {
+                    open.insert(key);
+                }
+            }
+        }
+    }
+    for ((client, sensor), mut told) in heard {
+        let key = (client.clone(), sensor);
+        let changed = log
+            .unlinked
+            .iter()
+            .any(|(c, s, _)| *c == client && *s == sensor)
+            || log.subscriptions.iter().any(|(c, _, _)| *c == client);
+        if open.contains(&key) || changed || !t.linked(&client, sensor) {
+            continue;
+        }
+        let Some(now) = t.states.get(&sensor).map(|s| s.connection) else {
+            continue;
+        };
+        told.sort_by_key(|&(at, seq, _)| (at, seq));
+        let (at, _, last) = *told.last().expect("heard at least once");
+        let truth = match now {
+            Connection::Online => Told::Online,
+            Connection::Lost => Told::Lost,
+            Connection::Unknown => continue,
+        };
+        if last != truth {
+            world.violate(
+                "a client's final view of each sensor's connection is true",
+                format!(
+                    "{client} last heard {sensor} {last:?} (delivered at {}), which is {truth:?}",
+                    at - start
+                ),
+                vec![lane_key(&(client.clone(), sensor))],
+            );
+        }
+    }
+}
