@@ -69,6 +69,19 @@ pub fn hold(kind: EventKind, state: &SiteState, sensor: SensorId, held: bool) ->
     }
 }
 
+/// Whether the commit asks for the site's decision at the next round (sets its
+/// `pending_since`), given what it did with a liveness event: a loss held on a site that
+/// is up starts its grace; on a site down, a return sent at once (of a sensor its loss did
+/// not name) may leave too few of its sensors lost, so it is decided again — else such a
+/// site stays down with every sensor back (simulation seed 411: nothing else asks).
+pub fn asks_decision(kind: EventKind, state: &SiteState, hold: Hold) -> bool {
+    match (kind, hold) {
+        (EventKind::ConnectionLost, Hold::Hold) => !state.down,
+        (EventKind::ConnectionRestored, Hold::Send) => state.down,
+        _ => false,
+    }
+}
+
 /// One of the site's sensors as the decision reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Member {

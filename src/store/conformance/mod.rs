@@ -240,6 +240,7 @@ suite!(
     site_edges::a_subscription_changed_while_down_releases_at_once,
     site_edges::a_newer_site_event_supersedes_one_waiting,
     site_edges::a_sensors_return_waits_for_the_site_event_that_counts_it_lost,
+    site_edges::a_site_comes_back_when_sensors_its_loss_did_not_name_return,
     silence_edges::a_silence_ending_in_a_grace_leaves_the_loss_to_the_site,
     silence_edges::a_silence_longer_than_retention_still_reconciles,
     silence_edges::a_silenced_site_loss_is_told_once_at_the_end,

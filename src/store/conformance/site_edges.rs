@@ -478,3 +478,59 @@ pub(super) async fn a_sensors_return_waits_for_the_site_event_that_counts_it_los
         "so2's return follows the site's"
     );
 }
+
+/// A site down by its gateway stays down, on the gateway's return, while others of its
+/// sensors that went quiet after the loss are lost (its loss did not name them, so their
+/// returns are sent at once, not held); their returns ask for the site's decision again,
+/// and the site comes back (simulation seed 411: it stayed down for ever, its clients
+/// never told).
+pub(super) async fn a_site_comes_back_when_sensors_its_loss_did_not_name_return(s: &Subject) {
+    s.create_site(super::silences::site("sg", Some("sg0")))
+        .await
+        .unwrap();
+    fill(s, "sg", &["sg0", "sg1", "sg2", "sg3", "sg4"], "sgc").await;
+    s.commit(liveness("sg0", EventKind::ConnectionLost, 5_000), 5_000)
+        .await
+        .unwrap();
+    let loss = s.decide_sites(RULES, 36_000).await.unwrap().made;
+    assert_eq!(
+        kinds(&loss),
+        [("sgc".into(), sid("sg0"), EventKind::SiteConnectionLost)]
+    );
+    // Three more go quiet while it is down: told to the client by their own losses.
+    for id in ["sg1", "sg2", "sg3"] {
+        let own = s
+            .commit(liveness(id, EventKind::ConnectionLost, 37_000), 37_000)
+            .await
+            .unwrap();
+        assert_eq!(
+            kinds(&own),
+            [("sgc".into(), sid(id), EventKind::ConnectionLost)]
+        );
+    }
+    // The gateway is back, but three of five are lost: still down.
+    s.commit(
+        liveness("sg0", EventKind::ConnectionRestored, 38_000),
+        38_000,
+    )
+    .await
+    .unwrap();
+    s.decide_sites(RULES, 39_000).await.unwrap();
+    let (_, counts) = s.get_site("sg".into()).await.unwrap().unwrap();
+    assert!(counts.down);
+    // The three come back: the site is decided again, and its return told.
+    for id in ["sg1", "sg2", "sg3"] {
+        s.commit(liveness(id, EventKind::ConnectionRestored, 40_000), 40_000)
+            .await
+            .unwrap();
+    }
+    let back = s.decide_sites(RULES, 41_000).await.unwrap().made;
+    assert!(
+        kinds(&back)
+            .iter()
+            .any(|(c, _, k)| c == "sgc" && *k == EventKind::SiteConnectionRestored),
+        "{back:?}"
+    );
+    let (_, counts) = s.get_site("sg".into()).await.unwrap().unwrap();
+    assert!(!counts.down);
+}

@@ -143,15 +143,16 @@ pub(super) async fn hold_for_sites(
         let Some((site, state, held_before)) = site_of.get_mut(&e.sensor_id.to_string()) else {
             continue;
         };
-        match decide::hold(e.kind, state, e.sensor_id, *held_before) {
+        let hold = decide::hold(e.kind, state, e.sensor_id, *held_before);
+        if decide::asks_decision(e.kind, state, hold) {
+            pending.push(site.clone());
+        }
+        match hold {
             Hold::Send => continue,
             Hold::Drop => {}
             Hold::Hold => {
                 held.push(site, e);
                 *held_before = true;
-                if e.kind == EventKind::ConnectionLost && !state.down {
-                    pending.push(site.clone());
-                }
             }
         }
         skipped.insert(k);

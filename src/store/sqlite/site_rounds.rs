@@ -120,7 +120,14 @@ pub(super) fn hold_for_sites(
         else {
             continue;
         };
-        match decide::hold(e.kind, &state, e.sensor_id, held) {
+        let hold = decide::hold(e.kind, &state, e.sensor_id, held);
+        if decide::asks_decision(e.kind, &state, hold) {
+            tx.prepare_cached(
+                "UPDATE sites SET pending_since = ?2 WHERE id = ?1 AND pending_since IS NULL",
+            )?
+            .execute(params![site, now])?;
+        }
+        match hold {
             Hold::Send => continue,
             Hold::Drop => {}
             Hold::Hold => {
@@ -140,13 +147,6 @@ pub(super) fn hold_for_sites(
                     e.detail.lost_since,
                     e.detail.reminder
                 ])?;
-                if e.kind == EventKind::ConnectionLost && !state.down {
-                    tx.prepare_cached(
-                        "UPDATE sites SET pending_since = ?2 \
-                         WHERE id = ?1 AND pending_since IS NULL",
-                    )?
-                    .execute(params![site, now])?;
-                }
             }
         }
         skipped.insert(k);

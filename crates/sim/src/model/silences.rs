@@ -56,17 +56,17 @@ impl Tables {
             .site_held
             .values()
             .any(|(s, h)| *s == site && h.sensor_id == e.sensor_id);
-        match decide::hold(e.kind, &state, e.sensor_id, held) {
+        let hold = decide::hold(e.kind, &state, e.sensor_id, held);
+        if decide::asks_decision(e.kind, &state, hold) {
+            let st = self.site_states.entry(site.clone()).or_default();
+            st.pending_since.get_or_insert(now);
+        }
+        match hold {
             Hold::Send => false,
             Hold::Drop => true,
             Hold::Hold => {
                 self.next.held += 1;
-                self.site_held
-                    .insert(self.next.held, (site.clone(), e.clone()));
-                let st = self.site_states.entry(site).or_default();
-                if e.kind == K::ConnectionLost && !st.down && st.pending_since.is_none() {
-                    st.pending_since = Some(now);
-                }
+                self.site_held.insert(self.next.held, (site, e.clone()));
                 true
             }
         }
