@@ -20,7 +20,8 @@ use latch::domain::silence::SETTLE_MS;
 use latch::domain::time::{self, now_ms};
 
 use crate::utils::site_fleet::{
-    CLIENTS, Fleet, Place, Site, by_type, ids, once_per_site, readings, sensors_of,
+    CLIENTS, Fleet, Place, Site, by_type, ids, once_per_site, readings, send_until_accepted,
+    sensors_of,
 };
 use crate::utils::{Receiver, TestServer, eventually, test_config};
 
@@ -54,7 +55,7 @@ impl OneNode {
         let s = TestServer::start_clocked(tmp.path(), tweak, clock.clone()).await;
         let every: Vec<&String> = fleet.sites.iter().flat_map(|x| &x.sensors).collect();
         for r in readings(every, 1) {
-            s.readings(r).await;
+            send_until_accepted(&s, r).await;
         }
         let (lone, gate) = (fleet.site(Place::Lone), fleet.site(Place::Gate));
         let keep_alive = lone.sensors[1..]
@@ -78,7 +79,7 @@ impl OneNode {
         for _ in 0..n {
             self.clock.advance(Duration::from_secs(1));
             for r in readings(&self.keep_alive, 1) {
-                self.s.readings(r).await;
+                send_until_accepted(&self.s, r).await;
             }
             self.s.engine_round().await;
         }
@@ -139,7 +140,7 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
         .chain([&gate.sensors[0], &lone.sensors[0]])
         .collect();
     for r in readings(back, 0) {
-        s.readings(r).await;
+        send_until_accepted(s, r).await;
     }
     tick(2).await;
     let got = settled(receivers, |c| {
@@ -152,7 +153,7 @@ async fn ten_thousand_sensors_in_fifty_dark_sites_are_one_alarm_per_client_and_s
     // The ones still lost come back on their own: each its own restoration.
     let last: Vec<&String> = fleet.dark().map(|x| &x.sensors[0]).collect();
     for r in readings(last, 1) {
-        s.readings(r).await;
+        send_until_accepted(s, r).await;
     }
     tick(2).await;
     let got = settled(receivers, |c| {

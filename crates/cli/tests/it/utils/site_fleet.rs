@@ -257,3 +257,37 @@ pub fn sensors_of(got: &BTreeMap<String, Vec<Value>>, kind: &str) -> Vec<String>
     v.sort();
     v
 }
+
+/// Posts `body` until every reading is accepted, as the README tells a sender to: with an
+/// `Idempotency-Key`, the whole request again after a 503 or a `store_unavailable` (a
+/// commit that outlasted `database_timeout` while a site's decision held its row), so
+/// nothing is applied twice. Panics on any other answer, or after ten tries.
+pub async fn send_until_accepted(s: &super::TestServer, body: Value) {
+    let n = body.as_array().map_or(1, Vec::len);
+    let key = super::unique("fleet");
+    for _ in 0..10 {
+        let mut req = s
+            .http
+            .post(format!("{}/v1/readings", s.base))
+            .header("idempotency-key", &key)
+            .json(&body);
+        if let Some(t) = &s.token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let answer: Value = r.json().await.unwrap();
+        let transient = answer["rejected"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x["code"] == "store_unavailable"));
+        match status {
+            202 if !transient => {
+                assert_eq!(answer["accepted"], n, "{answer}");
+                return;
+            }
+            202 | 503 => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+            _ => panic!("{status}: {answer}"),
+        }
+    }
+    panic!("readings still not accepted after ten tries");
+}
