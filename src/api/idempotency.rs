@@ -24,7 +24,7 @@ use super::AppState;
 use super::error::{ApiError, ApiResult};
 use crate::domain::{Millis, Reading, Rejection};
 use crate::ingest::http::{self, Accepted, Idempotent};
-use crate::store::{HOLD_MS, Taken};
+use crate::store::{Taken, idempotency};
 
 /// The request header.
 pub const HEADER: &str = "idempotency-key";
@@ -85,11 +85,7 @@ fn fingerprint(method: &Method, path: &str, body: &[u8]) -> String {
 
 /// Takes `key` for a create: `Ok(())` to run it, else the answer to give now.
 async fn take(st: &AppState, key: &str, fingerprint: String) -> Result<(), Response> {
-    let now = st.app.now();
-    let taken = st
-        .app
-        .store
-        .take_key(key.to_string(), fingerprint, now, now - HOLD_MS)
+    let taken = idempotency::take(&*st.app.store, key, fingerprint, st.app.now())
         .await
         .map_err(|e| ApiError::from(e).into_response())?;
     match taken {
@@ -132,12 +128,9 @@ fn replay(status: u16, body: String) -> Response {
     r
 }
 
-/// Keeps a create's answer for the key's repeats, or releases the key. A failure to keep
-/// it costs little: a repeat takes the key over once the hold passed.
+/// Keeps a create's answer for the key's repeats, or releases the key.
 async fn settle(st: &AppState, key: String, answer: Option<(u16, String)>) {
-    if let Err(e) = st.app.store.answer_key(key, answer).await {
-        tracing::warn!(error = %e, "Could not keep the answer of a request with an Idempotency-Key.");
-    }
+    idempotency::settle(&*st.app.store, &key, answer).await;
 }
 
 /// `POST /v1/readings` with a key ([`http::submit_idempotent`]).

@@ -7,7 +7,8 @@ use utoipa::ToSchema;
 
 use super::{Error, Ingest};
 use crate::domain::{Millis, Reading, Rejection, reading};
-use crate::store::{HOLD_MS, Idempotency, Taken};
+use crate::store::idempotency;
+use crate::store::{Idempotency, Taken};
 
 /// Most readings one request may carry.
 pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
@@ -91,10 +92,7 @@ pub async fn submit_idempotent(
     received_at: Millis,
 ) -> Result<Idempotent, Error> {
     let now = ingest.now();
-    let before = match keys
-        .take_key(key.to_string(), fingerprint, now, now - HOLD_MS)
-        .await?
-    {
+    let before = match idempotency::take(keys, key, fingerprint, now).await? {
         Taken::Fresh { applied } => applied,
         Taken::Answered { status, body } => return Ok(Idempotent::Answered { status, body }),
         Taken::Busy => return Ok(Idempotent::Busy),
@@ -108,11 +106,7 @@ pub async fn submit_idempotent(
         )),
         _ => None,
     };
-    // A failure to keep the answer costs little: the key is taken over after the hold, and
-    // the commits' own record still applies nothing twice.
-    if let Err(e) = keys.answer_key(key.to_string(), kept).await {
-        tracing::warn!(error = %e, "Could not keep the answer of a request with an Idempotency-Key.");
-    }
+    idempotency::settle(keys, key, kept).await;
     Ok(Idempotent::Ran {
         answer: result?,
         before,

@@ -49,6 +49,27 @@ pub trait Idempotency: Send + Sync {
     async fn forget_keys(&self, before: Millis) -> Result<u64>;
 }
 
+/// Takes `key` at `now`, a holder quiet for [`HOLD_MS`] taken to have stopped: what every
+/// caller of [`Idempotency::take_key`] asks.
+pub async fn take(
+    keys: &dyn Idempotency,
+    key: &str,
+    fingerprint: String,
+    now: Millis,
+) -> Result<Taken> {
+    keys.take_key(key.to_string(), fingerprint, now, now - HOLD_MS)
+        .await
+}
+
+/// [`Idempotency::answer_key`], a failure only logged: it costs little, as a repeat takes
+/// the key over once the hold passed (and for readings the commits' own record still
+/// applies nothing twice).
+pub async fn settle(keys: &dyn Idempotency, key: &str, answer: Option<(u16, String)>) {
+    if let Err(e) = keys.answer_key(key.to_string(), answer).await {
+        tracing::warn!(error = %e, "Could not keep the answer of a request with an Idempotency-Key.");
+    }
+}
+
 /// A key's row as a backend reads it, locked, once it made sure one exists (inserted
 /// released, `taken_at` 0, when the key was new).
 #[derive(Debug, Clone)]
