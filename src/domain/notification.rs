@@ -64,6 +64,14 @@ impl EventKind {
         }
     }
 
+    /// A sensor's own news of its connection: lost, still lost or back.
+    pub fn is_connection(self) -> bool {
+        matches!(
+            self,
+            EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
+        )
+    }
+
     /// A site's notification (about a site, in the lane of one of its sensors).
     pub fn is_site(self) -> bool {
         matches!(

@@ -189,6 +189,23 @@ pub struct ClaimRow {
     /// never hears a sensor come back before the site event that still counts it lost
     /// (issue #68 item 12: a site's events travel in another lane).
     pub older_site_event: bool,
+    /// A site's notification: an older notification of a sensor it names, about that
+    /// sensor's connection and for the same client, is still pending. The site event
+    /// waits for it, so a client hears what it is told of a sensor's connection in the
+    /// order it was made, whichever lanes carry it (simulation seed 2125: a reminder,
+    /// held up in its own lane, reached the client after the site's return named the
+    /// sensor back). Every wait is on an older notification, so none goes round in a
+    /// circle.
+    pub older_own_event: bool,
+    /// A sensor's own notification about its connection: a newer one about it (its own,
+    /// or a site's naming it) was delivered to the client. It is superseded: sent now, a
+    /// replayed dead letter would leave the client believing what is no longer so.
+    pub newer_connection_told: bool,
+    /// A site's notification: the sensors it names that a newer notification about their
+    /// connection, delivered to the client, told of since. They are dropped from what it
+    /// says (`site::without`; simulation seed 1684: a site's return replayed after the
+    /// sensor's own return was delivered listed it still lost).
+    pub overtaken: Vec<super::SensorId>,
     /// Where it stands in its (client, sensor) lane in the store; read on a store shared by
     /// several nodes, whose lanes may each hold part of one lane around a takeover.
     pub lane: LaneInStore,
@@ -226,6 +243,10 @@ pub fn look_again(lease_until: Millis, now: Millis) -> Millis {
 pub enum ClaimStep {
     /// Lease it to the claiming node and send it.
     Lease(Box<Sendable>),
+    /// Lease it and send it with the body it now has, which the store writes over the old
+    /// one (and forgets the sensors it no longer names): a site's event without the
+    /// sensors a newer notification told of ([`ClaimRow::overtaken`]).
+    Retell(Box<Sendable>),
     /// Its client is gone or no longer owns the sensor: mark it cancelled.
     Cancel,
     /// A newer state of its sensor reached the client already, or waits for it: mark it
@@ -249,7 +270,7 @@ pub enum ClaimStep {
 /// in flight), never sent before it. A head not yet due waits for its time: a lane that
 /// waited on another node's attempt learns its retry time here.
 pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
-    let n = row.notification;
+    let mut n = row.notification;
     if n.status != Status::Pending {
         return ClaimStep::Answer(Claim::Done {
             id: n.id,
@@ -272,9 +293,22 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
     if n.kind.is_site() && row.newer_site_event {
         return ClaimStep::Supersede;
     }
-    // A site event never waits on a sensor's lane, so this wait cannot go round in a
-    // circle; it ends when the site event is delivered, superseded or dead-lettered.
-    if !n.kind.is_site() && row.older_site_event {
+    if n.kind.is_connection() && row.newer_connection_told {
+        return ClaimStep::Supersede;
+    }
+    let mut retold = false;
+    if n.kind.is_site() && !row.overtaken.is_empty() {
+        match super::site::without(n.kind, n.body.as_deref().unwrap_or("{}"), &row.overtaken) {
+            Some(body) => {
+                n.body = Some(body);
+                retold = true;
+            }
+            None => return ClaimStep::Supersede,
+        }
+    }
+    // Each wait is on an older notification, so none goes round in a circle; it ends
+    // when that one is delivered, superseded or dead-lettered.
+    if (!n.kind.is_site() && row.older_site_event) || (n.kind.is_site() && row.older_own_event) {
         return ClaimStep::Answer(Claim::Later {
             id: n.id,
             at: now + RECHECK_MS,
@@ -310,20 +344,26 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
         (Some(_), Some(_), Some(_), true) if row.disabled => {
             ClaimStep::Answer(Claim::Disabled { id: n.id })
         }
-        (Some(url), Some(secret), Some(address), true) => ClaimStep::Lease(Box::new(Sendable {
-            notification: n,
-            batch: super::client::effective_batch(row.batch, &url),
-            url,
-            secret,
-            // Only while its grace lasts.
-            previous_secret: row
-                .previous_secret
-                .filter(|_| row.previous_secret_until.is_some_and(|until| until > now)),
-            address,
-            rate_limit: row.rate_limit,
-            receiver: row.receiver,
-            unopened: None,
-        })),
+        (Some(url), Some(secret), Some(address), true) => {
+            let send = Box::new(Sendable {
+                notification: n,
+                batch: super::client::effective_batch(row.batch, &url),
+                url,
+                secret,
+                // Only while its grace lasts.
+                previous_secret: row
+                    .previous_secret
+                    .filter(|_| row.previous_secret_until.is_some_and(|until| until > now)),
+                address,
+                rate_limit: row.rate_limit,
+                receiver: row.receiver,
+                unopened: None,
+            });
+            match retold {
+                true => ClaimStep::Retell(send),
+                false => ClaimStep::Lease(send),
+            }
+        }
         _ => ClaimStep::Cancel,
     }
 }

@@ -98,6 +98,35 @@ pub fn sensors_named_in(body: Option<&str>) -> Vec<SensorId> {
     out
 }
 
+/// A site event's `body` without `gone`, sensors whose connection the client heard of
+/// since from a newer notification (a dead-lettered site event replayed after the
+/// sensor's own return was delivered, issue #68): what it would tell of them is stale,
+/// the newer one stands. `None` when a loss names none of its sensors any more (nothing
+/// left to tell: it is superseded); a return always stays, as the site's own news.
+pub fn without(kind: EventKind, body: &str, gone: &[SensorId]) -> Option<String> {
+    let mut v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let lists: &[&str] = match kind {
+        EventKind::SiteConnectionLost => &["sensors"],
+        EventKind::SiteConnectionRestored => &["restored", "still_lost"],
+        _ => return Some(body.to_string()),
+    };
+    let gone: Vec<String> = gone.iter().map(|s| s.to_string()).collect();
+    for list in lists {
+        if let Some(a) = v[*list].as_array_mut() {
+            a.retain(|x| {
+                !x["id"]
+                    .as_str()
+                    .is_some_and(|id| gone.iter().any(|g| g == id))
+            });
+        }
+    }
+    if kind == EventKind::SiteConnectionLost && v["sensors"].as_array().is_none_or(|a| a.is_empty())
+    {
+        return None;
+    }
+    Some(v.to_string())
+}
+
 /// Whether a site with these counts is down: its gateway is lost, or at least `ratio` of
 /// its sensors, and at least `min_sensors`, are.
 pub fn down(c: SiteCounts, ratio: f64, min_sensors: u32) -> bool {
@@ -177,6 +206,31 @@ mod tests {
         assert_eq!(ids(back), ["s3", "s1"]);
         assert!(sensors_named_in(None).is_empty());
         assert!(sensors_named_in(Some("not json")).is_empty());
+    }
+
+    #[test]
+    fn a_site_event_drops_the_sensors_a_newer_notification_told_of() {
+        let gone = [SensorId::parse("s1").unwrap()];
+        let back = r#"{"site":{"id":"b"},"restored":[{"id":"s1","data":1}],"still_lost":[{"id":"s1"},{"id":"s2"}]}"#;
+        let v: serde_json::Value =
+            serde_json::from_str(&without(EventKind::SiteConnectionRestored, back, &gone).unwrap())
+                .unwrap();
+        assert_eq!(v["restored"], serde_json::json!([]));
+        assert_eq!(v["still_lost"], serde_json::json!([{"id": "s2"}]));
+        assert_eq!(v["site"]["id"], "b");
+        let only = r#"{"site":{"id":"b"},"restored":[],"still_lost":[{"id":"s1"}]}"#;
+        assert!(
+            without(EventKind::SiteConnectionRestored, only, &gone).is_some(),
+            "the site's return is news of its own"
+        );
+        let lost = r#"{"site":{"id":"b"},"sensors":[{"id":"s1"}],"sensors_total":3}"#;
+        assert_eq!(without(EventKind::SiteConnectionLost, lost, &gone), None);
+        let two = r#"{"site":{"id":"b"},"sensors":[{"id":"s1"},{"id":"s3"}],"sensors_total":3}"#;
+        let v: serde_json::Value =
+            serde_json::from_str(&without(EventKind::SiteConnectionLost, two, &gone).unwrap())
+                .unwrap();
+        assert_eq!(v["sensors"], serde_json::json!([{"id": "s3"}]));
+        assert_eq!(v["sensors_total"], 3);
     }
 
     #[test]

@@ -50,9 +50,12 @@ const NOTIF_N: usize = 19;
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
 /// Then, for a site's notification, whether a newer one of the same site reached the
-/// client or waits for it (`notifications_site`, a few rows per client); last, for a
-/// sensor's own, whether an older site notification for its client naming the sensor
-/// still waits (`notification_sensors`, the sensor's site events).
+/// client or waits for it (`notifications_site`, a few rows per client); for a sensor's
+/// own, whether an older site notification for its client naming the sensor still waits
+/// (`notification_sensors`, the sensor's site events); for a site's, whether an older
+/// notification about the connection of a sensor it names waits; for a sensor's own
+/// about its connection, whether a newer one about it was delivered; last, for a site's,
+/// the sensors it names that a newer delivered notification told of (`ClaimRow`).
 pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
      c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit, \
      c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls, \
@@ -62,7 +65,25 @@ pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secre
      n.site_id IS NULL AND EXISTS (SELECT 1 FROM notification_sensors ns \
       JOIN notifications m ON m.seq = ns.seq \
       WHERE ns.sensor_id = n.sensor_id AND ns.seq < n.seq AND m.client_id = n.client_id \
-      AND m.status = 'pending')";
+      AND m.status = 'pending'), \
+     n.site_id IS NOT NULL AND EXISTS (SELECT 1 FROM notification_sensors ns \
+      JOIN notifications m ON m.sensor_id = ns.sensor_id \
+      WHERE ns.seq = n.seq AND m.client_id = n.client_id AND m.seq < n.seq \
+      AND m.status = 'pending' AND m.site_id IS NULL AND m.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost')), \
+     n.site_id IS NULL AND n.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') AND (EXISTS (SELECT 1 FROM notifications o \
+      WHERE o.sensor_id = n.sensor_id AND o.client_id = n.client_id AND o.seq > n.seq \
+      AND o.status = 'delivered' AND o.site_id IS NULL AND o.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost')) \
+      OR EXISTS (SELECT 1 FROM notification_sensors ns JOIN notifications m ON m.seq = ns.seq \
+      WHERE ns.sensor_id = n.sensor_id AND ns.seq > n.seq AND m.client_id = n.client_id \
+      AND m.status = 'delivered')), \
+     CASE WHEN n.site_id IS NOT NULL THEN (SELECT string_agg(ns.sensor_id, ',') \
+      FROM notification_sensors ns WHERE ns.seq = n.seq \
+      AND (EXISTS (SELECT 1 FROM notifications o \
+       WHERE o.sensor_id = ns.sensor_id AND o.client_id = n.client_id AND o.seq > n.seq \
+       AND o.status = 'delivered' AND o.site_id IS NULL AND o.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost')) \
+      OR EXISTS (SELECT 1 FROM notification_sensors ns2 JOIN notifications m ON m.seq = ns2.seq \
+       WHERE ns2.sensor_id = ns.sensor_id AND ns2.seq > n.seq AND m.client_id = n.client_id \
+       AND m.status = 'delivered'))) END";
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
@@ -291,6 +312,19 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
         .map_err(|e| r.damaged(NOTIF_N + 13, e))?,
         newer_site_event: r.flag(NOTIF_N + 16)?,
         older_site_event: r.flag(NOTIF_N + 17)?,
+        older_own_event: r.flag(NOTIF_N + 18)?,
+        newer_connection_told: r.flag(NOTIF_N + 19)?,
+        overtaken: r
+            .opt_text(NOTIF_N + 20)?
+            .map(|ids| {
+                ids.split(',')
+                    .map(|id| {
+                        SensorId::parse(id).map_err(|e| r.damaged(NOTIF_N + 20, e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default(),
         // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
         lane: Default::default(),
     })
@@ -299,11 +333,11 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
 /// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
 pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
     Ok(crate::domain::policy::LaneInStore {
-        older_pending: r.int(NOTIF_N + 18)? as u32,
-        older_lease_until: r.opt_int(NOTIF_N + 19)?,
-        newer_state_delivered: r.flag(NOTIF_N + 20)?,
-        newer_state_pending: r.flag(NOTIF_N + 21)?,
-        newer_lease_until: r.opt_int(NOTIF_N + 22)?,
+        older_pending: r.int(NOTIF_N + 21)? as u32,
+        older_lease_until: r.opt_int(NOTIF_N + 22)?,
+        newer_state_delivered: r.flag(NOTIF_N + 23)?,
+        newer_state_pending: r.flag(NOTIF_N + 24)?,
+        newer_lease_until: r.opt_int(NOTIF_N + 25)?,
     })
 }
 

@@ -28,6 +28,22 @@ pub struct SiteState {
     /// While down: the last held event (its id) released to the clients the site's loss
     /// did not tell. Held events stay until the site's return, which tells the others.
     pub released: i64,
+    /// Clients among `told_clients` told by a silence's end ([`super::retell`]), each with
+    /// `released` then: what was held up to it went to them as the sensors' own before, so
+    /// it is not owed to them again (simulation seed 2189: a sensor moved away after such
+    /// a client had its return gave it that return twice).
+    pub retold: Vec<(String, i64)>,
+}
+
+impl SiteState {
+    /// The last held event already released to `client`, a client the site's loss told:
+    /// none (0) if the decision told it, `released` at the time if a silence's end did.
+    pub fn released_to(&self, client: &str) -> i64 {
+        self.retold
+            .iter()
+            .find(|(c, _)| c == client)
+            .map_or(0, |(_, at)| *at)
+    }
 }
 
 /// An event held for the site's decision, by its place in the order of holding.
@@ -250,6 +266,7 @@ impl Decision {
     pub fn untell<'a>(&mut self, silenced: impl Iterator<Item = &'a NotificationRef>) {
         for n in silenced.filter(|n| n.kind == EventKind::SiteConnectionLost) {
             self.state.told_clients.retain(|c| *c != n.client_id);
+            self.state.retold.retain(|(c, _)| *c != n.client_id);
         }
     }
 }
@@ -311,6 +328,7 @@ impl<'a> Out<'a> {
             told,
             told_clients,
             released: 0,
+            retold: Vec::new(),
         }
     }
 
@@ -354,13 +372,16 @@ impl<'a> Out<'a> {
         held: &[HeldEvent],
     ) -> SiteState {
         let mut told_clients = state.told_clients.clone();
+        let mut retold = state.retold.clone();
         for c in clients {
             if self.release_down(state, c).is_none() {
                 told_clients.retain(|t| *t != c.client_id);
+                retold.retain(|(t, _)| *t != c.client_id);
             }
         }
         SiteState {
             told_clients,
+            retold,
             released: held.last().map_or(state.released, |h| h.id),
             pending_since: None,
             ..state.clone()
@@ -398,6 +419,7 @@ impl<'a> Out<'a> {
             told: Vec::new(),
             told_clients: Vec::new(),
             released: 0,
+            retold: Vec::new(),
         }
     }
 }

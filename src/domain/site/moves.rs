@@ -48,7 +48,10 @@ pub fn leave(
     if named {
         for h in early {
             for c in clients {
-                if state.told_clients.contains(&c.client_id) && wants(&c.events, h.event.kind) {
+                if state.told_clients.contains(&c.client_id)
+                    && h.id > state.released_to(&c.client_id)
+                    && wants(&c.events, h.event.kind)
+                {
                     made.push(Made {
                         client_id: c.client_id.clone(),
                         event: released(&h.event, data_now),

@@ -51,6 +51,9 @@ pub fn retell(
     let made = site_loss(site, members, client, &mine, now);
     let mut state = state.clone();
     state.told_clients.push(client.client_id.clone());
+    state
+        .retold
+        .push((client.client_id.clone(), state.released));
     Some(Retold {
         made,
         state,

@@ -46,6 +46,8 @@ struct Decided {
     lease: Vec<String>,
     cancel: Vec<String>,
     supersede: Vec<String>,
+    /// Leased with a new body (`ClaimStep::Retell`): its seq and body.
+    retell: Vec<(i64, Option<String>)>,
 }
 
 /// Each claimed id's answer by the policy ([`claim_step`]), from its row as `found` locked
@@ -64,6 +66,7 @@ fn decide(
         lease: Vec::new(),
         cancel: Vec::new(),
         supersede: Vec::new(),
+        retell: Vec::new(),
     };
     for id in ids {
         let Some(r) = found.get(&id) else {
@@ -88,6 +91,12 @@ fn decide(
         match claim_step(claim_row, node, now) {
             ClaimStep::Lease(s) => {
                 d.lease.push(id);
+                d.out.push(Claim::Send(s));
+            }
+            ClaimStep::Retell(s) => {
+                d.lease.push(id);
+                d.retell
+                    .push((s.notification.seq, s.notification.body.clone()));
                 d.out.push(Claim::Send(s));
             }
             ClaimStep::Cancel => {
@@ -140,6 +149,26 @@ async fn write_decided(
             )
             .await?,
             &[&d.lease, &node, &lease_until],
+        )
+        .await?;
+    }
+    for (seq, body) in &d.retell {
+        tx.execute(
+            &tx.prepare_cached("UPDATE notifications SET body = $2 WHERE seq = $1")
+                .await?,
+            &[seq, body],
+        )
+        .await?;
+        let named: Vec<String> = crate::domain::site::sensors_named_in(body.as_deref())
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        tx.execute(
+            &tx.prepare_cached(
+                "DELETE FROM notification_sensors WHERE seq = $1 AND NOT sensor_id = ANY($2)",
+            )
+            .await?,
+            &[seq, &named],
         )
         .await?;
     }

@@ -29,7 +29,7 @@ pub(super) async fn lock_commits(tx: &Tx<'_>) -> Result<()> {
 async fn site_state(tx: &Tx<'_>, id: &str) -> Result<Option<SiteState>> {
     Ok(tx
         .query_opt(
-            "SELECT down, since, pending_since, told, told_clients, released \
+            "SELECT down, since, pending_since, told, told_clients, released, retold \
              FROM sites WHERE id = $1 FOR UPDATE",
             &[&id],
         )

@@ -64,7 +64,8 @@ pub(super) async fn retell(
 pub(super) async fn told(tx: &Tx<'_>, r: &Retold) -> Result<()> {
     // Added to the list as it is now: another client may have been told meanwhile.
     tx.execute(
-        "UPDATE sites SET told_clients = told_clients || $2 || ',' \
+        "UPDATE sites SET told_clients = told_clients || $2 || ',', \
+         retold = retold || $2 || '@' || released || ',' \
          WHERE id = $1 AND strpos(told_clients, ',' || $2 || ',') = 0",
         &[&r.site, &r.client],
     )

@@ -69,6 +69,20 @@ pub(super) async fn insert_one(
     })
 }
 
+/// `sites.retold` (`SiteState::retold`): `,client@released,` per client.
+fn retold_listed(retold: &[(String, i64)]) -> String {
+    let items: Vec<String> = retold.iter().map(|(c, at)| format!("{c}@{at}")).collect();
+    Match::listed(&items)
+}
+
+/// The inverse of [`retold_listed`].
+fn retold_from(s: &str) -> Vec<(String, i64)> {
+    Match::unlisted(s, |p| {
+        let (c, at) = p.rsplit_once('@')?;
+        Some((c.to_string(), at.parse().ok()?))
+    })
+}
+
 pub(super) fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
     let (told, clients): (String, String) = (r.get(at + 3), r.get(at + 4));
     SiteState {
@@ -78,6 +92,7 @@ pub(super) fn state_of(r: &tokio_postgres::Row, at: usize) -> SiteState {
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
         told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
         released: r.get(at + 5),
+        retold: retold_from(r.get(at + 6)),
     }
 }
 
@@ -125,14 +140,14 @@ pub(super) async fn hold_for_sites(
     let rows = tx
         .query(
             "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
-             si.released, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+             si.released, si.retold, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
              FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1)",
             &[&ids],
         )
         .await?;
     let mut site_of: HashMap<String, (String, SiteState, bool)> = rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(8))))
+        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(9))))
         .collect();
     let mut held = HeldCols::default();
     let mut pending: Vec<String> = Vec::new();
@@ -308,7 +323,7 @@ async fn decide_one(
     made.retain(|n| !silenced.contains(&n.seq));
     tx.execute(
         "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5, \
-         told_clients = $6, released = $7 WHERE id = $1",
+         told_clients = $6, released = $7, retold = $8 WHERE id = $1",
         &[
             &site.id,
             &d.state.down,
@@ -317,6 +332,7 @@ async fn decide_one(
             &Match::listed(&d.state.told),
             &Match::listed(&d.state.told_clients),
             &d.state.released,
+            &retold_listed(&d.state.retold),
         ],
     )
     .await?;
@@ -393,7 +409,7 @@ pub(super) async fn members(tx: &Tx<'_>, site: &str) -> Result<Vec<Member>> {
 
 /// A site's row as a round reads it: the site and its decision's state.
 pub(super) const SITE_ROW: &str = "id, name, address, gateway_sensor_id, created_at, \
-     updated_at, down, since, pending_since, told, told_clients, released";
+     updated_at, down, since, pending_since, told, told_clients, released, retold";
 
 /// [`SITE_ROW`] read.
 pub(super) fn site_row(r: &tokio_postgres::Row) -> (Site, SiteState) {

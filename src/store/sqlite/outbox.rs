@@ -32,6 +32,23 @@ pub(super) fn args(args: Vec<listing::Arg>) -> Vec<rusqlite::types::Value> {
         .collect()
 }
 
+/// Writes a site's notification's new body over the old (`ClaimStep::Retell`) and keeps
+/// `notification_sensors` to the sensors it still names.
+fn retell(tx: &rusqlite::Transaction<'_>, n: &Notification) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE notifications SET body = ?2 WHERE seq = ?1",
+        params![n.seq, n.body],
+    )?;
+    tx.execute("DELETE FROM notification_sensors WHERE seq = ?1", [n.seq])?;
+    let mut named = tx.prepare_cached(
+        "INSERT OR IGNORE INTO notification_sensors (sensor_id, seq) VALUES (?1, ?2)",
+    )?;
+    for sensor in crate::domain::site::sensors_named_in(n.body.as_deref()) {
+        named.execute(params![sensor.to_string(), n.seq])?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Outbox for SqliteStore {
     async fn load_pending(&self, after_seq: i64) -> Result<Vec<NotificationRef>> {
@@ -87,6 +104,11 @@ impl Outbox for SqliteStore {
                         match claim_step(row, node, now) {
                             ClaimStep::Lease(s) => {
                                 lease.execute(params![s.notification.seq, node, lease_until])?;
+                                out.push(Claim::Send(s));
+                            }
+                            ClaimStep::Retell(s) => {
+                                lease.execute(params![s.notification.seq, node, lease_until])?;
+                                retell(&tx, &s.notification)?;
                                 out.push(Claim::Send(s));
                             }
                             ClaimStep::Cancel => {

@@ -14,7 +14,7 @@ use crate::domain::{Connection, Event, Millis, SensorId};
 fn site_state(tx: &Transaction, id: &str) -> Result<Option<SiteState>> {
     Ok(tx
         .prepare_cached(
-            "SELECT down, since, pending_since, told, told_clients, released \
+            "SELECT down, since, pending_since, told, told_clients, released, retold \
              FROM sites WHERE id = ?1",
         )?
         .query_row([id], |r| super::site_rounds::state_of(r, 0))

@@ -60,7 +60,8 @@ pub(super) fn retell(
 pub(super) fn told(tx: &Transaction, r: &Retold) -> Result<()> {
     // Added to the list as it is now: another client may have been told meanwhile.
     tx.prepare_cached(
-        "UPDATE sites SET told_clients = told_clients || ?2 || ',' \
+        "UPDATE sites SET told_clients = told_clients || ?2 || ',', \
+         retold = retold || ?2 || '@' || released || ',' \
          WHERE id = ?1 AND instr(told_clients, ',' || ?2 || ',') = 0",
     )?
     .execute(params![r.site, r.client])?;

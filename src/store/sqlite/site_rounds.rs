@@ -69,6 +69,20 @@ pub(super) fn insert_one(
     })
 }
 
+/// `sites.retold` (`SiteState::retold`): `,client@released,` per client.
+fn retold_listed(retold: &[(String, i64)]) -> String {
+    let items: Vec<String> = retold.iter().map(|(c, at)| format!("{c}@{at}")).collect();
+    Match::listed(&items)
+}
+
+/// The inverse of [`retold_listed`].
+fn retold_from(s: &str) -> Vec<(String, i64)> {
+    Match::unlisted(s, |p| {
+        let (c, at) = p.rsplit_once('@')?;
+        Some((c.to_string(), at.parse().ok()?))
+    })
+}
+
 pub(super) fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteState> {
     let (told, clients): (String, String) = (r.get(at + 3)?, r.get(at + 4)?);
     Ok(SiteState {
@@ -78,6 +92,7 @@ pub(super) fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteSta
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
         told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
         released: r.get(at + 5)?,
+        retold: retold_from(&r.get::<_, String>(at + 6)?),
     })
 }
 
@@ -101,7 +116,7 @@ pub(super) fn hold_for_sites(
     }
     let mut site_of = tx.prepare_cached(
         "SELECT si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
-         si.released, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+         si.released, si.retold, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
          FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ?1",
     )?;
     for (k, e) in events.iter().enumerate() {
@@ -113,7 +128,7 @@ pub(super) fn hold_for_sites(
                 Ok((
                     r.get::<_, String>(0)?,
                     state_of(r, 1)?,
-                    r.get::<_, bool>(7)?,
+                    r.get::<_, bool>(8)?,
                 ))
             })
             .optional()?
@@ -221,7 +236,7 @@ fn decide_one(
     }
     tx.prepare_cached(
         "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
-         told_clients = ?6, released = ?7 WHERE id = ?1",
+         told_clients = ?6, released = ?7, retold = ?8 WHERE id = ?1",
     )?
     .execute(params![
         site.id,
@@ -230,7 +245,8 @@ fn decide_one(
         d.state.pending_since,
         Match::listed(&d.state.told),
         Match::listed(&d.state.told_clients),
-        d.state.released
+        d.state.released,
+        retold_listed(&d.state.retold)
     ])?;
     Ok((made, d.changed))
 }
@@ -320,7 +336,7 @@ pub(super) fn members(tx: &Transaction, site: &str) -> Result<Vec<Member>> {
 
 /// A site's row as a round reads it: the site and its decision's state.
 pub(super) const SITE_ROW: &str = "id, name, address, gateway_sensor_id, created_at, \
-     updated_at, down, since, pending_since, told, told_clients, released";
+     updated_at, down, since, pending_since, told, told_clients, released, retold";
 
 /// [`SITE_ROW`] read.
 pub(super) fn site_row(r: &rusqlite::Row) -> rusqlite::Result<(Site, SiteState)> {

@@ -207,6 +207,13 @@ impl Audit {
         }
     }
 
+    /// A claim leased it with a new body (`ClaimStep::Retell`): what was sent says that.
+    pub(crate) fn retold(&mut self, seq: i64, body: Option<String>) {
+        if let Some(t) = self.trails.get_mut(&seq) {
+            t.body = body;
+        }
+    }
+
     /// Client `id` was deleted (it existed).
     pub(crate) fn client_deleted(&mut self, cx: &Cx, id: &str) {
         self.deleted_clients.push((id.to_string(), cx.now));

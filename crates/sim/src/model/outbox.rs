@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use latch::domain::client::Disabled;
 use latch::domain::policy::{self, ClaimRow, ClaimStep, LaneInStore, claim_step};
 use latch::domain::{
-    Attempt, Claim, ClaimBatch, EventKind, Millis, Notification, NotificationRef, Outcome, Status,
+    Attempt, Claim, ClaimBatch, EventKind, Millis, Notification, NotificationRef, Outcome,
+    SensorId, Status,
 };
 use latch::store::{Error, NotificationFilter, Outbox, Page, PageRequest, ReplayFilter, Result};
 
@@ -99,6 +100,60 @@ impl Tables {
             })
     }
 
+    /// `CLAIM_COLS`: `n` is a site's, and an older own notification about the connection
+    /// of a sensor it names, for its client, is still pending.
+    fn older_own_event(&self, n: &Notification) -> bool {
+        if latch::domain::site::named_in(n.body.as_deref()).is_none() {
+            return false;
+        }
+        let named = latch::domain::site::sensors_named_in(n.body.as_deref());
+        self.notifications
+            .range(..n.seq)
+            .map(|(_, r)| &r.notification)
+            .any(|m| {
+                m.client_id == n.client_id
+                    && m.status == Status::Pending
+                    && m.kind.is_connection()
+                    && named.contains(&m.sensor_id)
+            })
+    }
+
+    /// Whether a notification newer than `seq` delivered to `client` told it of
+    /// `sensor`'s connection: its own, or a site's naming it.
+    fn connection_told_after(&self, client: &str, sensor: SensorId, seq: i64) -> bool {
+        self.notifications
+            .range(seq + 1..)
+            .map(|(_, r)| &r.notification)
+            .any(|m| {
+                m.client_id == client
+                    && m.status == Status::Delivered
+                    && ((m.kind.is_connection() && m.sensor_id == sensor)
+                        || (latch::domain::site::named_in(m.body.as_deref()).is_some()
+                            && latch::domain::site::sensors_named_in(m.body.as_deref())
+                                .contains(&sensor)))
+            })
+    }
+
+    /// `CLAIM_COLS`: `n` is a sensor's own about its connection, and a newer one about it
+    /// was delivered to the client.
+    fn newer_connection_told(&self, n: &Notification) -> bool {
+        latch::domain::site::named_in(n.body.as_deref()).is_none()
+            && n.kind.is_connection()
+            && self.connection_told_after(&n.client_id, n.sensor_id, n.seq)
+    }
+
+    /// `CLAIM_COLS`' last column: the sensors site notification `n` names that a newer
+    /// delivered notification told its client of.
+    fn overtaken(&self, n: &Notification) -> Vec<SensorId> {
+        if latch::domain::site::named_in(n.body.as_deref()).is_none() {
+            return Vec::new();
+        }
+        latch::domain::site::sensors_named_in(n.body.as_deref())
+            .into_iter()
+            .filter(|s| self.connection_told_after(&n.client_id, *s, n.seq))
+            .collect()
+    }
+
     /// `CLAIM_COLS` over `CLAIM_FROM`: the row, its lease and the registry now.
     fn claim_row(&self, seq: i64, node: &str) -> ClaimRow {
         let r = &self.notifications[&seq];
@@ -120,6 +175,9 @@ impl Tables {
             receiver: client.map(|c| c.receiver.clone()).unwrap_or_default(),
             newer_site_event: self.newer_site_event(n),
             older_site_event: self.older_site_event(n),
+            older_own_event: self.older_own_event(n),
+            newer_connection_told: self.newer_connection_told(n),
+            overtaken: self.overtaken(n),
             lane: if self.shared {
                 self.lane_in_store(n, node)
             } else {
@@ -146,6 +204,7 @@ impl Tables {
             .collect();
         let mut out = Vec::with_capacity(rows.len());
         let (mut lease, mut cancel, mut supersede) = (Vec::new(), Vec::new(), Vec::new());
+        let mut retell = Vec::new();
         for (id, row) in rows {
             let Some((seq, row)) = row else {
                 out.push(Claim::Done {
@@ -157,6 +216,11 @@ impl Tables {
             match claim_step(row, node, now) {
                 ClaimStep::Lease(s) => {
                     lease.push(seq);
+                    out.push(Claim::Send(s));
+                }
+                ClaimStep::Retell(s) => {
+                    lease.push(seq);
+                    retell.push((seq, s.notification.body.clone()));
                     out.push(Claim::Send(s));
                 }
                 ClaimStep::Cancel => {
@@ -179,6 +243,12 @@ impl Tables {
         // The backends write the status alone: a lease the row had stays.
         for seq in supersede {
             self.set_status(cx, seq, Status::Superseded, now);
+        }
+        for (seq, body) in retell {
+            if let Some(r) = self.notifications.get_mut(&seq) {
+                r.notification.body = body.clone();
+                self.audit.retold(seq, body);
+            }
         }
         for seq in lease {
             if let Some(r) = self.notifications.get_mut(&seq) {

@@ -368,9 +368,10 @@ impl Tables {
                 }
             }
             for (client, site, _) in retold {
-                let told = &mut self.site_states.entry(site).or_default().told_clients;
-                if !told.contains(&client) {
-                    told.push(client);
+                let st = self.site_states.entry(site).or_default();
+                if !st.told_clients.contains(&client) {
+                    st.told_clients.push(client.clone());
+                    st.retold.push((client, st.released));
                 }
             }
         }
