@@ -123,7 +123,8 @@ pub trait ClusterStore: Send + Sync + 'static {
     async fn source_links(&self, live_within: Duration) -> Result<Vec<SourceLink>>;
     /// Sensors created, changed or deleted after registry change `after`, each with its
     /// state now (`None`: deleted), and the newest change seen; so each node's engine
-    /// follows what other nodes' APIs did.
+    /// follows what other nodes' APIs did. A sensor deleted meanwhile and made again is
+    /// listed deleted first, then with its state ([`with_lives_ended`](super::with_lives_ended)).
     async fn registry_changes(
         &self,
         after: i64,

@@ -72,6 +72,24 @@ mod types;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
+/// Registry changes as a follower applies them, in order: each sensor of `deleted` (a
+/// deletion among the changes read) that exists again is listed deleted before its state
+/// now, so the node serving it drops the old life's memory (lost, its reminders) instead
+/// of keeping it as the new one's.
+pub fn with_lives_ended(
+    changed: Vec<(SensorId, Option<SensorRuntime>)>,
+    deleted: &std::collections::BTreeSet<SensorId>,
+) -> Vec<(SensorId, Option<SensorRuntime>)> {
+    let mut out = Vec::with_capacity(changed.len());
+    for (id, now) in changed {
+        if now.is_some() && deleted.contains(&id) {
+            out.push((id, None));
+        }
+        out.push((id, now));
+    }
+    out
+}
+
 /// The registry: sensors, clients and the links between them, as the API reads and
 /// changes them.
 #[async_trait]

@@ -114,10 +114,14 @@ pub fn at_end(
         // An attempt answered 2xx is recorded delivered (unless its process died or froze
         // before it could say so).
         for tr in &trails {
-            // A client deleted meanwhile: its notifications end cancelled, an attempt in
-            // flight then may have been answered.
+            // A client or sensor deleted meanwhile: its notifications end cancelled, an
+            // attempt in flight then may have been answered.
             let deleted = tr.status == Status::Cancelled
-                && t.audit().client_deleted_at(&tr.client_id).is_some();
+                && (t.audit().client_deleted_at(&tr.client_id).is_some()
+                    || tr
+                        .changes
+                        .iter()
+                        .any(|c| c.to == Status::Cancelled && c.op == "delete_sensor"));
             if let Some((at, life)) = answered.get(&tr.id)
                 && !log.unsure_lives.contains(life)
                 && tr.status != Status::Delivered
@@ -236,9 +240,9 @@ pub fn at_end(
         told::final_view_is_true(world, t, log, start);
         site_events_not_held_long(world, t, log, clients, bounds, start);
         liveness(world, t, log, bounds, start, now);
-        states_change(world, t, start);
+        states_change(world, t, log, start);
         superseded(world, &trails, start);
-        debounced(world, t, start);
+        debounced(world, t, log, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its
@@ -285,10 +289,13 @@ fn not_lost_in_a_stop(world: &World, t: &crate::model::Tables, log: &Log, start:
 /// A repeated value notifies nobody, and a late reading changes no state (README): per
 /// sensor, its committed `state_changed` events alternate their data, each names the one
 /// before as its `previous`, and none is dated before the one before it.
-fn states_change(world: &World, t: &crate::model::Tables, start: Millis) {
+fn states_change(world: &World, t: &crate::model::Tables, log: &Log, start: Millis) {
     let mut last: BTreeMap<SensorId, (bool, Millis)> = BTreeMap::new();
-    for e in t.audit.events() {
+    for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
         let e = &e.row;
+        if log.deleted_after(e.sensor_id, by.at) {
+            continue;
+        }
         let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
             continue;
         };
@@ -376,23 +383,34 @@ fn superseded(world: &World, trails: &[&crate::model::Trail], start: Millis) {
 /// before (in the order applied, late ones left out; its own commit's, see below): the
 /// change began with the first reading of the new value after the last of the other
 /// value, and the event's commit came at least a window after that reading came in.
-fn debounced(world: &World, t: &Tables, start: Millis) {
+fn debounced(world: &World, t: &Tables, log: &Log, start: Millis) {
     let readings: Vec<_> = t
         .audit
         .readings()
         .iter()
         .zip(t.audit.reading_commits())
-        .filter(|(r, _)| !r.row.late)
+        .filter(|(r, c)| !r.row.late && !log.deleted_after(r.row.sensor_id, c.at))
         .collect();
     for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
         let e = &e.row;
+        if log.deleted_after(e.sensor_id, by.at) {
+            continue;
+        }
         let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
             continue;
         };
-        let Some(window) = t.sensors.get(&e.sensor_id).and_then(|s| s.debounce_s) else {
+        // The least window it may have had since its last change began (its changes in
+        // the workload, `Log::settings`); none: not debounced.
+        let initial = t
+            .sensors
+            .get(&e.sensor_id)
+            .and_then(|s| s.debounce_s)
+            .map_or(0, |w| Millis::from(w) * 1000);
+        let since = by.at - 60_000;
+        let (_, (window, _)) = log.settings_within(e.sensor_id, (0, initial), since, by.at);
+        if window == 0 {
             continue;
-        };
-        let window = Millis::from(window) * 1000;
+        }
         // Readings of the event's own commit too (a node frozen past the window commits
         // the reading and the window's end together, seed 4641), but not one of the other
         // value there: it may have come after the window ended.
@@ -486,7 +504,14 @@ pub fn sent_unlinked(t: &Tables, n: &Notification, now: Millis) -> Option<(&'sta
 /// delivered notification while an older one of its lane and kind class is pending: the
 /// supersede rule and a retry's refusal read it); every reading and event within the
 /// window is still stored, and so is every pending notification.
-pub fn retention(world: &World, model: &ModelStore, keep: Retention, from: Millis, to: Millis) {
+pub fn retention(
+    world: &World,
+    model: &ModelStore,
+    log: &Log,
+    keep: Retention,
+    from: Millis,
+    to: Millis,
+) {
     model.read(|t| {
         let audit = t.audit();
         let trails: Vec<&crate::model::Trail> = audit.trails().collect();
@@ -560,10 +585,16 @@ pub fn retention(world: &World, model: &ModelStore, keep: Retention, from: Milli
         }
         if let Some(before) = keep.history_before {
             let readings: BTreeSet<i64> = t.readings().map(|(id, _)| id).collect();
-            if let Some(r) = audit
-                .readings()
-                .iter()
-                .find(|r| r.row.ts >= before && !readings.contains(&r.id))
+            if let Some((r, _)) =
+                audit
+                    .readings()
+                    .iter()
+                    .zip(audit.reading_commits())
+                    .find(|(r, c)| {
+                        r.row.ts >= before
+                            && !readings.contains(&r.id)
+                            && !log.deleted_after(r.row.sensor_id, c.at)
+                    })
             {
                 world.violate(
                     "retention keeps the history within its window",
@@ -575,10 +606,15 @@ pub fn retention(world: &World, model: &ModelStore, keep: Retention, from: Milli
                 );
             }
             let events: BTreeSet<i64> = t.events().map(|(id, _)| id).collect();
-            if let Some(e) = audit
+            if let Some((e, _)) = audit
                 .events()
                 .iter()
-                .find(|e| e.row.at >= before && !events.contains(&e.id))
+                .zip(audit.event_commits())
+                .find(|(e, c)| {
+                    e.row.at >= before
+                        && !events.contains(&e.id)
+                        && !log.deleted_after(e.row.sensor_id, c.at)
+                })
             {
                 world.violate(
                     "retention keeps the history within its window",

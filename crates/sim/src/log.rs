@@ -50,6 +50,92 @@ pub struct Log {
     pub memberships: Vec<(SensorId, Option<String>, Millis, Millis)>,
     /// Sites deleted: which, and when the call began and ended.
     pub sites_deleted: Vec<(String, Millis, Millis)>,
+    /// Sensors' timeouts (ms) and debounce windows (ms, 0: none) changed: sensor, the new
+    /// values, and from when to when the change may have taken effect (its call's start,
+    /// and its end plus the time a node serving the sensor may take to follow it;
+    /// `Millis::MAX` when the call failed and may still have been written).
+    pub settings: Vec<Setting>,
+    /// Sensors deleted, with their links, state and history.
+    pub sensors_deleted: Vec<Deleted>,
+}
+
+/// A sensor deleted ([`Log::sensors_deleted`]): from when to when (its call, and the time
+/// a node serving it elsewhere may take to follow), and the clients it was linked to.
+#[derive(Debug, Clone)]
+pub struct Deleted {
+    pub sensor: SensorId,
+    pub began: Millis,
+    pub ended: Millis,
+    pub linked: Vec<String>,
+}
+
+/// A sensor's settings changed ([`Log::settings`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    pub sensor: SensorId,
+    pub timeout: Millis,
+    pub debounce: Millis,
+    pub began: Millis,
+    pub ended: Millis,
+}
+
+impl Log {
+    /// The least and the greatest of `sensor`'s timeout and debounce window that may have
+    /// been in force at some time in `[from, to]`, from `initial` (the registration's):
+    /// `((least timeout, greatest timeout), (least window, greatest window))`.
+    pub fn settings_within(
+        &self,
+        sensor: SensorId,
+        initial: (Millis, Millis),
+        from: Millis,
+        to: Millis,
+    ) -> ((Millis, Millis), (Millis, Millis)) {
+        let mine: Vec<&Setting> = self
+            .settings
+            .iter()
+            .filter(|s| s.sensor == sensor)
+            .collect();
+        // In force at `from`: the last change surely in effect by then, or the initial.
+        let settled = mine
+            .iter()
+            .filter(|s| s.ended <= from)
+            .max_by_key(|s| s.ended)
+            .map_or(initial, |s| (s.timeout, s.debounce));
+        let mut t = (settled.0, settled.0);
+        let mut d = (settled.1, settled.1);
+        // And each change that may have taken effect during it.
+        for s in mine.iter().filter(|s| s.ended > from && s.began <= to) {
+            t = (t.0.min(s.timeout), t.1.max(s.timeout));
+            d = (d.0.min(s.debounce), d.1.max(s.debounce));
+        }
+        // A change under way at `from` may not have taken effect yet: what came before it
+        // holds meanwhile.
+        for s in mine.iter().filter(|s| s.began <= from && s.ended > from) {
+            let before = mine
+                .iter()
+                .filter(|o| o.ended <= s.began)
+                .max_by_key(|o| o.ended)
+                .map_or(initial, |o| (o.timeout, o.debounce));
+            t = (t.0.min(before.0), t.1.max(before.0));
+            d = (d.0.min(before.1), d.1.max(before.1));
+        }
+        (t, d)
+    }
+
+    /// Whether what was committed of `sensor` at `at` may belong to a life of it a later
+    /// deletion ended (its history went with it; a sensor made again starts afresh).
+    pub fn deleted_after(&self, sensor: SensorId, at: Millis) -> bool {
+        self.sensors_deleted
+            .iter()
+            .any(|d| d.sensor == sensor && d.ended >= at)
+    }
+
+    /// Whether `sensor`'s settings may have changed in `[from, to]`.
+    pub fn retimed_between(&self, sensor: SensorId, from: Millis, to: Millis) -> bool {
+        self.settings
+            .iter()
+            .any(|s| s.sensor == sensor && s.ended > from && s.began <= to)
+    }
 }
 
 impl Log {

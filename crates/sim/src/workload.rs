@@ -132,11 +132,15 @@ impl Workload {
             let site = sensor.site_id.clone();
             store.create_sensor(sensor).await?;
             engine.upsert_sensor(s.id, None, debounce_s).await?;
-            self.log
-                .lock()
-                .unwrap()
-                .memberships
-                .push((s.id, site, now, now));
+            let mut log = self.log.lock().unwrap();
+            log.memberships.push((s.id, site, now, now));
+            log.settings.push(crate::log::Setting {
+                sensor: s.id,
+                timeout: self.timeout,
+                debounce: Millis::from(debounce_s.unwrap_or(0)) * 1000,
+                began: now,
+                ended: now,
+            });
         }
         for c in &self.clients {
             let client = Client {
@@ -399,7 +403,8 @@ impl Workload {
             history_before: before(self.retention.readings),
             notifications_before: before(self.retention.notifications),
         };
-        crate::checks::retention(&self.world, &self.model, keep, from, self.world.now());
+        let log = self.log.lock().unwrap();
+        crate::checks::retention(&self.world, &self.model, &log, keep, from, self.world.now());
     }
 
     /// An operator replays a client's dead letters.

@@ -458,7 +458,7 @@ impl ClusterStore for PgStore {
         let c = self.db.get("registry_changes").await?;
         let changes = c
             .query(
-                "SELECT seq, sensor_id FROM sensor_changes WHERE seq > $1 ORDER BY seq",
+                "SELECT seq, sensor_id, deleted FROM sensor_changes WHERE seq > $1 ORDER BY seq",
                 &[&after],
             )
             .await?;
@@ -467,6 +467,11 @@ impl ClusterStore for PgStore {
             .map(|r| r.get::<_, i64>(0))
             .max()
             .unwrap_or(after);
+        let deleted: std::collections::BTreeSet<SensorId> = changes
+            .iter()
+            .filter(|r| r.get::<_, bool>(2))
+            .filter_map(|r| SensorId::parse(r.get::<_, &str>(1)).ok())
+            .collect();
         let mut ids: Vec<String> = changes.iter().map(|r| r.get(1)).collect();
         ids.sort();
         ids.dedup();
@@ -492,7 +497,7 @@ impl ClusterStore for PgStore {
                 Ok((id, now.get(&id).copied()))
             })
             .collect::<Result<_>>()?;
-        Ok((newest, changed))
+        Ok((newest, super::super::with_lives_ended(changed, &deleted)))
     }
 
     async fn newest_registry_change(&self) -> Result<i64> {

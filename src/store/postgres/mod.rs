@@ -89,6 +89,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0032_idempotency.sql"),
     include_str!("../migrations/postgres/0033_silence_sensors.sql"),
     include_str!("../migrations/postgres/0034_site_retold.sql"),
+    include_str!("../migrations/postgres/0035_sensor_changes_deleted.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

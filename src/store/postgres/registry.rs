@@ -247,8 +247,11 @@ impl Registry for PgStore {
                     .await?;
             }
             cancel_pending(&tx, "sensor_id", &id, now).await?;
-            tx.execute("INSERT INTO sensor_changes (sensor_id) VALUES ($1)", &[&id])
-                .await?;
+            tx.execute(
+                "INSERT INTO sensor_changes (sensor_id, deleted) VALUES ($1, true)",
+                &[&id],
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(n > 0)

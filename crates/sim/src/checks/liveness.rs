@@ -19,23 +19,25 @@ pub(super) fn liveness(
     start: Millis,
     now: Millis,
 ) {
-    let mut seen: BTreeMap<SensorId, Vec<Millis>> = BTreeMap::new();
-    for r in t.audit.readings() {
-        seen.entry(r.row.sensor_id)
-            .or_default()
-            .push(r.row.received_at);
-    }
-    for v in seen.values_mut() {
-        v.sort_unstable();
-    }
+    let seen = readings_by_sensor(t, log);
     let mut by_sensor: BTreeMap<SensorId, Vec<(EventKind, Millis, Option<Millis>)>> =
         BTreeMap::new();
-    for e in t.audit.events() {
+    // When each loss was committed: a timeout shortened while a sensor was silent past it
+    // is judged then, its loss dated at the deadline it had passed.
+    let mut committed: BTreeMap<(SensorId, Millis), Millis> = BTreeMap::new();
+    for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
+        // A sensor's life a deletion ended is not its life since (issue #68).
+        if log.deleted_after(e.row.sensor_id, by.at) {
+            continue;
+        }
         by_sensor.entry(e.row.sensor_id).or_default().push((
             e.row.kind,
             e.row.at,
             e.row.detail.lost_since,
         ));
+        if e.row.kind == EventKind::ConnectionLost {
+            committed.insert((e.row.sensor_id, e.row.at), by.at);
+        }
     }
     for (sensor, events) in &by_sensor {
         let readings = seen.get(sensor).map(Vec::as_slice).unwrap_or(&[]);
@@ -61,7 +63,15 @@ pub(super) fn liveness(
                         false => last_before(at),
                     };
                     if let Some(seen) = seen
-                        && at - seen < bounds.timeout
+                        && at - seen
+                            < timeouts(
+                                log,
+                                bounds,
+                                *sensor,
+                                seen,
+                                committed.get(&(*sensor, at)).copied().unwrap_or(at),
+                            )
+                            .0
                     {
                         world.violate(
                             "lost only when the silence reaches the timeout",
@@ -115,8 +125,20 @@ pub(super) fn liveness(
         let Some(&last) = readings.last() else {
             continue;
         };
-        let deadline = last + bounds.timeout;
-        let late_by = deadline + bounds.lost_slack;
+        let (least, most) = timeouts(log, bounds, *sensor, last, now);
+        let deadline = last + least;
+        // A timeout changed after the last reading is judged from when the node serving
+        // the sensor took it: a shortened one past already, then.
+        let retimed = log
+            .settings
+            .iter()
+            .filter(|c| c.sensor == *sensor && c.ended > last)
+            .map(|c| c.ended)
+            .max();
+        if retimed == Some(Millis::MAX) {
+            continue;
+        }
+        let late_by = (last + most).max(retimed.unwrap_or(0)) + bounds.lost_slack;
         if late_by > now || troubled(log, last, late_by) {
             continue;
         }
@@ -137,6 +159,36 @@ pub(super) fn liveness(
             );
         }
     }
+}
+
+/// Each sensor's stored readings' receive times, in order, of its life now (a deletion
+/// takes the history of the life it ends).
+fn readings_by_sensor(t: &crate::model::Tables, log: &Log) -> BTreeMap<SensorId, Vec<Millis>> {
+    let mut seen: BTreeMap<SensorId, Vec<Millis>> = BTreeMap::new();
+    for (r, by) in t.audit.readings().iter().zip(t.audit.reading_commits()) {
+        if log.deleted_after(r.row.sensor_id, by.at) {
+            continue;
+        }
+        seen.entry(r.row.sensor_id)
+            .or_default()
+            .push(r.row.received_at);
+    }
+    for v in seen.values_mut() {
+        v.sort_unstable();
+    }
+    seen
+}
+
+/// The least and the greatest timeout `sensor` may have had in `[from, to]` (its changes
+/// in the workload, `Log::settings`).
+fn timeouts(
+    log: &Log,
+    bounds: &Bounds,
+    sensor: SensorId,
+    from: Millis,
+    to: Millis,
+) -> (Millis, Millis) {
+    log.settings_within(sensor, (bounds.timeout, 0), from, to).0
 }
 
 /// Our broker link is not the sensors' silence: a sensor last heard through AMQP is not
@@ -161,15 +213,7 @@ pub(super) fn broker_link(
         m
     };
     let (heard, sent) = (by_sensor(&log.heard), by_sensor(&log.sent));
-    let mut seen: BTreeMap<SensorId, Vec<Millis>> = BTreeMap::new();
-    for r in t.audit.readings() {
-        seen.entry(r.row.sensor_id)
-            .or_default()
-            .push(r.row.received_at);
-    }
-    for v in seen.values_mut() {
-        v.sort_unstable();
-    }
+    let seen = readings_by_sensor(t, log);
     let up_at = |at: Millis| {
         links
             .iter()
@@ -177,8 +221,8 @@ pub(super) fn broker_link(
             .find(|l| l.0 <= at)
             .is_none_or(|&(_, up)| up)
     };
-    for e in t.audit.events() {
-        if e.row.kind != EventKind::ConnectionLost {
+    for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
+        if e.row.kind != EventKind::ConnectionLost || log.deleted_after(e.row.sensor_id, by.at) {
             continue;
         }
         let (sensor, at) = (e.row.sensor_id, e.row.at);
@@ -213,7 +257,7 @@ pub(super) fn broker_link(
             .iter()
             .rev()
             .find(|&&(when, up)| up && when > last && when <= at)
-            && at - back < bounds.timeout
+            && at - back < timeouts(log, bounds, sensor, back, by.at.max(at)).0
         {
             world.violate(
                 "not lost while its broker link is down",

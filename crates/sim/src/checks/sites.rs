@@ -235,7 +235,10 @@ pub(super) fn site_events_not_held_long(
             .is_none_or(|at| *at > from);
         // Moved since (or its site deleted): held again where it went, from then.
         let moved = log.moved_between(tr.sensor_id, from, to);
-        if resubscribed || relinked || moved || troubled(log, from, to) {
+        // A timeout changed since: a loss is judged when the change took effect, dated at
+        // the deadline it had passed.
+        let retimed = log.retimed_between(tr.sensor_id, from, to);
+        if resubscribed || relinked || moved || retimed || troubled(log, from, to) {
             continue;
         }
         world.violate(

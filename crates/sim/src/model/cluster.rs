@@ -475,7 +475,7 @@ impl ClusterStore for NodeStore {
 
     async fn prune_registry_changes(&self, before: Millis) -> Result<()> {
         self.run("prune_registry_changes", true, |t, _| {
-            t.changes.retain(|_, (_, at)| *at >= before);
+            t.changes.retain(|_, (_, at, _)| *at >= before);
             Ok(())
         })
         .await

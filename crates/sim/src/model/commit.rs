@@ -215,9 +215,13 @@ impl Tables {
         }
         let later = self.changes.range(after.saturating_add(1)..);
         let newest = later.clone().map(|(&seq, _)| seq).max().unwrap_or(after);
-        let ids: BTreeSet<SensorId> = later.map(|(_, (id, _))| *id).collect();
+        let ids: BTreeSet<SensorId> = later.clone().map(|(_, (id, _, _))| *id).collect();
+        let deleted: BTreeSet<SensorId> = later
+            .filter(|(_, (_, _, deleted))| *deleted)
+            .map(|(_, (id, _, _))| *id)
+            .collect();
         let changed = ids.into_iter().map(|id| (id, self.runtime(id))).collect();
-        (newest, changed)
+        (newest, latch::store::with_lives_ended(changed, &deleted))
     }
 }
 

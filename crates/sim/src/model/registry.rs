@@ -119,7 +119,7 @@ impl Tables {
         self.readings.retain(|_, r| r.sensor_id != id);
         self.events.retain(|_, e| e.sensor_id != id);
         self.cancel_pending(cx, now, |n| n.sensor_id == id);
-        self.note_change(cx, id);
+        self.note_change_of(cx, id, true);
         true
     }
 

@@ -136,7 +136,8 @@ pub struct Tables {
     pub(crate) readings: BTreeMap<i64, ReadingRecord>,
     pub(crate) events: BTreeMap<i64, Event>,
     /// `sensor_changes` (PostgreSQL): seq → (sensor, when by the database's clock).
-    pub(crate) changes: BTreeMap<i64, (SensorId, Millis)>,
+    /// The registry's change log (`sensor_changes`): sensor, when, whether a deletion.
+    pub(crate) changes: BTreeMap<i64, (SensorId, Millis, bool)>,
     pub(crate) tokens: BTreeMap<String, ApiToken>,
     /// `idempotency_keys`: key → (its row, when made).
     pub(crate) idempotency_keys: BTreeMap<String, (latch::store::KeyRow, Millis)>,
@@ -395,9 +396,14 @@ impl Tables {
 
     /// Records a registry change other nodes follow (`sensor_changes`, shared stores only).
     pub(crate) fn note_change(&mut self, cx: &Cx, id: SensorId) {
+        self.note_change_of(cx, id, false);
+    }
+
+    /// A change to the registry's log; `deleted`: the sensor's deletion.
+    pub(crate) fn note_change_of(&mut self, cx: &Cx, id: SensorId, deleted: bool) {
         if self.shared {
             self.next.change += 1;
-            self.changes.insert(self.next.change, (id, cx.now));
+            self.changes.insert(self.next.change, (id, cx.now, deleted));
         }
     }
 

@@ -11,6 +11,10 @@ use latch::store::{Registry, Sites};
 
 use super::{SITE, Workload};
 
+/// How long after a registry change a node serving its sensor elsewhere has surely
+/// followed it (the change log is read each second, `engine::follow`).
+const FOLLOW_MS: Millis = 2_000;
+
 /// The sites a run may hold: the first is made at the start; each may be deleted and made
 /// again under its id.
 pub const SITES: [&str; 2] = [SITE, "bldg-2"];
@@ -18,11 +22,13 @@ pub const SITES: [&str; 2] = [SITE, "bldg-2"];
 impl Workload {
     /// One registry change, drawn.
     pub(super) async fn registry(&mut self) {
-        match self.world.between(0, 10) {
+        match self.world.between(0, 14) {
             0..6 => self.move_sensor().await,
             6..8 => self.add_site().await,
             8 => self.delete_site().await,
-            _ => self.gateway().await,
+            9 => self.gateway().await,
+            10 | 11 => self.retime().await,
+            _ => self.delete_or_recreate().await,
         }
     }
 
@@ -114,6 +120,214 @@ impl Workload {
             sensor.site_id
         ));
         self.note_sites(&[id], began);
+    }
+
+    /// A sensor's timeout changes, shortened or lengthened, most often while it is silent
+    /// (issue #68), its address now and then, and in runs that debounce its window too; as `App::replace_sensor`
+    /// does: the store, then the entry node's engine (a node serving the sensor elsewhere
+    /// follows the registry's change log within a second).
+    async fn retime(&mut self) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let silent = self.silent_sensors();
+        let id = match silent.is_empty() || self.world.chance(0.2) {
+            true => self.sensors[self.world.between(0, self.sensors.len() as u64) as usize].id,
+            false => silent[self.world.between(0, silent.len() as u64) as usize],
+        };
+        let Some(sensor) = self.model.read(|t| t.sensors.get(&id).cloned()) else {
+            return;
+        };
+        let timeout_s = match self.world.between(0, 4) {
+            0 => None,
+            1 => Some(4),
+            2 => Some(8),
+            _ => Some(20),
+        };
+        let debounce_s = match self.debounce {
+            true => [None, Some(1), Some(2)][self.world.between(0, 3) as usize],
+            false => sensor.debounce_s,
+        };
+        // Its address too, now and then (what a site's loss names it by).
+        let address = match self.world.chance(0.3) {
+            true => format!("{id} street, door {}", self.world.between(1, 100)),
+            false => sensor.address.clone(),
+        };
+        let began = self.world.now();
+        let result = store
+            .replace_sensor(
+                id,
+                address,
+                timeout_s,
+                debounce_s,
+                sensor.site_id.clone(),
+                engine.now(),
+            )
+            .await;
+        // When the change surely took effect: `None` if it was surely not made.
+        let (outcome, ended) = match result {
+            Ok(Some((_, made))) => {
+                dispatcher.deliver_served(made);
+                let applied = engine.upsert_sensor(id, timeout_s, debounce_s).await;
+                let ended = match applied {
+                    Ok(()) => self.world.now() + FOLLOW_MS,
+                    Err(_) => Millis::MAX,
+                };
+                ("ok".to_string(), Some(ended))
+            }
+            Ok(None) => ("no such sensor".into(), None),
+            Err(e) if e.maybe_written() => (e.to_string(), Some(Millis::MAX)),
+            Err(e) => (e.to_string(), None),
+        };
+        self.world.trace(format!(
+            "retime {id} via {node}: timeout {timeout_s:?} debounce {debounce_s:?}: {outcome}"
+        ));
+        let Some(ended) = ended else { return };
+        self.log.lock().unwrap().settings.push(crate::log::Setting {
+            sensor: id,
+            timeout: timeout_s.map_or(self.timeout, |t| Millis::from(t) * 1000),
+            debounce: Millis::from(debounce_s.unwrap_or(0)) * 1000,
+            began,
+            ended,
+        });
+    }
+
+    /// A sensor is deleted (with its links, state and history), or one deleted is made
+    /// again under its id, in a site or none, and linked again to the clients it had, as
+    /// `App::delete_sensor` and `App::create_sensor` do: the store, then the entry node's
+    /// engine (a node serving it elsewhere follows the change log).
+    async fn delete_or_recreate(&mut self) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, _)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let gone: Vec<SensorId> = self.model.read(|t| {
+            self.sensors
+                .iter()
+                .map(|s| s.id)
+                .filter(|id| !t.sensors.contains_key(id))
+                .collect()
+        });
+        let began = self.world.now();
+        if let Some(&id) = gone.first().filter(|_| self.world.chance(0.7)) {
+            let mut choices: Vec<Option<String>> = self.sites().into_iter().map(Some).collect();
+            choices.push(None);
+            let site = choices[self.world.between(0, choices.len() as u64) as usize].clone();
+            let i = self
+                .sensors
+                .iter()
+                .position(|s| s.id == id)
+                .expect("a run's sensor");
+            let debounce_s = (self.debounce && i % 2 == 1).then_some(1);
+            let sensor = latch::domain::sensor::Sensor {
+                id,
+                address: format!("{id} street"),
+                heartbeat_timeout_s: None,
+                debounce_s,
+                site_id: site.clone(),
+                created_at: engine.now(),
+            };
+            let result = store.create_sensor(sensor).await;
+            let made = self.model.read(|t| t.sensors.contains_key(&id));
+            if made {
+                let _ = engine.upsert_sensor(id, None, debounce_s).await;
+            }
+            self.world.trace(format!(
+                "create sensor {id} again via {node} in {site:?}: {:?}",
+                result.err().map(|e| e.to_string())
+            ));
+            if !made {
+                return;
+            }
+            let ended = self.world.now();
+            {
+                let mut log = self.log.lock().unwrap();
+                log.memberships.push((id, site, began, ended));
+                log.settings.push(crate::log::Setting {
+                    sensor: id,
+                    timeout: self.timeout,
+                    debounce: Millis::from(debounce_s.unwrap_or(0)) * 1000,
+                    began,
+                    ended: ended + FOLLOW_MS,
+                });
+            }
+            // Linked again to the clients that had it.
+            for ci in 0..self.clients.len() {
+                let had = self
+                    .log
+                    .lock()
+                    .unwrap()
+                    .sensors_deleted
+                    .iter()
+                    .any(|d| d.sensor == id && d.linked.contains(&self.clients[ci].id));
+                if !had {
+                    continue;
+                }
+                let now = self.world.now();
+                let c = self.clients[ci].id.clone();
+                let result = store.link(c.clone(), id, now).await;
+                let linked = self.model.read(|t| t.links.contains(&(id, c.clone())));
+                self.world.trace(format!(
+                    "link {c}/{id} again: {:?}",
+                    result.err().map(|e| e.to_string())
+                ));
+                if linked {
+                    self.clients[ci].links.entry(id).or_insert(now);
+                }
+            }
+            return;
+        }
+        let i = self.world.between(0, self.sensors.len() as u64) as usize;
+        let id = self.sensors[i].id;
+        let Some(sensor) = self.model.read(|t| t.sensors.get(&id).cloned()) else {
+            return;
+        };
+        let linked: Vec<String> = self.model.read(|t| {
+            t.links
+                .iter()
+                .filter(|(s, _)| *s == id)
+                .map(|(_, c)| c.clone())
+                .collect()
+        });
+        let result = store.delete_sensor(id, engine.now()).await;
+        let deleted = self.model.read(|t| !t.sensors.contains_key(&id));
+        if deleted {
+            let _ = engine.remove_sensor(id).await;
+        }
+        self.world.trace(format!(
+            "delete sensor {id} via {node} (in {:?}, linked to {linked:?}): {:?}{}",
+            sensor.site_id,
+            result.err().map(|e| e.to_string()),
+            if deleted { "" } else { ", still there" }
+        ));
+        if !deleted {
+            return;
+        }
+        let ended = self.world.now();
+        let mut log = self.log.lock().unwrap();
+        log.sensors_deleted.push(crate::log::Deleted {
+            sensor: id,
+            began,
+            ended: ended + FOLLOW_MS,
+            linked: linked.clone(),
+        });
+        log.memberships.push((id, None, began, ended));
+        for c in self.clients.iter_mut() {
+            if c.links.remove(&id).is_some() {
+                log.unlinked.push((c.id.clone(), id, began));
+            }
+        }
+    }
+
+    /// The sensors the workload keeps silent now (dark, or left quiet).
+    fn silent_sensors(&self) -> Vec<SensorId> {
+        let now = self.world.now();
+        self.sensors
+            .iter()
+            .filter(|s| s.silent_until > now)
+            .map(|s| s.id)
+            .collect()
     }
 
     /// A site of [`SITES`] the store lacks is made (again), its gateway drawn among the

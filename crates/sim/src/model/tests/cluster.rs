@@ -555,3 +555,25 @@ async fn one_node_has_no_cluster_side_and_reopening_releases_leases() {
     let _restarted = model.for_node("n");
     assert_eq!(leased(&model), None, "released at open");
 }
+
+/// As PostgreSQL's `a_sensor_deleted_and_made_again_is_listed_deleted_first`.
+#[tokio::test]
+async fn a_sensor_deleted_and_made_again_is_listed_deleted_first() {
+    let (_, _, store) = shared(4);
+    store
+        .create_sensor(conformance::sensor("rc1"))
+        .await
+        .unwrap();
+    let after = store.newest_registry_change().await.unwrap();
+    assert!(store.delete_sensor(sid("rc1"), START).await.unwrap());
+    store
+        .create_sensor(conformance::sensor("rc1"))
+        .await
+        .unwrap();
+    let (_, changes) = store.registry_changes(after).await.unwrap();
+    let seen: Vec<(SensorId, bool)> = changes
+        .iter()
+        .map(|(id, now)| (*id, now.is_some()))
+        .collect();
+    assert_eq!(seen, [(sid("rc1"), false), (sid("rc1"), true)]);
+}
