@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod destination;
+pub mod live;
 pub mod notification;
 pub mod outbox;
 pub mod partition;
@@ -17,7 +18,8 @@ pub mod time;
 pub mod token;
 
 pub use client::Client;
-pub use notification::{Attempt, Detail, Event, EventKind, Live, Notification, Status};
+pub use live::Live;
+pub use notification::{Attempt, Detail, Event, EventKind, Notification, Status};
 pub use outbox::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, Verdict};
 pub use reading::{Reading, RejectCode, Rejection};
 pub use sensor::{Connection, Sensor, SensorId, SensorStatus, Source};

@@ -117,14 +117,6 @@ pub struct Event {
     pub detail: Detail,
 }
 
-/// What the live stream carries: a sensor's event as committed, or a site's change as a
-/// round decided it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Live {
-    Sensor(Event),
-    Site(super::site::SiteEvent),
-}
-
 /// What only some kinds of event carry, kept in their history row and notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Detail {

@@ -293,7 +293,7 @@ fn states_change(world: &World, t: &crate::model::Tables, log: &Log, start: Mill
     let mut last: BTreeMap<SensorId, (bool, Millis)> = BTreeMap::new();
     for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
         let e = &e.row;
-        if log.deleted_after(e.sensor_id, by.at) {
+        if log.forgotten_after(e.sensor_id, by.at) {
             continue;
         }
         let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
@@ -393,7 +393,7 @@ fn debounced(world: &World, t: &Tables, log: &Log, start: Millis) {
         .collect();
     for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
         let e = &e.row;
-        if log.deleted_after(e.sensor_id, by.at) {
+        if log.forgotten_after(e.sensor_id, by.at) {
             continue;
         }
         let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
@@ -613,7 +613,7 @@ pub fn retention(
                 .find(|(e, c)| {
                     e.row.at >= before
                         && !events.contains(&e.id)
-                        && !log.deleted_after(e.row.sensor_id, c.at)
+                        && !log.forgotten_after(e.row.sensor_id, c.at)
                 })
             {
                 world.violate(

@@ -59,8 +59,12 @@ pub struct Log {
     pub sensors_deleted: Vec<Deleted>,
 }
 
-/// A sensor deleted ([`Log::sensors_deleted`]): from when to when (its call, and the time
-/// a node serving it elsewhere may take to follow), and the clients it was linked to.
+/// How long after a registry change a node serving its sensor elsewhere has surely
+/// followed it (the change log is read each second, `engine::follow`).
+pub const FOLLOW_MS: Millis = 2_000;
+
+/// A sensor deleted ([`Log::sensors_deleted`]): from when to when its call ran, and the
+/// clients it was linked to.
 #[derive(Debug, Clone)]
 pub struct Deleted {
     pub sensor: SensorId,
@@ -122,12 +126,22 @@ impl Log {
         (t, d)
     }
 
-    /// Whether what was committed of `sensor` at `at` may belong to a life of it a later
-    /// deletion ended (its history went with it; a sensor made again starts afresh).
+    /// Whether a reading of `sensor` committed at `at` may belong to a life of it a later
+    /// deletion ended (its history went with it; a sensor made again starts afresh; no
+    /// reading of a deleted sensor is stored once its deletion ended).
     pub fn deleted_after(&self, sensor: SensorId, at: Millis) -> bool {
         self.sensors_deleted
             .iter()
             .any(|d| d.sensor == sensor && d.ended >= at)
+    }
+
+    /// Whether an event of `sensor` committed at `at` may belong to a life of it a later
+    /// deletion ended: as [`Log::deleted_after`], and until a node serving it elsewhere
+    /// followed the deletion (its engine judged the old life till then).
+    pub fn forgotten_after(&self, sensor: SensorId, at: Millis) -> bool {
+        self.sensors_deleted
+            .iter()
+            .any(|d| d.sensor == sensor && d.ended + FOLLOW_MS >= at)
     }
 
     /// Whether `sensor`'s settings may have changed in `[from, to]`.

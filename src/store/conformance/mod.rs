@@ -21,6 +21,7 @@ use crate::domain::{EventKind, SensorStatus, Status};
 
 mod batches;
 mod choices;
+mod claim_order;
 mod commit;
 mod find;
 mod history;
@@ -241,9 +242,9 @@ suite!(
     site_edges::a_newer_site_event_supersedes_one_waiting,
     site_edges::a_sensors_return_waits_for_the_site_event_that_counts_it_lost,
     site_edges::a_site_comes_back_when_sensors_its_loss_did_not_name_return,
-    site_edges::a_site_event_waits_for_an_older_own_event_of_a_sensor_it_names,
-    site_edges::a_replayed_dead_letter_tells_nothing_a_newer_one_overtook,
-    site_edges::a_sensor_leaving_gives_a_retold_client_nothing_twice,
+    claim_order::a_site_event_waits_for_an_older_own_event_of_a_sensor_it_names,
+    claim_order::a_replayed_dead_letter_tells_nothing_a_newer_one_overtook,
+    claim_order::a_sensor_leaving_gives_a_retold_client_nothing_twice,
     silence_edges::a_silence_ending_in_a_grace_leaves_the_loss_to_the_site,
     silence_edges::a_silence_longer_than_retention_still_reconciles,
     silence_edges::a_silenced_site_loss_is_told_once_at_the_end,

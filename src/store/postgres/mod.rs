@@ -51,6 +51,7 @@ mod silences;
 mod site_moves;
 mod site_retell;
 mod site_rounds;
+mod site_rows;
 mod sites;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -283,7 +283,7 @@ async fn bring_up_to_date(
         last_seen_at: state.get(2),
         detail: Detail::default(),
     };
-    let made = super::site_rounds::insert_one(tx, client, &e, None, now).await?;
+    let made = super::site_rows::insert_one(tx, client, &e, None, now).await?;
     if kind == EventKind::StateChanged {
         // A newer state, as a commit's: the lane's older pending states no attempt holds
         // (by the database's clock, as `outbox::claim` leases) are superseded (README:

@@ -34,7 +34,7 @@ async fn site_state(tx: &Tx<'_>, id: &str) -> Result<Option<SiteState>> {
             &[&id],
         )
         .await?
-        .map(|r| super::site_rounds::state_of(&r, 0)))
+        .map(|r| super::site_rows::state_of(&r, 0)))
 }
 
 /// Writes the fields of a site's state that moves change.
@@ -134,7 +134,7 @@ pub(super) async fn moved(
     }
     let mut out = Vec::with_capacity(made.len());
     for m in &made {
-        out.push(super::site_rounds::insert_one(tx, &m.client_id, &m.event, None, now).await?);
+        out.push(super::site_rows::insert_one(tx, &m.client_id, &m.event, None, now).await?);
     }
     let seqs: Vec<i64> = out.iter().map(|n| n.seq).collect();
     let silenced = super::silences::silence_new(tx, &seqs, now).await?;

@@ -3,7 +3,7 @@
 
 use super::super::{NotificationRef, Result};
 use super::db::{Sql, Tx};
-use super::site_rounds::{SITE_ROW, linked, members, site_row};
+use super::site_rows::{SITE_ROW, linked, members, site_row};
 use crate::domain::SensorId;
 use crate::domain::site::retell;
 
@@ -49,9 +49,8 @@ pub(super) async fn retell(
     let Some(r) = retell::retell(&site, &state, &members, &c, now) else {
         return Ok(None);
     };
-    let made =
-        super::site_rounds::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)
-            .await?;
+    let made = super::site_rows::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)
+        .await?;
     Ok(Some(Retold {
         made,
         named: r.named,

@@ -45,6 +45,7 @@ mod silences;
 mod site_moves;
 mod site_retell;
 mod site_rounds;
+mod site_rows;
 mod sites;
 #[cfg(test)]
 mod tests;

@@ -297,7 +297,7 @@ fn bring_up_to_date(
         last_seen_at,
         detail: Detail::default(),
     };
-    let made = super::site_rounds::insert_one(tx, client, &e, None, now)?;
+    let made = super::site_rows::insert_one(tx, client, &e, None, now)?;
     if kind == EventKind::StateChanged {
         // A newer state, as a commit's: the lane's older pending states no attempt holds
         // are superseded (README: Supersede).

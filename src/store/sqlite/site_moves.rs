@@ -17,7 +17,7 @@ fn site_state(tx: &Transaction, id: &str) -> Result<Option<SiteState>> {
             "SELECT down, since, pending_since, told, told_clients, released, retold \
              FROM sites WHERE id = ?1",
         )?
-        .query_row([id], |r| super::site_rounds::state_of(r, 0))
+        .query_row([id], |r| super::site_rows::state_of(r, 0))
         .optional()?)
 }
 
@@ -115,7 +115,7 @@ pub(super) fn moved(
     }
     let mut out = Vec::with_capacity(made.len());
     for m in &made {
-        out.push(super::site_rounds::insert_one(
+        out.push(super::site_rows::insert_one(
             tx,
             &m.client_id,
             &m.event,

@@ -4,7 +4,7 @@
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::super::{NotificationRef, Result};
-use super::site_rounds::{SITE_ROW, linked, members, site_row};
+use super::site_rows::{SITE_ROW, linked, members, site_row};
 use crate::domain::SensorId;
 use crate::domain::site::retell;
 
@@ -47,7 +47,7 @@ pub(super) fn retell(
         return Ok(None);
     };
     let made =
-        super::site_rounds::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)?;
+        super::site_rows::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)?;
     Ok(Some(Retold {
         made,
         named: r.named,

@@ -27,7 +27,7 @@ pub(super) fn liveness(
     let mut committed: BTreeMap<(SensorId, Millis), Millis> = BTreeMap::new();
     for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
         // A sensor's life a deletion ended is not its life since (issue #68).
-        if log.deleted_after(e.row.sensor_id, by.at) {
+        if log.forgotten_after(e.row.sensor_id, by.at) {
             continue;
         }
         by_sensor.entry(e.row.sensor_id).or_default().push((
@@ -222,7 +222,7 @@ pub(super) fn broker_link(
             .is_none_or(|&(_, up)| up)
     };
     for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
-        if e.row.kind != EventKind::ConnectionLost || log.deleted_after(e.row.sensor_id, by.at) {
+        if e.row.kind != EventKind::ConnectionLost || log.forgotten_after(e.row.sensor_id, by.at) {
             continue;
         }
         let (sensor, at) = (e.row.sensor_id, e.row.at);

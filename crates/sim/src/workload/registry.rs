@@ -11,9 +11,7 @@ use latch::store::{Registry, Sites};
 
 use super::{SITE, Workload};
 
-/// How long after a registry change a node serving its sensor elsewhere has surely
-/// followed it (the change log is read each second, `engine::follow`).
-const FOLLOW_MS: Millis = 2_000;
+use crate::log::FOLLOW_MS;
 
 /// The sites a run may hold: the first is made at the start; each may be deleted and made
 /// again under its id.
@@ -309,7 +307,7 @@ impl Workload {
         log.sensors_deleted.push(crate::log::Deleted {
             sensor: id,
             began,
-            ended: ended + FOLLOW_MS,
+            ended,
             linked: linked.clone(),
         });
         log.memberships.push((id, None, began, ended));
