@@ -249,6 +249,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         false => Mode::Single,
     };
     let model = ModelStore::new(mode, clock.clone(), faults.clone());
+    model.decide_sites_per_call(1);
     let receivers = Receivers::new(
         world.clone(),
         config.delivery_timeout,

@@ -135,6 +135,13 @@ impl ModelStore {
         Self::new(mode, clock, Arc::new(NoFaults))
     }
 
+    /// Sites one call decides on the embedded store: SQLite's 500 unless set. A run sets
+    /// one, so that its two sites down exceed a call as 501 would SQLite's (issue #68
+    /// item 4: a round goes on while a call was full, and no site starves).
+    pub fn decide_sites_per_call(&self, n: usize) {
+        self.lock().sites_per_call = n.max(1);
+    }
+
     /// The store as node `name`'s process reaches it. In [`Mode::Single`] this is opening
     /// the store, as a process does at start: every lease is released (whoever held them
     /// is gone; the harness stops or kills the previous process first, as the data

@@ -92,12 +92,11 @@ impl Tables {
             })
             .collect();
         due.sort();
-        // PostgreSQL decides every due site in a call, SQLite up to 500: here one, so
-        // that a run's two sites down exceed a call as 501 would SQLite's (issue #68 item
-        // 4: a round goes on while a call was full, and none starves).
+        // PostgreSQL decides every due site in a call, SQLite up to 500 (a run sets fewer,
+        // `ModelStore::decide_sites_per_call`).
         let per_call = match self.shared {
             true => usize::MAX,
-            false => 1,
+            false => self.sites_per_call,
         };
         let due: Vec<String> = due.into_iter().take(per_call).map(|(_, id)| id).collect();
         let mut decided = Decided {

@@ -117,6 +117,9 @@ pub(crate) struct Counters {
 pub struct Tables {
     /// A store several nodes share (PostgreSQL) or one process's (SQLite).
     pub(crate) shared: bool,
+    /// Sites one call of `decide_sites` decides on the embedded store (SQLite's 500;
+    /// [`super::ModelStore::decide_sites_per_call`]).
+    pub(crate) sites_per_call: usize,
     /// The partition count a shared store fixes at its first use (`cluster_partitions`).
     pub(crate) wanted: u32,
     pub(crate) sensors: BTreeMap<SensorId, Sensor>,
@@ -171,6 +174,7 @@ impl Tables {
     pub(crate) fn new(shared: bool, wanted: u32) -> Self {
         Self {
             shared,
+            sites_per_call: 500,
             wanted,
             sensors: BTreeMap::new(),
             states: BTreeMap::new(),
