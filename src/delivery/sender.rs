@@ -73,9 +73,7 @@ pub async fn send_test(
 /// problem is an attempt result. `at` is when the attempt starts, by the dispatcher's
 /// clock. `urls` holds the HTTP clients, which resolve names through the guard
 /// ([`guard::GuardedResolver`]); an IP literal, which they do not resolve, is checked here.
-/// `_http` is the HTTP client of receivers without a certificate, which `urls` holds too.
 pub async fn send(
-    _http: &reqwest::Client,
     brokers: &Brokers,
     guard: &Guard,
     urls: &Urls,
@@ -130,7 +128,6 @@ pub async fn send(
 /// body with the batch id as `webhook-id`. The URL and secrets are the first
 /// notification's: a batch is one client's, read by one claim. Never fails, as [`send`].
 pub async fn send_batch(
-    _http: &reqwest::Client,
     guard: &Guard,
     urls: &Urls,
     id: &str,

@@ -43,16 +43,7 @@ pub struct Network {
 #[async_trait]
 impl Transport for Network {
     async fn send(&self, s: &Sendable, timeout: Duration, at: Millis) -> AttemptResult {
-        sender::send(
-            &self.http,
-            &self.brokers,
-            &self.guard,
-            &self.urls,
-            s,
-            timeout,
-            at,
-        )
-        .await
+        sender::send(&self.brokers, &self.guard, &self.urls, s, timeout, at).await
     }
 
     async fn send_batch(
@@ -62,7 +53,7 @@ impl Transport for Network {
         timeout: Duration,
         at: Millis,
     ) -> AttemptResult {
-        sender::send_batch(&self.http, &self.guard, &self.urls, id, sends, timeout, at).await
+        sender::send_batch(&self.guard, &self.urls, id, sends, timeout, at).await
     }
 }
 
