@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{Error, Ingest};
-use crate::domain::{Millis, Reading, Rejection, reading};
+use crate::domain::{Millis, Reading, Rejection, Source, reading};
 use crate::store::idempotency;
 use crate::store::{Idempotency, Taken};
 
@@ -16,8 +16,6 @@ pub const MAX_READINGS_PER_REQUEST: usize = 10_000;
 /// Largest body of `POST /v1/readings`: room for 10,000 readings written generously, so
 /// that an array over the count limit is answered for its count (422) rather than its size.
 pub const MAX_READINGS_BODY_BYTES: usize = 16 * 1024 * 1024;
-
-const SOURCE: &str = "http";
 
 /// A reading: `{"sensor_id": "xa7v9Dfadr7H", "data": 1, "ts": "2026-11-22T10:00:00Z"}`.
 /// Any other field refuses the reading (`unknown_field`).
@@ -184,7 +182,7 @@ pub async fn submit_keyed(
         super::Report::default()
     } else {
         ingest
-            .submit_keyed(SOURCE, rest, received_at, keyed)
+            .submit_keyed(Source::Http, rest, received_at, keyed)
             .await?
     };
     Ok(answer(report, done, |i| positions[i] as usize))
@@ -197,7 +195,7 @@ pub async fn submit(
     items: Vec<Result<Reading, Rejection>>,
     received_at: Millis,
 ) -> Result<Accepted, Error> {
-    let report = ingest.submit(SOURCE, items, received_at).await?;
+    let report = ingest.submit(Source::Http, items, received_at).await?;
     Ok(answer(report, 0, |i| i))
 }
 

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
 
-use crate::domain::{Millis, Reading, Rejection};
+use crate::domain::{Millis, Reading, Rejection, Source};
 /// What became of a submitted batch: accepted, or rejected with a reason and its index.
 pub use crate::engine::Report;
 use crate::engine::{self, Engine, Sequence};
@@ -60,7 +60,7 @@ impl Ingest {
     /// is stamped once, at the edge.
     pub async fn submit(
         &self,
-        source: &'static str,
+        source: Source,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
     ) -> Result<Report, Error> {
@@ -70,15 +70,14 @@ impl Ingest {
     /// [`Ingest::submit`] for a request sent with an `Idempotency-Key` ([`Engine::enqueue_keyed`]).
     pub async fn submit_keyed(
         &self,
-        source: &'static str,
+        source: Source,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
         keyed: crate::store::Keyed,
     ) -> Result<Report, Error> {
-        let from = crate::domain::Source::parse(source).unwrap_or(crate::domain::Source::Http);
         let ticket = self
             .engine
-            .enqueue_keyed(items, received_at, from, keyed)
+            .enqueue_keyed(items, received_at, source, keyed)
             .await?;
         durable(source, ticket).await
     }
@@ -87,12 +86,11 @@ impl Ingest {
     /// after another are applied in that order.
     pub async fn enqueue(
         &self,
-        source: &'static str,
+        source: Source,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
     ) -> Result<Durable, Error> {
-        let from = crate::domain::Source::parse(source).unwrap_or(crate::domain::Source::Http);
-        let ticket = self.engine.enqueue(items, received_at, from).await?;
+        let ticket = self.engine.enqueue(items, received_at, source).await?;
         Ok(durable(source, ticket))
     }
 
@@ -100,22 +98,21 @@ impl Ingest {
     /// it commits once an earlier batch did not ([`Sequence`]).
     pub(crate) async fn enqueue_in(
         &self,
-        source: &'static str,
+        source: Source,
         items: Vec<Result<Reading, Rejection>>,
         received_at: Millis,
         sequence: &Sequence,
     ) -> Result<Durable, Error> {
-        let from = crate::domain::Source::parse(source).unwrap_or(crate::domain::Source::Http);
         let ticket = self
             .engine
-            .enqueue_in(items, received_at, from, sequence)
+            .enqueue_in(items, received_at, source, sequence)
             .await?;
         Ok(durable(source, ticket))
     }
 }
 
 /// The ticket's report once durable, counted in the metrics.
-fn durable(source: &'static str, ticket: engine::Ticket) -> Durable {
+fn durable(source: Source, ticket: engine::Ticket) -> Durable {
     Box::pin(async move {
         let report = ticket.wait().await?;
         count(source, &report);
@@ -123,39 +120,26 @@ fn durable(source: &'static str, ticket: engine::Ticket) -> Durable {
     })
 }
 
-/// The sources that count their readings: `http`, `amqp`, `mqtt`.
-const SOURCES: [&str; 3] = ["http", "amqp", "mqtt"];
-
 /// Readings accepted in this process per source, beside `latch_readings_accepted_total`:
 /// `latch bench` watches its in-process latch's progress with one atomic load, where a
 /// `/metrics` scrape renders every family in latch's own process and slows what it watches.
-static ACCEPTED: [AtomicU64; SOURCES.len()] = [const { AtomicU64::new(0) }; SOURCES.len()];
+static ACCEPTED: [AtomicU64; Source::ALL.len()] = [const { AtomicU64::new(0) }; Source::ALL.len()];
 
 /// Readings accepted from `source` since this process started (every latch in it, as the
 /// metrics count them too); 0 for a source that is not counted.
 pub fn accepted_total(source: &str) -> u64 {
-    accepted(source).map_or(0, |n| n.load(Ordering::Relaxed))
-}
-
-/// The in-process count of `source`, if it is one of [`SOURCES`].
-fn accepted(source: &str) -> Option<&'static AtomicU64> {
-    SOURCES
-        .iter()
-        .position(|s| *s == source)
-        .map(|i| &ACCEPTED[i])
+    Source::parse(source).map_or(0, |s| ACCEPTED[s.index()].load(Ordering::Relaxed))
 }
 
 /// Counts a durable batch's outcome, per reading, in the metrics.
-fn count(source: &'static str, report: &Report) {
+fn count(source: Source, report: &Report) {
     families::READINGS_ACCEPTED
-        .counter_with(&[("source", source)])
+        .counter_with(&[("source", source.as_str())])
         .increment(report.accepted as u64);
-    if let Some(n) = accepted(source) {
-        n.fetch_add(report.accepted as u64, Ordering::Relaxed);
-    }
+    ACCEPTED[source.index()].fetch_add(report.accepted as u64, Ordering::Relaxed);
     for (_, rej) in &report.rejected {
         families::READINGS_REJECTED
-            .counter_with(&[("source", source), ("reason", rej.code.as_str())])
+            .counter_with(&[("source", source.as_str()), ("reason", rej.code.as_str())])
             .increment(1);
     }
 }

@@ -18,14 +18,14 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 
 use super::{Error, Ingest, Report};
-use crate::domain::{Reading, Rejection};
+use crate::domain::{Reading, Rejection, Source};
 use crate::engine::Sequence;
 
 /// Batches in the engine, waiting for their commits; `T` is what the source keeps of a
 /// batch to acknowledge it (delivery tags, publishes).
 pub(crate) struct Pipeline<T> {
     ingest: Ingest,
-    source: &'static str,
+    source: Source,
     depth: usize,
     waiting: FuturesOrdered<BoxFuture<'static, Done<T>>>,
     /// The session's batches: cut at the first that does not wholly commit.
@@ -49,7 +49,7 @@ impl<T: Send + 'static> Pipeline<T> {
         self.ingest.now()
     }
 
-    pub(crate) fn new(ingest: Ingest, source: &'static str, depth: usize) -> Self {
+    pub(crate) fn new(ingest: Ingest, source: Source, depth: usize) -> Self {
         Self {
             ingest,
             source,

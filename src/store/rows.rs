@@ -131,6 +131,20 @@ pub(crate) const EVENT_N: usize = 9;
 /// An attempt: [`attempt`].
 pub(crate) const ATTEMPT_COLS: &str = "notification_id, at, status_code, error, duration_ms";
 
+/// `sites.retold` (`SiteState::retold`), on both stores: `,client@released,` per client.
+pub(crate) fn retold_listed(retold: &[(String, i64)]) -> String {
+    let items: Vec<String> = retold.iter().map(|(c, at)| format!("{c}@{at}")).collect();
+    crate::domain::silence::Match::listed(&items)
+}
+
+/// The inverse of [`retold_listed`].
+pub(crate) fn retold_from(s: &str) -> Vec<(String, i64)> {
+    crate::domain::silence::Match::unlisted(s, |p| {
+        let (c, at) = p.rsplit_once('@')?;
+        Some((c.to_string(), at.parse().ok()?))
+    })
+}
+
 /// Typed access to the columns of one result row, by position.
 pub(crate) trait Cols {
     type Error;

@@ -16,7 +16,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
 use tokio_util::sync::CancellationToken;
 
-use super::{BATCH_MAX, ERROR_HEADER, ERROR_HEADER_MAX, PIPELINE, REASON_HEADER, SOURCE, bounded};
+use super::{BATCH_MAX, ERROR_HEADER, ERROR_HEADER_MAX, PIPELINE, REASON_HEADER, bounded};
 use crate::domain::{Millis, RejectCode, Rejection, reading};
 use crate::ingest::pipeline::{Done, Pipeline};
 use crate::ingest::{Dedup, Ingest};
@@ -79,7 +79,7 @@ pub(super) async fn consume(
     // Message ids of batches still waiting for their commit: a copy arriving meanwhile is
     // a duplicate too. Per session, since a new session gets every unacknowledged one again.
     let mut in_flight = HashSet::new();
-    let mut pipeline = Pipeline::new(ingest.clone(), SOURCE, PIPELINE);
+    let mut pipeline = Pipeline::new(ingest.clone(), crate::domain::Source::Amqp, PIPELINE);
     let result: anyhow::Result<()> = async {
         let mut stopping = false;
         loop {

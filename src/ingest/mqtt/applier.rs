@@ -28,7 +28,7 @@ use rumqttc::v5::mqttbytes::v5::Publish;
 use tokio::sync::mpsc;
 
 use super::resent::Resent;
-use super::{Inbound, Link, SOURCE, parse_publish};
+use super::{Inbound, Link, parse_publish};
 use crate::ingest::next_backoff;
 use crate::ingest::pipeline::{Done, Pipeline};
 use crate::telemetry::families;
@@ -104,7 +104,7 @@ pub(super) async fn run(
         client,
         link,
         reconnect,
-        pipeline: Pipeline::new(ingest, SOURCE, super::PIPELINE),
+        pipeline: Pipeline::new(ingest, crate::domain::Source::Mqtt, super::PIPELINE),
         waiting: VecDeque::new(),
         sequence_of: 0,
         poisoned: 0,

@@ -8,9 +8,7 @@ use std::collections::HashSet;
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::super::{Decided, NotificationRef, Result};
-use super::site_rows::{
-    SITE_ROW, insert_one, linked, members, retold_listed, site_row, state_of, stored_sensor,
-};
+use super::site_rows::{SITE_ROW, insert_one, linked, members, site_row, state_of, stored_sensor};
 use crate::domain::silence::Match;
 use crate::domain::site::decide::{self, HeldEvent, Hold, Rules, SiteState};
 use crate::domain::site::{Site, SiteEvent};
@@ -166,7 +164,7 @@ fn decide_one(
         Match::listed(&d.state.told),
         Match::listed(&d.state.told_clients),
         d.state.released,
-        retold_listed(&d.state.retold)
+        super::super::rows::retold_listed(&d.state.retold)
     ])?;
     Ok((made, d.changed))
 }

@@ -67,20 +67,6 @@ pub(super) fn insert_one(
     })
 }
 
-/// `sites.retold` (`SiteState::retold`): `,client@released,` per client.
-pub(super) fn retold_listed(retold: &[(String, i64)]) -> String {
-    let items: Vec<String> = retold.iter().map(|(c, at)| format!("{c}@{at}")).collect();
-    Match::listed(&items)
-}
-
-/// The inverse of [`retold_listed`].
-fn retold_from(s: &str) -> Vec<(String, i64)> {
-    Match::unlisted(s, |p| {
-        let (c, at) = p.rsplit_once('@')?;
-        Some((c.to_string(), at.parse().ok()?))
-    })
-}
-
 pub(super) fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteState> {
     let (told, clients): (String, String) = (r.get(at + 3)?, r.get(at + 4)?);
     Ok(SiteState {
@@ -90,7 +76,7 @@ pub(super) fn state_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<SiteSta
         told: Match::unlisted(&told, |p| SensorId::parse(p).ok()),
         told_clients: Match::unlisted(&clients, |c| Some(c.to_string())),
         released: r.get(at + 5)?,
-        retold: retold_from(&r.get::<_, String>(at + 6)?),
+        retold: super::super::rows::retold_from(&r.get::<_, String>(at + 6)?),
     })
 }
 
