@@ -19,6 +19,8 @@ use crate::domain::partition::{self, Partitioning};
 use crate::domain::{Millis, SensorId, Source};
 
 #[cfg(test)]
+mod follow_tests;
+#[cfg(test)]
 mod scheme_tests;
 #[cfg(test)]
 mod tests;
