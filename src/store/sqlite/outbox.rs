@@ -40,13 +40,7 @@ fn retell(tx: &rusqlite::Transaction<'_>, n: &Notification) -> rusqlite::Result<
         params![n.seq, n.body],
     )?;
     tx.execute("DELETE FROM notification_sensors WHERE seq = ?1", [n.seq])?;
-    let mut named = tx.prepare_cached(
-        "INSERT OR IGNORE INTO notification_sensors (sensor_id, seq) VALUES (?1, ?2)",
-    )?;
-    for sensor in crate::domain::site::sensors_named_in(n.body.as_deref()) {
-        named.execute(params![sensor.to_string(), n.seq])?;
-    }
-    Ok(())
+    super::site_rows::name_sensors(tx, n.seq, n.body.as_deref())
 }
 
 #[async_trait]

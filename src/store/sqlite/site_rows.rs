@@ -49,12 +49,7 @@ pub(super) fn insert_one(
             ],
             |r| r.get(0),
         )?;
-    let mut named = tx.prepare_cached(
-        "INSERT OR IGNORE INTO notification_sensors (sensor_id, seq) VALUES (?1, ?2)",
-    )?;
-    for sensor in crate::domain::site::sensors_named_in(body) {
-        named.execute(params![sensor.to_string(), seq])?;
-    }
+    name_sensors(tx, seq, body)?;
     Ok(NotificationRef {
         id,
         seq,
@@ -112,6 +107,17 @@ pub(super) fn members(tx: &Transaction, site: &str) -> Result<Vec<Member>> {
         })
     })
     .collect()
+}
+
+/// Writes the sensors site notification `seq`'s `body` names (`notification_sensors`).
+pub(super) fn name_sensors(tx: &Transaction, seq: i64, body: Option<&str>) -> rusqlite::Result<()> {
+    let mut named = tx.prepare_cached(
+        "INSERT OR IGNORE INTO notification_sensors (sensor_id, seq) VALUES (?1, ?2)",
+    )?;
+    for sensor in crate::domain::site::sensors_named_in(body) {
+        named.execute(params![sensor.to_string(), seq])?;
+    }
+    Ok(())
 }
 
 /// A site's row as a round reads it: the site and its decision's state.
