@@ -152,6 +152,22 @@ async fn a_commit_waiting_for_a_silent_standby_is_taken_as_committed_once() {
                 .batch_execute("SELECT pg_reload_conf()")
                 .await
                 .unwrap();
+            // The reload is a signal each backend takes at its next command: wait until a
+            // backend shows the setting, and a moment more for latch's pooled ones (a commit
+            // that began before they took it would not wait for the standby; CI saw that
+            // once, the reading visible at once).
+            for _ in 0..100 {
+                let now: String = admin
+                    .query_one("SHOW synchronous_standby_names", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                if now == names {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     };
     standby("ghost").await;
