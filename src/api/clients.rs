@@ -368,18 +368,11 @@ async fn list_clients(
     axum::Extension(sees): axum::Extension<super::SeesSecrets>,
     ApiQuery((f, page)): ApiQuery<(ClientParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
-    let page = match super::search(f.q.as_deref())? {
-        Some(q) => {
-            crate::store::find_clients(st.app.store.as_ref(), &q, f.disabled, page.to_request()?)
-                .await?
-        }
-        None => {
-            st.app
-                .store
-                .list_clients(page.to_request()?, f.disabled)
-                .await?
-        }
-    };
+    let search = super::search(f.q.as_deref())?;
+    let page = st
+        .app
+        .clients(search, f.disabled, page.to_request()?)
+        .await?;
     Ok(ApiJson(List::from_page(page, |c| {
         client_out(c, false, sees.0, st.app.now())
     })))
@@ -395,7 +388,7 @@ async fn get_client(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<ClientOut>> {
     let c = existing(&st, id.clone()).await?;
-    let health = st.app.store.client_health(id, st.app.now()).await?;
+    let health = st.app.client_health(id).await?;
     Ok(ApiJson(ClientOut {
         health: health.map(HealthOut::from),
         ..client_out(c, sees.0, sees.0, st.app.now())
@@ -471,8 +464,7 @@ pub(super) async fn replace(
 /// The client `id`, or 404.
 pub(super) async fn existing(st: &AppState, id: String) -> ApiResult<Client> {
     st.app
-        .store
-        .get_client(id)
+        .client(id)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))
 }
@@ -499,10 +491,7 @@ async fn link(
     ApiPath((client_id, sensor_id)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let sensor_id = parse_sensor_id(&sensor_id)?;
-    st.app
-        .store
-        .link(client_id, sensor_id, st.app.now())
-        .await?;
+    st.app.link(client_id, sensor_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -516,7 +505,7 @@ async fn unlink(
     ApiPath((client_id, sensor_id)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let sensor_id = parse_sensor_id(&sensor_id)?;
-    st.app.store.unlink(client_id, sensor_id).await?;
+    st.app.unlink(client_id, sensor_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -529,11 +518,7 @@ async fn client_sensors(
     ApiPath(id): ApiPath<String>,
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
-    let page = st
-        .app
-        .store
-        .list_client_sensors(id, page.to_request()?)
-        .await?;
+    let page = st.app.client_sensors(id, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 
@@ -548,11 +533,7 @@ async fn sensor_clients(
     ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<ApiJson<List<ClientOut>>> {
     let id = parse_sensor_id(&id)?;
-    let page = st
-        .app
-        .store
-        .list_sensor_clients(id, page.to_request()?)
-        .await?;
+    let page = st.app.sensor_clients(id, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, |c| {
         client_out(c, false, sees.0, st.app.now())
     })))
@@ -606,8 +587,7 @@ async fn rotate_secret(
     let secret = body.secret.unwrap_or_else(generate_secret);
     let c = st
         .app
-        .store
-        .rotate_secret(id, secret, st.app.now() + grace)
+        .rotate_secret(id, secret, grace)
         .await?
         .ok_or_else(|| ApiError::not_found("client"))?;
     tracing::info!(client_id = %c.id, "Rotated a client's secret.");
@@ -654,7 +634,7 @@ async fn test_client(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<TestOut>> {
     let client = existing(&st, id).await?;
-    let r = st.app.dispatcher.test(&client).await;
+    let r = st.app.test_client(&client).await;
     tracing::info!(client_id = %client.id, status = r.status_code, error = r.error.as_deref(),
         "Sent a test notification.");
     Ok(ApiJson(TestOut {

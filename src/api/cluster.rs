@@ -73,31 +73,16 @@ pub struct NodeOut {
     responses((status = 200, body = ClusterOut),
         (status = 503, description = "the store is unavailable", body = ErrorBody)))]
 async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut>> {
-    let Some(c) = &st.app.cluster else {
-        let partitions = st.app.engine.partitions();
-        return Ok(ApiJson(ClusterOut {
-            partitions,
-            partitioning: st.app.engine.partitioning().scheme.as_str(),
-            nodes: vec![NodeOut {
-                id: st.node.clone(),
-                address: st.address.clone(),
-                heartbeat_at: time::format(st.app.now()),
-                partitions,
-            }],
-        }));
-    };
-    let nodes = c.nodes().await.map_err(|e| match e {
-        crate::cluster::Error::Store(e) => ApiError::from(e),
-        other => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            other.to_string(),
-        ),
-    })?;
-    Ok(ApiJson(ClusterOut {
-        partitions: c.partitions(),
-        partitioning: c.partitioning().scheme.as_str(),
-        nodes: nodes
+    let c = st.app.cluster().await?;
+    let nodes = match c.nodes {
+        // One node serving every partition.
+        None => vec![NodeOut {
+            id: st.node.clone(),
+            address: st.address.clone(),
+            heartbeat_at: time::format(st.app.now()),
+            partitions: c.partitions,
+        }],
+        Some(nodes) => nodes
             .into_iter()
             .map(|n| NodeOut {
                 id: n.id,
@@ -106,6 +91,11 @@ async fn get_cluster(State(st): State<AppState>) -> ApiResult<ApiJson<ClusterOut
                 partitions: n.partitions,
             })
             .collect(),
+    };
+    Ok(ApiJson(ClusterOut {
+        partitions: c.partitions,
+        partitioning: c.partitioning.scheme.as_str(),
+        nodes,
     }))
 }
 
@@ -161,9 +151,8 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
         });
         tickets.push((
             n,
-            st.app
-                .engine
-                .enqueue_here(items, now, b.source, seq.as_ref(), keyed.as_ref())
+            st.ingest
+                .enqueue_forwarded(b.source, items, now, seq.as_ref(), keyed.as_ref())
                 .await,
         ));
     }
@@ -195,12 +184,6 @@ async fn forwarded(State(st): State<AppState>, headers: HeaderMap, body: Bytes) 
 
 /// Another node changed the registry: read the changes now.
 async fn follow(State(st): State<AppState>) -> Response {
-    let Some(pokes) = &st.app.follow else {
-        return StatusCode::NO_CONTENT.into_response();
-    };
-    let (done, wait) = tokio::sync::oneshot::channel();
-    if pokes.send(done).await.is_ok() {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), wait).await;
-    }
+    st.app.follow_now().await;
     StatusCode::NO_CONTENT.into_response()
 }

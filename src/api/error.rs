@@ -225,6 +225,12 @@ impl From<crate::app::Error> for ApiError {
             crate::app::Error::Invalid(m) => ApiError::invalid(m),
             crate::app::Error::Engine(e) => e.into(),
             crate::app::Error::History(e) => e.into(),
+            crate::app::Error::Cluster(crate::cluster::Error::Store(e)) => e.into(),
+            crate::app::Error::Cluster(other) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                other.to_string(),
+            ),
         }
     }
 }

@@ -39,20 +39,15 @@ pub struct FleetOut {
 #[utoipa::path(get, path = "/v1/fleet", tag = "sensors",
     responses((status = 200, body = FleetOut)))]
 async fn get_fleet(State(st): State<AppState>) -> ApiResult<ApiJson<FleetOut>> {
-    let counts = st.app.store.count_sensors().await?;
-    let pending = st.app.store.count_pending().await?;
-    let sites = st.app.store.site_totals().await?;
+    let f = st.app.fleet().await?;
+    let (counts, sites) = (f.sensors, f.sites);
     Ok(ApiJson(FleetOut {
         sensors: counts.online + counts.lost + counts.unknown,
         online: counts.online,
         lost: counts.lost,
         unknown: counts.unknown,
         sites_down: sites.down,
-        notifications_pending: pending,
-        history_from: st
-            .app
-            .history
-            .history_from()
-            .map(crate::domain::time::format),
+        notifications_pending: f.pending,
+        history_from: f.history_from.map(crate::domain::time::format),
     }))
 }

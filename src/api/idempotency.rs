@@ -23,8 +23,8 @@ use sha2::{Digest, Sha256};
 use super::AppState;
 use super::error::{ApiError, ApiResult};
 use crate::domain::{Millis, Reading, Rejection};
-use crate::ingest::http::{self, Accepted, Idempotent};
-use crate::store::{Taken, idempotency};
+use crate::ingest::http::{Accepted, Idempotent};
+use crate::store::Taken;
 
 /// The request header.
 pub const HEADER: &str = "idempotency-key";
@@ -85,7 +85,9 @@ fn fingerprint(method: &Method, path: &str, body: &[u8]) -> String {
 
 /// Takes `key` for a create: `Ok(())` to run it, else the answer to give now.
 async fn take(st: &AppState, key: &str, fingerprint: String) -> Result<(), Response> {
-    let taken = idempotency::take(&*st.app.store, key, fingerprint, st.app.now())
+    let taken = st
+        .app
+        .take_key(key, fingerprint)
         .await
         .map_err(|e| ApiError::from(e).into_response())?;
     match taken {
@@ -130,7 +132,7 @@ fn replay(status: u16, body: String) -> Response {
 
 /// Keeps a create's answer for the key's repeats, or releases the key.
 async fn settle(st: &AppState, key: String, answer: Option<(u16, String)>) {
-    idempotency::settle(&*st.app.store, &key, answer).await;
+    st.app.settle_key(&key, answer).await;
 }
 
 /// `POST /v1/readings` with a key ([`http::submit_idempotent`]).
@@ -142,16 +144,11 @@ pub(super) async fn readings(
     received_at: Millis,
 ) -> Result<(StatusCode, Accepted), Response> {
     let fingerprint = fingerprint(&Method::POST, "/v1/readings", body);
-    let ran = http::submit_idempotent(
-        &st.ingest,
-        &*st.app.store,
-        &key,
-        fingerprint,
-        items,
-        received_at,
-    )
-    .await
-    .map_err(|e| ApiError::from(e).into_response())?;
+    let ran = st
+        .app
+        .submit_keyed(&st.ingest, &key, fingerprint, items, received_at)
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
     match ran {
         Idempotent::Ran { answer, .. } => {
             let status = StatusCode::from_u16(answer.outcome().status())
@@ -248,7 +245,7 @@ async fn with_secret(st: &AppState, path: &str, answer: Response) -> Response {
     };
     let id = v.get("id").and_then(|i| i.as_str()).map(str::to_string);
     if let Some(id) = id
-        && let Ok(Some(client)) = st.app.store.get_client(id).await
+        && let Ok(Some(client)) = st.app.client(id).await
         && let Some(o) = v.as_object_mut()
     {
         o.insert("secret".into(), serde_json::Value::String(client.secret));

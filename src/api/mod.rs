@@ -44,6 +44,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 
+use crate::app::reads::Readiness;
 use crate::config::Config;
 use crate::ingest::{Ingest, Sources};
 use crate::telemetry::families;
@@ -56,8 +57,13 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
-    /// The store, engine, dispatcher, history and cluster, and the sequences across them.
+    /// The store, engine, dispatcher, history and cluster, and the sequences across them:
+    /// every read and change a handler makes goes through it.
     pub app: crate::app::App,
+    /// This node's membership in a cluster, for the node-to-node transport alone: the
+    /// cluster secret a peer's request shows, and the peers a fleet-wide answer (rates,
+    /// the event stream) asks.
+    pub peers: Option<Arc<crate::cluster::Membership>>,
     pub ingest: Ingest,
     /// Broker sources and whether each is consuming.
     pub sources: Sources,
@@ -389,11 +395,6 @@ async fn readyz(State(st): State<AppState>) -> Response {
     if !st.accepting.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
     }
-    if let Some(c) = &st.app.cluster
-        && !c.ready()
-    {
-        return (StatusCode::SERVICE_UNAVAILABLE, "joining the cluster").into_response();
-    }
     let down = st.sources.down();
     if !down.is_empty() {
         return (
@@ -403,15 +404,18 @@ async fn readyz(State(st): State<AppState>) -> Response {
             .into_response();
     }
     // Open to anyone: the cause goes to the log, not to the answer.
-    match st.app.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
+    match st.app.ready().await {
+        Readiness::Ready => (StatusCode::OK, "ready").into_response(),
+        Readiness::Joining => {
+            (StatusCode::SERVICE_UNAVAILABLE, "joining the cluster").into_response()
+        }
         // Not a secret, and what an operator must act on: named in the answer.
-        Err(e) if e.is_full() => (
+        Readiness::Store(e) if e.is_full() => (
             StatusCode::SERVICE_UNAVAILABLE,
             "storage full: the store's disk has no space; readings are refused until space is freed",
         )
             .into_response(),
-        Err(e) => {
+        Readiness::Store(e) => {
             tracing::warn!(error = %e, "Not ready: the store does not answer.");
             (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()
         }

@@ -188,11 +188,7 @@ async fn list_notifications(
             })?),
         },
     };
-    let page = st
-        .app
-        .store
-        .list_notifications(filter, page.to_request()?)
-        .await?;
+    let page = st.app.notifications(filter, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, out)))
 }
 
@@ -206,8 +202,7 @@ async fn get_notification(
 ) -> ApiResult<ApiJson<NotificationDetail>> {
     let (n, attempts) = st
         .app
-        .store
-        .get_notification(id)
+        .notification(id)
         .await?
         .ok_or_else(|| ApiError::not_found("notification"))?;
     Ok(ApiJson(NotificationDetail {
@@ -229,8 +224,7 @@ async fn retry_notification(
     st.app.retry_notification(id.clone()).await?;
     let (n, _) = st
         .app
-        .store
-        .get_notification(id)
+        .notification(id)
         .await?
         .ok_or_else(|| ApiError::not_found("notification"))?;
     Ok((StatusCode::ACCEPTED, ApiJson(out(n))))

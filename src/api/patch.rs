@@ -110,8 +110,7 @@ async fn patch_sensor(
     let id = parse_sensor_id(&id)?;
     let view = st
         .app
-        .store
-        .get_sensor(id)
+        .sensor(id)
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
     let body: SensorReplace = merged::<SensorPatch, _>(sensor_out(view), patch)?;

@@ -16,7 +16,7 @@ use crate::cluster::SECRET_HEADER;
 /// guesser is throttled ([`super::authenticate`]). There is always a secret
 /// ([`crate::cluster::trust`]), whatever the API's tokens are.
 pub(super) async fn admit(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(c) = &st.app.cluster else {
+    let Some(c) = &st.peers else {
         return ApiError::not_found("route").into_response();
     };
     let given = req

@@ -97,7 +97,7 @@ impl RatesOut {
     responses((status = 200, body = RatesOut)))]
 async fn get_rates(State(st): State<AppState>) -> ApiResult<ApiJson<RatesOut>> {
     let mine = st.recent.last_hour(st.app.now());
-    let Some(c) = &st.app.cluster else {
+    let Some(c) = &st.peers else {
         return Ok(ApiJson(RatesOut::of(&mine, 1, Vec::new())));
     };
     let end = mine.end;

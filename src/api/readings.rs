@@ -206,16 +206,6 @@ impl From<&Event> for EventOut {
     }
 }
 
-async fn existing(st: &AppState, id: &str) -> ApiResult<crate::domain::SensorId> {
-    let id = parse_sensor_id(id)?;
-    st.app
-        .store
-        .get_sensor(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("sensor"))?;
-    Ok(id)
-}
-
 /// A sensor's readings, oldest first, by device time.
 #[utoipa::path(get, path = "/v1/sensors/{id}/readings", tag = "history",
     params(("id" = String, Path), RangeParams, PageParams),
@@ -227,8 +217,12 @@ async fn sensor_readings(
     ApiQuery((range, page)): ApiQuery<(RangeParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<ReadingOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
-    let id = existing(&st, &id).await?;
-    let page = st.app.history.readings(id, range, page).await?;
+    let id = parse_sensor_id(&id)?;
+    let page = st
+        .app
+        .readings(id, range, page)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sensor"))?;
     Ok(ApiJson(List::from_page(
         page,
         |Stored { row: r, .. }| ReadingOut {
@@ -252,8 +246,12 @@ async fn sensor_events(
     ApiQuery((range, page)): ApiQuery<(RangeParams, PageParams)>,
 ) -> ApiResult<ApiJson<List<EventOut>>> {
     let (range, page) = (range.range()?, page.to_request()?);
-    let id = existing(&st, &id).await?;
-    let page = st.app.history.events(id, range, page).await?;
+    let id = parse_sensor_id(&id)?;
+    let page = st
+        .app
+        .events(id, range, page)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sensor"))?;
     Ok(ApiJson(List::from_page(
         page,
         |Stored { row: e, .. }| EventOut::from(&e),

@@ -208,12 +208,8 @@ async fn list_sensors(
     let connection = connection_filter(filter.connection.as_deref())?;
     let site = filter.site_id.filter(|s| !s.is_empty());
     let page = page.to_request()?;
-    let store = &st.app.store;
-    let page = match (super::search(filter.q.as_deref())?, site) {
-        (Some(q), site) => store.find_sensors(q, connection, site, page).await?,
-        (None, Some(site)) => store.site_sensors(site, connection, page).await?,
-        (None, None) => store.list_sensors(connection, page).await?,
-    };
+    let search = super::search(filter.q.as_deref())?;
+    let page = st.app.sensors(search, connection, site, page).await?;
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 
@@ -227,8 +223,7 @@ async fn get_sensor(
     let id = parse_sensor_id(&id)?;
     let view = st
         .app
-        .store
-        .get_sensor(id)
+        .sensor(id)
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;
     Ok(ApiJson(sensor_out(view)))

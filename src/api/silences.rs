@@ -199,11 +199,7 @@ async fn list_silences(
         })?),
     };
     let now = st.app.now();
-    let page = st
-        .app
-        .store
-        .list_silences(state, now, page.to_request()?)
-        .await?;
+    let page = st.app.silences(state, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, |s| silence_out(s, now))))
 }
 
@@ -216,8 +212,7 @@ async fn get_silence(
 ) -> ApiResult<ApiJson<SilenceOut>> {
     let s = st
         .app
-        .store
-        .get_silence(id)
+        .silence(id)
         .await?
         .ok_or_else(|| ApiError::not_found("silence"))?;
     Ok(ApiJson(silence_out(s, st.app.now())))

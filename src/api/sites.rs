@@ -184,7 +184,7 @@ async fn list_sites(
             )));
         }
     };
-    let page = st.app.store.list_sites(down, page.to_request()?).await?;
+    let page = st.app.sites(down, page.to_request()?).await?;
     Ok(ApiJson(List::from_page(page, site_out)))
 }
 
@@ -200,10 +200,11 @@ async fn site_sensors(
 ) -> ApiResult<ApiJson<List<SensorOut>>> {
     let connection = super::sensors::connection_filter(filter.connection.as_deref())?;
     let page = page.to_request()?;
-    if st.app.store.get_site(id.clone()).await?.is_none() {
-        return Err(ApiError::not_found("site"));
-    }
-    let page = st.app.store.site_sensors(id, connection, page).await?;
+    let page = st
+        .app
+        .site_sensors(id, connection, page)
+        .await?
+        .ok_or_else(|| ApiError::not_found("site"))?;
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 
@@ -216,8 +217,7 @@ async fn get_site(
 ) -> ApiResult<ApiJson<SiteOut>> {
     let site = st
         .app
-        .store
-        .get_site(id)
+        .site(id)
         .await?
         .ok_or_else(|| ApiError::not_found("site"))?;
     Ok(ApiJson(site_out(site)))

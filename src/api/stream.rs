@@ -142,7 +142,7 @@ fn out(e: &Live) -> serde_json::Result<(&'static str, String)> {
     responses((status = 200, description = "server-sent events until the client disconnects",
         content_type = "text/event-stream", body = inline(StreamData))))]
 async fn stream(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    let events = match &st.app.cluster {
+    let events = match &st.peers {
         None => local(&st),
         Some(c) => {
             let relayed = relay(c.clone(), st.streams_stop.child_token());

@@ -317,7 +317,7 @@ async fn create_token(
         hash: token::hash(&secret),
         created_at: st.app.now(),
     };
-    st.app.store.create_token(t.clone()).await?;
+    st.app.create_token(t.clone()).await?;
     st.tokens.insert(&t);
     tracing::info!(token_id = %t.id, name = %t.name, "API token created.");
     Ok((StatusCode::CREATED, ApiJson(token_out(t, Some(secret)))))
@@ -327,7 +327,7 @@ async fn create_token(
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
     responses((status = 200, body = List<TokenOut>)))]
 async fn list_tokens(State(st): State<AppState>) -> ApiResult<ApiJson<List<TokenOut>>> {
-    let items = st.app.store.list_tokens().await?;
+    let items = st.app.tokens().await?;
     Ok(ApiJson(List::from_page(
         store::Page { items, next: None },
         |t| token_out(t, None),
@@ -342,7 +342,7 @@ async fn delete_token(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    if !st.app.store.delete_token(id.clone()).await? {
+    if !st.app.delete_token(id.clone()).await? {
         return Err(ApiError::not_found("token"));
     }
     st.tokens.remove(&id);

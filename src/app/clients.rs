@@ -2,9 +2,10 @@
 //! dispatcher keeps of them (rate limits, batching, parked lanes).
 
 use super::{App, Result};
-use crate::domain::Client;
+use crate::delivery::attempt::AttemptResult;
 use crate::domain::client::effective_batch;
-use crate::telemetry::families;
+use crate::domain::{Client, Millis, SensorId};
+use crate::telemetry::events::{ClientEnabled, Emit};
 
 impl App {
     /// Registers `client` (stamped by the caller with [`App::now`]); the dispatcher paces
@@ -44,10 +45,12 @@ impl App {
         };
         let pending = self.store.load_client_pending(id.clone()).await?;
         if was_disabled {
-            tracing::info!(client_id = %id, pending = pending.len(), "Enabled a client.");
-            if let Ok(n) = self.store.count_disabled_clients().await {
-                families::CLIENTS_DISABLED.gauge().set(n as f64);
+            ClientEnabled {
+                client_id: &id,
+                pending: pending.len(),
+                now_disabled: self.store.count_disabled_clients().await.ok(),
             }
+            .emit();
         }
         self.dispatcher.resume(&id, pending);
         Ok(self.store.get_client(id).await?)
@@ -59,5 +62,35 @@ impl App {
             .set_rate_limit(&client.id, client.rate_limit);
         self.dispatcher
             .set_batch(&client.id, effective_batch(client.batch, &client.url));
+    }
+}
+
+impl App {
+    /// Links a sensor to a client (idempotent): its next changes notify the client.
+    pub async fn link(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        Ok(self.store.link(client_id, sensor_id, self.now()).await?)
+    }
+
+    /// Unlinks them (idempotent); pending notifications to the client about the sensor are
+    /// cancelled at their next attempt.
+    pub async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        Ok(self.store.unlink(client_id, sensor_id).await?)
+    }
+
+    /// Gives a client a new secret; the old one signs too for `grace` (`None`: no such
+    /// client).
+    pub async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        grace: Millis,
+    ) -> Result<Option<Client>> {
+        let until = self.now() + grace;
+        Ok(self.store.rotate_secret(id, secret, until).await?)
+    }
+
+    /// Sends one signed `client.test` to `client` now and answers what happened.
+    pub async fn test_client(&self, client: &Client) -> AttemptResult {
+        self.dispatcher.test(client).await
     }
 }

@@ -4,11 +4,14 @@
 //! Handlers parse, call one of these, and map the result; they decide no order of steps.
 
 mod clients;
+mod keys;
 mod notifications;
+pub mod reads;
 pub mod rounds;
 mod sensors;
 pub mod silences;
 pub mod sites;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -28,6 +31,8 @@ pub enum Error {
     Engine(#[from] engine::Error),
     #[error(transparent)]
     History(#[from] history::Error),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::Error),
     /// The call names something that does not exist or cannot be (a site, a client, a
     /// sensor a silence matches).
     #[error("{0}")]
@@ -36,21 +41,64 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// The service's parts a caller acts through; cheap to clone.
+/// The service's parts a caller acts through; cheap to clone. Its handles are private: a
+/// handler reads and changes the service only through the steps below, so the order of
+/// steps across the parts is decided here alone.
 #[derive(Clone)]
 pub struct App {
+    store: Arc<dyn Store>,
+    engine: Engine,
+    dispatcher: Dispatcher,
+    /// History reads and deletions: the store, or ClickHouse plus the store's spool.
+    history: History,
+    /// Cluster mode (PostgreSQL): this node's membership.
+    cluster: Option<Arc<Membership>>,
+    /// Asks the engine's registry follower for a round now (on a shared store).
+    follow: Option<Pokes>,
+}
+
+/// What [`App::new`] is made of: the service's parts as the node started them.
+pub struct Parts {
     pub store: Arc<dyn Store>,
     pub engine: Engine,
     pub dispatcher: Dispatcher,
-    /// History reads and deletions: the store, or ClickHouse plus the store's spool.
     pub history: History,
-    /// Cluster mode (PostgreSQL): this node's membership.
     pub cluster: Option<Arc<Membership>>,
-    /// Asks the engine's registry follower for a round now (on a shared store).
     pub follow: Option<Pokes>,
 }
 
 impl App {
+    pub fn new(p: Parts) -> Self {
+        let Parts {
+            store,
+            engine,
+            dispatcher,
+            history,
+            cluster,
+            follow,
+        } = p;
+        Self {
+            store,
+            engine,
+            dispatcher,
+            history,
+            cluster,
+            follow,
+        }
+    }
+
+    /// Has the engine read the registry's changes now (on a shared store, where another
+    /// node made them); waits up to 3 s for the round.
+    pub async fn follow_now(&self) {
+        let Some(pokes) = &self.follow else {
+            return;
+        };
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if pokes.send(done).await.is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(3), wait).await;
+        }
+    }
+
     /// The service's clock (the engine's): every time a caller's step stamps.
     pub fn now(&self) -> Millis {
         self.engine.now()

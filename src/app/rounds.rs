@@ -13,10 +13,12 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::delivery::Dispatcher;
 use crate::domain::site::decide::Rules;
-use crate::domain::site::{SiteEvent, SiteTotals};
-use crate::domain::{EventKind, Live, Millis};
+use crate::domain::{Live, Millis};
 use crate::store::Store;
-use crate::telemetry::families;
+use crate::telemetry::events::{
+    Emit, SilencesReconcileFailed, SilencesReconciled, SiteChanged, SiteTotalsCounted,
+    SitesDecideFailed, SitesDecided,
+};
 
 /// How often a node runs a round.
 const EVERY: Duration = Duration::from_secs(1);
@@ -81,10 +83,13 @@ pub async fn run(
                     }
                     let more = decided.more;
                     for e in &decided.changed {
-                        tell_site(e);
+                        SiteChanged(e).emit();
                     }
                     if !decided.made.is_empty() {
-                        tracing::info!(notifications = decided.made.len(), "Sites decided.");
+                        SitesDecided {
+                            notifications: decided.made.len(),
+                        }
+                        .emit();
                         dispatcher.deliver_served(decided.made);
                     }
                     for e in decided.changed {
@@ -96,7 +101,7 @@ pub async fn run(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "Could not decide sites; trying again.");
+                    SitesDecideFailed { error: &e }.emit();
                     made_in_doubt(&dispatcher, &e);
                     break;
                 }
@@ -106,19 +111,23 @@ pub async fn run(
         match store.reconcile_silences(now - settings.settle, now).await {
             Ok(made) if made.is_empty() => {}
             Ok(made) => {
-                tracing::info!(
-                    notifications = made.len(),
-                    "A silence ended: clients brought up to date."
-                );
+                SilencesReconciled {
+                    notifications: made.len(),
+                }
+                .emit();
                 dispatcher.deliver_served(made);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "Could not reconcile ended silences; trying again.");
+                SilencesReconcileFailed { error: &e }.emit();
                 made_in_doubt(&dispatcher, &e);
             }
         }
         match store.site_totals().await {
-            Ok(t) => gauge_totals(t, clock.now()),
+            Ok(totals) => SiteTotalsCounted {
+                totals,
+                now: clock.now(),
+            }
+            .emit(),
             Err(e) => tracing::debug!(error = %e, "Could not count the sites down."),
         }
     }
@@ -135,29 +144,4 @@ fn made_in_doubt(dispatcher: &Dispatcher, e: &crate::store::Error) {
     if e.maybe_written() {
         dispatcher.look_for_pending(i64::MIN);
     }
-}
-
-/// A site went down or came back: the log says so.
-fn tell_site(e: &SiteEvent) {
-    match e.kind {
-        EventKind::SiteConnectionLost => tracing::warn!(
-            site_id = %e.site_id, sensors = e.sensors, lost = e.lost,
-            "A site is down."
-        ),
-        _ => tracing::info!(
-            site_id = %e.site_id, sensors = e.sensors, lost = e.lost,
-            "A site is back."
-        ),
-    }
-}
-
-/// The sites' gauges: the whole store's, the same on every node (a cluster's dashboards
-/// take the maximum over its nodes, not the sum).
-fn gauge_totals(t: SiteTotals, now: Millis) {
-    families::SITES_DOWN.gauge().set(t.down as f64);
-    families::SITE_HELD_EVENTS.gauge().set(t.held as f64);
-    let oldest = t.oldest_grace.map_or(0, |p| (now - p).max(0));
-    families::SITE_GRACE_OLDEST_SECONDS
-        .gauge()
-        .set(oldest as f64 / 1000.0);
 }

@@ -111,6 +111,23 @@ impl Ingest {
     }
 }
 
+impl Ingest {
+    /// Readings another node forwarded because this node serves their partitions: enqueued
+    /// here, never forwarded again ([`Engine::enqueue_here`]).
+    pub async fn enqueue_forwarded(
+        &self,
+        source: Source,
+        items: Vec<Result<Reading, Rejection>>,
+        received_at: Millis,
+        sequence: Option<&Sequence>,
+        keyed: Option<&crate::store::Keyed>,
+    ) -> Result<engine::Ticket, engine::Error> {
+        self.engine
+            .enqueue_here(items, received_at, source, sequence, keyed)
+            .await
+    }
+}
+
 /// The ticket's report once durable, counted in the metrics.
 fn durable(source: Source, ticket: engine::Ticket) -> Durable {
     Box::pin(async move {

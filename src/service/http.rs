@@ -41,14 +41,15 @@ impl Http {
         let streams_stop = CancellationToken::new();
         let state = api::AppState {
             config: config.clone(),
-            app: crate::app::App {
+            app: crate::app::App::new(crate::app::Parts {
                 store: base.store.clone(),
                 engine: core.engine.clone(),
                 dispatcher: delivery.dispatcher.clone(),
                 history,
                 cluster: base.membership.clone(),
                 follow: core.follow.clone(),
-            },
+            }),
+            peers: base.membership.clone(),
             ingest: sources.ingest.clone(),
             sources: sources.sources.clone(),
             metrics,
