@@ -11,7 +11,6 @@ mod cluster_amqp;
 pub mod deliver;
 pub mod deliver_broker;
 pub mod fleet;
-pub mod heap;
 pub mod history;
 pub mod ingest;
 mod mtls;

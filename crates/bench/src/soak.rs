@@ -136,7 +136,9 @@ fn kb_field(file: &str, field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-pub async fn run(args: Args) -> anyhow::Result<Report> {
+/// `live_heap` reads the bytes of Rust's heap in use: the `latch` binary's counting
+/// allocator, which the caller switched on before the first allocation measured.
+pub async fn run(args: Args, live_heap: fn() -> i64) -> anyhow::Result<Report> {
     let clients_n = args.clients.max(1) as u64;
     anyhow::ensure!(
         args.window < (args.sensors as u64) * clients_n,
@@ -297,7 +299,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         let (rss, anon) = (status_bytes("VmRSS:"), status_bytes("RssAnon:"));
         let huge = kb_field("/proc/self/smaps_rollup", "AnonHugePages:");
         let (sqlite, heap, threads) = (sqlite_bytes(), heap_in_use(), threads());
-        let live = super::heap::live();
+        let live = live_heap();
         eprintln!(
             "soak: RSS {:.1} MiB ({:.1} MiB anonymous, {:.1} MiB of it huge pages; C heap in use {:.1} MiB, {:.1} MiB of it SQLite's; Rust heap live {:.1} MiB; {threads} threads) after {sent} notifications",
             rss as f64 / MIB,

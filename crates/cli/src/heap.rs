@@ -1,8 +1,9 @@
 //! Live bytes of Rust's heap, for `latch bench soak`: RSS alone cannot tell memory the
 //! program still holds from memory the allocator keeps after it was freed, and mimalloc
-//! keeps no such count in a release build. The `latch` binary's global allocator wraps
-//! mimalloc in [`Counting`]; it counts only once a soak has switched it on, so every
-//! other command pays one relaxed load per allocation.
+//! keeps no such count in a release build. The binary's global allocator wraps mimalloc in
+//! [`Counting`]; it counts only once a soak has switched it on, so every other command pays
+//! one relaxed load per allocation. It lives in the binary, which owns the global
+//! allocator; the soak is handed [`live`] to read it.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

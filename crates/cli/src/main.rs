@@ -14,8 +14,9 @@ use clap::{Parser, Subcommand};
 /// use flat); see also [`no_transparent_huge_pages`]. Wrapped in a count of live bytes that
 /// only `latch bench soak` switches on, to tell what latch holds from what mimalloc keeps.
 #[global_allocator]
-static ALLOCATOR: latch_bench::heap::Counting<mimalloc::MiMalloc> =
-    latch_bench::heap::Counting(mimalloc::MiMalloc);
+static ALLOCATOR: heap::Counting<mimalloc::MiMalloc> = heap::Counting(mimalloc::MiMalloc);
+
+mod heap;
 
 #[derive(Parser)]
 #[command(
@@ -172,7 +173,7 @@ fn run() -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join(" ");
             if matches!(*scenario, Scenario::Soak(_)) {
-                latch_bench::heap::count();
+                heap::count();
             }
             tokio::runtime::Runtime::new()?.block_on(async {
                 let report = match *scenario {
@@ -181,7 +182,7 @@ fn run() -> anyhow::Result<()> {
                     Scenario::Fleet(a) => latch_bench::fleet::run(a).await?,
                     Scenario::Restart(a) => latch_bench::restart::run(a).await?,
                     Scenario::History(a) => latch_bench::history::run(a).await?,
-                    Scenario::Soak(a) => latch_bench::soak::run(a).await?,
+                    Scenario::Soak(a) => latch_bench::soak::run(a, heap::live).await?,
                     Scenario::Retention(a) => latch_bench::retention::run(a).await?,
                     Scenario::Cluster(a) => latch_bench::cluster_any(a).await?,
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
