@@ -43,6 +43,7 @@ use crate::domain::partition::Partitioning;
 use crate::domain::{Millis, SensorId, Source};
 use crate::engine::{Engine, Route, Routing};
 use crate::store::{ClusterStore, Lease, NodeRow, SensorRuntime, SourceLink};
+use crate::telemetry::events::{ClusterLeft, Emit, PartitionsHeld, PartitionsTaken};
 use crate::telemetry::families;
 
 pub use forward::{HttpForwarder, SECRET_HEADER};
@@ -528,10 +529,7 @@ impl Membership {
             self.held.lock().expect("held").insert(l.partition, l.epoch);
             self.serving[l.partition as usize].store(true, Ordering::Relaxed);
         }
-        families::CLUSTER_TAKEOVERS
-            .counter()
-            .increment(got.len() as u64);
-        tracing::info!(partitions = ?parts, "Took partitions over.");
+        PartitionsTaken { partitions: &parts }.emit();
         // Their backlog of notifications is delivered from here now.
         dispatcher.sweep_now();
         self.publish_held();
@@ -540,9 +538,7 @@ impl Membership {
 
     fn publish_held(&self) {
         let held = self.held.lock().expect("held");
-        families::CLUSTER_PARTITIONS_OWNED
-            .gauge()
-            .set(held.len() as f64);
+        PartitionsHeld(held.len()).emit();
         self.lead.set(held.contains_key(&0));
         let now: std::collections::BTreeSet<u32> = held.keys().copied().collect();
         self.served.send_if_modified(|served| {
@@ -641,8 +637,10 @@ impl Membership {
         if let Err(e) = self.store.leave(&self.node).await {
             tracing::warn!(error = %e, "Leaving the cluster failed.");
         }
-        families::CLUSTER_PARTITIONS_OWNED.gauge().set(0.0);
-        tracing::info!(partitions = held.len(), "Left the cluster.");
+        ClusterLeft {
+            released: held.len(),
+        }
+        .emit();
     }
 }
 

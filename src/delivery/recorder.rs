@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use crate::clock::Clock;
 use crate::domain::{Millis, Outcome};
 use crate::store::{Outbox, Registry};
-use crate::telemetry::families;
+use crate::telemetry::events::{ClientsDisabled, Emit, OutcomesAbandoned, OutcomesNotRecorded};
 
 /// Most outcomes written in one store call.
 const RECORD_BATCH_MAX: usize = 2048;
@@ -61,27 +61,29 @@ pub(super) async fn recorder(
                     let ids = batch.iter().map(|o| o.notification_id.clone()).collect();
                     let _ = written.send(super::Cmd::Recorded(ids));
                     if !disabled.is_empty() {
-                        for d in &disabled {
-                            tracing::warn!(client_id = %d.client_id, reason = d.reason.as_str(),
-                                "Disabled a client: no more attempts until it is enabled.");
+                        ClientsDisabled {
+                            disabled: &disabled,
+                            now_disabled: registry.count_disabled_clients().await.ok(),
                         }
-                        if let Ok(n) = registry.count_disabled_clients().await {
-                            families::CLIENTS_DISABLED.gauge().set(n as f64);
-                        }
+                        .emit();
                     }
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, outcomes = batch.len(), "Recording delivery outcomes failed; retrying.");
+                    OutcomesNotRecorded {
+                        error: &e,
+                        outcomes: batch.len(),
+                    }
+                    .emit();
                     // At a stop, tries come often and end after a bound of their own: a store
                     // back within it still learns what the receivers answered.
                     if rx.is_closed() {
                         let since = *closed_at.get_or_insert_with(tokio::time::Instant::now);
                         if since.elapsed() >= STOP_TRIES_FOR {
-                            tracing::error!(
-                                outcomes = batch.len(),
-                                "Giving up on recording outcomes at shutdown; they will be attempted again."
-                            );
+                            OutcomesAbandoned {
+                                outcomes: batch.len(),
+                            }
+                            .emit();
                             break;
                         }
                         backoff = backoff.min(STOP_BACKOFF);

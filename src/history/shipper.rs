@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::clickhouse::ClickHouse;
 use crate::store::{self, HistoryBatch, HistorySink, HistoryStore};
-use crate::telemetry::families;
+use crate::telemetry::events::{ClickHouseUp, Emit, ShipFailed, Shipped, SpoolDepth};
 
 /// Most rows of each kind in one shipment; this many waiting ships at once.
 pub const BATCH: usize = 100_000;
@@ -80,10 +80,10 @@ pub async fn run(
         };
         match ok {
             Ok(()) => {
-                families::CLICKHOUSE_UP.gauge().set(1.0);
-                if let Some(since) = failing_since.take() {
-                    tracing::info!(after = ?since.elapsed(), "ClickHouse is back; history ships again.");
+                ClickHouseUp {
+                    failed_for: failing_since.take().map(|since| since.elapsed()),
                 }
+                .emit();
                 backoff = flush;
             }
             Err(e) if !matches!(e, store::Error::Sink(_)) => {
@@ -91,22 +91,16 @@ pub async fn run(
                 tracing::warn!(error = %e, "Reading the history spool failed.");
             }
             Err(e) => {
-                families::CLICKHOUSE_UP.gauge().set(0.0);
-                families::HISTORY_SHIP_FAILURES.counter().increment(1);
-                if failing_since.is_none() {
-                    failing_since = Some(Instant::now());
-                    tracing::warn!(error = %e,
-                        "History cannot ship to ClickHouse; it waits in the spool, ingest goes on.");
-                } else {
-                    tracing::debug!(error = %e, "History shipment failed again.");
-                }
+                let first = failing_since.is_none();
+                failing_since.get_or_insert_with(Instant::now);
+                ShipFailed { error: &e, first }.emit();
                 backoff = (backoff * 2).min(MAX_BACKOFF.max(flush));
             }
         }
         if last_depth.elapsed() >= DEPTH_EVERY {
             last_depth = Instant::now();
             if let Ok(depth) = store.spool_depth().await {
-                families::HISTORY_SPOOL_ROWS.gauge().set(depth as f64);
+                SpoolDepth(depth).emit();
             }
         }
         let wait = if failing_since.is_some() {
@@ -146,14 +140,11 @@ async fn ship_all(
             let _shipment = shipping.lock().await;
             store.ship_history(BATCH, ch).await?
         };
-        if shipped > 0 {
-            families::HISTORY_SHIPPED
-                .counter()
-                .increment(shipped as u64);
-            families::HISTORY_SHIP_SECONDS
-                .histogram()
-                .record(started.elapsed().as_secs_f64());
+        Shipped {
+            rows: shipped,
+            took: started.elapsed(),
         }
+        .emit();
         if shipped < BATCH {
             return Ok(());
         }

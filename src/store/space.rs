@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Error, Result};
-use crate::telemetry::families;
+use crate::telemetry::events::{Emit, StorageFreed, StorageFull};
 
 /// The disk's state for one store.
 #[derive(Debug, Default)]
@@ -23,16 +23,12 @@ impl Space {
         match result {
             Err(Error::Full(cause)) => {
                 if !self.full.swap(true, Ordering::Relaxed) {
-                    families::STORAGE_FULL.gauge().set(1.0);
-                    families::STORAGE_FULL_EPISODES.counter().increment(1);
-                    tracing::error!(error = %cause,
-                        "The store's disk is full: readings are refused (storage_full) until space is freed.");
+                    StorageFull { cause }.emit();
                 }
             }
             Ok(_) => {
                 if self.full.swap(false, Ordering::Relaxed) {
-                    families::STORAGE_FULL.gauge().set(0.0);
-                    tracing::warn!("The store's disk has space again: readings are accepted.");
+                    StorageFreed.emit();
                 }
             }
             Err(_) => {}

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+pub mod events;
 pub mod families;
 pub mod otlp;
 pub mod recent;

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use super::db::{Db, Sql};
 use crate::store::{Error, Result};
-use crate::telemetry::families;
+use crate::telemetry::events::{DoubtOutcome, DoubtSettled, Emit};
 
 /// How many `database_timeout`s an outcome is asked for before it is given up as unknown.
 const SETTLE_FACTOR: u32 = 12;
@@ -70,23 +70,11 @@ pub(super) async fn settle(db: &Db, doubt: Doubt, why: String) -> Result<()> {
     loop {
         match ask(db, doubt).await {
             Ok(Now::Committed) => {
-                families::COMMITS_IN_DOUBT
-                    .counter_with(&[("outcome", "committed")])
-                    .increment(1);
-                tracing::info!(
-                    xid = doubt.xid,
-                    "The commit whose answer was lost had committed."
-                );
+                settled(doubt, DoubtOutcome::Committed);
                 return Ok(());
             }
             Ok(Now::Aborted) => {
-                families::COMMITS_IN_DOUBT
-                    .counter_with(&[("outcome", "rolled_back")])
-                    .increment(1);
-                tracing::warn!(
-                    xid = doubt.xid,
-                    "The commit whose answer was lost was rolled back."
-                );
+                settled(doubt, DoubtOutcome::RolledBack);
                 return Err(Error::Backend(format!(
                     "{why}; the transaction was rolled back, nothing of it was written"
                 )));
@@ -102,24 +90,11 @@ pub(super) async fn settle(db: &Db, doubt: Doubt, why: String) -> Result<()> {
             }
         }
         if started.elapsed() >= give_up && committed {
-            families::COMMITS_IN_DOUBT
-                .counter_with(&[("outcome", "committed")])
-                .increment(1);
-            tracing::warn!(
-                xid = doubt.xid,
-                "A commit whose answer was lost has committed but not ended \
-                 (a synchronous standby that does not answer?): taken as committed."
-            );
+            settled(doubt, DoubtOutcome::CommittedNotEnded);
             return Ok(());
         }
         if started.elapsed() >= give_up {
-            families::COMMITS_IN_DOUBT
-                .counter_with(&[("outcome", "unknown")])
-                .increment(1);
-            tracing::error!(
-                xid = doubt.xid,
-                "Gave up waiting for a commit whose answer was lost."
-            );
+            settled(doubt, DoubtOutcome::Unknown);
             return Err(Error::Indeterminate(format!(
                 "{why}; its outcome could not be learnt within {give_up:?}"
             )));
@@ -193,6 +168,15 @@ async fn terminate(db: &Db, doubt: Doubt) -> bool {
             false
         }
     }
+}
+
+/// Counts and logs how a commit in doubt turned out.
+fn settled(doubt: Doubt, outcome: DoubtOutcome) {
+    DoubtSettled {
+        xid: doubt.xid,
+        outcome,
+    }
+    .emit();
 }
 
 #[cfg(test)]
