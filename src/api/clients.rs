@@ -13,10 +13,11 @@ use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
 use super::receivers::{AuthIn, AuthOut, Given, TlsIn, TlsOut, check_new_origin, settle};
 use super::sensors::{SensorOut, sensor_out};
+use crate::delivery::destination::validate_url;
 use crate::delivery::guard::Guard;
 use crate::domain::client::{
     Batch, DisabledReason, Health, generate_secret, new_client_id, secret_key, validate_batch,
-    validate_events, validate_name, validate_rate_limit, validate_url,
+    validate_events, validate_name, validate_rate_limit,
 };
 use crate::domain::{Client, Millis, destination, time};
 use std::collections::BTreeMap;

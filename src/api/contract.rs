@@ -13,8 +13,9 @@ use serde_json::{Map, Value, json};
 use super::pagination::MAX_LIMIT;
 use super::readings::MAX_READINGS_PER_REQUEST;
 use super::sensors::{MAX_DEBOUNCE_S, MAX_TIMEOUT_S};
+use crate::delivery::destination::URL_PATTERN;
 use crate::domain::EventKind;
-use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS, URL_PATTERN};
+use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS};
 use crate::domain::notification::CLIENT_TEST;
 use crate::domain::sensor::{ADDRESS_MAX_CHARS, MAX_ID_LEN};
 
@@ -137,7 +138,7 @@ fn constrain_schemas(doc: &mut Value) {
         &format!("{s}/ClientIn/properties/url"),
         // No `format: uri`: a broker destination's `{sensor_id}` is not RFC 3986, and the
         // pattern says exactly what is taken.
-        json!({"maxLength": URL_MAX_CHARS, "pattern": URL_PATTERN}),
+        json!({"maxLength": URL_MAX_CHARS, "pattern": URL_PATTERN.as_str()}),
     );
     merge(
         doc,
@@ -517,13 +518,16 @@ mod tests {
             "http://a b/",
         ];
         for u in ok {
-            assert!(matches(URL_PATTERN, u), "{u}");
-            assert!(crate::domain::client::validate_url(u).is_ok(), "{u}");
+            assert!(matches(&URL_PATTERN, u), "{u}");
+            assert!(crate::delivery::destination::validate_url(u).is_ok(), "{u}");
             assert!(reqwest::Url::parse(u).is_ok(), "{u}");
         }
         for u in bad {
-            assert!(!matches(URL_PATTERN, u), "{u}");
-            assert!(crate::domain::client::validate_url(u).is_err(), "{u}");
+            assert!(!matches(&URL_PATTERN, u), "{u}");
+            assert!(
+                crate::delivery::destination::validate_url(u).is_err(),
+                "{u}"
+            );
         }
     }
 

@@ -31,6 +31,7 @@ mod auth;
 pub mod broker;
 mod claimer;
 mod client_slots;
+pub mod destination;
 mod dispatch;
 pub mod guard;
 mod lanes;

@@ -23,13 +23,60 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::{AMQPAuthority, AMQPQueryString, AMQPScheme, AMQPUri, AMQPUserInfo};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 
-use super::{Failure, Inner, Links, Lost, Message, Protocol};
-use crate::domain::destination::Broker;
+use super::url::{Broker, Template, broker_of, check_template, placeholder};
+use super::{Failure, Lost, Message, Protocol};
+use crate::domain::destination::{Shape, decode, host, pct, port, userinfo};
 
 /// AMQP short strings (exchange names, routing keys) are at most this many bytes.
 const SHORT_MAX: usize = 255;
 
 pub(super) struct Amqp;
+
+/// An exchange name as AMQP 0-9-1 defines it.
+macro_rules! exchange {
+    () => {
+        "[A-Za-z0-9._:-]{1,255}"
+    };
+}
+macro_rules! key_char {
+    () => {
+        concat!("(?:[A-Za-z0-9._~:*/-]|", placeholder!(), ")")
+    };
+}
+/// An AMQP URL: `amqp://[user[:password]@]host[:port][/vhost]?exchange=NAME[&routing_key=KEY]`
+/// (the two parameters in either order), the default exchange only with a key.
+const URL: &str = concat!(
+    "[aA][mM][qQ][pP]://",
+    userinfo!(),
+    host!(),
+    port!(),
+    "(?:/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|",
+    pct!(),
+    ")+)?\\?(?:exchange=",
+    exchange!(),
+    "(?:&routing_key=",
+    key_char!(),
+    "*)?|routing_key=",
+    key_char!(),
+    "*&exchange=",
+    exchange!(),
+    "|exchange=&routing_key=",
+    key_char!(),
+    "+|routing_key=",
+    key_char!(),
+    "+&exchange=)",
+);
+const FORM: &str = "amqp://[user[:password]@]host[:port][/vhost]?exchange=NAME[&routing_key=KEY], where the key may hold {sensor_id} and {type}";
+static SHAPE: Shape =
+    Shape::new(|| regex::Regex::new(&format!("^(?:{URL})$")).expect("a valid pattern"));
+
+/// Where an AMQP notification goes: the exchange (`""`: the default exchange, which
+/// routes to the queue the routing key names) and the routing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Target {
+    pub exchange: String,
+    pub routing_key: Template,
+}
 
 #[derive(Clone)]
 pub(super) struct Conn {
@@ -40,10 +87,105 @@ pub(super) struct Conn {
 }
 
 impl Protocol for Amqp {
+    const SCHEME: &'static str = "amqp";
+    const DEFAULT_PORT: u16 = 5672;
+    const URL: &'static str = URL;
+    const FORM: &'static str = FORM;
+    const EXAMPLE: &'static str = "amqp://host/vhost?exchange=NAME";
+    type Target = Target;
     type Conn = Conn;
 
-    fn links(inner: &Inner) -> &Links<Self> {
-        &inner.amqp
+    fn shape() -> &'static Shape {
+        &SHAPE
+    }
+
+    fn parse(rest: &str) -> Result<(Broker, Target), String> {
+        if rest.contains('#') {
+            return Err("an amqp url takes no fragment (`#`)".into());
+        }
+        let (before, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, vhost) = match before.split_once('/') {
+            Some((a, v)) => (a, Some(v)),
+            None => (before, None),
+        };
+        let vhost = match vhost {
+            None => "/".to_string(),
+            Some("") => {
+                return Err(
+                    "the vhost is empty: leave the path out (or write /%2f) for the default \
+                            vhost `/`"
+                        .into(),
+                );
+            }
+            Some(v) => decode("vhost", v, "._~!$&'()*+,;=:@-")?,
+        };
+        let broker = broker_of(Self::SCHEME, Self::DEFAULT_PORT, authority, vhost)?;
+        let Some(query) = query else {
+            return Err(format!("an amqp url names the exchange: {}", FORM));
+        };
+        let (mut exchange, mut key) = (None, None);
+        for pair in query.split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match name {
+                "exchange" => &mut exchange,
+                "routing_key" => &mut key,
+                _ => {
+                    return Err(format!(
+                        "unknown parameter {name:?} in the amqp url: it takes exchange and routing_key"
+                    ));
+                }
+            };
+            if slot.replace(value).is_some() {
+                return Err(format!("{name} is given twice in the amqp url"));
+            }
+        }
+        let Some(exchange) = exchange else {
+            return Err(format!("an amqp url names the exchange: {}", FORM));
+        };
+        let key = key.unwrap_or("");
+        if exchange.len() > 255
+            || !exchange
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+        {
+            return Err("the exchange name may hold letters, digits and `._:-`, up to 255".into());
+        }
+        if exchange.is_empty() && key.is_empty() {
+            return Err(
+                "the default exchange (exchange=) routes by queue name: give the queue as \
+                        routing_key"
+                    .into(),
+            );
+        }
+        check_template("routing_key", key, "._~:*/-")?;
+        Ok((
+            broker,
+            Target {
+                exchange: exchange.to_string(),
+                routing_key: Template(key.to_string()),
+            },
+        ))
+    }
+
+    async fn publish(
+        conn: &Conn,
+        t: &Target,
+        sensor: &str,
+        kind: &str,
+        msg: Message,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Failure> {
+        publish(
+            conn,
+            &t.exchange,
+            t.routing_key.fill(sensor, kind),
+            msg,
+            deadline,
+        )
+        .await
     }
 
     async fn connect(
@@ -124,7 +266,7 @@ async fn watch(conn: Arc<Connection>, lost: Arc<Lost>) {
 }
 
 /// Publishes one message and waits for the broker's confirm until `deadline`.
-pub(super) async fn publish(
+async fn publish(
     conn: &Conn,
     exchange: &str,
     routing_key: String,

@@ -21,10 +21,16 @@
 //! **Credentials** live in the client's URL and in the key of its link, never in a log
 //! line or an attempt's error ([`Broker`]'s `Display` and `Debug` leave the password out).
 //! A link idle for [`IDLE`] closes, so a URL changed or deleted leaves no connection open.
+//!
+//! **A sink is one file**: its scheme, URL shape, parsing, connection and publishing are
+//! its [`Protocol`] implementation, registered once in [`SINKS`], which the API's URL
+//! check and pattern ([`super::destination`]) and the attempts both read.
 
 mod amqp;
 mod mqtt;
+mod url;
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -32,6 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -39,8 +46,9 @@ use tokio_util::task::TaskTracker;
 
 use super::attempt::{self, AttemptResult, REFUSED};
 use super::guard::{self, Guard, ResolveError};
-use crate::domain::destination::{self, Broker, Destination};
+use crate::domain::destination::Shape;
 use crate::domain::{Millis, Sendable};
+pub use url::{Broker, PLACEHOLDERS, Template};
 
 /// A link with nothing in flight and no attempt for this long closes.
 const IDLE: Duration = Duration::from_secs(300);
@@ -150,9 +158,35 @@ enum State<C> {
 
 /// What a link needs of a protocol.
 trait Protocol: Sized + Send + Sync + 'static {
+    /// The URL scheme that names this sink.
+    const SCHEME: &'static str;
+    /// The port a URL that gives none connects to.
+    const DEFAULT_PORT: u16;
+    /// Its URLs' shape as a regular expression without anchors: one alternative of the
+    /// API's published URL pattern, which takes exactly what [`Protocol::parse`] takes (a
+    /// unit test holds the two to the same verdicts).
+    const URL: &'static str;
+    /// Its URLs' shape in words, for an error.
+    const FORM: &'static str;
+    /// A short example, for the error naming every accepted scheme.
+    const EXAMPLE: &'static str;
+    /// Where in the broker a notification goes (a topic; an exchange and a routing key).
+    type Target: Send + Sync;
     type Conn: Clone + Send + Sync + 'static;
-    /// This protocol's links among the dispatcher's.
-    fn links(inner: &Inner) -> &Links<Self>;
+    /// [`Protocol::URL`] anchored and compiled.
+    fn shape() -> &'static Shape;
+    /// Reads a URL after its `scheme://`; the error says what is wrong, in words.
+    fn parse(rest: &str) -> Result<(Broker, Self::Target), String>;
+    /// Publishes `msg` about `sensor`'s event `kind` to `target` and waits until
+    /// `deadline` for the broker to take it.
+    fn publish(
+        conn: &Self::Conn,
+        target: &Self::Target,
+        sensor: &str,
+        kind: &str,
+        msg: Message,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
     /// Opens a connection to `addr`, an address the guard allowed for `broker`'s host.
     fn connect(
         broker: &Broker,
@@ -209,8 +243,98 @@ impl<P: Protocol> Link<P> {
     }
 }
 
-/// The links of one protocol, by broker.
-type Links<P> = Mutex<HashMap<Broker, Arc<Link<P>>>>;
+/// A registered sink, its protocol's functions behind pointers: what the URL check and an
+/// attempt look up by scheme.
+struct Sink {
+    scheme: &'static str,
+    url: &'static str,
+    example: &'static str,
+    check: fn(&str) -> Result<(), String>,
+    publish: for<'a> fn(&'a Brokers, &'a str, Out<'a>) -> BoxFuture<'a, Result<(), Failure>>,
+}
+
+/// What an attempt publishes, whatever the sink.
+struct Out<'a> {
+    sensor: &'a str,
+    kind: &'a str,
+    msg: Message,
+    deadline: Instant,
+}
+
+impl Sink {
+    const fn of<P: Protocol>() -> Self {
+        Sink {
+            scheme: P::SCHEME,
+            url: P::URL,
+            example: P::EXAMPLE,
+            check: check::<P>,
+            publish: publish_to::<P>,
+        }
+    }
+}
+
+/// Every broker destination latch publishes to: the one place a sink is registered.
+const SINKS: &[Sink] = &[Sink::of::<mqtt::Mqtt>(), Sink::of::<amqp::Amqp>()];
+
+fn sink(scheme: &str) -> Option<&'static Sink> {
+    SINKS.iter().find(|s| s.scheme.eq_ignore_ascii_case(scheme))
+}
+
+/// Reads a `P` URL whole: the parser's verdict in words, then its published shape.
+fn check<P: Protocol>(url: &str) -> Result<(), String> {
+    let (_, rest) = url.split_once("://").expect("checked by the caller");
+    P::parse(rest)?;
+    if !P::shape().matches(url) {
+        return Err(format!(
+            "url is not a valid {} destination: {}",
+            P::SCHEME,
+            P::FORM
+        ));
+    }
+    Ok(())
+}
+
+fn publish_to<'a, P: Protocol>(
+    brokers: &'a Brokers,
+    rest: &'a str,
+    out: Out<'a>,
+) -> BoxFuture<'a, Result<(), Failure>> {
+    Box::pin(async move {
+        let (broker, target) =
+            P::parse(rest).map_err(|e| Failure::Unusable(format!("url unusable: {e}")))?;
+        let link = brokers.link::<P>(&broker);
+        let conn = link.0.ready(out.deadline).await?;
+        P::publish(&conn, &target, out.sensor, out.kind, out.msg, out.deadline).await
+    })
+}
+
+/// The broker part of a client URL's check: `Some` when `scheme` names a sink (or its
+/// TLS variant, refused with a message saying so), with the verdict.
+pub(crate) fn check_url(scheme: &str, url: &str) -> Option<Result<(), String>> {
+    if let Some(s) = sink(scheme) {
+        return Some((s.check)(url));
+    }
+    let plain = scheme.strip_suffix(['s', 'S']).and_then(sink)?;
+    Some(Err(format!(
+        "url: {scheme}:// (TLS) is not supported by this build; use {}:// on a trusted \
+         network or through a TLS tunnel",
+        plain.scheme
+    )))
+}
+
+/// The sinks' URL shapes, unanchored, as alternatives of one pattern.
+pub(crate) fn url_alternatives() -> impl Iterator<Item = &'static str> {
+    SINKS.iter().map(|s| s.url)
+}
+
+/// The sinks' examples (`mqtt://host/topic`), for an error naming what is accepted.
+pub(crate) fn examples() -> impl Iterator<Item = &'static str> {
+    SINKS.iter().map(|s| s.example)
+}
+
+/// Every link, by broker (whose scheme tells the sinks apart): each a `Link<P>` of its
+/// broker's sink.
+type Links = Mutex<HashMap<Broker, Arc<dyn Any + Send + Sync>>>;
 
 /// Every broker link of the dispatcher; cheap to clone.
 #[derive(Clone)]
@@ -219,8 +343,7 @@ pub struct Brokers {
 }
 
 struct Inner {
-    mqtt: Links<mqtt::Mqtt>,
-    amqp: Links<amqp::Amqp>,
+    links: Links,
     guard: Arc<Guard>,
     /// A connection attempt's limit (the delivery timeout).
     timeout: Duration,
@@ -240,8 +363,7 @@ impl Brokers {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                mqtt: Mutex::default(),
-                amqp: Mutex::default(),
+                links: Mutex::default(),
                 guard,
                 timeout,
                 stop,
@@ -263,8 +385,12 @@ impl Brokers {
 
     async fn publish(&self, s: &Sendable, timeout: Duration, at: Millis) -> Result<(), Failure> {
         let deadline = Instant::now() + timeout;
-        let dest = destination::parse(&s.url)
-            .map_err(|e| Failure::Unusable(format!("url unusable: {e}")))?;
+        let (scheme, rest) = s.url.split_once("://").unwrap_or_default();
+        let sink = sink(scheme).ok_or_else(|| {
+            Failure::Unusable(format!(
+                "url unusable: no broker destination is {scheme}://"
+            ))
+        })?;
         if self.inner.guard.https_only() {
             return Err(Failure::NotAllowed(guard::Refusal::NotHttps));
         }
@@ -284,35 +410,23 @@ impl Brokers {
             signature,
             body,
         };
-        let (sensor, kind) = (
-            s.notification.sensor_id.to_string(),
-            s.notification.kind.as_str(),
-        );
-        match dest {
-            Destination::Mqtt(t) => {
-                let link = self.link::<mqtt::Mqtt>(&t.broker);
-                let conn = link.0.ready(deadline).await?;
-                mqtt::publish(&conn, t.topic.fill(&sensor, kind), msg, deadline).await
-            }
-            Destination::Amqp(t) => {
-                let link = self.link::<amqp::Amqp>(&t.broker);
-                let conn = link.0.ready(deadline).await?;
-                let key = t.routing_key.fill(&sensor, kind);
-                amqp::publish(&conn, &t.exchange, key, msg, deadline).await
-            }
-            Destination::Http => Err(Failure::Unusable("not a broker destination".into())),
-        }
+        let sensor = s.notification.sensor_id.to_string();
+        let out = Out {
+            sensor: &sensor,
+            kind: s.notification.kind.as_str(),
+            msg,
+            deadline,
+        };
+        (sink.publish)(self, rest, out).await
     }
 
     /// The broker's link, started on first use; held in flight until the result is in.
     fn link<P: Protocol>(&self, broker: &Broker) -> Use<P> {
-        let mut map = P::links(&self.inner)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let link = map
+        let mut map = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
+        let any = map
             .entry(broker.clone())
             .or_insert_with(|| {
-                let link = Arc::new(Link {
+                let link = Arc::new(Link::<P> {
                     broker: broker.clone(),
                     state: watch::channel(State::Connecting(None)).0,
                     inflight: AtomicUsize::new(0),
@@ -324,6 +438,9 @@ impl Brokers {
                 link
             })
             .clone();
+        let link: Arc<Link<P>> = any
+            .downcast()
+            .expect("a broker's scheme names its sink, whose links are of its protocol");
         // Under the map's lock, which the idle check takes too: a link found here is not
         // closed as idle under this attempt.
         link.inflight.fetch_add(1, Ordering::SeqCst);
@@ -418,7 +535,7 @@ async fn connect<P: Protocol>(inner: &Inner, broker: &Broker) -> Result<P::Conn,
 /// Whether the link has been unused for [`IDLE`]; if so it leaves the map (under the
 /// map's lock, so no attempt takes it meanwhile).
 fn idle<P: Protocol>(inner: &Inner, link: &Arc<Link<P>>) -> bool {
-    let mut map = P::links(inner).lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = inner.links.lock().unwrap_or_else(|e| e.into_inner());
     let unused = link
         .last_used
         .lock()
@@ -456,6 +573,9 @@ fn words(name: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod parse_tests;
 
 #[cfg(test)]
 mod tests {

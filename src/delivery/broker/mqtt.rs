@@ -29,8 +29,9 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAck, PubAckReason, PublishProperties
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
 use tokio::sync::oneshot;
 
-use super::{Failure, Inner, Links, Lost, Message, Protocol, words};
-use crate::domain::destination::Broker;
+use super::url::{Broker, Template, broker_of, check_template, placeholder};
+use super::{Failure, Lost, Message, Protocol, words};
+use crate::domain::destination::{Shape, host, port, userinfo};
 
 /// Publishes queued in the client beyond the broker's receive window (the dispatcher's
 /// concurrency bounds what any one link is asked for).
@@ -38,6 +39,24 @@ const QUEUE: usize = 1024;
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 pub(super) struct Mqtt;
+
+/// An MQTT URL: `mqtt://[user[:password]@]host[:port]/topic`, the topic with no
+/// wildcard and not starting with `$`, placeholders allowed.
+const URL: &str = concat!(
+    "[mM][qQ][tT][tT]://",
+    userinfo!(),
+    host!(),
+    port!(),
+    "/(?:[A-Za-z0-9._~!&'()*,;=:@/-]|",
+    placeholder!(),
+    ")(?:[A-Za-z0-9._~!$&'()*,;=:@/-]|",
+    placeholder!(),
+    ")*",
+);
+const FORM: &str =
+    "mqtt://[user[:password]@]host[:port]/topic, where the topic may hold {sensor_id} and {type}";
+static SHAPE: Shape =
+    Shape::new(|| regex::Regex::new(&format!("^(?:{URL})$")).expect("a valid pattern"));
 
 /// A publish's answer.
 type Answer = Result<(), Failure>;
@@ -57,10 +76,58 @@ pub(super) struct Conn {
 }
 
 impl Protocol for Mqtt {
+    const SCHEME: &'static str = "mqtt";
+    const DEFAULT_PORT: u16 = 1883;
+    const URL: &'static str = URL;
+    const FORM: &'static str = FORM;
+    const EXAMPLE: &'static str = "mqtt://host/topic";
+    /// The topic, published to at QoS 1.
+    type Target = Template;
     type Conn = Conn;
 
-    fn links(inner: &Inner) -> &Links<Self> {
-        &inner.mqtt
+    fn shape() -> &'static Shape {
+        &SHAPE
+    }
+
+    fn parse(rest: &str) -> Result<(Broker, Template), String> {
+        if rest.contains(['?', '#']) {
+            return Err(
+                "an mqtt url takes no query or fragment: mqtt://[user:password@]host[:port]/topic \
+                 (`#` and `+` are wildcards, which cannot be published to)"
+                    .into(),
+            );
+        }
+        let Some((authority, topic)) = rest.split_once('/') else {
+            return Err(format!("an mqtt url names the topic to publish to: {FORM}"));
+        };
+        let broker = broker_of(Self::SCHEME, Self::DEFAULT_PORT, authority, String::new())?;
+        if topic.is_empty() {
+            return Err(format!("the topic is empty: {FORM}"));
+        }
+        if topic.contains('+') {
+            return Err(
+                "the topic must not hold `+`: it is an MQTT wildcard, which cannot be published to"
+                    .into(),
+            );
+        }
+        if topic.starts_with('$') {
+            return Err(
+                "topics starting with `$` are the broker's own ($SYS …): pick another".into(),
+            );
+        }
+        check_template("topic", topic, "._~!$&'()*,;=:@/-")?;
+        Ok((broker, Template(topic.to_string())))
+    }
+
+    async fn publish(
+        conn: &Conn,
+        topic: &Template,
+        sensor: &str,
+        kind: &str,
+        msg: Message,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Failure> {
+        publish(conn, topic.fill(sensor, kind), msg, deadline).await
     }
 
     async fn connect(
@@ -113,7 +180,7 @@ impl Protocol for Mqtt {
 }
 
 /// Publishes one message to `topic` and waits for its PUBACK until `deadline`.
-pub(super) async fn publish(
+async fn publish(
     conn: &Conn,
     topic: String,
     msg: Message,
