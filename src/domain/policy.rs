@@ -380,7 +380,7 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
 /// written late would move to now (simulation seed 1970516, `--debounce`: a 429's
 /// `Retry-After` cut short on a third node).
 ///
-/// `record` in both backends mirrors this in its `UPDATE … WHERE`.
+/// `store::rules::record` applies it, to the notifications it holds for the transaction.
 pub fn recorded(
     o: &Outcome,
     pending: bool,

@@ -64,6 +64,7 @@ pub(crate) mod listing;
 pub mod postgres;
 mod retention;
 mod rows;
+pub mod rules;
 pub(crate) mod sealing;
 mod space;
 pub mod sqlite;

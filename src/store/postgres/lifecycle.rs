@@ -1,21 +1,111 @@
-//! A client's failure streak, kept as attempts are recorded, and the policy's disabling of a
-//! client whose streak ran too long.
+//! Recording's tables on PostgreSQL ([`rules::record`]): the attempts and the results in
+//! one `UNNEST` statement each, the notifications held `FOR UPDATE`, and each client's
+//! failure streak kept by increments where the row is (other nodes' recorders add to the
+//! same client at once).
+
+use std::collections::HashMap;
 
 use super::super::{Outcome, Result};
 use super::db::{Sql, Tx};
-use crate::domain::client::Disabled;
-use crate::domain::{Millis, policy};
+use super::outbox::DB_NOW_MS;
+use crate::domain::Millis;
+use crate::domain::client::DisabledReason;
+use crate::domain::policy::ClientAttempts;
+use crate::store::rules::{self, record::Held, record::Recorded};
 
-/// Keeps each client's failure streak from a batch of attempts and disables the clients
-/// the policy says to, in the recording transaction.
-pub(super) async fn note_attempts(
-    tx: &Tx<'_>,
-    outcomes: &[Outcome],
-    now: Millis,
-    disable_after: Millis,
-) -> Result<Vec<Disabled>> {
-    let mut disabled = Vec::new();
-    for c in policy::client_attempts(outcomes) {
+pub(super) struct OutcomeTables<'a, 'b>(pub &'a Tx<'b>);
+
+impl rules::record::OutcomeTables for OutcomeTables<'_, '_> {
+    async fn held(&mut self, ids: &[&str], now: Millis) -> Result<(HashMap<String, Held>, Millis)> {
+        let tx = self.0;
+        // By id: the order every writer of several notifications locks them in.
+        let rows = tx
+            .query(
+                &tx.prepare_cached(&format!(
+                    "SELECT id, status = 'pending', claimed_by, lease_until, {DB_NOW_MS} \
+                     FROM notifications WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+                ))
+                .await?,
+                &[&ids],
+            )
+            .await?;
+        // Leases are judged by the database's clock, as claims take them.
+        let lease_now = rows.first().map_or(now, |r| r.get(4));
+        let held = rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    Held {
+                        pending: r.get(1),
+                        claimed_by: r.get(2),
+                        lease_until: r.get(3),
+                    },
+                )
+            })
+            .collect();
+        Ok((held, lease_now))
+    }
+
+    async fn insert_attempts(&mut self, attempted: &[&Outcome]) -> Result<()> {
+        let (mut id, mut at, mut code, mut err, mut dur, mut client) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for o in attempted {
+            let Some(a) = &o.attempt else { continue };
+            id.push(o.notification_id.as_str());
+            at.push(a.at);
+            code.push(a.status_code.map(i32::from));
+            err.push(a.error.as_deref());
+            dur.push(a.duration_ms as i64);
+            client.push(o.client_id.as_str());
+        }
+        let tx = self.0;
+        tx.execute(
+            &tx.prepare_cached(
+                "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
+                 client_id) SELECT u.n, u.a, u.c, u.e, u.d, u.k FROM UNNEST($1::text[], $2::int8[], \
+                 $3::int4[], $4::text[], $5::int8[], $6::text[]) \
+                 WITH ORDINALITY AS u(n, a, c, e, d, k, o) ORDER BY u.o",
+            )
+            .await?,
+            &[&id, &at, &code, &err, &dur, &client],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn write_results(&mut self, results: &[Recorded<'_>], now: Millis) -> Result<()> {
+        let (mut id, mut status, mut attempts, mut next, mut batch) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for r in results {
+            id.push(r.id);
+            status.push(r.status.as_str());
+            attempts.push(r.attempts as i32);
+            next.push(r.next_attempt_at);
+            batch.push(r.batch_id);
+        }
+        let tx = self.0;
+        // A retry stays pending, and listed; a final result leaves the list.
+        tx.execute(
+            &tx.prepare_cached(
+                "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
+                 next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
+                 batch_id = u.batch \
+                 FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::text[]) \
+                 AS u(id, status, attempts, next, batch) WHERE n.id = u.id \
+                 RETURNING n.seq, n.status) \
+                 DELETE FROM notifications_pending WHERE seq IN \
+                 (SELECT seq FROM r WHERE status <> 'pending')",
+            )
+            .await?,
+            &[&id, &status, &attempts, &next, &now, &batch],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn note_client(&mut self, c: &ClientAttempts) -> Result<Option<Millis>> {
+        let tx = self.0;
         // The running summary health reads, instead of every attempt the client had.
         let (failed_at, error) = c.last_failure.clone().unzip();
         tx.execute(
@@ -42,7 +132,7 @@ pub(super) async fn note_attempts(
                 &[&c.client_id],
             )
             .await?;
-            continue;
+            return Ok(None);
         };
         let found = tx
             .query_opt(
@@ -52,19 +142,21 @@ pub(super) async fn note_attempts(
                 &[&c.client_id, &c.succeeded, &failed_at],
             )
             .await?;
-        let Some(found) = found else { continue };
-        let failing_since: Option<i64> = found.get(0);
-        if let Some(reason) = policy::disable_reason(c.gone, failing_since, now, disable_after) {
-            tx.execute(
+        Ok(found.and_then(|r| r.get(0)))
+    }
+
+    async fn disable_client(
+        &mut self,
+        client_id: &str,
+        now: Millis,
+        reason: DisabledReason,
+    ) -> Result<()> {
+        self.0
+            .execute(
                 "UPDATE clients SET disabled_at = $2, disabled_reason = $3 WHERE id = $1",
-                &[&c.client_id, &now, &reason.as_str()],
+                &[&client_id, &now, &reason.as_str()],
             )
             .await?;
-            disabled.push(Disabled {
-                client_id: c.client_id,
-                reason,
-            });
-        }
+        Ok(())
     }
-    Ok(disabled)
 }

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use super::db::{Bound, Sql, Tx};
-use crate::store::{Outbox, ReplayFilter};
+use crate::store::{Outbox, ReplayFilter, rules};
 use std::collections::HashMap;
 
 use tokio_postgres::Row;
@@ -20,7 +20,7 @@ use super::super::{
     PageRequest, Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
+use crate::domain::{Attempt, Millis, Notification, Status};
 
 /// Commits the transaction without waiting for its WAL to reach the disk: for claims and
 /// recorded attempts, which a crash of the database may lose without harm. A lost lease
@@ -368,79 +368,13 @@ impl Outbox for PgStore {
         let mut c = self.db.get("record").await?;
         let tx = c.transaction().await?;
         relaxed(&tx).await?;
-        let (mut a_id, mut a_at, mut a_code, mut a_err, mut a_dur, mut a_client) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
-        let (mut u_id, mut u_status, mut u_attempts, mut u_next) = (vec![], vec![], vec![], vec![]);
-        let (mut u_delivered, mut u_node, mut u_batch, mut u_back) =
-            (vec![], vec![], vec![], vec![]);
-        for o in &outcomes {
-            if let Some(a) = &o.attempt {
-                a_id.push(o.notification_id.as_str());
-                a_at.push(a.at);
-                a_code.push(a.status_code.map(i32::from));
-                a_err.push(a.error.as_deref());
-                a_dur.push(a.duration_ms as i64);
-                a_client.push(o.client_id.as_str());
-            }
-            let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
-            u_id.push(o.notification_id.as_str());
-            u_status.push(status.as_str());
-            u_attempts.push(o.attempts as i32);
-            u_next.push(next);
-            u_delivered.push(o.attempt.is_some() && o.verdict == Verdict::Delivered);
-            u_node.push(&*o.node);
-            u_batch.push(o.batch_id.as_deref());
-            u_back.push(policy::gives_back(o));
-        }
-        if !a_id.is_empty() {
-            tx.execute(
-                &tx.prepare_cached(
-                    "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
-                 client_id) SELECT u.n, u.a, u.c, u.e, u.d, u.k FROM UNNEST($1::text[], $2::int8[], \
-                 $3::int4[], $4::text[], $5::int8[], $6::text[]) \
-                 WITH ORDINALITY AS u(n, a, c, e, d, k, o) ORDER BY u.o",
-                )
-                .await?,
-                &[&a_id, &a_at, &a_code, &a_err, &a_dur, &a_client],
-            )
-            .await?;
-        }
-        if !u_id.is_empty() {
-            tx.execute(
-                &tx.prepare_cached(
-                    // A retry stays pending, and listed; a final result leaves the list.
-                    // Another node's live lease is kept unless this was delivered; a lease
-                    // given back is written over this node's own only (`policy::recorded`).
-                    &format!(
-                        "WITH r AS (UPDATE notifications n SET status = u.status, attempts = u.attempts, \
-                 next_attempt_at = u.next, updated_at = $5, claimed_by = NULL, lease_until = NULL, \
-                 batch_id = u.batch \
-                 FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $6::bool[], $7::text[], \
-                 $8::text[], $9::bool[]) AS u(id, status, attempts, next, delivered, node, batch, back) \
-                 WHERE n.id = u.id AND n.status = 'pending' AND (u.delivered \
-                 OR n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS} OR n.claimed_by = u.node) \
-                 AND (NOT u.back OR n.claimed_by = u.node) \
-                 RETURNING n.seq, n.status) \
-                 DELETE FROM notifications_pending WHERE seq IN \
-                 (SELECT seq FROM r WHERE status <> 'pending')"
-                    )
-                )
-                .await?,
-                &[
-                    &u_id,
-                    &u_status,
-                    &u_attempts,
-                    &u_next,
-                    &now,
-                    &u_delivered,
-                    &u_node,
-                    &u_batch,
-                    &u_back,
-                ],
-            )
-            .await?;
-        }
-        let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after).await?;
+        let disabled = rules::record::record(
+            &mut super::lifecycle::OutcomeTables(&tx),
+            &outcomes,
+            now,
+            disable_after,
+        )
+        .await?;
         tx.commit().await?;
         Ok(disabled)
     }

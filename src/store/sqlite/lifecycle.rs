@@ -1,11 +1,16 @@
-//! A client's failure streak, kept as attempts are recorded, and the policy's disabling of a
-//! client whose streak ran too long.
+//! Recording's tables: the attempts, the notifications' results, and each client's failure
+//! streak, kept as attempts are recorded (the sequence and the disabling are
+//! `store::rules::record`'s).
+
+use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::super::{Outcome, Result};
-use crate::domain::client::Disabled;
-use crate::domain::{Millis, policy};
+use crate::domain::Millis;
+use crate::domain::client::DisabledReason;
+use crate::domain::policy::ClientAttempts;
+use crate::store::rules::{self, record::Held, record::Recorded};
 
 /// Whether the client exists.
 pub(super) fn client_exists(c: &Connection, id: &str) -> Result<bool> {
@@ -16,18 +21,74 @@ pub(super) fn client_exists(c: &Connection, id: &str) -> Result<bool> {
     )?)
 }
 
-/// Keeps each client's failure streak from a batch of attempts and disables the clients
-/// the policy says to, in the recording transaction. Every statement comes from the
-/// connection's cache: this runs with every batch of recorded outcomes, and parsing the
-/// streak's update anew each time was ~1.3 % of delivery's CPU (BENCHMARKS.md, #53).
-pub(super) fn note_attempts(
-    tx: &Transaction,
-    outcomes: &[Outcome],
-    now: Millis,
-    disable_after: Millis,
-) -> Result<Vec<Disabled>> {
-    let mut disabled = Vec::new();
-    for c in policy::client_attempts(outcomes) {
+/// Recording's tables on SQLite ([`rules::record`]), in the recording transaction. Every
+/// statement comes from the connection's cache: this runs with every batch of recorded
+/// outcomes, and parsing the streak's update anew each time was ~1.3 % of delivery's CPU
+/// (BENCHMARKS.md, #53).
+pub(super) struct OutcomeTables<'a>(pub &'a Transaction<'a>);
+
+impl rules::record::OutcomeTables for OutcomeTables<'_> {
+    async fn held(&mut self, ids: &[&str], now: Millis) -> Result<(HashMap<String, Held>, Millis)> {
+        let mut q = self.0.prepare_cached(
+            "SELECT status = 'pending', claimed_by, lease_until FROM notifications WHERE id = ?1",
+        )?;
+        let mut held = HashMap::with_capacity(ids.len());
+        for id in ids {
+            let row = q
+                .query_row([id], |r| {
+                    Ok(Held {
+                        pending: r.get(0)?,
+                        claimed_by: r.get(1)?,
+                        lease_until: r.get(2)?,
+                    })
+                })
+                .optional()?;
+            if let Some(h) = row {
+                held.insert(id.to_string(), h);
+            }
+        }
+        Ok((held, now))
+    }
+
+    async fn insert_attempts(&mut self, attempted: &[&Outcome]) -> Result<()> {
+        let mut insert = self.0.prepare_cached(
+            "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
+             client_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        for o in attempted {
+            let Some(a) = &o.attempt else { continue };
+            insert.execute(params![
+                o.notification_id,
+                a.at,
+                a.status_code,
+                a.error,
+                a.duration_ms,
+                o.client_id
+            ])?;
+        }
+        Ok(())
+    }
+
+    async fn write_results(&mut self, results: &[Recorded<'_>], now: Millis) -> Result<()> {
+        let mut update = self.0.prepare_cached(
+            "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
+             updated_at = ?5, claimed_by = NULL, lease_until = NULL, batch_id = ?6 WHERE id = ?1",
+        )?;
+        for r in results {
+            update.execute(params![
+                r.id,
+                r.status.as_str(),
+                r.attempts,
+                r.next_attempt_at,
+                now,
+                r.batch_id
+            ])?;
+        }
+        Ok(())
+    }
+
+    async fn note_client(&mut self, c: &ClientAttempts) -> Result<Option<Millis>> {
+        let tx = self.0;
         // The running summary health reads, instead of every attempt the client had.
         let (failed_at, error) = c.last_failure.clone().unzip();
         tx.prepare_cached(
@@ -51,9 +112,9 @@ pub(super) fn note_attempts(
                  WHERE id = ?1 AND failing_since IS NOT NULL",
             )?
             .execute([&c.client_id])?;
-            continue;
+            return Ok(None);
         };
-        let found = tx
+        Ok(tx
             .prepare_cached(
                 "UPDATE clients SET failing_since = \
                  CASE WHEN ?2 THEN ?3 ELSE COALESCE(failing_since, ?3) END \
@@ -62,20 +123,21 @@ pub(super) fn note_attempts(
             .query_row(params![c.client_id, c.succeeded, failed_at], |r| {
                 r.get::<_, Option<i64>>(0)
             })
-            .optional()?;
-        let Some(failing_since) = found else {
-            continue;
-        };
-        if let Some(reason) = policy::disable_reason(c.gone, failing_since, now, disable_after) {
-            tx.execute(
-                "UPDATE clients SET disabled_at = ?2, disabled_reason = ?3 WHERE id = ?1",
-                params![c.client_id, now, reason.as_str()],
-            )?;
-            disabled.push(Disabled {
-                client_id: c.client_id,
-                reason,
-            });
-        }
+            .optional()?
+            .flatten())
     }
-    Ok(disabled)
+
+    async fn disable_client(
+        &mut self,
+        client_id: &str,
+        now: Millis,
+        reason: DisabledReason,
+    ) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE clients SET disabled_at = ?2, disabled_reason = ?3 WHERE id = ?1",
+            )?
+            .execute(params![client_id, now, reason.as_str()])?;
+        Ok(())
+    }
 }

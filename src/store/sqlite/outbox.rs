@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::SqliteStore;
-use crate::store::{Outbox, ReplayFilter};
+use crate::store::{Outbox, ReplayFilter, rules};
 use rusqlite::{OptionalExtension, params};
 
 use super::super::listing;
@@ -14,7 +14,7 @@ use super::super::{
     PageRequest, Result, claim_step, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, Millis, Notification, Status, Verdict, policy};
+use crate::domain::{Attempt, Millis, Notification, Status};
 
 /// How SQLite writes the console's lists ([`listing`]).
 pub(super) const DIALECT: listing::Dialect = listing::Dialect {
@@ -156,45 +156,13 @@ impl Outbox for SqliteStore {
     ) -> Result<Vec<Disabled>> {
         self.write_relaxed(move |c| {
             let tx = c.transaction()?;
-            {
-                let mut attempt = tx.prepare_cached(
-                    "INSERT INTO attempts (notification_id, at, status_code, error, duration_ms, \
-                     client_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?;
-                // Another node's live lease is kept unless this was delivered; a lease given
-                // back is written over this node's own only (`policy::recorded`).
-                let mut update = tx.prepare_cached(
-                    "UPDATE notifications SET status = ?2, attempts = ?3, next_attempt_at = ?4, \
-                     updated_at = ?5, claimed_by = NULL, lease_until = NULL, batch_id = ?8 \
-                     WHERE id = ?1 AND status = 'pending' AND (?6 OR lease_until IS NULL \
-                     OR lease_until < ?5 OR claimed_by = ?7) AND (NOT ?9 OR claimed_by = ?7)",
-                )?;
-                for o in &outcomes {
-                    if let Some(a) = &o.attempt {
-                        attempt.execute(params![
-                            o.notification_id,
-                            a.at,
-                            a.status_code,
-                            a.error,
-                            a.duration_ms,
-                            o.client_id
-                        ])?;
-                    }
-                    let (status, next) = (policy::status_after(o.verdict), o.verdict.next_at());
-                    update.execute(params![
-                        o.notification_id,
-                        status.as_str(),
-                        o.attempts,
-                        next,
-                        now,
-                        o.attempt.is_some() && o.verdict == Verdict::Delivered,
-                        &*o.node,
-                        o.batch_id,
-                        policy::gives_back(o)
-                    ])?;
-                }
-            }
-            let disabled = super::lifecycle::note_attempts(&tx, &outcomes, now, disable_after)?;
+            let mut tables = super::lifecycle::OutcomeTables(&tx);
+            let disabled = rules::now_or_never(rules::record::record(
+                &mut tables,
+                &outcomes,
+                now,
+                disable_after,
+            ))?;
             tx.commit()?;
             Ok(disabled)
         })

@@ -2,11 +2,12 @@
 //! trait (`latch::store::{Registry, Runtime, Outbox, HistoryStore, Tokens, Backend, Find}`
 //! and `ClusterStore`) that the simulation runs many nodes against.
 //!
-//! It is faithful to the real backends rather than simpler than them: each concern's file
-//! here mirrors the SQL of that concern in `src/store/sqlite/` and `src/store/postgres/`
+//! It is faithful to the real backends rather than simpler than them. Where a sequence is
+//! written once (`latch::store::rules`: recording outcomes), the model implements only its
+//! table operations and runs latch's own sequence. Elsewhere each concern's file here
+//! mirrors the SQL of that concern in `src/store/sqlite/` and `src/store/postgres/`
 //! statement by statement, and calls the domain's policy (`latch::domain::policy`:
-//! `claim_step`, `recorded`, `client_attempts`, `disable_reason`, `retry_refusal`, …)
-//! wherever that SQL mirrors it. The conformance suite (`latch::store::conformance`) runs
+//! `claim_step`, `client_attempts`, `retry_refusal`, …) wherever that SQL mirrors it. The conformance suite (`latch::store::conformance`) runs
 //! against it in both modes (`crates/sim/tests/model_conformance.rs`).
 //!
 //! - [`Mode::Shared`] mirrors PostgreSQL: `shared()` is true, registry changes are kept for

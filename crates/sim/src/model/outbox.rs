@@ -10,15 +10,17 @@
 use async_trait::async_trait;
 
 use latch::domain::client::Disabled;
-use latch::domain::policy::{self, ClaimRow, ClaimStep, LaneInStore, claim_step};
+use latch::domain::policy::{ClaimRow, ClaimStep, LaneInStore, claim_step};
 use latch::domain::{
     Attempt, Claim, ClaimBatch, EventKind, Millis, Notification, NotificationRef, Outcome,
     SensorId, Status,
 };
-use latch::store::{Error, NotificationFilter, Outbox, Page, PageRequest, ReplayFilter, Result};
+use latch::store::{
+    Error, NotificationFilter, Outbox, Page, PageRequest, ReplayFilter, Result, rules,
+};
 
 use super::node::NodeStore;
-use super::tables::{AttemptRow, Cx, Tables};
+use super::tables::{Cx, Tables};
 
 impl Tables {
     /// Pending notifications after `after_seq`, in outbox order.
@@ -283,52 +285,6 @@ impl Tables {
         out
     }
 
-    /// Records attempts and verdicts, releasing the leases, and keeps the clients'
-    /// failure streaks.
-    pub(super) fn record(
-        &mut self,
-        cx: &Cx,
-        outcomes: Vec<Outcome>,
-        now: Millis,
-        disable_after: Millis,
-    ) -> Vec<Disabled> {
-        for o in &outcomes {
-            if let Some(a) = &o.attempt {
-                // Kept under the outcome's notification (the column the backends fill).
-                let attempt = Attempt {
-                    notification_id: o.notification_id.clone(),
-                    ..a.clone()
-                };
-                self.next.attempt += 1;
-                self.audit.attempted(&attempt);
-                self.attempts.insert(
-                    self.next.attempt,
-                    AttemptRow {
-                        id: self.next.attempt,
-                        client_id: o.client_id.clone(),
-                        attempt,
-                    },
-                );
-            }
-            let Some(seq) = self.seq(&o.notification_id) else {
-                continue;
-            };
-            let r = &self.notifications[&seq];
-            let pending = r.notification.status == Status::Pending;
-            if !policy::recorded(o, pending, r.claimed_by.as_deref(), r.lease_until, now) {
-                continue;
-            }
-            self.set_status(cx, seq, policy::status_after(o.verdict), now);
-            let r = self.notifications.get_mut(&seq).expect("indexed");
-            r.notification.attempts = o.attempts;
-            r.notification.next_attempt_at = o.verdict.next_at();
-            r.notification.batch_id = o.batch_id.clone();
-            r.claimed_by = None;
-            r.lease_until = None;
-        }
-        self.note_attempts(&outcomes, now, disable_after)
-    }
-
     pub(super) fn list_notifications(
         &self,
         f: &NotificationFilter,
@@ -398,7 +354,12 @@ impl Outbox for NodeStore {
         disable_after: Millis,
     ) -> Result<Vec<Disabled>> {
         self.run("record", true, |t, cx| {
-            Ok(t.record(cx, outcomes, now, disable_after))
+            rules::now_or_never(rules::record::record(
+                &mut super::lifecycle::OutcomeTables { t, cx },
+                &outcomes,
+                now,
+                disable_after,
+            ))
         })
         .await
     }

@@ -36,7 +36,7 @@ pub struct StateRow {
 }
 
 /// `clients`: the client and the running summary of its attempts that health reads and
-/// the failure streak that disables it (`lifecycle::note_attempts`).
+/// the failure streak that disables it (`OutcomeTables::note_client`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientRow {
     pub client: Client,
