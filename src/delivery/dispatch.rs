@@ -136,6 +136,7 @@ impl Core {
             self.lanes.fire_timers(self.clock.now());
             self.pump();
             self.pending_gauge.set(self.lanes.pending() as f64);
+            super::progress::pending(self.lanes.pending());
             let next = self.lanes.next_timer();
             let sleep = async {
                 match next {

@@ -35,6 +35,7 @@ pub mod destination;
 mod dispatch;
 pub mod guard;
 mod lanes;
+pub mod progress;
 mod rates;
 mod receivers;
 mod recorder;
@@ -376,6 +377,7 @@ impl Dispatcher {
         families::NOTIFICATIONS_PENDING
             .gauge()
             .set(core.lanes.pending() as f64);
+        progress::pending(core.lanes.pending());
         let sweep = Arc::new(tokio::sync::Notify::new());
         if settings.shared {
             tracker.spawn(sweeper(

@@ -87,29 +87,23 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let url = format!("{}/v1/readings", server.base);
     let metrics_url = format!("{}/metrics", server.base);
 
-    // One scrape of latch's metrics every 250 ms (each costs latch CPU, counted with the
-    // rest): the dispatcher's backlog (notifications held in its lanes) and, with a
-    // receiver outside, the webhooks delivered so far.
+    // Every 250 ms: the dispatcher's backlog (notifications held in its lanes) and the
+    // webhooks delivered so far, read in this process (`latch::delivery::progress`), not
+    // by a `/metrics` scrape that would cost latch CPU the run charges to it.
+    let base = latch::delivery::progress::delivered_total();
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sampler = {
-        let (http, url, peak, count) = (
-            http.clone(),
-            metrics_url.clone(),
-            peak.clone(),
-            count.clone(),
-        );
+        let (peak, count) = (peak.clone(), count.clone());
         let receivers = receivers.clone();
         tokio::spawn(async move {
             loop {
-                if let Ok(r) = http.get(&url).send().await
-                    && let Ok(text) = r.text().await
-                {
-                    let n = super::metric_sum(&text, "latch_notifications_pending") as u64;
-                    peak.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-                    let ok = delivered_of(&receivers, &text);
-                    count.store(ok, std::sync::atomic::Ordering::Relaxed);
-                }
+                let n = latch::delivery::progress::pending_now();
+                peak.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
+                count.store(
+                    delivered(&receivers, base),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         })
@@ -152,7 +146,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if args.backlog {
         for group in &groups {
             let (started, cpu) = (Instant::now(), super::cpu_seconds());
-            let before = delivered(&receivers, &http, &metrics_url).await;
+            let before = delivered(&receivers, base);
             for &i in group {
                 let c = &clients[i];
                 // Absent receiver settings are kept: only the limit is lifted.
@@ -182,9 +176,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             phases.push(Phase {
                 secs: started.elapsed().as_secs_f64(),
                 cpu: super::cpu_seconds() - cpu,
-                delivered: delivered(&receivers, &http, &metrics_url)
-                    .await
-                    .saturating_sub(before),
+                delivered: delivered(&receivers, base).saturating_sub(before),
             });
         }
     }
@@ -211,7 +203,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let commits = super::metric_sum(&text, "latch_commit_seconds_count");
     let commit_ms =
         1000.0 * super::metric_sum(&text, "latch_commit_seconds_sum") / commits.max(1.0);
-    let delivered_n = delivered(&receivers, &http, &metrics_url).await;
+    let delivered_n = delivered(&receivers, base);
     let requests: u64 = if receivers.is_empty() {
         super::metric_sum(&text, "latch_delivery_attempts_total") as u64
     } else {
@@ -411,27 +403,13 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     Ok(r)
 }
 
-/// Webhooks answered 2xx so far: counted by the in-process receivers, or by latch.
-async fn delivered(receivers: &[Receiver], http: &reqwest::Client, metrics_url: &str) -> u64 {
-    let mut text = String::new();
-    if receivers.is_empty()
-        && let Ok(r) = http.get(metrics_url).send().await
-    {
-        text = r.text().await.unwrap_or_default();
-    }
-    delivered_of(receivers, &text)
-}
-
-/// Webhooks answered 2xx: what the in-process receivers counted or, with none, the
-/// notifications delivered in latch's metrics `text`.
-fn delivered_of(receivers: &[Receiver], text: &str) -> u64 {
+/// Webhooks answered 2xx so far: counted by the in-process receivers or, with a receiver
+/// outside, the notifications latch delivered since `base` (its count when the run began).
+fn delivered(receivers: &[Receiver], base: u64) -> u64 {
     if !receivers.is_empty() {
         return receivers.iter().map(Receiver::ok).sum();
     }
-    text.lines()
-        .filter(|l| l.starts_with("latch_notifications_total{") && l.contains("\"delivered\""))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    latch::delivery::progress::delivered_total() - base
 }
 
 /// One backlog's delivery: its seconds, this process's CPU seconds, and the webhooks.

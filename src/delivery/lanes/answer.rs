@@ -322,6 +322,9 @@ fn attempt_metrics(
     if status != Status::Pending {
         meters.notifications.get(status.as_str()).increment(1);
     }
+    if status == Status::Delivered {
+        crate::delivery::progress::delivered(1);
+    }
     if verdict == Verdict::Delivered {
         let created = ulid::Ulid::from_string(id)
             .map(|u| u.timestamp_ms() as Millis)
