@@ -63,27 +63,29 @@ pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secre
       WHERE m.client_id = n.client_id AND m.site_id = n.site_id AND m.seq > n.seq \
       AND m.status IN ('pending', 'delivered')), \
      n.site_id IS NULL AND EXISTS (SELECT 1 FROM notification_sensors ns \
-      JOIN notifications m ON m.seq = ns.seq \
-      WHERE ns.sensor_id = n.sensor_id AND ns.seq < n.seq AND m.client_id = n.client_id \
-      AND m.status = 'pending'), \
+      WHERE ns.sensor_id = n.sensor_id AND ns.seq < n.seq AND EXISTS (SELECT 1 \
+      FROM notifications m WHERE m.seq = ns.seq AND m.client_id = n.client_id \
+      AND m.status = 'pending')), \
      n.site_id IS NOT NULL AND EXISTS (SELECT 1 FROM notification_sensors ns \
-      JOIN notifications m ON m.sensor_id = ns.sensor_id \
-      WHERE ns.seq = n.seq AND m.client_id = n.client_id AND m.seq < n.seq \
-      AND m.status = 'pending' AND m.site_id IS NULL AND m.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost')), \
+      WHERE ns.seq = n.seq AND EXISTS (SELECT 1 FROM notifications m \
+      WHERE m.sensor_id = ns.sensor_id AND m.seq < n.seq AND m.client_id = n.client_id \
+      AND m.status = 'pending' AND m.site_id IS NULL AND m.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost'))), \
      n.site_id IS NULL AND n.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost') AND (EXISTS (SELECT 1 FROM notifications o \
       WHERE o.sensor_id = n.sensor_id AND o.client_id = n.client_id AND o.seq > n.seq \
       AND o.status = 'delivered' AND o.site_id IS NULL AND o.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost')) \
-      OR EXISTS (SELECT 1 FROM notification_sensors ns JOIN notifications m ON m.seq = ns.seq \
-      WHERE ns.sensor_id = n.sensor_id AND ns.seq > n.seq AND m.client_id = n.client_id \
-      AND m.status = 'delivered')), \
+      OR EXISTS (SELECT 1 FROM notification_sensors ns \
+      WHERE ns.sensor_id = n.sensor_id AND ns.seq > n.seq AND EXISTS (SELECT 1 \
+      FROM notifications m WHERE m.seq = ns.seq AND m.client_id = n.client_id \
+      AND m.status = 'delivered'))), \
      CASE WHEN n.site_id IS NOT NULL THEN (SELECT string_agg(ns.sensor_id, ',') \
       FROM notification_sensors ns WHERE ns.seq = n.seq \
       AND (EXISTS (SELECT 1 FROM notifications o \
        WHERE o.sensor_id = ns.sensor_id AND o.client_id = n.client_id AND o.seq > n.seq \
        AND o.status = 'delivered' AND o.site_id IS NULL AND o.kind IN ('sensor.connection_lost', 'sensor.connection_restored', 'sensor.still_lost')) \
-      OR EXISTS (SELECT 1 FROM notification_sensors ns2 JOIN notifications m ON m.seq = ns2.seq \
-       WHERE ns2.sensor_id = ns.sensor_id AND ns2.seq > n.seq AND m.client_id = n.client_id \
-       AND m.status = 'delivered'))) END";
+      OR EXISTS (SELECT 1 FROM notification_sensors ns2 \
+       WHERE ns2.sensor_id = ns.sensor_id AND ns2.seq > n.seq AND EXISTS (SELECT 1 \
+       FROM notifications m WHERE m.seq = ns2.seq AND m.client_id = n.client_id \
+       AND m.status = 'delivered')))) END";
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes

@@ -537,6 +537,7 @@ fn reading(id: SensorId, ts: i64) -> ReadingRecord {
 }
 
 mod journal;
+mod plans;
 mod threads;
 
 /// Issue #70: at the upgrade that keeps the sensors a site notification names, those made
