@@ -11,14 +11,14 @@ impl App {
     /// Registers `client` (stamped by the caller with [`App::now`]); the dispatcher paces
     /// and batches it from its first notification.
     pub async fn create_client(&self, client: &Client) -> Result<()> {
-        self.store.create_client(client.clone()).await?;
+        self.0.store.create_client(client.clone()).await?;
         self.follow_client(client);
         Ok(())
     }
 
     /// Replaces a client (`false`: no such client).
     pub async fn replace_client(&self, client: &Client) -> Result<bool> {
-        if !self.store.replace_client(client.clone()).await? {
+        if !self.0.store.replace_client(client.clone()).await? {
             return Ok(false);
         }
         self.follow_client(client);
@@ -28,11 +28,11 @@ impl App {
     /// Deletes a client and its links; its pending notifications end cancelled (`false`:
     /// no such client).
     pub async fn delete_client(&self, id: String) -> Result<bool> {
-        if !self.store.delete_client(id.clone(), self.now()).await? {
+        if !self.0.store.delete_client(id.clone(), self.now()).await? {
             return Ok(false);
         }
         // What is claimed but not yet sent goes back: nothing starts to it from here on.
-        self.dispatcher.client_gone(&id);
+        self.0.dispatcher.client_gone(&id);
         Ok(true)
     }
 
@@ -40,27 +40,29 @@ impl App {
     /// notifications as the store has them. The client as it is now (`None`: no such
     /// client).
     pub async fn enable_client(&self, id: String) -> Result<Option<Client>> {
-        let Some(was_disabled) = self.store.enable_client(id.clone()).await? else {
+        let Some(was_disabled) = self.0.store.enable_client(id.clone()).await? else {
             return Ok(None);
         };
-        let pending = self.store.load_client_pending(id.clone()).await?;
+        let pending = self.0.store.load_client_pending(id.clone()).await?;
         if was_disabled {
             ClientEnabled {
                 client_id: &id,
                 pending: pending.len(),
-                now_disabled: self.store.count_disabled_clients().await.ok(),
+                now_disabled: self.0.store.count_disabled_clients().await.ok(),
             }
             .emit();
         }
-        self.dispatcher.resume(&id, pending);
-        Ok(self.store.get_client(id).await?)
+        self.0.dispatcher.resume(&id, pending);
+        Ok(self.0.store.get_client(id).await?)
     }
 
     /// What the dispatcher keeps of a client: its rate limit and its batching.
     fn follow_client(&self, client: &Client) {
-        self.dispatcher
+        self.0
+            .dispatcher
             .set_rate_limit(&client.id, client.rate_limit);
-        self.dispatcher
+        self.0
+            .dispatcher
             .set_batch(&client.id, effective_batch(client.batch, &client.url));
     }
 }
@@ -68,13 +70,13 @@ impl App {
 impl App {
     /// Links a sensor to a client (idempotent): its next changes notify the client.
     pub async fn link(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        Ok(self.store.link(client_id, sensor_id, self.now()).await?)
+        Ok(self.0.store.link(client_id, sensor_id, self.now()).await?)
     }
 
     /// Unlinks them (idempotent); pending notifications to the client about the sensor are
     /// cancelled at their next attempt.
     pub async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        Ok(self.store.unlink(client_id, sensor_id).await?)
+        Ok(self.0.store.unlink(client_id, sensor_id).await?)
     }
 
     /// Gives a client a new secret; the old one signs too for `grace` (`None`: no such
@@ -86,11 +88,11 @@ impl App {
         grace: Millis,
     ) -> Result<Option<Client>> {
         let until = self.now() + grace;
-        Ok(self.store.rotate_secret(id, secret, until).await?)
+        Ok(self.0.store.rotate_secret(id, secret, until).await?)
     }
 
     /// Sends one signed `client.test` to `client` now and answers what happened.
     pub async fn test_client(&self, client: &Client) -> AttemptResult {
-        self.dispatcher.test(client).await
+        self.0.dispatcher.test(client).await
     }
 }

@@ -9,13 +9,13 @@ use crate::store::{Taken, idempotency};
 impl App {
     /// Takes `key` for a request with `fingerprint`: whether to run it, or what to answer.
     pub async fn take_key(&self, key: &str, fingerprint: String) -> Result<Taken> {
-        Ok(idempotency::take(&*self.store, key, fingerprint, self.now()).await?)
+        Ok(idempotency::take(&*self.0.store, key, fingerprint, self.now()).await?)
     }
 
     /// Keeps the request's answer for its repeats, or (`None`) releases the key; a failure
     /// is only logged.
     pub async fn settle_key(&self, key: &str, answer: Option<(u16, String)>) {
-        idempotency::settle(&*self.store, key, answer).await;
+        idempotency::settle(&*self.0.store, key, answer).await;
     }
 
     /// Submits readings under `key`: a repeat applies none of them twice.
@@ -29,7 +29,7 @@ impl App {
     ) -> std::result::Result<Idempotent, crate::ingest::Error> {
         crate::ingest::http::submit_idempotent(
             ingest,
-            &*self.store,
+            &*self.0.store,
             key,
             fingerprint,
             items,

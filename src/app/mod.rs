@@ -45,52 +45,31 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// handler reads and changes the service only through the steps below, so the order of
 /// steps across the parts is decided here alone.
 #[derive(Clone)]
-pub struct App {
-    store: Arc<dyn Store>,
-    engine: Engine,
-    dispatcher: Dispatcher,
-    /// History reads and deletions: the store, or ClickHouse plus the store's spool.
-    history: History,
-    /// Cluster mode (PostgreSQL): this node's membership.
-    cluster: Option<Arc<Membership>>,
-    /// Asks the engine's registry follower for a round now (on a shared store).
-    follow: Option<Pokes>,
-}
+pub struct App(Parts);
 
 /// What [`App::new`] is made of: the service's parts as the node started them.
+#[derive(Clone)]
 pub struct Parts {
     pub store: Arc<dyn Store>,
     pub engine: Engine,
     pub dispatcher: Dispatcher,
+    /// History reads and deletions: the store, or ClickHouse plus the store's spool.
     pub history: History,
+    /// Cluster mode (PostgreSQL): this node's membership.
     pub cluster: Option<Arc<Membership>>,
+    /// Asks the engine's registry follower for a round now (on a shared store).
     pub follow: Option<Pokes>,
 }
 
 impl App {
-    pub fn new(p: Parts) -> Self {
-        let Parts {
-            store,
-            engine,
-            dispatcher,
-            history,
-            cluster,
-            follow,
-        } = p;
-        Self {
-            store,
-            engine,
-            dispatcher,
-            history,
-            cluster,
-            follow,
-        }
+    pub fn new(parts: Parts) -> Self {
+        Self(parts)
     }
 
     /// Has the engine read the registry's changes now (on a shared store, where another
     /// node made them); waits up to 3 s for the round.
     pub async fn follow_now(&self) {
-        let Some(pokes) = &self.follow else {
+        let Some(pokes) = &self.0.follow else {
             return;
         };
         let (done, wait) = tokio::sync::oneshot::channel();
@@ -101,6 +80,6 @@ impl App {
 
     /// The service's clock (the engine's): every time a caller's step stamps.
     pub fn now(&self) -> Millis {
-        self.engine.now()
+        self.0.engine.now()
     }
 }

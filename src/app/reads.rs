@@ -34,7 +34,7 @@ pub struct ClusterView {
 
 impl App {
     pub async fn sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
-        Ok(self.store.get_sensor(id).await?)
+        Ok(self.0.store.get_sensor(id).await?)
     }
 
     /// Sensors by id: found by `search`, or a site's, or all; `connection` filters.
@@ -45,7 +45,7 @@ impl App {
         site: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
-        let s = &self.store;
+        let s = &self.0.store;
         Ok(match (search, site) {
             (Some(q), site) => s.find_sensors(q, connection, site, page).await?,
             (None, Some(site)) => s.site_sensors(site, connection, page).await?,
@@ -54,7 +54,7 @@ impl App {
     }
 
     pub async fn client(&self, id: String) -> Result<Option<Client>> {
-        Ok(self.store.get_client(id).await?)
+        Ok(self.0.store.get_client(id).await?)
     }
 
     /// Clients, oldest first: found by `search`, or all; `disabled` filters.
@@ -65,26 +65,28 @@ impl App {
         page: PageRequest,
     ) -> Result<Page<Client>> {
         Ok(match search {
-            Some(q) => crate::store::find_clients(self.store.as_ref(), &q, disabled, page).await?,
-            None => self.store.list_clients(page, disabled).await?,
+            Some(q) => {
+                crate::store::find_clients(self.0.store.as_ref(), &q, disabled, page).await?
+            }
+            None => self.0.store.list_clients(page, disabled).await?,
         })
     }
 
     /// A client's endpoint over the last hour (`None`: nothing attempted).
     pub async fn client_health(&self, id: String) -> Result<Option<Health>> {
-        Ok(self.store.client_health(id, self.now()).await?)
+        Ok(self.0.store.client_health(id, self.now()).await?)
     }
 
     pub async fn client_sensors(&self, id: String, page: PageRequest) -> Result<Page<SensorView>> {
-        Ok(self.store.list_client_sensors(id, page).await?)
+        Ok(self.0.store.list_client_sensors(id, page).await?)
     }
 
     pub async fn sensor_clients(&self, id: SensorId, page: PageRequest) -> Result<Page<Client>> {
-        Ok(self.store.list_sensor_clients(id, page).await?)
+        Ok(self.0.store.list_sensor_clients(id, page).await?)
     }
 
     pub async fn notification(&self, id: String) -> Result<Option<(Notification, Vec<Attempt>)>> {
-        Ok(self.store.get_notification(id).await?)
+        Ok(self.0.store.get_notification(id).await?)
     }
 
     pub async fn notifications(
@@ -92,11 +94,11 @@ impl App {
         filter: NotificationFilter,
         page: PageRequest,
     ) -> Result<Page<Notification>> {
-        Ok(self.store.list_notifications(filter, page).await?)
+        Ok(self.0.store.list_notifications(filter, page).await?)
     }
 
     pub async fn site(&self, id: String) -> Result<Option<(Site, SiteCounts)>> {
-        Ok(self.store.get_site(id).await?)
+        Ok(self.0.store.get_site(id).await?)
     }
 
     /// Sites by id; `down` keeps those down (or up).
@@ -105,7 +107,7 @@ impl App {
         down: Option<bool>,
         page: PageRequest,
     ) -> Result<Page<(Site, SiteCounts)>> {
-        Ok(self.store.list_sites(down, page).await?)
+        Ok(self.0.store.list_sites(down, page).await?)
     }
 
     /// A site's sensors (`None`: no such site).
@@ -115,14 +117,14 @@ impl App {
         connection: Option<Connection>,
         page: PageRequest,
     ) -> Result<Option<Page<SensorView>>> {
-        if self.store.get_site(id.clone()).await?.is_none() {
+        if self.0.store.get_site(id.clone()).await?.is_none() {
             return Ok(None);
         }
-        Ok(Some(self.store.site_sensors(id, connection, page).await?))
+        Ok(Some(self.0.store.site_sensors(id, connection, page).await?))
     }
 
     pub async fn silence(&self, id: String) -> Result<Option<Silence>> {
-        Ok(self.store.get_silence(id).await?)
+        Ok(self.0.store.get_silence(id).await?)
     }
 
     /// Silences in `state` (all when `None`) as of now.
@@ -131,19 +133,19 @@ impl App {
         state: Option<SilenceState>,
         page: PageRequest,
     ) -> Result<Page<Silence>> {
-        Ok(self.store.list_silences(state, self.now(), page).await?)
+        Ok(self.0.store.list_silences(state, self.now(), page).await?)
     }
 
     pub async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        Ok(self.store.list_tokens().await?)
+        Ok(self.0.store.list_tokens().await?)
     }
 
     pub async fn fleet(&self) -> Result<FleetCounts> {
         Ok(FleetCounts {
-            sensors: self.store.count_sensors().await?,
-            sites: self.store.site_totals().await?,
-            pending: self.store.count_pending().await?,
-            history_from: self.history.history_from(),
+            sensors: self.0.store.count_sensors().await?,
+            sites: self.0.store.site_totals().await?,
+            pending: self.0.store.count_pending().await?,
+            history_from: self.0.history.history_from(),
         })
     }
 
@@ -154,10 +156,10 @@ impl App {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Option<Page<Stored<ReadingRecord>>>> {
-        if self.store.get_sensor(id).await?.is_none() {
+        if self.0.store.get_sensor(id).await?.is_none() {
             return Ok(None);
         }
-        Ok(Some(self.history.readings(id, range, page).await?))
+        Ok(Some(self.0.history.readings(id, range, page).await?))
     }
 
     /// A sensor's events (`None`: no such sensor), from the store and ClickHouse.
@@ -167,18 +169,18 @@ impl App {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Option<Page<Stored<Event>>>> {
-        if self.store.get_sensor(id).await?.is_none() {
+        if self.0.store.get_sensor(id).await?.is_none() {
             return Ok(None);
         }
-        Ok(Some(self.history.events(id, range, page).await?))
+        Ok(Some(self.0.history.events(id, range, page).await?))
     }
 
     /// The partitions and, in a cluster, the live nodes.
     pub async fn cluster(&self) -> Result<ClusterView> {
-        Ok(match &self.cluster {
+        Ok(match &self.0.cluster {
             None => ClusterView {
-                partitions: self.engine.partitions(),
-                partitioning: self.engine.partitioning(),
+                partitions: self.0.engine.partitions(),
+                partitioning: self.0.engine.partitioning(),
                 nodes: None,
             },
             Some(c) => ClusterView {
@@ -191,10 +193,10 @@ impl App {
 
     /// Whether this node takes requests: joined its cluster (if any) and its store answers.
     pub async fn ready(&self) -> Readiness {
-        if self.cluster.as_ref().is_some_and(|c| !c.ready()) {
+        if self.0.cluster.as_ref().is_some_and(|c| !c.ready()) {
             return Readiness::Joining;
         }
-        match self.store.ping().await {
+        match self.0.store.ping().await {
             Ok(()) => Readiness::Ready,
             Err(e) => Readiness::Store(e),
         }

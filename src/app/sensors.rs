@@ -24,8 +24,9 @@ impl App {
             site_id,
             created_at: self.now(),
         };
-        self.store.create_sensor(sensor.clone()).await?;
-        self.engine
+        self.0.store.create_sensor(sensor.clone()).await?;
+        self.0
+            .engine
             .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
             .await?;
         self.registry_changed(id).await;
@@ -44,6 +45,7 @@ impl App {
     ) -> Result<Option<SensorView>> {
         self.check_site(site_id.as_deref()).await?;
         let Some((view, made)) = self
+            .0
             .store
             .replace_sensor(
                 id,
@@ -58,8 +60,9 @@ impl App {
             return Ok(None);
         };
         // What a site it left held back of it.
-        self.dispatcher.deliver_served(made);
-        self.engine
+        self.0.dispatcher.deliver_served(made);
+        self.0
+            .engine
             .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
             .await?;
         self.registry_changed(id).await;
@@ -72,11 +75,11 @@ impl App {
         // its readings accepted) and the caller can simply try again. A reading the engine
         // applies between the two steps is kept nowhere: a commit stores rows of
         // registered sensors only.
-        if !self.history.delete_sensor(id, self.now()).await? {
+        if !self.0.history.delete_sensor(id, self.now()).await? {
             return Ok(false);
         }
         // From here on its readings are rejected as unknown: they queue behind this removal.
-        if let Err(e) = self.engine.remove_sensor(id).await {
+        if let Err(e) = self.0.engine.remove_sensor(id).await {
             // Only when the engine is stopping, and then it takes no readings at all.
             tracing::warn!(sensor = %id, error = %e, "Deleted sensor not removed from the engine.");
         }
@@ -86,7 +89,7 @@ impl App {
 
     /// In a cluster, the node serving `id` reads the change now.
     async fn registry_changed(&self, id: SensorId) {
-        if let Some(c) = &self.cluster {
+        if let Some(c) = &self.0.cluster {
             c.registry_changed(id).await;
         }
     }

@@ -28,7 +28,7 @@ impl App {
         check_times(starts_at, ends_at, now).map_err(Error::Invalid)?;
         self.check_match(&matcher).await?;
         let s = Silence {
-            id: self.engine.clock().ulid().to_string(),
+            id: self.0.engine.clock().ulid().to_string(),
             matcher,
             starts_at,
             ends_at,
@@ -37,7 +37,7 @@ impl App {
             updated_at: now,
             reconciled_at: None,
         };
-        self.store.create_silence(s.clone()).await?;
+        self.0.store.create_silence(s.clone()).await?;
         Ok(s)
     }
 
@@ -51,7 +51,7 @@ impl App {
             self.check_site(Some(site)).await?;
         }
         if let Some(client) = &m.client_id
-            && self.store.get_client(client.clone()).await?.is_none()
+            && self.0.store.get_client(client.clone()).await?.is_none()
         {
             return Err(Error::Invalid(format!(
                 "match.client_id: no client {client:?}"
@@ -61,7 +61,7 @@ impl App {
             if ids.is_empty() {
                 return Err(Error::Invalid("match.sensor_ids is empty".into()));
             }
-            if let Some(id) = self.store.first_missing_sensor(ids.clone()).await? {
+            if let Some(id) = self.0.store.first_missing_sensor(ids.clone()).await? {
                 return Err(Error::Invalid(format!("match.sensor_ids: no sensor {id}")));
             }
         }
@@ -74,7 +74,7 @@ impl App {
     /// Extends, shortens or re-comments a silence that has not ended (`None`: no such
     /// silence).
     pub async fn update_silence(&self, id: String, c: SilenceChange) -> Result<Option<Silence>> {
-        let Some(mut s) = self.store.get_silence(id).await? else {
+        let Some(mut s) = self.0.store.get_silence(id).await? else {
             return Ok(None);
         };
         let now = self.now();
@@ -96,7 +96,7 @@ impl App {
         }
         check_times(s.starts_at, s.ends_at, now).map_err(Error::Invalid)?;
         s.updated_at = now;
-        if !self.store.update_silence(s.clone()).await? {
+        if !self.0.store.update_silence(s.clone()).await? {
             return Err(crate::store::Error::Conflict("the silence has ended".into()).into());
         }
         Ok(Some(s))
@@ -105,7 +105,7 @@ impl App {
     /// Ends a silence now (one that has not begun ends without having applied). `false`:
     /// no such silence; an ended one is left as it is.
     pub async fn end_silence(&self, id: String) -> Result<bool> {
-        let Some(mut s) = self.store.get_silence(id).await? else {
+        let Some(mut s) = self.0.store.get_silence(id).await? else {
             return Ok(false);
         };
         let now = self.now();
@@ -115,7 +115,7 @@ impl App {
         s.starts_at = s.starts_at.min(now);
         s.ends_at = now;
         s.updated_at = now;
-        self.store.update_silence(s).await?;
+        self.0.store.update_silence(s).await?;
         Ok(true)
     }
 }

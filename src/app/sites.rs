@@ -16,7 +16,7 @@ impl App {
     /// A site named by a sensor must exist.
     pub(super) async fn check_site(&self, site_id: Option<&str>) -> Result<()> {
         if let Some(site) = site_id
-            && self.store.get_site(site.to_string()).await?.is_none()
+            && self.0.store.get_site(site.to_string()).await?.is_none()
         {
             return Err(Error::Invalid(format!("site_id: no site {site:?}")));
         }
@@ -25,7 +25,7 @@ impl App {
 
     async fn check_gateway(&self, gateway: Option<SensorId>) -> Result<()> {
         if let Some(g) = gateway
-            && self.store.get_sensor(g).await?.is_none()
+            && self.0.store.get_sensor(g).await?.is_none()
         {
             return Err(Error::Invalid(format!(
                 "gateway_sensor_id: no sensor {g:?}"
@@ -46,7 +46,7 @@ impl App {
             created_at: now,
             updated_at: now,
         };
-        self.store.create_site(site.clone()).await?;
+        self.0.store.create_site(site.clone()).await?;
         Ok((site, SiteCounts::default()))
     }
 
@@ -56,7 +56,7 @@ impl App {
         id: String,
         f: SiteFields,
     ) -> Result<Option<(Site, SiteCounts)>> {
-        let Some((mut site, _)) = self.store.get_site(id.clone()).await? else {
+        let Some((mut site, _)) = self.0.store.get_site(id.clone()).await? else {
             return Ok(None);
         };
         if let Some(g) = f.gateway_sensor_id {
@@ -70,19 +70,19 @@ impl App {
             site.address = a;
         }
         site.updated_at = self.now();
-        if !self.store.replace_site(site).await? {
+        if !self.0.store.replace_site(site).await? {
             return Ok(None);
         }
-        Ok(self.store.get_site(id).await?)
+        Ok(self.0.store.get_site(id).await?)
     }
 
     /// Deletes a site (`false`: no such site); what it held back of its sensors goes out
     /// as their own, from the node that serves each.
     pub async fn delete_site(&self, id: String) -> Result<bool> {
-        let Some(made) = self.store.delete_site(id, self.now()).await? else {
+        let Some(made) = self.0.store.delete_site(id, self.now()).await? else {
             return Ok(false);
         };
-        self.dispatcher.deliver_served(made);
+        self.0.dispatcher.deliver_served(made);
         Ok(true)
     }
 }

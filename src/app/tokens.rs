@@ -5,11 +5,11 @@ use crate::domain::token::ApiToken;
 
 impl App {
     pub async fn create_token(&self, token: ApiToken) -> Result<()> {
-        Ok(self.store.create_token(token).await?)
+        Ok(self.0.store.create_token(token).await?)
     }
 
     /// `false`: no such token.
     pub async fn delete_token(&self, id: String) -> Result<bool> {
-        Ok(self.store.delete_token(id).await?)
+        Ok(self.0.store.delete_token(id).await?)
     }
 }
