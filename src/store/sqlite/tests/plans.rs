@@ -10,12 +10,10 @@ use crate::store::rows::{CLAIM_COLS, CLAIM_FROM, NOTIF_COLS};
 
 fn plan(c: &Connection, sql: &str) -> Vec<String> {
     let mut q = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-    let rows = q
-        .query_map([""], |r| r.get::<_, String>(3))
+    q.query_map([""], |r| r.get::<_, String>(3))
         .unwrap()
         .map(Result::unwrap)
-        .collect();
-    rows
+        .collect()
 }
 
 /// A claim reads whether an older site notification naming the sensor waits, and whether
