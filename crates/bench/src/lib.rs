@@ -408,6 +408,13 @@ pub async fn store_config(
     c.database_url = pg
         .as_ref()
         .map(|p| format!("{}&application_name={}", p.url, p.schema()));
+    // A shared store seals clients' secrets under a key from outside the data folder
+    // (latch refuses to start without one): a fresh one for the run's fresh schema.
+    if pg.is_some() {
+        c.secret_key = Some(latch::secrets::SecretKeys(vec![
+            latch::secrets::generate_key(),
+        ]));
+    }
     Ok((c, pg))
 }
 
