@@ -588,7 +588,7 @@ async fn supersede(tx: &Tx<'_>, newest: HashMap<&str, i64>, now: Millis) -> Resu
                  AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
                  AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
                  DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
-                DB_NOW_MS = super::outbox::DB_NOW_MS
+                DB_NOW_MS = super::db::DB_NOW_MS
             ),
         )
         .await?,

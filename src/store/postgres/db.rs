@@ -26,6 +26,10 @@ use super::describe;
 use crate::store::{Error, Result};
 use crate::telemetry::families;
 
+/// The database's clock in milliseconds: what outbox leases are judged by, as partition
+/// leases are, so that nodes whose clocks disagree never hold one attempt at once.
+pub(super) const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
+
 /// Time a shipment may spend in the history sink on top of the store's own bound: the
 /// sink (ClickHouse) has its own timeouts per insert, and a shipment makes a few inserts.
 const SINK_ALLOWANCE: Duration = Duration::from_secs(300);

@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 
 use super::super::{Outcome, Result};
-use super::db::{Sql, Tx};
-use super::outbox::DB_NOW_MS;
+use super::db::{DB_NOW_MS, Sql, Tx};
 use crate::domain::Millis;
 use crate::domain::client::DisabledReason;
 use crate::domain::policy::ClientAttempts;

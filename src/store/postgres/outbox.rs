@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::PgStore;
-use super::db::{Bound, Sql, Tx};
+use super::db::{Bound, DB_NOW_MS, Sql, Tx};
 use crate::store::{Outbox, ReplayFilter, rules};
 use std::collections::HashMap;
 
@@ -34,10 +34,6 @@ async fn relaxed(tx: &Tx<'_>) -> Result<()> {
         .await?;
     Ok(())
 }
-
-/// The database's clock in milliseconds: what outbox leases are judged by, as partition
-/// leases are, so that nodes whose clocks disagree never hold one attempt at once.
-pub(super) const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// What a claim decided: its answer for each id, and the notifications to lease, cancel
 /// and supersede.
