@@ -143,6 +143,17 @@ pub enum Claim {
 }
 
 impl Claim {
+    /// The id of the notification claimed.
+    pub fn id(&self) -> &str {
+        match self {
+            Claim::Send(s) => &s.notification.id,
+            Claim::Done { id, .. }
+            | Claim::Leased { id, .. }
+            | Claim::Later { id, .. }
+            | Claim::Disabled { id } => id,
+        }
+    }
+
     /// The id of a notification the claim left pending and did not lease to the caller.
     pub fn left_pending(&self) -> Option<&str> {
         match self {

@@ -33,9 +33,9 @@ use crate::domain::site::decide::Rules as SiteRules;
 use crate::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use crate::domain::token::ApiToken;
 use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
-// The outbox types and the claim rule live in the domain now; named here too, so the
-// backends keep reaching them through `super::`.
-pub(crate) use crate::domain::policy::{ClaimRow, ClaimStep, claim_step};
+// The outbox types live in the domain; named here too, so the backends keep reaching them
+// through `super::`.
+pub(crate) use crate::domain::policy::ClaimRow;
 pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, Verdict};
 // The conformance suite reaches these through `super::*`.
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! never wait, so those backends run a sequence to its end in one poll on their own thread
 //! ([`now_or_never`]), inside the transaction they hold.
 
+pub mod claim;
 pub mod record;
 
 /// Runs a sequence over tables whose operations never wait (SQLite's, the model's) to its

@@ -5,10 +5,9 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use super::db::{Bound, DB_NOW_MS, Sql, Tx};
+use crate::store::rules::claim::{Found, Retold};
 use crate::store::{Outbox, ReplayFilter, rules};
 use std::collections::HashMap;
-
-use tokio_postgres::Row;
 
 use super::super::listing;
 use super::super::rows::{
@@ -16,11 +15,11 @@ use super::super::rows::{
     NOTIF_COLS, REF_COLS,
 };
 use super::super::{
-    Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, Result, claim_step, limit_plus_one, notification_ref,
+    Claim, ClaimBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
+    Result, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, Millis, Notification, Status};
+use crate::domain::{Attempt, Millis, Notification};
 
 /// Commits the transaction without waiting for its WAL to reach the disk: for claims and
 /// recorded attempts, which a crash of the database may lose without harm. A lost lease
@@ -35,170 +34,145 @@ async fn relaxed(tx: &Tx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// What a claim decided: its answer for each id, and the notifications to lease, cancel
-/// and supersede.
-struct Decided {
-    out: Vec<Claim>,
-    lease: Vec<String>,
-    cancel: Vec<String>,
-    supersede: Vec<String>,
-    /// Leased with a new body (`ClaimStep::Retell`): its seq and body.
-    retell: Vec<(i64, Option<String>)>,
-}
-
-/// Each claimed id's answer by the policy ([`claim_step`]), from its row as `found` locked
-/// it; an id not found is another node's right now (`locked`) or gone. The rows' times are
-/// the database's: `offset` puts them on this node's clock.
-fn decide(
-    ids: Vec<String>,
-    found: &HashMap<String, &Row>,
-    locked: &[String],
-    node: &str,
-    now: Millis,
+/// A claim's tables on PostgreSQL ([`rules::claim`]). Rows another node is claiming
+/// right now are skipped, not waited for. Times are the database's: `offset` (learnt from
+/// the rows read) puts them on the claiming node's clock, and a lease back on the
+/// database's.
+struct ClaimTables<'a, 'b> {
+    tx: &'a Tx<'b>,
+    /// The node's clock minus the database's.
     offset: Millis,
-) -> Result<Decided> {
-    let mut d = Decided {
-        out: Vec::with_capacity(ids.len()),
-        lease: Vec::new(),
-        cancel: Vec::new(),
-        supersede: Vec::new(),
-        retell: Vec::new(),
-    };
-    for id in ids {
-        let Some(r) = found.get(&id) else {
-            d.out.push(if locked.contains(&id) {
-                Claim::Leased {
-                    id,
-                    until: now + 1000,
-                }
-            } else {
-                Claim::Done {
-                    id,
-                    status: Status::Cancelled,
-                }
-            });
-            continue;
-        };
-        let mut claim_row = row::claim_row(*r)?;
-        claim_row.lane = row::claim_lane(*r)?;
-        claim_row.lease_until = claim_row.lease_until.map(|u| u + offset);
-        claim_row.lane.older_lease_until = claim_row.lane.older_lease_until.map(|u| u + offset);
-        claim_row.lane.newer_lease_until = claim_row.lane.newer_lease_until.map(|u| u + offset);
-        match claim_step(claim_row, node, now) {
-            ClaimStep::Lease(s) => {
-                d.lease.push(id);
-                d.out.push(Claim::Send(s));
-            }
-            ClaimStep::Retell(s) => {
-                d.lease.push(id);
-                d.retell
-                    .push((s.notification.seq, s.notification.body.clone()));
-                d.out.push(Claim::Send(s));
-            }
-            ClaimStep::Cancel => {
-                d.cancel.push(id.clone());
-                d.out.push(Claim::Done {
-                    id,
-                    status: Status::Cancelled,
-                });
-            }
-            ClaimStep::Supersede => {
-                d.supersede.push(id.clone());
-                d.out.push(Claim::Done {
-                    id,
-                    status: Status::Superseded,
-                });
-            }
-            ClaimStep::Answer(c) => d.out.push(c),
-        }
-    }
-    Ok(d)
 }
 
-/// Writes what a claim decided: supersedes, leases until `lease_until` (the database's
-/// time), unmarks a batch's heads left pending and those left out (`ClaimBatch`; the
-/// leased ones were by their lease), cancels.
-async fn write_decided(
-    tx: &Tx<'_>,
-    d: &Decided,
-    batch: Option<ClaimBatch>,
-    node: &str,
-    now: Millis,
-    lease_until: Millis,
-) -> Result<()> {
-    if !d.supersede.is_empty() {
-        tx.execute(
-            &tx.prepare_cached(&unlist(
-                "status = 'superseded', updated_at = $2",
-                "id = ANY($1)",
-            ))
-            .await?,
-            &[&d.supersede, &now],
-        )
-        .await?;
+impl rules::claim::ClaimTables for ClaimTables<'_, '_> {
+    async fn rows(
+        &mut self,
+        ids: &[String],
+        node: &str,
+        now: Millis,
+    ) -> Result<HashMap<String, Found>> {
+        let tx = self.tx;
+        let rows = tx
+            .query(
+                &tx.prepare_cached(&format!(
+                    "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS}, {DB_NOW_MS} FROM \
+                     {CLAIM_FROM} {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
+                ))
+                .await?,
+                &[&ids, &node],
+            )
+            .await?;
+        // The node's clock minus the database's (the last column).
+        self.offset = rows
+            .first()
+            .map_or(0, |r| now - r.get::<_, i64>(r.len() - 1));
+        let offset = self.offset;
+        let mut found = HashMap::with_capacity(ids.len());
+        for r in &rows {
+            let mut c = row::claim_row(r)?;
+            c.lane = row::claim_lane(r)?;
+            c.lease_until = c.lease_until.map(|u| u + offset);
+            c.lane.older_lease_until = c.lane.older_lease_until.map(|u| u + offset);
+            c.lane.newer_lease_until = c.lane.newer_lease_until.map(|u| u + offset);
+            found.insert(r.get::<_, String>(0), Found::Row(c));
+        }
+        if found.len() < ids.len() {
+            // Absent from the locked rows: either gone or locked by another node.
+            let missing: Vec<&String> = ids.iter().filter(|i| !found.contains_key(*i)).collect();
+            let locked = tx
+                .query(
+                    &tx.prepare_cached("SELECT id FROM notifications WHERE id = ANY($1)")
+                        .await?,
+                    &[&missing],
+                )
+                .await?;
+            for r in locked {
+                found.insert(r.get(0), Found::Locked);
+            }
+        }
+        Ok(found)
     }
-    if !d.lease.is_empty() {
+
+    async fn supersede(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        self.set_status(ids, "status = 'superseded', updated_at = $2", now)
+            .await
+    }
+
+    async fn lease(
+        &mut self,
+        leased: &[(&str, i64)],
+        node: &str,
+        lease_until: Millis,
+    ) -> Result<()> {
+        let ids: Vec<&str> = leased.iter().map(|(id, _)| *id).collect();
+        let tx = self.tx;
         tx.execute(
             &tx.prepare_cached(
                 "UPDATE notifications SET claimed_by = $2, lease_until = $3, batch_id = NULL \
                  WHERE id = ANY($1)",
             )
             .await?,
-            &[&d.lease, &node, &lease_until],
+            &[&ids, &node, &(lease_until - self.offset)],
         )
         .await?;
+        Ok(())
     }
-    for (seq, body) in &d.retell {
-        tx.execute(
-            &tx.prepare_cached("UPDATE notifications SET body = $2 WHERE seq = $1")
-                .await?,
-            &[seq, body],
-        )
-        .await?;
-        let named: Vec<String> = crate::domain::site::sensors_named_in(body.as_deref())
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        tx.execute(
-            &tx.prepare_cached(
-                "DELETE FROM notification_sensors WHERE seq = $1 AND NOT sensor_id = ANY($2)",
+
+    async fn retell(&mut self, retold: &[Retold<'_>]) -> Result<()> {
+        let tx = self.tx;
+        for r in retold {
+            tx.execute(
+                &tx.prepare_cached("UPDATE notifications SET body = $2 WHERE seq = $1")
+                    .await?,
+                &[&r.seq, &r.body],
             )
-            .await?,
-            &[seq, &named],
-        )
-        .await?;
-    }
-    if let Some(b) = batch {
-        let unmark: Vec<&str> = d
-            .out
-            .iter()
-            .filter_map(Claim::left_pending)
-            .chain(b.left_out.iter().map(String::as_str))
-            .collect();
-        if !unmark.is_empty() {
+            .await?;
+            let named: Vec<String> = crate::domain::site::sensors_named_in(r.body)
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
             tx.execute(
                 &tx.prepare_cached(
-                    "UPDATE notifications SET batch_id = NULL \
-                     WHERE id = ANY($1) AND batch_id IS NOT NULL",
+                    "DELETE FROM notification_sensors WHERE seq = $1 AND NOT sensor_id = ANY($2)",
                 )
                 .await?,
-                &[&unmark],
+                &[&r.seq, &named],
             )
             .await?;
         }
+        Ok(())
     }
-    if !d.cancel.is_empty() {
+
+    async fn unmark(&mut self, ids: &[&str]) -> Result<()> {
+        let tx = self.tx;
         tx.execute(
-            &tx.prepare_cached(&unlist(
-                "status = 'cancelled', updated_at = $2",
-                "id = ANY($1)",
-            ))
+            &tx.prepare_cached(
+                "UPDATE notifications SET batch_id = NULL \
+                 WHERE id = ANY($1) AND batch_id IS NOT NULL",
+            )
             .await?,
-            &[&d.cancel, &now],
+            &[&ids],
         )
         .await?;
+        Ok(())
     }
-    Ok(())
+
+    async fn cancel(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        self.set_status(ids, "status = 'cancelled', updated_at = $2", now)
+            .await
+    }
+}
+
+impl ClaimTables<'_, '_> {
+    async fn set_status(&self, ids: &[&str], set: &str, now: Millis) -> Result<()> {
+        let tx = self.tx;
+        tx.execute(
+            &tx.prepare_cached(&unlist(set, "id = ANY($1)")).await?,
+            &[&ids, &now],
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 /// How PostgreSQL writes the console's lists ([`listing`]): its planner weighs the
@@ -313,44 +287,10 @@ impl Outbox for PgStore {
         let mut c = self.db.get("claim").await?;
         let tx = c.transaction().await?;
         relaxed(&tx).await?;
-        // Rows another node is claiming right now are skipped, not waited for.
-        let rows = tx
-            .query(
-                &tx.prepare_cached(&format!(
-                    "SELECT {NOTIF_COLS}, {CLAIM_COLS}, {CLAIM_LANE_COLS}, {DB_NOW_MS} FROM \
-                     {CLAIM_FROM} {CLAIM_LANE_FROM} WHERE n.id = ANY($1) FOR UPDATE OF n SKIP LOCKED"
-                ))
-                .await?,
-                &[&ids, &node],
-            )
-            .await?;
-        // The node's clock minus the database's (the last column).
-        let offset = rows
-            .first()
-            .map_or(0, |r| now - r.get::<_, i64>(r.len() - 1));
-        let mut found: HashMap<String, &Row> = HashMap::with_capacity(rows.len());
-        for r in &rows {
-            found.insert(r.get(0), r);
-        }
-        let locked: Vec<String> = if found.len() < ids.len() {
-            // Absent from the locked rows: either gone or locked by another node.
-            let missing: Vec<&String> = ids.iter().filter(|i| !found.contains_key(*i)).collect();
-            tx.query(
-                &tx.prepare_cached("SELECT id FROM notifications WHERE id = ANY($1)")
-                    .await?,
-                &[&missing],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-        } else {
-            Vec::new()
-        };
-        let decided = decide(ids, &found, &locked, &node, now, offset)?;
-        write_decided(&tx, &decided, batch, &node, now, lease_until - offset).await?;
+        let mut tables = ClaimTables { tx: &tx, offset: 0 };
+        let mut claims =
+            rules::claim::claim(&mut tables, ids, &node, now, lease_until, batch).await?;
         tx.commit().await?;
-        let mut claims = decided.out;
         crate::store::sealing::open_claims(&self.keys, &mut claims);
         Ok(claims)
     }

@@ -4,17 +4,20 @@
 use async_trait::async_trait;
 
 use super::SqliteStore;
+use std::collections::HashMap;
+
+use crate::store::rules::claim::{Found, Retold};
 use crate::store::{Outbox, ReplayFilter, rules};
 use rusqlite::{OptionalExtension, params};
 
 use super::super::listing;
 use super::super::rows::{self as row, ATTEMPT_COLS, CLAIM_COLS, CLAIM_FROM, NOTIF_COLS, REF_COLS};
 use super::super::{
-    Claim, ClaimBatch, ClaimStep, Error, NotificationFilter, NotificationRef, Outcome, Page,
-    PageRequest, Result, claim_step, limit_plus_one, notification_ref,
+    Claim, ClaimBatch, Error, NotificationFilter, NotificationRef, Outcome, Page, PageRequest,
+    Result, limit_plus_one, notification_ref,
 };
 use crate::domain::client::Disabled;
-use crate::domain::{Attempt, Millis, Notification, Status};
+use crate::domain::{Attempt, Millis, Notification};
 
 /// How SQLite writes the console's lists ([`listing`]).
 pub(super) const DIALECT: listing::Dialect = listing::Dialect {
@@ -32,15 +35,93 @@ pub(super) fn args(args: Vec<listing::Arg>) -> Vec<rusqlite::types::Value> {
         .collect()
 }
 
-/// Writes a site's notification's new body over the old (`ClaimStep::Retell`) and keeps
-/// `notification_sensors` to the sensors it still names.
-fn retell(tx: &rusqlite::Transaction<'_>, n: &Notification) -> rusqlite::Result<()> {
-    tx.execute(
-        "UPDATE notifications SET body = ?2 WHERE seq = ?1",
-        params![n.seq, n.body],
-    )?;
-    tx.execute("DELETE FROM notification_sensors WHERE seq = ?1", [n.seq])?;
-    super::site_rows::name_sensors(tx, n.seq, n.body.as_deref())
+/// A claim's tables on SQLite ([`rules::claim`]): one writer, so no row is ever another
+/// node's at the moment, and every statement from the connection's cache.
+struct ClaimTables<'a>(&'a rusqlite::Transaction<'a>);
+
+impl rules::claim::ClaimTables for ClaimTables<'_> {
+    async fn rows(
+        &mut self,
+        ids: &[String],
+        _node: &str,
+        _now: Millis,
+    ) -> Result<HashMap<String, Found>> {
+        let mut select = self.0.prepare_cached(&format!(
+            "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
+        ))?;
+        let mut found = HashMap::with_capacity(ids.len());
+        for id in ids {
+            // One node: its lanes hold every lane whole, so the store never finds one
+            // behind (`ClaimRow::lane` is left empty).
+            if let Some(row) = select.query_row([id], |r| row::claim_row(r)).optional()? {
+                found.insert(id.clone(), Found::Row(row));
+            }
+        }
+        Ok(found)
+    }
+
+    async fn supersede(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        self.set_status(ids, "superseded", now)
+    }
+
+    async fn lease(
+        &mut self,
+        leased: &[(&str, i64)],
+        node: &str,
+        lease_until: Millis,
+    ) -> Result<()> {
+        // By the row the select just read (`seq` is its rowid): no second look-up of the
+        // id in its index.
+        let mut lease = self.0.prepare_cached(
+            "UPDATE notifications SET claimed_by = ?2, lease_until = ?3, batch_id = NULL \
+             WHERE seq = ?1",
+        )?;
+        for (_, seq) in leased {
+            lease.execute(params![seq, node, lease_until])?;
+        }
+        Ok(())
+    }
+
+    /// A site's notification's new body over the old, and `notification_sensors` kept to
+    /// the sensors it still names.
+    async fn retell(&mut self, retold: &[Retold<'_>]) -> Result<()> {
+        let tx = self.0;
+        for r in retold {
+            tx.execute(
+                "UPDATE notifications SET body = ?2 WHERE seq = ?1",
+                params![r.seq, r.body],
+            )?;
+            tx.execute("DELETE FROM notification_sensors WHERE seq = ?1", [r.seq])?;
+            super::site_rows::name_sensors(tx, r.seq, r.body)?;
+        }
+        Ok(())
+    }
+
+    async fn unmark(&mut self, ids: &[&str]) -> Result<()> {
+        let mut unmark = self.0.prepare_cached(
+            "UPDATE notifications SET batch_id = NULL WHERE id = ?1 AND batch_id IS NOT NULL",
+        )?;
+        for id in ids {
+            unmark.execute([id])?;
+        }
+        Ok(())
+    }
+
+    async fn cancel(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        self.set_status(ids, "cancelled", now)
+    }
+}
+
+impl ClaimTables<'_> {
+    fn set_status(&self, ids: &[&str], status: &str, now: Millis) -> Result<()> {
+        let mut update = self.0.prepare_cached(
+            "UPDATE notifications SET status = ?2, updated_at = ?3 WHERE id = ?1",
+        )?;
+        for id in ids {
+            update.execute(params![id, status, now])?;
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -70,75 +151,15 @@ impl Outbox for SqliteStore {
         // Every lease is released at open: a lost one costs nothing.
         let mut claims = self
             .write_relaxed(move |c| {
-                let node = node.as_str();
                 let tx = c.transaction()?;
-                let mut out = Vec::with_capacity(ids.len());
-                {
-                    let mut select = tx.prepare_cached(&format!(
-                        "SELECT {NOTIF_COLS}, {CLAIM_COLS} FROM {CLAIM_FROM} WHERE n.id = ?1"
-                    ))?;
-                    // By the row the select just read (`seq` is its rowid): no second
-                    // look-up of the id in its index.
-                    let mut lease = tx.prepare_cached(
-                        "UPDATE notifications SET claimed_by = ?2, lease_until = ?3, batch_id = NULL \
-                         WHERE seq = ?1",
-                    )?;
-                    let mut cancel = tx.prepare_cached(
-                        "UPDATE notifications SET status = 'cancelled', updated_at = ?2 WHERE id = ?1",
-                    )?;
-                    for id in ids {
-                        let row = select.query_row([&id], |r| row::claim_row(r)).optional()?;
-                        let Some(row) = row else {
-                            out.push(Claim::Done {
-                                id,
-                                status: Status::Cancelled,
-                            });
-                            continue;
-                        };
-                        match claim_step(row, node, now) {
-                            ClaimStep::Lease(s) => {
-                                lease.execute(params![s.notification.seq, node, lease_until])?;
-                                out.push(Claim::Send(s));
-                            }
-                            ClaimStep::Retell(s) => {
-                                lease.execute(params![s.notification.seq, node, lease_until])?;
-                                retell(&tx, &s.notification)?;
-                                out.push(Claim::Send(s));
-                            }
-                            ClaimStep::Cancel => {
-                                cancel.execute(params![id, now])?;
-                                out.push(Claim::Done {
-                                    id,
-                                    status: Status::Cancelled,
-                                });
-                            }
-                            // One node: its lanes hold every lane whole, so the store never
-                            // finds one behind (`ClaimRow::lane` is not read here).
-                            ClaimStep::Supersede => {
-                                tx.execute(
-                                    "UPDATE notifications SET status = 'superseded', updated_at = ?2 WHERE id = ?1",
-                                    params![id, now],
-                                )?;
-                                out.push(Claim::Done {
-                                    id,
-                                    status: Status::Superseded,
-                                });
-                            }
-                            ClaimStep::Answer(c) => out.push(c),
-                        }
-                    }
-                    // A batch's heads left pending now are unmarked with those left out
-                    // (`ClaimBatch`); the leased ones were by their lease.
-                    if let Some(b) = batch {
-                        let mut unmark = tx.prepare_cached(
-                            "UPDATE notifications SET batch_id = NULL WHERE id = ?1 AND batch_id IS NOT NULL",
-                        )?;
-                        let pending = out.iter().filter_map(Claim::left_pending);
-                        for id in pending.chain(b.left_out.iter().map(String::as_str)) {
-                            unmark.execute([id])?;
-                        }
-                    }
-                }
+                let out = rules::now_or_never(rules::claim::claim(
+                    &mut ClaimTables(&tx),
+                    ids,
+                    &node,
+                    now,
+                    lease_until,
+                    batch,
+                ))?;
                 tx.commit()?;
                 Ok(out)
             })

@@ -10,11 +10,14 @@
 use async_trait::async_trait;
 
 use latch::domain::client::Disabled;
-use latch::domain::policy::{ClaimRow, ClaimStep, LaneInStore, claim_step};
+use std::collections::HashMap;
+
+use latch::domain::policy::{ClaimRow, LaneInStore};
 use latch::domain::{
     Attempt, Claim, ClaimBatch, EventKind, Millis, Notification, NotificationRef, Outcome,
     SensorId, Status,
 };
+use latch::store::rules::claim::{Found, Retold};
 use latch::store::{
     Error, NotificationFilter, Outbox, Page, PageRequest, ReplayFilter, Result, rules,
 };
@@ -188,103 +191,6 @@ impl Tables {
         }
     }
 
-    pub(super) fn claim(
-        &mut self,
-        cx: &Cx,
-        ids: Vec<String>,
-        node: &str,
-        now: Millis,
-        lease_until: Millis,
-        batch: Option<ClaimBatch>,
-    ) -> Vec<Claim> {
-        let rows: Vec<(String, Option<(i64, ClaimRow)>)> = ids
-            .into_iter()
-            .map(|id| {
-                let row = self.seq(&id).map(|seq| (seq, self.claim_row(seq, node)));
-                (id, row)
-            })
-            .collect();
-        let mut out = Vec::with_capacity(rows.len());
-        let (mut lease, mut cancel, mut supersede) = (Vec::new(), Vec::new(), Vec::new());
-        let mut retell = Vec::new();
-        for (id, row) in rows {
-            let Some((seq, row)) = row else {
-                out.push(Claim::Done {
-                    id,
-                    status: Status::Cancelled,
-                });
-                continue;
-            };
-            match claim_step(row, node, now) {
-                ClaimStep::Lease(s) => {
-                    lease.push(seq);
-                    out.push(Claim::Send(s));
-                }
-                ClaimStep::Retell(s) => {
-                    lease.push(seq);
-                    retell.push((seq, s.notification.body.clone()));
-                    out.push(Claim::Send(s));
-                }
-                ClaimStep::Cancel => {
-                    cancel.push(seq);
-                    out.push(Claim::Done {
-                        id,
-                        status: Status::Cancelled,
-                    });
-                }
-                ClaimStep::Supersede => {
-                    supersede.push(seq);
-                    out.push(Claim::Done {
-                        id,
-                        status: Status::Superseded,
-                    });
-                }
-                ClaimStep::Answer(c) => out.push(c),
-            }
-        }
-        // The backends write the status alone: a lease the row had stays.
-        for seq in supersede {
-            self.set_status(cx, seq, Status::Superseded, now);
-        }
-        for (seq, body) in retell {
-            if let Some(r) = self.notifications.get_mut(&seq) {
-                r.notification.body = body.clone();
-                self.audit.retold(seq, body);
-            }
-        }
-        for seq in lease {
-            if let Some(r) = self.notifications.get_mut(&seq) {
-                r.claimed_by = Some(node.to_string());
-                r.lease_until = Some(lease_until);
-                r.notification.batch_id = None;
-                self.audit.claimed(cx, seq);
-            }
-        }
-        // A batch's heads left pending now are unmarked with those left out (`ClaimBatch`);
-        // the leased ones were by their lease.
-        if let Some(b) = batch {
-            let unmark: Vec<String> = out
-                .iter()
-                .filter_map(Claim::left_pending)
-                .map(str::to_string)
-                .chain(b.left_out)
-                .collect();
-            for id in unmark {
-                if let Some(seq) = self.seq(&id) {
-                    self.notifications
-                        .get_mut(&seq)
-                        .expect("indexed")
-                        .notification
-                        .batch_id = None;
-                }
-            }
-        }
-        for seq in cancel {
-            self.set_status(cx, seq, Status::Cancelled, now);
-        }
-        out
-    }
-
     pub(super) fn list_notifications(
         &self,
         f: &NotificationFilter,
@@ -342,7 +248,14 @@ impl Outbox for NodeStore {
         batch: Option<ClaimBatch>,
     ) -> Result<Vec<Claim>> {
         self.run("claim", true, |t, cx| {
-            Ok(t.claim(cx, ids, &node, now, lease_until, batch))
+            rules::now_or_never(rules::claim::claim(
+                &mut ClaimTables { t, cx },
+                ids,
+                &node,
+                now,
+                lease_until,
+                batch,
+            ))
         })
         .await
     }
@@ -423,5 +336,90 @@ impl Outbox for NodeStore {
                 .count() as u64)
         })
         .await
+    }
+}
+
+/// A claim's tables in the model ([`rules::claim`]): the sequence is latch's own; the
+/// rows are read as `CLAIM_COLS` reads them (`Tables::claim_row`).
+struct ClaimTables<'a> {
+    t: &'a mut Tables,
+    cx: &'a Cx,
+}
+
+impl rules::claim::ClaimTables for ClaimTables<'_> {
+    async fn rows(
+        &mut self,
+        ids: &[String],
+        node: &str,
+        _now: Millis,
+    ) -> Result<HashMap<String, Found>> {
+        Ok(ids
+            .iter()
+            .filter_map(|id| {
+                let seq = self.t.seq(id)?;
+                Some((id.clone(), Found::Row(self.t.claim_row(seq, node))))
+            })
+            .collect())
+    }
+
+    async fn supersede(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        // The backends write the status alone: a lease the row had stays.
+        for id in ids {
+            if let Some(seq) = self.t.seq(id) {
+                self.t.set_status(self.cx, seq, Status::Superseded, now);
+            }
+        }
+        Ok(())
+    }
+
+    async fn lease(
+        &mut self,
+        leased: &[(&str, i64)],
+        node: &str,
+        lease_until: Millis,
+    ) -> Result<()> {
+        for (_, seq) in leased {
+            if let Some(r) = self.t.notifications.get_mut(seq) {
+                r.claimed_by = Some(node.to_string());
+                r.lease_until = Some(lease_until);
+                r.notification.batch_id = None;
+                self.t.audit.claimed(self.cx, *seq);
+            }
+        }
+        Ok(())
+    }
+
+    async fn retell(&mut self, retold: &[Retold<'_>]) -> Result<()> {
+        for r in retold {
+            let body = r.body.map(str::to_string);
+            if let Some(row) = self.t.notifications.get_mut(&r.seq) {
+                row.notification.body = body.clone();
+                self.t.audit.retold(r.seq, body);
+            }
+        }
+        Ok(())
+    }
+
+    async fn unmark(&mut self, ids: &[&str]) -> Result<()> {
+        for id in ids {
+            if let Some(seq) = self.t.seq(id) {
+                self.t
+                    .notifications
+                    .get_mut(&seq)
+                    .expect("indexed")
+                    .notification
+                    .batch_id = None;
+            }
+        }
+        Ok(())
+    }
+
+    async fn cancel(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        for id in ids {
+            if let Some(seq) = self.t.seq(id) {
+                self.t.set_status(self.cx, seq, Status::Cancelled, now);
+            }
+        }
+        Ok(())
     }
 }
