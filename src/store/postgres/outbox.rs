@@ -74,7 +74,7 @@ impl rules::claim::ClaimTables for ClaimTables<'_, '_> {
             c.lease_until = c.lease_until.map(|u| u + offset);
             c.lane.older_lease_until = c.lane.older_lease_until.map(|u| u + offset);
             c.lane.newer_lease_until = c.lane.newer_lease_until.map(|u| u + offset);
-            found.insert(r.get::<_, String>(0), Found::Row(c));
+            found.insert(r.get::<_, String>(0), Found::Row(Box::new(c)));
         }
         if found.len() < ids.len() {
             // Absent from the locked rows: either gone or locked by another node.

@@ -11,7 +11,7 @@ use crate::store::Result;
 /// What the claim found of an id.
 pub enum Found {
     /// The row, its lease and the registry now, on the claiming node's clock.
-    Row(ClaimRow),
+    Row(Box<ClaimRow>),
     /// Another node is claiming it at this moment (a shared store skips such rows rather
     /// than wait for them).
     Locked,
@@ -68,7 +68,7 @@ pub async fn claim<T: ClaimTables>(
     let mut retold = Vec::new();
     for id in ids {
         let row: ClaimRow = match found.remove(&id) {
-            Some(Found::Row(row)) => row,
+            Some(Found::Row(row)) => *row,
             Some(Found::Locked) => {
                 out.push(Claim::Leased {
                     id,

@@ -54,7 +54,7 @@ impl rules::claim::ClaimTables for ClaimTables<'_> {
             // One node: its lanes hold every lane whole, so the store never finds one
             // behind (`ClaimRow::lane` is left empty).
             if let Some(row) = select.query_row([id], |r| row::claim_row(r)).optional()? {
-                found.insert(id.clone(), Found::Row(row));
+                found.insert(id.clone(), Found::Row(Box::new(row)));
             }
         }
         Ok(found)

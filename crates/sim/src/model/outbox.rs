@@ -357,7 +357,10 @@ impl rules::claim::ClaimTables for ClaimTables<'_> {
             .iter()
             .filter_map(|id| {
                 let seq = self.t.seq(id)?;
-                Some((id.clone(), Found::Row(self.t.claim_row(seq, node))))
+                Some((
+                    id.clone(),
+                    Found::Row(Box::new(self.t.claim_row(seq, node))),
+                ))
             })
             .collect())
     }
