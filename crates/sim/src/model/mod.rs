@@ -3,11 +3,12 @@
 //! and `ClusterStore`) that the simulation runs many nodes against.
 //!
 //! It is faithful to the real backends rather than simpler than them. Where a sequence is
-//! written once (`latch::store::rules`: a claim, recording outcomes), the model implements only its
-//! table operations and runs latch's own sequence. Elsewhere each concern's file here
-//! mirrors the SQL of that concern in `src/store/sqlite/` and `src/store/postgres/`
+//! written once (`latch::store::rules`: a claim, recording outcomes), the model implements
+//! only its table operations and runs latch's own sequence. Elsewhere each concern's file
+//! here mirrors the SQL of that concern in `src/store/sqlite/` and `src/store/postgres/`
 //! statement by statement, and calls the domain's policy (`latch::domain::policy`:
-//! `claim_step`, `client_attempts`, `retry_refusal`, …) wherever that SQL mirrors it. The conformance suite (`latch::store::conformance`) runs
+//! `client_attempts`, `retry_refusal`, …) wherever that SQL mirrors it. The conformance
+//! suite (`latch::store::conformance`) runs
 //! against it in both modes (`crates/sim/tests/model_conformance.rs`).
 //!
 //! - [`Mode::Shared`] mirrors PostgreSQL: `shared()` is true, registry changes are kept for
