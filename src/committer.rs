@@ -28,6 +28,7 @@ use crate::clock::Clock;
 use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::engine::{CommitFailure, CommitRequest};
 use crate::store::{CommitBatch, Runtime, SensorRuntime};
+use crate::telemetry::events::{CommitFailed, Emit};
 use crate::telemetry::{SPANS, families};
 
 /// Group commits in flight at once on a shared (server) store. One at a time waited for
@@ -220,11 +221,13 @@ impl Committing {
                 }
             }
             Err(e) => {
-                families::COMMIT_FAILURES.counter().increment(1);
+                CommitFailed {
+                    fenced: matches!(e, crate::store::Error::Fenced(_)),
+                }
+                .emit();
                 // Cluster mode: partitions another node took over; stop serving them now
                 // rather than at the next lease round.
                 if let crate::store::Error::Fenced(parts) = &e {
-                    families::CLUSTER_FENCED_COMMITS.counter().increment(1);
                     self.listener.fenced(parts.clone());
                 }
                 let failure = if e.maybe_written() {

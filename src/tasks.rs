@@ -7,7 +7,7 @@
 //! the supervisor of the machine (systemd, a container runtime) starts it again. Whatever
 //! was acknowledged is in the store; a restart picks it up.
 
-use crate::telemetry::families;
+use crate::telemetry::events::{Emit, TaskPanicked};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -39,8 +39,11 @@ impl Supervisor {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic without a message".into());
-                tracing::error!(task = name, panic = %what, "A task panicked; latch stops.");
-                families::TASK_PANICS.counter().increment(1);
+                TaskPanicked {
+                    task: name,
+                    panic: &what,
+                }
+                .emit();
                 this.first
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())

@@ -47,6 +47,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::app::reads::Readiness;
 use crate::config::Config;
 use crate::ingest::{Ingest, Sources};
+use crate::telemetry::events::{AuthRefused, Emit};
 use crate::telemetry::families;
 use error::ApiError;
 
@@ -270,9 +271,11 @@ pub(crate) fn authenticate<T>(
     if let Some(failures) = &st.failures
         && let Err(wait) = failures.wait(&peer, now)
     {
-        families::AUTH_FAILURES
-            .counter_with(&[("reason", "throttled")])
-            .increment(1);
+        AuthRefused {
+            reason: "throttled",
+            peer: None,
+        }
+        .emit();
         return Err(Refused::Throttled(wait));
     }
     check().map_err(|failure| {
@@ -282,10 +285,11 @@ pub(crate) fn authenticate<T>(
         if let Some(failures) = &st.failures {
             let _ = failures.check(peer, now);
         }
-        families::AUTH_FAILURES
-            .counter_with(&[("reason", failure.reason())])
-            .increment(1);
-        tracing::debug!(%peer, reason = failure.reason(), "Refused an authentication.");
+        AuthRefused {
+            reason: failure.reason(),
+            peer: Some(peer),
+        }
+        .emit();
         Refused::Failed
     })
 }

@@ -21,6 +21,7 @@ use crate::domain::{Millis, Reading, Rejection, Source};
 /// What became of a submitted batch: accepted, or rejected with a reason and its index.
 pub use crate::engine::Report;
 use crate::engine::{self, Engine, Sequence};
+use crate::telemetry::events::{Emit, SourcePaused};
 use crate::telemetry::families;
 
 /// Errors of ingest.
@@ -268,11 +269,13 @@ pub(crate) async fn paused(
     stop: &tokio_util::sync::CancellationToken,
 ) -> bool {
     *backoff = next_backoff(*backoff);
-    tracing::warn!(%source, error = %error, retry_in = ?*backoff, on = what,
-        "Broker ingest paused.");
-    crate::telemetry::families::SOURCE_RECONNECTS
-        .counter_with(&[("source", source)])
-        .increment(1);
+    SourcePaused {
+        source,
+        on: what,
+        error,
+        retry_in: *backoff,
+    }
+    .emit();
     tokio::select! {
         biased;
         _ = stop.cancelled() => false,

@@ -6,17 +6,19 @@
 mod cluster;
 mod delivery;
 mod history;
+mod service;
 mod sites;
 mod store;
 
 pub use cluster::{ClusterLeft, PartitionsHeld, PartitionsTaken};
 pub use delivery::{ClientEnabled, ClientsDisabled, OutcomesAbandoned, OutcomesNotRecorded};
 pub use history::{ClickHouseUp, ShipFailed, Shipped, SpoolDepth};
+pub use service::{AuthRefused, Checkpointed, SourcePaused, TaskPanicked};
 pub use sites::{
     SilencesReconcileFailed, SilencesReconciled, SiteChanged, SiteTotalsCounted, SitesDecideFailed,
     SitesDecided,
 };
-pub use store::{DoubtOutcome, DoubtSettled, StorageFreed, StorageFull};
+pub use store::{CommitFailed, DoubtOutcome, DoubtSettled, StorageFreed, StorageFull};
 
 /// An event latch reports: its log line and its metrics, together.
 pub trait Emit {

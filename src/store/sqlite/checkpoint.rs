@@ -26,7 +26,7 @@ use rusqlite::Connection;
 use rusqlite::hooks::Wal;
 
 use super::{Synchronous, Writer, open_conn};
-use crate::telemetry::families;
+use crate::telemetry::events::{Checkpointed, Emit};
 
 /// Log size (pages of 4 KiB: ~40 MiB) past which it is checkpointed, unless the store is
 /// opened with another ([`super::Tuning`]). Large, so that a page written by many commits
@@ -167,10 +167,11 @@ fn run(conn: Connection, asked: Receiver<()>, writer: Arc<Mutex<Writer>>) {
 fn timed(f: impl FnOnce() -> rusqlite::Result<()>) {
     let started = Instant::now();
     match f() {
-        Ok(()) => families::WAL_CHECKPOINT_SECONDS
-            .histogram()
-            .record(started.elapsed().as_secs_f64()),
-        Err(e) => tracing::warn!(error = %e, "Checkpointing the write-ahead log failed."),
+        Ok(()) => Checkpointed {
+            outcome: Ok(started.elapsed()),
+        }
+        .emit(),
+        Err(e) => Checkpointed { outcome: Err(&e) }.emit(),
     }
 }
 

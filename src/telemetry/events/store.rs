@@ -73,3 +73,18 @@ impl Emit for DoubtSettled {
         }
     }
 }
+
+/// A group commit failed (its readings were refused, or their fate is being learnt);
+/// `fenced`: a partition it wrote had moved to another node.
+pub struct CommitFailed {
+    pub fenced: bool,
+}
+
+impl Emit for CommitFailed {
+    fn emit(self) {
+        families::COMMIT_FAILURES.counter().increment(1);
+        if self.fenced {
+            families::CLUSTER_FENCED_COMMITS.counter().increment(1);
+        }
+    }
+}
