@@ -493,6 +493,7 @@ def main():
 
         # A sensor, through the form on the sensors page (keyboard only).
         page.get_by_role("link", name="Sensors", exact=True).click()
+        expect(page.get_by_role("heading", name="Sensors", exact=True)).to_be_visible()
         page.get_by_label("Sensor id").fill(sensor)
         page.get_by_label("Address", exact=True).fill("Svobody st. 23, back door")
         page.get_by_label("Address", exact=True).press("Enter")
@@ -500,6 +501,7 @@ def main():
 
         # A CSV import with a per-row report: a new sensor, and one that exists.
         page.get_by_role("link", name="Sensors", exact=True).click()
+        expect(page.get_by_role("heading", name="Sensors", exact=True)).to_be_visible()
         page.get_by_label("CSV").fill(f"id,address\nimp{suffix},\"Import st. 1, hall\",60\n{sensor},again\n")
         page.get_by_role("button", name="Import").click()
         expect(page.locator("#notice")).to_contain_text("1 of 2 row(s) created")
@@ -518,8 +520,11 @@ def main():
         expect(page.get_by_role("link", name=sensor, exact=True)).to_be_hidden()
 
         # A client, then the link, from the client's page.
+        # The page shown before (the sensors) stays until the clients page has loaded: a
+        # field filled before then is filled on the page that goes.
         page.get_by_role("link", name="Clients", exact=True).click()
-        page.get_by_label("Name").fill("ops receiver")
+        expect(page.get_by_role("heading", name="Clients", exact=True)).to_be_visible()
+        page.get_by_label("Name", exact=True).fill("ops receiver")
         page.get_by_label("Webhook URL").fill(hook)
         page.get_by_role("button", name="Create client").click()
         expect(page.get_by_role("heading", name="Client ops receiver")).to_be_visible()
