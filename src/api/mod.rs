@@ -44,7 +44,6 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::app::reads::Readiness;
 use crate::config::Config;
 use crate::ingest::{Ingest, Sources};
 use crate::telemetry::events::{AuthRefused, Emit};
@@ -399,6 +398,9 @@ async fn readyz(State(st): State<AppState>) -> Response {
     if !st.accepting.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response();
     }
+    if st.app.joining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "joining the cluster").into_response();
+    }
     let down = st.sources.down();
     if !down.is_empty() {
         return (
@@ -408,18 +410,15 @@ async fn readyz(State(st): State<AppState>) -> Response {
             .into_response();
     }
     // Open to anyone: the cause goes to the log, not to the answer.
-    match st.app.ready().await {
-        Readiness::Ready => (StatusCode::OK, "ready").into_response(),
-        Readiness::Joining => {
-            (StatusCode::SERVICE_UNAVAILABLE, "joining the cluster").into_response()
-        }
+    match st.app.ping().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
         // Not a secret, and what an operator must act on: named in the answer.
-        Readiness::Store(e) if e.is_full() => (
+        Err(e) if e.is_full() => (
             StatusCode::SERVICE_UNAVAILABLE,
             "storage full: the store's disk has no space; readings are refused until space is freed",
         )
             .into_response(),
-        Readiness::Store(e) => {
+        Err(e) => {
             tracing::warn!(error = %e, "Not ready: the store does not answer.");
             (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()
         }

@@ -156,7 +156,7 @@ impl App {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Option<Page<Stored<ReadingRecord>>>> {
-        if self.0.store.get_sensor(id).await?.is_none() {
+        if !self.has_sensor(id).await? {
             return Ok(None);
         }
         Ok(Some(self.0.history.readings(id, range, page).await?))
@@ -169,7 +169,7 @@ impl App {
         range: TimeRange,
         page: PageRequest,
     ) -> Result<Option<Page<Stored<Event>>>> {
-        if self.0.store.get_sensor(id).await?.is_none() {
+        if !self.has_sensor(id).await? {
             return Ok(None);
         }
         Ok(Some(self.0.history.events(id, range, page).await?))
@@ -191,23 +191,18 @@ impl App {
         })
     }
 
-    /// Whether this node takes requests: joined its cluster (if any) and its store answers.
-    pub async fn ready(&self) -> Readiness {
-        if self.0.cluster.as_ref().is_some_and(|c| !c.ready()) {
-            return Readiness::Joining;
-        }
-        match self.0.store.ping().await {
-            Ok(()) => Readiness::Ready,
-            Err(e) => Readiness::Store(e),
-        }
+    /// Whether this node is still joining its cluster (never on a single node).
+    pub fn joining(&self) -> bool {
+        self.0.cluster.as_ref().is_some_and(|c| !c.ready())
     }
-}
 
-/// What [`App::ready`] found.
-pub enum Readiness {
-    Ready,
-    /// Still joining the cluster.
-    Joining,
-    /// The store does not answer.
-    Store(crate::store::Error),
+    /// Whether the store answers now.
+    pub async fn ping(&self) -> crate::store::Result<()> {
+        self.0.store.ping().await
+    }
+
+    /// Whether the sensor exists.
+    pub(super) async fn has_sensor(&self, id: SensorId) -> Result<bool> {
+        Ok(self.0.store.get_sensor(id).await?.is_some())
+    }
 }

@@ -25,7 +25,7 @@ impl App {
 
     async fn check_gateway(&self, gateway: Option<SensorId>) -> Result<()> {
         if let Some(g) = gateway
-            && self.0.store.get_sensor(g).await?.is_none()
+            && !self.has_sensor(g).await?
         {
             return Err(Error::Invalid(format!(
                 "gateway_sensor_id: no sensor {g:?}"
