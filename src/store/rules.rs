@@ -10,6 +10,7 @@
 //! ([`now_or_never`]), inside the transaction they hold.
 
 pub mod claim;
+pub mod commit;
 pub mod record;
 
 /// Runs a sequence over tables whose operations never wait (SQLite's, the model's) to its

@@ -8,6 +8,7 @@ use super::PgStore;
 use super::db::{Bound, Sql, Tx};
 use super::doubt::{Doubt, settle};
 use crate::store::idempotency::positions_text;
+use crate::store::rules::{self, commit::Made, commit::Newer};
 use crate::store::{Runtime, SensorRuntime};
 use std::collections::{HashMap, HashSet};
 
@@ -16,7 +17,7 @@ use tokio_postgres::types::ToSql;
 use super::super::{CommitBatch, Error, Fence, Keyed, NotificationRef, Result};
 use super::DELETE_LOCK;
 use crate::domain::client::{events_from_column, wants};
-use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
+use crate::domain::{Event, Millis, SensorId, notification::new_notification_id};
 
 /// The partitions of `fence` this node no longer holds at its epoch, sorted. Each one's
 /// advisory lock ([`super::cluster::PARTITION_LOCK`]) is held shared until the transaction
@@ -84,52 +85,123 @@ async fn execute_rows(
     tx.execute(st, params).await
 }
 
-/// The body of a group commit: one statement per kind of row, in three round trips —
-/// which of the batch's sensors are registered and their links; then readings, state,
-/// events and notifications together (pipelined on the connection); then the supersede,
-/// which needs the new notifications' seqs. Rows of a sensor deleted meanwhile are
-/// skipped: the delete lock held shared since the transaction began keeps a delete from
-/// committing until we do, and one committed before is seen by the registration read, so
-/// a delete racing a batch never resurrects state. Reading registration once per sensor
-/// replaced an `EXISTS` probe per row in four statements, and the pipelining a round trip
-/// per statement.
-async fn commit_batch(
-    tx: &Tx<'_>,
-    batch: &CommitBatch,
+/// A group commit's tables on PostgreSQL ([`rules::commit`]), in three round trips besides
+/// a site's: which of the batch's sensors are registered and their links; then readings,
+/// state, events, applied keys and notifications together (pipelined on the connection);
+/// then the supersede and the silences, which need the new notifications' seqs. So an
+/// operation may hold its writes (`rows`, `newer`) for the next one to send with its own;
+/// every write is sent by the time `silence_new`, the sequence's last, answers.
+///
+/// Rows of a sensor deleted meanwhile are skipped: the delete lock held shared since the
+/// transaction began keeps a delete from committing until we do, and one committed before
+/// is seen by the registration read, so a delete racing a batch never resurrects state.
+/// Reading registration once per sensor replaced an `EXISTS` probe per row in four
+/// statements, and the pipelining a round trip per statement.
+struct CommitTables<'t> {
+    tx: &'t Tx<'t>,
+    /// The clients linked to the batch's sensors with events, read with registration.
+    linked: HashMap<SensorId, Vec<Subscriber>>,
+    /// The batch's rows, not sent yet.
+    rows: Option<Rows>,
+    /// The supersede, not sent yet: `(sensor, client, seq)` per newer state.
+    newer: Vec<(String, Option<String>, i64)>,
+}
+
+/// A batch's rows of registered sensors, as the columns of their inserts.
+struct Rows {
+    readings: ReadingCols,
+    states: StateCols,
+    events: EventCols,
+    keyed: Vec<Keyed>,
     now: Millis,
-) -> Result<Vec<NotificationRef>> {
-    let (registered, linked) = registration(tx, batch).await?;
-    let known = |id: &SensorId| registered.contains(id);
-    let readings = ReadingCols::of(batch, known);
-    let states = StateCols::of(batch, known);
-    let events = EventCols::of(batch, known);
-    let held = super::site_rounds::hold_for_sites(tx, &events.events, now).await?;
-    let notes = NotificationCols::of(&events, &linked, &held);
-    // Sent together: the server runs them in this order, without a round trip between.
-    let (_, _, _, rows, _) = futures::try_join!(
-        readings.insert(tx),
-        states.upsert(tx),
-        events.insert(tx),
-        notes.insert(tx, now),
-        insert_keyed(tx, &batch.keyed, now),
-    )?;
-    if notes.id.is_empty() {
-        return Ok(Vec::new());
+}
+
+impl Rows {
+    /// Sends them, pipelined (the server runs them in this order).
+    async fn write(&self, tx: &Tx<'_>) -> Result<()> {
+        futures::try_join!(
+            self.readings.insert(tx),
+            self.states.upsert(tx),
+            self.events.insert(tx),
+            insert_keyed(tx, &self.keyed, self.now),
+        )?;
+        Ok(())
     }
-    let seqs: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
-    let (created, newest) = notes.created(&rows, &events, now);
-    // Sent together too: they touch different rows.
-    let (_, silenced) = futures::try_join!(
-        supersede(tx, newest, now),
-        super::silences::silence_new(tx, &seqs, now),
-    )?;
-    if silenced.is_empty() {
-        return Ok(created);
+}
+
+/// Sends `rows`, when some are held.
+async fn write(tx: &Tx<'_>, rows: Option<Rows>) -> Result<()> {
+    match rows {
+        Some(rows) => rows.write(tx).await,
+        None => Ok(()),
     }
-    Ok(created
-        .into_iter()
-        .filter(|n| !silenced.contains(&n.seq))
-        .collect())
+}
+
+impl rules::commit::CommitTables for CommitTables<'_> {
+    async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
+        fenced(self.tx, fence).await
+    }
+
+    /// Reads registration and the links now; holds the rows for [`Self::fan_out`].
+    async fn write_rows(&mut self, batch: &CommitBatch, now: Millis) -> Result<Vec<usize>> {
+        let (registered, linked) = registration(self.tx, batch).await?;
+        let known = |id: &SensorId| registered.contains(id);
+        let written = (0..batch.events.len())
+            .filter(|&k| known(&batch.events[k].sensor_id))
+            .collect();
+        self.linked = linked;
+        self.rows = Some(Rows {
+            readings: ReadingCols::of(batch, known),
+            states: StateCols::of(batch, known),
+            events: EventCols::of(batch, known),
+            keyed: batch.keyed.clone(),
+            now,
+        });
+        Ok(written)
+    }
+
+    async fn hold_for_sites(&mut self, events: &[&Event], now: Millis) -> Result<HashSet<usize>> {
+        super::site_rounds::hold_for_sites(self.tx, events, now).await
+    }
+
+    /// Sends the rows held and the notifications, listed as pending in the same
+    /// statement (migration 0011).
+    async fn fan_out(
+        &mut self,
+        events: &[&Event],
+        held: &HashSet<usize>,
+        now: Millis,
+    ) -> Result<Vec<Made>> {
+        let notes = NotificationCols::of(events, &self.linked, held);
+        let (_, rows) =
+            futures::try_join!(write(self.tx, self.rows.take()), notes.insert(self.tx, now))?;
+        Ok(notes.made(&rows))
+    }
+
+    /// Held for [`Self::silence_new`]: they touch different rows.
+    async fn supersede(&mut self, newer: &[Newer<'_>], _now: Millis) -> Result<()> {
+        self.newer.extend(
+            newer
+                .iter()
+                .map(|n| (n.sensor.to_string(), n.client.map(str::to_string), n.seq)),
+        );
+        Ok(())
+    }
+
+    async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+        let newer = std::mem::take(&mut self.newer);
+        let (_, _, silenced) = futures::try_join!(
+            write(self.tx, self.rows.take()),
+            super::supersede::older(self.tx, &newer, now),
+            async {
+                match seqs.is_empty() {
+                    true => Ok(HashSet::new()),
+                    false => super::silences::silence_new(self.tx, seqs, now).await,
+                }
+            },
+        )?;
+        Ok(silenced)
+    }
 }
 
 /// What the batch applies of requests sent with an `Idempotency-Key`, in its transaction.
@@ -152,7 +224,7 @@ async fn insert_keyed(tx: &Tx<'_>, keyed: &[Keyed], now: Millis) -> Result<u64> 
 async fn registration(
     tx: &Tx<'_>,
     batch: &CommitBatch,
-) -> Result<(HashSet<SensorId>, HashMap<String, Vec<Subscriber>>)> {
+) -> Result<(HashSet<SensorId>, HashMap<SensorId, Vec<Subscriber>>)> {
     let mut touched: Vec<String> = batch
         .readings
         .iter()
@@ -196,10 +268,13 @@ async fn registration(
         .iter()
         .filter_map(|r| SensorId::parse(r.get(0)).ok())
         .collect();
-    let mut linked: HashMap<String, Vec<Subscriber>> = HashMap::new();
+    let mut linked: HashMap<SensorId, Vec<Subscriber>> = HashMap::new();
     for r in links {
+        let Ok(sensor) = SensorId::parse(r.get(0)) else {
+            continue;
+        };
         linked
-            .entry(r.get(0))
+            .entry(sensor)
             .or_default()
             .push((r.get(1), events_from_column(r.get(2))));
     }
@@ -356,8 +431,7 @@ impl StateCols {
 }
 
 /// The events of registered sensors, in order (only those notify), as columns.
-struct EventCols<'b> {
-    events: Vec<&'b Event>,
+struct EventCols {
     ids: Vec<String>,
     kinds: Vec<&'static str>,
     at: Vec<i64>,
@@ -369,8 +443,8 @@ struct EventCols<'b> {
     flips: Vec<Option<i32>>,
 }
 
-impl<'b> EventCols<'b> {
-    fn of(batch: &'b CommitBatch, known: impl Fn(&SensorId) -> bool) -> Self {
+impl EventCols {
+    fn of(batch: &CommitBatch, known: impl Fn(&SensorId) -> bool) -> Self {
         let ev: Vec<&Event> = batch
             .events
             .iter()
@@ -392,7 +466,6 @@ impl<'b> EventCols<'b> {
                 .iter()
                 .map(|e| e.detail.flips_suppressed.map(|f| f as i32))
                 .collect(),
-            events: ev,
         }
     }
 
@@ -429,7 +502,7 @@ impl<'b> EventCols<'b> {
 struct NotificationCols<'e> {
     id: Vec<String>,
     client: Vec<&'e str>,
-    sensor: Vec<&'e str>,
+    sensor: Vec<String>,
     kind: Vec<&'static str>,
     data: Vec<Option<bool>>,
     previous: Vec<Option<bool>>,
@@ -444,8 +517,8 @@ struct NotificationCols<'e> {
 impl<'e> NotificationCols<'e> {
     /// `held`: the places of events a site's decision holds, which make none now.
     fn of(
-        events: &'e EventCols<'_>,
-        linked: &'e HashMap<String, Vec<Subscriber>>,
+        events: &[&Event],
+        linked: &'e HashMap<SensorId, Vec<Subscriber>>,
         held: &HashSet<usize>,
     ) -> Self {
         let mut n = Self {
@@ -462,25 +535,25 @@ impl<'e> NotificationCols<'e> {
             flips: vec![],
             event: vec![],
         };
-        for (k, e) in events.events.iter().enumerate() {
+        for (k, e) in events.iter().enumerate() {
             if held.contains(&k) {
                 continue;
             }
-            for (client, wanted) in linked.get(&events.ids[k]).into_iter().flatten() {
+            for (client, wanted) in linked.get(&e.sensor_id).into_iter().flatten() {
                 if !wants(wanted, e.kind) {
                     continue;
                 }
                 n.id.push(new_notification_id());
                 n.client.push(client.as_str());
-                n.sensor.push(events.ids[k].as_str());
+                n.sensor.push(e.sensor_id.to_string());
                 n.kind.push(e.kind.as_str());
                 n.data.push(e.data);
                 n.previous.push(e.previous);
                 n.at.push(e.at);
                 n.seen.push(e.last_seen_at);
-                n.lost.push(events.lost[k]);
-                n.reminder.push(events.reminder[k]);
-                n.flips.push(events.flips[k]);
+                n.lost.push(e.detail.lost_since);
+                n.reminder.push(e.detail.reminder.map(|r| r as i32));
+                n.flips.push(e.detail.flips_suppressed.map(|f| f as i32));
                 n.event.push(k);
             }
         }
@@ -528,74 +601,20 @@ impl<'e> NotificationCols<'e> {
         tx.query(&sql, &p).await
     }
 
-    /// What the commit made, in outbox order, from the `rows` the insert answered; and per
-    /// sensor the first seq of its newest state change, which supersedes older ones.
-    fn created(
-        self,
-        rows: &[tokio_postgres::Row],
-        events: &EventCols<'_>,
-        now: Millis,
-    ) -> (Vec<NotificationRef>, HashMap<&'e str, i64>) {
+    /// What the insert made, in outbox order, from the `rows` it answered.
+    fn made(&self, rows: &[tokio_postgres::Row]) -> Vec<Made> {
         let seqs: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let mut created = Vec::with_capacity(self.id.len());
-        let mut newest: HashMap<&str, i64> = HashMap::new();
-        let mut first_of_event = usize::MAX;
-        for (i, id) in self.id.into_iter().enumerate() {
-            let e = events.events[self.event[i]];
-            let seq = seqs[&id];
-            if self.event[i] != first_of_event {
-                first_of_event = self.event[i];
-                if e.kind == EventKind::StateChanged {
-                    newest.insert(self.sensor[i], seq);
-                }
-            }
-            created.push(NotificationRef {
-                id,
-                seq,
+        self.id
+            .iter()
+            .enumerate()
+            .map(|(i, id)| Made {
+                event: self.event[i],
+                seq: seqs[id],
+                id: id.clone(),
                 client_id: self.client[i].to_string(),
-                sensor_id: e.sensor_id,
-                kind: e.kind,
-                due_at: now,
-                attempts: 0,
-                batch_id: None,
-            });
-        }
-        (created, newest)
+            })
+            .collect()
     }
-}
-
-/// Supersedes, per sensor, the pending state notifications older than `newest` (the first
-/// seq of its newest state change) that no attempt holds.
-async fn supersede(tx: &Tx<'_>, newest: HashMap<&str, i64>, now: Millis) -> Result<()> {
-    if newest.is_empty() {
-        return Ok(());
-    }
-    let (s, q): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
-    tx.execute(
-        &tx.prepare_cached(
-            // Per sensor through the list of pending ones (`OFFSET 0` keeps the lookups per
-            // sensor: a plain join of the arrays with the outbox scans it), the seqs gathered
-            // once, then the rows by seq. As a join with the outbox, a planner without
-            // statistics yet (a new table) ran the lookups once per pending row: 3 s for one
-            // commit of 500 changes. An attempt in flight (leased, by the database's clock:
-            // `outbox::claim`) is not superseded.
-            &format!(
-                "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $3 \
-                 WHERE n.seq = ANY (ARRAY(SELECT p.seq \
-                 FROM UNNEST($1::text[], $2::int8[]) AS u(sensor_id, seq) \
-                 CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
-                 WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq OFFSET 0) p)) \
-                 AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
-                 AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
-                 DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
-                DB_NOW_MS = super::db::DB_NOW_MS
-            ),
-        )
-        .await?,
-        &[&s, &q, &now],
-    )
-    .await?;
-    Ok(())
 }
 
 #[async_trait]
@@ -646,12 +665,19 @@ impl Runtime for PgStore {
                 xid: first.get(1),
                 pid: first.get(2),
             };
-            let fenced = fenced(&tx, &batch.fence).await?;
-            if !fenced.is_empty() {
-                tx.rollback().await?;
-                return Err(Error::Fenced(fenced));
-            }
-            let created = commit_batch(&tx, &batch, now).await?;
+            let mut tables = CommitTables {
+                tx: &tx,
+                linked: HashMap::new(),
+                rows: None,
+                newer: Vec::new(),
+            };
+            let created = match rules::commit::commit(&mut tables, &batch, now).await {
+                Err(Error::Fenced(fenced)) => {
+                    tx.rollback().await?;
+                    return Err(Error::Fenced(fenced));
+                }
+                r => r?,
+            };
             match tx.commit().await {
                 Ok(()) => Ok(created),
                 Err(Error::Indeterminate(why)) => {

@@ -53,6 +53,7 @@ mod site_retell;
 mod site_rounds;
 mod site_rows;
 mod sites;
+mod supersede;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tokens;

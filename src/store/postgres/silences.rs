@@ -288,20 +288,8 @@ async fn bring_up_to_date(
         // A newer state, as a commit's: the lane's older pending states no attempt holds
         // (by the database's clock, as `outbox::claim` leases) are superseded (README:
         // Supersede).
-        tx.execute(
-            &tx.prepare_cached(&format!(
-                "WITH s AS (UPDATE notifications n SET status = 'superseded', updated_at = $4 \
-                 WHERE n.seq IN (SELECT q.seq FROM notifications_pending q \
-                 WHERE q.sensor_id = $2 AND q.client_id = $1 AND q.seq < $3) \
-                 AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
-                 AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
-                 DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",
-                DB_NOW_MS = super::db::DB_NOW_MS
-            ))
-            .await?,
-            &[&client, &sensor, &made.seq, &now],
-        )
-        .await?;
+        let newer = (sensor.to_string(), Some(client.to_string()), made.seq);
+        super::supersede::older(tx, &[newer], now).await?;
     }
     Ok(Some(made))
 }

@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use super::seen::{Deferred, Seen, Times};
 use crate::store::idempotency::positions_text;
-use crate::store::{Runtime, SensorRuntime};
-use std::collections::HashMap;
+use crate::store::rules::{self, commit::Made, commit::Newer};
+use crate::store::{Fence, Runtime, SensorRuntime};
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 use rusqlite::functions::FunctionFlags;
@@ -15,18 +16,80 @@ use rusqlite::{Connection, Transaction, params};
 
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{CommitBatch, Error, NotificationRef, ReadingRecord, Result};
-use crate::domain::{Event, EventKind, Millis, SensorId, notification::new_notification_id};
+use crate::domain::{Event, Millis, SensorId, notification::new_notification_id};
 
-/// The body of a group commit. Rows of a sensor deleted meanwhile are skipped, so a delete
-/// racing a batch never resurrects state: whether a sensor is still registered is looked
-/// up once per sensor (its state update, most often), not once per row.
-fn commit_batch(
+/// A group commit's tables on the writer ([`rules::commit`]): the transaction, and the
+/// times of sensors only seen, which it defers (`seen.rs`).
+struct CommitTables<'a> {
+    tx: &'a Transaction<'a>,
+    seen: &'a Seen,
+    deferred: &'a mut Deferred,
+}
+
+impl rules::commit::CommitTables for CommitTables<'_> {
+    /// SQLite stays one node: no leases to check a fence against.
+    async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
+        match fence.is_empty() {
+            true => Ok(Vec::new()),
+            false => Err(Error::Backend("cluster fencing needs PostgreSQL".into())),
+        }
+    }
+
+    async fn write_rows(&mut self, batch: &CommitBatch, now: Millis) -> Result<Vec<usize>> {
+        write_rows(self.tx, batch, now, self.seen, self.deferred)
+    }
+
+    async fn hold_for_sites(&mut self, events: &[&Event], now: Millis) -> Result<HashSet<usize>> {
+        super::site_rounds::hold_for_sites(self.tx, events, now)
+    }
+
+    /// From the staged events ([`STAGING`]), the held ones taken out first.
+    async fn fan_out(
+        &mut self,
+        events: &[&Event],
+        held: &HashSet<usize>,
+        now: Millis,
+    ) -> Result<Vec<Made>> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !held.is_empty() {
+            let mut unstage = self
+                .tx
+                .prepare_cached("DELETE FROM temp.stage_events WHERE k = ?1")?;
+            for k in held {
+                unstage.execute([*k as i64])?;
+            }
+        }
+        let made = insert_notifications(self.tx, now)?;
+        self.tx
+            .prepare_cached("DELETE FROM temp.stage_events")?
+            .execute([])?;
+        Ok(made)
+    }
+
+    async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {
+        super::supersede::older(self.tx, newer, now)
+    }
+
+    async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+        match seqs.first() {
+            Some(first) => super::silences::silence_new(self.tx, first - 1, now),
+            None => Ok(HashSet::new()),
+        }
+    }
+}
+
+/// Writes the rows of sensors still registered, and stages the events written for the
+/// fan-out: whether a sensor is registered is looked up once per sensor (its state
+/// update, most often), not once per row.
+fn write_rows(
     tx: &Transaction,
     batch: &CommitBatch,
     now: Millis,
     seen: &Seen,
     deferred: &mut Deferred,
-) -> Result<Vec<NotificationRef>> {
+) -> Result<Vec<usize>> {
     let mut known = write_states(tx, batch, seen, deferred)?;
     let mut exists = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM sensors WHERE id = ?1)")?;
     let mut registered = |id: SensorId| -> Result<bool> {
@@ -58,16 +121,24 @@ fn commit_batch(
             ])?;
         }
     }
-    let mut events = Vec::with_capacity(batch.events.len());
-    for e in &batch.events {
+    let mut written = Vec::with_capacity(batch.events.len());
+    for (k, e) in batch.events.iter().enumerate() {
         if registered(e.sensor_id)? {
-            events.push(e);
+            written.push(k);
         }
     }
-    if events.is_empty() {
-        return Ok(Vec::new());
+    if !written.is_empty() {
+        let events: Vec<&Event> = written.iter().map(|&k| &batch.events[k]).collect();
+        stage_events(tx, &events)?;
+        tx.prepare_cached(
+            "INSERT INTO events_journal (sensor_id, kind, at, data, previous, last_seen_at, \
+             lost_since, reminder, flips_suppressed) \
+             SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder, \
+             flips_suppressed FROM temp.stage_events ORDER BY k",
+        )?
+        .execute([])?;
     }
-    notify(tx, &events, now)
+    Ok(written)
 }
 
 /// Readings one `INSERT` of [`insert_readings`] writes. A statement a reading paid its
@@ -190,68 +261,6 @@ fn write_states(
     Ok(known)
 }
 
-/// The events of registered sensors and their notifications: one per event and linked
-/// client, in event order, clients in id order; the first notification of a state change
-/// supersedes its sensor's older pending, unleased state notifications.
-fn notify(tx: &Transaction, events: &[&Event], now: Millis) -> Result<Vec<NotificationRef>> {
-    stage_events(tx, events)?;
-    tx.prepare_cached(
-        "INSERT INTO events_journal (sensor_id, kind, at, data, previous, last_seen_at, lost_since,          reminder, flips_suppressed)          SELECT sensor_id, kind, at, data, previous, last_seen_at, lost_since, reminder,          flips_suppressed FROM temp.stage_events ORDER BY k",
-    )?
-    .execute([])?;
-    let held = super::site_rounds::hold_for_sites(tx, events, now)?;
-    if !held.is_empty() {
-        let mut unstage = tx.prepare_cached("DELETE FROM temp.stage_events WHERE k = ?1")?;
-        for k in &held {
-            unstage.execute([*k as i64])?;
-        }
-    }
-    let rows = insert_notifications(tx, now)?;
-    tx.prepare_cached("DELETE FROM temp.stage_events")?
-        .execute([])?;
-    let silenced = match rows.first() {
-        Some(first) => super::silences::silence_new(tx, first.seq - 1, now)?,
-        None => Default::default(),
-    };
-    let mut supersede = tx.prepare_cached(
-        "UPDATE notifications SET status = 'superseded', updated_at = ?3          WHERE sensor_id = ?1 AND status = 'pending' AND kind = 'sensor.state_changed'          AND seq < ?2 AND (lease_until IS NULL OR lease_until < ?3)",
-    )?;
-    let mut created = Vec::with_capacity(rows.len());
-    let mut first_of_event = usize::MAX;
-    for Staged {
-        event: k,
-        seq,
-        id,
-        client_id,
-    } in rows
-    {
-        let e = events
-            .get(k)
-            .ok_or_else(|| Error::Backend("a staged notification names no event".into()))?;
-        // As it did when each notification was inserted on its own.
-        if k != first_of_event {
-            first_of_event = k;
-            if e.kind == EventKind::StateChanged {
-                supersede.execute(params![e.sensor_id.to_string(), seq, now])?;
-            }
-        }
-        if silenced.contains(&seq) {
-            continue;
-        }
-        created.push(NotificationRef {
-            id,
-            seq,
-            client_id,
-            sensor_id: e.sensor_id,
-            kind: e.kind,
-            due_at: now,
-            attempts: 0,
-            batch_id: None,
-        });
-    }
-    Ok(created)
-}
-
 /// The writer's staging tables (`TEMP`, in memory, without indexes): a batch's events are
 /// staged row by row there, then inserted, joined with `links` into the batch's
 /// notifications and those inserted, one `INSERT … SELECT` each. That keeps the big
@@ -298,14 +307,6 @@ fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
     Ok(())
 }
 
-/// A notification the commit created: its event's index in the batch, seq, id and client.
-struct Staged {
-    event: usize,
-    seq: i64,
-    id: String,
-    client_id: String,
-}
-
 /// Creates the notifications of the staged events, one per event and linked client that
 /// wants its type (`clients.events`, [`crate::domain::client::wants`]: a type it does not
 /// want makes no notification at all), in event order, clients in id order, and returns
@@ -314,7 +315,7 @@ struct Staged {
 /// Seqs are given here rather than by `AUTOINCREMENT`, which this one writer can do
 /// exactly: after the highest seq ever used, in the order of the staging, so nothing has
 /// to be matched back by id.
-fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
+fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Made>> {
     // Rows are inserted in the `ORDER BY`'s order, and the staging table is empty here (it
     // is emptied after each use, and a failed commit rolls it back), so `n` counts 1, 2, …
     // in that order. The join yields that order already (events by `k`, each sensor's
@@ -353,7 +354,7 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Staged>> {
     let rows = tx
         .prepare_cached("SELECT n, event, id, client_id FROM temp.stage_notifications ORDER BY n")?
         .query_map([], |r| {
-            Ok(Staged {
+            Ok(Made {
                 seq: base + r.get::<_, i64>(0)?,
                 event: r.get::<_, i64>(1)? as usize,
                 id: r.get(2)?,
@@ -404,13 +405,17 @@ impl Runtime for SqliteStore {
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
         let seen = self.inner.seen.clone();
         self.write(move |c| {
-            // SQLite stays one node: no leases to check a fence against.
-            if !batch.fence.is_empty() {
-                return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
-            }
             let tx = c.transaction()?;
             let mut deferred = Deferred::default();
-            let created = commit_batch(&tx, &batch, now, &seen, &mut deferred)?;
+            let created = rules::now_or_never(rules::commit::commit(
+                &mut CommitTables {
+                    tx: &tx,
+                    seen: &seen,
+                    deferred: &mut deferred,
+                },
+                &batch,
+                now,
+            ))?;
             // Under load, the kept times are written here, with a commit's fsync.
             let flushed = match seen.due() {
                 true => Some(seen.flush(&tx, &deferred)?),

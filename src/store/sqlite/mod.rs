@@ -47,6 +47,7 @@ mod site_retell;
 mod site_rounds;
 mod site_rows;
 mod sites;
+mod supersede;
 #[cfg(test)]
 mod tests;
 mod tokens;

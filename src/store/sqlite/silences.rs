@@ -10,6 +10,7 @@ use super::super::{NotificationRef, Page, PageRequest, Result, Silences, limit_p
 use super::SqliteStore;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
+use crate::store::rules::commit::Newer;
 
 /// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as
 /// one list in the order given, NULL when it names none.
@@ -301,13 +302,12 @@ fn bring_up_to_date(
     if kind == EventKind::StateChanged {
         // A newer state, as a commit's: the lane's older pending states no attempt holds
         // are superseded (README: Supersede).
-        tx.prepare_cached(
-            "UPDATE notifications SET status = 'superseded', updated_at = ?4 \
-             WHERE client_id = ?1 AND sensor_id = ?2 AND status = 'pending' \
-             AND kind = 'sensor.state_changed' AND seq < ?3 \
-             AND (lease_until IS NULL OR lease_until < ?4)",
-        )?
-        .execute(params![client, sensor, made.seq, now])?;
+        let newer = Newer {
+            sensor: sensor_id,
+            client: Some(client),
+            seq: made.seq,
+        };
+        super::supersede::older(tx, &[newer], now)?;
     }
     Ok(Some(made))
 }

@@ -1,21 +1,19 @@
-//! The group commit and what the engine loads: `store/sqlite/commit.rs` and
-//! `store/postgres/commit.rs` (with the registry reads of both `registry.rs`).
-//!
-//! One commit, in one transaction: on a shared store the fence first (every partition
-//! still held at its epoch, else `Fenced` and nothing written); then the readings, state,
-//! events of sensors still registered (a batch for a sensor deleted meanwhile writes
-//! nothing of it); one notification per event and linked client that wants its type, in
-//! event order, clients in id order; and the supersede rule (`policy::supersedes`): per
-//! sensor, the first notification of its newest state change supersedes every older
-//! pending, unleased state notification of the sensor.
+//! The group commit's tables and what the engine loads. The commit's sequence is latch's
+//! own (`store::rules::commit`); here are its table operations as both backends' statements
+//! write them (`store/sqlite/commit.rs`, `store/postgres/commit.rs`, with the registry reads
+//! of both `registry.rs`): the fence (every partition still held at its epoch), the rows of
+//! sensors still registered (a batch for a sensor deleted meanwhile writes nothing of it),
+//! one notification per event and linked client that wants its type, and the supersede
+//! statement.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use async_trait::async_trait;
 
 use latch::domain::client::wants;
 use latch::domain::policy::{self, Queued};
-use latch::domain::{EventKind, Millis, NotificationRef, SensorId, Status};
+use latch::domain::{Event, EventKind, Millis, NotificationRef, SensorId, Status};
+use latch::store::rules::{self, commit::Made, commit::Newer};
 use latch::store::{CommitBatch, Error, Fence, Result, Runtime, SensorRuntime, StateUpdate};
 
 use super::node::NodeStore;
@@ -66,20 +64,9 @@ impl Tables {
         self.states.insert(s.sensor_id, row);
     }
 
-    pub(super) fn commit(
-        &mut self,
-        cx: &Cx,
-        batch: CommitBatch,
-        now: Millis,
-    ) -> Result<Vec<NotificationRef>> {
-        if !self.shared && !batch.fence.is_empty() {
-            // SQLite stays one node: no leases to check a fence against.
-            return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
-        }
-        let fenced = self.fenced(&batch.fence);
-        if !fenced.is_empty() {
-            return Err(Error::Fenced(fenced));
-        }
+    /// The rows of a commit batch of sensors still registered (`CommitTables::write_rows`);
+    /// answers the places of the events written.
+    fn write_rows(&mut self, cx: &Cx, batch: &CommitBatch, now: Millis) -> Vec<usize> {
         let known = |t: &Tables, id: SensorId| t.sensors.contains_key(&id);
         let by = self.audit.commit_begins(now, cx.node.clone());
         for r in &batch.readings {
@@ -116,49 +103,17 @@ impl Tables {
                 }
             }
         }
-        let events: Vec<_> = batch
-            .events
-            .into_iter()
-            .filter(|e| known(self, e.sensor_id))
-            .collect();
-        let mut created = Vec::new();
-        let before = self.next.seq;
-        // Per sensor, the first seq of its newest state change.
-        let mut newest: BTreeMap<SensorId, i64> = BTreeMap::new();
-        for e in events {
-            self.next.event += 1;
-            self.events.insert(self.next.event, e.clone());
-            self.audit
-                .committed_event(self.next.event, e.clone(), by.clone());
-            if self.hold_for_site(&e, now) {
-                continue;
-            }
-            let clients: Vec<String> = self
-                .clients_of(e.sensor_id)
-                .filter(|c| {
-                    // A link whose client is missing (LEFT JOIN) wants every type.
-                    self.clients
-                        .get(*c)
-                        .is_none_or(|row| wants(&row.client.events, e.kind))
-                })
-                .cloned()
-                .collect();
-            let mut first = true;
-            for client_id in clients {
-                let made = self.make_pending(cx, client_id, &e, None, now);
-                if first && e.kind == EventKind::StateChanged {
-                    newest.insert(e.sensor_id, made.seq);
-                }
-                first = false;
-                created.push(made);
+        let mut written = Vec::new();
+        for (k, e) in batch.events.iter().enumerate() {
+            if known(self, e.sensor_id) {
+                self.next.event += 1;
+                self.events.insert(self.next.event, e.clone());
+                self.audit
+                    .committed_event(self.next.event, e.clone(), by.clone());
+                written.push(k);
             }
         }
-        for (sensor, first) in newest {
-            self.supersede_older(cx, sensor, None, first, now);
-        }
-        let silenced = self.silence_new(cx, before, now);
-        created.retain(|n| !silenced.contains(&n.seq));
-        Ok(created)
+        written
     }
 
     /// The supersede rule as both backends' `UPDATE … SET status = 'superseded'` applies
@@ -239,7 +194,93 @@ impl Runtime for NodeStore {
     }
 
     async fn commit(&self, batch: CommitBatch, now: Millis) -> Result<Vec<NotificationRef>> {
-        self.run("commit", true, |t, cx| t.commit(cx, batch, now))
-            .await
+        self.run("commit", true, |t, cx| {
+            rules::now_or_never(rules::commit::commit(
+                &mut CommitTables { t, cx },
+                &batch,
+                now,
+            ))
+        })
+        .await
+    }
+}
+
+/// A group commit's tables in the model ([`rules::commit`]): the sequence is latch's own.
+struct CommitTables<'a> {
+    t: &'a mut Tables,
+    cx: &'a Cx,
+}
+
+impl rules::commit::CommitTables for CommitTables<'_> {
+    async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
+        if !self.t.shared && !fence.is_empty() {
+            // SQLite stays one node: no leases to check a fence against.
+            return Err(Error::Backend("cluster fencing needs PostgreSQL".into()));
+        }
+        Ok(self.t.fenced(fence))
+    }
+
+    async fn write_rows(&mut self, batch: &CommitBatch, now: Millis) -> Result<Vec<usize>> {
+        Ok(self.t.write_rows(self.cx, batch, now))
+    }
+
+    async fn hold_for_sites(&mut self, events: &[&Event], now: Millis) -> Result<HashSet<usize>> {
+        Ok((0..events.len())
+            .filter(|&k| self.t.hold_for_site(events[k], now))
+            .collect())
+    }
+
+    async fn fan_out(
+        &mut self,
+        events: &[&Event],
+        held: &HashSet<usize>,
+        now: Millis,
+    ) -> Result<Vec<Made>> {
+        let mut made = Vec::new();
+        for (k, e) in events.iter().enumerate() {
+            if held.contains(&k) {
+                continue;
+            }
+            let t = &mut *self.t;
+            let clients: Vec<String> = t
+                .clients_of(e.sensor_id)
+                .filter(|c| {
+                    // A link whose client is missing (LEFT JOIN) wants every type.
+                    t.clients
+                        .get(*c)
+                        .is_none_or(|row| wants(&row.client.events, e.kind))
+                })
+                .cloned()
+                .collect();
+            for client_id in clients {
+                let n = t.make_pending(self.cx, client_id, e, None, now);
+                made.push(Made {
+                    event: k,
+                    seq: n.seq,
+                    id: n.id,
+                    client_id: n.client_id,
+                });
+            }
+        }
+        Ok(made)
+    }
+
+    async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {
+        for n in newer {
+            self.t
+                .supersede_older(self.cx, n.sensor, n.client, n.seq, now);
+        }
+        Ok(())
+    }
+
+    async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+        Ok(match seqs.first() {
+            Some(first) => self
+                .t
+                .silence_new(self.cx, first - 1, now)
+                .into_iter()
+                .collect(),
+            None => HashSet::new(),
+        })
     }
 }
