@@ -1,5 +1,5 @@
-//! Silences: kept as rows, applied by the group commit to the notifications it makes
-//! ([`silence_new`]), and reconciled once at their end ([`Silences::reconcile_silences`]).
+//! Silences: kept as rows, applied by the group commit to the notifications it makes and
+//! reconciled once at their end ([`rules::silences`], over [`SilenceTables`]).
 
 use std::collections::HashSet;
 
@@ -9,8 +9,11 @@ use tokio_postgres::Row;
 use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
 use super::PgStore;
 use super::db::{Sql, Tx};
+use crate::domain::client::events_from_column;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
-use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
+use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
+use crate::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
+use crate::store::rules::{self, commit::Newer};
 
 /// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as
 /// one list in the order given, NULL when it names none.
@@ -81,217 +84,227 @@ fn silence_row(r: &Row) -> Silence {
     }
 }
 
-/// Marks `silenced` those of the notifications `seqs` (just inserted) that a silence
-/// active at `now` matches, takes them off the pending list, and notes their pairs for the
-/// silence's end; answers their seqs. One statement, which reads nothing of the outbox
-/// when no silence is active.
+/// Marks silenced the new notifications (`seqs`) a silence active at `now` matches and
+/// notes their pairs ([`rules::silences::apply`]); answers their seqs.
 pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-    let rows = tx
-        .query(
-            &tx.prepare_cached(&format!(
-                "WITH s AS (UPDATE notifications n SET status = 'silenced' \
-                   WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
-                   AND n.seq = ANY($1) AND n.status = 'pending' AND {} \
-                   RETURNING n.seq, n.client_id, n.sensor_id, n.kind, n.body, n.data, n.previous), \
-                 d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)) \
-                 SELECT seq, client_id, sensor_id, kind, body, data, previous FROM s",
-                active("a", "$2"),
-                active_match(
-                    "$2",
-                    "n.client_id",
-                    "n.sensor_id",
-                    "(o.types IS NULL OR strpos(o.types, ',' || n.kind || ',') > 0)"
-                )
-            ))
-            .await?,
-            &[&seqs, &now],
-        )
-        .await?;
-    super::super::count_silenced(rows.len());
-    let (mut clients, mut sensors) = (Vec::new(), Vec::new());
-    let (mut lost, mut data, mut since) = (Vec::new(), Vec::new(), Vec::<i64>::new());
-    for r in &rows {
-        let (kind, anchor) = (r.get::<_, String>(3), r.get::<_, String>(2));
-        if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&anchor)) {
-            let k = silence::Kept {
-                kind,
-                anchor,
-                data: r.get(5),
-                previous: r.get(6),
-                body: r.get(4),
-            };
-            for (kept, before) in silence::kept(k) {
-                clients.push(r.get::<_, String>(1));
-                sensors.push(kept.to_string());
-                lost.push(before.lost);
-                data.push(before.data);
-                since.push(r.get(0));
-            }
-        }
-    }
-    if !clients.is_empty() {
-        // The first kept of a pair gives its view: `ON CONFLICT` keeps an older row, and
-        // within the statement the first of the pair in `UNNEST`'s order.
-        tx.execute(
-            "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data, since) \
-             SELECT DISTINCT ON (u.c, u.s) u.c, u.s, x.site_id, u.lost, u.data, u.since \
-             FROM UNNEST($1::text[], $2::text[], $3::bool[], $4::bool[], $5::int8[]) \
-               WITH ORDINALITY AS u(c, s, lost, data, since, o) \
-             LEFT JOIN sensors x ON x.id = u.s ORDER BY u.c, u.s, u.o ON CONFLICT DO NOTHING",
-            &[&clients, &sensors, &lost, &data, &since],
-        )
-        .await?;
-    }
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    rules::silences::apply(&mut SilenceTables { tx }, seqs, now).await
 }
 
-/// Reconciles silence `id`: each pair it kept something from, that no other active
-/// silence holds, gets one notification if its client's view is wrong.
-async fn reconcile(tx: &Tx<'_>, id: &str, now: Millis) -> Result<Vec<NotificationRef>> {
-    let pairs = tx
-        .query(
-            &format!(
-                "DELETE FROM silenced_pairs p USING silences s WHERE s.id = $1 AND {} \
-                 AND NOT {} RETURNING p.client_id, p.sensor_id, p.lost, p.data, p.since",
-                matched_pair("s"),
-                active_match("$2", "p.client_id", "p.sensor_id", "o.id <> s.id")
-            ),
-            &[&id, &now],
-        )
-        .await?;
-    // A site still down whose loss the silence kept from a client: one site loss for it
-    // (`site::retell`), not a loss per sensor; the sensors it names are up to date then.
-    let mut retold = Vec::new();
-    let mut asked = HashSet::new();
-    for p in &pairs {
-        let (client, sensor): (String, String) = (p.get(0), p.get(1));
-        let site: Option<String> = tx
-            .query_opt("SELECT site_id FROM sensors WHERE id = $1", &[&sensor])
-            .await?
-            .and_then(|r| r.get(0));
-        if let Some(site) = site
-            && asked.insert((client.clone(), site.clone()))
-            && let Some(r) = super::site_retell::retell(tx, &site, &client, now).await?
-        {
-            retold.push((client, r));
-        }
+/// Silences' tables on PostgreSQL ([`rules::silences`]).
+struct SilenceTables<'a> {
+    tx: &'a Tx<'a>,
+}
+
+/// A stored sensor id, or the store's error.
+fn sensor_id(s: &str) -> Result<SensorId> {
+    SensorId::parse(s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
+}
+
+impl rules::silences::SilenceTables for SilenceTables<'_> {
+    /// One statement, which reads nothing of the outbox when no silence is active.
+    async fn mark_silenced(&mut self, seqs: &[i64], now: Millis) -> Result<Vec<Silenced>> {
+        let tx = self.tx;
+        let rows = tx
+            .query(
+                &tx.prepare_cached(&format!(
+                    "WITH s AS (UPDATE notifications n SET status = 'silenced' \
+                       WHERE EXISTS (SELECT 1 FROM silences a WHERE {}) \
+                       AND n.seq = ANY($1) AND n.status = 'pending' AND {} \
+                       RETURNING n.seq, n.client_id, n.sensor_id, n.kind, n.body, n.data, \
+                       n.previous), \
+                     d AS (DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)) \
+                     SELECT seq, client_id, sensor_id, kind, body, data, previous FROM s \
+                     ORDER BY seq",
+                    active("a", "$2"),
+                    active_match(
+                        "$2",
+                        "n.client_id",
+                        "n.sensor_id",
+                        "(o.types IS NULL OR strpos(o.types, ',' || n.kind || ',') > 0)"
+                    )
+                ))
+                .await?,
+                &[&seqs, &now],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let kind: String = r.get(3);
+                Ok(Silenced {
+                    seq: r.get(0),
+                    client_id: r.get(1),
+                    sensor_id: sensor_id(r.get(2))?,
+                    kind: EventKind::parse(&kind)
+                        .ok_or_else(|| Error::Backend(format!("stored kind {kind}")))?,
+                    body: r.get(4),
+                    data: r.get(5),
+                    previous: r.get(6),
+                })
+            })
+            .collect()
     }
-    let mut made: Vec<NotificationRef> = retold.iter().map(|(_, r)| r.made.clone()).collect();
-    for p in pairs {
-        let (client, sensor): (String, String) = (p.get(0), p.get(1));
-        let named = retold
+
+    /// The first of a pair gives its view: `ON CONFLICT` keeps an older row, and within
+    /// the statement the first of the pair in `UNNEST`'s order.
+    async fn note_pairs(&mut self, pairs: &[Pair]) -> Result<()> {
+        let clients: Vec<&str> = pairs.iter().map(|p| p.client_id.as_str()).collect();
+        let sensors: Vec<String> = pairs.iter().map(|p| p.sensor_id.to_string()).collect();
+        let lost: Vec<Option<bool>> = pairs.iter().map(|p| p.before.map(|b| b.lost)).collect();
+        let data: Vec<Option<bool>> = pairs
             .iter()
-            .any(|(c, r)| *c == client && r.named.iter().any(|s| s.to_string() == sensor));
-        if named {
-            continue;
-        }
-        let kept = Kept {
-            before: p.get::<_, Option<bool>>(2).map(|lost| View {
-                lost,
-                data: p.get(3),
-            }),
-            since: p.get(4),
-        };
-        if let Some(r) = bring_up_to_date(tx, &client, &sensor, kept, now).await? {
-            made.push(r);
-        }
+            .map(|p| p.before.and_then(|b| b.data))
+            .collect();
+        let since: Vec<i64> = pairs.iter().map(|p| p.since).collect();
+        self.tx
+            .execute(
+                "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data, since) \
+                 SELECT DISTINCT ON (u.c, u.s) u.c, u.s, x.site_id, u.lost, u.data, u.since \
+                 FROM UNNEST($1::text[], $2::text[], $3::bool[], $4::bool[], $5::int8[]) \
+                   WITH ORDINALITY AS u(c, s, lost, data, since, o) \
+                 LEFT JOIN sensors x ON x.id = u.s ORDER BY u.c, u.s, u.o ON CONFLICT DO NOTHING",
+                &[&clients, &sensors, &lost, &data, &since],
+            )
+            .await?;
+        Ok(())
     }
-    for (_, r) in &retold {
-        super::site_retell::told(tx, r).await?;
-    }
-    Ok(made)
-}
 
-/// What a pair keeps for its reconciliation: what the client knew of the sensor before the
-/// first notification the silence kept (`None`: a pair noted before latch kept it), and that
-/// notification's seq: what was told after it is read from the outbox (retention keeps it
-/// while the pair waits), what came before only through this view.
-#[derive(Debug, Clone, Copy)]
-struct Kept {
-    before: Option<View>,
-    since: i64,
-}
+    /// Taken by the first node to come: the row lock makes another one's update wait and
+    /// then find it reconciled.
+    async fn take_ended(&mut self, ended_by: Millis, now: Millis) -> Result<Vec<String>> {
+        let rows = self
+            .tx
+            .query(
+                "UPDATE silences SET reconciled_at = $1 \
+                 WHERE ends_at <= $2 AND reconciled_at IS NULL RETURNING id",
+                &[&now, &ended_by],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
 
-/// The notification that brings `client`'s view of `sensor` up to date, made pending,
-/// if it is linked, wants that type, and its view is wrong.
-async fn bring_up_to_date(
-    tx: &Tx<'_>,
-    client: &str,
-    sensor: &str,
-    kept: Kept,
-    now: Millis,
-) -> Result<Option<NotificationRef>> {
-    // What its site holds of the sensor and will tell this client: the site's decision
-    // brings its view up to date (a return with the data at release), and a notification
-    // here would tell the same loss or return twice, with different ids (issue #68).
-    let site_tells: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
-             JOIN site_held h ON h.site_id = si.id AND h.sensor_id = s.id WHERE s.id = $2 \
-             AND (NOT si.down OR h.id > si.released OR (strpos(si.told, ',' || s.id || ',') > 0 \
-                  AND strpos(si.told_clients, ',' || $1 || ',') > 0)))",
-            &[&client, &sensor],
-        )
-        .await?
-        .get(0);
-    if site_tells {
-        return Ok(None);
+    async fn take_pairs(&mut self, id: &str, now: Millis) -> Result<Vec<Pair>> {
+        let rows = self
+            .tx
+            .query(
+                &format!(
+                    "DELETE FROM silenced_pairs p USING silences s WHERE s.id = $1 AND {} \
+                     AND NOT {} RETURNING p.client_id, p.sensor_id, p.lost, p.data, p.since",
+                    matched_pair("s"),
+                    active_match("$2", "p.client_id", "p.sensor_id", "o.id <> s.id")
+                ),
+                &[&id, &now],
+            )
+            .await?;
+        rows.iter()
+            .map(|p| {
+                Ok(Pair {
+                    client_id: p.get(0),
+                    sensor_id: sensor_id(p.get(1))?,
+                    before: p.get::<_, Option<bool>>(2).map(|lost| View {
+                        lost,
+                        data: p.get(3),
+                    }),
+                    since: p.get(4),
+                })
+            })
+            .collect()
     }
-    let view = view(tx, client, sensor, kept.since).await?.or(kept.before);
-    let told: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
-             WHERE s.id = $2 AND si.down AND strpos(si.told, ',' || s.id || ',') > 0 \
-             AND strpos(si.told_clients, ',' || $1 || ',') > 0)",
-            &[&client, &sensor],
-        )
-        .await?
-        .get(0);
-    let Some(state) = tx
-        .query_opt(
-            "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
-             JOIN clients c ON c.id = l.client_id \
-             LEFT JOIN sensor_state st ON st.sensor_id = l.sensor_id \
-             WHERE l.client_id = $1 AND l.sensor_id = $2",
-            &[&client, &sensor],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let connection = state
-        .get::<_, Option<String>>(1)
-        .as_deref()
-        .and_then(Conn::parse)
-        .unwrap_or(Conn::Unknown);
-    let view = silence::told_by_site(view.unwrap_or(View::unseen(state.get(0))), told);
-    let Some((kind, data, previous)) = silence::reconcile(view, connection, state.get(0)) else {
-        return Ok(None);
-    };
-    if let Some(events) = state.get::<_, Option<String>>(3)
-        && !events.split(',').any(|e| e == kind.as_str())
-    {
-        return Ok(None);
+
+    async fn site_of(&mut self, sensor: SensorId) -> Result<Option<String>> {
+        Ok(self
+            .tx
+            .query_opt(
+                "SELECT site_id FROM sensors WHERE id = $1",
+                &[&sensor.to_string()],
+            )
+            .await?
+            .and_then(|r| r.get(0)))
     }
-    let e = Event {
-        sensor_id: SensorId::parse(sensor)
-            .map_err(|e| Error::Backend(format!("stored sensor id: {e}")))?,
-        kind,
-        at: now,
-        data,
-        previous,
-        last_seen_at: state.get(2),
-        detail: Detail::default(),
-    };
-    let made = super::site_rows::insert_one(tx, client, &e, None, now).await?;
-    if kind == EventKind::StateChanged {
-        // A newer state, as a commit's: the lane's older pending states no attempt holds
-        // (by the database's clock, as `outbox::claim` leases) are superseded (README:
-        // Supersede).
-        let newer = (sensor.to_string(), Some(client.to_string()), made.seq);
-        super::supersede::older(tx, &[newer], now).await?;
+
+    async fn retell_site(
+        &mut self,
+        site: &str,
+        client: &str,
+        now: Millis,
+    ) -> Result<Option<SiteRetold>> {
+        super::site_retell::retell(self.tx, site, client, now).await
     }
-    Ok(Some(made))
+
+    async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
+        super::site_retell::told(self.tx, r).await
+    }
+
+    async fn site_will_tell(&mut self, client: &str, sensor: SensorId) -> Result<bool> {
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+                 JOIN site_held h ON h.site_id = si.id AND h.sensor_id = s.id WHERE s.id = $2 \
+                 AND (NOT si.down OR h.id > si.released \
+                   OR (strpos(si.told, ',' || s.id || ',') > 0 \
+                   AND strpos(si.told_clients, ',' || $1 || ',') > 0)))",
+                &[&client, &sensor.to_string()],
+            )
+            .await?
+            .get(0))
+    }
+
+    async fn view(&mut self, client: &str, sensor: SensorId, since: i64) -> Result<Option<View>> {
+        view(self.tx, client, sensor, since).await
+    }
+
+    async fn told_by_site(&mut self, client: &str, sensor: SensorId) -> Result<bool> {
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+                 WHERE s.id = $2 AND si.down AND strpos(si.told, ',' || s.id || ',') > 0 \
+                 AND strpos(si.told_clients, ',' || $1 || ',') > 0)",
+                &[&client, &sensor.to_string()],
+            )
+            .await?
+            .get(0))
+    }
+
+    async fn linked(&mut self, client: &str, sensor: SensorId) -> Result<Option<LinkedSensor>> {
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
+                 JOIN clients c ON c.id = l.client_id \
+                 LEFT JOIN sensor_state st ON st.sensor_id = l.sensor_id \
+                 WHERE l.client_id = $1 AND l.sensor_id = $2",
+                &[&client, &sensor.to_string()],
+            )
+            .await?;
+        Ok(row.map(|r| LinkedSensor {
+            data: r.get(0),
+            connection: r
+                .get::<_, Option<String>>(1)
+                .as_deref()
+                .and_then(Conn::parse)
+                .unwrap_or(Conn::Unknown),
+            last_seen_at: r.get(2),
+            events: events_from_column(r.get(3)),
+        }))
+    }
+
+    async fn insert_one(
+        &mut self,
+        client: &str,
+        e: &Event,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        super::site_rows::insert_one(self.tx, client, e, None, now).await
+    }
+
+    async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {
+        let newer: Vec<(String, Option<String>, i64)> = newer
+            .iter()
+            .map(|n| (n.sensor.to_string(), n.client.map(str::to_string), n.seq))
+            .collect();
+        super::supersede::older(self.tx, &newer, now).await
+    }
 }
 
 /// What `client` knows of `sensor` from its newest notification about it past `since`
@@ -299,7 +312,9 @@ async fn bring_up_to_date(
 /// that named it (which travels in the lane of the first sensor it names,
 /// `silence::site_view`); `None`: nothing (the caller takes the view the pair kept,
 /// `silence::kept`).
-async fn view(tx: &Tx<'_>, client: &str, sensor: &str, since: i64) -> Result<Option<View>> {
+async fn view(tx: &Tx<'_>, client: &str, id: SensorId, since: i64) -> Result<Option<View>> {
+    let sensor = id.to_string();
+    let sensor = sensor.as_str();
     let own = tx
         .query_opt(
             "SELECT seq, kind, data FROM notifications WHERE sensor_id = $2 AND client_id = $1 \
@@ -442,22 +457,9 @@ impl Silences for PgStore {
             return Ok(Vec::new());
         }
         let tx = c.transaction().await?;
-        // Taken by the first node to come: the row lock makes another one's update wait
-        // and then find it reconciled.
-        let ended = tx
-            .query(
-                "UPDATE silences SET reconciled_at = $1 \
-                 WHERE ends_at <= $2 AND reconciled_at IS NULL RETURNING id",
-                &[&now, &ended_by],
-            )
-            .await?;
-        let mut made = Vec::new();
-        for r in ended {
-            let id: String = r.get(0);
-            made.extend(reconcile(&tx, &id, now).await?);
-        }
+        let made =
+            rules::silences::reconcile_ended(&mut SilenceTables { tx: &tx }, ended_by, now).await?;
         tx.commit().await?;
-        made.sort_by_key(|r| r.seq);
         Ok(made)
     }
 }

@@ -1,21 +1,11 @@
 //! A site's loss a silence kept from a client, told at the silence's end while the site is
 //! still down, on PostgreSQL (`domain::site::retell`).
 
-use super::super::{NotificationRef, Result};
+use super::super::Result;
 use super::db::{Sql, Tx};
 use super::site_rows::{SITE_ROW, linked, members, site_row};
-use crate::domain::SensorId;
 use crate::domain::site::retell;
-
-/// A site's loss told again: the notification made and the sensors it names; that the site
-/// told the client is written once the silence's other pairs are reconciled ([`told`]:
-/// until then the site's return is not yet this client's to tell).
-pub(super) struct Retold {
-    pub made: NotificationRef,
-    pub named: Vec<SensorId>,
-    site: String,
-    client: String,
-}
+use crate::store::rules::silences::SiteRetold;
 
 /// Tells `client` the loss of site `site` if it is down and a silence kept its loss from
 /// the client. The site's row is locked: a round deciding it waits.
@@ -24,7 +14,7 @@ pub(super) async fn retell(
     site: &str,
     client: &str,
     now: i64,
-) -> Result<Option<Retold>> {
+) -> Result<Option<SiteRetold>> {
     let Some(row) = tx
         .query_opt(
             &format!("SELECT {SITE_ROW} FROM sites WHERE id = $1 FOR UPDATE"),
@@ -51,7 +41,7 @@ pub(super) async fn retell(
     };
     let made = super::site_rows::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)
         .await?;
-    Ok(Some(Retold {
+    Ok(Some(SiteRetold {
         made,
         named: r.named,
         site: site.id,
@@ -59,8 +49,8 @@ pub(super) async fn retell(
     }))
 }
 
-/// Writes that the site's loss told the client ([`Retold`]): its return goes to it too.
-pub(super) async fn told(tx: &Tx<'_>, r: &Retold) -> Result<()> {
+/// Writes that the site's loss told the client: its return goes to it too.
+pub(super) async fn told(tx: &Tx<'_>, r: &SiteRetold) -> Result<()> {
     // Added to the list as it is now: another client may have been told meanwhile.
     tx.execute(
         "UPDATE sites SET told_clients = told_clients || $2 || ',', \

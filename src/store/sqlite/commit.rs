@@ -73,10 +73,7 @@ impl rules::commit::CommitTables for CommitTables<'_> {
     }
 
     async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-        match seqs.first() {
-            Some(first) => super::silences::silence_new(self.tx, first - 1, now),
-            None => Ok(HashSet::new()),
-        }
+        super::silences::silence_new(self.tx, seqs, now)
     }
 }
 

@@ -1,16 +1,19 @@
-//! Silences: kept as rows, applied by the group commit to the notifications it makes
-//! ([`silence_new`]), and reconciled once at their end ([`Silences::reconcile_silences`]).
+//! Silences: kept as rows, applied by the group commit to the notifications it makes and
+//! reconciled once at their end ([`rules::silences`], over [`SilenceTables`]).
 
 use std::collections::HashSet;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
-use super::super::{NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
+use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
 use super::SqliteStore;
+use crate::domain::client::events_from_column;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
-use crate::domain::{Connection as Conn, Detail, Event, EventKind, Millis, SensorId};
+use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
+use crate::store::rules;
 use crate::store::rules::commit::Newer;
+use crate::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
 
 /// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as
 /// one list in the order given, NULL when it names none.
@@ -82,143 +85,232 @@ fn silence_row(r: &Row) -> rusqlite::Result<Silence> {
     })
 }
 
-/// Marks `silenced` the notifications of seq above `after` that a silence active at `now`
-/// matches, and notes their pairs for the silence's end; answers their seqs. Called by
-/// the group commit right after it inserted them.
-pub(super) fn silence_new(tx: &Transaction, after: i64, now: Millis) -> Result<HashSet<i64>> {
-    let any: bool = tx
-        .prepare_cached(&format!(
-            "SELECT EXISTS (SELECT 1 FROM silences s WHERE {})",
-            active("s", "?1")
-        ))?
-        .query_row([now], |r| r.get(0))?;
-    if !any {
-        return Ok(HashSet::new());
-    }
-    let silenced = tx
-        .prepare_cached(&format!(
-            "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq > ?1 \
-             AND n.status = 'pending' AND {} \
-             RETURNING seq, client_id, sensor_id, kind, body, data, previous",
-            active_match(
-                "?2",
-                "n.client_id",
-                "n.sensor_id",
-                "(o.types IS NULL OR instr(o.types, ',' || n.kind || ',') > 0)"
-            )
-        ))?
-        .query_map(params![after, now], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, Option<String>>(4)?,
-                r.get::<_, Option<bool>>(5)?,
-                r.get::<_, Option<bool>>(6)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut pair = tx.prepare_cached(
-        "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data, since) \
-         VALUES (?1, ?2, (SELECT site_id FROM sensors WHERE id = ?2), ?3, ?4, ?5) \
-         ON CONFLICT DO NOTHING",
-    )?;
-    super::super::count_silenced(silenced.len());
-    let mut seqs = HashSet::with_capacity(silenced.len());
-    for (seq, client, sensor, kind, body, data, previous) in silenced {
-        if let (Some(kind), Ok(anchor)) = (EventKind::parse(&kind), SensorId::parse(&sensor)) {
-            let k = silence::Kept {
-                kind,
-                anchor,
+/// Marks silenced the new notifications (`seqs`) a silence active at `now` matches and
+/// notes their pairs ([`rules::silences::apply`]); answers their seqs.
+pub(super) fn silence_new(tx: &Transaction, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+    rules::now_or_never(rules::silences::apply(&mut SilenceTables { tx }, seqs, now))
+}
+
+/// Silences' tables on the writer ([`rules::silences`]).
+pub(super) struct SilenceTables<'a> {
+    pub tx: &'a Transaction<'a>,
+}
+
+/// A stored sensor id, or the store's error.
+fn sensor_id(s: &str) -> Result<SensorId> {
+    SensorId::parse(s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
+}
+
+impl rules::silences::SilenceTables for SilenceTables<'_> {
+    /// Reads nothing of the outbox when no silence is active.
+    async fn mark_silenced(&mut self, seqs: &[i64], now: Millis) -> Result<Vec<Silenced>> {
+        let tx = self.tx;
+        let any: bool = tx
+            .prepare_cached(&format!(
+                "SELECT EXISTS (SELECT 1 FROM silences s WHERE {})",
+                active("s", "?1")
+            ))?
+            .query_row([now], |r| r.get(0))?;
+        let Some(first) = seqs.first().filter(|_| any) else {
+            return Ok(Vec::new());
+        };
+        // The new notifications are the outbox's last: those past the first.
+        let rows = tx
+            .prepare_cached(&format!(
+                "UPDATE notifications AS n SET status = 'silenced' WHERE n.seq >= ?1 \
+                 AND n.status = 'pending' AND {} \
+                 RETURNING seq, client_id, sensor_id, kind, body, data, previous",
+                active_match(
+                    "?2",
+                    "n.client_id",
+                    "n.sensor_id",
+                    "(o.types IS NULL OR instr(o.types, ',' || n.kind || ',') > 0)"
+                )
+            ))?
+            .query_map(params![first, now], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<bool>>(5)?,
+                    r.get::<_, Option<bool>>(6)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut silenced = Vec::with_capacity(rows.len());
+        for (seq, client_id, sensor, kind, body, data, previous) in rows {
+            silenced.push(Silenced {
+                seq,
+                client_id,
+                sensor_id: sensor_id(&sensor)?,
+                kind: EventKind::parse(&kind)
+                    .ok_or_else(|| Error::Backend(format!("stored kind {kind}")))?,
+                body,
                 data,
                 previous,
-                body: body.as_deref(),
-            };
-            for (kept, before) in silence::kept(k) {
-                pair.execute(params![
-                    client,
-                    kept.to_string(),
-                    before.lost,
-                    before.data,
-                    seq
-                ])?;
-            }
-        }
-        seqs.insert(seq);
-    }
-    Ok(seqs)
-}
-
-/// Reconciles silence `id`: each pair it kept something from, that no other active
-/// silence holds, gets one notification if its client's view is wrong.
-fn reconcile(tx: &Transaction, id: &str, now: Millis) -> Result<Vec<NotificationRef>> {
-    let pairs = tx
-        .prepare_cached(&format!(
-            "SELECT p.client_id, p.sensor_id, p.lost, p.data, p.since \
-             FROM silenced_pairs p, silences s \
-             WHERE s.id = ?1 AND {} AND NOT {}",
-            matched_pair("s"),
-            active_match("?2", "p.client_id", "p.sensor_id", "o.id <> s.id")
-        ))?
-        .query_map(params![id, now], |r| {
-            let lost: Option<bool> = r.get(2)?;
-            let before = lost.map(|lost| View {
-                lost,
-                data: r.get(3).ok().flatten(),
             });
-            let kept = Kept {
-                before,
-                since: r.get(4)?,
-            };
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, kept))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    // A site still down whose loss the silence kept from a client: one site loss for it
-    // (`site::retell`), not a loss per sensor; the sensors it names are up to date then.
-    let mut retold = Vec::new();
-    let mut asked = HashSet::new();
-    for (client, sensor, _) in &pairs {
-        let site: Option<String> = tx
-            .prepare_cached("SELECT site_id FROM sensors WHERE id = ?1")?
-            .query_row([sensor], |r| r.get(0))
-            .optional()?
-            .flatten();
-        if let Some(site) = site
-            && asked.insert((client.clone(), site.clone()))
-            && let Some(r) = super::site_retell::retell(tx, &site, client, now)?
-        {
-            retold.push((client.clone(), r));
         }
+        Ok(silenced)
     }
-    let mut made: Vec<NotificationRef> = retold.iter().map(|(_, r)| r.made.clone()).collect();
-    for (client, sensor, kept) in pairs {
-        tx.prepare_cached("DELETE FROM silenced_pairs WHERE client_id = ?1 AND sensor_id = ?2")?
-            .execute(params![client, sensor])?;
-        let named = retold
-            .iter()
-            .any(|(c, r)| *c == client && r.named.iter().any(|s| s.to_string() == sensor));
-        if named {
-            continue;
-        }
-        if let Some(r) = bring_up_to_date(tx, &client, &sensor, kept, now)? {
-            made.push(r);
-        }
-    }
-    for (_, r) in &retold {
-        super::site_retell::told(tx, r)?;
-    }
-    Ok(made)
-}
 
-/// What a pair keeps for its reconciliation: what the client knew of the sensor before the
-/// first notification the silence kept (`None`: a pair noted before latch kept it), and that
-/// notification's seq: what was told after it is read from the outbox (retention keeps it
-/// while the pair waits), what came before only through this view.
-#[derive(Debug, Clone, Copy)]
-struct Kept {
-    before: Option<View>,
-    since: i64,
+    async fn note_pairs(&mut self, pairs: &[Pair]) -> Result<()> {
+        let mut pair = self.tx.prepare_cached(
+            "INSERT INTO silenced_pairs (client_id, sensor_id, site_id, lost, data, since) \
+             VALUES (?1, ?2, (SELECT site_id FROM sensors WHERE id = ?2), ?3, ?4, ?5) \
+             ON CONFLICT DO NOTHING",
+        )?;
+        for p in pairs {
+            pair.execute(params![
+                p.client_id,
+                p.sensor_id.to_string(),
+                p.before.map(|b| b.lost),
+                p.before.and_then(|b| b.data),
+                p.since
+            ])?;
+        }
+        Ok(())
+    }
+
+    async fn take_ended(&mut self, ended_by: Millis, now: Millis) -> Result<Vec<String>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "UPDATE silences SET reconciled_at = ?1 \
+                 WHERE ends_at <= ?2 AND reconciled_at IS NULL RETURNING id",
+            )?
+            .query_map([now, ended_by], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
+    async fn take_pairs(&mut self, id: &str, now: Millis) -> Result<Vec<Pair>> {
+        let rows = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT p.client_id, p.sensor_id, p.lost, p.data, p.since \
+                 FROM silenced_pairs p, silences s \
+                 WHERE s.id = ?1 AND {} AND NOT {}",
+                matched_pair("s"),
+                active_match("?2", "p.client_id", "p.sensor_id", "o.id <> s.id")
+            ))?
+            .query_map(params![id, now], |r| {
+                let lost: Option<bool> = r.get(2)?;
+                let before = lost.map(|lost| View {
+                    lost,
+                    data: r.get(3).ok().flatten(),
+                });
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    before,
+                    r.get(4)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut forget = self
+            .tx
+            .prepare_cached("DELETE FROM silenced_pairs WHERE client_id = ?1 AND sensor_id = ?2")?;
+        let mut pairs = Vec::with_capacity(rows.len());
+        for (client_id, sensor, before, since) in rows {
+            forget.execute(params![client_id, sensor])?;
+            pairs.push(Pair {
+                client_id,
+                sensor_id: sensor_id(&sensor)?,
+                before,
+                since,
+            });
+        }
+        Ok(pairs)
+    }
+
+    async fn site_of(&mut self, sensor: SensorId) -> Result<Option<String>> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT site_id FROM sensors WHERE id = ?1")?
+            .query_row([sensor.to_string()], |r| r.get(0))
+            .optional()?
+            .flatten())
+    }
+
+    async fn retell_site(
+        &mut self,
+        site: &str,
+        client: &str,
+        now: Millis,
+    ) -> Result<Option<SiteRetold>> {
+        super::site_retell::retell(self.tx, site, client, now)
+    }
+
+    async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
+        super::site_retell::told(self.tx, r)
+    }
+
+    async fn site_will_tell(&mut self, client: &str, sensor: SensorId) -> Result<bool> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!("SELECT {SITE_WILL_TELL}"))?
+            .query_row(params![client, sensor.to_string()], |r| r.get(0))?)
+    }
+
+    async fn view(&mut self, client: &str, sensor: SensorId, since: i64) -> Result<Option<View>> {
+        view(self.tx, client, sensor, since)
+    }
+
+    async fn told_by_site(&mut self, client: &str, sensor: SensorId) -> Result<bool> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
+                 WHERE s.id = ?2 AND si.down AND instr(si.told, ',' || s.id || ',') > 0 \
+                 AND instr(si.told_clients, ',' || ?1 || ',') > 0)",
+            )?
+            .query_row(params![client, sensor.to_string()], |r| r.get(0))?)
+    }
+
+    async fn linked(&mut self, client: &str, sensor: SensorId) -> Result<Option<LinkedSensor>> {
+        let row = self
+            .tx
+            .prepare_cached(
+                "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
+                 JOIN clients c ON c.id = l.client_id \
+                 LEFT JOIN sensor_state st ON st.sensor_id = l.sensor_id \
+                 WHERE l.client_id = ?1 AND l.sensor_id = ?2",
+            )?
+            .query_row(params![client, sensor.to_string()], |r| {
+                Ok((
+                    r.get::<_, Option<bool>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<Millis>>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            })
+            .optional()?;
+        Ok(
+            row.map(|(data, connection, last_seen_at, events)| LinkedSensor {
+                data,
+                connection: connection
+                    .as_deref()
+                    .and_then(Conn::parse)
+                    .unwrap_or(Conn::Unknown),
+                last_seen_at,
+                events: events_from_column(events),
+            }),
+        )
+    }
+
+    async fn insert_one(
+        &mut self,
+        client: &str,
+        e: &Event,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        super::site_rows::insert_one(self.tx, client, e, None, now)
+    }
+
+    async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {
+        super::supersede::older(self.tx, newer, now)
+    }
 }
 
 /// Whether the site of sensor `?2` holds events of it that its decision will release to
@@ -229,95 +321,14 @@ const SITE_WILL_TELL: &str = "EXISTS (SELECT 1 FROM sensors s JOIN sites si ON s
      AND (NOT si.down OR h.id > si.released OR (instr(si.told, ',' || s.id || ',') > 0 \
           AND instr(si.told_clients, ',' || ?1 || ',') > 0)))";
 
-/// The notification that brings `client`'s view of `sensor` up to date, made pending,
-/// if it is linked, wants that type, and its view is wrong.
-fn bring_up_to_date(
-    tx: &Transaction,
-    client: &str,
-    sensor: &str,
-    kept: Kept,
-    now: Millis,
-) -> Result<Option<NotificationRef>> {
-    // What its site holds of the sensor and will tell this client: the site's decision
-    // brings its view up to date (a return with the data at release), and a notification
-    // here would tell the same loss or return twice, with different ids (issue #68).
-    let site_tells: bool = tx
-        .prepare_cached(&format!("SELECT {SITE_WILL_TELL}"))?
-        .query_row(params![client, sensor], |r| r.get(0))?;
-    if site_tells {
-        return Ok(None);
-    }
-    let view = view(tx, client, sensor, kept.since)?.or(kept.before);
-    let told: bool = tx
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM sensors s JOIN sites si ON si.id = s.site_id \
-             WHERE s.id = ?2 AND si.down AND instr(si.told, ',' || s.id || ',') > 0 \
-             AND instr(si.told_clients, ',' || ?1 || ',') > 0)",
-        )?
-        .query_row(params![client, sensor], |r| r.get(0))?;
-    let state = tx
-        .prepare_cached(
-            "SELECT st.data, st.connection, st.last_seen_at, c.events FROM links l \
-             JOIN clients c ON c.id = l.client_id \
-             LEFT JOIN sensor_state st ON st.sensor_id = l.sensor_id \
-             WHERE l.client_id = ?1 AND l.sensor_id = ?2",
-        )?
-        .query_row(params![client, sensor], |r| {
-            Ok((
-                r.get::<_, Option<bool>>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, Option<Millis>>(2)?,
-                r.get::<_, Option<String>>(3)?,
-            ))
-        })
-        .optional()?;
-    let Some((data, connection, last_seen_at, events)) = state else {
-        return Ok(None);
-    };
-    let connection = connection
-        .as_deref()
-        .and_then(Conn::parse)
-        .unwrap_or(Conn::Unknown);
-    let view = silence::told_by_site(view.unwrap_or(View::unseen(data)), told);
-    let Some((kind, data, previous)) = silence::reconcile(view, connection, data) else {
-        return Ok(None);
-    };
-    if let Some(events) = events
-        && !events.split(',').any(|e| e == kind.as_str())
-    {
-        return Ok(None);
-    }
-    let sensor_id = SensorId::parse(sensor)
-        .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?;
-    let e = Event {
-        sensor_id,
-        kind,
-        at: now,
-        data,
-        previous,
-        last_seen_at,
-        detail: Detail::default(),
-    };
-    let made = super::site_rows::insert_one(tx, client, &e, None, now)?;
-    if kind == EventKind::StateChanged {
-        // A newer state, as a commit's: the lane's older pending states no attempt holds
-        // are superseded (README: Supersede).
-        let newer = Newer {
-            sensor: sensor_id,
-            client: Some(client),
-            seq: made.seq,
-        };
-        super::supersede::older(tx, &[newer], now)?;
-    }
-    Ok(Some(made))
-}
-
 /// What `client` knows of `sensor` from its newest notification about it past `since`
 /// delivered or waiting to be: of the sensor's own kinds in its lane, or a site's event
 /// that named it (which travels in the lane of the first sensor it names,
 /// `silence::site_view`); `None`: nothing (the caller takes the view the pair kept,
 /// `silence::kept`).
-fn view(c: &Connection, client: &str, sensor: &str, since: i64) -> Result<Option<View>> {
+fn view(c: &Connection, client: &str, id: SensorId, since: i64) -> Result<Option<View>> {
+    let sensor = id.to_string();
+    let sensor = sensor.as_str();
     let own = c
         .prepare_cached(
             "SELECT seq, kind, data FROM notifications WHERE sensor_id = ?2 AND client_id = ?1 \
@@ -334,8 +345,6 @@ fn view(c: &Connection, client: &str, sensor: &str, since: i64) -> Result<Option
         })
         .optional()?;
     let after = own.as_ref().map_or(since, |o| o.0);
-    let id = SensorId::parse(sensor)
-        .map_err(|e| super::super::Error::Backend(format!("stored sensor id: {e}")))?;
     let sites = c
         .prepare_cached(
             "SELECT kind, body FROM notifications WHERE client_id = ?1 AND seq > ?3 \
@@ -475,19 +484,11 @@ impl Silences for SqliteStore {
         let seen = self.inner.seen.clone();
         self.write(move |c| {
             super::seen::flushed(&seen, c, |tx| {
-                let ended = tx
-                    .prepare_cached(
-                        "UPDATE silences SET reconciled_at = ?1 \
-                     WHERE ends_at <= ?2 AND reconciled_at IS NULL RETURNING id",
-                    )?
-                    .query_map([now, ended_by], |r| r.get::<_, String>(0))?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                let mut made = Vec::new();
-                for id in ended {
-                    made.extend(reconcile(tx, &id, now)?);
-                }
-                made.sort_by_key(|r| r.seq);
-                Ok(made)
+                rules::now_or_never(rules::silences::reconcile_ended(
+                    &mut SilenceTables { tx },
+                    ended_by,
+                    now,
+                ))
             })
         })
         .await

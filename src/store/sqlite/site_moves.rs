@@ -123,10 +123,9 @@ pub(super) fn moved(
             now,
         )?);
     }
-    if let Some(first) = out.first() {
-        let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;
-        out.retain(|n| !silenced.contains(&n.seq));
-    }
+    let seqs: Vec<i64> = out.iter().map(|n| n.seq).collect();
+    let silenced = super::silences::silence_new(tx, &seqs, now)?;
+    out.retain(|n| !silenced.contains(&n.seq));
     Ok(out)
 }
 

@@ -3,20 +3,10 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
-use super::super::{NotificationRef, Result};
+use super::super::Result;
 use super::site_rows::{SITE_ROW, linked, members, site_row};
-use crate::domain::SensorId;
 use crate::domain::site::retell;
-
-/// A site's loss told again: the notification made and the sensors it names; that the site
-/// told the client is written once the silence's other pairs are reconciled ([`told`]:
-/// until then the site's return is not yet this client's to tell).
-pub(super) struct Retold {
-    pub made: NotificationRef,
-    pub named: Vec<SensorId>,
-    site: String,
-    client: String,
-}
+use crate::store::rules::silences::SiteRetold;
 
 /// Tells `client` the loss of site `site` if it is down and a silence kept its loss from
 /// the client.
@@ -25,7 +15,7 @@ pub(super) fn retell(
     site: &str,
     client: &str,
     now: i64,
-) -> Result<Option<Retold>> {
+) -> Result<Option<SiteRetold>> {
     let Some((site, state)) = tx
         .prepare_cached(&format!("SELECT {SITE_ROW} FROM sites WHERE id = ?1"))?
         .query_row([site], site_row)
@@ -48,7 +38,7 @@ pub(super) fn retell(
     };
     let made =
         super::site_rows::insert_one(tx, client, &r.made.event, r.made.body.as_deref(), now)?;
-    Ok(Some(Retold {
+    Ok(Some(SiteRetold {
         made,
         named: r.named,
         site: site.id,
@@ -56,8 +46,8 @@ pub(super) fn retell(
     }))
 }
 
-/// Writes that the site's loss told the client ([`Retold`]): its return goes to it too.
-pub(super) fn told(tx: &Transaction, r: &Retold) -> Result<()> {
+/// Writes that the site's loss told the client: its return goes to it too.
+pub(super) fn told(tx: &Transaction, r: &SiteRetold) -> Result<()> {
     // Added to the list as it is now: another client may have been told meanwhile.
     tx.prepare_cached(
         "UPDATE sites SET told_clients = told_clients || ?2 || ',', \

@@ -147,11 +147,10 @@ fn decide_one(
         tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
             .execute(params![site.id, last])?;
     }
-    if let Some(first) = made.first() {
-        let silenced = super::silences::silence_new(tx, first.seq - 1, now)?;
-        d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
-        made.retain(|n| !silenced.contains(&n.seq));
-    }
+    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
+    let silenced = super::silences::silence_new(tx, &seqs, now)?;
+    d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
+    made.retain(|n| !silenced.contains(&n.seq));
     tx.prepare_cached(
         "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
          told_clients = ?6, released = ?7, retold = ?8 WHERE id = ?1",

@@ -274,13 +274,6 @@ impl rules::commit::CommitTables for CommitTables<'_> {
     }
 
     async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-        Ok(match seqs.first() {
-            Some(first) => self
-                .t
-                .silence_new(self.cx, first - 1, now)
-                .into_iter()
-                .collect(),
-            None => HashSet::new(),
-        })
+        Ok(self.t.silence_new(self.cx, seqs, now).into_iter().collect())
     }
 }

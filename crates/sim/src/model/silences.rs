@@ -6,11 +6,14 @@
 
 use async_trait::async_trait;
 
+use latch::domain::Event;
 use latch::domain::silence::{self, Silence, SilenceState, View};
 use latch::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
 use latch::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
-use latch::domain::{Event, EventKind};
+use latch::store::rules::commit::Newer;
+use latch::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
+use latch::store::rules::{self};
 use latch::store::{Decided, Error, Page, PageRequest, Result, SensorView, Silences, Sites};
 
 use super::node::NodeStore;
@@ -135,7 +138,6 @@ impl Tables {
         else {
             return (Vec::new(), None);
         };
-        let before = self.next.seq;
         let mut made = Vec::new();
         for m in std::mem::take(&mut d.made) {
             made.push(self.make_pending(cx, m.client_id, &m.event, m.body, now));
@@ -145,7 +147,8 @@ impl Tables {
                 self.site_held.remove(&h.id);
             }
         }
-        let silenced = self.silence_new(cx, before, now);
+        let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
+        let silenced = self.silence_new(cx, &seqs, now);
         d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
         made.retain(|n| !silenced.contains(&n.seq));
         self.site_states.insert(id.to_string(), d.state);
@@ -260,123 +263,50 @@ impl Tables {
         }
     }
 
-    /// Marks `silenced` the new notifications of seq above `after_seq` that a silence
-    /// active at `now` matches; answers their seqs (`silences::silence_new`).
-    pub(super) fn silence_new(&mut self, cx: &Cx, after_seq: i64, now: Millis) -> Vec<i64> {
-        let mut silenced = Vec::new();
-        for (&seq, r) in self.notifications.range(after_seq + 1..) {
-            let n = &r.notification;
-            if n.status != Status::Pending {
-                continue;
-            }
-            if self.silences.values().any(|s| {
-                active(s, now)
-                    && matches_pair(self, s, &n.client_id, n.sensor_id)
-                    && s.matcher.types.as_ref().is_none_or(|t| t.contains(&n.kind))
-            }) {
-                let kept = silence::kept(silence::Kept {
-                    kind: n.kind,
-                    anchor: n.sensor_id,
-                    data: n.data,
-                    previous: n.previous,
-                    body: n.body.as_deref(),
-                });
-                silenced.push((seq, n.client_id.clone(), kept));
-            }
-        }
-        let mut seqs = Vec::with_capacity(silenced.len());
-        for (seq, client, kept) in silenced {
-            self.set_status(cx, seq, Status::Silenced, now);
-            for (sensor, before) in kept {
-                let site = self.sensors.get(&sensor).and_then(|s| s.site_id.clone());
-                self.silenced_pairs
-                    .entry((client.clone(), sensor))
-                    .or_insert((site, before, seq));
-            }
-            seqs.push(seq);
-        }
+    /// Marks silenced the new notifications (`seqs`) a silence active at `now` matches and
+    /// notes their pairs (`rules::silences::apply`); answers their seqs.
+    pub(super) fn silence_new(&mut self, cx: &Cx, seqs: &[i64], now: Millis) -> Vec<i64> {
+        let silenced = rules::now_or_never(rules::silences::apply(
+            &mut SilenceTables { t: self, cx },
+            seqs,
+            now,
+        ))
+        .expect("the model's silence tables never fail");
+        let mut seqs: Vec<i64> = silenced.into_iter().collect();
+        seqs.sort_unstable();
         seqs
     }
 
-    fn reconcile_silences(
-        &mut self,
-        cx: &Cx,
-        ended_by: Millis,
-        now: Millis,
-    ) -> Vec<NotificationRef> {
-        let ended: Vec<String> = self
-            .silences
-            .values()
-            .filter(|s| s.ends_at <= ended_by && s.reconciled_at.is_none())
-            .map(|s| s.id.clone())
-            .collect();
-        let mut made = Vec::new();
-        for id in ended {
-            let s = self.silences[&id].clone();
-            self.silences.get_mut(&id).expect("listed").reconciled_at = Some(now);
-            let pairs: Vec<((String, SensorId), (View, i64))> = self
-                .silenced_pairs
-                .iter()
-                .filter(|((c, x), (site, _, _))| {
-                    // `matched_pair`: by the site then, or now.
-                    matches_pair(self, &s, c, *x)
-                        || (site.is_some()
-                            && s.matcher.site_id == *site
-                            && matches_pair(
-                                self,
-                                &Silence {
-                                    matcher: latch::domain::silence::Match {
-                                        site_id: None,
-                                        ..s.matcher.clone()
-                                    },
-                                    ..s.clone()
+    /// The pairs silence `s` matches (by the sensor's site when noted, or now) that no
+    /// other silence active at `now` holds (`matched_pair` of both backends).
+    fn pairs_of(&self, s: &Silence, now: Millis) -> Vec<(String, SensorId)> {
+        self.silenced_pairs
+            .iter()
+            .filter(|((c, x), (site, _, _))| {
+                matches_pair(self, s, c, *x)
+                    || (site.is_some()
+                        && s.matcher.site_id == *site
+                        && matches_pair(
+                            self,
+                            &Silence {
+                                matcher: latch::domain::silence::Match {
+                                    site_id: None,
+                                    ..s.matcher.clone()
                                 },
-                                c,
-                                *x,
-                            ))
-                })
-                .filter(|((c, x), _)| {
-                    !self
-                        .silences
-                        .values()
-                        .any(|o| o.id != s.id && active(o, now) && matches_pair(self, o, c, *x))
-                })
-                .map(|(pair, (_, before, since))| (pair.clone(), (*before, *since)))
-                .collect();
-            // `site::retell`: one site loss for a site still down whose loss was kept.
-            let mut retold = Vec::new();
-            let mut asked = std::collections::BTreeSet::new();
-            for ((client, sensor), _) in &pairs {
-                let site = self.sensors.get(sensor).and_then(|x| x.site_id.clone());
-                if let Some(site) = site
-                    && asked.insert((client.clone(), site.clone()))
-                    && let Some(r) = self.retell_site(cx, &site, client, now)
-                {
-                    retold.push((client.clone(), site, r));
-                }
-            }
-            made.extend(retold.iter().map(|(_, _, r)| r.0.clone()));
-            for ((client, sensor), before) in pairs {
-                self.silenced_pairs.remove(&(client.clone(), sensor));
-                if retold
-                    .iter()
-                    .any(|(c, _, r)| *c == client && r.1.contains(&sensor))
-                {
-                    continue;
-                }
-                if let Some(r) = self.bring_up_to_date(cx, &client, sensor, before, now) {
-                    made.push(r);
-                }
-            }
-            for (client, site, _) in retold {
-                let st = self.site_states.entry(site).or_default();
-                if !st.told_clients.contains(&client) {
-                    st.told_clients.push(client.clone());
-                    st.retold.push((client, st.released));
-                }
-            }
-        }
-        made
+                                ..s.clone()
+                            },
+                            c,
+                            *x,
+                        ))
+            })
+            .filter(|((c, x), _)| {
+                !self
+                    .silences
+                    .values()
+                    .any(|o| o.id != s.id && active(o, now) && matches_pair(self, o, c, *x))
+            })
+            .map(|(pair, _)| pair.clone())
+            .collect()
     }
 
     /// `SITE_WILL_TELL`: the sensor's site holds events of it its decision will release
@@ -422,53 +352,183 @@ impl Tables {
             .find_map(|n| silence::site_view(n.kind, n.body.as_deref(), sensor));
         by_site.or_else(|| own.map(|n| View::after(n.kind, n.data)))
     }
+}
 
-    fn bring_up_to_date(
-        &mut self,
-        cx: &Cx,
-        client: &str,
-        sensor: SensorId,
-        (before, since): (View, i64),
-        now: Millis,
-    ) -> Option<NotificationRef> {
-        if self.site_will_tell(client, sensor) {
-            return None;
+/// Silences' tables in the model ([`rules::silences`]): the sequence is latch's own.
+struct SilenceTables<'a> {
+    t: &'a mut Tables,
+    cx: &'a Cx,
+}
+
+impl rules::silences::SilenceTables for SilenceTables<'_> {
+    async fn mark_silenced(&mut self, seqs: &[i64], now: Millis) -> Result<Vec<Silenced>> {
+        let t = &mut *self.t;
+        let mut silenced = Vec::new();
+        for seq in seqs {
+            let Some(r) = t.notifications.get(seq) else {
+                continue;
+            };
+            let n = &r.notification;
+            if n.status != Status::Pending {
+                continue;
+            }
+            if t.silences.values().any(|s| {
+                active(s, now)
+                    && matches_pair(t, s, &n.client_id, n.sensor_id)
+                    && s.matcher.types.as_ref().is_none_or(|x| x.contains(&n.kind))
+            }) {
+                silenced.push(Silenced {
+                    seq: *seq,
+                    client_id: n.client_id.clone(),
+                    sensor_id: n.sensor_id,
+                    kind: n.kind,
+                    body: n.body.clone(),
+                    data: n.data,
+                    previous: n.previous,
+                });
+            }
         }
-        let told = self
-            .sensors
+        for s in &silenced {
+            t.set_status(self.cx, s.seq, Status::Silenced, now);
+        }
+        Ok(silenced)
+    }
+
+    async fn note_pairs(&mut self, pairs: &[Pair]) -> Result<()> {
+        for p in pairs {
+            let site = self
+                .t
+                .sensors
+                .get(&p.sensor_id)
+                .and_then(|s| s.site_id.clone());
+            self.t
+                .silenced_pairs
+                .entry((p.client_id.clone(), p.sensor_id))
+                .or_insert((site, p.before, p.since));
+        }
+        Ok(())
+    }
+
+    async fn take_ended(&mut self, ended_by: Millis, now: Millis) -> Result<Vec<String>> {
+        let ended: Vec<String> = self
+            .t
+            .silences
+            .values()
+            .filter(|s| s.ends_at <= ended_by && s.reconciled_at.is_none())
+            .map(|s| s.id.clone())
+            .collect();
+        for id in &ended {
+            self.t.silences.get_mut(id).expect("listed").reconciled_at = Some(now);
+        }
+        Ok(ended)
+    }
+
+    async fn take_pairs(&mut self, id: &str, now: Millis) -> Result<Vec<Pair>> {
+        let Some(s) = self.t.silences.get(id).cloned() else {
+            return Ok(Vec::new());
+        };
+        let pairs = self.t.pairs_of(&s, now);
+        Ok(pairs
+            .into_iter()
+            .filter_map(|(client_id, sensor_id)| {
+                let (_, before, since) = self
+                    .t
+                    .silenced_pairs
+                    .remove(&(client_id.clone(), sensor_id))?;
+                Some(Pair {
+                    client_id,
+                    sensor_id,
+                    before,
+                    since,
+                })
+            })
+            .collect())
+    }
+
+    async fn site_of(&mut self, sensor: SensorId) -> Result<Option<String>> {
+        Ok(self.t.sensors.get(&sensor).and_then(|x| x.site_id.clone()))
+    }
+
+    async fn retell_site(
+        &mut self,
+        site: &str,
+        client: &str,
+        now: Millis,
+    ) -> Result<Option<SiteRetold>> {
+        Ok(self
+            .t
+            .retell_site(self.cx, site, client, now)
+            .map(|(made, named)| SiteRetold {
+                made,
+                named,
+                site: site.to_string(),
+                client: client.to_string(),
+            }))
+    }
+
+    async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
+        let st = self.t.site_states.entry(r.site.clone()).or_default();
+        if !st.told_clients.contains(&r.client) {
+            st.told_clients.push(r.client.clone());
+            st.retold.push((r.client.clone(), st.released));
+        }
+        Ok(())
+    }
+
+    async fn site_will_tell(&mut self, client: &str, sensor: SensorId) -> Result<bool> {
+        Ok(self.t.site_will_tell(client, sensor))
+    }
+
+    async fn view(&mut self, client: &str, sensor: SensorId, since: i64) -> Result<Option<View>> {
+        Ok(self.t.view(client, sensor, since))
+    }
+
+    async fn told_by_site(&mut self, client: &str, sensor: SensorId) -> Result<bool> {
+        let t = &*self.t;
+        Ok(t.sensors
             .get(&sensor)
             .and_then(|s| s.site_id.as_ref())
-            .and_then(|site| self.site_states.get(site))
+            .and_then(|site| t.site_states.get(site))
             .is_some_and(|st| {
                 st.down && st.told.contains(&sensor) && st.told_clients.iter().any(|c| c == client)
-            });
-        if !self.linked(client, sensor) {
-            return None;
+            }))
+    }
+
+    /// As the backends' join of `links`, `clients` and `sensor_state`.
+    async fn linked(&mut self, client: &str, sensor: SensorId) -> Result<Option<LinkedSensor>> {
+        let t = &*self.t;
+        if !t.linked(client, sensor) {
+            return Ok(None);
         }
-        let events = self.clients.get(client)?.client.events.clone();
-        let st = self.states.get(&sensor).copied();
-        let seen = self.view(client, sensor, since);
-        let view = silence::told_by_site(seen.unwrap_or(before), told);
-        let connection = st.map_or(Connection::Unknown, |s| s.connection);
-        let (kind, data, previous) = silence::reconcile(view, connection, st.and_then(|s| s.data))?;
-        if !latch::domain::client::wants(&events, kind) {
-            return None;
-        }
-        let e = Event {
-            sensor_id: sensor,
-            kind,
-            at: now,
-            data,
-            previous,
-            last_seen_at: st.and_then(|s| s.last_seen_at),
-            detail: Default::default(),
+        let Some(c) = t.clients.get(client) else {
+            return Ok(None);
         };
-        let r = self.make_pending(cx, client.to_string(), &e, None, now);
-        if kind == EventKind::StateChanged {
-            // A newer state, as a commit's (`silences::bring_up_to_date`).
-            self.supersede_older(cx, sensor, Some(client), r.seq, now);
+        let st = t.states.get(&sensor).copied();
+        Ok(Some(LinkedSensor {
+            data: st.and_then(|s| s.data),
+            connection: st.map_or(Connection::Unknown, |s| s.connection),
+            last_seen_at: st.and_then(|s| s.last_seen_at),
+            events: c.client.events.clone(),
+        }))
+    }
+
+    async fn insert_one(
+        &mut self,
+        client: &str,
+        e: &Event,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        Ok(self
+            .t
+            .make_pending(self.cx, client.to_string(), e, None, now))
+    }
+
+    async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {
+        for n in newer {
+            self.t
+                .supersede_older(self.cx, n.sensor, n.client, n.seq, now);
         }
-        Some(r)
+        Ok(())
     }
 }
 
@@ -643,7 +703,11 @@ impl Silences for NodeStore {
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
         self.run("reconcile_silences", true, |t, cx| {
-            Ok(t.reconcile_silences(cx, ended_by, now))
+            rules::now_or_never(rules::silences::reconcile_ended(
+                &mut SilenceTables { t, cx },
+                ended_by,
+                now,
+            ))
         })
         .await
     }

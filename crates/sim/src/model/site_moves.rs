@@ -83,12 +83,12 @@ impl Tables {
                 made.extend(moves::fan_out(e, &clients));
             }
         }
-        let before = self.next.seq;
         let mut out: Vec<NotificationRef> = made
             .into_iter()
             .map(|m| self.make_pending(cx, m.client_id, &m.event, None, now))
             .collect();
-        let silenced = self.silence_new(cx, before, now);
+        let seqs: Vec<i64> = out.iter().map(|n| n.seq).collect();
+        let silenced = self.silence_new(cx, &seqs, now);
         out.retain(|n| !silenced.contains(&n.seq));
         out
     }

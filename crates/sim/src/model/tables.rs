@@ -111,6 +111,10 @@ pub(crate) struct Counters {
     pub ulid: u128,
 }
 
+/// A silenced pair's row: the sensor's site when noted, what the client knew before (`None`:
+/// noted before latch kept it), and the seq it was noted at.
+pub(crate) type KeptPair = (Option<String>, Option<latch::domain::silence::View>, i64);
+
 /// Every table of the store, as the last applied call left it. The simulation reads it
 /// through [`super::ModelStore::read`]; only the store's calls change it.
 #[derive(Debug)]
@@ -163,8 +167,7 @@ pub struct Tables {
     /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from, each
     /// with the sensor's site when the first was kept, what the client knew before it, and
     /// its seq (`since`).
-    pub(crate) silenced_pairs:
-        BTreeMap<(String, SensorId), (Option<String>, latch::domain::silence::View, i64)>,
+    pub(crate) silenced_pairs: BTreeMap<(String, SensorId), KeptPair>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
