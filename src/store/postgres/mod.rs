@@ -49,7 +49,6 @@ mod idempotency;
 mod sessions;
 mod silences;
 mod site_moves;
-mod site_retell;
 mod site_rounds;
 mod site_rows;
 mod sites;

@@ -1,8 +1,9 @@
-//! Sites' decisions on PostgreSQL: the group commit holds back liveness events of a site's
-//! sensors ([`hold_for_sites`], under the site's row lock, so a round deciding the site
-//! meanwhile is waited for), and a round decides each due site once across the cluster
-//! ([`decide_sites`]: `FOR UPDATE SKIP LOCKED`, a node that takes a site decides it; one
-//! killed mid-round leaves it to the next round of any node).
+//! Sites' decisions on PostgreSQL, by [`rules::sites`] over [`SiteTables`]: the group
+//! commit holds back liveness events of a site's sensors ([`hold_for_sites`], under the
+//! site's row lock, so a round deciding the site meanwhile is waited for), and a round
+//! decides each due site once across the cluster ([`decide_sites`]: `FOR UPDATE SKIP
+//! LOCKED`, a node that takes a site decides it; one killed mid-round leaves it to the next
+//! round of any node).
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,105 +11,162 @@ use super::super::{Decided, NotificationRef, Result};
 use super::db::{Sql, Tx};
 use super::site_rows::{SITE_ROW, insert_one, linked, members, site_row, state_of, stored_sensor};
 use crate::domain::silence::Match;
-use crate::domain::site::decide::{self, HeldEvent, Hold, Rules, SiteState};
-use crate::domain::site::{Site, SiteEvent};
+use crate::domain::site::Site;
+use crate::domain::site::decide::{HeldEvent, Linked, Member, Rules, SiteState};
 use crate::domain::{Detail, Event, EventKind, Millis, SensorId};
+use crate::store::rules::{self, sites::SiteOf};
 
-fn liveness(k: EventKind) -> bool {
-    matches!(
-        k,
-        EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
-    )
-}
-
-/// Which of `events` (their places) make no notification now: liveness events of a
-/// site's sensors that the site's decision holds ([`decide::hold`]), written to
-/// `site_held`, and reminders it drops. A loss while the site is up starts its grace.
+/// Which of `events` (their places) make no notification now ([`rules::sites`]).
 pub(super) async fn hold_for_sites(
     tx: &Tx<'_>,
     events: &[&Event],
     now: Millis,
 ) -> Result<HashSet<usize>> {
-    let mut skipped = HashSet::new();
-    let ids: Vec<String> = events
-        .iter()
-        .filter(|e| liveness(e.kind))
-        .map(|e| e.sensor_id.to_string())
-        .collect();
-    if ids.is_empty() {
-        return Ok(skipped);
-    }
-    // Each site's row locked, in id order: a round deciding it is waited for. (A sensor
-    // moving between sites waits for this commit and holds back the next: both take the
-    // delete lock, `super::DELETE_LOCK`.)
-    let locked = tx
-        .query(
-            "SELECT si.id FROM sites si WHERE si.id IN \
-             (SELECT s.site_id FROM sensors s WHERE s.id = ANY($1)) ORDER BY si.id FOR UPDATE",
-            &[&ids],
-        )
-        .await?;
-    if locked.is_empty() {
-        return Ok(skipped);
-    }
-    // Read after the lock, in a statement of its own: its snapshot sees what the decision
-    // it waited for wrote. The statement that locks re-reads the locked row only, and its
-    // `site_held` would still hold the rows that decision consumed (issue #68: a return
-    // held on a site up, and never decided).
-    let rows = tx
-        .query(
-            "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
-             si.released, si.retold, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
-             FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1)",
-            &[&ids],
-        )
-        .await?;
-    let mut site_of: HashMap<String, (String, SiteState, bool)> = rows
-        .iter()
-        .map(|r| (r.get(0), (r.get(1), state_of(r, 2), r.get(9))))
-        .collect();
-    let mut held = HeldCols::default();
-    let mut pending: Vec<String> = Vec::new();
-    for (k, e) in events.iter().enumerate() {
-        if !liveness(e.kind) {
-            continue;
-        }
-        let Some((site, state, held_before)) = site_of.get_mut(&e.sensor_id.to_string()) else {
-            continue;
-        };
-        let hold = decide::hold(e.kind, state, e.sensor_id, *held_before);
-        if decide::asks_decision(e.kind, state, hold) {
-            pending.push(site.clone());
-        }
-        match hold {
-            Hold::Send => continue,
-            Hold::Drop => {}
-            Hold::Hold => {
-                held.push(site, e);
-                *held_before = true;
-            }
-        }
-        skipped.insert(k);
-    }
-    pending.sort_unstable();
-    pending.dedup();
-    // One statement each, whatever the number of events: an outage of a whole fleet is
-    // one group commit of its losses, and a round trip per loss would outlast
-    // `database_timeout` (10,000 sensors' losses took over 5 s in a debug build).
-    let (_, _) = futures::try_join!(held.insert(tx), async {
-        if pending.is_empty() {
-            return Ok(0);
-        }
-        tx.execute(
-            "UPDATE sites SET pending_since = $2 WHERE id = ANY($1) AND pending_since IS NULL",
-            &[&pending, &now],
-        )
-        .await
-    })?;
-    Ok(skipped)
+    rules::sites::hold_for_sites(&mut SiteTables { tx }, events, now).await
 }
 
-/// The events [`hold_for_sites`] holds, in order, as the columns of one `UNNEST`.
+/// Sites' tables on PostgreSQL ([`rules::sites`]).
+pub(super) struct SiteTables<'a> {
+    pub tx: &'a Tx<'a>,
+}
+
+impl rules::sites::SiteTables for SiteTables<'_> {
+    /// Each site's row locked, in id order: a round deciding it is waited for. (A sensor
+    /// moving between sites waits for this commit and holds back the next: both take the
+    /// delete lock, `super::DELETE_LOCK`.)
+    async fn sites_of(&mut self, sensors: &[SensorId]) -> Result<HashMap<SensorId, SiteOf>> {
+        let ids: Vec<String> = sensors.iter().map(|s| s.to_string()).collect();
+        let locked = self
+            .tx
+            .query(
+                "SELECT si.id FROM sites si WHERE si.id IN \
+                 (SELECT s.site_id FROM sensors s WHERE s.id = ANY($1)) ORDER BY si.id FOR UPDATE",
+                &[&ids],
+            )
+            .await?;
+        if locked.is_empty() {
+            return Ok(HashMap::new());
+        }
+        // Read after the lock, in a statement of its own: its snapshot sees what the
+        // decision it waited for wrote. The statement that locks re-reads the locked row
+        // only, and its `site_held` would still hold the rows that decision consumed
+        // (issue #68: a return held on a site up, and never decided).
+        let rows = self
+            .tx
+            .query(
+                "SELECT s.id, si.id, si.down, si.since, si.pending_since, si.told, \
+                 si.told_clients, si.released, si.retold, EXISTS (SELECT 1 FROM site_held h \
+                   WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+                 FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ANY($1)",
+                &[&ids],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    stored_sensor(r.get(0))?,
+                    SiteOf {
+                        site: r.get(1),
+                        state: state_of(r, 2),
+                        held: r.get(9),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// One statement each, whatever the number of events: an outage of a whole fleet is
+    /// one group commit of its losses, and a round trip per loss would outlast
+    /// `database_timeout` (10,000 sensors' losses took over 5 s in a debug build).
+    async fn hold(&mut self, held: &[(&str, &Event)], asked: &[&str], now: Millis) -> Result<()> {
+        let mut cols = HeldCols::default();
+        for (site, e) in held {
+            cols.push(site, e);
+        }
+        let tx = self.tx;
+        futures::try_join!(cols.insert(tx), async {
+            if asked.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(
+                "UPDATE sites SET pending_since = $2 WHERE id = ANY($1) AND pending_since IS NULL",
+                &[&asked, &now],
+            )
+            .await
+        })?;
+        Ok(())
+    }
+
+    /// Its row locked: a round deciding it waits.
+    async fn site(&mut self, id: &str) -> Result<Option<(Site, SiteState)>> {
+        Ok(self
+            .tx
+            .query_opt(
+                &format!("SELECT {SITE_ROW} FROM sites WHERE id = $1 FOR UPDATE"),
+                &[&id],
+            )
+            .await?
+            .map(|r| site_row(&r)))
+    }
+
+    async fn members(&mut self, site: &str) -> Result<Vec<Member>> {
+        members(self.tx, site).await
+    }
+
+    async fn held_events(&mut self, site: &str) -> Result<(Vec<HeldEvent>, Option<i64>)> {
+        held_rows(self.tx, site, None).await
+    }
+
+    async fn linked(&mut self, site: &str) -> Result<Vec<Linked>> {
+        linked(self.tx, site).await
+    }
+
+    async fn insert_one(
+        &mut self,
+        client: &str,
+        e: &Event,
+        body: Option<&str>,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        insert_one(self.tx, client, e, body, now).await
+    }
+
+    async fn consume_held(&mut self, site: &str, last: i64) -> Result<()> {
+        self.tx
+            .execute(
+                "DELETE FROM site_held WHERE site_id = $1 AND id <= $2",
+                &[&site, &last],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+        super::silences::silence_new(self.tx, seqs, now).await
+    }
+
+    async fn write_state(&mut self, site: &str, state: &SiteState) -> Result<()> {
+        self.tx
+            .execute(
+                "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5, \
+                 told_clients = $6, released = $7, retold = $8 WHERE id = $1",
+                &[
+                    &site,
+                    &state.down,
+                    &state.since,
+                    &state.pending_since,
+                    &Match::listed(&state.told),
+                    &Match::listed(&state.told_clients),
+                    &state.released,
+                    &super::super::rows::retold_listed(&state.retold),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// The events a commit holds, in order, as the columns of one `UNNEST`.
 #[derive(Default)]
 struct HeldCols {
     site: Vec<String>,
@@ -200,61 +258,9 @@ pub(super) async fn decide_sites(
         )
         .await?;
     let last = (due.len() as i64 == limit).then(|| due[due.len() - 1].get(0));
-    let mut decided = Decided::default();
-    for r in due {
-        let (site, state) = site_row(&r);
-        let (made, changed) = decide_one(tx, &site, &state, rules, now).await?;
-        decided.made.extend(made);
-        decided.changed.extend(changed);
-    }
+    let due = due.iter().map(site_row).collect();
+    let decided = rules::sites::decide_due(&mut SiteTables { tx }, due, rules, now).await?;
     Ok((decided, last))
-}
-
-async fn decide_one(
-    tx: &Tx<'_>,
-    site: &Site,
-    state: &SiteState,
-    rules: Rules,
-    now: Millis,
-) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
-    let members = members(tx, &site.id).await?;
-    let (held, last_row) = held_rows(tx, &site.id, None).await?;
-    let clients = linked(tx, &site.id).await?;
-    let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
-        return Ok((Vec::new(), None));
-    };
-    let mut made = Vec::with_capacity(d.made.len());
-    for m in &d.made {
-        made.push(insert_one(tx, &m.client_id, &m.event, m.body.as_deref(), now).await?);
-    }
-    // Every row read, those of a kind this version does not know too.
-    if let (true, Some(last)) = (d.consumes_held, last_row) {
-        tx.execute(
-            "DELETE FROM site_held WHERE site_id = $1 AND id <= $2",
-            &[&site.id, &last],
-        )
-        .await?;
-    }
-    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
-    let silenced = super::silences::silence_new(tx, &seqs, now).await?;
-    d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
-    made.retain(|n| !silenced.contains(&n.seq));
-    tx.execute(
-        "UPDATE sites SET down = $2, since = $3, pending_since = $4, told = $5, \
-         told_clients = $6, released = $7, retold = $8 WHERE id = $1",
-        &[
-            &site.id,
-            &d.state.down,
-            &d.state.since,
-            &d.state.pending_since,
-            &Match::listed(&d.state.told),
-            &Match::listed(&d.state.told_clients),
-            &d.state.released,
-            &super::super::rows::retold_listed(&d.state.retold),
-        ],
-    )
-    .await?;
-    Ok((made, d.changed))
 }
 
 /// The events site `site` holds (of `sensor` only, when given), in the order held, and the

@@ -43,7 +43,6 @@ mod seen;
 mod sessions;
 mod silences;
 mod site_moves;
-mod site_retell;
 mod site_rounds;
 mod site_rows;
 mod sites;

@@ -239,11 +239,20 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
         client: &str,
         now: Millis,
     ) -> Result<Option<SiteRetold>> {
-        super::site_retell::retell(self.tx, site, client, now)
+        let mut t = super::site_rounds::SiteTables { tx: self.tx };
+        rules::sites::retell(&mut t, site, client, now).await
     }
 
     async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
-        super::site_retell::told(self.tx, r)
+        // Added to the list as it is now: another client may have been told meanwhile.
+        self.tx
+            .prepare_cached(
+                "UPDATE sites SET told_clients = told_clients || ?2 || ',', \
+                 retold = retold || ?2 || '@' || released || ',' \
+                 WHERE id = ?1 AND instr(told_clients, ',' || ?2 || ',') = 0",
+            )?
+            .execute(params![r.site, r.client])?;
+        Ok(())
     }
 
     async fn site_will_tell(&mut self, client: &str, sensor: SensorId) -> Result<bool> {

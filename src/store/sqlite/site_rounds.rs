@@ -1,90 +1,150 @@
 //! Sites' decisions on the embedded store: the group commit holds back liveness events of
 //! a site's sensors ([`hold_for_sites`]), and a round decides each due site
-//! ([`Sites::decide_sites`] through [`decide_sites`]) by the domain's rule
-//! (`site::decide`).
+//! ([`decide_sites`]), by [`rules::sites`] over [`SiteTables`].
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::super::{Decided, NotificationRef, Result};
 use super::site_rows::{SITE_ROW, insert_one, linked, members, site_row, state_of, stored_sensor};
 use crate::domain::silence::Match;
-use crate::domain::site::decide::{self, HeldEvent, Hold, Rules, SiteState};
-use crate::domain::site::{Site, SiteEvent};
+use crate::domain::site::Site;
+use crate::domain::site::decide::{HeldEvent, Linked, Member, Rules, SiteState};
 use crate::domain::{Detail, Event, EventKind, Millis, SensorId};
+use crate::store::rules::{self, sites::SiteOf};
 
-/// Which of `events` (their places) make no notification now: liveness events of a
-/// site's sensors that the site's decision holds ([`decide::hold`]), written to
-/// `site_held`, and reminders it drops. A loss while the site is up starts its grace.
+/// Which of `events` (their places) make no notification now ([`rules::sites`]).
 pub(super) fn hold_for_sites(
     tx: &Transaction,
     events: &[&Event],
     now: Millis,
 ) -> Result<HashSet<usize>> {
-    let mut skipped = HashSet::new();
-    let liveness = |k: EventKind| {
-        matches!(
-            k,
-            EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
-        )
-    };
-    if !events.iter().any(|e| liveness(e.kind)) {
-        return Ok(skipped);
-    }
-    let mut site_of = tx.prepare_cached(
-        "SELECT si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
-         si.released, si.retold, EXISTS (SELECT 1 FROM site_held h WHERE h.site_id = si.id AND h.sensor_id = s.id) \
-         FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ?1",
-    )?;
-    for (k, e) in events.iter().enumerate() {
-        if !liveness(e.kind) {
-            continue;
-        }
-        let Some((site, state, held)) = site_of
-            .query_row([e.sensor_id.to_string()], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    state_of(r, 1)?,
-                    r.get::<_, bool>(8)?,
-                ))
-            })
-            .optional()?
-        else {
-            continue;
-        };
-        let hold = decide::hold(e.kind, &state, e.sensor_id, held);
-        if decide::asks_decision(e.kind, &state, hold) {
-            tx.prepare_cached(
-                "UPDATE sites SET pending_since = ?2 WHERE id = ?1 AND pending_since IS NULL",
-            )?
-            .execute(params![site, now])?;
-        }
-        match hold {
-            Hold::Send => continue,
-            Hold::Drop => {}
-            Hold::Hold => {
-                tx.prepare_cached(
-                    "INSERT INTO site_held (site_id, sensor_id, kind, at, data, previous, \
-                     last_seen_at, lost_since, reminder) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )?
-                .execute(params![
-                    site,
-                    e.sensor_id.to_string(),
-                    e.kind.as_str(),
-                    e.at,
-                    e.data,
-                    e.previous,
-                    e.last_seen_at,
-                    e.detail.lost_since,
-                    e.detail.reminder
-                ])?;
+    rules::now_or_never(rules::sites::hold_for_sites(
+        &mut SiteTables { tx },
+        events,
+        now,
+    ))
+}
+
+/// Sites' tables on the writer ([`rules::sites`]).
+pub(super) struct SiteTables<'a> {
+    pub tx: &'a Transaction<'a>,
+}
+
+impl rules::sites::SiteTables for SiteTables<'_> {
+    /// One writer: nothing to hold the sites against.
+    async fn sites_of(&mut self, sensors: &[SensorId]) -> Result<HashMap<SensorId, SiteOf>> {
+        let mut site_of = self.tx.prepare_cached(
+            "SELECT si.id, si.down, si.since, si.pending_since, si.told, si.told_clients, \
+             si.released, si.retold, EXISTS (SELECT 1 FROM site_held h \
+               WHERE h.site_id = si.id AND h.sensor_id = s.id) \
+             FROM sensors s JOIN sites si ON si.id = s.site_id WHERE s.id = ?1",
+        )?;
+        let mut sites = HashMap::new();
+        for &sensor in sensors {
+            let found = site_of
+                .query_row([sensor.to_string()], |r| {
+                    Ok(SiteOf {
+                        site: r.get(0)?,
+                        state: state_of(r, 1)?,
+                        held: r.get(8)?,
+                    })
+                })
+                .optional()?;
+            if let Some(found) = found {
+                sites.insert(sensor, found);
             }
         }
-        skipped.insert(k);
+        Ok(sites)
     }
-    Ok(skipped)
+
+    async fn hold(&mut self, held: &[(&str, &Event)], asked: &[&str], now: Millis) -> Result<()> {
+        let mut insert = self.tx.prepare_cached(
+            "INSERT INTO site_held (site_id, sensor_id, kind, at, data, previous, \
+             last_seen_at, lost_since, reminder) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?;
+        for (site, e) in held {
+            insert.execute(params![
+                site,
+                e.sensor_id.to_string(),
+                e.kind.as_str(),
+                e.at,
+                e.data,
+                e.previous,
+                e.last_seen_at,
+                e.detail.lost_since,
+                e.detail.reminder
+            ])?;
+        }
+        let mut ask = self.tx.prepare_cached(
+            "UPDATE sites SET pending_since = ?2 WHERE id = ?1 AND pending_since IS NULL",
+        )?;
+        for site in asked {
+            ask.execute(params![site, now])?;
+        }
+        Ok(())
+    }
+
+    async fn site(&mut self, id: &str) -> Result<Option<(Site, SiteState)>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!("SELECT {SITE_ROW} FROM sites WHERE id = ?1"))?
+            .query_row([id], site_row)
+            .optional()?)
+    }
+
+    async fn members(&mut self, site: &str) -> Result<Vec<Member>> {
+        members(self.tx, site)
+    }
+
+    async fn held_events(&mut self, site: &str) -> Result<(Vec<HeldEvent>, Option<i64>)> {
+        held_rows(self.tx, site, None)
+    }
+
+    async fn linked(&mut self, site: &str) -> Result<Vec<Linked>> {
+        linked(self.tx, site)
+    }
+
+    async fn insert_one(
+        &mut self,
+        client: &str,
+        e: &Event,
+        body: Option<&str>,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        insert_one(self.tx, client, e, body, now)
+    }
+
+    async fn consume_held(&mut self, site: &str, last: i64) -> Result<()> {
+        self.tx
+            .prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
+            .execute(params![site, last])?;
+        Ok(())
+    }
+
+    async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+        super::silences::silence_new(self.tx, seqs, now)
+    }
+
+    async fn write_state(&mut self, site: &str, state: &SiteState) -> Result<()> {
+        self.tx
+            .prepare_cached(
+                "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
+                 told_clients = ?6, released = ?7, retold = ?8 WHERE id = ?1",
+            )?
+            .execute(params![
+                site,
+                state.down,
+                state.since,
+                state.pending_since,
+                Match::listed(&state.told),
+                Match::listed(&state.told_clients),
+                state.released,
+                super::super::rows::retold_listed(&state.retold)
+            ])?;
+        Ok(())
+    }
 }
 
 /// The sites a round decides (`?1`: the time a grace that ran out began before), as
@@ -107,65 +167,14 @@ pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Resul
         ))?
         .query_map(params![now - rules.grace, SITES_PER_CALL as i64], site_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut decided = Decided {
-        more: due.len() == SITES_PER_CALL,
-        ..Decided::default()
-    };
-    for (site, state) in due {
-        let (made, changed) = decide_one(tx, &site, &state, rules, now)?;
-        decided.made.extend(made);
-        decided.changed.extend(changed);
-    }
-    Ok(decided)
-}
-
-fn decide_one(
-    tx: &Transaction,
-    site: &Site,
-    state: &SiteState,
-    rules: Rules,
-    now: Millis,
-) -> Result<(Vec<NotificationRef>, Option<SiteEvent>)> {
-    let members = members(tx, &site.id)?;
-    let (held, last_row) = held_rows(tx, &site.id, None)?;
-    let clients = linked(tx, &site.id)?;
-    let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
-        return Ok((Vec::new(), None));
-    };
-    let mut made = Vec::with_capacity(d.made.len());
-    for m in &d.made {
-        made.push(insert_one(
-            tx,
-            &m.client_id,
-            &m.event,
-            m.body.as_deref(),
-            now,
-        )?);
-    }
-    // Every row read, those of a kind this version does not know too.
-    if let (true, Some(last)) = (d.consumes_held, last_row) {
-        tx.prepare_cached("DELETE FROM site_held WHERE site_id = ?1 AND id <= ?2")?
-            .execute(params![site.id, last])?;
-    }
-    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
-    let silenced = super::silences::silence_new(tx, &seqs, now)?;
-    d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
-    made.retain(|n| !silenced.contains(&n.seq));
-    tx.prepare_cached(
-        "UPDATE sites SET down = ?2, since = ?3, pending_since = ?4, told = ?5, \
-         told_clients = ?6, released = ?7, retold = ?8 WHERE id = ?1",
-    )?
-    .execute(params![
-        site.id,
-        d.state.down,
-        d.state.since,
-        d.state.pending_since,
-        Match::listed(&d.state.told),
-        Match::listed(&d.state.told_clients),
-        d.state.released,
-        super::super::rows::retold_listed(&d.state.retold)
-    ])?;
-    Ok((made, d.changed))
+    let more = due.len() == SITES_PER_CALL;
+    let decided = rules::now_or_never(rules::sites::decide_due(
+        &mut SiteTables { tx },
+        due,
+        rules,
+        now,
+    ))?;
+    Ok(Decided { more, ..decided })
 }
 
 /// The events site `site` holds (of `sensor` only, when given), in the order held, and the

@@ -225,9 +225,11 @@ impl rules::commit::CommitTables for CommitTables<'_> {
     }
 
     async fn hold_for_sites(&mut self, events: &[&Event], now: Millis) -> Result<HashSet<usize>> {
-        Ok((0..events.len())
-            .filter(|&k| self.t.hold_for_site(events[k], now))
-            .collect())
+        let mut t = super::silences::SiteTables {
+            t: self.t,
+            cx: self.cx,
+        };
+        rules::sites::hold_for_sites(&mut t, events, now).await
     }
 
     async fn fan_out(

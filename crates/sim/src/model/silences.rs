@@ -8,11 +8,14 @@ use async_trait::async_trait;
 
 use latch::domain::Event;
 use latch::domain::silence::{self, Silence, SilenceState, View};
-use latch::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
-use latch::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
+use std::collections::{HashMap, HashSet};
+
+use latch::domain::site::decide::{HeldEvent, Linked, Member, Rules, SiteState};
+use latch::domain::site::{Site, SiteCounts, SiteTotals};
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
 use latch::store::rules::commit::Newer;
 use latch::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
+use latch::store::rules::sites::SiteOf;
 use latch::store::rules::{self};
 use latch::store::{Decided, Error, Page, PageRequest, Result, SensorView, Silences, Sites};
 
@@ -37,44 +40,6 @@ fn active(s: &Silence, now: Millis) -> bool {
 }
 
 impl Tables {
-    /// Whether the commit holds `e` for its sensor's site (`site_rounds::hold_for_sites`).
-    pub(super) fn hold_for_site(&mut self, e: &Event, now: Millis) -> bool {
-        use latch::domain::EventKind as K;
-        if !matches!(
-            e.kind,
-            K::ConnectionLost | K::ConnectionRestored | K::StillLost
-        ) {
-            return false;
-        }
-        let Some(site) = self
-            .sensors
-            .get(&e.sensor_id)
-            .and_then(|s| s.site_id.clone())
-            .filter(|s| self.sites.contains_key(s))
-        else {
-            return false;
-        };
-        let state = self.site_states.entry(site.clone()).or_default().clone();
-        let held = self
-            .site_held
-            .values()
-            .any(|(s, h)| *s == site && h.sensor_id == e.sensor_id);
-        let hold = decide::hold(e.kind, &state, e.sensor_id, held);
-        if decide::asks_decision(e.kind, &state, hold) {
-            let st = self.site_states.entry(site.clone()).or_default();
-            st.pending_since.get_or_insert(now);
-        }
-        match hold {
-            Hold::Send => false,
-            Hold::Drop => true,
-            Hold::Hold => {
-                self.next.held += 1;
-                self.site_held.insert(self.next.held, (site, e.clone()));
-                true
-            }
-        }
-    }
-
     fn decide_sites(&mut self, cx: &Cx, rules: Rules, now: Millis) -> Decided {
         // As the backends' `DUE`: those whose grace ran out or that a change asks to decide
         // first, then those with held events not released yet; on SQLite 500 a call.
@@ -102,57 +67,22 @@ impl Tables {
             false => self.sites_per_call,
         };
         let due: Vec<String> = due.into_iter().take(per_call).map(|(_, id)| id).collect();
-        let mut decided = Decided {
-            more: due.len() == per_call,
-            ..Decided::default()
-        };
-        for id in due {
-            let (made, changed) = self.decide_site(cx, &id, rules, now);
-            decided.made.extend(made);
-            decided.changed.extend(changed);
-        }
-        decided
-    }
-
-    fn decide_site(
-        &mut self,
-        cx: &Cx,
-        id: &str,
-        rules: Rules,
-        now: Millis,
-    ) -> (Vec<NotificationRef>, Option<SiteEvent>) {
-        let site = self.sites[id].clone();
-        let state: SiteState = self.site_states.get(id).cloned().unwrap_or_default();
-        let members = self.site_members(id);
-        let held: Vec<HeldEvent> = self
-            .site_held
-            .iter()
-            .filter(|(_, (s, _))| s == id)
-            .map(|(k, (_, event))| HeldEvent {
-                id: *k,
-                event: event.clone(),
+        let more = due.len() == per_call;
+        let due: Vec<(Site, SiteState)> = due
+            .into_iter()
+            .map(|id| {
+                let state = self.site_states.get(&id).cloned().unwrap_or_default();
+                (self.sites[&id].clone(), state)
             })
             .collect();
-        let clients = self.site_clients(id);
-        let Some(mut d) = decide::decide(&site, &state, &members, &held, &clients, &rules, now)
-        else {
-            return (Vec::new(), None);
-        };
-        let mut made = Vec::new();
-        for m in std::mem::take(&mut d.made) {
-            made.push(self.make_pending(cx, m.client_id, &m.event, m.body, now));
-        }
-        if d.consumes_held {
-            for h in &held {
-                self.site_held.remove(&h.id);
-            }
-        }
-        let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
-        let silenced = self.silence_new(cx, &seqs, now);
-        d.untell(made.iter().filter(|n| silenced.contains(&n.seq)));
-        made.retain(|n| !silenced.contains(&n.seq));
-        self.site_states.insert(id.to_string(), d.state);
-        (made, d.changed)
+        let decided = rules::now_or_never(rules::sites::decide_due(
+            &mut SiteTables { t: self, cx },
+            due,
+            rules,
+            now,
+        ))
+        .expect("the model's site tables never fail");
+        Decided { more, ..decided }
     }
 
     /// The sensors of site `id`, by id (`site_rounds::members`).
@@ -200,31 +130,6 @@ impl Tables {
             c.sensors.sort();
         }
         clients
-    }
-
-    /// `site_retell::retell`: the site's loss told again to `client`, and the sensors it
-    /// names; the client is added to the site's told clients once the silence's other
-    /// pairs are reconciled.
-    fn retell_site(
-        &mut self,
-        cx: &Cx,
-        site: &str,
-        client: &str,
-        now: Millis,
-    ) -> Option<(NotificationRef, Vec<SensorId>)> {
-        let s = self.sites.get(site)?.clone();
-        let state = self.site_states.get(site).cloned().unwrap_or_default();
-        if !state.down {
-            return None;
-        }
-        let c = self
-            .site_clients(site)
-            .into_iter()
-            .find(|l| l.client_id == client)?;
-        let members = self.site_members(site);
-        let r = latch::domain::site::retell::retell(&s, &state, &members, &c, now)?;
-        let made = self.make_pending(cx, client.to_string(), &r.made.event, r.made.body, now);
-        Some((made, r.named))
     }
 
     /// As `rows::SITE_TOTALS`.
@@ -455,15 +360,11 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
         client: &str,
         now: Millis,
     ) -> Result<Option<SiteRetold>> {
-        Ok(self
-            .t
-            .retell_site(self.cx, site, client, now)
-            .map(|(made, named)| SiteRetold {
-                made,
-                named,
-                site: site.to_string(),
-                client: client.to_string(),
-            }))
+        let mut t = SiteTables {
+            t: self.t,
+            cx: self.cx,
+        };
+        rules::sites::retell(&mut t, site, client, now).await
     }
 
     async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
@@ -528,6 +429,109 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
             self.t
                 .supersede_older(self.cx, n.sensor, n.client, n.seq, now);
         }
+        Ok(())
+    }
+}
+
+/// Sites' tables in the model ([`rules::sites`]): the sequence is latch's own.
+pub(super) struct SiteTables<'a> {
+    pub t: &'a mut Tables,
+    pub cx: &'a Cx,
+}
+
+impl rules::sites::SiteTables for SiteTables<'_> {
+    async fn sites_of(&mut self, sensors: &[SensorId]) -> Result<HashMap<SensorId, SiteOf>> {
+        let t = &*self.t;
+        Ok(sensors
+            .iter()
+            .filter_map(|&sensor| {
+                let site = t
+                    .sensors
+                    .get(&sensor)
+                    .and_then(|s| s.site_id.clone())
+                    .filter(|s| t.sites.contains_key(s))?;
+                let state = t.site_states.get(&site).cloned().unwrap_or_default();
+                let held = t
+                    .site_held
+                    .values()
+                    .any(|(s, h)| *s == site && h.sensor_id == sensor);
+                Some((sensor, SiteOf { site, state, held }))
+            })
+            .collect())
+    }
+
+    async fn hold(&mut self, held: &[(&str, &Event)], asked: &[&str], now: Millis) -> Result<()> {
+        for (site, e) in held {
+            self.t.next.held += 1;
+            let id = self.t.next.held;
+            self.t
+                .site_held
+                .insert(id, (site.to_string(), (*e).clone()));
+        }
+        for site in asked {
+            let st = self.t.site_states.entry(site.to_string()).or_default();
+            st.pending_since.get_or_insert(now);
+        }
+        Ok(())
+    }
+
+    async fn site(&mut self, id: &str) -> Result<Option<(Site, SiteState)>> {
+        let state = self.t.site_states.get(id).cloned().unwrap_or_default();
+        Ok(self.t.sites.get(id).map(|s| (s.clone(), state)))
+    }
+
+    async fn members(&mut self, site: &str) -> Result<Vec<Member>> {
+        Ok(self.t.site_members(site))
+    }
+
+    async fn held_events(&mut self, site: &str) -> Result<(Vec<HeldEvent>, Option<i64>)> {
+        let held: Vec<HeldEvent> = self
+            .t
+            .site_held
+            .iter()
+            .filter(|(_, (s, _))| s == site)
+            .map(|(k, (_, event))| HeldEvent {
+                id: *k,
+                event: event.clone(),
+            })
+            .collect();
+        let last = held.last().map(|h| h.id);
+        Ok((held, last))
+    }
+
+    async fn linked(&mut self, site: &str) -> Result<Vec<Linked>> {
+        Ok(self.t.site_clients(site))
+    }
+
+    async fn insert_one(
+        &mut self,
+        client: &str,
+        e: &Event,
+        body: Option<&str>,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        Ok(self.t.make_pending(
+            self.cx,
+            client.to_string(),
+            e,
+            body.map(str::to_string),
+            now,
+        ))
+    }
+
+    async fn consume_held(&mut self, site: &str, last: i64) -> Result<()> {
+        self.t
+            .site_held
+            .retain(|id, (s, _)| !(s == site && *id <= last));
+        Ok(())
+    }
+
+    async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
+        Ok(self.t.silence_new(self.cx, seqs, now).into_iter().collect())
+    }
+
+    async fn write_state(&mut self, site: &str, state: &SiteState) -> Result<()> {
+        self.t.site_states.insert(site.to_string(), state.clone());
         Ok(())
     }
 }

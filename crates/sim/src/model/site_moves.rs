@@ -4,6 +4,7 @@
 use latch::domain::site::decide::{HeldEvent, Linked, Made};
 use latch::domain::site::moves;
 use latch::domain::{Connection, Event, Millis, NotificationRef, SensorId};
+use latch::store::rules;
 
 use super::tables::{Cx, Tables};
 
@@ -78,8 +79,15 @@ impl Tables {
             self.site_states
                 .insert(site, moves::join(&state, lost, now));
         }
-        for e in &owed {
-            if !self.hold_for_site(e, now) {
+        let refs: Vec<&Event> = owed.iter().collect();
+        let held = rules::now_or_never(rules::sites::hold_for_sites(
+            &mut super::silences::SiteTables { t: self, cx },
+            &refs,
+            now,
+        ))
+        .expect("the model's site tables never fail");
+        for (k, e) in owed.iter().enumerate() {
+            if !held.contains(&k) {
                 made.extend(moves::fan_out(e, &clients));
             }
         }
