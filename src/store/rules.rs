@@ -13,6 +13,7 @@ pub mod claim;
 pub mod commit;
 pub mod record;
 pub mod silences;
+pub mod site_moves;
 pub mod sites;
 
 /// Runs a sequence over tables whose operations never wait (SQLite's, the model's) to its

@@ -113,7 +113,7 @@ impl Tables {
         let Some(sensor) = self.sensors.remove(&id) else {
             return false;
         };
-        self.sensor_left_sites(id, sensor.site_id.as_deref(), now);
+        self.sensor_left_sites(cx, id, sensor.site_id.as_deref(), now);
         self.states.remove(&id);
         self.links.retain(|(s, _)| *s != id);
         self.readings.retain(|_, r| r.sensor_id != id);

@@ -1,57 +1,15 @@
-//! A sensor leaving its site — moved, deleted, or its site deleted — as
-//! `store/{sqlite,postgres}/site_moves.rs` do it, by the domain's rule (`site::moves`).
+//! A sensor leaving its site — moved, deleted, or its site deleted: the sequence is
+//! latch's own (`store::rules::site_moves`); here are its table operations as
+//! `store/{sqlite,postgres}/site_moves.rs` write them.
 
-use latch::domain::site::decide::{HeldEvent, Linked, Made};
-use latch::domain::site::moves;
-use latch::domain::{Connection, Event, Millis, NotificationRef, SensorId};
-use latch::store::rules;
+use latch::domain::site::decide::{HeldEvent, Linked, SiteState};
+use latch::domain::{Connection, Millis, NotificationRef, SensorId};
+use latch::store::{Result, rules};
 
+use super::silences::SiteTables;
 use super::tables::{Cx, Tables};
 
 impl Tables {
-    /// The clients linked to `sensor`, by id, with the types each takes (`clients_of`).
-    fn linked_clients(&self, sensor: SensorId) -> Vec<Linked> {
-        let mut out: Vec<Linked> = self
-            .clients_of(sensor)
-            .map(|c| Linked {
-                client_id: c.clone(),
-                events: self.clients.get(c).and_then(|c| c.client.events.clone()),
-                sensors: vec![sensor],
-            })
-            .collect();
-        out.sort_by(|a, b| a.client_id.cmp(&b.client_id));
-        out
-    }
-
-    /// `sensor` leaves site `site` at `now` (`leave`).
-    fn leave_site(
-        &mut self,
-        site: &str,
-        sensor: SensorId,
-        clients: &[Linked],
-        now: Millis,
-    ) -> (Vec<Made>, Vec<Event>) {
-        if !self.sites.contains_key(site) {
-            return (Vec::new(), Vec::new());
-        }
-        let state = self.site_states.get(site).cloned().unwrap_or_default();
-        let held: Vec<HeldEvent> = self
-            .site_held
-            .iter()
-            .filter(|(_, (s, e))| s == site && e.sensor_id == sensor)
-            .map(|(id, (_, event))| HeldEvent {
-                id: *id,
-                event: event.clone(),
-            })
-            .collect();
-        let data_now = self.states.get(&sensor).and_then(|st| st.data);
-        let left = moves::leave(&state, sensor, &held, clients, data_now, now);
-        self.site_held
-            .retain(|_, (s, e)| !(s == site && e.sensor_id == sensor));
-        self.site_states.insert(site.to_string(), left.state);
-        (left.made, left.owed)
-    }
-
     /// `sensor`'s site was `from` and is now what its row says (`moved`).
     pub(super) fn sensor_moved(
         &mut self,
@@ -60,67 +18,122 @@ impl Tables {
         from: Option<&str>,
         now: Millis,
     ) -> Vec<NotificationRef> {
-        let clients = self.linked_clients(sensor);
-        let (mut made, owed) = match from {
-            Some(site) => self.leave_site(site, sensor, &clients, now),
-            None => (Vec::new(), Vec::new()),
-        };
-        let to = self
-            .sensors
-            .get(&sensor)
-            .and_then(|s| s.site_id.clone())
-            .filter(|s| self.sites.contains_key(s));
-        if let Some(site) = to {
-            let lost = self
-                .states
-                .get(&sensor)
-                .is_some_and(|st| st.connection == Connection::Lost);
-            let state = self.site_states.get(&site).cloned().unwrap_or_default();
-            self.site_states
-                .insert(site, moves::join(&state, lost, now));
-        }
-        let refs: Vec<&Event> = owed.iter().collect();
-        let held = rules::now_or_never(rules::sites::hold_for_sites(
-            &mut super::silences::SiteTables { t: self, cx },
-            &refs,
+        rules::now_or_never(rules::site_moves::moved(
+            &mut SiteTables { t: self, cx },
+            sensor,
+            from,
             now,
         ))
-        .expect("the model's site tables never fail");
-        for (k, e) in owed.iter().enumerate() {
-            if !held.contains(&k) {
-                made.extend(moves::fan_out(e, &clients));
-            }
-        }
-        let mut out: Vec<NotificationRef> = made
-            .into_iter()
-            .map(|m| self.make_pending(cx, m.client_id, &m.event, None, now))
-            .collect();
-        let seqs: Vec<i64> = out.iter().map(|n| n.seq).collect();
-        let silenced = self.silence_new(cx, &seqs, now);
-        out.retain(|n| !silenced.contains(&n.seq));
-        out
+        .expect("the model's site tables never fail")
     }
 
     /// `sensor`, of site `site`, was deleted (`deleted`).
-    pub(super) fn sensor_left_sites(&mut self, sensor: SensorId, site: Option<&str>, now: Millis) {
-        let mut sites: Vec<String> = self
+    pub(super) fn sensor_left_sites(
+        &mut self,
+        cx: &Cx,
+        sensor: SensorId,
+        site: Option<&str>,
+        now: Millis,
+    ) {
+        rules::now_or_never(rules::site_moves::deleted(
+            &mut SiteTables { t: self, cx },
+            sensor,
+            site,
+            now,
+        ))
+        .expect("the model's site tables never fail")
+    }
+}
+
+impl rules::site_moves::MoveTables for SiteTables<'_> {
+    /// As `clients_of`, by client id.
+    async fn sensor_clients(&mut self, sensor: SensorId) -> Result<Vec<Linked>> {
+        let t = &*self.t;
+        let mut out: Vec<Linked> = t
+            .clients_of(sensor)
+            .map(|c| Linked {
+                client_id: c.clone(),
+                events: t.clients.get(c).and_then(|c| c.client.events.clone()),
+                sensors: vec![sensor],
+            })
+            .collect();
+        out.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        Ok(out)
+    }
+
+    async fn site_state(&mut self, id: &str) -> Result<Option<SiteState>> {
+        let t = &*self.t;
+        Ok(t.sites
+            .contains_key(id)
+            .then(|| t.site_states.get(id).cloned().unwrap_or_default()))
+    }
+
+    async fn held_of(&mut self, site: &str, sensor: SensorId) -> Result<Vec<HeldEvent>> {
+        Ok(self
+            .t
+            .site_held
+            .iter()
+            .filter(|(_, (s, e))| s == site && e.sensor_id == sensor)
+            .map(|(id, (_, event))| HeldEvent {
+                id: *id,
+                event: event.clone(),
+            })
+            .collect())
+    }
+
+    async fn sensor_data(&mut self, sensor: SensorId) -> Result<Option<bool>> {
+        Ok(self.t.states.get(&sensor).and_then(|st| st.data))
+    }
+
+    async fn forget_held(&mut self, site: &str, sensor: SensorId) -> Result<()> {
+        self.t
+            .site_held
+            .retain(|_, (s, e)| !(s == site && e.sensor_id == sensor));
+        Ok(())
+    }
+
+    /// A site row exists for every site the model knows: its state is the default until
+    /// written.
+    async fn write_moved(&mut self, site: &str, state: &SiteState) -> Result<()> {
+        if self.t.sites.contains_key(site) {
+            let st = self.t.site_states.entry(site.to_string()).or_default();
+            st.pending_since = state.pending_since;
+            st.told = state.told.clone();
+        }
+        Ok(())
+    }
+
+    async fn site_now(&mut self, sensor: SensorId) -> Result<Option<(String, bool)>> {
+        let t = &*self.t;
+        let Some(site) = t.sensors.get(&sensor).and_then(|s| s.site_id.clone()) else {
+            return Ok(None);
+        };
+        let lost = t
+            .states
+            .get(&sensor)
+            .is_some_and(|st| st.connection == Connection::Lost);
+        Ok(Some((site, lost)))
+    }
+
+    async fn sites_with(&mut self, sensor: SensorId) -> Result<Vec<String>> {
+        let t = &*self.t;
+        let mut sites: Vec<String> = t
             .site_held
             .values()
             .filter(|(_, e)| e.sensor_id == sensor)
             .map(|(s, _)| s.clone())
             .collect();
         sites.extend(
-            self.site_states
+            t.site_states
                 .iter()
                 .filter(|(_, st)| st.down && st.told.contains(&sensor))
                 .map(|(s, _)| s.clone()),
         );
-        sites.extend(site.map(str::to_string));
-        sites.sort();
-        sites.dedup();
-        for site in &sites {
-            self.leave_site(site, sensor, &[], now);
-        }
-        self.silenced_pairs.retain(|(_, s), _| *s != sensor);
+        Ok(sites)
+    }
+
+    async fn forget_pairs(&mut self, sensor: SensorId) -> Result<()> {
+        self.t.silenced_pairs.retain(|(_, s), _| *s != sensor);
+        Ok(())
     }
 }
