@@ -53,6 +53,7 @@ mod site_rounds;
 mod site_rows;
 mod sites;
 mod supersede;
+mod tables;
 #[cfg(test)]
 pub(crate) mod tests;
 mod tokens;

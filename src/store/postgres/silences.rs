@@ -1,5 +1,5 @@
 //! Silences: kept as rows, applied by the group commit to the notifications it makes and
-//! reconciled once at their end ([`rules::silences`], over [`SilenceTables`]).
+//! reconciled once at their end ([`rules::silences`], over `rules::silences::SilenceTables`).
 
 use std::collections::HashSet;
 
@@ -9,6 +9,7 @@ use tokio_postgres::Row;
 use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
 use super::PgStore;
 use super::db::{Sql, Tx};
+use super::tables::Tables;
 use crate::domain::client::events_from_column;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
@@ -87,12 +88,7 @@ fn silence_row(r: &Row) -> Silence {
 /// Marks silenced the new notifications (`seqs`) a silence active at `now` matches and
 /// notes their pairs ([`rules::silences::apply`]); answers their seqs.
 pub(super) async fn silence_new(tx: &Tx<'_>, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-    rules::silences::apply(&mut SilenceTables { tx }, seqs, now).await
-}
-
-/// Silences' tables on PostgreSQL ([`rules::silences`]).
-struct SilenceTables<'a> {
-    tx: &'a Tx<'a>,
+    rules::silences::apply(&mut Tables { tx }, seqs, now).await
 }
 
 /// A stored sensor id, or the store's error.
@@ -100,7 +96,7 @@ fn sensor_id(s: &str) -> Result<SensorId> {
     SensorId::parse(s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
 }
 
-impl rules::silences::SilenceTables for SilenceTables<'_> {
+impl rules::silences::SilenceTables for Tables<'_> {
     /// One statement, which reads nothing of the outbox when no silence is active.
     async fn mark_silenced(&mut self, seqs: &[i64], now: Millis) -> Result<Vec<Silenced>> {
         let tx = self.tx;
@@ -227,8 +223,7 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
         client: &str,
         now: Millis,
     ) -> Result<Option<SiteRetold>> {
-        let mut t = super::site_rounds::SiteTables { tx: self.tx };
-        rules::sites::retell(&mut t, site, client, now).await
+        rules::sites::retell(self, site, client, now).await
     }
 
     async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
@@ -467,8 +462,7 @@ impl Silences for PgStore {
             return Ok(Vec::new());
         }
         let tx = c.transaction().await?;
-        let made =
-            rules::silences::reconcile_ended(&mut SilenceTables { tx: &tx }, ended_by, now).await?;
+        let made = rules::silences::reconcile_ended(&mut Tables { tx: &tx }, ended_by, now).await?;
         tx.commit().await?;
         Ok(made)
     }

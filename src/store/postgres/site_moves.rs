@@ -7,7 +7,7 @@
 
 use super::super::{NotificationRef, Result};
 use super::db::{Sql, Tx};
-use super::site_rounds::SiteTables;
+use super::tables::Tables;
 use crate::domain::client;
 use crate::domain::silence::Match;
 use crate::domain::site::decide::{HeldEvent, Linked, SiteState};
@@ -33,7 +33,7 @@ pub(super) async fn moved(
     from: Option<&str>,
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
-    rules::site_moves::moved(&mut SiteTables { tx }, sensor, from, now).await
+    rules::site_moves::moved(&mut Tables { tx }, sensor, from, now).await
 }
 
 /// `sensor`, of site `site`, is deleted at `now` (its row gone already in `tx`)
@@ -44,10 +44,10 @@ pub(super) async fn deleted(
     site: Option<&str>,
     now: Millis,
 ) -> Result<()> {
-    rules::site_moves::deleted(&mut SiteTables { tx }, sensor, site, now).await
+    rules::site_moves::deleted(&mut Tables { tx }, sensor, site, now).await
 }
 
-impl rules::site_moves::MoveTables for SiteTables<'_> {
+impl rules::site_moves::MoveTables for Tables<'_> {
     async fn sensor_clients(&mut self, sensor: SensorId) -> Result<Vec<Linked>> {
         Ok(self
             .tx

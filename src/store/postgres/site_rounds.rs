@@ -1,4 +1,4 @@
-//! Sites' decisions on PostgreSQL, by [`rules::sites`] over [`SiteTables`]: the group
+//! Sites' decisions on PostgreSQL, by [`rules::sites`] over `rules::sites::SiteTables`: the group
 //! commit holds back liveness events of a site's sensors ([`hold_for_sites`], under the
 //! site's row lock, so a round deciding the site meanwhile is waited for), and a round
 //! decides each due site once across the cluster ([`decide_sites`]: `FOR UPDATE SKIP
@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use super::super::{Decided, NotificationRef, Result};
 use super::db::{Sql, Tx};
 use super::site_rows::{SITE_ROW, insert_one, linked, members, site_row, state_of, stored_sensor};
+use super::tables::Tables;
 use crate::domain::silence::Match;
 use crate::domain::site::Site;
 use crate::domain::site::decide::{HeldEvent, Linked, Member, Rules, SiteState};
@@ -22,15 +23,10 @@ pub(super) async fn hold_for_sites(
     events: &[&Event],
     now: Millis,
 ) -> Result<HashSet<usize>> {
-    rules::sites::hold_for_sites(&mut SiteTables { tx }, events, now).await
+    rules::sites::hold_for_sites(&mut Tables { tx }, events, now).await
 }
 
-/// Sites' tables on PostgreSQL ([`rules::sites`]).
-pub(super) struct SiteTables<'a> {
-    pub tx: &'a Tx<'a>,
-}
-
-impl rules::sites::SiteTables for SiteTables<'_> {
+impl rules::sites::SiteTables for Tables<'_> {
     /// Each site's row locked, in id order: a round deciding it is waited for. (A sensor
     /// moving between sites waits for this commit and holds back the next: both take the
     /// delete lock, `super::DELETE_LOCK`.)
@@ -142,7 +138,7 @@ impl rules::sites::SiteTables for SiteTables<'_> {
     }
 
     async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-        super::silences::silence_new(self.tx, seqs, now).await
+        rules::silences::apply(self, seqs, now).await
     }
 
     async fn write_state(&mut self, site: &str, state: &SiteState) -> Result<()> {
@@ -259,7 +255,7 @@ pub(super) async fn decide_sites(
         .await?;
     let last = (due.len() as i64 == limit).then(|| due[due.len() - 1].get(0));
     let due = due.iter().map(site_row).collect();
-    let decided = rules::sites::decide_due(&mut SiteTables { tx }, due, rules, now).await?;
+    let decided = rules::sites::decide_due(&mut Tables { tx }, due, rules, now).await?;
     Ok((decided, last))
 }
 

@@ -47,6 +47,7 @@ mod site_rounds;
 mod site_rows;
 mod sites;
 mod supersede;
+mod tables;
 #[cfg(test)]
 mod tests;
 mod tokens;

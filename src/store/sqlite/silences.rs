@@ -1,5 +1,5 @@
 //! Silences: kept as rows, applied by the group commit to the notifications it makes and
-//! reconciled once at their end ([`rules::silences`], over [`SilenceTables`]).
+//! reconciled once at their end ([`rules::silences`], over `rules::silences::SilenceTables`).
 
 use std::collections::HashSet;
 
@@ -8,6 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
 use super::SqliteStore;
+use super::tables::Tables;
 use crate::domain::client::events_from_column;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
@@ -88,12 +89,7 @@ fn silence_row(r: &Row) -> rusqlite::Result<Silence> {
 /// Marks silenced the new notifications (`seqs`) a silence active at `now` matches and
 /// notes their pairs ([`rules::silences::apply`]); answers their seqs.
 pub(super) fn silence_new(tx: &Transaction, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-    rules::now_or_never(rules::silences::apply(&mut SilenceTables { tx }, seqs, now))
-}
-
-/// Silences' tables on the writer ([`rules::silences`]).
-pub(super) struct SilenceTables<'a> {
-    pub tx: &'a Transaction<'a>,
+    rules::now_or_never(rules::silences::apply(&mut Tables { tx }, seqs, now))
 }
 
 /// A stored sensor id, or the store's error.
@@ -101,7 +97,7 @@ fn sensor_id(s: &str) -> Result<SensorId> {
     SensorId::parse(s).map_err(|e| Error::Backend(format!("stored sensor id: {e}")))
 }
 
-impl rules::silences::SilenceTables for SilenceTables<'_> {
+impl rules::silences::SilenceTables for Tables<'_> {
     /// Reads nothing of the outbox when no silence is active.
     async fn mark_silenced(&mut self, seqs: &[i64], now: Millis) -> Result<Vec<Silenced>> {
         let tx = self.tx;
@@ -239,8 +235,7 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
         client: &str,
         now: Millis,
     ) -> Result<Option<SiteRetold>> {
-        let mut t = super::site_rounds::SiteTables { tx: self.tx };
-        rules::sites::retell(&mut t, site, client, now).await
+        rules::sites::retell(self, site, client, now).await
     }
 
     async fn site_told(&mut self, r: &SiteRetold) -> Result<()> {
@@ -494,7 +489,7 @@ impl Silences for SqliteStore {
         self.write(move |c| {
             super::seen::flushed(&seen, c, |tx| {
                 rules::now_or_never(rules::silences::reconcile_ended(
-                    &mut SilenceTables { tx },
+                    &mut Tables { tx },
                     ended_by,
                     now,
                 ))

@@ -4,7 +4,7 @@
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::super::{NotificationRef, Result};
-use super::site_rounds::SiteTables;
+use super::tables::Tables;
 use crate::domain::client;
 use crate::domain::site::decide::{HeldEvent, Linked, SiteState};
 use crate::domain::{Connection, Millis, SensorId};
@@ -19,7 +19,7 @@ pub(super) fn moved(
     now: Millis,
 ) -> Result<Vec<NotificationRef>> {
     rules::now_or_never(rules::site_moves::moved(
-        &mut SiteTables { tx },
+        &mut Tables { tx },
         sensor,
         from,
         now,
@@ -35,14 +35,14 @@ pub(super) fn deleted(
     now: Millis,
 ) -> Result<()> {
     rules::now_or_never(rules::site_moves::deleted(
-        &mut SiteTables { tx },
+        &mut Tables { tx },
         sensor,
         site,
         now,
     ))
 }
 
-impl rules::site_moves::MoveTables for SiteTables<'_> {
+impl rules::site_moves::MoveTables for Tables<'_> {
     async fn sensor_clients(&mut self, sensor: SensorId) -> Result<Vec<Linked>> {
         Ok(self
             .tx

@@ -1,6 +1,6 @@
 //! Sites' decisions on the embedded store: the group commit holds back liveness events of
 //! a site's sensors ([`hold_for_sites`]), and a round decides each due site
-//! ([`decide_sites`]), by [`rules::sites`] over [`SiteTables`].
+//! ([`decide_sites`]), by [`rules::sites`] over `rules::sites::SiteTables`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -8,6 +8,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::super::{Decided, NotificationRef, Result};
 use super::site_rows::{SITE_ROW, insert_one, linked, members, site_row, state_of, stored_sensor};
+use super::tables::Tables;
 use crate::domain::silence::Match;
 use crate::domain::site::Site;
 use crate::domain::site::decide::{HeldEvent, Linked, Member, Rules, SiteState};
@@ -21,18 +22,13 @@ pub(super) fn hold_for_sites(
     now: Millis,
 ) -> Result<HashSet<usize>> {
     rules::now_or_never(rules::sites::hold_for_sites(
-        &mut SiteTables { tx },
+        &mut Tables { tx },
         events,
         now,
     ))
 }
 
-/// Sites' tables on the writer ([`rules::sites`]).
-pub(super) struct SiteTables<'a> {
-    pub tx: &'a Transaction<'a>,
-}
-
-impl rules::sites::SiteTables for SiteTables<'_> {
+impl rules::sites::SiteTables for Tables<'_> {
     /// One writer: nothing to hold the sites against.
     async fn sites_of(&mut self, sensors: &[SensorId]) -> Result<HashMap<SensorId, SiteOf>> {
         let mut site_of = self.tx.prepare_cached(
@@ -124,7 +120,7 @@ impl rules::sites::SiteTables for SiteTables<'_> {
     }
 
     async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-        super::silences::silence_new(self.tx, seqs, now)
+        rules::silences::apply(self, seqs, now).await
     }
 
     async fn write_state(&mut self, site: &str, state: &SiteState) -> Result<()> {
@@ -169,7 +165,7 @@ pub(super) fn decide_sites(tx: &Transaction, rules: Rules, now: Millis) -> Resul
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let more = due.len() == SITES_PER_CALL;
     let decided = rules::now_or_never(rules::sites::decide_due(
-        &mut SiteTables { tx },
+        &mut Tables { tx },
         due,
         rules,
         now,
