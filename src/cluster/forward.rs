@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::domain::{Reading, Rejection, Source};
 use crate::engine::{self, Forwarder, Sequence, Verdicts, VerdictsRx};
 use crate::store::Keyed;
-use crate::telemetry::families;
+use crate::telemetry::events::{self, Emit};
 
 /// Path of the owner's endpoint for forwarded readings.
 pub const READINGS_PATH: &str = "/internal/v1/readings";
@@ -212,8 +212,11 @@ async fn send_loop(
                 }
             }
             Err(e) => {
-                families::CLUSTER_FORWARD_FAILURES.counter().increment(1);
-                tracing::warn!(%url, error = %e, "Forwarding readings to their partition's owner failed.");
+                events::ForwardFailed {
+                    url: &url,
+                    error: &e,
+                }
+                .emit();
                 for job in jobs {
                     if let Some(seq) = &job.sequence {
                         seq.cut();

@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::domain::Millis;
 use crate::store::{Backend, HistoryStore, Pruned, Retention, Store};
-use crate::telemetry::families;
+use crate::telemetry::events::{self, Emit};
 
 /// How often a round runs, at most: a retention shorter than four of these is pruned more
 /// often ([`Settings::every`]).
@@ -149,27 +149,14 @@ pub async fn round(
 }
 
 fn count(p: &Pruned) {
-    for (what, n) in [
-        ("readings", p.readings),
-        ("events", p.events),
-        ("notifications", p.notifications),
-        ("attempts", p.attempts),
-        ("partitions", p.partitions),
-    ] {
-        families::RETENTION_DELETED
-            .counter_with(&[("what", what)])
-            .increment(n);
+    events::RetentionDeleted {
+        readings: p.readings,
+        events: p.events,
+        notifications: p.notifications,
+        attempts: p.attempts,
+        partitions: p.partitions,
     }
-    if !p.is_empty() {
-        tracing::debug!(
-            readings = p.readings,
-            events = p.events,
-            notifications = p.notifications,
-            attempts = p.attempts,
-            partitions = p.partitions,
-            "Retention deleted what was past its time."
-        );
-    }
+    .emit();
 }
 
 /// The oldest reading kept, in the store (or its spool) and in ClickHouse.

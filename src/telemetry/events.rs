@@ -10,10 +10,10 @@ mod service;
 mod sites;
 mod store;
 
-pub use cluster::{ClusterLeft, PartitionsHeld, PartitionsTaken};
+pub use cluster::{ClusterLeft, ForwardFailed, PartitionsHeld, PartitionsTaken};
 pub use delivery::{ClientEnabled, ClientsDisabled, OutcomesAbandoned, OutcomesNotRecorded};
-pub use history::{ClickHouseUp, ShipFailed, Shipped, SpoolDepth};
-pub use service::{AuthRefused, Checkpointed, SourcePaused, TaskPanicked};
+pub use history::{ClickHouseUp, RetentionDeleted, ShipFailed, Shipped, SpoolDepth};
+pub use service::{AuthRefused, Checkpointed, MqttReconnecting, SourcePaused, TaskPanicked};
 pub use sites::{
     SilencesReconcileFailed, SilencesReconciled, SiteChanged, SiteTotalsCounted, SitesDecideFailed,
     SitesDecided,

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Ingest, Sources, paused};
 use crate::domain::{Millis, Reading, RejectCode, Rejection, SensorId, reading};
 use crate::store::Sessions;
-use crate::telemetry::families;
+use crate::telemetry::events::{self, Emit};
 use resent::Resent;
 
 pub(crate) const SOURCE: &str = "mqtt";
@@ -247,8 +247,7 @@ pub async fn run(
                 // Dropping the network makes the next poll connect again; the session
                 // stays on the broker, which resends every unacknowledged publish.
                 end_connection(&client, &mut events, &link, &tx).await;
-                families::SOURCE_RECONNECTS.counter_with(&[("source", SOURCE)]).increment(1);
-                tracing::warn!(retry_in = ?delay, "MQTT ingest reconnects to get unapplied readings again.");
+                events::MqttReconnecting { retry_in: delay }.emit();
                 tokio::select! {
                     biased;
                     _ = stop.cancelled() => break,

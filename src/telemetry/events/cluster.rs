@@ -39,3 +39,18 @@ impl Emit for ClusterLeft {
         tracing::info!(partitions = self.released, "Left the cluster.");
     }
 }
+
+/// Readings forwarded to their partition's owner were not taken by it: their senders are
+/// told to send again.
+pub struct ForwardFailed<'a> {
+    pub url: &'a dyn std::fmt::Display,
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl Emit for ForwardFailed<'_> {
+    fn emit(self) {
+        families::CLUSTER_FORWARD_FAILURES.counter().increment(1);
+        tracing::warn!(url = %self.url, error = %self.error,
+            "Forwarding readings to their partition's owner failed.");
+    }
+}

@@ -65,3 +65,40 @@ impl Emit for SpoolDepth {
         families::HISTORY_SPOOL_ROWS.gauge().set(self.0 as f64);
     }
 }
+
+/// What a retention round deleted past its time, by kind (`partitions`: ClickHouse's
+/// monthly partitions dropped).
+pub struct RetentionDeleted {
+    pub readings: u64,
+    pub events: u64,
+    pub notifications: u64,
+    pub attempts: u64,
+    pub partitions: u64,
+}
+
+impl Emit for RetentionDeleted {
+    fn emit(self) {
+        let by = [
+            ("readings", self.readings),
+            ("events", self.events),
+            ("notifications", self.notifications),
+            ("attempts", self.attempts),
+            ("partitions", self.partitions),
+        ];
+        for (what, n) in by {
+            families::RETENTION_DELETED
+                .counter_with(&[("what", what)])
+                .increment(n);
+        }
+        if by.iter().any(|(_, n)| *n > 0) {
+            tracing::debug!(
+                readings = self.readings,
+                events = self.events,
+                notifications = self.notifications,
+                attempts = self.attempts,
+                partitions = self.partitions,
+                "Retention deleted what was past its time."
+            );
+        }
+    }
+}

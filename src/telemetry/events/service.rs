@@ -39,6 +39,22 @@ impl Emit for SourcePaused<'_> {
     }
 }
 
+/// MQTT ingest dropped its connection to get what it did not apply again: the session
+/// stays on the broker, which resends every unacknowledged publish.
+pub struct MqttReconnecting {
+    pub retry_in: Duration,
+}
+
+impl Emit for MqttReconnecting {
+    fn emit(self) {
+        families::SOURCE_RECONNECTS
+            .counter_with(&[("source", "mqtt")])
+            .increment(1);
+        tracing::warn!(retry_in = ?self.retry_in,
+            "MQTT ingest reconnects to get unapplied readings again.");
+    }
+}
+
 /// A request refused for its credentials (`reason`: `missing_token`, `unknown_token`,
 /// `cluster_secret`), or unseen while its address failed too often (`throttled`, with no
 /// peer logged: the throttle says so once per address).
