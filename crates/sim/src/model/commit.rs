@@ -225,7 +225,7 @@ impl rules::commit::CommitTables for CommitTables<'_> {
     }
 
     async fn hold_for_sites(&mut self, events: &[&Event], now: Millis) -> Result<HashSet<usize>> {
-        let mut t = super::silences::SiteTables {
+        let mut t = super::sites::SiteTables {
             t: self.t,
             cx: self.cx,
         };

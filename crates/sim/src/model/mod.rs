@@ -78,6 +78,7 @@ mod secrets;
 mod sessions;
 mod silences;
 mod site_moves;
+mod sites;
 mod tables;
 #[cfg(test)]
 mod tests;

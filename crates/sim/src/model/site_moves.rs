@@ -6,7 +6,7 @@ use latch::domain::site::decide::{HeldEvent, Linked, SiteState};
 use latch::domain::{Connection, Millis, NotificationRef, SensorId};
 use latch::store::{Result, rules};
 
-use super::silences::SiteTables;
+use super::sites::SiteTables;
 use super::tables::{Cx, Tables};
 
 impl Tables {
