@@ -29,6 +29,7 @@ mod answer;
 pub mod attempt;
 mod auth;
 pub mod broker;
+pub mod catalog;
 mod claimer;
 mod client_slots;
 pub mod destination;
