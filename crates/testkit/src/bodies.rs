@@ -64,7 +64,10 @@ fn errors(kind: &str, body: &Value) -> Result<Vec<String>, String> {
         .get(kind)
         .ok_or_else(|| format!("a body of type {kind:?}, which the event catalog lacks: {body}"))?;
     Ok(v.iter_errors(body)
-        .map(|e| format!("{e} (at {:?})", e.instance_path().to_string()))
+        .map(|e| match e.instance_path().to_string() {
+            p if p.is_empty() => format!("{e}"),
+            p => format!("{e} (at {p})"),
+        })
         .collect())
 }
 
