@@ -5,14 +5,15 @@
 //! document: every constraint the validators enforce — written here from the very constants
 //! they use, so code and document cannot drift —, the statuses every operation can answer,
 //! security as it stands (an open API, no security; with a token, 401 and 403 everywhere),
-//! 429 where a rate limit is set, and links from the operations that create ids to the ones
-//! that take them.
+//! 429 where a rate limit is set, links from the operations that create ids to the ones
+//! that take them, and the `webhooks`: the bodies latch sends, from the event catalog.
 
 use serde_json::{Map, Value, json};
 
 use super::pagination::MAX_LIMIT;
 use super::readings::MAX_READINGS_PER_REQUEST;
 use super::sensors::{MAX_DEBOUNCE_S, MAX_TIMEOUT_S};
+use crate::delivery::catalog::catalog;
 use crate::delivery::destination::URL_PATTERN;
 use crate::domain::EventKind;
 use crate::domain::client::{NAME_MAX_CHARS, URL_MAX_CHARS};
@@ -23,6 +24,7 @@ mod idempotency;
 mod receivers;
 mod sites;
 mod variants;
+mod webhooks;
 
 /// A sensor id, as [`crate::domain::SensorId::parse`] accepts it.
 fn sensor_id_pattern() -> String {
@@ -63,6 +65,7 @@ pub fn document(
     readings_body(&mut doc);
     add_statuses(&mut doc, token_required, rate_limited);
     add_links(&mut doc);
+    webhooks::add(&mut doc);
     if !token_required {
         if let Some(o) = doc.as_object_mut() {
             o.remove("security");
@@ -118,10 +121,11 @@ fn constrain_schemas(doc: &mut Value) {
         &format!("{s}/ClientIn/properties/events"),
         json!({"items": {"type": "string", "enum": types}, "uniqueItems": true}),
     );
+    let bodies: Vec<&str> = catalog().iter().map(|t| t.kind).collect();
     merge(
         doc,
         &format!("{s}/EventType/properties/type"),
-        json!({"enum": EventKind::ALL.map(|k| k.as_str())}),
+        json!({ "enum": bodies }),
     );
     merge(
         doc,

@@ -7,8 +7,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::signing;
+use crate::domain::notification::{BATCH, CLIENT_TEST};
 use crate::domain::outbox::outcome;
-use crate::domain::{EventKind, Millis, Sendable, client::secret_key, time};
+use crate::domain::{EventKind, Millis, Notification, Sendable, client::secret_key, time};
 
 /// How a broker's refusal (a nack, an unroutable return, a refused login or publish)
 /// starts an attempt's error.
@@ -44,7 +45,11 @@ struct SensorRef<'a> {
 
 /// The body of a notification, as bytes to sign and send.
 pub fn payload(s: &Sendable) -> Vec<u8> {
-    let n = &s.notification;
+    body(&s.notification, &s.address)
+}
+
+/// The body of notification `n` of a sensor at `address` (a site's names its own).
+pub fn body(n: &Notification, address: &str) -> Vec<u8> {
     if let (true, Some(own)) = (n.kind.is_site(), &n.body) {
         return site_payload(&n.id, n.kind.as_str(), n.occurred_at, own);
     }
@@ -54,11 +59,16 @@ pub fn payload(s: &Sendable) -> Vec<u8> {
         occurred_at: time::format(n.occurred_at),
         sensor: SensorRef {
             id: n.sensor_id.to_string(),
-            address: &s.address,
+            address,
         },
         data: n.data.map(u8::from),
         previous: n.previous.map(u8::from),
-        last_seen_at: n.last_seen_at.map(time::format),
+        // A connection's news only: a silence's end also stores it with the state change
+        // that brings a client up to date, whose body has no such field.
+        last_seen_at: n
+            .last_seen_at
+            .filter(|_| n.kind.is_connection())
+            .map(time::format),
         lost_since: n.detail.lost_since.map(time::format),
         reminder: n.detail.reminder,
         flips_suppressed: match n.kind {
@@ -92,20 +102,55 @@ fn site_payload(id: &str, kind: &str, at: Millis, own: &str) -> Vec<u8> {
 /// The body of a batch: `{"id", "type": "batch", "events": [...]}`, each event exactly
 /// the body its notification would have had alone ([`payload`]).
 pub fn batch_payload(id: &str, sends: &[Box<Sendable>]) -> Vec<u8> {
-    let head = serde_json::to_vec(&serde_json::json!({"id": id, "type": "batch"}))
+    envelope(id, sends.len(), sends.iter().map(|s| payload(s)))
+}
+
+/// A batch of `n` events' bodies.
+pub(super) fn envelope(id: &str, n: usize, events: impl Iterator<Item = Vec<u8>>) -> Vec<u8> {
+    let head = serde_json::to_vec(&serde_json::json!({"id": id, "type": BATCH}))
         .expect("a batch head serializes");
     // `{"id":…,"type":"batch"` then `,"events":[…]}`.
-    let mut body = Vec::with_capacity(head.len() + 16 + 400 * sends.len());
+    let mut body = Vec::with_capacity(head.len() + 16 + 400 * n);
     body.extend_from_slice(&head[..head.len() - 1]);
     body.extend_from_slice(b",\"events\":[");
-    for (i, s) in sends.iter().enumerate() {
+    for (i, event) in events.enumerate() {
         if i > 0 {
             body.push(b',');
         }
-        body.extend_from_slice(&payload(s));
+        body.extend_from_slice(&event);
     }
     body.extend_from_slice(b"]}");
     body
+}
+
+/// The body of a `client.test` notification: about no sensor, so it names the client.
+#[derive(Serialize)]
+struct TestPayload<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    occurred_at: String,
+    client: ClientRef<'a>,
+}
+
+#[derive(Serialize)]
+struct ClientRef<'a> {
+    id: &'a str,
+    name: &'a str,
+}
+
+/// The body of `client.test` number `id` to client `client_id` named `name`, sent at `at`.
+pub fn test_payload(id: &str, client_id: &str, name: &str, at: Millis) -> Vec<u8> {
+    let body = TestPayload {
+        id,
+        kind: CLIENT_TEST,
+        occurred_at: time::format(at),
+        client: ClientRef {
+            id: client_id,
+            name,
+        },
+    };
+    serde_json::to_vec(&body).expect("payload serializes")
 }
 
 /// Why an attempt has no answer to read: no HTTP status came back, and no broker

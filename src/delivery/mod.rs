@@ -23,12 +23,14 @@
 //! answers. This file starts that loop and wires it to the tasks around it: `claimer.rs`
 //! (claims and sends), `recorder.rs` (writes outcomes), `sweeper.rs` (finds work on a
 //! shared store); `sender.rs` makes one attempt, a webhook's POST or, for a broker
-//! destination, a publish through [`broker`].
+//! destination, a publish through [`broker`]; [`attempt`] builds the bodies, and
+//! [`catalog`] declares the schema of each.
 
 mod answer;
 pub mod attempt;
 mod auth;
 pub mod broker;
+pub mod catalog;
 mod claimer;
 mod client_slots;
 pub mod destination;

@@ -3,35 +3,20 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::attempt::{AttemptResult, Failure, batch_payload, payload, root_cause, signatures};
+use super::attempt::{
+    AttemptResult, Failure, batch_payload, payload, root_cause, signatures, test_payload,
+};
 use super::auth::Grant;
 use super::broker::Brokers;
 use super::guard::{self, Guard, Refusal};
 pub use super::receivers::Receivers;
-use crate::domain::notification::{CLIENT_TEST, new_notification_id};
+use crate::domain::notification::new_notification_id;
 use crate::domain::receiver::{Auth, Receiver};
-use crate::domain::{Client, Millis, Sendable, destination, time};
+use crate::domain::{Client, Millis, Sendable, destination};
 use crate::telemetry::SPANS;
-
-/// The body of a `client.test` notification: about no sensor, so it names the client.
-#[derive(Serialize)]
-struct TestPayload<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    occurred_at: String,
-    client: ClientRef<'a>,
-}
-
-#[derive(Serialize)]
-struct ClientRef<'a> {
-    id: &'a str,
-    name: &'a str,
-}
 
 /// Sends one signed `client.test` to `client`'s URL now, through the same guard, signing
 /// and timeout as any attempt. Nothing is stored and nothing is retried: the caller gets
@@ -44,16 +29,7 @@ pub async fn send_test(
     at: Millis,
 ) -> AttemptResult {
     let id = new_notification_id();
-    let body = TestPayload {
-        id: &id,
-        kind: CLIENT_TEST,
-        occurred_at: time::format(at),
-        client: ClientRef {
-            id: &client.id,
-            name: &client.name,
-        },
-    };
-    let body = serde_json::to_vec(&body).expect("payload serializes");
+    let body = test_payload(&id, &client.id, &client.name, at);
     let previous = client
         .previous_secret
         .as_deref()

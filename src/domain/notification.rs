@@ -29,6 +29,11 @@ pub enum EventKind {
 /// so not an [`EventKind`]; sent whatever the client's `events` say.
 pub const CLIENT_TEST: &str = "client.test";
 
+/// The `type` of a batch's body: the envelope of several notifications (a client with
+/// `batch` set), not a notification of its own, so neither an [`EventKind`] nor a type a
+/// client's `events` may name.
+pub const BATCH: &str = "batch";
+
 impl EventKind {
     pub fn as_str(self) -> &'static str {
         match self {

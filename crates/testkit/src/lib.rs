@@ -4,10 +4,12 @@
 //!
 //! Not part of the service: nothing under `run` uses it.
 
+mod bodies;
 mod postgres;
 mod receiver;
 mod server;
 
+pub use bodies::{Violations, Watch, assert_body, check_body};
 pub use postgres::{PgSchema, schema_url};
 pub use receiver::{Answer, Keep, Received, Receiver, token_endpoint};
 pub use server::Server;

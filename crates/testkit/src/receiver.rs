@@ -1,5 +1,5 @@
 //! A local webhook receiver: answers as told and keeps what a test or a bench needs of
-//! what it got.
+//! what it got. A test's receiver holds every body to the event catalog ([`crate::bodies`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +12,8 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
 use latch::domain::time;
+
+use crate::bodies::{Violations, Watch};
 
 /// One request a receiver got.
 #[derive(Debug, Clone)]
@@ -81,6 +83,9 @@ struct Shared {
     kept: Mutex<Kept>,
     /// Whether held requests may be answered ([`Receiver::hold`]).
     released: tokio::sync::watch::Sender<bool>,
+    /// Bodies that broke their schema ([`Keep::Everything`] only: a bench's receiver
+    /// spends nothing on it).
+    violations: Violations,
 }
 
 /// An OAuth2 token endpoint on loopback that answers every request with `token`, a bearer
@@ -104,6 +109,8 @@ pub async fn token_endpoint(token: &str) -> std::io::Result<String> {
 pub struct Receiver {
     pub url: String,
     shared: Arc<Shared>,
+    /// Fails the test on the last handle's drop if a body broke its schema.
+    _watch: Arc<Watch>,
 }
 
 impl Receiver {
@@ -135,12 +142,18 @@ impl Receiver {
             fail_per_10k: AtomicU64::new(0),
             kept: Mutex::new(Kept::default()),
             released: tokio::sync::watch::Sender::new(true),
+            violations: Violations::default(),
         });
         let app = axum::Router::new()
             .route("/hook", axum::routing::post(receive))
             .with_state(shared.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { url, shared }
+        let watch = Arc::new(Watch(shared.violations.clone()));
+        Self {
+            url,
+            shared,
+            _watch: watch,
+        }
     }
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
@@ -175,8 +188,10 @@ impl Receiver {
         self.shared.fail_per_10k.store(n, Ordering::Relaxed);
     }
 
-    /// Every request so far ([`Keep::Everything`] only).
+    /// Every request so far ([`Keep::Everything`] only); panics if a body broke its
+    /// schema.
     pub fn received(&self) -> Vec<Received> {
+        self.shared.violations.assert_none();
         self.kept().got.clone()
     }
 
@@ -261,6 +276,9 @@ async fn receive(
     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let sensor = body["sensor"]["id"].as_str().unwrap_or("").to_string();
     let everything = shared.keep == Keep::Everything;
+    if everything {
+        shared.violations.check(&raw);
+    }
     let (answer, held) = {
         let mut k = shared.kept.lock().unwrap_or_else(|p| p.into_inner());
         let held = k.hold_next > 0;

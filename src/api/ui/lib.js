@@ -274,10 +274,15 @@ export const ago = (ms) => new Date(Date.now() - ms).toISOString();
 
 let typesAsked = null;
 
+/** Types the catalog lists that are no sensor's or site's notification: `batch` is the
+ * envelope of several, `client.test` is sent on request only and never kept. No client
+ * chooses them, no silence or list of notifications names them. */
+const NOT_CHOSEN = ["batch", "client.test"];
+
 /** The notification types a client may choose, each with what it means: the API's one list
  * (`GET /v1/event-types`), asked once. A page that kept its own list fell behind it. */
 export function eventTypes() {
-  typesAsked ??= api("GET", "/v1/event-types").then((r) => r.items)
+  typesAsked ??= api("GET", "/v1/event-types").then((r) => r.items.filter((t) => !NOT_CHOSEN.includes(t.type)))
     .catch((e) => { typesAsked = null; throw e; });
   return typesAsked;
 }

@@ -1,14 +1,12 @@
 // Silences (maintenance windows): the list by state, made from here or from a site's or a
 // sensor's page (silenceForm), extended (PATCH of its end) and ended (DELETE) in one click.
 
-import { PAGE, api, q, enc, h, say, when, badge, table, field, form, actionButton, pager, navigate, clientNames } from "/ui/lib.js";
+import { PAGE, api, q, enc, h, say, when, badge, table, field, form, actionButton, pager, navigate, clientNames, eventTypes } from "/ui/lib.js";
 
 /** How long a silence made here lasts, or how much longer an extension makes it. */
 const SPANS = { "30m": 30 * 60e3, "1h": 3600e3, "2h": 2 * 3600e3, "4h": 4 * 3600e3, "8h": 8 * 3600e3, "24h": 86400e3 };
 const SPAN_NAMES = { "30m": "30 minutes", "1h": "1 hour", "2h": "2 hours", "4h": "4 hours", "8h": "8 hours", "24h": "24 hours" };
 const STATES = ["active", "pending", "ended", ""];
-const TYPES = ["sensor.state_changed", "sensor.connection_lost", "sensor.connection_restored", "sensor.still_lost",
-  "site.connection_lost", "site.connection_restored"];
 
 const spanPick = (name, value = "1h") => h("select", { name },
   Object.keys(SPANS).map((k) => h("option", { value: k, selected: k === value }, SPAN_NAMES[k])));
@@ -76,6 +74,7 @@ export async function silencesOf(test) {
 export async function silencesPage(params) {
   const state = STATES.includes(params.get("state") ?? "active") ? (params.get("state") ?? "active") : "active";
   const names = await clientNames();
+  const types = (await eventTypes()).map((t) => t.type);
   const list = pager(
     (cursor) => api("GET", `/v1/silences${q({ state, limit: PAGE, cursor })}`),
     (items) => silenceTable(items, names, () => list.go(), state ? `No ${state} silences.` : "No silences."));
@@ -89,7 +88,7 @@ export async function silencesPage(params) {
     field("Site id", h("input", { name: "site_id", maxlength: 64, size: 16 })),
     field("Sensor ids (comma or space between)", h("input", { name: "sensor_ids", size: 30 })),
     field("Client", clientPick),
-    field("Types (none: every type)", h("select", { name: "types", multiple: true, size: 3 }, TYPES.map((t) => h("option", { value: t }, t)))),
+    field("Types (none: every type)", h("select", { name: "types", multiple: true, size: 3 }, types.map((t) => h("option", { value: t }, t)))),
     field("Starts (empty: now)", h("input", { name: "starts_at", type: "datetime-local" })),
     field("For", spanPick("span", "1h")),
     field("Comment (who is doing what)", h("input", { name: "comment", required: true, maxlength: 1000, size: 40 })),

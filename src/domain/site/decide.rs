@@ -290,10 +290,6 @@ struct Release<'a> {
 }
 
 impl<'a> Out<'a> {
-    fn member(&self, id: &SensorId) -> Option<&'a Member> {
-        self.members.iter().find(|m| m.id == *id)
-    }
-
     /// Down: its lost sensors are told by the site's event, to each client that wants it;
     /// the rest of what was held goes out as the sensors' own.
     fn went_down(&mut self, clients: &'a [Linked]) -> SiteState {
@@ -395,22 +391,8 @@ impl<'a> Out<'a> {
             let Some(mine) = self.release_down(state, c) else {
                 continue;
             };
-            let (back, still): (Vec<&Member>, Vec<&Member>) = mine
-                .iter()
-                .filter_map(|s| self.member(s))
-                .partition(|m| m.connection == Connection::Online);
-            let restored: Vec<_> = back
-                .iter()
-                .map(|m| json!({"id": m.id.to_string(), "data": m.data.map(u8::from)}))
-                .collect();
-            let still_lost: Vec<_> = still
-                .iter()
-                .map(|m| json!({"id": m.id.to_string(), "last_seen_at": m.last_seen_at.map(time::format)}))
-                .collect();
-            let body = json!({"site": site_json(self.site), "restored": restored,
-                              "still_lost": still_lost});
-            let kind = EventKind::SiteConnectionRestored;
-            self.made.push(site_made(c, kind, mine[0], body, self.now));
+            let made = site_return(self.site, self.members, c, &mine, self.now);
+            self.made.push(made);
         }
         SiteState {
             down: false,
@@ -424,9 +406,36 @@ impl<'a> Out<'a> {
     }
 }
 
+/// The `site.connection_restored` that tells client `c` which of its sensors `mine` (of
+/// `members`, which the site's loss named) are back and which are still lost, in the lane of
+/// the first.
+pub fn site_return(
+    site: &Site,
+    members: &[Member],
+    c: &Linked,
+    mine: &[SensorId],
+    now: Millis,
+) -> Made {
+    let (back, still): (Vec<&Member>, Vec<&Member>) = mine
+        .iter()
+        .filter_map(|s| members.iter().find(|m| m.id == *s))
+        .partition(|m| m.connection == Connection::Online);
+    let restored: Vec<_> = back
+        .iter()
+        .map(|m| json!({"id": m.id.to_string(), "data": m.data.map(u8::from)}))
+        .collect();
+    let still_lost: Vec<_> = still
+        .iter()
+        .map(|m| json!({"id": m.id.to_string(), "last_seen_at": m.last_seen_at.map(time::format)}))
+        .collect();
+    let body = json!({"site": site_json(site), "restored": restored,
+                      "still_lost": still_lost});
+    site_made(c, EventKind::SiteConnectionRestored, mine[0], body, now)
+}
+
 /// The `site.connection_lost` that tells client `c` of its sensors `mine` (lost, of
 /// `members`), in the lane of the first.
-pub(super) fn site_loss(
+pub fn site_loss(
     site: &Site,
     members: &[Member],
     c: &Linked,

@@ -257,8 +257,13 @@ impl Hooks {
         Self { addr, got }
     }
 
+    /// What it got; panics if a body breaks its schema in the event catalog.
     fn got(&self) -> Vec<Hook> {
-        self.got.lock().unwrap().clone()
+        let got = self.got.lock().unwrap().clone();
+        for h in &got {
+            latch_testkit::assert_body(&h.body);
+        }
+        got
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use latch_testkit::{Keep, Receiver};
+use latch_testkit::{Keep, Receiver, Violations, Watch};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -156,6 +156,8 @@ struct Tokens {
     lifetime_s: u64,
     /// How long a token request takes to answer.
     delay: Duration,
+    /// Bodies the receiver got that break their schema.
+    violations: Violations,
 }
 
 /// A token endpoint (`/token`, client credentials for `latch` / `s3cret`) and a receiver
@@ -165,6 +167,8 @@ pub struct OAuth {
     pub token_url: String,
     pub hook_url: String,
     state: Arc<Mutex<Tokens>>,
+    /// Fails the test on the last handle's drop if a body broke its schema.
+    _watch: Arc<Watch>,
 }
 
 pub const OAUTH_CLIENT: &str = "latch";
@@ -183,10 +187,12 @@ impl OAuth {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
+        let watch = Arc::new(Watch(state.lock().unwrap().violations.clone()));
         Self {
             token_url: format!("{base}/token"),
             hook_url: format!("{base}/hook"),
             state,
+            _watch: watch,
         }
     }
 
@@ -204,8 +210,10 @@ impl OAuth {
         self.with(|t| t.refused)
     }
 
-    /// The tokens of the requests the receiver took, in order.
+    /// The tokens of the requests the receiver took, in order; panics if a body broke
+    /// its schema.
     pub fn taken(&self) -> Vec<String> {
+        self.with(|t| t.violations.clone()).assert_none();
         self.with(|t| t.taken.clone())
     }
 
@@ -264,8 +272,13 @@ async fn issue(
     .into_response()
 }
 
-async fn take(State(state): State<Arc<Mutex<Tokens>>>, headers: HeaderMap) -> StatusCode {
+async fn take(
+    State(state): State<Arc<Mutex<Tokens>>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
     let mut t = state.lock().unwrap();
+    t.violations.check(&body);
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())

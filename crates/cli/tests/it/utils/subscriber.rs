@@ -1,5 +1,7 @@
 //! Subscribers that record what a broker destination got: an MQTT 5 client (user
-//! properties included) and a consumer of a RabbitMQ queue of its own.
+//! properties included) and a consumer of a RabbitMQ queue of its own. Every message a
+//! test takes is a notification held to the event catalog ([`latch_testkit::assert_body`]),
+//! and so is any left untaken when the subscription is dropped.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -45,6 +47,7 @@ impl Subscription {
                 .await
                 .unwrap_or_else(|_| panic!("{} of {n} messages came: {out:?}", out.len()))
                 .expect("the subscriber runs");
+            latch_testkit::assert_body(&got.raw);
             out.push(got);
         }
         out
@@ -54,9 +57,18 @@ impl Subscription {
     pub fn drain(&mut self) -> Vec<Got> {
         let mut out = Vec::new();
         while let Ok(g) = self.rx.try_recv() {
+            latch_testkit::assert_body(&g.raw);
             out.push(g);
         }
         out
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.drain();
+        }
     }
 }
 
