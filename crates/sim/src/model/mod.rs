@@ -2,12 +2,15 @@
 //! trait (`latch::store::{Registry, Runtime, Outbox, HistoryStore, Tokens, Backend, Find}`
 //! and `ClusterStore`) that the simulation runs many nodes against.
 //!
-//! It is faithful to the real backends rather than simpler than them. Where a sequence is
-//! written once (`latch::store::rules`: a claim, recording outcomes), the model implements
-//! only its table operations and runs latch's own sequence. Elsewhere each concern's file
-//! here mirrors the SQL of that concern in `src/store/sqlite/` and `src/store/postgres/`
-//! statement by statement, and calls the domain's policy (`latch::domain::policy`:
-//! `client_attempts`, `retry_refusal`, …) wherever that SQL mirrors it. The conformance
+//! It is faithful to the real backends rather than simpler than them. Every transaction
+//! that carries a rule is written once (`latch::store::rules`: the group commit, a claim,
+//! recording outcomes, a site's hold and decision, a sensor's move, a silence applied and
+//! reconciled): the model implements only those sequences' table operations, as the
+//! backends' statements write them, and runs latch's own sequences. The rest — the
+//! registry's reads and writes, the outbox's loads and sweeps, replays, retention and the
+//! cluster's leases — each concern's file here mirrors from the SQL of that concern in
+//! `src/store/sqlite/` and `src/store/postgres/`, calling the domain's policy
+//! (`latch::domain::policy`: `retry_refusal`, …) wherever that SQL mirrors it. The conformance
 //! suite (`latch::store::conformance`) runs
 //! against it in both modes (`crates/sim/tests/model_conformance.rs`).
 //!
