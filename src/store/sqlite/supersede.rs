@@ -14,12 +14,15 @@ pub(super) fn older(tx: &Transaction, newer: &[Newer<'_>], now: Millis) -> Resul
         updated_at = ?3 WHERE sensor_id = ?1 AND status = 'pending' \
         AND kind = 'sensor.state_changed' AND seq < ?2 \
         AND (lease_until IS NULL OR lease_until < ?3)";
+    if newer.is_empty() {
+        return Ok(());
+    }
+    // Prepared once for the batch: a commit supersedes for each sensor whose state changed.
+    let mut every_lane = tx.prepare_cached(PENDING_STATES)?;
     for n in newer {
         let sensor = n.sensor.to_string();
         match n.client {
-            None => tx
-                .prepare_cached(PENDING_STATES)?
-                .execute(params![sensor, n.seq, now])?,
+            None => every_lane.execute(params![sensor, n.seq, now])?,
             Some(client) => tx
                 .prepare_cached(&format!("{PENDING_STATES} AND client_id = ?4"))?
                 .execute(params![sensor, n.seq, now, client])?,
