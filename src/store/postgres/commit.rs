@@ -7,6 +7,7 @@ use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::PgStore;
 use super::db::{Bound, Sql, Tx};
 use super::doubt::{Doubt, settle};
+use super::supersede::Older;
 use crate::store::idempotency::positions_text;
 use crate::store::rules::{self, commit::Made, commit::Newer};
 use crate::store::{Runtime, SensorRuntime};
@@ -103,8 +104,8 @@ struct CommitTables<'t> {
     linked: HashMap<SensorId, Vec<Subscriber>>,
     /// The batch's rows, not sent yet.
     rows: Option<Rows>,
-    /// The supersede, not sent yet: `(sensor, client, seq)` per newer state.
-    newer: Vec<(String, Option<String>, i64)>,
+    /// The supersede, not sent yet.
+    older: Older,
 }
 
 /// A batch's rows of registered sensors, as the columns of their inserts.
@@ -180,25 +181,16 @@ impl rules::commit::CommitTables for CommitTables<'_> {
 
     /// Held for [`Self::silence_new`]: they touch different rows.
     async fn supersede(&mut self, newer: &[Newer<'_>], _now: Millis) -> Result<()> {
-        self.newer.extend(
-            newer
-                .iter()
-                .map(|n| (n.sensor.to_string(), n.client.map(str::to_string), n.seq)),
-        );
+        self.older.add(newer);
         Ok(())
     }
 
     async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-        let newer = std::mem::take(&mut self.newer);
+        let older = std::mem::take(&mut self.older);
         let (_, _, silenced) = futures::try_join!(
             write(self.tx, self.rows.take()),
-            super::supersede::older(self.tx, &newer, now),
-            async {
-                match seqs.is_empty() {
-                    true => Ok(HashSet::new()),
-                    false => super::silences::silence_new(self.tx, seqs, now).await,
-                }
-            },
+            older.send(self.tx, now),
+            super::silences::silence_new(self.tx, seqs, now),
         )?;
         Ok(silenced)
     }
@@ -669,7 +661,7 @@ impl Runtime for PgStore {
                 tx: &tx,
                 linked: HashMap::new(),
                 rows: None,
-                newer: Vec::new(),
+                older: Older::default(),
             };
             let created = match rules::commit::commit(&mut tables, &batch, now).await {
                 Err(Error::Fenced(fenced)) => {

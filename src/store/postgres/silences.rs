@@ -304,11 +304,7 @@ impl rules::silences::SilenceTables for Tables<'_> {
     }
 
     async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {
-        let newer: Vec<(String, Option<String>, i64)> = newer
-            .iter()
-            .map(|n| (n.sensor.to_string(), n.client.map(str::to_string), n.seq))
-            .collect();
-        super::supersede::older(self.tx, &newer, now).await
+        super::supersede::Older::of(newer).send(self.tx, now).await
     }
 }
 
