@@ -13,7 +13,8 @@ use super::tables::Tables;
 use crate::domain::client::events_from_column;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
-use crate::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
+use crate::store::rules::silences::{LinkedSensor, Pair, Silenced};
+use crate::store::rules::sites::SiteRetold;
 use crate::store::rules::{self, commit::Newer};
 
 /// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::future::Future;
 
 use super::commit::Newer;
+use super::sites::SiteRetold;
 use crate::domain::client::wants;
 use crate::domain::silence::{self, View};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, NotificationRef, SensorId};
@@ -47,15 +48,6 @@ pub struct LinkedSensor {
     pub connection: Connection,
     pub last_seen_at: Option<Millis>,
     pub events: Option<Vec<String>>,
-}
-
-/// A site's loss told again to a client: the notification made and the sensors it names.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SiteRetold {
-    pub made: NotificationRef,
-    pub named: Vec<SensorId>,
-    pub site: String,
-    pub client: String,
 }
 
 /// The tables silences read and write, within one transaction.

@@ -7,10 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
-use super::silences::SiteRetold;
 use crate::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
 use crate::domain::site::{Site, SiteEvent, retell};
-use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
+use crate::domain::{Event, Millis, NotificationRef, SensorId};
 use crate::store::{Decided, Result};
 
 /// A sensor's site as holding reads it: the site's id and state, and whether the site holds
@@ -20,6 +19,15 @@ pub struct SiteOf {
     pub site: String,
     pub state: SiteState,
     pub held: bool,
+}
+
+/// A site's loss told again to a client: the notification made and the sensors it names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteRetold {
+    pub made: NotificationRef,
+    pub named: Vec<SensorId>,
+    pub site: String,
+    pub client: String,
 }
 
 /// The tables sites read and write, within one transaction.
@@ -71,13 +79,6 @@ pub trait SiteTables {
     fn write_state(&mut self, site: &str, state: &SiteState) -> impl Future<Output = Result<()>>;
 }
 
-fn liveness(k: EventKind) -> bool {
-    matches!(
-        k,
-        EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
-    )
-}
-
 /// Which of `events` (their places) make no notification now: liveness events of a site's
 /// sensors that the site's decision holds, kept, and reminders it drops. A loss while the
 /// site is up starts its grace. What a commit does before its fan-out.
@@ -89,7 +90,7 @@ pub async fn hold_for_sites<T: SiteTables>(
     let mut skipped = HashSet::new();
     let mut sensors: Vec<SensorId> = events
         .iter()
-        .filter(|e| liveness(e.kind))
+        .filter(|e| e.kind.is_connection())
         .map(|e| e.sensor_id)
         .collect();
     if sensors.is_empty() {
@@ -104,7 +105,7 @@ pub async fn hold_for_sites<T: SiteTables>(
     let mut held: Vec<(String, &Event)> = Vec::new();
     let mut asked: Vec<String> = Vec::new();
     for (k, e) in events.iter().enumerate() {
-        if !liveness(e.kind) {
+        if !e.kind.is_connection() {
             continue;
         }
         let Some(s) = sites.get_mut(&e.sensor_id) else {

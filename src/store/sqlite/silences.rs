@@ -14,7 +14,8 @@ use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
 use crate::store::rules;
 use crate::store::rules::commit::Newer;
-use crate::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
+use crate::store::rules::silences::{LinkedSensor, Pair, Silenced};
+use crate::store::rules::sites::SiteRetold;
 
 /// A silence's columns as [`silence_row`] reads them; its sensors (`silence_sensors`) as
 /// one list in the order given, NULL when it names none.

@@ -9,7 +9,8 @@ use latch::domain::silence::{self, Silence, SilenceState, View};
 
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
 use latch::store::rules::commit::Newer;
-use latch::store::rules::silences::{LinkedSensor, Pair, Silenced, SiteRetold};
+use latch::store::rules::silences::{LinkedSensor, Pair, Silenced};
+use latch::store::rules::sites::SiteRetold;
 use latch::store::rules::{self};
 use latch::store::{Page, PageRequest, Result, Silences};
 
