@@ -2,6 +2,8 @@
 //! ended one are latch's own (`store::rules::silences`); here are the silence tables'
 //! operations and the API's reads and writes of silences.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 
 use latch::domain::Event;
@@ -37,16 +39,17 @@ fn active(s: &Silence, now: Millis) -> bool {
 impl Tables {
     /// Marks silenced the new notifications (`seqs`) a silence active at `now` matches and
     /// notes their pairs (`rules::silences::apply`); answers their seqs.
-    pub(super) fn silence_new(&mut self, cx: &Cx, seqs: &[i64], now: Millis) -> Vec<i64> {
-        let silenced = rules::now_or_never(rules::silences::apply(
+    pub(super) fn silence_new(
+        &mut self,
+        cx: &Cx,
+        seqs: &[i64],
+        now: Millis,
+    ) -> Result<HashSet<i64>> {
+        rules::now_or_never(rules::silences::apply(
             &mut SilenceTables { t: self, cx },
             seqs,
             now,
         ))
-        .expect("the model's silence tables never fail");
-        let mut seqs: Vec<i64> = silenced.into_iter().collect();
-        seqs.sort_unstable();
-        seqs
     }
 
     /// The pairs silence `s` matches (by the sensor's site when noted, or now) that no

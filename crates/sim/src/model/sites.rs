@@ -242,7 +242,7 @@ impl rules::sites::SiteTables for SiteTables<'_> {
     }
 
     async fn silence_new(&mut self, seqs: &[i64], now: Millis) -> Result<HashSet<i64>> {
-        Ok(self.t.silence_new(self.cx, seqs, now).into_iter().collect())
+        self.t.silence_new(self.cx, seqs, now)
     }
 
     async fn write_state(&mut self, site: &str, state: &SiteState) -> Result<()> {
