@@ -1,19 +1,20 @@
-//! Issue #49: PostgreSQL as the README sets it up and restores it, run from the README's
-//! own blocks (`readme.rs`) against the local PostgreSQL, on a role and a database of the
-//! test's own, dropped at the end: the role and database Cluster makes serve latch, a
-//! second node starts without PostgreSQL's notices in its log, and the restore of Operations
-//! exits 0 and brings back the dump (a whole database, and a schema of a shared one).
-//! Issue #69: Cluster's three nodes, started as its example starts them, form a cluster
-//! that shares one key.
+//! Issue #49: PostgreSQL as the book sets it up and restores it, run from the book's own
+//! blocks (`readme.rs` finds them in the README or any page of `docs/`) against the local
+//! PostgreSQL, on a role and a database of the test's own, dropped at the end: the role and
+//! database the cluster chapter makes serve latch, a second node starts without
+//! PostgreSQL's notices in its log, and the restore of Backup and restore exits 0 and
+//! brings back the dump (a whole database, and a schema of a shared one). Issue #69: the
+//! cluster chapter's three nodes, started as its example starts them, form a cluster that
+//! shares one key.
 
 use std::process::{Command, Output};
 
 use serde_json::json;
 
-use crate::readme::{block, readme};
+use crate::readme::{block, docs_text};
 use crate::utils::{Process, eventually, service_missing, unique};
 
-/// The superuser's URL of the test database, split as the README's URLs need it.
+/// The superuser's URL of the test database, split as the book's URLs need it.
 struct Pg {
     /// `postgres://user@host:port/db` of the test database (a superuser).
     base: String,
@@ -61,21 +62,18 @@ fn text(out: &[u8]) -> String {
     String::from_utf8_lossy(out).into_owned()
 }
 
-/// `block` with each `(from, to)` replaced; every `from` must be there (a README that
+/// `block` with each `(from, to)` replaced; every `from` must be there (a page that
 /// changed its example fails here rather than testing something else).
 fn substituted(block: &str, pairs: &[(&str, &str)]) -> String {
     let mut out = block.to_string();
     for (from, to) in pairs {
-        assert!(
-            out.contains(from),
-            "no `{from}` in the README block:\n{block}"
-        );
+        assert!(out.contains(from), "no `{from}` in the block:\n{block}");
         out = out.replace(from, to);
     }
     out
 }
 
-/// Runs a README block in bash in `dir`; its output, after asserting it exited 0 and
+/// Runs a marked block in bash in `dir`; its output, after asserting it exited 0 and
 /// printed no error.
 fn run(dir: &std::path::Path, script: &str) -> String {
     let out = Command::new("bash")
@@ -108,13 +106,13 @@ async fn status(http: &reqwest::Client, url: String) -> u16 {
     http.get(url).send().await.unwrap().status().as_u16()
 }
 
-/// The role and database Cluster's setup block makes, under a name of the test's own: the
-/// URL latch reaches it at, and what drops both at the end.
-fn readme_database<'a>(pg: &'a Pg, readme: &str, work: &std::path::Path) -> (String, Cleanup<'a>) {
+/// The role and database the cluster chapter's setup block makes, under a name of the
+/// test's own: the URL latch reaches it at, and what drops both at the end.
+fn book_database<'a>(pg: &'a Pg, docs: &str, work: &std::path::Path) -> (String, Cleanup<'a>) {
     let name = unique("latch_rt_").to_lowercase();
     let (role, db) = (name.clone(), name);
     let setup = substituted(
-        &block(readme, "postgres setup"),
+        &block(docs, "postgres setup"),
         &[
             ("sudo -u postgres psql", &format!("psql {}", pg.base)),
             ("ROLE latch ", &format!("ROLE {role} ")),
@@ -145,17 +143,17 @@ fn url_role(url: &str) -> String {
 }
 
 #[tokio::test]
-async fn the_readmes_database_serves_a_cluster_and_its_restore_exits_0() {
+async fn the_books_database_serves_a_cluster_and_its_restore_exits_0() {
     let Some(pg) = Pg::here() else {
         return;
     };
-    let readme = readme();
+    let docs = docs_text();
     let work = tempfile::tempdir().unwrap();
-    let (url, cleanup) = readme_database(&pg, &readme, work.path());
+    let (url, cleanup) = book_database(&pg, &docs, work.path());
     let role = url_role(&url);
     let http = reqwest::Client::new();
 
-    // Two nodes on it, as Cluster runs them; the second finds every table made already and
+    // Two nodes on it, as the cluster chapter runs them; the second finds every table made already and
     // says nothing of it (PostgreSQL's "already exists, skipping" notices were logged).
     let first = Process::start(&work.path().join("node1"), Some(url.clone()));
     first.ready(&http).await;
@@ -179,7 +177,7 @@ async fn the_readmes_database_serves_a_cluster_and_its_restore_exits_0() {
     assert_eq!(post(&http, &first.base, "/v1/readings", reading).await, 202);
 
     let restore = substituted(
-        &block(&readme, "postgres restore"),
+        &block(&docs, "postgres restore"),
         &[
             ("postgres://latch:change-me@127.0.0.1/latch", &url),
             (
@@ -228,7 +226,7 @@ async fn the_readmes_database_serves_a_cluster_and_its_restore_exits_0() {
 }
 
 #[tokio::test]
-async fn the_readmes_schema_restore_exits_0() {
+async fn the_books_schema_restore_exits_0() {
     let Some(pg) = Pg::here() else {
         return;
     };
@@ -252,7 +250,7 @@ async fn the_readmes_schema_restore_exits_0() {
 
     let shared = "postgres://latch:change-me@127.0.0.1/shared";
     let script = substituted(
-        &block(&readme(), "postgres schema restore"),
+        &block(&docs_text(), "postgres schema restore"),
         &[
             (shared, &pg.base),
             ("-n latch ", &format!("-n {schema} ")),
@@ -286,21 +284,21 @@ async fn the_readmes_schema_restore_exits_0() {
     drop(cleanup);
 }
 
-/// Issue #69: Cluster's example, run as written (its database and ports the test's own):
+/// Issue #69: the cluster chapter's example, run as written (its database and ports the test's own):
 /// three nodes, each with its own data folder and the one key file the example makes, form
 /// one cluster, and a client's secrets made through one node open on the others. Before,
 /// the first node made `secret.key` in its folder and the others refused to start.
 #[tokio::test]
-async fn the_readmes_cluster_example_starts_three_nodes_sharing_one_key() {
+async fn the_books_cluster_example_starts_three_nodes_sharing_one_key() {
     let Some(pg) = Pg::here() else {
         return;
     };
-    let readme = readme();
+    let docs = docs_text();
     let work = tempfile::tempdir().unwrap();
-    let (url, cleanup) = readme_database(&pg, &readme, work.path());
+    let (url, cleanup) = book_database(&pg, &docs, work.path());
     let ports = free_ports();
     let example = substituted(
-        &block(&readme, "cluster"),
+        &block(&docs, "cluster"),
         &[
             ("postgres://latch:change-me@127.0.0.1/latch", &url),
             ("127.0.0.1:808", &format!("127.0.0.1:{ports}")),
@@ -326,7 +324,7 @@ async fn the_readmes_cluster_example_starts_three_nodes_sharing_one_key() {
         .collect();
     let cluster = eventually(
         60,
-        "the README's three nodes share the partitions",
+        "the example's three nodes share the partitions",
         || async {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             let out = Command::new("bash")

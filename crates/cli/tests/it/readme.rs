@@ -1,6 +1,7 @@
-//! Issue #49: the README's shell examples, run as a reader runs them and compared with what
-//! the README says they print. A block marked `<!-- test: NAME -->` is taken from the README
-//! itself, so an example that stops being true fails here.
+//! Issue #49: the shell examples of the README and of the book (`docs/`), run as a reader
+//! runs them and compared with what the page says they print. A block marked
+//! `<!-- test: NAME -->` is taken from the page itself, so an example that stops being true
+//! fails here; a marker names one block in the README and the book together.
 //!
 //! In a block, each command (a line, continued by a trailing `\`) may be followed by its
 //! answer, `# → …` and lines `#    …` continuing it: JSON, cut down to the fields that
@@ -23,20 +24,64 @@ use sha2::Sha256;
 
 use crate::utils::{Process, database_url, eventually, service_missing};
 
-/// The README at the root of the repository.
-pub fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+/// The README at the root of the repository, then every page of the book under
+/// `docs/src/` (sorted by path; the generated `docs/src/reference/` left out): the text
+/// the marked blocks and the facts are looked for in.
+pub fn docs_text() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut pages = vec![root.join("README.md")];
+    let src = root.join("docs/src");
+    let mut book = Vec::new();
+    book_pages(&src, &src.join("reference"), &mut book);
+    book.sort();
+    assert!(!book.is_empty(), "no pages under {}", src.display());
+    pages.extend(book);
+    let mut text = String::new();
+    for path in pages {
+        let page =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.push_str(&page);
+        text.push('\n');
+    }
+    text
+}
+
+/// The `.md` files under `dir`, but those under `skip`.
+fn book_pages(dir: &Path, skip: &Path, out: &mut Vec<std::path::PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path == skip {
+            continue;
+        }
+        if path.is_dir() {
+            book_pages(&path, skip, out);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            out.push(path);
+        }
+    }
+}
+
+/// The names of the marked blocks (a marker on a line of its own), in the order they
+/// appear.
+pub fn markers(text: &str) -> Vec<String> {
+    let re = regex::Regex::new(r"(?m)^\s*<!-- test: (.+?) -->\s*$").unwrap();
+    re.captures_iter(text).map(|m| m[1].to_string()).collect()
 }
 
 /// The fenced block after `<!-- test: NAME -->`, its lines as a reader copies them (a
 /// block in a list item is indented; the indent is not part of it).
-pub fn block(readme: &str, name: &str) -> String {
+pub fn block(text: &str, name: &str) -> String {
     let marker = format!("<!-- test: {name} -->");
-    let at = readme
+    let at = text
         .find(&marker)
-        .unwrap_or_else(|| panic!("no `{marker}` in the README"));
-    let mut lines = readme[at + marker.len()..]
+        .unwrap_or_else(|| panic!("no `{marker}` in the README or the book"));
+    assert_eq!(
+        text.matches(&marker).count(),
+        1,
+        "`{marker}` marks more than one block"
+    );
+    let mut lines = text[at + marker.len()..]
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("```"));
     let fence = lines.next().expect("a fenced block after the marker");
@@ -52,7 +97,7 @@ pub fn block(readme: &str, name: &str) -> String {
     panic!("`{marker}`: the block is not closed");
 }
 
-/// One command of a block and what the README says it prints.
+/// One command of a block and what the page says it prints.
 #[derive(Debug)]
 pub struct Step {
     pub command: String,
@@ -115,7 +160,7 @@ pub fn matches(expected: &Value, actual: &Value, at: &str) -> Result<(), String>
                 .ok_or_else(|| format!("{at}: {a:?} is not {e:?}"))
         }
         (e, a) if e == a => Ok(()),
-        (e, a) => Err(format!("{at}: {a} where the README shows {e}")),
+        (e, a) => Err(format!("{at}: {a} where the page shows {e}")),
     }
 }
 
@@ -184,14 +229,14 @@ pub fn run_steps(steps: &[Step]) -> HashMap<String, String> {
             None => {
                 assert!(
                     stdout.trim().is_empty(),
-                    "`{}` printed {stdout:?}; the README shows nothing",
+                    "`{}` printed {stdout:?}; the page shows nothing",
                     step.command
                 );
                 last = None;
             }
             Some(expect) => {
                 let (want, want_status) =
-                    answer(expect).unwrap_or_else(|e| panic!("the README's answer: {e}"));
+                    answer(expect).unwrap_or_else(|e| panic!("the page's answer: {e}"));
                 let (got, got_status) =
                     answer(&stdout).unwrap_or_else(|e| panic!("`{}` printed {e}", step.command));
                 if let Err(e) = matches(&want, &got, "answer") {
@@ -347,8 +392,10 @@ fn check_hook(shown: &ShownHook, got: &Hook, secret: &str) -> Result<(), String>
     Ok(())
 }
 
-/// "A walk through the API", against a fresh `latch serve` started as Quick start says
-/// (loopback webhooks let through) and a receiver in the README's place on port 9000.
+/// The README's five minutes with latch, against a fresh `latch serve` started as Quick
+/// start says (loopback webhooks let through) and a receiver in the README's place on port
+/// 9000: a sensor, a client, a change and its webhook; then a lost sensor and a dark
+/// building; then the book's maintenance window on the same latch.
 #[tokio::test]
 async fn the_walk_through_prints_what_the_readme_shows_and_sends_its_webhook() {
     if !shell_ready() {
@@ -358,9 +405,9 @@ async fn the_walk_through_prints_what_the_readme_shows_and_sends_its_webhook() {
     let dir = tempfile::tempdir().unwrap();
     let latch = Process::start(dir.path(), database_url(dir.path()).await);
     latch.ready(&reqwest::Client::new()).await;
-    let readme = readme();
+    let text = docs_text();
     let listen = latch.base.trim_start_matches("http://");
-    let walk = block(&readme, "walk-through")
+    let walk = block(&text, "walk-through")
         .replace("127.0.0.1:8080", listen)
         .replace("127.0.0.1:9000", &hooks.addr);
     let steps = steps(&walk);
@@ -382,7 +429,7 @@ async fn the_walk_through_prints_what_the_readme_shows_and_sends_its_webhook() {
         .await
         .unwrap();
     let secret = answer["secret"].as_str().expect("the secret").to_string();
-    let shown = shown_hook(&block(&readme, "walk-through webhook"));
+    let shown = shown_hook(&block(&text, "walk-through webhook"));
     let last = eventually(30, "the webhook the README shows", || async {
         hooks
             .got()
@@ -402,24 +449,71 @@ async fn the_walk_through_prints_what_the_readme_shows_and_sends_its_webhook() {
         );
     }
 
-    // Then the building and its maintenance window, on the same latch.
-    let sites = block(&readme, "walk-through sites").replace("127.0.0.1:8080", listen);
-    let mut sites = self::steps(&sites);
-    assert!(
-        sites.len() >= 8,
-        "the sites walk-through's commands: {sites:?}"
-    );
-    let base = latch.base.clone();
-    sites.insert(
-        0,
-        Step {
-            command: format!("B={base}"),
-            expect: None,
-        },
-    );
-    tokio::task::spawn_blocking(move || run_steps(&sites))
+    // Then a lost sensor and a dark building, on the same latch, with the walk's `B` and
+    // `CLIENT` as the reader has them.
+    let carried = [("B", latch.base.clone()), ("CLIENT", client.clone())];
+    let dark = continued(&text, "walk-through dark", listen, &carried);
+    assert!(dark.len() >= 10, "the dark building's commands: {dark:?}");
+    tokio::task::spawn_blocking(move || run_steps(&dark))
         .await
         .unwrap();
+    let site_lost = eventually(10, "the site's loss at the receiver", || async {
+        hooks.got().into_iter().find_map(|h| {
+            let body: Value = serde_json::from_slice(&h.body).ok()?;
+            (body["type"] == "site.connection_lost").then_some(body)
+        })
+    })
+    .await;
+    assert_eq!(site_lost["site"]["id"], "bldg-7", "{site_lost}");
+
+    // Then the book's maintenance window, on that building.
+    let window = continued(&text, "maintenance window", listen, &carried);
+    assert!(
+        window.len() >= 8,
+        "the maintenance window's commands: {window:?}"
+    );
+    tokio::task::spawn_blocking(move || run_steps(&window))
+        .await
+        .unwrap();
+}
+
+/// The steps of the block `name`, which goes on from the walk-through: its address made
+/// `listen`, and the variables it uses from the walk (`carried`) set first.
+fn continued(text: &str, name: &str, listen: &str, carried: &[(&str, String)]) -> Vec<Step> {
+    let block = block(text, name).replace("127.0.0.1:8080", listen);
+    let mut steps: Vec<Step> = carried
+        .iter()
+        .map(|(k, v)| Step {
+            command: format!("{k}={v}"),
+            expect: None,
+        })
+        .collect();
+    steps.extend(self::steps(&block));
+    steps
+}
+
+/// Every marked block is one a test runs: the walk's here, PostgreSQL's in `pg_ops.rs`.
+#[test]
+fn every_marked_block_is_run_by_a_test() {
+    let run = [
+        "walk-through",
+        "walk-through webhook",
+        "walk-through dark",
+        "maintenance window",
+        "postgres setup",
+        "cluster",
+        "postgres restore",
+        "postgres schema restore",
+    ];
+    let text = docs_text();
+    let mut found = markers(&text);
+    for name in &found {
+        block(&text, name);
+    }
+    found.sort();
+    let mut run: Vec<String> = run.iter().map(|s| s.to_string()).collect();
+    run.sort();
+    assert_eq!(found, run, "the marked blocks of the README and the book");
 }
 
 #[test]
