@@ -145,7 +145,7 @@ async fn a_backup_under_load_restores_every_acknowledged_reading_and_its_pending
     assert!(!ok, "restore over a running latch must be refused: {out}");
     assert!(out.contains("in use"), "{out}");
 
-    // The backup holds no key (README, Backup and restore): restored without it, the store
+    // The backup holds no key (the book's Backup and restore): restored without it, the store
     // could not start, so the restore is refused, saying which key it needs (#69).
     let key = key_id(&s.dir.join("secret.key"));
     let restored = tempfile::tempdir().unwrap();

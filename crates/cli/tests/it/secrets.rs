@@ -199,7 +199,7 @@ async fn call(
 /// signed with its client's secret and carrying its headers, none fails; afterwards every
 /// secret is sealed under the last key. On SQLite the key file gets the new keys; on
 /// PostgreSQL (`TEST_STORE=postgres`) the nodes are given the new key first
-/// (`LATCH_SECRET_KEY=new,old`), as the README says.
+/// (`LATCH_SECRET_KEY=new,old`), as the book's Secrets at rest says.
 #[tokio::test]
 async fn key_rotation_under_load_loses_no_delivery() {
     let tmp = tempfile::tempdir().unwrap();
