@@ -48,10 +48,17 @@ fn quick_start_line_references_name_the_line_that_lets_loopback_through() {
 async fn the_heartbeat_timeout_bounds_the_pages_give_are_the_api_s() {
     let text = docs_text();
     let re = regex::Regex::new(r"`heartbeat_timeout_s` is (\d+) to (\d+)").unwrap();
-    let m = re
-        .captures(&text)
+    let given: Vec<(u64, u64)> = re
+        .captures_iter(&text)
+        .map(|m| (m[1].parse().unwrap(), m[2].parse().unwrap()))
+        .collect();
+    let (lo, hi) = *given
+        .first()
         .expect("the pages give heartbeat_timeout_s's bounds");
-    let (lo, hi): (u64, u64) = (m[1].parse().unwrap(), m[2].parse().unwrap());
+    assert!(
+        given.iter().all(|g| *g == (lo, hi)),
+        "the pages give heartbeat_timeout_s's bounds one way: {given:?}"
+    );
     let s = TestServer::start().await;
     for (t, taken) in [(lo, true), (hi, true), (lo - 1, false), (hi + 1, false)] {
         let body = json!({"id": unique("hb"), "address": "x", "heartbeat_timeout_s": t});
