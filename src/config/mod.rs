@@ -14,9 +14,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+mod bounds;
 mod declared;
+mod described;
 mod show;
 mod values;
+pub use bounds::{BOUNDS, Bound, bound_of};
+pub use described::{Described, described};
 pub use show::show;
 pub use values::{RateLimit, parse_duration};
 use values::{
@@ -219,63 +223,7 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        let positive = [
-            ("heartbeat_timeout", self.heartbeat_timeout),
-            ("retry_base", self.retry_base),
-            ("retry_max_delay", self.retry_max_delay),
-            ("delivery_timeout", self.delivery_timeout),
-            ("clickhouse_flush", self.clickhouse_flush),
-            ("database_timeout", self.database_timeout),
-            ("endpoint_disable_after", self.endpoint_disable_after),
-        ];
-        for (key, d) in positive {
-            if d.is_zero() {
-                bail!("invalid setting `{key}`: must be longer than zero");
-            }
-        }
-        let counts = [
-            ("retry_max_attempts", self.retry_max_attempts, 1, 1000),
-            (
-                "delivery_concurrency",
-                self.delivery_concurrency,
-                1,
-                100_000,
-            ),
-            (
-                "delivery_client_concurrency",
-                self.delivery_client_concurrency,
-                1,
-                100_000,
-            ),
-            ("engine_shards", self.engine_shards, 1, 256),
-            ("engine_batch_max", self.engine_batch_max, 1, 1_000_000),
-            ("site_min_sensors", self.site_min_sensors, 1, 1_000_000),
-        ];
-        for (key, v, lo, hi) in counts {
-            if !(lo..=hi).contains(&v) {
-                bail!("invalid setting `{key}`: {v} is not between {lo} and {hi}");
-            }
-        }
-        if let Some(r) = self.lost_reminder
-            && r < Duration::from_secs(1)
-        {
-            bail!("invalid setting `lost_reminder`: must be at least 1s");
-        }
-        if self.debounce > MAX_DEBOUNCE {
-            bail!(
-                "invalid setting `debounce`: must be at most {}s",
-                MAX_DEBOUNCE.as_secs()
-            );
-        }
-        if !(self.site_down_ratio > 0.0 && self.site_down_ratio <= 1.0) {
-            bail!(
-                "invalid setting `site_down_ratio`: {} is not above 0 and at most 1",
-                self.site_down_ratio
-            );
-        }
-        if self.site_grace > Duration::from_secs(3600) {
-            bail!("invalid setting `site_grace`: must be at most 1h");
-        }
+        self.check_bounds().map_err(anyhow::Error::msg)?;
         if self.retry_policy == RetryPolicyKind::Fixed && self.retry_fixed.is_empty() {
             bail!("invalid setting `retry_fixed`: the fixed policy needs at least one delay");
         }
@@ -374,17 +322,6 @@ impl Config {
                  embedded SQLite store is one node",
                 set.join("`, `")
             );
-        }
-        if let Some(p) = self.cluster_partitions {
-            let max = crate::domain::partition::MAX_PARTITIONS;
-            if !(1..=max).contains(&p) {
-                bail!("invalid setting `cluster_partitions`: {p} is not between 1 and {max}");
-            }
-        }
-        if let Some(l) = self.cluster_lease
-            && l < Duration::from_secs(1)
-        {
-            bail!("invalid setting `cluster_lease`: must be at least 1s");
         }
         if let Some(a) = &self.node_advertise {
             let ok = reqwest::Url::parse(a)
