@@ -6,6 +6,7 @@
 //! every `/v1` request needs the bootstrap token (admin) or a token from `/v1/tokens`,
 //! whose scopes must allow it. Health, readiness, metrics and the document stay open.
 
+pub mod book;
 pub mod clients;
 pub mod cluster;
 pub mod contract;
@@ -22,6 +23,7 @@ mod peers;
 pub mod query;
 pub mod rates;
 pub mod readings;
+pub mod reference;
 pub mod receivers;
 pub mod sensors;
 pub mod silences;
@@ -160,6 +162,7 @@ pub fn router(state: AppState) -> Router {
             cluster::internal().layer(middleware::from_fn_with_state(state.clone(), peers::admit)),
         )
         .merge(ui::router())
+        .merge(book::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -367,3 +367,70 @@ async fn the_console_is_served_from_the_binary() {
     assert_eq!(r.status().as_u16(), 404);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn the_book_is_served_from_the_binary_beside_the_console_without_a_token() {
+    // A token is required for the API; the book, like the console's files, is open.
+    let s = TestServer::start_with(|c| c.api_token = Some("book-token".into())).await;
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = plain.get(format!("{}/docs", s.base)).send().await.unwrap();
+    assert_eq!(r.headers()["location"], "/docs/");
+    for (path, media, needle) in [
+        ("/docs/", "text/html", "<nav>"),
+        (
+            "/docs/reference/settings.html",
+            "text/html",
+            "<h2 id=\"heartbeat_timeout\">",
+        ),
+        (
+            "/docs/reference/events.html",
+            "text/html",
+            "sensor.connection_lost",
+        ),
+        (
+            "/docs/find.html",
+            "text/html",
+            "settings.html#heartbeat_timeout",
+        ),
+    ] {
+        let r = plain.get(format!("{}{path}", s.base)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with(media), "{path}: {ct}");
+        assert!(
+            r.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .starts_with("default-src 'none'"),
+            "{path}"
+        );
+        let text = r.text().await.unwrap();
+        assert!(text.contains(needle), "{path}: no {needle} in\n{text}");
+    }
+    let r = plain
+        .get(format!("{}/docs/images/console-fleet.png", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["content-type"], "image/png");
+    assert!(r.bytes().await.unwrap().starts_with(b"\x89PNG"));
+    for missing in ["/docs/nothing.html", "/docs/../Cargo.toml"] {
+        let r = plain
+            .get(format!("{}{missing}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{missing}");
+    }
+    let r = plain
+        .get(format!("{}/v1/sensors", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "the API still wants its token");
+    s.stop().await;
+}

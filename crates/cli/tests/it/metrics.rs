@@ -1,5 +1,5 @@
 //! `/metrics` of a fresh latch: every family is there at the first scrape, before anything
-//! happened, and the README lists exactly the families the code records.
+//! happened, and the book's metrics reference lists exactly the families the code records.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::utils::Process;
 use crate::utils::{database_url, unique};
 
-/// The families of the README's Metrics list: every family latch records.
+/// Every family latch records.
 fn families() -> BTreeSet<String> {
     latch::telemetry::families::ALL
         .iter()
@@ -51,17 +51,15 @@ fn naming_families(dir: &Path, out: &mut Vec<String>) {
 }
 
 #[test]
-fn the_readme_lists_exactly_the_families_the_code_records() {
+fn the_book_lists_exactly_the_families_the_code_records() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let start = readme
-        .find("- **Metrics**")
-        .expect("a Metrics item in the README");
-    let len = readme[start + 1..]
-        .find("\n- **")
-        .unwrap_or(readme.len() - start - 1);
-    let listed = names(&readme[start..start + 1 + len]);
-    assert_eq!(listed, families(), "the README's Metrics list");
+    let page = std::fs::read_to_string(root.join("docs/src/reference/metrics.md")).unwrap();
+    let rows: String = page
+        .lines()
+        .filter(|l| l.starts_with("| `latch_"))
+        .map(|l| l.split('|').nth(1).unwrap())
+        .collect();
+    assert_eq!(names(&rows), families(), "the book's metrics reference");
     let mut elsewhere = Vec::new();
     naming_families(&root.join("src"), &mut elsewhere);
     assert!(
