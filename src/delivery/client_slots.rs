@@ -1,6 +1,6 @@
 //! A client's request slots on this node: up to its share of requests in flight while its
 //! endpoint answers, and one at a time once an attempt got no answer, until one is
-//! answered again (README, "Clients are isolated").
+//! answered again (book, "Clients are isolated").
 //!
 //! Admission already claims one head at a time for such a client, but heads claimed
 //! ahead before the first timeout still wait for the client's slots: without this, two

@@ -1,6 +1,6 @@
 //! Every metric family latch records, named and described once. Call sites take a handle
 //! from a family (`families::COMMIT_FAILURES.counter().increment(1)`), never a string, so
-//! a name lives in one place and the README's list is checked against [`ALL`].
+//! a name lives in one place, and the book's metrics reference is generated from [`ALL`].
 //!
 //! Label values are `&'static str`: every label latch uses has a closed set of values
 //! (sources, reasons, outcomes, statuses, call names), and static parts cost no
@@ -107,7 +107,7 @@ macro_rules! families {
                 labels: &[$($label),*],
             };
         )*
-        /// Every family, in the README's order.
+        /// Every family, in the metrics reference's order.
         pub const ALL: &[&Family] = &[$(&$id),*];
     };
 }

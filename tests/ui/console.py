@@ -28,7 +28,7 @@ the second node owns.
 
 latch must run with short retries (scripts/ui sets them) so a failing notification
 becomes a dead letter within seconds. Environment: LATCH_URL (required), CHROMIUM
-(default /usr/bin/chromium), SCREENSHOTS (default docs).
+(default /usr/bin/chromium), SCREENSHOTS (default docs/src/images).
 
 With LATCH_TOKEN set, latch runs with that API token, and the script checks instead that
 the console asks for it once: a wrong one is asked again, the right one is kept for the
@@ -50,7 +50,7 @@ from playwright.sync_api import expect, sync_playwright
 
 BASE = os.environ["LATCH_URL"].rstrip("/")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SHOTS = os.environ.get("SCREENSHOTS", "docs")
+SHOTS = os.environ.get("SCREENSHOTS", "docs/src/images")
 WAIT_MS = 20_000
 
 

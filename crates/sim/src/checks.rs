@@ -1,4 +1,4 @@
-//! The README's guarantees as checks over what the store holds and what the endpoints saw.
+//! The book's guarantees as checks over what the store holds and what the endpoints saw.
 //! The lane promises are checked by the endpoints as each request arrives
 //! ([`crate::receivers`]); these are checked after every step ([`during`]) and once the run
 //! has healed and settled ([`at_end`]).
@@ -32,7 +32,7 @@ pub struct Bounds {
     pub reminder: Option<Millis>,
     /// A healthy client's notification is settled within this long in quiet time.
     pub isolation: Millis,
-    /// How late a lost may come after its deadline in quiet time (README: a second).
+    /// How late a lost may come after its deadline in quiet time (book: a second).
     pub lost_slack: Millis,
     /// The claim lease: what a killed node's attempts hold their lanes for.
     pub claim_lease: Millis,
@@ -53,7 +53,7 @@ pub fn during(world: &World, model: &ModelStore, reported: &mut usize) {
     applied_once(world, model);
 }
 
-/// Every notification ends once, in one final status (README, Testing: after every step):
+/// Every notification ends once, in one final status (book, Testing: after every step):
 /// changes out of a final status, as the store's audit caught them. `reported`: how many of
 /// them earlier steps reported.
 fn ends_once(world: &World, model: &ModelStore, reported: &mut usize) {
@@ -68,7 +68,7 @@ fn ends_once(world: &World, model: &ModelStore, reported: &mut usize) {
     *reported = found.len();
 }
 
-/// README, "Nothing is applied twice": a request sent again with its key applies none of
+/// book, "Nothing is applied twice": a request sent again with its key applies none of
 /// its readings a second time.
 fn applied_once(world: &World, model: &ModelStore) {
     model.read(|t| {

@@ -6,7 +6,7 @@
 //! the cluster's lease rounds and partition moves) against a model of the store
 //! ([`model`], held to the store conformance suite) and simulated endpoints
 //! ([`receivers`]). The seed draws the workload and the faults ([`workload`]); the
-//! README's guarantees are checked as each request arrives, after every step and once the
+//! book's guarantees are checked as each request arrives, after every step and once the
 //! run has healed ([`checks`]). The same seed gives the same trace: its hash is part of
 //! the outcome, and a failure prints the seed, the command that replays it and the trace
 //! about what failed.
@@ -138,7 +138,7 @@ impl Outcome {
 /// Runs one seed to its end, on a runtime of its own.
 ///
 /// Nothing of a run outlives it: `latch-sim` plays many seeds in one process, and a run
-/// that kept its world (its model, trace, nodes: about 1 MB) made the README's
+/// that kept its world (its model, trace, nodes: about 1 MB) made the book's
 /// 100,000 seeds need 100 GB. Every piece of a run holds its [`World`], so a world still
 /// held once the runtime is gone (its tasks dropped) is a violation of its own.
 pub fn run(seed: u64, opts: &Options) -> Outcome {
@@ -442,7 +442,7 @@ fn rate_limited_pending(model: &ModelStore) -> usize {
 
 /// Faults stop: endpoints answer, the store works, links are up, every node runs again,
 /// disabled clients are enabled and dead letters replayed; the sensors keep reporting
-/// (without changes) while everything pending settles, up to the bound the README gives:
+/// (without changes) while everything pending settles, up to the bound the book gives:
 /// what a killed node leased waits out its lease, a retry its delay. Returns when every
 /// node ran again: faults stopped then.
 /// When the last silence's end is reconciled (`silence::settle_ms` after it): what it kept

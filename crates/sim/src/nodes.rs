@@ -326,7 +326,7 @@ impl Nodes {
         self.stopping.lock().unwrap().push(task);
     }
 
-    /// A stop gives back what it holds (README, Guarantees): once its process exits, no
+    /// A stop gives back what it holds (book, Guarantees): once its process exits, no
     /// pending notification is still leased to it, whatever its receivers took — each
     /// attempt still out when the grace ran out was cut off and recorded, which released
     /// its lease. Unless the store kept it from writing within a claim lease before: a

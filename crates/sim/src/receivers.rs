@@ -40,7 +40,7 @@ pub enum Mode {
     Cut,
 }
 
-/// The README's promise for an endpoint that does not answer.
+/// The book's promise for an endpoint that does not answer.
 const ONE_AT_A_TIME: &str =
     "a client whose last attempt got no answer is sent one request at a time";
 
@@ -74,7 +74,7 @@ struct Seen {
     /// Per node, clients whose last request from it ended without an answer.
     unanswered: BTreeSet<(String, String)>,
     /// Per notification, how its last request ended without a 2xx: what its next attempt
-    /// waits for (README: Retries). Taken out as a request begins, so a request that never
+    /// waits for (book: Retries). Taken out as a request begins, so a request that never
     /// ended here (its node died, a stop cut it off) leaves nothing to judge the next by.
     failed: BTreeMap<String, Unsent>,
     /// When each client was last enabled: its pending notifications go at once then.
@@ -243,7 +243,7 @@ impl Receivers {
                 ));
             }
             // A notification answered 2xx before comes again after a process died before
-            // its outcome was written (README: it goes again, same `webhook-id`): a
+            // its outcome was written (book: it goes again, same `webhook-id`): a
             // duplicate the receiver drops by that id, not an older state after a newer.
             if !seen.replayed.contains(&n.id)
                 && !seen.answered_ok.contains_key(&n.id)
@@ -348,7 +348,7 @@ impl Receivers {
     }
 
     /// Judges an attempt of `n` beginning `now` against how its last request ended
-    /// (README: Retries): after a `410 Gone` no attempt follows; after a 429 the next waits
+    /// (book: Retries): after a `410 Gone` no attempt follows; after a 429 the next waits
     /// its `Retry-After` (within `retry_max_delay`); after any other failure it waits the
     /// policy's delay for its attempt number, less the 10 % jitter; and no notification is
     /// tried more than `retry_max_attempts` times. A notification replayed starts over; one

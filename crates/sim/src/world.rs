@@ -26,7 +26,7 @@ pub enum Life {
     Dead,
 }
 
-/// A violation of one of the README's guarantees.
+/// A violation of one of the book's guarantees.
 #[derive(Debug, Clone)]
 pub struct Violation {
     pub at: Millis,

@@ -1,7 +1,7 @@
 //! A sensor that leaves its site (moved to another site or to none, deleted, or its site
 //! deleted) while the site holds events of it or its loss named it: what the site still
 //! owes the sensor's clients, so that each learns what it was not told yet, in order, once,
-//! by the rules of where the sensor is now (README: Sites).
+//! by the rules of where the sensor is now (book: Sites).
 //!
 //! Held events are kept per sensor, not per client: while a site is down, the clients its
 //! loss told of a sensor are owed every event held of it (the site's return would have

@@ -1,5 +1,5 @@
 //! A site's loss a silence kept from a client, told at the silence's end while the site is
-//! still down (README: Silences): one `site.connection_lost` naming the client's sensors
+//! still down (book: Silences): one `site.connection_lost` naming the client's sensors
 //! its loss named and still lost — a building of 200 doors pages once, not 200 times — and
 //! the site's return then goes to that client too.
 

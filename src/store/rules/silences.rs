@@ -250,7 +250,7 @@ async fn bring_up_to_date<T: SilenceTables>(
     let made = t.insert_one(client, &e, now).await?;
     if kind == EventKind::StateChanged {
         // A newer state, as a commit's: the lane's older pending states no attempt holds
-        // are superseded (README: Supersede).
+        // are superseded (book: Supersede).
         let newer = Newer {
             sensor,
             client: Some(client),

@@ -1,5 +1,5 @@
 //! The supersede rule's statement (`rules::commit::CommitTables::supersede`), which a
-//! commit and a silence's end both apply (README: Supersede).
+//! commit and a silence's end both apply (book: Supersede).
 
 use rusqlite::{Transaction, params};
 

@@ -1,11 +1,11 @@
-//! Registry at send time for deleted clients and unlinked sensors (README: Registry at
+//! Registry at send time for deleted clients and unlinked sensors (book: Registry at
 //! send time): checked as each request arrives.
 
 use latch::domain::{Millis, Notification};
 
 use crate::model::Tables;
 
-/// A deleted client gets nothing more (README, Guarantees: registry at send time): a
+/// A deleted client gets nothing more (book, Guarantees: registry at send time): a
 /// request that starts after its client's deletion committed holds only notifications a
 /// claim leased before it, sent within that lease (one already on its way: it waited for
 /// its client's request slot, or its process was frozen). None made before the deletion
@@ -38,7 +38,7 @@ pub fn sent_to_deleted(
     ))
 }
 
-/// Registry at send time (README): a client unlinked from a sensor gets nothing more of it.
+/// Registry at send time (book): a client unlinked from a sensor gets nothing more of it.
 /// The claim that leased `n` (the last before `now`) read the link: it must have been
 /// there then. (A deleted client is [`sent_to_deleted`]'s.)
 pub fn sent_unlinked(t: &Tables, n: &Notification, now: Millis) -> Option<(&'static str, String)> {

@@ -1,4 +1,4 @@
-//! Delivery once the run has healed and settled (README: What latch guarantees, Testing):
+//! Delivery once the run has healed and settled (book: What latch guarantees, Testing):
 //! nothing left pending, an attempt answered 2xx recorded delivered, every linked lane's
 //! newest state delivered and soon, and a healthy client not held up by another's endpoint.
 
@@ -12,7 +12,7 @@ use crate::model::{Tables, Trail};
 use crate::receivers::lane_key;
 use crate::world::World;
 
-/// Nothing pending is left once everything healed: progress (README, Testing: once the run
+/// Nothing pending is left once everything healed: progress (book, Testing: once the run
 /// has healed, every lane's last state delivered; Crash safety: every pending notification
 /// is delivered).
 pub(super) fn nothing_pending(world: &World, t: &Tables, trails: &[&Trail], start: Millis) {
@@ -38,7 +38,7 @@ pub(super) fn nothing_pending(world: &World, t: &Tables, trails: &[&Trail], star
     }
 }
 
-/// An attempt answered 2xx is recorded delivered (README, Testing: "a 2xx is recorded
+/// An attempt answered 2xx is recorded delivered (book, Testing: "a 2xx is recorded
 /// delivered"), unless its process died or froze before it could say so. `answered`: each
 /// notification an endpoint answered 2xx, when and through which process's life.
 pub(super) fn answered_is_delivered(
@@ -78,8 +78,8 @@ pub(super) fn answered_is_delivered(
 }
 
 /// Every linked lane's newest state made since its link is delivered once faults stop
-/// (README, Testing: every lane's last state delivered), and soon: within the claim lease
-/// and 5 s of the faults' end (README: what a killed node leased waits out its lease;
+/// (book, Testing: every lane's last state delivered), and soon: within the claim lease
+/// and 5 s of the faults' end (book: what a killed node leased waits out its lease;
 /// anything else goes within seconds), for a client without a rate limit (a limit spreads
 /// its backlog over time by design) and a state not failed and replayed since.
 pub(super) fn newest_delivered(
@@ -156,7 +156,7 @@ pub(super) fn newest_delivered(
     }
 }
 
-/// Isolation (README: Clients are isolated): a healthy client is not held up by another
+/// Isolation (book: Clients are isolated): a healthy client is not held up by another
 /// client's endpoint; its notifications settle promptly in quiet time.
 pub(super) fn isolation(
     world: &World,

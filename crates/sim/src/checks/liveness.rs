@@ -1,4 +1,4 @@
-//! Liveness (README: Liveness): lost exactly at the timeout, restored only after lost,
+//! Liveness (book: Liveness): lost exactly at the timeout, restored only after lost,
 //! reminders on their interval, and the broker link's outages not taken for the sensors'.
 
 use std::collections::BTreeMap;

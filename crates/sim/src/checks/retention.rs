@@ -1,4 +1,4 @@
-//! Retention (README, Testing: after each retention round): it deletes only what is past
+//! Retention (book, Testing: after each retention round): it deletes only what is past
 //! its time and no lane still needs, and keeps the history within its window.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,7 +12,7 @@ use crate::model::{ModelStore, Tables, Trail};
 use crate::receivers::lane_key;
 use crate::world::World;
 
-/// After a retention round whose cut-offs are `keep`, made from `from` to `to` (README,
+/// After a retention round whose cut-offs are `keep`, made from `from` to `to` (book,
 /// Retention; Testing: after each retention round): `notifications_deleted` and
 /// `history_kept`.
 pub fn retention(
@@ -29,7 +29,7 @@ pub fn retention(
     });
 }
 
-/// Retention deletes only what is past its time and keeps what a lane still needs (README,
+/// Retention deletes only what is past its time and keeps what a lane still needs (book,
 /// Retention: a notification's age is its last change, pending ones are never deleted, nor
 /// a delivered state while an older state of its lane still waits): what a round made from
 /// `from` to `to` deleted was finished and last changed before its cut-off, and no lane
@@ -109,7 +109,7 @@ fn notifications_deleted(world: &World, t: &Tables, keep: Retention, from: Milli
     }
 }
 
-/// Retention keeps the history within its window (README, Retention: readings and sensor
+/// Retention keeps the history within its window (book, Retention: readings and sensor
 /// events older than `LATCH_RETENTION_READINGS` are deleted): every reading and event a
 /// round's cut-off keeps is still stored, but a deleted sensor's.
 fn history_kept(world: &World, t: &Tables, log: &Log, keep: Retention) {

@@ -1,4 +1,4 @@
-//! Sites and silences as each client saw them (README: Sites, Silences).
+//! Sites and silences as each client saw them (book: Sites, Silences).
 
 use std::collections::BTreeMap;
 
@@ -9,7 +9,7 @@ use crate::log::{Log, SimClient};
 use crate::receivers::lane_key;
 use crate::world::World;
 
-/// Silences and the site (README: Sites, Silences): a silenced notification was made
+/// Silences and the site (book: Sites, Silences): a silenced notification was made
 /// under an active silence that matches it and is never sent; a site's events alternate,
 /// lost then restored, per client; each names only the site's sensors; and while a site
 /// event has told a client that a sensor is lost, that client gets no loss of it of its
@@ -202,7 +202,7 @@ pub(super) fn sites_and_silences(
     }
 }
 
-/// A site holds its sensors' own connection events only for its decision (README: Sites):
+/// A site holds its sensors' own connection events only for its decision (book: Sites):
 /// one that reaches a client as its own is made within the grace and a round of the event,
 /// in quiet time, by a client that kept its subscription and link meanwhile, whether the
 /// site stays up, is down, or comes back.

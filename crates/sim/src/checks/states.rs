@@ -1,4 +1,4 @@
-//! A sensor's states and losses as committed (README: A repeated value notifies nobody,
+//! A sensor's states and losses as committed (book: A repeated value notifies nobody,
 //! Late readings, Supersede, Debounce, Liveness): no loss declared within a stop, states
 //! that change, newer states cancelling older pending ones, and debounced changes held
 //! for their window.
@@ -11,7 +11,7 @@ use crate::log::Log;
 use crate::model::{Tables, Trail};
 use crate::world::World;
 
-/// Downtime begins with a stop (README, Liveness): once a node's SIGTERM came, that node
+/// Downtime begins with a stop (book, Liveness): once a node's SIGTERM came, that node
 /// declares no sensor lost for a deadline after it, until its process ends. (Other nodes
 /// may: they still take readings. So may the node's next process, which takes its
 /// partitions over and judges their deadlines as they were: a commit that began after
@@ -42,7 +42,7 @@ pub(super) fn not_lost_in_a_stop(world: &World, t: &Tables, log: &Log, start: Mi
     }
 }
 
-/// A repeated value notifies nobody, and a late reading changes no state (README): per
+/// A repeated value notifies nobody, and a late reading changes no state (book): per
 /// sensor, its committed `state_changed` events alternate their data, each names the one
 /// before as its `previous`, and none is dated before the one before it.
 pub(super) fn states_change(world: &World, t: &Tables, log: &Log, start: Millis) {
@@ -86,7 +86,7 @@ pub(super) fn states_change(world: &World, t: &Tables, log: &Log, start: Millis)
     }
 }
 
-/// Supersede (README): a newer state cancels the older pending state notifications of its
+/// Supersede (book): a newer state cancels the older pending state notifications of its
 /// lane; one already in flight (leased) finishes first. So the claim that leased an older
 /// state for the attempt that delivered it found no newer state of its lane waiting (made
 /// before that claim, not ended by it; the same millisecond is left out either way) —
@@ -134,7 +134,7 @@ pub(super) fn superseded(world: &World, trails: &[&Trail], start: Millis) {
     }
 }
 
-/// Debounce (README): a debounced sensor's new state is notified only once it has held for
+/// Debounce (book): a debounced sensor's new state is notified only once it has held for
 /// its window. Per `state_changed` of such a sensor, among the readings of it committed
 /// before (in the order applied, late ones left out; its own commit's, see below): the
 /// change began with the first reading of the new value after the last of the other

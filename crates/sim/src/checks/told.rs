@@ -1,5 +1,5 @@
 //! What each client is told of a sensor's connection, its own events and its sites' taken
-//! together (README: Sites, Silences): a return only after a loss, a reminder only while
+//! together (book: Sites, Silences): a return only after a loss, a reminder only while
 //! lost. A site's decision that lost a held loss (a sensor moved or its site deleted in
 //! the grace, issue #68) leaves a client told of a return it never heard the loss of.
 

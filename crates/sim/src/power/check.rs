@@ -140,7 +140,7 @@ pub async fn check(
                 }
             } else if there.is_some() && sync == Synchronous::Full {
                 // With `normal`, the archive may have moved the readings of a commit that
-                // `latch.db` then lost: they stay listed (README, Configuration).
+                // `latch.db` then lost: they stay listed (book: settings reference).
                 return Err(format!(
                     "reading {} at {} of commit {n} is there, though commit {} after it is not: not a prefix",
                     r.sensor_id,

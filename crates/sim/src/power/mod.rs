@@ -18,7 +18,7 @@
 //!   what a retention round already begun may have deleted is missing);
 //! - each sensor's state is the one the readings of that prefix give;
 //! - with `synchronous = full`, the prefix holds every commit acknowledged before the cut:
-//!   nothing answered 202 is lost. With `normal`, the README's promise: a power cut may
+//!   nothing answered 202 is lost. With `normal`, the book's promise: a power cut may
 //!   lose the last commits, never more than a tail of them;
 //! - no notification is left leased, every delivered one has its attempt, and the readings'
 //!   id counter is above every id the archive holds ([`after::leftovers`]);

@@ -142,7 +142,7 @@ async fn a_backup_holds_the_archive_and_a_restore_splits_it_off_again() {
     let store = SqliteStore::open(other.path(), Synchronous::Normal).unwrap();
     three_archived(&store, SensorId::parse("gone").unwrap()).await;
     drop(store);
-    // A backup is restored with its key (README, backup): it does not hold it, and a
+    // A backup is restored with its key (the book: backup and restore): it does not hold it, and a
     // restore without it is refused.
     let key = crate::secrets::KEY_FILE;
     let keys =
