@@ -248,6 +248,13 @@ struct Meters {
 }
 
 impl Meters {
+    /// A notification reached its final `status`: counted by status, and in this
+    /// process's progress (what `latch bench` waits on without scraping).
+    fn ended(&mut self, status: &'static str) {
+        self.notifications.get(status).increment(1);
+        crate::delivery::progress::ended(1);
+    }
+
     fn new() -> Self {
         Self {
             attempts: families::DELIVERY_ATTEMPTS.counters_by("outcome"),

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static DELIVERED: AtomicU64 = AtomicU64::new(0);
+static ENDED: AtomicU64 = AtomicU64::new(0);
 static PENDING: AtomicU64 = AtomicU64::new(0);
 
 /// Notifications delivered since this process started (every latch in it, as the metrics
@@ -14,10 +15,20 @@ pub fn delivered_total() -> u64 {
     DELIVERED.load(Ordering::Relaxed)
 }
 
+/// Notifications that reached a final status since this process started (every latch in
+/// it), as `latch_notifications_total` counts them across its statuses.
+pub fn ended_total() -> u64 {
+    ENDED.load(Ordering::Relaxed)
+}
+
 /// Notifications the dispatcher holds now (the last dispatcher to report, when a process
 /// runs several latches).
 pub fn pending_now() -> u64 {
     PENDING.load(Ordering::Relaxed)
+}
+
+pub(crate) fn ended(n: u64) {
+    ENDED.fetch_add(n, Ordering::Relaxed);
 }
 
 pub(super) fn delivered(n: u64) {

@@ -442,6 +442,7 @@ pub(crate) fn count_silenced(n: usize) {
         crate::telemetry::families::NOTIFICATIONS
             .counter_with(&[("status", crate::domain::Status::Silenced.as_str())])
             .increment(n as u64);
+        crate::delivery::progress::ended(n as u64);
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use super::changes::Args;
-use super::changes::{drain, outbox_counts, send_changes};
+use super::changes::{drain, ended_mark, outbox_counts, send_changes};
 use super::{Keep, Receiver, Report, percentile};
 
 pub async fn run(args: Args) -> anyhow::Result<Report> {
@@ -82,6 +82,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let concurrency = config.delivery_client_concurrency as usize;
     config.retry_base = Duration::from_millis(100);
     config.retry_max_delay = Duration::from_secs(2);
+    let from = ended_mark();
     let server = super::start(config).await?;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/readings", server.base);
@@ -171,7 +172,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             } else {
-                drain(&http, &server.base, expected, args.drain).await?;
+                drain(&http, &server.base, from, expected, args.drain).await?;
             }
             phases.push(Phase {
                 secs: started.elapsed().as_secs_f64(),
@@ -180,7 +181,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             });
         }
     }
-    drain(&http, &server.base, expected, args.drain).await?;
+    drain(&http, &server.base, from, expected, args.drain).await?;
     if args.backlog {
         eprintln!("deliver: backlog phase ends");
     }

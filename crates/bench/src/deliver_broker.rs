@@ -25,7 +25,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
-use super::changes::{Args, drain, outbox_counts, send_changes};
+use super::changes::{Args, drain, ended_mark, outbox_counts, send_changes};
 use super::{Report, percentile};
 
 /// What the subscriber saw.
@@ -109,6 +109,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let concurrency = config.delivery_client_concurrency as usize;
     config.retry_base = Duration::from_millis(100);
     config.retry_max_delay = Duration::from_secs(2);
+    let from = ended_mark();
     let server = super::start(config).await?;
     let http = reqwest::Client::new();
     let counted = sink.clone();
@@ -121,7 +122,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let url = format!("{}/v1/readings", server.base);
     let send_secs = send_changes(&args, &http, &url, ids, started).await?;
     let expected = args.changes as u64;
-    drain(&http, &server.base, expected, args.drain).await?;
+    drain(&http, &server.base, from, expected, args.drain).await?;
     let total_secs = started.elapsed().as_secs_f64();
     sink.timing.store(false, Ordering::Relaxed);
     let text = http

@@ -135,7 +135,7 @@ impl Lanes {
                 // here or on another node: a lane told of it twice (a client enabled while
                 // its parked heads were looked at again) must not count it twice.
                 if !matches!(status, Status::Delivered | Status::Failed) {
-                    self.meters.notifications.get(status.as_str()).increment(1);
+                    self.meters.ended(status.as_str());
                 }
                 true
             }
@@ -320,7 +320,7 @@ fn attempt_metrics(
     meters.attempt_seconds.record(result.duration.as_secs_f64());
     let status = policy::status_after(verdict);
     if status != Status::Pending {
-        meters.notifications.get(status.as_str()).increment(1);
+        meters.ended(status.as_str());
     }
     if status == Status::Delivered {
         crate::delivery::progress::delivered(1);

@@ -235,7 +235,7 @@ impl Lanes {
         if let Some(b) = &e.batch {
             self.batching.leave(b, key);
         }
-        self.meters.notifications.get("superseded").increment(1);
+        self.meters.ended("superseded");
         Outcome {
             notification_id: e.id,
             client_id: key.0.to_string(),
