@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use latch::delivery::attempt::{AttemptResult, Failure};
+use latch::delivery::attempt::{AttemptResult, Failure, payload};
 use latch::delivery::retry::RetryPolicy;
 use latch::delivery::transport::Transport;
 use latch::domain::{EventKind, Millis, Notification, Sendable, SensorId};
@@ -489,6 +489,14 @@ impl Receivers {
         at: Millis,
     ) -> AttemptResult {
         alive(&self.world, node).await;
+        // The bodies these would be on the wire, each held to its type's schema in the
+        // event catalog, as the integration tests hold every body they receive.
+        for s in sends {
+            if let Err(why) = latch_testkit::check_body(&payload(s)) {
+                let keys = vec![s.notification.id.clone()];
+                self.world.violate("body_schema", why, keys);
+            }
+        }
         let client = sends
             .first()
             .map(|s| s.notification.client_id.clone())
