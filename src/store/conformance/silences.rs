@@ -89,6 +89,7 @@ pub(super) async fn sites_count_their_sensors(s: &Subject) {
         None,
         None,
         Some("bldg-2".into()),
+        Default::default(),
         9_000,
     )
     .await

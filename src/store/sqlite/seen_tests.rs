@@ -31,6 +31,7 @@ fn batch(id: SensorId, last_ts: Millis, ts: Millis, seen: Millis, late: bool) ->
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: true,
         }],
         ..Default::default()
@@ -67,7 +68,7 @@ async fn shown(store: &SqliteStore, id: SensorId) -> (Option<Millis>, Option<Mil
     let (_, status) = store.get_sensor(id).await.unwrap().unwrap();
     let listed = store
         .list_sensors(
-            None,
+            crate::store::SensorFilter::default(),
             PageRequest {
                 limit: 100,
                 after: None,

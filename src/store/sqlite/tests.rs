@@ -40,6 +40,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {
@@ -135,6 +136,8 @@ async fn data_survives_reopening() {
                 debounce_s: None,
                 site_id: None,
                 created_at: 1,
+                battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                labels: Default::default(),
             })
             .await
             .unwrap();

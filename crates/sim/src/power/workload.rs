@@ -100,6 +100,7 @@ pub fn batch(states: &mut States, sent: &[Sent], at: Millis) -> (CommitBatch, Ve
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         });
     }

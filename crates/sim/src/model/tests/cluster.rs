@@ -328,6 +328,7 @@ fn fenced_change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {
@@ -418,6 +419,8 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             debounce_s: None,
             site_id: None,
             created_at: 1,
+            battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+            labels: Default::default(),
         })
         .collect();
     store.import(sensors, Vec::new(), 1_000).await.unwrap();
