@@ -120,6 +120,19 @@ impl Signals {
     pub fn is_empty(&self) -> bool {
         *self == Signals::default()
     }
+
+    /// A reading's `fault` as the stores keep it in history: `None` when it said nothing,
+    /// `""` for `null` (cleared), else the code.
+    pub fn fault_column(&self) -> Option<String> {
+        self.fault
+            .map(|f| f.map(|c| c.to_string()).unwrap_or_default())
+    }
+
+    /// The inverse of [`Signals::fault_column`] (a code that no longer parses reads as
+    /// cleared).
+    pub fn fault_from_column(text: Option<&str>) -> Option<Option<Fault>> {
+        text.map(|t| Fault::parse(t).ok())
+    }
 }
 
 /// A sensor's signals as latch last took them: what its `status` shows, and the alarm

@@ -475,6 +475,7 @@ impl Shard {
             ts,
             received_at,
             late: change == Change::Late,
+            signals: r.signals,
         });
         None
     }

@@ -15,6 +15,8 @@ pub struct ReadingRecord {
     pub received_at: Millis,
     /// Older than the last applied reading: kept, but did not change state.
     pub late: bool,
+    /// Its battery, tamper flag and fault, as it reported them.
+    pub signals: crate::domain::signals::Signals,
 }
 
 /// The new current state of one sensor after a batch.

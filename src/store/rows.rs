@@ -10,7 +10,7 @@ use super::sealing;
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
 use crate::domain::client::{Batch, DisabledReason, events_from_column};
 use crate::domain::sensor::{Debounce, Labels, SensorState};
-use crate::domain::signals::{Fault, SignalState};
+use crate::domain::signals::{Fault, SignalState, Signals};
 use crate::domain::{
     Attempt, Client, Connection, Detail, Event, EventKind, Notification, NotificationRef, Sensor,
     SensorId, SensorStatus, Source, Status,
@@ -126,7 +126,9 @@ pub(crate) const CLAIM_FROM: &str = "notifications n \
      LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id";
 
 /// A reading of a known sensor: [`reading`].
-pub(crate) const READING_COLS: &str = "id, data, ts, received_at, late";
+pub(crate) const READING_COLS: &str = "id, data, ts, received_at, late, battery, tamper, fault";
+/// How many columns [`READING_COLS`] has: where a column after it is.
+pub(crate) const READING_N: usize = 8;
 
 /// An event of a known sensor: [`event`].
 pub(crate) const EVENT_COLS: &str =
@@ -405,6 +407,11 @@ pub(crate) fn reading<R: Cols>(
             ts: r.int(2)?,
             received_at: r.int(3)?,
             late: r.flag(4)?,
+            signals: Signals {
+                battery: r.opt_count(5)?.map(pct),
+                tamper: r.opt_flag(6)?,
+                fault: Signals::fault_from_column(r.opt_text(7)?.as_deref()),
+            },
         },
     })
 }

@@ -294,3 +294,43 @@ pub(super) async fn door_signals_round_trip(s: &Subject) {
     assert_eq!((rt.battery_low_pct, rt.signals.tamper), (0, Some(false)));
     assert_eq!(rt.signals.fault, Some(jam));
 }
+
+/// A reading's battery, tamper flag and fault are kept in history as it reported them (a
+/// cleared fault apart from one it said nothing of), in the journal and once archived.
+pub(super) async fn door_signals_in_history(s: &Subject) {
+    use crate::domain::signals::{Fault, Signals};
+    s.create_sensor(sensor("dh1")).await.unwrap();
+    let said = [
+        Signals {
+            battery: Some(87),
+            tamper: Some(true),
+            fault: Some(Some(Fault::parse("lock_jam").unwrap())),
+        },
+        Signals {
+            fault: Some(None),
+            ..Signals::default()
+        },
+        Signals::default(),
+    ];
+    let mut batch = CommitBatch::default();
+    for (i, signals) in said.iter().enumerate() {
+        let mut one = change("dh1", i % 2 == 0, None, 1_000 + i as Millis);
+        one.readings[0].signals = *signals;
+        batch.readings.extend(one.readings);
+    }
+    s.commit(batch, 2_000).await.unwrap();
+    let read = || async {
+        s.list_readings(sid("dh1"), TimeRange::default(), page(10))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|r| r.row.signals)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read().await, said);
+    if let Some(journal) = &s.journal {
+        journal.archive_history(1_000_000).await.unwrap();
+        assert_eq!(read().await, said, "archived as they were");
+    }
+}

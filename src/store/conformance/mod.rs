@@ -200,6 +200,7 @@ suite!(
     choices::subscriptions_make_only_wanted_notifications,
     choices::state_keeps_source_window_and_reminders,
     choices::door_signals_round_trip,
+    choices::door_signals_in_history,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,
@@ -333,6 +334,7 @@ pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> Commi
             ts: at,
             received_at: at,
             late: false,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: sid(id),

@@ -280,6 +280,9 @@ struct ReadingCols {
     received_at: Vec<i64>,
     data: Vec<bool>,
     late: Vec<bool>,
+    battery: Vec<Option<i32>>,
+    tamper: Vec<Option<bool>>,
+    fault: Vec<Option<String>>,
 }
 
 impl ReadingCols {
@@ -295,24 +298,34 @@ impl ReadingCols {
             received_at: r.iter().map(|r| r.received_at).collect(),
             data: r.iter().map(|r| r.data).collect(),
             late: r.iter().map(|r| r.late).collect(),
+            battery: r.iter().map(|r| r.signals.battery.map(i32::from)).collect(),
+            tamper: r.iter().map(|r| r.signals.tamper).collect(),
+            fault: r.iter().map(|r| r.signals.fault_column()).collect(),
         }
     }
 
     async fn insert(&self, tx: &Tx<'_>) -> Result<u64> {
         let sql = tx
             .prepare_cached(
-                "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
-                 SELECT u.sensor_id, u.ts, u.received_at, u.data, u.late \
-                 FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::bool[], $5::bool[]) \
-                 WITH ORDINALITY AS u(sensor_id, ts, received_at, data, late, o) ORDER BY u.o",
+                "INSERT INTO readings (sensor_id, ts, received_at, data, late, battery, tamper, \
+                 fault) \
+                 SELECT u.sensor_id, u.ts, u.received_at, u.data, u.late, u.battery, u.tamper, \
+                 u.fault \
+                 FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::bool[], $5::bool[], \
+                 $6::int4[], $7::bool[], $8::text[]) \
+                 WITH ORDINALITY AS u(sensor_id, ts, received_at, data, late, battery, tamper, \
+                 fault, o) ORDER BY u.o",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 5] = [
+        let p: [&(dyn ToSql + Sync); 8] = [
             &self.ids,
             &self.ts,
             &self.received_at,
             &self.data,
             &self.late,
+            &self.battery,
+            &self.tamper,
+            &self.fault,
         ];
         execute_rows(tx, &sql, &p, self.ids.len()).await
     }

@@ -143,12 +143,14 @@ fn write_rows(
 const READINGS_PER_INSERT: usize = 64;
 
 /// The journal's `INSERT` of one reading.
-const INSERT_READING: &str =
-    "INSERT INTO readings (sensor_id, ts, received_at, data, late) VALUES (?, ?, ?, ?, ?)";
+const INSERT_READING: &str = "INSERT INTO readings (sensor_id, ts, received_at, data, late, \
+     battery, tamper, fault) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+/// The parameters of one reading in [`INSERT_READING`].
+const READING_PARAMS: usize = 8;
 
 /// The journal's `INSERT` of [`READINGS_PER_INSERT`] readings, written once.
 static INSERT_READINGS: LazyLock<String> = LazyLock::new(|| {
-    let more = ", (?, ?, ?, ?, ?)".repeat(READINGS_PER_INSERT - 1);
+    let more = ", (?, ?, ?, ?, ?, ?, ?, ?)".repeat(READINGS_PER_INSERT - 1);
     format!("{INSERT_READING}{more}")
 });
 
@@ -160,7 +162,7 @@ fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool
         let mut st = tx.prepare_cached(&INSERT_READINGS)?;
         for chunk in chunks.by_ref() {
             for (k, r) in chunk.iter().enumerate() {
-                bind_reading(&mut st, k * 5, r)?;
+                bind_reading(&mut st, k * READING_PARAMS, r)?;
             }
             st.raw_execute()?;
         }
@@ -176,13 +178,16 @@ fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool
     Ok(!readings.is_empty())
 }
 
-/// Binds `r` to the five parameters after `at`.
+/// Binds `r` to the [`READING_PARAMS`] parameters after `at`.
 fn bind_reading(st: &mut rusqlite::Statement<'_>, at: usize, r: &ReadingRecord) -> Result<()> {
     st.raw_bind_parameter(at + 1, r.sensor_id.to_string())?;
     st.raw_bind_parameter(at + 2, r.ts)?;
     st.raw_bind_parameter(at + 3, r.received_at)?;
     st.raw_bind_parameter(at + 4, r.data as i64)?;
     st.raw_bind_parameter(at + 5, r.late as i64)?;
+    st.raw_bind_parameter(at + 6, r.signals.battery)?;
+    st.raw_bind_parameter(at + 7, r.signals.tamper)?;
+    st.raw_bind_parameter(at + 8, r.signals.fault_column())?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ fn batch(id: SensorId, last_ts: Millis, ts: Millis, seen: Millis, late: bool) ->
             ts,
             received_at: seen,
             late,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: id,

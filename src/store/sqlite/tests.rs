@@ -238,6 +238,7 @@ async fn a_fenced_batch_is_refused_and_writes_nothing() {
             ts: 1,
             received_at: 1,
             late: false,
+            signals: Default::default(),
         }],
         fence: vec![crate::store::Fence {
             partition: 0,
@@ -536,6 +537,7 @@ fn reading(id: SensorId, ts: i64) -> ReadingRecord {
         ts,
         received_at: ts,
         late: false,
+        signals: Default::default(),
     }
 }
 

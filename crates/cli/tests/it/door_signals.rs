@@ -119,6 +119,34 @@ async fn battery_tamper_and_fault_raise_alarms_and_clear_them_once() {
         (&json!(35), &json!(true), &json!("lock_jam")),
         "{sensor}"
     );
+    // The list filters on them: a battery strictly below, the tamper flag.
+    let listed = |q: &'static str| {
+        let s = &s;
+        async move {
+            let (code, body) = s.get(&format!("/v1/sensors?{q}")).await;
+            assert_eq!(code, StatusCode::OK, "{body}");
+            body["items"].as_array().unwrap().len()
+        }
+    };
+    assert_eq!(listed("battery_below=36&tamper=true").await, 1);
+    assert_eq!(listed("battery_below=35").await, 0, "strictly below");
+    assert_eq!(listed("tamper=false").await, 0);
+    let (code, _) = s.get("/v1/sensors?battery_below=500").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    // History keeps what each reading said, the late one's too.
+    let (_, history) = s.get(&format!("/v1/sensors/{id}/readings")).await;
+    let items = history["items"].as_array().unwrap();
+    let late = items.iter().find(|r| r["late"] == true).unwrap();
+    assert_eq!(
+        (&late["battery"], &late["tamper"], &late["fault"]),
+        (&json!(1), &json!(false), &Value::Null),
+        "{late}"
+    );
+    let plain = items.last().unwrap();
+    assert!(
+        plain.get("battery").is_none() && plain.get("fault").is_none(),
+        "{plain}"
+    );
 
     // A new code is a new fault; then both clear, once.
     s.readings(reading(7, 0, json!({"fault": "motor_2"}))).await;
@@ -246,4 +274,61 @@ async fn a_battery_over_mqtt_raises_its_alarm() {
     let (_, sensor) = s.get(&format!("/v1/sensors/{id}")).await;
     assert_eq!(sensor["status"]["battery"], 12, "{sensor}");
     s.stop().await;
+}
+
+/// ClickHouse keeps what each reading said, in a table an older latch made too: the
+/// columns it lacks are added when latch starts.
+#[tokio::test]
+async fn clickhouse_keeps_the_signals_and_widens_an_older_table() {
+    use latch_bench::clickhouse_server::query;
+    let url =
+        std::env::var("TEST_CLICKHOUSE_URL").unwrap_or_else(|_| "http://127.0.0.1:8123".into());
+    if let Err(e) = query(&url, "SELECT 1").await {
+        crate::utils::service_missing("ClickHouse", e);
+        return;
+    }
+    let db = unique("latch_ds_");
+    // The readings table as latch made it before the signals.
+    for ddl in [
+        format!("CREATE DATABASE {db}"),
+        format!(
+            "CREATE TABLE {db}.readings (id Int64, sensor_id String, ts Int64, \
+             received_at Int64, data UInt8, late UInt8) ENGINE = ReplacingMergeTree() \
+             PARTITION BY toYYYYMM(toDateTime(intDiv(ts, 1000))) ORDER BY (sensor_id, ts, id)"
+        ),
+    ] {
+        query(&url, &ddl).await.unwrap();
+    }
+    let s = TestServer::start_with(|c| {
+        c.clickhouse_url = Some(url.clone());
+        c.clickhouse_database = db.clone();
+        c.clickhouse_flush = std::time::Duration::from_millis(100);
+    })
+    .await;
+    let id = unique("ch");
+    s.sensor(&id).await;
+    s.readings(json!([
+        {"sensor_id": id, "data": 1, "battery": 42, "tamper": true, "fault": "lock_jam"},
+        {"sensor_id": id, "data": 1, "fault": null},
+    ]))
+    .await;
+    let sql = format!(
+        "SELECT concat(ifNull(toString(battery), '-'), '/', ifNull(toString(tamper), '-'), \
+         '/', ifNull(fault, '-')) \
+         FROM {db}.readings WHERE sensor_id = '{id}' ORDER BY id"
+    );
+    let rows = eventually(20, "two readings in ClickHouse", || async {
+        let text = query(&url, &sql).await.ok()?;
+        (text.lines().count() == 2).then_some(text)
+    })
+    .await;
+    let rows: Vec<&str> = rows.lines().collect();
+    assert_eq!(rows, ["42/1/lock_jam", "-/-/"], "{rows:?}");
+    let (_, history) = s.get(&format!("/v1/sensors/{id}/readings")).await;
+    let items = history["items"].as_array().unwrap();
+    assert_eq!(items[0]["battery"], 42, "{history}");
+    assert_eq!(items[1]["fault"], Value::Null, "{history}");
+    assert!(items[1].get("battery").is_none(), "{history}");
+    s.stop().await;
+    query(&url, &format!("DROP DATABASE {db}")).await.unwrap();
 }

@@ -77,6 +77,7 @@ pub fn batch(states: &mut States, sent: &[Sent], at: Millis) -> (CommitBatch, Ve
             ts,
             received_at,
             late,
+            signals: Default::default(),
         });
         if late {
             continue;

@@ -375,6 +375,7 @@ fn change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             ts: at,
             received_at: at,
             late: false,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: id,

@@ -316,6 +316,7 @@ fn fenced_change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             ts: at,
             received_at: at,
             late: false,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: id,
