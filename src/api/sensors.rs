@@ -274,10 +274,9 @@ async fn list_sensors(
             )));
         }
     };
-    if (battery_below.is_some() || filter.tamper.is_some()) && (search.is_some() || site.is_some())
-    {
+    if (battery_below.is_some() || filter.tamper.is_some()) && search.is_some() {
         return Err(ApiError::bad_request(
-            "battery_below and tamper cannot be combined with q or site_id yet",
+            "battery_below and tamper cannot be combined with q yet",
         ));
     }
     let filter = SensorFilter {

@@ -39,7 +39,7 @@ impl App {
 
     /// Sensors by id: found by `search`, or a site's, or all; `connection` filters.
     /// Sensors by id: found by `search`, or of a site, or all. The battery and tamper
-    /// filters apply to the whole list only (the caller refuses them with the others).
+    /// filters apply to a site's and to all (the caller refuses them with a search).
     pub async fn sensors(
         &self,
         search: Option<Search>,
@@ -51,7 +51,7 @@ impl App {
         let connection = filter.connection;
         Ok(match (search, site) {
             (Some(q), site) => s.find_sensors(q, connection, site, page).await?,
-            (None, Some(site)) => s.site_sensors(site, connection, page).await?,
+            (None, Some(site)) => s.site_sensors(site, filter, page).await?,
             (None, None) => s.list_sensors(filter, page).await?,
         })
     }
@@ -123,6 +123,7 @@ impl App {
         if self.0.store.get_site(id.clone()).await?.is_none() {
             return Ok(None);
         }
+        let connection = SensorFilter::connection(connection);
         Ok(Some(self.0.store.site_sensors(id, connection, page).await?))
     }
 

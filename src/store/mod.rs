@@ -412,12 +412,12 @@ pub trait Sites: Send + Sync {
         down: Option<bool>,
         page: PageRequest,
     ) -> Result<Page<(Site, SiteCounts)>>;
-    /// The site's sensors, by id, as [`Registry::list_sensors`] lists them (`connection`
+    /// The site's sensors, by id, as [`Registry::list_sensors`] lists them (`filter`
     /// filters the same way).
     async fn site_sensors(
         &self,
         site_id: String,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>>;
     /// Sites down, and events held for the grace of those up, across the store.

@@ -141,6 +141,18 @@ impl SensorFilter {
             ..Self::default()
         }
     }
+
+    /// Whether a sensor whose status is `status` is listed: what the backends' statements
+    /// say, for a store that filters in memory (the simulation's model).
+    pub fn keeps(&self, status: &SensorStatus) -> bool {
+        self.connection.is_none_or(|c| status.connection == c)
+            && self
+                .battery_below
+                .is_none_or(|b| status.signals.battery.is_some_and(|x| x < b))
+            && self
+                .tamper
+                .is_none_or(|t| status.signals.tamper.unwrap_or(false) == t)
+    }
 }
 
 /// How many registered sensors are in each connection state (the console's fleet page).

@@ -251,6 +251,17 @@ pub(super) async fn door_signals_round_trip(s: &Subject) {
     assert_eq!(status.signals, signals);
     let rt = runtime_of(&**s, "ds1").await;
     assert_eq!((rt.battery_low_pct, rt.signals), (30, signals));
+    let listed = |battery_below, tamper| async move {
+        let filter = SensorFilter {
+            battery_below,
+            tamper,
+            ..SensorFilter::default()
+        };
+        s.list_sensors(filter, page(10)).await.unwrap().items.len()
+    };
+    assert_eq!(listed(Some(26), Some(true)).await, 1);
+    assert_eq!(listed(Some(25), None).await, 0, "strictly below");
+    assert_eq!(listed(None, Some(false)).await, 0);
     for (made, detail) in created[1..].iter().zip([low, fault]) {
         let (n, _) = s.get_notification(made.id.clone()).await.unwrap().unwrap();
         assert_eq!((n.detail, n.data), (detail, None));

@@ -240,10 +240,13 @@ async fn bad_signals_are_refused_per_reading_and_types_can_be_chosen() {
         let (code, body) = s.put(&format!("/v1/sensors/{id}"), bad).await;
         assert!(code.is_client_error(), "{body}");
     }
+    let site = unique("bldg");
+    let (code, body) = s.post("/v1/sites", json!({"id": site})).await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
     let (code, body) = s
         .put(
             &format!("/v1/sensors/{id}"),
-            json!({"address": "x", "battery_low_pct": 0, "labels": {"1": "open"}}),
+            json!({"address": "x", "battery_low_pct": 0, "labels": {"1": "open"}, "site_id": site}),
         )
         .await;
     assert_eq!(code, StatusCode::OK, "{body}");
@@ -251,6 +254,12 @@ async fn bad_signals_are_refused_per_reading_and_types_can_be_chosen() {
         (&body["battery_low_pct"], &body["labels"]),
         (&json!(0), &json!({"1": "open"}))
     );
+    // A site's sensors filter the same way.
+    for (q, n) in [("battery_below=11&tamper=true", 1), ("battery_below=10", 0)] {
+        let (code, body) = s.get(&format!("/v1/sensors?site_id={site}&{q}")).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["items"].as_array().unwrap().len(), n, "{q}: {body}");
+    }
     s.stop().await;
 }
 

@@ -62,17 +62,7 @@ impl Tables {
             .keys()
             .filter(|id| after(&id.to_string(), page))
             .filter_map(|&id| self.sensor_view(id))
-            .filter(|(_, st)| filter.connection.is_none_or(|c| st.connection == c))
-            .filter(|(_, st)| {
-                filter
-                    .battery_below
-                    .is_none_or(|b| st.signals.battery.is_some_and(|x| x < b))
-            })
-            .filter(|(_, st)| {
-                filter
-                    .tamper
-                    .is_none_or(|t| st.signals.tamper.unwrap_or(false) == t)
-            });
+            .filter(|(_, st)| filter.keeps(st));
         page_of(rows, page, |(s, _)| s.id.to_string())
     }
 
