@@ -92,6 +92,13 @@ pub struct SensorPatch {
     /// `null`: in no site.
     #[schema(nullable)]
     site_id: Option<Option<String>>,
+    /// `null`: the default, 20.
+    #[schema(minimum = 0, maximum = 100, nullable)]
+    battery_low_pct: Option<Option<u32>>,
+    /// Merged: `{"1": "ajar"}` changes one label and keeps the other, `null` removes one
+    /// (or all, given for `labels`).
+    #[schema(nullable)]
+    labels: Option<Option<crate::domain::sensor::Labels>>,
 }
 
 /// Change some of a sensor's fields (JSON merge patch, RFC 7396): those left out are

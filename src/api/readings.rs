@@ -145,6 +145,17 @@ pub struct ReadingOut {
     pub received_at: String,
     /// Older than the state it arrived at: kept, but did not change state.
     pub late: bool,
+    /// The battery it reported (absent when it reported none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub battery: Option<u8>,
+    /// The tamper flag it reported (absent when it reported none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tamper: Option<bool>,
+    /// The fault code it reported, `null` when it cleared the fault (absent when it said
+    /// nothing of it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub fault: Option<Option<String>>,
 }
 
 /// An event in history.
@@ -230,6 +241,9 @@ async fn sensor_readings(
             ts: time::format(r.ts),
             received_at: time::format(r.received_at),
             late: r.late,
+            battery: r.signals.battery,
+            tamper: r.signals.tamper,
+            fault: r.signals.fault.map(|f| f.map(|c| c.to_string())),
         },
     )))
 }

@@ -10,8 +10,10 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
+use crate::domain::sensor::{Labels, SensorAlarms};
+use crate::domain::signals::DEFAULT_BATTERY_LOW_PCT;
 use crate::domain::{Connection, SensorId, SensorStatus, Source, sensor::validate_address, time};
-use crate::store::SensorView;
+use crate::store::{SensorFilter, SensorView};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -45,6 +47,14 @@ pub struct SensorCreate {
     pub debounce_s: Option<u32>,
     /// The site it is installed in (`/v1/sites`).
     pub site_id: Option<String>,
+    /// Battery percentage at or below which a reading raises `sensor.battery_low`
+    /// (0–100; 0 turns it off); 20 when absent.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 100)]
+    pub battery_low_pct: Option<u32>,
+    /// What its states mean (`{"0": "closed", "1": "open"}`, each up to 32 characters):
+    /// its notifications carry them as `label` and `previous_label`.
+    pub labels: Option<Labels>,
 }
 
 /// A sensor's new address, timeout, debounce window and site; a sensor as `GET` answers it,
@@ -61,6 +71,12 @@ pub struct SensorReplace {
     pub debounce_s: Option<u32>,
     /// Its site; absent: in no site.
     pub site_id: Option<String>,
+    /// Absent: 20.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 100)]
+    pub battery_low_pct: Option<u32>,
+    /// Absent or `null`: none.
+    pub labels: Option<Labels>,
     /// Read-only, as shown; ignored.
     #[serde(default)]
     #[schema(read_only)]
@@ -81,6 +97,10 @@ pub struct SensorOut {
     pub debounce_s: Option<u32>,
     /// The site it is installed in.
     pub site_id: Option<String>,
+    /// Battery threshold in percent (0: off).
+    pub battery_low_pct: u8,
+    /// What its states mean; `null`: none.
+    pub labels: Option<Labels>,
     pub created_at: String,
     pub status: StatusOut,
 }
@@ -99,6 +119,12 @@ pub struct StatusOut {
     /// How its last reading came in; while latch's connection to that broker is down it
     /// is not declared lost. `null` before the first reading.
     pub last_source: Option<Source>,
+    /// Battery percentage last reported; `null` when it never reported one.
+    pub battery: Option<u8>,
+    /// Tamper flag last reported; `null` when it never reported one.
+    pub tamper: Option<bool>,
+    /// Fault code set now; `null`: none.
+    pub fault: Option<String>,
 }
 
 impl From<SensorStatus> for StatusOut {
@@ -109,6 +135,9 @@ impl From<SensorStatus> for StatusOut {
             last_seen_at: s.last_seen_at.map(time::format),
             connection: s.connection,
             last_source: s.last_source,
+            battery: s.signals.battery,
+            tamper: s.signals.tamper,
+            fault: s.signals.fault.map(|f| f.to_string()),
         }
     }
 }
@@ -120,6 +149,8 @@ pub fn sensor_out((s, status): SensorView) -> SensorOut {
         heartbeat_timeout_s: s.heartbeat_timeout_s,
         debounce_s: s.debounce_s,
         site_id: s.site_id,
+        battery_low_pct: s.battery_low_pct,
+        labels: (!s.labels.is_empty()).then_some(s.labels),
         created_at: time::format(s.created_at),
         status: status.into(),
     }
@@ -144,6 +175,25 @@ fn check_fields(address: &str, timeout: Option<u32>, debounce: Option<u32>) -> A
     Ok(())
 }
 
+/// The door-alarm settings a create or replace asks for, checked.
+fn alarms(battery_low_pct: Option<u32>, labels: Option<Labels>) -> ApiResult<SensorAlarms> {
+    let battery_low_pct = match battery_low_pct {
+        None => DEFAULT_BATTERY_LOW_PCT,
+        Some(p) if p <= 100 => p as u8,
+        Some(p) => {
+            return Err(ApiError::invalid(format!(
+                "battery_low_pct must be between 0 and 100, got {p}"
+            )));
+        }
+    };
+    let labels = labels.unwrap_or_default();
+    labels.validate().map_err(ApiError::invalid)?;
+    Ok(SensorAlarms {
+        battery_low_pct,
+        labels,
+    })
+}
+
 /// `?connection=` and `?q=` filters of the sensor list.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -155,6 +205,10 @@ pub struct SensorListParams {
     pub q: Option<String>,
     /// Only the sensors of this site (`/v1/sites`); a site that does not exist has none.
     pub site_id: Option<String>,
+    /// Only sensors whose last reported battery is below this (strictly; 0–101).
+    pub battery_below: Option<u32>,
+    /// `true`: only sensors whose tamper flag is up; `false`: only those whose is not.
+    pub tamper: Option<bool>,
 }
 
 impl Params for SensorListParams {}
@@ -169,6 +223,7 @@ async fn create_sensor(
     let id = SensorId::parse(&body.id)
         .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
+    let alarms = alarms(body.battery_low_pct, body.labels)?;
     let sensor = st
         .app
         .create_sensor(
@@ -177,6 +232,7 @@ async fn create_sensor(
             body.heartbeat_timeout_s,
             body.debounce_s,
             body.site_id,
+            alarms,
         )
         .await?;
     Ok((
@@ -209,7 +265,26 @@ async fn list_sensors(
     let site = filter.site_id.filter(|s| !s.is_empty());
     let page = page.to_request()?;
     let search = super::search(filter.q.as_deref())?;
-    let page = st.app.sensors(search, connection, site, page).await?;
+    let battery_below = match filter.battery_below {
+        None => None,
+        Some(b) if b <= 101 => Some(b as u8),
+        Some(b) => {
+            return Err(ApiError::bad_request(format!(
+                "battery_below must be between 0 and 101, got {b}"
+            )));
+        }
+    };
+    if (battery_below.is_some() || filter.tamper.is_some()) && search.is_some() {
+        return Err(ApiError::bad_request(
+            "battery_below and tamper cannot be combined with q yet",
+        ));
+    }
+    let filter = SensorFilter {
+        connection,
+        battery_below,
+        tamper: filter.tamper,
+    };
+    let page = st.app.sensors(search, filter, site, page).await?;
     Ok(ApiJson(List::from_page(page, sensor_out)))
 }
 
@@ -262,6 +337,7 @@ pub(super) async fn replace(
         ));
     }
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
+    let alarms = alarms(body.battery_low_pct, body.labels)?;
     let view = st
         .app
         .replace_sensor(
@@ -270,6 +346,7 @@ pub(super) async fn replace(
             body.heartbeat_timeout_s,
             body.debounce_s,
             body.site_id,
+            alarms,
         )
         .await?
         .ok_or_else(|| ApiError::not_found("sensor"))?;

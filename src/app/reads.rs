@@ -11,8 +11,8 @@ use crate::domain::{Client, Connection, Event, Millis, Notification, SensorId};
 use crate::domain::{partition::Partitioning, silence::SilenceState, token::ApiToken};
 use crate::store::cluster::NodeRow;
 use crate::store::{
-    ConnectionCounts, NotificationFilter, Page, PageRequest, ReadingRecord, Search, SensorView,
-    Stored, TimeRange,
+    ConnectionCounts, NotificationFilter, Page, PageRequest, ReadingRecord, Search, SensorFilter,
+    SensorView, Stored, TimeRange,
 };
 
 /// The fleet's counts for `GET /v1/fleet`.
@@ -38,18 +38,21 @@ impl App {
     }
 
     /// Sensors by id: found by `search`, or a site's, or all; `connection` filters.
+    /// Sensors by id: found by `search`, or of a site, or all. The battery and tamper
+    /// filters apply to a site's and to all (the caller refuses them with a search).
     pub async fn sensors(
         &self,
         search: Option<Search>,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         site: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         let s = &self.0.store;
+        let connection = filter.connection;
         Ok(match (search, site) {
             (Some(q), site) => s.find_sensors(q, connection, site, page).await?,
-            (None, Some(site)) => s.site_sensors(site, connection, page).await?,
-            (None, None) => s.list_sensors(connection, page).await?,
+            (None, Some(site)) => s.site_sensors(site, filter, page).await?,
+            (None, None) => s.list_sensors(filter, page).await?,
         })
     }
 
@@ -120,6 +123,7 @@ impl App {
         if self.0.store.get_site(id.clone()).await?.is_none() {
             return Ok(None);
         }
+        let connection = SensorFilter::connection(connection);
         Ok(Some(self.0.store.site_sensors(id, connection, page).await?))
     }
 

@@ -2,6 +2,7 @@
 //! node of the cluster that serves the sensor.
 
 use super::{App, Result};
+use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Sensor, SensorId};
 use crate::store::SensorView;
 
@@ -14,8 +15,10 @@ impl App {
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
         site_id: Option<String>,
+        alarms: SensorAlarms,
     ) -> Result<Sensor> {
         self.check_site(site_id.as_deref()).await?;
+        let battery_low_pct = alarms.battery_low_pct;
         let sensor = Sensor {
             id,
             address,
@@ -23,11 +26,13 @@ impl App {
             debounce_s,
             site_id,
             created_at: self.now(),
+            battery_low_pct,
+            labels: alarms.labels,
         };
         self.0.store.create_sensor(sensor.clone()).await?;
         self.0
             .engine
-            .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
+            .upsert_sensor(id, heartbeat_timeout_s, debounce_s, battery_low_pct)
             .await?;
         self.registry_changed(id).await;
         Ok(sensor)
@@ -42,8 +47,10 @@ impl App {
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
         site_id: Option<String>,
+        alarms: SensorAlarms,
     ) -> Result<Option<SensorView>> {
         self.check_site(site_id.as_deref()).await?;
+        let battery_low_pct = alarms.battery_low_pct;
         let Some((view, made)) = self
             .0
             .store
@@ -53,6 +60,7 @@ impl App {
                 heartbeat_timeout_s,
                 debounce_s,
                 site_id,
+                alarms,
                 self.now(),
             )
             .await?
@@ -63,7 +71,7 @@ impl App {
         self.0.dispatcher.deliver_served(made);
         self.0
             .engine
-            .upsert_sensor(id, heartbeat_timeout_s, debounce_s)
+            .upsert_sensor(id, heartbeat_timeout_s, debounce_s, battery_low_pct)
             .await?;
         self.registry_changed(id).await;
         Ok(Some(view))

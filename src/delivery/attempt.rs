@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::signing;
 use crate::domain::notification::{BATCH, CLIENT_TEST};
 use crate::domain::outbox::outcome;
+use crate::domain::sensor::Labels;
 use crate::domain::{EventKind, Millis, Notification, Sendable, client::secret_key, time};
 
 /// How a broker's refusal (a nack, an unroutable return, a refused login or publish)
@@ -23,8 +24,16 @@ struct Payload<'a> {
     kind: &'static str,
     occurred_at: String,
     sensor: SensorRef<'a>,
-    data: Option<u8>,
-    previous: Option<u8>,
+    /// Absent (the outer `None`) for a battery, tamper or fault event, which is about no state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<Option<u8>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous: Option<Option<u8>>,
+    /// The sensor's label of `data` and of `previous`, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    label: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_label: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_seen_at: Option<String>,
     /// `sensor.still_lost`: since when, and which reminder.
@@ -35,6 +44,15 @@ struct Payload<'a> {
     /// `sensor.state_changed`: readings a debounce window held back (0 without one).
     #[serde(skip_serializing_if = "Option::is_none")]
     flips_suppressed: Option<u32>,
+    /// `sensor.battery_low`, `sensor.battery_ok`: the battery reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    battery: Option<u8>,
+    /// `sensor.battery_low`: the threshold it fell to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    threshold: Option<u8>,
+    /// `sensor.fault`: the code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fault: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -45,11 +63,12 @@ struct SensorRef<'a> {
 
 /// The body of a notification, as bytes to sign and send.
 pub fn payload(s: &Sendable) -> Vec<u8> {
-    body(&s.notification, &s.address)
+    body(&s.notification, &s.address, &s.labels)
 }
 
-/// The body of notification `n` of a sensor at `address` (a site's names its own).
-pub fn body(n: &Notification, address: &str) -> Vec<u8> {
+/// The body of notification `n` of a sensor at `address` with `labels` (a site's names
+/// its own).
+pub fn body(n: &Notification, address: &str, labels: &Labels) -> Vec<u8> {
     if let (true, Some(own)) = (n.kind.is_site(), &n.body) {
         return site_payload(&n.id, n.kind.as_str(), n.occurred_at, own);
     }
@@ -61,8 +80,10 @@ pub fn body(n: &Notification, address: &str) -> Vec<u8> {
             id: n.sensor_id.to_string(),
             address,
         },
-        data: n.data.map(u8::from),
-        previous: n.previous.map(u8::from),
+        data: (!n.kind.is_signal()).then_some(n.data.map(u8::from)),
+        previous: (!n.kind.is_signal()).then_some(n.previous.map(u8::from)),
+        label: n.data.and_then(|d| labels.of(d)),
+        previous_label: n.previous.and_then(|d| labels.of(d)),
         // A connection's news only: a silence's end also stores it with the state change
         // that brings a client up to date, whose body has no such field.
         last_seen_at: n
@@ -75,6 +96,9 @@ pub fn body(n: &Notification, address: &str) -> Vec<u8> {
             EventKind::StateChanged => Some(n.detail.flips_suppressed.unwrap_or(0)),
             _ => n.detail.flips_suppressed,
         },
+        battery: n.detail.battery,
+        threshold: n.detail.threshold,
+        fault: n.detail.fault.map(|f| f.to_string()),
     };
     serde_json::to_vec(&p).expect("payload serializes")
 }

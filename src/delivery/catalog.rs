@@ -18,7 +18,8 @@ use serde_json::{Map, Value, json};
 
 use super::attempt::{body, envelope, test_payload};
 use crate::domain::notification::{BATCH, CLIENT_TEST};
-use crate::domain::sensor::MAX_ID_LEN;
+use crate::domain::sensor::{Labels, MAX_ID_LEN};
+use crate::domain::signals::Fault;
 use crate::domain::site::Site;
 use crate::domain::site::decide::{Linked, Member, site_loss, site_return};
 use crate::domain::{Connection, Detail, EventKind, Millis, Notification, SensorId, Status};
@@ -145,6 +146,45 @@ fn sensor_schema(kind: EventKind) -> Value {
             &["id", "address"],
         ),
     );
+    let label = |what: &str| {
+        json!({"type": "string", "maxLength": crate::domain::sensor::LABEL_MAX_CHARS,
+               "description": format!("The sensor's label of {what} (only when its labels name it).")})
+    };
+    if kind.is_signal() {
+        let mut required = vec!["id", "type", "occurred_at", "sensor"];
+        let percent = |description: &str| json!({"type": "integer", "minimum": 0, "maximum": 100, "description": description});
+        match kind {
+            EventKind::BatteryLow => {
+                p.insert(
+                    "battery".into(),
+                    percent("The battery reported, in percent."),
+                );
+                p.insert(
+                    "threshold".into(),
+                    percent("The sensor's battery_low_pct it fell to or below."),
+                );
+                required.extend(["battery", "threshold"]);
+            }
+            EventKind::BatteryOk => {
+                p.insert(
+                    "battery".into(),
+                    percent("The battery reported, in percent."),
+                );
+                required.push("battery");
+            }
+            EventKind::Fault => {
+                p.insert(
+                    "fault".into(),
+                    json!({"type": "string", "pattern": "^[a-z0-9_]{1,32}$",
+                           "description": "The fault code reported."}),
+                );
+                required.push("fault");
+            }
+            _ => {}
+        }
+        return object(kind.description(), Value::Object(p), &required);
+    }
+    p.insert("label".into(), label("data"));
     let mut required = vec!["id", "type", "occurred_at", "sensor", "data", "previous"];
     match kind {
         EventKind::StateChanged => {
@@ -153,6 +193,7 @@ fn sensor_schema(kind: EventKind) -> Value {
                 "previous".into(),
                 state("The state before; null for the sensor's first."),
             );
+            p.insert("previous_label".into(), label("previous"));
             p.insert(
                 "flips_suppressed".into(),
                 json!({"type": "integer", "minimum": 0,
@@ -356,11 +397,35 @@ fn example_notification(kind: EventKind) -> Notification {
             ..sample(id, kind, Some(true), None)
         },
         EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => site_example(kind),
+        EventKind::BatteryLow | EventKind::BatteryOk | EventKind::Fault => Notification {
+            detail: Detail {
+                battery: (kind != EventKind::Fault).then_some(match kind {
+                    EventKind::BatteryLow => 18,
+                    _ => 95,
+                }),
+                threshold: (kind == EventKind::BatteryLow).then_some(20),
+                fault: (kind == EventKind::Fault)
+                    .then(|| Fault::parse("lock_jam").expect("a sample fault code")),
+                ..Detail::default()
+            },
+            ..sample(id, kind, None, None)
+        },
+        EventKind::Tamper | EventKind::TamperCleared | EventKind::FaultCleared => {
+            sample(id, kind, None, None)
+        }
+    }
+}
+
+/// The labels of the examples' sensor.
+fn labels() -> Labels {
+    Labels {
+        zero: Some("closed".into()),
+        one: Some("open".into()),
     }
 }
 
 fn example(kind: EventKind) -> Value {
-    parsed(body(&example_notification(kind), ADDRESS))
+    parsed(body(&example_notification(kind), ADDRESS, &labels()))
 }
 
 /// A site down with two of a client's three sensors lost, or back with one of them.
@@ -423,7 +488,7 @@ fn batch_example() -> Value {
         occurred_at: AT + MINUTE,
         ..example_notification(EventKind::ConnectionLost)
     };
-    let events = [changed, lost].map(|n| body(&n, ADDRESS));
+    let events = [changed, lost].map(|n| body(&n, ADDRESS, &labels()));
     parsed(envelope(
         "01JD0Y3Q6T3S8W0KZ9X7M2V4QN",
         events.len(),
@@ -478,7 +543,7 @@ mod tests {
         let changed = schema_of("sensor.state_changed").unwrap();
         let good = example(EventKind::StateChanged);
         let mut extra = good.clone();
-        extra["label"] = json!("open");
+        extra["colour"] = json!("open");
         assert!(
             !errors(changed, &extra).is_empty(),
             "an unlisted field passed"
@@ -525,9 +590,35 @@ mod tests {
             last_seen_at: Some(AT - MINUTE),
             ..example_notification(EventKind::StateChanged)
         };
-        let sent = parsed(body(&n, ADDRESS));
+        let sent = parsed(body(&n, ADDRESS, &Labels::default()));
         assert!(sent.get("last_seen_at").is_none(), "{sent}");
         assert!(errors(schema_of("sensor.state_changed").unwrap(), &sent).is_empty());
+    }
+
+    #[test]
+    fn labels_follow_data_and_previous_and_signals_carry_no_state() {
+        let changed = example(EventKind::StateChanged);
+        assert_eq!(
+            (&changed["label"], &changed["previous_label"]),
+            (&json!("open"), &json!("closed"))
+        );
+        let lost = example(EventKind::ConnectionLost);
+        assert_eq!(lost["label"], "open");
+        assert!(lost.get("previous_label").is_none(), "{lost}");
+        let low = example(EventKind::BatteryLow);
+        assert_eq!(
+            (&low["battery"], &low["threshold"]),
+            (&json!(18), &json!(20))
+        );
+        for k in [EventKind::BatteryLow, EventKind::Tamper, EventKind::Fault] {
+            let b = example(k);
+            assert!(b.get("data").is_none() && b.get("label").is_none(), "{b}");
+        }
+        // Without labels, none.
+        let n = example_notification(EventKind::StateChanged);
+        let plain = parsed(body(&n, ADDRESS, &Labels::default()));
+        assert!(plain.get("label").is_none(), "{plain}");
+        assert!(errors(schema_of("sensor.state_changed").unwrap(), &plain).is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod policy;
 pub mod reading;
 pub mod receiver;
 pub mod sensor;
+pub mod signals;
 pub mod silence;
 pub mod site;
 pub mod time;

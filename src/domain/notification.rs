@@ -23,6 +23,21 @@ pub enum EventKind {
     /// A site came back: which of those sensors are back and which are still lost.
     #[serde(rename = "site.connection_restored")]
     SiteConnectionRestored,
+    /// A sensor's battery fell to its `battery_low_pct` or below.
+    #[serde(rename = "sensor.battery_low")]
+    BatteryLow,
+    /// A low battery is good again (at least 5 above the threshold).
+    #[serde(rename = "sensor.battery_ok")]
+    BatteryOk,
+    #[serde(rename = "sensor.tamper")]
+    Tamper,
+    #[serde(rename = "sensor.tamper_cleared")]
+    TamperCleared,
+    /// A sensor reported a fault code (or a new one while one was set).
+    #[serde(rename = "sensor.fault")]
+    Fault,
+    #[serde(rename = "sensor.fault_cleared")]
+    FaultCleared,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -43,6 +58,12 @@ impl EventKind {
             EventKind::StillLost => "sensor.still_lost",
             EventKind::SiteConnectionLost => "site.connection_lost",
             EventKind::SiteConnectionRestored => "site.connection_restored",
+            EventKind::BatteryLow => "sensor.battery_low",
+            EventKind::BatteryOk => "sensor.battery_ok",
+            EventKind::Tamper => "sensor.tamper",
+            EventKind::TamperCleared => "sensor.tamper_cleared",
+            EventKind::Fault => "sensor.fault",
+            EventKind::FaultCleared => "sensor.fault_cleared",
         }
     }
 
@@ -66,6 +87,16 @@ impl EventKind {
             EventKind::SiteConnectionRestored => {
                 "A site came back: which of the receiver's sensors of it are back and which are still lost."
             }
+            EventKind::BatteryLow => {
+                "A sensor's battery fell to its battery_low_pct or below (once, until it is good again)."
+            }
+            EventKind::BatteryOk => {
+                "A sensor's low battery is good again: at least 5 above its battery_low_pct."
+            }
+            EventKind::Tamper => "A sensor reported that it is being tampered with.",
+            EventKind::TamperCleared => "A tampered sensor reported that the tampering ended.",
+            EventKind::Fault => "A sensor reported a fault code, or a new one while one was set.",
+            EventKind::FaultCleared => "A sensor reported that its fault is gone.",
         }
     }
 
@@ -74,6 +105,20 @@ impl EventKind {
         matches!(
             self,
             EventKind::ConnectionLost | EventKind::ConnectionRestored | EventKind::StillLost
+        )
+    }
+
+    /// News of a sensor's battery, tamper switch or fault ([`super::signals`]): carries
+    /// neither `data` nor `previous`.
+    pub fn is_signal(self) -> bool {
+        matches!(
+            self,
+            EventKind::BatteryLow
+                | EventKind::BatteryOk
+                | EventKind::Tamper
+                | EventKind::TamperCleared
+                | EventKind::Fault
+                | EventKind::FaultCleared
         )
     }
 
@@ -86,13 +131,19 @@ impl EventKind {
     }
 
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 6] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
         EventKind::StillLost,
         EventKind::SiteConnectionLost,
         EventKind::SiteConnectionRestored,
+        EventKind::BatteryLow,
+        EventKind::BatteryOk,
+        EventKind::Tamper,
+        EventKind::TamperCleared,
+        EventKind::Fault,
+        EventKind::FaultCleared,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -103,6 +154,12 @@ impl EventKind {
             "sensor.still_lost" => Some(EventKind::StillLost),
             "site.connection_lost" => Some(EventKind::SiteConnectionLost),
             "site.connection_restored" => Some(EventKind::SiteConnectionRestored),
+            "sensor.battery_low" => Some(EventKind::BatteryLow),
+            "sensor.battery_ok" => Some(EventKind::BatteryOk),
+            "sensor.tamper" => Some(EventKind::Tamper),
+            "sensor.tamper_cleared" => Some(EventKind::TamperCleared),
+            "sensor.fault" => Some(EventKind::Fault),
+            "sensor.fault_cleared" => Some(EventKind::FaultCleared),
             _ => None,
         }
     }
@@ -133,6 +190,12 @@ pub struct Detail {
     /// `sensor.state_changed` after a debounce window: the readings within it whose value
     /// differed from the reading before, the notified one aside.
     pub flips_suppressed: Option<u32>,
+    /// `sensor.battery_low`, `sensor.battery_ok`: the battery reported.
+    pub battery: Option<u8>,
+    /// `sensor.battery_low`: the sensor's `battery_low_pct` when it fell.
+    pub threshold: Option<u8>,
+    /// `sensor.fault`: the code reported.
+    pub fault: Option<super::signals::Fault>,
 }
 
 /// Where a notification is in its life.

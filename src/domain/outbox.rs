@@ -79,6 +79,8 @@ pub struct Sendable {
     /// signatures.
     pub previous_secret: Option<String>,
     pub address: String,
+    /// The sensor's labels, read from the registry at the claim like its address.
+    pub labels: super::sensor::Labels,
     /// The client's `rate_limit`, so the dispatcher follows changes made on other nodes.
     pub rate_limit: Option<u32>,
     /// The client's batching, likewise.
@@ -99,6 +101,7 @@ impl std::fmt::Debug for Sendable {
             .field("url", &super::destination::redact(&self.url))
             .field("secret", &"[redacted]")
             .field("address", &self.address)
+            .field("labels", &self.labels)
             .field("rate_limit", &self.rate_limit)
             .field("batch", &self.batch)
             .field("receiver", &self.receiver)

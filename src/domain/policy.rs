@@ -170,6 +170,8 @@ pub struct ClaimRow {
     pub secret: Option<String>,
     /// The sensor's address, if the sensor still exists.
     pub address: Option<String>,
+    /// The sensor's labels now (none when it has none, or no longer exists).
+    pub labels: super::sensor::Labels,
     /// The client still owns the sensor.
     pub linked: bool,
     /// The secret a rotation replaced and until when it still signs.
@@ -355,6 +357,7 @@ pub fn claim_step(row: ClaimRow, node: &str, now: Millis) -> ClaimStep {
                     .previous_secret
                     .filter(|_| row.previous_secret_until.is_some_and(|until| until > now)),
                 address,
+                labels: row.labels,
                 rate_limit: row.rate_limit,
                 receiver: row.receiver,
                 unopened: None,
@@ -519,6 +522,15 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
             EventKind::SiteConnectionLost,
             EventKind::SiteConnectionRestored,
         ],
+        // An alarm sent again after its newer clearing (or a clearing after a newer alarm)
+        // would tell the client what is no longer so.
+        EventKind::BatteryLow | EventKind::BatteryOk => {
+            &[EventKind::BatteryLow, EventKind::BatteryOk]
+        }
+        EventKind::Tamper | EventKind::TamperCleared => {
+            &[EventKind::Tamper, EventKind::TamperCleared]
+        }
+        EventKind::Fault | EventKind::FaultCleared => &[EventKind::Fault, EventKind::FaultCleared],
     }
 }
 

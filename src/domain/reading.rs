@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::sensor::SensorId;
+use super::signals::{Fault, Signals};
 use super::time::{self, Millis};
 
 /// How far a device clock may run ahead of ours before a reading is refused. A reading
@@ -26,6 +27,9 @@ pub struct Reading {
     pub data: bool,
     /// The device's own time, when it sent one.
     pub ts: Option<Millis>,
+    /// Its battery, tamper flag and fault, where it reported them.
+    #[serde(default, skip_serializing_if = "Signals::is_empty")]
+    pub signals: Signals,
 }
 
 /// Why a reading was not applied. The label names the metric series.
@@ -46,6 +50,12 @@ pub enum RejectCode {
     InvalidData,
     InvalidTs,
     TsInFuture,
+    /// `battery` is not an integer 0–100.
+    InvalidBattery,
+    /// `tamper` is not a boolean.
+    InvalidTamper,
+    /// `fault` is neither `null` nor a code of up to 32 of `a-z0-9_`.
+    InvalidFault,
     /// A field a reading does not have (`sensor_id`, `data`, `ts`): a typo would otherwise
     /// be dropped unseen, and padding would be stored nowhere but still cost the parse.
     UnknownField,
@@ -69,6 +79,9 @@ impl RejectCode {
             RejectCode::InvalidData => "invalid_data",
             RejectCode::InvalidTs => "invalid_ts",
             RejectCode::TsInFuture => "ts_in_future",
+            RejectCode::InvalidBattery => "invalid_battery",
+            RejectCode::InvalidTamper => "invalid_tamper",
+            RejectCode::InvalidFault => "invalid_fault",
             RejectCode::UnknownField => "unknown_field",
             RejectCode::UnknownSensor => "unknown_sensor",
             RejectCode::StoreUnavailable => "store_unavailable",
@@ -106,9 +119,10 @@ impl std::fmt::Display for Rejection {
 }
 
 /// The fields a reading has; any other is refused ([`RejectCode::UnknownField`]).
-pub const FIELDS: [&str; 3] = ["sensor_id", "data", "ts"];
+pub const FIELDS: [&str; 6] = ["sensor_id", "data", "ts", "battery", "tamper", "fault"];
 
-/// Validates one reading given as JSON: `{"sensor_id": "...", "data": 0|1, "ts": "..."?}`.
+/// Validates one reading given as JSON: `{"sensor_id": "...", "data": 0|1, "ts": "..."?,
+/// "battery": 0..=100?, "tamper": bool?, "fault": "code"|null?}`.
 /// `now` bounds how far in the future `ts` may be.
 pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
     let obj = v.as_object().ok_or_else(|| {
@@ -157,14 +171,60 @@ pub fn parse_value(v: &Value, now: Millis) -> Result<Reading, Rejection> {
             ));
         }
     };
+    let signals = parse_signals(obj)?;
     check(
         Reading {
             sensor_id,
             data,
             ts,
+            signals,
         },
         now,
     )
+}
+
+/// A reading's `battery`, `tamper` and `fault`, each checked on its own.
+fn parse_signals(obj: &serde_json::Map<String, Value>) -> Result<Signals, Rejection> {
+    let battery = match obj.get("battery") {
+        None => None,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|b| b <= 100) => {
+            n.as_u64().map(|b| b as u8)
+        }
+        Some(other) => {
+            return Err(Rejection::new(
+                RejectCode::InvalidBattery,
+                format!("battery must be an integer from 0 to 100, got {other}"),
+            ));
+        }
+    };
+    let tamper = match obj.get("tamper") {
+        None => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(Rejection::new(
+                RejectCode::InvalidTamper,
+                format!("tamper must be true or false, got {other}"),
+            ));
+        }
+    };
+    let fault = match obj.get("fault") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(Value::String(s)) => Some(Some(
+            Fault::parse(s).map_err(|e| Rejection::new(RejectCode::InvalidFault, e))?,
+        )),
+        Some(other) => {
+            return Err(Rejection::new(
+                RejectCode::InvalidFault,
+                format!("fault must be a code string or null, got {other}"),
+            ));
+        }
+    };
+    Ok(Signals {
+        battery,
+        tamper,
+        fault,
+    })
 }
 
 /// Refuses a reading with fields beyond [`FIELDS`], naming them (the first few, each cut
@@ -323,6 +383,7 @@ fn parse_raw(json: &str, now: Millis) -> Result<Reading, Rejection> {
                     sensor_id,
                     data: f.data == 1,
                     ts,
+                    signals: Signals::default(),
                 },
                 now,
             )
@@ -487,7 +548,7 @@ mod tests {
         assert_eq!(r.code, RejectCode::UnknownField);
         assert_eq!(
             r.message,
-            "unknown field `pad`, expected one of `sensor_id`, `data`, `ts`"
+            "unknown field `pad`, expected one of `sensor_id`, `data`, `ts`, `battery`, `tamper`, `fault`"
         );
         // Before any other check: the shape is what is wrong.
         let r = refuse(json!({"sensor_id": "a b", "data": 9, "Data": 1, "ts": null}));
@@ -532,6 +593,7 @@ mod tests {
                     sensor_id: SensorId::parse("a").unwrap(),
                     data: true,
                     ts: Some(ts),
+                    signals: Signals::default(),
                 },
                 NOW,
             )
@@ -547,6 +609,52 @@ mod tests {
         assert_eq!(
             at(NOW + MAX_FUTURE_SKEW_MS + 1),
             Err(RejectCode::TsInFuture)
+        );
+    }
+
+    #[test]
+    fn battery_tamper_and_fault_are_read_and_checked() {
+        let r = parse_value(
+            &json!({"sensor_id": "a", "data": 1, "battery": 15, "tamper": true, "fault": "lock_jam"}),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(r.signals.battery, Some(15));
+        assert_eq!(r.signals.tamper, Some(true));
+        assert_eq!(
+            r.signals.fault,
+            Some(Some(Fault::parse("lock_jam").unwrap()))
+        );
+        let cleared = parse_value(&json!({"sensor_id": "a", "data": 1, "fault": null}), NOW);
+        assert_eq!(cleared.unwrap().signals.fault, Some(None));
+        let plain = parse_value(&json!({"sensor_id": "a", "data": 1}), NOW).unwrap();
+        assert!(plain.signals.is_empty());
+        let code = |v: Value| parse_value(&v, NOW).unwrap_err().code;
+        for bad in [json!(101), json!(-1), json!(5.5), json!("50"), json!(null)] {
+            assert_eq!(
+                code(json!({"sensor_id": "a", "data": 1, "battery": bad})),
+                RejectCode::InvalidBattery
+            );
+        }
+        for bad in [json!(1), json!("true"), json!(null)] {
+            assert_eq!(
+                code(json!({"sensor_id": "a", "data": 1, "tamper": bad})),
+                RejectCode::InvalidTamper
+            );
+        }
+        for bad in [json!(""), json!("Jam"), json!("x".repeat(33)), json!(7)] {
+            assert_eq!(
+                code(json!({"sensor_id": "a", "data": 1, "fault": bad})),
+                RejectCode::InvalidFault
+            );
+        }
+        // A request body's elements take the same way.
+        let body = br#"[{"sensor_id": "a", "data": 1, "battery": 9}, {"sensor_id": "a", "data": 1, "battery": 900}]"#;
+        let items = parse_many(body, NOW, 10).unwrap();
+        assert_eq!(items[0].as_ref().unwrap().signals.battery, Some(9));
+        assert_eq!(
+            items[1].as_ref().unwrap_err().code,
+            RejectCode::InvalidBattery
         );
     }
 

@@ -207,6 +207,88 @@ pub struct Sensor {
     /// The site it is installed in, if any.
     pub site_id: Option<String>,
     pub created_at: crate::domain::time::Millis,
+    /// Battery threshold in percent: a reading at or below it is `sensor.battery_low`
+    /// (0: off).
+    pub battery_low_pct: u8,
+    /// What its states mean to people.
+    pub labels: Labels,
+}
+
+/// Longest label of a state, in characters.
+pub const LABEL_MAX_CHARS: usize = 32;
+
+/// What a sensor's states mean to people (`{"0": "closed", "1": "open"}`): its
+/// notifications carry them as `label` and `previous_label`. Either may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Labels {
+    /// The label of state 0.
+    #[serde(rename = "0", default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 32)]
+    pub zero: Option<String>,
+    /// The label of state 1.
+    #[serde(rename = "1", default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 32)]
+    pub one: Option<String>,
+}
+
+impl Labels {
+    /// The label of state `data`, if it has one.
+    pub fn of(&self, data: bool) -> Option<&str> {
+        match data {
+            false => self.zero.as_deref(),
+            true => self.one.as_deref(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.zero.is_none() && self.one.is_none()
+    }
+
+    /// Checks each label: not empty, at most [`LABEL_MAX_CHARS`] characters.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, label) in [("0", &self.zero), ("1", &self.one)] {
+            if let Some(l) = label {
+                if l.is_empty() {
+                    return Err(format!("labels.{key} must not be empty"));
+                }
+                if l.chars().count() > LABEL_MAX_CHARS {
+                    return Err(format!(
+                        "labels.{key} must be at most {LABEL_MAX_CHARS} characters"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// As the stores keep it: JSON text, `None` for no labels.
+    pub fn to_column(&self) -> Option<String> {
+        (!self.is_empty()).then(|| serde_json::to_string(self).expect("labels serialize"))
+    }
+
+    /// From [`Labels::to_column`]'s text (what cannot be read is no labels).
+    pub fn from_column(text: Option<&str>) -> Self {
+        text.and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// A sensor's door-alarm settings, as a replace writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SensorAlarms {
+    /// See [`Sensor::battery_low_pct`].
+    pub battery_low_pct: u8,
+    pub labels: Labels,
+}
+
+impl Default for SensorAlarms {
+    fn default() -> Self {
+        Self {
+            battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+            labels: Labels::default(),
+        }
+    }
 }
 
 /// The current state of a sensor, as the API reports it.
@@ -218,6 +300,8 @@ pub struct SensorStatus {
     pub connection: Connection,
     /// How its last reading came in.
     pub last_source: Option<Source>,
+    /// Its battery, tamper flag and fault as last reported.
+    pub signals: crate::domain::signals::SignalState,
 }
 
 impl Default for SensorStatus {
@@ -228,6 +312,7 @@ impl Default for SensorStatus {
             last_seen_at: None,
             connection: Connection::Unknown,
             last_source: None,
+            signals: Default::default(),
         }
     }
 }
@@ -270,6 +355,10 @@ pub struct SensorState {
     pub lost_since: Option<crate::domain::time::Millis>,
     /// While lost: `sensor.still_lost` reminders sent; `None` as for `lost_since`.
     pub reminders: Option<u32>,
+    /// Its battery threshold (registry data, like the timeout).
+    pub battery_low_pct: u8,
+    /// Its battery, tamper flag and fault, and whether its battery is low.
+    pub signals: crate::domain::signals::SignalState,
 }
 
 impl SensorState {
@@ -286,6 +375,8 @@ impl SensorState {
             debounce: None,
             lost_since: None,
             reminders: None,
+            battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+            signals: Default::default(),
         }
     }
 
@@ -303,6 +394,7 @@ impl SensorState {
                 s.debounce,
                 s.lost_since,
                 s.reminders,
+                s.signals,
             )
         };
         written(self) == written(before)
@@ -323,6 +415,7 @@ impl SensorState {
             && self.connection == other.connection
             && self.last_source == other.last_source
             && self.debounce == other.debounce
+            && self.signals == other.signals
             && kept(self.lost_since, other.lost_since)
             && kept(
                 self.reminders.map(i64::from),

@@ -161,6 +161,13 @@ impl View {
             EventKind::ConnectionRestored
             | EventKind::StillLost
             | EventKind::SiteConnectionRestored => Self { lost: true, data },
+            // Tells nothing of state or connection ([`kept`] keeps no pair of them).
+            EventKind::BatteryLow
+            | EventKind::BatteryOk
+            | EventKind::Tamper
+            | EventKind::TamperCleared
+            | EventKind::Fault
+            | EventKind::FaultCleared => Self { lost: false, data },
         }
     }
 }
@@ -225,6 +232,11 @@ pub struct Kept<'a> {
 /// client never told of the rest; the view is kept with the pair, since the notification
 /// itself may be gone by then (retention) or, a site's, carries no data of the sensor.
 pub fn kept(k: Kept<'_>) -> Vec<(SensorId, View)> {
+    // A battery, tamper or fault notification says nothing of the state or connection a
+    // silence's end reconciles: a silenced one is not told again.
+    if k.kind.is_signal() {
+        return Vec::new();
+    }
     let (lists, lost): (&[&str], bool) = match k.kind {
         EventKind::SiteConnectionLost => (&["sensors"], false),
         EventKind::SiteConnectionRestored => (&["restored", "still_lost"], true),

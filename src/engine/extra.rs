@@ -1,7 +1,8 @@
 //! What a few sensors carry beyond their 48-byte slot ([`super::fleet`]): an own debounce
 //! window, a change waiting one out, and while lost (with reminders on) since when and how
-//! many reminders went out; and the one timer each such sensor may have (the end of its
-//! window, its next reminder), in due order.
+//! many reminders went out; a battery threshold other than the default and the battery,
+//! tamper flag and fault of a sensor that reported them; and the one timer each such sensor
+//! may have (the end of its window, its next reminder), in due order.
 //!
 //! Kept beside the slab rather than in it because most sensors have none of it: a slot
 //! stays 48 bytes, and a flag bit in it says whether to look here at all. A lost sensor
@@ -11,6 +12,7 @@ use crate::hashing::FastMap as HashMap;
 use std::collections::BTreeSet;
 
 use crate::domain::sensor::{Debounce, SensorState};
+use crate::domain::signals::{DEFAULT_BATTERY_LOW_PCT, SignalState};
 use crate::domain::{Connection, Millis};
 
 /// The service-wide settings a fleet's rules read.
@@ -63,6 +65,9 @@ impl Policy {
 pub(super) struct Extras {
     own_debounce: HashMap<u128, u32>,
     pending: HashMap<u128, Debounce>,
+    /// A battery threshold other than the default, and the signals of sensors that
+    /// reported any (a sensor that never did keeps nothing here).
+    signals: HashMap<u128, (u8, SignalState)>,
     /// `(lost_since, reminders)` of lost sensors, only while reminders are on.
     lost: HashMap<u128, (Millis, u32)>,
     timers: BTreeSet<(Millis, u128)>,
@@ -73,6 +78,10 @@ impl Extras {
     pub(super) fn read(&self, key: u128, s: &mut SensorState) {
         s.debounce_s = self.own_debounce.get(&key).copied();
         s.debounce = self.pending.get(&key).copied();
+        if let Some(&(pct, signals)) = self.signals.get(&key) {
+            s.battery_low_pct = pct;
+            s.signals = signals;
+        }
         if let Some(&(since, sent)) = self.lost.get(&key) {
             s.lost_since = Some(since);
             s.reminders = Some(sent);
@@ -84,6 +93,7 @@ impl Extras {
     pub(super) fn wanted(s: &SensorState, policy: &Policy) -> bool {
         s.debounce_s.is_some()
             || s.debounce.is_some()
+            || Self::own_signals(s).is_some()
             || (s.connection == Connection::Lost
                 && s.lost_since.is_some()
                 && policy.reminder_ms.is_some())
@@ -111,6 +121,7 @@ impl Extras {
         let mut kept = false;
         kept |= put(&mut self.own_debounce, key, new.debounce_s);
         kept |= put(&mut self.pending, key, new.debounce);
+        kept |= put(&mut self.signals, key, Self::own_signals(new));
         // Without reminders nothing reads these in memory: the store keeps them.
         let lost = match (new.connection, new.lost_since, policy.reminder_ms) {
             (Connection::Lost, Some(since), Some(_)) => Some((since, new.reminders.unwrap_or(0))),
@@ -120,6 +131,13 @@ impl Extras {
         kept
     }
 
+    /// What a sensor keeps here of its battery threshold and signals: nothing while both
+    /// are as a new sensor's.
+    fn own_signals(s: &SensorState) -> Option<(u8, SignalState)> {
+        (s.battery_low_pct != DEFAULT_BATTERY_LOW_PCT || s.signals != SignalState::default())
+            .then_some((s.battery_low_pct, s.signals))
+    }
+
     /// Forgets sensor `key` (`s`: its state, as read).
     pub(super) fn remove(&mut self, key: u128, s: &SensorState, policy: &Policy) {
         if let Some(t) = policy.timer(s) {
@@ -127,6 +145,7 @@ impl Extras {
         }
         self.own_debounce.remove(&key);
         self.pending.remove(&key);
+        self.signals.remove(&key);
         self.lost.remove(&key);
     }
 

@@ -399,13 +399,21 @@ impl Fleet {
         Some(old)
     }
 
-    /// Changes a sensor's own timeout and debounce window (`None`: the service default).
-    pub fn set_settings(&mut self, id: SensorId, timeout_s: Option<u32>, debounce_s: Option<u32>) {
+    /// Changes a sensor's own timeout and debounce window (`None`: the service default)
+    /// and its battery threshold.
+    pub fn set_settings(
+        &mut self,
+        id: SensorId,
+        timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
+        battery_low_pct: u8,
+    ) {
         // The connection does not change here, so the lost gauge stays right.
         if let Some(s) = self.get(id) {
             let new = SensorState {
                 heartbeat_timeout_s: timeout_s,
                 debounce_s,
+                battery_low_pct,
                 ..s
             };
             self.update(id, new);

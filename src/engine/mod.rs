@@ -618,19 +618,21 @@ impl Engine {
         done.await.map_err(|_| Error::Closed)
     }
 
-    /// Starts tracking a new sensor, or changes a tracked one's timeout and debounce
-    /// window.
+    /// Starts tracking a new sensor, or changes a tracked one's timeout, debounce window
+    /// and battery threshold.
     pub async fn upsert_sensor(
         &self,
         id: SensorId,
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
+        battery_low_pct: u8,
     ) -> Result<(), Error> {
         self.shards[self.shard(id)]
             .send(ShardMsg::Upsert {
                 id,
                 heartbeat_timeout_s,
                 debounce_s,
+                battery_low_pct,
                 initial: None,
             })
             .await
@@ -646,6 +648,7 @@ impl Engine {
                 id,
                 heartbeat_timeout_s: state.heartbeat_timeout_s,
                 debounce_s: state.debounce_s,
+                battery_low_pct: state.battery_low_pct,
                 initial: Some(state),
             })
             .await

@@ -20,6 +20,7 @@
 //! intervals passed instead of a burst of the missed ones.
 
 use crate::domain::sensor::{Debounce, SensorState};
+use crate::domain::signals::{self, Signals};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, Source};
 
 /// What a reading did to the state.
@@ -44,12 +45,45 @@ pub struct Input {
     /// Our clock when it arrived.
     pub received_at: Millis,
     pub source: Source,
+    /// Its battery, tamper flag and fault, where it reported them.
+    pub signals: Signals,
 }
 
 /// Applies one reading. Returns what changed and appends the events it caused to
 /// `events` (a `connection_restored` when the sensor was lost, then a `state_changed`
-/// unless `debounce_ms` holds it back).
+/// unless `debounce_ms` holds it back, then what its battery, tamper flag and fault raise:
+/// [`signals::apply`]). A late reading changes none of them.
 pub fn apply(
+    id: SensorId,
+    state: &mut SensorState,
+    r: Input,
+    debounce_ms: Millis,
+    events: &mut Vec<Event>,
+) -> Change {
+    let change = apply_data(id, state, r, debounce_ms, events);
+    if change != Change::Late && !r.signals.is_empty() {
+        signals::apply(
+            &mut state.signals,
+            r.signals,
+            state.battery_low_pct,
+            |(kind, detail)| {
+                events.push(Event {
+                    sensor_id: id,
+                    kind,
+                    at: r.ts,
+                    data: None,
+                    previous: None,
+                    last_seen_at: None,
+                    detail,
+                })
+            },
+        );
+    }
+    change
+}
+
+/// [`apply`]'s rule for the reading's state.
+fn apply_data(
     id: SensorId,
     state: &mut SensorState,
     r: Input,
@@ -209,6 +243,7 @@ mod tests {
             ts,
             received_at,
             source: Source::Http,
+            signals: Signals::default(),
         }
     }
 
@@ -451,6 +486,50 @@ mod tests {
             "the same data again restores, and changes nothing"
         );
         assert_eq!(s.connection, Connection::Online);
+    }
+
+    #[test]
+    fn signals_follow_applied_readings_only() {
+        let mut s = notified_zero();
+        let mut ev = vec![];
+        let with = |data, ts, battery, tamper| Input {
+            signals: Signals {
+                battery: Some(battery),
+                tamper: Some(tamper),
+                fault: None,
+            },
+            ..at(data, ts, ts)
+        };
+        apply(id(), &mut s, with(true, 100, 15, true), 0, &mut ev);
+        let kinds: Vec<EventKind> = ev.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::StateChanged,
+                EventKind::BatteryLow,
+                EventKind::Tamper
+            ]
+        );
+        assert_eq!(ev[1].detail.threshold, Some(20));
+        assert_eq!((ev[1].at, ev[1].data), (100, None));
+        ev.clear();
+        // Late: history only, whatever it says.
+        assert_eq!(
+            apply(id(), &mut s, with(true, 50, 90, false), 0, &mut ev),
+            Change::Late
+        );
+        assert!(ev.is_empty());
+        assert_eq!(
+            (s.signals.battery, s.signals.tamper),
+            (Some(15), Some(true))
+        );
+        // A repeat of the state still carries its signals.
+        assert_eq!(
+            apply(id(), &mut s, with(true, 200, 90, false), 0, &mut ev),
+            Change::Same
+        );
+        let kinds: Vec<EventKind> = ev.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::BatteryOk, EventKind::TamperCleared]);
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub(super) enum ShardMsg {
         id: SensorId,
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
+        battery_low_pct: u8,
         /// State to start from when the sensor is new here (else: never reported).
         initial: Option<SensorState>,
     },
@@ -342,6 +343,7 @@ impl Shard {
                 id,
                 heartbeat_timeout_s,
                 debounce_s,
+                battery_low_pct,
                 initial,
             } => {
                 let _ = self.flush(std::mem::take(pending)).await;
@@ -351,10 +353,12 @@ impl Shard {
                     return;
                 };
                 if part.fleet.get(id).is_some() {
-                    part.fleet.set_settings(id, heartbeat_timeout_s, debounce_s);
+                    part.fleet
+                        .set_settings(id, heartbeat_timeout_s, debounce_s, battery_low_pct);
                 } else {
                     let state = initial.unwrap_or(SensorState {
                         debounce_s,
+                        battery_low_pct,
                         ..SensorState::new(heartbeat_timeout_s)
                     });
                     part.fleet.insert(id, state);
@@ -462,6 +466,7 @@ impl Shard {
             ts,
             received_at,
             source,
+            signals: r.signals,
         };
         let change = rules::apply(r.sensor_id, state, input, window, &mut p.batch.events);
         p.batch.readings.push(ReadingRecord {
@@ -470,6 +475,7 @@ impl Shard {
             ts,
             received_at,
             late: change == Change::Late,
+            signals: r.signals,
         });
         None
     }
@@ -530,6 +536,7 @@ impl Shard {
                 debounce: s.debounce,
                 lost_since: s.lost_since,
                 reminders: s.reminders,
+                signals: s.signals,
             })
             .collect();
         let result = if p.batch.is_empty() {

@@ -31,6 +31,7 @@ fn reading(id: SensorId) -> Reading {
         sensor_id: id,
         data: true,
         ts: None,
+        signals: Default::default(),
     }
 }
 
@@ -576,6 +577,7 @@ async fn nothing_of_a_sequence_commits_behind_a_reading_of_it_that_did_not() {
             sensor_id: x,
             data,
             ts: None,
+            signals: Default::default(),
         })]
     };
     // The first batch's commit fails while the second waits behind it in the shard.

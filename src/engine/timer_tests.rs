@@ -50,6 +50,7 @@ fn reading(id: SensorId, data: bool) -> Result<Reading, Rejection> {
         sensor_id: id,
         data,
         ts: None,
+        signals: Default::default(),
     })
 }
 

@@ -13,6 +13,7 @@ use clickhouse::{Client, Row};
 use serde::{Deserialize, Serialize};
 
 use super::Error;
+use crate::domain::signals::Signals;
 use crate::domain::{Event, EventKind, Millis, SensorId};
 use crate::store::{HistoryBatch, ReadingRecord, Stored, TimeRange};
 
@@ -95,6 +96,10 @@ struct ReadingRow {
     received_at: i64,
     data: u8,
     late: u8,
+    battery: Option<u8>,
+    tamper: Option<u8>,
+    /// As the stores keep it: `""` for a cleared fault (`Signals::fault_column`).
+    fault: Option<String>,
 }
 
 #[derive(Row, Serialize, Deserialize)]
@@ -121,6 +126,14 @@ struct AttemptRow {
     duration_ms: u32,
 }
 
+/// Columns added to a table after it was first made: `(table, column, type)`, each also in
+/// [`schema`]'s `CREATE`.
+const ADDED: [(&str, &str, &str); 3] = [
+    ("readings", "battery", "Nullable(UInt8)"),
+    ("readings", "tamper", "Nullable(UInt8)"),
+    ("readings", "fault", "Nullable(String)"),
+];
+
 /// The tables, in the order they are created.
 fn schema(db: &str) -> [String; 4] {
     let month = |col: &str| format!("toYYYYMM(toDateTime(intDiv({col}, 1000)))");
@@ -128,7 +141,8 @@ fn schema(db: &str) -> [String; 4] {
         format!("CREATE DATABASE IF NOT EXISTS {db}"),
         format!(
             "CREATE TABLE IF NOT EXISTS {db}.readings (\
-               id Int64, sensor_id String, ts Int64, received_at Int64, data UInt8, late UInt8\
+               id Int64, sensor_id String, ts Int64, received_at Int64, data UInt8, late UInt8, \
+               battery Nullable(UInt8), tamper Nullable(UInt8), fault Nullable(String)\
              ) ENGINE = ReplacingMergeTree() PARTITION BY {} ORDER BY (sensor_id, ts, id)",
             month("ts")
         ),
@@ -180,10 +194,29 @@ impl ClickHouse {
         }
     }
 
-    /// Creates the database and tables when missing.
+    /// Creates the database and tables when missing, and adds the columns a table made by
+    /// an older latch lacks ([`ADDED`]; asked of `system.columns`, which every release has,
+    /// rather than `ADD COLUMN IF NOT EXISTS`, which old ones lack).
     pub async fn ensure_schema(&self) -> Result<(), Error> {
         for ddl in schema(&self.database) {
             timed(self.admin.query(&ddl).execute()).await?;
+        }
+        for (table, column, kind) in ADDED {
+            let have: Vec<String> = timed(
+                self.admin
+                    .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
+                    .bind(self.database.as_str())
+                    .bind(table)
+                    .fetch_all::<String>(),
+            )
+            .await?;
+            if !have.iter().any(|h| h == column) {
+                let ddl = format!(
+                    "ALTER TABLE {}.{table} ADD COLUMN {column} {kind}",
+                    self.database
+                );
+                timed(self.admin.query(&ddl).execute()).await?;
+            }
         }
         Ok(())
     }
@@ -247,6 +280,9 @@ impl ClickHouse {
                         received_at: r.row.received_at,
                         data: u8::from(r.row.data),
                         late: u8::from(r.row.late),
+                        battery: r.row.signals.battery,
+                        tamper: r.row.signals.tamper.map(u8::from),
+                        fault: r.row.signals.fault_column(),
                     })
                     .await?;
             }
@@ -320,6 +356,11 @@ impl ClickHouse {
                     ts: r.ts,
                     received_at: r.received_at,
                     late: r.late != 0,
+                    signals: Signals {
+                        battery: r.battery,
+                        tamper: r.tamper.map(|t| t != 0),
+                        fault: Signals::fault_from_column(r.fault.as_deref()),
+                    },
                 },
             })
             .collect())

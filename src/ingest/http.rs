@@ -29,6 +29,15 @@ pub struct ReadingIn {
     data: u8,
     /// Device time, RFC 3339; the receive time when absent.
     ts: Option<String>,
+    /// Battery charge in percent; absent: the sensor keeps the last one reported.
+    #[schema(minimum = 0, maximum = 100)]
+    battery: Option<u8>,
+    /// The tamper switch; absent: as last reported.
+    tamper: Option<bool>,
+    /// A fault code (1–32 of `a-z`, `0-9`, `_`), or `null` for none; absent: as last
+    /// reported.
+    #[schema(pattern = "^[a-z0-9_]{1,32}$", nullable)]
+    fault: Option<String>,
 }
 
 /// What became of the posted readings.
@@ -134,7 +143,7 @@ pub struct RejectedOut {
     /// Position in the posted array (0 for a single reading).
     pub index: usize,
     /// Machine-readable reason: `invalid_sensor_id`, `invalid_data`, `invalid_ts`,
-    /// `ts_in_future`, `unknown_field`, `unknown_sensor`, `not_an_object`; or
+    /// `ts_in_future`, `invalid_battery`, `invalid_tamper`, `invalid_fault`, `unknown_field`, `unknown_sensor`, `not_an_object`; or
     /// `store_unavailable`: valid but not stored (part of the request could not be
     /// committed), send it again; or `storage_full`: the same, because the store's disk is
     /// full.

@@ -266,7 +266,13 @@ impl committer::Listener for Wiring {
                 EventKind::ConnectionRestored => Measure::Restored,
                 EventKind::StillLost
                 | EventKind::SiteConnectionLost
-                | EventKind::SiteConnectionRestored => continue,
+                | EventKind::SiteConnectionRestored
+                | EventKind::BatteryLow
+                | EventKind::BatteryOk
+                | EventKind::Tamper
+                | EventKind::TamperCleared
+                | EventKind::Fault
+                | EventKind::FaultCleared => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

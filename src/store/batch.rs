@@ -15,6 +15,8 @@ pub struct ReadingRecord {
     pub received_at: Millis,
     /// Older than the last applied reading: kept, but did not change state.
     pub late: bool,
+    /// Its battery, tamper flag and fault, as it reported them.
+    pub signals: crate::domain::signals::Signals,
 }
 
 /// The new current state of one sensor after a batch.
@@ -35,6 +37,9 @@ pub struct StateUpdate {
     /// store clears both.
     pub lost_since: Option<Millis>,
     pub reminders: Option<u32>,
+    /// Its battery, tamper flag and fault, and whether a battery alarm is open (written as
+    /// they are).
+    pub signals: crate::domain::signals::SignalState,
     /// Nothing but `last_ts` and `last_seen_at` differs from the sensor's committed state
     /// ([`crate::domain::sensor::SensorState::only_seen_since`]). A backend may defer
     /// writing such an update, as long as no read of the store sees the older values and

@@ -51,7 +51,7 @@ pub use sealing::{Rotated, prepare as prepare_secrets, rotate as rotate_secret_k
 pub use space::Space;
 pub use types::{
     AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter, Page,
-    PageRequest, ReplayFilter, SensorRuntime, SensorView, Stored, TimeRange, Unacked,
+    PageRequest, ReplayFilter, SensorFilter, SensorRuntime, SensorView, Stored, TimeRange, Unacked,
 };
 pub(crate) use types::{limit_plus_one, notification_ref, retry_refusal, split_cursor};
 
@@ -103,14 +103,16 @@ pub trait Registry: Send + Sync {
     async fn first_missing_sensor(&self, ids: Vec<SensorId>) -> Result<Option<SensorId>>;
     async fn list_sensors(
         &self,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>>;
     /// Registered sensors counted by connection: one aggregate query, no rows returned.
     async fn count_sensors(&self) -> Result<ConnectionCounts>;
-    /// Replaces address, timeout, debounce window and site at `now`; `None` if the sensor
-    /// does not exist. A sensor that leaves a site takes what the site held of it along
-    /// (`domain::site::moves`): answers the notifications that made, pending.
+    /// Replaces address, timeout, debounce window, site and door-alarm settings at `now`;
+    /// `None` if the sensor does not exist. A sensor that leaves a site takes what the site
+    /// held of it along (`domain::site::moves`): answers the notifications that made,
+    /// pending.
+    #[allow(clippy::too_many_arguments)]
     async fn replace_sensor(
         &self,
         id: SensorId,
@@ -118,6 +120,7 @@ pub trait Registry: Send + Sync {
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
         site_id: Option<String>,
+        alarms: crate::domain::sensor::SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<NotificationRef>)>>;
     /// Deletes the sensor, its links, state and history; cancels its pending notifications;
@@ -409,12 +412,12 @@ pub trait Sites: Send + Sync {
         down: Option<bool>,
         page: PageRequest,
     ) -> Result<Page<(Site, SiteCounts)>>;
-    /// The site's sensors, by id, as [`Registry::list_sensors`] lists them (`connection`
+    /// The site's sensors, by id, as [`Registry::list_sensors`] lists them (`filter`
     /// filters the same way).
     async fn site_sensors(
         &self,
         site_id: String,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>>;
     /// Sites down, and events held for the grace of those up, across the store.

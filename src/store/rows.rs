@@ -9,7 +9,8 @@
 use super::sealing;
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
 use crate::domain::client::{Batch, DisabledReason, events_from_column};
-use crate::domain::sensor::{Debounce, SensorState};
+use crate::domain::sensor::{Debounce, Labels, SensorState};
+use crate::domain::signals::{Fault, SignalState, Signals};
 use crate::domain::{
     Attempt, Client, Connection, Detail, Event, EventKind, Notification, NotificationRef, Sensor,
     SensorId, SensorStatus, Source, Status,
@@ -18,7 +19,8 @@ use crate::domain::{
 /// A sensor with its status: [`sensor_view`].
 pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
      st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
-     st.last_source, s.site_id";
+     st.last_source, s.site_id, s.battery_low_pct, s.labels, st.battery, st.battery_low, \
+     st.tamper, st.fault";
 
 /// The sites' totals (`site::SiteTotals`): sites down, events held for the grace of the
 /// sites up, and the start of the oldest grace running. `sites` is one row per building,
@@ -31,7 +33,8 @@ pub(crate) const SITE_TOTALS: &str = "SELECT (SELECT COUNT(*) FROM sites WHERE d
 pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.changed_at, \
      st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, st.debounce_from, st.debounce_at, st.debounce_since, st.debounce_flips, \
-     st.lost_since, st.reminders";
+     st.lost_since, st.reminders, s.battery_low_pct, st.battery, st.battery_low, st.tamper, \
+     st.fault";
 pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
 
 /// A client: [`client`].
@@ -43,9 +46,9 @@ pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_a
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
      n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
      n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed, n.batch_id, \
-     n.body";
+     n.body, n.battery, n.threshold, n.fault";
 /// How many columns [`NOTIF_COLS`] has: where the columns after it begin.
-const NOTIF_N: usize = 19;
+const NOTIF_N: usize = 22;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
@@ -85,7 +88,8 @@ pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secre
       OR EXISTS (SELECT 1 FROM notification_sensors ns2 \
        WHERE ns2.sensor_id = ns.sensor_id AND ns2.seq > n.seq AND EXISTS (SELECT 1 \
        FROM notifications m WHERE m.seq = ns2.seq AND m.client_id = n.client_id \
-       AND m.status = 'delivered')))) END";
+       AND m.status = 'delivered')))) END, \
+     s.labels";
 /// On a shared store (PostgreSQL, `$2` the claiming node), after [`CLAIM_COLS`] and with
 /// [`CLAIM_LANE_FROM`] after [`CLAIM_FROM`]: the notification's lane in the store
 /// ([`claim_lane`]), so a claim keeps order across nodes
@@ -122,7 +126,9 @@ pub(crate) const CLAIM_FROM: &str = "notifications n \
      LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id";
 
 /// A reading of a known sensor: [`reading`].
-pub(crate) const READING_COLS: &str = "id, data, ts, received_at, late";
+pub(crate) const READING_COLS: &str = "id, data, ts, received_at, late, battery, tamper, fault";
+/// How many columns [`READING_COLS`] has: where a column after it is.
+pub(crate) const READING_N: usize = 8;
 
 /// An event of a known sensor: [`event`].
 pub(crate) const EVENT_COLS: &str =
@@ -188,6 +194,8 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             debounce_s: r.opt_count(8)?,
             site_id: r.opt_text(10)?,
             created_at: r.int(3)?,
+            battery_low_pct: pct(r.count(11)?),
+            labels: Labels::from_column(r.opt_text(12)?.as_deref()),
         },
         SensorStatus {
             data: r.opt_flag(4)?,
@@ -195,8 +203,31 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             last_seen_at: r.opt_int(6)?,
             connection: connection(&r.text(7)?),
             last_source: r.opt_text(9)?.as_deref().and_then(Source::parse),
+            signals: signal_state(r, 13)?,
         },
     ))
+}
+
+/// A stored percentage (0–100 by the API's checks).
+fn pct(v: u32) -> u8 {
+    v.min(100) as u8
+}
+
+/// `st.battery, st.battery_low, st.tamper, st.fault` from column `first` on.
+fn signal_state<R: Cols>(r: &R, first: usize) -> Result<SignalState, R::Error> {
+    Ok(SignalState {
+        battery: r.opt_count(first)?.map(pct),
+        battery_low: r.opt_flag(first + 1)?.unwrap_or(false),
+        tamper: r.opt_flag(first + 2)?,
+        fault: fault(r, first + 3)?,
+    })
+}
+
+/// A stored fault code.
+fn fault<R: Cols>(r: &R, i: usize) -> Result<Option<Fault>, R::Error> {
+    r.opt_text(i)?
+        .map(|f| Fault::parse(&f).map_err(|e| r.damaged(i, e)))
+        .transpose()
 }
 
 /// [`RUNTIME_COLS`] from column 0.
@@ -223,6 +254,8 @@ pub(crate) fn runtime<R: Cols>(r: &R) -> Result<SensorRuntime, R::Error> {
             },
             lost_since: r.opt_int(13)?,
             reminders: r.opt_count(14)?,
+            battery_low_pct: pct(r.count(15)?),
+            signals: signal_state(r, 16)?,
         },
     ))
 }
@@ -271,6 +304,9 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
             lost_since: r.opt_int(14)?,
             reminder: r.opt_count(15)?,
             flips_suppressed: r.opt_count(16)?,
+            battery: r.opt_count(19)?.map(pct),
+            threshold: r.opt_count(20)?.map(pct),
+            fault: fault(r, 21)?,
         },
         status: Status::parse(&r.text(9)?).unwrap_or(Status::Pending),
         attempts: r.count(10)?,
@@ -341,6 +377,7 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
             })
             .transpose()?
             .unwrap_or_default(),
+        labels: Labels::from_column(r.opt_text(NOTIF_N + 21)?.as_deref()),
         // One node's lanes hold every lane whole; a shared store reads it ([`claim_lane`]).
         lane: Default::default(),
     })
@@ -349,11 +386,11 @@ pub(crate) fn claim_row<R: Cols>(r: &R) -> Result<ClaimRow, R::Error> {
 /// [`CLAIM_LANE_COLS`] after [`claim_row`]'s columns.
 pub(crate) fn claim_lane<R: Cols>(r: &R) -> Result<crate::domain::policy::LaneInStore, R::Error> {
     Ok(crate::domain::policy::LaneInStore {
-        older_pending: r.int(NOTIF_N + 21)? as u32,
-        older_lease_until: r.opt_int(NOTIF_N + 22)?,
-        newer_state_delivered: r.flag(NOTIF_N + 23)?,
-        newer_state_pending: r.flag(NOTIF_N + 24)?,
-        newer_lease_until: r.opt_int(NOTIF_N + 25)?,
+        older_pending: r.int(NOTIF_N + 22)? as u32,
+        older_lease_until: r.opt_int(NOTIF_N + 23)?,
+        newer_state_delivered: r.flag(NOTIF_N + 24)?,
+        newer_state_pending: r.flag(NOTIF_N + 25)?,
+        newer_lease_until: r.opt_int(NOTIF_N + 26)?,
     })
 }
 
@@ -370,6 +407,11 @@ pub(crate) fn reading<R: Cols>(
             ts: r.int(2)?,
             received_at: r.int(3)?,
             late: r.flag(4)?,
+            signals: Signals {
+                battery: r.opt_count(5)?.map(pct),
+                tamper: r.opt_flag(6)?,
+                fault: Signals::fault_from_column(r.opt_text(7)?.as_deref()),
+            },
         },
     })
 }
@@ -389,6 +431,7 @@ pub(crate) fn event<R: Cols>(r: &R, sensor_id: SensorId) -> Result<Stored<Event>
                 lost_since: r.opt_int(6)?,
                 reminder: r.opt_count(7)?,
                 flips_suppressed: r.opt_count(8)?,
+                ..Detail::default()
             },
         },
     })

@@ -123,6 +123,38 @@ pub struct ReplayFilter {
 /// Sensor with its current status, as the API shows it.
 pub type SensorView = (Sensor, SensorStatus);
 
+/// Which sensors a list keeps: by connection, and by what they last reported of their
+/// battery (strictly below) and tamper flag (a sensor that never reported one is not
+/// tampered).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SensorFilter {
+    pub connection: Option<crate::domain::Connection>,
+    pub battery_below: Option<u8>,
+    pub tamper: Option<bool>,
+}
+
+impl SensorFilter {
+    /// Only by connection.
+    pub fn connection(connection: Option<crate::domain::Connection>) -> Self {
+        Self {
+            connection,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a sensor whose status is `status` is listed: what the backends' statements
+    /// say, for a store that filters in memory (the simulation's model).
+    pub fn keeps(&self, status: &SensorStatus) -> bool {
+        self.connection.is_none_or(|c| status.connection == c)
+            && self
+                .battery_below
+                .is_none_or(|b| status.signals.battery.is_some_and(|x| x < b))
+            && self
+                .tamper
+                .is_none_or(|t| status.signals.tamper.unwrap_or(false) == t)
+    }
+}
+
 /// How many registered sensors are in each connection state (the console's fleet page).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConnectionCounts {

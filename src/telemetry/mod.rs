@@ -170,13 +170,16 @@ pub const RETAINED: [&str; 5] = [
 ];
 
 /// Every `reason` a reading can be rejected with.
-const REJECT_CODES: [RejectCode; 10] = [
+const REJECT_CODES: [RejectCode; 13] = [
     RejectCode::MalformedJson,
     RejectCode::NotAnObject,
     RejectCode::InvalidSensorId,
     RejectCode::InvalidData,
     RejectCode::InvalidTs,
     RejectCode::TsInFuture,
+    RejectCode::InvalidBattery,
+    RejectCode::InvalidTamper,
+    RejectCode::InvalidFault,
     RejectCode::UnknownField,
     RejectCode::UnknownSensor,
     RejectCode::StoreUnavailable,
@@ -202,6 +205,9 @@ fn listed(code: RejectCode, status: Status) {
         | RejectCode::InvalidData
         | RejectCode::InvalidTs
         | RejectCode::TsInFuture
+        | RejectCode::InvalidBattery
+        | RejectCode::InvalidTamper
+        | RejectCode::InvalidFault
         | RejectCode::UnknownField
         | RejectCode::UnknownSensor
         | RejectCode::StoreUnavailable

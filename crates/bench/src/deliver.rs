@@ -523,6 +523,7 @@ async fn bare_client(url: &str, concurrency: usize, total: usize) -> anyhow::Res
         secret: client.secret.clone(),
         previous_secret: None,
         address: "bench street 1".into(),
+        labels: Default::default(),
         rate_limit: None,
         batch: None,
         receiver: Default::default(),

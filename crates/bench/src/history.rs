@@ -205,6 +205,7 @@ async fn direct_insert_rate(ch: &LocalClickHouse, rows: usize) -> anyhow::Result
                         ts: now + i as i64,
                         received_at: now + i as i64,
                         late: false,
+                        signals: Default::default(),
                     },
                 })
                 .collect(),

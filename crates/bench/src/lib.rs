@@ -382,6 +382,8 @@ pub async fn import_sited(
                 debounce_s: None,
                 site_id: (sites > 0).then(|| format!("site{:05}", (c * 20_000 + j) / per_site)),
                 created_at: time::now_ms(),
+                battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                labels: Default::default(),
             })
             .collect();
         let links = chunk

@@ -14,6 +14,7 @@ mod deleted;
 mod delivery;
 mod liveness;
 mod retention;
+mod signals;
 mod sites;
 mod states;
 mod told;
@@ -118,6 +119,7 @@ pub fn at_end(
         states_change(world, t, log, start);
         superseded(world, &trails, start);
         debounced(world, t, log, start);
+        signals::alarms_alternate(world, t, log, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its

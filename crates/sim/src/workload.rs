@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use latch::domain::client::{Client, generate_secret};
+use latch::domain::signals::{Fault, Signals};
 use latch::domain::{Millis, Reading, Sensor, SensorId, Source, Status};
 use latch::history::retention::{self, Settings as RetentionSettings};
 use latch::store::{Outbox, Registry, ReplayFilter, Retention, Sites};
@@ -128,10 +129,19 @@ impl Workload {
                 debounce_s,
                 site_id: (i % 2 == 0).then(|| SITE.to_string()),
                 created_at: now,
+                battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                labels: Default::default(),
             };
             let site = sensor.site_id.clone();
             store.create_sensor(sensor).await?;
-            engine.upsert_sensor(s.id, None, debounce_s).await?;
+            engine
+                .upsert_sensor(
+                    s.id,
+                    None,
+                    debounce_s,
+                    latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                )
+                .await?;
             let mut log = self.log.lock().unwrap();
             log.memberships.push((s.id, site, now, now));
             log.settings.push(crate::log::Setting {
@@ -212,13 +222,36 @@ impl Workload {
             s.last_ts = now;
             now
         };
+        let (id, data, source) = (s.id, if late { !s.data } else { s.data }, s.source);
         let reading = Reading {
-            sensor_id: s.id,
-            data: if late { !s.data } else { s.data },
+            sensor_id: id,
+            data,
             ts: Some(ts),
+            signals: self.signals(),
         };
-        let source = s.source;
         self.send(vec![reading], source);
+    }
+
+    /// What a door sensor reports beside its state, now and then (issue #72): a battery
+    /// that hovers around the default threshold, the tamper switch, a fault code or its
+    /// clearing. Late readings carry them too, and must change none of them.
+    fn signals(&self) -> Signals {
+        if !self.world.chance(0.4) {
+            return Signals::default();
+        }
+        const CODES: [&str; 2] = ["lock_jam", "motor_2"];
+        Signals {
+            battery: self
+                .world
+                .chance(0.6)
+                .then(|| self.world.between(14, 29) as u8),
+            tamper: self.world.chance(0.3).then(|| self.world.chance(0.5)),
+            fault: self.world.chance(0.3).then(|| {
+                self.world.chance(0.5).then(|| {
+                    Fault::parse(CODES[self.world.between(0, 2) as usize]).expect("a valid code")
+                })
+            }),
+        }
     }
 
     /// Many sensors change at once.
@@ -236,6 +269,7 @@ impl Workload {
                 sensor_id: s.id,
                 data: s.data,
                 ts: Some(now),
+                signals: Default::default(),
             });
         }
         if !readings.is_empty() {
@@ -298,6 +332,7 @@ impl Workload {
                 sensor_id: s.id,
                 data: s.data,
                 ts: Some(now),
+                signals: Default::default(),
             });
         }
         self.send(readings, Source::Http);

@@ -134,15 +134,15 @@ mod tests {
             check_body(t.example.to_string().as_bytes()).unwrap();
         }
         let mut lost = example("sensor.connection_lost");
-        lost["label"] = "closed".into();
+        lost["colour"] = "closed".into();
         let e = check_body(lost.to_string().as_bytes()).unwrap_err();
         assert!(
-            e.contains("sensor.connection_lost") && e.contains("label"),
+            e.contains("sensor.connection_lost") && e.contains("colour"),
             "{e}"
         );
 
         let mut batch = example("batch");
-        batch["events"][1]["label"] = "closed".into();
+        batch["events"][1]["colour"] = "closed".into();
         let e = check_body(batch.to_string().as_bytes()).unwrap_err();
         assert!(e.contains("events[1] (sensor.connection_lost)"), "{e}");
         assert!(check_body(br#"{"type": "sensor.exploded"}"#).is_err());

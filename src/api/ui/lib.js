@@ -195,6 +195,12 @@ export function describe(e) {
     // On the live stream a site's event counts its sensors; a notification's has none.
     case "site.connection_lost": return e.sensors === undefined ? "site down" : `site down: ${e.lost} of ${e.sensors} sensors lost`;
     case "site.connection_restored": return e.sensors === undefined ? "site back up" : `site back up: ${e.lost} of ${e.sensors} sensors still lost`;
+    case "sensor.battery_low": return e.battery === undefined ? "battery low" : `battery low: ${e.battery} %`;
+    case "sensor.battery_ok": return e.battery === undefined ? "battery ok" : `battery ok: ${e.battery} %`;
+    case "sensor.tamper": return "tampered with";
+    case "sensor.tamper_cleared": return "tampering ended";
+    case "sensor.fault": return e.fault === undefined ? "fault" : `fault: ${e.fault}`;
+    case "sensor.fault_cleared": return "fault cleared";
     default: return e.type;
   }
 }

@@ -131,6 +131,12 @@ export async function sensorPage(id, params) {
     const rows = [["State", state(s.status.data)], ["Connection", badge(s.status.connection)],
       ["Changed at", when(s.status.changed_at)], ["Last seen", when(s.status.last_seen_at)],
       ["Last heard over", s.status.last_source ?? "—"],
+      ["Battery", s.status.battery === null || s.status.battery === undefined ? "—"
+        : `${s.status.battery} %` + (s.battery_low_pct && s.status.battery <= s.battery_low_pct ? " (low)" : "")],
+      ["Tamper", s.status.tamper === null || s.status.tamper === undefined ? "—" : s.status.tamper ? "tampered" : "no"],
+      ["Fault", s.status.fault ?? "none"],
+      ["Battery alarm at", s.battery_low_pct ? `${s.battery_low_pct} % or below` : "off"],
+      ["Labels", s.labels ? `0: ${s.labels["0"] ?? "—"}, 1: ${s.labels["1"] ?? "—"}` : "none"],
       ["Site", s.site_id ? h("a", { href: `#/sites/${enc(s.site_id)}` }, s.site_id) : "none"],
       ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
       ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
@@ -203,7 +209,9 @@ export async function sensorPage(id, params) {
     // A replace without it would take the sensor out of its site.
     field("Site id", h("input", { name: "site_id", maxlength: 64, size: 12, value: s.site_id ?? "" })),
   ], async (d) => {
-    const body = { address: d.get("address") };
+    // Settings this form does not show are sent back as they are: a replace without them
+    // would reset them.
+    const body = { address: d.get("address"), battery_low_pct: s.battery_low_pct, labels: s.labels ?? null };
     if (d.get("site_id")) body.site_id = d.get("site_id");
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
     if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));

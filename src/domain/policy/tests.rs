@@ -41,6 +41,7 @@ fn row(status: Status) -> ClaimRow {
         url: Some("http://x".into()),
         secret: Some("whsec_x".into()),
         address: Some("hall".into()),
+        labels: Default::default(),
         linked: true,
         previous_secret: None,
         previous_secret_until: None,

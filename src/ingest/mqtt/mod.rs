@@ -472,6 +472,7 @@ pub fn parse_publish(
             sensor_id,
             data: bit == "1",
             ts: None,
+            signals: Default::default(),
         });
     }
     let mut v: serde_json::Value = serde_json::from_slice(payload)

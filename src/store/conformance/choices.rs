@@ -135,6 +135,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
         debounce: None,
         lost_since,
         reminders,
+        signals: Default::default(),
         seen_only: false,
     };
     let reminder = Event {
@@ -148,6 +149,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
             lost_since: Some(5_000),
             reminder: Some(2),
             flips_suppressed: None,
+            ..Detail::default()
         },
     };
     let batch = CommitBatch {
@@ -191,4 +193,155 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
         .await
         .unwrap();
     assert_eq!(events.items.last().unwrap().row, back.events[0]);
+}
+
+/// A sensor's battery threshold and labels, its battery, tamper flag and fault as a commit
+/// wrote them, and what a battery or fault notification carries, are kept; a claim reads
+/// the labels from the registry, as it reads the address.
+pub(super) async fn door_signals_round_trip(s: &Subject) {
+    use crate::domain::sensor::{Labels, SensorAlarms};
+    use crate::domain::signals::{Fault, SignalState};
+    let labels = Labels {
+        zero: Some("closed".into()),
+        one: Some("open".into()),
+    };
+    let own = Sensor {
+        battery_low_pct: 30,
+        labels: labels.clone(),
+        ..sensor("ds1")
+    };
+    s.create_sensor(own).await.unwrap();
+    s.create_client(client("ds-a", "http://a/")).await.unwrap();
+    s.link("ds-a".into(), sid("ds1"), 1).await.unwrap();
+    let (read, _) = s.get_sensor(sid("ds1")).await.unwrap().unwrap();
+    assert_eq!((read.battery_low_pct, &read.labels), (30, &labels));
+
+    let jam = Fault::parse("lock_jam").unwrap();
+    let signals = SignalState {
+        battery: Some(25),
+        battery_low: true,
+        tamper: Some(true),
+        fault: Some(jam),
+    };
+    let mut batch = change("ds1", true, None, 1_000);
+    batch.states[0].signals = signals;
+    let alarm = |kind, detail| Event {
+        sensor_id: sid("ds1"),
+        kind,
+        at: 1_000,
+        data: None,
+        previous: None,
+        last_seen_at: None,
+        detail,
+    };
+    let low = Detail {
+        battery: Some(25),
+        threshold: Some(30),
+        ..Detail::default()
+    };
+    let fault = Detail {
+        fault: Some(jam),
+        ..Detail::default()
+    };
+    batch.events.push(alarm(EventKind::BatteryLow, low));
+    batch.events.push(alarm(EventKind::Fault, fault));
+    let created = s.commit(batch, 1_000).await.unwrap();
+    assert_eq!(created.len(), 3);
+    let (_, status) = s.get_sensor(sid("ds1")).await.unwrap().unwrap();
+    assert_eq!(status.signals, signals);
+    let rt = runtime_of(&**s, "ds1").await;
+    assert_eq!((rt.battery_low_pct, rt.signals), (30, signals));
+    let listed = |battery_below, tamper| async move {
+        let filter = SensorFilter {
+            battery_below,
+            tamper,
+            ..SensorFilter::default()
+        };
+        s.list_sensors(filter, page(10)).await.unwrap().items.len()
+    };
+    assert_eq!(listed(Some(26), Some(true)).await, 1);
+    assert_eq!(listed(Some(25), None).await, 0, "strictly below");
+    assert_eq!(listed(None, Some(false)).await, 0);
+    for (made, detail) in created[1..].iter().zip([low, fault]) {
+        let (n, _) = s.get_notification(made.id.clone()).await.unwrap().unwrap();
+        assert_eq!((n.detail, n.data), (detail, None));
+    }
+    let claims = s
+        .claim(
+            vec![created[0].id.clone()],
+            "n1".into(),
+            2_000,
+            62_000,
+            None,
+        )
+        .await
+        .unwrap();
+    match &claims[0] {
+        Claim::Send(x) => assert_eq!(x.labels, labels),
+        other => panic!("expected a send: {other:?}"),
+    }
+
+    // A replace writes both; a later commit writes the signals as they are.
+    let alarms = SensorAlarms {
+        battery_low_pct: 0,
+        labels: Labels::default(),
+    };
+    let (view, _) = s
+        .replace_sensor(sid("ds1"), "x".into(), None, None, None, alarms, 3_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (view.0.battery_low_pct, view.0.labels),
+        (0, Labels::default())
+    );
+    let mut batch = change("ds1", false, Some(true), 4_000);
+    batch.states[0].signals = SignalState {
+        tamper: Some(false),
+        ..signals
+    };
+    s.commit(batch, 4_000).await.unwrap();
+    let rt = runtime_of(&**s, "ds1").await;
+    assert_eq!((rt.battery_low_pct, rt.signals.tamper), (0, Some(false)));
+    assert_eq!(rt.signals.fault, Some(jam));
+}
+
+/// A reading's battery, tamper flag and fault are kept in history as it reported them (a
+/// cleared fault apart from one it said nothing of), in the journal and once archived.
+pub(super) async fn door_signals_in_history(s: &Subject) {
+    use crate::domain::signals::{Fault, Signals};
+    s.create_sensor(sensor("dh1")).await.unwrap();
+    let said = [
+        Signals {
+            battery: Some(87),
+            tamper: Some(true),
+            fault: Some(Some(Fault::parse("lock_jam").unwrap())),
+        },
+        Signals {
+            fault: Some(None),
+            ..Signals::default()
+        },
+        Signals::default(),
+    ];
+    let mut batch = CommitBatch::default();
+    for (i, signals) in said.iter().enumerate() {
+        let mut one = change("dh1", i % 2 == 0, None, 1_000 + i as Millis);
+        one.readings[0].signals = *signals;
+        batch.readings.extend(one.readings);
+    }
+    s.commit(batch, 2_000).await.unwrap();
+    let read = || async {
+        s.list_readings(sid("dh1"), TimeRange::default(), page(10))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|r| r.row.signals)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read().await, said);
+    if let Some(journal) = &s.journal {
+        journal.archive_history(1_000_000).await.unwrap();
+        assert_eq!(read().await, said, "archived as they were");
+    }
 }

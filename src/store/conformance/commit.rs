@@ -164,6 +164,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {
@@ -192,7 +193,10 @@ pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
         Connection::Lost
     );
     let lost = s
-        .list_sensors(Some(Connection::Lost), page(1000))
+        .list_sensors(
+            crate::store::SensorFilter::connection(Some(Connection::Lost)),
+            page(1000),
+        )
         .await
         .unwrap();
     assert!(lost.items.iter().any(|(x, _)| x.id == sid("lv1")));

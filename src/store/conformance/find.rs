@@ -222,6 +222,7 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
         None,
         None,
         Some("fs-a".into()),
+        Default::default(),
         6_000,
     )
     .await
@@ -244,6 +245,7 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
         None,
         None,
         None,
+        Default::default(),
         9_000,
     )
     .await

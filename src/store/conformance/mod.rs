@@ -199,6 +199,8 @@ suite!(
     commit::a_sweep_is_told_only_of_what_it_did_not_read,
     choices::subscriptions_make_only_wanted_notifications,
     choices::state_keeps_source_window_and_reminders,
+    choices::door_signals_round_trip,
+    choices::door_signals_in_history,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,
@@ -274,6 +276,8 @@ pub fn sensor(id: &str) -> Sensor {
         debounce_s: None,
         site_id: None,
         created_at: 1_000,
+        battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+        labels: Default::default(),
     }
 }
 
@@ -306,6 +310,7 @@ pub fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {
@@ -329,6 +334,7 @@ pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> Commi
             ts: at,
             received_at: at,
             late: false,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: sid(id),
@@ -341,6 +347,7 @@ pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> Commi
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {

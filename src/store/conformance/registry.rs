@@ -14,7 +14,10 @@ pub(super) async fn sensors_crud_and_pagination(s: &Subject) {
     let mut seen = vec![];
     let mut req = page(10);
     loop {
-        let p = s.list_sensors(None, req.clone()).await.unwrap();
+        let p = s
+            .list_sensors(crate::store::SensorFilter::default(), req.clone())
+            .await
+            .unwrap();
         seen.extend(p.items.iter().map(|(x, _)| x.id.to_string()));
         match p.next {
             Some(n) => req.after = Some(n),
@@ -28,7 +31,15 @@ pub(super) async fn sensors_crud_and_pagination(s: &Subject) {
     assert_eq!(got.address, "address of pg03");
     assert_eq!(status, SensorStatus::default());
     let replaced = s
-        .replace_sensor(sid("pg03"), "new place".into(), Some(60), Some(5), None, 4)
+        .replace_sensor(
+            sid("pg03"),
+            "new place".into(),
+            Some(60),
+            Some(5),
+            None,
+            Default::default(),
+            4,
+        )
         .await
         .unwrap()
         .unwrap();
@@ -37,21 +48,35 @@ pub(super) async fn sensors_crud_and_pagination(s: &Subject) {
     assert_eq!(replaced.0.0.debounce_s, Some(5));
     assert!(replaced.1.is_empty(), "it left no site: nothing to make");
     assert!(
-        s.replace_sensor(sid("nope"), "x".into(), None, None, None, 4)
-            .await
-            .unwrap()
-            .is_none()
+        s.replace_sensor(
+            sid("nope"),
+            "x".into(),
+            None,
+            None,
+            None,
+            Default::default(),
+            4
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     assert!(s.delete_sensor(sid("pg03"), 5).await.unwrap());
     assert!(!s.delete_sensor(sid("pg03"), 5).await.unwrap());
     assert!(s.get_sensor(sid("pg03")).await.unwrap().is_none());
     let unknown = s
-        .list_sensors(Some(Connection::Unknown), page(1000))
+        .list_sensors(
+            crate::store::SensorFilter::connection(Some(Connection::Unknown)),
+            page(1000),
+        )
         .await
         .unwrap();
     assert_eq!(unknown.items.len(), 24);
     let online = s
-        .list_sensors(Some(Connection::Online), page(1000))
+        .list_sensors(
+            crate::store::SensorFilter::connection(Some(Connection::Online)),
+            page(1000),
+        )
         .await
         .unwrap();
     assert!(online.items.is_empty());
@@ -206,9 +231,17 @@ pub(super) async fn registry_changes_follow_create_change_delete(s: &Subject) {
     };
     let start = cluster.newest_registry_change().await.unwrap();
     s.create_sensor(sensor("rg1")).await.unwrap();
-    s.replace_sensor(sid("rg1"), "moved".into(), Some(90), None, None, 1)
-        .await
-        .unwrap();
+    s.replace_sensor(
+        sid("rg1"),
+        "moved".into(),
+        Some(90),
+        None,
+        None,
+        Default::default(),
+        1,
+    )
+    .await
+    .unwrap();
     s.create_sensor(sensor("rg2")).await.unwrap();
     s.delete_sensor(sid("rg2"), 1).await.unwrap();
     let (newest, changes) = cluster.registry_changes(start).await.unwrap();
@@ -247,6 +280,7 @@ pub(super) async fn counts_by_connection(s: &Subject) {
         debounce: None,
         lost_since: None,
         reminders: None,
+        signals: Default::default(),
         seen_only: false,
     };
     let batch = CommitBatch {

@@ -39,6 +39,7 @@ fn burst(id: &str, from: Millis, n: i64) -> CommitBatch {
                 ts: from + i,
                 received_at: from + i,
                 late: false,
+                signals: Default::default(),
             })
             .collect(),
         ..Default::default()

@@ -205,10 +205,18 @@ pub(super) async fn a_site_silence_reconciles_a_sensor_that_moved_away(s: &Subje
             .unwrap()
             .is_empty()
     );
-    s.replace_sensor(sid("sm1"), "elsewhere".into(), None, None, None, 10_000)
-        .await
-        .unwrap()
-        .unwrap();
+    s.replace_sensor(
+        sid("sm1"),
+        "elsewhere".into(),
+        None,
+        None,
+        None,
+        Default::default(),
+        10_000,
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let made = s.reconcile_silences(30_000, 36_000).await.unwrap();
     let got: Vec<(SensorId, EventKind)> = made.iter().map(|n| (n.sensor_id, n.kind)).collect();
     assert_eq!(got, [(sid("sm1"), EventKind::StateChanged)]);

@@ -89,6 +89,7 @@ pub(super) async fn sites_count_their_sensors(s: &Subject) {
         None,
         None,
         Some("bldg-2".into()),
+        Default::default(),
         9_000,
     )
     .await
@@ -445,13 +446,17 @@ pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
     );
     // Its lost sensors, a page at a time.
     let lost = s
-        .site_sensors("dk-a".into(), Some(Connection::Lost), page(2))
+        .site_sensors(
+            "dk-a".into(),
+            SensorFilter::connection(Some(Connection::Lost)),
+            page(2),
+        )
         .await
         .unwrap();
     let rest = s
         .site_sensors(
             "dk-a".into(),
-            Some(Connection::Lost),
+            SensorFilter::connection(Some(Connection::Lost)),
             PageRequest {
                 limit: 2,
                 after: lost.next.clone(),
@@ -466,7 +471,10 @@ pub(super) async fn a_site_decides_once_for_its_sensors(s: &Subject) {
         .map(|(x, _)| x.id.to_string())
         .collect();
     assert_eq!(named, ["da1", "da2", "da3"]);
-    let all = s.site_sensors("dk-a".into(), None, page(10)).await.unwrap();
+    let all = s
+        .site_sensors("dk-a".into(), SensorFilter::default(), page(10))
+        .await
+        .unwrap();
     assert_eq!(all.items.len(), 4, "da4 never reported, and is in the site");
 
     for id in ["da1", "da2", "da3"] {

@@ -41,6 +41,7 @@ pub(super) async fn move_to(
             None,
             None,
             to.map(str::to_string),
+            Default::default(),
             now,
         )
         .await

@@ -280,6 +280,9 @@ struct ReadingCols {
     received_at: Vec<i64>,
     data: Vec<bool>,
     late: Vec<bool>,
+    battery: Vec<Option<i32>>,
+    tamper: Vec<Option<bool>>,
+    fault: Vec<Option<String>>,
 }
 
 impl ReadingCols {
@@ -295,24 +298,34 @@ impl ReadingCols {
             received_at: r.iter().map(|r| r.received_at).collect(),
             data: r.iter().map(|r| r.data).collect(),
             late: r.iter().map(|r| r.late).collect(),
+            battery: r.iter().map(|r| r.signals.battery.map(i32::from)).collect(),
+            tamper: r.iter().map(|r| r.signals.tamper).collect(),
+            fault: r.iter().map(|r| r.signals.fault_column()).collect(),
         }
     }
 
     async fn insert(&self, tx: &Tx<'_>) -> Result<u64> {
         let sql = tx
             .prepare_cached(
-                "INSERT INTO readings (sensor_id, ts, received_at, data, late) \
-                 SELECT u.sensor_id, u.ts, u.received_at, u.data, u.late \
-                 FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::bool[], $5::bool[]) \
-                 WITH ORDINALITY AS u(sensor_id, ts, received_at, data, late, o) ORDER BY u.o",
+                "INSERT INTO readings (sensor_id, ts, received_at, data, late, battery, tamper, \
+                 fault) \
+                 SELECT u.sensor_id, u.ts, u.received_at, u.data, u.late, u.battery, u.tamper, \
+                 u.fault \
+                 FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::bool[], $5::bool[], \
+                 $6::int4[], $7::bool[], $8::text[]) \
+                 WITH ORDINALITY AS u(sensor_id, ts, received_at, data, late, battery, tamper, \
+                 fault, o) ORDER BY u.o",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 5] = [
+        let p: [&(dyn ToSql + Sync); 8] = [
             &self.ids,
             &self.ts,
             &self.received_at,
             &self.data,
             &self.late,
+            &self.battery,
+            &self.tamper,
+            &self.fault,
         ];
         execute_rows(tx, &sql, &p, self.ids.len()).await
     }
@@ -334,6 +347,10 @@ struct StateCols {
     d_flips: Vec<Option<i32>>,
     lost: Vec<Option<i64>>,
     reminders: Vec<Option<i32>>,
+    battery: Vec<Option<i32>>,
+    battery_low: Vec<bool>,
+    tamper: Vec<Option<bool>>,
+    fault: Vec<Option<String>>,
 }
 
 impl StateCols {
@@ -367,6 +384,16 @@ impl StateCols {
                 .collect(),
             lost: st.iter().map(|s| s.lost_since).collect(),
             reminders: st.iter().map(|s| s.reminders.map(|r| r as i32)).collect(),
+            battery: st
+                .iter()
+                .map(|s| s.signals.battery.map(i32::from))
+                .collect(),
+            battery_low: st.iter().map(|s| s.signals.battery_low).collect(),
+            tamper: st.iter().map(|s| s.signals.tamper).collect(),
+            fault: st
+                .iter()
+                .map(|s| s.signals.fault.map(|f| f.to_string()))
+                .collect(),
         }
     }
 
@@ -377,18 +404,20 @@ impl StateCols {
             .prepare_cached(
                 "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, \
                  last_seen_at, connection, last_source, debounce_from, debounce_at, \
-                 debounce_since, debounce_flips, lost_since, reminders) \
+                 debounce_since, debounce_flips, lost_since, reminders, battery, battery_low, \
+                 tamper, fault) \
                  SELECT u.sensor_id, u.data, u.changed_at, u.last_ts, u.last_seen_at, \
                  u.connection, u.last_source, u.debounce_from, u.debounce_at, \
                  u.debounce_since, u.debounce_flips, \
                  CASE WHEN u.connection = 'lost' THEN u.lost_since END, \
-                 CASE WHEN u.connection = 'lost' THEN u.reminders END \
+                 CASE WHEN u.connection = 'lost' THEN u.reminders END, \
+                 u.battery, u.battery_low, u.tamper, u.fault \
                  FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
                  $6::text[], $7::text[], $8::bool[], $9::int8[], $10::int8[], $11::int4[], \
-                 $12::int8[], $13::int4[]) \
+                 $12::int8[], $13::int4[], $14::int4[], $15::bool[], $16::bool[], $17::text[]) \
                  AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection, \
                  last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
-                 lost_since, reminders) \
+                 lost_since, reminders, battery, battery_low, tamper, fault) \
                  ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
                  changed_at = COALESCE(excluded.changed_at, st.changed_at), \
                  last_ts = excluded.last_ts, last_seen_at = excluded.last_seen_at, \
@@ -400,10 +429,12 @@ impl StateCols {
                  lost_since = CASE WHEN excluded.connection = 'lost' \
                    THEN COALESCE(excluded.lost_since, st.lost_since) END, \
                  reminders = CASE WHEN excluded.connection = 'lost' \
-                   THEN COALESCE(excluded.reminders, st.reminders) END",
+                   THEN COALESCE(excluded.reminders, st.reminders) END, \
+                 battery = excluded.battery, battery_low = excluded.battery_low, \
+                 tamper = excluded.tamper, fault = excluded.fault",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 13] = [
+        let p: [&(dyn ToSql + Sync); 17] = [
             &self.ids,
             &self.data,
             &self.changed,
@@ -417,6 +448,10 @@ impl StateCols {
             &self.d_flips,
             &self.lost,
             &self.reminders,
+            &self.battery,
+            &self.battery_low,
+            &self.tamper,
+            &self.fault,
         ];
         execute_rows(tx, &sql, &p, self.ids.len()).await
     }
@@ -503,6 +538,9 @@ struct NotificationCols<'e> {
     lost: Vec<Option<i64>>,
     reminder: Vec<Option<i32>>,
     flips: Vec<Option<i32>>,
+    battery: Vec<Option<i32>>,
+    threshold: Vec<Option<i32>>,
+    fault: Vec<Option<String>>,
     event: Vec<usize>,
 }
 
@@ -525,6 +563,9 @@ impl<'e> NotificationCols<'e> {
             lost: vec![],
             reminder: vec![],
             flips: vec![],
+            battery: vec![],
+            threshold: vec![],
+            fault: vec![],
             event: vec![],
         };
         for (k, e) in events.iter().enumerate() {
@@ -546,6 +587,9 @@ impl<'e> NotificationCols<'e> {
                 n.lost.push(e.detail.lost_since);
                 n.reminder.push(e.detail.reminder.map(|r| r as i32));
                 n.flips.push(e.detail.flips_suppressed.map(|f| f as i32));
+                n.battery.push(e.detail.battery.map(i32::from));
+                n.threshold.push(e.detail.threshold.map(i32::from));
+                n.fault.push(e.detail.fault.map(|f| f.to_string()));
                 n.event.push(k);
             }
         }
@@ -562,21 +606,24 @@ impl<'e> NotificationCols<'e> {
             .prepare_cached(
                 "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
                  previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
-                 created_at, updated_at, lost_since, reminder, flips_suppressed) \
+                 created_at, updated_at, lost_since, reminder, flips_suppressed, battery, \
+                 threshold, fault) \
                  SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, \
                  u.occurred_at, u.last_seen_at, 'pending', 0, $9, $9, $9, u.lost_since, \
-                 u.reminder, u.flips \
+                 u.reminder, u.flips, u.battery, u.threshold, u.fault \
                  FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], \
-                 $6::bool[], $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[]) \
+                 $6::bool[], $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[], \
+                 $13::int4[], $14::int4[], $15::text[]) \
                  WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, previous, \
-                 occurred_at, last_seen_at, lost_since, reminder, flips, o) ORDER BY u.o \
+                 occurred_at, last_seen_at, lost_since, reminder, flips, battery, threshold, \
+                 fault, o) ORDER BY u.o \
                  RETURNING id, seq, sensor_id, client_id), \
                  listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
                  SELECT seq, sensor_id, client_id FROM ins) \
                  SELECT id, seq FROM ins",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 12] = [
+        let p: [&(dyn ToSql + Sync); 15] = [
             &self.id,
             &self.client,
             &self.sensor,
@@ -589,6 +636,9 @@ impl<'e> NotificationCols<'e> {
             &self.lost,
             &self.reminder,
             &self.flips,
+            &self.battery,
+            &self.threshold,
+            &self.fault,
         ];
         tx.query(&sql, &p).await
     }

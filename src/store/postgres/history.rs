@@ -102,7 +102,7 @@ impl HistoryStore for PgStore {
             )
             .await?
             .iter()
-            .map(|r| row::reading(r, r.sensor_id(5)?))
+            .map(|r| row::reading(r, r.sensor_id(row::READING_N)?))
             .collect::<Result<Vec<_>>>()?;
         let events = tx
             .query(

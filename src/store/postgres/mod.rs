@@ -92,6 +92,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0033_silence_sensors.sql"),
     include_str!("../migrations/postgres/0034_site_retold.sql"),
     include_str!("../migrations/postgres/0035_sensor_changes_deleted.sql"),
+    include_str!("../migrations/postgres/0036_door_signals.sql"),
+    include_str!("../migrations/postgres/0037_reading_signals.sql"),
 ];
 
 /// Key of the advisory lock migrations run under ("latch" in ASCII).

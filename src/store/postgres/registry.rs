@@ -5,13 +5,15 @@ use async_trait::async_trait;
 
 use super::super::rows::{self as row, CLIENT_COLS, SENSOR_COLS};
 use super::super::{
-    ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorView, limit_plus_one,
+    ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorFilter, SensorView,
+    limit_plus_one,
 };
 use super::DELETE_LOCK;
 use super::PgStore;
 use super::db::{Sql, Tx};
 use crate::domain::client::{HEALTH_WINDOW_MS, Health, events_column};
-use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+use crate::domain::sensor::SensorAlarms;
+use crate::domain::{Client, Millis, Sensor, SensorId};
 use crate::store::Registry;
 use crate::store::sealing;
 
@@ -66,7 +68,8 @@ impl Registry for PgStore {
         let n = c
             .execute(
                 "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
-                   debounce_s, hash, site_id) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                   debounce_s, hash, site_id, battery_low_pct, labels) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                    ON CONFLICT (id) DO NOTHING RETURNING id) \
                  INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
                 &[
@@ -77,6 +80,8 @@ impl Registry for PgStore {
                     &s.debounce_s.map(|t| t as i32),
                     &i64::from(partitioning.hash(s.id)),
                     &s.site_id,
+                    &i32::from(s.battery_low_pct),
+                    &s.labels.to_column(),
                 ],
             )
             .await?;
@@ -122,21 +127,30 @@ impl Registry for PgStore {
 
     async fn list_sensors(
         &self,
-        connection: Option<Conn>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         let c = self.db.get("list_sensors").await?;
         let after = page.after.clone().unwrap_or_default();
-        let conn_filter = connection.map(|c| c.as_str().to_string());
+        let conn_filter = filter.connection.map(|c| c.as_str().to_string());
+        let below = filter.battery_below.map(i32::from);
         let rows = c
             .query(
                 &format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.id > $1 \
                      AND ($2::text IS NULL OR COALESCE(st.connection, 'unknown') = $2) \
+                     AND ($4::int4 IS NULL OR st.battery < $4) \
+                     AND ($5::bool IS NULL OR COALESCE(st.tamper, false) = $5) \
                      ORDER BY s.id LIMIT $3"
                 ),
-                &[&after, &conn_filter, &limit_plus_one(&page)],
+                &[
+                    &after,
+                    &conn_filter,
+                    &limit_plus_one(&page),
+                    &below,
+                    &filter.tamper,
+                ],
             )
             .await?;
         let rows = rows
@@ -173,6 +187,7 @@ impl Registry for PgStore {
         timeout: Option<u32>,
         debounce: Option<u32>,
         site_id: Option<String>,
+        alarms: SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<NotificationRef>)>> {
         let mut c = self.db.get("replace_sensor").await?;
@@ -199,7 +214,8 @@ impl Registry for PgStore {
         }
         tx.execute(
             "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
-               debounce_s = $4, site_id = $5 WHERE id = $1 RETURNING id) \
+               debounce_s = $4, site_id = $5, battery_low_pct = $6, labels = $7 \
+               WHERE id = $1 RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
                 &id.to_string(),
@@ -207,6 +223,8 @@ impl Registry for PgStore {
                 &timeout.map(|t| t as i32),
                 &debounce.map(|t| t as i32),
                 &site_id,
+                &i32::from(alarms.battery_low_pct),
+                &alarms.labels.to_column(),
             ],
         )
         .await?;
@@ -595,12 +613,26 @@ impl Registry for PgStore {
             .map(|s| i64::from(partitioning.hash(s.id)))
             .collect();
         let sites: Vec<Option<&str>> = sensors.iter().map(|s| s.site_id.as_deref()).collect();
+        let thresholds: Vec<i32> = sensors
+            .iter()
+            .map(|s| i32::from(s.battery_low_pct))
+            .collect();
+        let labels: Vec<Option<String>> = sensors.iter().map(|s| s.labels.to_column()).collect();
         tx.execute(
             "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-             hash, site_id) SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], \
-             $5::int4[], $6::int8[], $7::text[]) ON CONFLICT (id) DO NOTHING",
+             hash, site_id, battery_low_pct, labels) SELECT * FROM UNNEST($1::text[], \
+             $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int8[], $7::text[], \
+             $8::int4[], $9::text[]) ON CONFLICT (id) DO NOTHING",
             &[
-                &ids, &addresses, &timeouts, &created, &debounces, &hashes, &sites,
+                &ids,
+                &addresses,
+                &timeouts,
+                &created,
+                &debounces,
+                &hashes,
+                &sites,
+                &thresholds,
+                &labels,
             ],
         )
         .await?;

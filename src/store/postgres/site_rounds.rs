@@ -294,6 +294,7 @@ pub(super) async fn held_rows(
                     lost_since: r.get(7),
                     reminder: r.get::<_, Option<i32>>(8).map(|v| v as u32),
                     flips_suppressed: None,
+                    ..Detail::default()
                 },
             },
         });

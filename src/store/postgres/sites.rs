@@ -11,7 +11,8 @@ use super::PgStore;
 use super::db::Sql;
 use crate::domain::site::decide::Rules;
 use crate::domain::site::{Site, SiteCounts, SiteTotals};
-use crate::domain::{Connection, Millis, SensorId};
+use crate::domain::{Millis, SensorId};
+use crate::store::SensorFilter;
 
 /// A site and its counts, over `sites si`: [`site`].
 const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.created_at, \
@@ -104,23 +105,28 @@ impl Sites for PgStore {
     async fn site_sensors(
         &self,
         site_id: String,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         let c = self.db.get("site_sensors").await?;
+        let below = filter.battery_below.map(i32::from);
         let rows = c
             .query(
                 &format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.site_id = $1 AND s.id > $2 \
                      AND ($3::text IS NULL OR COALESCE(st.connection, 'unknown') = $3) \
+                     AND ($5::int4 IS NULL OR st.battery < $5) \
+                     AND ($6::bool IS NULL OR COALESCE(st.tamper, false) = $6) \
                      ORDER BY s.id LIMIT $4"
                 ),
                 &[
                     &site_id,
                     &page.after.clone().unwrap_or_default(),
-                    &connection.map(|c| c.as_str().to_string()),
+                    &filter.connection.map(|c| c.as_str().to_string()),
                     &limit_plus_one(&page),
+                    &below,
+                    &filter.tamper,
                 ],
             )
             .await?;

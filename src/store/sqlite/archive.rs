@@ -47,10 +47,43 @@ fn create(schema: &str) -> String {
              received_at INTEGER NOT NULL,
              data        INTEGER NOT NULL,
              late        INTEGER NOT NULL,
+             battery     INTEGER,
+             tamper      INTEGER,
+             fault       TEXT,
              PRIMARY KEY (sensor_id, ts, id)
          ) WITHOUT ROWID;"
     )
 }
+
+/// The columns the archive gained after it was first made (a reading's battery, tamper
+/// flag and fault, issue #72), each with its type.
+const ADDED: [(&str, &str); 3] = [
+    ("battery", "INTEGER"),
+    ("tamper", "INTEGER"),
+    ("fault", "TEXT"),
+];
+
+/// Adds to the archive table in `schema` the columns an older latch made it without: the
+/// archive may live in a file of its own, which the migrations of `latch.db` never touch.
+fn widen(conn: &Connection, schema: &str) -> rusqlite::Result<()> {
+    let have: Vec<String> = conn
+        .prepare(&format!(
+            "SELECT name FROM {schema}.pragma_table_info('readings_archive')"
+        ))?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (name, kind) in ADDED {
+        if !have.iter().any(|h| h == name) {
+            conn.execute_batch(&format!(
+                "ALTER TABLE {schema}.readings_archive ADD COLUMN {name} {kind}"
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// The archive's columns, in the order `INSERT … SELECT` copies them.
+const COLUMNS: &str = "sensor_id, ts, id, received_at, data, late, battery, tamper, fault";
 
 /// The largest reading id moved into the archive: one row, in the archive's own file.
 fn create_ids(schema: &str) -> String {
@@ -96,6 +129,7 @@ pub(super) fn layout(writer: &Connection) -> rusqlite::Result<Layout> {
             |r| r.get(0),
         )?;
         if rows {
+            widen(writer, "main")?;
             return Ok(Layout::InMain);
         }
         writer.execute_batch("DROP TABLE main.readings_archive")?;
@@ -111,6 +145,7 @@ pub(super) fn attach(conn: &Connection, db: &Path) -> rusqlite::Result<()> {
     )?;
     conn.pragma_update(Some("archive"), "journal_mode", "WAL")?;
     conn.execute_batch(&create("archive"))?;
+    widen(conn, "archive")?;
     conn.execute_batch(&create_ids("archive"))
 }
 
@@ -181,11 +216,12 @@ pub(super) fn split(db: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     attach(&conn, db)?;
-    conn.execute_batch(
-        "INSERT OR IGNORE INTO archive.readings_archive SELECT sensor_id, ts, id, received_at, \
-           data, late FROM main.readings_archive ORDER BY sensor_id, ts, id;
+    widen(&conn, "main")?;
+    conn.execute_batch(&format!(
+        "INSERT OR IGNORE INTO archive.readings_archive ({COLUMNS}) SELECT {COLUMNS} \
+           FROM main.readings_archive ORDER BY sensor_id, ts, id;
          DROP TABLE main.readings_archive;",
-    )?;
+    ))?;
 
     conn.query_row("PRAGMA archive.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     conn.query_row("PRAGMA main.wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
@@ -215,7 +251,7 @@ pub(super) fn copy_into_backup(dst: &Connection, db: &Path) -> rusqlite::Result<
     dst.execute("ATTACH DATABASE ?1 AS live", [path(db).to_string_lossy()])?;
     dst.execute_batch(&format!(
         "{}
-         INSERT INTO main.readings_archive SELECT sensor_id, ts, id, received_at, data, late \
+         INSERT INTO main.readings_archive ({COLUMNS}) SELECT {COLUMNS} \
            FROM live.readings_archive ORDER BY sensor_id, ts, id;",
         create("main")
     ))?;

@@ -143,12 +143,14 @@ fn write_rows(
 const READINGS_PER_INSERT: usize = 64;
 
 /// The journal's `INSERT` of one reading.
-const INSERT_READING: &str =
-    "INSERT INTO readings (sensor_id, ts, received_at, data, late) VALUES (?, ?, ?, ?, ?)";
+const INSERT_READING: &str = "INSERT INTO readings (sensor_id, ts, received_at, data, late, \
+     battery, tamper, fault) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+/// The parameters of one reading in [`INSERT_READING`].
+const READING_PARAMS: usize = 8;
 
 /// The journal's `INSERT` of [`READINGS_PER_INSERT`] readings, written once.
 static INSERT_READINGS: LazyLock<String> = LazyLock::new(|| {
-    let more = ", (?, ?, ?, ?, ?)".repeat(READINGS_PER_INSERT - 1);
+    let more = ", (?, ?, ?, ?, ?, ?, ?, ?)".repeat(READINGS_PER_INSERT - 1);
     format!("{INSERT_READING}{more}")
 });
 
@@ -160,7 +162,7 @@ fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool
         let mut st = tx.prepare_cached(&INSERT_READINGS)?;
         for chunk in chunks.by_ref() {
             for (k, r) in chunk.iter().enumerate() {
-                bind_reading(&mut st, k * 5, r)?;
+                bind_reading(&mut st, k * READING_PARAMS, r)?;
             }
             st.raw_execute()?;
         }
@@ -176,13 +178,16 @@ fn insert_readings(tx: &Transaction, readings: &[&ReadingRecord]) -> Result<bool
     Ok(!readings.is_empty())
 }
 
-/// Binds `r` to the five parameters after `at`.
+/// Binds `r` to the [`READING_PARAMS`] parameters after `at`.
 fn bind_reading(st: &mut rusqlite::Statement<'_>, at: usize, r: &ReadingRecord) -> Result<()> {
     st.raw_bind_parameter(at + 1, r.sensor_id.to_string())?;
     st.raw_bind_parameter(at + 2, r.ts)?;
     st.raw_bind_parameter(at + 3, r.received_at)?;
     st.raw_bind_parameter(at + 4, r.data as i64)?;
     st.raw_bind_parameter(at + 5, r.late as i64)?;
+    st.raw_bind_parameter(at + 6, r.signals.battery)?;
+    st.raw_bind_parameter(at + 7, r.signals.tamper)?;
+    st.raw_bind_parameter(at + 8, r.signals.fault_column())?;
     Ok(())
 }
 
@@ -204,10 +209,14 @@ fn write_states(
     // `lost_since` and `reminders` mean something only while lost: kept from the store
     // when memory does not hold them, cleared once the sensor is not lost.
     let mut update_state = tx.prepare_cached(
-        "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at),          last_ts = ?4, last_seen_at = ?5, connection = ?6,          last_source = COALESCE(?7, last_source), debounce_from = ?8, debounce_at = ?9,          debounce_since = ?10, debounce_flips = ?11,          lost_since = CASE WHEN ?6 = 'lost' THEN COALESCE(?12, lost_since) END,          reminders = CASE WHEN ?6 = 'lost' THEN COALESCE(?13, reminders) END          WHERE sensor_id = ?1",
+        "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at),          last_ts = ?4, last_seen_at = ?5, connection = ?6,          last_source = COALESCE(?7, last_source), debounce_from = ?8, debounce_at = ?9,          debounce_since = ?10, debounce_flips = ?11,          lost_since = CASE WHEN ?6 = 'lost' THEN COALESCE(?12, lost_since) END,          reminders = CASE WHEN ?6 = 'lost' THEN COALESCE(?13, reminders) END, \
+         battery = ?14, battery_low = ?15, tamper = ?16, fault = ?17 WHERE sensor_id = ?1",
     )?;
     let mut insert_state = tx.prepare_cached(
-        "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders)          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,          CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END          WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+        "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders, battery, battery_low, tamper, fault) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
+         CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END, \
+         ?14, ?15, ?16, ?17 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
     )?;
     let rows = seen.rows();
     for s in &batch.states {
@@ -244,7 +253,11 @@ fn write_states(
             d.map(|d| d.since),
             d.map(|d| d.flips),
             s.lost_since,
-            s.reminders
+            s.reminders,
+            s.signals.battery,
+            s.signals.battery_low,
+            s.signals.tamper,
+            s.signals.fault.map(|f| f.to_string())
         ];
         let n = match update_state.execute(values)? {
             0 => insert_state.execute(values)?,
@@ -266,7 +279,8 @@ fn write_states(
 const STAGING: &str = "PRAGMA temp_store = MEMORY; \
     CREATE TEMP TABLE IF NOT EXISTS stage_events (k INTEGER PRIMARY KEY, sensor_id TEXT, \
       kind TEXT, at INTEGER, data INTEGER, previous INTEGER, last_seen_at INTEGER, \
-      lost_since INTEGER, reminder INTEGER, flips_suppressed INTEGER); \
+      lost_since INTEGER, reminder INTEGER, flips_suppressed INTEGER, battery INTEGER, \
+      threshold INTEGER, fault TEXT); \
     CREATE TEMP TABLE IF NOT EXISTS stage_notifications (n INTEGER PRIMARY KEY, \
       event INTEGER, id TEXT, client_id TEXT);";
 
@@ -285,7 +299,8 @@ pub(super) fn prepare(c: &Connection) -> rusqlite::Result<()> {
 /// Stages `events`, each with its index in the batch, through [`STAGING`].
 fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
     let mut stage = tx.prepare_cached(
-        "INSERT INTO temp.stage_events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO temp.stage_events \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?;
     for (k, e) in events.iter().enumerate() {
         stage.execute(params![
@@ -298,7 +313,10 @@ fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
             e.last_seen_at,
             e.detail.lost_since,
             e.detail.reminder,
-            e.detail.flips_suppressed
+            e.detail.flips_suppressed,
+            e.detail.battery,
+            e.detail.threshold,
+            e.detail.fault.map(|f| f.to_string())
         ])?;
     }
     Ok(())
@@ -342,9 +360,10 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Made>> {
     tx.prepare_cached(
         "INSERT INTO notifications (seq, id, client_id, sensor_id, kind, data, previous, \
          occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at, \
-         lost_since, reminder, flips_suppressed) \
+         lost_since, reminder, flips_suppressed, battery, threshold, fault) \
          SELECT ?1 + s.n, s.id, s.client_id, e.sensor_id, e.kind, e.data, e.previous, e.at, \
-         e.last_seen_at, 'pending', 0, ?2, ?2, ?2, e.lost_since, e.reminder, e.flips_suppressed \
+         e.last_seen_at, 'pending', 0, ?2, ?2, ?2, e.lost_since, e.reminder, e.flips_suppressed, \
+         e.battery, e.threshold, e.fault \
          FROM temp.stage_notifications s JOIN temp.stage_events e ON e.k = s.event ORDER BY s.n",
     )?
     .execute(params![base, now])?;

@@ -54,7 +54,9 @@ fn spooled(c: &Connection, limit: i64, through: i64) -> Result<HistoryBatch> {
         .prepare_cached(&format!(
             "SELECT {READING_COLS}, sensor_id FROM readings WHERE id <= ?2 ORDER BY id LIMIT ?1"
         ))?
-        .query_map([limit, through], |r| row::reading(r, r.sensor_id(5)?))?
+        .query_map([limit, through], |r| {
+            row::reading(r, r.sensor_id(row::READING_N)?)
+        })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let events = c
         .prepare_cached(&format!(
@@ -211,8 +213,10 @@ fn copy(c: &mut Connection, ids: &[i64]) -> Result<()> {
     let ids = serde_json::to_string(ids).map_err(|e| Error::Backend(e.to_string()))?;
     let tx = c.transaction()?;
     tx.prepare_cached(
-        "INSERT OR IGNORE INTO readings_archive (sensor_id, ts, id, received_at, data, late) \
-         SELECT j.sensor_id, j.ts, j.id, j.received_at, j.data, j.late \
+        "INSERT OR IGNORE INTO readings_archive (sensor_id, ts, id, received_at, data, late, \
+         battery, tamper, fault) \
+         SELECT j.sensor_id, j.ts, j.id, j.received_at, j.data, j.late, j.battery, j.tamper, \
+         j.fault \
          FROM json_each(?1) AS k JOIN readings j ON j.id = k.value ORDER BY k.key",
     )?
     .execute([ids])?;

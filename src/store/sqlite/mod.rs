@@ -83,6 +83,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0028_idempotency.sql"),
     include_str!("../migrations/sqlite/0029_silence_sensors.sql"),
     include_str!("../migrations/sqlite/0030_site_retold.sql"),
+    include_str!("../migrations/sqlite/0031_door_signals.sql"),
+    include_str!("../migrations/sqlite/0032_reading_signals.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -10,9 +10,11 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::super::rows::{self as row, CLIENT_COLS, SENSOR_COLS};
 use super::super::{
-    ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorView, limit_plus_one,
+    ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorFilter, SensorView,
+    limit_plus_one,
 };
-use crate::domain::{Client, Connection as Conn, Millis, Sensor, SensorId};
+use crate::domain::sensor::SensorAlarms;
+use crate::domain::{Client, Millis, Sensor, SensorId};
 use crate::store::sealing;
 
 /// `domain::notification::delivered`: a 2xx answer, or a broker's acknowledgement (no
@@ -62,14 +64,17 @@ impl Registry for SqliteStore {
         self.write(move |c| {
             let n = c.execute(
                 "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                 site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+                 site_id, battery_low_pct, labels) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 ON CONFLICT (id) DO NOTHING",
                 params![
                     s.id.to_string(),
                     s.address,
                     s.heartbeat_timeout_s,
                     s.created_at,
                     s.debounce_s,
-                    s.site_id
+                    s.site_id,
+                    s.battery_low_pct,
+                    s.labels.to_column()
                 ],
             )?;
             if n == 0 {
@@ -119,22 +124,31 @@ impl Registry for SqliteStore {
 
     async fn list_sensors(
         &self,
-        connection: Option<Conn>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.read_seen(move |c, seen| {
             let after = page.after.clone().unwrap_or_default();
-            let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
+            let conn_filter = filter.connection.map(|c| c.as_str()).unwrap_or("");
             let mut rows = c
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.id > ?1 \
                      AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) \
+                     AND (?4 IS NULL OR st.battery < ?4) \
+                     AND (?5 IS NULL OR COALESCE(st.tamper, 0) = ?5) \
                      ORDER BY s.id LIMIT ?3"
                 ))?
-                .query_map(params![after, conn_filter, limit_plus_one(&page)], |r| {
-                    row::sensor_view(r)
-                })?
+                .query_map(
+                    params![
+                        after,
+                        conn_filter,
+                        limit_plus_one(&page),
+                        filter.battery_below,
+                        filter.tamper
+                    ],
+                    |r| row::sensor_view(r),
+                )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             seen.patch_views(&mut rows);
             Ok(Page::from_rows(rows, page.limit, |(s, _)| s.id.to_string()))
@@ -166,6 +180,7 @@ impl Registry for SqliteStore {
         timeout: Option<u32>,
         debounce: Option<u32>,
         site_id: Option<String>,
+        alarms: SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<NotificationRef>)>> {
         let made = self
@@ -180,8 +195,16 @@ impl Registry for SqliteStore {
                 };
                 tx.execute(
                     "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
-                     site_id = ?5 WHERE id = ?1",
-                    params![id.to_string(), address, timeout, debounce, site_id],
+                     site_id = ?5, battery_low_pct = ?6, labels = ?7 WHERE id = ?1",
+                    params![
+                        id.to_string(),
+                        address,
+                        timeout,
+                        debounce,
+                        site_id,
+                        alarms.battery_low_pct,
+                        alarms.labels.to_column()
+                    ],
                 )?;
                 let made = match from == site_id {
                     true => Vec::new(),
@@ -565,7 +588,8 @@ impl Registry for SqliteStore {
             {
                 let mut ins = tx.prepare_cached(
                     "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                     site_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+                     site_id, battery_low_pct, labels) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     ON CONFLICT (id) DO NOTHING",
                 )?;
                 for s in &sensors {
                     ins.execute(params![
@@ -574,7 +598,9 @@ impl Registry for SqliteStore {
                         s.heartbeat_timeout_s,
                         s.created_at,
                         s.debounce_s,
-                        s.site_id
+                        s.site_id,
+                        s.battery_low_pct,
+                        s.labels.to_column()
                     ])?;
                 }
                 let mut link = tx.prepare_cached(

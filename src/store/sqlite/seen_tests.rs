@@ -19,6 +19,7 @@ fn batch(id: SensorId, last_ts: Millis, ts: Millis, seen: Millis, late: bool) ->
             ts,
             received_at: seen,
             late,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: id,
@@ -31,6 +32,7 @@ fn batch(id: SensorId, last_ts: Millis, ts: Millis, seen: Millis, late: bool) ->
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: true,
         }],
         ..Default::default()
@@ -67,7 +69,7 @@ async fn shown(store: &SqliteStore, id: SensorId) -> (Option<Millis>, Option<Mil
     let (_, status) = store.get_sensor(id).await.unwrap().unwrap();
     let listed = store
         .list_sensors(
-            None,
+            crate::store::SensorFilter::default(),
             PageRequest {
                 limit: 100,
                 after: None,

@@ -191,6 +191,7 @@ pub(super) fn held_rows(
                 lost_since: r.get(7)?,
                 reminder: r.get(8)?,
                 flips_suppressed: None,
+                ..Detail::default()
             };
             Ok((
                 r.get::<_, i64>(0)?,

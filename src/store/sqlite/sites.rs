@@ -10,7 +10,8 @@ use super::super::{
 use super::SqliteStore;
 use crate::domain::site::decide::Rules;
 use crate::domain::site::{Site, SiteCounts, SiteTotals};
-use crate::domain::{Connection, Millis, SensorId};
+use crate::domain::{Millis, SensorId};
+use crate::store::SensorFilter;
 
 /// A site and its counts, over `sites si`: [`site`].
 const SITE_COLS: &str = "si.id, si.name, si.address, si.gateway_sensor_id, si.created_at, \
@@ -105,7 +106,7 @@ impl Sites for SqliteStore {
     async fn site_sensors(
         &self,
         site_id: String,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         // Last seen as the sensor list shows it: the times kept in memory.
@@ -115,14 +116,18 @@ impl Sites for SqliteStore {
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.site_id = ?1 AND s.id > ?2 \
                      AND (?3 = '' OR COALESCE(st.connection, 'unknown') = ?3) \
+                     AND (?5 IS NULL OR st.battery < ?5) \
+                     AND (?6 IS NULL OR COALESCE(st.tamper, 0) = ?6) \
                      ORDER BY s.id LIMIT ?4"
                 ))?
                 .query_map(
                     params![
                         site_id,
                         page.after.clone().unwrap_or_default(),
-                        connection.map(|c| c.as_str()).unwrap_or(""),
-                        limit_plus_one(&page)
+                        filter.connection.map(|c| c.as_str()).unwrap_or(""),
+                        limit_plus_one(&page),
+                        filter.battery_below,
+                        filter.tamper
                     ],
                     |r| row::sensor_view(r),
                 )?

@@ -40,6 +40,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {
@@ -135,6 +136,8 @@ async fn data_survives_reopening() {
                 debounce_s: None,
                 site_id: None,
                 created_at: 1,
+                battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                labels: Default::default(),
             })
             .await
             .unwrap();
@@ -235,6 +238,7 @@ async fn a_fenced_batch_is_refused_and_writes_nothing() {
             ts: 1,
             received_at: 1,
             late: false,
+            signals: Default::default(),
         }],
         fence: vec![crate::store::Fence {
             partition: 0,
@@ -533,6 +537,7 @@ fn reading(id: SensorId, ts: i64) -> ReadingRecord {
         ts,
         received_at: ts,
         late: false,
+        signals: Default::default(),
     }
 }
 

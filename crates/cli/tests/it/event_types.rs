@@ -98,7 +98,7 @@ async fn every_type_has_its_schema_and_example_served_and_in_the_webhooks() {
     }
     // The check can fail: a field no schema lists.
     let mut changed = items[0]["example"].clone();
-    changed["label"] = json!("open");
+    changed["colour"] = json!("open");
     let e = latch_testkit::check_body(changed.to_string().as_bytes()).unwrap_err();
     assert!(e.contains("sensor.state_changed"), "{e}");
     s.stop().await;

@@ -180,6 +180,7 @@ async fn a_batch_shipped_twice_reads_once() {
                     ts: t0() + i,
                     received_at: t0() + i,
                     late: false,
+                    signals: Default::default(),
                 },
             })
             .collect(),
@@ -456,6 +457,7 @@ async fn retention_drops_clickhouse_months_past_it() {
             ts,
             received_at: ts,
             late: false,
+            signals: Default::default(),
         },
     };
     let attempt = |id, at| latch::store::AttemptRecord {

@@ -17,6 +17,7 @@ mod cluster_console;
 mod console;
 mod crash_state;
 mod delivery;
+mod door_signals;
 mod event_types;
 mod full_disk;
 mod history;

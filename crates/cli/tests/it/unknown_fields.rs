@@ -18,7 +18,7 @@ async fn amqp_dead_letters_a_reading_with_an_unknown_field() {
     let s = crate::amqp::start(&queue).await;
     let id = unique("uf");
     s.sensor(&id).await;
-    let odd = json!({"sensor_id": id, "data": 1, "battery": 87}).to_string();
+    let odd = json!({"sensor_id": id, "data": 1, "humidity": 87}).to_string();
     publish(&ch, &queue, odd.as_bytes(), None).await;
     publish(
         &ch,
@@ -45,7 +45,7 @@ async fn amqp_dead_letters_a_reading_with_an_unknown_field() {
     assert_eq!(text("x-latch-reason"), "unknown_field");
     let error = text("x-latch-error");
     assert!(
-        error.contains("`battery`") && error.contains("`sensor_id`, `data`, `ts`"),
+        error.contains("`humidity`") && error.contains("`sensor_id`, `data`, `ts`"),
         "{error}"
     );
     assert_eq!(m.data, odd.as_bytes(), "the original body is kept");

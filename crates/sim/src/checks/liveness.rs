@@ -116,7 +116,13 @@ pub(super) fn liveness(
                 // Sites' events are not sensors' history (no site runs in the workload).
                 EventKind::StateChanged
                 | EventKind::SiteConnectionLost
-                | EventKind::SiteConnectionRestored => {}
+                | EventKind::SiteConnectionRestored
+                | EventKind::BatteryLow
+                | EventKind::BatteryOk
+                | EventKind::Tamper
+                | EventKind::TamperCleared
+                | EventKind::Fault
+                | EventKind::FaultCleared => {}
             }
         }
     }

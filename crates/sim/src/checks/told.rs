@@ -68,8 +68,15 @@ pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
             EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
             EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
             // A change of data tells nothing of the connection: it is never held, so it may
-            // come before the return a site holds back.
-            EventKind::StateChanged => continue,
+            // come before the return a site holds back; nor does a battery, tamper or
+            // fault event.
+            EventKind::StateChanged
+            | EventKind::BatteryLow
+            | EventKind::BatteryOk
+            | EventKind::Tamper
+            | EventKind::TamperCleared
+            | EventKind::Fault
+            | EventKind::FaultCleared => continue,
         };
         for (sensor, now) in about {
             let key = (tr.client_id.clone(), sensor);
@@ -130,7 +137,13 @@ pub fn final_view_is_true(world: &World, t: &Tables, log: &Log, start: Millis) {
             EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => named(tr),
             EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
             EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
-            EventKind::StateChanged => continue,
+            EventKind::StateChanged
+            | EventKind::BatteryLow
+            | EventKind::BatteryOk
+            | EventKind::Tamper
+            | EventKind::TamperCleared
+            | EventKind::Fault
+            | EventKind::FaultCleared => continue,
         };
         let delivered_at = tr
             .attempts

@@ -60,6 +60,7 @@ impl Tables {
             reminders: lost
                 .then(|| s.reminders.or(old.and_then(|o| o.reminders)))
                 .flatten(),
+            signals: s.signals,
         };
         self.states.insert(s.sensor_id, row);
     }

@@ -171,6 +171,11 @@ impl Tables {
             url: client.map(|c| c.url.clone()),
             secret: client.map(|c| c.secret.clone()),
             address: self.sensors.get(&n.sensor_id).map(|s| s.address.clone()),
+            labels: self
+                .sensors
+                .get(&n.sensor_id)
+                .map(|s| s.labels.clone())
+                .unwrap_or_default(),
             linked: self.linked(&n.client_id, n.sensor_id),
             previous_secret: client.and_then(|c| c.previous_secret.clone()),
             previous_secret_until: client.and_then(|c| c.previous_secret_until),

@@ -54,7 +54,7 @@ impl Tables {
 
     pub(super) fn list_sensors(
         &self,
-        connection: Option<Connection>,
+        filter: latch::store::SensorFilter,
         page: &PageRequest,
     ) -> Page<SensorView> {
         let rows = self
@@ -62,7 +62,7 @@ impl Tables {
             .keys()
             .filter(|id| after(&id.to_string(), page))
             .filter_map(|&id| self.sensor_view(id))
-            .filter(|(_, st)| connection.is_none_or(|c| st.connection == c));
+            .filter(|(_, st)| filter.keeps(st));
         page_of(rows, page, |(s, _)| s.id.to_string())
     }
 
@@ -92,12 +92,16 @@ impl Tables {
             heartbeat_timeout_s: timeout,
             debounce_s: debounce,
             site_id,
+            battery_low_pct,
+            labels,
             ..
         } = to;
         let s = self.sensors.get_mut(&id)?;
         s.address = address;
         s.heartbeat_timeout_s = timeout;
         s.debounce_s = debounce;
+        s.battery_low_pct = battery_low_pct;
+        s.labels = labels;
         let from = std::mem::replace(&mut s.site_id, site_id.clone());
         self.note_change(cx, id);
         let made = match from == site_id {
@@ -289,11 +293,11 @@ impl Registry for NodeStore {
 
     async fn list_sensors(
         &self,
-        connection: Option<Connection>,
+        filter: latch::store::SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.run("list_sensors", false, |t, _| {
-            Ok(t.list_sensors(connection, &page))
+            Ok(t.list_sensors(filter, &page))
         })
         .await
     }
@@ -310,6 +314,7 @@ impl Registry for NodeStore {
         heartbeat_timeout_s: Option<u32>,
         debounce_s: Option<u32>,
         site_id: Option<String>,
+        alarms: latch::domain::sensor::SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<latch::domain::NotificationRef>)>> {
         self.run("replace_sensor", true, |t, cx| {
@@ -320,6 +325,8 @@ impl Registry for NodeStore {
                 debounce_s,
                 site_id,
                 created_at: 0,
+                battery_low_pct: alarms.battery_low_pct,
+                labels: alarms.labels,
             };
             Ok(t.replace_sensor(cx, to, now))
         })

@@ -291,7 +291,7 @@ impl Sites for NodeStore {
     async fn site_sensors(
         &self,
         site_id: String,
-        connection: Option<Connection>,
+        filter: latch::store::SensorFilter,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.run("site_sensors", false, |t, _| {
@@ -301,7 +301,7 @@ impl Sites for NodeStore {
                 .filter(|s| s.site_id.as_deref() == Some(site_id.as_str()))
                 .filter(|s| after(&s.id.to_string(), &page))
                 .filter_map(|s| t.sensor_view(s.id))
-                .filter(|(_, st)| connection.is_none_or(|c| st.connection == c));
+                .filter(|(_, st)| filter.keeps(st));
             Ok(page_of(rows, &page, |(s, _)| s.id.to_string()))
         })
         .await

@@ -33,6 +33,7 @@ pub struct StateRow {
     pub debounce: Option<Debounce>,
     pub lost_since: Option<Millis>,
     pub reminders: Option<u32>,
+    pub signals: latch::domain::signals::SignalState,
 }
 
 /// `clients`: the client and the running summary of its attempts that health reads and
@@ -349,6 +350,7 @@ impl Tables {
                 last_seen_at: st.last_seen_at,
                 connection: st.connection,
                 last_source: st.last_source,
+                signals: st.signals,
             },
             None => SensorStatus::default(),
         };
@@ -360,6 +362,7 @@ impl Tables {
         let sensor = self.sensors.get(&id)?;
         let mut state = SensorState::new(sensor.heartbeat_timeout_s);
         state.debounce_s = sensor.debounce_s;
+        state.battery_low_pct = sensor.battery_low_pct;
         if let Some(st) = self.states.get(&id) {
             state.data = st.data;
             state.changed_at = st.changed_at;
@@ -370,6 +373,7 @@ impl Tables {
             state.debounce = st.debounce;
             state.lost_since = st.lost_since;
             state.reminders = st.reminders;
+            state.signals = st.signals;
         }
         Some((id, state))
     }

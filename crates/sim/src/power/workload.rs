@@ -77,6 +77,7 @@ pub fn batch(states: &mut States, sent: &[Sent], at: Millis) -> (CommitBatch, Ve
             ts,
             received_at,
             late,
+            signals: Default::default(),
         });
         if late {
             continue;
@@ -100,6 +101,7 @@ pub fn batch(states: &mut States, sent: &[Sent], at: Millis) -> (CommitBatch, Ve
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         });
     }

@@ -96,6 +96,7 @@ impl Workload {
                 sensor.heartbeat_timeout_s,
                 sensor.debounce_s,
                 to.clone(),
+                Default::default(),
                 engine.now(),
             )
             .await;
@@ -160,6 +161,7 @@ impl Workload {
                 timeout_s,
                 debounce_s,
                 sensor.site_id.clone(),
+                Default::default(),
                 engine.now(),
             )
             .await;
@@ -167,7 +169,14 @@ impl Workload {
         let (outcome, ended) = match result {
             Ok(Some((_, made))) => {
                 dispatcher.deliver_served(made);
-                let applied = engine.upsert_sensor(id, timeout_s, debounce_s).await;
+                let applied = engine
+                    .upsert_sensor(
+                        id,
+                        timeout_s,
+                        debounce_s,
+                        latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                    )
+                    .await;
                 let ended = match applied {
                     Ok(()) => self.world.now() + FOLLOW_MS,
                     Err(_) => Millis::MAX,
@@ -225,11 +234,20 @@ impl Workload {
                 debounce_s,
                 site_id: site.clone(),
                 created_at: engine.now(),
+                battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                labels: Default::default(),
             };
             let result = store.create_sensor(sensor).await;
             let made = self.model.read(|t| t.sensors.contains_key(&id));
             if made {
-                let _ = engine.upsert_sensor(id, None, debounce_s).await;
+                let _ = engine
+                    .upsert_sensor(
+                        id,
+                        None,
+                        debounce_s,
+                        latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                    )
+                    .await;
             }
             self.world.trace(format!(
                 "create sensor {id} again via {node} in {site:?}: {:?}",

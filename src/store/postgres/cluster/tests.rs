@@ -375,6 +375,7 @@ fn change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             ts: at,
             received_at: at,
             late: false,
+            signals: Default::default(),
         }],
         states: vec![StateUpdate {
             sensor_id: id,
@@ -387,6 +388,7 @@ fn change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             debounce: None,
             lost_since: None,
             reminders: None,
+            signals: Default::default(),
             seen_only: false,
         }],
         events: vec![Event {
@@ -488,6 +490,8 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             debounce_s: None,
             site_id: None,
             created_at: 1,
+            battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+            labels: Default::default(),
         })
         .collect();
     store.import(sensors, Vec::new(), 1_000).await.unwrap();

@@ -105,7 +105,8 @@ async fn a_folder_with_its_archive_in_the_main_file_goes_on_as_before() {
             "CREATE TABLE main.readings_archive (sensor_id TEXT NOT NULL, ts INTEGER NOT NULL, \
                id INTEGER NOT NULL, received_at INTEGER NOT NULL, data INTEGER NOT NULL, \
                late INTEGER NOT NULL, PRIMARY KEY (sensor_id, ts, id)) WITHOUT ROWID;
-             INSERT INTO main.readings_archive SELECT * FROM archive.readings_archive;",
+             INSERT INTO main.readings_archive SELECT sensor_id, ts, id, received_at, data, \
+               late FROM archive.readings_archive;",
         )
         .unwrap();
     }

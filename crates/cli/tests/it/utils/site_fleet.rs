@@ -142,6 +142,8 @@ impl Fleet {
                     debounce_s: None,
                     site_id: Some(s.id.clone()),
                     created_at: now,
+                    battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                    labels: Default::default(),
                 });
                 for (c, (client, mine)) in self.clients.iter_mut().enumerate() {
                     if linked(c, s.place, i) {
