@@ -59,6 +59,9 @@ pub struct Options {
     /// Half of the sensors debounce their changes (`debounce_s` 1): a workload of its
     /// own, so the seeds kept in the suite play as they were found.
     pub debounce: bool,
+    /// Readings carry battery, tamper and fault reports now and then (issue #72): a
+    /// workload of its own, like `debounce`.
+    pub signals: bool,
 }
 
 impl Default for Options {
@@ -68,6 +71,7 @@ impl Default for Options {
             trace_lines: 60,
             full_trace: false,
             debounce: false,
+            signals: false,
         }
     }
 }
@@ -81,6 +85,9 @@ impl Options {
         }
         if self.debounce {
             args.push_str(" --debounce");
+        }
+        if self.signals {
+            args.push_str(" --signals");
         }
         args
     }
@@ -333,6 +340,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         cluster,
         calm,
         debounce: opts.debounce,
+        signals: opts.signals,
         next_client,
         gone: Vec::new(),
         keyed: Vec::new(),

@@ -7,6 +7,7 @@
 //! cargo run -p latch-sim -- --seed 4242            # one seed, its trace on failure
 //! cargo run -p latch-sim -- --seed 4242 --trace t.txt   # and the whole trace in a file
 //! cargo run -p latch-sim -- --seeds 500 --debounce  # half the sensors debounce
+//! cargo run -p latch-sim -- --seeds 500 --signals   # readings report battery, tamper, fault
 //! ```
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +32,7 @@ fn main() {
         .and_then(|i| args.get(i + 1).cloned());
     opts.full_trace = trace_file.is_some();
     opts.debounce = args.iter().any(|a| a == "--debounce");
+    opts.signals = args.iter().any(|a| a == "--signals");
     if let Some(seed) = value("--seed") {
         let out = run(seed, &opts);
         if let Some(path) = &trace_file {

@@ -57,6 +57,8 @@ pub struct Workload {
     pub calm: bool,
     /// Odd-numbered sensors debounce their changes for a second ([`crate::Options`]).
     pub debounce: bool,
+    /// Readings carry battery, tamper and fault reports ([`crate::Options::signals`]).
+    pub signals: bool,
     /// The number the next client created gets (`c{n}`): as the API's ids, never one a
     /// deleted client had.
     pub next_client: usize,
@@ -236,7 +238,7 @@ impl Workload {
     /// that hovers around the default threshold, the tamper switch, a fault code or its
     /// clearing. Late readings carry them too, and must change none of them.
     fn signals(&self) -> Signals {
-        if !self.world.chance(0.4) {
+        if !self.signals || !self.world.chance(0.4) {
             return Signals::default();
         }
         const CODES: [&str; 2] = ["lock_jam", "motor_2"];

@@ -83,6 +83,19 @@ fn every_seed_keeps_every_guarantee() {
     keep_every_guarantee(from, seeds, &Options::default());
 }
 
+/// Battery, tamper and fault reports (issue #72), late ones among them: a workload of its
+/// own, as the debounced one is.
+#[test]
+fn every_signals_seed_keeps_every_guarantee() {
+    let from = env("LATCH_SIM_FROM", 0);
+    let seeds = env("LATCH_SIM_SIGNALS_SEEDS", DEBOUNCED_SEEDS);
+    let opts = Options {
+        signals: true,
+        ..Options::default()
+    };
+    keep_every_guarantee(from, seeds, &opts);
+}
+
 /// Debounce windows across restarts, kills, freezes and partition moves: a workload of
 /// its own, so the seeds above play as they were found.
 #[test]
