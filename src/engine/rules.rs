@@ -19,8 +19,9 @@
 //! after a pause longer than an interval (latch stopped) the next one carries the number of
 //! intervals passed instead of a burst of the missed ones.
 
+use crate::domain::alarms;
 use crate::domain::sensor::{Debounce, SensorState};
-use crate::domain::signals::{self, Signals};
+use crate::domain::signals::Signals;
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, Source};
 
 /// What a reading did to the state.
@@ -52,7 +53,7 @@ pub struct Input {
 /// Applies one reading. Returns what changed and appends the events it caused to
 /// `events` (a `connection_restored` when the sensor was lost, then a `state_changed`
 /// unless `debounce_ms` holds it back, then what its battery, tamper flag and fault raise:
-/// [`signals::apply`]). A late reading changes none of them.
+/// [`alarms::apply`]). A late reading changes none of them.
 pub fn apply(
     id: SensorId,
     state: &mut SensorState,
@@ -62,7 +63,7 @@ pub fn apply(
 ) -> Change {
     let change = apply_data(id, state, r, debounce_ms, events);
     if change != Change::Late && !r.signals.is_empty() {
-        signals::apply(
+        alarms::apply(
             &mut state.signals,
             r.signals,
             state.battery_low_pct,
