@@ -75,9 +75,10 @@ impl Process {
         self.answers(http, "/healthz", "latch process alive").await;
     }
 
-    /// Waits until `path` answers 2xx.
+    /// Waits until `path` answers 2xx. A minute: on a busy machine a process on PostgreSQL
+    /// with a 1 s `database_timeout` was once seen to take more than 20 s to be ready.
     async fn answers(&self, http: &reqwest::Client, path: &str, what: &str) {
-        eventually(20, what, || async {
+        eventually(60, what, || async {
             http.get(format!("{}{path}", self.base))
                 .send()
                 .await
