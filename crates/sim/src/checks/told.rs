@@ -23,6 +23,24 @@ enum Told {
 }
 
 /// The sensors a site's notification names, each with what it tells of it.
+/// What a notification told of the connection of the sensors it names; `None` for one that
+/// tells nothing of it. A change of data is never held, so it may come before the return a
+/// site holds back; nor does a battery, tamper or fault event tell of the connection.
+fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
+    Some(match tr.kind {
+        EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => named(tr),
+        EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
+        EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
+        EventKind::StateChanged
+        | EventKind::BatteryLow
+        | EventKind::BatteryOk
+        | EventKind::Tamper
+        | EventKind::TamperCleared
+        | EventKind::Fault
+        | EventKind::FaultCleared => return None,
+    })
+}
+
 fn named(tr: &Trail) -> Vec<(SensorId, Told)> {
     let body: serde_json::Value = tr
         .body
@@ -63,20 +81,8 @@ pub fn told_in_order(world: &World, t: &Tables, log: &Log, start: Millis) {
                 .any(|(c, at, _)| c == client && *at > from && *at <= to)
     };
     for tr in trails {
-        let about: Vec<(SensorId, Told)> = match tr.kind {
-            EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => named(tr),
-            EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
-            EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
-            // A change of data tells nothing of the connection: it is never held, so it may
-            // come before the return a site holds back; nor does a battery, tamper or
-            // fault event.
-            EventKind::StateChanged
-            | EventKind::BatteryLow
-            | EventKind::BatteryOk
-            | EventKind::Tamper
-            | EventKind::TamperCleared
-            | EventKind::Fault
-            | EventKind::FaultCleared => continue,
+        let Some(about) = connection_told(tr) else {
+            continue;
         };
         for (sensor, now) in about {
             let key = (tr.client_id.clone(), sensor);
@@ -133,17 +139,8 @@ pub fn final_view_is_true(world: &World, t: &Tables, log: &Log, start: Millis) {
     let mut heard: Heard = BTreeMap::new();
     let mut open: std::collections::BTreeSet<(String, SensorId)> = Default::default();
     for tr in t.audit.trails() {
-        let about: Vec<(SensorId, Told)> = match tr.kind {
-            EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => named(tr),
-            EventKind::ConnectionLost | EventKind::StillLost => vec![(tr.sensor_id, Told::Lost)],
-            EventKind::ConnectionRestored => vec![(tr.sensor_id, Told::Online)],
-            EventKind::StateChanged
-            | EventKind::BatteryLow
-            | EventKind::BatteryOk
-            | EventKind::Tamper
-            | EventKind::TamperCleared
-            | EventKind::Fault
-            | EventKind::FaultCleared => continue,
+        let Some(about) = connection_told(tr) else {
+            continue;
         };
         let delivered_at = tr
             .attempts
