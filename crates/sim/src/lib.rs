@@ -155,8 +155,14 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
         .start_paused(true)
         .build()
         .expect("a runtime");
-    let clock = Clock::simulated(START, seed);
-    let world = Arc::new(World::new(clock, seed));
+    // The clock reads its base from the runtime's paused time: made outside it, the
+    // base was the wall's `Instant`, and the wall time between building the runtime and
+    // making the clock (a few ms when other threads took the core) moved every virtual
+    // time of the run, so a seed played another trace beside other seeds.
+    let world = {
+        let _in_runtime = rt.enter();
+        Arc::new(World::new(Clock::simulated(START, seed), seed))
+    };
     let kept = Arc::downgrade(&world);
     let mut out = rt.block_on(async move {
         // Virtual time: a run that never ends (a stop that hangs, a loop that never
