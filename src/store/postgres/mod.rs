@@ -96,8 +96,20 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0037_reading_signals.sql"),
 ];
 
-/// Key of the advisory lock migrations run under ("latch" in ASCII).
+/// Key of the database-wide advisory lock migrations ran under before they were keyed by
+/// schema ("latch" in ASCII). Taken shared now, so that schemas migrate side by side (a
+/// test run's many schemas waited for each other's migrations, one at a time) while a node
+/// of an older release, which takes it exclusive, still migrates alone in a rolling upgrade.
 const MIGRATION_LOCK: i64 = 0x006c_6174_6368;
+/// Class of the advisory lock (with the schema as the other half of the key) migrations
+/// and partition upkeep run under: the nodes of one schema apply them one at a time.
+const SCHEMA_MIGRATION_LOCK: i32 = 0x6c74_6d67;
+/// Takes the migration locks (see [`MIGRATION_LOCK`]) for this session.
+const MIGRATION_LOCK_TAKE: &str = "SELECT pg_advisory_lock_shared($1), \
+     pg_advisory_lock($2, hashtext(current_schema()))";
+/// Releases what [`MIGRATION_LOCK_TAKE`] took.
+const MIGRATION_LOCK_GIVE: &str = "SELECT pg_advisory_unlock($2, hashtext(current_schema())), \
+     pg_advisory_unlock_shared($1)";
 /// Class of the advisory lock (with the schema as the other half of the key) that every
 /// group commit holds shared and a sensor delete exclusive. Without it a commit in flight
 /// when the delete runs (its rows not yet visible to the delete) lands after it, leaving
@@ -371,8 +383,11 @@ impl PgStore {
     /// Applies pending migrations, one node at a time.
     pub async fn migrate(&self) -> Result<()> {
         let mut c = self.db.unbounded().await?;
-        c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
-            .await?;
+        c.execute(
+            MIGRATION_LOCK_TAKE,
+            &[&MIGRATION_LOCK, &SCHEMA_MIGRATION_LOCK],
+        )
+        .await?;
         let result = async {
             // Asked first: `IF NOT EXISTS` on a table that exists sends a notice, which
             // every node after the first would log at each start.
@@ -419,8 +434,11 @@ impl PgStore {
             ensure_partitions(&c, now).await
         }
         .await;
-        c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-            .await?;
+        c.execute(
+            MIGRATION_LOCK_GIVE,
+            &[&MIGRATION_LOCK, &SCHEMA_MIGRATION_LOCK],
+        )
+        .await?;
         result
     }
 }
@@ -490,11 +508,17 @@ impl Backend for PgStore {
         let c = self.db.unbounded().await?;
         if now - self.partitions_at.load(Ordering::Relaxed) >= PARTITIONS_EVERY {
             // The migration lock, as at start: two nodes creating one partition would race.
-            c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
-                .await?;
+            c.execute(
+                MIGRATION_LOCK_TAKE,
+                &[&MIGRATION_LOCK, &SCHEMA_MIGRATION_LOCK],
+            )
+            .await?;
             let made = ensure_partitions(&c, now).await;
-            c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-                .await?;
+            c.execute(
+                MIGRATION_LOCK_GIVE,
+                &[&MIGRATION_LOCK, &SCHEMA_MIGRATION_LOCK],
+            )
+            .await?;
             made?;
             self.partitions_at.store(now, Ordering::Relaxed);
         }
