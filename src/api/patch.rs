@@ -99,6 +99,9 @@ pub struct SensorPatch {
     /// (or all, given for `labels`).
     #[schema(nullable)]
     labels: Option<Option<crate::domain::sensor::Labels>>,
+    /// The whole list (a list is replaced, not merged); `null` or `[]`: none.
+    #[schema(nullable)]
+    hold_alarms: Option<Option<Vec<crate::domain::hold::HoldAlarm>>>,
 }
 
 /// Change some of a sensor's fields (JSON merge patch, RFC 7396): those left out are

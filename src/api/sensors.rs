@@ -10,6 +10,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
+use crate::domain::hold::{HoldAlarm, HoldAlarms};
 use crate::domain::sensor::{Labels, SensorAlarms};
 use crate::domain::signals::DEFAULT_BATTERY_LOW_PCT;
 use crate::domain::{Connection, SensorId, SensorStatus, Source, sensor::validate_address, time};
@@ -55,6 +56,9 @@ pub struct SensorCreate {
     /// What its states mean (`{"0": "closed", "1": "open"}`, each up to 32 characters):
     /// its notifications carry them as `label` and `previous_label`.
     pub labels: Option<Labels>,
+    /// How long each state may hold before `sensor.state_held` (at most one per value;
+    /// seconds from 1 to 604800), and how often it reminds while the state holds on.
+    pub hold_alarms: Option<Vec<HoldAlarm>>,
 }
 
 /// A sensor's new address, timeout, debounce window and site; a sensor as `GET` answers it,
@@ -77,6 +81,8 @@ pub struct SensorReplace {
     pub battery_low_pct: Option<u32>,
     /// Absent or `null`: none.
     pub labels: Option<Labels>,
+    /// Absent, `null` or `[]`: none.
+    pub hold_alarms: Option<Vec<HoldAlarm>>,
     /// Read-only, as shown; ignored.
     #[serde(default)]
     #[schema(read_only)]
@@ -101,6 +107,8 @@ pub struct SensorOut {
     pub battery_low_pct: u8,
     /// What its states mean; `null`: none.
     pub labels: Option<Labels>,
+    /// Its hold alarms; `[]`: none.
+    pub hold_alarms: Vec<HoldAlarm>,
     pub created_at: String,
     pub status: StatusOut,
 }
@@ -125,6 +133,9 @@ pub struct StatusOut {
     pub tamper: Option<bool>,
     /// Fault code set now; `null`: none.
     pub fault: Option<String>,
+    /// While a `sensor.state_held` of its current state is open: since when the state has
+    /// held (latch's clock); `null` otherwise.
+    pub held_since: Option<String>,
 }
 
 impl From<SensorStatus> for StatusOut {
@@ -138,6 +149,7 @@ impl From<SensorStatus> for StatusOut {
             battery: s.signals.battery,
             tamper: s.signals.tamper,
             fault: s.signals.fault.map(|f| f.to_string()),
+            held_since: s.hold.filter(|h| h.sent > 0).map(|h| time::format(h.since)),
         }
     }
 }
@@ -151,6 +163,7 @@ pub fn sensor_out((s, status): SensorView) -> SensorOut {
         site_id: s.site_id,
         battery_low_pct: s.battery_low_pct,
         labels: (!s.labels.is_empty()).then_some(s.labels),
+        hold_alarms: s.hold_alarms.to_list(),
         created_at: time::format(s.created_at),
         status: status.into(),
     }
@@ -176,7 +189,11 @@ fn check_fields(address: &str, timeout: Option<u32>, debounce: Option<u32>) -> A
 }
 
 /// The door-alarm settings a create or replace asks for, checked.
-fn alarms(battery_low_pct: Option<u32>, labels: Option<Labels>) -> ApiResult<SensorAlarms> {
+fn alarms(
+    battery_low_pct: Option<u32>,
+    labels: Option<Labels>,
+    hold_alarms: Option<Vec<HoldAlarm>>,
+) -> ApiResult<SensorAlarms> {
     let battery_low_pct = match battery_low_pct {
         None => DEFAULT_BATTERY_LOW_PCT,
         Some(p) if p <= 100 => p as u8,
@@ -188,9 +205,12 @@ fn alarms(battery_low_pct: Option<u32>, labels: Option<Labels>) -> ApiResult<Sen
     };
     let labels = labels.unwrap_or_default();
     labels.validate().map_err(ApiError::invalid)?;
+    let hold_alarms =
+        HoldAlarms::from_list(&hold_alarms.unwrap_or_default()).map_err(ApiError::invalid)?;
     Ok(SensorAlarms {
         battery_low_pct,
         labels,
+        hold_alarms,
     })
 }
 
@@ -223,7 +243,7 @@ async fn create_sensor(
     let id = SensorId::parse(&body.id)
         .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let alarms = alarms(body.battery_low_pct, body.labels)?;
+    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms)?;
     let sensor = st
         .app
         .create_sensor(
@@ -337,7 +357,7 @@ pub(super) async fn replace(
         ));
     }
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let alarms = alarms(body.battery_low_pct, body.labels)?;
+    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms)?;
     let view = st
         .app
         .replace_sensor(

@@ -4,6 +4,7 @@
 use super::{App, Result};
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Sensor, SensorId};
+use crate::engine::Settings;
 use crate::store::SensorView;
 
 impl App {
@@ -18,6 +19,12 @@ impl App {
         alarms: SensorAlarms,
     ) -> Result<Sensor> {
         self.check_site(site_id.as_deref()).await?;
+        let settings = Settings {
+            heartbeat_timeout_s,
+            debounce_s,
+            battery_low_pct: alarms.battery_low_pct,
+            hold_alarms: alarms.hold_alarms,
+        };
         let battery_low_pct = alarms.battery_low_pct;
         let sensor = Sensor {
             id,
@@ -28,12 +35,10 @@ impl App {
             created_at: self.now(),
             battery_low_pct,
             labels: alarms.labels,
+            hold_alarms: alarms.hold_alarms,
         };
         self.0.store.create_sensor(sensor.clone()).await?;
-        self.0
-            .engine
-            .upsert_sensor(id, heartbeat_timeout_s, debounce_s, battery_low_pct)
-            .await?;
+        self.0.engine.upsert_sensor(id, settings).await?;
         self.registry_changed(id).await;
         Ok(sensor)
     }
@@ -50,7 +55,12 @@ impl App {
         alarms: SensorAlarms,
     ) -> Result<Option<SensorView>> {
         self.check_site(site_id.as_deref()).await?;
-        let battery_low_pct = alarms.battery_low_pct;
+        let settings = Settings {
+            heartbeat_timeout_s,
+            debounce_s,
+            battery_low_pct: alarms.battery_low_pct,
+            hold_alarms: alarms.hold_alarms,
+        };
         let Some((view, made)) = self
             .0
             .store
@@ -69,10 +79,7 @@ impl App {
         };
         // What a site it left held back of it.
         self.0.dispatcher.deliver_served(made);
-        self.0
-            .engine
-            .upsert_sensor(id, heartbeat_timeout_s, debounce_s, battery_low_pct)
-            .await?;
+        self.0.engine.upsert_sensor(id, settings).await?;
         self.registry_changed(id).await;
         Ok(Some(view))
     }

@@ -10,7 +10,7 @@ use super::signing;
 use crate::domain::notification::{BATCH, CLIENT_TEST};
 use crate::domain::outbox::outcome;
 use crate::domain::sensor::Labels;
-use crate::domain::{EventKind, Millis, Notification, Sendable, client::secret_key, time};
+use crate::domain::{EventKind, Millis, Notification, Sendable, client::secret_key, hold, time};
 
 /// How a broker's refusal (a nack, an unroutable return, a refused login or publish)
 /// starts an attempt's error.
@@ -39,6 +39,12 @@ struct Payload<'a> {
     /// `sensor.still_lost`: since when, and which reminder.
     #[serde(skip_serializing_if = "Option::is_none")]
     lost_since: Option<String>,
+    /// `sensor.state_held`: since when the state held (and `reminder`, which reminder).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<String>,
+    /// `sensor.state_held`, `sensor.state_held_cleared`: seconds the state held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_s: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reminder: Option<u32>,
     /// `sensor.state_changed`: readings a debounce window held back (0 without one).
@@ -90,7 +96,22 @@ pub fn body(n: &Notification, address: &str, labels: &Labels) -> Vec<u8> {
             .last_seen_at
             .filter(|_| n.kind.is_connection())
             .map(time::format),
-        lost_since: n.detail.lost_since.map(time::format),
+        // A hold's start travels in the same field as a loss's (`Detail::lost_since`).
+        lost_since: n
+            .detail
+            .lost_since
+            .filter(|_| !n.kind.is_hold())
+            .map(time::format),
+        since: n
+            .detail
+            .lost_since
+            .filter(|_| n.kind == EventKind::StateHeld)
+            .map(time::format),
+        held_s: n
+            .detail
+            .lost_since
+            .filter(|_| n.kind.is_hold())
+            .map(|since| hold::held_s(since, n.occurred_at)),
         reminder: n.detail.reminder,
         flips_suppressed: match n.kind {
             EventKind::StateChanged => Some(n.detail.flips_suppressed.unwrap_or(0)),

@@ -201,6 +201,31 @@ fn sensor_schema(kind: EventKind) -> Value {
             );
             required.push("flips_suppressed");
         }
+        EventKind::StateHeld => {
+            p.insert("data".into(), state("The state held."));
+            p.insert(
+                "previous".into(),
+                json!({"type": "null", "description": "Always null: not a change of state."}),
+            );
+            p.insert(
+                "since".into(),
+                time("When the state began to hold, by latch's clock."),
+            );
+            p.insert("held_s".into(), held_s());
+            p.insert(
+                "reminder".into(),
+                json!({"type": "integer", "minimum": 1,
+                       "description": "Absent on the first; on a reminder, the reminder intervals passed since the first."}),
+            );
+            required.extend(["since", "held_s"]);
+        }
+        EventKind::StateHeldCleared => {
+            p.insert("data".into(), state("The state now."));
+            p.insert("previous".into(), state("The state that was held."));
+            p.insert("previous_label".into(), label("previous"));
+            p.insert("held_s".into(), held_s());
+            required.push("held_s");
+        }
         _ => {
             p.insert("data".into(), state("The sensor's last known state."));
             p.insert(
@@ -226,6 +251,12 @@ fn sensor_schema(kind: EventKind) -> Value {
         required.extend(["lost_since", "reminder"]);
     }
     object(kind.description(), Value::Object(p), &required)
+}
+
+/// Seconds a state held, in a hold's bodies.
+fn held_s() -> Value {
+    json!({"type": "integer", "minimum": 0,
+           "description": "Seconds the state held, by latch's clock."})
 }
 
 /// A site's notification (`decide::site_loss`, `decide::site_return`).
@@ -413,6 +444,22 @@ fn example_notification(kind: EventKind) -> Notification {
         EventKind::Tamper | EventKind::TamperCleared | EventKind::FaultCleared => {
             sample(id, kind, None, None)
         }
+        // Open since 15 minutes, held past 5, reminded every 5: the second reminder.
+        EventKind::StateHeld => Notification {
+            detail: Detail {
+                lost_since: Some(AT - 15 * MINUTE),
+                reminder: Some(2),
+                ..Detail::default()
+            },
+            ..sample(id, kind, Some(true), None)
+        },
+        EventKind::StateHeldCleared => Notification {
+            detail: Detail {
+                lost_since: Some(AT - 20 * MINUTE),
+                ..Detail::default()
+            },
+            ..sample(id, kind, Some(false), Some(true))
+        },
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod alarms;
 pub mod client;
 pub mod destination;
+pub mod hold;
 pub mod live;
 pub mod notification;
 pub mod outbox;

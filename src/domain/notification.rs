@@ -38,6 +38,12 @@ pub enum EventKind {
     Fault,
     #[serde(rename = "sensor.fault_cleared")]
     FaultCleared,
+    /// A sensor's state held past its `hold_alarms`' `after_s` (and each reminder after).
+    #[serde(rename = "sensor.state_held")]
+    StateHeld,
+    /// A state that was held too long changed at last.
+    #[serde(rename = "sensor.state_held_cleared")]
+    StateHeldCleared,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -64,6 +70,8 @@ impl EventKind {
             EventKind::TamperCleared => "sensor.tamper_cleared",
             EventKind::Fault => "sensor.fault",
             EventKind::FaultCleared => "sensor.fault_cleared",
+            EventKind::StateHeld => "sensor.state_held",
+            EventKind::StateHeldCleared => "sensor.state_held_cleared",
         }
     }
 
@@ -97,6 +105,12 @@ impl EventKind {
             EventKind::TamperCleared => "A tampered sensor reported that the tampering ended.",
             EventKind::Fault => "A sensor reported a fault code, or a new one while one was set.",
             EventKind::FaultCleared => "A sensor reported that its fault is gone.",
+            EventKind::StateHeld => {
+                "A sensor's state held as long as its hold_alarms allow (a door left open), then each reminder while it holds on."
+            }
+            EventKind::StateHeldCleared => {
+                "A state held too long changed at last: the value held, the state now, and how long it held."
+            }
         }
     }
 
@@ -122,6 +136,11 @@ impl EventKind {
         )
     }
 
+    /// News of a state held too long ([`super::hold`]).
+    pub fn is_hold(self) -> bool {
+        matches!(self, EventKind::StateHeld | EventKind::StateHeldCleared)
+    }
+
     /// A site's notification (about a site, in the lane of one of its sensors).
     pub fn is_site(self) -> bool {
         matches!(
@@ -131,7 +150,7 @@ impl EventKind {
     }
 
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
@@ -144,6 +163,8 @@ impl EventKind {
         EventKind::TamperCleared,
         EventKind::Fault,
         EventKind::FaultCleared,
+        EventKind::StateHeld,
+        EventKind::StateHeldCleared,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -160,6 +181,8 @@ impl EventKind {
             "sensor.tamper_cleared" => Some(EventKind::TamperCleared),
             "sensor.fault" => Some(EventKind::Fault),
             "sensor.fault_cleared" => Some(EventKind::FaultCleared),
+            "sensor.state_held" => Some(EventKind::StateHeld),
+            "sensor.state_held_cleared" => Some(EventKind::StateHeldCleared),
             _ => None,
         }
     }
@@ -182,10 +205,11 @@ pub struct Event {
 /// What only some kinds of event carry, kept in their history row and notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Detail {
-    /// `sensor.still_lost`: when the sensor was declared lost.
+    /// `sensor.still_lost`: when the sensor was declared lost; `sensor.state_held` and
+    /// `sensor.state_held_cleared`: when the held state began (the same column: a since).
     pub lost_since: Option<Millis>,
     /// `sensor.still_lost`: 1 for the first reminder, then the number of reminder
-    /// intervals the sensor has been lost.
+    /// intervals the sensor has been lost; `sensor.state_held`: the same of its reminders.
     pub reminder: Option<u32>,
     /// `sensor.state_changed` after a debounce window: the readings within it whose value
     /// differed from the reading before, the notified one aside.

@@ -531,6 +531,14 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
             &[EventKind::Tamper, EventKind::TamperCleared]
         }
         EventKind::Fault | EventKind::FaultCleared => &[EventKind::Fault, EventKind::FaultCleared],
+        // A `state_held` after a newer change of state is false; a clearing after a newer
+        // `state_held` would close what is open.
+        EventKind::StateHeld => &[
+            EventKind::StateChanged,
+            EventKind::StateHeld,
+            EventKind::StateHeldCleared,
+        ],
+        EventKind::StateHeldCleared => &[EventKind::StateHeld, EventKind::StateHeldCleared],
     }
 }
 

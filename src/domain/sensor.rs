@@ -212,6 +212,8 @@ pub struct Sensor {
     pub battery_low_pct: u8,
     /// What its states mean to people.
     pub labels: Labels,
+    /// How long each state may hold before `sensor.state_held`.
+    pub hold_alarms: crate::domain::hold::HoldAlarms,
 }
 
 /// Longest label of a state, in characters.
@@ -280,6 +282,8 @@ pub struct SensorAlarms {
     /// See [`Sensor::battery_low_pct`].
     pub battery_low_pct: u8,
     pub labels: Labels,
+    /// See [`Sensor::hold_alarms`].
+    pub hold_alarms: crate::domain::hold::HoldAlarms,
 }
 
 impl Default for SensorAlarms {
@@ -287,6 +291,7 @@ impl Default for SensorAlarms {
         Self {
             battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
             labels: Labels::default(),
+            hold_alarms: Default::default(),
         }
     }
 }
@@ -302,6 +307,8 @@ pub struct SensorStatus {
     pub last_source: Option<Source>,
     /// Its battery, tamper flag and fault as last reported.
     pub signals: crate::domain::signals::SignalState,
+    /// How far its state has held (its hold alarms' progress), if it has any.
+    pub hold: Option<crate::domain::hold::Hold>,
 }
 
 impl Default for SensorStatus {
@@ -313,6 +320,7 @@ impl Default for SensorStatus {
             connection: Connection::Unknown,
             last_source: None,
             signals: Default::default(),
+            hold: None,
         }
     }
 }
@@ -359,6 +367,10 @@ pub struct SensorState {
     pub battery_low_pct: u8,
     /// Its battery, tamper flag and fault, and whether its battery is low.
     pub signals: crate::domain::signals::SignalState,
+    /// Its hold alarms (registry data, like the timeout).
+    pub hold_alarms: crate::domain::hold::HoldAlarms,
+    /// How far its state has held, while it has hold alarms or a `state_held` is open.
+    pub hold: Option<crate::domain::hold::Hold>,
 }
 
 impl SensorState {
@@ -377,6 +389,8 @@ impl SensorState {
             reminders: None,
             battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
             signals: Default::default(),
+            hold_alarms: Default::default(),
+            hold: None,
         }
     }
 
@@ -395,6 +409,7 @@ impl SensorState {
                 s.lost_since,
                 s.reminders,
                 s.signals,
+                s.hold,
             )
         };
         written(self) == written(before)
@@ -416,6 +431,7 @@ impl SensorState {
             && self.last_source == other.last_source
             && self.debounce == other.debounce
             && self.signals == other.signals
+            && self.hold == other.hold
             && kept(self.lost_since, other.lost_since)
             && kept(
                 self.reminders.map(i64::from),

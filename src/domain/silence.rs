@@ -167,7 +167,9 @@ impl View {
             | EventKind::Tamper
             | EventKind::TamperCleared
             | EventKind::Fault
-            | EventKind::FaultCleared => Self { lost: false, data },
+            | EventKind::FaultCleared
+            | EventKind::StateHeld
+            | EventKind::StateHeldCleared => Self { lost: false, data },
         }
     }
 }
@@ -232,9 +234,10 @@ pub struct Kept<'a> {
 /// client never told of the rest; the view is kept with the pair, since the notification
 /// itself may be gone by then (retention) or, a site's, carries no data of the sensor.
 pub fn kept(k: Kept<'_>) -> Vec<(SensorId, View)> {
-    // A battery, tamper or fault notification says nothing of the state or connection a
-    // silence's end reconciles: a silenced one is not told again.
-    if k.kind.is_signal() {
+    // A battery, tamper, fault or hold notification says nothing of the state or
+    // connection a silence's end reconciles (a change of state has its own): a silenced
+    // one is not told again.
+    if k.kind.is_signal() || k.kind.is_hold() {
         return Vec::new();
     }
     let (lists, lost): (&[&str], bool) = match k.kind {

@@ -1,8 +1,9 @@
 //! What a few sensors carry beyond their 48-byte slot ([`super::fleet`]): an own debounce
 //! window, a change waiting one out, and while lost (with reminders on) since when and how
 //! many reminders went out; a battery threshold other than the default and the battery,
-//! tamper flag and fault of a sensor that reported them; and the one timer each such sensor
-//! may have (the end of its window, its next reminder), in due order.
+//! tamper flag and fault of a sensor that reported them; its hold alarms and how far its
+//! state held; and the one timer each such sensor may have (the end of its window, its next
+//! reminder, its hold's next alarm), in due order.
 //!
 //! Kept beside the slab rather than in it because most sensors have none of it: a slot
 //! stays 48 bytes, and a flag bit in it says whether to look here at all. A lost sensor
@@ -11,6 +12,7 @@
 use crate::hashing::FastMap as HashMap;
 use std::collections::BTreeSet;
 
+use crate::domain::hold::{self, Hold, HoldAlarms};
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::signals::{DEFAULT_BATTERY_LOW_PCT, SignalState};
 use crate::domain::{Connection, Millis};
@@ -43,8 +45,9 @@ impl Policy {
     }
 
     /// When a sensor in state `s` next needs the shard without a reading: its debounce
-    /// window ends, or its next reminder is due. The rules ([`super::rules::settle`],
-    /// [`super::rules::remind`]) fire at exactly these times.
+    /// window ends, its next reminder is due, or its state has held too long. The rules
+    /// ([`super::rules::settle`], [`super::rules::remind`], [`super::rules::hold`]) fire
+    /// at exactly these times.
     pub fn timer(&self, s: &SensorState) -> Option<Millis> {
         let window = s.debounce.map(|d| d.since + self.debounce_ms(s));
         let reminder = match (s.connection, s.lost_since, self.reminder_ms) {
@@ -53,10 +56,9 @@ impl Policy {
             }
             _ => None,
         };
-        match (window, reminder) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let lost = s.connection == Connection::Lost;
+        let held = hold::due(&s.hold_alarms, s.data, lost, s.hold);
+        [window, reminder, held].into_iter().flatten().min()
     }
 }
 
@@ -70,6 +72,8 @@ pub(super) struct Extras {
     signals: HashMap<u128, (u8, SignalState)>,
     /// `(lost_since, reminders)` of lost sensors, only while reminders are on.
     lost: HashMap<u128, (Millis, u32)>,
+    /// Hold alarms, and how far the state held, of sensors with either.
+    holds: HashMap<u128, (HoldAlarms, Option<Hold>)>,
     timers: BTreeSet<(Millis, u128)>,
 }
 
@@ -86,6 +90,10 @@ impl Extras {
             s.lost_since = Some(since);
             s.reminders = Some(sent);
         }
+        if let Some(&(alarms, hold)) = self.holds.get(&key) {
+            s.hold_alarms = alarms;
+            s.hold = hold;
+        }
     }
 
     /// Whether a sensor in state `s` keeps anything here ([`Extras::write`] says the
@@ -94,6 +102,7 @@ impl Extras {
         s.debounce_s.is_some()
             || s.debounce.is_some()
             || Self::own_signals(s).is_some()
+            || Self::own_hold(s).is_some()
             || (s.connection == Connection::Lost
                 && s.lost_since.is_some()
                 && policy.reminder_ms.is_some())
@@ -128,7 +137,13 @@ impl Extras {
             _ => None,
         };
         kept |= put(&mut self.lost, key, lost);
+        kept |= put(&mut self.holds, key, Self::own_hold(new));
         kept
+    }
+
+    /// What a sensor keeps here of its hold: nothing without alarms or an open hold.
+    fn own_hold(s: &SensorState) -> Option<(HoldAlarms, Option<Hold>)> {
+        (!s.hold_alarms.is_empty() || s.hold.is_some()).then_some((s.hold_alarms, s.hold))
     }
 
     /// What a sensor keeps here of its battery threshold and signals: nothing while both
@@ -147,6 +162,7 @@ impl Extras {
         self.pending.remove(&key);
         self.signals.remove(&key);
         self.lost.remove(&key);
+        self.holds.remove(&key);
     }
 
     /// The earliest timer.

@@ -38,6 +38,7 @@ use hashbrown::HashTable;
 
 use super::extra::Extras;
 pub use super::extra::Policy;
+use crate::domain::hold;
 use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Millis, SensorId, Source};
 use crate::telemetry::families;
@@ -399,25 +400,29 @@ impl Fleet {
         Some(old)
     }
 
-    /// Changes a sensor's own timeout and debounce window (`None`: the service default)
-    /// and its battery threshold.
+    /// Changes a sensor's settings (its own timeout and debounce window, `None`: the
+    /// service's; its battery threshold; its hold alarms). Returns its state with the hold
+    /// the new alarms make of it ([`hold::configured`], at `now`) when that differs: the
+    /// caller commits it like any other change of state, so the store keeps it too.
     pub fn set_settings(
         &mut self,
         id: SensorId,
-        timeout_s: Option<u32>,
-        debounce_s: Option<u32>,
-        battery_low_pct: u8,
-    ) {
+        settings: super::Settings,
+        now: Millis,
+    ) -> Option<SensorState> {
         // The connection does not change here, so the lost gauge stays right.
-        if let Some(s) = self.get(id) {
-            let new = SensorState {
-                heartbeat_timeout_s: timeout_s,
-                debounce_s,
-                battery_low_pct,
-                ..s
-            };
-            self.update(id, new);
-        }
+        let s = self.get(id)?;
+        let new = SensorState {
+            heartbeat_timeout_s: settings.heartbeat_timeout_s,
+            debounce_s: settings.debounce_s,
+            battery_low_pct: settings.battery_low_pct,
+            hold_alarms: settings.hold_alarms,
+            ..s
+        };
+        self.update(id, new);
+        let mut held = new;
+        hold::configured(&settings.hold_alarms, &mut held.hold, held.data, now);
+        (held.hold != new.hold).then_some(held)
     }
 
     fn timeout_ms(&self, i: u32) -> Millis {

@@ -69,6 +69,46 @@ pub const TAKEOVER_GRACE_MS: Millis = 5_000;
 /// halved that wait against 10,000 for about the same time to work off 1M sensors.
 pub const EXPIRE_BATCH: usize = 5_000;
 
+/// A sensor's registry settings that its rules read: its own timeout and debounce window
+/// (`None`: the service's), its battery threshold and its hold alarms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    pub heartbeat_timeout_s: Option<u32>,
+    pub debounce_s: Option<u32>,
+    pub battery_low_pct: u8,
+    pub hold_alarms: crate::domain::hold::HoldAlarms,
+}
+
+impl Default for Settings {
+    /// A new sensor's: the service's timeout and debounce window, the default battery
+    /// threshold, no hold alarms.
+    fn default() -> Self {
+        Self::of(&SensorState::new(None))
+    }
+}
+
+impl Settings {
+    /// The settings a state carries.
+    pub fn of(s: &SensorState) -> Self {
+        Self {
+            heartbeat_timeout_s: s.heartbeat_timeout_s,
+            debounce_s: s.debounce_s,
+            battery_low_pct: s.battery_low_pct,
+            hold_alarms: s.hold_alarms,
+        }
+    }
+
+    /// A new sensor's state with these settings (it never reported).
+    pub fn new_state(&self) -> SensorState {
+        SensorState {
+            debounce_s: self.debounce_s,
+            battery_low_pct: self.battery_low_pct,
+            hold_alarms: self.hold_alarms,
+            ..SensorState::new(self.heartbeat_timeout_s)
+        }
+    }
+}
+
 /// Sensors declared lost since this process started (every engine in it), as
 /// `latch_sensors_lost_total` counts them: `latch bench fleet` watches its in-process
 /// latch with one atomic load, where a `/metrics` scrape every few milliseconds renders
@@ -618,21 +658,12 @@ impl Engine {
         done.await.map_err(|_| Error::Closed)
     }
 
-    /// Starts tracking a new sensor, or changes a tracked one's timeout, debounce window
-    /// and battery threshold.
-    pub async fn upsert_sensor(
-        &self,
-        id: SensorId,
-        heartbeat_timeout_s: Option<u32>,
-        debounce_s: Option<u32>,
-        battery_low_pct: u8,
-    ) -> Result<(), Error> {
+    /// Starts tracking a new sensor, or changes a tracked one's settings.
+    pub async fn upsert_sensor(&self, id: SensorId, settings: Settings) -> Result<(), Error> {
         self.shards[self.shard(id)]
             .send(ShardMsg::Upsert {
                 id,
-                heartbeat_timeout_s,
-                debounce_s,
-                battery_low_pct,
+                settings,
                 initial: None,
             })
             .await
@@ -641,14 +672,12 @@ impl Engine {
 
     /// Follows a registry change made elsewhere (another node's API): a sensor new here
     /// starts from its stored `state`; a tracked one keeps its own, fresher state and only
-    /// takes the timeout and debounce window.
+    /// takes the settings.
     pub async fn track(&self, id: SensorId, state: SensorState) -> Result<(), Error> {
         self.shards[self.shard(id)]
             .send(ShardMsg::Upsert {
                 id,
-                heartbeat_timeout_s: state.heartbeat_timeout_s,
-                debounce_s: state.debounce_s,
-                battery_low_pct: state.battery_low_pct,
+                settings: Settings::of(&state),
                 initial: Some(state),
             })
             .await

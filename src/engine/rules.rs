@@ -19,10 +19,10 @@
 //! after a pause longer than an interval (latch stopped) the next one carries the number of
 //! intervals passed instead of a burst of the missed ones.
 
-use crate::domain::alarms;
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::signals::Signals;
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, Source};
+use crate::domain::{alarms, hold};
 
 /// What a reading did to the state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +52,9 @@ pub struct Input {
 
 /// Applies one reading. Returns what changed and appends the events it caused to
 /// `events` (a `connection_restored` when the sensor was lost, then a `state_changed`
-/// unless `debounce_ms` holds it back, then what its battery, tamper flag and fault raise:
-/// [`alarms::apply`]). A late reading changes none of them.
+/// unless `debounce_ms` holds it back, then a `state_held_cleared` when a change ends a
+/// state held too long ([`hold::changed`]), then what its battery, tamper flag and fault
+/// raise: [`alarms::apply`]). A late reading changes none of them.
 pub fn apply(
     id: SensorId,
     state: &mut SensorState,
@@ -61,7 +62,21 @@ pub fn apply(
     debounce_ms: Millis,
     events: &mut Vec<Event>,
 ) -> Change {
+    let previous = state.data;
     let change = apply_data(id, state, r, debounce_ms, events);
+    if matches!(change, Change::Changed { .. } | Change::Held)
+        && let Some(detail) = hold::changed(&state.hold_alarms, &mut state.hold, r.received_at)
+    {
+        events.push(Event {
+            sensor_id: id,
+            kind: EventKind::StateHeldCleared,
+            at: r.received_at,
+            data: state.data,
+            previous,
+            last_seen_at: None,
+            detail,
+        });
+    }
     if change != Change::Late && !r.signals.is_empty() {
         alarms::apply(
             &mut state.signals,
@@ -225,6 +240,26 @@ pub fn remind(
             reminder: Some(passed),
             ..Detail::default()
         },
+    });
+    true
+}
+
+/// Makes what a sensor's held state owes at `now`: its `sensor.state_held`, or a
+/// reminder ([`hold::fire`]). Returns whether one was made.
+pub fn hold(id: SensorId, state: &mut SensorState, now: Millis, events: &mut Vec<Event>) -> bool {
+    let lost = state.connection == Connection::Lost;
+    let Some((at, detail)) = hold::fire(&state.hold_alarms, state.data, lost, &mut state.hold, now)
+    else {
+        return false;
+    };
+    events.push(Event {
+        sensor_id: id,
+        kind: EventKind::StateHeld,
+        at,
+        data: state.data,
+        previous: None,
+        last_seen_at: None,
+        detail,
     });
     true
 }

@@ -39,9 +39,7 @@ pub(super) enum ShardMsg {
     },
     Upsert {
         id: SensorId,
-        heartbeat_timeout_s: Option<u32>,
-        debounce_s: Option<u32>,
-        battery_low_pct: u8,
+        settings: super::Settings,
         /// State to start from when the sensor is new here (else: never reported).
         initial: Option<SensorState>,
     },
@@ -251,8 +249,9 @@ impl Shard {
         self.due.shrink(EXPIRE_BATCH);
     }
 
-    /// Ends the debounce windows that have passed and sends the reminders that are due
-    /// ([`rules::settle`], [`rules::remind`]), a bounded batch at a time, on the state this
+    /// Ends the debounce windows that have passed and sends the reminders and hold alarms
+    /// that are due ([`rules::settle`], [`rules::remind`], [`rules::hold`]), a bounded
+    /// batch at a time, on the state this
     /// round left (a reading in it may have moved a window).
     fn fire_timers(&mut self, upto: Millis, p: &mut Pending) {
         let mut due = Vec::new();
@@ -282,6 +281,7 @@ impl Shard {
             if let Some(every) = self.policy.reminder_ms {
                 fired |= rules::remind(id, state, upto, every, &mut p.batch.events);
             }
+            fired |= rules::hold(id, state, upto, &mut p.batch.events);
             if fired {
                 p.timed += 1;
             } else if fresh {
@@ -341,9 +341,7 @@ impl Shard {
             // queued before a delete or a timeout change see the registry they were sent to.
             ShardMsg::Upsert {
                 id,
-                heartbeat_timeout_s,
-                debounce_s,
-                battery_low_pct,
+                settings,
                 initial,
             } => {
                 let _ = self.flush(std::mem::take(pending)).await;
@@ -353,14 +351,18 @@ impl Shard {
                     return;
                 };
                 if part.fleet.get(id).is_some() {
-                    part.fleet
-                        .set_settings(id, heartbeat_timeout_s, debounce_s, battery_low_pct);
+                    let now = self.clock.now();
+                    if let Some(held) = part.fleet.set_settings(id, settings, now) {
+                        // Hold alarms set on a state already held: its timer starts now,
+                        // committed like a change (a failed commit leaves it unset until
+                        // the next change of state).
+                        let mut set = Pending::default();
+                        set.scratch.insert(id, (p, held));
+                        set.timed += 1;
+                        self.flush(set).await;
+                    }
                 } else {
-                    let state = initial.unwrap_or(SensorState {
-                        debounce_s,
-                        battery_low_pct,
-                        ..SensorState::new(heartbeat_timeout_s)
-                    });
+                    let state = initial.unwrap_or_else(|| settings.new_state());
                     part.fleet.insert(id, state);
                 }
             }
@@ -526,6 +528,7 @@ impl Shard {
                     .part(*n)
                     .and_then(|p| p.fleet.get(*id))
                     .is_some_and(|before| s.only_seen_since(&before)),
+                hold: s.hold,
                 sensor_id: *id,
                 data: s.data,
                 changed_at: s.changed_at,

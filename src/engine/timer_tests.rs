@@ -229,3 +229,156 @@ async fn no_sensor_is_declared_lost_once_a_stop_began() {
     assert_eq!(kinds(&b), [(x, EventKind::StateChanged)]);
     stop.cancel();
 }
+
+/// A door open (1) since `since`, heard then, with a timeout of an hour and an alarm after
+/// 30 s held open, reminding every minute.
+fn open_door(since: Millis, hold: Option<crate::domain::hold::Hold>) -> SensorState {
+    use crate::domain::hold::{HoldAlarm, HoldAlarms};
+    SensorState {
+        data: Some(true),
+        heartbeat_timeout_s: Some(3600),
+        hold_alarms: HoldAlarms::from_list(&[HoldAlarm {
+            data: 1,
+            after_s: 30,
+            remind_every_s: Some(60),
+        }])
+        .unwrap(),
+        hold,
+        ..online(since)
+    }
+}
+
+#[tokio::test]
+async fn a_door_held_open_alarms_reminds_and_clears_when_it_closes() {
+    use crate::domain::hold::Hold;
+    let clock = Clock::manual(0);
+    let door = sid("door");
+    let (engine, mut rx, stop) = engine(
+        clock.clone(),
+        Duration::ZERO,
+        None,
+        vec![(door, open_door(0, Some(Hold::new(0))))],
+    );
+    clock.set(30_000);
+    let b = next(&mut rx).await;
+    assert_eq!(kinds(&b), [(door, EventKind::StateHeld)]);
+    let e = &b.events[0];
+    assert_eq!(
+        (e.at, e.data, e.detail.reminder),
+        (30_000, Some(true), None)
+    );
+    assert_eq!(e.detail.lost_since, Some(0), "since the state began");
+    assert_eq!(
+        b.states[0].hold,
+        Some(Hold { since: 0, sent: 1 }),
+        "committed with it"
+    );
+    clock.set(90_000);
+    let b = next(&mut rx).await;
+    assert_eq!(kinds(&b), [(door, EventKind::StateHeld)]);
+    assert_eq!(
+        (b.events[0].at, b.events[0].detail.reminder),
+        (90_000, Some(1))
+    );
+    // Closed: the change, then the clearing of what was open.
+    let b = send(
+        &engine,
+        &mut rx,
+        reading(door, false),
+        100_000,
+        Source::Http,
+    )
+    .await;
+    assert_eq!(
+        kinds(&b),
+        [
+            (door, EventKind::StateChanged),
+            (door, EventKind::StateHeldCleared)
+        ]
+    );
+    let c = &b.events[1];
+    assert_eq!(
+        (c.data, c.previous, c.at),
+        (Some(false), Some(true), 100_000)
+    );
+    assert_eq!(
+        crate::domain::hold::held_s(c.detail.lost_since.unwrap(), c.at),
+        100
+    );
+    assert_eq!(
+        b.states[0].hold,
+        Some(Hold::new(100_000)),
+        "closed has no alarm"
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_hold_that_fell_due_while_latch_was_down_alarms_once_at_start() {
+    use crate::domain::hold::Hold;
+    let clock = Clock::manual(1_000_000);
+    let door = sid("door");
+    let (_engine, mut rx, stop) = engine(
+        clock.clone(),
+        Duration::ZERO,
+        None,
+        vec![(door, open_door(0, Some(Hold::new(0))))],
+    );
+    let b = next(&mut rx).await;
+    assert_eq!(
+        kinds(&b),
+        [(door, EventKind::StateHeld)],
+        "one, not a burst"
+    );
+    assert_eq!(b.events[0].at, 30_000);
+    // Reminders go on from the interval after now: 30 s + 17 minutes.
+    clock.set(1_049_999);
+    clock.set(1_050_000);
+    let b = next(&mut rx).await;
+    assert_eq!(
+        (b.events[0].at, b.events[0].detail.reminder),
+        (1_050_000, Some(17))
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn alarms_set_on_a_door_already_open_time_it_from_then_and_a_lost_one_makes_none() {
+    use crate::domain::hold::{Hold, HoldAlarms};
+    let clock = Clock::manual(0);
+    let (door, gone) = (sid("door"), sid("gone"));
+    let lost = SensorState {
+        connection: Connection::Lost,
+        ..open_door(0, Some(Hold::new(0)))
+    };
+    let plain = SensorState {
+        hold_alarms: HoldAlarms::default(),
+        hold: None,
+        ..open_door(0, None)
+    };
+    let (engine, mut rx, stop) = engine(
+        clock.clone(),
+        Duration::ZERO,
+        None,
+        vec![(door, plain), (gone, lost)],
+    );
+    clock.set(5_000);
+    let settings = Settings::of(&open_door(0, None));
+    engine.upsert_sensor(door, settings).await.unwrap();
+    let b = next(&mut rx).await;
+    assert!(b.events.is_empty());
+    assert_eq!(
+        b.states[0].hold,
+        Some(Hold::new(5_000)),
+        "timed from the setting"
+    );
+    clock.set(34_999);
+    clock.set(35_000);
+    let b = next(&mut rx).await;
+    assert_eq!(
+        kinds(&b),
+        [(door, EventKind::StateHeld)],
+        "not the lost one"
+    );
+    stop.cancel();
+}

@@ -272,7 +272,9 @@ impl committer::Listener for Wiring {
                 | EventKind::Tamper
                 | EventKind::TamperCleared
                 | EventKind::Fault
-                | EventKind::FaultCleared => continue,
+                | EventKind::FaultCleared
+                | EventKind::StateHeld
+                | EventKind::StateHeldCleared => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

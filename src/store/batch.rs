@@ -40,6 +40,8 @@ pub struct StateUpdate {
     /// Its battery, tamper flag and fault, and whether a battery alarm is open (written as
     /// they are).
     pub signals: crate::domain::signals::SignalState,
+    /// How far its state has held (written as it is).
+    pub hold: Option<crate::domain::hold::Hold>,
     /// Nothing but `last_ts` and `last_seen_at` differs from the sensor's committed state
     /// ([`crate::domain::sensor::SensorState::only_seen_since`]). A backend may defer
     /// writing such an update, as long as no read of the store sees the older values and

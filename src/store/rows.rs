@@ -9,6 +9,7 @@
 use super::sealing;
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
 use crate::domain::client::{Batch, DisabledReason, events_from_column};
+use crate::domain::hold::{Hold, HoldAlarms};
 use crate::domain::sensor::{Debounce, Labels, SensorState};
 use crate::domain::signals::{Fault, SignalState, Signals};
 use crate::domain::{
@@ -20,7 +21,7 @@ use crate::domain::{
 pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
      st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, s.site_id, s.battery_low_pct, s.labels, st.battery, st.battery_low, \
-     st.tamper, st.fault";
+     st.tamper, st.fault, s.hold_alarms, st.held_since, st.held_sent";
 
 /// The sites' totals (`site::SiteTotals`): sites down, events held for the grace of the
 /// sites up, and the start of the oldest grace running. `sites` is one row per building,
@@ -34,7 +35,7 @@ pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.
      st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, st.debounce_from, st.debounce_at, st.debounce_since, st.debounce_flips, \
      st.lost_since, st.reminders, s.battery_low_pct, st.battery, st.battery_low, st.tamper, \
-     st.fault";
+     st.fault, s.hold_alarms, st.held_since, st.held_sent";
 pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
 
 /// A client: [`client`].
@@ -196,6 +197,7 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             created_at: r.int(3)?,
             battery_low_pct: pct(r.count(11)?),
             labels: Labels::from_column(r.opt_text(12)?.as_deref()),
+            hold_alarms: HoldAlarms::from_column(r.opt_text(17)?.as_deref()),
         },
         SensorStatus {
             data: r.opt_flag(4)?,
@@ -204,8 +206,15 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             connection: connection(&r.text(7)?),
             last_source: r.opt_text(9)?.as_deref().and_then(Source::parse),
             signals: signal_state(r, 13)?,
+            hold: hold(r, 18)?,
         },
     ))
+}
+
+/// `st.held_since, st.held_sent` from column `first` on.
+fn hold<R: Cols>(r: &R, first: usize) -> Result<Option<Hold>, R::Error> {
+    let sent = r.opt_count(first + 1)?.unwrap_or(0);
+    Ok(r.opt_int(first)?.map(|since| Hold { since, sent }))
 }
 
 /// A stored percentage (0–100 by the API's checks).
@@ -256,6 +265,8 @@ pub(crate) fn runtime<R: Cols>(r: &R) -> Result<SensorRuntime, R::Error> {
             reminders: r.opt_count(14)?,
             battery_low_pct: pct(r.count(15)?),
             signals: signal_state(r, 16)?,
+            hold_alarms: HoldAlarms::from_column(r.opt_text(20)?.as_deref()),
+            hold: hold(r, 21)?,
         },
     ))
 }

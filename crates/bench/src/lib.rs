@@ -384,6 +384,7 @@ pub async fn import_sited(
                 created_at: time::now_ms(),
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
+                hold_alarms: Default::default(),
             })
             .collect();
         let links = chunk

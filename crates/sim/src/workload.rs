@@ -133,15 +133,18 @@ impl Workload {
                 created_at: now,
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
+                hold_alarms: Default::default(),
             };
             let site = sensor.site_id.clone();
             store.create_sensor(sensor).await?;
             engine
                 .upsert_sensor(
                     s.id,
-                    None,
-                    debounce_s,
-                    latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                    latch::engine::Settings {
+                        heartbeat_timeout_s: None,
+                        debounce_s,
+                        ..Default::default()
+                    },
                 )
                 .await?;
             let mut log = self.log.lock().unwrap();

@@ -71,10 +71,14 @@ fn own_timeouts_win_and_changing_one_keeps_order() {
     assert_eq!(f.next_deadline(), Some(2 * MIN + 1000));
     assert_eq!(names(f.expired(3 * MIN, 10)), ["fast"]);
     f.insert(id("x"), online(5 * MIN, Some(60)));
-    f.set_settings(id("def"), Some(60), None, 20);
+    let timeout = |t: Option<u32>| crate::engine::Settings {
+        heartbeat_timeout_s: t,
+        ..crate::engine::Settings::of(&SensorState::new(None))
+    };
+    f.set_settings(id("def"), timeout(Some(60)), 0);
     // "def" was seen before "x": it lands in front of it in the 60 s list.
     assert_eq!(names(f.expired(7 * MIN, 10)), ["def", "fast", "x"]);
-    f.set_settings(id("fast"), None, None, 20);
+    f.set_settings(id("fast"), timeout(None), 0);
     assert_eq!(names(f.expired(7 * MIN, 10)), ["def", "x"]);
 }
 

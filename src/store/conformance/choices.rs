@@ -136,6 +136,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
         lost_since,
         reminders,
         signals: Default::default(),
+        hold: None,
         seen_only: false,
     };
     let reminder = Event {
@@ -284,7 +285,7 @@ pub(super) async fn door_signals_round_trip(s: &Subject) {
     // A replace writes both; a later commit writes the signals as they are.
     let alarms = SensorAlarms {
         battery_low_pct: 0,
-        labels: Labels::default(),
+        ..SensorAlarms::default()
     };
     let (view, _) = s
         .replace_sensor(sid("ds1"), "x".into(), None, None, None, alarms, 3_000)
@@ -304,6 +305,61 @@ pub(super) async fn door_signals_round_trip(s: &Subject) {
     let rt = runtime_of(&**s, "ds1").await;
     assert_eq!((rt.battery_low_pct, rt.signals.tamper), (0, Some(false)));
     assert_eq!(rt.signals.fault, Some(jam));
+}
+
+/// A sensor's hold alarms (registry) and how far its state held (state) are kept: a
+/// create and a replace write the alarms, a commit writes the hold as it is (and `None`
+/// clears it), and both come back in the sensor's view and in what the engine loads.
+pub(super) async fn hold_alarms_round_trip(s: &Subject) {
+    use crate::domain::hold::{Hold, HoldAlarm, HoldAlarms};
+    use crate::domain::sensor::SensorAlarms;
+    let open = HoldAlarms::from_list(&[HoldAlarm {
+        data: 1,
+        after_s: 60,
+        remind_every_s: Some(300),
+    }])
+    .unwrap();
+    let own = Sensor {
+        hold_alarms: open,
+        ..sensor("ha1")
+    };
+    s.create_sensor(own).await.unwrap();
+    let (read, status) = s.get_sensor(sid("ha1")).await.unwrap().unwrap();
+    assert_eq!((read.hold_alarms, status.hold), (open, None));
+
+    let held = Hold {
+        since: 1_000,
+        sent: 3,
+    };
+    let mut batch = change("ha1", true, None, 1_000);
+    batch.states[0].hold = Some(held);
+    s.commit(batch, 1_000).await.unwrap();
+    let (_, status) = s.get_sensor(sid("ha1")).await.unwrap().unwrap();
+    assert_eq!(status.hold, Some(held));
+    let rt = runtime_of(&**s, "ha1").await;
+    assert_eq!((rt.hold_alarms, rt.hold), (open, Some(held)));
+
+    let closed = HoldAlarms::from_list(&[HoldAlarm {
+        data: 0,
+        after_s: 5,
+        remind_every_s: None,
+    }])
+    .unwrap();
+    let alarms = SensorAlarms {
+        hold_alarms: closed,
+        ..SensorAlarms::default()
+    };
+    let (view, _) = s
+        .replace_sensor(sid("ha1"), "x".into(), None, None, None, alarms, 2_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.0.hold_alarms, closed);
+    let mut batch = change("ha1", false, Some(true), 3_000);
+    batch.states[0].hold = None;
+    s.commit(batch, 3_000).await.unwrap();
+    let rt = runtime_of(&**s, "ha1").await;
+    assert_eq!((rt.hold_alarms, rt.hold), (closed, None));
 }
 
 /// A reading's battery, tamper flag and fault are kept in history as it reported them (a

@@ -165,6 +165,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: false,
         }],
         events: vec![Event {

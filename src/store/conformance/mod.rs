@@ -201,6 +201,7 @@ suite!(
     choices::state_keeps_source_window_and_reminders,
     choices::door_signals_round_trip,
     choices::door_signals_in_history,
+    choices::hold_alarms_round_trip,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,
@@ -278,6 +279,7 @@ pub fn sensor(id: &str) -> Sensor {
         created_at: 1_000,
         battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
         labels: Default::default(),
+        hold_alarms: Default::default(),
     }
 }
 
@@ -311,6 +313,7 @@ pub fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: false,
         }],
         events: vec![Event {
@@ -348,6 +351,7 @@ pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> Commi
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: false,
         }],
         events: vec![Event {

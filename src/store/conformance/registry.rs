@@ -281,6 +281,7 @@ pub(super) async fn counts_by_connection(s: &Subject) {
         lost_since: None,
         reminders: None,
         signals: Default::default(),
+        hold: None,
         seen_only: false,
     };
     let batch = CommitBatch {

@@ -351,6 +351,8 @@ struct StateCols {
     battery_low: Vec<bool>,
     tamper: Vec<Option<bool>>,
     fault: Vec<Option<String>>,
+    held_since: Vec<Option<i64>>,
+    held_sent: Vec<Option<i32>>,
 }
 
 impl StateCols {
@@ -394,6 +396,11 @@ impl StateCols {
                 .iter()
                 .map(|s| s.signals.fault.map(|f| f.to_string()))
                 .collect(),
+            held_since: st.iter().map(|s| s.hold.map(|h| h.since)).collect(),
+            held_sent: st
+                .iter()
+                .map(|s| s.hold.map(|h| h.sent.min(i32::MAX as u32) as i32))
+                .collect(),
         }
     }
 
@@ -405,19 +412,21 @@ impl StateCols {
                 "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, \
                  last_seen_at, connection, last_source, debounce_from, debounce_at, \
                  debounce_since, debounce_flips, lost_since, reminders, battery, battery_low, \
-                 tamper, fault) \
+                 tamper, fault, held_since, held_sent) \
                  SELECT u.sensor_id, u.data, u.changed_at, u.last_ts, u.last_seen_at, \
                  u.connection, u.last_source, u.debounce_from, u.debounce_at, \
                  u.debounce_since, u.debounce_flips, \
                  CASE WHEN u.connection = 'lost' THEN u.lost_since END, \
                  CASE WHEN u.connection = 'lost' THEN u.reminders END, \
-                 u.battery, u.battery_low, u.tamper, u.fault \
+                 u.battery, u.battery_low, u.tamper, u.fault, u.held_since, u.held_sent \
                  FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
                  $6::text[], $7::text[], $8::bool[], $9::int8[], $10::int8[], $11::int4[], \
-                 $12::int8[], $13::int4[], $14::int4[], $15::bool[], $16::bool[], $17::text[]) \
+                 $12::int8[], $13::int4[], $14::int4[], $15::bool[], $16::bool[], $17::text[], \
+                 $18::int8[], $19::int4[]) \
                  AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection, \
                  last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
-                 lost_since, reminders, battery, battery_low, tamper, fault) \
+                 lost_since, reminders, battery, battery_low, tamper, fault, held_since, \
+                 held_sent) \
                  ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
                  changed_at = COALESCE(excluded.changed_at, st.changed_at), \
                  last_ts = excluded.last_ts, last_seen_at = excluded.last_seen_at, \
@@ -431,10 +440,11 @@ impl StateCols {
                  reminders = CASE WHEN excluded.connection = 'lost' \
                    THEN COALESCE(excluded.reminders, st.reminders) END, \
                  battery = excluded.battery, battery_low = excluded.battery_low, \
-                 tamper = excluded.tamper, fault = excluded.fault",
+                 tamper = excluded.tamper, fault = excluded.fault, \
+                 held_since = excluded.held_since, held_sent = excluded.held_sent",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 17] = [
+        let p: [&(dyn ToSql + Sync); 19] = [
             &self.ids,
             &self.data,
             &self.changed,
@@ -452,6 +462,8 @@ impl StateCols {
             &self.battery_low,
             &self.tamper,
             &self.fault,
+            &self.held_since,
+            &self.held_sent,
         ];
         execute_rows(tx, &sql, &p, self.ids.len()).await
     }

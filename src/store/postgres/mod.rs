@@ -94,6 +94,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0035_sensor_changes_deleted.sql"),
     include_str!("../migrations/postgres/0036_door_signals.sql"),
     include_str!("../migrations/postgres/0037_reading_signals.sql"),
+    include_str!("../migrations/postgres/0038_hold_alarms.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

@@ -68,8 +68,8 @@ impl Registry for PgStore {
         let n = c
             .execute(
                 "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
-                   debounce_s, hash, site_id, battery_low_pct, labels) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                   debounce_s, hash, site_id, battery_low_pct, labels, hold_alarms) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                    ON CONFLICT (id) DO NOTHING RETURNING id) \
                  INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
                 &[
@@ -82,6 +82,7 @@ impl Registry for PgStore {
                     &s.site_id,
                     &i32::from(s.battery_low_pct),
                     &s.labels.to_column(),
+                    &s.hold_alarms.to_column(),
                 ],
             )
             .await?;
@@ -214,7 +215,8 @@ impl Registry for PgStore {
         }
         tx.execute(
             "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
-               debounce_s = $4, site_id = $5, battery_low_pct = $6, labels = $7 \
+               debounce_s = $4, site_id = $5, battery_low_pct = $6, labels = $7, \
+               hold_alarms = $8 \
                WHERE id = $1 RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
@@ -225,6 +227,7 @@ impl Registry for PgStore {
                 &site_id,
                 &i32::from(alarms.battery_low_pct),
                 &alarms.labels.to_column(),
+                &alarms.hold_alarms.to_column(),
             ],
         )
         .await?;
@@ -618,11 +621,13 @@ impl Registry for PgStore {
             .map(|s| i32::from(s.battery_low_pct))
             .collect();
         let labels: Vec<Option<String>> = sensors.iter().map(|s| s.labels.to_column()).collect();
+        let holds: Vec<Option<String>> =
+            sensors.iter().map(|s| s.hold_alarms.to_column()).collect();
         tx.execute(
             "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-             hash, site_id, battery_low_pct, labels) SELECT * FROM UNNEST($1::text[], \
-             $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int8[], $7::text[], \
-             $8::int4[], $9::text[]) ON CONFLICT (id) DO NOTHING",
+             hash, site_id, battery_low_pct, labels, hold_alarms) SELECT * FROM UNNEST( \
+             $1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int8[], \
+             $7::text[], $8::int4[], $9::text[], $10::text[]) ON CONFLICT (id) DO NOTHING",
             &[
                 &ids,
                 &addresses,
@@ -633,6 +638,7 @@ impl Registry for PgStore {
                 &sites,
                 &thresholds,
                 &labels,
+                &holds,
             ],
         )
         .await?;

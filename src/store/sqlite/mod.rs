@@ -85,6 +85,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0030_site_retold.sql"),
     include_str!("../migrations/sqlite/0031_door_signals.sql"),
     include_str!("../migrations/sqlite/0032_reading_signals.sql"),
+    include_str!("../migrations/sqlite/0033_hold_alarms.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -64,7 +64,8 @@ impl Registry for SqliteStore {
         self.write(move |c| {
             let n = c.execute(
                 "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                 site_id, battery_low_pct, labels) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 site_id, battery_low_pct, labels, hold_alarms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
                  ON CONFLICT (id) DO NOTHING",
                 params![
                     s.id.to_string(),
@@ -74,7 +75,8 @@ impl Registry for SqliteStore {
                     s.debounce_s,
                     s.site_id,
                     s.battery_low_pct,
-                    s.labels.to_column()
+                    s.labels.to_column(),
+                    s.hold_alarms.to_column()
                 ],
             )?;
             if n == 0 {
@@ -195,7 +197,8 @@ impl Registry for SqliteStore {
                 };
                 tx.execute(
                     "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
-                     site_id = ?5, battery_low_pct = ?6, labels = ?7 WHERE id = ?1",
+                     site_id = ?5, battery_low_pct = ?6, labels = ?7, hold_alarms = ?8 \
+                     WHERE id = ?1",
                     params![
                         id.to_string(),
                         address,
@@ -203,7 +206,8 @@ impl Registry for SqliteStore {
                         debounce,
                         site_id,
                         alarms.battery_low_pct,
-                        alarms.labels.to_column()
+                        alarms.labels.to_column(),
+                        alarms.hold_alarms.to_column()
                     ],
                 )?;
                 let made = match from == site_id {
@@ -588,7 +592,8 @@ impl Registry for SqliteStore {
             {
                 let mut ins = tx.prepare_cached(
                     "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                     site_id, battery_low_pct, labels) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     site_id, battery_low_pct, labels, hold_alarms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
                      ON CONFLICT (id) DO NOTHING",
                 )?;
                 for s in &sensors {
@@ -600,7 +605,8 @@ impl Registry for SqliteStore {
                         s.debounce_s,
                         s.site_id,
                         s.battery_low_pct,
-                        s.labels.to_column()
+                        s.labels.to_column(),
+                        s.hold_alarms.to_column()
                     ])?;
                 }
                 let mut link = tx.prepare_cached(

@@ -33,6 +33,7 @@ fn batch(id: SensorId, last_ts: Millis, ts: Millis, seen: Millis, late: bool) ->
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: true,
         }],
         ..Default::default()

@@ -41,6 +41,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: false,
         }],
         events: vec![Event {
@@ -138,6 +139,7 @@ async fn data_survives_reopening() {
                 created_at: 1,
                 battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
+                hold_alarms: Default::default(),
             })
             .await
             .unwrap();

@@ -122,7 +122,9 @@ pub(super) fn liveness(
                 | EventKind::Tamper
                 | EventKind::TamperCleared
                 | EventKind::Fault
-                | EventKind::FaultCleared => {}
+                | EventKind::FaultCleared
+                | EventKind::StateHeld
+                | EventKind::StateHeldCleared => {}
             }
         }
     }

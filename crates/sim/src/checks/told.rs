@@ -37,7 +37,9 @@ fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
         | EventKind::Tamper
         | EventKind::TamperCleared
         | EventKind::Fault
-        | EventKind::FaultCleared => return None,
+        | EventKind::FaultCleared
+        | EventKind::StateHeld
+        | EventKind::StateHeldCleared => return None,
     })
 }
 

@@ -61,6 +61,7 @@ impl Tables {
                 .then(|| s.reminders.or(old.and_then(|o| o.reminders)))
                 .flatten(),
             signals: s.signals,
+            hold: s.hold,
         };
         self.states.insert(s.sensor_id, row);
     }

@@ -327,6 +327,7 @@ impl Registry for NodeStore {
                 created_at: 0,
                 battery_low_pct: alarms.battery_low_pct,
                 labels: alarms.labels,
+                hold_alarms: alarms.hold_alarms,
             };
             Ok(t.replace_sensor(cx, to, now))
         })

@@ -34,6 +34,7 @@ pub struct StateRow {
     pub lost_since: Option<Millis>,
     pub reminders: Option<u32>,
     pub signals: latch::domain::signals::SignalState,
+    pub hold: Option<latch::domain::hold::Hold>,
 }
 
 /// `clients`: the client and the running summary of its attempts that health reads and
@@ -351,6 +352,7 @@ impl Tables {
                 connection: st.connection,
                 last_source: st.last_source,
                 signals: st.signals,
+                hold: st.hold,
             },
             None => SensorStatus::default(),
         };
@@ -363,6 +365,7 @@ impl Tables {
         let mut state = SensorState::new(sensor.heartbeat_timeout_s);
         state.debounce_s = sensor.debounce_s;
         state.battery_low_pct = sensor.battery_low_pct;
+        state.hold_alarms = sensor.hold_alarms;
         if let Some(st) = self.states.get(&id) {
             state.data = st.data;
             state.changed_at = st.changed_at;
@@ -374,6 +377,7 @@ impl Tables {
             state.lost_since = st.lost_since;
             state.reminders = st.reminders;
             state.signals = st.signals;
+            state.hold = st.hold;
         }
         Some((id, state))
     }

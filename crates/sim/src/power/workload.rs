@@ -102,6 +102,7 @@ pub fn batch(states: &mut States, sent: &[Sent], at: Millis) -> (CommitBatch, Ve
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: false,
         });
     }

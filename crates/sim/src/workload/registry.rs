@@ -172,9 +172,11 @@ impl Workload {
                 let applied = engine
                     .upsert_sensor(
                         id,
-                        timeout_s,
-                        debounce_s,
-                        latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                        latch::engine::Settings {
+                            heartbeat_timeout_s: timeout_s,
+                            debounce_s,
+                            ..Default::default()
+                        },
                     )
                     .await;
                 let ended = match applied {
@@ -236,6 +238,7 @@ impl Workload {
                 created_at: engine.now(),
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
+                hold_alarms: Default::default(),
             };
             let result = store.create_sensor(sensor).await;
             let made = self.model.read(|t| t.sensors.contains_key(&id));
@@ -243,9 +246,11 @@ impl Workload {
                 let _ = engine
                     .upsert_sensor(
                         id,
-                        None,
-                        debounce_s,
-                        latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
+                        latch::engine::Settings {
+                            heartbeat_timeout_s: None,
+                            debounce_s,
+                            ..Default::default()
+                        },
                     )
                     .await;
             }

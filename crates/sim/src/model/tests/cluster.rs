@@ -330,6 +330,7 @@ fn fenced_change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             lost_since: None,
             reminders: None,
             signals: Default::default(),
+            hold: None,
             seen_only: false,
         }],
         events: vec![Event {
@@ -422,6 +423,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             created_at: 1,
             battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
             labels: Default::default(),
+            hold_alarms: Default::default(),
         })
         .collect();
     store.import(sensors, Vec::new(), 1_000).await.unwrap();
