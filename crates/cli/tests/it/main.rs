@@ -18,6 +18,7 @@ mod console;
 mod crash_state;
 mod delivery;
 mod door_signals;
+mod held_open;
 mod event_types;
 mod full_disk;
 mod history;
