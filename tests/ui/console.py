@@ -323,6 +323,32 @@ def times_name_their_zone(browser, sensor):
     context.close()
 
 
+def door_alarms_survive_a_save(browser):
+    """A sensor's page shows its hold alarms and since when its door has been held open,
+    and saving the sensor's form (which does not edit them) keeps its alarms and labels."""
+    door = "held" + "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    alarms = [{"data": 1, "after_s": 1, "remind_every_s": 600}]
+    post_json(f"{BASE}/v1/sensors", {"id": door, "address": "Dock door", "heartbeat_timeout_s": 3600,
+                                     "labels": {"0": "closed", "1": "open"}, "hold_alarms": alarms})
+    post_reading(door, 1)
+    until("the door's state_held",
+          lambda: get_json(f"{BASE}/v1/sensors/{door}")["status"]["held_since"] is not None)
+    page = browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{BASE}/ui/#/sensors/{door}")
+    expect(page.get_by_role("heading", name=f"Sensor {door}")).to_be_visible()
+    dd = lambda name: page.locator("dl.props dt", has_text=name).locator("xpath=following-sibling::dd[1]")
+    expect(dd("Hold alarms")).to_have_text("open for 1 s, then every 600 s")
+    expect(dd("Held since")).not_to_have_text("—")
+    page.get_by_label("Address", exact=True).fill("Dock door, north")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator("#notice")).to_contain_text("Saved.")
+    saved = get_json(f"{BASE}/v1/sensors/{door}")
+    assert (saved["address"], saved["hold_alarms"], saved["labels"]) == (
+        "Dock door, north", alarms, {"0": "closed", "1": "open"}), saved
+    page.close()
+
+
 def request(method, url, body=None):
     """A call with a JSON body whose answer may be empty (PATCH answers the silence,
     DELETE nothing)."""
@@ -691,6 +717,7 @@ def main():
         long_pages_keep_the_header(browser, hook, client)
         one_slice_is_drawn(browser, hook)
         times_name_their_zone(browser, sensor)
+        door_alarms_survive_a_save(browser)
         sites_and_silences(browser, hook)
 
         assert not errors, f"errors in the page: {errors}"

@@ -137,6 +137,9 @@ export async function sensorPage(id, params) {
       ["Fault", s.status.fault ?? "none"],
       ["Battery alarm at", s.battery_low_pct ? `${s.battery_low_pct} % or below` : "off"],
       ["Labels", s.labels ? `0: ${s.labels["0"] ?? "—"}, 1: ${s.labels["1"] ?? "—"}` : "none"],
+      ["Hold alarms", (s.hold_alarms ?? []).length ? s.hold_alarms.map((a) =>
+        `${s.labels?.[String(a.data)] ?? a.data} for ${a.after_s} s` + (a.remind_every_s ? `, then every ${a.remind_every_s} s` : "")).join("; ") : "none"],
+      ["Held since", s.status.held_since ? when(s.status.held_since) : "—"],
       ["Site", s.site_id ? h("a", { href: `#/sites/${enc(s.site_id)}` }, s.site_id) : "none"],
       ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
       ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
@@ -211,7 +214,8 @@ export async function sensorPage(id, params) {
   ], async (d) => {
     // Settings this form does not show are sent back as they are: a replace without them
     // would reset them.
-    const body = { address: d.get("address"), battery_low_pct: s.battery_low_pct, labels: s.labels ?? null };
+    const body = { address: d.get("address"), battery_low_pct: s.battery_low_pct, labels: s.labels ?? null,
+      hold_alarms: s.hold_alarms ?? [] };
     if (d.get("site_id")) body.site_id = d.get("site_id");
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
     if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));
