@@ -56,6 +56,11 @@ struct Payload<'a> {
     /// `sensor.battery_low`: the threshold it fell to.
     #[serde(skip_serializing_if = "Option::is_none")]
     threshold: Option<u8>,
+    /// `sensor.flapping`: the sensor's `flap` (`changes` is the threshold).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    changes: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window_s: Option<u32>,
     /// `sensor.fault`: the code.
     #[serde(skip_serializing_if = "Option::is_none")]
     fault: Option<String>,
@@ -118,7 +123,10 @@ pub fn body(n: &Notification, address: &str, labels: &Labels) -> Vec<u8> {
             _ => n.detail.flips_suppressed,
         },
         battery: n.detail.battery,
-        threshold: n.detail.threshold,
+        // A flapping's threshold travels in the same field as a battery's.
+        threshold: n.detail.threshold.filter(|_| n.kind != EventKind::Flapping),
+        changes: n.detail.threshold.filter(|_| n.kind == EventKind::Flapping),
+        window_s: n.detail.window_s,
         fault: n.detail.fault.map(|f| f.to_string()),
     };
     serde_json::to_vec(&p).expect("payload serializes")

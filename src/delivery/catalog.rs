@@ -219,6 +219,32 @@ fn sensor_schema(kind: EventKind) -> Value {
             );
             required.extend(["since", "held_s"]);
         }
+        EventKind::Flapping => {
+            p.insert("data".into(), state("The state when it began to flap."));
+            p.insert(
+                "previous".into(),
+                json!({"type": "null", "description": "Always null: not a change of state."}),
+            );
+            p.insert(
+                "changes".into(),
+                json!({"type": "integer", "minimum": 2, "maximum": 100,
+                       "description": "The sensor's flap.changes: this many changes within window_s are flapping."}),
+            );
+            p.insert(
+                "window_s".into(),
+                json!({"type": "integer", "minimum": 10, "maximum": 3600,
+                       "description": "The sensor's flap.window_s, in seconds."}),
+            );
+            required.extend(["changes", "window_s"]);
+        }
+        EventKind::FlappingStopped => {
+            p.insert("data".into(), state("The state now."));
+            p.insert(
+                "previous".into(),
+                state("The state last told: the flapping's."),
+            );
+            p.insert("previous_label".into(), label("previous"));
+        }
         EventKind::StateHeldCleared => {
             p.insert("data".into(), state("The state now."));
             p.insert("previous".into(), state("The state that was held."));
@@ -460,6 +486,15 @@ fn example_notification(kind: EventKind) -> Notification {
             },
             ..sample(id, kind, Some(false), Some(true))
         },
+        EventKind::Flapping => Notification {
+            detail: Detail {
+                threshold: Some(6),
+                window_s: Some(60),
+                ..Detail::default()
+            },
+            ..sample(id, kind, Some(true), None)
+        },
+        EventKind::FlappingStopped => sample(id, kind, Some(false), Some(true)),
     }
 }
 

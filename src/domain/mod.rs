@@ -5,6 +5,7 @@
 pub mod alarms;
 pub mod client;
 pub mod destination;
+pub mod flap;
 pub mod hold;
 pub mod live;
 pub mod notification;

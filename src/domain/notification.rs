@@ -44,6 +44,13 @@ pub enum EventKind {
     /// A state that was held too long changed at last.
     #[serde(rename = "sensor.state_held_cleared")]
     StateHeldCleared,
+    /// A sensor's state changed `changes` times within its `flap`'s window: no
+    /// `state_changed` of it goes out until it stops.
+    #[serde(rename = "sensor.flapping")]
+    Flapping,
+    /// A flapping sensor was quiet for its window: the state now.
+    #[serde(rename = "sensor.flapping_stopped")]
+    FlappingStopped,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -72,6 +79,8 @@ impl EventKind {
             EventKind::FaultCleared => "sensor.fault_cleared",
             EventKind::StateHeld => "sensor.state_held",
             EventKind::StateHeldCleared => "sensor.state_held_cleared",
+            EventKind::Flapping => "sensor.flapping",
+            EventKind::FlappingStopped => "sensor.flapping_stopped",
         }
     }
 
@@ -110,6 +119,12 @@ impl EventKind {
             }
             EventKind::StateHeldCleared => {
                 "A state held too long changed at last: the value held, the state now, and how long it held."
+            }
+            EventKind::Flapping => {
+                "A sensor changed as often as its flap allows within its window (a loose door, a failing switch): its state changes are not sent until it stops."
+            }
+            EventKind::FlappingStopped => {
+                "A flapping sensor was quiet for its window: the state now, and the state last told."
             }
         }
     }
@@ -150,7 +165,7 @@ impl EventKind {
     }
 
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 16] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
@@ -165,6 +180,8 @@ impl EventKind {
         EventKind::FaultCleared,
         EventKind::StateHeld,
         EventKind::StateHeldCleared,
+        EventKind::Flapping,
+        EventKind::FlappingStopped,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -183,6 +200,8 @@ impl EventKind {
             "sensor.fault_cleared" => Some(EventKind::FaultCleared),
             "sensor.state_held" => Some(EventKind::StateHeld),
             "sensor.state_held_cleared" => Some(EventKind::StateHeldCleared),
+            "sensor.flapping" => Some(EventKind::Flapping),
+            "sensor.flapping_stopped" => Some(EventKind::FlappingStopped),
             _ => None,
         }
     }
@@ -216,8 +235,11 @@ pub struct Detail {
     pub flips_suppressed: Option<u32>,
     /// `sensor.battery_low`, `sensor.battery_ok`: the battery reported.
     pub battery: Option<u8>,
-    /// `sensor.battery_low`: the sensor's `battery_low_pct` when it fell.
+    /// `sensor.battery_low`: the sensor's `battery_low_pct` when it fell;
+    /// `sensor.flapping`: its `flap.changes` (a threshold too).
     pub threshold: Option<u8>,
+    /// `sensor.flapping`: its `flap.window_s`.
+    pub window_s: Option<u32>,
     /// `sensor.fault`: the code reported.
     pub fault: Option<super::signals::Fault>,
 }

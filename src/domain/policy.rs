@@ -539,6 +539,12 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
             EventKind::StateHeldCleared,
         ],
         EventKind::StateHeldCleared => &[EventKind::StateHeld, EventKind::StateHeldCleared],
+        // Each tells the state: a newer state outranks it, as a state does.
+        EventKind::Flapping | EventKind::FlappingStopped => &[
+            EventKind::StateChanged,
+            EventKind::Flapping,
+            EventKind::FlappingStopped,
+        ],
     }
 }
 

@@ -169,7 +169,13 @@ impl View {
             | EventKind::Fault
             | EventKind::FaultCleared
             | EventKind::StateHeld
-            | EventKind::StateHeldCleared => Self { lost: false, data },
+            | EventKind::StateHeldCleared
+            | EventKind::Flapping => Self { lost: false, data },
+            // The client knew the state its `flapping` told.
+            EventKind::FlappingStopped => Self {
+                lost: false,
+                data: previous,
+            },
         }
     }
 }
@@ -235,9 +241,10 @@ pub struct Kept<'a> {
 /// itself may be gone by then (retention) or, a site's, carries no data of the sensor.
 pub fn kept(k: Kept<'_>) -> Vec<(SensorId, View)> {
     // A battery, tamper, fault or hold notification says nothing of the state or
-    // connection a silence's end reconciles (a change of state has its own): a silenced
-    // one is not told again.
-    if k.kind.is_signal() || k.kind.is_hold() {
+    // connection a silence's end reconciles (a change of state has its own), nor does a
+    // `flapping` (its `flapping_stopped` tells the state when it ends): a silenced one is
+    // not told again.
+    if k.kind.is_signal() || k.kind.is_hold() || k.kind == EventKind::Flapping {
         return Vec::new();
     }
     let (lists, lost): (&[&str], bool) = match k.kind {

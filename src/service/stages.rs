@@ -274,7 +274,9 @@ impl committer::Listener for Wiring {
                 | EventKind::Fault
                 | EventKind::FaultCleared
                 | EventKind::StateHeld
-                | EventKind::StateHeldCleared => continue,
+                | EventKind::StateHeldCleared
+                | EventKind::Flapping
+                | EventKind::FlappingStopped => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

@@ -47,9 +47,9 @@ pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_a
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
      n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
      n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed, n.batch_id, \
-     n.body, n.battery, n.threshold, n.fault";
+     n.body, n.battery, n.threshold, n.fault, n.window_s";
 /// How many columns [`NOTIF_COLS`] has: where the columns after it begin.
-const NOTIF_N: usize = 22;
+const NOTIF_N: usize = 23;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
@@ -318,6 +318,7 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
             battery: r.opt_count(19)?.map(pct),
             threshold: r.opt_count(20)?.map(pct),
             fault: fault(r, 21)?,
+            window_s: r.opt_count(22)?,
         },
         status: Status::parse(&r.text(9)?).unwrap_or(Status::Pending),
         attempts: r.count(10)?,

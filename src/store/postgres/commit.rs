@@ -553,6 +553,7 @@ struct NotificationCols<'e> {
     battery: Vec<Option<i32>>,
     threshold: Vec<Option<i32>>,
     fault: Vec<Option<String>>,
+    window_s: Vec<Option<i32>>,
     event: Vec<usize>,
 }
 
@@ -578,6 +579,7 @@ impl<'e> NotificationCols<'e> {
             battery: vec![],
             threshold: vec![],
             fault: vec![],
+            window_s: vec![],
             event: vec![],
         };
         for (k, e) in events.iter().enumerate() {
@@ -602,6 +604,8 @@ impl<'e> NotificationCols<'e> {
                 n.battery.push(e.detail.battery.map(i32::from));
                 n.threshold.push(e.detail.threshold.map(i32::from));
                 n.fault.push(e.detail.fault.map(|f| f.to_string()));
+                n.window_s
+                    .push(e.detail.window_s.map(|w| w.min(i32::MAX as u32) as i32));
                 n.event.push(k);
             }
         }
@@ -619,23 +623,23 @@ impl<'e> NotificationCols<'e> {
                 "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
                  previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
                  created_at, updated_at, lost_since, reminder, flips_suppressed, battery, \
-                 threshold, fault) \
+                 threshold, fault, window_s) \
                  SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, \
                  u.occurred_at, u.last_seen_at, 'pending', 0, $9, $9, $9, u.lost_since, \
-                 u.reminder, u.flips, u.battery, u.threshold, u.fault \
+                 u.reminder, u.flips, u.battery, u.threshold, u.fault, u.window_s \
                  FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], \
                  $6::bool[], $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[], \
-                 $13::int4[], $14::int4[], $15::text[]) \
+                 $13::int4[], $14::int4[], $15::text[], $16::int4[]) \
                  WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, previous, \
                  occurred_at, last_seen_at, lost_since, reminder, flips, battery, threshold, \
-                 fault, o) ORDER BY u.o \
+                 fault, window_s, o) ORDER BY u.o \
                  RETURNING id, seq, sensor_id, client_id), \
                  listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
                  SELECT seq, sensor_id, client_id FROM ins) \
                  SELECT id, seq FROM ins",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 15] = [
+        let p: [&(dyn ToSql + Sync); 16] = [
             &self.id,
             &self.client,
             &self.sensor,
@@ -651,6 +655,7 @@ impl<'e> NotificationCols<'e> {
             &self.battery,
             &self.threshold,
             &self.fault,
+            &self.window_s,
         ];
         tx.query(&sql, &p).await
     }

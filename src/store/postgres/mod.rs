@@ -95,6 +95,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0036_door_signals.sql"),
     include_str!("../migrations/postgres/0037_reading_signals.sql"),
     include_str!("../migrations/postgres/0038_hold_alarms.sql"),
+    include_str!("../migrations/postgres/0039_flapping.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

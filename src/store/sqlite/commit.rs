@@ -283,7 +283,7 @@ const STAGING: &str = "PRAGMA temp_store = MEMORY; \
     CREATE TEMP TABLE IF NOT EXISTS stage_events (k INTEGER PRIMARY KEY, sensor_id TEXT, \
       kind TEXT, at INTEGER, data INTEGER, previous INTEGER, last_seen_at INTEGER, \
       lost_since INTEGER, reminder INTEGER, flips_suppressed INTEGER, battery INTEGER, \
-      threshold INTEGER, fault TEXT); \
+      threshold INTEGER, fault TEXT, window_s INTEGER); \
     CREATE TEMP TABLE IF NOT EXISTS stage_notifications (n INTEGER PRIMARY KEY, \
       event INTEGER, id TEXT, client_id TEXT);";
 
@@ -303,7 +303,7 @@ pub(super) fn prepare(c: &Connection) -> rusqlite::Result<()> {
 fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
     let mut stage = tx.prepare_cached(
         "INSERT INTO temp.stage_events \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?;
     for (k, e) in events.iter().enumerate() {
         stage.execute(params![
@@ -319,7 +319,8 @@ fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
             e.detail.flips_suppressed,
             e.detail.battery,
             e.detail.threshold,
-            e.detail.fault.map(|f| f.to_string())
+            e.detail.fault.map(|f| f.to_string()),
+            e.detail.window_s
         ])?;
     }
     Ok(())
@@ -363,10 +364,10 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Made>> {
     tx.prepare_cached(
         "INSERT INTO notifications (seq, id, client_id, sensor_id, kind, data, previous, \
          occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at, \
-         lost_since, reminder, flips_suppressed, battery, threshold, fault) \
+         lost_since, reminder, flips_suppressed, battery, threshold, fault, window_s) \
          SELECT ?1 + s.n, s.id, s.client_id, e.sensor_id, e.kind, e.data, e.previous, e.at, \
          e.last_seen_at, 'pending', 0, ?2, ?2, ?2, e.lost_since, e.reminder, e.flips_suppressed, \
-         e.battery, e.threshold, e.fault \
+         e.battery, e.threshold, e.fault, e.window_s \
          FROM temp.stage_notifications s JOIN temp.stage_events e ON e.k = s.event ORDER BY s.n",
     )?
     .execute(params![base, now])?;

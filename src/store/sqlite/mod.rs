@@ -86,6 +86,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0031_door_signals.sql"),
     include_str!("../migrations/sqlite/0032_reading_signals.sql"),
     include_str!("../migrations/sqlite/0033_hold_alarms.sql"),
+    include_str!("../migrations/sqlite/0034_flapping.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

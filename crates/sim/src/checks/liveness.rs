@@ -124,7 +124,9 @@ pub(super) fn liveness(
                 | EventKind::Fault
                 | EventKind::FaultCleared
                 | EventKind::StateHeld
-                | EventKind::StateHeldCleared => {}
+                | EventKind::StateHeldCleared
+                | EventKind::Flapping
+                | EventKind::FlappingStopped => {}
             }
         }
     }

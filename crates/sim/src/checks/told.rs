@@ -39,7 +39,9 @@ fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
         | EventKind::Fault
         | EventKind::FaultCleared
         | EventKind::StateHeld
-        | EventKind::StateHeldCleared => return None,
+        | EventKind::StateHeldCleared
+        | EventKind::Flapping
+        | EventKind::FlappingStopped => return None,
     })
 }
 
