@@ -102,6 +102,20 @@ pub struct SensorPatch {
     /// The whole list (a list is replaced, not merged); `null` or `[]`: none.
     #[schema(nullable)]
     hold_alarms: Option<Option<Vec<crate::domain::hold::HoldAlarm>>>,
+    /// Merged: `{"changes": 8}` keeps the window; `null`: never flapping.
+    #[schema(nullable)]
+    flap: Option<Option<FlapPatch>>,
+}
+
+/// A change to a sensor's flap.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct FlapPatch {
+    #[schema(minimum = 2, maximum = 100)]
+    changes: Option<u32>,
+    #[schema(minimum = 10, maximum = 3600)]
+    window_s: Option<u32>,
 }
 
 /// Change some of a sensor's fields (JSON merge patch, RFC 7396): those left out are

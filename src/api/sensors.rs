@@ -10,6 +10,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
+use crate::domain::flap::Flap;
 use crate::domain::hold::{HoldAlarm, HoldAlarms};
 use crate::domain::sensor::{Labels, SensorAlarms};
 use crate::domain::signals::DEFAULT_BATTERY_LOW_PCT;
@@ -59,6 +60,9 @@ pub struct SensorCreate {
     /// How long each state may hold before `sensor.state_held` (at most one per value;
     /// seconds from 1 to 604800), and how often it reminds while the state holds on.
     pub hold_alarms: Option<Vec<HoldAlarm>>,
+    /// `changes` (2–100) within `window_s` (10–3600) are flapping: one `sensor.flapping`
+    /// instead of their `state_changed`s, until the sensor is quiet for `window_s`.
+    pub flap: Option<Flap>,
 }
 
 /// A sensor's new address, timeout, debounce window and site; a sensor as `GET` answers it,
@@ -83,6 +87,8 @@ pub struct SensorReplace {
     pub labels: Option<Labels>,
     /// Absent, `null` or `[]`: none.
     pub hold_alarms: Option<Vec<HoldAlarm>>,
+    /// Absent or `null`: never flapping.
+    pub flap: Option<Flap>,
     /// Read-only, as shown; ignored.
     #[serde(default)]
     #[schema(read_only)]
@@ -109,6 +115,8 @@ pub struct SensorOut {
     pub labels: Option<Labels>,
     /// Its hold alarms; `[]`: none.
     pub hold_alarms: Vec<HoldAlarm>,
+    /// How many changes within how long are flapping; `null`: never.
+    pub flap: Option<Flap>,
     pub created_at: String,
     pub status: StatusOut,
 }
@@ -136,6 +144,8 @@ pub struct StatusOut {
     /// While a `sensor.state_held` of its current state is open: since when the state has
     /// held (latch's clock); `null` otherwise.
     pub held_since: Option<String>,
+    /// Whether it flaps now (its state changes are not sent until it stops).
+    pub flapping: bool,
 }
 
 impl From<SensorStatus> for StatusOut {
@@ -150,6 +160,7 @@ impl From<SensorStatus> for StatusOut {
             tamper: s.signals.tamper,
             fault: s.signals.fault.map(|f| f.to_string()),
             held_since: s.hold.filter(|h| h.sent > 0).map(|h| time::format(h.since)),
+            flapping: s.flapping,
         }
     }
 }
@@ -164,6 +175,7 @@ pub fn sensor_out((s, status): SensorView) -> SensorOut {
         battery_low_pct: s.battery_low_pct,
         labels: (!s.labels.is_empty()).then_some(s.labels),
         hold_alarms: s.hold_alarms.to_list(),
+        flap: s.flap,
         created_at: time::format(s.created_at),
         status: status.into(),
     }
@@ -193,6 +205,7 @@ fn alarms(
     battery_low_pct: Option<u32>,
     labels: Option<Labels>,
     hold_alarms: Option<Vec<HoldAlarm>>,
+    flap: Option<Flap>,
 ) -> ApiResult<SensorAlarms> {
     let battery_low_pct = match battery_low_pct {
         None => DEFAULT_BATTERY_LOW_PCT,
@@ -207,10 +220,14 @@ fn alarms(
     labels.validate().map_err(ApiError::invalid)?;
     let hold_alarms =
         HoldAlarms::from_list(&hold_alarms.unwrap_or_default()).map_err(ApiError::invalid)?;
+    if let Some(f) = &flap {
+        f.validate().map_err(ApiError::invalid)?;
+    }
     Ok(SensorAlarms {
         battery_low_pct,
         labels,
         hold_alarms,
+        flap,
     })
 }
 
@@ -243,7 +260,7 @@ async fn create_sensor(
     let id = SensorId::parse(&body.id)
         .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms)?;
+    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms, body.flap)?;
     let sensor = st
         .app
         .create_sensor(
@@ -357,7 +374,7 @@ pub(super) async fn replace(
         ));
     }
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms)?;
+    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms, body.flap)?;
     let view = st
         .app
         .replace_sensor(

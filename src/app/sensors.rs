@@ -24,6 +24,7 @@ impl App {
             debounce_s,
             battery_low_pct: alarms.battery_low_pct,
             hold_alarms: alarms.hold_alarms,
+            flap: alarms.flap,
         };
         let battery_low_pct = alarms.battery_low_pct;
         let sensor = Sensor {
@@ -36,6 +37,7 @@ impl App {
             battery_low_pct,
             labels: alarms.labels,
             hold_alarms: alarms.hold_alarms,
+            flap: alarms.flap,
         };
         self.0.store.create_sensor(sensor.clone()).await?;
         self.0.engine.upsert_sensor(id, settings).await?;
@@ -60,6 +62,7 @@ impl App {
             debounce_s,
             battery_low_pct: alarms.battery_low_pct,
             hold_alarms: alarms.hold_alarms,
+            flap: alarms.flap,
         };
         let Some((view, made)) = self
             .0

@@ -214,6 +214,8 @@ pub struct Sensor {
     pub labels: Labels,
     /// How long each state may hold before `sensor.state_held`.
     pub hold_alarms: crate::domain::hold::HoldAlarms,
+    /// How many changes within how long are flapping; `None`: never.
+    pub flap: Option<crate::domain::flap::Flap>,
 }
 
 /// Longest label of a state, in characters.
@@ -284,6 +286,8 @@ pub struct SensorAlarms {
     pub labels: Labels,
     /// See [`Sensor::hold_alarms`].
     pub hold_alarms: crate::domain::hold::HoldAlarms,
+    /// See [`Sensor::flap`].
+    pub flap: Option<crate::domain::flap::Flap>,
 }
 
 impl Default for SensorAlarms {
@@ -292,6 +296,7 @@ impl Default for SensorAlarms {
             battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
             labels: Labels::default(),
             hold_alarms: Default::default(),
+            flap: None,
         }
     }
 }
@@ -309,6 +314,8 @@ pub struct SensorStatus {
     pub signals: crate::domain::signals::SignalState,
     /// How far its state has held (its hold alarms' progress), if it has any.
     pub hold: Option<crate::domain::hold::Hold>,
+    /// Whether it flaps now.
+    pub flapping: bool,
 }
 
 impl Default for SensorStatus {
@@ -321,6 +328,7 @@ impl Default for SensorStatus {
             last_source: None,
             signals: Default::default(),
             hold: None,
+            flapping: false,
         }
     }
 }
@@ -371,6 +379,10 @@ pub struct SensorState {
     pub hold_alarms: crate::domain::hold::HoldAlarms,
     /// How far its state has held, while it has hold alarms or a `state_held` is open.
     pub hold: Option<crate::domain::hold::Hold>,
+    /// Its `flap` (registry data, like the timeout).
+    pub flap: Option<crate::domain::flap::Flap>,
+    /// Its count of changes and whether it flaps, while it has a `flap`.
+    pub flapping: Option<crate::domain::flap::FlapState>,
 }
 
 impl SensorState {
@@ -391,6 +403,8 @@ impl SensorState {
             signals: Default::default(),
             hold_alarms: Default::default(),
             hold: None,
+            flap: None,
+            flapping: None,
         }
     }
 
@@ -410,6 +424,7 @@ impl SensorState {
                 s.reminders,
                 s.signals,
                 s.hold,
+                s.flapping,
             )
         };
         written(self) == written(before)
@@ -432,6 +447,7 @@ impl SensorState {
             && self.debounce == other.debounce
             && self.signals == other.signals
             && self.hold == other.hold
+            && self.flapping == other.flapping
             && kept(self.lost_since, other.lost_since)
             && kept(
                 self.reminders.map(i64::from),

@@ -12,6 +12,7 @@
 use crate::hashing::FastMap as HashMap;
 use std::collections::BTreeSet;
 
+use crate::domain::flap::{self, Flap, FlapState};
 use crate::domain::hold::{self, Hold, HoldAlarms};
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::signals::{DEFAULT_BATTERY_LOW_PCT, SignalState};
@@ -58,7 +59,8 @@ impl Policy {
         };
         let lost = s.connection == Connection::Lost;
         let held = hold::due(&s.hold_alarms, s.data, lost, s.hold);
-        [window, reminder, held].into_iter().flatten().min()
+        let quiet = flap::due(s.flap, s.flapping);
+        [window, reminder, held, quiet].into_iter().flatten().min()
     }
 }
 
@@ -74,6 +76,8 @@ pub(super) struct Extras {
     lost: HashMap<u128, (Millis, u32)>,
     /// Hold alarms, and how far the state held, of sensors with either.
     holds: HashMap<u128, (HoldAlarms, Option<Hold>)>,
+    /// A `flap`, and the count of changes, of sensors with either.
+    flaps: HashMap<u128, (Option<Flap>, Option<FlapState>)>,
     timers: BTreeSet<(Millis, u128)>,
 }
 
@@ -94,6 +98,10 @@ impl Extras {
             s.hold_alarms = alarms;
             s.hold = hold;
         }
+        if let Some(&(flap, flapping)) = self.flaps.get(&key) {
+            s.flap = flap;
+            s.flapping = flapping;
+        }
     }
 
     /// Whether a sensor in state `s` keeps anything here ([`Extras::write`] says the
@@ -103,6 +111,7 @@ impl Extras {
             || s.debounce.is_some()
             || Self::own_signals(s).is_some()
             || Self::own_hold(s).is_some()
+            || Self::own_flap(s).is_some()
             || (s.connection == Connection::Lost
                 && s.lost_since.is_some()
                 && policy.reminder_ms.is_some())
@@ -138,7 +147,13 @@ impl Extras {
         };
         kept |= put(&mut self.lost, key, lost);
         kept |= put(&mut self.holds, key, Self::own_hold(new));
+        kept |= put(&mut self.flaps, key, Self::own_flap(new));
         kept
+    }
+
+    /// What a sensor keeps here of its flapping: nothing without a `flap` or a count.
+    fn own_flap(s: &SensorState) -> Option<(Option<Flap>, Option<FlapState>)> {
+        (s.flap.is_some() || s.flapping.is_some()).then_some((s.flap, s.flapping))
     }
 
     /// What a sensor keeps here of its hold: nothing without alarms or an open hold.
@@ -163,6 +178,7 @@ impl Extras {
         self.signals.remove(&key);
         self.lost.remove(&key);
         self.holds.remove(&key);
+        self.flaps.remove(&key);
     }
 
     /// The earliest timer.

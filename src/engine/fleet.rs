@@ -38,7 +38,7 @@ use hashbrown::HashTable;
 
 use super::extra::Extras;
 pub use super::extra::Policy;
-use crate::domain::hold;
+use crate::domain::{flap, hold};
 use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Millis, SensorId, Source};
 use crate::telemetry::families;
@@ -401,9 +401,10 @@ impl Fleet {
     }
 
     /// Changes a sensor's settings (its own timeout and debounce window, `None`: the
-    /// service's; its battery threshold; its hold alarms). Returns its state with the hold
-    /// the new alarms make of it ([`hold::configured`], at `now`) when that differs: the
-    /// caller commits it like any other change of state, so the store keeps it too.
+    /// service's; its battery threshold; its hold alarms; its flap). Returns its state with
+    /// the hold the new alarms make of it ([`hold::configured`], at `now`) and the count
+    /// its flap keeps ([`flap::configured`]) when either differs: the caller commits it
+    /// like any other change of state, so the store keeps it too.
     pub fn set_settings(
         &mut self,
         id: SensorId,
@@ -417,12 +418,14 @@ impl Fleet {
             debounce_s: settings.debounce_s,
             battery_low_pct: settings.battery_low_pct,
             hold_alarms: settings.hold_alarms,
+            flap: settings.flap,
             ..s
         };
         self.update(id, new);
         let mut held = new;
         hold::configured(&settings.hold_alarms, &mut held.hold, held.data, now);
-        (held.hold != new.hold).then_some(held)
+        flap::configured(settings.flap, &mut held.flapping);
+        (held.hold != new.hold || held.flapping != new.flapping).then_some(held)
     }
 
     fn timeout_ms(&self, i: u32) -> Millis {

@@ -70,13 +70,14 @@ pub const TAKEOVER_GRACE_MS: Millis = 5_000;
 pub const EXPIRE_BATCH: usize = 5_000;
 
 /// A sensor's registry settings that its rules read: its own timeout and debounce window
-/// (`None`: the service's), its battery threshold and its hold alarms.
+/// (`None`: the service's), its battery threshold, its hold alarms and its flap.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
     pub heartbeat_timeout_s: Option<u32>,
     pub debounce_s: Option<u32>,
     pub battery_low_pct: u8,
     pub hold_alarms: crate::domain::hold::HoldAlarms,
+    pub flap: Option<crate::domain::flap::Flap>,
 }
 
 impl Default for Settings {
@@ -95,6 +96,7 @@ impl Settings {
             debounce_s: s.debounce_s,
             battery_low_pct: s.battery_low_pct,
             hold_alarms: s.hold_alarms,
+            flap: s.flap,
         }
     }
 
@@ -104,6 +106,7 @@ impl Settings {
             debounce_s: self.debounce_s,
             battery_low_pct: self.battery_low_pct,
             hold_alarms: self.hold_alarms,
+            flap: self.flap,
             ..SensorState::new(self.heartbeat_timeout_s)
         }
     }

@@ -22,6 +22,7 @@
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::signals::Signals;
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, Source};
+use crate::domain::flap::{self, Counted};
 use crate::domain::{alarms, hold};
 
 /// What a reading did to the state.
@@ -63,7 +64,9 @@ pub fn apply(
     events: &mut Vec<Event>,
 ) -> Change {
     let previous = state.data;
+    let from = events.len();
     let change = apply_data(id, state, r, debounce_ms, events);
+    flaps(id, state, events, from, r.received_at);
     if matches!(change, Change::Changed { .. } | Change::Held)
         && let Some(detail) = hold::changed(&state.hold_alarms, &mut state.hold, r.received_at)
     {
@@ -178,6 +181,7 @@ pub fn settle(
     }
     state.debounce = None;
     if state.data != window.from {
+        let from = events.len();
         events.push(Event {
             sensor_id: id,
             kind: EventKind::StateChanged,
@@ -190,6 +194,7 @@ pub fn settle(
                 ..Detail::default()
             },
         });
+        flaps(id, state, events, from, now);
     }
     true
 }
@@ -200,6 +205,7 @@ pub fn lose(id: SensorId, state: &mut SensorState, deadline: Millis, events: &mu
     state.connection = Connection::Lost;
     state.lost_since = Some(deadline);
     state.reminders = Some(0);
+    let from = events.len();
     events.push(Event {
         sensor_id: id,
         kind: EventKind::ConnectionLost,
@@ -209,6 +215,79 @@ pub fn lose(id: SensorId, state: &mut SensorState, deadline: Millis, events: &mu
         last_seen_at: state.last_seen_at,
         detail: Detail::default(),
     });
+    flaps(id, state, events, from, deadline);
+}
+
+/// Counts the changes among `events[from..]` (this sensor's, just made, at `at` on
+/// latch's clock) toward its `flap` ([`flap::count`]): the state change that crosses the
+/// threshold becomes a `sensor.flapping`, a loss or restore that does is followed by one,
+/// and while the sensor flaps its state changes are dropped.
+fn flaps(id: SensorId, state: &mut SensorState, events: &mut Vec<Event>, from: usize, at: Millis) {
+    let Some(config) = state.flap else {
+        return;
+    };
+    let mut i = from;
+    while i < events.len() {
+        let e = &events[i];
+        let counts = e.sensor_id == id
+            && match e.kind {
+                // A sensor's first value is no change.
+                EventKind::StateChanged => e.previous.is_some(),
+                EventKind::ConnectionLost | EventKind::ConnectionRestored => true,
+                _ => false,
+            };
+        if !counts {
+            i += 1;
+            continue;
+        }
+        let is_state = e.kind == EventKind::StateChanged;
+        let flapping = Event {
+            sensor_id: id,
+            kind: EventKind::Flapping,
+            at: e.at,
+            data: state.data,
+            previous: None,
+            last_seen_at: None,
+            detail: Detail {
+                threshold: Some(u8::try_from(config.changes).unwrap_or(u8::MAX)),
+                window_s: Some(config.window_s),
+                ..Detail::default()
+            },
+        };
+        match (flap::count(config, &mut state.flapping, at, state.data), is_state) {
+            (Counted::Pass, _) | (Counted::Flapping, false) => i += 1,
+            (Counted::Crossed, true) => {
+                events[i] = flapping;
+                i += 1;
+            }
+            (Counted::Crossed, false) => {
+                events.insert(i + 1, flapping);
+                i += 2;
+            }
+            (Counted::Flapping, true) => {
+                events.remove(i);
+            }
+        }
+    }
+}
+
+/// Ends a flapping that has been quiet for its window at `now`: one
+/// `sensor.flapping_stopped` with the state now and the state last told
+/// ([`flap::stop`]). Returns whether it ended.
+pub fn unflap(id: SensorId, state: &mut SensorState, now: Millis, events: &mut Vec<Event>) -> bool {
+    let Some((told, at)) = flap::stop(state.flap, &mut state.flapping, now) else {
+        return false;
+    };
+    events.push(Event {
+        sensor_id: id,
+        kind: EventKind::FlappingStopped,
+        at,
+        data: state.data,
+        previous: told,
+        last_seen_at: None,
+        detail: Detail::default(),
+    });
+    true
 }
 
 /// Sends the reminder due at `now` for a sensor that stays lost, reminders going out every

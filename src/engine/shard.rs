@@ -282,6 +282,7 @@ impl Shard {
                 fired |= rules::remind(id, state, upto, every, &mut p.batch.events);
             }
             fired |= rules::hold(id, state, upto, &mut p.batch.events);
+            fired |= rules::unflap(id, state, upto, &mut p.batch.events);
             if fired {
                 p.timed += 1;
             } else if fresh {
@@ -529,6 +530,7 @@ impl Shard {
                     .and_then(|p| p.fleet.get(*id))
                     .is_some_and(|before| s.only_seen_since(&before)),
                 hold: s.hold,
+                flapping: s.flapping,
                 sensor_id: *id,
                 data: s.data,
                 changed_at: s.changed_at,

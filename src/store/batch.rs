@@ -42,6 +42,8 @@ pub struct StateUpdate {
     pub signals: crate::domain::signals::SignalState,
     /// How far its state has held (written as it is).
     pub hold: Option<crate::domain::hold::Hold>,
+    /// Its count of changes and whether it flaps (written as it is).
+    pub flapping: Option<crate::domain::flap::FlapState>,
     /// Nothing but `last_ts` and `last_seen_at` differs from the sensor's committed state
     /// ([`crate::domain::sensor::SensorState::only_seen_since`]). A backend may defer
     /// writing such an update, as long as no read of the store sees the older values and

@@ -9,6 +9,7 @@
 use super::sealing;
 use super::{AttemptRecord, ClaimRow, ReadingRecord, SensorRuntime, SensorView, Stored};
 use crate::domain::client::{Batch, DisabledReason, events_from_column};
+use crate::domain::flap::{Flap, FlapState};
 use crate::domain::hold::{Hold, HoldAlarms};
 use crate::domain::sensor::{Debounce, Labels, SensorState};
 use crate::domain::signals::{Fault, SignalState, Signals};
@@ -21,7 +22,8 @@ use crate::domain::{
 pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.created_at, \
      st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, s.site_id, s.battery_low_pct, s.labels, st.battery, st.battery_low, \
-     st.tamper, st.fault, s.hold_alarms, st.held_since, st.held_sent";
+     st.tamper, st.fault, s.hold_alarms, st.held_since, st.held_sent, \
+     COALESCE(st.flapping, false), s.flap";
 
 /// The sites' totals (`site::SiteTotals`): sites down, events held for the grace of the
 /// sites up, and the start of the oldest grace running. `sites` is one row per building,
@@ -35,7 +37,8 @@ pub(crate) const RUNTIME_COLS: &str = "s.id, s.heartbeat_timeout_s, st.data, st.
      st.last_ts, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, st.debounce_from, st.debounce_at, st.debounce_since, st.debounce_flips, \
      st.lost_since, st.reminders, s.battery_low_pct, st.battery, st.battery_low, st.tamper, \
-     st.fault, s.hold_alarms, st.held_since, st.held_sent";
+     st.fault, s.hold_alarms, st.held_since, st.held_sent, s.flap, st.flap_start, st.flap_count, \
+     st.flap_last, COALESCE(st.flapping, false), st.flap_told";
 pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id = s.id";
 
 /// A client: [`client`].
@@ -198,6 +201,7 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             battery_low_pct: pct(r.count(11)?),
             labels: Labels::from_column(r.opt_text(12)?.as_deref()),
             hold_alarms: HoldAlarms::from_column(r.opt_text(17)?.as_deref()),
+            flap: Flap::from_column(r.opt_text(21)?.as_deref()),
         },
         SensorStatus {
             data: r.opt_flag(4)?,
@@ -207,8 +211,26 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             last_source: r.opt_text(9)?.as_deref().and_then(Source::parse),
             signals: signal_state(r, 13)?,
             hold: hold(r, 18)?,
+            flapping: r.flag(20)?,
         },
     ))
+}
+
+/// `st.flap_start, st.flap_count, st.flap_last, st.flapping, st.flap_told` from column
+/// `first` on.
+fn flap_state<R: Cols>(r: &R, first: usize) -> Result<Option<FlapState>, R::Error> {
+    let (count, last, flapping, told) = (
+        r.opt_count(first + 1)?.unwrap_or(0),
+        r.opt_int(first + 2)?,
+        r.flag(first + 3)?,
+        r.opt_flag(first + 4)?,
+    );
+    Ok(r.opt_int(first)?.map(|start| FlapState {
+        start,
+        count,
+        last: last.unwrap_or(start),
+        told: flapping.then_some(told),
+    }))
 }
 
 /// `st.held_since, st.held_sent` from column `first` on.
@@ -267,6 +289,8 @@ pub(crate) fn runtime<R: Cols>(r: &R) -> Result<SensorRuntime, R::Error> {
             signals: signal_state(r, 16)?,
             hold_alarms: HoldAlarms::from_column(r.opt_text(20)?.as_deref()),
             hold: hold(r, 21)?,
+            flap: Flap::from_column(r.opt_text(23)?.as_deref()),
+            flapping: flap_state(r, 24)?,
         },
     ))
 }

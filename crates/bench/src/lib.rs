@@ -385,6 +385,7 @@ pub async fn import_sited(
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
                 hold_alarms: Default::default(),
+                flap: None,
             })
             .collect();
         let links = chunk

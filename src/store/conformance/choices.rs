@@ -137,6 +137,7 @@ pub(super) async fn state_keeps_source_window_and_reminders(s: &Subject) {
         reminders,
         signals: Default::default(),
         hold: None,
+        flapping: None,
         seen_only: false,
     };
     let reminder = Event {

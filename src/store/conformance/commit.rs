@@ -166,6 +166,7 @@ pub(super) async fn lost_state_survives_and_filters(s: &Subject) {
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: false,
         }],
         events: vec![Event {

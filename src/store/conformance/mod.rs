@@ -280,6 +280,7 @@ pub fn sensor(id: &str) -> Sensor {
         battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
         labels: Default::default(),
         hold_alarms: Default::default(),
+        flap: None,
     }
 }
 
@@ -314,6 +315,7 @@ pub fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: false,
         }],
         events: vec![Event {
@@ -352,6 +354,7 @@ pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> Commi
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: false,
         }],
         events: vec![Event {

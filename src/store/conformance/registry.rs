@@ -282,6 +282,7 @@ pub(super) async fn counts_by_connection(s: &Subject) {
         reminders: None,
         signals: Default::default(),
         hold: None,
+        flapping: None,
         seen_only: false,
     };
     let batch = CommitBatch {

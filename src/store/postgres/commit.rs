@@ -353,6 +353,11 @@ struct StateCols {
     fault: Vec<Option<String>>,
     held_since: Vec<Option<i64>>,
     held_sent: Vec<Option<i32>>,
+    flap_start: Vec<Option<i64>>,
+    flap_count: Vec<Option<i32>>,
+    flap_last: Vec<Option<i64>>,
+    flapping: Vec<bool>,
+    flap_told: Vec<Option<bool>>,
 }
 
 impl StateCols {
@@ -401,6 +406,20 @@ impl StateCols {
                 .iter()
                 .map(|s| s.hold.map(|h| h.sent.min(i32::MAX as u32) as i32))
                 .collect(),
+            flap_start: st.iter().map(|s| s.flapping.map(|f| f.start)).collect(),
+            flap_count: st
+                .iter()
+                .map(|s| s.flapping.map(|f| f.count.min(i32::MAX as u32) as i32))
+                .collect(),
+            flap_last: st.iter().map(|s| s.flapping.map(|f| f.last)).collect(),
+            flapping: st
+                .iter()
+                .map(|s| s.flapping.is_some_and(|f| f.flapping()))
+                .collect(),
+            flap_told: st
+                .iter()
+                .map(|s| s.flapping.and_then(|f| f.told.flatten()))
+                .collect(),
         }
     }
 
@@ -412,21 +431,24 @@ impl StateCols {
                 "INSERT INTO sensor_state AS st (sensor_id, data, changed_at, last_ts, \
                  last_seen_at, connection, last_source, debounce_from, debounce_at, \
                  debounce_since, debounce_flips, lost_since, reminders, battery, battery_low, \
-                 tamper, fault, held_since, held_sent) \
+                 tamper, fault, held_since, held_sent, flap_start, flap_count, flap_last, \
+                 flapping, flap_told) \
                  SELECT u.sensor_id, u.data, u.changed_at, u.last_ts, u.last_seen_at, \
                  u.connection, u.last_source, u.debounce_from, u.debounce_at, \
                  u.debounce_since, u.debounce_flips, \
                  CASE WHEN u.connection = 'lost' THEN u.lost_since END, \
                  CASE WHEN u.connection = 'lost' THEN u.reminders END, \
-                 u.battery, u.battery_low, u.tamper, u.fault, u.held_since, u.held_sent \
+                 u.battery, u.battery_low, u.tamper, u.fault, u.held_since, u.held_sent, \
+                 u.flap_start, u.flap_count, u.flap_last, u.flapping, u.flap_told \
                  FROM UNNEST($1::text[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
                  $6::text[], $7::text[], $8::bool[], $9::int8[], $10::int8[], $11::int4[], \
                  $12::int8[], $13::int4[], $14::int4[], $15::bool[], $16::bool[], $17::text[], \
-                 $18::int8[], $19::int4[]) \
+                 $18::int8[], $19::int4[], $20::int8[], $21::int4[], $22::int8[], $23::bool[], \
+                 $24::bool[]) \
                  AS u(sensor_id, data, changed_at, last_ts, last_seen_at, connection, \
                  last_source, debounce_from, debounce_at, debounce_since, debounce_flips, \
                  lost_since, reminders, battery, battery_low, tamper, fault, held_since, \
-                 held_sent) \
+                 held_sent, flap_start, flap_count, flap_last, flapping, flap_told) \
                  ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, \
                  changed_at = COALESCE(excluded.changed_at, st.changed_at), \
                  last_ts = excluded.last_ts, last_seen_at = excluded.last_seen_at, \
@@ -441,10 +463,13 @@ impl StateCols {
                    THEN COALESCE(excluded.reminders, st.reminders) END, \
                  battery = excluded.battery, battery_low = excluded.battery_low, \
                  tamper = excluded.tamper, fault = excluded.fault, \
-                 held_since = excluded.held_since, held_sent = excluded.held_sent",
+                 held_since = excluded.held_since, held_sent = excluded.held_sent, \
+                 flap_start = excluded.flap_start, flap_count = excluded.flap_count, \
+                 flap_last = excluded.flap_last, flapping = excluded.flapping, \
+                 flap_told = excluded.flap_told",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 19] = [
+        let p: [&(dyn ToSql + Sync); 24] = [
             &self.ids,
             &self.data,
             &self.changed,
@@ -464,6 +489,11 @@ impl StateCols {
             &self.fault,
             &self.held_since,
             &self.held_sent,
+            &self.flap_start,
+            &self.flap_count,
+            &self.flap_last,
+            &self.flapping,
+            &self.flap_told,
         ];
         execute_rows(tx, &sql, &p, self.ids.len()).await
     }

@@ -12,6 +12,7 @@ use super::DELETE_LOCK;
 use super::PgStore;
 use super::db::{Sql, Tx};
 use crate::domain::client::{HEALTH_WINDOW_MS, Health, events_column};
+use crate::domain::flap::Flap;
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Client, Millis, Sensor, SensorId};
 use crate::store::Registry;
@@ -68,8 +69,8 @@ impl Registry for PgStore {
         let n = c
             .execute(
                 "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
-                   debounce_s, hash, site_id, battery_low_pct, labels, hold_alarms) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                   debounce_s, hash, site_id, battery_low_pct, labels, hold_alarms, flap) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                    ON CONFLICT (id) DO NOTHING RETURNING id) \
                  INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
                 &[
@@ -83,6 +84,7 @@ impl Registry for PgStore {
                     &i32::from(s.battery_low_pct),
                     &s.labels.to_column(),
                     &s.hold_alarms.to_column(),
+                    &Flap::to_column(s.flap),
                 ],
             )
             .await?;
@@ -216,7 +218,7 @@ impl Registry for PgStore {
         tx.execute(
             "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
                debounce_s = $4, site_id = $5, battery_low_pct = $6, labels = $7, \
-               hold_alarms = $8 \
+               hold_alarms = $8, flap = $9 \
                WHERE id = $1 RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
@@ -228,6 +230,7 @@ impl Registry for PgStore {
                 &i32::from(alarms.battery_low_pct),
                 &alarms.labels.to_column(),
                 &alarms.hold_alarms.to_column(),
+                &Flap::to_column(alarms.flap),
             ],
         )
         .await?;
@@ -623,11 +626,13 @@ impl Registry for PgStore {
         let labels: Vec<Option<String>> = sensors.iter().map(|s| s.labels.to_column()).collect();
         let holds: Vec<Option<String>> =
             sensors.iter().map(|s| s.hold_alarms.to_column()).collect();
+        let flaps: Vec<Option<String>> = sensors.iter().map(|s| Flap::to_column(s.flap)).collect();
         tx.execute(
             "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-             hash, site_id, battery_low_pct, labels, hold_alarms) SELECT * FROM UNNEST( \
+             hash, site_id, battery_low_pct, labels, hold_alarms, flap) SELECT * FROM UNNEST( \
              $1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int8[], \
-             $7::text[], $8::int4[], $9::text[], $10::text[]) ON CONFLICT (id) DO NOTHING",
+             $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[]) \
+             ON CONFLICT (id) DO NOTHING",
             &[
                 &ids,
                 &addresses,
@@ -639,6 +644,7 @@ impl Registry for PgStore {
                 &thresholds,
                 &labels,
                 &holds,
+                &flaps,
             ],
         )
         .await?;

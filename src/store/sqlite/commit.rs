@@ -211,13 +211,15 @@ fn write_states(
     let mut update_state = tx.prepare_cached(
         "UPDATE sensor_state SET data = ?2, changed_at = COALESCE(?3, changed_at),          last_ts = ?4, last_seen_at = ?5, connection = ?6,          last_source = COALESCE(?7, last_source), debounce_from = ?8, debounce_at = ?9,          debounce_since = ?10, debounce_flips = ?11,          lost_since = CASE WHEN ?6 = 'lost' THEN COALESCE(?12, lost_since) END,          reminders = CASE WHEN ?6 = 'lost' THEN COALESCE(?13, reminders) END, \
          battery = ?14, battery_low = ?15, tamper = ?16, fault = ?17, held_since = ?18, \
-         held_sent = ?19 WHERE sensor_id = ?1",
+         held_sent = ?19, flap_start = ?20, flap_count = ?21, flap_last = ?22, flapping = ?23, \
+         flap_told = ?24 WHERE sensor_id = ?1",
     )?;
     let mut insert_state = tx.prepare_cached(
-        "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders, battery, battery_low, tamper, fault, held_since, held_sent) \
+        "INSERT INTO sensor_state (sensor_id, data, changed_at, last_ts, last_seen_at,          connection, last_source, debounce_from, debounce_at, debounce_since, debounce_flips,          lost_since, reminders, battery, battery_low, tamper, fault, held_since, held_sent, \
+          flap_start, flap_count, flap_last, flapping, flap_told) \
          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
          CASE WHEN ?6 = 'lost' THEN ?12 END, CASE WHEN ?6 = 'lost' THEN ?13 END, \
-         ?14, ?15, ?16, ?17, ?18, ?19 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
+         ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24 WHERE EXISTS (SELECT 1 FROM sensors WHERE id = ?1)",
     )?;
     let rows = seen.rows();
     for s in &batch.states {
@@ -241,6 +243,7 @@ fn write_states(
             }
         }
         let d = s.debounce.as_ref();
+        let f = s.flapping;
         let values = params![
             s.sensor_id.to_string(),
             s.data.map(i64::from),
@@ -260,7 +263,12 @@ fn write_states(
             s.signals.tamper,
             s.signals.fault.map(|f| f.to_string()),
             s.hold.map(|h| h.since),
-            s.hold.map(|h| h.sent)
+            s.hold.map(|h| h.sent),
+            f.map(|f| f.start),
+            f.map(|f| f.count),
+            f.map(|f| f.last),
+            f.is_some_and(|f| f.flapping()),
+            f.and_then(|f| f.told.flatten())
         ];
         let n = match update_state.execute(values)? {
             0 => insert_state.execute(values)?,

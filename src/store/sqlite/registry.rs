@@ -13,6 +13,7 @@ use super::super::{
     ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorFilter, SensorView,
     limit_plus_one,
 };
+use crate::domain::flap::Flap;
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Client, Millis, Sensor, SensorId};
 use crate::store::sealing;
@@ -64,8 +65,8 @@ impl Registry for SqliteStore {
         self.write(move |c| {
             let n = c.execute(
                 "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                 site_id, battery_low_pct, labels, hold_alarms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 site_id, battery_low_pct, labels, hold_alarms, flap) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
                  ON CONFLICT (id) DO NOTHING",
                 params![
                     s.id.to_string(),
@@ -76,7 +77,8 @@ impl Registry for SqliteStore {
                     s.site_id,
                     s.battery_low_pct,
                     s.labels.to_column(),
-                    s.hold_alarms.to_column()
+                    s.hold_alarms.to_column(),
+                    Flap::to_column(s.flap)
                 ],
             )?;
             if n == 0 {
@@ -197,8 +199,8 @@ impl Registry for SqliteStore {
                 };
                 tx.execute(
                     "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
-                     site_id = ?5, battery_low_pct = ?6, labels = ?7, hold_alarms = ?8 \
-                     WHERE id = ?1",
+                     site_id = ?5, battery_low_pct = ?6, labels = ?7, hold_alarms = ?8, \
+                     flap = ?9 WHERE id = ?1",
                     params![
                         id.to_string(),
                         address,
@@ -207,7 +209,8 @@ impl Registry for SqliteStore {
                         site_id,
                         alarms.battery_low_pct,
                         alarms.labels.to_column(),
-                        alarms.hold_alarms.to_column()
+                        alarms.hold_alarms.to_column(),
+                        Flap::to_column(alarms.flap)
                     ],
                 )?;
                 let made = match from == site_id {
@@ -592,8 +595,8 @@ impl Registry for SqliteStore {
             {
                 let mut ins = tx.prepare_cached(
                     "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                     site_id, battery_low_pct, labels, hold_alarms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                     site_id, battery_low_pct, labels, hold_alarms, flap) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
                      ON CONFLICT (id) DO NOTHING",
                 )?;
                 for s in &sensors {
@@ -606,7 +609,8 @@ impl Registry for SqliteStore {
                         s.site_id,
                         s.battery_low_pct,
                         s.labels.to_column(),
-                        s.hold_alarms.to_column()
+                        s.hold_alarms.to_column(),
+                        Flap::to_column(s.flap)
                     ])?;
                 }
                 let mut link = tx.prepare_cached(

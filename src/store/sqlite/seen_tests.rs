@@ -34,6 +34,7 @@ fn batch(id: SensorId, last_ts: Millis, ts: Millis, seen: Millis, late: bool) ->
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: true,
         }],
         ..Default::default()

@@ -42,6 +42,7 @@ async fn claims_skip_the_disk_wait_and_commits_keep_it() {
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: false,
         }],
         events: vec![Event {
@@ -140,6 +141,7 @@ async fn data_survives_reopening() {
                 battery_low_pct: crate::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
                 hold_alarms: Default::default(),
+                flap: None,
             })
             .await
             .unwrap();

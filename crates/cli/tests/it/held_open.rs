@@ -96,7 +96,10 @@ async fn a_door_held_open_alarms_reminds_and_clears_once_it_closes() {
     // Open on: one reminder a minute, numbered.
     clock.set(t0 + 90_000);
     let held = of_type(&r, &id, "sensor.state_held", 2).await;
-    assert_eq!((&held[1]["reminder"], &held[1]["held_s"]), (&json!(1), &json!(90)));
+    assert_eq!(
+        (&held[1]["reminder"], &held[1]["held_s"]),
+        (&json!(1), &json!(90))
+    );
 
     // Closed: the change, and the alarm's clearing.
     clock.set(t0 + 100_000);
@@ -104,7 +107,10 @@ async fn a_door_held_open_alarms_reminds_and_clears_once_it_closes() {
     let cleared = of_type(&r, &id, "sensor.state_held_cleared", 1).await;
     let c = &cleared[0];
     assert_eq!((&c["data"], &c["previous"]), (&json!(0), &json!(1)));
-    assert_eq!((&c["label"], &c["previous_label"]), (&json!("closed"), &json!("open")));
+    assert_eq!(
+        (&c["label"], &c["previous_label"]),
+        (&json!("closed"), &json!("open"))
+    );
     assert_eq!(c["held_s"], 100);
     assert!(held_since(&s, &id).await.is_null());
 
@@ -163,7 +169,10 @@ async fn a_hold_that_fell_due_while_latch_was_down_alarms_once_at_start() {
     assert_eq!(count(&r, &id, "sensor.state_held"), 1);
     clock.set(t0 + 210_000);
     let held = of_type(&r, &id, "sensor.state_held", 2).await;
-    assert_eq!((&held[1]["reminder"], &held[1]["held_s"]), (&json!(3), &json!(210)));
+    assert_eq!(
+        (&held[1]["reminder"], &held[1]["held_s"]),
+        (&json!(3), &json!(210))
+    );
     s.stop().await;
 }
 
@@ -175,10 +184,16 @@ async fn hold_alarms_are_checked_patched_and_time_a_door_already_open_from_then(
     let r = Receiver::start().await;
     let client = s.client(&r.url).await;
     let refused = [
-        (json!([{"data": 1, "after_s": 30}, {"data": 1, "after_s": 60}]), "at most one per value"),
+        (
+            json!([{"data": 1, "after_s": 30}, {"data": 1, "after_s": 60}]),
+            "at most one per value",
+        ),
         (json!([{"data": 1, "after_s": 0}]), "after_s"),
         (json!([{"data": 1, "after_s": 604_801}]), "after_s"),
-        (json!([{"data": 0, "after_s": 5, "remind_every_s": 0}]), "remind_every_s"),
+        (
+            json!([{"data": 0, "after_s": 5, "remind_every_s": 0}]),
+            "remind_every_s",
+        ),
         (json!([{"data": 2, "after_s": 5}]), "0 or 1"),
         (json!([{"data": 1, "after_s": 5, "every": 5}]), "every"),
     ];
@@ -220,7 +235,11 @@ async fn hold_alarms_are_checked_patched_and_time_a_door_already_open_from_then(
     assert_eq!(count(&r, &id, "sensor.state_held"), 0);
     clock.set(t0 + 130_000);
     let held = of_type(&r, &id, "sensor.state_held", 1).await;
-    assert_eq!(ms(&held[0]["since"]), t0 + 100_000, "from the alarm's setting");
+    assert_eq!(
+        ms(&held[0]["since"]),
+        t0 + 100_000,
+        "from the alarm's setting"
+    );
 
     // `null` takes the alarms away; the open alarm still clears when the door closes.
     let (code, body) = s

@@ -62,6 +62,7 @@ impl Tables {
                 .flatten(),
             signals: s.signals,
             hold: s.hold,
+            flapping: s.flapping,
         };
         self.states.insert(s.sensor_id, row);
     }

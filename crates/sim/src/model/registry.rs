@@ -79,7 +79,8 @@ impl Tables {
         counts
     }
 
-    /// Writes `to`'s address, timeout, debounce window and site (not its `created_at`).
+    /// Writes `to`'s address, timeout, debounce window, site, battery threshold, labels
+    /// and hold alarms (not its `created_at`).
     pub(super) fn replace_sensor(
         &mut self,
         cx: &Cx,
@@ -94,7 +95,9 @@ impl Tables {
             site_id,
             battery_low_pct,
             labels,
-            ..
+            hold_alarms,
+            flap,
+            created_at: _,
         } = to;
         let s = self.sensors.get_mut(&id)?;
         s.address = address;
@@ -102,6 +105,8 @@ impl Tables {
         s.debounce_s = debounce;
         s.battery_low_pct = battery_low_pct;
         s.labels = labels;
+        s.hold_alarms = hold_alarms;
+        s.flap = flap;
         let from = std::mem::replace(&mut s.site_id, site_id.clone());
         self.note_change(cx, id);
         let made = match from == site_id {
@@ -328,6 +333,7 @@ impl Registry for NodeStore {
                 battery_low_pct: alarms.battery_low_pct,
                 labels: alarms.labels,
                 hold_alarms: alarms.hold_alarms,
+                flap: alarms.flap,
             };
             Ok(t.replace_sensor(cx, to, now))
         })

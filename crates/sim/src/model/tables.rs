@@ -35,6 +35,7 @@ pub struct StateRow {
     pub reminders: Option<u32>,
     pub signals: latch::domain::signals::SignalState,
     pub hold: Option<latch::domain::hold::Hold>,
+    pub flapping: Option<latch::domain::flap::FlapState>,
 }
 
 /// `clients`: the client and the running summary of its attempts that health reads and
@@ -353,6 +354,7 @@ impl Tables {
                 last_source: st.last_source,
                 signals: st.signals,
                 hold: st.hold,
+                flapping: st.flapping.is_some_and(|f| f.flapping()),
             },
             None => SensorStatus::default(),
         };
@@ -366,6 +368,7 @@ impl Tables {
         state.debounce_s = sensor.debounce_s;
         state.battery_low_pct = sensor.battery_low_pct;
         state.hold_alarms = sensor.hold_alarms;
+        state.flap = sensor.flap;
         if let Some(st) = self.states.get(&id) {
             state.data = st.data;
             state.changed_at = st.changed_at;
@@ -378,6 +381,7 @@ impl Tables {
             state.reminders = st.reminders;
             state.signals = st.signals;
             state.hold = st.hold;
+            state.flapping = st.flapping;
         }
         Some((id, state))
     }

@@ -103,6 +103,7 @@ pub fn batch(states: &mut States, sent: &[Sent], at: Millis) -> (CommitBatch, Ve
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: false,
         });
     }

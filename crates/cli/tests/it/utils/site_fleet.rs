@@ -145,6 +145,7 @@ impl Fleet {
                     battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                     labels: Default::default(),
                     hold_alarms: Default::default(),
+                    flap: None,
                 });
                 for (c, (client, mine)) in self.clients.iter_mut().enumerate() {
                     if linked(c, s.place, i) {

@@ -331,6 +331,7 @@ fn fenced_change(id: SensorId, at: i64, fence: Vec<Fence>) -> CommitBatch {
             reminders: None,
             signals: Default::default(),
             hold: None,
+            flapping: None,
             seen_only: false,
         }],
         events: vec![Event {
@@ -424,6 +425,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
             labels: Default::default(),
             hold_alarms: Default::default(),
+            flap: None,
         })
         .collect();
     store.import(sensors, Vec::new(), 1_000).await.unwrap();
