@@ -19,10 +19,10 @@
 //! after a pause longer than an interval (latch stopped) the next one carries the number of
 //! intervals passed instead of a burst of the missed ones.
 
+use crate::domain::flap::{self, Counted};
 use crate::domain::sensor::{Debounce, SensorState};
 use crate::domain::signals::Signals;
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, SensorId, Source};
-use crate::domain::flap::{self, Counted};
 use crate::domain::{alarms, hold};
 
 /// What a reading did to the state.
@@ -254,7 +254,10 @@ fn flaps(id: SensorId, state: &mut SensorState, events: &mut Vec<Event>, from: u
                 ..Detail::default()
             },
         };
-        match (flap::count(config, &mut state.flapping, at, state.data), is_state) {
+        match (
+            flap::count(config, &mut state.flapping, at, state.data),
+            is_state,
+        ) {
             (Counted::Pass, _) | (Counted::Flapping, false) => i += 1,
             (Counted::Crossed, true) => {
                 events[i] = flapping;
@@ -645,6 +648,101 @@ mod tests {
         );
         let kinds: Vec<EventKind> = ev.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, [EventKind::BatteryOk, EventKind::TamperCleared]);
+    }
+
+    /// A sensor that flaps at 3 changes within 10 s.
+    fn flappy() -> SensorState {
+        SensorState {
+            flap: Some(flap::Flap {
+                changes: 3,
+                window_s: 10,
+            }),
+            ..SensorState::new(None)
+        }
+    }
+
+    fn kinds(ev: &[Event]) -> Vec<EventKind> {
+        ev.iter().map(|e| e.kind).collect()
+    }
+
+    #[test]
+    fn the_change_that_crosses_the_flap_is_sent_as_flapping_and_the_rest_not_at_all() {
+        let mut s = flappy();
+        let mut ev = vec![];
+        // The first value is no change; then two changes, and the third crosses.
+        for (i, d) in [1, 0, 1, 0, 1, 0].into_iter().enumerate() {
+            let t = 1_000 * i as Millis;
+            apply(id(), &mut s, at(d == 1, t, t), 0, &mut ev);
+        }
+        assert_eq!(
+            kinds(&ev),
+            [
+                EventKind::StateChanged,
+                EventKind::StateChanged,
+                EventKind::StateChanged,
+                EventKind::Flapping
+            ]
+        );
+        let f = &ev[3];
+        assert_eq!(
+            (f.data, f.at, f.detail.threshold, f.detail.window_s),
+            (Some(false), 3_000, Some(3), Some(10))
+        );
+        assert_eq!(s.data, Some(false), "the state follows every reading");
+        ev.clear();
+        // Quiet for its window after the last change (5 s): stopped, the state now and
+        // the state the flapping told.
+        assert!(!unflap(id(), &mut s, 14_999, &mut ev));
+        assert!(unflap(id(), &mut s, 15_000, &mut ev));
+        let e = &ev[0];
+        assert_eq!(
+            (e.kind, e.at, e.data, e.previous),
+            (EventKind::FlappingStopped, 15_000, Some(false), Some(false))
+        );
+        ev.clear();
+        apply(id(), &mut s, at(true, 20_000, 20_000), 0, &mut ev);
+        assert_eq!(kinds(&ev), [EventKind::StateChanged], "counted afresh");
+    }
+
+    #[test]
+    fn losses_and_restores_count_and_still_go_out_while_flapping() {
+        let mut s = flappy();
+        let mut ev = vec![];
+        apply(id(), &mut s, at(true, 0, 0), 0, &mut ev);
+        lose(id(), &mut s, 1_000, &mut ev);
+        apply(id(), &mut s, at(true, 2_000, 2_000), 0, &mut ev);
+        lose(id(), &mut s, 3_000, &mut ev);
+        apply(id(), &mut s, at(false, 4_000, 4_000), 0, &mut ev);
+        assert_eq!(
+            kinds(&ev),
+            [
+                EventKind::StateChanged,
+                EventKind::ConnectionLost,
+                EventKind::ConnectionRestored,
+                EventKind::ConnectionLost,
+                EventKind::Flapping,
+                EventKind::ConnectionRestored,
+            ],
+            "the loss that crosses is sent, then the flapping; the change while flapping is not"
+        );
+    }
+
+    #[test]
+    fn debounce_hides_flips_before_they_count() {
+        let mut s = flappy();
+        let mut ev = vec![];
+        apply(id(), &mut s, at(false, 0, 0), 0, &mut ev);
+        for (i, d) in [1, 0, 1, 0, 1].into_iter().enumerate() {
+            let t = 100 * (i as Millis + 1);
+            apply(id(), &mut s, at(d == 1, t, t), 1_000, &mut ev);
+        }
+        assert!(settle(id(), &mut s, 1_500, 1_000, &mut ev));
+        assert_eq!(
+            kinds(&ev),
+            [EventKind::StateChanged, EventKind::StateChanged],
+            "five flips within the window are one change"
+        );
+        assert_eq!(s.flapping.map(|f| f.count), Some(1));
     }
 
     #[test]

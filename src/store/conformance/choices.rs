@@ -363,6 +363,82 @@ pub(super) async fn hold_alarms_round_trip(s: &Subject) {
     assert_eq!((rt.hold_alarms, rt.hold), (closed, None));
 }
 
+/// A sensor's flap (registry) and its count of changes (state) are kept, and a
+/// `sensor.flapping` notification keeps its threshold and window.
+pub(super) async fn flap_round_trip(s: &Subject) {
+    use crate::domain::flap::{Flap, FlapState};
+    use crate::domain::sensor::SensorAlarms;
+    let flap = Flap {
+        changes: 6,
+        window_s: 60,
+    };
+    let own = Sensor {
+        flap: Some(flap),
+        ..sensor("fl1")
+    };
+    s.create_sensor(own).await.unwrap();
+    s.create_client(client("fl-a", "http://a/")).await.unwrap();
+    s.link("fl-a".into(), sid("fl1"), 1).await.unwrap();
+    let (read, status) = s.get_sensor(sid("fl1")).await.unwrap().unwrap();
+    assert_eq!((read.flap, status.flapping), (Some(flap), false));
+
+    let flapping = FlapState {
+        start: 1_000,
+        count: 6,
+        last: 1_900,
+        told: Some(Some(true)),
+    };
+    let mut batch = change("fl1", true, Some(false), 1_900);
+    batch.states[0].flapping = Some(flapping);
+    batch.events[0].kind = EventKind::Flapping;
+    batch.events[0].previous = None;
+    batch.events[0].detail = Detail {
+        threshold: Some(6),
+        window_s: Some(60),
+        ..Detail::default()
+    };
+    let created = s.commit(batch, 1_900).await.unwrap();
+    let (n, _) = s
+        .get_notification(created[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (n.kind, n.detail.threshold, n.detail.window_s),
+        (EventKind::Flapping, Some(6), Some(60))
+    );
+    let (_, status) = s.get_sensor(sid("fl1")).await.unwrap().unwrap();
+    assert!(status.flapping);
+    let rt = runtime_of(&**s, "fl1").await;
+    assert_eq!((rt.flap, rt.flapping), (Some(flap), Some(flapping)));
+
+    // Counting, not flapping; then a replace that takes the flap away.
+    let counting = FlapState {
+        told: None,
+        count: 2,
+        ..flapping
+    };
+    let mut batch = change("fl1", false, Some(true), 3_000);
+    batch.states[0].flapping = Some(counting);
+    s.commit(batch, 3_000).await.unwrap();
+    let rt = runtime_of(&**s, "fl1").await;
+    assert_eq!(rt.flapping, Some(counting));
+    let (view, _) = s
+        .replace_sensor(
+            sid("fl1"),
+            "x".into(),
+            None,
+            None,
+            None,
+            SensorAlarms::default(),
+            4_000,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((view.0.flap, view.1.flapping), (None, false));
+}
+
 /// A reading's battery, tamper flag and fault are kept in history as it reported them (a
 /// cleared fault apart from one it said nothing of), in the journal and once archived.
 pub(super) async fn door_signals_in_history(s: &Subject) {

@@ -202,6 +202,7 @@ suite!(
     choices::door_signals_round_trip,
     choices::door_signals_in_history,
     choices::hold_alarms_round_trip,
+    choices::flap_round_trip,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,
