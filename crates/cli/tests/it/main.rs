@@ -19,6 +19,7 @@ mod crash_state;
 mod delivery;
 mod door_signals;
 mod event_types;
+mod flapping;
 mod full_disk;
 mod held_open;
 mod history;
