@@ -260,7 +260,12 @@ async fn create_sensor(
     let id = SensorId::parse(&body.id)
         .map_err(|e| ApiError::invalid(format!("id: {e} (got {:?})", body.id)))?;
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms, body.flap)?;
+    let alarms = alarms(
+        body.battery_low_pct,
+        body.labels,
+        body.hold_alarms,
+        body.flap,
+    )?;
     let sensor = st
         .app
         .create_sensor(
@@ -374,7 +379,12 @@ pub(super) async fn replace(
         ));
     }
     check_fields(&body.address, body.heartbeat_timeout_s, body.debounce_s)?;
-    let alarms = alarms(body.battery_low_pct, body.labels, body.hold_alarms, body.flap)?;
+    let alarms = alarms(
+        body.battery_low_pct,
+        body.labels,
+        body.hold_alarms,
+        body.flap,
+    )?;
     let view = st
         .app
         .replace_sensor(

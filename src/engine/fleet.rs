@@ -38,9 +38,9 @@ use hashbrown::HashTable;
 
 use super::extra::Extras;
 pub use super::extra::Policy;
-use crate::domain::{flap, hold};
 use crate::domain::sensor::SensorState;
 use crate::domain::{Connection, Millis, SensorId, Source};
+use crate::domain::{flap, hold};
 use crate::telemetry::families;
 
 const NIL: u32 = u32::MAX;

@@ -324,12 +324,15 @@ def times_name_their_zone(browser, sensor):
 
 
 def door_alarms_survive_a_save(browser):
-    """A sensor's page shows its hold alarms and since when its door has been held open,
-    and saving the sensor's form (which does not edit them) keeps its alarms and labels."""
+    """A sensor's page shows its hold alarms, since when its door has been held open, its
+    flap and whether it flaps, and saving the sensor's form (which does not edit them)
+    keeps its alarms, flap and labels."""
     door = "held" + "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
     alarms = [{"data": 1, "after_s": 1, "remind_every_s": 600}]
+    flap = {"changes": 6, "window_s": 60}
     post_json(f"{BASE}/v1/sensors", {"id": door, "address": "Dock door", "heartbeat_timeout_s": 3600,
-                                     "labels": {"0": "closed", "1": "open"}, "hold_alarms": alarms})
+                                     "labels": {"0": "closed", "1": "open"}, "hold_alarms": alarms,
+                                     "flap": flap})
     post_reading(door, 1)
     until("the door's state_held",
           lambda: get_json(f"{BASE}/v1/sensors/{door}")["status"]["held_since"] is not None)
@@ -340,12 +343,14 @@ def door_alarms_survive_a_save(browser):
     dd = lambda name: page.locator("dl.props dt", has_text=name).locator("xpath=following-sibling::dd[1]")
     expect(dd("Hold alarms")).to_have_text("open for 1 s, then every 600 s")
     expect(dd("Held since")).not_to_have_text("—")
+    expect(dd("Flapping at")).to_have_text("6 changes within 60 s")
+    expect(dd("Flaps now")).to_have_text("no")
     page.get_by_label("Address", exact=True).fill("Dock door, north")
     page.get_by_role("button", name="Save").click()
     expect(page.locator("#notice")).to_contain_text("Saved.")
     saved = get_json(f"{BASE}/v1/sensors/{door}")
-    assert (saved["address"], saved["hold_alarms"], saved["labels"]) == (
-        "Dock door, north", alarms, {"0": "closed", "1": "open"}), saved
+    assert (saved["address"], saved["hold_alarms"], saved["labels"], saved["flap"]) == (
+        "Dock door, north", alarms, {"0": "closed", "1": "open"}, flap), saved
     page.close()
 
 

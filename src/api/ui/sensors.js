@@ -140,6 +140,8 @@ export async function sensorPage(id, params) {
       ["Hold alarms", (s.hold_alarms ?? []).length ? s.hold_alarms.map((a) =>
         `${s.labels?.[String(a.data)] ?? a.data} for ${a.after_s} s` + (a.remind_every_s ? `, then every ${a.remind_every_s} s` : "")).join("; ") : "none"],
       ["Held since", s.status.held_since ? when(s.status.held_since) : "—"],
+      ["Flapping at", s.flap ? `${s.flap.changes} changes within ${s.flap.window_s} s` : "off"],
+      ["Flaps now", s.status.flapping ? "yes: its changes are not sent until it is quiet" : "no"],
       ["Site", s.site_id ? h("a", { href: `#/sites/${enc(s.site_id)}` }, s.site_id) : "none"],
       ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
       ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
@@ -215,7 +217,7 @@ export async function sensorPage(id, params) {
     // Settings this form does not show are sent back as they are: a replace without them
     // would reset them.
     const body = { address: d.get("address"), battery_low_pct: s.battery_low_pct, labels: s.labels ?? null,
-      hold_alarms: s.hold_alarms ?? [] };
+      hold_alarms: s.hold_alarms ?? [], flap: s.flap ?? null };
     if (d.get("site_id")) body.site_id = d.get("site_id");
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
     if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));
