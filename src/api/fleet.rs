@@ -27,6 +27,12 @@ pub struct FleetOut {
     /// Sites whose decision says they are down now (`GET /v1/sites?state=down`), so a
     /// building gone dark reads as one site, not only as its lost sensors.
     pub sites_down: u64,
+    /// Sensors whose state has held too long (a `sensor.state_held` open): doors held open.
+    pub held: u64,
+    /// Sensors whose battery is low (a `sensor.battery_low` open).
+    pub battery_low: u64,
+    /// Sensors flapping now.
+    pub flapping: u64,
     /// Notifications not yet delivered (nor failed, superseded or cancelled).
     pub notifications_pending: u64,
     /// How far back history goes: the time of the oldest reading kept (older ones were
@@ -47,6 +53,9 @@ async fn get_fleet(State(st): State<AppState>) -> ApiResult<ApiJson<FleetOut>> {
         lost: counts.lost,
         unknown: counts.unknown,
         sites_down: sites.down,
+        held: counts.held,
+        battery_low: counts.battery_low,
+        flapping: counts.flapping,
         notifications_pending: f.pending,
         history_from: f.history_from.map(crate::domain::time::format),
     }))

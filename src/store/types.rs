@@ -155,22 +155,42 @@ impl SensorFilter {
     }
 }
 
-/// How many registered sensors are in each connection state (the console's fleet page).
+/// How many registered sensors are in each connection state, and how many have a door
+/// alarm open (the console's fleet page).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConnectionCounts {
     pub online: u64,
     pub lost: u64,
     /// Registered, never reported.
     pub unknown: u64,
+    /// A `sensor.state_held` of their state is open.
+    pub held: u64,
+    /// A `sensor.battery_low` is open.
+    pub battery_low: u64,
+    /// Flapping now.
+    pub flapping: u64,
 }
+
+/// [`ConnectionCounts`]' query, the same on both stores: a row per connection with its
+/// count and its counts of held, low-battery and flapping sensors.
+pub(crate) const COUNT_SENSORS: &str = "SELECT st.connection, COUNT(*), \
+     COUNT(*) FILTER (WHERE st.held_sent > 0), COUNT(*) FILTER (WHERE st.battery_low), \
+     COUNT(*) FILTER (WHERE st.flapping) \
+     FROM sensor_state st JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection";
 
 impl ConnectionCounts {
     /// From the count of registered sensors and the counts of their state rows by
     /// connection (as stored): whatever has no state row never reported.
-    pub(crate) fn from_rows(total: i64, rows: impl IntoIterator<Item = (String, i64)>) -> Self {
+    pub(crate) fn from_rows(
+        total: i64,
+        rows: impl IntoIterator<Item = (String, i64, [i64; 3])>,
+    ) -> Self {
         let mut counts = Self::default();
         let mut reported = 0;
-        for (conn, n) in rows {
+        for (conn, n, [held, low, flapping]) in rows {
+            counts.held += held as u64;
+            counts.battery_low += low as u64;
+            counts.flapping += flapping as u64;
             match crate::domain::Connection::parse(&conn) {
                 Some(crate::domain::Connection::Online) => counts.online = n as u64,
                 Some(crate::domain::Connection::Lost) => counts.lost = n as u64,

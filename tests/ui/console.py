@@ -348,6 +348,9 @@ def door_alarms_survive_a_save(browser):
     page.get_by_label("Address", exact=True).fill("Dock door, north")
     page.get_by_role("button", name="Save").click()
     expect(page.locator("#notice")).to_contain_text("Saved.")
+    # The fleet counts the doors held open.
+    page.goto(f"{BASE}/ui/#/fleet")
+    expect(page.get_by_role("link", name=re.compile(r"^[1-9][0-9]* held open too long$"))).to_be_visible()
     saved = get_json(f"{BASE}/v1/sensors/{door}")
     assert (saved["address"], saved["hold_alarms"], saved["labels"], saved["flap"]) == (
         "Dock door, north", alarms, {"0": "closed", "1": "open"}, flap), saved

@@ -298,11 +298,47 @@ pub(super) async fn counts_by_connection(s: &Subject) {
         online: 2,
         lost: 1,
         unknown: 1,
+        ..ConnectionCounts::default()
     };
     assert_eq!(s.count_sensors().await.unwrap(), counts);
     assert!(s.delete_sensor(sid("fc3"), 2_000).await.unwrap());
     assert_eq!(
         s.count_sensors().await.unwrap(),
         ConnectionCounts { lost: 0, ..counts }
+    );
+    // Door alarms open: one held open, one low on battery and flapping.
+    let held = StateUpdate {
+        hold: Some(crate::domain::hold::Hold {
+            since: 500,
+            sent: 1,
+        }),
+        ..state("fc1", Connection::Online)
+    };
+    let mut worn = state("fc2", Connection::Online);
+    worn.signals.battery_low = true;
+    worn.flapping = Some(crate::domain::flap::FlapState {
+        start: 900,
+        count: 3,
+        last: 1_000,
+        told: Some(Some(true)),
+    });
+    let counting = StateUpdate {
+        flapping: Some(crate::domain::flap::FlapState {
+            told: None,
+            ..worn.flapping.unwrap()
+        }),
+        hold: Some(crate::domain::hold::Hold::new(900)),
+        ..state("fc4", Connection::Online)
+    };
+    let batch = CommitBatch {
+        states: vec![held, worn, counting],
+        ..Default::default()
+    };
+    s.commit(batch, 3_000).await.unwrap();
+    let doors = s.count_sensors().await.unwrap();
+    assert_eq!(
+        (doors.held, doors.battery_low, doors.flapping, doors.online),
+        (1, 1, 1, 3),
+        "a hold not yet alarmed and a count not yet flapping are not counted"
     );
 }

@@ -170,16 +170,11 @@ impl Registry for PgStore {
             .query_one("SELECT COUNT(*) FROM sensors", &[])
             .await?
             .get(0);
-        let rows = c
-            .query(
-                "SELECT st.connection, COUNT(*) FROM sensor_state st \
-                 JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
-                &[],
-            )
-            .await?;
+        let rows = c.query(crate::store::types::COUNT_SENSORS, &[]).await?;
         Ok(ConnectionCounts::from_rows(
             total,
-            rows.iter().map(|r| (r.get(0), r.get(1))),
+            rows.iter()
+                .map(|r| (r.get(0), r.get(1), [r.get(2), r.get(3), r.get(4)])),
         ))
     }
 

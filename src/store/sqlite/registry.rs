@@ -165,13 +165,12 @@ impl Registry for SqliteStore {
     async fn count_sensors(&self) -> Result<ConnectionCounts> {
         self.read(move |c| {
             let total: i64 = c.query_row("SELECT COUNT(*) FROM sensors", [], |r| r.get(0))?;
-            let mut stmt = c.prepare_cached(
-                "SELECT st.connection, COUNT(*) FROM sensor_state st \
-                 JOIN sensors s ON s.id = st.sensor_id GROUP BY st.connection",
-            )?;
+            let mut stmt = c.prepare_cached(crate::store::types::COUNT_SENSORS)?;
             let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<Vec<(String, i64)>>>()?;
+                .query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, [r.get(2)?, r.get(3)?, r.get(4)?]))
+                })?
+                .collect::<rusqlite::Result<Vec<(String, i64, [i64; 3])>>>()?;
             Ok(ConnectionCounts::from_rows(total, rows))
         })
         .await

@@ -70,6 +70,11 @@ impl Tables {
     pub(super) fn count_sensors(&self) -> ConnectionCounts {
         let mut counts = ConnectionCounts::default();
         for id in self.sensors.keys() {
+            if let Some(st) = self.states.get(id) {
+                counts.held += u64::from(st.hold.is_some_and(|h| h.sent > 0));
+                counts.battery_low += u64::from(st.signals.battery_low);
+                counts.flapping += u64::from(st.flapping.is_some_and(|f| f.flapping()));
+            }
             match self.states.get(id).map(|s| s.connection) {
                 Some(Connection::Online) => counts.online += 1,
                 Some(Connection::Lost) => counts.lost += 1,
