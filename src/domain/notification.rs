@@ -164,6 +164,15 @@ impl EventKind {
         )
     }
 
+    /// The kinds that open a door alarm (`latch_door_alarms_total`).
+    pub const DOOR_ALARMS: [EventKind; 5] = [
+        EventKind::StateHeld,
+        EventKind::BatteryLow,
+        EventKind::Tamper,
+        EventKind::Fault,
+        EventKind::Flapping,
+    ];
+
     /// Every kind, in the order the API lists them.
     pub const ALL: [EventKind; 16] = [
         EventKind::StateChanged,

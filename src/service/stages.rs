@@ -260,6 +260,11 @@ impl committer::Listener for Wiring {
         self.spooled.add(c.history_rows);
         self.recent.add(Measure::Readings, c.readings as u64, c.at);
         for (kind, n) in EventKind::ALL.iter().zip(c.kinds) {
+            if n > 0 && EventKind::DOOR_ALARMS.contains(kind) {
+                crate::telemetry::families::DOOR_ALARMS
+                    .counter_with(&[("type", kind.as_str())])
+                    .increment(n as u64);
+            }
             let measure = match kind {
                 EventKind::StateChanged => Measure::Changes,
                 EventKind::ConnectionLost => Measure::Lost,

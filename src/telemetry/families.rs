@@ -143,6 +143,8 @@ families! {
         "Embedded store without ClickHouse: duration of one move of readings from the journal into the archive, in seconds.";
     SENSORS_LOST: Gauge "latch_sensors_lost" []
         "Sensors whose connection is lost now.";
+    DOOR_ALARMS: Counter "latch_door_alarms_total" ["type"]
+        "Door alarms made, by type: sensor.state_held (reminders too), sensor.battery_low, sensor.tamper, sensor.fault, sensor.flapping.";
     SENSORS_LOST_TOTAL: Counter "latch_sensors_lost_total" []
         "Sensors declared lost (connection_lost events).";
     SITES_DOWN: Gauge "latch_sites_down" []

@@ -335,6 +335,11 @@ fn register_delivery() {
         show(family);
     }
     show_by(&f::RETENTION_DELETED, "what", RETAINED);
+    show_by(
+        &f::DOOR_ALARMS,
+        "type",
+        crate::domain::EventKind::DOOR_ALARMS.map(|k| k.as_str()),
+    );
 }
 
 /// PostgreSQL: its timeouts and commits in doubt, and the cluster (a cluster of one when
