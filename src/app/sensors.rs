@@ -19,13 +19,7 @@ impl App {
         alarms: SensorAlarms,
     ) -> Result<Sensor> {
         self.check_site(site_id.as_deref()).await?;
-        let settings = Settings {
-            heartbeat_timeout_s,
-            debounce_s,
-            battery_low_pct: alarms.battery_low_pct,
-            hold_alarms: alarms.hold_alarms,
-            flap: alarms.flap,
-        };
+        let settings = Settings::new(heartbeat_timeout_s, debounce_s, &alarms);
         let battery_low_pct = alarms.battery_low_pct;
         let sensor = Sensor {
             id,
@@ -57,13 +51,7 @@ impl App {
         alarms: SensorAlarms,
     ) -> Result<Option<SensorView>> {
         self.check_site(site_id.as_deref()).await?;
-        let settings = Settings {
-            heartbeat_timeout_s,
-            debounce_s,
-            battery_low_pct: alarms.battery_low_pct,
-            hold_alarms: alarms.hold_alarms,
-            flap: alarms.flap,
-        };
+        let settings = Settings::new(heartbeat_timeout_s, debounce_s, &alarms);
         let Some((view, made)) = self
             .0
             .store

@@ -89,6 +89,21 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// A sensor's own timeout and debounce window with its door-alarm settings.
+    pub fn new(
+        heartbeat_timeout_s: Option<u32>,
+        debounce_s: Option<u32>,
+        alarms: &crate::domain::sensor::SensorAlarms,
+    ) -> Self {
+        Self {
+            heartbeat_timeout_s,
+            debounce_s,
+            battery_low_pct: alarms.battery_low_pct,
+            hold_alarms: alarms.hold_alarms,
+            flap: alarms.flap,
+        }
+    }
+
     /// The settings a state carries.
     pub fn of(s: &SensorState) -> Self {
         Self {

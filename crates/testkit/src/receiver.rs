@@ -246,6 +246,22 @@ impl Receiver {
         self.kept().max_inflight_total
     }
 
+    /// The bodies about sensor `sensor` (of type `kind` when given) that arrived so far, in
+    /// order, once there are at least `n`; panics after 15 s (tests).
+    pub async fn bodies_of(&self, sensor: &str, kind: Option<&str>, n: usize) -> Vec<Value> {
+        let what = format!("{n} {} of {sensor}", kind.unwrap_or("notifications"));
+        super::eventually(15, &what, || async {
+            let got: Vec<Value> = self
+                .received()
+                .into_iter()
+                .map(|g| g.body)
+                .filter(|b| b["sensor"]["id"] == sensor && kind.is_none_or(|k| b["type"] == k))
+                .collect();
+            (got.len() >= n).then_some(got)
+        })
+        .await
+    }
+
     /// Waits until at least `n` requests arrived; panics after `secs` (tests).
     pub async fn wait_for(&self, n: usize, secs: u64) -> Vec<Received> {
         super::eventually(secs, &format!("{n} webhook requests"), || async {

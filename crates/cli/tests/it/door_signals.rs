@@ -16,20 +16,6 @@ fn types(got: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// The bodies `r` got about `sensor`, once there are `n`.
-async fn bodies(r: &Receiver, sensor: &str, n: usize) -> Vec<Value> {
-    eventually(15, &format!("{n} notifications of {sensor}"), || async {
-        let got: Vec<Value> = r
-            .received()
-            .into_iter()
-            .map(|g| g.body)
-            .filter(|b| b["sensor"]["id"] == sensor)
-            .collect();
-        (got.len() >= n).then_some(got)
-    })
-    .await
-}
-
 async fn post_readings(s: &TestServer, readings: Value) -> (StatusCode, Value) {
     s.post("/v1/readings", readings).await
 }
@@ -63,7 +49,7 @@ async fn battery_tamper_and_fault_raise_alarms_and_clear_them_once() {
     };
     s.readings(reading(1, 1, json!({"battery": 80, "tamper": false})))
         .await;
-    let got = bodies(&r, &id, 1).await;
+    let got = r.bodies_of(&id, None, 1).await;
     assert_eq!(types(&got), ["sensor.state_changed"]);
     assert_eq!(got[0]["label"], "open");
     assert!(got[0].get("previous_label").is_none(), "{}", got[0]);
@@ -72,7 +58,7 @@ async fn battery_tamper_and_fault_raise_alarms_and_clear_them_once() {
     s.readings(reading(2, 1, json!({"battery": 30}))).await;
     s.readings(reading(3, 1, json!({"battery": 32}))).await;
     s.readings(reading(4, 1, json!({"battery": 29}))).await;
-    let got = bodies(&r, &id, 2).await;
+    let got = r.bodies_of(&id, None, 2).await;
     assert_eq!(got[1]["type"], "sensor.battery_low");
     assert_eq!(
         (&got[1]["battery"], &got[1]["threshold"]),
@@ -87,7 +73,7 @@ async fn battery_tamper_and_fault_raise_alarms_and_clear_them_once() {
         json!({"battery": 35, "tamper": true, "fault": "lock_jam"}),
     ))
     .await;
-    let got = bodies(&r, &id, 6).await;
+    let got = r.bodies_of(&id, None, 6).await;
     assert_eq!(
         types(&got[2..]),
         [
@@ -154,7 +140,7 @@ async fn battery_tamper_and_fault_raise_alarms_and_clear_them_once() {
         .await;
     s.readings(reading(9, 0, json!({"tamper": false, "fault": null})))
         .await;
-    let got = bodies(&r, &id, 9).await;
+    let got = r.bodies_of(&id, None, 9).await;
     assert_eq!(
         types(&got[6..]),
         [
@@ -217,7 +203,7 @@ async fn bad_signals_are_refused_per_reading_and_types_can_be_chosen() {
             "unknown_field"
         ]
     );
-    let got = bodies(&all, &id, 3).await;
+    let got = all.bodies_of(&id, None, 3).await;
     assert_eq!(
         types(&got),
         [
@@ -227,7 +213,7 @@ async fn bad_signals_are_refused_per_reading_and_types_can_be_chosen() {
         ]
     );
     assert_eq!(got[1]["threshold"], 20, "the default threshold");
-    let only = bodies(&tamper_only, &id, 1).await;
+    let only = tamper_only.bodies_of(&id, None, 1).await;
     assert_eq!(types(&only), ["sensor.tamper"]);
     assert!(got[0].get("label").is_none(), "no labels, none carried");
 
@@ -277,7 +263,7 @@ async fn a_battery_over_mqtt_raises_its_alarm() {
     s.link(&client, &id).await;
     let payload = json!({"data": 1, "battery": 12}).to_string().into_bytes();
     assert!(crate::mqtt::publish(&[(format!("{prefix}/{id}/state"), payload)]).await);
-    let got = bodies(&r, &id, 2).await;
+    let got = r.bodies_of(&id, None, 2).await;
     assert_eq!(types(&got), ["sensor.state_changed", "sensor.battery_low"]);
     assert_eq!(got[1]["battery"], 12);
     let (_, sensor) = s.get(&format!("/v1/sensors/{id}")).await;

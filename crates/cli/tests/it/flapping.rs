@@ -11,24 +11,10 @@ use serde_json::{Value, json};
 use latch::clock::Clock;
 use latch::domain::time::{now_ms, parse};
 
-use crate::utils::{Receiver, TestServer, eventually, unique};
+use crate::utils::{Receiver, TestServer, unique};
 
 fn ms(v: &Value) -> i64 {
     parse(v.as_str().unwrap_or_else(|| panic!("a time: {v}"))).unwrap()
-}
-
-/// The types `r` got about `sensor`, once there are `n`.
-async fn types(r: &Receiver, sensor: &str, n: usize) -> Vec<Value> {
-    eventually(15, &format!("{n} notifications of {sensor}"), || async {
-        let got: Vec<Value> = r
-            .received()
-            .into_iter()
-            .map(|g| g.body)
-            .filter(|b| b["sensor"]["id"] == sensor)
-            .collect();
-        (got.len() >= n).then_some(got)
-    })
-    .await
 }
 
 fn kinds(got: &[Value]) -> Vec<&str> {
@@ -72,9 +58,9 @@ async fn a_flapping_door_is_told_once_then_its_state_once_quiet() {
     for (k, data) in [1, 0, 1, 0, 1].into_iter().enumerate() {
         clock.set(t0 + 1_000 * k as i64);
         s.readings(json!({"sensor_id": id, "data": data})).await;
-        types(&r, &id, (k + 1).min(4)).await;
+        r.bodies_of(&id, None, (k + 1).min(4)).await;
     }
-    let got = types(&r, &id, 4).await;
+    let got = r.bodies_of(&id, None, 4).await;
     assert_eq!(
         kinds(&got),
         [
@@ -110,9 +96,9 @@ async fn a_flapping_door_is_told_once_then_its_state_once_quiet() {
     clock.set(t0 + 13_999);
     s.engine_round().await;
     s.dispatcher_round().await;
-    assert_eq!(types(&r, &id, 4).await.len(), 4);
+    assert_eq!(r.bodies_of(&id, None, 4).await.len(), 4);
     clock.set(t0 + 14_000);
-    let got = types(&r, &id, 5).await;
+    let got = r.bodies_of(&id, None, 5).await;
     let stopped = &got[4];
     assert_eq!(stopped["type"], "sensor.flapping_stopped");
     assert_eq!(
@@ -129,7 +115,7 @@ async fn a_flapping_door_is_told_once_then_its_state_once_quiet() {
     // Counted afresh: the next change is sent as it is.
     clock.set(t0 + 20_000);
     s.readings(json!({"sensor_id": id, "data": 0})).await;
-    let got = types(&r, &id, 6).await;
+    let got = r.bodies_of(&id, None, 6).await;
     assert_eq!(got[5]["type"], "sensor.state_changed");
     s.stop().await;
 }

@@ -11,24 +11,10 @@ use serde_json::{Value, json};
 use latch::clock::Clock;
 use latch::domain::time::{now_ms, parse};
 
-use crate::utils::{Receiver, TestServer, eventually, unique};
+use crate::utils::{Receiver, TestServer, unique};
 
 fn ms(v: &Value) -> i64 {
     parse(v.as_str().unwrap_or_else(|| panic!("a time: {v}"))).unwrap()
-}
-
-/// The bodies `r` got about `sensor` of type `kind`, once there are `n`.
-async fn of_type(r: &Receiver, sensor: &str, kind: &str, n: usize) -> Vec<Value> {
-    eventually(15, &format!("{n} {kind} of {sensor}"), || async {
-        let got: Vec<Value> = r
-            .received()
-            .into_iter()
-            .map(|g| g.body)
-            .filter(|b| b["sensor"]["id"] == sensor && b["type"] == kind)
-            .collect();
-        (got.len() >= n).then_some(got)
-    })
-    .await
 }
 
 fn count(r: &Receiver, sensor: &str, kind: &str) -> usize {
@@ -74,7 +60,7 @@ async fn a_door_held_open_alarms_reminds_and_clears_once_it_closes() {
     let id = door(&s, &client).await;
     let t0 = clock.now();
     s.readings(json!({"sensor_id": id, "data": 1})).await;
-    of_type(&r, &id, "sensor.state_changed", 1).await;
+    r.bodies_of(&id, Some("sensor.state_changed"), 1).await;
 
     // A millisecond before its time, nothing.
     clock.set(t0 + 29_999);
@@ -84,7 +70,7 @@ async fn a_door_held_open_alarms_reminds_and_clears_once_it_closes() {
     assert!(held_since(&s, &id).await.is_null());
 
     clock.set(t0 + 30_000);
-    let held = of_type(&r, &id, "sensor.state_held", 1).await;
+    let held = r.bodies_of(&id, Some("sensor.state_held"), 1).await;
     let h = &held[0];
     assert_eq!((&h["data"], &h["label"]), (&json!(1), &json!("open")));
     assert_eq!(ms(&h["since"]), t0, "from the reading that opened it");
@@ -95,7 +81,7 @@ async fn a_door_held_open_alarms_reminds_and_clears_once_it_closes() {
 
     // Open on: one reminder a minute, numbered.
     clock.set(t0 + 90_000);
-    let held = of_type(&r, &id, "sensor.state_held", 2).await;
+    let held = r.bodies_of(&id, Some("sensor.state_held"), 2).await;
     assert_eq!(
         (&held[1]["reminder"], &held[1]["held_s"]),
         (&json!(1), &json!(90))
@@ -104,7 +90,7 @@ async fn a_door_held_open_alarms_reminds_and_clears_once_it_closes() {
     // Closed: the change, and the alarm's clearing.
     clock.set(t0 + 100_000);
     s.readings(json!({"sensor_id": id, "data": 0})).await;
-    let cleared = of_type(&r, &id, "sensor.state_held_cleared", 1).await;
+    let cleared = r.bodies_of(&id, Some("sensor.state_held_cleared"), 1).await;
     let c = &cleared[0];
     assert_eq!((&c["data"], &c["previous"]), (&json!(0), &json!(1)));
     assert_eq!(
@@ -150,14 +136,14 @@ async fn a_hold_that_fell_due_while_latch_was_down_alarms_once_at_start() {
     let id = door(&s, &client).await;
     let t0 = clock.now();
     s.readings(json!({"sensor_id": id, "data": 1})).await;
-    of_type(&r, &id, "sensor.state_changed", 1).await;
+    r.bodies_of(&id, Some("sensor.state_changed"), 1).await;
     clock.set(t0 + 10_000);
     s.stop().await;
 
     // Down past the alarm and two reminders' times.
     clock.set(t0 + 200_000);
     let s = TestServer::start_clocked(tmp.path(), |_| {}, clock.clone()).await;
-    let held = of_type(&r, &id, "sensor.state_held", 1).await;
+    let held = r.bodies_of(&id, Some("sensor.state_held"), 1).await;
     assert_eq!(ms(&held[0]["occurred_at"]), t0 + 30_000, "when it fell due");
     s.engine_round().await;
     s.dispatcher_round().await;
@@ -168,7 +154,7 @@ async fn a_hold_that_fell_due_while_latch_was_down_alarms_once_at_start() {
     s.dispatcher_round().await;
     assert_eq!(count(&r, &id, "sensor.state_held"), 1);
     clock.set(t0 + 210_000);
-    let held = of_type(&r, &id, "sensor.state_held", 2).await;
+    let held = r.bodies_of(&id, Some("sensor.state_held"), 2).await;
     assert_eq!(
         (&held[1]["reminder"], &held[1]["held_s"]),
         (&json!(3), &json!(210))
@@ -234,7 +220,7 @@ async fn hold_alarms_are_checked_patched_and_time_a_door_already_open_from_then(
     s.dispatcher_round().await;
     assert_eq!(count(&r, &id, "sensor.state_held"), 0);
     clock.set(t0 + 130_000);
-    let held = of_type(&r, &id, "sensor.state_held", 1).await;
+    let held = r.bodies_of(&id, Some("sensor.state_held"), 1).await;
     assert_eq!(
         ms(&held[0]["since"]),
         t0 + 100_000,
@@ -248,7 +234,7 @@ async fn hold_alarms_are_checked_patched_and_time_a_door_already_open_from_then(
     assert_eq!(code, StatusCode::OK, "{body}");
     assert_eq!(body["hold_alarms"], json!([]));
     s.readings(json!({"sensor_id": id, "data": 0})).await;
-    let cleared = of_type(&r, &id, "sensor.state_held_cleared", 1).await;
+    let cleared = r.bodies_of(&id, Some("sensor.state_held_cleared"), 1).await;
     assert_eq!(cleared[0]["previous"], 1);
     s.stop().await;
 }
