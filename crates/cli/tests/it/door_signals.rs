@@ -1,6 +1,6 @@
 //! Door alarms (issue #72, battery, tamper, fault and labels): what a reading's `battery`,
 //! `tamper` and `fault` raise, what a sensor's `status` shows of them, what is refused,
-//! and the labels a sensor's notifications carry. Over HTTP, and one reading over MQTT; on
+//! and the labels a sensor's notifications carry. Over HTTP, and over MQTT and RabbitMQ; on
 //! SQLite, or PostgreSQL with `TEST_STORE=postgres`.
 
 use axum::http::StatusCode;
@@ -326,4 +326,58 @@ async fn clickhouse_keeps_the_signals_and_widens_an_older_table() {
     assert!(items[1].get("battery").is_none(), "{history}");
     s.stop().await;
     query(&url, &format!("DROP DATABASE {db}")).await.unwrap();
+}
+
+/// Over RabbitMQ: a reading's battery and tamper flag raise their alarms, and a bad battery
+/// is dead-lettered with its own reason while the good readings around it apply.
+#[tokio::test]
+async fn battery_and_tamper_over_amqp_raise_alarms_and_a_bad_battery_is_dead_lettered() {
+    use lapin::options::BasicGetOptions;
+    use lapin::types::AMQPValue;
+    let Some((_conn, ch)) = crate::amqp::broker().await else {
+        return;
+    };
+    let queue = unique("q");
+    let s = crate::amqp::start(&queue).await;
+    let r = Receiver::start().await;
+    let client = s.client(&r.url).await;
+    let id = unique("am");
+    s.sensor(&id).await;
+    s.link(&client, &id).await;
+    let bodies = [
+        json!({"sensor_id": id, "data": 1, "battery": 15, "tamper": true}),
+        json!({"sensor_id": id, "data": 1, "battery": 101}),
+    ];
+    for b in &bodies {
+        crate::amqp::publish(&ch, &queue, b.to_string().as_bytes(), None).await;
+    }
+    let got = r.bodies_of(&id, None, 3).await;
+    assert_eq!(
+        types(&got),
+        [
+            "sensor.state_changed",
+            "sensor.battery_low",
+            "sensor.tamper"
+        ]
+    );
+    assert_eq!(got[1]["battery"], 15);
+    let dlq = format!("{queue}.dlq");
+    let m = crate::utils::eventually(10, "the bad battery dead-lettered", || async {
+        ch.basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+    })
+    .await;
+    let headers = m.properties.headers().clone().unwrap_or_default();
+    match headers.inner().get("x-latch-reason") {
+        Some(AMQPValue::LongString(reason)) => assert_eq!(reason.to_string(), "invalid_battery"),
+        other => panic!("no reason header: {other:?}"),
+    }
+    let (_, sensor) = s.get(&format!("/v1/sensors/{id}")).await;
+    assert_eq!(
+        (&sensor["status"]["battery"], &sensor["status"]["tamper"]),
+        (&json!(15), &json!(true)),
+        "the bad one changed nothing"
+    );
+    s.stop().await;
 }
