@@ -12,6 +12,7 @@ use crate::world::World;
 
 mod deleted;
 mod delivery;
+mod holds;
 mod liveness;
 mod retention;
 mod signals;
@@ -20,6 +21,7 @@ mod states;
 mod told;
 
 pub use deleted::{sent_to_deleted, sent_unlinked};
+pub use holds::summary as holds_summary;
 pub use retention::retention;
 
 use delivery::{answered_is_delivered, isolation, newest_delivered, nothing_pending};
@@ -105,6 +107,7 @@ pub fn at_end(
 ) {
     let now = world.now();
     let answered = receivers.answered_ok();
+    let hold_bodies = receivers.hold_bodies();
     model.read(|t| {
         let trails: Vec<_> = t.audit.trails().collect();
         nothing_pending(world, t, &trails, start);
@@ -120,6 +123,7 @@ pub fn at_end(
         superseded(world, &trails, start);
         debounced(world, t, log, start);
         signals::alarms_alternate(world, t, log, start);
+        holds::holds(world, t, log, &hold_bodies, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its

@@ -59,8 +59,9 @@ pub struct Options {
     /// Half of the sensors debounce their changes (`debounce_s` 1): a workload of its
     /// own, so the seeds kept in the suite play as they were found.
     pub debounce: bool,
-    /// Readings carry battery, tamper and fault reports now and then (issue #72): a
-    /// workload of its own, like `debounce`.
+    /// The door alarms workload (issue #72): readings carry battery, tamper and fault
+    /// reports now and then, and some sensors have hold alarms, set at registration and
+    /// changed now and then (`workload::holds`): a workload of its own, like `debounce`.
     pub signals: bool,
 }
 
@@ -400,6 +401,10 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         log.stops = nodes.stops();
         checks::at_end(&world, &model, &receivers, &log, &w.clients, &bounds, START);
     }
+    if opts.signals {
+        let bodies = receivers.hold_bodies();
+        world.trace(model.read(|t| checks::holds_summary(t, &bodies)));
+    }
     let virtual_ms = world.now() - START;
     nodes.stop_all().await;
     let violations = world.violations();
@@ -488,6 +493,7 @@ async fn heal(
     }
     nodes.set_link(true);
     let healed_at = world.now();
+    w.quiet_holds().await;
     let claim_lease = 3 * config.delivery_timeout.as_millis() as Millis + 5_000;
     let bound = claim_lease
         + config.retry_max_delay.as_millis() as Millis

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use latch::domain::hold::HoldAlarms;
 use latch::domain::{Millis, SensorId, Source};
 
 /// A client as the workload drives it.
@@ -57,6 +58,19 @@ pub struct Log {
     pub settings: Vec<Setting>,
     /// Sensors deleted, with their links, state and history.
     pub sensors_deleted: Vec<Deleted>,
+    /// Sensors' hold alarms as each call wrote them (issue #72): at registration, when
+    /// made again, and by each change of a sensor that carried them.
+    pub holds: Vec<HoldSetting>,
+}
+
+/// A sensor's hold alarms written ([`Log::holds`]): the alarms, and from when to when
+/// the call ran (`ended`: `Millis::MAX` when it failed and may have been written).
+#[derive(Debug, Clone, Copy)]
+pub struct HoldSetting {
+    pub sensor: SensorId,
+    pub alarms: HoldAlarms,
+    pub began: Millis,
+    pub ended: Millis,
 }
 
 /// How long after a registry change a node serving its sensor elsewhere has surely

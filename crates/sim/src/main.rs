@@ -7,7 +7,7 @@
 //! cargo run -p latch-sim -- --seed 4242            # one seed, its trace on failure
 //! cargo run -p latch-sim -- --seed 4242 --trace t.txt   # and the whole trace in a file
 //! cargo run -p latch-sim -- --seeds 500 --debounce  # half the sensors debounce
-//! cargo run -p latch-sim -- --seeds 500 --signals   # readings report battery, tamper, fault
+//! cargo run -p latch-sim -- --seeds 500 --signals   # door alarms: battery, tamper, fault, holds
 //! ```
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

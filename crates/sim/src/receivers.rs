@@ -79,6 +79,24 @@ struct Seen {
     failed: BTreeMap<String, Unsent>,
     /// When each client was last enabled: its pending notifications go at once then.
     enabled: BTreeMap<String, Millis>,
+    /// Each hold notification (issue #72) as it first arrived, by id.
+    holds: BTreeMap<String, HoldBody>,
+}
+
+/// A `sensor.state_held` or `sensor.state_held_cleared` as an endpoint got it: what its
+/// notification said, and the body it came in.
+#[derive(Debug, Clone)]
+pub struct HoldBody {
+    pub client: String,
+    pub sensor: SensorId,
+    pub kind: EventKind,
+    pub data: Option<bool>,
+    pub previous: Option<bool>,
+    pub occurred_at: Millis,
+    /// When the held state began (the notification's `detail.lost_since`).
+    pub since: Option<Millis>,
+    pub reminder: Option<u32>,
+    pub body: serde_json::Value,
 }
 
 /// A request of a notification that ended without a 2xx.
@@ -174,6 +192,11 @@ impl Receivers {
     /// When and through which node each notification was answered 2xx.
     pub fn answered_ok(&self) -> BTreeMap<String, (Millis, String)> {
         self.seen.lock().unwrap().answered_ok.clone()
+    }
+
+    /// Every hold notification the endpoints got, by id (once each, however often sent).
+    pub fn hold_bodies(&self) -> BTreeMap<String, HoldBody> {
+        self.seen.lock().unwrap().holds.clone()
     }
 
     /// Requests in flight now.
@@ -492,9 +515,26 @@ impl Receivers {
         // The bodies these would be on the wire, each held to its type's schema in the
         // event catalog, as the integration tests hold every body they receive.
         for s in sends {
-            if let Err(why) = latch_testkit::check_body(&payload(s)) {
+            let body = payload(s);
+            if let Err(why) = latch_testkit::check_body(&body) {
                 let keys = vec![s.notification.id.clone()];
                 self.world.violate("body_schema", why, keys);
+            }
+            let n = &s.notification;
+            if n.kind.is_hold() {
+                let got = HoldBody {
+                    client: n.client_id.clone(),
+                    sensor: n.sensor_id,
+                    kind: n.kind,
+                    data: n.data,
+                    previous: n.previous,
+                    occurred_at: n.occurred_at,
+                    since: n.detail.lost_since,
+                    reminder: n.detail.reminder,
+                    body: serde_json::from_slice(&body).unwrap_or_default(),
+                };
+                let mut seen = self.seen.lock().unwrap();
+                seen.holds.entry(n.id.clone()).or_insert(got);
             }
         }
         let client = sends

@@ -57,7 +57,8 @@ pub struct Workload {
     pub calm: bool,
     /// Odd-numbered sensors debounce their changes for a second ([`crate::Options`]).
     pub debounce: bool,
-    /// Readings carry battery, tamper and fault reports ([`crate::Options::signals`]).
+    /// The door alarms workload ([`crate::Options::signals`]): readings carry battery,
+    /// tamper and fault reports, and sensors have hold alarms.
     pub signals: bool,
     /// The number the next client created gets (`c{n}`): as the API's ids, never one a
     /// deleted client had.
@@ -72,6 +73,7 @@ pub struct Workload {
 }
 
 mod clients;
+mod holds;
 mod keyed;
 mod registry;
 mod sites;
@@ -124,6 +126,7 @@ impl Workload {
             .await?;
         for (i, s) in self.sensors.iter().enumerate() {
             let debounce_s = (self.debounce && i % 2 == 1).then_some(1);
+            let hold_alarms = self.drawn_holds();
             let sensor = Sensor {
                 id: s.id,
                 address: format!("{} street", s.id),
@@ -133,7 +136,8 @@ impl Workload {
                 created_at: now,
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
-                hold_alarms: Default::default(),
+                hold_alarms,
+                flap: None,
             };
             let site = sensor.site_id.clone();
             store.create_sensor(sensor).await?;
@@ -143,11 +147,25 @@ impl Workload {
                     latch::engine::Settings {
                         heartbeat_timeout_s: None,
                         debounce_s,
+                        hold_alarms,
                         ..Default::default()
                     },
                 )
                 .await?;
+            if self.signals {
+                self.world.trace(format!(
+                    "{} hold alarms: {}",
+                    s.id,
+                    holds::describe(&hold_alarms)
+                ));
+            }
             let mut log = self.log.lock().unwrap();
+            log.holds.push(crate::log::HoldSetting {
+                sensor: s.id,
+                alarms: hold_alarms,
+                began: now,
+                ended: now,
+            });
             log.memberships.push((s.id, site, now, now));
             log.settings.push(crate::log::Setting {
                 sensor: s.id,
@@ -203,6 +221,7 @@ impl Workload {
             88..90 => self.dark_site(),
             90..92 => self.maintenance().await,
             92..95 => self.registry().await,
+            95..98 if self.signals => self.set_holds().await,
             _ => {}
         }
     }

@@ -83,8 +83,8 @@ fn every_seed_keeps_every_guarantee() {
     keep_every_guarantee(from, seeds, &Options::default());
 }
 
-/// Battery, tamper and fault reports (issue #72), late ones among them: a workload of its
-/// own, as the debounced one is.
+/// Door alarms (issue #72): battery, tamper and fault reports, late ones among them, and
+/// hold alarms set and changed: a workload of its own, as the debounced one is.
 #[test]
 fn every_signals_seed_keeps_every_guarantee() {
     let from = env("LATCH_SIM_FROM", 0);

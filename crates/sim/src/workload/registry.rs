@@ -96,7 +96,7 @@ impl Workload {
                 sensor.heartbeat_timeout_s,
                 sensor.debounce_s,
                 to.clone(),
-                Default::default(),
+                Self::kept_alarms(&sensor),
                 engine.now(),
             )
             .await;
@@ -161,7 +161,7 @@ impl Workload {
                 timeout_s,
                 debounce_s,
                 sensor.site_id.clone(),
-                Default::default(),
+                Self::kept_alarms(&sensor),
                 engine.now(),
             )
             .await;
@@ -175,7 +175,9 @@ impl Workload {
                         latch::engine::Settings {
                             heartbeat_timeout_s: timeout_s,
                             debounce_s,
-                            ..Default::default()
+                            battery_low_pct: sensor.battery_low_pct,
+                            hold_alarms: sensor.hold_alarms,
+                            flap: sensor.flap,
                         },
                     )
                     .await;
@@ -193,6 +195,7 @@ impl Workload {
             "retime {id} via {node}: timeout {timeout_s:?} debounce {debounce_s:?}: {outcome}"
         ));
         let Some(ended) = ended else { return };
+        self.note_holds(id, sensor.hold_alarms, began, ended);
         self.log.lock().unwrap().settings.push(crate::log::Setting {
             sensor: id,
             timeout: timeout_s.map_or(self.timeout, |t| Millis::from(t) * 1000),
@@ -229,6 +232,7 @@ impl Workload {
                 .position(|s| s.id == id)
                 .expect("a run's sensor");
             let debounce_s = (self.debounce && i % 2 == 1).then_some(1);
+            let hold_alarms = self.drawn_holds();
             let sensor = latch::domain::sensor::Sensor {
                 id,
                 address: format!("{id} street"),
@@ -238,7 +242,8 @@ impl Workload {
                 created_at: engine.now(),
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
-                hold_alarms: Default::default(),
+                hold_alarms,
+                flap: None,
             };
             let result = store.create_sensor(sensor).await;
             let made = self.model.read(|t| t.sensors.contains_key(&id));
@@ -249,19 +254,25 @@ impl Workload {
                         latch::engine::Settings {
                             heartbeat_timeout_s: None,
                             debounce_s,
+                            hold_alarms,
                             ..Default::default()
                         },
                     )
                     .await;
             }
             self.world.trace(format!(
-                "create sensor {id} again via {node} in {site:?}: {:?}",
+                "create sensor {id} again via {node} in {site:?}{}: {:?}",
+                match self.signals {
+                    true => format!(" (hold alarms: {})", super::holds::describe(&hold_alarms)),
+                    false => String::new(),
+                },
                 result.err().map(|e| e.to_string())
             ));
             if !made {
                 return;
             }
             let ended = self.world.now();
+            self.note_holds(id, hold_alarms, began, ended);
             {
                 let mut log = self.log.lock().unwrap();
                 log.memberships.push((id, site, began, ended));

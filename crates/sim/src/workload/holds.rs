@@ -1,0 +1,186 @@
+//! Hold alarms (issue #72, part 1) in the door alarms workload ([`crate::Options::signals`]):
+//! some sensors are registered with them (a short `after_s`, sometimes reminders, for
+//! one value or both), and now and then a sensor's are changed, set or removed as
+//! `App::replace_sensor` does (the store, then the entry node's engine; a node serving the
+//! sensor elsewhere follows the registry's change log), so alarms set on a state already
+//! held are played too. Every write is logged ([`crate::log::Log::holds`]) for the checks.
+
+use latch::domain::hold::{HoldAlarm, HoldAlarms};
+use latch::domain::sensor::{Sensor, SensorAlarms};
+use latch::domain::{Millis, SensorId};
+use latch::store::Registry;
+
+use super::Workload;
+
+impl Workload {
+    /// Hold alarms drawn for a sensor: none a third of the time, else an alarm for 1 (the
+    /// door left open), for 0, or for both, after 1 to 5 s, reminding every 1 to 5 s half
+    /// of the time. Only the door alarms workload draws them.
+    pub(super) fn drawn_holds(&self) -> HoldAlarms {
+        let w = &self.world;
+        if !self.signals || w.chance(0.35) {
+            return HoldAlarms::default();
+        }
+        let alarm = |data: u8| HoldAlarm {
+            data,
+            after_s: w.between(1, 6) as u32,
+            remind_every_s: w.chance(0.5).then(|| w.between(1, 6) as u32),
+        };
+        let list = match w.between(0, 4) {
+            0 => vec![alarm(0)],
+            1 | 2 => vec![alarm(1)],
+            _ => vec![alarm(0), alarm(1)],
+        };
+        HoldAlarms::from_list(&list).expect("hold alarms within their bounds")
+    }
+
+    /// The alarms a change of `sensor` writes when it keeps them: its own, as the store
+    /// holds them (a change that left them out would remove them).
+    pub(super) fn kept_alarms(sensor: &Sensor) -> SensorAlarms {
+        SensorAlarms {
+            battery_low_pct: sensor.battery_low_pct,
+            labels: sensor.labels.clone(),
+            hold_alarms: sensor.hold_alarms,
+            flap: sensor.flap,
+        }
+    }
+
+    /// Notes that a call from `began` to `ended` wrote `alarms` as `sensor`'s.
+    pub(super) fn note_holds(
+        &self,
+        sensor: SensorId,
+        alarms: HoldAlarms,
+        began: Millis,
+        ended: Millis,
+    ) {
+        self.log
+            .lock()
+            .unwrap()
+            .holds
+            .push(crate::log::HoldSetting {
+                sensor,
+                alarms,
+                began,
+                ended,
+            });
+    }
+
+    /// A sensor's hold alarms change (set, changed or removed), the rest of it kept.
+    pub(super) async fn set_holds(&mut self) {
+        let i = self.world.between(0, self.sensors.len() as u64) as usize;
+        let id = self.sensors[i].id;
+        let hold_alarms = self.drawn_holds();
+        self.write_holds(id, hold_alarms).await;
+    }
+
+    /// Once faults stop, the sensors' reminders stop too (their alarms stay): the
+    /// sensors keep their states while the run settles, and a reminder made every few
+    /// seconds would leave one pending however long it settled.
+    pub async fn quiet_holds(&mut self) {
+        if !self.signals {
+            return;
+        }
+        let reminding: Vec<(SensorId, HoldAlarms)> = self.model.read(|t| {
+            t.sensors
+                .values()
+                .filter(|s| {
+                    s.hold_alarms
+                        .to_list()
+                        .iter()
+                        .any(|a| a.remind_every_s.is_some())
+                })
+                .map(|s| (s.id, s.hold_alarms))
+                .collect()
+        });
+        for (id, alarms) in reminding {
+            let once: Vec<HoldAlarm> = alarms
+                .to_list()
+                .into_iter()
+                .map(|a| HoldAlarm {
+                    remind_every_s: None,
+                    ..a
+                })
+                .collect();
+            let once = HoldAlarms::from_list(&once).expect("hold alarms within their bounds");
+            self.write_holds(id, once).await;
+        }
+    }
+
+    /// Writes `hold_alarms` as sensor `id`'s through a running node, as
+    /// `App::replace_sensor` does.
+    async fn write_holds(&mut self, id: SensorId, hold_alarms: HoldAlarms) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let Some(sensor) = self.model.read(|t| t.sensors.get(&id).cloned()) else {
+            return;
+        };
+        let began = self.world.now();
+        let result = store
+            .replace_sensor(
+                id,
+                sensor.address.clone(),
+                sensor.heartbeat_timeout_s,
+                sensor.debounce_s,
+                sensor.site_id.clone(),
+                SensorAlarms {
+                    hold_alarms,
+                    ..Self::kept_alarms(&sensor)
+                },
+                engine.now(),
+            )
+            .await;
+        // When the call ended: `None` if it surely wrote nothing.
+        let (outcome, ended) = match result {
+            Ok(Some((_, made))) => {
+                dispatcher.deliver_served(made);
+                let applied = engine
+                    .upsert_sensor(
+                        id,
+                        latch::engine::Settings {
+                            heartbeat_timeout_s: sensor.heartbeat_timeout_s,
+                            debounce_s: sensor.debounce_s,
+                            battery_low_pct: sensor.battery_low_pct,
+                            hold_alarms,
+                            flap: sensor.flap,
+                        },
+                    )
+                    .await;
+                let ended = match applied {
+                    Ok(()) => self.world.now(),
+                    Err(_) => Millis::MAX,
+                };
+                ("ok".to_string(), Some(ended))
+            }
+            Ok(None) => ("no such sensor".into(), None),
+            Err(e) if e.maybe_written() => (e.to_string(), Some(Millis::MAX)),
+            Err(e) => (e.to_string(), None),
+        };
+        self.world.trace(format!(
+            "hold alarms of {id} via {node}: {}: {outcome}",
+            describe(&hold_alarms)
+        ));
+        if let Some(ended) = ended {
+            self.note_holds(id, hold_alarms, began, ended);
+        }
+    }
+}
+
+/// Hold alarms in a line of the trace: `1 after 3 s every 2 s, 0 after 5 s`, or `none`.
+pub fn describe(alarms: &HoldAlarms) -> String {
+    let list: Vec<String> = alarms
+        .to_list()
+        .iter()
+        .map(|a| {
+            let every = a
+                .remind_every_s
+                .map_or(String::new(), |e| format!(" every {e} s"));
+            format!("{} after {} s{every}", a.data, a.after_s)
+        })
+        .collect();
+    match list.is_empty() {
+        true => "none".into(),
+        false => list.join(", "),
+    }
+}
