@@ -246,6 +246,14 @@ pub struct SensorListParams {
     pub battery_below: Option<u32>,
     /// `true`: only sensors whose tamper flag is up; `false`: only those whose is not.
     pub tamper: Option<bool>,
+    /// `true`: only sensors whose state has held too long (a `sensor.state_held` open);
+    /// `false`: the others.
+    pub held: Option<bool>,
+    /// `true`: only sensors flapping now; `false`: the others.
+    pub flapping: Option<bool>,
+    /// `true`: only sensors whose battery is low (a `sensor.battery_low` open, until
+    /// `sensor.battery_ok`); `false`: the others.
+    pub battery_low: Option<bool>,
 }
 
 impl Params for SensorListParams {}
@@ -316,15 +324,13 @@ async fn list_sensors(
             )));
         }
     };
-    if (battery_below.is_some() || filter.tamper.is_some()) && search.is_some() {
-        return Err(ApiError::bad_request(
-            "battery_below and tamper cannot be combined with q yet",
-        ));
-    }
     let filter = SensorFilter {
         connection,
         battery_below,
         tamper: filter.tamper,
+        held: filter.held,
+        flapping: filter.flapping,
+        battery_low: filter.battery_low,
     };
     let page = st.app.sensors(search, filter, site, page).await?;
     Ok(ApiJson(List::from_page(page, sensor_out)))

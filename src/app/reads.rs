@@ -48,9 +48,8 @@ impl App {
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         let s = &self.0.store;
-        let connection = filter.connection;
         Ok(match (search, site) {
-            (Some(q), site) => s.find_sensors(q, connection, site, page).await?,
+            (Some(q), site) => s.find_sensors(q, filter, site, page).await?,
             (None, Some(site)) => s.site_sensors(site, filter, page).await?,
             (None, None) => s.list_sensors(filter, page).await?,
         })

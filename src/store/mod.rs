@@ -308,12 +308,12 @@ pub trait Journal: Send + Sync {
 #[async_trait]
 pub trait Find: Send + Sync {
     /// Sensors, by id, whose id starts with the search's text or whose address has a word
-    /// starting with each of its words; `connection` filters as in
+    /// starting with each of its words; `filter` filters as in
     /// [`Registry::list_sensors`], `site_id` keeps a site's.
     async fn find_sensors(
         &self,
         search: Search,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>>;

@@ -131,6 +131,33 @@ pub struct SensorFilter {
     pub connection: Option<crate::domain::Connection>,
     pub battery_below: Option<u8>,
     pub tamper: Option<bool>,
+    /// Whether a `sensor.state_held` of its state is open.
+    pub held: Option<bool>,
+    /// Whether it flaps now.
+    pub flapping: Option<bool>,
+    /// Whether a `sensor.battery_low` is open.
+    pub battery_low: Option<bool>,
+}
+
+/// The filters of a [`SensorFilter`] beyond its connection, as SQL over `st` (the sensor's
+/// state row), the same on both stores: its five parameters, from `first` on, are
+/// `battery_below`, `tamper`, `held`, `flapping`, `battery_low`, each written by
+/// `param(index, type)` (`?5`; `$5::int4`).
+pub(crate) fn filter_sql(first: usize, param: impl Fn(usize, &str) -> String) -> String {
+    let (b, t, h, f, l) = (
+        param(first, "int4"),
+        param(first + 1, "bool"),
+        param(first + 2, "bool"),
+        param(first + 3, "bool"),
+        param(first + 4, "bool"),
+    );
+    format!(
+        " AND ({b} IS NULL OR st.battery < {b}) \
+         AND ({t} IS NULL OR COALESCE(st.tamper, false) = {t}) \
+         AND ({h} IS NULL OR (COALESCE(st.held_sent, 0) > 0) = {h}) \
+         AND ({f} IS NULL OR COALESCE(st.flapping, false) = {f}) \
+         AND ({l} IS NULL OR COALESCE(st.battery_low, false) = {l})"
+    )
 }
 
 impl SensorFilter {
@@ -152,6 +179,13 @@ impl SensorFilter {
             && self
                 .tamper
                 .is_none_or(|t| status.signals.tamper.unwrap_or(false) == t)
+            && self
+                .held
+                .is_none_or(|h| status.hold.is_some_and(|x| x.sent > 0) == h)
+            && self.flapping.is_none_or(|f| status.flapping == f)
+            && self
+                .battery_low
+                .is_none_or(|l| status.signals.battery_low == l)
     }
 }
 

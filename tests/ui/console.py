@@ -334,6 +334,11 @@ def door_alarms_survive_a_save(browser):
                                      "labels": {"0": "closed", "1": "open"}, "hold_alarms": alarms,
                                      "flap": flap})
     post_reading(door, 1)
+    # A door like it, closed: not held.
+    sensor_not_held = door + "c"
+    post_json(f"{BASE}/v1/sensors", {"id": sensor_not_held, "address": "Dock door 2", "heartbeat_timeout_s": 3600,
+                                     "hold_alarms": alarms})
+    post_reading(sensor_not_held, 0)
     until("the door's state_held",
           lambda: get_json(f"{BASE}/v1/sensors/{door}")["status"]["held_since"] is not None)
     page = browser.new_page()
@@ -350,7 +355,10 @@ def door_alarms_survive_a_save(browser):
     expect(page.locator("#notice")).to_contain_text("Saved.")
     # The fleet counts the doors held open.
     page.goto(f"{BASE}/ui/#/fleet")
-    expect(page.get_by_role("link", name=re.compile(r"^[1-9][0-9]* held open too long$"))).to_be_visible()
+    page.get_by_role("link", name=re.compile(r"^[1-9][0-9]* held open too long$")).click()
+    expect(page.get_by_label("Door alarm")).to_have_value("held")
+    expect(page.get_by_role("link", name=door, exact=True)).to_be_visible()
+    expect(page.get_by_role("link", name=sensor_not_held, exact=True)).to_be_hidden()
     saved = get_json(f"{BASE}/v1/sensors/{door}")
     assert (saved["address"], saved["hold_alarms"], saved["labels"], saved["flap"]) == (
         "Dock door, north", alarms, {"0": "closed", "1": "open"}, flap), saved

@@ -55,10 +55,10 @@ export async function fleetPage() {
       card("lost", f.lost, "lost", "#/sensors?connection=lost"),
       card(f.sites_down ? "lost" : "", f.sites_down, f.sites_down === 1 ? "site down" : "sites down", "#/sites"),
       card("unknown", f.unknown, "never reported", "#/sensors?connection=unknown"),
-      // Door alarms open now (issue #72): each sensor's page says which.
-      card(f.held ? "lost" : "", f.held, "held open too long", "#/sensors"),
-      card(f.battery_low ? "lost" : "", f.battery_low, f.battery_low === 1 ? "battery low" : "batteries low", "#/sensors"),
-      card(f.flapping ? "lost" : "", f.flapping, "flapping", "#/sensors"),
+      // Door alarms open now (issue #72), each a filter of the sensors' list.
+      card(f.held ? "lost" : "", f.held, "held open too long", "#/sensors?alarm=held"),
+      card(f.battery_low ? "lost" : "", f.battery_low, f.battery_low === 1 ? "battery low" : "batteries low", "#/sensors?alarm=battery_low"),
+      card(f.flapping ? "lost" : "", f.flapping, "flapping", "#/sensors?alarm=flapping"),
       card("", f.sensors, "sensors registered", "#/sensors"),
       card("", f.notifications_pending, "notifications pending", "#/notifications?status=pending"),
     );

@@ -8,6 +8,11 @@ export async function sensorsPage(params) {
   const connection = params.get("connection") ?? "";
   const search = params.get("q") ?? "";
   const site = params.get("site_id") ?? "";
+  // A door alarm open now: each is a filter of the list (`held=true`, …).
+  const ALARMS = { held: "held open too long", flapping: "flapping", battery_low: "battery low", tamper: "tampered" };
+  const alarm = ALARMS[params.get("alarm")] ? params.get("alarm") : "";
+  const alarmPick = h("select", { name: "alarm" }, h("option", { value: "" }, "any"),
+    Object.entries(ALARMS).map(([k, v]) => h("option", { value: k, selected: k === alarm }, v)));
   const select = h("select", { name: "connection" },
     ["", "online", "lost", "unknown"].map((c) => h("option", { value: c, selected: c === connection }, c || "any")));
   // Sites are buildings, few enough to offer them all.
@@ -19,11 +24,12 @@ export async function sensorsPage(params) {
     field("Search sensors (id prefix or address words)", h("input", { name: "q", type: "search", value: search, maxlength: 200 })),
     field("Connection", select),
     field("Site", sitePick),
+    field("Door alarm", alarmPick),
   ], async (d) => { navigate(`#/sensors${q(Object.fromEntries(d.entries()))}`); }, "Search");
-  for (const pick of [select, sitePick]) pick.addEventListener("change", () => find.requestSubmit());
+  for (const pick of [select, sitePick, alarmPick]) pick.addEventListener("change", () => find.requestSubmit());
   const rows = new Map();
   const list = pager(
-    (cursor) => api("GET", `/v1/sensors${q({ connection, q: search, site_id: site, limit: PAGE, cursor })}`),
+    (cursor) => api("GET", `/v1/sensors${q({ connection, q: search, site_id: site, ...(alarm ? { [alarm]: "true" } : {}), limit: PAGE, cursor })}`),
     (items) => {
       rows.clear();
       return table(["Sensor", "Address", "Site", "State", "Connection", "Last seen"], items.map((s) => {

@@ -2,7 +2,7 @@
 //! filters, sensors by id prefix and address words, clients by name.
 
 use super::*;
-use crate::store::{Search, find_clients};
+use crate::store::{Search, SensorFilter, find_clients};
 
 fn ids(p: &Page<Notification>) -> Vec<i64> {
     p.items.iter().map(|n| n.seq).collect()
@@ -129,7 +129,8 @@ fn found(p: &Page<SensorView>) -> Vec<String> {
 
 async fn find(s: &dyn Store, text: &str) -> Vec<String> {
     let search = Search::parse(text).unwrap();
-    found(&s.find_sensors(search, None, None, page(50)).await.unwrap())
+    let all = SensorFilter::default();
+    found(&s.find_sensors(search, all, None, page(50)).await.unwrap())
 }
 
 pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
@@ -180,14 +181,19 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
 
     // Pages by id, and with the connection filter.
     let first = s
-        .find_sensors(Search::parse("moscow").unwrap(), None, None, page(1))
+        .find_sensors(
+            Search::parse("moscow").unwrap(),
+            SensorFilter::default(),
+            None,
+            page(1),
+        )
         .await
         .unwrap();
     assert_eq!(found(&first), ["Door1"]);
     let next = s
         .find_sensors(
             Search::parse("moscow").unwrap(),
-            None,
+            SensorFilter::default(),
             None,
             PageRequest {
                 limit: 1,
@@ -204,13 +210,49 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
     let online = s
         .find_sensors(
             Search::parse("moscow").unwrap(),
-            Some(Connection::Online),
+            SensorFilter::connection(Some(Connection::Online)),
             None,
             page(10),
         )
         .await
         .unwrap();
     assert_eq!(found(&online), ["Door2"]);
+    // And with the door alarms' filters, which the search keeps as the list does.
+    let mut held = change("Door1", true, None, 5_500);
+    held.states[0].hold = Some(crate::domain::hold::Hold {
+        since: 1_000,
+        sent: 1,
+    });
+    held.states[0].signals.tamper = Some(true);
+    s.commit(held, 5_500).await.unwrap();
+    let by = |filter: SensorFilter| {
+        s.find_sensors(Search::parse("moscow").unwrap(), filter, None, page(10))
+    };
+    let held = SensorFilter {
+        held: Some(true),
+        ..SensorFilter::default()
+    };
+    assert_eq!(found(&by(held).await.unwrap()), ["Door1"]);
+    let not_held = SensorFilter {
+        held: Some(false),
+        ..SensorFilter::default()
+    };
+    assert_eq!(found(&by(not_held).await.unwrap()), ["Door2"]);
+    let tampered = SensorFilter {
+        tamper: Some(true),
+        ..SensorFilter::default()
+    };
+    assert_eq!(found(&by(tampered).await.unwrap()), ["Door1"]);
+    let flapping = SensorFilter {
+        flapping: Some(true),
+        ..SensorFilter::default()
+    };
+    assert!(found(&by(flapping).await.unwrap()).is_empty());
+    let low = SensorFilter {
+        battery_low: Some(false),
+        ..SensorFilter::default()
+    };
+    assert_eq!(found(&by(low).await.unwrap()), ["Door1", "Door2"]);
 
     // With a site: that site's sensors only.
     s.create_site(super::silences::site("fs-a", None))
@@ -230,7 +272,7 @@ pub(super) async fn sensors_found_by_id_prefix_and_address_words(s: &Subject) {
     let in_site = |site: &str| {
         s.find_sensors(
             Search::parse("moscow").unwrap(),
-            None,
+            SensorFilter::default(),
             Some(site.into()),
             page(10),
         )

@@ -6,23 +6,26 @@
 use async_trait::async_trait;
 
 use super::super::rows::{self as row, SENSOR_COLS};
-use super::super::{Find, Page, PageRequest, Result, Search, SensorView, limit_plus_one};
+use super::super::types::filter_sql;
+use super::super::{
+    Find, Page, PageRequest, Result, Search, SensorFilter, SensorView, limit_plus_one,
+};
 use super::PgStore;
 use super::db::Sql;
-use crate::domain::Connection as Conn;
 
 #[async_trait]
 impl Find for PgStore {
     async fn find_sensors(
         &self,
         search: Search,
-        connection: Option<Conn>,
+        filter: SensorFilter,
         site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         let c = self.db.get("find_sensors").await?;
         let after = page.after.clone().unwrap_or_default();
-        let conn_filter = connection.map(|c| c.as_str().to_string());
+        let conn_filter = filter.connection.map(|c| c.as_str().to_string());
+        let below = filter.battery_below.map(i32::from);
         // Ids are letters and digits: no `LIKE` wildcard to escape. No prefix: a pattern
         // that only the empty id would match, and no sensor has one.
         let prefix = search
@@ -36,8 +39,9 @@ impl Find for PgStore {
                      AND (s.id LIKE $2 \
                        OR to_tsvector('simple', s.address) @@ to_tsquery('simple', $3)) \
                      AND ($4::text IS NULL OR COALESCE(st.connection, 'unknown') = $4) \
-                     AND ($6::text IS NULL OR s.site_id = $6) \
-                     ORDER BY s.id LIMIT $5"
+                     AND ($6::text IS NULL OR s.site_id = $6) {} \
+                     ORDER BY s.id LIMIT $5",
+                    filter_sql(7, |i, t| format!("${i}::{t}"))
                 ),
                 &[
                     &after,
@@ -46,6 +50,11 @@ impl Find for PgStore {
                     &conn_filter,
                     &limit_plus_one(&page),
                     &site_id,
+                    &below,
+                    &filter.tamper,
+                    &filter.held,
+                    &filter.flapping,
+                    &filter.battery_low,
                 ],
             )
             .await?;

@@ -1,6 +1,7 @@
 //! Sensors, clients, the links between them, bulk import, and a client's lifecycle: secret
 //! rotation, enabling it again, its endpoint health.
 
+use crate::store::types::filter_sql;
 use async_trait::async_trait;
 
 use super::super::rows::{self as row, CLIENT_COLS, SENSOR_COLS};
@@ -142,10 +143,9 @@ impl Registry for PgStore {
                 &format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.id > $1 \
-                     AND ($2::text IS NULL OR COALESCE(st.connection, 'unknown') = $2) \
-                     AND ($4::int4 IS NULL OR st.battery < $4) \
-                     AND ($5::bool IS NULL OR COALESCE(st.tamper, false) = $5) \
-                     ORDER BY s.id LIMIT $3"
+                     AND ($2::text IS NULL OR COALESCE(st.connection, 'unknown') = $2) {} \
+                     ORDER BY s.id LIMIT $3",
+                    filter_sql(4, |i, t| format!("${i}::{t}"))
                 ),
                 &[
                     &after,
@@ -153,6 +153,9 @@ impl Registry for PgStore {
                     &limit_plus_one(&page),
                     &below,
                     &filter.tamper,
+                    &filter.held,
+                    &filter.flapping,
+                    &filter.battery_low,
                 ],
             )
             .await?;

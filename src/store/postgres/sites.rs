@@ -1,5 +1,6 @@
 //! Sites, each read with its sensors counted by connection.
 
+use crate::store::types::filter_sql;
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
@@ -115,10 +116,9 @@ impl Sites for PgStore {
                 &format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.site_id = $1 AND s.id > $2 \
-                     AND ($3::text IS NULL OR COALESCE(st.connection, 'unknown') = $3) \
-                     AND ($5::int4 IS NULL OR st.battery < $5) \
-                     AND ($6::bool IS NULL OR COALESCE(st.tamper, false) = $6) \
-                     ORDER BY s.id LIMIT $4"
+                     AND ($3::text IS NULL OR COALESCE(st.connection, 'unknown') = $3) {} \
+                     ORDER BY s.id LIMIT $4",
+                    filter_sql(5, |i, t| format!("${i}::{t}"))
                 ),
                 &[
                     &site_id,
@@ -127,6 +127,9 @@ impl Sites for PgStore {
                     &limit_plus_one(&page),
                     &below,
                     &filter.tamper,
+                    &filter.held,
+                    &filter.flapping,
+                    &filter.battery_low,
                 ],
             )
             .await?;

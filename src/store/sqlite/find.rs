@@ -6,22 +6,24 @@ use async_trait::async_trait;
 use rusqlite::params;
 
 use super::super::rows::{self as row, SENSOR_COLS};
-use super::super::{Find, Page, PageRequest, Result, Search, SensorView, limit_plus_one};
+use super::super::types::filter_sql;
+use super::super::{
+    Find, Page, PageRequest, Result, Search, SensorFilter, SensorView, limit_plus_one,
+};
 use super::SqliteStore;
-use crate::domain::Connection as Conn;
 
 #[async_trait]
 impl Find for SqliteStore {
     async fn find_sensors(
         &self,
         search: Search,
-        connection: Option<Conn>,
+        filter: SensorFilter,
         site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.read_seen(move |c, seen| {
             let after = page.after.clone().unwrap_or_default();
-            let conn_filter = connection.map(|c| c.as_str()).unwrap_or("");
+            let conn_filter = filter.connection.map(|c| c.as_str()).unwrap_or("");
             // Ids are ASCII letters and digits, all below U+007F: under SQLite's binary order
             // every id starting with the prefix sorts in [prefix, prefix + U+007F).
             let (lo, hi) = match search.id_prefix() {
@@ -37,8 +39,9 @@ impl Find for SqliteStore {
                        SELECT id FROM sensors WHERE id >= ?2 AND id < ?3 AND id > ?1 \
                        UNION SELECT id FROM sensor_search WHERE sensor_search MATCH ?4 AND id > ?1) \
                      AND (?5 = '' OR COALESCE(st.connection, 'unknown') = ?5) \
-                     AND (?7 IS NULL OR s.site_id = ?7) \
-                     ORDER BY s.id LIMIT ?6"
+                     AND (?7 IS NULL OR s.site_id = ?7) {} \
+                     ORDER BY s.id LIMIT ?6",
+                    filter_sql(8, |i, _| format!("?{i}"))
                 ))?
                 .query_map(
                     params![
@@ -48,7 +51,12 @@ impl Find for SqliteStore {
                         search.fts5(),
                         conn_filter,
                         limit_plus_one(&page),
-                        site_id
+                        site_id,
+                        filter.battery_below,
+                        filter.tamper,
+                        filter.held,
+                        filter.flapping,
+                        filter.battery_low
                     ],
                     |r| row::sensor_view(r),
                 )?

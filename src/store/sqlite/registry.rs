@@ -1,6 +1,7 @@
 //! Sensors, clients, the links between them, bulk import, and a client's lifecycle: secret
 //! rotation, enabling it again, its endpoint health.
 
+use crate::store::types::filter_sql;
 use async_trait::async_trait;
 
 use super::SqliteStore;
@@ -138,10 +139,9 @@ impl Registry for SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.id > ?1 \
-                     AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) \
-                     AND (?4 IS NULL OR st.battery < ?4) \
-                     AND (?5 IS NULL OR COALESCE(st.tamper, 0) = ?5) \
-                     ORDER BY s.id LIMIT ?3"
+                     AND (?2 = '' OR COALESCE(st.connection, 'unknown') = ?2) {} \
+                     ORDER BY s.id LIMIT ?3",
+                    filter_sql(4, |i, _| format!("?{i}"))
                 ))?
                 .query_map(
                     params![
@@ -149,7 +149,10 @@ impl Registry for SqliteStore {
                         conn_filter,
                         limit_plus_one(&page),
                         filter.battery_below,
-                        filter.tamper
+                        filter.tamper,
+                        filter.held,
+                        filter.flapping,
+                        filter.battery_low
                     ],
                     |r| row::sensor_view(r),
                 )?

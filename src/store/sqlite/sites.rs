@@ -1,5 +1,6 @@
 //! Sites, each read with its sensors counted by connection.
 
+use crate::store::types::filter_sql;
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Row, params};
 
@@ -115,10 +116,9 @@ impl Sites for SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT {SENSOR_COLS} FROM sensors s LEFT JOIN sensor_state st \
                      ON st.sensor_id = s.id WHERE s.site_id = ?1 AND s.id > ?2 \
-                     AND (?3 = '' OR COALESCE(st.connection, 'unknown') = ?3) \
-                     AND (?5 IS NULL OR st.battery < ?5) \
-                     AND (?6 IS NULL OR COALESCE(st.tamper, 0) = ?6) \
-                     ORDER BY s.id LIMIT ?4"
+                     AND (?3 = '' OR COALESCE(st.connection, 'unknown') = ?3) {} \
+                     ORDER BY s.id LIMIT ?4",
+                    filter_sql(5, |i, _| format!("?{i}"))
                 ))?
                 .query_map(
                     params![
@@ -127,7 +127,10 @@ impl Sites for SqliteStore {
                         filter.connection.map(|c| c.as_str()).unwrap_or(""),
                         limit_plus_one(&page),
                         filter.battery_below,
-                        filter.tamper
+                        filter.tamper,
+                        filter.held,
+                        filter.flapping,
+                        filter.battery_low
                     ],
                     |r| row::sensor_view(r),
                 )?

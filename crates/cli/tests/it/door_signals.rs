@@ -117,6 +117,15 @@ async fn battery_tamper_and_fault_raise_alarms_and_clear_them_once() {
     assert_eq!(listed("battery_below=36&tamper=true").await, 1);
     assert_eq!(listed("battery_below=35").await, 0, "strictly below");
     assert_eq!(listed("tamper=false").await, 0);
+    assert_eq!(
+        listed("battery_low=false&held=false&flapping=false").await,
+        1
+    );
+    // With the search too: its id is found with the filters, and not without them.
+    let found = format!("q={id}&battery_below=36&tamper=true").leak();
+    assert_eq!(listed(found).await, 1);
+    let gone = format!("q={id}&battery_low=true").leak();
+    assert_eq!(listed(gone).await, 0);
     let (code, _) = s.get("/v1/sensors?battery_below=500").await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
     // History keeps what each reading said, the late one's too.

@@ -6,8 +6,8 @@
 
 use async_trait::async_trait;
 
-use latch::domain::{Connection, SensorId};
-use latch::store::{Find, Page, PageRequest, Result, Search, SensorView};
+use latch::domain::SensorId;
+use latch::store::{Find, Page, PageRequest, Result, Search, SensorFilter, SensorView};
 
 use super::node::NodeStore;
 use super::registry::{after, page_of};
@@ -30,7 +30,7 @@ impl Tables {
     fn find_sensors(
         &self,
         search: &Search,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         site_id: Option<&str>,
         page: &PageRequest,
     ) -> Page<SensorView> {
@@ -49,7 +49,7 @@ impl Tables {
                         || words_match(search, &s.address))
             })
             .filter_map(|s| self.sensor_view(s.id))
-            .filter(|(_, st)| connection.is_none_or(|c| st.connection == c));
+            .filter(|(_, st)| filter.keeps(st));
         page_of(rows, page, |(s, _)| s.id.to_string())
     }
 }
@@ -59,12 +59,12 @@ impl Find for NodeStore {
     async fn find_sensors(
         &self,
         search: Search,
-        connection: Option<Connection>,
+        filter: SensorFilter,
         site_id: Option<String>,
         page: PageRequest,
     ) -> Result<Page<SensorView>> {
         self.run("find_sensors", false, |t, _| {
-            Ok(t.find_sensors(&search, connection, site_id.as_deref(), &page))
+            Ok(t.find_sensors(&search, filter, site_id.as_deref(), &page))
         })
         .await
     }
