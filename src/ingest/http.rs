@@ -187,6 +187,13 @@ pub async fn submit_keyed(
         key,
         positions: positions.clone(),
     };
+    // Stamped again as they go to the engine: the key's step in the store took time, and
+    // readings of other requests stamped meanwhile may be ahead of these in the engine's
+    // queue. A shard's timers (a loss, a hold) fire up to the newest stamp it applied, so a
+    // stamp older than one already applied would say these came before a timer that fired
+    // without them (simulation seed 1476: a `state_held` for a door closed 0.9 s after it
+    // opened). The device time of a reading sent without one stays the request's.
+    let received_at = received_at.max(ingest.now());
     let report = if rest.is_empty() {
         super::Report::default()
     } else {

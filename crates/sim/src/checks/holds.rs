@@ -22,13 +22,11 @@
 //! Events and readings of a life of a sensor a later deletion ended are left out, as the
 //! other checks do ([`Log::forgotten_after`], [`Log::deleted_after`]).
 //!
-//! Known to fail in latch, not hidden here: a request sent with an `Idempotency-Key` is
-//! stamped `received_at` as it arrives, then takes its key in the store, and only then
-//! reaches the engine; with a slow store its readings are applied after readings
-//! received later, and after a hold alarm due after they came in. A `state_held` is then
-//! made (`at` after the reading that changed the state came in, its clearing dated
-//! before it), or a hold timed from before a change applied ahead of it (door alarms
-//! seeds 595, 996, 1294, 1342, 1393, 1476, 1520, 1681, 1930 and 2498 of the first 3,000).
+//! These checks found that readings sent with an `Idempotency-Key` kept the stamp of
+//! their request's arrival through the key's step in the store, so with a slow store they
+//! were applied after readings received later and after a hold alarm due after they came
+//! in (door alarms seeds 595, 996, 1294, 1342, 1393, 1476, 1520, 1681, 1930 and 2498 of the
+//! first 3,000); they are stamped again as they reach the engine now.
 
 use std::collections::{BTreeMap, BTreeSet};
 
