@@ -696,7 +696,7 @@ impl Engine {
             .send(ShardMsg::Upsert {
                 id,
                 settings: Settings::of(&state),
-                initial: Some(state),
+                initial: Some(Box::new(state)),
             })
             .await
             .map_err(|_| Error::Closed)

@@ -40,8 +40,9 @@ pub(super) enum ShardMsg {
     Upsert {
         id: SensorId,
         settings: super::Settings,
-        /// State to start from when the sensor is new here (else: never reported).
-        initial: Option<SensorState>,
+        /// State to start from when the sensor is new here (else: never reported); boxed,
+        /// as registry changes are rare and a state is large beside a batch of readings.
+        initial: Option<Box<SensorState>>,
     },
 
     Remove {
@@ -363,7 +364,7 @@ impl Shard {
                         self.flush(set).await;
                     }
                 } else {
-                    let state = initial.unwrap_or_else(|| settings.new_state());
+                    let state = initial.map_or_else(|| settings.new_state(), |s| *s);
                     part.fleet.insert(id, state);
                 }
             }
