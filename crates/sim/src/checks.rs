@@ -12,6 +12,7 @@ use crate::world::World;
 
 mod deleted;
 mod delivery;
+mod flaps;
 mod holds;
 mod liveness;
 mod retention;
@@ -21,6 +22,7 @@ mod states;
 mod told;
 
 pub use deleted::{sent_to_deleted, sent_unlinked};
+pub use flaps::summary as flaps_summary;
 pub use holds::summary as holds_summary;
 pub use retention::retention;
 
@@ -124,6 +126,7 @@ pub fn at_end(
         debounced(world, t, log, start);
         signals::alarms_alternate(world, t, log, start);
         holds::holds(world, t, log, &hold_bodies, start);
+        flaps::flaps(world, t, log, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its

@@ -404,6 +404,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
     if opts.signals {
         let bodies = receivers.hold_bodies();
         world.trace(model.read(|t| checks::holds_summary(t, &bodies)));
+        world.trace(model.read(checks::flaps_summary));
     }
     let virtual_ms = world.now() - START;
     nodes.stop_all().await;

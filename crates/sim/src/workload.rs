@@ -137,7 +137,7 @@ impl Workload {
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
                 hold_alarms,
-                flap: None,
+                flap: self.flap_of(i),
             };
             let site = sensor.site_id.clone();
             store.create_sensor(sensor).await?;
@@ -148,6 +148,7 @@ impl Workload {
                         heartbeat_timeout_s: None,
                         debounce_s,
                         hold_alarms,
+                        flap: self.flap_of(i),
                         ..Default::default()
                     },
                 )

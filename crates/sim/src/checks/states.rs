@@ -44,13 +44,29 @@ pub(super) fn not_lost_in_a_stop(world: &World, t: &Tables, log: &Log, start: Mi
 
 /// A repeated value notifies nobody, and a late reading changes no state (book): per
 /// sensor, its committed `state_changed` events alternate their data, each names the one
-/// before as its `previous`, and none is dated before the one before it.
+/// before (or the state a `flapping` or its stop told since) as its `previous`, and none
+/// is dated before the one before it.
 pub(super) fn states_change(world: &World, t: &Tables, log: &Log, start: Millis) {
     let mut last: BTreeMap<SensorId, (bool, Millis)> = BTreeMap::new();
     for (e, by) in t.audit.events().iter().zip(t.audit.event_commits()) {
         let e = &e.row;
         if log.forgotten_after(e.sensor_id, by.at) {
             continue;
+        }
+        // A flapping sensor's `flapping` and `flapping_stopped` tell its state in place of
+        // the changes they stand for: the next change follows the state they told.
+        match (e.kind, e.data) {
+            (EventKind::Flapping, Some(data)) => {
+                last.insert(e.sensor_id, (data, e.at));
+                continue;
+            }
+            (EventKind::FlappingStopped, Some(data)) => {
+                // Dated on latch's clock, not the device's: the date stays the change's.
+                let at = last.get(&e.sensor_id).map_or(Millis::MIN, |l| l.1);
+                last.insert(e.sensor_id, (data, at));
+                continue;
+            }
+            _ => {}
         }
         let (EventKind::StateChanged, Some(data)) = (e.kind, e.data) else {
             continue;

@@ -34,6 +34,15 @@ impl Workload {
         HoldAlarms::from_list(&list).expect("hold alarms within their bounds")
     }
 
+    /// The flap of run sensor `i` (under `--signals`, every third flaps at 3 changes
+    /// within 10 s): fixed by the sensor, so a sensor made again flaps as before.
+    pub(super) fn flap_of(&self, i: usize) -> Option<latch::domain::flap::Flap> {
+        (self.signals && i.is_multiple_of(3)).then_some(latch::domain::flap::Flap {
+            changes: 3,
+            window_s: 10,
+        })
+    }
+
     /// The alarms a change of `sensor` writes when it keeps them: its own, as the store
     /// holds them (a change that left them out would remove them).
     pub(super) fn kept_alarms(sensor: &Sensor) -> SensorAlarms {

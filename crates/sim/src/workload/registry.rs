@@ -243,7 +243,7 @@ impl Workload {
                 battery_low_pct: latch::domain::signals::DEFAULT_BATTERY_LOW_PCT,
                 labels: Default::default(),
                 hold_alarms,
-                flap: None,
+                flap: self.flap_of(i),
             };
             let result = store.create_sensor(sensor).await;
             let made = self.model.read(|t| t.sensors.contains_key(&id));
@@ -255,6 +255,7 @@ impl Workload {
                             heartbeat_timeout_s: None,
                             debounce_s,
                             hold_alarms,
+                            flap: self.flap_of(i),
                             ..Default::default()
                         },
                     )
