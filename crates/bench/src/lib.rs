@@ -12,6 +12,7 @@ pub mod deliver;
 pub mod deliver_broker;
 pub mod fleet;
 pub mod history;
+pub mod holds;
 pub mod ingest;
 mod mtls;
 pub mod pg_cost;

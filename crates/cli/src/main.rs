@@ -137,6 +137,9 @@ enum Scenario {
     /// Ingest with hundreds of active silences of thousands of sensors each, alternated
     /// with ingest with none: the rate with them over the rate without.
     Silences(latch_bench::silences::Args),
+    /// A fleet whose sensors all have a hold alarm, many left open at once: how late the
+    /// last `sensor.state_held` is made and delivered, and that only the open ones get one.
+    Holds(latch_bench::holds::Args),
 }
 
 /// An error is printed as one message with its causes, and never with a stack backtrace:
@@ -188,6 +191,7 @@ fn run() -> anyhow::Result<()> {
                     Scenario::Rate(a) => latch_bench::rate::run(a).await?,
                     Scenario::Sites(a) => latch_bench::sites::run(a).await?,
                     Scenario::Silences(a) => latch_bench::silences::run(a).await?,
+                    Scenario::Holds(a) => latch_bench::holds::run(a).await?,
                 };
                 report.publish(&command, (!no_record).then_some(record.as_path()))
             })

@@ -312,6 +312,32 @@ fn fleet_bench_sees_every_sensor_lost_and_every_lost_webhook_answered() {
 }
 
 #[test]
+fn holds_bench_tells_every_open_sensor_once_and_no_closed_one() {
+    // The bench fails unless the receiver answered a state_held for each open sensor.
+    let r = bench(&[
+        "holds",
+        "--sensors",
+        "3000",
+        "--open",
+        "300",
+        "--after",
+        "2s",
+    ]);
+    let n = |k: &str| num(&r, k);
+    assert_eq!(n("checks_failed"), 0.0, "{r}");
+    assert_eq!(n("state_held_webhooks"), 300.0, "{r}");
+    assert_eq!(n("open_sensors_with_state_held"), 300.0, "{r}");
+    assert_eq!(n("closed_sensors_with_state_held"), 0.0, "{r}");
+    assert_eq!(n("other_notifications"), 0.0, "{r}");
+    assert_eq!(n("duplicate_webhooks"), 0.0, "{r}");
+    // Never made before it was due.
+    assert!(
+        n("lag_max_ms") >= n("lag_p50_ms") && n("lag_p50_ms") >= 0.0,
+        "{r}"
+    );
+}
+
+#[test]
 fn sites_bench_tells_each_dark_site_once_and_its_return_once() {
     // The bench fails unless every dark site's loss and return reached the receiver.
     let r = bench(&[
