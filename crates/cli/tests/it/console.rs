@@ -312,7 +312,7 @@ async fn fleet_counts_sensors_by_connection() {
     assert_eq!(
         body,
         json!({"sensors": 0, "online": 0, "lost": 0, "unknown": 0, "notifications_pending": 0,
-            "sites_down": 0, "history_from": null})
+            "sites_down": 0, "held": 0, "battery_low": 0, "flapping": 0, "history_from": null})
     );
     let (a, b) = (unique("fa"), unique("fb"));
     s.sensor(&a).await;
