@@ -32,12 +32,14 @@ use crate::domain::silence::{Silence, SilenceState};
 use crate::domain::site::decide::Rules as SiteRules;
 use crate::domain::site::{Site, SiteCounts, SiteEvent, SiteTotals};
 use crate::domain::token::ApiToken;
-use crate::domain::{Attempt, Client, Connection, Event, Millis, Notification, Sensor, SensorId};
+use crate::domain::{Attempt, Client, Event, Millis, Notification, Sensor, SensorId};
 // The outbox types live in the domain; named here too, so the backends keep reaching them
 // through `super::`.
 pub(crate) use crate::domain::policy::ClaimRow;
 pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, Verdict};
 // The conformance suite reaches these through `super::*`.
+#[cfg(any(test, feature = "conformance"))]
+use crate::domain::Connection;
 #[cfg(test)]
 use crate::domain::{EventKind, SensorStatus, Status};
 pub use batch::{CommitBatch, Fence, Keyed, ReadingRecord, StateUpdate};
