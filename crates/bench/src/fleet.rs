@@ -129,15 +129,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let mut config = super::config(&dir);
     config.heartbeat_timeout = Duration::from_secs(24 * 3600);
     config.sqlite_synchronous = latch::store::sqlite::Synchronous::Normal;
-    trim_heap();
-    let rss_empty = {
-        let empty = tempfile::tempdir()?;
-        let s = super::start(super::config(empty.path())).await?;
-        trim_heap();
-        let r = rss_bytes();
-        s.stop().await?;
-        r
-    };
+    let rss_empty = super::rss_of_an_empty_latch().await?;
     let t = Instant::now();
     let server = super::start(config.clone()).await?;
     let start_secs = t.elapsed().as_secs_f64();

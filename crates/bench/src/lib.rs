@@ -299,6 +299,18 @@ pub fn rss_bytes() -> u64 {
 }
 
 /// Hands freed heap back to the OS, so RSS measures what is live.
+/// This process's RSS with an empty latch running in it (after handing freed heap back to
+/// the OS): the baseline a bench's memory per sensor is measured from.
+pub async fn rss_of_an_empty_latch() -> anyhow::Result<u64> {
+    trim_heap();
+    let empty = tempfile::tempdir()?;
+    let s = start(config(empty.path())).await?;
+    trim_heap();
+    let r = rss_bytes();
+    s.stop().await?;
+    Ok(r)
+}
+
 pub fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of the allocator.
