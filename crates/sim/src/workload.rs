@@ -14,6 +14,7 @@ use std::time::Duration;
 use latch::domain::client::{Client, generate_secret};
 use latch::domain::signals::{Fault, Signals};
 use latch::domain::{Millis, Reading, Sensor, SensorId, Source, Status};
+use latch::engine::Settings;
 use latch::history::retention::{self, Settings as RetentionSettings};
 use latch::store::{Outbox, Registry, ReplayFilter, Retention, Sites};
 
@@ -140,19 +141,9 @@ impl Workload {
                 flap: self.flap_of(i),
             };
             let site = sensor.site_id.clone();
+            let settings = Settings::new(None, debounce_s, &Self::kept_alarms(&sensor));
             store.create_sensor(sensor).await?;
-            engine
-                .upsert_sensor(
-                    s.id,
-                    latch::engine::Settings {
-                        heartbeat_timeout_s: None,
-                        debounce_s,
-                        hold_alarms,
-                        flap: self.flap_of(i),
-                        ..Default::default()
-                    },
-                )
-                .await?;
+            engine.upsert_sensor(s.id, settings).await?;
             if self.signals {
                 self.world.trace(format!(
                     "{} hold alarms: {}",

@@ -8,6 +8,7 @@
 use latch::domain::hold::{HoldAlarm, HoldAlarms};
 use latch::domain::sensor::{Sensor, SensorAlarms};
 use latch::domain::{Millis, SensorId};
+use latch::engine::Settings;
 use latch::store::Registry;
 
 use super::Workload;
@@ -126,6 +127,11 @@ impl Workload {
             return;
         };
         let began = self.world.now();
+        let alarms = SensorAlarms {
+            hold_alarms,
+            ..Self::kept_alarms(&sensor)
+        };
+        let settings = Settings::new(sensor.heartbeat_timeout_s, sensor.debounce_s, &alarms);
         let result = store
             .replace_sensor(
                 id,
@@ -133,10 +139,7 @@ impl Workload {
                 sensor.heartbeat_timeout_s,
                 sensor.debounce_s,
                 sensor.site_id.clone(),
-                SensorAlarms {
-                    hold_alarms,
-                    ..Self::kept_alarms(&sensor)
-                },
+                alarms,
                 engine.now(),
             )
             .await;
@@ -144,18 +147,7 @@ impl Workload {
         let (outcome, ended) = match result {
             Ok(Some((_, made))) => {
                 dispatcher.deliver_served(made);
-                let applied = engine
-                    .upsert_sensor(
-                        id,
-                        latch::engine::Settings {
-                            heartbeat_timeout_s: sensor.heartbeat_timeout_s,
-                            debounce_s: sensor.debounce_s,
-                            battery_low_pct: sensor.battery_low_pct,
-                            hold_alarms,
-                            flap: sensor.flap,
-                        },
-                    )
-                    .await;
+                let applied = engine.upsert_sensor(id, settings).await;
                 let ended = match applied {
                     Ok(()) => self.world.now(),
                     Err(_) => Millis::MAX,

@@ -7,6 +7,7 @@
 
 use latch::domain::site::Site;
 use latch::domain::{Millis, SensorId};
+use latch::engine::Settings;
 use latch::store::{Registry, Sites};
 
 use super::{SITE, Workload};
@@ -154,6 +155,8 @@ impl Workload {
             false => sensor.address.clone(),
         };
         let began = self.world.now();
+        let alarms = Self::kept_alarms(&sensor);
+        let settings = Settings::new(timeout_s, debounce_s, &alarms);
         let result = store
             .replace_sensor(
                 id,
@@ -161,7 +164,7 @@ impl Workload {
                 timeout_s,
                 debounce_s,
                 sensor.site_id.clone(),
-                Self::kept_alarms(&sensor),
+                alarms,
                 engine.now(),
             )
             .await;
@@ -169,18 +172,7 @@ impl Workload {
         let (outcome, ended) = match result {
             Ok(Some((_, made))) => {
                 dispatcher.deliver_served(made);
-                let applied = engine
-                    .upsert_sensor(
-                        id,
-                        latch::engine::Settings {
-                            heartbeat_timeout_s: timeout_s,
-                            debounce_s,
-                            battery_low_pct: sensor.battery_low_pct,
-                            hold_alarms: sensor.hold_alarms,
-                            flap: sensor.flap,
-                        },
-                    )
-                    .await;
+                let applied = engine.upsert_sensor(id, settings).await;
                 let ended = match applied {
                     Ok(()) => self.world.now() + FOLLOW_MS,
                     Err(_) => Millis::MAX,
@@ -245,21 +237,11 @@ impl Workload {
                 hold_alarms,
                 flap: self.flap_of(i),
             };
+            let settings = Settings::new(None, debounce_s, &Self::kept_alarms(&sensor));
             let result = store.create_sensor(sensor).await;
             let made = self.model.read(|t| t.sensors.contains_key(&id));
             if made {
-                let _ = engine
-                    .upsert_sensor(
-                        id,
-                        latch::engine::Settings {
-                            heartbeat_timeout_s: None,
-                            debounce_s,
-                            hold_alarms,
-                            flap: self.flap_of(i),
-                            ..Default::default()
-                        },
-                    )
-                    .await;
+                let _ = engine.upsert_sensor(id, settings).await;
             }
             self.world.trace(format!(
                 "create sensor {id} again via {node} in {site:?}{}: {:?}",
