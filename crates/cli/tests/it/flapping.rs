@@ -131,17 +131,7 @@ async fn a_flap_is_checked_merged_by_a_patch_and_taken_away() {
         (json!({"changes": 3}), "window_s"),
         (json!({"changes": 3, "window_s": 10, "every": 1}), "every"),
     ];
-    for (flap, why) in refused {
-        let (code, body) = s
-            .post(
-                "/v1/sensors",
-                json!({"id": unique("bad"), "address": "x", "flap": flap}),
-            )
-            .await;
-        assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{flap}: {body}");
-        let message = body["error"]["message"].as_str().unwrap();
-        assert!(message.contains(why), "{flap}: {message}");
-    }
+    s.sensor_refused("flap", &refused).await;
     let r = Receiver::start().await;
     let client = s.client(&r.url).await;
     let id = door(&s, &client).await;

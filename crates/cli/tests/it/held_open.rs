@@ -183,17 +183,7 @@ async fn hold_alarms_are_checked_patched_and_time_a_door_already_open_from_then(
         (json!([{"data": 2, "after_s": 5}]), "0 or 1"),
         (json!([{"data": 1, "after_s": 5, "every": 5}]), "every"),
     ];
-    for (alarms, why) in refused {
-        let (code, body) = s
-            .post(
-                "/v1/sensors",
-                json!({"id": unique("bad"), "address": "x", "hold_alarms": alarms}),
-            )
-            .await;
-        assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{alarms}: {body}");
-        let message = body["error"]["message"].as_str().unwrap();
-        assert!(message.contains(why), "{alarms}: {message}");
-    }
+    s.sensor_refused("hold_alarms", &refused).await;
 
     // Open for a while with no alarm, then one is set: the door is timed from then.
     let id = unique("late");

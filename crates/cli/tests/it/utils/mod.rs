@@ -172,6 +172,26 @@ impl TestServer {
         assert_eq!(s, StatusCode::CREATED, "{body}");
     }
 
+    /// Asserts that a sensor created with `field` set to each value is refused (422), its
+    /// message naming what is wrong (the value's `why`).
+    pub async fn sensor_refused(&self, field: &str, cases: &[(Value, &str)]) {
+        for (value, why) in cases {
+            let (s, body) = self
+                .post(
+                    "/v1/sensors",
+                    json!({"id": unique("bad"), "address": "x", field: value}),
+                )
+                .await;
+            assert_eq!(
+                s,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{field} {value}: {body}"
+            );
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains(why), "{field} {value}: {message}");
+        }
+    }
+
     /// Registers a client for `url` and returns its id.
     pub async fn client(&self, url: &str) -> String {
         let (s, body) = self
