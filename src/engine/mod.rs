@@ -36,6 +36,8 @@ pub mod follow;
 mod part;
 pub mod rules;
 mod sequence;
+mod settings;
+pub use settings::Settings;
 mod shard;
 mod ticket;
 
@@ -68,64 +70,6 @@ pub const TAKEOVER_GRACE_MS: Millis = 5_000;
 /// arriving meanwhile wait about two such commits (`latch bench fleet` measures it): 5,000
 /// halved that wait against 10,000 for about the same time to work off 1M sensors.
 pub const EXPIRE_BATCH: usize = 5_000;
-
-/// A sensor's registry settings that its rules read: its own timeout and debounce window
-/// (`None`: the service's), its battery threshold, its hold alarms and its flap.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Settings {
-    pub heartbeat_timeout_s: Option<u32>,
-    pub debounce_s: Option<u32>,
-    pub battery_low_pct: u8,
-    pub hold_alarms: crate::domain::hold::HoldAlarms,
-    pub flap: Option<crate::domain::flap::Flap>,
-}
-
-impl Default for Settings {
-    /// A new sensor's: the service's timeout and debounce window, the default battery
-    /// threshold, no hold alarms.
-    fn default() -> Self {
-        Self::of(&SensorState::new(None))
-    }
-}
-
-impl Settings {
-    /// A sensor's own timeout and debounce window with its door-alarm settings.
-    pub fn new(
-        heartbeat_timeout_s: Option<u32>,
-        debounce_s: Option<u32>,
-        alarms: &crate::domain::sensor::SensorAlarms,
-    ) -> Self {
-        Self {
-            heartbeat_timeout_s,
-            debounce_s,
-            battery_low_pct: alarms.battery_low_pct,
-            hold_alarms: alarms.hold_alarms,
-            flap: alarms.flap,
-        }
-    }
-
-    /// The settings a state carries.
-    pub fn of(s: &SensorState) -> Self {
-        Self {
-            heartbeat_timeout_s: s.heartbeat_timeout_s,
-            debounce_s: s.debounce_s,
-            battery_low_pct: s.battery_low_pct,
-            hold_alarms: s.hold_alarms,
-            flap: s.flap,
-        }
-    }
-
-    /// A new sensor's state with these settings (it never reported).
-    pub fn new_state(&self) -> SensorState {
-        SensorState {
-            debounce_s: self.debounce_s,
-            battery_low_pct: self.battery_low_pct,
-            hold_alarms: self.hold_alarms,
-            flap: self.flap,
-            ..SensorState::new(self.heartbeat_timeout_s)
-        }
-    }
-}
 
 /// Sensors declared lost since this process started (every engine in it), as
 /// `latch_sensors_lost_total` counts them: `latch bench fleet` watches its in-process
