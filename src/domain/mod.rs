@@ -14,6 +14,7 @@ pub mod partition;
 pub mod policy;
 pub mod reading;
 pub mod receiver;
+pub mod schedule;
 pub mod sensor;
 pub mod signals;
 pub mod silence;
