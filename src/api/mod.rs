@@ -6,6 +6,7 @@
 //! every `/v1` request needs the bootstrap token (admin) or a token from `/v1/tokens`,
 //! whose scopes must allow it. Health, readiness, metrics and the document stay open.
 
+pub mod alarms;
 pub mod book;
 pub mod clients;
 pub mod cluster;
@@ -133,6 +134,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(stream::router())
         .merge(sites::router())
         .merge(silences::router())
+        .merge(alarms::router())
         .merge(patch::router())
         .split_for_parts()
 }

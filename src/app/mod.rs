@@ -3,6 +3,7 @@
 //! order that keeps them consistent when a step fails, on the engine's one clock.
 //! Handlers parse, call one of these, and map the result; they decide no order of steps.
 
+mod alarms;
 mod clients;
 mod keys;
 mod notifications;

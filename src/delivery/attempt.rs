@@ -64,6 +64,9 @@ struct Payload<'a> {
     /// `sensor.fault`: the code.
     #[serde(skip_serializing_if = "Option::is_none")]
     fault: Option<String>,
+    /// The alarm it opens, reminds of or clears (`GET /v1/alarms/{id}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alarm_id: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -80,8 +83,14 @@ pub fn payload(s: &Sendable) -> Vec<u8> {
 /// The body of notification `n` of a sensor at `address` with `labels` (a site's names
 /// its own).
 pub fn body(n: &Notification, address: &str, labels: &Labels) -> Vec<u8> {
-    if let (true, Some(own)) = (n.kind.is_site(), &n.body) {
-        return site_payload(&n.id, n.kind.as_str(), n.occurred_at, own);
+    if let (true, Some(own)) = (n.kind.has_own_body(), &n.body) {
+        return own_payload(
+            &n.id,
+            n.kind.as_str(),
+            n.occurred_at,
+            n.alarm_id.as_deref(),
+            own,
+        );
     }
     let p = Payload {
         id: &n.id,
@@ -128,17 +137,23 @@ pub fn body(n: &Notification, address: &str, labels: &Labels) -> Vec<u8> {
         changes: n.detail.threshold.filter(|_| n.kind == EventKind::Flapping),
         window_s: n.detail.window_s,
         fault: n.detail.fault.map(|f| f.to_string()),
+        alarm_id: n.alarm_id.as_deref(),
     };
     serde_json::to_vec(&p).expect("payload serializes")
 }
 
-/// A site's notification (DESIGN §4): its id, type and time, then its own fields as they
-/// were stored with it (the site, the client's sensors of it).
-fn site_payload(id: &str, kind: &str, at: Millis, own: &str) -> Vec<u8> {
-    let head = serde_json::to_vec(&serde_json::json!({
+/// A site's or an alarm's notification (DESIGN §4): its id, type, time and alarm, then its
+/// own fields as they were stored with it (the site, the client's sensors of it; the alarm
+/// acknowledged, by whom).
+fn own_payload(id: &str, kind: &str, at: Millis, alarm_id: Option<&str>, own: &str) -> Vec<u8> {
+    let mut head = serde_json::json!({
         "id": id, "type": kind, "occurred_at": time::format(at)
-    }))
-    .expect("a head serializes");
+    });
+    // An acknowledgement names its alarm in its own fields.
+    if let (Some(alarm), false) = (alarm_id, kind == EventKind::AlarmAcknowledged.as_str()) {
+        head["alarm_id"] = alarm.into();
+    }
+    let head = serde_json::to_vec(&head).expect("a head serializes");
     let own = own.trim();
     match own.strip_prefix('{').filter(|rest| rest.trim() != "}") {
         Some(rest) => {

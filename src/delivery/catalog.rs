@@ -17,6 +17,7 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value, json};
 
 use super::attempt::{body, envelope, test_payload};
+use crate::domain::alarm::{Alarm, AlarmKind, AlarmState, ack_body};
 use crate::domain::notification::{BATCH, CLIENT_TEST};
 use crate::domain::sensor::{Labels, MAX_ID_LEN};
 use crate::domain::signals::Fault;
@@ -125,8 +126,40 @@ fn kind_const(kind: &str) -> Value {
 fn event_schema(kind: EventKind) -> Value {
     match kind {
         EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => site_schema(kind),
+        EventKind::AlarmAcknowledged => ack_schema(),
         _ => sensor_schema(kind),
     }
+}
+
+/// The id of the alarm a notification opens, reminds of or clears.
+fn alarm_id() -> Value {
+    ulid(
+        "The alarm it opens, reminds of or clears (GET /v1/alarms/{id}); absent when it belongs to none.",
+    )
+}
+
+/// `alarm.acknowledged` (`domain::alarm::ack_body`).
+fn ack_schema() -> Value {
+    let kinds: Vec<&str> = AlarmKind::ALL.iter().map(|k| k.as_str()).collect();
+    let alarm = object(
+        "The alarm acknowledged.",
+        json!({"id": ulid("The alarm's id."), "kind": {"enum": kinds},
+               "sensor_id": sensor_id(), "site_id": {"type": "string"},
+               "opened_at": time("When it opened.")}),
+        &["id", "kind", "opened_at"],
+    );
+    object(
+        EventKind::AlarmAcknowledged.description(),
+        json!({
+            "id": ulid("The notification's id, also its webhook-id."),
+            "type": kind_const(EventKind::AlarmAcknowledged.as_str()),
+            "occurred_at": time("When it was acknowledged."),
+            "alarm": alarm,
+            "by": {"type": "string", "description": "Who acknowledged it."},
+            "note": {"type": ["string", "null"], "description": "Their note."},
+        }),
+        &["id", "type", "occurred_at", "alarm", "by", "note"],
+    )
 }
 
 /// A sensor's own notification (`attempt::Payload`).
@@ -138,6 +171,9 @@ fn sensor_schema(kind: EventKind) -> Value {
     );
     p.insert("type".into(), kind_const(kind.as_str()));
     p.insert("occurred_at".into(), time("When it happened."));
+    if kind != EventKind::StateChanged {
+        p.insert("alarm_id".into(), alarm_id());
+    }
     p.insert(
         "sensor".into(),
         object(
@@ -304,6 +340,7 @@ fn site_schema(kind: EventKind) -> Value {
         time("When the site's decision was made."),
     );
     p.insert("site".into(), site);
+    p.insert("alarm_id".into(), alarm_id());
     let required: &[&str] = if kind == EventKind::SiteConnectionLost {
         let lost = object(
             "One of the receiver's sensors of the site, lost.",
@@ -427,6 +464,7 @@ fn sample(id: &str, kind: EventKind, data: Option<bool>, previous: Option<bool>)
         updated_at: AT,
         batch_id: None,
         body: None,
+        alarm_id: None,
     }
 }
 
@@ -495,8 +533,30 @@ fn example_notification(kind: EventKind) -> Notification {
             ..sample(id, kind, Some(true), None)
         },
         EventKind::FlappingStopped => sample(id, kind, Some(false), Some(true)),
+        EventKind::AlarmAcknowledged => {
+            let alarm = Alarm {
+                id: EXAMPLE_ALARM.into(),
+                kind: AlarmKind::StateHeld,
+                sensor_id: Some(sid("xa7v9Dfadr7H")),
+                site_id: None,
+                state: AlarmState::Acknowledged,
+                opened_at: AT - 10 * MINUTE,
+                acknowledged_at: Some(AT),
+                acknowledged_by: Some("night desk: Anna".into()),
+                note: Some("guard sent to check the door".into()),
+                resolved_at: None,
+            };
+            Notification {
+                body: Some(ack_body(&alarm)),
+                alarm_id: Some(alarm.id),
+                ..sample(id, kind, None, None)
+            }
+        }
     }
 }
+
+/// The alarm of the examples that belong to one.
+const EXAMPLE_ALARM: &str = "01JD0Y3Q6T3S8W0KZ9X7M2V4AA";
 
 /// The labels of the examples' sensor.
 fn labels() -> Labels {
@@ -507,7 +567,11 @@ fn labels() -> Labels {
 }
 
 fn example(kind: EventKind) -> Value {
-    parsed(body(&example_notification(kind), ADDRESS, &labels()))
+    let mut n = example_notification(kind);
+    if kind != EventKind::StateChanged && n.alarm_id.is_none() && !kind.is_site() {
+        n.alarm_id = Some(EXAMPLE_ALARM.into());
+    }
+    parsed(body(&n, ADDRESS, &labels()))
 }
 
 /// A site down with two of a client's three sensors lost, or back with one of them.

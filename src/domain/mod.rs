@@ -2,6 +2,7 @@
 //! Nothing here does I/O; every other layer depends on these. [`policy`] holds the rules
 //! over notifications that the store and the dispatcher both carry out.
 
+pub mod alarm;
 pub mod alarms;
 pub mod client;
 pub mod destination;

@@ -51,6 +51,9 @@ pub enum EventKind {
     /// A flapping sensor was quiet for its window: the state now.
     #[serde(rename = "sensor.flapping_stopped")]
     FlappingStopped,
+    /// Someone acknowledged an alarm the client was told of ([`super::alarm`]).
+    #[serde(rename = "alarm.acknowledged")]
+    AlarmAcknowledged,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -81,6 +84,7 @@ impl EventKind {
             EventKind::StateHeldCleared => "sensor.state_held_cleared",
             EventKind::Flapping => "sensor.flapping",
             EventKind::FlappingStopped => "sensor.flapping_stopped",
+            EventKind::AlarmAcknowledged => "alarm.acknowledged",
         }
     }
 
@@ -126,6 +130,9 @@ impl EventKind {
             EventKind::FlappingStopped => {
                 "A flapping sensor was quiet for its window: the state now, and the state last told."
             }
+            EventKind::AlarmAcknowledged => {
+                "Someone acknowledged an alarm this receiver was told of: who, their note, and the alarm (its reminders stop)."
+            }
         }
     }
 
@@ -164,6 +171,12 @@ impl EventKind {
         )
     }
 
+    /// A notification whose fields beyond `id`, `type` and `occurred_at` are stored with
+    /// it (`Notification::body`): a site's, an alarm's.
+    pub fn has_own_body(self) -> bool {
+        self.is_site() || self == EventKind::AlarmAcknowledged
+    }
+
     /// The kinds that open a door alarm (`latch_door_alarms_total`).
     pub const DOOR_ALARMS: [EventKind; 5] = [
         EventKind::StateHeld,
@@ -174,7 +187,7 @@ impl EventKind {
     ];
 
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
@@ -191,6 +204,7 @@ impl EventKind {
         EventKind::StateHeldCleared,
         EventKind::Flapping,
         EventKind::FlappingStopped,
+        EventKind::AlarmAcknowledged,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -211,6 +225,7 @@ impl EventKind {
             "sensor.state_held_cleared" => Some(EventKind::StateHeldCleared),
             "sensor.flapping" => Some(EventKind::Flapping),
             "sensor.flapping_stopped" => Some(EventKind::FlappingStopped),
+            "alarm.acknowledged" => Some(EventKind::AlarmAcknowledged),
             _ => None,
         }
     }
@@ -322,8 +337,11 @@ pub struct Notification {
     /// the same id.
     pub batch_id: Option<String>,
     /// A site's notification: its own fields (the site, the client's sensors of it), as
-    /// the JSON object they are sent in; `None` for a sensor's.
+    /// the JSON object they are sent in; an `alarm.acknowledged`'s the same; `None` for a
+    /// sensor's.
     pub body: Option<String>,
+    /// The alarm it opens, reminds of or clears, or acknowledges ([`super::alarm`]).
+    pub alarm_id: Option<String>,
 }
 
 /// One delivery attempt, as recorded.

@@ -545,6 +545,8 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
             EventKind::Flapping,
             EventKind::FlappingStopped,
         ],
+        // An acknowledgement stays true whatever came after it.
+        EventKind::AlarmAcknowledged => &[],
     }
 }
 

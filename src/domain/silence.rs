@@ -170,7 +170,8 @@ impl View {
             | EventKind::FaultCleared
             | EventKind::StateHeld
             | EventKind::StateHeldCleared
-            | EventKind::Flapping => Self { lost: false, data },
+            | EventKind::Flapping
+            | EventKind::AlarmAcknowledged => Self { lost: false, data },
             // The client knew the state its `flapping` told.
             EventKind::FlappingStopped => Self {
                 lost: false,

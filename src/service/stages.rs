@@ -281,7 +281,8 @@ impl committer::Listener for Wiring {
                 | EventKind::StateHeld
                 | EventKind::StateHeldCleared
                 | EventKind::Flapping
-                | EventKind::FlappingStopped => continue,
+                | EventKind::FlappingStopped
+                | EventKind::AlarmAcknowledged => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

@@ -27,6 +27,7 @@
 
 use async_trait::async_trait;
 
+use crate::domain::alarm::Alarm;
 use crate::domain::client::{Disabled, Health};
 use crate::domain::silence::{Silence, SilenceState};
 use crate::domain::site::decide::Rules as SiteRules;
@@ -52,8 +53,9 @@ pub use retention::{Pruned, Retention};
 pub use sealing::{Rotated, prepare as prepare_secrets, rotate as rotate_secret_key};
 pub use space::Space;
 pub use types::{
-    AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter, Page,
-    PageRequest, ReplayFilter, SensorFilter, SensorRuntime, SensorView, Stored, TimeRange, Unacked,
+    AlarmFilter, AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter,
+    Page, PageRequest, ReplayFilter, SensorFilter, SensorRuntime, SensorView, Stored, TimeRange,
+    Unacked,
 };
 pub(crate) use types::{limit_plus_one, notification_ref, retry_refusal, split_cursor};
 
@@ -499,6 +501,23 @@ pub trait Silences: Send + Sync {
     ) -> Result<Vec<NotificationRef>>;
 }
 
+/// Alarms as operators work them ([`crate::domain::alarm`]): the group commit opens and
+/// resolves them ([`Runtime::commit`]); these read them and take one.
+#[async_trait]
+pub trait Alarms: Send + Sync {
+    /// Newest first by id.
+    async fn list_alarms(&self, filter: AlarmFilter, page: PageRequest) -> Result<Page<Alarm>>;
+    /// The alarm and the ids of the notifications that name it, in outbox order.
+    async fn get_alarm(&self, id: String) -> Result<Option<(Alarm, Vec<String>)>>;
+    /// Acknowledges it ([`rules::alarms::acknowledge`]).
+    async fn ack_alarm(
+        &self,
+        id: String,
+        ack: rules::alarms::Ack,
+        now: Millis,
+    ) -> Result<rules::alarms::Acked>;
+}
+
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
 /// (`Arc<dyn Store>` coerces to `Arc<dyn Outbox>` and the others).
 pub trait Store:
@@ -513,6 +532,7 @@ pub trait Store:
     + Secrets
     + Sites
     + Silences
+    + Alarms
     + Idempotency
     + 'static
 {
@@ -530,6 +550,7 @@ impl<
         + Secrets
         + Sites
         + Silences
+        + Alarms
         + Idempotency
         + 'static,
 > Store for T

@@ -50,9 +50,9 @@ pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_a
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
      n.previous, n.occurred_at, n.last_seen_at, n.status, n.attempts, n.next_attempt_at, \
      n.created_at, n.updated_at, n.lost_since, n.reminder, n.flips_suppressed, n.batch_id, \
-     n.body, n.battery, n.threshold, n.fault, n.window_s";
+     n.body, n.battery, n.threshold, n.fault, n.window_s, n.alarm_id";
 /// How many columns [`NOTIF_COLS`] has: where the columns after it begin.
-const NOTIF_N: usize = 23;
+const NOTIF_N: usize = 24;
 
 /// What a claim reads after [`NOTIF_COLS`]: the lease and the registry now, over
 /// [`CLAIM_FROM`]; the whole row maps with [`claim_row`].
@@ -351,6 +351,7 @@ pub(crate) fn notification<R: Cols>(r: &R) -> Result<Notification, R::Error> {
         updated_at: r.int(13)?,
         batch_id: r.opt_text(17)?,
         body: r.opt_text(18)?,
+        alarm_id: r.opt_text(23)?,
     })
 }
 
@@ -580,4 +581,32 @@ impl Cols for tokio_postgres::Row {
     fn damaged(&self, i: usize, why: String) -> super::Error {
         super::Error::Backend(format!("column {i}: {why}"))
     }
+}
+
+/// An alarm: [`alarm`].
+pub(crate) const ALARM_COLS: &str = "a.id, a.kind, a.sensor_id, a.site_id, a.state, a.opened_at, \
+     a.acknowledged_at, a.acknowledged_by, a.note, a.resolved_at";
+
+/// [`ALARM_COLS`] from column 0.
+pub(crate) fn alarm<R: Cols>(r: &R) -> Result<crate::domain::alarm::Alarm, R::Error> {
+    use crate::domain::alarm::{AlarmKind, AlarmState};
+    let kind = r.text(1)?;
+    let state = r.text(4)?;
+    Ok(crate::domain::alarm::Alarm {
+        id: r.text(0)?,
+        kind: AlarmKind::parse(&kind)
+            .ok_or_else(|| r.damaged(1, format!("alarm kind {kind:?}")))?,
+        sensor_id: match r.opt_text(2)? {
+            Some(_) => Some(r.sensor_id(2)?),
+            None => None,
+        },
+        site_id: r.opt_text(3)?,
+        state: AlarmState::parse(&state)
+            .ok_or_else(|| r.damaged(4, format!("alarm state {state:?}")))?,
+        opened_at: r.int(5)?,
+        acknowledged_at: r.opt_int(6)?,
+        acknowledged_by: r.opt_text(7)?,
+        note: r.opt_text(8)?,
+        resolved_at: r.opt_int(9)?,
+    })
 }

@@ -9,6 +9,7 @@
 //! never wait, so those backends run a sequence to its end in one poll on their own thread
 //! ([`now_or_never`]), inside the transaction they hold.
 
+pub mod alarms;
 pub mod claim;
 pub mod commit;
 pub mod record;

@@ -16,6 +16,15 @@ pub struct PageRequest {
     pub after: Option<String>,
 }
 
+/// Which alarms `GET /v1/alarms` lists (every field that is set must match).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlarmFilter {
+    pub state: Option<crate::domain::alarm::AlarmState>,
+    pub kind: Option<crate::domain::alarm::AlarmKind>,
+    pub sensor_id: Option<SensorId>,
+    pub site_id: Option<String>,
+}
+
 /// A page of results; `next` is the raw cursor of the next page, if there is one.
 #[derive(Debug, Clone)]
 pub struct Page<T> {

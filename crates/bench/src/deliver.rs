@@ -518,6 +518,7 @@ async fn bare_client(url: &str, concurrency: usize, total: usize) -> anyhow::Res
             updated_at: now,
             batch_id: None,
             body: None,
+            alarm_id: None,
         },
         url: url.to_string(),
         secret: client.secret.clone(),

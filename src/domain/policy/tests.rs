@@ -30,6 +30,7 @@ fn notification(status: Status) -> Notification {
         updated_at: 2,
         batch_id: None,
         body: None,
+        alarm_id: None,
     }
 }
 

@@ -19,6 +19,7 @@ use crate::domain::{Event, time::now_ms};
 #[cfg(not(test))]
 use crate::domain::{EventKind, SensorStatus, Status};
 
+mod alarms;
 mod batches;
 mod choices;
 mod claim_order;
@@ -203,6 +204,8 @@ suite!(
     choices::door_signals_in_history,
     choices::hold_alarms_round_trip,
     choices::flap_round_trip,
+    alarms::an_alarm_opens_once_names_its_notifications_and_resolves,
+    alarms::an_acknowledgement_is_taken_once_quiets_reminders_and_tells_the_clients_told,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

@@ -17,6 +17,7 @@ use tokio_postgres::types::ToSql;
 
 use super::super::{CommitBatch, Error, Fence, Keyed, NotificationRef, Result};
 use super::DELETE_LOCK;
+use crate::domain::alarm::{AlarmKind, Opened, Unresolved};
 use crate::domain::client::{events_from_column, wants};
 use crate::domain::{Event, Millis, SensorId, notification::new_notification_id};
 
@@ -167,13 +168,29 @@ impl rules::commit::CommitTables for CommitTables<'_> {
 
     /// Sends the rows held and the notifications, listed as pending in the same
     /// statement (migration 0011).
+    async fn unresolved_alarms(
+        &mut self,
+        keys: &[(SensorId, AlarmKind)],
+    ) -> Result<Vec<Unresolved>> {
+        super::alarms::unresolved(self.tx, keys).await
+    }
+
+    async fn write_alarms(
+        &mut self,
+        opened: &[Opened],
+        resolved: &[(String, Millis)],
+    ) -> Result<()> {
+        super::alarms::write(self.tx, opened, resolved).await
+    }
+
     async fn fan_out(
         &mut self,
         events: &[&Event],
         held: &HashSet<usize>,
+        alarm_ids: &[Option<String>],
         now: Millis,
     ) -> Result<Vec<Made>> {
-        let notes = NotificationCols::of(events, &self.linked, held);
+        let notes = NotificationCols::of(events, &self.linked, held, alarm_ids);
         let (_, rows) =
             futures::try_join!(write(self.tx, self.rows.take()), notes.insert(self.tx, now))?;
         Ok(notes.made(&rows))
@@ -584,15 +601,18 @@ struct NotificationCols<'e> {
     threshold: Vec<Option<i32>>,
     fault: Vec<Option<String>>,
     window_s: Vec<Option<i32>>,
+    alarm: Vec<Option<String>>,
     event: Vec<usize>,
 }
 
 impl<'e> NotificationCols<'e> {
-    /// `held`: the places of events a site's decision holds, which make none now.
+    /// `held`: the places of events a site's decision holds, which make none now;
+    /// `alarm_ids`: each event's alarm, by place (empty: none).
     fn of(
         events: &[&Event],
         linked: &'e HashMap<SensorId, Vec<Subscriber>>,
         held: &HashSet<usize>,
+        alarm_ids: &[Option<String>],
     ) -> Self {
         let mut n = Self {
             id: vec![],
@@ -610,6 +630,7 @@ impl<'e> NotificationCols<'e> {
             threshold: vec![],
             fault: vec![],
             window_s: vec![],
+            alarm: vec![],
             event: vec![],
         };
         for (k, e) in events.iter().enumerate() {
@@ -636,6 +657,7 @@ impl<'e> NotificationCols<'e> {
                 n.fault.push(e.detail.fault.map(|f| f.to_string()));
                 n.window_s
                     .push(e.detail.window_s.map(|w| w.min(i32::MAX as u32) as i32));
+                n.alarm.push(alarm_ids.get(k).cloned().flatten());
                 n.event.push(k);
             }
         }
@@ -653,23 +675,23 @@ impl<'e> NotificationCols<'e> {
                 "WITH ins AS (INSERT INTO notifications (id, client_id, sensor_id, kind, data, \
                  previous, occurred_at, last_seen_at, status, attempts, next_attempt_at, \
                  created_at, updated_at, lost_since, reminder, flips_suppressed, battery, \
-                 threshold, fault, window_s) \
+                 threshold, fault, window_s, alarm_id) \
                  SELECT u.id, u.client_id, u.sensor_id, u.kind, u.data, u.previous, \
                  u.occurred_at, u.last_seen_at, 'pending', 0, $9, $9, $9, u.lost_since, \
-                 u.reminder, u.flips, u.battery, u.threshold, u.fault, u.window_s \
+                 u.reminder, u.flips, u.battery, u.threshold, u.fault, u.window_s, u.alarm_id \
                  FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], \
                  $6::bool[], $7::int8[], $8::int8[], $10::int8[], $11::int4[], $12::int4[], \
-                 $13::int4[], $14::int4[], $15::text[], $16::int4[]) \
+                 $13::int4[], $14::int4[], $15::text[], $16::int4[], $17::text[]) \
                  WITH ORDINALITY AS u(id, client_id, sensor_id, kind, data, previous, \
                  occurred_at, last_seen_at, lost_since, reminder, flips, battery, threshold, \
-                 fault, window_s, o) ORDER BY u.o \
+                 fault, window_s, alarm_id, o) ORDER BY u.o \
                  RETURNING id, seq, sensor_id, client_id), \
                  listed AS (INSERT INTO notifications_pending (seq, sensor_id, client_id) \
                  SELECT seq, sensor_id, client_id FROM ins) \
                  SELECT id, seq FROM ins",
             )
             .await?;
-        let p: [&(dyn ToSql + Sync); 16] = [
+        let p: [&(dyn ToSql + Sync); 17] = [
             &self.id,
             &self.client,
             &self.sensor,
@@ -686,6 +708,7 @@ impl<'e> NotificationCols<'e> {
             &self.threshold,
             &self.fault,
             &self.window_s,
+            &self.alarm,
         ];
         tx.query(&sql, &p).await
     }

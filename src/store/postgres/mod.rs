@@ -32,6 +32,7 @@ use crate::domain::partition::{DEFAULT_PARTITIONS, Partitioning};
 use crate::domain::{Client, Millis};
 use db::{Db, Sql};
 
+mod alarms;
 mod cluster;
 mod commit;
 mod db;
@@ -96,6 +97,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0037_reading_signals.sql"),
     include_str!("../migrations/postgres/0038_hold_alarms.sql"),
     include_str!("../migrations/postgres/0039_flapping.sql"),
+    include_str!("../migrations/postgres/0040_alarms.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

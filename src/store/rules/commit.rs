@@ -3,11 +3,14 @@
 //! clients in id order, none for an event a site's decision holds — with the supersede
 //! rule: per sensor, the first notification of its newest state change supersedes every
 //! older pending state notification no attempt holds. A new notification a silence covers
-//! is made silenced and not answered.
+//! is made silenced and not answered. Alarms ([`alarm::plan`]): an event opens, reminds of
+//! or resolves its sensor's alarm of its kind, its notifications name the alarm, and a
+//! reminder of an acknowledged alarm makes none.
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 
+use crate::domain::alarm::{self, AlarmKind, Opened, Unresolved};
 use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::store::{CommitBatch, Error, Fence, Result};
 
@@ -53,13 +56,31 @@ pub trait CommitTables {
         events: &[&Event],
         now: Millis,
     ) -> impl Future<Output = Result<HashSet<usize>>>;
+    /// A new alarm's id (the simulation's model makes them from its clock).
+    fn new_alarm_id(&mut self) -> String {
+        alarm::new_alarm_id()
+    }
+    /// The alarms not resolved of `keys` (sensor, kind; sorted, not empty).
+    fn unresolved_alarms(
+        &mut self,
+        keys: &[(SensorId, AlarmKind)],
+    ) -> impl Future<Output = Result<Vec<Unresolved>>>;
+    /// Inserts the alarms `opened` (open, unacknowledged) and marks `resolved` those
+    /// resolved, at their times.
+    fn write_alarms(
+        &mut self,
+        opened: &[Opened],
+        resolved: &[(String, Millis)],
+    ) -> impl Future<Output = Result<()>>;
     /// Inserts, pending and due `now`, one notification per event not `held` and client
     /// linked to its sensor that wants its type, in event order, clients in id order;
-    /// answers them in that (seq) order. `events` may be empty.
+    /// answers them in that (seq) order. Each names its event's alarm in `alarm_ids` (by
+    /// the event's place; empty: none has one). `events` may be empty.
     fn fan_out(
         &mut self,
         events: &[&Event],
         held: &HashSet<usize>,
+        alarm_ids: &[Option<String>],
         now: Millis,
     ) -> impl Future<Output = Result<Vec<Made>>>;
     /// Supersedes, for each newer state, the older pending state notifications of its
@@ -94,7 +115,12 @@ pub async fn commit<T: CommitTables>(
         true => HashSet::new(),
         false => t.hold_for_sites(&events, now).await?,
     };
-    let made = t.fan_out(&events, &held, now).await?;
+    let plan = alarms(t, &events, &held).await?;
+    let quiet = match plan.quiet.is_empty() {
+        true => held,
+        false => held.union(&plan.quiet).copied().collect(),
+    };
+    let made = t.fan_out(&events, &quiet, &plan.ids, now).await?;
     t.supersede(&newest_states(&events, &made), now).await?;
     let seqs: Vec<i64> = made.iter().map(|m| m.seq).collect();
     let silenced = t.silence_new(&seqs, now).await?;
@@ -115,6 +141,23 @@ pub async fn commit<T: CommitTables>(
             }
         })
         .collect())
+}
+
+/// The alarms `events` open, remind of or resolve ([`alarm::plan`]), written; read only
+/// when an event of the batch may touch one.
+async fn alarms<T: CommitTables>(
+    t: &mut T,
+    events: &[&Event],
+    held: &HashSet<usize>,
+) -> Result<alarm::Plan> {
+    let keys = alarm::keys(events, held);
+    if keys.is_empty() {
+        return Ok(alarm::Plan::default());
+    }
+    let unresolved = t.unresolved_alarms(&keys).await?;
+    let plan = alarm::plan(events, held, unresolved, || t.new_alarm_id());
+    t.write_alarms(&plan.opened, &plan.resolved).await?;
+    Ok(plan)
 }
 
 /// Per sensor, the first notification of its newest state change among `made`: every

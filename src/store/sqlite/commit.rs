@@ -16,6 +16,7 @@ use rusqlite::{Connection, Transaction, params};
 
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{CommitBatch, Error, NotificationRef, ReadingRecord, Result};
+use crate::domain::alarm::{AlarmKind, Opened, Unresolved};
 use crate::domain::{Event, Millis, SensorId, notification::new_notification_id};
 
 /// A group commit's tables on the writer ([`rules::commit`]): the transaction, and the
@@ -44,14 +45,40 @@ impl rules::commit::CommitTables for CommitTables<'_> {
     }
 
     /// From the staged events ([`STAGING`]), the held ones taken out first.
+    async fn unresolved_alarms(
+        &mut self,
+        keys: &[(SensorId, AlarmKind)],
+    ) -> Result<Vec<Unresolved>> {
+        super::alarms::unresolved(self.tx, keys)
+    }
+
+    async fn write_alarms(
+        &mut self,
+        opened: &[Opened],
+        resolved: &[(String, Millis)],
+    ) -> Result<()> {
+        super::alarms::write(self.tx, opened, resolved)
+    }
+
     async fn fan_out(
         &mut self,
         events: &[&Event],
         held: &HashSet<usize>,
+        alarm_ids: &[Option<String>],
         now: Millis,
     ) -> Result<Vec<Made>> {
         if events.is_empty() {
             return Ok(Vec::new());
+        }
+        if alarm_ids.iter().any(Option::is_some) {
+            let mut tag = self
+                .tx
+                .prepare_cached("UPDATE temp.stage_events SET alarm_id = ?2 WHERE k = ?1")?;
+            for (k, id) in alarm_ids.iter().enumerate() {
+                if let Some(id) = id {
+                    tag.execute(params![k as i64, id])?;
+                }
+            }
         }
         if !held.is_empty() {
             let mut unstage = self
@@ -291,7 +318,7 @@ const STAGING: &str = "PRAGMA temp_store = MEMORY; \
     CREATE TEMP TABLE IF NOT EXISTS stage_events (k INTEGER PRIMARY KEY, sensor_id TEXT, \
       kind TEXT, at INTEGER, data INTEGER, previous INTEGER, last_seen_at INTEGER, \
       lost_since INTEGER, reminder INTEGER, flips_suppressed INTEGER, battery INTEGER, \
-      threshold INTEGER, fault TEXT, window_s INTEGER); \
+      threshold INTEGER, fault TEXT, window_s INTEGER, alarm_id TEXT); \
     CREATE TEMP TABLE IF NOT EXISTS stage_notifications (n INTEGER PRIMARY KEY, \
       event INTEGER, id TEXT, client_id TEXT);";
 
@@ -311,7 +338,7 @@ pub(super) fn prepare(c: &Connection) -> rusqlite::Result<()> {
 fn stage_events(tx: &Transaction, events: &[&Event]) -> Result<()> {
     let mut stage = tx.prepare_cached(
         "INSERT INTO temp.stage_events \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL)",
     )?;
     for (k, e) in events.iter().enumerate() {
         stage.execute(params![
@@ -372,10 +399,10 @@ fn insert_notifications(tx: &Transaction, now: Millis) -> Result<Vec<Made>> {
     tx.prepare_cached(
         "INSERT INTO notifications (seq, id, client_id, sensor_id, kind, data, previous, \
          occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, updated_at, \
-         lost_since, reminder, flips_suppressed, battery, threshold, fault, window_s) \
+         lost_since, reminder, flips_suppressed, battery, threshold, fault, window_s, alarm_id) \
          SELECT ?1 + s.n, s.id, s.client_id, e.sensor_id, e.kind, e.data, e.previous, e.at, \
          e.last_seen_at, 'pending', 0, ?2, ?2, ?2, e.lost_since, e.reminder, e.flips_suppressed, \
-         e.battery, e.threshold, e.fault, e.window_s \
+         e.battery, e.threshold, e.fault, e.window_s, e.alarm_id \
          FROM temp.stage_notifications s JOIN temp.stage_events e ON e.k = s.event ORDER BY s.n",
     )?
     .execute(params![base, now])?;

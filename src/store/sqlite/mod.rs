@@ -26,6 +26,7 @@ use crate::domain::{Client, Millis};
 use crate::telemetry::families;
 pub use secrets::{Offline, rotation_lock};
 
+mod alarms;
 mod archive;
 mod backup;
 mod checkpoint;
@@ -87,6 +88,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0032_reading_signals.sql"),
     include_str!("../migrations/sqlite/0033_hold_alarms.sql"),
     include_str!("../migrations/sqlite/0034_flapping.sql"),
+    include_str!("../migrations/sqlite/0035_alarms.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

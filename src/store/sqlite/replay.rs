@@ -11,6 +11,9 @@ use crate::domain::{Millis, Notification, policy};
 /// whether a newer one of its lane that outranks it was sent, or waits to be.
 pub(super) fn refused(c: &Connection, n: &Notification) -> Result<Option<Error>> {
     let kinds = policy::outranked_by(n.kind);
+    if kinds.is_empty() {
+        return Ok(retry_refusal(n, false));
+    }
     // At most three kinds: the last one repeats where there are fewer.
     let kind = |i: usize| kinds.get(i).unwrap_or(&kinds[kinds.len() - 1]).as_str();
     let newer = c.query_row(

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use async_trait::async_trait;
 
+use latch::domain::alarm::{AlarmKind, Opened, Unresolved};
 use latch::domain::client::wants;
 use latch::domain::policy::{self, Queued};
 use latch::domain::{Event, EventKind, Millis, NotificationRef, SensorId, Status};
@@ -235,10 +236,31 @@ impl rules::commit::CommitTables for CommitTables<'_> {
         rules::sites::hold_for_sites(&mut t, events, now).await
     }
 
+    fn new_alarm_id(&mut self) -> String {
+        self.t.new_notification_id(self.cx.now)
+    }
+
+    async fn unresolved_alarms(
+        &mut self,
+        keys: &[(SensorId, AlarmKind)],
+    ) -> Result<Vec<Unresolved>> {
+        Ok(self.t.unresolved_alarms(keys))
+    }
+
+    async fn write_alarms(
+        &mut self,
+        opened: &[Opened],
+        resolved: &[(String, Millis)],
+    ) -> Result<()> {
+        self.t.write_alarms(opened, resolved);
+        Ok(())
+    }
+
     async fn fan_out(
         &mut self,
         events: &[&Event],
         held: &HashSet<usize>,
+        alarm_ids: &[Option<String>],
         now: Millis,
     ) -> Result<Vec<Made>> {
         let mut made = Vec::new();
@@ -259,6 +281,9 @@ impl rules::commit::CommitTables for CommitTables<'_> {
                 .collect();
             for client_id in clients {
                 let n = t.make_pending(self.cx, client_id, e, None, now);
+                if let Some(id) = alarm_ids.get(k).cloned().flatten() {
+                    t.name_alarm(n.seq, id);
+                }
                 made.push(Made {
                     event: k,
                     seq: n.seq,

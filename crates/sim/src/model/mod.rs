@@ -65,6 +65,7 @@ use std::sync::{Arc, Mutex};
 
 use latch::clock::Clock;
 
+mod alarms;
 pub mod audit;
 mod cluster;
 mod commit;

@@ -171,6 +171,8 @@ pub struct Tables {
     /// with the sensor's site when the first was kept, what the client knew before it, and
     /// its seq (`since`).
     pub(crate) silenced_pairs: BTreeMap<(String, SensorId), KeptPair>,
+    /// `alarms`, by id.
+    pub(crate) alarms: BTreeMap<String, latch::domain::alarm::Alarm>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
@@ -205,6 +207,7 @@ impl Tables {
             silence_written_at: BTreeMap::new(),
             silenced_pairs: BTreeMap::new(),
             sealing_key: None,
+            alarms: BTreeMap::new(),
             cluster: ClusterTables::default(),
             next: Counters::default(),
             audit: Audit::default(),
@@ -260,6 +263,7 @@ impl Tables {
             updated_at: now,
             batch_id: None,
             body,
+            alarm_id: None,
         };
         let r = latch::domain::NotificationRef {
             due_at: now,

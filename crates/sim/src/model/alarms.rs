@@ -1,0 +1,225 @@
+//! Alarms: what a commit reads and writes of them, the API's reads and an
+//! acknowledgement, as both backends' statements do (`store/sqlite/alarms.rs`,
+//! `store/postgres/alarms.rs`); the acknowledgement's sequence is latch's own
+//! (`store::rules::alarms`).
+
+use async_trait::async_trait;
+
+use latch::domain::alarm::{Alarm, AlarmKind, AlarmState, Opened, Unresolved};
+use latch::domain::client::wants;
+use latch::domain::{Event, EventKind, Millis, NotificationRef, SensorId, Status};
+use latch::store::rules::{self, alarms::Ack, alarms::Acked, alarms::Told};
+use latch::store::{AlarmFilter, Alarms, Page, PageRequest, Result};
+
+use super::node::NodeStore;
+use super::registry::page_of;
+use super::tables::{Cx, Tables};
+
+impl Tables {
+    /// The alarms of `keys` not resolved.
+    pub(super) fn unresolved_alarms(&self, keys: &[(SensorId, AlarmKind)]) -> Vec<Unresolved> {
+        self.alarms
+            .values()
+            .filter(|a| a.state != AlarmState::Resolved)
+            .filter_map(|a| {
+                let sensor = a.sensor_id?;
+                keys.contains(&(sensor, a.kind)).then(|| Unresolved {
+                    id: a.id.clone(),
+                    sensor_id: sensor,
+                    kind: a.kind,
+                    acknowledged: a.acknowledged_at.is_some(),
+                })
+            })
+            .collect()
+    }
+
+    /// Inserts the alarms opened, resolves the ones resolved.
+    pub(super) fn write_alarms(&mut self, opened: &[Opened], resolved: &[(String, Millis)]) {
+        for o in opened {
+            self.alarms.insert(
+                o.id.clone(),
+                Alarm {
+                    id: o.id.clone(),
+                    kind: o.kind,
+                    sensor_id: Some(o.sensor_id),
+                    site_id: None,
+                    state: AlarmState::Open,
+                    opened_at: o.at,
+                    acknowledged_at: None,
+                    acknowledged_by: None,
+                    note: None,
+                    resolved_at: None,
+                },
+            );
+        }
+        for (id, at) in resolved {
+            if let Some(a) = self
+                .alarms
+                .get_mut(id)
+                .filter(|a| a.state != AlarmState::Resolved)
+            {
+                a.state = AlarmState::Resolved;
+                a.resolved_at = Some(*at);
+            }
+        }
+    }
+
+    /// Names alarm `id` on notification `seq` (its column, written with the row).
+    pub(super) fn name_alarm(&mut self, seq: i64, id: String) {
+        if let Some(r) = self.notifications.get_mut(&seq) {
+            r.notification.alarm_id = Some(id);
+        }
+    }
+}
+
+/// An acknowledgement's tables in the model.
+struct AckTables<'a> {
+    t: &'a mut Tables,
+    cx: &'a Cx,
+}
+
+impl rules::alarms::AckTables for AckTables<'_> {
+    async fn alarm(&mut self, id: &str) -> Result<Option<Alarm>> {
+        Ok(self.t.alarms.get(id).cloned())
+    }
+
+    async fn acknowledge(&mut self, id: &str, ack: &Ack, now: Millis) -> Result<()> {
+        if let Some(a) = self.t.alarms.get_mut(id) {
+            a.state = AlarmState::Acknowledged;
+            a.acknowledged_at = Some(now);
+            a.acknowledged_by = Some(ack.by.clone());
+            a.note = ack.note.clone();
+        }
+        Ok(())
+    }
+
+    async fn quiet_reminders(&mut self, id: &str, now: Millis) -> Result<()> {
+        let quiet: Vec<i64> = self
+            .t
+            .notifications
+            .values()
+            .filter(|r| {
+                let n = &r.notification;
+                n.alarm_id.as_deref() == Some(id)
+                    && n.status == Status::Pending
+                    && (n.kind == EventKind::StillLost
+                        || (n.kind == EventKind::StateHeld && n.detail.reminder.is_some()))
+                    && r.lease_until.is_none_or(|until| until < now)
+            })
+            .map(|r| r.notification.seq)
+            .collect();
+        for seq in quiet {
+            self.t.set_status(self.cx, seq, Status::Superseded, now);
+        }
+        Ok(())
+    }
+
+    async fn told(&mut self, id: &str) -> Result<Vec<Told>> {
+        let mut rows: Vec<(String, i64, SensorId)> = self
+            .t
+            .notifications
+            .values()
+            .map(|r| &r.notification)
+            .filter(|n| {
+                n.alarm_id.as_deref() == Some(id)
+                    && !matches!(n.status, Status::Silenced | Status::Cancelled)
+                    && n.kind != EventKind::AlarmAcknowledged
+                    && self.t.links.contains(&(n.sensor_id, n.client_id.clone()))
+                    && self
+                        .t
+                        .clients
+                        .get(&n.client_id)
+                        .is_none_or(|c| wants(&c.client.events, EventKind::AlarmAcknowledged))
+            })
+            .map(|n| (n.client_id.clone(), n.seq, n.sensor_id))
+            .collect();
+        rows.sort();
+        Ok(rules::alarms::first_of_each(
+            rows.into_iter()
+                .map(|(c, _, s)| (c, s.to_string()))
+                .collect(),
+        ))
+    }
+
+    async fn insert_ack(
+        &mut self,
+        to: &Told,
+        id: &str,
+        body: &str,
+        now: Millis,
+    ) -> Result<NotificationRef> {
+        let e = Event {
+            sensor_id: to.lane,
+            kind: EventKind::AlarmAcknowledged,
+            at: now,
+            data: None,
+            previous: None,
+            last_seen_at: None,
+            detail: Default::default(),
+        };
+        let r = self.t.make_pending(
+            self.cx,
+            to.client_id.clone(),
+            &e,
+            Some(body.to_string()),
+            now,
+        );
+        self.t.name_alarm(r.seq, id.to_string());
+        Ok(r)
+    }
+}
+
+#[async_trait]
+impl Alarms for NodeStore {
+    async fn list_alarms(&self, f: AlarmFilter, page: PageRequest) -> Result<Page<Alarm>> {
+        self.run("list_alarms", false, |t, _| {
+            let rows = t
+                .alarms
+                .values()
+                .rev()
+                .filter(|a| {
+                    page.after
+                        .as_deref()
+                        .is_none_or(|x| x.is_empty() || a.id.as_str() < x)
+                })
+                .filter(|a| f.state.is_none_or(|s| a.state == s))
+                .filter(|a| f.kind.is_none_or(|k| a.kind == k))
+                .filter(|a| f.sensor_id.is_none_or(|s| a.sensor_id == Some(s)))
+                .filter(|a| {
+                    f.site_id
+                        .as_ref()
+                        .is_none_or(|s| a.site_id.as_ref() == Some(s))
+                })
+                .cloned();
+            Ok(page_of(rows, &page, |a| a.id.clone()))
+        })
+        .await
+    }
+
+    async fn get_alarm(&self, id: String) -> Result<Option<(Alarm, Vec<String>)>> {
+        self.run("get_alarm", false, |t, _| {
+            Ok(t.alarms.get(&id).cloned().map(|a| {
+                let ids = t
+                    .notifications
+                    .values()
+                    .filter(|r| r.notification.alarm_id.as_deref() == Some(id.as_str()))
+                    .map(|r| r.notification.id.clone())
+                    .collect();
+                (a, ids)
+            }))
+        })
+        .await
+    }
+
+    async fn ack_alarm(&self, id: String, ack: Ack, now: Millis) -> Result<Acked> {
+        self.run("ack_alarm", true, |t, cx| {
+            rules::now_or_never(rules::alarms::acknowledge(
+                &mut AckTables { t, cx },
+                &id,
+                &ack,
+                now,
+            ))
+        })
+        .await
+    }
+}

@@ -1,0 +1,234 @@
+//! Alarms: one per sensor and kind while open, opened by its opening event and resolved by
+//! its clearing one; every notification of it names it; an acknowledgement is taken once,
+//! quiets the alarm's reminders and tells each client told of it.
+
+use super::*;
+use crate::domain::alarm::{AlarmKind, AlarmState};
+use crate::store::rules::alarms::{Ack, Acked};
+
+fn ack(by: &str) -> Ack {
+    Ack {
+        by: by.into(),
+        note: Some("guard sent".into()),
+    }
+}
+
+async fn alarm_of(s: &Subject, state: AlarmState) -> Vec<crate::domain::alarm::Alarm> {
+    let filter = AlarmFilter {
+        state: Some(state),
+        ..AlarmFilter::default()
+    };
+    s.list_alarms(filter, page(100)).await.unwrap().items
+}
+
+/// A still-lost reminder of `id` at `at`.
+fn reminder(id: &str, at: Millis) -> CommitBatch {
+    let mut b = liveness(id, EventKind::ConnectionLost, at);
+    b.events[0].kind = EventKind::StillLost;
+    b.events[0].detail.reminder = Some(1);
+    b.events[0].detail.lost_since = Some(5_000);
+    b
+}
+
+pub(super) async fn an_alarm_opens_once_names_its_notifications_and_resolves(s: &Subject) {
+    s.create_sensor(sensor("al1")).await.unwrap();
+    for c in ["alc1", "alc2"] {
+        s.create_client(client(c, "http://127.0.0.1:9/h"))
+            .await
+            .unwrap();
+        s.link(c.into(), sid("al1"), 1).await.unwrap();
+    }
+    let lost = s
+        .commit(liveness("al1", EventKind::ConnectionLost, 5_000), 5_000)
+        .await
+        .unwrap();
+    assert_eq!(lost.len(), 2);
+    let open = alarm_of(s, AlarmState::Open).await;
+    assert_eq!(
+        open.len(),
+        1,
+        "one alarm whatever the number of clients told"
+    );
+    let a = &open[0];
+    assert_eq!(
+        (a.kind, a.sensor_id, a.opened_at, a.resolved_at),
+        (AlarmKind::ConnectionLost, Some(sid("al1")), 5_000, None)
+    );
+    for r in &lost {
+        let (n, _) = s.get_notification(r.id.clone()).await.unwrap().unwrap();
+        assert_eq!(n.alarm_id.as_deref(), Some(a.id.as_str()));
+    }
+    // A reminder belongs to it; a restore resolves it and names it too.
+    let reminded = s.commit(reminder("al1", 6_000), 6_000).await.unwrap();
+    assert_eq!(reminded.len(), 2, "an open alarm's reminders go out");
+    let back = s
+        .commit(liveness("al1", EventKind::ConnectionRestored, 7_000), 7_000)
+        .await
+        .unwrap();
+    let (n, _) = s
+        .get_notification(back[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n.alarm_id.as_deref(), Some(a.id.as_str()));
+    let (resolved, ids) = s.get_alarm(a.id.clone()).await.unwrap().unwrap();
+    assert_eq!(
+        (resolved.state, resolved.resolved_at),
+        (AlarmState::Resolved, Some(7_000))
+    );
+    assert_eq!(
+        ids.len(),
+        6,
+        "two losses, two reminders, two restores: {ids:?}"
+    );
+    assert!(matches!(
+        s.ack_alarm(a.id.clone(), ack("anna"), 8_000).await.unwrap(),
+        Acked::Resolved(_)
+    ));
+
+    // The next loss is a new alarm; the filters combine.
+    s.commit(liveness("al1", EventKind::ConnectionLost, 9_000), 9_000)
+        .await
+        .unwrap();
+    let open = alarm_of(s, AlarmState::Open).await;
+    assert_eq!(open.len(), 1);
+    assert_ne!(open[0].id, a.id);
+    let all = s
+        .list_alarms(
+            AlarmFilter {
+                sensor_id: Some(sid("al1")),
+                kind: Some(AlarmKind::ConnectionLost),
+                ..AlarmFilter::default()
+            },
+            page(100),
+        )
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].id, open[0].id, "newest first");
+    let none = s
+        .list_alarms(
+            AlarmFilter {
+                kind: Some(AlarmKind::Tamper),
+                ..AlarmFilter::default()
+            },
+            page(100),
+        )
+        .await
+        .unwrap()
+        .items;
+    assert!(none.is_empty());
+    assert!(s.get_alarm("nope".into()).await.unwrap().is_none());
+}
+
+pub(super) async fn an_acknowledgement_is_taken_once_quiets_reminders_and_tells_the_clients_told(
+    s: &Subject,
+) {
+    s.create_sensor(sensor("ak1")).await.unwrap();
+    for c in ["akc1", "akc2"] {
+        s.create_client(client(c, "http://127.0.0.1:9/h"))
+            .await
+            .unwrap();
+        s.link(c.into(), sid("ak1"), 1).await.unwrap();
+    }
+    s.commit(liveness("ak1", EventKind::ConnectionLost, 5_000), 5_000)
+        .await
+        .unwrap();
+    let waiting = s.commit(reminder("ak1", 6_000), 6_000).await.unwrap();
+    assert_eq!(waiting.len(), 2);
+    // A client linked after the alarm was told of it hears nothing of its acknowledgement.
+    s.create_client(client("akc3", "http://127.0.0.1:9/h"))
+        .await
+        .unwrap();
+    s.link("akc3".into(), sid("ak1"), 7_000).await.unwrap();
+    let id = alarm_of(s, AlarmState::Open).await[0].id.clone();
+
+    let Acked::Taken(a, made) = s.ack_alarm(id.clone(), ack("anna"), 8_000).await.unwrap() else {
+        panic!("the first acknowledgement is taken");
+    };
+    assert_eq!(
+        (
+            a.state,
+            a.acknowledged_at,
+            a.acknowledged_by.as_deref(),
+            a.note.as_deref()
+        ),
+        (
+            AlarmState::Acknowledged,
+            Some(8_000),
+            Some("anna"),
+            Some("guard sent")
+        )
+    );
+    let told: Vec<&str> = made.iter().map(|r| r.client_id.as_str()).collect();
+    assert_eq!(told, ["akc1", "akc2"]);
+    for r in &made {
+        assert_eq!(
+            (r.kind, r.sensor_id),
+            (EventKind::AlarmAcknowledged, sid("ak1"))
+        );
+        let (n, _) = s.get_notification(r.id.clone()).await.unwrap().unwrap();
+        assert_eq!(
+            (n.status, n.alarm_id.as_deref()),
+            (Status::Pending, Some(id.as_str()))
+        );
+        let body: serde_json::Value = serde_json::from_str(n.body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["alarm"]["id"], id.as_str());
+        assert_eq!(body["alarm"]["kind"], "connection_lost");
+        assert_eq!(body["alarm"]["sensor_id"], "ak1");
+        assert_eq!(
+            (body["by"].as_str(), body["note"].as_str()),
+            (Some("anna"), Some("guard sent"))
+        );
+    }
+    // The reminders still waiting are superseded; later ones make no notification.
+    for r in &waiting {
+        let (n, _) = s.get_notification(r.id.clone()).await.unwrap().unwrap();
+        assert_eq!(
+            n.status,
+            Status::Superseded,
+            "a reminder after its acknowledgement"
+        );
+    }
+    assert!(
+        s.commit(reminder("ak1", 9_000), 9_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        s.list_events(sid("ak1"), TimeRange::default(), page(100))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|e| e.row.kind == EventKind::StillLost)
+            .count(),
+        2,
+        "a quiet reminder is still history"
+    );
+
+    let Acked::Already(again) = s.ack_alarm(id.clone(), ack("boris"), 9_500).await.unwrap() else {
+        panic!("a second acknowledgement changes nothing");
+    };
+    assert_eq!(again.acknowledged_by.as_deref(), Some("anna"));
+    assert!(matches!(
+        s.ack_alarm("nope".into(), ack("x"), 1).await.unwrap(),
+        Acked::Missing
+    ));
+    // The restore still tells every client linked, and resolves the acknowledged alarm.
+    let back = s
+        .commit(
+            liveness("ak1", EventKind::ConnectionRestored, 10_000),
+            10_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(back.len(), 3);
+    let (a, _) = s.get_alarm(id).await.unwrap().unwrap();
+    assert_eq!(
+        (a.state, a.acknowledged_by.as_deref()),
+        (AlarmState::Resolved, Some("anna"))
+    );
+}

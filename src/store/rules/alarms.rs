@@ -1,0 +1,107 @@
+//! An alarm acknowledged (`POST /v1/alarms/{id}/ack`), in one transaction: the alarm is
+//! marked with who took it and their note, its reminders still waiting are superseded (a
+//! reminder made later is quiet, [`crate::domain::alarm::plan`]), and every client told of
+//! it that still holds its lane gets one `alarm.acknowledged`, in the lane of its first
+//! notification of the alarm — after the alarm in that lane's order.
+
+use std::future::Future;
+
+use crate::domain::alarm::{self, Alarm, AlarmState};
+use crate::domain::{Millis, NotificationRef, SensorId};
+use crate::store::Result;
+
+/// Who acknowledges, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub by: String,
+    pub note: Option<String>,
+}
+
+/// What an acknowledgement came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acked {
+    /// Taken now: the alarm as it is now, and the `alarm.acknowledged` notifications made.
+    Taken(Alarm, Vec<NotificationRef>),
+    /// Acknowledged before: nothing changed.
+    Already(Alarm),
+    /// Resolved before anyone took it: nothing changed.
+    Resolved(Alarm),
+    Missing,
+}
+
+/// A client told of an alarm, and the sensor whose lane its first notification of it
+/// travelled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Told {
+    pub client_id: String,
+    pub lane: SensorId,
+}
+
+/// The tables an acknowledgement reads and writes, within one transaction.
+pub trait AckTables {
+    /// The alarm, locked for this transaction where the backend locks rows.
+    fn alarm(&mut self, id: &str) -> impl Future<Output = Result<Option<Alarm>>>;
+    /// Marks it acknowledged by `ack` at `now`.
+    fn acknowledge(&mut self, id: &str, ack: &Ack, now: Millis)
+    -> impl Future<Output = Result<()>>;
+    /// Supersedes its pending reminders (`sensor.still_lost`, a `sensor.state_held` with a
+    /// `reminder`) no attempt holds (on the clock claims lease by).
+    fn quiet_reminders(&mut self, id: &str, now: Millis) -> impl Future<Output = Result<()>>;
+    /// The clients it made a notification for that was not silenced nor cancelled, still
+    /// linked to that notification's sensor and wanting `alarm.acknowledged`, in client
+    /// order, each with its first such notification's sensor.
+    fn told(&mut self, id: &str) -> impl Future<Output = Result<Vec<Told>>>;
+    /// Inserts a pending `alarm.acknowledged` of alarm `id` for `to`, with `body`, due `now`.
+    fn insert_ack(
+        &mut self,
+        to: &Told,
+        id: &str,
+        body: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<NotificationRef>>;
+}
+
+/// Acknowledges alarm `id`: what `Alarms::ack_alarm` does on every backend.
+pub async fn acknowledge<T: AckTables>(
+    t: &mut T,
+    id: &str,
+    ack: &Ack,
+    now: Millis,
+) -> Result<Acked> {
+    let Some(mut alarm) = t.alarm(id).await? else {
+        return Ok(Acked::Missing);
+    };
+    if alarm.acknowledged_at.is_some() {
+        return Ok(Acked::Already(alarm));
+    }
+    if alarm.state == AlarmState::Resolved {
+        return Ok(Acked::Resolved(alarm));
+    }
+    t.acknowledge(id, ack, now).await?;
+    t.quiet_reminders(id, now).await?;
+    alarm.state = AlarmState::Acknowledged;
+    alarm.acknowledged_at = Some(now);
+    alarm.acknowledged_by = Some(ack.by.clone());
+    alarm.note = ack.note.clone();
+    let body = alarm::ack_body(&alarm);
+    let mut made = Vec::new();
+    for to in t.told(id).await? {
+        made.push(t.insert_ack(&to, id, &body, now).await?);
+    }
+    Ok(Acked::Taken(alarm, made))
+}
+
+/// Of (client, sensor) rows in client order, each client's first.
+pub fn first_of_each(rows: Vec<(String, String)>) -> Vec<Told> {
+    let mut out: Vec<Told> = Vec::new();
+    for (client_id, sensor) in rows {
+        if out.last().is_some_and(|t| t.client_id == client_id) {
+            continue;
+        }
+        // A stored lane's sensor id always parses (latch wrote it).
+        if let Ok(lane) = SensorId::parse(&sensor) {
+            out.push(Told { client_id, lane });
+        }
+    }
+    out
+}
