@@ -1,5 +1,6 @@
 //! Integration tests: the real service, on a port-0 listener, used over HTTP like a user.
 
+mod alarms;
 mod amqp;
 mod amqp_cluster;
 mod auth_throttle;
