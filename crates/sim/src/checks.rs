@@ -10,6 +10,7 @@ use crate::model::ModelStore;
 use crate::receivers::Receivers;
 use crate::world::World;
 
+mod alarms;
 mod deleted;
 mod delivery;
 mod flaps;
@@ -127,6 +128,7 @@ pub fn at_end(
         signals::alarms_alternate(world, t, log, start);
         holds::holds(world, t, log, &hold_bodies, start);
         flaps::flaps(world, t, log, start);
+        alarms::alarms(world, t, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its

@@ -120,6 +120,22 @@ pub(super) async fn an_alarm_opens_once_names_its_notifications_and_resolves(s: 
         .items;
     assert!(none.is_empty());
     assert!(s.get_alarm("nope".into()).await.unwrap().is_none());
+
+    // A deleted sensor's alarm ends with it: one made again under its id starts afresh.
+    let old = open[0].id.clone();
+    assert!(s.delete_sensor(sid("al1"), 9_500).await.unwrap());
+    let (gone, _) = s.get_alarm(old.clone()).await.unwrap().unwrap();
+    assert_eq!(
+        (gone.state, gone.resolved_at),
+        (AlarmState::Resolved, Some(9_500))
+    );
+    s.create_sensor(sensor("al1")).await.unwrap();
+    s.commit(liveness("al1", EventKind::ConnectionLost, 10_000), 10_000)
+        .await
+        .unwrap();
+    let open = alarm_of(s, AlarmState::Open).await;
+    assert_eq!(open.len(), 1);
+    assert_ne!(open[0].id, old);
 }
 
 pub(super) async fn an_acknowledgement_is_taken_once_quiets_reminders_and_tells_the_clients_told(

@@ -269,6 +269,13 @@ impl Registry for PgStore {
                     .await?;
             }
             cancel_pending(&tx, "sensor_id", &id, now).await?;
+            // Its alarms end with it: a sensor made again under its id starts afresh.
+            tx.execute(
+                "UPDATE alarms SET state = 'resolved', resolved_at = $2 \
+                 WHERE sensor_id = $1 AND state <> 'resolved'",
+                &[&id, &now],
+            )
+            .await?;
             tx.execute(
                 "INSERT INTO sensor_changes (sensor_id, deleted) VALUES ($1, true)",
                 &[&id],

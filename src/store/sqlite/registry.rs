@@ -256,6 +256,8 @@ impl Registry for SqliteStore {
                     tx.execute(&format!("DELETE FROM {table} WHERE sensor_id = ?1"), [&id])?;
                 }
                 cancel_pending(&tx, "sensor_id", &id, now)?;
+                // Its alarms end with it: a sensor made again under its id starts afresh.
+                tx.execute(RESOLVE_ALARMS_OF_SENSOR, params![&id, now])?;
             }
             tx.commit()?;
             // Its readings went with it: a sensor made again under its id starts afresh.
@@ -630,3 +632,7 @@ impl Registry for SqliteStore {
         .await
     }
 }
+
+/// A deleted sensor's alarms not resolved yet, resolved at `?2`.
+const RESOLVE_ALARMS_OF_SENSOR: &str = "UPDATE alarms SET state = 'resolved', resolved_at = ?2 \
+     WHERE sensor_id = ?1 AND state <> 'resolved'";

@@ -202,8 +202,17 @@ async fn bad_acknowledgements_and_filters_get_clear_errors() {
             json!({"by": "x", "who": "y"}),
         )
         .await;
-    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "an unknown field: {body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("unknown field `who`"));
+    assert_eq!(
+        code,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "an unknown field: {body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `who`")
+    );
     for (query, what) in [
         (
             "state=closed",

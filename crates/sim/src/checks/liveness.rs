@@ -126,7 +126,8 @@ pub(super) fn liveness(
                 | EventKind::StateHeld
                 | EventKind::StateHeldCleared
                 | EventKind::Flapping
-                | EventKind::FlappingStopped => {}
+                | EventKind::FlappingStopped
+                | EventKind::AlarmAcknowledged => {}
             }
         }
     }

@@ -41,7 +41,8 @@ fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
         | EventKind::StateHeld
         | EventKind::StateHeldCleared
         | EventKind::Flapping
-        | EventKind::FlappingStopped => return None,
+        | EventKind::FlappingStopped
+        | EventKind::AlarmAcknowledged => return None,
     })
 }
 

@@ -63,13 +63,6 @@ impl Tables {
             }
         }
     }
-
-    /// Names alarm `id` on notification `seq` (its column, written with the row).
-    pub(super) fn name_alarm(&mut self, seq: i64, id: String) {
-        if let Some(r) = self.notifications.get_mut(&seq) {
-            r.notification.alarm_id = Some(id);
-        }
-    }
 }
 
 /// An acknowledgement's tables in the model.
@@ -157,15 +150,14 @@ impl rules::alarms::AckTables for AckTables<'_> {
             last_seen_at: None,
             detail: Default::default(),
         };
-        let r = self.t.make_pending(
+        Ok(self.t.make_pending(
             self.cx,
             to.client_id.clone(),
             &e,
             Some(body.to_string()),
+            Some(id.to_string()),
             now,
-        );
-        self.t.name_alarm(r.seq, id.to_string());
-        Ok(r)
+        ))
     }
 }
 

@@ -52,6 +52,10 @@ pub struct Trail {
     pub body: Option<String>,
     /// When its event happened.
     pub occurred_at: Millis,
+    /// A reminder's number (`sensor.still_lost`, `sensor.state_held`'s reminders).
+    pub reminder: Option<u32>,
+    /// The alarm it names.
+    pub alarm_id: Option<String>,
     pub created_at: Millis,
     /// When the commit that made it was applied, by the database's clock (a slow store
     /// applies a commit after the time its node stamped on it).
@@ -154,6 +158,8 @@ impl Audit {
                 data: n.data,
                 body: n.body.clone(),
                 occurred_at: n.occurred_at,
+                reminder: n.detail.reminder,
+                alarm_id: n.alarm_id.clone(),
                 created_at: n.created_at,
                 made_at: cx.now,
                 created_by: cx.node.clone(),

@@ -280,10 +280,8 @@ impl rules::commit::CommitTables for CommitTables<'_> {
                 .cloned()
                 .collect();
             for client_id in clients {
-                let n = t.make_pending(self.cx, client_id, e, None, now);
-                if let Some(id) = alarm_ids.get(k).cloned().flatten() {
-                    t.name_alarm(n.seq, id);
-                }
+                let alarm_id = alarm_ids.get(k).cloned().flatten();
+                let n = t.make_pending(self.cx, client_id, e, None, alarm_id, now);
                 made.push(Made {
                     event: k,
                     seq: n.seq,

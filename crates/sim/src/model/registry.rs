@@ -133,6 +133,13 @@ impl Tables {
         self.readings.retain(|_, r| r.sensor_id != id);
         self.events.retain(|_, e| e.sensor_id != id);
         self.cancel_pending(cx, now, |n| n.sensor_id == id);
+        // Its alarms end with it, as both backends' delete resolves them.
+        for a in self.alarms.values_mut() {
+            if a.sensor_id == Some(id) && a.state != latch::domain::alarm::AlarmState::Resolved {
+                a.state = latch::domain::alarm::AlarmState::Resolved;
+                a.resolved_at = Some(now);
+            }
+        }
         self.note_change_of(cx, id, true);
         true
     }

@@ -291,7 +291,7 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
     ) -> Result<NotificationRef> {
         Ok(self
             .t
-            .make_pending(self.cx, client.to_string(), e, None, now))
+            .make_pending(self.cx, client.to_string(), e, None, None, now))
     }
 
     async fn supersede(&mut self, newer: &[Newer<'_>], now: Millis) -> Result<()> {

@@ -230,6 +230,7 @@ impl rules::sites::SiteTables for SiteTables<'_> {
             client.to_string(),
             e,
             body.map(str::to_string),
+            None,
             now,
         ))
     }

@@ -242,6 +242,7 @@ impl Tables {
         client_id: String,
         e: &Event,
         body: Option<String>,
+        alarm_id: Option<String>,
         now: Millis,
     ) -> latch::domain::NotificationRef {
         self.next.seq += 1;
@@ -263,7 +264,7 @@ impl Tables {
             updated_at: now,
             batch_id: None,
             body,
-            alarm_id: None,
+            alarm_id,
         };
         let r = latch::domain::NotificationRef {
             due_at: now,

@@ -1,0 +1,141 @@
+//! Alarms (book: Alarms), as the store holds them after the run: per sensor and kind, the
+//! alarms follow one another — each opened once, resolved at most once and after it
+//! opened, at most one not resolved — and every notification that names an alarm is of
+//! its sensor, of a type that belongs to its kind, and made while it was open (its
+//! clearing at the very time it was resolved).
+
+use std::collections::BTreeMap;
+
+use latch::domain::alarm::{self, AlarmKind, AlarmState, Role};
+use latch::domain::{Detail, Event, EventKind, Millis, SensorId};
+
+use crate::model::Tables;
+use crate::world::World;
+
+pub(super) fn alarms(world: &World, t: &Tables, start: Millis) {
+    let v = |invariant: &'static str, id: &str, why: String| {
+        world.violate(
+            invariant,
+            format!("alarm {id}: {why}"),
+            vec![id.to_string()],
+        )
+    };
+    let mut by_key: BTreeMap<(SensorId, AlarmKind), Vec<&alarm::Alarm>> = BTreeMap::new();
+    for a in t.alarms.values() {
+        if let Some(s) = a.sensor_id {
+            by_key.entry((s, a.kind)).or_default().push(a);
+        }
+        if a.resolved_at.is_some_and(|r| r < a.opened_at) {
+            v("an alarm resolves after it opens", &a.id, format!("{a:?}"));
+        }
+        if (a.state == AlarmState::Resolved) != a.resolved_at.is_some() {
+            v("an alarm resolved has its time", &a.id, format!("{a:?}"));
+        }
+    }
+    for ((sensor, kind), mut list) in by_key {
+        list.sort_by_key(|a| (a.opened_at, a.id.clone()));
+        let open = list
+            .iter()
+            .filter(|a| a.state != AlarmState::Resolved)
+            .count();
+        if open > 1 {
+            v(
+                "one alarm open per sensor and kind",
+                &list[0].id,
+                format!("{sensor} has {open} {} alarms open", kind.as_str()),
+            );
+        }
+        for w in list.windows(2) {
+            if w[0].resolved_at.is_none_or(|r| r > w[1].opened_at) {
+                v(
+                    "a sensor's alarms of a kind follow one another",
+                    &w[1].id,
+                    format!(
+                        "opened at {} before {} resolved",
+                        w[1].opened_at - start,
+                        w[0].id
+                    ),
+                );
+            }
+        }
+    }
+    // Every notification made, retention's deleted ones too.
+    for n in t.audit.trails() {
+        let Some(id) = &n.alarm_id else {
+            continue;
+        };
+        let Some(a) = t.alarms.get(id) else {
+            v(
+                "a notification names an alarm that is",
+                id,
+                format!("{} names it", n.id),
+            );
+            continue;
+        };
+        if a.sensor_id != Some(n.sensor_id) {
+            v(
+                "an alarm's notifications are of its sensor",
+                id,
+                format!("{} is of {}", n.id, n.sensor_id),
+            );
+        }
+        if n.kind == EventKind::AlarmAcknowledged {
+            if a.acknowledged_at != Some(n.occurred_at) {
+                v(
+                    "an acknowledgement tells when it was taken",
+                    id,
+                    n.id.clone(),
+                );
+            }
+            continue;
+        }
+        let e = Event {
+            sensor_id: n.sensor_id,
+            kind: n.kind,
+            at: n.occurred_at,
+            data: n.data,
+            previous: None,
+            last_seen_at: None,
+            detail: Detail {
+                reminder: n.reminder,
+                ..Detail::default()
+            },
+        };
+        let role = alarm::role(&e);
+        let of_kind = match role {
+            Some(Role::Opens(k) | Role::Reminds(k) | Role::Resolves(k)) => k == a.kind,
+            None => false,
+        };
+        if !of_kind {
+            v(
+                "an alarm's notifications belong to its kind",
+                id,
+                format!(
+                    "{} is a {}, the alarm a {}",
+                    n.id,
+                    n.kind.as_str(),
+                    a.kind.as_str()
+                ),
+            );
+            continue;
+        }
+        let within = match role {
+            Some(Role::Resolves(_)) => a.resolved_at == Some(n.occurred_at),
+            _ => n.occurred_at >= a.opened_at && a.resolved_at.is_none_or(|r| n.occurred_at <= r),
+        };
+        if !within {
+            v(
+                "an alarm's notifications are made while it is open",
+                id,
+                format!(
+                    "{} ({}) at {}; the alarm opened at {}, resolved at {:?}",
+                    n.id,
+                    n.kind.as_str(),
+                    n.occurred_at - start,
+                    a.opened_at - start,
+                    a.resolved_at.map(|r| r - start)
+                ),
+            );
+        }
+    }
+}
