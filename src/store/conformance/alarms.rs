@@ -248,3 +248,89 @@ pub(super) async fn an_acknowledgement_is_taken_once_quiets_reminders_and_tells_
         (AlarmState::Resolved, Some("anna"))
     );
 }
+
+/// A site down is one `site_down` alarm: its loss names it, its sensors' held losses open
+/// none of their own, and its return resolves it and names it too.
+pub(super) async fn a_site_down_is_one_alarm_for_its_sensors(s: &Subject) {
+    use super::silences::RULES;
+    super::site_edges::fill(s, "as-a", &["as1", "as2", "as3", "as4"], "asc1").await;
+    for id in ["as1", "as2", "as3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 5_000), 5_000)
+            .await
+            .unwrap();
+    }
+    let down = s.decide_sites(RULES, 36_000).await.unwrap();
+    assert_eq!(
+        down.made.len(),
+        1,
+        "one site.connection_lost for the client"
+    );
+    let open = alarm_of(s, AlarmState::Open).await;
+    assert_eq!(
+        open.len(),
+        1,
+        "the sensors' losses open none of their own: {open:?}"
+    );
+    let a = &open[0];
+    assert_eq!(
+        (a.kind, a.site_id.as_deref(), a.sensor_id),
+        (AlarmKind::SiteDown, Some("as-a"), None)
+    );
+    let (n, _) = s
+        .get_notification(down.made[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n.alarm_id.as_deref(), Some(a.id.as_str()));
+    let by_site = s
+        .list_alarms(
+            AlarmFilter {
+                site_id: Some("as-a".into()),
+                ..AlarmFilter::default()
+            },
+            page(10),
+        )
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(by_site.len(), 1);
+
+    for id in ["as1", "as2", "as3"] {
+        s.commit(liveness(id, EventKind::ConnectionRestored, 40_000), 40_000)
+            .await
+            .unwrap();
+    }
+    let back = s.decide_sites(RULES, 80_000).await.unwrap();
+    let restored: Vec<&NotificationRef> = back
+        .made
+        .iter()
+        .filter(|n| n.kind == EventKind::SiteConnectionRestored)
+        .collect();
+    assert_eq!(restored.len(), 1, "{:?}", back.made);
+    let (n, _) = s
+        .get_notification(restored[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n.alarm_id.as_deref(), Some(a.id.as_str()));
+    let (a, _) = s.get_alarm(a.id.clone()).await.unwrap().unwrap();
+    assert_eq!(a.state, AlarmState::Resolved);
+    assert!(a.resolved_at.is_some());
+
+    // A site deleted while down takes its alarm along.
+    for id in ["as1", "as2", "as3"] {
+        s.commit(liveness(id, EventKind::ConnectionLost, 90_000), 90_000)
+            .await
+            .unwrap();
+    }
+    s.decide_sites(RULES, 130_000).await.unwrap();
+    let open = alarm_of(s, AlarmState::Open).await;
+    assert_eq!(open.len(), 1);
+    assert_ne!(open[0].id, a.id, "a new outage, a new alarm");
+    s.delete_site("as-a".into(), 140_000).await.unwrap();
+    let (gone, _) = s.get_alarm(open[0].id.clone()).await.unwrap().unwrap();
+    assert_eq!(
+        (gone.state, gone.resolved_at),
+        (AlarmState::Resolved, Some(140_000))
+    );
+}

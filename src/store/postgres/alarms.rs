@@ -94,6 +94,89 @@ pub(super) async fn write(
     Ok(())
 }
 
+/// The site's `site_down` alarm not resolved.
+pub(super) async fn site_alarm(tx: &Tx<'_>, site: &str) -> Result<Option<String>> {
+    Ok(tx
+        .query_opt(
+            &tx.prepare_cached(
+                "SELECT id FROM alarms WHERE site_id = $1 AND kind = 'site_down' \
+                 AND state <> 'resolved'",
+            )
+            .await?,
+            &[&site],
+        )
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Opens the site's `site_down` alarm.
+pub(super) async fn open_site_alarm(tx: &Tx<'_>, id: &str, site: &str, at: Millis) -> Result<()> {
+    tx.execute(
+        &tx.prepare_cached(
+            "INSERT INTO alarms (id, kind, site_id, state, opened_at) \
+             VALUES ($1, 'site_down', $2, 'open', $3)",
+        )
+        .await?,
+        &[&id, &site, &at],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Names alarm `id` on notification `seq`.
+pub(super) async fn name_alarm(tx: &Tx<'_>, seq: i64, id: &str) -> Result<()> {
+    tx.execute(
+        &tx.prepare_cached("UPDATE notifications SET alarm_id = $2 WHERE seq = $1")
+            .await?,
+        &[&seq, &id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The alarms' table over a transaction `tx`: the group commit's tables, and those of the
+/// rounds, moves and silences.
+macro_rules! alarm_tables {
+    ($t:ty) => {
+        impl $crate::store::rules::alarms::AlarmTables for $t {
+            async fn unresolved_alarms(
+                &mut self,
+                keys: &[($crate::domain::SensorId, $crate::domain::alarm::AlarmKind)],
+            ) -> $crate::store::Result<Vec<$crate::domain::alarm::Unresolved>> {
+                super::alarms::unresolved(self.tx, keys).await
+            }
+
+            async fn write_alarms(
+                &mut self,
+                opened: &[$crate::domain::alarm::Opened],
+                resolved: &[(String, $crate::domain::Millis)],
+            ) -> $crate::store::Result<()> {
+                super::alarms::write(self.tx, opened, resolved).await
+            }
+
+            async fn site_alarm(&mut self, site: &str) -> $crate::store::Result<Option<String>> {
+                super::alarms::site_alarm(self.tx, site).await
+            }
+
+            async fn open_site_alarm(
+                &mut self,
+                id: &str,
+                site: &str,
+                at: $crate::domain::Millis,
+            ) -> $crate::store::Result<()> {
+                super::alarms::open_site_alarm(self.tx, id, site, at).await
+            }
+
+            async fn name_alarm(&mut self, seq: i64, id: &str) -> $crate::store::Result<()> {
+                super::alarms::name_alarm(self.tx, seq, id).await
+            }
+        }
+    };
+}
+pub(super) use alarm_tables;
+
+alarm_tables!(super::tables::Tables<'_>);
+
 /// An acknowledgement's tables, in its transaction.
 struct AckTables<'a> {
     tx: &'a Tx<'a>,

@@ -17,7 +17,6 @@ use tokio_postgres::types::ToSql;
 
 use super::super::{CommitBatch, Error, Fence, Keyed, NotificationRef, Result};
 use super::DELETE_LOCK;
-use crate::domain::alarm::{AlarmKind, Opened, Unresolved};
 use crate::domain::client::{events_from_column, wants};
 use crate::domain::{Event, Millis, SensorId, notification::new_notification_id};
 
@@ -139,6 +138,8 @@ async fn write(tx: &Tx<'_>, rows: Option<Rows>) -> Result<()> {
     }
 }
 
+super::alarms::alarm_tables!(CommitTables<'_>);
+
 impl rules::commit::CommitTables for CommitTables<'_> {
     async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
         fenced(self.tx, fence).await
@@ -168,21 +169,6 @@ impl rules::commit::CommitTables for CommitTables<'_> {
 
     /// Sends the rows held and the notifications, listed as pending in the same
     /// statement (migration 0011).
-    async fn unresolved_alarms(
-        &mut self,
-        keys: &[(SensorId, AlarmKind)],
-    ) -> Result<Vec<Unresolved>> {
-        super::alarms::unresolved(self.tx, keys).await
-    }
-
-    async fn write_alarms(
-        &mut self,
-        opened: &[Opened],
-        resolved: &[(String, Millis)],
-    ) -> Result<()> {
-        super::alarms::write(self.tx, opened, resolved).await
-    }
-
     async fn fan_out(
         &mut self,
         events: &[&Event],

@@ -201,6 +201,13 @@ impl Sites for PgStore {
         let n = tx
             .execute("DELETE FROM sites WHERE id = $1", &[&id])
             .await?;
+        // Its alarm ends with it.
+        tx.execute(
+            "UPDATE alarms SET state = 'resolved', resolved_at = $2 \
+             WHERE site_id = $1 AND state <> 'resolved'",
+            &[&id, &now],
+        )
+        .await?;
         tx.commit().await?;
         Ok((n > 0).then_some(made))
     }

@@ -6,9 +6,41 @@
 
 use std::future::Future;
 
-use crate::domain::alarm::{self, Alarm, AlarmState};
+use crate::domain::alarm::{self, Alarm, AlarmKind, AlarmState, Opened, Unresolved};
 use crate::domain::{Millis, NotificationRef, SensorId};
 use crate::store::Result;
+
+/// The alarms' table as the rules that open and resolve alarms write it: the group commit
+/// (a sensor's) and a site's decision (the site's, and its sensors' events it releases).
+pub trait AlarmTables {
+    /// A new alarm's id (the simulation's model makes them from its clock).
+    fn new_alarm_id(&mut self) -> String {
+        alarm::new_alarm_id()
+    }
+    /// The sensors' alarms not resolved of `keys` (sensor, kind; sorted, not empty).
+    fn unresolved_alarms(
+        &mut self,
+        keys: &[(SensorId, AlarmKind)],
+    ) -> impl Future<Output = Result<Vec<Unresolved>>>;
+    /// Inserts the sensors' alarms `opened` (open, unacknowledged) and marks `resolved`
+    /// those resolved (a site's too), at their times.
+    fn write_alarms(
+        &mut self,
+        opened: &[Opened],
+        resolved: &[(String, Millis)],
+    ) -> impl Future<Output = Result<()>>;
+    /// The site's `site_down` alarm not resolved, if any.
+    fn site_alarm(&mut self, site: &str) -> impl Future<Output = Result<Option<String>>>;
+    /// Opens the site's `site_down` alarm `id` at `at`.
+    fn open_site_alarm(
+        &mut self,
+        id: &str,
+        site: &str,
+        at: Millis,
+    ) -> impl Future<Output = Result<()>>;
+    /// Names alarm `id` on the notification `seq` just made.
+    fn name_alarm(&mut self, seq: i64, id: &str) -> impl Future<Output = Result<()>>;
+}
 
 /// Who acknowledges, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 
-use crate::domain::alarm::{self, AlarmKind, Opened, Unresolved};
+use super::alarms::AlarmTables;
+use crate::domain::alarm;
 use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::store::{CommitBatch, Error, Fence, Result};
 
@@ -37,7 +38,7 @@ pub struct Newer<'a> {
 /// The tables a group commit writes, within one transaction. An operation may hold its
 /// writes and send them with a later operation's statements (PostgreSQL pipelines them);
 /// all are sent by the time the last, [`CommitTables::silence_new`], answers.
-pub trait CommitTables {
+pub trait CommitTables: AlarmTables {
     /// The partitions of `fence` no longer held at their epoch, sorted (a store without
     /// partitions refuses a fence).
     fn fenced(&mut self, fence: &[Fence]) -> impl Future<Output = Result<Vec<u32>>>;
@@ -56,22 +57,6 @@ pub trait CommitTables {
         events: &[&Event],
         now: Millis,
     ) -> impl Future<Output = Result<HashSet<usize>>>;
-    /// A new alarm's id (the simulation's model makes them from its clock).
-    fn new_alarm_id(&mut self) -> String {
-        alarm::new_alarm_id()
-    }
-    /// The alarms not resolved of `keys` (sensor, kind; sorted, not empty).
-    fn unresolved_alarms(
-        &mut self,
-        keys: &[(SensorId, AlarmKind)],
-    ) -> impl Future<Output = Result<Vec<Unresolved>>>;
-    /// Inserts the alarms `opened` (open, unacknowledged) and marks `resolved` those
-    /// resolved, at their times.
-    fn write_alarms(
-        &mut self,
-        opened: &[Opened],
-        resolved: &[(String, Millis)],
-    ) -> impl Future<Output = Result<()>>;
     /// Inserts, pending and due `now`, one notification per event not `held` and client
     /// linked to its sensor that wants its type, in event order, clients in id order;
     /// answers them in that (seq) order. Each names its event's alarm in `alarm_ids` (by

@@ -2,14 +2,20 @@
 //! decision is to tell (`decide::hold`), and asks for a decision where one is due; a round
 //! decides each due site (`decide::decide`) — its notifications made, the held events it
 //! consumed taken out, those a silence keeps silenced and untold — and a silence's end
-//! tells a site still down its loss again (`site::retell`).
+//! tells a site still down its loss again (`site::retell`). A site down is one `site_down`
+//! alarm, opened when it goes down and resolved when it comes back, named by the site's
+//! notifications; the sensors' events a decision releases open and resolve their own.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
-use crate::domain::site::decide::{self, HeldEvent, Hold, Linked, Member, Rules, SiteState};
+use super::alarms::AlarmTables;
+use crate::domain::alarm;
+use crate::domain::site::decide::{
+    self, Decision, HeldEvent, Hold, Linked, Member, Rules, SiteState,
+};
 use crate::domain::site::{Site, SiteEvent, retell};
-use crate::domain::{Event, Millis, NotificationRef, SensorId};
+use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::store::{Decided, Result};
 
 /// A sensor's site as holding reads it: the site's id and state, and whether the site holds
@@ -31,7 +37,7 @@ pub struct SiteRetold {
 }
 
 /// The tables sites read and write, within one transaction.
-pub trait SiteTables {
+pub trait SiteTables: AlarmTables {
     /// The sites of those of `sensors` that have one, each site held against a round
     /// deciding it for the rest of the transaction (and read after it is held).
     fn sites_of(
@@ -165,12 +171,16 @@ async fn decide_one<T: SiteTables>(
     let Some(mut d) = decide::decide(site, state, &members, &held, &clients, &rules, now) else {
         return Ok((Vec::new(), None));
     };
+    let alarm_ids = alarms(t, &site.id, &d).await?;
     let mut made = Vec::with_capacity(d.made.len());
-    for m in &d.made {
-        made.push(
-            t.insert_one(&m.client_id, &m.event, m.body.as_deref(), now)
-                .await?,
-        );
+    for (m, alarm_id) in d.made.iter().zip(alarm_ids) {
+        let n = t
+            .insert_one(&m.client_id, &m.event, m.body.as_deref(), now)
+            .await?;
+        if let Some(id) = alarm_id {
+            t.name_alarm(n.seq, &id).await?;
+        }
+        made.push(n);
     }
     // Every row read, those of a kind this version does not know too.
     if let (true, Some(last)) = (d.consumes_held, last_row) {
@@ -182,6 +192,55 @@ async fn decide_one<T: SiteTables>(
     made.retain(|n| !silenced.contains(&n.seq));
     t.write_state(&site.id, &d.state).await?;
     Ok((made, d.changed))
+}
+
+/// The alarm each of a decision's notifications names: the site's `site_down` — opened
+/// as it goes down, resolved as it comes back — for the site's own; the sensor's, by
+/// [`alarm::plan`], for a sensor's event the decision releases (each event once, however
+/// many clients it goes to).
+async fn alarms<T: SiteTables>(t: &mut T, site: &str, d: &Decision) -> Result<Vec<Option<String>>> {
+    let mut site_alarm = t.site_alarm(site).await?;
+    match &d.changed {
+        Some(c) if c.kind == EventKind::SiteConnectionLost && site_alarm.is_none() => {
+            let id = t.new_alarm_id();
+            t.open_site_alarm(&id, site, c.at).await?;
+            site_alarm = Some(id);
+        }
+        Some(c) if c.kind == EventKind::SiteConnectionRestored => {
+            if let Some(id) = &site_alarm {
+                t.write_alarms(&[], &[(id.clone(), c.at)]).await?;
+            }
+        }
+        _ => {}
+    }
+    let key = |e: &Event| (e.sensor_id, e.kind, e.at);
+    let mut events: Vec<&Event> = Vec::new();
+    for m in d.made.iter().filter(|m| !m.event.kind.is_site()) {
+        if !events.iter().any(|e| key(e) == key(&m.event)) {
+            events.push(&m.event);
+        }
+    }
+    let none = HashSet::new();
+    let keys = alarm::keys(&events, &none);
+    let plan = match keys.is_empty() {
+        true => alarm::Plan::default(),
+        false => {
+            let unresolved = t.unresolved_alarms(&keys).await?;
+            let plan = alarm::plan(&events, &none, unresolved, || t.new_alarm_id());
+            t.write_alarms(&plan.opened, &plan.resolved).await?;
+            plan
+        }
+    };
+    Ok(d.made
+        .iter()
+        .map(|m| match m.event.kind.is_site() {
+            true => site_alarm.clone(),
+            false => events
+                .iter()
+                .position(|e| key(e) == key(&m.event))
+                .and_then(|k| plan.ids.get(k).cloned().flatten()),
+        })
+        .collect())
 }
 
 /// Tells `client` the loss of `site` again if it is down and a silence kept it from the
@@ -214,6 +273,9 @@ pub async fn retell<T: SiteTables>(
     let made = t
         .insert_one(client, &r.made.event, r.made.body.as_deref(), now)
         .await?;
+    if let Some(id) = t.site_alarm(&site.id).await? {
+        t.name_alarm(made.seq, &id).await?;
+    }
     Ok(Some(SiteRetold {
         made,
         named: r.named,

@@ -10,7 +10,8 @@ use crate::domain::alarm::{Alarm, AlarmKind, Opened, Unresolved};
 use crate::domain::notification::new_notification_id;
 use crate::domain::{EventKind, Millis, NotificationRef, SensorId};
 use crate::store::rows::{self, ALARM_COLS};
-use crate::store::rules::{self, alarms::Ack, alarms::Acked, alarms::Told};
+use crate::store::rules;
+use crate::store::rules::alarms::{Ack, Acked, Told};
 use crate::store::{AlarmFilter, Alarms, Page, PageRequest, Result, limit_plus_one};
 
 /// The alarms of `keys` not resolved.
@@ -72,6 +73,77 @@ pub(super) fn write(
     }
     Ok(())
 }
+
+/// The site's `site_down` alarm not resolved.
+pub(super) fn site_alarm(tx: &Transaction, site: &str) -> Result<Option<String>> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT id FROM alarms WHERE site_id = ?1 AND kind = 'site_down' \
+             AND state <> 'resolved'",
+        )?
+        .query_row([site], |r| r.get(0))
+        .optional()?)
+}
+
+/// Opens the site's `site_down` alarm.
+pub(super) fn open_site_alarm(tx: &Transaction, id: &str, site: &str, at: Millis) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO alarms (id, kind, site_id, state, opened_at) \
+         VALUES (?1, 'site_down', ?2, 'open', ?3)",
+    )?
+    .execute(params![id, site, at])?;
+    Ok(())
+}
+
+/// Names alarm `id` on notification `seq`.
+pub(super) fn name_alarm(tx: &Transaction, seq: i64, id: &str) -> Result<()> {
+    tx.prepare_cached("UPDATE notifications SET alarm_id = ?2 WHERE seq = ?1")?
+        .execute(params![seq, id])?;
+    Ok(())
+}
+
+/// The alarms' table over a transaction `tx`: the group commit's tables, and those of the
+/// rounds, moves and silences.
+macro_rules! alarm_tables {
+    ($t:ty) => {
+        impl $crate::store::rules::alarms::AlarmTables for $t {
+            async fn unresolved_alarms(
+                &mut self,
+                keys: &[($crate::domain::SensorId, $crate::domain::alarm::AlarmKind)],
+            ) -> $crate::store::Result<Vec<$crate::domain::alarm::Unresolved>> {
+                super::alarms::unresolved(self.tx, keys)
+            }
+
+            async fn write_alarms(
+                &mut self,
+                opened: &[$crate::domain::alarm::Opened],
+                resolved: &[(String, $crate::domain::Millis)],
+            ) -> $crate::store::Result<()> {
+                super::alarms::write(self.tx, opened, resolved)
+            }
+
+            async fn site_alarm(&mut self, site: &str) -> $crate::store::Result<Option<String>> {
+                super::alarms::site_alarm(self.tx, site)
+            }
+
+            async fn open_site_alarm(
+                &mut self,
+                id: &str,
+                site: &str,
+                at: $crate::domain::Millis,
+            ) -> $crate::store::Result<()> {
+                super::alarms::open_site_alarm(self.tx, id, site, at)
+            }
+
+            async fn name_alarm(&mut self, seq: i64, id: &str) -> $crate::store::Result<()> {
+                super::alarms::name_alarm(self.tx, seq, id)
+            }
+        }
+    };
+}
+pub(super) use alarm_tables;
+
+alarm_tables!(super::tables::Tables<'_>);
 
 /// An acknowledgement's tables on the writer.
 struct AckTables<'a> {

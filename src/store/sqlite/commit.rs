@@ -16,7 +16,6 @@ use rusqlite::{Connection, Transaction, params};
 
 use super::super::rows::{self as row, RUNTIME_COLS, RUNTIME_JOIN};
 use super::super::{CommitBatch, Error, NotificationRef, ReadingRecord, Result};
-use crate::domain::alarm::{AlarmKind, Opened, Unresolved};
 use crate::domain::{Event, Millis, SensorId, notification::new_notification_id};
 
 /// A group commit's tables on the writer ([`rules::commit`]): the transaction, and the
@@ -26,6 +25,8 @@ struct CommitTables<'a> {
     seen: &'a Seen,
     deferred: &'a mut Deferred,
 }
+
+super::alarms::alarm_tables!(CommitTables<'_>);
 
 impl rules::commit::CommitTables for CommitTables<'_> {
     /// SQLite stays one node: no leases to check a fence against.
@@ -45,21 +46,6 @@ impl rules::commit::CommitTables for CommitTables<'_> {
     }
 
     /// From the staged events ([`STAGING`]), the held ones taken out first.
-    async fn unresolved_alarms(
-        &mut self,
-        keys: &[(SensorId, AlarmKind)],
-    ) -> Result<Vec<Unresolved>> {
-        super::alarms::unresolved(self.tx, keys)
-    }
-
-    async fn write_alarms(
-        &mut self,
-        opened: &[Opened],
-        resolved: &[(String, Millis)],
-    ) -> Result<()> {
-        super::alarms::write(self.tx, opened, resolved)
-    }
-
     async fn fan_out(
         &mut self,
         events: &[&Event],

@@ -196,6 +196,12 @@ impl Sites for SqliteStore {
             // What no member's leave took (rows of a kind this version does not know).
             tx.execute("DELETE FROM site_held WHERE site_id = ?1", [&id])?;
             let n = tx.execute("DELETE FROM sites WHERE id = ?1", [&id])?;
+            // Its alarm ends with it.
+            tx.execute(
+                "UPDATE alarms SET state = 'resolved', resolved_at = ?2 \
+                 WHERE site_id = ?1 AND state <> 'resolved'",
+                rusqlite::params![&id, now],
+            )?;
             tx.commit()?;
             Ok((n > 0).then_some(made))
         })

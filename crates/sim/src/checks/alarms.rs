@@ -2,7 +2,8 @@
 //! alarms follow one another — each opened once, resolved at most once and after it
 //! opened, at most one not resolved — and every notification that names an alarm is of
 //! its sensor, of a type that belongs to its kind, and made while it was open (its
-//! clearing at the very time it was resolved).
+//! clearing at the very time it was resolved); a site's `site_down` alarm names only the
+//! site's loss and return, made while it was down.
 
 use std::collections::BTreeMap;
 
@@ -72,6 +73,26 @@ pub(super) fn alarms(world: &World, t: &Tables, start: Millis) {
             );
             continue;
         };
+        if a.kind == AlarmKind::SiteDown {
+            // A site's: its loss and return (in the lane of one of its sensors), made
+            // while it was down.
+            let of_site = n.kind.is_site() || n.kind == EventKind::AlarmAcknowledged;
+            let within =
+                n.occurred_at >= a.opened_at && a.resolved_at.is_none_or(|r| n.occurred_at <= r);
+            if !of_site || (n.kind.is_site() && !within) {
+                v(
+                    "a site's alarm names only its events while it is down",
+                    id,
+                    format!(
+                        "{} ({}) at {}",
+                        n.id,
+                        n.kind.as_str(),
+                        n.occurred_at - start
+                    ),
+                );
+            }
+            continue;
+        }
         if a.sensor_id != Some(n.sensor_id) {
             v(
                 "an alarm's notifications are of its sensor",

@@ -65,6 +65,95 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// The site's `site_down` alarm not resolved.
+    pub(super) fn site_alarm(&self, site: &str) -> Option<String> {
+        self.alarms
+            .values()
+            .find(|a| {
+                a.site_id.as_deref() == Some(site)
+                    && a.kind == AlarmKind::SiteDown
+                    && a.state != AlarmState::Resolved
+            })
+            .map(|a| a.id.clone())
+    }
+
+    /// Opens the site's `site_down` alarm.
+    pub(super) fn open_site_alarm(&mut self, id: &str, site: &str, at: Millis) {
+        self.alarms.insert(
+            id.to_string(),
+            Alarm {
+                id: id.to_string(),
+                kind: AlarmKind::SiteDown,
+                sensor_id: None,
+                site_id: Some(site.to_string()),
+                state: AlarmState::Open,
+                opened_at: at,
+                acknowledged_at: None,
+                acknowledged_by: None,
+                note: None,
+                resolved_at: None,
+            },
+        );
+    }
+
+    /// Names alarm `id` on notification `seq` (and in its trail).
+    pub(super) fn name_alarm(&mut self, seq: i64, id: &str) {
+        if let Some(r) = self.notifications.get_mut(&seq) {
+            r.notification.alarm_id = Some(id.to_string());
+        }
+        self.audit.named(seq, id);
+    }
+}
+
+/// The alarms' table for a sequence's tables over the model (`t`, `cx`): the group
+/// commit's and a site's decision's.
+macro_rules! alarm_tables {
+    ($t:ty) => {
+        impl latch::store::rules::alarms::AlarmTables for $t {
+            fn new_alarm_id(&mut self) -> String {
+                self.t.new_notification_id(self.cx.now)
+            }
+
+            async fn unresolved_alarms(
+                &mut self,
+                keys: &[(latch::domain::SensorId, latch::domain::alarm::AlarmKind)],
+            ) -> latch::store::Result<Vec<latch::domain::alarm::Unresolved>> {
+                Ok(self.t.unresolved_alarms(keys))
+            }
+
+            async fn write_alarms(
+                &mut self,
+                opened: &[latch::domain::alarm::Opened],
+                resolved: &[(String, latch::domain::Millis)],
+            ) -> latch::store::Result<()> {
+                self.t.write_alarms(opened, resolved);
+                Ok(())
+            }
+
+            async fn site_alarm(&mut self, site: &str) -> latch::store::Result<Option<String>> {
+                Ok(self.t.site_alarm(site))
+            }
+
+            async fn open_site_alarm(
+                &mut self,
+                id: &str,
+                site: &str,
+                at: latch::domain::Millis,
+            ) -> latch::store::Result<()> {
+                self.t.open_site_alarm(id, site, at);
+                Ok(())
+            }
+
+            async fn name_alarm(&mut self, seq: i64, id: &str) -> latch::store::Result<()> {
+                self.t.name_alarm(seq, id);
+                Ok(())
+            }
+        }
+    };
+}
+pub(super) use alarm_tables;
+
 /// An acknowledgement's tables in the model.
 struct AckTables<'a> {
     t: &'a mut Tables,

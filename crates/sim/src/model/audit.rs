@@ -173,6 +173,13 @@ impl Audit {
         );
     }
 
+    /// Notification `seq` names alarm `id` (written just after it was made).
+    pub(crate) fn named(&mut self, seq: i64, id: &str) {
+        if let Some(t) = self.trails.get_mut(&seq) {
+            t.alarm_id = Some(id.to_string());
+        }
+    }
+
     pub(crate) fn changed(&mut self, cx: &Cx, id: &str, seq: i64, from: Status, to: Status) {
         let change = Change {
             from,

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use async_trait::async_trait;
 
-use latch::domain::alarm::{AlarmKind, Opened, Unresolved};
 use latch::domain::client::wants;
 use latch::domain::policy::{self, Queued};
 use latch::domain::{Event, EventKind, Millis, NotificationRef, SensorId, Status};
@@ -215,6 +214,8 @@ struct CommitTables<'a> {
     cx: &'a Cx,
 }
 
+super::alarms::alarm_tables!(CommitTables<'_>);
+
 impl rules::commit::CommitTables for CommitTables<'_> {
     async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
         if !self.t.shared && !fence.is_empty() {
@@ -234,26 +235,6 @@ impl rules::commit::CommitTables for CommitTables<'_> {
             cx: self.cx,
         };
         rules::sites::hold_for_sites(&mut t, events, now).await
-    }
-
-    fn new_alarm_id(&mut self) -> String {
-        self.t.new_notification_id(self.cx.now)
-    }
-
-    async fn unresolved_alarms(
-        &mut self,
-        keys: &[(SensorId, AlarmKind)],
-    ) -> Result<Vec<Unresolved>> {
-        Ok(self.t.unresolved_alarms(keys))
-    }
-
-    async fn write_alarms(
-        &mut self,
-        opened: &[Opened],
-        resolved: &[(String, Millis)],
-    ) -> Result<()> {
-        self.t.write_alarms(opened, resolved);
-        Ok(())
     }
 
     async fn fan_out(

@@ -154,6 +154,8 @@ pub(super) struct SiteTables<'a> {
     pub cx: &'a Cx,
 }
 
+super::alarms::alarm_tables!(SiteTables<'_>);
+
 impl rules::sites::SiteTables for SiteTables<'_> {
     async fn sites_of(&mut self, sensors: &[SensorId]) -> Result<HashMap<SensorId, SiteOf>> {
         let t = &*self.t;
@@ -357,6 +359,15 @@ impl Sites for NodeStore {
             }
             t.site_held.retain(|_, (s, _)| *s != id);
             t.site_states.remove(&id);
+            // Its alarm ends with it, as both backends' delete resolves it.
+            for a in t.alarms.values_mut() {
+                if a.site_id.as_deref() == Some(id.as_str())
+                    && a.state != latch::domain::alarm::AlarmState::Resolved
+                {
+                    a.state = latch::domain::alarm::AlarmState::Resolved;
+                    a.resolved_at = Some(now);
+                }
+            }
             Ok(t.sites.remove(&id).is_some().then_some(made))
         })
         .await
