@@ -16,8 +16,8 @@ use crate::domain::site::decide::Rules;
 use crate::domain::{Live, Millis};
 use crate::store::Store;
 use crate::telemetry::events::{
-    Emit, SilencesReconcileFailed, SilencesReconciled, SiteChanged, SiteTotalsCounted,
-    SitesDecideFailed, SitesDecided,
+    AlarmTotalsCounted, Emit, SilencesReconcileFailed, SilencesReconciled, SiteChanged,
+    SiteTotalsCounted, SitesDecideFailed, SitesDecided,
 };
 
 /// How often a node runs a round.
@@ -129,6 +129,14 @@ pub async fn run(
             }
             .emit(),
             Err(e) => tracing::debug!(error = %e, "Could not count the sites down."),
+        }
+        match store.alarm_totals().await {
+            Ok(totals) => AlarmTotalsCounted {
+                totals,
+                now: clock.now(),
+            }
+            .emit(),
+            Err(e) => tracing::debug!(error = %e, "Could not count the alarms."),
         }
     }
 }

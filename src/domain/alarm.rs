@@ -123,6 +123,38 @@ pub struct Alarm {
     pub resolved_at: Option<Millis>,
 }
 
+/// The alarms not resolved across the store, for the gauges a round refreshes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlarmTotals {
+    /// Alarms open (not acknowledged) and acknowledged, by kind; kinds with none left out.
+    pub open: Vec<(AlarmKind, u64)>,
+    pub acknowledged: Vec<(AlarmKind, u64)>,
+    /// When the oldest alarm nobody acknowledged opened.
+    pub oldest_unacknowledged: Option<Millis>,
+}
+
+impl AlarmTotals {
+    /// From rows of (kind, state, count, oldest opened_at), as both stores group them.
+    pub fn of(rows: impl IntoIterator<Item = (String, String, i64, i64)>) -> Self {
+        let mut t = Self::default();
+        for (kind, state, n, oldest) in rows {
+            let Some(kind) = AlarmKind::parse(&kind) else {
+                continue;
+            };
+            match AlarmState::parse(&state) {
+                Some(AlarmState::Open) => {
+                    t.open.push((kind, n.max(0) as u64));
+                    t.oldest_unacknowledged =
+                        Some(t.oldest_unacknowledged.map_or(oldest, |o| o.min(oldest)));
+                }
+                Some(AlarmState::Acknowledged) => t.acknowledged.push((kind, n.max(0) as u64)),
+                _ => {}
+            }
+        }
+        t
+    }
+}
+
 /// A new alarm id (a ULID, as notifications have).
 pub fn new_alarm_id() -> String {
     ulid::Ulid::new().to_string()

@@ -509,6 +509,8 @@ pub trait Alarms: Send + Sync {
     async fn list_alarms(&self, filter: AlarmFilter, page: PageRequest) -> Result<Page<Alarm>>;
     /// The alarm and the ids of the notifications that name it, in outbox order.
     async fn get_alarm(&self, id: String) -> Result<Option<(Alarm, Vec<String>)>>;
+    /// The alarms not resolved, counted by kind and state (the gauges).
+    async fn alarm_totals(&self) -> Result<crate::domain::alarm::AlarmTotals>;
     /// Acknowledges it ([`rules::alarms::acknowledge`]).
     async fn ack_alarm(
         &self,

@@ -583,6 +583,11 @@ impl Cols for tokio_postgres::Row {
     }
 }
 
+/// The alarms not resolved, grouped for [`crate::domain::alarm::AlarmTotals::of`] (the
+/// partial index `alarms_unresolved` keeps it to them).
+pub(crate) const ALARM_TOTALS: &str = "SELECT kind, state, count(*), min(opened_at) FROM alarms \
+     WHERE state <> 'resolved' GROUP BY kind, state";
+
 /// An alarm: [`alarm`].
 pub(crate) const ALARM_COLS: &str = "a.id, a.kind, a.sensor_id, a.site_id, a.state, a.opened_at, \
      a.acknowledged_at, a.acknowledged_by, a.note, a.resolved_at";

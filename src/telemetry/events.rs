@@ -15,8 +15,8 @@ pub use delivery::{ClientEnabled, ClientsDisabled, OutcomesAbandoned, OutcomesNo
 pub use history::{ClickHouseUp, RetentionDeleted, ShipFailed, Shipped, SpoolDepth};
 pub use service::{AuthRefused, Checkpointed, MqttReconnecting, SourcePaused, TaskPanicked};
 pub use sites::{
-    SilencesReconcileFailed, SilencesReconciled, SiteChanged, SiteTotalsCounted, SitesDecideFailed,
-    SitesDecided,
+    AlarmTotalsCounted, SilencesReconcileFailed, SilencesReconciled, SiteChanged,
+    SiteTotalsCounted, SitesDecideFailed, SitesDecided,
 };
 pub use store::{CommitFailed, DoubtOutcome, DoubtSettled, StorageFreed, StorageFull};
 

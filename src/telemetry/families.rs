@@ -145,6 +145,10 @@ families! {
         "Sensors whose connection is lost now.";
     DOOR_ALARMS: Counter "latch_door_alarms_total" ["type"]
         "Door alarms made, by type: sensor.state_held (reminders too), sensor.battery_low, sensor.tamper, sensor.fault, sensor.flapping.";
+    ALARMS_OPEN: Gauge "latch_alarms_open" ["kind", "state"]
+        "Alarms not resolved, by kind and state (open: nobody acknowledged it; acknowledged); the whole store's count, the same on every node.";
+    ALARM_OLDEST_UNACKNOWLEDGED_SECONDS: Gauge "latch_alarm_oldest_unacknowledged_seconds" []
+        "Age of the oldest alarm nobody acknowledged, in seconds; 0 when none is open.";
     SENSORS_LOST_TOTAL: Counter "latch_sensors_lost_total" []
         "Sensors declared lost (connection_lost events).";
     SITES_DOWN: Gauge "latch_sites_down" []

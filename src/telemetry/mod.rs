@@ -328,6 +328,7 @@ fn register_delivery() {
         &f::SITES_DOWN,
         &f::SITE_HELD_EVENTS,
         &f::SITE_GRACE_OLDEST_SECONDS,
+        &f::ALARM_OLDEST_UNACKNOWLEDGED_SECONDS,
         &f::TASK_PANICS,
         &f::STORAGE_FULL,
         &f::STORAGE_FULL_EPISODES,
@@ -340,6 +341,15 @@ fn register_delivery() {
         "type",
         crate::domain::EventKind::DOOR_ALARMS.map(|k| k.as_str()),
     );
+    // Every kind in both states at zero until the first round counts them.
+    f::ALARMS_OPEN.describe();
+    for kind in crate::domain::alarm::AlarmKind::ALL {
+        for state in ["open", "acknowledged"] {
+            f::ALARMS_OPEN
+                .gauge_with(&[("kind", kind.as_str()), ("state", state)])
+                .increment(0.0);
+        }
+    }
 }
 
 /// PostgreSQL: its timeouts and commits in doubt, and the cluster (a cluster of one when

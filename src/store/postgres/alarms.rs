@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use super::db::{DB_NOW_MS, Sql, Tx};
-use crate::domain::alarm::{Alarm, AlarmKind, Opened, Unresolved};
+use crate::domain::alarm::{Alarm, AlarmKind, AlarmTotals, Opened, Unresolved};
 use crate::domain::notification::new_notification_id;
 use crate::domain::{EventKind, Millis, NotificationRef, SensorId};
 use crate::store::rows::{self, ALARM_COLS};
@@ -332,6 +332,15 @@ impl Alarms for PgStore {
             .map(|r| r.get(0))
             .collect();
         Ok(Some((alarm, ids)))
+    }
+
+    async fn alarm_totals(&self) -> Result<AlarmTotals> {
+        let c = self.db.get("alarm_totals").await?;
+        let rows = c.query(rows::ALARM_TOTALS, &[]).await?;
+        Ok(AlarmTotals::of(
+            rows.iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))),
+        ))
     }
 
     async fn ack_alarm(&self, id: String, ack: Ack, now: Millis) -> Result<Acked> {

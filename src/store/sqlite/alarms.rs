@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::SqliteStore;
-use crate::domain::alarm::{Alarm, AlarmKind, Opened, Unresolved};
+use crate::domain::alarm::{Alarm, AlarmKind, AlarmTotals, Opened, Unresolved};
 use crate::domain::notification::new_notification_id;
 use crate::domain::{EventKind, Millis, NotificationRef, SensorId};
 use crate::store::rows::{self, ALARM_COLS};
@@ -281,6 +281,17 @@ impl Alarms for SqliteStore {
                 .query_map([&id], |r| r.get::<_, String>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(Some((alarm, ids)))
+        })
+        .await
+    }
+
+    async fn alarm_totals(&self) -> Result<AlarmTotals> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(rows::ALARM_TOTALS)?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(AlarmTotals::of(rows))
         })
         .await
     }

@@ -70,6 +70,31 @@ impl Emit for SilencesReconcileFailed<'_> {
     }
 }
 
+/// The whole store's alarms not resolved, counted for the gauges (the same on every node).
+pub struct AlarmTotalsCounted {
+    pub totals: crate::domain::alarm::AlarmTotals,
+    pub now: Millis,
+}
+
+impl Emit for AlarmTotalsCounted {
+    fn emit(self) {
+        use crate::domain::alarm::AlarmKind;
+        let t = &self.totals;
+        for kind in AlarmKind::ALL {
+            for (state, list) in [("open", &t.open), ("acknowledged", &t.acknowledged)] {
+                let n = list.iter().find(|(k, _)| *k == kind).map_or(0, |(_, n)| *n);
+                families::ALARMS_OPEN
+                    .gauge_with(&[("kind", kind.as_str()), ("state", state)])
+                    .set(n as f64);
+            }
+        }
+        let oldest = t.oldest_unacknowledged.map_or(0, |o| (self.now - o).max(0));
+        families::ALARM_OLDEST_UNACKNOWLEDGED_SECONDS
+            .gauge()
+            .set(oldest as f64 / 1000.0);
+    }
+}
+
 /// The whole store's sites counted, for the gauges (the same on every node: a cluster's
 /// dashboards take the maximum over its nodes, not the sum).
 pub struct SiteTotalsCounted {

@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 
-use latch::domain::alarm::{Alarm, AlarmKind, AlarmState, Opened, Unresolved};
+use latch::domain::alarm::{Alarm, AlarmKind, AlarmState, AlarmTotals, Opened, Unresolved};
 use latch::domain::client::wants;
 use latch::domain::{Event, EventKind, Millis, NotificationRef, SensorId, Status};
 use latch::store::rules::{self, alarms::Ack, alarms::Acked, alarms::Told};
@@ -288,6 +288,28 @@ impl Alarms for NodeStore {
                     .collect();
                 (a, ids)
             }))
+        })
+        .await
+    }
+
+    async fn alarm_totals(&self) -> Result<AlarmTotals> {
+        self.run("alarm_totals", false, |t, _| {
+            let mut groups: std::collections::BTreeMap<(&str, &str), (i64, i64)> =
+                Default::default();
+            for a in t
+                .alarms
+                .values()
+                .filter(|a| a.state != AlarmState::Resolved)
+            {
+                let g = groups
+                    .entry((a.kind.as_str(), a.state.as_str()))
+                    .or_insert((0, a.opened_at));
+                g.0 += 1;
+                g.1 = g.1.min(a.opened_at);
+            }
+            Ok(AlarmTotals::of(groups.into_iter().map(
+                |((k, s), (n, o))| (k.to_string(), s.to_string(), n, o),
+            )))
         })
         .await
     }

@@ -17,5 +17,6 @@ CREATE UNIQUE INDEX alarms_unresolved_by_sensor ON alarms (sensor_id, kind)
 CREATE UNIQUE INDEX alarms_unresolved_by_site ON alarms (site_id, kind)
     WHERE state <> 'resolved' AND site_id IS NOT NULL;
 CREATE INDEX alarms_by_state ON alarms (state, id);
+CREATE INDEX alarms_unresolved ON alarms (kind, state, opened_at) WHERE state <> 'resolved';
 ALTER TABLE notifications ADD COLUMN alarm_id TEXT;
 CREATE INDEX notifications_by_alarm ON notifications (alarm_id) WHERE alarm_id IS NOT NULL;
