@@ -26,6 +26,7 @@ pub mod rates;
 pub mod readings;
 pub mod receivers;
 pub mod reference;
+pub mod schedules;
 pub mod sensors;
 pub mod silences;
 pub mod sites;
@@ -135,6 +136,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(sites::router())
         .merge(silences::router())
         .merge(alarms::router())
+        .merge(schedules::router())
         .merge(patch::router())
         .split_for_parts()
 }

@@ -9,6 +9,7 @@ mod keys;
 mod notifications;
 pub mod reads;
 pub mod rounds;
+mod schedules;
 mod sensors;
 pub mod silences;
 pub mod sites;

@@ -54,8 +54,8 @@ pub use sealing::{Rotated, prepare as prepare_secrets, rotate as rotate_secret_k
 pub use space::Space;
 pub use types::{
     AlarmFilter, AttemptRecord, ConnectionCounts, HistoryBatch, HistorySink, NotificationFilter,
-    Page, PageRequest, ReplayFilter, SensorFilter, SensorRuntime, SensorView, Stored, TimeRange,
-    Unacked,
+    Page, PageRequest, ReplayFilter, SensorFilter, SensorRuntime, SensorView, Stored,
+    StoredSchedule, TimeRange, Unacked,
 };
 pub(crate) use types::{limit_plus_one, notification_ref, retry_refusal, split_cursor};
 
@@ -520,6 +520,19 @@ pub trait Alarms: Send + Sync {
     ) -> Result<rules::alarms::Acked>;
 }
 
+/// Weekly schedules ([`crate::domain::schedule`]), kept whole as the API writes them.
+#[async_trait]
+pub trait Schedules: Send + Sync {
+    /// 409 (`Conflict`) when its id is taken.
+    async fn create_schedule(&self, s: StoredSchedule) -> Result<()>;
+    async fn get_schedule(&self, id: String) -> Result<Option<StoredSchedule>>;
+    /// By id.
+    async fn list_schedules(&self, page: PageRequest) -> Result<Page<StoredSchedule>>;
+    /// Writes its fields and `updated_at`; `false` if there is no such schedule.
+    async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool>;
+    async fn delete_schedule(&self, id: String) -> Result<bool>;
+}
+
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
 /// (`Arc<dyn Store>` coerces to `Arc<dyn Outbox>` and the others).
 pub trait Store:
@@ -535,6 +548,7 @@ pub trait Store:
     + Sites
     + Silences
     + Alarms
+    + Schedules
     + Idempotency
     + 'static
 {
@@ -553,6 +567,7 @@ impl<
         + Sites
         + Silences
         + Alarms
+        + Schedules
         + Idempotency
         + 'static,
 > Store for T

@@ -16,6 +16,34 @@ pub struct PageRequest {
     pub after: Option<String>,
 }
 
+/// A schedule as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSchedule {
+    pub schedule: crate::domain::schedule::Schedule,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl StoredSchedule {
+    /// The stored body: the schedule as the API writes it.
+    pub fn body(&self) -> String {
+        serde_json::to_string(&self.schedule).expect("a schedule serializes")
+    }
+
+    /// Read back from its columns; a body that no longer reads is a backend error.
+    pub fn of(body: &str, created_at: Millis, updated_at: Millis) -> Result<Self> {
+        let v: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| Error::Backend(format!("a stored schedule: {e}")))?;
+        let schedule = crate::domain::schedule::Schedule::parse(v)
+            .map_err(|e| Error::Backend(format!("a stored schedule: {e}")))?;
+        Ok(Self {
+            schedule,
+            created_at,
+            updated_at,
+        })
+    }
+}
+
 /// Which alarms `GET /v1/alarms` lists (every field that is set must match).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AlarmFilter {

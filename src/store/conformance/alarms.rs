@@ -334,3 +334,53 @@ pub(super) async fn a_site_down_is_one_alarm_for_its_sensors(s: &Subject) {
         (AlarmState::Resolved, Some(140_000))
     );
 }
+
+/// A schedule is kept whole: created once (a second with its id is a conflict), read back
+/// as written, listed by id, replaced, deleted.
+pub(super) async fn a_schedule_is_kept_whole(s: &Subject) {
+    use crate::domain::schedule::Schedule;
+    let schedule = |id: &str, name: &str| {
+        Schedule::parse(serde_json::json!({
+            "id": id, "name": name, "tz": "Europe/Berlin",
+            "weekly": [{"days": ["mon", "tue"], "from": "22:00", "to": "06:00"}],
+            "except": ["2026-12-25"]
+        }))
+        .unwrap()
+    };
+    let stored = |id: &str, name: &str, at: Millis| StoredSchedule {
+        schedule: schedule(id, name),
+        created_at: at,
+        updated_at: at,
+    };
+    s.create_schedule(stored("night", "Nights", 1_000))
+        .await
+        .unwrap();
+    s.create_schedule(stored("day", "Days", 1_000))
+        .await
+        .unwrap();
+    assert!(matches!(
+        s.create_schedule(stored("night", "Again", 2_000)).await,
+        Err(Error::Conflict(_))
+    ));
+    assert_eq!(
+        s.get_schedule("night".into()).await.unwrap(),
+        Some(stored("night", "Nights", 1_000))
+    );
+    let listed: Vec<String> = s
+        .list_schedules(page(1))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|x| x.schedule.id)
+        .collect();
+    assert_eq!(listed, ["day"]);
+    let mut changed = stored("night", "Late nights", 1_000);
+    changed.updated_at = 3_000;
+    assert!(s.replace_schedule(changed.clone()).await.unwrap());
+    assert_eq!(s.get_schedule("night".into()).await.unwrap(), Some(changed));
+    assert!(!s.replace_schedule(stored("none", "x", 1)).await.unwrap());
+    assert!(s.delete_schedule("night".into()).await.unwrap());
+    assert!(!s.delete_schedule("night".into()).await.unwrap());
+    assert_eq!(s.get_schedule("night".into()).await.unwrap(), None);
+}

@@ -44,6 +44,7 @@ mod outbox;
 mod registry;
 mod replay;
 mod retention;
+mod schedules;
 mod secrets;
 pub use secrets::RotationLock;
 mod idempotency;
@@ -98,6 +99,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0038_hold_alarms.sql"),
     include_str!("../migrations/postgres/0039_flapping.sql"),
     include_str!("../migrations/postgres/0040_alarms.sql"),
+    include_str!("../migrations/postgres/0041_schedules.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

@@ -39,6 +39,7 @@ mod outbox;
 mod registry;
 mod replay;
 mod retention;
+mod schedules;
 mod secrets;
 mod seen;
 mod sessions;
@@ -89,6 +90,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0033_hold_alarms.sql"),
     include_str!("../migrations/sqlite/0034_flapping.sql"),
     include_str!("../migrations/sqlite/0035_alarms.sql"),
+    include_str!("../migrations/sqlite/0036_schedules.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -47,6 +47,7 @@ mod redelivery;
 mod registry;
 mod retention;
 mod round_trip;
+mod schedules;
 mod secrets;
 mod silences;
 mod site_moves;

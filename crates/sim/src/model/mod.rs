@@ -78,6 +78,7 @@ mod node;
 mod outbox;
 mod registry;
 mod replay;
+mod schedules;
 mod secrets;
 mod sessions;
 mod silences;

@@ -171,6 +171,8 @@ pub struct Tables {
     /// with the sensor's site when the first was kept, what the client knew before it, and
     /// its seq (`since`).
     pub(crate) silenced_pairs: BTreeMap<(String, SensorId), KeptPair>,
+    /// `schedules`, by id.
+    pub(crate) schedules: BTreeMap<String, latch::store::StoredSchedule>,
     /// `alarms`, by id.
     pub(crate) alarms: BTreeMap<String, latch::domain::alarm::Alarm>,
     pub(crate) cluster: ClusterTables,
@@ -208,6 +210,7 @@ impl Tables {
             silenced_pairs: BTreeMap::new(),
             sealing_key: None,
             alarms: BTreeMap::new(),
+            schedules: BTreeMap::new(),
             cluster: ClusterTables::default(),
             next: Counters::default(),
             audit: Audit::default(),

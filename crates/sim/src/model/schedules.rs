@@ -1,0 +1,64 @@
+//! Schedules: kept whole, as both backends keep them (`store/sqlite/schedules.rs`,
+//! `store/postgres/schedules.rs`).
+
+use async_trait::async_trait;
+
+use latch::store::{Error, Page, PageRequest, Result, Schedules, StoredSchedule};
+
+use super::node::NodeStore;
+use super::registry::{after, page_of};
+
+#[async_trait]
+impl Schedules for NodeStore {
+    async fn create_schedule(&self, s: StoredSchedule) -> Result<()> {
+        self.run("create_schedule", true, |t, _| {
+            let id = s.schedule.id.clone();
+            if t.schedules.contains_key(&id) {
+                return Err(Error::Conflict(format!("schedule {id} already exists")));
+            }
+            t.schedules.insert(id, s);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_schedule(&self, id: String) -> Result<Option<StoredSchedule>> {
+        self.run("get_schedule", false, |t, _| {
+            Ok(t.schedules.get(&id).cloned())
+        })
+        .await
+    }
+
+    async fn list_schedules(&self, page: PageRequest) -> Result<Page<StoredSchedule>> {
+        self.run("list_schedules", false, |t, _| {
+            let rows = t
+                .schedules
+                .values()
+                .filter(|s| after(&s.schedule.id, &page))
+                .cloned();
+            Ok(page_of(rows, &page, |s| s.schedule.id.clone()))
+        })
+        .await
+    }
+
+    async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool> {
+        self.run("replace_schedule", true, |t, _| {
+            Ok(match t.schedules.get_mut(&s.schedule.id) {
+                Some(old) => {
+                    old.schedule = s.schedule;
+                    old.updated_at = s.updated_at;
+                    true
+                }
+                None => false,
+            })
+        })
+        .await
+    }
+
+    async fn delete_schedule(&self, id: String) -> Result<bool> {
+        self.run("delete_schedule", true, |t, _| {
+            Ok(t.schedules.remove(&id).is_some())
+        })
+        .await
+    }
+}
