@@ -20,7 +20,11 @@ fn ms(v: &Value) -> i64 {
 async fn metric_line(s: &TestServer, line: &str) {
     eventually(15, line, || async {
         let (_, m) = s.get("/metrics").await;
-        m.as_str().unwrap_or("").lines().any(|l| l == line).then_some(())
+        m.as_str()
+            .unwrap_or("")
+            .lines()
+            .any(|l| l == line)
+            .then_some(())
     })
     .await;
 }
@@ -132,7 +136,11 @@ async fn a_door_held_open_is_one_alarm_acknowledged_once_and_resolved_when_it_cl
     assert_eq!(again["error"]["code"], "already_acknowledged");
     // The rounds that count them run on latch's clock.
     clock.set(t0 + 31_000);
-    metric_line(&s, r#"latch_alarms_open{kind="state_held",state="acknowledged"} 1"#).await;
+    metric_line(
+        &s,
+        r#"latch_alarms_open{kind="state_held",state="acknowledged"} 1"#,
+    )
+    .await;
     metric_line(&s, r#"latch_alarms_open{kind="state_held",state="open"} 0"#).await;
     metric_line(&s, "latch_alarm_oldest_unacknowledged_seconds 0").await;
     assert!(
