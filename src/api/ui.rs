@@ -34,6 +34,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/fleet.js"),
     ),
     (
+        "alarms.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/alarms.js"),
+    ),
+    (
         "sensors.js",
         "text/javascript; charset=utf-8",
         include_str!("ui/sensors.js"),

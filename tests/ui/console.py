@@ -18,7 +18,8 @@ certificate) are set through its page, shown without their secrets, carried by a
 event, kept when saved again, and a bad certificate is refused. Issue #50: a site goes down
 and comes back in the live events, the sites page lists it first with its lost sensors,
 its page makes a silence, the silences page extends and ends it, and a sensor's page
-silences that sensor.
+silences that sensor. Issue #73: a door held open opens an alarm, which the alarms page
+lists open and acknowledges with a name and a note, once.
 
 With LATCH_CLUSTER set (two node URLs, comma-separated, of one cluster), it checks
 instead that the console served by the first node shows the live events of sensors
@@ -44,6 +45,7 @@ import string
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 from playwright.sync_api import expect, sync_playwright
@@ -513,6 +515,82 @@ def sites_and_silences(browser, hook):
     page.close()
 
 
+def alarms_are_acknowledged_from_the_console(browser, hook):
+    """Issue #73: a door held open past its hold alarm opens an alarm; the alarms page lists
+    it open, refuses a blank name with the server's reason, acknowledges it with a name and
+    a note and shows who took it, as the API and the sensor's page do; a second
+    acknowledgement through the API is refused (409 already_acknowledged)."""
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    door, by, note = f"ack{suffix}", f"night desk {suffix}", "guard sent to check the door"
+    client = post_json(f"{BASE}/v1/clients", {"name": f"alarm receiver {suffix}", "url": hook})["id"]
+    post_json(f"{BASE}/v1/sensors", {"id": door, "address": "Back door", "heartbeat_timeout_s": 3600,
+                                     "hold_alarms": [{"data": 1, "after_s": 1}]})
+    put(f"{BASE}/v1/clients/{client}/sensors/{door}")
+    post_reading(door, 1)
+    opened = []
+
+    def is_open():
+        opened[:] = get_json(f"{BASE}/v1/alarms?state=open&sensor_id={door}")["items"]
+        return bool(opened)
+
+    until("the door's alarm open", is_open, seconds=15)
+    alarm = opened[0]
+    assert alarm["kind"] == "state_held", alarm
+
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{BASE}/ui/")
+    page.get_by_role("link", name="Alarms", exact=True).click()
+    expect(page.get_by_role("heading", name="Alarms", exact=True)).to_be_visible()
+    live = page.get_by_role("region", name="Open and acknowledged alarms")
+    row = live.locator("tbody tr", has=page.get_by_role("link", name=door, exact=True))
+    expect(row.locator(".badge")).to_have_text("open")
+    expect(row).to_contain_text("state_held")
+    # A blank name: the server's reason, and the alarm still open.
+    row.locator("summary", has_text="Acknowledge").click()
+    row.get_by_label("By (who takes it)").fill("   ")
+    row.get_by_role("button", name="Acknowledge").click()
+    expect(page.locator("#notice")).to_contain_text("422 by must be 1 to 200 characters")
+    assert get_json(f"{BASE}/v1/alarms/{alarm['id']}")["state"] == "open"
+    row.get_by_label("By (who takes it)").fill(by)
+    row.get_by_label("Note").fill(note)
+    row.get_by_role("button", name="Acknowledge").click()
+    expect(page.locator("#notice")).to_contain_text(f"acknowledged by {by}")
+    expect(row.locator(".badge")).to_have_text("acknowledged")
+    expect(row).to_contain_text(f"by {by}")
+    expect(row).to_contain_text(note)
+    expect(row.locator("summary")).to_have_count(0)
+    got = get_json(f"{BASE}/v1/alarms/{alarm['id']}")
+    assert (got["state"], got["acknowledged_by"], got["note"]) == ("acknowledged", by, note), got
+
+    # Once only: a second acknowledgement changes nothing and says who took it.
+    try:
+        post_json(f"{BASE}/v1/alarms/{alarm['id']}/ack", {"by": "day desk"})
+        raise AssertionError("a second acknowledgement was accepted")
+    except urllib.error.HTTPError as e:
+        answer = json.load(e)
+        assert e.code == 409 and answer["error"]["code"] == "already_acknowledged", (e.code, answer)
+        assert by in answer["error"]["message"], answer
+
+    # The kind filter keeps it; another kind leaves it out.
+    page.get_by_label("Kind").select_option("battery_low")
+    expect(page.get_by_role("heading", name="Alarms", exact=True)).to_be_visible()
+    expect(page.get_by_role("link", name=door, exact=True)).to_have_count(0)
+    page.get_by_label("Kind").select_option("state_held")
+    expect(row.locator(".badge")).to_have_text("acknowledged")
+
+    # The sensor's page lists it too.
+    row.get_by_role("link", name=door, exact=True).click()
+    expect(page.get_by_role("heading", name=f"Sensor {door}")).to_be_visible()
+    own = page.get_by_role("region", name="Alarms of this sensor")
+    expect(own.locator("tbody tr")).to_have_count(1)
+    expect(own).to_contain_text(f"by {by}")
+    assert not errors, f"errors in the page: {errors}"
+    page.close()
+
+
 def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -735,6 +813,7 @@ def main():
         times_name_their_zone(browser, sensor)
         door_alarms_survive_a_save(browser)
         sites_and_silences(browser, hook)
+        alarms_are_acknowledged_from_the_console(browser, hook)
 
         assert not errors, f"errors in the page: {errors}"
         browser.close()

@@ -1,10 +1,11 @@
 // The latch console: a single page over the public /v1 API, no build step. Routes live in
 // the URL fragment (#/sensors/abc), so the server serves one page for all of them; each
-// section is a module (fleet.js, sensors.js, sites.js, silences.js, clients.js,
+// section is a module (fleet.js, alarms.js, sensors.js, sites.js, silences.js, clients.js,
 // notifications.js) over lib.js.
 
 import { main, liveBadge, h, say, authHeaders, askToken, listeners, recent, shown, carry, setRouter } from "/ui/lib.js";
 import { fleetPage } from "/ui/fleet.js";
+import { alarmsPage } from "/ui/alarms.js";
 import { sensorsPage, sensorPage } from "/ui/sensors.js";
 import { clientsPage, clientPage } from "/ui/clients.js";
 import { notificationsPage, notificationPage } from "/ui/notifications.js";
@@ -60,6 +61,7 @@ function dispatch(block) {
 
 const routes = [
   [/^\/fleet$/, fleetPage, "fleet"],
+  [/^\/alarms$/, alarmsPage, "alarms"],
   [/^\/sensors$/, sensorsPage, "sensors"],
   [/^\/sensors\/([^/]+)$/, sensorPage, "sensors"],
   [/^\/sites$/, sitesPage, "sites"],

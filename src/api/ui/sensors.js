@@ -1,8 +1,9 @@
 // Sensors: the list (search, connection, site, live rows, create, CSV import) and a
-// sensor's page.
+// sensor's page, with its alarms not yet resolved.
 
 import { PAGE, api, q, enc, h, say, when, state, badge, table, field, form, actionButton, pager, onLive, describe, svg, chart, navigate } from "/ui/lib.js";
 import { silenceForm, silenceTable, silencesOf } from "/ui/silences.js";
+import { alarmTable, unresolved, followAlarms } from "/ui/alarms.js";
 
 export async function sensorsPage(params) {
   const connection = params.get("connection") ?? "";
@@ -198,8 +199,14 @@ export async function sensorPage(id, params) {
     const mine = await silencesOf((m) => m.sensor_ids?.includes(id) || (site && m.site_id === site));
     silences.replaceChildren(silenceTable(mine, null, drawSilences, "No silence holds this sensor's notifications."));
   };
+  const alarms = h("div");
+  const drawAlarms = async () => {
+    const mine = await unresolved({ sensor_id: id });
+    alarms.replaceChildren(alarmTable(mine.items, drawAlarms, "No alarm of this sensor is open."));
+  };
   const s = await draw();
-  await Promise.all([drawHistory(), drawClients(), drawSilences()]);
+  await Promise.all([drawHistory(), drawClients(), drawSilences(), drawAlarms()]);
+  followAlarms(alarms, drawAlarms, (e) => e.sensor_id === id);
   onLive((e) => {
     if (!e || e.sensor_id === id) Promise.all([draw(), drawHistory()]).catch((err) => say(err.message));
   });
@@ -241,6 +248,7 @@ export async function sensorPage(id, params) {
   }, "danger");
   return [h("h1", {}, `Sensor ${id}`), props,
     h("p", {}, h("a", { href: `#/notifications${q({ sensor_id: id })}` }, "Its notifications")),
+    h("section", { "aria-label": "Alarms of this sensor" }, h("h2", {}, "Alarms"), alarms),
     h("h2", {}, "Clients"), clients, link,
     h("section", { "aria-label": "Silences of this sensor" }, h("h2", {}, "Silences"), silences,
       silenceForm({ sensor_ids: [id] }, "Silence this sensor", drawSilences)),
