@@ -4,10 +4,11 @@
 //! it that still holds its lane gets one `alarm.acknowledged`, in the lane of its first
 //! notification of the alarm — after the alarm in that lane's order.
 
+use std::collections::HashSet;
 use std::future::Future;
 
 use crate::domain::alarm::{self, Alarm, AlarmKind, AlarmState, Opened, Unresolved};
-use crate::domain::{Millis, NotificationRef, SensorId};
+use crate::domain::{Event, Millis, NotificationRef, SensorId};
 use crate::store::Result;
 
 /// The alarms' table as the rules that open and resolve alarms write it: the group commit
@@ -40,6 +41,39 @@ pub trait AlarmTables {
     ) -> impl Future<Output = Result<()>>;
     /// Names alarm `id` on the notification `seq` just made.
     fn name_alarm(&mut self, seq: i64, id: &str) -> impl Future<Output = Result<()>>;
+}
+
+/// The alarm each of `events` opens, reminds of or resolves ([`alarm::plan`]), written:
+/// for the sensors' events a site releases (its decision, a sensor leaving it), where one
+/// event may stand several times (once per client it goes to) and counts once.
+pub async fn of_events<T: AlarmTables>(
+    t: &mut T,
+    events: &[&Event],
+) -> Result<Vec<Option<String>>> {
+    let key = |e: &Event| (e.sensor_id, e.kind, e.at);
+    let mut distinct: Vec<&Event> = Vec::new();
+    for e in events {
+        if !distinct.iter().any(|d| key(d) == key(e)) {
+            distinct.push(e);
+        }
+    }
+    let none = HashSet::new();
+    let keys = alarm::keys(&distinct, &none);
+    if keys.is_empty() {
+        return Ok(vec![None; events.len()]);
+    }
+    let unresolved = t.unresolved_alarms(&keys).await?;
+    let plan = alarm::plan(&distinct, &none, unresolved, || t.new_alarm_id());
+    t.write_alarms(&plan.opened, &plan.resolved).await?;
+    Ok(events
+        .iter()
+        .map(|e| {
+            distinct
+                .iter()
+                .position(|d| key(d) == key(e))
+                .and_then(|k| plan.ids.get(k).cloned().flatten())
+        })
+        .collect())
 }
 
 /// Who acknowledges, and why.

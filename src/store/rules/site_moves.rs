@@ -90,9 +90,16 @@ pub async fn moved<T: MoveTables>(
             made.extend(moves::fan_out(e, &clients));
         }
     }
+    // A loss the site held is the sensor's own alarm once it leaves.
+    let events: Vec<&Event> = made.iter().map(|m| &m.event).collect();
+    let alarm_ids = super::alarms::of_events(t, &events).await?;
     let mut out = Vec::with_capacity(made.len());
-    for m in &made {
-        out.push(t.insert_one(&m.client_id, &m.event, None, now).await?);
+    for (m, alarm_id) in made.iter().zip(alarm_ids) {
+        let n = t.insert_one(&m.client_id, &m.event, None, now).await?;
+        if let Some(id) = alarm_id {
+            t.name_alarm(n.seq, &id).await?;
+        }
+        out.push(n);
     }
     let seqs: Vec<i64> = out.iter().map(|n| n.seq).collect();
     let silenced = t.silence_new(&seqs, now).await?;

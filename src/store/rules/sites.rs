@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
 use super::alarms::AlarmTables;
-use crate::domain::alarm;
 use crate::domain::site::decide::{
     self, Decision, HeldEvent, Hold, Linked, Member, Rules, SiteState,
 };
@@ -213,34 +212,14 @@ async fn alarms<T: SiteTables>(t: &mut T, site: &str, d: &Decision) -> Result<Ve
         }
         _ => {}
     }
-    let key = |e: &Event| (e.sensor_id, e.kind, e.at);
-    let mut events: Vec<&Event> = Vec::new();
-    for m in d.made.iter().filter(|m| !m.event.kind.is_site()) {
-        if !events.iter().any(|e| key(e) == key(&m.event)) {
-            events.push(&m.event);
+    let events: Vec<&Event> = d.made.iter().map(|m| &m.event).collect();
+    let mut own = super::alarms::of_events(t, &events).await?;
+    for (id, m) in own.iter_mut().zip(&d.made) {
+        if m.event.kind.is_site() {
+            *id = site_alarm.clone();
         }
     }
-    let none = HashSet::new();
-    let keys = alarm::keys(&events, &none);
-    let plan = match keys.is_empty() {
-        true => alarm::Plan::default(),
-        false => {
-            let unresolved = t.unresolved_alarms(&keys).await?;
-            let plan = alarm::plan(&events, &none, unresolved, || t.new_alarm_id());
-            t.write_alarms(&plan.opened, &plan.resolved).await?;
-            plan
-        }
-    };
-    Ok(d.made
-        .iter()
-        .map(|m| match m.event.kind.is_site() {
-            true => site_alarm.clone(),
-            false => events
-                .iter()
-                .position(|e| key(e) == key(&m.event))
-                .and_then(|k| plan.ids.get(k).cloned().flatten()),
-        })
-        .collect())
+    Ok(own)
 }
 
 /// Tells `client` the loss of `site` again if it is down and a silence kept it from the
