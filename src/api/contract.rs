@@ -226,6 +226,12 @@ fn constrain_parameters(doc: &mut Value) {
                     "id" if sensor_path => json!({"pattern": sensor_id_pattern()}),
                     "id" if site_path => json!({"pattern": sites::site_id_pattern()}),
                     "state" if path == "/v1/sites" => json!({"enum": ["down", "up"]}),
+                    "state" if path == "/v1/alarms" => {
+                        json!({"enum": ["open", "acknowledged", "resolved"]})
+                    }
+                    "kind" if path == "/v1/alarms" => {
+                        json!({"enum": crate::domain::alarm::AlarmKind::ALL.map(|k| k.as_str())})
+                    }
                     "state" => json!({"enum": ["active", "pending", "ended"]}),
                     _ => continue,
                 };

@@ -225,13 +225,16 @@ pub struct Unresolved {
     pub acknowledged: bool,
 }
 
-/// An alarm a commit opens.
+/// An alarm a commit opens; resolved already when the same events also resolved it (a
+/// loss and its return in one batch), so that at most one is ever unresolved per sensor
+/// and kind (the stores' unique index).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Opened {
     pub id: String,
     pub sensor_id: SensorId,
     pub kind: AlarmKind,
     pub at: Millis,
+    pub resolved_at: Option<Millis>,
 }
 
 /// What a commit does with alarms: each event's alarm (by place in `events`), the events
@@ -295,6 +298,7 @@ pub fn plan(
                         sensor_id: e.sensor_id,
                         kind: a,
                         at: e.at,
+                        resolved_at: None,
                     });
                     (id, false)
                 });
@@ -310,7 +314,10 @@ pub fn plan(
             }
             Role::Resolves(a) => {
                 if let Some((id, _)) = open.remove(&(e.sensor_id, a)) {
-                    plan.resolved.push((id.clone(), e.at));
+                    match plan.opened.iter_mut().find(|o| o.id == id) {
+                        Some(o) => o.resolved_at = Some(e.at),
+                        None => plan.resolved.push((id.clone(), e.at)),
+                    }
                     plan.ids[k] = Some(id);
                 }
             }
@@ -355,8 +362,8 @@ mod tests {
             [Some("A1".into()), Some("A1".into()), Some("A1".into())]
         );
         assert_eq!(p.opened.len(), 1);
-        assert_eq!(p.opened[0].at, 10);
-        assert_eq!(p.resolved, [("A1".to_string(), 30)]);
+        assert_eq!((p.opened[0].at, p.opened[0].resolved_at), (10, Some(30)));
+        assert!(p.resolved.is_empty());
         assert!(p.quiet.is_empty());
     }
 
@@ -377,7 +384,14 @@ mod tests {
             p.ids,
             [Some("A1".into()), Some("A1".into()), Some("A2".into())]
         );
-        assert_eq!(p.resolved, [("A1".to_string(), 2)]);
+        // Opened and resolved by the same events: written resolved, never two open.
+        assert!(p.resolved.is_empty());
+        let opened: Vec<(&str, Option<Millis>)> = p
+            .opened
+            .iter()
+            .map(|o| (o.id.as_str(), o.resolved_at))
+            .collect();
+        assert_eq!(opened, [("A1", Some(2)), ("A2", None)]);
     }
 
     #[test]
@@ -432,7 +446,7 @@ mod tests {
         let p = plan(&[&held, &again, &cleared], &HashSet::new(), vec![], ids());
         assert_eq!(p.opened.len(), 1);
         assert_eq!(p.opened[0].kind, AlarmKind::StateHeld);
-        assert_eq!(p.resolved.len(), 1);
+        assert_eq!(p.opened[0].resolved_at, Some(3));
         assert!(p.ids.iter().all(|i| i.as_deref() == Some("A1")));
     }
 

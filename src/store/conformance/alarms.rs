@@ -384,3 +384,50 @@ pub(super) async fn a_schedule_is_kept_whole(s: &Subject) {
     assert!(!s.delete_schedule("night".into()).await.unwrap());
     assert_eq!(s.get_schedule("night".into()).await.unwrap(), None);
 }
+
+/// One batch that resolves an alarm and opens the next of the same sensor and kind (a
+/// device's buffer sent at once): it commits, with one alarm resolved and one open, never
+/// two open.
+pub(super) async fn a_batch_that_resolves_and_reopens_an_alarm_commits(s: &Subject) {
+    s.create_sensor(sensor("rr1")).await.unwrap();
+    s.create_client(client("rrc", "http://127.0.0.1:9/h"))
+        .await
+        .unwrap();
+    s.link("rrc".into(), sid("rr1"), 1).await.unwrap();
+    // Lost, back and lost again within one batch, no alarm open before.
+    let mut batch = liveness("rr1", EventKind::ConnectionLost, 5_000);
+    let mut back = batch.events[0].clone();
+    back.kind = EventKind::ConnectionRestored;
+    back.at = 6_000;
+    let mut again = batch.events[0].clone();
+    again.at = 7_000;
+    batch.events.extend([back, again]);
+    let made = s.commit(batch, 7_000).await.unwrap();
+    assert_eq!(made.len(), 3);
+    let open = alarm_of(s, AlarmState::Open).await;
+    let resolved = alarm_of(s, AlarmState::Resolved).await;
+    assert_eq!(
+        (open.len(), resolved.len()),
+        (1, 1),
+        "{open:?} {resolved:?}"
+    );
+    assert_eq!(
+        (resolved[0].opened_at, resolved[0].resolved_at),
+        (5_000, Some(6_000))
+    );
+    assert_eq!(open[0].opened_at, 7_000);
+
+    // With that one open: back and lost again in one batch.
+    let mut batch = liveness("rr1", EventKind::ConnectionRestored, 8_000);
+    let mut again = batch.events[0].clone();
+    again.kind = EventKind::ConnectionLost;
+    again.at = 9_000;
+    batch.events.push(again);
+    batch.states[0].connection = Connection::Lost;
+    s.commit(batch, 9_000).await.unwrap();
+    let now_open = alarm_of(s, AlarmState::Open).await;
+    assert_eq!(now_open.len(), 1);
+    assert_ne!(now_open[0].id, open[0].id);
+    assert_eq!(now_open[0].opened_at, 9_000);
+    assert_eq!(alarm_of(s, AlarmState::Resolved).await.len(), 2);
+}

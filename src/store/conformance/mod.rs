@@ -208,6 +208,7 @@ suite!(
     alarms::an_acknowledgement_is_taken_once_quiets_reminders_and_tells_the_clients_told,
     alarms::a_site_down_is_one_alarm_for_its_sensors,
     alarms::a_schedule_is_kept_whole,
+    alarms::a_batch_that_resolves_and_reopens_an_alarm_commits,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

@@ -25,7 +25,8 @@ pub(super) async fn unresolved(
             &tx.prepare_cached(
                 "SELECT a.id, a.sensor_id, a.kind, a.acknowledged_at IS NOT NULL FROM alarms a \
                  JOIN UNNEST($1::text[], $2::text[]) AS u(sensor_id, kind) \
-                 ON a.sensor_id = u.sensor_id AND a.kind = u.kind WHERE a.state <> 'resolved'",
+                 ON a.sensor_id = u.sensor_id AND a.kind = u.kind WHERE a.state <> 'resolved' \
+                 FOR SHARE OF a",
             )
             .await?,
             &[&sensors, &kinds],
@@ -47,36 +48,15 @@ pub(super) async fn unresolved(
     Ok(out)
 }
 
-/// Inserts the alarms opened, resolves the ones resolved: one statement each, pipelined.
+/// Resolves the ones resolved, then inserts the alarms opened (one the same events
+/// resolved, resolved already): in that order, so the unique index on the unresolved
+/// never sees two.
 pub(super) async fn write(
     tx: &Tx<'_>,
     opened: &[Opened],
     resolved: &[(String, Millis)],
 ) -> Result<()> {
-    let insert = async {
-        if opened.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<&str> = opened.iter().map(|o| o.id.as_str()).collect();
-        let kinds: Vec<&str> = opened.iter().map(|o| o.kind.as_str()).collect();
-        let sensors: Vec<String> = opened.iter().map(|o| o.sensor_id.to_string()).collect();
-        let ats: Vec<i64> = opened.iter().map(|o| o.at).collect();
-        tx.execute(
-            &tx.prepare_cached(
-                "INSERT INTO alarms (id, kind, sensor_id, state, opened_at) \
-                 SELECT u.id, u.kind, u.sensor_id, 'open', u.at \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[]) \
-                 AS u(id, kind, sensor_id, at)",
-            )
-            .await?,
-            &[&ids, &kinds, &sensors, &ats],
-        )
-        .await
-    };
-    let resolve = async {
-        if resolved.is_empty() {
-            return Ok(0);
-        }
+    if !resolved.is_empty() {
         let ids: Vec<&str> = resolved.iter().map(|(id, _)| id.as_str()).collect();
         let ats: Vec<i64> = resolved.iter().map(|(_, at)| *at).collect();
         tx.execute(
@@ -88,9 +68,27 @@ pub(super) async fn write(
             .await?,
             &[&ids, &ats],
         )
-        .await
-    };
-    futures::try_join!(insert, resolve)?;
+        .await?;
+    }
+    if !opened.is_empty() {
+        let ids: Vec<&str> = opened.iter().map(|o| o.id.as_str()).collect();
+        let kinds: Vec<&str> = opened.iter().map(|o| o.kind.as_str()).collect();
+        let sensors: Vec<String> = opened.iter().map(|o| o.sensor_id.to_string()).collect();
+        let ats: Vec<i64> = opened.iter().map(|o| o.at).collect();
+        let resolved_ats: Vec<Option<i64>> = opened.iter().map(|o| o.resolved_at).collect();
+        tx.execute(
+            &tx.prepare_cached(
+                "INSERT INTO alarms (id, kind, sensor_id, state, opened_at, resolved_at) \
+                 SELECT u.id, u.kind, u.sensor_id, \
+                 CASE WHEN u.resolved_at IS NULL THEN 'open' ELSE 'resolved' END, u.at, \
+                 u.resolved_at FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], \
+                 $5::int8[]) AS u(id, kind, sensor_id, at, resolved_at)",
+            )
+            .await?,
+            &[&ids, &kinds, &sensors, &ats, &resolved_ats],
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -239,6 +237,14 @@ impl rules::alarms::AckTables for AckTables<'_> {
         Ok(rules::alarms::first_of_each(
             rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
         ))
+    }
+
+    async fn silence_new(
+        &mut self,
+        seqs: &[i64],
+        now: Millis,
+    ) -> Result<std::collections::HashSet<i64>> {
+        super::silences::silence_new(self.tx, seqs, now).await
     }
 
     async fn insert_ack(

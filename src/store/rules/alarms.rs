@@ -117,6 +117,13 @@ pub trait AckTables {
     /// linked to that notification's sensor and wanting `alarm.acknowledged`, in client
     /// order, each with its first such notification's sensor.
     fn told(&mut self, id: &str) -> impl Future<Output = Result<Vec<Told>>>;
+    /// As [`super::commit::CommitTables::silence_new`]: an acknowledgement a silence
+    /// matches is kept, not sent.
+    fn silence_new(
+        &mut self,
+        seqs: &[i64],
+        now: Millis,
+    ) -> impl Future<Output = Result<HashSet<i64>>>;
     /// Inserts a pending `alarm.acknowledged` of alarm `id` for `to`, with `body`, due `now`.
     fn insert_ack(
         &mut self,
@@ -154,6 +161,9 @@ pub async fn acknowledge<T: AckTables>(
     for to in t.told(id).await? {
         made.push(t.insert_ack(&to, id, &body, now).await?);
     }
+    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
+    let silenced = t.silence_new(&seqs, now).await?;
+    made.retain(|n| !silenced.contains(&n.seq));
     Ok(Acked::Taken(alarm, made))
 }
 

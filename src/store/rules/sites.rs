@@ -212,14 +212,28 @@ async fn alarms<T: SiteTables>(t: &mut T, site: &str, d: &Decision) -> Result<Ve
         }
         _ => {}
     }
-    let events: Vec<&Event> = d.made.iter().map(|m| &m.event).collect();
-    let mut own = super::alarms::of_events(t, &events).await?;
-    for (id, m) in own.iter_mut().zip(&d.made) {
-        if m.event.kind.is_site() {
-            *id = site_alarm.clone();
-        }
-    }
-    Ok(own)
+    // While the site is down its loss stands for its sensors': a loss released as the
+    // sensor's own (to a client that takes no site events) opens none of its own.
+    let down = d.state.down;
+    let stands = |e: &Event| {
+        e.kind.is_site()
+            || (down && matches!(e.kind, EventKind::ConnectionLost | EventKind::StillLost))
+    };
+    let events: Vec<&Event> = d
+        .made
+        .iter()
+        .map(|m| &m.event)
+        .filter(|e| !stands(e))
+        .collect();
+    let mut planned = super::alarms::of_events(t, &events).await?.into_iter();
+    Ok(d.made
+        .iter()
+        .map(|m| match (m.event.kind.is_site(), stands(&m.event)) {
+            (true, _) => site_alarm.clone(),
+            (false, true) => None,
+            (false, false) => planned.next().flatten(),
+        })
+        .collect())
 }
 
 /// Tells `client` the loss of `site` again if it is down and a silence kept it from the

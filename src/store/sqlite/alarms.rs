@@ -42,26 +42,13 @@ pub(super) fn unresolved(
     Ok(out)
 }
 
-/// Inserts the alarms opened, resolves the ones resolved.
+/// Resolves the ones resolved, then inserts the alarms opened (one the same events
+/// resolved, resolved already): the unique index on the unresolved never sees two.
 pub(super) fn write(
     tx: &Transaction,
     opened: &[Opened],
     resolved: &[(String, Millis)],
 ) -> Result<()> {
-    if !opened.is_empty() {
-        let mut st = tx.prepare_cached(
-            "INSERT INTO alarms (id, kind, sensor_id, state, opened_at) \
-             VALUES (?1, ?2, ?3, 'open', ?4)",
-        )?;
-        for o in opened {
-            st.execute(params![
-                o.id,
-                o.kind.as_str(),
-                o.sensor_id.to_string(),
-                o.at
-            ])?;
-        }
-    }
     if !resolved.is_empty() {
         let mut st = tx.prepare_cached(
             "UPDATE alarms SET state = 'resolved', resolved_at = ?2 \
@@ -69,6 +56,21 @@ pub(super) fn write(
         )?;
         for (id, at) in resolved {
             st.execute(params![id, at])?;
+        }
+    }
+    if !opened.is_empty() {
+        let mut st = tx.prepare_cached(
+            "INSERT INTO alarms (id, kind, sensor_id, state, opened_at, resolved_at) \
+             VALUES (?1, ?2, ?3, CASE WHEN ?5 IS NULL THEN 'open' ELSE 'resolved' END, ?4, ?5)",
+        )?;
+        for o in opened {
+            st.execute(params![
+                o.id,
+                o.kind.as_str(),
+                o.sensor_id.to_string(),
+                o.at,
+                o.resolved_at
+            ])?;
         }
     }
     Ok(())
@@ -192,6 +194,14 @@ impl rules::alarms::AckTables for AckTables<'_> {
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rules::alarms::first_of_each(rows))
+    }
+
+    async fn silence_new(
+        &mut self,
+        seqs: &[i64],
+        now: Millis,
+    ) -> Result<std::collections::HashSet<i64>> {
+        super::silences::silence_new(self.tx, seqs, now)
     }
 
     async fn insert_ack(

@@ -33,25 +33,14 @@ impl Tables {
             .collect()
     }
 
-    /// Inserts the alarms opened, resolves the ones resolved.
-    pub(super) fn write_alarms(&mut self, opened: &[Opened], resolved: &[(String, Millis)]) {
-        for o in opened {
-            self.alarms.insert(
-                o.id.clone(),
-                Alarm {
-                    id: o.id.clone(),
-                    kind: o.kind,
-                    sensor_id: Some(o.sensor_id),
-                    site_id: None,
-                    state: AlarmState::Open,
-                    opened_at: o.at,
-                    acknowledged_at: None,
-                    acknowledged_by: None,
-                    note: None,
-                    resolved_at: None,
-                },
-            );
-        }
+    /// Resolves the ones resolved, then inserts the alarms opened, refusing (as the
+    /// stores' unique index does) a second unresolved one of a sensor and kind, or an id
+    /// taken.
+    pub(super) fn write_alarms(
+        &mut self,
+        opened: &[Opened],
+        resolved: &[(String, Millis)],
+    ) -> Result<()> {
         for (id, at) in resolved {
             if let Some(a) = self
                 .alarms
@@ -62,6 +51,42 @@ impl Tables {
                 a.resolved_at = Some(*at);
             }
         }
+        for o in opened {
+            let twice = self.alarms.contains_key(&o.id)
+                || (o.resolved_at.is_none()
+                    && self.alarms.values().any(|a| {
+                        a.sensor_id == Some(o.sensor_id)
+                            && a.kind == o.kind
+                            && a.state != AlarmState::Resolved
+                    }));
+            if twice {
+                return Err(latch::store::Error::Backend(format!(
+                    "duplicate key value violates unique constraint (alarm {} of {} {})",
+                    o.id,
+                    o.sensor_id,
+                    o.kind.as_str()
+                )));
+            }
+            self.alarms.insert(
+                o.id.clone(),
+                Alarm {
+                    id: o.id.clone(),
+                    kind: o.kind,
+                    sensor_id: Some(o.sensor_id),
+                    site_id: None,
+                    state: match o.resolved_at {
+                        Some(_) => AlarmState::Resolved,
+                        None => AlarmState::Open,
+                    },
+                    opened_at: o.at,
+                    acknowledged_at: None,
+                    acknowledged_by: None,
+                    note: None,
+                    resolved_at: o.resolved_at,
+                },
+            );
+        }
+        Ok(())
     }
 }
 
@@ -127,8 +152,7 @@ macro_rules! alarm_tables {
                 opened: &[latch::domain::alarm::Opened],
                 resolved: &[(String, latch::domain::Millis)],
             ) -> latch::store::Result<()> {
-                self.t.write_alarms(opened, resolved);
-                Ok(())
+                self.t.write_alarms(opened, resolved)
             }
 
             async fn site_alarm(&mut self, site: &str) -> latch::store::Result<Option<String>> {
@@ -221,6 +245,14 @@ impl rules::alarms::AckTables for AckTables<'_> {
                 .map(|(c, _, s)| (c, s.to_string()))
                 .collect(),
         ))
+    }
+
+    async fn silence_new(
+        &mut self,
+        seqs: &[i64],
+        now: Millis,
+    ) -> Result<std::collections::HashSet<i64>> {
+        self.t.silence_new(self.cx, seqs, now)
     }
 
     async fn insert_ack(
