@@ -431,3 +431,60 @@ pub(super) async fn a_batch_that_resolves_and_reopens_an_alarm_commits(s: &Subje
     assert_eq!(now_open[0].opened_at, 9_000);
     assert_eq!(alarm_of(s, AlarmState::Resolved).await.len(), 2);
 }
+
+/// Retention keeps the notifications of an alarm not resolved, so that an acknowledgement
+/// long after still tells the clients told; once it is resolved they go at their time.
+pub(super) async fn retention_keeps_an_open_alarms_notifications(s: &Subject) {
+    s.create_sensor(sensor("ra1")).await.unwrap();
+    s.create_client(client("rac", "http://127.0.0.1:9/h"))
+        .await
+        .unwrap();
+    s.link("rac".into(), sid("ra1"), 1).await.unwrap();
+    let lost = s
+        .commit(liveness("ra1", EventKind::ConnectionLost, 1_000), 1_000)
+        .await
+        .unwrap()
+        .remove(0);
+    let delivered = Outcome {
+        notification_id: lost.id.clone(),
+        client_id: lost.client_id.clone(),
+        attempt: Some(Attempt {
+            notification_id: lost.id.clone(),
+            at: 2_000,
+            status_code: Some(200),
+            error: None,
+            duration_ms: 3,
+        }),
+        attempts: 1,
+        verdict: Verdict::Delivered,
+        node: "n1".into(),
+        batch_id: None,
+    };
+    s.record(vec![delivered], 2_000, NEVER).await.unwrap();
+    let keep = Retention {
+        history_before: None,
+        notifications_before: Some(10_000),
+    };
+    s.maintain(60_000, keep).await.unwrap();
+    assert!(
+        s.get_notification(lost.id.clone()).await.unwrap().is_some(),
+        "its alarm is open"
+    );
+    let id = alarm_of(s, AlarmState::Open).await[0].id.clone();
+    let Acked::Taken(_, made) = s.ack_alarm(id, ack("anna"), 61_000).await.unwrap() else {
+        panic!("taken");
+    };
+    assert_eq!(made.len(), 1, "the client told 60 s ago hears of it");
+
+    s.commit(
+        liveness("ra1", EventKind::ConnectionRestored, 62_000),
+        62_000,
+    )
+    .await
+    .unwrap();
+    s.maintain(63_000, keep).await.unwrap();
+    assert!(
+        s.get_notification(lost.id.clone()).await.unwrap().is_none(),
+        "resolved: it goes at its time"
+    );
+}

@@ -209,6 +209,7 @@ suite!(
     alarms::a_site_down_is_one_alarm_for_its_sensors,
     alarms::a_schedule_is_kept_whole,
     alarms::a_batch_that_resolves_and_reopens_an_alarm_commits,
+    alarms::retention_keeps_an_open_alarms_notifications,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

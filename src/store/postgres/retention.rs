@@ -134,6 +134,11 @@ const KEPT_FOR_A_SILENCE: &str = "EXISTS (SELECT 1 FROM silenced_pairs sp \
     WHERE sp.client_id = n.client_id AND (sp.sensor_id = n.sensor_id \
     OR n.kind IN ('site.connection_lost', 'site.connection_restored')))";
 
+/// A notification of an alarm not resolved stays: an acknowledgement tells the clients it
+/// told, read from them, however long the alarm stays open.
+const KEPT_FOR_ITS_ALARM: &str = "EXISTS (SELECT 1 FROM alarms a \
+    WHERE a.id = n.alarm_id AND a.state <> 'resolved')";
+
 async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
     let c = db.get("retention").await?;
     Ok(c.query(
@@ -162,7 +167,7 @@ async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<P
             &format!(
                 "WITH gone AS (DELETE FROM notifications n WHERE seq = ANY($1) \
                AND status <> 'pending' AND updated_at < $2 AND NOT {KEPT_FOR_ITS_LANE} \
-               AND NOT {KEPT_FOR_A_SILENCE} RETURNING id, seq), \
+               AND NOT {KEPT_FOR_A_SILENCE} AND NOT {KEPT_FOR_ITS_ALARM} RETURNING id, seq), \
              a AS (DELETE FROM attempts WHERE notification_id IN (SELECT id FROM gone) \
                RETURNING 1), \
              named AS (DELETE FROM notification_sensors WHERE seq IN (SELECT seq FROM gone)) \

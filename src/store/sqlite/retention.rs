@@ -145,7 +145,8 @@ pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
 /// from until its end reconciles it, and every site event of that client (it may name the
 /// sensor, from another sensor's lane): what the client was told is read from them then,
 /// and a silence longer than retention would otherwise find nothing, or less than was told
-/// (issue #68).
+/// (issue #68). A notification of an alarm not resolved stays too: an acknowledgement
+/// tells the clients it told, read from them, however long the alarm stays open.
 pub(super) fn delete_notifications(
     c: &mut Connection,
     seqs: &[i64],
@@ -163,6 +164,8 @@ pub(super) fn delete_notifications(
                FROM silenced_pairs sp WHERE sp.client_id = n.client_id \
                AND (sp.sensor_id = n.sensor_id \
                     OR n.kind IN ('site.connection_lost', 'site.connection_restored'))) \
+             AND NOT EXISTS (SELECT 1 FROM alarms a WHERE a.id = n.alarm_id \
+               AND a.state <> 'resolved') \
              RETURNING id, site_id IS NOT NULL",
         )?;
         let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;

@@ -49,6 +49,14 @@ impl Tables {
                             *c == n.client_id && (*x == n.sensor_id || n.kind.is_site())
                         })
                     })
+                    // `KEPT_FOR_ITS_ALARM`: an alarm not resolved tells its clients from them.
+                    .filter(|n| {
+                        !n.alarm_id.as_ref().is_some_and(|id| {
+                            self.alarms.get(id).is_some_and(|a| {
+                                a.state != latch::domain::alarm::AlarmState::Resolved
+                            })
+                        })
+                    })
                     .map(|n| n.seq)
                     .collect();
             (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);
