@@ -214,6 +214,7 @@ impl Workload {
             90..92 => self.maintenance().await,
             92..95 => self.registry().await,
             95..98 if self.signals => self.set_holds().await,
+            98..100 => self.acknowledge().await,
             _ => {}
         }
     }
@@ -506,6 +507,38 @@ impl Workload {
                     self.note_replayed(&client, " (answer lost)", &ids);
                 }
             }
+        }
+    }
+
+    /// Someone at the desk acknowledges an open alarm, through any node (issue #73): its
+    /// reminders stop and the clients told of it hear of it.
+    async fn acknowledge(&mut self) {
+        let Some(node) = self.entry() else { return };
+        let Some((engine, store, dispatcher)) = self.nodes.entry(&node) else {
+            return;
+        };
+        let open: Vec<String> = self.model.read(|t| {
+            t.alarms
+                .values()
+                .filter(|a| a.state == latch::domain::alarm::AlarmState::Open)
+                .map(|a| a.id.clone())
+                .collect()
+        });
+        if open.is_empty() {
+            return;
+        }
+        let id = open[self.world.between(0, open.len() as u64) as usize].clone();
+        let ack = latch::store::rules::alarms::Ack {
+            by: "night desk".into(),
+            note: self.world.chance(0.5).then(|| "on it".to_string()),
+        };
+        let acked = latch::store::Alarms::ack_alarm(&*store, id.clone(), ack, engine.now()).await;
+        if let Ok(latch::store::rules::alarms::Acked::Taken(_, made)) = acked {
+            self.world.trace(format!(
+                "alarm {id} acknowledged on {node}: {} told",
+                made.len()
+            ));
+            dispatcher.deliver(made);
         }
     }
 

@@ -3,12 +3,13 @@
 //! opened, at most one not resolved — and every notification that names an alarm is of
 //! its sensor, of a type that belongs to its kind, and made while it was open (its
 //! clearing at the very time it was resolved); a site's `site_down` alarm names only the
-//! site's loss and return, made while it was down.
+//! site's loss and return, made while it was down. An acknowledgement goes once, only to
+//! clients told of the alarm, dated when it was taken; no reminder is made after it.
 
 use std::collections::BTreeMap;
 
 use latch::domain::alarm::{self, AlarmKind, AlarmState, Role};
-use latch::domain::{Detail, Event, EventKind, Millis, SensorId};
+use latch::domain::{Detail, Event, EventKind, Millis, SensorId, Status};
 
 use crate::model::Tables;
 use crate::world::World;
@@ -73,6 +74,56 @@ pub(super) fn alarms(world: &World, t: &Tables, start: Millis) {
             );
             continue;
         };
+        if n.kind == EventKind::AlarmAcknowledged {
+            if a.acknowledged_at != Some(n.occurred_at) {
+                v(
+                    "an acknowledgement tells when it was taken",
+                    id,
+                    n.id.clone(),
+                );
+            }
+            let earlier = |ack: bool| {
+                t.audit.trails().any(|o| {
+                    o.seq < n.seq
+                        && o.client_id == n.client_id
+                        && o.alarm_id.as_deref() == Some(id.as_str())
+                        && (o.kind == EventKind::AlarmAcknowledged) == ack
+                        && o.status != Status::Silenced
+                })
+            };
+            if !earlier(false) {
+                v(
+                    "an acknowledgement goes only to the clients told of the alarm",
+                    id,
+                    format!("{} to {}", n.id, n.client_id),
+                );
+            }
+            if earlier(true) {
+                v(
+                    "an alarm is acknowledged once",
+                    id,
+                    format!("{} again", n.id),
+                );
+            }
+            continue;
+        }
+        let reminder = n.kind == EventKind::StillLost
+            || (n.kind == EventKind::StateHeld && n.reminder.is_some());
+        if let (true, Some(&taken)) = (reminder, t.acks_applied.get(id))
+            && n.made_at > taken
+        {
+            v(
+                "no reminder after an acknowledgement",
+                id,
+                format!(
+                    "{} ({}) made at {}, the alarm taken at {}",
+                    n.id,
+                    n.kind.as_str(),
+                    n.made_at - start,
+                    taken - start
+                ),
+            );
+        }
         if a.kind == AlarmKind::SiteDown {
             // A site's: its loss and return (in the lane of one of its sensors), made
             // while it was down.
@@ -99,16 +150,6 @@ pub(super) fn alarms(world: &World, t: &Tables, start: Millis) {
                 id,
                 format!("{} is of {}", n.id, n.sensor_id),
             );
-        }
-        if n.kind == EventKind::AlarmAcknowledged {
-            if a.acknowledged_at != Some(n.occurred_at) {
-                v(
-                    "an acknowledgement tells when it was taken",
-                    id,
-                    n.id.clone(),
-                );
-            }
-            continue;
         }
         let e = Event {
             sensor_id: n.sensor_id,

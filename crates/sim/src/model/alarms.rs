@@ -190,6 +190,7 @@ impl rules::alarms::AckTables for AckTables<'_> {
     }
 
     async fn acknowledge(&mut self, id: &str, ack: &Ack, now: Millis) -> Result<()> {
+        self.t.acks_applied.insert(id.to_string(), self.cx.now);
         if let Some(a) = self.t.alarms.get_mut(id) {
             a.state = AlarmState::Acknowledged;
             a.acknowledged_at = Some(now);

@@ -173,6 +173,9 @@ pub struct Tables {
     pub(crate) silenced_pairs: BTreeMap<(String, SensorId), KeptPair>,
     /// `schedules`, by id.
     pub(crate) schedules: BTreeMap<String, latch::store::StoredSchedule>,
+    /// When each alarm's acknowledgement was applied, by the database's clock (not a table:
+    /// for the checks; `acknowledged_at` is the caller's time).
+    pub(crate) acks_applied: BTreeMap<String, Millis>,
     /// `alarms`, by id.
     pub(crate) alarms: BTreeMap<String, latch::domain::alarm::Alarm>,
     pub(crate) cluster: ClusterTables,
@@ -210,6 +213,7 @@ impl Tables {
             silenced_pairs: BTreeMap::new(),
             sealing_key: None,
             alarms: BTreeMap::new(),
+            acks_applied: BTreeMap::new(),
             schedules: BTreeMap::new(),
             cluster: ClusterTables::default(),
             next: Counters::default(),
