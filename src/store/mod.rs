@@ -27,7 +27,6 @@
 
 use async_trait::async_trait;
 
-use crate::domain::alarm::Alarm;
 use crate::domain::client::{Disabled, Health};
 use crate::domain::silence::{Silence, SilenceState};
 use crate::domain::site::decide::Rules as SiteRules;
@@ -60,6 +59,8 @@ pub use types::{
 pub(crate) use types::{limit_plus_one, notification_ref, retry_refusal, split_cursor};
 
 mod batch;
+mod operators;
+pub use operators::{Alarms, Schedules};
 pub mod cluster;
 mod data_dir;
 mod error;
@@ -499,38 +500,6 @@ pub trait Silences: Send + Sync {
         ended_by: Millis,
         now: Millis,
     ) -> Result<Vec<NotificationRef>>;
-}
-
-/// Alarms as operators work them ([`crate::domain::alarm`]): the group commit opens and
-/// resolves them ([`Runtime::commit`]); these read them and take one.
-#[async_trait]
-pub trait Alarms: Send + Sync {
-    /// Newest first by id.
-    async fn list_alarms(&self, filter: AlarmFilter, page: PageRequest) -> Result<Page<Alarm>>;
-    /// The alarm and the ids of the notifications that name it, in outbox order.
-    async fn get_alarm(&self, id: String) -> Result<Option<(Alarm, Vec<String>)>>;
-    /// The alarms not resolved, counted by kind and state (the gauges).
-    async fn alarm_totals(&self) -> Result<crate::domain::alarm::AlarmTotals>;
-    /// Acknowledges it ([`rules::alarms::acknowledge`]).
-    async fn ack_alarm(
-        &self,
-        id: String,
-        ack: rules::alarms::Ack,
-        now: Millis,
-    ) -> Result<rules::alarms::Acked>;
-}
-
-/// Weekly schedules ([`crate::domain::schedule`]), kept whole as the API writes them.
-#[async_trait]
-pub trait Schedules: Send + Sync {
-    /// 409 (`Conflict`) when its id is taken.
-    async fn create_schedule(&self, s: StoredSchedule) -> Result<()>;
-    async fn get_schedule(&self, id: String) -> Result<Option<StoredSchedule>>;
-    /// By id.
-    async fn list_schedules(&self, page: PageRequest) -> Result<Page<StoredSchedule>>;
-    /// Writes its fields and `updated_at`; `false` if there is no such schedule.
-    async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool>;
-    async fn delete_schedule(&self, id: String) -> Result<bool>;
 }
 
 /// Every store trait but the cluster's: what the wiring holds and hands out in slices
