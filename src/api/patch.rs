@@ -105,6 +105,20 @@ pub struct SensorPatch {
     /// Merged: `{"changes": 8}` keeps the window; `null`: never flapping.
     #[schema(nullable)]
     flap: Option<Option<FlapPatch>>,
+    /// Merged: `{"when": "inside"}` keeps the schedule and state; `null`: not armed.
+    #[schema(nullable)]
+    armed: Option<Option<ArmedPatch>>,
+}
+
+/// A change to a sensor's arming.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct ArmedPatch {
+    schedule_id: Option<String>,
+    #[schema(minimum = 0, maximum = 1)]
+    data: Option<u8>,
+    when: Option<crate::domain::armed::When>,
 }
 
 /// A change to a sensor's flap.

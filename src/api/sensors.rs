@@ -10,6 +10,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody, parse_sensor_id};
 use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
+use crate::domain::armed::Armed;
 use crate::domain::flap::Flap;
 use crate::domain::hold::{HoldAlarm, HoldAlarms};
 use crate::domain::sensor::{Labels, SensorAlarms};
@@ -63,6 +64,10 @@ pub struct SensorCreate {
     /// `changes` (2–100) within `window_s` (10–3600) are flapping: one `sensor.flapping`
     /// instead of their `state_changed`s, until the sensor is quiet for `window_s`.
     pub flap: Option<Flap>,
+    /// `{schedule_id, data, when}`: its state becoming `data` outside (`when: "outside"`)
+    /// or inside the schedule's windows is `sensor.state_out_of_schedule` (a door opened
+    /// at night); the schedule must exist.
+    pub armed: Option<Armed>,
 }
 
 /// A sensor's new address, timeout, debounce window and site; a sensor as `GET` answers it,
@@ -89,6 +94,8 @@ pub struct SensorReplace {
     pub hold_alarms: Option<Vec<HoldAlarm>>,
     /// Absent or `null`: never flapping.
     pub flap: Option<Flap>,
+    /// Absent or `null`: not armed.
+    pub armed: Option<Armed>,
     /// Read-only, as shown; ignored.
     #[serde(default)]
     #[schema(read_only)]
@@ -117,6 +124,8 @@ pub struct SensorOut {
     pub hold_alarms: Vec<HoldAlarm>,
     /// How many changes within how long are flapping; `null`: never.
     pub flap: Option<Flap>,
+    /// The schedule its state is news out of (or in); `null`: not armed.
+    pub armed: Option<Armed>,
     pub created_at: String,
     pub status: StatusOut,
 }
@@ -176,6 +185,7 @@ pub fn sensor_out((s, status): SensorView) -> SensorOut {
         labels: (!s.labels.is_empty()).then_some(s.labels),
         hold_alarms: s.hold_alarms.to_list(),
         flap: s.flap,
+        armed: s.armed,
         created_at: time::format(s.created_at),
         status: status.into(),
     }
@@ -206,6 +216,7 @@ fn alarms(
     labels: Option<Labels>,
     hold_alarms: Option<Vec<HoldAlarm>>,
     flap: Option<Flap>,
+    armed: Option<Armed>,
 ) -> ApiResult<SensorAlarms> {
     let battery_low_pct = match battery_low_pct {
         None => DEFAULT_BATTERY_LOW_PCT,
@@ -223,11 +234,15 @@ fn alarms(
     if let Some(f) = &flap {
         f.validate().map_err(ApiError::invalid)?;
     }
+    if let Some(a) = &armed {
+        a.validate().map_err(ApiError::invalid)?;
+    }
     Ok(SensorAlarms {
         battery_low_pct,
         labels,
         hold_alarms,
         flap,
+        armed,
     })
 }
 
@@ -273,6 +288,7 @@ async fn create_sensor(
         body.labels,
         body.hold_alarms,
         body.flap,
+        body.armed,
     )?;
     let sensor = st
         .app
@@ -390,6 +406,7 @@ pub(super) async fn replace(
         body.labels,
         body.hold_alarms,
         body.flap,
+        body.armed,
     )?;
     let view = st
         .app

@@ -1,7 +1,7 @@
 //! Sensors registered, changed and deleted: the store first, then the engine, then the
 //! node of the cluster that serves the sensor.
 
-use super::{App, Result};
+use super::{App, Error, Result};
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Sensor, SensorId};
 use crate::engine::Settings;
@@ -19,6 +19,7 @@ impl App {
         alarms: SensorAlarms,
     ) -> Result<Sensor> {
         self.check_site(site_id.as_deref()).await?;
+        self.check_armed(&alarms).await?;
         let settings = Settings::new(heartbeat_timeout_s, debounce_s, &alarms);
         let battery_low_pct = alarms.battery_low_pct;
         let sensor = Sensor {
@@ -32,6 +33,7 @@ impl App {
             labels: alarms.labels,
             hold_alarms: alarms.hold_alarms,
             flap: alarms.flap,
+            armed: alarms.armed,
         };
         self.0.store.create_sensor(sensor.clone()).await?;
         self.0.engine.upsert_sensor(id, settings).await?;
@@ -51,6 +53,7 @@ impl App {
         alarms: SensorAlarms,
     ) -> Result<Option<SensorView>> {
         self.check_site(site_id.as_deref()).await?;
+        self.check_armed(&alarms).await?;
         let settings = Settings::new(heartbeat_timeout_s, debounce_s, &alarms);
         let Some((view, made)) = self
             .0
@@ -91,6 +94,24 @@ impl App {
         }
         self.registry_changed(id).await;
         Ok(true)
+    }
+
+    /// An armed sensor names a schedule that exists.
+    async fn check_armed(&self, alarms: &SensorAlarms) -> Result<()> {
+        if let Some(a) = &alarms.armed
+            && self
+                .0
+                .store
+                .get_schedule(a.schedule_id.clone())
+                .await?
+                .is_none()
+        {
+            return Err(Error::Invalid(format!(
+                "armed.schedule_id: no schedule {:?}",
+                a.schedule_id
+            )));
+        }
+        Ok(())
     }
 
     /// In a cluster, the node serving `id` reads the change now.

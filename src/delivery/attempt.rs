@@ -64,6 +64,9 @@ struct Payload<'a> {
     /// `sensor.fault`: the code.
     #[serde(skip_serializing_if = "Option::is_none")]
     fault: Option<String>,
+    /// `sensor.state_out_of_schedule`: the schedule (`{id, name}`), stored as its body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schedule: Option<serde_json::Value>,
     /// The alarm it opens, reminds of or clears (`GET /v1/alarms/{id}`).
     #[serde(skip_serializing_if = "Option::is_none")]
     alarm_id: Option<&'a str>,
@@ -137,6 +140,11 @@ pub fn body(n: &Notification, address: &str, labels: &Labels) -> Vec<u8> {
         changes: n.detail.threshold.filter(|_| n.kind == EventKind::Flapping),
         window_s: n.detail.window_s,
         fault: n.detail.fault.map(|f| f.to_string()),
+        schedule: n
+            .body
+            .as_deref()
+            .filter(|_| n.kind == EventKind::StateOutOfSchedule)
+            .and_then(|b| serde_json::from_str(b).ok()),
         alarm_id: n.alarm_id.as_deref(),
     };
     serde_json::to_vec(&p).expect("payload serializes")

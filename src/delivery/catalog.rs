@@ -171,9 +171,8 @@ fn sensor_schema(kind: EventKind) -> Value {
     );
     p.insert("type".into(), kind_const(kind.as_str()));
     p.insert("occurred_at".into(), time("When it happened."));
-    if kind != EventKind::StateChanged {
-        p.insert("alarm_id".into(), alarm_id());
-    }
+    // A state change names the `out_of_schedule` alarm it resolves.
+    p.insert("alarm_id".into(), alarm_id());
     p.insert(
         "sensor".into(),
         object(
@@ -280,6 +279,26 @@ fn sensor_schema(kind: EventKind) -> Value {
                 state("The state last told: the flapping's."),
             );
             p.insert("previous_label".into(), label("previous"));
+        }
+        EventKind::StateOutOfSchedule => {
+            p.insert(
+                "data".into(),
+                state("The state it became: the sensor's armed.data."),
+            );
+            p.insert(
+                "previous".into(),
+                state("The state before; null for the sensor's first."),
+            );
+            p.insert("previous_label".into(), label("previous"));
+            p.insert(
+                "schedule".into(),
+                object(
+                    "The schedule of the sensor's armed, as it was named then.",
+                    json!({"id": {"type": "string"}, "name": {"type": "string"}}),
+                    &["id", "name"],
+                ),
+            );
+            required.push("schedule");
         }
         EventKind::StateHeldCleared => {
             p.insert("data".into(), state("The state now."));
@@ -533,6 +552,12 @@ fn example_notification(kind: EventKind) -> Notification {
             ..sample(id, kind, Some(true), None)
         },
         EventKind::FlappingStopped => sample(id, kind, Some(false), Some(true)),
+        // The front door opened at 02:10, out of office hours.
+        EventKind::StateOutOfSchedule => Notification {
+            body: Some(r#"{"id":"office","name":"Office hours"}"#.into()),
+            alarm_id: Some(EXAMPLE_ALARM.into()),
+            ..sample(id, kind, Some(true), Some(false))
+        },
         EventKind::AlarmAcknowledged => {
             let alarm = Alarm {
                 id: EXAMPLE_ALARM.into(),

@@ -209,10 +209,20 @@ pub fn role(e: &Event) -> Option<Role> {
         EventKind::FaultCleared => Role::Resolves(A::Fault),
         EventKind::Flapping => Role::Opens(A::Flapping),
         EventKind::FlappingStopped => Role::Resolves(A::Flapping),
+        EventKind::StateOutOfSchedule => Role::Opens(A::OutOfSchedule),
         EventKind::StateChanged
         | EventKind::SiteConnectionLost
         | EventKind::SiteConnectionRestored
         | EventKind::AlarmAcknowledged => return None,
+    })
+}
+
+/// What `e` does to an alarm where the sensors `resolving` may have one `out_of_schedule`
+/// open ([`super::armed`]): a state change of one of them resolves it.
+fn role_among(e: &Event, resolving: &HashSet<SensorId>) -> Option<Role> {
+    role(e).or_else(|| {
+        (e.kind == EventKind::StateChanged && resolving.contains(&e.sensor_id))
+            .then_some(Role::Resolves(AlarmKind::OutOfSchedule))
     })
 }
 
@@ -248,15 +258,20 @@ pub struct Plan {
     pub resolved: Vec<(String, Millis)>,
 }
 
-/// The keys of the alarms `events` may touch (not those `held` by a site's decision),
-/// sorted and without repeats: what a commit reads before [`plan`].
-pub fn keys(events: &[&Event], held: &HashSet<usize>) -> Vec<(SensorId, AlarmKind)> {
+/// The keys of the alarms `events` may touch (not those `held` by a site's decision; the
+/// state changes of sensors `resolving` an `out_of_schedule`), sorted and without
+/// repeats: what a commit reads before [`plan`].
+pub fn keys(
+    events: &[&Event],
+    held: &HashSet<usize>,
+    resolving: &HashSet<SensorId>,
+) -> Vec<(SensorId, AlarmKind)> {
     let mut keys: Vec<(SensorId, AlarmKind)> = events
         .iter()
         .enumerate()
         .filter(|(k, _)| !held.contains(k))
         .filter_map(|(_, e)| {
-            role(e).map(|r| match r {
+            role_among(e, resolving).map(|r| match r {
                 Role::Opens(a) | Role::Reminds(a) | Role::Resolves(a) => (e.sensor_id, a),
             })
         })
@@ -270,10 +285,12 @@ pub fn keys(events: &[&Event], held: &HashSet<usize>) -> Vec<(SensorId, AlarmKin
 /// opens an alarm unless one of its kind is open (then it is that one's news); a reminder
 /// carries the open alarm's id and is quiet once it is acknowledged; a clearing event
 /// resolves the open one. Events `held` by a site's decision touch no alarm (the site's
-/// is theirs). `new_id` names each alarm opened.
+/// is theirs). A state change of a sensor `resolving` resolves its `out_of_schedule`.
+/// `new_id` names each alarm opened.
 pub fn plan(
     events: &[&Event],
     held: &HashSet<usize>,
+    resolving: &HashSet<SensorId>,
     unresolved: Vec<Unresolved>,
     mut new_id: impl FnMut() -> String,
 ) -> Plan {
@@ -286,7 +303,7 @@ pub fn plan(
         ..Plan::default()
     };
     for (k, e) in events.iter().enumerate() {
-        let Some(role) = role(e).filter(|_| !held.contains(&k)) else {
+        let Some(role) = role_among(e, resolving).filter(|_| !held.contains(&k)) else {
             continue;
         };
         match role {
@@ -356,7 +373,13 @@ mod tests {
         let lost = event("s1", EventKind::ConnectionLost, 10);
         let still = event("s1", EventKind::StillLost, 20);
         let back = event("s1", EventKind::ConnectionRestored, 30);
-        let p = plan(&[&lost, &still, &back], &HashSet::new(), vec![], ids());
+        let p = plan(
+            &[&lost, &still, &back],
+            &HashSet::new(),
+            &HashSet::new(),
+            vec![],
+            ids(),
+        );
         assert_eq!(
             p.ids,
             [Some("A1".into()), Some("A1".into()), Some("A1".into())]
@@ -376,6 +399,7 @@ mod tests {
         ];
         let p = plan(
             &e.iter().collect::<Vec<_>>(),
+            &HashSet::new(),
             &HashSet::new(),
             vec![],
             ids(),
@@ -413,6 +437,7 @@ mod tests {
         let p = plan(
             &[&still, &new_code],
             &HashSet::new(),
+            &HashSet::new(),
             vec![open, fault],
             ids(),
         );
@@ -431,10 +456,16 @@ mod tests {
         let lost = event("s2", EventKind::ConnectionLost, 2);
         let changed = event("s2", EventKind::StateChanged, 3);
         let held = HashSet::from([1]);
-        let p = plan(&[&ok, &lost, &changed], &held, vec![], ids());
+        let p = plan(
+            &[&ok, &lost, &changed],
+            &held,
+            &HashSet::new(),
+            vec![],
+            ids(),
+        );
         assert_eq!(p.ids, [None, None, None]);
         assert!(p.opened.is_empty() && p.resolved.is_empty());
-        assert!(keys(&[&ok, &lost, &changed], &held).len() == 1);
+        assert!(keys(&[&ok, &lost, &changed], &held, &HashSet::new()).len() == 1);
     }
 
     #[test]
@@ -443,7 +474,13 @@ mod tests {
         let mut again = event("d", EventKind::StateHeld, 2);
         again.detail.reminder = Some(1);
         let cleared = event("d", EventKind::StateHeldCleared, 3);
-        let p = plan(&[&held, &again, &cleared], &HashSet::new(), vec![], ids());
+        let p = plan(
+            &[&held, &again, &cleared],
+            &HashSet::new(),
+            &HashSet::new(),
+            vec![],
+            ids(),
+        );
         assert_eq!(p.opened.len(), 1);
         assert_eq!(p.opened[0].kind, AlarmKind::StateHeld);
         assert_eq!(p.opened[0].resolved_at, Some(3));

@@ -4,6 +4,7 @@
 
 pub mod alarm;
 pub mod alarms;
+pub mod armed;
 pub mod client;
 pub mod destination;
 pub mod flap;

@@ -54,6 +54,10 @@ pub enum EventKind {
     /// Someone acknowledged an alarm the client was told of ([`super::alarm`]).
     #[serde(rename = "alarm.acknowledged")]
     AlarmAcknowledged,
+    /// An armed sensor's state became its `armed.data` outside (or inside) its schedule
+    /// ([`super::armed`]): beside the `state_changed`.
+    #[serde(rename = "sensor.state_out_of_schedule")]
+    StateOutOfSchedule,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -85,6 +89,7 @@ impl EventKind {
             EventKind::Flapping => "sensor.flapping",
             EventKind::FlappingStopped => "sensor.flapping_stopped",
             EventKind::AlarmAcknowledged => "alarm.acknowledged",
+            EventKind::StateOutOfSchedule => "sensor.state_out_of_schedule",
         }
     }
 
@@ -133,6 +138,9 @@ impl EventKind {
             EventKind::AlarmAcknowledged => {
                 "Someone acknowledged an alarm this receiver was told of: who, their note, and the alarm (its reminders stop)."
             }
+            EventKind::StateOutOfSchedule => {
+                "An armed sensor's state became its armed state outside (or inside) its schedule (a door opened at night): beside the state_changed, with the schedule."
+            }
         }
     }
 
@@ -178,16 +186,17 @@ impl EventKind {
     }
 
     /// The kinds that open a door alarm (`latch_door_alarms_total`).
-    pub const DOOR_ALARMS: [EventKind; 5] = [
+    pub const DOOR_ALARMS: [EventKind; 6] = [
         EventKind::StateHeld,
         EventKind::BatteryLow,
         EventKind::Tamper,
         EventKind::Fault,
         EventKind::Flapping,
+        EventKind::StateOutOfSchedule,
     ];
 
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
@@ -205,6 +214,7 @@ impl EventKind {
         EventKind::Flapping,
         EventKind::FlappingStopped,
         EventKind::AlarmAcknowledged,
+        EventKind::StateOutOfSchedule,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -226,6 +236,7 @@ impl EventKind {
             "sensor.flapping" => Some(EventKind::Flapping),
             "sensor.flapping_stopped" => Some(EventKind::FlappingStopped),
             "alarm.acknowledged" => Some(EventKind::AlarmAcknowledged),
+            "sensor.state_out_of_schedule" => Some(EventKind::StateOutOfSchedule),
             _ => None,
         }
     }

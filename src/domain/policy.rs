@@ -545,8 +545,9 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
             EventKind::Flapping,
             EventKind::FlappingStopped,
         ],
-        // An acknowledgement stays true whatever came after it.
-        EventKind::AlarmAcknowledged => &[],
+        // An acknowledgement stays true whatever came after it, as does a state that was
+        // out of schedule when it began.
+        EventKind::AlarmAcknowledged | EventKind::StateOutOfSchedule => &[],
     }
 }
 

@@ -216,6 +216,8 @@ pub struct Sensor {
     pub hold_alarms: crate::domain::hold::HoldAlarms,
     /// How many changes within how long are flapping; `None`: never.
     pub flap: Option<crate::domain::flap::Flap>,
+    /// The schedule its state is news out of (or in); `None`: never.
+    pub armed: Option<crate::domain::armed::Armed>,
 }
 
 /// Longest label of a state, in characters.
@@ -288,6 +290,8 @@ pub struct SensorAlarms {
     pub hold_alarms: crate::domain::hold::HoldAlarms,
     /// See [`Sensor::flap`].
     pub flap: Option<crate::domain::flap::Flap>,
+    /// See [`Sensor::armed`].
+    pub armed: Option<crate::domain::armed::Armed>,
 }
 
 impl Default for SensorAlarms {
@@ -297,6 +301,7 @@ impl Default for SensorAlarms {
             labels: Labels::default(),
             hold_alarms: Default::default(),
             flap: None,
+            armed: None,
         }
     }
 }

@@ -171,7 +171,8 @@ impl View {
             | EventKind::StateHeld
             | EventKind::StateHeldCleared
             | EventKind::Flapping
-            | EventKind::AlarmAcknowledged => Self { lost: false, data },
+            | EventKind::AlarmAcknowledged
+            | EventKind::StateOutOfSchedule => Self { lost: false, data },
             // The client knew the state its `flapping` told.
             EventKind::FlappingStopped => Self {
                 lost: false,

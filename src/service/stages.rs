@@ -282,7 +282,8 @@ impl committer::Listener for Wiring {
                 | EventKind::StateHeldCleared
                 | EventKind::Flapping
                 | EventKind::FlappingStopped
-                | EventKind::AlarmAcknowledged => continue,
+                | EventKind::AlarmAcknowledged
+                | EventKind::StateOutOfSchedule => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

@@ -23,7 +23,7 @@ pub(crate) const SENSOR_COLS: &str = "s.id, s.address, s.heartbeat_timeout_s, s.
      st.data, st.changed_at, st.last_seen_at, COALESCE(st.connection, 'unknown'), s.debounce_s, \
      st.last_source, s.site_id, s.battery_low_pct, s.labels, st.battery, st.battery_low, \
      st.tamper, st.fault, s.hold_alarms, st.held_since, st.held_sent, \
-     COALESCE(st.flapping, false), s.flap";
+     COALESCE(st.flapping, false), s.flap, s.armed";
 
 /// The sites' totals (`site::SiteTotals`): sites down, events held for the grace of the
 /// sites up, and the start of the oldest grace running. `sites` is one row per building,
@@ -202,6 +202,7 @@ pub(crate) fn sensor_view<R: Cols>(r: &R) -> Result<SensorView, R::Error> {
             labels: Labels::from_column(r.opt_text(12)?.as_deref()),
             hold_alarms: HoldAlarms::from_column(r.opt_text(17)?.as_deref()),
             flap: Flap::from_column(r.opt_text(21)?.as_deref()),
+            armed: crate::domain::armed::Armed::from_column(r.opt_text(22)?.as_deref()),
         },
         SensorStatus {
             data: r.opt_flag(4)?,

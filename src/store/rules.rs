@@ -10,6 +10,7 @@
 //! ([`now_or_never`]), inside the transaction they hold.
 
 pub mod alarms;
+pub mod armed;
 pub mod claim;
 pub mod commit;
 pub mod record;

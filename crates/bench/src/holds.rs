@@ -120,6 +120,7 @@ async fn import(
                 labels: Default::default(),
                 hold_alarms: alarms,
                 flap: None,
+                armed: None,
             })
             .collect();
         let links = chunk.iter().map(|id| (client.id.clone(), *id)).collect();

@@ -399,6 +399,7 @@ pub async fn import_sited(
                 labels: Default::default(),
                 hold_alarms: Default::default(),
                 flap: None,
+                armed: None,
             })
             .collect();
         let links = chunk

@@ -11,6 +11,7 @@ use crate::receivers::Receivers;
 use crate::world::World;
 
 mod alarms;
+mod armed;
 mod deleted;
 mod delivery;
 mod flaps;
@@ -129,6 +130,7 @@ pub fn at_end(
         holds::holds(world, t, log, &hold_bodies, start);
         flaps::flaps(world, t, log, start);
         alarms::alarms(world, t, start);
+        armed::armed(world, t, log, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its

@@ -56,6 +56,8 @@ pub struct Log {
     /// and its end plus the time a node serving the sensor may take to follow it;
     /// `Millis::MAX` when the call failed and may still have been written).
     pub settings: Vec<Setting>,
+    /// Each armed sensor's arming: fixed by the sensor, so one made again is armed alike.
+    pub armed: BTreeMap<SensorId, latch::domain::armed::Armed>,
     /// Sensors deleted, with their links, state and history.
     pub sensors_deleted: Vec<Deleted>,
     /// Sensors' hold alarms as each call wrote them (issue #72): at registration, when

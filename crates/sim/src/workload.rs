@@ -74,7 +74,7 @@ pub struct Workload {
 }
 
 mod clients;
-mod holds;
+pub(crate) mod holds;
 mod keyed;
 mod registry;
 mod sites;
@@ -125,6 +125,16 @@ impl Workload {
                 updated_at: now,
             })
             .await?;
+        if self.signals {
+            use latch::store::Schedules;
+            store
+                .create_schedule(latch::store::StoredSchedule {
+                    schedule: holds::armed_hours(),
+                    created_at: now,
+                    updated_at: now,
+                })
+                .await?;
+        }
         for (i, s) in self.sensors.iter().enumerate() {
             let debounce_s = (self.debounce && i % 2 == 1).then_some(1);
             let hold_alarms = self.drawn_holds();
@@ -139,6 +149,7 @@ impl Workload {
                 labels: Default::default(),
                 hold_alarms,
                 flap: self.flap_of(i),
+                armed: self.armed_of(i),
             };
             let site = sensor.site_id.clone();
             let settings = Settings::new(None, debounce_s, &Self::kept_alarms(&sensor));
@@ -152,6 +163,9 @@ impl Workload {
                 ));
             }
             let mut log = self.log.lock().unwrap();
+            if let Some(a) = self.armed_of(i) {
+                log.armed.insert(s.id, a);
+            }
             log.holds.push(crate::log::HoldSetting {
                 sensor: s.id,
                 alarms: hold_alarms,

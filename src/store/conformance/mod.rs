@@ -20,6 +20,7 @@ use crate::domain::{Event, time::now_ms};
 use crate::domain::{EventKind, SensorStatus, Status};
 
 mod alarms;
+mod armed;
 mod batches;
 mod choices;
 mod claim_order;
@@ -210,6 +211,8 @@ suite!(
     alarms::a_schedule_is_kept_whole,
     alarms::a_batch_that_resolves_and_reopens_an_alarm_commits,
     alarms::retention_keeps_an_open_alarms_notifications,
+    armed::an_armed_sensor_tells_a_change_out_of_schedule_and_its_next_change_resolves_it,
+    armed::a_disarmed_sensors_next_change_still_resolves_its_alarm,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,
@@ -289,6 +292,7 @@ pub fn sensor(id: &str) -> Sensor {
         labels: Default::default(),
         hold_alarms: Default::default(),
         flap: None,
+        armed: None,
     }
 }
 

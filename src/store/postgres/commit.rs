@@ -140,6 +140,16 @@ async fn write(tx: &Tx<'_>, rows: Option<Rows>) -> Result<()> {
 
 super::alarms::alarm_tables!(CommitTables<'_>);
 
+impl rules::armed::ArmedTables for CommitTables<'_> {
+    async fn armed(&mut self, sensors: &[SensorId]) -> Result<Vec<rules::armed::ArmedRow>> {
+        super::armed::armed(self.tx, sensors).await
+    }
+
+    async fn describe(&mut self, bodies: &[(i64, String)]) -> Result<()> {
+        super::armed::describe(self.tx, bodies).await
+    }
+}
+
 impl rules::commit::CommitTables for CommitTables<'_> {
     async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
         fenced(self.tx, fence).await

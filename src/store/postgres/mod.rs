@@ -33,6 +33,7 @@ use crate::domain::{Client, Millis};
 use db::{Db, Sql};
 
 mod alarms;
+mod armed;
 mod cluster;
 mod commit;
 mod db;
@@ -100,6 +101,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0039_flapping.sql"),
     include_str!("../migrations/postgres/0040_alarms.sql"),
     include_str!("../migrations/postgres/0041_schedules.sql"),
+    include_str!("../migrations/postgres/0042_armed.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

@@ -12,6 +12,7 @@ use super::super::{
 use super::DELETE_LOCK;
 use super::PgStore;
 use super::db::{Sql, Tx};
+use crate::domain::armed::Armed;
 use crate::domain::client::{HEALTH_WINDOW_MS, Health, events_column};
 use crate::domain::flap::Flap;
 use crate::domain::sensor::SensorAlarms;
@@ -70,8 +71,8 @@ impl Registry for PgStore {
         let n = c
             .execute(
                 "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
-                   debounce_s, hash, site_id, battery_low_pct, labels, hold_alarms, flap) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                   debounce_s, hash, site_id, battery_low_pct, labels, hold_alarms, flap, armed) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
                    ON CONFLICT (id) DO NOTHING RETURNING id) \
                  INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
                 &[
@@ -86,6 +87,7 @@ impl Registry for PgStore {
                     &s.labels.to_column(),
                     &s.hold_alarms.to_column(),
                     &Flap::to_column(s.flap),
+                    &Armed::to_column(s.armed.as_ref()),
                 ],
             )
             .await?;
@@ -216,7 +218,7 @@ impl Registry for PgStore {
         tx.execute(
             "WITH s AS (UPDATE sensors SET address = $2, heartbeat_timeout_s = $3, \
                debounce_s = $4, site_id = $5, battery_low_pct = $6, labels = $7, \
-               hold_alarms = $8, flap = $9 \
+               hold_alarms = $8, flap = $9, armed = $10 \
                WHERE id = $1 RETURNING id) \
              INSERT INTO sensor_changes (sensor_id) SELECT id FROM s",
             &[
@@ -229,6 +231,7 @@ impl Registry for PgStore {
                 &alarms.labels.to_column(),
                 &alarms.hold_alarms.to_column(),
                 &Flap::to_column(alarms.flap),
+                &Armed::to_column(alarms.armed.as_ref()),
             ],
         )
         .await?;
@@ -632,11 +635,15 @@ impl Registry for PgStore {
         let holds: Vec<Option<String>> =
             sensors.iter().map(|s| s.hold_alarms.to_column()).collect();
         let flaps: Vec<Option<String>> = sensors.iter().map(|s| Flap::to_column(s.flap)).collect();
+        let armed: Vec<Option<String>> = sensors
+            .iter()
+            .map(|s| Armed::to_column(s.armed.as_ref()))
+            .collect();
         tx.execute(
             "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-             hash, site_id, battery_low_pct, labels, hold_alarms, flap) SELECT * FROM UNNEST( \
-             $1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int8[], \
-             $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[]) \
+             hash, site_id, battery_low_pct, labels, hold_alarms, flap, armed) SELECT * FROM \
+             UNNEST($1::text[], $2::text[], $3::int4[], $4::int8[], $5::int4[], $6::int8[], \
+             $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[]) \
              ON CONFLICT (id) DO NOTHING",
             &[
                 &ids,
@@ -650,6 +657,7 @@ impl Registry for PgStore {
                 &labels,
                 &holds,
                 &flaps,
+                &armed,
             ],
         )
         .await?;

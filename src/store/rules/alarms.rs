@@ -58,12 +58,14 @@ pub async fn of_events<T: AlarmTables>(
         }
     }
     let none = HashSet::new();
-    let keys = alarm::keys(&distinct, &none);
+    let keys = alarm::keys(&distinct, &none, &HashSet::new());
     if keys.is_empty() {
         return Ok(vec![None; events.len()]);
     }
     let unresolved = t.unresolved_alarms(&keys).await?;
-    let plan = alarm::plan(&distinct, &none, unresolved, || t.new_alarm_id());
+    let plan = alarm::plan(&distinct, &none, &HashSet::new(), unresolved, || {
+        t.new_alarm_id()
+    });
     t.write_alarms(&plan.opened, &plan.resolved).await?;
     Ok(events
         .iter()

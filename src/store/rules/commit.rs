@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 
 use super::alarms::AlarmTables;
+use super::armed::{self, ArmedTables};
 use crate::domain::alarm;
 use crate::domain::{Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::store::{CommitBatch, Error, Fence, Result};
@@ -38,7 +39,7 @@ pub struct Newer<'a> {
 /// The tables a group commit writes, within one transaction. An operation may hold its
 /// writes and send them with a later operation's statements (PostgreSQL pipelines them);
 /// all are sent by the time the last, [`CommitTables::silence_new`], answers.
-pub trait CommitTables: AlarmTables {
+pub trait CommitTables: AlarmTables + ArmedTables {
     /// The partitions of `fence` no longer held at their epoch, sorted (a store without
     /// partitions refuses a fence).
     fn fenced(&mut self, fence: &[Fence]) -> impl Future<Output = Result<Vec<u32>>>;
@@ -92,6 +93,20 @@ pub async fn commit<T: CommitTables>(
     if !fenced.is_empty() {
         return Err(Error::Fenced(fenced));
     }
+    // A sensor's out-of-schedule follows its change in the batch, so it is written,
+    // journaled and fanned out as the engine's own events are.
+    let mut armed = armed::decide(t, &batch.events).await?;
+    let extended;
+    let batch = match armed.events.take() {
+        Some(events) => {
+            extended = CommitBatch {
+                events,
+                ..batch.clone()
+            };
+            &extended
+        }
+        None => batch,
+    };
     // Every operation is called, with nothing to do or not: a backend may hold an
     // operation's writes to send with the next one's (`CommitTables`).
     let written = t.write_rows(batch, now).await?;
@@ -100,12 +115,19 @@ pub async fn commit<T: CommitTables>(
         true => HashSet::new(),
         false => t.hold_for_sites(&events, now).await?,
     };
-    let plan = alarms(t, &events, &held).await?;
+    let plan = alarms(t, &events, &held, &armed.resolving).await?;
     let quiet = match plan.quiet.is_empty() {
         true => held,
         false => held.union(&plan.quiet).copied().collect(),
     };
     let made = t.fan_out(&events, &quiet, &plan.ids, now).await?;
+    if !armed.bodies.is_empty() {
+        let bodies: Vec<(i64, String)> = made
+            .iter()
+            .filter_map(|m| Some((m.seq, armed.bodies.get(&written[m.event])?.clone())))
+            .collect();
+        t.describe(&bodies).await?;
+    }
     t.supersede(&newest_states(&events, &made), now).await?;
     let seqs: Vec<i64> = made.iter().map(|m| m.seq).collect();
     let silenced = t.silence_new(&seqs, now).await?;
@@ -134,13 +156,14 @@ async fn alarms<T: CommitTables>(
     t: &mut T,
     events: &[&Event],
     held: &HashSet<usize>,
+    resolving: &HashSet<SensorId>,
 ) -> Result<alarm::Plan> {
-    let keys = alarm::keys(events, held);
+    let keys = alarm::keys(events, held, resolving);
     if keys.is_empty() {
         return Ok(alarm::Plan::default());
     }
     let unresolved = t.unresolved_alarms(&keys).await?;
-    let plan = alarm::plan(events, held, unresolved, || t.new_alarm_id());
+    let plan = alarm::plan(events, held, resolving, unresolved, || t.new_alarm_id());
     t.write_alarms(&plan.opened, &plan.resolved).await?;
     Ok(plan)
 }

@@ -28,6 +28,16 @@ struct CommitTables<'a> {
 
 super::alarms::alarm_tables!(CommitTables<'_>);
 
+impl rules::armed::ArmedTables for CommitTables<'_> {
+    async fn armed(&mut self, sensors: &[SensorId]) -> Result<Vec<rules::armed::ArmedRow>> {
+        super::armed::armed(self.tx, sensors)
+    }
+
+    async fn describe(&mut self, bodies: &[(i64, String)]) -> Result<()> {
+        super::armed::describe(self.tx, bodies)
+    }
+}
+
 impl rules::commit::CommitTables for CommitTables<'_> {
     /// SQLite stays one node: no leases to check a fence against.
     async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {

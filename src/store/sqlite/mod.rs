@@ -28,6 +28,7 @@ pub use secrets::{Offline, rotation_lock};
 
 mod alarms;
 mod archive;
+mod armed;
 mod backup;
 mod checkpoint;
 mod commit;
@@ -91,6 +92,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0034_flapping.sql"),
     include_str!("../migrations/sqlite/0035_alarms.sql"),
     include_str!("../migrations/sqlite/0036_schedules.sql"),
+    include_str!("../migrations/sqlite/0037_armed.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -14,6 +14,7 @@ use super::super::{
     ConnectionCounts, Error, NotificationRef, Page, PageRequest, Result, SensorFilter, SensorView,
     limit_plus_one,
 };
+use crate::domain::armed::Armed;
 use crate::domain::flap::Flap;
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Client, Millis, Sensor, SensorId};
@@ -66,8 +67,8 @@ impl Registry for SqliteStore {
         self.write(move |c| {
             let n = c.execute(
                 "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                 site_id, battery_low_pct, labels, hold_alarms, flap) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                 site_id, battery_low_pct, labels, hold_alarms, flap, armed) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
                  ON CONFLICT (id) DO NOTHING",
                 params![
                     s.id.to_string(),
@@ -79,7 +80,8 @@ impl Registry for SqliteStore {
                     s.battery_low_pct,
                     s.labels.to_column(),
                     s.hold_alarms.to_column(),
-                    Flap::to_column(s.flap)
+                    Flap::to_column(s.flap),
+                    Armed::to_column(s.armed.as_ref())
                 ],
             )?;
             if n == 0 {
@@ -202,7 +204,7 @@ impl Registry for SqliteStore {
                 tx.execute(
                     "UPDATE sensors SET address = ?2, heartbeat_timeout_s = ?3, debounce_s = ?4, \
                      site_id = ?5, battery_low_pct = ?6, labels = ?7, hold_alarms = ?8, \
-                     flap = ?9 WHERE id = ?1",
+                     flap = ?9, armed = ?10 WHERE id = ?1",
                     params![
                         id.to_string(),
                         address,
@@ -212,7 +214,8 @@ impl Registry for SqliteStore {
                         alarms.battery_low_pct,
                         alarms.labels.to_column(),
                         alarms.hold_alarms.to_column(),
-                        Flap::to_column(alarms.flap)
+                        Flap::to_column(alarms.flap),
+                        Armed::to_column(alarms.armed.as_ref())
                     ],
                 )?;
                 let made = match from == site_id {
@@ -599,8 +602,8 @@ impl Registry for SqliteStore {
             {
                 let mut ins = tx.prepare_cached(
                     "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
-                     site_id, battery_low_pct, labels, hold_alarms, flap) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                     site_id, battery_low_pct, labels, hold_alarms, flap, armed) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
                      ON CONFLICT (id) DO NOTHING",
                 )?;
                 for s in &sensors {
@@ -614,7 +617,8 @@ impl Registry for SqliteStore {
                         s.battery_low_pct,
                         s.labels.to_column(),
                         s.hold_alarms.to_column(),
-                        Flap::to_column(s.flap)
+                        Flap::to_column(s.flap),
+                        Armed::to_column(s.armed.as_ref())
                     ])?;
                 }
                 let mut link = tx.prepare_cached(

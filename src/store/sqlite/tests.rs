@@ -142,6 +142,7 @@ async fn data_survives_reopening() {
                 labels: Default::default(),
                 hold_alarms: Default::default(),
                 flap: None,
+                armed: None,
             })
             .await
             .unwrap();

@@ -3,6 +3,7 @@
 mod alarms;
 mod amqp;
 mod amqp_cluster;
+mod armed;
 mod auth_throttle;
 mod backup;
 mod batches;

@@ -163,7 +163,10 @@ pub(super) fn alarms(world: &World, t: &Tables, start: Millis) {
                 ..Detail::default()
             },
         };
-        let role = alarm::role(&e);
+        // A state change resolves an `out_of_schedule` (the commit reads which may).
+        let role = alarm::role(&e)
+            .or((n.kind == EventKind::StateChanged)
+                .then_some(Role::Resolves(AlarmKind::OutOfSchedule)));
         let of_kind = match role {
             Some(Role::Opens(k) | Role::Reminds(k) | Role::Resolves(k)) => k == a.kind,
             None => false,

@@ -127,7 +127,8 @@ pub(super) fn liveness(
                 | EventKind::StateHeldCleared
                 | EventKind::Flapping
                 | EventKind::FlappingStopped
-                | EventKind::AlarmAcknowledged => {}
+                | EventKind::AlarmAcknowledged
+                | EventKind::StateOutOfSchedule => {}
             }
         }
     }

@@ -42,7 +42,8 @@ fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
         | EventKind::StateHeldCleared
         | EventKind::Flapping
         | EventKind::FlappingStopped
-        | EventKind::AlarmAcknowledged => return None,
+        | EventKind::AlarmAcknowledged
+        | EventKind::StateOutOfSchedule => return None,
     })
 }
 

@@ -216,6 +216,45 @@ struct CommitTables<'a> {
 
 super::alarms::alarm_tables!(CommitTables<'_>);
 
+impl rules::armed::ArmedTables for CommitTables<'_> {
+    /// As both stores join `sensors`, `schedules` and the unresolved alarms.
+    async fn armed(&mut self, sensors: &[SensorId]) -> Result<Vec<rules::armed::ArmedRow>> {
+        let t = &*self.t;
+        Ok(sensors
+            .iter()
+            .filter_map(|id| {
+                let s = t.sensors.get(id)?;
+                let open = t.alarms.values().any(|a| {
+                    a.sensor_id == Some(*id)
+                        && a.kind == latch::domain::alarm::AlarmKind::OutOfSchedule
+                        && a.resolved_at.is_none()
+                });
+                if s.armed.is_none() && !open {
+                    return None;
+                }
+                let armed = s.armed.clone().and_then(|a| {
+                    let schedule = t.schedules.get(&a.schedule_id)?.schedule.clone();
+                    Some((a, schedule))
+                });
+                Some(rules::armed::ArmedRow {
+                    sensor_id: *id,
+                    armed,
+                })
+            })
+            .collect())
+    }
+
+    async fn describe(&mut self, bodies: &[(i64, String)]) -> Result<()> {
+        for (seq, body) in bodies {
+            if let Some(n) = self.t.notifications.get_mut(seq) {
+                n.notification.body = Some(body.clone());
+                self.t.audit.retold(*seq, Some(body.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl rules::commit::CommitTables for CommitTables<'_> {
     async fn fenced(&mut self, fence: &[Fence]) -> Result<Vec<u32>> {
         if !self.t.shared && !fence.is_empty() {

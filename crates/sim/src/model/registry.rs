@@ -102,6 +102,7 @@ impl Tables {
             labels,
             hold_alarms,
             flap,
+            armed,
             created_at: _,
         } = to;
         let s = self.sensors.get_mut(&id)?;
@@ -112,6 +113,7 @@ impl Tables {
         s.labels = labels;
         s.hold_alarms = hold_alarms;
         s.flap = flap;
+        s.armed = armed;
         let from = std::mem::replace(&mut s.site_id, site_id.clone());
         self.note_change(cx, id);
         let made = match from == site_id {
@@ -346,6 +348,7 @@ impl Registry for NodeStore {
                 labels: alarms.labels,
                 hold_alarms: alarms.hold_alarms,
                 flap: alarms.flap,
+                armed: alarms.armed,
             };
             Ok(t.replace_sensor(cx, to, now))
         })

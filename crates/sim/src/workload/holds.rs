@@ -13,6 +13,21 @@ use latch::store::Registry;
 
 use super::Workload;
 
+/// The schedule armed sensors are judged by: inside from the run's 20th second to its
+/// 80th (17:47 to 17:48 UTC, every day), so changes fall both outside and inside it
+/// (`checks/armed.rs` judges by that minute itself).
+pub const ARMED_HOURS: &str = "hours";
+
+/// [`ARMED_HOURS`] as the API takes it.
+pub fn armed_hours() -> latch::domain::schedule::Schedule {
+    latch::domain::schedule::Schedule::parse(serde_json::json!({
+        "id": ARMED_HOURS, "name": "the run's hours", "tz": "UTC",
+        "weekly": [{"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+                    "from": "17:47", "to": "17:48"}]
+    }))
+    .expect("a valid schedule")
+}
+
 impl Workload {
     /// Hold alarms drawn for a sensor: none a third of the time, else an alarm for 1 (the
     /// door left open), for 0, or for both, after 1 to 5 s, reminding every 1 to 5 s half
@@ -44,6 +59,20 @@ impl Workload {
         })
     }
 
+    /// The arming of run sensor `i` (under `--signals`, every fourth: open (1) is news
+    /// outside [`ARMED_HOURS`], or, every eighth, inside): fixed by the sensor.
+    pub(super) fn armed_of(&self, i: usize) -> Option<latch::domain::armed::Armed> {
+        use latch::domain::armed::{Armed, When};
+        (self.signals && i % 4 == 1).then(|| Armed {
+            schedule_id: ARMED_HOURS.into(),
+            data: 1,
+            when: match i % 8 {
+                1 => When::Outside,
+                _ => When::Inside,
+            },
+        })
+    }
+
     /// The alarms a change of `sensor` writes when it keeps them: its own, as the store
     /// holds them (a change that left them out would remove them).
     pub(super) fn kept_alarms(sensor: &Sensor) -> SensorAlarms {
@@ -52,6 +81,7 @@ impl Workload {
             labels: sensor.labels.clone(),
             hold_alarms: sensor.hold_alarms,
             flap: sensor.flap,
+            armed: sensor.armed.clone(),
         }
     }
 

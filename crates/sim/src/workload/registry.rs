@@ -236,6 +236,7 @@ impl Workload {
                 labels: Default::default(),
                 hold_alarms,
                 flap: self.flap_of(i),
+                armed: self.armed_of(i),
             };
             let settings = Settings::new(None, debounce_s, &Self::kept_alarms(&sensor));
             let result = store.create_sensor(sensor).await;

@@ -146,6 +146,7 @@ impl Fleet {
                     labels: Default::default(),
                     hold_alarms: Default::default(),
                     flap: None,
+                    armed: None,
                 });
                 for (c, (client, mine)) in self.clients.iter_mut().enumerate() {
                     if linked(c, s.place, i) {

@@ -426,6 +426,7 @@ async fn load_partitions_returns_exactly_the_sensors_of_those_partitions() {
             labels: Default::default(),
             hold_alarms: Default::default(),
             flap: None,
+            armed: None,
         })
         .collect();
     store.import(sensors, Vec::new(), 1_000).await.unwrap();
