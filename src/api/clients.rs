@@ -1,5 +1,6 @@
 //! `/v1/clients` and the links between clients and sensors.
 
+use crate::domain::escalation::Escalation;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -90,6 +91,13 @@ pub struct ClientIn {
     #[serde(default, deserialize_with = "super::receivers::present_object")]
     #[schema(value_type = Option<TlsIn>, nullable)]
     pub tls: Option<Option<TlsIn>>,
+    /// Who is next when it leaves an alarm untaken: `{after_s, to}` — an alarm sent to
+    /// it, still open and not acknowledged `after_s` (1–604800) after that notification
+    /// was delivered or failed, goes to client `to` as `alarm.escalated`, whose own
+    /// escalation continues the chain (five levels at most; a circle is refused). Absent
+    /// or `null`: nobody; on replace too.
+    #[serde(default)]
+    pub escalation: Option<Escalation>,
     /// Read-only, as shown; on replace it must be the path's, on create it must be absent.
     #[serde(default)]
     #[schema(read_only)]
@@ -187,6 +195,8 @@ pub struct ClientOut {
     pub auth: Option<AuthOut>,
     /// Its client certificate; `null`: none.
     pub tls: Option<TlsOut>,
+    /// Who is next when it leaves an alarm untaken; `null`: nobody.
+    pub escalation: Option<Escalation>,
     /// How its endpoint has been answering; only when reading one client.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthOut>,
@@ -283,6 +293,7 @@ pub(super) fn client_out(
         headers: shown.headers,
         auth: shown.auth,
         tls: shown.tls,
+        escalation: c.escalation,
         health: None,
     }
 }
@@ -340,6 +351,7 @@ async fn create_client(
         events: body.events,
         batch: body.batch.map(Batch::from),
         receiver,
+        escalation: body.escalation,
         ..Client::default()
     };
     st.app.create_client(&client).await?;
@@ -454,6 +466,7 @@ pub(super) async fn replace(
         events: body.events,
         batch: body.batch.map(Batch::from),
         receiver,
+        escalation: body.escalation,
         ..current
     };
     if !st.app.replace_client(&client).await? {

@@ -182,6 +182,19 @@ pub struct ClientPatch {
     auth: Option<Option<AuthPatch>>,
     #[schema(nullable)]
     tls: Option<Option<TlsPatch>>,
+    /// Merged: `{"after_s": 600}` keeps `to`; `null`: nobody is next.
+    #[schema(nullable)]
+    escalation: Option<Option<EscalationPatch>>,
+}
+
+/// A change to a client's escalation.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct EscalationPatch {
+    #[schema(minimum = 1, maximum = 604800)]
+    after_s: Option<u32>,
+    to: Option<String>,
 }
 
 /// A change to a client's batching.

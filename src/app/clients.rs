@@ -1,7 +1,7 @@
 //! Clients registered, changed, deleted and enabled: the store first, then what the
 //! dispatcher keeps of them (rate limits, batching, parked lanes).
 
-use super::{App, Result};
+use super::{App, Error, Result};
 use crate::delivery::attempt::AttemptResult;
 use crate::domain::client::effective_batch;
 use crate::domain::{Client, Millis, SensorId};
@@ -11,6 +11,7 @@ impl App {
     /// Registers `client` (stamped by the caller with [`App::now`]); the dispatcher paces
     /// and batches it from its first notification.
     pub async fn create_client(&self, client: &Client) -> Result<()> {
+        self.check_escalation(client).await?;
         self.0.store.create_client(client.clone()).await?;
         self.follow_client(client);
         Ok(())
@@ -18,11 +19,48 @@ impl App {
 
     /// Replaces a client (`false`: no such client).
     pub async fn replace_client(&self, client: &Client) -> Result<bool> {
+        self.check_escalation(client).await?;
         if !self.0.store.replace_client(client.clone()).await? {
             return Ok(false);
         }
         self.follow_client(client);
         Ok(true)
+    }
+
+    /// A client's escalation goes to a client that exists, and with every other
+    /// client's makes neither a circle nor a chain past five. (Two changes at once on
+    /// different nodes are each checked against the other's before; the round stops a
+    /// chain at five levels whatever was set.)
+    async fn check_escalation(&self, client: &Client) -> Result<()> {
+        let Some(e) = &client.escalation else {
+            return Ok(());
+        };
+        e.validate(Some(&client.id)).map_err(Error::Invalid)?;
+        if self.0.store.get_client(e.to.clone()).await?.is_none() {
+            return Err(Error::Invalid(format!(
+                "escalation.to: no client {:?}",
+                e.to
+            )));
+        }
+        let mut chains = std::collections::HashMap::new();
+        let mut page = crate::store::PageRequest {
+            limit: 1000,
+            after: None,
+        };
+        loop {
+            let got = self.0.store.list_clients(page.clone(), None).await?;
+            for c in &got.items {
+                if let Some(e) = &c.escalation {
+                    chains.insert(c.id.clone(), e.to.clone());
+                }
+            }
+            match got.next {
+                Some(after) => page.after = Some(after),
+                None => break,
+            }
+        }
+        chains.insert(client.id.clone(), e.to.clone());
+        crate::domain::escalation::check_chains(&chains).map_err(Error::Invalid)
     }
 
     /// Deletes a client and its links; its pending notifications end cancelled (`false`:

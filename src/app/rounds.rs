@@ -1,6 +1,6 @@
 //! What every node does each second besides serving: decides the sites whose grace ran
 //! out or that are down (telling the live stream of those that went down or came back),
-//! reconciles the silences that ended, and counts the sites down for the gauges. The store
+//! reconciles the silences that ended, escalates the alarms nobody took, and counts the sites down for the gauges. The store
 //! lets one node take each site and each silence, so running on every node decides each
 //! once, and a node killed mid-round leaves it to the next round of another.
 
@@ -119,6 +119,15 @@ pub async fn run(
             }
             Err(e) => {
                 SilencesReconcileFailed { error: &e }.emit();
+                made_in_doubt(&dispatcher, &e);
+            }
+        }
+        // Escalations due, and clients reached by one told of its alarm's resolution.
+        match store.escalate(clock.now()).await {
+            Ok(made) if made.is_empty() => {}
+            Ok(made) => dispatcher.deliver_served(made),
+            Err(e) => {
+                tracing::warn!(error = %e, "The escalation round failed; the next one tries again.");
                 made_in_doubt(&dispatcher, &e);
             }
         }

@@ -157,8 +157,9 @@ fn own_payload(id: &str, kind: &str, at: Millis, alarm_id: Option<&str>, own: &s
     let mut head = serde_json::json!({
         "id": id, "type": kind, "occurred_at": time::format(at)
     });
-    // An acknowledgement names its alarm in its own fields.
-    if let (Some(alarm), false) = (alarm_id, kind == EventKind::AlarmAcknowledged.as_str()) {
+    // An acknowledgement and an escalation name their alarm in their own fields.
+    let of_alarm = EventKind::parse(kind).is_some_and(EventKind::is_alarm);
+    if let (Some(alarm), false) = (alarm_id, of_alarm) {
         head["alarm_id"] = alarm.into();
     }
     let head = serde_json::to_vec(&head).expect("a head serializes");

@@ -127,6 +127,7 @@ fn event_schema(kind: EventKind) -> Value {
     match kind {
         EventKind::SiteConnectionLost | EventKind::SiteConnectionRestored => site_schema(kind),
         EventKind::AlarmAcknowledged => ack_schema(),
+        EventKind::AlarmEscalated => escalated_schema(),
         _ => sensor_schema(kind),
     }
 }
@@ -138,16 +139,38 @@ fn alarm_id() -> Value {
     )
 }
 
-/// `alarm.acknowledged` (`domain::alarm::ack_body`).
-fn ack_schema() -> Value {
+/// The alarm an acknowledgement or an escalation is about.
+fn alarm_object(description: &str) -> Value {
     let kinds: Vec<&str> = AlarmKind::ALL.iter().map(|k| k.as_str()).collect();
-    let alarm = object(
-        "The alarm acknowledged.",
+    object(
+        description,
         json!({"id": ulid("The alarm's id."), "kind": {"enum": kinds},
                "sensor_id": sensor_id(), "site_id": {"type": "string"},
                "opened_at": time("When it opened.")}),
         &["id", "kind", "opened_at"],
-    );
+    )
+}
+
+/// `alarm.escalated` (`domain::escalation::escalated_body`).
+fn escalated_schema() -> Value {
+    object(
+        EventKind::AlarmEscalated.description(),
+        json!({
+            "id": ulid("The notification's id, also its webhook-id."),
+            "type": kind_const(EventKind::AlarmEscalated.as_str()),
+            "occurred_at": time("When it escalated."),
+            "alarm": alarm_object("The alarm nobody took."),
+            "level": {"type": "integer", "minimum": 1, "maximum": crate::domain::escalation::MAX_LEVELS,
+                      "description": "1 for the first step of the chain, then each step after."},
+            "from": {"type": "string", "description": "The client it was sent to before (its id)."},
+        }),
+        &["id", "type", "occurred_at", "alarm", "level", "from"],
+    )
+}
+
+/// `alarm.acknowledged` (`domain::alarm::ack_body`).
+fn ack_schema() -> Value {
+    let alarm = alarm_object("The alarm acknowledged.");
     object(
         EventKind::AlarmAcknowledged.description(),
         json!({
@@ -558,6 +581,29 @@ fn example_notification(kind: EventKind) -> Notification {
             alarm_id: Some(EXAMPLE_ALARM.into()),
             ..sample(id, kind, Some(true), Some(false))
         },
+        EventKind::AlarmEscalated => {
+            let alarm = Alarm {
+                id: EXAMPLE_ALARM.into(),
+                kind: AlarmKind::OutOfSchedule,
+                sensor_id: Some(sid("xa7v9Dfadr7H")),
+                site_id: None,
+                state: AlarmState::Open,
+                opened_at: AT - 10 * MINUTE,
+                acknowledged_at: None,
+                acknowledged_by: None,
+                note: None,
+                resolved_at: None,
+            };
+            Notification {
+                body: Some(crate::domain::escalation::escalated_body(
+                    &alarm,
+                    1,
+                    "01JD0Y2ZCLIENT0000000000AA",
+                )),
+                alarm_id: Some(alarm.id),
+                ..sample(id, kind, None, None)
+            }
+        }
         EventKind::AlarmAcknowledged => {
             let alarm = Alarm {
                 id: EXAMPLE_ALARM.into(),

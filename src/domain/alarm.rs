@@ -213,7 +213,8 @@ pub fn role(e: &Event) -> Option<Role> {
         EventKind::StateChanged
         | EventKind::SiteConnectionLost
         | EventKind::SiteConnectionRestored
-        | EventKind::AlarmAcknowledged => return None,
+        | EventKind::AlarmAcknowledged
+        | EventKind::AlarmEscalated => return None,
     })
 }
 

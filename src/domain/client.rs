@@ -42,6 +42,8 @@ pub struct Client {
     pub batch: Option<Batch>,
     /// Headers, authentication and a client certificate for its requests.
     pub receiver: super::receiver::Receiver,
+    /// Who is next when it leaves an alarm untaken; `None`: nobody.
+    pub escalation: Option<super::escalation::Escalation>,
 }
 
 impl std::fmt::Debug for Client {

@@ -7,6 +7,7 @@ pub mod alarms;
 pub mod armed;
 pub mod client;
 pub mod destination;
+pub mod escalation;
 pub mod flap;
 pub mod hold;
 pub mod live;

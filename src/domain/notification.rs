@@ -58,6 +58,10 @@ pub enum EventKind {
     /// ([`super::armed`]): beside the `state_changed`.
     #[serde(rename = "sensor.state_out_of_schedule")]
     StateOutOfSchedule,
+    /// An alarm left open and not acknowledged past the `escalation` of a client told of
+    /// it, sent to the next client ([`super::escalation`]).
+    #[serde(rename = "alarm.escalated")]
+    AlarmEscalated,
 }
 
 /// The `type` of the notification `POST /v1/clients/{id}/test` sends: about no sensor,
@@ -90,6 +94,7 @@ impl EventKind {
             EventKind::FlappingStopped => "sensor.flapping_stopped",
             EventKind::AlarmAcknowledged => "alarm.acknowledged",
             EventKind::StateOutOfSchedule => "sensor.state_out_of_schedule",
+            EventKind::AlarmEscalated => "alarm.escalated",
         }
     }
 
@@ -138,6 +143,9 @@ impl EventKind {
             EventKind::AlarmAcknowledged => {
                 "Someone acknowledged an alarm this receiver was told of: who, their note, and the alarm (its reminders stop)."
             }
+            EventKind::AlarmEscalated => {
+                "An alarm nobody acknowledged within the escalation of a client told of it: the alarm, the level, and the client it came from."
+            }
             EventKind::StateOutOfSchedule => {
                 "An armed sensor's state became its armed state outside (or inside) its schedule (a door opened at night): beside the state_changed, with the schedule."
             }
@@ -182,7 +190,15 @@ impl EventKind {
     /// A notification whose fields beyond `id`, `type` and `occurred_at` are stored with
     /// it (`Notification::body`): a site's, an alarm's.
     pub fn has_own_body(self) -> bool {
-        self.is_site() || self == EventKind::AlarmAcknowledged
+        self.is_site() || self.is_alarm()
+    }
+
+    /// News of an alarm itself, not of a sensor: acknowledged, escalated.
+    pub fn is_alarm(self) -> bool {
+        matches!(
+            self,
+            EventKind::AlarmAcknowledged | EventKind::AlarmEscalated
+        )
     }
 
     /// The kinds that open a door alarm (`latch_door_alarms_total`).
@@ -196,7 +212,7 @@ impl EventKind {
     ];
 
     /// Every kind, in the order the API lists them.
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::StateChanged,
         EventKind::ConnectionLost,
         EventKind::ConnectionRestored,
@@ -215,6 +231,7 @@ impl EventKind {
         EventKind::FlappingStopped,
         EventKind::AlarmAcknowledged,
         EventKind::StateOutOfSchedule,
+        EventKind::AlarmEscalated,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -237,6 +254,7 @@ impl EventKind {
             "sensor.flapping_stopped" => Some(EventKind::FlappingStopped),
             "alarm.acknowledged" => Some(EventKind::AlarmAcknowledged),
             "sensor.state_out_of_schedule" => Some(EventKind::StateOutOfSchedule),
+            "alarm.escalated" => Some(EventKind::AlarmEscalated),
             _ => None,
         }
     }

@@ -547,7 +547,9 @@ pub fn outranked_by(kind: EventKind) -> &'static [EventKind] {
         ],
         // An acknowledgement stays true whatever came after it, as does a state that was
         // out of schedule when it began.
-        EventKind::AlarmAcknowledged | EventKind::StateOutOfSchedule => &[],
+        EventKind::AlarmAcknowledged
+        | EventKind::AlarmEscalated
+        | EventKind::StateOutOfSchedule => &[],
     }
 }
 

@@ -172,7 +172,8 @@ impl View {
             | EventKind::StateHeldCleared
             | EventKind::Flapping
             | EventKind::AlarmAcknowledged
-            | EventKind::StateOutOfSchedule => Self { lost: false, data },
+            | EventKind::StateOutOfSchedule
+            | EventKind::AlarmEscalated => Self { lost: false, data },
             // The client knew the state its `flapping` told.
             EventKind::FlappingStopped => Self {
                 lost: false,

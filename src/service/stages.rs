@@ -283,7 +283,8 @@ impl committer::Listener for Wiring {
                 | EventKind::Flapping
                 | EventKind::FlappingStopped
                 | EventKind::AlarmAcknowledged
-                | EventKind::StateOutOfSchedule => continue,
+                | EventKind::StateOutOfSchedule
+                | EventKind::AlarmEscalated => continue,
             };
             self.recent.add(measure, n as u64, c.at);
         }

@@ -24,6 +24,9 @@ pub trait Alarms: Send + Sync {
         ack: rules::alarms::Ack,
         now: Millis,
     ) -> Result<rules::alarms::Acked>;
+    /// Runs the escalation round ([`rules::escalations::escalate`]); answers the
+    /// notifications made that are to be sent.
+    async fn escalate(&self, now: Millis) -> Result<Vec<crate::domain::NotificationRef>>;
 }
 
 /// Weekly schedules ([`crate::domain::schedule`]), kept whole as the API writes them.

@@ -44,7 +44,8 @@ pub(crate) const RUNTIME_JOIN: &str = "LEFT JOIN sensor_state st ON st.sensor_id
 /// A client: [`client`].
 pub(crate) const CLIENT_COLS: &str = "c.id, c.name, c.url, c.secret, c.created_at, \
      c.previous_secret, c.previous_secret_until, c.disabled_at, c.disabled_reason, c.rate_limit, \
-     c.events, c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls";
+     c.events, c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls, \
+     c.escalation";
 
 /// A notification: [`notification`].
 pub(crate) const NOTIF_COLS: &str = "n.id, n.seq, n.client_id, n.sensor_id, n.kind, n.data, \
@@ -63,7 +64,9 @@ const NOTIF_N: usize = 24;
 /// notification about the connection of a sensor it names waits; for a sensor's own
 /// about its connection, whether a newer one about it was delivered; last, for a site's,
 /// the sensors it names that a newer delivered notification told of (`ClaimRow`).
-pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, l.client_id IS NOT NULL, \
+pub(crate) const CLAIM_COLS: &str = "n.lease_until, n.claimed_by, c.url, c.secret, s.address, (l.client_id IS NOT NULL OR (n.alarm_id IS NOT NULL \
+      AND EXISTS (SELECT 1 FROM escalations e WHERE e.alarm_id = n.alarm_id \
+      AND e.to_client = n.client_id AND e.made_at IS NOT NULL))), \
      c.previous_secret, c.previous_secret_until, c.disabled_at IS NOT NULL, c.rate_limit, \
      c.batch_max_events, c.batch_max_wait_ms, c.url_password, c.headers, c.auth, c.tls, \
      n.site_id IS NOT NULL AND EXISTS (SELECT 1 FROM notifications m \
@@ -313,6 +316,7 @@ pub(crate) fn client<R: Cols>(r: &R) -> Result<Client, R::Error> {
         batch: batch(r.opt_count(11)?, r.opt_count(12)?),
         receiver: sealing::receiver(r.opt_text(14)?, r.opt_text(15)?, r.opt_text(16)?)
             .map_err(|e| r.damaged(14, e))?,
+        escalation: crate::domain::escalation::Escalation::from_column(r.opt_text(17)?.as_deref()),
     })
 }
 

@@ -13,6 +13,7 @@ pub mod alarms;
 pub mod armed;
 pub mod claim;
 pub mod commit;
+pub mod escalations;
 pub mod record;
 pub mod silences;
 pub mod site_moves;

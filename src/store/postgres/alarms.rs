@@ -225,9 +225,12 @@ impl rules::alarms::AckTables for AckTables<'_> {
             .tx
             .query(
                 "SELECT n.client_id, n.sensor_id FROM notifications n \
-                 JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
+                 LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
                  LEFT JOIN clients c ON c.id = n.client_id \
                  WHERE n.alarm_id = $1 AND n.status NOT IN ('silenced', 'cancelled') \
+                 AND (l.client_id IS NOT NULL OR EXISTS (SELECT 1 FROM escalations e \
+                  WHERE e.alarm_id = n.alarm_id AND e.to_client = n.client_id \
+                  AND e.made_at IS NOT NULL)) \
                  AND n.kind <> $2 \
                  AND (c.events IS NULL OR strpos(',' || c.events || ',', ',' || $2 || ',') > 0) \
                  ORDER BY n.client_id, n.seq",
@@ -355,5 +358,14 @@ impl Alarms for PgStore {
         let acked = rules::alarms::acknowledge(&mut AckTables { tx: &tx }, &id, &ack, now).await?;
         tx.commit().await?;
         Ok(acked)
+    }
+
+    async fn escalate(&self, now: Millis) -> Result<Vec<NotificationRef>> {
+        let mut c = self.db.get("escalate").await?;
+        let tx = c.transaction().await?;
+        let made =
+            rules::escalations::escalate(&mut super::escalations::Tables { tx: &tx }, now).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 }

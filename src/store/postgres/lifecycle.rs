@@ -21,7 +21,8 @@ impl rules::record::OutcomeTables for OutcomeTables<'_, '_> {
         let rows = tx
             .query(
                 &tx.prepare_cached(&format!(
-                    "SELECT id, status = 'pending', claimed_by, lease_until, {DB_NOW_MS} \
+                    "SELECT id, status = 'pending', claimed_by, lease_until, {DB_NOW_MS}, \
+                     alarm_id IS NOT NULL \
                      FROM notifications WHERE id = ANY($1) ORDER BY id FOR UPDATE"
                 ))
                 .await?,
@@ -39,11 +40,31 @@ impl rules::record::OutcomeTables for OutcomeTables<'_, '_> {
                         pending: r.get(1),
                         claimed_by: r.get(2),
                         lease_until: r.get(3),
+                        alarm: r.get(5),
                     },
                 )
             })
             .collect();
         Ok((held, lease_now))
+    }
+
+    async fn start_escalations(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        let tx = self.0;
+        tx.execute(
+            "INSERT INTO escalations (alarm_id, to_client, from_client, level, sensor_id, due_at) \
+             SELECT * FROM (SELECT n.alarm_id, (c.escalation::jsonb ->> 'to') AS to_client, \
+             n.client_id, COALESCE((SELECT e.level FROM escalations e \
+             WHERE e.alarm_id = n.alarm_id AND e.to_client = n.client_id), 0) + 1 AS level, \
+             n.sensor_id, $2 + (c.escalation::jsonb ->> 'after_s')::bigint * 1000 \
+             FROM notifications n JOIN clients c ON c.id = n.client_id \
+             JOIN alarms a ON a.id = n.alarm_id \
+             WHERE n.id = ANY($1) AND c.escalation IS NOT NULL AND a.state = 'open') s \
+             WHERE s.level <= $3 AND EXISTS (SELECT 1 FROM clients t WHERE t.id = s.to_client) \
+             ON CONFLICT (alarm_id, to_client) DO NOTHING",
+            &[&ids, &now, &(crate::domain::escalation::MAX_LEVELS as i32)],
+        )
+        .await?;
+        Ok(())
     }
 
     async fn insert_attempts(&mut self, attempted: &[&Outcome]) -> Result<()> {

@@ -38,6 +38,7 @@ mod cluster;
 mod commit;
 mod db;
 mod doubt;
+mod escalations;
 mod find;
 mod history;
 mod lifecycle;
@@ -102,6 +103,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0040_alarms.sql"),
     include_str!("../migrations/postgres/0041_schedules.sql"),
     include_str!("../migrations/postgres/0042_armed.sql"),
+    // 0043: the silences by schedule.
+    include_str!("../migrations/postgres/0044_escalations.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

@@ -14,6 +14,7 @@ use super::PgStore;
 use super::db::{Sql, Tx};
 use crate::domain::armed::Armed;
 use crate::domain::client::{HEALTH_WINDOW_MS, Health, events_column};
+use crate::domain::escalation::Escalation;
 use crate::domain::flap::Flap;
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Client, Millis, Sensor, SensorId};
@@ -296,8 +297,8 @@ impl Registry for PgStore {
         let n = tx
             .execute(
                 "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
-                 batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls, \
+                 escalation) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
                  ON CONFLICT (id) DO NOTHING",
                 &[
                     &cl.id,
@@ -313,6 +314,7 @@ impl Registry for PgStore {
                     &s.headers,
                     &s.auth,
                     &s.tls,
+                    &Escalation::to_column(cl.escalation.as_ref()),
                 ],
             )
             .await?;
@@ -371,7 +373,7 @@ impl Registry for PgStore {
             .execute(
                 "UPDATE clients SET name = $2, url = $3, secret = $4, rate_limit = $5, \
                  events = $6, batch_max_events = $7, batch_max_wait_ms = $8, url_password = $9, \
-                 headers = $10, auth = $11, tls = $12 WHERE id = $1",
+                 headers = $10, auth = $11, tls = $12, escalation = $13 WHERE id = $1",
                 &[
                     &cl.id,
                     &cl.name,
@@ -385,6 +387,7 @@ impl Registry for PgStore {
                     &s.headers,
                     &s.auth,
                     &s.tls,
+                    &Escalation::to_column(cl.escalation.as_ref()),
                 ],
             )
             .await?;

@@ -2,7 +2,7 @@
 //! where `policy::recorded` lets it (never over another node's attempt in flight), and
 //! each client's running summary and failure streak, which may disable it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
 use crate::domain::client::{Disabled, DisabledReason};
@@ -16,6 +16,8 @@ pub struct Held {
     pub pending: bool,
     pub claimed_by: Option<String>,
     pub lease_until: Option<Millis>,
+    /// Whether it names an alarm (its outcome may start an escalation).
+    pub alarm: bool,
 }
 
 /// A notification's result: its status, attempts, next attempt and batch; its lease ends.
@@ -53,6 +55,11 @@ pub trait OutcomeTables {
     /// disabled (`None` too for a client that no longer exists). An increment the backend
     /// makes where the row is: other nodes' recorders add to the same client at once.
     fn note_client(&mut self, c: &ClientAttempts) -> impl Future<Output = Result<Option<Millis>>>;
+    /// Starts, at `now`, the escalation timers of the alarms the notifications `ids`
+    /// (delivered or failed for good, each naming an alarm) were sent for: where the
+    /// alarm is still open, the client has an `escalation` to a client that exists, and
+    /// the chain is not past its last level; one per alarm and client it goes to.
+    fn start_escalations(&mut self, ids: &[&str], now: Millis) -> impl Future<Output = Result<()>>;
     /// Disables the client from `now` for `reason`.
     fn disable_client(
         &mut self,
@@ -74,9 +81,19 @@ pub async fn record<T: OutcomeTables>(
     if !attempted.is_empty() {
         t.insert_attempts(&attempted).await?;
     }
-    let results = results(t, outcomes, now).await?;
+    let (results, alarmed) = results(t, outcomes, now).await?;
     if !results.is_empty() {
         t.write_results(&results, now).await?;
+    }
+    // The escalation timer starts when an alarm's notification is delivered or fails.
+    let ended: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.status, Status::Delivered | Status::Failed))
+        .filter(|r| alarmed.contains(r.id))
+        .map(|r| r.id)
+        .collect();
+    if !ended.is_empty() {
+        t.start_escalations(&ended, now).await?;
     }
     let mut disabled = Vec::new();
     for c in policy::client_attempts(outcomes) {
@@ -97,11 +114,12 @@ pub async fn record<T: OutcomeTables>(
 /// Each notification's result, in the order of its first outcome. Outcomes are taken in
 /// order, each seeing what the one before it wrote (a lease it ended, a final status), so
 /// two outcomes of one notification in a batch end as if recorded one after the other.
+/// Also answers which of them name an alarm.
 async fn results<'a, T: OutcomeTables>(
     t: &mut T,
     outcomes: &'a [Outcome],
     now: Millis,
-) -> Result<Vec<Recorded<'a>>> {
+) -> Result<(Vec<Recorded<'a>>, HashSet<String>)> {
     let mut ids: Vec<&str> = outcomes
         .iter()
         .map(|o| o.notification_id.as_str())
@@ -109,6 +127,11 @@ async fn results<'a, T: OutcomeTables>(
     ids.sort_unstable();
     ids.dedup();
     let (mut held, lease_now) = t.held(&ids, now).await?;
+    let alarmed: HashSet<String> = held
+        .iter()
+        .filter(|(_, h)| h.alarm)
+        .map(|(id, _)| id.clone())
+        .collect();
     let mut results: Vec<Recorded<'a>> = Vec::new();
     let mut at: HashMap<&str, usize> = HashMap::new();
     for o in outcomes {
@@ -129,6 +152,7 @@ async fn results<'a, T: OutcomeTables>(
             pending: status == Status::Pending,
             claimed_by: None,
             lease_until: None,
+            alarm: h.alarm,
         };
         let r = Recorded {
             id: &o.notification_id,
@@ -145,5 +169,5 @@ async fn results<'a, T: OutcomeTables>(
             }
         }
     }
-    Ok(results)
+    Ok((results, alarmed))
 }

@@ -182,9 +182,12 @@ impl rules::alarms::AckTables for AckTables<'_> {
             .tx
             .prepare_cached(
                 "SELECT n.client_id, n.sensor_id FROM notifications n \
-                 JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
+                 LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
                  LEFT JOIN clients c ON c.id = n.client_id \
                  WHERE n.alarm_id = ?1 AND n.status NOT IN ('silenced', 'cancelled') \
+                 AND (l.client_id IS NOT NULL OR EXISTS (SELECT 1 FROM escalations e \
+                  WHERE e.alarm_id = n.alarm_id AND e.to_client = n.client_id \
+                  AND e.made_at IS NOT NULL)) \
                  AND n.kind <> ?2 \
                  AND (c.events IS NULL OR instr(',' || c.events || ',', ',' || ?2 || ',') > 0) \
                  ORDER BY n.client_id, n.seq",
@@ -245,7 +248,7 @@ impl rules::alarms::AckTables for AckTables<'_> {
     }
 }
 
-fn one(c: &Connection, id: &str) -> Result<Option<Alarm>> {
+pub(super) fn one(c: &Connection, id: &str) -> Result<Option<Alarm>> {
     Ok(c.prepare_cached(&format!(
         "SELECT {ALARM_COLS} FROM alarms a WHERE a.id = ?1"
     ))?
@@ -317,6 +320,19 @@ impl Alarms for SqliteStore {
             ))?;
             tx.commit()?;
             Ok(acked)
+        })
+        .await
+    }
+
+    async fn escalate(&self, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let made = rules::now_or_never(rules::escalations::escalate(
+                &mut super::escalations::Tables { tx: &tx },
+                now,
+            ))?;
+            tx.commit()?;
+            Ok(made)
         })
         .await
     }

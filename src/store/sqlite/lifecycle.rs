@@ -30,7 +30,8 @@ pub(super) struct OutcomeTables<'a>(pub &'a Transaction<'a>);
 impl rules::record::OutcomeTables for OutcomeTables<'_> {
     async fn held(&mut self, ids: &[&str], now: Millis) -> Result<(HashMap<String, Held>, Millis)> {
         let mut q = self.0.prepare_cached(
-            "SELECT status = 'pending', claimed_by, lease_until FROM notifications WHERE id = ?1",
+            "SELECT status = 'pending', claimed_by, lease_until, alarm_id IS NOT NULL \
+             FROM notifications WHERE id = ?1",
         )?;
         let mut held = HashMap::with_capacity(ids.len());
         for id in ids {
@@ -40,6 +41,7 @@ impl rules::record::OutcomeTables for OutcomeTables<'_> {
                         pending: r.get(0)?,
                         claimed_by: r.get(1)?,
                         lease_until: r.get(2)?,
+                        alarm: r.get(3)?,
                     })
                 })
                 .optional()?;
@@ -48,6 +50,25 @@ impl rules::record::OutcomeTables for OutcomeTables<'_> {
             }
         }
         Ok((held, now))
+    }
+
+    async fn start_escalations(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        let mut st = self.0.prepare_cached(
+            "INSERT INTO escalations (alarm_id, to_client, from_client, level, sensor_id, due_at) \
+             SELECT * FROM (SELECT n.alarm_id, json_extract(c.escalation, '$.to') AS to_client, \
+             n.client_id, COALESCE((SELECT e.level FROM escalations e \
+             WHERE e.alarm_id = n.alarm_id AND e.to_client = n.client_id), 0) + 1 AS level, \
+             n.sensor_id, ?2 + json_extract(c.escalation, '$.after_s') * 1000 \
+             FROM notifications n JOIN clients c ON c.id = n.client_id \
+             JOIN alarms a ON a.id = n.alarm_id \
+             WHERE n.id = ?1 AND c.escalation IS NOT NULL AND a.state = 'open') s \
+             WHERE s.level <= ?3 AND EXISTS (SELECT 1 FROM clients t WHERE t.id = s.to_client) \
+             ON CONFLICT (alarm_id, to_client) DO NOTHING",
+        )?;
+        for id in ids {
+            st.execute(params![id, now, crate::domain::escalation::MAX_LEVELS])?;
+        }
+        Ok(())
     }
 
     async fn insert_attempts(&mut self, attempted: &[&Outcome]) -> Result<()> {

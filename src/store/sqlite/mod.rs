@@ -32,6 +32,7 @@ mod armed;
 mod backup;
 mod checkpoint;
 mod commit;
+mod escalations;
 mod find;
 mod history;
 mod idempotency;
@@ -93,6 +94,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0035_alarms.sql"),
     include_str!("../migrations/sqlite/0036_schedules.sql"),
     include_str!("../migrations/sqlite/0037_armed.sql"),
+    // 0038: the silences by schedule.
+    include_str!("../migrations/sqlite/0039_escalations.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};

@@ -15,6 +15,7 @@ use super::super::{
     limit_plus_one,
 };
 use crate::domain::armed::Armed;
+use crate::domain::escalation::Escalation;
 use crate::domain::flap::Flap;
 use crate::domain::sensor::SensorAlarms;
 use crate::domain::{Client, Millis, Sensor, SensorId};
@@ -279,8 +280,8 @@ impl Registry for SqliteStore {
             let s = sealing::seal(&keys, &super::secrets::current(&tx)?, &cl)?;
             let n = tx.execute(
                 "INSERT INTO clients (id, name, url, secret, created_at, rate_limit, events, \
-                 batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                 batch_max_events, batch_max_wait_ms, url_password, headers, auth, tls, \
+                 escalation) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
                  ON CONFLICT (id) DO NOTHING",
                 params![
                     cl.id,
@@ -295,7 +296,8 @@ impl Registry for SqliteStore {
                     s.url_password,
                     s.headers,
                     s.auth,
-                    s.tls
+                    s.tls,
+                    Escalation::to_column(cl.escalation.as_ref())
                 ],
             )?;
             if n == 0 {
@@ -358,7 +360,7 @@ impl Registry for SqliteStore {
             let n = tx.execute(
                 "UPDATE clients SET name = ?2, url = ?3, secret = ?4, rate_limit = ?5, events = ?6, \
                  batch_max_events = ?7, batch_max_wait_ms = ?8, url_password = ?9, headers = ?10, \
-                 auth = ?11, tls = ?12 WHERE id = ?1",
+                 auth = ?11, tls = ?12, escalation = ?13 WHERE id = ?1",
                 params![
                     cl.id,
                     cl.name,
@@ -371,7 +373,8 @@ impl Registry for SqliteStore {
                     s.url_password,
                     s.headers,
                     s.auth,
-                    s.tls
+                    s.tls,
+                    Escalation::to_column(cl.escalation.as_ref())
                 ],
             )?;
             tx.execute(SITES_TELLING_IT, [&cl.id])?;

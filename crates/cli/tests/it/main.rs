@@ -20,6 +20,7 @@ mod console;
 mod crash_state;
 mod delivery;
 mod door_signals;
+mod escalation;
 mod event_types;
 mod flapping;
 mod full_disk;

@@ -128,7 +128,8 @@ pub(super) fn liveness(
                 | EventKind::Flapping
                 | EventKind::FlappingStopped
                 | EventKind::AlarmAcknowledged
-                | EventKind::StateOutOfSchedule => {}
+                | EventKind::StateOutOfSchedule
+                | EventKind::AlarmEscalated => {}
             }
         }
     }

@@ -43,7 +43,8 @@ fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
         | EventKind::Flapping
         | EventKind::FlappingStopped
         | EventKind::AlarmAcknowledged
-        | EventKind::StateOutOfSchedule => return None,
+        | EventKind::StateOutOfSchedule
+        | EventKind::AlarmEscalated => return None,
     })
 }
 

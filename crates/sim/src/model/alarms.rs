@@ -231,7 +231,8 @@ impl rules::alarms::AckTables for AckTables<'_> {
                 n.alarm_id.as_deref() == Some(id)
                     && !matches!(n.status, Status::Silenced | Status::Cancelled)
                     && n.kind != EventKind::AlarmAcknowledged
-                    && self.t.links.contains(&(n.sensor_id, n.client_id.clone()))
+                    && (self.t.links.contains(&(n.sensor_id, n.client_id.clone()))
+                        || self.t.reached(n.alarm_id.as_deref(), &n.client_id))
                     && self
                         .t
                         .clients
@@ -285,6 +286,16 @@ impl rules::alarms::AckTables for AckTables<'_> {
 
 #[async_trait]
 impl Alarms for NodeStore {
+    async fn escalate(&self, now: Millis) -> Result<Vec<NotificationRef>> {
+        self.run("escalate", true, |t, cx| {
+            rules::now_or_never(rules::escalations::escalate(
+                &mut super::escalations::EscalationTables { t, cx },
+                now,
+            ))
+        })
+        .await
+    }
+
     async fn list_alarms(&self, f: AlarmFilter, page: PageRequest) -> Result<Page<Alarm>> {
         self.run("list_alarms", false, |t, _| {
             let rows = t

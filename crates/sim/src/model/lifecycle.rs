@@ -56,10 +56,18 @@ impl rules::record::OutcomeTables for OutcomeTables<'_> {
                     pending: r.notification.status == Status::Pending,
                     claimed_by: r.claimed_by.clone(),
                     lease_until: r.lease_until,
+                    alarm: r.notification.alarm_id.is_some(),
                 },
             );
         }
         Ok((held, now))
+    }
+
+    async fn start_escalations(&mut self, ids: &[&str], now: Millis) -> Result<()> {
+        for id in ids {
+            self.t.start_escalation(id, now);
+        }
+        Ok(())
     }
 
     async fn insert_attempts(&mut self, attempted: &[&Outcome]) -> Result<()> {

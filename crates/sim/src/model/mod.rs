@@ -69,6 +69,7 @@ mod alarms;
 pub mod audit;
 mod cluster;
 mod commit;
+mod escalations;
 pub mod faults;
 mod find;
 mod history;

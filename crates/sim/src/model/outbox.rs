@@ -176,7 +176,8 @@ impl Tables {
                 .get(&n.sensor_id)
                 .map(|s| s.labels.clone())
                 .unwrap_or_default(),
-            linked: self.linked(&n.client_id, n.sensor_id),
+            linked: self.linked(&n.client_id, n.sensor_id)
+                || self.reached(n.alarm_id.as_deref(), &n.client_id),
             previous_secret: client.and_then(|c| c.previous_secret.clone()),
             previous_secret_until: client.and_then(|c| c.previous_secret_until),
             disabled: client.is_some_and(|c| c.disabled_at.is_some()),

@@ -178,6 +178,8 @@ pub struct Tables {
     pub(crate) acks_applied: BTreeMap<String, Millis>,
     /// `alarms`, by id.
     pub(crate) alarms: BTreeMap<String, latch::domain::alarm::Alarm>,
+    /// `escalations`, by alarm and the client it goes to.
+    pub(crate) escalations: BTreeMap<(String, String), super::escalations::EscalationRow>,
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
@@ -213,6 +215,7 @@ impl Tables {
             silenced_pairs: BTreeMap::new(),
             sealing_key: None,
             alarms: BTreeMap::new(),
+            escalations: BTreeMap::new(),
             acks_applied: BTreeMap::new(),
             schedules: BTreeMap::new(),
             cluster: ClusterTables::default(),
@@ -344,6 +347,16 @@ impl Tables {
 
     pub(crate) fn linked(&self, client_id: &str, sensor_id: SensorId) -> bool {
         self.links.contains(&(sensor_id, client_id.to_string()))
+    }
+
+    /// Whether `client` was reached by an escalation of alarm `alarm_id` (so its lane
+    /// carries the alarm's news though it is not linked).
+    pub(crate) fn reached(&self, alarm_id: Option<&str>, client: &str) -> bool {
+        alarm_id.is_some_and(|a| {
+            self.escalations
+                .get(&(a.to_string(), client.to_string()))
+                .is_some_and(|e| e.made_at.is_some())
+        })
     }
 
     /// The clients linked to a sensor, by id.

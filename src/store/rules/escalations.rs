@@ -1,0 +1,94 @@
+//! The escalation round ([`crate::domain::escalation`]), in one transaction: each timer
+//! due is taken once (marked made), and where its alarm is still open and not
+//! acknowledged, the client it goes to gets `alarm.escalated`; each client reached whose
+//! alarm has been resolved since gets the notification that resolved it (its lane did not
+//! carry it, as the client is not linked to the sensor), once.
+
+use std::collections::HashSet;
+use std::future::Future;
+
+use crate::domain::alarm::{Alarm, AlarmState};
+use crate::domain::escalation::escalated_body;
+use crate::domain::{Millis, NotificationRef, SensorId};
+use crate::store::Result;
+
+/// How many timers a round takes at most.
+pub const PER_ROUND: u32 = 200;
+
+/// A timer: alarm `alarm_id` goes to `to` from `from` at `level`, in the lane of `sensor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    pub alarm_id: String,
+    pub to: String,
+    pub from: String,
+    pub level: u32,
+    pub sensor: SensorId,
+}
+
+/// The tables the round reads and writes, within one transaction.
+pub trait EscalationTables {
+    /// Up to `limit` timers due by `now` and not made, oldest first, each taken for this
+    /// transaction (another node's round skips it).
+    fn due(&mut self, now: Millis, limit: u32) -> impl Future<Output = Result<Vec<Timer>>>;
+    /// Up to `limit` timers made whose alarm is resolved and that are not closed, taken
+    /// as [`EscalationTables::due`]'s.
+    fn resolved(&mut self, limit: u32) -> impl Future<Output = Result<Vec<Timer>>>;
+    fn alarm(&mut self, id: &str) -> impl Future<Output = Result<Option<Alarm>>>;
+    /// Marks the timer made (`closed`: closed too) at `now`.
+    fn mark(
+        &mut self,
+        timer: &Timer,
+        closed: bool,
+        now: Millis,
+    ) -> impl Future<Output = Result<()>>;
+    /// Inserts a pending `alarm.escalated` with `body` for the timer's client, in its lane,
+    /// naming the alarm; `None` when the client does not want the type (or is gone).
+    fn insert_escalated(
+        &mut self,
+        timer: &Timer,
+        body: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<NotificationRef>>>;
+    /// Copies, for the timer's client, the alarm's newest notification that resolved it
+    /// (of its sensor, at its `resolved_at`), pending and due `now`; `None` when the
+    /// client got it already, is linked to that sensor (so it got its own) or does not
+    /// want the type.
+    fn tell_resolved(
+        &mut self,
+        timer: &Timer,
+        alarm: &Alarm,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<NotificationRef>>>;
+    /// As [`super::commit::CommitTables::silence_new`].
+    fn silence_new(
+        &mut self,
+        seqs: &[i64],
+        now: Millis,
+    ) -> impl Future<Output = Result<HashSet<i64>>>;
+}
+
+/// Runs one round: what `Alarms::escalate` does on every backend. Answers the
+/// notifications made that are to be sent.
+pub async fn escalate<T: EscalationTables>(t: &mut T, now: Millis) -> Result<Vec<NotificationRef>> {
+    let mut made = Vec::new();
+    for timer in t.due(now, PER_ROUND).await? {
+        let alarm = t.alarm(&timer.alarm_id).await?;
+        let open = alarm.as_ref().filter(|a| a.state == AlarmState::Open);
+        // A timer of an alarm taken or resolved meanwhile is spent: the chain stops.
+        t.mark(&timer, open.is_none(), now).await?;
+        if let Some(a) = open {
+            let body = escalated_body(a, timer.level, &timer.from);
+            made.extend(t.insert_escalated(&timer, &body, now).await?);
+        }
+    }
+    for timer in t.resolved(PER_ROUND).await? {
+        t.mark(&timer, true, now).await?;
+        if let Some(a) = t.alarm(&timer.alarm_id).await? {
+            made.extend(t.tell_resolved(&timer, &a, now).await?);
+        }
+    }
+    let seqs: Vec<i64> = made.iter().map(|n| n.seq).collect();
+    let silenced = t.silence_new(&seqs, now).await?;
+    made.retain(|n| !silenced.contains(&n.seq));
+    Ok(made)
+}
