@@ -223,6 +223,12 @@ impl From<crate::app::Error> for ApiError {
         match e {
             crate::app::Error::Store(e) => e.into(),
             crate::app::Error::Invalid(m) => ApiError::invalid(m),
+            crate::app::Error::UnknownSchedule(m) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_schedule", m)
+            }
+            crate::app::Error::ScheduleInUse(m) => {
+                ApiError::new(StatusCode::CONFLICT, "schedule_in_use", m)
+            }
             crate::app::Error::Engine(e) => e.into(),
             crate::app::Error::History(e) => e.into(),
             crate::app::Error::Cluster(crate::cluster::Error::Store(e)) => e.into(),

@@ -102,7 +102,8 @@ async fn get_schedule(
 }
 
 /// Change a schedule (JSON merge patch: a list such as `weekly` is replaced whole, `null`
-/// clears `except`); its id stays.
+/// clears `except`); its id stays. A silence that follows it and is between windows moves
+/// to the new next window; one inside a window keeps it to its end.
 #[utoipa::path(patch, path = "/v1/schedules/{id}", tag = "schedules", params(("id" = String, Path)),
     request_body(content = Object, content_type = "application/merge-patch+json"),
     responses((status = 200, body = ScheduleOut), (status = 404, body = ErrorBody),
@@ -140,9 +141,10 @@ async fn patch_schedule(
     Ok(ApiJson(schedule_out(s, st.app.now())))
 }
 
-/// Delete a schedule.
+/// Delete a schedule nothing follows.
 #[utoipa::path(delete, path = "/v1/schedules/{id}", tag = "schedules", params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 404, body = ErrorBody),
+        (status = 409, description = "a silence not ended follows it (`schedule_in_use`)", body = ErrorBody)))]
 async fn delete_schedule(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,

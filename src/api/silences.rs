@@ -1,6 +1,7 @@
 //! `/v1/silences`: maintenance windows. While one is active the notifications it matches
 //! are kept with status `silenced`, never sent; at its end each client it kept something
-//! from is brought up to date once.
+//! from is brought up to date once. A silence gives its own `starts_at`/`ends_at` or a
+//! `schedule_id`: then it is active in every window of the schedule, pending between them.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -12,7 +13,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiPath, ApiResult, ErrorBody};
 use super::pagination::{List, PageParams};
 use super::query::{ApiQuery, Params};
-use crate::app::silences::SilenceChange;
+use crate::app::silences::{SilenceChange, When};
 use crate::domain::silence::{Match, Silence, SilenceState};
 use crate::domain::{EventKind, Millis, SensorId, time};
 
@@ -38,26 +39,33 @@ pub struct MatchBody {
     pub types: Option<Vec<String>>,
 }
 
-/// A silence to create.
+/// A silence to create: `ends_at` (and `starts_at`) or `schedule_id`, not both.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SilenceCreate {
     #[serde(rename = "match")]
     pub matcher: MatchBody,
-    /// RFC 3339; now when absent.
+    /// RFC 3339; now when absent. Not with `schedule_id`.
     pub starts_at: Option<String>,
-    /// RFC 3339, after `starts_at` and in the future; at most 31 days on.
-    pub ends_at: String,
+    /// RFC 3339, after `starts_at` and in the future; at most 31 days on. Required unless
+    /// `schedule_id` is given.
+    pub ends_at: Option<String>,
+    /// A schedule (`/v1/schedules`) whose every window the silence is active in, instead
+    /// of `starts_at`/`ends_at`; one unknown is 422 `unknown_schedule`.
+    pub schedule_id: Option<String>,
     /// Why: who is doing what.
     pub comment: String,
 }
 
-/// A silence's new times or comment; `starts_at` only before it begins.
+/// A silence's new times or comment; `starts_at` only before it begins. Or the schedule it
+/// follows (not with times): a one-off silence may take one before it begins; the times of
+/// one that follows a schedule are the schedule's.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SilencePatch {
     pub starts_at: Option<String>,
     pub ends_at: Option<String>,
+    pub schedule_id: Option<String>,
     pub comment: Option<String>,
 }
 
@@ -67,9 +75,14 @@ pub struct SilenceOut {
     pub id: String,
     #[serde(rename = "match")]
     pub matcher: MatchBody,
+    /// Its window: following a schedule, the current or next one.
     pub starts_at: String,
     pub ends_at: String,
+    /// The schedule it follows; `null` for a one-off silence.
+    pub schedule_id: Option<String>,
     pub comment: String,
+    /// `pending` between a schedule's windows; `ended` once its end passed (one-off) or a
+    /// caller ended it.
     pub state: SilenceState,
     pub created_at: String,
     pub updated_at: String,
@@ -104,6 +117,7 @@ fn silence_out(s: Silence, now: Millis) -> SilenceOut {
         },
         starts_at: time::format(s.starts_at),
         ends_at: time::format(s.ends_at),
+        schedule_id: s.schedule_id,
         comment: s.comment,
         state,
         created_at: time::format(s.created_at),
@@ -115,6 +129,25 @@ fn silence_out(s: Silence, now: Millis) -> SilenceOut {
 fn when(what: &str, v: &str) -> ApiResult<Millis> {
     time::parse(v)
         .ok_or_else(|| ApiError::invalid(format!("{what} must be an RFC 3339 time, got {v:?}")))
+}
+
+/// `schedule_id` or times, not both: 422 naming the field given beside it.
+fn check_either(
+    schedule_id: &Option<String>,
+    starts_at: &Option<String>,
+    ends_at: &Option<String>,
+) -> ApiResult<()> {
+    if schedule_id.is_none() {
+        return Ok(());
+    }
+    for (field, given) in [("starts_at", starts_at), ("ends_at", ends_at)] {
+        if given.is_some() {
+            return Err(ApiError::invalid(format!(
+                "{field}: give schedule_id or starts_at/ends_at, not both"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn check_comment(c: &str) -> ApiResult<()> {
@@ -166,21 +199,33 @@ fn matcher(m: MatchBody) -> ApiResult<Match> {
 
 /// Silence matching notifications for a while (a maintenance window).
 #[utoipa::path(post, path = "/v1/silences", tag = "silences", request_body = SilenceCreate,
-    responses((status = 201, body = SilenceOut), (status = 422, body = ErrorBody)))]
+    responses((status = 201, body = SilenceOut),
+        (status = 422, description = "a field is missing or wrong; `schedule_id` with times, or neither; an unknown schedule (`unknown_schedule`)", body = ErrorBody)))]
 async fn create_silence(
     State(st): State<AppState>,
     ApiJson(body): ApiJson<SilenceCreate>,
 ) -> ApiResult<(StatusCode, ApiJson<SilenceOut>)> {
     check_comment(&body.comment)?;
-    let starts_at = body
-        .starts_at
-        .as_deref()
-        .map(|s| when("starts_at", s))
-        .transpose()?;
-    let ends_at = when("ends_at", &body.ends_at)?;
+    check_either(&body.schedule_id, &body.starts_at, &body.ends_at)?;
+    let applies = match (body.schedule_id, body.ends_at) {
+        (Some(id), _) => When::Schedule(id),
+        (None, Some(ends_at)) => When::Times {
+            starts_at: body
+                .starts_at
+                .as_deref()
+                .map(|s| when("starts_at", s))
+                .transpose()?,
+            ends_at: when("ends_at", &ends_at)?,
+        },
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "ends_at: give ends_at (and starts_at, or it starts now) or schedule_id",
+            ));
+        }
+    };
     let s = st
         .app
-        .create_silence(matcher(body.matcher)?, starts_at, ends_at, body.comment)
+        .create_silence(matcher(body.matcher)?, applies, body.comment)
         .await?;
     Ok((StatusCode::CREATED, ApiJson(silence_out(s, st.app.now()))))
 }
@@ -223,7 +268,7 @@ async fn get_silence(
     request_body = SilencePatch,
     responses((status = 200, body = SilenceOut), (status = 404, body = ErrorBody),
         (status = 409, description = "the silence has ended", body = ErrorBody),
-        (status = 422, body = ErrorBody)))]
+        (status = 422, description = "a field is wrong; `schedule_id` with times; times of a silence that follows a schedule; an unknown schedule (`unknown_schedule`)", body = ErrorBody)))]
 async fn update_silence(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -232,7 +277,9 @@ async fn update_silence(
     if let Some(c) = &body.comment {
         check_comment(c)?;
     }
+    check_either(&body.schedule_id, &body.starts_at, &body.ends_at)?;
     let change = SilenceChange {
+        schedule_id: body.schedule_id,
         starts_at: body
             .starts_at
             .as_deref()

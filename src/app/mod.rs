@@ -39,6 +39,12 @@ pub enum Error {
     /// sensor a silence matches).
     #[error("{0}")]
     Invalid(String),
+    /// A silence names a schedule that does not exist (`unknown_schedule`, 422).
+    #[error("{0}")]
+    UnknownSchedule(String),
+    /// A schedule to delete is named by what follows it (`schedule_in_use`, 409).
+    #[error("{0}")]
+    ScheduleInUse(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -1,6 +1,6 @@
 //! Weekly schedules, kept for silences and sensors' arming to name.
 
-use super::{App, Result};
+use super::{App, Error, Result};
 use crate::domain::schedule::Schedule;
 use crate::store::{Page, PageRequest, StoredSchedule};
 
@@ -24,21 +24,58 @@ impl App {
         Ok(self.0.store.list_schedules(page).await?)
     }
 
-    /// Writes `schedule` over the one of its id; `None` if there is none.
+    /// Writes `schedule` over the one of its id; `None` if there is none. The silences
+    /// that follow it are placed again by it ([`super::silences::place`]): one between
+    /// windows moves to the new next window; one inside a window keeps that window to its
+    /// stored end, and the round that reconciles that end moves it by the new schedule.
     pub async fn replace_schedule(
         &self,
         schedule: Schedule,
         created_at: crate::domain::Millis,
     ) -> Result<Option<StoredSchedule>> {
+        let now = self.now();
         let s = StoredSchedule {
             schedule,
             created_at,
-            updated_at: self.now(),
+            updated_at: now,
         };
-        Ok(self.0.store.replace_schedule(s.clone()).await?.then_some(s))
+        if !self.0.store.replace_schedule(s.clone()).await? {
+            return Ok(None);
+        }
+        let following = self
+            .0
+            .store
+            .silences_following(s.schedule.id.clone())
+            .await?;
+        for mut silence in following {
+            if super::silences::place(&mut silence, &s.schedule, now) {
+                silence.updated_at = now;
+                // `false`: ended meanwhile, nothing to place.
+                self.0.store.update_silence(silence).await?;
+            }
+        }
+        Ok(Some(s))
     }
 
+    /// What follows schedule `id`, for the answer to its deletion: a silence no caller
+    /// ended; `None` when nothing does. The one place that says whether a schedule is in
+    /// use: whatever else comes to follow schedules adds its check here.
+    pub async fn schedule_in_use(&self, id: &str) -> Result<Option<String>> {
+        let silences = self.0.store.silences_following(id.to_string()).await?;
+        Ok(silences.first().map(|s| match silences.len() {
+            1 => format!("silence {}", s.id),
+            n => format!("silence {} and {} more", s.id, n - 1),
+        }))
+    }
+
+    /// Deletes a schedule nothing follows ([`App::schedule_in_use`]; 409 `schedule_in_use`
+    /// otherwise). `false` if there is none.
     pub async fn delete_schedule(&self, id: String) -> Result<bool> {
+        if let Some(user) = self.schedule_in_use(&id).await? {
+            return Err(Error::ScheduleInUse(format!(
+                "schedule {id:?} is in use by {user}: end or change that first"
+            )));
+        }
         Ok(self.0.store.delete_schedule(id).await?)
     }
 }

@@ -1,31 +1,75 @@
 //! Silences (maintenance windows): made, extended and ended by callers; reconciled at
 //! their end by the rounds every node runs ([`super::rounds`]; the store lets one take
-//! each).
+//! each). A silence may follow a schedule instead of its own times: it holds the
+//! schedule's current or next window, which the round moves on at each window's end.
 
 use super::{App, Error, Result};
 use crate::domain::Millis;
-use crate::domain::silence::{Match, Silence, SilenceState, check_times};
+use crate::domain::schedule::Schedule;
+use crate::domain::silence::{Match, Silence, SilenceState, check_times, window_after};
 
-/// A change to a silence: its end, its comment, and its start while it has not begun.
+/// When a new silence applies.
+#[derive(Debug, Clone)]
+pub enum When {
+    /// From `starts_at` (now when absent) to `ends_at`, once.
+    Times {
+        starts_at: Option<Millis>,
+        ends_at: Millis,
+    },
+    /// In every window of the schedule of this id.
+    Schedule(String),
+}
+
+/// A change to a silence: its end, its comment, and its start while it has not begun; or
+/// the schedule it follows (not with times).
 #[derive(Debug, Clone, Default)]
 pub struct SilenceChange {
     pub starts_at: Option<Millis>,
     pub ends_at: Option<Millis>,
+    pub schedule_id: Option<String>,
     pub comment: Option<String>,
 }
 
+/// Places a silence that follows `schedule` at the schedule's window from `now` on — the
+/// one `now` is in, or the next; an empty window at `now` when none comes, so it is pending
+/// until a change to the schedule places it again. A window the silence has begun already
+/// and not had reconciled is left as it is: it stays active to its stored end, is
+/// reconciled then, and the round moves it on by the schedule as it is by then (a change to
+/// a schedule never cuts a window short, nor stretches one).
+pub(super) fn place(s: &mut Silence, schedule: &Schedule, now: Millis) -> bool {
+    if s.starts_at <= now && s.reconciled_at.is_none() {
+        return false;
+    }
+    let (starts_at, ends_at) = window_after(schedule, now).unwrap_or((now, now));
+    let moved = (starts_at, ends_at) != (s.starts_at, s.ends_at);
+    (s.starts_at, s.ends_at) = (starts_at, ends_at);
+    // As the store writes it: a window that ends later is reconciled at its end.
+    s.reconciled_at = None;
+    moved
+}
+
 impl App {
-    /// Makes a silence. Its match must name something, and what it names must exist.
+    /// Makes a silence. Its match must name something, and what it names must exist, as
+    /// must the schedule it follows.
     pub async fn create_silence(
         &self,
         matcher: Match,
-        starts_at: Option<Millis>,
-        ends_at: Millis,
+        when: When,
         comment: String,
     ) -> Result<Silence> {
         let now = self.now();
-        let starts_at = starts_at.unwrap_or(now);
-        check_times(starts_at, ends_at, now).map_err(Error::Invalid)?;
+        let (starts_at, ends_at, schedule_id) = match when {
+            When::Times { starts_at, ends_at } => {
+                let starts_at = starts_at.unwrap_or(now);
+                check_times(starts_at, ends_at, now).map_err(Error::Invalid)?;
+                (starts_at, ends_at, None)
+            }
+            When::Schedule(id) => {
+                let schedule = self.followed(&id).await?;
+                let (a, b) = window_after(&schedule, now).unwrap_or((now, now));
+                (a, b, Some(id))
+            }
+        };
         self.check_match(&matcher).await?;
         let s = Silence {
             id: self.0.engine.clock().ulid().to_string(),
@@ -36,9 +80,21 @@ impl App {
             created_at: now,
             updated_at: now,
             reconciled_at: None,
+            schedule_id,
+            ended_at: None,
         };
         self.0.store.create_silence(s.clone()).await?;
         Ok(s)
+    }
+
+    /// The schedule a silence is to follow: 422 `unknown_schedule` when there is none.
+    async fn followed(&self, id: &str) -> Result<Schedule> {
+        match self.0.store.get_schedule(id.to_string()).await? {
+            Some(s) => Ok(s.schedule),
+            None => Err(Error::UnknownSchedule(format!(
+                "schedule_id: no schedule {id:?}"
+            ))),
+        }
     }
 
     async fn check_match(&self, m: &Match) -> Result<()> {
@@ -71,13 +127,39 @@ impl App {
         Ok(())
     }
 
-    /// Extends, shortens or re-comments a silence that has not ended (`None`: no such
-    /// silence).
+    /// Extends, shortens or re-comments a silence that has not ended, or has it follow a
+    /// schedule (`None`: no such silence). The times of one that follows a schedule are
+    /// the schedule's; a one-off silence may take a schedule before it begins.
     pub async fn update_silence(&self, id: String, c: SilenceChange) -> Result<Option<Silence>> {
+        if c.schedule_id.is_some() {
+            for (field, given) in [("starts_at", c.starts_at), ("ends_at", c.ends_at)] {
+                if given.is_some() {
+                    return Err(Error::Invalid(format!(
+                        "{field}: give schedule_id or times, not both"
+                    )));
+                }
+            }
+        }
         let Some(mut s) = self.0.store.get_silence(id).await? else {
             return Ok(None);
         };
         let now = self.now();
+        if s.state(now) != SilenceState::Ended {
+            if let Some(schedule_id) = c.schedule_id {
+                return self.reschedule(s, schedule_id, c.comment, now).await;
+            }
+            if s.schedule_id.is_some() && (c.starts_at.is_some() || c.ends_at.is_some()) {
+                let field = if c.starts_at.is_some() {
+                    "starts_at"
+                } else {
+                    "ends_at"
+                };
+                return Err(Error::Invalid(format!(
+                    "{field}: a silence that follows a schedule takes its times from it; \
+                     end it and make a one-off silence instead"
+                )));
+            }
+        }
         match s.state(now) {
             SilenceState::Ended => {
                 return Err(crate::store::Error::Conflict("the silence has ended".into()).into());
@@ -94,12 +176,42 @@ impl App {
         if let Some(comment) = c.comment {
             s.comment = comment;
         }
-        check_times(s.starts_at, s.ends_at, now).map_err(Error::Invalid)?;
+        if s.schedule_id.is_none() {
+            check_times(s.starts_at, s.ends_at, now).map_err(Error::Invalid)?;
+        }
+        self.write_silence(s, now).await.map(Some)
+    }
+
+    /// Has silence `s` (not ended) follow schedule `schedule_id`, placed at its window.
+    async fn reschedule(
+        &self,
+        mut s: Silence,
+        schedule_id: String,
+        comment: Option<String>,
+        now: Millis,
+    ) -> Result<Option<Silence>> {
+        let schedule = self.followed(&schedule_id).await?;
+        if s.schedule_id.is_none() && s.state(now) == SilenceState::Active {
+            return Err(Error::Invalid(
+                "schedule_id: an active one-off silence cannot take a schedule; end it and \
+                 make another"
+                    .into(),
+            ));
+        }
+        s.schedule_id = Some(schedule_id);
+        place(&mut s, &schedule, now);
+        if let Some(comment) = comment {
+            s.comment = comment;
+        }
+        self.write_silence(s, now).await.map(Some)
+    }
+
+    async fn write_silence(&self, mut s: Silence, now: Millis) -> Result<Silence> {
         s.updated_at = now;
         if !self.0.store.update_silence(s.clone()).await? {
             return Err(crate::store::Error::Conflict("the silence has ended".into()).into());
         }
-        Ok(Some(s))
+        Ok(s)
     }
 
     /// Ends a silence now (one that has not begun ends without having applied). `false`:
@@ -112,8 +224,10 @@ impl App {
         if s.state(now) == SilenceState::Ended {
             return Ok(true);
         }
-        s.starts_at = s.starts_at.min(now);
-        s.ends_at = now;
+        // A window that ended and waits for its reconciliation keeps its end.
+        s.ends_at = s.ends_at.min(now);
+        s.starts_at = s.starts_at.min(s.ends_at);
+        s.ended_at = Some(now);
         s.updated_at = now;
         self.0.store.update_silence(s).await?;
         Ok(true)

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::notification::EventKind;
+use super::schedule::Schedule;
 use super::sensor::{Connection, SensorId};
 use super::time::Millis;
 
@@ -71,6 +72,13 @@ pub struct Silence {
     pub updated_at: Millis,
     /// When its end was reconciled (once, cluster-wide).
     pub reconciled_at: Option<Millis>,
+    /// The schedule it follows (`None`: a one-off silence). Its `starts_at` and `ends_at`
+    /// then hold its current or next window ([`window_after`]); the round that reconciles
+    /// a window's end moves it to the next one (`store::rules::silences`).
+    pub schedule_id: Option<String>,
+    /// When a caller ended it (`DELETE`). A silence that follows a schedule only ends so;
+    /// a one-off one ends at `ends_at` all the same.
+    pub ended_at: Option<Millis>,
 }
 
 /// Where a silence is in its life, at a given time.
@@ -95,15 +103,46 @@ impl SilenceState {
 }
 
 impl Silence {
+    /// Active inside its window; a silence that follows a schedule is pending between
+    /// windows (also from a window's end until the round moves it on, and when its
+    /// schedule has no window to come) and ended only once a caller ended it.
     pub fn state(&self, now: Millis) -> SilenceState {
         if now < self.starts_at {
             SilenceState::Pending
         } else if now < self.ends_at {
             SilenceState::Active
+        } else if self.follows_schedule() {
+            SilenceState::Pending
         } else {
             SilenceState::Ended
         }
     }
+
+    /// Whether it follows a schedule still: it names one and no caller ended it.
+    pub fn follows_schedule(&self) -> bool {
+        self.schedule_id.is_some() && self.ended_at.is_none()
+    }
+}
+
+/// The window a silence that follows `schedule` holds from `at` on: the stretch of the
+/// schedule that contains `at`, or else the next one; `None` when none comes (no window,
+/// or only `except` dates ahead).
+///
+/// A window lasts at most [`MAX_SILENCE_MS`], as a one-off silence does: a stretch longer
+/// than that (a schedule inside every hour of the week ends at `Millis::MAX`) is taken in
+/// pieces, each ending `MAX_SILENCE_MS` after `at` at the latest, so the round that
+/// reconciles one piece's end moves the silence to the next piece of the same stretch
+/// (asked from that end, which is still inside) and a window's end always lies ahead of
+/// `at`: moving never stands still. A stretch that began long ago shows a start at most
+/// `MAX_SILENCE_MS` before `at`.
+pub fn window_after(schedule: &Schedule, at: Millis) -> Option<(Millis, Millis)> {
+    let (start, end) = match schedule.window_at(at) {
+        Some(w) => w,
+        None => schedule.window_at(schedule.next_change(at)?)?,
+    };
+    let start = start.max(at.saturating_sub(MAX_SILENCE_MS));
+    let end = end.min(start.max(at).saturating_add(MAX_SILENCE_MS));
+    (end > at && start < end).then_some((start, end))
 }
 
 /// Why a silence's times are refused.
@@ -413,6 +452,78 @@ mod tests {
             "the site's own id is not a sensor it names"
         );
         assert!(back.contains(&names_in_body("s3")));
+    }
+
+    #[test]
+    fn a_scheduled_silence_holds_the_stretch_it_is_in_or_the_next() {
+        use crate::domain::schedule::Schedule;
+        let sched = |weekly: serde_json::Value, except: serde_json::Value| {
+            Schedule::parse(serde_json::json!({
+                "id": "s", "name": "s", "tz": "UTC", "weekly": weekly, "except": except
+            }))
+            .unwrap()
+        };
+        let t = |s: &str| crate::domain::time::parse(s).unwrap();
+        let nights = sched(
+            serde_json::json!([{"days": ["mon", "tue"], "from": "22:00", "to": "06:00"}]),
+            serde_json::json!([]),
+        );
+        // Monday 2026-11-30, noon: the next night.
+        let next = window_after(&nights, t("2026-11-30T12:00:00Z"));
+        assert_eq!(
+            next,
+            Some((t("2026-11-30T22:00:00Z"), t("2026-12-01T06:00:00Z")))
+        );
+        // Inside it: the same night; from its end: Tuesday's.
+        assert_eq!(window_after(&nights, t("2026-12-01T01:00:00Z")), next);
+        assert_eq!(
+            window_after(&nights, t("2026-12-01T06:00:00Z")),
+            Some((t("2026-12-01T22:00:00Z"), t("2026-12-02T06:00:00Z")))
+        );
+        // Past Tuesday's night, next Monday's.
+        assert_eq!(
+            window_after(&nights, t("2026-12-02T06:00:00Z")).map(|w| w.0),
+            Some(t("2026-12-07T22:00:00Z"))
+        );
+        // None comes: no windows, or none at all (every start date excepted is not
+        // expressible past a year; an empty week is).
+        let never = sched(serde_json::json!([]), serde_json::json!([]));
+        assert_eq!(window_after(&never, t("2026-11-30T12:00:00Z")), None);
+        // Always inside: pieces of at most MAX_SILENCE_MS, each moving on from the last.
+        let always = sched(
+            serde_json::json!([{"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+                "from": "00:00", "to": "24:00"}]),
+            serde_json::json!([]),
+        );
+        let now = t("2026-11-30T12:00:00Z");
+        let (s1, e1) = window_after(&always, now).unwrap();
+        assert!(s1 <= now && e1 == now + MAX_SILENCE_MS, "{s1} {e1}");
+        let (s2, e2) = window_after(&always, e1).unwrap();
+        assert!(s2 <= e1 && e2 == e1 + MAX_SILENCE_MS);
+    }
+
+    #[test]
+    fn a_scheduled_silence_is_pending_between_windows_and_ends_only_when_ended() {
+        let mut s = Silence {
+            id: "x".into(),
+            matcher: Match::default(),
+            starts_at: 10,
+            ends_at: 20,
+            comment: String::new(),
+            created_at: 0,
+            updated_at: 0,
+            reconciled_at: None,
+            schedule_id: Some("s".into()),
+            ended_at: None,
+        };
+        assert_eq!(s.state(5), SilenceState::Pending);
+        assert_eq!(s.state(10), SilenceState::Active);
+        assert_eq!(s.state(20), SilenceState::Pending);
+        s.ended_at = Some(20);
+        assert_eq!(s.state(20), SilenceState::Ended);
+        s.ended_at = None;
+        s.schedule_id = None;
+        assert_eq!(s.state(20), SilenceState::Ended);
     }
 
     #[test]

@@ -487,9 +487,12 @@ pub trait Silences: Send + Sync {
         now: Millis,
         page: PageRequest,
     ) -> Result<Page<Silence>>;
-    /// Writes its times, comment and `updated_at`; `false` if there is no such silence or
-    /// its end was reconciled already.
+    /// Writes its times, comment, schedule, `ended_at` and `updated_at`; `false` if there
+    /// is no such silence or its end was reconciled already (unless it follows a schedule:
+    /// a window it is moved to that ends later is reconciled at its end again).
     async fn update_silence(&self, silence: Silence) -> Result<bool>;
+    /// The silences that follow schedule `id` (no caller ended them), by id.
+    async fn silences_following(&self, schedule_id: String) -> Result<Vec<Silence>>;
     /// Reconciles every silence ended by `ended_by` and not yet reconciled, each once
     /// across the cluster (`ended_by` trails `now` by what a commit stamped before the end
     /// may take to land, [`crate::domain::silence::settle_ms`]): for each (client, sensor) it kept a notification from and no other

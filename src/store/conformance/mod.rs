@@ -37,6 +37,7 @@ mod retention;
 mod sessions;
 mod silence_edges;
 mod silence_lists;
+mod silence_schedules;
 mod silences;
 mod site_edges;
 mod tokens;
@@ -266,6 +267,8 @@ suite!(
     silence_edges::a_silence_end_counts_what_a_site_event_named,
     silence_lists::a_silence_of_many_sensors_matches_exactly_those,
     silence_lists::the_first_missing_of_many_sensors_is_found,
+    silence_schedules::a_scheduled_silence_keeps_only_inside_its_windows,
+    silence_schedules::a_scheduled_silence_without_windows_or_ended_stays_put,
     find::notifications_newest_first_with_filters,
     find::sensors_found_by_id_prefix_and_address_words,
     find::clients_found_by_name,

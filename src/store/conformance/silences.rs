@@ -27,6 +27,8 @@ pub(super) fn silence(id: &str, matcher: Match, starts_at: Millis, ends_at: Mill
         created_at: starts_at,
         updated_at: starts_at,
         reconciled_at: None,
+        schedule_id: None,
+        ended_at: None,
     }
 }
 

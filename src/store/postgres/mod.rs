@@ -103,7 +103,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0040_alarms.sql"),
     include_str!("../migrations/postgres/0041_schedules.sql"),
     include_str!("../migrations/postgres/0042_armed.sql"),
-    // 0043: the silences by schedule.
+    include_str!("../migrations/postgres/0043_silence_schedules.sql"),
     include_str!("../migrations/postgres/0044_escalations.sql"),
 ];
 

@@ -6,11 +6,14 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
+use super::super::{
+    Error, NotificationRef, Page, PageRequest, Result, Silences, StoredSchedule, limit_plus_one,
+};
 use super::PgStore;
 use super::db::{Sql, Tx};
 use super::tables::Tables;
 use crate::domain::client::events_from_column;
+use crate::domain::schedule::Schedule;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
 use crate::store::rules::silences::{LinkedSensor, Pair, Silenced};
@@ -22,7 +25,7 @@ use crate::store::rules::{self, commit::Newer};
 const SILENCE_COLS: &str = "id, site_id, CASE WHEN named_sensors IS NULL THEN NULL ELSE \
      coalesce((SELECT string_agg(x.sensor_id, ',' ORDER BY x.pos) FROM silence_sensors x \
      WHERE x.silence_id = silences.id), '') END, client_id, types, starts_at, ends_at, \
-     comment, created_at, updated_at, reconciled_at";
+     comment, created_at, updated_at, reconciled_at, schedule_id, ended_at";
 
 /// Whether silence `s` matches the client and, by its site, the sensor named by the SQL
 /// expressions `client` and `sensor` (its sensors are matched apart).
@@ -83,6 +86,8 @@ fn silence_row(r: &Row) -> Silence {
         created_at: r.get(8),
         updated_at: r.get(9),
         reconciled_at: r.get(10),
+        schedule_id: r.get(11),
+        ended_at: r.get(12),
     }
 }
 
@@ -177,6 +182,30 @@ impl rules::silences::SilenceTables for Tables<'_> {
             )
             .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn follows(&mut self, id: &str) -> Result<Option<(Schedule, Millis)>> {
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT sc.body, s.ends_at FROM silences s JOIN schedules sc \
+                 ON sc.id = s.schedule_id WHERE s.id = $1 AND s.ended_at IS NULL",
+                &[&id],
+            )
+            .await?;
+        row.map(|r| Ok((StoredSchedule::of(r.get(0), 0, 0)?.schedule, r.get(1))))
+            .transpose()
+    }
+
+    async fn move_window(&mut self, id: &str, starts_at: Millis, ends_at: Millis) -> Result<()> {
+        self.tx
+            .execute(
+                "UPDATE silences SET starts_at = $2, ends_at = $3, reconciled_at = NULL \
+                 WHERE id = $1",
+                &[&id, &starts_at, &ends_at],
+            )
+            .await?;
+        Ok(())
     }
 
     async fn take_pairs(&mut self, id: &str, now: Millis) -> Result<Vec<Pair>> {
@@ -357,8 +386,8 @@ impl Silences for PgStore {
         let tx = c.transaction().await?;
         tx.execute(
             "INSERT INTO silences (id, site_id, named_sensors, client_id, types, starts_at, \
-             ends_at, comment, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+             ends_at, comment, created_at, updated_at, schedule_id, ended_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             &[
                 &s.id,
                 &m.site_id,
@@ -370,6 +399,8 @@ impl Silences for PgStore {
                 &s.comment,
                 &s.created_at,
                 &s.updated_at,
+                &s.schedule_id,
+                &s.ended_at,
             ],
         )
         .await?;
@@ -406,9 +437,14 @@ impl Silences for PgStore {
     ) -> Result<Page<Silence>> {
         let state = match state {
             None => "true",
-            Some(SilenceState::Pending) => "starts_at > $3",
+            Some(SilenceState::Pending) => {
+                "(starts_at > $3 OR (ends_at <= $3 AND schedule_id IS NOT NULL \
+                 AND ended_at IS NULL))"
+            }
             Some(SilenceState::Active) => "starts_at <= $3 AND ends_at > $3",
-            Some(SilenceState::Ended) => "ends_at <= $3",
+            Some(SilenceState::Ended) => {
+                "ends_at <= $3 AND (schedule_id IS NULL OR ended_at IS NOT NULL)"
+            }
         };
         let c = self.db.get("list_silences").await?;
         let rows = c
@@ -432,12 +468,38 @@ impl Silences for PgStore {
         let c = self.db.get("update_silence").await?;
         let n = c
             .execute(
+                // As the embedded store's `UPDATE_RECONCILED`.
                 "UPDATE silences SET starts_at = $2, ends_at = $3, comment = $4, \
-                 updated_at = $5 WHERE id = $1 AND reconciled_at IS NULL",
-                &[&s.id, &s.starts_at, &s.ends_at, &s.comment, &s.updated_at],
+                 updated_at = $5, schedule_id = $6, ended_at = $7, \
+                 reconciled_at = CASE WHEN $3 > ends_at THEN NULL ELSE reconciled_at END \
+                 WHERE id = $1 AND (reconciled_at IS NULL \
+                 OR (schedule_id IS NOT NULL AND ended_at IS NULL))",
+                &[
+                    &s.id,
+                    &s.starts_at,
+                    &s.ends_at,
+                    &s.comment,
+                    &s.updated_at,
+                    &s.schedule_id,
+                    &s.ended_at,
+                ],
             )
             .await?;
         Ok(n > 0)
+    }
+
+    async fn silences_following(&self, schedule_id: String) -> Result<Vec<Silence>> {
+        let c = self.db.get("silences_following").await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SILENCE_COLS} FROM silences WHERE schedule_id = $1 \
+                     AND ended_at IS NULL ORDER BY id"
+                ),
+                &[&schedule_id],
+            )
+            .await?;
+        Ok(rows.iter().map(silence_row).collect())
     }
 
     async fn reconcile_silences(

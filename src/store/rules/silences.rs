@@ -3,7 +3,9 @@
 //! reconciled once — each of its pairs that no other active silence holds gets the one
 //! notification that brings its client's view up to date (`silence::reconcile`), or a
 //! site still down whose loss it kept tells that loss again, once per client, for all the
-//! sensors it names.
+//! sensors it names. A silence that follows a schedule is reconciled at each window's end
+//! the same way, then moved to the schedule's next window in the same transaction
+//! ([`silence::window_after`]): the commit's matching reads only `starts_at` and `ends_at`.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -11,6 +13,7 @@ use std::future::Future;
 use super::commit::Newer;
 use super::sites::SiteRetold;
 use crate::domain::client::wants;
+use crate::domain::schedule::Schedule;
 use crate::domain::silence::{self, View};
 use crate::domain::{Connection, Detail, Event, EventKind, Millis, NotificationRef, SensorId};
 use crate::store::Result;
@@ -69,6 +72,16 @@ pub trait SilenceTables {
         ended_by: Millis,
         now: Millis,
     ) -> impl Future<Output = Result<Vec<String>>>;
+    /// The schedule silence `id` follows and the end of the window it holds: `None` when
+    /// it is one-off, a caller ended it, or its schedule is gone.
+    fn follows(&mut self, id: &str) -> impl Future<Output = Result<Option<(Schedule, Millis)>>>;
+    /// Moves silence `id` to the window `[starts_at, ends_at)`, to be reconciled at its end.
+    fn move_window(
+        &mut self,
+        id: &str,
+        starts_at: Millis,
+        ends_at: Millis,
+    ) -> impl Future<Output = Result<()>>;
     /// Takes out the pairs silence `id` matches (by the sensor's site when noted, or now)
     /// that no other silence active at `now` holds.
     fn take_pairs(&mut self, id: &str, now: Millis) -> impl Future<Output = Result<Vec<Pair>>>;
@@ -167,9 +180,25 @@ pub async fn reconcile_ended<T: SilenceTables>(
     let mut made = Vec::new();
     for id in ended {
         made.extend(reconcile(t, &id, now).await?);
+        move_on(t, &id, now).await?;
     }
     made.sort_by_key(|r| r.seq);
     Ok(made)
+}
+
+/// Moves a silence that follows a schedule, its window reconciled, to the schedule's next
+/// window: the one after the window's end, or after `now` when rounds were missed (a window
+/// already begun is taken as it is, one wholly past is skipped). With none to come it stays
+/// as it is, reconciled, and is pending until a change to its schedule places it again
+/// (`App::replace_schedule`).
+async fn move_on<T: SilenceTables>(t: &mut T, id: &str, now: Millis) -> Result<()> {
+    let Some((schedule, ended)) = t.follows(id).await? else {
+        return Ok(());
+    };
+    if let Some((starts_at, ends_at)) = silence::window_after(&schedule, ended.max(now)) {
+        t.move_window(id, starts_at, ends_at).await?;
+    }
+    Ok(())
 }
 
 /// Reconciles silence `id`: each pair it kept something from, that no other active

@@ -94,7 +94,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0035_alarms.sql"),
     include_str!("../migrations/sqlite/0036_schedules.sql"),
     include_str!("../migrations/sqlite/0037_armed.sql"),
-    // 0038: the silences by schedule.
+    include_str!("../migrations/sqlite/0038_silence_schedules.sql"),
     include_str!("../migrations/sqlite/0039_escalations.sql"),
 ];
 

@@ -6,10 +6,13 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
-use super::super::{Error, NotificationRef, Page, PageRequest, Result, Silences, limit_plus_one};
+use super::super::{
+    Error, NotificationRef, Page, PageRequest, Result, Silences, StoredSchedule, limit_plus_one,
+};
 use super::SqliteStore;
 use super::tables::Tables;
 use crate::domain::client::events_from_column;
+use crate::domain::schedule::Schedule;
 use crate::domain::silence::{self, Match, Silence, SilenceState, View};
 use crate::domain::{Connection as Conn, Event, EventKind, Millis, SensorId};
 use crate::store::rules;
@@ -22,7 +25,7 @@ use crate::store::rules::sites::SiteRetold;
 const SILENCE_COLS: &str = "id, site_id, CASE WHEN named_sensors IS NULL THEN NULL ELSE \
      coalesce((SELECT group_concat(x.sensor_id, ',' ORDER BY x.pos) FROM silence_sensors x \
      WHERE x.silence_id = silences.id), '') END, client_id, types, starts_at, ends_at, \
-     comment, created_at, updated_at, reconciled_at";
+     comment, created_at, updated_at, reconciled_at, schedule_id, ended_at";
 
 /// Whether silence `s` matches the client and, by its site, the sensor named by the SQL
 /// expressions `client` and `sensor` (its sensors are matched apart).
@@ -67,6 +70,19 @@ fn active(s: &str, now: &str) -> String {
     format!("{s}.starts_at <= {now} AND {s}.ends_at > {now}")
 }
 
+/// `?state=pending` as of `?3`: not begun, or between a schedule's windows
+/// (`Silence::state`).
+const PENDING: &str =
+    "(starts_at > ?3 OR (ends_at <= ?3 AND schedule_id IS NOT NULL AND ended_at IS NULL))";
+/// `?state=ended` as of `?3`.
+const ENDED: &str = "ends_at <= ?3 AND (schedule_id IS NULL OR ended_at IS NOT NULL)";
+/// The rest of `update_silence`'s statement: a silence reconciled already takes no change,
+/// unless it follows a schedule (one whose schedule had no window to come is placed again
+/// so); a window moved to end later is reconciled at its end again.
+const UPDATE_RECONCILED: &str = "reconciled_at = CASE WHEN ?3 > ends_at THEN NULL \
+     ELSE reconciled_at END WHERE id = ?1 AND (reconciled_at IS NULL \
+     OR (schedule_id IS NOT NULL AND ended_at IS NULL))";
+
 fn silence_row(r: &Row) -> rusqlite::Result<Silence> {
     let sensors: Option<String> = r.get(2)?;
     let types: Option<String> = r.get(4)?;
@@ -84,6 +100,8 @@ fn silence_row(r: &Row) -> rusqlite::Result<Silence> {
         created_at: r.get(8)?,
         updated_at: r.get(9)?,
         reconciled_at: r.get(10)?,
+        schedule_id: r.get(11)?,
+        ended_at: r.get(12)?,
     })
 }
 
@@ -179,6 +197,31 @@ impl rules::silences::SilenceTables for Tables<'_> {
             )?
             .query_map([now, ended_by], |r| r.get::<_, String>(0))?
             .collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
+    async fn follows(&mut self, id: &str) -> Result<Option<(Schedule, Millis)>> {
+        let row = self
+            .tx
+            .prepare_cached(
+                "SELECT sc.body, s.ends_at FROM silences s JOIN schedules sc \
+                 ON sc.id = s.schedule_id WHERE s.id = ?1 AND s.ended_at IS NULL",
+            )?
+            .query_row([id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Millis>(1)?))
+            })
+            .optional()?;
+        row.map(|(body, ends_at)| Ok((StoredSchedule::of(&body, 0, 0)?.schedule, ends_at)))
+            .transpose()
+    }
+
+    async fn move_window(&mut self, id: &str, starts_at: Millis, ends_at: Millis) -> Result<()> {
+        self.tx
+            .prepare_cached(
+                "UPDATE silences SET starts_at = ?2, ends_at = ?3, reconciled_at = NULL \
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, starts_at, ends_at])?;
+        Ok(())
     }
 
     async fn take_pairs(&mut self, id: &str, now: Millis) -> Result<Vec<Pair>> {
@@ -383,8 +426,8 @@ impl Silences for SqliteStore {
             let tx = c.transaction()?;
             tx.execute(
                 "INSERT INTO silences (id, site_id, named_sensors, client_id, types, \
-                 starts_at, ends_at, comment, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 starts_at, ends_at, comment, created_at, updated_at, schedule_id, ended_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     s.id,
                     m.site_id,
@@ -397,7 +440,9 @@ impl Silences for SqliteStore {
                     s.ends_at,
                     s.comment,
                     s.created_at,
-                    s.updated_at
+                    s.updated_at,
+                    s.schedule_id,
+                    s.ended_at
                 ],
             )?;
             if let Some(sensors) = sensors {
@@ -432,9 +477,9 @@ impl Silences for SqliteStore {
     ) -> Result<Page<Silence>> {
         let state = match state {
             None => "?3 IS NOT NULL",
-            Some(SilenceState::Pending) => "starts_at > ?3",
+            Some(SilenceState::Pending) => PENDING,
             Some(SilenceState::Active) => "starts_at <= ?3 AND ends_at > ?3",
-            Some(SilenceState::Ended) => "ends_at <= ?3",
+            Some(SilenceState::Ended) => ENDED,
         };
         self.read(move |c| {
             let rows = c
@@ -459,10 +504,32 @@ impl Silences for SqliteStore {
     async fn update_silence(&self, s: Silence) -> Result<bool> {
         self.write(move |c| {
             Ok(c.execute(
-                "UPDATE silences SET starts_at = ?2, ends_at = ?3, comment = ?4, \
-                 updated_at = ?5 WHERE id = ?1 AND reconciled_at IS NULL",
-                params![s.id, s.starts_at, s.ends_at, s.comment, s.updated_at],
+                &format!(
+                    "UPDATE silences SET starts_at = ?2, ends_at = ?3, comment = ?4, \
+                     updated_at = ?5, schedule_id = ?6, ended_at = ?7, {UPDATE_RECONCILED}"
+                ),
+                params![
+                    s.id,
+                    s.starts_at,
+                    s.ends_at,
+                    s.comment,
+                    s.updated_at,
+                    s.schedule_id,
+                    s.ended_at
+                ],
             )? > 0)
+        })
+        .await
+    }
+
+    async fn silences_following(&self, schedule_id: String) -> Result<Vec<Silence>> {
+        self.read(move |c| {
+            Ok(c.prepare_cached(&format!(
+                "SELECT {SILENCE_COLS} FROM silences WHERE schedule_id = ?1 \
+                 AND ended_at IS NULL ORDER BY id"
+            ))?
+            .query_map([&schedule_id], silence_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
     }

@@ -95,7 +95,8 @@ pub use audit::{Audit, Change, Trail, Violation};
 pub use faults::{Call, Fault, Faults, Life, NoFaults};
 pub use node::NodeStore;
 pub use tables::{
-    AttemptRow, ClientRow, NodeEntry, PartitionRow, StateRow, StoredNotification, Tables,
+    AttemptRow, ClientRow, HeldWindow, NodeEntry, PartitionRow, StateRow, StoredNotification,
+    Tables,
 };
 
 /// Which backend the model mirrors.

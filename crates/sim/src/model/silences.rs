@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 
 use latch::domain::Event;
+use latch::domain::schedule::Schedule;
 use latch::domain::silence::{self, Silence, SilenceState, View};
 
 use latch::domain::{Connection, Millis, Notification, NotificationRef, SensorId, Status};
@@ -129,6 +130,24 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// Notes that silence `id` holds the window `[starts_at, ends_at)` from `since` on.
+    fn held_window(&mut self, id: &str, starts_at: Millis, ends_at: Millis, since: Millis) {
+        let held = self.silence_windows.entry(id.to_string()).or_default();
+        match held.last_mut() {
+            // Ended or extended: the same window, with its end changed.
+            Some(w) if w.starts_at == starts_at || ends_at <= w.ends_at => {
+                w.ends_at = w.ends_at.max(ends_at);
+            }
+            _ => held.push(super::tables::HeldWindow {
+                starts_at,
+                ends_at,
+                since,
+            }),
+        }
+    }
+}
+
 /// Silences' tables in the model ([`rules::silences`]): the sequence is latch's own.
 struct SilenceTables<'a> {
     t: &'a mut Tables,
@@ -196,6 +215,28 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
             self.t.silences.get_mut(id).expect("listed").reconciled_at = Some(now);
         }
         Ok(ended)
+    }
+
+    /// As the backends' join of `silences` and `schedules`.
+    async fn follows(&mut self, id: &str) -> Result<Option<(Schedule, Millis)>> {
+        let t = &*self.t;
+        Ok(t.silences
+            .get(id)
+            .filter(|s| s.ended_at.is_none())
+            .and_then(|s| {
+                let schedule = t.schedules.get(s.schedule_id.as_ref()?)?;
+                Some((schedule.schedule.clone(), s.ends_at))
+            }))
+    }
+
+    async fn move_window(&mut self, id: &str, starts_at: Millis, ends_at: Millis) -> Result<()> {
+        if let Some(s) = self.t.silences.get_mut(id) {
+            s.starts_at = starts_at;
+            s.ends_at = ends_at;
+            s.reconciled_at = None;
+            self.t.held_window(id, starts_at, ends_at, self.cx.now);
+        }
+        Ok(())
     }
 
     async fn take_pairs(&mut self, id: &str, now: Millis) -> Result<Vec<Pair>> {
@@ -306,7 +347,8 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
 #[async_trait]
 impl Silences for NodeStore {
     async fn create_silence(&self, silence: Silence) -> Result<()> {
-        self.run("create_silence", true, |t, _| {
+        self.run("create_silence", true, |t, cx| {
+            t.held_window(&silence.id, silence.starts_at, silence.ends_at, cx.now);
             t.silences.insert(silence.id.clone(), silence);
             Ok(())
         })
@@ -340,19 +382,37 @@ impl Silences for NodeStore {
 
     async fn update_silence(&self, silence: Silence) -> Result<bool> {
         self.run("update_silence", true, |t, cx| {
+            // As the backends' `UPDATE_RECONCILED`.
             let Some(s) = t
                 .silences
                 .get_mut(&silence.id)
-                .filter(|s| s.reconciled_at.is_none())
+                .filter(|s| s.reconciled_at.is_none() || s.follows_schedule())
             else {
                 return Ok(false);
             };
+            if silence.ends_at > s.ends_at {
+                s.reconciled_at = None;
+            }
             s.starts_at = silence.starts_at;
             s.ends_at = silence.ends_at;
             s.comment = silence.comment;
             s.updated_at = silence.updated_at;
+            s.schedule_id = silence.schedule_id;
+            s.ended_at = silence.ended_at;
+            t.held_window(&silence.id, silence.starts_at, silence.ends_at, cx.now);
             t.silence_written_at.insert(silence.id, cx.now);
             Ok(true)
+        })
+        .await
+    }
+
+    async fn silences_following(&self, schedule_id: String) -> Result<Vec<Silence>> {
+        self.run("silences_following", false, |t, _| {
+            Ok(t.silences
+                .values()
+                .filter(|s| s.schedule_id.as_ref() == Some(&schedule_id) && s.ended_at.is_none())
+                .cloned()
+                .collect())
         })
         .await
     }
@@ -363,11 +423,13 @@ impl Silences for NodeStore {
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
         self.run("reconcile_silences", true, |t, cx| {
-            rules::now_or_never(rules::silences::reconcile_ended(
+            let made = rules::now_or_never(rules::silences::reconcile_ended(
                 &mut SilenceTables { t, cx },
                 ended_by,
                 now,
-            ))
+            ))?;
+            t.silence_made.extend(made.iter().map(|m| m.seq));
+            Ok(made)
         })
         .await
     }

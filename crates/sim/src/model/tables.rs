@@ -118,6 +118,14 @@ pub(crate) struct Counters {
 /// noted before latch kept it), and the seq it was noted at.
 pub(crate) type KeptPair = (Option<String>, Option<latch::domain::silence::View>, i64);
 
+/// A window a silence held: `[starts_at, ends_at)`, written at `since`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldWindow {
+    pub starts_at: Millis,
+    pub ends_at: Millis,
+    pub since: Millis,
+}
+
 /// Every table of the store, as the last applied call left it. The simulation reads it
 /// through [`super::ModelStore::read`]; only the store's calls change it.
 #[derive(Debug)]
@@ -167,6 +175,13 @@ pub struct Tables {
     /// change carries the API node's time, which a slow store can write well after: a
     /// silence ended early stays active for every commit before the end is written.
     pub(crate) silence_written_at: BTreeMap<String, Millis>,
+    /// Every window each silence held, in order, each with when ("database now") it was
+    /// written (not a table: for the checks): a silence that follows a schedule moves on at
+    /// each window's end, and what it kept in a window it left is judged by that window.
+    pub(crate) silence_windows: BTreeMap<String, Vec<HeldWindow>>,
+    /// The notifications silences' ends made (not a table: for the checks), which no
+    /// silence is applied to.
+    pub(crate) silence_made: std::collections::BTreeSet<i64>,
     /// `silenced_pairs`: (client, sensor) pairs a silence kept a notification from, each
     /// with the sensor's site when the first was kept, what the client knew before it, and
     /// its seq (`since`).
@@ -212,6 +227,8 @@ impl Tables {
             site_held: BTreeMap::new(),
             silences: BTreeMap::new(),
             silence_written_at: BTreeMap::new(),
+            silence_windows: BTreeMap::new(),
+            silence_made: Default::default(),
             silenced_pairs: BTreeMap::new(),
             sealing_key: None,
             alarms: BTreeMap::new(),

@@ -103,6 +103,8 @@ impl Workload {
             created_at: now,
             updated_at: now,
             reconciled_at: None,
+            schedule_id: None,
+            ended_at: None,
         };
         let result = store.create_silence(s.clone()).await;
         self.world.trace(format!(
