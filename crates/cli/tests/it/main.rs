@@ -49,6 +49,7 @@ mod redelivery;
 mod registry;
 mod retention;
 mod round_trip;
+mod scheduled_silences;
 mod schedules;
 mod secrets;
 mod silences;
