@@ -94,7 +94,8 @@ pub struct SilenceOut {
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SilenceListParams {
-    /// `active`, `pending` (starts later) or `ended`.
+    /// `active`, `pending` (starts later, or between the windows of its schedule) or
+    /// `ended`.
     pub state: Option<String>,
 }
 
