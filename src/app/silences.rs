@@ -233,3 +233,49 @@ impl App {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedules_change_moves_a_silence_between_windows_and_keeps_a_window_begun() {
+        let t = |s: &str| crate::domain::time::parse(s).unwrap();
+        let schedule = |from: &str, to: &str| {
+            Schedule::parse(serde_json::json!({"id": "s", "name": "s", "tz": "UTC",
+                "weekly": [{"days": ["tue"], "from": from, "to": to}]}))
+            .unwrap()
+        };
+        let mut s = Silence {
+            id: "x".into(),
+            matcher: Match::default(),
+            starts_at: t("2026-12-01T18:00:00Z"),
+            ends_at: t("2026-12-01T20:00:00Z"),
+            comment: String::new(),
+            created_at: 0,
+            updated_at: 0,
+            reconciled_at: None,
+            schedule_id: Some("s".into()),
+            ended_at: None,
+        };
+        // Between windows: moved to the new next one.
+        let noon = schedule("12:00", "13:00");
+        assert!(place(&mut s, &noon, t("2026-12-01T07:00:00Z")));
+        assert_eq!(s.starts_at, t("2026-12-01T12:00:00Z"));
+        // Inside it: kept to its end, whatever the schedule says now.
+        let begun = s.clone();
+        assert!(!place(
+            &mut s,
+            &schedule("14:00", "15:00"),
+            t("2026-12-01T12:30:00Z")
+        ));
+        assert_eq!(s, begun);
+        // Its end reconciled with none to come (a schedule of no windows): placed again.
+        s.reconciled_at = Some(t("2026-12-01T13:00:06Z"));
+        assert!(place(&mut s, &noon, t("2026-12-01T14:00:00Z")));
+        assert_eq!(
+            (s.starts_at, s.reconciled_at),
+            (t("2026-12-08T12:00:00Z"), None)
+        );
+    }
+}
