@@ -58,13 +58,20 @@ impl App {
     }
 
     /// What follows schedule `id`, for the answer to its deletion: a silence no caller
-    /// ended; `None` when nothing does. The one place that says whether a schedule is in
+    /// ended, or a sensor it arms; `None` when nothing does. The one place that says whether a schedule is in
     /// use: whatever else comes to follow schedules adds its check here.
     pub async fn schedule_in_use(&self, id: &str) -> Result<Option<String>> {
         let silences = self.0.store.silences_following(id.to_string()).await?;
-        Ok(silences.first().map(|s| match silences.len() {
-            1 => format!("silence {}", s.id),
-            n => format!("silence {} and {} more", s.id, n - 1),
+        if let Some(s) = silences.first() {
+            return Ok(Some(match silences.len() {
+                1 => format!("silence {}", s.id),
+                n => format!("silence {} and {} more", s.id, n - 1),
+            }));
+        }
+        let armed = self.0.store.sensors_armed_by(id.to_string(), 2).await?;
+        Ok(armed.first().map(|s| match armed.len() {
+            1 => format!("sensor {s} (armed)"),
+            _ => format!("sensor {s} and others (armed)"),
         }))
     }
 

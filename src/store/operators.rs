@@ -4,8 +4,8 @@
 use async_trait::async_trait;
 
 use super::{AlarmFilter, Page, PageRequest, Result, StoredSchedule, rules};
-use crate::domain::Millis;
 use crate::domain::alarm::Alarm;
+use crate::domain::{Millis, SensorId};
 
 /// Alarms as operators work them ([`crate::domain::alarm`]): the group commit opens and
 /// resolves them ([`super::Runtime::commit`]); these read them and take one.
@@ -40,4 +40,6 @@ pub trait Schedules: Send + Sync {
     /// Writes its fields and `updated_at`; `false` if there is no such schedule.
     async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool>;
     async fn delete_schedule(&self, id: String) -> Result<bool>;
+    /// The sensors armed by schedule `id`, in id order, at most `limit`.
+    async fn sensors_armed_by(&self, id: String, limit: u32) -> Result<Vec<SensorId>>;
 }

@@ -4,6 +4,7 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use super::db::Sql;
+use crate::domain::SensorId;
 use crate::store::{Error, Page, PageRequest, Result, Schedules, StoredSchedule, limit_plus_one};
 
 fn stored(r: &tokio_postgres::Row) -> Result<StoredSchedule> {
@@ -75,5 +76,20 @@ impl Schedules for PgStore {
         Ok(c.execute("DELETE FROM schedules WHERE id = $1", &[&id])
             .await?
             > 0)
+    }
+
+    async fn sensors_armed_by(&self, id: String, limit: u32) -> Result<Vec<SensorId>> {
+        let c = self.db.get("sensors_armed_by").await?;
+        let rows = c
+            .query(
+                "SELECT id FROM sensors WHERE (armed::jsonb ->> 'schedule_id') = $1 \
+                 ORDER BY id COLLATE \"C\" LIMIT $2",
+                &[&id, &i64::from(limit)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| SensorId::parse(r.get(0)).ok())
+            .collect())
     }
 }

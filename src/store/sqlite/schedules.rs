@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
+use crate::domain::SensorId;
 use crate::store::{Error, Page, PageRequest, Result, Schedules, StoredSchedule, limit_plus_one};
 
 fn row(r: &rusqlite::Row) -> rusqlite::Result<(String, i64, i64)> {
@@ -80,5 +81,19 @@ impl Schedules for SqliteStore {
     async fn delete_schedule(&self, id: String) -> Result<bool> {
         self.write(move |c| Ok(c.execute("DELETE FROM schedules WHERE id = ?1", [id])? > 0))
             .await
+    }
+
+    async fn sensors_armed_by(&self, id: String, limit: u32) -> Result<Vec<SensorId>> {
+        self.read(move |c| {
+            let ids = c
+                .prepare_cached(
+                    "SELECT id FROM sensors WHERE json_extract(armed, '$.schedule_id') = ?1 \
+                     ORDER BY id LIMIT ?2",
+                )?
+                .query_map(rusqlite::params![id, limit], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(ids.iter().filter_map(|s| SensorId::parse(s).ok()).collect())
+        })
+        .await
     }
 }

@@ -152,6 +152,17 @@ async fn arming_is_patched_cleared_and_refused_with_reasons() {
         let message = answer["error"]["message"].as_str().unwrap_or("");
         assert!(message.contains(what), "{armed}: {answer}");
     }
+    let (code, body) = s.delete(&format!("/v1/schedules/{schedule}")).await;
+    assert_eq!(
+        code,
+        StatusCode::CONFLICT,
+        "a schedule a sensor is armed by: {body}"
+    );
+    assert_eq!(body["error"]["code"], "schedule_in_use");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(&id),
+        "{body}"
+    );
     let (_, body) = s
         .request(
             Method::PATCH,
@@ -160,4 +171,6 @@ async fn arming_is_patched_cleared_and_refused_with_reasons() {
         )
         .await;
     assert_eq!(body["armed"], Value::Null, "{body}");
+    let (code, body) = s.delete(&format!("/v1/schedules/{schedule}")).await;
+    assert_eq!(code, StatusCode::NO_CONTENT, "disarmed, it goes: {body}");
 }

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 
+use latch::domain::SensorId;
 use latch::store::{Error, Page, PageRequest, Result, Schedules, StoredSchedule};
 
 use super::node::NodeStore;
@@ -58,6 +59,18 @@ impl Schedules for NodeStore {
     async fn delete_schedule(&self, id: String) -> Result<bool> {
         self.run("delete_schedule", true, |t, _| {
             Ok(t.schedules.remove(&id).is_some())
+        })
+        .await
+    }
+
+    async fn sensors_armed_by(&self, id: String, limit: u32) -> Result<Vec<SensorId>> {
+        self.run("sensors_armed_by", false, |t, _| {
+            Ok(t.sensors
+                .values()
+                .filter(|s| s.armed.as_ref().is_some_and(|a| a.schedule_id == id))
+                .map(|s| s.id)
+                .take(limit as usize)
+                .collect())
         })
         .await
     }
