@@ -61,7 +61,7 @@ pub(super) async fn write(
         let ats: Vec<i64> = resolved.iter().map(|(_, at)| *at).collect();
         tx.execute(
             &tx.prepare_cached(
-                "UPDATE alarms a SET state = 'resolved', resolved_at = u.at \
+                "UPDATE alarms a SET state = 'resolved', resolved_at = GREATEST(a.opened_at, u.at) \
                  FROM UNNEST($1::text[], $2::int8[]) AS u(id, at) \
                  WHERE a.id = u.id AND a.state <> 'resolved'",
             )

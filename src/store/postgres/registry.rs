@@ -275,7 +275,7 @@ impl Registry for PgStore {
             cancel_pending(&tx, "sensor_id", &id, now).await?;
             // Its alarms end with it: a sensor made again under its id starts afresh.
             tx.execute(
-                "UPDATE alarms SET state = 'resolved', resolved_at = $2 \
+                "UPDATE alarms SET state = 'resolved', resolved_at = GREATEST(opened_at, $2) \
                  WHERE sensor_id = $1 AND state <> 'resolved'",
                 &[&id, &now],
             )

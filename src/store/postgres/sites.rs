@@ -203,7 +203,7 @@ impl Sites for PgStore {
             .await?;
         // Its alarm ends with it.
         tx.execute(
-            "UPDATE alarms SET state = 'resolved', resolved_at = $2 \
+            "UPDATE alarms SET state = 'resolved', resolved_at = GREATEST(opened_at, $2) \
              WHERE site_id = $1 AND state <> 'resolved'",
             &[&id, &now],
         )

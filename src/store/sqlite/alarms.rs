@@ -51,7 +51,7 @@ pub(super) fn write(
 ) -> Result<()> {
     if !resolved.is_empty() {
         let mut st = tx.prepare_cached(
-            "UPDATE alarms SET state = 'resolved', resolved_at = ?2 \
+            "UPDATE alarms SET state = 'resolved', resolved_at = MAX(opened_at, ?2) \
              WHERE id = ?1 AND state <> 'resolved'",
         )?;
         for (id, at) in resolved {

@@ -641,5 +641,5 @@ impl Registry for SqliteStore {
 }
 
 /// A deleted sensor's alarms not resolved yet, resolved at `?2`.
-const RESOLVE_ALARMS_OF_SENSOR: &str = "UPDATE alarms SET state = 'resolved', resolved_at = ?2 \
+const RESOLVE_ALARMS_OF_SENSOR: &str = "UPDATE alarms SET state = 'resolved', resolved_at = MAX(opened_at, ?2) \
      WHERE sensor_id = ?1 AND state <> 'resolved'";

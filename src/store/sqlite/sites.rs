@@ -198,7 +198,7 @@ impl Sites for SqliteStore {
             let n = tx.execute("DELETE FROM sites WHERE id = ?1", [&id])?;
             // Its alarm ends with it.
             tx.execute(
-                "UPDATE alarms SET state = 'resolved', resolved_at = ?2 \
+                "UPDATE alarms SET state = 'resolved', resolved_at = MAX(opened_at, ?2) \
                  WHERE site_id = ?1 AND state <> 'resolved'",
                 rusqlite::params![&id, now],
             )?;

@@ -48,7 +48,7 @@ impl Tables {
                 .filter(|a| a.state != AlarmState::Resolved)
             {
                 a.state = AlarmState::Resolved;
-                a.resolved_at = Some(*at);
+                a.resolved_at = Some((*at).max(a.opened_at));
             }
         }
         for o in opened {

@@ -139,7 +139,7 @@ impl Tables {
         for a in self.alarms.values_mut() {
             if a.sensor_id == Some(id) && a.state != latch::domain::alarm::AlarmState::Resolved {
                 a.state = latch::domain::alarm::AlarmState::Resolved;
-                a.resolved_at = Some(now);
+                a.resolved_at = Some(now.max(a.opened_at));
             }
         }
         self.note_change_of(cx, id, true);

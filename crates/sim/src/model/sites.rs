@@ -365,7 +365,7 @@ impl Sites for NodeStore {
                     && a.state != latch::domain::alarm::AlarmState::Resolved
                 {
                     a.state = latch::domain::alarm::AlarmState::Resolved;
-                    a.resolved_at = Some(now);
+                    a.resolved_at = Some(now.max(a.opened_at));
                 }
             }
             Ok(t.sites.remove(&id).is_some().then_some(made))
