@@ -14,6 +14,7 @@ mod alarms;
 mod armed;
 mod deleted;
 mod delivery;
+mod escalations;
 mod flaps;
 mod holds;
 mod liveness;
@@ -129,8 +130,9 @@ pub fn at_end(
         signals::alarms_alternate(world, t, log, start);
         holds::holds(world, t, log, &hold_bodies, start);
         flaps::flaps(world, t, log, start);
-        alarms::alarms(world, t, start);
+        alarms::alarms(world, t, log, start);
         armed::armed(world, t, log, start);
+        escalations::escalations(world, t, log, start);
         not_lost_in_a_stop(world, t, log, start);
         // One node only: in a cluster the simulation tells each node's engine of the link
         // directly and records nothing in the store, so a node that joins takes its

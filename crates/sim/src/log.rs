@@ -56,6 +56,9 @@ pub struct Log {
     /// and its end plus the time a node serving the sensor may take to follow it;
     /// `Millis::MAX` when the call failed and may still have been written).
     pub settings: Vec<Setting>,
+    /// Each client's escalation set at registration (the door alarms workload): fixed for
+    /// the run, so the checks judge each `alarm.escalated` by it.
+    pub escalations: BTreeMap<String, latch::domain::escalation::Escalation>,
     /// Each armed sensor's arming: fixed by the sensor, so one made again is armed alike.
     pub armed: BTreeMap<SensorId, latch::domain::armed::Armed>,
     /// Sensors deleted, with their links, state and history.

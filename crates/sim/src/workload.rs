@@ -181,13 +181,30 @@ impl Workload {
                 ended: now,
             });
         }
-        for c in &self.clients {
+        // Under --signals, each of the first clients escalates to the next after 2 s: a
+        // chain of two steps.
+        let ids: Vec<String> = self.clients.iter().map(|c| c.id.clone()).collect();
+        for (i, c) in self.clients.iter().enumerate() {
+            let escalation = (self.signals && i < 2 && i + 1 < ids.len()).then(|| {
+                latch::domain::escalation::Escalation {
+                    after_s: 2,
+                    to: ids[i + 1].clone(),
+                }
+            });
+            if let Some(e) = &escalation {
+                self.log
+                    .lock()
+                    .unwrap()
+                    .escalations
+                    .insert(c.id.clone(), e.clone());
+            }
             let client = Client {
                 id: c.id.clone(),
                 name: c.id.clone(),
                 url: format!("https://{}.example/hook", c.id),
                 secret: generate_secret(),
                 created_at: now,
+                escalation,
                 ..Client::default()
             };
             store.create_client(client).await?;

@@ -25,6 +25,7 @@ mod batches;
 mod choices;
 mod claim_order;
 mod commit;
+mod escalations;
 mod find;
 mod history;
 mod idempotency;
@@ -214,6 +215,8 @@ suite!(
     alarms::retention_keeps_an_open_alarms_notifications,
     armed::an_armed_sensor_tells_a_change_out_of_schedule_and_its_next_change_resolves_it,
     armed::a_disarmed_sensors_next_change_still_resolves_its_alarm,
+    escalations::an_alarm_nobody_takes_escalates_once_and_the_next_client_hears_its_end,
+    escalations::an_alarm_taken_before_its_time_escalates_to_nobody,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

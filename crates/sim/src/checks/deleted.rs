@@ -40,10 +40,13 @@ pub fn sent_to_deleted(
 
 /// Registry at send time (book): a client unlinked from a sensor gets nothing more of it.
 /// The claim that leased `n` (the last before `now`) read the link: it must have been
-/// there then. (A deleted client is [`sent_to_deleted`]'s.)
+/// there then. (A deleted client is [`sent_to_deleted`]'s; a client an alarm reached by
+/// escalation is told of it without a link.)
 pub fn sent_unlinked(t: &Tables, n: &Notification, now: Millis) -> Option<(&'static str, String)> {
     let audit = t.audit();
-    if audit.client_deleted_at(&n.client_id).is_some() {
+    if audit.client_deleted_at(&n.client_id).is_some()
+        || t.reached(n.alarm_id.as_deref(), &n.client_id)
+    {
         return None;
     }
     let trail = audit.trail(&n.id)?;
