@@ -1,7 +1,9 @@
 //! What retention deletes in one upkeep round ([`super::Backend::maintain`]) and what it
 //! did, shared by both backends.
 
-use crate::domain::Millis;
+use std::sync::LazyLock;
+
+use crate::domain::{EventKind, Millis, Status, policy};
 
 /// The cut-offs of one round, in the store's times (ms since the epoch).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +44,38 @@ impl Pruned {
         self.readings + self.events + self.notifications + self.attempts + self.partitions == 0
     }
 }
+
+/// Retention keeps a delivered notification `n` while an older failed one of its lane
+/// (same client and sensor) that it outranks ([`policy::outranked_by`]) is stored: SQL over
+/// the row `n` a backend's delete names so, written here for both.
+///
+/// A manual retry of the failed one is refused only while such a newer one is stored
+/// ([`policy::retry_refusal`], read from the outbox by the backends' `replay.rs`): nothing
+/// else remembers that the client was told something newer. Deleting the newer one first
+/// would let the older one be retried and tell the client an outdated state. So the newer
+/// one waits for the older one, rather than the older one going with it: what keeps the
+/// failed one (its own age, an alarm not resolved, a silence) is kept whole, and the newer
+/// one goes at the same round or the next (a backend may read the lane as it was when its
+/// step began). Only delivered ones count: the refusal reads a newer one pending or
+/// delivered, and pending ones are never deleted.
+pub(crate) static KEPT_FOR_AN_OLDER_FAILED: LazyLock<String> = LazyLock::new(|| {
+    let quoted = |k: &EventKind| format!("'{}'", k.as_str());
+    let arms: String = EventKind::ALL
+        .iter()
+        .filter(|k| !policy::outranked_by(**k).is_empty())
+        .map(|k| {
+            let by: Vec<String> = policy::outranked_by(*k).iter().map(quoted).collect();
+            format!(" WHEN {} THEN n.kind IN ({})", quoted(k), by.join(", "))
+        })
+        .collect();
+    format!(
+        "(n.status = '{}' AND EXISTS (SELECT 1 FROM notifications o \
+         WHERE o.sensor_id = n.sensor_id AND o.client_id = n.client_id AND o.seq < n.seq \
+         AND o.status = '{}' AND CASE o.kind{arms} ELSE FALSE END))",
+        Status::Delivered.as_str(),
+        Status::Failed.as_str(),
+    )
+});
 
 /// Notifications one pruning step reads, in outbox order. Each step holds the writer (on
 /// SQLite, the only one) for the deletes it makes: a few hundred rows keep that to a few
@@ -110,6 +144,20 @@ mod tests {
         assert_eq!(doomed, [1, 5]);
         assert_eq!(next, 5);
         assert!(done);
+    }
+
+    #[test]
+    fn the_kept_for_a_failed_rule_lists_each_kind_that_outranks() {
+        let sql = &*KEPT_FOR_AN_OLDER_FAILED;
+        assert!(sql.contains(
+            "WHEN 'sensor.connection_lost' THEN n.kind IN \
+             ('sensor.connection_lost', 'sensor.connection_restored')"
+        ));
+        assert!(
+            sql.contains("WHEN 'sensor.state_changed' THEN n.kind IN ('sensor.state_changed')")
+        );
+        // Outranked by nothing: never kept for.
+        assert!(!sql.contains("WHEN 'alarm.acknowledged'"));
     }
 
     #[test]

@@ -239,6 +239,7 @@ suite!(
     retention::history_goes_at_its_time_and_no_sooner,
     retention::finished_notifications_go_pending_ones_stay,
     retention::a_delivered_state_stays_while_an_older_one_of_its_lane_waits,
+    retention::a_delivered_notification_stays_while_an_older_failed_one_it_outranks_does,
     retention::attempts_made_after_retention_emptied_them_still_ship,
     tokens::tokens_keep_hash_and_scopes,
     tokens::deleted_tokens_are_gone,

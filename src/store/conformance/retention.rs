@@ -278,6 +278,122 @@ pub(super) async fn a_delivered_state_stays_while_an_older_one_of_its_lane_waits
     assert_eq!(pruned.notifications, 2, "{pruned:?}");
 }
 
+/// A delivered notification outranks an older one of its lane that failed: a manual retry
+/// of that one is refused while the newer is stored (`policy::retry_refusal`). Retention
+/// keeps the newer while the older failed one is kept (here it failed after the cut-off; an
+/// open alarm keeps one longer still), or the retry would tell the client an outdated state
+/// after a newer one. Once the older one goes, so does the newer.
+pub(super) async fn a_delivered_notification_stays_while_an_older_failed_one_it_outranks_does(
+    s: &Subject,
+) {
+    s.create_sensor(sensor("rf1")).await.unwrap();
+    s.create_sensor(sensor("rf2")).await.unwrap();
+    s.create_client(client("rf-a", "http://a/")).await.unwrap();
+    s.link("rf-a".into(), sid("rf1"), 1).await.unwrap();
+    s.link("rf-a".into(), sid("rf2"), 1).await.unwrap();
+    let outcome = |n: &NotificationRef, node: &str, at, verdict| Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: Some(Attempt {
+            notification_id: n.id.clone(),
+            at,
+            status_code: Some(if verdict == Verdict::Delivered {
+                200
+            } else {
+                500
+            }),
+            error: None,
+            duration_ms: 3,
+        }),
+        attempts: 1,
+        verdict,
+        node: node.into(),
+        batch_id: None,
+    };
+    // Each lane: the older one out with node a (a lease the newer one's commit does not
+    // supersede), the newer delivered by node b, then the older one failed at 12 s.
+    let mut lanes = Vec::new();
+    for (id, older, newer) in [
+        (
+            "rf1",
+            change("rf1", true, None, 1_000),
+            change("rf1", false, Some(true), 2_000),
+        ),
+        (
+            "rf2",
+            liveness("rf2", EventKind::ConnectionLost, 1_000),
+            liveness("rf2", EventKind::ConnectionRestored, 2_000),
+        ),
+    ] {
+        let older = s.commit(older, 1_000).await.unwrap().remove(0);
+        s.claim(
+            vec![older.id.clone()],
+            "a".into(),
+            1_000,
+            now_ms() + 600_000,
+            None,
+        )
+        .await
+        .unwrap();
+        let newer = s.commit(newer, 2_000).await.unwrap().remove(0);
+        assert_eq!(newer.sensor_id, sid(id));
+        s.record(
+            vec![outcome(&newer, "b", 3_000, Verdict::Delivered)],
+            3_000,
+            NEVER,
+        )
+        .await
+        .unwrap();
+        s.record(
+            vec![outcome(&older, "a", 12_000, Verdict::Failed)],
+            12_000,
+            NEVER,
+        )
+        .await
+        .unwrap();
+        lanes.push((older, newer));
+    }
+    let stored = |id: String| async move { s.get_notification(id).await.unwrap().map(|(n, _)| n) };
+    let cut = |before| Retention {
+        history_before: None,
+        notifications_before: Some(before),
+    };
+
+    let pruned = s.maintain(60_000, cut(10_000)).await.unwrap();
+    assert_eq!(pruned.notifications, 0, "{pruned:?}");
+    for (older, newer) in &lanes {
+        let n = stored(newer.id.clone()).await;
+        assert!(
+            n.is_some(),
+            "{:?}: kept while the older failed one is",
+            newer.kind
+        );
+        assert_eq!(
+            stored(older.id.clone()).await.map(|n| n.status),
+            Some(Status::Failed)
+        );
+        assert!(
+            matches!(
+                s.retry_notification(older.id.clone(), 61_000).await,
+                Err(Error::Conflict(_))
+            ),
+            "{:?}: the older one must not go after the newer one",
+            older.kind
+        );
+    }
+
+    // Past the older ones' failure: they go, and the newer ones with them or at the next
+    // round (a backend may read the lane as it was when the round began).
+    s.maintain(62_000, cut(20_000)).await.unwrap();
+    for (older, _) in &lanes {
+        assert!(stored(older.id.clone()).await.is_none());
+    }
+    s.maintain(63_000, cut(20_000)).await.unwrap();
+    for (_, newer) in &lanes {
+        assert!(stored(newer.id.clone()).await.is_none());
+    }
+}
+
 /// Attempts ship past a mark of the last id shipped: once retention has deleted every
 /// attempt (a quiet month, a disabled client), the next attempt must still get an id
 /// above that mark, or it never reaches ClickHouse while the spool says nothing waits.

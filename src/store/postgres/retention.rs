@@ -12,7 +12,7 @@
 
 use tokio_postgres::Client;
 
-use super::super::retention::{OUTBOX_STEP, Scanned, outbox_step};
+use super::super::retention::{KEPT_FOR_AN_OLDER_FAILED, OUTBOX_STEP, Scanned, outbox_step};
 use super::super::{Pruned, Result, Retention};
 use super::db::{Db, Sql};
 use super::describe;
@@ -159,7 +159,10 @@ async fn scan_outbox(db: &Db, after: i64) -> Result<Vec<Scanned>> {
 
 /// Deletes the notifications `seqs` that are still finished and older than `before`, with
 /// their attempts and named sensors, in one statement; not a delivered state an older state
-/// of its lane still waits behind ([`KEPT_FOR_ITS_LANE`]).
+/// of its lane still waits behind ([`KEPT_FOR_ITS_LANE`]), nor a delivered notification an
+/// older failed one of its lane that it outranks is stored behind
+/// ([`KEPT_FOR_AN_OLDER_FAILED`]; the statement reads the lane as it was when it began:
+/// where it deletes the older failed one, the newer one goes at the next round).
 async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<Pruned> {
     let c = db.get("retention").await?;
     let row = c
@@ -167,11 +170,13 @@ async fn delete_notifications(db: &Db, seqs: &[i64], before: Millis) -> Result<P
             &format!(
                 "WITH gone AS (DELETE FROM notifications n WHERE seq = ANY($1) \
                AND status <> 'pending' AND updated_at < $2 AND NOT {KEPT_FOR_ITS_LANE} \
-               AND NOT {KEPT_FOR_A_SILENCE} AND NOT {KEPT_FOR_ITS_ALARM} RETURNING id, seq), \
+               AND NOT {kept_for_failed} AND NOT {KEPT_FOR_A_SILENCE} \
+               AND NOT {KEPT_FOR_ITS_ALARM} RETURNING id, seq), \
              a AS (DELETE FROM attempts WHERE notification_id IN (SELECT id FROM gone) \
                RETURNING 1), \
              named AS (DELETE FROM notification_sensors WHERE seq IN (SELECT seq FROM gone)) \
-             SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM a)"
+             SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM a)",
+                kept_for_failed = *KEPT_FOR_AN_OLDER_FAILED
             ),
             &[&seqs, &before],
         )

@@ -13,11 +13,12 @@
 //! and time, so old rows are found per sensor: each sensor's oldest rows are the first of
 //! its range.
 
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::super::retention::{OUTBOX_STEP, Scanned};
+use super::super::retention::{KEPT_FOR_AN_OLDER_FAILED, OUTBOX_STEP, Scanned};
 use super::super::{Pruned, Result};
 use crate::domain::Millis;
 
@@ -137,15 +138,37 @@ pub(super) fn scan_outbox(c: &Connection, after: i64) -> Result<Vec<Scanned>> {
     .collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
+/// Deletes one notification ([`delete_notifications`]): the rules that keep it are in
+/// that function's doc.
+static DELETE_ONE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM notifications AS n WHERE seq = ?1 AND status <> 'pending' \
+         AND updated_at < ?2 AND NOT (n.kind = 'sensor.state_changed' AND EXISTS (\
+           SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
+           AND o.seq < n.seq AND o.status = 'pending' AND o.client_id = n.client_id \
+           AND o.kind = 'sensor.state_changed')) AND NOT {} AND NOT EXISTS (SELECT 1 \
+           FROM silenced_pairs sp WHERE sp.client_id = n.client_id \
+           AND (sp.sensor_id = n.sensor_id \
+                OR n.kind IN ('site.connection_lost', 'site.connection_restored'))) \
+         AND NOT EXISTS (SELECT 1 FROM alarms a WHERE a.id = n.alarm_id \
+           AND a.state <> 'resolved') \
+         RETURNING id, site_id IS NOT NULL",
+        *KEPT_FOR_AN_OLDER_FAILED
+    )
+});
+
 /// Deletes the notifications `seqs` that are still finished and older than `before` (one
 /// may have been replayed since it was read), with their attempts and named sensors. A
 /// delivered state that an older state of its lane still waits behind stays: the claim of
 /// that one supersedes it while the newer one is stored, and would send it after the newer
-/// one without. So does every notification of a (client, sensor) a silence kept something
-/// from until its end reconciles it, and every site event of that client (it may name the
-/// sensor, from another sensor's lane): what the client was told is read from them then,
-/// and a silence longer than retention would otherwise find nothing, or less than was told
-/// (issue #68). A notification of an alarm not resolved stays too: an acknowledgement
+/// one without. So does a delivered notification while an older failed one of its lane
+/// that it outranks is stored ([`KEPT_FOR_AN_OLDER_FAILED`]): a retry of that one is
+/// refused only while the newer one is there (deleted in seq order, an older failed one
+/// deleted first lets the newer one go in the same step). So does every notification of a
+/// (client, sensor) a silence kept something from until its end reconciles it, and every
+/// site event of that client (it may name the sensor, from another sensor's lane): what the
+/// client was told is read from them then, and a silence longer than retention would
+/// otherwise find nothing, or less than was told (issue #68). A notification of an alarm not resolved stays too: an acknowledgement
 /// tells the clients it told, read from them, however long the alarm stays open.
 pub(super) fn delete_notifications(
     c: &mut Connection,
@@ -155,19 +178,7 @@ pub(super) fn delete_notifications(
     let tx = c.transaction()?;
     let mut pruned = Pruned::default();
     {
-        let mut gone = tx.prepare_cached(
-            "DELETE FROM notifications AS n WHERE seq = ?1 AND status <> 'pending' \
-             AND updated_at < ?2 AND NOT (n.kind = 'sensor.state_changed' AND EXISTS (\
-               SELECT 1 FROM notifications o WHERE o.sensor_id = n.sensor_id \
-               AND o.seq < n.seq AND o.status = 'pending' AND o.client_id = n.client_id \
-               AND o.kind = 'sensor.state_changed')) AND NOT EXISTS (SELECT 1 \
-               FROM silenced_pairs sp WHERE sp.client_id = n.client_id \
-               AND (sp.sensor_id = n.sensor_id \
-                    OR n.kind IN ('site.connection_lost', 'site.connection_restored'))) \
-             AND NOT EXISTS (SELECT 1 FROM alarms a WHERE a.id = n.alarm_id \
-               AND a.state <> 'resolved') \
-             RETURNING id, site_id IS NOT NULL",
-        )?;
+        let mut gone = tx.prepare_cached(&DELETE_ONE)?;
         let mut attempts = tx.prepare_cached("DELETE FROM attempts WHERE notification_id = ?1")?;
         let mut named = tx.prepare_cached("DELETE FROM notification_sensors WHERE seq = ?1")?;
         for seq in seqs {

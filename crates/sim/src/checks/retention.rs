@@ -31,7 +31,8 @@ pub fn retention(
 
 /// Retention deletes only what is past its time and keeps what a lane still needs (book,
 /// Retention: a notification's age is its last change, pending ones are never deleted, nor
-/// a delivered state while an older state of its lane still waits): what a round made from
+/// a delivered state while an older state of its lane still waits, nor a delivered one
+/// while an older failed one of its lane that it outranks is kept): what a round made from
 /// `from` to `to` deleted was finished and last changed before its cut-off, and no lane
 /// needed it (a delivered notification while an older one of its lane and kind class is
 /// pending: the supersede rule and a retry's refusal read it); every pending notification

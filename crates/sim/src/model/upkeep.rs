@@ -3,14 +3,15 @@
 //! here, applied whole, where the backends delete in small steps with commits let through
 //! between them; what it deletes is the same: readings and events older than the cut-off,
 //! and finished notifications (with their attempts) last changed before it (not a state an
-//! older state of its lane still waits behind), scanning the
+//! older state of its lane still waits behind, nor a delivered one an older failed one of its
+//! lane that it outranks is stored behind), scanning the
 //! outbox in order up to the first one made at the cut-off or later. (PostgreSQL drops
 //! history a whole month at a time, so it keeps rows up to a month longer than asked; the
 //! model deletes them row by row, as SQLite does.)
 
 use async_trait::async_trait;
 
-use latch::domain::{EventKind, Millis, Notification, Status};
+use latch::domain::{EventKind, Millis, Notification, Status, policy};
 use latch::store::{Backend, Pruned, Result, Retention};
 
 use super::node::NodeStore;
@@ -65,12 +66,23 @@ impl Tables {
     }
 
     /// A state `n` an older state of its lane still waits behind stays: the claim of that
-    /// one supersedes it while `n` is stored (`KEPT_FOR_ITS_LANE` in the backends).
+    /// one supersedes it while `n` is stored (`KEPT_FOR_ITS_LANE` in the backends). So does
+    /// a delivered `n` an older failed one of its lane that it outranks is stored behind: a
+    /// retry of that one is refused only while `n` is (`KEPT_FOR_AN_OLDER_FAILED`).
     fn kept_for_its_lane(&self, n: &Notification) -> bool {
-        n.kind == EventKind::StateChanged
-            && self.lane_of(n).any(|o| {
-                o.seq < n.seq && o.status == Status::Pending && o.kind == EventKind::StateChanged
-            })
+        self.lane_of(n).any(|o| {
+            o.seq < n.seq
+                && match o.status {
+                    Status::Pending => {
+                        n.kind == EventKind::StateChanged && o.kind == EventKind::StateChanged
+                    }
+                    Status::Failed => {
+                        n.status == Status::Delivered
+                            && policy::outranked_by(o.kind).contains(&n.kind)
+                    }
+                    _ => false,
+                }
+        })
     }
 }
 
