@@ -9,7 +9,7 @@
 //! the answer's), where a string with `…` stands for any string that starts and ends as
 //! shown; after the JSON, an HTTP status the command printed. A command shown without an
 //! answer prints nothing. `NAME=…` is a value the reader copies from the answer before it
-//! (its `"id"`).
+//! (its `"id"`, or a list's first item's).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -202,7 +202,9 @@ pub fn run_steps(steps: &[Step]) -> HashMap<String, String> {
         if let Some((name, value)) = assignment(&step.command) {
             let value = if value.contains('…') {
                 // The reader copies it from the answer before.
-                let id = last.as_ref().and_then(|a| a["id"].as_str());
+                let id = last
+                    .as_ref()
+                    .and_then(|a| a["id"].as_str().or(a["items"][0]["id"].as_str()));
                 id.unwrap_or_else(|| panic!("{name}: no \"id\" in the answer before"))
                     .to_string()
             } else {
@@ -475,6 +477,54 @@ async fn the_walk_through_prints_what_the_readme_shows_and_sends_its_webhook() {
     tokio::task::spawn_blocking(move || run_steps(&window))
         .await
         .unwrap();
+
+    // Then a door opened at night, escalated and acknowledged.
+    let night = continued(&text, "walk-through night", listen, &carried);
+    let night = night
+        .into_iter()
+        .map(|mut s| {
+            s.command = s.command.replace("127.0.0.1:9000", &hooks.addr);
+            s
+        })
+        .collect::<Vec<_>>();
+    assert!(night.len() >= 10, "the night's commands: {night:?}");
+    tokio::task::spawn_blocking(move || run_steps(&night))
+        .await
+        .unwrap();
+    let bodies = |path: &'static str, kind: &'static str| {
+        hooks
+            .got()
+            .into_iter()
+            .filter(|h| h.path.ends_with(path))
+            .filter_map(|h| serde_json::from_slice::<Value>(&h.body).ok())
+            .filter(|b| b["type"] == kind)
+            .collect::<Vec<_>>()
+    };
+    let out = eventually(10, "acme's state_out_of_schedule", || async {
+        bodies("/hooks/latch", "sensor.state_out_of_schedule")
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(out["schedule"]["id"], "office", "{out}");
+    let up = eventually(10, "the manager's alarm.escalated", || async {
+        bodies("/hooks/manager", "alarm.escalated")
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(up["alarm"]["id"], out["alarm_id"], "{up}");
+    assert_eq!(
+        (&up["level"], &up["from"]),
+        (&serde_json::json!(1), &serde_json::json!(client))
+    );
+    for path in ["/hooks/latch", "/hooks/manager"] {
+        let ack = eventually(10, "alarm.acknowledged", || async {
+            bodies(path, "alarm.acknowledged").into_iter().next()
+        })
+        .await;
+        assert_eq!(ack["by"], "night manager: Omar", "{path}: {ack}");
+    }
 }
 
 /// The steps of the block `name`, which goes on from the walk-through: its address made
@@ -500,6 +550,7 @@ fn every_marked_block_is_run_by_a_test() {
         "walk-through webhook",
         "walk-through dark",
         "maintenance window",
+        "walk-through night",
         "postgres setup",
         "cluster",
         "postgres restore",
