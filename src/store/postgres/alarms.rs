@@ -362,6 +362,10 @@ impl Alarms for PgStore {
 
     async fn escalate(&self, now: Millis) -> Result<Vec<NotificationRef>> {
         let mut c = self.db.get("escalate").await?;
+        let sql = rules::escalations::ANY.replace("{now}", "$1");
+        if !c.query_one(&sql, &[&now]).await?.get::<_, bool>(0) {
+            return Ok(Vec::new());
+        }
         let tx = c.transaction().await?;
         let made =
             rules::escalations::escalate(&mut super::escalations::Tables { tx: &tx }, now).await?;

@@ -325,6 +325,15 @@ impl Alarms for SqliteStore {
     }
 
     async fn escalate(&self, now: Millis) -> Result<Vec<NotificationRef>> {
+        let any: bool = self
+            .read(move |c| {
+                let sql = rules::escalations::ANY.replace("{now}", "?1");
+                Ok(c.prepare_cached(&sql)?.query_row([now], |r| r.get(0))?)
+            })
+            .await?;
+        if !any {
+            return Ok(Vec::new());
+        }
         self.write(move |c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let made = rules::now_or_never(rules::escalations::escalate(

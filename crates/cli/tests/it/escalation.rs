@@ -27,6 +27,19 @@ async fn got(r: &Receiver, kind: &str, n: usize) -> Vec<Value> {
     .await
 }
 
+/// Waits until a notification of `kind` to `client` is recorded delivered.
+async fn delivered(s: &TestServer, client: &str, kind: &str) {
+    let query = format!("client_id={client}&status=delivered");
+    eventually(15, &format!("{kind} recorded delivered"), || async {
+        s.notifications(&query)
+            .await
+            .iter()
+            .any(|n| n["type"] == kind)
+            .then_some(())
+    })
+    .await;
+}
+
 async fn escalate(s: &TestServer, from: &str, after_s: u32, to: &str) -> (StatusCode, Value) {
     s.request(
         Method::PATCH,
@@ -67,6 +80,8 @@ async fn an_alarm_nobody_takes_goes_to_the_next_client_who_hears_of_its_end() {
     clock.set(t0 + 30_000);
     let held = &desk.bodies_of(&id, Some("sensor.state_held"), 1).await[0];
     let alarm = held["alarm_id"].as_str().unwrap().to_string();
+    // The timer starts when the delivery is recorded, on the clock then: wait for it.
+    delivered(&s, &desk_id, "sensor.state_held").await;
     clock.set(t0 + 30_000 + 119_000);
     s.engine_round().await;
     assert!(
