@@ -227,6 +227,30 @@ fn role_among(e: &Event, resolving: &HashSet<SensorId>) -> Option<Role> {
     })
 }
 
+/// The kinds whose notification resolves a sensor's alarm (a state change resolves an
+/// `out_of_schedule`), as the SQL list `'a', 'b', …`: the escalation round finds by them
+/// the notification that resolved one.
+pub fn resolving_kinds_sql() -> String {
+    EventKind::ALL
+        .iter()
+        .filter(|&&k| {
+            let e = Event {
+                sensor_id: SensorId::from_packed(1),
+                kind: k,
+                at: 0,
+                data: None,
+                previous: None,
+                last_seen_at: None,
+                detail: Default::default(),
+            };
+            let resolving = HashSet::from([e.sensor_id]);
+            matches!(role_among(&e, &resolving), Some(Role::Resolves(_)))
+        })
+        .map(|k| format!("'{}'", k.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A sensor's alarm not resolved yet, as a commit reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unresolved {
@@ -486,6 +510,24 @@ mod tests {
         assert_eq!(p.opened[0].kind, AlarmKind::StateHeld);
         assert_eq!(p.opened[0].resolved_at, Some(3));
         assert!(p.ids.iter().all(|i| i.as_deref() == Some("A1")));
+    }
+
+    #[test]
+    fn the_resolving_kinds_are_the_clearing_events_and_a_state_change() {
+        let sql = resolving_kinds_sql();
+        for k in [
+            "sensor.connection_restored",
+            "sensor.state_held_cleared",
+            "sensor.battery_ok",
+            "sensor.tamper_cleared",
+            "sensor.fault_cleared",
+            "sensor.flapping_stopped",
+            "sensor.state_changed",
+        ] {
+            assert!(sql.contains(&format!("'{k}'")), "{k} in {sql}");
+        }
+        assert!(!sql.contains("'sensor.connection_lost'"), "{sql}");
+        assert!(!sql.contains("alarm."), "{sql}");
     }
 
     #[test]

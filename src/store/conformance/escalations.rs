@@ -145,3 +145,75 @@ async fn lost_alarm(s: &Subject, n: &NotificationRef) -> String {
     let (n, _) = s.get_notification(n.id.clone()).await.unwrap().unwrap();
     n.alarm_id.expect("a loss names its alarm")
 }
+
+pub(super) async fn the_end_told_to_a_client_reached_is_not_superseded_by_a_later_change(
+    s: &Subject,
+) {
+    use crate::domain::armed::{Armed, When};
+    let never = crate::domain::schedule::Schedule::parse(serde_json::json!({
+        "id": "closed", "name": "Closed", "tz": "UTC", "weekly": []
+    }))
+    .unwrap();
+    s.create_schedule(StoredSchedule {
+        schedule: never,
+        created_at: 1,
+        updated_at: 1,
+    })
+    .await
+    .unwrap();
+    s.create_sensor(Sensor {
+        armed: Some(Armed {
+            schedule_id: "closed".into(),
+            data: 1,
+            when: When::Outside,
+        }),
+        ..sensor("es3")
+    })
+    .await
+    .unwrap();
+    s.create_client(client("es3next", "http://127.0.0.1:9/h"))
+        .await
+        .unwrap();
+    s.create_client(Client {
+        escalation: Some(Escalation {
+            after_s: 1,
+            to: "es3next".into(),
+        }),
+        ..client("es3desk", "http://127.0.0.1:9/h")
+    })
+    .await
+    .unwrap();
+    s.link("es3desk".into(), sid("es3"), 1).await.unwrap();
+    let opened = s
+        .commit(change("es3", true, None, 1_000), 1_000)
+        .await
+        .unwrap();
+    let out = opened
+        .iter()
+        .find(|n| n.kind == EventKind::StateOutOfSchedule)
+        .expect("out of schedule");
+    s.record(vec![delivered(out, 2_000)], 2_000, NEVER)
+        .await
+        .unwrap();
+    assert_eq!(s.escalate(3_000).await.unwrap().len(), 1);
+    // Closed: the change resolves the alarm; the round tells the next client of it.
+    s.commit(change("es3", false, Some(true), 4_000), 4_000)
+        .await
+        .unwrap();
+    let end = s.escalate(5_000).await.unwrap();
+    assert_eq!(
+        end.iter().map(|n| n.kind).collect::<Vec<_>>(),
+        [EventKind::StateChanged]
+    );
+    // Opened again before the end went out: the next client, not linked, gets no newer
+    // state, so its end stays pending.
+    s.commit(change("es3", true, Some(false), 6_000), 6_000)
+        .await
+        .unwrap();
+    let (n, _) = s
+        .get_notification(end[0].id.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n.status, Status::Pending);
+}

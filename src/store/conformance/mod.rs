@@ -217,6 +217,7 @@ suite!(
     armed::a_disarmed_sensors_next_change_still_resolves_its_alarm,
     escalations::an_alarm_nobody_takes_escalates_once_and_the_next_client_hears_its_end,
     escalations::an_alarm_taken_before_its_time_escalates_to_nobody,
+    escalations::the_end_told_to_a_client_reached_is_not_superseded_by_a_later_change,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

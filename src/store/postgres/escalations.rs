@@ -10,7 +10,7 @@ use crate::domain::notification::new_notification_id;
 use crate::domain::{EventKind, Millis, NotificationRef, SensorId};
 use crate::store::Result;
 use crate::store::rows::{self, ALARM_COLS};
-use crate::store::rules::escalations::{EscalationTables, Timer};
+use crate::store::rules::escalations::{EscalationTables, RESOLVING, Timer};
 
 pub(super) struct Tables<'a, 'b> {
     pub tx: &'a Tx<'b>,
@@ -141,7 +141,7 @@ impl EscalationTables for Tables<'_, '_> {
     async fn tell_resolved(
         &mut self,
         timer: &Timer,
-        alarm: &Alarm,
+        _alarm: &Alarm,
         now: Millis,
     ) -> Result<Option<NotificationRef>> {
         let id = new_notification_id();
@@ -157,7 +157,7 @@ impl EscalationTables for Tables<'_, '_> {
                      n.last_seen_at, 'pending', 0, $4, $4, $4, n.lost_since, n.reminder, \
                      n.flips_suppressed, n.battery, n.threshold, n.fault, n.window_s, n.body, \
                      n.alarm_id FROM notifications n JOIN clients c ON c.id = $2 \
-                     WHERE n.alarm_id = $3 AND n.occurred_at = $5 AND n.site_id IS NULL \
+                     WHERE n.alarm_id = $3 AND n.kind IN ({resolving}) AND n.site_id IS NULL \
                      AND n.kind NOT IN ('alarm.acknowledged', 'alarm.escalated') \
                      AND NOT EXISTS (SELECT 1 FROM links l \
                       WHERE l.client_id = c.id AND l.sensor_id = n.sensor_id) \
@@ -167,15 +167,10 @@ impl EscalationTables for Tables<'_, '_> {
                      AND (c.events IS NULL \
                       OR strpos(',' || c.events || ',', ',' || n.kind || ',') > 0) \
                      ORDER BY n.seq DESC LIMIT 1 \
-                     RETURNING seq, sensor_id, client_id, kind), {LISTED}"
+                     RETURNING seq, sensor_id, client_id, kind), {LISTED}",
+                    resolving = *RESOLVING
                 ),
-                &[
-                    &id,
-                    &timer.to,
-                    &timer.alarm_id,
-                    &now,
-                    &alarm.resolved_at.unwrap_or(i64::MIN),
-                ],
+                &[&id, &timer.to, &timer.alarm_id, &now],
             )
             .await?;
         Ok(made(row, id, &timer.to, now))

@@ -410,6 +410,12 @@ impl Registry for PgStore {
         let n = tx
             .execute("DELETE FROM clients WHERE id = $1", &[&id])
             .await?;
+        // Nobody escalates to a client that is gone (its chain ends where it was).
+        tx.execute(
+            "UPDATE clients SET escalation = NULL WHERE (escalation::jsonb ->> 'to') = $1",
+            &[&id],
+        )
+        .await?;
         tx.execute("DELETE FROM links WHERE client_id = $1", &[&id])
             .await?;
         cancel_pending(&tx, "client_id", &id, now).await?;

@@ -51,7 +51,9 @@ impl Older {
                  FROM UNNEST($1::text[], $2::text[], $3::int8[]) AS u(sensor_id, client_id, seq) \
                  CROSS JOIN LATERAL (SELECT q.seq FROM notifications_pending q \
                  WHERE q.sensor_id = u.sensor_id AND q.seq < u.seq \
-                 AND (u.client_id IS NULL OR q.client_id = u.client_id) OFFSET 0) p)) \
+                 AND (q.client_id = u.client_id OR (u.client_id IS NULL AND EXISTS (SELECT 1 \
+                 FROM links l WHERE l.client_id = q.client_id AND l.sensor_id = q.sensor_id))) \
+                 OFFSET 0) p)) \
                  AND n.status = 'pending' AND n.kind = 'sensor.state_changed' \
                  AND (n.lease_until IS NULL OR n.lease_until < {DB_NOW_MS}) RETURNING n.seq) \
                  DELETE FROM notifications_pending WHERE seq IN (SELECT seq FROM s)",

@@ -20,6 +20,11 @@ pub const ANY: &str = "SELECT EXISTS (SELECT 1 FROM escalations WHERE made_at IS
      JOIN alarms a ON a.id = e.alarm_id WHERE e.made_at IS NOT NULL AND e.closed_at IS NULL \
      AND a.state = 'resolved')";
 
+/// The kinds whose notification resolves an alarm, as an SQL list
+/// ([`crate::domain::alarm::resolving_kinds_sql`]).
+pub static RESOLVING: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(crate::domain::alarm::resolving_kinds_sql);
+
 /// How many timers a round takes at most.
 pub const PER_ROUND: u32 = 200;
 
@@ -82,12 +87,18 @@ pub async fn escalate<T: EscalationTables>(t: &mut T, now: Millis) -> Result<Vec
     for timer in t.due(now, PER_ROUND).await? {
         let alarm = t.alarm(&timer.alarm_id).await?;
         let open = alarm.as_ref().filter(|a| a.state == AlarmState::Open);
-        // A timer of an alarm taken or resolved meanwhile is spent: the chain stops.
-        t.mark(&timer, open.is_none(), now).await?;
-        if let Some(a) = open {
-            let body = escalated_body(a, timer.level, &timer.from);
-            made.extend(t.insert_escalated(&timer, &body, now).await?);
-        }
+        // A timer of an alarm taken or resolved meanwhile is spent: the chain stops. So it
+        // does at a client that does not take `alarm.escalated` (its `events`): it was not
+        // reached, so it hears nothing more of the alarm.
+        let sent = match open {
+            Some(a) => {
+                let body = escalated_body(a, timer.level, &timer.from);
+                t.insert_escalated(&timer, &body, now).await?
+            }
+            None => None,
+        };
+        t.mark(&timer, sent.is_none(), now).await?;
+        made.extend(sent);
     }
     for timer in t.resolved(PER_ROUND).await? {
         t.mark(&timer, true, now).await?;

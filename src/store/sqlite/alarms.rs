@@ -185,6 +185,7 @@ impl rules::alarms::AckTables for AckTables<'_> {
                  LEFT JOIN links l ON l.client_id = n.client_id AND l.sensor_id = n.sensor_id \
                  LEFT JOIN clients c ON c.id = n.client_id \
                  WHERE n.alarm_id = ?1 AND n.status NOT IN ('silenced', 'cancelled') \
+                 AND c.id IS NOT NULL \
                  AND (l.client_id IS NOT NULL OR EXISTS (SELECT 1 FROM escalations e \
                   WHERE e.alarm_id = n.alarm_id AND e.to_client = n.client_id \
                   AND e.made_at IS NOT NULL)) \

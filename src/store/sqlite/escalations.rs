@@ -8,7 +8,7 @@ use crate::domain::alarm::Alarm;
 use crate::domain::notification::new_notification_id;
 use crate::domain::{EventKind, Millis, NotificationRef, SensorId};
 use crate::store::Result;
-use crate::store::rules::escalations::{EscalationTables, Timer};
+use crate::store::rules::escalations::{EscalationTables, RESOLVING, Timer};
 
 /// The writer's transaction (SQLite has one writer: what it reads is taken).
 pub(super) struct Tables<'a> {
@@ -134,13 +134,13 @@ impl EscalationTables for Tables<'_> {
     async fn tell_resolved(
         &mut self,
         timer: &Timer,
-        alarm: &Alarm,
+        _alarm: &Alarm,
         now: Millis,
     ) -> Result<Option<NotificationRef>> {
         let id = new_notification_id();
         let row: Option<(i64, String, String)> = self
             .tx
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "INSERT INTO notifications (id, client_id, sensor_id, kind, data, previous, \
                  occurred_at, last_seen_at, status, attempts, next_attempt_at, created_at, \
                  updated_at, lost_since, reminder, flips_suppressed, battery, threshold, fault, \
@@ -149,7 +149,7 @@ impl EscalationTables for Tables<'_> {
                  n.last_seen_at, 'pending', 0, ?4, ?4, ?4, n.lost_since, n.reminder, \
                  n.flips_suppressed, n.battery, n.threshold, n.fault, n.window_s, n.body, \
                  n.alarm_id FROM notifications n JOIN clients c ON c.id = ?2 \
-                 WHERE n.alarm_id = ?3 AND n.occurred_at = ?5 AND n.site_id IS NULL \
+                 WHERE n.alarm_id = ?3 AND n.kind IN ({resolving}) AND n.site_id IS NULL \
                  AND n.kind NOT IN ('alarm.acknowledged', 'alarm.escalated') \
                  AND NOT EXISTS (SELECT 1 FROM links l \
                   WHERE l.client_id = c.id AND l.sensor_id = n.sensor_id) \
@@ -158,17 +158,11 @@ impl EscalationTables for Tables<'_> {
                   AND m.occurred_at = n.occurred_at) \
                  AND (c.events IS NULL OR instr(',' || c.events || ',', ',' || n.kind || ',') > 0) \
                  ORDER BY n.seq DESC LIMIT 1 RETURNING seq, sensor_id, kind",
-            )?
-            .query_row(
-                params![
-                    id,
-                    timer.to,
-                    timer.alarm_id,
-                    now,
-                    alarm.resolved_at.unwrap_or(i64::MIN)
-                ],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
+                resolving = *RESOLVING
+            ))?
+            .query_row(params![id, timer.to, timer.alarm_id, now], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
             .optional()?;
         Ok(row.and_then(|(seq, sensor, kind)| {
             Some(NotificationRef {

@@ -389,6 +389,12 @@ impl Registry for SqliteStore {
             let tx = c.transaction()?;
             let n = tx.execute("DELETE FROM clients WHERE id = ?1", [&id])?;
             tx.execute("DELETE FROM links WHERE client_id = ?1", [&id])?;
+            // Nobody escalates to a client that is gone (its chain ends where it was).
+            tx.execute(
+                "UPDATE clients SET escalation = NULL \
+                 WHERE json_extract(escalation, '$.to') = ?1",
+                [&id],
+            )?;
             cancel_pending(&tx, "client_id", &id, now)?;
             tx.commit()?;
             Ok(n > 0)

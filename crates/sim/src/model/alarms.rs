@@ -231,6 +231,7 @@ impl rules::alarms::AckTables for AckTables<'_> {
                 n.alarm_id.as_deref() == Some(id)
                     && !matches!(n.status, Status::Silenced | Status::Cancelled)
                     && n.kind != EventKind::AlarmAcknowledged
+                    && self.t.clients.contains_key(&n.client_id)
                     && (self.t.links.contains(&(n.sensor_id, n.client_id.clone()))
                         || self.t.reached(n.alarm_id.as_deref(), &n.client_id))
                     && self

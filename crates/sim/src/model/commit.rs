@@ -141,7 +141,11 @@ impl Tables {
             .lanes
             .range((sensor, String::new())..)
             .take_while(|((s, _), _)| *s == sensor)
-            .filter(|((_, c), _)| client.is_none_or(|client| c == client))
+            // Every linked client's lane (one reached by escalation is not linked).
+            .filter(|((s, c), _)| match client {
+                Some(client) => c == client,
+                None => self.links.contains(&(*s, c.clone())),
+            })
             .flat_map(|(_, seqs)| seqs.range(..first))
             .copied()
             .filter(|seq| {

@@ -174,9 +174,7 @@ impl latch::store::rules::escalations::EscalationTables for EscalationTables<'_>
         now: Millis,
     ) -> Result<Option<NotificationRef>> {
         let t = &*self.t;
-        let Some(at) = alarm.resolved_at else {
-            return Ok(None);
-        };
+        let resolving = &*latch::store::rules::escalations::RESOLVING;
         let source = t
             .notifications
             .values()
@@ -184,9 +182,8 @@ impl latch::store::rules::escalations::EscalationTables for EscalationTables<'_>
             .map(|r| &r.notification)
             .find(|n| {
                 n.alarm_id.as_deref() == Some(alarm.id.as_str())
-                    && n.occurred_at == at
+                    && resolving.contains(&format!("'{}'", n.kind.as_str()))
                     && !n.kind.is_site()
-                    && !n.kind.is_alarm()
             })
             .cloned();
         let Some(n) = source else { return Ok(None) };

@@ -215,6 +215,11 @@ impl Tables {
             self.audit.client_deleted(cx, id);
         }
         self.links.retain(|(_, c)| c != id);
+        for c in self.clients.values_mut() {
+            if c.client.escalation.as_ref().is_some_and(|e| e.to == id) {
+                c.client.escalation = None;
+            }
+        }
         self.cancel_pending(cx, now, |n| n.client_id == id);
         found
     }

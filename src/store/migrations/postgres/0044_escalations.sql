@@ -15,3 +15,4 @@ CREATE TABLE escalations (
     PRIMARY KEY (alarm_id, to_client)
 );
 CREATE INDEX escalations_due ON escalations (due_at) WHERE made_at IS NULL;
+CREATE INDEX escalations_open ON escalations (alarm_id) WHERE made_at IS NOT NULL AND closed_at IS NULL;
