@@ -160,9 +160,9 @@ pub fn new_alarm_id() -> String {
     ulid::Ulid::new().to_string()
 }
 
-/// An `alarm.acknowledged`'s own fields (DESIGN §4): the alarm, who took it, their note
-/// (`null` without one).
-pub fn ack_body(a: &Alarm) -> String {
+/// The alarm as the bodies about it name it (`alarm.acknowledged`, `alarm.escalated`):
+/// `{id, kind, sensor_id?, site_id?, opened_at}`.
+pub fn alarm_ref(a: &Alarm) -> serde_json::Value {
     let mut alarm = serde_json::json!({
         "id": a.id,
         "kind": a.kind.as_str(),
@@ -174,7 +174,13 @@ pub fn ack_body(a: &Alarm) -> String {
     if let Some(s) = &a.site_id {
         alarm["site_id"] = s.clone().into();
     }
-    serde_json::json!({"alarm": alarm, "by": a.acknowledged_by, "note": a.note}).to_string()
+    alarm
+}
+
+/// An `alarm.acknowledged`'s own fields (DESIGN §4): the alarm, who took it, their note
+/// (`null` without one).
+pub fn ack_body(a: &Alarm) -> String {
+    serde_json::json!({"alarm": alarm_ref(a), "by": a.acknowledged_by, "note": a.note}).to_string()
 }
 
 /// The longest `by` and `note` of an acknowledgement.

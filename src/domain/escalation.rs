@@ -90,17 +90,7 @@ pub fn check_chains(escalations: &HashMap<String, String>) -> Result<(), String>
 /// An `alarm.escalated`'s own fields (DESIGN §4): the alarm, the level, the client it
 /// escalated from.
 pub fn escalated_body(a: &Alarm, level: u32, from: &str) -> String {
-    let mut alarm = serde_json::json!({
-        "id": a.id,
-        "kind": a.kind.as_str(),
-        "opened_at": super::time::format(a.opened_at),
-    });
-    if let Some(s) = a.sensor_id {
-        alarm["sensor_id"] = s.to_string().into();
-    }
-    if let Some(s) = &a.site_id {
-        alarm["site_id"] = s.clone().into();
-    }
+    let alarm = super::alarm::alarm_ref(a);
     serde_json::json!({"alarm": alarm, "level": level, "from": from}).to_string()
 }
 
