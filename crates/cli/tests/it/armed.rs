@@ -41,8 +41,10 @@ async fn a_door_opened_at_night_is_out_of_schedule_and_closing_it_resolves_its_a
     let c = s.client(&desk.url).await;
     s.link(&c, &id).await;
 
-    // Opened and closed in hours: changes only.
+    // Opened and closed in hours: changes only (each waited for, so the second does not
+    // supersede the first).
     s.readings(json!({"sensor_id": id, "data": 1})).await;
+    desk.bodies_of(&id, Some("sensor.state_changed"), 1).await;
     s.readings(json!({"sensor_id": id, "data": 0})).await;
     desk.bodies_of(&id, Some("sensor.state_changed"), 2).await;
 
