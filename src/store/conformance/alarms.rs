@@ -445,22 +445,9 @@ pub(super) async fn retention_keeps_an_open_alarms_notifications(s: &Subject) {
         .await
         .unwrap()
         .remove(0);
-    let delivered = Outcome {
-        notification_id: lost.id.clone(),
-        client_id: lost.client_id.clone(),
-        attempt: Some(Attempt {
-            notification_id: lost.id.clone(),
-            at: 2_000,
-            status_code: Some(200),
-            error: None,
-            duration_ms: 3,
-        }),
-        attempts: 1,
-        verdict: Verdict::Delivered,
-        node: "n1".into(),
-        batch_id: None,
-    };
-    s.record(vec![delivered], 2_000, NEVER).await.unwrap();
+    s.record(vec![delivered(&lost, 2_000)], 2_000, NEVER)
+        .await
+        .unwrap();
     let keep = Retention {
         history_before: None,
         notifications_before: Some(10_000),

@@ -9,24 +9,6 @@ use crate::store::rules::alarms::{Ack, Acked};
 
 const NEVER: Millis = i64::MAX / 4;
 
-fn delivered(n: &NotificationRef, at: Millis) -> Outcome {
-    Outcome {
-        notification_id: n.id.clone(),
-        client_id: n.client_id.clone(),
-        attempt: Some(Attempt {
-            notification_id: n.id.clone(),
-            at,
-            status_code: Some(200),
-            error: None,
-            duration_ms: 3,
-        }),
-        attempts: 1,
-        verdict: Verdict::Delivered,
-        node: "n1".into(),
-        batch_id: None,
-    }
-}
-
 pub(super) async fn an_alarm_nobody_takes_escalates_once_and_the_next_client_hears_its_end(
     s: &Subject,
 ) {

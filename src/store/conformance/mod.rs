@@ -351,6 +351,25 @@ pub fn liveness(id: &str, kind: EventKind, at: Millis) -> CommitBatch {
     }
 }
 
+/// `n` delivered by node `n1` in one attempt at `at` (200).
+pub fn delivered(n: &NotificationRef, at: Millis) -> Outcome {
+    Outcome {
+        notification_id: n.id.clone(),
+        client_id: n.client_id.clone(),
+        attempt: Some(Attempt {
+            notification_id: n.id.clone(),
+            at,
+            status_code: Some(200),
+            error: None,
+            duration_ms: 3,
+        }),
+        attempts: 1,
+        verdict: Verdict::Delivered,
+        node: "n1".into(),
+        batch_id: None,
+    }
+}
+
 pub fn change(id: &str, data: bool, previous: Option<bool>, at: Millis) -> CommitBatch {
     CommitBatch {
         readings: vec![ReadingRecord {
