@@ -7,6 +7,7 @@
 //! whose scopes must allow it. Health, readiness, metrics and the document stay open.
 
 pub mod alarms;
+pub mod audit;
 pub mod book;
 pub mod clients;
 pub mod cluster;
@@ -136,6 +137,7 @@ pub(crate) fn v1() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(sites::router())
         .merge(silences::router())
         .merge(alarms::router())
+        .merge(audit::router())
         .merge(schedules::router())
         .merge(patch::router())
         .split_for_parts()
@@ -152,7 +154,13 @@ pub fn router(state: AppState) -> Router {
     let throttled = limited || state.config.auth_failure_limit.is_some();
     let open_doc = Arc::new(contract::document(derived.clone(), false, limited));
     let locked_doc = Arc::new(contract::document(derived, true, throttled));
+    // The audit layer reads a resource before it changes through these same routes.
+    let trail = audit::Trail {
+        app: state.app.clone(),
+        reader: self::v1().0.with_state(state.clone()),
+    };
     let v1 = v1
+        .layer(middleware::from_fn_with_state(trail, audit::trail))
         .layer(middleware::from_fn_with_state(bare, query::refuse_query))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -260,6 +268,18 @@ async fn require_token(State(st): State<AppState>, mut req: Request, next: Next)
         Caller::Token(grant) => grant.scopes.contains(&crate::domain::token::Scope::Admin),
     };
     req.extensions_mut().insert(SeesSecrets(sees));
+    let who = match caller {
+        Caller::Anyone => None,
+        Caller::Bootstrap => Some(crate::domain::audit::TokenRef {
+            id: "bootstrap".into(),
+            name: "LATCH_API_TOKEN".into(),
+        }),
+        Caller::Token(grant) => Some(crate::domain::audit::TokenRef {
+            id: grant.id,
+            name: grant.name,
+        }),
+    };
+    req.extensions_mut().insert(audit::Who(who));
     next.run(req).await
 }
 

@@ -62,6 +62,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Grant {
     pub id: String,
+    /// Its name, for the audit trail.
+    pub name: String,
     pub scopes: Vec<Scope>,
 }
 
@@ -104,6 +106,7 @@ impl Tokens {
             .map(|t| {
                 let grant = Grant {
                     id: t.id,
+                    name: t.name,
                     scopes: t.scopes,
                 };
                 (t.hash, grant)
@@ -137,6 +140,7 @@ impl Tokens {
     fn insert(&self, t: &ApiToken) {
         let grant = Grant {
             id: t.id.clone(),
+            name: t.name.clone(),
             scopes: t.scopes.clone(),
         };
         self.write().insert(t.hash.clone(), grant);
@@ -221,6 +225,7 @@ pub fn permits(scopes: &[Scope], method: &Method, path: &str) -> bool {
             (method == Method::GET || method == Method::HEAD)
                 && path != "/v1/tokens"
                 && !path.starts_with("/v1/tokens/")
+                && path != "/v1/audit"
         }
     })
 }

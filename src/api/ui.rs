@@ -64,6 +64,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/notifications.js"),
     ),
     (
+        "audit.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/audit.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_str!("ui/style.css"),

@@ -139,6 +139,15 @@ impl App {
         Ok(self.0.store.list_silences(state, self.now(), page).await?)
     }
 
+    /// The audit trail, newest first.
+    pub async fn audit(
+        &self,
+        filter: crate::store::AuditFilter,
+        page: PageRequest,
+    ) -> Result<Page<crate::domain::audit::Entry>> {
+        Ok(self.0.store.list_audit(filter, page).await?)
+    }
+
     pub async fn tokens(&self) -> Result<Vec<ApiToken>> {
         Ok(self.0.store.list_tokens().await?)
     }

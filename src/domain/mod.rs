@@ -5,6 +5,7 @@
 pub mod alarm;
 pub mod alarms;
 pub mod armed;
+pub mod audit;
 pub mod client;
 pub mod destination;
 pub mod escalation;

@@ -42,6 +42,7 @@ pub use crate::domain::{Claim, ClaimBatch, NotificationRef, Outcome, Sendable, V
 use crate::domain::Connection;
 #[cfg(test)]
 use crate::domain::{EventKind, SensorStatus, Status};
+pub use audit::{AuditFilter, AuditTrail};
 pub use batch::{CommitBatch, Fence, Keyed, ReadingRecord, StateUpdate};
 pub use cluster::{ClusterStore, Lease, NodeRow, Owner, SourceLink};
 pub use data_dir::{lock_data_dir, node_id, private_dir, private_file, private_files, sync_dir};
@@ -58,6 +59,7 @@ pub use types::{
 };
 pub(crate) use types::{limit_plus_one, notification_ref, retry_refusal, split_cursor};
 
+pub mod audit;
 mod batch;
 mod operators;
 pub use operators::{Alarms, Schedules};
@@ -522,6 +524,7 @@ pub trait Store:
     + Alarms
     + Schedules
     + Idempotency
+    + AuditTrail
     + 'static
 {
 }
@@ -541,6 +544,7 @@ impl<
         + Alarms
         + Schedules
         + Idempotency
+        + AuditTrail
         + 'static,
 > Store for T
 {

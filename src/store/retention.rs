@@ -26,6 +26,8 @@ pub struct Pruned {
     pub attempts: u64,
     /// Whole history partitions dropped (PostgreSQL), whose rows are not counted above.
     pub partitions: u64,
+    /// Audit records, kept as long as notifications.
+    pub audit: u64,
     /// Another node of the cluster was doing the upkeep: this one did nothing.
     pub skipped: bool,
 }
@@ -38,10 +40,17 @@ impl Pruned {
         self.notifications += other.notifications;
         self.attempts += other.attempts;
         self.partitions += other.partitions;
+        self.audit += other.audit;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.readings + self.events + self.notifications + self.attempts + self.partitions == 0
+        self.readings
+            + self.events
+            + self.notifications
+            + self.attempts
+            + self.partitions
+            + self.audit
+            == 0
     }
 }
 

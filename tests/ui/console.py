@@ -587,6 +587,17 @@ def alarms_are_acknowledged_from_the_console(browser, hook):
     own = page.get_by_role("region", name="Alarms of this sensor")
     expect(own.locator("tbody tr")).to_have_count(1)
     expect(own).to_contain_text(f"by {by}")
+
+    # The audit trail shows the acknowledgement taken, with the alarm as it was before.
+    page.get_by_role("link", name="Audit", exact=True).click()
+    expect(page.get_by_role("heading", name="Audit trail", exact=True)).to_be_visible()
+    page.get_by_label("Resource (and what is below it)").fill(f"alarms/{alarm['id']}")
+    page.get_by_role("button", name="Show").click()
+    rows = page.locator("tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(f"POST /v1/alarms/{alarm['id']}/ack")
+    rows.first.locator("summary", has_text="after").click()
+    expect(rows.first.locator("pre")).to_contain_text(by)
     assert not errors, f"errors in the page: {errors}"
     page.close()
 

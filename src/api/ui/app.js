@@ -1,7 +1,7 @@
 // The latch console: a single page over the public /v1 API, no build step. Routes live in
 // the URL fragment (#/sensors/abc), so the server serves one page for all of them; each
 // section is a module (fleet.js, alarms.js, sensors.js, sites.js, silences.js, clients.js,
-// notifications.js) over lib.js.
+// notifications.js, audit.js) over lib.js.
 
 import { main, liveBadge, h, say, authHeaders, askToken, listeners, recent, shown, carry, setRouter } from "/ui/lib.js";
 import { fleetPage } from "/ui/fleet.js";
@@ -11,6 +11,7 @@ import { clientsPage, clientPage } from "/ui/clients.js";
 import { notificationsPage, notificationPage } from "/ui/notifications.js";
 import { sitesPage, sitePage } from "/ui/sites.js";
 import { silencesPage } from "/ui/silences.js";
+import { auditPage } from "/ui/audit.js";
 
 // --- live events -----------------------------------------------------------------------
 
@@ -71,6 +72,7 @@ const routes = [
   [/^\/clients\/([^/]+)$/, clientPage, "clients"],
   [/^\/notifications$/, notificationsPage, "notifications"],
   [/^\/notifications\/([^/]+)$/, notificationPage, "notifications"],
+  [/^\/audit$/, auditPage, "audit"],
 ];
 
 async function route() {

@@ -21,6 +21,7 @@ use crate::domain::{EventKind, SensorStatus, Status};
 
 mod alarms;
 mod armed;
+mod audit;
 mod batches;
 mod choices;
 mod claim_order;
@@ -218,6 +219,8 @@ suite!(
     escalations::an_alarm_nobody_takes_escalates_once_and_the_next_client_hears_its_end,
     escalations::an_alarm_taken_before_its_time_escalates_to_nobody,
     escalations::the_end_told_to_a_client_reached_is_not_superseded_by_a_later_change,
+    audit::a_change_keeps_its_record_and_a_refused_one_none,
+    audit::the_trail_filters_by_resource_token_and_time,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

@@ -354,9 +354,13 @@ impl Alarms for PgStore {
     }
 
     async fn ack_alarm(&self, id: String, ack: Ack, now: Millis) -> Result<Acked> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("ack_alarm").await?;
         let tx = c.transaction().await?;
         let acked = rules::alarms::acknowledge(&mut AckTables { tx: &tx }, &id, &ack, now).await?;
+        if let Acked::Taken(..) = acked {
+            super::audit::record(&tx, audit.as_ref()).await?;
+        }
         tx.commit().await?;
         Ok(acked)
     }

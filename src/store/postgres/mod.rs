@@ -34,6 +34,7 @@ use db::{Db, Sql};
 
 mod alarms;
 mod armed;
+mod audit;
 mod cluster;
 mod commit;
 mod db;
@@ -105,6 +106,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0042_armed.sql"),
     include_str!("../migrations/postgres/0043_silence_schedules.sql"),
     include_str!("../migrations/postgres/0044_escalations.sql"),
+    include_str!("../migrations/postgres/0045_audit.sql"),
 ];
 
 /// Key of the database-wide advisory lock migrations ran under before they were keyed by

@@ -378,6 +378,7 @@ impl Outbox for PgStore {
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("retry_notification").await?;
         let tx = c.transaction().await?;
         let found = tx
@@ -392,6 +393,7 @@ impl Outbox for PgStore {
             return Err(e);
         }
         super::replay::back_to_pending(&tx, &id, now).await?;
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await?;
         Ok(NotificationRef {
             due_at: now,
@@ -408,6 +410,7 @@ impl Outbox for PgStore {
         f: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get_for("retry_notifications", Bound::Bulk).await?;
         let tx = c.transaction().await?;
         if tx
@@ -443,6 +446,8 @@ impl Outbox for PgStore {
                 ..notification_ref(&n)
             });
         }
+        let audit = audit.map(|r| r.counted("replayed", out.len()));
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await?;
         Ok(out)
     }

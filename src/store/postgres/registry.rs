@@ -67,9 +67,11 @@ impl Registry for PgStore {
     /// Every sensor is inserted with its `hash` by the database's partitioning: the range
     /// scan of its partition finds it there (`cluster::load_partitions`).
     async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&s.id.to_string()));
         let partitioning = self.partitioning().await?;
-        let c = self.db.get("create_sensor").await?;
-        let n = c
+        let mut c = self.db.get("create_sensor").await?;
+        let tx = c.transaction().await?;
+        let n = tx
             .execute(
                 "WITH s AS (INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, \
                    debounce_s, hash, site_id, battery_low_pct, labels, hold_alarms, flap, armed) \
@@ -98,7 +100,8 @@ impl Registry for PgStore {
                 s.id
             )));
         }
-        Ok(())
+        super::audit::record(&tx, audit.as_ref()).await?;
+        tx.commit().await
     }
 
     async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
@@ -194,6 +197,7 @@ impl Registry for PgStore {
         alarms: SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<NotificationRef>)>> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("replace_sensor").await?;
         let tx = c.transaction().await?;
         let site_of = async |tx: &super::db::Tx<'_>| -> Result<Option<Option<String>>> {
@@ -240,12 +244,14 @@ impl Registry for PgStore {
             true => Vec::new(),
             false => super::site_moves::moved(&tx, id, from.as_deref(), now).await?,
         };
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await?;
         drop(c);
         Ok(self.get_sensor(id).await?.map(|v| (v, made)))
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("delete_sensor").await?;
         let sensor = id;
         let id = id.to_string();
@@ -285,12 +291,14 @@ impl Registry for PgStore {
                 &[&id],
             )
             .await?;
+            super::audit::record(&tx, audit.as_ref()).await?;
         }
         tx.commit().await?;
         Ok(n > 0)
     }
 
     async fn create_client(&self, cl: Client) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&cl.id));
         let mut c = self.db.get("create_client").await?;
         let tx = c.transaction().await?;
         let s = sealing::seal(&self.keys, &super::secrets::current(&tx).await?, &cl)?;
@@ -324,6 +332,7 @@ impl Registry for PgStore {
                 cl.id
             )));
         }
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await
     }
 
@@ -366,6 +375,7 @@ impl Registry for PgStore {
     }
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("replace_client").await?;
         let tx = c.transaction().await?;
         let s = sealing::seal(&self.keys, &super::secrets::current(&tx).await?, &cl)?;
@@ -400,11 +410,11 @@ impl Registry for PgStore {
             &[&cl.id],
         )
         .await?;
-        tx.commit().await?;
-        Ok(n > 0)
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("delete_client").await?;
         let tx = c.transaction().await?;
         let n = tx
@@ -419,8 +429,7 @@ impl Registry for PgStore {
         tx.execute("DELETE FROM links WHERE client_id = $1", &[&id])
             .await?;
         cancel_pending(&tx, "client_id", &id, now).await?;
-        tx.commit().await?;
-        Ok(n > 0)
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 
     /// The old secret moves to `previous_secret` as it is sealed (for the same client, so it
@@ -431,6 +440,7 @@ impl Registry for PgStore {
         secret: String,
         previous_until: Millis,
     ) -> Result<Option<Client>> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("rotate_secret").await?;
         let tx = c.transaction().await?;
         let kid = super::secrets::current(&tx).await?;
@@ -452,13 +462,18 @@ impl Registry for PgStore {
             .as_ref()
             .map(row::client)
             .transpose()?;
+        if client.is_some() {
+            super::audit::record(&tx, audit.as_ref()).await?;
+        }
         tx.commit().await?;
         client.map(|cl| self.opened(cl)).transpose()
     }
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
-        let c = self.db.get("enable_client").await?;
-        let was = c
+        let audit = crate::store::audit::take();
+        let mut c = self.db.get("enable_client").await?;
+        let tx = c.transaction().await?;
+        let was = tx
             .query_opt(
                 "UPDATE clients c SET disabled_at = NULL, disabled_reason = NULL, \
                  failing_since = NULL FROM clients old WHERE c.id = $1 AND old.id = c.id \
@@ -466,6 +481,10 @@ impl Registry for PgStore {
                 &[&id],
             )
             .await?;
+        if was.is_some() {
+            super::audit::record(&tx, audit.as_ref()).await?;
+        }
+        tx.commit().await?;
         Ok(was.map(|r| r.get(0)))
     }
 
@@ -528,6 +547,7 @@ impl Registry for PgStore {
     }
 
     async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("link").await?;
         let tx = c.transaction().await?;
         check_pair(&tx, &client_id, sensor_id).await?;
@@ -537,11 +557,13 @@ impl Registry for PgStore {
             &[&client_id, &sensor_id.to_string(), &now],
         )
         .await?;
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("unlink").await?;
         let tx = c.transaction().await?;
         check_pair(&tx, &client_id, sensor_id).await?;
@@ -550,6 +572,7 @@ impl Registry for PgStore {
             &[&client_id, &sensor_id.to_string()],
         )
         .await?;
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -50,6 +50,13 @@ pub(super) async fn prune(db: &Db, lock: &Client, keep: Retention) -> Result<Pru
             }
             after = next;
         }
+        loop {
+            let n = super::audit::prune_step(&db.get("prune_audit").await?, before).await?;
+            pruned.audit += n;
+            if n < crate::store::audit::PRUNE_STEP as u64 {
+                break;
+            }
+        }
     }
     Ok(pruned)
 }

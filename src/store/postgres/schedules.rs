@@ -14,8 +14,10 @@ fn stored(r: &tokio_postgres::Row) -> Result<StoredSchedule> {
 #[async_trait]
 impl Schedules for PgStore {
     async fn create_schedule(&self, s: StoredSchedule) -> Result<()> {
-        let c = self.db.get("create_schedule").await?;
-        let n = c
+        let audit = crate::store::audit::take().map(|r| r.created(&s.schedule.id));
+        let mut c = self.db.get("create_schedule").await?;
+        let tx = c.transaction().await?;
+        let n = tx
             .execute(
                 "INSERT INTO schedules (id, body, created_at, updated_at) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
@@ -28,7 +30,8 @@ impl Schedules for PgStore {
                 s.schedule.id
             )));
         }
-        Ok(())
+        super::audit::record(&tx, audit.as_ref()).await?;
+        tx.commit().await
     }
 
     async fn get_schedule(&self, id: String) -> Result<Option<StoredSchedule>> {
@@ -62,20 +65,26 @@ impl Schedules for PgStore {
     }
 
     async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool> {
-        let c = self.db.get("replace_schedule").await?;
-        Ok(c.execute(
-            "UPDATE schedules SET body = $2, updated_at = $3 WHERE id = $1",
-            &[&s.schedule.id, &s.body(), &s.updated_at],
-        )
-        .await?
-            > 0)
+        let audit = crate::store::audit::take();
+        let mut c = self.db.get("replace_schedule").await?;
+        let tx = c.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE schedules SET body = $2, updated_at = $3 WHERE id = $1",
+                &[&s.schedule.id, &s.body(), &s.updated_at],
+            )
+            .await?;
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 
     async fn delete_schedule(&self, id: String) -> Result<bool> {
-        let c = self.db.get("delete_schedule").await?;
-        Ok(c.execute("DELETE FROM schedules WHERE id = $1", &[&id])
-            .await?
-            > 0)
+        let audit = crate::store::audit::take();
+        let mut c = self.db.get("delete_schedule").await?;
+        let tx = c.transaction().await?;
+        let n = tx
+            .execute("DELETE FROM schedules WHERE id = $1", &[&id])
+            .await?;
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 
     async fn sensors_armed_by(&self, id: String, limit: u32) -> Result<Vec<SensorId>> {

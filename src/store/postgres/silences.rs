@@ -377,6 +377,7 @@ async fn view(tx: &Tx<'_>, client: &str, id: SensorId, since: i64) -> Result<Opt
 #[async_trait]
 impl Silences for PgStore {
     async fn create_silence(&self, s: Silence) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&s.id));
         let mut c = self.db.get("create_silence").await?;
         let m = &s.matcher;
         let types = m
@@ -414,6 +415,7 @@ impl Silences for PgStore {
             )
             .await?;
         }
+        super::audit::record(&tx, audit.as_ref()).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -465,8 +467,10 @@ impl Silences for PgStore {
     }
 
     async fn update_silence(&self, s: Silence) -> Result<bool> {
-        let c = self.db.get("update_silence").await?;
-        let n = c
+        let audit = crate::store::audit::take();
+        let mut c = self.db.get("update_silence").await?;
+        let tx = c.transaction().await?;
+        let n = tx
             .execute(
                 // As the embedded store's `UPDATE_RECONCILED`.
                 "UPDATE silences SET starts_at = $2, ends_at = $3, comment = $4, \
@@ -485,7 +489,7 @@ impl Silences for PgStore {
                 ],
             )
             .await?;
-        Ok(n > 0)
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 
     async fn silences_following(&self, schedule_id: String) -> Result<Vec<Silence>> {

@@ -48,8 +48,10 @@ fn site(r: &Row) -> (Site, SiteCounts) {
 #[async_trait]
 impl Sites for PgStore {
     async fn create_site(&self, s: Site) -> Result<()> {
-        let c = self.db.get("create_site").await?;
-        let n = c
+        let audit = crate::store::audit::take().map(|r| r.created(&s.id));
+        let mut c = self.db.get("create_site").await?;
+        let tx = c.transaction().await?;
+        let n = tx
             .execute(
                 "INSERT INTO sites (id, name, address, gateway_sensor_id, created_at, \
                  updated_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
@@ -66,7 +68,8 @@ impl Sites for PgStore {
         if n == 0 {
             return Err(Error::Conflict(format!("site {} already exists", s.id)));
         }
-        Ok(())
+        super::audit::record(&tx, audit.as_ref()).await?;
+        tx.commit().await
     }
 
     async fn get_site(&self, id: String) -> Result<Option<(Site, SiteCounts)>> {
@@ -151,8 +154,10 @@ impl Sites for PgStore {
     }
 
     async fn replace_site(&self, s: Site) -> Result<bool> {
-        let c = self.db.get("replace_site").await?;
-        let n = c
+        let audit = crate::store::audit::take();
+        let mut c = self.db.get("replace_site").await?;
+        let tx = c.transaction().await?;
+        let n = tx
             .execute(
                 "UPDATE sites SET name = $2, address = $3, gateway_sensor_id = $4, \
                  updated_at = $5, pending_since = CASE \
@@ -171,10 +176,11 @@ impl Sites for PgStore {
                 ],
             )
             .await?;
-        Ok(n > 0)
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 
     async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>> {
+        let audit = crate::store::audit::take();
         let mut c = self.db.get("delete_site").await?;
         let tx = c.transaction().await?;
         // Its sensors leave it: no group commit may hold their events meanwhile.
@@ -208,6 +214,9 @@ impl Sites for PgStore {
             &[&id, &now],
         )
         .await?;
+        if n > 0 {
+            super::audit::record(&tx, audit.as_ref()).await?;
+        }
         tx.commit().await?;
         Ok((n > 0).then_some(made))
     }

@@ -12,8 +12,10 @@ use crate::store::Tokens;
 impl Tokens for PgStore {
     /// `Conflict` if the id (or, against all odds, the hash) exists.
     async fn create_token(&self, t: ApiToken) -> Result<()> {
-        let c = self.db.get("create").await?;
-        let n = c
+        let audit = crate::store::audit::take().map(|r| r.created(&t.id));
+        let mut c = self.db.get("create").await?;
+        let tx = c.transaction().await?;
+        let n = tx
             .execute(
                 "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
@@ -32,7 +34,8 @@ impl Tokens for PgStore {
                 t.id
             )));
         }
-        Ok(())
+        super::audit::record(&tx, audit.as_ref()).await?;
+        tx.commit().await
     }
 
     async fn list_tokens(&self) -> Result<Vec<ApiToken>> {
@@ -56,9 +59,12 @@ impl Tokens for PgStore {
     }
 
     async fn delete_token(&self, id: String) -> Result<bool> {
-        let c = self.db.get("delete").await?;
-        Ok(c.execute("DELETE FROM api_tokens WHERE id = $1", &[&id])
-            .await?
-            > 0)
+        let audit = crate::store::audit::take();
+        let mut c = self.db.get("delete").await?;
+        let tx = c.transaction().await?;
+        let n = tx
+            .execute("DELETE FROM api_tokens WHERE id = $1", &[&id])
+            .await?;
+        super::audit::audited(tx, n, audit.as_ref()).await
     }
 }

@@ -311,6 +311,7 @@ impl Alarms for SqliteStore {
     }
 
     async fn ack_alarm(&self, id: String, ack: Ack, now: Millis) -> Result<Acked> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let acked = rules::now_or_never(rules::alarms::acknowledge(
@@ -319,6 +320,9 @@ impl Alarms for SqliteStore {
                 &ack,
                 now,
             ))?;
+            if let Acked::Taken(..) = acked {
+                super::audit::record(&tx, audit.as_ref())?;
+            }
             tx.commit()?;
             Ok(acked)
         })

@@ -29,6 +29,7 @@ pub use secrets::{Offline, rotation_lock};
 mod alarms;
 mod archive;
 mod armed;
+mod audit;
 mod backup;
 mod checkpoint;
 mod commit;
@@ -96,6 +97,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0037_armed.sql"),
     include_str!("../migrations/sqlite/0038_silence_schedules.sql"),
     include_str!("../migrations/sqlite/0039_escalations.sql"),
+    include_str!("../migrations/sqlite/0040_audit.sql"),
 ];
 
 pub use backup::{backup, restore, vacuum};
@@ -645,6 +647,15 @@ impl Backend for SqliteStore {
                     break;
                 }
                 after = next;
+            }
+            loop {
+                let started = Instant::now();
+                let n = self.write(move |c| audit::prune_step(c, before)).await?;
+                pruned.audit += n;
+                if n < super::audit::PRUNE_STEP as u64 {
+                    break;
+                }
+                pace(started).await;
             }
         }
         Ok(pruned)

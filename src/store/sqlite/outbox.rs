@@ -249,6 +249,7 @@ impl Outbox for SqliteStore {
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction()?;
             let n = tx
@@ -262,6 +263,7 @@ impl Outbox for SqliteStore {
                 return Err(e);
             }
             super::replay::back_to_pending(&tx, &id, now)?;
+            super::audit::record(&tx, audit.as_ref())?;
             tx.commit()?;
             Ok(NotificationRef {
                 due_at: now,
@@ -280,6 +282,7 @@ impl Outbox for SqliteStore {
         f: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction()?;
             if !super::lifecycle::client_exists(&tx, &f.client_id)? {
@@ -309,6 +312,8 @@ impl Outbox for SqliteStore {
                     ..notification_ref(&n)
                 });
             }
+            let audit = audit.map(|r| r.counted("replayed", out.len()));
+            super::audit::record(&tx, audit.as_ref())?;
             tx.commit()?;
             Ok(out)
         })

@@ -65,8 +65,10 @@ fn check_pair(tx: &Transaction, client_id: &str, sensor_id: SensorId) -> Result<
 impl Registry for SqliteStore {
     /// `Conflict` if the id exists.
     async fn create_sensor(&self, s: Sensor) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&s.id.to_string()));
         self.write(move |c| {
-            let n = c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "INSERT INTO sensors (id, address, heartbeat_timeout_s, created_at, debounce_s, \
                  site_id, battery_low_pct, labels, hold_alarms, flap, armed) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
@@ -91,6 +93,8 @@ impl Registry for SqliteStore {
                     s.id
                 )));
             }
+            super::audit::record(&tx, audit.as_ref())?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -192,6 +196,7 @@ impl Registry for SqliteStore {
         alarms: SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<NotificationRef>)>> {
+        let audit = crate::store::audit::take();
         let made = self
             .write(move |c| {
                 let tx = c.transaction()?;
@@ -223,6 +228,7 @@ impl Registry for SqliteStore {
                     true => Vec::new(),
                     false => super::site_moves::moved(&tx, id, from.as_deref(), now)?,
                 };
+                super::audit::record(&tx, audit.as_ref())?;
                 tx.commit()?;
                 Ok(Some(made))
             })
@@ -235,6 +241,7 @@ impl Registry for SqliteStore {
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
         let seen = self.inner.seen.clone();
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let sensor = id;
             let id = id.to_string();
@@ -262,6 +269,7 @@ impl Registry for SqliteStore {
                 cancel_pending(&tx, "sensor_id", &id, now)?;
                 // Its alarms end with it: a sensor made again under its id starts afresh.
                 tx.execute(RESOLVE_ALARMS_OF_SENSOR, params![&id, now])?;
+                super::audit::record(&tx, audit.as_ref())?;
             }
             tx.commit()?;
             // Its readings went with it: a sensor made again under its id starts afresh.
@@ -273,6 +281,8 @@ impl Registry for SqliteStore {
 
     async fn create_client(&self, cl: Client) -> Result<()> {
         let keys = self.keys();
+        let audit = crate::store::audit::take().map(|r| r.created(&cl.id));
+
         self.write(move |c| {
             // The key is read in the write's own transaction: `latch rotate-key` switching keys
             // waits for it, or it sees the new key.
@@ -306,6 +316,7 @@ impl Registry for SqliteStore {
                     cl.id
                 )));
             }
+            super::audit::record(&tx, audit.as_ref())?;
             tx.commit()?;
             Ok(())
         })
@@ -354,6 +365,8 @@ impl Registry for SqliteStore {
 
     async fn replace_client(&self, cl: Client) -> Result<bool> {
         let keys = self.keys();
+        let audit = crate::store::audit::take();
+
         self.write(move |c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let s = sealing::seal(&keys, &super::secrets::current(&tx)?, &cl)?;
@@ -378,6 +391,9 @@ impl Registry for SqliteStore {
                 ],
             )?;
             tx.execute(SITES_TELLING_IT, [&cl.id])?;
+            if n > 0 {
+                super::audit::record(&tx, audit.as_ref())?;
+            }
             tx.commit()?;
             Ok(n > 0)
         })
@@ -385,6 +401,7 @@ impl Registry for SqliteStore {
     }
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction()?;
             let n = tx.execute("DELETE FROM clients WHERE id = ?1", [&id])?;
@@ -396,6 +413,9 @@ impl Registry for SqliteStore {
                 [&id],
             )?;
             cancel_pending(&tx, "client_id", &id, now)?;
+            if n > 0 {
+                super::audit::record(&tx, audit.as_ref())?;
+            }
             tx.commit()?;
             Ok(n > 0)
         })
@@ -411,6 +431,8 @@ impl Registry for SqliteStore {
         previous_until: Millis,
     ) -> Result<Option<Client>> {
         let (key, keys) = (id.clone(), self.keys());
+        let audit = crate::store::audit::take();
+
         let rotated = self
             .write(move |c| {
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -423,6 +445,9 @@ impl Registry for SqliteStore {
                      secret = ?2 WHERE id = ?1",
                     params![key, sealed, previous_until],
                 )?;
+                if n > 0 {
+                    super::audit::record(&tx, audit.as_ref())?;
+                }
                 tx.commit()?;
                 Ok(n > 0)
             })
@@ -434,8 +459,10 @@ impl Registry for SqliteStore {
     }
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
-            let Some(disabled_at) = c
+            let tx = c.transaction()?;
+            let Some(disabled_at) = tx
                 .query_row(
                     "SELECT disabled_at FROM clients WHERE id = ?1",
                     [&id],
@@ -445,11 +472,13 @@ impl Registry for SqliteStore {
             else {
                 return Ok(None);
             };
-            c.execute(
+            tx.execute(
                 "UPDATE clients SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL \
                  WHERE id = ?1",
                 [&id],
             )?;
+            super::audit::record(&tx, audit.as_ref())?;
+            tx.commit()?;
             Ok(Some(disabled_at.is_some()))
         })
         .await
@@ -511,6 +540,7 @@ impl Registry for SqliteStore {
     }
 
     async fn link(&self, client_id: String, sensor_id: SensorId, now: Millis) -> Result<()> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction()?;
             check_pair(&tx, &client_id, sensor_id)?;
@@ -519,6 +549,7 @@ impl Registry for SqliteStore {
                  ON CONFLICT DO NOTHING",
                 params![client_id, sensor_id.to_string(), now],
             )?;
+            super::audit::record(&tx, audit.as_ref())?;
             tx.commit()?;
             Ok(())
         })
@@ -526,6 +557,7 @@ impl Registry for SqliteStore {
     }
 
     async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction()?;
             check_pair(&tx, &client_id, sensor_id)?;
@@ -533,6 +565,7 @@ impl Registry for SqliteStore {
                 "DELETE FROM links WHERE client_id = ?1 AND sensor_id = ?2",
                 params![client_id, sensor_id.to_string()],
             )?;
+            super::audit::record(&tx, audit.as_ref())?;
             tx.commit()?;
             Ok(())
         })

@@ -14,8 +14,10 @@ fn row(r: &rusqlite::Row) -> rusqlite::Result<(String, i64, i64)> {
 #[async_trait]
 impl Schedules for SqliteStore {
     async fn create_schedule(&self, s: StoredSchedule) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&s.schedule.id));
         self.write(move |c| {
-            let n = c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "INSERT INTO schedules (id, body, created_at, updated_at) \
                  VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
                 params![s.schedule.id, s.body(), s.created_at, s.updated_at],
@@ -26,6 +28,8 @@ impl Schedules for SqliteStore {
                     s.schedule.id
                 )));
             }
+            super::audit::record(&tx, audit.as_ref())?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -69,18 +73,26 @@ impl Schedules for SqliteStore {
     }
 
     async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
-            Ok(c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "UPDATE schedules SET body = ?2, updated_at = ?3 WHERE id = ?1",
                 params![s.schedule.id, s.body(), s.updated_at],
-            )? > 0)
+            )?;
+            super::audit::audited(tx, n, audit.as_ref())
         })
         .await
     }
 
     async fn delete_schedule(&self, id: String) -> Result<bool> {
-        self.write(move |c| Ok(c.execute("DELETE FROM schedules WHERE id = ?1", [id])? > 0))
-            .await
+        let audit = crate::store::audit::take();
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let n = tx.execute("DELETE FROM schedules WHERE id = ?1", [id])?;
+            super::audit::audited(tx, n, audit.as_ref())
+        })
+        .await
     }
 
     async fn sensors_armed_by(&self, id: String, limit: u32) -> Result<Vec<SensorId>> {

@@ -421,6 +421,7 @@ impl Silences for SqliteStore {
             serde_json::to_string(&ids.iter().map(|i| i.to_string()).collect::<Vec<_>>())
                 .expect("strings serialize")
         });
+        let audit = crate::store::audit::take().map(|r| r.created(&s.id));
         self.write(move |c| {
             let m = &s.matcher;
             let tx = c.transaction()?;
@@ -452,6 +453,7 @@ impl Silences for SqliteStore {
                     params![s.id, sensors],
                 )?;
             }
+            super::audit::record(&tx, audit.as_ref())?;
             tx.commit()?;
             Ok(())
         })
@@ -502,8 +504,10 @@ impl Silences for SqliteStore {
     }
 
     async fn update_silence(&self, s: Silence) -> Result<bool> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
-            Ok(c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 &format!(
                     "UPDATE silences SET starts_at = ?2, ends_at = ?3, comment = ?4, \
                      updated_at = ?5, schedule_id = ?6, ended_at = ?7, {UPDATE_RECONCILED}"
@@ -517,7 +521,12 @@ impl Silences for SqliteStore {
                     s.schedule_id,
                     s.ended_at
                 ],
-            )? > 0)
+            )?;
+            if n > 0 {
+                super::audit::record(&tx, audit.as_ref())?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
         })
         .await
     }

@@ -47,8 +47,10 @@ fn site(r: &Row) -> rusqlite::Result<(Site, SiteCounts)> {
 #[async_trait]
 impl Sites for SqliteStore {
     async fn create_site(&self, s: Site) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&s.id));
         self.write(move |c| {
-            let n = c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "INSERT INTO sites (id, name, address, gateway_sensor_id, created_at, \
                  updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
                 params![
@@ -63,6 +65,8 @@ impl Sites for SqliteStore {
             if n == 0 {
                 return Err(Error::Conflict(format!("site {} already exists", s.id)));
             }
+            super::audit::record(&tx, audit.as_ref())?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -155,8 +159,10 @@ impl Sites for SqliteStore {
     }
 
     async fn replace_site(&self, s: Site) -> Result<bool> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
-            Ok(c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "UPDATE sites SET name = ?2, address = ?3, gateway_sensor_id = ?4, \
                  updated_at = ?5, pending_since = CASE \
                    WHEN gateway_sensor_id IS ?4 THEN pending_since WHEN down THEN ?5 \
@@ -171,12 +177,18 @@ impl Sites for SqliteStore {
                     s.gateway_sensor_id.map(|g| g.to_string()),
                     s.updated_at
                 ],
-            )? > 0)
+            )?;
+            if n > 0 {
+                super::audit::record(&tx, audit.as_ref())?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
         })
         .await
     }
 
     async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>> {
+        let audit = crate::store::audit::take();
         self.write(move |c| {
             let tx = c.transaction()?;
             let members = tx
@@ -202,6 +214,9 @@ impl Sites for SqliteStore {
                  WHERE site_id = ?1 AND state <> 'resolved'",
                 rusqlite::params![&id, now],
             )?;
+            if n > 0 {
+                super::audit::record(&tx, audit.as_ref())?;
+            }
             tx.commit()?;
             Ok((n > 0).then_some(made))
         })

@@ -13,8 +13,10 @@ use crate::domain::token::{ApiToken, scopes_from_text, scopes_to_text};
 impl Tokens for SqliteStore {
     /// `Conflict` if the id (or, against all odds, the hash) exists.
     async fn create_token(&self, t: ApiToken) -> Result<()> {
+        let audit = crate::store::audit::take().map(|r| r.created(&t.id));
         self.write(move |c| {
-            let n = c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "INSERT INTO api_tokens (id, name, scopes, hash, created_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
                 params![
@@ -31,6 +33,8 @@ impl Tokens for SqliteStore {
                     t.id
                 )));
             }
+            super::audit::record(&tx, audit.as_ref())?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -68,7 +72,12 @@ impl Tokens for SqliteStore {
     }
 
     async fn delete_token(&self, id: String) -> Result<bool> {
-        self.write(move |c| Ok(c.execute("DELETE FROM api_tokens WHERE id = ?1", [id])? > 0))
-            .await
+        let audit = crate::store::audit::take();
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let n = tx.execute("DELETE FROM api_tokens WHERE id = ?1", [id])?;
+            super::audit::audited(tx, n, audit.as_ref())
+        })
+        .await
     }
 }

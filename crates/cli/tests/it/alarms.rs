@@ -133,6 +133,18 @@ async fn a_door_held_open_is_one_alarm_acknowledged_once_and_resolved_when_it_cl
         .post(&format!("/v1/alarms/{alarm}/ack"), json!({"by": "Boris"}))
         .await;
     assert_eq!(code, StatusCode::CONFLICT, "{again}");
+    // The audit trail keeps the acknowledgement taken, with the alarm as it was before,
+    // and not the one refused.
+    let (code, trail) = s.get(&format!("/v1/audit?resource=alarms/{alarm}")).await;
+    assert_eq!(code, StatusCode::OK, "{trail}");
+    let items = trail["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "one acknowledgement recorded: {trail}");
+    assert_eq!(
+        (&items[0]["resource"], &items[0]["method"]),
+        (&json!(format!("alarms/{alarm}/ack")), &json!("POST"))
+    );
+    assert_eq!(items[0]["before"]["state"], "open", "{trail}");
+    assert_eq!(items[0]["after"]["by"], "night desk: Anna", "{trail}");
     assert_eq!(again["error"]["code"], "already_acknowledged");
     // The rounds that count them run on latch's clock.
     clock.set(t0 + 31_000);

@@ -345,6 +345,7 @@ async fn the_console_is_served_from_the_binary() {
             "<script type=\"module\" src=\"/ui/app.js\">",
         ),
         ("/ui/app.js", "text/javascript", "/v1/stream"),
+        ("/ui/audit.js", "text/javascript", "/v1/audit"),
         ("/ui/style.css", "text/css", ":root"),
     ] {
         let r = plain.get(format!("{}{path}", s.base)).send().await.unwrap();

@@ -4,6 +4,7 @@ mod alarms;
 mod amqp;
 mod amqp_cluster;
 mod armed;
+mod audit;
 mod auth_throttle;
 mod backup;
 mod batches;

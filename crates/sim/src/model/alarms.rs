@@ -360,14 +360,19 @@ impl Alarms for NodeStore {
     }
 
     async fn ack_alarm(&self, id: String, ack: Ack, now: Millis) -> Result<Acked> {
-        self.run("ack_alarm", true, |t, cx| {
-            rules::now_or_never(rules::alarms::acknowledge(
-                &mut AckTables { t, cx },
-                &id,
-                &ack,
-                now,
-            ))
-        })
+        self.audited(
+            "ack_alarm",
+            None,
+            |t, cx| {
+                rules::now_or_never(rules::alarms::acknowledge(
+                    &mut AckTables { t, cx },
+                    &id,
+                    &ack,
+                    now,
+                ))
+            },
+            |a, r| matches!(a, Acked::Taken(..)).then_some(r),
+        )
         .await
     }
 }

@@ -89,6 +89,7 @@ mod tables;
 #[cfg(test)]
 mod tests;
 mod tokens;
+mod trail;
 mod upkeep;
 
 pub use audit::{Audit, Change, Trail, Violation};

@@ -317,9 +317,12 @@ impl Outbox for NodeStore {
     }
 
     async fn retry_notification(&self, id: String, now: Millis) -> Result<NotificationRef> {
-        self.run("retry_notification", true, |t, cx| {
-            t.retry_notification(cx, &id, now)
-        })
+        self.audited(
+            "retry_notification",
+            None,
+            |t, cx| t.retry_notification(cx, &id, now),
+            |_, r| Some(r),
+        )
         .await
     }
 
@@ -328,9 +331,12 @@ impl Outbox for NodeStore {
         filter: ReplayFilter,
         now: Millis,
     ) -> Result<Vec<NotificationRef>> {
-        self.run("retry_notifications", true, |t, cx| {
-            t.retry_notifications(cx, &filter, now)
-        })
+        self.audited(
+            "retry_notifications",
+            None,
+            |t, cx| t.retry_notifications(cx, &filter, now),
+            |out, r| Some(r.counted("replayed", out.len())),
+        )
         .await
     }
 

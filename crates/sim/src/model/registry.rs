@@ -299,8 +299,13 @@ impl Tables {
 #[async_trait]
 impl Registry for NodeStore {
     async fn create_sensor(&self, s: Sensor) -> Result<()> {
-        self.run("create_sensor", true, |t, cx| t.create_sensor(cx, s))
-            .await
+        self.audited(
+            "create_sensor",
+            Some(s.id.to_string()),
+            |t, cx| t.create_sensor(cx, s),
+            |_, r| Some(r),
+        )
+        .await
     }
 
     async fn get_sensor(&self, id: SensorId) -> Result<Option<SensorView>> {
@@ -341,35 +346,48 @@ impl Registry for NodeStore {
         alarms: latch::domain::sensor::SensorAlarms,
         now: Millis,
     ) -> Result<Option<(SensorView, Vec<latch::domain::NotificationRef>)>> {
-        self.run("replace_sensor", true, |t, cx| {
-            let to = Sensor {
-                id,
-                address,
-                heartbeat_timeout_s,
-                debounce_s,
-                site_id,
-                created_at: 0,
-                battery_low_pct: alarms.battery_low_pct,
-                labels: alarms.labels,
-                hold_alarms: alarms.hold_alarms,
-                flap: alarms.flap,
-                armed: alarms.armed,
-            };
-            Ok(t.replace_sensor(cx, to, now))
-        })
+        self.audited(
+            "replace_sensor",
+            None,
+            |t, cx| {
+                let to = Sensor {
+                    id,
+                    address,
+                    heartbeat_timeout_s,
+                    debounce_s,
+                    site_id,
+                    created_at: 0,
+                    battery_low_pct: alarms.battery_low_pct,
+                    labels: alarms.labels,
+                    hold_alarms: alarms.hold_alarms,
+                    flap: alarms.flap,
+                    armed: alarms.armed,
+                };
+                Ok(t.replace_sensor(cx, to, now))
+            },
+            |v, r| v.is_some().then_some(r),
+        )
         .await
     }
 
     async fn delete_sensor(&self, id: SensorId, now: Millis) -> Result<bool> {
-        self.run("delete_sensor", true, |t, cx| {
-            Ok(t.delete_sensor(cx, id, now))
-        })
+        self.audited(
+            "delete_sensor",
+            None,
+            |t, cx| Ok(t.delete_sensor(cx, id, now)),
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 
     async fn create_client(&self, client: Client) -> Result<()> {
-        self.run("create_client", true, |t, _| t.create_client(client))
-            .await
+        self.audited(
+            "create_client",
+            Some(client.id.clone()),
+            |t, _| t.create_client(client),
+            |_, r| Some(r),
+        )
+        .await
     }
 
     async fn get_client(&self, id: String) -> Result<Option<Client>> {
@@ -391,14 +409,22 @@ impl Registry for NodeStore {
     }
 
     async fn replace_client(&self, client: Client) -> Result<bool> {
-        self.run("replace_client", true, |t, _| Ok(t.replace_client(client)))
-            .await
+        self.audited(
+            "replace_client",
+            None,
+            |t, _| Ok(t.replace_client(client)),
+            |ok, r| ok.then_some(r),
+        )
+        .await
     }
 
     async fn delete_client(&self, id: String, now: Millis) -> Result<bool> {
-        self.run("delete_client", true, |t, cx| {
-            Ok(t.delete_client(cx, &id, now))
-        })
+        self.audited(
+            "delete_client",
+            None,
+            |t, cx| Ok(t.delete_client(cx, &id, now)),
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 
@@ -408,15 +434,23 @@ impl Registry for NodeStore {
         secret: String,
         previous_until: Millis,
     ) -> Result<Option<Client>> {
-        self.run("rotate_secret", true, |t, _| {
-            Ok(t.rotate_secret(&id, secret, previous_until))
-        })
+        self.audited(
+            "rotate_secret",
+            None,
+            |t, _| Ok(t.rotate_secret(&id, secret, previous_until)),
+            |v, r| v.is_some().then_some(r),
+        )
         .await
     }
 
     async fn enable_client(&self, id: String) -> Result<Option<bool>> {
-        self.run("enable_client", true, |t, _| Ok(t.enable_client(&id)))
-            .await
+        self.audited(
+            "enable_client",
+            None,
+            |t, _| Ok(t.enable_client(&id)),
+            |v, r| v.is_some().then_some(r),
+        )
+        .await
     }
 
     async fn count_disabled_clients(&self) -> Result<u64> {
@@ -435,13 +469,23 @@ impl Registry for NodeStore {
     }
 
     async fn link(&self, client_id: String, sensor_id: SensorId, _now: Millis) -> Result<()> {
-        self.run("link", true, |t, cx| t.link(cx, client_id, sensor_id))
-            .await
+        self.audited(
+            "link",
+            None,
+            |t, cx| t.link(cx, client_id, sensor_id),
+            |_, r| Some(r),
+        )
+        .await
     }
 
     async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
-        self.run("unlink", true, |t, cx| t.unlink(cx, client_id, sensor_id))
-            .await
+        self.audited(
+            "unlink",
+            None,
+            |t, cx| t.unlink(cx, client_id, sensor_id),
+            |_, r| Some(r),
+        )
+        .await
     }
 
     async fn list_client_sensors(

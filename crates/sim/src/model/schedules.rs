@@ -12,14 +12,19 @@ use super::registry::{after, page_of};
 #[async_trait]
 impl Schedules for NodeStore {
     async fn create_schedule(&self, s: StoredSchedule) -> Result<()> {
-        self.run("create_schedule", true, |t, _| {
-            let id = s.schedule.id.clone();
-            if t.schedules.contains_key(&id) {
-                return Err(Error::Conflict(format!("schedule {id} already exists")));
-            }
-            t.schedules.insert(id, s);
-            Ok(())
-        })
+        self.audited(
+            "create_schedule",
+            Some(s.schedule.id.clone()),
+            |t, _| {
+                let id = s.schedule.id.clone();
+                if t.schedules.contains_key(&id) {
+                    return Err(Error::Conflict(format!("schedule {id} already exists")));
+                }
+                t.schedules.insert(id, s);
+                Ok(())
+            },
+            |_, r| Some(r),
+        )
         .await
     }
 
@@ -43,23 +48,31 @@ impl Schedules for NodeStore {
     }
 
     async fn replace_schedule(&self, s: StoredSchedule) -> Result<bool> {
-        self.run("replace_schedule", true, |t, _| {
-            Ok(match t.schedules.get_mut(&s.schedule.id) {
-                Some(old) => {
-                    old.schedule = s.schedule;
-                    old.updated_at = s.updated_at;
-                    true
-                }
-                None => false,
-            })
-        })
+        self.audited(
+            "replace_schedule",
+            None,
+            |t, _| {
+                Ok(match t.schedules.get_mut(&s.schedule.id) {
+                    Some(old) => {
+                        old.schedule = s.schedule;
+                        old.updated_at = s.updated_at;
+                        true
+                    }
+                    None => false,
+                })
+            },
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 
     async fn delete_schedule(&self, id: String) -> Result<bool> {
-        self.run("delete_schedule", true, |t, _| {
-            Ok(t.schedules.remove(&id).is_some())
-        })
+        self.audited(
+            "delete_schedule",
+            None,
+            |t, _| Ok(t.schedules.remove(&id).is_some()),
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 

@@ -347,11 +347,16 @@ impl rules::silences::SilenceTables for SilenceTables<'_> {
 #[async_trait]
 impl Silences for NodeStore {
     async fn create_silence(&self, silence: Silence) -> Result<()> {
-        self.run("create_silence", true, |t, cx| {
-            t.held_window(&silence.id, silence.starts_at, silence.ends_at, cx.now);
-            t.silences.insert(silence.id.clone(), silence);
-            Ok(())
-        })
+        self.audited(
+            "create_silence",
+            Some(silence.id.clone()),
+            |t, cx| {
+                t.held_window(&silence.id, silence.starts_at, silence.ends_at, cx.now);
+                t.silences.insert(silence.id.clone(), silence);
+                Ok(())
+            },
+            |_, r| Some(r),
+        )
         .await
     }
 
@@ -381,28 +386,33 @@ impl Silences for NodeStore {
     }
 
     async fn update_silence(&self, silence: Silence) -> Result<bool> {
-        self.run("update_silence", true, |t, cx| {
-            // As the backends' `UPDATE_RECONCILED`.
-            let Some(s) = t
-                .silences
-                .get_mut(&silence.id)
-                .filter(|s| s.reconciled_at.is_none() || s.follows_schedule())
-            else {
-                return Ok(false);
-            };
-            if silence.ends_at > s.ends_at {
-                s.reconciled_at = None;
-            }
-            s.starts_at = silence.starts_at;
-            s.ends_at = silence.ends_at;
-            s.comment = silence.comment;
-            s.updated_at = silence.updated_at;
-            s.schedule_id = silence.schedule_id;
-            s.ended_at = silence.ended_at;
-            t.held_window(&silence.id, silence.starts_at, silence.ends_at, cx.now);
-            t.silence_written_at.insert(silence.id, cx.now);
-            Ok(true)
-        })
+        self.audited(
+            "update_silence",
+            None,
+            |t, cx| {
+                // As the backends' `UPDATE_RECONCILED`.
+                let Some(s) = t
+                    .silences
+                    .get_mut(&silence.id)
+                    .filter(|s| s.reconciled_at.is_none() || s.follows_schedule())
+                else {
+                    return Ok(false);
+                };
+                if silence.ends_at > s.ends_at {
+                    s.reconciled_at = None;
+                }
+                s.starts_at = silence.starts_at;
+                s.ends_at = silence.ends_at;
+                s.comment = silence.comment;
+                s.updated_at = silence.updated_at;
+                s.schedule_id = silence.schedule_id;
+                s.ended_at = silence.ended_at;
+                t.held_window(&silence.id, silence.starts_at, silence.ends_at, cx.now);
+                t.silence_written_at.insert(silence.id, cx.now);
+                Ok(true)
+            },
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 

@@ -257,13 +257,18 @@ impl rules::sites::SiteTables for SiteTables<'_> {
 #[async_trait]
 impl Sites for NodeStore {
     async fn create_site(&self, site: Site) -> Result<()> {
-        self.run("create_site", true, |t, _| {
-            if t.sites.contains_key(&site.id) {
-                return Err(Error::Conflict(format!("site {} already exists", site.id)));
-            }
-            t.sites.insert(site.id.clone(), site);
-            Ok(())
-        })
+        self.audited(
+            "create_site",
+            Some(site.id.clone()),
+            |t, _| {
+                if t.sites.contains_key(&site.id) {
+                    return Err(Error::Conflict(format!("site {} already exists", site.id)));
+                }
+                t.sites.insert(site.id.clone(), site);
+                Ok(())
+            },
+            |_, r| Some(r),
+        )
         .await
     }
 
@@ -316,24 +321,29 @@ impl Sites for NodeStore {
     }
 
     async fn replace_site(&self, site: Site) -> Result<bool> {
-        self.run("replace_site", true, |t, _| {
-            let Some(s) = t.sites.get_mut(&site.id) else {
-                return Ok(false);
-            };
-            let created_at = s.created_at;
-            let changed = s.gateway_sensor_id != site.gateway_sensor_id;
-            let (gateway, at) = (site.gateway_sensor_id, site.updated_at);
-            *s = Site { created_at, ..site };
-            // As the backends' `CASE`: `moves::join` of the new gateway.
-            if changed {
-                let lost = gateway
-                    .and_then(|g| t.states.get(&g))
-                    .is_some_and(|st| st.connection == Connection::Lost);
-                let st = t.site_states.entry(s.id.clone()).or_default();
-                *st = latch::domain::site::moves::join(st, lost, at);
-            }
-            Ok(true)
-        })
+        self.audited(
+            "replace_site",
+            None,
+            |t, _| {
+                let Some(s) = t.sites.get_mut(&site.id) else {
+                    return Ok(false);
+                };
+                let created_at = s.created_at;
+                let changed = s.gateway_sensor_id != site.gateway_sensor_id;
+                let (gateway, at) = (site.gateway_sensor_id, site.updated_at);
+                *s = Site { created_at, ..site };
+                // As the backends' `CASE`: `moves::join` of the new gateway.
+                if changed {
+                    let lost = gateway
+                        .and_then(|g| t.states.get(&g))
+                        .is_some_and(|st| st.connection == Connection::Lost);
+                    let st = t.site_states.entry(s.id.clone()).or_default();
+                    *st = latch::domain::site::moves::join(st, lost, at);
+                }
+                Ok(true)
+            },
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 
@@ -345,31 +355,36 @@ impl Sites for NodeStore {
     }
 
     async fn delete_site(&self, id: String, now: Millis) -> Result<Option<Vec<NotificationRef>>> {
-        self.run("delete_site", true, |t, cx| {
-            let mut members = Vec::new();
-            for s in t.sensors.values_mut() {
-                if s.site_id.as_deref() == Some(id.as_str()) {
-                    s.site_id = None;
-                    members.push(s.id);
+        self.audited(
+            "delete_site",
+            None,
+            |t, cx| {
+                let mut members = Vec::new();
+                for s in t.sensors.values_mut() {
+                    if s.site_id.as_deref() == Some(id.as_str()) {
+                        s.site_id = None;
+                        members.push(s.id);
+                    }
                 }
-            }
-            let mut made = Vec::new();
-            for m in members {
-                made.extend(t.sensor_moved(cx, m, Some(&id), now));
-            }
-            t.site_held.retain(|_, (s, _)| *s != id);
-            t.site_states.remove(&id);
-            // Its alarm ends with it, as both backends' delete resolves it.
-            for a in t.alarms.values_mut() {
-                if a.site_id.as_deref() == Some(id.as_str())
-                    && a.state != latch::domain::alarm::AlarmState::Resolved
-                {
-                    a.state = latch::domain::alarm::AlarmState::Resolved;
-                    a.resolved_at = Some(now.max(a.opened_at));
+                let mut made = Vec::new();
+                for m in members {
+                    made.extend(t.sensor_moved(cx, m, Some(&id), now));
                 }
-            }
-            Ok(t.sites.remove(&id).is_some().then_some(made))
-        })
+                t.site_held.retain(|_, (s, _)| *s != id);
+                t.site_states.remove(&id);
+                // Its alarm ends with it, as both backends' delete resolves it.
+                for a in t.alarms.values_mut() {
+                    if a.site_id.as_deref() == Some(id.as_str())
+                        && a.state != latch::domain::alarm::AlarmState::Resolved
+                    {
+                        a.state = latch::domain::alarm::AlarmState::Resolved;
+                        a.resolved_at = Some(now.max(a.opened_at));
+                    }
+                }
+                Ok(t.sites.remove(&id).is_some().then_some(made))
+            },
+            |v, r| v.is_some().then_some(r),
+        )
         .await
     }
 }

@@ -198,6 +198,8 @@ pub struct Tables {
     pub(crate) cluster: ClusterTables,
     pub(crate) next: Counters,
     pub(crate) audit: Audit,
+    /// `audit` of the backends: the API's changes, oldest first.
+    pub(crate) trail: Vec<latch::domain::audit::Entry>,
 }
 
 impl Tables {
@@ -238,6 +240,7 @@ impl Tables {
             cluster: ClusterTables::default(),
             next: Counters::default(),
             audit: Audit::default(),
+            trail: Vec::new(),
         }
     }
 

@@ -11,16 +11,23 @@ use super::node::NodeStore;
 impl Tokens for NodeStore {
     /// `Conflict` if the id (or, against all odds, the hash) exists.
     async fn create_token(&self, token: ApiToken) -> Result<()> {
-        self.run("create_token", true, |t, _| {
-            if t.tokens.contains_key(&token.id) || t.tokens.values().any(|k| k.hash == token.hash) {
-                return Err(Error::Conflict(format!(
-                    "token \"{}\" already exists",
-                    token.id
-                )));
-            }
-            t.tokens.insert(token.id.clone(), token);
-            Ok(())
-        })
+        self.audited(
+            "create_token",
+            Some(token.id.clone()),
+            |t, _| {
+                if t.tokens.contains_key(&token.id)
+                    || t.tokens.values().any(|k| k.hash == token.hash)
+                {
+                    return Err(Error::Conflict(format!(
+                        "token \"{}\" already exists",
+                        token.id
+                    )));
+                }
+                t.tokens.insert(token.id.clone(), token);
+                Ok(())
+            },
+            |_, r| Some(r),
+        )
         .await
     }
 
@@ -33,9 +40,12 @@ impl Tokens for NodeStore {
     }
 
     async fn delete_token(&self, id: String) -> Result<bool> {
-        self.run("delete_token", true, |t, _| {
-            Ok(t.tokens.remove(&id).is_some())
-        })
+        self.audited(
+            "delete_token",
+            None,
+            |t, _| Ok(t.tokens.remove(&id).is_some()),
+            |ok, r| ok.then_some(r),
+        )
         .await
     }
 }

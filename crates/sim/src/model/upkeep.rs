@@ -61,6 +61,7 @@ impl Tables {
                     .map(|n| n.seq)
                     .collect();
             (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);
+            pruned.audit = self.prune_trail(before);
         }
         pruned
     }
