@@ -126,6 +126,19 @@ struct AttemptRow {
     duration_ms: u32,
 }
 
+#[derive(Row, Serialize, Deserialize)]
+struct AuditRow {
+    id: i64,
+    at: i64,
+    token_id: Option<String>,
+    token_name: Option<String>,
+    method: String,
+    path: String,
+    resource: String,
+    before: Option<String>,
+    after: Option<String>,
+}
+
 /// Columns added to a table after it was first made: `(table, column, type)`, each also in
 /// [`schema`]'s `CREATE`.
 const ADDED: [(&str, &str, &str); 3] = [
@@ -135,7 +148,7 @@ const ADDED: [(&str, &str, &str); 3] = [
 ];
 
 /// The tables, in the order they are created.
-fn schema(db: &str) -> [String; 4] {
+fn schema(db: &str) -> [String; 5] {
     let month = |col: &str| format!("toYYYYMM(toDateTime(intDiv({col}, 1000)))");
     [
         format!("CREATE DATABASE IF NOT EXISTS {db}"),
@@ -159,6 +172,14 @@ fn schema(db: &str) -> [String; 4] {
                kind String, at Int64, status_code Nullable(UInt16), error Nullable(String), \
                duration_ms UInt32\
              ) ENGINE = ReplacingMergeTree() PARTITION BY {} ORDER BY (sensor_id, at, id)",
+            month("at")
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {db}.audit (\
+               id Int64, at Int64, token_id Nullable(String), token_name Nullable(String), \
+               method String, path String, resource String, before Nullable(String), \
+               after Nullable(String)\
+             ) ENGINE = ReplacingMergeTree() PARTITION BY {} ORDER BY (at, id)",
             month("at")
         ),
     ]
@@ -264,6 +285,26 @@ impl ClickHouse {
                         status_code: a.attempt.status_code,
                         error: a.attempt.error.clone(),
                         duration_ms: a.attempt.duration_ms,
+                    })
+                    .await?;
+            }
+            insert.end().await?;
+        }
+        for part in by_months(&batch.audit, |e| e.record.at) {
+            let mut insert = self.table_insert::<AuditRow>("audit").await?;
+            for e in part {
+                let r = &e.record;
+                insert
+                    .write(&AuditRow {
+                        id: e.id,
+                        at: r.at,
+                        token_id: r.token.as_ref().map(|t| t.id.clone()),
+                        token_name: r.token.as_ref().map(|t| t.name.clone()),
+                        method: r.method.clone(),
+                        path: r.path.clone(),
+                        resource: r.resource.clone(),
+                        before: r.before.as_ref().map(|v| v.to_string()),
+                        after: r.after.as_ref().map(|v| v.to_string()),
                     })
                     .await?;
             }

@@ -134,6 +134,7 @@ pub async fn round(
             ("readings", before(settings.readings)),
             ("events", before(settings.readings)),
             ("notification_attempts", before(settings.notifications)),
+            ("audit", before(settings.notifications)),
         ];
         for (table, cut) in tables {
             let Some(cut) = cut else { continue };

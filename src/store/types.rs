@@ -108,11 +108,14 @@ pub struct HistoryBatch {
     pub readings: Vec<Stored<ReadingRecord>>,
     pub events: Vec<Stored<Event>>,
     pub attempts: Vec<AttemptRecord>,
+    /// Audit records: kept in the store too (`GET /v1/audit` reads them there), marked
+    /// shipped as attempts are.
+    pub audit: Vec<crate::domain::audit::Entry>,
 }
 
 impl HistoryBatch {
     pub fn len(&self) -> usize {
-        self.readings.len() + self.events.len() + self.attempts.len()
+        self.readings.len() + self.events.len() + self.attempts.len() + self.audit.len()
     }
 
     pub fn is_empty(&self) -> bool {

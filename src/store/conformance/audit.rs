@@ -192,3 +192,32 @@ pub(super) async fn the_trail_filters_by_resource_token_and_time(s: &Subject) {
     assert_eq!(pruned.audit, 2);
     assert_eq!(trail(s, AuditFilter::default()).await.len(), 2);
 }
+
+pub(super) async fn the_trail_ships_once_and_stays_readable(s: &Subject) {
+    for (id, at) in [("d1", 100), ("d2", 200)] {
+        let (r, _) = scope(record("POST", "sensors", at), s.create_sensor(sensor(id))).await;
+        r.unwrap();
+    }
+    let sink = Collect::default();
+    // A sink that refuses keeps every record for the next shipment.
+    sink.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(s.ship_history(100, &sink).await.is_err());
+    sink.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    s.ship_history(100, &sink).await.unwrap();
+    let shipped: Vec<String> = sink
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b.audit.iter().map(|e| e.record.resource.clone()))
+        .collect();
+    assert_eq!(shipped, ["sensors/d1", "sensors/d2"], "oldest first");
+    s.ship_history(100, &sink).await.unwrap();
+    let again: usize = sink.got.lock().unwrap().iter().map(|b| b.audit.len()).sum();
+    assert_eq!(again, 2, "each record ships once");
+    assert_eq!(
+        trail(s, AuditFilter::default()).await.len(),
+        2,
+        "the store still answers for what shipped"
+    );
+}

@@ -221,6 +221,7 @@ suite!(
     escalations::the_end_told_to_a_client_reached_is_not_superseded_by_a_later_change,
     audit::a_change_keeps_its_record_and_a_refused_one_none,
     audit::the_trail_filters_by_resource_token_and_time,
+    audit::the_trail_ships_once_and_stays_readable,
     batches::a_clients_batch_round_trips_and_claims_read_it,
     batches::a_batchs_mark_follows_its_requests,
     outbox::claim_reads_registry_and_cancels_orphans,

@@ -63,6 +63,28 @@ fn entry(r: &Row) -> Entry {
     }
 }
 
+/// Marks up to `limit` records not shipped yet as shipped, in `tx` (which commits once the
+/// sink has them; other nodes skip the rows it locks), and answers them oldest first.
+pub(super) async fn ship(tx: &super::db::Tx<'_>, limit: i64) -> Result<Vec<Entry>> {
+    let rows = tx
+        .query(
+            &format!(
+                "UPDATE audit SET shipped = true WHERE id = ANY(ARRAY(\
+                   SELECT id FROM audit WHERE NOT shipped ORDER BY id LIMIT $1 \
+                   FOR UPDATE SKIP LOCKED)) RETURNING {}",
+                audit::ENTRY_COLS
+            ),
+            &[&limit],
+        )
+        .await?;
+    let mut entries: Vec<Entry> = rows.iter().map(entry).collect();
+    entries.sort_by_key(|e| e.id);
+    Ok(entries)
+}
+
+/// Records not shipped yet, for the spool's depth.
+pub(super) const UNSHIPPED: &str = "(SELECT COUNT(*) FROM audit WHERE NOT shipped)";
+
 /// Deletes one step of records older than `before`; answers how many went.
 pub(super) async fn prune_step(c: &impl Sql, before: Millis) -> Result<u64> {
     c.execute(

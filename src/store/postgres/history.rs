@@ -132,7 +132,9 @@ impl HistoryStore for PgStore {
             .iter()
             .map(row::attempt_record)
             .collect::<Result<Vec<_>>>()?;
+        let audit = super::audit::ship(&tx, limit).await?;
         let batch = HistoryBatch {
+            audit,
             readings,
             events,
             attempts,
@@ -149,8 +151,11 @@ impl HistoryStore for PgStore {
         let c = self.db.get("spool_depth").await?;
         let n: i64 = c
             .query_one(
-                "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
-                 + (SELECT COUNT(*) FROM attempts WHERE NOT shipped)",
+                &format!(
+                    "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                     + (SELECT COUNT(*) FROM attempts WHERE NOT shipped) + {}",
+                    super::audit::UNSHIPPED
+                ),
                 &[],
             )
             .await?

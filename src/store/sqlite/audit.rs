@@ -51,6 +51,30 @@ fn entry(r: &rusqlite::Row) -> rusqlite::Result<Entry> {
     })
 }
 
+/// Up to `limit` records not shipped to ClickHouse yet, oldest first.
+pub(super) fn spooled(c: &Connection, limit: i64) -> rusqlite::Result<Vec<Entry>> {
+    c.prepare_cached(&format!(
+        "SELECT {} FROM audit WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'audit') \
+         ORDER BY id LIMIT ?1",
+        audit::ENTRY_COLS
+    ))?
+    .query_map([limit], entry)?
+    .collect()
+}
+
+/// What shipped: the mark moves to the last record of the shipment.
+pub(super) fn shipped(c: &Connection, last: i64) -> rusqlite::Result<()> {
+    c.execute(
+        "UPDATE ship_marks SET last_id = ?1 WHERE what = 'audit' AND last_id < ?1",
+        [last],
+    )?;
+    Ok(())
+}
+
+/// Records not shipped yet, for the spool's depth.
+pub(super) const UNSHIPPED: &str =
+    "(SELECT COUNT(*) FROM audit WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'audit'))";
+
 /// Deletes one step of records older than `before`; answers how many went.
 pub(super) fn prune_step(c: &Connection, before: Millis) -> Result<u64> {
     let n = c

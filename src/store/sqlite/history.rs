@@ -76,7 +76,9 @@ fn spooled(c: &Connection, limit: i64, through: i64) -> Result<HistoryBatch> {
         )?
         .query_map([limit], |r| row::attempt_record(r))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let audit = super::audit::spooled(c, limit)?;
     Ok(HistoryBatch {
+        audit,
         readings,
         events,
         attempts,
@@ -322,6 +324,7 @@ impl HistoryStore for SqliteStore {
         let last_reading = batch.readings.iter().map(|r| r.id).max().unwrap_or(0);
         let last_event = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
         let last_attempt = batch.attempts.iter().map(|a| a.id).max();
+        let last_record = batch.audit.iter().map(|e| e.id).max();
         let shipped = batch.len();
         self.write(move |c| {
             let tx = c.transaction()?;
@@ -335,6 +338,9 @@ impl HistoryStore for SqliteStore {
                     [last],
                 )?;
             }
+            if let Some(last) = last_record {
+                super::audit::shipped(&tx, last)?;
+            }
             tx.commit()?;
             Ok(shipped)
         })
@@ -344,10 +350,14 @@ impl HistoryStore for SqliteStore {
     async fn spool_depth(&self) -> Result<u64> {
         self.read(move |c| {
             Ok(c.query_row(
-                "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
+                &format!(
+                    "SELECT (SELECT COUNT(*) FROM readings) + (SELECT COUNT(*) FROM events) \
                  + (SELECT COUNT(*) FROM events_journal) \
                  + (SELECT COUNT(*) FROM attempts \
-                    WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'attempts'))",
+                    WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'attempts')) \
+                 + {}",
+                    super::audit::UNSHIPPED
+                ),
                 [],
                 |r| r.get(0),
             )?)

@@ -149,6 +149,21 @@ async fn readings_events_and_attempts_ship_and_read_back_by_range() {
         (count(&url, &attempts).await? >= 1).then_some(())
     })
     .await;
+    // The audit trail ships too, and the store still answers for it.
+    let audit = format!(
+        "SELECT count() FROM {db}.audit WHERE resource = 'clients/{client}/sensors/{sensor}' \
+         AND method = 'PUT'"
+    );
+    eventually(20, "the link's audit record in ClickHouse", || async {
+        (count(&url, &audit).await? == 1).then_some(())
+    })
+    .await;
+    let (_, trail) = s
+        .get(&format!(
+            "/v1/audit?resource=clients/{client}/sensors/{sensor}"
+        ))
+        .await;
+    assert_eq!(trail["items"].as_array().unwrap().len(), 1, "{trail}");
 
     // Deleting the sensor deletes its shipped history too (a mutation, applied soon).
     let (status, _) = s.delete(&format!("/v1/sensors/{sensor}")).await;

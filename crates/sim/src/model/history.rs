@@ -115,10 +115,18 @@ impl Tables {
                 }
             })
             .collect();
+        let audit = self
+            .trail
+            .iter()
+            .filter(|e| e.id > self.next.audit_shipped)
+            .take(limit)
+            .cloned()
+            .collect();
         HistoryBatch {
             readings,
             events,
             attempts,
+            audit,
         }
     }
 
@@ -133,12 +141,20 @@ impl Tables {
         if let Some(a) = batch.attempts.iter().map(|a| a.id).max() {
             self.attempts_shipped = self.attempts_shipped.max(a);
         }
+        if let Some(a) = batch.audit.iter().map(|e| e.id).max() {
+            self.next.audit_shipped = self.next.audit_shipped.max(a);
+        }
         batch.len()
     }
 
     fn spool_depth(&self) -> u64 {
         let attempts = self.attempts.range(self.attempts_shipped + 1..).count();
-        (self.readings.len() + self.events.len() + attempts) as u64
+        let audit = self
+            .trail
+            .iter()
+            .filter(|e| e.id > self.next.audit_shipped)
+            .count();
+        (self.readings.len() + self.events.len() + attempts + audit) as u64
     }
 }
 

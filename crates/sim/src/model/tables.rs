@@ -110,6 +110,9 @@ pub(crate) struct Counters {
     pub attempt: i64,
     pub change: i64,
     pub held: i64,
+    /// The last audit record's id (ids are never reused), and the last shipped.
+    pub audit: i64,
+    pub audit_shipped: i64,
     /// The random part of the notification ids (ULIDs) the model makes.
     pub ulid: u128,
 }

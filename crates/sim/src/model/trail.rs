@@ -15,7 +15,8 @@ use super::tables::{Cx, Tables};
 impl Tables {
     /// `audit`: the record a change took, with the next id.
     pub(super) fn keep_record(&mut self, record: Record) {
-        let id = self.trail.last().map_or(1, |e| e.id + 1);
+        self.next.audit += 1;
+        let id = self.next.audit;
         self.trail.push(Entry { id, record });
     }
 

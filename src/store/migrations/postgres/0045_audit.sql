@@ -10,6 +10,10 @@ CREATE TABLE audit (
     path       TEXT NOT NULL,
     resource   TEXT NOT NULL,
     before     TEXT,
-    after      TEXT
+    after      TEXT,
+    -- Shipped to ClickHouse (ids are not handed out in commit order here, so each row is
+    -- marked, as attempts are).
+    shipped    BOOLEAN NOT NULL DEFAULT false
 );
 CREATE INDEX audit_at ON audit (at);
+CREATE INDEX audit_unshipped ON audit (id) WHERE NOT shipped;
