@@ -76,6 +76,35 @@ fn ends_once(world: &World, model: &ModelStore, reported: &mut usize) {
     *reported = found.len();
 }
 
+/// book, "Every change is audited": a change answered made left exactly one record, one
+/// refused or finding nothing none, one whose answer never came at most one. After every
+/// step, over every change so far (the model counts records written, retention aside);
+/// each call reported once (`reported`).
+pub fn audited(
+    world: &World,
+    model: &ModelStore,
+    log: &Log,
+    reported: &mut std::collections::BTreeSet<String>,
+) {
+    model.read(|t| {
+        for (path, expect) in &log.audited {
+            let n = t.trail_written.get(path).copied().unwrap_or(0);
+            let ok = match expect {
+                crate::log::Audited::One => n == 1,
+                crate::log::Audited::None => n == 0,
+                crate::log::Audited::AtMostOne => n <= 1,
+            };
+            if !ok && reported.insert(path.clone()) {
+                world.violate(
+                    "every change is audited once, and nothing else is",
+                    format!("call {path} answered {expect:?} left {n} audit records"),
+                    vec![path.clone()],
+                );
+            }
+        }
+    });
+}
+
 /// book, "Nothing is applied twice": a request sent again with its key applies none of
 /// its readings a second time.
 fn applied_once(world: &World, model: &ModelStore) {

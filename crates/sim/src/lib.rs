@@ -358,6 +358,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         world.violate("the fleet registers", e.to_string(), Vec::new());
     }
     let mut reported = 0;
+    let mut audit_reported = std::collections::BTreeSet::new();
     let mut describe_at: Option<Millis> = std::env::var("LATCH_SIM_DESCRIBE_AT")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -370,6 +371,7 @@ async fn simulate(seed: u64, opts: &Options, world: Arc<World>) -> Outcome {
         let dt = world.between(0, 400);
         tokio::time::sleep(Duration::from_millis(dt)).await;
         checks::during(&world, &model, &mut reported);
+        checks::audited(&world, &model, &w.log.lock().unwrap(), &mut audit_reported);
         if let Some(f) = nodes.failure() {
             world.violate("no task of latch panics", f, Vec::new());
         }

@@ -66,6 +66,20 @@ pub struct Log {
     /// Sensors' hold alarms as each call wrote them (issue #72): at registration, when
     /// made again, and by each change of a sensor that carried them.
     pub holds: Vec<HoldSetting>,
+    /// Registry changes made with an audit record (`workload/audited.rs`): the record's
+    /// path, which names the call, and how many records the answer says it left.
+    pub audited: Vec<(String, Audited)>,
+}
+
+/// How many audit records a change left, as its answer says ([`Log::audited`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audited {
+    /// Made: its record is stored.
+    One,
+    /// Refused, or nothing to change: no record.
+    None,
+    /// No answer came: made with its record, or neither.
+    AtMostOne,
 }
 
 /// A sensor's hold alarms written ([`Log::holds`]): the alarms, and from when to when

@@ -73,6 +73,7 @@ pub struct Workload {
     pub next_key: usize,
 }
 
+mod audited;
 mod clients;
 pub(crate) mod holds;
 mod keyed;
@@ -436,12 +437,19 @@ impl Workload {
         let si = self.world.between(0, self.sensors.len() as u64) as usize;
         let sensor = self.sensors[si].id;
         let now = self.world.now();
-        let c = &mut self.clients[ci];
-        let result = if c.links.contains_key(&sensor) {
-            store.unlink(c.id.clone(), sensor).await
+        let (cid, had) = (
+            self.clients[ci].id.clone(),
+            self.clients[ci].links.contains_key(&sensor),
+        );
+        let resource = format!("clients/{cid}/sensors/{sensor}");
+        let result = if had {
+            let call = store.unlink(cid.clone(), sensor);
+            self.audited("DELETE", &resource, call, |_| true).await
         } else {
-            store.link(c.id.clone(), sensor, now).await
+            let call = store.link(cid.clone(), sensor, now);
+            self.audited("PUT", &resource, call, |_| true).await
         };
+        let c = &mut self.clients[ci];
         let linked = self
             .model
             .read(|t| t.links.contains(&(sensor, c.id.clone())));
@@ -514,7 +522,11 @@ impl Workload {
                 .map(|n| n.id.clone())
                 .collect::<Vec<_>>()
         });
-        match store.retry_notifications(filter, engine.now()).await {
+        let call = store.retry_notifications(filter, engine.now());
+        match self
+            .audited("POST", "notifications/retry", call, |_| true)
+            .await
+        {
             Ok(refs) => {
                 let ids: Vec<&str> = refs.iter().map(|r| r.id.as_str()).collect();
                 self.note_replayed(&client, "", &ids);
@@ -563,7 +575,12 @@ impl Workload {
             by: "night desk".into(),
             note: self.world.chance(0.5).then(|| "on it".to_string()),
         };
-        let acked = latch::store::Alarms::ack_alarm(&*store, id.clone(), ack, engine.now()).await;
+        let call = latch::store::Alarms::ack_alarm(&*store, id.clone(), ack, engine.now());
+        let acked = self
+            .audited("POST", &format!("alarms/{id}/ack"), call, |a| {
+                matches!(a, latch::store::rules::alarms::Acked::Taken(..))
+            })
+            .await;
         if let Ok(latch::store::rules::alarms::Acked::Taken(_, made)) = acked {
             self.world.trace(format!(
                 "alarm {id} acknowledged on {node}: {} told",
@@ -592,7 +609,16 @@ impl Workload {
         // As the API does: the lanes resume whether or not this call enabled it (one whose
         // answer was lost may have).
         for c in &self.clients {
-            if let Ok(Some(was)) = store.enable_client(c.id.clone()).await
+            let call = store.enable_client(c.id.clone());
+            let enabled = self
+                .audited(
+                    "POST",
+                    &format!("clients/{}/enable", c.id),
+                    call,
+                    Option::is_some,
+                )
+                .await;
+            if let Ok(Some(was)) = enabled
                 && let Ok(pending) = store.load_client_pending(c.id.clone()).await
             {
                 self.world

@@ -203,6 +203,9 @@ pub struct Tables {
     pub(crate) audit: Audit,
     /// `audit` of the backends: the API's changes, oldest first.
     pub(crate) trail: Vec<latch::domain::audit::Entry>,
+    /// How many records each path was written with, retention aside (not a table: for the
+    /// checks; the simulation's workload names each call by its path).
+    pub(crate) trail_written: BTreeMap<String, usize>,
 }
 
 impl Tables {
@@ -244,6 +247,7 @@ impl Tables {
             next: Counters::default(),
             audit: Audit::default(),
             trail: Vec::new(),
+            trail_written: BTreeMap::new(),
         }
     }
 

@@ -17,6 +17,7 @@ impl Tables {
     pub(super) fn keep_record(&mut self, record: Record) {
         self.next.audit += 1;
         let id = self.next.audit;
+        *self.trail_written.entry(record.path.clone()).or_default() += 1;
         self.trail.push(Entry { id, record });
     }
 

@@ -49,7 +49,14 @@ impl Workload {
             }),
             ..Client::default()
         };
-        let result = store.create_client(client.clone()).await;
+        let result = self
+            .audited(
+                "POST",
+                "clients",
+                store.create_client(client.clone()),
+                |_| true,
+            )
+            .await;
         if result.is_ok() {
             dispatcher.set_rate_limit(&client.id, client.rate_limit);
             dispatcher.set_batch(&client.id, effective_batch(client.batch, &client.url));
@@ -78,7 +85,9 @@ impl Workload {
             }
             let sensor = self.sensors[si].id;
             let now = self.world.now();
-            let result = store.link(id.clone(), sensor, now).await;
+            let resource = format!("clients/{id}/sensors/{sensor}");
+            let call = store.link(id.clone(), sensor, now);
+            let result = self.audited("PUT", &resource, call, |_| true).await;
             let linked = self
                 .model
                 .read(|t| t.links().any(|(c, s)| c == id && s == sensor));
@@ -116,7 +125,10 @@ impl Workload {
                 .find(|c| c.client.id == id)
                 .map(|c| c.client.url.clone())
         });
-        let result = store.delete_client(id.clone(), engine.now()).await;
+        let call = store.delete_client(id.clone(), engine.now());
+        let result = self
+            .audited("DELETE", &format!("clients/{id}"), call, |gone| *gone)
+            .await;
         if matches!(result, Ok(true)) {
             dispatcher.client_gone(&id);
         }
@@ -152,7 +164,13 @@ impl Workload {
         };
         let mut draw = latch_rng::Draw(self.world.clone());
         f(&mut client, &mut draw);
-        if store.replace_client(client.clone()).await.is_ok() {
+        let call = store.replace_client(client.clone());
+        let resource = format!("clients/{id}");
+        if self
+            .audited("PUT", &resource, call, |found| *found)
+            .await
+            .is_ok()
+        {
             self.world.trace(format!(
                 "client {id}: batch {:?} rate {:?} events {:?}",
                 client.batch, client.rate_limit, client.events

@@ -162,16 +162,17 @@ impl Workload {
             ..Self::kept_alarms(&sensor)
         };
         let settings = Settings::new(sensor.heartbeat_timeout_s, sensor.debounce_s, &alarms);
-        let result = store
-            .replace_sensor(
-                id,
-                sensor.address.clone(),
-                sensor.heartbeat_timeout_s,
-                sensor.debounce_s,
-                sensor.site_id.clone(),
-                alarms,
-                engine.now(),
-            )
+        let call = store.replace_sensor(
+            id,
+            sensor.address.clone(),
+            sensor.heartbeat_timeout_s,
+            sensor.debounce_s,
+            sensor.site_id.clone(),
+            alarms,
+            engine.now(),
+        );
+        let result = self
+            .audited("PATCH", &format!("sensors/{id}"), call, Option::is_some)
             .await;
         // When the call ended: `None` if it surely wrote nothing.
         let (outcome, ended) = match result {

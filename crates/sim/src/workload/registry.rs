@@ -90,16 +90,17 @@ impl Workload {
         }
         let to = choices[self.world.between(0, choices.len() as u64) as usize].clone();
         let began = self.world.now();
-        let result = store
-            .replace_sensor(
-                id,
-                sensor.address.clone(),
-                sensor.heartbeat_timeout_s,
-                sensor.debounce_s,
-                to.clone(),
-                Self::kept_alarms(&sensor),
-                engine.now(),
-            )
+        let call = store.replace_sensor(
+            id,
+            sensor.address.clone(),
+            sensor.heartbeat_timeout_s,
+            sensor.debounce_s,
+            to.clone(),
+            Self::kept_alarms(&sensor),
+            engine.now(),
+        );
+        let result = self
+            .audited("PUT", &format!("sensors/{id}"), call, Option::is_some)
             .await;
         let made = match result {
             Ok(Some((_, made))) => {
@@ -157,16 +158,17 @@ impl Workload {
         let began = self.world.now();
         let alarms = Self::kept_alarms(&sensor);
         let settings = Settings::new(timeout_s, debounce_s, &alarms);
-        let result = store
-            .replace_sensor(
-                id,
-                address,
-                timeout_s,
-                debounce_s,
-                sensor.site_id.clone(),
-                alarms,
-                engine.now(),
-            )
+        let call = store.replace_sensor(
+            id,
+            address,
+            timeout_s,
+            debounce_s,
+            sensor.site_id.clone(),
+            alarms,
+            engine.now(),
+        );
+        let result = self
+            .audited("PATCH", &format!("sensors/{id}"), call, Option::is_some)
             .await;
         // When the change surely took effect: `None` if it was surely not made.
         let (outcome, ended) = match result {
@@ -239,7 +241,9 @@ impl Workload {
                 armed: self.armed_of(i),
             };
             let settings = Settings::new(None, debounce_s, &Self::kept_alarms(&sensor));
-            let result = store.create_sensor(sensor).await;
+            let result = self
+                .audited("POST", "sensors", store.create_sensor(sensor), |_| true)
+                .await;
             let made = self.model.read(|t| t.sensors.contains_key(&id));
             if made {
                 let _ = engine.upsert_sensor(id, settings).await;
@@ -282,7 +286,9 @@ impl Workload {
                 }
                 let now = self.world.now();
                 let c = self.clients[ci].id.clone();
-                let result = store.link(c.clone(), id, now).await;
+                let resource = format!("clients/{c}/sensors/{id}");
+                let call = store.link(c.clone(), id, now);
+                let result = self.audited("PUT", &resource, call, |_| true).await;
                 let linked = self.model.read(|t| t.links.contains(&(id, c.clone())));
                 self.world.trace(format!(
                     "link {c}/{id} again: {:?}",
@@ -306,7 +312,10 @@ impl Workload {
                 .map(|(_, c)| c.clone())
                 .collect()
         });
-        let result = store.delete_sensor(id, engine.now()).await;
+        let call = store.delete_sensor(id, engine.now());
+        let result = self
+            .audited("DELETE", &format!("sensors/{id}"), call, |gone| *gone)
+            .await;
         let deleted = self.model.read(|t| !t.sensors.contains_key(&id));
         if deleted {
             let _ = engine.remove_sensor(id).await;
@@ -370,7 +379,9 @@ impl Workload {
             created_at: now,
             updated_at: now,
         };
-        let result = store.create_site(site).await;
+        let result = self
+            .audited("POST", "sites", store.create_site(site), |_| true)
+            .await;
         self.world.trace(format!(
             "create site {id} via {node} (gateway {gateway:?}): {:?}",
             result.err().map(|e| e.to_string())
@@ -386,7 +397,10 @@ impl Workload {
         let Some(id) = self.drawn_site() else { return };
         let members = self.members(&id);
         let began = self.world.now();
-        let result = store.delete_site(id.clone(), engine.now()).await;
+        let call = store.delete_site(id.clone(), engine.now());
+        let result = self
+            .audited("DELETE", &format!("sites/{id}"), call, Option::is_some)
+            .await;
         match &result {
             Ok(Some(made)) => dispatcher.deliver_served(made.clone()),
             Err(e) if e.maybe_written() => dispatcher.look_for_pending(i64::MIN),
@@ -429,7 +443,10 @@ impl Workload {
             .then(|| self.sensors[self.world.between(0, self.sensors.len() as u64) as usize].id);
         site.updated_at = engine.now();
         let gateway = site.gateway_sensor_id;
-        let result = store.replace_site(site).await;
+        let call = store.replace_site(site);
+        let result = self
+            .audited("PATCH", &format!("sites/{id}"), call, |found| *found)
+            .await;
         self.world.trace(format!(
             "site {id} gateway {gateway:?} via {node}: {result:?}"
         ));

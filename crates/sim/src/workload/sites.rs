@@ -45,12 +45,13 @@ impl Workload {
                     true => now,
                     false => s.ends_at + self.world.between(1_000, 10_000) as Millis,
                 };
-                let result = store
-                    .update_silence(Silence {
-                        ends_at,
-                        updated_at: now,
-                        ..s.clone()
-                    })
+                let call = store.update_silence(Silence {
+                    ends_at,
+                    updated_at: now,
+                    ..s.clone()
+                });
+                let result = self
+                    .audited("PATCH", &format!("silences/{}", s.id), call, |found| *found)
                     .await;
                 self.world.trace(format!(
                     "silence {} now ends at {ends_at}: {result:?}",
@@ -106,7 +107,11 @@ impl Workload {
             schedule_id: None,
             ended_at: None,
         };
-        let result = store.create_silence(s.clone()).await;
+        let result = self
+            .audited("POST", "silences", store.create_silence(s.clone()), |_| {
+                true
+            })
+            .await;
         self.world.trace(format!(
             "silence {} via {node} until {}: {:?} {result:?}",
             s.id, s.ends_at, s.matcher
