@@ -324,18 +324,7 @@ async fn a_silent_sensor_whose_owner_dies_is_lost_once() {
         .fleet("s", 2, &r.url, json!({"heartbeat_timeout_s": timeout_s}))
         .await;
     let (silent, talking) = (ids[0].clone(), ids[1].clone());
-    // The owner of the silent sensor is the node a reading of it does not leave.
-    let mut owner = None;
-    for (i, base) in c.live().iter().enumerate() {
-        let before = c.metric("latch_cluster_forwarded_readings_total").await;
-        let one = vec![json!({"sensor_id": silent, "data": 1})];
-        post_until_accepted(&c.http, std::slice::from_ref(base), one, 10).await;
-        if c.metric("latch_cluster_forwarded_readings_total").await == before {
-            owner = Some(i);
-            break;
-        }
-    }
-    let owner = owner.expect("one node owns the silent sensor's partition");
+    let owner = c.owner_of(&silent, 1).await;
     let survivors: Vec<String> = c
         .live()
         .into_iter()

@@ -187,3 +187,118 @@ async fn a_circle_a_chain_past_five_and_a_missing_client_are_refused() {
     assert_eq!(code, StatusCode::OK, "{body}");
     assert_eq!(body["escalation"], Value::Null);
 }
+
+/// Issue #73's "done when": three nodes on PostgreSQL, and the node that served the alarm's
+/// sensor (whose delivery to the desk started the timer) killed with `kill -9` while the
+/// timer runs. A survivor makes the escalation, once, when it is due; an acknowledgement
+/// through another node stops the chain and is told to the client reached.
+#[tokio::test]
+async fn a_timer_outlives_a_kill_9_of_the_node_that_started_it() {
+    use crate::utils::cluster::Cluster;
+    let Some(mut c) = Cluster::start(3).await else {
+        return;
+    };
+    let (desk, manager) = (Receiver::start().await, Receiver::start().await);
+    let base = c.base(0).to_string();
+    let id = unique("vault");
+    c.post(
+        &base,
+        "/v1/sensors",
+        json!({"id": id, "address": "vault door", "hold_alarms": [{"data": 1, "after_s": 1}]}),
+    )
+    .await;
+    let manager_id = c
+        .post(
+            &base,
+            "/v1/clients",
+            json!({"name": "manager", "url": manager.url}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let after_s = 4;
+    let desk_id = c
+        .post(
+            &base,
+            "/v1/clients",
+            json!({"name": "desk", "url": desk.url,
+                   "escalation": {"after_s": after_s, "to": manager_id}}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.put(&base, &format!("/v1/clients/{desk_id}/sensors/{id}"))
+        .await;
+
+    // Closed, then held open through its owner: the desk is told, the timer starts.
+    let owner = c.owner_of(&id, 0).await;
+    let owner_base = c.live()[owner].clone();
+    crate::utils::cluster::post_until_accepted(
+        &c.http,
+        std::slice::from_ref(&owner_base),
+        vec![json!({"sensor_id": id, "data": 1})],
+        10,
+    )
+    .await;
+    let held = got(&desk, "sensor.state_held", 1).await;
+    let alarm = held[0]["alarm_id"].as_str().unwrap().to_string();
+    let delivered_query = format!("/v1/notifications?client_id={desk_id}&status=delivered");
+    eventually(15, "the desk's delivery recorded", || async {
+        let list = c.get(&base, &delivered_query).await;
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "sensor.state_held")
+            .then_some(())
+    })
+    .await;
+    let delivered = std::time::Instant::now();
+    c.kill9(owner);
+
+    // A survivor makes it once, no sooner than it is due.
+    let escalated = got(&manager, "alarm.escalated", 1).await;
+    let waited = delivered.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(after_s - 1),
+        "not before it was due: {waited:?}"
+    );
+    assert!(
+        waited < std::time::Duration::from_secs(after_s + 20),
+        "made within its time and a lease: {waited:?}"
+    );
+    assert_eq!(
+        (
+            &escalated[0]["alarm"]["id"],
+            &escalated[0]["from"],
+            &escalated[0]["level"]
+        ),
+        (&json!(alarm), &json!(desk_id), &json!(1)),
+        "{escalated:?}"
+    );
+    let survivor = c.live()[0].clone();
+    let (code, taken) = {
+        let resp = c
+            .http
+            .post(format!("{survivor}/v1/alarms/{alarm}/ack"))
+            .json(&json!({"by": "night manager"}))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+    };
+    assert_eq!(code, 200, "{taken}");
+    let acked = got(&manager, "alarm.acknowledged", 1).await;
+    assert_eq!(acked[0]["by"], "night manager", "{acked:?}");
+    // Made once across the cluster: no second one, whatever node's round came next.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let all: Vec<Value> = manager
+        .received()
+        .into_iter()
+        .map(|g| g.body)
+        .filter(|b| b["type"] == "alarm.escalated")
+        .collect();
+    assert_eq!(all.len(), 1, "one escalation: {all:?}");
+}

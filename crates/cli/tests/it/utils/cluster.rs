@@ -240,6 +240,20 @@ impl Cluster {
         }
     }
 
+    /// Which running node (its index in [`Cluster::live`]) owns `sensor`'s partition: the
+    /// one a reading of it, `data`, sent through it does not leave.
+    pub async fn owner_of(&self, sensor: &str, data: u8) -> usize {
+        for (i, base) in self.live().iter().enumerate() {
+            let before = self.metric("latch_cluster_forwarded_readings_total").await;
+            let one = vec![json!({"sensor_id": sensor, "data": data})];
+            post_until_accepted(&self.http, std::slice::from_ref(base), one, 10).await;
+            if self.metric("latch_cluster_forwarded_readings_total").await == before {
+                return i;
+            }
+        }
+        panic!("no node owns {sensor}'s partition")
+    }
+
     /// Sum of a metric over the running nodes.
     pub async fn metric(&self, name: &str) -> f64 {
         let mut sum = 0.0;
