@@ -353,7 +353,7 @@ def door_alarms_survive_a_save(browser):
     expect(dd("Flapping at")).to_have_text("6 changes within 60 s")
     expect(dd("Flaps now")).to_have_text("no")
     page.get_by_label("Address", exact=True).fill("Dock door, north")
-    page.get_by_role("button", name="Save").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(page.locator("#notice")).to_contain_text("Saved.")
     # The fleet counts the doors held open.
     page.goto(f"{BASE}/ui/#/fleet")
@@ -364,6 +364,58 @@ def door_alarms_survive_a_save(browser):
     saved = get_json(f"{BASE}/v1/sensors/{door}")
     assert (saved["address"], saved["hold_alarms"], saved["labels"], saved["flap"]) == (
         "Dock door, north", alarms, {"0": "closed", "1": "open"}, flap), saved
+    page.close()
+
+
+def escalation_and_arming_are_set_from_the_console(browser):
+    """Issue #73: a client's escalation is chosen on its page, which then shows the chain
+    (two levels here); a sensor is armed on a schedule from its page, and saving the
+    sensor's form afterwards keeps it armed."""
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=6))
+    hook = "http://127.0.0.1:9/hook"
+    desk = post_json(f"{BASE}/v1/clients", {"name": f"desk {suffix}", "url": hook})["id"]
+    manager = post_json(f"{BASE}/v1/clients", {"name": f"manager {suffix}", "url": hook})["id"]
+    director = post_json(f"{BASE}/v1/clients", {"name": f"director {suffix}", "url": hook,
+                                                "escalation": None})["id"]
+    request("PATCH", f"{BASE}/v1/clients/{manager}", {"escalation": {"after_s": 900, "to": director}})
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{BASE}/ui/#/clients/{desk}")
+    expect(page.get_by_role("heading", name=f"Client desk {suffix}")).to_be_visible()
+    dd = lambda name: page.locator("dl.props dt", has_text=name).locator("xpath=following-sibling::dd[1]")
+    expect(dd("Escalation")).to_contain_text("none")
+    page.get_by_label("Escalate an untaken alarm to").select_option(label=f"manager {suffix}")
+    page.get_by_label("After (seconds)").fill("120")
+    page.get_by_role("button", name="Save escalation").click()
+    expect(page.locator("#notice")).to_contain_text(f"go on to manager {suffix} after 120 s")
+    expect(dd("Escalation")).to_contain_text(
+        f"desk {suffix} → after 120 s, level 1: manager {suffix} → after 900 s, level 2: director {suffix}")
+    assert get_json(f"{BASE}/v1/clients/{desk}")["escalation"] == {"after_s": 120, "to": manager}
+
+    schedule = f"hours{suffix}"
+    post_json(f"{BASE}/v1/schedules", {"id": schedule, "name": f"Office {suffix}", "tz": "Europe/Prague",
+                                       "weekly": [{"days": ["mon", "tue", "wed", "thu", "fri"],
+                                                   "from": "08:00", "to": "18:00"}]})
+    door = f"arm{suffix}"
+    post_json(f"{BASE}/v1/sensors", {"id": door, "address": "Side door", "labels": {"0": "closed", "1": "open"}})
+    page.goto(f"{BASE}/ui/#/sensors/{door}")
+    expect(page.get_by_role("heading", name=f"Sensor {door}")).to_be_visible()
+    expect(dd("Armed")).to_have_text("no")
+    page.get_by_label("Schedule", exact=True).select_option(label=f"Office {suffix} (Europe/Prague)")
+    page.get_by_label("Armed value").select_option("1")
+    page.get_by_role("button", name="Save arming").click()
+    expect(page.locator("#notice")).to_contain_text(f"Armed on {schedule}.")
+    expect(dd("Armed")).to_contain_text(f"open outside the hours of schedule {schedule}")
+    # The sensor's own form, saved after, keeps the arming it does not show.
+    page.get_by_label("Address", exact=True).fill("Side door, east")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(page.locator("#notice")).to_contain_text("Saved.")
+    saved = get_json(f"{BASE}/v1/sensors/{door}")
+    assert (saved["address"], saved["armed"]) == (
+        "Side door, east", {"schedule_id": schedule, "data": 1, "when": "outside"}), saved
+    assert not errors, f"errors in the page: {errors}"
     page.close()
 
 
@@ -561,7 +613,12 @@ def alarms_are_acknowledged_from_the_console(browser, hook):
     expect(row.locator(".badge")).to_have_text("acknowledged")
     expect(row).to_contain_text(f"by {by}")
     expect(row).to_contain_text(note)
-    expect(row.locator("summary")).to_have_count(0)
+    expect(row.locator("summary", has_text="Acknowledge")).to_have_count(0)
+    # Who was told: the hold alarm to the receiver, then who took it.
+    row.locator("summary", has_text="Who was told").click()
+    told = row.locator("ol.chain li")
+    expect(told.first).to_contain_text(f"sensor.state_held to alarm receiver {suffix}")
+    expect(row.locator("ol.chain")).to_contain_text("alarm.acknowledged")
     got = get_json(f"{BASE}/v1/alarms/{alarm['id']}")
     assert (got["state"], got["acknowledged_by"], got["note"]) == ("acknowledged", by, note), got
 
@@ -826,6 +883,7 @@ def main():
         door_alarms_survive_a_save(browser)
         sites_and_silences(browser, hook)
         alarms_are_acknowledged_from_the_console(browser, hook)
+        escalation_and_arming_are_set_from_the_console(browser)
 
         assert not errors, f"errors in the page: {errors}"
         browser.close()

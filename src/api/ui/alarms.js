@@ -30,10 +30,41 @@ function ackForm(a, changed) {
   }, "Acknowledge"));
 }
 
+/** Notifications of an alarm the chain shows, at most: the first ones, which hold its
+ * escalations (reminders of a long alarm come later). */
+const CHAIN_SHOWN = 30;
+
+/** Who was told of `a` and when, read when opened: its notifications in the order made —
+ * the clients it opened for, each `alarm.escalated` to the next client up the chain, the
+ * acknowledgement and the end — with each one's client and status. */
+function chain(a) {
+  const box = h("div", {}, "Loading…");
+  const details = h("details", {}, h("summary", {}, "Who was told"), box);
+  details.addEventListener("toggle", async () => {
+    if (!details.open) return;
+    try {
+      const { notification_ids: ids } = await api("GET", `/v1/alarms/${enc(a.id)}`);
+      const shown = await Promise.all(ids.slice(0, CHAIN_SHOWN).map((n) => api("GET", `/v1/notifications/${enc(n)}`)));
+      const names = new Map();
+      for (const c of new Set(shown.map((n) => n.client_id))) {
+        try { names.set(c, (await api("GET", `/v1/clients/${enc(c)}`)).name); } catch { names.set(c, `${c} (deleted)`); }
+      }
+      box.replaceChildren(h("ol", { class: "chain" }, shown.map((n) => h("li", {},
+        h("a", { href: `#/notifications/${enc(n.id)}` }, n.type), " to ",
+        h("a", { href: `#/clients/${enc(n.client_id)}` }, names.get(n.client_id)), " ", badge(n.status),
+        h("span", { class: "muted" }, ` · ${when(n.created_at)}`)))),
+        ids.length > CHAIN_SHOWN ? h("p", { class: "muted" }, `The first ${CHAIN_SHOWN} of ${ids.length}.`) : "");
+    } catch (e) {
+      box.replaceChildren(e.message);
+    }
+  });
+  return details;
+}
+
 /** A table of alarms, an open one with its Acknowledge control; `changed` runs after one
  * is acknowledged. */
 export function alarmTable(items, changed, empty) {
-  return table(["Kind", "Sensor or site", "State", "Opened", "Acknowledged", "Resolved", ""], items.map((a) => h("tr", {},
+  return table(["Kind", "Sensor or site", "State", "Opened", "Acknowledged", "Resolved", "Told", ""], items.map((a) => h("tr", {},
     h("td", {}, a.kind),
     h("td", {}, a.sensor_id ? h("a", { href: `#/sensors/${enc(a.sensor_id)}` }, a.sensor_id)
       : a.site_id ? h("a", { href: `#/sites/${enc(a.site_id)}` }, `Site ${a.site_id}`) : "—"),
@@ -42,6 +73,7 @@ export function alarmTable(items, changed, empty) {
     h("td", {}, a.acknowledged_by ? [`by ${a.acknowledged_by}`, h("span", { class: "muted" }, ` · ${when(a.acknowledged_at)}`),
       a.note ? h("div", {}, a.note) : ""] : "—"),
     h("td", {}, when(a.resolved_at)),
+    h("td", {}, chain(a)),
     h("td", {}, a.state === "open" ? ackForm(a, changed) : ""))), empty);
 }
 

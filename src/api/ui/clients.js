@@ -157,6 +157,39 @@ function testOutcome(r) {
   return `Test not delivered after ${took}: ${r.error}`;
 }
 
+/** Where an alarm left untaken goes from client `c`: the chain of escalations, each `to`
+ * read in turn (five at most, as latch allows), as links with their waits. */
+async function escalationChain(c) {
+  if (!c.escalation) return "none: an alarm it is told of goes nowhere else";
+  const parts = [];
+  let at = c;
+  for (let level = 1; at?.escalation && level <= 5; level += 1) {
+    const { after_s, to } = at.escalation;
+    let next = null;
+    try { next = await api("GET", `/v1/clients/${enc(to)}`); } catch { /* deleted meanwhile */ }
+    parts.push(` → after ${after_s} s, level ${level}: `,
+      h("a", { href: `#/clients/${enc(to)}` }, next ? next.name : `${to} (gone)`));
+    at = next;
+  }
+  return [h("span", {}, c.name), ...parts];
+}
+
+/** Sets or clears the client's escalation (a merge patch of `escalation`). */
+function escalationForm(c, names, changed) {
+  const to = h("select", { name: "to" }, h("option", { value: "" }, "nobody (no escalation)"),
+    [...names].filter(([id]) => id !== c.id).map(([id, name]) =>
+      h("option", { value: id, selected: c.escalation?.to === id }, name)));
+  return form([
+    field("Escalate an untaken alarm to", to),
+    field("After (seconds)", h("input", { name: "after_s", type: "number", min: 1, max: 604800, value: c.escalation?.after_s ?? 300 })),
+  ], async (d) => {
+    const escalation = d.get("to") ? { after_s: Number(d.get("after_s")), to: d.get("to") } : null;
+    await api("PATCH", `/v1/clients/${enc(c.id)}`, { escalation });
+    say(escalation ? `Untaken alarms go on to ${names.get(escalation.to)} after ${escalation.after_s} s.` : "No escalation.", true);
+    await changed();
+  }, "Save escalation");
+}
+
 export async function clientPage(id) {
   const props = h("dl", { class: "props" });
   const health = h("dl", { class: "props" });
@@ -164,6 +197,7 @@ export async function clientPage(id) {
   const tested = h("output", { class: "test-result", "aria-live": "polite" });
   const subscription = h("div");
   const receiver = h("div");
+  const escalation = h("div");
   const recentChart = h("div", { class: "cols" });
   const draw = async () => {
     const c = await api("GET", `/v1/clients/${enc(id)}`);
@@ -177,6 +211,7 @@ export async function clientPage(id) {
       ["Headers", Object.keys(c.headers).length ? h("span", { class: "mono" }, Object.keys(c.headers).map((n) => `${n}: [redacted]`).join(", ")) : "none"],
       ["Authentication", authText(c.auth)],
       ["Client certificate", c.tls ? `${c.tls.subject}, expires ${when(c.tls.expires_at)}${c.tls.ca_subject ? `; receiver verified with ${c.tls.ca_subject}` : ""}` : "none"],
+      ["Escalation", await escalationChain(c)],
       ["Created", when(c.created_at)]];
     props.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     const x = c.health ?? {};
@@ -220,6 +255,8 @@ export async function clientPage(id) {
       }, "danger"));
     subscription.replaceChildren(typesForm(c, types, draw));
     receiver.replaceChildren(receiverForm(c, draw));
+    const names = new Map((await api("GET", `/v1/clients${q({ limit: 1000 })}`)).items.map((x) => [x.id, x.name]));
+    escalation.replaceChildren(escalationForm(c, names, draw));
     return c;
   };
   const types = await eventTypes();
@@ -237,6 +274,9 @@ export async function clientPage(id) {
   }, "Link sensor");
   return [h("h1", {}, `Client ${c.name}`), props, h("h2", {}, "Endpoint health"), health, recentChart, actions, tested,
     h("h2", {}, "Notification types"), subscription,
+    h("h2", {}, "Escalation"),
+    h("p", { class: "muted" }, "An alarm this client is told of and nobody acknowledges goes on, after the wait, to the next client as alarm.escalated; that client's own escalation continues the chain (five levels at most)."),
+    escalation,
     h("h2", {}, "Receiver settings"),
     h("p", { class: "muted" }, "For receivers that want more than the signature. Values, tokens, passwords and keys are write-only: they are never shown again."),
     receiver,

@@ -149,6 +149,8 @@ export async function sensorPage(id, params) {
       ["Held since", s.status.held_since ? when(s.status.held_since) : "—"],
       ["Flapping at", s.flap ? `${s.flap.changes} changes within ${s.flap.window_s} s` : "off"],
       ["Flaps now", s.status.flapping ? "yes: its changes are not sent until it is quiet" : "no"],
+      ["Armed", s.armed ? [`${s.labels?.[String(s.armed.data)] ?? s.armed.data} ${s.armed.when} the hours of schedule `,
+        h("span", { class: "mono" }, s.armed.schedule_id), " is told as sensor.state_out_of_schedule"] : "no"],
       ["Site", s.site_id ? h("a", { href: `#/sites/${enc(s.site_id)}` }, s.site_id) : "none"],
       ["Address", s.address], ["Heartbeat timeout", s.heartbeat_timeout_s ? `${s.heartbeat_timeout_s} s` : "service default"],
       ["Debounce", s.debounce_s === null || s.debounce_s === undefined ? "service default" : `${s.debounce_s} s`],
@@ -227,10 +229,11 @@ export async function sensorPage(id, params) {
     // A replace without it would take the sensor out of its site.
     field("Site id", h("input", { name: "site_id", maxlength: 64, size: 12, value: s.site_id ?? "" })),
   ], async (d) => {
-    // Settings this form does not show are sent back as they are: a replace without them
-    // would reset them.
-    const body = { address: d.get("address"), battery_low_pct: s.battery_low_pct, labels: s.labels ?? null,
-      hold_alarms: s.hold_alarms ?? [], flap: s.flap ?? null };
+    // Settings this form does not show are sent back as they are now (the arming form may
+    // have changed one since the page was drawn): a replace without them would reset them.
+    const cur = await api("GET", `/v1/sensors/${enc(id)}`);
+    const body = { address: d.get("address"), battery_low_pct: cur.battery_low_pct, labels: cur.labels ?? null,
+      hold_alarms: cur.hold_alarms ?? [], flap: cur.flap ?? null, armed: cur.armed ?? null };
     if (d.get("site_id")) body.site_id = d.get("site_id");
     if (d.get("timeout")) body.heartbeat_timeout_s = Number(d.get("timeout"));
     if (d.get("debounce")) body.debounce_s = Number(d.get("debounce"));
@@ -238,6 +241,7 @@ export async function sensorPage(id, params) {
     say("Saved.", true);
     await draw();
   }, "Save");
+  const arming = await armingForm(id, s, draw);
   const rangeSelect = h("select", {}, Object.keys(RANGES).map((r) => h("option", { value: r, selected: r === range }, `last ${r}`)));
   rangeSelect.addEventListener("change", () => { location.hash = `#/sensors/${enc(id)}${q({ range: rangeSelect.value })}`; });
   const del = actionButton("Delete sensor", async () => {
@@ -253,6 +257,26 @@ export async function sensorPage(id, params) {
     h("section", { "aria-label": "Silences of this sensor" }, h("h2", {}, "Silences"), silences,
       silenceForm({ sensor_ids: [id] }, "Silence this sensor", drawSilences)),
     h("div", { class: "toolbar" }, field("History range", rangeSelect)), history,
-    h("h2", {}, "Edit"), edit, h("div", { class: "toolbar" }, del)];
+    h("h2", {}, "Edit"), edit,
+    h("h2", {}, "Arming"),
+    h("p", { class: "muted" }, "An armed sensor whose state becomes the armed value outside (or inside) a schedule's hours is told as sensor.state_out_of_schedule, and opens an alarm: a door opened at night."),
+    arming, h("div", { class: "toolbar" }, del)];
+}
+
+/** Arms the sensor on a schedule, or disarms it (a merge patch of `armed`). */
+async function armingForm(id, s, changed) {
+  const schedules = (await api("GET", `/v1/schedules${q({ limit: 1000 })}`)).items;
+  const label = (d) => s.labels?.[String(d)] ? `${d} (${s.labels[String(d)]})` : String(d);
+  const schedule = h("select", { name: "schedule_id" }, h("option", { value: "" }, "not armed"),
+    schedules.map((x) => h("option", { value: x.id, selected: s.armed?.schedule_id === x.id }, `${x.name} (${x.tz})`)));
+  const data = h("select", { name: "data" }, [1, 0].map((d) => h("option", { value: d, selected: (s.armed?.data ?? 1) === d }, label(d))));
+  const whenPick = h("select", { name: "when" }, ["outside", "inside"].map((w) =>
+    h("option", { value: w, selected: (s.armed?.when ?? "outside") === w }, `${w} its hours`)));
+  return form([field("Schedule", schedule), field("Armed value", data), field("Told when", whenPick)], async (d) => {
+    const armed = d.get("schedule_id") ? { schedule_id: d.get("schedule_id"), data: Number(d.get("data")), when: d.get("when") } : null;
+    await api("PATCH", `/v1/sensors/${enc(id)}`, { armed });
+    say(armed ? `Armed on ${armed.schedule_id}.` : "Disarmed.", true);
+    await changed();
+  }, "Save arming");
 }
 
