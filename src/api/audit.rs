@@ -232,12 +232,13 @@ async fn read_before(reader: &axum::Router, method: &Method, segments: &[&str]) 
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Keeps of a shown resource what a change can change: a sensor's or a site's `status`
-/// and a client's `health` are the service's own reading of it, not settings.
+/// Keeps of a shown resource what a change can change: a sensor's, a site's or a
+/// schedule's `status` and a client's `health` are the service's own reading of it, not
+/// settings.
 fn shown_settings(v: &mut Value, kind: Option<&str>) {
     let Value::Object(map) = v else { return };
     match kind {
-        Some("sensors") | Some("sites") => {
+        Some("sensors") | Some("sites") | Some("schedules") => {
             map.remove("status");
         }
         Some("clients") => {

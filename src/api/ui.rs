@@ -64,6 +64,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/notifications.js"),
     ),
     (
+        "schedules.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/schedules.js"),
+    ),
+    (
         "audit.js",
         "text/javascript; charset=utf-8",
         include_str!("ui/audit.js"),

@@ -394,10 +394,21 @@ def escalation_and_arming_are_set_from_the_console(browser):
         f"desk {suffix} → after 120 s, level 1: manager {suffix} → after 900 s, level 2: director {suffix}")
     assert get_json(f"{BASE}/v1/clients/{desk}")["escalation"] == {"after_s": 120, "to": manager}
 
+    # A schedule made on the schedules page: weekdays by default, in the zone typed.
     schedule = f"hours{suffix}"
-    post_json(f"{BASE}/v1/schedules", {"id": schedule, "name": f"Office {suffix}", "tz": "Europe/Prague",
-                                       "weekly": [{"days": ["mon", "tue", "wed", "thu", "fri"],
-                                                   "from": "08:00", "to": "18:00"}]})
+    page.get_by_role("link", name="Schedules", exact=True).click()
+    expect(page.get_by_role("heading", name="Schedules", exact=True)).to_be_visible()
+    page.get_by_label("Id", exact=True).fill(schedule)
+    page.get_by_label("Name", exact=True).fill(f"Office {suffix}")
+    page.get_by_label("Time zone").fill("Europe/Prague")
+    page.get_by_label("To (a time before From runs past midnight)").fill("17:30")
+    page.get_by_role("button", name="Create schedule").click()
+    expect(page.locator("#notice")).to_contain_text(f"Schedule Office {suffix} made")
+    row = page.locator("tbody tr", has_text=schedule)
+    expect(row).to_contain_text("mon, tue, wed, thu, fri 08:00–17:30")
+    expect(row).to_contain_text("Europe/Prague")
+    made = get_json(f"{BASE}/v1/schedules/{schedule}")
+    assert made["weekly"] == [{"days": ["mon", "tue", "wed", "thu", "fri"], "from": "08:00", "to": "17:30"}], made
     door = f"arm{suffix}"
     post_json(f"{BASE}/v1/sensors", {"id": door, "address": "Side door", "labels": {"0": "closed", "1": "open"}})
     page.goto(f"{BASE}/ui/#/sensors/{door}")
@@ -415,6 +426,12 @@ def escalation_and_arming_are_set_from_the_console(browser):
     saved = get_json(f"{BASE}/v1/sensors/{door}")
     assert (saved["address"], saved["armed"]) == (
         "Side door, east", {"schedule_id": schedule, "data": 1, "when": "outside"}), saved
+    # A schedule a sensor is armed on stays: its delete is refused with the reason.
+    page.goto(f"{BASE}/ui/#/schedules")
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name=f"Delete Office {suffix}").click()
+    expect(page.locator("#notice")).to_contain_text("409")
+    assert get_json(f"{BASE}/v1/schedules/{schedule}")["id"] == schedule
     assert not errors, f"errors in the page: {errors}"
     page.close()
 

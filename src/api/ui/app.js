@@ -1,7 +1,7 @@
 // The latch console: a single page over the public /v1 API, no build step. Routes live in
 // the URL fragment (#/sensors/abc), so the server serves one page for all of them; each
 // section is a module (fleet.js, alarms.js, sensors.js, sites.js, silences.js, clients.js,
-// notifications.js, audit.js) over lib.js.
+// schedules.js, notifications.js, audit.js) over lib.js.
 
 import { main, liveBadge, h, say, authHeaders, askToken, listeners, recent, shown, carry, setRouter } from "/ui/lib.js";
 import { fleetPage } from "/ui/fleet.js";
@@ -12,6 +12,7 @@ import { notificationsPage, notificationPage } from "/ui/notifications.js";
 import { sitesPage, sitePage } from "/ui/sites.js";
 import { silencesPage } from "/ui/silences.js";
 import { auditPage } from "/ui/audit.js";
+import { schedulesPage } from "/ui/schedules.js";
 
 // --- live events -----------------------------------------------------------------------
 
@@ -68,6 +69,7 @@ const routes = [
   [/^\/sites$/, sitesPage, "sites"],
   [/^\/sites\/([^/]+)$/, sitePage, "sites"],
   [/^\/silences$/, silencesPage, "silences"],
+  [/^\/schedules$/, schedulesPage, "schedules"],
   [/^\/clients$/, clientsPage, "clients"],
   [/^\/clients\/([^/]+)$/, clientPage, "clients"],
   [/^\/notifications$/, notificationsPage, "notifications"],
