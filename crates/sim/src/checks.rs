@@ -31,7 +31,7 @@ pub use retention::retention;
 
 use delivery::{answered_is_delivered, isolation, newest_delivered, nothing_pending};
 use liveness::{broker_link, liveness};
-use sites::{site_events_not_held_long, sites_and_silences};
+use sites::{scheduled_silences, site_events_not_held_long, sites_and_silences};
 use states::{debounced, not_lost_in_a_stop, states_change, superseded};
 
 /// What the checks know of the run's settings.
@@ -149,6 +149,7 @@ pub fn at_end(
         newest_delivered(world, t, &trails, clients, bounds, start);
         isolation(world, &trails, log, clients, bounds, start, now);
         sites_and_silences(world, t, log, start);
+        scheduled_silences(world, t, start);
         told::told_in_order(world, t, log, start);
         told::final_view_is_true(world, t, log, start);
         site_events_not_held_long(world, t, log, clients, bounds, start);

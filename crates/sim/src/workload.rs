@@ -126,15 +126,21 @@ impl Workload {
                 updated_at: now,
             })
             .await?;
-        if self.signals {
+        {
             use latch::store::Schedules;
-            store
-                .create_schedule(latch::store::StoredSchedule {
-                    schedule: holds::armed_hours(),
-                    created_at: now,
-                    updated_at: now,
-                })
-                .await?;
+            let mut schedules = vec![sites::silence_hours()];
+            if self.signals {
+                schedules.push(holds::armed_hours());
+            }
+            for schedule in schedules {
+                store
+                    .create_schedule(latch::store::StoredSchedule {
+                        schedule,
+                        created_at: now,
+                        updated_at: now,
+                    })
+                    .await?;
+            }
         }
         for (i, s) in self.sensors.iter().enumerate() {
             let debounce_s = (self.debounce && i % 2 == 1).then_some(1);

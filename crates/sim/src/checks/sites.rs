@@ -41,8 +41,19 @@ pub(super) fn sites_and_silences(
         let matched = t.silences.values().any(|s| {
             let m = &s.matcher;
             let written = t.silence_written_at.get(&s.id).copied().unwrap_or(0);
-            s.starts_at <= tr.created_at
-                && tr.created_at < s.ends_at.max(s.updated_at).max(written)
+            // The window it held then: a silence that follows a schedule moved on since.
+            let last_end = s.ends_at.max(s.updated_at).max(written);
+            let in_window = match (&s.schedule_id, t.silence_windows.get(&s.id)) {
+                (Some(_), Some(held)) => held.iter().enumerate().any(|(i, w)| {
+                    let end = match i + 1 == held.len() {
+                        true => w.ends_at.max(last_end),
+                        false => w.ends_at,
+                    };
+                    w.starts_at <= tr.created_at && tr.created_at < end
+                }),
+                _ => s.starts_at <= tr.created_at && tr.created_at < last_end,
+            };
+            in_window
                 && m.client_id.as_ref().is_none_or(|c| *c == tr.client_id)
                 && m.sensor_ids
                     .as_ref()
@@ -256,5 +267,47 @@ pub(super) fn site_events_not_held_long(
                 lane_key(&(tr.client_id.clone(), tr.sensor_id)),
             ],
         );
+    }
+}
+
+/// book, "Silences": a silence that follows a schedule is active exactly in the schedule's
+/// windows — each window it held is one of the schedule's, whole (an ended one's last
+/// window may end early, when it was ended) — and never twice the same one.
+pub(super) fn scheduled_silences(world: &World, t: &crate::model::Tables, start: Millis) {
+    for s in t.silences.values() {
+        let Some(id) = &s.schedule_id else { continue };
+        let Some(schedule) = t.schedules.get(id) else {
+            continue;
+        };
+        let held = t.silence_windows.get(&s.id).map_or(&[][..], |w| &w[..]);
+        for (i, w) in held.iter().enumerate() {
+            let last = i + 1 == held.len();
+            let window = schedule.schedule.window_at(w.starts_at);
+            let whole = window == Some((w.starts_at, w.ends_at));
+            // Ended: its window ends when it was ended; one ended before it began holds
+            // an empty window.
+            let cut = last
+                && s.ended_at.is_some()
+                && (w.starts_at == w.ends_at
+                    || window.is_some_and(|(a, b)| a == w.starts_at && w.ends_at <= b));
+            let again = held[..i]
+                .iter()
+                .any(|o| o.starts_at == w.starts_at && o.ends_at == w.ends_at);
+            if !(whole || cut) || again {
+                world.violate(
+                    "a scheduled silence is active exactly in its schedule's windows",
+                    format!(
+                        "silence {} held [{}, {}) (written at {}): the schedule's window there is {:?}{}",
+                        s.id,
+                        w.starts_at - start,
+                        w.ends_at - start,
+                        w.since - start,
+                        window.map(|(a, b)| (a - start, b - start)),
+                        if again { ", and it held it before" } else { "" }
+                    ),
+                    vec![s.id.clone()],
+                );
+            }
+        }
     }
 }

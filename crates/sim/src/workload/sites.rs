@@ -1,8 +1,27 @@
 //! Buildings that go dark, and maintenance windows over them.
 
 use latch::domain::Millis;
+use latch::domain::schedule::Schedule;
 
 use super::Workload;
+
+/// The schedule scheduled silences follow: two one-minute windows a day, the first begun
+/// when a run starts (`crate::START` is 17:46:40 UTC), the second a minute after it ends,
+/// so a run of a hundred seconds sees a silence in a window, pending, then moved on to the
+/// next window by the round that reconciled the first.
+pub const SILENCE_HOURS: &str = "maintenance";
+
+/// [`SILENCE_HOURS`] as the API takes it.
+pub fn silence_hours() -> Schedule {
+    Schedule::parse(serde_json::json!({
+        "id": SILENCE_HOURS, "name": "the run's maintenance windows", "tz": "UTC",
+        "weekly": [{"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+                    "from": "17:46", "to": "17:47"},
+                   {"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+                    "from": "17:48", "to": "17:49"}]
+    }))
+    .expect("a valid schedule")
+}
 
 impl Workload {
     /// A building goes dark: every sensor of a site falls silent, past its timeout and the
@@ -40,16 +59,30 @@ impl Workload {
                     .cloned()
             });
             if let Some(s) = active {
-                // Ended early, or extended (past notification retention, now and then).
-                let ends_at = match self.world.chance(0.5) {
-                    true => now,
-                    false => s.ends_at + self.world.between(1_000, 10_000) as Millis,
+                // Ended early, or extended (past notification retention, now and then); one
+                // that follows a schedule keeps its times and is ended (`App::end_silence`).
+                let changed = match s.schedule_id {
+                    Some(_) => {
+                        let ends_at = s.ends_at.min(now);
+                        Silence {
+                            starts_at: s.starts_at.min(ends_at),
+                            ends_at,
+                            ended_at: Some(now),
+                            updated_at: now,
+                            ..s.clone()
+                        }
+                    }
+                    None => Silence {
+                        ends_at: match self.world.chance(0.5) {
+                            true => now,
+                            false => s.ends_at + self.world.between(1_000, 10_000) as Millis,
+                        },
+                        updated_at: now,
+                        ..s.clone()
+                    },
                 };
-                let call = store.update_silence(Silence {
-                    ends_at,
-                    updated_at: now,
-                    ..s.clone()
-                });
+                let ends_at = changed.ends_at;
+                let call = store.update_silence(changed);
                 let result = self
                     .audited("PATCH", &format!("silences/{}", s.id), call, |found| *found)
                     .await;
@@ -95,16 +128,26 @@ impl Workload {
                 ..Match::default()
             },
         };
+        // A quarter follow the maintenance schedule, placed as `App::create_silence` places
+        // them: its window now, or the next.
+        let (starts_at, ends_at, schedule_id) = match self.world.chance(0.25) {
+            true => {
+                let (a, b) = latch::domain::silence::window_after(&silence_hours(), now)
+                    .unwrap_or((now, now));
+                (a, b, Some(SILENCE_HOURS.to_string()))
+            }
+            false => (now, now + self.world.between(2_000, 15_000) as Millis, None),
+        };
         let s = Silence {
             id: self.world.clock.ulid().to_string(),
             matcher,
-            starts_at: now,
-            ends_at: now + self.world.between(2_000, 15_000) as Millis,
+            starts_at,
+            ends_at,
             comment: "planned work".into(),
             created_at: now,
             updated_at: now,
             reconciled_at: None,
-            schedule_id: None,
+            schedule_id,
             ended_at: None,
         };
         let result = self
