@@ -204,15 +204,37 @@ pub fn changed(
     cleared
 }
 
-/// What setting a sensor's alarms (to `alarms`, at `now`) does to its hold: a state that
-/// began before is timed from now (when it began is not known to the minute here: the
-/// store keeps the device's time of it, not latch's); without alarms only an open
-/// `state_held` is kept, so its clearing still follows.
-pub fn configured(alarms: &HoldAlarms, hold: &mut Option<Hold>, data: Option<bool>, now: Millis) {
+/// What setting a sensor's alarms (from `before` to `alarms`, at `now`) does to its hold: a
+/// state that began before is timed from now (when it began is not known to the minute
+/// here: the store keeps the device's time of it, not latch's); without alarms only an
+/// open `state_held` is kept, so its clearing still follows. A held state already told of
+/// under other settings is reminded of from now on: intervals of the new settings that
+/// ended before now are taken as passed (their reminders would carry a time from before
+/// what was told, when its alarm may not have been open yet), and the next comes at the
+/// end of the interval `now` is in.
+pub fn configured(
+    before: &HoldAlarms,
+    alarms: &HoldAlarms,
+    hold: &mut Option<Hold>,
+    data: Option<bool>,
+    now: Millis,
+) {
     if alarms.is_empty() {
         *hold = hold.filter(|h| h.sent > 0);
     } else if hold.is_none() && data.is_some() {
         *hold = Some(Hold::new(now));
+    } else if let (Some(h), Some(d)) = (hold.as_mut(), data)
+        && h.sent > 0
+        && before.of(d) != alarms.of(d)
+        && let Some(alarm) = alarms.of(d)
+        && let Some(every) = alarm.remind_every_s
+    {
+        let first = h.since + Millis::from(alarm.after_s) * 1000;
+        if now >= first {
+            let passed = (now - first) / (Millis::from(every) * 1000);
+            let passed = u32::try_from(passed).unwrap_or(u32::MAX - 1);
+            h.sent = h.sent.max(passed + 1);
+        }
     }
 }
 
@@ -314,5 +336,27 @@ mod tests {
         // Without alarms, nothing is kept.
         assert_eq!(changed(&HoldAlarms::default(), &mut hold, 90_000), None);
         assert_eq!(hold, None);
+    }
+
+    /// Simulation seed 313 `--signals`: a door held open since 0 was told at 4 s (after
+    /// 4 s); at 4.4 s its alarm became "after 1 s, every 2 s". The new settings owe a
+    /// reminder for 3 s, a time before the `state_held` told at 4 s: it is not made (its
+    /// alarm was not open then); the next comes at the next interval's end, 5 s.
+    #[test]
+    fn new_settings_remind_from_now_not_from_a_time_before_what_was_told() {
+        let before = alarms(4, Some(4));
+        let mut hold = Some(Hold::new(0));
+        let (at, d) = fire(&before, Some(true), false, &mut hold, 4_000).unwrap();
+        assert_eq!((at, d.reminder), (4_000, None));
+        let after = alarms(1, Some(2));
+        configured(&before, &after, &mut hold, Some(true), 4_400);
+        assert_eq!(fire(&after, Some(true), false, &mut hold, 4_400), None);
+        assert_eq!(due(&after, Some(true), false, hold), Some(5_000));
+        let (at, d) = fire(&after, Some(true), false, &mut hold, 5_000).unwrap();
+        assert_eq!((at, d.reminder), (5_000, Some(2)));
+        // Settings that keep the alarm as it was change nothing: a reminder owed stays owed.
+        let mut owed = Some(Hold { since: 0, sent: 1 });
+        configured(&after, &after, &mut owed, Some(true), 9_000);
+        assert_eq!(owed, Some(Hold { since: 0, sent: 1 }));
     }
 }

@@ -423,7 +423,13 @@ impl Fleet {
         };
         self.update(id, new);
         let mut held = new;
-        hold::configured(&settings.hold_alarms, &mut held.hold, held.data, now);
+        hold::configured(
+            &s.hold_alarms,
+            &settings.hold_alarms,
+            &mut held.hold,
+            held.data,
+            now,
+        );
         flap::configured(settings.flap, &mut held.flapping);
         (held.hold != new.hold || held.flapping != new.flapping).then_some(held)
     }

@@ -244,7 +244,9 @@ fn flaps(id: SensorId, state: &mut SensorState, events: &mut Vec<Event>, from: u
         let flapping = Event {
             sensor_id: id,
             kind: EventKind::Flapping,
-            at: e.at,
+            // Counted on latch's clock: a change sent late (its device time behind) is
+            // timed when counted, so a flapping never begins before the last one stopped.
+            at: e.at.max(at),
             data: state.data,
             previous: None,
             last_seen_at: None,

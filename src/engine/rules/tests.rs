@@ -355,6 +355,38 @@ fn the_change_that_crosses_the_flap_is_sent_as_flapping_and_the_rest_not_at_all(
     assert_eq!(kinds(&ev), [EventKind::StateChanged], "counted afresh");
 }
 
+/// Simulation seed 295 `--signals`: changes whose device times lag latch's clock (sent
+/// late, in order) make a flapping after an earlier one stopped. Its time is when latch
+/// counted the change that crossed, never before that stop: its alarm opens after the
+/// last one was resolved.
+#[test]
+fn a_flapping_counted_late_is_timed_by_latch_after_the_last_one_stopped() {
+    let mut s = flappy();
+    let mut ev = vec![];
+    for (i, d) in [1, 0, 1, 0].into_iter().enumerate() {
+        let t = 1_000 * i as Millis;
+        apply(id(), &mut s, at(d == 1, t, t), 0, &mut ev);
+    }
+    assert!(unflap(id(), &mut s, 15_000, &mut ev));
+    ev.clear();
+    for (i, d) in [1, 0, 1].into_iter().enumerate() {
+        let i = i as Millis;
+        apply(
+            id(),
+            &mut s,
+            at(d == 1, 4_000 + 1_000 * i, 20_000 + 100 * i),
+            0,
+            &mut ev,
+        );
+    }
+    assert_eq!(kinds(&ev).last(), Some(&EventKind::Flapping), "{ev:?}");
+    assert_eq!(
+        ev.last().unwrap().at,
+        20_200,
+        "counted at 20.2 s, not sent at 6 s"
+    );
+}
+
 #[test]
 fn losses_and_restores_count_and_still_go_out_while_flapping() {
     let mut s = flappy();

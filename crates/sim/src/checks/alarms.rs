@@ -35,7 +35,9 @@ pub(super) fn alarms(world: &World, t: &Tables, log: &crate::log::Log, start: Mi
         }
     }
     for ((sensor, kind), mut list) in by_key {
-        list.sort_by_key(|a| (a.opened_at, a.id.clone()));
+        // In the order made (the model's ids grow with its clock): the times are the
+        // events', and a sensor made again may report from a device clock far behind.
+        list.sort_by_key(|a| a.id.clone());
         let open = list
             .iter()
             .filter(|a| a.state != AlarmState::Resolved)

@@ -43,9 +43,20 @@ fn connection_told(tr: &Trail) -> Option<Vec<(SensorId, Told)>> {
         | EventKind::Flapping
         | EventKind::FlappingStopped
         | EventKind::AlarmAcknowledged
-        | EventKind::StateOutOfSchedule
-        | EventKind::AlarmEscalated => return None,
+        | EventKind::StateOutOfSchedule => return None,
+        // A sensor's loss escalated tells the client reached that it is lost: its end, the
+        // return, is told to it too.
+        EventKind::AlarmEscalated => match escalated_kind(tr).as_deref() {
+            Some("connection_lost") => vec![(tr.sensor_id, Told::Lost)],
+            _ => return None,
+        },
     })
+}
+
+/// The kind of the alarm an `alarm.escalated` names.
+fn escalated_kind(tr: &Trail) -> Option<String> {
+    let body: serde_json::Value = serde_json::from_str(tr.body.as_deref()?).ok()?;
+    body["alarm"]["kind"].as_str().map(str::to_string)
 }
 
 fn named(tr: &Trail) -> Vec<(SensorId, Told)> {
