@@ -102,6 +102,18 @@ async fn list_audit(
     State(st): State<AppState>,
     ApiQuery((page, range, filter)): ApiQuery<(PageParams, RangeParams, AuditParams)>,
 ) -> ApiResult<ApiJson<List<AuditOut>>> {
+    for (name, v) in [
+        ("token_id", &filter.token_id),
+        ("resource", &filter.resource),
+    ] {
+        if v.as_deref()
+            .is_some_and(|v| v.chars().any(char::is_control))
+        {
+            return Err(ApiError::bad_request(format!(
+                "{name} must not hold control characters"
+            )));
+        }
+    }
     let resource = filter
         .resource
         .map(|r| r.trim_matches('/').to_string())
@@ -123,18 +135,34 @@ pub(crate) struct Trail {
     pub reader: axum::Router,
 }
 
-/// Requests that change nothing, though not a `GET`.
-fn changes_nothing(method: &Method, path: &str) -> bool {
+/// Requests that change nothing, though not a `GET`: readings (data, not a change of what
+/// latch is told to do) and a client's test send. `segments`: the path below `/v1`.
+fn changes_nothing(method: &Method, segments: &[String]) -> bool {
+    let s: Vec<&str> = segments.iter().map(String::as_str).collect();
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
-        || path == "/v1/readings"
-        || (path.starts_with("/v1/clients/") && path.ends_with("/test"))
+        || (*method == Method::POST && matches!(s[..], ["readings"] | ["clients", _, "test"]))
+}
+
+/// The path below `/v1`, a segment each, as the routes read them (percent-decoded: a
+/// record names `sensors/door1` however the request spelled it).
+fn segments_of(path: &str) -> Vec<String> {
+    path.trim_start_matches("/v1/")
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect()
 }
 
 /// Makes the record of a change and leaves it for the store write that makes the change.
 pub(crate) async fn trail(State(t): State<Trail>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    if changes_nothing(&method, &path) {
+    let segments = segments_of(&path);
+    if changes_nothing(&method, &segments) {
         return next.run(req).await;
     }
     let token = req.extensions().get::<Who>().and_then(|w| w.0.clone());
@@ -150,14 +178,9 @@ pub(crate) async fn trail(State(t): State<Trail>, req: Request, next: Next) -> R
         }
     };
     let body: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let segments: Vec<&str> = path
-        .trim_start_matches("/v1/")
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
     let before = match read_before(&t.reader, &method, &segments).await {
         Some(mut v) => {
-            shown_settings(&mut v, segments.first().copied());
+            shown_settings(&mut v, segments.first().map(String::as_str));
             redact(&mut v);
             Some(v)
         }
@@ -209,17 +232,39 @@ pub(crate) async fn trail(State(t): State<Trail>, req: Request, next: Next) -> R
     response
 }
 
-/// The resource a change acts on, as `GET` shows it without secrets: `/v1/{kind}/{id}` for
-/// a change of it or an action on it (`/ack`, `/retry`, `/enable`); none for a create or a
-/// link.
-async fn read_before(reader: &axum::Router, method: &Method, segments: &[&str]) -> Option<Value> {
+/// The resource a change acts on, as `GET` shows it without secrets, read just before the
+/// handler runs (not in the change's transaction: a change racing this one may come
+/// between): `/v1/{kind}/{id}` for a change of it or an action on it (`/ack`, `/retry`,
+/// `/enable`), a token as the list shows it; none for a create or a link.
+async fn read_before(reader: &axum::Router, method: &Method, segments: &[String]) -> Option<Value> {
     if segments.len() < 2 || (*method == Method::POST && segments.len() == 1) {
         return None;
     }
     if segments.len() == 4 && segments[2] == "sensors" {
         return None;
     }
-    let uri = format!("/v1/{}/{}", segments[0], segments[1]);
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    // Tokens are read as a list only.
+    if segments[0] == "tokens" {
+        let list = read(reader, "/v1/tokens".into()).await?;
+        return list["items"]
+            .as_array()?
+            .iter()
+            .find(|t| t["id"] == segments[1].as_str())
+            .cloned();
+    }
+    read(
+        reader,
+        format!("/v1/{}/{}", enc(&segments[0]), enc(&segments[1])),
+    )
+    .await
+}
+
+/// A `GET` of `uri` through the routes, as a caller that may not see secrets: its JSON
+/// when it answers 200.
+async fn read(reader: &axum::Router, uri: String) -> Option<Value> {
     let mut get = Request::get(uri).body(Body::empty()).ok()?;
     get.extensions_mut().insert(super::SeesSecrets(false));
     let answer = reader.clone().oneshot(get).await.ok()?;

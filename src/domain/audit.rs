@@ -87,13 +87,19 @@ const SECRET_FIELDS: &[&str] = &[
 pub const REDACTED: &str = "[redacted]";
 
 /// Replaces every secret in `v` by [`REDACTED`]: the values of [`SECRET_FIELDS`] and of a
-/// client's `headers` (which carry API keys). A `null` stays `null`: it says "none set".
+/// client's `headers` (which carry API keys), and the password of a broker `url`
+/// (`mqtt://user:pw@host/…`, masked as a client read shows it). A `null` stays `null`: it
+/// says "none set".
 pub fn redact(v: &mut Value) {
     match v {
         Value::Object(map) => {
             for (k, val) in map.iter_mut() {
                 if SECRET_FIELDS.contains(&k.as_str()) && !val.is_null() && !val.is_object() {
                     *val = Value::String(REDACTED.into());
+                } else if k == "url"
+                    && let Value::String(url) = val
+                {
+                    *url = super::destination::redact(url);
                 } else if k == "headers"
                     && let Value::Object(headers) = val
                 {
@@ -122,7 +128,8 @@ mod tests {
             "headers": {"X-Api-Key": "k1"},
             "auth": {"type": "basic", "username": "u", "password": "p"},
             "tls": {"client_cert_pem": "CERT", "client_key_pem": "KEY"},
-            "list": [{"token": "t"}], "previous_secret": null
+            "list": [{"token": "t"}], "previous_secret": null,
+            "broker": {"url": "mqtt://door:s3cret@127.0.0.1:1883/doors"}
         });
         redact(&mut v);
         assert_eq!(
@@ -132,9 +139,12 @@ mod tests {
                 "headers": {"X-Api-Key": REDACTED},
                 "auth": {"type": "basic", "username": "u", "password": REDACTED},
                 "tls": {"client_cert_pem": "CERT", "client_key_pem": REDACTED},
-                "list": [{"token": REDACTED}], "previous_secret": null
+                "list": [{"token": REDACTED}], "previous_secret": null,
+                "broker": {"url": super::super::destination::redact(
+                    "mqtt://door:s3cret@127.0.0.1:1883/doors")}
             })
         );
+        assert!(!v.to_string().contains("s3cret"), "{v}");
     }
 
     #[test]

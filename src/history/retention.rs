@@ -68,6 +68,7 @@ impl Settings {
         Retention {
             history_before: self.readings.filter(|_| history_in_store).map(before),
             notifications_before: self.notifications.map(before),
+            audit_unshipped_kept: !history_in_store,
         }
     }
 }
@@ -156,6 +157,7 @@ fn count(p: &Pruned) {
         notifications: p.notifications,
         attempts: p.attempts,
         partitions: p.partitions,
+        audit: p.audit,
     }
     .emit();
 }

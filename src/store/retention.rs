@@ -15,6 +15,9 @@ pub struct Retention {
     /// Finished notifications (delivered, failed, superseded, cancelled) last changed
     /// before this are deleted with their attempts; pending ones never are. `None`: none.
     pub notifications_before: Option<Millis>,
+    /// Audit records not shipped to ClickHouse yet are kept past `notifications_before`
+    /// (ClickHouse is set and keeps its own): none is lost while it is out of reach.
+    pub audit_unshipped_kept: bool,
 }
 
 /// What one round deleted.

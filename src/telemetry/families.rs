@@ -206,7 +206,7 @@ families! {
     STORAGE_FULL_EPISODES: Counter "latch_storage_full_episodes_total" []
         "Times the store's disk became full.";
     RETENTION_DELETED: Counter "latch_retention_deleted_total" ["what"]
-        "Rows retention deleted (readings, events, notifications, attempts) and PostgreSQL or ClickHouse history partitions it dropped (partitions).";
+        "Rows retention deleted (readings, events, notifications, attempts, audit records) and PostgreSQL or ClickHouse history partitions it dropped (partitions).";
     TASK_PANICS: Counter "latch_task_panics_total" []
         "Tasks of the service that panicked (the log names them; the process stops after the first).";
 }

@@ -448,12 +448,16 @@ impl Workload {
             self.clients[ci].links.contains_key(&sensor),
         );
         let resource = format!("clients/{cid}/sensors/{sensor}");
+        // A link or unlink that finds it so already changes nothing, and is not recorded.
+        let stored = self
+            .model
+            .read(|t| t.links.contains(&(sensor, cid.clone())));
         let result = if had {
             let call = store.unlink(cid.clone(), sensor);
-            self.audited("DELETE", &resource, call, |_| true).await
+            self.audited("DELETE", &resource, call, |_| stored).await
         } else {
             let call = store.link(cid.clone(), sensor, now);
-            self.audited("PUT", &resource, call, |_| true).await
+            self.audited("PUT", &resource, call, |_| !stored).await
         };
         let c = &mut self.clients[ci];
         let linked = self
@@ -499,6 +503,7 @@ impl Workload {
         let keep = Retention {
             history_before: before(self.retention.readings),
             notifications_before: before(self.retention.notifications),
+            audit_unshipped_kept: false,
         };
         let log = self.log.lock().unwrap();
         crate::checks::retention(&self.world, &self.model, &log, keep, from, self.world.now());
@@ -621,7 +626,8 @@ impl Workload {
                     "POST",
                     &format!("clients/{}/enable", c.id),
                     call,
-                    Option::is_some,
+                    // Only one that was disabled changed.
+                    |was| *was == Some(true),
                 )
                 .await;
             if let Ok(Some(was)) = enabled

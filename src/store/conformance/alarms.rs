@@ -451,6 +451,7 @@ pub(super) async fn retention_keeps_an_open_alarms_notifications(s: &Subject) {
     let keep = Retention {
         history_before: None,
         notifications_before: Some(10_000),
+        audit_unshipped_kept: false,
     };
     s.maintain(60_000, keep).await.unwrap();
     assert!(

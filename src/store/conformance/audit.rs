@@ -185,6 +185,7 @@ pub(super) async fn the_trail_filters_by_resource_token_and_time(s: &Subject) {
             Retention {
                 history_before: None,
                 notifications_before: Some(250),
+                audit_unshipped_kept: false,
             },
         )
         .await
@@ -198,6 +199,13 @@ pub(super) async fn the_trail_ships_once_and_stays_readable(s: &Subject) {
         let (r, _) = scope(record("POST", "sensors", at), s.create_sensor(sensor(id))).await;
         r.unwrap();
     }
+    // With ClickHouse set, retention keeps what has not shipped yet, however old.
+    let keep = Retention {
+        history_before: None,
+        notifications_before: Some(1_000),
+        audit_unshipped_kept: true,
+    };
+    assert_eq!(s.maintain(2_000, keep).await.unwrap().audit, 0);
     let sink = Collect::default();
     // A sink that refuses keeps every record for the next shipment.
     sink.fail.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -220,4 +228,6 @@ pub(super) async fn the_trail_ships_once_and_stays_readable(s: &Subject) {
         2,
         "the store still answers for what shipped"
     );
+    // Shipped, they go at their time.
+    assert_eq!(s.maintain(2_000, keep).await.unwrap().audit, 2);
 }

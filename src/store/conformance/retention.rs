@@ -83,6 +83,7 @@ pub(super) async fn history_goes_at_its_time_and_no_sooner(s: &Subject) {
             Retention {
                 history_before: Some(now - 86_400_000),
                 notifications_before: None,
+                audit_unshipped_kept: false,
             },
         )
         .await
@@ -165,6 +166,7 @@ pub(super) async fn finished_notifications_go_pending_ones_stay(s: &Subject) {
             Retention {
                 history_before: None,
                 notifications_before: Some(10_000),
+                audit_unshipped_kept: false,
             },
         )
         .await
@@ -252,6 +254,7 @@ pub(super) async fn a_delivered_state_stays_while_an_older_one_of_its_lane_waits
     let cut = Retention {
         history_before: None,
         notifications_before: Some(10_000),
+        audit_unshipped_kept: false,
     };
     let pruned = s.maintain(60_000, cut).await.unwrap();
     assert_eq!(pruned.notifications, 0, "{pruned:?}");
@@ -357,6 +360,7 @@ pub(super) async fn a_delivered_notification_stays_while_an_older_failed_one_it_
     let cut = |before| Retention {
         history_before: None,
         notifications_before: Some(before),
+        audit_unshipped_kept: false,
     };
 
     let pruned = s.maintain(60_000, cut(10_000)).await.unwrap();
@@ -442,6 +446,7 @@ pub(super) async fn attempts_made_after_retention_emptied_them_still_ship(s: &Su
             Retention {
                 history_before: None,
                 notifications_before: Some(10_000),
+                audit_unshipped_kept: false,
             },
         )
         .await

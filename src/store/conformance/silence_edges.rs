@@ -80,6 +80,7 @@ pub(super) async fn a_silence_longer_than_retention_still_reconciles(s: &Subject
     let keep = Retention {
         history_before: None,
         notifications_before: Some(60_000),
+        audit_unshipped_kept: false,
     };
     s.maintain(70_000, keep).await.unwrap();
     assert_eq!(

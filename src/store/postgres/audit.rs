@@ -85,12 +85,13 @@ pub(super) async fn ship(tx: &super::db::Tx<'_>, limit: i64) -> Result<Vec<Entry
 /// Records not shipped yet, for the spool's depth.
 pub(super) const UNSHIPPED: &str = "(SELECT COUNT(*) FROM audit WHERE NOT shipped)";
 
-/// Deletes one step of records older than `before`; answers how many went.
-pub(super) async fn prune_step(c: &impl Sql, before: Millis) -> Result<u64> {
+/// Deletes one step of records older than `before` (`shipped_only`: of those shipped to
+/// ClickHouse); answers how many went.
+pub(super) async fn prune_step(c: &impl Sql, before: Millis, shipped_only: bool) -> Result<u64> {
     c.execute(
         "DELETE FROM audit WHERE id IN \
-         (SELECT id FROM audit WHERE at < $1 ORDER BY id LIMIT $2)",
-        &[&before, &PRUNE_STEP],
+         (SELECT id FROM audit WHERE at < $1 AND (NOT $3 OR shipped) ORDER BY id LIMIT $2)",
+        &[&before, &PRUNE_STEP, &shipped_only],
     )
     .await
 }

@@ -481,11 +481,10 @@ impl Registry for PgStore {
                 &[&id],
             )
             .await?;
-        if was.is_some() {
-            super::audit::record(&tx, audit.as_ref()).await?;
-        }
-        tx.commit().await?;
-        Ok(was.map(|r| r.get(0)))
+        let was: Option<bool> = was.map(|r| r.get(0));
+        // Enabling one that is not disabled changes nothing: no record.
+        super::audit::audited(tx, u64::from(was == Some(true)), audit.as_ref()).await?;
+        Ok(was)
     }
 
     async fn count_disabled_clients(&self) -> Result<u64> {
@@ -551,14 +550,14 @@ impl Registry for PgStore {
         let mut c = self.db.get("link").await?;
         let tx = c.transaction().await?;
         check_pair(&tx, &client_id, sensor_id).await?;
-        tx.execute(
-            "INSERT INTO links (client_id, sensor_id, created_at) VALUES ($1, $2, $3) \
-             ON CONFLICT DO NOTHING",
-            &[&client_id, &sensor_id.to_string(), &now],
-        )
-        .await?;
-        super::audit::record(&tx, audit.as_ref()).await?;
-        tx.commit().await?;
+        let n = tx
+            .execute(
+                "INSERT INTO links (client_id, sensor_id, created_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT DO NOTHING",
+                &[&client_id, &sensor_id.to_string(), &now],
+            )
+            .await?;
+        super::audit::audited(tx, n, audit.as_ref()).await?;
         Ok(())
     }
 
@@ -567,13 +566,13 @@ impl Registry for PgStore {
         let mut c = self.db.get("unlink").await?;
         let tx = c.transaction().await?;
         check_pair(&tx, &client_id, sensor_id).await?;
-        tx.execute(
-            "DELETE FROM links WHERE client_id = $1 AND sensor_id = $2",
-            &[&client_id, &sensor_id.to_string()],
-        )
-        .await?;
-        super::audit::record(&tx, audit.as_ref()).await?;
-        tx.commit().await?;
+        let n = tx
+            .execute(
+                "DELETE FROM links WHERE client_id = $1 AND sensor_id = $2",
+                &[&client_id, &sensor_id.to_string()],
+            )
+            .await?;
+        super::audit::audited(tx, n, audit.as_ref()).await?;
         Ok(())
     }
 

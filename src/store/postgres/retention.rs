@@ -51,7 +51,8 @@ pub(super) async fn prune(db: &Db, lock: &Client, keep: Retention) -> Result<Pru
             after = next;
         }
         loop {
-            let n = super::audit::prune_step(&db.get("prune_audit").await?, before).await?;
+            let c = db.get("prune_audit").await?;
+            let n = super::audit::prune_step(&c, before, keep.audit_unshipped_kept).await?;
             pruned.audit += n;
             if n < crate::store::audit::PRUNE_STEP as u64 {
                 break;

@@ -331,6 +331,7 @@ async fn retention_drops_past_months_and_forgets_silent_nodes() {
             Retention {
                 history_before: Some(now - 90 * day),
                 notifications_before: None,
+                audit_unshipped_kept: false,
             },
         )
         .await

@@ -75,14 +75,16 @@ pub(super) fn shipped(c: &Connection, last: i64) -> rusqlite::Result<()> {
 pub(super) const UNSHIPPED: &str =
     "(SELECT COUNT(*) FROM audit WHERE id > (SELECT last_id FROM ship_marks WHERE what = 'audit'))";
 
-/// Deletes one step of records older than `before`; answers how many went.
-pub(super) fn prune_step(c: &Connection, before: Millis) -> Result<u64> {
+/// Deletes one step of records older than `before` (`shipped_only`: of those shipped to
+/// ClickHouse); answers how many went.
+pub(super) fn prune_step(c: &Connection, before: Millis, shipped_only: bool) -> Result<u64> {
     let n = c
         .prepare_cached(
             "DELETE FROM audit WHERE id IN \
-             (SELECT id FROM audit WHERE at < ?1 ORDER BY id LIMIT ?2)",
+             (SELECT id FROM audit WHERE at < ?1 AND (NOT ?3 OR id <= \
+               (SELECT last_id FROM ship_marks WHERE what = 'audit')) ORDER BY id LIMIT ?2)",
         )?
-        .execute(params![before, PRUNE_STEP])?;
+        .execute(params![before, PRUNE_STEP, shipped_only])?;
     Ok(n as u64)
 }
 

@@ -650,7 +650,10 @@ impl Backend for SqliteStore {
             }
             loop {
                 let started = Instant::now();
-                let n = self.write(move |c| audit::prune_step(c, before)).await?;
+                let shipped_only = retention.audit_unshipped_kept;
+                let n = self
+                    .write(move |c| audit::prune_step(c, before, shipped_only))
+                    .await?;
                 pruned.audit += n;
                 if n < super::audit::PRUNE_STEP as u64 {
                     break;

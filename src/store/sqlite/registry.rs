@@ -477,8 +477,8 @@ impl Registry for SqliteStore {
                  WHERE id = ?1",
                 [&id],
             )?;
-            super::audit::record(&tx, audit.as_ref())?;
-            tx.commit()?;
+            // Enabling one that is not disabled changes nothing: no record.
+            super::audit::audited(tx, usize::from(disabled_at.is_some()), audit.as_ref())?;
             Ok(Some(disabled_at.is_some()))
         })
         .await
@@ -544,13 +544,12 @@ impl Registry for SqliteStore {
         self.write(move |c| {
             let tx = c.transaction()?;
             check_pair(&tx, &client_id, sensor_id)?;
-            tx.execute(
+            let n = tx.execute(
                 "INSERT INTO links (client_id, sensor_id, created_at) VALUES (?1, ?2, ?3) \
                  ON CONFLICT DO NOTHING",
                 params![client_id, sensor_id.to_string(), now],
             )?;
-            super::audit::record(&tx, audit.as_ref())?;
-            tx.commit()?;
+            super::audit::audited(tx, n, audit.as_ref())?;
             Ok(())
         })
         .await
@@ -561,12 +560,11 @@ impl Registry for SqliteStore {
         self.write(move |c| {
             let tx = c.transaction()?;
             check_pair(&tx, &client_id, sensor_id)?;
-            tx.execute(
+            let n = tx.execute(
                 "DELETE FROM links WHERE client_id = ?1 AND sensor_id = ?2",
                 params![client_id, sensor_id.to_string()],
             )?;
-            super::audit::record(&tx, audit.as_ref())?;
-            tx.commit()?;
+            super::audit::audited(tx, n, audit.as_ref())?;
             Ok(())
         })
         .await

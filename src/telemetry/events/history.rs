@@ -74,6 +74,7 @@ pub struct RetentionDeleted {
     pub notifications: u64,
     pub attempts: u64,
     pub partitions: u64,
+    pub audit: u64,
 }
 
 impl Emit for RetentionDeleted {
@@ -84,6 +85,7 @@ impl Emit for RetentionDeleted {
             ("notifications", self.notifications),
             ("attempts", self.attempts),
             ("partitions", self.partitions),
+            ("audit", self.audit),
         ];
         for (what, n) in by {
             families::RETENTION_DELETED
@@ -97,6 +99,7 @@ impl Emit for RetentionDeleted {
                 notifications = self.notifications,
                 attempts = self.attempts,
                 partitions = self.partitions,
+                audit = self.audit,
                 "Retention deleted what was past its time."
             );
         }

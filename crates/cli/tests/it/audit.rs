@@ -126,6 +126,22 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
         204,
     )
     .await;
+    // Linked again: nothing changes, nothing is recorded.
+    change(
+        Method::PUT,
+        format!("/v1/clients/{client}/sensors/{sensor}"),
+        None,
+        204,
+    )
+    .await;
+    // The path as the routes read it: an id spelled with an escape is the same sensor.
+    change(
+        Method::PATCH,
+        format!("/v1/sensors/%{:02X}{}", sensor.as_bytes()[0], &sensor[1..]),
+        Some(json!({"debounce_s": 2})),
+        200,
+    )
+    .await;
     change(
         Method::POST,
         format!("/v1/clients/{client}/secret/rotate"),
@@ -188,6 +204,7 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
         ("DELETE", format!("silences/{silence}")),
         ("POST", format!("silences/{silence}")),
         ("POST", format!("clients/{client}/secret/rotate")),
+        ("PATCH", format!("sensors/{sensor}")),
         ("PUT", format!("clients/{client}/sensors/{sensor}")),
         ("POST", format!("clients/{client}")),
         ("PATCH", format!("sensors/{sensor}")),
@@ -221,7 +238,13 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
             .clone()
     };
     // Before and after: the patch shows the old and the merged resource.
-    let patch = of("PATCH", &format!("sensors/{sensor}"));
+    // The older of the two patches: the address.
+    let patch = items
+        .iter()
+        .rev()
+        .find(|e| e["method"] == "PATCH")
+        .unwrap()
+        .clone();
     assert_eq!(patch["before"]["address"], "back door", "{patch}");
     assert_eq!(
         patch["after"]["address"], "back door, ground floor",
@@ -271,7 +294,13 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
         .iter()
         .map(|e| e["method"].as_str().unwrap())
         .collect();
-    assert_eq!(methods, ["DELETE", "PATCH", "POST"], "{one}");
+    assert_eq!(methods, ["DELETE", "PATCH", "PATCH", "POST"], "{one}");
+    let escaped = &one["items"][1];
+    assert_eq!(escaped["after"]["debounce_s"], 2, "{escaped}");
+    assert!(
+        escaped["path"].as_str().unwrap().contains('%'),
+        "the path as sent: {escaped}"
+    );
     let (_, links) = with(
         &s,
         &admin,
@@ -332,6 +361,43 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
     );
     let (st, body) = with(&s, &reader, Method::GET, "/v1/audit", None).await;
     assert_eq!(st, 403, "{body}");
+    // A token's deletion names the token it deleted.
+    let (temp, _) = token(&s, "temporary", &["read"]).await;
+    let (st, _) = with(
+        &s,
+        &admin,
+        Method::DELETE,
+        &format!("/v1/tokens/{temp}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 204);
+    let (_, gone) = with(
+        &s,
+        &admin,
+        Method::GET,
+        &format!("/v1/audit?resource=tokens/{temp}"),
+        None,
+    )
+    .await;
+    let methods: Vec<&str> = gone["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["DELETE", "POST"], "{gone}");
+    assert_eq!(gone["items"][0]["before"]["name"], "temporary", "{gone}");
+    // A bad filter is a 400, not a failure of the store.
+    let (st, body) = with(
+        &s,
+        &admin,
+        Method::GET,
+        "/v1/audit?resource=sensors%00x",
+        None,
+    )
+    .await;
+    assert_eq!(st, 400, "{body}");
 }
 
 #[tokio::test]

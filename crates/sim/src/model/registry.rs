@@ -448,7 +448,8 @@ impl Registry for NodeStore {
             "enable_client",
             None,
             |t, _| Ok(t.enable_client(&id)),
-            |v, r| v.is_some().then_some(r),
+            // Only one that was disabled changed.
+            |v, r| (*v == Some(true)).then_some(r),
         )
         .await
     }
@@ -472,20 +473,28 @@ impl Registry for NodeStore {
         self.audited(
             "link",
             None,
-            |t, cx| t.link(cx, client_id, sensor_id),
-            |_, r| Some(r),
+            |t, cx| {
+                let had = t.links.contains(&(sensor_id, client_id.clone()));
+                t.link(cx, client_id, sensor_id).map(|()| !had)
+            },
+            |made, r| made.then_some(r),
         )
         .await
+        .map(|_| ())
     }
 
     async fn unlink(&self, client_id: String, sensor_id: SensorId) -> Result<()> {
         self.audited(
             "unlink",
             None,
-            |t, cx| t.unlink(cx, client_id, sensor_id),
-            |_, r| Some(r),
+            |t, cx| {
+                let had = t.links.contains(&(sensor_id, client_id.clone()));
+                t.unlink(cx, client_id, sensor_id).map(|()| had)
+            },
+            |gone, r| gone.then_some(r),
         )
         .await
+        .map(|_| ())
     }
 
     async fn list_client_sensors(

@@ -21,10 +21,13 @@ impl Tables {
         self.trail.push(Entry { id, record });
     }
 
-    /// Retention: records older than `before` go, as notifications of that age do.
-    pub(super) fn prune_trail(&mut self, before: latch::domain::Millis) -> u64 {
+    /// Retention: records older than `before` go, as notifications of that age do (with
+    /// `shipped_only`, only those shipped).
+    pub(super) fn prune_trail(&mut self, before: latch::domain::Millis, shipped_only: bool) -> u64 {
         let n = self.trail.len();
-        self.trail.retain(|e| e.record.at >= before);
+        let shipped = self.next.audit_shipped;
+        self.trail
+            .retain(|e| e.record.at >= before || (shipped_only && e.id > shipped));
         (n - self.trail.len()) as u64
     }
 }

@@ -61,7 +61,7 @@ impl Tables {
                     .map(|n| n.seq)
                     .collect();
             (pruned.notifications, pruned.attempts) = self.delete_notifications(cx, &doomed);
-            pruned.audit = self.prune_trail(before);
+            pruned.audit = self.prune_trail(before, keep.audit_unshipped_kept);
         }
         pruned
     }

@@ -204,6 +204,7 @@ pub async fn workload(dir: &Path, settings: Settings) -> Recorded {
             let retention = Retention {
                 history_before: Some(at - KEEP),
                 notifications_before: Some(at - KEEP),
+                audit_unshipped_kept: false,
             };
             store
                 .maintain(at, retention)

@@ -86,8 +86,11 @@ impl Workload {
             let sensor = self.sensors[si].id;
             let now = self.world.now();
             let resource = format!("clients/{id}/sensors/{sensor}");
+            let stored = self
+                .model
+                .read(|t| t.links().any(|(c, s)| c == id && s == sensor));
             let call = store.link(id.clone(), sensor, now);
-            let result = self.audited("PUT", &resource, call, |_| true).await;
+            let result = self.audited("PUT", &resource, call, |_| !stored).await;
             let linked = self
                 .model
                 .read(|t| t.links().any(|(c, s)| c == id && s == sensor));

@@ -287,8 +287,9 @@ impl Workload {
                 let now = self.world.now();
                 let c = self.clients[ci].id.clone();
                 let resource = format!("clients/{c}/sensors/{id}");
+                let stored = self.model.read(|t| t.links.contains(&(id, c.clone())));
                 let call = store.link(c.clone(), id, now);
-                let result = self.audited("PUT", &resource, call, |_| true).await;
+                let result = self.audited("PUT", &resource, call, |_| !stored).await;
                 let linked = self.model.read(|t| t.links.contains(&(id, c.clone())));
                 self.world.trace(format!(
                     "link {c}/{id} again: {:?}",

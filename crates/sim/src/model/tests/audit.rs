@@ -65,6 +65,7 @@ async fn a_trail_keeps_every_status_and_attempt_even_past_retention() {
             Retention {
                 history_before: None,
                 notifications_before: Some(START),
+                audit_unshipped_kept: false,
             },
         )
         .await
