@@ -41,6 +41,23 @@ async fn token(s: &TestServer, name: &str, scopes: &[&str]) -> (String, String) 
     )
 }
 
+/// `GET /v1/audit?{query}` with `token`, asserted 200.
+async fn audit_page(s: &TestServer, token: &str, query: &str) -> Value {
+    let (st, body) = with(s, token, Method::GET, &format!("/v1/audit?{query}"), None).await;
+    assert_eq!(st, 200, "{body}");
+    body
+}
+
+/// The methods of a page of records, in its order.
+fn methods_of(page: &Value) -> Vec<&str> {
+    page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["method"].as_str().unwrap())
+        .collect()
+}
+
 #[tokio::test]
 async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
     let bootstrap = unique("bootstrap-");
@@ -280,20 +297,8 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
     assert_eq!(of("POST", "notifications/retry")["after"]["replayed"], 0);
 
     // Filters: one resource and what is below it; a time range.
-    let (_, one) = with(
-        &s,
-        &admin,
-        Method::GET,
-        &format!("/v1/audit?resource=sensors/{sensor}"),
-        None,
-    )
-    .await;
-    let methods: Vec<&str> = one["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["method"].as_str().unwrap())
-        .collect();
+    let one = audit_page(&s, &admin, &format!("resource=sensors/{sensor}")).await;
+    let methods = methods_of(&one);
     assert_eq!(methods, ["DELETE", "PATCH", "PATCH", "POST"], "{one}");
     let escaped = &one["items"][1];
     assert_eq!(escaped["after"]["debounce_s"], 2, "{escaped}");
@@ -372,20 +377,8 @@ async fn every_change_is_recorded_with_its_token_and_without_a_secret() {
     )
     .await;
     assert_eq!(st, 204);
-    let (_, gone) = with(
-        &s,
-        &admin,
-        Method::GET,
-        &format!("/v1/audit?resource=tokens/{temp}"),
-        None,
-    )
-    .await;
-    let methods: Vec<&str> = gone["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["method"].as_str().unwrap())
-        .collect();
+    let gone = audit_page(&s, &admin, &format!("resource=tokens/{temp}")).await;
+    let methods = methods_of(&gone);
     assert_eq!(methods, ["DELETE", "POST"], "{gone}");
     assert_eq!(gone["items"][0]["before"]["name"], "temporary", "{gone}");
     // A bad filter is a 400, not a failure of the store.
