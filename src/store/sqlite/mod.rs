@@ -606,10 +606,7 @@ impl Backend for SqliteStore {
         let mut pruned = Pruned::default();
         if let Some(before) = retention.history_before {
             // What waits in the journal joins the archive first (as the archiver would within
-            // a second), so this round sees every reading: the times kept in memory are
-            // written now, not when due, or the readings they hold back stay in the journal
-            // until the next round (a flaky integration test under load).
-            self.flush_seen(true).await?;
+            // a second), so this round sees every reading.
             history::archive(self, JOURNAL_STEP).await?;
             let mut after = String::new();
             loop {
