@@ -85,10 +85,12 @@ fn audit_out(e: Entry) -> AuditOut {
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AuditParams {
-    /// Changes made with this token.
+    /// Changes made with this token. No control characters.
+    #[param(pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$")]
     pub token_id: Option<String>,
     /// A resource and what is below it: `sensors` (every sensor's changes),
-    /// `sensors/door1`, `clients/c1`.
+    /// `sensors/door1`, `clients/c1`. No control characters.
+    #[param(pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$")]
     pub resource: Option<String>,
 }
 
