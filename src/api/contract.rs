@@ -251,7 +251,7 @@ fn constrain_parameters(doc: &mut Value) {
 fn cursor_pattern(path: &str) -> Option<&'static str> {
     if path.ends_with("/readings") || path.ends_with("/events") {
         Some("^(?:-?[0-9]{1,18}:[0-9]{1,18})?$")
-    } else if path == "/v1/notifications" {
+    } else if path == "/v1/notifications" || path == "/v1/audit" {
         Some("^[0-9]{0,18}$")
     } else {
         None
