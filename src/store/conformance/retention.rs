@@ -405,21 +405,6 @@ pub(super) async fn attempts_made_after_retention_emptied_them_still_ship(s: &Su
     s.create_sensor(sensor("ra1")).await.unwrap();
     s.create_client(client("ra-a", "http://a/")).await.unwrap();
     s.link("ra-a".into(), sid("ra1"), 1).await.unwrap();
-    let delivered = |n: &NotificationRef, at: Millis| Outcome {
-        notification_id: n.id.clone(),
-        client_id: n.client_id.clone(),
-        attempt: Some(Attempt {
-            notification_id: n.id.clone(),
-            at,
-            status_code: Some(204),
-            error: None,
-            duration_ms: 3,
-        }),
-        attempts: 1,
-        verdict: Verdict::Delivered,
-        node: "n1".into(),
-        batch_id: None,
-    };
     for (i, at) in [1_000, 3_000].into_iter().enumerate() {
         let n = s
             .commit(change("ra1", i == 0, None, at), at)
